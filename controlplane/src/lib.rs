@@ -1,0 +1,2 @@
+//! Egret's control plane.
+#![forbid(unsafe_code)]

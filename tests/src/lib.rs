@@ -1,0 +1,1 @@
+//! The network-namespace lab and helpers for end-to-end tests.
