@@ -1,0 +1,280 @@
+//! Endpoint-independent mappings (RFC 4787 REQ-1, RFC 5382 REQ-1).
+//!
+//! While any session of (pod, pod port) towards an egress IP lives, every new
+//! session of that pod port reuses the same external (egress IP, port),
+//! whatever the destination. The forward index maps (pod, pod port, protocol,
+//! egress IP) to the external port; the [`PortPool`]'s owner cells are the
+//! reverse index and hold the reference count.
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+
+use super::key::NatAddr;
+use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
+
+/// Key of the forward index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct InsideKey<A> {
+    pod: A,
+    egress: A,
+    pod_port: [u8; 2],
+    proto: u8,
+}
+
+/// What a mapping is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappingRequest<A> {
+    /// The egress IP.
+    pub egress: A,
+    /// The pod.
+    pub pod: A,
+    /// The pod's port.
+    pub pod_port: u16,
+    /// The protocol.
+    pub proto: u8,
+}
+
+/// The result of acquiring a mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// An existing mapping was reused.
+    Existing(u16),
+    /// A new mapping kept the pod's own port.
+    Preserved(u16),
+    /// A new mapping took a random port.
+    Random(u16),
+}
+
+impl Acquired {
+    /// The external port.
+    pub fn port(self) -> u16 {
+        match self {
+            Acquired::Existing(p) | Acquired::Preserved(p) | Acquired::Random(p) => p,
+        }
+    }
+}
+
+/// Port pools and endpoint-independent mappings of one address family.
+#[derive(Debug)]
+pub struct Mappings<A: NatAddr> {
+    pools: DashMap<(A, u8), Arc<PortPool<A>>, ahash::RandomState>,
+    by_inside: DashMap<InsideKey<A>, u16, ahash::RandomState>,
+    with_owners: bool,
+}
+
+impl<A: NatAddr> Mappings<A> {
+    /// `endpoint_independent` allocates owner cells (the reverse table).
+    pub fn new(endpoint_independent: bool) -> Self {
+        Mappings {
+            pools: DashMap::with_hasher(ahash::RandomState::new()),
+            by_inside: DashMap::with_hasher(ahash::RandomState::new()),
+            with_owners: endpoint_independent,
+        }
+    }
+
+    /// Whether owner cells are kept (endpoint-independent mapping).
+    pub fn endpoint_independent(&self) -> bool {
+        self.with_owners
+    }
+
+    /// The pool of (egress, proto), created with `range` on first use. A pool
+    /// whose range differs from `range` is replaced (its sessions are
+    /// invalidated by the configuration change that moved the range).
+    pub fn pool(&self, egress: A, proto: u8, range: PortRange) -> Arc<PortPool<A>> {
+        if let Some(p) = self.pools.get(&(egress, proto)) {
+            if p.range() == range {
+                return p.clone();
+            }
+        }
+        let p = Arc::new(PortPool::new(range, self.with_owners));
+        match self.pools.entry((egress, proto)) {
+            dashmap::Entry::Occupied(mut o) => {
+                if o.get().range() == range {
+                    return o.get().clone();
+                }
+                o.insert(p.clone());
+            }
+            dashmap::Entry::Vacant(v) => {
+                v.insert(p.clone());
+            }
+        }
+        p
+    }
+
+    /// The existing pool of (egress, proto).
+    pub fn existing_pool(&self, egress: A, proto: u8) -> Option<Arc<PortPool<A>>> {
+        self.pools.get(&(egress, proto)).map(|p| p.clone())
+    }
+
+    /// Every pool: (egress, proto, pool).
+    pub fn pools(&self) -> Vec<(A, u8, Arc<PortPool<A>>)> {
+        self.pools.iter().map(|e| (e.key().0, e.key().1, e.value().clone())).collect()
+    }
+
+    /// Removes the pools of an egress IP this gateway no longer owns.
+    pub fn forget_egress(&self, egress: A) {
+        self.pools.retain(|k, _| k.0 != egress);
+        self.by_inside.retain(|k, _| k.egress != egress);
+    }
+
+    /// Acquires the endpoint-independent mapping of (pod, pod_port, proto) on
+    /// `egress`: the existing one, or a new one claimed by try-insert.
+    /// `None` means the bounded attempts found no free port (counted on the pool).
+    pub fn acquire(
+        &self,
+        pool: &PortPool<A>,
+        req: MappingRequest<A>,
+        attempts: u32,
+        rng: &mut PortRng,
+    ) -> Option<Acquired> {
+        let MappingRequest { egress, pod, pod_port, proto } = req;
+        let key = InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto };
+        // The entry holds the index shard's lock: two workers cannot create two
+        // mappings for one pod port.
+        let entry = self.by_inside.entry(key);
+        let entry = match entry {
+            dashmap::Entry::Occupied(o) => {
+                let port = *o.get();
+                if pool.add_ref(port, pod, pod_port) {
+                    return Some(Acquired::Existing(port));
+                }
+                // Stale (the pool was replaced): allocate afresh.
+                let mut o = o;
+                o.insert(0);
+                dashmap::Entry::Occupied(o)
+            }
+            v => v,
+        };
+        for (i, port) in candidates(pod_port, pool.range(), attempts, rng).enumerate() {
+            if pool.try_claim(port, pod, pod_port) {
+                entry.insert(port);
+                return Some(if i == 0 && port == pod_port {
+                    Acquired::Preserved(port)
+                } else {
+                    Acquired::Random(port)
+                });
+            }
+        }
+        if let dashmap::Entry::Occupied(o) = entry {
+            o.remove();
+        }
+        pool.count_exhausted();
+        None
+    }
+
+    /// Adds a session to an existing mapping (an inbound-created session).
+    pub fn add_ref(&self, pool: &PortPool<A>, port: u16, pod: A, pod_port: u16) -> bool {
+        pool.add_ref(port, pod, pod_port)
+    }
+
+    /// Releases one session's use of its mapping.
+    pub fn release(&self, egress: A, pod: A, pod_port: u16, proto: u8, port: u16) {
+        let key = InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto };
+        if let dashmap::Entry::Occupied(o) = self.by_inside.entry(key) {
+            if *o.get() != port {
+                return;
+            }
+            match self.pools.get(&(egress, proto)).map(|p| p.clone()) {
+                Some(pool) => {
+                    let freed = pool.release(port, pod, pod_port);
+                    if freed || pool.owner(port).is_none_or(|w| w.pod != pod || w.pod_port != pod_port) {
+                        o.remove();
+                    }
+                }
+                None => {
+                    o.remove();
+                }
+            }
+        }
+    }
+
+    /// Number of live endpoint-independent mappings.
+    pub fn len(&self) -> usize {
+        self.by_inside.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.by_inside.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::nat::key::proto::{TCP, UDP};
+
+    const E: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+    const POD: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+    const POD2: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
+
+    #[test]
+    fn same_pod_port_gets_same_mapping_until_released() {
+        let m = Mappings::new(true);
+        let pool = m.pool(E, UDP, PortRange::default());
+        let mut rng = PortRng::new(3);
+        let a =
+            m.acquire(&pool, MappingRequest { egress: E, pod: POD, pod_port: 40000, proto: UDP }, 8, &mut rng).unwrap();
+        assert_eq!(a, Acquired::Preserved(40000));
+        let b =
+            m.acquire(&pool, MappingRequest { egress: E, pod: POD, pod_port: 40000, proto: UDP }, 8, &mut rng).unwrap();
+        assert_eq!(b, Acquired::Existing(40000));
+        // Another pod with the same port gets a random one.
+        let c = m
+            .acquire(&pool, MappingRequest { egress: E, pod: POD2, pod_port: 40000, proto: UDP }, 8, &mut rng)
+            .unwrap();
+        assert!(matches!(c, Acquired::Random(p) if p != 40000));
+        // TCP is a separate pool.
+        let tpool = m.pool(E, TCP, PortRange::default());
+        assert_eq!(
+            m.acquire(&tpool, MappingRequest { egress: E, pod: POD2, pod_port: 40000, proto: TCP }, 8, &mut rng),
+            Some(Acquired::Preserved(40000))
+        );
+        m.release(E, POD, 40000, UDP, 40000);
+        assert_eq!(pool.owner(40000).map(|o| o.refs), Some(1));
+        m.release(E, POD, 40000, UDP, 40000);
+        assert_eq!(pool.owner(40000), None);
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn exhaustion_is_counted_and_never_falls_back() {
+        let m = Mappings::new(true);
+        let range = PortRange { first: 50000, last: 50001 };
+        let pool = m.pool(E, UDP, range);
+        let mut rng = PortRng::new(9);
+        assert!(m
+            .acquire(&pool, MappingRequest { egress: E, pod: POD, pod_port: 1, proto: UDP }, 64, &mut rng)
+            .is_some());
+        assert!(m
+            .acquire(&pool, MappingRequest { egress: E, pod: POD, pod_port: 2, proto: UDP }, 64, &mut rng)
+            .is_some());
+        assert_eq!(
+            m.acquire(&pool, MappingRequest { egress: E, pod: POD, pod_port: 3, proto: UDP }, 64, &mut rng),
+            None
+        );
+        assert_eq!(pool.exhausted(), 1);
+        assert_eq!(pool.in_use(), 2);
+        assert_eq!(m.len(), 2, "the failed attempt leaves no index entry");
+    }
+
+    #[test]
+    fn changing_the_range_replaces_the_pool() {
+        let m = Mappings::new(true);
+        let p1 = m.pool(E, UDP, PortRange { first: 1000, last: 1999 });
+        let p2 = m.pool(E, UDP, PortRange { first: 2000, last: 2999 });
+        assert!(!Arc::ptr_eq(&p1, &p2));
+        assert!(Arc::ptr_eq(&p2, &m.pool(E, UDP, PortRange { first: 2000, last: 2999 })));
+        let mut rng = PortRng::new(1);
+        let a =
+            m.acquire(&p1, MappingRequest { egress: E, pod: POD, pod_port: 1500, proto: UDP }, 4, &mut rng).unwrap();
+        assert_eq!(a, Acquired::Preserved(1500));
+        // The old mapping is stale against the new pool: a fresh one is made.
+        let b =
+            m.acquire(&p2, MappingRequest { egress: E, pod: POD, pod_port: 1500, proto: UDP }, 4, &mut rng).unwrap();
+        assert!(matches!(b, Acquired::Random(p) if (2000..=2999).contains(&p)));
+    }
+}

@@ -1,0 +1,15 @@
+//! Network address translation: sessions in both directions, mappings and
+//! port allocation, TCP state, expiry, fragments and ICMP errors.
+//!
+//! - [`key`]: flow keys and session tuples, generic over IPv4/IPv6.
+//! - [`session`]: the shared session table (both directions, one map).
+//! - [`mapping`], [`port_alloc`]: endpoint-independent mappings, try-insert port allocation.
+//! - [`tcp_state`]: the TCP tracker that picks timeouts (diagram inside).
+//! - [`fragments`]: virtual reassembly of fragmented datagrams.
+
+pub mod fragments;
+pub mod key;
+pub mod mapping;
+pub mod port_alloc;
+pub mod session;
+pub mod tcp_state;

@@ -1,0 +1,278 @@
+//! External port allocation per (egress IP, protocol).
+//!
+//! Allocation is a try-insert (VPP, Cilium): candidates are tried in order
+//! and the first one whose claim succeeds is taken. The candidates are the
+//! pod's own port when it lies in the range (port preservation, RFC 4787
+//! REQ-3 allows it and it keeps connections across a gateway failover), then
+//! ports drawn uniformly at random from the range (RFC 6056 3.3.1,
+//! Algorithm 1), for a bounded number of attempts. Running out is counted per
+//! egress IP and the packet is dropped: the pod's own address never leaves.
+//!
+//! In endpoint-independent mode a [`PortPool`] is the reverse table: one
+//! owner cell per port, holding the (pod, pod port) mapped to it and how many
+//! sessions use the mapping. In endpoint-dependent mode the session table's
+//! inbound key is the reverse table and the pool only keeps the counters.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::key::NatAddr;
+
+/// An inclusive range of external ports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PortRange {
+    /// First port.
+    pub first: u16,
+    /// Last port (inclusive).
+    pub last: u16,
+}
+
+impl Default for PortRange {
+    /// 32768-60999: Linux's ephemeral range, clear of Service ports such as
+    /// 80 and 443 on a VIP that is also an egress IP.
+    fn default() -> Self {
+        PortRange { first: 32768, last: 60999 }
+    }
+}
+
+impl PortRange {
+    /// Number of ports.
+    pub fn len(&self) -> u32 {
+        u32::from(self.last).saturating_sub(u32::from(self.first)) + 1
+    }
+
+    /// Whether the range is empty (never, once validated).
+    pub fn is_empty(&self) -> bool {
+        self.last < self.first
+    }
+
+    /// Whether `port` is inside.
+    #[inline]
+    pub fn contains(&self, port: u16) -> bool {
+        port >= self.first && port <= self.last
+    }
+}
+
+/// A small, fast PRNG for port selection (xorshift64*), one per worker.
+/// Unpredictability against off-path attackers comes from the random seed.
+#[derive(Clone, Debug)]
+pub struct PortRng(u64);
+
+impl PortRng {
+    /// A generator from a seed (zero is replaced).
+    pub fn new(seed: u64) -> Self {
+        PortRng(if seed == 0 { 0x9E37_79B9_7F4A_7C15 } else { seed })
+    }
+
+    /// A generator seeded from the OS's randomness (via the std hasher keys) and the time.
+    pub fn from_entropy() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        PortRng::new(h.finish())
+    }
+
+    /// The next 64 random bits.
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A uniformly random port in `range` (Lemire's multiply-shift reduction).
+    #[inline]
+    pub fn port_in(&mut self, range: PortRange) -> u16 {
+        let n = u64::from(range.len());
+        let r = ((self.next_u64() >> 32) * n) >> 32;
+        range.first.wrapping_add(r as u16)
+    }
+}
+
+/// The candidate ports for a new mapping: the pod's port if in range, then
+/// random ports, `attempts` in all.
+pub fn candidates(pod_port: u16, range: PortRange, attempts: u32, rng: &mut PortRng) -> impl Iterator<Item = u16> + '_ {
+    let first = range.contains(pod_port).then_some(pod_port);
+    let randoms = attempts.saturating_sub(u32::from(first.is_some()));
+    first.into_iter().chain((0..randoms).map(move |_| rng.port_in(range)))
+}
+
+/// Who holds an external port in endpoint-independent mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner<A> {
+    /// The pod.
+    pub pod: A,
+    /// The pod's port.
+    pub pod_port: u16,
+    /// Sessions using this mapping.
+    pub refs: u32,
+}
+
+/// The ports of one (egress IP, protocol).
+#[derive(Debug)]
+pub struct PortPool<A: NatAddr> {
+    range: PortRange,
+    owners: Box<[Mutex<Option<Owner<A>>>]>,
+    in_use: AtomicU32,
+    exhausted: AtomicU64,
+}
+
+impl<A: NatAddr> PortPool<A> {
+    /// A pool over `range`; `with_owners` allocates the reverse table
+    /// (endpoint-independent mode).
+    pub fn new(range: PortRange, with_owners: bool) -> Self {
+        let n = if with_owners { range.len() as usize } else { 0 };
+        PortPool {
+            range,
+            owners: (0..n).map(|_| Mutex::new(None)).collect(),
+            in_use: AtomicU32::new(0),
+            exhausted: AtomicU64::new(0),
+        }
+    }
+
+    /// The pool's range.
+    pub fn range(&self) -> PortRange {
+        self.range
+    }
+
+    fn cell(&self, port: u16) -> Option<&Mutex<Option<Owner<A>>>> {
+        if !self.range.contains(port) {
+            return None;
+        }
+        self.owners.get(usize::from(port - self.range.first))
+    }
+
+    /// Claims `port` for (pod, pod_port) if it is free. Try-insert.
+    pub fn try_claim(&self, port: u16, pod: A, pod_port: u16) -> bool {
+        let Some(cell) = self.cell(port) else { return false };
+        let mut o = cell.lock();
+        if o.is_some() {
+            return false;
+        }
+        *o = Some(Owner { pod, pod_port, refs: 1 });
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Adds a session to the mapping on `port` if (pod, pod_port) owns it.
+    pub fn add_ref(&self, port: u16, pod: A, pod_port: u16) -> bool {
+        let Some(cell) = self.cell(port) else { return false };
+        match &mut *cell.lock() {
+            Some(o) if o.pod == pod && o.pod_port == pod_port => {
+                o.refs = o.refs.saturating_add(1);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Drops a session from the mapping on `port`; frees the port when it was
+    /// the last one. Returns whether the port was freed.
+    pub fn release(&self, port: u16, pod: A, pod_port: u16) -> bool {
+        let Some(cell) = self.cell(port) else { return false };
+        let mut o = cell.lock();
+        match &mut *o {
+            Some(owner) if owner.pod == pod && owner.pod_port == pod_port => {
+                owner.refs = owner.refs.saturating_sub(1);
+                if owner.refs == 0 {
+                    *o = None;
+                    self.in_use.fetch_sub(1, Ordering::Relaxed);
+                    return true;
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Who owns `port`.
+    pub fn owner(&self, port: u16) -> Option<Owner<A>> {
+        *self.cell(port)?.lock()
+    }
+
+    /// Counts a port in use without an owner cell (endpoint-dependent mode).
+    pub fn count_in_use(&self, delta: i32) {
+        if delta >= 0 {
+            self.in_use.fetch_add(delta as u32, Ordering::Relaxed);
+        } else {
+            let _ = self
+                .in_use
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(delta.unsigned_abs())));
+        }
+    }
+
+    /// Counts an exhaustion.
+    pub fn count_exhausted(&self) {
+        self.exhausted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ports (mappings, or sessions in endpoint-dependent mode) in use.
+    pub fn in_use(&self) -> u32 {
+        self.in_use.load(Ordering::Relaxed)
+    }
+
+    /// How many times allocation found no free port.
+    pub fn exhausted(&self) -> u64 {
+        self.exhausted.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    #[test]
+    fn random_ports_stay_in_range_and_cover_it() {
+        let r = PortRange { first: 40000, last: 40009 };
+        let mut rng = PortRng::new(7);
+        let mut seen = [false; 10];
+        for _ in 0..1000 {
+            let p = rng.port_in(r);
+            assert!(r.contains(p), "{p}");
+            seen[usize::from(p - 40000)] = true;
+        }
+        assert!(seen.iter().all(|s| *s));
+        let single = PortRange { first: 5, last: 5 };
+        assert_eq!(rng.port_in(single), 5);
+        let full = PortRange { first: 0, last: 65535 };
+        assert_eq!(full.len(), 65536);
+        let _ = rng.port_in(full);
+    }
+
+    #[test]
+    fn candidates_preserve_the_pod_port_first() {
+        let r = PortRange::default();
+        let mut rng = PortRng::new(1);
+        let c: Vec<u16> = candidates(40000, r, 4, &mut rng).collect();
+        assert_eq!(c.len(), 4);
+        assert_eq!(c[0], 40000);
+        let c: Vec<u16> = candidates(80, r, 4, &mut rng).collect();
+        assert_eq!(c.len(), 4);
+        assert!(c.iter().all(|p| r.contains(*p)), "port 80 is outside the range and never used");
+    }
+
+    #[test]
+    fn claim_ref_release() {
+        let pool = PortPool::new(PortRange { first: 100, last: 101 }, true);
+        let a = Ipv4Addr::new(192, 0, 2, 1);
+        let b = Ipv4Addr::new(192, 0, 2, 2);
+        assert!(pool.try_claim(100, a, 5000));
+        assert!(!pool.try_claim(100, b, 5000), "taken");
+        assert!(!pool.try_claim(99, b, 5000), "outside the range");
+        assert!(pool.add_ref(100, a, 5000));
+        assert!(!pool.add_ref(100, b, 5000), "not the owner");
+        assert_eq!(pool.in_use(), 1);
+        assert!(!pool.release(100, a, 5000), "one session still uses it");
+        assert!(pool.release(100, a, 5000));
+        assert_eq!(pool.in_use(), 0);
+        assert!(pool.try_claim(100, b, 6000));
+        assert_eq!(pool.owner(100), Some(Owner { pod: b, pod_port: 6000, refs: 1 }));
+    }
+}

@@ -1,0 +1,599 @@
+//! The session table: both directions of every session in one concurrent map.
+//!
+//! Like VPP's NAT44-ED flow hash, one `dashmap` (ahash) holds the outbound key
+//! *and* the inbound key of every session, each pointing at the session's
+//! slot; a [`SessionRef`] says which direction the key belongs to, so a packet
+//! needs one lookup whichever side it comes from. A reply may arrive on another
+//! queue than its request, so the map is shared by all workers.
+//!
+//! Session bodies live in a [`Slab`] of slots made only of atomics, read
+//! without a lock. A slot's `seq` word carries a generation and a status
+//! (free, writing, live, dying): a reader loads `seq`, reads the fields, and
+//! re-checks `seq` (a seqlock), then checks that the key it looked up is the
+//! key the slot derives; a slot freed and reused under its feet is thereby a
+//! miss, never a wrong translation. Fields that change while a session lives
+//! (last seen, TCP state) are single atomics.
+//!
+//! Memory per session (IPv4): two map entries of 17 bytes (13-byte key,
+//! 4-byte ref) plus one control byte each, and a 48-byte slot. See
+//! docs/benchmarks.md for the measured figure.
+
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+
+use super::key::{FlowKey, NatAddr, SessionTuple};
+
+/// Where a map key points: a slot index and whether the key is the session's
+/// inbound key. Stored as four bytes of alignment 1 to keep map entries small.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SessionRef([u8; 4]);
+
+const INBOUND_BIT: u32 = 1 << 31;
+
+impl SessionRef {
+    /// A reference to slot `index`; `inbound` when the key is the inbound key.
+    #[inline]
+    pub fn new(index: u32, inbound: bool) -> Self {
+        let v = (index & !INBOUND_BIT) | if inbound { INBOUND_BIT } else { 0 };
+        SessionRef(v.to_le_bytes())
+    }
+
+    /// The slot index.
+    #[inline]
+    pub fn index(self) -> u32 {
+        u32::from_le_bytes(self.0) & !INBOUND_BIT
+    }
+
+    /// Whether the key that led here is the session's inbound key.
+    #[inline]
+    pub fn is_inbound(self) -> bool {
+        u32::from_le_bytes(self.0) & INBOUND_BIT != 0
+    }
+}
+
+const STATUS_MASK: u32 = 0b11;
+const FREE: u32 = 0;
+const WRITING: u32 = 1;
+const LIVE: u32 = 2;
+const DYING: u32 = 3;
+
+/// Slots per lazily allocated chunk.
+const CHUNK_SHIFT: u32 = 14;
+const CHUNK: usize = 1 << CHUNK_SHIFT;
+
+/// One session's body. Every field is atomic: see the module doc.
+#[derive(Debug)]
+pub struct Slot<A: NatAddr> {
+    seq: AtomicU32,
+    words: A::AtomicWords,
+    /// Precomputed checksum deltas of the outbound rewrite: IP header in the
+    /// high 16 bits, transport in the low 16 bits (RFC 1624 form).
+    deltas: AtomicU32,
+    /// Seconds (engine clock) of the last packet that refreshed the session.
+    last_seen: AtomicU32,
+    /// TCP seen bits (low 8) and the configuration generation the session was
+    /// last validated against (high 16).
+    state: AtomicU32,
+    /// Per-policy counter slot (low 16) and flags (high 16).
+    meta: AtomicU32,
+}
+
+/// What a session holds besides its tuple, as written at creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SessionInit {
+    /// Precomputed checksum deltas (see [`Slot`]).
+    pub deltas: u32,
+    /// Creation time, in engine seconds.
+    pub now: u32,
+    /// Initial TCP seen bits.
+    pub tcp: u8,
+    /// Configuration generation (low 16 bits).
+    pub generation: u16,
+    /// Policy counter slot.
+    pub policy_slot: u16,
+    /// Flags (see [`session_flags`]).
+    pub flags: u16,
+}
+
+/// Session flags.
+pub mod session_flags {
+    /// Created by an inbound packet (endpoint-independent filtering or hairpin).
+    pub const INBOUND_CREATED: u16 = 0x1;
+    /// Uses an endpoint-independent mapping that must be released with it.
+    pub const HAS_MAPPING: u16 = 0x2;
+}
+
+/// A consistent copy of a live session, as read by a worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionView<A> {
+    /// Slot index.
+    pub index: u32,
+    /// The slot's `seq` when read (identifies this incarnation).
+    pub seq: u32,
+    /// The session's addresses and ports.
+    pub tuple: SessionTuple<A>,
+    /// Precomputed checksum deltas.
+    pub deltas: u32,
+    /// Last-seen second.
+    pub last_seen: u32,
+    /// TCP seen bits.
+    pub tcp: u8,
+    /// Configuration generation it was validated against.
+    pub generation: u16,
+    /// Policy counter slot.
+    pub policy_slot: u16,
+    /// Flags.
+    pub flags: u16,
+}
+
+impl<A: NatAddr> Default for Slot<A> {
+    fn default() -> Self {
+        Slot {
+            seq: AtomicU32::new(0),
+            words: A::AtomicWords::default(),
+            deltas: AtomicU32::new(0),
+            last_seen: AtomicU32::new(0),
+            state: AtomicU32::new(0),
+            meta: AtomicU32::new(0),
+        }
+    }
+}
+
+impl<A: NatAddr> Slot<A> {
+    fn write(&self, gen_base: u32, tuple: &SessionTuple<A>, init: &SessionInit) {
+        self.seq.store(gen_base | WRITING, Ordering::Relaxed);
+        fence(Ordering::Release);
+        let w = A::pack(tuple);
+        for (dst, v) in self.words.as_ref().iter().zip(w.as_ref()) {
+            dst.store(*v, Ordering::Relaxed);
+        }
+        self.deltas.store(init.deltas, Ordering::Relaxed);
+        self.last_seen.store(init.now, Ordering::Relaxed);
+        self.state.store(u32::from(init.tcp) | (u32::from(init.generation) << 16), Ordering::Relaxed);
+        self.meta.store(u32::from(init.policy_slot) | (u32::from(init.flags) << 16), Ordering::Relaxed);
+        self.seq.store(gen_base | LIVE, Ordering::Release);
+    }
+
+    fn read(&self, index: u32) -> Option<SessionView<A>> {
+        let s1 = self.seq.load(Ordering::Acquire);
+        if s1 & STATUS_MASK != LIVE {
+            return None;
+        }
+        let mut w = A::Words::default();
+        for (dst, src) in w.as_mut().iter_mut().zip(self.words.as_ref()) {
+            *dst = src.load(Ordering::Relaxed);
+        }
+        let deltas = self.deltas.load(Ordering::Relaxed);
+        let last_seen = self.last_seen.load(Ordering::Relaxed);
+        let state = self.state.load(Ordering::Relaxed);
+        let meta = self.meta.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        if self.seq.load(Ordering::Relaxed) != s1 {
+            return None;
+        }
+        Some(SessionView {
+            index,
+            seq: s1,
+            tuple: A::unpack(&w),
+            deltas,
+            last_seen,
+            tcp: state as u8,
+            generation: (state >> 16) as u16,
+            policy_slot: meta as u16,
+            flags: (meta >> 16) as u16,
+        })
+    }
+}
+
+type Chunk<A> = OnceLock<Box<[Slot<A>]>>;
+
+/// A slab of session slots, allocated in chunks as the table grows.
+#[derive(Debug)]
+pub struct Slab<A: NatAddr> {
+    chunks: Box<[Chunk<A>]>,
+    capacity: u32,
+    next_unused: AtomicU32,
+    free: Mutex<Vec<u32>>,
+}
+
+impl<A: NatAddr> Slab<A> {
+    fn new(capacity: u32) -> Self {
+        let chunks = (capacity as usize).div_ceil(CHUNK);
+        Slab {
+            chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
+            capacity,
+            next_unused: AtomicU32::new(0),
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    #[inline]
+    fn get(&self, index: u32) -> Option<&Slot<A>> {
+        self.chunks.get((index >> CHUNK_SHIFT) as usize)?.get()?.get(index as usize & (CHUNK - 1))
+    }
+
+    fn alloc(&self) -> Option<(u32, &Slot<A>)> {
+        let index = match self.free.lock().pop() {
+            Some(i) => i,
+            None => {
+                let i = self
+                    .next_unused
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < self.capacity).then_some(n + 1))
+                    .ok()?;
+                let chunk = self.chunks.get((i >> CHUNK_SHIFT) as usize)?;
+                chunk.get_or_init(|| (0..CHUNK).map(|_| Slot::default()).collect());
+                i
+            }
+        };
+        self.get(index).map(|s| (index, s))
+    }
+
+    fn release(&self, index: u32) {
+        self.free.lock().push(index);
+    }
+
+    /// One past the highest slot index ever used.
+    fn high_water(&self) -> u32 {
+        self.next_unused.load(Ordering::Relaxed)
+    }
+}
+
+/// Why an insert failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertError {
+    /// The table holds its configured maximum of sessions.
+    Full,
+    /// The inbound key is already taken (by another session on that external port).
+    InboundTaken,
+    /// The outbound key already has a session (created concurrently by another worker).
+    OutboundExists(SessionRef),
+}
+
+/// The concurrent session table of one address family.
+#[derive(Debug)]
+pub struct SessionTable<A: NatAddr> {
+    flows: DashMap<FlowKey<A>, SessionRef, ahash::RandomState>,
+    slab: Slab<A>,
+    live: AtomicUsize,
+    capacity: usize,
+    sweep_cursor: AtomicU32,
+    removals: AtomicU64,
+}
+
+/// Shards of the flow map: enough that two workers and the sweeper rarely
+/// meet on one lock, and a shard's resize stays short.
+const SHARDS: usize = 64;
+
+impl<A: NatAddr> SessionTable<A> {
+    /// A table that holds at most `capacity` sessions.
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, (INBOUND_BIT - 1) as usize);
+        SessionTable {
+            flows: DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SHARDS),
+            slab: Slab::new(capacity as u32),
+            live: AtomicUsize::new(0),
+            capacity,
+            sweep_cursor: AtomicU32::new(0),
+            removals: AtomicU64::new(0),
+        }
+    }
+
+    /// Live sessions.
+    pub fn len(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Whether no session lives.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The configured maximum.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Looks a packet's key up. The returned view is consistent and belongs to
+    /// `key` in the direction the ref says; anything else is a miss.
+    #[inline]
+    pub fn lookup(&self, key: &FlowKey<A>) -> Option<(SessionRef, SessionView<A>)> {
+        let r = *self.flows.get(key)?;
+        let view = self.slab.get(r.index())?.read(r.index())?;
+        let expected = if r.is_inbound() { view.tuple.inbound_key() } else { view.tuple.outbound_key() };
+        (expected == *key).then_some((r, view))
+    }
+
+    /// Reads a slot directly (for listings and the sweeper).
+    pub fn view(&self, index: u32) -> Option<SessionView<A>> {
+        self.slab.get(index)?.read(index)
+    }
+
+    /// Whether the inbound key is taken.
+    pub fn inbound_taken(&self, key: &FlowKey<A>) -> bool {
+        self.flows.contains_key(key)
+    }
+
+    /// Inserts a session. The inbound key is claimed first (the port
+    /// allocation's try-insert), then the slot is written and the outbound key
+    /// published.
+    pub fn insert(&self, tuple: &SessionTuple<A>, init: &SessionInit) -> Result<SessionView<A>, InsertError> {
+        if self.live.fetch_add(1, Ordering::AcqRel) >= self.capacity {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            return Err(InsertError::Full);
+        }
+        let Some((index, slot)) = self.slab.alloc() else {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            return Err(InsertError::Full);
+        };
+        let undo = |this: &Self| {
+            this.slab.release(index);
+            this.live.fetch_sub(1, Ordering::AcqRel);
+        };
+        let inbound = tuple.inbound_key();
+        match self.flows.entry(inbound) {
+            dashmap::Entry::Occupied(_) => {
+                undo(self);
+                return Err(InsertError::InboundTaken);
+            }
+            dashmap::Entry::Vacant(v) => {
+                v.insert(SessionRef::new(index, true));
+            }
+        }
+        let gen_base = slot.seq.load(Ordering::Relaxed) & !STATUS_MASK;
+        slot.write(gen_base, tuple, init);
+        let outbound = tuple.outbound_key();
+        match self.flows.entry(outbound) {
+            dashmap::Entry::Occupied(o) => {
+                let existing = *o.get();
+                drop(o);
+                self.flows.remove(&inbound);
+                slot.seq.store((gen_base + 4) | FREE, Ordering::Release);
+                undo(self);
+                Err(InsertError::OutboundExists(existing))
+            }
+            dashmap::Entry::Vacant(v) => {
+                v.insert(SessionRef::new(index, false));
+                slot.read(index).ok_or(InsertError::Full)
+            }
+        }
+    }
+
+    /// Removes the session in slot `index` if it is still the incarnation
+    /// `seq`. Returns its tuple and flags when this call removed it.
+    pub fn remove(&self, index: u32, seq: u32) -> Option<SessionView<A>> {
+        let slot = self.slab.get(index)?;
+        let view = slot.read(index)?;
+        if view.seq != seq {
+            return None;
+        }
+        slot.seq.compare_exchange(seq, (seq & !STATUS_MASK) | DYING, Ordering::AcqRel, Ordering::Relaxed).ok()?;
+        let out = view.tuple.outbound_key();
+        let inb = view.tuple.inbound_key();
+        self.flows.remove_if(&out, |_, r| r.index() == index && !r.is_inbound());
+        self.flows.remove_if(&inb, |_, r| r.index() == index && r.is_inbound());
+        slot.seq.store(((seq & !STATUS_MASK) + 4) | FREE, Ordering::Release);
+        self.slab.release(index);
+        self.live.fetch_sub(1, Ordering::AcqRel);
+        self.removals.fetch_add(1, Ordering::Relaxed);
+        Some(view)
+    }
+
+    /// Refreshes a session's last-seen second. Stores only when it changes, so
+    /// a busy flow writes its cache line at most once a second.
+    #[inline]
+    pub fn touch(&self, index: u32, now: u32) {
+        if let Some(slot) = self.slab.get(index) {
+            if slot.last_seen.load(Ordering::Relaxed) != now {
+                slot.last_seen.store(now, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Updates the TCP seen bits with `f`, returning the new bits.
+    pub fn update_tcp(&self, index: u32, f: impl Fn(u8) -> u8) -> u8 {
+        let Some(slot) = self.slab.get(index) else { return 0 };
+        let mut cur = slot.state.load(Ordering::Relaxed);
+        loop {
+            let new = (cur & !0xff) | u32::from(f(cur as u8));
+            match slot.state.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return new as u8,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Records that a session was revalidated against configuration `generation`.
+    pub fn set_generation(&self, index: u32, generation: u16) {
+        if let Some(slot) = self.slab.get(index) {
+            let _ = slot.state.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                Some((s & 0xffff) | (u32::from(generation) << 16))
+            });
+        }
+    }
+
+    /// Visits up to `budget` slots from the shared sweep cursor, calling
+    /// `visit` on each live session. Bounded work per call: the table is never
+    /// scanned at once. Returns the number of slots visited.
+    pub fn sweep(&self, budget: u32, mut visit: impl FnMut(&SessionView<A>)) -> u32 {
+        let high = self.slab.high_water();
+        if high == 0 {
+            return 0;
+        }
+        let budget = budget.min(high);
+        let start = self.sweep_cursor.fetch_add(budget, Ordering::Relaxed) % high;
+        for i in 0..budget {
+            let index = (start + i) % high;
+            if let Some(v) = self.view(index) {
+                visit(&v);
+            }
+        }
+        budget
+    }
+
+    /// Every live session (for listings; walks the whole slab, not for the hot path).
+    pub fn iter(&self) -> impl Iterator<Item = SessionView<A>> + '_ {
+        (0..self.slab.high_water()).filter_map(move |i| self.view(i))
+    }
+
+    /// Number of keys in the flow map (two per session).
+    pub fn key_count(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// Sessions removed since creation.
+    pub fn removals(&self) -> u64 {
+        self.removals.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::nat::key::proto;
+
+    fn tuple(i: u32) -> SessionTuple<Ipv4Addr> {
+        SessionTuple {
+            pod: Ipv4Addr::new(192, 0, 2, (i % 250) as u8 + 1),
+            remote: Ipv4Addr::new(203, 0, 113, 9),
+            egress: Ipv4Addr::new(198, 51, 100, 1),
+            pod_port: 10000 + i as u16,
+            remote_port: 443,
+            egress_port: 32768 + i as u16,
+            proto: proto::TCP,
+        }
+    }
+
+    #[test]
+    fn ref_encoding() {
+        let r = SessionRef::new(12345, true);
+        assert_eq!((r.index(), r.is_inbound()), (12345, true));
+        let r = SessionRef::new(INBOUND_BIT - 1, false);
+        assert_eq!((r.index(), r.is_inbound()), (INBOUND_BIT - 1, false));
+        assert_eq!(std::mem::size_of::<(FlowKey<Ipv4Addr>, SessionRef)>(), 17);
+    }
+
+    #[test]
+    fn both_directions_find_the_session() {
+        let t = SessionTable::new(16);
+        let v = t.insert(&tuple(1), &SessionInit { now: 5, deltas: 0xabcd_1234, ..Default::default() }).unwrap();
+        let (r, out) = t.lookup(&tuple(1).outbound_key()).unwrap();
+        assert!(!r.is_inbound());
+        assert_eq!(out.tuple, tuple(1));
+        assert_eq!(out.deltas, 0xabcd_1234);
+        let (r, inb) = t.lookup(&tuple(1).inbound_key()).unwrap();
+        assert!(r.is_inbound());
+        assert_eq!(inb.index, v.index);
+        assert_eq!((t.len(), t.key_count()), (1, 2));
+    }
+
+    #[test]
+    fn capacity_is_enforced_and_slots_are_reused() {
+        let t = SessionTable::new(2);
+        let a = t.insert(&tuple(1), &SessionInit::default()).unwrap();
+        t.insert(&tuple(2), &SessionInit::default()).unwrap();
+        assert_eq!(t.insert(&tuple(3), &SessionInit::default()), Err(InsertError::Full));
+        assert!(t.remove(a.index, a.seq).is_some());
+        assert!(t.lookup(&tuple(1).outbound_key()).is_none());
+        assert!(t.lookup(&tuple(1).inbound_key()).is_none());
+        let c = t.insert(&tuple(3), &SessionInit::default()).unwrap();
+        assert_eq!(c.index, a.index, "freed slot reused");
+        assert_ne!(c.seq, a.seq, "new incarnation");
+        // A stale removal of the old incarnation does nothing.
+        assert!(t.remove(a.index, a.seq).is_none());
+        assert_eq!(t.len(), 2);
+        assert!(t.lookup(&tuple(3).outbound_key()).is_some());
+    }
+
+    #[test]
+    fn inbound_key_is_a_try_insert() {
+        let t = SessionTable::new(8);
+        t.insert(&tuple(1), &SessionInit::default()).unwrap();
+        let mut clash = tuple(2);
+        clash.egress_port = tuple(1).egress_port;
+        clash.remote = tuple(1).remote;
+        clash.remote_port = tuple(1).remote_port;
+        assert_eq!(t.insert(&clash, &SessionInit::default()), Err(InsertError::InboundTaken));
+        assert_eq!(t.len(), 1);
+        assert!(t.lookup(&clash.outbound_key()).is_none());
+    }
+
+    #[test]
+    fn duplicate_outbound_is_reported_and_rolled_back() {
+        let t = SessionTable::new(8);
+        let a = t.insert(&tuple(1), &SessionInit::default()).unwrap();
+        let mut dup = tuple(1);
+        dup.egress_port += 1000;
+        match t.insert(&dup, &SessionInit::default()) {
+            Err(InsertError::OutboundExists(r)) => assert_eq!(r.index(), a.index),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((t.len(), t.key_count()), (1, 2));
+        assert!(t.lookup(&dup.inbound_key()).is_none());
+    }
+
+    #[test]
+    fn tcp_bits_and_generation_are_independent() {
+        let t = SessionTable::new(8);
+        let v = t.insert(&tuple(1), &SessionInit { tcp: 1, generation: 7, ..Default::default() }).unwrap();
+        assert_eq!(t.update_tcp(v.index, |s| s | 2), 3);
+        t.set_generation(v.index, 9);
+        let v = t.view(v.index).unwrap();
+        assert_eq!((v.tcp, v.generation), (3, 9));
+        t.touch(v.index, 42);
+        assert_eq!(t.view(v.index).unwrap().last_seen, 42);
+    }
+
+    #[test]
+    fn sweep_is_bounded_and_wraps() {
+        let t = SessionTable::new(100);
+        for i in 0..10 {
+            t.insert(&tuple(i), &SessionInit::default()).unwrap();
+        }
+        let mut seen = 0;
+        assert_eq!(t.sweep(4, |_| seen += 1), 4);
+        assert_eq!(seen, 4);
+        let mut all = std::collections::HashSet::new();
+        for _ in 0..5 {
+            t.sweep(4, |v| {
+                all.insert(v.index);
+            });
+        }
+        assert_eq!(all.len(), 10, "cursor wraps around the slab");
+    }
+
+    #[test]
+    fn concurrent_insert_lookup_remove() {
+        let t = Arc::new(SessionTable::new(10_000));
+        let threads: Vec<_> = (0..2u32)
+            .map(|w| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for round in 0..50u32 {
+                        let mut made = Vec::new();
+                        for i in 0..100u32 {
+                            let mut tu = tuple(w * 1000 + i);
+                            tu.egress_port = (w * 20000 + round * 100 + i) as u16;
+                            tu.remote_port = round as u16;
+                            let v = t.insert(&tu, &SessionInit::default()).unwrap();
+                            made.push((tu, v));
+                        }
+                        for (tu, v) in &made {
+                            assert_eq!(t.lookup(&tu.inbound_key()).unwrap().1.tuple, *tu);
+                            assert!(t.remove(v.index, v.seq).is_some());
+                        }
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+        assert_eq!((t.len(), t.key_count()), (0, 0));
+    }
+}

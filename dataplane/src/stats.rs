@@ -1,0 +1,343 @@
+//! Named drop reasons and per-worker counters.
+//!
+//! Every frame the engine refuses is counted under a [`DropReason`] (VPP and
+//! Katran style): no logging on the hot path, and never a panic. Each worker
+//! owns one [`WorkerStats`]; it is the only writer, so counters are bumped with
+//! a relaxed load and store instead of an atomic read-modify-write. Readers
+//! (metrics, the admin socket) sum the workers' snapshots.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A counter with a single writer (its worker) and any number of readers.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`. Only the owning worker may call this.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        // Single writer: a plain load + store is enough and avoids a locked RMW.
+        self.0.store(self.0.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// Adds one.
+    #[inline]
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    /// The current value.
+    #[inline]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+macro_rules! named_enum {
+    ($(#[$m:meta])* $vis:vis enum $name:ident { $($(#[$vm:meta])* $variant:ident => $text:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u16)]
+        $vis enum $name { $($(#[$vm])* $variant,)* }
+
+        impl $name {
+            /// Every value, in declaration order (`ALL[x as usize] == x`).
+            pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+            /// How many values there are.
+            pub const COUNT: usize = $name::ALL.len();
+
+            /// The snake_case name used in metrics and admin output.
+            pub const fn name(self) -> &'static str {
+                match self { $($name::$variant => $text,)* }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// Why a frame was dropped. Stable names: they are metric labels.
+    pub enum DropReason {
+        /// Ethernet header truncated, or more than one VLAN tag.
+        MalformedEthernet => "malformed_ethernet",
+        /// ARP that is not Ethernet/IPv4 or is truncated.
+        MalformedArp => "malformed_arp",
+        /// IPv4 header invalid (version, IHL, total length).
+        MalformedIpv4 => "malformed_ipv4",
+        /// IPv4 header checksum wrong (RFC 1812 5.2.2).
+        BadIpv4Checksum => "bad_ipv4_checksum",
+        /// IPv6 header or extension headers invalid, or too many of them.
+        MalformedIpv6 => "malformed_ipv6",
+        /// TCP header invalid (data offset, truncated).
+        MalformedTcp => "malformed_tcp",
+        /// UDP header invalid (length, truncated).
+        MalformedUdp => "malformed_udp",
+        /// ICMP or ICMPv6 header truncated.
+        MalformedIcmp => "malformed_icmp",
+        /// An ICMP error whose checksum does not verify (it would be rewritten).
+        BadIcmpChecksum => "bad_icmp_checksum",
+        /// A neighbour solicitation failing RFC 4861 7.1.1 validation.
+        MalformedNeighborSolicit => "malformed_neighbor_solicit",
+        /// A selected source sent a protocol Egret cannot translate (not TCP, UDP, ICMP).
+        UnsupportedProtocol => "unsupported_protocol",
+        /// A selected source sent an ICMP type that is neither echo nor an error.
+        UnsupportedIcmpType => "unsupported_icmp_type",
+        /// A TCP segment without SYN and no session, with loose pick-up disabled.
+        TcpNoSession => "tcp_no_session",
+        /// The policy's egress IP for this source is held by another gateway.
+        EgressIpNotOwned => "egress_ip_not_owned",
+        /// The policy has no egress IP of the packet's address family.
+        NoEgressIpForFamily => "no_egress_ip_for_family",
+        /// No free port on the egress IP within the bounded attempts.
+        PortsExhausted => "ports_exhausted",
+        /// The session table is full and nothing could be evicted.
+        SessionTableFull => "session_table_full",
+        /// The source already has its maximum number of sessions.
+        SourceSessionLimit => "source_session_limit",
+        /// Inbound to a NAT port that no mapping uses.
+        InboundNoMapping => "inbound_no_mapping",
+        /// Inbound to a mapped port from an endpoint the pod did not contact.
+        InboundFiltered => "inbound_filtered",
+        /// An ICMP error whose embedded header matches no session.
+        IcmpErrorUnmatched => "icmp_error_unmatched",
+        /// An ICMP error whose embedded packet is too short to match.
+        IcmpErrorTruncated => "icmp_error_truncated",
+        /// A non-first fragment whose first fragment was not seen.
+        FragmentUnmatched => "fragment_unmatched",
+        /// The fragment cache had no room for a new datagram.
+        FragmentCacheFull => "fragment_cache_full",
+        /// TTL or hop limit would reach zero.
+        TtlExceeded => "ttl_exceeded",
+        /// No route to the translated destination.
+        NoRoute => "no_route",
+        /// The next hop's link-layer address is not known yet (resolution requested).
+        NeighborUnresolved => "neighbor_unresolved",
+        /// The frame buffer is too small for the reply to be written.
+        BufferTooSmall => "buffer_too_small",
+    }
+}
+
+named_enum! {
+    /// Events that are not drops but are worth counting.
+    pub enum Event {
+        /// A session was created from an outbound packet.
+        SessionCreatedOutbound => "session_created_outbound",
+        /// A session was created from an inbound packet (endpoint-independent filtering).
+        SessionCreatedInbound => "session_created_inbound",
+        /// A session expired (idle timeout) and was removed.
+        SessionExpired => "session_expired",
+        /// A session was evicted because the table was full.
+        SessionEvicted => "session_evicted",
+        /// A session was removed because its policy or egress IP no longer holds.
+        SessionInvalidated => "session_invalidated",
+        /// A frame arrived with a partial (pseudo-header only) checksum and was completed.
+        PartialChecksumCompleted => "partial_checksum_completed",
+        /// A hairpinned packet (pod to another pod's mapping) was translated twice.
+        Hairpinned => "hairpinned",
+        /// An ICMP error was translated by its embedded header.
+        IcmpErrorTranslated => "icmp_error_translated",
+        /// A non-first fragment was translated through the fragment cache.
+        FragmentTranslated => "fragment_translated",
+        /// An ARP request or neighbour solicitation was answered.
+        NeighborAnswered => "neighbor_answered",
+        /// The pod's own port was kept as the external port.
+        PortPreserved => "port_preserved",
+        /// A random external port was chosen (the pod's port was taken or out of range).
+        PortRandomized => "port_randomized",
+    }
+}
+
+/// Traffic direction through the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Direction {
+    /// Pod to the outside (source translated).
+    Outbound = 0,
+    /// Outside to the pod (destination translated back).
+    Inbound = 1,
+}
+
+/// How many policies per-policy counters can tell apart. Policies beyond this
+/// share the last slot (their traffic is still counted, under "other").
+pub const POLICY_COUNTER_SLOTS: usize = 1024;
+
+/// Packets and bytes for one policy slot in one direction.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    /// Packets.
+    pub packets: Counter,
+    /// Bytes (Ethernet frame length).
+    pub bytes: Counter,
+}
+
+/// The counters of one worker.
+#[derive(Debug)]
+pub struct WorkerStats {
+    /// Frames rewritten and sent on.
+    pub forwarded: Counter,
+    /// Frames answered (ARP, NDP).
+    pub answered: Counter,
+    /// Frames left to the kernel.
+    pub passed: Counter,
+    drops: Box<[Counter]>,
+    events: Box<[Counter]>,
+    policy: Box<[[Traffic; 2]]>,
+}
+
+impl Default for WorkerStats {
+    fn default() -> Self {
+        WorkerStats {
+            forwarded: Counter::default(),
+            answered: Counter::default(),
+            passed: Counter::default(),
+            drops: (0..DropReason::COUNT).map(|_| Counter::default()).collect(),
+            events: (0..Event::COUNT).map(|_| Counter::default()).collect(),
+            policy: (0..POLICY_COUNTER_SLOTS).map(|_| Default::default()).collect(),
+        }
+    }
+}
+
+impl WorkerStats {
+    /// Counts a drop.
+    #[inline]
+    pub fn drop(&self, reason: DropReason) {
+        if let Some(c) = self.drops.get(reason as usize) {
+            c.inc();
+        }
+    }
+
+    /// Counts an event.
+    #[inline]
+    pub fn event(&self, event: Event) {
+        if let Some(c) = self.events.get(event as usize) {
+            c.inc();
+        }
+    }
+
+    /// Counts a translated packet for a policy slot.
+    #[inline]
+    pub fn traffic(&self, slot: u16, dir: Direction, bytes: usize) {
+        let i = (slot as usize).min(POLICY_COUNTER_SLOTS - 1);
+        if let Some(t) = self.policy.get(i) {
+            let t = &t[dir as usize];
+            t.packets.inc();
+            t.bytes.add(bytes as u64);
+        }
+    }
+
+    /// A copy of every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let mut s = StatsSnapshot::default();
+        s.add_worker(self);
+        s
+    }
+}
+
+/// Summed counters, for metrics and the admin socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Frames forwarded.
+    pub forwarded: u64,
+    /// Frames answered.
+    pub answered: u64,
+    /// Frames passed to the kernel.
+    pub passed: u64,
+    /// Drops, indexed by `DropReason as usize`.
+    pub drops: Vec<u64>,
+    /// Events, indexed by `Event as usize`.
+    pub events: Vec<u64>,
+    /// Per policy slot: [outbound, inbound] (packets, bytes).
+    pub policy: Vec<[(u64, u64); 2]>,
+}
+
+impl Default for StatsSnapshot {
+    fn default() -> Self {
+        StatsSnapshot {
+            forwarded: 0,
+            answered: 0,
+            passed: 0,
+            drops: vec![0; DropReason::COUNT],
+            events: vec![0; Event::COUNT],
+            policy: vec![[(0, 0); 2]; POLICY_COUNTER_SLOTS],
+        }
+    }
+}
+
+impl StatsSnapshot {
+    /// Adds one worker's counters to this sum.
+    pub fn add_worker(&mut self, w: &WorkerStats) {
+        self.forwarded += w.forwarded.get();
+        self.answered += w.answered.get();
+        self.passed += w.passed.get();
+        for (d, c) in self.drops.iter_mut().zip(w.drops.iter()) {
+            *d += c.get();
+        }
+        for (d, c) in self.events.iter_mut().zip(w.events.iter()) {
+            *d += c.get();
+        }
+        for (d, t) in self.policy.iter_mut().zip(w.policy.iter()) {
+            for dir in 0..2 {
+                d[dir].0 += t[dir].packets.get();
+                d[dir].1 += t[dir].bytes.get();
+            }
+        }
+    }
+
+    /// The count for one drop reason.
+    pub fn dropped(&self, reason: DropReason) -> u64 {
+        self.drops.get(reason as usize).copied().unwrap_or(0)
+    }
+
+    /// The count for one event.
+    pub fn event(&self, event: Event) -> u64 {
+        self.events.get(event as usize).copied().unwrap_or(0)
+    }
+
+    /// Total drops.
+    pub fn total_drops(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enum_tables_are_consistent() {
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+        }
+        for (i, e) in Event::ALL.iter().enumerate() {
+            assert_eq!(*e as usize, i);
+        }
+        let mut names: Vec<_> = DropReason::ALL.iter().map(|r| r.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), DropReason::COUNT, "drop reason names must be unique");
+    }
+
+    #[test]
+    fn counters_sum_across_workers() {
+        let a = WorkerStats::default();
+        let b = WorkerStats::default();
+        a.drop(DropReason::PortsExhausted);
+        b.drop(DropReason::PortsExhausted);
+        b.drop(DropReason::NoRoute);
+        a.traffic(3, Direction::Inbound, 100);
+        b.traffic(3, Direction::Inbound, 60);
+        a.traffic(5000, Direction::Outbound, 1);
+        let mut s = a.snapshot();
+        s.add_worker(&b);
+        assert_eq!(s.dropped(DropReason::PortsExhausted), 2);
+        assert_eq!(s.dropped(DropReason::NoRoute), 1);
+        assert_eq!(s.total_drops(), 3);
+        assert_eq!(s.policy[3][1], (2, 160));
+        assert_eq!(s.policy[POLICY_COUNTER_SLOTS - 1][0], (1, 1));
+    }
+}

@@ -1,0 +1,734 @@
+//! The configuration snapshot the control plane publishes to the workers.
+//!
+//! The control plane (YAML file or Kubernetes) builds a plain, serialisable
+//! [`TablesSpec`]; [`Tables::compile`] validates it and builds the lookup
+//! structures; the engine swaps the new [`Tables`] in atomically (arc-swap),
+//! so workers never take a lock to read configuration. A bad policy is
+//! reported and left out; the other policies keep working. Bad global
+//! settings reject the whole snapshot with an error naming the field and the
+//! value.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ahash::{AHashMap, AHashSet};
+use ipnet::IpNet;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::lpm::{LpmAddr, Prefix};
+use crate::nat::key::NatAddr;
+use crate::nat::port_alloc::PortRange;
+use crate::policy::{Classifier, Decision, PolicyId, PolicyRules};
+use crate::stats::POLICY_COUNTER_SLOTS;
+
+/// Endpoint mapping behaviour (RFC 4787 4.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MappingBehavior {
+    /// One external (IP, port) per (pod, pod port), whatever the destination
+    /// (RFC 4787 REQ-1). An egress IP then holds at most one mapping per port
+    /// and protocol: about 28,000 concurrent pod ports per egress IP with the
+    /// default range.
+    #[default]
+    EndpointIndependent,
+    /// One external port may serve different destinations at once (the
+    /// session's 5-tuple is what must be unique). Scales to far more sessions
+    /// per egress IP, at the cost of RFC 4787 REQ-1: peer-to-peer traversal
+    /// and protocols that tell a third party their mapped address break.
+    EndpointDependent,
+}
+
+/// Inbound filtering behaviour (RFC 4787 5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FilteringBehavior {
+    /// A packet from outside passes only if the pod sent to that exact
+    /// (address, port) before (RFC 4787 REQ-8's secure default).
+    #[default]
+    AddressAndPortDependent,
+    /// Any outside endpoint may reach a mapped port (RFC 4787 REQ-8's
+    /// transparency option). Needs endpoint-independent mapping.
+    EndpointIndependent,
+}
+
+/// Idle timeouts in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct Timeouts {
+    /// UDP mapping (RFC 4787 REQ-5: at least 120; default 300).
+    pub udp: u32,
+    /// TCP established (RFC 5382 REQ-5: at least 7440 = 2 h 4 min).
+    pub tcp_established: u32,
+    /// TCP transitory: handshake, closing, reset (RFC 5382 REQ-5: 240 = 4 min).
+    pub tcp_transitory: u32,
+    /// ICMP query (RFC 5508 REQ-1: at least 60).
+    pub icmp: u32,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { udp: 300, tcp_established: 7440, tcp_transitory: 240, icmp: 60 }
+    }
+}
+
+/// Fragment handling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct FragmentSettings {
+    /// Datagrams remembered at once (per address family).
+    pub cache_entries: usize,
+    /// How long a datagram's first-fragment translation is kept, in seconds.
+    pub timeout: u32,
+}
+
+impl Default for FragmentSettings {
+    fn default() -> Self {
+        FragmentSettings { cache_entries: 8192, timeout: 2 }
+    }
+}
+
+/// NAT behaviour and limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct NatSettings {
+    /// Mapping behaviour.
+    pub mapping: MappingBehavior,
+    /// Filtering behaviour.
+    pub filtering: FilteringBehavior,
+    /// Default external port range of every egress IP.
+    pub ports: PortRange,
+    /// Bounded attempts of the port allocation's try-insert.
+    pub port_alloc_attempts: u32,
+    /// Session table capacity (per address family).
+    pub max_sessions: usize,
+    /// Sessions one source address may hold.
+    pub max_sessions_per_source: u32,
+    /// Idle timeouts.
+    pub timeouts: Timeouts,
+    /// Fragments.
+    pub fragments: FragmentSettings,
+    /// Whether a pod may reach another pod's mapping through the egress IP (RFC 4787 REQ-9).
+    pub hairpinning: bool,
+    /// Whether a TCP segment without SYN may create a session (keeps
+    /// connections across a gateway failover).
+    pub tcp_loose_pickup: bool,
+    /// Whether inbound UDP refreshes a mapping (RFC 4787 REQ-6 makes it optional).
+    pub udp_inbound_refresh: bool,
+}
+
+impl Default for NatSettings {
+    fn default() -> Self {
+        NatSettings {
+            mapping: MappingBehavior::default(),
+            filtering: FilteringBehavior::default(),
+            ports: PortRange::default(),
+            port_alloc_attempts: 64,
+            max_sessions: 1 << 20,
+            max_sessions_per_source: 65_536,
+            timeouts: Timeouts::default(),
+            fragments: FragmentSettings::default(),
+            hairpinning: true,
+            tcp_loose_pickup: true,
+            udp_inbound_refresh: false,
+        }
+    }
+}
+
+/// One policy as configured.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Unique name.
+    pub name: String,
+    /// Selected sources (pod IPs or CIDRs).
+    pub sources: Vec<IpNet>,
+    /// Selected destinations.
+    pub destinations: Vec<IpNet>,
+    /// Destinations excluded from `destinations`.
+    #[serde(default)]
+    pub except: Vec<IpNet>,
+    /// The egress IPs, in a stable order (paired pooling hashes over them).
+    pub egress_ips: Vec<IpAddr>,
+}
+
+/// An egress IP this gateway holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressIpSpec {
+    /// The address.
+    pub ip: IpAddr,
+    /// Its external port range, if not the default.
+    #[serde(default)]
+    pub ports: Option<PortRange>,
+    /// Whether this gateway answers ARP/NDP for it (false when another
+    /// mechanism, such as the kernel or a load balancer, announces it).
+    #[serde(default = "yes")]
+    pub answer_neighbor: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Everything the dataplane needs to know from the control plane.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct TablesSpec {
+    /// Policies.
+    pub policies: Vec<PolicySpec>,
+    /// The egress IPs this gateway holds now.
+    pub egress_ips: Vec<EgressIpSpec>,
+    /// Further addresses to answer ARP/NDP for (companion next hops).
+    pub neighbor_addresses: Vec<IpAddr>,
+    /// NAT behaviour and limits.
+    pub nat: NatSettings,
+}
+
+/// A whole-snapshot error: the snapshot is rejected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// A port range is empty or starts at 0.
+    #[error("{field}: invalid port range {first}-{last} (need 1 <= first <= last)")]
+    InvalidPortRange {
+        /// The field.
+        field: String,
+        /// First port.
+        first: u16,
+        /// Last port.
+        last: u16,
+    },
+    /// A timeout is below its RFC minimum.
+    #[error("{field}: {value} s is below the minimum of {min} s ({rfc})")]
+    TimeoutTooShort {
+        /// The field.
+        field: &'static str,
+        /// The value.
+        value: u32,
+        /// The minimum.
+        min: u32,
+        /// Which requirement.
+        rfc: &'static str,
+    },
+    /// A number out of its allowed range.
+    #[error("{field}: {value} is out of range ({allowed})")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// The value.
+        value: u64,
+        /// The allowed range.
+        allowed: &'static str,
+    },
+    /// Endpoint-independent filtering needs endpoint-independent mapping.
+    #[error("nat.filtering: endpoint-independent filtering needs nat.mapping: endpoint-independent")]
+    FilteringNeedsEim,
+    /// The same egress IP twice.
+    #[error("egressIPs[{index}].ip: {ip} is listed twice")]
+    DuplicateEgressIp {
+        /// Index.
+        index: usize,
+        /// The address.
+        ip: IpAddr,
+    },
+}
+
+/// A policy left out of the snapshot, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("policies[{index}] ({name}): {field}: {message}")]
+pub struct PolicyError {
+    /// Position in the spec.
+    pub index: usize,
+    /// The policy's name.
+    pub name: String,
+    /// The field at fault.
+    pub field: &'static str,
+    /// What is wrong, with the value.
+    pub message: String,
+}
+
+/// A compiled policy.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Its index.
+    pub id: PolicyId,
+    /// Its name.
+    pub name: String,
+    /// Its per-policy counter slot.
+    pub counter_slot: u16,
+    /// IPv4 egress IPs in configured order.
+    pub egress_v4: Vec<Ipv4Addr>,
+    /// IPv6 egress IPs in configured order.
+    pub egress_v6: Vec<Ipv6Addr>,
+    /// The spec it came from.
+    pub spec: PolicySpec,
+}
+
+/// Paired pooling (RFC 4787 REQ-2): the egress IP of `pod` among `ips`, by
+/// rendezvous (highest random weight) hashing, so a pod always gets the same
+/// egress IP and adding or removing one IP moves only the pods that had it.
+/// The score is `splitmix64(fnv1a64(pod octets ++ egress octets))`; anything
+/// that routes pods to gateways (a node agent) must compute the same.
+pub fn paired_egress<A: NatAddr>(pod: A, ips: &[A]) -> Option<A> {
+    let mut buf = [0u8; 32];
+    pod.write(&mut buf);
+    ips.iter().copied().max_by_key(|ip| {
+        ip.write(&mut buf[A::LEN..]);
+        (hrw_score(&buf[..2 * A::LEN]), *ip)
+    })
+}
+
+/// The rendezvous score of a byte string.
+pub fn hrw_score(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // splitmix64 finaliser
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+impl Policy {
+    /// The egress IP for `pod` of family `A` (paired pooling).
+    pub fn egress_for<A: NatAddr + PolicyFamily>(&self, pod: A) -> Option<A> {
+        paired_egress(pod, A::egress_list(self))
+    }
+}
+
+/// Per-family access to a policy's egress list and the snapshot's classifier.
+pub trait PolicyFamily: NatAddr {
+    /// The policy's egress IPs of this family.
+    fn egress_list(p: &Policy) -> &[Self];
+    /// The snapshot's classifier of this family.
+    fn classifier(t: &Tables) -> &Classifier<Self>;
+}
+
+impl PolicyFamily for Ipv4Addr {
+    fn egress_list(p: &Policy) -> &[Self] {
+        &p.egress_v4
+    }
+    fn classifier(t: &Tables) -> &Classifier<Self> {
+        &t.classify_v4
+    }
+}
+
+impl PolicyFamily for Ipv6Addr {
+    fn egress_list(p: &Policy) -> &[Self] {
+        &p.egress_v6
+    }
+    fn classifier(t: &Tables) -> &Classifier<Self> {
+        &t.classify_v6
+    }
+}
+
+/// An egress IP as compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EgressEntry {
+    /// Its external port range.
+    pub ports: PortRange,
+    /// Whether this gateway answers ARP/NDP for it.
+    pub answer_neighbor: bool,
+}
+
+/// Stable per-policy counter slots: a policy name keeps its slot for the life
+/// of the process, so per-policy counters stay monotonic across reloads.
+#[derive(Debug, Default)]
+pub struct PolicySlots {
+    slots: Mutex<HashMap<String, u16>>,
+}
+
+impl PolicySlots {
+    /// The slot of `name`, assigned on first use; past the limit every new
+    /// name shares the last slot.
+    pub fn slot(&self, name: &str) -> u16 {
+        let mut m = self.slots.lock();
+        if let Some(s) = m.get(name) {
+            return *s;
+        }
+        let s = m.len().min(POLICY_COUNTER_SLOTS - 1) as u16;
+        m.insert(name.to_string(), s);
+        s
+    }
+
+    /// Every (name, slot) assigned so far.
+    pub fn all(&self) -> Vec<(String, u16)> {
+        self.slots.lock().iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+}
+
+/// The compiled snapshot.
+#[derive(Debug, Default)]
+pub struct Tables {
+    /// Increases with every published snapshot.
+    pub generation: u64,
+    /// NAT behaviour and limits.
+    pub nat: NatSettings,
+    /// Policies by [`PolicyId`].
+    pub policies: Vec<Policy>,
+    /// IPv4 classification.
+    pub classify_v4: Classifier<Ipv4Addr>,
+    /// IPv6 classification.
+    pub classify_v6: Classifier<Ipv6Addr>,
+    egress: AHashMap<IpAddr, EgressEntry>,
+    neighbor: AHashSet<IpAddr>,
+    /// Policies left out, and why.
+    pub errors: Vec<PolicyError>,
+    /// The spec this was compiled from.
+    pub spec: TablesSpec,
+}
+
+fn validate_range(field: String, r: PortRange) -> Result<(), SpecError> {
+    if r.first == 0 || r.first > r.last {
+        return Err(SpecError::InvalidPortRange { field, first: r.first, last: r.last });
+    }
+    Ok(())
+}
+
+/// Validates the global settings of a spec.
+pub fn validate_settings(nat: &NatSettings) -> Result<(), SpecError> {
+    validate_range("nat.ports".into(), nat.ports)?;
+    let t = &nat.timeouts;
+    let checks: [(&'static str, u32, u32, &'static str); 4] = [
+        ("nat.timeouts.udp", t.udp, 120, "RFC 4787 REQ-5"),
+        ("nat.timeouts.tcpEstablished", t.tcp_established, 7440, "RFC 5382 REQ-5"),
+        ("nat.timeouts.tcpTransitory", t.tcp_transitory, 240, "RFC 5382 REQ-5"),
+        ("nat.timeouts.icmp", t.icmp, 60, "RFC 5508 REQ-1"),
+    ];
+    for (field, value, min, rfc) in checks {
+        if value < min {
+            return Err(SpecError::TimeoutTooShort { field, value, min, rfc });
+        }
+    }
+    if !(1..=1024).contains(&nat.port_alloc_attempts) {
+        return Err(SpecError::OutOfRange {
+            field: "nat.portAllocAttempts",
+            value: u64::from(nat.port_alloc_attempts),
+            allowed: "1-1024",
+        });
+    }
+    if nat.max_sessions == 0 || nat.max_sessions > (1 << 31) - 1 {
+        return Err(SpecError::OutOfRange {
+            field: "nat.maxSessions",
+            value: nat.max_sessions as u64,
+            allowed: "1-2147483647",
+        });
+    }
+    if nat.max_sessions_per_source == 0 {
+        return Err(SpecError::OutOfRange { field: "nat.maxSessionsPerSource", value: 0, allowed: ">= 1" });
+    }
+    if nat.fragments.cache_entries == 0 || nat.fragments.cache_entries > 1 << 24 {
+        return Err(SpecError::OutOfRange {
+            field: "nat.fragments.cacheEntries",
+            value: nat.fragments.cache_entries as u64,
+            allowed: "1-16777216",
+        });
+    }
+    if nat.fragments.timeout == 0 || nat.fragments.timeout > 60 {
+        return Err(SpecError::OutOfRange {
+            field: "nat.fragments.timeout",
+            value: u64::from(nat.fragments.timeout),
+            allowed: "1-60",
+        });
+    }
+    if nat.filtering == FilteringBehavior::EndpointIndependent && nat.mapping != MappingBehavior::EndpointIndependent {
+        return Err(SpecError::FilteringNeedsEim);
+    }
+    Ok(())
+}
+
+fn prefixes<A: LpmAddr>(nets: &[IpNet], pick: impl Fn(&IpNet) -> Option<(A, u8)>) -> Vec<Prefix<A>> {
+    nets.iter().filter_map(|n| pick(n).map(|(a, l)| Prefix::new(a, l))).collect()
+}
+
+fn v4(n: &IpNet) -> Option<(Ipv4Addr, u8)> {
+    match n {
+        IpNet::V4(n) => Some((n.network(), n.prefix_len())),
+        IpNet::V6(_) => None,
+    }
+}
+
+fn v6(n: &IpNet) -> Option<(Ipv6Addr, u8)> {
+    match n {
+        IpNet::V6(n) => Some((n.network(), n.prefix_len())),
+        IpNet::V4(_) => None,
+    }
+}
+
+impl Tables {
+    /// Validates and compiles a spec. Invalid policies are reported in
+    /// `errors` and left out; invalid global settings reject the snapshot.
+    pub fn compile(spec: &TablesSpec, generation: u64, slots: &PolicySlots) -> Result<Tables, SpecError> {
+        validate_settings(&spec.nat)?;
+        let mut egress = AHashMap::default();
+        let mut neighbor = AHashSet::default();
+        for (index, e) in spec.egress_ips.iter().enumerate() {
+            let ports = e.ports.unwrap_or(spec.nat.ports);
+            validate_range(format!("egressIPs[{index}].ports"), ports)?;
+            if egress.insert(e.ip, EgressEntry { ports, answer_neighbor: e.answer_neighbor }).is_some() {
+                return Err(SpecError::DuplicateEgressIp { index, ip: e.ip });
+            }
+            if e.answer_neighbor {
+                neighbor.insert(e.ip);
+            }
+        }
+        neighbor.extend(spec.neighbor_addresses.iter().copied());
+
+        let mut errors = Vec::new();
+        let mut policies: Vec<Policy> = Vec::new();
+        let mut order: Vec<usize> = (0..spec.policies.len()).collect();
+        order.sort_by(|a, b| spec.policies[*a].name.cmp(&spec.policies[*b].name));
+        let mut seen_names = AHashSet::default();
+        for index in order {
+            let p = &spec.policies[index];
+            let err =
+                |field: &'static str, message: String| PolicyError { index, name: p.name.clone(), field, message };
+            if p.name.is_empty() {
+                errors.push(err("name", "must not be empty".into()));
+                continue;
+            }
+            if !seen_names.insert(p.name.clone()) {
+                errors.push(err("name", format!("{:?} is used by another policy", p.name)));
+                continue;
+            }
+            if p.sources.is_empty() {
+                errors.push(err("sources", "must list at least one CIDR".into()));
+                continue;
+            }
+            if p.destinations.is_empty() {
+                errors.push(err("destinations", "must list at least one CIDR".into()));
+                continue;
+            }
+            let egress_v4: Vec<Ipv4Addr> = p.egress_ips.iter().filter_map(|ip| Ipv4Addr::from_ip(*ip)).collect();
+            let egress_v6: Vec<Ipv6Addr> = p.egress_ips.iter().filter_map(|ip| Ipv6Addr::from_ip(*ip)).collect();
+            if egress_v4.is_empty() && egress_v6.is_empty() {
+                errors.push(err("egressIPs", "must list at least one egress IP".into()));
+                continue;
+            }
+            if let Some(s) = p.sources.iter().find(|s| s.addr().is_ipv4() && egress_v4.is_empty()) {
+                errors.push(err("egressIPs", format!("no IPv4 egress IP for the IPv4 source {s}")));
+                continue;
+            }
+            if let Some(s) = p.sources.iter().find(|s| s.addr().is_ipv6() && egress_v6.is_empty()) {
+                errors.push(err("egressIPs", format!("no IPv6 egress IP for the IPv6 source {s}")));
+                continue;
+            }
+            let mut dup = egress_v4.clone();
+            dup.sort();
+            dup.dedup();
+            let mut dup6 = egress_v6.clone();
+            dup6.sort();
+            dup6.dedup();
+            if dup.len() != egress_v4.len() || dup6.len() != egress_v6.len() {
+                errors.push(err("egressIPs", "lists an address twice".into()));
+                continue;
+            }
+            policies.push(Policy {
+                id: PolicyId(policies.len() as u32),
+                name: p.name.clone(),
+                counter_slot: slots.slot(&p.name),
+                egress_v4,
+                egress_v6,
+                spec: p.clone(),
+            });
+        }
+        errors.sort_by_key(|e| e.index);
+
+        let rules_v4: Vec<PolicyRules<Ipv4Addr>> = policies
+            .iter()
+            .map(|p| PolicyRules {
+                id: p.id,
+                sources: prefixes(&p.spec.sources, v4),
+                destinations: prefixes(&p.spec.destinations, v4),
+                except: prefixes(&p.spec.except, v4),
+            })
+            .filter(|r| !r.sources.is_empty())
+            .collect();
+        let rules_v6: Vec<PolicyRules<Ipv6Addr>> = policies
+            .iter()
+            .map(|p| PolicyRules {
+                id: p.id,
+                sources: prefixes(&p.spec.sources, v6),
+                destinations: prefixes(&p.spec.destinations, v6),
+                except: prefixes(&p.spec.except, v6),
+            })
+            .filter(|r| !r.sources.is_empty())
+            .collect();
+
+        Ok(Tables {
+            generation,
+            nat: spec.nat,
+            policies,
+            classify_v4: Classifier::build(&rules_v4),
+            classify_v6: Classifier::build(&rules_v6),
+            egress,
+            neighbor,
+            errors,
+            spec: spec.clone(),
+        })
+    }
+
+    /// The egress IP entry if this gateway holds `ip`.
+    #[inline]
+    pub fn egress(&self, ip: IpAddr) -> Option<&EgressEntry> {
+        self.egress.get(&ip)
+    }
+
+    /// Whether this gateway translates for `ip`.
+    #[inline]
+    pub fn owns_egress(&self, ip: IpAddr) -> bool {
+        self.egress.contains_key(&ip)
+    }
+
+    /// Whether this gateway answers ARP/NDP for `ip`.
+    #[inline]
+    pub fn answers_neighbor(&self, ip: IpAddr) -> bool {
+        self.neighbor.contains(&ip)
+    }
+
+    /// Every egress IP this gateway holds, with its entry.
+    pub fn egress_ips(&self) -> impl Iterator<Item = (IpAddr, EgressEntry)> + '_ {
+        self.egress.iter().map(|(k, v)| (*k, *v))
+    }
+
+    /// Every address this gateway answers ARP/NDP for.
+    pub fn neighbor_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.neighbor.iter().copied()
+    }
+
+    /// The policy with this id.
+    #[inline]
+    pub fn policy(&self, id: PolicyId) -> Option<&Policy> {
+        self.policies.get(id.0 as usize)
+    }
+
+    /// Classifies (src, dst) in family `A`.
+    #[inline]
+    pub fn classify<A: PolicyFamily>(&self, src: A, dst: A) -> Decision {
+        A::classifier(self).classify(src, dst)
+    }
+
+    /// The session-table generation tag (low 16 bits of the generation).
+    #[inline]
+    pub fn generation_tag(&self) -> u16 {
+        self.generation as u16
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(name: &str, src: &str, dst: &str, egress: &[&str]) -> PolicySpec {
+        PolicySpec {
+            name: name.into(),
+            sources: vec![src.parse().unwrap()],
+            destinations: vec![dst.parse().unwrap()],
+            except: vec![],
+            egress_ips: egress.iter().map(|e| e.parse().unwrap()).collect(),
+        }
+    }
+
+    fn spec(policies: Vec<PolicySpec>) -> TablesSpec {
+        TablesSpec {
+            policies,
+            egress_ips: vec![EgressIpSpec { ip: "198.51.100.1".parse().unwrap(), ports: None, answer_neighbor: true }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_bad_policy_is_reported_and_the_others_work() {
+        let s = spec(vec![
+            policy("good", "192.0.2.0/24", "0.0.0.0/0", &["198.51.100.1"]),
+            policy("no-egress", "192.0.2.0/24", "0.0.0.0/0", &[]),
+            policy("v6-without-v6-egress", "2001:db8::/64", "::/0", &["198.51.100.1"]),
+            policy("good", "192.0.2.0/25", "0.0.0.0/0", &["198.51.100.1"]),
+        ]);
+        let t = Tables::compile(&s, 1, &PolicySlots::default()).unwrap();
+        assert_eq!(t.policies.len(), 1);
+        let msgs: Vec<String> = t.errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(msgs.len(), 3, "{msgs:?}");
+        assert!(msgs[0].contains("policies[1] (no-egress): egressIPs"), "{msgs:?}");
+        assert!(msgs[1].contains("no IPv6 egress IP for the IPv6 source 2001:db8::/64"), "{msgs:?}");
+        assert!(msgs[2].contains("policies[3] (good): name"), "{msgs:?}");
+        assert_eq!(
+            t.classify("192.0.2.9".parse::<Ipv4Addr>().unwrap(), "203.0.113.1".parse().unwrap()),
+            Decision::Steer(PolicyId(0))
+        );
+    }
+
+    #[test]
+    fn global_errors_name_field_and_value() {
+        let mut s = spec(vec![]);
+        s.nat.timeouts.udp = 30;
+        assert_eq!(
+            Tables::compile(&s, 1, &PolicySlots::default()).unwrap_err().to_string(),
+            "nat.timeouts.udp: 30 s is below the minimum of 120 s (RFC 4787 REQ-5)"
+        );
+        let mut s = spec(vec![]);
+        s.egress_ips[0].ports = Some(PortRange { first: 2000, last: 1000 });
+        assert_eq!(
+            Tables::compile(&s, 1, &PolicySlots::default()).unwrap_err().to_string(),
+            "egressIPs[0].ports: invalid port range 2000-1000 (need 1 <= first <= last)"
+        );
+        let mut s = spec(vec![]);
+        s.nat.filtering = FilteringBehavior::EndpointIndependent;
+        s.nat.mapping = MappingBehavior::EndpointDependent;
+        assert_eq!(Tables::compile(&s, 1, &PolicySlots::default()).unwrap_err(), SpecError::FilteringNeedsEim);
+        let mut s = spec(vec![]);
+        s.egress_ips.push(s.egress_ips[0]);
+        assert!(matches!(
+            Tables::compile(&s, 1, &PolicySlots::default()),
+            Err(SpecError::DuplicateEgressIp { index: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn paired_pooling_is_stable_and_spreads() {
+        let ips: Vec<Ipv4Addr> = (1..=4).map(|i| Ipv4Addr::new(198, 51, 100, i)).collect();
+        let mut counts = [0usize; 4];
+        for i in 0..1000u32 {
+            let pod = Ipv4Addr::from(0xC000_0200 + i);
+            let e = paired_egress(pod, &ips).unwrap();
+            assert_eq!(paired_egress(pod, &ips), Some(e), "same pod, same IP");
+            counts[usize::from(e.octets()[3] - 1)] += 1;
+            // Removing another IP does not move this pod.
+            let other: Vec<Ipv4Addr> = ips.iter().copied().filter(|x| *x == e || x.octets()[3] != 4).collect();
+            if e.octets()[3] != 4 {
+                assert_eq!(paired_egress(pod, &other), Some(e));
+            }
+        }
+        assert!(counts.iter().all(|c| *c > 150), "{counts:?}");
+        assert_eq!(paired_egress::<Ipv4Addr>(Ipv4Addr::LOCALHOST, &[]), None);
+    }
+
+    #[test]
+    fn counter_slots_survive_recompiles() {
+        let slots = PolicySlots::default();
+        let a = Tables::compile(&spec(vec![policy("b", "192.0.2.0/24", "0.0.0.0/0", &["198.51.100.1"])]), 1, &slots)
+            .unwrap();
+        let b = Tables::compile(
+            &spec(vec![
+                policy("a", "192.0.2.0/25", "0.0.0.0/0", &["198.51.100.1"]),
+                policy("b", "192.0.2.0/24", "0.0.0.0/0", &["198.51.100.1"]),
+            ]),
+            2,
+            &slots,
+        )
+        .unwrap();
+        assert_eq!(a.policies[0].counter_slot, b.policies[1].counter_slot);
+        assert_ne!(b.policies[0].counter_slot, b.policies[1].counter_slot);
+    }
+
+    #[test]
+    fn spec_round_trips_through_json() {
+        let s = spec(vec![policy("p", "192.0.2.0/24", "0.0.0.0/0", &["198.51.100.1"])]);
+        let j = serde_json::to_string(&s).unwrap();
+        assert!(j.contains("\"egressIps\"") || j.contains("\"egressIPs\""), "{j}");
+        let back: TablesSpec = serde_json::from_str(&j).unwrap();
+        assert_eq!(back, s);
+    }
+}
