@@ -6,10 +6,12 @@
 //! - [`mapping`], [`port_alloc`]: endpoint-independent mappings, try-insert port allocation.
 //! - [`tcp_state`]: the TCP tracker that picks timeouts (diagram inside).
 //! - [`fragments`]: virtual reassembly of fragmented datagrams.
+//! - [`table`]: one family's NAT instance: creation, expiry, revalidation, eviction.
 
 pub mod fragments;
 pub mod key;
 pub mod mapping;
 pub mod port_alloc;
 pub mod session;
+pub mod table;
 pub mod tcp_state;

@@ -1,0 +1,617 @@
+//! One address family's NAT instance: the session table, the mappings and
+//! port pools, and the fragment cache, with the operations the engine's slow
+//! path and the sweeper need.
+//!
+//! - Outbound creation: paired pooling picks the egress IP, the per-source
+//!   limit and the table capacity are checked (evicting the oldest idle
+//!   session under pressure), a port is allocated by try-insert, and the
+//!   session is inserted with its precomputed checksum deltas.
+//! - Inbound creation: only with endpoint-independent filtering, for a port a
+//!   pod's mapping holds.
+//! - Expiry (RFC 4787 REQ-5, RFC 5382 REQ-5, RFC 5508 REQ-1): a session is
+//!   expired as soon as its idle time passes its timeout, whether the sweeper
+//!   has reached it or not (a lookup that finds it expired treats it as a
+//!   miss). The sweeper visits a bounded number of slots per tick.
+//! - Revalidation: every session records the configuration generation it
+//!   was checked against; after a reload it is checked again on its next
+//!   packet (or by the sweeper) and removed if its policy, its egress IP or
+//!   its port range no longer holds. Losing an egress IP therefore stops its
+//!   translation at the very next packet.
+
+use dashmap::DashMap;
+
+use super::fragments::FragmentCache;
+use super::key::{proto, FlowKey, NatAddr, SessionTuple};
+use super::mapping::{Acquired, MappingRequest, Mappings};
+use super::port_alloc::{candidates, PortRng};
+use super::session::{session_flags, InsertError, SessionInit, SessionTable, SessionView};
+use super::tcp_state;
+use crate::policy::Decision;
+use crate::stats::{Direction, DropReason, Event, WorkerStats};
+use crate::tables::{FilteringBehavior, MappingBehavior, NatSettings, Policy, PolicyFamily, Tables};
+
+/// Sessions sampled to choose a victim when the table is full.
+const EVICTION_SAMPLE: u32 = 32;
+
+/// An outbound packet that found no session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutboundRequest<A> {
+    /// The pod.
+    pub pod: A,
+    /// The pod's port (ICMP: identifier).
+    pub pod_port: u16,
+    /// The destination.
+    pub remote: A,
+    /// The destination port (ICMP: 0).
+    pub remote_port: u16,
+    /// The protocol.
+    pub proto: u8,
+    /// TCP flags (0 for other protocols).
+    pub tcp_flags: u8,
+}
+
+/// Computes a session's checksum deltas (the engine's rewrite module knows how).
+pub type DeltaFn<'a, A> = &'a dyn Fn(&SessionTuple<A>) -> u32;
+
+/// One address family's NAT state.
+#[derive(Debug)]
+pub struct NatTable<A: NatAddr> {
+    /// The sessions.
+    pub sessions: SessionTable<A>,
+    /// Mappings and port pools.
+    pub mappings: Mappings<A>,
+    /// Fragment translations.
+    pub fragments: FragmentCache<A>,
+    per_source: DashMap<A, u32, ahash::RandomState>,
+}
+
+impl<A: NatAddr + PolicyFamily> NatTable<A> {
+    /// A NAT instance sized by `settings` (capacity, mapping mode and fragment
+    /// cache are fixed for its life).
+    pub fn new(settings: &NatSettings) -> Self {
+        NatTable {
+            sessions: SessionTable::new(settings.max_sessions),
+            mappings: Mappings::new(settings.mapping == MappingBehavior::EndpointIndependent),
+            fragments: FragmentCache::new(settings.fragments.cache_entries, settings.fragments.timeout),
+            per_source: DashMap::with_hasher(ahash::RandomState::new()),
+        }
+    }
+
+    /// The idle timeout of a session, in seconds.
+    #[inline]
+    pub fn timeout(view: &SessionView<A>, nat: &NatSettings) -> u32 {
+        match view.tuple.proto {
+            proto::TCP => {
+                if tcp_state::phase(view.tcp).is_transitory() {
+                    nat.timeouts.tcp_transitory
+                } else {
+                    nat.timeouts.tcp_established
+                }
+            }
+            proto::ICMP | proto::ICMPV6 => nat.timeouts.icmp,
+            _ => nat.timeouts.udp,
+        }
+    }
+
+    /// Whether the session's idle time has passed its timeout at `now` seconds.
+    #[inline]
+    pub fn is_expired(view: &SessionView<A>, now: u32, nat: &NatSettings) -> bool {
+        now.saturating_sub(view.last_seen) > Self::timeout(view, nat)
+    }
+
+    /// Whether the session still holds under `tables`.
+    pub fn still_valid(view: &SessionView<A>, tables: &Tables) -> bool {
+        let t = &view.tuple;
+        let Some(entry) = tables.egress(t.egress.ip()) else { return false };
+        if !entry.ports.contains(t.egress_port) {
+            return false;
+        }
+        match tables.classify(t.pod, t.remote) {
+            Decision::Steer(id) => tables.policy(id).and_then(|p| p.egress_for(t.pod)) == Some(t.egress),
+            _ => false,
+        }
+    }
+
+    /// Checks a session found by a lookup: expired or no longer valid
+    /// sessions are removed (and `false` returned).
+    #[inline]
+    pub fn check(&self, view: &SessionView<A>, tables: &Tables, now: u32, stats: &WorkerStats) -> bool {
+        if Self::is_expired(view, now, &tables.nat) {
+            if self.remove(view) {
+                stats.event(Event::SessionExpired);
+            }
+            return false;
+        }
+        if view.generation != tables.generation_tag() {
+            if !Self::still_valid(view, tables) {
+                if self.remove(view) {
+                    stats.event(Event::SessionInvalidated);
+                }
+                return false;
+            }
+            self.sessions.set_generation(view.index, tables.generation_tag());
+        }
+        true
+    }
+
+    /// Removes a session and releases its mapping. Returns whether this call removed it.
+    pub fn remove(&self, view: &SessionView<A>) -> bool {
+        let Some(v) = self.sessions.remove(view.index, view.seq) else { return false };
+        let t = &v.tuple;
+        if v.flags & session_flags::HAS_MAPPING != 0 {
+            self.mappings.release(t.egress, t.pod, t.pod_port, t.proto, t.egress_port);
+        } else if let Some(pool) = self.mappings.existing_pool(t.egress, t.proto) {
+            pool.count_in_use(-1);
+        }
+        if let dashmap::Entry::Occupied(mut o) = self.per_source.entry(t.pod) {
+            *o.get_mut() = o.get().saturating_sub(1);
+            if *o.get() == 0 {
+                o.remove();
+            }
+        }
+        true
+    }
+
+    fn admit_source(&self, pod: A, limit: u32) -> bool {
+        let mut e = self.per_source.entry(pod).or_insert(0);
+        if *e >= limit {
+            return false;
+        }
+        *e += 1;
+        true
+    }
+
+    fn unadmit_source(&self, pod: A) {
+        if let dashmap::Entry::Occupied(mut o) = self.per_source.entry(pod) {
+            *o.get_mut() = o.get().saturating_sub(1);
+            if *o.get() == 0 {
+                o.remove();
+            }
+        }
+    }
+
+    /// Sessions `pod` holds.
+    pub fn source_sessions(&self, pod: A) -> u32 {
+        self.per_source.get(&pod).map_or(0, |v| *v)
+    }
+
+    /// Makes room when the table is full: removes an expired session if the
+    /// sample has one, else the one idle longest, transitory TCP first
+    /// (an approximation of VPP's per-thread LRU without its per-session
+    /// list links). Returns whether a session was removed.
+    pub fn evict_one(&self, now: u32, nat: &NatSettings, stats: &WorkerStats) -> bool {
+        let mut victim: Option<(u64, SessionView<A>)> = None;
+        self.sessions.sweep(EVICTION_SAMPLE, |v| {
+            let idle = u64::from(now.saturating_sub(v.last_seen));
+            let mut score = idle;
+            if Self::is_expired(v, now, nat) {
+                score += 1 << 40;
+            } else if v.tuple.proto == proto::TCP && tcp_state::phase(v.tcp).is_transitory() {
+                score += 1 << 32;
+            }
+            if victim.as_ref().is_none_or(|(s, _)| score > *s) {
+                victim = Some((score, *v));
+            }
+        });
+        match victim {
+            Some((_, v)) if self.remove(&v) => {
+                stats.event(Event::SessionEvicted);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Creates the session of an outbound packet that matched `policy`.
+    pub fn create_outbound(
+        &self,
+        req: &OutboundRequest<A>,
+        policy: &Policy,
+        tables: &Tables,
+        ctx: &mut CreateCtx<'_, A>,
+    ) -> Result<SessionView<A>, DropReason> {
+        let nat = &tables.nat;
+        let egress = policy.egress_for(req.pod).ok_or(DropReason::NoEgressIpForFamily)?;
+        let entry = tables.egress(egress.ip()).ok_or(DropReason::EgressIpNotOwned)?;
+        if !self.admit_source(req.pod, nat.max_sessions_per_source) {
+            return Err(DropReason::SourceSessionLimit);
+        }
+        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, nat, ctx.stats) {
+            self.unadmit_source(req.pod);
+            return Err(DropReason::SessionTableFull);
+        }
+        let mut init = SessionInit {
+            deltas: 0,
+            now: ctx.now,
+            tcp: if req.proto == proto::TCP { tcp_state::initial(Direction::Outbound, req.tcp_flags) } else { 0 },
+            generation: tables.generation_tag(),
+            policy_slot: policy.counter_slot,
+            flags: 0,
+        };
+        let mut tuple = SessionTuple {
+            pod: req.pod,
+            remote: req.remote,
+            egress,
+            pod_port: req.pod_port,
+            remote_port: req.remote_port,
+            egress_port: 0,
+            proto: req.proto,
+        };
+        let pool = self.mappings.pool(egress, req.proto, entry.ports);
+        let result = if self.mappings.endpoint_independent() {
+            let acquired = self.mappings.acquire(
+                &pool,
+                MappingRequest { egress, pod: req.pod, pod_port: req.pod_port, proto: req.proto },
+                nat.port_alloc_attempts,
+                ctx.rng,
+            );
+            let Some(acquired) = acquired else {
+                self.unadmit_source(req.pod);
+                return Err(DropReason::PortsExhausted);
+            };
+            tuple.egress_port = acquired.port();
+            init.flags = session_flags::HAS_MAPPING;
+            init.deltas = (ctx.deltas)(&tuple);
+            let r = self.sessions.insert(&tuple, &init);
+            if r.is_err() {
+                self.mappings.release(egress, req.pod, req.pod_port, req.proto, tuple.egress_port);
+            } else {
+                match acquired {
+                    Acquired::Preserved(_) => ctx.stats.event(Event::PortPreserved),
+                    Acquired::Random(_) => ctx.stats.event(Event::PortRandomized),
+                    Acquired::Existing(_) => {}
+                }
+            }
+            r
+        } else {
+            let mut r = Err(InsertError::InboundTaken);
+            for (i, port) in candidates(req.pod_port, entry.ports, nat.port_alloc_attempts, ctx.rng).enumerate() {
+                tuple.egress_port = port;
+                if self.sessions.inbound_taken(&tuple.inbound_key()) {
+                    continue;
+                }
+                init.deltas = (ctx.deltas)(&tuple);
+                r = self.sessions.insert(&tuple, &init);
+                match r {
+                    Err(InsertError::InboundTaken) => continue,
+                    Ok(_) => {
+                        pool.count_in_use(1);
+                        ctx.stats.event(if i == 0 && port == req.pod_port {
+                            Event::PortPreserved
+                        } else {
+                            Event::PortRandomized
+                        });
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            if r == Err(InsertError::InboundTaken) {
+                pool.count_exhausted();
+            }
+            r
+        };
+        match result {
+            Ok(v) => {
+                ctx.stats.event(Event::SessionCreatedOutbound);
+                Ok(v)
+            }
+            Err(e) => {
+                self.unadmit_source(req.pod);
+                match e {
+                    InsertError::OutboundExists(_) => {
+                        self.sessions.lookup(&tuple.outbound_key()).map(|(_, v)| v).ok_or(DropReason::SessionTableFull)
+                    }
+                    InsertError::Full => Err(DropReason::SessionTableFull),
+                    InsertError::InboundTaken => Err(DropReason::PortsExhausted),
+                }
+            }
+        }
+    }
+
+    /// Creates a session for an inbound packet (`key`: remote -> egress) to a
+    /// port a pod's mapping holds, when filtering allows it.
+    pub fn create_inbound(
+        &self,
+        key: &FlowKey<A>,
+        tables: &Tables,
+        ctx: &mut CreateCtx<'_, A>,
+    ) -> Result<SessionView<A>, DropReason> {
+        let nat = &tables.nat;
+        let owner = self.mappings.existing_pool(key.dst, key.proto).and_then(|p| p.owner(key.dport()).map(|o| (p, o)));
+        let Some((pool, owner)) = owner else { return Err(DropReason::InboundNoMapping) };
+        if nat.filtering != FilteringBehavior::EndpointIndependent {
+            return Err(DropReason::InboundFiltered);
+        }
+        // The session must hold under the current policy, exactly as if the
+        // pod had sent first; otherwise its replies would not be translated.
+        let policy = match tables.classify(owner.pod, key.src) {
+            Decision::Steer(id) => tables.policy(id),
+            _ => None,
+        };
+        let Some(policy) = policy.filter(|p| p.egress_for(owner.pod) == Some(key.dst)) else {
+            return Err(DropReason::InboundFiltered);
+        };
+        if !self.admit_source(owner.pod, nat.max_sessions_per_source) {
+            return Err(DropReason::SourceSessionLimit);
+        }
+        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, nat, ctx.stats) {
+            self.unadmit_source(owner.pod);
+            return Err(DropReason::SessionTableFull);
+        }
+        if !self.mappings.add_ref(&pool, key.dport(), owner.pod, owner.pod_port) {
+            self.unadmit_source(owner.pod);
+            return Err(DropReason::InboundNoMapping);
+        }
+        let tuple = SessionTuple {
+            pod: owner.pod,
+            remote: key.src,
+            egress: key.dst,
+            pod_port: owner.pod_port,
+            remote_port: key.sport(),
+            egress_port: key.dport(),
+            proto: key.proto,
+        };
+        let init = SessionInit {
+            deltas: (ctx.deltas)(&tuple),
+            now: ctx.now,
+            tcp: if key.proto == proto::TCP { tcp_state::initial(Direction::Inbound, ctx.tcp_flags) } else { 0 },
+            generation: tables.generation_tag(),
+            policy_slot: policy.counter_slot,
+            flags: session_flags::HAS_MAPPING | session_flags::INBOUND_CREATED,
+        };
+        match self.sessions.insert(&tuple, &init) {
+            Ok(v) => {
+                ctx.stats.event(Event::SessionCreatedInbound);
+                Ok(v)
+            }
+            Err(e) => {
+                self.mappings.release(tuple.egress, tuple.pod, tuple.pod_port, tuple.proto, tuple.egress_port);
+                self.unadmit_source(owner.pod);
+                match e {
+                    InsertError::InboundTaken => {
+                        self.sessions.lookup(key).map(|(_, v)| v).ok_or(DropReason::InboundFiltered)
+                    }
+                    _ => Err(DropReason::SessionTableFull),
+                }
+            }
+        }
+    }
+
+    /// Visits `budget` slots: removes expired sessions and revalidates those
+    /// checked against an older configuration. Bounded work per call.
+    pub fn sweep(&self, budget: u32, now: u32, tables: &Tables, stats: &WorkerStats) -> u32 {
+        self.sessions.sweep(budget, |v| {
+            let _ = self.check(v, tables, now, stats);
+        })
+    }
+}
+
+/// What session creation needs from the worker.
+#[derive(Debug)]
+pub struct CreateCtx<'a, A> {
+    /// Now, in engine seconds.
+    pub now: u32,
+    /// The worker's port RNG.
+    pub rng: &'a mut PortRng,
+    /// The worker's counters.
+    pub stats: &'a WorkerStats,
+    /// The delta function.
+    pub deltas: DeltaFnBox<'a, A>,
+    /// TCP flags of the packet creating an inbound session.
+    pub tcp_flags: u8,
+}
+
+/// The delta function of a [`CreateCtx`] (a wrapper so the context is `Debug`).
+pub struct DeltaFnBox<'a, A>(pub DeltaFn<'a, A>);
+
+impl<A> std::fmt::Debug for DeltaFnBox<'_, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeltaFn")
+    }
+}
+
+impl<'a, A> std::ops::Deref for DeltaFnBox<'a, A> {
+    type Target = dyn Fn(&SessionTuple<A>) -> u32 + 'a;
+    fn deref(&self) -> &Self::Target {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::policy::PolicyId;
+    use crate::tables::{EgressIpSpec, PolicySlots, PolicySpec, TablesSpec};
+
+    const POD: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+    const REMOTE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 5);
+    const E: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+
+    fn tables(gen: u64, f: impl FnOnce(&mut TablesSpec)) -> Tables {
+        let mut spec = TablesSpec {
+            policies: vec![PolicySpec {
+                name: "p".into(),
+                sources: vec!["192.0.2.0/24".parse().unwrap()],
+                destinations: vec!["0.0.0.0/0".parse().unwrap()],
+                except: vec![],
+                egress_ips: vec![E.into()],
+            }],
+            egress_ips: vec![EgressIpSpec { ip: E.into(), ports: None, answer_neighbor: true }],
+            ..Default::default()
+        };
+        f(&mut spec);
+        Tables::compile(&spec, gen, &PolicySlots::default()).unwrap()
+    }
+
+    fn req(pod_port: u16, remote_port: u16, proto: u8) -> OutboundRequest<Ipv4Addr> {
+        OutboundRequest { pod: POD, pod_port, remote: REMOTE, remote_port, proto, tcp_flags: tcp_state::flags::SYN }
+    }
+
+    struct Env {
+        rng: PortRng,
+        stats: WorkerStats,
+    }
+
+    impl Env {
+        fn new() -> Self {
+            Env { rng: PortRng::new(42), stats: WorkerStats::default() }
+        }
+        fn ctx(&mut self, now: u32) -> CreateCtx<'_, Ipv4Addr> {
+            CreateCtx { now, rng: &mut self.rng, stats: &self.stats, deltas: DeltaFnBox(&|_| 0), tcp_flags: 0 }
+        }
+    }
+
+    fn policy(t: &Tables) -> &Policy {
+        t.policy(PolicyId(0)).unwrap()
+    }
+
+    #[test]
+    fn endpoint_independent_mapping_reuses_port_across_destinations() {
+        let t = tables(1, |_| {});
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        let a = nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        let mut r2 = req(40000, 53, proto::UDP);
+        r2.remote = Ipv4Addr::new(203, 0, 113, 77);
+        let b = nat.create_outbound(&r2, policy(&t), &t, &mut env.ctx(0)).unwrap();
+        assert_eq!(a.tuple.egress_port, 40000, "pod port preserved");
+        assert_eq!((b.tuple.egress, b.tuple.egress_port), (E, 40000), "same mapping for another destination");
+        assert_eq!(nat.mappings.len(), 1);
+        assert!(nat.remove(&a));
+        assert!(nat.remove(&b));
+        assert_eq!(nat.mappings.len(), 0);
+        assert_eq!(nat.mappings.existing_pool(E, proto::UDP).unwrap().in_use(), 0);
+        assert_eq!(nat.source_sessions(POD), 0);
+    }
+
+    #[test]
+    fn endpoint_dependent_mode_reuses_one_port_towards_different_destinations() {
+        let t = tables(1, |s| s.nat.mapping = MappingBehavior::EndpointDependent);
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        let range = crate::nat::port_alloc::PortRange { first: 50000, last: 50000 };
+        let t = tables(1, |s| {
+            s.nat.mapping = MappingBehavior::EndpointDependent;
+            s.egress_ips[0].ports = Some(range);
+        });
+        let a = nat.create_outbound(&req(1, 80, proto::TCP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        let b = nat.create_outbound(&req(2, 443, proto::TCP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        assert_eq!((a.tuple.egress_port, b.tuple.egress_port), (50000, 50000));
+        // Same destination again: the one port is taken for it.
+        assert_eq!(
+            nat.create_outbound(&req(3, 80, proto::TCP), policy(&t), &t, &mut env.ctx(0)),
+            Err(DropReason::PortsExhausted)
+        );
+        assert_eq!(nat.mappings.existing_pool(E, proto::TCP).unwrap().exhausted(), 1);
+    }
+
+    #[test]
+    fn expiry_follows_protocol_and_tcp_phase() {
+        let t = tables(1, |_| {});
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        let u = nat.create_outbound(&req(1000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(100)).unwrap();
+        assert!(!NatTable::is_expired(&u, 400, &t.nat));
+        assert!(NatTable::is_expired(&u, 401, &t.nat), "UDP 300 s");
+        let c = nat.create_outbound(&req(1001, 80, proto::TCP), policy(&t), &t, &mut env.ctx(100)).unwrap();
+        assert!(NatTable::is_expired(&c, 341, &t.nat), "SYN only: transitory 240 s");
+        nat.sessions.update_tcp(c.index, |s| tcp_state::update(s, Direction::Inbound, tcp_state::flags::SYN));
+        let c = nat.sessions.view(c.index).unwrap();
+        assert!(!NatTable::is_expired(&c, 341, &t.nat));
+        assert!(NatTable::is_expired(&c, 100 + 7441, &t.nat), "established 2 h 4 min");
+        // check() removes an expired session and counts it.
+        assert!(!nat.check(&u, &t, 1000, &env.stats));
+        assert_eq!(env.stats.snapshot().event(Event::SessionExpired), 1);
+        assert!(nat.sessions.lookup(&u.tuple.outbound_key()).is_none());
+    }
+
+    #[test]
+    fn reload_keeps_valid_sessions_and_drops_the_others() {
+        let t1 = tables(1, |_| {});
+        let nat = NatTable::new(&t1.nat);
+        let mut env = Env::new();
+        let s = nat.create_outbound(&req(1000, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
+        // An unrelated change: still valid, generation updated.
+        let t2 = tables(2, |sp| sp.neighbor_addresses.push("198.51.100.99".parse().unwrap()));
+        assert!(nat.check(&s, &t2, 1, &env.stats));
+        assert_eq!(nat.sessions.view(s.index).unwrap().generation, 2);
+        // The destination is now excepted: removed.
+        let t3 = tables(3, |sp| sp.policies[0].except.push("203.0.113.0/24".parse().unwrap()));
+        let s = nat.sessions.view(s.index).unwrap();
+        assert!(!nat.check(&s, &t3, 1, &env.stats));
+        assert_eq!(env.stats.snapshot().event(Event::SessionInvalidated), 1);
+        // Losing the egress IP invalidates as well.
+        let s = nat.create_outbound(&req(1001, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
+        let t4 = tables(4, |sp| sp.egress_ips.clear());
+        assert!(!nat.check(&s, &t4, 1, &env.stats));
+        assert_eq!(
+            nat.create_outbound(&req(1002, 53, proto::UDP), policy(&t4), &t4, &mut env.ctx(1)),
+            Err(DropReason::EgressIpNotOwned)
+        );
+    }
+
+    #[test]
+    fn per_source_limit_and_capacity_eviction() {
+        let t = tables(1, |s| {
+            s.nat.max_sessions_per_source = 2;
+            s.nat.max_sessions = 3;
+        });
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        nat.create_outbound(&req(1, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        nat.create_outbound(&req(2, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        assert_eq!(
+            nat.create_outbound(&req(3, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)),
+            Err(DropReason::SourceSessionLimit)
+        );
+        let mut other = req(3, 53, proto::UDP);
+        other.pod = Ipv4Addr::new(192, 0, 2, 11);
+        nat.create_outbound(&other, policy(&t), &t, &mut env.ctx(5)).unwrap();
+        // Full: the next session evicts the longest idle one (created at 0).
+        other.pod_port = 4;
+        nat.create_outbound(&other, policy(&t), &t, &mut env.ctx(10)).unwrap();
+        assert_eq!(nat.sessions.len(), 3);
+        assert_eq!(env.stats.snapshot().event(Event::SessionEvicted), 1);
+        assert_eq!(nat.source_sessions(POD), 1);
+    }
+
+    #[test]
+    fn inbound_creation_needs_endpoint_independent_filtering() {
+        let t = tables(1, |_| {});
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        let s = nat.create_outbound(&req(40000, 3478, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        let stranger = FlowKey::new(Ipv4Addr::new(203, 0, 113, 99), E, 9999, s.tuple.egress_port, proto::UDP);
+        assert_eq!(nat.create_inbound(&stranger, &t, &mut env.ctx(1)), Err(DropReason::InboundFiltered));
+        let unmapped = FlowKey::new(Ipv4Addr::new(203, 0, 113, 99), E, 9999, 41000, proto::UDP);
+        assert_eq!(nat.create_inbound(&unmapped, &t, &mut env.ctx(1)), Err(DropReason::InboundNoMapping));
+        let t_eif = tables(2, |sp| sp.nat.filtering = FilteringBehavior::EndpointIndependent);
+        let v = nat.create_inbound(&stranger, &t_eif, &mut env.ctx(1)).unwrap();
+        assert_eq!((v.tuple.pod, v.tuple.pod_port, v.tuple.remote_port), (POD, 40000, 9999));
+        assert_eq!(nat.mappings.existing_pool(E, proto::UDP).unwrap().owner(40000).unwrap().refs, 2);
+        assert!(nat.sessions.lookup(&stranger).is_some());
+        assert!(nat.remove(&s));
+        assert!(nat.remove(&v));
+        assert_eq!(nat.mappings.existing_pool(E, proto::UDP).unwrap().in_use(), 0);
+    }
+
+    #[test]
+    fn sweep_removes_expired_sessions_in_bounded_steps() {
+        let t = tables(1, |_| {});
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        for p in 0..100u16 {
+            nat.create_outbound(&req(1000 + p, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        }
+        assert_eq!(nat.sweep(10, 1000, &t, &env.stats), 10);
+        assert_eq!(nat.sessions.len(), 90);
+        for _ in 0..9 {
+            nat.sweep(10, 1000, &t, &env.stats);
+        }
+        assert_eq!(nat.sessions.len(), 0);
+        assert_eq!(nat.mappings.len(), 0);
+    }
+}
