@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 pub mod clock;
+pub mod fib;
 pub mod lpm;
 pub mod nat;
 pub mod policy;
