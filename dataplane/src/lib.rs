@@ -13,3 +13,5 @@ pub mod nat;
 pub mod policy;
 pub mod stats;
 pub mod tables;
+pub mod dissect;
+pub mod engine;

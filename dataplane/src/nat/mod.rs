@@ -9,9 +9,11 @@
 //! - [`table`]: one family's NAT instance: creation, expiry, revalidation, eviction.
 
 pub mod fragments;
+pub mod icmp_error;
 pub mod key;
 pub mod mapping;
 pub mod port_alloc;
+pub mod rewrite;
 pub mod session;
 pub mod table;
 pub mod tcp_state;

@@ -1,0 +1,228 @@
+//! Reads a frame once and records where everything is.
+//!
+//! The engine's first step: Ethernet (one optional 802.1Q tag), then IPv4 or
+//! IPv6 (options, extension headers, fragments), then the transport header
+//! when the datagram carries one here (unfragmented or first fragment). The
+//! result is a small value of offsets and fields; the translation steps write
+//! into the frame through the wire views at those offsets. Every length was
+//! checked by the wire views, so later accesses at these offsets cannot fail.
+//! Anything malformed is a named [`DropReason`].
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::nat::key::{proto, FlowKey, NatAddr};
+use crate::stats::DropReason;
+use crate::wire::{ethernet, icmpv4, icmpv6, ipv4, ipv6, tcp, udp, EtherType};
+
+/// What a frame is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// ARP (the neighbour responder handles it).
+    Arp,
+    /// IPv4.
+    V4(IpPacket<Ipv4Addr>),
+    /// IPv6.
+    V6(IpPacket<Ipv6Addr>),
+    /// Another EtherType.
+    Other(u16),
+}
+
+/// Where a datagram is a fragment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frag {
+    /// Not fragmented (an IPv6 atomic fragment counts as not fragmented).
+    None,
+    /// The first fragment: carries the transport header.
+    First {
+        /// The datagram's identification.
+        ident: u32,
+    },
+    /// A later fragment: no transport header.
+    Later {
+        /// The datagram's identification.
+        ident: u32,
+    },
+}
+
+/// The transport part of a datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L4 {
+    /// TCP or UDP.
+    Ports {
+        /// Source port.
+        sport: u16,
+        /// Destination port.
+        dport: u16,
+        /// TCP flags (0 for UDP).
+        tcp_flags: u8,
+        /// The checksum field's value.
+        csum: u16,
+    },
+    /// ICMP echo request or reply.
+    Echo {
+        /// Identifier.
+        ident: u16,
+        /// Request (true) or reply.
+        request: bool,
+    },
+    /// An ICMP error message (its embedded header is read by `icmp_error`).
+    IcmpError {
+        /// ICMP type.
+        msg_type: u8,
+    },
+    /// An IPv6 neighbour solicitation.
+    NeighborSolicit,
+    /// Another ICMP message.
+    IcmpOther {
+        /// ICMP type.
+        msg_type: u8,
+    },
+    /// A later fragment, or a protocol without ports.
+    Opaque,
+}
+
+/// An IP datagram inside a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpPacket<A> {
+    /// Offset of the IP header in the frame.
+    pub l3: usize,
+    /// Offset of the transport header (or of a later fragment's data).
+    pub l4: usize,
+    /// End of the datagram in the frame (Ethernet padding excluded).
+    pub end: usize,
+    /// Source address.
+    pub src: A,
+    /// Destination address.
+    pub dst: A,
+    /// Transport protocol.
+    pub proto: u8,
+    /// TTL or hop limit.
+    pub hop_limit: u8,
+    /// Fragmentation.
+    pub frag: Frag,
+    /// The transport part.
+    pub l4info: L4,
+}
+
+impl<A: NatAddr> IpPacket<A> {
+    /// The packet's flow key, if it has one (ports or an echo identifier).
+    #[inline]
+    pub fn flow_key(&self) -> Option<FlowKey<A>> {
+        match self.l4info {
+            L4::Ports { sport, dport, .. } => Some(FlowKey::new(self.src, self.dst, sport, dport, self.proto)),
+            L4::Echo { ident, request: true } => Some(FlowKey::new(self.src, self.dst, ident, 0, self.proto)),
+            L4::Echo { ident, request: false } => Some(FlowKey::new(self.src, self.dst, 0, ident, self.proto)),
+            _ => None,
+        }
+    }
+
+    /// The transport bytes' length (for pseudo-header sums).
+    #[inline]
+    pub fn l4_len(&self) -> usize {
+        self.end - self.l4
+    }
+}
+
+/// Reads a frame.
+pub fn dissect(frame: &[u8]) -> Result<Parsed, DropReason> {
+    let l2 = ethernet::l2_info(frame).map_err(|_| DropReason::MalformedEthernet)?;
+    match l2.ethertype {
+        EtherType::IPV4 => dissect_v4(frame, l2.l3_offset).map(Parsed::V4),
+        EtherType::IPV6 => dissect_v6(frame, l2.l3_offset).map(Parsed::V6),
+        EtherType::ARP => Ok(Parsed::Arp),
+        other => Ok(Parsed::Other(other)),
+    }
+}
+
+fn dissect_v4(frame: &[u8], l3: usize) -> Result<IpPacket<Ipv4Addr>, DropReason> {
+    let ip = ipv4::Packet::new_checked(&frame[l3..]).map_err(|_| DropReason::MalformedIpv4)?;
+    if !ip.verify_checksum() {
+        return Err(DropReason::BadIpv4Checksum);
+    }
+    let l4 = l3 + ip.header_len();
+    let end = l3 + usize::from(ip.total_len());
+    let frag = if !ip.is_fragment() {
+        Frag::None
+    } else if ip.frag_offset() == 0 {
+        Frag::First { ident: u32::from(ip.ident()) }
+    } else {
+        Frag::Later { ident: u32::from(ip.ident()) }
+    };
+    let mut p = IpPacket {
+        l3,
+        l4,
+        end,
+        src: ip.src_addr(),
+        dst: ip.dst_addr(),
+        proto: ip.protocol(),
+        hop_limit: ip.ttl(),
+        frag,
+        l4info: L4::Opaque,
+    };
+    if !matches!(frag, Frag::Later { .. }) {
+        p.l4info = transport::<Ipv4Addr>(&frame[l4..end], p.proto)?;
+    }
+    Ok(p)
+}
+
+fn dissect_v6(frame: &[u8], l3: usize) -> Result<IpPacket<Ipv6Addr>, DropReason> {
+    let ip = ipv6::Packet::new_checked(&frame[l3..]).map_err(|_| DropReason::MalformedIpv6)?;
+    let upper = ipv6::walk_extensions(&ip).map_err(|_| DropReason::MalformedIpv6)?;
+    let end = l3 + ip.total_len();
+    let l4 = l3 + upper.l4_offset;
+    let frag = match upper.fragment {
+        None => Frag::None,
+        Some(f) if f.is_atomic() => Frag::None,
+        Some(f) if f.is_first() => Frag::First { ident: f.ident },
+        Some(f) => Frag::Later { ident: f.ident },
+    };
+    let mut p = IpPacket {
+        l3,
+        l4,
+        end,
+        src: ip.src_addr(),
+        dst: ip.dst_addr(),
+        proto: upper.protocol,
+        hop_limit: ip.hop_limit(),
+        frag,
+        l4info: L4::Opaque,
+    };
+    if !matches!(frag, Frag::Later { .. }) && l4 <= end {
+        p.l4info = transport::<Ipv6Addr>(&frame[l4..end], p.proto)?;
+    }
+    Ok(p)
+}
+
+/// Reads a transport header (also used for the header embedded in an ICMP error).
+pub fn transport<A: NatAddr>(l4: &[u8], protocol: u8) -> Result<L4, DropReason> {
+    Ok(match protocol {
+        proto::TCP => {
+            let t = tcp::Packet::new_checked(l4).map_err(|_| DropReason::MalformedTcp)?;
+            L4::Ports { sport: t.src_port(), dport: t.dst_port(), tcp_flags: t.flags(), csum: t.checksum() }
+        }
+        proto::UDP => {
+            let u = udp::Packet::new_checked(l4).map_err(|_| DropReason::MalformedUdp)?;
+            L4::Ports { sport: u.src_port(), dport: u.dst_port(), tcp_flags: 0, csum: u.checksum() }
+        }
+        proto::ICMP if !A::IS_V6 => {
+            let i = icmpv4::Packet::new_checked(l4).map_err(|_| DropReason::MalformedIcmp)?;
+            match i.msg_type() {
+                icmpv4::MsgType::ECHO_REQUEST => L4::Echo { ident: i.echo_ident(), request: true },
+                icmpv4::MsgType::ECHO_REPLY => L4::Echo { ident: i.echo_ident(), request: false },
+                t if icmpv4::is_error(t) => L4::IcmpError { msg_type: t },
+                t => L4::IcmpOther { msg_type: t },
+            }
+        }
+        proto::ICMPV6 if A::IS_V6 => {
+            let i = icmpv6::Packet::new_checked(l4).map_err(|_| DropReason::MalformedIcmp)?;
+            match i.msg_type() {
+                icmpv6::MsgType::ECHO_REQUEST => L4::Echo { ident: i.echo_ident(), request: true },
+                icmpv6::MsgType::ECHO_REPLY => L4::Echo { ident: i.echo_ident(), request: false },
+                icmpv6::MsgType::NEIGHBOR_SOLICIT => L4::NeighborSolicit,
+                t if icmpv6::is_error(t) => L4::IcmpError { msg_type: t },
+                t => L4::IcmpOther { msg_type: t },
+            }
+        }
+        _ => L4::Opaque,
+    })
+}

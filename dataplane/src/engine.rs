@@ -1,0 +1,642 @@
+//! The per-frame pipeline: one frame in, a verdict out.
+//!
+//! [`Engine`] holds what all workers share: the configuration snapshot, the
+//! forwarding snapshot, the NAT tables of both families and the counters of
+//! every worker. Each worker thread owns a [`Worker`]; its
+//! [`Worker::process`] takes one Ethernet frame in place and returns a
+//! [`Verdict`]. The caller passes the time, so tests are deterministic.
+//!
+//! The path of a frame (see docs/architecture.md for the picture):
+//! 1. dissect (Ethernet, IP, transport), or drop with a named reason;
+//! 2. ARP request / neighbour solicitation for an address this gateway
+//!    answers for: the reply is written in place ([`Verdict::Answer`]);
+//! 3. a later fragment: the fragment cache gives its translation;
+//! 4. an ICMP error: translated by its embedded header;
+//! 5. the session lookup (one map holds both directions): on a hit the
+//!    precomputed rewrite is applied (the fast path); on a miss the slow path
+//!    classifies the packet, creates a session (outbound, or inbound under
+//!    endpoint-independent filtering) or leaves the frame to the kernel;
+//! 6. hairpinning: a pod's packet to an egress IP and port is translated
+//!    again, as the packet arriving there;
+//! 7. TTL, then the L2 next hop from the forwarding snapshot.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, Cache};
+use crossbeam::queue::ArrayQueue;
+use parking_lot::Mutex;
+
+use crate::clock::Timestamp;
+use crate::dissect::{self, Frag, IpPacket, Parsed, L4};
+use crate::fib::{Fib, NextHop};
+use crate::nat::fragments::{FragKey, FragTranslation};
+use crate::nat::icmp_error::{self, IcmpFamily};
+use crate::nat::key::{proto, NatAddr};
+use crate::nat::port_alloc::PortRng;
+use crate::nat::rewrite::{self, IpFamily};
+use crate::nat::session::SessionView;
+use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
+use crate::nat::tcp_state;
+use crate::neigh_responder::{self, NeighOutcome};
+use crate::policy::Decision;
+use crate::stats::{Direction, DropReason, Event, StatsSnapshot, WorkerStats};
+use crate::tables::{FilteringBehavior, NatSettings, PolicySlots, SpecError, Tables, TablesSpec};
+use crate::wire::checksum;
+use crate::wire::ethernet::{self, EthernetAddress};
+
+/// What the I/O layer knows about a frame's transport checksum.
+///
+/// Frames forwarded between interfaces of one host (veth, or a VM's virtio
+/// without offload completion) can carry a TCP/UDP checksum that covers only
+/// the pseudo-header, the sender having offloaded the rest. AF_XDP copy mode
+/// does not say which frames those are, so the usual hint is `Unknown`, and
+/// the engine decides by the rule of `wire::checksum::is_partial`: a field
+/// equal to the folded pseudo-header sum is completed over the whole segment
+/// after the rewrite (for a complete checksum that equality is a 1-in-65536
+/// coincidence, and completing it again yields the same correct value);
+/// anything else is updated incrementally. Fragments are never completed
+/// (their checksum was computed before fragmentation and the segment is not
+/// all here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChecksumHint {
+    /// Decide from the field (see above).
+    #[default]
+    Unknown,
+    /// The driver says the checksum is partial (CHECKSUM_PARTIAL).
+    Partial,
+    /// The driver verified the checksum: update incrementally.
+    Complete,
+}
+
+/// About a received frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxMeta {
+    /// The receiving interface.
+    pub ifindex: u32,
+    /// What is known about the transport checksum.
+    pub checksum: ChecksumHint,
+}
+
+/// What to do with a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The frame was rewritten in place: send its first `len` bytes on `ifindex`.
+    Forward {
+        /// Output interface.
+        ifindex: u32,
+        /// Frame length.
+        len: usize,
+    },
+    /// The buffer holds a reply of `len` bytes for the receiving interface.
+    Answer {
+        /// Reply length.
+        len: usize,
+    },
+    /// Not Egret's: the kernel's.
+    Pass,
+    /// Dropped and counted.
+    Drop(DropReason),
+}
+
+/// A request to resolve a next hop, for the daemon to hand to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ResolveRequest {
+    /// Interface.
+    pub ifindex: u32,
+    /// Next hop address.
+    pub addr: IpAddr,
+}
+
+/// Settings fixed when the engine is created (a reload that changes them
+/// reports that a restart is needed).
+fn fixed_part(n: &NatSettings) -> (usize, crate::tables::MappingBehavior, usize, u32) {
+    (n.max_sessions, n.mapping, n.fragments.cache_entries, n.fragments.timeout)
+}
+
+struct Shared {
+    tables: Arc<ArcSwap<Tables>>,
+    fib: Arc<ArcSwap<Fib>>,
+    nat4: NatTable<Ipv4Addr>,
+    nat6: NatTable<Ipv6Addr>,
+    fixed: NatSettings,
+    slots: PolicySlots,
+    workers: Mutex<Vec<Arc<WorkerStats>>>,
+    resolve: ArrayQueue<ResolveRequest>,
+    publish: Mutex<u64>,
+}
+
+/// The state every worker shares. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("generation", &self.tables().generation).finish_non_exhaustive()
+    }
+}
+
+/// The outcome of publishing a new configuration.
+#[derive(Debug)]
+pub struct Published {
+    /// The compiled snapshot now in use.
+    pub tables: Arc<Tables>,
+    /// Settings that changed but only take effect after a restart.
+    pub restart_needed: Vec<&'static str>,
+}
+
+impl Engine {
+    /// An engine for `spec`, sized by its NAT settings.
+    pub fn new(spec: &TablesSpec) -> Result<Engine, SpecError> {
+        let slots = PolicySlots::default();
+        let tables = Tables::compile(spec, 1, &slots)?;
+        let nat = tables.nat;
+        Ok(Engine {
+            shared: Arc::new(Shared {
+                tables: Arc::new(ArcSwap::from_pointee(tables)),
+                fib: Arc::new(ArcSwap::from_pointee(Fib::new())),
+                nat4: NatTable::new(&nat),
+                nat6: NatTable::new(&nat),
+                fixed: nat,
+                slots,
+                workers: Mutex::new(Vec::new()),
+                resolve: ArrayQueue::new(1024),
+                publish: Mutex::new(1),
+            }),
+        })
+    }
+
+    /// Compiles and publishes a new configuration. Sessions whose policy
+    /// still holds survive; the others are removed at their next packet or by
+    /// the sweeper.
+    pub fn publish(&self, spec: &TablesSpec) -> Result<Published, SpecError> {
+        let mut generation = self.shared.publish.lock();
+        let tables = Arc::new(Tables::compile(spec, *generation + 1, &self.shared.slots)?);
+        *generation += 1;
+        let mut restart_needed = Vec::new();
+        let (a, b) = (fixed_part(&self.shared.fixed), fixed_part(&tables.nat));
+        if a.0 != b.0 {
+            restart_needed.push("nat.maxSessions");
+        }
+        if a.1 != b.1 {
+            restart_needed.push("nat.mapping");
+        }
+        if a.2 != b.2 || a.3 != b.3 {
+            restart_needed.push("nat.fragments");
+        }
+        let old = self.shared.tables.swap(tables.clone());
+        for (ip, _) in old.egress_ips() {
+            if tables.egress(ip).is_none() {
+                match ip {
+                    IpAddr::V4(a) => self.shared.nat4.mappings.forget_egress(a),
+                    IpAddr::V6(a) => self.shared.nat6.mappings.forget_egress(a),
+                }
+            }
+        }
+        Ok(Published { tables, restart_needed })
+    }
+
+    /// Publishes a new forwarding snapshot.
+    pub fn publish_fib(&self, fib: Fib) {
+        self.shared.fib.store(Arc::new(fib));
+    }
+
+    /// The configuration in use.
+    pub fn tables(&self) -> Arc<Tables> {
+        self.shared.tables.load_full()
+    }
+
+    /// The forwarding snapshot in use.
+    pub fn fib(&self) -> Arc<Fib> {
+        self.shared.fib.load_full()
+    }
+
+    /// The IPv4 NAT state.
+    pub fn nat4(&self) -> &NatTable<Ipv4Addr> {
+        &self.shared.nat4
+    }
+
+    /// The IPv6 NAT state.
+    pub fn nat6(&self) -> &NatTable<Ipv6Addr> {
+        &self.shared.nat6
+    }
+
+    /// The per-policy counter slots assigned so far.
+    pub fn policy_slots(&self) -> Vec<(String, u16)> {
+        self.shared.slots.all()
+    }
+
+    /// A new worker handle (one per worker thread), with its own counters.
+    pub fn worker(&self) -> Worker {
+        self.worker_seeded(PortRng::from_entropy())
+    }
+
+    /// A worker whose port choices are reproducible (tests, fixtures).
+    pub fn worker_seeded(&self, rng: PortRng) -> Worker {
+        let stats = Arc::new(WorkerStats::default());
+        self.shared.workers.lock().push(stats.clone());
+        Worker {
+            shared: self.shared.clone(),
+            tables: Cache::new(self.shared.tables.clone()),
+            fib: Cache::new(self.shared.fib.clone()),
+            stats,
+            rng,
+        }
+    }
+
+    /// Every worker's counters, summed.
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut s = StatsSnapshot::default();
+        for w in self.shared.workers.lock().iter() {
+            s.add_worker(w);
+        }
+        s
+    }
+
+    /// Next hops the workers could not resolve since the last call.
+    pub fn drain_resolve_requests(&self) -> Vec<ResolveRequest> {
+        let mut v = Vec::new();
+        while let Some(r) = self.shared.resolve.pop() {
+            if !v.contains(&r) {
+                v.push(r);
+            }
+        }
+        v
+    }
+}
+
+/// One worker's handle on the engine.
+pub struct Worker {
+    shared: Arc<Shared>,
+    tables: Cache<Arc<ArcSwap<Tables>>, Arc<Tables>>,
+    fib: Cache<Arc<ArcSwap<Fib>>, Arc<Fib>>,
+    stats: Arc<WorkerStats>,
+    rng: PortRng,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").finish_non_exhaustive()
+    }
+}
+
+/// Per-family access to the shared NAT state.
+trait Family: IcmpFamily {
+    fn nat(shared: &Shared) -> &NatTable<Self>;
+}
+
+impl Family for Ipv4Addr {
+    fn nat(shared: &Shared) -> &NatTable<Self> {
+        &shared.nat4
+    }
+}
+
+impl Family for Ipv6Addr {
+    fn nat(shared: &Shared) -> &NatTable<Self> {
+        &shared.nat6
+    }
+}
+
+/// Frames shorter than this cannot be Ethernet.
+const MIN_FRAME: usize = ethernet::HEADER_LEN;
+
+impl Worker {
+    /// This worker's counters.
+    pub fn stats(&self) -> &Arc<WorkerStats> {
+        &self.stats
+    }
+
+    /// Processes one frame in place. `buf` is the whole frame buffer (its
+    /// capacity), the frame is `buf[..len]`.
+    pub fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
+        let v = self.process_inner(buf, len, meta, now);
+        match v {
+            Verdict::Forward { .. } => self.stats.forwarded.inc(),
+            Verdict::Answer { .. } => self.stats.answered.inc(),
+            Verdict::Pass => self.stats.passed.inc(),
+            Verdict::Drop(r) => self.stats.drop(r),
+        }
+        v
+    }
+
+    /// Periodic work: sweeps `budget` session slots of each family (expiry,
+    /// revalidation after a reload). Bounded, so it can run between batches.
+    pub fn tick(&mut self, now: Timestamp, budget: u32) -> u32 {
+        let tables = self.tables.load().clone();
+        let s = now.secs();
+        self.shared.nat4.sweep(budget, s, &tables, &self.stats) + self.shared.nat6.sweep(budget, s, &tables, &self.stats)
+    }
+
+    fn process_inner(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
+        if len < MIN_FRAME || len > buf.len() {
+            return Verdict::Drop(DropReason::MalformedEthernet);
+        }
+        let parsed = match dissect::dissect(&buf[..len]) {
+            Ok(p) => p,
+            Err(r) => return Verdict::Drop(r),
+        };
+        match parsed {
+            Parsed::Arp => self.arp(buf, len, meta),
+            Parsed::V4(p) => self.ip::<Ipv4Addr>(buf, len, p, meta, now),
+            Parsed::V6(p) => {
+                if p.l4info == L4::NeighborSolicit {
+                    return self.neighbor_solicit(buf, len, meta);
+                }
+                self.ip::<Ipv6Addr>(buf, len, p, meta, now)
+            }
+            Parsed::Other(_) => Verdict::Pass,
+        }
+    }
+
+    fn our_mac(&mut self, ifindex: u32) -> Option<EthernetAddress> {
+        self.fib.load().interface(ifindex).map(|i| EthernetAddress(i.mac))
+    }
+
+    fn arp(&mut self, buf: &mut [u8], len: usize, meta: RxMeta) -> Verdict {
+        let Some(mac) = self.our_mac(meta.ifindex) else { return Verdict::Pass };
+        let tables = self.tables.load();
+        match neigh_responder::answer_arp(buf, len, mac, |ip| tables.answers_neighbor(IpAddr::V4(ip))) {
+            NeighOutcome::Answered { len } => {
+                self.stats.event(Event::NeighborAnswered);
+                Verdict::Answer { len }
+            }
+            NeighOutcome::NotOurs => Verdict::Pass,
+            NeighOutcome::Malformed(_) => Verdict::Drop(DropReason::MalformedArp),
+        }
+    }
+
+    fn neighbor_solicit(&mut self, buf: &mut [u8], len: usize, meta: RxMeta) -> Verdict {
+        let Some(mac) = self.our_mac(meta.ifindex) else { return Verdict::Pass };
+        let tables = self.tables.load();
+        match neigh_responder::answer_neighbor_solicit(buf, len, mac, |ip| tables.answers_neighbor(IpAddr::V6(*ip))) {
+            NeighOutcome::Answered { len } => {
+                self.stats.event(Event::NeighborAnswered);
+                Verdict::Answer { len }
+            }
+            NeighOutcome::NotOurs => Verdict::Pass,
+            NeighOutcome::Malformed(_) => Verdict::Drop(DropReason::MalformedNeighborSolicit),
+        }
+    }
+
+    fn ip<A: Family>(&mut self, buf: &mut [u8], len: usize, mut p: IpPacket<A>, meta: RxMeta, now: Timestamp) -> Verdict {
+        let tables = self.tables.load().clone();
+        let shared = self.shared.clone();
+        let nat = A::nat(&shared);
+        let secs = now.secs();
+
+        // Later fragments carry no ports: the first fragment's translation.
+        if let Frag::Later { ident } = p.frag {
+            return self.later_fragment(buf, len, &mut p, ident, nat, &tables, secs);
+        }
+        if let L4::IcmpError { .. } = p.l4info {
+            return match icmp_error::translate(buf, &mut p, nat, &tables, secs, &self.stats) {
+                Ok(t) => {
+                    self.stats.event(Event::IcmpErrorTranslated);
+                    self.stats.traffic(t.session.policy_slot, t.direction, len);
+                    self.forward(buf, len, &p)
+                }
+                Err(Some(r)) => Verdict::Drop(r),
+                Err(None) => Verdict::Pass,
+            };
+        }
+        let Some(key) = p.flow_key() else {
+            // No ports: never let a selected source out untranslated.
+            return match (&p.l4info, tables.classify(p.src, p.dst)) {
+                (_, Decision::Steer(_)) if p.proto == A::ICMP_PROTO => Verdict::Drop(DropReason::UnsupportedIcmpType),
+                (_, Decision::Steer(_)) => Verdict::Drop(DropReason::UnsupportedProtocol),
+                _ => Verdict::Pass,
+            };
+        };
+        let partial = self.is_partial(&p, meta);
+        let tcp_flags = match p.l4info {
+            L4::Ports { tcp_flags, .. } if p.proto == proto::TCP => tcp_flags,
+            _ => 0,
+        };
+
+        // Fast path: one lookup, whichever direction.
+        let hit = nat.sessions.lookup(&key).filter(|(_, v)| nat.check(v, &tables, secs, &self.stats));
+        let (view, dir) = match hit {
+            Some((r, v)) => (v, if r.is_inbound() { Direction::Inbound } else { Direction::Outbound }),
+            None => match self.slow_path(&p, key, tcp_flags, nat, &tables, secs) {
+                Ok(x) => x,
+                Err(v) => return v,
+            },
+        };
+        self.account(nat, &view, dir, tcp_flags, &tables, secs, len);
+        let orig = (p.src, p.dst);
+        rewrite::translate(buf, &mut p, dir, &view.tuple, view.deltas, partial);
+        if partial {
+            self.stats.event(Event::PartialChecksumCompleted);
+        }
+
+        // Hairpinning: a pod's packet to an egress IP and port this gateway
+        // holds arrives there as an inbound packet (RFC 4787 REQ-9).
+        if dir == Direction::Outbound && tables.owns_egress(p.dst.ip()) {
+            if !tables.nat.hairpinning {
+                return Verdict::Drop(DropReason::InboundFiltered);
+            }
+            let Some(key2) = p.flow_key() else { return Verdict::Drop(DropReason::InboundNoMapping) };
+            let hit2 = nat.sessions.lookup(&key2).filter(|(r, v)| r.is_inbound() && nat.check(v, &tables, secs, &self.stats));
+            let view2 = match hit2 {
+                Some((_, v)) => v,
+                None => match self.create_inbound(&key2, tcp_flags, nat, &tables, secs) {
+                    Ok(v) => v,
+                    Err(r) => return Verdict::Drop(r),
+                },
+            };
+            self.account(nat, &view2, Direction::Inbound, tcp_flags, &tables, secs, len);
+            rewrite::translate(buf, &mut p, Direction::Inbound, &view2.tuple, view2.deltas, false);
+            self.stats.event(Event::Hairpinned);
+        }
+
+        if let Frag::First { ident } = p.frag {
+            let fk = FragKey { src: orig.0, dst: orig.1, ident, proto: p.proto };
+            let tr = FragTranslation { new_src: p.src, new_dst: p.dst, direction: dir, policy_slot: view.policy_slot };
+            if nat.fragments.insert(fk, tr, secs).is_err() {
+                return Verdict::Drop(DropReason::FragmentCacheFull);
+            }
+        }
+        self.forward(buf, len, &p)
+    }
+
+    /// Whether the transport checksum holds only a pseudo-header sum.
+    #[inline]
+    fn is_partial<A: Family>(&self, p: &IpPacket<A>, meta: RxMeta) -> bool {
+        if p.frag != Frag::None || (p.proto != proto::TCP && p.proto != proto::UDP) {
+            return false;
+        }
+        match meta.checksum {
+            ChecksumHint::Complete => false,
+            ChecksumHint::Partial => true,
+            ChecksumHint::Unknown => match p.l4info {
+                L4::Ports { csum, .. } => {
+                    csum != 0 && checksum::is_partial(csum, A::pseudo_sum(&p.src, &p.dst, p.proto, p.l4_len()))
+                }
+                _ => false,
+            },
+        }
+    }
+
+    /// Refreshes the session and tracks TCP state; counts the packet.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn account<A: Family>(
+        &self,
+        nat: &NatTable<A>,
+        view: &SessionView<A>,
+        dir: Direction,
+        tcp_flags: u8,
+        tables: &Tables,
+        secs: u32,
+        len: usize,
+    ) {
+        let refresh = match (dir, view.tuple.proto) {
+            (Direction::Outbound, _) => true,
+            (Direction::Inbound, proto::UDP) => tables.nat.udp_inbound_refresh,
+            (Direction::Inbound, _) => true,
+        };
+        if refresh {
+            nat.sessions.touch(view.index, secs);
+        }
+        if view.tuple.proto == proto::TCP && tcp_state::is_control(tcp_flags) {
+            nat.sessions.update_tcp(view.index, |s| tcp_state::update(s, dir, tcp_flags));
+        }
+        self.stats.traffic(view.policy_slot, dir, len);
+    }
+
+    fn slow_path<A: Family>(
+        &mut self,
+        p: &IpPacket<A>,
+        key: crate::nat::key::FlowKey<A>,
+        tcp_flags: u8,
+        nat: &NatTable<A>,
+        tables: &Tables,
+        secs: u32,
+    ) -> Result<(SessionView<A>, Direction), Verdict> {
+        match tables.classify(p.src, p.dst) {
+            Decision::Steer(id) => {
+                let Some(policy) = tables.policy(id) else { return Err(Verdict::Pass) };
+                match p.l4info {
+                    L4::Echo { request: false, .. } => return Err(Verdict::Drop(DropReason::UnsupportedIcmpType)),
+                    L4::Ports { .. }
+                        if p.proto == proto::TCP
+                            && tcp_flags & tcp_state::flags::SYN == 0
+                            && !tables.nat.tcp_loose_pickup =>
+                    {
+                        return Err(Verdict::Drop(DropReason::TcpNoSession));
+                    }
+                    _ => {}
+                }
+                let req = OutboundRequest {
+                    pod: p.src,
+                    pod_port: key.sport(),
+                    remote: p.dst,
+                    remote_port: key.dport(),
+                    proto: p.proto,
+                    tcp_flags,
+                };
+                let deltas = |t: &crate::nat::key::SessionTuple<A>| rewrite::outbound_deltas(t);
+                let mut ctx = CreateCtx {
+                    now: secs,
+                    rng: &mut self.rng,
+                    stats: &self.stats,
+                    deltas: DeltaFnBox(&deltas),
+                    tcp_flags,
+                };
+                nat.create_outbound(&req, policy, tables, &mut ctx)
+                    .map(|v| (v, Direction::Outbound))
+                    .map_err(Verdict::Drop)
+            }
+            _ if tables.owns_egress(p.dst.ip()) => {
+                match p.l4info {
+                    L4::Ports { dport, .. } => {
+                        let in_range = tables.egress(p.dst.ip()).is_some_and(|e| e.ports.contains(dport));
+                        if !in_range {
+                            // Service ports on a VIP, SSH...: the kernel's.
+                            return Err(Verdict::Pass);
+                        }
+                    }
+                    L4::Echo { request: true, .. } => return Err(Verdict::Pass),
+                    L4::Echo { request: false, .. } => return Err(Verdict::Drop(DropReason::InboundNoMapping)),
+                    _ => return Err(Verdict::Pass),
+                }
+                self.create_inbound(&key, tcp_flags, nat, tables, secs)
+                    .map(|v| (v, Direction::Inbound))
+                    .map_err(Verdict::Drop)
+            }
+            _ => Err(Verdict::Pass),
+        }
+    }
+
+    fn create_inbound<A: Family>(
+        &mut self,
+        key: &crate::nat::key::FlowKey<A>,
+        tcp_flags: u8,
+        nat: &NatTable<A>,
+        tables: &Tables,
+        secs: u32,
+    ) -> Result<SessionView<A>, DropReason> {
+        if tables.nat.filtering != FilteringBehavior::EndpointIndependent {
+            // Still say whether the port is mapped at all (two counters).
+            let mapped = nat.mappings.existing_pool(key.dst, key.proto).is_some_and(|p| p.owner(key.dport()).is_some());
+            return Err(if mapped { DropReason::InboundFiltered } else { DropReason::InboundNoMapping });
+        }
+        let deltas = |t: &crate::nat::key::SessionTuple<A>| rewrite::outbound_deltas(t);
+        let mut ctx = CreateCtx { now: secs, rng: &mut self.rng, stats: &self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
+        nat.create_inbound(key, tables, &mut ctx)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn later_fragment<A: Family>(
+        &mut self,
+        buf: &mut [u8],
+        len: usize,
+        p: &mut IpPacket<A>,
+        ident: u32,
+        nat: &NatTable<A>,
+        tables: &Tables,
+        secs: u32,
+    ) -> Verdict {
+        let fk = FragKey { src: p.src, dst: p.dst, ident, proto: p.proto };
+        match nat.fragments.lookup(&fk, secs) {
+            Some(tr) => {
+                rewrite::translate_addresses(buf, p, tr.new_src, tr.new_dst);
+                self.stats.event(Event::FragmentTranslated);
+                self.stats.traffic(tr.policy_slot, tr.direction, len);
+                self.forward(buf, len, p)
+            }
+            None => {
+                let ours = tables.owns_egress(p.dst.ip())
+                    || matches!(tables.classify(p.src, p.dst), Decision::Steer(_));
+                if ours {
+                    Verdict::Drop(DropReason::FragmentUnmatched)
+                } else {
+                    Verdict::Pass
+                }
+            }
+        }
+    }
+
+    /// TTL, then the L2 next hop.
+    fn forward<A: Family>(&mut self, buf: &mut [u8], len: usize, p: &IpPacket<A>) -> Verdict {
+        if p.hop_limit <= 1 {
+            return Verdict::Drop(DropReason::TtlExceeded);
+        }
+        A::decrement_hop_limit(&mut buf[p.l3..]);
+        match self.fib.load().next_hop(p.dst.ip()) {
+            NextHop::Resolved { oif, src_mac, dst_mac } => {
+                let mut f = ethernet::Frame::new_unchecked(&mut buf[..len]);
+                f.set_dst_addr(EthernetAddress(dst_mac));
+                f.set_src_addr(EthernetAddress(src_mac));
+                Verdict::Forward { ifindex: oif, len }
+            }
+            NextHop::Unresolved { oif, addr } => {
+                let _ = self.shared.resolve.push(ResolveRequest { ifindex: oif, addr });
+                Verdict::Drop(DropReason::NeighborUnresolved)
+            }
+            NextHop::NoRoute => Verdict::Drop(DropReason::NoRoute),
+        }
+    }
+}
