@@ -6,4 +6,5 @@
 //! tests, the fuzzer and the benchmarks.
 #![deny(unsafe_code)]
 
+pub mod neigh_responder;
 pub mod wire;
