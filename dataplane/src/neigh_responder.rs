@@ -119,7 +119,9 @@ pub fn answer_arp(
 /// checksum, a target that is not multicast, no option of length 0; from the
 /// unspecified source (Duplicate Address Detection) the destination must be
 /// a solicited-node address and there must be no source link-layer address
-/// option. Fragmented solicitations are not answered (RFC 6980).
+/// option. Fragmented solicitations are not answered (RFC 6980). Only
+/// solicitations whose target is owned are validated; any other is
+/// [`NeighOutcome::NotOurs`] without further checks.
 ///
 /// The advertisement (RFC 4861 7.2.4): IPv6 source = the target, hop limit
 /// 255, Override set, Router clear (the gateway owns the address; it does
