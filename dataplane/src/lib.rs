@@ -1,17 +1,32 @@
 //! Egret's dataplane: everything a gateway does to a frame.
 //!
-//! The engine is a pure library: one entry point takes one Ethernet frame in
-//! place and returns a verdict. Time is passed in, so every test is
-//! deterministic. The AF_XDP I/O and the worker loop drive the same code as the
-//! tests, the fuzzer and the benchmarks.
+//! The engine is a pure library: one entry point, [`engine::Worker::process`],
+//! takes one Ethernet frame in place and returns an [`engine::Verdict`]. Time
+//! is passed in, so every test is deterministic. The AF_XDP I/O and the
+//! worker loop drive the same code as the tests, the fuzzer and the
+//! benchmarks.
+//!
+//! Where things live:
+//! - [`wire`]: zero-copy views over packet bytes and checksums.
+//! - [`dissect`]: reads a frame once into offsets and fields.
+//! - [`policy`], [`lpm`]: which sources and destinations a policy selects.
+//! - [`tables`]: the configuration snapshot the control plane publishes.
+//! - [`fib`]: interfaces, routes and neighbours from the kernel.
+//! - [`nat`]: sessions (both directions), mappings and port allocation, TCP
+//!   state, expiry, fragments, ICMP errors, the rewrite itself.
+//! - [`neigh_responder`]: ARP and NDP answers for owned addresses.
+//! - [`engine`]: the per-frame pipeline and its verdicts.
+//! - [`stats`]: named drop reasons and per-worker counters.
 #![deny(unsafe_code)]
 
 pub mod clock;
+pub mod dissect;
+pub mod engine;
 pub mod fib;
 pub mod lpm;
 pub mod nat;
+pub mod neigh_responder;
 pub mod policy;
 pub mod stats;
 pub mod tables;
-pub mod dissect;
-pub mod engine;
+pub mod wire;
