@@ -159,9 +159,11 @@ fn dissect_v4(frame: &[u8], l3: usize) -> Result<IpPacket<Ipv4Addr>, DropReason>
         frag,
         l4info: L4::Opaque,
     };
-    if !matches!(frag, Frag::Later { .. }) {
-        p.l4info = transport::<Ipv4Addr>(&frame[l4..end], p.proto)?;
-    }
+    p.l4info = match frag {
+        Frag::None => transport::<Ipv4Addr>(&frame[l4..end], p.proto)?,
+        Frag::First { .. } => first_fragment_transport::<Ipv4Addr>(&frame[l4..end], p.proto)?,
+        Frag::Later { .. } => L4::Opaque,
+    };
     Ok(p)
 }
 
@@ -187,10 +189,50 @@ fn dissect_v6(frame: &[u8], l3: usize) -> Result<IpPacket<Ipv6Addr>, DropReason>
         frag,
         l4info: L4::Opaque,
     };
-    if !matches!(frag, Frag::Later { .. }) && l4 <= end {
-        p.l4info = transport::<Ipv6Addr>(&frame[l4..end], p.proto)?;
+    if l4 <= end {
+        p.l4info = match frag {
+            Frag::None => transport::<Ipv6Addr>(&frame[l4..end], p.proto)?,
+            Frag::First { .. } => first_fragment_transport::<Ipv6Addr>(&frame[l4..end], p.proto)?,
+            Frag::Later { .. } => L4::Opaque,
+        };
     }
     Ok(p)
+}
+
+/// Reads the transport header of a first fragment: its length fields
+/// describe the whole datagram, not this fragment, so only the header itself
+/// must be here (RFC 791 requires the first fragment to hold the whole
+/// transport header; RFC 8200 4.5 the whole header chain).
+pub fn first_fragment_transport<A: NatAddr>(l4: &[u8], protocol: u8) -> Result<L4, DropReason> {
+    match protocol {
+        proto::UDP => {
+            if l4.len() < udp::HEADER_LEN {
+                return Err(DropReason::MalformedUdp);
+            }
+            let u = udp::Packet::new_unchecked(l4);
+            Ok(L4::Ports { sport: u.src_port(), dport: u.dst_port(), tcp_flags: 0, csum: u.checksum() })
+        }
+        proto::TCP => {
+            let t = tcp::Packet::new_checked(l4).map_err(|_| DropReason::MalformedTcp)?;
+            Ok(L4::Ports { sport: t.src_port(), dport: t.dst_port(), tcp_flags: t.flags(), csum: t.checksum() })
+        }
+        // An ICMP message is checksummed and read whole: fragmented ones are
+        // only translated as echo by their header (8 bytes).
+        p if p == A::ICMP_PROTO => {
+            if l4.len() < 8 {
+                return Err(DropReason::MalformedIcmp);
+            }
+            let echo_request = if A::IS_V6 { icmpv6::MsgType::ECHO_REQUEST } else { icmpv4::MsgType::ECHO_REQUEST };
+            let echo_reply = if A::IS_V6 { icmpv6::MsgType::ECHO_REPLY } else { icmpv4::MsgType::ECHO_REPLY };
+            let ident = u16::from_be_bytes([l4[4], l4[5]]);
+            Ok(match l4[0] {
+                t if t == echo_request => L4::Echo { ident, request: true },
+                t if t == echo_reply => L4::Echo { ident, request: false },
+                t => L4::IcmpOther { msg_type: t },
+            })
+        }
+        _ => Ok(L4::Opaque),
+    }
 }
 
 /// Reads a transport header (also used for the header embedded in an ICMP error).

@@ -32,9 +32,9 @@ use crate::dissect::{self, Frag, IpPacket, Parsed, L4};
 use crate::fib::{Fib, NextHop};
 use crate::nat::fragments::{FragKey, FragTranslation};
 use crate::nat::icmp_error::{self, IcmpFamily};
-use crate::nat::key::{proto, NatAddr};
+use crate::nat::key::proto;
 use crate::nat::port_alloc::PortRng;
-use crate::nat::rewrite::{self, IpFamily};
+use crate::nat::rewrite;
 use crate::nat::session::SessionView;
 use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use crate::nat::tcp_state;
@@ -316,7 +316,7 @@ impl Worker {
             Verdict::Forward { .. } => self.stats.forwarded.inc(),
             Verdict::Answer { .. } => self.stats.answered.inc(),
             Verdict::Pass => self.stats.passed.inc(),
-            Verdict::Drop(r) => self.stats.drop(r),
+            Verdict::Drop(r) => self.stats.dropped(r),
         }
         v
     }
@@ -326,7 +326,8 @@ impl Worker {
     pub fn tick(&mut self, now: Timestamp, budget: u32) -> u32 {
         let tables = self.tables.load().clone();
         let s = now.secs();
-        self.shared.nat4.sweep(budget, s, &tables, &self.stats) + self.shared.nat6.sweep(budget, s, &tables, &self.stats)
+        self.shared.nat4.sweep(budget, s, &tables, &self.stats)
+            + self.shared.nat6.sweep(budget, s, &tables, &self.stats)
     }
 
     fn process_inner(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
@@ -380,7 +381,14 @@ impl Worker {
         }
     }
 
-    fn ip<A: Family>(&mut self, buf: &mut [u8], len: usize, mut p: IpPacket<A>, meta: RxMeta, now: Timestamp) -> Verdict {
+    fn ip<A: Family>(
+        &mut self,
+        buf: &mut [u8],
+        len: usize,
+        mut p: IpPacket<A>,
+        meta: RxMeta,
+        now: Timestamp,
+    ) -> Verdict {
         let tables = self.tables.load().clone();
         let shared = self.shared.clone();
         let nat = A::nat(&shared);
@@ -438,7 +446,8 @@ impl Worker {
                 return Verdict::Drop(DropReason::InboundFiltered);
             }
             let Some(key2) = p.flow_key() else { return Verdict::Drop(DropReason::InboundNoMapping) };
-            let hit2 = nat.sessions.lookup(&key2).filter(|(r, v)| r.is_inbound() && nat.check(v, &tables, secs, &self.stats));
+            let hit2 =
+                nat.sessions.lookup(&key2).filter(|(r, v)| r.is_inbound() && nat.check(v, &tables, secs, &self.stats));
             let view2 = match hit2 {
                 Some((_, v)) => v,
                 None => match self.create_inbound(&key2, tcp_flags, nat, &tables, secs) {
@@ -584,7 +593,8 @@ impl Worker {
             return Err(if mapped { DropReason::InboundFiltered } else { DropReason::InboundNoMapping });
         }
         let deltas = |t: &crate::nat::key::SessionTuple<A>| rewrite::outbound_deltas(t);
-        let mut ctx = CreateCtx { now: secs, rng: &mut self.rng, stats: &self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
+        let mut ctx =
+            CreateCtx { now: secs, rng: &mut self.rng, stats: &self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
         nat.create_inbound(key, tables, &mut ctx)
     }
 
@@ -608,8 +618,8 @@ impl Worker {
                 self.forward(buf, len, p)
             }
             None => {
-                let ours = tables.owns_egress(p.dst.ip())
-                    || matches!(tables.classify(p.src, p.dst), Decision::Steer(_));
+                let ours =
+                    tables.owns_egress(p.dst.ip()) || matches!(tables.classify(p.src, p.dst), Decision::Steer(_));
                 if ours {
                     Verdict::Drop(DropReason::FragmentUnmatched)
                 } else {

@@ -23,6 +23,9 @@ pub mod clock;
 pub mod dissect;
 pub mod engine;
 pub mod fib;
+#[cfg(any(test, feature = "fixtures"))]
+#[allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+pub mod fixtures;
 pub mod lpm;
 pub mod nat;
 pub mod neigh_responder;

@@ -65,11 +65,7 @@ pub fn answer_arp(
 ) -> NeighOutcome {
     let have = frame.len();
     let Some(frame) = frame.get_mut(..len) else {
-        return NeighOutcome::Malformed(Error::Truncated {
-            layer: Layer::Ethernet,
-            need: len,
-            have,
-        });
+        return NeighOutcome::Malformed(Error::Truncated { layer: Layer::Ethernet, need: len, have });
     };
     let l2 = malformed!(ethernet::l2_info(frame));
     if l2.ethertype != EtherType::ARP {
@@ -81,10 +77,7 @@ pub fn answer_arp(
         if request.operation() != arp::Operation::REQUEST {
             return NeighOutcome::NotOurs;
         }
-        let (sender_ip, target_ip) = (
-            request.sender_protocol_addr(),
-            request.target_protocol_addr(),
-        );
+        let (sender_ip, target_ip) = (request.sender_protocol_addr(), request.target_protocol_addr());
         if sender_ip == target_ip || !owns(target_ip) {
             return NeighOutcome::NotOurs;
         }
@@ -139,11 +132,7 @@ pub fn answer_neighbor_solicit(
 ) -> NeighOutcome {
     let capacity = buf.len();
     let Some(frame) = buf.get(..len) else {
-        return NeighOutcome::Malformed(Error::Truncated {
-            layer: Layer::Ethernet,
-            need: len,
-            have: capacity,
-        });
+        return NeighOutcome::Malformed(Error::Truncated { layer: Layer::Ethernet, need: len, have: capacity });
     };
     let l2 = malformed!(ethernet::l2_info(frame));
     if l2.ethertype != EtherType::IPV6 {
@@ -167,19 +156,14 @@ pub fn answer_neighbor_solicit(
 
     // RFC 4861 7.1.1: validation of Neighbor Solicitations.
     if ip.hop_limit() != 255 {
-        return NeighOutcome::Malformed(Error::NdpBadHopLimit {
-            hop_limit: ip.hop_limit(),
-        });
+        return NeighOutcome::Malformed(Error::NdpBadHopLimit { hop_limit: ip.hop_limit() });
     }
     if icmp.code() != 0 {
         return NeighOutcome::Malformed(Error::NdpBadCode { code: icmp.code() });
     }
     let (src, dst) = (ip.src_addr(), ip.dst_addr());
     if !icmp.verify_checksum(&src, &dst) {
-        return NeighOutcome::Malformed(Error::BadChecksum {
-            layer: Layer::Icmpv6,
-            checksum: icmp.checksum(),
-        });
+        return NeighOutcome::Malformed(Error::BadChecksum { layer: Layer::Icmpv6, checksum: icmp.checksum() });
     }
     if target.is_multicast() {
         return NeighOutcome::Malformed(Error::NdpMulticastTarget { target });
@@ -199,11 +183,7 @@ pub fn answer_neighbor_solicit(
             return NeighOutcome::Malformed(Error::NdpSourceLinkAddrFromUnspecified);
         }
         // RFC 4861 7.2.4: to the all-nodes address, Solicited clear.
-        (
-            EthernetAddress::from_ipv6_multicast(&ALL_NODES),
-            ALL_NODES,
-            ndp::FLAG_OVERRIDE,
-        )
+        (EthernetAddress::from_ipv6_multicast(&ALL_NODES), ALL_NODES, ndp::FLAG_OVERRIDE)
     } else {
         let mac = source_ll.unwrap_or_else(|| Frame::new_unchecked(frame).src_addr());
         (mac, src, ndp::FLAG_SOLICITED | ndp::FLAG_OVERRIDE)
@@ -212,10 +192,7 @@ pub fn answer_neighbor_solicit(
     let l3 = l2.l3_offset;
     let reply_len = l3 + NA_IPV6_LEN;
     if capacity < reply_len {
-        return NeighOutcome::Malformed(Error::BufferTooSmall {
-            need: reply_len,
-            have: capacity,
-        });
+        return NeighOutcome::Malformed(Error::BufferTooSmall { need: reply_len, have: capacity });
     }
     // The Ethernet header (and VLAN tag, EtherType) stays; only the MACs change.
     let mut eth = Frame::new_unchecked(&mut buf[..]);
@@ -237,18 +214,9 @@ pub fn gratuitous_arp(
 ) -> crate::wire::Result<usize> {
     let need = l2_len(vlan_tci) + arp::PACKET_LEN;
     if buf.len() < need {
-        return Err(Error::BufferTooSmall {
-            need,
-            have: buf.len(),
-        });
+        return Err(Error::BufferTooSmall { need, have: buf.len() });
     }
-    let l3 = ethernet::write_header(
-        buf,
-        EthernetAddress::BROADCAST,
-        mac,
-        vlan_tci,
-        EtherType::ARP,
-    )?;
+    let l3 = ethernet::write_header(buf, EthernetAddress::BROADCAST, mac, vlan_tci, EtherType::ARP)?;
     let mut a = arp::Packet::new_unchecked(&mut buf[l3..need]);
     a.set_ethernet_ipv4();
     a.set_operation(arp::Operation::REQUEST);
@@ -271,10 +239,7 @@ pub fn unsolicited_na(
 ) -> crate::wire::Result<usize> {
     let need = l2_len(vlan_tci) + NA_IPV6_LEN;
     if buf.len() < need {
-        return Err(Error::BufferTooSmall {
-            need,
-            have: buf.len(),
-        });
+        return Err(Error::BufferTooSmall { need, have: buf.len() });
     }
     let dst_mac = EthernetAddress::from_ipv6_multicast(&ALL_NODES);
     let l3 = ethernet::write_header(buf, dst_mac, mac, vlan_tci, EtherType::IPV6)?;
@@ -292,13 +257,7 @@ fn l2_len(vlan_tci: Option<u16>) -> usize {
 
 /// Writes the IPv6 header and a Neighbor Advertisement for `target` with a
 /// target link-layer address option into `out`, exactly [`NA_IPV6_LEN`] bytes.
-fn write_neighbor_advert(
-    out: &mut [u8],
-    target: &Ipv6Addr,
-    dst: &Ipv6Addr,
-    flags: u8,
-    mac: EthernetAddress,
-) {
+fn write_neighbor_advert(out: &mut [u8], target: &Ipv6Addr, dst: &Ipv6Addr, flags: u8, mac: EthernetAddress) {
     let na_len = NA_IPV6_LEN - ipv6::HEADER_LEN;
     let mut ip = ipv6::Packet::new_unchecked(&mut out[..]);
     ip.set_version_tc_flow(0, 0);
@@ -352,20 +311,14 @@ mod tests {
     fn fix_icmpv6_checksum(frame: &mut [u8]) {
         let ip = ipv6::Packet::new_checked(&frame[14..]).unwrap();
         let (src, dst, end) = (ip.src_addr(), ip.dst_addr(), ip.total_len());
-        icmpv6::Packet::new_checked(&mut frame[14 + 40..14 + end])
-            .unwrap()
-            .fill_checksum(&src, &dst);
+        icmpv6::Packet::new_checked(&mut frame[14 + 40..14 + end]).unwrap().fill_checksum(&src, &dst);
     }
 
     /// Checks an NA frame with etherparse, independently of our code.
     fn etherparse_valid_na(frame: &[u8]) -> etherparse::Icmpv6Type {
         let sliced = etherparse::SlicedPacket::from_ethernet(frame).unwrap();
-        let Some(etherparse::NetSlice::Ipv6(ip)) = sliced.net else {
-            panic!("not IPv6")
-        };
-        let Some(etherparse::TransportSlice::Icmpv6(icmp)) = sliced.transport else {
-            panic!("not ICMPv6")
-        };
+        let Some(etherparse::NetSlice::Ipv6(ip)) = sliced.net else { panic!("not IPv6") };
+        let Some(etherparse::TransportSlice::Icmpv6(icmp)) = sliced.transport else { panic!("not ICMPv6") };
         assert!(icmp.is_checksum_valid(ip.header().source(), ip.header().destination()));
         assert_eq!(ip.header().hop_limit(), 255);
         icmp.icmp_type()
@@ -374,9 +327,7 @@ mod tests {
     #[test]
     fn arp_request_becomes_the_reply_linux_sent() {
         let mut buf = umem(&hex(testdata::ARP_REQUEST));
-        let out = answer_arp(&mut buf, 42, MAC_R, |ip| {
-            ip == Ipv4Addr::new(192, 0, 2, 254)
-        });
+        let out = answer_arp(&mut buf, 42, MAC_R, |ip| ip == Ipv4Addr::new(192, 0, 2, 254));
         assert_eq!(out, NeighOutcome::Answered { len: 42 });
         assert_eq!(&buf[..42], &hex(testdata::ARP_REPLY_LINUX)[..]);
 
@@ -390,9 +341,7 @@ mod tests {
     fn padded_and_tagged_requests() {
         let padded = hex(testdata::ARP_REQUEST_PADDED);
         let mut buf = padded.clone();
-        let out = answer_arp(&mut buf, 58, MAC_R, |ip| {
-            ip == Ipv4Addr::new(192, 0, 2, 254)
-        });
+        let out = answer_arp(&mut buf, 58, MAC_R, |ip| ip == Ipv4Addr::new(192, 0, 2, 254));
         assert_eq!(out, NeighOutcome::Answered { len: 42 });
         assert_eq!(&buf[..42], &hex(testdata::ARP_REPLY_LINUX)[..]);
 
@@ -400,39 +349,24 @@ mod tests {
         let mut buf = umem(&tagged);
         let out = answer_arp(&mut buf, tagged.len(), MAC_R, |_| true);
         assert_eq!(out, NeighOutcome::Answered { len: 46 });
-        assert_eq!(
-            &buf[..46],
-            &vlan_tag(&hex(testdata::ARP_REPLY_LINUX), 0x8100, 0x2064)[..]
-        );
+        assert_eq!(&buf[..46], &vlan_tag(&hex(testdata::ARP_REPLY_LINUX), 0x8100, 0x2064)[..]);
     }
 
     #[test]
     fn arp_not_ours() {
         let req = hex(testdata::ARP_REQUEST);
         let mut buf = req.clone();
-        assert_eq!(
-            answer_arp(&mut buf, 42, MAC_R, |_| false),
-            NeighOutcome::NotOurs
-        );
+        assert_eq!(answer_arp(&mut buf, 42, MAC_R, |_| false), NeighOutcome::NotOurs);
         assert_eq!(buf, req, "untouched");
         // A reply, even about an owned address.
         let mut buf = hex(testdata::ARP_REPLY_LINUX);
-        assert_eq!(
-            answer_arp(&mut buf, 42, MAC_R, |_| true),
-            NeighOutcome::NotOurs
-        );
+        assert_eq!(answer_arp(&mut buf, 42, MAC_R, |_| true), NeighOutcome::NotOurs);
         // A gratuitous announcement by another host of an address we "own".
         let mut buf = hex(testdata::ARP_GRATUITOUS);
-        assert_eq!(
-            answer_arp(&mut buf, 58, MAC_R, |_| true),
-            NeighOutcome::NotOurs
-        );
+        assert_eq!(answer_arp(&mut buf, 58, MAC_R, |_| true), NeighOutcome::NotOurs);
         // Not ARP at all.
         let mut buf = hex(testdata::ICMP_ECHO_REQUEST);
-        assert_eq!(
-            answer_arp(&mut buf, 98, MAC_R, |_| true),
-            NeighOutcome::NotOurs
-        );
+        assert_eq!(answer_arp(&mut buf, 98, MAC_R, |_| true), NeighOutcome::NotOurs);
     }
 
     #[test]
@@ -441,38 +375,23 @@ mod tests {
         let mut buf = req.clone();
         assert_eq!(
             answer_arp(&mut buf, 41, MAC_R, |_| true),
-            NeighOutcome::Malformed(Error::Truncated {
-                layer: Layer::Arp,
-                need: 28,
-                have: 27
-            })
+            NeighOutcome::Malformed(Error::Truncated { layer: Layer::Arp, need: 28, have: 27 })
         );
         assert_eq!(
             answer_arp(&mut buf, 43, MAC_R, |_| true),
-            NeighOutcome::Malformed(Error::Truncated {
-                layer: Layer::Ethernet,
-                need: 43,
-                have: 42
-            })
+            NeighOutcome::Malformed(Error::Truncated { layer: Layer::Ethernet, need: 43, have: 42 })
         );
         let mut bad = req.clone();
         bad[14 + 4] = 8; // hlen 8
         assert_eq!(
             answer_arp(&mut bad, 42, MAC_R, |_| true),
-            NeighOutcome::Malformed(Error::UnsupportedArpHardware {
-                htype: 1,
-                ptype: 0x0800,
-                hlen: 8,
-                plen: 4
-            })
+            NeighOutcome::Malformed(Error::UnsupportedArpHardware { htype: 1, ptype: 0x0800, hlen: 8, plen: 4 })
         );
         let mut bcast_sender = req.clone();
         bcast_sender[14 + 8..14 + 14].copy_from_slice(&[0xff; 6]);
         assert_eq!(
             answer_arp(&mut bcast_sender, 42, MAC_R, |_| true),
-            NeighOutcome::Malformed(Error::ArpSenderNotUnicast {
-                mac: EthernetAddress::BROADCAST
-            })
+            NeighOutcome::Malformed(Error::ArpSenderNotUnicast { mac: EthernetAddress::BROADCAST })
         );
         let mut qinq = vlan_tag(&vlan_tag(&req, 0x8100, 1), 0x88a8, 2);
         let n = qinq.len();
@@ -488,9 +407,7 @@ mod tests {
         // with target IP 0.0.0.0, which tells it the address is taken.
         let mut probe = hex(testdata::ARP_REQUEST);
         probe[14 + 14..14 + 18].copy_from_slice(&[0, 0, 0, 0]);
-        let out = answer_arp(&mut probe, 42, MAC_R, |ip| {
-            ip == Ipv4Addr::new(192, 0, 2, 254)
-        });
+        let out = answer_arp(&mut probe, 42, MAC_R, |ip| ip == Ipv4Addr::new(192, 0, 2, 254));
         assert_eq!(out, NeighOutcome::Answered { len: 42 });
         let mut expected = hex(testdata::ARP_REPLY_LINUX);
         expected[14 + 24..14 + 28].copy_from_slice(&[0, 0, 0, 0]);
@@ -507,13 +424,11 @@ mod tests {
         assert_eq!(&buf[..86], &hex(testdata::NA_LINUX)[..]);
         assert_eq!(
             etherparse_valid_na(&buf[..86]),
-            etherparse::Icmpv6Type::NeighborAdvertisement(
-                etherparse::icmpv6::NeighborAdvertisementHeader {
-                    router: false,
-                    solicited: true,
-                    r#override: true,
-                }
-            )
+            etherparse::Icmpv6Type::NeighborAdvertisement(etherparse::icmpv6::NeighborAdvertisementHeader {
+                router: false,
+                solicited: true,
+                r#override: true,
+            })
         );
     }
 
@@ -521,8 +436,7 @@ mod tests {
     fn ns_from_global_address() {
         let ns = hex(testdata::NS_GLOBAL);
         let mut buf = umem(&ns);
-        let out =
-            answer_neighbor_solicit(&mut buf, ns.len(), MAC_R, |t| *t == v6("2001:db8:a::fe"));
+        let out = answer_neighbor_solicit(&mut buf, ns.len(), MAC_R, |t| *t == v6("2001:db8:a::fe"));
         assert_eq!(out, NeighOutcome::Answered { len: 86 });
         etherparse_valid_na(&buf[..86]);
         // Same as the Linux router's NA but without the Router flag.
@@ -539,8 +453,7 @@ mod tests {
     fn dad_ns_gets_an_na_to_all_nodes() {
         let ns = hex(testdata::NS_DAD);
         let mut buf = umem(&ns);
-        let out =
-            answer_neighbor_solicit(&mut buf, ns.len(), MAC_A, |t| *t == v6("2001:db8:a::77"));
+        let out = answer_neighbor_solicit(&mut buf, ns.len(), MAC_A, |t| *t == v6("2001:db8:a::77"));
         assert_eq!(out, NeighOutcome::Answered { len: 86 });
         // Hand-assembled; checksum 0xee2a computed separately (python).
         let expected = hex("333300000001 020000000a01 86dd \
@@ -556,10 +469,7 @@ mod tests {
         let mut buf = umem(&ns);
         let out = answer_neighbor_solicit(&mut buf, ns.len(), MAC_A, |_| true);
         assert_eq!(out, NeighOutcome::Answered { len: 90 });
-        assert_eq!(
-            &buf[..90],
-            &vlan_tag(&hex(testdata::NA_LINUX), 0x8100, 0x0064)[..]
-        );
+        assert_eq!(&buf[..90], &vlan_tag(&hex(testdata::NA_LINUX), 0x8100, 0x0064)[..]);
         etherparse_valid_na(&buf[..90]);
     }
 
@@ -576,10 +486,7 @@ mod tests {
         );
         assert_eq!(exact, ns, "untouched");
         let mut buf = umem(&ns);
-        assert_eq!(
-            answer_neighbor_solicit(&mut buf, 78, MAC_R, |_| true),
-            NeighOutcome::Answered { len: 86 }
-        );
+        assert_eq!(answer_neighbor_solicit(&mut buf, 78, MAC_R, |_| true), NeighOutcome::Answered { len: 86 });
         // No SLLAO: the NA goes to the frame's Ethernet source.
         assert_eq!(&buf[..6], &MAC_A.0);
         etherparse_valid_na(&buf[..86]);
@@ -594,71 +501,42 @@ mod tests {
         };
         let mut hop = ns.clone();
         hop[14 + 7] = 64;
-        assert_eq!(
-            check(&hop),
-            NeighOutcome::Malformed(Error::NdpBadHopLimit { hop_limit: 64 })
-        );
+        assert_eq!(check(&hop), NeighOutcome::Malformed(Error::NdpBadHopLimit { hop_limit: 64 }));
         let mut code = ns.clone();
         code[14 + 41] = 1;
         fix_icmpv6_checksum(&mut code);
-        assert_eq!(
-            check(&code),
-            NeighOutcome::Malformed(Error::NdpBadCode { code: 1 })
-        );
+        assert_eq!(check(&code), NeighOutcome::Malformed(Error::NdpBadCode { code: 1 }));
         let mut sum = ns.clone();
         sum[14 + 43] ^= 1;
-        assert_eq!(
-            check(&sum),
-            NeighOutcome::Malformed(Error::BadChecksum {
-                layer: Layer::Icmpv6,
-                checksum: 0x101a
-            })
-        );
+        assert_eq!(check(&sum), NeighOutcome::Malformed(Error::BadChecksum { layer: Layer::Icmpv6, checksum: 0x101a }));
         let mut mcast = ns.clone();
         mcast[14 + 48..14 + 64].copy_from_slice(&v6("ff02::1").octets());
         fix_icmpv6_checksum(&mut mcast);
-        assert_eq!(
-            check(&mcast),
-            NeighOutcome::Malformed(Error::NdpMulticastTarget {
-                target: v6("ff02::1")
-            })
-        );
+        assert_eq!(check(&mcast), NeighOutcome::Malformed(Error::NdpMulticastTarget { target: v6("ff02::1") }));
         let mut zero_opt = ns.clone();
         zero_opt[14 + 65] = 0;
         fix_icmpv6_checksum(&mut zero_opt);
         assert_eq!(
             check(&zero_opt),
-            NeighOutcome::Malformed(Error::NdpOptionZeroLength {
-                option_type: 1,
-                offset: 24
-            })
+            NeighOutcome::Malformed(Error::NdpOptionZeroLength { option_type: 1, offset: 24 })
         );
         // DAD (source ::) with a source link-layer address option.
         let mut dad_sllao = ns.clone();
         dad_sllao[14 + 8..14 + 24].copy_from_slice(&[0; 16]);
         fix_icmpv6_checksum(&mut dad_sllao);
-        assert_eq!(
-            check(&dad_sllao),
-            NeighOutcome::Malformed(Error::NdpSourceLinkAddrFromUnspecified)
-        );
+        assert_eq!(check(&dad_sllao), NeighOutcome::Malformed(Error::NdpSourceLinkAddrFromUnspecified));
         // DAD sent to a unicast address.
         let mut dad_unicast = hex(testdata::NS_DAD);
         dad_unicast[14 + 24..14 + 40].copy_from_slice(&v6("2001:db8:a::77").octets());
         fix_icmpv6_checksum(&mut dad_unicast);
         assert_eq!(
             check(&dad_unicast),
-            NeighOutcome::Malformed(Error::NdpDadNotToSolicitedNode {
-                dst: v6("2001:db8:a::77")
-            })
+            NeighOutcome::Malformed(Error::NdpDadNotToSolicitedNode { dst: v6("2001:db8:a::77") })
         );
         // Truncated inside the NS.
         assert_eq!(
             check(&ns[..14 + 40 + 20]),
-            NeighOutcome::Malformed(Error::Truncated {
-                layer: Layer::Ipv6,
-                need: 72,
-                have: 60
-            })
+            NeighOutcome::Malformed(Error::Truncated { layer: Layer::Ipv6, need: 72, have: 60 })
         );
     }
 
@@ -670,30 +548,12 @@ mod tests {
             assert_eq!(&buf[..frame.len()], frame, "untouched");
             out
         };
-        assert_eq!(
-            check(&hex(testdata::NS_GLOBAL), &|_| false),
-            NeighOutcome::NotOurs
-        );
-        assert_eq!(
-            check(&hex(testdata::NA_LINUX), &|_| true),
-            NeighOutcome::NotOurs
-        );
-        assert_eq!(
-            check(&hex(testdata::ICMPV6_ECHO_REQUEST), &|_| true),
-            NeighOutcome::NotOurs
-        );
-        assert_eq!(
-            check(&hex(testdata::MLD_REPORT_HBH), &|_| true),
-            NeighOutcome::NotOurs
-        );
-        assert_eq!(
-            check(&hex(testdata::ARP_REQUEST), &|_| true),
-            NeighOutcome::NotOurs
-        );
-        assert_eq!(
-            check(&hex(testdata::IPV6_FRAG_FIRST), &|_| true),
-            NeighOutcome::NotOurs
-        );
+        assert_eq!(check(&hex(testdata::NS_GLOBAL), &|_| false), NeighOutcome::NotOurs);
+        assert_eq!(check(&hex(testdata::NA_LINUX), &|_| true), NeighOutcome::NotOurs);
+        assert_eq!(check(&hex(testdata::ICMPV6_ECHO_REQUEST), &|_| true), NeighOutcome::NotOurs);
+        assert_eq!(check(&hex(testdata::MLD_REPORT_HBH), &|_| true), NeighOutcome::NotOurs);
+        assert_eq!(check(&hex(testdata::ARP_REQUEST), &|_| true), NeighOutcome::NotOurs);
+        assert_eq!(check(&hex(testdata::IPV6_FRAG_FIRST), &|_| true), NeighOutcome::NotOurs);
     }
 
     #[test]
@@ -712,10 +572,7 @@ mod tests {
         );
         // Other hosts see it as an announcement: our own responder ignores it.
         assert_eq!(gratuitous_arp(&mut buf, MAC_R, ip, None), Ok(42));
-        assert_eq!(
-            answer_arp(&mut buf, 42, MAC_A, |_| true),
-            NeighOutcome::NotOurs
-        );
+        assert_eq!(answer_arp(&mut buf, 42, MAC_A, |_| true), NeighOutcome::NotOurs);
     }
 
     #[test]
@@ -732,10 +589,7 @@ mod tests {
         etherparse_valid_na(&buf[..86]);
         assert_eq!(unsolicited_na(&mut buf, MAC_A, ip, Some(0x0064)), Ok(90));
         assert_eq!(&buf[..90], &vlan_tag(&expected, 0x8100, 0x0064)[..]);
-        assert_eq!(
-            unsolicited_na(&mut buf[..85], MAC_A, ip, None),
-            Err(Error::BufferTooSmall { need: 86, have: 85 })
-        );
+        assert_eq!(unsolicited_na(&mut buf[..85], MAC_A, ip, None), Err(Error::BufferTooSmall { need: 86, have: 85 }));
     }
 
     proptest! {

@@ -205,7 +205,7 @@ impl Default for WorkerStats {
 impl WorkerStats {
     /// Counts a drop.
     #[inline]
-    pub fn drop(&self, reason: DropReason) {
+    pub fn dropped(&self, reason: DropReason) {
         if let Some(c) = self.drops.get(reason as usize) {
             c.inc();
         }
@@ -326,9 +326,9 @@ mod tests {
     fn counters_sum_across_workers() {
         let a = WorkerStats::default();
         let b = WorkerStats::default();
-        a.drop(DropReason::PortsExhausted);
-        b.drop(DropReason::PortsExhausted);
-        b.drop(DropReason::NoRoute);
+        a.dropped(DropReason::PortsExhausted);
+        b.dropped(DropReason::PortsExhausted);
+        b.dropped(DropReason::NoRoute);
         a.traffic(3, Direction::Inbound, 100);
         b.traffic(3, Direction::Inbound, 60);
         a.traffic(5000, Direction::Outbound, 1);

@@ -34,18 +34,23 @@ const ERROR_HEADER_LEN: usize = 8;
 
 /// The embedded packet's header, read leniently (it is usually truncated).
 #[derive(Clone, Copy, Debug)]
-struct Embedded<A> {
+pub struct Embedded<A> {
     /// Offset of the embedded IP header in the frame.
-    l3: usize,
+    pub l3: usize,
     /// Offset of its transport header.
-    l4: usize,
-    src: A,
-    dst: A,
-    proto: u8,
+    pub l4: usize,
+    /// Source address.
+    pub src: A,
+    /// Destination address.
+    pub dst: A,
+    /// Protocol.
+    pub proto: u8,
     /// Source port or echo identifier.
-    sport: u16,
-    dport: u16,
-    echo: bool,
+    pub sport: u16,
+    /// Destination port (0 for echo).
+    pub dport: u16,
+    /// An echo request.
+    pub echo: bool,
 }
 
 /// What [`translate`] did.
@@ -85,7 +90,7 @@ fn write16(buf: &mut [u8], at: usize, v: u16) {
     buf[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 
-fn ports<A>(buf: &[u8], l4: usize, end: usize, protocol: u8, echo_request: u8) -> Option<(u16, u16, bool)> {
+fn ports(buf: &[u8], l4: usize, end: usize, protocol: u8, echo_request: u8) -> Option<(u16, u16, bool)> {
     if end < l4 + 8 {
         return None;
     }
@@ -111,7 +116,7 @@ impl IcmpFamily for Ipv4Addr {
         }
         let l4 = at + ihl;
         let protocol = buf[at + 9];
-        let (sport, dport, echo) = ports::<Self>(buf, l4, end, protocol, icmpv4::MsgType::ECHO_REQUEST)?;
+        let (sport, dport, echo) = ports(buf, l4, end, protocol, icmpv4::MsgType::ECHO_REQUEST)?;
         Some(Embedded {
             l3: at,
             l4,
@@ -150,7 +155,7 @@ impl IcmpFamily for Ipv6Addr {
         // must follow the fixed header (true of what Egret translates).
         let l4 = at + 40;
         let protocol = buf[at + 6];
-        let (sport, dport, echo) = ports::<Self>(buf, l4, end, protocol, icmpv6::MsgType::ECHO_REQUEST)?;
+        let (sport, dport, echo) = ports(buf, l4, end, protocol, icmpv6::MsgType::ECHO_REQUEST)?;
         Some(Embedded {
             l3: at,
             l4,
@@ -186,7 +191,8 @@ pub fn translate<A: IcmpFamily>(
     now: u32,
     stats: &WorkerStats,
 ) -> Result<Translated<A>, Option<DropReason>> {
-    let ours = tables.owns_egress(p.dst.ip()) || !matches!(tables.classify(p.src, p.dst), crate::policy::Decision::Unselected);
+    let ours =
+        tables.owns_egress(p.dst.ip()) || !matches!(tables.classify(p.src, p.dst), crate::policy::Decision::Unselected);
     let unmatched = |r: DropReason| if ours { Err(Some(r)) } else { Err(None) };
     let at = p.l4 + ERROR_HEADER_LEN;
     let Some(e) = A::embedded(buf, at, p.end) else { return unmatched(DropReason::IcmpErrorTruncated) };
@@ -217,15 +223,9 @@ pub fn translate<A: IcmpFamily>(
     let t: SessionTuple<A> = view.tuple;
     // (outer address field, embedded address field, embedded port field, old/new address, old/new port)
     let (outer_at, inner_addr_at, inner_port_at, old_a, new_a, old_port, new_port) = match direction {
-        Direction::Inbound => (
-            A::DST,
-            e.l3 + A::SRC,
-            if e.echo { e.l4 + 4 } else { e.l4 },
-            t.egress,
-            t.pod,
-            t.egress_port,
-            t.pod_port,
-        ),
+        Direction::Inbound => {
+            (A::DST, e.l3 + A::SRC, if e.echo { e.l4 + 4 } else { e.l4 }, t.egress, t.pod, t.egress_port, t.pod_port)
+        }
         Direction::Outbound => (A::SRC, e.l3 + A::DST, e.l4 + 2, t.pod, t.egress, t.pod_port, t.egress_port),
     };
     // Outer header.

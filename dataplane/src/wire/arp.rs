@@ -67,12 +67,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let (htype, ptype) = (self.hardware_type(), self.protocol_type());
         let (hlen, plen) = (self.hardware_len(), self.protocol_len());
         if htype != HTYPE_ETHERNET || ptype != PTYPE_IPV4 || hlen != 6 || plen != 4 {
-            return Err(Error::UnsupportedArpHardware {
-                htype,
-                ptype,
-                hlen,
-                plen,
-            });
+            return Err(Error::UnsupportedArpHardware { htype, ptype, hlen, plen });
         }
         Ok(())
     }
@@ -202,10 +197,7 @@ mod tests {
         let req = hex(testdata::ARP_REQUEST);
         let p = Packet::new_checked(&req[14..]).unwrap();
         assert_eq!(p.operation(), Operation::REQUEST);
-        assert_eq!(
-            p.sender_hardware_addr(),
-            EthernetAddress([2, 0, 0, 0, 0x0a, 0x01])
-        );
+        assert_eq!(p.sender_hardware_addr(), EthernetAddress([2, 0, 0, 0, 0x0a, 0x01]));
         assert_eq!(p.sender_protocol_addr(), Ipv4Addr::new(192, 0, 2, 1));
         assert_eq!(p.target_hardware_addr(), EthernetAddress::ZERO);
         assert_eq!(p.target_protocol_addr(), Ipv4Addr::new(192, 0, 2, 254));
@@ -213,10 +205,7 @@ mod tests {
         let rep = hex(testdata::ARP_REPLY_LINUX);
         let r = Packet::new_checked(&rep[14..]).unwrap();
         assert_eq!(r.operation(), Operation::REPLY);
-        assert_eq!(
-            r.sender_hardware_addr(),
-            EthernetAddress([2, 0, 0, 0, 0x0a, 0xfe])
-        );
+        assert_eq!(r.sender_hardware_addr(), EthernetAddress([2, 0, 0, 0, 0x0a, 0xfe]));
         assert_eq!(r.sender_protocol_addr(), Ipv4Addr::new(192, 0, 2, 254));
         assert_eq!(r.target_protocol_addr(), Ipv4Addr::new(192, 0, 2, 1));
 
@@ -246,19 +235,11 @@ mod tests {
         req[14 + 1] = 6; // htype 6 (IEEE 802)
         assert_eq!(
             Packet::new_checked(&req[14..]),
-            Err(Error::UnsupportedArpHardware {
-                htype: 6,
-                ptype: 0x0800,
-                hlen: 6,
-                plen: 4
-            })
+            Err(Error::UnsupportedArpHardware { htype: 6, ptype: 0x0800, hlen: 6, plen: 4 })
         );
         let mut req = hex(testdata::ARP_REQUEST);
         req[14 + 5] = 16; // plen 16
-        assert_eq!(
-            Packet::new_checked(&req[14..]).unwrap_err().reason(),
-            "unsupported_arp_hardware"
-        );
+        assert_eq!(Packet::new_checked(&req[14..]).unwrap_err().reason(), "unsupported_arp_hardware");
     }
 
     #[test]
@@ -271,14 +252,7 @@ mod tests {
                     assert_eq!(len, 28);
                     exercise(&p);
                 }
-                Err(e) => assert_eq!(
-                    e,
-                    Error::Truncated {
-                        layer: Layer::Arp,
-                        need: 28,
-                        have: len
-                    }
-                ),
+                Err(e) => assert_eq!(e, Error::Truncated { layer: Layer::Arp, need: 28, have: len }),
             }
         }
     }

@@ -104,13 +104,7 @@ pub fn finish(sum: u32) -> u16 {
 pub fn pseudo_header_v4(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, l4_len: u32) -> u32 {
     let s = src.to_bits();
     let d = dst.to_bits();
-    (s >> 16)
-        + (s & 0xFFFF)
-        + (d >> 16)
-        + (d & 0xFFFF)
-        + u32::from(protocol)
-        + (l4_len >> 16)
-        + (l4_len & 0xFFFF)
+    (s >> 16) + (s & 0xFFFF) + (d >> 16) + (d & 0xFFFF) + u32::from(protocol) + (l4_len >> 16) + (l4_len & 0xFFFF)
 }
 
 /// The IPv6 pseudo-header sum (RFC 8200 8.1): source, destination, the
@@ -120,10 +114,7 @@ pub fn pseudo_header_v4(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, l4_len: u32)
 pub fn pseudo_header_v6(src: &Ipv6Addr, dst: &Ipv6Addr, next_header: u8, l4_len: u32) -> u32 {
     let mut s = sum(&src.octets(), 0);
     s = sum(&dst.octets(), s);
-    add(
-        s,
-        u32::from(next_header) + (l4_len >> 16) + (l4_len & 0xFFFF),
-    )
+    add(s, u32::from(next_header) + (l4_len >> 16) + (l4_len & 0xFFFF))
 }
 
 /// True when a TCP/UDP checksum field holds only the folded pseudo-header
@@ -255,6 +246,13 @@ impl Delta {
         self.0
     }
 
+    /// A delta from its raw folded value (as stored in a session; 0xFFFF,
+    /// the other ones' complement zero, becomes [`Delta::NONE`]).
+    #[inline]
+    pub const fn from_value(v: u16) -> Delta {
+        Delta::normalized(v)
+    }
+
     /// `HC' = ~(~HC + delta)`: the checksum field after the change.
     #[inline]
     pub fn apply(self, csum: u16) -> u16 {
@@ -284,10 +282,7 @@ mod tests {
     fn etherparse_sum(data: &[u8]) -> u16 {
         // etherparse sums native-endian words and returns !fold in native
         // order (its callers apply `.to_be()`); undo both.
-        !etherparse::checksum::Sum16BitWords::new()
-            .add_slice(data)
-            .ones_complement()
-            .to_be()
+        !etherparse::checksum::Sum16BitWords::new().add_slice(data).ones_complement().to_be()
     }
 
     #[test]
@@ -314,8 +309,8 @@ mod tests {
     fn real_ipv4_header_checksum() {
         // IPv4 header of a captured echo request, checksum a454.
         let hdr = [
-            0x45, 0x00, 0x00, 0x54, 0x11, 0x55, 0x40, 0x00, 0x40, 0x01, 0xa4, 0x54, 0xc0, 0x00,
-            0x02, 0x01, 0xc0, 0x00, 0x02, 0xfe,
+            0x45, 0x00, 0x00, 0x54, 0x11, 0x55, 0x40, 0x00, 0x40, 0x01, 0xa4, 0x54, 0xc0, 0x00, 0x02, 0x01, 0xc0, 0x00,
+            0x02, 0xfe,
         ];
         assert_eq!(fold(sum(&hdr, 0)), 0xffff);
         let mut zeroed = hdr;
@@ -326,12 +321,7 @@ mod tests {
 
     #[test]
     fn pseudo_headers() {
-        let v4 = pseudo_header_v4(
-            Ipv4Addr::new(192, 0, 2, 1),
-            Ipv4Addr::new(198, 51, 100, 2),
-            17,
-            17,
-        );
+        let v4 = pseudo_header_v4(Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(198, 51, 100, 2), 17, 17);
         let manual = [192, 0, 2, 1, 198, 51, 100, 2, 0, 17, 0, 17];
         assert_eq!(fold(v4), fold(sum(&manual, 0)));
         let a: Ipv6Addr = "2001:db8:a::1".parse().unwrap();
@@ -391,12 +381,7 @@ mod tests {
         use crate::wire::testdata::{self, hex};
         // A UDP datagram captured on a veth with TX offload on: field 0xec5b.
         let f = hex(testdata::UDP4_PARTIAL);
-        let pseudo = pseudo_header_v4(
-            Ipv4Addr::new(192, 0, 2, 1),
-            Ipv4Addr::new(198, 51, 100, 2),
-            17,
-            19,
-        );
+        let pseudo = pseudo_header_v4(Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(198, 51, 100, 2), 17, 19);
         assert!(is_partial(0xec5b, pseudo));
         // The completed checksum tcpdump computed for it: 0x569d.
         let mut seg = f[34..53].to_vec();
@@ -406,12 +391,7 @@ mod tests {
         assert!(!is_partial(0x569d, pseudo));
         // A full checksum from the same capture with offload off is not partial.
         let g = hex(testdata::UDP4);
-        let pseudo_g = pseudo_header_v4(
-            Ipv4Addr::new(192, 0, 2, 1),
-            Ipv4Addr::new(198, 51, 100, 2),
-            17,
-            17,
-        );
+        let pseudo_g = pseudo_header_v4(Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(198, 51, 100, 2), 17, 17);
         assert_eq!(u16::from_be_bytes([g[40], g[41]]), 0xa519);
         assert!(!is_partial(0xa519, pseudo_g));
     }

@@ -48,11 +48,7 @@ impl EthernetAddress {
 impl fmt::Display for EthernetAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = &self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            b[0], b[1], b[2], b[3], b[4], b[5]
-        )
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3], b[4], b[5])
     }
 }
 
@@ -200,11 +196,7 @@ pub fn l2_info(frame: &[u8]) -> Result<L2Info> {
     }
     let outer = read_u16(frame, field::ETHERTYPE);
     if outer != EtherType::VLAN && outer != EtherType::QINQ {
-        return Ok(L2Info {
-            ethertype: outer,
-            l3_offset: HEADER_LEN,
-            vlan_tci: None,
-        });
+        return Ok(L2Info { ethertype: outer, l3_offset: HEADER_LEN, vlan_tci: None });
     }
     if frame.len() < VLAN_HEADER_LEN {
         return Err(truncated(Layer::Vlan, VLAN_HEADER_LEN, frame.len()));
@@ -213,11 +205,7 @@ pub fn l2_info(frame: &[u8]) -> Result<L2Info> {
     if inner == EtherType::VLAN || inner == EtherType::QINQ {
         return Err(Error::StackedVlan { tpid: inner });
     }
-    Ok(L2Info {
-        ethertype: inner,
-        l3_offset: VLAN_HEADER_LEN,
-        vlan_tci: Some(read_u16(frame, field::VLAN_TCI)),
-    })
+    Ok(L2Info { ethertype: inner, l3_offset: VLAN_HEADER_LEN, vlan_tci: Some(read_u16(frame, field::VLAN_TCI)) })
 }
 
 /// Writes an Ethernet header (with an 802.1Q tag when `vlan_tci` is given)
@@ -229,16 +217,9 @@ pub fn write_header(
     vlan_tci: Option<u16>,
     ethertype: u16,
 ) -> Result<usize> {
-    let need = if vlan_tci.is_some() {
-        VLAN_HEADER_LEN
-    } else {
-        HEADER_LEN
-    };
+    let need = if vlan_tci.is_some() { VLAN_HEADER_LEN } else { HEADER_LEN };
     if buf.len() < need {
-        return Err(Error::BufferTooSmall {
-            need,
-            have: buf.len(),
-        });
+        return Err(Error::BufferTooSmall { need, have: buf.len() });
     }
     buf[field::DST..field::DST + 6].copy_from_slice(&dst.0);
     buf[field::SRC..field::SRC + 6].copy_from_slice(&src.0);
@@ -272,24 +253,14 @@ mod tests {
         assert_eq!(f.src_addr().to_string(), "02:00:00:00:0a:01");
         assert_eq!(f.ethertype(), EtherType::ARP);
         assert_eq!(f.payload().len(), 28);
-        assert_eq!(
-            l2_info(&bytes).unwrap(),
-            L2Info {
-                ethertype: EtherType::ARP,
-                l3_offset: 14,
-                vlan_tci: None
-            }
-        );
+        assert_eq!(l2_info(&bytes).unwrap(), L2Info { ethertype: EtherType::ARP, l3_offset: 14, vlan_tci: None });
     }
 
     #[test]
     fn vlan_tagged_frame() {
         // The captured echo request with a tag: PCP 5, VID 100 (0xa064).
         let bytes = tag(&hex(testdata::ICMP_ECHO_REQUEST), 0x8100, 0xa064);
-        assert_eq!(
-            &bytes[12..20],
-            &[0x81, 0x00, 0xa0, 0x64, 0x08, 0x00, 0x45, 0x00]
-        );
+        assert_eq!(&bytes[12..20], &[0x81, 0x00, 0xa0, 0x64, 0x08, 0x00, 0x45, 0x00]);
         let info = l2_info(&bytes).unwrap();
         assert_eq!(info.ethertype, EtherType::IPV4);
         assert_eq!(info.l3_offset, 18);
@@ -316,22 +287,8 @@ mod tests {
         for len in 0..bytes.len() {
             let r = l2_info(&bytes[..len]);
             match len {
-                0..=13 => assert_eq!(
-                    r,
-                    Err(Error::Truncated {
-                        layer: Layer::Ethernet,
-                        need: 14,
-                        have: len
-                    })
-                ),
-                14..=17 => assert_eq!(
-                    r,
-                    Err(Error::Truncated {
-                        layer: Layer::Vlan,
-                        need: 18,
-                        have: len
-                    })
-                ),
+                0..=13 => assert_eq!(r, Err(Error::Truncated { layer: Layer::Ethernet, need: 14, have: len })),
+                14..=17 => assert_eq!(r, Err(Error::Truncated { layer: Layer::Vlan, need: 18, have: len })),
                 _ => assert_eq!(r.unwrap().l3_offset, 18),
             }
             match Frame::new_checked(&bytes[..len]) {
@@ -345,21 +302,9 @@ mod tests {
     fn write_header_with_and_without_tag() {
         let mut buf = [0u8; 18];
         let mac = EthernetAddress([2, 0, 0, 0, 0, 1]);
-        let l3 = write_header(
-            &mut buf,
-            EthernetAddress::BROADCAST,
-            mac,
-            Some(0x0064),
-            0x0806,
-        );
+        let l3 = write_header(&mut buf, EthernetAddress::BROADCAST, mac, Some(0x0064), 0x0806);
         assert_eq!(l3, Ok(18));
-        assert_eq!(
-            buf,
-            [
-                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x81, 0x00, 0x00, 0x64, 0x08,
-                0x06
-            ]
-        );
+        assert_eq!(buf, [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x81, 0x00, 0x00, 0x64, 0x08, 0x06]);
         assert_eq!(
             write_header(&mut buf[..17], mac, mac, Some(1), 0x0800),
             Err(Error::BufferTooSmall { need: 18, have: 17 })
@@ -370,10 +315,7 @@ mod tests {
         f.set_dst_addr(EthernetAddress::ZERO);
         f.set_ethertype(0x0800);
         f.payload_mut()[0] = 0x45;
-        assert_eq!(
-            &buf[..15],
-            &[0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45]
-        );
+        assert_eq!(&buf[..15], &[0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45]);
     }
 
     #[test]
@@ -383,10 +325,7 @@ mod tests {
         assert!(EthernetAddress([2, 0, 0, 0, 0, 1]).is_unicast());
         assert!(EthernetAddress([0x33, 0x33, 0, 0, 0, 1]).is_multicast());
         let a: Ipv6Addr = "ff02::1:ff00:77".parse().unwrap();
-        assert_eq!(
-            EthernetAddress::from_ipv6_multicast(&a),
-            EthernetAddress([0x33, 0x33, 0xff, 0x00, 0x00, 0x77])
-        );
+        assert_eq!(EthernetAddress::from_ipv6_multicast(&a), EthernetAddress([0x33, 0x33, 0xff, 0x00, 0x00, 0x77]));
     }
 
     proptest! {

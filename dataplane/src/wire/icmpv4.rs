@@ -250,10 +250,7 @@ mod tests {
         let ip = ipv4::Packet::new_checked(&f[14..]).unwrap();
         assert_eq!(ip.src_addr(), Ipv4Addr::new(192, 0, 2, 254));
         let p = Packet::new_checked(ip.payload()).unwrap();
-        assert_eq!(
-            (p.msg_type(), p.code()),
-            (MsgType::DEST_UNREACHABLE, CODE_FRAG_NEEDED)
-        );
+        assert_eq!((p.msg_type(), p.code()), (MsgType::DEST_UNREACHABLE, CODE_FRAG_NEEDED));
         assert!(is_error(p.msg_type()));
         assert_eq!(p.next_hop_mtu(), Some(1280));
         assert!(p.verify_checksum());
@@ -263,11 +260,7 @@ mod tests {
         assert_eq!(inner.len(), 576 - 20 - 8);
         assert_eq!(
             ipv4::Packet::new_checked(inner),
-            Err(Error::Truncated {
-                layer: Layer::Ipv4,
-                need: 1428,
-                have: 548
-            })
+            Err(Error::Truncated { layer: Layer::Ipv4, need: 1428, have: 548 })
         );
         let inner_ip = ipv4::Packet::new_unchecked(inner);
         assert_eq!(inner_ip.header_len(), 20);
@@ -336,14 +329,7 @@ mod tests {
                 }
                 Err(e) => {
                     assert!(len < 8);
-                    assert_eq!(
-                        e,
-                        Error::Truncated {
-                            layer: Layer::Icmpv4,
-                            need: 8,
-                            have: len
-                        }
-                    );
+                    assert_eq!(e, Error::Truncated { layer: Layer::Icmpv4, need: 8, have: len });
                 }
             }
         }
@@ -359,10 +345,7 @@ mod tests {
         assert_eq!(&m[..8], &[0, 0, m[2], m[3], 0x42, 0x42, 0, 9]);
         assert_eq!(m[8], 0xaa);
         let h = etherparse::Icmpv4Slice::from_slice(&m).unwrap();
-        assert_eq!(
-            h.icmp_type().calc_checksum(h.payload()),
-            u16::from_be_bytes([m[2], m[3]])
-        );
+        assert_eq!(h.icmp_type().calc_checksum(h.payload()), u16::from_be_bytes([m[2], m[3]]));
     }
 
     proptest! {

@@ -133,16 +133,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// other type.
     #[inline]
     pub fn mtu(&self) -> Option<u32> {
-        (self.msg_type() == MsgType::PACKET_TOO_BIG)
-            .then(|| read_u32(self.buffer.as_ref(), field::MTU))
+        (self.msg_type() == MsgType::PACKET_TOO_BIG).then(|| read_u32(self.buffer.as_ref(), field::MTU))
     }
 
     /// The pointer of a Parameter Problem message (RFC 4443 3.4): the offset
     /// in the invoking packet where the problem is; `None` for other types.
     #[inline]
     pub fn pointer(&self) -> Option<u32> {
-        (self.msg_type() == MsgType::PARAM_PROBLEM)
-            .then(|| read_u32(self.buffer.as_ref(), field::POINTER))
+        (self.msg_type() == MsgType::PARAM_PROBLEM).then(|| read_u32(self.buffer.as_ref(), field::POINTER))
     }
 
     /// The bytes after the 8-byte header: for an error message, as much of
@@ -342,11 +340,7 @@ pub mod ndp {
         /// The options, as (type, body) pairs; see [`Options`].
         #[inline]
         pub fn options(&self) -> Options<'_> {
-            Options {
-                data: &self.buffer.as_ref()[field::OPTIONS..],
-                offset: 0,
-                failed: false,
-            }
+            Options { data: &self.buffer.as_ref()[field::OPTIONS..], offset: 0, failed: false }
         }
 
         /// The first Source Link-Layer Address option, if any. Fails if any
@@ -393,16 +387,9 @@ pub mod ndp {
 
     /// Writes a link-layer address option for Ethernet (type, length 1 =
     /// 8 bytes, MAC) at the start of `buf`.
-    pub fn write_link_addr_option(
-        buf: &mut [u8],
-        option_type: u8,
-        mac: EthernetAddress,
-    ) -> Result<usize> {
+    pub fn write_link_addr_option(buf: &mut [u8], option_type: u8, mac: EthernetAddress) -> Result<usize> {
         let Some(out) = buf.get_mut(..LL_ADDR_OPTION_LEN) else {
-            return Err(Error::BufferTooSmall {
-                need: LL_ADDR_OPTION_LEN,
-                have: buf.len(),
-            });
+            return Err(Error::BufferTooSmall { need: LL_ADDR_OPTION_LEN, have: buf.len() });
         };
         out[0] = option_type;
         out[1] = 1;
@@ -460,10 +447,7 @@ pub mod ndp {
             let (option_type, units) = (rest[0], usize::from(rest[1]));
             if units == 0 {
                 self.failed = true;
-                return Some(Err(Error::NdpOptionZeroLength {
-                    option_type,
-                    offset: at,
-                }));
+                return Some(Err(Error::NdpOptionZeroLength { option_type, offset: at }));
             }
             let len = units * 8;
             let Some(option) = rest.get(..len) else {
@@ -471,10 +455,7 @@ pub mod ndp {
                 return Some(Err(truncated(Layer::Ndp, at + len, at + rest.len())));
             };
             self.offset += len;
-            Some(Ok(NdpOption {
-                option_type,
-                body: &option[2..],
-            }))
+            Some(Ok(NdpOption { option_type, body: &option[2..] }))
         }
     }
 }
@@ -520,23 +501,15 @@ mod tests {
                 Err(_) => n += 1,
             }
         }
-        n += p
-            .source_link_addr()
-            .map_or(0, |m| m.map_or(1, |m| usize::from(m.0[0])));
-        n + p
-            .target_link_addr()
-            .map_or(0, |m| m.map_or(1, |m| usize::from(m.0[0])))
+        n += p.source_link_addr().map_or(0, |m| m.map_or(1, |m| usize::from(m.0[0])));
+        n + p.target_link_addr().map_or(0, |m| m.map_or(1, |m| usize::from(m.0[0])))
     }
 
     fn icmp_of(frame: &[u8]) -> (Vec<u8>, Ipv6Addr, Ipv6Addr) {
         let ip = ipv6::Packet::new_checked(&frame[14..]).unwrap();
         let upper = ipv6::walk_extensions(&ip).unwrap();
         assert_eq!(upper.protocol, IpProtocol::ICMPV6);
-        (
-            ip.upper_layer(upper.l4_offset).to_vec(),
-            ip.src_addr(),
-            ip.dst_addr(),
-        )
+        (ip.upper_layer(upper.l4_offset).to_vec(), ip.src_addr(), ip.dst_addr())
     }
 
     #[test]
@@ -564,18 +537,9 @@ mod tests {
         let inner = p.embedded();
         assert_eq!(inner.len(), 1280 - 40 - 8);
         let inner_ip = ipv6::Packet::new_unchecked(inner);
-        assert_eq!(
-            ipv6::Packet::new_checked(inner).unwrap_err().reason(),
-            "ipv6_truncated"
-        );
-        assert_eq!(
-            inner_ip.src_addr(),
-            "2001:db8:a::1".parse::<Ipv6Addr>().unwrap()
-        );
-        assert_eq!(
-            inner_ip.dst_addr(),
-            "2001:db8:b::2".parse::<Ipv6Addr>().unwrap()
-        );
+        assert_eq!(ipv6::Packet::new_checked(inner).unwrap_err().reason(), "ipv6_truncated");
+        assert_eq!(inner_ip.src_addr(), "2001:db8:a::1".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(inner_ip.dst_addr(), "2001:db8:b::2".parse::<Ipv6Addr>().unwrap());
         assert_eq!(inner_ip.next_header(), IpProtocol::IPV6_FRAGMENT);
     }
 
@@ -599,23 +563,11 @@ mod tests {
         assert_eq!(p.msg_type(), MsgType::NEIGHBOR_SOLICIT);
         assert!(p.verify_checksum(&src, &dst));
         let ns = ndp::Packet::new_checked(&m[..]).unwrap();
-        assert_eq!(
-            ns.target_addr(),
-            "2001:db8:a::fe".parse::<Ipv6Addr>().unwrap()
-        );
+        assert_eq!(ns.target_addr(), "2001:db8:a::fe".parse::<Ipv6Addr>().unwrap());
         assert_eq!(ns.flags(), 0);
         let opts: Vec<_> = ns.options().collect();
-        assert_eq!(
-            opts,
-            [Ok(ndp::NdpOption {
-                option_type: 1,
-                body: &[2, 0, 0, 0, 0x0a, 0x01][..]
-            })]
-        );
-        assert_eq!(
-            ns.source_link_addr(),
-            Ok(Some(EthernetAddress([2, 0, 0, 0, 0x0a, 0x01])))
-        );
+        assert_eq!(opts, [Ok(ndp::NdpOption { option_type: 1, body: &[2, 0, 0, 0, 0x0a, 0x01][..] })]);
+        assert_eq!(ns.source_link_addr(), Ok(Some(EthernetAddress([2, 0, 0, 0, 0x0a, 0x01]))));
         assert_eq!(ns.target_link_addr(), Ok(None));
     }
 
@@ -625,13 +577,8 @@ mod tests {
         let na = ndp::Packet::new_checked(&m[..]).unwrap();
         assert_eq!(na.msg_type(), MsgType::NEIGHBOR_ADVERT);
         assert!(na.router_flag() && na.solicited_flag() && na.override_flag());
-        assert_eq!(
-            na.target_link_addr(),
-            Ok(Some(EthernetAddress([2, 0, 0, 0, 0x0a, 0xfe])))
-        );
-        assert!(Packet::new_checked(&m[..])
-            .unwrap()
-            .verify_checksum(&src, &dst));
+        assert_eq!(na.target_link_addr(), Ok(Some(EthernetAddress([2, 0, 0, 0, 0x0a, 0xfe]))));
+        assert!(Packet::new_checked(&m[..]).unwrap().verify_checksum(&src, &dst));
         let (m, _, _) = icmp_of(&hex(testdata::NA_LINUX));
         let na = ndp::Packet::new_checked(&m[..]).unwrap();
         assert_eq!(na.flags(), ndp::FLAG_SOLICITED | ndp::FLAG_OVERRIDE);
@@ -653,41 +600,15 @@ mod tests {
         m[25] = 0; // SLLAO length 0
         let ns = ndp::Packet::new_checked(&m[..]).unwrap();
         let all: Vec<_> = ns.options().collect();
-        assert_eq!(
-            all,
-            [Err(Error::NdpOptionZeroLength {
-                option_type: 1,
-                offset: 24
-            })]
-        );
-        assert_eq!(
-            ns.source_link_addr(),
-            Err(Error::NdpOptionZeroLength {
-                option_type: 1,
-                offset: 24
-            })
-        );
+        assert_eq!(all, [Err(Error::NdpOptionZeroLength { option_type: 1, offset: 24 })]);
+        assert_eq!(ns.source_link_addr(), Err(Error::NdpOptionZeroLength { option_type: 1, offset: 24 }));
         m[25] = 2; // 16 bytes claimed, 8 there
         let ns = ndp::Packet::new_checked(&m[..]).unwrap();
-        assert_eq!(
-            ns.options().collect::<Vec<_>>(),
-            [Err(Error::Truncated {
-                layer: Layer::Ndp,
-                need: 40,
-                have: 32
-            })]
-        );
+        assert_eq!(ns.options().collect::<Vec<_>>(), [Err(Error::Truncated { layer: Layer::Ndp, need: 40, have: 32 })]);
         let mut odd = m[..24].to_vec();
         odd.push(1);
         let ns = ndp::Packet::new_checked(&odd[..]).unwrap();
-        assert_eq!(
-            ns.options().collect::<Vec<_>>(),
-            [Err(Error::Truncated {
-                layer: Layer::Ndp,
-                need: 26,
-                have: 25
-            })]
-        );
+        assert_eq!(ns.options().collect::<Vec<_>>(), [Err(Error::Truncated { layer: Layer::Ndp, need: 26, have: 25 })]);
     }
 
     #[test]
@@ -699,14 +620,7 @@ mod tests {
                     assert!(len >= 8);
                     exercise(&p);
                 }
-                Err(e) => assert_eq!(
-                    e,
-                    Error::Truncated {
-                        layer: Layer::Icmpv6,
-                        need: 8,
-                        have: len
-                    }
-                ),
+                Err(e) => assert_eq!(e, Error::Truncated { layer: Layer::Icmpv6, need: 8, have: len }),
             }
             match ndp::Packet::new_checked(&m[..len]) {
                 Ok(p) => {
@@ -715,14 +629,7 @@ mod tests {
                     let complete = p.options().all(|o| o.is_ok());
                     assert_eq!(complete, len == 24 || len == 32, "len {len}");
                 }
-                Err(e) => assert_eq!(
-                    e,
-                    Error::Truncated {
-                        layer: Layer::Ndp,
-                        need: 24,
-                        have: len
-                    }
-                ),
+                Err(e) => assert_eq!(e, Error::Truncated { layer: Layer::Ndp, need: 24, have: len }),
             }
         }
     }
@@ -748,9 +655,7 @@ mod tests {
             )
             .unwrap();
         }
-        Packet::new_checked(&mut m[..])
-            .unwrap()
-            .fill_checksum(&a, &b);
+        Packet::new_checked(&mut m[..]).unwrap().fill_checksum(&a, &b);
         // Byte for byte what Linux sent.
         let (linux, _, _) = icmp_of(&hex(testdata::NA_LINUX));
         assert_eq!(m, linux);

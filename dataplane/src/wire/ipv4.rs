@@ -64,26 +64,18 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(truncated(Layer::Ipv4, MIN_HEADER_LEN, have));
         }
         if self.version() != 4 {
-            return Err(Error::BadVersion {
-                expected: 4,
-                found: self.version(),
-            });
+            return Err(Error::BadVersion { expected: 4, found: self.version() });
         }
         let header_len = self.header_len();
         if header_len < MIN_HEADER_LEN {
-            return Err(Error::BadHeaderLength {
-                ihl: self.buffer.as_ref()[field::VER_IHL] & 0x0f,
-            });
+            return Err(Error::BadHeaderLength { ihl: self.buffer.as_ref()[field::VER_IHL] & 0x0f });
         }
         if header_len > have {
             return Err(truncated(Layer::Ipv4, header_len, have));
         }
         let total_len = self.total_len();
         if usize::from(total_len) < header_len {
-            return Err(Error::BadTotalLength {
-                total_len,
-                header_len,
-            });
+            return Err(Error::BadTotalLength { total_len, header_len });
         }
         if usize::from(total_len) > have {
             return Err(truncated(Layer::Ipv4, usize::from(total_len), have));
@@ -213,12 +205,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     #[inline]
     pub fn pseudo_header_sum(&self) -> u32 {
         let l4_len = usize::from(self.total_len()).saturating_sub(self.header_len());
-        checksum::pseudo_header_v4(
-            self.src_addr(),
-            self.dst_addr(),
-            self.protocol(),
-            l4_len as u32,
-        )
+        checksum::pseudo_header_v4(self.src_addr(), self.dst_addr(), self.protocol(), l4_len as u32)
     }
 }
 
@@ -352,27 +339,18 @@ mod tests {
     fn captured_fragments() {
         let first = hex(testdata::IPV4_FRAG_FIRST);
         let p = Packet::new_checked(&first[14..]).unwrap();
-        assert_eq!(
-            (p.ident(), p.frag_offset(), p.more_frags()),
-            (33309, 0, true)
-        );
+        assert_eq!((p.ident(), p.frag_offset(), p.more_frags()), (33309, 0, true));
         assert!(p.is_fragment() && p.is_first_fragment());
         assert_eq!(p.payload().len(), 1480);
 
         let middle = hex(testdata::IPV4_FRAG_MIDDLE);
         let p = Packet::new_checked(&middle[14..]).unwrap();
-        assert_eq!(
-            (p.ident(), p.frag_offset(), p.more_frags()),
-            (33309, 1480, true)
-        );
+        assert_eq!((p.ident(), p.frag_offset(), p.more_frags()), (33309, 1480, true));
         assert!(p.is_fragment() && !p.is_first_fragment());
 
         let last = hex(testdata::IPV4_FRAG_LAST);
         let p = Packet::new_checked(&last[14..]).unwrap();
-        assert_eq!(
-            (p.ident(), p.frag_offset(), p.more_frags()),
-            (33309, 2960, false)
-        );
+        assert_eq!((p.ident(), p.frag_offset(), p.more_frags()), (33309, 2960, false));
         assert!(p.is_fragment() && !p.is_first_fragment());
         assert!(!p.dont_frag());
         assert_eq!(p.payload().len(), 48);
@@ -397,40 +375,21 @@ mod tests {
         let ip = &f[14..];
         let mut v6 = ip.to_vec();
         v6[0] = 0x65;
-        assert_eq!(
-            Packet::new_checked(&v6[..]),
-            Err(Error::BadVersion {
-                expected: 4,
-                found: 6
-            })
-        );
+        assert_eq!(Packet::new_checked(&v6[..]), Err(Error::BadVersion { expected: 4, found: 6 }));
         let mut ihl4 = ip.to_vec();
         ihl4[0] = 0x44;
-        assert_eq!(
-            Packet::new_checked(&ihl4[..]),
-            Err(Error::BadHeaderLength { ihl: 4 })
-        );
+        assert_eq!(Packet::new_checked(&ihl4[..]), Err(Error::BadHeaderLength { ihl: 4 }));
         let mut ihl15 = ip.to_vec();
         ihl15[0] = 0x4f; // 60-byte header in an 84-byte datagram: fine
         assert_eq!(Packet::new_checked(&ihl15[..]).unwrap().payload().len(), 24);
         let mut short_total = ip.to_vec();
         short_total[2..4].copy_from_slice(&19u16.to_be_bytes());
-        assert_eq!(
-            Packet::new_checked(&short_total[..]),
-            Err(Error::BadTotalLength {
-                total_len: 19,
-                header_len: 20
-            })
-        );
+        assert_eq!(Packet::new_checked(&short_total[..]), Err(Error::BadTotalLength { total_len: 19, header_len: 20 }));
         let mut long_total = ip.to_vec();
         long_total[2..4].copy_from_slice(&85u16.to_be_bytes());
         assert_eq!(
             Packet::new_checked(&long_total[..]),
-            Err(Error::Truncated {
-                layer: Layer::Ipv4,
-                need: 85,
-                have: 84
-            })
+            Err(Error::Truncated { layer: Layer::Ipv4, need: 85, have: 84 })
         );
     }
 
@@ -444,11 +403,7 @@ mod tests {
                     assert_eq!(len, 124);
                     exercise(&p);
                 }
-                Err(Error::Truncated {
-                    layer: Layer::Ipv4,
-                    need,
-                    have,
-                }) => {
+                Err(Error::Truncated { layer: Layer::Ipv4, need, have }) => {
                     assert_eq!(have, len);
                     let expected = if len < 20 {
                         20

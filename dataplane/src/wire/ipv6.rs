@@ -9,10 +9,7 @@
 use std::net::Ipv6Addr;
 
 use super::checksum;
-use super::{
-    read_array, read_u16, read_u32, truncated, write_u16, write_u32, Error, IpProtocol, Layer,
-    Result,
-};
+use super::{read_array, read_u16, read_u32, truncated, write_u16, write_u32, Error, IpProtocol, Layer, Result};
 
 /// A read/write view of an IPv6 datagram.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,10 +65,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(truncated(Layer::Ipv6, HEADER_LEN, have));
         }
         if self.version() != 6 {
-            return Err(Error::BadVersion {
-                expected: 6,
-                found: self.version(),
-            });
+            return Err(Error::BadVersion { expected: 6, found: self.version() });
         }
         let total = self.total_len();
         if total > have {
@@ -150,10 +144,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// empty if `l4_offset` is past it.
     #[inline]
     pub fn upper_layer(&self, l4_offset: usize) -> &[u8] {
-        self.buffer
-            .as_ref()
-            .get(l4_offset..self.total_len())
-            .unwrap_or(&[])
+        self.buffer.as_ref().get(l4_offset..self.total_len()).unwrap_or(&[])
     }
 
     /// The pseudo-header sum (RFC 8200 8.1) for the upper layer found by
@@ -215,10 +206,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     #[inline]
     pub fn upper_layer_mut(&mut self, l4_offset: usize) -> &mut [u8] {
         let end = self.total_len();
-        self.buffer
-            .as_mut()
-            .get_mut(l4_offset..end)
-            .unwrap_or(&mut [])
+        self.buffer.as_mut().get_mut(l4_offset..end).unwrap_or(&mut [])
     }
 }
 
@@ -283,23 +271,12 @@ pub fn walk_extensions<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Ipv6Upper> 
     let mut count = 0;
     loop {
         let fixed_len = match next {
-            IpProtocol::HOP_BY_HOP
-            | IpProtocol::IPV6_ROUTING
-            | IpProtocol::IPV6_DEST_OPTIONS
-            | IpProtocol::AH => 2,
+            IpProtocol::HOP_BY_HOP | IpProtocol::IPV6_ROUTING | IpProtocol::IPV6_DEST_OPTIONS | IpProtocol::AH => 2,
             IpProtocol::IPV6_FRAGMENT => field::FRAG_LEN,
-            protocol => {
-                return Ok(Ipv6Upper {
-                    protocol,
-                    l4_offset: offset,
-                    fragment,
-                })
-            }
+            protocol => return Ok(Ipv6Upper { protocol, l4_offset: offset, fragment }),
         };
         if count == MAX_EXTENSION_HEADERS {
-            return Err(Error::TooManyExtensionHeaders {
-                limit: MAX_EXTENSION_HEADERS,
-            });
+            return Err(Error::TooManyExtensionHeaders { limit: MAX_EXTENSION_HEADERS });
         }
         count += 1;
         if next == IpProtocol::HOP_BY_HOP && offset != HEADER_LEN {
@@ -330,11 +307,7 @@ pub fn walk_extensions<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Ipv6Upper> 
             };
             fragment = Some(frag);
             if !frag.is_first() {
-                return Ok(Ipv6Upper {
-                    protocol: following,
-                    l4_offset: offset + header_len,
-                    fragment,
-                });
+                return Ok(Ipv6Upper { protocol: following, l4_offset: offset + header_len, fragment });
             }
         }
         next = following;
@@ -392,14 +365,7 @@ mod tests {
         assert_eq!(p.src_addr(), "2001:db8:a::1".parse::<Ipv6Addr>().unwrap());
         assert_eq!(p.dst_addr(), "2001:db8:a::fe".parse::<Ipv6Addr>().unwrap());
         let upper = walk_extensions(&p).unwrap();
-        assert_eq!(
-            upper,
-            Ipv6Upper {
-                protocol: IpProtocol::ICMPV6,
-                l4_offset: 40,
-                fragment: None
-            }
-        );
+        assert_eq!(upper, Ipv6Upper { protocol: IpProtocol::ICMPV6, l4_offset: 40, fragment: None });
         assert_eq!(p.upper_layer(upper.l4_offset)[0], 128);
     }
 
@@ -425,18 +391,9 @@ mod tests {
         assert_eq!(upper.l4_offset, 48);
         assert_eq!(
             upper.fragment,
-            Some(Ipv6Fragment {
-                offset_bytes: 0,
-                more: true,
-                ident: 0xcd6fea87,
-                header_offset: 40
-            })
+            Some(Ipv6Fragment { offset_bytes: 0, more: true, ident: 0xcd6fea87, header_offset: 40 })
         );
-        assert_eq!(
-            p.upper_layer(48)[0],
-            128,
-            "echo request header in the first fragment"
-        );
+        assert_eq!(p.upper_layer(48)[0], 128, "echo request header in the first fragment");
 
         let last = hex(testdata::IPV6_FRAG_LAST);
         let p = Packet::new_checked(&last[14..]).unwrap();
@@ -444,10 +401,7 @@ mod tests {
         assert_eq!(upper.protocol, IpProtocol::ICMPV6);
         assert_eq!(upper.l4_offset, 48);
         let frag = upper.fragment.unwrap();
-        assert_eq!(
-            (frag.offset_bytes, frag.more, frag.ident),
-            (1232, false, 0xcd6fea87)
-        );
+        assert_eq!((frag.offset_bytes, frag.more, frag.ident), (1232, false, 0xcd6fea87));
         assert!(!frag.is_first());
         assert_eq!(p.upper_layer(48).len(), 176);
     }
@@ -493,37 +447,17 @@ mod tests {
         let hbh = (0u8, vec![0, 0, 1, 4, 0, 0, 0, 0]);
         let dst16 = (60u8, vec![0, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         let routing = (43u8, vec![0, 0, 4, 0, 0, 0, 0, 0]);
-        let ah = (
-            51u8,
-            vec![
-                0, 4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-            ],
-        );
+        let ah = (51u8, vec![0, 4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
         let frag0 = (44u8, vec![0, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef]);
         let udp = [0x30, 0x39, 0x00, 0x35, 0x00, 0x08, 0x00, 0x00];
-        let ip = chain(
-            &[
-                hbh.clone(),
-                dst16.clone(),
-                routing.clone(),
-                ah.clone(),
-                frag0.clone(),
-            ],
-            17,
-            &udp,
-        );
+        let ip = chain(&[hbh.clone(), dst16.clone(), routing.clone(), ah.clone(), frag0.clone()], 17, &udp);
         let p = Packet::new_checked(&ip[..]).unwrap();
         let upper = walk_extensions(&p).unwrap();
         assert_eq!(upper.protocol, 17);
         assert_eq!(upper.l4_offset, 40 + 8 + 16 + 8 + 24 + 8);
         assert_eq!(
             upper.fragment,
-            Some(Ipv6Fragment {
-                offset_bytes: 0,
-                more: false,
-                ident: 0xdeadbeef,
-                header_offset: 96
-            })
+            Some(Ipv6Fragment { offset_bytes: 0, more: false, ident: 0xdeadbeef, header_offset: 96 })
         );
         assert!(upper.fragment.unwrap().is_atomic());
         assert_eq!(p.upper_layer(upper.l4_offset), &udp);
@@ -574,14 +508,7 @@ mod tests {
         ip[4..6].copy_from_slice(&8u16.to_be_bytes());
         ip.extend_from_slice(&[0; 20]);
         let p = Packet::new_checked(&ip[..]).unwrap();
-        assert_eq!(
-            walk_extensions(&p),
-            Err(Error::Truncated {
-                layer: Layer::Ipv6Extension,
-                need: 56,
-                have: 48
-            })
-        );
+        assert_eq!(walk_extensions(&p), Err(Error::Truncated { layer: Layer::Ipv6Extension, need: 56, have: 48 }));
     }
 
     #[test]
@@ -594,11 +521,7 @@ mod tests {
                     assert_eq!(len, ip.len());
                     exercise(&p);
                 }
-                Err(Error::Truncated {
-                    layer: Layer::Ipv6,
-                    need,
-                    have,
-                }) => {
+                Err(Error::Truncated { layer: Layer::Ipv6, need, have }) => {
                     assert_eq!(have, len);
                     assert_eq!(need, if len < 40 { 40 } else { ip.len() });
                 }
@@ -607,13 +530,7 @@ mod tests {
         }
         let mut v4 = ip.to_vec();
         v4[0] = 0x45;
-        assert_eq!(
-            Packet::new_checked(&v4[..]),
-            Err(Error::BadVersion {
-                expected: 6,
-                found: 4
-            })
-        );
+        assert_eq!(Packet::new_checked(&v4[..]), Err(Error::BadVersion { expected: 6, found: 4 }));
     }
 
     #[test]
@@ -632,10 +549,7 @@ mod tests {
         p.upper_layer_mut(47)[0] = 7;
         let p = Packet::new_checked(&buf[..]).unwrap();
         assert_eq!((p.traffic_class(), p.flow_label()), (0xb8, 0x12345));
-        assert_eq!(
-            (p.payload_len(), p.next_header(), p.hop_limit()),
-            (8, 59, 255)
-        );
+        assert_eq!((p.payload_len(), p.next_header(), p.hop_limit()), (8, 59, 255));
         assert_eq!((p.src_addr(), p.dst_addr()), (a, b));
         assert_eq!(&buf[..4], &[0x6b, 0x81, 0x23, 0x45]);
         assert_eq!((buf[40], buf[47]), (9, 7));

@@ -233,9 +233,7 @@ pub enum Error {
     NdpSourceLinkAddrFromUnspecified,
     /// A Neighbor Solicitation from `::` not sent to a solicited-node
     /// multicast address (RFC 4861 7.1.1).
-    #[error(
-        "NDP solicitation from the unspecified address sent to {dst}, not a solicited-node address"
-    )]
+    #[error("NDP solicitation from the unspecified address sent to {dst}, not a solicited-node address")]
     NdpDadNotToSolicitedNode {
         /// The IPv6 destination.
         dst: std::net::Ipv6Addr,
@@ -299,9 +297,7 @@ impl Error {
                 Layer::Udp => "bad_udp_checksum",
                 Layer::Icmpv4 => "bad_icmpv4_checksum",
                 Layer::Icmpv6 | Layer::Ndp => "bad_icmpv6_checksum",
-                Layer::Ethernet | Layer::Vlan | Layer::Arp | Layer::Ipv6 | Layer::Ipv6Extension => {
-                    "bad_checksum"
-                }
+                Layer::Ethernet | Layer::Vlan | Layer::Arp | Layer::Ipv6 | Layer::Ipv6Extension => "bad_checksum",
             },
             Error::BufferTooSmall { .. } => "buffer_too_small",
         }
@@ -381,23 +377,11 @@ mod tests {
     fn reasons_are_snake_case_and_distinct_per_kind() {
         let samples = [
             truncated(Layer::Ipv4, 20, 3),
-            Error::BadVersion {
-                expected: 4,
-                found: 6,
-            },
+            Error::BadVersion { expected: 4, found: 6 },
             Error::BadHeaderLength { ihl: 4 },
-            Error::BadTotalLength {
-                total_len: 10,
-                header_len: 20,
-            },
-            Error::BadUdpLength {
-                length: 4,
-                available: 8,
-            },
-            Error::BadTcpDataOffset {
-                data_offset: 4,
-                available: 20,
-            },
+            Error::BadTotalLength { total_len: 10, header_len: 20 },
+            Error::BadUdpLength { length: 4, available: 8 },
+            Error::BadTcpDataOffset { data_offset: 4, available: 20 },
             Error::TooManyExtensionHeaders { limit: 8 },
             Error::StackedVlan { tpid: 0x8100 },
             Error::BufferTooSmall { need: 90, have: 60 },
@@ -418,15 +402,8 @@ mod tests {
             ]
         );
         for r in reasons {
-            assert!(
-                r.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-                "{r}"
-            );
+            assert!(r.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'), "{r}");
         }
-        assert_eq!(
-            truncated(Layer::Tcp, 20, 3).to_string(),
-            "truncated tcp: need 20 bytes, have 3"
-        );
+        assert_eq!(truncated(Layer::Tcp, 20, 3).to_string(), "truncated tcp: need 20 bytes, have 3");
     }
 }

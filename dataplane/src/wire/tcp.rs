@@ -71,10 +71,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         }
         let header_len = self.header_len();
         if header_len < MIN_HEADER_LEN || header_len > have {
-            return Err(Error::BadTcpDataOffset {
-                data_offset: self.data_offset(),
-                available: have,
-            });
+            return Err(Error::BadTcpDataOffset { data_offset: self.data_offset(), available: have });
         }
         Ok(())
     }
@@ -338,20 +335,14 @@ mod tests {
         let ip = ipv6::Packet::new_checked(&f[14..]).unwrap();
         let upper = ipv6::walk_extensions(&ip).unwrap();
         let p = Packet::new_checked(ip.upper_layer(upper.l4_offset)).unwrap();
-        assert_eq!(
-            (p.src_port(), p.dst_port(), p.checksum()),
-            (47300, 8080, 0x863c)
-        );
+        assert_eq!((p.src_port(), p.dst_port(), p.checksum()), (47300, 8080, 0x863c));
         assert!(p.verify_checksum(ip.pseudo_header_sum(&upper)));
 
         let f = hex(testdata::TCP6_RST);
         let ip = ipv6::Packet::new_checked(&f[14..]).unwrap();
         let upper = ipv6::walk_extensions(&ip).unwrap();
         let p = Packet::new_checked(ip.upper_layer(upper.l4_offset)).unwrap();
-        assert_eq!(
-            (p.flags(), p.checksum(), p.ack_number()),
-            (RST | ACK, 0x8d13, 218_620_375)
-        );
+        assert_eq!((p.flags(), p.checksum(), p.ack_number()), (RST | ACK, 0x8d13, 218_620_375));
         assert!(p.verify_checksum(ip.pseudo_header_sum(&upper)));
     }
 
@@ -375,18 +366,9 @@ mod tests {
         let f = hex(testdata::TCP4_SYN);
         let mut seg = f[34..].to_vec();
         seg[12] = 0x40;
-        assert_eq!(
-            Packet::new_checked(&seg[..]),
-            Err(Error::BadTcpDataOffset {
-                data_offset: 4,
-                available: 40
-            })
-        );
+        assert_eq!(Packet::new_checked(&seg[..]), Err(Error::BadTcpDataOffset { data_offset: 4, available: 40 }));
         seg[12] = 0xb0; // 44 bytes of header in a 40-byte segment
-        assert_eq!(
-            Packet::new_checked(&seg[..]).unwrap_err().reason(),
-            "bad_tcp_data_offset"
-        );
+        assert_eq!(Packet::new_checked(&seg[..]).unwrap_err().reason(), "bad_tcp_data_offset");
     }
 
     #[test]
@@ -400,10 +382,7 @@ mod tests {
                     exercise(&p);
                 }
                 Err(Error::Truncated { need: 20, have, .. }) => assert_eq!(have, len),
-                Err(Error::BadTcpDataOffset {
-                    data_offset: 10,
-                    available,
-                }) => {
+                Err(Error::BadTcpDataOffset { data_offset: 10, available }) => {
                     assert_eq!(available, len);
                     assert!((20..40).contains(&len));
                 }
@@ -426,11 +405,7 @@ mod tests {
         p.set_checksum(d.apply(p.checksum()));
         let c = p.checksum();
         let (h, payload) = etherparse::TcpHeader::from_slice(&ip_bytes[20..]).unwrap();
-        assert_eq!(
-            h.calc_checksum_ipv4_raw([203, 0, 113, 10], [198, 51, 100, 2], payload)
-                .unwrap(),
-            c
-        );
+        assert_eq!(h.calc_checksum_ipv4_raw([203, 0, 113, 10], [198, 51, 100, 2], payload).unwrap(), c);
     }
 
     proptest! {

@@ -49,10 +49,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         }
         let length = self.length();
         if usize::from(length) < HEADER_LEN || usize::from(length) > have {
-            return Err(Error::BadUdpLength {
-                length,
-                available: have,
-            });
+            return Err(Error::BadUdpLength { length, available: have });
         }
         Ok(())
     }
@@ -212,21 +209,9 @@ mod tests {
         let p = Packet::new_checked(&d[..]).unwrap();
         assert_eq!(p.payload(), b"egret-udp");
         d[4..6].copy_from_slice(&7u16.to_be_bytes());
-        assert_eq!(
-            Packet::new_checked(&d[..]),
-            Err(Error::BadUdpLength {
-                length: 7,
-                available: 21
-            })
-        );
+        assert_eq!(Packet::new_checked(&d[..]), Err(Error::BadUdpLength { length: 7, available: 21 }));
         d[4..6].copy_from_slice(&22u16.to_be_bytes());
-        assert_eq!(
-            Packet::new_checked(&d[..]),
-            Err(Error::BadUdpLength {
-                length: 22,
-                available: 21
-            })
-        );
+        assert_eq!(Packet::new_checked(&d[..]), Err(Error::BadUdpLength { length: 22, available: 21 }));
     }
 
     #[test]
@@ -240,10 +225,7 @@ mod tests {
                     exercise(&p);
                 }
                 Err(Error::Truncated { need: 8, have, .. }) => assert_eq!(have, len),
-                Err(Error::BadUdpLength {
-                    length: 17,
-                    available,
-                }) => assert_eq!(available, len),
+                Err(Error::BadUdpLength { length: 17, available }) => assert_eq!(available, len),
                 Err(e) => panic!("{e}"),
             }
         }
