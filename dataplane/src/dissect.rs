@@ -244,6 +244,10 @@ pub fn transport<A: NatAddr>(l4: &[u8], protocol: u8) -> Result<L4, DropReason> 
         }
         proto::UDP => {
             let u = udp::Packet::new_checked(l4).map_err(|_| DropReason::MalformedUdp)?;
+            if A::IS_V6 && u.checksum() == 0 {
+                // RFC 8200 8.1: a zero UDP checksum over IPv6 is invalid.
+                return Err(DropReason::MalformedUdp);
+            }
             L4::Ports { sport: u.src_port(), dport: u.dst_port(), tcp_flags: 0, csum: u.checksum() }
         }
         proto::ICMP if !A::IS_V6 => {
