@@ -5,3 +5,6 @@
 //! deterministic. The AF_XDP I/O and the worker loop drive the same code as the
 //! tests, the fuzzer and the benchmarks.
 #![deny(unsafe_code)]
+
+pub mod xsk;
+
