@@ -8,3 +8,4 @@
 
 pub mod xsk;
 
+pub mod worker;
