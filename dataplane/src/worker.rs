@@ -246,6 +246,10 @@ impl<H: FrameHandler> Worker<H> {
                 self.wait()?;
             }
         }
+        // Leave the counters and the pool current for whoever inspects them.
+        for p in 0..self.ports.len() {
+            self.ports.reclaim(PortId(p as u16));
+        }
         self.ports.refresh_kernel_stats();
         Ok(())
     }
