@@ -16,6 +16,9 @@
 //!   paced traffic afterwards all comes back.
 //! - `bounce_throughput` (ignored; run by hand): packets per second.
 
+// Test-only crate: helpers outside `#[test]` fns may panic and print.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic, clippy::print_stdout)]
+
 use std::io::Read;
 use std::net::UdpSocket;
 use std::process::Command;
@@ -348,7 +351,9 @@ fn swap_macs(frame: &[u8]) -> Vec<u8> {
 }
 
 /// Split captured frames into (sent by `mac`, received by `mac`), keyed by seq.
-fn by_direction(frames: &[Vec<u8>], mac: &[u8; 6]) -> (Vec<(u32, Vec<u8>)>, Vec<(u32, Vec<u8>)>) {
+type Numbered = Vec<(u32, Vec<u8>)>;
+
+fn by_direction(frames: &[Vec<u8>], mac: &[u8; 6]) -> (Numbered, Numbered) {
     let mut out = Vec::new();
     let mut back = Vec::new();
     for f in frames {
