@@ -7,5 +7,4 @@
 #![deny(unsafe_code)]
 
 pub mod xsk;
-
 pub mod worker;

@@ -45,3 +45,23 @@ pub fn current_policy() -> io::Result<i32> {
     }
     Ok(ret)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifo_priority_and_pinning_apply_to_the_calling_thread_only() {
+        let (policy, pinned) = std::thread::spawn(|| {
+            let pinned = pin_current_thread(0);
+            (set_fifo_priority(10).and_then(|()| current_policy()), pinned)
+        })
+        .join()
+        .expect("thread");
+        // Root (the project's test environment) may do both.
+        assert_eq!(policy.expect("SCHED_FIFO as root"), libc::SCHED_FIFO);
+        assert!(pinned.is_ok(), "{pinned:?}");
+        assert_eq!(current_policy().expect("policy"), libc::SCHED_OTHER, "the test thread is unchanged");
+        assert!(pin_current_thread(libc::CPU_SETSIZE as usize).is_err());
+    }
+}
