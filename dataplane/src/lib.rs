@@ -17,6 +17,8 @@
 //! - [`neigh_responder`]: ARP and NDP answers for owned addresses.
 //! - [`engine`]: the per-frame pipeline and its verdicts.
 //! - [`stats`]: named drop reasons and per-worker counters.
+//! - [`xsk`]: AF_XDP sockets, rings and UMEM (the crate's only unsafe code).
+//! - [`worker`]: the worker loop that moves frames between AF_XDP and the engine.
 #![deny(unsafe_code)]
 
 pub mod clock;
@@ -33,3 +35,5 @@ pub mod policy;
 pub mod stats;
 pub mod tables;
 pub mod wire;
+pub mod worker;
+pub mod xsk;
