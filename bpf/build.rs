@@ -4,6 +4,7 @@
 //! the layout tests in `src/maps.rs` compare with the Rust twins.
 
 use std::env;
+use std::error::Error;
 use std::fs;
 use std::path::PathBuf;
 
@@ -11,14 +12,13 @@ use libbpf_cargo::SkeletonBuilder;
 
 const SOURCE: &str = "src/bpf/steer.bpf.c";
 
-fn main() {
-    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+fn main() -> Result<(), Box<dyn Error>> {
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").ok_or("cargo did not set OUT_DIR")?);
 
     // Rebuild when any C source or header changes, not only the entry point.
     println!("cargo:rerun-if-changed=src/bpf");
-    for entry in fs::read_dir("src/bpf").expect("src/bpf is readable") {
-        let path = entry.expect("src/bpf entry").path();
-        println!("cargo:rerun-if-changed={}", path.display());
+    for entry in fs::read_dir("src/bpf")? {
+        println!("cargo:rerun-if-changed={}", entry?.path().display());
     }
 
     SkeletonBuilder::new()
@@ -32,5 +32,6 @@ fn main() {
             "-Wno-unused-parameter",
         ])
         .build_and_generate(out_dir.join("steer.skel.rs"))
-        .expect("building src/bpf/steer.bpf.c failed (needs clang, libelf, zlib)");
+        .map_err(|e| format!("building {SOURCE} failed (needs clang, libelf-dev, zlib1g-dev): {e:#}"))?;
+    Ok(())
 }

@@ -20,6 +20,6 @@ pub mod maps;
 
 pub use error::BpfError;
 pub use loader::{
-    Action, DstRule, LoadOptions, SrcPrefix, SteeringProgram, TestRunOutput, XdpLink, XdpMode,
+    Action, DstRule, LoadOptions, PolicyEntryCounts, SrcPrefix, SteeringProgram, TestRunOutput, XdpLink, XdpMode,
 };
 pub use maps::{OwnedAddr, VerdictReason, XdpAction, OWNED_NAT, OWNED_NEIGH};

@@ -18,6 +18,7 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -171,6 +172,19 @@ pub struct TestRunOutput {
     pub duration: Duration,
 }
 
+/// How many entries each policy map holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PolicyEntryCounts {
+    /// `policy_src_v4` entries.
+    pub src_v4: usize,
+    /// `policy_src_v6` entries.
+    pub src_v6: usize,
+    /// `policy_dst_v4` entries.
+    pub dst_v4: usize,
+    /// `policy_dst_v6` entries.
+    pub dst_v6: usize,
+}
+
 #[derive(Debug)]
 struct Maps {
     xsks: MapHandle,
@@ -190,8 +204,9 @@ pub struct SteeringProgram {
     object: Object,
     maps: Maps,
     options: LoadOptions,
-    /// The generation (0 or 1) of the policy entries currently in the maps.
-    generation: u32,
+    /// The generation (0 or 1) of the policy entries currently in the maps;
+    /// the lock also serialises replacements.
+    generation: Mutex<u32>,
 }
 
 fn map_op(map: &'static str, op: &'static str, key: impl ToString) -> impl FnOnce(libbpf_rs::Error) -> BpfError {
@@ -248,7 +263,7 @@ impl SteeringProgram {
             frag_decisions: handle(FRAG_DECISIONS)?,
             verdict_counters: handle(VERDICT_COUNTERS)?,
         };
-        let this = Self { object, maps, options, generation: 0 };
+        let this = Self { object, maps, options, generation: Mutex::new(0) };
         this.program()?;
         Ok(this)
     }
@@ -330,25 +345,24 @@ impl SteeringProgram {
             .map_err(map_op(XSKS_MAP, "update", format!("queue {queue} (fd {fd})")))
     }
 
-    /// Removes queue `queue`'s socket. Returns whether one was registered.
-    pub fn unregister_xsk(&self, queue: u32) -> Result<bool, BpfError> {
-        match self.maps.xsks.delete(&queue.to_ne_bytes()) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-            Err(source) => Err(BpfError::MapOp {
-                map: XSKS_MAP,
-                op: "delete",
-                key: format!("queue {queue}"),
-                source,
-            }),
-        }
+    /// Removes queue `queue`'s socket, if any. The kernel reports no
+    /// difference between an empty and a filled slot (and refuses lookups of
+    /// XSKMAP entries from userspace), so neither does this.
+    pub fn unregister_xsk(&self, queue: u32) -> Result<(), BpfError> {
+        self.maps
+            .xsks
+            .delete(&queue.to_ne_bytes())
+            .map_err(map_op(XSKS_MAP, "delete", format!("queue {queue}")))
     }
 
     /// Replaces the whole policy classification (both levels, both
     /// families) without a window in which a source selected before and after
     /// is unclassified or meets a partial rule set (see the module doc).
-    pub fn replace_policy(&mut self, sources: &[SrcPrefix], rules: &[DstRule]) -> Result<(), BpfError> {
-        let next = self.generation ^ 1;
+    pub fn replace_policy(&self, sources: &[SrcPrefix], rules: &[DstRule]) -> Result<(), BpfError> {
+        // A poisoned lock only means another replacement failed half way;
+        // the generation number it guards is still the one in the maps.
+        let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        let next = *generation ^ 1;
         let tag = |class: u32, what: &dyn Fn() -> String| -> Result<u32, BpfError> {
             if class & GENERATION_BIT != 0 {
                 return Err(BpfError::ClassOutOfRange { what: what(), class });
@@ -441,7 +455,7 @@ impl SteeringProgram {
                 }
             }
         }
-        self.generation = next;
+        *generation = next;
         Ok(())
     }
 
@@ -471,6 +485,17 @@ impl SteeringProgram {
         Ok(out)
     }
 
+    /// Entries currently in the four policy maps.
+    pub fn policy_entry_counts(&self) -> PolicyEntryCounts {
+        let m = &self.maps;
+        PolicyEntryCounts {
+            src_v4: m.policy_src_v4.keys().count(),
+            src_v6: m.policy_src_v6.keys().count(),
+            dst_v4: m.policy_dst_v4.keys().count(),
+            dst_v6: m.policy_dst_v6.keys().count(),
+        }
+    }
+
     /// Number of datagrams with a stored first-fragment decision.
     pub fn fragment_decisions(&self) -> usize {
         self.maps.frag_decisions.keys().count()
@@ -492,10 +517,7 @@ impl SteeringProgram {
             .ok_or(BpfError::MissingProgram { program: PROGRAM })?;
         // The program never grows a frame; leave room for the kernel anyway.
         let mut out = vec![0u8; frame.len() + 256];
-        let mut input = ProgramInput::default();
-        input.data_in = Some(frame);
-        input.data_out = Some(&mut out);
-        input.repeat = repeat;
+        let input = ProgramInput { data_in: Some(frame), data_out: Some(&mut out), repeat, ..Default::default() };
         let output = program
             .test_run(input)
             .map_err(|source| BpfError::TestRun { len: frame.len(), source })?;
