@@ -810,3 +810,33 @@ fn replace_policy_has_no_window() {
     assert!(runs > 0);
     assert_eq!(moved, vec![(R::RedirectSteeredSource, runs)], "{replacements} replacements");
 }
+
+/// Not a check: prints the program's in-kernel cost per frame for a few
+/// paths (BPF_PROG_TEST_RUN's own average over many runs). Run with
+/// `cargo test -p egret-bpf --release --test steering measure -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement, prints numbers"]
+fn measure_verdict_cost() {
+    let w = world(true);
+    let cases = [
+        ("pass_not_ip", {
+            let mut v = udp4(REMOTE4, EGRESS4, 20000);
+            v[12..14].copy_from_slice(&[0x88, 0xcc]);
+            v
+        }),
+        ("pass_unselected_source (v4, 1 hash + 1 LPM)", tcp4(UNSELECTED4, INTERNET4, 443)),
+        ("pass_excluded_destination (v4, 1 hash + 2 LPM)", tcp4(POD4, REMOTE4, 443)),
+        ("pass_unselected_source (v6)", tcp6(v6("2001:db8:9::1"), remote6(), 443)),
+        ("redirect_steered_source (v4)", tcp4(POD4, INTERNET4, 443)),
+        ("redirect_nat_port (v4)", tcp4(REMOTE4, EGRESS4, NAT_LO)),
+        ("pass_service_port (v4)", tcp4(REMOTE4, EGRESS4, 443)),
+        ("redirect_arp_owned", arp_request(EGRESS4)),
+    ];
+    for (name, frame) in cases {
+        let mut best = std::time::Duration::MAX;
+        for _ in 0..5 {
+            best = best.min(w.prog.test_run_repeat(&frame, 200_000).unwrap().duration);
+        }
+        println!("{name:50} {:>5} ns/frame (best of 5 x 200k runs)", best.as_nanos());
+    }
+}
