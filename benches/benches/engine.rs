@@ -8,6 +8,8 @@
 //! `EGRET_BENCH_SIZES=1000,1000000` to skip the 10M case (it needs ~3 GB and
 //! a minute to populate).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::hint::black_box;
@@ -104,7 +106,12 @@ fn port_allocation(c: &mut Criterion) {
     let target = (range.len() as u64 * 9 / 10) as u32;
     let mut pod_port = 0u32;
     while pool.in_use() < target {
-        let req = MappingRequest { egress, pod: Ipv4Addr::new(198, 18, 1, 1), pod_port: 1 + (pod_port % 30000) as u16, proto: proto::UDP };
+        let req = MappingRequest {
+            egress,
+            pod: Ipv4Addr::new(198, 18, 1, 1),
+            pod_port: 1 + (pod_port % 30000) as u16,
+            proto: proto::UDP,
+        };
         pod_port += 1;
         let _ = m.acquire(&pool, MappingRequest { pod: Ipv4Addr::from(0xC612_0000 + pod_port), ..req }, 64, &mut rng);
     }
@@ -139,7 +146,8 @@ fn expiry(c: &mut Criterion) {
     drop(engine);
     g.bench_function("tick_1024_slots_all_expiring", |b| {
         b.iter_custom(|iters| {
-            let (engine, mut w, _) = common::populated(u64::from(BUDGET) * iters.min(1000), MappingBehavior::EndpointIndependent);
+            let (engine, mut w, _) =
+                common::populated(u64::from(BUDGET) * iters.min(1000), MappingBehavior::EndpointIndependent);
             let t = Instant::now();
             for _ in 0..iters {
                 black_box(w.tick(Timestamp::from_secs(10_000), BUDGET));

@@ -6,6 +6,7 @@
 //! `EGRET_BENCH_SESSIONS` to change it).
 
 #![allow(unsafe_code)] // the counting allocator below, and nothing else
+#![allow(clippy::print_stdout)] // the measurement is the output
 
 mod common;
 

@@ -96,7 +96,11 @@ pub fn frames(engine: &Engine, n: u64, sh: (u64, u64, u64), count: usize, seed: 
         let o: Packet = fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18]));
         let key = egret_dataplane::nat::key::FlowKey::new(pod, remote, pp, rp, proto::UDP);
         let (_, v) = engine.nat4().sessions.lookup(&key).expect("session exists");
-        let b = fixtures::from_outside(remote.into(), v.tuple.egress.into(), fixtures::udp(rp, v.tuple.egress_port, &[0u8; 18]));
+        let b = fixtures::from_outside(
+            remote.into(),
+            v.tuple.egress.into(),
+            fixtures::udp(rp, v.tuple.egress_port, &[0u8; 18]),
+        );
         out.push(o.frame());
         back.push(b.frame());
     }

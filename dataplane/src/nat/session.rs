@@ -105,6 +105,10 @@ pub mod session_flags {
     pub const INBOUND_CREATED: u16 = 0x1;
     /// Uses an endpoint-independent mapping that must be released with it.
     pub const HAS_MAPPING: u16 = 0x2;
+    /// Its remote is an egress IP this gateway held when it was created: its
+    /// outbound packets hairpin (checked on the fast path by this flag
+    /// instead of a lookup in the egress table for every packet).
+    pub const HAIRPIN: u16 = 0x4;
 }
 
 /// A consistent copy of a live session, as read by a worker.
