@@ -1,0 +1,2 @@
+//! The `egret` binary.
+fn main() {}
