@@ -7,4 +7,5 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod netlink;
 pub mod sink;
