@@ -3,9 +3,15 @@
 //!
 //! - [`config`]: the YAML file (`docs/config.md`), validated with errors that
 //!   name the file, the field and the value.
+//! - [`netlink`]: interfaces, routes and neighbours from the kernel.
+//! - [`view`]: what the outside sees of a running gateway; [`admin`] (the
+//!   CLI's unix socket) and [`metrics`] (Prometheus, `/ready`) render it.
 //! - [`sink`]: the seam between configuration sources and the running gateway.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod config;
+pub mod metrics;
 pub mod netlink;
 pub mod sink;
+pub mod view;
