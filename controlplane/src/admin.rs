@@ -159,7 +159,8 @@ pub fn call(path: &Path, req: &Request) -> Result<serde_json::Value, AdminError>
     let conn = |source| AdminError::Connect { path: p.clone(), source };
     let mut s = UnixStream::connect(path).map_err(conn)?;
     s.set_read_timeout(Some(Duration::from_secs(30))).map_err(conn)?;
-    let mut line = serde_json::to_vec(req).map_err(|e| AdminError::Protocol { path: p.clone(), message: e.to_string() })?;
+    let mut line =
+        serde_json::to_vec(req).map_err(|e| AdminError::Protocol { path: p.clone(), message: e.to_string() })?;
     line.push(b'\n');
     s.write_all(&line).map_err(conn)?;
     let mut answer = String::new();
@@ -310,7 +311,18 @@ pub mod render {
             })
             .collect();
         out.push_str(&table(
-            &["WORKER", "INTERFACE", "QUEUE", "RX", "TX", "TX_FULL", "POOL_EMPTY", "K_RX_DROP", "K_RX_FULL", "K_FILL_EMPTY"],
+            &[
+                "WORKER",
+                "INTERFACE",
+                "QUEUE",
+                "RX",
+                "TX",
+                "TX_FULL",
+                "POOL_EMPTY",
+                "K_RX_DROP",
+                "K_RX_FULL",
+                "K_FILL_EMPTY",
+            ],
             &rows,
         ));
         out

@@ -54,7 +54,11 @@ pub fn render(view: &dyn GatewayView) -> String {
     o.sample("config_generation", &[], status.generation);
     o.family("config_reloads_total", "counter", "Configuration reloads applied.");
     o.sample("config_reloads_total", &[], status.reloads);
-    o.family("config_reload_failures_total", "counter", "Configuration reloads rejected (the old configuration stays).");
+    o.family(
+        "config_reload_failures_total",
+        "counter",
+        "Configuration reloads rejected (the old configuration stays).",
+    );
     o.sample("config_reload_failures_total", &[], status.reload_failures);
     o.family("ready", "gauge", "1 once the XDP program is attached and every worker runs.");
     o.sample("ready", &[], u64::from(status.ready));
@@ -75,7 +79,11 @@ pub fn render(view: &dyn GatewayView) -> String {
     o.sample("frames_forwarded_total", &[], counters.forwarded);
     o.family("frames_answered_total", "counter", "ARP requests and neighbour solicitations answered.");
     o.sample("frames_answered_total", &[], counters.answered);
-    o.family("frames_misdirected_total", "counter", "Frames the XDP program steered but the engine left to the kernel (should stay 0).");
+    o.family(
+        "frames_misdirected_total",
+        "counter",
+        "Frames the XDP program steered but the engine left to the kernel (should stay 0).",
+    );
     o.sample("frames_misdirected_total", &[], counters.misdirected);
     o.family("announcements_total", "counter", "Gratuitous ARP and unsolicited neighbour advertisements sent.");
     o.sample("announcements_total", &[], counters.announcements);
@@ -126,12 +134,12 @@ pub fn render(view: &dyn GatewayView) -> String {
         ("xsk_kernel_rx_invalid_descs_total", "Kernel XDP_STATISTICS rx_invalid_descs.", |r| r.kernel_rx_invalid_descs),
         ("xsk_kernel_tx_invalid_descs_total", "Kernel XDP_STATISTICS tx_invalid_descs.", |r| r.kernel_tx_invalid_descs),
         ("xsk_kernel_rx_ring_full_total", "Kernel XDP_STATISTICS rx_ring_full.", |r| r.kernel_rx_ring_full),
-        (
-            "xsk_kernel_rx_fill_ring_empty_descs_total",
-            "Kernel XDP_STATISTICS rx_fill_ring_empty_descs.",
-            |r| r.kernel_rx_fill_ring_empty_descs,
-        ),
-        ("xsk_kernel_tx_ring_empty_descs_total", "Kernel XDP_STATISTICS tx_ring_empty_descs.", |r| r.kernel_tx_ring_empty_descs),
+        ("xsk_kernel_rx_fill_ring_empty_descs_total", "Kernel XDP_STATISTICS rx_fill_ring_empty_descs.", |r| {
+            r.kernel_rx_fill_ring_empty_descs
+        }),
+        ("xsk_kernel_tx_ring_empty_descs_total", "Kernel XDP_STATISTICS tx_ring_empty_descs.", |r| {
+            r.kernel_tx_ring_empty_descs
+        }),
     ];
     for (name, help, get) in rings {
         o.family(name, "counter", help);
@@ -253,7 +261,11 @@ mod tests {
         let (head, body) = m.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
         assert!(head.contains("text/plain; version=0.0.4"));
-        assert!(String::from_utf8(respond(&Fake, true, "GET /x HTTP/1.1\r\n\r\n")).unwrap().starts_with("HTTP/1.1 404"));
-        assert!(String::from_utf8(respond(&Fake, true, "POST /metrics HTTP/1.1\r\n\r\n")).unwrap().starts_with("HTTP/1.1 405"));
+        assert!(String::from_utf8(respond(&Fake, true, "GET /x HTTP/1.1\r\n\r\n"))
+            .unwrap()
+            .starts_with("HTTP/1.1 404"));
+        assert!(String::from_utf8(respond(&Fake, true, "POST /metrics HTTP/1.1\r\n\r\n"))
+            .unwrap()
+            .starts_with("HTTP/1.1 405"));
     }
 }

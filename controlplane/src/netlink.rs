@@ -102,6 +102,8 @@ pub struct Link {
     pub mac: Mac,
     /// MTU.
     pub mtu: u32,
+    /// RX queues (`IFLA_NUM_RX_QUEUES`).
+    pub rx_queues: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -173,12 +175,13 @@ impl KernelState {
     }
 
     fn new_link(&mut self, m: &LinkMessage) -> bool {
-        let mut link = Link { ifindex: m.header.index, name: String::new(), mac: [0; 6], mtu: 0 };
+        let mut link = Link { ifindex: m.header.index, name: String::new(), mac: [0; 6], mtu: 0, rx_queues: 1 };
         for a in &m.attributes {
             match a {
                 LinkAttribute::IfName(n) => link.name.clone_from(n),
                 LinkAttribute::Address(b) if b.len() == 6 => link.mac.copy_from_slice(b),
                 LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
+                LinkAttribute::NumRxQueues(n) => link.rx_queues = *n,
                 _ => {}
             }
         }
@@ -282,8 +285,7 @@ impl KernelState {
 
     /// Gateways of routes through driven interfaces that have no neighbour entry.
     pub fn unresolved_gateways(&self, driven: &[String]) -> Vec<ResolveRequest> {
-        let driven: Vec<u32> =
-            self.links.values().filter(|l| driven.contains(&l.name)).map(|l| l.ifindex).collect();
+        let driven: Vec<u32> = self.links.values().filter(|l| driven.contains(&l.name)).map(|l| l.ifindex).collect();
         let mut v: Vec<ResolveRequest> = self
             .routes
             .values()
@@ -593,7 +595,8 @@ mod tests {
     fn link(index: u32, name: &str, mac: Mac) -> RouteNetlinkMessage {
         let mut m = LinkMessage::default();
         m.header.index = index;
-        m.attributes = vec![LinkAttribute::IfName(name.into()), LinkAttribute::Address(mac.to_vec()), LinkAttribute::Mtu(1500)];
+        m.attributes =
+            vec![LinkAttribute::IfName(name.into()), LinkAttribute::Address(mac.to_vec()), LinkAttribute::Mtu(1500)];
         RouteNetlinkMessage::NewLink(m)
     }
 
@@ -646,14 +649,24 @@ mod tests {
         assert_eq!(s.fib(&driven).next_hop(dst), NextHop::Unresolved { oif: 2, addr: IpAddr::V4(gw) });
 
         assert!(s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(2, gw, None, NeighbourState::Incomplete))) == false);
-        assert!(s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(2, gw, Some([2, 0, 0, 0, 0, 0xfe]), NeighbourState::Reachable))));
+        assert!(s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(
+            2,
+            gw,
+            Some([2, 0, 0, 0, 0, 0xfe]),
+            NeighbourState::Reachable
+        ))));
         assert_eq!(
             s.fib(&driven).next_hop(dst),
             NextHop::Resolved { oif: 2, src_mac: [2, 0, 0, 0, 0, 1], dst_mac: [2, 0, 0, 0, 0, 0xfe] }
         );
         assert!(s.unresolved_gateways(&driven).is_empty());
         // FAILED removes the MAC.
-        assert!(s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(2, gw, Some([2, 0, 0, 0, 0, 0xfe]), NeighbourState::Failed))));
+        assert!(s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(
+            2,
+            gw,
+            Some([2, 0, 0, 0, 0, 0xfe]),
+            NeighbourState::Failed
+        ))));
         assert!(matches!(s.fib(&driven).next_hop(dst), NextHop::Unresolved { .. }));
         // Removing the better route leaves the one through an interface Egret does not drive.
         assert!(s.apply(&RouteNetlinkMessage::DelRoute(route(Ipv4Addr::UNSPECIFIED, 0, 2, Some(gw), 100))));
@@ -668,7 +681,9 @@ mod tests {
         let msgs = decode(&two);
         assert_eq!(msgs.len(), 2);
         assert_eq!(msgs[0].header.sequence_number, 42);
-        assert!(matches!(&msgs[1].payload, NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) if l.header.index == 7));
+        assert!(
+            matches!(&msgs[1].payload, NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) if l.header.index == 7)
+        );
         assert!(decode(&bytes[..10]).is_empty());
     }
 }

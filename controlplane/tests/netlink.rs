@@ -85,7 +85,9 @@ fn watcher_mirrors_the_kernel_and_resolves_next_hops() {
 
     // A route change is published.
     ip(&["-n", &gw, "route", "add", "203.0.113.0/24", "via", "192.0.2.3"]);
-    wait_for(&rx, "the new route", |f| f.route(addr("203.0.113.9")).is_some_and(|r| r.gateway == Some(addr("192.0.2.3"))));
+    wait_for(&rx, "the new route", |f| {
+        f.route(addr("203.0.113.9")).is_some_and(|r| r.gateway == Some(addr("192.0.2.3")))
+    });
 
     // A resolution request from the engine for an on-link host.
     assert!(matches!(first.next_hop(addr("192.0.2.4")), NextHop::Unresolved { .. }));

@@ -50,7 +50,12 @@ impl GatewayView for Fake {
                 queues: 1,
             }],
             workers: vec![WorkerStatus { id: 0, thread: "egret-worker-0".into(), running: true, cpu: Some(1) }],
-            owned: vec![OwnedIp { ip: ip("203.0.113.10"), ports: "32768-60999".into(), answer_neighbor: true, egress: true }],
+            owned: vec![OwnedIp {
+                ip: ip("203.0.113.10"),
+                ports: "32768-60999".into(),
+                answer_neighbor: true,
+                egress: true,
+            }],
             policy_errors: vec![],
             restart_pending: vec!["workers".into()],
             reloads: 3,
@@ -117,7 +122,12 @@ impl GatewayView for Fake {
 fn requests_have_a_stable_wire_form() {
     assert_eq!(serde_json::to_string(&Request::Status).unwrap(), r#"{"command":"status"}"#);
     let r = Request::Sessions {
-        filter: SessionFilter { pod: Some(ip("198.18.0.7")), proto: Some("udp".into()), limit: Some(5), egress_ip: None },
+        filter: SessionFilter {
+            pod: Some(ip("198.18.0.7")),
+            proto: Some("udp".into()),
+            limit: Some(5),
+            egress_ip: None,
+        },
     };
     let wire = serde_json::to_string(&r).unwrap();
     assert_eq!(
@@ -125,9 +135,10 @@ fn requests_have_a_stable_wire_form() {
         r#"{"command":"sessions","filter":{"egress_ip":null,"pod":"198.18.0.7","proto":"udp","limit":5}}"#
     );
     assert_eq!(serde_json::from_str::<Request>(&wire).unwrap(), r);
-    assert_eq!(serde_json::from_str::<Request>(r#"{"command":"sessions"}"#).unwrap(), Request::Sessions {
-        filter: SessionFilter::default()
-    });
+    assert_eq!(
+        serde_json::from_str::<Request>(r#"{"command":"sessions"}"#).unwrap(),
+        Request::Sessions { filter: SessionFilter::default() }
+    );
 }
 
 #[test]
