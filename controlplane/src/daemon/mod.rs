@@ -159,6 +159,15 @@ fn announced(spec: &egret_dataplane::tables::TablesSpec) -> Vec<IpAddr> {
     v
 }
 
+/// The RX queues in use on `name` (`/sys/class/net/NAME/queues/rx-*`: the
+/// real count; rtnetlink's `IFLA_NUM_RX_QUEUES` is the allocated count, and
+/// binding beyond the real count fails with EINVAL).
+fn rx_queues(name: &str) -> Option<u32> {
+    let dir = std::fs::read_dir(format!("/sys/class/net/{name}/queues")).ok()?;
+    let n = dir.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with("rx-")).count();
+    u32::try_from(n).ok().filter(|n| *n > 0)
+}
+
 /// Runs the gateway until SIGTERM/SIGINT.
 pub fn run_gateway(path: &Path) -> Result<(), DaemonError> {
     let cfg = config::load(path)?;
@@ -190,7 +199,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
             .state()
             .link_by_name(&i.name)
             .ok_or_else(|| DaemonError::NoInterface { index, name: i.name.clone() })?;
-        let available = link.rx_queues.max(1);
+        let available = rx_queues(&i.name).unwrap_or(link.rx_queues).max(1);
         let queues = match i.queues {
             Queues::All => available,
             Queues::Count(n) => n.min(available),
