@@ -30,7 +30,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 self=$here/$(basename "${BASH_SOURCE[0]}")
-# shellcheck source=tests/k8s/common.sh
+# shellcheck source=common.sh
 source "$here/common.sh"
 
 state=${EGRET_APISERVER_STATE:-/tmp/egret-apiserver-$(id -un)}
@@ -61,13 +61,13 @@ gone() { [ ! -d "/proc/$1" ] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status"
 
 # Stops the process recorded in $1.pid: SIGTERM, then SIGKILL after 10 s.
 stop_proc() {
-  local name=$1 pid i
+  local name=$1 pid
   pid=$(live_pid "$name") || { rm -f "$state/$name.pid"; return 0; }
   [ "$pid" = "$$" ] && return 0
   # Spawned processes lead their own process group (setsid): signal the group, so a
   # watcher's `sleep` goes too.
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 100); do
+  for _ in $(seq 100); do
     gone "$pid" && break
     sleep 0.1
   done
@@ -79,10 +79,16 @@ stop_proc() {
 }
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# A port with no listener, below the kernel's ephemeral range: a port that an
+# outgoing connection holds as its local port cannot be listened on either.
 free_port() {
-  local p i
-  for i in $(seq 200); do
-    p=$((20000 + RANDOM % 30000))
+  local p lo=32768 base=20000 span
+  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  [ "$lo" -gt $((base + 2000)) ] || base=$((lo - 12000 > 1024 ? lo - 12000 : 1024))
+  span=$((lo - base))
+  [ "$span" -gt 100 ] || die "ephemeral port range starts at $lo: no room for test ports below it"
+  for _ in $(seq 200); do
+    p=$((base + RANDOM % span))
     port_in_use "$p" || { printf '%s\n' "$p"; return 0; }
   done
   die "no free port found on 127.0.0.1"
@@ -232,7 +238,9 @@ cmd_stop() {
 cmd_check() {
   [ -x "$apiserver_bin" ] || { log "no kube-apiserver at $apiserver_bin: run tests/k8s/build-apiserver.sh"; exit 4; }
   [ -x "$etcd_bin" ] || { log "no etcd at $etcd_bin: run tests/k8s/build-apiserver.sh (installs etcd-server)"; exit 4; }
-  command -v openssl >/dev/null && command -v curl >/dev/null || { log "openssl and curl are needed: run tests/k8s/build-apiserver.sh"; exit 4; }
+  if ! command -v openssl >/dev/null || ! command -v curl >/dev/null; then
+    log "openssl and curl are needed: run tests/k8s/build-apiserver.sh"; exit 4
+  fi
 }
 
 cmd_start() {
@@ -254,16 +262,16 @@ cmd_start() {
     mkdir -p "$state/pki"
     chmod 700 "$state"
     umask 077
-    local etcd_port peer_port api_port
-    etcd_port=$(free_port); peer_port=$(free_port); api_port=$(free_port)
-    while [ "$peer_port" = "$etcd_port" ]; do peer_port=$(free_port); done
-    while [ "$api_port" = "$etcd_port" ] || [ "$api_port" = "$peer_port" ]; do api_port=$(free_port); done
+    local client_p peer_p api_p
+    client_p=$(free_port); peer_p=$(free_port); api_p=$(free_port)
+    while [ "$peer_p" = "$client_p" ]; do peer_p=$(free_port); done
+    while [ "$api_p" = "$client_p" ] || [ "$api_p" = "$peer_p" ]; do api_p=$(free_port); done
     local token
     token=$(openssl rand -hex 32)
     cat >"$state/config.env" <<EOF
-ETCD_PORT=$etcd_port
-ETCD_PEER_PORT=$peer_port
-APISERVER_PORT=$api_port
+ETCD_PORT=$client_p
+ETCD_PEER_PORT=$peer_p
+APISERVER_PORT=$api_p
 ADMIN_TOKEN=$token
 EOF
     # Static token file: token,user,uid,"groups".
@@ -290,6 +298,7 @@ EOF
 
   if [ -n "${EGRET_APISERVER_OWNER_PID:-}" ]; then
     # Stops everything once the owner is gone, even when it was killed.
+    # shellcheck disable=SC2016 # expanded by the watcher's bash, not here
     spawn watcher bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; EGRET_APISERVER_STATE="$2" exec "$3" stop' \
       egret-apiserver-watcher "$EGRET_APISERVER_OWNER_PID" "$state" "$self"
   fi

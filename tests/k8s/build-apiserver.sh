@@ -5,9 +5,11 @@
 #
 #   ${EGRET_CACHE:-/var/cache/egret}/kube-apiserver-1.20.2/{kube-apiserver,kubectl,inputs,build-times}
 #
-# Idempotent: when the binaries exist and the recorded inputs (this script, the source
-# package version, the Go and reflect2 package versions) match, it only checks the
-# packages and exits. It rebuilds when a binary is missing or an input changed.
+# Idempotent: when the binaries exist and the recorded inputs (this script and
+# common.sh less their comments, the source package version, the installed Go and
+# reflect2 package versions, whether kubectl is wanted) match, it only checks that the
+# packages are installed and exits. It rebuilds when a binary is missing or an input
+# changed. A cold build takes about 10 minutes on 2 cores and peaks at 1.3 GB RSS.
 #
 # Usage: tests/k8s/build-apiserver.sh [--force]
 # Environment:
@@ -20,7 +22,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=tests/k8s/common.sh
+# shellcheck source=common.sh
 source "$here/common.sh"
 
 force=0
@@ -67,7 +69,9 @@ egret_ensure_pkgs "${EGRET_K8S_RUNTIME_PKGS[@]}" "${build_pkgs[@]}"
 
 pkg_version() { dpkg-query -W -f='${Version}' "$1"; }
 inputs() {
-  printf 'recipe-sha256 %s\n' "$(cat "$here/build-apiserver.sh" "$here/common.sh" | sha256sum | cut -d' ' -f1)"
+  # The recipe is this script and common.sh without their comment lines: editing a
+  # comment does not cost a rebuild.
+  printf 'recipe-sha256 %s\n' "$(cat "$here/build-apiserver.sh" "$here/common.sh" | grep -v '^[[:space:]]*#' | sha256sum | cut -d' ' -f1)"
   printf 'kubernetes-source %s\n' "$EGRET_KUBE_DEB_VERSION"
   printf '%s %s\n' "$go_pkg" "$(pkg_version "$go_pkg")"
   printf '%s %s\n' "$reflect2_pkg" "$(pkg_version "$reflect2_pkg")"

@@ -2,6 +2,7 @@
 # Shared settings of tests/k8s/build-apiserver.sh and tests/k8s/apiserver.sh: where the
 # kube-apiserver built from Debian's source package is cached, and small helpers.
 # Sourced, never run.
+# shellcheck disable=SC2034 # the variables are used by the scripts that source this
 
 # The Kubernetes release the API server is built from, and the exact Debian source
 # package version that carries it (bookworm's `kubernetes` source package).
