@@ -39,19 +39,20 @@ etcd_bin=${EGRET_ETCD:-$(command -v etcd || echo /usr/bin/etcd)}
 timeout=${EGRET_APISERVER_TIMEOUT:-90}
 service_cidr=${EGRET_APISERVER_SERVICE_CIDR:-192.0.2.0/24}
 
-log() { printf '[apiserver.sh] %s\n' "$*" >&2; }
+log() { printf '[apiserver.sh] %s\n' "$*" >&2 || true; }
 die() { log "ERROR: $*"; exit 1; }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # A pid from a pid file, only if that process is alive and is ours: its command line
-# names the state directory (guards against pid reuse).
+# names a path inside the state directory (guards against pid reuse; "$state/" so that
+# /tmp/x-1 does not claim the processes of /tmp/x-10).
 live_pid() {
   local file=$state/$1.pid pid
   [ -f "$file" ] || return 1
   pid=$(cat "$file")
   [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$state" || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$state/" || return 1
   printf '%s\n' "$pid"
 }
 
@@ -258,10 +259,20 @@ cmd_start() {
 
   local t0 attempt
   t0=$(now)
+  mkdir -p "$state"
+  chmod 700 "$state"
+  umask 077
+  if [ -n "${EGRET_APISERVER_OWNER_PID:-}" ]; then
+    # Stops everything once the owner is gone, even when it was killed, also while this
+    # start is still under way (the stop waits for our lock). A zombie owner is gone.
+    # shellcheck disable=SC2016 # expanded by the watcher's bash, not here
+    spawn watcher bash -c \
+      'while [ -d "/proc/$1" ] && ! grep -q "^State:[[:space:]]*Z" "/proc/$1/status" 2>/dev/null; do sleep 1; done
+       EGRET_APISERVER_STATE="${2%/}" exec "$3" stop' \
+      egret-apiserver-watcher "$EGRET_APISERVER_OWNER_PID" "$state/" "$self"
+  fi
   for attempt in 1 2 3; do
     mkdir -p "$state/pki"
-    chmod 700 "$state"
-    umask 077
     local client_p peer_p api_p
     client_p=$(free_port); peer_p=$(free_port); api_p=$(free_port)
     while [ "$peer_p" = "$client_p" ]; do peer_p=$(free_port); done
@@ -288,20 +299,14 @@ EOF
     fi
     if [ "$attempt" -lt 3 ] && grep -qs 'address already in use' "$state/etcd.log" "$state/apiserver.log"; then
       log "port taken meanwhile; retrying with other ports"
-      stop_proc apiserver; stop_proc etcd; rm -rf "$state"
+      stop_proc apiserver; stop_proc etcd
+      rm -rf "$state/etcd" "$state/pki" "$state/ca.crt" "$state/etcd.log" "$state/apiserver.log"
       continue
     fi
     log "start failed; state kept for inspection in $state (run '$self stop' to remove it)"
-    stop_proc apiserver; stop_proc etcd
+    stop_proc watcher; stop_proc apiserver; stop_proc etcd
     exit 1
   done
-
-  if [ -n "${EGRET_APISERVER_OWNER_PID:-}" ]; then
-    # Stops everything once the owner is gone, even when it was killed.
-    # shellcheck disable=SC2016 # expanded by the watcher's bash, not here
-    spawn watcher bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; EGRET_APISERVER_STATE="$2" exec "$3" stop' \
-      egret-apiserver-watcher "$EGRET_APISERVER_OWNER_PID" "$state" "$self"
-  fi
   echo "$kubeconfig"
 }
 

@@ -247,10 +247,11 @@ impl Drop for ApiServer {
     }
 }
 
-/// Processes whose command line names `state_dir` (etcd, the API server, the watcher):
-/// `(pid, command line)`. Empty once a server was stopped.
+/// Processes whose command line names a path inside `state_dir` (etcd, the API server,
+/// the watcher): `(pid, command line)`. Empty once a server was stopped.
 pub fn processes_of(state_dir: &Path) -> Vec<(u32, String)> {
-    let needle = state_dir.to_string_lossy().into_owned();
+    // With the separator, `/tmp/x-1` does not match the processes of `/tmp/x-10`.
+    let needle = format!("{}/", state_dir.to_string_lossy());
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -291,19 +292,14 @@ fn fresh_state_dir() -> PathBuf {
     std::env::temp_dir().join(format!("egret-apiserver-{}-{n}", std::process::id()))
 }
 
-fn script_command(
-    command: &'static str,
-    state: &Path,
-) -> (Vec<OsString>, Vec<(&'static str, OsString)>) {
-    let args = vec![OsString::from(command)];
-    let env = vec![
+/// The script's environment: which state directory, and who owns it (the watcher stops
+/// the pair when this process is gone).
+fn script_env(state: &Path) -> [(&'static str, OsString); 2] {
+    let owner = std::process::id().to_string().into();
+    [
         ("EGRET_APISERVER_STATE", state.as_os_str().to_owned()),
-        (
-            "EGRET_APISERVER_OWNER_PID",
-            std::process::id().to_string().into(),
-        ),
-    ];
-    (args, env)
+        ("EGRET_APISERVER_OWNER_PID", owner),
+    ]
 }
 
 fn check_output(command: &'static str, state: &Path, out: Output) -> Result<Output> {
@@ -322,10 +318,9 @@ fn check_output(command: &'static str, state: &Path, out: Output) -> Result<Outp
 }
 
 fn run_script_blocking(command: &'static str, state: &Path) -> Result<Output> {
-    let (args, env) = script_command(command, state);
     let out = Command::new(SCRIPT)
-        .args(args)
-        .envs(env)
+        .arg(command)
+        .envs(script_env(state))
         .output()
         .map_err(|source| ApiServerError::Spawn {
             script: SCRIPT,
@@ -336,10 +331,9 @@ fn run_script_blocking(command: &'static str, state: &Path) -> Result<Output> {
 }
 
 async fn run_script(command: &'static str, state: &Path) -> Result<Output> {
-    let (args, env) = script_command(command, state);
     let out = tokio::process::Command::new(SCRIPT)
-        .args(args)
-        .envs(env)
+        .arg(command)
+        .envs(script_env(state))
         .output()
         .await
         .map_err(|source| ApiServerError::Spawn {
