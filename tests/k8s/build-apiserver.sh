@@ -133,6 +133,8 @@ step "apt-get update (private source lists)"
 # A third-party repository without source indexes makes `update` fail; what matters is
 # that Debian's kubernetes source is found afterwards.
 apt-get "${apt_opts[@]}" -q update || echo "    apt-get update reported errors; checking for the source package anyway"
+
+step "find kubernetes=$EGRET_KUBE_DEB_VERSION in the source indexes"
 if ! apt-cache "${apt_opts[@]}" showsrc kubernetes 2>/dev/null | grep -qx "Version: $EGRET_KUBE_DEB_VERSION"; then
   echo "source package kubernetes=$EGRET_KUBE_DEB_VERSION not found; versions available:" >&2
   apt-cache "${apt_opts[@]}" showsrc kubernetes 2>/dev/null | grep '^Version:' >&2 || true
