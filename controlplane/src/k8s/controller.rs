@@ -37,10 +37,10 @@ use egret_dataplane::tables::TablesSpec;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Pod, Service};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
@@ -264,6 +264,51 @@ async fn send_lease_action(
     }
 }
 
+/// An `events.k8s.io/v1` Event about `regarding` (Events are sent only on
+/// transitions, so there is no series bookkeeping).
+fn event(
+    regarding: &ObjectReference,
+    instance: &str,
+    type_: &'static str,
+    reason: &str,
+    action: &str,
+    note: String,
+    wall: Timestamp,
+) -> KubeEvent {
+    let base = regarding.name.clone().unwrap_or_else(|| "egret".into());
+    KubeEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{base}.{:x}", wall.as_nanosecond())),
+            namespace: Some(regarding.namespace.clone().unwrap_or_else(|| "default".into())),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(wall)),
+        action: Some(action.into()),
+        reason: Some(reason.into()),
+        note: Some(note.chars().take(1000).collect()),
+        regarding: Some(regarding.clone()),
+        reporting_controller: Some(REPORTING_CONTROLLER.into()),
+        reporting_instance: Some(instance.chars().take(128).collect()),
+        type_: Some(type_.into()),
+        ..Default::default()
+    }
+}
+
+/// Creates `ev`. Events about cluster-scoped objects go to `default`; API
+/// servers before 1.22 accept them only in `kube-system`, so a refusal there
+/// is retried in `kube-system`.
+async fn publish_event(client: kube::Client, mut ev: KubeEvent) -> Result<(), kube::Error> {
+    let ns = ev.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<KubeEvent> = Api::namespaced(client.clone(), &ns);
+    match api.create(&PostParams::default(), &ev).await {
+        Err(kube::Error::Api(s)) if s.is_invalid() && ev.regarding.as_ref().is_some_and(|r| r.namespace.is_none()) => {
+            ev.metadata.namespace = Some("kube-system".into());
+            Api::<KubeEvent>::namespaced(client, "kube-system").create(&PostParams::default(), &ev).await.map(drop)
+        }
+        r => r.map(drop),
+    }
+}
+
 /// The loop's state between passes.
 struct SyncLoop {
     client: kube::Client,
@@ -273,7 +318,6 @@ struct SyncLoop {
     mgr: LeaseManager,
     local: LocalConfig,
     leases: Api<Lease>,
-    recorder: Recorder,
     results: mpsc::UnboundedSender<LeaseResult>,
     writes: JoinSet<()>,
     last_applied: Option<TablesSpec>,
@@ -445,12 +489,12 @@ impl SyncLoop {
         }
     }
 
-    fn publish(&mut self, reference: ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
-        let recorder = self.recorder.clone();
-        let ev = KubeEvent { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
+    fn publish(&mut self, reference: ObjectReference, type_: &'static str, reason: &str, action: &str, note: String) {
+        let client = self.client.clone();
+        let ev = event(&reference, &self.opts.node_name, type_, reason, action, note, Timestamp::now());
         self.writes.spawn(async move {
-            if let Err(e) = recorder.publish(&ev, &reference).await {
-                tracing::debug!(error = %e, "event not sent");
+            if let Err(e) = publish_event(client, ev).await {
+                tracing::warn!(error = %e, "event not sent");
             }
         });
     }
@@ -480,7 +524,7 @@ impl SyncLoop {
             _ => (reason::EGRESS_IP_ASSIGNED, format!("egress IP {} is now held by gateway {me}", taken.ip)),
         };
         tracing::info!(ip = %taken.ip, previous = ?taken.previous, "took egress IP");
-        self.publish(reference, EventType::Normal, reason, "TakeLease", note);
+        self.publish(reference, "Normal", reason, "TakeLease", note);
     }
 
     fn report_service_problems(&mut self, d: &Desired) {
@@ -493,7 +537,7 @@ impl SyncLoop {
             }
             let owner = Owner::Service { namespace: p.namespace.clone(), name: p.name.clone() };
             if let Some(reference) = self.owner_ref(&owner) {
-                self.publish(reference, EventType::Warning, p.reason, "Validate", p.message.clone());
+                self.publish(reference, "Warning", p.reason, "Validate", p.message.clone());
             }
         }
         self.problems_reported = now;
@@ -550,9 +594,7 @@ pub async fn run(
     }
     tracing::info!(node = %opts.node_name, "Kubernetes state loaded; control plane running");
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let reporter = Reporter { controller: REPORTING_CONTROLLER.into(), instance: Some(opts.node_name.clone()) };
     let mut sync = SyncLoop {
-        recorder: Recorder::new(client.clone(), reporter),
         leases: Api::namespaced(client.clone(), &opts.lease_namespace),
         mgr: LeaseManager::new(opts.node_name.clone(), opts.timing),
         local: LocalConfig { node_name: opts.node_name.clone(), nat: opts.nat },

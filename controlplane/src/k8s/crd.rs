@@ -193,10 +193,10 @@ pub struct EgressPolicyStatus {
     #[serde(default, rename = "egressIPs")]
     pub egress_ips: Vec<EgressIPStatus>,
     /// The egress IPs, comma-separated (for `kubectl get`).
-    #[serde(default, rename = "egressIPList")]
+    #[serde(default, rename = "egressIPList", skip_serializing_if = "String::is_empty")]
     pub egress_ip_list: String,
     /// The gateways holding them, comma-separated, `-` for none (for `kubectl get`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub gateway_list: String,
     /// How many running pods the selectors match (pods with an IP, not hostNetwork).
     #[serde(default)]
