@@ -67,7 +67,7 @@ pub const REPORTING_CONTROLLER: &str = "egret.dev/gateway";
 /// watch catches up.
 const STATUS_RESEND: Duration = Duration::from_secs(5);
 /// How long a graceful shutdown waits for its Lease releases.
-const RELEASE_WAIT: Duration = Duration::from_secs(1);
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 struct Stores {
     pods: Store<Pod>,
@@ -309,6 +309,24 @@ async fn publish_event(client: kube::Client, mut ev: KubeEvent) -> Result<(), ku
     }
 }
 
+/// Releases our Lease of `ip` on shutdown. A renewal still in flight may
+/// have changed it since `rec`: on a conflict, re-read and retry while the
+/// Lease still names us.
+async fn release(api: Api<Lease>, opts: K8sOptions, ip: IpAddr, mut rec: LeaseRecord) {
+    for _ in 0..4 {
+        let action = Action::Release { resource_version: rec.resource_version.clone() };
+        match send_lease_action(api.clone(), opts.clone(), ip, None, Some(rec.clone()), action).await {
+            Err(Failure::Conflict) => match api.get(&lease_name(ip)).await {
+                Ok(l) if observe::lease_record(&l).holder.as_deref() == Some(opts.node_name.as_str()) => {
+                    rec = observe::lease_record(&l);
+                }
+                _ => return,
+            },
+            _ => return,
+        }
+    }
+}
+
 /// The loop's state between passes.
 struct SyncLoop {
     client: kube::Client,
@@ -366,7 +384,7 @@ impl SyncLoop {
             let api = self.leases.clone();
             let opts = self.opts.clone();
             let next_hop = d.ips.get(&ip).and_then(|a| a.next_hop);
-            let prev = leases.get(&ip).cloned();
+            let prev = self.mgr.record(ip).cloned();
             let tx = self.results.clone();
             tokio::spawn(async move {
                 let sent = Instant::now();
@@ -553,16 +571,15 @@ impl SyncLoop {
         spec.neighbor_addresses.clear();
         self.mgr.fence(now, &BTreeSet::new());
         self.apply(&spec);
-        let (_, leases) = self.stores.observed();
         let mut releases = JoinSet::new();
         for ip in held {
-            let Some(rec) = leases.get(&ip).cloned() else { continue };
+            // The manager's record: our last renewal's answer is newer than the watch's.
+            let Some(rec) = self.mgr.record(ip).cloned() else { continue };
             if rec.holder.as_deref() != Some(self.opts.node_name.as_str()) {
                 continue;
             }
-            let action = Action::Release { resource_version: rec.resource_version.clone() };
             let (api, opts) = (self.leases.clone(), self.opts.clone());
-            releases.spawn(async move { send_lease_action(api, opts, ip, None, Some(rec), action).await });
+            releases.spawn(release(api, opts, ip, rec));
         }
         let _ = tokio::time::timeout(RELEASE_WAIT, async { while releases.join_next().await.is_some() {} }).await;
     }

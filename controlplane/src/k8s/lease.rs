@@ -334,6 +334,12 @@ impl LeaseManager {
             .collect()
     }
 
+    /// The newest record of `ip` known (from the watch or our own responses,
+    /// which may be newer than the watch's).
+    pub fn record(&self, ip: IpAddr) -> Option<&LeaseRecord> {
+        self.ips.get(&ip).and_then(|st| st.record.as_ref())
+    }
+
     /// The deadline by which `ip` must be out of the tables, if held.
     pub fn deadline(&self, ip: IpAddr) -> Option<Instant> {
         self.ips.get(&ip).and_then(|st| st.held_since_send).map(|s| s + self.timing.renew_deadline)

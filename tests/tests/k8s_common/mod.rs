@@ -113,12 +113,14 @@ impl FakeSink {
     }
 }
 
-/// Asserts that no two sinks had `ip` at the same time.
-pub fn assert_never_shared(ip: IpAddr, sinks: &[(&str, &FakeSink)], until: Instant) {
-    for (i, (na, a)) in sinks.iter().enumerate() {
-        for (nb, b) in sinks.iter().skip(i + 1) {
-            for (a0, a1) in a.intervals(ip, until) {
-                for (b0, b1) in b.intervals(ip, until) {
+/// Asserts that no two sinks had `ip` at the same time. Each sink's last
+/// interval ends at its `until` (the kill of a crashed gateway: its
+/// dataplane is gone with it).
+pub fn assert_never_shared(ip: IpAddr, sinks: &[(&str, &FakeSink, Instant)]) {
+    for (i, (na, a, ua)) in sinks.iter().enumerate() {
+        for (nb, b, ub) in sinks.iter().skip(i + 1) {
+            for (a0, a1) in a.intervals(ip, *ua) {
+                for (b0, b1) in b.intervals(ip, *ub) {
                     assert!(a1 <= b0 || b1 <= a0, "{ip} held by {na} {a0:?}..{a1:?} and {nb} {b0:?}..{b1:?} at once");
                 }
             }
