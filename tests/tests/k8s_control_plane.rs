@@ -98,7 +98,9 @@ async fn scenario(server: &ApiServer) {
     }))
     .await;
 
-    let gw = Gateway::start(client.clone(), "gw-1", "egret-system");
+    // The gateway runs as the deployed ServiceAccount: the RBAC must suffice.
+    let sa_client = gateway_service_account_client(&client, server.kubeconfig_path()).await;
+    let gw = Gateway::start(sa_client, "gw-1", "egret-system");
     let want_ips = [ip("198.51.100.10"), ip("198.51.100.20"), ip("198.51.100.40"), ip("203.0.113.10")];
     let spec = wait_for("gw-1 to hold every valid egress IP", WAIT, || {
         let s = gw.sink.last();

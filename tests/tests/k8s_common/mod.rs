@@ -324,3 +324,60 @@ pub fn kubectl() -> Option<std::path::PathBuf> {
         .join("kube-apiserver-1.20.2/kubectl");
     p.exists().then_some(p)
 }
+
+/// The YAML documents of a manifest file as dynamic objects.
+pub fn documents(text: &str) -> Vec<kube::api::DynamicObject> {
+    text.split("\n---")
+        .map(|d| d.trim())
+        .filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "---"))
+        .map(|d| serde_yaml::from_str::<kube::api::DynamicObject>(d).unwrap_or_else(|e| panic!("{e}:\n{d}")))
+        .collect()
+}
+
+/// Server-side applies `obj` (for real, or as a dry run).
+pub async fn apply_object(
+    client: &kube::Client,
+    discovery: &kube::discovery::Discovery,
+    source: &str,
+    obj: &kube::api::DynamicObject,
+    dry_run: bool,
+) {
+    use kube::discovery::Scope;
+    let types = obj.types.as_ref().unwrap_or_else(|| panic!("{source}: object without apiVersion/kind"));
+    let gvk = kube::core::GroupVersionKind::try_from(types).unwrap();
+    let (ar, caps) = discovery.resolve_gvk(&gvk).unwrap_or_else(|| panic!("{source}: unknown kind {gvk:?}"));
+    let name = obj.metadata.name.clone().unwrap_or_else(|| panic!("{source}: no name"));
+    let api: Api<kube::api::DynamicObject> = match caps.scope {
+        Scope::Namespaced => {
+            let ns = obj.metadata.namespace.clone().unwrap_or_else(|| panic!("{source}: {name} has no namespace"));
+            Api::namespaced_with(client.clone(), &ns, &ar)
+        }
+        Scope::Cluster => Api::all_with(client.clone(), &ar),
+    };
+    let mut pp = PatchParams::apply("egret-manifest-test");
+    if dry_run {
+        pp = pp.dry_run();
+    }
+    api.patch(&name, &pp, &Patch::Apply(obj)).await.unwrap_or_else(|e| panic!("{source}: {} {name}: {e}", gvk.kind));
+}
+
+/// Applies `deploy/manifests/10-rbac.yaml` for real and returns a client
+/// that authenticates as its ServiceAccount (a token from the TokenRequest
+/// API), so the control plane runs with exactly the deployed privileges.
+pub async fn gateway_service_account_client(admin: &kube::Client, kubeconfig: &std::path::Path) -> kube::Client {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let discovery = kube::discovery::Discovery::new(admin.clone()).run().await.expect("discovery");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests/10-rbac.yaml");
+    for obj in documents(&std::fs::read_to_string(&path).expect("rbac manifest")) {
+        apply_object(admin, &discovery, "10-rbac.yaml", &obj, false).await;
+    }
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "egret-system");
+    let req = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": []}});
+    let tr: TokenRequest = sas.create_subresource("token", "egret-gateway", &PostParams::default(), &req).await.expect("token request");
+    let token = tr.status.expect("token status").token;
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
+    cfg.auth_info = serde_json::from_value(json!({"token": token})).expect("auth info");
+    kube::Client::try_from(cfg).expect("service account client")
+}
