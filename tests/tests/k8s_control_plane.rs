@@ -191,7 +191,12 @@ async fn scenario(server: &ApiServer) {
             let reasons: Vec<(String, String)> = list
                 .items
                 .iter()
-                .map(|e| (e.regarding.as_ref().and_then(|r| r.name.clone()).unwrap_or_default(), e.reason.clone().unwrap_or_default()))
+                .map(|e| {
+                    (
+                        e.regarding.as_ref().and_then(|r| r.name.clone()).unwrap_or_default(),
+                        e.reason.clone().unwrap_or_default(),
+                    )
+                })
                 .collect();
             let ok = reasons.contains(&("team-a-web".into(), "EgressIPAssigned".into()))
                 && reasons.contains(&("clash".into(), "ServicePortInNatRange".into()));
@@ -208,7 +213,11 @@ async fn scenario(server: &ApiServer) {
                 .args(["--kubeconfig", &server.kubeconfig_path().display().to_string(), "get", what])
                 .output()
                 .expect("kubectl");
-            println!("$ kubectl get {what}\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            println!(
+                "$ kubectl get {what}\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
             assert!(out.status.success());
         }
     }
@@ -217,7 +226,12 @@ async fn scenario(server: &ApiServer) {
     policies.delete("team-a-web", &Default::default()).await.expect("delete policy");
     wait_for("team-a-web out of the tables", WAIT, || {
         let s = gw.sink.last();
-        async move { s.filter(|s| s.policies.iter().all(|p| p.name != "egresspolicy/team-a-web") && !s.egress_ips.iter().any(|e| e.ip == ip("198.51.100.10"))) }
+        async move {
+            s.filter(|s| {
+                s.policies.iter().all(|p| p.name != "egresspolicy/team-a-web")
+                    && !s.egress_ips.iter().any(|e| e.ip == ip("198.51.100.10"))
+            })
+        }
     })
     .await;
     wait_for("its Lease deleted", WAIT, || {

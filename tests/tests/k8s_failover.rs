@@ -137,7 +137,11 @@ async fn scenario(server: &ApiServer) {
         assert!(fenced - t_cut >= Duration::from_millis(500), "gw-1 kept {ip} while its Lease was valid");
         assert!(fenced - t_cut <= R + Duration::from_millis(500), "gw-1 fenced {ip} by its deadline");
         // ...and the other gateway took it only after the margin.
-        assert!(taken > fenced + Duration::from_millis(1000), "{ip}: take-over {} ms after fencing", ms(taken - fenced));
+        assert!(
+            taken > fenced + Duration::from_millis(1000),
+            "{ip}: take-over {} ms after fencing",
+            ms(taken - fenced)
+        );
     }
     let last = gw1.sink.last().expect("gw-1 spec");
     assert_eq!(last.policies.len(), 1, "gw-1 keeps its policies while cut off");
@@ -175,7 +179,8 @@ async fn scenario(server: &ApiServer) {
         async move { all.then_some(()) }
     })
     .await;
-    let worst_graceful = ips.iter().map(|ip| gw2b.sink.added_after(*ip, t_stop).expect("taken") - t_stop).max().unwrap();
+    let worst_graceful =
+        ips.iter().map(|ip| gw2b.sink.added_after(*ip, t_stop).expect("taken") - t_stop).max().unwrap();
     println!("graceful handover: every IP moved within {} ms of the stop", ms(worst_graceful));
     assert!(worst_graceful < D - P, "released Leases are taken at once, not after expiry ({} ms)", ms(worst_graceful));
     assert!(gw1b.sink.held().is_empty(), "the stopped gateway removed its IPs");

@@ -26,14 +26,18 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml") && !p.file_name().unwrap().to_string_lossy().starts_with('_'))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "yaml") && !p.file_name().unwrap().to_string_lossy().starts_with('_')
+        })
         .collect();
     v.sort();
     v
 }
 
 fn lookup<'a>(root: &'a Value, path: &str) -> &'a Value {
-    path.split('.').filter(|s| !s.is_empty()).fold(root, |v, key| v.get(key).unwrap_or_else(|| panic!("no value at {path}")))
+    path.split('.')
+        .filter(|s| !s.is_empty())
+        .fold(root, |v, key| v.get(key).unwrap_or_else(|| panic!("no value at {path}")))
 }
 
 fn scalar(v: &Value) -> String {
@@ -47,7 +51,11 @@ fn scalar(v: &Value) -> String {
 
 fn indent(text: &str, n: usize) -> String {
     let pad = " ".repeat(n);
-    text.trim_end_matches('\n').lines().map(|l| if l.is_empty() { String::new() } else { format!("{pad}{l}") }).collect::<Vec<_>>().join("\n")
+    text.trim_end_matches('\n')
+        .lines()
+        .map(|l| if l.is_empty() { String::new() } else { format!("{pad}{l}") })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Renders the chart's template constructs with `values`.
@@ -130,13 +138,16 @@ fn every_manifest_passes_server_side_dry_run() {
             }
         }
         let chart_dir = deploy().join("helm/egret");
-        let values: Value = serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("values.yaml")).unwrap()).unwrap();
-        let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("Chart.yaml")).unwrap()).unwrap();
+        let values: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("values.yaml")).unwrap()).unwrap();
+        let chart: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("Chart.yaml")).unwrap()).unwrap();
         let mut kinds = Vec::new();
         for file in yaml_files(&chart_dir.join("templates")) {
             let rendered = render(&std::fs::read_to_string(&file).unwrap(), &values, &chart);
             for obj in k8s_common::documents(&rendered) {
-                k8s_common::apply_object(&client, &discovery, &format!("{} (rendered)", file.display()), &obj, true).await;
+                k8s_common::apply_object(&client, &discovery, &format!("{} (rendered)", file.display()), &obj, true)
+                    .await;
                 kinds.push(obj.types.clone().unwrap().kind);
                 count += 1;
             }
@@ -158,7 +169,10 @@ fn the_renderer_handles_the_charts_constructs() {
     let chart: Value = serde_yaml::from_str("appVersion: \"1.2\"").unwrap();
     assert_eq!(render("n: {{ .Values.a.b }}", &values, &chart), "n: x");
     assert_eq!(render("v: {{ .Chart.AppVersion | quote }}", &values, &chart), "v: \"1.2\"");
-    assert_eq!(render("m:\n  {{- toYaml .Values.m | nindent 2 }}\n", &values, &chart), "m:\n  k: v\n  l:\n  - 1\n  - 2\n");
+    assert_eq!(
+        render("m:\n  {{- toYaml .Values.m | nindent 2 }}\n", &values, &chart),
+        "m:\n  k: v\n  l:\n  - 1\n  - 2\n"
+    );
     assert_eq!(render("c: |\n    {{- .Values.s | nindent 4 }}", &values, &chart), "c: |\n    one\n    two");
     assert_eq!(render("ns: {{ .Release.Namespace }}", &values, &chart), "ns: egret-system");
 }

@@ -51,8 +51,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::crd::{
-    reason, EgressIPPool, EgressPolicy, LEASE_IP_ANNOTATION, LEASE_LABEL,
-    LEASE_LABEL_VALUE, LEASE_NEXT_HOP_ANNOTATION,
+    reason, EgressIPPool, EgressPolicy, LEASE_IP_ANNOTATION, LEASE_LABEL, LEASE_LABEL_VALUE, LEASE_NEXT_HOP_ANNOTATION,
 };
 use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
@@ -207,7 +206,9 @@ fn lease_object(
             *transitions,
             if *keep_acquire_time { prev.and_then(|p| p.acquire_time).or(Some(wall)) } else { Some(wall) },
         ),
-        Action::Renew { resource_version } | Action::Release { resource_version } | Action::Delete { resource_version } => {
+        Action::Renew { resource_version }
+        | Action::Release { resource_version }
+        | Action::Delete { resource_version } => {
             (Some(resource_version.clone()), prev.map_or(0, |p| p.transitions), prev.and_then(|p| p.acquire_time))
         }
     };
@@ -346,7 +347,12 @@ struct SyncLoop {
 }
 
 fn announced(spec: &TablesSpec) -> BTreeSet<IpAddr> {
-    spec.egress_ips.iter().filter(|e| e.answer_neighbor).map(|e| e.ip).chain(spec.neighbor_addresses.iter().copied()).collect()
+    spec.egress_ips
+        .iter()
+        .filter(|e| e.answer_neighbor)
+        .map(|e| e.ip)
+        .chain(spec.neighbor_addresses.iter().copied())
+        .collect()
 }
 
 impl SyncLoop {
@@ -376,7 +382,8 @@ impl SyncLoop {
         self.apply(&d.tables);
 
         // Only now, with the fenced IPs out of the tables: Lease requests.
-        let candidates: BTreeMap<IpAddr, Vec<String>> = d.ips.iter().map(|(ip, a)| (*ip, a.candidates.clone())).collect();
+        let candidates: BTreeMap<IpAddr, Vec<String>> =
+            d.ips.iter().map(|(ip, a)| (*ip, a.candidates.clone())).collect();
         let in_use: BTreeSet<IpAddr> = candidates.keys().copied().collect();
         let watched: BTreeSet<IpAddr> = leases.keys().copied().collect();
         self.mgr.forget_unused(&in_use, &watched);
@@ -470,7 +477,8 @@ impl SyncLoop {
             if p.status.as_ref() == Some(st) {
                 continue;
             }
-            let value = json!({ "apiVersion": EgressPolicy::api_version(&()), "kind": EgressPolicy::kind(&()), "status": st });
+            let value =
+                json!({ "apiVersion": EgressPolicy::api_version(&()), "kind": EgressPolicy::kind(&()), "status": st });
             if !self.should_send(format!("policy/{name}"), &value, now) {
                 continue;
             }
@@ -519,7 +527,9 @@ impl SyncLoop {
 
     fn owner_ref(&self, owner: &Owner) -> Option<ObjectReference> {
         match owner {
-            Owner::Policy(name) => self.stores.policies.state().iter().find(|p| p.name_any() == *name).map(|p| p.object_ref(&())),
+            Owner::Policy(name) => {
+                self.stores.policies.state().iter().find(|p| p.name_any() == *name).map(|p| p.object_ref(&()))
+            }
             Owner::Service { namespace, name } => self
                 .stores
                 .services

@@ -328,7 +328,11 @@ mod tests {
             for dir in ["crds", "helm/egret/crds"] {
                 let path = root.join(dir).join(&file);
                 let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-                assert!(on_disk == body, "{} is stale: run `cargo run -p egret-controlplane --bin egret-crdgen -- deploy`", path.display());
+                assert!(
+                    on_disk == body,
+                    "{} is stale: run `cargo run -p egret-controlplane --bin egret-crdgen -- deploy`",
+                    path.display()
+                );
             }
         }
     }

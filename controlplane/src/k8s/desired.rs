@@ -36,8 +36,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
 
 use super::crd::{
-    condition, reason, EgressIPPoolSpec, EgressIPPoolStatus, EgressIPStatus, EgressPolicySpec,
-    EgressPolicyStatus, PoolAllocation,
+    condition, reason, EgressIPPoolSpec, EgressIPPoolStatus, EgressIPStatus, EgressPolicySpec, EgressPolicyStatus,
+    PoolAllocation,
 };
 use super::pool::Pool;
 
@@ -285,7 +285,9 @@ fn selects(sel: &Option<Selector>, labels: &Labels) -> bool {
 fn parse_cidrs(field: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
     v.iter()
         .enumerate()
-        .map(|(i, s)| s.trim().parse::<IpNet>().map(|n| n.trunc()).map_err(|_| format!("{field}[{i}]: {s:?} is not a CIDR")))
+        .map(|(i, s)| {
+            s.trim().parse::<IpNet>().map(|n| n.trunc()).map_err(|_| format!("{field}[{i}]: {s:?} is not a CIDR"))
+        })
         .collect()
 }
 
@@ -364,7 +366,9 @@ fn policy_source(p: &PolicyInfo) -> Source {
         s.gateway_selector = parse_selector("spec.gatewaySelector", &p.spec.gateway_selector).map_err(inv)?;
         s.destinations = parse_cidrs("spec.destinations", &p.spec.destinations).map_err(inv)?;
         if s.destinations.is_empty() {
-            return Err(inv("spec.destinations: must list at least one CIDR (0.0.0.0/0 for every IPv4 destination)".into()));
+            return Err(inv(
+                "spec.destinations: must list at least one CIDR (0.0.0.0/0 for every IPv4 destination)".into()
+            ));
         }
         s.except = parse_cidrs("spec.except", &p.spec.except).map_err(inv)?;
         match (&p.spec.pool, p.spec.egress_ips.is_empty()) {
@@ -372,7 +376,10 @@ fn policy_source(p: &PolicyInfo) -> Source {
                 return Err((reason::NO_EGRESS_IP, "set either spec.egressIPs or spec.pool, not both".into()));
             }
             (None, true) => {
-                return Err((reason::NO_EGRESS_IP, "set spec.egressIPs or spec.pool: the policy has no egress IP".into()));
+                return Err((
+                    reason::NO_EGRESS_IP,
+                    "set spec.egressIPs or spec.pool: the policy has no egress IP".into(),
+                ));
             }
             (Some(pool), true) => {
                 let count = pool.count.unwrap_or(1).max(1) as usize;
@@ -512,7 +519,10 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         .iter()
         .map(|p| {
             let parsed = if p.spec.cloud.is_some() {
-                Err((reason::CLOUD_NOT_SUPPORTED, "spec.cloud: cloud elastic IPs are not supported yet; remove it to use spec.addresses".to_string()))
+                Err((
+                    reason::CLOUD_NOT_SUPPORTED,
+                    "spec.cloud: cloud elastic IPs are not supported yet; remove it to use spec.addresses".to_string(),
+                ))
             } else {
                 Pool::parse(&p.spec.addresses, &p.spec.next_hops)
                     .map_err(|e| (reason::INVALID_ADDRESS, format!("spec.{e}")))
@@ -553,7 +563,9 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         let (Some((pool_name, count)), Owner::Policy(name)) = (s.pool.clone(), s.owner.clone()) else { continue };
         match pools.get(pool_name.as_str()) {
             None => s.problem(reason::POOL_NOT_FOUND, format!("EgressIPPool {pool_name} does not exist")),
-            Some((_, Err((_, m)))) => s.problem(reason::POOL_NOT_USABLE, format!("EgressIPPool {pool_name} cannot be used: {m}")),
+            Some((_, Err((_, m)))) => {
+                s.problem(reason::POOL_NOT_USABLE, format!("EgressIPPool {pool_name} cannot be used: {m}"))
+            }
             Some((info, Ok(pool))) => {
                 if let Some(ips) = recorded.get(&(pool_name.as_str(), name.as_str())) {
                     s.requested = ips
@@ -644,7 +656,10 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         }
         ips.sort();
         if !ips.is_empty() {
-            allocations.entry(pool_name).or_default().push(PoolAllocation { policy: name, ips: ips.iter().map(|i| i.to_string()).collect() });
+            allocations
+                .entry(pool_name)
+                .or_default()
+                .push(PoolAllocation { policy: name, ips: ips.iter().map(|i| i.to_string()).collect() });
         }
     }
 
@@ -658,7 +673,9 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
             .pods
             .iter()
             .filter(|p| match &s.service {
-                Some((ns, sel)) => p.namespace == *ns && !sel.is_empty() && sel.iter().all(|(k, v)| p.labels.get(k) == Some(v)),
+                Some((ns, sel)) => {
+                    p.namespace == *ns && !sel.is_empty() && sel.iter().all(|(k, v)| p.labels.get(k) == Some(v))
+                }
                 None => {
                     let ns_labels = obs.namespaces.get(&p.namespace).cloned().unwrap_or_default();
                     selects(&s.namespace_selector, &ns_labels) && selects(&s.pod_selector, &p.labels)
@@ -674,7 +691,12 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
                 .collect();
             out.ips.insert(
                 *ip,
-                IpAssignment { owner: s.owner.clone(), next_hop: *nh, egress: s.egress, candidates: rank_gateways(*ip, &eligible) },
+                IpAssignment {
+                    owner: s.owner.clone(),
+                    next_hop: *nh,
+                    egress: s.egress,
+                    candidates: rank_gateways(*ip, &eligible),
+                },
             );
         }
         let egress_ips: Vec<IpAddr> = s.granted.iter().map(|(ip, _)| *ip).collect();
@@ -741,13 +763,19 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         for (ip, nh) in &s.granted {
             let lease = obs.leases.get(ip);
             let holder = lease.and_then(|l| live_holder(l, now)).map(str::to_string);
-            let since = holder.as_ref().and_then(|_| lease.and_then(|l| l.acquire_time)).map(|t| Time(whole_seconds(t)));
+            let since =
+                holder.as_ref().and_then(|_| lease.and_then(|l| l.acquire_time)).map(|t| Time(whole_seconds(t)));
             match &holder {
                 Some(h) => held_by.push(format!("{ip} on {h}")),
                 None if out.ips.get(ip).is_some_and(|a| a.candidates.is_empty()) => no_gateway.push(ip.to_string()),
                 None => awaiting.push(ip.to_string()),
             }
-            st.egress_ips.push(EgressIPStatus { ip: ip.to_string(), next_hop: nh.map(|n| n.to_string()), gateway: holder, since });
+            st.egress_ips.push(EgressIPStatus {
+                ip: ip.to_string(),
+                next_hop: nh.map(|n| n.to_string()),
+                gateway: holder,
+                since,
+            });
         }
         st.egress_ip_list = st.egress_ips.iter().map(|e| e.ip.as_str()).collect::<Vec<_>>().join(",");
         st.gateway_list = if st.egress_ips.is_empty() {
@@ -775,7 +803,10 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
                 condition::GATEWAY_ASSIGNED,
                 false,
                 reason::AWAITING_LEASE,
-                format!("waiting for an eligible gateway to take the Lease of {}: is egret running on the gateway Nodes?", awaiting.join(", ")),
+                format!(
+                    "waiting for an eligible gateway to take the Lease of {}: is egret running on the gateway Nodes?",
+                    awaiting.join(", ")
+                ),
             )
         } else if s.granted.is_empty() {
             cond(condition::GATEWAY_ASSIGNED, false, reason::NO_EGRESS_IP, "no egress IP to hold".into())
@@ -836,13 +867,20 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
 
     for s in &sources {
         if let Owner::Service { namespace, name } = &s.owner {
-            out.service_pods.insert((namespace.clone(), name.clone()), selected_pods.get(&s.owner).copied().unwrap_or(0));
-            if s.invalid.is_none() && !s.granted.is_empty() && s.granted.iter().all(|(ip, _)| out.ips.get(ip).is_some_and(|a| a.candidates.is_empty())) {
+            out.service_pods
+                .insert((namespace.clone(), name.clone()), selected_pods.get(&s.owner).copied().unwrap_or(0));
+            if s.invalid.is_none()
+                && !s.granted.is_empty()
+                && s.granted.iter().all(|(ip, _)| out.ips.get(ip).is_some_and(|a| a.candidates.is_empty()))
+            {
                 out.service_problems.push(ServiceProblem {
                     namespace: namespace.clone(),
                     name: name.clone(),
                     reason: reason::NO_ELIGIBLE_GATEWAY,
-                    message: format!("no gateway Node can carry the VIP of Service {namespace}/{name}: label gateway Nodes {}=true", super::crd::GATEWAY_LABEL),
+                    message: format!(
+                        "no gateway Node can carry the VIP of Service {namespace}/{name}: label gateway Nodes {}=true",
+                        super::crd::GATEWAY_LABEL
+                    ),
                 });
             }
         }
@@ -900,7 +938,9 @@ mod tests {
             age,
             EgressPolicySpec {
                 namespace_selector: selector(json!({"matchLabels": {"team": "a"}})),
-                pod_selector: selector(json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "api"]}]})),
+                pod_selector: selector(
+                    json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["web", "api"]}]}),
+                ),
                 destinations: vec!["0.0.0.0/0".into()],
                 except: vec!["198.51.100.128/25".into()],
                 egress_ips: explicit(ips),
@@ -965,7 +1005,10 @@ mod tests {
                 egress_ips: vec![ip("198.51.100.10"), ip("198.51.100.11")],
             }]
         );
-        assert_eq!(d.tables.egress_ips, vec![EgressIpSpec { ip: ip("198.51.100.10"), ports: None, answer_neighbor: true }]);
+        assert_eq!(
+            d.tables.egress_ips,
+            vec![EgressIpSpec { ip: ip("198.51.100.10"), ports: None, answer_neighbor: true }]
+        );
         assert_eq!(d.tables.neighbor_addresses, Vec::<IpAddr>::new());
         assert_eq!(d.tables.nat, NatSettings::default());
 
@@ -1015,21 +1058,66 @@ mod tests {
             p
         };
         let cases: Vec<(&str, PolicyInfo, &str, &str)> = vec![
-            ("bad destination", with(&|s| s.destinations = vec!["10.0.0.0/33".into()]), reason::INVALID_SPEC, "spec.destinations[0]: \"10.0.0.0/33\" is not a CIDR"),
-            ("bad except", with(&|s| s.except = vec!["nope".into()]), reason::INVALID_SPEC, "spec.except[0]: \"nope\" is not a CIDR"),
-            ("no destinations", with(&|s| s.destinations = vec![]), reason::INVALID_SPEC, "spec.destinations: must list at least one CIDR (0.0.0.0/0 for every IPv4 destination)"),
-            ("bad egress IP", with(&|s| s.egress_ips = explicit(&["198.51.100.300"])), reason::INVALID_SPEC, "spec.egressIPs[0].ip: \"198.51.100.300\" is not an IP address"),
-            ("bad next hop", with(&|s| s.egress_ips[0].next_hop = Some("x".into())), reason::INVALID_SPEC, "spec.egressIPs[0].nextHop: \"x\" is not an IP address"),
-            ("twice", with(&|s| s.egress_ips = explicit(&["198.51.100.50", "198.51.100.50"])), reason::INVALID_SPEC, "spec.egressIPs[1].ip: 198.51.100.50 is listed twice"),
-            ("no IP", with(&|s| s.egress_ips = vec![]), reason::NO_EGRESS_IP, "set spec.egressIPs or spec.pool: the policy has no egress IP"),
-            ("both", with(&|s| s.pool = Some(PoolRef { name: "p".into(), count: None })), reason::NO_EGRESS_IP, "set either spec.egressIPs or spec.pool, not both"),
+            (
+                "bad destination",
+                with(&|s| s.destinations = vec!["10.0.0.0/33".into()]),
+                reason::INVALID_SPEC,
+                "spec.destinations[0]: \"10.0.0.0/33\" is not a CIDR",
+            ),
+            (
+                "bad except",
+                with(&|s| s.except = vec!["nope".into()]),
+                reason::INVALID_SPEC,
+                "spec.except[0]: \"nope\" is not a CIDR",
+            ),
+            (
+                "no destinations",
+                with(&|s| s.destinations = vec![]),
+                reason::INVALID_SPEC,
+                "spec.destinations: must list at least one CIDR (0.0.0.0/0 for every IPv4 destination)",
+            ),
+            (
+                "bad egress IP",
+                with(&|s| s.egress_ips = explicit(&["198.51.100.300"])),
+                reason::INVALID_SPEC,
+                "spec.egressIPs[0].ip: \"198.51.100.300\" is not an IP address",
+            ),
+            (
+                "bad next hop",
+                with(&|s| s.egress_ips[0].next_hop = Some("x".into())),
+                reason::INVALID_SPEC,
+                "spec.egressIPs[0].nextHop: \"x\" is not an IP address",
+            ),
+            (
+                "twice",
+                with(&|s| s.egress_ips = explicit(&["198.51.100.50", "198.51.100.50"])),
+                reason::INVALID_SPEC,
+                "spec.egressIPs[1].ip: 198.51.100.50 is listed twice",
+            ),
+            (
+                "no IP",
+                with(&|s| s.egress_ips = vec![]),
+                reason::NO_EGRESS_IP,
+                "set spec.egressIPs or spec.pool: the policy has no egress IP",
+            ),
+            (
+                "both",
+                with(&|s| s.pool = Some(PoolRef { name: "p".into(), count: None })),
+                reason::NO_EGRESS_IP,
+                "set either spec.egressIPs or spec.pool, not both",
+            ),
             (
                 "bad selector",
                 with(&|s| s.pod_selector = selector(json!({"matchExpressions": [{"key": "app", "operator": "Near"}]}))),
                 reason::INVALID_SPEC,
                 "spec.podSelector: failed to parse value as expression: Invalid expression operator",
             ),
-            ("conflict", team_policy("x", 10, &["198.51.100.10"]), reason::IP_CONFLICT, "198.51.100.10 is already used by EgressPolicy good (the older object keeps it)"),
+            (
+                "conflict",
+                team_policy("x", 10, &["198.51.100.10"]),
+                reason::IP_CONFLICT,
+                "198.51.100.10 is already used by EgressPolicy good (the older object keeps it)",
+            ),
             (
                 "pool missing",
                 with(&|s| {
@@ -1048,9 +1136,17 @@ mod tests {
             let d = desired(&obs, &local(), t(1));
             let names: Vec<&str> = d.tables.policies.iter().map(|p| p.name.as_str()).collect();
             assert_eq!(names, vec!["egresspolicy/good"], "{what}");
-            assert_eq!(d.tables.egress_ips.iter().map(|e| e.ip).collect::<Vec<_>>(), vec![ip("198.51.100.10")], "{what}");
+            assert_eq!(
+                d.tables.egress_ips.iter().map(|e| e.ip).collect::<Vec<_>>(),
+                vec![ip("198.51.100.10")],
+                "{what}"
+            );
             let ready = cond(&d.policy_status["x"], condition::READY);
-            assert_eq!((ready.status.as_str(), ready.reason.as_str(), ready.message.as_str()), ("False", want_reason, want_message), "{what}");
+            assert_eq!(
+                (ready.status.as_str(), ready.reason.as_str(), ready.message.as_str()),
+                ("False", want_reason, want_message),
+                "{what}"
+            );
             assert_eq!(cond(&d.policy_status["good"], condition::READY).status, "True", "{what}");
         }
     }
@@ -1059,7 +1155,10 @@ mod tests {
     fn a_conflict_costs_only_the_contested_ip_and_the_older_object_wins() {
         let mut obs = cluster();
         // Listed young-first: order in the list must not matter, age does.
-        obs.policies = vec![team_policy("young", 50, &["198.51.100.10", "198.51.100.11"]), team_policy("old", 1, &["198.51.100.10"])];
+        obs.policies = vec![
+            team_policy("young", 50, &["198.51.100.10", "198.51.100.11"]),
+            team_policy("old", 1, &["198.51.100.10"]),
+        ];
         let d = desired(&obs, &local(), t(60));
         assert_eq!(d.ips[&ip("198.51.100.10")].owner, Owner::Policy("old".into()));
         assert_eq!(d.ips[&ip("198.51.100.11")].owner, Owner::Policy("young".into()));
@@ -1133,7 +1232,11 @@ mod tests {
                 "spec.addresses[1]: \"x\" is not a CIDR, a first-last range or an address",
             ),
             (
-                EgressIPPoolSpec { addresses: vec!["198.51.100.0/24".into()], cloud: Some(PoolCloudSpec { provider: "aws".into() }), ..Default::default() },
+                EgressIPPoolSpec {
+                    addresses: vec!["198.51.100.0/24".into()],
+                    cloud: Some(PoolCloudSpec { provider: "aws".into() }),
+                    ..Default::default()
+                },
                 reason::CLOUD_NOT_SUPPORTED,
                 "spec.cloud: cloud elastic IPs are not supported yet; remove it to use spec.addresses",
             ),
@@ -1183,7 +1286,10 @@ mod tests {
         );
         // The VIP keeps the default NAT range: ports 443 and 80 are outside it,
         // so ingress to them passes to the kernel (kube-proxy / the CNI).
-        assert_eq!(d.tables.egress_ips, vec![EgressIpSpec { ip: ip("198.51.100.20"), ports: None, answer_neighbor: true }]);
+        assert_eq!(
+            d.tables.egress_ips,
+            vec![EgressIpSpec { ip: ip("198.51.100.20"), ports: None, answer_neighbor: true }]
+        );
         assert_eq!(d.service_problems, vec![]);
         assert_eq!(d.service_pods[&("team-a".to_string(), "web".to_string())], 1);
     }
@@ -1201,7 +1307,11 @@ mod tests {
         let got: Vec<(&str, &str)> = d.service_problems.iter().map(|p| (p.name.as_str(), p.reason)).collect();
         assert_eq!(
             got,
-            vec![("clash", reason::SERVICE_PORT_IN_NAT_RANGE), ("cluster-ip", reason::NOT_LOAD_BALANCER), ("pending", reason::NO_INGRESS_IP)]
+            vec![
+                ("clash", reason::SERVICE_PORT_IN_NAT_RANGE),
+                ("cluster-ip", reason::NOT_LOAD_BALANCER),
+                ("pending", reason::NO_INGRESS_IP)
+            ]
         );
         let clash = &d.service_problems[0];
         assert_eq!(

@@ -80,7 +80,9 @@ pub enum TimingError {
         renew_deadline: Duration,
     },
     /// Renewing no more often than the deadline leaves no retry.
-    #[error("kubernetes.retryPeriod ({retry_period:?}) must be shorter than kubernetes.renewDeadline ({renew_deadline:?})")]
+    #[error(
+        "kubernetes.retryPeriod ({retry_period:?}) must be shorter than kubernetes.renewDeadline ({renew_deadline:?})"
+    )]
     RetryTooSlow {
         /// Configured retry period.
         retry_period: Duration,
@@ -114,7 +116,10 @@ impl LeaseTiming {
             });
         }
         if self.retry_period >= self.renew_deadline {
-            return Err(TimingError::RetryTooSlow { retry_period: self.retry_period, renew_deadline: self.renew_deadline });
+            return Err(TimingError::RetryTooSlow {
+                retry_period: self.retry_period,
+                renew_deadline: self.renew_deadline,
+            });
         }
         Ok(())
     }
@@ -527,7 +532,12 @@ mod tests {
     }
 
     fn rec(holder: Option<&str>, rv: u64) -> LeaseRecord {
-        LeaseRecord { holder: holder.map(str::to_string), duration: D, resource_version: rv.to_string(), ..Default::default() }
+        LeaseRecord {
+            holder: holder.map(str::to_string),
+            duration: D,
+            resource_version: rv.to_string(),
+            ..Default::default()
+        }
     }
 
     fn cands(ipaddr: &str, names: &[&str]) -> BTreeMap<IpAddr, Vec<String>> {
@@ -549,7 +559,11 @@ mod tests {
     fn timing_validation_keeps_the_margin() {
         assert_eq!(LeaseTiming::default().validate(), Ok(()));
         assert_eq!(LeaseTiming::default().margin(), Duration::from_secs(2));
-        let t = LeaseTiming { lease_duration: Duration::from_secs(2), renew_deadline: Duration::from_secs(2), retry_period: P };
+        let t = LeaseTiming {
+            lease_duration: Duration::from_secs(2),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: P,
+        };
         assert!(matches!(t.validate(), Err(TimingError::MarginTooSmall { .. })));
         assert_eq!(
             t.validate().unwrap_err().to_string(),
@@ -638,7 +652,15 @@ mod tests {
         let acts = b.plan(t0 + D, &c);
         assert_eq!(
             acts,
-            vec![(x, Action::Acquire { resource_version: "10".into(), previous: Some("gw-a".into()), transitions: 1, keep_acquire_time: false })]
+            vec![(
+                x,
+                Action::Acquire {
+                    resource_version: "10".into(),
+                    previous: Some("gw-a".into()),
+                    transitions: 1,
+                    keep_acquire_time: false
+                }
+            )]
         );
         assert_eq!(cc.plan(t0 + D, &c), vec![]);
         assert_eq!(cc.plan(t0 + D + P - ms(1), &c), vec![]);
@@ -710,7 +732,15 @@ mod tests {
         a2.observe(x, Some(rec(Some("gw-a"), 10)), t0);
         assert_eq!(
             a2.plan(t0, &c),
-            vec![(x, Action::Acquire { resource_version: "10".into(), previous: None, transitions: 0, keep_acquire_time: true })]
+            vec![(
+                x,
+                Action::Acquire {
+                    resource_version: "10".into(),
+                    previous: None,
+                    transitions: 0,
+                    keep_acquire_time: true
+                }
+            )]
         );
     }
 

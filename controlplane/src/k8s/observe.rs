@@ -158,7 +158,10 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(pod(&done), None);
-        let pending: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "team"}, "status": {"phase": "Pending"}})).unwrap();
+        let pending: Pod = serde_json::from_value(
+            json!({"metadata": {"name": "p", "namespace": "team"}, "status": {"phase": "Pending"}}),
+        )
+        .unwrap();
         assert_eq!(pod(&pending), None);
     }
 
@@ -173,7 +176,13 @@ mod tests {
         let info = service(&s).unwrap();
         assert!(info.load_balancer);
         assert_eq!(info.ingress_ips, vec!["198.51.100.20".parse::<IpAddr>().unwrap()]);
-        assert_eq!(info.ports, vec![ServicePortInfo { port: 443, protocol: "TCP".into() }, ServicePortInfo { port: 53, protocol: "UDP".into() }]);
+        assert_eq!(
+            info.ports,
+            vec![
+                ServicePortInfo { port: 443, protocol: "TCP".into() },
+                ServicePortInfo { port: 53, protocol: "UDP".into() }
+            ]
+        );
         let plain: Service = serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "team"}})).unwrap();
         assert_eq!(service(&plain), None);
     }

@@ -254,7 +254,10 @@ mod tests {
         let e = AddressSet::parse("addresses", &["198.51.100.0/24".into(), "nope".into()]).unwrap_err();
         assert_eq!(e.to_string(), "addresses[1]: \"nope\" is not a CIDR, a first-last range or an address");
         let e = AddressSet::parse("nextHops", &["198.51.100.9-198.51.100.1".into()]).unwrap_err();
-        assert_eq!(e.to_string(), "nextHops[0]: range \"198.51.100.9-198.51.100.1\" must go upwards within one address family");
+        assert_eq!(
+            e.to_string(),
+            "nextHops[0]: range \"198.51.100.9-198.51.100.1\" must go upwards within one address family"
+        );
         let e = AddressSet::parse("addresses", &["198.51.100.1-2001:db8::1".into()]).unwrap_err();
         assert!(matches!(e, PoolError::BadRange { index: 0, .. }));
         let e = Pool::parse(&["198.51.100.0/29".into()], &["192.0.2.1-192.0.2.2".into()]).unwrap_err();

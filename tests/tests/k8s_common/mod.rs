@@ -196,9 +196,17 @@ pub async fn pod(client: &kube::Client, ns: &str, name: &str, labels: serde_json
 }
 
 /// An annotated LoadBalancer Service with its ingress IP patched in.
-pub async fn lb_service(client: &kube::Client, ns: &str, name: &str, selector: serde_json::Value, ports: &[u16], vip: &str) {
+pub async fn lb_service(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    selector: serde_json::Value,
+    ports: &[u16],
+    vip: &str,
+) {
     let api: Api<Service> = Api::namespaced(client.clone(), ns);
-    let ports: Vec<serde_json::Value> = ports.iter().map(|p| json!({"name": format!("p{p}"), "port": p, "protocol": "TCP"})).collect();
+    let ports: Vec<serde_json::Value> =
+        ports.iter().map(|p| json!({"name": format!("p{p}"), "port": p, "protocol": "TCP"})).collect();
     let s: Service = serde_json::from_value(json!({
         "metadata": {"name": name, "annotations": {"egret.dev/egress": "true"}},
         "spec": {"type": "LoadBalancer", "selector": selector, "ports": ports}
@@ -301,7 +309,8 @@ impl Drop for Proxy {
 /// A client that reaches the API server through `proxy_port` instead.
 pub async fn client_via(kubeconfig: &std::path::Path, proxy_port: u16) -> (kube::Client, std::net::SocketAddr) {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
     let host = cfg.cluster_url.host().expect("host").to_string();
     let port = cfg.cluster_url.port_u16().expect("port");
     let upstream: std::net::SocketAddr = format!("{host}:{port}").parse().expect("upstream address");
@@ -312,7 +321,8 @@ pub async fn client_via(kubeconfig: &std::path::Path, proxy_port: u16) -> (kube:
 /// The API server's address from a kubeconfig.
 pub async fn upstream(kubeconfig: &std::path::Path) -> std::net::SocketAddr {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
+    let cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
     let host = cfg.cluster_url.host().expect("host").to_string();
     let port = cfg.cluster_url.port_u16().expect("port");
     format!("{host}:{port}").parse().expect("upstream address")
@@ -374,10 +384,12 @@ pub async fn gateway_service_account_client(admin: &kube::Client, kubeconfig: &s
     }
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "egret-system");
     let req = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": []}});
-    let tr: TokenRequest = sas.create_subresource("token", "egret-gateway", &PostParams::default(), &req).await.expect("token request");
+    let tr: TokenRequest =
+        sas.create_subresource("token", "egret-gateway", &PostParams::default(), &req).await.expect("token request");
     let token = tr.status.expect("token status").token;
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
     cfg.auth_info = serde_json::from_value(json!({"token": token})).expect("auth info");
     kube::Client::try_from(cfg).expect("service account client")
 }
