@@ -8,11 +8,13 @@
 //!   CLI's unix socket) and [`metrics`] (Prometheus, `/ready`) render it.
 //! - [`daemon`]: `egret gateway`: workers, XDP attach, reloads, signals.
 //! - [`sink`]: the seam between configuration sources and the running gateway.
+//! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod config;
 pub mod daemon;
+pub mod k8s;
 pub mod metrics;
 pub mod netlink;
 pub mod sink;
