@@ -1,1 +1,38 @@
-//! The network-namespace lab and helpers for end-to-end tests.
+//! Egret's network-namespace lab and the helpers its end-to-end tests share.
+//!
+//! - [`plan`]: the address plan (the fixture table's addresses and MACs).
+//! - [`lab`]: the topology ([`lab::Lab`]: pods, node router, gateway,
+//!   upstream router, server), deleted on drop.
+//! - [`netns`]: namespaces, commands and threads inside them.
+//! - [`gateway`]: the `egret` daemon's config, process, admin CLI.
+//! - [`server`], [`client`]: the external server that reports the source it
+//!   saw, and the pods' clients.
+//! - [`capture`], [`frames`]: captures on a link, the leak check, raw frames.
+//! - [`sys`]: the few raw system calls (the crate's only unsafe code).
+//!
+//! The `egret-lab` binary (`src/bin/egret-lab.rs`) drives the same code for
+//! `tests/lab.sh`; docs/lab.md describes both.
+
+pub mod capture;
+pub mod client;
+pub mod error;
+pub mod frames;
+pub mod gateway;
+pub mod lab;
+pub mod netns;
+pub mod plan;
+pub mod server;
+pub mod sys;
+
+pub use error::{LabError, Result};
+
+/// Whether the lab can run here: it needs root (namespaces, XDP, raw
+/// sockets). When it cannot, prints why the calling test is skipped.
+pub fn lab_available(test: &str) -> bool {
+    if sys::is_root() {
+        true
+    } else {
+        eprintln!("SKIPPED {test}: the network-namespace lab needs root (run the tests as root; CI does)");
+        false
+    }
+}

@@ -1,0 +1,2 @@
+//! The lab CLI (placeholder, filled in below).
+fn main() {}
