@@ -229,15 +229,40 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, u64>)
     }
 }
 
+/// The daemon's admin interface: the `egret` CLI pointed at its socket.
+#[derive(Clone, Debug)]
+pub struct Admin {
+    /// The `egret` binary.
+    pub bin: PathBuf,
+    /// The admin socket.
+    pub socket: PathBuf,
+}
+
+impl Admin {
+    /// Runs `egret <args> --socket <admin socket>` and returns its stdout.
+    pub fn cli(&self, args: &[&str]) -> Result<String> {
+        netns::run(Command::new(&self.bin).args(args).arg("--socket").arg(&self.socket))
+    }
+
+    /// `egret sessions`.
+    pub fn sessions(&self) -> Result<String> {
+        self.cli(&["sessions"])
+    }
+
+    /// `egret counters --json`, parsed.
+    pub fn counters(&self) -> Result<Counters> {
+        Counters::parse(&self.cli(&["counters", "--json"])?)
+    }
+}
+
 /// The daemon running in the lab's gateway namespace. Dropping it kills it
 /// (and, if the thread is panicking, prints the end of its log).
 #[derive(Debug)]
 pub struct Gateway {
     child: Option<Child>,
     ns: String,
-    bin: PathBuf,
+    admin: Admin,
     config: PathBuf,
-    socket: PathBuf,
     log: PathBuf,
     metrics: SocketAddr,
     /// The configuration last written.
@@ -264,9 +289,8 @@ impl Gateway {
         let mut g = Self {
             child: None,
             ns: lab.gateway_ns().name().to_string(),
-            bin,
+            admin: Admin { bin, socket: dir.join("egret.sock") },
             config: dir.join("egret.yaml"),
-            socket: dir.join("egret.sock"),
             log: dir.join("egret.log"),
             metrics,
             current: cfg.clone(),
@@ -277,7 +301,7 @@ impl Gateway {
     }
 
     fn write_config(&mut self, cfg: &GatewayConfig) -> Result<()> {
-        std::fs::write(&self.config, cfg.yaml(&self.socket, self.metrics))
+        std::fs::write(&self.config, cfg.yaml(&self.admin.socket, self.metrics))
             .map_err(|e| LabError::io(format!("write {}", self.config.display()), e))?;
         self.current = cfg.clone();
         Ok(())
@@ -292,7 +316,7 @@ impl Gateway {
         let log2 = log.try_clone().map_err(|e| LabError::io("dup log", e))?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns])
-            .arg(&self.bin)
+            .arg(&self.admin.bin)
             .arg("gateway")
             .arg("--config")
             .arg(&self.config)
@@ -318,9 +342,9 @@ impl Gateway {
         &self.config
     }
 
-    /// The admin socket's path.
-    pub fn socket_path(&self) -> &Path {
-        &self.socket
+    /// The admin interface.
+    pub fn admin(&self) -> &Admin {
+        &self.admin
     }
 
     /// The log file's path.
@@ -361,19 +385,19 @@ impl Gateway {
         }
     }
 
-    /// Runs `egret <args> --socket <admin socket>` and returns its stdout.
-    pub fn cli(&self, args: &[&str]) -> Result<String> {
-        netns::run(Command::new(&self.bin).args(args).arg("--socket").arg(&self.socket))
-    }
-
     /// `egret sessions`.
     pub fn sessions(&self) -> Result<String> {
-        self.cli(&["sessions"])
+        self.admin.sessions()
     }
 
     /// `egret counters --json`, parsed.
     pub fn counters(&self) -> Result<Counters> {
-        Counters::parse(&self.cli(&["counters", "--json"])?)
+        self.admin.counters()
+    }
+
+    /// Leaves the daemon running when this handle drops (the CLI's `up`).
+    pub fn detach(mut self) {
+        self.child.take();
     }
 
     /// Writes `cfg` and sends SIGHUP.

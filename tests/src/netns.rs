@@ -184,19 +184,23 @@ impl NetNs {
             .unwrap_or_default()
     }
 
-    /// Sends SIGKILL to every process inside the namespace (processes the lab
-    /// started there: gateway, servers, clients) and waits briefly for them
-    /// to go.
+    /// Ends every process inside the namespace (processes the lab started
+    /// there: gateway, server): SIGTERM, then SIGKILL after a second.
     pub fn kill_processes(&self) {
-        let pids = self.pids();
-        for pid in &pids {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status();
-        }
-        for _ in 0..50 {
-            if self.pids().is_empty() {
-                break;
+        for sig in ["-TERM", "-KILL"] {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            for pid in &pids {
+                let _ = Command::new("kill").args([sig, &pid.to_string()]).stderr(Stdio::null()).status();
+            }
+            for _ in 0..50 {
+                if self.pids().is_empty() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
         }
     }
 
