@@ -38,8 +38,15 @@ fn unspecified(to: &SocketAddr) -> SocketAddr {
 
 /// Opens a UDP socket in `ns` connected to `to`.
 pub fn udp_socket(ns: &NetNs, to: SocketAddr) -> Result<UdpSocket> {
+    udp_socket_from(ns, 0, to)
+}
+
+/// Opens a UDP socket in `ns` on local port `port` (0: any), connected to `to`.
+pub fn udp_socket_from(ns: &NetNs, port: u16, to: SocketAddr) -> Result<UdpSocket> {
     ns.run_in(|| -> Result<UdpSocket> {
-        let s = UdpSocket::bind(unspecified(&to)).map_err(|e| LabError::io("bind UDP", e))?;
+        let mut local = unspecified(&to);
+        local.set_port(port);
+        let s = UdpSocket::bind(local).map_err(|e| LabError::io(format!("bind UDP {local}"), e))?;
         s.connect(to).map_err(|e| LabError::io(format!("connect UDP {to}"), e))?;
         Ok(s)
     })?

@@ -1,5 +1,7 @@
-//! Raw frames for the lab: ARP requests and replies (RFC 826), and a raw
-//! socket to inject hand-made (even malformed) frames on an interface.
+//! Raw frames for the lab: a raw socket to inject hand-made (even
+//! malformed) frames on an interface and read what arrives, and an ARP
+//! (RFC 826) parser. Frames themselves come from the fixture table's
+//! builders (`egret_dataplane::fixtures::build`).
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -44,21 +46,6 @@ impl RawLink {
         }
         Ok(None)
     }
-}
-
-/// An ARP request (broadcast) from `mac`/`ip` asking who has `target`.
-pub fn arp_request(mac: [u8; 6], ip: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
-    let mut f = Vec::with_capacity(42);
-    f.extend_from_slice(&[0xff; 6]);
-    f.extend_from_slice(&mac);
-    f.extend_from_slice(&[0x08, 0x06]);
-    // Ethernet (1), IPv4 (0x0800), hlen 6, plen 4, request (1).
-    f.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
-    f.extend_from_slice(&mac);
-    f.extend_from_slice(&ip.octets());
-    f.extend_from_slice(&[0; 6]);
-    f.extend_from_slice(&target.octets());
-    f
 }
 
 /// An ARP packet's fields.

@@ -8,6 +8,7 @@
 //! - [`server`], [`client`]: the external server that reports the source it
 //!   saw, and the pods' clients.
 //! - [`capture`], [`frames`]: captures on a link, the leak check, raw frames.
+//! - [`harness`]: lab + gateway + outside capture + leak check, per test.
 //! - [`sys`]: the few raw system calls (the crate's only unsafe code).
 //!
 //! The `egret-lab` binary (`src/bin/egret-lab.rs`) drives the same code for
@@ -18,6 +19,7 @@ pub mod client;
 pub mod error;
 pub mod frames;
 pub mod gateway;
+pub mod harness;
 pub mod lab;
 pub mod netns;
 pub mod plan;

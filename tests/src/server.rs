@@ -113,7 +113,10 @@ fn bind_all() -> Result<Sockets> {
         let s = UdpSocket::bind(SocketAddr::new(a, plan::ECHO_PORT))
             .map_err(|e| LabError::io(format!("bind UDP {a}:{}", plan::ECHO_PORT), e))?;
         s.set_read_timeout(Some(POLL)).map_err(|e| LabError::io("UDP read timeout", e))?;
-        udp.push(s);
+        // Room for a burst of datagrams (the many-flows test sends waves).
+        let fd = std::os::fd::OwnedFd::from(s);
+        crate::sys::force_recv_buffer(&fd, 8 << 20).map_err(|e| LabError::io("UDP receive buffer", e))?;
+        udp.push(UdpSocket::from(fd));
     }
     let mut tcp = Vec::new();
     for port in [plan::HTTP_PORT, plan::ECHO_PORT] {

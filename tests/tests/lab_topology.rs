@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use egret_tests::capture::Capture;
 use egret_tests::client;
-use egret_tests::frames::{arp_request, parse_arp, RawLink};
+use egret_dataplane::fixtures::build::arp_request;
+use egret_tests::frames::{parse_arp, RawLink};
 use egret_tests::lab::{Arm, Lab, LabOptions};
 use egret_tests::plan::{self, Pod};
 
@@ -33,7 +34,7 @@ fn kernel_path(arm: Arm) {
     }
     // Nobody answers ARP for an egress IP without Egret.
     let up = RawLink::open(lab.upstream(), "gw").unwrap();
-    up.send(&arp_request(plan::UP_MAC, plan::UPSTREAM, plan::E1)).unwrap();
+    up.send(&arp_request(plan::UP_MAC, plan::UPSTREAM.octets(), plan::E1.octets())).unwrap();
     let answer = up
         .recv_matching(Duration::from_millis(300), |f| parse_arp(f).is_some_and(|a| a.op == 2 && a.spa == plan::E1))
         .unwrap();
