@@ -57,3 +57,54 @@ fn kernel_path_one_arm() {
         kernel_path(Arm::One);
     }
 }
+
+/// The lab with the kernel's own SNAT (nftables) in place of Egret, as a
+/// reference: the path-MTU topology behaves as the Egret test expects (the
+/// upstream router sends fragmentation-needed, a NAT that translates it
+/// lets the pod learn the MTU 1400, fragment UDP and upload over TCP). If
+/// this passes and `e2e::pmtu` fails, the difference is Egret's.
+#[test]
+fn reference_kernel_snat_pmtu() {
+    if !egret_tests::lab_available("reference_kernel_snat_pmtu") {
+        return;
+    }
+    let lab = Lab::build(LabOptions { server_link_mtu: Some(1400), ..LabOptions::for_test() }).unwrap();
+    let gw = lab.gateway_ns();
+    for e in [plan::E1, plan::E2] {
+        gw.ip(&["addr", "add", &format!("{e}/32"), "dev", "lo"]).unwrap();
+    }
+    let rules = format!(
+        "table ip nat {{\n chain post {{\n  type nat hook postrouting priority 100;\n  \
+         ip saddr 198.18.0.0/24 ip daddr != 198.51.100.128/25 oifname \"outside\" snat to {}\n  \
+         ip saddr 198.18.1.0/24 ip daddr 198.51.100.0/24 oifname \"outside\" snat to {}\n }}\n}}\n",
+        plan::E1,
+        plan::E2
+    );
+    let file = lab.dir().join("reference.nft");
+    std::fs::write(&file, rules).unwrap();
+    gw.exec(&["nft", "-f", &file.to_string_lossy()]).unwrap();
+
+    let a = lab.pod(Pod::A);
+    let server = std::net::IpAddr::from(plan::SERVER);
+    let s = client::udp_socket(a, Pod::A.echo_endpoint()).unwrap();
+    s.send("B".repeat(1472).as_bytes()).unwrap();
+    let t = Instant::now();
+    while client::cached_pmtu(a, server).unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(5), "no PMTU learned");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(client::cached_pmtu(a, server).unwrap(), Some(1400));
+    let token = "C".repeat(1472);
+    let e = s.send(token.as_bytes()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EMSGSIZE));
+    s.send(token.as_bytes()).unwrap();
+    let seen = lab
+        .server()
+        .unwrap()
+        .wait_for(Duration::from_secs(3), |x| x.token == token)
+        .expect("fragmented datagram reassembled at the server");
+    assert_eq!(seen.src.ip(), std::net::IpAddr::from(plan::E1));
+    let r = client::http(lab.pod(Pod::C), Pod::C.http_endpoint(), "/upload", 2 << 20).unwrap();
+    assert_eq!(r.seen.ip(), std::net::IpAddr::from(plan::E2));
+    assert_eq!(r.rest, format!("POST /upload received={}", 2 << 20));
+}

@@ -42,10 +42,14 @@ fn icmp_frag_needed_reaches_the_pod() {
     let c = h.counters().unwrap();
     assert!(c.get(translated) > before.get(translated), "icmp_error_translated counted: {:?}", c.delta(&before));
 
-    // Now the pod fragments the same datagram itself; the fragments are
-    // translated (the first by its ports, the rest through the fragment
-    // cache) and the server reassembles a datagram from E1.
+    // The ICMP error also reached the pod's connected socket: its next
+    // send reports it (EMSGSIZE, RFC 1122 4.1.3.3). Then the pod fragments
+    // the datagram itself; the fragments are translated (the first by its
+    // ports, the rest through the fragment cache) and the server
+    // reassembles a datagram from E1.
     let token = format!("C{}", "C".repeat(1471));
+    let e = s.send(token.as_bytes()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EMSGSIZE), "the socket's pending ICMP error: {e}");
     s.send(token.as_bytes()).unwrap();
     let seen = h
         .lab
