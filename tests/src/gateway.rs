@@ -163,7 +163,9 @@ fn find_or_build_egret() -> std::result::Result<PathBuf, String> {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("Cargo.toml");
         let target = dir.parent().map(Path::to_path_buf).unwrap_or_default();
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "egret-controlplane", "--bin", "egret", "--manifest-path"])
+        // With egret-tests selected too, dependencies resolve to the same
+        // features as the test build, so nothing is compiled twice.
+        cmd.args(["build", "--quiet", "-p", "egret-controlplane", "-p", "egret-tests", "--bin", "egret", "--manifest-path"])
             .arg(&manifest)
             .env("CARGO_TARGET_DIR", &target);
         if dir.ends_with("release") {
@@ -183,7 +185,8 @@ fn find_or_build_egret() -> std::result::Result<PathBuf, String> {
 }
 
 /// Counters from `egret counters --json`, flattened to dotted paths
-/// (`drops.inbound_no_mapping`, arrays summed element-wise by index path).
+/// (`drops.inbound_no_mapping`; `[name, value]` pairs become `list.name`,
+/// other array elements `list.<index>`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counters(pub BTreeMap<String, u64>);
 
@@ -219,7 +222,16 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, u64>)
     let key = |k: &str| if prefix.is_empty() { k.to_string() } else { format!("{prefix}.{k}") };
     match v {
         serde_json::Value::Object(o) => o.iter().for_each(|(k, v)| flatten(&key(k), v, out)),
-        serde_json::Value::Array(a) => a.iter().enumerate().for_each(|(i, v)| flatten(&key(&i.to_string()), v, out)),
+        serde_json::Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                // A `[name, value]` pair (the daemon's drops/events/xdp lists).
+                if let Some([serde_json::Value::String(n), x @ serde_json::Value::Number(_)]) = v.as_array().map(Vec::as_slice) {
+                    flatten(&key(n), x, out);
+                } else {
+                    flatten(&key(&i.to_string()), v, out);
+                }
+            }
+        }
         serde_json::Value::Number(n) => {
             if let Some(x) = n.as_u64() {
                 out.insert(prefix.to_string(), x);
@@ -252,6 +264,22 @@ impl Admin {
     /// `egret counters --json`, parsed.
     pub fn counters(&self) -> Result<Counters> {
         Counters::parse(&self.cli(&["counters", "--json"])?)
+    }
+
+    /// `egret sessions --json --limit N`: one JSON object per session
+    /// (`proto`, `pod`, `pod_port`, `egress`, `egress_port`, `remote`, ...).
+    pub fn sessions_json(&self, limit: usize) -> Result<Vec<serde_json::Value>> {
+        let text = self.cli(&["sessions", "--json", "--limit", &limit.to_string()])?;
+        match serde_json::from_str(&text) {
+            Ok(serde_json::Value::Array(v)) => Ok(v),
+            _ => Err(LabError::Unexpected { from: "egret sessions --json".into(), got: text }),
+        }
+    }
+
+    /// `egret status --json`.
+    pub fn status(&self) -> Result<serde_json::Value> {
+        let text = self.cli(&["status", "--json"])?;
+        serde_json::from_str(&text).map_err(|e| LabError::Unexpected { from: "egret status --json".into(), got: format!("{e}: {text}") })
     }
 }
 

@@ -138,6 +138,7 @@ impl Lab {
         std::fs::create_dir_all(&dir).map_err(|e| LabError::io(format!("create {}", dir.display()), e))?;
         let mut lab = Self { server: None, opts, pods, node, gw, up, srv, lan, dir, own_dir };
         lab.wire()?;
+        lab.resolve_gateway_neighbors()?;
         if lab.opts.server {
             lab.server = Some(Server::start(&lab.srv, None)?);
         }
@@ -299,6 +300,42 @@ impl Lab {
         ]);
         self.srv.ip_batch(&srv)?;
         Ok(())
+    }
+
+    /// Has the gateway's kernel resolve its next hops (node and upstream
+    /// routers, both families) now, as a router that has been up for a while
+    /// would have. Egret takes next hops from the kernel and drops a frame
+    /// whose next hop is unresolved (counted `neighbor_unresolved`, with a
+    /// resolution request); resolving first keeps each test's first packet
+    /// from being that frame.
+    fn resolve_gateway_neighbors(&self) -> Result<()> {
+        let hops: [IpAddr; 4] = [plan::NODE.into(), plan::UPSTREAM.into(), plan::NODE6.into(), plan::UPSTREAM6.into()];
+        self.gw.run_in(|| {
+            for hop in hops {
+                // Any datagram makes the kernel resolve the next hop; the
+                // router answers port unreachable, which is ignored.
+                if let Ok(s) = std::net::UdpSocket::bind(if hop.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }) {
+                    let _ = s.send_to(b"resolve", std::net::SocketAddr::new(hop, 9));
+                }
+            }
+        })?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let table = self.gw.ip(&["neigh", "show"])?;
+            let resolved = |hop: &IpAddr| {
+                table.lines().any(|l| l.starts_with(&format!("{hop} ")) && l.contains("lladdr") && !l.contains("FAILED"))
+            };
+            if hops.iter().all(resolved) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(LabError::Timeout {
+                    what: format!("the gateway's kernel to resolve {hops:?}; neighbours:\n{table}"),
+                    after: std::time::Duration::from_secs(5),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// The options the lab was built with.
