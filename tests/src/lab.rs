@@ -59,11 +59,11 @@ pub struct LabOptions {
     pub dir: Option<PathBuf>,
 }
 
-/// The prefix of test labs' namespaces: `egt<pid>x<n>`.
-pub const TEST_PREFIX: &str = "egt";
+/// The prefix of test labs' namespaces: `eglab<pid>x<n>`.
+pub const TEST_PREFIX: &str = "eglab";
 
 impl LabOptions {
-    /// Options for a test: a unique prefix (`egt<pid>x<n>`), two-arm, the
+    /// Options for a test: a unique prefix (`eglab<pid>x<n>`), two-arm, the
     /// server in process.
     pub fn for_test() -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
@@ -78,7 +78,7 @@ impl LabOptions {
     }
 }
 
-/// Deletes test-lab namespaces (`egt<pid>x...`) whose process is gone (a test
+/// Deletes test-lab namespaces (`eglab<pid>x...`) whose process is gone (a test
 /// run killed before its guards ran).
 pub fn remove_stale_test_labs() {
     for name in netns::list() {
