@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use egret_tests::capture::Capture;
+use egret_tests::capture::{self, Capture};
+use egret_tests::gateway::GatewayConfig;
 use egret_tests::client;
 use egret_dataplane::fixtures::build::arp_request;
 use egret_tests::frames::{parse_arp, RawLink};
@@ -41,6 +42,16 @@ fn kernel_path(arm: Arm) {
     assert_eq!(answer, None);
     let frames = cap.stop().unwrap();
     assert!(frames.len() > 10, "capture saw {} frames", frames.len());
+    // The leak check the e2e tests rely on can fail: without Egret, every
+    // selected pod's traffic is a leak under the default configuration, and
+    // the unselected pod's is not.
+    let cfg = GatewayConfig::lab_default(&lab);
+    let leaks = capture::leaks(&frames, lab.gateway_outside_mac(), |s, d| cfg.selects(s, d));
+    for pod in [Pod::A, Pod::B, Pod::C, Pod::V6] {
+        let from = format!(": {} -> ", pod.addr());
+        assert!(leaks.iter().any(|l| l.contains(&from)), "{pod:?}'s untranslated traffic is flagged: {leaks:?}");
+    }
+    assert!(!leaks.iter().any(|l| l.contains(&format!(": {} -> ", plan::POD_U))), "pod U is not a leak");
     println!("{arm:?}: {} frames on the outside link, total {:?}", frames.len(), t.elapsed());
 }
 
