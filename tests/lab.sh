@@ -72,7 +72,7 @@ The lab stays up. Explore it:
   ip netns list | grep egret-lab-                      the namespaces
   ip netns exec egret-lab-pod-a curl -s http://198.51.100.7/
                                                        the server answers "saw <source it saw>"
-  ip netns exec egret-lab-pod-u ping -c1 198.51.100.7  an unselected pod (leaves untouched)
+  ip netns exec egret-lab-pod-u curl -s http://198.51.100.7/   an unselected pod: untouched
   ip netns exec egret-lab-pod-v6 curl -s 'http://[2001:db8:51::7]/'
   $target_dir/release/egret sessions --socket /run/egret-lab/egret.sock
   $target_dir/release/egret counters --json --socket /run/egret-lab/egret.sock

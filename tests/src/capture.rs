@@ -71,7 +71,12 @@ impl Capture {
         match ready_rx.recv_timeout(Duration::from_secs(5)) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(LabError::Timeout { what: format!("capture on {what} to start"), after: Duration::from_secs(5) }),
+            Err(_) => {
+                return Err(LabError::Timeout {
+                    what: format!("capture on {what} to start"),
+                    after: Duration::from_secs(5),
+                })
+            }
         }
         let thread = Some(thread);
         Ok(Self { what, stop, frames, thread })

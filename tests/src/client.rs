@@ -79,7 +79,10 @@ pub fn udp_exchange(s: &UdpSocket, token: &str, tries: u32, wait: Duration) -> R
             }
         }
     }
-    Err(LabError::Timeout { what: format!("UDP echo of {token:?} from {peer} via {local}"), after: wait * tries.max(1) })
+    Err(LabError::Timeout {
+        what: format!("UDP echo of {token:?} from {peer} via {local}"),
+        after: wait * tries.max(1),
+    })
 }
 
 /// One UDP echo from `ns` to `to` with payload `token`.
@@ -120,7 +123,8 @@ pub fn http(ns: &NetNs, to: SocketAddr, path: &str, body_len: usize) -> Result<R
     let mut answer = String::new();
     s.read_to_string(&mut answer).map_err(|e| io("read from", e))?;
     let body = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
-    let (seen, rest) = parse_saw(body).ok_or_else(|| LabError::Unexpected { from: to.to_string(), got: answer.clone() })?;
+    let (seen, rest) =
+        parse_saw(body).ok_or_else(|| LabError::Unexpected { from: to.to_string(), got: answer.clone() })?;
     Ok(Reply { seen, local, rest })
 }
 
@@ -150,11 +154,14 @@ impl TcpSession {
             if let Some(i) = self.pending.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = self.pending.drain(..=i).collect();
                 let line = String::from_utf8_lossy(&line).into_owned();
-                let (seen, rest) =
-                    parse_saw(&line).ok_or_else(|| LabError::Unexpected { from: "TCP echo".into(), got: line.clone() })?;
+                let (seen, rest) = parse_saw(&line)
+                    .ok_or_else(|| LabError::Unexpected { from: "TCP echo".into(), got: line.clone() })?;
                 return Ok(Reply { seen, local: self.local, rest });
             }
-            let n = self.stream.read(&mut chunk).map_err(|e| LabError::io(format!("TCP echo read via {}", self.local), e))?;
+            let n = self
+                .stream
+                .read(&mut chunk)
+                .map_err(|e| LabError::io(format!("TCP echo read via {}", self.local), e))?;
             if n == 0 {
                 return Err(LabError::Unexpected { from: "TCP echo".into(), got: "connection closed".into() });
             }
@@ -193,7 +200,8 @@ pub fn ping(ns: &NetNs, dst: IpAddr, token: &str, timeout: Duration) -> Result<P
         s.send(&msg).map_err(|e| LabError::io(format!("ping {dst}"), e))?;
         let round = Instant::now() + timeout / 3;
         while let Some(left) = round.min(deadline).checked_duration_since(Instant::now()) {
-            s.set_read_timeout(Some(left.max(Duration::from_millis(1)))).map_err(|e| LabError::io("ping timeout", e))?;
+            s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .map_err(|e| LabError::io("ping timeout", e))?;
             match s.recv_from(&mut buf) {
                 Ok((n, from)) => {
                     let r = &buf[..n];

@@ -23,7 +23,8 @@ impl RawLink {
     pub fn open(ns: &NetNs, dev: &str) -> Result<Self> {
         let ifindex = ns.ifindex(dev)?;
         let what = format!("{}:{dev}", ns.name());
-        let sock = ns.run_in(|| PacketSocket::bind(ifindex))?.map_err(|e| LabError::io(format!("raw socket on {what}"), e))?;
+        let sock =
+            ns.run_in(|| PacketSocket::bind(ifindex))?.map_err(|e| LabError::io(format!("raw socket on {what}"), e))?;
         Ok(Self { sock, what })
     }
 

@@ -71,7 +71,11 @@ impl GatewayConfig {
             egress_ips: spec
                 .egress_ips
                 .iter()
-                .map(|e| EgressIp { ip: e.ip, ports: e.ports.map(|p| (p.first, p.last)), answer_neighbor: e.answer_neighbor })
+                .map(|e| EgressIp {
+                    ip: e.ip,
+                    ports: e.ports.map(|p| (p.first, p.last)),
+                    answer_neighbor: e.answer_neighbor,
+                })
                 .collect(),
             policies: spec
                 .policies
@@ -125,7 +129,12 @@ impl GatewayConfig {
         }
         y += "policies:\n";
         for p in &self.policies {
-            y += &format!("  - name: {}\n    sources: [{}]\n    destinations: [{}]\n", p.name, list(&p.sources), list(&p.destinations));
+            y += &format!(
+                "  - name: {}\n    sources: [{}]\n    destinations: [{}]\n",
+                p.name,
+                list(&p.sources),
+                list(&p.destinations)
+            );
             if !p.except.is_empty() {
                 y += &format!("    except: [{}]\n", list(&p.except));
             }
@@ -165,9 +174,19 @@ fn find_or_build_egret() -> std::result::Result<PathBuf, String> {
         let mut cmd = Command::new(cargo);
         // With egret-tests selected too, dependencies resolve to the same
         // features as the test build, so nothing is compiled twice.
-        cmd.args(["build", "--quiet", "-p", "egret-controlplane", "-p", "egret-tests", "--bin", "egret", "--manifest-path"])
-            .arg(&manifest)
-            .env("CARGO_TARGET_DIR", &target);
+        cmd.args([
+            "build",
+            "--quiet",
+            "-p",
+            "egret-controlplane",
+            "-p",
+            "egret-tests",
+            "--bin",
+            "egret",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .env("CARGO_TARGET_DIR", &target);
         if dir.ends_with("release") {
             cmd.arg("--release");
         }
@@ -180,7 +199,10 @@ fn find_or_build_egret() -> std::result::Result<PathBuf, String> {
     if bin.exists() {
         Ok(bin)
     } else {
-        Err(format!("no egret binary at {} (build it: cargo build -p egret-controlplane, or set EGRET_BIN)", bin.display()))
+        Err(format!(
+            "no egret binary at {} (build it: cargo build -p egret-controlplane, or set EGRET_BIN)",
+            bin.display()
+        ))
     }
 }
 
@@ -225,7 +247,9 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, u64>)
         serde_json::Value::Array(a) => {
             for (i, v) in a.iter().enumerate() {
                 // A `[name, value]` pair (the daemon's drops/events/xdp lists).
-                if let Some([serde_json::Value::String(n), x @ serde_json::Value::Number(_)]) = v.as_array().map(Vec::as_slice) {
+                if let Some([serde_json::Value::String(n), x @ serde_json::Value::Number(_)]) =
+                    v.as_array().map(Vec::as_slice)
+                {
                     flatten(&key(n), x, out);
                 } else {
                     flatten(&key(&i.to_string()), v, out);
@@ -279,7 +303,8 @@ impl Admin {
     /// `egret status --json`.
     pub fn status(&self) -> Result<serde_json::Value> {
         let text = self.cli(&["status", "--json"])?;
-        serde_json::from_str(&text).map_err(|e| LabError::Unexpected { from: "egret status --json".into(), got: format!("{e}: {text}") })
+        serde_json::from_str(&text)
+            .map_err(|e| LabError::Unexpected { from: "egret status --json".into(), got: format!("{e}: {text}") })
     }
 }
 
@@ -313,7 +338,8 @@ impl Gateway {
     pub fn spawn(lab: &Lab, cfg: &GatewayConfig) -> Result<Self> {
         let dir = lab.dir();
         let bin = egret_binary()?;
-        let metrics: SocketAddr = METRICS.parse().map_err(|_| LabError::Gateway(format!("bad metrics address {METRICS}")))?;
+        let metrics: SocketAddr =
+            METRICS.parse().map_err(|_| LabError::Gateway(format!("bad metrics address {METRICS}")))?;
         let mut g = Self {
             child: None,
             ns: lab.gateway_ns().name().to_string(),

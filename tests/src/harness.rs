@@ -87,7 +87,12 @@ impl Harness {
                 leaks.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
             )));
         }
-        eprintln!("{}: {} frames on the outside link, none leaked; {:?}", self.name, frames.len(), self.started.elapsed());
+        eprintln!(
+            "{}: {} frames on the outside link, none leaked; {:?}",
+            self.name,
+            frames.len(),
+            self.started.elapsed()
+        );
         Ok(frames)
     }
 

@@ -169,7 +169,8 @@ impl Lab {
         }
 
         // Node router: the pod bridge and one veth per pod.
-        let mut node = vec!["link add pods type bridge mcast_snooping 0".to_string(), "link set dev pods up".to_string()];
+        let mut node =
+            vec!["link add pods type bridge mcast_snooping 0".to_string(), "link set dev pods up".to_string()];
         for (a, len) in plan::NODE_POD_BRIDGE {
             node.push(format!("addr add {a}/{len} dev pods nodad"));
         }
@@ -323,7 +324,9 @@ impl Lab {
         loop {
             let table = self.gw.ip(&["neigh", "show"])?;
             let resolved = |hop: &IpAddr| {
-                table.lines().any(|l| l.starts_with(&format!("{hop} ")) && l.contains("lladdr") && !l.contains("FAILED"))
+                table
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{hop} ")) && l.contains("lladdr") && !l.contains("FAILED"))
             };
             if hops.iter().all(resolved) {
                 return Ok(());

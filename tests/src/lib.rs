@@ -29,12 +29,17 @@ pub mod sys;
 pub use error::{LabError, Result};
 
 /// Whether the lab can run here: it needs root (namespaces, XDP, raw
-/// sockets). When it cannot, prints why the calling test is skipped.
+/// sockets). When it cannot, says on stderr that the calling test is
+/// skipped, written past libtest's output capture so it shows even for a
+/// passing test.
 pub fn lab_available(test: &str) -> bool {
     if sys::is_root() {
-        true
-    } else {
-        eprintln!("SKIPPED {test}: the network-namespace lab needs root (run the tests as root; CI does)");
-        false
+        return true;
     }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {test}: the network-namespace lab needs root (run the tests as root; CI does)"
+    );
+    false
 }

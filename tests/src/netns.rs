@@ -20,7 +20,8 @@ use crate::sys;
 /// Runs `cmd`, returns its stdout; fails with its stderr if it exits non-zero.
 pub fn run(cmd: &mut Command) -> Result<String> {
     let line = describe(cmd);
-    let out: Output = cmd.stdin(Stdio::null()).output().map_err(|source| LabError::Spawn { cmd: line.clone(), source })?;
+    let out: Output =
+        cmd.stdin(Stdio::null()).output().map_err(|source| LabError::Spawn { cmd: line.clone(), source })?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {

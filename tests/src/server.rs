@@ -173,7 +173,8 @@ impl Server {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         let mut spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
-            let h = std::thread::Builder::new().name(name).spawn(f).map_err(|e| LabError::io("spawn server thread", e))?;
+            let h =
+                std::thread::Builder::new().name(name).spawn(f).map_err(|e| LabError::io("spawn server thread", e))?;
             threads.push(h);
             Ok(())
         };
@@ -385,6 +386,11 @@ fn icmp_watch(s: UdpSocket, v6: bool, stop: &AtomicBool, journal: &Journal) {
         }
         let ident = u16::from_be_bytes([icmp[4], icmp[5]]);
         let token = String::from_utf8_lossy(&icmp[8..]).trim_end_matches('\0').to_string();
-        journal.record(Seen { proto: Proto::Icmp, src: SocketAddr::new(src, ident), dst: SocketAddr::new(dst, 0), token });
+        journal.record(Seen {
+            proto: Proto::Icmp,
+            src: SocketAddr::new(src, ident),
+            dst: SocketAddr::new(dst, 0),
+            token,
+        });
     }
 }

@@ -89,7 +89,8 @@ impl PacketSocket {
     pub fn bind(ifindex: u32) -> io::Result<Self> {
         let proto = ETH_P_ALL.to_be();
         // SAFETY: plain socket(2) call; the result is checked before use.
-        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::c_int::from(proto)) };
+        let raw =
+            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::c_int::from(proto)) };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -6,11 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use egret_tests::capture::{self, Capture};
-use egret_tests::gateway::GatewayConfig;
-use egret_tests::client;
 use egret_dataplane::fixtures::build::arp_request;
+use egret_tests::capture::{self, Capture};
+use egret_tests::client;
 use egret_tests::frames::{parse_arp, RawLink};
+use egret_tests::gateway::GatewayConfig;
 use egret_tests::lab::{Arm, Lab, LabOptions};
 use egret_tests::plan::{self, Pod};
 

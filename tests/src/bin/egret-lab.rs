@@ -86,7 +86,11 @@ fn up(args: &[String]) -> Result<bool> {
     let exe = std::env::current_exe().map_err(|e| LabError::io("current_exe", e))?;
     let out = std::fs::File::create(lab.dir().join("server.out")).map_err(|e| LabError::io("server.out", e))?;
     let mut cmd = lab.server_ns().command(&exe.to_string_lossy());
-    cmd.args(["serve", "--log"]).arg(lab.dir().join("server.log")).stdin(Stdio::null()).stdout(out.try_clone().map_err(|e| LabError::io("dup", e))?).stderr(out);
+    cmd.args(["serve", "--log"])
+        .arg(lab.dir().join("server.log"))
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().map_err(|e| LabError::io("dup", e))?)
+        .stderr(out);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.spawn().map_err(|source| LabError::Spawn { cmd: netns::describe(&cmd), source })?;
     wait_server(&lab)?;
@@ -96,7 +100,11 @@ fn up(args: &[String]) -> Result<bool> {
         let cfg = GatewayConfig::lab_default(&lab);
         match Gateway::start(&lab, &cfg) {
             Ok(g) => {
-                println!("gateway: egret running in {} (config {})", lab.gateway_ns().name(), g.config_path().display());
+                println!(
+                    "gateway: egret running in {} (config {})",
+                    lab.gateway_ns().name(),
+                    g.config_path().display()
+                );
                 g.detach();
             }
             Err(e) => {
@@ -113,12 +121,17 @@ fn wait_server(lab: &Lab) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let addr = SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT);
     loop {
-        let ok = lab.server_ns().run_in(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())?;
+        let ok = lab
+            .server_ns()
+            .run_in(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())?;
         if ok {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(LabError::Timeout { what: format!("the lab server on {addr}"), after: Duration::from_secs(10) });
+            return Err(LabError::Timeout {
+                what: format!("the lab server on {addr}"),
+                after: Duration::from_secs(10),
+            });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -182,11 +195,13 @@ fn demo() -> Result<bool> {
         let want = Lab::expected_source(pod, pod.server());
         let http = client::http(&pns, pod.http_endpoint(), "/demo", 0).map(|r| r.seen.to_string());
         record(pod, format!("HTTP {}", pod.http_endpoint()), http, want);
-        let udp = client::udp_echo(&pns, pod.echo_endpoint(), &format!("demo-{}", pod.name())).map(|r| r.seen.to_string());
+        let udp =
+            client::udp_echo(&pns, pod.echo_endpoint(), &format!("demo-{}", pod.name())).map(|r| r.seen.to_string());
         record(pod, format!("UDP  {}", pod.echo_endpoint()), udp, want);
         let token = format!("demo-ping-{}-{}", pod.name(), std::process::id());
-        let ping = client::ping(&pns, pod.server(), &token, Duration::from_secs(3))
-            .and_then(|_| server_log_icmp(&token).ok_or_else(|| LabError::Gateway("server log has no such ping".into())));
+        let ping = client::ping(&pns, pod.server(), &token, Duration::from_secs(3)).and_then(|_| {
+            server_log_icmp(&token).ok_or_else(|| LabError::Gateway("server log has no such ping".into()))
+        });
         record(pod, format!("ping {}", pod.server()), ping, want);
     }
     // An excluded destination: policy "a" leaves 198.51.100.128/25 to the kernel.
@@ -229,7 +244,11 @@ fn demo() -> Result<bool> {
     }
     let gw = ns("gw")?;
     let links = gw.ip(&["-brief", "link"]).unwrap_or_default();
-    let xdp = Command::new("ip").args(["-n", gw.name(), "link", "show"]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    let xdp = Command::new("ip")
+        .args(["-n", gw.name(), "link", "show"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
     println!("\ngateway interfaces:\n{links}XDP attached: {}", if xdp.contains("xdp") { "yes" } else { "no" });
     if !all_ok {
         println!("\nSome requests did not leave with the expected source (see the table).");

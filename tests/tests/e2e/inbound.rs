@@ -38,7 +38,9 @@ fn unsolicited_inbound_dropped_service_port_reaches_kernel() {
     let r = client::tcp_connect(srv, SocketAddr::new(plan::E1.into(), 45000), Duration::from_millis(700));
     assert!(r.is_err(), "no TCP connection to an unmapped NAT port");
     let after = h
-        .wait_counters(Duration::from_secs(3), "inbound_no_mapping +1 (TCP SYN)", |c| c.get(no_mapping) > mid.get(no_mapping))
+        .wait_counters(Duration::from_secs(3), "inbound_no_mapping +1 (TCP SYN)", |c| {
+            c.get(no_mapping) > mid.get(no_mapping)
+        })
         .unwrap();
     assert_eq!(after.get(Event::SessionCreatedInbound.name()), before.get(Event::SessionCreatedInbound.name()));
 
@@ -113,7 +115,9 @@ fn arp_answered_for_owned_egress_ips_only() {
         .unwrap();
     assert_eq!(reply, Some(arp_reply(plan::GW_IN, plan::E2.octets(), plan::NODE_MAC, plan::NODE.octets())));
 
-    let after = h.wait_counters(Duration::from_secs(2), "neighbor_answered +3", |c| c.get(answered) >= before.get(answered) + 3).unwrap();
+    let after = h
+        .wait_counters(Duration::from_secs(2), "neighbor_answered +3", |c| c.get(answered) >= before.get(answered) + 3)
+        .unwrap();
     assert_eq!(after.get(answered) - before.get(answered), 3, "exactly the three owned requests were answered");
     h.finish(&[]).unwrap();
 }

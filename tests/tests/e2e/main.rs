@@ -17,9 +17,9 @@ mod reload;
 mod restart;
 mod traffic;
 
+use egret_tests::gateway::GatewayConfig;
 use egret_tests::harness::Harness;
 use egret_tests::lab::LabOptions;
-use egret_tests::gateway::GatewayConfig;
 
 /// Starts a harness for `name`, or returns `None` (test skipped) when not root.
 pub fn start(name: &str, opts: LabOptions, tweak: impl FnOnce(&mut GatewayConfig)) -> Option<Harness> {

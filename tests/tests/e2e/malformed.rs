@@ -27,7 +27,8 @@ type Case = (&'static str, Vec<u8>, &'static str);
 /// The fixture table's frames and where each should be counted here; and
 /// the fixture's good frame with its expected translation.
 fn cases() -> (Vec<Case>, Vec<u8>, Vec<u8>) {
-    let scenario = fixtures::scenarios().into_iter().find(|s| s.name == "malformed").expect("fixture scenario malformed");
+    let scenario =
+        fixtures::scenarios().into_iter().find(|s| s.name == "malformed").expect("fixture scenario malformed");
     let mut cases = Vec::new();
     let mut good = None;
     for st in &scenario.steps {
@@ -69,12 +70,15 @@ fn malformed_frames_counted_gateway_keeps_forwarding() {
     let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
     let (cases, good_in, good_out) = cases();
     let node = RawLink::open(h.lab.node(), "gw").unwrap();
-    let tracked: Vec<&str> = DropReason::ALL.iter().map(|r| r.name()).chain(["pass_malformed", "pass_not_ip"]).collect();
+    let tracked: Vec<&str> =
+        DropReason::ALL.iter().map(|r| r.name()).chain(["pass_malformed", "pass_not_ip"]).collect();
     for (what, frame, counter) in &cases {
         let before = h.counters().unwrap();
         node.send(frame).unwrap();
         let after = h
-            .wait_counters(Duration::from_secs(2), &format!("{what}: {counter} +1"), |c| c.get(counter) > before.get(counter))
+            .wait_counters(Duration::from_secs(2), &format!("{what}: {counter} +1"), |c| {
+                c.get(counter) > before.get(counter)
+            })
             .unwrap();
         // Exactly one named reason moved, by one.
         let moved: Vec<(&str, u64)> = tracked
@@ -106,7 +110,8 @@ fn malformed_frames_counted_gateway_keeps_forwarding() {
     }
 
     // And real traffic still flows.
-    let r = client::udp_echo(h.lab.pod(Pod::A), SocketAddr::new(plan::SERVER.into(), plan::ECHO_PORT), "after").unwrap();
+    let r =
+        client::udp_echo(h.lab.pod(Pod::A), SocketAddr::new(plan::SERVER.into(), plan::ECHO_PORT), "after").unwrap();
     assert_eq!(r.seen.ip(), std::net::IpAddr::from(plan::E1));
     h.finish(&[]).unwrap();
 }

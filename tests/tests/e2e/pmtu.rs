@@ -35,7 +35,11 @@ fn icmp_frag_needed_reaches_the_pod() {
         if let Some(m) = client::cached_pmtu(a, server).unwrap() {
             break m;
         }
-        assert!(Instant::now() < deadline, "pod A never learned the path MTU; counters {:?}", h.counters().unwrap().delta(&before));
+        assert!(
+            Instant::now() < deadline,
+            "pod A never learned the path MTU; counters {:?}",
+            h.counters().unwrap().delta(&before)
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(mtu, 1400, "`ip route get {server}` in pod A shows the path's MTU");
