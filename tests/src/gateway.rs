@@ -147,14 +147,34 @@ impl GatewayConfig {
     }
 }
 
-/// Where the `egret` binary is: `$EGRET_BIN`; under `cargo test`, built on
-/// first use with the same profile (`cargo build -p egret-controlplane`,
-/// a no-op when up to date, so a test never runs a stale daemon); otherwise
-/// next to this executable (`target/release/egret-lab` finds
-/// `target/release/egret`).
+/// Where the `egret` binary is: `$EGRET_BIN`; else `egret` in this
+/// executable's target directory (`target/<profile>/egret`, next to
+/// `egret-lab` or above a test's `deps/`). Under `cargo test`, if that binary
+/// is missing or older than any source of the daemon (controlplane, dataplane,
+/// bpf, Cargo.lock), it is built first (`cargo build -p egret-controlplane
+/// -p egret-tests --bin egret`, same profile), so a test never runs a stale
+/// daemon. `cargo test --workspace` builds it anyway (the control plane's own
+/// integration tests need it), and then nothing is compiled twice.
 pub fn egret_binary() -> Result<PathBuf> {
     static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     BIN.get_or_init(find_or_build_egret).clone().map_err(LabError::Gateway)
+}
+
+/// The newest modification time of any file under `paths`.
+fn newest_source(paths: &[PathBuf]) -> Option<std::time::SystemTime> {
+    let mut newest = None;
+    let mut stack: Vec<PathBuf> = paths.to_vec();
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::metadata(&p) else { continue };
+        if meta.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
+            }
+        } else if let Ok(m) = meta.modified() {
+            newest = newest.max(Some(m));
+        }
+    }
+    newest
 }
 
 fn find_or_build_egret() -> std::result::Result<PathBuf, String> {
@@ -163,37 +183,37 @@ fn find_or_build_egret() -> std::result::Result<PathBuf, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let under_cargo_test = dir.ends_with("deps") && std::env::var_os("CARGO").is_some();
     if dir.ends_with("deps") {
         dir.pop();
     }
     let bin = dir.join("egret");
-    // Under cargo (tests), make sure the daemon is built and current.
-    if let (Some(cargo), true) = (std::env::var_os("CARGO"), exe.parent().is_some_and(|p| p.ends_with("deps"))) {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("Cargo.toml");
-        let target = dir.parent().map(Path::to_path_buf).unwrap_or_default();
-        let mut cmd = Command::new(cargo);
-        // With egret-tests selected too, dependencies resolve to the same
-        // features as the test build, so nothing is compiled twice.
-        cmd.args([
-            "build",
-            "--quiet",
-            "-p",
-            "egret-controlplane",
-            "-p",
-            "egret-tests",
-            "--bin",
-            "egret",
-            "--manifest-path",
-        ])
-        .arg(&manifest)
-        .env("CARGO_TARGET_DIR", &target);
-        if dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        let line = netns::describe(&cmd);
-        let status = cmd.stdin(Stdio::null()).status().map_err(|e| format!("{line}: {e}"))?;
-        if !status.success() {
-            return Err(format!("{line}: {status}"));
+    if under_cargo_test {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let sources: Vec<PathBuf> =
+            ["controlplane", "dataplane", "bpf", "Cargo.lock"].iter().map(|p| root.join(p)).collect();
+        let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+        let stale = match (built, newest_source(&sources)) {
+            (Some(b), Some(src)) => src > b,
+            _ => true,
+        };
+        if stale {
+            let target = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+            let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+            // With egret-tests selected too, dependencies resolve to the same
+            // features as `cargo test -p egret-tests`.
+            cmd.args(["build", "--quiet", "-p", "egret-controlplane", "-p", "egret-tests", "--bin", "egret"])
+                .arg("--manifest-path")
+                .arg(root.join("Cargo.toml"))
+                .env("CARGO_TARGET_DIR", &target);
+            if dir.ends_with("release") {
+                cmd.arg("--release");
+            }
+            let line = netns::describe(&cmd);
+            let status = cmd.stdin(Stdio::null()).status().map_err(|e| format!("{line}: {e}"))?;
+            if !status.success() {
+                return Err(format!("{line}: {status}"));
+            }
         }
     }
     if bin.exists() {
