@@ -648,7 +648,7 @@ mod tests {
         let dst: IpAddr = "198.51.100.7".parse().unwrap();
         assert_eq!(s.fib(&driven).next_hop(dst), NextHop::Unresolved { oif: 2, addr: IpAddr::V4(gw) });
 
-        assert!(s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(2, gw, None, NeighbourState::Incomplete))) == false);
+        assert!(!s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(2, gw, None, NeighbourState::Incomplete))));
         assert!(s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(
             2,
             gw,

@@ -170,6 +170,10 @@ fn gateway_translates_reloads_and_detaches() {
         rows.as_array().unwrap().iter().any(|r| r["pod_port"] == 40000 && r["egress"] == "203.0.113.10"),
         "{sessions}"
     );
+    let counters: serde_json::Value =
+        serde_json::from_str(&egret(&["counters", "--socket", sock.to_str().unwrap(), "--json"])).unwrap();
+    assert!(counters["announcements"].as_u64() >= Some(1), "the gratuitous ARP for 203.0.113.10 went out: {counters}");
+    assert_eq!(counters["misdirected"].as_u64(), Some(0), "{counters}");
     let metrics = http_get(&gw, "/metrics");
     assert!(metrics.contains("egret_policy_packets_total{policy=\"team-a\",direction=\"outbound\"}"), "{metrics}");
     assert!(metrics.contains("egret_config_generation 2\n"), "{metrics}");
