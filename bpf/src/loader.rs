@@ -27,8 +27,8 @@ use libbpf_rs::{ErrorKind, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, 
 use crate::error::BpfError;
 use crate::link::create_xdp_link;
 use crate::maps::{
-    XskSlot, XSK_QUEUES_PER_SLOT, In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key,
-    PolicySrcV6Key, VerdictReason, XdpAction, POLICY_EXCLUDE, POLICY_STEER,
+    In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key, PolicySrcV6Key,
+    VerdictReason, XdpAction, XskSlot, POLICY_EXCLUDE, POLICY_STEER, XSK_QUEUES_PER_SLOT,
 };
 
 /// The compiled steering object, built by build.rs.
@@ -246,16 +246,13 @@ impl SteeringProgram {
                 Some(FRAG_DECISIONS) => (FRAG_DECISIONS, options.fragments),
                 _ => continue,
             };
-            map.set_max_entries(entries)
-                .map_err(|source| BpfError::MapSize { map: name, entries, source })?;
+            map.set_max_entries(entries).map_err(|source| BpfError::MapSize { map: name, entries, source })?;
         }
         let object = open.load().map_err(BpfError::Load)?;
 
         let handle = |name: &'static str| -> Result<MapHandle, BpfError> {
-            let map = object
-                .maps()
-                .find(|m| m.name().to_str() == Some(name))
-                .ok_or(BpfError::MissingMap { map: name })?;
+            let map =
+                object.maps().find(|m| m.name().to_str() == Some(name)).ok_or(BpfError::MissingMap { map: name })?;
             MapHandle::try_from(&map).map_err(|source| BpfError::MapHandle { map: name, source })
         };
         let maps = Maps {
@@ -291,8 +288,11 @@ impl SteeringProgram {
     /// while the returned link lives, even if `self` is dropped.
     pub fn attach(&self, ifindex: u32, mode: XdpMode) -> Result<XdpLink, BpfError> {
         let program = self.program()?;
-        let fd = create_xdp_link(program.as_fd(), ifindex, mode.flags())
-            .map_err(|source| BpfError::Attach { ifindex, mode: mode.name(), source })?;
+        let fd = create_xdp_link(program.as_fd(), ifindex, mode.flags()).map_err(|source| BpfError::Attach {
+            ifindex,
+            mode: mode.name(),
+            source,
+        })?;
         Ok(XdpLink { fd, ifindex, mode })
     }
 
@@ -300,11 +300,9 @@ impl SteeringProgram {
     pub fn set_owned(&self, addr: IpAddr, owned: OwnedAddr) -> Result<(), BpfError> {
         let value = owned.to_bytes();
         match addr {
-            IpAddr::V4(a) => self
-                .maps
-                .owned_v4
-                .update(&a.octets(), &value, MapFlags::ANY)
-                .map_err(map_op(OWNED_V4, "update", a)),
+            IpAddr::V4(a) => {
+                self.maps.owned_v4.update(&a.octets(), &value, MapFlags::ANY).map_err(map_op(OWNED_V4, "update", a))
+            }
             IpAddr::V6(a) => self
                 .maps
                 .owned_v6
@@ -377,10 +375,11 @@ impl SteeringProgram {
         let Some(key) = self.xsk_key(ifindex, queue, true)? else {
             return Err(BpfError::NoXskSlot { ifindex, slots: self.options.xsk_interfaces });
         };
-        self.maps
-            .xsks
-            .update(&key.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
-            .map_err(map_op(XSKS_MAP, "update", format!("ifindex {ifindex} queue {queue} (fd {fd})")))
+        self.maps.xsks.update(&key.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).map_err(map_op(
+            XSKS_MAP,
+            "update",
+            format!("ifindex {ifindex} queue {queue} (fd {fd})"),
+        ))
     }
 
     /// Removes the socket of (`ifindex`, `queue`), if any. The kernel
@@ -388,10 +387,11 @@ impl SteeringProgram {
     /// lookups of XSKMAP entries from userspace), so neither does this.
     pub fn unregister_xsk(&self, ifindex: u32, queue: u32) -> Result<(), BpfError> {
         let Some(key) = self.xsk_key(ifindex, queue, false)? else { return Ok(()) };
-        self.maps
-            .xsks
-            .delete(&key.to_ne_bytes())
-            .map_err(map_op(XSKS_MAP, "delete", format!("ifindex {ifindex} queue {queue}")))
+        self.maps.xsks.delete(&key.to_ne_bytes()).map_err(map_op(
+            XSKS_MAP,
+            "delete",
+            format!("ifindex {ifindex} queue {queue}"),
+        ))
     }
 
     /// Replaces the whole policy classification (both levels, both
@@ -488,9 +488,7 @@ impl SteeringProgram {
                 match map.delete(key) {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
-                    Err(source) => {
-                        return Err(BpfError::MapOp { map: name, op: "delete", key: hex(key), source })
-                    }
+                    Err(source) => return Err(BpfError::MapOp { map: name, op: "delete", key: hex(key), source }),
                 }
             }
         }
@@ -557,9 +555,7 @@ impl SteeringProgram {
         // The program never grows a frame; leave room for the kernel anyway.
         let mut out = vec![0u8; frame.len() + 256];
         let input = ProgramInput { data_in: Some(frame), data_out: Some(&mut out), repeat, ..Default::default() };
-        let output = program
-            .test_run(input)
-            .map_err(|source| BpfError::TestRun { len: frame.len(), source })?;
+        let output = program.test_run(input).map_err(|source| BpfError::TestRun { len: frame.len(), source })?;
         let action = XdpAction::from(output.return_value);
         let frame_out = output.data.map(|d| d.to_vec()).unwrap_or_default();
         Ok(TestRunOutput { action, frame: frame_out, duration: output.duration })

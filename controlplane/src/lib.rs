@@ -8,12 +8,14 @@
 //!   CLI's unix socket) and [`metrics`] (Prometheus, `/ready`) render it.
 //! - [`daemon`]: `egret gateway`: workers, XDP attach, reloads, signals.
 //! - [`sink`]: the seam between configuration sources and the running gateway.
+//! - [`failclosed`]: nftables rules so a stopped gateway never forwards pods' traffic untranslated.
 //! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod config;
 pub mod daemon;
+pub mod failclosed;
 pub mod k8s;
 pub mod metrics;
 pub mod netlink;

@@ -56,14 +56,12 @@ fn sigkill_detaches_xdp_and_restart_recovers() {
     h.finish(&[]).unwrap();
 }
 
-/// Known gap, ignored so the suite stays green: while the daemon is dead
-/// (between a crash and its restart) its bpf_link is gone, so no XDP program
-/// steers or drops anything and the gateway's kernel forwards the selected
-/// pods' traffic untranslated, with the pods' own addresses. Run with
-/// `--ignored` to see it fail; it passes once something keeps selected
-/// sources from leaving while Egret is down.
+/// While the daemon is dead (between a crash and its restart) its bpf_link is
+/// gone, so no XDP program steers anything, and the gateway's kernel would
+/// forward the selected pods' traffic with their own addresses. The
+/// fail-closed nftables rules the daemon left behind (controlplane
+/// failclosed.rs) drop it instead: nothing leaves with a pod address.
 #[test]
-#[ignore = "known gap: a dead gateway lets the kernel forward selected pods' traffic untranslated"]
 fn dead_gateway_does_not_leak() {
     let name = "dead_gateway_does_not_leak";
     let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
