@@ -1,0 +1,293 @@
+//! Loading the benchmark's own XDP programs (`xdp/*.bpf.c`, compiled by
+//! `build.rs`) with libbpf-rs and attaching them through bpf_links, so the
+//! kernel detaches them when the benchmark exits, however it exits.
+//!
+//! - [`Generator`]: `xdp_gen`, run by `BPF_PROG_TEST_RUN` in live-frame mode
+//!   to transmit frames out of the generator's veth.
+//! - [`Redirect`]: `xdp_redirect_mac`, the XDP_REDIRECT ceiling.
+//! - [`Sink`]: `xdp_sink`, counting (and checking) what arrives.
+//!
+//! Attaching resolves the interface index in the calling thread's network
+//! namespace: callers run these inside [`in_netns`].
+
+use std::net::Ipv4Addr;
+
+use libbpf_rs::{Link, MapCore, MapFlags, Object, ObjectBuilder, ProgramInput};
+
+use crate::frame::{FlowSet, FrameSpec, GenChecksumBase};
+
+const GEN_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gen.bpf.o"));
+const REDIRECT_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/redirect.bpf.o"));
+const SINK_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sink.bpf.o"));
+
+/// `BPF_F_TEST_XDP_LIVE_FRAMES` (include/uapi/linux/bpf.h).
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+/// `XDP_TX`.
+const XDP_TX: u32 = 3;
+
+/// What failed loading, attaching or reading a program.
+#[derive(Debug, thiserror::Error)]
+pub enum XdpError {
+    #[error("opening the {object} object failed: {source}")]
+    Open { object: &'static str, source: libbpf_rs::Error },
+    #[error("loading the {object} object failed (verifier or kernel): {source}")]
+    Load { object: &'static str, source: libbpf_rs::Error },
+    #[error("the {object} object has no {item} named {name}")]
+    Missing { object: &'static str, item: &'static str, name: &'static str },
+    #[error("attaching {program} to ifindex {ifindex} failed: {source}")]
+    Attach { program: &'static str, ifindex: u32, source: libbpf_rs::Error },
+    #[error("{op} on map {map} failed: {source}")]
+    Map { map: &'static str, op: &'static str, source: libbpf_rs::Error },
+    #[error("running the generator failed: {source}")]
+    Run { source: libbpf_rs::Error },
+    #[error("the generator program returned {retval}, not XDP_TX")]
+    Verdict { retval: u32 },
+    #[error("entering namespace {ns} failed: {source}")]
+    Netns { ns: String, source: std::io::Error },
+    #[error("interface {dev} not found in namespace {ns}: {source}")]
+    NoInterface { dev: String, ns: String, source: std::io::Error },
+}
+
+/// Run `f` on a thread inside network namespace `ns` (`ip netns` name) and
+/// return its result. The calling thread's namespace is untouched.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T, XdpError> + Send) -> Result<T, XdpError> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            egret_dataplane::xsk::netns::enter_named(ns).map_err(|source| XdpError::Netns { ns: ns.to_owned(), source })?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(XdpError::Netns { ns: ns.to_owned(), source: std::io::Error::other("thread panicked") }))
+    })
+}
+
+/// The index of `dev` in the calling thread's namespace.
+pub fn ifindex(ns: &str, dev: &str) -> Result<u32, XdpError> {
+    egret_dataplane::xsk::netns::ifindex(dev).map_err(|source| XdpError::NoInterface {
+        dev: dev.to_owned(),
+        ns: ns.to_owned(),
+        source,
+    })
+}
+
+fn open(object: &'static str, bytes: &'static [u8]) -> Result<libbpf_rs::OpenObject, XdpError> {
+    ObjectBuilder::default().open_memory(bytes).map_err(|source| XdpError::Open { object, source })
+}
+
+/// Write `value` into the object's `.rodata` (its only variable, at offset 0).
+fn set_rodata(open: &mut libbpf_rs::OpenObject, object: &'static str, value: &[u8]) -> Result<(), XdpError> {
+    for mut map in open.maps_mut() {
+        if map.name().to_string_lossy().ends_with(".rodata") {
+            let data = map
+                .initial_value_mut()
+                .ok_or(XdpError::Missing { object, item: "initial value of", name: ".rodata" })?;
+            if data.len() < value.len() {
+                return Err(XdpError::Missing { object, item: "room in", name: ".rodata" });
+            }
+            data[..value.len()].copy_from_slice(value);
+            return Ok(());
+        }
+    }
+    Err(XdpError::Missing { object, item: "map", name: ".rodata" })
+}
+
+fn attach(obj: &mut Object, object: &'static str, program: &'static str, ifindex: u32) -> Result<Link, XdpError> {
+    let prog = obj
+        .progs_mut()
+        .find(|p| p.name().to_str() == Some(program))
+        .ok_or(XdpError::Missing { object, item: "program", name: program })?;
+    prog.attach_xdp(ifindex as i32).map_err(|source| XdpError::Attach { program, ifindex, source })
+}
+
+fn map<'o>(obj: &'o Object, object: &'static str, name: &'static str) -> Result<libbpf_rs::Map<'o>, XdpError> {
+    obj.maps().find(|m| m.name().to_str() == Some(name)).ok_or(XdpError::Missing { object, item: "map", name })
+}
+
+/// The XDP_REDIRECT ceiling, attached to the gateway's inside interface.
+#[derive(Debug)]
+pub struct Redirect {
+    _link: Link,
+    _obj: Object,
+}
+
+impl Redirect {
+    /// Load with the outside interface and next-hop MACs baked in, and
+    /// attach to `in_ifindex` (call inside the gateway's namespace).
+    pub fn attach(in_ifindex: u32, out_ifindex: u32, src_mac: [u8; 6], dst_mac: [u8; 6]) -> Result<Self, XdpError> {
+        // struct redirect_cfg { __u32 out_ifindex; __u8 src_mac[6]; __u8 dst_mac[6]; }
+        let mut cfg = [0u8; 16];
+        cfg[0..4].copy_from_slice(&out_ifindex.to_ne_bytes());
+        cfg[4..10].copy_from_slice(&src_mac);
+        cfg[10..16].copy_from_slice(&dst_mac);
+        let mut open = open("redirect", REDIRECT_OBJ)?;
+        set_rodata(&mut open, "redirect", &cfg)?;
+        let mut obj = open.load().map_err(|source| XdpError::Load { object: "redirect", source })?;
+        let link = attach(&mut obj, "redirect", "xdp_redirect_mac", in_ifindex)?;
+        Ok(Self { _link: link, _obj: obj })
+    }
+}
+
+/// The sink's counters (see `xdp/sink.bpf.c`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SinkCounts {
+    /// Benchmark frames received.
+    pub frames: u64,
+    /// Of which with a source in 203.0.113.0/24 (translated).
+    pub translated: u64,
+    pub bad_ip_checksum: u64,
+    pub bad_udp_checksum: u64,
+    /// Frames not of the 60-byte shape, checksums unverified.
+    pub unchecked: u64,
+}
+
+impl SinkCounts {
+    /// Field-wise `self - earlier`.
+    pub fn since(&self, e: &SinkCounts) -> SinkCounts {
+        SinkCounts {
+            frames: self.frames.wrapping_sub(e.frames),
+            translated: self.translated.wrapping_sub(e.translated),
+            bad_ip_checksum: self.bad_ip_checksum.wrapping_sub(e.bad_ip_checksum),
+            bad_udp_checksum: self.bad_udp_checksum.wrapping_sub(e.bad_udp_checksum),
+            unchecked: self.unchecked.wrapping_sub(e.unchecked),
+        }
+    }
+}
+
+/// The sink counter program (attached or not).
+#[derive(Debug)]
+pub struct Sink {
+    link: Option<Link>,
+    obj: Object,
+}
+
+impl Sink {
+    /// Load, counting frames to `dst_ip:dst_port`.
+    pub fn load(dst_ip: Ipv4Addr, dst_port: u16) -> Result<Self, XdpError> {
+        // struct sink_cfg { __u32 dst_ip; __u16 dst_port; __u16 pad; } (network order)
+        let mut cfg = [0u8; 8];
+        cfg[0..4].copy_from_slice(&dst_ip.octets());
+        cfg[4..6].copy_from_slice(&dst_port.to_be_bytes());
+        let mut open = open("sink", SINK_OBJ)?;
+        set_rodata(&mut open, "sink", &cfg)?;
+        let obj = open.load().map_err(|source| XdpError::Load { object: "sink", source })?;
+        Ok(Self { link: None, obj })
+    }
+
+    /// Attach to `ifindex` (call inside the sink's namespace).
+    pub fn attach(&mut self, ifindex: u32) -> Result<(), XdpError> {
+        self.link = Some(attach(&mut self.obj, "sink", "xdp_sink", ifindex)?);
+        Ok(())
+    }
+
+    /// The program, for test runs.
+    pub fn program(&mut self) -> Result<libbpf_rs::ProgramMut<'_>, XdpError> {
+        self.obj.progs_mut().find(|p| p.name().to_str() == Some("xdp_sink")).ok_or(XdpError::Missing {
+            object: "sink",
+            item: "program",
+            name: "xdp_sink",
+        })
+    }
+
+    /// The counters summed over CPUs.
+    pub fn counts(&self) -> Result<SinkCounts, XdpError> {
+        let m = map(&self.obj, "sink", "sink_counters")?;
+        let mut v = [0u64; 5];
+        for (i, slot) in v.iter_mut().enumerate() {
+            let per_cpu = m
+                .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
+                .map_err(|source| XdpError::Map { map: "sink_counters", op: "lookup", source })?
+                .unwrap_or_default();
+            *slot = per_cpu.iter().filter_map(|b| Some(u64::from_ne_bytes(b.get(..8)?.try_into().ok()?))).sum();
+        }
+        Ok(SinkCounts { frames: v[0], translated: v[1], bad_ip_checksum: v[2], bad_udp_checksum: v[3], unchecked: v[4] })
+    }
+}
+
+/// The XDP generator: a loaded `xdp_gen` and its configuration map.
+#[derive(Debug)]
+pub struct Generator {
+    obj: Object,
+    template: [u8; crate::frame::FRAME_LEN],
+}
+
+impl Generator {
+    /// Load the program and configure it for `spec`'s frames over `flows`.
+    pub fn load(spec: &FrameSpec, flows: &FlowSet) -> Result<Self, XdpError> {
+        let obj = open("gen", GEN_OBJ)?.load().map_err(|source| XdpError::Load { object: "gen", source })?;
+        let (ip0, port0) = flows.flow(0);
+        let this = Self { obj, template: spec.build(ip0, port0) };
+        this.configure(spec, flows)?;
+        Ok(this)
+    }
+
+    /// Point the program at another flow set (between runs).
+    pub fn configure(&self, spec: &FrameSpec, flows: &FlowSet) -> Result<(), XdpError> {
+        let base = GenChecksumBase::of(spec);
+        // struct gen_cfg { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, udp_sum; }
+        let mut cfg = [0u8; 32];
+        cfg[0..8].copy_from_slice(&flows.flows.to_ne_bytes());
+        cfg[8..12].copy_from_slice(&flows.ips.to_ne_bytes());
+        cfg[12..16].copy_from_slice(&flows.ports.to_ne_bytes());
+        cfg[16..20].copy_from_slice(&u32::from(flows.base_ip).to_ne_bytes());
+        cfg[20..24].copy_from_slice(&u32::from(flows.base_port).to_ne_bytes());
+        cfg[24..28].copy_from_slice(&base.ip_sum.to_ne_bytes());
+        cfg[28..32].copy_from_slice(&base.udp_sum.to_ne_bytes());
+        map(&self.obj, "gen", "gen_config")?
+            .update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY)
+            .map_err(|source| XdpError::Map { map: "gen_config", op: "update", source })
+    }
+
+    fn program(&mut self) -> Result<libbpf_rs::ProgramMut<'_>, XdpError> {
+        self.obj.progs_mut().find(|p| p.name().to_str() == Some("xdp_gen")).ok_or(XdpError::Missing {
+            object: "gen",
+            item: "program",
+            name: "xdp_gen",
+        })
+    }
+
+    /// Transmit `count` frames out of `ifindex` (live frames; the calling
+    /// thread must be in that interface's namespace). Returns when the kernel
+    /// has run the program `count` times.
+    pub fn transmit(&mut self, ifindex: u32, count: u32) -> Result<(), XdpError> {
+        let template = self.template;
+        let prog = self.program()?;
+        // struct xdp_md { data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex }
+        let mut ctx = [0u8; 24];
+        ctx[4..8].copy_from_slice(&(template.len() as u32).to_ne_bytes());
+        ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
+        let mut input = ProgramInput::default();
+        input.context_in = Some(&mut ctx);
+        input.data_in = Some(&template);
+        input.flags = BPF_F_TEST_XDP_LIVE_FRAMES;
+        input.repeat = count;
+        prog.test_run(input).map_err(|source| XdpError::Run { source })?;
+        Ok(())
+    }
+
+    /// Run the program once on `frame` without transmitting (a plain test
+    /// run): returns the verdict and the rewritten frame.
+    pub fn rewrite_once(&mut self, frame: &[u8]) -> Result<Vec<u8>, XdpError> {
+        let prog = self.program()?;
+        let mut out = vec![0u8; frame.len() + 256];
+        let mut input = ProgramInput::default();
+        input.data_in = Some(frame);
+        input.data_out = Some(&mut out);
+        let o = prog.test_run(input).map_err(|source| XdpError::Run { source })?;
+        if o.return_value != XDP_TX {
+            return Err(XdpError::Verdict { retval: o.return_value });
+        }
+        let len = o.data.map_or(0, |d| d.len());
+        out.truncate(len);
+        Ok(out)
+    }
+
+    /// Frames the program produced on each CPU so far (`gen_state.runs`).
+    pub fn produced(&self) -> Result<u64, XdpError> {
+        let m = map(&self.obj, "gen", "gen_states")?;
+        let per_cpu = m
+            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|source| XdpError::Map { map: "gen_states", op: "lookup", source })?
+            .unwrap_or_default();
+        Ok(per_cpu.iter().filter_map(|b| Some(u64::from_ne_bytes(b.get(8..16)?.try_into().ok()?))).sum())
+    }
+}
