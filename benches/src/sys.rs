@@ -201,3 +201,42 @@ impl Netlink {
         Ok(r as usize)
     }
 }
+
+/// Send signal `sig` to process `pid`.
+pub fn send_signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    if pid <= 0 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: kill(2) takes two integers; pid > 0 names one process.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Set thread `tid`'s nice value (`setpriority(PRIO_PROCESS, tid)` acts on
+/// one thread on Linux).
+pub fn set_nice(tid: u32, nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority takes integers only.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Run thread `tid` `SCHED_FIFO` at `priority`.
+pub fn set_fifo(tid: u32, priority: i32) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: `param` is a valid sched_param the kernel only reads.
+    if unsafe { libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_FIFO, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's id.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}

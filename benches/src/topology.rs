@@ -57,6 +57,27 @@ pub enum TopologyError {
     Failed { command: String, status: String, stderr: String },
 }
 
+/// Entering a network namespace failed.
+#[derive(Debug, thiserror::Error)]
+#[error("entering network namespace {ns} failed: {source}")]
+pub struct NetnsError {
+    pub ns: String,
+    pub source: std::io::Error,
+}
+
+/// Run `f` on a scoped thread inside network namespace `ns` (an `ip netns`
+/// name) and return its result; the calling thread's namespace is untouched.
+pub fn in_netns<T: Send, E: Send + From<NetnsError>>(ns: &str, f: impl FnOnce() -> Result<T, E> + Send) -> Result<T, E> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            egret_dataplane::xsk::netns::enter_named(ns).map_err(|source| NetnsError { ns: ns.to_owned(), source })?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(E::from(NetnsError { ns: ns.to_owned(), source: std::io::Error::other("thread panicked") })))
+    })
+}
+
 /// Format a MAC address.
 pub fn mac_str(m: &[u8; 6]) -> String {
     let mut s = String::with_capacity(17);
@@ -138,6 +159,11 @@ impl Topology {
             run(&["ip", "-n", ns, "link", "set", dev, "up"], None)?;
             run(&["ip", "-n", ns, "link", "set", "lo", "up"], None)?;
         }
+        // veth hands skbs to its peer's NAPI only when they cannot need
+        // segmentation (veth_skb_is_eligible_for_gro): without this the
+        // af-packet engine's frames would be processed by netif_rx on the
+        // generator's core.
+        t.ethtool_feature(&gen, GEN_IF, "tso", false)?;
         for (key, value) in
             [("net.ipv4.ip_forward", "0"), ("net.ipv4.conf.all.rp_filter", "0"), ("net.ipv4.conf.default.rp_filter", "0")]
         {

@@ -8,13 +8,14 @@
 //! - [`Sink`]: `xdp_sink`, counting (and checking) what arrives.
 //!
 //! Attaching resolves the interface index in the calling thread's network
-//! namespace: callers run these inside [`in_netns`].
+//! namespace: callers run these inside [`crate::topology::in_netns`].
 
 use std::net::Ipv4Addr;
 
 use libbpf_rs::{Link, MapCore, MapFlags, Object, ObjectBuilder, ProgramInput};
 
 use crate::frame::{FlowSet, FrameSpec, GenChecksumBase};
+use crate::topology::NetnsError;
 
 const GEN_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gen.bpf.o"));
 const REDIRECT_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/redirect.bpf.o"));
@@ -42,23 +43,10 @@ pub enum XdpError {
     Run { source: libbpf_rs::Error },
     #[error("the generator program returned {retval}, not XDP_TX")]
     Verdict { retval: u32 },
-    #[error("entering namespace {ns} failed: {source}")]
-    Netns { ns: String, source: std::io::Error },
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
     #[error("interface {dev} not found in namespace {ns}: {source}")]
     NoInterface { dev: String, ns: String, source: std::io::Error },
-}
-
-/// Run `f` on a thread inside network namespace `ns` (`ip netns` name) and
-/// return its result. The calling thread's namespace is untouched.
-pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T, XdpError> + Send) -> Result<T, XdpError> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            egret_dataplane::xsk::netns::enter_named(ns).map_err(|source| XdpError::Netns { ns: ns.to_owned(), source })?;
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| Err(XdpError::Netns { ns: ns.to_owned(), source: std::io::Error::other("thread panicked") }))
-    })
 }
 
 /// The index of `dev` in the calling thread's namespace.
@@ -223,8 +211,10 @@ impl Generator {
     /// Point the program at another flow set (between runs).
     pub fn configure(&self, spec: &FrameSpec, flows: &FlowSet) -> Result<(), XdpError> {
         let base = GenChecksumBase::of(spec);
-        // struct gen_cfg { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, udp_sum; }
-        let mut cfg = [0u8; 32];
+        // struct gen_cfg { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, udp_sum; u8 frame[60]; }
+        // 92 bytes of fields, padded to 96 (the u64's alignment); the map
+        // refuses any other size, which keeps the two layouts in step.
+        let mut cfg = [0u8; 96];
         cfg[0..8].copy_from_slice(&flows.flows.to_ne_bytes());
         cfg[8..12].copy_from_slice(&flows.ips.to_ne_bytes());
         cfg[12..16].copy_from_slice(&flows.ports.to_ne_bytes());
@@ -232,6 +222,8 @@ impl Generator {
         cfg[20..24].copy_from_slice(&u32::from(flows.base_port).to_ne_bytes());
         cfg[24..28].copy_from_slice(&base.ip_sum.to_ne_bytes());
         cfg[28..32].copy_from_slice(&base.udp_sum.to_ne_bytes());
+        let (ip0, port0) = flows.flow(0);
+        cfg[32..32 + crate::frame::FRAME_LEN].copy_from_slice(&spec.build(ip0, port0));
         map(&self.obj, "gen", "gen_config")?
             .update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY)
             .map_err(|source| XdpError::Map { map: "gen_config", op: "update", source })
@@ -281,13 +273,118 @@ impl Generator {
         Ok(out)
     }
 
-    /// Frames the program produced on each CPU so far (`gen_state.runs`).
+    /// Start every CPU's flow counter at `next` (and its frame count at 0).
+    pub fn set_next(&self, next: u64) -> Result<(), XdpError> {
+        let cpus = libbpf_rs::num_possible_cpus()
+            .map_err(|source| XdpError::Map { map: "gen_states", op: "count CPUs for", source })?;
+        let mut value = [0u8; 16];
+        value[..8].copy_from_slice(&next.to_ne_bytes());
+        let values: Vec<Vec<u8>> = vec![value.to_vec(); cpus];
+        map(&self.obj, "gen", "gen_states")?
+            .update_percpu(&0u32.to_ne_bytes(), &values, MapFlags::ANY)
+            .map_err(|source| XdpError::Map { map: "gen_states", op: "update", source })
+    }
+
+    /// Frames the program produced so far, summed over CPUs.
     pub fn produced(&self) -> Result<u64, XdpError> {
+        produced(&map(&self.obj, "gen", "gen_states")?)
+    }
+
+    /// A handle on the frame counter, readable from another thread while
+    /// this one runs the program.
+    pub fn counter(&self) -> Result<GenCounter, XdpError> {
         let m = map(&self.obj, "gen", "gen_states")?;
-        let per_cpu = m
-            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|source| XdpError::Map { map: "gen_states", op: "lookup", source })?
-            .unwrap_or_default();
-        Ok(per_cpu.iter().filter_map(|b| Some(u64::from_ne_bytes(b.get(8..16)?.try_into().ok()?))).sum())
+        let h = libbpf_rs::MapHandle::try_from(&m).map_err(|source| XdpError::Map { map: "gen_states", op: "dup", source })?;
+        Ok(GenCounter(h))
+    }
+}
+
+/// `gen_states[0].runs` summed over CPUs.
+fn produced(m: &impl MapCore) -> Result<u64, XdpError> {
+    let per_cpu = m
+        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .map_err(|source| XdpError::Map { map: "gen_states", op: "lookup", source })?
+        .unwrap_or_default();
+    Ok(per_cpu.iter().filter_map(|b| Some(u64::from_ne_bytes(b.get(8..16)?.try_into().ok()?))).sum())
+}
+
+/// The generator's frame counter, exact at any instant (per-CPU map).
+#[derive(Debug)]
+pub struct GenCounter(libbpf_rs::MapHandle);
+
+impl GenCounter {
+    /// Frames produced so far.
+    pub fn read(&self) -> Result<u64, XdpError> {
+        produced(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! These load the programs and run them through BPF_PROG_TEST_RUN (no
+    //! interface, no namespace): they need root, as every network test of
+    //! the project does.
+    use super::*;
+    use crate::frame::{checksums_ok, FRAME_LEN, UDP_OFF};
+    use crate::topology::{GEN_MAC, GW_IN_MAC, SINK_IP, SINK_PORT};
+
+    const XDP_DROP: u32 = 1;
+    const XDP_PASS: u32 = 2;
+
+    fn spec() -> FrameSpec {
+        FrameSpec { src_mac: GEN_MAC, dst_mac: GW_IN_MAC, dst_ip: SINK_IP, dst_port: SINK_PORT }
+    }
+
+    #[test]
+    fn generator_program_writes_each_flows_exact_frame() {
+        // The flow counter is per CPU: stay on one.
+        egret_dataplane::xsk::sched::pin_current_thread(0).expect("pin");
+        let spec = spec();
+        for flows in [FlowSet::fixed(1), FlowSet::fixed(50_000), FlowSet::new_flows()] {
+            let mut g = Generator::load(&spec, &flows).expect("load gen");
+            // Feed a page holding something else, as live mode may (a frame
+            // the gateway rewrote): the output must not depend on it.
+            let stale: Vec<u8> = (0..FRAME_LEN as u32).map(|i| (i * 37 + 11) as u8).collect();
+            for k in 0..600u64 {
+                let out = g.rewrite_once(&stale).expect("run");
+                let (ip, port) = flows.flow(k);
+                assert_eq!(out, spec.build(ip, port).to_vec(), "flows {} frame {k}", flows.flows);
+                assert_eq!(checksums_ok(&out), Some((true, true)));
+            }
+            assert_eq!(g.produced().expect("counter"), 600);
+        }
+    }
+
+    #[test]
+    fn sink_program_counts_checks_and_drops_only_benchmark_frames() {
+        let mut sink = Sink::load(SINK_IP, SINK_PORT).expect("load sink");
+        let run = |sink: &mut Sink, frame: &[u8]| -> u32 {
+            let mut input = ProgramInput::default();
+            input.data_in = Some(frame);
+            sink.program().expect("prog").test_run(input).expect("run").return_value
+        };
+        let s = spec();
+        let translated = s.build(crate::topology::EGRESS_IP, 40_000);
+        let untranslated = s.build(Ipv4Addr::new(198, 18, 1, 3), 1024);
+        let mut bad_udp = translated;
+        bad_udp[UDP_OFF + 8] ^= 0xff;
+        let mut bad_ip = untranslated;
+        bad_ip[14 + 8] = 63; // TTL changed, checksum not
+        let mut other_port = untranslated;
+        other_port[UDP_OFF + 3] = 10;
+        let mut arp = [0u8; FRAME_LEN];
+        arp[12] = 0x08;
+        arp[13] = 0x06;
+
+        assert_eq!(run(&mut sink, &translated), XDP_DROP);
+        assert_eq!(run(&mut sink, &untranslated), XDP_DROP);
+        assert_eq!(run(&mut sink, &bad_udp), XDP_DROP);
+        assert_eq!(run(&mut sink, &bad_ip), XDP_DROP);
+        assert_eq!(run(&mut sink, &other_port), XDP_PASS);
+        assert_eq!(run(&mut sink, &arp), XDP_PASS);
+        assert_eq!(
+            sink.counts().expect("counts"),
+            SinkCounts { frames: 4, translated: 2, bad_ip_checksum: 1, bad_udp_checksum: 1, unchecked: 0 }
+        );
     }
 }

@@ -19,6 +19,8 @@
 #define BENCH_ETH_LEN 14
 #define BENCH_IP_LEN 20
 #define BENCH_UDP_OFF (BENCH_ETH_LEN + BENCH_IP_LEN)
+/* The whole frame, without the FCS. */
+#define BENCH_FRAME_LEN 60
 /* UDP header + payload of the 60-byte frame. */
 #define BENCH_UDP_LEN 26
 

@@ -7,9 +7,11 @@
  * which transmits it out of the interface named as the run's ingress
  * interface (the generator's veth).
  *
- * Live-frame pages are recycled without being re-initialised, so the program
- * writes the varying fields absolutely (source address, source port, both
- * checksums) rather than patching what the page held before.
+ * Live-frame pages are recycled without being re-initialised, and a page
+ * that went through the gateway comes back as the gateway left it (MACs
+ * rewritten, TTL decremented, source translated). So every run first copies
+ * the whole template frame from the config map, then writes the flow's
+ * fields and checksums: nothing depends on what the page held before.
  *
  * Flow k of n (k = run counter mod n, or the counter itself in new-flow mode):
  *   source address = base_ip + k mod n_ips
@@ -28,6 +30,7 @@ struct gen_cfg {
 	__u32 base_port; /* host order */
 	__u32 ip_sum;    /* partial sums, host-order words */
 	__u32 udp_sum;
+	__u8 frame[BENCH_FRAME_LEN]; /* the template, any flow's */
 };
 
 struct gen_state {
@@ -59,8 +62,9 @@ int xdp_gen(struct xdp_md *ctx)
 	struct gen_state *st = bpf_map_lookup_elem(&gen_states, &zero);
 	if (!cfg || !st || cfg->n_ips == 0 || cfg->n_ports == 0)
 		return XDP_ABORTED;
-	if (data + BENCH_UDP_OFF + sizeof(struct udphdr) > data_end)
+	if (data + BENCH_FRAME_LEN > data_end)
 		return XDP_ABORTED;
+	__builtin_memcpy(data, cfg->frame, BENCH_FRAME_LEN);
 	struct iphdr *ip = data + BENCH_ETH_LEN;
 	struct udphdr *udp = data + BENCH_UDP_OFF;
 
