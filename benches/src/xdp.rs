@@ -176,16 +176,19 @@ impl Sink {
         })
     }
 
-    /// The counters summed over CPUs.
+    /// The counters summed over CPUs (one lookup: all five together).
     pub fn counts(&self) -> Result<SinkCounts, XdpError> {
         let m = map(&self.obj, "sink", "sink_counters")?;
+        let per_cpu = m
+            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|source| XdpError::Map { map: "sink_counters", op: "lookup", source })?
+            .unwrap_or_default();
         let mut v = [0u64; 5];
-        for (i, slot) in v.iter_mut().enumerate() {
-            let per_cpu = m
-                .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
-                .map_err(|source| XdpError::Map { map: "sink_counters", op: "lookup", source })?
-                .unwrap_or_default();
-            *slot = per_cpu.iter().filter_map(|b| Some(u64::from_ne_bytes(b.get(..8)?.try_into().ok()?))).sum();
+        for cpu in &per_cpu {
+            for (i, slot) in v.iter_mut().enumerate() {
+                let field = cpu.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes);
+                *slot += field;
+            }
         }
         Ok(SinkCounts { frames: v[0], translated: v[1], bad_ip_checksum: v[2], bad_udp_checksum: v[3], unchecked: v[4] })
     }
