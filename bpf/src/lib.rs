@@ -1,1 +1,25 @@
-//! The XDP program that steers the frames Egret handles to AF_XDP sockets, its map layouts shared with Rust, and its loader.
+//! The XDP program that steers the frames Egret handles to AF_XDP sockets,
+//! its map layouts shared with Rust, and its loader.
+//!
+//! - `src/bpf/`: the C program (`steer.bpf.c`, the one `SEC("xdp")` entry;
+//!   `egret_maps.h` map layouts; `parse.h` header parsing; `verdict.h` the
+//!   reason enum). Its steering rules are listed at the top of `steer.bpf.c`
+//!   and argued in `docs/adr/0003-xdp-steering.md`.
+//! - [`maps`]: `#[repr(C)]` twins of the map keys and values, and
+//!   [`VerdictReason`], checked against the object's BTF and `verdict.h`.
+//! - [`loader`]: [`SteeringProgram`]: load with sizes, attach through a
+//!   bpf_link, update the maps, read the counters, test-run frames.
+//!
+//! The crate does not depend on the engine: policy arrives as plain
+//! [`SrcPrefix`]/[`DstRule`] lists already compiled to two LPM levels.
+
+mod error;
+mod link;
+pub mod loader;
+pub mod maps;
+
+pub use error::BpfError;
+pub use loader::{
+    Action, DstRule, LoadOptions, PolicyEntryCounts, SrcPrefix, SteeringProgram, TestRunOutput, XdpLink, XdpMode,
+};
+pub use maps::{OwnedAddr, VerdictReason, XdpAction, OWNED_NAT, OWNED_NEIGH};

@@ -29,13 +29,13 @@ use parking_lot::Mutex;
 
 use crate::clock::Timestamp;
 use crate::dissect::{self, Frag, IpPacket, Parsed, L4};
-use crate::fib::{Fib, NextHop};
+use crate::fib::{Fib, Mac, NextHop};
 use crate::nat::fragments::{FragKey, FragTranslation};
 use crate::nat::icmp_error::{self, IcmpFamily};
-use crate::nat::key::proto;
+use crate::nat::key::{proto, FlowKey, SessionTuple};
 use crate::nat::port_alloc::PortRng;
 use crate::nat::rewrite;
-use crate::nat::session::SessionView;
+use crate::nat::session::{session_flags, SessionView};
 use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
@@ -124,6 +124,7 @@ struct Shared {
     workers: Mutex<Vec<Arc<WorkerStats>>>,
     resolve: ArrayQueue<ResolveRequest>,
     publish: Mutex<u64>,
+    fib_generation: Mutex<u64>,
 }
 
 /// The state every worker shares. Cheap to clone.
@@ -164,6 +165,7 @@ impl Engine {
                 workers: Mutex::new(Vec::new()),
                 resolve: ArrayQueue::new(1024),
                 publish: Mutex::new(1),
+                fib_generation: Mutex::new(0),
             }),
         })
     }
@@ -199,7 +201,10 @@ impl Engine {
     }
 
     /// Publishes a new forwarding snapshot.
-    pub fn publish_fib(&self, fib: Fib) {
+    pub fn publish_fib(&self, mut fib: Fib) {
+        let mut g = self.shared.fib_generation.lock();
+        *g += 1;
+        fib.set_generation(*g);
         self.shared.fib.store(Arc::new(fib));
     }
 
@@ -243,6 +248,7 @@ impl Engine {
             fib: Cache::new(self.shared.fib.clone()),
             stats,
             rng,
+            next_hops: NextHopCache::new(),
         }
     }
 
@@ -274,6 +280,7 @@ pub struct Worker {
     fib: Cache<Arc<ArcSwap<Fib>>, Arc<Fib>>,
     stats: Arc<WorkerStats>,
     rng: PortRng,
+    next_hops: NextHopCache,
 }
 
 impl std::fmt::Debug for Worker {
@@ -302,6 +309,68 @@ impl Family for Ipv6Addr {
 /// Frames shorter than this cannot be Ethernet.
 const MIN_FRAME: usize = ethernet::HEADER_LEN;
 
+/// Entries of a worker's next-hop cache (direct-mapped).
+const NEXT_HOP_CACHE: usize = 1024;
+
+/// A worker's cache of resolved next hops by destination address, valid for
+/// one forwarding snapshot (its generation): the route and neighbour lookups
+/// cost more than the whole NAT fast path, and a flow's destination does not
+/// change between packets.
+/// (key, FIB generation, output interface, source MAC, next hop MAC).
+type CachedHop = (u128, u64, u32, Mac, Mac);
+
+struct NextHopCache {
+    entries: Box<[CachedHop]>,
+}
+
+impl NextHopCache {
+    fn new() -> Self {
+        NextHopCache { entries: vec![(0, u64::MAX, 0, [0; 6], [0; 6]); NEXT_HOP_CACHE].into_boxed_slice() }
+    }
+
+    #[inline]
+    fn key(ip: IpAddr) -> u128 {
+        match ip {
+            // IPv4 keys are tagged so they cannot equal an IPv6 key.
+            IpAddr::V4(a) => u128::from(u32::from(a)) | (1 << 127),
+            IpAddr::V6(a) => u128::from(a) & !(1 << 127) | (u128::from(a) >> 127 << 126),
+        }
+    }
+
+    #[inline]
+    fn slot(key: u128) -> usize {
+        let h = (key as u64 ^ (key >> 64) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 54) as usize % NEXT_HOP_CACHE
+    }
+
+    #[inline]
+    fn lookup(&mut self, fib: &Fib, dst: IpAddr) -> NextHop {
+        let key = Self::key(dst);
+        let i = Self::slot(key);
+        if let Some(e) = self.entries.get(i) {
+            if e.0 == key && e.1 == fib.generation() {
+                return NextHop::Resolved { oif: e.2, src_mac: e.3, dst_mac: e.4 };
+            }
+        }
+        let hop = fib.next_hop(dst);
+        if let (NextHop::Resolved { oif, src_mac, dst_mac }, Some(e)) = (hop, self.entries.get_mut(i)) {
+            *e = (key, fib.generation(), oif, src_mac, dst_mac);
+        }
+        hop
+    }
+}
+
+/// Everything one frame's processing borrows: the snapshots are read
+/// through the worker's caches, so the fast path clones no `Arc`.
+struct Ctx<'a> {
+    shared: &'a Shared,
+    tables: &'a Tables,
+    fib: &'a Fib,
+    stats: &'a WorkerStats,
+    rng: &'a mut PortRng,
+    next_hops: &'a mut NextHopCache,
+}
+
 impl Worker {
     /// This worker's counters.
     pub fn stats(&self) -> &Arc<WorkerStats> {
@@ -310,13 +379,16 @@ impl Worker {
 
     /// Processes one frame in place. `buf` is the whole frame buffer (its
     /// capacity), the frame is `buf[..len]`.
+    #[inline]
     pub fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
-        let v = self.process_inner(buf, len, meta, now);
+        let Worker { shared, tables, fib, stats, rng, next_hops } = self;
+        let mut ctx = Ctx { shared, tables: tables.load(), fib: fib.load(), stats, rng, next_hops };
+        let v = ctx.process(buf, len, meta, now);
         match v {
-            Verdict::Forward { .. } => self.stats.forwarded.inc(),
-            Verdict::Answer { .. } => self.stats.answered.inc(),
-            Verdict::Pass => self.stats.passed.inc(),
-            Verdict::Drop(r) => self.stats.dropped(r),
+            Verdict::Forward { .. } => stats.forwarded.inc(),
+            Verdict::Answer { .. } => stats.answered.inc(),
+            Verdict::Pass => stats.passed.inc(),
+            Verdict::Drop(r) => stats.dropped(r),
         }
         v
     }
@@ -324,13 +396,14 @@ impl Worker {
     /// Periodic work: sweeps `budget` session slots of each family (expiry,
     /// revalidation after a reload). Bounded, so it can run between batches.
     pub fn tick(&mut self, now: Timestamp, budget: u32) -> u32 {
-        let tables = self.tables.load().clone();
+        let tables = self.tables.load();
         let s = now.secs();
-        self.shared.nat4.sweep(budget, s, &tables, &self.stats)
-            + self.shared.nat6.sweep(budget, s, &tables, &self.stats)
+        self.shared.nat4.sweep(budget, s, tables, &self.stats) + self.shared.nat6.sweep(budget, s, tables, &self.stats)
     }
+}
 
-    fn process_inner(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
+impl Ctx<'_> {
+    fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
         if len < MIN_FRAME || len > buf.len() {
             return Verdict::Drop(DropReason::MalformedEthernet);
         }
@@ -339,7 +412,6 @@ impl Worker {
             Err(r) => return Verdict::Drop(r),
         };
         match parsed {
-            Parsed::Arp => self.arp(buf, len, meta),
             Parsed::V4(p) => self.ip::<Ipv4Addr>(buf, len, p, meta, now),
             Parsed::V6(p) => {
                 if p.l4info == L4::NeighborSolicit {
@@ -347,17 +419,18 @@ impl Worker {
                 }
                 self.ip::<Ipv6Addr>(buf, len, p, meta, now)
             }
+            Parsed::Arp => self.arp(buf, len, meta),
             Parsed::Other(_) => Verdict::Pass,
         }
     }
 
-    fn our_mac(&mut self, ifindex: u32) -> Option<EthernetAddress> {
-        self.fib.load().interface(ifindex).map(|i| EthernetAddress(i.mac))
+    fn our_mac(&self, ifindex: u32) -> Option<EthernetAddress> {
+        self.fib.interface(ifindex).map(|i| EthernetAddress(i.mac))
     }
 
     fn arp(&mut self, buf: &mut [u8], len: usize, meta: RxMeta) -> Verdict {
         let Some(mac) = self.our_mac(meta.ifindex) else { return Verdict::Pass };
-        let tables = self.tables.load();
+        let tables = self.tables;
         match neigh_responder::answer_arp(buf, len, mac, |ip| tables.answers_neighbor(IpAddr::V4(ip))) {
             NeighOutcome::Answered { len } => {
                 self.stats.event(Event::NeighborAnswered);
@@ -370,7 +443,7 @@ impl Worker {
 
     fn neighbor_solicit(&mut self, buf: &mut [u8], len: usize, meta: RxMeta) -> Verdict {
         let Some(mac) = self.our_mac(meta.ifindex) else { return Verdict::Pass };
-        let tables = self.tables.load();
+        let tables = self.tables;
         match neigh_responder::answer_neighbor_solicit(buf, len, mac, |ip| tables.answers_neighbor(IpAddr::V6(*ip))) {
             NeighOutcome::Answered { len } => {
                 self.stats.event(Event::NeighborAnswered);
@@ -381,6 +454,7 @@ impl Worker {
         }
     }
 
+    #[inline]
     fn ip<A: Family>(
         &mut self,
         buf: &mut [u8],
@@ -389,17 +463,16 @@ impl Worker {
         meta: RxMeta,
         now: Timestamp,
     ) -> Verdict {
-        let tables = self.tables.load().clone();
-        let shared = self.shared.clone();
-        let nat = A::nat(&shared);
+        let tables = self.tables;
+        let nat = A::nat(self.shared);
         let secs = now.secs();
 
         // Later fragments carry no ports: the first fragment's translation.
         if let Frag::Later { ident } = p.frag {
-            return self.later_fragment(buf, len, &mut p, ident, nat, &tables, secs);
+            return self.later_fragment(buf, len, &mut p, ident, nat, secs);
         }
         if let L4::IcmpError { .. } = p.l4info {
-            return match icmp_error::translate(buf, &mut p, nat, &tables, secs, &self.stats) {
+            return match icmp_error::translate(buf, &mut p, nat, tables, secs, self.stats) {
                 Ok(t) => {
                     self.stats.event(Event::IcmpErrorTranslated);
                     self.stats.traffic(t.session.policy_slot, t.direction, len);
@@ -411,28 +484,28 @@ impl Worker {
         }
         let Some(key) = p.flow_key() else {
             // No ports: never let a selected source out untranslated.
-            return match (&p.l4info, tables.classify(p.src, p.dst)) {
-                (_, Decision::Steer(_)) if p.proto == A::ICMP_PROTO => Verdict::Drop(DropReason::UnsupportedIcmpType),
-                (_, Decision::Steer(_)) => Verdict::Drop(DropReason::UnsupportedProtocol),
+            return match tables.classify(p.src, p.dst) {
+                Decision::Steer(_) if p.proto == A::ICMP_PROTO => Verdict::Drop(DropReason::UnsupportedIcmpType),
+                Decision::Steer(_) => Verdict::Drop(DropReason::UnsupportedProtocol),
                 _ => Verdict::Pass,
             };
         };
-        let partial = self.is_partial(&p, meta);
+        let partial = is_partial(&p, meta);
         let tcp_flags = match p.l4info {
             L4::Ports { tcp_flags, .. } if p.proto == proto::TCP => tcp_flags,
             _ => 0,
         };
 
         // Fast path: one lookup, whichever direction.
-        let hit = nat.sessions.lookup(&key).filter(|(_, v)| nat.check(v, &tables, secs, &self.stats));
+        let hit = nat.sessions.lookup(&key).filter(|(_, v)| nat.check(v, tables, secs, self.stats));
         let (view, dir) = match hit {
             Some((r, v)) => (v, if r.is_inbound() { Direction::Inbound } else { Direction::Outbound }),
-            None => match self.slow_path(&p, key, tcp_flags, nat, &tables, secs) {
+            None => match self.slow_path(&p, key, tcp_flags, nat, secs) {
                 Ok(x) => x,
                 Err(v) => return v,
             },
         };
-        self.account(nat, &view, dir, tcp_flags, &tables, secs, len);
+        self.account(nat, &view, dir, tcp_flags, secs, len);
         let orig = (p.src, p.dst);
         rewrite::translate(buf, &mut p, dir, &view.tuple, view.deltas, partial);
         if partial {
@@ -441,21 +514,21 @@ impl Worker {
 
         // Hairpinning: a pod's packet to an egress IP and port this gateway
         // holds arrives there as an inbound packet (RFC 4787 REQ-9).
-        if dir == Direction::Outbound && tables.owns_egress(p.dst.ip()) {
+        if dir == Direction::Outbound && view.flags & session_flags::HAIRPIN != 0 && tables.owns_egress(p.dst.ip()) {
             if !tables.nat.hairpinning {
                 return Verdict::Drop(DropReason::InboundFiltered);
             }
             let Some(key2) = p.flow_key() else { return Verdict::Drop(DropReason::InboundNoMapping) };
             let hit2 =
-                nat.sessions.lookup(&key2).filter(|(r, v)| r.is_inbound() && nat.check(v, &tables, secs, &self.stats));
+                nat.sessions.lookup(&key2).filter(|(r, v)| r.is_inbound() && nat.check(v, tables, secs, self.stats));
             let view2 = match hit2 {
                 Some((_, v)) => v,
-                None => match self.create_inbound(&key2, tcp_flags, nat, &tables, secs) {
+                None => match self.create_inbound(&key2, tcp_flags, nat, secs) {
                     Ok(v) => v,
                     Err(r) => return Verdict::Drop(r),
                 },
             };
-            self.account(nat, &view2, Direction::Inbound, tcp_flags, &tables, secs, len);
+            self.account(nat, &view2, Direction::Inbound, tcp_flags, secs, len);
             rewrite::translate(buf, &mut p, Direction::Inbound, &view2.tuple, view2.deltas, false);
             self.stats.event(Event::Hairpinned);
         }
@@ -470,40 +543,20 @@ impl Worker {
         self.forward(buf, len, &p)
     }
 
-    /// Whether the transport checksum holds only a pseudo-header sum.
-    #[inline]
-    fn is_partial<A: Family>(&self, p: &IpPacket<A>, meta: RxMeta) -> bool {
-        if p.frag != Frag::None || (p.proto != proto::TCP && p.proto != proto::UDP) {
-            return false;
-        }
-        match meta.checksum {
-            ChecksumHint::Complete => false,
-            ChecksumHint::Partial => true,
-            ChecksumHint::Unknown => match p.l4info {
-                L4::Ports { csum, .. } => {
-                    csum != 0 && checksum::is_partial(csum, A::pseudo_sum(&p.src, &p.dst, p.proto, p.l4_len()))
-                }
-                _ => false,
-            },
-        }
-    }
-
     /// Refreshes the session and tracks TCP state; counts the packet.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     fn account<A: Family>(
         &self,
         nat: &NatTable<A>,
         view: &SessionView<A>,
         dir: Direction,
         tcp_flags: u8,
-        tables: &Tables,
         secs: u32,
         len: usize,
     ) {
         let refresh = match (dir, view.tuple.proto) {
             (Direction::Outbound, _) => true,
-            (Direction::Inbound, proto::UDP) => tables.nat.udp_inbound_refresh,
+            (Direction::Inbound, proto::UDP) => self.tables.nat.udp_inbound_refresh,
             (Direction::Inbound, _) => true,
         };
         if refresh {
@@ -518,12 +571,12 @@ impl Worker {
     fn slow_path<A: Family>(
         &mut self,
         p: &IpPacket<A>,
-        key: crate::nat::key::FlowKey<A>,
+        key: FlowKey<A>,
         tcp_flags: u8,
         nat: &NatTable<A>,
-        tables: &Tables,
         secs: u32,
     ) -> Result<(SessionView<A>, Direction), Verdict> {
+        let tables = self.tables;
         match tables.classify(p.src, p.dst) {
             Decision::Steer(id) => {
                 let Some(policy) = tables.policy(id) else { return Err(Verdict::Pass) };
@@ -546,14 +599,9 @@ impl Worker {
                     proto: p.proto,
                     tcp_flags,
                 };
-                let deltas = |t: &crate::nat::key::SessionTuple<A>| rewrite::outbound_deltas(t);
-                let mut ctx = CreateCtx {
-                    now: secs,
-                    rng: &mut self.rng,
-                    stats: &self.stats,
-                    deltas: DeltaFnBox(&deltas),
-                    tcp_flags,
-                };
+                let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
+                let mut ctx =
+                    CreateCtx { now: secs, rng: self.rng, stats: self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
                 nat.create_outbound(&req, policy, tables, &mut ctx)
                     .map(|v| (v, Direction::Outbound))
                     .map_err(Verdict::Drop)
@@ -571,9 +619,7 @@ impl Worker {
                     L4::Echo { request: false, .. } => return Err(Verdict::Drop(DropReason::InboundNoMapping)),
                     _ => return Err(Verdict::Pass),
                 }
-                self.create_inbound(&key, tcp_flags, nat, tables, secs)
-                    .map(|v| (v, Direction::Inbound))
-                    .map_err(Verdict::Drop)
+                self.create_inbound(&key, tcp_flags, nat, secs).map(|v| (v, Direction::Inbound)).map_err(Verdict::Drop)
             }
             _ => Err(Verdict::Pass),
         }
@@ -581,24 +627,21 @@ impl Worker {
 
     fn create_inbound<A: Family>(
         &mut self,
-        key: &crate::nat::key::FlowKey<A>,
+        key: &FlowKey<A>,
         tcp_flags: u8,
         nat: &NatTable<A>,
-        tables: &Tables,
         secs: u32,
     ) -> Result<SessionView<A>, DropReason> {
-        if tables.nat.filtering != FilteringBehavior::EndpointIndependent {
+        if self.tables.nat.filtering != FilteringBehavior::EndpointIndependent {
             // Still say whether the port is mapped at all (two counters).
             let mapped = nat.mappings.existing_pool(key.dst, key.proto).is_some_and(|p| p.owner(key.dport()).is_some());
             return Err(if mapped { DropReason::InboundFiltered } else { DropReason::InboundNoMapping });
         }
-        let deltas = |t: &crate::nat::key::SessionTuple<A>| rewrite::outbound_deltas(t);
-        let mut ctx =
-            CreateCtx { now: secs, rng: &mut self.rng, stats: &self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
-        nat.create_inbound(key, tables, &mut ctx)
+        let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
+        let mut ctx = CreateCtx { now: secs, rng: self.rng, stats: self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
+        nat.create_inbound(key, self.tables, &mut ctx)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn later_fragment<A: Family>(
         &mut self,
         buf: &mut [u8],
@@ -606,7 +649,6 @@ impl Worker {
         p: &mut IpPacket<A>,
         ident: u32,
         nat: &NatTable<A>,
-        tables: &Tables,
         secs: u32,
     ) -> Verdict {
         let fk = FragKey { src: p.src, dst: p.dst, ident, proto: p.proto };
@@ -618,8 +660,8 @@ impl Worker {
                 self.forward(buf, len, p)
             }
             None => {
-                let ours =
-                    tables.owns_egress(p.dst.ip()) || matches!(tables.classify(p.src, p.dst), Decision::Steer(_));
+                let ours = self.tables.owns_egress(p.dst.ip())
+                    || matches!(self.tables.classify(p.src, p.dst), Decision::Steer(_));
                 if ours {
                     Verdict::Drop(DropReason::FragmentUnmatched)
                 } else {
@@ -630,12 +672,13 @@ impl Worker {
     }
 
     /// TTL, then the L2 next hop.
+    #[inline]
     fn forward<A: Family>(&mut self, buf: &mut [u8], len: usize, p: &IpPacket<A>) -> Verdict {
         if p.hop_limit <= 1 {
             return Verdict::Drop(DropReason::TtlExceeded);
         }
         A::decrement_hop_limit(&mut buf[p.l3..]);
-        match self.fib.load().next_hop(p.dst.ip()) {
+        match self.next_hops.lookup(self.fib, p.dst.ip()) {
             NextHop::Resolved { oif, src_mac, dst_mac } => {
                 let mut f = ethernet::Frame::new_unchecked(&mut buf[..len]);
                 f.set_dst_addr(EthernetAddress(dst_mac));
@@ -648,5 +691,23 @@ impl Worker {
             }
             NextHop::NoRoute => Verdict::Drop(DropReason::NoRoute),
         }
+    }
+}
+
+/// Whether the transport checksum holds only a pseudo-header sum.
+#[inline]
+fn is_partial<A: Family>(p: &IpPacket<A>, meta: RxMeta) -> bool {
+    if p.frag != Frag::None || (p.proto != proto::TCP && p.proto != proto::UDP) {
+        return false;
+    }
+    match meta.checksum {
+        ChecksumHint::Complete => false,
+        ChecksumHint::Partial => true,
+        ChecksumHint::Unknown => match p.l4info {
+            L4::Ports { csum, .. } => {
+                csum != 0 && checksum::is_partial(csum, A::pseudo_sum(&p.src, &p.dst, p.proto, p.l4_len()))
+            }
+            _ => false,
+        },
     }
 }

@@ -68,6 +68,7 @@ pub enum NextHop {
 /// The forwarding snapshot.
 #[derive(Clone, Debug, Default)]
 pub struct Fib {
+    generation: u64,
     interfaces: AHashMap<u32, Interface>,
     routes_v4: Lpm<Ipv4Addr, Route>,
     routes_v6: Lpm<Ipv6Addr, Route>,
@@ -78,6 +79,18 @@ impl Fib {
     /// An empty snapshot.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The snapshot's generation (set by the engine when it is published;
+    /// workers' next-hop caches are valid for one generation).
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Sets the generation (the engine does, on publish).
+    pub fn set_generation(&mut self, g: u64) {
+        self.generation = g;
     }
 
     /// Adds or replaces an interface.

@@ -26,6 +26,8 @@ pub trait LpmAddr: Copy + Eq + std::fmt::Debug + Send + Sync + 'static {
     fn to_ip(self) -> IpAddr;
     /// The address as a number, for deterministic ordering.
     fn sort_key(self) -> u128;
+    /// The all-zeros address.
+    fn from_bits_zero() -> Self;
 }
 
 impl LpmAddr for Ipv4Addr {
@@ -53,6 +55,9 @@ impl LpmAddr for Ipv4Addr {
     fn sort_key(self) -> u128 {
         u128::from(u32::from(self))
     }
+    fn from_bits_zero() -> Self {
+        Ipv4Addr::UNSPECIFIED
+    }
 }
 
 impl LpmAddr for Ipv6Addr {
@@ -79,6 +84,9 @@ impl LpmAddr for Ipv6Addr {
     }
     fn sort_key(self) -> u128 {
         u128::from(self)
+    }
+    fn from_bits_zero() -> Self {
+        Ipv6Addr::UNSPECIFIED
     }
 }
 

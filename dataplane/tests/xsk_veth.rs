@@ -135,7 +135,8 @@ fn test_seq(frame: &[u8]) -> Option<u32> {
 fn capture() -> socket2::Socket {
     // ETH_P_ALL in network byte order.
     let eth_p_all = i32::from(0x0003u16.to_be());
-    let s = socket2::Socket::new(socket2::Domain::PACKET, socket2::Type::RAW, Some(eth_p_all.into())).expect("AF_PACKET");
+    let s =
+        socket2::Socket::new(socket2::Domain::PACKET, socket2::Type::RAW, Some(eth_p_all.into())).expect("AF_PACKET");
     s.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
     s
 }
@@ -239,7 +240,9 @@ impl<H: FrameHandler + Send + 'static> Gateway<H> {
             let setup = || -> Result<_, String> {
                 let specs: Vec<PortSpec> = ports
                     .iter()
-                    .map(|(d, q)| Ok(PortSpec { ifindex: netns::ifindex(d).map_err(|e| format!("{d}: {e}"))?, queue: *q }))
+                    .map(|(d, q)| {
+                        Ok(PortSpec { ifindex: netns::ifindex(d).map_err(|e| format!("{d}: {e}"))?, queue: *q })
+                    })
                     .collect::<Result<_, String>>()?;
                 let xsk = XskPorts::open(&config, &specs).map_err(|e| e.to_string())?;
                 let mut progs = Vec::new();
@@ -259,7 +262,8 @@ impl<H: FrameHandler + Send + 'static> Gateway<H> {
             };
             let (mut worker, progs) = match setup() {
                 Ok(v) => {
-                    let counters = (0..v.0.ports().len()).filter_map(|i| v.0.ports().counters(PortId(i as u16))).collect();
+                    let counters =
+                        (0..v.0.ports().len()).filter_map(|i| v.0.ports().counters(PortId(i as u16))).collect();
                     let _ = ready_tx.send(Ok((v.0.stats(), counters)));
                     v
                 }
@@ -326,8 +330,25 @@ fn one_arm(tag: &str, gw_queues: u32) -> (Netns, Netns) {
     // The peer has one TX queue, so every frame lands on the gateway's RX
     // queue 0 (veth maps the sender's TX queue to the receiver's RX queue).
     gw.ip(&[
-        "link", "add", "name", "xg0", "numtxqueues", &q, "numrxqueues", &q, "type", "veth", "peer", "name", "xp0",
-        "numtxqueues", "1", "numrxqueues", "1", "netns", &peer.name,
+        "link",
+        "add",
+        "name",
+        "xg0",
+        "numtxqueues",
+        &q,
+        "numrxqueues",
+        &q,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "xp0",
+        "numtxqueues",
+        "1",
+        "numrxqueues",
+        "1",
+        "netns",
+        &peer.name,
     ]);
     gw.ip(&["addr", "add", "192.0.2.1/24", "dev", "xg0"]);
     peer.ip(&["addr", "add", "192.0.2.2/24", "dev", "xp0"]);
@@ -429,13 +450,33 @@ fn two_arm_forwards_between_interfaces_over_one_umem() {
     let b = Netns::new("tb");
     for (dev, peer_dev, ns) in [("xa", "pa", &a), ("xb", "pb", &b)] {
         gw.ip(&[
-            "link", "add", "name", dev, "numtxqueues", "1", "numrxqueues", "1", "type", "veth", "peer", "name", peer_dev,
-            "numtxqueues", "1", "numrxqueues", "1", "netns", &ns.name,
+            "link",
+            "add",
+            "name",
+            dev,
+            "numtxqueues",
+            "1",
+            "numrxqueues",
+            "1",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer_dev,
+            "numtxqueues",
+            "1",
+            "numrxqueues",
+            "1",
+            "netns",
+            &ns.name,
         ]);
     }
-    for (ns, dev, addr) in
-        [(&gw, "xa", "192.0.2.1/24"), (&a, "pa", "192.0.2.2/24"), (&gw, "xb", "198.51.100.1/24"), (&b, "pb", "198.51.100.2/24")]
-    {
+    for (ns, dev, addr) in [
+        (&gw, "xa", "192.0.2.1/24"),
+        (&a, "pa", "192.0.2.2/24"),
+        (&gw, "xb", "198.51.100.1/24"),
+        (&b, "pb", "198.51.100.2/24"),
+    ] {
         ns.ip(&["addr", "add", addr, "dev", dev]);
         ns.ip(&["link", "set", dev, "up"]);
     }
@@ -512,7 +553,10 @@ fn two_arm_forwards_between_interfaces_over_one_umem() {
     // RX counted on port 0 only, TX on port 1 only: the frames moved between
     // sockets of one UMEM.
     assert_eq!((counters[0].rx_frames, counters[0].tx_frames), (u64::from(N), 0));
-    assert_eq!((counters[1].rx_frames, counters[1].tx_frames, counters[1].tx_completed), (0, u64::from(N), u64::from(N)));
+    assert_eq!(
+        (counters[1].rx_frames, counters[1].tx_frames, counters[1].tx_completed),
+        (0, u64::from(N), u64::from(N))
+    );
     assert_eq!((stats.tx_frames, stats.dropped, stats.bad_port, bad_releases), (u64::from(N), 0, 0, 0));
     assert!(handler.ticks >= stats.iterations.min(1), "tick runs every iteration");
 }
@@ -588,7 +632,19 @@ fn full_tx_ring_refuses_without_panic_then_resumes() {
             }
             let after = ports.counters(p).expect("counters").snapshot();
             drop(prog);
-            (queued, refused, full, free_before, free_after_refusals, reclaimed_unkicked, completed, after, ports.frames_free(), ports.frames_total(), ports.frame_pool_bad_releases())
+            (
+                queued,
+                refused,
+                full,
+                free_before,
+                free_after_refusals,
+                reclaimed_unkicked,
+                completed,
+                after,
+                ports.frames_free(),
+                ports.frames_total(),
+                ports.frame_pool_bad_releases(),
+            )
         })
         .join()
         .expect("gateway thread");
@@ -677,7 +733,8 @@ fn bounce_throughput() {
     let (gw, peer) = one_arm("t", 1);
     let peer_mac = peer.mac("xp0");
     let worker_config = WorkerConfig { cpu: Some(1), realtime_priority: Some(50), ..WorkerConfig::default() };
-    let gateway = Gateway::start(&gw, &[("xg0", 0)], &["xg0"], copy_mode(SocketConfig::default()), worker_config, Bounce);
+    let gateway =
+        Gateway::start(&gw, &[("xg0", 0)], &["xg0"], copy_mode(SocketConfig::default()), worker_config, Bounce);
     let secs = 3;
     let (sent, seen) = peer
         .spawn(move || {

@@ -46,10 +46,10 @@ pub trait NatAddr: LpmAddr + Hash + Ord {
     fn write(&self, out: &mut [u8]);
     /// Hashes a key with as few hasher calls as possible.
     fn hash_key<H: Hasher>(key: &FlowKey<Self>, h: &mut H);
-    /// Packs a session tuple into words.
-    fn pack(t: &SessionTuple<Self>) -> Self::Words;
-    /// Unpacks a session tuple from words.
-    fn unpack(w: &Self::Words) -> SessionTuple<Self>;
+    /// Packs a session tuple and a 32-bit meta word into words.
+    fn pack(t: &SessionTuple<Self>, meta: u32) -> Self::Words;
+    /// Unpacks a session tuple and its meta word.
+    fn unpack(w: &Self::Words) -> (SessionTuple<Self>, u32);
     /// The address as a generic `IpAddr`.
     fn ip(&self) -> IpAddr {
         self.to_ip()
@@ -160,16 +160,16 @@ impl NatAddr for Ipv4Addr {
         h.write_u128((u128::from(a) << 64) | u128::from(b));
     }
 
-    fn pack(t: &SessionTuple<Self>) -> [u64; 3] {
+    fn pack(t: &SessionTuple<Self>, meta: u32) -> [u64; 3] {
         [
             (u64::from(u32::from(t.pod)) << 32) | u64::from(u32::from(t.remote)),
             (u64::from(u32::from(t.egress)) << 32) | (u64::from(t.pod_port) << 16) | u64::from(t.remote_port),
-            (u64::from(t.egress_port) << 8) | u64::from(t.proto),
+            (u64::from(meta) << 24) | (u64::from(t.egress_port) << 8) | u64::from(t.proto),
         ]
     }
 
-    fn unpack(w: &[u64; 3]) -> SessionTuple<Self> {
-        SessionTuple {
+    fn unpack(w: &[u64; 3]) -> (SessionTuple<Self>, u32) {
+        let t = SessionTuple {
             pod: Ipv4Addr::from((w[0] >> 32) as u32),
             remote: Ipv4Addr::from(w[0] as u32),
             egress: Ipv4Addr::from((w[1] >> 32) as u32),
@@ -177,7 +177,8 @@ impl NatAddr for Ipv4Addr {
             remote_port: w[1] as u16,
             egress_port: (w[2] >> 8) as u16,
             proto: w[2] as u8,
-        }
+        };
+        (t, (w[2] >> 24) as u32)
     }
 
     fn from_ip(ip: IpAddr) -> Option<Self> {
@@ -192,8 +193,8 @@ impl NatAddr for Ipv6Addr {
     const LEN: usize = 16;
     const ICMP_PROTO: u8 = proto::ICMPV6;
     const IS_V6: bool = true;
-    type AtomicWords = [std::sync::atomic::AtomicU64; 7];
-    type Words = [u64; 7];
+    type AtomicWords = [std::sync::atomic::AtomicU64; 8];
+    type Words = [u64; 8];
 
     #[inline]
     fn read(b: &[u8]) -> Self {
@@ -217,7 +218,7 @@ impl NatAddr for Ipv6Addr {
         h.write_u64(b);
     }
 
-    fn pack(t: &SessionTuple<Self>) -> [u64; 7] {
+    fn pack(t: &SessionTuple<Self>, meta: u32) -> [u64; 8] {
         let p = u128::from(t.pod);
         let r = u128::from(t.remote);
         let e = u128::from(t.egress);
@@ -232,12 +233,13 @@ impl NatAddr for Ipv6Addr {
                 | (u64::from(t.remote_port) << 24)
                 | (u64::from(t.egress_port) << 8)
                 | u64::from(t.proto),
+            u64::from(meta),
         ]
     }
 
-    fn unpack(w: &[u64; 7]) -> SessionTuple<Self> {
+    fn unpack(w: &[u64; 8]) -> (SessionTuple<Self>, u32) {
         let join = |hi: u64, lo: u64| Ipv6Addr::from((u128::from(hi) << 64) | u128::from(lo));
-        SessionTuple {
+        let t = SessionTuple {
             pod: join(w[0], w[1]),
             remote: join(w[2], w[3]),
             egress: join(w[4], w[5]),
@@ -245,7 +247,8 @@ impl NatAddr for Ipv6Addr {
             remote_port: (w[6] >> 24) as u16,
             egress_port: (w[6] >> 8) as u16,
             proto: w[6] as u8,
-        }
+        };
+        (t, w[7] as u32)
     }
 
     fn from_ip(ip: IpAddr) -> Option<Self> {
@@ -295,7 +298,7 @@ mod tests {
             egress_port: 32768,
             proto: proto::UDP,
         };
-        assert_eq!(Ipv4Addr::unpack(&Ipv4Addr::pack(&t4)), t4);
+        assert_eq!(Ipv4Addr::unpack(&Ipv4Addr::pack(&t4, 0xdead_beef)), (t4, 0xdead_beef));
         let t6 = SessionTuple {
             pod: "2001:db8:1::10".parse::<Ipv6Addr>().unwrap(),
             remote: "2001:db8:ffff::5".parse().unwrap(),
@@ -305,7 +308,7 @@ mod tests {
             egress_port: 60999,
             proto: proto::ICMPV6,
         };
-        assert_eq!(Ipv6Addr::unpack(&Ipv6Addr::pack(&t6)), t6);
+        assert_eq!(Ipv6Addr::unpack(&Ipv6Addr::pack(&t6, 0x1234_5678)), (t6, 0x1234_5678));
     }
 
     #[test]

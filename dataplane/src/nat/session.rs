@@ -15,7 +15,7 @@
 //! (last seen, TCP state) are single atomics.
 //!
 //! Memory per session (IPv4): two map entries of 17 bytes (13-byte key,
-//! 4-byte ref) plus one control byte each, and a 48-byte slot. See
+//! 4-byte ref) plus one control byte each, and a 40-byte slot. See
 //! docs/benchmarks.md for the measured figure.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -77,8 +77,9 @@ pub struct Slot<A: NatAddr> {
     /// TCP seen bits (low 8) and the configuration generation the session was
     /// last validated against (high 16).
     state: AtomicU32,
-    /// Per-policy counter slot (low 16) and flags (high 16).
-    meta: AtomicU32,
+    // The per-policy counter slot (low 16) and flags (high 16) travel in the
+    // packed words, where the IPv4 tuple leaves 40 bits free: an IPv4 slot is
+    // 40 bytes.
 }
 
 /// What a session holds besides its tuple, as written at creation.
@@ -104,6 +105,10 @@ pub mod session_flags {
     pub const INBOUND_CREATED: u16 = 0x1;
     /// Uses an endpoint-independent mapping that must be released with it.
     pub const HAS_MAPPING: u16 = 0x2;
+    /// Its remote is an egress IP this gateway held when it was created: its
+    /// outbound packets hairpin (checked on the fast path by this flag
+    /// instead of a lookup in the egress table for every packet).
+    pub const HAIRPIN: u16 = 0x4;
 }
 
 /// A consistent copy of a live session, as read by a worker.
@@ -137,7 +142,6 @@ impl<A: NatAddr> Default for Slot<A> {
             deltas: AtomicU32::new(0),
             last_seen: AtomicU32::new(0),
             state: AtomicU32::new(0),
-            meta: AtomicU32::new(0),
         }
     }
 }
@@ -146,14 +150,14 @@ impl<A: NatAddr> Slot<A> {
     fn write(&self, gen_base: u32, tuple: &SessionTuple<A>, init: &SessionInit) {
         self.seq.store(gen_base | WRITING, Ordering::Relaxed);
         fence(Ordering::Release);
-        let w = A::pack(tuple);
+        let meta = u32::from(init.policy_slot) | (u32::from(init.flags) << 16);
+        let w = A::pack(tuple, meta);
         for (dst, v) in self.words.as_ref().iter().zip(w.as_ref()) {
             dst.store(*v, Ordering::Relaxed);
         }
         self.deltas.store(init.deltas, Ordering::Relaxed);
         self.last_seen.store(init.now, Ordering::Relaxed);
         self.state.store(u32::from(init.tcp) | (u32::from(init.generation) << 16), Ordering::Relaxed);
-        self.meta.store(u32::from(init.policy_slot) | (u32::from(init.flags) << 16), Ordering::Relaxed);
         self.seq.store(gen_base | LIVE, Ordering::Release);
     }
 
@@ -169,15 +173,15 @@ impl<A: NatAddr> Slot<A> {
         let deltas = self.deltas.load(Ordering::Relaxed);
         let last_seen = self.last_seen.load(Ordering::Relaxed);
         let state = self.state.load(Ordering::Relaxed);
-        let meta = self.meta.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         if self.seq.load(Ordering::Relaxed) != s1 {
             return None;
         }
+        let (tuple, meta) = A::unpack(&w);
         Some(SessionView {
             index,
             seq: s1,
-            tuple: A::unpack(&w),
+            tuple,
             deltas,
             last_seen,
             tcp: state as u8,
@@ -476,6 +480,8 @@ mod tests {
         let r = SessionRef::new(INBOUND_BIT - 1, false);
         assert_eq!((r.index(), r.is_inbound()), (INBOUND_BIT - 1, false));
         assert_eq!(std::mem::size_of::<(FlowKey<Ipv4Addr>, SessionRef)>(), 17);
+        assert_eq!(std::mem::size_of::<Slot<Ipv4Addr>>(), 40);
+        assert_eq!(std::mem::size_of::<Slot<std::net::Ipv6Addr>>(), 80);
     }
 
     #[test]

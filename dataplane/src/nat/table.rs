@@ -228,6 +228,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             policy_slot: policy.counter_slot,
             flags: 0,
         };
+        if tables.owns_egress(req.remote.ip()) {
+            init.flags |= session_flags::HAIRPIN;
+        }
         let mut tuple = SessionTuple {
             pod: req.pod,
             remote: req.remote,
@@ -250,7 +253,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 return Err(DropReason::PortsExhausted);
             };
             tuple.egress_port = acquired.port();
-            init.flags = session_flags::HAS_MAPPING;
+            init.flags |= session_flags::HAS_MAPPING;
             init.deltas = (ctx.deltas)(&tuple);
             let r = self.sessions.insert(&tuple, &init);
             if r.is_err() {
@@ -358,7 +361,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             tcp: if key.proto == proto::TCP { tcp_state::initial(Direction::Inbound, ctx.tcp_flags) } else { 0 },
             generation: tables.generation_tag(),
             policy_slot: policy.counter_slot,
-            flags: session_flags::HAS_MAPPING | session_flags::INBOUND_CREATED,
+            flags: session_flags::HAS_MAPPING
+                | session_flags::INBOUND_CREATED
+                | if tables.owns_egress(key.src.ip()) { session_flags::HAIRPIN } else { 0 },
         };
         match self.sessions.insert(&tuple, &init) {
             Ok(v) => {

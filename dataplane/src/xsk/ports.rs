@@ -115,13 +115,8 @@ impl XskPorts {
         }
         let pool = FramePool::new(umem.frame_size(), umem.frame_count());
         let batch = config.socket.rx_size.max(config.socket.comp_size) as usize;
-        let mut this = Self {
-            sockets,
-            pool,
-            umem,
-            desc_buf: vec![XdpDesc::default(); batch],
-            addr_buf: vec![0; batch],
-        };
+        let mut this =
+            Self { sockets, pool, umem, desc_buf: vec![XdpDesc::default(); batch], addr_buf: vec![0; batch] };
         for i in 0..this.sockets.len() {
             this.refill(PortId(i as u16));
         }

@@ -76,9 +76,7 @@ impl<T: Copy> RingMap<T> {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
         let desc_off = usize::try_from(off.desc).map_err(|_| io::ErrorKind::InvalidData)?;
-        let len = desc_off
-            .checked_add(size as usize * size_of::<T>())
-            .ok_or(io::ErrorKind::InvalidData)?;
+        let len = desc_off.checked_add(size as usize * size_of::<T>()).ok_or(io::ErrorKind::InvalidData)?;
         Self::from_mmap(Mmap::ring(fd, len, pgoff)?, off, size)
     }
 

@@ -64,12 +64,9 @@ impl Default for SocketConfig {
 
 impl SocketConfig {
     fn validate(&self) -> Result<(), XskError> {
-        for (ring, size) in [
-            ("rx", self.rx_size),
-            ("tx", self.tx_size),
-            ("fill", self.fill_size),
-            ("completion", self.comp_size),
-        ] {
+        for (ring, size) in
+            [("rx", self.rx_size), ("tx", self.tx_size), ("fill", self.fill_size), ("completion", self.comp_size)]
+        {
             if size == 0 || !size.is_power_of_two() {
                 return Err(XskError::InvalidRingSize { ring, size });
             }
@@ -218,9 +215,10 @@ impl XskSocket {
         let maperr = |ring: &'static str| move |source: io::Error| XskError::RingMap { ring, ifindex, queue, source };
         let rx = ConsRing::map(b, &off.rx, config.rx_size, sys::XDP_PGOFF_RX_RING).map_err(maperr("rx"))?;
         let tx = ProdRing::map(b, &off.tx, config.tx_size, sys::XDP_PGOFF_TX_RING).map_err(maperr("tx"))?;
-        let fill = ProdRing::map(b, &off.fr, config.fill_size, sys::XDP_UMEM_PGOFF_FILL_RING).map_err(maperr("fill"))?;
-        let comp =
-            ConsRing::map(b, &off.cr, config.comp_size, sys::XDP_UMEM_PGOFF_COMPLETION_RING).map_err(maperr("completion"))?;
+        let fill =
+            ProdRing::map(b, &off.fr, config.fill_size, sys::XDP_UMEM_PGOFF_FILL_RING).map_err(maperr("fill"))?;
+        let comp = ConsRing::map(b, &off.cr, config.comp_size, sys::XDP_UMEM_PGOFF_COMPLETION_RING)
+            .map_err(maperr("completion"))?;
 
         let tx_skb_budget = config.tx_skb_budget.and_then(|want| set_tx_skb_budget(b, want, config.tx_size));
 

@@ -149,10 +149,7 @@ pub fn set_opt<T: Copy>(fd: BorrowedFd<'_>, opt: libc::c_int, value: &T) -> io::
     let len = size_of::<T>() as libc::socklen_t;
     // SAFETY: `value` points to `len` readable bytes for the duration of the
     // call; the kernel copies them and keeps no pointer.
-    cvt(unsafe {
-        libc::setsockopt(fd.as_raw_fd(), SOL_XDP, opt, (value as *const T).cast(), len)
-    })
-    .map(drop)
+    cvt(unsafe { libc::setsockopt(fd.as_raw_fd(), SOL_XDP, opt, (value as *const T).cast(), len) }).map(drop)
 }
 
 /// `getsockopt(fd, SOL_XDP, opt, &mut value, &len)`; returns how many bytes
@@ -161,9 +158,7 @@ pub fn get_opt<T: Copy>(fd: BorrowedFd<'_>, opt: libc::c_int, value: &mut T) -> 
     let mut len = size_of::<T>() as libc::socklen_t;
     // SAFETY: `value` points to `len` writable bytes of a plain-data type
     // (every bit pattern valid) and `len` is a valid in/out length.
-    cvt(unsafe {
-        libc::getsockopt(fd.as_raw_fd(), SOL_XDP, opt, (value as *mut T).cast(), &mut len)
-    })?;
+    cvt(unsafe { libc::getsockopt(fd.as_raw_fd(), SOL_XDP, opt, (value as *mut T).cast(), &mut len) })?;
     Ok(len as usize)
 }
 
@@ -172,11 +167,7 @@ pub fn bind(fd: BorrowedFd<'_>, addr: &SockaddrXdp) -> io::Result<()> {
     // SAFETY: `addr` is a valid `sockaddr_xdp` of the given length; the
     // kernel copies it.
     cvt(unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (addr as *const SockaddrXdp).cast(),
-            size_of::<SockaddrXdp>() as libc::socklen_t,
-        )
+        libc::bind(fd.as_raw_fd(), (addr as *const SockaddrXdp).cast(), size_of::<SockaddrXdp>() as libc::socklen_t)
     })
     .map(drop)
 }
@@ -186,9 +177,7 @@ pub fn bind(fd: BorrowedFd<'_>, addr: &SockaddrXdp) -> io::Result<()> {
 pub fn kick_tx(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: a zero-length send with null buffer and address is the
     // documented AF_XDP wakeup; the kernel dereferences neither.
-    let ret = unsafe {
-        libc::sendto(fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0)
-    };
+    let ret = unsafe { libc::sendto(fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
     if ret < 0 {
         Err(io::Error::last_os_error())
     } else {

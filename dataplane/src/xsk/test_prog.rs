@@ -213,9 +213,11 @@ impl XskRedirectProg {
             value: &value as *const u32 as u64,
             ..Default::default()
         };
-        bpf(BPF_MAP_UPDATE_ELEM, &mut up)
-            .map(drop)
-            .map_err(|source| XskError::Bpf { op: "BPF_MAP_UPDATE_ELEM xskmap", ifindex: self.ifindex, source })
+        bpf(BPF_MAP_UPDATE_ELEM, &mut up).map(drop).map_err(|source| XskError::Bpf {
+            op: "BPF_MAP_UPDATE_ELEM xskmap",
+            ifindex: self.ifindex,
+            source,
+        })
     }
 
     /// The XSKMAP's fd.

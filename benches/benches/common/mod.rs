@@ -1,0 +1,130 @@
+//! Shared set-up for the engine benchmarks: an engine holding N live IPv4
+//! sessions, and frames of existing flows in both directions.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use egret_dataplane::clock::Timestamp;
+use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Worker};
+use egret_dataplane::fixtures::{self, build::Packet};
+use egret_dataplane::nat::key::{proto, SessionTuple};
+use egret_dataplane::nat::port_alloc::PortRng;
+use egret_dataplane::nat::rewrite;
+use egret_dataplane::nat::table::{CreateCtx, DeltaFnBox, OutboundRequest};
+use egret_dataplane::policy::PolicyId;
+use egret_dataplane::stats::WorkerStats;
+use egret_dataplane::tables::{EgressIpSpec, MappingBehavior, PolicySpec, TablesSpec};
+
+/// Egress IPs in the benchmark configuration.
+pub const EGRESS_IPS: u8 = 64;
+
+/// The benchmark configuration: pods 198.18.0.0/15 to anywhere, over 64
+/// egress IPs 203.0.113.10-73 (paired pooling spreads the pods).
+pub fn spec(max_sessions: usize, mapping: MappingBehavior) -> TablesSpec {
+    let egress: Vec<IpAddr> = (0..EGRESS_IPS).map(|i| IpAddr::V4(Ipv4Addr::new(203, 0, 113, 10 + i))).collect();
+    let mut s = TablesSpec {
+        policies: vec![PolicySpec {
+            name: "bench".into(),
+            sources: vec!["198.18.0.0/15".parse().unwrap()],
+            destinations: vec!["0.0.0.0/0".parse().unwrap()],
+            except: vec![],
+            egress_ips: egress.clone(),
+        }],
+        egress_ips: egress.into_iter().map(|ip| EgressIpSpec { ip, ports: None, answer_neighbor: true }).collect(),
+        ..Default::default()
+    };
+    s.nat.max_sessions = max_sessions;
+    s.nat.max_sessions_per_source = u32::MAX;
+    s.nat.mapping = mapping;
+    s
+}
+
+/// Flow `i` of a population of `pods` pods x `ports` ports x `remotes` remotes.
+pub fn flow(i: u64, pods: u64, ports: u64, remotes: u64) -> (Ipv4Addr, u16, Ipv4Addr, u16) {
+    let pod = i % pods;
+    let port = (i / pods) % ports;
+    let remote = (i / (pods * ports)) % remotes;
+    (
+        Ipv4Addr::from(0xC612_0000u32 + 1 + pod as u32),
+        32768 + port as u16,
+        Ipv4Addr::from(0xC633_6400u32 + 1 + (remote as u32 % 250)),
+        1000 + (remote / 250) as u16,
+    )
+}
+
+/// A shape of `n` sessions: (pods, ports per pod, remotes per port).
+pub fn shape(n: u64) -> (u64, u64, u64) {
+    match n {
+        0..=1_000 => (10, 10, n.div_ceil(100).max(1)),
+        1_001..=1_000_000 => (1000, 100, n.div_ceil(100_000)),
+        _ => (1000, 1000, n.div_ceil(1_000_000)),
+    }
+}
+
+/// An engine with `n` live IPv4 UDP sessions (created through the NAT API,
+/// as the slow path would), its worker, and the shape used.
+pub fn populated(n: u64, mapping: MappingBehavior) -> (Engine, Worker, (u64, u64, u64)) {
+    let engine = Engine::new(&spec((n as usize + n as usize / 8).max(1024), mapping)).unwrap();
+    engine.publish_fib(fixtures::topology());
+    let worker = engine.worker_seeded(PortRng::new(42));
+    let tables = engine.tables();
+    let policy = tables.policy(PolicyId(0)).unwrap();
+    let stats = WorkerStats::default();
+    let mut rng = PortRng::new(1);
+    let deltas = |t: &SessionTuple<Ipv4Addr>| rewrite::outbound_deltas(t);
+    let sh = shape(n);
+    for i in 0..n {
+        let (pod, pod_port, remote, remote_port) = flow(i, sh.0, sh.1, sh.2);
+        let req = OutboundRequest { pod, pod_port, remote, remote_port, proto: proto::UDP, tcp_flags: 0 };
+        let mut ctx = CreateCtx { now: 0, rng: &mut rng, stats: &stats, deltas: DeltaFnBox(&deltas), tcp_flags: 0 };
+        engine.nat4().create_outbound(&req, policy, &tables, &mut ctx).expect("session");
+    }
+    assert_eq!(engine.nat4().sessions.len() as u64, n);
+    (engine, worker, sh)
+}
+
+/// 64-byte frames (plus Ethernet header) of existing flows: outbound from the
+/// pod, and the remote's reply to the egress IP and port.
+pub fn frames(engine: &Engine, n: u64, sh: (u64, u64, u64), count: usize, seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let mut rng = PortRng::new(seed);
+    let mut out = Vec::with_capacity(count);
+    let mut back = Vec::with_capacity(count);
+    for _ in 0..count {
+        let i = rng.next_u64() % n;
+        let (pod, pp, remote, rp) = flow(i, sh.0, sh.1, sh.2);
+        let o: Packet = fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18]));
+        let key = egret_dataplane::nat::key::FlowKey::new(pod, remote, pp, rp, proto::UDP);
+        let (_, v) = engine.nat4().sessions.lookup(&key).expect("session exists");
+        let b = fixtures::from_outside(
+            remote.into(),
+            v.tuple.egress.into(),
+            fixtures::udp(rp, v.tuple.egress_port, &[0u8; 18]),
+        );
+        out.push(o.frame());
+        back.push(b.frame());
+    }
+    (out, back)
+}
+
+/// Processes `frames` cyclically `iters` times; returns how many were forwarded.
+#[inline]
+pub fn run(w: &mut Worker, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64) -> u64 {
+    let mut buf = vec![0u8; 2048];
+    let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
+    let t = Timestamp::from_secs(now);
+    let mut ok = 0;
+    let mut idx = 0;
+    for _ in 0..iters {
+        let f = &frames[idx];
+        idx += 1;
+        if idx == frames.len() {
+            idx = 0;
+        }
+        buf[..f.len()].copy_from_slice(f);
+        if let Verdict::Forward { .. } = w.process(&mut buf, f.len(), meta, t) {
+            ok += 1;
+        }
+    }
+    ok
+}

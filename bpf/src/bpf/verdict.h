@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * verdict.h - why the steering program returned what it returned.
+ *
+ * Every frame increments exactly one slot of `verdict_counters`, indexed by
+ * this enum. The numbering is part of the userspace ABI: it is mirrored by
+ * `VerdictReason` in bpf/src/maps.rs (a test checks both against the BTF of
+ * the compiled object). Append new reasons before EGRET_VERDICT_COUNT; never
+ * renumber or reuse a value.
+ *
+ * Naming: EGRET_<ACTION>_<why>. ACTION is the XDP action returned:
+ * PASS (kernel), REDIRECT (the queue's AF_XDP socket), DROP.
+ */
+#ifndef EGRET_VERDICT_H
+#define EGRET_VERDICT_H
+
+enum egret_verdict_reason {
+	/* Rule 1: L2. Not IPv4/IPv6/ARP after at most one 802.1Q tag. */
+	EGRET_PASS_NOT_IP = 0,
+	/* A header the rules needed was truncated or invalid. */
+	EGRET_PASS_MALFORMED = 1,
+	/* Rule 2: ARP. Not an Ethernet/IPv4 ARP request (replies, other hw). */
+	EGRET_PASS_ARP_OTHER = 2,
+	/* Rule 2: ARP request for a target we do not answer for. */
+	EGRET_PASS_ARP_NOT_OWNED = 3,
+	/* Rule 2: ARP request for an owned OWNED_NEIGH target. */
+	EGRET_REDIRECT_ARP_OWNED = 4,
+	/* Rule 3: Neighbor Solicitation for a target we do not answer for. */
+	EGRET_PASS_NS_NOT_OWNED = 5,
+	/* Rule 3: Neighbor Solicitation for an owned OWNED_NEIGH target. */
+	EGRET_REDIRECT_NS_OWNED = 6,
+	/* Rule 3: other Neighbor Discovery messages (RS, RA, NA, Redirect). */
+	EGRET_PASS_NDP_OTHER = 7,
+	/* IPv6 with more extension headers than we walk (EGRET_IPV6_MAX_EXT). */
+	EGRET_PASS_IPV6_EXT_LIMIT = 8,
+	/* Rule 4: TCP/UDP to an owned OWNED_NAT address, port in its NAT range. */
+	EGRET_REDIRECT_NAT_PORT = 9,
+	/* Rule 4: TCP/UDP to an owned OWNED_NAT address, port outside the range. */
+	EGRET_PASS_SERVICE_PORT = 10,
+	/* Rule 4: ICMP error or echo reply to an owned OWNED_NAT address. */
+	EGRET_REDIRECT_ICMP_TO_EGRESS = 11,
+	/* Rule 4: echo request or other ICMP query to an owned OWNED_NAT address. */
+	EGRET_PASS_ICMP_QUERY_TO_EGRESS = 12,
+	/* Rule 4: another protocol to an owned OWNED_NAT address. */
+	EGRET_PASS_OTHER_PROTO_TO_EGRESS = 13,
+	/* Rule 5: the (class, destination) rule says steer. */
+	EGRET_REDIRECT_STEERED_SOURCE = 14,
+	/* Rule 5: the (class, destination) rule says exclude. */
+	EGRET_PASS_EXCLUDED_DESTINATION = 15,
+	/* Rule 5: the source has a class, no rule covers the destination. */
+	EGRET_PASS_UNMATCHED_DESTINATION = 16,
+	/* Rule 5: no policy selects the source. */
+	EGRET_PASS_UNSELECTED_SOURCE = 17,
+	/* Rule 6: a later fragment following its first fragment's redirect. */
+	EGRET_REDIRECT_FRAGMENT = 18,
+	/* Rule 6: a later fragment following its first fragment's pass. */
+	EGRET_PASS_FRAGMENT = 19,
+	/* Rule 6: a later fragment with no stored decision, steered by rule 5. */
+	EGRET_REDIRECT_FRAGMENT_STEERED_SOURCE = 20,
+	/* Rule 6: a later fragment with no stored decision, not steered. */
+	EGRET_PASS_FRAGMENT_UNKNOWN = 21,
+	/* Rule 7: ARP/NS to redirect, no socket on the queue: the kernel gets it. */
+	EGRET_PASS_NO_SOCKET_NEIGH = 22,
+	/* Rule 7: inbound to the NAT, no socket on the queue. */
+	EGRET_DROP_NO_SOCKET_TO_EGRESS = 23,
+	/* Rule 7: from a steered source, no socket on the queue (never leak). */
+	EGRET_DROP_NO_SOCKET_STEERED = 24,
+
+	EGRET_VERDICT_COUNT = 25,
+};
+
+#endif /* EGRET_VERDICT_H */

@@ -1,0 +1,555 @@
+//! Loading the steering program, attaching it, and keeping its maps.
+//!
+//! `SteeringProgram` owns the loaded object (embedded at build time from
+//! `OUT_DIR/steer.bpf.o`) and a handle on every map. Map sizes come from
+//! `LoadOptions` and are set before load. Attaching returns an `XdpLink`: a
+//! bpf_link that the kernel tears down when its fd closes, including when the
+//! process dies, so a crashed gateway never leaves a program steering frames
+//! to sockets that no longer exist.
+//!
+//! Policy replacement is two-generation: the loader owns the top bit of every
+//! class id in the maps. A replacement writes the new generation's
+//! (class, destination) rules first, then points the source prefixes at the
+//! new classes (one atomic update per prefix), then deletes stale sources and
+//! finally the old generation's rules. A lookup therefore always meets a
+//! complete rule set, old or new, and a source selected in both generations is
+//! never unclassified.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use libbpf_rs::{ErrorKind, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, ProgramInput};
+
+use crate::error::BpfError;
+use crate::link::create_xdp_link;
+use crate::maps::{
+    In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key,
+    PolicySrcV6Key, VerdictReason, XdpAction, POLICY_EXCLUDE, POLICY_STEER,
+};
+
+/// The compiled steering object, built by build.rs.
+static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
+
+/// The `SEC("xdp")` entry point in steer.bpf.c.
+const PROGRAM: &str = "egret_steer";
+
+const XSKS_MAP: &str = "xsks_map";
+const OWNED_V4: &str = "owned_v4";
+const OWNED_V6: &str = "owned_v6";
+const POLICY_SRC_V4: &str = "policy_src_v4";
+const POLICY_SRC_V6: &str = "policy_src_v6";
+const POLICY_DST_V4: &str = "policy_dst_v4";
+const POLICY_DST_V6: &str = "policy_dst_v6";
+const FRAG_DECISIONS: &str = "frag_decisions";
+const VERDICT_COUNTERS: &str = "verdict_counters";
+
+/// The top bit of a class id in the maps names the policy generation.
+const GENERATION_BIT: u32 = 1 << 31;
+
+/// Map sizes, set before the object is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// `xsks_map` entries: the highest RX queue index + 1.
+    pub xsk_queues: u32,
+    /// `owned_v4` and `owned_v6` entries each (egress IPs and next hops).
+    pub owned_addresses: u32,
+    /// `policy_src_v4` and `policy_src_v6` entries each (source prefixes).
+    pub policy_sources: u32,
+    /// `policy_dst_v4` and `policy_dst_v6` entries each. A replacement holds
+    /// two generations at once, so this is twice the largest rule set.
+    pub policy_rules: u32,
+    /// `frag_decisions` entries (datagrams in flight whose first fragment
+    /// was judged), LRU.
+    pub fragments: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            xsk_queues: 64,
+            owned_addresses: 1024,
+            policy_sources: 16_384,
+            policy_rules: 65_536,
+            fragments: 16_384,
+        }
+    }
+}
+
+/// XDP attach mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpMode {
+    /// In the driver (`XDP_FLAGS_DRV_MODE`); veth and most NICs support it.
+    Native,
+    /// In the generic stack after skb allocation (`XDP_FLAGS_SKB_MODE`).
+    Generic,
+}
+
+impl XdpMode {
+    fn flags(self) -> u32 {
+        match self {
+            Self::Native => libbpf_sys::XDP_FLAGS_DRV_MODE,
+            Self::Generic => libbpf_sys::XDP_FLAGS_SKB_MODE,
+        }
+    }
+
+    /// `native` or `generic`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Generic => "generic",
+        }
+    }
+}
+
+/// An attached program. Dropping it (or the process dying) detaches it.
+#[derive(Debug)]
+pub struct XdpLink {
+    fd: OwnedFd,
+    ifindex: u32,
+    mode: XdpMode,
+}
+
+impl XdpLink {
+    /// The interface the program is attached to.
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    /// The mode it was attached in.
+    pub fn mode(&self) -> XdpMode {
+        self.mode
+    }
+
+    /// Detaches now (the same as dropping).
+    pub fn detach(self) {
+        drop(self.fd);
+    }
+}
+
+/// What a destination rule does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Leave the traffic to the kernel (an `except`).
+    Exclude,
+    /// Redirect it to userspace for translation.
+    Steer,
+}
+
+/// Level 1 of policy classification: a source prefix and its class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SrcPrefix {
+    /// The source prefix (host bits are ignored).
+    pub prefix: IpNet,
+    /// Its class, below 2^31.
+    pub class: u32,
+}
+
+/// Level 2: within a class, a destination prefix and what to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DstRule {
+    /// The class this rule belongs to, below 2^31.
+    pub class: u32,
+    /// The destination prefix (host bits are ignored).
+    pub prefix: IpNet,
+    /// Steer or exclude.
+    pub action: Action,
+    /// The policy that produced the rule (stored for userspace).
+    pub policy_id: u32,
+}
+
+/// The result of one BPF_PROG_TEST_RUN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestRunOutput {
+    /// What the program returned.
+    pub action: XdpAction,
+    /// The frame as the program left it.
+    pub frame: Vec<u8>,
+    /// The kernel's average time per run.
+    pub duration: Duration,
+}
+
+/// How many entries each policy map holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PolicyEntryCounts {
+    /// `policy_src_v4` entries.
+    pub src_v4: usize,
+    /// `policy_src_v6` entries.
+    pub src_v6: usize,
+    /// `policy_dst_v4` entries.
+    pub dst_v4: usize,
+    /// `policy_dst_v6` entries.
+    pub dst_v6: usize,
+}
+
+#[derive(Debug)]
+struct Maps {
+    xsks: MapHandle,
+    owned_v4: MapHandle,
+    owned_v6: MapHandle,
+    policy_src_v4: MapHandle,
+    policy_src_v6: MapHandle,
+    policy_dst_v4: MapHandle,
+    policy_dst_v6: MapHandle,
+    frag_decisions: MapHandle,
+    verdict_counters: MapHandle,
+}
+
+/// The loaded steering program and its maps.
+#[derive(Debug)]
+pub struct SteeringProgram {
+    object: Object,
+    maps: Maps,
+    options: LoadOptions,
+    /// The generation (0 or 1) of the policy entries currently in the maps;
+    /// the lock also serialises replacements.
+    generation: Mutex<u32>,
+}
+
+fn map_op(map: &'static str, op: &'static str, key: impl ToString) -> impl FnOnce(libbpf_rs::Error) -> BpfError {
+    move |source| BpfError::MapOp { map, op, key: key.to_string(), source }
+}
+
+impl SteeringProgram {
+    /// Opens the embedded object, sizes its maps and loads it.
+    pub fn load(options: LoadOptions) -> Result<Self, BpfError> {
+        let sizes = [
+            ("xsk_queues", options.xsk_queues),
+            ("owned_addresses", options.owned_addresses),
+            ("policy_sources", options.policy_sources),
+            ("policy_rules", options.policy_rules),
+            ("fragments", options.fragments),
+        ];
+        if let Some((field, _)) = sizes.iter().find(|(_, n)| *n == 0) {
+            return Err(BpfError::ZeroMapSize { field });
+        }
+
+        let mut open = ObjectBuilder::default().open_memory(OBJECT).map_err(BpfError::Open)?;
+        for mut map in open.maps_mut() {
+            let (name, entries) = match map.name().to_str() {
+                Some(XSKS_MAP) => (XSKS_MAP, options.xsk_queues),
+                Some(OWNED_V4) => (OWNED_V4, options.owned_addresses),
+                Some(OWNED_V6) => (OWNED_V6, options.owned_addresses),
+                Some(POLICY_SRC_V4) => (POLICY_SRC_V4, options.policy_sources),
+                Some(POLICY_SRC_V6) => (POLICY_SRC_V6, options.policy_sources),
+                Some(POLICY_DST_V4) => (POLICY_DST_V4, options.policy_rules),
+                Some(POLICY_DST_V6) => (POLICY_DST_V6, options.policy_rules),
+                Some(FRAG_DECISIONS) => (FRAG_DECISIONS, options.fragments),
+                _ => continue,
+            };
+            map.set_max_entries(entries)
+                .map_err(|source| BpfError::MapSize { map: name, entries, source })?;
+        }
+        let object = open.load().map_err(BpfError::Load)?;
+
+        let handle = |name: &'static str| -> Result<MapHandle, BpfError> {
+            let map = object
+                .maps()
+                .find(|m| m.name().to_str() == Some(name))
+                .ok_or(BpfError::MissingMap { map: name })?;
+            MapHandle::try_from(&map).map_err(|source| BpfError::MapHandle { map: name, source })
+        };
+        let maps = Maps {
+            xsks: handle(XSKS_MAP)?,
+            owned_v4: handle(OWNED_V4)?,
+            owned_v6: handle(OWNED_V6)?,
+            policy_src_v4: handle(POLICY_SRC_V4)?,
+            policy_src_v6: handle(POLICY_SRC_V6)?,
+            policy_dst_v4: handle(POLICY_DST_V4)?,
+            policy_dst_v6: handle(POLICY_DST_V6)?,
+            frag_decisions: handle(FRAG_DECISIONS)?,
+            verdict_counters: handle(VERDICT_COUNTERS)?,
+        };
+        let this = Self { object, maps, options, generation: Mutex::new(0) };
+        this.program()?;
+        Ok(this)
+    }
+
+    /// The sizes the maps were created with.
+    pub fn options(&self) -> LoadOptions {
+        self.options
+    }
+
+    fn program(&self) -> Result<libbpf_rs::Program<'_>, BpfError> {
+        self.object
+            .progs()
+            .find(|p| p.name().to_str() == Some(PROGRAM))
+            .ok_or(BpfError::MissingProgram { program: PROGRAM })
+    }
+
+    /// Attaches to `ifindex` through a bpf_link. The program stays attached
+    /// while the returned link lives, even if `self` is dropped.
+    pub fn attach(&self, ifindex: u32, mode: XdpMode) -> Result<XdpLink, BpfError> {
+        let program = self.program()?;
+        let fd = create_xdp_link(program.as_fd(), ifindex, mode.flags())
+            .map_err(|source| BpfError::Attach { ifindex, mode: mode.name(), source })?;
+        Ok(XdpLink { fd, ifindex, mode })
+    }
+
+    /// Inserts or replaces an owned address.
+    pub fn set_owned(&self, addr: IpAddr, owned: OwnedAddr) -> Result<(), BpfError> {
+        let value = owned.to_bytes();
+        match addr {
+            IpAddr::V4(a) => self
+                .maps
+                .owned_v4
+                .update(&a.octets(), &value, MapFlags::ANY)
+                .map_err(map_op(OWNED_V4, "update", a)),
+            IpAddr::V6(a) => self
+                .maps
+                .owned_v6
+                .update(&In6Key::from(a).addr, &value, MapFlags::ANY)
+                .map_err(map_op(OWNED_V6, "update", a)),
+        }
+    }
+
+    /// Reads an owned address back.
+    pub fn owned(&self, addr: IpAddr) -> Result<Option<OwnedAddr>, BpfError> {
+        let (map, name, key) = match addr {
+            IpAddr::V4(a) => (&self.maps.owned_v4, OWNED_V4, a.octets().to_vec()),
+            IpAddr::V6(a) => (&self.maps.owned_v6, OWNED_V6, a.octets().to_vec()),
+        };
+        let Some(bytes) = map.lookup(&key, MapFlags::ANY).map_err(map_op(name, "lookup", addr))? else {
+            return Ok(None);
+        };
+        OwnedAddr::from_bytes(&bytes).map(Some).ok_or(BpfError::MapValueSize {
+            map: name,
+            key: addr.to_string(),
+            len: bytes.len(),
+            expected: std::mem::size_of::<OwnedAddr>(),
+        })
+    }
+
+    /// Removes an owned address. Returns whether it was present.
+    pub fn remove_owned(&self, addr: IpAddr) -> Result<bool, BpfError> {
+        let result = match addr {
+            IpAddr::V4(a) => self.maps.owned_v4.delete(&a.octets()).map_err(|e| (OWNED_V4, e)),
+            IpAddr::V6(a) => self.maps.owned_v6.delete(&a.octets()).map_err(|e| (OWNED_V6, e)),
+        };
+        match result {
+            Ok(()) => Ok(true),
+            Err((_, e)) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err((map, source)) => Err(BpfError::MapOp { map, op: "delete", key: addr.to_string(), source }),
+        }
+    }
+
+    /// Puts the AF_XDP socket `fd` on RX queue `queue`. The kernel checks
+    /// that `fd` is an AF_XDP socket.
+    pub fn register_xsk(&self, queue: u32, fd: RawFd) -> Result<(), BpfError> {
+        self.maps
+            .xsks
+            .update(&queue.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+            .map_err(map_op(XSKS_MAP, "update", format!("queue {queue} (fd {fd})")))
+    }
+
+    /// Removes queue `queue`'s socket, if any. The kernel reports no
+    /// difference between an empty and a filled slot (and refuses lookups of
+    /// XSKMAP entries from userspace), so neither does this.
+    pub fn unregister_xsk(&self, queue: u32) -> Result<(), BpfError> {
+        self.maps
+            .xsks
+            .delete(&queue.to_ne_bytes())
+            .map_err(map_op(XSKS_MAP, "delete", format!("queue {queue}")))
+    }
+
+    /// Replaces the whole policy classification (both levels, both
+    /// families) without a window in which a source selected before and after
+    /// is unclassified or meets a partial rule set (see the module doc).
+    pub fn replace_policy(&self, sources: &[SrcPrefix], rules: &[DstRule]) -> Result<(), BpfError> {
+        // A poisoned lock only means another replacement failed half way;
+        // the generation number it guards is still the one in the maps.
+        let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        let next = *generation ^ 1;
+        let tag = |class: u32, what: &dyn Fn() -> String| -> Result<u32, BpfError> {
+            if class & GENERATION_BIT != 0 {
+                return Err(BpfError::ClassOutOfRange { what: what(), class });
+            }
+            Ok(class | (next * GENERATION_BIT))
+        };
+
+        let mut src = Entries::new(POLICY_SRC_V4, POLICY_SRC_V6);
+        for s in sources {
+            let class = tag(s.class, &|| format!("source {}", s.prefix))?;
+            let value = PolicyClass { class_id: class }.to_bytes().to_vec();
+            match s.prefix.trunc() {
+                IpNet::V4(n) => src.v4.push((
+                    PolicySrcV4Key { prefixlen: u32::from(n.prefix_len()), addr: n.network().octets() }
+                        .to_bytes()
+                        .to_vec(),
+                    value,
+                    n.to_string(),
+                )),
+                IpNet::V6(n) => src.v6.push((
+                    PolicySrcV6Key { prefixlen: u32::from(n.prefix_len()), addr: n.network().octets() }
+                        .to_bytes()
+                        .to_vec(),
+                    value,
+                    n.to_string(),
+                )),
+            }
+        }
+        let mut dst = Entries::new(POLICY_DST_V4, POLICY_DST_V6);
+        for r in rules {
+            let class = tag(r.class, &|| format!("rule class {} -> {}", r.class, r.prefix))?;
+            let action = match r.action {
+                Action::Exclude => POLICY_EXCLUDE,
+                Action::Steer => POLICY_STEER,
+            };
+            let value = PolicyRule { action, policy_id: r.policy_id }.to_bytes().to_vec();
+            let what = format!("class {} {}", r.class, r.prefix.trunc());
+            match r.prefix.trunc() {
+                IpNet::V4(n) => dst.v4.push((
+                    PolicyDstV4Key::new(class, n.network(), n.prefix_len()).to_bytes().to_vec(),
+                    value,
+                    what,
+                )),
+                IpNet::V6(n) => dst.v6.push((
+                    PolicyDstV6Key::new(class, n.network(), n.prefix_len()).to_bytes().to_vec(),
+                    value,
+                    what,
+                )),
+            }
+        }
+
+        let m = &self.maps;
+        let families = [
+            (&src.v4, &m.policy_src_v4, src.names.0, self.options.policy_sources),
+            (&src.v6, &m.policy_src_v6, src.names.1, self.options.policy_sources),
+            (&dst.v4, &m.policy_dst_v4, dst.names.0, self.options.policy_rules),
+            (&dst.v6, &m.policy_dst_v6, dst.names.1, self.options.policy_rules),
+        ];
+        // Check capacity (old and new generations side by side) before
+        // touching anything, so a refused replacement leaves the maps as
+        // they were.
+        let mut stale = Vec::with_capacity(families.len());
+        for (entries, map, name, capacity) in families {
+            let wanted = unique_keys(entries, name)?;
+            let existing: Vec<Vec<u8>> = map.keys().collect();
+            let count = wanted.len() + existing.iter().filter(|k| !wanted.contains(*k)).count();
+            if count > capacity as usize {
+                return Err(BpfError::PolicyTooLarge { map: name, count, capacity });
+            }
+            stale.push(existing.into_iter().filter(|k| !wanted.contains(k)).collect::<Vec<_>>());
+        }
+
+        // 1. The next generation's rules: unreachable until sources point at them.
+        // 2. The sources, each flipped to its next-generation class atomically.
+        for (entries, map, name, _) in [families[2], families[3], families[0], families[1]] {
+            for (key, value, what) in entries.iter() {
+                map.update(key, value, MapFlags::ANY).map_err(map_op(name, "update", what))?;
+            }
+        }
+        // 3. Stale sources, then 4. every rule not in the next generation.
+        for i in [0, 1, 2, 3] {
+            let (_, map, name, _) = families[i];
+            for key in &stale[i] {
+                match map.delete(key) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(BpfError::MapOp { map: name, op: "delete", key: hex(key), source })
+                    }
+                }
+            }
+        }
+        *generation = next;
+        Ok(())
+    }
+
+    /// Every reason's counter, summed over CPUs, in reason order.
+    pub fn verdict_counters(&self) -> Result<Vec<(VerdictReason, u64)>, BpfError> {
+        let mut out = Vec::with_capacity(VerdictReason::ALL.len());
+        for &reason in VerdictReason::ALL {
+            let key = reason.index().to_ne_bytes();
+            let per_cpu = self
+                .maps
+                .verdict_counters
+                .lookup_percpu(&key, MapFlags::ANY)
+                .map_err(map_op(VERDICT_COUNTERS, "lookup", reason.name()))?
+                .unwrap_or_default();
+            let mut sum = 0u64;
+            for value in per_cpu {
+                let bytes: [u8; 8] = value.as_slice().try_into().map_err(|_| BpfError::MapValueSize {
+                    map: VERDICT_COUNTERS,
+                    key: reason.name().to_string(),
+                    len: value.len(),
+                    expected: 8,
+                })?;
+                sum = sum.wrapping_add(u64::from_ne_bytes(bytes));
+            }
+            out.push((reason, sum));
+        }
+        Ok(out)
+    }
+
+    /// Entries currently in the four policy maps.
+    pub fn policy_entry_counts(&self) -> PolicyEntryCounts {
+        let m = &self.maps;
+        PolicyEntryCounts {
+            src_v4: m.policy_src_v4.keys().count(),
+            src_v6: m.policy_src_v6.keys().count(),
+            dst_v4: m.policy_dst_v4.keys().count(),
+            dst_v6: m.policy_dst_v6.keys().count(),
+        }
+    }
+
+    /// Number of datagrams with a stored first-fragment decision.
+    pub fn fragment_decisions(&self) -> usize {
+        self.maps.frag_decisions.keys().count()
+    }
+
+    /// Runs the program once on `frame` through BPF_PROG_TEST_RUN (RX queue
+    /// 0 of the loopback device; nothing is transmitted).
+    pub fn test_run(&self, frame: &[u8]) -> Result<TestRunOutput, BpfError> {
+        self.test_run_repeat(frame, 1)
+    }
+
+    /// Runs the program `repeat` times on `frame`; `duration` is the
+    /// kernel's average per run (used to measure the program's cost).
+    pub fn test_run_repeat(&self, frame: &[u8], repeat: u32) -> Result<TestRunOutput, BpfError> {
+        let program = self
+            .object
+            .progs_mut()
+            .find(|p| p.name().to_str() == Some(PROGRAM))
+            .ok_or(BpfError::MissingProgram { program: PROGRAM })?;
+        // The program never grows a frame; leave room for the kernel anyway.
+        let mut out = vec![0u8; frame.len() + 256];
+        let input = ProgramInput { data_in: Some(frame), data_out: Some(&mut out), repeat, ..Default::default() };
+        let output = program
+            .test_run(input)
+            .map_err(|source| BpfError::TestRun { len: frame.len(), source })?;
+        let action = XdpAction::from(output.return_value);
+        let frame_out = output.data.map(|d| d.to_vec()).unwrap_or_default();
+        Ok(TestRunOutput { action, frame: frame_out, duration: output.duration })
+    }
+}
+
+/// Policy entries of one level, per family: (key bytes, value bytes, key for humans).
+struct Entries {
+    v4: Vec<(Vec<u8>, Vec<u8>, String)>,
+    v6: Vec<(Vec<u8>, Vec<u8>, String)>,
+    names: (&'static str, &'static str),
+}
+
+impl Entries {
+    fn new(v4: &'static str, v6: &'static str) -> Self {
+        Self { v4: Vec::new(), v6: Vec::new(), names: (v4, v6) }
+    }
+}
+
+fn unique_keys(entries: &[(Vec<u8>, Vec<u8>, String)], map: &'static str) -> Result<HashSet<Vec<u8>>, BpfError> {
+    let mut keys = HashSet::with_capacity(entries.len());
+    for (key, _, what) in entries {
+        if !keys.insert(key.clone()) {
+            return Err(BpfError::DuplicatePolicyKey { map, key: what.clone() });
+        }
+    }
+    Ok(keys)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

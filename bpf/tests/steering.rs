@@ -1,0 +1,842 @@
+//! The steering program's rules as a fixture table run through
+//! BPF_PROG_TEST_RUN: each fixture is a frame (built with etherparse's
+//! PacketBuilder), the map setup, and the expected XDP action *and* the one
+//! reason counter it must increment. Every fixture loads a fresh program.
+//!
+//! The standard world (TEST-NET addresses only):
+//! - 203.0.113.10 / 2001:db8:e::10: egress addresses, NAT ports 20000-29999,
+//!   OWNED_NAT | OWNED_NEIGH.
+//! - 203.0.113.1 / 2001:db8:e::1: next hops, OWNED_NEIGH only.
+//! - 203.0.113.11: OWNED_NAT only (no ARP answered).
+//! - class 1 = 198.51.100.0/24: steer 0.0.0.0/0, except 192.0.2.0/24.
+//! - class 2 = 198.51.100.128/25 (inside class 1's source): class 1's rules
+//!   plus a second policy steering 192.0.2.0/24 except 192.0.2.64/26.
+//! - class 3 = 198.18.0.0/24: steer 203.0.113.0/24 only.
+//! - class 4 = 2001:db8:1::/64: steer ::/0, except 2001:db8:ff::/48.
+//! - an AF_XDP socket (unbound; enough for the XSKMAP lookup) on queue 0,
+//!   unless the fixture says `no_socket`.
+// Test harness: helpers outside #[test] functions unwrap and panic freely.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+
+use egret_bpf::{
+    Action, DstRule, LoadOptions, OwnedAddr, SrcPrefix, SteeringProgram, VerdictReason as R,
+    XdpAction,
+};
+use etherparse::{
+    ArpHardwareId, ArpOperation, ArpPacket, EtherType, IpFragOffset, IpHeaders, IpNumber,
+    Ipv4Header, Ipv6Extensions, Ipv6FragmentHeader, Ipv6Header, Ipv6RawExtHeader, PacketBuilder,
+    VlanId,
+};
+
+const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+
+const EGRESS4: [u8; 4] = [203, 0, 113, 10];
+const NEXTHOP4: [u8; 4] = [203, 0, 113, 1];
+const NAT_ONLY4: [u8; 4] = [203, 0, 113, 11];
+const REMOTE4: [u8; 4] = [192, 0, 2, 5]; // excluded for class 1, steered for class 2
+const REMOTE4_EXCEPT: [u8; 4] = [192, 0, 2, 70]; // class 2's except
+const INTERNET4: [u8; 4] = [203, 0, 113, 99];
+const POD4: [u8; 4] = [198, 51, 100, 7]; // class 1
+const POD4_NARROW: [u8; 4] = [198, 51, 100, 200]; // class 2
+const POD4_CLASS3: [u8; 4] = [198, 18, 0, 5]; // class 3
+const UNSELECTED4: [u8; 4] = [198, 18, 1, 1];
+
+const NAT_LO: u16 = 20000;
+const NAT_HI: u16 = 29999;
+
+fn v6(s: &str) -> [u8; 16] {
+    s.parse::<Ipv6Addr>().map(|a| a.octets()).unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+fn egress6() -> [u8; 16] {
+    v6("2001:db8:e::10")
+}
+fn nexthop6() -> [u8; 16] {
+    v6("2001:db8:e::1")
+}
+fn pod6() -> [u8; 16] {
+    v6("2001:db8:1::5")
+}
+fn remote6() -> [u8; 16] {
+    v6("2001:db8:2::1")
+}
+fn net(s: &str) -> ipnet::IpNet {
+    s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+// ---------------------------------------------------------------- frames
+
+const PAYLOAD: [u8; 16] = [0xab; 16];
+
+fn udp4(src: [u8; 4], dst: [u8; 4], dport: u16) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv4(src, dst, 64).udp(40000, dport);
+    let mut v = Vec::with_capacity(b.size(PAYLOAD.len()));
+    b.write(&mut v, &PAYLOAD).unwrap();
+    v
+}
+
+fn tcp4(src: [u8; 4], dst: [u8; 4], dport: u16) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv4(src, dst, 64).tcp(40000, dport, 1, 1024);
+    let mut v = Vec::with_capacity(b.size(PAYLOAD.len()));
+    b.write(&mut v, &PAYLOAD).unwrap();
+    v
+}
+
+fn icmp4(src: [u8; 4], dst: [u8; 4], icmp_type: u8, code: u8) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv4(src, dst, 64).icmpv4_raw(icmp_type, code, [0; 4]);
+    let mut v = Vec::new();
+    b.write(&mut v, &PAYLOAD).unwrap();
+    v
+}
+
+fn proto4(src: [u8; 4], dst: [u8; 4], proto: u8) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv4(src, dst, 64);
+    let mut v = Vec::new();
+    b.write(&mut v, IpNumber(proto), &PAYLOAD).unwrap();
+    v
+}
+
+fn udp6(src: [u8; 16], dst: [u8; 16], dport: u16) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv6(src, dst, 64).udp(40000, dport);
+    let mut v = Vec::new();
+    b.write(&mut v, &PAYLOAD).unwrap();
+    v
+}
+
+fn tcp6(src: [u8; 16], dst: [u8; 16], dport: u16) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv6(src, dst, 64).tcp(40000, dport, 1, 1024);
+    let mut v = Vec::new();
+    b.write(&mut v, &PAYLOAD).unwrap();
+    v
+}
+
+fn icmp6(src: [u8; 16], dst: [u8; 16], icmp_type: u8) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv6(src, dst, 64).icmpv6_raw(icmp_type, 0, [0; 4]);
+    let mut v = Vec::new();
+    b.write(&mut v, &PAYLOAD).unwrap();
+    v
+}
+
+fn ipv6_header(src: [u8; 16], dst: [u8; 16]) -> Ipv6Header {
+    Ipv6Header { source: src, destination: dst, hop_limit: 64, ..Default::default() }
+}
+
+/// A one-option-free hop-by-hop or destination options header (PadN).
+fn padn_ext() -> Ipv6RawExtHeader {
+    Ipv6RawExtHeader::new_raw(IpNumber::UDP, &[1, 4, 0, 0, 0, 0]).unwrap()
+}
+
+fn udp6_with_dstopts(src: [u8; 16], dst: [u8; 16], dport: u16) -> Vec<u8> {
+    let exts = Ipv6Extensions { destination_options: Some(padn_ext()), ..Default::default() };
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC)
+        .ip(IpHeaders::Ipv6(ipv6_header(src, dst), exts))
+        .udp(40000, dport);
+    let mut v = Vec::new();
+    b.write(&mut v, &PAYLOAD).unwrap();
+    v
+}
+
+/// IPv6 with `n` destination-options headers before UDP, spliced by hand
+/// (etherparse builds at most one of each kind).
+fn udp6_with_n_exts(src: [u8; 16], dst: [u8; 16], dport: u16, n: usize) -> Vec<u8> {
+    let mut v = udp6(src, dst, dport);
+    let l3 = 14;
+    let mut exts = Vec::new();
+    for i in 0..n {
+        let next = if i + 1 == n { 17 } else { 60 };
+        exts.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+    }
+    let payload_len = u16::from_be_bytes([v[l3 + 4], v[l3 + 5]]) + exts.len() as u16;
+    v[l3 + 4..l3 + 6].copy_from_slice(&payload_len.to_be_bytes());
+    if n > 0 {
+        v[l3 + 6] = 60;
+    }
+    v.splice(l3 + 40..l3 + 40, exts);
+    v
+}
+
+fn arp(op: ArpOperation, target: [u8; 4]) -> Vec<u8> {
+    let packet = ArpPacket::new(
+        ArpHardwareId::ETHERNET,
+        EtherType::IPV4,
+        op,
+        &PEER_MAC,
+        &[203, 0, 113, 1],
+        &[0; 6],
+        &target,
+    )
+    .unwrap();
+    let b = PacketBuilder::ethernet2(PEER_MAC, [0xff; 6]).arp(packet);
+    let mut v = Vec::new();
+    b.write(&mut v).unwrap();
+    v
+}
+
+fn arp_request(target: [u8; 4]) -> Vec<u8> {
+    arp(ArpOperation::REQUEST, target)
+}
+
+/// Neighbor Solicitation (RFC 4861 section 4.3) for `target`, from a
+/// link-local address to the solicited-node group, with a source link-layer
+/// address option; optionally behind a hop-by-hop header.
+fn ns(target: [u8; 16], hop_by_hop: bool) -> Vec<u8> {
+    let src = v6("fe80::2");
+    let mut dst = v6("ff02::1:ff00:0");
+    dst[13..16].copy_from_slice(&target[13..16]);
+    let mut exts = Ipv6Extensions::default();
+    if hop_by_hop {
+        exts.hop_by_hop_options = Some(padn_ext());
+    }
+    let mut header = ipv6_header(src, dst);
+    header.hop_limit = 255;
+    let b = PacketBuilder::ethernet2(PEER_MAC, [0x33, 0x33, 0xff, target[13], target[14], target[15]])
+        .ip(IpHeaders::Ipv6(header, exts))
+        .icmpv6(etherparse::Icmpv6Type::NeighborSolicitation);
+    let mut body = target.to_vec();
+    body.extend_from_slice(&[1, 1]);
+    body.extend_from_slice(&PEER_MAC);
+    let mut v = Vec::new();
+    b.write(&mut v, &body).unwrap();
+    v
+}
+
+fn vlan_tcp4(src: [u8; 4], dst: [u8; 4], dport: u16) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC)
+        .single_vlan(VlanId::try_new(100).unwrap())
+        .ipv4(src, dst, 64)
+        .tcp(40000, dport, 1, 1024);
+    let mut v = Vec::new();
+    b.write(&mut v, &PAYLOAD).unwrap();
+    v
+}
+
+fn vlan_arp_request(target: [u8; 4]) -> Vec<u8> {
+    let mut v = arp_request(target);
+    v.splice(12..12, [0x81, 0x00, 0x00, 0x64]);
+    v
+}
+
+/// An IPv4 fragment of datagram `id`: offset 0 carries the UDP header,
+/// a later offset carries payload only.
+fn frag4(src: [u8; 4], dst: [u8; 4], id: u16, offset_units: u16, more: bool, dport: u16) -> Vec<u8> {
+    let mut h = Ipv4Header::new(0, 64, IpNumber::UDP, src, dst).unwrap();
+    h.identification = id;
+    h.more_fragments = more;
+    h.fragment_offset = IpFragOffset::try_new(offset_units).unwrap();
+    let step = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ip(IpHeaders::Ipv4(h, Default::default()));
+    let mut v = Vec::new();
+    if offset_units == 0 {
+        step.udp(40000, dport).write(&mut v, &[0xcd; 64]).unwrap();
+    } else {
+        step.write(&mut v, IpNumber::UDP, &[0xcd; 64]).unwrap();
+    }
+    v
+}
+
+fn frag6(src: [u8; 16], dst: [u8; 16], id: u32, offset_units: u16, more: bool, dport: u16) -> Vec<u8> {
+    let fh = Ipv6FragmentHeader::new(IpNumber::UDP, IpFragOffset::try_new(offset_units).unwrap(), more, id);
+    let exts = Ipv6Extensions { fragment: Some(fh), ..Default::default() };
+    let step = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ip(IpHeaders::Ipv6(ipv6_header(src, dst), exts));
+    let mut v = Vec::new();
+    if offset_units == 0 {
+        step.udp(40000, dport).write(&mut v, &[0xcd; 64]).unwrap();
+    } else {
+        step.write(&mut v, IpNumber::UDP, &[0xcd; 64]).unwrap();
+    }
+    // etherparse 0.19 encodes the offset and M flag at the wrong bit
+    // positions (its issue #150, fixed in 0.20): write RFC 8200 section 4.5's
+    // layout, offset << 3 | M as one big-endian word, by hand.
+    let word = (offset_units << 3) | u16::from(more);
+    v[14 + 40 + 2..14 + 40 + 4].copy_from_slice(&word.to_be_bytes());
+    v
+}
+
+fn truncated(mut frame: Vec<u8>, len: usize) -> Vec<u8> {
+    frame.truncate(len);
+    frame
+}
+
+// ---------------------------------------------------------------- world
+
+struct World {
+    prog: SteeringProgram,
+    // Kept open so the XSKMAP entry stays valid.
+    _xsk: Option<socket2::Socket>,
+}
+
+fn xsk_socket() -> socket2::Socket {
+    socket2::Socket::new(socket2::Domain::from(libc::AF_XDP), socket2::Type::from(libc::SOCK_RAW), None)
+        .expect("AF_XDP socket (run as root)")
+}
+
+fn standard_policy() -> (Vec<SrcPrefix>, Vec<DstRule>) {
+    let steer = |class, prefix: &str, policy_id| DstRule { class, prefix: net(prefix), action: Action::Steer, policy_id };
+    let exclude =
+        |class, prefix: &str, policy_id| DstRule { class, prefix: net(prefix), action: Action::Exclude, policy_id };
+    let sources = vec![
+        SrcPrefix { prefix: net("198.51.100.0/24"), class: 1 },
+        SrcPrefix { prefix: net("198.51.100.128/25"), class: 2 },
+        SrcPrefix { prefix: net("198.18.0.0/24"), class: 3 },
+        SrcPrefix { prefix: net("2001:db8:1::/64"), class: 4 },
+    ];
+    let rules = vec![
+        steer(1, "0.0.0.0/0", 1),
+        exclude(1, "192.0.2.0/24", 1),
+        steer(2, "0.0.0.0/0", 1),
+        steer(2, "192.0.2.0/24", 2),
+        exclude(2, "192.0.2.64/26", 2),
+        steer(3, "203.0.113.0/24", 3),
+        steer(4, "::/0", 4),
+        exclude(4, "2001:db8:ff::/48", 4),
+    ];
+    (sources, rules)
+}
+
+fn world(with_socket: bool) -> World {
+    let prog = SteeringProgram::load(LoadOptions::default()).expect("load (run as root)");
+    let owned = [
+        (IpAddr::from(EGRESS4), OwnedAddr::egress(NAT_LO, NAT_HI)),
+        (IpAddr::from(NEXTHOP4), OwnedAddr::neighbour_only()),
+        (IpAddr::from(NAT_ONLY4), OwnedAddr { nat_port_lo: NAT_LO, nat_port_hi: NAT_HI, flags: egret_bpf::OWNED_NAT }),
+        (IpAddr::from(egress6()), OwnedAddr::egress(NAT_LO, NAT_HI)),
+        (IpAddr::from(nexthop6()), OwnedAddr::neighbour_only()),
+    ];
+    for (addr, o) in owned {
+        prog.set_owned(addr, o).unwrap();
+    }
+    let (sources, rules) = standard_policy();
+    prog.replace_policy(&sources, &rules).unwrap();
+    let xsk = with_socket.then(xsk_socket);
+    if let Some(s) = &xsk {
+        prog.register_xsk(0, s.as_raw_fd()).unwrap();
+    }
+    World { prog, _xsk: xsk }
+}
+
+fn counters(prog: &SteeringProgram) -> Vec<u64> {
+    prog.verdict_counters().unwrap().into_iter().map(|(_, n)| n).collect()
+}
+
+/// Runs one frame and checks the action, that the frame is untouched, and
+/// that exactly the expected reason counter moved, by one.
+fn check(prog: &SteeringProgram, name: &str, step: usize, frame: &[u8], action: XdpAction, reason: R) {
+    let before = counters(prog);
+    let out = prog.test_run(frame).unwrap_or_else(|e| panic!("{name}[{step}]: {e:#}"));
+    let after = counters(prog);
+    let moved: Vec<(R, u64)> = R::ALL
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter(|(_, (b, a))| a != b)
+        .map(|(r, (b, a))| (*r, a - b))
+        .collect();
+    assert_eq!(moved, vec![(reason, 1)], "{name}[{step}]: counters moved");
+    assert_eq!(out.action, action, "{name}[{step}]: action");
+    assert_eq!(reason.action(), action, "{name}[{step}]: fixture reason/action mismatch");
+    assert_eq!(out.frame, frame, "{name}[{step}]: the program must not rewrite frames");
+}
+
+struct Fixture {
+    name: &'static str,
+    socket: bool,
+    steps: Vec<(Vec<u8>, XdpAction, R)>,
+}
+
+fn one(name: &'static str, frame: Vec<u8>, action: XdpAction, reason: R) -> Fixture {
+    Fixture { name, socket: true, steps: vec![(frame, action, reason)] }
+}
+
+fn seq(name: &'static str, steps: Vec<(Vec<u8>, XdpAction, R)>) -> Fixture {
+    Fixture { name, socket: true, steps }
+}
+
+fn no_socket(mut f: Fixture) -> Fixture {
+    f.socket = false;
+    f
+}
+
+use XdpAction::{Drop, Pass, Redirect};
+
+fn fixtures() -> Vec<Fixture> {
+    vec![
+        // Rule 1: L2.
+        one("not_ip_lldp", {
+            let mut v = udp4(REMOTE4, EGRESS4, 20000);
+            v[12..14].copy_from_slice(&[0x88, 0xcc]);
+            v
+        }, Pass, R::PassNotIp),
+        one("qinq_inner_tag_is_not_ip", {
+            let mut v = vlan_tcp4(POD4, INTERNET4, 443);
+            v.splice(16..16, [0x81, 0x00, 0x00, 0xc8]);
+            v
+        }, Pass, R::PassNotIp),
+        one("ethernet_header_only", truncated(udp4(REMOTE4, EGRESS4, 20000), 14), Pass, R::PassMalformed),
+        one("vlan_tag_truncated", truncated(vlan_tcp4(POD4, INTERNET4, 443), 16), Pass, R::PassMalformed),
+        // Rule 2: ARP.
+        one("arp_request_egress", arp_request(EGRESS4), Redirect, R::RedirectArpOwned),
+        one("arp_request_nexthop_neigh_only", arp_request(NEXTHOP4), Redirect, R::RedirectArpOwned),
+        one("arp_request_nat_only_not_answered", arp_request(NAT_ONLY4), Pass, R::PassArpNotOwned),
+        one("arp_request_not_owned", arp_request([203, 0, 113, 50]), Pass, R::PassArpNotOwned),
+        one("arp_reply_for_owned", arp(ArpOperation::REPLY, EGRESS4), Pass, R::PassArpOther),
+        one("arp_not_ipv4", {
+            let mut v = arp_request(EGRESS4);
+            v[16..18].copy_from_slice(&[0x86, 0xdd]);
+            v
+        }, Pass, R::PassArpOther),
+        one("arp_truncated_addresses", truncated(arp_request(EGRESS4), 14 + 20), Pass, R::PassMalformed),
+        one("arp_vlan_owned", vlan_arp_request(EGRESS4), Redirect, R::RedirectArpOwned),
+        no_socket(one("arp_owned_no_socket", arp_request(EGRESS4), Pass, R::PassNoSocketNeigh)),
+        // Rule 3: NDP.
+        one("ns_owned", ns(egress6(), false), Redirect, R::RedirectNsOwned),
+        one("ns_owned_behind_hop_by_hop", ns(egress6(), true), Redirect, R::RedirectNsOwned),
+        one("ns_nexthop", ns(nexthop6(), false), Redirect, R::RedirectNsOwned),
+        one("ns_not_owned", ns(v6("2001:db8:e::99"), false), Pass, R::PassNsNotOwned),
+        one("ns_not_owned_behind_hop_by_hop", ns(v6("2001:db8:e::99"), true), Pass, R::PassNsNotOwned),
+        one("ns_truncated_target", truncated(ns(egress6(), false), 14 + 40 + 12), Pass, R::PassMalformed),
+        no_socket(one("ns_owned_no_socket", ns(egress6(), false), Pass, R::PassNoSocketNeigh)),
+        one("na_to_egress", icmp6(nexthop6(), egress6(), 136), Pass, R::PassNdpOther),
+        one("rs_from_pod", icmp6(pod6(), v6("ff02::2"), 133), Pass, R::PassNdpOther),
+        // Rule 4: inbound to an egress address, IPv4.
+        one("udp_nat_lo_minus_1", udp4(REMOTE4, EGRESS4, NAT_LO - 1), Pass, R::PassServicePort),
+        one("udp_nat_lo", udp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
+        one("udp_nat_hi", udp4(REMOTE4, EGRESS4, NAT_HI), Redirect, R::RedirectNatPort),
+        one("udp_nat_hi_plus_1", udp4(REMOTE4, EGRESS4, NAT_HI + 1), Pass, R::PassServicePort),
+        one("tcp_nat_lo_minus_1", tcp4(REMOTE4, EGRESS4, NAT_LO - 1), Pass, R::PassServicePort),
+        one("tcp_nat_lo", tcp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
+        one("tcp_nat_hi", tcp4(REMOTE4, EGRESS4, NAT_HI), Redirect, R::RedirectNatPort),
+        one("tcp_nat_hi_plus_1", tcp4(REMOTE4, EGRESS4, NAT_HI + 1), Pass, R::PassServicePort),
+        one("tcp_service_port_on_vip", tcp4(REMOTE4, EGRESS4, 443), Pass, R::PassServicePort),
+        one("tcp_ssh", tcp4(REMOTE4, EGRESS4, 22), Pass, R::PassServicePort),
+        one("tcp_nat_port_from_steered_pod", tcp4(POD4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
+        one("tcp_to_egress_ports_truncated", truncated(tcp4(REMOTE4, EGRESS4, NAT_LO), 14 + 20 + 3), Pass, R::PassMalformed),
+        one("tcp_to_egress_ports_only", truncated(tcp4(REMOTE4, EGRESS4, NAT_LO), 14 + 20 + 4), Redirect, R::RedirectNatPort),
+        one("tcp_to_nat_only_address", tcp4(REMOTE4, NAT_ONLY4, NAT_LO), Redirect, R::RedirectNatPort),
+        one("udp_to_nexthop_is_not_nat", udp4(REMOTE4, NEXTHOP4, NAT_LO), Pass, R::PassUnselectedSource),
+        one("icmp_dest_unreachable", icmp4(REMOTE4, EGRESS4, 3, 3), Redirect, R::RedirectIcmpToEgress),
+        one("icmp_time_exceeded", icmp4(REMOTE4, EGRESS4, 11, 0), Redirect, R::RedirectIcmpToEgress),
+        one("icmp_parameter_problem", icmp4(REMOTE4, EGRESS4, 12, 0), Redirect, R::RedirectIcmpToEgress),
+        one("icmp_echo_reply", icmp4(REMOTE4, EGRESS4, 0, 0), Redirect, R::RedirectIcmpToEgress),
+        one("icmp_echo_request", icmp4(REMOTE4, EGRESS4, 8, 0), Pass, R::PassIcmpQueryToEgress),
+        one("icmp_timestamp_request", icmp4(REMOTE4, EGRESS4, 13, 0), Pass, R::PassIcmpQueryToEgress),
+        one("icmp_type_truncated", truncated(icmp4(REMOTE4, EGRESS4, 0, 0), 14 + 20), Pass, R::PassMalformed),
+        one("gre_to_egress", proto4(REMOTE4, EGRESS4, 47), Pass, R::PassOtherProtoToEgress),
+        one("nat_port_vlan", vlan_tcp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
+        no_socket(one("nat_port_no_socket", tcp4(REMOTE4, EGRESS4, NAT_LO), Drop, R::DropNoSocketToEgress)),
+        no_socket(one("icmp_error_no_socket", icmp4(REMOTE4, EGRESS4, 3, 4), Drop, R::DropNoSocketToEgress)),
+        no_socket(one("service_port_no_socket", tcp4(REMOTE4, EGRESS4, 443), Pass, R::PassServicePort)),
+        one("ipv4_header_truncated", truncated(tcp4(POD4, INTERNET4, 443), 14 + 19), Pass, R::PassMalformed),
+        one("ipv4_ihl_below_5", {
+            let mut v = tcp4(POD4, INTERNET4, 443);
+            v[14] = 0x44;
+            v
+        }, Pass, R::PassMalformed),
+        one("ipv4_options_truncated", {
+            let mut v = truncated(tcp4(POD4, INTERNET4, 443), 14 + 24);
+            v[14] = 0x4f; // 60-byte header claimed, 24 present
+            v
+        }, Pass, R::PassMalformed),
+        // Rule 4, IPv6.
+        one("udp6_nat_lo_minus_1", udp6(remote6(), egress6(), NAT_LO - 1), Pass, R::PassServicePort),
+        one("udp6_nat_lo", udp6(remote6(), egress6(), NAT_LO), Redirect, R::RedirectNatPort),
+        one("tcp6_nat_hi", tcp6(remote6(), egress6(), NAT_HI), Redirect, R::RedirectNatPort),
+        one("tcp6_nat_hi_plus_1", tcp6(remote6(), egress6(), NAT_HI + 1), Pass, R::PassServicePort),
+        one("udp6_nat_port_behind_dstopts", udp6_with_dstopts(remote6(), egress6(), NAT_LO), Redirect, R::RedirectNatPort),
+        one("udp6_nat_port_behind_6_exts", udp6_with_n_exts(remote6(), egress6(), NAT_LO, 6), Redirect, R::RedirectNatPort),
+        one("udp6_nat_port_behind_7_exts", udp6_with_n_exts(remote6(), egress6(), NAT_LO, 7), Pass, R::PassIpv6ExtLimit),
+        one("icmp6_dest_unreachable", icmp6(remote6(), egress6(), 1), Redirect, R::RedirectIcmpToEgress),
+        one("icmp6_packet_too_big", icmp6(remote6(), egress6(), 2), Redirect, R::RedirectIcmpToEgress),
+        one("icmp6_time_exceeded", icmp6(remote6(), egress6(), 3), Redirect, R::RedirectIcmpToEgress),
+        one("icmp6_parameter_problem", icmp6(remote6(), egress6(), 4), Redirect, R::RedirectIcmpToEgress),
+        one("icmp6_echo_reply", icmp6(remote6(), egress6(), 129), Redirect, R::RedirectIcmpToEgress),
+        one("icmp6_echo_request", icmp6(remote6(), egress6(), 128), Pass, R::PassIcmpQueryToEgress),
+        one("ipv6_header_truncated", truncated(udp6(pod6(), remote6(), 53), 14 + 39), Pass, R::PassMalformed),
+        one("ipv6_ext_header_truncated", truncated(udp6_with_dstopts(remote6(), egress6(), NAT_LO), 14 + 40 + 1), Pass, R::PassMalformed),
+        // Rule 5: source classification, IPv4.
+        one("steered_source_to_internet", tcp4(POD4, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
+        one("steered_source_udp", udp4(POD4, INTERNET4, 53), Redirect, R::RedirectSteeredSource),
+        one("steered_source_icmp", icmp4(POD4, INTERNET4, 8, 0), Redirect, R::RedirectSteeredSource),
+        one("steered_source_excluded_destination", tcp4(POD4, REMOTE4, 443), Pass, R::PassExcludedDestination),
+        one("narrow_source_steers_inside_broad_except", tcp4(POD4_NARROW, REMOTE4, 443), Redirect, R::RedirectSteeredSource),
+        one("narrow_source_except_inside_destination", tcp4(POD4_NARROW, REMOTE4_EXCEPT, 443), Pass, R::PassExcludedDestination),
+        one("narrow_source_inherits_broad_rule", tcp4(POD4_NARROW, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
+        one("class3_source_unmatched_destination", tcp4(POD4_CLASS3, REMOTE4, 443), Pass, R::PassUnmatchedDestination),
+        one("class3_source_matched_destination", tcp4(POD4_CLASS3, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
+        one("unselected_source", tcp4(UNSELECTED4, INTERNET4, 443), Pass, R::PassUnselectedSource),
+        one("steered_source_truncated_l4", truncated(tcp4(POD4, INTERNET4, 443), 14 + 20 + 2), Redirect, R::RedirectSteeredSource),
+        one("steered_source_vlan", vlan_tcp4(POD4, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
+        no_socket(one("steered_source_no_socket", tcp4(POD4, INTERNET4, 443), Drop, R::DropNoSocketSteered)),
+        no_socket(one("excluded_destination_no_socket", tcp4(POD4, REMOTE4, 443), Pass, R::PassExcludedDestination)),
+        // Rule 5, IPv6.
+        one("steered6_source", tcp6(pod6(), remote6(), 443), Redirect, R::RedirectSteeredSource),
+        one("steered6_excluded_destination", tcp6(pod6(), v6("2001:db8:ff::1"), 443), Pass, R::PassExcludedDestination),
+        one("unselected6_source", tcp6(v6("2001:db8:9::1"), remote6(), 443), Pass, R::PassUnselectedSource),
+        one("steered6_behind_7_exts_still_steered", udp6_with_n_exts(pod6(), remote6(), 53, 7), Redirect, R::RedirectSteeredSource),
+        one("unselected6_behind_7_exts", udp6_with_n_exts(v6("2001:db8:9::1"), remote6(), 53, 7), Pass, R::PassIpv6ExtLimit),
+        one("steered6_truncated_ext_still_steered", truncated(udp6_with_dstopts(pod6(), remote6(), 53), 14 + 40 + 1), Redirect, R::RedirectSteeredSource),
+        no_socket(one("steered6_no_socket", tcp6(pod6(), remote6(), 443), Drop, R::DropNoSocketSteered)),
+        // Rule 6: fragments, IPv4.
+        seq("frag4_nat_port_then_later", vec![
+            (frag4(REMOTE4, EGRESS4, 7, 0, true, NAT_LO), Redirect, R::RedirectNatPort),
+            (frag4(REMOTE4, EGRESS4, 7, 9, true, 0), Redirect, R::RedirectFragment),
+            (frag4(REMOTE4, EGRESS4, 7, 18, false, 0), Redirect, R::RedirectFragment),
+            // Another datagram id has no decision.
+            (frag4(REMOTE4, EGRESS4, 8, 9, false, 0), Pass, R::PassFragmentUnknown),
+        ]),
+        seq("frag4_service_port_then_later", vec![
+            (frag4(REMOTE4, EGRESS4, 9, 0, true, 443), Pass, R::PassServicePort),
+            (frag4(REMOTE4, EGRESS4, 9, 9, false, 0), Pass, R::PassFragment),
+        ]),
+        seq("frag4_steered_then_later", vec![
+            (frag4(POD4, INTERNET4, 10, 0, true, 53), Redirect, R::RedirectSteeredSource),
+            (frag4(POD4, INTERNET4, 10, 9, false, 0), Redirect, R::RedirectFragment),
+        ]),
+        seq("frag4_excluded_then_later", vec![
+            (frag4(POD4, REMOTE4, 11, 0, true, 53), Pass, R::PassExcludedDestination),
+            (frag4(POD4, REMOTE4, 11, 9, false, 0), Pass, R::PassFragment),
+        ]),
+        one("frag4_later_to_egress_unknown", frag4(REMOTE4, EGRESS4, 12, 9, false, 0), Pass, R::PassFragmentUnknown),
+        one("frag4_later_steered_source_unknown", frag4(POD4, INTERNET4, 13, 9, false, 0), Redirect, R::RedirectFragmentSteeredSource),
+        one("frag4_later_excluded_unknown", frag4(POD4, REMOTE4, 13, 9, false, 0), Pass, R::PassFragmentUnknown),
+        one("frag4_later_unselected_unknown", frag4(UNSELECTED4, INTERNET4, 14, 9, false, 0), Pass, R::PassFragmentUnknown),
+        no_socket(seq("frag4_nat_no_socket", vec![
+            (frag4(REMOTE4, EGRESS4, 15, 0, true, NAT_LO), Drop, R::DropNoSocketToEgress),
+            (frag4(REMOTE4, EGRESS4, 15, 9, false, 0), Drop, R::DropNoSocketToEgress),
+        ])),
+        no_socket(seq("frag4_steered_no_socket", vec![
+            (frag4(POD4, INTERNET4, 16, 0, true, 53), Drop, R::DropNoSocketSteered),
+            (frag4(POD4, INTERNET4, 16, 9, false, 0), Drop, R::DropNoSocketSteered),
+            (frag4(POD4, INTERNET4, 17, 9, false, 0), Drop, R::DropNoSocketSteered),
+        ])),
+        // Rule 6, IPv6.
+        seq("frag6_nat_port_then_later", vec![
+            (frag6(remote6(), egress6(), 0x01020304, 0, true, NAT_HI), Redirect, R::RedirectNatPort),
+            (frag6(remote6(), egress6(), 0x01020304, 9, false, 0), Redirect, R::RedirectFragment),
+            (frag6(remote6(), egress6(), 0x01020305, 9, false, 0), Pass, R::PassFragmentUnknown),
+        ]),
+        seq("frag6_service_port_then_later", vec![
+            (frag6(remote6(), egress6(), 77, 0, true, 443), Pass, R::PassServicePort),
+            (frag6(remote6(), egress6(), 77, 9, false, 0), Pass, R::PassFragment),
+        ]),
+        one("frag6_later_steered_unknown", frag6(pod6(), remote6(), 78, 9, false, 0), Redirect, R::RedirectFragmentSteeredSource),
+        one("frag6_atomic_is_not_a_fragment", frag6(remote6(), egress6(), 79, 0, false, NAT_LO), Redirect, R::RedirectNatPort),
+    ]
+}
+
+#[test]
+fn fixture_table() {
+    let fixtures = fixtures();
+    let mut seen = std::collections::HashSet::new();
+    for f in &fixtures {
+        assert!(seen.insert(f.name), "duplicate fixture name {}", f.name);
+        let w = world(f.socket);
+        for (i, (frame, action, reason)) in f.steps.iter().enumerate() {
+            check(&w.prog, f.name, i, frame, *action, *reason);
+        }
+    }
+    // Every reason is exercised by at least one fixture.
+    let covered: std::collections::HashSet<R> =
+        fixtures.iter().flat_map(|f| f.steps.iter().map(|s| s.2)).collect();
+    let missing: Vec<R> = R::ALL.iter().copied().filter(|r| !covered.contains(r)).collect();
+    assert_eq!(missing, vec![], "reasons without a fixture");
+}
+
+/// Frames cut at every length from the Ethernet header on: the program
+/// must return a counted verdict for each, never an error, and the verdict
+/// must change exactly where the header it needs becomes complete.
+#[test]
+fn truncated_frames_at_every_length() {
+    let w = world(true);
+    // (frame, length from which the full verdict applies, full verdict)
+    let cases: Vec<(&str, Vec<u8>, usize, R)> = vec![
+        ("tcp4_nat_port", tcp4(REMOTE4, EGRESS4, NAT_LO), 14 + 20 + 4, R::RedirectNatPort),
+        ("tcp4_steered", tcp4(POD4, INTERNET4, 443), 14 + 20, R::RedirectSteeredSource),
+        ("vlan_tcp4_steered", vlan_tcp4(POD4, INTERNET4, 443), 18 + 20, R::RedirectSteeredSource),
+        ("arp_owned", arp_request(EGRESS4), 14 + 28, R::RedirectArpOwned),
+        ("ns_owned_hbh", ns(egress6(), true), 14 + 40 + 8 + 24, R::RedirectNsOwned),
+        ("udp6_dstopts_nat", udp6_with_dstopts(remote6(), egress6(), NAT_LO), 14 + 40 + 8 + 4, R::RedirectNatPort),
+        ("frag4_first_nat", frag4(REMOTE4, EGRESS4, 1, 0, true, NAT_LO), 14 + 20 + 4, R::RedirectNatPort),
+    ];
+    for (name, frame, complete_at, full) in cases {
+        for len in 14..=frame.len() {
+            let cut = &frame[..len];
+            let before = counters(&w.prog);
+            let out = w.prog.test_run(cut).unwrap_or_else(|e| panic!("{name} at {len}: {e:#}"));
+            let after = counters(&w.prog);
+            let moved: Vec<(R, u64)> = R::ALL
+                .iter()
+                .zip(before.iter().zip(&after))
+                .filter(|(_, (b, a))| a != b)
+                .map(|(r, (b, a))| (*r, a - b))
+                .collect();
+            assert_eq!(moved.len(), 1, "{name} at {len}: {moved:?}");
+            let (reason, n) = moved[0];
+            assert_eq!(n, 1, "{name} at {len}");
+            assert_eq!(out.action, reason.action(), "{name} at {len}: {reason:?}");
+            if len >= complete_at {
+                assert_eq!(reason, full, "{name} at {len}");
+            } else if full != R::RedirectSteeredSource {
+                // Only a steered source may be redirected on its
+                // addresses alone; anything else cut short is the kernel's.
+                assert_eq!(out.action, XdpAction::Pass, "{name} at {len}: {reason:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn frames_shorter_than_ethernet_are_refused_by_test_run() {
+    // BPF_PROG_TEST_RUN itself refuses XDP input below ETH_HLEN; a NIC never
+    // delivers such frames either.
+    let w = world(true);
+    assert!(w.prog.test_run(&[0u8; 13]).is_err());
+}
+
+#[test]
+fn fragment_decisions_are_stored_only_when_egret_had_an_opinion() {
+    let w = world(true);
+    let runs = [
+        frag4(UNSELECTED4, INTERNET4, 1, 0, true, 53), // not stored
+        frag4(REMOTE4, EGRESS4, 2, 0, true, NAT_LO),   // stored
+        frag4(POD4, INTERNET4, 3, 0, true, 53),        // stored
+        udp4(POD4, INTERNET4, 53),                     // not a fragment
+        frag4(POD4, INTERNET4, 4, 0, false, 53),       // not a fragment (MF clear, offset 0)
+    ];
+    for f in &runs {
+        w.prog.test_run(f).unwrap();
+    }
+    assert_eq!(w.prog.fragment_decisions(), 2);
+}
+
+#[test]
+fn owned_addresses_round_trip_and_remove() {
+    let w = world(true);
+    let a = IpAddr::from(Ipv4Addr::new(203, 0, 113, 20));
+    assert_eq!(w.prog.owned(a).unwrap(), None);
+    w.prog.set_owned(a, OwnedAddr::egress(1000, 2000)).unwrap();
+    assert_eq!(w.prog.owned(a).unwrap(), Some(OwnedAddr { nat_port_lo: 1000, nat_port_hi: 2000, flags: 3 }));
+    check(&w.prog, "owned_new", 0, &udp4(REMOTE4, a_octets(a), 1500), Redirect, R::RedirectNatPort);
+    assert!(w.prog.remove_owned(a).unwrap());
+    assert!(!w.prog.remove_owned(a).unwrap());
+    check(&w.prog, "owned_removed", 0, &udp4(REMOTE4, a_octets(a), 1500), Pass, R::PassUnselectedSource);
+
+    let e6 = IpAddr::from(egress6());
+    assert!(w.prog.remove_owned(e6).unwrap());
+    check(&w.prog, "owned6_removed", 0, &udp6(remote6(), egress6(), NAT_LO), Pass, R::PassUnselectedSource);
+}
+
+fn a_octets(a: IpAddr) -> [u8; 4] {
+    match a {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(_) => panic!("v4 expected"),
+    }
+}
+
+#[test]
+fn xsk_registration() {
+    let w = world(false);
+    let frame = tcp4(POD4, INTERNET4, 443);
+    check(&w.prog, "before", 0, &frame, Drop, R::DropNoSocketSteered);
+    let s = xsk_socket();
+    w.prog.register_xsk(0, s.as_raw_fd()).unwrap();
+    check(&w.prog, "registered", 0, &frame, Redirect, R::RedirectSteeredSource);
+    w.prog.unregister_xsk(0).unwrap();
+    // Removing an empty slot is not an error (the kernel does not say).
+    w.prog.unregister_xsk(0).unwrap();
+    check(&w.prog, "unregistered", 0, &frame, Drop, R::DropNoSocketSteered);
+    // A socket on another queue does not serve queue 0.
+    w.prog.register_xsk(1, s.as_raw_fd()).unwrap();
+    check(&w.prog, "other_queue", 0, &frame, Drop, R::DropNoSocketSteered);
+
+    // The kernel refuses anything but an AF_XDP socket, and the error names the map.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let err = w.prog.register_xsk(0, udp.as_raw_fd()).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("xsks_map") && text.contains("queue 0"), "{text}");
+    // A queue beyond the map's size is refused too.
+    assert!(w.prog.register_xsk(64, s.as_raw_fd()).is_err());
+}
+
+#[test]
+fn load_options_size_the_maps() {
+    let small = LoadOptions { xsk_queues: 2, ..LoadOptions::default() };
+    let prog = SteeringProgram::load(small).unwrap();
+    let s = xsk_socket();
+    prog.register_xsk(1, s.as_raw_fd()).unwrap();
+    assert!(prog.register_xsk(2, s.as_raw_fd()).is_err());
+
+    let zero = LoadOptions { fragments: 0, ..LoadOptions::default() };
+    let err = SteeringProgram::load(zero).unwrap_err();
+    assert!(err.to_string().contains("fragments"), "{err}");
+}
+
+#[test]
+fn counters_sum_over_runs_and_cpus() {
+    let w = world(true);
+    let frame = tcp4(UNSELECTED4, INTERNET4, 443);
+    let out = w.prog.test_run_repeat(&frame, 1000).unwrap();
+    assert_eq!(out.action, Pass);
+    let c = w.prog.verdict_counters().unwrap();
+    assert_eq!(c.len(), R::ALL.len());
+    for (r, n) in c {
+        assert_eq!(n, if r == R::PassUnselectedSource { 1000 } else { 0 }, "{r:?}");
+    }
+}
+
+// ---------------------------------------------------------------- policy
+
+#[test]
+fn replace_policy_swaps_classes_and_leaves_no_stale_entries() {
+    let w = world(true);
+    let before = w.prog.policy_entry_counts();
+    assert_eq!((before.src_v4, before.src_v6, before.dst_v4, before.dst_v6), (3, 1, 6, 2));
+
+    // The same class numbers now mean something else: class 1 is
+    // 198.18.1.0/24 steering only 192.0.2.0/24; 198.51.100.0/24 is gone.
+    let sources = vec![SrcPrefix { prefix: net("198.18.1.0/24"), class: 1 }];
+    let rules = vec![DstRule { class: 1, prefix: net("192.0.2.0/24"), action: Action::Steer, policy_id: 9 }];
+    w.prog.replace_policy(&sources, &rules).unwrap();
+    let after = w.prog.policy_entry_counts();
+    assert_eq!((after.src_v4, after.src_v6, after.dst_v4, after.dst_v6), (1, 0, 1, 0));
+    check(&w.prog, "new_source", 0, &tcp4(UNSELECTED4, REMOTE4, 443), Redirect, R::RedirectSteeredSource);
+    check(&w.prog, "new_source_other_dst", 0, &tcp4(UNSELECTED4, INTERNET4, 443), Pass, R::PassUnmatchedDestination);
+    check(&w.prog, "old_source", 0, &tcp4(POD4, INTERNET4, 443), Pass, R::PassUnselectedSource);
+    check(&w.prog, "old_source6", 0, &tcp6(pod6(), remote6(), 443), Pass, R::PassUnselectedSource);
+
+    // Host bits in a prefix are ignored; an empty policy empties the maps.
+    let sources = vec![SrcPrefix { prefix: net("198.18.1.77/24"), class: 5 }];
+    let rules = vec![DstRule { class: 5, prefix: net("192.0.2.9/24"), action: Action::Steer, policy_id: 9 }];
+    w.prog.replace_policy(&sources, &rules).unwrap();
+    check(&w.prog, "host_bits", 0, &tcp4(UNSELECTED4, REMOTE4, 443), Redirect, R::RedirectSteeredSource);
+    w.prog.replace_policy(&[], &[]).unwrap();
+    assert_eq!(w.prog.policy_entry_counts(), egret_bpf::PolicyEntryCounts::default());
+    check(&w.prog, "empty", 0, &tcp4(UNSELECTED4, REMOTE4, 443), Pass, R::PassUnselectedSource);
+}
+
+#[test]
+fn replace_policy_refusals_leave_the_maps_untouched() {
+    let options = LoadOptions { policy_rules: 4, ..LoadOptions::default() };
+    let prog = SteeringProgram::load(options).unwrap();
+    let s = xsk_socket();
+    prog.register_xsk(0, s.as_raw_fd()).unwrap();
+    let src = |class| vec![SrcPrefix { prefix: net("198.51.100.0/24"), class }];
+    let rules = |class| {
+        ["203.0.113.0/24", "192.0.2.0/24", "198.18.0.0/15"]
+            .iter()
+            .map(|p| DstRule { class, prefix: net(p), action: Action::Steer, policy_id: 1 })
+            .collect::<Vec<_>>()
+    };
+    prog.replace_policy(&src(1), &rules(1)).unwrap();
+    // Three old rules plus three new ones do not fit in four.
+    let err = prog.replace_policy(&src(2), &rules(2)).unwrap_err();
+    assert!(err.to_string().contains("policy_dst_v4"), "{err}");
+    let c = prog.policy_entry_counts();
+    assert_eq!((c.src_v4, c.dst_v4), (1, 3));
+    check(&prog, "still_old", 0, &tcp4(POD4, INTERNET4, 443), Redirect, R::RedirectSteeredSource);
+
+    let err = prog.replace_policy(&src(1 << 31), &rules(1 << 31)).unwrap_err();
+    assert!(err.to_string().contains("2147483648"), "{err}");
+    let dup = vec![
+        SrcPrefix { prefix: net("198.51.100.0/24"), class: 1 },
+        SrcPrefix { prefix: net("198.51.100.9/24"), class: 2 },
+    ];
+    let err = prog.replace_policy(&dup, &[]).unwrap_err();
+    assert!(err.to_string().contains("198.51.100.0/24"), "{err}");
+    check(&prog, "still_old_after_refusals", 0, &tcp4(POD4, INTERNET4, 443), Redirect, R::RedirectSteeredSource);
+}
+
+/// While the main thread replaces the policy back and forth (the same
+/// meaning, class numbers swapped, one destination's action flipping within
+/// a class number), another thread runs a steered source's frame in the
+/// kernel in a loop. Every single run must be steered: the counters see
+/// each run, so any window in which the source was unclassified or met a
+/// mixed rule set shows up as a pass.
+#[test]
+fn replace_policy_has_no_window() {
+    let w = world(true);
+    // POD4 (198.51.100.7) is in the /25 -> class b; 203.0.113.99 is steered
+    // by b and excluded by a. Swapping a and b between replacements makes a
+    // class number's rule for 203.0.113.0/24 flip between steer and exclude.
+    let policy = |a: u32, b: u32| {
+        let sources = vec![
+            SrcPrefix { prefix: net("198.51.100.0/24"), class: a },
+            SrcPrefix { prefix: net("198.51.100.0/25"), class: b },
+        ];
+        let mut rules = vec![
+            DstRule { class: a, prefix: net("0.0.0.0/0"), action: Action::Steer, policy_id: 1 },
+            DstRule { class: a, prefix: net("203.0.113.0/24"), action: Action::Exclude, policy_id: 1 },
+        ];
+        // Filler written between the two classes' rules widens any window
+        // an unsafe update order would open, so this test reliably catches it.
+        for i in 0..=255u8 {
+            let prefix = ipnet::IpNet::from(ipnet::Ipv4Net::new(Ipv4Addr::new(198, 19, i, 0), 24).unwrap());
+            rules.push(DstRule { class: 7, prefix, action: Action::Steer, policy_id: 3 });
+        }
+        rules.push(DstRule { class: b, prefix: net("203.0.113.0/24"), action: Action::Steer, policy_id: 2 });
+        (sources, rules)
+    };
+    let (s, r) = policy(1, 2);
+    w.prog.replace_policy(&s, &r).unwrap();
+    let frame = tcp4(POD4, INTERNET4, 443);
+    let base = counters(&w.prog);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let replacements = 100;
+    let runs = std::thread::scope(|scope| {
+        let runner = scope.spawn(|| {
+            let mut runs = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // repeat = 1: longer repeats yield the CPU inside the kernel.
+                w.prog.test_run(&frame).unwrap();
+                runs += 1;
+            }
+            runs
+        });
+        for i in 0..replacements {
+            let (s, r) = if i % 2 == 0 { policy(2, 1) } else { policy(1, 2) };
+            w.prog.replace_policy(&s, &r).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        runner.join().unwrap()
+    });
+    let after = counters(&w.prog);
+    let moved: Vec<(R, u64)> = R::ALL
+        .iter()
+        .zip(base.iter().zip(&after))
+        .filter(|(_, (b, a))| a != b)
+        .map(|(r, (b, a))| (*r, a - b))
+        .collect();
+    eprintln!("runs during {replacements} replacements: {runs}");
+    assert!(runs > 0);
+    assert_eq!(moved, vec![(R::RedirectSteeredSource, runs)], "{replacements} replacements");
+}
+
+/// Not a check: prints the program's in-kernel cost per frame for a few
+/// paths (BPF_PROG_TEST_RUN's own average over many runs). Run with
+/// `cargo test -p egret-bpf --release --test steering measure -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement, prints numbers"]
+fn measure_verdict_cost() {
+    let w = world(true);
+    let cases = [
+        ("pass_not_ip", {
+            let mut v = udp4(REMOTE4, EGRESS4, 20000);
+            v[12..14].copy_from_slice(&[0x88, 0xcc]);
+            v
+        }),
+        ("pass_unselected_source (v4, 1 hash + 1 LPM)", tcp4(UNSELECTED4, INTERNET4, 443)),
+        ("pass_excluded_destination (v4, 1 hash + 2 LPM)", tcp4(POD4, REMOTE4, 443)),
+        ("pass_unselected_source (v6)", tcp6(v6("2001:db8:9::1"), remote6(), 443)),
+        ("redirect_steered_source (v4)", tcp4(POD4, INTERNET4, 443)),
+        ("redirect_nat_port (v4)", tcp4(REMOTE4, EGRESS4, NAT_LO)),
+        ("pass_service_port (v4)", tcp4(REMOTE4, EGRESS4, 443)),
+        ("redirect_arp_owned", arp_request(EGRESS4)),
+    ];
+    for (name, frame) in cases {
+        let mut best = std::time::Duration::MAX;
+        for _ in 0..5 {
+            best = best.min(w.prog.test_run_repeat(&frame, 200_000).unwrap().duration);
+        }
+        println!("{name:50} {:>5} ns/frame (best of 5 x 200k runs)", best.as_nanos());
+    }
+}

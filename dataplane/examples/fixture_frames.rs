@@ -1,0 +1,25 @@
+//! Writes every frame of the scenario fixture table into a directory, one
+//! file per frame, prefixed with the byte the fuzz target reads as its control
+//! byte (ingress interface): the fuzzer's seed corpus of real packets.
+//!
+//! `cargo run -p egret-dataplane --features fixtures --example fixture_frames -- DIR`
+
+use std::path::PathBuf;
+
+use egret_dataplane::fixtures;
+
+fn main() -> std::io::Result<()> {
+    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "dataplane/fuzz/corpus/engine".into()));
+    std::fs::create_dir_all(&dir)?;
+    let mut n = 0;
+    for s in fixtures::scenarios() {
+        for (i, st) in s.steps.iter().enumerate() {
+            let mut bytes = vec![if st.ingress == fixtures::INSIDE { 0u8 } else { 1u8 }];
+            bytes.extend_from_slice(&st.frame);
+            std::fs::write(dir.join(format!("{}-{i:02}", s.name)), bytes)?;
+            n += 1;
+        }
+    }
+    eprintln!("wrote {n} seed frames to {}", dir.display());
+    Ok(())
+}

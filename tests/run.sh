@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs every Egret test: the README's second command, and what CI runs.
+#
+#   sudo tests/run.sh            # everything
+#   sudo tests/run.sh --quick    # skip clippy and the fuzz smoke run
+#
+# Needs root (network namespaces, XDP, AF_XDP, BPF_PROG_TEST_RUN). Installs
+# what it needs (tests/install-deps.sh, idempotent), builds the Kubernetes API
+# server used by the control-plane tests once (cached under /var/cache/egret),
+# then builds and tests the whole workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+[[ "${1:-}" == "--quick" ]] && quick=1
+
+step() { printf '\n==> %s\n' "$*"; }
+started=$(date +%s)
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "tests/run.sh must run as root (network namespaces, XDP, AF_XDP)" >&2
+  exit 1
+fi
+
+step "installing dependencies"
+tests/install-deps.sh
+
+if [[ -x tests/k8s/build-apiserver.sh ]]; then
+  step "kube-apiserver for the control-plane tests (cached)"
+  tests/k8s/build-apiserver.sh
+fi
+
+step "building the workspace"
+cargo build --workspace --all-targets --locked
+
+step "unit, property, BPF and end-to-end tests"
+# One test binary at a time: the network-namespace tests are heavy on a
+# 2-core machine; each test still runs its own threads.
+RUST_BACKTRACE=1 cargo test --workspace --locked -- --test-threads="${EGRET_TEST_THREADS:-2}"
+
+step "fixture frames through the release build (optimised code paths)"
+cargo test --release --locked -p egret-dataplane --lib fixtures
+
+if ((quick == 0)); then
+  step "clippy"
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+
+  if cargo fuzz --version >/dev/null 2>&1; then
+    step "fuzz smoke run (30 s; run longer with: cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run engine corpus/engine)"
+    corpus=dataplane/fuzz/corpus/engine
+    cargo run --quiet --locked -p egret-dataplane --features fixtures --example fixture_frames -- "$corpus"
+    (cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run engine corpus/engine -- -max_total_time=30 -rss_limit_mb=4096)
+  else
+    step "fuzz smoke run skipped: cargo-fuzz is not installed (cargo install cargo-fuzz)"
+  fi
+fi
+
+step "all tests passed in $(( $(date +%s) - started )) s"
