@@ -12,6 +12,7 @@
 //! frames offered, sink counters, /proc of every watched thread and both
 //! cores), wait `seconds`, snapshot again, stop the generator.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -96,6 +97,8 @@ pub enum BenchError {
     Pin { what: String, tid: u32, cpu: usize, source: std::io::Error },
     #[error("no {name} thread found in /proc")]
     NoKthread { name: String },
+    #[error("reading Egret's metrics failed: {reason}")]
+    Metrics { reason: String },
     #[error("interrupted")]
     Interrupted,
 }
@@ -216,6 +219,8 @@ pub struct Gateway<'t> {
     pub watched: Vec<Watched>,
     /// Facts worth printing (placement, thread names).
     pub notes: Vec<String>,
+    /// Where Egret's metrics are (namespace, port), for Egret modes.
+    pub metrics: Option<(String, u16)>,
 }
 
 impl std::fmt::Debug for Gateway<'_> {
@@ -236,7 +241,7 @@ impl<'t> Gateway<'t> {
         })?;
         // The guard exists before the first change, so a failure half-way
         // still undoes what was done.
-        let mut g = Gateway { topo, mode, state: State::Nothing, watched: Vec::new(), notes: Vec::new() };
+        let mut g = Gateway { topo, mode, state: State::Nothing, watched: Vec::new(), notes: Vec::new(), metrics: None };
         match mode {
             Mode::Kernel | Mode::KernelNewConns => {
                 g.state = State::Kernel;
@@ -285,6 +290,7 @@ impl<'t> Gateway<'t> {
                 let d = Daemon::start(&binary, &gw, &path, &log, opts.metrics_port)?;
                 g.notes.push(format!("egret pid {}; config {}; log {}", d.pid(), path.display(), log.display()));
                 g.state = State::Egret(d);
+                g.metrics = Some((gw.clone(), opts.metrics_port));
                 if let State::Egret(d) = &mut g.state {
                     d.wait_ready(Duration::from_secs(30), crate::sys::stop_requested)?;
                 }
@@ -380,6 +386,10 @@ pub struct Sample {
     pub seconds: f64,
     /// Frames the generator handed to its veth.
     pub offered: u64,
+    /// Egret modes: the change of every `*_total` metric over the window
+    /// (summed over labels), e.g. `egret_xsk_rx_frames_total`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub egret_metrics: BTreeMap<String, f64>,
     /// Benchmark frames counted at the sink.
     pub sink: SinkCounts,
     pub cpu: WindowUse,
@@ -413,6 +423,11 @@ impl Sample {
         }
         self.cpu.gateway_cpu_s * 1e9 / self.sink.frames as f64
     }
+    /// Frames Egret's workers received over the window (Egret modes).
+    pub fn worker_rx(&self) -> Option<f64> {
+        self.egret_metrics.get(egret::WORKER_RX_METRIC).copied()
+    }
+
     /// What looks wrong with the sample (translation, checksums).
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
@@ -436,6 +451,14 @@ impl Sample {
             p.push(format!("bad checksums: {} IPv4, {} UDP", s.bad_ip_checksum, s.bad_udp_checksum));
         }
         p
+    }
+}
+
+/// Egret's metrics now (empty for other modes).
+fn scrape(gateway: &Gateway<'_>) -> Result<BTreeMap<String, f64>, BenchError> {
+    match &gateway.metrics {
+        Some((ns, port)) => egret::scrape(ns, *port).map_err(|reason| BenchError::Metrics { reason }),
+        None => Ok(BTreeMap::new()),
     }
 }
 
@@ -473,10 +496,18 @@ pub fn measure(
     let mut gen = Running::start(spec)?;
     let result = (|| -> Result<Sample, BenchError> {
         sleep_checked(warmup)?;
+        let m0 = scrape(gateway)?;
         let (t0, o0, s0, c0) = (Instant::now(), gen.sent()?, sink.sink.counts()?, Snapshot::take(&gateway.watched)?);
         sleep_checked(seconds)?;
         let (t1, o1, s1, c1) = (Instant::now(), gen.sent()?, sink.sink.counts()?, Snapshot::take(&gateway.watched)?);
+        let m1 = scrape(gateway)?;
+        let egret_metrics = m1
+            .iter()
+            .filter(|(k, _)| k.ends_with("_total"))
+            .map(|(k, v)| (k.clone(), v - m0.get(k).copied().unwrap_or(0.0)))
+            .collect();
         Ok(Sample {
+            egret_metrics,
             mode,
             flows: if mode.new_flows() { 0 } else { u64::from(flows.max(1)) },
             round,

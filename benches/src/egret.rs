@@ -6,6 +6,7 @@
 //! The harness only relies on that contract; it finds the daemon's threads
 //! through /proc and recognises workers by their name (`egret-worker-N`).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -120,22 +121,63 @@ fn tail(path: &Path, lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join("\n")
 }
 
-/// The status code of `GET /ready` on 127.0.0.1:`port` inside `netns`.
-pub fn ready_status(netns: &str, port: u16) -> Result<u16, String> {
-    let r: Result<Result<u16, String>, NetnsError> = in_netns(netns, || {
+/// `GET path` on 127.0.0.1:`port` inside `netns`: the whole response text.
+pub fn http_get(netns: &str, port: u16, path: &str) -> Result<String, String> {
+    let r: Result<Result<String, String>, NetnsError> = in_netns(netns, || {
         let attempt = || -> std::io::Result<String> {
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
             let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
             s.set_read_timeout(Some(Duration::from_secs(2)))?;
-            s.write_all(b"GET /ready HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+            s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())?;
             let mut buf = Vec::new();
-            s.take(4096).read_to_end(&mut buf)?;
+            s.take(8 << 20).read_to_end(&mut buf)?;
             Ok(String::from_utf8_lossy(&buf).into_owned())
         };
-        Ok(attempt().map_err(|e| e.to_string()).and_then(|text| parse_status(&text).ok_or_else(|| format!("bad answer {text:?}"))))
+        Ok(attempt().map_err(|e| e.to_string()))
     });
     r.map_err(|e| e.to_string())?
 }
+
+/// The status code of `GET /ready` on 127.0.0.1:`port` inside `netns`.
+pub fn ready_status(netns: &str, port: u16) -> Result<u16, String> {
+    let text = http_get(netns, port, "/ready")?;
+    parse_status(&text).ok_or_else(|| format!("bad answer {text:?}"))
+}
+
+/// Prometheus text exposition: every sample's value summed per metric name
+/// (labels dropped), comments and unparsable lines skipped.
+pub fn parse_metrics(body: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in body.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line.find(|c: char| c == '{' || c.is_whitespace()).unwrap_or(line.len());
+        let name = &line[..name_end];
+        let rest = match line[name_end..].rfind('}') {
+            Some(i) if line[name_end..].starts_with('{') => &line[name_end + i + 1..],
+            _ => &line[name_end..],
+        };
+        if let Some(v) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
+            *out.entry(name.to_owned()).or_insert(0.0) += v;
+        }
+    }
+    out
+}
+
+/// `GET /metrics`, parsed.
+pub fn scrape(netns: &str, port: u16) -> Result<BTreeMap<String, f64>, String> {
+    let text = http_get(netns, port, "/metrics")?;
+    if parse_status(&text) != Some(200) {
+        return Err(format!("GET /metrics: {}", text.lines().next().unwrap_or_default()));
+    }
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Ok(parse_metrics(body))
+}
+
+/// Frames Egret's workers took off their RX rings (every socket).
+pub const WORKER_RX_METRIC: &str = "egret_xsk_rx_frames_total";
 
 /// The status code of an HTTP/1.x response.
 pub fn parse_status(response: &str) -> Option<u16> {
@@ -270,6 +312,22 @@ mod tests {
         assert_eq!(parse_status("HTTP/1.0 503 Service Unavailable\r\n"), Some(503));
         assert_eq!(parse_status("SSH-2.0-x\r\n"), None);
         assert_eq!(parse_status(""), None);
+    }
+
+    #[test]
+    fn metrics_are_summed_per_name() {
+        let body = "# HELP egret_xsk_rx_frames_total Frames received from the RX ring.\n\
+            # TYPE egret_xsk_rx_frames_total counter\n\
+            egret_xsk_rx_frames_total{worker=\"0\",interface=\"gwin\",queue=\"0\"} 21\n\
+            egret_xsk_rx_frames_total{worker=\"0\",interface=\"gwout\",queue=\"0\"} 4\n\
+            egret_drops_total{reason=\"a } b\"} 3\n\
+            egret_ready 1\n\
+            garbage\n";
+        let m = parse_metrics(body);
+        assert_eq!(m.get(WORKER_RX_METRIC), Some(&25.0));
+        assert_eq!(m.get("egret_drops_total"), Some(&3.0));
+        assert_eq!(m.get("egret_ready"), Some(&1.0));
+        assert_eq!(m.len(), 3);
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub struct Summary {
     /// The gateway core's busy share and the generator core's (medians).
     pub gw_core_busy: f64,
     pub gen_core_busy: f64,
+    /// Egret modes: frames the workers received per forwarded frame.
+    pub worker_rx_per_forwarded: Option<f64>,
     pub problems: Vec<String>,
 }
 
@@ -104,6 +106,9 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
                 contexts: per_ctx.into_iter().map(|(k, xs)| (k, Spread::of(&xs).median)).collect(),
                 gw_core_busy: f(&|s| s.cpu.core_busy_s / s.seconds).median,
                 gen_core_busy: f(&|s| s.cpu.other_core_busy_s / s.seconds).median,
+                worker_rx_per_forwarded: v.iter().all(|s| s.worker_rx().is_some()).then(|| {
+                    f(&|s| s.worker_rx().unwrap_or(f64::NAN) / s.sink.frames.max(1) as f64).median
+                }),
                 problems,
             }
         })
@@ -196,6 +201,9 @@ pub fn table(summaries: &[Summary], ratios: &[Ratio], unavailable: &[(Mode, Stri
             s.gen_core_busy,
             s.rounds
         );
+        if let Some(w) = s.worker_rx_per_forwarded {
+            let _ = writeln!(t, "{:<17}   egret workers received {:.3} frames per forwarded frame", "", w);
+        }
         for p in &s.problems {
             let _ = writeln!(t, "{:<17}   PROBLEM: {p}", "");
         }

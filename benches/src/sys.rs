@@ -133,13 +133,13 @@ impl PacketSender {
     /// error only when it took none).
     pub fn send(&mut self, frames: &[[u8; FRAME_LEN]]) -> io::Result<usize> {
         let n = frames.len().min(self.msgs.len());
-        for i in 0..n {
-            self.iov[i] = libc::iovec { iov_base: frames[i].as_ptr() as *mut libc::c_void, iov_len: FRAME_LEN };
+        for ((iov, msg), frame) in self.iov.iter_mut().zip(self.msgs.iter_mut()).zip(frames) {
+            *iov = libc::iovec { iov_base: frame.as_ptr() as *mut libc::c_void, iov_len: FRAME_LEN };
             // SAFETY: msghdr is plain data; zeroed means no name, no control.
             let mut h: libc::msghdr = unsafe { zeroed() };
-            h.msg_iov = &mut self.iov[i];
+            h.msg_iov = iov;
             h.msg_iovlen = 1;
-            self.msgs[i] = libc::mmsghdr { msg_hdr: h, msg_len: 0 };
+            *msg = libc::mmsghdr { msg_hdr: h, msg_len: 0 };
         }
         // SAFETY: msgs[..n] point at iov[..n], which point at `frames`; all
         // live for the call and the kernel only reads the frames.

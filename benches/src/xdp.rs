@@ -250,11 +250,13 @@ impl Generator {
         let mut ctx = [0u8; 24];
         ctx[4..8].copy_from_slice(&(template.len() as u32).to_ne_bytes());
         ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
-        let mut input = ProgramInput::default();
-        input.context_in = Some(&mut ctx);
-        input.data_in = Some(&template);
-        input.flags = BPF_F_TEST_XDP_LIVE_FRAMES;
-        input.repeat = count;
+        let input = ProgramInput {
+            context_in: Some(&mut ctx),
+            data_in: Some(&template),
+            flags: BPF_F_TEST_XDP_LIVE_FRAMES,
+            repeat: count,
+            ..Default::default()
+        };
         prog.test_run(input).map_err(|source| XdpError::Run { source })?;
         Ok(())
     }
@@ -264,9 +266,7 @@ impl Generator {
     pub fn rewrite_once(&mut self, frame: &[u8]) -> Result<Vec<u8>, XdpError> {
         let prog = self.program()?;
         let mut out = vec![0u8; frame.len() + 256];
-        let mut input = ProgramInput::default();
-        input.data_in = Some(frame);
-        input.data_out = Some(&mut out);
+        let input = ProgramInput { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() };
         let o = prog.test_run(input).map_err(|source| XdpError::Run { source })?;
         if o.return_value != XDP_TX {
             return Err(XdpError::Verdict { retval: o.return_value });
@@ -362,8 +362,7 @@ mod tests {
     fn sink_program_counts_checks_and_drops_only_benchmark_frames() {
         let mut sink = Sink::load(SINK_IP, SINK_PORT).expect("load sink");
         let run = |sink: &mut Sink, frame: &[u8]| -> u32 {
-            let mut input = ProgramInput::default();
-            input.data_in = Some(frame);
+            let input = ProgramInput { data_in: Some(frame), ..Default::default() };
             sink.program().expect("prog").test_run(input).expect("run").return_value
         };
         let s = spec();

@@ -3,6 +3,7 @@
 //! XDP_REDIRECT, in one run over one topology; see
 //! docs/benchmarks-throughput.md.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -134,6 +135,8 @@ fn run(args: &Args) -> Result<(), BenchError> {
     let topo = Topology::create(&tag)?;
     let sink = SinkSide::setup(&topo, opts.gen_cpu, opts.priorities)?;
     let mut samples: Vec<Sample> = Vec::new();
+    // Fast-path samples taken while the fast path was not in effect.
+    let mut inactive: Vec<Sample> = Vec::new();
     let mut unavailable: Vec<(Mode, String)> = Vec::new();
     let mut next_fresh = 0u64;
 
@@ -155,6 +158,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
                 eprintln!("  {n}");
             }
             let flow_list: Vec<u32> = if mode.new_flows() { vec![0] } else { args.flows.clone() };
+            let mut fast_path_inactive = None;
             for &flows in &flow_list {
                 let s = bench::measure(&topo, &gateway, &sink, &opts, flows, round, &mut next_fresh)?;
                 eprintln!(
@@ -168,9 +172,35 @@ fn run(args: &Args) -> Result<(), BenchError> {
                     s.per_core_mpps(),
                     if s.problems().is_empty() { String::new() } else { format!(" PROBLEM: {}", s.problems().join("; ")) }
                 );
-                samples.push(s);
+                // The fast path is in effect only if established flows bypass
+                // the workers: judge by what the workers received.
+                if mode == Mode::Fastpath {
+                    match s.worker_rx() {
+                        Some(rx) if s.sink.frames > 0 && rx >= 0.5 * s.sink.frames as f64 => {
+                            fast_path_inactive = Some(format!(
+                                "Egret accepted xdp.fastPath: true but its workers received {rx:.0} frames for {} forwarded ({WORKER_RX}): no fast path in effect",
+                                s.sink.frames,
+                                WORKER_RX = egret_benches::egret::WORKER_RX_METRIC
+                            ));
+                        }
+                        None => eprintln!(
+                            "warning: Egret exports no {}; cannot tell whether the fast path is in effect",
+                            egret_benches::egret::WORKER_RX_METRIC
+                        ),
+                        _ => {}
+                    }
+                }
+                if fast_path_inactive.is_some() {
+                    inactive.push(s);
+                } else {
+                    samples.push(s);
+                }
             }
             drop(gateway);
+            if let Some(why) = fast_path_inactive {
+                eprintln!("fastpath: not available: {why}");
+                unavailable.push((mode, why));
+            }
         }
     }
     drop(sink);
@@ -178,7 +208,8 @@ fn run(args: &Args) -> Result<(), BenchError> {
 
     let summaries = report::summarize(&samples);
     let ratios = report::ratios(&summaries);
-    print!("{}", report::table(&summaries, &ratios, &unavailable));
+    // The result table is the command's output (progress goes to stderr).
+    let _ = std::io::stdout().lock().write_all(report::table(&summaries, &ratios, &unavailable).as_bytes());
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "command": std::env::args().collect::<Vec<_>>(),
@@ -186,6 +217,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             "engine": args.engine,
             "samples": samples,
+            "fastpath_inactive_samples": inactive,
             "summaries": summaries,
             "ratios": ratios,
             "unavailable": unavailable.iter().map(|(m, w)| serde_json::json!({"mode": m, "reason": w})).collect::<Vec<_>>(),
