@@ -231,9 +231,21 @@ impl std::fmt::Debug for Gateway<'_> {
 
 const NFT_TABLE: &str = "egret_bench";
 
+/// The egress IPs of new-connection runs: 203.0.113.10-25, each with ports
+/// 1024-65535 (about a million mappings to one destination).
+pub const NEW_CONNS_EGRESS: [Ipv4Addr; 16] = {
+    let mut a = [Ipv4Addr::new(203, 0, 113, 10); 16];
+    let mut i = 0;
+    while i < 16 {
+        a[i] = Ipv4Addr::new(203, 0, 113, 10 + i as u8);
+        i += 1;
+    }
+    a
+};
+
 impl<'t> Gateway<'t> {
-    /// Set `mode` up and place its contexts. Egret's new-connection runs
-    /// use 16 egress IPs and ports 1024-65535 (about a million mappings).
+    /// Set `mode` up and place its contexts. New-connection runs use the
+    /// 16 [`NEW_CONNS_EGRESS`] addresses (Egret: ports 1024-65535).
     pub fn setup(topo: &'t Topology, mode: Mode, opts: &Options) -> Result<Self, BenchError> {
         let gw = topo.gw_ns.clone();
         let (in_idx, out_idx) = in_netns(&gw, || -> Result<(u32, u32), BenchError> {
@@ -245,13 +257,23 @@ impl<'t> Gateway<'t> {
         match mode {
             Mode::Kernel | Mode::KernelNewConns => {
                 g.state = State::Kernel;
+                // Start from an empty conntrack table (earlier rounds' flows
+                // would otherwise still be there: UDP entries live 30 s).
+                in_netns(&gw, || napi::flush_conntrack().map_err(|source| BenchError::Napi { dev: "conntrack", source }))?;
                 topo.sysctl(&gw, "net.ipv4.ip_forward", "1")?;
+                // New-connection runs translate to the same 16 addresses as
+                // Egret's, so neither runs out of ports first.
+                let to = if mode == Mode::KernelNewConns {
+                    format!("{}-{}", NEW_CONNS_EGRESS[0], NEW_CONNS_EGRESS[NEW_CONNS_EGRESS.len() - 1])
+                } else {
+                    topology::EGRESS_IP.to_string()
+                };
                 let rules = format!(
                     "table ip {NFT_TABLE} {{\n  chain post {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
                      oifname \"{GW_OUT}\" ip saddr {} ip daddr {} snat to {}\n  }}\n}}\n",
                     topology::POD_RANGE,
                     topology::SINK_RANGE,
-                    topology::EGRESS_IP
+                    to
                 );
                 topo.exec(&gw, &["nft", "-f", "-"], Some(&rules))?;
                 // veth has NAPI only with XDP or GRO; GRO gives the kernel
@@ -266,7 +288,7 @@ impl<'t> Gateway<'t> {
             Mode::Egret | Mode::Fastpath | Mode::NewConns => {
                 let binary = egret::locate(&opts.egret)?;
                 let egress_ips: Vec<Ipv4Addr> = if mode == Mode::NewConns {
-                    (10..26).map(|h| Ipv4Addr::new(203, 0, 113, h)).collect()
+                    NEW_CONNS_EGRESS.to_vec()
                 } else {
                     vec![topology::EGRESS_IP]
                 };
@@ -454,6 +476,17 @@ impl Sample {
     }
 }
 
+/// Offered, forwarded and CPU counters at one instant: the midpoint of the
+/// reads (a few hundred microseconds apart unless the reader is preempted).
+fn sample_all(gen: &Running, sink: &SinkSide, watched: &[Watched]) -> Result<(Instant, u64, SinkCounts, Snapshot), BenchError> {
+    let before = Instant::now();
+    let offered = gen.sent()?;
+    let counts = sink.sink.counts()?;
+    let snap = Snapshot::take(watched)?;
+    let after = Instant::now();
+    Ok((before + (after - before) / 2, offered, counts, snap))
+}
+
 /// Egret's metrics now (empty for other modes).
 fn scrape(gateway: &Gateway<'_>) -> Result<BTreeMap<String, f64>, BenchError> {
     match &gateway.metrics {
@@ -497,9 +530,9 @@ pub fn measure(
     let result = (|| -> Result<Sample, BenchError> {
         sleep_checked(warmup)?;
         let m0 = scrape(gateway)?;
-        let (t0, o0, s0, c0) = (Instant::now(), gen.sent()?, sink.sink.counts()?, Snapshot::take(&gateway.watched)?);
+        let (t0, o0, s0, c0) = sample_all(&gen, sink, &gateway.watched)?;
         sleep_checked(seconds)?;
-        let (t1, o1, s1, c1) = (Instant::now(), gen.sent()?, sink.sink.counts()?, Snapshot::take(&gateway.watched)?);
+        let (t1, o1, s1, c1) = sample_all(&gen, sink, &gateway.watched)?;
         let m1 = scrape(gateway)?;
         let egret_metrics = m1
             .iter()

@@ -1,10 +1,12 @@
-//! Finding an interface's NAPI instances and their kernel threads through
-//! the `netdev` generic netlink family (`NETDEV_CMD_NAPI_GET`, Linux 6.9+:
+//! Netlink requests the benchmark needs: an interface's NAPI instances and
+//! their kernel threads through the `netdev` generic netlink family (`NETDEV_CMD_NAPI_GET`, Linux 6.9+:
 //! the `pid` attribute is present when the NAPI instance is threaded).
 //!
 //! Thread names (`napi/<dev>-<id>`) are truncated to 15 characters and are
-//! not unique across namespaces; the netlink answer is exact. Message
-//! layouts: `include/uapi/linux/netlink.h`, `genetlink.h`, `netdev.h`.
+//! not unique across namespaces; the netlink answer is exact. And flushing
+//! a namespace's conntrack table between kernel runs (ctnetlink). Message
+//! layouts: `include/uapi/linux/netlink.h`, `genetlink.h`, `netdev.h`,
+//! `netfilter/nfnetlink.h`.
 
 use std::io;
 
@@ -189,6 +191,43 @@ pub fn napi_of(ifindex: u32) -> Result<Vec<NapiInfo>, NapiError> {
     Ok(out)
 }
 
+/// The request that flushes the conntrack table of the calling thread's
+/// namespace: ctnetlink `IPCTNL_MSG_CT_DELETE` with no attributes, for IPv4
+/// (`include/uapi/linux/netfilter/nfnetlink_conntrack.h`).
+fn conntrack_flush_request(seq: u32) -> Vec<u8> {
+    const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+    const IPCTNL_MSG_CT_DELETE: u16 = 2;
+    const NLM_F_ACK: u16 = 0x4;
+    let mut b = Vec::with_capacity(20);
+    b.extend_from_slice(&20u32.to_ne_bytes());
+    b.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE).to_ne_bytes());
+    b.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    b.extend_from_slice(&seq.to_ne_bytes());
+    b.extend_from_slice(&0u32.to_ne_bytes());
+    // struct nfgenmsg: family, version, res_id (big endian).
+    b.extend_from_slice(&[libc::AF_INET as u8, 0, 0, 0]);
+    b
+}
+
+/// Flush the IPv4 conntrack table of the calling thread's namespace.
+pub fn flush_conntrack() -> Result<(), NapiError> {
+    const WHAT: &str = "conntrack flush";
+    let nl = Netlink::open(libc::NETLINK_NETFILTER).map_err(|source| NapiError::Io { what: WHAT, source })?;
+    nl.send(&conntrack_flush_request(1)).map_err(|source| NapiError::Io { what: WHAT, source })?;
+    let mut buf = vec![0u8; 4096];
+    let n = nl.recv(&mut buf).map_err(|source| NapiError::Io { what: WHAT, source })?;
+    for m in messages(&buf[..n]) {
+        let (ty, payload) = m.ok_or(NapiError::Malformed { what: WHAT })?;
+        if ty == NLMSG_ERROR {
+            return match error_code(payload) {
+                0 => Ok(()),
+                errno => Err(NapiError::Kernel { what: WHAT, errno }),
+            };
+        }
+    }
+    Err(NapiError::Malformed { what: WHAT })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,6 +252,16 @@ mod tests {
         // Strings are padded to 4 bytes.
         let g = genl_request(GENL_ID_CTRL, 0, 1, CTRL_CMD_GETFAMILY, &[(CTRL_ATTR_FAMILY_NAME, b"netdev\0")]);
         assert_eq!(g.len(), 16 + 4 + 12);
+    }
+
+    #[test]
+    fn conntrack_flush_layout() {
+        let r = conntrack_flush_request(9);
+        assert_eq!(r.len(), 20);
+        assert_eq!(u16::from_ne_bytes([r[4], r[5]]), 0x0102);
+        assert_eq!(u16::from_ne_bytes([r[6], r[7]]), 0x5);
+        assert_eq!(u32::from_ne_bytes(r[8..12].try_into().expect("4")), 9);
+        assert_eq!(&r[16..20], &[2, 0, 0, 0]);
     }
 
     #[test]

@@ -36,9 +36,10 @@ struct Args {
     /// (Egret's slow path), kernel-new-conns (the kernel's, for reference).
     #[arg(long, alias = "mode", value_enum, value_delimiter = ',', default_value = "kernel,egret,fastpath,redirect,new-conns")]
     modes: Vec<Mode>,
-    /// Window length for the new-connection modes (Egret's port space,
-    /// about a million mappings, must outlast it).
-    #[arg(long, default_value_t = 2.0)]
+    /// Window length for the new-connection modes (after 0.5 s of
+    /// warm-up): Egret's port space (about a million mappings) and the
+    /// kernel's conntrack table (262,144 entries here) must outlast it.
+    #[arg(long, default_value_t = 1.0)]
     new_conns_seconds: f64,
     /// The egret binary [default: `egret` beside this binary].
     #[arg(long)]
@@ -131,6 +132,13 @@ fn run(args: &Args) -> Result<(), BenchError> {
         priorities: !args.no_priorities,
     };
 
+    if opts.priorities {
+        // The measuring thread reads /proc and the counters at the window's
+        // edges: keep it from being preempted there.
+        egret_benches::sys::set_nice(egret_benches::sys::gettid(), bench::BENCH_NICE).map_err(|source| {
+            BenchError::Pin { what: "the measuring thread (nice)".into(), tid: 0, cpu: 0, source }
+        })?;
+    }
     eprintln!("building namespaces {tag}-{{gen,gw,sink}}");
     let topo = Topology::create(&tag)?;
     let sink = SinkSide::setup(&topo, opts.gen_cpu, opts.priorities)?;
