@@ -369,7 +369,21 @@ impl<'t> Gateway<'t> {
                 ));
             }
             for (tid, comm) in threads {
-                let role = if comm.starts_with(egret::WORKER_PREFIX) { comm.clone() } else { format!("egret {comm}") };
+                let is_worker = comm.starts_with(egret::WORKER_PREFIX);
+                if is_worker {
+                    // The config asks for SCHED_FIFO 50 on the gateway core:
+                    // say so if the daemon did not do it.
+                    if let Ok(st) = cpu::sample_thread(pid, tid) {
+                        let (policy, prio, last) = (st.stat.policy, st.stat.rt_priority, st.stat.processor as usize);
+                        if policy != 1 || prio != 50 || last != opts.gw_cpu {
+                            self.notes.push(format!(
+                                "warning: {comm} runs policy {policy} priority {prio} on CPU {last}, not SCHED_FIFO 50 on CPU {}",
+                                opts.gw_cpu
+                            ));
+                        }
+                    }
+                }
+                let role = if is_worker { comm.clone() } else { format!("egret {comm}") };
                 self.watched.push(Watched { role, pid, tid });
             }
         }

@@ -245,6 +245,9 @@ pub struct ThreadUse {
     pub comm: String,
     /// On-CPU seconds (schedstat).
     pub cpu_s: f64,
+    /// Seconds runnable but waiting for the CPU (schedstat): how much other
+    /// work on its core delayed it.
+    pub wait_s: f64,
     /// utime and stime over the window, seconds (tick-sampled).
     pub user_s: f64,
     pub system_s: f64,
@@ -311,6 +314,7 @@ pub fn window(a: &Snapshot, b: &Snapshot, user_hz: u64, gw_core: usize, other_co
             tid: wa.tid,
             comm: sb.stat.comm.clone(),
             cpu_s: sb.sched.run_ns.saturating_sub(sa.sched.run_ns) as f64 / 1e9,
+            wait_s: sb.sched.wait_ns.saturating_sub(sa.sched.wait_ns) as f64 / 1e9,
             user_s: sb.stat.utime.saturating_sub(sa.stat.utime) as f64 / hz,
             system_s: sb.stat.stime.saturating_sub(sa.stat.stime) as f64 / hz,
             last_cpu: sb.stat.processor,
@@ -406,7 +410,7 @@ mod tests {
     }
 
     fn sample(stat: &str, run_ns: u64) -> ThreadSample {
-        ThreadSample { stat: parse_task_stat(stat).expect("fixture"), sched: SchedStat { run_ns, wait_ns: 0, timeslices: 0 } }
+        ThreadSample { stat: parse_task_stat(stat).expect("fixture"), sched: SchedStat { run_ns, wait_ns: run_ns / 10, timeslices: 0 } }
     }
 
     #[test]
@@ -431,6 +435,7 @@ mod tests {
         let w = window(&a, &b, 100, 1, 0).expect("window");
         assert_eq!(w.threads.len(), 2);
         assert!((w.threads[0].cpu_s - 2.0).abs() < 1e-9);
+        assert!((w.threads[0].wait_s - 0.2).abs() < 1e-9);
         assert!((w.threads[0].system_s - 2.0).abs() < 1e-9);
         assert!((w.threads[1].cpu_s - 3.0).abs() < 1e-9);
         assert!((w.threads[1].user_s - 2.5).abs() < 1e-9 && (w.threads[1].system_s - 0.5).abs() < 1e-9);

@@ -61,6 +61,8 @@ pub struct Summary {
     pub ns_per_packet: Spread,
     /// Per context: cores busy (median over rounds).
     pub contexts: BTreeMap<String, f64>,
+    /// Per context: seconds per second runnable but waiting (median).
+    pub contexts_waiting: BTreeMap<String, f64>,
     /// The gateway core's busy share and the generator core's (medians).
     pub gw_core_busy: f64,
     pub gen_core_busy: f64,
@@ -82,13 +84,17 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
             let v: Vec<&Sample> = samples.iter().filter(|s| s.mode == mode && s.flows == flows).collect();
             let f = |g: &dyn Fn(&Sample) -> f64| Spread::of(&v.iter().map(|s| g(s)).collect::<Vec<_>>());
             let mut per_ctx: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+            let mut per_ctx_wait: BTreeMap<String, Vec<f64>> = BTreeMap::new();
             for s in &v {
-                let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+                let mut sums: BTreeMap<String, (f64, f64)> = BTreeMap::new();
                 for t in &s.cpu.threads {
-                    *sums.entry(context_of(&t.role)).or_default() += t.cpu_s / s.seconds;
+                    let e = sums.entry(context_of(&t.role)).or_default();
+                    e.0 += t.cpu_s / s.seconds;
+                    e.1 += t.wait_s / s.seconds;
                 }
-                for (k, x) in sums {
-                    per_ctx.entry(k).or_default().push(x);
+                for (k, (x, w)) in sums {
+                    per_ctx.entry(k.clone()).or_default().push(x);
+                    per_ctx_wait.entry(k).or_default().push(w);
                 }
             }
             let mut problems: Vec<String> = v.iter().flat_map(|s| s.problems()).collect();
@@ -104,6 +110,7 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
                 per_core_mpps: f(&|s| s.per_core_mpps()),
                 ns_per_packet: f(&|s| s.ns_per_packet()),
                 contexts: per_ctx.into_iter().map(|(k, xs)| (k, Spread::of(&xs).median)).collect(),
+                contexts_waiting: per_ctx_wait.into_iter().map(|(k, xs)| (k, Spread::of(&xs).median)).collect(),
                 gw_core_busy: f(&|s| s.cpu.core_busy_s / s.seconds).median,
                 gen_core_busy: f(&|s| s.cpu.other_core_busy_s / s.seconds).median,
                 worker_rx_per_forwarded: v.iter().all(|s| s.worker_rx().is_some()).then(|| {
@@ -191,7 +198,11 @@ pub fn table(summaries: &[Summary], ratios: &[Ratio], unavailable: &[(Mode, Stri
             spread3(&s.per_core_mpps),
             s.ns_per_packet.median
         );
-        let ctx: Vec<String> = s.contexts.iter().map(|(k, v)| format!("{k} {v:.3}")).collect();
+        let ctx: Vec<String> = s
+            .contexts
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.3} (waited {:.3})", s.contexts_waiting.get(k).copied().unwrap_or(0.0)))
+            .collect();
         let _ = writeln!(
             t,
             "{:<17}   contexts: {}; gateway core busy {:.3}, generator core busy {:.3}; {} rounds",
