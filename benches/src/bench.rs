@@ -22,7 +22,7 @@ use crate::egret::{self, BenchConfig, Daemon, EgretError};
 use crate::frame::{FlowSet, FrameSpec};
 use crate::generator::{Engine, GenError, GenSpec, Running};
 use crate::napi::{self, NapiError};
-use crate::topology::{self, in_netns, NetnsError, Topology, TopologyError, GW_IN, GW_OUT};
+use crate::topology::{self, in_netns, LinkCounters, NetnsError, Topology, TopologyError, GW_IN, GW_OUT};
 use crate::xdp::{self, Redirect, Sink, SinkCounts, XdpError};
 
 /// What forwards the frames.
@@ -426,6 +426,9 @@ pub struct Sample {
     /// (summed over labels), e.g. `egret_xsk_rx_frames_total`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub egret_metrics: BTreeMap<String, f64>,
+    /// Interface counters over the window (read just outside it, so they
+    /// are for locating loss, not for rates).
+    pub links: BTreeMap<String, LinkCounters>,
     /// Benchmark frames counted at the sink.
     pub sink: SinkCounts,
     pub cpu: WindowUse,
@@ -459,6 +462,18 @@ impl Sample {
         }
         self.cpu.gateway_cpu_s * 1e9 / self.sink.frames as f64
     }
+    /// Share of offered frames dropped when the gateway's inside veth ring
+    /// was full (the gateway did not take them in time: no gateway work).
+    pub fn lost_at_gateway_rx(&self) -> f64 {
+        self.links.get(topology::GW_IN).map_or(0.0, |l| l.rx_dropped as f64 / self.offered.max(1) as f64)
+    }
+
+    /// Share of offered frames dropped at the sink's veth ring (forwarded
+    /// by the gateway but not counted: a benchmark artefact if not ~0).
+    pub fn lost_at_sink_rx(&self) -> f64 {
+        self.links.get(topology::SINK_IF).map_or(0.0, |l| l.rx_dropped as f64 / self.offered.max(1) as f64)
+    }
+
     /// Frames Egret's workers received over the window (Egret modes).
     pub fn worker_rx(&self) -> Option<f64> {
         self.egret_metrics.get(egret::WORKER_RX_METRIC).copied()
@@ -476,6 +491,12 @@ impl Sample {
         let untranslated = s.frames.saturating_sub(s.translated);
         if self.mode.translates() && untranslated > 64 {
             p.push(format!("{untranslated} of {} frames reached the sink untranslated", s.frames));
+        }
+        if self.lost_at_sink_rx() > 0.01 {
+            p.push(format!(
+                "{:.1}% of offered frames were forwarded but dropped at the sink's ring: the sink core is overloaded",
+                self.lost_at_sink_rx() * 100.0
+            ));
         }
         if s.frames > 1000 && self.ns_per_packet() < 50.0 {
             p.push(format!(
@@ -543,11 +564,12 @@ pub fn measure(
     let mut gen = Running::start(spec)?;
     let result = (|| -> Result<Sample, BenchError> {
         sleep_checked(warmup)?;
-        let m0 = scrape(gateway)?;
+        let (m0, l0) = (scrape(gateway)?, topo.link_counters()?);
         let (t0, o0, s0, c0) = sample_all(&gen, sink, &gateway.watched)?;
         sleep_checked(seconds)?;
         let (t1, o1, s1, c1) = sample_all(&gen, sink, &gateway.watched)?;
-        let m1 = scrape(gateway)?;
+        let (m1, l1) = (scrape(gateway)?, topo.link_counters()?);
+        let links = l1.iter().map(|(k, v)| (k.clone(), v.since(&l0.get(k).copied().unwrap_or_default()))).collect();
         let egret_metrics = m1
             .iter()
             .filter(|(k, _)| k.ends_with("_total"))
@@ -555,6 +577,7 @@ pub fn measure(
             .collect();
         Ok(Sample {
             egret_metrics,
+            links,
             mode,
             flows: if mode.new_flows() { 0 } else { u64::from(flows.max(1)) },
             round,

@@ -66,6 +66,10 @@ pub struct Summary {
     /// The gateway core's busy share and the generator core's (medians).
     pub gw_core_busy: f64,
     pub gen_core_busy: f64,
+    /// Shares of offered frames lost at the gateway's RX ring and at the
+    /// sink's (medians).
+    pub lost_at_gateway_rx: f64,
+    pub lost_at_sink_rx: f64,
     /// Egret modes: frames the workers received per forwarded frame.
     pub worker_rx_per_forwarded: Option<f64>,
     pub problems: Vec<String>,
@@ -113,6 +117,8 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
                 contexts_waiting: per_ctx_wait.into_iter().map(|(k, xs)| (k, Spread::of(&xs).median)).collect(),
                 gw_core_busy: f(&|s| s.cpu.core_busy_s / s.seconds).median,
                 gen_core_busy: f(&|s| s.cpu.other_core_busy_s / s.seconds).median,
+                lost_at_gateway_rx: f(&|s| s.lost_at_gateway_rx()).median,
+                lost_at_sink_rx: f(&|s| s.lost_at_sink_rx()).median,
                 worker_rx_per_forwarded: v.iter().all(|s| s.worker_rx().is_some()).then(|| {
                     f(&|s| s.worker_rx().unwrap_or(f64::NAN) / s.sink.frames.max(1) as f64).median
                 }),
@@ -205,11 +211,13 @@ pub fn table(summaries: &[Summary], ratios: &[Ratio], unavailable: &[(Mode, Stri
             .collect();
         let _ = writeln!(
             t,
-            "{:<17}   contexts: {}; gateway core busy {:.3}, generator core busy {:.3}; {} rounds",
+            "{:<17}   contexts: {}; gateway core busy {:.3}, generator core busy {:.3}; lost at gateway RX {:.1}%, at sink RX {:.1}%; {} rounds",
             "",
             ctx.join(", "),
             s.gw_core_busy,
             s.gen_core_busy,
+            s.lost_at_gateway_rx * 100.0,
+            s.lost_at_sink_rx * 100.0,
             s.rounds
         );
         if let Some(w) = s.worker_rx_per_forwarded {

@@ -14,6 +14,7 @@
 //! Addresses are TEST-NET/benchmark ranges only (RFC 2544 198.18.0.0/15,
 //! RFC 5737 198.51.100.0/24 and 203.0.113.0/24).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::Ipv4Addr;
@@ -76,6 +77,42 @@ pub fn in_netns<T: Send, E: Send + From<NetnsError>>(ns: &str, f: impl FnOnce() 
         .join()
         .unwrap_or_else(|_| Err(E::from(NetnsError { ns: ns.to_owned(), source: std::io::Error::other("thread panicked") })))
     })
+}
+
+/// An interface's packet and drop counters (`stats64`). On veth, frames
+/// refused because the peer's ring is full count as the sender's TX drops
+/// and the receiver's RX drops.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LinkCounters {
+    pub rx_packets: u64,
+    pub rx_dropped: u64,
+    pub tx_packets: u64,
+    pub tx_dropped: u64,
+}
+
+impl LinkCounters {
+    /// From `ip -j -s link show DEV` output.
+    pub fn from_ip_json(text: &str) -> Option<Self> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        let st = v.get(0)?.get("stats64")?;
+        let n = |dir: &str, f: &str| st.get(dir).and_then(|d| d.get(f)).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        Some(Self {
+            rx_packets: n("rx", "packets"),
+            rx_dropped: n("rx", "dropped"),
+            tx_packets: n("tx", "packets"),
+            tx_dropped: n("tx", "dropped"),
+        })
+    }
+
+    /// Field-wise `self - earlier`.
+    pub fn since(&self, e: &LinkCounters) -> LinkCounters {
+        LinkCounters {
+            rx_packets: self.rx_packets.saturating_sub(e.rx_packets),
+            rx_dropped: self.rx_dropped.saturating_sub(e.rx_dropped),
+            tx_packets: self.tx_packets.saturating_sub(e.tx_packets),
+            tx_dropped: self.tx_dropped.saturating_sub(e.tx_dropped),
+        }
+    }
 }
 
 /// Format a MAC address.
@@ -211,6 +248,17 @@ impl Topology {
         self.exec(ns, &["ethtool", "-K", dev, feature, if on { "on" } else { "off" }], None).map(drop)
     }
 
+    /// Packet and drop counters of every interface of the topology, keyed by
+    /// interface name (`ip -j -s link show`).
+    pub fn link_counters(&self) -> Result<BTreeMap<String, LinkCounters>, TopologyError> {
+        let mut out = BTreeMap::new();
+        for (ns, dev) in [(&self.gen_ns, GEN_IF), (&self.gw_ns, GW_IN), (&self.gw_ns, GW_OUT), (&self.sink_ns, SINK_IF)] {
+            let text = run(&["ip", "-n", ns, "-j", "-s", "link", "show", dev], None)?;
+            out.insert(dev.to_owned(), LinkCounters::from_ip_json(&text).unwrap_or_default());
+        }
+        Ok(out)
+    }
+
     /// `ip -s link show` of every interface, for the report when a run
     /// looks wrong.
     pub fn link_stats(&self) -> String {
@@ -241,6 +289,15 @@ mod tests {
     #[test]
     fn mac_formatting() {
         assert_eq!(mac_str(&GW_IN_MAC), "02:eb:00:00:00:02");
+    }
+
+    #[test]
+    fn link_counters_from_ip_json() {
+        let text = r#"[{"ifindex":3,"ifname":"gwin","stats64":{"rx":{"bytes":60,"packets":1,"errors":0,"dropped":7,"over_errors":0,"multicast":0},"tx":{"bytes":0,"packets":2,"errors":0,"dropped":3,"carrier_errors":0,"collisions":0}}}]"#;
+        let c = LinkCounters::from_ip_json(text).expect("parse");
+        assert_eq!(c, LinkCounters { rx_packets: 1, rx_dropped: 7, tx_packets: 2, tx_dropped: 3 });
+        assert_eq!(c.since(&LinkCounters { rx_packets: 1, rx_dropped: 2, tx_packets: 0, tx_dropped: 5 }).rx_dropped, 5);
+        assert_eq!(LinkCounters::from_ip_json("[]"), None);
     }
 
     #[test]
