@@ -41,6 +41,8 @@ pub enum XdpError {
     Map { map: &'static str, op: &'static str, source: libbpf_rs::Error },
     #[error("running the generator failed: {source}")]
     Run { source: libbpf_rs::Error },
+    #[error("a signal interrupted the generator's test run")]
+    Interrupted,
     #[error("the generator program returned {retval}, not XDP_TX")]
     Verdict { retval: u32 },
     #[error(transparent)]
@@ -242,7 +244,9 @@ impl Generator {
 
     /// Transmit `count` frames out of `ifindex` (live frames; the calling
     /// thread must be in that interface's namespace). Returns when the kernel
-    /// has run the program `count` times.
+    /// has run the program `count` times, or earlier with
+    /// [`XdpError::Interrupted`] when a signal arrived (the frames sent so
+    /// far are in the program's counter; the caller may simply go on).
     pub fn transmit(&mut self, ifindex: u32, count: u32) -> Result<(), XdpError> {
         let template = self.template;
         let prog = self.program()?;
@@ -257,8 +261,11 @@ impl Generator {
             repeat: count,
             ..Default::default()
         };
-        prog.test_run(input).map_err(|source| XdpError::Run { source })?;
-        Ok(())
+        match prog.test_run(input) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => Err(XdpError::Interrupted),
+            Err(source) => Err(XdpError::Run { source }),
+        }
     }
 
     /// Run the program once on `frame` without transmitting (a plain test
