@@ -268,6 +268,10 @@ pub struct WindowUse {
     /// Of which softirq and hardirq seconds (tick-sampled).
     pub core_softirq_s: f64,
     pub core_irq_s: f64,
+    /// Seconds the hypervisor ran something else instead of the gateway
+    /// core (`steal`; with CONFIG_PARAVIRT_TIME_ACCOUNTING, as here, it is
+    /// not in any thread's time).
+    pub core_steal_s: f64,
     /// The generator/sink core's busy seconds.
     pub other_core_busy_s: f64,
 }
@@ -331,6 +335,7 @@ pub fn window(a: &Snapshot, b: &Snapshot, user_hz: u64, gw_core: usize, other_co
         core_busy_s: gw.busy() as f64 / hz,
         core_softirq_s: gw.softirq as f64 / hz,
         core_irq_s: gw.irq as f64 / hz,
+        core_steal_s: gw.steal as f64 / hz,
         other_core_busy_s: other.busy() as f64 / hz,
     })
 }
@@ -442,6 +447,7 @@ mod tests {
         assert!((w.gateway_cpu_s - 5.0).abs() < 1e-9);
         assert!((w.core_busy_s - 6.5).abs() < 1e-9, "{}", w.core_busy_s);
         assert!((w.core_softirq_s - 0.5).abs() < 1e-9);
+        assert!(w.core_steal_s.abs() < 1e-9);
         assert!((w.other_core_busy_s - 1.0).abs() < 1e-9);
     }
 

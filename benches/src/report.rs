@@ -65,6 +65,7 @@ pub struct Summary {
     pub contexts_waiting: BTreeMap<String, f64>,
     /// The gateway core's busy share and the generator core's (medians).
     pub gw_core_busy: f64,
+    pub gw_core_steal: f64,
     pub gen_core_busy: f64,
     /// Shares of offered frames lost at the gateway's RX ring and at the
     /// sink's (medians).
@@ -116,6 +117,7 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
                 contexts: per_ctx.into_iter().map(|(k, xs)| (k, Spread::of(&xs).median)).collect(),
                 contexts_waiting: per_ctx_wait.into_iter().map(|(k, xs)| (k, Spread::of(&xs).median)).collect(),
                 gw_core_busy: f(&|s| s.cpu.core_busy_s / s.seconds).median,
+                gw_core_steal: f(&|s| s.cpu.core_steal_s / s.seconds).median,
                 gen_core_busy: f(&|s| s.cpu.other_core_busy_s / s.seconds).median,
                 lost_at_gateway_rx: f(&|s| s.lost_at_gateway_rx()).median,
                 lost_at_sink_rx: f(&|s| s.lost_at_sink_rx()).median,
@@ -211,10 +213,11 @@ pub fn table(summaries: &[Summary], ratios: &[Ratio], unavailable: &[(Mode, Stri
             .collect();
         let _ = writeln!(
             t,
-            "{:<17}   contexts: {}; gateway core busy {:.3}, generator core busy {:.3}; lost at gateway RX {:.1}%, at sink RX {:.1}%; {} rounds",
+            "{:<17}   contexts: {}; gateway core busy {:.3} (stolen by the host {:.3}), generator core busy {:.3}; lost at gateway RX {:.1}%, at sink RX {:.1}%; {} rounds",
             "",
             ctx.join(", "),
             s.gw_core_busy,
+            s.gw_core_steal,
             s.gen_core_busy,
             s.lost_at_gateway_rx * 100.0,
             s.lost_at_sink_rx * 100.0,
