@@ -462,16 +462,18 @@ impl Sample {
         }
         self.cpu.gateway_cpu_s * 1e9 / self.sink.frames as f64
     }
-    /// Share of offered frames dropped when the gateway's inside veth ring
-    /// was full (the gateway did not take them in time: no gateway work).
+    /// Share of the frames arriving at the gateway's inside veth that its
+    /// full ring refused (the gateway did not take them in time and spent
+    /// nothing on them). From gwin's counters: `rx_dropped / (rx_dropped +
+    /// rx_packets)`.
     pub fn lost_at_gateway_rx(&self) -> f64 {
-        self.links.get(topology::GW_IN).map_or(0.0, |l| l.rx_dropped as f64 / self.offered.max(1) as f64)
+        self.links.get(topology::GW_IN).map_or(0.0, LinkCounters::rx_drop_share)
     }
 
-    /// Share of offered frames dropped at the sink's veth ring (forwarded
-    /// by the gateway but not counted: a benchmark artefact if not ~0).
+    /// The same at the sink's veth: frames the gateway forwarded that the
+    /// sink did not take (a benchmark artefact unless ~0).
     pub fn lost_at_sink_rx(&self) -> f64 {
-        self.links.get(topology::SINK_IF).map_or(0.0, |l| l.rx_dropped as f64 / self.offered.max(1) as f64)
+        self.links.get(topology::SINK_IF).map_or(0.0, LinkCounters::rx_drop_share)
     }
 
     /// Frames Egret's workers received over the window (Egret modes).
@@ -494,7 +496,7 @@ impl Sample {
         }
         if self.lost_at_sink_rx() > 0.01 {
             p.push(format!(
-                "{:.1}% of offered frames were forwarded but dropped at the sink's ring: the sink core is overloaded",
+                "{:.1}% of the frames reaching the sink were dropped at its ring: the sink core is overloaded",
                 self.lost_at_sink_rx() * 100.0
             ));
         }

@@ -67,8 +67,8 @@ pub struct Summary {
     pub gw_core_busy: f64,
     pub gw_core_steal: f64,
     pub gen_core_busy: f64,
-    /// Shares of offered frames lost at the gateway's RX ring and at the
-    /// sink's (medians).
+    /// Shares of arriving frames refused by the gateway's RX ring and by
+    /// the sink's (medians).
     pub lost_at_gateway_rx: f64,
     pub lost_at_sink_rx: f64,
     /// Egret modes: frames the workers received per forwarded frame.

@@ -104,6 +104,17 @@ impl LinkCounters {
         })
     }
 
+    /// `rx_dropped / (rx_dropped + rx_packets)`: the share of arriving
+    /// frames the interface refused (0 when nothing arrived).
+    pub fn rx_drop_share(&self) -> f64 {
+        let total = self.rx_dropped + self.rx_packets;
+        if total == 0 {
+            0.0
+        } else {
+            self.rx_dropped as f64 / total as f64
+        }
+    }
+
     /// Field-wise `self - earlier`.
     pub fn since(&self, e: &LinkCounters) -> LinkCounters {
         LinkCounters {
@@ -298,6 +309,8 @@ mod tests {
         assert_eq!(c, LinkCounters { rx_packets: 1, rx_dropped: 7, tx_packets: 2, tx_dropped: 3 });
         assert_eq!(c.since(&LinkCounters { rx_packets: 1, rx_dropped: 2, tx_packets: 0, tx_dropped: 5 }).rx_dropped, 5);
         assert_eq!(LinkCounters::from_ip_json("[]"), None);
+        assert!((c.rx_drop_share() - 0.875).abs() < 1e-12);
+        assert_eq!(LinkCounters::default().rx_drop_share(), 0.0);
     }
 
     #[test]
