@@ -566,11 +566,15 @@ pub fn measure(
     let mut gen = Running::start(spec)?;
     let result = (|| -> Result<Sample, BenchError> {
         sleep_checked(warmup)?;
-        let (m0, l0) = (scrape(gateway)?, topo.link_counters()?);
+        // Slowest reads outermost: interface counters (four `ip` runs), then
+        // Egret's metrics, then the window's own counters.
+        let l0 = topo.link_counters()?;
+        let m0 = scrape(gateway)?;
         let (t0, o0, s0, c0) = sample_all(&gen, sink, &gateway.watched)?;
         sleep_checked(seconds)?;
         let (t1, o1, s1, c1) = sample_all(&gen, sink, &gateway.watched)?;
-        let (m1, l1) = (scrape(gateway)?, topo.link_counters()?);
+        let m1 = scrape(gateway)?;
+        let l1 = topo.link_counters()?;
         let links = l1.iter().map(|(k, v)| (k.clone(), v.since(&l0.get(k).copied().unwrap_or_default()))).collect();
         let egret_metrics = m1
             .iter()
