@@ -134,4 +134,24 @@ pub enum BpfError {
         #[source]
         source: libbpf_rs::Error,
     },
+
+    /// An RX queue index beyond what one interface slot of the XSKMAP holds.
+    #[error("RX queue {queue} of ifindex {ifindex} is beyond the XSKMAP's {max} queues per interface")]
+    QueueOutOfRange {
+        /// The interface.
+        ifindex: u32,
+        /// The queue.
+        queue: u32,
+        /// `XSK_QUEUES_PER_SLOT`.
+        max: u32,
+    },
+
+    /// More interfaces with AF_XDP sockets than `LoadOptions.xsk_interfaces`.
+    #[error("ifindex {ifindex} needs an XSKMAP slot but all {slots} are taken (LoadOptions.xsk_interfaces)")]
+    NoXskSlot {
+        /// The interface.
+        ifindex: u32,
+        /// How many slots the program was loaded with.
+        slots: u32,
+    },
 }

@@ -22,4 +22,4 @@ pub use error::BpfError;
 pub use loader::{
     Action, DstRule, LoadOptions, PolicyEntryCounts, SrcPrefix, SteeringProgram, TestRunOutput, XdpLink, XdpMode,
 };
-pub use maps::{OwnedAddr, VerdictReason, XdpAction, OWNED_NAT, OWNED_NEIGH};
+pub use maps::{OwnedAddr, VerdictReason, XdpAction, OWNED_NAT, OWNED_NEIGH, XSK_QUEUES_PER_SLOT};

@@ -27,7 +27,7 @@ use libbpf_rs::{ErrorKind, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, 
 use crate::error::BpfError;
 use crate::link::create_xdp_link;
 use crate::maps::{
-    In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key,
+    XskSlot, XSK_QUEUES_PER_SLOT, In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key,
     PolicySrcV6Key, VerdictReason, XdpAction, POLICY_EXCLUDE, POLICY_STEER,
 };
 
@@ -38,6 +38,7 @@ static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
 const PROGRAM: &str = "egret_steer";
 
 const XSKS_MAP: &str = "xsks_map";
+const XSK_SLOTS: &str = "xsk_slots";
 const OWNED_V4: &str = "owned_v4";
 const OWNED_V6: &str = "owned_v6";
 const POLICY_SRC_V4: &str = "policy_src_v4";
@@ -53,8 +54,9 @@ const GENERATION_BIT: u32 = 1 << 31;
 /// Map sizes, set before the object is loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadOptions {
-    /// `xsks_map` entries: the highest RX queue index + 1.
-    pub xsk_queues: u32,
+    /// Interfaces that can carry AF_XDP sockets (`xsk_slots` entries);
+    /// `xsks_map` holds `XSK_QUEUES_PER_SLOT` queues for each.
+    pub xsk_interfaces: u32,
     /// `owned_v4` and `owned_v6` entries each (egress IPs and next hops).
     pub owned_addresses: u32,
     /// `policy_src_v4` and `policy_src_v6` entries each (source prefixes).
@@ -70,7 +72,7 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
-            xsk_queues: 64,
+            xsk_interfaces: 8,
             owned_addresses: 1024,
             policy_sources: 16_384,
             policy_rules: 65_536,
@@ -188,6 +190,7 @@ pub struct PolicyEntryCounts {
 #[derive(Debug)]
 struct Maps {
     xsks: MapHandle,
+    xsk_slots: MapHandle,
     owned_v4: MapHandle,
     owned_v6: MapHandle,
     policy_src_v4: MapHandle,
@@ -207,6 +210,8 @@ pub struct SteeringProgram {
     /// The generation (0 or 1) of the policy entries currently in the maps;
     /// the lock also serialises replacements.
     generation: Mutex<u32>,
+    /// The ifindex holding each `xsk_slots` slot, in slot order.
+    slots: Mutex<Vec<u32>>,
 }
 
 fn map_op(map: &'static str, op: &'static str, key: impl ToString) -> impl FnOnce(libbpf_rs::Error) -> BpfError {
@@ -217,7 +222,7 @@ impl SteeringProgram {
     /// Opens the embedded object, sizes its maps and loads it.
     pub fn load(options: LoadOptions) -> Result<Self, BpfError> {
         let sizes = [
-            ("xsk_queues", options.xsk_queues),
+            ("xsk_interfaces", options.xsk_interfaces),
             ("owned_addresses", options.owned_addresses),
             ("policy_sources", options.policy_sources),
             ("policy_rules", options.policy_rules),
@@ -230,7 +235,8 @@ impl SteeringProgram {
         let mut open = ObjectBuilder::default().open_memory(OBJECT).map_err(BpfError::Open)?;
         for mut map in open.maps_mut() {
             let (name, entries) = match map.name().to_str() {
-                Some(XSKS_MAP) => (XSKS_MAP, options.xsk_queues),
+                Some(XSKS_MAP) => (XSKS_MAP, options.xsk_interfaces.saturating_mul(XSK_QUEUES_PER_SLOT)),
+                Some(XSK_SLOTS) => (XSK_SLOTS, options.xsk_interfaces),
                 Some(OWNED_V4) => (OWNED_V4, options.owned_addresses),
                 Some(OWNED_V6) => (OWNED_V6, options.owned_addresses),
                 Some(POLICY_SRC_V4) => (POLICY_SRC_V4, options.policy_sources),
@@ -254,6 +260,7 @@ impl SteeringProgram {
         };
         let maps = Maps {
             xsks: handle(XSKS_MAP)?,
+            xsk_slots: handle(XSK_SLOTS)?,
             owned_v4: handle(OWNED_V4)?,
             owned_v6: handle(OWNED_V6)?,
             policy_src_v4: handle(POLICY_SRC_V4)?,
@@ -263,7 +270,7 @@ impl SteeringProgram {
             frag_decisions: handle(FRAG_DECISIONS)?,
             verdict_counters: handle(VERDICT_COUNTERS)?,
         };
-        let this = Self { object, maps, options, generation: Mutex::new(0) };
+        let this = Self { object, maps, options, generation: Mutex::new(0), slots: Mutex::new(Vec::new()) };
         this.program()?;
         Ok(this)
     }
@@ -336,23 +343,55 @@ impl SteeringProgram {
         }
     }
 
-    /// Puts the AF_XDP socket `fd` on RX queue `queue`. The kernel checks
-    /// that `fd` is an AF_XDP socket.
-    pub fn register_xsk(&self, queue: u32, fd: RawFd) -> Result<(), BpfError> {
-        self.maps
-            .xsks
-            .update(&queue.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
-            .map_err(map_op(XSKS_MAP, "update", format!("queue {queue} (fd {fd})")))
+    /// The `xsks_map` key of (`ifindex`, `queue`), giving `ifindex` a slot
+    /// in `xsk_slots` if it has none yet.
+    fn xsk_key(&self, ifindex: u32, queue: u32, assign: bool) -> Result<Option<u32>, BpfError> {
+        if queue >= XSK_QUEUES_PER_SLOT {
+            return Err(BpfError::QueueOutOfRange { ifindex, queue, max: XSK_QUEUES_PER_SLOT });
+        }
+        // A poisoned lock only means another registration failed half way;
+        // the slot list it guards matches what was written.
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = match slots.iter().position(|i| *i == ifindex) {
+            Some(s) => s as u32,
+            None if !assign => return Ok(None),
+            None => {
+                let slot = slots.len() as u32;
+                if slot >= self.options.xsk_interfaces {
+                    return Err(BpfError::NoXskSlot { ifindex, slots: self.options.xsk_interfaces });
+                }
+                self.maps
+                    .xsk_slots
+                    .update(&ifindex.to_ne_bytes(), &XskSlot { slot }.to_bytes(), MapFlags::ANY)
+                    .map_err(map_op(XSK_SLOTS, "update", format!("ifindex {ifindex}")))?;
+                slots.push(ifindex);
+                slot
+            }
+        };
+        Ok(Some(slot * XSK_QUEUES_PER_SLOT + queue))
     }
 
-    /// Removes queue `queue`'s socket, if any. The kernel reports no
-    /// difference between an empty and a filled slot (and refuses lookups of
-    /// XSKMAP entries from userspace), so neither does this.
-    pub fn unregister_xsk(&self, queue: u32) -> Result<(), BpfError> {
+    /// Puts the AF_XDP socket `fd` on RX queue `queue` of interface
+    /// `ifindex`. The kernel checks that `fd` is an AF_XDP socket.
+    pub fn register_xsk(&self, ifindex: u32, queue: u32, fd: RawFd) -> Result<(), BpfError> {
+        let Some(key) = self.xsk_key(ifindex, queue, true)? else {
+            return Err(BpfError::NoXskSlot { ifindex, slots: self.options.xsk_interfaces });
+        };
         self.maps
             .xsks
-            .delete(&queue.to_ne_bytes())
-            .map_err(map_op(XSKS_MAP, "delete", format!("queue {queue}")))
+            .update(&key.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+            .map_err(map_op(XSKS_MAP, "update", format!("ifindex {ifindex} queue {queue} (fd {fd})")))
+    }
+
+    /// Removes the socket of (`ifindex`, `queue`), if any. The kernel
+    /// reports no difference between an empty and a filled slot (and refuses
+    /// lookups of XSKMAP entries from userspace), so neither does this.
+    pub fn unregister_xsk(&self, ifindex: u32, queue: u32) -> Result<(), BpfError> {
+        let Some(key) = self.xsk_key(ifindex, queue, false)? else { return Ok(()) };
+        self.maps
+            .xsks
+            .delete(&key.to_ne_bytes())
+            .map_err(map_op(XSKS_MAP, "delete", format!("ifindex {ifindex} queue {queue}")))
     }
 
     /// Replaces the whole policy classification (both levels, both

@@ -26,6 +26,25 @@ pub const FAMILY_V4: u8 = 4;
 /// `frag_key.family` for IPv6.
 pub const FAMILY_V6: u8 = 6;
 
+/// Queues of one interface slot in `xsks_map` (C `EGRET_XSK_QUEUES_PER_SLOT`):
+/// the key of (slot, queue) is `slot * XSK_QUEUES_PER_SLOT + queue`.
+pub const XSK_QUEUES_PER_SLOT: u32 = 256;
+
+/// Value of `xsk_slots` (C `struct xsk_slot`); the key is the ifindex, host order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct XskSlot {
+    /// The interface's slot in `xsks_map`.
+    pub slot: u32,
+}
+
+impl XskSlot {
+    /// The kernel's bytes for this value.
+    pub fn to_bytes(&self) -> [u8; 4] {
+        self.slot.to_ne_bytes()
+    }
+}
+
 /// Value of `owned_v4` / `owned_v6` (C `struct owned_addr`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -414,6 +433,7 @@ mod tests {
         same_layout!(PolicyRule, c::policy_rule, [(action, action), (policy_id, policy_id)]);
         same_layout!(FragKey, c::frag_key, [(src, src), (dst, dst), (id, id), (proto, proto), (family, family), (pad, pad)]);
         same_layout!(FragDecision, c::frag_decision, [(reason, reason)]);
+        same_layout!(XskSlot, c::xsk_slot, [(slot, slot)]);
     }
 
     #[test]
@@ -440,6 +460,18 @@ mod tests {
         assert_eq!(k.to_bytes(), [56, 0, 0, 0, 0x0a, 0x0b, 0x0c, 0x0d, 192, 0, 2, 0]);
         let k6 = PolicyDstV6Key::new(7, "2001:db8::".parse().unwrap_or(Ipv6Addr::UNSPECIFIED), 32);
         assert_eq!(&k6.to_bytes()[..12], &[64, 0, 0, 0, 0, 0, 0, 7, 0x20, 0x01, 0x0d, 0xb8]);
+    }
+
+    /// The XSKMAP stride in egret_maps.h, read mechanically.
+    #[test]
+    fn xsk_stride_matches_egret_maps_h() {
+        let header = include_str!("bpf/egret_maps.h");
+        let line = header
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("#define EGRET_XSK_QUEUES_PER_SLOT "))
+            .expect("EGRET_XSK_QUEUES_PER_SLOT is defined");
+        let value: u32 = line.trim().trim_end_matches('u').parse().expect("numeric define");
+        assert_eq!(value, XSK_QUEUES_PER_SLOT);
     }
 
     /// The enum in verdict.h, read mechanically, against `VerdictReason`.

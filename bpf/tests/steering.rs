@@ -13,8 +13,9 @@
 //!   plus a second policy steering 192.0.2.0/24 except 192.0.2.64/26.
 //! - class 3 = 198.18.0.0/24: steer 203.0.113.0/24 only.
 //! - class 4 = 2001:db8:1::/64: steer ::/0, except 2001:db8:ff::/48.
-//! - an AF_XDP socket (unbound; enough for the XSKMAP lookup) on queue 0,
-//!   unless the fixture says `no_socket`.
+//! - an AF_XDP socket (unbound; enough for the XSKMAP lookup) on queue 0 of
+//!   the loopback device (BPF_PROG_TEST_RUN's receiving interface), unless
+//!   the fixture says `no_socket`.
 // Test harness: helpers outside #[test] functions unwrap and panic freely.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -44,6 +45,10 @@ const POD4: [u8; 4] = [198, 51, 100, 7]; // class 1
 const POD4_NARROW: [u8; 4] = [198, 51, 100, 200]; // class 2
 const POD4_CLASS3: [u8; 4] = [198, 18, 0, 5]; // class 3
 const UNSELECTED4: [u8; 4] = [198, 18, 1, 1];
+
+/// BPF_PROG_TEST_RUN delivers frames as received on queue 0 of the
+/// namespace's loopback device, whose ifindex is always 1.
+const LO: u32 = 1;
 
 const NAT_LO: u16 = 20000;
 const NAT_HI: u16 = 29999;
@@ -311,7 +316,7 @@ fn world(with_socket: bool) -> World {
     prog.replace_policy(&sources, &rules).unwrap();
     let xsk = with_socket.then(xsk_socket);
     if let Some(s) = &xsk {
-        prog.register_xsk(0, s.as_raw_fd()).unwrap();
+        prog.register_xsk(LO, 0, s.as_raw_fd()).unwrap();
     }
     World { prog, _xsk: xsk }
 }
@@ -639,32 +644,48 @@ fn xsk_registration() {
     let frame = tcp4(POD4, INTERNET4, 443);
     check(&w.prog, "before", 0, &frame, Drop, R::DropNoSocketSteered);
     let s = xsk_socket();
-    w.prog.register_xsk(0, s.as_raw_fd()).unwrap();
+    w.prog.register_xsk(LO, 0, s.as_raw_fd()).unwrap();
     check(&w.prog, "registered", 0, &frame, Redirect, R::RedirectSteeredSource);
-    w.prog.unregister_xsk(0).unwrap();
+    w.prog.unregister_xsk(LO, 0).unwrap();
     // Removing an empty slot is not an error (the kernel does not say).
-    w.prog.unregister_xsk(0).unwrap();
+    w.prog.unregister_xsk(LO, 0).unwrap();
+    // Nor is removing a socket of an interface that never had one.
+    w.prog.unregister_xsk(77, 0).unwrap();
     check(&w.prog, "unregistered", 0, &frame, Drop, R::DropNoSocketSteered);
     // A socket on another queue does not serve queue 0.
-    w.prog.register_xsk(1, s.as_raw_fd()).unwrap();
+    w.prog.register_xsk(LO, 1, s.as_raw_fd()).unwrap();
     check(&w.prog, "other_queue", 0, &frame, Drop, R::DropNoSocketSteered);
+    // Nor does queue 0 of another interface (two-arm: same queue index on
+    // the inside and the outside interface).
+    w.prog.register_xsk(LO + 1, 0, s.as_raw_fd()).unwrap();
+    check(&w.prog, "other_interface", 0, &frame, Drop, R::DropNoSocketSteered);
+    w.prog.register_xsk(LO, 0, s.as_raw_fd()).unwrap();
+    check(&w.prog, "both_interfaces", 0, &frame, Redirect, R::RedirectSteeredSource);
+    w.prog.unregister_xsk(LO + 1, 0).unwrap();
+    check(&w.prog, "other_removed", 0, &frame, Redirect, R::RedirectSteeredSource);
 
     // The kernel refuses anything but an AF_XDP socket, and the error names the map.
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let err = w.prog.register_xsk(0, udp.as_raw_fd()).unwrap_err();
+    let err = w.prog.register_xsk(LO, 0, udp.as_raw_fd()).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("xsks_map") && text.contains("queue 0"), "{text}");
-    // A queue beyond the map's size is refused too.
-    assert!(w.prog.register_xsk(64, s.as_raw_fd()).is_err());
+    assert!(text.contains("xsks_map") && text.contains("ifindex 1 queue 0"), "{text}");
+    // A queue beyond one slot's stride is refused before the map is touched.
+    let err = w.prog.register_xsk(LO, egret_bpf::XSK_QUEUES_PER_SLOT, s.as_raw_fd()).unwrap_err();
+    assert_eq!(err.to_string(), "RX queue 256 of ifindex 1 is beyond the XSKMAP's 256 queues per interface");
 }
 
 #[test]
 fn load_options_size_the_maps() {
-    let small = LoadOptions { xsk_queues: 2, ..LoadOptions::default() };
+    let small = LoadOptions { xsk_interfaces: 2, ..LoadOptions::default() };
     let prog = SteeringProgram::load(small).unwrap();
     let s = xsk_socket();
-    prog.register_xsk(1, s.as_raw_fd()).unwrap();
-    assert!(prog.register_xsk(2, s.as_raw_fd()).is_err());
+    prog.register_xsk(LO, 255, s.as_raw_fd()).unwrap();
+    prog.register_xsk(5, 0, s.as_raw_fd()).unwrap();
+    let err = prog.register_xsk(6, 0, s.as_raw_fd()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "ifindex 6 needs an XSKMAP slot but all 2 are taken (LoadOptions.xsk_interfaces)"
+    );
 
     let zero = LoadOptions { fragments: 0, ..LoadOptions::default() };
     let err = SteeringProgram::load(zero).unwrap_err();
@@ -719,7 +740,7 @@ fn replace_policy_refusals_leave_the_maps_untouched() {
     let options = LoadOptions { policy_rules: 4, ..LoadOptions::default() };
     let prog = SteeringProgram::load(options).unwrap();
     let s = xsk_socket();
-    prog.register_xsk(0, s.as_raw_fd()).unwrap();
+    prog.register_xsk(LO, 0, s.as_raw_fd()).unwrap();
     let src = |class| vec![SrcPrefix { prefix: net("198.51.100.0/24"), class }];
     let rules = |class| {
         ["203.0.113.0/24", "192.0.2.0/24", "198.18.0.0/15"]

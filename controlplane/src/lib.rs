@@ -1,7 +1,21 @@
 //! Egret's control plane: where the gateway's configuration comes from and
 //! how it reaches the dataplane.
 //!
+//! - [`config`]: the YAML file (`docs/config.md`), validated with errors that
+//!   name the file, the field and the value.
+//! - [`netlink`]: interfaces, routes and neighbours from the kernel.
+//! - [`view`]: what the outside sees of a running gateway; [`admin`] (the
+//!   CLI's unix socket) and [`metrics`] (Prometheus, `/ready`) render it.
+//! - [`daemon`]: `egret gateway`: workers, XDP attach, reloads, signals.
 //! - [`sink`]: the seam between configuration sources and the running gateway.
+//! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod config;
+pub mod daemon;
+pub mod k8s;
+pub mod metrics;
+pub mod netlink;
 pub mod sink;
+pub mod view;

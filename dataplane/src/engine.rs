@@ -562,10 +562,31 @@ impl Ctx<'_> {
         if refresh {
             nat.sessions.touch(view.index, secs);
         }
+        let mut tcp = view.tcp;
         if view.tuple.proto == proto::TCP && tcp_state::is_control(tcp_flags) {
-            nat.sessions.update_tcp(view.index, |s| tcp_state::update(s, dir, tcp_flags));
+            tcp = nat.sessions.update_tcp(view.index, |s| tcp_state::update(s, dir, tcp_flags));
         }
         self.stats.traffic(view.policy_slot, dir, len);
+        if view.offload == 0 && view.flags & session_flags::HAIRPIN == 0 && nat.offload_enabled() {
+            let confirmed = match view.tuple.proto {
+                // After the handshake (RFC 7857: both SYNs seen), on a plain
+                // segment, and never once a FIN or RST was seen.
+                proto::TCP => {
+                    use tcp_state::seen;
+                    let both_syns = tcp & (seen::SYN_OUT | seen::SYN_IN) == seen::SYN_OUT | seen::SYN_IN;
+                    let picked_up = tcp & seen::PICKED_UP != 0 && dir == Direction::Inbound;
+                    !tcp_state::is_control(tcp_flags)
+                        && (both_syns || picked_up)
+                        && tcp & (seen::FIN_OUT | seen::FIN_IN | seen::RST) == 0
+                }
+                // UDP and ICMP echo: once the remote has answered.
+                _ => dir == Direction::Inbound,
+            };
+            if confirmed {
+                nat.request_offload(view);
+                self.stats.event(Event::OffloadRequested);
+            }
+        }
     }
 
     fn slow_path<A: Family>(

@@ -149,6 +149,8 @@ named_enum! {
         PortPreserved => "port_preserved",
         /// A random external port was chosen (the pod's port was taken or out of range).
         PortRandomized => "port_randomized",
+        /// A confirmed session was queued for the XDP fast path.
+        OffloadRequested => "offload_requested",
     }
 }
 

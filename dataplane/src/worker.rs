@@ -56,6 +56,46 @@ pub trait FrameHandler {
     fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action;
     /// Called once per loop iteration (after a batch or a poll timeout) for periodic work.
     fn tick(&mut self, _now: Instant) {}
+    /// Frames to send that were not received (gratuitous ARP, unsolicited
+    /// neighbour advertisements). Called once per iteration before TX is
+    /// flushed; the default sends nothing.
+    fn inject(&mut self, _tx: &mut Injector<'_>) {}
+}
+
+/// Lets a [`FrameHandler`] send new frames on the worker's ports.
+#[derive(Debug)]
+pub struct Injector<'a> {
+    ports: &'a mut XskPorts,
+    sent: u64,
+    refused: u64,
+}
+
+impl Injector<'_> {
+    /// Number of ports.
+    pub fn ports(&self) -> usize {
+        self.ports.len()
+    }
+
+    /// The interface index of `port`.
+    pub fn ifindex(&self, port: PortId) -> Option<u32> {
+        self.ports.socket(port).map(|s| s.ifindex())
+    }
+
+    /// Writes a new frame with `write` (which returns its length) and stages
+    /// it on `port`. Returns false, counted, when there is no such port, no
+    /// TX room, no free frame, or the length is 0 or too long.
+    pub fn send(&mut self, port: PortId, write: impl FnOnce(&mut [u8]) -> usize) -> bool {
+        match self.ports.transmit_new(port, write) {
+            Ok(()) => {
+                self.sent += 1;
+                true
+            }
+            Err(_) => {
+                self.refused += 1;
+                false
+            }
+        }
+    }
 }
 
 /// Worker tuning and thread placement.
@@ -110,6 +150,10 @@ pub struct WorkerStats {
     pub tx_refused_full: AtomicU64,
     /// Times RX was held back because a TX ring had no room.
     pub backpressure: AtomicU64,
+    /// Frames the handler injected ([`FrameHandler::inject`]).
+    pub injected: AtomicU64,
+    /// Injections refused (no room, no free frame, bad port or length).
+    pub inject_refused: AtomicU64,
 }
 
 /// A plain copy of [`WorkerStats`].
@@ -124,6 +168,8 @@ pub struct WorkerStatsSnapshot {
     pub bad_length: u64,
     pub tx_refused_full: u64,
     pub backpressure: u64,
+    pub injected: u64,
+    pub inject_refused: u64,
 }
 
 impl WorkerStats {
@@ -140,6 +186,8 @@ impl WorkerStats {
             bad_length: l(&self.bad_length),
             tx_refused_full: l(&self.tx_refused_full),
             backpressure: l(&self.backpressure),
+            injected: l(&self.injected),
+            inject_refused: l(&self.inject_refused),
         }
     }
 }
@@ -288,6 +336,15 @@ impl<H: FrameHandler> Worker<H> {
             self.handle_batch(port, now);
         }
 
+        let mut injector = Injector { ports: &mut self.ports, sent: 0, refused: 0 };
+        self.handler.inject(&mut injector);
+        let (sent, refused) = (injector.sent, injector.refused);
+        if sent + refused > 0 {
+            bump(&self.stats.injected, sent);
+            bump(&self.stats.inject_refused, refused);
+            moved |= sent > 0;
+        }
+
         for p in 0..n {
             self.ports.flush_tx(PortId(p as u16));
         }
@@ -323,7 +380,7 @@ impl<H: FrameHandler> Worker<H> {
                         let c = match why {
                             TxRefused::NoSuchPort => &self.stats.bad_port,
                             TxRefused::BadLength => &self.stats.bad_length,
-                            TxRefused::RingFull => &self.stats.tx_refused_full,
+                            TxRefused::RingFull | TxRefused::NoFreeFrame => &self.stats.tx_refused_full,
                         };
                         bump(c, 1);
                     }

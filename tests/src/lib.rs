@@ -1,1 +1,3 @@
 //! The network-namespace lab and helpers for end-to-end tests.
+
+pub mod apiserver;

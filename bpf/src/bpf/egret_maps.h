@@ -104,10 +104,33 @@ struct frag_decision {
 	__u32 reason; /* enum egret_verdict_reason */
 };
 
-/* Queue index -> AF_XDP socket. Userspace inserts socket fds. */
+/*
+ * AF_XDP sockets are keyed by (interface slot, RX queue): a two-arm gateway
+ * has a socket on the inside and on the outside interface for the same queue
+ * index, so the queue alone is not a key. xsk_slots maps the receiving
+ * ifindex to a small slot number chosen by userspace; the XSKMAP key is
+ * slot * EGRET_XSK_QUEUES_PER_SLOT + rx_queue_index. A queue index at or
+ * above EGRET_XSK_QUEUES_PER_SLOT has no socket (rule 7's fallback).
+ */
+#define EGRET_XSK_QUEUES_PER_SLOT 256u
+
+/* Value of xsk_slots (key: __u32 ifindex, host order). */
+struct xsk_slot {
+	__u32 slot;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8);
+	__type(key, __u32);
+	__type(value, struct xsk_slot);
+} xsk_slots SEC(".maps");
+
+/* slot * EGRET_XSK_QUEUES_PER_SLOT + queue -> AF_XDP socket. Userspace
+ * inserts socket fds; max_entries = slots * EGRET_XSK_QUEUES_PER_SLOT. */
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
-	__uint(max_entries, 64);
+	__uint(max_entries, 8 * EGRET_XSK_QUEUES_PER_SLOT);
 	__type(key, __u32);
 	__type(value, __u32);
 } xsks_map SEC(".maps");

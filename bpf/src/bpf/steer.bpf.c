@@ -26,7 +26,9 @@
  *    in frag_decisions under (src, dst, id, protocol); later fragments follow
  *    the stored decision. A later fragment without one: rule 5 if the
  *    destination is not an OWNED_NAT address, otherwise PASS.
- * 7. A redirect first checks that the queue has a socket in xsks_map. If not:
+ * 7. A redirect first checks that the receiving (interface, queue) has a
+ *    socket: xsk_slots gives the interface's slot, xsks_map is keyed by
+ *    slot * EGRET_XSK_QUEUES_PER_SLOT + queue. If not:
  *    ARP/NS PASS (the kernel may own the address), inbound to the NAT DROP
  *    (the kernel has no state for those ports), steered sources DROP (the
  *    kernel would forward the pod's packet untranslated: never).
@@ -79,14 +81,22 @@ static __always_inline void count(__u32 reason)
 static __always_inline int redirect_or(struct xdp_md *ctx, __u32 counted, __u32 no_socket,
 				       __u64 fallback)
 {
+	__u32 ifindex = ctx->ingress_ifindex;
 	__u32 queue = ctx->rx_queue_index;
+	struct xsk_slot *slot = bpf_map_lookup_elem(&xsk_slots, &ifindex);
+	__u32 key;
 
-	if (!bpf_map_lookup_elem(&xsks_map, &queue)) {
+	if (!slot || queue >= EGRET_XSK_QUEUES_PER_SLOT) {
+		count(no_socket);
+		return (int)fallback;
+	}
+	key = slot->slot * EGRET_XSK_QUEUES_PER_SLOT + queue;
+	if (!bpf_map_lookup_elem(&xsks_map, &key)) {
 		count(no_socket);
 		return (int)fallback;
 	}
 	count(counted);
-	return (int)bpf_redirect_map(&xsks_map, queue, fallback);
+	return (int)bpf_redirect_map(&xsks_map, key, fallback);
 }
 
 static __always_inline int reason_redirects(__u32 reason)

@@ -23,7 +23,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use super::key::{proto, NatAddr, SessionTuple};
+use super::key::{proto, FlowKey, NatAddr, SessionTuple};
 use crate::dissect::{IpPacket, L4};
 use crate::stats::Direction;
 use crate::tables::PolicyFamily;
@@ -117,6 +117,54 @@ pub fn outbound_deltas<A: IpFamily>(t: &SessionTuple<A>) -> u32 {
     let l3 = if A::IS_V6 { Delta::NONE } else { addr };
     let l4 = if t.proto == proto::ICMP { port } else { addr.add(port) };
     (u32::from(l3.value()) << 16) | u32::from(l4.value())
+}
+
+/// One direction of a session in the form the XDP fast path installs into
+/// its map: the packet's key before translation, the addresses and ports
+/// after it, and the checksum deltas (RFC 1624) to apply to the IPv4 header
+/// checksum and to the transport checksum. A UDP-over-IPv4 checksum of 0
+/// stays 0 (RFC 768); TTL or hop limit is decremented separately.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirectionRewrite<A> {
+    /// The packet's 5-tuple as it arrives.
+    pub key: FlowKey<A>,
+    /// Source address after translation.
+    pub new_src: A,
+    /// Destination address after translation.
+    pub new_dst: A,
+    /// Source port after translation.
+    pub new_sport: u16,
+    /// Destination port after translation.
+    pub new_dport: u16,
+    /// Delta for the IPv4 header checksum (0 for IPv6).
+    pub l3_delta: u16,
+    /// Delta for the transport checksum.
+    pub l4_delta: u16,
+}
+
+/// The rewrite of one direction of session `t` with stored `deltas`.
+pub fn direction_rewrite<A: IpFamily>(t: &SessionTuple<A>, deltas: u32, dir: Direction) -> DirectionRewrite<A> {
+    let (l3, l4) = deltas_for(deltas, dir);
+    match dir {
+        Direction::Outbound => DirectionRewrite {
+            key: t.outbound_key(),
+            new_src: t.egress,
+            new_dst: t.remote,
+            new_sport: t.egress_port,
+            new_dport: t.remote_port,
+            l3_delta: l3.value(),
+            l4_delta: l4.value(),
+        },
+        Direction::Inbound => DirectionRewrite {
+            key: t.inbound_key(),
+            new_src: t.remote,
+            new_dst: t.pod,
+            new_sport: t.remote_port,
+            new_dport: t.pod_port,
+            l3_delta: l3.value(),
+            l4_delta: l4.value(),
+        },
+    }
 }
 
 /// The (IP header, transport) deltas of a direction.

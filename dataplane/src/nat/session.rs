@@ -74,8 +74,9 @@ pub struct Slot<A: NatAddr> {
     deltas: AtomicU32,
     /// Seconds (engine clock) of the last packet that refreshed the session.
     last_seen: AtomicU32,
-    /// TCP seen bits (low 8) and the configuration generation the session was
-    /// last validated against (high 16).
+    /// TCP seen bits (bits 0-7), offload state (bits 8-15, see [`offload`])
+    /// and the configuration generation the session was last validated
+    /// against (bits 16-31).
     state: AtomicU32,
     // The per-policy counter slot (low 16) and flags (high 16) travel in the
     // packed words, where the IPv4 tuple leaves 40 bits free: an IPv4 slot is
@@ -97,6 +98,16 @@ pub struct SessionInit {
     pub policy_slot: u16,
     /// Flags (see [`session_flags`]).
     pub flags: u16,
+}
+
+/// Offload state of a session (the XDP fast path).
+pub mod offload {
+    /// The session was queued for installation into the XDP program's maps.
+    pub const REQUESTED: u8 = 0x1;
+    /// Both directions are installed: packets may bypass userspace.
+    pub const INSTALLED: u8 = 0x2;
+    /// Installation was refused (the map is full): the session stays in userspace.
+    pub const REFUSED: u8 = 0x4;
 }
 
 /// Session flags.
@@ -126,6 +137,8 @@ pub struct SessionView<A> {
     pub last_seen: u32,
     /// TCP seen bits.
     pub tcp: u8,
+    /// Offload state bits ([`offload`]).
+    pub offload: u8,
     /// Configuration generation it was validated against.
     pub generation: u16,
     /// Policy counter slot.
@@ -185,6 +198,7 @@ impl<A: NatAddr> Slot<A> {
             deltas,
             last_seen,
             tcp: state as u8,
+            offload: (state >> 8) as u8,
             generation: (state >> 16) as u16,
             policy_slot: meta as u16,
             flags: (meta >> 16) as u16,
@@ -368,12 +382,29 @@ impl<A: NatAddr> SessionTable<A> {
     /// Removes the session in slot `index` if it is still the incarnation
     /// `seq`. Returns its tuple and flags when this call removed it.
     pub fn remove(&self, index: u32, seq: u32) -> Option<SessionView<A>> {
+        self.remove_with(index, seq, |_| {})
+    }
+
+    /// [`remove`](Self::remove), calling `before_free` with the session as it
+    /// is once marked dying (its offload bits can no longer change: a
+    /// concurrent [`set_offload`](Self::set_offload) fails from then on), before
+    /// its keys are removed and its slot freed.
+    pub fn remove_with(
+        &self,
+        index: u32,
+        seq: u32,
+        before_free: impl FnOnce(&SessionView<A>),
+    ) -> Option<SessionView<A>> {
         let slot = self.slab.get(index)?;
-        let view = slot.read(index)?;
+        let mut view = slot.read(index)?;
         if view.seq != seq {
             return None;
         }
         slot.seq.compare_exchange(seq, (seq & !STATUS_MASK) | DYING, Ordering::AcqRel, Ordering::Relaxed).ok()?;
+        let state = slot.state.load(Ordering::Acquire);
+        view.tcp = state as u8;
+        view.offload = (state >> 8) as u8;
+        before_free(&view);
         let out = view.tuple.outbound_key();
         let inb = view.tuple.inbound_key();
         self.flows.remove_if(&out, |_, r| r.index() == index && !r.is_inbound());
@@ -407,6 +438,34 @@ impl<A: NatAddr> SessionTable<A> {
                 Err(actual) => cur = actual,
             }
         }
+    }
+
+    /// Sets offload bits on the incarnation `seq` of slot `index`; returns the
+    /// bits before, or `None` if the slot no longer holds that incarnation.
+    pub fn set_offload(&self, index: u32, seq: u32, bits: u8, clear: u8) -> Option<u8> {
+        let slot = self.slab.get(index)?;
+        if slot.seq.load(Ordering::Acquire) != seq || seq & STATUS_MASK != LIVE {
+            return None;
+        }
+        let before = slot
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |s| {
+                let o = ((s >> 8) as u8 & !clear) | bits;
+                Some((s & !0xff00) | (u32::from(o) << 8))
+            })
+            .ok()?;
+        // A removal that marked the slot dying meanwhile may have read the
+        // bits before this update: report failure so the caller undoes what
+        // it did (the remover saw no INSTALLED bit and did not).
+        if slot.seq.load(Ordering::Acquire) != seq {
+            return None;
+        }
+        Some((before >> 8) as u8)
+    }
+
+    /// Reads slot `index` if it still holds the incarnation `seq`.
+    pub fn view_if(&self, index: u32, seq: u32) -> Option<SessionView<A>> {
+        self.view(index).filter(|v| v.seq == seq)
     }
 
     /// Records that a session was revalidated against configuration `generation`.
@@ -549,8 +608,11 @@ mod tests {
         let v = t.insert(&tuple(1), &SessionInit { tcp: 1, generation: 7, ..Default::default() }).unwrap();
         assert_eq!(t.update_tcp(v.index, |s| s | 2), 3);
         t.set_generation(v.index, 9);
+        assert_eq!(t.set_offload(v.index, v.seq, offload::REQUESTED, 0), Some(0));
+        assert_eq!(t.set_offload(v.index, v.seq ^ 4, offload::INSTALLED, 0), None, "another incarnation");
+        assert_eq!(t.set_offload(v.index, v.seq, offload::INSTALLED, offload::REQUESTED), Some(offload::REQUESTED));
         let v = t.view(v.index).unwrap();
-        assert_eq!((v.tcp, v.generation), (3, 9));
+        assert_eq!((v.tcp, v.offload, v.generation), (3, offload::INSTALLED, 9));
         t.touch(v.index, 42);
         assert_eq!(t.view(v.index).unwrap().last_seen, 42);
     }

@@ -18,13 +18,16 @@
 //!   its port range no longer holds. Losing an egress IP therefore stops its
 //!   translation at the very next packet.
 
+use std::sync::{Arc, OnceLock};
+
+use crossbeam::queue::ArrayQueue;
 use dashmap::DashMap;
 
 use super::fragments::FragmentCache;
 use super::key::{proto, FlowKey, NatAddr, SessionTuple};
 use super::mapping::{Acquired, MappingRequest, Mappings};
 use super::port_alloc::{candidates, PortRng};
-use super::session::{session_flags, InsertError, SessionInit, SessionTable, SessionView};
+use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
 use super::tcp_state;
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, WorkerStats};
@@ -53,8 +56,26 @@ pub struct OutboundRequest<A> {
 /// Computes a session's checksum deltas (the engine's rewrite module knows how).
 pub type DeltaFn<'a, A> = &'a dyn Fn(&SessionTuple<A>) -> u32;
 
+/// The XDP fast path as the NAT state sees it (implemented by the daemon).
+///
+/// Sessions whose packets may bypass userspace are marked
+/// [`offload::INSTALLED`]. Userspace stays the authority on expiry: when an
+/// installed session looks idle by its own last-seen stamp, the NAT asks the
+/// hook for the kernel's stamp before expiring it, and it removes the kernel's
+/// entries (through the hook) before the session's slot is freed.
+pub trait OffloadHook<A>: Send + Sync {
+    /// The last second (engine clock) the fast path translated a packet of
+    /// this session, if it has one.
+    fn last_seen(&self, view: &SessionView<A>) -> Option<u32>;
+    /// Removes the session's entries from the fast path. Must take effect
+    /// before returning.
+    fn remove(&self, view: &SessionView<A>);
+}
+
+/// Sessions waiting to be offloaded, per family.
+const OFFLOAD_QUEUE: usize = 8192;
+
 /// One address family's NAT state.
-#[derive(Debug)]
 pub struct NatTable<A: NatAddr> {
     /// The sessions.
     pub sessions: SessionTable<A>,
@@ -63,6 +84,18 @@ pub struct NatTable<A: NatAddr> {
     /// Fragment translations.
     pub fragments: FragmentCache<A>,
     per_source: DashMap<A, u32, ahash::RandomState>,
+    offload_hook: OnceLock<Arc<dyn OffloadHook<A>>>,
+    offload_queue: ArrayQueue<(u32, u32)>,
+}
+
+impl<A: NatAddr> std::fmt::Debug for NatTable<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatTable")
+            .field("sessions", &self.sessions.len())
+            .field("mappings", &self.mappings.len())
+            .field("offload", &self.offload_hook.get().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<A: NatAddr + PolicyFamily> NatTable<A> {
@@ -74,7 +107,70 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             mappings: Mappings::new(settings.mapping == MappingBehavior::EndpointIndependent),
             fragments: FragmentCache::new(settings.fragments.cache_entries, settings.fragments.timeout),
             per_source: DashMap::with_hasher(ahash::RandomState::new()),
+            offload_hook: OnceLock::new(),
+            offload_queue: ArrayQueue::new(OFFLOAD_QUEUE),
         }
+    }
+
+    /// Connects the XDP fast path (once). Until then nothing is offloaded.
+    pub fn set_offload_hook(&self, hook: Arc<dyn OffloadHook<A>>) -> bool {
+        self.offload_hook.set(hook).is_ok()
+    }
+
+    /// Whether a fast path is connected.
+    #[inline]
+    pub fn offload_enabled(&self) -> bool {
+        self.offload_hook.get().is_some()
+    }
+
+    /// Queues a confirmed session for offloading (once per session).
+    pub fn request_offload(&self, view: &SessionView<A>) {
+        if view.offload != 0 || !self.offload_enabled() {
+            return;
+        }
+        if self.sessions.set_offload(view.index, view.seq, offload::REQUESTED, 0) == Some(0)
+            && self.offload_queue.push((view.index, view.seq)).is_err()
+        {
+            // Queue full: let a later packet ask again.
+            let _ = self.sessions.set_offload(view.index, view.seq, 0, offload::REQUESTED);
+        }
+    }
+
+    /// The sessions queued for offloading that still live, oldest first.
+    pub fn drain_offload_requests(&self, max: usize) -> Vec<SessionView<A>> {
+        let mut v = Vec::new();
+        while v.len() < max {
+            let Some((index, seq)) = self.offload_queue.pop() else { break };
+            if let Some(view) = self.sessions.view_if(index, seq) {
+                v.push(view);
+            }
+        }
+        v
+    }
+
+    /// Records the outcome of an installation attempt.
+    pub fn offload_done(&self, view: &SessionView<A>, installed: bool) -> bool {
+        let bits = if installed { offload::INSTALLED } else { offload::REFUSED };
+        self.sessions.set_offload(view.index, view.seq, bits, offload::REQUESTED).is_some()
+    }
+
+    /// Records that the fast path no longer holds a session (removed by the daemon).
+    pub fn offload_withdrawn(&self, view: &SessionView<A>) {
+        let _ = self.sessions.set_offload(view.index, view.seq, 0, offload::INSTALLED | offload::REQUESTED);
+    }
+
+    /// For an installed session that looks expired, the fast path's more
+    /// recent stamp (refreshing the session's own) or `None` if it is expired.
+    fn offload_refresh(&self, view: &SessionView<A>, now: u32, nat: &NatSettings) -> Option<u32> {
+        if view.offload & offload::INSTALLED == 0 {
+            return None;
+        }
+        let seen = self.offload_hook.get()?.last_seen(view)?;
+        if seen > view.last_seen && now.saturating_sub(seen) <= Self::timeout(view, nat) {
+            self.sessions.touch(view.index, seen);
+            return Some(seen);
+        }
+        None
     }
 
     /// The idle timeout of a session, in seconds.
@@ -116,7 +212,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// sessions are removed (and `false` returned).
     #[inline]
     pub fn check(&self, view: &SessionView<A>, tables: &Tables, now: u32, stats: &WorkerStats) -> bool {
-        if Self::is_expired(view, now, &tables.nat) {
+        if Self::is_expired(view, now, &tables.nat) && self.offload_refresh(view, now, &tables.nat).is_none() {
             if self.remove(view) {
                 stats.event(Event::SessionExpired);
             }
@@ -136,7 +232,15 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
 
     /// Removes a session and releases its mapping. Returns whether this call removed it.
     pub fn remove(&self, view: &SessionView<A>) -> bool {
-        let Some(v) = self.sessions.remove(view.index, view.seq) else { return false };
+        let hook = self.offload_hook.get();
+        let removed = self.sessions.remove_with(view.index, view.seq, |dying| {
+            // The kernel's entries go first: no packet may be translated with
+            // a session that is gone.
+            if let (Some(hook), true) = (hook, dying.offload & offload::INSTALLED != 0) {
+                hook.remove(dying);
+            }
+        });
+        let Some(v) = removed else { return false };
         let t = &v.tuple;
         if v.flags & session_flags::HAS_MAPPING != 0 {
             self.mappings.release(t.egress, t.pod, t.pod_port, t.proto, t.egress_port);

@@ -85,6 +85,8 @@ pub enum TxRefused {
     BadLength,
     /// The port's TX ring is full.
     RingFull,
+    /// No free frame in the pool for a new frame ([`XskPorts::transmit_new`]).
+    NoFreeFrame,
 }
 
 /// One UMEM, its frame pool and the sockets sharing it.
@@ -276,6 +278,27 @@ impl XskPorts {
         bump(&sock.counters.tx_frames, 1);
         bump(&sock.counters.tx_bytes, u64::from(len32));
         Ok(())
+    }
+
+    /// Stage a frame that did not come off an RX ring (an announcement such
+    /// as a gratuitous ARP): take a free frame from the pool, let `write`
+    /// fill it from its start and return the length, and stage it for TX on
+    /// `port`. On refusal the frame goes back to the pool.
+    pub fn transmit_new(&mut self, port: PortId, write: impl FnOnce(&mut [u8]) -> usize) -> Result<(), TxRefused> {
+        if port.index() >= self.sockets.len() {
+            return Err(TxRefused::NoSuchPort);
+        }
+        if self.tx_room(port, 1) == 0 {
+            return Err(TxRefused::RingFull);
+        }
+        let Some(addr) = self.pool.alloc() else { return Err(TxRefused::NoFreeFrame) };
+        // The frame came from the pool: userspace owns it, as `frame_from` requires.
+        let len = write(self.umem.frame_from(addr).unwrap_or_default());
+        let frame = Frame { addr, len: 0, port };
+        self.transmit(port, frame, len).map_err(|(frame, why)| {
+            self.pool.release(frame.addr);
+            why
+        })
     }
 
     /// Return a frame to the pool (a dropped packet).

@@ -1,0 +1,393 @@
+//! The admin socket: a unix stream socket (path from `admin.socket`) where
+//! the CLI asks a running daemon about itself.
+//!
+//! Protocol: one JSON request line, one JSON response line, then the daemon
+//! closes the connection. Requests are tagged by `command`:
+//! `{"command":"sessions","filter":{"pod":"198.18.0.7","limit":10}}`.
+//! Responses are `{"ok":<payload>}` or `{"error":"<text>"}`. The payload
+//! types live in [`crate::view`]. Read-only: nothing here changes the
+//! gateway (reloads are `SIGHUP`).
+//!
+//! [`render`] turns payloads into the CLI's human-readable tables.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::net::UnixListener;
+
+use crate::view::{Counters, GatewayView, PolicyRow, PortRow, SessionFilter, SessionRow, Status};
+
+/// A request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "lowercase")]
+pub enum Request {
+    /// Status.
+    Status,
+    /// Counters.
+    Counters,
+    /// Policies.
+    Policies,
+    /// Port usage.
+    Ports,
+    /// Sessions.
+    Sessions {
+        /// Which.
+        #[serde(default)]
+        filter: SessionFilter,
+    },
+}
+
+/// A response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Response {
+    /// The payload.
+    Ok(serde_json::Value),
+    /// What went wrong.
+    Error(String),
+}
+
+/// Longest request line accepted.
+const MAX_REQUEST: usize = 64 * 1024;
+
+/// Answers one request from `view`.
+pub fn answer(view: &dyn GatewayView, line: &str) -> Response {
+    let req: Request = match serde_json::from_str(line.trim()) {
+        Ok(r) => r,
+        Err(e) => return Response::Error(format!("bad request: {e}")),
+    };
+    let value = match req {
+        Request::Status => serde_json::to_value(view.status()),
+        Request::Counters => serde_json::to_value(view.counters()),
+        Request::Policies => serde_json::to_value(view.policies()),
+        Request::Ports => serde_json::to_value(view.ports()),
+        Request::Sessions { filter } => serde_json::to_value(view.sessions(&filter)),
+    };
+    match value {
+        Ok(v) => Response::Ok(v),
+        Err(e) => Response::Error(format!("encoding the answer failed: {e}")),
+    }
+}
+
+/// What failed on the admin socket.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// Binding the socket failed.
+    #[error("admin socket {path}: {op} failed: {source}")]
+    Bind {
+        /// The path.
+        path: String,
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Talking to the daemon failed.
+    #[error("admin socket {path}: {source} (is `egret gateway` running?)")]
+    Connect {
+        /// The path.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The daemon's answer was not understood.
+    #[error("admin socket {path}: bad answer: {message}")]
+    Protocol {
+        /// The path.
+        path: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// The daemon answered with an error.
+    #[error("the daemon refused: {0}")]
+    Refused(String),
+}
+
+/// Binds `path` (replacing a stale socket file, creating the directory).
+pub fn bind(path: &Path) -> Result<UnixListener, AdminError> {
+    let p = path.display().to_string();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| AdminError::Bind { path: p.clone(), op: "mkdir", source })?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(AdminError::Bind { path: p, op: "removing the old socket", source }),
+    }
+    UnixListener::bind(path).map_err(|source| AdminError::Bind { path: p, op: "bind", source })
+}
+
+/// Serves `listener` until the task is dropped.
+pub async fn serve(listener: UnixListener, view: Arc<dyn GatewayView>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin socket accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let view = view.clone();
+        tokio::spawn(async move {
+            let (r, mut w) = stream.into_split();
+            let mut line = String::new();
+            let mut reader = tokio::io::BufReader::new(r).take(MAX_REQUEST as u64);
+            let read = tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut line)).await;
+            let resp = match read {
+                Ok(Ok(n)) if n > 0 => answer(view.as_ref(), &line),
+                _ => Response::Error("no request line".into()),
+            };
+            let mut out = serde_json::to_vec(&resp).unwrap_or_default();
+            out.push(b'\n');
+            let _ = w.write_all(&out).await;
+            let _ = w.shutdown().await;
+        });
+    }
+}
+
+use tokio::io::AsyncReadExt as _;
+
+/// Sends `req` to the daemon at `path` and returns the payload (CLI side, blocking).
+pub fn call(path: &Path, req: &Request) -> Result<serde_json::Value, AdminError> {
+    let p = path.display().to_string();
+    let conn = |source| AdminError::Connect { path: p.clone(), source };
+    let mut s = UnixStream::connect(path).map_err(conn)?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(conn)?;
+    let mut line =
+        serde_json::to_vec(req).map_err(|e| AdminError::Protocol { path: p.clone(), message: e.to_string() })?;
+    line.push(b'\n');
+    s.write_all(&line).map_err(conn)?;
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer).map_err(conn)?;
+    match serde_json::from_str::<Response>(&answer) {
+        Ok(Response::Ok(v)) => Ok(v),
+        Ok(Response::Error(e)) => Err(AdminError::Refused(e)),
+        Err(e) => Err(AdminError::Protocol { path: p, message: e.to_string() }),
+    }
+}
+
+/// Human-readable tables for the CLI.
+pub mod render {
+    use super::*;
+
+    fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+        let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+        for r in rows {
+            for (i, c) in r.iter().enumerate() {
+                if let Some(w) = widths.get_mut(i) {
+                    *w = (*w).max(c.len());
+                }
+            }
+        }
+        let mut out = String::new();
+        let line = |cells: Vec<&str>, out: &mut String| {
+            let mut l = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                if i + 1 == cells.len() {
+                    l.push_str(c);
+                } else {
+                    l.push_str(&format!("{c:<w$}  ", w = widths[i]));
+                }
+            }
+            out.push_str(l.trim_end());
+            out.push('\n');
+        };
+        line(header.to_vec(), &mut out);
+        for r in rows {
+            line(r.iter().map(String::as_str).collect(), &mut out);
+        }
+        out
+    }
+
+    /// `egret status`.
+    pub fn status(s: &Status) -> String {
+        let mut out = format!(
+            "config      {}\ngeneration  {}\nuptime      {} s\nready       {}\nsessions    {} IPv4, {} IPv6 (capacity {} per family)\nfib         {} routes, {} neighbours\nreloads     {} ok, {} rejected\n",
+            s.config_file,
+            s.generation,
+            s.uptime_secs,
+            if s.ready { "yes" } else { "no" },
+            s.sessions.0,
+            s.sessions.1,
+            s.session_capacity,
+            s.fib_routes,
+            s.fib_neighbors,
+            s.reloads,
+            s.reload_failures
+        );
+        if !s.restart_pending.is_empty() {
+            out.push_str(&format!("restart     needed for: {}\n", s.restart_pending.join(", ")));
+        }
+        out.push('\n');
+        let rows: Vec<Vec<String>> = s
+            .interfaces
+            .iter()
+            .map(|i| {
+                vec![
+                    i.name.clone(),
+                    i.ifindex.to_string(),
+                    i.role.clone(),
+                    i.mac.clone(),
+                    format!("{}{}", i.xdp_mode, if i.attached { "" } else { " (detached)" }),
+                    i.queues.to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["INTERFACE", "IFINDEX", "ROLE", "MAC", "XDP", "QUEUES"], &rows));
+        out.push('\n');
+        let rows: Vec<Vec<String>> = s
+            .workers
+            .iter()
+            .map(|w| {
+                vec![
+                    w.id.to_string(),
+                    w.thread.clone(),
+                    if w.running { "running".into() } else { "stopped".into() },
+                    w.cpu.map_or("-".into(), |c| c.to_string()),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["WORKER", "THREAD", "STATE", "CPU"], &rows));
+        out.push('\n');
+        let rows: Vec<Vec<String>> = s
+            .owned
+            .iter()
+            .map(|o| {
+                vec![
+                    o.ip.to_string(),
+                    if o.egress { "egress".into() } else { "neighbor".into() },
+                    if o.ports.is_empty() { "-".into() } else { o.ports.clone() },
+                    if o.answer_neighbor { "yes".into() } else { "no".into() },
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["ADDRESS", "KIND", "PORTS", "ANSWERS ARP/NDP"], &rows));
+        if !s.policy_errors.is_empty() {
+            out.push_str("\npolicy errors:\n");
+            for e in &s.policy_errors {
+                out.push_str(&format!("  {e}\n"));
+            }
+        }
+        out
+    }
+
+    /// `egret counters`: non-zero drops and events, every XDP verdict that moved, rings.
+    pub fn counters(c: &Counters) -> String {
+        let mut out = format!(
+            "forwarded {}  answered {}  misdirected {}  announcements {}\n\n",
+            c.forwarded, c.answered, c.misdirected, c.announcements
+        );
+        let nonzero = |v: &[(String, u64)]| -> Vec<Vec<String>> {
+            v.iter().filter(|(_, n)| *n > 0).map(|(k, n)| vec![k.clone(), n.to_string()]).collect()
+        };
+        out.push_str(&table(&["DROP REASON", "FRAMES"], &nonzero(&c.drops)));
+        out.push('\n');
+        out.push_str(&table(&["EVENT", "COUNT"], &nonzero(&c.events)));
+        out.push('\n');
+        out.push_str(&table(&["XDP VERDICT", "FRAMES"], &nonzero(&c.xdp)));
+        out.push('\n');
+        let rows: Vec<Vec<String>> = c
+            .rings
+            .iter()
+            .map(|r| {
+                vec![
+                    r.worker.to_string(),
+                    r.interface.clone(),
+                    r.queue.to_string(),
+                    r.rx.to_string(),
+                    r.tx.to_string(),
+                    r.tx_ring_full.to_string(),
+                    r.fill_ring_empty.to_string(),
+                    r.kernel_rx_dropped.to_string(),
+                    r.kernel_rx_ring_full.to_string(),
+                    r.kernel_rx_fill_ring_empty_descs.to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &[
+                "WORKER",
+                "INTERFACE",
+                "QUEUE",
+                "RX",
+                "TX",
+                "TX_FULL",
+                "POOL_EMPTY",
+                "K_RX_DROP",
+                "K_RX_FULL",
+                "K_FILL_EMPTY",
+            ],
+            &rows,
+        ));
+        out
+    }
+
+    /// `egret policies`.
+    pub fn policies(p: &[PolicyRow]) -> String {
+        let rows: Vec<Vec<String>> = p
+            .iter()
+            .map(|p| {
+                vec![
+                    p.name.clone(),
+                    p.sources.join(","),
+                    p.destinations.join(","),
+                    if p.except.is_empty() { "-".into() } else { p.except.join(",") },
+                    p.egress_ips.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+                    format!("{}/{}", p.packets_out, p.bytes_out),
+                    format!("{}/{}", p.packets_in, p.bytes_in),
+                ]
+            })
+            .collect();
+        table(&["POLICY", "SOURCES", "DESTINATIONS", "EXCEPT", "EGRESS IPS", "OUT PKTS/BYTES", "IN PKTS/BYTES"], &rows)
+    }
+
+    /// `egret ports`.
+    pub fn ports(p: &[PortRow]) -> String {
+        let rows: Vec<Vec<String>> = p
+            .iter()
+            .map(|r| {
+                let pct = if r.capacity == 0 { 0.0 } else { r.in_use as f64 * 100.0 / r.capacity as f64 };
+                vec![
+                    r.egress_ip.to_string(),
+                    r.proto.clone(),
+                    r.in_use.to_string(),
+                    r.capacity.to_string(),
+                    format!("{pct:.1}%"),
+                    r.exhausted.to_string(),
+                ]
+            })
+            .collect();
+        table(&["EGRESS IP", "PROTO", "IN USE", "CAPACITY", "USED", "EXHAUSTED"], &rows)
+    }
+
+    /// `egret sessions`.
+    pub fn sessions(s: &[SessionRow]) -> String {
+        let rows: Vec<Vec<String>> = s
+            .iter()
+            .map(|r| {
+                let ep = |a: &std::net::IpAddr, p: u16| match a {
+                    std::net::IpAddr::V6(_) => format!("[{a}]:{p}"),
+                    std::net::IpAddr::V4(_) => format!("{a}:{p}"),
+                };
+                vec![
+                    r.proto.clone(),
+                    ep(&r.pod, r.pod_port),
+                    ep(&r.egress, r.egress_port),
+                    ep(&r.remote, r.remote_port),
+                    r.idle_secs.to_string(),
+                    if r.state.is_empty() { "-".into() } else { r.state.clone() },
+                ]
+            })
+            .collect();
+        table(&["PROTO", "POD", "EGRESS", "REMOTE", "IDLE", "STATE"], &rows)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

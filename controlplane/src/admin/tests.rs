@@ -1,0 +1,207 @@
+//! The admin protocol and its rendering against a fake gateway.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::IpAddr;
+
+use super::*;
+use crate::view::{InterfaceStatus, OwnedIp, RingStats, WorkerStatus};
+
+/// A gateway with fixed state, shared with the metrics tests.
+pub(crate) struct Fake;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn sessions() -> Vec<SessionRow> {
+    let s = |proto: &str, pod: &str, pp, eg: &str, ep, state: &str| SessionRow {
+        proto: proto.into(),
+        pod: ip(pod),
+        pod_port: pp,
+        egress: ip(eg),
+        egress_port: ep,
+        remote: ip("198.51.100.1"),
+        remote_port: 53,
+        idle_secs: 3,
+        state: state.into(),
+    };
+    vec![
+        s("udp", "198.18.0.7", 40000, "203.0.113.10", 40000, ""),
+        s("tcp", "198.18.0.7", 40001, "203.0.113.10", 40001, "established"),
+        s("udp", "198.18.0.8", 40000, "203.0.113.10", 51234, ""),
+        s("udp", "198.18.0.9", 1000, "203.0.113.11", 1000, ""),
+    ]
+}
+
+impl GatewayView for Fake {
+    fn status(&self) -> Status {
+        Status {
+            config_file: "/etc/egret/gw.yaml".into(),
+            generation: 7,
+            uptime_secs: 12,
+            ready: true,
+            interfaces: vec![InterfaceStatus {
+                name: "eth1".into(),
+                ifindex: 3,
+                role: "both".into(),
+                mac: "02:00:00:00:00:01".into(),
+                xdp_mode: "native".into(),
+                attached: true,
+                queues: 1,
+            }],
+            workers: vec![WorkerStatus { id: 0, thread: "egret-worker-0".into(), running: true, cpu: Some(1) }],
+            owned: vec![OwnedIp {
+                ip: ip("203.0.113.10"),
+                ports: "32768-60999".into(),
+                answer_neighbor: true,
+                egress: true,
+            }],
+            policy_errors: vec![],
+            restart_pending: vec!["workers".into()],
+            reloads: 3,
+            reload_failures: 2,
+            sessions: (4, 1),
+            session_capacity: 1 << 20,
+            fib_routes: 2,
+            fib_neighbors: 1,
+        }
+    }
+
+    fn counters(&self) -> Counters {
+        use egret_dataplane::stats::{DropReason, Event};
+        Counters {
+            forwarded: 20,
+            answered: 1,
+            misdirected: 1,
+            drops: DropReason::ALL
+                .iter()
+                .map(|r| (r.name().to_string(), if *r == DropReason::PortsExhausted { 3 } else { 0 }))
+                .collect(),
+            events: Event::ALL
+                .iter()
+                .map(|e| (e.name().to_string(), if *e == Event::SessionCreatedOutbound { 4 } else { 0 }))
+                .collect(),
+            xdp: vec![("redirect_steered_source".into(), 11), ("pass_not_ip".into(), 0)],
+            rings: vec![RingStats {
+                worker: 0,
+                interface: "eth1".into(),
+                queue: 0,
+                rx: 21,
+                tx: 20,
+                kernel_rx_ring_full: 5,
+                ..Default::default()
+            }],
+            announcements: 2,
+        }
+    }
+
+    fn policies(&self) -> Vec<PolicyRow> {
+        vec![PolicyRow {
+            name: "team-a".into(),
+            sources: vec!["198.18.0.0/24".into()],
+            destinations: vec!["0.0.0.0/0".into()],
+            except: vec![],
+            egress_ips: vec![ip("203.0.113.10")],
+            packets_out: 10,
+            bytes_out: 1000,
+            packets_in: 9,
+            bytes_in: 900,
+        }]
+    }
+
+    fn ports(&self) -> Vec<PortRow> {
+        vec![PortRow { egress_ip: ip("203.0.113.10"), proto: "udp".into(), in_use: 4, capacity: 28232, exhausted: 3 }]
+    }
+
+    fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
+        sessions().into_iter().filter(|s| filter.matches(s)).take(filter.limit.unwrap_or(usize::MAX)).collect()
+    }
+}
+
+#[test]
+fn requests_have_a_stable_wire_form() {
+    assert_eq!(serde_json::to_string(&Request::Status).unwrap(), r#"{"command":"status"}"#);
+    let r = Request::Sessions {
+        filter: SessionFilter {
+            pod: Some(ip("198.18.0.7")),
+            proto: Some("udp".into()),
+            limit: Some(5),
+            egress_ip: None,
+        },
+    };
+    let wire = serde_json::to_string(&r).unwrap();
+    assert_eq!(
+        wire,
+        r#"{"command":"sessions","filter":{"egress_ip":null,"pod":"198.18.0.7","proto":"udp","limit":5}}"#
+    );
+    assert_eq!(serde_json::from_str::<Request>(&wire).unwrap(), r);
+    assert_eq!(
+        serde_json::from_str::<Request>(r#"{"command":"sessions"}"#).unwrap(),
+        Request::Sessions { filter: SessionFilter::default() }
+    );
+}
+
+#[test]
+fn answers_filter_and_refuse() {
+    let Response::Ok(v) = answer(&Fake, r#"{"command":"sessions","filter":{"pod":"198.18.0.7","proto":"udp"}}"#) else {
+        panic!("refused")
+    };
+    let rows: Vec<SessionRow> = serde_json::from_value(v).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].pod_port, rows[0].egress_port), (40000, 40000));
+    let Response::Ok(v) = answer(&Fake, r#"{"command":"sessions","filter":{"egress_ip":"203.0.113.10","limit":2}}"#)
+    else {
+        panic!("refused")
+    };
+    assert_eq!(serde_json::from_value::<Vec<SessionRow>>(v).unwrap().len(), 2);
+    assert_eq!(
+        answer(&Fake, r#"{"command":"reboot"}"#),
+        Response::Error(
+            "bad request: unknown variant `reboot`, expected one of `status`, `counters`, `policies`, `ports`, `sessions` at line 1 column 19"
+                .into()
+        )
+    );
+    let Response::Ok(v) = answer(&Fake, "{\"command\":\"status\"}\n") else { panic!("refused") };
+    assert_eq!(serde_json::from_value::<Status>(v).unwrap(), Fake.status());
+}
+
+#[test]
+fn tables_for_people() {
+    assert_eq!(
+        render::ports(&Fake.ports()),
+        "EGRESS IP     PROTO  IN USE  CAPACITY  USED  EXHAUSTED\n203.0.113.10  udp    4       28232     0.0%  3\n"
+    );
+    assert_eq!(
+        render::sessions(&Fake.sessions(&SessionFilter { pod: Some(ip("198.18.0.7")), ..Default::default() })),
+        "PROTO  POD               EGRESS              REMOTE           IDLE  STATE\n\
+         udp    198.18.0.7:40000  203.0.113.10:40000  198.51.100.1:53  3     -\n\
+         tcp    198.18.0.7:40001  203.0.113.10:40001  198.51.100.1:53  3     established\n"
+    );
+    let c = render::counters(&Fake.counters());
+    assert!(c.starts_with("forwarded 20  answered 1  misdirected 1  announcements 2\n"), "{c}");
+    assert!(c.contains("\nports_exhausted  3\n"), "only non-zero drops: {c}");
+    assert!(!c.contains("no_route"), "{c}");
+    let s = render::status(&Fake.status());
+    assert!(s.contains("generation  7\n") && s.contains("restart     needed for: workers\n"), "{s}");
+    assert!(s.contains("eth1       3        both  02:00:00:00:00:01  native  1\n"), "{s}");
+    assert!(s.contains("203.0.113.10  egress  32768-60999  yes\n"), "{s}");
+    let p = render::policies(&Fake.policies());
+    assert!(p.contains("team-a  198.18.0.0/24  0.0.0.0/0     -       203.0.113.10  10/1000         9/900\n"), "{p}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn over_a_real_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/egret.sock");
+    let listener = bind(&path).unwrap();
+    let server = tokio::spawn(serve(listener, std::sync::Arc::new(Fake)));
+    let p = path.clone();
+    let got = tokio::task::spawn_blocking(move || call(&p, &Request::Ports)).await.unwrap().unwrap();
+    assert_eq!(serde_json::from_value::<Vec<PortRow>>(got).unwrap(), Fake.ports());
+    // Rebinding over a stale socket file works (a daemon restarted after a crash).
+    server.abort();
+    let _ = server.await;
+    assert!(bind(&path).is_ok());
+    let missing = call(&dir.path().join("none.sock"), &Request::Status).unwrap_err();
+    assert!(missing.to_string().contains("none.sock: No such file or directory"), "{missing}");
+}

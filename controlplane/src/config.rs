@@ -1,0 +1,692 @@
+//! The gateway's YAML configuration file (`docs/config.md` is the contract).
+//!
+//! Two steps, so that every error names the file, the field and the value:
+//!
+//! 1. [`raw`]: serde types that mirror the YAML exactly
+//!    (`deny_unknown_fields`), with addresses, CIDRs and port ranges kept as
+//!    strings. YAML syntax errors, unknown fields and wrong types come from
+//!    the YAML parser with their line and column.
+//! 2. [`load_str`] checks every value, collecting *all* problems with their
+//!    field path (`policies[1].sources[0]`) and the bad value, builds the
+//!    engine's [`TablesSpec`] and runs [`Tables::compile`] on it, mapping its
+//!    errors the same way. A YAML file is written by a person: a policy the
+//!    engine would skip is an error here, not a silent omission.
+//!
+//! The result, [`GatewayConfig`], holds the typed settings and the
+//! [`TablesSpec`] the daemon applies through its `TablesSink`.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use egret_bpf::XdpMode;
+use egret_dataplane::nat::port_alloc::PortRange;
+use egret_dataplane::tables::{
+    EgressIpSpec, FilteringBehavior, FragmentSettings, MappingBehavior, NatSettings, PolicySlots, PolicySpec, Tables,
+    TablesSpec, Timeouts,
+};
+use ipnet::IpNet;
+
+pub mod raw;
+
+/// One problem with a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {message}")]
+    Read {
+        /// The file.
+        file: String,
+        /// The OS error.
+        message: String,
+    },
+    /// Not valid YAML, an unknown field, or a value of the wrong type.
+    #[error("{file}:{line}:{column}: {message}")]
+    Syntax {
+        /// The file.
+        file: String,
+        /// 1-based line (0 when the parser gave none).
+        line: u64,
+        /// 1-based column (0 when the parser gave none).
+        column: u64,
+        /// The parser's message.
+        message: String,
+    },
+    /// A field's value is wrong.
+    #[error("{file}: {path}: {value:?}: {reason}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// The field, e.g. `policies[1].sources[0]`.
+        path: String,
+        /// The value as written.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A rule that spans fields (roles of interfaces, Kubernetes mode).
+    #[error("{file}: {path}: {reason}")]
+    Rule {
+        /// The file.
+        file: String,
+        /// The field.
+        path: String,
+        /// The rule broken.
+        reason: String,
+    },
+}
+
+/// Every problem found in one file (at least one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// What an interface is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Towards the pods' nodes.
+    Inside,
+    /// Towards the outside world.
+    Outside,
+    /// One-arm: both.
+    Both,
+}
+
+/// Which RX queues to serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Queues {
+    /// Every RX queue the interface has.
+    All,
+    /// The first N queues.
+    Count(u32),
+}
+
+/// An interface to attach to.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct InterfaceConfig {
+    /// Its name.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+    /// Which queues to serve.
+    pub queues: Queues,
+}
+
+/// `xdp:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XdpConfig {
+    /// Native or generic attach.
+    pub mode: XdpMode,
+    /// Translate established flows in XDP (not implemented yet: issue 5).
+    pub fast_path: bool,
+}
+
+/// `workers:`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkersConfig {
+    /// CPUs to pin workers to, in queue order (cycled); empty: unpinned.
+    pub cpus: Vec<usize>,
+    /// SCHED_FIFO priority; 0 = normal scheduling.
+    pub realtime_priority: u8,
+    /// UMEM frame size (2048 or 4096).
+    pub frame_size: u32,
+    /// UMEM frames per worker.
+    pub frames: u32,
+    /// Size of each of the four rings (a power of two).
+    pub ring_size: u32,
+    /// Frames per RX batch.
+    pub batch: u32,
+}
+
+/// `kubernetes:` (the Kubernetes control plane reads it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    /// This node's name (default `$NODE_NAME`).
+    pub node_name: Option<String>,
+    /// Namespace of the Leases.
+    pub lease_namespace: String,
+    /// Lease duration.
+    pub lease_duration: Duration,
+    /// How long the holder tries to renew before giving up.
+    pub renew_deadline: Duration,
+    /// Retry period.
+    pub retry_period: Duration,
+    /// Kubeconfig path, if not in-cluster / `$KUBECONFIG`.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// A validated configuration file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayConfig {
+    /// Where it was read from.
+    pub file: String,
+    /// Interfaces.
+    pub interfaces: Vec<InterfaceConfig>,
+    /// XDP settings.
+    pub xdp: XdpConfig,
+    /// Worker settings.
+    pub workers: WorkersConfig,
+    /// Policies, egress IPs, neighbour addresses and NAT settings.
+    pub tables: TablesSpec,
+    /// The admin socket's path.
+    pub admin_socket: PathBuf,
+    /// Where Prometheus metrics are served.
+    pub metrics_listen: SocketAddr,
+    /// Kubernetes mode, if configured.
+    pub kubernetes: Option<KubernetesConfig>,
+    /// Things that are allowed but probably not meant.
+    pub warnings: Vec<String>,
+}
+
+impl GatewayConfig {
+    /// Settings that only take effect at start: the names of those that
+    /// differ between `self` (running) and `new`.
+    pub fn restart_only_changes(&self, new: &GatewayConfig) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.interfaces != new.interfaces {
+            v.push("interfaces");
+        }
+        if self.xdp.mode != new.xdp.mode {
+            v.push("xdp.mode");
+        }
+        if self.workers != new.workers {
+            v.push("workers");
+        }
+        if self.admin_socket != new.admin_socket {
+            v.push("admin.socket");
+        }
+        if self.metrics_listen != new.metrics_listen {
+            v.push("metrics.listen");
+        }
+        if self.kubernetes != new.kubernetes {
+            v.push("kubernetes");
+        }
+        v
+    }
+}
+
+/// Reads and validates `path`.
+pub fn load(path: &Path) -> Result<GatewayConfig, ConfigErrors> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigErrors(vec![ConfigError::Read { file: file.clone(), message: e.to_string() }]))?;
+    load_str(&file, &text)
+}
+
+/// Validates `text`, naming `file` in errors.
+pub fn load_str(file: &str, text: &str) -> Result<GatewayConfig, ConfigErrors> {
+    let raw: raw::Config = serde_saphyr::from_str(text).map_err(|e| {
+        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+        let full = e.without_snippet().to_string();
+        let suffix = format!(" at line {line}, column {column}");
+        let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
+        ConfigErrors(vec![ConfigError::Syntax { file: file.to_string(), line, column, message }])
+    })?;
+    Checker { file, errors: Vec::new(), warnings: Vec::new() }.check(raw)
+}
+
+struct Checker<'a> {
+    file: &'a str,
+    errors: Vec<ConfigError>,
+    warnings: Vec<String>,
+}
+
+const DEFAULT_SOCKET: &str = "/run/egret/egret.sock";
+const DEFAULT_METRICS: &str = "127.0.0.1:9469";
+
+impl Checker<'_> {
+    fn invalid(&mut self, path: impl Into<String>, value: impl Into<String>, reason: impl Into<String>) {
+        self.errors.push(ConfigError::Invalid {
+            file: self.file.to_string(),
+            path: path.into(),
+            value: value.into(),
+            reason: reason.into(),
+        });
+    }
+
+    fn rule(&mut self, path: impl Into<String>, reason: impl Into<String>) {
+        self.errors.push(ConfigError::Rule { file: self.file.to_string(), path: path.into(), reason: reason.into() });
+    }
+
+    fn ip(&mut self, path: String, s: &str) -> Option<IpAddr> {
+        match s.trim().parse::<IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                self.invalid(path, s, "not an IP address");
+                None
+            }
+        }
+    }
+
+    fn cidr(&mut self, path: String, s: &str) -> Option<IpNet> {
+        let t = s.trim();
+        if let Ok(n) = t.parse::<IpNet>() {
+            if n.trunc() != n {
+                self.invalid(path, s, format!("has host bits set (the network is {})", n.trunc()));
+                return None;
+            }
+            return Some(n);
+        }
+        // A bare address is a host route.
+        match t.parse::<IpAddr>() {
+            Ok(ip) => Some(IpNet::from(ip)),
+            Err(_) => {
+                self.invalid(path, s, "not a CIDR (address/length) or an IP address");
+                None
+            }
+        }
+    }
+
+    fn cidrs(&mut self, path: &str, list: &[String]) -> Vec<IpNet> {
+        list.iter().enumerate().filter_map(|(i, s)| self.cidr(format!("{path}[{i}]"), s)).collect()
+    }
+
+    fn ports(&mut self, path: String, s: &str) -> Option<PortRange> {
+        let parsed =
+            s.split_once('-').and_then(|(a, b)| Some((a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?)));
+        match parsed {
+            Some((first, last)) if first >= 1 && first <= last => Some(PortRange { first, last }),
+            Some(_) => {
+                self.invalid(path, s, "port range must have 1 <= first <= last");
+                None
+            }
+            None => {
+                self.invalid(path, s, "not a port range \"first-last\" (e.g. \"32768-60999\")");
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, path: &str, s: &str) -> Option<Duration> {
+        let t = s.trim();
+        let (num, unit) = t.find(|c: char| !c.is_ascii_digit()).map_or((t, ""), |i| t.split_at(i));
+        let n: u64 = match num.parse() {
+            Ok(n) => n,
+            Err(_) => {
+                self.invalid(path, s, "not a duration (e.g. \"4s\", \"500ms\")");
+                return None;
+            }
+        };
+        let d = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            _ => {
+                self.invalid(path, s, "not a duration (e.g. \"4s\", \"500ms\")");
+                return None;
+            }
+        };
+        if d.is_zero() {
+            self.invalid(path, s, "must be more than zero");
+            return None;
+        }
+        Some(d)
+    }
+
+    fn check(mut self, raw: raw::Config) -> Result<GatewayConfig, ConfigErrors> {
+        let interfaces = self.interfaces(&raw.interfaces);
+        let xdp = XdpConfig {
+            mode: match raw.xdp.mode.as_deref().unwrap_or("native") {
+                "native" => XdpMode::Native,
+                "generic" => XdpMode::Generic,
+                other => {
+                    self.invalid("xdp.mode", other, "must be native or generic");
+                    XdpMode::Native
+                }
+            },
+            fast_path: raw.xdp.fast_path.unwrap_or(true),
+        };
+        if raw.xdp.fast_path == Some(true) {
+            self.warnings
+                .push("xdp.fastPath: true is not implemented yet (issue 5); every frame goes to a worker".into());
+        }
+        let workers = self.workers(&raw.workers);
+        let nat = self.nat(&raw.nat);
+
+        let k8s = raw.kubernetes.as_ref().map(|k| self.kubernetes(k));
+        if k8s.is_some() {
+            for (field, present) in [
+                ("policies", raw.policies.is_some()),
+                ("egressIPs", raw.egress_ips.is_some()),
+                ("neighborAddresses", raw.neighbor_addresses.is_some()),
+            ] {
+                if present {
+                    self.rule(field, "must not be set with kubernetes: (the cluster provides it)");
+                }
+            }
+        } else if raw.policies.is_none() {
+            self.rule("policies", "missing (required without kubernetes:)");
+        }
+
+        let egress_ips = self.egress_ips(raw.egress_ips.as_deref().unwrap_or_default());
+        let neighbor_addresses: Vec<IpAddr> = raw
+            .neighbor_addresses
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| self.ip(format!("neighborAddresses[{i}]"), s))
+            .collect();
+        let policies = self.policies(raw.policies.as_deref().unwrap_or_default(), &egress_ips);
+
+        let admin_socket = PathBuf::from(raw.admin.socket.as_deref().unwrap_or(DEFAULT_SOCKET));
+        if !admin_socket.is_absolute() {
+            self.invalid("admin.socket", admin_socket.display().to_string(), "must be an absolute path");
+        }
+        let listen = raw.metrics.listen.as_deref().unwrap_or(DEFAULT_METRICS);
+        let metrics_listen = match listen.parse::<SocketAddr>() {
+            Ok(a) => {
+                if !a.ip().is_loopback() {
+                    self.warnings.push(format!("metrics.listen: {a} is not a loopback address"));
+                }
+                a
+            }
+            Err(_) => {
+                self.invalid("metrics.listen", listen, "not an address:port (e.g. \"127.0.0.1:9469\")");
+                SocketAddr::from(([127, 0, 0, 1], 9469))
+            }
+        };
+
+        let tables = TablesSpec { policies, egress_ips, neighbor_addresses, nat };
+        if self.errors.is_empty() {
+            self.compile(&tables);
+        }
+        if !self.errors.is_empty() {
+            return Err(ConfigErrors(self.errors));
+        }
+        Ok(GatewayConfig {
+            file: self.file.to_string(),
+            interfaces,
+            xdp,
+            workers,
+            tables,
+            admin_socket,
+            metrics_listen,
+            kubernetes: k8s.flatten(),
+            warnings: self.warnings,
+        })
+    }
+
+    fn interfaces(&mut self, list: &[raw::Interface]) -> Vec<InterfaceConfig> {
+        let mut out = Vec::new();
+        let mut names = HashSet::new();
+        for (i, r) in list.iter().enumerate() {
+            let path = format!("interfaces[{i}]");
+            if r.name.is_empty() || r.name.len() > 15 || r.name.contains(['/', ' ']) {
+                self.invalid(
+                    format!("{path}.name"),
+                    &r.name,
+                    "not an interface name (1-15 characters, no '/' or space)",
+                );
+            } else if !names.insert(r.name.clone()) {
+                self.invalid(format!("{path}.name"), &r.name, "listed twice");
+            }
+            let role = match r.role.as_deref().unwrap_or("both") {
+                "inside" => Role::Inside,
+                "outside" => Role::Outside,
+                "both" => Role::Both,
+                other => {
+                    self.invalid(format!("{path}.role"), other, "must be inside, outside or both");
+                    continue;
+                }
+            };
+            let queues = match &r.queues {
+                None => Queues::All,
+                Some(raw::Queues::Word(w)) if w == "all" => Queues::All,
+                Some(raw::Queues::Word(w)) => match w.parse::<u32>() {
+                    Ok(n) if (1..=256).contains(&n) => Queues::Count(n),
+                    _ => {
+                        self.invalid(format!("{path}.queues"), w, "must be \"all\" or a count 1-256");
+                        continue;
+                    }
+                },
+                Some(raw::Queues::Count(n)) if (1..=256).contains(n) => Queues::Count(*n as u32),
+                Some(raw::Queues::Count(n)) => {
+                    self.invalid(format!("{path}.queues"), n.to_string(), "must be \"all\" or a count 1-256");
+                    continue;
+                }
+            };
+            out.push(InterfaceConfig { name: r.name.clone(), role, queues });
+        }
+        let count = |role| out.iter().filter(|i| i.role == role).count();
+        let (both, inside, outside) = (count(Role::Both), count(Role::Inside), count(Role::Outside));
+        let shape_ok = (both == 1 && inside == 0 && outside == 0) || (both == 0 && inside == 1 && outside == 1);
+        if list.is_empty() {
+            self.rule("interfaces", "must list one interface (role both) or two (inside and outside)");
+        } else if out.len() == list.len() && !shape_ok {
+            self.rule(
+                "interfaces",
+                format!(
+                    "must be one interface with role both (one-arm) or one inside and one outside (two-arm); got {both} both, {inside} inside, {outside} outside"
+                ),
+            );
+        }
+        out
+    }
+
+    fn workers(&mut self, w: &raw::Workers) -> WorkersConfig {
+        let d = WorkersConfig {
+            cpus: Vec::new(),
+            realtime_priority: 50,
+            frame_size: 2048,
+            frames: 4096,
+            ring_size: 2048,
+            batch: 64,
+        };
+        let cpus = w.cpus.clone().unwrap_or_default();
+        let realtime_priority = match w.realtime_priority {
+            None => d.realtime_priority,
+            Some(p) if p <= 99 => p as u8,
+            Some(p) => {
+                self.invalid("workers.realtimePriority", p.to_string(), "must be 0 (normal) to 99");
+                d.realtime_priority
+            }
+        };
+        let frame_size = match w.frame_size {
+            None => d.frame_size,
+            Some(f @ (2048 | 4096)) => f,
+            Some(f) => {
+                self.invalid("workers.frameSize", f.to_string(), "must be 2048 or 4096");
+                d.frame_size
+            }
+        };
+        let ring_size = match w.ring_size {
+            None => d.ring_size,
+            Some(r) if r.is_power_of_two() && (64..=16384).contains(&r) => r,
+            Some(r) => {
+                self.invalid("workers.ringSize", r.to_string(), "must be a power of two from 64 to 16384");
+                d.ring_size
+            }
+        };
+        let frames = match w.frames {
+            None => d.frames.max(ring_size * 2),
+            Some(f) if f >= ring_size * 2 && f <= 1 << 20 => f,
+            Some(f) => {
+                self.invalid(
+                    "workers.frames",
+                    f.to_string(),
+                    format!("must be at least twice workers.ringSize ({}) and at most 1048576", ring_size * 2),
+                );
+                d.frames
+            }
+        };
+        let batch = match w.batch {
+            None => d.batch,
+            Some(b) if (1..=ring_size).contains(&b) => b,
+            Some(b) => {
+                self.invalid("workers.batch", b.to_string(), format!("must be 1 to workers.ringSize ({ring_size})"));
+                d.batch
+            }
+        };
+        WorkersConfig { cpus, realtime_priority, frame_size, frames, ring_size, batch }
+    }
+
+    fn nat(&mut self, n: &raw::Nat) -> NatSettings {
+        let d = NatSettings::default();
+        let mapping = match n.mapping.as_deref() {
+            None => d.mapping,
+            Some("endpoint-independent") => MappingBehavior::EndpointIndependent,
+            Some("endpoint-dependent") => MappingBehavior::EndpointDependent,
+            Some(other) => {
+                self.invalid("nat.mapping", other, "must be endpoint-independent or endpoint-dependent");
+                d.mapping
+            }
+        };
+        let filtering = match n.filtering.as_deref() {
+            None => d.filtering,
+            Some("address-and-port-dependent") => FilteringBehavior::AddressAndPortDependent,
+            Some("endpoint-independent") => FilteringBehavior::EndpointIndependent,
+            Some(other) => {
+                self.invalid("nat.filtering", other, "must be address-and-port-dependent or endpoint-independent");
+                d.filtering
+            }
+        };
+        let ports = match n.ports.as_deref() {
+            None => d.ports,
+            Some(s) => self.ports("nat.ports".into(), s).unwrap_or(d.ports),
+        };
+        let t = n.timeouts.unwrap_or_default();
+        let f = n.fragments.unwrap_or_default();
+        NatSettings {
+            mapping,
+            filtering,
+            ports,
+            port_alloc_attempts: n.port_alloc_attempts.unwrap_or(d.port_alloc_attempts),
+            max_sessions: n.max_sessions.unwrap_or(d.max_sessions as u64) as usize,
+            max_sessions_per_source: n.max_sessions_per_source.unwrap_or(d.max_sessions_per_source),
+            timeouts: Timeouts {
+                udp: t.udp.unwrap_or(d.timeouts.udp),
+                tcp_established: t.tcp_established.unwrap_or(d.timeouts.tcp_established),
+                tcp_transitory: t.tcp_transitory.unwrap_or(d.timeouts.tcp_transitory),
+                icmp: t.icmp.unwrap_or(d.timeouts.icmp),
+            },
+            fragments: FragmentSettings {
+                cache_entries: f.cache_entries.unwrap_or(d.fragments.cache_entries as u64) as usize,
+                timeout: f.timeout.unwrap_or(d.fragments.timeout),
+            },
+            hairpinning: n.hairpinning.unwrap_or(d.hairpinning),
+            tcp_loose_pickup: n.tcp_loose_pickup.unwrap_or(d.tcp_loose_pickup),
+            udp_inbound_refresh: n.udp_inbound_refresh.unwrap_or(d.udp_inbound_refresh),
+        }
+    }
+
+    fn egress_ips(&mut self, list: &[raw::EgressIp]) -> Vec<EgressIpSpec> {
+        let mut out = Vec::new();
+        for (i, e) in list.iter().enumerate() {
+            let Some(ip) = self.ip(format!("egressIPs[{i}].ip"), &e.ip) else { continue };
+            if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() {
+                self.invalid(format!("egressIPs[{i}].ip"), &e.ip, "must be a unicast address");
+                continue;
+            }
+            let ports = match e.ports.as_deref() {
+                None => None,
+                Some(s) => match self.ports(format!("egressIPs[{i}].ports"), s) {
+                    Some(r) => Some(r),
+                    None => continue,
+                },
+            };
+            out.push(EgressIpSpec { ip, ports, answer_neighbor: e.answer_neighbor.unwrap_or(true) });
+        }
+        out
+    }
+
+    fn policies(&mut self, list: &[raw::Policy], egress: &[EgressIpSpec]) -> Vec<PolicySpec> {
+        let mut out = Vec::new();
+        for (i, p) in list.iter().enumerate() {
+            let path = format!("policies[{i}]");
+            let before = self.errors.len();
+            let sources = self.cidrs(&format!("{path}.sources"), &p.sources);
+            let destinations = self.cidrs(&format!("{path}.destinations"), &p.destinations);
+            let except = self.cidrs(&format!("{path}.except"), p.except.as_deref().unwrap_or_default());
+            let egress_ips: Vec<IpAddr> = p
+                .egress_ips
+                .iter()
+                .enumerate()
+                .filter_map(|(j, s)| self.ip(format!("{path}.egressIPs[{j}]"), s))
+                .collect();
+            for (j, ip) in egress_ips.iter().enumerate() {
+                if !egress.iter().any(|e| e.ip == *ip) {
+                    self.warnings.push(format!(
+                        "{path}.egressIPs[{j}]: {ip} is not in egressIPs: this gateway does not hold it, so the pods it is paired with are dropped (egress_ip_not_owned)"
+                    ));
+                }
+            }
+            if self.errors.len() == before {
+                out.push(PolicySpec { name: p.name.clone(), sources, destinations, except, egress_ips });
+            }
+        }
+        out
+    }
+
+    fn kubernetes(&mut self, k: &raw::Kubernetes) -> Option<KubernetesConfig> {
+        let before = self.errors.len();
+        let lease_duration = self.duration("kubernetes.leaseDuration", k.lease_duration.as_deref().unwrap_or("4s"));
+        let renew_deadline = self.duration("kubernetes.renewDeadline", k.renew_deadline.as_deref().unwrap_or("2s"));
+        let retry_period = self.duration("kubernetes.retryPeriod", k.retry_period.as_deref().unwrap_or("500ms"));
+        let (Some(lease_duration), Some(renew_deadline), Some(retry_period)) =
+            (lease_duration, renew_deadline, retry_period)
+        else {
+            return None;
+        };
+        if renew_deadline >= lease_duration {
+            self.rule("kubernetes.renewDeadline", "must be shorter than kubernetes.leaseDuration");
+        }
+        if retry_period >= renew_deadline {
+            self.rule("kubernetes.retryPeriod", "must be shorter than kubernetes.renewDeadline");
+        }
+        if self.errors.len() != before {
+            return None;
+        }
+        Some(KubernetesConfig {
+            node_name: k.node_name.clone(),
+            lease_namespace: k.lease_namespace.clone().unwrap_or_else(|| "egret-system".into()),
+            lease_duration,
+            renew_deadline,
+            retry_period,
+            kubeconfig: k.kubeconfig.as_ref().map(PathBuf::from),
+        })
+    }
+
+    /// The engine's own checks, named the same way.
+    fn compile(&mut self, spec: &TablesSpec) {
+        match Tables::compile(spec, 0, &PolicySlots::default()) {
+            Err(e) => self.rule(spec_error_path(&e), spec_error_reason(&e)),
+            Ok(t) => {
+                for e in &t.errors {
+                    let field = e.field;
+                    self.rule(format!("policies[{}].{field}", e.index), format!("{} (policy {:?})", e.message, e.name));
+                }
+            }
+        }
+    }
+}
+
+/// Splits an engine `SpecError` ("field: message") into its field and message.
+fn spec_error_path(e: &egret_dataplane::tables::SpecError) -> String {
+    let s = e.to_string();
+    s.split_once(": ").map_or_else(|| "nat".to_string(), |(p, _)| p.to_string())
+}
+
+fn spec_error_reason(e: &egret_dataplane::tables::SpecError) -> String {
+    let s = e.to_string();
+    s.split_once(": ").map_or(s.clone(), |(_, m)| m.to_string())
+}
+
+#[cfg(test)]
+mod tests;

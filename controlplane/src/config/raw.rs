@@ -1,0 +1,207 @@
+//! The YAML file as written: serde types with `deny_unknown_fields`, every
+//! optional field an `Option` (so the checker knows what was given), and
+//! addresses, CIDRs, port ranges and durations as strings (so errors can
+//! quote them). Field names follow `docs/config.md`.
+
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    /// `interfaces:`.
+    #[serde(default)]
+    pub interfaces: Vec<Interface>,
+    /// `xdp:`.
+    #[serde(default)]
+    pub xdp: Xdp,
+    /// `workers:`.
+    #[serde(default)]
+    pub workers: Workers,
+    /// `egressIPs:`.
+    #[serde(default, rename = "egressIPs")]
+    pub egress_ips: Option<Vec<EgressIp>>,
+    /// `neighborAddresses:`.
+    #[serde(default)]
+    pub neighbor_addresses: Option<Vec<String>>,
+    /// `policies:`.
+    #[serde(default)]
+    pub policies: Option<Vec<Policy>>,
+    /// `nat:`.
+    #[serde(default)]
+    pub nat: Nat,
+    /// `admin:`.
+    #[serde(default)]
+    pub admin: Admin,
+    /// `metrics:`.
+    #[serde(default)]
+    pub metrics: Metrics,
+    /// `kubernetes:`.
+    #[serde(default)]
+    pub kubernetes: Option<Kubernetes>,
+}
+
+/// `interfaces[i]`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Interface {
+    /// Interface name.
+    pub name: String,
+    /// inside | outside | both.
+    pub role: Option<String>,
+    /// "all" or a count.
+    pub queues: Option<Queues>,
+}
+
+/// `queues: all` or `queues: 2`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Queues {
+    /// A count.
+    Count(u64),
+    /// A word ("all").
+    Word(String),
+}
+
+/// `xdp:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Xdp {
+    /// native | generic.
+    pub mode: Option<String>,
+    /// Fast path in XDP.
+    pub fast_path: Option<bool>,
+}
+
+/// `workers:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Workers {
+    /// CPUs to pin to.
+    pub cpus: Option<Vec<usize>>,
+    /// SCHED_FIFO priority.
+    pub realtime_priority: Option<u32>,
+    /// UMEM frame size.
+    pub frame_size: Option<u32>,
+    /// UMEM frames per worker.
+    pub frames: Option<u32>,
+    /// Ring size.
+    pub ring_size: Option<u32>,
+    /// RX batch.
+    pub batch: Option<u32>,
+}
+
+/// `egressIPs[i]`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressIp {
+    /// The address.
+    pub ip: String,
+    /// "first-last".
+    pub ports: Option<String>,
+    /// Answer ARP/NDP.
+    pub answer_neighbor: Option<bool>,
+}
+
+/// `policies[i]`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    /// Unique name.
+    pub name: String,
+    /// Source CIDRs.
+    pub sources: Vec<String>,
+    /// Destination CIDRs.
+    pub destinations: Vec<String>,
+    /// Excluded destinations.
+    pub except: Option<Vec<String>>,
+    /// Egress IPs.
+    #[serde(rename = "egressIPs")]
+    pub egress_ips: Vec<String>,
+}
+
+/// `nat:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Nat {
+    /// endpoint-independent | endpoint-dependent.
+    pub mapping: Option<String>,
+    /// address-and-port-dependent | endpoint-independent.
+    pub filtering: Option<String>,
+    /// "first-last".
+    pub ports: Option<String>,
+    /// Port allocation attempts.
+    pub port_alloc_attempts: Option<u32>,
+    /// Session table capacity.
+    pub max_sessions: Option<u64>,
+    /// Sessions per source.
+    pub max_sessions_per_source: Option<u32>,
+    /// Idle timeouts.
+    pub timeouts: Option<RawTimeouts>,
+    /// Fragments.
+    pub fragments: Option<RawFragments>,
+    /// Hairpinning.
+    pub hairpinning: Option<bool>,
+    /// TCP loose pick-up.
+    pub tcp_loose_pickup: Option<bool>,
+    /// Inbound UDP refreshes.
+    pub udp_inbound_refresh: Option<bool>,
+}
+
+/// `nat.timeouts`.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawTimeouts {
+    /// UDP.
+    pub udp: Option<u32>,
+    /// TCP established.
+    pub tcp_established: Option<u32>,
+    /// TCP transitory.
+    pub tcp_transitory: Option<u32>,
+    /// ICMP.
+    pub icmp: Option<u32>,
+}
+
+/// `nat.fragments`.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawFragments {
+    /// Cache entries.
+    pub cache_entries: Option<u64>,
+    /// Timeout in seconds.
+    pub timeout: Option<u32>,
+}
+
+/// `admin:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Admin {
+    /// Unix socket path.
+    pub socket: Option<String>,
+}
+
+/// `metrics:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Metrics {
+    /// address:port.
+    pub listen: Option<String>,
+}
+
+/// `kubernetes:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Kubernetes {
+    /// Node name.
+    pub node_name: Option<String>,
+    /// Lease namespace.
+    pub lease_namespace: Option<String>,
+    /// e.g. "4s".
+    pub lease_duration: Option<String>,
+    /// e.g. "2s".
+    pub renew_deadline: Option<String>,
+    /// e.g. "500ms".
+    pub retry_period: Option<String>,
+    /// Kubeconfig path.
+    pub kubeconfig: Option<String>,
+}

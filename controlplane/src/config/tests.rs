@@ -1,0 +1,287 @@
+//! Table-driven tests: good files and their typed result, bad files and the
+//! exact error text (file, field path, value).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use super::*;
+
+const GOOD: &str = r#"
+interfaces:
+  - name: eth1
+    role: both
+    queues: all
+egressIPs:
+  - ip: 203.0.113.10
+    ports: 32768-60999
+  - ip: 2001:db8::10
+    answerNeighbor: false
+neighborAddresses: [192.0.2.100]
+policies:
+  - name: team-a
+    sources: [198.18.0.0/24, 2001:db8:1::/64]
+    destinations: [0.0.0.0/0, "::/0"]
+    except: [198.51.100.128/25]
+    egressIPs: [203.0.113.10, 2001:db8::10]
+admin:
+  socket: /run/egret/test.sock
+metrics:
+  listen: 127.0.0.1:19469
+"#;
+
+fn errors(text: &str) -> Vec<String> {
+    match load_str("gw.yaml", text) {
+        Ok(_) => vec![],
+        Err(e) => e.0.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+#[test]
+fn the_good_file_and_its_defaults() {
+    let c = load_str("gw.yaml", GOOD).unwrap();
+    assert_eq!(c.interfaces, vec![InterfaceConfig { name: "eth1".into(), role: Role::Both, queues: Queues::All }]);
+    assert_eq!(c.xdp, XdpConfig { mode: XdpMode::Native, fast_path: true });
+    assert_eq!(
+        c.workers,
+        WorkersConfig {
+            cpus: vec![],
+            realtime_priority: 50,
+            frame_size: 2048,
+            frames: 4096,
+            ring_size: 2048,
+            batch: 64
+        }
+    );
+    assert_eq!(c.tables.egress_ips.len(), 2);
+    assert_eq!(c.tables.egress_ips[0].ports, Some(PortRange { first: 32768, last: 60999 }));
+    assert!(c.tables.egress_ips[0].answer_neighbor);
+    assert!(!c.tables.egress_ips[1].answer_neighbor);
+    assert_eq!(c.tables.neighbor_addresses, vec!["192.0.2.100".parse::<IpAddr>().unwrap()]);
+    let p = &c.tables.policies[0];
+    assert_eq!(p.name, "team-a");
+    assert_eq!(p.sources, vec!["198.18.0.0/24".parse::<IpNet>().unwrap(), "2001:db8:1::/64".parse().unwrap()]);
+    assert_eq!(p.except, vec!["198.51.100.128/25".parse::<IpNet>().unwrap()]);
+    assert_eq!(c.tables.nat, NatSettings::default());
+    assert_eq!(c.admin_socket, PathBuf::from("/run/egret/test.sock"));
+    assert_eq!(c.metrics_listen, "127.0.0.1:19469".parse().unwrap());
+    assert_eq!(c.kubernetes, None);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+#[test]
+fn every_documented_field_is_accepted() {
+    let text = r#"
+interfaces:
+  - {name: veth-in, role: inside, queues: 2}
+  - {name: veth-out, role: outside, queues: "1"}
+xdp: {mode: generic, fastPath: false}
+workers: {cpus: [1], realtimePriority: 0, frameSize: 4096, frames: 1024, ringSize: 256, batch: 32}
+egressIPs: [{ip: 203.0.113.10}]
+neighborAddresses: []
+policies:
+  - {name: p, sources: [198.18.0.7], destinations: [0.0.0.0/0], egressIPs: [203.0.113.10]}
+nat:
+  mapping: endpoint-dependent
+  filtering: address-and-port-dependent
+  ports: 1024-65535
+  portAllocAttempts: 16
+  maxSessions: 1000
+  maxSessionsPerSource: 10
+  timeouts: {udp: 120, tcpEstablished: 7440, tcpTransitory: 240, icmp: 60}
+  fragments: {cacheEntries: 16, timeout: 3}
+  hairpinning: false
+  tcpLoosePickup: false
+  udpInboundRefresh: true
+admin: {socket: /tmp/x.sock}
+metrics: {listen: "127.0.0.1:1"}
+"#;
+    let c = load_str("gw.yaml", text).unwrap();
+    assert_eq!(c.interfaces[0].queues, Queues::Count(2));
+    assert_eq!(c.interfaces[1].queues, Queues::Count(1));
+    assert_eq!(c.interfaces[1].role, Role::Outside);
+    assert_eq!(c.xdp.mode, XdpMode::Generic);
+    assert_eq!(c.workers.cpus, vec![1]);
+    assert_eq!(c.workers.realtime_priority, 0);
+    assert_eq!(
+        c.tables.policies[0].sources,
+        vec!["198.18.0.7/32".parse::<IpNet>().unwrap()],
+        "a bare address is a /32"
+    );
+    let n = c.tables.nat;
+    assert_eq!(n.mapping, MappingBehavior::EndpointDependent);
+    assert_eq!(n.ports, PortRange { first: 1024, last: 65535 });
+    assert_eq!((n.port_alloc_attempts, n.max_sessions, n.max_sessions_per_source), (16, 1000, 10));
+    assert_eq!(n.timeouts.udp, 120);
+    assert_eq!(n.fragments, FragmentSettings { cache_entries: 16, timeout: 3 });
+    assert!(!n.hairpinning && !n.tcp_loose_pickup && n.udp_inbound_refresh);
+}
+
+#[test]
+fn bad_files_name_file_field_and_value() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "bad CIDR in a source",
+            "198.18.0.0/24, 2001:db8:1::/64",
+            &[r#"gw.yaml: policies[0].sources[0]: "198.18.0.0/33": not a CIDR (address/length) or an IP address"#],
+        ),
+        (
+            "host bits",
+            "198.18.0.0/24, 2001:db8:1::/64",
+            &[r#"gw.yaml: policies[0].sources[0]: "198.18.0.1/24": has host bits set (the network is 198.18.0.0/24)"#],
+        ),
+        (
+            "bad port range",
+            "ports: 32768-60999",
+            &[r#"gw.yaml: egressIPs[0].ports: "60999-32768": port range must have 1 <= first <= last"#],
+        ),
+        (
+            "not a range",
+            "ports: 32768-60999",
+            &[r#"gw.yaml: egressIPs[0].ports: "lots": not a port range "first-last" (e.g. "32768-60999")"#],
+        ),
+        ("bad egress ip", "ip: 203.0.113.10", &[r#"gw.yaml: egressIPs[0].ip: "203.0.113.300": not an IP address"#]),
+        ("bad role", "role: both", &[r#"gw.yaml: interfaces[0].role: "middle": must be inside, outside or both"#]),
+        (
+            "bad metrics",
+            "listen: 127.0.0.1:19469",
+            &[r#"gw.yaml: metrics.listen: "localhost": not an address:port (e.g. "127.0.0.1:9469")"#],
+        ),
+    ];
+    let replacements = [
+        "198.18.0.0/33, 2001:db8:1::/64",
+        "198.18.0.1/24, 2001:db8:1::/64",
+        "ports: 60999-32768",
+        "ports: lots",
+        "ip: 203.0.113.300",
+        "role: middle",
+        "listen: localhost",
+    ];
+    for ((name, from, want), to) in cases.iter().zip(replacements) {
+        let text = GOOD.replacen(from, to, 1);
+        assert_ne!(text, GOOD, "{name}: replacement did not apply");
+        assert_eq!(errors(&text), *want, "{name}");
+    }
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = GOOD
+        .replacen("198.18.0.0/24", "banana", 1)
+        .replacen("except: [198.51.100.128/25]", "except: [198.51.100.128/25, 300.1.1.1]", 1)
+        .replacen("[203.0.113.10, 2001:db8::10]", "[203.0.113.10, ::g]", 1);
+    assert_eq!(
+        errors(&text),
+        vec![
+            r#"gw.yaml: policies[0].sources[0]: "banana": not a CIDR (address/length) or an IP address"#,
+            r#"gw.yaml: policies[0].except[1]: "300.1.1.1": not a CIDR (address/length) or an IP address"#,
+            r#"gw.yaml: policies[0].egressIPs[1]: "::g": not an IP address"#,
+        ]
+    );
+}
+
+#[test]
+fn syntax_errors_carry_line_and_column() {
+    let cases: &[(&str, &str)] = &[
+        ("interfaces: [\n  {name: eth0, role: both\n", "gw.yaml:2:3: unclosed bracket '{'"),
+        (
+            "interfaces: []\nbogus: 1\n",
+            "gw.yaml:2:1: unknown field `bogus`, expected one of interfaces, xdp, workers, egressIPs, neighborAddresses, policies, nat, admin, metrics, kubernetes",
+        ),
+        ("nat:\n  maxSessions: -3\n", "gw.yaml:2:16: invalid u64"),
+        ("nat:\n  timeouts: {udp: 300, tcp: 1}\n", "gw.yaml:2:24: unknown field `tcp`, expected one of udp, tcpEstablished, tcpTransitory, icmp"),
+    ];
+    for (text, want) in cases {
+        assert_eq!(errors(text), vec![want.to_string()], "{text}");
+    }
+}
+
+#[test]
+fn rules_across_fields() {
+    let two_both = GOOD.replacen("    queues: all\n", "    queues: all\n  - name: eth2\n    role: both\n", 1);
+    assert_eq!(
+        errors(&two_both),
+        vec!["gw.yaml: interfaces: must be one interface with role both (one-arm) or one inside and one outside (two-arm); got 2 both, 0 inside, 0 outside"]
+    );
+    let dup = GOOD.replacen("    queues: all\n", "    queues: all\n  - name: eth1\n    role: inside\n", 1);
+    assert_eq!(errors(&dup)[0], r#"gw.yaml: interfaces[1].name: "eth1": listed twice"#);
+    let no_policies = "interfaces: [{name: eth0}]\n";
+    assert_eq!(errors(no_policies), vec!["gw.yaml: policies: missing (required without kubernetes:)"]);
+    let k8s_with_policies = format!("{GOOD}kubernetes: {{nodeName: gw-1}}\n");
+    assert_eq!(
+        errors(&k8s_with_policies),
+        vec![
+            "gw.yaml: policies: must not be set with kubernetes: (the cluster provides it)",
+            "gw.yaml: egressIPs: must not be set with kubernetes: (the cluster provides it)",
+            "gw.yaml: neighborAddresses: must not be set with kubernetes: (the cluster provides it)",
+        ]
+    );
+    let k8s = "interfaces: [{name: eth0}]\nkubernetes: {nodeName: gw-1, leaseDuration: 10s, renewDeadline: 5s, retryPeriod: 250ms}\n";
+    let c = load_str("gw.yaml", k8s).unwrap();
+    let k = c.kubernetes.unwrap();
+    assert_eq!(
+        (k.lease_duration, k.renew_deadline, k.retry_period),
+        (Duration::from_secs(10), Duration::from_secs(5), Duration::from_millis(250))
+    );
+    assert_eq!(k.lease_namespace, "egret-system");
+    let bad_k8s = "interfaces: [{name: eth0}]\nkubernetes: {leaseDuration: 2s, renewDeadline: 4s, retryPeriod: soon}\n";
+    assert_eq!(
+        errors(bad_k8s),
+        vec![r#"gw.yaml: kubernetes.retryPeriod: "soon": not a duration (e.g. "4s", "500ms")"#]
+    );
+}
+
+#[test]
+fn engine_errors_are_mapped_to_fields() {
+    let short_udp = format!("{GOOD}nat:\n  timeouts: {{udp: 30}}\n");
+    assert_eq!(
+        errors(&short_udp),
+        vec!["gw.yaml: nat.timeouts.udp: 30 s is below the minimum of 120 s (RFC 4787 REQ-5)"]
+    );
+    let v6_only_egress = GOOD.replacen("[203.0.113.10, 2001:db8::10]", "[2001:db8::10]", 1);
+    assert_eq!(
+        errors(&v6_only_egress),
+        vec![
+            r#"gw.yaml: policies[0].egressIPs: no IPv4 egress IP for the IPv4 source 198.18.0.0/24 (policy "team-a")"#
+        ]
+    );
+    let dup_name = GOOD.replacen(
+        "admin:",
+        "  - {name: team-a, sources: [198.18.1.0/24], destinations: [0.0.0.0/0], egressIPs: [203.0.113.10]}\nadmin:",
+        1,
+    );
+    assert_eq!(
+        errors(&dup_name),
+        vec![r#"gw.yaml: policies[1].name: "team-a" is used by another policy (policy "team-a")"#]
+    );
+    let dup_ip = GOOD.replacen("  - ip: 2001:db8::10\n", "  - ip: 203.0.113.10\n", 1);
+    assert_eq!(errors(&dup_ip), vec!["gw.yaml: egressIPs[1].ip: 203.0.113.10 is listed twice"]);
+}
+
+#[test]
+fn warnings_for_probably_unintended_settings() {
+    let text = GOOD.replacen("[203.0.113.10, 2001:db8::10]", "[203.0.113.10, 203.0.113.99, 2001:db8::10]", 1).replacen(
+        "127.0.0.1:19469",
+        "0.0.0.0:19469",
+        1,
+    );
+    let c = load_str("gw.yaml", &text).unwrap();
+    assert_eq!(
+        c.warnings,
+        vec![
+            "policies[0].egressIPs[1]: 203.0.113.99 is not in egressIPs: this gateway does not hold it, so the pods it is paired with are dropped (egress_ip_not_owned)",
+            "metrics.listen: 0.0.0.0:19469 is not a loopback address",
+        ]
+    );
+}
+
+#[test]
+fn restart_only_settings_are_named() {
+    let a = load_str("gw.yaml", GOOD).unwrap();
+    let b = load_str("gw.yaml", &GOOD.replacen("queues: all", "queues: 1", 1).replacen("19469", "19470", 1)).unwrap();
+    assert_eq!(a.restart_only_changes(&b), vec!["interfaces", "metrics.listen"]);
+    assert!(a.restart_only_changes(&a.clone()).is_empty());
+}
+
+#[test]
+fn unreadable_file() {
+    let e = load(Path::new("/nonexistent/egret.yaml")).unwrap_err();
+    assert_eq!(e.to_string(), "/nonexistent/egret.yaml: cannot read: No such file or directory (os error 2)");
+}

@@ -1,0 +1,169 @@
+//! The worker's frame handler: the AF_XDP worker loop
+//! (`egret_dataplane::worker`) on one side, the engine on the other.
+//!
+//! | engine verdict | worker action |
+//! |---|---|
+//! | `Forward { ifindex }` | transmit on the port bound to `ifindex` (no such port: drop, counted `no_port`) |
+//! | `Answer` | transmit on the receiving port |
+//! | `Pass` | drop, counted `misdirected`: the XDP program steered a frame the engine says is the kernel's |
+//! | `Drop(reason)` | drop (the engine counted the reason) |
+//!
+//! `tick` runs the engine's bounded expiry sweep every [`SWEEP_EVERY`];
+//! `inject` sends pending announcements (gratuitous ARP, unsolicited NA).
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egret_dataplane::clock::Timestamp;
+use egret_dataplane::engine::{Engine, RxMeta, Verdict, Worker as EngineWorker};
+use egret_dataplane::neigh_responder::{gratuitous_arp, unsolicited_na};
+use egret_dataplane::wire::ethernet::EthernetAddress;
+use egret_dataplane::worker::{Action, FrameHandler, Injector, PortId, RxInfo};
+use parking_lot::Mutex;
+
+/// How often the expiry sweep runs.
+pub const SWEEP_EVERY: Duration = Duration::from_millis(50);
+/// The sweep visits the whole session table about this often.
+pub const SWEEP_PERIOD: Duration = Duration::from_secs(5);
+
+/// Counters the handler owns (single writer: its worker).
+#[derive(Debug, Default)]
+pub struct HandlerStats {
+    /// `Pass` verdicts.
+    pub misdirected: AtomicU64,
+    /// `Forward` to an interface this worker has no port on.
+    pub no_port: AtomicU64,
+    /// Announcements sent.
+    pub announced: AtomicU64,
+}
+
+/// An announcement waiting for a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Announcement {
+    /// Interface to send on.
+    pub ifindex: u32,
+    /// The address announced.
+    pub ip: IpAddr,
+    /// Not before.
+    pub due: Instant,
+}
+
+/// Announcements shared between the control plane and worker 0.
+pub type AnnounceQueue = Arc<Mutex<Vec<Announcement>>>;
+
+/// The handler of one worker.
+pub struct EngineHandler {
+    worker: EngineWorker,
+    engine: Engine,
+    /// ifindex of each port, in `PortId` order.
+    ports: Vec<u32>,
+    epoch: Instant,
+    last_sweep: Instant,
+    sweep_budget: u32,
+    stats: Arc<HandlerStats>,
+    announce: Option<AnnounceQueue>,
+}
+
+impl std::fmt::Debug for EngineHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandler").field("ports", &self.ports).finish_non_exhaustive()
+    }
+}
+
+impl EngineHandler {
+    /// A handler for ports bound to `ports` (ifindexes in port order); only
+    /// the handler given `announce` sends announcements.
+    pub fn new(
+        engine: &Engine,
+        ports: Vec<u32>,
+        epoch: Instant,
+        workers: u32,
+        stats: Arc<HandlerStats>,
+        announce: Option<AnnounceQueue>,
+    ) -> Self {
+        let capacity = engine.nat4().sessions.capacity() as u64;
+        let sweeps = (SWEEP_PERIOD.as_millis() / SWEEP_EVERY.as_millis()).max(1) as u64;
+        // Each worker sweeps its share of the table.
+        let budget = (capacity / sweeps / u64::from(workers.max(1))).clamp(64, 1 << 20) as u32;
+        Self {
+            worker: engine.worker(),
+            engine: engine.clone(),
+            ports,
+            epoch,
+            last_sweep: epoch,
+            sweep_budget: budget,
+            stats,
+            announce,
+        }
+    }
+
+    fn now(&self, now: Instant) -> Timestamp {
+        Timestamp::from_millis(now.saturating_duration_since(self.epoch).as_millis() as u64)
+    }
+
+    fn port_of(&self, ifindex: u32) -> Option<PortId> {
+        self.ports.iter().position(|i| *i == ifindex).map(|p| PortId(p as u16))
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+}
+
+impl FrameHandler for EngineHandler {
+    fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action {
+        let ifindex = self.ports.get(rx.port.index()).copied().unwrap_or(0);
+        let ts = self.now(now);
+        match self.worker.process(buf, len, RxMeta { ifindex, checksum: Default::default() }, ts) {
+            Verdict::Forward { ifindex, len } => match self.port_of(ifindex) {
+                Some(port) => Action::Transmit { port, len },
+                None => {
+                    bump(&self.stats.no_port);
+                    Action::Drop
+                }
+            },
+            Verdict::Answer { len } => Action::Transmit { port: rx.port, len },
+            Verdict::Pass => {
+                bump(&self.stats.misdirected);
+                Action::Drop
+            }
+            Verdict::Drop(_) => Action::Drop,
+        }
+    }
+
+    fn tick(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.last_sweep) >= SWEEP_EVERY {
+            self.last_sweep = now;
+            let ts = self.now(now);
+            self.worker.tick(ts, self.sweep_budget);
+        }
+    }
+
+    fn inject(&mut self, tx: &mut Injector<'_>) {
+        let Some(queue) = &self.announce else { return };
+        let due: Vec<Announcement> = {
+            let Some(mut q) = queue.try_lock() else { return };
+            if q.is_empty() {
+                return;
+            }
+            let now = Instant::now();
+            let (due, later): (Vec<_>, Vec<_>) = q.drain(..).partition(|a| a.due <= now);
+            *q = later;
+            due
+        };
+        let fib = self.engine.fib();
+        for a in due {
+            let (Some(port), Some(iface)) = (self.port_of(a.ifindex), fib.interface(a.ifindex)) else { continue };
+            let mac = EthernetAddress(iface.mac);
+            let sent = tx.send(port, |buf| match a.ip {
+                IpAddr::V4(ip) => gratuitous_arp(buf, mac, ip, None).unwrap_or(0),
+                IpAddr::V6(ip) => unsolicited_na(buf, mac, ip, None).unwrap_or(0),
+            });
+            if sent {
+                bump(&self.stats.announced);
+            }
+        }
+    }
+}

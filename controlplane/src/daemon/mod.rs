@@ -1,0 +1,423 @@
+//! `egret gateway --config FILE`: the gateway daemon.
+//!
+//! Start-up, in an order that never lets a steered frame meet a missing
+//! piece:
+//!
+//! 1. read and validate the file (`config`);
+//! 2. dump the kernel's links (`netlink`) to find the interfaces, their
+//!    indexes and RX queue counts;
+//! 3. create the engine and load the XDP program; apply the tables
+//!    (engine + owned addresses + policy maps) through [`GatewaySink`];
+//! 4. one worker per RX queue index, each owning AF_XDP sockets on every
+//!    configured interface for that queue (shared UMEM), registered in the
+//!    XSKMAP under (interface, queue); threads `egret-worker-N`;
+//! 5. attach the program (bpf_link) to every interface; start the netlink
+//!    watcher, the admin socket and the metrics server; announce the owned
+//!    addresses. `/ready` answers 200 from here on.
+//!
+//! `SIGHUP` re-reads the file and applies it through the same sink; a bad
+//! file is logged and counted, and the old configuration stays. Settings
+//! that only apply at start are reported. `SIGTERM`/`SIGINT`: workers stop,
+//! the links are dropped (the program is detached), the admin socket file is
+//! removed, exit 0.
+
+pub mod handler;
+pub mod sink;
+mod view;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egret_bpf::{LoadOptions, SteeringProgram, XdpLink};
+use egret_dataplane::engine::Engine;
+use egret_dataplane::worker::{Worker, WorkerConfig};
+use egret_dataplane::xsk::{PortId, PortSpec, SocketConfig, UmemConfig, XskConfig, XskCounters, XskPorts};
+use parking_lot::Mutex;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::config::{self, ConfigErrors, GatewayConfig, Queues, Role};
+use crate::netlink::Watcher;
+use crate::sink::TablesSink;
+use handler::{AnnounceQueue, EngineHandler, HandlerStats};
+use sink::GatewaySink;
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The file is invalid.
+    #[error("{0}")]
+    Config(#[from] ConfigErrors),
+    /// A mode this binary does not run.
+    #[error("{0}")]
+    Unsupported(String),
+    /// An interface is missing.
+    #[error("interfaces[{index}].name: {name:?}: no such interface")]
+    NoInterface {
+        /// Position in the file.
+        index: usize,
+        /// The name.
+        name: String,
+    },
+    /// A step of start-up failed.
+    #[error("{step}: {message}")]
+    Start {
+        /// What was being done.
+        step: String,
+        /// The error.
+        message: String,
+    },
+}
+
+fn start_err(step: impl Into<String>) -> impl FnOnce(String) -> DaemonError {
+    let step = step.into();
+    move |message| DaemonError::Start { step, message }
+}
+
+/// One driven interface.
+#[derive(Debug, Clone)]
+pub struct Driven {
+    /// Name.
+    pub name: String,
+    /// Index.
+    pub ifindex: u32,
+    /// Role.
+    pub role: Role,
+    /// MAC.
+    pub mac: [u8; 6],
+    /// RX queues served.
+    pub queues: u32,
+}
+
+/// A worker as the daemon tracks it.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    /// Its queue.
+    pub queue: u32,
+    /// CPU it is pinned to.
+    pub cpu: Option<usize>,
+    /// Set while its loop runs.
+    pub running: Arc<AtomicBool>,
+    /// Loop counters.
+    pub loop_stats: Arc<egret_dataplane::worker::WorkerStats>,
+    /// Handler counters.
+    pub handler_stats: Arc<HandlerStats>,
+    /// (interface name, socket counters) per port.
+    pub sockets: Vec<(String, Arc<XskCounters>)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Everything the admin socket and metrics look at.
+pub struct Shared {
+    /// The running configuration (restart-only fields as started).
+    pub config: Mutex<GatewayConfig>,
+    /// The engine.
+    pub engine: Engine,
+    /// The XDP program.
+    pub program: Arc<SteeringProgram>,
+    /// The sink.
+    pub sink: Arc<GatewaySink>,
+    /// Interfaces.
+    pub interfaces: Vec<Driven>,
+    /// Workers.
+    pub workers: Vec<WorkerHandle>,
+    /// Whether the program is attached.
+    pub attached: AtomicBool,
+    /// Set when stopping.
+    pub stopping: AtomicBool,
+    /// Reloads rejected.
+    pub reload_failures: AtomicU64,
+    /// Reloads applied.
+    pub reloads: AtomicU64,
+    /// Settings changed on reload that need a restart.
+    pub restart_pending: Mutex<Vec<String>>,
+    /// Start time.
+    pub started: Instant,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("interfaces", &self.interfaces).finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// Attached, every worker running, not stopping.
+    pub fn ready(&self) -> bool {
+        self.attached.load(Ordering::Acquire)
+            && !self.stopping.load(Ordering::Acquire)
+            && self.workers.iter().all(|w| w.running.load(Ordering::Acquire))
+    }
+}
+
+/// The addresses to announce for `spec`: every answered egress IP and neighbour address.
+fn announced(spec: &egret_dataplane::tables::TablesSpec) -> Vec<IpAddr> {
+    let mut v: Vec<IpAddr> = spec.egress_ips.iter().filter(|e| e.answer_neighbor).map(|e| e.ip).collect();
+    v.extend(spec.neighbor_addresses.iter().copied());
+    v
+}
+
+/// The RX queues in use on `name` (`/sys/class/net/NAME/queues/rx-*`: the
+/// real count; rtnetlink's `IFLA_NUM_RX_QUEUES` is the allocated count, and
+/// binding beyond the real count fails with EINVAL).
+fn rx_queues(name: &str) -> Option<u32> {
+    let dir = std::fs::read_dir(format!("/sys/class/net/{name}/queues")).ok()?;
+    let n = dir.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with("rx-")).count();
+    u32::try_from(n).ok().filter(|n| *n > 0)
+}
+
+/// Runs the gateway until SIGTERM/SIGINT.
+pub fn run_gateway(path: &Path) -> Result<(), DaemonError> {
+    let cfg = config::load(path)?;
+    for w in &cfg.warnings {
+        tracing::warn!(warning = %w, "configuration");
+    }
+    if cfg.kubernetes.is_some() {
+        return Err(DaemonError::Unsupported(format!(
+            "{}: kubernetes: mode is not wired into this build of egret gateway yet",
+            cfg.file
+        )));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| DaemonError::Start { step: "tokio runtime".into(), message: e.to_string() })?;
+    rt.block_on(run(path.to_path_buf(), cfg))
+}
+
+async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
+    let started = Instant::now();
+    // 2. Interfaces from the kernel.
+    let names: Vec<String> = cfg.interfaces.iter().map(|i| i.name.clone()).collect();
+    let watcher = Watcher::new(names.clone());
+    let running_watcher = watcher.start().await.map_err(|e| start_err("rtnetlink")(e.to_string()))?;
+    let mut interfaces = Vec::new();
+    for (index, i) in cfg.interfaces.iter().enumerate() {
+        let link = running_watcher
+            .state()
+            .link_by_name(&i.name)
+            .ok_or_else(|| DaemonError::NoInterface { index, name: i.name.clone() })?;
+        let available = rx_queues(&i.name).unwrap_or(link.rx_queues).max(1);
+        let queues = match i.queues {
+            Queues::All => available,
+            Queues::Count(n) => n.min(available),
+        };
+        interfaces.push(Driven { name: i.name.clone(), ifindex: link.ifindex, role: i.role, mac: link.mac, queues });
+    }
+
+    // 3. Engine, program, tables.
+    let engine = Engine::new(&cfg.tables).map_err(|e| start_err("engine")(e.to_string()))?;
+    let program = Arc::new(
+        SteeringProgram::load(LoadOptions { xsk_interfaces: interfaces.len() as u32, ..LoadOptions::default() })
+            .map_err(|e| start_err("loading the XDP program")(format!("{e:#}")))?,
+    );
+    let announce: AnnounceQueue = Arc::default();
+    let sink = Arc::new(GatewaySink::new(
+        engine.clone(),
+        program.clone(),
+        interfaces.iter().map(|i| (i.ifindex, i.role)).collect(),
+        announce.clone(),
+    ));
+    sink.apply(&cfg.tables).map_err(|e| start_err("applying the configuration")(e.to_string()))?;
+
+    // 4. Workers.
+    let stop = Arc::new(AtomicBool::new(false));
+    let nworkers = interfaces.iter().map(|i| i.queues).max().unwrap_or(1);
+    let w = &cfg.workers;
+    let xsk = XskConfig {
+        umem: UmemConfig { frame_size: w.frame_size, frame_count: w.frames },
+        socket: SocketConfig {
+            rx_size: w.ring_size,
+            tx_size: w.ring_size,
+            fill_size: w.ring_size,
+            comp_size: w.ring_size,
+            ..SocketConfig::default()
+        },
+    };
+    let epoch = started; // session times and `egret sessions` idle times share it
+    let mut workers = Vec::new();
+    for queue in 0..nworkers {
+        let on: Vec<&Driven> = interfaces.iter().filter(|i| queue < i.queues).collect();
+        let specs: Vec<PortSpec> = on.iter().map(|i| PortSpec { ifindex: i.ifindex, queue }).collect();
+        let ports = XskPorts::open(&xsk, &specs)
+            .map_err(|e| start_err(format!("AF_XDP sockets for queue {queue}"))(e.to_string()))?;
+        let mut sockets = Vec::new();
+        for (p, i) in on.iter().enumerate() {
+            let port = PortId(p as u16);
+            let fd = ports.raw_fd(port).unwrap_or(-1);
+            program
+                .register_xsk(i.ifindex, queue, fd)
+                .map_err(|e| start_err(format!("registering {} queue {queue}", i.name))(e.to_string()))?;
+            if let Some(c) = ports.counters(port) {
+                sockets.push((i.name.clone(), c));
+            }
+        }
+        let cpu = if w.cpus.is_empty() { None } else { w.cpus.get(queue as usize % w.cpus.len()).copied() };
+        let wc = WorkerConfig {
+            batch_size: w.batch as usize,
+            cpu,
+            realtime_priority: (w.realtime_priority > 0).then_some(i32::from(w.realtime_priority)),
+            ..WorkerConfig::default()
+        };
+        let handler_stats = Arc::new(HandlerStats::default());
+        let handler = EngineHandler::new(
+            &engine,
+            on.iter().map(|i| i.ifindex).collect(),
+            epoch,
+            nworkers,
+            handler_stats.clone(),
+            (queue == 0).then(|| announce.clone()),
+        );
+        let mut worker = Worker::new(ports, handler, wc, stop.clone())
+            .map_err(|e| start_err(format!("worker {queue}"))(e.to_string()))?;
+        let loop_stats = worker.stats();
+        let running = Arc::new(AtomicBool::new(false));
+        let flag = running.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("egret-worker-{queue}"))
+            .spawn(move || {
+                flag.store(true, Ordering::Release);
+                if let Err(e) = worker.run() {
+                    tracing::error!(queue, error = %e, "worker stopped");
+                }
+                flag.store(false, Ordering::Release);
+            })
+            .map_err(|e| start_err(format!("spawning worker {queue}"))(e.to_string()))?;
+        workers.push(WorkerHandle { queue, cpu, running, loop_stats, handler_stats, sockets, thread: Some(thread) });
+    }
+
+    // 5. Attach, then the rest.
+    let mut links: Vec<XdpLink> = Vec::new();
+    for i in &interfaces {
+        let link = program.attach(i.ifindex, cfg.xdp.mode).map_err(|e| {
+            start_err(format!("attaching XDP ({}) to {}", cfg.xdp.mode.name(), i.name))(format!("{e:#}"))
+        })?;
+        links.push(link);
+    }
+    let shared = Arc::new(Shared {
+        config: Mutex::new(cfg.clone()),
+        engine: engine.clone(),
+        program: program.clone(),
+        sink: sink.clone(),
+        interfaces,
+        workers,
+        attached: AtomicBool::new(true),
+        stopping: AtomicBool::new(false),
+        reload_failures: AtomicU64::new(0),
+        reloads: AtomicU64::new(0),
+        restart_pending: Mutex::new(Vec::new()),
+        started,
+    });
+    let view: Arc<dyn crate::view::GatewayView> = Arc::new(view::LiveView(shared.clone()));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let eng = engine.clone();
+    let eng2 = engine.clone();
+    let netlink_task = tokio::spawn(running_watcher.run(
+        move |fib| eng.publish_fib(fib),
+        move || eng2.drain_resolve_requests(),
+        stop_rx,
+    ));
+
+    let admin_listener = crate::admin::bind(&cfg.admin_socket).map_err(|e| start_err("admin socket")(e.to_string()))?;
+    let admin_task = tokio::spawn(crate::admin::serve(admin_listener, view.clone()));
+    let metrics_listener = tokio::net::TcpListener::bind(cfg.metrics_listen)
+        .await
+        .map_err(|e| start_err(format!("metrics listener {}", cfg.metrics_listen))(e.to_string()))?;
+    let ready_shared = shared.clone();
+    let metrics_task =
+        tokio::spawn(crate::metrics::serve(metrics_listener, view.clone(), Arc::new(move || ready_shared.ready())));
+
+    sink.announce(&announced(&cfg.tables));
+    // Wait (briefly) for every worker thread to enter its loop, for the log line.
+    for _ in 0..200 {
+        if shared.ready() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::info!(
+        interfaces = shared.interfaces.len(),
+        workers = shared.workers.len(),
+        mode = cfg.xdp.mode.name(),
+        startup_ms = started.elapsed().as_millis() as u64,
+        ready = shared.ready(),
+        "gateway running"
+    );
+
+    let sig = |k: SignalKind| signal(k).map_err(|e| start_err("signal handler")(e.to_string()));
+    let (mut hup, mut term, mut int) =
+        (sig(SignalKind::hangup())?, sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?);
+    loop {
+        tokio::select! {
+            _ = hup.recv() => reload(&path, &shared),
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+
+    // Stop.
+    tracing::info!("stopping");
+    shared.stopping.store(true, Ordering::Release);
+    let _ = stop_tx.send(true);
+    stop.store(true, Ordering::Release);
+    admin_task.abort();
+    metrics_task.abort();
+    let _ = netlink_task.await;
+    drop(links);
+    shared.attached.store(false, Ordering::Release);
+    let shared = Arc::try_unwrap(shared).map_err(|_| start_err("stopping")("the gateway state is still shared".into()));
+    if let Ok(mut s) = shared {
+        for w in &mut s.workers {
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&cfg.admin_socket);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// `SIGHUP`: re-read, validate, apply; keep the old configuration on error.
+fn reload(path: &Path, shared: &Shared) {
+    let t0 = Instant::now();
+    let new = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            shared.reload_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "reload rejected; the old configuration stays");
+            return;
+        }
+    };
+    for w in &new.warnings {
+        tracing::warn!(warning = %w, "configuration");
+    }
+    let mut pending = shared.config.lock().restart_only_changes(&new).iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let before: Vec<IpAddr> = shared.engine.tables().neighbor_addresses().collect();
+    if let Err(e) = shared.sink.apply(&new.tables) {
+        shared.reload_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(error = %e, "reload rejected; the old configuration stays");
+        return;
+    }
+    pending.extend(shared.sink.restart_needed.lock().iter().cloned());
+    if !pending.is_empty() {
+        tracing::warn!(settings = ?pending, "changed settings take effect only after a restart");
+    }
+    let added: Vec<IpAddr> = announced(&new.tables).into_iter().filter(|ip| !before.contains(ip)).collect();
+    shared.sink.announce(&added);
+    *shared.restart_pending.lock() = pending;
+    {
+        let mut cfg = shared.config.lock();
+        let old = cfg.clone();
+        *cfg = GatewayConfig { tables: new.tables, warnings: new.warnings, ..old };
+    }
+    shared.reloads.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(
+        generation = shared.engine.tables().generation,
+        reload_ms = t0.elapsed().as_secs_f64() * 1000.0,
+        "reloaded"
+    );
+}

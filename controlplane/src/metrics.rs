@@ -1,0 +1,271 @@
+//! Prometheus metrics (text exposition format 0.0.4) and the readiness
+//! probe, served over a minimal HTTP/1.1 server on the configured address.
+//!
+//! `GET /metrics`: everything in [`crate::view`], rendered by [`render`]
+//! from one snapshot per scrape. `GET /ready`: 200 once the XDP program is
+//! attached and every worker runs, 503 before (and while stopping).
+//! Anything else: 404. One request per connection (`Connection: close`).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::view::GatewayView;
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+struct Out(String);
+
+impl Out {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP egret_{name} {help}");
+        let _ = writeln!(self.0, "# TYPE egret_{name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+        self.0.push_str("egret_");
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.0.push(',');
+                }
+                let _ = write!(self.0, "{k}=\"{}\"", escape(v));
+            }
+            self.0.push('}');
+        }
+        let _ = writeln!(self.0, " {value}");
+    }
+}
+
+/// The exposition text for one scrape of `view`.
+pub fn render(view: &dyn GatewayView) -> String {
+    let status = view.status();
+    let counters = view.counters();
+    let mut o = Out(String::with_capacity(16 * 1024));
+
+    o.family("config_generation", "gauge", "Generation of the configuration in use.");
+    o.sample("config_generation", &[], status.generation);
+    o.family("config_reloads_total", "counter", "Configuration reloads applied.");
+    o.sample("config_reloads_total", &[], status.reloads);
+    o.family(
+        "config_reload_failures_total",
+        "counter",
+        "Configuration reloads rejected (the old configuration stays).",
+    );
+    o.sample("config_reload_failures_total", &[], status.reload_failures);
+    o.family("ready", "gauge", "1 once the XDP program is attached and every worker runs.");
+    o.sample("ready", &[], u64::from(status.ready));
+
+    o.family("policy_packets_total", "counter", "Translated packets per policy and direction.");
+    let policies = view.policies();
+    for p in &policies {
+        o.sample("policy_packets_total", &[("policy", &p.name), ("direction", "outbound")], p.packets_out);
+        o.sample("policy_packets_total", &[("policy", &p.name), ("direction", "inbound")], p.packets_in);
+    }
+    o.family("policy_bytes_total", "counter", "Translated bytes (Ethernet frames) per policy and direction.");
+    for p in &policies {
+        o.sample("policy_bytes_total", &[("policy", &p.name), ("direction", "outbound")], p.bytes_out);
+        o.sample("policy_bytes_total", &[("policy", &p.name), ("direction", "inbound")], p.bytes_in);
+    }
+
+    o.family("frames_forwarded_total", "counter", "Frames rewritten and sent on.");
+    o.sample("frames_forwarded_total", &[], counters.forwarded);
+    o.family("frames_answered_total", "counter", "ARP requests and neighbour solicitations answered.");
+    o.sample("frames_answered_total", &[], counters.answered);
+    o.family(
+        "frames_misdirected_total",
+        "counter",
+        "Frames the XDP program steered but the engine left to the kernel (should stay 0).",
+    );
+    o.sample("frames_misdirected_total", &[], counters.misdirected);
+    o.family("announcements_total", "counter", "Gratuitous ARP and unsolicited neighbour advertisements sent.");
+    o.sample("announcements_total", &[], counters.announcements);
+    o.family("drops_total", "counter", "Frames dropped by the engine, by reason.");
+    for (r, n) in &counters.drops {
+        o.sample("drops_total", &[("reason", r)], *n);
+    }
+    o.family("events_total", "counter", "Engine events (sessions created/expired, ...), by name.");
+    for (e, n) in &counters.events {
+        o.sample("events_total", &[("event", e)], *n);
+    }
+    o.family("xdp_verdicts_total", "counter", "Frames the XDP steering program judged, by reason.");
+    for (r, n) in &counters.xdp {
+        o.sample("xdp_verdicts_total", &[("reason", r)], *n);
+    }
+
+    o.family("sessions", "gauge", "Live sessions per address family.");
+    o.sample("sessions", &[("family", "ipv4")], status.sessions.0);
+    o.sample("sessions", &[("family", "ipv6")], status.sessions.1);
+    o.family("sessions_capacity", "gauge", "Session table capacity per address family.");
+    o.sample("sessions_capacity", &[], status.session_capacity);
+
+    let ports = view.ports();
+    for (name, kind, help) in [
+        ("ports_in_use", "gauge", "External ports (or ICMP identifiers) in use per egress IP and protocol."),
+        ("ports_capacity", "gauge", "Size of the external port range per egress IP and protocol."),
+        ("ports_exhausted_total", "counter", "Allocations that found no free port, per egress IP and protocol."),
+    ] {
+        o.family(name, kind, help);
+        for p in &ports {
+            let ip = p.egress_ip.to_string();
+            let v = match name {
+                "ports_in_use" => p.in_use,
+                "ports_capacity" => p.capacity,
+                _ => p.exhausted,
+            };
+            o.sample(name, &[("egress_ip", &ip), ("proto", &p.proto)], v);
+        }
+    }
+
+    type RingField = fn(&crate::view::RingStats) -> u64;
+    let rings: [(&str, &str, RingField); 10] = [
+        ("xsk_rx_frames_total", "Frames received from the RX ring.", |r| r.rx),
+        ("xsk_tx_frames_total", "Frames queued on the TX ring.", |r| r.tx),
+        ("xsk_tx_ring_full_total", "Transmits that met a full TX ring.", |r| r.tx_ring_full),
+        ("xsk_fill_ring_empty_total", "Fill-ring refills that found no free frame.", |r| r.fill_ring_empty),
+        ("xsk_kernel_rx_dropped_total", "Kernel XDP_STATISTICS rx_dropped.", |r| r.kernel_rx_dropped),
+        ("xsk_kernel_rx_invalid_descs_total", "Kernel XDP_STATISTICS rx_invalid_descs.", |r| r.kernel_rx_invalid_descs),
+        ("xsk_kernel_tx_invalid_descs_total", "Kernel XDP_STATISTICS tx_invalid_descs.", |r| r.kernel_tx_invalid_descs),
+        ("xsk_kernel_rx_ring_full_total", "Kernel XDP_STATISTICS rx_ring_full.", |r| r.kernel_rx_ring_full),
+        ("xsk_kernel_rx_fill_ring_empty_descs_total", "Kernel XDP_STATISTICS rx_fill_ring_empty_descs.", |r| {
+            r.kernel_rx_fill_ring_empty_descs
+        }),
+        ("xsk_kernel_tx_ring_empty_descs_total", "Kernel XDP_STATISTICS tx_ring_empty_descs.", |r| {
+            r.kernel_tx_ring_empty_descs
+        }),
+    ];
+    for (name, help, get) in rings {
+        o.family(name, "counter", help);
+        for r in &counters.rings {
+            let (w, q) = (r.worker.to_string(), r.queue.to_string());
+            o.sample(name, &[("worker", &w), ("interface", &r.interface), ("queue", &q)], get(r));
+        }
+    }
+    o.0
+}
+
+fn response(code: u16, reason: &str, content_type: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The response to one request head (`GET /path HTTP/1.1 ...`).
+pub fn respond(view: &dyn GatewayView, ready: bool, head: &str) -> Vec<u8> {
+    let mut words = head.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    if method != "GET" {
+        return response(405, "Method Not Allowed", "text/plain", "GET only\n");
+    }
+    match path.split('?').next().unwrap_or("") {
+        "/metrics" => response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", &render(view)),
+        "/ready" if ready => response(200, "OK", "text/plain", "ready\n"),
+        "/ready" => response(503, "Service Unavailable", "text/plain", "not ready\n"),
+        _ => response(404, "Not Found", "text/plain", "try /metrics or /ready\n"),
+    }
+}
+
+/// Serves `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, view: Arc<dyn GatewayView>, ready: Arc<dyn Fn() -> bool + Send + Sync>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let (view, ready) = (view.clone(), ready.clone());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 8192];
+            let mut n = 0;
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while n < buf.len() {
+                    match stream.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => n += k,
+                    }
+                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            })
+            .await;
+            if read.is_err() || n == 0 {
+                return;
+            }
+            let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let out = respond(view.as_ref(), ready(), &head);
+            let _ = stream.write_all(&out).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::admin::tests::Fake;
+
+    #[test]
+    fn exposition_has_every_family_with_labels() {
+        let text = render(&Fake);
+        for line in [
+            "egret_config_generation 7",
+            "egret_config_reload_failures_total 2",
+            "egret_policy_packets_total{policy=\"team-a\",direction=\"outbound\"} 10",
+            "egret_policy_bytes_total{policy=\"team-a\",direction=\"inbound\"} 900",
+            "egret_drops_total{reason=\"ports_exhausted\"} 3",
+            "egret_drops_total{reason=\"no_route\"} 0",
+            "egret_events_total{event=\"session_created_outbound\"} 4",
+            "egret_xdp_verdicts_total{reason=\"redirect_steered_source\"} 11",
+            "egret_sessions{family=\"ipv4\"} 4",
+            "egret_sessions{family=\"ipv6\"} 1",
+            "egret_ports_in_use{egress_ip=\"203.0.113.10\",proto=\"udp\"} 4",
+            "egret_ports_capacity{egress_ip=\"203.0.113.10\",proto=\"udp\"} 28232",
+            "egret_ports_exhausted_total{egress_ip=\"203.0.113.10\",proto=\"udp\"} 3",
+            "egret_xsk_rx_frames_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 21",
+            "egret_xsk_kernel_rx_ring_full_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 5",
+            "egret_frames_misdirected_total 1",
+            "egret_ready 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // Every sample's family is declared once, before its samples.
+        let mut declared = std::collections::HashSet::new();
+        for l in text.lines() {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(declared.insert(name.to_string()), "{name} declared twice");
+            } else if !l.starts_with('#') {
+                let name = l.split(['{', ' ']).next().unwrap();
+                assert!(declared.contains(name), "{name} has no TYPE line before it");
+            }
+        }
+    }
+
+    #[test]
+    fn http_routes() {
+        let ok = String::from_utf8(respond(&Fake, true, "GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")).unwrap();
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\nready\n"), "{ok}");
+        let not = String::from_utf8(respond(&Fake, false, "GET /ready HTTP/1.1\r\n\r\n")).unwrap();
+        assert!(not.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{not}");
+        let m = String::from_utf8(respond(&Fake, true, "GET /metrics HTTP/1.1\r\n\r\n")).unwrap();
+        let (head, body) = m.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
+        assert!(head.contains("text/plain; version=0.0.4"));
+        assert!(String::from_utf8(respond(&Fake, true, "GET /x HTTP/1.1\r\n\r\n"))
+            .unwrap()
+            .starts_with("HTTP/1.1 404"));
+        assert!(String::from_utf8(respond(&Fake, true, "POST /metrics HTTP/1.1\r\n\r\n"))
+            .unwrap()
+            .starts_with("HTTP/1.1 405"));
+    }
+}

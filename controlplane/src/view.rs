@@ -1,0 +1,256 @@
+//! What the outside can see of a running gateway: plain, serialisable
+//! snapshots, and the [`GatewayView`] trait that produces them.
+//!
+//! The admin socket ([`crate::admin`]) and the Prometheus endpoint
+//! ([`crate::metrics`]) render only these types, so both are tested against
+//! a fake view; the daemon implements the trait over the engine, the BPF
+//! maps and the workers.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// An interface the gateway drives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterfaceStatus {
+    /// Name.
+    pub name: String,
+    /// Kernel index.
+    pub ifindex: u32,
+    /// inside | outside | both.
+    pub role: String,
+    /// MAC, as `aa:bb:..`.
+    pub mac: String,
+    /// native | generic.
+    pub xdp_mode: String,
+    /// Whether the XDP program is attached.
+    pub attached: bool,
+    /// RX queues served.
+    pub queues: u32,
+}
+
+/// A worker thread.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Its number (= its RX queue).
+    pub id: u32,
+    /// Its thread name.
+    pub thread: String,
+    /// Whether its loop runs.
+    pub running: bool,
+    /// The CPU it is pinned to.
+    pub cpu: Option<usize>,
+}
+
+/// An address the gateway holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnedIp {
+    /// The address.
+    pub ip: IpAddr,
+    /// NAT port range "first-last" ("" for a neighbour-only address).
+    pub ports: String,
+    /// Whether ARP/NDP is answered.
+    pub answer_neighbor: bool,
+    /// Whether it is translated for (an egress IP).
+    pub egress: bool,
+}
+
+/// `egret status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The configuration file.
+    pub config_file: String,
+    /// The engine's configuration generation.
+    pub generation: u64,
+    /// Seconds since start.
+    pub uptime_secs: u64,
+    /// Attached and every worker running.
+    pub ready: bool,
+    /// Interfaces.
+    pub interfaces: Vec<InterfaceStatus>,
+    /// Workers.
+    pub workers: Vec<WorkerStatus>,
+    /// Owned addresses.
+    pub owned: Vec<OwnedIp>,
+    /// Policies the engine left out, and why.
+    pub policy_errors: Vec<String>,
+    /// Settings changed on reload that wait for a restart.
+    pub restart_pending: Vec<String>,
+    /// Successful reloads.
+    pub reloads: u64,
+    /// Reloads rejected (bad file).
+    pub reload_failures: u64,
+    /// Live sessions: (IPv4, IPv6).
+    pub sessions: (u64, u64),
+    /// Session capacity per family.
+    pub session_capacity: u64,
+    /// Routes and neighbours in the forwarding snapshot.
+    pub fib_routes: u64,
+    /// Neighbours in the forwarding snapshot.
+    pub fib_neighbors: u64,
+}
+
+/// Per-socket ring counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingStats {
+    /// Worker.
+    pub worker: u32,
+    /// Interface name.
+    pub interface: String,
+    /// Queue.
+    pub queue: u32,
+    /// Frames received.
+    pub rx: u64,
+    /// Frames queued for transmit.
+    pub tx: u64,
+    /// Transmits that met a full TX ring.
+    pub tx_ring_full: u64,
+    /// Refills that found no free frame.
+    pub fill_ring_empty: u64,
+    /// Kernel `XDP_STATISTICS`: rx_dropped.
+    pub kernel_rx_dropped: u64,
+    /// rx_invalid_descs.
+    pub kernel_rx_invalid_descs: u64,
+    /// tx_invalid_descs.
+    pub kernel_tx_invalid_descs: u64,
+    /// rx_ring_full.
+    pub kernel_rx_ring_full: u64,
+    /// rx_fill_ring_empty_descs.
+    pub kernel_rx_fill_ring_empty_descs: u64,
+    /// tx_ring_empty_descs.
+    pub kernel_tx_ring_empty_descs: u64,
+}
+
+/// `egret counters`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Frames forwarded.
+    pub forwarded: u64,
+    /// Frames answered (ARP/NDP).
+    pub answered: u64,
+    /// Frames the engine returned `Pass` for: the XDP program steered them
+    /// but the engine says they are the kernel's (should stay ~0).
+    pub misdirected: u64,
+    /// Drops by reason name (every reason, zeros included).
+    pub drops: Vec<(String, u64)>,
+    /// Events by name.
+    pub events: Vec<(String, u64)>,
+    /// XDP verdicts by reason name.
+    pub xdp: Vec<(String, u64)>,
+    /// Per-socket ring counters.
+    pub rings: Vec<RingStats>,
+    /// Gratuitous ARP / unsolicited NA frames sent.
+    pub announcements: u64,
+}
+
+/// `egret policies`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRow {
+    /// Name.
+    pub name: String,
+    /// Sources.
+    pub sources: Vec<String>,
+    /// Destinations.
+    pub destinations: Vec<String>,
+    /// Exceptions.
+    pub except: Vec<String>,
+    /// Egress IPs.
+    pub egress_ips: Vec<IpAddr>,
+    /// Packets pod -> outside.
+    pub packets_out: u64,
+    /// Bytes pod -> outside.
+    pub bytes_out: u64,
+    /// Packets outside -> pod.
+    pub packets_in: u64,
+    /// Bytes outside -> pod.
+    pub bytes_in: u64,
+}
+
+/// `egret ports`: one (egress IP, protocol).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortRow {
+    /// The egress IP.
+    pub egress_ip: IpAddr,
+    /// tcp | udp | icmp.
+    pub proto: String,
+    /// Ports (or identifiers) in use.
+    pub in_use: u64,
+    /// Size of the range.
+    pub capacity: u64,
+    /// Allocations that found no free port.
+    pub exhausted: u64,
+}
+
+/// `egret sessions`: one session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRow {
+    /// tcp | udp | icmp.
+    pub proto: String,
+    /// Pod address.
+    pub pod: IpAddr,
+    /// Pod port (ICMP identifier).
+    pub pod_port: u16,
+    /// Egress address.
+    pub egress: IpAddr,
+    /// Egress port.
+    pub egress_port: u16,
+    /// Remote address.
+    pub remote: IpAddr,
+    /// Remote port.
+    pub remote_port: u16,
+    /// Seconds since the last packet.
+    pub idle_secs: u64,
+    /// TCP phase, "" for others.
+    pub state: String,
+}
+
+/// Which sessions to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionFilter {
+    /// Only this egress IP.
+    pub egress_ip: Option<IpAddr>,
+    /// Only this pod.
+    pub pod: Option<IpAddr>,
+    /// Only this protocol (tcp, udp, icmp).
+    pub proto: Option<String>,
+    /// At most this many.
+    pub limit: Option<usize>,
+}
+
+impl SessionFilter {
+    /// Whether `s` passes.
+    pub fn matches(&self, s: &SessionRow) -> bool {
+        self.egress_ip.is_none_or(|e| e == s.egress)
+            && self.pod.is_none_or(|p| p == s.pod)
+            && self.proto.as_deref().is_none_or(|p| p == s.proto)
+    }
+}
+
+/// A running gateway, as the admin socket and metrics see it.
+pub trait GatewayView: Send + Sync + 'static {
+    /// `egret status`.
+    fn status(&self) -> Status;
+    /// `egret counters`.
+    fn counters(&self) -> Counters;
+    /// `egret policies`.
+    fn policies(&self) -> Vec<PolicyRow>;
+    /// `egret ports`.
+    fn ports(&self) -> Vec<PortRow>;
+    /// `egret sessions`.
+    fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow>;
+}
+
+/// The name of an IP protocol number in listings.
+pub fn proto_name(p: u8) -> &'static str {
+    match p {
+        6 => "tcp",
+        17 => "udp",
+        1 | 58 => "icmp",
+        _ => "other",
+    }
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn mac_string(m: [u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}

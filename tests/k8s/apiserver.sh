@@ -1,0 +1,362 @@
+#!/usr/bin/env bash
+# Runs a real Kubernetes control plane for Egret's integration tests: etcd (Debian's
+# etcd-server 3.4) and the kube-apiserver built by tests/k8s/build-apiserver.sh, both
+# listening on 127.0.0.1 only, on free ports, with every file in one state directory.
+#
+# Usage: tests/k8s/apiserver.sh check|start|stop|status|env|kill-apiserver|restart-apiserver
+#   check              exit 0 when the binaries are there, 4 (with what is missing) if not
+#   start              start etcd and the API server unless already running; wait until
+#                      /readyz answers "ok"; print the kubeconfig path
+#   stop               stop both (and the owner watcher) and remove the state directory
+#   status             exit 0 when both run and /readyz is ok, 3 when stopped, 1 otherwise
+#   env                print KUBECONFIG=<path> (exit 3 when not running)
+#   kill-apiserver     SIGKILL the API server only (etcd keeps running): a control plane
+#                      that vanished without a goodbye
+#   restart-apiserver  (re)start the API server on the same port and state; wait until ready
+#
+# Environment:
+#   EGRET_APISERVER_STATE        state directory (default /tmp/egret-apiserver-$USER)
+#   EGRET_APISERVER_OWNER_PID    when set at start: a watcher stops everything once
+#                                that process is gone (tests that are killed leak nothing)
+#   EGRET_APISERVER_TIMEOUT      seconds to wait for readiness (default 90)
+#   EGRET_APISERVER_SERVICE_CIDR service cluster IP range (default 192.0.2.0/24, TEST-NET-1;
+#                                only stored by the API server, never configured on a link)
+#   EGRET_KUBE_APISERVER, EGRET_ETCD  binaries (default: the build cache, etcd on PATH)
+#
+# The admin user authenticates with a static bearer token and is in group
+# system:masters; authorization is RBAC. The serving certificate is the API server's
+# own self-signed one; the kubeconfig trusts the CA it generated with it.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+self=$here/$(basename "${BASH_SOURCE[0]}")
+# shellcheck source=common.sh
+source "$here/common.sh"
+
+state=${EGRET_APISERVER_STATE:-/tmp/egret-apiserver-$(id -un)}
+apiserver_bin=${EGRET_KUBE_APISERVER:-$EGRET_KUBE_APISERVER_BIN}
+etcd_bin=${EGRET_ETCD:-$(command -v etcd || echo /usr/bin/etcd)}
+timeout=${EGRET_APISERVER_TIMEOUT:-90}
+service_cidr=${EGRET_APISERVER_SERVICE_CIDR:-192.0.2.0/24}
+
+log() { printf '[apiserver.sh] %s\n' "$*" >&2 || true; }
+die() { log "ERROR: $*"; exit 1; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# A pid from a pid file, only if that process is alive and is ours: its command line
+# names a path inside the state directory (guards against pid reuse; "$state/" so that
+# /tmp/x-1 does not claim the processes of /tmp/x-10).
+live_pid() {
+  local file=$state/$1.pid pid
+  [ -f "$file" ] || return 1
+  pid=$(cat "$file")
+  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$state/" || return 1
+  printf '%s\n' "$pid"
+}
+
+# A process that exited is gone even while it waits as a zombie for its new parent
+# (init, once the script that started it has exited) to reap it.
+gone() { [ ! -d "/proc/$1" ] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+
+# Stops the process recorded in $1.pid: SIGTERM, then SIGKILL after 10 s.
+stop_proc() {
+  local name=$1 pid
+  pid=$(live_pid "$name") || { rm -f "$state/$name.pid"; return 0; }
+  [ "$pid" = "$$" ] && return 0
+  # Spawned processes lead their own process group (setsid): signal the group, so a
+  # watcher's `sleep` goes too.
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do
+    gone "$pid" && break
+    sleep 0.1
+  done
+  if ! gone "$pid"; then
+    log "$name (pid $pid) ignored SIGTERM for 10 s; SIGKILL"
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$state/$name.pid"
+}
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# A port with no listener, below the kernel's ephemeral range: a port that an
+# outgoing connection holds as its local port cannot be listened on either.
+free_port() {
+  local p lo=32768 base=20000 span
+  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  [ "$lo" -gt $((base + 2000)) ] || base=$((lo - 12000 > 1024 ? lo - 12000 : 1024))
+  span=$((lo - base))
+  [ "$span" -gt 100 ] || die "ephemeral port range starts at $lo: no room for test ports below it"
+  for _ in $(seq 200); do
+    p=$((base + RANDOM % span))
+    port_in_use "$p" || { printf '%s\n' "$p"; return 0; }
+  done
+  die "no free port found on 127.0.0.1"
+}
+
+kubeconfig=$state/kubeconfig
+
+ready() {
+  # shellcheck source=/dev/null
+  [ -f "$state/config.env" ] && source "$state/config.env" || return 1
+  [ -f "$state/ca.crt" ] || return 1
+  [ "$(curl -s --max-time 2 --cacert "$state/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
+       "https://127.0.0.1:$APISERVER_PORT/readyz" 2>/dev/null)" = ok ]
+}
+
+running() { live_pid etcd >/dev/null && live_pid apiserver >/dev/null; }
+
+# The CA that signed the API server's self-signed serving certificate: the
+# self-issued certificate in the bundle it wrote to pki/apiserver.crt.
+extract_ca() {
+  local bundle=$state/pki/apiserver.crt dir=$state/pki/split f
+  [ -s "$bundle" ] || return 1
+  rm -rf "$dir"; mkdir -p "$dir"
+  awk -v dir="$dir" '/-----BEGIN CERTIFICATE-----/ { n++ } n { print > (dir "/" n ".pem") }' "$bundle"
+  for f in "$dir"/*.pem; do
+    if [ "$(openssl x509 -in "$f" -noout -subject -nameopt RFC2253 | sed 's/^subject=//')" = \
+         "$(openssl x509 -in "$f" -noout -issuer -nameopt RFC2253 | sed 's/^issuer=//')" ]; then
+      cp "$f" "$state/ca.crt.new" && mv "$state/ca.crt.new" "$state/ca.crt"
+      rm -rf "$dir"
+      return 0
+    fi
+  done
+  rm -rf "$dir"
+  return 1
+}
+
+write_kubeconfig() {
+  # shellcheck source=/dev/null
+  source "$state/config.env"
+  umask 077
+  cat >"$kubeconfig.new" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: egret-test
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority-data: $(base64 -w0 <"$state/ca.crt")
+users:
+- name: egret-admin
+  user:
+    token: $ADMIN_TOKEN
+contexts:
+- name: egret-test
+  context:
+    cluster: egret-test
+    user: egret-admin
+    namespace: default
+current-context: egret-test
+EOF
+  mv "$kubeconfig.new" "$kubeconfig"
+}
+
+spawn() { # name, command...: detached from our session; output to <name>.log
+  local name=$1; shift
+  setsid "$@" >>"$state/$name.log" 2>&1 </dev/null 9>&- &
+  echo $! >"$state/$name.pid"
+}
+
+start_etcd() {
+  # shellcheck source=/dev/null
+  source "$state/config.env"
+  spawn etcd "$etcd_bin" \
+    --name egret-test \
+    --data-dir "$state/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "egret-test=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --log-level warn --logger zap
+}
+
+start_apiserver_proc() {
+  # shellcheck source=/dev/null
+  source "$state/config.env"
+  spawn apiserver "$apiserver_bin" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 \
+    --advertise-address 127.0.0.1 \
+    --secure-port "$APISERVER_PORT" \
+    --insecure-port 0 \
+    --cert-dir "$state/pki" \
+    --token-auth-file "$state/tokens.csv" \
+    --authorization-mode RBAC \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$state/sa.pub" \
+    --service-account-signing-key-file "$state/sa.key" \
+    --service-cluster-ip-range "$service_cidr" \
+    --disable-admission-plugins ServiceAccount \
+    --endpoint-reconciler-type none \
+    --profiling=false \
+    --v 1
+}
+
+# Waits until $1 (a function) succeeds, while the process in $2.pid stays alive.
+wait_for() {
+  local check=$1 name=$2 t0
+  t0=$(now)
+  while ! "$check"; do
+    live_pid "$name" >/dev/null || { log "$name exited before it was ready; last log lines:"; tail -n 25 "$state/$name.log" >&2; return 1; }
+    if awk -v a="$t0" -v b="$(now)" -v t="$timeout" 'BEGIN { exit !(b - a > t) }'; then
+      log "$name not ready after ${timeout}s; last log lines:"; tail -n 25 "$state/$name.log" >&2; return 1
+    fi
+    sleep 0.2
+  done
+}
+
+etcd_ready() {
+  # shellcheck source=/dev/null
+  source "$state/config.env"
+  curl -s --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'
+}
+apiserver_ready() { { [ -f "$state/ca.crt" ] || extract_ca; } && ready; }
+
+wait_apiserver() {
+  local t0=$1
+  wait_for apiserver_ready apiserver || return 1
+  write_kubeconfig
+  log "API server ready at https://127.0.0.1:$APISERVER_PORT in $(elapsed "$t0")s (pid $(live_pid apiserver))"
+}
+
+lock() {
+  mkdir -p "$(dirname "$state")"
+  exec 9>"$state.lock"
+  flock 9
+}
+
+cmd_stop() {
+  stop_proc watcher
+  stop_proc apiserver
+  stop_proc etcd
+  rm -rf "$state"
+  rm -f "$state.lock"
+}
+
+cmd_check() {
+  [ -x "$apiserver_bin" ] || { log "no kube-apiserver at $apiserver_bin: run tests/k8s/build-apiserver.sh"; exit 4; }
+  [ -x "$etcd_bin" ] || { log "no etcd at $etcd_bin: run tests/k8s/build-apiserver.sh (installs etcd-server)"; exit 4; }
+  if ! command -v openssl >/dev/null || ! command -v curl >/dev/null; then
+    log "openssl and curl are needed: run tests/k8s/build-apiserver.sh"; exit 4
+  fi
+}
+
+cmd_start() {
+  cmd_check
+  lock
+  if running && ready; then
+    log "already running (state $state)"
+    echo "$kubeconfig"
+    return 0
+  fi
+  if [ -e "$state" ]; then
+    log "removing stale state $state"
+    stop_proc watcher; stop_proc apiserver; stop_proc etcd; rm -rf "$state"
+  fi
+
+  local t0 attempt
+  t0=$(now)
+  mkdir -p "$state"
+  chmod 700 "$state"
+  umask 077
+  if [ -n "${EGRET_APISERVER_OWNER_PID:-}" ]; then
+    # Stops everything once the owner is gone, even when it was killed, also while this
+    # start is still under way (the stop waits for our lock). A zombie owner is gone.
+    # shellcheck disable=SC2016 # expanded by the watcher's bash, not here
+    spawn watcher bash -c \
+      'while [ -d "/proc/$1" ] && ! grep -q "^State:[[:space:]]*Z" "/proc/$1/status" 2>/dev/null; do sleep 1; done
+       EGRET_APISERVER_STATE="${2%/}" exec "$3" stop' \
+      egret-apiserver-watcher "$EGRET_APISERVER_OWNER_PID" "$state/" "$self"
+  fi
+  for attempt in 1 2 3; do
+    mkdir -p "$state/pki"
+    local client_p peer_p api_p
+    client_p=$(free_port); peer_p=$(free_port); api_p=$(free_port)
+    while [ "$peer_p" = "$client_p" ]; do peer_p=$(free_port); done
+    while [ "$api_p" = "$client_p" ] || [ "$api_p" = "$peer_p" ]; do api_p=$(free_port); done
+    local token
+    token=$(openssl rand -hex 32)
+    cat >"$state/config.env" <<EOF
+ETCD_PORT=$client_p
+ETCD_PEER_PORT=$peer_p
+APISERVER_PORT=$api_p
+ADMIN_TOKEN=$token
+EOF
+    # Static token file: token,user,uid,"groups".
+    printf '%s,egret-admin,egret-admin,"system:masters"\n' "$token" >"$state/tokens.csv"
+    openssl genrsa -out "$state/sa.key" 2048 2>/dev/null
+    openssl rsa -in "$state/sa.key" -pubout -out "$state/sa.pub" 2>/dev/null
+
+    start_etcd
+    if wait_for etcd_ready etcd; then
+      start_apiserver_proc
+      if wait_apiserver "$t0"; then
+        break
+      fi
+    fi
+    if [ "$attempt" -lt 3 ] && grep -qs 'address already in use' "$state/etcd.log" "$state/apiserver.log"; then
+      log "port taken meanwhile; retrying with other ports"
+      stop_proc apiserver; stop_proc etcd
+      rm -rf "$state/etcd" "$state/pki" "$state/ca.crt" "$state/etcd.log" "$state/apiserver.log"
+      continue
+    fi
+    log "start failed; state kept for inspection in $state (run '$self stop' to remove it)"
+    stop_proc watcher; stop_proc apiserver; stop_proc etcd
+    exit 1
+  done
+  echo "$kubeconfig"
+}
+
+cmd_status() {
+  if [ ! -d "$state" ]; then echo "stopped"; exit 3; fi
+  local e a
+  e=$(live_pid etcd || echo none); a=$(live_pid apiserver || echo none)
+  if [ "$e" = none ] && [ "$a" = none ]; then echo "stopped (stale state in $state)"; exit 3; fi
+  # shellcheck source=/dev/null
+  [ -f "$state/config.env" ] && source "$state/config.env"
+  if [ "$e" != none ] && [ "$a" != none ] && ready; then
+    echo "running: etcd pid $e (127.0.0.1:$ETCD_PORT), kube-apiserver pid $a (https://127.0.0.1:$APISERVER_PORT), KUBECONFIG=$kubeconfig"
+    exit 0
+  fi
+  echo "degraded: etcd pid $e, kube-apiserver pid $a, ready=no"
+  exit 1
+}
+
+cmd_env() {
+  running || { log "not running (state $state)"; exit 3; }
+  echo "KUBECONFIG=$kubeconfig"
+}
+
+cmd_kill_apiserver() {
+  local pid
+  pid=$(live_pid apiserver) || { log "API server not running"; return 0; }
+  kill -KILL "$pid"
+  while ! gone "$pid"; do sleep 0.05; done
+  rm -f "$state/apiserver.pid"
+  log "API server (pid $pid) killed"
+}
+
+cmd_restart_apiserver() {
+  [ -f "$state/config.env" ] || die "no state in $state: use start"
+  live_pid etcd >/dev/null || die "etcd is not running (state $state): use stop, then start"
+  lock
+  stop_proc apiserver
+  local t0
+  t0=$(now)
+  start_apiserver_proc
+  wait_apiserver "$t0" || die "API server did not come back"
+}
+
+case "${1:-}" in
+  check) cmd_check ;;
+  start) cmd_start ;;
+  stop) lock; cmd_stop ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  kill-apiserver) cmd_kill_apiserver ;;
+  restart-apiserver) cmd_restart_apiserver ;;
+  *) echo "usage: $0 check|start|stop|status|env|kill-apiserver|restart-apiserver" >&2; exit 2 ;;
+esac

@@ -1,0 +1,345 @@
+//! A real Kubernetes control plane (kube-apiserver 1.20 + etcd 3.4) on 127.0.0.1 for
+//! integration tests.
+//!
+//! The processes are started, stopped and cut off by `tests/k8s/apiserver.sh`; the
+//! binary comes from `tests/k8s/build-apiserver.sh` (cached outside the clone). This
+//! module owns the test-side handle: which state directory belongs to which test, a
+//! `kube::Client` that trusts the CA the API server generated for its self-signed
+//! serving certificate (no insecure-skip), and clean-up that stops only what it started.
+//!
+//! `EGRET_APISERVER_KUBECONFIG=<path>` makes [`ApiServer::start`] reuse a server that is
+//! already running (started by hand or by CI) instead of starting one; such a server is
+//! never stopped, killed or restarted from here.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
+
+/// Path of the script that runs the control plane.
+pub const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/apiserver.sh");
+
+/// Set to a kubeconfig path: reuse that running API server instead of starting one.
+pub const REUSE_ENV: &str = "EGRET_APISERVER_KUBECONFIG";
+
+/// Set to `1`: a missing binary or a non-root user fails the test instead of skipping it
+/// (CI sets it, so a build that silently failed cannot turn into skipped tests).
+pub const REQUIRE_ENV: &str = "EGRET_REQUIRE_APISERVER";
+
+/// What went wrong while running the control plane or connecting to it.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    /// The script could not be run at all.
+    #[error("cannot run {script} {command}: {source}")]
+    Spawn {
+        script: &'static str,
+        command: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The script ran and failed; `stderr` holds its explanation.
+    #[error("{script} {command} (state {state}) exited with {status}:\n{stderr}")]
+    Script {
+        script: &'static str,
+        command: &'static str,
+        state: PathBuf,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    /// `start` succeeded but did not print the kubeconfig path it wrote.
+    #[error("{script} start printed no kubeconfig path (stdout {stdout:?})")]
+    NoKubeconfigPath {
+        script: &'static str,
+        stdout: String,
+    },
+    /// The kubeconfig could not be read or turned into a client configuration.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: KubeconfigError,
+    },
+    /// The client could not be built from the configuration.
+    #[error("kube client for {path}: {source}")]
+    Client {
+        path: PathBuf,
+        #[source]
+        source: kube::Error,
+    },
+    /// Killing or restarting was asked of a server this handle did not start.
+    #[error("the API server behind {kubeconfig} was not started by this handle ({REUSE_ENV}); refusing to {action} it")]
+    NotOwned {
+        kubeconfig: PathBuf,
+        action: &'static str,
+    },
+}
+
+/// Result of this module's operations.
+pub type Result<T, E = ApiServerError> = std::result::Result<T, E>;
+
+/// Why the control plane cannot run here; tests print it and skip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A running kube-apiserver + etcd pair (or a reused one).
+#[derive(Debug)]
+pub struct ApiServer {
+    kubeconfig: PathBuf,
+    /// The state directory of a server this handle started; `None` when reused.
+    owned_state: Option<PathBuf>,
+}
+
+impl ApiServer {
+    /// Whether [`ApiServer::start`] can work here: a reused server is always fine;
+    /// otherwise root and the built binaries (`apiserver.sh check`) are needed.
+    pub fn availability() -> std::result::Result<(), Unavailable> {
+        if std::env::var_os(REUSE_ENV).is_some() {
+            return Ok(());
+        }
+        match effective_uid() {
+            Some(0) => {}
+            Some(uid) => {
+                return Err(Unavailable(format!(
+                    "not root (euid {uid}); the API server tests run as root"
+                )))
+            }
+            None => {
+                return Err(Unavailable(
+                    "cannot read the euid from /proc/self/status".into(),
+                ))
+            }
+        }
+        match Command::new(SCRIPT).arg("check").output() {
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(Unavailable(
+                String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            )),
+            Err(e) => Err(Unavailable(format!("cannot run {SCRIPT} check: {e}"))),
+        }
+    }
+
+    /// `Ok(true)` when the test may go on, `Ok(false)` (after printing why) when it
+    /// should return early as skipped, `Err` when [`REQUIRE_ENV`] is `1` and the
+    /// control plane is unavailable.
+    pub fn available_or_skip(test: &str) -> std::result::Result<bool, Unavailable> {
+        match Self::availability() {
+            Ok(()) => Ok(true),
+            Err(why) if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") => Err(Unavailable(
+                format!("{test}: {REQUIRE_ENV}=1 but the API server cannot run: {why}"),
+            )),
+            Err(why) => {
+                eprintln!("SKIPPED {test}: {why}");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Starts etcd and the API server in a fresh state directory and waits until
+    /// `/readyz` answers; or reuses the server named by [`REUSE_ENV`].
+    ///
+    /// Blocks for the start-up (a few seconds). A watcher started by the script stops
+    /// the pair if this process dies without dropping the handle.
+    pub fn start() -> Result<Self> {
+        if let Some(path) = std::env::var_os(REUSE_ENV) {
+            return Ok(Self {
+                kubeconfig: PathBuf::from(path),
+                owned_state: None,
+            });
+        }
+        let state = fresh_state_dir();
+        let out = run_script_blocking("start", &state)?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let Some(path) = stdout.lines().rev().find(|l| !l.trim().is_empty()) else {
+            // The pair may be up; do not leak it.
+            let _ = run_script_blocking("stop", &state);
+            return Err(ApiServerError::NoKubeconfigPath {
+                script: SCRIPT,
+                stdout: stdout.into_owned(),
+            });
+        };
+        Ok(Self {
+            kubeconfig: PathBuf::from(path.trim()),
+            owned_state: Some(state),
+        })
+    }
+
+    /// The kubeconfig that authenticates as the admin (group `system:masters`).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The state directory of a server this handle started (`None` when reused).
+    /// Every process of the pair carries this path on its command line.
+    pub fn state_dir(&self) -> Option<&Path> {
+        self.owned_state.as_deref()
+    }
+
+    /// A client for the admin user. Must be called inside a tokio runtime.
+    pub async fn client(&self) -> Result<kube::Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).map_err(|source| {
+            ApiServerError::Kubeconfig {
+                path: self.kubeconfig.clone(),
+                source,
+            }
+        })?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|source| ApiServerError::Kubeconfig {
+                    path: self.kubeconfig.clone(),
+                    source,
+                })?;
+        kube::Client::try_from(config).map_err(|source| ApiServerError::Client {
+            path: self.kubeconfig.clone(),
+            source,
+        })
+    }
+
+    /// SIGKILLs the API server (etcd and the data stay): clients see connection errors
+    /// until [`ApiServer::restart_apiserver`].
+    pub async fn kill_apiserver(&self) -> Result<()> {
+        let state = self.owned("kill")?;
+        run_script("kill-apiserver", state).await.map(drop)
+    }
+
+    /// Starts the API server again on the same address, certificate and token; returns
+    /// once `/readyz` answers.
+    pub async fn restart_apiserver(&self) -> Result<()> {
+        let state = self.owned("restart")?;
+        run_script("restart-apiserver", state).await.map(drop)
+    }
+
+    /// Stops what this handle started and removes its state directory; a reused server
+    /// is left running.
+    pub fn stop(mut self) -> Result<()> {
+        match self.owned_state.take() {
+            Some(state) => run_script_blocking("stop", &state).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    fn owned(&self, action: &'static str) -> Result<&Path> {
+        self.owned_state
+            .as_deref()
+            .ok_or_else(|| ApiServerError::NotOwned {
+                kubeconfig: self.kubeconfig.clone(),
+                action,
+            })
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        if let Some(state) = self.owned_state.take() {
+            if let Err(e) = run_script_blocking("stop", &state) {
+                eprintln!("ApiServer drop: {e}");
+            }
+        }
+    }
+}
+
+/// Processes whose command line names a path inside `state_dir` (etcd, the API server,
+/// the watcher): `(pid, command line)`. Empty once a server was stopped.
+pub fn processes_of(state_dir: &Path) -> Vec<(u32, String)> {
+    // With the separator, `/tmp/x-1` does not match the processes of `/tmp/x-10`.
+    let needle = format!("{}/", state_dir.to_string_lossy());
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(&needle) {
+            found.push((pid, cmdline.trim_end().to_owned()));
+        }
+    }
+    found
+}
+
+fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    // "Uid:\treal\teffective\tsaved\tfs"
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+fn fresh_state_dir() -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("egret-apiserver-{}-{n}", std::process::id()))
+}
+
+/// The script's environment: which state directory, and who owns it (the watcher stops
+/// the pair when this process is gone).
+fn script_env(state: &Path) -> [(&'static str, OsString); 2] {
+    let owner = std::process::id().to_string().into();
+    [
+        ("EGRET_APISERVER_STATE", state.as_os_str().to_owned()),
+        ("EGRET_APISERVER_OWNER_PID", owner),
+    ]
+}
+
+fn check_output(command: &'static str, state: &Path, out: Output) -> Result<Output> {
+    if out.status.success() {
+        // The script's progress (ports, time to ready) belongs in the test's log.
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        return Ok(out);
+    }
+    Err(ApiServerError::Script {
+        script: SCRIPT,
+        command,
+        state: state.to_owned(),
+        status: out.status,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+fn run_script_blocking(command: &'static str, state: &Path) -> Result<Output> {
+    let out = Command::new(SCRIPT)
+        .arg(command)
+        .envs(script_env(state))
+        .output()
+        .map_err(|source| ApiServerError::Spawn {
+            script: SCRIPT,
+            command,
+            source,
+        })?;
+    check_output(command, state, out)
+}
+
+async fn run_script(command: &'static str, state: &Path) -> Result<Output> {
+    let out = tokio::process::Command::new(SCRIPT)
+        .arg(command)
+        .envs(script_env(state))
+        .output()
+        .await
+        .map_err(|source| ApiServerError::Spawn {
+            script: SCRIPT,
+            command,
+            source,
+        })?;
+    check_output(command, state, out)
+}
