@@ -55,7 +55,7 @@ fn push_attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
     buf.extend_from_slice(&(len as u16).to_ne_bytes());
     buf.extend_from_slice(&ty.to_ne_bytes());
     buf.extend_from_slice(payload);
-    while buf.len() % 4 != 0 {
+    while !buf.len().is_multiple_of(4) {
         buf.push(0);
     }
 }
