@@ -244,8 +244,9 @@ pub const NEW_CONNS_EGRESS: [Ipv4Addr; 16] = {
 };
 
 impl<'t> Gateway<'t> {
-    /// Set `mode` up and place its contexts. New-connection runs use the
-    /// 16 [`NEW_CONNS_EGRESS`] addresses (Egret: ports 1024-65535).
+    /// Set `mode` up and place its contexts. Egret gets NAT ports
+    /// 1024-65535, as the kernel's SNAT has; new-connection runs use the 16
+    /// [`NEW_CONNS_EGRESS`] addresses.
     pub fn setup(topo: &'t Topology, mode: Mode, opts: &Options) -> Result<Self, BenchError> {
         let gw = topo.gw_ns.clone();
         let (in_idx, out_idx) = in_netns(&gw, || -> Result<(u32, u32), BenchError> {
@@ -298,7 +299,10 @@ impl<'t> Gateway<'t> {
                     fast_path: mode == Mode::Fastpath,
                     cpu: opts.gw_cpu,
                     realtime_priority: 50,
-                    ports: (mode == Mode::NewConns).then_some((1024, 65535)),
+                    // The kernel's SNAT may use every port from 1024: give
+                    // Egret the same (its default, 32768-60999, is fewer
+                    // than 50,000 flows need on one egress IP).
+                    ports: Some((1024, 65535)),
                     egress_ips,
                     sources: topology::POD_RANGE.into(),
                     destinations: topology::SINK_RANGE.into(),
@@ -499,6 +503,13 @@ impl Sample {
                 "{:.1}% of the frames reaching the sink were dropped at its ring: the sink core is overloaded",
                 self.lost_at_sink_rx() * 100.0
             ));
+        }
+        let metric = |name: &str| self.egret_metrics.get(name).copied().unwrap_or(0.0);
+        if metric("egret_ports_exhausted_total") > 0.0 {
+            p.push(format!("Egret ran out of NAT ports {:.0} times", metric("egret_ports_exhausted_total")));
+        }
+        if metric("egret_drops_total") > 0.001 * s.frames as f64 {
+            p.push(format!("Egret dropped {:.0} frames (egret_drops_total)", metric("egret_drops_total")));
         }
         if s.frames > 1000 && self.ns_per_packet() < 50.0 {
             p.push(format!(
