@@ -52,6 +52,7 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 
 const NAME: &str = "k8s_lab_service_vip_failover_and_api_outage";
+const RESTART: &str = "k8s_lab_holder_crash_and_immediate_restart";
 /// The Service's VIP (its `status.loadBalancer.ingress` IP).
 const VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 /// The default Lease timing (docs/kubernetes.md): duration, renew deadline, retry.
@@ -79,7 +80,31 @@ fn wall_ms(a: SystemTime, b: SystemTime) -> i64 {
 
 #[test]
 fn k8s_lab_service_vip_failover_and_api_outage() {
-    match ApiServer::lab_available_or_skip(NAME) {
+    run_in_lab(NAME, failover_and_api_outage);
+}
+
+/// Known gap (ignored until the daemon is fixed; run it with `-- --ignored`
+/// to see it fail): a gateway restarted right after a crash first applies
+/// its file's empty tables, which replaces the fail-closed nftables table
+/// with one that selects nothing, while its XDP program passes everything;
+/// until its control plane has loaded the cluster (~0.1-0.3 s) the node
+/// router, still resolving the egress IP to this gateway's MAC, gets the
+/// selected pods' packets forwarded with their own addresses. Seen: 5 frames
+/// of one new TCP connection 268-270 ms after the kill, the restart's
+/// Kubernetes state loaded at +310 ms. Keeping the table from the crashed
+/// process until the first Kubernetes tables are applied (tried: no leak,
+/// first new connection through the restarted holder at +391 ms) closes it.
+#[test]
+#[ignore = "known gap: a restarted gateway replaces the fail-closed rules before its control plane loaded the cluster"]
+fn k8s_lab_holder_crash_and_immediate_restart() {
+    run_in_lab(RESTART, crash_and_immediate_restart);
+}
+
+/// Builds the lab and its API server, runs `scenario` inside the control
+/// namespace (the test's own API client must reach 192.0.2.1, and nothing
+/// listens outside the lab's namespaces), stops everything.
+fn run_in_lab(name: &str, scenario: fn(&K8sLab, &ApiServer)) {
+    match ApiServer::lab_available_or_skip(name) {
         Ok(true) => {}
         Ok(false) => return,
         Err(e) => panic!("{e}"),
@@ -89,11 +114,9 @@ fn k8s_lab_service_vip_failover_and_api_outage() {
     let server = ApiServer::start_in(lab.control().name(), IpAddr::V4(CONTROL), SERVICE_CIDR)
         .expect("kube-apiserver in the lab");
     println!("k8s-lab: lab and API server up after {} ms", ms(t0.elapsed()));
-    // The test's own API client must reach 192.0.2.1: run it inside the
-    // control namespace (nothing listens outside the lab's namespaces).
     lab.control().run_in(|| scenario(&lab, &server)).expect("enter the control namespace");
     server.stop().expect("stop the API server");
-    println!("k8s-lab: whole test {} ms", ms(t0.elapsed()));
+    println!("k8s-lab: {name}: {} ms", ms(t0.elapsed()));
 }
 
 /// An egress IP for the policy whose rendezvous-preferred gateway is not the
@@ -118,18 +141,29 @@ impl Gateways {
 
 /// Keeps the gateways' logs as artifacts when the test fails (the lab's
 /// directory goes with the lab).
-struct KeepLogs<'a>(&'a K8sLab);
+struct KeepLogs<'a>(&'a K8sLab, &'static str);
 
 impl Drop for KeepLogs<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            save_artifacts(self.0, &[]);
+            save_artifacts(self.1, self.0, &[]);
         }
     }
 }
 
-fn scenario(lab: &K8sLab, server: &ApiServer) {
-    let _keep = KeepLogs(lab);
+/// What every scenario starts from: the cluster objects, both gateways
+/// running, a capture on the upstream link.
+struct Ctx {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+    preferred_vip: Gw,
+    eip: Ipv4Addr,
+    capture: Option<Capture>,
+    cap_t0: Instant,
+    gws: Gateways,
+}
+
+fn bring_up(lab: &K8sLab, server: &ApiServer) -> Ctx {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = rt.block_on(server.client()).expect("client");
     let preferred_vip = Gw::by_node_name(&rank_gateways(IpAddr::V4(VIP), &["gw-1", "gw-2"])[0]).unwrap();
@@ -165,8 +199,16 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     for g in Gw::ALL {
         gws.get(g).wait_ready(Duration::from_secs(30)).expect("egret ready");
     }
-    let t_started = Instant::now();
 
+    Ctx { rt, client, preferred_vip, eip, capture: Some(capture), cap_t0, gws }
+}
+
+/// Waits for the steady state: each selected pod leaves with its egress IP,
+/// each IP held by its preferred gateway, which alone answers ARP for it.
+fn steady_state(lab: &K8sLab, ctx: &mut Ctx) -> Gw {
+    let (rt, client, eip, preferred_vip) = (&ctx.rt, &ctx.client, ctx.eip, ctx.preferred_vip);
+    let gws = &mut ctx.gws;
+    let t_started = Instant::now();
     // 1. Steady state.
     let web = wait_source(lab, KPod::Web, VIP, Duration::from_secs(30));
     let db = wait_source(lab, KPod::Db, eip, Duration::from_secs(30));
@@ -176,8 +218,8 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     );
     let other = probe::once(lab.pod(KPod::Other), http()).unwrap().expect("the unselected pod reaches the server");
     assert_eq!(other.ip(), IpAddr::V4(KPod::Other.addr()), "an unselected pod keeps its own address");
-    let vip_holder = lease_holder(&rt, &client, VIP).expect("the VIP's Lease has a holder");
-    let eip_holder = lease_holder(&rt, &client, eip).expect("the policy IP's Lease has a holder");
+    let vip_holder = lease_holder(rt, client, VIP).expect("the VIP's Lease has a holder");
+    let eip_holder = lease_holder(rt, client, eip).expect("the policy IP's Lease has a holder");
     assert_eq!(vip_holder, preferred_vip, "the VIP is held by its preferred gateway");
     assert_eq!(eip_holder, preferred_vip.other(), "the policy's IP is held by its preferred gateway");
     assert_one_arp_answer(lab, VIP, vip_holder);
@@ -186,6 +228,16 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     assert!(nobody.is_empty(), "nobody answers for a free address: {nobody:?}");
     assert_owned(gws.get(vip_holder), &[VIP]);
     assert_owned(gws.get(vip_holder.other()), &[eip]);
+    vip_holder
+}
+
+fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
+    let _keep = KeepLogs(lab, NAME);
+    let mut ctx = bring_up(lab, server);
+    let vip_holder = steady_state(lab, &mut ctx);
+    let Ctx { rt, client, eip, capture, cap_t0, gws, .. } = &mut ctx;
+    let (rt, client, eip, cap_t0) = (&*rt, &*client, *eip, *cap_t0);
+    let capture = capture.take().unwrap();
 
     // 2. SIGKILL the VIP's holder while both pods open new connections.
     let survivor = vip_holder.other();
@@ -227,7 +279,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
         ms(first.started - t_kill)
     );
     assert!(failover <= D + 2 * P + Duration::from_secs(2), "failover took {} ms", ms(failover));
-    let lease = get_lease(&rt, &client, VIP);
+    let lease = get_lease(rt, client, VIP);
     let spec = lease.spec.clone().unwrap_or_default();
     assert_eq!(spec.holder_identity.as_deref(), Some(survivor.node_name()), "the survivor holds the VIP's Lease");
     let acquired = SystemTime::from(spec.acquire_time.expect("acquireTime").0);
@@ -257,7 +309,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     // 3. The killed gateway comes back: no pre-emption.
     gws.get(vip_holder).restart().expect("restart the killed gateway");
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(lease_holder(&rt, &client, VIP), Some(survivor), "a held VIP does not move to a returning gateway");
+    assert_eq!(lease_holder(rt, client, VIP), Some(survivor), "a held VIP does not move to a returning gateway");
     assert_one_arp_answer(lab, VIP, survivor);
     assert_owned(gws.get(vip_holder), &[]);
 
@@ -327,7 +379,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     let again = web_probe
         .wait_for(t_back, Duration::from_secs(30), |a| a.seen().is_some())
         .expect("new connections work again after the API server is back");
-    let holder = lease_holder(&rt, &client, VIP).expect("the VIP has a holder again");
+    let holder = lease_holder(rt, client, VIP).expect("the VIP has a holder again");
     let db_again = db_probe
         .wait_for(t_back, Duration::from_secs(30), |a| a.seen().is_some())
         .expect("the policy's pod gets through again");
@@ -343,34 +395,8 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     let web_all = web_probe.stop();
     let db_all = db_probe.stop();
 
-    // Nothing ever left with a selected pod's address.
     let frames = capture.stop().expect("stop the capture");
-    let selected = [IpAddr::V4(KPod::Web.addr()), IpAddr::V4(KPod::Db.addr())];
-    let gw_macs = [Gw::One.mac(), Gw::Two.mac()];
-    let leaks: Vec<String> = frames
-        .iter()
-        .filter_map(|f| capture::ip_info(&f.data).map(|i| (f, i)))
-        .filter(|(f, i)| selected.contains(&i.src) && (f.data[..6] == plan::UP_MAC || gw_macs.contains(&i.eth_src)))
-        .map(|(f, i)| format!("at {:?}: {} -> {} from {:02x?}", f.at, i.src, i.dst, i.eth_src))
-        .collect();
-    let journal_leaks: Vec<String> = lab
-        .server()
-        .map(|s| s.seen())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| selected.contains(&s.src.ip()))
-        .map(|s| s.to_string())
-        .collect();
-    if !leaks.is_empty() || !journal_leaks.is_empty() {
-        save_artifacts(lab, &frames);
-    }
-    assert!(
-        leaks.is_empty(),
-        "{} frames left with a selected pod's address: {:?}",
-        leaks.len(),
-        &leaks[..leaks.len().min(5)]
-    );
-    assert!(journal_leaks.is_empty(), "the server saw selected pods' own addresses: {journal_leaks:?}");
+    assert_no_leaks(NAME, lab, &frames);
     let by_gw = |g: Gw| {
         frames
             .iter()
@@ -379,7 +405,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
             .count()
     };
     println!(
-        "k8s-lab: {} frames on the upstream link, none leaked; VIP frames from gw-1 {}, gw-2 {}; web attempts {} ({} ok), db attempts {} ({} ok)",
+        "k8s-lab: {} frames on the upstream link; VIP frames from gw-1 {}, gw-2 {}; web attempts {} ({} ok), db attempts {} ({} ok)",
         frames.len(),
         by_gw(Gw::One),
         by_gw(Gw::Two),
@@ -392,6 +418,105 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
         let gw = gws.get(g);
         let _ = gw.terminate();
     }
+}
+
+/// The VIP's holder crashes and its DaemonSet restarts it at once, before
+/// its Lease expired: the node router still sends the pods' traffic to it.
+/// Nothing may leave with a pod address at any moment, and new connections
+/// must leave with the VIP again.
+fn crash_and_immediate_restart(lab: &K8sLab, server: &ApiServer) {
+    let _keep = KeepLogs(lab, RESTART);
+    let mut ctx = bring_up(lab, server);
+    let holder = steady_state(lab, &mut ctx);
+    let web_probe = Prober::start(lab.pod(KPod::Web), http(), PROBE_EVERY).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let gw = ctx.gws.get(holder);
+    gw.kill().expect("SIGKILL the VIP's holder");
+    let (wall_kill, t_kill) = (SystemTime::now(), Instant::now());
+    gw.restart().expect("restart it at once");
+    let t_ready = Instant::now();
+    let first = web_probe
+        .wait_for(t_kill, Duration::from_secs(20), |a| a.seen().is_some())
+        .unwrap_or_else(|| panic!("no new connection succeeded within 20 s of the restart: {:?}", tail(&web_probe)));
+    std::thread::sleep(Duration::from_secs(1));
+    let attempts = web_probe.stop();
+    let now_holder = lease_holder(&ctx.rt, &ctx.client, VIP).expect("the VIP has a holder");
+    let acquired =
+        get_lease(&ctx.rt, &ctx.client, VIP).spec.and_then(|s| s.acquire_time).map(|t| SystemTime::from(t.0));
+    let took = log_events(&ctx.gws.get(now_holder).log_text(), "took egress IP")
+        .into_iter()
+        .find(|(t, l)| *t >= wall_kill && l.contains(&format!("ip={VIP}")))
+        .map(|(t, _)| wall_ms(wall_kill, t));
+    let loaded = log_events(&ctx.gws.get(holder).log_text(), "Kubernetes state loaded")
+        .into_iter()
+        .find(|(t, _)| *t >= wall_kill)
+        .map(|(t, _)| wall_ms(wall_kill, t));
+    println!(
+        "k8s-lab: {} killed and restarted (ready {} ms after the kill, Kubernetes state loaded at +{:?} ms); VIP now held by {} (acquireTime +{:?} ms, 'took egress IP' +{:?} ms); first new connection +{} ms",
+        holder.node_name(),
+        ms(t_ready - t_kill),
+        loaded,
+        now_holder.node_name(),
+        acquired.map(|a| wall_ms(wall_kill, a)),
+        took,
+        ms(first.finished - t_kill)
+    );
+    let frames = ctx.capture.take().unwrap().stop().expect("stop the capture");
+    let leaked = leaks(&frames);
+    let since_kill = |f: &Frame| (ctx.cap_t0 + f.at).saturating_duration_since(t_kill).as_millis();
+    let untranslated: Vec<&Attempt> =
+        attempts.iter().filter(|a| a.seen().is_some_and(|s| s.ip() != IpAddr::V4(VIP))).collect();
+    println!(
+        "k8s-lab: after the restart: {} frames left with a pod address (from +{:?} to +{:?} ms after the kill); {} new connections reached the server untranslated (started +{:?} ms)",
+        leaked.len(),
+        leaked.first().map(|(f, _)| since_kill(f)),
+        leaked.last().map(|(f, _)| since_kill(f)),
+        untranslated.len(),
+        untranslated.iter().map(|a| a.started.saturating_duration_since(t_kill).as_millis()).collect::<Vec<_>>()
+    );
+    assert_no_leaks(RESTART, lab, &frames);
+    for a in attempts.iter().filter_map(Attempt::seen) {
+        assert_eq!(a.ip(), IpAddr::V4(VIP), "web leaves with the VIP or not at all");
+    }
+    for g in Gw::ALL {
+        let _ = ctx.gws.get(g).terminate();
+    }
+}
+
+/// Nothing ever left with a selected pod's address: no such frame reached
+/// the upstream router or came from a gateway, and the server never saw one.
+fn assert_no_leaks(name: &str, lab: &K8sLab, frames: &[Frame]) {
+    let leaked = leaks(frames);
+    let journal_leaks: Vec<String> = lab
+        .server()
+        .map(|s| s.seen())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| SELECTED.contains(&s.src.ip()))
+        .map(|s| s.to_string())
+        .collect();
+    if !leaked.is_empty() || !journal_leaks.is_empty() {
+        save_artifacts(name, lab, frames);
+    }
+    let shown: Vec<String> = leaked.iter().take(5).map(|(f, text)| format!("at {:?}: {text}", f.at)).collect();
+    assert!(leaked.is_empty(), "{} frames left with a selected pod's address: {shown:?}", leaked.len());
+    assert!(journal_leaks.is_empty(), "the server saw selected pods' own addresses: {journal_leaks:?}");
+}
+
+/// The selected pods' addresses.
+const SELECTED: [IpAddr; 2] = [IpAddr::V4(Ipv4Addr::new(198, 18, 0, 10)), IpAddr::V4(Ipv4Addr::new(198, 18, 0, 11))];
+
+/// Frames that carry a selected pod's address and either reached the
+/// upstream router or came from a gateway (a frame from the node router to a
+/// gateway that the bridge floods past the upstream router is not a leak).
+fn leaks(frames: &[Frame]) -> Vec<(&Frame, String)> {
+    let gw_macs = [Gw::One.mac(), Gw::Two.mac()];
+    frames
+        .iter()
+        .filter_map(|f| capture::ip_info(&f.data).map(|i| (f, i)))
+        .filter(|(f, i)| SELECTED.contains(&i.src) && (f.data[..6] == plan::UP_MAC || gw_macs.contains(&i.eth_src)))
+        .map(|(f, i)| (f, format!("{} -> {} proto {} from {:02x?}", i.src, i.dst, i.proto, i.eth_src)))
+        .collect()
 }
 
 fn wall_kill_ms(kill: SystemTime, t: SystemTime) -> i64 {
@@ -514,19 +639,19 @@ fn write_gateway_kubeconfig(admin: &std::path::Path, token: &str, out: &std::pat
     std::fs::write(out, kc).expect("write the gateways' kubeconfig");
 }
 
-fn save_artifacts(lab: &K8sLab, frames: &[Frame]) {
+fn save_artifacts(name: &str, lab: &K8sLab, frames: &[Frame]) {
     let dir = std::env::var_os("EGRET_E2E_ARTIFACTS")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("egret-e2e-artifacts"));
     let _ = std::fs::create_dir_all(&dir);
     if !frames.is_empty() {
-        let _ = capture::write_pcap(&dir.join(format!("{NAME}.pcap")), frames);
+        let _ = capture::write_pcap(&dir.join(format!("{name}.pcap")), frames);
     }
     for g in Gw::ALL {
         let _ = std::fs::copy(
             lab.dir().join(format!("{}.log", g.node_name())),
-            dir.join(format!("{NAME}.{}.log", g.node_name())),
+            dir.join(format!("{name}.{}.log", g.node_name())),
         );
     }
-    eprintln!("{NAME}: artifacts in {}", dir.display());
+    eprintln!("{name}: artifacts in {}", dir.display());
 }
