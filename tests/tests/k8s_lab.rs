@@ -83,19 +83,15 @@ fn k8s_lab_service_vip_failover_and_api_outage() {
     run_in_lab(NAME, failover_and_api_outage);
 }
 
-/// Known gap (ignored until the daemon is fixed; run it with `-- --ignored`
-/// to see it fail): a gateway restarted right after a crash first applies
-/// its file's empty tables, which replaces the fail-closed nftables table
-/// with one that selects nothing, while its XDP program passes everything;
-/// until its control plane has loaded the cluster (~0.1-0.3 s) the node
-/// router, still resolving the egress IP to this gateway's MAC, gets the
-/// selected pods' packets forwarded with their own addresses. Seen: 5 frames
-/// of one new TCP connection 268-270 ms after the kill, the restart's
-/// Kubernetes state loaded at +310 ms. Keeping the table from the crashed
-/// process until the first Kubernetes tables are applied (tried: no leak,
-/// first new connection through the restarted holder at +391 ms) closes it.
+/// A gateway restarted right after a crash starts with its file's empty
+/// tables, its XDP program passing everything, while the node router still
+/// resolves the egress IP to its MAC. Until its control plane has loaded the
+/// cluster (~0.1-0.3 s) only the crashed process's fail-closed nftables table
+/// stands between the selected pods and the upstream link: the daemon keeps
+/// it until the cluster's first tables are applied (failclosed::Hold). Before
+/// that fix this test saw 5 frames of one new TCP connection leave with the
+/// pod's address 268-270 ms after the kill.
 #[test]
-#[ignore = "known gap: a restarted gateway replaces the fail-closed rules before its control plane loaded the cluster"]
 fn k8s_lab_holder_crash_and_immediate_restart() {
     run_in_lab(RESTART, crash_and_immediate_restart);
 }
