@@ -99,12 +99,20 @@ fn k8s_lab_holder_crash_and_immediate_restart() {
 /// Builds the lab and its API server, runs `scenario` inside the control
 /// namespace (the test's own API client must reach 192.0.2.1, and nothing
 /// listens outside the lab's namespaces), stops everything.
+///
+/// One lab at a time: each holds an API server, etcd and two gateways, and
+/// the scenarios assert timings (renew deadline, failover bound) that two
+/// labs sharing two cores would blur. `tests/run.sh` runs each test binary's
+/// tests two at a time.
 fn run_in_lab(name: &str, scenario: fn(&K8sLab, &ApiServer)) {
+    static ONE_LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
     match ApiServer::lab_available_or_skip(name) {
         Ok(true) => {}
         Ok(false) => return,
         Err(e) => panic!("{e}"),
     }
+    // A failed scenario poisons the lock; the next one still runs.
+    let _one = ONE_LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let t0 = Instant::now();
     let lab = K8sLab::build(&K8sLab::test_prefix()).expect("build the lab");
     let server = ApiServer::start_in(lab.control().name(), IpAddr::V4(CONTROL), SERVICE_CIDR)
