@@ -19,14 +19,29 @@
 //! accept), then accept; a first match in that order is the longest-prefix
 //! answer. A leading set lookup lets unselected sources through at once.
 //! The whole table is replaced atomically (`nft -f`, one transaction).
+//!
+//! When an apply may replace the table ([`Hold`], [`ReleaseOnApply`]): in
+//! file mode every apply does. In Kubernetes mode the file's tables are an
+//! empty placeholder until the control plane has loaded the cluster, so the
+//! daemon's start-up apply leaves whatever table the kernel has (a crashed
+//! predecessor's, or the node image's; docs/operations.md); the table is
+//! replaced from the control plane's first apply on, which
+//! `k8s::controller::run` makes only once its watches are synced, i.e. with
+//! the cluster's whole desired state. Otherwise a gateway restarted right
+//! after a crash would, for the ~0.3 s until then, forward the selected pods'
+//! traffic untranslated (the node router still sends it there).
 
 use std::io::Write;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use egret_dataplane::lpm::{LpmAddr, Prefix};
 use egret_dataplane::policy::{Classifier, DstAction};
-use egret_dataplane::tables::Tables;
+use egret_dataplane::tables::{Tables, TablesSpec};
+
+use crate::sink::{ApplyError, TablesSink};
 
 /// The nftables table Egret owns.
 pub const TABLE: &str = "egret_failclosed";
@@ -119,9 +134,93 @@ pub fn remove() -> Result<(), FailClosedError> {
     nft(&format!("table inet {TABLE}\ndelete table inet {TABLE}\n"))
 }
 
+/// Whether applies may replace the kernel's table: released (every apply
+/// replaces it) or held (applies leave the kernel's table as it is).
+#[derive(Debug, Default)]
+pub struct Hold {
+    held: AtomicBool,
+}
+
+/// What [`Hold::install`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Installed {
+    /// The kernel's table was replaced with rules for the tables.
+    Replaced,
+    /// Held: the kernel's table (if any) was left as it is.
+    Kept,
+}
+
+impl Hold {
+    /// From now on applies leave the kernel's table alone (Kubernetes mode,
+    /// before the start-up apply).
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Whether applies currently leave the kernel's table alone.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// From now on every apply replaces the table.
+    pub fn release(&self) {
+        self.held.store(false, Ordering::Release);
+    }
+
+    /// Runs `install` for `tables` unless held.
+    pub fn install_with(
+        &self,
+        tables: &Tables,
+        install: impl FnOnce(&Tables) -> Result<(), FailClosedError>,
+    ) -> Result<Installed, FailClosedError> {
+        if self.is_held() {
+            return Ok(Installed::Kept);
+        }
+        install(tables).map(|()| Installed::Replaced)
+    }
+
+    /// [`install`] for `tables` unless held.
+    pub fn install(&self, tables: &Tables) -> Result<Installed, FailClosedError> {
+        self.install_with(tables, install)
+    }
+}
+
+/// The sink the Kubernetes control plane applies through: releases the
+/// gateway's [`Hold`] before each apply, so the control plane's first apply
+/// (its whole desired state, made once its watches are synced) is the first
+/// to replace the kernel's table.
+pub struct ReleaseOnApply<S: ?Sized> {
+    inner: Arc<S>,
+    hold: Arc<Hold>,
+}
+
+impl<S: ?Sized> ReleaseOnApply<S> {
+    /// Wraps `inner`, whose applies consult `hold`.
+    pub fn new(inner: Arc<S>, hold: Arc<Hold>) -> Self {
+        Self { inner, hold }
+    }
+}
+
+impl<S: ?Sized> std::fmt::Debug for ReleaseOnApply<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseOnApply").field("hold", &self.hold).finish_non_exhaustive()
+    }
+}
+
+impl<S: TablesSink + ?Sized> TablesSink for ReleaseOnApply<S> {
+    fn apply(&self, spec: &TablesSpec) -> Result<(), ApplyError> {
+        self.hold.release();
+        self.inner.apply(spec)
+    }
+
+    fn announce(&self, ips: &[IpAddr]) {
+        self.inner.announce(ips);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use egret_dataplane::tables::{EgressIpSpec, PolicySlots, PolicySpec, TablesSpec};
+    use egret_dataplane::tables::{EgressIpSpec, PolicySlots, PolicySpec};
 
     use super::*;
 
@@ -202,5 +301,67 @@ mod tests {
             return;
         }
         assert!(o.status.success(), "{err}");
+    }
+
+    #[test]
+    fn hold_keeps_the_kernel_table_until_released() {
+        let t = tables();
+        let installs = std::cell::RefCell::new(Vec::new());
+        let record = |t: &Tables| {
+            installs.borrow_mut().push(ruleset(t));
+            Ok(())
+        };
+        // File mode: released from the start, every apply replaces.
+        let file = Hold::default();
+        assert_eq!(file.install_with(&t, record).unwrap(), Installed::Replaced);
+        assert_eq!(installs.borrow().len(), 1);
+        // Kubernetes mode: the start-up apply keeps the kernel's table.
+        let k8s = Hold::default();
+        k8s.hold();
+        assert_eq!(k8s.install_with(&t, record).unwrap(), Installed::Kept);
+        assert_eq!(installs.borrow().len(), 1, "a held apply must not run nft");
+        k8s.release();
+        assert_eq!(k8s.install_with(&t, record).unwrap(), Installed::Replaced);
+        assert_eq!(installs.borrow().len(), 2);
+        assert_eq!(installs.borrow()[1], ruleset(&t));
+        // An nft failure is reported, not hidden behind the hold.
+        let err = k8s.install_with(&t, |_| Err(FailClosedError::Refused("no".into()))).unwrap_err();
+        assert_eq!(err.to_string(), "nft refused the fail-closed ruleset: no");
+    }
+
+    /// A sink that records, for each call, whether the hold was still held.
+    #[derive(Default)]
+    struct Seen {
+        hold: Arc<Hold>,
+        calls: std::sync::Mutex<Vec<(&'static str, bool)>>,
+    }
+
+    impl TablesSink for Seen {
+        fn apply(&self, _spec: &TablesSpec) -> Result<(), ApplyError> {
+            self.calls.lock().unwrap().push(("apply", self.hold.is_held()));
+            Ok(())
+        }
+        fn announce(&self, _ips: &[IpAddr]) {
+            self.calls.lock().unwrap().push(("announce", self.hold.is_held()));
+        }
+    }
+
+    #[test]
+    fn the_control_planes_first_apply_releases_the_hold() {
+        let hold = Arc::new(Hold::default());
+        hold.hold();
+        let gateway = Arc::new(Seen { hold: hold.clone(), ..Seen::default() });
+        // The daemon's own start-up apply goes to the gateway's sink directly: still held.
+        gateway.apply(&TablesSpec::default()).unwrap();
+        let cluster = ReleaseOnApply::new(gateway.clone(), hold.clone());
+        assert!(hold.is_held(), "wrapping alone releases nothing");
+        cluster.announce(&["203.0.113.10".parse().unwrap()]);
+        assert!(hold.is_held(), "an announcement is not an apply");
+        cluster.apply(&TablesSpec::default()).unwrap();
+        cluster.apply(&TablesSpec::default()).unwrap();
+        assert_eq!(
+            *gateway.calls.lock().unwrap(),
+            vec![("apply", true), ("announce", true), ("apply", false), ("apply", false)]
+        );
     }
 }

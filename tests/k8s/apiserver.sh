@@ -4,6 +4,13 @@
 # listening on 127.0.0.1 only, on free ports, with every file in one state directory.
 #
 # Usage: tests/k8s/apiserver.sh check|start|stop|status|env|kill-apiserver|restart-apiserver
+#
+# By default both listen on 127.0.0.1 of the machine. With EGRET_APISERVER_NETNS set at
+# `start`, both run inside that network namespace instead (the lab's "control"
+# namespace): etcd on that namespace's own 127.0.0.1, the API server on
+# EGRET_APISERVER_ADDRESS there (an address the caller configured on a link of that
+# namespace); nothing listens in the namespace the script was called from. The choice is
+# recorded in the state directory, so the other commands need only EGRET_APISERVER_STATE.
 #   check              exit 0 when the binaries are there, 4 (with what is missing) if not
 #   start              start etcd and the API server unless already running; wait until
 #                      /readyz answers "ok"; print the kubeconfig path
@@ -22,6 +29,9 @@
 #   EGRET_APISERVER_SERVICE_CIDR service cluster IP range (default 192.0.2.0/24, TEST-NET-1;
 #                                only stored by the API server, never configured on a link)
 #   EGRET_KUBE_APISERVER, EGRET_ETCD  binaries (default: the build cache, etcd on PATH)
+#   EGRET_APISERVER_NETNS        at start: run both inside this network namespace
+#   EGRET_APISERVER_ADDRESS      at start: the API server's address (default 127.0.0.1;
+#                                with a namespace, an address of that namespace)
 #
 # The admin user authenticates with a static bearer token and is in group
 # system:masters; authorization is RBAC. The serving certificate is the API server's
@@ -38,6 +48,9 @@ apiserver_bin=${EGRET_KUBE_APISERVER:-$EGRET_KUBE_APISERVER_BIN}
 etcd_bin=${EGRET_ETCD:-$(command -v etcd || echo /usr/bin/etcd)}
 timeout=${EGRET_APISERVER_TIMEOUT:-90}
 service_cidr=${EGRET_APISERVER_SERVICE_CIDR:-192.0.2.0/24}
+# Where the pair runs; `start` records both in config.env, later commands read them back.
+netns=${EGRET_APISERVER_NETNS:-}
+address=${EGRET_APISERVER_ADDRESS:-127.0.0.1}
 
 log() { printf '[apiserver.sh] %s\n' "$*" >&2 || true; }
 die() { log "ERROR: $*"; exit 1; }
@@ -79,7 +92,26 @@ stop_proc() {
   rm -f "$state/$name.pid"
 }
 
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# Runs "$@" inside the pair's network namespace (or here, without one).
+inns() {
+  if [ -n "$netns" ]; then ip netns exec "$netns" "$@"; else "$@"; fi
+}
+# The same as a command prefix for `spawn` (setsid cannot run a function).
+inns_prefix() {
+  prefix=()
+  [ -z "$netns" ] || prefix=(ip netns exec "$netns")
+}
+
+# Reads config.env (ports, token, and where the pair runs).
+load_env() {
+  # shellcheck source=/dev/null
+  [ -f "$state/config.env" ] && source "$state/config.env" || return 1
+  netns=${APISERVER_NETNS:-}
+  address=${APISERVER_ADDRESS:-127.0.0.1}
+}
+
+# shellcheck disable=SC2016 # expanded by the inner bash
+port_in_use() { inns bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$address" "$1" 2>/dev/null; }
 # A port with no listener, below the kernel's ephemeral range: a port that an
 # outgoing connection holds as its local port cannot be listened on either.
 free_port() {
@@ -92,17 +124,16 @@ free_port() {
     p=$((base + RANDOM % span))
     port_in_use "$p" || { printf '%s\n' "$p"; return 0; }
   done
-  die "no free port found on 127.0.0.1"
+  die "no free port found on $address${netns:+ in network namespace $netns}"
 }
 
 kubeconfig=$state/kubeconfig
 
 ready() {
-  # shellcheck source=/dev/null
-  [ -f "$state/config.env" ] && source "$state/config.env" || return 1
+  load_env || return 1
   [ -f "$state/ca.crt" ] || return 1
-  [ "$(curl -s --max-time 2 --cacert "$state/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
-       "https://127.0.0.1:$APISERVER_PORT/readyz" 2>/dev/null)" = ok ]
+  [ "$(inns curl -s --max-time 2 --cacert "$state/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
+       "https://$address:$APISERVER_PORT/readyz" 2>/dev/null)" = ok ]
 }
 
 running() { live_pid etcd >/dev/null && live_pid apiserver >/dev/null; }
@@ -127,8 +158,7 @@ extract_ca() {
 }
 
 write_kubeconfig() {
-  # shellcheck source=/dev/null
-  source "$state/config.env"
+  load_env
   umask 077
   cat >"$kubeconfig.new" <<EOF
 apiVersion: v1
@@ -136,7 +166,7 @@ kind: Config
 clusters:
 - name: egret-test
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: https://$address:$APISERVER_PORT
     certificate-authority-data: $(base64 -w0 <"$state/ca.crt")
 users:
 - name: egret-admin
@@ -160,9 +190,11 @@ spawn() { # name, command...: detached from our session; output to <name>.log
 }
 
 start_etcd() {
-  # shellcheck source=/dev/null
-  source "$state/config.env"
-  spawn etcd "$etcd_bin" \
+  load_env
+  # etcd always listens on loopback: the machine's, or the namespace's own.
+  local prefix
+  inns_prefix
+  spawn etcd "${prefix[@]}" "$etcd_bin" \
     --name egret-test \
     --data-dir "$state/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
@@ -174,12 +206,14 @@ start_etcd() {
 }
 
 start_apiserver_proc() {
-  # shellcheck source=/dev/null
-  source "$state/config.env"
-  spawn apiserver "$apiserver_bin" \
+  load_env
+  # The self-signed serving certificate names the advertise address.
+  local prefix
+  inns_prefix
+  spawn apiserver "${prefix[@]}" "$apiserver_bin" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 \
-    --advertise-address 127.0.0.1 \
+    --bind-address "$address" \
+    --advertise-address "$address" \
     --secure-port "$APISERVER_PORT" \
     --insecure-port 0 \
     --cert-dir "$state/pki" \
@@ -209,9 +243,8 @@ wait_for() {
 }
 
 etcd_ready() {
-  # shellcheck source=/dev/null
-  source "$state/config.env"
-  curl -s --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'
+  load_env
+  inns curl -s --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'
 }
 apiserver_ready() { { [ -f "$state/ca.crt" ] || extract_ca; } && ready; }
 
@@ -219,7 +252,7 @@ wait_apiserver() {
   local t0=$1
   wait_for apiserver_ready apiserver || return 1
   write_kubeconfig
-  log "API server ready at https://127.0.0.1:$APISERVER_PORT in $(elapsed "$t0")s (pid $(live_pid apiserver))"
+  log "API server ready at https://$address:$APISERVER_PORT${netns:+ in network namespace $netns} in $(elapsed "$t0")s (pid $(live_pid apiserver))"
 }
 
 lock() {
@@ -246,6 +279,9 @@ cmd_check() {
 
 cmd_start() {
   cmd_check
+  if [ -n "$netns" ] && [ ! -e "/run/netns/$netns" ]; then
+    die "EGRET_APISERVER_NETNS=$netns: no such network namespace (ip netns add it first)"
+  fi
   lock
   if running && ready; then
     log "already running (state $state)"
@@ -284,6 +320,8 @@ ETCD_PORT=$client_p
 ETCD_PEER_PORT=$peer_p
 APISERVER_PORT=$api_p
 ADMIN_TOKEN=$token
+APISERVER_NETNS=$netns
+APISERVER_ADDRESS=$address
 EOF
     # Static token file: token,user,uid,"groups".
     printf '%s,egret-admin,egret-admin,"system:masters"\n' "$token" >"$state/tokens.csv"
@@ -315,10 +353,9 @@ cmd_status() {
   local e a
   e=$(live_pid etcd || echo none); a=$(live_pid apiserver || echo none)
   if [ "$e" = none ] && [ "$a" = none ]; then echo "stopped (stale state in $state)"; exit 3; fi
-  # shellcheck source=/dev/null
-  [ -f "$state/config.env" ] && source "$state/config.env"
+  load_env || true
   if [ "$e" != none ] && [ "$a" != none ] && ready; then
-    echo "running: etcd pid $e (127.0.0.1:$ETCD_PORT), kube-apiserver pid $a (https://127.0.0.1:$APISERVER_PORT), KUBECONFIG=$kubeconfig"
+    echo "running: etcd pid $e (127.0.0.1:$ETCD_PORT), kube-apiserver pid $a (https://$address:$APISERVER_PORT)${netns:+ in network namespace $netns}, KUBECONFIG=$kubeconfig"
     exit 0
   fi
   echo "degraded: etcd pid $e, kube-apiserver pid $a, ready=no"

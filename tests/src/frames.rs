@@ -85,3 +85,34 @@ pub fn parse_arp(f: &[u8]) -> Option<Arp> {
         tpa: ip(38),
     })
 }
+
+/// A broadcast ARP request (RFC 826) from `sha`/`spa` asking who has `tpa`.
+pub fn arp_request(sha: [u8; 6], spa: Ipv4Addr, tpa: Ipv4Addr) -> Vec<u8> {
+    let mut f = Vec::with_capacity(42);
+    f.extend_from_slice(&[0xff; 6]);
+    f.extend_from_slice(&sha);
+    f.extend_from_slice(&[0x08, 0x06]);
+    // Ethernet, IPv4, hardware length 6, protocol length 4, operation 1 (request).
+    f.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+    f.extend_from_slice(&sha);
+    f.extend_from_slice(&spa.octets());
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&tpa.octets());
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arp_request_round_trips() {
+        let (mac, a, b) = ([2, 0xe9, 0, 0, 0, 0x0a], Ipv4Addr::new(203, 0, 113, 5), Ipv4Addr::new(203, 0, 113, 10));
+        let f = arp_request(mac, a, b);
+        assert_eq!(f.len(), 42);
+        assert_eq!(
+            parse_arp(&f),
+            Some(Arp { eth_dst: [0xff; 6], eth_src: mac, op: 1, sha: mac, spa: a, tha: [0; 6], tpa: b })
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! Driving the `egret` gateway daemon in the lab: its YAML configuration
-//! (docs/config.md), starting it in the gateway namespace, waiting until it
-//! is ready, asking it for sessions and counters through the admin socket,
-//! reloading it (SIGHUP), killing it.
+//! (docs/config.md, Kubernetes mode included), starting it in a gateway
+//! namespace, waiting until it is ready, asking it for sessions and counters
+//! through the admin socket, reloading it (SIGHUP), killing it.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -56,6 +56,21 @@ pub struct GatewayConfig {
     pub policies: Vec<Policy>,
     /// Extra YAML appended verbatim (a `nat:` section, say).
     pub extra: String,
+    /// Kubernetes mode: the `kubernetes:` section. The file then lists no
+    /// egress IPs or policies (`egress_ips` and `policies` are not written).
+    pub kubernetes: Option<KubernetesSection>,
+}
+
+/// The `kubernetes:` section of a gateway's file (docs/config.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubernetesSection {
+    /// `nodeName`: the gateway's identity in Leases.
+    pub node_name: String,
+    /// `kubeconfig`: how the control plane reaches the API server.
+    pub kubeconfig: PathBuf,
+    /// `leaseDuration`, `renewDeadline`, `retryPeriod` as written (e.g. `4s`,
+    /// `500ms`); `None` keeps the daemon's defaults.
+    pub timing: Option<(String, String, String)>,
 }
 
 impl GatewayConfig {
@@ -89,6 +104,20 @@ impl GatewayConfig {
                 })
                 .collect(),
             extra: String::new(),
+            kubernetes: None,
+        }
+    }
+
+    /// A gateway in Kubernetes mode on `interfaces` (name, role): policies and
+    /// egress IPs come from the cluster.
+    pub fn kubernetes(interfaces: &[(&str, &str)], section: KubernetesSection) -> Self {
+        Self {
+            interfaces: interfaces.iter().map(|(n, r)| (n.to_string(), r.to_string())).collect(),
+            xdp_mode: "native".into(),
+            egress_ips: Vec::new(),
+            policies: Vec::new(),
+            extra: String::new(),
+            kubernetes: Some(section),
         }
     }
 
@@ -119,6 +148,15 @@ impl GatewayConfig {
         y += &format!("xdp:\n  mode: {}\n", self.xdp_mode);
         // Normal priority: the lab shares two cores with the tests.
         y += "workers:\n  realtimePriority: 0\n";
+        if let Some(k) = &self.kubernetes {
+            y += &format!("kubernetes:\n  nodeName: {}\n  kubeconfig: {}\n", k.node_name, k.kubeconfig.display());
+            if let Some((d, r, p)) = &k.timing {
+                y += &format!("  leaseDuration: {d}\n  renewDeadline: {r}\n  retryPeriod: {p}\n");
+            }
+            y += &format!("admin:\n  socket: {}\nmetrics:\n  listen: {metrics}\n", socket.display());
+            y += &self.extra;
+            return y;
+        }
         y += "egressIPs:\n";
         for e in &self.egress_ips {
             y += &format!("  - ip: {}\n", e.ip);
@@ -356,21 +394,34 @@ impl Gateway {
 
     /// Starts the daemon without waiting for it.
     pub fn spawn(lab: &Lab, cfg: &GatewayConfig) -> Result<Self> {
-        let dir = lab.dir();
+        Self::spawn_in(lab.gateway_ns(), lab.dir(), "egret", cfg)
+    }
+
+    /// Starts a daemon in namespace `ns` without waiting for it; its files in
+    /// `dir` are named after `name` (`<name>.yaml`, `.sock`, `.log`), so
+    /// several gateways can share one directory.
+    pub fn spawn_in(ns: &NetNs, dir: &Path, name: &str, cfg: &GatewayConfig) -> Result<Self> {
         let bin = egret_binary()?;
         let metrics: SocketAddr =
             METRICS.parse().map_err(|_| LabError::Gateway(format!("bad metrics address {METRICS}")))?;
         let mut g = Self {
             child: None,
-            ns: lab.gateway_ns().name().to_string(),
-            admin: Admin { bin, socket: dir.join("egret.sock") },
-            config: dir.join("egret.yaml"),
-            log: dir.join("egret.log"),
+            ns: ns.name().to_string(),
+            admin: Admin { bin, socket: dir.join(format!("{name}.sock")) },
+            config: dir.join(format!("{name}.yaml")),
+            log: dir.join(format!("{name}.log")),
             metrics,
             current: cfg.clone(),
         };
         g.write_config(cfg)?;
         g.launch()?;
+        Ok(g)
+    }
+
+    /// [`Gateway::spawn_in`], then waits (up to 20 s) until it is ready.
+    pub fn start_in(ns: &NetNs, dir: &Path, name: &str, cfg: &GatewayConfig) -> Result<Self> {
+        let mut g = Self::spawn_in(ns, dir, name, cfg)?;
+        g.wait_ready(Duration::from_secs(20))?;
         Ok(g)
     }
 
@@ -395,6 +446,8 @@ impl Gateway {
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            // Plain log lines: tests read them back (timestamps, events).
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
@@ -424,6 +477,16 @@ impl Gateway {
     /// The log file's path.
     pub fn log_path(&self) -> &Path {
         &self.log
+    }
+
+    /// The whole log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the process is still running (not exited, not killed).
+    pub fn is_running(&mut self) -> bool {
+        self.child.is_some() && self.exited().is_none()
     }
 
     /// The last `lines` lines of the daemon's log.
@@ -525,6 +588,38 @@ impl Drop for Gateway {
     }
 }
 
+/// The lines of a daemon log that contain `needle`, each with the time it was
+/// written (the log's RFC 3339 UTC prefix; colour codes are skipped).
+pub fn log_events(text: &str, needle: &str) -> Vec<(std::time::SystemTime, String)> {
+    text.lines()
+        .filter(|l| l.contains(needle))
+        .filter_map(|l| {
+            let plain = strip_ansi(l);
+            let stamp = plain.split_whitespace().next()?;
+            let t: k8s_openapi::jiff::Timestamp = stamp.parse().ok()?;
+            Some((std::time::SystemTime::from(t), plain))
+        })
+        .collect()
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters final-byte (0x40..=0x7e).
+            for d in chars.by_ref() {
+                if ('@'..='~').contains(&d) && d != '[' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// GET `path` on `addr` from inside `ns`; returns the HTTP status.
 pub fn http_status(ns: &NetNs, addr: SocketAddr, path: &str) -> Result<u16> {
     http_get_in(ns, addr, path).map(|(s, _)| s)
@@ -543,4 +638,22 @@ pub fn http_get_in(ns: &NetNs, addr: SocketAddr, path: &str) -> Result<(u16, Str
     let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     Ok((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_events_parse_plain_and_coloured_lines() {
+        let text =
+            "2026-11-22T14:42:07.048379Z  INFO egret_controlplane::k8s::controller: took egress IP ip=203.0.113.10\n\
+                    \u{1b}[2m2026-11-22T14:42:08.5Z\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m took egress IP ip=203.0.113.11\n\
+                    2026-11-22T14:42:09Z  WARN fenced\n";
+        let ev = log_events(text, "took egress IP");
+        assert_eq!(ev.len(), 2);
+        let secs = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        assert_eq!(secs(ev[1].0) - secs(ev[0].0), Duration::from_micros(1_451_621));
+        assert!(ev[1].1.starts_with("2026-11-22T14:42:08.5Z  INFO took egress IP"), "{}", ev[1].1);
+    }
 }

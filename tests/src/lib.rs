@@ -10,7 +10,11 @@
 //! - [`capture`], [`frames`]: captures on a link, the leak check, raw frames.
 //! - [`harness`]: lab + gateway + outside capture + leak check, per test.
 //! - [`sys`]: the few raw system calls (the crate's only unsafe code).
-//! - [`apiserver`]: a real kube-apiserver + etcd for the control-plane tests.
+//! - [`apiserver`]: a real kube-apiserver + etcd for the control-plane tests,
+//!   on loopback or inside a lab namespace.
+//! - [`k8slab`]: the Kubernetes lab (two gateways in Kubernetes mode, the API
+//!   server inside the lab), [`probe`]: streams of new connections to time
+//!   failovers.
 //!
 //! The `egret-lab` binary (`src/bin/egret-lab.rs`) drives the same code for
 //! `tests/lab.sh`; docs/lab.md describes both.
@@ -22,9 +26,11 @@ pub mod error;
 pub mod frames;
 pub mod gateway;
 pub mod harness;
+pub mod k8slab;
 pub mod lab;
 pub mod netns;
 pub mod plan;
+pub mod probe;
 pub mod server;
 pub mod sys;
 

@@ -136,6 +136,27 @@ async fn scenario(server: &ApiServer) {
         ]
     );
     assert!(spec.egress_ips.iter().all(|e| *e == EgressIpSpec { ip: e.ip, ports: None, answer_neighbor: true }));
+    // The control plane applies only once its watches are synced: its very
+    // first apply already selects the pods of every policy with explicit IPs
+    // and of the Service (the daemon keeps the kernel's fail-closed table
+    // until that apply: failclosed::ReleaseOnApply). The pool's policy may
+    // still await its allocation then.
+    let first = gw
+        .sink
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|(_, e)| match e {
+            SinkEvent::Apply(s) => Some(s.clone()),
+            SinkEvent::Announce(_) => None,
+        })
+        .expect("a first apply");
+    let named = |s: &egret_dataplane::tables::TablesSpec, n: &str| s.policies.iter().find(|p| p.name == n).cloned();
+    for n in ["egresspolicy/team-a-web", "service/team-a/web"] {
+        assert!(named(&spec, n).is_some(), "{n} in the final tables");
+        assert_eq!(named(&first, n), named(&spec, n), "{n} in the first apply");
+    }
     // The companion next hop and the Service VIP whose port is in the NAT range (announced only).
     assert_eq!(spec.neighbor_addresses, vec![ip("192.0.2.100"), ip("198.51.100.21")]);
     let announced = gw.sink.announced();

@@ -214,6 +214,11 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         interfaces.iter().map(|i| (i.ifindex, i.role)).collect(),
         announce.clone(),
     ));
+    if cfg.kubernetes.is_some() {
+        // The file's tables are a placeholder: keep the kernel's fail-closed
+        // table until the control plane applies the cluster's (failclosed.rs).
+        sink.fail_closed.hold();
+    }
     sink.apply(&cfg.tables).map_err(|e| start_err("applying the configuration")(e.to_string()))?;
 
     // 4. Workers.
@@ -416,7 +421,8 @@ async fn spawn_kubernetes(
     opts.validate().map_err(|e| start_err("kubernetes options")(e.to_string()))?;
     let client =
         k8s::client(k.kubeconfig.as_deref()).await.map_err(|e| start_err("kubernetes client")(e.to_string()))?;
-    let sink: Arc<dyn crate::sink::TablesSink> = sink;
+    let hold = sink.fail_closed.clone();
+    let sink: Arc<dyn crate::sink::TablesSink> = Arc::new(crate::failclosed::ReleaseOnApply::new(sink, hold));
     tracing::info!(node = %opts.node_name, namespace = %opts.lease_namespace, "kubernetes control plane starting");
     Ok(tokio::spawn(async move {
         let shutdown = async move {

@@ -46,6 +46,9 @@ pub struct GatewaySink {
     pub applied: AtomicU64,
     /// Times the fail-closed nftables rules could not be installed.
     pub fail_closed_errors: AtomicU64,
+    /// Whether applies replace the kernel's fail-closed table (released
+    /// unless Kubernetes mode holds it: crate::failclosed::Hold).
+    pub fail_closed: Arc<crate::failclosed::Hold>,
 }
 
 impl std::fmt::Debug for GatewaySink {
@@ -105,6 +108,7 @@ impl GatewaySink {
             restart_needed: Mutex::new(Vec::new()),
             applied: AtomicU64::new(0),
             fail_closed_errors: AtomicU64::new(0),
+            fail_closed: Arc::default(),
         }
     }
 
@@ -146,9 +150,15 @@ impl TablesSink for GatewaySink {
         // The kernel's fallback: what the XDP program steers, the forward
         // path drops (crate::failclosed). A failure does not stop the gateway
         // but is loud: it means a stopped gateway would leak pod addresses.
-        if let Err(e) = crate::failclosed::install(&published.tables) {
-            self.fail_closed_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %e, "fail-closed rules not installed");
+        match self.fail_closed.install(&published.tables) {
+            Ok(crate::failclosed::Installed::Replaced) => {}
+            Ok(crate::failclosed::Installed::Kept) => {
+                tracing::info!("fail-closed rules: the kernel's table is kept until the cluster's tables are applied")
+            }
+            Err(e) => {
+                self.fail_closed_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "fail-closed rules not installed");
+            }
         }
         self.applied.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
