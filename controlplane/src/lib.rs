@@ -7,6 +7,8 @@
 //! - [`view`]: what the outside sees of a running gateway; [`admin`] (the
 //!   CLI's unix socket) and [`metrics`] (Prometheus, `/ready`) render it.
 //! - [`daemon`]: `egret gateway`: workers, XDP attach, reloads, signals.
+//! - [`offload`]: the XDP fast path's userspace half: installing confirmed
+//!   sessions into the kernel, next hops, expiry stamps, fencing.
 //! - [`sink`]: the seam between configuration sources and the running gateway.
 #![forbid(unsafe_code)]
 
@@ -15,5 +17,6 @@ pub mod config;
 pub mod daemon;
 pub mod metrics;
 pub mod netlink;
+pub mod offload;
 pub mod sink;
 pub mod view;

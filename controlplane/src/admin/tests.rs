@@ -92,6 +92,17 @@ impl GatewayView for Fake {
                 ..Default::default()
             }],
             announcements: 2,
+            fast_path: crate::view::FastPathCounters {
+                enabled: true,
+                sessions_v4: 3,
+                sessions_v6: 0,
+                next_hops: 2,
+                packets: vec![("hit".into(), 500), ("miss".into(), 7), ("punt_ttl".into(), 0)],
+                offloads: vec![("installed".into(), 3), ("refused_map_full".into(), 1)],
+                removals: vec![("removed".into(), 0), ("fenced".into(), 2)],
+                next_hop_updates: 1,
+                rerouted: 0,
+            },
         }
     }
 
@@ -181,6 +192,9 @@ fn tables_for_people() {
     assert!(c.starts_with("forwarded 20  answered 1  misdirected 1  announcements 2\n"), "{c}");
     assert!(c.contains("\nports_exhausted  3\n"), "only non-zero drops: {c}");
     assert!(!c.contains("no_route"), "{c}");
+    assert!(c.contains("fast path on: 3 IPv4 + 0 IPv6 sessions in the kernel, 2 next hops"), "{c}");
+    assert!(c.contains("\nhit        500\n") && !c.contains("punt_ttl"), "{c}");
+    assert!(c.contains("\nrefused_map_full  1\n") && c.contains("\nfenced   2\n"), "{c}");
     let s = render::status(&Fake.status());
     assert!(s.contains("generation  7\n") && s.contains("restart     needed for: workers\n"), "{s}");
     assert!(s.contains("eth1       3        both  02:00:00:00:00:01  native  1\n"), "{s}");
