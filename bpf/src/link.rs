@@ -23,9 +23,7 @@ pub(crate) fn create_xdp_link(prog: BorrowedFd<'_>, ifindex: u32, flags: u32) ->
     // SAFETY: `prog` is a live program fd borrowed for the call; `opts` is a
     // fully initialised bpf_link_create_opts whose `sz` is its own size, and
     // libbpf only reads it during the call. No pointer is retained.
-    let fd = unsafe {
-        libbpf_sys::bpf_link_create(prog.as_raw_fd(), target, libbpf_sys::BPF_XDP, &opts)
-    };
+    let fd = unsafe { libbpf_sys::bpf_link_create(prog.as_raw_fd(), target, libbpf_sys::BPF_XDP, &opts) };
     if fd < 0 {
         // libbpf returns -errno.
         return Err(io::Error::from_raw_os_error(-fd));

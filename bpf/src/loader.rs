@@ -36,8 +36,8 @@ use crate::fast_path::{
 use crate::link::create_xdp_link;
 use crate::raw_map;
 use crate::maps::{
-    XskSlot, XSK_QUEUES_PER_SLOT, In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key,
-    PolicySrcV6Key, VerdictReason, XdpAction, POLICY_EXCLUDE, POLICY_STEER,
+    In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key, PolicySrcV6Key,
+    VerdictReason, XdpAction, XskSlot, POLICY_EXCLUDE, POLICY_STEER, XSK_QUEUES_PER_SLOT,
 };
 
 /// The compiled steering object, built by build.rs.
@@ -319,16 +319,13 @@ impl SteeringProgram {
                 Some(FP_NEXT_HOPS) => (FP_NEXT_HOPS, options.fast_path_next_hops),
                 _ => continue,
             };
-            map.set_max_entries(entries)
-                .map_err(|source| BpfError::MapSize { map: name, entries, source })?;
+            map.set_max_entries(entries).map_err(|source| BpfError::MapSize { map: name, entries, source })?;
         }
         let object = open.load().map_err(BpfError::Load)?;
 
         let handle = |name: &'static str| -> Result<MapHandle, BpfError> {
-            let map = object
-                .maps()
-                .find(|m| m.name().to_str() == Some(name))
-                .ok_or(BpfError::MissingMap { map: name })?;
+            let map =
+                object.maps().find(|m| m.name().to_str() == Some(name)).ok_or(BpfError::MissingMap { map: name })?;
             MapHandle::try_from(&map).map_err(|source| BpfError::MapHandle { map: name, source })
         };
         let maps = Maps {
@@ -370,8 +367,11 @@ impl SteeringProgram {
     /// while the returned link lives, even if `self` is dropped.
     pub fn attach(&self, ifindex: u32, mode: XdpMode) -> Result<XdpLink, BpfError> {
         let program = self.program()?;
-        let fd = create_xdp_link(program.as_fd(), ifindex, mode.flags())
-            .map_err(|source| BpfError::Attach { ifindex, mode: mode.name(), source })?;
+        let fd = create_xdp_link(program.as_fd(), ifindex, mode.flags()).map_err(|source| BpfError::Attach {
+            ifindex,
+            mode: mode.name(),
+            source,
+        })?;
         Ok(XdpLink { fd, ifindex, mode })
     }
 
@@ -379,11 +379,9 @@ impl SteeringProgram {
     pub fn set_owned(&self, addr: IpAddr, owned: OwnedAddr) -> Result<(), BpfError> {
         let value = owned.to_bytes();
         match addr {
-            IpAddr::V4(a) => self
-                .maps
-                .owned_v4
-                .update(&a.octets(), &value, MapFlags::ANY)
-                .map_err(map_op(OWNED_V4, "update", a)),
+            IpAddr::V4(a) => {
+                self.maps.owned_v4.update(&a.octets(), &value, MapFlags::ANY).map_err(map_op(OWNED_V4, "update", a))
+            }
             IpAddr::V6(a) => self
                 .maps
                 .owned_v6
@@ -456,10 +454,11 @@ impl SteeringProgram {
         let Some(key) = self.xsk_key(ifindex, queue, true)? else {
             return Err(BpfError::NoXskSlot { ifindex, slots: self.options.xsk_interfaces });
         };
-        self.maps
-            .xsks
-            .update(&key.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
-            .map_err(map_op(XSKS_MAP, "update", format!("ifindex {ifindex} queue {queue} (fd {fd})")))
+        self.maps.xsks.update(&key.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).map_err(map_op(
+            XSKS_MAP,
+            "update",
+            format!("ifindex {ifindex} queue {queue} (fd {fd})"),
+        ))
     }
 
     /// Removes the socket of (`ifindex`, `queue`), if any. The kernel
@@ -467,10 +466,11 @@ impl SteeringProgram {
     /// lookups of XSKMAP entries from userspace), so neither does this.
     pub fn unregister_xsk(&self, ifindex: u32, queue: u32) -> Result<(), BpfError> {
         let Some(key) = self.xsk_key(ifindex, queue, false)? else { return Ok(()) };
-        self.maps
-            .xsks
-            .delete(&key.to_ne_bytes())
-            .map_err(map_op(XSKS_MAP, "delete", format!("ifindex {ifindex} queue {queue}")))
+        self.maps.xsks.delete(&key.to_ne_bytes()).map_err(map_op(
+            XSKS_MAP,
+            "delete",
+            format!("ifindex {ifindex} queue {queue}"),
+        ))
     }
 
     /// Replaces the whole policy classification (both levels, both
@@ -567,9 +567,7 @@ impl SteeringProgram {
                 match map.delete(key) {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
-                    Err(source) => {
-                        return Err(BpfError::MapOp { map: name, op: "delete", key: hex(key), source })
-                    }
+                    Err(source) => return Err(BpfError::MapOp { map: name, op: "delete", key: hex(key), source }),
                 }
             }
         }
@@ -829,9 +827,7 @@ impl SteeringProgram {
         if ingress.is_some() {
             input.context_in = Some(&mut ctx);
         }
-        let output = program
-            .test_run(input)
-            .map_err(|source| BpfError::TestRun { len: frame.len(), source })?;
+        let output = program.test_run(input).map_err(|source| BpfError::TestRun { len: frame.len(), source })?;
         let action = XdpAction::from(output.return_value);
         let frame_out = output.data.map(|d| d.to_vec()).unwrap_or_default();
         Ok(TestRunOutput { action, frame: frame_out, duration: output.duration })

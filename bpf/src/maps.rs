@@ -428,15 +428,31 @@ mod tests {
 
     #[test]
     fn layouts_match_the_programs_btf() {
-        same_layout!(OwnedAddr, c::owned_addr, [(nat_port_lo, nat_port_lo), (nat_port_hi, nat_port_hi), (flags, flags)]);
+        same_layout!(
+            OwnedAddr,
+            c::owned_addr,
+            [(nat_port_lo, nat_port_lo), (nat_port_hi, nat_port_hi), (flags, flags)]
+        );
         same_layout!(In6Key, c::egret_in6, [(addr, addr)]);
         same_layout!(PolicySrcV4Key, c::policy_src_v4_key, [(prefixlen, prefixlen), (addr, addr)]);
         same_layout!(PolicySrcV6Key, c::policy_src_v6_key, [(prefixlen, prefixlen), (addr, addr)]);
         same_layout!(PolicyClass, c::policy_class, [(class_id, class_id)]);
-        same_layout!(PolicyDstV4Key, c::policy_dst_v4_key, [(prefixlen, prefixlen), (class_id_be, class_id), (addr, addr)]);
-        same_layout!(PolicyDstV6Key, c::policy_dst_v6_key, [(prefixlen, prefixlen), (class_id_be, class_id), (addr, addr)]);
+        same_layout!(
+            PolicyDstV4Key,
+            c::policy_dst_v4_key,
+            [(prefixlen, prefixlen), (class_id_be, class_id), (addr, addr)]
+        );
+        same_layout!(
+            PolicyDstV6Key,
+            c::policy_dst_v6_key,
+            [(prefixlen, prefixlen), (class_id_be, class_id), (addr, addr)]
+        );
         same_layout!(PolicyRule, c::policy_rule, [(action, action), (policy_id, policy_id)]);
-        same_layout!(FragKey, c::frag_key, [(src, src), (dst, dst), (id, id), (proto, proto), (family, family), (pad, pad)]);
+        same_layout!(
+            FragKey,
+            c::frag_key,
+            [(src, src), (dst, dst), (id, id), (proto, proto), (family, family), (pad, pad)]
+        );
         same_layout!(FragDecision, c::frag_decision, [(reason, reason)]);
         same_layout!(XskSlot, c::xsk_slot, [(slot, slot)]);
     }
@@ -494,8 +510,7 @@ mod tests {
         let count = from_c.iter().find(|(n, _)| n == "EGRET_VERDICT_COUNT").map(|(_, v)| *v);
         assert_eq!(count, Some(VERDICT_COUNT));
         let from_c: Vec<_> = from_c.into_iter().filter(|(n, _)| n != "EGRET_VERDICT_COUNT").collect();
-        let from_rust: Vec<_> =
-            VerdictReason::ALL.iter().map(|r| (r.c_name().to_string(), r.index())).collect();
+        let from_rust: Vec<_> = VerdictReason::ALL.iter().map(|r| (r.c_name().to_string(), r.index())).collect();
         assert_eq!(from_c, from_rust);
         assert_eq!(VerdictReason::ALL.len() as u32, VERDICT_COUNT);
         for (i, r) in VerdictReason::ALL.iter().enumerate() {

@@ -204,16 +204,12 @@ fn child_process() {
     let prog = SteeringProgram::load(LoadOptions::default()).unwrap();
     if mode == "steer" {
         let sources = [SrcPrefix { prefix: "198.51.100.2/32".parse().unwrap(), class: 1 }];
-        let rules =
-            [DstRule { class: 1, prefix: "0.0.0.0/0".parse().unwrap(), action: Action::Steer, policy_id: 1 }];
+        let rules = [DstRule { class: 1, prefix: "0.0.0.0/0".parse().unwrap(), action: Action::Steer, policy_id: 1 }];
         prog.replace_policy(&sources, &rules).unwrap();
     }
     let xdp_mode = if mode == "generic" { XdpMode::Generic } else { XdpMode::Native };
-    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{DEV}/ifindex"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let ifindex: u32 =
+        std::fs::read_to_string(format!("/sys/class/net/{DEV}/ifindex")).unwrap().trim().parse().unwrap();
     let mut link = Some(prog.attach(ifindex, xdp_mode).unwrap());
     println!("EGRET ATTACHED {}", xdp_mode.name());
     for line in std::io::stdin().lines() {
@@ -225,12 +221,8 @@ fn child_process() {
                 println!("EGRET DETACHED");
             }
             "counters" => {
-                let counters: Vec<String> = prog
-                    .verdict_counters()
-                    .unwrap()
-                    .into_iter()
-                    .map(|(r, n)| format!("{}={n}", r.name()))
-                    .collect();
+                let counters: Vec<String> =
+                    prog.verdict_counters().unwrap().into_iter().map(|(r, n)| format!("{}={n}", r.name())).collect();
                 println!("EGRET COUNTERS {}", counters.join(" "));
             }
             other => panic!("unknown command {other}"),

@@ -22,14 +22,10 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
-use egret_bpf::{
-    Action, DstRule, LoadOptions, OwnedAddr, SrcPrefix, SteeringProgram, VerdictReason as R,
-    XdpAction,
-};
+use egret_bpf::{Action, DstRule, LoadOptions, OwnedAddr, SrcPrefix, SteeringProgram, VerdictReason as R, XdpAction};
 use etherparse::{
-    ArpHardwareId, ArpOperation, ArpPacket, EtherType, IpFragOffset, IpHeaders, IpNumber,
-    Ipv4Header, Ipv6Extensions, Ipv6FragmentHeader, Ipv6Header, Ipv6RawExtHeader, PacketBuilder,
-    VlanId,
+    ArpHardwareId, ArpOperation, ArpPacket, EtherType, IpFragOffset, IpHeaders, IpNumber, Ipv4Header, Ipv6Extensions,
+    Ipv6FragmentHeader, Ipv6Header, Ipv6RawExtHeader, PacketBuilder, VlanId,
 };
 
 const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -136,9 +132,8 @@ fn padn_ext() -> Ipv6RawExtHeader {
 
 fn udp6_with_dstopts(src: [u8; 16], dst: [u8; 16], dport: u16) -> Vec<u8> {
     let exts = Ipv6Extensions { destination_options: Some(padn_ext()), ..Default::default() };
-    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC)
-        .ip(IpHeaders::Ipv6(ipv6_header(src, dst), exts))
-        .udp(40000, dport);
+    let b =
+        PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ip(IpHeaders::Ipv6(ipv6_header(src, dst), exts)).udp(40000, dport);
     let mut v = Vec::new();
     b.write(&mut v, &PAYLOAD).unwrap();
     v
@@ -164,16 +159,9 @@ fn udp6_with_n_exts(src: [u8; 16], dst: [u8; 16], dport: u16, n: usize) -> Vec<u
 }
 
 fn arp(op: ArpOperation, target: [u8; 4]) -> Vec<u8> {
-    let packet = ArpPacket::new(
-        ArpHardwareId::ETHERNET,
-        EtherType::IPV4,
-        op,
-        &PEER_MAC,
-        &[203, 0, 113, 1],
-        &[0; 6],
-        &target,
-    )
-    .unwrap();
+    let packet =
+        ArpPacket::new(ArpHardwareId::ETHERNET, EtherType::IPV4, op, &PEER_MAC, &[203, 0, 113, 1], &[0; 6], &target)
+            .unwrap();
     let b = PacketBuilder::ethernet2(PEER_MAC, [0xff; 6]).arp(packet);
     let mut v = Vec::new();
     b.write(&mut v).unwrap();
@@ -278,7 +266,8 @@ fn xsk_socket() -> socket2::Socket {
 }
 
 fn standard_policy() -> (Vec<SrcPrefix>, Vec<DstRule>) {
-    let steer = |class, prefix: &str, policy_id| DstRule { class, prefix: net(prefix), action: Action::Steer, policy_id };
+    let steer =
+        |class, prefix: &str, policy_id| DstRule { class, prefix: net(prefix), action: Action::Steer, policy_id };
     let exclude =
         |class, prefix: &str, policy_id| DstRule { class, prefix: net(prefix), action: Action::Exclude, policy_id };
     let sources = vec![
@@ -367,16 +356,26 @@ use XdpAction::{Drop, Pass, Redirect};
 fn fixtures() -> Vec<Fixture> {
     vec![
         // Rule 1: L2.
-        one("not_ip_lldp", {
-            let mut v = udp4(REMOTE4, EGRESS4, 20000);
-            v[12..14].copy_from_slice(&[0x88, 0xcc]);
-            v
-        }, Pass, R::PassNotIp),
-        one("qinq_inner_tag_is_not_ip", {
-            let mut v = vlan_tcp4(POD4, INTERNET4, 443);
-            v.splice(16..16, [0x81, 0x00, 0x00, 0xc8]);
-            v
-        }, Pass, R::PassNotIp),
+        one(
+            "not_ip_lldp",
+            {
+                let mut v = udp4(REMOTE4, EGRESS4, 20000);
+                v[12..14].copy_from_slice(&[0x88, 0xcc]);
+                v
+            },
+            Pass,
+            R::PassNotIp,
+        ),
+        one(
+            "qinq_inner_tag_is_not_ip",
+            {
+                let mut v = vlan_tcp4(POD4, INTERNET4, 443);
+                v.splice(16..16, [0x81, 0x00, 0x00, 0xc8]);
+                v
+            },
+            Pass,
+            R::PassNotIp,
+        ),
         one("ethernet_header_only", truncated(udp4(REMOTE4, EGRESS4, 20000), 14), Pass, R::PassMalformed),
         one("vlan_tag_truncated", truncated(vlan_tcp4(POD4, INTERNET4, 443), 16), Pass, R::PassMalformed),
         // Rule 2: ARP.
@@ -385,11 +384,16 @@ fn fixtures() -> Vec<Fixture> {
         one("arp_request_nat_only_not_answered", arp_request(NAT_ONLY4), Pass, R::PassArpNotOwned),
         one("arp_request_not_owned", arp_request([203, 0, 113, 50]), Pass, R::PassArpNotOwned),
         one("arp_reply_for_owned", arp(ArpOperation::REPLY, EGRESS4), Pass, R::PassArpOther),
-        one("arp_not_ipv4", {
-            let mut v = arp_request(EGRESS4);
-            v[16..18].copy_from_slice(&[0x86, 0xdd]);
-            v
-        }, Pass, R::PassArpOther),
+        one(
+            "arp_not_ipv4",
+            {
+                let mut v = arp_request(EGRESS4);
+                v[16..18].copy_from_slice(&[0x86, 0xdd]);
+                v
+            },
+            Pass,
+            R::PassArpOther,
+        ),
         one("arp_truncated_addresses", truncated(arp_request(EGRESS4), 14 + 20), Pass, R::PassMalformed),
         one("arp_vlan_owned", vlan_arp_request(EGRESS4), Redirect, R::RedirectArpOwned),
         no_socket(one("arp_owned_no_socket", arp_request(EGRESS4), Pass, R::PassNoSocketNeigh)),
@@ -415,8 +419,18 @@ fn fixtures() -> Vec<Fixture> {
         one("tcp_service_port_on_vip", tcp4(REMOTE4, EGRESS4, 443), Pass, R::PassServicePort),
         one("tcp_ssh", tcp4(REMOTE4, EGRESS4, 22), Pass, R::PassServicePort),
         one("tcp_nat_port_from_steered_pod", tcp4(POD4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
-        one("tcp_to_egress_ports_truncated", truncated(tcp4(REMOTE4, EGRESS4, NAT_LO), 14 + 20 + 3), Pass, R::PassMalformed),
-        one("tcp_to_egress_ports_only", truncated(tcp4(REMOTE4, EGRESS4, NAT_LO), 14 + 20 + 4), Redirect, R::RedirectNatPort),
+        one(
+            "tcp_to_egress_ports_truncated",
+            truncated(tcp4(REMOTE4, EGRESS4, NAT_LO), 14 + 20 + 3),
+            Pass,
+            R::PassMalformed,
+        ),
+        one(
+            "tcp_to_egress_ports_only",
+            truncated(tcp4(REMOTE4, EGRESS4, NAT_LO), 14 + 20 + 4),
+            Redirect,
+            R::RedirectNatPort,
+        ),
         one("tcp_to_nat_only_address", tcp4(REMOTE4, NAT_ONLY4, NAT_LO), Redirect, R::RedirectNatPort),
         one("udp_to_nexthop_is_not_nat", udp4(REMOTE4, NEXTHOP4, NAT_LO), Pass, R::PassUnselectedSource),
         one("icmp_dest_unreachable", icmp4(REMOTE4, EGRESS4, 3, 3), Redirect, R::RedirectIcmpToEgress),
@@ -432,24 +446,49 @@ fn fixtures() -> Vec<Fixture> {
         no_socket(one("icmp_error_no_socket", icmp4(REMOTE4, EGRESS4, 3, 4), Drop, R::DropNoSocketToEgress)),
         no_socket(one("service_port_no_socket", tcp4(REMOTE4, EGRESS4, 443), Pass, R::PassServicePort)),
         one("ipv4_header_truncated", truncated(tcp4(POD4, INTERNET4, 443), 14 + 19), Pass, R::PassMalformed),
-        one("ipv4_ihl_below_5", {
-            let mut v = tcp4(POD4, INTERNET4, 443);
-            v[14] = 0x44;
-            v
-        }, Pass, R::PassMalformed),
-        one("ipv4_options_truncated", {
-            let mut v = truncated(tcp4(POD4, INTERNET4, 443), 14 + 24);
-            v[14] = 0x4f; // 60-byte header claimed, 24 present
-            v
-        }, Pass, R::PassMalformed),
+        one(
+            "ipv4_ihl_below_5",
+            {
+                let mut v = tcp4(POD4, INTERNET4, 443);
+                v[14] = 0x44;
+                v
+            },
+            Pass,
+            R::PassMalformed,
+        ),
+        one(
+            "ipv4_options_truncated",
+            {
+                let mut v = truncated(tcp4(POD4, INTERNET4, 443), 14 + 24);
+                v[14] = 0x4f; // 60-byte header claimed, 24 present
+                v
+            },
+            Pass,
+            R::PassMalformed,
+        ),
         // Rule 4, IPv6.
         one("udp6_nat_lo_minus_1", udp6(remote6(), egress6(), NAT_LO - 1), Pass, R::PassServicePort),
         one("udp6_nat_lo", udp6(remote6(), egress6(), NAT_LO), Redirect, R::RedirectNatPort),
         one("tcp6_nat_hi", tcp6(remote6(), egress6(), NAT_HI), Redirect, R::RedirectNatPort),
         one("tcp6_nat_hi_plus_1", tcp6(remote6(), egress6(), NAT_HI + 1), Pass, R::PassServicePort),
-        one("udp6_nat_port_behind_dstopts", udp6_with_dstopts(remote6(), egress6(), NAT_LO), Redirect, R::RedirectNatPort),
-        one("udp6_nat_port_behind_6_exts", udp6_with_n_exts(remote6(), egress6(), NAT_LO, 6), Redirect, R::RedirectNatPort),
-        one("udp6_nat_port_behind_7_exts", udp6_with_n_exts(remote6(), egress6(), NAT_LO, 7), Pass, R::PassIpv6ExtLimit),
+        one(
+            "udp6_nat_port_behind_dstopts",
+            udp6_with_dstopts(remote6(), egress6(), NAT_LO),
+            Redirect,
+            R::RedirectNatPort,
+        ),
+        one(
+            "udp6_nat_port_behind_6_exts",
+            udp6_with_n_exts(remote6(), egress6(), NAT_LO, 6),
+            Redirect,
+            R::RedirectNatPort,
+        ),
+        one(
+            "udp6_nat_port_behind_7_exts",
+            udp6_with_n_exts(remote6(), egress6(), NAT_LO, 7),
+            Pass,
+            R::PassIpv6ExtLimit,
+        ),
         one("icmp6_dest_unreachable", icmp6(remote6(), egress6(), 1), Redirect, R::RedirectIcmpToEgress),
         one("icmp6_packet_too_big", icmp6(remote6(), egress6(), 2), Redirect, R::RedirectIcmpToEgress),
         one("icmp6_time_exceeded", icmp6(remote6(), egress6(), 3), Redirect, R::RedirectIcmpToEgress),
@@ -457,19 +496,39 @@ fn fixtures() -> Vec<Fixture> {
         one("icmp6_echo_reply", icmp6(remote6(), egress6(), 129), Redirect, R::RedirectIcmpToEgress),
         one("icmp6_echo_request", icmp6(remote6(), egress6(), 128), Pass, R::PassIcmpQueryToEgress),
         one("ipv6_header_truncated", truncated(udp6(pod6(), remote6(), 53), 14 + 39), Pass, R::PassMalformed),
-        one("ipv6_ext_header_truncated", truncated(udp6_with_dstopts(remote6(), egress6(), NAT_LO), 14 + 40 + 1), Pass, R::PassMalformed),
+        one(
+            "ipv6_ext_header_truncated",
+            truncated(udp6_with_dstopts(remote6(), egress6(), NAT_LO), 14 + 40 + 1),
+            Pass,
+            R::PassMalformed,
+        ),
         // Rule 5: source classification, IPv4.
         one("steered_source_to_internet", tcp4(POD4, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
         one("steered_source_udp", udp4(POD4, INTERNET4, 53), Redirect, R::RedirectSteeredSource),
         one("steered_source_icmp", icmp4(POD4, INTERNET4, 8, 0), Redirect, R::RedirectSteeredSource),
         one("steered_source_excluded_destination", tcp4(POD4, REMOTE4, 443), Pass, R::PassExcludedDestination),
-        one("narrow_source_steers_inside_broad_except", tcp4(POD4_NARROW, REMOTE4, 443), Redirect, R::RedirectSteeredSource),
-        one("narrow_source_except_inside_destination", tcp4(POD4_NARROW, REMOTE4_EXCEPT, 443), Pass, R::PassExcludedDestination),
+        one(
+            "narrow_source_steers_inside_broad_except",
+            tcp4(POD4_NARROW, REMOTE4, 443),
+            Redirect,
+            R::RedirectSteeredSource,
+        ),
+        one(
+            "narrow_source_except_inside_destination",
+            tcp4(POD4_NARROW, REMOTE4_EXCEPT, 443),
+            Pass,
+            R::PassExcludedDestination,
+        ),
         one("narrow_source_inherits_broad_rule", tcp4(POD4_NARROW, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
         one("class3_source_unmatched_destination", tcp4(POD4_CLASS3, REMOTE4, 443), Pass, R::PassUnmatchedDestination),
         one("class3_source_matched_destination", tcp4(POD4_CLASS3, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
         one("unselected_source", tcp4(UNSELECTED4, INTERNET4, 443), Pass, R::PassUnselectedSource),
-        one("steered_source_truncated_l4", truncated(tcp4(POD4, INTERNET4, 443), 14 + 20 + 2), Redirect, R::RedirectSteeredSource),
+        one(
+            "steered_source_truncated_l4",
+            truncated(tcp4(POD4, INTERNET4, 443), 14 + 20 + 2),
+            Redirect,
+            R::RedirectSteeredSource,
+        ),
         one("steered_source_vlan", vlan_tcp4(POD4, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
         no_socket(one("steered_source_no_socket", tcp4(POD4, INTERNET4, 443), Drop, R::DropNoSocketSteered)),
         no_socket(one("excluded_destination_no_socket", tcp4(POD4, REMOTE4, 443), Pass, R::PassExcludedDestination)),
@@ -477,55 +536,114 @@ fn fixtures() -> Vec<Fixture> {
         one("steered6_source", tcp6(pod6(), remote6(), 443), Redirect, R::RedirectSteeredSource),
         one("steered6_excluded_destination", tcp6(pod6(), v6("2001:db8:ff::1"), 443), Pass, R::PassExcludedDestination),
         one("unselected6_source", tcp6(v6("2001:db8:9::1"), remote6(), 443), Pass, R::PassUnselectedSource),
-        one("steered6_behind_7_exts_still_steered", udp6_with_n_exts(pod6(), remote6(), 53, 7), Redirect, R::RedirectSteeredSource),
-        one("unselected6_behind_7_exts", udp6_with_n_exts(v6("2001:db8:9::1"), remote6(), 53, 7), Pass, R::PassIpv6ExtLimit),
-        one("steered6_truncated_ext_still_steered", truncated(udp6_with_dstopts(pod6(), remote6(), 53), 14 + 40 + 1), Redirect, R::RedirectSteeredSource),
+        one(
+            "steered6_behind_7_exts_still_steered",
+            udp6_with_n_exts(pod6(), remote6(), 53, 7),
+            Redirect,
+            R::RedirectSteeredSource,
+        ),
+        one(
+            "unselected6_behind_7_exts",
+            udp6_with_n_exts(v6("2001:db8:9::1"), remote6(), 53, 7),
+            Pass,
+            R::PassIpv6ExtLimit,
+        ),
+        one(
+            "steered6_truncated_ext_still_steered",
+            truncated(udp6_with_dstopts(pod6(), remote6(), 53), 14 + 40 + 1),
+            Redirect,
+            R::RedirectSteeredSource,
+        ),
         no_socket(one("steered6_no_socket", tcp6(pod6(), remote6(), 443), Drop, R::DropNoSocketSteered)),
         // Rule 6: fragments, IPv4.
-        seq("frag4_nat_port_then_later", vec![
-            (frag4(REMOTE4, EGRESS4, 7, 0, true, NAT_LO), Redirect, R::RedirectNatPort),
-            (frag4(REMOTE4, EGRESS4, 7, 9, true, 0), Redirect, R::RedirectFragment),
-            (frag4(REMOTE4, EGRESS4, 7, 18, false, 0), Redirect, R::RedirectFragment),
-            // Another datagram id has no decision.
-            (frag4(REMOTE4, EGRESS4, 8, 9, false, 0), Pass, R::PassFragmentUnknown),
-        ]),
-        seq("frag4_service_port_then_later", vec![
-            (frag4(REMOTE4, EGRESS4, 9, 0, true, 443), Pass, R::PassServicePort),
-            (frag4(REMOTE4, EGRESS4, 9, 9, false, 0), Pass, R::PassFragment),
-        ]),
-        seq("frag4_steered_then_later", vec![
-            (frag4(POD4, INTERNET4, 10, 0, true, 53), Redirect, R::RedirectSteeredSource),
-            (frag4(POD4, INTERNET4, 10, 9, false, 0), Redirect, R::RedirectFragment),
-        ]),
-        seq("frag4_excluded_then_later", vec![
-            (frag4(POD4, REMOTE4, 11, 0, true, 53), Pass, R::PassExcludedDestination),
-            (frag4(POD4, REMOTE4, 11, 9, false, 0), Pass, R::PassFragment),
-        ]),
+        seq(
+            "frag4_nat_port_then_later",
+            vec![
+                (frag4(REMOTE4, EGRESS4, 7, 0, true, NAT_LO), Redirect, R::RedirectNatPort),
+                (frag4(REMOTE4, EGRESS4, 7, 9, true, 0), Redirect, R::RedirectFragment),
+                (frag4(REMOTE4, EGRESS4, 7, 18, false, 0), Redirect, R::RedirectFragment),
+                // Another datagram id has no decision.
+                (frag4(REMOTE4, EGRESS4, 8, 9, false, 0), Pass, R::PassFragmentUnknown),
+            ],
+        ),
+        seq(
+            "frag4_service_port_then_later",
+            vec![
+                (frag4(REMOTE4, EGRESS4, 9, 0, true, 443), Pass, R::PassServicePort),
+                (frag4(REMOTE4, EGRESS4, 9, 9, false, 0), Pass, R::PassFragment),
+            ],
+        ),
+        seq(
+            "frag4_steered_then_later",
+            vec![
+                (frag4(POD4, INTERNET4, 10, 0, true, 53), Redirect, R::RedirectSteeredSource),
+                (frag4(POD4, INTERNET4, 10, 9, false, 0), Redirect, R::RedirectFragment),
+            ],
+        ),
+        seq(
+            "frag4_excluded_then_later",
+            vec![
+                (frag4(POD4, REMOTE4, 11, 0, true, 53), Pass, R::PassExcludedDestination),
+                (frag4(POD4, REMOTE4, 11, 9, false, 0), Pass, R::PassFragment),
+            ],
+        ),
         one("frag4_later_to_egress_unknown", frag4(REMOTE4, EGRESS4, 12, 9, false, 0), Pass, R::PassFragmentUnknown),
-        one("frag4_later_steered_source_unknown", frag4(POD4, INTERNET4, 13, 9, false, 0), Redirect, R::RedirectFragmentSteeredSource),
+        one(
+            "frag4_later_steered_source_unknown",
+            frag4(POD4, INTERNET4, 13, 9, false, 0),
+            Redirect,
+            R::RedirectFragmentSteeredSource,
+        ),
         one("frag4_later_excluded_unknown", frag4(POD4, REMOTE4, 13, 9, false, 0), Pass, R::PassFragmentUnknown),
-        one("frag4_later_unselected_unknown", frag4(UNSELECTED4, INTERNET4, 14, 9, false, 0), Pass, R::PassFragmentUnknown),
-        no_socket(seq("frag4_nat_no_socket", vec![
-            (frag4(REMOTE4, EGRESS4, 15, 0, true, NAT_LO), Drop, R::DropNoSocketToEgress),
-            (frag4(REMOTE4, EGRESS4, 15, 9, false, 0), Drop, R::DropNoSocketToEgress),
-        ])),
-        no_socket(seq("frag4_steered_no_socket", vec![
-            (frag4(POD4, INTERNET4, 16, 0, true, 53), Drop, R::DropNoSocketSteered),
-            (frag4(POD4, INTERNET4, 16, 9, false, 0), Drop, R::DropNoSocketSteered),
-            (frag4(POD4, INTERNET4, 17, 9, false, 0), Drop, R::DropNoSocketSteered),
-        ])),
+        one(
+            "frag4_later_unselected_unknown",
+            frag4(UNSELECTED4, INTERNET4, 14, 9, false, 0),
+            Pass,
+            R::PassFragmentUnknown,
+        ),
+        no_socket(seq(
+            "frag4_nat_no_socket",
+            vec![
+                (frag4(REMOTE4, EGRESS4, 15, 0, true, NAT_LO), Drop, R::DropNoSocketToEgress),
+                (frag4(REMOTE4, EGRESS4, 15, 9, false, 0), Drop, R::DropNoSocketToEgress),
+            ],
+        )),
+        no_socket(seq(
+            "frag4_steered_no_socket",
+            vec![
+                (frag4(POD4, INTERNET4, 16, 0, true, 53), Drop, R::DropNoSocketSteered),
+                (frag4(POD4, INTERNET4, 16, 9, false, 0), Drop, R::DropNoSocketSteered),
+                (frag4(POD4, INTERNET4, 17, 9, false, 0), Drop, R::DropNoSocketSteered),
+            ],
+        )),
         // Rule 6, IPv6.
-        seq("frag6_nat_port_then_later", vec![
-            (frag6(remote6(), egress6(), 0x01020304, 0, true, NAT_HI), Redirect, R::RedirectNatPort),
-            (frag6(remote6(), egress6(), 0x01020304, 9, false, 0), Redirect, R::RedirectFragment),
-            (frag6(remote6(), egress6(), 0x01020305, 9, false, 0), Pass, R::PassFragmentUnknown),
-        ]),
-        seq("frag6_service_port_then_later", vec![
-            (frag6(remote6(), egress6(), 77, 0, true, 443), Pass, R::PassServicePort),
-            (frag6(remote6(), egress6(), 77, 9, false, 0), Pass, R::PassFragment),
-        ]),
-        one("frag6_later_steered_unknown", frag6(pod6(), remote6(), 78, 9, false, 0), Redirect, R::RedirectFragmentSteeredSource),
-        one("frag6_atomic_is_not_a_fragment", frag6(remote6(), egress6(), 79, 0, false, NAT_LO), Redirect, R::RedirectNatPort),
+        seq(
+            "frag6_nat_port_then_later",
+            vec![
+                (frag6(remote6(), egress6(), 0x01020304, 0, true, NAT_HI), Redirect, R::RedirectNatPort),
+                (frag6(remote6(), egress6(), 0x01020304, 9, false, 0), Redirect, R::RedirectFragment),
+                (frag6(remote6(), egress6(), 0x01020305, 9, false, 0), Pass, R::PassFragmentUnknown),
+            ],
+        ),
+        seq(
+            "frag6_service_port_then_later",
+            vec![
+                (frag6(remote6(), egress6(), 77, 0, true, 443), Pass, R::PassServicePort),
+                (frag6(remote6(), egress6(), 77, 9, false, 0), Pass, R::PassFragment),
+            ],
+        ),
+        one(
+            "frag6_later_steered_unknown",
+            frag6(pod6(), remote6(), 78, 9, false, 0),
+            Redirect,
+            R::RedirectFragmentSteeredSource,
+        ),
+        one(
+            "frag6_atomic_is_not_a_fragment",
+            frag6(remote6(), egress6(), 79, 0, false, NAT_LO),
+            Redirect,
+            R::RedirectNatPort,
+        ),
     ]
 }
 
@@ -549,8 +667,7 @@ fn fixture_table() {
     }
     // Every reason is exercised by at least one fixture; the fast path's
     // own verdicts by tests/fast_path.rs.
-    let covered: std::collections::HashSet<R> =
-        fixtures.iter().flat_map(|f| f.steps.iter().map(|s| s.2)).collect();
+    let covered: std::collections::HashSet<R> = fixtures.iter().flat_map(|f| f.steps.iter().map(|s| s.2)).collect();
     let missing: Vec<R> = R::ALL
         .iter()
         .copied()
@@ -694,10 +811,7 @@ fn load_options_size_the_maps() {
     prog.register_xsk(LO, 255, s.as_raw_fd()).unwrap();
     prog.register_xsk(5, 0, s.as_raw_fd()).unwrap();
     let err = prog.register_xsk(6, 0, s.as_raw_fd()).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "ifindex 6 needs an XSKMAP slot but all 2 are taken (LoadOptions.xsk_interfaces)"
-    );
+    assert_eq!(err.to_string(), "ifindex 6 needs an XSKMAP slot but all 2 are taken (LoadOptions.xsk_interfaces)");
 
     let zero = LoadOptions { fragments: 0, ..LoadOptions::default() };
     let err = SteeringProgram::load(zero).unwrap_err();

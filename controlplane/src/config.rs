@@ -177,6 +177,10 @@ pub struct KubernetesConfig {
     pub retry_period: Duration,
     /// Kubeconfig path, if not in-cluster / `$KUBECONFIG`.
     pub kubeconfig: Option<PathBuf>,
+    /// Label selector of gateway Nodes.
+    pub gateway_selector: String,
+    /// Periodic full pass even without changes.
+    pub resync_period: Duration,
 }
 
 /// A validated configuration file.
@@ -657,11 +661,27 @@ impl Checker<'_> {
         let lease_duration = self.duration("kubernetes.leaseDuration", k.lease_duration.as_deref().unwrap_or("4s"));
         let renew_deadline = self.duration("kubernetes.renewDeadline", k.renew_deadline.as_deref().unwrap_or("2s"));
         let retry_period = self.duration("kubernetes.retryPeriod", k.retry_period.as_deref().unwrap_or("500ms"));
-        let (Some(lease_duration), Some(renew_deadline), Some(retry_period)) =
-            (lease_duration, renew_deadline, retry_period)
+        let resync_period = self.duration("kubernetes.resyncPeriod", k.resync_period.as_deref().unwrap_or("30s"));
+        let (Some(lease_duration), Some(renew_deadline), Some(retry_period), Some(resync_period)) =
+            (lease_duration, renew_deadline, retry_period, resync_period)
         else {
             return None;
         };
+        // Lease durations are whole seconds in the Lease object, and the
+        // fencing margin (leaseDuration - renewDeadline) must leave time to
+        // stop translating before another gateway may take over.
+        if lease_duration.subsec_nanos() != 0 {
+            self.rule(
+                "kubernetes.leaseDuration",
+                format!("{lease_duration:?} is not a whole number of seconds (Lease objects store seconds)"),
+            );
+        }
+        if lease_duration.saturating_sub(renew_deadline) < Duration::from_millis(500) {
+            self.rule(
+                "kubernetes.renewDeadline",
+                "must be at least 500ms shorter than kubernetes.leaseDuration (the fencing margin)",
+            );
+        }
         if renew_deadline >= lease_duration {
             self.rule("kubernetes.renewDeadline", "must be shorter than kubernetes.leaseDuration");
         }
@@ -678,6 +698,8 @@ impl Checker<'_> {
             renew_deadline,
             retry_period,
             kubeconfig: k.kubeconfig.as_ref().map(PathBuf::from),
+            gateway_selector: k.gateway_selector.clone().unwrap_or_else(|| "egret.dev/gateway=true".into()),
+            resync_period,
         })
     }
 

@@ -10,11 +10,15 @@
 //! - [`offload`]: the XDP fast path's userspace half: installing confirmed
 //!   sessions into the kernel, next hops, expiry stamps, fencing.
 //! - [`sink`]: the seam between configuration sources and the running gateway.
+//! - [`failclosed`]: nftables rules so a stopped gateway never forwards pods' traffic untranslated.
+//! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod config;
 pub mod daemon;
+pub mod failclosed;
+pub mod k8s;
 pub mod metrics;
 pub mod netlink;
 pub mod offload;

@@ -43,6 +43,11 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Remove the fail-closed forwarding rules a gateway leaves in the kernel
+    /// (uninstalling Egret from a node). While they stay, a stopped gateway's
+    /// kernel drops the traffic Egret would translate instead of forwarding it
+    /// with pod addresses.
+    Cleanup,
     /// Validate a configuration file and print what it would do.
     CheckConfig {
         /// The configuration file.
@@ -177,6 +182,13 @@ fn main() -> ExitCode {
             }
         }
         Command::CheckConfig { file } => check_config(&file),
+        Command::Cleanup => match egret_controlplane::failclosed::remove() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("egret cleanup: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Status(c) => {
             client(&c, Request::Status, |v| serde_json::from_value::<Status>(v).map(|s| render::status(&s)))
         }

@@ -51,10 +51,7 @@ pub enum ApiServerError {
     },
     /// `start` succeeded but did not print the kubeconfig path it wrote.
     #[error("{script} start printed no kubeconfig path (stdout {stdout:?})")]
-    NoKubeconfigPath {
-        script: &'static str,
-        stdout: String,
-    },
+    NoKubeconfigPath { script: &'static str, stdout: String },
     /// The kubeconfig could not be read or turned into a client configuration.
     #[error("kubeconfig {path}: {source}")]
     Kubeconfig {
@@ -70,11 +67,10 @@ pub enum ApiServerError {
         source: kube::Error,
     },
     /// Killing or restarting was asked of a server this handle did not start.
-    #[error("the API server behind {kubeconfig} was not started by this handle ({REUSE_ENV}); refusing to {action} it")]
-    NotOwned {
-        kubeconfig: PathBuf,
-        action: &'static str,
-    },
+    #[error(
+        "the API server behind {kubeconfig} was not started by this handle ({REUSE_ENV}); refusing to {action} it"
+    )]
+    NotOwned { kubeconfig: PathBuf, action: &'static str },
 }
 
 /// Result of this module's operations.
@@ -107,22 +103,12 @@ impl ApiServer {
         }
         match effective_uid() {
             Some(0) => {}
-            Some(uid) => {
-                return Err(Unavailable(format!(
-                    "not root (euid {uid}); the API server tests run as root"
-                )))
-            }
-            None => {
-                return Err(Unavailable(
-                    "cannot read the euid from /proc/self/status".into(),
-                ))
-            }
+            Some(uid) => return Err(Unavailable(format!("not root (euid {uid}); the API server tests run as root"))),
+            None => return Err(Unavailable("cannot read the euid from /proc/self/status".into())),
         }
         match Command::new(SCRIPT).arg("check").output() {
             Ok(out) if out.status.success() => Ok(()),
-            Ok(out) => Err(Unavailable(
-                String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            )),
+            Ok(out) => Err(Unavailable(String::from_utf8_lossy(&out.stderr).trim().to_owned())),
             Err(e) => Err(Unavailable(format!("cannot run {SCRIPT} check: {e}"))),
         }
     }
@@ -133,9 +119,9 @@ impl ApiServer {
     pub fn available_or_skip(test: &str) -> std::result::Result<bool, Unavailable> {
         match Self::availability() {
             Ok(()) => Ok(true),
-            Err(why) if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") => Err(Unavailable(
-                format!("{test}: {REQUIRE_ENV}=1 but the API server cannot run: {why}"),
-            )),
+            Err(why) if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") => {
+                Err(Unavailable(format!("{test}: {REQUIRE_ENV}=1 but the API server cannot run: {why}")))
+            }
             Err(why) => {
                 eprintln!("SKIPPED {test}: {why}");
                 Ok(false)
@@ -150,10 +136,7 @@ impl ApiServer {
     /// the pair if this process dies without dropping the handle.
     pub fn start() -> Result<Self> {
         if let Some(path) = std::env::var_os(REUSE_ENV) {
-            return Ok(Self {
-                kubeconfig: PathBuf::from(path),
-                owned_state: None,
-            });
+            return Ok(Self { kubeconfig: PathBuf::from(path), owned_state: None });
         }
         let state = fresh_state_dir();
         let out = run_script_blocking("start", &state)?;
@@ -161,15 +144,9 @@ impl ApiServer {
         let Some(path) = stdout.lines().rev().find(|l| !l.trim().is_empty()) else {
             // The pair may be up; do not leak it.
             let _ = run_script_blocking("stop", &state);
-            return Err(ApiServerError::NoKubeconfigPath {
-                script: SCRIPT,
-                stdout: stdout.into_owned(),
-            });
+            return Err(ApiServerError::NoKubeconfigPath { script: SCRIPT, stdout: stdout.into_owned() });
         };
-        Ok(Self {
-            kubeconfig: PathBuf::from(path.trim()),
-            owned_state: Some(state),
-        })
+        Ok(Self { kubeconfig: PathBuf::from(path.trim()), owned_state: Some(state) })
     }
 
     /// The kubeconfig that authenticates as the admin (group `system:masters`).
@@ -185,23 +162,13 @@ impl ApiServer {
 
     /// A client for the admin user. Must be called inside a tokio runtime.
     pub async fn client(&self) -> Result<kube::Client> {
-        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).map_err(|source| {
-            ApiServerError::Kubeconfig {
-                path: self.kubeconfig.clone(),
-                source,
-            }
-        })?;
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|source| ApiServerError::Kubeconfig {
-                    path: self.kubeconfig.clone(),
-                    source,
-                })?;
-        kube::Client::try_from(config).map_err(|source| ApiServerError::Client {
-            path: self.kubeconfig.clone(),
-            source,
-        })
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
+            .map_err(|source| ApiServerError::Kubeconfig { path: self.kubeconfig.clone(), source })?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|source| ApiServerError::Kubeconfig { path: self.kubeconfig.clone(), source })?;
+        kube::Client::try_from(config)
+            .map_err(|source| ApiServerError::Client { path: self.kubeconfig.clone(), source })
     }
 
     /// SIGKILLs the API server (etcd and the data stay): clients see connection errors
@@ -230,10 +197,7 @@ impl ApiServer {
     fn owned(&self, action: &'static str) -> Result<&Path> {
         self.owned_state
             .as_deref()
-            .ok_or_else(|| ApiServerError::NotOwned {
-                kubeconfig: self.kubeconfig.clone(),
-                action,
-            })
+            .ok_or_else(|| ApiServerError::NotOwned { kubeconfig: self.kubeconfig.clone(), action })
     }
 }
 
@@ -258,11 +222,7 @@ pub fn processes_of(state_dir: &Path) -> Vec<(u32, String)> {
     };
     let mut found = Vec::new();
     for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
         if pid == me {
@@ -296,10 +256,7 @@ fn fresh_state_dir() -> PathBuf {
 /// the pair when this process is gone).
 fn script_env(state: &Path) -> [(&'static str, OsString); 2] {
     let owner = std::process::id().to_string().into();
-    [
-        ("EGRET_APISERVER_STATE", state.as_os_str().to_owned()),
-        ("EGRET_APISERVER_OWNER_PID", owner),
-    ]
+    [("EGRET_APISERVER_STATE", state.as_os_str().to_owned()), ("EGRET_APISERVER_OWNER_PID", owner)]
 }
 
 fn check_output(command: &'static str, state: &Path, out: Output) -> Result<Output> {
@@ -322,11 +279,7 @@ fn run_script_blocking(command: &'static str, state: &Path) -> Result<Output> {
         .arg(command)
         .envs(script_env(state))
         .output()
-        .map_err(|source| ApiServerError::Spawn {
-            script: SCRIPT,
-            command,
-            source,
-        })?;
+        .map_err(|source| ApiServerError::Spawn { script: SCRIPT, command, source })?;
     check_output(command, state, out)
 }
 
@@ -336,10 +289,6 @@ async fn run_script(command: &'static str, state: &Path) -> Result<Output> {
         .envs(script_env(state))
         .output()
         .await
-        .map_err(|source| ApiServerError::Spawn {
-            script: SCRIPT,
-            command,
-            source,
-        })?;
+        .map_err(|source| ApiServerError::Spawn { script: SCRIPT, command, source })?;
     check_output(command, state, out)
 }

@@ -1,3 +1,47 @@
-//! The network-namespace lab and helpers for end-to-end tests.
+//! Egret's network-namespace lab and the helpers its end-to-end tests share.
+//!
+//! - [`plan`]: the address plan (the fixture table's addresses and MACs).
+//! - [`lab`]: the topology ([`lab::Lab`]: pods, node router, gateway,
+//!   upstream router, server), deleted on drop.
+//! - [`netns`]: namespaces, commands and threads inside them.
+//! - [`gateway`]: the `egret` daemon's config, process, admin CLI.
+//! - [`server`], [`client`]: the external server that reports the source it
+//!   saw, and the pods' clients.
+//! - [`capture`], [`frames`]: captures on a link, the leak check, raw frames.
+//! - [`harness`]: lab + gateway + outside capture + leak check, per test.
+//! - [`sys`]: the few raw system calls (the crate's only unsafe code).
+//! - [`apiserver`]: a real kube-apiserver + etcd for the control-plane tests.
+//!
+//! The `egret-lab` binary (`src/bin/egret-lab.rs`) drives the same code for
+//! `tests/lab.sh`; docs/lab.md describes both.
 
 pub mod apiserver;
+pub mod capture;
+pub mod client;
+pub mod error;
+pub mod frames;
+pub mod gateway;
+pub mod harness;
+pub mod lab;
+pub mod netns;
+pub mod plan;
+pub mod server;
+pub mod sys;
+
+pub use error::{LabError, Result};
+
+/// Whether the lab can run here: it needs root (namespaces, XDP, raw
+/// sockets). When it cannot, says on stderr that the calling test is
+/// skipped, written past libtest's output capture so it shows even for a
+/// passing test.
+pub fn lab_available(test: &str) -> bool {
+    if sys::is_root() {
+        return true;
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {test}: the network-namespace lab needs root (run the tests as root; CI does)"
+    );
+    false
+}

@@ -19,8 +19,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams, WatchEvent,
-    WatchParams,
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use serde_json::json;
 
@@ -37,10 +36,7 @@ async fn control_plane_smoke() {
     }
     let server = ApiServer::start().expect("start kube-apiserver + etcd");
     let state = server.state_dir().map(ToOwned::to_owned);
-    let client = server
-        .client()
-        .await
-        .expect("client from the generated kubeconfig");
+    let client = server.client().await.expect("client from the generated kubeconfig");
 
     namespace(&client).await;
     let objects = custom_resource(&client).await;
@@ -54,22 +50,14 @@ async fn control_plane_smoke() {
     server.stop().expect("stop");
     if let Some(state) = state {
         assert_eq!(processes_of(&state), vec![], "processes left after stop");
-        assert!(
-            !state.exists(),
-            "state directory {} left after stop",
-            state.display()
-        );
+        assert!(!state.exists(), "state directory {} left after stop", state.display());
     }
 }
 
 async fn namespace(client: &kube::Client) {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace =
-        serde_json::from_value(json!({ "metadata": { "name": NS } })).expect("namespace json");
-    let created = namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("create namespace");
+    let ns: Namespace = serde_json::from_value(json!({ "metadata": { "name": NS } })).expect("namespace json");
+    let created = namespaces.create(&PostParams::default(), &ns).await.expect("create namespace");
     assert_eq!(created.metadata.name.as_deref(), Some(NS));
     let phase = created.status.and_then(|s| s.phase);
     assert_eq!(phase.as_deref(), Some("Active"));
@@ -99,36 +87,24 @@ async fn custom_resource(client: &kube::Client) -> Api<DynamicObject> {
         }
     }))
     .expect("crd json");
-    crds.create(&PostParams::default(), &crd)
-        .await
-        .expect("create CRD");
+    crds.create(&PostParams::default(), &crd).await.expect("create CRD");
 
     let name = format!("widgets.{GROUP}");
     let established = tokio::time::timeout(WAIT, async {
         loop {
             let crd = crds.get(&name).await.expect("get CRD");
             let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
-            if conditions
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-            {
+            if conditions.iter().any(|c| c.type_ == "Established" && c.status == "True") {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
     .await;
-    assert!(
-        established.is_ok(),
-        "CRD {name} not Established within {WAIT:?}"
-    );
+    assert!(established.is_ok(), "CRD {name} not Established within {WAIT:?}");
 
     let gvk = GroupVersionKind::gvk(GROUP, "v1", "Widget");
-    Api::namespaced_with(
-        client.clone(),
-        NS,
-        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
-    )
+    Api::namespaced_with(client.clone(), NS, &ApiResource::from_gvk_with_plural(&gvk, "widgets"))
 }
 
 fn widget(ip: &str) -> DynamicObject {
@@ -157,27 +133,14 @@ async fn next_change(
 }
 
 async fn custom_object_apply_status_and_watch(widgets: &Api<DynamicObject>) {
-    let created = widgets
-        .create(&PostParams::default(), &widget("192.0.2.10"))
-        .await
-        .expect("create widget");
-    let rv = created
-        .metadata
-        .resource_version
-        .clone()
-        .expect("resourceVersion");
-    let mut events = widgets
-        .watch(&WatchParams::default().fields("metadata.name=w1"), &rv)
-        .await
-        .expect("watch widgets")
-        .boxed();
+    let created = widgets.create(&PostParams::default(), &widget("192.0.2.10")).await.expect("create widget");
+    let rv = created.metadata.resource_version.clone().expect("resourceVersion");
+    let mut events =
+        widgets.watch(&WatchParams::default().fields("metadata.name=w1"), &rv).await.expect("watch widgets").boxed();
 
     // Server-side apply changes the spec.
     let ssa = PatchParams::apply("egret-smoke").force();
-    widgets
-        .patch("w1", &ssa, &Patch::Apply(widget("192.0.2.11")))
-        .await
-        .expect("server-side apply");
+    widgets.patch("w1", &ssa, &Patch::Apply(widget("192.0.2.11"))).await.expect("server-side apply");
     match next_change(&mut events).await {
         WatchEvent::Modified(obj) => {
             assert_eq!(obj.data["spec"]["ip"], json!("192.0.2.11"));
@@ -188,27 +151,17 @@ async fn custom_object_apply_status_and_watch(widgets: &Api<DynamicObject>) {
 
     // The status subresource changes status only ...
     let status = json!({ "status": { "owner": "node-a" }, "spec": { "ip": "198.51.100.99" } });
-    widgets
-        .patch_status("w1", &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .expect("patch status");
+    widgets.patch_status("w1", &PatchParams::default(), &Patch::Merge(&status)).await.expect("patch status");
     match next_change(&mut events).await {
         WatchEvent::Modified(obj) => {
             assert_eq!(obj.data["status"]["owner"], json!("node-a"));
-            assert_eq!(
-                obj.data["spec"]["ip"],
-                json!("192.0.2.11"),
-                "status patch changed spec"
-            );
+            assert_eq!(obj.data["spec"]["ip"], json!("192.0.2.11"), "status patch changed spec");
         }
         other => panic!("expected Modified after status patch, got {other:?}"),
     }
     // ... and the main resource ignores status.
     let main = json!({ "status": { "owner": "intruder" } });
-    let after = widgets
-        .patch("w1", &PatchParams::default(), &Patch::Merge(&main))
-        .await
-        .expect("patch main");
+    let after = widgets.patch("w1", &PatchParams::default(), &Patch::Merge(&main)).await.expect("patch main");
     assert_eq!(after.data["status"]["owner"], json!("node-a"));
 }
 
@@ -227,10 +180,7 @@ fn lease(holder: &str, resource_version: Option<String>) -> Lease {
 async fn lease_conflict(client: &kube::Client) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
     let pp = PostParams::default();
-    let created = leases
-        .create(&pp, &lease("node-a", None))
-        .await
-        .expect("create lease");
+    let created = leases.create(&pp, &lease("node-a", None)).await.expect("create lease");
     let stale = created.metadata.resource_version.clone();
 
     let taken = leases
@@ -251,10 +201,7 @@ async fn lease_conflict(client: &kube::Client) {
         other => panic!("expected a 409 Conflict, got {other}"),
     }
     let now = leases.get("egress-192-0-2-10").await.expect("get lease");
-    assert_eq!(
-        now.spec.and_then(|s| s.holder_identity).as_deref(),
-        Some("node-b")
-    );
+    assert_eq!(now.spec.and_then(|s| s.holder_identity).as_deref(), Some("node-b"));
 }
 
 async fn load_balancer_status(client: &kube::Client) {
@@ -264,18 +211,9 @@ async fn load_balancer_status(client: &kube::Client) {
         "spec": { "type": "LoadBalancer", "ports": [{ "name": "http", "port": 80, "protocol": "TCP" }] }
     }))
     .expect("service json");
-    let created = services
-        .create(&PostParams::default(), &svc)
-        .await
-        .expect("create service");
-    let cluster_ip = created
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .expect("clusterIP allocated");
-    assert!(
-        cluster_ip.starts_with("192.0.2."),
-        "clusterIP {cluster_ip} outside the 192.0.2.0/24 service range"
-    );
+    let created = services.create(&PostParams::default(), &svc).await.expect("create service");
+    let cluster_ip = created.spec.and_then(|s| s.cluster_ip).expect("clusterIP allocated");
+    assert!(cluster_ip.starts_with("192.0.2."), "clusterIP {cluster_ip} outside the 192.0.2.0/24 service range");
 
     let status = json!({ "status": { "loadBalancer": { "ingress": [{ "ip": "203.0.113.7" }] } } });
     services
@@ -283,11 +221,7 @@ async fn load_balancer_status(client: &kube::Client) {
         .await
         .expect("patch service status");
     let got = services.get("egress-gw").await.expect("get service");
-    let ingress = got
-        .status
-        .and_then(|s| s.load_balancer)
-        .and_then(|lb| lb.ingress)
-        .unwrap_or_default();
+    let ingress = got.status.and_then(|s| s.load_balancer).and_then(|lb| lb.ingress).unwrap_or_default();
     assert_eq!(ingress.len(), 1);
     assert_eq!(ingress[0].ip.as_deref(), Some("203.0.113.7"));
 }
@@ -297,21 +231,10 @@ async fn load_balancer_status(client: &kube::Client) {
 async fn cut_off_and_back(server: &ApiServer, client: &kube::Client) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
     server.kill_apiserver().await.expect("kill apiserver");
-    let cut = tokio::time::timeout(WAIT, leases.get("egress-192-0-2-10"))
-        .await
-        .expect("request gives up");
-    assert!(
-        cut.is_err(),
-        "request succeeded with the API server killed: {cut:?}"
-    );
+    let cut = tokio::time::timeout(WAIT, leases.get("egress-192-0-2-10")).await.expect("request gives up");
+    assert!(cut.is_err(), "request succeeded with the API server killed: {cut:?}");
 
     server.restart_apiserver().await.expect("restart apiserver");
-    let back = leases
-        .get("egress-192-0-2-10")
-        .await
-        .expect("get lease after restart");
-    assert_eq!(
-        back.spec.and_then(|s| s.holder_identity).as_deref(),
-        Some("node-b")
-    );
+    let back = leases.get("egress-192-0-2-10").await.expect("get lease after restart");
+    assert_eq!(back.spec.and_then(|s| s.holder_identity).as_deref(), Some("node-b"));
 }

@@ -206,4 +206,8 @@ pub struct Kubernetes {
     pub retry_period: Option<String>,
     /// Kubeconfig path.
     pub kubeconfig: Option<String>,
+    /// Label selector of gateway Nodes, e.g. "egret.dev/gateway=true".
+    pub gateway_selector: Option<String>,
+    /// Periodic full pass, e.g. "30s".
+    pub resync_period: Option<String>,
 }

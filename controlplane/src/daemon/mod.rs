@@ -184,12 +184,6 @@ pub fn run_gateway(path: &Path) -> Result<(), DaemonError> {
     for w in &cfg.warnings {
         tracing::warn!(warning = %w, "configuration");
     }
-    if cfg.kubernetes.is_some() {
-        return Err(DaemonError::Unsupported(format!(
-            "{}: kubernetes: mode is not wired into this build of egret gateway yet",
-            cfg.file
-        )));
-    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -376,6 +370,14 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         tokio::spawn(crate::metrics::serve(metrics_listener, view.clone(), Arc::new(move || ready_shared.ready())));
 
     sink.announce(&announced(&cfg.tables));
+
+    // Kubernetes mode: the cluster provides policies and egress IPs (the
+    // file's tables are empty); Leases decide which IPs this gateway holds.
+    let (k8s_stop_tx, k8s_stop_rx) = tokio::sync::watch::channel(false);
+    let k8s_task = match &cfg.kubernetes {
+        None => None,
+        Some(k) => Some(spawn_kubernetes(k, &cfg, sink.clone(), k8s_stop_rx).await?),
+    };
     // Wait (briefly) for every worker thread to enter its loop, for the log line.
     for _ in 0..200 {
         if shared.ready() {
@@ -398,14 +400,25 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         (sig(SignalKind::hangup())?, sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?);
     loop {
         tokio::select! {
-            _ = hup.recv() => reload(&path, &shared),
+            _ = hup.recv() => {
+                if cfg.kubernetes.is_some() {
+                    tracing::warn!("SIGHUP ignored in Kubernetes mode: policies come from the cluster; restart to change file settings");
+                } else {
+                    reload(&path, &shared)
+                }
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
     }
 
-    // Stop.
+    // Stop. In Kubernetes mode, first give up the egress IPs (fenced out of
+    // the tables, Leases released) so another gateway can take them at once.
     tracing::info!("stopping");
+    if let Some(task) = k8s_task {
+        let _ = k8s_stop_tx.send(true);
+        let _ = task.await;
+    }
     shared.stopping.store(true, Ordering::Release);
     let _ = stop_tx.send(true);
     stop.store(true, Ordering::Release);
@@ -428,6 +441,40 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
     let _ = std::fs::remove_file(&cfg.admin_socket);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts the Kubernetes control plane on this runtime.
+async fn spawn_kubernetes(
+    k: &config::KubernetesConfig,
+    cfg: &GatewayConfig,
+    sink: Arc<GatewaySink>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, DaemonError> {
+    use crate::k8s::{self, lease::LeaseTiming, K8sOptions};
+    let node = k.node_name.clone().or_else(|| std::env::var("NODE_NAME").ok()).unwrap_or_default();
+    let mut opts = K8sOptions::new(node);
+    opts.lease_namespace = k.lease_namespace.clone();
+    opts.timing = LeaseTiming {
+        lease_duration: k.lease_duration,
+        renew_deadline: k.renew_deadline,
+        retry_period: k.retry_period,
+    };
+    opts.gateway_selector = k.gateway_selector.clone();
+    opts.resync_period = k.resync_period;
+    opts.nat = cfg.tables.nat;
+    opts.validate().map_err(|e| start_err("kubernetes options")(e.to_string()))?;
+    let client =
+        k8s::client(k.kubeconfig.as_deref()).await.map_err(|e| start_err("kubernetes client")(e.to_string()))?;
+    let sink: Arc<dyn crate::sink::TablesSink> = sink;
+    tracing::info!(node = %opts.node_name, namespace = %opts.lease_namespace, "kubernetes control plane starting");
+    Ok(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = k8s::run(client, opts, sink, shutdown).await {
+            tracing::error!(error = %e, "kubernetes control plane stopped");
+        }
+    }))
 }
 
 /// `SIGHUP`: re-read, validate, apply; keep the old configuration on error.

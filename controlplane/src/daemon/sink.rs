@@ -51,6 +51,8 @@ pub struct GatewaySink {
     pub restart_needed: Mutex<Vec<String>>,
     /// Applies that succeeded.
     pub applied: AtomicU64,
+    /// Times the fail-closed nftables rules could not be installed.
+    pub fail_closed_errors: AtomicU64,
 }
 
 impl std::fmt::Debug for GatewaySink {
@@ -112,6 +114,7 @@ impl GatewaySink {
             fast_path,
             restart_needed: Mutex::new(Vec::new()),
             applied: AtomicU64::new(0),
+            fail_closed_errors: AtomicU64::new(0),
         }
     }
 
@@ -165,6 +168,13 @@ impl TablesSink for GatewaySink {
             tracing::warn!(error = %e, "policy left out");
         }
         self.apply_maps(&published.tables).map_err(|e| ApplyError::Maps(e.to_string()))?;
+        // The kernel's fallback: what the XDP program steers, the forward
+        // path drops (crate::failclosed). A failure does not stop the gateway
+        // but is loud: it means a stopped gateway would leak pod addresses.
+        if let Err(e) = crate::failclosed::install(&published.tables) {
+            self.fail_closed_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "fail-closed rules not installed");
+        }
         self.applied.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             generation = published.tables.generation,

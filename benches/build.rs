@@ -1,0 +1,34 @@
+//! Compiles the throughput benchmark's XDP programs (`xdp/*.bpf.c`: the
+//! generator, the redirect ceiling and the sink counter) with clang through
+//! libbpf-cargo into `OUT_DIR/<name>.bpf.o`, which `src/xdp.rs` embeds and
+//! loads with libbpf-rs.
+
+use std::env;
+use std::error::Error;
+use std::path::PathBuf;
+
+use libbpf_cargo::SkeletonBuilder;
+
+const PROGRAMS: [&str; 3] = ["gen", "redirect", "sink"];
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").ok_or("cargo did not set OUT_DIR")?);
+    println!("cargo:rerun-if-changed=xdp/bench_common.h");
+    for name in PROGRAMS {
+        let source = format!("xdp/{name}.bpf.c");
+        println!("cargo:rerun-if-changed={source}");
+        SkeletonBuilder::new()
+            .source(&source)
+            .obj(out_dir.join(format!("{name}.bpf.o")))
+            .clang_args([
+                // Debian keeps <asm/types.h> under the multiarch directory.
+                "-I/usr/include/x86_64-linux-gnu",
+                "-Wall",
+                "-Wextra",
+                "-Wno-unused-parameter",
+            ])
+            .build()
+            .map_err(|e| format!("building {source} failed (needs clang, libelf-dev, zlib1g-dev): {e:#}"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,614 @@
+//! One benchmark run: the modes (what forwards between the gateway's two
+//! veths), their setup and teardown, the placement of every context on its
+//! core, and the measurement window.
+//!
+//! Placement (2 cores): the generator thread and the sink's threaded NAPI
+//! on the generator core; everything of the gateway on the gateway core:
+//! the threaded NAPI kthreads of `gwin`/`gwout` (pinned here after every
+//! change that may re-create them), Egret's workers (pinned by Egret from
+//! its config, `SCHED_FIFO` 50), and the core's `ksoftirqd`.
+//!
+//! A window: start the generator, wait out the warm-up, snapshot (time,
+//! frames offered, sink counters, /proc of every watched thread and both
+//! cores), wait `seconds`, snapshot again, stop the generator.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::cpu::{self, Snapshot, Watched, WindowUse};
+use crate::egret::{self, BenchConfig, Daemon, EgretError};
+use crate::frame::{FlowSet, FrameSpec};
+use crate::generator::{Engine, GenError, GenSpec, Running};
+use crate::napi::{self, NapiError};
+use crate::topology::{self, in_netns, LinkCounters, NetnsError, Topology, TopologyError, GW_IN, GW_OUT};
+use crate::xdp::{self, Redirect, Sink, SinkCounts, XdpError};
+
+/// What forwards the frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The kernel: ip_forward and nftables `snat to` the egress IP.
+    Kernel,
+    /// Egret with `xdp.fastPath: false` (AF_XDP workers).
+    Egret,
+    /// Egret with `xdp.fastPath: true` (issue 5).
+    Fastpath,
+    /// A bare XDP program: rewrite MACs, bpf_redirect (the ceiling).
+    Redirect,
+    /// New UDP flows per second through Egret's slow path.
+    NewConns,
+    /// New UDP flows per second through the kernel's conntrack + SNAT.
+    KernelNewConns,
+}
+
+impl Mode {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Kernel => "kernel",
+            Mode::Egret => "egret",
+            Mode::Fastpath => "fastpath",
+            Mode::Redirect => "redirect",
+            Mode::NewConns => "new-conns",
+            Mode::KernelNewConns => "kernel-new-conns",
+        }
+    }
+
+    /// Whether every frame is a new flow.
+    pub fn new_flows(self) -> bool {
+        matches!(self, Mode::NewConns | Mode::KernelNewConns)
+    }
+
+    /// Whether the mode runs the Egret daemon.
+    pub fn uses_egret(self) -> bool {
+        matches!(self, Mode::Egret | Mode::Fastpath | Mode::NewConns)
+    }
+
+    /// Whether forwarded frames must carry the egress IP.
+    pub fn translates(self) -> bool {
+        self != Mode::Redirect
+    }
+}
+
+/// Everything that can stop a run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    #[error(transparent)]
+    Xdp(#[from] XdpError),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error(transparent)]
+    Egret(#[from] EgretError),
+    #[error(transparent)]
+    Gen(#[from] GenError),
+    #[error(transparent)]
+    Cpu(#[from] cpu::CpuError),
+    #[error(transparent)]
+    Window(#[from] cpu::WindowError),
+    #[error("NAPI lookup for {dev}: {source}")]
+    Napi { dev: &'static str, source: NapiError },
+    #[error("{dev} has no threaded NAPI instance after setting up {mode}; its receive work would not run in a thread on the gateway core")]
+    NoNapiThread { dev: &'static str, mode: &'static str },
+    #[error("pinning {what} (tid {tid}) to CPU {cpu} failed: {source}")]
+    Pin { what: String, tid: u32, cpu: usize, source: std::io::Error },
+    #[error("no {name} thread found in /proc")]
+    NoKthread { name: String },
+    #[error("reading Egret's metrics failed: {reason}")]
+    Metrics { reason: String },
+    #[error("interrupted")]
+    Interrupted,
+}
+
+/// Options that shape every window.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub engine: Engine,
+    pub gen_cpu: usize,
+    pub gw_cpu: usize,
+    pub seconds: f64,
+    pub warmup: f64,
+    pub new_conns_seconds: f64,
+    pub rate: Option<u64>,
+    pub egret: PathBuf,
+    pub workdir: PathBuf,
+    pub metrics_port: u16,
+    pub user_hz: u64,
+    /// Raise the benchmark's own contexts above the machine's other load:
+    /// gateway NAPI threads SCHED_FIFO 49, the sink's NAPI thread
+    /// SCHED_FIFO 60, the generator nice -20.
+    pub priorities: bool,
+}
+
+/// Nice value of the generator thread.
+pub const BENCH_NICE: i32 = -20;
+/// SCHED_FIFO priority of the gateway's NAPI threads: above every normal
+/// thread, below Egret's workers (50), which must preempt them.
+pub const GW_NAPI_FIFO: i32 = 49;
+/// SCHED_FIFO priority of the sink's NAPI thread.
+pub const SINK_FIFO: i32 = 60;
+
+/// Sleep `secs`, returning early with an error on SIGINT/SIGTERM.
+pub fn sleep_checked(secs: f64) -> Result<(), BenchError> {
+    let end = Instant::now() + Duration::from_secs_f64(secs.max(0.0));
+    loop {
+        if crate::sys::stop_requested() {
+            return Err(BenchError::Interrupted);
+        }
+        let now = Instant::now();
+        if now >= end {
+            return Ok(());
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(50)));
+    }
+}
+
+/// The pid of kernel thread `name` (e.g. `ksoftirqd/1`).
+pub fn kthread_pid(name: &str) -> Result<u32, BenchError> {
+    let rd = std::fs::read_dir("/proc").map_err(|source| cpu::CpuError::Read { path: "/proc".into(), source })?;
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        if std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end() == name) {
+            return Ok(pid);
+        }
+    }
+    Err(BenchError::NoKthread { name: name.to_owned() })
+}
+
+/// The sink: its XDP counter on `sink0`, and its NAPI thread pinned to the
+/// generator core. Lives for the whole run.
+#[derive(Debug)]
+pub struct SinkSide {
+    pub sink: Sink,
+    pub napi_tid: u32,
+}
+
+impl SinkSide {
+    /// Attach the sink program and place its NAPI thread.
+    pub fn setup(topo: &Topology, cpu: usize, priorities: bool) -> Result<Self, BenchError> {
+        let mut sink = Sink::load(topology::SINK_IP, topology::SINK_PORT)?;
+        let ns = topo.sink_ns.clone();
+        let ifindex = in_netns(&ns, || -> Result<u32, BenchError> {
+            let i = xdp::ifindex(&ns, topology::SINK_IF)?;
+            sink.attach(i)?;
+            Ok(i)
+        })?;
+        topo.set_threaded(&topo.sink_ns, topology::SINK_IF)?;
+        let tids = napi_threads(&topo.sink_ns, topology::SINK_IF, ifindex)?;
+        let napi_tid = *tids.first().ok_or(BenchError::NoNapiThread { dev: topology::SINK_IF, mode: "sink" })?;
+        crate::sys::set_affinity(napi_tid, cpu).map_err(|source| BenchError::Pin {
+            what: "sink NAPI".into(),
+            tid: napi_tid,
+            cpu,
+            source,
+        })?;
+        if priorities {
+            crate::sys::set_fifo(napi_tid, SINK_FIFO).map_err(|source| BenchError::Pin {
+                what: "sink NAPI (SCHED_FIFO)".into(),
+                tid: napi_tid,
+                cpu,
+                source,
+            })?;
+        }
+        Ok(Self { sink, napi_tid })
+    }
+}
+
+/// The kthread pids of `dev`'s threaded NAPI instances in `ns`.
+fn napi_threads(ns: &str, dev: &'static str, ifindex: u32) -> Result<Vec<u32>, BenchError> {
+    let infos = in_netns(ns, || napi::napi_of(ifindex).map_err(|source| BenchError::Napi { dev, source }))?;
+    Ok(infos.into_iter().filter_map(|i| i.pid).collect())
+}
+
+enum State {
+    Nothing,
+    Kernel,
+    Redirect(#[allow(dead_code)] Redirect),
+    Egret(Daemon),
+}
+
+/// A mode set up on the gateway; dropping it undoes the setup.
+pub struct Gateway<'t> {
+    topo: &'t Topology,
+    pub mode: Mode,
+    state: State,
+    /// Gateway-side threads whose CPU time is the gateway's.
+    pub watched: Vec<Watched>,
+    /// Facts worth printing (placement, thread names).
+    pub notes: Vec<String>,
+    /// Where Egret's metrics are (namespace, port), for Egret modes.
+    pub metrics: Option<(String, u16)>,
+}
+
+impl std::fmt::Debug for Gateway<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").field("mode", &self.mode).field("watched", &self.watched).finish()
+    }
+}
+
+const NFT_TABLE: &str = "egret_bench";
+
+/// The egress IPs of new-connection runs: 203.0.113.10-25, each with ports
+/// 1024-65535 (about a million mappings to one destination).
+pub const NEW_CONNS_EGRESS: [Ipv4Addr; 16] = {
+    let mut a = [Ipv4Addr::new(203, 0, 113, 10); 16];
+    let mut i = 0;
+    while i < 16 {
+        a[i] = Ipv4Addr::new(203, 0, 113, 10 + i as u8);
+        i += 1;
+    }
+    a
+};
+
+impl<'t> Gateway<'t> {
+    /// Set `mode` up and place its contexts. Egret gets NAT ports
+    /// 1024-65535, as the kernel's SNAT has; new-connection runs use the 16
+    /// [`NEW_CONNS_EGRESS`] addresses.
+    pub fn setup(topo: &'t Topology, mode: Mode, opts: &Options) -> Result<Self, BenchError> {
+        let gw = topo.gw_ns.clone();
+        let (in_idx, out_idx) = in_netns(&gw, || -> Result<(u32, u32), BenchError> {
+            Ok((xdp::ifindex(&gw, GW_IN)?, xdp::ifindex(&gw, GW_OUT)?))
+        })?;
+        // The guard exists before the first change, so a failure half-way
+        // still undoes what was done.
+        let mut g = Gateway { topo, mode, state: State::Nothing, watched: Vec::new(), notes: Vec::new(), metrics: None };
+        match mode {
+            Mode::Kernel | Mode::KernelNewConns => {
+                g.state = State::Kernel;
+                // Start from an empty conntrack table (earlier rounds' flows
+                // would otherwise still be there: UDP entries live 30 s).
+                in_netns(&gw, || napi::flush_conntrack().map_err(|source| BenchError::Napi { dev: "conntrack", source }))?;
+                topo.sysctl(&gw, "net.ipv4.ip_forward", "1")?;
+                // New-connection runs translate to the same 16 addresses as
+                // Egret's, so neither runs out of ports first.
+                let to = if mode == Mode::KernelNewConns {
+                    format!("{}-{}", NEW_CONNS_EGRESS[0], NEW_CONNS_EGRESS[NEW_CONNS_EGRESS.len() - 1])
+                } else {
+                    topology::EGRESS_IP.to_string()
+                };
+                let rules = format!(
+                    "table ip {NFT_TABLE} {{\n  chain post {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
+                     oifname \"{GW_OUT}\" ip saddr {} ip daddr {} snat to {}\n  }}\n}}\n",
+                    topology::POD_RANGE,
+                    topology::SINK_RANGE,
+                    to
+                );
+                topo.exec(&gw, &["nft", "-f", "-"], Some(&rules))?;
+                // veth has NAPI only with XDP or GRO; GRO gives the kernel
+                // path a NAPI instance without an XDP program (and its copy).
+                topo.ethtool_feature(&gw, GW_IN, "gro", true)?;
+                g.notes.push("kernel: nftables snat, ip_forward=1, GRO on gwin for NAPI".into());
+            }
+            Mode::Redirect => {
+                let r = in_netns(&gw, || Redirect::attach(in_idx, out_idx, topology::GW_OUT_MAC, topology::SINK_MAC))?;
+                g.state = State::Redirect(r);
+            }
+            Mode::Egret | Mode::Fastpath | Mode::NewConns => {
+                let binary = egret::locate(&opts.egret)?;
+                let egress_ips: Vec<Ipv4Addr> = if mode == Mode::NewConns {
+                    NEW_CONNS_EGRESS.to_vec()
+                } else {
+                    vec![topology::EGRESS_IP]
+                };
+                let config = BenchConfig {
+                    inside: GW_IN.into(),
+                    outside: GW_OUT.into(),
+                    fast_path: mode == Mode::Fastpath,
+                    cpu: opts.gw_cpu,
+                    realtime_priority: 50,
+                    // The kernel's SNAT may use every port from 1024: give
+                    // Egret the same (its default, 32768-60999, is fewer
+                    // than 50,000 flows need on one egress IP).
+                    ports: Some((1024, 65535)),
+                    egress_ips,
+                    sources: topology::POD_RANGE.into(),
+                    destinations: topology::SINK_RANGE.into(),
+                    metrics_port: opts.metrics_port,
+                    admin_socket: opts.workdir.join("egret.sock"),
+                };
+                let path = opts.workdir.join(format!("egret-{}.yaml", mode.name()));
+                egret::write_config(&path, &config)?;
+                egret::check_config(&binary, &path)?;
+                let log = opts.workdir.join(format!("egret-{}.log", mode.name()));
+                let d = Daemon::start(&binary, &gw, &path, &log, opts.metrics_port)?;
+                g.notes.push(format!("egret pid {}; config {}; log {}", d.pid(), path.display(), log.display()));
+                g.state = State::Egret(d);
+                g.metrics = Some((gw.clone(), opts.metrics_port));
+                if let State::Egret(d) = &mut g.state {
+                    d.wait_ready(Duration::from_secs(30), crate::sys::stop_requested)?;
+                }
+            }
+        }
+        g.place(in_idx, out_idx, opts)?;
+        Ok(g)
+    }
+
+    /// Thread every NAPI instance of the gateway's veths, pin the kthreads
+    /// to the gateway core, and list what to watch.
+    fn place(&mut self, in_idx: u32, out_idx: u32, opts: &Options) -> Result<(), BenchError> {
+        let gw = self.topo.gw_ns.clone();
+        for (dev, idx) in [(GW_IN, in_idx), (GW_OUT, out_idx)] {
+            // A veth without NAPI refuses `threaded` (EIO): only the inside
+            // one must have it.
+            let has_napi = !in_netns(&gw, || napi::napi_of(idx).map_err(|source| BenchError::Napi { dev, source }))?.is_empty();
+            if has_napi {
+                self.topo.set_threaded(&gw, dev)?;
+            }
+            let tids = napi_threads(&gw, dev, idx)?;
+            if dev == GW_IN && tids.is_empty() {
+                return Err(BenchError::NoNapiThread { dev, mode: self.mode.name() });
+            }
+            for tid in tids {
+                crate::sys::set_affinity(tid, opts.gw_cpu).map_err(|source| BenchError::Pin {
+                    what: format!("napi {dev}"),
+                    tid,
+                    cpu: opts.gw_cpu,
+                    source,
+                })?;
+                if opts.priorities {
+                    crate::sys::set_fifo(tid, GW_NAPI_FIFO).map_err(|source| BenchError::Pin {
+                        what: format!("napi {dev} (SCHED_FIFO)"),
+                        tid,
+                        cpu: opts.gw_cpu,
+                        source,
+                    })?;
+                }
+                self.watched.push(Watched { role: format!("napi {dev}"), pid: tid, tid });
+            }
+        }
+        let ksoftirqd = kthread_pid(&format!("ksoftirqd/{}", opts.gw_cpu))?;
+        self.watched.push(Watched { role: format!("ksoftirqd/{}", opts.gw_cpu), pid: ksoftirqd, tid: ksoftirqd });
+        if let State::Egret(d) = &self.state {
+            let pid = d.pid();
+            let threads = cpu::threads_of(pid)?;
+            let workers = threads.iter().filter(|(_, c)| c.starts_with(egret::WORKER_PREFIX)).count();
+            if workers == 0 {
+                self.notes.push(format!(
+                    "warning: no thread named {}-N in egret (pid {pid}); counting all its threads as one context: {:?}",
+                    egret::WORKER_PREFIX,
+                    threads.iter().map(|(_, c)| c.as_str()).collect::<Vec<_>>()
+                ));
+            }
+            for (tid, comm) in threads {
+                let is_worker = comm.starts_with(egret::WORKER_PREFIX);
+                if is_worker {
+                    // The config asks for SCHED_FIFO 50 on the gateway core:
+                    // say so if the daemon did not do it.
+                    if let Ok(st) = cpu::sample_thread(pid, tid) {
+                        let (policy, prio, last) = (st.stat.policy, st.stat.rt_priority, st.stat.processor as usize);
+                        if policy != 1 || prio != 50 || last != opts.gw_cpu {
+                            self.notes.push(format!(
+                                "warning: {comm} runs policy {policy} priority {prio} on CPU {last}, not SCHED_FIFO 50 on CPU {}",
+                                opts.gw_cpu
+                            ));
+                        }
+                    }
+                }
+                let role = if is_worker { comm.clone() } else { format!("egret {comm}") };
+                self.watched.push(Watched { role, pid, tid });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Gateway<'_> {
+    fn drop(&mut self) {
+        let gw = self.topo.gw_ns.clone();
+        match &mut self.state {
+            State::Kernel => {
+                let _ = self.topo.exec(&gw, &["nft", "delete", "table", "ip", NFT_TABLE], None);
+                let _ = self.topo.sysctl(&gw, "net.ipv4.ip_forward", "0");
+                let _ = self.topo.ethtool_feature(&gw, GW_IN, "gro", false);
+            }
+            State::Nothing | State::Redirect(_) => {}
+            State::Egret(d) => {
+                if let Some(s) = d.stop() {
+                    if !s.success() && s.code().is_some() {
+                        eprintln!("warning: egret exited with {s}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One measurement window's result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Sample {
+    pub mode: Mode,
+    /// Distinct flows (0: a new flow per frame).
+    pub flows: u64,
+    pub round: u32,
+    pub seconds: f64,
+    /// Frames the generator handed to its veth.
+    pub offered: u64,
+    /// Egret modes: the change of every `*_total` metric over the window
+    /// (summed over labels), e.g. `egret_xsk_rx_frames_total`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub egret_metrics: BTreeMap<String, f64>,
+    /// Interface counters over the window (read just outside it, so they
+    /// are for locating loss, not for rates).
+    pub links: BTreeMap<String, LinkCounters>,
+    /// Benchmark frames counted at the sink.
+    pub sink: SinkCounts,
+    pub cpu: WindowUse,
+}
+
+impl Sample {
+    pub fn offered_mpps(&self) -> f64 {
+        self.offered as f64 / self.seconds / 1e6
+    }
+    pub fn forwarded_mpps(&self) -> f64 {
+        self.sink.frames as f64 / self.seconds / 1e6
+    }
+    /// Share of offered frames not counted at the sink.
+    pub fn loss(&self) -> f64 {
+        if self.offered == 0 {
+            return 0.0;
+        }
+        1.0 - (self.sink.frames as f64 / self.offered as f64).min(1.0)
+    }
+    /// Forwarded frames per gateway CPU second, in millions.
+    pub fn per_core_mpps(&self) -> f64 {
+        if self.cpu.gateway_cpu_s <= 0.0 {
+            return 0.0;
+        }
+        self.sink.frames as f64 / self.cpu.gateway_cpu_s / 1e6
+    }
+    /// Gateway CPU ns per forwarded frame.
+    pub fn ns_per_packet(&self) -> f64 {
+        if self.sink.frames == 0 {
+            return f64::INFINITY;
+        }
+        self.cpu.gateway_cpu_s * 1e9 / self.sink.frames as f64
+    }
+    /// Share of the frames arriving at the gateway's inside veth that its
+    /// full ring refused (the gateway did not take them in time and spent
+    /// nothing on them). From gwin's counters: `rx_dropped / (rx_dropped +
+    /// rx_packets)`.
+    pub fn lost_at_gateway_rx(&self) -> f64 {
+        self.links.get(topology::GW_IN).map_or(0.0, LinkCounters::rx_drop_share)
+    }
+
+    /// The same at the sink's veth: frames the gateway forwarded that the
+    /// sink did not take (a benchmark artefact unless ~0).
+    pub fn lost_at_sink_rx(&self) -> f64 {
+        self.links.get(topology::SINK_IF).map_or(0.0, LinkCounters::rx_drop_share)
+    }
+
+    /// Frames Egret's workers received over the window (Egret modes).
+    pub fn worker_rx(&self) -> Option<f64> {
+        self.egret_metrics.get(egret::WORKER_RX_METRIC).copied()
+    }
+
+    /// What looks wrong with the sample (translation, checksums).
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        let s = &self.sink;
+        if s.frames == 0 {
+            p.push("nothing reached the sink".into());
+        }
+        // The counters are read one after the other while frames arrive:
+        // allow that skew, nothing more.
+        let untranslated = s.frames.saturating_sub(s.translated);
+        if self.mode.translates() && untranslated > 64 {
+            p.push(format!("{untranslated} of {} frames reached the sink untranslated", s.frames));
+        }
+        if self.lost_at_sink_rx() > 0.01 {
+            p.push(format!(
+                "{:.1}% of the frames reaching the sink were dropped at its ring: the sink core is overloaded",
+                self.lost_at_sink_rx() * 100.0
+            ));
+        }
+        let metric = |name: &str| self.egret_metrics.get(name).copied().unwrap_or(0.0);
+        if metric("egret_ports_exhausted_total") > 0.0 {
+            p.push(format!("Egret ran out of NAT ports {:.0} times", metric("egret_ports_exhausted_total")));
+        }
+        if metric("egret_drops_total") > 0.001 * s.frames as f64 {
+            p.push(format!("Egret dropped {:.0} frames (egret_drops_total)", metric("egret_drops_total")));
+        }
+        if s.frames > 1000 && self.ns_per_packet() < 50.0 {
+            p.push(format!(
+                "implausibly cheap ({:.0} ns/packet): the gateway's work ran outside the watched threads",
+                self.ns_per_packet()
+            ));
+        }
+        if s.bad_ip_checksum + s.bad_udp_checksum > 0 {
+            p.push(format!("bad checksums: {} IPv4, {} UDP", s.bad_ip_checksum, s.bad_udp_checksum));
+        }
+        p
+    }
+}
+
+/// Offered, forwarded and CPU counters at one instant: the midpoint of the
+/// reads (a few hundred microseconds apart unless the reader is preempted).
+fn sample_all(gen: &Running, sink: &SinkSide, watched: &[Watched]) -> Result<(Instant, u64, SinkCounts, Snapshot), BenchError> {
+    let before = Instant::now();
+    let offered = gen.sent()?;
+    let counts = sink.sink.counts()?;
+    let snap = Snapshot::take(watched)?;
+    let after = Instant::now();
+    Ok((before + (after - before) / 2, offered, counts, snap))
+}
+
+/// Egret's metrics now (empty for other modes).
+fn scrape(gateway: &Gateway<'_>) -> Result<BTreeMap<String, f64>, BenchError> {
+    match &gateway.metrics {
+        Some((ns, port)) => egret::scrape(ns, *port).map_err(|reason| BenchError::Metrics { reason }),
+        None => Ok(BTreeMap::new()),
+    }
+}
+
+/// Measure one window of `mode` with `flows` (ignored for new-flow modes).
+/// `next_fresh` is the new-flow counter, advanced past what was sent.
+#[allow(clippy::too_many_arguments)]
+pub fn measure(
+    topo: &Topology,
+    gateway: &Gateway<'_>,
+    sink: &SinkSide,
+    opts: &Options,
+    flows: u32,
+    round: u32,
+    next_fresh: &mut u64,
+) -> Result<Sample, BenchError> {
+    let mode = gateway.mode;
+    let flow_set = if mode.new_flows() { FlowSet::new_flows() } else { FlowSet::fixed(flows) };
+    let spec = GenSpec {
+        engine: opts.engine,
+        netns: topo.gen_ns.clone(),
+        dev: topology::GEN_IF.into(),
+        cpu: opts.gen_cpu,
+        frame: FrameSpec {
+            src_mac: topology::GEN_MAC,
+            dst_mac: topology::GW_IN_MAC,
+            dst_ip: topology::SINK_IP,
+            dst_port: topology::SINK_PORT,
+        },
+        flows: flow_set,
+        first_flow: if mode.new_flows() { *next_fresh } else { 0 },
+        rate: opts.rate,
+        nice: opts.priorities.then_some(BENCH_NICE),
+    };
+    let (warmup, seconds) = if mode.new_flows() { (0.5, opts.new_conns_seconds) } else { (opts.warmup, opts.seconds) };
+    let mut gen = Running::start(spec)?;
+    let result = (|| -> Result<Sample, BenchError> {
+        sleep_checked(warmup)?;
+        // Slowest reads outermost: interface counters (four `ip` runs), then
+        // Egret's metrics, then the window's own counters.
+        let l0 = topo.link_counters()?;
+        let m0 = scrape(gateway)?;
+        let (t0, o0, s0, c0) = sample_all(&gen, sink, &gateway.watched)?;
+        sleep_checked(seconds)?;
+        let (t1, o1, s1, c1) = sample_all(&gen, sink, &gateway.watched)?;
+        let m1 = scrape(gateway)?;
+        let l1 = topo.link_counters()?;
+        let links = l1.iter().map(|(k, v)| (k.clone(), v.since(&l0.get(k).copied().unwrap_or_default()))).collect();
+        let egret_metrics = m1
+            .iter()
+            .filter(|(k, _)| k.ends_with("_total"))
+            .map(|(k, v)| (k.clone(), v - m0.get(k).copied().unwrap_or(0.0)))
+            .collect();
+        Ok(Sample {
+            egret_metrics,
+            links,
+            mode,
+            flows: if mode.new_flows() { 0 } else { u64::from(flows.max(1)) },
+            round,
+            seconds: (t1 - t0).as_secs_f64(),
+            offered: o1 - o0,
+            sink: s1.since(&s0),
+            cpu: cpu::window(&c0, &c1, opts.user_hz, opts.gw_cpu, opts.gen_cpu)?,
+        })
+    })();
+    let total = gen.finish()?;
+    if mode.new_flows() {
+        *next_fresh += total + 1;
+    }
+    // Let the gateway drain before the next window.
+    sleep_checked(0.3)?;
+    result
+}

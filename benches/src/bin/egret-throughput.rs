@@ -1,0 +1,237 @@
+//! `egret-throughput`: small-packet forwarding through the kernel's SNAT,
+//! Egret (AF_XDP workers, and with its XDP fast path) and a bare
+//! XDP_REDIRECT, in one run over one topology; see
+//! docs/benchmarks-throughput.md.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use egret_benches::bench::{self, BenchError, Gateway, Mode, Options, Sample, SinkSide};
+use egret_benches::generator::Engine;
+use egret_benches::report;
+use egret_benches::topology::Topology;
+
+/// Measure 64-byte UDP forwarding between two veths (generator -> gateway
+/// -> sink namespaces) through each mode: offered and forwarded rates, loss,
+/// CPU of every gateway-side context and the per-core rate. Needs root;
+/// creates and always deletes its own network namespaces.
+#[derive(Debug, Parser)]
+#[command(name = "egret-throughput", version)]
+struct Args {
+    /// Flow counts to measure (distinct source address/port pairs).
+    #[arg(long, value_delimiter = ',', default_value = "1,50000")]
+    flows: Vec<u32>,
+    /// Length of each measurement window, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Traffic before each window starts, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Rounds: every mode is measured once per round, rounds interleave.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Modes, in order: kernel, egret, fastpath, redirect, new-conns
+    /// (Egret's slow path), kernel-new-conns (the kernel's, for reference).
+    #[arg(long, alias = "mode", value_enum, value_delimiter = ',', default_value = "kernel,egret,fastpath,redirect,new-conns")]
+    modes: Vec<Mode>,
+    /// Window length for the new-connection modes (after 0.5 s of
+    /// warm-up): Egret's port space (about a million mappings) and the
+    /// kernel's conntrack table (262,144 entries here) must outlast it.
+    #[arg(long, default_value_t = 1.0)]
+    new_conns_seconds: f64,
+    /// The egret binary [default: `egret` beside this binary].
+    #[arg(long)]
+    egret: Option<PathBuf>,
+    /// Traffic generator engine.
+    #[arg(long, value_enum, default_value_t = Engine::Xdp)]
+    engine: Engine,
+    /// Offered frames per second (default: as fast as the generator goes).
+    #[arg(long)]
+    rate: Option<u64>,
+    /// Core for the generator and the sink.
+    #[arg(long, default_value_t = 0)]
+    gen_cpu: usize,
+    /// Core for the gateway (NAPI threads, Egret's workers).
+    #[arg(long, default_value_t = 1)]
+    gw_cpu: usize,
+    /// Egret's metrics port (inside the gateway namespace, 127.0.0.1).
+    #[arg(long, default_value_t = 19469)]
+    metrics_port: u16,
+    /// Leave scheduling alone (by default the gateway's NAPI threads and
+    /// the generator run at nice -20 and the sink's NAPI thread SCHED_FIFO
+    /// 60, so other load on the machine does not set the rates).
+    #[arg(long)]
+    no_priorities: bool,
+    /// Write samples, summaries and ratios to this file as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Removes the run's scratch directory.
+struct Workdir(PathBuf);
+
+impl Drop for Workdir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn default_egret() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("egret")))
+        .unwrap_or_else(|| PathBuf::from("target/release/egret"))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(BenchError::Interrupted) => {
+            eprintln!("egret-throughput: interrupted; namespaces deleted");
+            ExitCode::from(130)
+        }
+        Err(e) => {
+            eprintln!("egret-throughput: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), BenchError> {
+    let egret = args.egret.clone().unwrap_or_else(default_egret);
+    // Egret and new-conns need the binary: say so before building anything.
+    // The fast path is reported as not available instead.
+    if args.modes.iter().any(|m| matches!(m, Mode::Egret | Mode::NewConns)) {
+        egret_benches::egret::locate(&egret)?;
+    }
+    egret_benches::sys::install_stop_handler().map_err(|source| BenchError::Pin {
+        what: "signal handler".into(),
+        tid: 0,
+        cpu: 0,
+        source,
+    })?;
+    let tag = format!("egtput{}", std::process::id());
+    let workdir = Workdir(std::env::temp_dir().join(&tag));
+    std::fs::create_dir_all(&workdir.0)
+        .map_err(|source| egret_benches::egret::EgretError::Write { path: workdir.0.clone(), source })?;
+    let opts = Options {
+        engine: args.engine,
+        gen_cpu: args.gen_cpu,
+        gw_cpu: args.gw_cpu,
+        seconds: args.seconds,
+        warmup: args.warmup,
+        new_conns_seconds: args.new_conns_seconds,
+        rate: args.rate,
+        egret,
+        workdir: workdir.0.clone(),
+        metrics_port: args.metrics_port,
+        user_hz: egret_benches::sys::user_hz(),
+        priorities: !args.no_priorities,
+    };
+
+    if opts.priorities {
+        // The measuring thread reads /proc and the counters at the window's
+        // edges: keep it from being preempted there.
+        egret_benches::sys::set_nice(egret_benches::sys::gettid(), bench::BENCH_NICE).map_err(|source| {
+            BenchError::Pin { what: "the measuring thread (nice)".into(), tid: 0, cpu: 0, source }
+        })?;
+    }
+    eprintln!("building namespaces {tag}-{{gen,gw,sink}}");
+    let topo = Topology::create(&tag)?;
+    let sink = SinkSide::setup(&topo, opts.gen_cpu, opts.priorities)?;
+    let mut samples: Vec<Sample> = Vec::new();
+    // Fast-path samples taken while the fast path was not in effect.
+    let mut inactive: Vec<Sample> = Vec::new();
+    let mut unavailable: Vec<(Mode, String)> = Vec::new();
+    let mut next_fresh = 0u64;
+
+    for round in 0..args.rounds {
+        for &mode in &args.modes {
+            if unavailable.iter().any(|(m, _)| *m == mode) {
+                continue;
+            }
+            let gateway = match Gateway::setup(&topo, mode, &opts) {
+                Ok(g) => g,
+                Err(BenchError::Egret(e)) if mode == Mode::Fastpath => {
+                    eprintln!("fastpath: not available: {e}");
+                    unavailable.push((mode, e.to_string()));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for n in &gateway.notes {
+                eprintln!("  {n}");
+            }
+            let flow_list: Vec<u32> = if mode.new_flows() { vec![0] } else { args.flows.clone() };
+            let mut fast_path_inactive = None;
+            for &flows in &flow_list {
+                let s = bench::measure(&topo, &gateway, &sink, &opts, flows, round, &mut next_fresh)?;
+                eprintln!(
+                    "round {round} {:<16} flows {:>6}: offered {:.3} Mpps, forwarded {:.3} Mpps, loss {:.1}%, gateway {:.3} cores, {:.3} Mpps/core{}",
+                    mode.name(),
+                    if s.flows == 0 { "new".to_string() } else { s.flows.to_string() },
+                    s.offered_mpps(),
+                    s.forwarded_mpps(),
+                    s.loss() * 100.0,
+                    s.cpu.gateway_cpu_s / s.seconds,
+                    s.per_core_mpps(),
+                    if s.problems().is_empty() { String::new() } else { format!(" PROBLEM: {}", s.problems().join("; ")) }
+                );
+                // The fast path is in effect only if established flows bypass
+                // the workers: judge by what the workers received.
+                if mode == Mode::Fastpath {
+                    match s.worker_rx() {
+                        Some(rx) if s.sink.frames > 0 && rx >= 0.5 * s.sink.frames as f64 => {
+                            fast_path_inactive = Some(format!(
+                                "Egret accepted xdp.fastPath: true but its workers received {rx:.0} frames for {} forwarded ({WORKER_RX}): no fast path in effect",
+                                s.sink.frames,
+                                WORKER_RX = egret_benches::egret::WORKER_RX_METRIC
+                            ));
+                        }
+                        None => eprintln!(
+                            "warning: Egret exports no {}; cannot tell whether the fast path is in effect",
+                            egret_benches::egret::WORKER_RX_METRIC
+                        ),
+                        _ => {}
+                    }
+                }
+                if fast_path_inactive.is_some() {
+                    inactive.push(s);
+                } else {
+                    samples.push(s);
+                }
+            }
+            drop(gateway);
+            if let Some(why) = fast_path_inactive {
+                eprintln!("fastpath: not available: {why}");
+                unavailable.push((mode, why));
+            }
+        }
+    }
+    drop(sink);
+    drop(topo);
+
+    let summaries = report::summarize(&samples);
+    let ratios = report::ratios(&summaries);
+    // The result table is the command's output (progress goes to stderr).
+    let _ = std::io::stdout().lock().write_all(report::table(&summaries, &ratios, &unavailable).as_bytes());
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "command": std::env::args().collect::<Vec<_>>(),
+            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+            "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "engine": args.engine,
+            "samples": samples,
+            "fastpath_inactive_samples": inactive,
+            "summaries": summaries,
+            "ratios": ratios,
+            "unavailable": unavailable.iter().map(|(m, w)| serde_json::json!({"mode": m, "reason": w})).collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+        std::fs::write(path, text).map_err(|source| egret_benches::egret::EgretError::Write { path: path.clone(), source })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,357 @@
+//! The benchmark's frames: 64-byte (on the wire) Ethernet/IPv4/UDP frames
+//! with correct checksums, and the flow sets that spread them over source
+//! addresses and ports of the pod range.
+//!
+//! A frame is 60 bytes as handed to the kernel (the NIC would add the 4-byte
+//! FCS): Ethernet II (14), IPv4 without options (20, RFC 791 section 3.1),
+//! UDP (8, RFC 768) and 18 bytes of payload. Checksums follow RFC 1071
+//! (one's complement sum of 16-bit words); the UDP checksum covers the
+//! RFC 768 pseudo-header, and a computed zero is sent as 0xffff.
+//!
+//! The XDP generator (`xdp/gen.bpf.c`) rewrites a template into flow `k`'s
+//! frame in the kernel; [`GenChecksumBase`] are the partial sums it starts
+//! from and [`GenChecksumBase::apply`] is the same arithmetic in Rust, which
+//! the tests compare against [`FrameSpec::build`].
+
+use std::net::Ipv4Addr;
+
+/// Frame length without the FCS (64 bytes on the wire).
+pub const FRAME_LEN: usize = 60;
+/// Ethernet header length.
+pub const ETH_LEN: usize = 14;
+/// IPv4 header length (no options).
+pub const IPV4_LEN: usize = 20;
+/// Offset of the UDP header.
+pub const UDP_OFF: usize = ETH_LEN + IPV4_LEN;
+/// UDP header plus payload.
+pub const UDP_LEN: usize = FRAME_LEN - UDP_OFF;
+
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const IPPROTO_UDP: u8 = 17;
+const TTL: u8 = 64;
+const PAYLOAD: &[u8; FRAME_LEN - UDP_OFF - 8] = b"egret-throughput!\n";
+
+/// RFC 1071 one's complement sum of big-endian 16-bit words, unfolded. An odd
+/// trailing byte is padded with zero (section 4.1).
+pub fn ones_complement_sum(bytes: &[u8]) -> u32 {
+    let mut chunks = bytes.chunks_exact(2);
+    let mut sum: u32 = 0;
+    for c in &mut chunks {
+        sum = sum.wrapping_add(u32::from(u16::from_be_bytes([c[0], c[1]])));
+    }
+    if let [last] = chunks.remainder() {
+        sum = sum.wrapping_add(u32::from(*last) << 8);
+    }
+    sum
+}
+
+/// Fold a 32-bit one's complement sum to 16 bits (RFC 1071 section 4.1).
+pub fn fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// The IPv4 header checksum of `header` (whose checksum field is included
+/// as it stands: zero it first to compute, keep it to verify; a correct
+/// header then yields 0).
+pub fn ipv4_header_checksum(header: &[u8]) -> u16 {
+    !fold(ones_complement_sum(header))
+}
+
+/// Sum of the RFC 768 pseudo-header for UDP over IPv4.
+fn pseudo_header_sum(src: Ipv4Addr, dst: Ipv4Addr, udp_len: u16) -> u32 {
+    ones_complement_sum(&src.octets()) + ones_complement_sum(&dst.octets()) + u32::from(IPPROTO_UDP) + u32::from(udp_len)
+}
+
+/// The UDP checksum of `udp` (header and payload, checksum field included
+/// as it stands) over IPv4 from `src` to `dst`. Zeroed field: the value to
+/// store (zero already mapped to 0xffff). Field kept: 0 when correct.
+pub fn udp_checksum(src: Ipv4Addr, dst: Ipv4Addr, udp: &[u8]) -> u16 {
+    let len = u16::try_from(udp.len()).unwrap_or(u16::MAX);
+    let c = !fold(pseudo_header_sum(src, dst, len) + ones_complement_sum(udp));
+    if c == 0 && udp.get(6..8) == Some(&[0, 0]) {
+        0xffff
+    } else {
+        c
+    }
+}
+
+/// Whether a frame built here (or translated by a NAT) carries correct IPv4
+/// and UDP checksums. `None` if it is not an IPv4/UDP frame of our shape.
+pub fn checksums_ok(frame: &[u8]) -> Option<(bool, bool)> {
+    if frame.len() < FRAME_LEN || frame[12..14] != ETHERTYPE_IPV4.to_be_bytes() || frame[ETH_LEN] != 0x45 {
+        return None;
+    }
+    let ip = &frame[ETH_LEN..UDP_OFF];
+    if ip[9] != IPPROTO_UDP {
+        return None;
+    }
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    let udp_len = usize::from(u16::from_be_bytes([frame[UDP_OFF + 4], frame[UDP_OFF + 5]]));
+    let udp = frame.get(UDP_OFF..UDP_OFF + udp_len)?;
+    let ip_ok = ipv4_header_checksum(ip) == 0;
+    let udp_ok = udp[6..8] != [0, 0] && fold(pseudo_header_sum(src, dst, udp_len as u16) + ones_complement_sum(udp)) == 0xffff;
+    Some((ip_ok, udp_ok))
+}
+
+/// The fixed parts of every frame of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameSpec {
+    pub src_mac: [u8; 6],
+    pub dst_mac: [u8; 6],
+    pub dst_ip: Ipv4Addr,
+    pub dst_port: u16,
+}
+
+impl FrameSpec {
+    /// Flow `(src_ip, src_port)`'s frame, checksums filled in.
+    pub fn build(&self, src_ip: Ipv4Addr, src_port: u16) -> [u8; FRAME_LEN] {
+        let mut f = [0u8; FRAME_LEN];
+        f[0..6].copy_from_slice(&self.dst_mac);
+        f[6..12].copy_from_slice(&self.src_mac);
+        f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+
+        let ip = &mut f[ETH_LEN..UDP_OFF];
+        ip[0] = 0x45; // version 4, IHL 5
+        ip[1] = 0; // DSCP/ECN
+        ip[2..4].copy_from_slice(&((FRAME_LEN - ETH_LEN) as u16).to_be_bytes());
+        ip[4..6].copy_from_slice(&0u16.to_be_bytes()); // identification
+        ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF, offset 0
+        ip[8] = TTL;
+        ip[9] = IPPROTO_UDP;
+        ip[12..16].copy_from_slice(&src_ip.octets());
+        ip[16..20].copy_from_slice(&self.dst_ip.octets());
+        let c = ipv4_header_checksum(ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+
+        let udp = &mut f[UDP_OFF..];
+        udp[0..2].copy_from_slice(&src_port.to_be_bytes());
+        udp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        udp[4..6].copy_from_slice(&(UDP_LEN as u16).to_be_bytes());
+        udp[8..].copy_from_slice(PAYLOAD);
+        let c = udp_checksum(src_ip, self.dst_ip, udp);
+        udp[6..8].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+}
+
+/// How a run's flows are laid out: flow `k` has source address
+/// `base_ip + k mod ips` and source port `base_port + (k / ips) mod ports`.
+/// `flows == 0` means every frame is a new flow (new-connection mode): `k`
+/// is then the frame counter itself, unique for `ips * ports` frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowSet {
+    pub flows: u64,
+    pub ips: u32,
+    pub ports: u32,
+    pub base_ip: Ipv4Addr,
+    pub base_port: u16,
+}
+
+/// First pod address used as a flow source (the generator's own interface
+/// is 198.18.0.1).
+pub const POD_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 0);
+/// Most distinct source addresses a fixed flow set uses.
+pub const MAX_FLOW_IPS: u32 = 200;
+/// First source port.
+pub const BASE_PORT: u16 = 1024;
+
+impl FlowSet {
+    /// `flows` flows over up to [`MAX_FLOW_IPS`] addresses, as many ports
+    /// each as needed (50,000 flows: 200 addresses x 250 ports).
+    pub fn fixed(flows: u32) -> Self {
+        let flows = flows.max(1);
+        let ips = flows.min(MAX_FLOW_IPS);
+        Self { flows: u64::from(flows), ips, ports: flows.div_ceil(ips), base_ip: POD_BASE, base_port: BASE_PORT }
+    }
+
+    /// A new flow per frame: 198.18.1.0 onwards over 16,384 addresses
+    /// (198.18.1.0-198.18.64.255, inside 198.18.0.0/16) times ports
+    /// 1024-65535: about a billion frames before a tuple repeats.
+    pub fn new_flows() -> Self {
+        Self { flows: 0, ips: 16_384, ports: 65_536 - u32::from(BASE_PORT), base_ip: POD_BASE, base_port: BASE_PORT }
+    }
+
+    /// Flow `k`'s source address and port (`k` is reduced mod `flows` when
+    /// the set is fixed).
+    pub fn flow(&self, k: u64) -> (Ipv4Addr, u16) {
+        let k = if self.flows == 0 { k } else { k % self.flows };
+        let ips = u64::from(self.ips.max(1));
+        let ports = u64::from(self.ports.max(1));
+        let ip = u32::from(self.base_ip).wrapping_add((k % ips) as u32);
+        let port = u64::from(self.base_port) + (k / ips) % ports;
+        (Ipv4Addr::from(ip), port as u16)
+    }
+
+    /// Whether every frame is a new flow.
+    pub fn is_fresh_per_frame(&self) -> bool {
+        self.flows == 0
+    }
+}
+
+/// The partial checksums `xdp/gen.bpf.c` starts from: every 16-bit word of
+/// the IPv4 header but the source address and the checksum, and of the UDP
+/// pseudo-header, header and payload but the source address, the source
+/// port and the checksum. Layout mirrors `struct gen_cfg`'s sum fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenChecksumBase {
+    pub ip_sum: u32,
+    pub udp_sum: u32,
+}
+
+impl GenChecksumBase {
+    /// The partial sums of `spec`'s frames.
+    pub fn of(spec: &FrameSpec) -> Self {
+        // A frame with source 0.0.0.0 port 0 and zeroed checksums holds
+        // exactly the words that do not vary.
+        let mut f = spec.build(Ipv4Addr::UNSPECIFIED, 0);
+        f[ETH_LEN + 10..ETH_LEN + 12].fill(0);
+        f[UDP_OFF + 6..UDP_OFF + 8].fill(0);
+        let ip_sum = ones_complement_sum(&f[ETH_LEN..UDP_OFF]);
+        let udp_sum = pseudo_header_sum(Ipv4Addr::UNSPECIFIED, spec.dst_ip, UDP_LEN as u16)
+            + ones_complement_sum(&f[UDP_OFF..]);
+        Self { ip_sum, udp_sum }
+    }
+
+    /// What the XDP generator writes for source `(ip, port)`: the IPv4 and
+    /// UDP checksums (the same arithmetic as `gen.bpf.c`).
+    pub fn apply(&self, ip: Ipv4Addr, port: u16) -> (u16, u16) {
+        let src = u32::from(ip);
+        let words = (src >> 16) + (src & 0xffff);
+        let ip_c = !fold(self.ip_sum + words);
+        let udp_c = !fold(self.udp_sum + words + u32::from(port));
+        (ip_c, if udp_c == 0 { 0xffff } else { udp_c })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> FrameSpec {
+        FrameSpec {
+            src_mac: [0x02, 0, 0, 0, 0, 0x01],
+            dst_mac: [0x02, 0, 0, 0, 0, 0x02],
+            dst_ip: Ipv4Addr::new(198, 51, 100, 1),
+            dst_port: 9,
+        }
+    }
+
+    #[test]
+    fn rfc1071_example_sum() {
+        // RFC 1071 section 3: the words 0001 f203 f4f5 f6f7 sum to 2ddf0,
+        // which folds to ddf2.
+        let bytes = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];
+        assert_eq!(ones_complement_sum(&bytes), 0x2ddf0);
+        assert_eq!(fold(0x2ddf0), 0xddf2);
+        // Odd length: the last byte is the high byte of a padded word.
+        assert_eq!(ones_complement_sum(&[0x12, 0x34, 0x56]), 0x1234 + 0x5600);
+    }
+
+    #[test]
+    fn frame_bytes_are_exact() {
+        let f = spec().build(Ipv4Addr::new(198, 18, 1, 7), 4242);
+        assert_eq!(f.len(), 60);
+        #[rustfmt::skip]
+        let head: [u8; 42] = [
+            0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x08, 0x00,
+            0x45, 0x00, 0x00, 46, 0x00, 0x00, 0x40, 0x00, 64, 17, f[24], f[25],
+            198, 18, 1, 7, 198, 51, 100, 1,
+            0x10, 0x92, 0x00, 0x09, 0x00, 26, f[40], f[41],
+        ];
+        assert_eq!(f[..42], head);
+        assert_eq!(&f[42..], PAYLOAD);
+    }
+
+    #[test]
+    fn checksums_match_an_independent_implementation() {
+        let s = spec();
+        for (ip, port) in [
+            (Ipv4Addr::new(198, 18, 1, 0), 1024),
+            (Ipv4Addr::new(198, 18, 1, 199), 1273),
+            (Ipv4Addr::new(198, 19, 255, 255), 65535),
+            (Ipv4Addr::new(198, 18, 0, 0), 0),
+        ] {
+            let f = s.build(ip, port);
+            let (eth, rest) = etherparse::Ethernet2Header::from_slice(&f).expect("ethernet");
+            assert_eq!(eth.ether_type, etherparse::EtherType::IPV4);
+            let (iph, rest) = etherparse::Ipv4Header::from_slice(rest).expect("ipv4");
+            assert_eq!(iph.header_checksum, iph.calc_header_checksum(), "{ip}");
+            let (udph, payload) = etherparse::UdpHeader::from_slice(rest).expect("udp");
+            assert_eq!(udph.checksum, udph.calc_checksum_ipv4(&iph, payload).expect("udp sum"), "{ip}:{port}");
+            assert_eq!(payload, PAYLOAD);
+            assert_eq!(checksums_ok(&f), Some((true, true)));
+        }
+    }
+
+    #[test]
+    fn corrupted_frames_fail_verification() {
+        let mut f = spec().build(Ipv4Addr::new(198, 18, 1, 1), 2000);
+        f[ETH_LEN + 8] -= 1; // TTL, not patched
+        assert_eq!(checksums_ok(&f), Some((false, true)));
+        let mut f = spec().build(Ipv4Addr::new(198, 18, 1, 1), 2000);
+        f[UDP_OFF] ^= 0x01; // source port
+        assert_eq!(checksums_ok(&f), Some((true, false)));
+        let mut f = spec().build(Ipv4Addr::new(198, 18, 1, 1), 2000);
+        f[UDP_OFF + 6..UDP_OFF + 8].fill(0); // "no checksum" is not ours
+        assert_eq!(checksums_ok(&f), Some((true, false)));
+        f[12] = 0x86;
+        assert_eq!(checksums_ok(&f), None);
+    }
+
+    #[test]
+    fn generator_arithmetic_reproduces_the_builder() {
+        let s = spec();
+        let base = GenChecksumBase::of(&s);
+        let set = FlowSet::fixed(50_000);
+        for k in (0..50_000).step_by(97).chain([0, 199, 200, 49_999]) {
+            let (ip, port) = set.flow(k);
+            let f = s.build(ip, port);
+            let (ip_c, udp_c) = base.apply(ip, port);
+            assert_eq!(ip_c.to_be_bytes(), f[ETH_LEN + 10..ETH_LEN + 12], "flow {k}");
+            assert_eq!(udp_c.to_be_bytes(), f[UDP_OFF + 6..UDP_OFF + 8], "flow {k}");
+        }
+    }
+
+    #[test]
+    fn udp_zero_checksum_is_sent_as_all_ones() {
+        // Find a source port whose checksum computes to zero, then check both
+        // the builder and the generator arithmetic send 0xffff (RFC 768).
+        let s = spec();
+        let ip = Ipv4Addr::new(198, 18, 1, 5);
+        let base = GenChecksumBase::of(&s);
+        let port = (0..=u16::MAX)
+            .find(|&p| !fold(base.udp_sum + (u32::from(ip) >> 16) + (u32::from(ip) & 0xffff) + u32::from(p)) == 0)
+            .expect("some port sums to zero");
+        let f = s.build(ip, port);
+        assert_eq!(f[UDP_OFF + 6..UDP_OFF + 8], [0xff, 0xff]);
+        assert_eq!(base.apply(ip, port).1, 0xffff);
+        assert_eq!(checksums_ok(&f), Some((true, true)));
+    }
+
+    #[test]
+    fn flow_sets_spread_and_repeat_as_documented() {
+        let one = FlowSet::fixed(1);
+        assert_eq!(one.flow(0), (Ipv4Addr::new(198, 18, 1, 0), 1024));
+        assert_eq!(one.flow(12345), one.flow(0));
+
+        let many = FlowSet::fixed(50_000);
+        assert_eq!((many.ips, many.ports), (200, 250));
+        assert_eq!(many.flow(1), (Ipv4Addr::new(198, 18, 1, 1), 1024));
+        assert_eq!(many.flow(200), (Ipv4Addr::new(198, 18, 1, 0), 1025));
+        assert_eq!(many.flow(49_999), (Ipv4Addr::new(198, 18, 1, 199), 1273));
+        assert_eq!(many.flow(50_000), many.flow(0));
+        let distinct: std::collections::HashSet<_> = (0..50_000).map(|k| many.flow(k)).collect();
+        assert_eq!(distinct.len(), 50_000);
+
+        let fresh = FlowSet::new_flows();
+        assert!(fresh.is_fresh_per_frame());
+        assert_eq!(fresh.flow(16_384), (Ipv4Addr::new(198, 18, 1, 0), 1025));
+        assert_eq!(fresh.flow(16_383), (Ipv4Addr::new(198, 18, 64, 255), 1024));
+        let distinct: std::collections::HashSet<_> = (0..200_000).map(|k| fresh.flow(k)).collect();
+        assert_eq!(distinct.len(), 200_000);
+    }
+}

@@ -1,0 +1,399 @@
+//! Loading the benchmark's own XDP programs (`xdp/*.bpf.c`, compiled by
+//! `build.rs`) with libbpf-rs and attaching them through bpf_links, so the
+//! kernel detaches them when the benchmark exits, however it exits.
+//!
+//! - [`Generator`]: `xdp_gen`, run by `BPF_PROG_TEST_RUN` in live-frame mode
+//!   to transmit frames out of the generator's veth.
+//! - [`Redirect`]: `xdp_redirect_mac`, the XDP_REDIRECT ceiling.
+//! - [`Sink`]: `xdp_sink`, counting (and checking) what arrives.
+//!
+//! Attaching resolves the interface index in the calling thread's network
+//! namespace: callers run these inside [`crate::topology::in_netns`].
+
+use std::net::Ipv4Addr;
+
+use libbpf_rs::{Link, MapCore, MapFlags, Object, ObjectBuilder, ProgramInput};
+
+use crate::frame::{FlowSet, FrameSpec, GenChecksumBase};
+use crate::topology::NetnsError;
+
+const GEN_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gen.bpf.o"));
+const REDIRECT_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/redirect.bpf.o"));
+const SINK_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sink.bpf.o"));
+
+/// `BPF_F_TEST_XDP_LIVE_FRAMES` (include/uapi/linux/bpf.h).
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+/// `XDP_TX`.
+const XDP_TX: u32 = 3;
+
+/// What failed loading, attaching or reading a program.
+#[derive(Debug, thiserror::Error)]
+pub enum XdpError {
+    #[error("opening the {object} object failed: {source}")]
+    Open { object: &'static str, source: libbpf_rs::Error },
+    #[error("loading the {object} object failed (verifier or kernel): {source}")]
+    Load { object: &'static str, source: libbpf_rs::Error },
+    #[error("the {object} object has no {item} named {name}")]
+    Missing { object: &'static str, item: &'static str, name: &'static str },
+    #[error("attaching {program} to ifindex {ifindex} failed: {source}")]
+    Attach { program: &'static str, ifindex: u32, source: libbpf_rs::Error },
+    #[error("{op} on map {map} failed: {source}")]
+    Map { map: &'static str, op: &'static str, source: libbpf_rs::Error },
+    #[error("running the generator failed: {source}")]
+    Run { source: libbpf_rs::Error },
+    #[error("a signal interrupted the generator's test run")]
+    Interrupted,
+    #[error("the generator program returned {retval}, not XDP_TX")]
+    Verdict { retval: u32 },
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error("interface {dev} not found in namespace {ns}: {source}")]
+    NoInterface { dev: String, ns: String, source: std::io::Error },
+}
+
+/// The index of `dev` in the calling thread's namespace.
+pub fn ifindex(ns: &str, dev: &str) -> Result<u32, XdpError> {
+    egret_dataplane::xsk::netns::ifindex(dev).map_err(|source| XdpError::NoInterface {
+        dev: dev.to_owned(),
+        ns: ns.to_owned(),
+        source,
+    })
+}
+
+fn open(object: &'static str, bytes: &'static [u8]) -> Result<libbpf_rs::OpenObject, XdpError> {
+    ObjectBuilder::default().open_memory(bytes).map_err(|source| XdpError::Open { object, source })
+}
+
+/// Write `value` into the object's `.rodata` (its only variable, at offset 0).
+fn set_rodata(open: &mut libbpf_rs::OpenObject, object: &'static str, value: &[u8]) -> Result<(), XdpError> {
+    for mut map in open.maps_mut() {
+        if map.name().to_string_lossy().ends_with(".rodata") {
+            let data = map
+                .initial_value_mut()
+                .ok_or(XdpError::Missing { object, item: "initial value of", name: ".rodata" })?;
+            if data.len() < value.len() {
+                return Err(XdpError::Missing { object, item: "room in", name: ".rodata" });
+            }
+            data[..value.len()].copy_from_slice(value);
+            return Ok(());
+        }
+    }
+    Err(XdpError::Missing { object, item: "map", name: ".rodata" })
+}
+
+fn attach(obj: &mut Object, object: &'static str, program: &'static str, ifindex: u32) -> Result<Link, XdpError> {
+    let prog = obj
+        .progs_mut()
+        .find(|p| p.name().to_str() == Some(program))
+        .ok_or(XdpError::Missing { object, item: "program", name: program })?;
+    prog.attach_xdp(ifindex as i32).map_err(|source| XdpError::Attach { program, ifindex, source })
+}
+
+fn map<'o>(obj: &'o Object, object: &'static str, name: &'static str) -> Result<libbpf_rs::Map<'o>, XdpError> {
+    obj.maps().find(|m| m.name().to_str() == Some(name)).ok_or(XdpError::Missing { object, item: "map", name })
+}
+
+/// The XDP_REDIRECT ceiling, attached to the gateway's inside interface.
+#[derive(Debug)]
+pub struct Redirect {
+    _link: Link,
+    _obj: Object,
+}
+
+impl Redirect {
+    /// Load with the outside interface and next-hop MACs baked in, and
+    /// attach to `in_ifindex` (call inside the gateway's namespace).
+    pub fn attach(in_ifindex: u32, out_ifindex: u32, src_mac: [u8; 6], dst_mac: [u8; 6]) -> Result<Self, XdpError> {
+        // struct redirect_cfg { __u32 out_ifindex; __u8 src_mac[6]; __u8 dst_mac[6]; }
+        let mut cfg = [0u8; 16];
+        cfg[0..4].copy_from_slice(&out_ifindex.to_ne_bytes());
+        cfg[4..10].copy_from_slice(&src_mac);
+        cfg[10..16].copy_from_slice(&dst_mac);
+        let mut open = open("redirect", REDIRECT_OBJ)?;
+        set_rodata(&mut open, "redirect", &cfg)?;
+        let mut obj = open.load().map_err(|source| XdpError::Load { object: "redirect", source })?;
+        let link = attach(&mut obj, "redirect", "xdp_redirect_mac", in_ifindex)?;
+        Ok(Self { _link: link, _obj: obj })
+    }
+}
+
+/// The sink's counters (see `xdp/sink.bpf.c`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SinkCounts {
+    /// Benchmark frames received.
+    pub frames: u64,
+    /// Of which with a source in 203.0.113.0/24 (translated).
+    pub translated: u64,
+    pub bad_ip_checksum: u64,
+    pub bad_udp_checksum: u64,
+    /// Frames not of the 60-byte shape, checksums unverified.
+    pub unchecked: u64,
+}
+
+impl SinkCounts {
+    /// Field-wise `self - earlier`.
+    pub fn since(&self, e: &SinkCounts) -> SinkCounts {
+        SinkCounts {
+            frames: self.frames.wrapping_sub(e.frames),
+            translated: self.translated.wrapping_sub(e.translated),
+            bad_ip_checksum: self.bad_ip_checksum.wrapping_sub(e.bad_ip_checksum),
+            bad_udp_checksum: self.bad_udp_checksum.wrapping_sub(e.bad_udp_checksum),
+            unchecked: self.unchecked.wrapping_sub(e.unchecked),
+        }
+    }
+}
+
+/// The sink counter program (attached or not).
+#[derive(Debug)]
+pub struct Sink {
+    link: Option<Link>,
+    obj: Object,
+}
+
+impl Sink {
+    /// Load, counting frames to `dst_ip:dst_port`.
+    pub fn load(dst_ip: Ipv4Addr, dst_port: u16) -> Result<Self, XdpError> {
+        // struct sink_cfg { __u32 dst_ip; __u16 dst_port; __u16 pad; } (network order)
+        let mut cfg = [0u8; 8];
+        cfg[0..4].copy_from_slice(&dst_ip.octets());
+        cfg[4..6].copy_from_slice(&dst_port.to_be_bytes());
+        let mut open = open("sink", SINK_OBJ)?;
+        set_rodata(&mut open, "sink", &cfg)?;
+        let obj = open.load().map_err(|source| XdpError::Load { object: "sink", source })?;
+        Ok(Self { link: None, obj })
+    }
+
+    /// Attach to `ifindex` (call inside the sink's namespace).
+    pub fn attach(&mut self, ifindex: u32) -> Result<(), XdpError> {
+        self.link = Some(attach(&mut self.obj, "sink", "xdp_sink", ifindex)?);
+        Ok(())
+    }
+
+    /// The program, for test runs.
+    pub fn program(&mut self) -> Result<libbpf_rs::ProgramMut<'_>, XdpError> {
+        self.obj.progs_mut().find(|p| p.name().to_str() == Some("xdp_sink")).ok_or(XdpError::Missing {
+            object: "sink",
+            item: "program",
+            name: "xdp_sink",
+        })
+    }
+
+    /// The counters summed over CPUs (one lookup: all five together).
+    pub fn counts(&self) -> Result<SinkCounts, XdpError> {
+        let m = map(&self.obj, "sink", "sink_counters")?;
+        let per_cpu = m
+            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|source| XdpError::Map { map: "sink_counters", op: "lookup", source })?
+            .unwrap_or_default();
+        let mut v = [0u64; 5];
+        for cpu in &per_cpu {
+            for (i, slot) in v.iter_mut().enumerate() {
+                let field = cpu.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes);
+                *slot += field;
+            }
+        }
+        Ok(SinkCounts { frames: v[0], translated: v[1], bad_ip_checksum: v[2], bad_udp_checksum: v[3], unchecked: v[4] })
+    }
+}
+
+/// The XDP generator: a loaded `xdp_gen` and its configuration map.
+#[derive(Debug)]
+pub struct Generator {
+    obj: Object,
+    template: [u8; crate::frame::FRAME_LEN],
+}
+
+impl Generator {
+    /// Load the program and configure it for `spec`'s frames over `flows`.
+    pub fn load(spec: &FrameSpec, flows: &FlowSet) -> Result<Self, XdpError> {
+        let obj = open("gen", GEN_OBJ)?.load().map_err(|source| XdpError::Load { object: "gen", source })?;
+        let (ip0, port0) = flows.flow(0);
+        let this = Self { obj, template: spec.build(ip0, port0) };
+        this.configure(spec, flows)?;
+        Ok(this)
+    }
+
+    /// Point the program at another flow set (between runs).
+    pub fn configure(&self, spec: &FrameSpec, flows: &FlowSet) -> Result<(), XdpError> {
+        let base = GenChecksumBase::of(spec);
+        // struct gen_cfg { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, udp_sum; u8 frame[60]; }
+        // 92 bytes of fields, padded to 96 (the u64's alignment); the map
+        // refuses any other size, which keeps the two layouts in step.
+        let mut cfg = [0u8; 96];
+        cfg[0..8].copy_from_slice(&flows.flows.to_ne_bytes());
+        cfg[8..12].copy_from_slice(&flows.ips.to_ne_bytes());
+        cfg[12..16].copy_from_slice(&flows.ports.to_ne_bytes());
+        cfg[16..20].copy_from_slice(&u32::from(flows.base_ip).to_ne_bytes());
+        cfg[20..24].copy_from_slice(&u32::from(flows.base_port).to_ne_bytes());
+        cfg[24..28].copy_from_slice(&base.ip_sum.to_ne_bytes());
+        cfg[28..32].copy_from_slice(&base.udp_sum.to_ne_bytes());
+        let (ip0, port0) = flows.flow(0);
+        cfg[32..32 + crate::frame::FRAME_LEN].copy_from_slice(&spec.build(ip0, port0));
+        map(&self.obj, "gen", "gen_config")?
+            .update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY)
+            .map_err(|source| XdpError::Map { map: "gen_config", op: "update", source })
+    }
+
+    fn program(&mut self) -> Result<libbpf_rs::ProgramMut<'_>, XdpError> {
+        self.obj.progs_mut().find(|p| p.name().to_str() == Some("xdp_gen")).ok_or(XdpError::Missing {
+            object: "gen",
+            item: "program",
+            name: "xdp_gen",
+        })
+    }
+
+    /// Transmit `count` frames out of `ifindex` (live frames; the calling
+    /// thread must be in that interface's namespace). Returns when the kernel
+    /// has run the program `count` times, or earlier with
+    /// [`XdpError::Interrupted`] when a signal arrived (the frames sent so
+    /// far are in the program's counter; the caller may simply go on).
+    pub fn transmit(&mut self, ifindex: u32, count: u32) -> Result<(), XdpError> {
+        let template = self.template;
+        let prog = self.program()?;
+        // struct xdp_md { data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex }
+        let mut ctx = [0u8; 24];
+        ctx[4..8].copy_from_slice(&(template.len() as u32).to_ne_bytes());
+        ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
+        let input = ProgramInput {
+            context_in: Some(&mut ctx),
+            data_in: Some(&template),
+            flags: BPF_F_TEST_XDP_LIVE_FRAMES,
+            repeat: count,
+            ..Default::default()
+        };
+        match prog.test_run(input) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => Err(XdpError::Interrupted),
+            Err(source) => Err(XdpError::Run { source }),
+        }
+    }
+
+    /// Run the program once on `frame` without transmitting (a plain test
+    /// run): returns the verdict and the rewritten frame.
+    pub fn rewrite_once(&mut self, frame: &[u8]) -> Result<Vec<u8>, XdpError> {
+        let prog = self.program()?;
+        let mut out = vec![0u8; frame.len() + 256];
+        let input = ProgramInput { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() };
+        let o = prog.test_run(input).map_err(|source| XdpError::Run { source })?;
+        if o.return_value != XDP_TX {
+            return Err(XdpError::Verdict { retval: o.return_value });
+        }
+        let len = o.data.map_or(0, |d| d.len());
+        out.truncate(len);
+        Ok(out)
+    }
+
+    /// Start every CPU's flow counter at `next` (and its frame count at 0).
+    pub fn set_next(&self, next: u64) -> Result<(), XdpError> {
+        let cpus = libbpf_rs::num_possible_cpus()
+            .map_err(|source| XdpError::Map { map: "gen_states", op: "count CPUs for", source })?;
+        let mut value = [0u8; 16];
+        value[..8].copy_from_slice(&next.to_ne_bytes());
+        let values: Vec<Vec<u8>> = vec![value.to_vec(); cpus];
+        map(&self.obj, "gen", "gen_states")?
+            .update_percpu(&0u32.to_ne_bytes(), &values, MapFlags::ANY)
+            .map_err(|source| XdpError::Map { map: "gen_states", op: "update", source })
+    }
+
+    /// Frames the program produced so far, summed over CPUs.
+    pub fn produced(&self) -> Result<u64, XdpError> {
+        produced(&map(&self.obj, "gen", "gen_states")?)
+    }
+
+    /// A handle on the frame counter, readable from another thread while
+    /// this one runs the program.
+    pub fn counter(&self) -> Result<GenCounter, XdpError> {
+        let m = map(&self.obj, "gen", "gen_states")?;
+        let h = libbpf_rs::MapHandle::try_from(&m).map_err(|source| XdpError::Map { map: "gen_states", op: "dup", source })?;
+        Ok(GenCounter(h))
+    }
+}
+
+/// `gen_states[0].runs` summed over CPUs.
+fn produced(m: &impl MapCore) -> Result<u64, XdpError> {
+    let per_cpu = m
+        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .map_err(|source| XdpError::Map { map: "gen_states", op: "lookup", source })?
+        .unwrap_or_default();
+    Ok(per_cpu.iter().filter_map(|b| Some(u64::from_ne_bytes(b.get(8..16)?.try_into().ok()?))).sum())
+}
+
+/// The generator's frame counter, exact at any instant (per-CPU map).
+#[derive(Debug)]
+pub struct GenCounter(libbpf_rs::MapHandle);
+
+impl GenCounter {
+    /// Frames produced so far.
+    pub fn read(&self) -> Result<u64, XdpError> {
+        produced(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! These load the programs and run them through BPF_PROG_TEST_RUN (no
+    //! interface, no namespace): they need root, as every network test of
+    //! the project does.
+    use super::*;
+    use crate::frame::{checksums_ok, FRAME_LEN, UDP_OFF};
+    use crate::topology::{GEN_MAC, GW_IN_MAC, SINK_IP, SINK_PORT};
+
+    const XDP_DROP: u32 = 1;
+    const XDP_PASS: u32 = 2;
+
+    fn spec() -> FrameSpec {
+        FrameSpec { src_mac: GEN_MAC, dst_mac: GW_IN_MAC, dst_ip: SINK_IP, dst_port: SINK_PORT }
+    }
+
+    #[test]
+    fn generator_program_writes_each_flows_exact_frame() {
+        // The flow counter is per CPU: stay on one.
+        egret_dataplane::xsk::sched::pin_current_thread(0).expect("pin");
+        let spec = spec();
+        for flows in [FlowSet::fixed(1), FlowSet::fixed(50_000), FlowSet::new_flows()] {
+            let mut g = Generator::load(&spec, &flows).expect("load gen");
+            // Feed a page holding something else, as live mode may (a frame
+            // the gateway rewrote): the output must not depend on it.
+            let stale: Vec<u8> = (0..FRAME_LEN as u32).map(|i| (i * 37 + 11) as u8).collect();
+            for k in 0..600u64 {
+                let out = g.rewrite_once(&stale).expect("run");
+                let (ip, port) = flows.flow(k);
+                assert_eq!(out, spec.build(ip, port).to_vec(), "flows {} frame {k}", flows.flows);
+                assert_eq!(checksums_ok(&out), Some((true, true)));
+            }
+            assert_eq!(g.produced().expect("counter"), 600);
+        }
+    }
+
+    #[test]
+    fn sink_program_counts_checks_and_drops_only_benchmark_frames() {
+        let mut sink = Sink::load(SINK_IP, SINK_PORT).expect("load sink");
+        let run = |sink: &mut Sink, frame: &[u8]| -> u32 {
+            let input = ProgramInput { data_in: Some(frame), ..Default::default() };
+            sink.program().expect("prog").test_run(input).expect("run").return_value
+        };
+        let s = spec();
+        let translated = s.build(crate::topology::EGRESS_IP, 40_000);
+        let untranslated = s.build(Ipv4Addr::new(198, 18, 1, 3), 1024);
+        let mut bad_udp = translated;
+        bad_udp[UDP_OFF + 8] ^= 0xff;
+        let mut bad_ip = untranslated;
+        bad_ip[14 + 8] = 63; // TTL changed, checksum not
+        let mut other_port = untranslated;
+        other_port[UDP_OFF + 3] = 10;
+        let mut arp = [0u8; FRAME_LEN];
+        arp[12] = 0x08;
+        arp[13] = 0x06;
+
+        assert_eq!(run(&mut sink, &translated), XDP_DROP);
+        assert_eq!(run(&mut sink, &untranslated), XDP_DROP);
+        assert_eq!(run(&mut sink, &bad_udp), XDP_DROP);
+        assert_eq!(run(&mut sink, &bad_ip), XDP_DROP);
+        assert_eq!(run(&mut sink, &other_port), XDP_PASS);
+        assert_eq!(run(&mut sink, &arp), XDP_PASS);
+        assert_eq!(
+            sink.counts().expect("counts"),
+            SinkCounts { frames: 4, translated: 2, bad_ip_checksum: 1, bad_udp_checksum: 1, unchecked: 0 }
+        );
+    }
+}

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * gen.bpf.c - the traffic generator's XDP program, run by the kernel itself
+ * through BPF_PROG_TEST_RUN with BPF_F_TEST_XDP_LIVE_FRAMES
+ * (Documentation/bpf/bpf_prog_run.rst, "XDP live frame mode"): every run
+ * rewrites the template frame into the next flow's frame and returns XDP_TX,
+ * which transmits it out of the interface named as the run's ingress
+ * interface (the generator's veth).
+ *
+ * Live-frame pages are recycled without being re-initialised, and a page
+ * that went through the gateway comes back as the gateway left it (MACs
+ * rewritten, TTL decremented, source translated). So every run first copies
+ * the whole template frame from the config map, then writes the flow's
+ * fields and checksums: nothing depends on what the page held before.
+ *
+ * Flow k of n (k = run counter mod n, or the counter itself in new-flow mode):
+ *   source address = base_ip + k mod n_ips
+ *   source port    = base_port + (k / n_ips) mod n_ports
+ * Checksums (RFC 1071): userspace passes the one's complement sums of every
+ * 16-bit word except the varying ones (IPv4 header without saddr and check;
+ * UDP pseudo-header, header and payload without saddr, sport and check).
+ */
+#include "bench_common.h"
+
+struct gen_cfg {
+	__u64 n_flows;   /* 0: every run is a new flow (new-connection mode) */
+	__u32 n_ips;
+	__u32 n_ports;
+	__u32 base_ip;   /* host order */
+	__u32 base_port; /* host order */
+	__u32 ip_sum;    /* partial sums, host-order words */
+	__u32 udp_sum;
+	__u8 frame[BENCH_FRAME_LEN]; /* the template, any flow's */
+};
+
+struct gen_state {
+	__u64 next;      /* the next flow counter */
+	__u64 runs;      /* frames produced */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gen_cfg);
+} gen_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gen_state);
+} gen_states SEC(".maps");
+
+SEC("xdp")
+int xdp_gen(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 zero = 0;
+	struct gen_cfg *cfg = bpf_map_lookup_elem(&gen_config, &zero);
+	struct gen_state *st = bpf_map_lookup_elem(&gen_states, &zero);
+	if (!cfg || !st || cfg->n_ips == 0 || cfg->n_ports == 0)
+		return XDP_ABORTED;
+	if (data + BENCH_FRAME_LEN > data_end)
+		return XDP_ABORTED;
+	__builtin_memcpy(data, cfg->frame, BENCH_FRAME_LEN);
+	struct iphdr *ip = data + BENCH_ETH_LEN;
+	struct udphdr *udp = data + BENCH_UDP_OFF;
+
+	__u64 k = st->next++;
+	st->runs++;
+	if (cfg->n_flows)
+		k = k % cfg->n_flows;
+	__u32 src = cfg->base_ip + (__u32)(k % cfg->n_ips);
+	__u32 port = cfg->base_port + (__u32)((k / cfg->n_ips) % cfg->n_ports);
+	__u32 src_words = (src >> 16) + (src & 0xffff);
+
+	ip->saddr = bpf_htonl(src);
+	ip->check = bpf_htons((__u16)~bench_fold(cfg->ip_sum + src_words));
+	udp->source = bpf_htons((__u16)port);
+	__u16 ucheck = (__u16)~bench_fold(cfg->udp_sum + src_words + (port & 0xffff));
+	/* RFC 768: a computed zero is sent as all ones. */
+	udp->check = bpf_htons(ucheck ? ucheck : 0xffff);
+	return XDP_TX;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

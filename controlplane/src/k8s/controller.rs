@@ -1,0 +1,667 @@
+//! The sync loop: watchers feed reflector stores; on any change, on a timer
+//! due for the Lease state machine, and on a periodic full pass, one *pass*
+//! runs:
+//!
+//! 1. observed state from the stores (plus the IPs the Lease state machine
+//!    says this gateway holds at `now`) -> [`desired`];
+//! 2. IPs whose renew deadline passed, or that this gateway no longer
+//!    competes for, are fenced and `desired` recomputed without them;
+//! 3. the TablesSpec goes to [`TablesSink::apply`] when it changed (always a
+//!    whole spec); IPs that are new in it are announced (gratuitous ARP /
+//!    unsolicited NA) once it is applied;
+//! 4. only then the Lease actions are sent (each in its own task, bounded by
+//!    the renew deadline, results fed back into the state machine), so a
+//!    Lease is never released before its IP left the tables;
+//! 5. statuses that differ from what the objects show are written, and
+//!    Events for take-overs and Service problems are sent.
+//!
+//! Status is written by one gateway at a time (the first by name among the
+//! gateways holding a live Lease, or every gateway when none does), so N
+//! gateways do not write N times. Policy status is written with server-side
+//! apply; pool status (the allocation record) with a merge patch on the
+//! observed `resourceVersion`, so two writers cannot both allocate.
+//!
+//! If the API server is unreachable the stores keep their last contents, the
+//! pass keeps running on its timer, renewals fail, and each IP is fenced as
+//! its own deadline passes; everything else in the tables stays.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use egret_dataplane::tables::TablesSpec;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Pod, Service};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::crd::{
+    reason, EgressIPPool, EgressPolicy, LEASE_IP_ANNOTATION, LEASE_LABEL, LEASE_LABEL_VALUE, LEASE_NEXT_HOP_ANNOTATION,
+};
+use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
+use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
+use super::{observe, K8sError, K8sOptions};
+use crate::sink::TablesSink;
+
+/// The field manager of Egret's writes.
+pub const FIELD_MANAGER: &str = "egret-gateway";
+/// The reporting controller of Egret's Events.
+pub const REPORTING_CONTROLLER: &str = "egret.dev/gateway";
+/// How long an unchanged status just written is not written again while the
+/// watch catches up.
+const STATUS_RESEND: Duration = Duration::from_secs(5);
+/// How long a graceful shutdown waits for its Lease releases.
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+struct Stores {
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+    services: Store<Service>,
+    policies: Store<EgressPolicy>,
+    pools: Store<EgressIPPool>,
+    nodes: Store<Node>,
+    leases: Store<Lease>,
+}
+
+fn watch<K>(api: Api<K>, cfg: watcher::Config, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    let stream = watcher(api, cfg)
+        .map_ok(|ev| {
+            ev.modify(|o| {
+                o.managed_fields_mut().clear();
+            })
+        })
+        .default_backoff()
+        .reflect(writer);
+    tasks.spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut failing = false;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(_) => {
+                    if failing {
+                        tracing::info!(kind, "watch recovered");
+                        failing = false;
+                    }
+                    notify.notify_one();
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(kind, error = %e, "watch failed; keeping the last state and retrying");
+                        failing = true;
+                    }
+                }
+            }
+        }
+    });
+    reader
+}
+
+impl Stores {
+    fn start(client: &kube::Client, opts: &K8sOptions, notify: &Arc<Notify>, tasks: &mut JoinSet<()>) -> Self {
+        let all = watcher::Config::default();
+        Stores {
+            pods: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            namespaces: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            services: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            policies: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            pools: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            nodes: watch(Api::all(client.clone()), all.clone().labels(&opts.gateway_selector), notify.clone(), tasks),
+            leases: watch(
+                Api::namespaced(client.clone(), &opts.lease_namespace),
+                all.labels(&format!("{LEASE_LABEL}={LEASE_LABEL_VALUE}")),
+                notify.clone(),
+                tasks,
+            ),
+        }
+    }
+
+    async fn ready(&self) {
+        let _ = futures::join!(
+            self.pods.wait_until_ready(),
+            self.namespaces.wait_until_ready(),
+            self.services.wait_until_ready(),
+            self.policies.wait_until_ready(),
+            self.pools.wait_until_ready(),
+            self.nodes.wait_until_ready(),
+            self.leases.wait_until_ready(),
+        );
+    }
+
+    fn observed(&self) -> (Observed, BTreeMap<IpAddr, LeaseRecord>) {
+        let leases: BTreeMap<IpAddr, LeaseRecord> = self
+            .leases
+            .state()
+            .iter()
+            .filter_map(|l| observe::lease_ip(l).map(|ip| (ip, observe::lease_record(l))))
+            .collect();
+        let obs = Observed {
+            namespaces: self.namespaces.state().iter().map(|n| observe::namespace(n)).collect(),
+            pods: self.pods.state().iter().filter_map(|p| observe::pod(p)).collect(),
+            services: self.services.state().iter().filter_map(|s| observe::service(s)).collect(),
+            policies: self.policies.state().iter().map(|p| observe::policy(p)).collect(),
+            pools: self.pools.state().iter().map(|p| observe::ip_pool(p)).collect(),
+            gateways: self.nodes.state().iter().map(|n| observe::node(n)).collect(),
+            leases: leases.iter().map(|(ip, r)| (*ip, observe::lease_info(r))).collect(),
+            held: BTreeSet::new(),
+        };
+        (obs, leases)
+    }
+}
+
+/// The outcome of one Lease request.
+struct LeaseResult {
+    ip: IpAddr,
+    action: Action,
+    sent: Instant,
+    result: Result<Option<LeaseRecord>, Failure>,
+}
+
+fn failure(e: kube::Error) -> Failure {
+    match &e {
+        kube::Error::Api(s) if s.is_conflict() || s.is_already_exists() => Failure::Conflict,
+        kube::Error::Api(s) if s.is_not_found() => Failure::NotFound,
+        _ => Failure::Other(e.to_string()),
+    }
+}
+
+/// The Lease object this gateway writes for `ip`.
+fn lease_object(
+    opts: &K8sOptions,
+    ip: IpAddr,
+    next_hop: Option<IpAddr>,
+    holder: Option<&str>,
+    prev: Option<&LeaseRecord>,
+    action: &Action,
+    wall: Timestamp,
+) -> Lease {
+    let mut annotations = BTreeMap::from([(LEASE_IP_ANNOTATION.to_string(), ip.to_string())]);
+    if let Some(n) = next_hop {
+        annotations.insert(LEASE_NEXT_HOP_ANNOTATION.to_string(), n.to_string());
+    }
+    let (rv, transitions, acquire) = match action {
+        Action::Create => (None, 0, Some(wall)),
+        Action::Acquire { resource_version, transitions, keep_acquire_time, .. } => (
+            Some(resource_version.clone()),
+            *transitions,
+            if *keep_acquire_time { prev.and_then(|p| p.acquire_time).or(Some(wall)) } else { Some(wall) },
+        ),
+        Action::Renew { resource_version }
+        | Action::Release { resource_version }
+        | Action::Delete { resource_version } => {
+            (Some(resource_version.clone()), prev.map_or(0, |p| p.transitions), prev.and_then(|p| p.acquire_time))
+        }
+    };
+    let releasing = matches!(action, Action::Release { .. });
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(lease_name(ip)),
+            namespace: Some(opts.lease_namespace.clone()),
+            resource_version: rv,
+            labels: Some(BTreeMap::from([(LEASE_LABEL.to_string(), LEASE_LABEL_VALUE.to_string())])),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: if releasing { None } else { holder.map(str::to_string) },
+            lease_duration_seconds: i32::try_from(opts.timing.lease_duration.as_secs()).ok(),
+            acquire_time: if releasing { None } else { acquire.map(MicroTime) },
+            renew_time: if releasing { None } else { Some(MicroTime(wall)) },
+            lease_transitions: Some(transitions),
+            ..Default::default()
+        }),
+    }
+}
+
+async fn send_lease_action(
+    api: Api<Lease>,
+    opts: K8sOptions,
+    ip: IpAddr,
+    next_hop: Option<IpAddr>,
+    prev: Option<LeaseRecord>,
+    action: Action,
+) -> Result<Option<LeaseRecord>, Failure> {
+    let name = lease_name(ip);
+    let obj = lease_object(&opts, ip, next_hop, Some(&opts.node_name), prev.as_ref(), &action, Timestamp::now());
+    let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    let call = async {
+        match &action {
+            Action::Create => api.create(&pp, &obj).await.map(|l| Some(observe::lease_record(&l))),
+            Action::Acquire { .. } | Action::Renew { .. } | Action::Release { .. } => {
+                api.replace(&name, &pp, &obj).await.map(|l| Some(observe::lease_record(&l)))
+            }
+            Action::Delete { resource_version } => {
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions { resource_version: Some(resource_version.clone()), uid: None }),
+                    ..Default::default()
+                };
+                api.delete(&name, &dp).await.map(|_| None)
+            }
+        }
+    };
+    match tokio::time::timeout(opts.timing.renew_deadline, call).await {
+        Ok(r) => r.map_err(failure),
+        Err(_) => Err(Failure::Other(format!("no answer within {:?}", opts.timing.renew_deadline))),
+    }
+}
+
+/// An `events.k8s.io/v1` Event about `regarding` (Events are sent only on
+/// transitions, so there is no series bookkeeping).
+fn event(
+    regarding: &ObjectReference,
+    instance: &str,
+    type_: &'static str,
+    reason: &str,
+    action: &str,
+    note: String,
+    wall: Timestamp,
+) -> KubeEvent {
+    let base = regarding.name.clone().unwrap_or_else(|| "egret".into());
+    KubeEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{base}.{:x}", wall.as_nanosecond())),
+            namespace: Some(regarding.namespace.clone().unwrap_or_else(|| "default".into())),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(wall)),
+        action: Some(action.into()),
+        reason: Some(reason.into()),
+        note: Some(note.chars().take(1000).collect()),
+        regarding: Some(regarding.clone()),
+        reporting_controller: Some(REPORTING_CONTROLLER.into()),
+        reporting_instance: Some(instance.chars().take(128).collect()),
+        type_: Some(type_.into()),
+        ..Default::default()
+    }
+}
+
+/// Creates `ev`. Events about cluster-scoped objects go to `default`; API
+/// servers before 1.22 accept them only in `kube-system`, so a refusal there
+/// is retried in `kube-system`.
+async fn publish_event(client: kube::Client, mut ev: KubeEvent) -> Result<(), kube::Error> {
+    let ns = ev.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<KubeEvent> = Api::namespaced(client.clone(), &ns);
+    match api.create(&PostParams::default(), &ev).await {
+        Err(kube::Error::Api(s)) if s.is_invalid() && ev.regarding.as_ref().is_some_and(|r| r.namespace.is_none()) => {
+            ev.metadata.namespace = Some("kube-system".into());
+            Api::<KubeEvent>::namespaced(client, "kube-system").create(&PostParams::default(), &ev).await.map(drop)
+        }
+        r => r.map(drop),
+    }
+}
+
+/// Releases our Lease of `ip` on shutdown. A renewal still in flight may
+/// have changed it since `rec`: on a conflict, re-read and retry while the
+/// Lease still names us.
+async fn release(api: Api<Lease>, opts: K8sOptions, ip: IpAddr, mut rec: LeaseRecord) {
+    for _ in 0..4 {
+        let action = Action::Release { resource_version: rec.resource_version.clone() };
+        match send_lease_action(api.clone(), opts.clone(), ip, None, Some(rec.clone()), action).await {
+            Err(Failure::Conflict) => match api.get(&lease_name(ip)).await {
+                Ok(l) if observe::lease_record(&l).holder.as_deref() == Some(opts.node_name.as_str()) => {
+                    rec = observe::lease_record(&l);
+                }
+                _ => return,
+            },
+            _ => return,
+        }
+    }
+}
+
+/// The loop's state between passes.
+struct SyncLoop {
+    client: kube::Client,
+    opts: K8sOptions,
+    sink: Arc<dyn TablesSink>,
+    stores: Stores,
+    mgr: LeaseManager,
+    local: LocalConfig,
+    leases: Api<Lease>,
+    results: mpsc::UnboundedSender<LeaseResult>,
+    writes: JoinSet<()>,
+    last_applied: Option<TablesSpec>,
+    last_apply_error: Option<String>,
+    last: Desired,
+    status_sent: HashMap<String, (serde_json::Value, Instant)>,
+    problems_reported: BTreeSet<(String, String, &'static str)>,
+}
+
+fn announced(spec: &TablesSpec) -> BTreeSet<IpAddr> {
+    spec.egress_ips
+        .iter()
+        .filter(|e| e.answer_neighbor)
+        .map(|e| e.ip)
+        .chain(spec.neighbor_addresses.iter().copied())
+        .collect()
+}
+
+impl SyncLoop {
+    fn pass(&mut self, now: Instant) {
+        let (mut obs, leases) = self.stores.observed();
+        for (ip, rec) in &leases {
+            self.mgr.observe(*ip, Some(rec.clone()), now);
+        }
+        let in_use_prev: BTreeSet<IpAddr> = self.last.ips.keys().copied().collect();
+        for ip in in_use_prev.iter().filter(|ip| !leases.contains_key(ip)) {
+            self.mgr.observe(*ip, None, now);
+        }
+        obs.held = self.mgr.held(now);
+        let wall = Timestamp::now();
+        let mut d = desired(&obs, &self.local, wall);
+        let me = self.opts.node_name.clone();
+        let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
+        let fenced = self.mgr.fence(now, &competing);
+        if !fenced.is_empty() {
+            tracing::warn!(ips = ?fenced, "fenced: no valid Lease any more (renew deadline passed or no longer eligible)");
+            obs.held = self.mgr.held(now);
+            d = desired(&obs, &self.local, wall);
+        }
+        for ip in d.ips.keys().filter(|ip| !leases.contains_key(ip)) {
+            self.mgr.observe(*ip, None, now);
+        }
+        self.apply(&d.tables);
+
+        // Only now, with the fenced IPs out of the tables: Lease requests.
+        let candidates: BTreeMap<IpAddr, Vec<String>> =
+            d.ips.iter().map(|(ip, a)| (*ip, a.candidates.clone())).collect();
+        let in_use: BTreeSet<IpAddr> = candidates.keys().copied().collect();
+        let watched: BTreeSet<IpAddr> = leases.keys().copied().collect();
+        self.mgr.forget_unused(&in_use, &watched);
+        for (ip, action) in self.mgr.plan(now, &candidates) {
+            let api = self.leases.clone();
+            let opts = self.opts.clone();
+            let next_hop = d.ips.get(&ip).and_then(|a| a.next_hop);
+            let prev = self.mgr.record(ip).cloned();
+            let tx = self.results.clone();
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let result = send_lease_action(api, opts, ip, next_hop, prev, action.clone()).await;
+                let _ = tx.send(LeaseResult { ip, action, sent, result });
+            });
+        }
+
+        if self.is_status_writer(&obs, wall) {
+            self.write_status(&d, now);
+            self.report_service_problems(&d);
+        }
+        self.last = d;
+    }
+
+    fn apply(&mut self, spec: &TablesSpec) {
+        if self.last_applied.as_ref() == Some(spec) {
+            return;
+        }
+        match self.sink.apply(spec) {
+            Ok(()) => {
+                let before = self.last_applied.as_ref().map(announced).unwrap_or_default();
+                let new: Vec<IpAddr> = announced(spec).difference(&before).copied().collect();
+                if !new.is_empty() {
+                    self.sink.announce(&new);
+                }
+                tracing::info!(
+                    policies = spec.policies.len(),
+                    egress_ips = ?spec.egress_ips.iter().map(|e| e.ip).collect::<Vec<_>>(),
+                    "tables applied"
+                );
+                self.last_applied = Some(spec.clone());
+                self.last_apply_error = None;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                if self.last_apply_error.as_deref() != Some(msg.as_str()) {
+                    tracing::error!(error = %msg, "tables not applied");
+                }
+                self.last_apply_error = Some(msg);
+            }
+        }
+    }
+
+    fn on_result(&mut self, r: LeaseResult) {
+        let now = Instant::now();
+        if let Err(f) = &r.result {
+            tracing::debug!(ip = %r.ip, action = ?r.action, failure = ?f, "lease request failed");
+        }
+        if let Some(taken) = self.mgr.on_result(r.ip, &r.action, r.sent, r.result, now) {
+            self.event_taken(&taken);
+        }
+    }
+
+    /// The first gateway by name among those holding a live Lease writes
+    /// status; when nobody holds one, everybody does.
+    fn is_status_writer(&self, obs: &Observed, wall: Timestamp) -> bool {
+        let live = obs.leases.values().filter_map(|l| {
+            let h = l.holder.as_deref().filter(|h| !h.is_empty())?;
+            let renewed = l.renew_time?;
+            (renewed.checked_add(l.duration).ok()? >= wall).then_some(h)
+        });
+        match live.min() {
+            None => true,
+            Some(first) => first == self.opts.node_name,
+        }
+    }
+
+    fn should_send(&mut self, key: String, value: &serde_json::Value, now: Instant) -> bool {
+        match self.status_sent.get(&key) {
+            Some((v, at)) if v == value && now < *at + STATUS_RESEND => false,
+            _ => {
+                self.status_sent.insert(key, (value.clone(), now));
+                true
+            }
+        }
+    }
+
+    fn write_status(&mut self, d: &Desired, now: Instant) {
+        for p in self.stores.policies.state() {
+            let name = p.name_any();
+            let Some(st) = d.policy_status.get(&name) else { continue };
+            if p.status.as_ref() == Some(st) {
+                continue;
+            }
+            let value =
+                json!({ "apiVersion": EgressPolicy::api_version(&()), "kind": EgressPolicy::kind(&()), "status": st });
+            if !self.should_send(format!("policy/{name}"), &value, now) {
+                continue;
+            }
+            let api: Api<EgressPolicy> = Api::all(self.client.clone());
+            self.writes.spawn(async move {
+                let pp = PatchParams::apply(FIELD_MANAGER).force();
+                if let Err(e) = api.patch_status(&name, &pp, &Patch::Apply(&value)).await {
+                    tracing::warn!(policy = %name, error = %e, "status not written");
+                }
+            });
+        }
+        for p in self.stores.pools.state() {
+            let name = p.name_any();
+            let Some(st) = d.pool_status.get(&name) else { continue };
+            if p.status.as_ref() == Some(st) {
+                continue;
+            }
+            let rv = p.resource_version();
+            let value = json!({ "metadata": { "resourceVersion": rv }, "status": st });
+            if !self.should_send(format!("pool/{name}"), &value, now) {
+                continue;
+            }
+            let api: Api<EgressIPPool> = Api::all(self.client.clone());
+            self.writes.spawn(async move {
+                let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+                match api.patch_status(&name, &pp, &Patch::Merge(&value)).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.is_conflict() => {
+                        tracing::debug!(pool = %name, "pool changed meanwhile; allocation recomputed next pass");
+                    }
+                    Err(e) => tracing::warn!(pool = %name, error = %e, "pool status not written"),
+                }
+            });
+        }
+    }
+
+    fn publish(&mut self, reference: ObjectReference, type_: &'static str, reason: &str, action: &str, note: String) {
+        let client = self.client.clone();
+        let ev = event(&reference, &self.opts.node_name, type_, reason, action, note, Timestamp::now());
+        self.writes.spawn(async move {
+            if let Err(e) = publish_event(client, ev).await {
+                tracing::warn!(error = %e, "event not sent");
+            }
+        });
+    }
+
+    fn owner_ref(&self, owner: &Owner) -> Option<ObjectReference> {
+        match owner {
+            Owner::Policy(name) => {
+                self.stores.policies.state().iter().find(|p| p.name_any() == *name).map(|p| p.object_ref(&()))
+            }
+            Owner::Service { namespace, name } => self
+                .stores
+                .services
+                .state()
+                .iter()
+                .find(|s| s.name_any() == *name && s.namespace().as_deref() == Some(namespace.as_str()))
+                .map(|s| s.object_ref(&())),
+        }
+    }
+
+    fn event_taken(&mut self, taken: &Taken) {
+        let Some(a) = self.last.ips.get(&taken.ip).cloned() else { return };
+        let Some(reference) = self.owner_ref(&a.owner) else { return };
+        let me = self.opts.node_name.clone();
+        let (reason, note) = match &taken.previous {
+            Some(prev) if *prev != me => (
+                reason::EGRESS_IP_FAILOVER,
+                format!("egress IP {} moved from gateway {prev} (its Lease expired) to {me}", taken.ip),
+            ),
+            _ => (reason::EGRESS_IP_ASSIGNED, format!("egress IP {} is now held by gateway {me}", taken.ip)),
+        };
+        tracing::info!(ip = %taken.ip, previous = ?taken.previous, "took egress IP");
+        self.publish(reference, "Normal", reason, "TakeLease", note);
+    }
+
+    fn report_service_problems(&mut self, d: &Desired) {
+        let now: BTreeSet<(String, String, &'static str)> =
+            d.service_problems.iter().map(|p| (p.namespace.clone(), p.name.clone(), p.reason)).collect();
+        for p in &d.service_problems {
+            let key = (p.namespace.clone(), p.name.clone(), p.reason);
+            if self.problems_reported.contains(&key) {
+                continue;
+            }
+            let owner = Owner::Service { namespace: p.namespace.clone(), name: p.name.clone() };
+            if let Some(reference) = self.owner_ref(&owner) {
+                self.publish(reference, "Warning", p.reason, "Validate", p.message.clone());
+            }
+        }
+        self.problems_reported = now;
+    }
+
+    /// Graceful stop: everything out of the tables, then the Leases released
+    /// so the others take over at once instead of after expiry.
+    async fn shutdown(&mut self) {
+        let now = Instant::now();
+        let held: Vec<IpAddr> = self.mgr.held(now).into_iter().collect();
+        let mut spec = self.last_applied.clone().unwrap_or_default();
+        spec.egress_ips.clear();
+        spec.neighbor_addresses.clear();
+        self.mgr.fence(now, &BTreeSet::new());
+        self.apply(&spec);
+        let mut releases = JoinSet::new();
+        for ip in held {
+            // The manager's record: our last renewal's answer is newer than the watch's.
+            let Some(rec) = self.mgr.record(ip).cloned() else { continue };
+            if rec.holder.as_deref() != Some(self.opts.node_name.as_str()) {
+                continue;
+            }
+            let (api, opts) = (self.leases.clone(), self.opts.clone());
+            releases.spawn(release(api, opts, ip, rec));
+        }
+        let _ = tokio::time::timeout(RELEASE_WAIT, async { while releases.join_next().await.is_some() {} }).await;
+    }
+}
+
+/// Runs the Kubernetes control plane of this gateway until `shutdown`
+/// completes: watches the cluster, competes for egress-IP Leases, publishes
+/// every change of this gateway's tables through `sink`, writes status and
+/// Events. On shutdown it removes its egress IPs from the tables and releases
+/// their Leases (bounded by one second). Returns an error only for invalid
+/// options; API errors are retried forever.
+pub async fn run(
+    client: kube::Client,
+    opts: K8sOptions,
+    sink: Arc<dyn TablesSink>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), K8sError> {
+    opts.validate()?;
+    let notify = Arc::new(Notify::new());
+    let mut watchers = JoinSet::new();
+    let stores = Stores::start(&client, &opts, &notify, &mut watchers);
+    let mut shutdown = std::pin::pin!(shutdown);
+    tokio::select! {
+        _ = stores.ready() => {}
+        _ = &mut shutdown => {
+            watchers.abort_all();
+            return Ok(());
+        }
+    }
+    tracing::info!(node = %opts.node_name, "Kubernetes state loaded; control plane running");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut sync = SyncLoop {
+        leases: Api::namespaced(client.clone(), &opts.lease_namespace),
+        mgr: LeaseManager::new(opts.node_name.clone(), opts.timing),
+        local: LocalConfig { node_name: opts.node_name.clone(), nat: opts.nat },
+        client,
+        sink,
+        stores,
+        results: tx,
+        writes: JoinSet::new(),
+        last_applied: None,
+        last_apply_error: None,
+        last: Desired::default(),
+        status_sent: HashMap::new(),
+        problems_reported: BTreeSet::new(),
+        opts,
+    };
+    let mut next_full = Instant::now() + sync.opts.resync_period;
+    loop {
+        let now = Instant::now();
+        sync.pass(now);
+        if now >= next_full {
+            next_full = now + sync.opts.resync_period;
+            sync.status_sent.clear();
+        }
+        while sync.writes.try_join_next().is_some() {}
+        let wake = sync.mgr.next_wake(now).min(next_full);
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep_until(wake) => {}
+            Some(r) = rx.recv() => {
+                sync.on_result(r);
+                while let Ok(r) = rx.try_recv() {
+                    sync.on_result(r);
+                }
+            }
+            _ = notify.notified() => {}
+        }
+    }
+    sync.shutdown().await;
+    watchers.abort_all();
+    sync.writes.abort_all();
+    Ok(())
+}

@@ -1,0 +1,339 @@
+//! Egret's Kubernetes API: the `EgressPolicy` and `EgressIPPool` custom
+//! resources (group `egret.dev`, version `v1alpha1`, both cluster-scoped),
+//! and the annotation that turns a LoadBalancer Service's VIP into its pods'
+//! egress IP.
+//!
+//! The CRDs in `deploy/crds/` are generated from these types by
+//! `egret-crdgen` (never edited by hand); a test checks they match.
+//!
+//! Status is written by the gateways (see `controller.rs`): conditions
+//! `Ready`, `IPAssigned` and `GatewayAssigned` with reasons from
+//! [`reason`], per egress IP the gateway that holds it and since when (from
+//! its Lease), and the number of selected pods. Condition types and reasons
+//! follow the API conventions: CamelCase reasons, messages a person can act on.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of Egret's resources.
+pub const GROUP: &str = "egret.dev";
+/// The API version of Egret's resources.
+pub const VERSION: &str = "v1alpha1";
+/// The annotation that makes a LoadBalancer Service's ingress IP the egress
+/// IP of the pods its selector matches (value `"true"`).
+pub const SERVICE_EGRESS_ANNOTATION: &str = "egret.dev/egress";
+/// Label on gateway Nodes (default gateway node selector `egret.dev/gateway=true`).
+pub const GATEWAY_LABEL: &str = "egret.dev/gateway";
+/// Label on the Leases Egret manages (value [`LEASE_LABEL_VALUE`]).
+pub const LEASE_LABEL: &str = "egret.dev/lease";
+/// Value of [`LEASE_LABEL`] on egress-IP Leases.
+pub const LEASE_LABEL_VALUE: &str = "egress-ip";
+/// Annotation on a Lease naming the egress IP it covers.
+pub const LEASE_IP_ANNOTATION: &str = "egret.dev/egress-ip";
+/// Annotation on a Lease naming the companion next hop that moves with it.
+pub const LEASE_NEXT_HOP_ANNOTATION: &str = "egret.dev/next-hop";
+
+/// Condition types.
+pub mod condition {
+    /// The policy is enforced: valid, every egress IP assigned and held by a gateway.
+    pub const READY: &str = "Ready";
+    /// Every egress IP the policy asks for is valid and its own.
+    pub const IP_ASSIGNED: &str = "IPAssigned";
+    /// Every egress IP is held by a gateway (a valid Lease).
+    pub const GATEWAY_ASSIGNED: &str = "GatewayAssigned";
+}
+
+/// Condition reasons (CamelCase, as the API conventions ask).
+pub mod reason {
+    /// Ready: the policy is in the gateways' tables.
+    pub const ENFORCED: &str = "Enforced";
+    /// A selector, CIDR or address in the spec does not parse.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// IPAssigned: every IP is assigned.
+    pub const ASSIGNED: &str = "Assigned";
+    /// An egress IP is already used by an older object.
+    pub const IP_CONFLICT: &str = "IPConflict";
+    /// Neither `egressIPs` nor `pool` (or both) is set.
+    pub const NO_EGRESS_IP: &str = "NoEgressIP";
+    /// The named pool does not exist.
+    pub const POOL_NOT_FOUND: &str = "PoolNotFound";
+    /// The named pool exists but cannot be used (invalid, or cloud pools).
+    pub const POOL_NOT_USABLE: &str = "PoolNotUsable";
+    /// The pool has fewer free addresses than the policy asks for.
+    pub const POOL_EXHAUSTED: &str = "PoolExhausted";
+    /// Addresses were allocated and are being recorded in the pool's status.
+    pub const ALLOCATION_PENDING: &str = "AllocationPending";
+    /// GatewayAssigned: every IP is held.
+    pub const HELD: &str = "Held";
+    /// No gateway Node matches the selectors.
+    pub const NO_ELIGIBLE_GATEWAY: &str = "NoEligibleGateway";
+    /// Eligible gateways exist but none holds the IP's Lease yet.
+    pub const AWAITING_LEASE: &str = "AwaitingLease";
+    /// Pool Ready: its addresses parse.
+    pub const VALID: &str = "Valid";
+    /// Pool: an address entry does not parse.
+    pub const INVALID_ADDRESS: &str = "InvalidAddress";
+    /// Pool: the `cloud` section is not implemented yet.
+    pub const CLOUD_NOT_SUPPORTED: &str = "CloudNotSupported";
+    /// Service: the annotated Service has no `status.loadBalancer.ingress` IP yet.
+    pub const NO_INGRESS_IP: &str = "NoIngressIP";
+    /// Service: a Service port lies in the NAT port range.
+    pub const SERVICE_PORT_IN_NAT_RANGE: &str = "ServicePortInNatRange";
+    /// Service: not of type LoadBalancer.
+    pub const NOT_LOAD_BALANCER: &str = "NotLoadBalancer";
+    /// Event: a gateway took an egress IP nobody held.
+    pub const EGRESS_IP_ASSIGNED: &str = "EgressIPAssigned";
+    /// Event: a gateway took an egress IP another gateway held.
+    pub const EGRESS_IP_FAILOVER: &str = "EgressIPFailover";
+}
+
+/// An egress IP named in a policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressIPSpec {
+    /// The address the selected pods' traffic leaves with.
+    pub ip: String,
+    /// A companion next hop on the worker nodes' link, for an egress IP that
+    /// is not on that link (a public IP on another subnet). The gateway that
+    /// holds the egress IP also answers ARP/NDP for this address; nodes route
+    /// the selected pods via it. Omit when the egress IP is on the nodes'
+    /// link: it is then its own next hop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop: Option<String>,
+}
+
+/// Egress IPs allocated from a pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRef {
+    /// The `EgressIPPool`'s name.
+    pub name: String,
+    /// How many addresses to allocate (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub count: Option<u32>,
+}
+
+/// Which pods leave with which egress IPs, for which destinations, through
+/// which gateways.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "egret.dev",
+    version = "v1alpha1",
+    kind = "EgressPolicy",
+    plural = "egresspolicies",
+    shortname = "egp",
+    category = "egret",
+    status = "EgressPolicyStatus",
+    doc = "Gives the pods it selects a fixed egress IP: their traffic to `destinations` leaves through the gateway that holds the IP.",
+    printcolumn = r#"{"name":"Egress IPs","type":"string","jsonPath":".status.egressIPList","description":"The policy's egress IPs"}"#,
+    printcolumn = r#"{"name":"Gateways","type":"string","jsonPath":".status.gatewayList","description":"The gateway holding each egress IP, in the same order"}"#,
+    printcolumn = r#"{"name":"Pods","type":"integer","jsonPath":".status.selectedPods","description":"Selected pods"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressPolicySpec {
+    /// Pods to select (within the namespaces `namespaceSelector` selects).
+    /// Absent or empty: every pod of those namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+    /// Namespaces whose pods may be selected. Absent or empty: all namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Destination CIDRs the policy applies to (`0.0.0.0/0` for everything IPv4).
+    pub destinations: Vec<String>,
+    /// Destination CIDRs excluded from `destinations` (longest prefix wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub except: Vec<String>,
+    /// Explicit egress IPs. Set this or `pool`, not both. Each selected pod
+    /// keeps one of them (paired pooling by rendezvous hashing).
+    #[serde(default, rename = "egressIPs", skip_serializing_if = "Vec::is_empty")]
+    pub egress_ips: Vec<EgressIPSpec>,
+    /// Egress IPs allocated from an `EgressIPPool`. Set this or `egressIPs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolRef>,
+    /// Gateway Nodes that may carry this policy's egress IPs (among the Nodes
+    /// labelled as gateways). Absent or empty: every gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_selector: Option<LabelSelector>,
+}
+
+/// Where one egress IP is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressIPStatus {
+    /// The egress IP.
+    pub ip: String,
+    /// Its companion next hop, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop: Option<String>,
+    /// The gateway Node that holds it (its Lease's holder), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// Since when that gateway holds it (the Lease's acquireTime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+}
+
+/// What the gateways report about an `EgressPolicy`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressPolicyStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `IPAssigned`, `GatewayAssigned`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// Each egress IP, its gateway and since when.
+    #[serde(default, rename = "egressIPs")]
+    pub egress_ips: Vec<EgressIPStatus>,
+    /// The egress IPs, comma-separated (for `kubectl get`).
+    #[serde(default, rename = "egressIPList", skip_serializing_if = "String::is_empty")]
+    pub egress_ip_list: String,
+    /// The gateways holding them, comma-separated, `-` for none (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gateway_list: String,
+    /// How many running pods the selectors match (pods with an IP, not hostNetwork).
+    #[serde(default)]
+    pub selected_pods: i32,
+}
+
+/// Reserved for cloud elastic IPs (a later release). A pool that sets it is
+/// reported `Ready=False, CloudNotSupported` and allocates nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolCloudSpec {
+    /// The cloud provider (e.g. `aws`).
+    pub provider: String,
+}
+
+/// Addresses policies can take egress IPs from.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "egret.dev",
+    version = "v1alpha1",
+    kind = "EgressIPPool",
+    plural = "egressippools",
+    shortname = "eipp",
+    category = "egret",
+    status = "EgressIPPoolStatus",
+    doc = "Addresses that EgressPolicies naming this pool get their egress IPs from.",
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
+    printcolumn = r#"{"name":"Allocated","type":"integer","jsonPath":".status.allocated"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressIPPoolSpec {
+    /// CIDRs (`198.51.100.0/28`), ranges (`198.51.100.10-198.51.100.20`) or
+    /// single addresses. In a CIDR of IPv4 /30 or wider the network and
+    /// broadcast addresses are skipped; in an IPv6 CIDR wider than /127 the
+    /// subnet-router anycast address is.
+    pub addresses: Vec<String>,
+    /// Companion next hops, paired by position with `addresses` (the n-th
+    /// allocatable address gets the n-th next hop). Leave empty when the
+    /// addresses are on the worker nodes' link.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub next_hops: Vec<String>,
+    /// Gateway Nodes that may carry this pool's addresses (ANDed with each
+    /// policy's own `gatewaySelector`). Absent or empty: every gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_selector: Option<LabelSelector>,
+    /// Reserved for cloud elastic IPs; not supported yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud: Option<PoolCloudSpec>,
+}
+
+/// Addresses allocated to one policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolAllocation {
+    /// The `EgressPolicy` name.
+    pub policy: String,
+    /// Its addresses, ascending.
+    pub ips: Vec<String>,
+}
+
+/// What the gateways report about an `EgressIPPool`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressIPPoolStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// Allocations by policy name (the record all gateways share).
+    #[serde(default)]
+    pub allocations: Vec<PoolAllocation>,
+    /// Allocatable addresses (saturates at 2^31-1).
+    #[serde(default)]
+    pub size: i64,
+    /// Allocated addresses.
+    #[serde(default)]
+    pub allocated: i64,
+}
+
+/// File name and YAML of every CRD, as `egret-crdgen` writes them into
+/// `deploy/crds/` and `deploy/helm/egret/crds/`.
+pub fn crd_files() -> Result<Vec<(String, String)>, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    let crds = [EgressPolicy::crd(), EgressIPPool::crd()];
+    crds.iter()
+        .map(|crd| {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let body = serde_yaml::to_string(crd)?;
+            Ok((
+                format!("{name}.yaml"),
+                format!("# Generated by egret-crdgen from controlplane/src/k8s/crd.rs; do not edit.\n---\n{body}"),
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn crds_are_cluster_scoped_with_status_and_columns() {
+        let crd = EgressPolicy::crd();
+        assert_eq!(crd.metadata.name.as_deref(), Some("egresspolicies.egret.dev"));
+        assert_eq!(crd.spec.scope, "Cluster");
+        let v = &crd.spec.versions[0];
+        assert_eq!(v.name, VERSION);
+        assert!(v.subresources.as_ref().unwrap().status.is_some());
+        let cols: Vec<&str> = v.additional_printer_columns.as_ref().unwrap().iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(cols, vec!["Egress IPs", "Gateways", "Pods", "Ready", "Reason", "Age"]);
+        assert_eq!(EgressIPPool::crd().spec.scope, "Cluster");
+        let json = serde_json::to_string(&crd).unwrap();
+        assert!(json.contains("\"egressIPs\""), "field names follow the API conventions");
+    }
+
+    /// `deploy/` must hold exactly what the generator writes: run
+    /// `cargo run -p egret-controlplane --bin egret-crdgen -- deploy` after
+    /// changing the types.
+    #[test]
+    fn deployed_crds_match_the_types() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("deploy");
+        for (file, body) in crd_files().unwrap() {
+            for dir in ["crds", "helm/egret/crds"] {
+                let path = root.join(dir).join(&file);
+                let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+                assert!(
+                    on_disk == body,
+                    "{} is stale: run `cargo run -p egret-controlplane --bin egret-crdgen -- deploy`",
+                    path.display()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,780 @@
+//! One owner per egress IP: the Lease state machine.
+//!
+//! Every egress IP in use has one `coordination.k8s.io/v1` Lease in the
+//! configured namespace, named after the IP ([`lease_name`]). The gateways
+//! eligible for the IP compete for it; this module decides, for one gateway,
+//! what to do about each Lease. It does no I/O and reads no clock: the
+//! controller passes `now` (a monotonic [`Instant`]) and carries out the
+//! [`Action`]s, so every rule below is tested without a cluster.
+//!
+//! ```text
+//!             (candidate; absent/released: after rank x retryPeriod;
+//!              held by another: after it expired by OUR clock + rank x retryPeriod)
+//!   Idle ----------------- Create / Acquire ok ----------------------> Held
+//!    ^                                                                 |  |
+//!    |   renew ok at t_send: deadline = t_send + renewDeadline  <------+  |
+//!    |                                                                    |
+//!    +---- deadline passed (no renew ok) / someone else's record / ---- Fenced
+//!          no longer a candidate: removed from the tables FIRST,         |
+//!          then (if still ours on the server) Release                    |
+//! ```
+//!
+//! Safety (never two gateways serving one IP), with D = leaseDuration,
+//! R = renewDeadline:
+//! - The holder counts its validity from the moment it *sent* its last
+//!   successful renewal, t_send, and stops serving the IP at t_send + R (the
+//!   controller applies tables without the IP at that instant, before any
+//!   further API call).
+//! - Another gateway counts expiry from the moment it *observed* the record
+//!   change, which is after the server accepted the renewal, so after
+//!   t_send; it takes over no earlier than t_send + D.
+//! - A take-over is a replace with the observed `resourceVersion`: if the
+//!   holder renewed after the record the taker saw, the API server refuses
+//!   it (409). So the taker's record is the holder's latest success.
+//! - Hence the margin D - R (2 s with the defaults 4 s / 2 s) covers the
+//!   holder's apply latency and timer slack; clocks are never compared
+//!   across machines, only rates (drift is negligible over seconds).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use tokio::time::Instant;
+
+/// Timing of Leases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTiming {
+    /// How long a Lease is valid after a renewal, as others see it (D).
+    pub lease_duration: Duration,
+    /// The holder stops serving an IP this long after its last successful
+    /// renewal was sent (R < D).
+    pub renew_deadline: Duration,
+    /// How often the holder renews; also the back-off and the take-over
+    /// stagger between ranked candidates.
+    pub retry_period: Duration,
+}
+
+impl Default for LeaseTiming {
+    fn default() -> Self {
+        LeaseTiming {
+            lease_duration: Duration::from_secs(4),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The smallest fencing margin (leaseDuration - renewDeadline) accepted.
+pub const MIN_FENCING_MARGIN: Duration = Duration::from_millis(500);
+
+/// Timing that cannot be safe.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimingError {
+    /// The margin between the holder's fencing and others' take-over is too small.
+    #[error("kubernetes.leaseDuration ({lease_duration:?}) must exceed kubernetes.renewDeadline ({renew_deadline:?}) by at least {MIN_FENCING_MARGIN:?} (the fencing margin)")]
+    MarginTooSmall {
+        /// Configured lease duration.
+        lease_duration: Duration,
+        /// Configured renew deadline.
+        renew_deadline: Duration,
+    },
+    /// Renewing no more often than the deadline leaves no retry.
+    #[error(
+        "kubernetes.retryPeriod ({retry_period:?}) must be shorter than kubernetes.renewDeadline ({renew_deadline:?})"
+    )]
+    RetryTooSlow {
+        /// Configured retry period.
+        retry_period: Duration,
+        /// Configured renew deadline.
+        renew_deadline: Duration,
+    },
+    /// Lease durations are whole seconds on the wire.
+    #[error("kubernetes.leaseDuration ({lease_duration:?}) must be a whole number of seconds, at least 1 s (Lease.spec.leaseDurationSeconds)")]
+    NotWholeSeconds {
+        /// Configured lease duration.
+        lease_duration: Duration,
+    },
+    /// A zero duration.
+    #[error("kubernetes.retryPeriod must be above zero")]
+    ZeroRetry,
+}
+
+impl LeaseTiming {
+    /// Checks that the timing keeps the fencing margin.
+    pub fn validate(&self) -> Result<(), TimingError> {
+        if self.lease_duration.subsec_nanos() != 0 || self.lease_duration.is_zero() {
+            return Err(TimingError::NotWholeSeconds { lease_duration: self.lease_duration });
+        }
+        if self.retry_period.is_zero() {
+            return Err(TimingError::ZeroRetry);
+        }
+        if self.lease_duration < self.renew_deadline + MIN_FENCING_MARGIN {
+            return Err(TimingError::MarginTooSmall {
+                lease_duration: self.lease_duration,
+                renew_deadline: self.renew_deadline,
+            });
+        }
+        if self.retry_period >= self.renew_deadline {
+            return Err(TimingError::RetryTooSlow {
+                retry_period: self.retry_period,
+                renew_deadline: self.renew_deadline,
+            });
+        }
+        Ok(())
+    }
+
+    /// The fencing margin: how long before others may take an IP the holder
+    /// has already stopped serving it.
+    pub fn margin(&self) -> Duration {
+        self.lease_duration.saturating_sub(self.renew_deadline)
+    }
+}
+
+/// The Lease name of an egress IP: `egret-ip4-198-51-100-10`, or for IPv6
+/// the eight zero-padded groups, `egret-ip6-2001-0db8-0000-...-0001`.
+pub fn lease_name(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            format!("egret-ip4-{}-{}-{}-{}", o[0], o[1], o[2], o[3])
+        }
+        IpAddr::V6(a) => {
+            let g: Vec<String> = a.segments().iter().map(|s| format!("{s:04x}")).collect();
+            format!("egret-ip6-{}", g.join("-"))
+        }
+    }
+}
+
+/// The parts of a Lease this machine looks at.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// `holderIdentity` (None or empty: released).
+    pub holder: Option<String>,
+    /// `leaseDurationSeconds`.
+    pub duration: Duration,
+    /// `metadata.resourceVersion`.
+    pub resource_version: String,
+    /// `leaseTransitions`.
+    pub transitions: i32,
+    /// `acquireTime` (wall clock, for status only).
+    pub acquire_time: Option<Timestamp>,
+    /// `renewTime` (wall clock, for status only).
+    pub renew_time: Option<Timestamp>,
+}
+
+impl LeaseRecord {
+    fn holder(&self) -> Option<&str> {
+        self.holder.as_deref().filter(|h| !h.is_empty())
+    }
+
+    fn newer_than(&self, other: &LeaseRecord) -> bool {
+        match (self.resource_version.parse::<u64>(), other.resource_version.parse::<u64>()) {
+            (Ok(a), Ok(b)) => a > b,
+            _ => self.resource_version != other.resource_version,
+        }
+    }
+}
+
+/// What to do about one Lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Create it with this gateway as holder (it does not exist).
+    Create,
+    /// Take it over (expired, released, or already naming this gateway):
+    /// replace with this gateway as holder, on `resource_version`.
+    Acquire {
+        /// Precondition.
+        resource_version: String,
+        /// The holder being replaced, if any (for Events).
+        previous: Option<String>,
+        /// `leaseTransitions` after this change.
+        transitions: i32,
+        /// Keep the acquire time (re-taking our own Lease).
+        keep_acquire_time: bool,
+    },
+    /// Renew it, on `resource_version`.
+    Renew {
+        /// Precondition.
+        resource_version: String,
+    },
+    /// Clear the holder (the IP is already out of the tables), on `resource_version`.
+    Release {
+        /// Precondition.
+        resource_version: String,
+    },
+    /// Delete it (its IP is no longer used by anyone), on `resource_version`.
+    Delete {
+        /// Precondition.
+        resource_version: String,
+    },
+}
+
+/// How an action failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// 409: someone changed it first (or it already exists).
+    Conflict,
+    /// 404: it does not exist.
+    NotFound,
+    /// Anything else: unreachable, timeout, refused.
+    Other(String),
+}
+
+/// A successful take-over, for Events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taken {
+    /// The IP.
+    pub ip: IpAddr,
+    /// Who held it before (None: nobody or released).
+    pub previous: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+struct IpState {
+    /// Last record seen (None: absent, or not seen yet).
+    record: Option<LeaseRecord>,
+    /// Local time the current record (or its absence) was first seen.
+    observed_at: Instant,
+    /// Send time of our last successful create/acquire/renew, while we hold it.
+    held_since_send: Option<Instant>,
+    /// A request is outstanding.
+    in_flight: bool,
+    /// Not before this instant (back-off, renew cadence).
+    next_attempt: Instant,
+}
+
+/// The Lease state machine of one gateway, over all egress IPs.
+#[derive(Debug)]
+pub struct LeaseManager {
+    me: String,
+    timing: LeaseTiming,
+    ips: BTreeMap<IpAddr, IpState>,
+    /// The earliest instant a planned step is due (take-over, renew, fence).
+    wake: Option<Instant>,
+}
+
+impl LeaseManager {
+    /// A manager for the gateway named `me`.
+    pub fn new(me: impl Into<String>, timing: LeaseTiming) -> Self {
+        LeaseManager { me: me.into(), timing, ips: BTreeMap::new(), wake: None }
+    }
+
+    /// This gateway's identity.
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The timing.
+    pub fn timing(&self) -> LeaseTiming {
+        self.timing
+    }
+
+    fn state(&mut self, ip: IpAddr, now: Instant) -> &mut IpState {
+        self.ips.entry(ip).or_insert(IpState {
+            record: None,
+            observed_at: now,
+            held_since_send: None,
+            in_flight: false,
+            next_attempt: now,
+        })
+    }
+
+    /// Feeds the Lease of `ip` as the watch shows it (None: absent). A
+    /// record seen for the first time (or changed) restarts its expiry
+    /// clock; a record naming another holder while we hold the IP fences it.
+    pub fn observe(&mut self, ip: IpAddr, record: Option<LeaseRecord>, now: Instant) {
+        let me = self.me.clone();
+        let st = self.state(ip, now);
+        let changed = match (&st.record, &record) {
+            (None, None) => false,
+            (Some(old), Some(new)) => new.newer_than(old),
+            // The watch lags our own create: absence while we hold the IP is
+            // that lag (a real deletion shows as 404 on the next renewal).
+            (Some(_), None) => st.held_since_send.is_none(),
+            (None, Some(_)) => true,
+        };
+        if changed {
+            if let Some(r) = &record {
+                if st.held_since_send.is_some() && r.holder() != Some(me.as_str()) {
+                    st.held_since_send = None;
+                }
+            }
+            st.record = record;
+            st.observed_at = now;
+        }
+    }
+
+    /// Forgets Leases of IPs that are neither in use nor held nor in flight.
+    pub fn forget_unused(&mut self, in_use: &BTreeSet<IpAddr>, watched: &BTreeSet<IpAddr>) {
+        self.ips.retain(|ip, st| {
+            in_use.contains(ip) || watched.contains(ip) || st.held_since_send.is_some() || st.in_flight
+        });
+    }
+
+    /// Drops the IPs whose renew deadline has passed, or whose candidacy
+    /// ended, and returns them. The caller must apply tables without them
+    /// before it carries out any further action.
+    pub fn fence(&mut self, now: Instant, competing: &BTreeSet<IpAddr>) -> Vec<IpAddr> {
+        let deadline = self.timing.renew_deadline;
+        let mut fenced = Vec::new();
+        for (ip, st) in &mut self.ips {
+            if let Some(sent) = st.held_since_send {
+                if now >= sent + deadline || !competing.contains(ip) {
+                    st.held_since_send = None;
+                    st.next_attempt = st.next_attempt.min(now);
+                    fenced.push(*ip);
+                }
+            }
+        }
+        fenced
+    }
+
+    /// The IPs this gateway may serve at `now`.
+    pub fn held(&self, now: Instant) -> BTreeSet<IpAddr> {
+        self.ips
+            .iter()
+            .filter(|(_, st)| st.held_since_send.is_some_and(|s| now < s + self.timing.renew_deadline))
+            .map(|(ip, _)| *ip)
+            .collect()
+    }
+
+    /// The newest record of `ip` known (from the watch or our own responses,
+    /// which may be newer than the watch's).
+    pub fn record(&self, ip: IpAddr) -> Option<&LeaseRecord> {
+        self.ips.get(&ip).and_then(|st| st.record.as_ref())
+    }
+
+    /// The deadline by which `ip` must be out of the tables, if held.
+    pub fn deadline(&self, ip: IpAddr) -> Option<Instant> {
+        self.ips.get(&ip).and_then(|st| st.held_since_send).map(|s| s + self.timing.renew_deadline)
+    }
+
+    /// Plans the next actions. `candidates` maps every egress IP in use to
+    /// its eligible gateways, most preferred first. Call it only after the
+    /// tables without the fenced IPs were applied. Marks the returned
+    /// actions in flight; report each with [`LeaseManager::on_result`].
+    pub fn plan(&mut self, now: Instant, candidates: &BTreeMap<IpAddr, Vec<String>>) -> Vec<(IpAddr, Action)> {
+        let t = self.timing;
+        let me = self.me.clone();
+        let mut wake: Option<Instant> = None;
+        let mut soon = |at: Instant| {
+            wake = Some(wake.map_or(at, |w: Instant| w.min(at)));
+        };
+        let mut actions = Vec::new();
+        for ip in candidates.keys() {
+            self.state(*ip, now);
+        }
+        for (ip, st) in &mut self.ips {
+            if let Some(sent) = st.held_since_send {
+                soon(sent + t.renew_deadline);
+            }
+            if st.in_flight {
+                continue;
+            }
+            if now < st.next_attempt {
+                soon(st.next_attempt);
+                continue;
+            }
+            let holder = st.record.as_ref().and_then(|r| r.holder().map(str::to_string));
+            let rv = st.record.as_ref().map(|r| r.resource_version.clone());
+            let ranked = candidates.get(ip);
+            let mine_on_server = holder.as_deref() == Some(me.as_str());
+            let action = match ranked.filter(|c| c.contains(&me)) {
+                // Not a candidate (or not in use): give up what is ours on the server.
+                None => match (st.held_since_send, mine_on_server, rv) {
+                    (Some(_), _, _) => None, // fence() has not run yet; next pass.
+                    (None, true, Some(rv)) if ranked.is_none() => Some(Action::Delete { resource_version: rv }),
+                    (None, true, Some(rv)) => Some(Action::Release { resource_version: rv }),
+                    (None, false, Some(rv)) if ranked.is_none() => {
+                        // Garbage: an unused IP's Lease that expired. Anyone may delete it.
+                        let expires = st.observed_at + st.record.as_ref().map_or(t.lease_duration, |r| r.duration);
+                        if now >= expires + t.lease_duration {
+                            Some(Action::Delete { resource_version: rv })
+                        } else {
+                            soon(expires + t.lease_duration);
+                            None
+                        }
+                    }
+                    _ => None,
+                },
+                Some(ranked) => {
+                    if st.held_since_send.is_some() {
+                        match (mine_on_server, rv) {
+                            (true, Some(rv)) => Some(Action::Renew { resource_version: rv }),
+                            _ => None,
+                        }
+                    } else if mine_on_server {
+                        // Ours on the server but not served (fenced, or we restarted):
+                        // nobody else may take it before it expires, so take it back now.
+                        let r = st.record.as_ref();
+                        Some(Action::Acquire {
+                            resource_version: rv.unwrap_or_default(),
+                            previous: None,
+                            transitions: r.map_or(0, |r| r.transitions),
+                            keep_acquire_time: true,
+                        })
+                    } else {
+                        // Rank among the candidates other than the current holder.
+                        let rank = ranked
+                            .iter()
+                            .filter(|n| Some(n.as_str()) != holder.as_deref())
+                            .position(|n| *n == me)
+                            .unwrap_or(0);
+                        let stagger = t.retry_period * u32::try_from(rank).unwrap_or(u32::MAX);
+                        let free_at = match (&st.record, &holder) {
+                            (None, _) | (Some(_), None) => st.observed_at + stagger,
+                            (Some(r), Some(_)) => st.observed_at + r.duration + stagger,
+                        };
+                        if now < free_at {
+                            soon(free_at);
+                            None
+                        } else {
+                            match &st.record {
+                                None => Some(Action::Create),
+                                Some(r) => Some(Action::Acquire {
+                                    resource_version: r.resource_version.clone(),
+                                    previous: holder.clone(),
+                                    transitions: r.transitions + i32::from(holder.is_some()),
+                                    keep_acquire_time: false,
+                                }),
+                            }
+                        }
+                    }
+                }
+            };
+            if let Some(a) = action {
+                st.in_flight = true;
+                actions.push((*ip, a));
+            }
+        }
+        self.wake = wake;
+        actions
+    }
+
+    /// When the controller should run again at the latest (a due take-over,
+    /// renewal or fencing deadline), never later than one retry period.
+    pub fn next_wake(&self, now: Instant) -> Instant {
+        let cap = now + self.timing.retry_period;
+        self.wake.map_or(cap, |w| w.min(cap))
+    }
+
+    /// Records the outcome of an action sent at `sent`. Returns the take-over
+    /// when this gateway just acquired an IP held by nobody or someone else.
+    pub fn on_result(
+        &mut self,
+        ip: IpAddr,
+        action: &Action,
+        sent: Instant,
+        result: Result<Option<LeaseRecord>, Failure>,
+        now: Instant,
+    ) -> Option<Taken> {
+        let t = self.timing;
+        let st = self.state(ip, now);
+        st.in_flight = false;
+        match result {
+            Ok(record) => {
+                let was_held = st.held_since_send.is_some();
+                match action {
+                    Action::Create | Action::Acquire { .. } | Action::Renew { .. } => {
+                        st.held_since_send = Some(sent);
+                        st.next_attempt = sent + t.retry_period;
+                    }
+                    Action::Release { .. } | Action::Delete { .. } => {
+                        st.held_since_send = None;
+                        st.next_attempt = now;
+                    }
+                }
+                if let Some(r) = &record {
+                    st.record = Some(r.clone());
+                    st.observed_at = now;
+                } else if matches!(action, Action::Delete { .. }) {
+                    st.record = None;
+                    st.observed_at = now;
+                }
+                match action {
+                    Action::Create => Some(Taken { ip, previous: None }),
+                    Action::Acquire { previous, keep_acquire_time, .. } if !*keep_acquire_time || !was_held => {
+                        Some(Taken { ip, previous: previous.clone() })
+                    }
+                    _ => None,
+                }
+            }
+            Err(Failure::NotFound) => {
+                st.record = None;
+                st.observed_at = now;
+                st.next_attempt = now;
+                None
+            }
+            Err(Failure::Conflict) | Err(Failure::Other(_)) => {
+                st.next_attempt = now + t.retry_period;
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const D: Duration = Duration::from_secs(4);
+    const R: Duration = Duration::from_secs(2);
+    const P: Duration = Duration::from_millis(500);
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn rec(holder: Option<&str>, rv: u64) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.map(str::to_string),
+            duration: D,
+            resource_version: rv.to_string(),
+            ..Default::default()
+        }
+    }
+
+    fn cands(ipaddr: &str, names: &[&str]) -> BTreeMap<IpAddr, Vec<String>> {
+        [(ip(ipaddr), names.iter().map(|s| s.to_string()).collect())].into()
+    }
+
+    fn mgr(me: &str) -> LeaseManager {
+        LeaseManager::new(me, LeaseTiming::default())
+    }
+
+    #[test]
+    fn lease_names_are_valid_and_distinct() {
+        assert_eq!(lease_name(ip("198.51.100.10")), "egret-ip4-198-51-100-10");
+        assert_eq!(lease_name(ip("2001:db8::1")), "egret-ip6-2001-0db8-0000-0000-0000-0000-0000-0001");
+        assert_eq!(lease_name(ip("2001:db8::")), "egret-ip6-2001-0db8-0000-0000-0000-0000-0000-0000");
+    }
+
+    #[test]
+    fn timing_validation_keeps_the_margin() {
+        assert_eq!(LeaseTiming::default().validate(), Ok(()));
+        assert_eq!(LeaseTiming::default().margin(), Duration::from_secs(2));
+        let t = LeaseTiming {
+            lease_duration: Duration::from_secs(2),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: P,
+        };
+        assert!(matches!(t.validate(), Err(TimingError::MarginTooSmall { .. })));
+        assert_eq!(
+            t.validate().unwrap_err().to_string(),
+            "kubernetes.leaseDuration (2s) must exceed kubernetes.renewDeadline (2s) by at least 500ms (the fencing margin)"
+        );
+        let t = LeaseTiming { lease_duration: ms(4500), renew_deadline: R, retry_period: P };
+        assert!(matches!(t.validate(), Err(TimingError::NotWholeSeconds { .. })));
+        let t = LeaseTiming { lease_duration: D, renew_deadline: R, retry_period: R };
+        assert!(matches!(t.validate(), Err(TimingError::RetryTooSlow { .. })));
+    }
+
+    #[test]
+    fn preferred_creates_at_once_others_wait_their_rank() {
+        let t0 = Instant::now();
+        let c = cands("198.51.100.10", &["gw-a", "gw-b", "gw-c"]);
+        let mut a = mgr("gw-a");
+        let mut b = mgr("gw-b");
+        let mut cc = mgr("gw-c");
+        for m in [&mut a, &mut b, &mut cc] {
+            m.observe(ip("198.51.100.10"), None, t0);
+        }
+        assert_eq!(a.plan(t0, &c), vec![(ip("198.51.100.10"), Action::Create)]);
+        assert_eq!(b.plan(t0, &c), vec![]);
+        assert_eq!(b.next_wake(t0), t0 + P, "rank 1 waits one retry period");
+        assert_eq!(b.plan(t0 + P, &c), vec![(ip("198.51.100.10"), Action::Create)]);
+        assert_eq!(cc.plan(t0 + P, &c), vec![]);
+        assert_eq!(cc.plan(t0 + 2 * P, &c), vec![(ip("198.51.100.10"), Action::Create)]);
+    }
+
+    #[test]
+    fn holder_renews_every_retry_period_and_fences_at_the_deadline() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        let acts = a.plan(t0, &c);
+        assert_eq!(acts, vec![(x, Action::Create)]);
+        let taken = a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0 + ms(20));
+        assert_eq!(taken, Some(Taken { ip: x, previous: None }));
+        assert_eq!(a.held(t0 + ms(20)), [x].into());
+        assert_eq!(a.plan(t0 + ms(20), &c), vec![], "renew waits for the retry period");
+        let renew = a.plan(t0 + P, &c);
+        assert_eq!(renew, vec![(x, Action::Renew { resource_version: "10".into() })]);
+        // The API server is gone: the renewal never returns.
+        let competing: BTreeSet<IpAddr> = [x].into();
+        assert_eq!(a.fence(t0 + R - ms(1), &competing), Vec::<IpAddr>::new());
+        assert_eq!(a.held(t0 + R - ms(1)), [x].into());
+        assert_eq!(a.deadline(x), Some(t0 + R));
+        assert!(a.next_wake(t0 + P) <= t0 + R);
+        assert_eq!(a.fence(t0 + R, &competing), vec![x], "fenced exactly at t_send + renewDeadline");
+        assert_eq!(a.held(t0 + R), BTreeSet::new());
+        // The late renewal fails: still fenced, retries after the back-off.
+        a.on_result(x, &renew[0].1, t0 + P, Err(Failure::Other("timeout".into())), t0 + R + ms(10));
+        assert_eq!(a.held(t0 + R + ms(10)), BTreeSet::new());
+    }
+
+    #[test]
+    fn a_late_successful_renewal_counts_from_its_send_time() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a"]);
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        a.plan(t0, &c);
+        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        let renew = a.plan(t0 + P, &c);
+        // Answered 1.8 s later: valid until send + R = t0 + 2.5 s, not answer + R.
+        a.on_result(x, &renew[0].1, t0 + P, Ok(Some(rec(Some("gw-a"), 11))), t0 + P + ms(1800));
+        assert_eq!(a.deadline(x), Some(t0 + P + R));
+    }
+
+    #[test]
+    fn others_take_over_only_after_expiry_by_their_own_clock() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b", "gw-c"]);
+        let mut b = mgr("gw-b");
+        let mut cc = mgr("gw-c");
+        // gw-a holds; b and c last saw a renewal at t0.
+        b.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        cc.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        assert_eq!(b.plan(t0 + D - ms(1), &c), vec![]);
+        assert_eq!(b.next_wake(t0 + D - ms(1)), t0 + D);
+        // Excluding the holder, gw-b is rank 0 and gw-c rank 1.
+        let acts = b.plan(t0 + D, &c);
+        assert_eq!(
+            acts,
+            vec![(
+                x,
+                Action::Acquire {
+                    resource_version: "10".into(),
+                    previous: Some("gw-a".into()),
+                    transitions: 1,
+                    keep_acquire_time: false
+                }
+            )]
+        );
+        assert_eq!(cc.plan(t0 + D, &c), vec![]);
+        assert_eq!(cc.plan(t0 + D + P - ms(1), &c), vec![]);
+        assert_eq!(cc.plan(t0 + D + P, &c).len(), 1);
+        let taken = b.on_result(x, &acts[0].1, t0 + D, Ok(Some(rec(Some("gw-b"), 11))), t0 + D + ms(5));
+        assert_eq!(taken, Some(Taken { ip: x, previous: Some("gw-a".into()) }));
+        // A renewal seen later restarts the clock of those still waiting.
+        let mut b2 = mgr("gw-b");
+        b2.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        b2.observe(x, Some(rec(Some("gw-a"), 12)), t0 + ms(3000));
+        assert_eq!(b2.plan(t0 + D, &c), vec![]);
+        assert_eq!(b2.plan(t0 + ms(3000) + D, &c).len(), 1);
+        // The same record seen again does not.
+        let mut b3 = mgr("gw-b");
+        b3.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        b3.observe(x, Some(rec(Some("gw-a"), 10)), t0 + ms(3000));
+        assert_eq!(b3.plan(t0 + D, &c).len(), 1);
+    }
+
+    /// The safety property with the default timing: the holder is out of its
+    /// tables (fenced) strictly before any other gateway may take over, for
+    /// every renewal pattern where the last success was sent at `s`.
+    #[test]
+    fn the_holder_always_fences_before_anyone_takes_over() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-b", "gw-a"]);
+        let competing: BTreeSet<IpAddr> = [x].into();
+        for last_ok_ms in [0u64, 400, 1000, 1700] {
+            for seen_delay_ms in [0u64, 1, 300] {
+                let mut a = mgr("gw-a");
+                let mut b = mgr("gw-b");
+                let sent = t0 + ms(last_ok_ms);
+                a.observe(x, None, t0);
+                a.on_result(x, &Action::Create, sent, Ok(Some(rec(Some("gw-a"), 7))), sent + ms(1));
+                b.observe(x, Some(rec(Some("gw-a"), 7)), sent + ms(seen_delay_ms));
+                // Find the first instant (1 ms steps) b would act, and when a fenced.
+                let mut fenced_at = None;
+                let mut take_at = None;
+                for step in 0..10_000u64 {
+                    let now = t0 + ms(step);
+                    if fenced_at.is_none() && !a.fence(now, &competing).is_empty() {
+                        fenced_at = Some(now);
+                    }
+                    if take_at.is_none() && !b.plan(now, &c).is_empty() {
+                        take_at = Some(now);
+                    }
+                }
+                let (f, tk) = (fenced_at.unwrap(), take_at.unwrap());
+                assert_eq!(f, sent + R);
+                assert!(tk >= f + (D - R), "take-over {tk:?} < fence {f:?} + margin");
+            }
+        }
+    }
+
+    #[test]
+    fn a_foreign_record_fences_at_once_and_ours_is_taken_back() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        a.plan(t0, &c);
+        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        a.observe(x, Some(rec(Some("gw-b"), 11)), t0 + ms(100));
+        assert_eq!(a.held(t0 + ms(100)), BTreeSet::new(), "someone else's record: stop serving");
+        // After a restart the record still names us: take it back without waiting.
+        let mut a2 = mgr("gw-a");
+        a2.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        assert_eq!(
+            a2.plan(t0, &c),
+            vec![(
+                x,
+                Action::Acquire {
+                    resource_version: "10".into(),
+                    previous: None,
+                    transitions: 0,
+                    keep_acquire_time: true
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn not_a_candidate_any_more_fences_then_releases() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        a.plan(t0, &cands("198.51.100.10", &["gw-a"]));
+        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        // gw-a lost its gateway label: only gw-b is eligible now.
+        let c = cands("198.51.100.10", &["gw-b"]);
+        assert_eq!(a.plan(t0 + ms(10), &c), vec![], "no release while still in the tables");
+        assert_eq!(a.fence(t0 + ms(10), &BTreeSet::new()), vec![x]);
+        assert_eq!(a.plan(t0 + ms(10), &c), vec![(x, Action::Release { resource_version: "10".into() })]);
+        // The IP is no longer used at all: delete.
+        let mut a = mgr("gw-a");
+        a.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        assert_eq!(a.plan(t0, &BTreeMap::new()), vec![(x, Action::Delete { resource_version: "10".into() })]);
+    }
+
+    #[test]
+    fn failures_back_off_and_conflicts_do_not_grant() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a"]);
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        let acts = a.plan(t0, &c);
+        assert_eq!(a.plan(t0, &c), vec![], "one request in flight per IP");
+        assert_eq!(a.on_result(x, &acts[0].1, t0, Err(Failure::Conflict), t0 + ms(5)), None);
+        assert_eq!(a.held(t0 + ms(5)), BTreeSet::new());
+        assert_eq!(a.plan(t0 + ms(5), &c), vec![]);
+        assert_eq!(a.plan(t0 + ms(5) + P, &c), vec![(x, Action::Create)]);
+    }
+}

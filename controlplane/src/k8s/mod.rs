@@ -1,0 +1,116 @@
+//! Kubernetes mode: the control plane inside each gateway.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `crd.rs` | the API: `EgressPolicy`, `EgressIPPool`, the Service annotation, condition types and reasons |
+//! | `observe.rs` | Kubernetes objects -> plain observed-state structs |
+//! | `desired.rs` | the pure function observed state -> this gateway's `TablesSpec`, candidacies, status |
+//! | `pool.rs` | pool address sets and allocation |
+//! | `lease.rs` | the per-egress-IP Lease state machine (time injected, no I/O) |
+//! | `controller.rs` | watchers, the sync loop, Lease requests, status writes, Events: [`run`] |
+//!
+//! The daemon calls [`run`] with a client, [`K8sOptions`] and its
+//! [`crate::sink::TablesSink`]; `run` returns when the shutdown future
+//! completes (after fencing and releasing its Leases) or on a fatal error.
+
+pub mod controller;
+pub mod crd;
+pub mod desired;
+pub mod lease;
+pub mod observe;
+pub mod pool;
+
+use std::path::Path;
+use std::time::Duration;
+
+use egret_dataplane::tables::NatSettings;
+
+pub use controller::run;
+pub use lease::{LeaseTiming, TimingError};
+
+/// What the control plane needs from the gateway's configuration: the
+/// `kubernetes:` section of the file (docs/config.md) plus the NAT settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct K8sOptions {
+    /// This gateway's Node name (`kubernetes.nodeName`, default `$NODE_NAME`):
+    /// its identity in Leases.
+    pub node_name: String,
+    /// Namespace of the egress-IP Leases (`kubernetes.leaseNamespace`,
+    /// default `egret-system`).
+    pub lease_namespace: String,
+    /// `kubernetes.leaseDuration`, `renewDeadline`, `retryPeriod`.
+    pub timing: LeaseTiming,
+    /// Label selector of gateway Nodes (`kubernetes.gatewaySelector`,
+    /// default `egret.dev/gateway=true`).
+    pub gateway_selector: String,
+    /// Periodic full pass even without changes (`kubernetes.resyncPeriod`,
+    /// default 30 s).
+    pub resync_period: Duration,
+    /// The file's `nat:` section (its port range decides which Service ports
+    /// collide with NAT; it is passed through to every TablesSpec).
+    pub nat: NatSettings,
+}
+
+impl K8sOptions {
+    /// The defaults for gateway `node_name`.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        K8sOptions {
+            node_name: node_name.into(),
+            lease_namespace: "egret-system".into(),
+            timing: LeaseTiming::default(),
+            gateway_selector: format!("{}=true", crd::GATEWAY_LABEL),
+            resync_period: Duration::from_secs(30),
+            nat: NatSettings::default(),
+        }
+    }
+
+    /// Checks the options before anything starts.
+    pub fn validate(&self) -> Result<(), K8sError> {
+        if self.node_name.is_empty() {
+            return Err(K8sError::NoNodeName);
+        }
+        self.timing.validate()?;
+        Ok(())
+    }
+}
+
+/// Why the Kubernetes control plane could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum K8sError {
+    /// No node name configured and `$NODE_NAME` unset.
+    #[error("kubernetes.nodeName: empty (set it, or NODE_NAME from the downward API)")]
+    NoNodeName,
+    /// Unsafe Lease timing.
+    #[error(transparent)]
+    Timing(#[from] TimingError),
+    /// The kubeconfig could not be read.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// No in-cluster configuration and no kubeconfig.
+    #[error("no Kubernetes client configuration (in-cluster or $KUBECONFIG): {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    /// The client could not be built.
+    #[error("Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// A client from `kubernetes.kubeconfig` if set, else in-cluster, then `$KUBECONFIG`.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, K8sError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|source| K8sError::Kubeconfig { path: path.display().to_string(), source })?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|source| K8sError::Kubeconfig { path: path.display().to_string(), source })?
+        }
+        None => kube::Config::infer().await.map_err(K8sError::Infer)?,
+    };
+    kube::Client::try_from(config).map_err(K8sError::Client)
+}

@@ -1,0 +1,189 @@
+//! Kubernetes objects -> the plain observed-state structs of `desired.rs`
+//! and the Lease records of `lease.rs`. Pure conversions: what counts as a
+//! selectable pod, an annotated Service, a gateway's Lease.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use kube::ResourceExt;
+
+use super::crd::{EgressIPPool, EgressPolicy, LEASE_IP_ANNOTATION, SERVICE_EGRESS_ANNOTATION};
+use super::desired::{LeaseInfo, NodeInfo, PodInfo, PolicyInfo, PoolInfo, ServiceInfo, ServicePortInfo};
+use super::lease::LeaseRecord;
+
+/// A pod that can be selected: it has an IP, does not share the node's
+/// network (its IP is the node's: translating it would translate the node),
+/// and has not terminated.
+pub fn pod(p: &Pod) -> Option<PodInfo> {
+    let spec = p.spec.as_ref();
+    if spec.and_then(|s| s.host_network).unwrap_or(false) {
+        return None;
+    }
+    let status = p.status.as_ref()?;
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) || p.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let mut ips: Vec<IpAddr> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .filter_map(|i| i.ip.parse().ok())
+        .chain(status.pod_ip.iter().filter_map(|i| i.parse().ok()))
+        .collect();
+    ips.sort();
+    ips.dedup();
+    if ips.is_empty() {
+        return None;
+    }
+    Some(PodInfo { namespace: p.namespace().unwrap_or_default(), name: p.name_any(), labels: p.labels().clone(), ips })
+}
+
+/// A Service annotated `egret.dev/egress: "true"` (others: None).
+pub fn service(s: &Service) -> Option<ServiceInfo> {
+    if s.annotations().get(SERVICE_EGRESS_ANNOTATION).map(String::as_str) != Some("true") {
+        return None;
+    }
+    let spec = s.spec.as_ref();
+    let ingress_ips = s
+        .status
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ing| ing.iter().filter_map(|i| i.ip.as_deref()).filter_map(|ip| ip.parse().ok()).collect())
+        .unwrap_or_default();
+    Some(ServiceInfo {
+        namespace: s.namespace().unwrap_or_default(),
+        name: s.name_any(),
+        created: s.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        load_balancer: spec.and_then(|sp| sp.type_.as_deref()) == Some("LoadBalancer"),
+        selector: spec.and_then(|sp| sp.selector.clone()).unwrap_or_default(),
+        ports: spec
+            .and_then(|sp| sp.ports.as_ref())
+            .map(|ports| {
+                ports
+                    .iter()
+                    .filter_map(|p| {
+                        Some(ServicePortInfo {
+                            port: u16::try_from(p.port).ok()?,
+                            protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        ingress_ips,
+    })
+}
+
+/// A namespace's labels.
+pub fn namespace(n: &Namespace) -> (String, BTreeMap<String, String>) {
+    (n.name_any(), n.labels().clone())
+}
+
+/// A gateway Node.
+pub fn node(n: &Node) -> NodeInfo {
+    NodeInfo { name: n.name_any(), labels: n.labels().clone() }
+}
+
+/// An `EgressPolicy`.
+pub fn policy(p: &EgressPolicy) -> PolicyInfo {
+    PolicyInfo {
+        name: p.name_any(),
+        created: p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        generation: p.metadata.generation,
+        spec: p.spec.clone(),
+        status: p.status.clone(),
+    }
+}
+
+/// An `EgressIPPool`.
+pub fn ip_pool(p: &EgressIPPool) -> PoolInfo {
+    PoolInfo { name: p.name_any(), generation: p.metadata.generation, spec: p.spec.clone(), status: p.status.clone() }
+}
+
+/// The egress IP a Lease covers (from its annotation).
+pub fn lease_ip(l: &Lease) -> Option<IpAddr> {
+    l.annotations().get(LEASE_IP_ANNOTATION).and_then(|s| s.parse().ok())
+}
+
+/// The Lease as the state machine sees it.
+pub fn lease_record(l: &Lease) -> LeaseRecord {
+    let spec = l.spec.as_ref();
+    LeaseRecord {
+        holder: spec.and_then(|s| s.holder_identity.clone()),
+        duration: Duration::from_secs(
+            spec.and_then(|s| s.lease_duration_seconds).and_then(|d| u64::try_from(d).ok()).unwrap_or(0),
+        ),
+        resource_version: l.resource_version().unwrap_or_default(),
+        transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+        acquire_time: spec.and_then(|s| s.acquire_time.as_ref()).map(|t| t.0),
+        renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+    }
+}
+
+/// The Lease as the status computation sees it.
+pub fn lease_info(r: &LeaseRecord) -> LeaseInfo {
+    LeaseInfo { holder: r.holder.clone(), acquire_time: r.acquire_time, renew_time: r.renew_time, duration: r.duration }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_running_pod_network_pods_with_ips_count() {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "a", "namespace": "team", "labels": {"app": "x"}},
+            "status": {"phase": "Running", "podIP": "198.18.0.5", "podIPs": [{"ip": "198.18.0.5"}, {"ip": "2001:db8::5"}]}
+        }))
+        .unwrap();
+        let info = pod(&p).unwrap();
+        assert_eq!(info.ips, vec!["198.18.0.5".parse::<IpAddr>().unwrap(), "2001:db8::5".parse().unwrap()]);
+        assert_eq!(info.labels.get("app").map(String::as_str), Some("x"));
+        let host: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "h", "namespace": "team"},
+            "spec": {"hostNetwork": true, "containers": []},
+            "status": {"podIP": "192.0.2.10"}
+        }))
+        .unwrap();
+        assert_eq!(pod(&host), None);
+        let done: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "d", "namespace": "team"},
+            "status": {"phase": "Succeeded", "podIP": "198.18.0.6"}
+        }))
+        .unwrap();
+        assert_eq!(pod(&done), None);
+        let pending: Pod = serde_json::from_value(
+            json!({"metadata": {"name": "p", "namespace": "team"}, "status": {"phase": "Pending"}}),
+        )
+        .unwrap();
+        assert_eq!(pod(&pending), None);
+    }
+
+    #[test]
+    fn annotated_services_only() {
+        let s: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "team", "annotations": {"egret.dev/egress": "true"}},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [{"port": 443, "protocol": "TCP"}, {"port": 53, "protocol": "UDP"}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.20"}, {"hostname": "lb.example"}]}}
+        }))
+        .unwrap();
+        let info = service(&s).unwrap();
+        assert!(info.load_balancer);
+        assert_eq!(info.ingress_ips, vec!["198.51.100.20".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            info.ports,
+            vec![
+                ServicePortInfo { port: 443, protocol: "TCP".into() },
+                ServicePortInfo { port: 53, protocol: "UDP".into() }
+            ]
+        );
+        let plain: Service = serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "team"}})).unwrap();
+        assert_eq!(service(&plain), None);
+    }
+}

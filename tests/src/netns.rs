@@ -1,0 +1,253 @@
+//! Network namespaces: created with `ip netns add`, deleted (after ending the
+//! processes started inside) when their guard drops, even when a test fails.
+//!
+//! Two ways to act inside a namespace:
+//! - [`NetNs::command`]: a process under `ip netns exec` (the gateway, `ip`,
+//!   `sysctl`);
+//! - [`NetNs::run_in`] / [`NetNs::spawn_in`]: a thread of this process that
+//!   first enters the namespace (setns(2) acts per thread). Sockets it opens
+//!   stay in the namespace for their whole life, wherever they are used
+//!   afterwards, which lets one test hold thousands of pod sockets without a
+//!   process per pod.
+
+use std::fs::File;
+use std::process::{Command, Output, Stdio};
+use std::thread::JoinHandle;
+
+use crate::error::{LabError, Result};
+use crate::sys;
+
+/// Runs `cmd`, returns its stdout; fails with its stderr if it exits non-zero.
+pub fn run(cmd: &mut Command) -> Result<String> {
+    let line = describe(cmd);
+    let out: Output =
+        cmd.stdin(Stdio::null()).output().map_err(|source| LabError::Spawn { cmd: line.clone(), source })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(LabError::Command {
+            cmd: line,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// A command line as text, for error messages.
+pub fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// A network namespace. When created by [`NetNs::create`], dropping the
+/// guard ends every process inside it and deletes it.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+    owned: bool,
+}
+
+impl NetNs {
+    /// Creates namespace `name` with its loopback up. Fails if it exists.
+    pub fn create(name: &str) -> Result<Self> {
+        run(Command::new("ip").args(["netns", "add", name]))?;
+        let ns = Self { name: name.to_string(), owned: true };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// Refers to an existing namespace without owning it (dropping this
+    /// deletes nothing): the lab CLI's `demo` uses the namespaces `up` made.
+    pub fn existing(name: &str) -> Result<Self> {
+        let path = format!("/run/netns/{name}");
+        if !std::path::Path::new(&path).exists() {
+            return Err(LabError::io(format!("namespace {name}"), std::io::ErrorKind::NotFound.into()));
+        }
+        Ok(Self { name: name.to_string(), owned: false })
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `ip -n NAME ARGS...`; returns its stdout.
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        run(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
+    /// Runs many `ip` commands (one per line, without the leading `ip`) in
+    /// the namespace with one process (`ip -n NAME -batch -`); stops at the
+    /// first failure.
+    pub fn ip_batch(&self, lines: &[String]) -> Result<()> {
+        use std::io::Write;
+        let mut cmd = Command::new("ip");
+        cmd.args(["-n", &self.name, "-batch", "-"]);
+        let line = format!("{} <<< {:?}", describe(&cmd), lines);
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| LabError::Spawn { cmd: line.clone(), source })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let text = lines.join("\n") + "\n";
+            stdin.write_all(text.as_bytes()).map_err(|e| LabError::io(format!("write to {line}"), e))?;
+        }
+        let out = child.wait_with_output().map_err(|e| LabError::io(format!("wait for {line}"), e))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(LabError::Command {
+                cmd: line,
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            })
+        }
+    }
+
+    /// A command that runs `program` inside the namespace (`ip netns exec`).
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Runs `argv` inside the namespace; returns its stdout.
+    pub fn exec(&self, argv: &[&str]) -> Result<String> {
+        let Some((program, args)) = argv.split_first() else {
+            return Ok(String::new());
+        };
+        run(self.command(program).args(args))
+    }
+
+    /// Sets a sysctl inside the namespace (`net.*` keys are per namespace).
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
+        self.exec(&["sysctl", "-q", "-w", &format!("{key}={value}")]).map(|_| ())
+    }
+
+    /// The interface index of `dev` in this namespace.
+    pub fn ifindex(&self, dev: &str) -> Result<u32> {
+        let out = self.ip(&["-o", "link", "show", "dev", dev])?;
+        out.split(':')
+            .next()
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| LabError::Unexpected { from: format!("ip -n {} link show {dev}", self.name), got: out })
+    }
+
+    fn open(&self) -> Result<File> {
+        let path = format!("/run/netns/{}", self.name);
+        File::open(&path).map_err(|e| LabError::io(format!("open {path}"), e))
+    }
+
+    /// Runs `f` on a thread that is inside the namespace, and waits for it.
+    pub fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
+        let file = self.open()?;
+        let name = &self.name;
+        std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                sys::enter_netns(&file).map_err(|e| LabError::io(format!("setns into {name}"), e))?;
+                Ok(f())
+            });
+            match h.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
+    /// Starts `f` on a new thread inside the namespace (a server loop).
+    pub fn spawn_in<T: Send + 'static>(
+        &self,
+        thread_name: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<JoinHandle<Result<T>>> {
+        let file = self.open()?;
+        let name = self.name.clone();
+        std::thread::Builder::new()
+            .name(thread_name.to_string())
+            .spawn(move || {
+                sys::enter_netns(&file).map_err(|e| LabError::io(format!("setns into {name}"), e))?;
+                Ok(f())
+            })
+            .map_err(|e| LabError::io("spawn thread", e))
+    }
+
+    /// The ids of the processes whose network namespace this is.
+    pub fn pids(&self) -> Vec<u32> {
+        let me = std::process::id();
+        run(Command::new("ip").args(["netns", "pids", &self.name]))
+            .map(|s| s.split_whitespace().filter_map(|p| p.parse().ok()).filter(|&p| p != me).collect())
+            .unwrap_or_default()
+    }
+
+    /// Ends every process inside the namespace (processes the lab started
+    /// there: gateway, server): SIGTERM, then SIGKILL after a second.
+    pub fn kill_processes(&self) {
+        for sig in ["-TERM", "-KILL"] {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
+            }
+            for pid in &pids {
+                let _ = Command::new("kill").args([sig, &pid.to_string()]).stderr(Stdio::null()).status();
+            }
+            for _ in 0..50 {
+                if self.pids().is_empty() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Stops owning the namespace: dropping the guard leaves it in place
+    /// (the lab CLI's `up` hands it to a later `down`).
+    pub fn disown(&mut self) {
+        self.owned = false;
+    }
+
+    /// Ends the processes inside and deletes the namespace now.
+    pub fn delete(mut self) {
+        self.cleanup();
+        self.owned = false;
+    }
+
+    fn cleanup(&self) {
+        self.kill_processes();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).stderr(Stdio::null()).status();
+    }
+
+    /// Deletes every namespace whose name starts with `prefix` (ending the
+    /// processes inside first); `lab down` and stale-lab cleanup use it.
+    pub fn delete_all_with_prefix(prefix: &str) -> Vec<String> {
+        let mut gone = Vec::new();
+        for name in list() {
+            if name.starts_with(prefix) {
+                let ns = Self { name: name.clone(), owned: false };
+                ns.cleanup();
+                gone.push(name);
+            }
+        }
+        gone
+    }
+}
+
+/// The names of every network namespace `ip netns` knows.
+pub fn list() -> Vec<String> {
+    run(Command::new("ip").args(["netns", "list"]))
+        .map(|s| s.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        if self.owned {
+            self.cleanup();
+        }
+    }
+}

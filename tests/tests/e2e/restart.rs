@@ -1,0 +1,72 @@
+//! SIGKILL leaves nothing behind: the XDP program is attached through a
+//! bpf_link owned by the daemon, so the kernel detaches it when the process
+//! dies (no "File exists" on the next attach); a restarted gateway works.
+
+use std::time::{Duration, Instant};
+
+use egret_tests::client;
+use egret_tests::lab::LabOptions;
+use egret_tests::plan::{self, Pod};
+
+fn xdp_attached(h: &egret_tests::harness::Harness) -> Vec<String> {
+    let out = h.lab.gateway_ns().ip(&["-d", "link", "show"]).unwrap();
+    let mut attached = Vec::new();
+    let mut dev = String::new();
+    for line in out.lines() {
+        if !line.starts_with(' ') {
+            dev = line.split(':').nth(1).unwrap_or_default().trim().split('@').next().unwrap_or_default().to_string();
+        }
+        if line.contains(" xdp") || line.contains("prog/xdp") {
+            attached.push(dev.clone());
+        }
+    }
+    attached.sort();
+    attached.dedup();
+    attached
+}
+
+#[test]
+fn sigkill_detaches_xdp_and_restart_recovers() {
+    let name = "sigkill_detaches_xdp_and_restart_recovers";
+    let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
+    let mut want: Vec<String> = h.lab.gateway_interfaces().iter().map(|(n, _)| n.to_string()).collect();
+    want.sort();
+    assert_eq!(xdp_attached(&h), want, "XDP attached on every gateway interface while running");
+    let r = client::udp_echo(h.lab.pod(Pod::A), Pod::A.echo_endpoint(), "before").unwrap();
+    assert_eq!(r.seen.ip(), std::net::IpAddr::from(plan::E1));
+
+    let status = h.gw.kill().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "killed by SIGKILL: {status}");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !xdp_attached(&h).is_empty() {
+        assert!(Instant::now() < deadline, "XDP still attached after SIGKILL: {:?}", xdp_attached(&h));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let t = Instant::now();
+    h.gw.restart().unwrap();
+    eprintln!("{name}: restarted and ready in {:?}", t.elapsed());
+    assert_eq!(xdp_attached(&h), want, "XDP attached again");
+    for pod in [Pod::A, Pod::C] {
+        let r = client::udp_echo(h.lab.pod(pod), pod.echo_endpoint(), &format!("after-{}", pod.name())).unwrap();
+        assert_eq!(Some(r.seen.ip()), pod.egress(), "{pod:?} after restart");
+        let r = client::http(h.lab.pod(pod), pod.http_endpoint(), "/after", 0).unwrap();
+        assert_eq!(Some(r.seen.ip()), pod.egress(), "{pod:?} TCP after restart");
+    }
+    h.finish(&[]).unwrap();
+}
+
+/// While the daemon is dead (between a crash and its restart) its bpf_link is
+/// gone, so no XDP program steers anything, and the gateway's kernel would
+/// forward the selected pods' traffic with their own addresses. The
+/// fail-closed nftables rules the daemon left behind (controlplane
+/// failclosed.rs) drop it instead: nothing leaves with a pod address.
+#[test]
+fn dead_gateway_does_not_leak() {
+    let name = "dead_gateway_does_not_leak";
+    let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
+    h.gw.kill().unwrap();
+    // Whether or not an answer comes back, nothing may leave with pod A's address.
+    let _ = client::udp_echo(h.lab.pod(Pod::A), Pod::A.echo_endpoint(), "while-dead");
+    h.finish(&[]).unwrap();
+}

@@ -1,0 +1,395 @@
+//! Shared helpers of the Kubernetes integration tests (`k8s_*.rs`): a fake
+//! `TablesSink` that records every applied spec with its time, cluster
+//! fixtures (namespaces, Nodes, Pods with a patched IP, LoadBalancer Services
+//! with a patched ingress IP), the CRDs from `deploy/crds/`, gateway control
+//! planes run as tasks, and a TCP proxy that can cut one gateway off from the
+//! API server.
+
+#![allow(dead_code, clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use egret_controlplane::k8s::{run, K8sOptions};
+use egret_controlplane::sink::{ApplyError, TablesSink};
+use egret_dataplane::tables::TablesSpec;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// One `apply` or `announce` the fake sink received.
+#[derive(Clone, Debug)]
+pub enum SinkEvent {
+    Apply(TablesSpec),
+    Announce(Vec<IpAddr>),
+}
+
+/// Records what a gateway's control plane asked of its dataplane.
+#[derive(Debug, Default)]
+pub struct FakeSink {
+    pub log: Mutex<Vec<(Instant, SinkEvent)>>,
+}
+
+impl TablesSink for FakeSink {
+    fn apply(&self, spec: &TablesSpec) -> Result<(), ApplyError> {
+        self.log.lock().unwrap().push((Instant::now(), SinkEvent::Apply(spec.clone())));
+        Ok(())
+    }
+
+    fn announce(&self, ips: &[IpAddr]) {
+        self.log.lock().unwrap().push((Instant::now(), SinkEvent::Announce(ips.to_vec())));
+    }
+}
+
+impl FakeSink {
+    /// The last applied spec.
+    pub fn last(&self) -> Option<TablesSpec> {
+        self.log.lock().unwrap().iter().rev().find_map(|(_, e)| match e {
+            SinkEvent::Apply(s) => Some(s.clone()),
+            SinkEvent::Announce(_) => None,
+        })
+    }
+
+    /// The egress IPs of the last applied spec.
+    pub fn held(&self) -> BTreeSet<IpAddr> {
+        self.last().map(|s| s.egress_ips.iter().map(|e| e.ip).collect()).unwrap_or_default()
+    }
+
+    /// Every announced address.
+    pub fn announced(&self) -> BTreeSet<IpAddr> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(_, e)| match e {
+                SinkEvent::Announce(v) => Some(v.clone()),
+                SinkEvent::Apply(_) => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// The intervals during which `ip` was in the applied egress IPs
+    /// (an open interval ends at `until`).
+    pub fn intervals(&self, ip: IpAddr, until: Instant) -> Vec<(Instant, Instant)> {
+        let mut out = Vec::new();
+        let mut start: Option<Instant> = None;
+        for (t, e) in self.log.lock().unwrap().iter() {
+            let SinkEvent::Apply(s) = e else { continue };
+            let has = s.egress_ips.iter().any(|e| e.ip == ip);
+            match (has, start) {
+                (true, None) => start = Some(*t),
+                (false, Some(s0)) => {
+                    out.push((s0, *t));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(s0) = start {
+            out.push((s0, until));
+        }
+        out
+    }
+
+    /// When `ip` last left the applied egress IPs.
+    pub fn removed_at(&self, ip: IpAddr) -> Option<Instant> {
+        let iv = self.intervals(ip, Instant::now() + Duration::from_secs(3600));
+        iv.iter().rev().find(|(_, e)| *e < Instant::now() + Duration::from_secs(1800)).map(|(_, e)| *e)
+    }
+
+    /// When `ip` first entered the applied egress IPs at or after `after`.
+    pub fn added_after(&self, ip: IpAddr, after: Instant) -> Option<Instant> {
+        self.intervals(ip, Instant::now()).iter().map(|(s, _)| *s).find(|s| *s >= after)
+    }
+}
+
+/// Asserts that no two sinks had `ip` at the same time. Each sink's last
+/// interval ends at its `until` (the kill of a crashed gateway: its
+/// dataplane is gone with it).
+pub fn assert_never_shared(ip: IpAddr, sinks: &[(&str, &FakeSink, Instant)]) {
+    for (i, (na, a, ua)) in sinks.iter().enumerate() {
+        for (nb, b, ub) in sinks.iter().skip(i + 1) {
+            for (a0, a1) in a.intervals(ip, *ua) {
+                for (b0, b1) in b.intervals(ip, *ub) {
+                    assert!(a1 <= b0 || b1 <= a0, "{ip} held by {na} {a0:?}..{a1:?} and {nb} {b0:?}..{b1:?} at once");
+                }
+            }
+        }
+    }
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Installs the generated CRDs from `deploy/crds/` and waits until they are Established.
+pub async fn install_crds(client: &kube::Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("deploy/crds") {
+        let path = entry.expect("dir entry").path();
+        let text = std::fs::read_to_string(&path).expect("read CRD");
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("CRD yaml");
+        names.push(crd.metadata.name.clone().expect("CRD name"));
+        crds.create(&PostParams::default(), &crd).await.unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    }
+    for name in names {
+        wait_for(&format!("CRD {name} Established"), WAIT, || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let crd = crds.get(&name).await.ok()?;
+                let ok = crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True");
+                ok.then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+pub async fn namespace(client: &kube::Client, name: &str, labels: serde_json::Value) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+    api.create(&PostParams::default(), &ns).await.expect("create namespace");
+}
+
+pub async fn node(client: &kube::Client, name: &str, labels: serde_json::Value) {
+    let api: Api<Node> = Api::all(client.clone());
+    let n: Node = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
+    api.create(&PostParams::default(), &n).await.expect("create node");
+}
+
+/// A Pod with its IP patched in (no kubelet runs).
+pub async fn pod(client: &kube::Client, ns: &str, name: &str, labels: serde_json::Value, ip: &str) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &p).await.expect("create pod");
+    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("patch pod status");
+}
+
+/// An annotated LoadBalancer Service with its ingress IP patched in.
+pub async fn lb_service(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    selector: serde_json::Value,
+    ports: &[u16],
+    vip: &str,
+) {
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let ports: Vec<serde_json::Value> =
+        ports.iter().map(|p| json!({"name": format!("p{p}"), "port": p, "protocol": "TCP"})).collect();
+    let s: Service = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"egret.dev/egress": "true"}},
+        "spec": {"type": "LoadBalancer", "selector": selector, "ports": ports}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &s).await.expect("create service");
+    let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": vip}]}}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("patch service status");
+}
+
+/// A gateway control plane running as a task.
+pub struct Gateway {
+    pub name: String,
+    pub sink: Arc<FakeSink>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Gateway {
+    pub fn start(client: kube::Client, name: &str, lease_ns: &str) -> Gateway {
+        let sink = Arc::new(FakeSink::default());
+        let mut opts = K8sOptions::new(name);
+        opts.lease_namespace = lease_ns.into();
+        let (tx, rx) = oneshot::channel::<()>();
+        let s: Arc<dyn TablesSink> = sink.clone();
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = rx.await;
+            };
+            run(client, opts, s, shutdown).await.expect("control plane");
+        });
+        Gateway { name: name.into(), sink, stop: Some(tx), task: Some(task) }
+    }
+
+    /// Crash: the task is dropped where it stands (no release).
+    pub fn kill(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+
+    /// Graceful stop: fences and releases its Leases.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(WAIT, t).await;
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A TCP proxy in front of the API server; `cut` severs every connection
+/// and refuses new ones.
+pub struct Proxy {
+    pub port: u16,
+    accept: JoinHandle<()>,
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: std::net::SocketAddr) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("proxy addr").port();
+        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let c2 = conns.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let h = tokio::spawn(async move {
+                    if let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+                c2.lock().unwrap().push(h);
+            }
+        });
+        Proxy { port, accept, conns }
+    }
+
+    pub fn cut(&self) {
+        self.accept.abort();
+        for h in self.conns.lock().unwrap().drain(..) {
+            h.abort();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+/// A client that reaches the API server through `proxy_port` instead.
+pub async fn client_via(kubeconfig: &std::path::Path, proxy_port: u16) -> (kube::Client, std::net::SocketAddr) {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
+    let host = cfg.cluster_url.host().expect("host").to_string();
+    let port = cfg.cluster_url.port_u16().expect("port");
+    let upstream: std::net::SocketAddr = format!("{host}:{port}").parse().expect("upstream address");
+    cfg.cluster_url = format!("https://{host}:{proxy_port}").parse().expect("proxy url");
+    (kube::Client::try_from(cfg).expect("client"), upstream)
+}
+
+/// The API server's address from a kubeconfig.
+pub async fn upstream(kubeconfig: &std::path::Path) -> std::net::SocketAddr {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
+    let host = cfg.cluster_url.host().expect("host").to_string();
+    let port = cfg.cluster_url.port_u16().expect("port");
+    format!("{host}:{port}").parse().expect("upstream address")
+}
+
+/// The harness's kubectl, if it was built.
+pub fn kubectl() -> Option<std::path::PathBuf> {
+    let p = std::path::PathBuf::from(std::env::var("EGRET_CACHE").unwrap_or_else(|_| "/var/cache/egret".into()))
+        .join("kube-apiserver-1.20.2/kubectl");
+    p.exists().then_some(p)
+}
+
+/// The YAML documents of a manifest file as dynamic objects.
+pub fn documents(text: &str) -> Vec<kube::api::DynamicObject> {
+    text.split("\n---")
+        .map(|d| d.trim())
+        .filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "---"))
+        .map(|d| serde_yaml::from_str::<kube::api::DynamicObject>(d).unwrap_or_else(|e| panic!("{e}:\n{d}")))
+        .collect()
+}
+
+/// Server-side applies `obj` (for real, or as a dry run).
+pub async fn apply_object(
+    client: &kube::Client,
+    discovery: &kube::discovery::Discovery,
+    source: &str,
+    obj: &kube::api::DynamicObject,
+    dry_run: bool,
+) {
+    use kube::discovery::Scope;
+    let types = obj.types.as_ref().unwrap_or_else(|| panic!("{source}: object without apiVersion/kind"));
+    let gvk = kube::core::GroupVersionKind::try_from(types).unwrap();
+    let (ar, caps) = discovery.resolve_gvk(&gvk).unwrap_or_else(|| panic!("{source}: unknown kind {gvk:?}"));
+    let name = obj.metadata.name.clone().unwrap_or_else(|| panic!("{source}: no name"));
+    let api: Api<kube::api::DynamicObject> = match caps.scope {
+        Scope::Namespaced => {
+            let ns = obj.metadata.namespace.clone().unwrap_or_else(|| panic!("{source}: {name} has no namespace"));
+            Api::namespaced_with(client.clone(), &ns, &ar)
+        }
+        Scope::Cluster => Api::all_with(client.clone(), &ar),
+    };
+    let mut pp = PatchParams::apply("egret-manifest-test");
+    if dry_run {
+        pp = pp.dry_run();
+    }
+    api.patch(&name, &pp, &Patch::Apply(obj)).await.unwrap_or_else(|e| panic!("{source}: {} {name}: {e}", gvk.kind));
+}
+
+/// Applies `deploy/manifests/10-rbac.yaml` for real and returns a client
+/// that authenticates as its ServiceAccount (a token from the TokenRequest
+/// API), so the control plane runs with exactly the deployed privileges.
+pub async fn gateway_service_account_client(admin: &kube::Client, kubeconfig: &std::path::Path) -> kube::Client {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let discovery = kube::discovery::Discovery::new(admin.clone()).run().await.expect("discovery");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests/10-rbac.yaml");
+    for obj in documents(&std::fs::read_to_string(&path).expect("rbac manifest")) {
+        apply_object(admin, &discovery, "10-rbac.yaml", &obj, false).await;
+    }
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "egret-system");
+    let req = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": []}});
+    let tr: TokenRequest =
+        sas.create_subresource("token", "egret-gateway", &PostParams::default(), &req).await.expect("token request");
+    let token = tr.status.expect("token status").token;
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
+    cfg.auth_info = serde_json::from_value(json!({"token": token})).expect("auth info");
+    kube::Client::try_from(cfg).expect("service account client")
+}
