@@ -54,6 +54,9 @@ pub struct GatewayConfig {
     pub egress_ips: Vec<EgressIp>,
     /// Policies.
     pub policies: Vec<Policy>,
+    /// `xdp.fastPath`: established flows translated in XDP (the daemon's
+    /// default, on).
+    pub fast_path: bool,
     /// Extra YAML appended verbatim (a `nat:` section, say).
     pub extra: String,
 }
@@ -88,6 +91,7 @@ impl GatewayConfig {
                     egress_ips: p.egress_ips.clone(),
                 })
                 .collect(),
+            fast_path: true,
             extra: String::new(),
         }
     }
@@ -116,7 +120,7 @@ impl GatewayConfig {
         for (name, role) in &self.interfaces {
             y += &format!("  - name: {name}\n    role: {role}\n");
         }
-        y += &format!("xdp:\n  mode: {}\n", self.xdp_mode);
+        y += &format!("xdp:\n  mode: {}\n  fastPath: {}\n", self.xdp_mode, self.fast_path);
         // Normal priority: the lab shares two cores with the tests.
         y += "workers:\n  realtimePriority: 0\n";
         y += "egressIPs:\n";
@@ -246,6 +250,16 @@ impl Counters {
     /// layout of the JSON, per worker or total, does not matter).
     pub fn get(&self, name: &str) -> u64 {
         self.0.iter().filter(|(k, _)| k.rsplit('.').next() == Some(name)).map(|(_, v)| *v).sum()
+    }
+
+    /// The counter at exactly `path` (0 when absent).
+    pub fn get_path(&self, path: &str) -> u64 {
+        self.0.get(path).copied().unwrap_or(0)
+    }
+
+    /// Frames the XDP fast path translated (`fast_path.packets.hit`).
+    pub fn fast_path_hits(&self) -> u64 {
+        self.get_path("fast_path.packets.hit")
     }
 
     /// What changed from `before` to `self`, counters that grew only.
