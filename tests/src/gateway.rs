@@ -59,6 +59,10 @@ pub struct GatewayConfig {
     pub fast_path: bool,
     /// Extra YAML appended verbatim (a `nat:` section, say).
     pub extra: String,
+    /// Not YAML: engine time runs this many times faster than real time
+    /// (`EGRET_TEST_CLOCK_SCALE`, tests only), so RFC-minimum timeouts pass
+    /// in seconds.
+    pub clock_scale: Option<u32>,
 }
 
 impl GatewayConfig {
@@ -93,6 +97,7 @@ impl GatewayConfig {
                 .collect(),
             fast_path: true,
             extra: String::new(),
+            clock_scale: None,
         }
     }
 
@@ -409,6 +414,7 @@ impl Gateway {
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env("EGRET_TEST_CLOCK_SCALE", self.current.clock_scale.unwrap_or(1).to_string())
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);

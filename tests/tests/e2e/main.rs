@@ -30,6 +30,7 @@ macro_rules! both_tiers {
     };
 }
 
+mod fastpath;
 mod flows;
 mod inbound;
 mod ipv6;
