@@ -751,8 +751,24 @@ fn bpf_fib_lookup_is_refused_to_the_gateways_licence() {
     // "GPL" it loads; with the gateway's "Apache-2.0" the verifier refuses
     // it (bpf_fib_lookup is a GPL-only helper). The gateway's build does not
     // reference the helper and loads under Apache-2.0 (every other test).
+    //
+    // libbpf prints the verifier's refusal (about 300 lines, ending "BPF
+    // program load failed: Invalid argument") through its print callback:
+    // collected here instead, so the expected refusal does not look like a
+    // failure in the test output, and checked for the reason.
+    static LOG: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+    fn collect(_: libbpf_rs::PrintLevel, msg: String) {
+        LOG.lock().unwrap_or_else(|e| e.into_inner()).push_str(&msg);
+    }
     let gpl = SteeringProgram::load_variant(ProgramVariant::FibLookup, LoadOptions::default());
     assert!(gpl.is_ok(), "{:?}", gpl.err());
+    let previous = libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Warn, collect)));
     let apache = SteeringProgram::load_variant(ProgramVariant::FibLookupApacheLicensed, LoadOptions::default());
+    libbpf_rs::set_print(previous);
+    let log = std::mem::take(&mut *LOG.lock().unwrap_or_else(|e| e.into_inner()));
     assert!(matches!(apache, Err(egret_bpf::BpfError::Load(_))), "{:?}", apache.err());
+    assert!(
+        log.contains("cannot call GPL-restricted function from non-GPL compatible program"),
+        "refused for another reason:\n{log}"
+    );
 }
