@@ -398,10 +398,11 @@ pub mod render {
                     ep(&r.remote, r.remote_port),
                     r.idle_secs.to_string(),
                     if r.state.is_empty() { "-".into() } else { r.state.clone() },
+                    if r.offloaded { "xdp".into() } else { "workers".into() },
                 ]
             })
             .collect();
-        table(&["PROTO", "POD", "EGRESS", "REMOTE", "IDLE", "STATE"], &rows)
+        table(&["PROTO", "POD", "EGRESS", "REMOTE", "IDLE", "STATE", "PATH"], &rows)
     }
 }
 

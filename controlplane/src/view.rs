@@ -232,6 +232,10 @@ pub struct SessionRow {
     pub idle_secs: u64,
     /// TCP phase, "" for others.
     pub state: String,
+    /// Installed in the XDP fast path: its packets bypass the workers (the
+    /// idle time then counts from the last packet a worker saw).
+    #[serde(default)]
+    pub offloaded: bool,
 }
 
 /// Which sessions to list.

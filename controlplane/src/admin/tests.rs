@@ -24,6 +24,7 @@ fn sessions() -> Vec<SessionRow> {
         remote_port: 53,
         idle_secs: 3,
         state: state.into(),
+        offloaded: state == "established",
     };
     vec![
         s("udp", "198.18.0.7", 40000, "203.0.113.10", 40000, ""),
@@ -184,9 +185,9 @@ fn tables_for_people() {
     );
     assert_eq!(
         render::sessions(&Fake.sessions(&SessionFilter { pod: Some(ip("198.18.0.7")), ..Default::default() })),
-        "PROTO  POD               EGRESS              REMOTE           IDLE  STATE\n\
-         udp    198.18.0.7:40000  203.0.113.10:40000  198.51.100.1:53  3     -\n\
-         tcp    198.18.0.7:40001  203.0.113.10:40001  198.51.100.1:53  3     established\n"
+        "PROTO  POD               EGRESS              REMOTE           IDLE  STATE        PATH\n\
+         udp    198.18.0.7:40000  203.0.113.10:40000  198.51.100.1:53  3     -            workers\n\
+         tcp    198.18.0.7:40001  203.0.113.10:40001  198.51.100.1:53  3     established  xdp\n"
     );
     let c = render::counters(&Fake.counters());
     assert!(c.starts_with("forwarded 20  answered 1  misdirected 1  announcements 2\n"), "{c}");

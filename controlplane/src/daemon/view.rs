@@ -42,6 +42,7 @@ fn sessions_of<A: NatAddr + PolicyFamily + Into<IpAddr>>(
             remote_port: t.remote_port,
             idle_secs: u64::from(now.saturating_sub(v.last_seen)),
             state: if t.proto == 6 { tcp_state::phase(v.tcp).name().into() } else { String::new() },
+            offloaded: v.offload & egret_dataplane::nat::session::offload::INSTALLED != 0,
         };
         if filter.matches(&row) {
             out.push(row);

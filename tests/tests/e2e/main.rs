@@ -86,6 +86,20 @@ pub fn established_flows(h: &Harness, pod: egret_tests::plan::Pod, rounds: usize
         })
         .unwrap();
     }
+    // `egret sessions` says which path each session takes.
+    let offloaded = h
+        .gw
+        .admin()
+        .sessions_json(1000)
+        .unwrap()
+        .iter()
+        .filter(|r| r["pod"].as_str() == Some(&pod.addr().to_string()) && r["offloaded"].as_bool() == Some(true))
+        .count();
+    if fast {
+        assert!(offloaded >= 2, "{pod:?}: `egret sessions` shows {offloaded} sessions in XDP");
+    } else {
+        assert_eq!(offloaded, 0, "{pod:?}: fast path off, yet sessions shown in XDP");
+    }
     let mid = h.counters().unwrap();
     for i in 0..rounds {
         let r = tcp.line(&format!("{}-tcp-{i}", pod.name())).unwrap();
