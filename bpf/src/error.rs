@@ -154,4 +154,26 @@ pub enum BpfError {
         /// How many slots the program was loaded with.
         slots: u32,
     },
+
+    /// A fast-path session map is full (`E2BIG`): the session stays in
+    /// userspace.
+    #[error("fast-path map {map} is full")]
+    FastPathFull {
+        /// The map's name.
+        map: &'static str,
+    },
+
+    /// A fast-path map operation failed.
+    #[error("{op} of key {key} in map {map} failed")]
+    FastPathOp {
+        /// The map's name.
+        map: &'static str,
+        /// `update`, `delete` or `lookup`.
+        op: &'static str,
+        /// The key, written for a human.
+        key: String,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
 }

@@ -7,6 +7,8 @@
 //!   and argued in `docs/adr/0003-xdp-steering.md`.
 //! - [`maps`]: `#[repr(C)]` twins of the map keys and values, and
 //!   [`VerdictReason`], checked against the object's BTF and `verdict.h`.
+//! - [`fast_path`]: the fast path's map layouts (session entries per
+//!   direction, next hops) and [`FastPathReason`], checked the same way.
 //! - [`loader`]: [`SteeringProgram`]: load with sizes, attach through a
 //!   bpf_link, update the maps, read the counters, test-run frames.
 //!
@@ -14,12 +16,16 @@
 //! [`SrcPrefix`]/[`DstRule`] lists already compiled to two LPM levels.
 
 mod error;
+pub mod fast_path;
 mod link;
 pub mod loader;
 pub mod maps;
+mod raw_map;
 
 pub use error::BpfError;
 pub use loader::{
-    Action, DstRule, LoadOptions, PolicyEntryCounts, SrcPrefix, SteeringProgram, TestRunOutput, XdpLink, XdpMode,
+    Action, DstRule, LoadOptions, PolicyEntryCounts, ProgramVariant, SrcPrefix, SteeringProgram, TestRunOutput, XdpLink, XdpMode,
 };
+pub use fast_path::{FastPathReason, FpEntryV4, FpEntryV6, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite, FpTraffic};
+pub use raw_map::monotonic_ns;
 pub use maps::{OwnedAddr, VerdictReason, XdpAction, OWNED_NAT, OWNED_NEIGH, XSK_QUEUES_PER_SLOT};

@@ -7,6 +7,10 @@
 //! process dies, so a crashed gateway never leaves a program steering frames
 //! to sockets that no longer exist.
 //!
+//! The fast path's maps (`fp_*`, docs/adr/0005-xdp-fast-path.md) are written
+//! through the `fp_*` methods: session entries per direction, the next-hop
+//! table, the on/off switch, and its counters.
+//!
 //! Policy replacement is two-generation: the loader owns the top bit of every
 //! class id in the maps. A replacement writes the new generation's
 //! (class, destination) rules first, then points the source prefixes at the
@@ -25,7 +29,12 @@ use ipnet::IpNet;
 use libbpf_rs::{ErrorKind, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, ProgramInput};
 
 use crate::error::BpfError;
+use crate::fast_path::{
+    FastPathReason, FpConfig, FpEntryV4, FpEntryV6, FpKeyV4, FpKeyV6, FpNextHop, FpTraffic, FP_ENTRY_V4_LEN,
+    FP_ENTRY_V6_LEN, FP_NEXT_HOP_LEN, POLICY_SLOTS,
+};
 use crate::link::create_xdp_link;
+use crate::raw_map;
 use crate::maps::{
     In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key, PolicySrcV6Key,
     VerdictReason, XdpAction, XskSlot, POLICY_EXCLUDE, POLICY_STEER, XSK_QUEUES_PER_SLOT,
@@ -33,6 +42,25 @@ use crate::maps::{
 
 /// The compiled steering object, built by build.rs.
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
+
+/// The fast path's measurement variant (next hops from `bpf_fib_lookup`,
+/// GPL-only helper): for tests and the ADR's measurement, never the gateway.
+static OBJECT_FIB_LOOKUP: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer_fib.bpf.o"));
+
+/// The same variant with the gateway's Apache-2.0 licence string.
+static OBJECT_FIB_LOOKUP_APACHE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer_fib_apache.bpf.o"));
+
+/// Builds of the program (docs/adr/0005-xdp-fast-path.md). Only
+/// [`ProgramVariant::Gateway`] is ever attached by the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgramVariant {
+    /// The gateway's program: fast-path next hops from `fp_next_hops`.
+    Gateway,
+    /// Next hops from `bpf_fib_lookup` per packet; licence string GPL.
+    FibLookup,
+    /// The same with the Apache-2.0 licence string: the verifier refuses it.
+    FibLookupApacheLicensed,
+}
 
 /// The `SEC("xdp")` entry point in steer.bpf.c.
 const PROGRAM: &str = "egret_steer";
@@ -47,6 +75,15 @@ const POLICY_DST_V4: &str = "policy_dst_v4";
 const POLICY_DST_V6: &str = "policy_dst_v6";
 const FRAG_DECISIONS: &str = "frag_decisions";
 const VERDICT_COUNTERS: &str = "verdict_counters";
+const FP_SESSIONS_V4: &str = "fp_sessions_v4";
+const FP_SESSIONS_V6: &str = "fp_sessions_v6";
+const FP_NEXT_HOPS: &str = "fp_next_hops";
+const FP_CONFIG: &str = "fp_config";
+const FP_COUNTERS: &str = "fp_counters";
+const FP_POLICY_TRAFFIC: &str = "fp_policy_traffic";
+
+/// `BPF_ANY` for map updates.
+const BPF_ANY: u64 = 0;
 
 /// The top bit of a class id in the maps names the policy generation.
 const GENERATION_BIT: u32 = 1 << 31;
@@ -67,6 +104,12 @@ pub struct LoadOptions {
     /// `frag_decisions` entries (datagrams in flight whose first fragment
     /// was judged), LRU.
     pub fragments: u32,
+    /// Offloaded sessions per family (`xdp.fastPathSessions`): the session
+    /// maps hold one entry per direction, twice this many. Allocated as used
+    /// (`BPF_F_NO_PREALLOC`).
+    pub fast_path_sessions: u32,
+    /// `fp_next_hops` entries (distinct (interface, next hop) pairs in use).
+    pub fast_path_next_hops: u32,
 }
 
 impl Default for LoadOptions {
@@ -77,6 +120,8 @@ impl Default for LoadOptions {
             policy_sources: 16_384,
             policy_rules: 65_536,
             fragments: 16_384,
+            fast_path_sessions: 262_144,
+            fast_path_next_hops: 4096,
         }
     }
 }
@@ -199,6 +244,12 @@ struct Maps {
     policy_dst_v6: MapHandle,
     frag_decisions: MapHandle,
     verdict_counters: MapHandle,
+    fp_sessions_v4: MapHandle,
+    fp_sessions_v6: MapHandle,
+    fp_next_hops: MapHandle,
+    fp_config: MapHandle,
+    fp_counters: MapHandle,
+    fp_policy_traffic: MapHandle,
 }
 
 /// The loaded steering program and its maps.
@@ -221,18 +272,37 @@ fn map_op(map: &'static str, op: &'static str, key: impl ToString) -> impl FnOnc
 impl SteeringProgram {
     /// Opens the embedded object, sizes its maps and loads it.
     pub fn load(options: LoadOptions) -> Result<Self, BpfError> {
+        Self::load_object(OBJECT, options)
+    }
+
+    /// Loads a build of the program: the fib-lookup variants exist for the
+    /// measurement in docs/adr/0005-xdp-fast-path.md and its tests only.
+    pub fn load_variant(variant: ProgramVariant, options: LoadOptions) -> Result<Self, BpfError> {
+        Self::load_object(
+            match variant {
+                ProgramVariant::Gateway => OBJECT,
+                ProgramVariant::FibLookup => OBJECT_FIB_LOOKUP,
+                ProgramVariant::FibLookupApacheLicensed => OBJECT_FIB_LOOKUP_APACHE,
+            },
+            options,
+        )
+    }
+
+    fn load_object(object: &'static [u8], options: LoadOptions) -> Result<Self, BpfError> {
         let sizes = [
             ("xsk_interfaces", options.xsk_interfaces),
             ("owned_addresses", options.owned_addresses),
             ("policy_sources", options.policy_sources),
             ("policy_rules", options.policy_rules),
             ("fragments", options.fragments),
+            ("fast_path_sessions", options.fast_path_sessions),
+            ("fast_path_next_hops", options.fast_path_next_hops),
         ];
         if let Some((field, _)) = sizes.iter().find(|(_, n)| *n == 0) {
             return Err(BpfError::ZeroMapSize { field });
         }
 
-        let mut open = ObjectBuilder::default().open_memory(OBJECT).map_err(BpfError::Open)?;
+        let mut open = ObjectBuilder::default().open_memory(object).map_err(BpfError::Open)?;
         for mut map in open.maps_mut() {
             let (name, entries) = match map.name().to_str() {
                 Some(XSKS_MAP) => (XSKS_MAP, options.xsk_interfaces.saturating_mul(XSK_QUEUES_PER_SLOT)),
@@ -244,6 +314,9 @@ impl SteeringProgram {
                 Some(POLICY_DST_V4) => (POLICY_DST_V4, options.policy_rules),
                 Some(POLICY_DST_V6) => (POLICY_DST_V6, options.policy_rules),
                 Some(FRAG_DECISIONS) => (FRAG_DECISIONS, options.fragments),
+                Some(FP_SESSIONS_V4) => (FP_SESSIONS_V4, options.fast_path_sessions.saturating_mul(2)),
+                Some(FP_SESSIONS_V6) => (FP_SESSIONS_V6, options.fast_path_sessions.saturating_mul(2)),
+                Some(FP_NEXT_HOPS) => (FP_NEXT_HOPS, options.fast_path_next_hops),
                 _ => continue,
             };
             map.set_max_entries(entries).map_err(|source| BpfError::MapSize { map: name, entries, source })?;
@@ -266,6 +339,12 @@ impl SteeringProgram {
             policy_dst_v6: handle(POLICY_DST_V6)?,
             frag_decisions: handle(FRAG_DECISIONS)?,
             verdict_counters: handle(VERDICT_COUNTERS)?,
+            fp_sessions_v4: handle(FP_SESSIONS_V4)?,
+            fp_sessions_v6: handle(FP_SESSIONS_V6)?,
+            fp_next_hops: handle(FP_NEXT_HOPS)?,
+            fp_config: handle(FP_CONFIG)?,
+            fp_counters: handle(FP_COUNTERS)?,
+            fp_policy_traffic: handle(FP_POLICY_TRAFFIC)?,
         };
         let this = Self { object, maps, options, generation: Mutex::new(0), slots: Mutex::new(Vec::new()) };
         this.program()?;
@@ -496,6 +575,168 @@ impl SteeringProgram {
         Ok(())
     }
 
+    // ------------------------------------------------------------ fast path
+
+    /// Turns rule 0 on or off (`fp_config.enabled`). Off, the program does
+    /// not look sessions up at all.
+    pub fn fp_set_enabled(&self, enabled: bool) -> Result<(), BpfError> {
+        let value = FpConfig { enabled: u32::from(enabled) }.enabled.to_ne_bytes();
+        self.maps
+            .fp_config
+            .update(&0u32.to_ne_bytes(), &value, MapFlags::ANY)
+            .map_err(map_op(FP_CONFIG, "update", "0"))
+    }
+
+    fn fp_update(map: &MapHandle, name: &'static str, key: &[u8], value: &[u8], what: &dyn Fn() -> String) -> Result<(), BpfError> {
+        raw_map::update(map.as_fd(), key, value, BPF_ANY).map_err(|e| match e.raw_os_error() {
+            Some(libc::E2BIG) => BpfError::FastPathFull { map: name },
+            _ => BpfError::FastPathOp { map: name, op: "update", key: what(), source: e },
+        })
+    }
+
+    /// Installs (or replaces) one direction of an IPv4 session. A full map
+    /// is [`BpfError::FastPathFull`].
+    pub fn fp_insert_v4(&self, key: &FpKeyV4, entry: &FpEntryV4) -> Result<(), BpfError> {
+        Self::fp_update(&self.maps.fp_sessions_v4, FP_SESSIONS_V4, &key.to_bytes(), &entry.to_bytes(), &|| format!("{key:?}"))
+    }
+
+    /// Installs (or replaces) one direction of an IPv6 session.
+    pub fn fp_insert_v6(&self, key: &FpKeyV6, entry: &FpEntryV6) -> Result<(), BpfError> {
+        Self::fp_update(&self.maps.fp_sessions_v6, FP_SESSIONS_V6, &key.to_bytes(), &entry.to_bytes(), &|| format!("{key:?}"))
+    }
+
+    /// Removes one direction of an IPv4 session; returns whether it was there.
+    pub fn fp_delete_v4(&self, key: &FpKeyV4) -> Result<bool, BpfError> {
+        raw_map::delete(self.maps.fp_sessions_v4.as_fd(), &key.to_bytes()).map_err(|source| BpfError::FastPathOp {
+            map: FP_SESSIONS_V4,
+            op: "delete",
+            key: format!("{key:?}"),
+            source,
+        })
+    }
+
+    /// Removes one direction of an IPv6 session; returns whether it was there.
+    pub fn fp_delete_v6(&self, key: &FpKeyV6) -> Result<bool, BpfError> {
+        raw_map::delete(self.maps.fp_sessions_v6.as_fd(), &key.to_bytes()).map_err(|source| BpfError::FastPathOp {
+            map: FP_SESSIONS_V6,
+            op: "delete",
+            key: format!("{key:?}"),
+            source,
+        })
+    }
+
+    /// Reads one direction of an IPv4 session (its last-seen stamp).
+    pub fn fp_get_v4(&self, key: &FpKeyV4) -> Result<Option<FpEntryV4>, BpfError> {
+        let mut out = [0u8; FP_ENTRY_V4_LEN];
+        let found = raw_map::lookup(self.maps.fp_sessions_v4.as_fd(), &key.to_bytes(), &mut out).map_err(|source| {
+            BpfError::FastPathOp { map: FP_SESSIONS_V4, op: "lookup", key: format!("{key:?}"), source }
+        })?;
+        Ok(if found { FpEntryV4::from_bytes(&out) } else { None })
+    }
+
+    /// Reads one direction of an IPv6 session.
+    pub fn fp_get_v6(&self, key: &FpKeyV6) -> Result<Option<FpEntryV6>, BpfError> {
+        let mut out = [0u8; FP_ENTRY_V6_LEN];
+        let found = raw_map::lookup(self.maps.fp_sessions_v6.as_fd(), &key.to_bytes(), &mut out).map_err(|source| {
+            BpfError::FastPathOp { map: FP_SESSIONS_V6, op: "lookup", key: format!("{key:?}"), source }
+        })?;
+        Ok(if found { FpEntryV6::from_bytes(&out) } else { None })
+    }
+
+    /// Entries in the two session maps (IPv4, IPv6): walks the maps, so for
+    /// status and tests, not per packet.
+    pub fn fp_entry_counts(&self) -> (usize, usize) {
+        (self.maps.fp_sessions_v4.keys().count(), self.maps.fp_sessions_v6.keys().count())
+    }
+
+    /// Deletes every session entry of both families (the fast path turned
+    /// off, or a test resetting). Returns how many were deleted.
+    pub fn fp_clear(&self) -> Result<usize, BpfError> {
+        let mut n = 0;
+        for (map, name) in [(&self.maps.fp_sessions_v4, FP_SESSIONS_V4), (&self.maps.fp_sessions_v6, FP_SESSIONS_V6)] {
+            let keys: Vec<Vec<u8>> = map.keys().collect();
+            for k in keys {
+                if raw_map::delete(map.as_fd(), &k)
+                    .map_err(|source| BpfError::FastPathOp { map: name, op: "delete", key: hex(&k), source })?
+                {
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Writes next hop `id` (below `LoadOptions::fast_path_next_hops`).
+    pub fn fp_set_next_hop(&self, id: u32, next_hop: &FpNextHop) -> Result<(), BpfError> {
+        raw_map::update(self.maps.fp_next_hops.as_fd(), &id.to_ne_bytes(), &next_hop.to_bytes(), BPF_ANY)
+            .map_err(|source| BpfError::FastPathOp { map: FP_NEXT_HOPS, op: "update", key: id.to_string(), source })
+    }
+
+    /// Reads next hop `id`.
+    pub fn fp_next_hop(&self, id: u32) -> Result<Option<FpNextHop>, BpfError> {
+        let mut out = [0u8; FP_NEXT_HOP_LEN];
+        let found = raw_map::lookup(self.maps.fp_next_hops.as_fd(), &id.to_ne_bytes(), &mut out).map_err(|source| {
+            BpfError::FastPathOp { map: FP_NEXT_HOPS, op: "lookup", key: id.to_string(), source }
+        })?;
+        Ok(if found { FpNextHop::from_bytes(&out) } else { None })
+    }
+
+    /// Every fast-path reason's counter, summed over CPUs, in reason order.
+    pub fn fp_counters(&self) -> Result<Vec<(FastPathReason, u64)>, BpfError> {
+        let mut out = Vec::with_capacity(FastPathReason::ALL.len());
+        for &reason in FastPathReason::ALL {
+            let sum = self.percpu_u64_sum(&self.maps.fp_counters, FP_COUNTERS, reason.index(), reason.name())?;
+            out.push((reason, sum));
+        }
+        Ok(out)
+    }
+
+    fn percpu_u64_sum(&self, map: &MapHandle, name: &'static str, index: u32, what: &str) -> Result<u64, BpfError> {
+        let per_cpu = map
+            .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+            .map_err(map_op(name, "lookup", what.to_string()))?
+            .unwrap_or_default();
+        let mut sum = 0u64;
+        for value in per_cpu {
+            let bytes: [u8; 8] = value.as_slice().try_into().map_err(|_| BpfError::MapValueSize {
+                map: name,
+                key: what.to_string(),
+                len: value.len(),
+                expected: 8,
+            })?;
+            sum = sum.wrapping_add(u64::from_ne_bytes(bytes));
+        }
+        Ok(sum)
+    }
+
+    /// Packets and bytes the fast path translated for policy counter slot
+    /// `slot`, summed over CPUs: `[outbound, inbound]`.
+    pub fn fp_policy_traffic(&self, slot: u16) -> Result<[FpTraffic; 2], BpfError> {
+        let mut out = [FpTraffic::default(); 2];
+        let slot = u32::from(slot).min(POLICY_SLOTS - 1);
+        for (dir, t) in out.iter_mut().enumerate() {
+            let index = slot * 2 + dir as u32;
+            let per_cpu = self
+                .maps
+                .fp_policy_traffic
+                .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+                .map_err(map_op(FP_POLICY_TRAFFIC, "lookup", index))?
+                .unwrap_or_default();
+            for value in per_cpu {
+                let bytes: [u8; 16] = value.as_slice().try_into().map_err(|_| BpfError::MapValueSize {
+                    map: FP_POLICY_TRAFFIC,
+                    key: index.to_string(),
+                    len: value.len(),
+                    expected: 16,
+                })?;
+                let (p, b) = bytes.split_at(8);
+                t.packets = t.packets.wrapping_add(u64::from_ne_bytes(p.try_into().unwrap_or_default()));
+                t.bytes = t.bytes.wrapping_add(u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+            }
+        }
+        Ok(out)
+    }
+
     /// Every reason's counter, summed over CPUs, in reason order.
     pub fn verdict_counters(&self) -> Result<Vec<(VerdictReason, u64)>, BpfError> {
         let mut out = Vec::with_capacity(VerdictReason::ALL.len());
@@ -547,6 +788,25 @@ impl SteeringProgram {
     /// Runs the program `repeat` times on `frame`; `duration` is the
     /// kernel's average per run (used to measure the program's cost).
     pub fn test_run_repeat(&self, frame: &[u8], repeat: u32) -> Result<TestRunOutput, BpfError> {
+        self.test_run_inner(frame, None, repeat)
+    }
+
+    /// Runs the program on `frame` as received on RX queue `queue` of
+    /// interface `ingress_ifindex` of the calling thread's network namespace
+    /// (BPF_PROG_TEST_RUN with an `xdp_md` context; the interface must
+    /// exist). The fast path sends with XDP_TX when its next hop is out of
+    /// that interface.
+    pub fn test_run_on(
+        &self,
+        frame: &[u8],
+        ingress_ifindex: u32,
+        queue: u32,
+        repeat: u32,
+    ) -> Result<TestRunOutput, BpfError> {
+        self.test_run_inner(frame, Some((ingress_ifindex, queue)), repeat)
+    }
+
+    fn test_run_inner(&self, frame: &[u8], ingress: Option<(u32, u32)>, repeat: u32) -> Result<TestRunOutput, BpfError> {
         let program = self
             .object
             .progs_mut()
@@ -554,7 +814,19 @@ impl SteeringProgram {
             .ok_or(BpfError::MissingProgram { program: PROGRAM })?;
         // The program never grows a frame; leave room for the kernel anyway.
         let mut out = vec![0u8; frame.len() + 256];
-        let input = ProgramInput { data_in: Some(frame), data_out: Some(&mut out), repeat, ..Default::default() };
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+        // rx_queue_index, egress_ifindex (u32 each); the kernel requires
+        // data = data_meta = 0 and data_end = the frame's length.
+        let mut ctx = [0u8; 24];
+        if let Some((ifindex, queue)) = ingress {
+            ctx[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+            ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
+            ctx[16..20].copy_from_slice(&queue.to_ne_bytes());
+        }
+        let mut input = ProgramInput { data_in: Some(frame), data_out: Some(&mut out), repeat, ..Default::default() };
+        if ingress.is_some() {
+            input.context_in = Some(&mut ctx);
+        }
         let output = program.test_run(input).map_err(|source| BpfError::TestRun { len: frame.len(), source })?;
         let action = XdpAction::from(output.return_value);
         let frame_out = output.data.map(|d| d.to_vec()).unwrap_or_default();

@@ -277,7 +277,8 @@ pub mod render {
         out
     }
 
-    /// `egret counters`: non-zero drops and events, every XDP verdict that moved, rings.
+    /// `egret counters`: non-zero drops and events, every XDP verdict that
+    /// moved, the fast path's outcomes, rings.
     pub fn counters(c: &Counters) -> String {
         let mut out = format!(
             "forwarded {}  answered {}  misdirected {}  announcements {}\n\n",
@@ -292,6 +293,21 @@ pub mod render {
         out.push('\n');
         out.push_str(&table(&["XDP VERDICT", "FRAMES"], &nonzero(&c.xdp)));
         out.push('\n');
+        let f = &c.fast_path;
+        if f.enabled {
+            out.push_str(&format!(
+                "fast path on: {} IPv4 + {} IPv6 sessions in the kernel, {} next hops ({} updates, {} re-routed)\n\n",
+                f.sessions_v4, f.sessions_v6, f.next_hops, f.next_hop_updates, f.rerouted
+            ));
+            out.push_str(&table(&["FAST PATH", "FRAMES"], &nonzero(&f.packets)));
+            out.push('\n');
+            out.push_str(&table(&["OFFLOAD", "SESSIONS"], &nonzero(&f.offloads)));
+            out.push('\n');
+            out.push_str(&table(&["REMOVAL", "SESSIONS"], &nonzero(&f.removals)));
+            out.push('\n');
+        } else {
+            out.push_str("fast path off (xdp.fastPath: false)\n\n");
+        }
         let rows: Vec<Vec<String>> = c
             .rings
             .iter()
@@ -382,10 +398,11 @@ pub mod render {
                     ep(&r.remote, r.remote_port),
                     r.idle_secs.to_string(),
                     if r.state.is_empty() { "-".into() } else { r.state.clone() },
+                    if r.offloaded { "xdp".into() } else { "workers".into() },
                 ]
             })
             .collect();
-        table(&["PROTO", "POD", "EGRESS", "REMOTE", "IDLE", "STATE"], &rows)
+        table(&["PROTO", "POD", "EGRESS", "REMOTE", "IDLE", "STATE", "PATH"], &rows)
     }
 }
 

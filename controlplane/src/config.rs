@@ -133,9 +133,17 @@ pub struct InterfaceConfig {
 pub struct XdpConfig {
     /// Native or generic attach.
     pub mode: XdpMode,
-    /// Translate established flows in XDP (not implemented yet: issue 5).
+    /// Translate established flows in XDP (docs/fast-path.md).
     pub fast_path: bool,
+    /// Sessions per address family the fast path can hold (its BPF maps
+    /// hold one entry per direction); beyond, sessions stay in userspace.
+    pub fast_path_sessions: u32,
 }
+
+/// Default of `xdp.fastPathSessions`.
+pub const DEFAULT_FAST_PATH_SESSIONS: u32 = 262_144;
+/// Largest `xdp.fastPathSessions` (the maps hold two entries per session).
+pub const MAX_FAST_PATH_SESSIONS: u64 = 1 << 24;
 
 /// `workers:`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -208,6 +216,12 @@ impl GatewayConfig {
         }
         if self.xdp.mode != new.xdp.mode {
             v.push("xdp.mode");
+        }
+        if self.xdp.fast_path != new.xdp.fast_path {
+            v.push("xdp.fastPath");
+        }
+        if self.xdp.fast_path_sessions != new.xdp.fast_path_sessions {
+            v.push("xdp.fastPathSessions");
         }
         if self.workers != new.workers {
             v.push("workers");
@@ -355,11 +369,15 @@ impl Checker<'_> {
                 }
             },
             fast_path: raw.xdp.fast_path.unwrap_or(true),
+            fast_path_sessions: match raw.xdp.fast_path_sessions {
+                None => DEFAULT_FAST_PATH_SESSIONS,
+                Some(n) if (1..=MAX_FAST_PATH_SESSIONS).contains(&n) => n as u32,
+                Some(n) => {
+                    self.invalid("xdp.fastPathSessions", n.to_string(), "must be between 1 and 16777216");
+                    DEFAULT_FAST_PATH_SESSIONS
+                }
+            },
         };
-        if raw.xdp.fast_path == Some(true) {
-            self.warnings
-                .push("xdp.fastPath: true is not implemented yet (issue 5); every frame goes to a worker".into());
-        }
         let workers = self.workers(&raw.workers);
         let nat = self.nat(&raw.nat);
 

@@ -7,6 +7,8 @@
 //! - [`view`]: what the outside sees of a running gateway; [`admin`] (the
 //!   CLI's unix socket) and [`metrics`] (Prometheus, `/ready`) render it.
 //! - [`daemon`]: `egret gateway`: workers, XDP attach, reloads, signals.
+//! - [`offload`]: the XDP fast path's userspace half: installing confirmed
+//!   sessions into the kernel, next hops, expiry stamps, fencing.
 //! - [`sink`]: the seam between configuration sources and the running gateway.
 //! - [`failclosed`]: nftables rules so a stopped gateway never forwards pods' traffic untranslated.
 //! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
@@ -19,5 +21,6 @@ pub mod failclosed;
 pub mod k8s;
 pub mod metrics;
 pub mod netlink;
+pub mod offload;
 pub mod sink;
 pub mod view;

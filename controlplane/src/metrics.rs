@@ -100,6 +100,35 @@ pub fn render(view: &dyn GatewayView) -> String {
         o.sample("xdp_verdicts_total", &[("reason", r)], *n);
     }
 
+    let f = &counters.fast_path;
+    o.family("fastpath_enabled", "gauge", "1 when established flows are translated in XDP (xdp.fastPath).");
+    o.sample("fastpath_enabled", &[], u64::from(f.enabled));
+    o.family("fastpath_sessions", "gauge", "Sessions installed in the XDP fast path per address family.");
+    o.sample("fastpath_sessions", &[("family", "ipv4")], f.sessions_v4);
+    o.sample("fastpath_sessions", &[("family", "ipv6")], f.sessions_v6);
+    o.family("fastpath_next_hops", "gauge", "Next-hop table entries in use.");
+    o.sample("fastpath_next_hops", &[], f.next_hops);
+    o.family(
+        "fastpath_packets_total",
+        "counter",
+        "Frames the fast path looked at, by outcome: hit (translated in XDP), miss, skip_* (not its shape), punt_* (to the engine).",
+    );
+    for (r, n) in &f.packets {
+        o.sample("fastpath_packets_total", &[("outcome", r)], *n);
+    }
+    o.family("fastpath_offloads_total", "counter", "Session installations, by outcome (installed, refused_*, ...).");
+    for (r, n) in &f.offloads {
+        o.sample("fastpath_offloads_total", &[("outcome", r)], *n);
+    }
+    o.family("fastpath_removals_total", "counter", "Installed sessions taken out of the kernel, by cause.");
+    for (r, n) in &f.removals {
+        o.sample("fastpath_removals_total", &[("cause", r)], *n);
+    }
+    o.family("fastpath_next_hop_updates_total", "counter", "Next-hop entries rewritten after neighbour changes.");
+    o.sample("fastpath_next_hop_updates_total", &[], f.next_hop_updates);
+    o.family("fastpath_rerouted_total", "counter", "Session directions moved to another next hop after route changes.");
+    o.sample("fastpath_rerouted_total", &[], f.rerouted);
+
     o.family("sessions", "gauge", "Live sessions per address family.");
     o.sample("sessions", &[("family", "ipv4")], status.sessions.0);
     o.sample("sessions", &[("family", "ipv6")], status.sessions.1);
@@ -234,6 +263,12 @@ mod tests {
             "egret_xsk_rx_frames_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 21",
             "egret_xsk_kernel_rx_ring_full_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 5",
             "egret_frames_misdirected_total 1",
+            "egret_fastpath_enabled 1",
+            "egret_fastpath_sessions{family=\"ipv4\"} 3",
+            "egret_fastpath_packets_total{outcome=\"hit\"} 500",
+            "egret_fastpath_offloads_total{outcome=\"refused_map_full\"} 1",
+            "egret_fastpath_removals_total{cause=\"fenced\"} 2",
+            "egret_fastpath_next_hop_updates_total 1",
             "egret_ready 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");

@@ -141,6 +141,36 @@ pub struct Counters {
     pub rings: Vec<RingStats>,
     /// Gratuitous ARP / unsolicited NA frames sent.
     pub announcements: u64,
+    /// The XDP fast path (docs/fast-path.md).
+    #[serde(default)]
+    pub fast_path: FastPathCounters,
+}
+
+/// The XDP fast path's counters (`egret counters`, `egret_fastpath_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FastPathCounters {
+    /// Whether the fast path is on (`xdp.fastPath`).
+    pub enabled: bool,
+    /// IPv4 sessions installed in the kernel now.
+    pub sessions_v4: u64,
+    /// IPv6 sessions installed in the kernel now.
+    pub sessions_v6: u64,
+    /// Next-hop table entries in use.
+    pub next_hops: u64,
+    /// Frames, by outcome: `hit` (translated in XDP), `miss`, `skip_*` (not
+    /// a shape the fast path translates), `punt_*` (a session matched, the
+    /// engine handles the packet).
+    pub packets: Vec<(String, u64)>,
+    /// Installation attempts by outcome: `installed`, `refused_*`,
+    /// `not_eligible`, `lost_race`, `errors`.
+    pub offloads: Vec<(String, u64)>,
+    /// Installed sessions taken out, by cause: `removed` (with the session),
+    /// `fenced` (before a configuration change), `withdrawn` (route gone).
+    pub removals: Vec<(String, u64)>,
+    /// Next-hop entries rewritten (neighbour or interface changes).
+    pub next_hop_updates: u64,
+    /// Session directions moved to another next hop (route changes).
+    pub rerouted: u64,
 }
 
 /// `egret policies`.
@@ -202,6 +232,10 @@ pub struct SessionRow {
     pub idle_secs: u64,
     /// TCP phase, "" for others.
     pub state: String,
+    /// Installed in the XDP fast path: its packets bypass the workers (the
+    /// idle time then counts from the last packet a worker saw).
+    #[serde(default)]
+    pub offloaded: bool,
 }
 
 /// Which sessions to list.

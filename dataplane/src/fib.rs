@@ -162,6 +162,15 @@ impl Fib {
         }
     }
 
+    /// Every route: (destination, prefix length, route). The XDP fast path's
+    /// offload manager compares these between snapshots to find out when its
+    /// installed next hops must be re-resolved.
+    pub fn routes(&self) -> impl Iterator<Item = (IpAddr, u8, Route)> + '_ {
+        let v4 = self.routes_v4.iter().map(|(p, r)| (IpAddr::V4(p.addr), p.len, *r));
+        let v6 = self.routes_v6.iter().map(|(p, r)| (IpAddr::V6(p.addr), p.len, *r));
+        v4.chain(v6)
+    }
+
     /// Number of routes and neighbours (for metrics).
     pub fn sizes(&self) -> (usize, usize) {
         (self.routes_v4.len() + self.routes_v6.len(), self.neighbors.len())

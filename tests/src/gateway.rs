@@ -54,8 +54,15 @@ pub struct GatewayConfig {
     pub egress_ips: Vec<EgressIp>,
     /// Policies.
     pub policies: Vec<Policy>,
+    /// `xdp.fastPath`: established flows translated in XDP (the daemon's
+    /// default, on).
+    pub fast_path: bool,
     /// Extra YAML appended verbatim (a `nat:` section, say).
     pub extra: String,
+    /// Not YAML: engine time runs this many times faster than real time
+    /// (`EGRET_TEST_CLOCK_SCALE`, tests only), so RFC-minimum timeouts pass
+    /// in seconds.
+    pub clock_scale: Option<u32>,
     /// Kubernetes mode: the `kubernetes:` section. The file then lists no
     /// egress IPs or policies (`egress_ips` and `policies` are not written).
     pub kubernetes: Option<KubernetesSection>,
@@ -103,7 +110,9 @@ impl GatewayConfig {
                     egress_ips: p.egress_ips.clone(),
                 })
                 .collect(),
+            fast_path: true,
             extra: String::new(),
+            clock_scale: None,
             kubernetes: None,
         }
     }
@@ -116,8 +125,10 @@ impl GatewayConfig {
             xdp_mode: "native".into(),
             egress_ips: Vec::new(),
             policies: Vec::new(),
+            fast_path: true,
             extra: String::new(),
             kubernetes: Some(section),
+            clock_scale: None,
         }
     }
 
@@ -145,7 +156,7 @@ impl GatewayConfig {
         for (name, role) in &self.interfaces {
             y += &format!("  - name: {name}\n    role: {role}\n");
         }
-        y += &format!("xdp:\n  mode: {}\n", self.xdp_mode);
+        y += &format!("xdp:\n  mode: {}\n  fastPath: {}\n", self.xdp_mode, self.fast_path);
         // Normal priority: the lab shares two cores with the tests.
         y += "workers:\n  realtimePriority: 0\n";
         if let Some(k) = &self.kubernetes {
@@ -284,6 +295,16 @@ impl Counters {
     /// layout of the JSON, per worker or total, does not matter).
     pub fn get(&self, name: &str) -> u64 {
         self.0.iter().filter(|(k, _)| k.rsplit('.').next() == Some(name)).map(|(_, v)| *v).sum()
+    }
+
+    /// The counter at exactly `path` (0 when absent).
+    pub fn get_path(&self, path: &str) -> u64 {
+        self.0.get(path).copied().unwrap_or(0)
+    }
+
+    /// Frames the XDP fast path translated (`fast_path.packets.hit`).
+    pub fn fast_path_hits(&self) -> u64 {
+        self.get_path("fast_path.packets.hit")
     }
 
     /// What changed from `before` to `self`, counters that grew only.
@@ -448,6 +469,7 @@ impl Gateway {
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             // Plain log lines: tests read them back (timestamps, events).
             .env("NO_COLOR", "1")
+            .env("EGRET_TEST_CLOCK_SCALE", self.current.clock_scale.unwrap_or(1).to_string())
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);

@@ -57,6 +57,13 @@ pub struct LabOptions {
     /// Directory for the gateway's config, admin socket and logs; removed
     /// on drop when the lab created it.
     pub dir: Option<PathBuf>,
+    /// TX checksum offload on the lab's veths (the kernel's default, on):
+    /// local senders then hand TCP/UDP on with partial checksums (the
+    /// pseudo-header sum only), which the gateway must complete. Off, every
+    /// veth completes checksums before sending, so frames reach the gateway
+    /// as they would from a wire: what the XDP fast path translates (it
+    /// punts partial checksums to the engine, docs/fast-path.md).
+    pub tx_checksum_offload: bool,
 }
 
 /// The prefix of test labs' namespaces: `eglab<pid>x<n>`.
@@ -74,6 +81,7 @@ impl LabOptions {
             server_link_mtu: None,
             server: true,
             dir: None,
+            tx_checksum_offload: true,
         }
     }
 }
@@ -138,6 +146,7 @@ impl Lab {
         std::fs::create_dir_all(&dir).map_err(|e| LabError::io(format!("create {}", dir.display()), e))?;
         let mut lab = Self { server: None, opts, pods, node, gw, up, srv, lan, dir, own_dir };
         lab.wire()?;
+        lab.set_offloads()?;
         lab.resolve_gateway_neighbors()?;
         if lab.opts.server {
             lab.server = Some(Server::start(&lab.srv, None)?);
@@ -300,6 +309,34 @@ impl Lab {
             format!("route add ::/0 via {}", plan::UPSTREAM_SRV6),
         ]);
         self.srv.ip_batch(&srv)?;
+        Ok(())
+    }
+
+    /// Veth features. The routers' ports facing the gateway get an XDP
+    /// program that passes everything: a veth delivers the frames its peer
+    /// sends with XDP_TX (the one-arm fast path) only when it has one, and
+    /// those sent with XDP_REDIRECT only with one or with GRO on
+    /// (docs/fast-path.md), as a real NIC always does. Without
+    /// `tx_checksum_offload`, TX checksum offload goes off on every veth.
+    fn set_offloads(&self) -> Result<()> {
+        let peers: Vec<(&NetNs, &str)> = match &self.lan {
+            None => vec![(&self.node, "gw"), (&self.up, "gw")],
+            Some(lan) => vec![(lan, "p-gw")],
+        };
+        for (ns, dev) in peers {
+            let ifindex = ns.ifindex(dev)?;
+            ns.run_in(|| crate::sys::attach_xdp_pass(ifindex))?
+                .map_err(|e| LabError::io(format!("XDP pass program on {dev} in {}", ns.name()), e))?;
+        }
+        if !self.opts.tx_checksum_offload {
+            for ns in self.namespaces() {
+                let links = ns.ip(&["-o", "link", "show", "type", "veth"])?;
+                for dev in links.lines().filter_map(|l| l.split(": ").nth(1)) {
+                    let dev = dev.split('@').next().unwrap_or(dev);
+                    ns.exec(&["ethtool", "-K", dev, "tx", "off"])?;
+                }
+            }
+        }
         Ok(())
     }
 

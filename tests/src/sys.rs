@@ -1,6 +1,7 @@
 //! The lab's raw system calls: entering a network namespace on one thread,
 //! raw Ethernet sockets (AF_PACKET) bound to one interface, a forced socket
-//! receive buffer, and the open-files limit.
+//! receive buffer, the open-files limit, and a pass-everything XDP program
+//! for the routers' ports facing the gateway.
 //!
 //! This is the test crate's only `unsafe` code; every block says why it is
 //! sound. Everything else in the lab goes through std, socket2 or `ip`.
@@ -168,4 +169,94 @@ impl PacketSocket {
 pub fn is_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+}
+
+/// `bpf(2)` commands and constants used here (include/uapi/linux/bpf.h).
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+/// `r0 = XDP_PASS (2); exit`, as two `struct bpf_insn` (code, regs, off, imm;
+/// little-endian): BPF_ALU64 | BPF_MOV | BPF_K into r0, then BPF_JMP | BPF_EXIT.
+const XDP_PASS_PROGRAM: [u8; 16] = [0xb7, 0x00, 0, 0, 2, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
+/// rtnetlink (include/uapi/linux/if_link.h, rtnetlink.h, netlink.h).
+const RTM_SETLINK: u16 = 19;
+const NLMSG_ERROR: u16 = 2;
+const NLM_F_REQUEST_ACK: u16 = 0x1 | 0x4;
+const IFLA_XDP: u16 = 43;
+const NLA_F_NESTED: u16 = 0x8000;
+const IFLA_XDP_FD: u16 = 1;
+const IFLA_XDP_FLAGS: u16 = 3;
+const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+
+/// Attaches, in driver mode, an XDP program that passes every frame to
+/// interface `ifindex` of the calling thread's namespace, through netlink,
+/// so it stays with the interface (and goes with it). A veth delivers the
+/// frames its peer sends with XDP_TX only when it has an XDP program itself
+/// (drivers/net/veth.c, veth_xdp_flush), so the lab gives one to the
+/// routers' ports facing an XDP gateway.
+pub fn attach_xdp_pass(ifindex: u32) -> io::Result<()> {
+    let license = c"GPL";
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_XDP.to_ne_bytes());
+    attr[4..8].copy_from_slice(&2u32.to_ne_bytes());
+    attr[8..16].copy_from_slice(&(XDP_PASS_PROGRAM.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    attr[48..55].copy_from_slice(b"lab_xdp");
+    // SAFETY: `attr` is a zeroed bpf_attr of the size passed, whose pointers
+    // (the instructions, the licence) stay alive for the call; the kernel
+    // only reads them.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_LOAD, attr.as_ptr(), attr.len() as u32) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new program descriptor that nothing else owns.
+    let prog = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+
+    // struct nlmsghdr, struct ifinfomsg, IFLA_XDP { IFLA_XDP_FD, IFLA_XDP_FLAGS }.
+    let mut msg = Vec::with_capacity(52);
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // length, written below
+    msg.extend_from_slice(&RTM_SETLINK.to_ne_bytes());
+    msg.extend_from_slice(&NLM_F_REQUEST_ACK.to_ne_bytes());
+    msg.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // pid: the kernel
+    msg.extend_from_slice(&[libc::AF_UNSPEC as u8, 0, 0, 0]);
+    msg.extend_from_slice(&(ifindex as i32).to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // flags
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // change
+    msg.extend_from_slice(&20u16.to_ne_bytes());
+    msg.extend_from_slice(&(IFLA_XDP | NLA_F_NESTED).to_ne_bytes());
+    msg.extend_from_slice(&8u16.to_ne_bytes());
+    msg.extend_from_slice(&IFLA_XDP_FD.to_ne_bytes());
+    msg.extend_from_slice(&prog.as_raw_fd().to_ne_bytes());
+    msg.extend_from_slice(&8u16.to_ne_bytes());
+    msg.extend_from_slice(&IFLA_XDP_FLAGS.to_ne_bytes());
+    msg.extend_from_slice(&XDP_FLAGS_DRV_MODE.to_ne_bytes());
+    let len = msg.len() as u32;
+    msg[0..4].copy_from_slice(&len.to_ne_bytes());
+
+    // SAFETY: plain socket creation; the result is checked.
+    let raw = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a new descriptor that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: `msg` is live for the call and its length is passed; the
+    // socket is open. A netlink socket sends to the kernel by default.
+    let n = unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = [0u8; 1024];
+    // SAFETY: `buf` is writable for its whole length, which is passed.
+    let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The acknowledgement: NLMSG_ERROR with error 0, or -errno.
+    let n = n as usize;
+    if n >= 20 && u16::from_ne_bytes([buf[4], buf[5]]) == NLMSG_ERROR {
+        let err = i32::from_ne_bytes([buf[16], buf[17], buf[18], buf[19]]);
+        return if err == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(-err)) };
+    }
+    Err(io::Error::new(io::ErrorKind::InvalidData, format!("unexpected netlink answer ({n} bytes)")))
 }

@@ -19,6 +19,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "verdict.h"
+#include "fast_path_reason.h"
 
 /* owned_addr.flags */
 #define OWNED_NAT   1u /* this gateway translates for the address */
@@ -194,5 +195,144 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } verdict_counters SEC(".maps");
+
+/* ------------------------------------------------------------------------
+ * The fast path (docs/adr/0005-xdp-fast-path.md, docs/fast-path.md).
+ *
+ * One entry per direction of an offloaded session, keyed by the packet's
+ * 5-tuple as it arrives; the value is what the userspace engine would do to
+ * it (nat::rewrite::direction_rewrite): new addresses and ports, the RFC 1624
+ * checksum deltas, the next hop, the policy counter slot and direction, and
+ * the last time the entry translated a packet.
+ */
+
+/* Policy counter slots (dataplane stats::POLICY_COUNTER_SLOTS). */
+#define EGRET_POLICY_SLOTS 1024u
+
+/* fp_entry_*.direction, as the engine's stats::Direction. */
+#define EGRET_DIR_OUTBOUND 0
+#define EGRET_DIR_INBOUND  1
+
+/* fp_next_hop.valid */
+#define EGRET_NEXT_HOP_VALID 1u
+
+/* Key of fp_sessions_v4: addresses network order, ports network order. */
+struct fp_key_v4 {
+	__u8 src[4];
+	__u8 dst[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* Key of fp_sessions_v6. */
+struct fp_key_v6 {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/*
+ * Value of fp_sessions_v4: one direction's rewrite. The deltas are host
+ * order ones' complement values, applied as ~(~HC + delta) (RFC 1624 eqn. 3).
+ * last_seen_ns is CLOCK_MONOTONIC (bpf_ktime_get_coarse_ns), written only
+ * when it moves by a second or more; 0 = never.
+ */
+struct fp_entry_v4 {
+	__u8 new_src[4];
+	__u8 new_dst[4];
+	__be16 new_sport;
+	__be16 new_dport;
+	__u16 l3_delta;
+	__u16 l4_delta;
+	__u32 next_hop;    /* index into fp_next_hops */
+	__u16 policy_slot; /* < EGRET_POLICY_SLOTS */
+	__u8 direction;    /* EGRET_DIR_* */
+	__u8 flags;        /* reserved, 0 */
+	__u64 last_seen_ns;
+};
+
+/* Value of fp_sessions_v6 (l3_delta is 0: IPv6 has no header checksum). */
+struct fp_entry_v6 {
+	__u8 new_src[16];
+	__u8 new_dst[16];
+	__be16 new_sport;
+	__be16 new_dport;
+	__u16 l3_delta;
+	__u16 l4_delta;
+	__u32 next_hop;
+	__u16 policy_slot;
+	__u8 direction;
+	__u8 flags;
+	__u64 last_seen_ns;
+};
+
+/* Value of fp_next_hops: where a translated frame goes, kept current by
+ * userspace from the kernel's routes and neighbours. */
+struct fp_next_hop {
+	__u32 ifindex;
+	__u8 dst_mac[6];
+	__u8 src_mac[6];
+	__u32 valid; /* EGRET_NEXT_HOP_VALID, else punt */
+};
+
+/* Value of fp_config (one entry). */
+struct fp_config {
+	__u32 enabled; /* 0: the program skips the fast path entirely */
+};
+
+/* Value of fp_policy_traffic, index policy_slot * 2 + direction, per CPU. */
+struct fp_traffic {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2 * 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct fp_key_v4);
+	__type(value, struct fp_entry_v4);
+} fp_sessions_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2 * 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct fp_key_v6);
+	__type(value, struct fp_entry_v6);
+} fp_sessions_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct fp_next_hop);
+} fp_next_hops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_config);
+} fp_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EGRET_FP_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} fp_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, EGRET_POLICY_SLOTS * 2);
+	__type(key, __u32);
+	__type(value, struct fp_traffic);
+} fp_policy_traffic SEC(".maps");
 
 #endif /* EGRET_MAPS_H */

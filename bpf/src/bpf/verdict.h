@@ -9,7 +9,8 @@
  * renumber or reuse a value.
  *
  * Naming: EGRET_<ACTION>_<why>. ACTION is the XDP action returned:
- * PASS (kernel), REDIRECT (the queue's AF_XDP socket), DROP.
+ * PASS (kernel), REDIRECT (the queue's AF_XDP socket, or for the fast path
+ * another interface), TX (back out of the receiving interface), DROP.
  */
 #ifndef EGRET_VERDICT_H
 #define EGRET_VERDICT_H
@@ -65,8 +66,13 @@ enum egret_verdict_reason {
 	EGRET_DROP_NO_SOCKET_TO_EGRESS = 23,
 	/* Rule 7: from a steered source, no socket on the queue (never leak). */
 	EGRET_DROP_NO_SOCKET_STEERED = 24,
+	/* Rule 0: translated by the fast path, sent back out of the receiving
+	 * interface (one-arm). */
+	EGRET_TX_FAST_PATH = 25,
+	/* Rule 0: translated by the fast path, redirected to another interface. */
+	EGRET_REDIRECT_FAST_PATH = 26,
 
-	EGRET_VERDICT_COUNT = 25,
+	EGRET_VERDICT_COUNT = 27,
 };
 
 #endif /* EGRET_VERDICT_H */

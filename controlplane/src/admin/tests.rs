@@ -24,6 +24,7 @@ fn sessions() -> Vec<SessionRow> {
         remote_port: 53,
         idle_secs: 3,
         state: state.into(),
+        offloaded: state == "established",
     };
     vec![
         s("udp", "198.18.0.7", 40000, "203.0.113.10", 40000, ""),
@@ -92,6 +93,17 @@ impl GatewayView for Fake {
                 ..Default::default()
             }],
             announcements: 2,
+            fast_path: crate::view::FastPathCounters {
+                enabled: true,
+                sessions_v4: 3,
+                sessions_v6: 0,
+                next_hops: 2,
+                packets: vec![("hit".into(), 500), ("miss".into(), 7), ("punt_ttl".into(), 0)],
+                offloads: vec![("installed".into(), 3), ("refused_map_full".into(), 1)],
+                removals: vec![("removed".into(), 0), ("fenced".into(), 2)],
+                next_hop_updates: 1,
+                rerouted: 0,
+            },
         }
     }
 
@@ -173,14 +185,17 @@ fn tables_for_people() {
     );
     assert_eq!(
         render::sessions(&Fake.sessions(&SessionFilter { pod: Some(ip("198.18.0.7")), ..Default::default() })),
-        "PROTO  POD               EGRESS              REMOTE           IDLE  STATE\n\
-         udp    198.18.0.7:40000  203.0.113.10:40000  198.51.100.1:53  3     -\n\
-         tcp    198.18.0.7:40001  203.0.113.10:40001  198.51.100.1:53  3     established\n"
+        "PROTO  POD               EGRESS              REMOTE           IDLE  STATE        PATH\n\
+         udp    198.18.0.7:40000  203.0.113.10:40000  198.51.100.1:53  3     -            workers\n\
+         tcp    198.18.0.7:40001  203.0.113.10:40001  198.51.100.1:53  3     established  xdp\n"
     );
     let c = render::counters(&Fake.counters());
     assert!(c.starts_with("forwarded 20  answered 1  misdirected 1  announcements 2\n"), "{c}");
     assert!(c.contains("\nports_exhausted  3\n"), "only non-zero drops: {c}");
     assert!(!c.contains("no_route"), "{c}");
+    assert!(c.contains("fast path on: 3 IPv4 + 0 IPv6 sessions in the kernel, 2 next hops"), "{c}");
+    assert!(c.contains("\nhit        500\n") && !c.contains("punt_ttl"), "{c}");
+    assert!(c.contains("\nrefused_map_full  1\n") && c.contains("\nfenced   2\n"), "{c}");
     let s = render::status(&Fake.status());
     assert!(s.contains("generation  7\n") && s.contains("restart     needed for: workers\n"), "{s}");
     assert!(s.contains("eth1       3        both  02:00:00:00:00:01  native  1\n"), "{s}");

@@ -71,6 +71,8 @@ pub struct Xdp {
     pub mode: Option<String>,
     /// Fast path in XDP.
     pub fast_path: Option<bool>,
+    /// Offloaded sessions per address family.
+    pub fast_path_sessions: Option<u64>,
 }
 
 /// `workers:`.

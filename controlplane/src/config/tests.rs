@@ -38,7 +38,7 @@ fn errors(text: &str) -> Vec<String> {
 fn the_good_file_and_its_defaults() {
     let c = load_str("gw.yaml", GOOD).unwrap();
     assert_eq!(c.interfaces, vec![InterfaceConfig { name: "eth1".into(), role: Role::Both, queues: Queues::All }]);
-    assert_eq!(c.xdp, XdpConfig { mode: XdpMode::Native, fast_path: true });
+    assert_eq!(c.xdp, XdpConfig { mode: XdpMode::Native, fast_path: true, fast_path_sessions: 262_144 });
     assert_eq!(
         c.workers,
         WorkersConfig {
@@ -72,7 +72,7 @@ fn every_documented_field_is_accepted() {
 interfaces:
   - {name: veth-in, role: inside, queues: 2}
   - {name: veth-out, role: outside, queues: "1"}
-xdp: {mode: generic, fastPath: false}
+xdp: {mode: generic, fastPath: false, fastPathSessions: 1000}
 workers: {cpus: [1], realtimePriority: 0, frameSize: 4096, frames: 1024, ringSize: 256, batch: 32}
 egressIPs: [{ip: 203.0.113.10}]
 neighborAddresses: []
@@ -97,7 +97,7 @@ metrics: {listen: "127.0.0.1:1"}
     assert_eq!(c.interfaces[0].queues, Queues::Count(2));
     assert_eq!(c.interfaces[1].queues, Queues::Count(1));
     assert_eq!(c.interfaces[1].role, Role::Outside);
-    assert_eq!(c.xdp.mode, XdpMode::Generic);
+    assert_eq!(c.xdp, XdpConfig { mode: XdpMode::Generic, fast_path: false, fast_path_sessions: 1000 });
     assert_eq!(c.workers.cpus, vec![1]);
     assert_eq!(c.workers.realtime_priority, 0);
     assert_eq!(
@@ -278,6 +278,21 @@ fn restart_only_settings_are_named() {
     let b = load_str("gw.yaml", &GOOD.replacen("queues: all", "queues: 1", 1).replacen("19469", "19470", 1)).unwrap();
     assert_eq!(a.restart_only_changes(&b), vec!["interfaces", "metrics.listen"]);
     assert!(a.restart_only_changes(&a.clone()).is_empty());
+    let c = load_str("gw.yaml", &format!("{GOOD}xdp: {{fastPath: false, fastPathSessions: 5}}\n")).unwrap();
+    assert_eq!(a.restart_only_changes(&c), vec!["xdp.fastPath", "xdp.fastPathSessions"]);
+}
+
+#[test]
+fn fast_path_sessions_are_bounded() {
+    for (value, want) in [
+        ("0", r#"gw.yaml: xdp.fastPathSessions: "0": must be between 1 and 16777216"#),
+        ("16777217", r#"gw.yaml: xdp.fastPathSessions: "16777217": must be between 1 and 16777216"#),
+    ] {
+        let text = format!("{GOOD}xdp: {{fastPathSessions: {value}}}\n");
+        assert_eq!(errors(&text), vec![want.to_string()], "{value}");
+    }
+    let c = load_str("gw.yaml", &format!("{GOOD}xdp: {{fastPathSessions: 16777216}}\n")).unwrap();
+    assert_eq!(c.xdp.fast_path_sessions, 1 << 24);
 }
 
 #[test]

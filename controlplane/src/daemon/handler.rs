@@ -23,6 +23,8 @@ use egret_dataplane::wire::ethernet::EthernetAddress;
 use egret_dataplane::worker::{Action, FrameHandler, Injector, PortId, RxInfo};
 use parking_lot::Mutex;
 
+use crate::offload::clock::EngineClock;
+
 /// How often the expiry sweep runs.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(50);
 /// The sweep visits the whole session table about this often.
@@ -59,7 +61,7 @@ pub struct EngineHandler {
     engine: Engine,
     /// ifindex of each port, in `PortId` order.
     ports: Vec<u32>,
-    epoch: Instant,
+    clock: EngineClock,
     last_sweep: Instant,
     sweep_budget: u32,
     stats: Arc<HandlerStats>,
@@ -78,7 +80,7 @@ impl EngineHandler {
     pub fn new(
         engine: &Engine,
         ports: Vec<u32>,
-        epoch: Instant,
+        clock: EngineClock,
         workers: u32,
         stats: Arc<HandlerStats>,
         announce: Option<AnnounceQueue>,
@@ -91,8 +93,8 @@ impl EngineHandler {
             worker: engine.worker(),
             engine: engine.clone(),
             ports,
-            epoch,
-            last_sweep: epoch,
+            clock,
+            last_sweep: clock.epoch(),
             sweep_budget: budget,
             stats,
             announce,
@@ -100,7 +102,7 @@ impl EngineHandler {
     }
 
     fn now(&self, now: Instant) -> Timestamp {
-        Timestamp::from_millis(now.saturating_duration_since(self.epoch).as_millis() as u64)
+        self.clock.at(now)
     }
 
     fn port_of(&self, ifindex: u32) -> Option<PortId> {

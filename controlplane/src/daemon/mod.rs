@@ -8,9 +8,13 @@
 //!    indexes and RX queue counts;
 //! 3. create the engine and load the XDP program; apply the tables
 //!    (engine + owned addresses + policy maps) through [`GatewaySink`];
+//!    With `xdp.fastPath` (the default) the fast path's shared half is made
+//!    and registered as the engine's offload hook before the first apply,
+//!    so the first apply already fences;
 //! 4. one worker per RX queue index, each owning AF_XDP sockets on every
 //!    configured interface for that queue (shared UMEM), registered in the
-//!    XSKMAP under (interface, queue); threads `egret-worker-N`;
+//!    XSKMAP under (interface, queue); threads `egret-worker-N`; and the
+//!    offload manager, thread `egret-offload` (crate::offload);
 //! 5. attach the program (bpf_link) to every interface; start the netlink
 //!    watcher, the admin socket and the metrics server; announce the owned
 //!    addresses. `/ready` answers 200 from here on.
@@ -40,6 +44,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::{self, ConfigErrors, GatewayConfig, Queues, Role};
 use crate::netlink::Watcher;
+use crate::offload::clock::{EngineClock, SCALE_ENV};
+use crate::offload::{FastPath, OffloadManager};
 use crate::sink::TablesSink;
 use handler::{AnnounceQueue, EngineHandler, HandlerStats};
 use sink::GatewaySink;
@@ -119,6 +125,10 @@ pub struct Shared {
     pub program: Arc<SteeringProgram>,
     /// The sink.
     pub sink: Arc<GatewaySink>,
+    /// The fast path, when `xdp.fastPath` is on.
+    pub fast_path: Option<Arc<FastPath>>,
+    /// Engine time (sessions' idle times are shown in it).
+    pub clock: EngineClock,
     /// Interfaces.
     pub interfaces: Vec<Driven>,
     /// Workers.
@@ -201,18 +211,38 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         interfaces.push(Driven { name: i.name.clone(), ifindex: link.ifindex, role: i.role, mac: link.mac, queues });
     }
 
-    // 3. Engine, program, tables.
+    // 3. Engine, program, fast path, tables.
+    let clock = EngineClock::from_env(started);
+    if clock.scale() != 1 {
+        tracing::warn!(scale = clock.scale(), "{SCALE_ENV} is set: engine time runs faster than real time (tests only)");
+    }
     let engine = Engine::new(&cfg.tables).map_err(|e| start_err("engine")(e.to_string()))?;
+    let load = LoadOptions {
+        xsk_interfaces: interfaces.len() as u32,
+        fast_path_sessions: cfg.xdp.fast_path_sessions,
+        ..LoadOptions::default()
+    };
     let program = Arc::new(
-        SteeringProgram::load(LoadOptions { xsk_interfaces: interfaces.len() as u32, ..LoadOptions::default() })
-            .map_err(|e| start_err("loading the XDP program")(format!("{e:#}")))?,
+        SteeringProgram::load(load).map_err(|e| start_err("loading the XDP program")(format!("{e:#}")))?,
     );
+    let fast_path = if cfg.xdp.fast_path {
+        let fp = Arc::new(
+            FastPath::new(program.clone(), clock, cfg.tables.nat.udp_inbound_refresh)
+                .map_err(|e| start_err("enabling the XDP fast path")(format!("{e:#}")))?,
+        );
+        fp.connect(&engine);
+        Some(fp)
+    } else {
+        program.fp_set_enabled(false).map_err(|e| start_err("disabling the XDP fast path")(format!("{e:#}")))?;
+        None
+    };
     let announce: AnnounceQueue = Arc::default();
     let sink = Arc::new(GatewaySink::new(
         engine.clone(),
         program.clone(),
         interfaces.iter().map(|i| (i.ifindex, i.role)).collect(),
         announce.clone(),
+        fast_path.clone(),
     ));
     if cfg.kubernetes.is_some() {
         // The file's tables are a placeholder: keep the kernel's fail-closed
@@ -235,7 +265,6 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
             ..SocketConfig::default()
         },
     };
-    let epoch = started; // session times and `egret sessions` idle times share it
     let mut workers = Vec::new();
     for queue in 0..nworkers {
         let on: Vec<&Driven> = interfaces.iter().filter(|i| queue < i.queues).collect();
@@ -264,7 +293,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         let handler = EngineHandler::new(
             &engine,
             on.iter().map(|i| i.ifindex).collect(),
-            epoch,
+            clock,
             nworkers,
             handler_stats.clone(),
             (queue == 0).then(|| announce.clone()),
@@ -287,6 +316,20 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         workers.push(WorkerHandle { queue, cpu, running, loop_stats, handler_stats, sockets, thread: Some(thread) });
     }
 
+    let offload_thread = match &fast_path {
+        Some(fp) => {
+            let manager = OffloadManager::new(fp.clone(), engine.clone(), load.fast_path_next_hops);
+            let stop = stop.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("egret-offload".into())
+                    .spawn(move || manager.run(stop))
+                    .map_err(|e| start_err("spawning the offload manager")(e.to_string()))?,
+            )
+        }
+        None => None,
+    };
+
     // 5. Attach, then the rest.
     let mut links: Vec<XdpLink> = Vec::new();
     for i in &interfaces {
@@ -300,6 +343,8 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         engine: engine.clone(),
         program: program.clone(),
         sink: sink.clone(),
+        fast_path: fast_path.clone(),
+        clock,
         interfaces,
         workers,
         attached: AtomicBool::new(true),
@@ -349,6 +394,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         interfaces = shared.interfaces.len(),
         workers = shared.workers.len(),
         mode = cfg.xdp.mode.name(),
+        fast_path = cfg.xdp.fast_path,
         startup_ms = started.elapsed().as_millis() as u64,
         ready = shared.ready(),
         "gateway running"
@@ -386,6 +432,9 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
     let _ = netlink_task.await;
     drop(links);
     shared.attached.store(false, Ordering::Release);
+    if let Some(t) = offload_thread {
+        let _ = t.join();
+    }
     let shared = Arc::try_unwrap(shared).map_err(|_| start_err("stopping")("the gateway state is still shared".into()));
     if let Ok(mut s) = shared {
         for w in &mut s.workers {

@@ -2,6 +2,11 @@
 //! engine's tables, then makes the XDP program's maps match them before it
 //! returns:
 //!
+//! 0. with the fast path on: the new tables are compiled first and every
+//!    session installed in the kernel that they will not hold (its policy
+//!    gone or changed, its egress IP or port range gone) is deleted from
+//!    the fast path's maps ([`FastPath::fence`]); installations wait until
+//!    step 1 is done. From here the engine sees those sessions' packets;
 //! 1. `engine.publish(spec)`: the workers translate with the new tables from
 //!    their next frame; sessions of removed egress IPs stop matching.
 //! 2. owned addresses: removed ones deleted, the others written with their
@@ -24,12 +29,13 @@ use egret_bpf::{Action as BpfAction, DstRule, OwnedAddr, SrcPrefix, SteeringProg
 use egret_dataplane::engine::Engine;
 use egret_dataplane::lpm::LpmAddr;
 use egret_dataplane::policy::{Classifier, DstAction};
-use egret_dataplane::tables::{Tables, TablesSpec};
+use egret_dataplane::tables::{PolicySlots, Tables, TablesSpec};
 use ipnet::IpNet;
 use parking_lot::Mutex;
 
 use super::handler::{AnnounceQueue, Announcement};
 use crate::config::Role;
+use crate::offload::FastPath;
 use crate::sink::{ApplyError, TablesSink};
 
 /// The daemon's sink.
@@ -40,6 +46,7 @@ pub struct GatewaySink {
     interfaces: Vec<(u32, Role)>,
     owned: Mutex<HashMap<IpAddr, OwnedAddr>>,
     announce: AnnounceQueue,
+    fast_path: Option<Arc<FastPath>>,
     /// Settings that changed but need a restart (from the last apply).
     pub restart_needed: Mutex<Vec<String>>,
     /// Applies that succeeded.
@@ -92,12 +99,14 @@ pub fn owned_entries(tables: &Tables) -> HashMap<IpAddr, OwnedAddr> {
 }
 
 impl GatewaySink {
-    /// A sink over a loaded program (not necessarily attached yet).
+    /// A sink over a loaded program (not necessarily attached yet), fencing
+    /// the fast path's sessions when there is one.
     pub fn new(
         engine: Engine,
         program: Arc<SteeringProgram>,
         interfaces: Vec<(u32, Role)>,
         announce: AnnounceQueue,
+        fast_path: Option<Arc<FastPath>>,
     ) -> Self {
         Self {
             engine,
@@ -105,6 +114,7 @@ impl GatewaySink {
             interfaces,
             owned: Mutex::new(HashMap::new()),
             announce,
+            fast_path,
             restart_needed: Mutex::new(Vec::new()),
             applied: AtomicU64::new(0),
             fail_closed_errors: AtomicU64::new(0),
@@ -141,7 +151,22 @@ impl TablesSink for GatewaySink {
     fn apply(&self, spec: &TablesSpec) -> Result<(), ApplyError> {
         static SERIAL: Mutex<()> = Mutex::new(());
         let _serial = SERIAL.lock();
+        let fence = match &self.fast_path {
+            Some(fp) => {
+                // The same compile the engine does (counter slots aside, which
+                // validity does not depend on); an error here is its error.
+                let next = Tables::compile(spec, 0, &PolicySlots::default())
+                    .map_err(|e| ApplyError::Rejected(e.to_string()))?;
+                let (fenced, guard) = fp.fence(&next);
+                if fenced > 0 {
+                    tracing::info!(sessions = fenced, "fast path: sessions the new configuration ends deleted from the kernel");
+                }
+                Some(guard)
+            }
+            None => None,
+        };
         let published = self.engine.publish(spec).map_err(|e| ApplyError::Rejected(e.to_string()))?;
+        drop(fence);
         *self.restart_needed.lock() = published.restart_needed.iter().map(|s| s.to_string()).collect();
         for e in &published.tables.errors {
             tracing::warn!(error = %e, "policy left out");

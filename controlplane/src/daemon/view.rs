@@ -42,6 +42,7 @@ fn sessions_of<A: NatAddr + PolicyFamily + Into<IpAddr>>(
             remote_port: t.remote_port,
             idle_secs: u64::from(now.saturating_sub(v.last_seen)),
             state: if t.proto == 6 { tcp_state::phase(v.tcp).name().into() } else { String::new() },
+            offloaded: v.offload & egret_dataplane::nat::session::offload::INSTALLED != 0,
         };
         if filter.matches(&row) {
             out.push(row);
@@ -155,6 +156,7 @@ impl GatewayView for LiveView {
             xdp,
             rings,
             announcements,
+            fast_path: s.fast_path.as_ref().map(|fp| fp.snapshot()).unwrap_or_default(),
         }
     }
 
@@ -165,7 +167,19 @@ impl GatewayView for LiveView {
             .policies
             .iter()
             .map(|p| {
-                let t = st.policy.get(usize::from(p.counter_slot)).copied().unwrap_or_default();
+                let mut t = st.policy.get(usize::from(p.counter_slot)).copied().unwrap_or_default();
+                // Packets the fast path translated never reached the engine.
+                if self.0.fast_path.is_some() {
+                    match self.0.program.fp_policy_traffic(p.counter_slot) {
+                        Ok(k) => {
+                            for (d, k) in k.iter().enumerate() {
+                                t[d].0 += k.packets;
+                                t[d].1 += k.bytes;
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "reading the fast path's policy counters failed"),
+                    }
+                }
                 PolicyRow {
                     name: p.name.clone(),
                     sources: p.spec.sources.iter().map(|n| n.to_string()).collect(),
@@ -205,7 +219,7 @@ impl GatewayView for LiveView {
     }
 
     fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
-        let now = self.0.started.elapsed().as_secs() as u32;
+        let now = self.0.clock.now().secs();
         let limit = filter.limit.unwrap_or(1000);
         let mut out = Vec::new();
         sessions_of::<Ipv4Addr>(self.0.engine.nat4(), now, filter, &mut out, limit);

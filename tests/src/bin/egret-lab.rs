@@ -3,7 +3,7 @@
 //! tears it down. `tests/lab.sh` drives it; docs/lab.md explains the lab.
 //!
 //! ```text
-//! egret-lab up [--one-arm] [--server-mtu N] [--no-gateway]
+//! egret-lab up [--one-arm] [--server-mtu N] [--no-tx-checksum] [--no-gateway]
 //! egret-lab demo
 //! egret-lab down
 //! egret-lab serve [--log FILE]      (the external server; runs inside the server namespace)
@@ -28,7 +28,7 @@ const DIR: &str = "/run/egret-lab";
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: egret-lab up [--one-arm] [--server-mtu N] [--no-gateway] | demo | down | serve [--log FILE]\n\
+        "usage: egret-lab up [--one-arm] [--server-mtu N] [--no-tx-checksum] [--no-gateway] | demo | down | serve [--log FILE]\n\
          see docs/lab.md"
     );
     ExitCode::from(2)
@@ -77,6 +77,7 @@ fn up(args: &[String]) -> Result<bool> {
         server_link_mtu,
         server: false,
         dir: Some(PathBuf::from(DIR)),
+        tx_checksum_offload: !args.iter().any(|a| a == "--no-tx-checksum"),
     })?;
     println!("lab: {} namespaces up ({arm:?}-arm) in {:?}", lab.namespaces().len(), t.elapsed());
 

@@ -11,16 +11,31 @@ use egret_dataplane::stats::{DropReason, Event};
 use egret_tests::client;
 use egret_tests::frames::{parse_arp, RawLink};
 use egret_tests::gateway::EgressIp;
+use egret_tests::harness::Tier;
 use egret_tests::lab::LabOptions;
-use egret_tests::plan;
+use egret_tests::plan::{self, Pod};
 
-#[test]
-fn unsolicited_inbound_dropped_service_port_reaches_kernel() {
-    let name = "unsolicited_inbound_dropped_service_port_reaches_kernel";
-    let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
+both_tiers!(unsolicited_inbound_dropped_service_port_reaches_kernel, unsolicited_inbound);
+
+fn unsolicited_inbound(name: &str, tier: Tier) {
+    let Some(mut h) = crate::start_in(name, tier, LabOptions::for_test(), |_| {}) else { return };
     let no_mapping = DropReason::InboundNoMapping.name();
-    let before = h.counters().unwrap();
+    let filtered = DropReason::InboundFiltered.name();
     let srv = h.lab.server_ns();
+
+    // An established flow (in XDP with the fast path on). Its mapping
+    // E1:port filters by address and port (nat.filtering's default): a
+    // datagram from another port of the server matches no fast-path entry
+    // and the engine drops it.
+    let (_, mapped) = crate::established_flows(&h, Pod::A, 2);
+    let before = h.counters().unwrap();
+    let other = client::udp_socket_from(srv, 7777, mapped).unwrap();
+    other.send(b"unsolicited, other port").unwrap();
+    h.wait_counters(Duration::from_secs(3), "inbound_filtered +1", |c| c.get(filtered) == before.get(filtered) + 1)
+        .unwrap();
+    let c = h.counters().unwrap();
+    assert_eq!(c.fast_path_hits(), before.fast_path_hits(), "not translated in XDP");
+    assert_eq!(c.get(Event::SessionCreatedInbound.name()), before.get(Event::SessionCreatedInbound.name()));
 
     // UDP to E1:40000, a NAT port nobody mapped: dropped, counted, unanswered.
     let s = client::udp_socket(srv, SocketAddr::new(plan::E1.into(), 40000)).unwrap();
@@ -67,6 +82,7 @@ fn unsolicited_inbound_dropped_service_port_reaches_kernel() {
     let e = client::tcp_connect(srv, SocketAddr::new(plan::E1.into(), 8081), Duration::from_secs(3)).unwrap_err();
     assert!(format!("{e}").contains("refused"), "RST from the gateway's kernel, got: {e}");
     let end = h.counters().unwrap();
+    assert_eq!(end.fast_path_hits(), before.fast_path_hits(), "nothing inbound here was translated in XDP");
     assert!(
         end.get("pass_service_port") >= pass_before.get("pass_service_port") + 2,
         "XDP counted the service-port frames: {:?}",

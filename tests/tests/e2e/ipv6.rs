@@ -6,13 +6,14 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use egret_tests::client;
+use egret_tests::harness::Tier;
 use egret_tests::lab::LabOptions;
 use egret_tests::plan::{self, Pod};
 
-#[test]
-fn ipv6_udp_tcp_icmpv6_leave_as_e6() {
-    let name = "ipv6_udp_tcp_icmpv6_leave_as_e6";
-    let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
+both_tiers!(ipv6_udp_tcp_icmpv6_leave_as_e6, ipv6_udp_tcp_icmpv6);
+
+fn ipv6_udp_tcp_icmpv6(name: &str, tier: Tier) {
+    let Some(mut h) = crate::start_in(name, tier, LabOptions::for_test(), |_| {}) else { return };
     let ns = h.lab.pod(Pod::V6);
     let e6 = IpAddr::from(plan::E6);
 
@@ -26,6 +27,9 @@ fn ipv6_udp_tcp_icmpv6_leave_as_e6() {
     assert_eq!(pong.from, IpAddr::from(plan::SERVER6), "the ICMPv6 echo reply came back");
     let seen = h.lab.server().unwrap().wait_icmp("icmp6-token", Duration::from_secs(2)).unwrap();
     assert_eq!(seen.src.ip(), e6, "ICMPv6 echo leaves as E6");
+
+    let (tcp, udp) = crate::established_flows(&h, Pod::V6, 5);
+    assert_eq!((tcp.ip(), udp.ip()), (e6, e6), "established IPv6 flows leave as E6");
 
     // The upstream router learned E6 at the gateway's outside MAC.
     let neigh = h.lab.upstream().ip(&["-6", "neigh", "show", &plan::E6.to_string()]).unwrap();

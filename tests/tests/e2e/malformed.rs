@@ -18,6 +18,7 @@ use egret_dataplane::stats::DropReason;
 use egret_tests::capture::Frame;
 use egret_tests::client;
 use egret_tests::frames::RawLink;
+use egret_tests::harness::Tier;
 use egret_tests::lab::LabOptions;
 use egret_tests::plan::{self, Pod};
 
@@ -64,10 +65,10 @@ fn cases() -> (Vec<Case>, Vec<u8>, Vec<u8>) {
     (cases, good_in, good_out)
 }
 
-#[test]
-fn malformed_frames_counted_gateway_keeps_forwarding() {
-    let name = "malformed_frames_counted_gateway_keeps_forwarding";
-    let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
+both_tiers!(malformed_frames_counted_gateway_keeps_forwarding, malformed_counted);
+
+fn malformed_counted(name: &str, tier: Tier) {
+    let Some(mut h) = crate::start_in(name, tier, LabOptions::for_test(), |_| {}) else { return };
     let (cases, good_in, good_out) = cases();
     let node = RawLink::open(h.lab.node(), "gw").unwrap();
     let tracked: Vec<&str> =
@@ -113,5 +114,6 @@ fn malformed_frames_counted_gateway_keeps_forwarding() {
     let r =
         client::udp_echo(h.lab.pod(Pod::A), SocketAddr::new(plan::SERVER.into(), plan::ECHO_PORT), "after").unwrap();
     assert_eq!(r.seen.ip(), std::net::IpAddr::from(plan::E1));
+    crate::established_flows(&h, Pod::A, 3);
     h.finish(&[]).unwrap();
 }

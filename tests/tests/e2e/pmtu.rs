@@ -9,15 +9,16 @@ use std::time::{Duration, Instant};
 
 use egret_dataplane::stats::Event;
 use egret_tests::client;
+use egret_tests::harness::Tier;
 use egret_tests::lab::LabOptions;
 use egret_tests::plan::{self, Pod};
 use egret_tests::server::Proto;
 
-#[test]
-fn icmp_frag_needed_reaches_the_pod() {
-    let name = "icmp_frag_needed_reaches_the_pod";
+both_tiers!(icmp_frag_needed_reaches_the_pod, frag_needed_reaches_the_pod);
+
+fn frag_needed_reaches_the_pod(name: &str, tier: Tier) {
     let opts = LabOptions { server_link_mtu: Some(1400), ..LabOptions::for_test() };
-    let Some(mut h) = crate::start(name, opts, |_| {}) else { return };
+    let Some(mut h) = crate::start_in(name, tier, opts, |_| {}) else { return };
     let translated = Event::IcmpErrorTranslated.name();
     let before = h.counters().unwrap();
     let a = h.lab.pod(Pod::A);

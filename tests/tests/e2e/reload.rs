@@ -7,18 +7,20 @@ use std::time::{Duration, Instant};
 
 use egret_tests::client::{self, TcpSession};
 use egret_tests::gateway::EgressIp;
+use egret_tests::harness::Tier;
 use egret_tests::lab::LabOptions;
 use egret_tests::plan::{self, Pod};
 
-#[test]
-fn sighup_reload_moves_new_flows_keeps_live_tcp() {
-    let name = "sighup_reload_moves_new_flows_keeps_live_tcp";
-    let Some(mut h) = crate::start(name, LabOptions::for_test(), |cfg| {
+both_tiers!(sighup_reload_moves_new_flows_keeps_live_tcp, reload_moves_new_flows);
+
+fn reload_moves_new_flows(name: &str, tier: Tier) {
+    let Some(mut h) = crate::start_in(name, tier, LabOptions::for_test(), |cfg| {
         cfg.egress_ips.push(EgressIp { ip: plan::E3.into(), ports: None, answer_neighbor: true });
     }) else {
         return;
     };
     let cfg0 = h.gw.current.clone();
+    crate::established_flows(&h, Pod::C, 3);
     let mut live = TcpSession::connect(h.lab.pod(Pod::C), Pod::C.echo_endpoint()).unwrap();
     let first = live.line("before").unwrap();
     assert_eq!(first.seen.ip(), IpAddr::from(plan::E2));
@@ -44,11 +46,15 @@ fn sighup_reload_moves_new_flows_keeps_live_tcp() {
     assert_eq!(r.seen.ip(), IpAddr::from(plan::E3), "pod B's new TCP flow too");
 
     // The live connection of the unchanged policy still works, with the same
-    // translation.
+    // translation (with the fast path on, in XDP: the reload did not fence it).
+    let hits = h.fast_path_hits().unwrap();
     for i in 0..5 {
         let r = live.line(&format!("after-{i}")).unwrap();
         assert_eq!(r.seen, first.seen, "the live TCP connection keeps its external address and port");
         std::thread::sleep(Duration::from_millis(100));
+    }
+    if tier == Tier::FastPath {
+        assert!(h.fast_path_hits().unwrap() >= hits + 10, "policy c's live connection stayed in the fast path");
     }
     h.finish(&[cfg0]).unwrap();
 }

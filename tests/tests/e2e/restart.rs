@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use egret_tests::client;
+use egret_tests::harness::Tier;
 use egret_tests::lab::LabOptions;
 use egret_tests::plan::{self, Pod};
 
@@ -25,15 +26,16 @@ fn xdp_attached(h: &egret_tests::harness::Harness) -> Vec<String> {
     attached
 }
 
-#[test]
-fn sigkill_detaches_xdp_and_restart_recovers() {
-    let name = "sigkill_detaches_xdp_and_restart_recovers";
-    let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
+both_tiers!(sigkill_detaches_xdp_and_restart_recovers, sigkill_then_restart);
+
+fn sigkill_then_restart(name: &str, tier: Tier) {
+    let Some(mut h) = crate::start_in(name, tier, LabOptions::for_test(), |_| {}) else { return };
     let mut want: Vec<String> = h.lab.gateway_interfaces().iter().map(|(n, _)| n.to_string()).collect();
     want.sort();
     assert_eq!(xdp_attached(&h), want, "XDP attached on every gateway interface while running");
     let r = client::udp_echo(h.lab.pod(Pod::A), Pod::A.echo_endpoint(), "before").unwrap();
     assert_eq!(r.seen.ip(), std::net::IpAddr::from(plan::E1));
+    crate::established_flows(&h, Pod::C, 3);
 
     let status = h.gw.kill().unwrap();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "killed by SIGKILL: {status}");
@@ -53,20 +55,28 @@ fn sigkill_detaches_xdp_and_restart_recovers() {
         let r = client::http(h.lab.pod(pod), pod.http_endpoint(), "/after", 0).unwrap();
         assert_eq!(Some(r.seen.ip()), pod.egress(), "{pod:?} TCP after restart");
     }
+    // The restarted daemon's fast path starts empty and fills again.
+    crate::established_flows(&h, Pod::A, 3);
     h.finish(&[]).unwrap();
 }
+
+both_tiers!(dead_gateway_does_not_leak, dead_gateway);
 
 /// While the daemon is dead (between a crash and its restart) its bpf_link is
 /// gone, so no XDP program steers anything, and the gateway's kernel would
 /// forward the selected pods' traffic with their own addresses. The
 /// fail-closed nftables rules the daemon left behind (controlplane
 /// failclosed.rs) drop it instead: nothing leaves with a pod address.
-#[test]
-fn dead_gateway_does_not_leak() {
-    let name = "dead_gateway_does_not_leak";
-    let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
+fn dead_gateway(name: &str, tier: Tier) {
+    let Some(mut h) = crate::start_in(name, tier, LabOptions::for_test(), |_| {}) else { return };
+    // An established flow first: with the fast path on, in the kernel's
+    // maps, which go with the program when the daemon dies.
+    crate::established_flows(&h, Pod::A, 2);
     h.gw.kill().unwrap();
     // Whether or not an answer comes back, nothing may leave with pod A's address.
     let _ = client::udp_echo(h.lab.pod(Pod::A), Pod::A.echo_endpoint(), "while-dead");
+    // The finish reads counters from the (dead) daemon: its check of the
+    // fast path was made above.
+    h.expect_fast_path_hits = false;
     h.finish(&[]).unwrap();
 }

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use egret_dataplane::stats::{DropReason, Event};
 use egret_tests::client;
+use egret_tests::harness::Tier;
 use egret_tests::lab::{Arm, Lab, LabOptions};
 use egret_tests::plan::{self, Pod};
 
-fn translate_everything(name: &str, arm: Arm) {
-    let Some(mut h) = crate::start(name, LabOptions { arm, ..LabOptions::for_test() }, |_| {}) else { return };
+fn translate_everything(name: &str, arm: Arm, tier: Tier) {
+    let Some(mut h) = crate::start_in(name, tier, LabOptions { arm, ..LabOptions::for_test() }, |_| {}) else { return };
     let before = h.counters().unwrap();
 
     // Pod A from a fixed port first: endpoint-independent mapping keeps the
@@ -62,6 +63,12 @@ fn translate_everything(name: &str, arm: Arm) {
     assert_eq!(r.seen, r.local, "excluded destination: untouched");
     assert_eq!(r.seen.ip(), IpAddr::from(plan::POD_A));
 
+    // Established flows: in XDP with the fast path on, in the workers without.
+    for pod in [Pod::A, Pod::C] {
+        let (tcp, udp) = crate::established_flows(&h, pod, 5);
+        assert_eq!((Some(tcp.ip()), Some(udp.ip())), (pod.egress(), pod.egress()), "{pod:?}");
+    }
+
     let after = h.counters().unwrap();
     let created = after.get(Event::SessionCreatedOutbound.name()) - before.get(Event::SessionCreatedOutbound.name());
     // A, B, C each: 1 UDP + 1 TCP + 1 ICMP, plus A's fixed port and the A/B pair.
@@ -77,12 +84,13 @@ fn translate_everything(name: &str, arm: Arm) {
     h.finish(&[]).unwrap();
 }
 
-#[test]
-fn translates_tcp_udp_icmp_two_arm() {
-    translate_everything("translates_tcp_udp_icmp_two_arm", Arm::Two);
+fn two_arm(name: &str, tier: Tier) {
+    translate_everything(name, Arm::Two, tier);
 }
 
-#[test]
-fn translates_tcp_udp_icmp_one_arm() {
-    translate_everything("translates_tcp_udp_icmp_one_arm", Arm::One);
+fn one_arm(name: &str, tier: Tier) {
+    translate_everything(name, Arm::One, tier);
 }
+
+both_tiers!(translates_tcp_udp_icmp_two_arm, two_arm);
+both_tiers!(translates_tcp_udp_icmp_one_arm, one_arm);

@@ -1,0 +1,459 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fast_path.h - rule 0 of the steering program: established sessions
+ * translated in XDP (docs/adr/0005-xdp-fast-path.md).
+ *
+ * Userspace (the daemon's offload manager) installs both directions of a
+ * confirmed session into fp_sessions_v4/v6. A frame is looked up when it is
+ * untagged IPv4 without options or IPv6 without extension headers, not a
+ * fragment, and TCP or UDP. On a hit it is translated exactly as the
+ * userspace engine would translate it (nat/rewrite.rs, engine.rs forward()):
+ *
+ *   1. addresses and ports from the entry;
+ *   2. IPv4 header checksum: the entry's l3 delta, then the TTL decrement's
+ *      constant delta, in that order (RFC 1624 eqn. 3, ~(~HC + m), the same
+ *      ones' complement representation as wire::checksum::Delta::apply);
+ *   3. transport checksum: the entry's l4 delta; a UDP/IPv4 checksum of 0
+ *      stays 0 and a computed 0 is sent as 0xFFFF (RFC 768);
+ *   4. TTL / hop limit minus one; MACs from the entry's next hop;
+ *   5. XDP_TX when the next hop is out of the receiving interface, else
+ *      bpf_redirect() to it.
+ *
+ * It returns EGRET_FP_CONTINUE, leaving the frame untouched, for a miss and
+ * for every case that needs the engine (each counted, fast_path_reason.h):
+ * TCP SYN/FIN/RST, TTL <= 1, a partial transport checksum (TX offload of a
+ * local sender: the field equals the folded pseudo-header sum, as
+ * wire::checksum::is_partial decides), an invalid next hop, and anything the
+ * engine would count as malformed. Every check happens before the first
+ * write, so a punted frame reaches the steering rules as it arrived.
+ *
+ * Built with -DEGRET_FP_FIB_LOOKUP (tests only), the next hop comes from
+ * bpf_fib_lookup() instead of fp_next_hops: the variant the ADR measured.
+ */
+#ifndef EGRET_FAST_PATH_H
+#define EGRET_FAST_PATH_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "egret_maps.h"
+#include "parse.h"
+
+/* Not the fast path's frame: go on with the steering rules. */
+#define EGRET_FP_CONTINUE (-1)
+
+/* TCP flags byte (RFC 9293 section 3.1): offset 13 of the header. */
+#define EGRET_TCP_FLAGS_OFFSET 13
+#define EGRET_TCP_FIN 0x01
+#define EGRET_TCP_SYN 0x02
+#define EGRET_TCP_RST 0x04
+
+#define EGRET_NSEC_PER_SEC 1000000000ULL
+
+/*
+ * The IPv4 header checksum delta of TTL - 1 (TTL is the high byte of the
+ * (TTL, protocol) word): fold(~(ttl << 8 | p) + ((ttl - 1) << 8 | p)) =
+ * 0xFFFF - 0x0100 for every TTL >= 1, the value the engine's
+ * Delta::between_u16 computes.
+ */
+#define EGRET_TTL_DECREMENT_DELTA 0xFEFF
+
+struct egret_tcp_min {
+	__be16 source;
+	__be16 dest;
+	__be32 seq;
+	__be32 ack_seq;
+	__u8 doff_res; /* data offset in the high nibble */
+	__u8 flags;
+	__be16 window;
+	__be16 check;
+	__be16 urg_ptr;
+};
+
+struct egret_udp_hdr {
+	__be16 source;
+	__be16 dest;
+	__be16 len;
+	__be16 check;
+};
+
+static __always_inline void fp_count(__u32 reason)
+{
+	__u64 *slot = bpf_map_lookup_elem(&fp_counters, &reason);
+
+	if (slot)
+		*slot += 1; /* per-CPU slot */
+}
+
+static __always_inline int fp_punt(__u32 reason)
+{
+	fp_count(reason);
+	return EGRET_FP_CONTINUE;
+}
+
+static __always_inline int fp_enabled(void)
+{
+	__u32 zero = 0;
+	struct fp_config *cfg = bpf_map_lookup_elem(&fp_config, &zero);
+
+	return cfg && cfg->enabled;
+}
+
+/* Folds a 32-bit ones' complement sum to 16 bits (end-around carry). */
+static __always_inline __u16 csum_fold(__u32 s)
+{
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)s;
+}
+
+/* RFC 1624 eqn. 3: HC' = ~(~HC + m'), host order. */
+static __always_inline __u16 csum_apply(__u16 csum, __u16 delta)
+{
+	return (__u16)~csum_fold((__u32)(__u16)~csum + delta);
+}
+
+/* Sum of the 16-bit words of an address (host order values). */
+static __always_inline __u32 addr_sum(const __u8 *a, int len)
+{
+	__u32 s = 0;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < len; i += 2)
+		s += ((__u32)a[i] << 8) | a[i + 1];
+	return s;
+}
+
+/*
+ * Whether a TCP/UDP checksum field holds only the pseudo-header sum
+ * (RFC 9293 3.1 / RFC 768 / RFC 8200 8.1 pseudo-header over the addresses as
+ * received, the protocol and the transport length). A field of 0 is never
+ * partial (a UDP "no checksum").
+ */
+static __always_inline int csum_is_partial(__u16 field, __u32 pseudo_sum)
+{
+	return field != 0 && field == csum_fold(pseudo_sum);
+}
+
+/* The IPv4 header (20 bytes, no options) sums to 0xFFFF when valid. */
+static __always_inline int ipv4_header_ok(const struct iphdr *ip)
+{
+	const __u16 *w = (const __u16 *)ip;
+	__u32 s = 0;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 10; i++)
+		s += w[i];
+	return csum_fold(s) == 0xffff;
+}
+
+/* Stamps an entry at most once a second: one cache-line write per second
+ * per direction, not per packet. */
+static __always_inline void fp_stamp(__u64 *last_seen_ns)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+
+	if (now - *last_seen_ns >= EGRET_NSEC_PER_SEC)
+		*last_seen_ns = now;
+}
+
+static __always_inline void fp_account(__u16 policy_slot, __u8 direction, __u64 bytes)
+{
+	__u32 idx = (__u32)policy_slot * 2 + (direction & 1);
+	struct fp_traffic *t = bpf_map_lookup_elem(&fp_policy_traffic, &idx);
+
+	if (t) {
+		t->packets += 1;
+		t->bytes += bytes;
+	}
+}
+
+/* The L4 checks shared by both families: returns 0 when the frame may be
+ * translated, else the punt reason. *csum_at points at the checksum field. */
+static __always_inline int fp_check_l4(void *l4, void *data_end, __u8 proto, __u32 l4_len, int v6,
+				       __be16 **csum_at)
+{
+	if (proto == IPPROTO_TCP) {
+		struct egret_tcp_min *th = l4;
+		__u32 doff;
+
+		if ((void *)(th + 1) > data_end || l4_len < sizeof(*th))
+			return EGRET_FP_PUNT_MALFORMED;
+		doff = (__u32)(th->doff_res >> 4) * 4;
+		if (doff < sizeof(*th) || doff > l4_len)
+			return EGRET_FP_PUNT_MALFORMED;
+		if (th->flags & (EGRET_TCP_SYN | EGRET_TCP_FIN | EGRET_TCP_RST))
+			return EGRET_FP_PUNT_TCP_CONTROL;
+		*csum_at = &th->check;
+		return 0;
+	}
+	{
+		struct egret_udp_hdr *uh = l4;
+		__u32 ulen;
+
+		if ((void *)(uh + 1) > data_end || l4_len < sizeof(*uh))
+			return EGRET_FP_PUNT_MALFORMED;
+		ulen = bpf_ntohs(uh->len);
+		if (ulen < sizeof(*uh) || ulen > l4_len)
+			return EGRET_FP_PUNT_MALFORMED;
+		/* RFC 8200 8.1: UDP over IPv6 must carry a checksum. */
+		if (v6 && uh->check == 0)
+			return EGRET_FP_PUNT_MALFORMED;
+		*csum_at = &uh->check;
+		return 0;
+	}
+}
+
+/* Writes the transport checksum after the rewrite. */
+static __always_inline void fp_fix_l4(__be16 *csum_at, __u8 proto, __u16 delta)
+{
+	__u16 c;
+
+	if (proto == IPPROTO_UDP) {
+		if (*csum_at == 0)
+			return; /* RFC 768: no checksum stays no checksum */
+		c = csum_apply(bpf_ntohs(*csum_at), delta);
+		*csum_at = bpf_htons(c ? c : 0xffff);
+		return;
+	}
+	*csum_at = bpf_htons(csum_apply(bpf_ntohs(*csum_at), delta));
+}
+
+#ifndef EGRET_FP_FIB_LOOKUP
+/* The next hop of an entry, or NULL when it cannot be used. */
+static __always_inline struct fp_next_hop *fp_next_hop(struct xdp_md *ctx, __u32 id, int v6,
+						       const __u8 *dst)
+{
+	struct fp_next_hop *nh = bpf_map_lookup_elem(&fp_next_hops, &id);
+
+	if (!nh || nh->valid != EGRET_NEXT_HOP_VALID)
+		return NULL;
+	return nh;
+}
+#else
+/* Measurement variant: the kernel's FIB and neighbour table per packet.
+ * bpf_fib_lookup is GPL-only; this object is built for tests only. */
+static __always_inline int fp_fib(struct xdp_md *ctx, struct bpf_fib_lookup *p, int v6, const __u8 *src,
+				  const __u8 *dst, __u8 proto, __u16 tot_len)
+{
+	__builtin_memset(p, 0, sizeof(*p));
+	p->family = v6 ? 10 /* AF_INET6 */ : 2 /* AF_INET */;
+	p->l4_protocol = proto;
+	p->tot_len = tot_len;
+	p->ifindex = ctx->ingress_ifindex;
+	if (v6) {
+		__builtin_memcpy(p->ipv6_src, src, 16);
+		__builtin_memcpy(p->ipv6_dst, dst, 16);
+	} else {
+		__builtin_memcpy(&p->ipv4_src, src, 4);
+		__builtin_memcpy(&p->ipv4_dst, dst, 4);
+	}
+	return bpf_fib_lookup(ctx, p, sizeof(*p), 0) == BPF_FIB_LKUP_RET_SUCCESS;
+}
+#endif
+
+/* Sends a translated frame: XDP_TX back out of the receiving interface, or
+ * a redirect to the next hop's interface. Counted as a verdict. */
+static __always_inline int fp_send(struct xdp_md *ctx, __u32 ifindex)
+{
+	if (ifindex == ctx->ingress_ifindex) {
+		count(EGRET_TX_FAST_PATH);
+		return XDP_TX;
+	}
+	count(EGRET_REDIRECT_FAST_PATH);
+	return (int)bpf_redirect(ifindex, 0);
+}
+
+/* Rule 0 for IPv4 (RFC 791). `l3` follows an untagged Ethernet header. */
+static __always_inline int fast_path_v4(struct xdp_md *ctx, struct ethhdr *eth, void *l3, void *data_end)
+{
+	struct iphdr *ip = l3;
+	struct fp_key_v4 key = {};
+	struct fp_entry_v4 *e;
+	struct egret_ports *ports;
+	__be16 *csum_at = NULL;
+	__u32 tot_len, l4_len;
+	__u32 ifindex;
+	int rc;
+
+	if ((void *)(ip + 1) > data_end || ip->version != 4 || ip->ihl < 5)
+		return EGRET_FP_CONTINUE; /* the steering rules and the engine judge it */
+	if (ip->ihl != 5)
+		return fp_punt(EGRET_FP_SKIP_IP_OPTIONS);
+	if (ip->frag_off & bpf_htons(EGRET_IP_MF | EGRET_IP_OFFSET_MASK))
+		return fp_punt(EGRET_FP_SKIP_FRAGMENT);
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return fp_punt(EGRET_FP_SKIP_NOT_TCP_UDP);
+	ports = (void *)(ip + 1);
+	if ((void *)(ports + 1) > data_end)
+		return EGRET_FP_CONTINUE;
+
+	__builtin_memcpy(key.src, &ip->saddr, 4);
+	__builtin_memcpy(key.dst, &ip->daddr, 4);
+	key.sport = ports->source;
+	key.dport = ports->dest;
+	key.proto = ip->protocol;
+	e = bpf_map_lookup_elem(&fp_sessions_v4, &key);
+	if (!e)
+		return fp_punt(EGRET_FP_MISS);
+
+	/* A hit. Everything below the checks writes; nothing above does. */
+	tot_len = bpf_ntohs(ip->tot_len);
+	if (tot_len < sizeof(*ip) || (void *)ip + tot_len > data_end || !ipv4_header_ok(ip))
+		return fp_punt(EGRET_FP_PUNT_MALFORMED);
+	l4_len = tot_len - sizeof(*ip);
+	rc = fp_check_l4(ports, data_end, ip->protocol, l4_len, 0, &csum_at);
+	if (rc)
+		return fp_punt(rc);
+	if (!csum_at)
+		return fp_punt(EGRET_FP_PUNT_MALFORMED);
+	if (ip->ttl <= 1)
+		return fp_punt(EGRET_FP_PUNT_TTL);
+	if (csum_is_partial(bpf_ntohs(*csum_at), addr_sum(key.src, 4) + addr_sum(key.dst, 4) + ip->protocol +
+							   (l4_len >> 16) + (l4_len & 0xffff)))
+		return fp_punt(EGRET_FP_PUNT_PARTIAL_CHECKSUM);
+#ifndef EGRET_FP_FIB_LOOKUP
+	{
+		struct fp_next_hop *nh = fp_next_hop(ctx, e->next_hop, 0, e->new_dst);
+
+		if (!nh)
+			return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
+		ifindex = nh->ifindex;
+		__builtin_memcpy(eth->h_dest, nh->dst_mac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, nh->src_mac, ETH_ALEN);
+	}
+#else
+	{
+		struct bpf_fib_lookup p;
+
+		if (!fp_fib(ctx, &p, 0, e->new_src, e->new_dst, ip->protocol, tot_len))
+			return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
+		ifindex = p.ifindex;
+		__builtin_memcpy(eth->h_dest, p.dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, p.smac, ETH_ALEN);
+	}
+#endif
+
+	__builtin_memcpy(&ip->saddr, e->new_src, 4);
+	__builtin_memcpy(&ip->daddr, e->new_dst, 4);
+	ip->check = bpf_htons(csum_apply(bpf_ntohs(ip->check), e->l3_delta));
+	ip->ttl -= 1;
+	ip->check = bpf_htons(csum_apply(bpf_ntohs(ip->check), EGRET_TTL_DECREMENT_DELTA));
+	ports->source = e->new_sport;
+	ports->dest = e->new_dport;
+	fp_fix_l4(csum_at, ip->protocol, e->l4_delta);
+
+	fp_stamp(&e->last_seen_ns);
+	fp_account(e->policy_slot, e->direction, (__u64)(data_end - (void *)eth));
+	return fp_send(ctx, ifindex);
+}
+
+/* Rule 0 for IPv6 (RFC 8200): no extension headers, so the transport header
+ * follows the fixed header and its length is the payload length. */
+static __always_inline int fast_path_v6(struct xdp_md *ctx, struct ethhdr *eth, void *l3, void *data_end)
+{
+	struct ipv6hdr *ip6 = l3;
+	struct fp_key_v6 key = {};
+	struct fp_entry_v6 *e;
+	struct egret_ports *ports;
+	__be16 *csum_at = NULL;
+	__u32 l4_len;
+	__u32 ifindex;
+	__u8 proto;
+	int rc;
+
+	if ((void *)(ip6 + 1) > data_end || ip6->version != 6)
+		return EGRET_FP_CONTINUE;
+	proto = ip6->nexthdr;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP) {
+		if (proto == IPPROTO_FRAGMENT)
+			return fp_punt(EGRET_FP_SKIP_FRAGMENT);
+		if (is_ipv6_ext(proto))
+			return fp_punt(EGRET_FP_SKIP_IPV6_EXT);
+		return fp_punt(EGRET_FP_SKIP_NOT_TCP_UDP);
+	}
+	ports = (void *)(ip6 + 1);
+	if ((void *)(ports + 1) > data_end)
+		return EGRET_FP_CONTINUE;
+
+	__builtin_memcpy(key.src, &ip6->saddr, 16);
+	__builtin_memcpy(key.dst, &ip6->daddr, 16);
+	key.sport = ports->source;
+	key.dport = ports->dest;
+	key.proto = proto;
+	e = bpf_map_lookup_elem(&fp_sessions_v6, &key);
+	if (!e)
+		return fp_punt(EGRET_FP_MISS);
+
+	l4_len = bpf_ntohs(ip6->payload_len);
+	if ((void *)(ip6 + 1) + l4_len > data_end)
+		return fp_punt(EGRET_FP_PUNT_MALFORMED);
+	rc = fp_check_l4(ports, data_end, proto, l4_len, 1, &csum_at);
+	if (rc)
+		return fp_punt(rc);
+	if (!csum_at)
+		return fp_punt(EGRET_FP_PUNT_MALFORMED);
+	if (ip6->hop_limit <= 1)
+		return fp_punt(EGRET_FP_PUNT_TTL);
+	if (csum_is_partial(bpf_ntohs(*csum_at),
+			    addr_sum(key.src, 16) + addr_sum(key.dst, 16) + proto + (l4_len >> 16) + (l4_len & 0xffff)))
+		return fp_punt(EGRET_FP_PUNT_PARTIAL_CHECKSUM);
+#ifndef EGRET_FP_FIB_LOOKUP
+	{
+		struct fp_next_hop *nh = fp_next_hop(ctx, e->next_hop, 1, e->new_dst);
+
+		if (!nh)
+			return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
+		ifindex = nh->ifindex;
+		__builtin_memcpy(eth->h_dest, nh->dst_mac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, nh->src_mac, ETH_ALEN);
+	}
+#else
+	{
+		struct bpf_fib_lookup p;
+
+		if (!fp_fib(ctx, &p, 1, e->new_src, e->new_dst, proto, 40 + l4_len))
+			return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
+		ifindex = p.ifindex;
+		__builtin_memcpy(eth->h_dest, p.dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, p.smac, ETH_ALEN);
+	}
+#endif
+
+	__builtin_memcpy(&ip6->saddr, e->new_src, 16);
+	__builtin_memcpy(&ip6->daddr, e->new_dst, 16);
+	ip6->hop_limit -= 1;
+	ports->source = e->new_sport;
+	ports->dest = e->new_dport;
+	fp_fix_l4(csum_at, proto, e->l4_delta);
+
+	fp_stamp(&e->last_seen_ns);
+	fp_account(e->policy_slot, e->direction, (__u64)(data_end - (void *)eth));
+	return fp_send(ctx, ifindex);
+}
+
+/* Rule 0: the fast path, when enabled, for untagged IPv4/IPv6 frames. */
+static __always_inline int fast_path(struct xdp_md *ctx, void *data, void *data_end, void *l3, __be16 proto)
+{
+	struct ethhdr *eth = data;
+
+	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6))
+		return EGRET_FP_CONTINUE;
+	if (!fp_enabled())
+		return EGRET_FP_CONTINUE;
+	if (l3 != (void *)(eth + 1))
+		return fp_punt(EGRET_FP_SKIP_VLAN);
+	if (proto == bpf_htons(ETH_P_IP))
+		return fast_path_v4(ctx, eth, l3, data_end);
+	return fast_path_v6(ctx, eth, l3, data_end);
+}
+
+#endif /* EGRET_FAST_PATH_H */

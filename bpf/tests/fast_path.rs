@@ -1,0 +1,774 @@
+//! Rule 0, the fast path, through BPF_PROG_TEST_RUN with hand-made entries:
+//! a hit must produce exactly the frame a full recompute produces (built
+//! with etherparse, checksums and all); everything the engine must see must
+//! leave the frame untouched, move exactly one fast-path counter (its
+//! reason) and then get the steering verdict it would get without the fast
+//! path. The deltas here come from a small independent RFC 1624 sum, not
+//! from the engine. Also: the switch, the once-a-second stamp, per-policy
+//! traffic, a full map, and (ignored) the cost measurement behind
+//! docs/adr/0005-xdp-fast-path.md.
+//!
+//! World (TEST-NET): pod 198.51.100.7 / 2001:db8:1::5 (steered), egress
+//! 203.0.113.10 / 2001:db8:e::10 (NAT ports 20000-29999), remote
+//! 203.0.113.99 / 2001:db8:2::1. An AF_XDP socket sits on queue 0 of `lo`
+//! (ifindex 1, where BPF_PROG_TEST_RUN delivers), so punted frames are
+//! redirected to it by the steering rules.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+
+use egret_bpf::{
+    Action, DstRule, FastPathReason as F, FpEntryV4, FpEntryV6, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite, LoadOptions,
+    OwnedAddr, ProgramVariant, SrcPrefix, SteeringProgram, VerdictReason as R, XdpAction,
+};
+use etherparse::{IpHeaders, IpNumber, Ipv4Header, Ipv6Extensions, Ipv6Header, Ipv6RawExtHeader, PacketBuilder};
+
+const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+const OUT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x03];
+const NH_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xfe];
+
+const POD4: [u8; 4] = [198, 51, 100, 7];
+const EGRESS4: [u8; 4] = [203, 0, 113, 10];
+const REMOTE4: [u8; 4] = [203, 0, 113, 99];
+const LO: u32 = 1;
+const OTHER_IF: u32 = 7;
+const NAT_LO: u16 = 20000;
+const NAT_HI: u16 = 29999;
+const POD_PORT: u16 = 40000;
+const EGRESS_PORT: u16 = 20000;
+const REMOTE_PORT: u16 = 443;
+const PAYLOAD: &[u8] = b"egret fast path payload";
+
+fn v6(s: &str) -> [u8; 16] {
+    s.parse::<Ipv6Addr>().unwrap().octets()
+}
+fn pod6() -> [u8; 16] {
+    v6("2001:db8:1::5")
+}
+fn egress6() -> [u8; 16] {
+    v6("2001:db8:e::10")
+}
+fn remote6() -> [u8; 16] {
+    v6("2001:db8:2::1")
+}
+fn net(s: &str) -> ipnet::IpNet {
+    s.parse().unwrap()
+}
+
+// ------------------------------------------------------------ RFC 1624
+
+fn fold(mut s: u32) -> u16 {
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+/// The delta of replacing `old` by `new` (equal even lengths): the sum of
+/// ~m + m' over the 16-bit words, folded, with 0xFFFF kept as 0.
+fn delta(old: &[u8], new: &[u8]) -> u16 {
+    let mut s = 0u32;
+    for (o, n) in old.chunks(2).zip(new.chunks(2)) {
+        s += u32::from(!u16::from_be_bytes([o[0], o[1]]));
+        s += u32::from(u16::from_be_bytes([n[0], n[1]]));
+    }
+    norm(fold(s))
+}
+
+fn norm(d: u16) -> u16 {
+    if d == 0xffff {
+        0
+    } else {
+        d
+    }
+}
+
+fn add(a: u16, b: u16) -> u16 {
+    norm(fold(u32::from(a) + u32::from(b)))
+}
+
+// ------------------------------------------------------------ frames
+
+#[derive(Clone, Copy)]
+enum L4 {
+    Udp,
+    /// TCP with these flags (ACK is always set).
+    Tcp { syn: bool, fin: bool, rst: bool },
+}
+
+const ACK: L4 = L4::Tcp { syn: false, fin: false, rst: false };
+
+fn frame4(macs: ([u8; 6], [u8; 6]), src: [u8; 4], dst: [u8; 4], ttl: u8, sport: u16, dport: u16, l4: L4) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(macs.0, macs.1).ipv4(src, dst, ttl);
+    let mut v = Vec::new();
+    match l4 {
+        L4::Udp => b.udp(sport, dport).write(&mut v, PAYLOAD).unwrap(),
+        L4::Tcp { syn, fin, rst } => {
+            let mut t = b.tcp(sport, dport, 1000, 4096).ack(77);
+            if syn {
+                t = t.syn();
+            }
+            if fin {
+                t = t.fin();
+            }
+            if rst {
+                t = t.rst();
+            }
+            t.write(&mut v, PAYLOAD).unwrap()
+        }
+    }
+    v
+}
+
+fn frame6(macs: ([u8; 6], [u8; 6]), src: [u8; 16], dst: [u8; 16], hops: u8, sport: u16, dport: u16, l4: L4) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(macs.0, macs.1).ipv6(src, dst, hops);
+    let mut v = Vec::new();
+    match l4 {
+        L4::Udp => b.udp(sport, dport).write(&mut v, PAYLOAD).unwrap(),
+        L4::Tcp { syn, fin, rst } => {
+            let mut t = b.tcp(sport, dport, 1000, 4096).ack(77);
+            if syn {
+                t = t.syn();
+            }
+            if fin {
+                t = t.fin();
+            }
+            if rst {
+                t = t.rst();
+            }
+            t.write(&mut v, PAYLOAD).unwrap()
+        }
+    }
+    v
+}
+
+fn proto(l4: L4) -> u8 {
+    match l4 {
+        L4::Udp => 17,
+        L4::Tcp { .. } => 6,
+    }
+}
+
+/// Offset of the transport checksum in a frame without VLAN or options.
+fn csum_at(frame: &[u8], v6: bool) -> usize {
+    let l4 = if v6 { 14 + 40 } else { 14 + 20 };
+    let proto = if v6 { frame[14 + 6] } else { frame[14 + 9] };
+    l4 + if proto == 6 { 16 } else { 6 }
+}
+
+/// Replaces the transport checksum by the folded pseudo-header sum, as a
+/// sender with TX checksum offload leaves it.
+fn make_partial(frame: &mut [u8], v6: bool) {
+    let (src, dst, len, proto) = if v6 {
+        let len = u16::from_be_bytes([frame[18], frame[19]]) as u32;
+        (&frame[22..38], &frame[38..54], len, frame[20])
+    } else {
+        let tot = u16::from_be_bytes([frame[16], frame[17]]) as u32;
+        (&frame[26..30], &frame[30..34], tot - 20, frame[23])
+    };
+    let mut s = 0u32;
+    for w in src.chunks(2).chain(dst.chunks(2)) {
+        s += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    s += u32::from(proto) + (len >> 16) + (len & 0xffff);
+    let at = csum_at(frame, v6);
+    frame[at..at + 2].copy_from_slice(&fold(s).to_be_bytes());
+}
+
+/// Sets the IPv4 TTL and fixes the header checksum from scratch.
+fn set_ttl4(frame: &mut [u8], ttl: u8) {
+    frame[14 + 8] = ttl;
+    frame[14 + 10] = 0;
+    frame[14 + 11] = 0;
+    let mut s = 0u32;
+    for w in frame[14..34].chunks(2) {
+        s += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    let c = !fold(s);
+    frame[14 + 10..14 + 12].copy_from_slice(&c.to_be_bytes());
+}
+
+// ------------------------------------------------------------ world
+
+struct World {
+    prog: SteeringProgram,
+    _xsk: socket2::Socket,
+}
+
+fn world() -> World {
+    world_with(LoadOptions::default())
+}
+
+fn world_with(options: LoadOptions) -> World {
+    let prog = SteeringProgram::load(options).expect("load (run as root)");
+    prog.set_owned(IpAddr::from(EGRESS4), OwnedAddr::egress(NAT_LO, NAT_HI)).unwrap();
+    prog.set_owned(IpAddr::from(egress6()), OwnedAddr::egress(NAT_LO, NAT_HI)).unwrap();
+    let sources = vec![
+        SrcPrefix { prefix: net("198.51.100.0/24"), class: 1 },
+        SrcPrefix { prefix: net("2001:db8:1::/64"), class: 2 },
+    ];
+    let rules = vec![
+        DstRule { class: 1, prefix: net("0.0.0.0/0"), action: Action::Steer, policy_id: 1 },
+        DstRule { class: 2, prefix: net("::/0"), action: Action::Steer, policy_id: 1 },
+    ];
+    prog.replace_policy(&sources, &rules).unwrap();
+    let xsk = socket2::Socket::new(socket2::Domain::from(libc::AF_XDP), socket2::Type::from(libc::SOCK_RAW), None)
+        .expect("AF_XDP socket (run as root)");
+    prog.register_xsk(LO, 0, xsk.as_raw_fd()).unwrap();
+    prog.fp_set_enabled(true).unwrap();
+    // Next hop 0: out of another interface; 1: out of lo (one-arm); 2: unresolved.
+    prog.fp_set_next_hop(0, &FpNextHop::resolved(OTHER_IF, OUT_MAC, NH_MAC)).unwrap();
+    prog.fp_set_next_hop(1, &FpNextHop::resolved(LO, GW_MAC, PEER_MAC)).unwrap();
+    prog.fp_set_next_hop(2, &FpNextHop::invalid(OTHER_IF)).unwrap();
+    World { prog, _xsk: xsk }
+}
+
+/// Installs both directions of a v4 session pod:POD_PORT -> remote:REMOTE_PORT
+/// seen as egress:EGRESS_PORT, with `next_hop` for both directions.
+fn install4(prog: &SteeringProgram, l4: L4, next_hop: u32, policy_slot: u16) {
+    let p = proto(l4);
+    let ports = |a: u16, b: u16| [a.to_be_bytes(), b.to_be_bytes()].concat();
+    let l3 = delta(&[POD4, REMOTE4].concat(), &[EGRESS4, REMOTE4].concat());
+    let l4d = add(l3, delta(&ports(POD_PORT, REMOTE_PORT), &ports(EGRESS_PORT, REMOTE_PORT)));
+    let out = FpRewrite {
+        new_sport: EGRESS_PORT,
+        new_dport: REMOTE_PORT,
+        l3_delta: l3,
+        l4_delta: l4d,
+        next_hop,
+        policy_slot,
+        direction: egret_bpf::fast_path::DIR_OUTBOUND,
+    };
+    prog.fp_insert_v4(
+        &FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, p),
+        &FpEntryV4::new(EGRESS4.into(), REMOTE4.into(), &out),
+    )
+    .unwrap();
+    let inb = FpRewrite {
+        new_sport: REMOTE_PORT,
+        new_dport: POD_PORT,
+        l3_delta: delta(&[REMOTE4, EGRESS4].concat(), &[REMOTE4, POD4].concat()),
+        l4_delta: add(
+            delta(&[REMOTE4, EGRESS4].concat(), &[REMOTE4, POD4].concat()),
+            delta(&ports(REMOTE_PORT, EGRESS_PORT), &ports(REMOTE_PORT, POD_PORT)),
+        ),
+        next_hop,
+        policy_slot,
+        direction: egret_bpf::fast_path::DIR_INBOUND,
+    };
+    prog.fp_insert_v4(
+        &FpKeyV4::new(REMOTE4.into(), EGRESS4.into(), REMOTE_PORT, EGRESS_PORT, p),
+        &FpEntryV4::new(REMOTE4.into(), POD4.into(), &inb),
+    )
+    .unwrap();
+}
+
+fn install6(prog: &SteeringProgram, l4: L4, next_hop: u32, policy_slot: u16) {
+    let p = proto(l4);
+    let ports = |a: u16, b: u16| [a.to_be_bytes(), b.to_be_bytes()].concat();
+    let out_l4 = add(
+        delta(&[pod6(), remote6()].concat(), &[egress6(), remote6()].concat()),
+        delta(&ports(POD_PORT, REMOTE_PORT), &ports(EGRESS_PORT, REMOTE_PORT)),
+    );
+    let out = FpRewrite {
+        new_sport: EGRESS_PORT,
+        new_dport: REMOTE_PORT,
+        l3_delta: 0,
+        l4_delta: out_l4,
+        next_hop,
+        policy_slot,
+        direction: egret_bpf::fast_path::DIR_OUTBOUND,
+    };
+    prog.fp_insert_v6(
+        &FpKeyV6::new(pod6().into(), remote6().into(), POD_PORT, REMOTE_PORT, p),
+        &FpEntryV6::new(egress6().into(), remote6().into(), &out),
+    )
+    .unwrap();
+    let in_l4 = add(
+        delta(&[remote6(), egress6()].concat(), &[remote6(), pod6()].concat()),
+        delta(&ports(REMOTE_PORT, EGRESS_PORT), &ports(REMOTE_PORT, POD_PORT)),
+    );
+    let inb = FpRewrite {
+        new_sport: REMOTE_PORT,
+        new_dport: POD_PORT,
+        l3_delta: 0,
+        l4_delta: in_l4,
+        next_hop,
+        policy_slot,
+        direction: egret_bpf::fast_path::DIR_INBOUND,
+    };
+    prog.fp_insert_v6(
+        &FpKeyV6::new(remote6().into(), egress6().into(), REMOTE_PORT, EGRESS_PORT, p),
+        &FpEntryV6::new(remote6().into(), pod6().into(), &inb),
+    )
+    .unwrap();
+}
+
+fn verdicts(prog: &SteeringProgram) -> Vec<u64> {
+    prog.verdict_counters().unwrap().into_iter().map(|(_, n)| n).collect()
+}
+
+fn fps(prog: &SteeringProgram) -> Vec<u64> {
+    prog.fp_counters().unwrap().into_iter().map(|(_, n)| n).collect()
+}
+
+fn moved<T: Copy>(all: &[T], before: &[u64], after: &[u64]) -> Vec<(T, u64)> {
+    all.iter()
+        .zip(before.iter().zip(after))
+        .filter(|(_, (b, a))| a != b)
+        .map(|(r, (b, a))| (*r, a - b))
+        .collect()
+}
+
+type Moved = (egret_bpf::TestRunOutput, Vec<(R, u64)>, Vec<(F, u64)>);
+
+/// Runs `frame`; returns the output and the verdict and fast-path counters that moved.
+fn run(prog: &SteeringProgram, frame: &[u8]) -> Moved {
+    let (v0, f0) = (verdicts(prog), fps(prog));
+    let out = prog.test_run(frame).unwrap();
+    let (v1, f1) = (verdicts(prog), fps(prog));
+    (out, moved(R::ALL, &v0, &v1), moved(F::ALL, &f0, &f1))
+}
+
+fn expect_hit(prog: &SteeringProgram, what: &str, frame: &[u8], want: &[u8], action: XdpAction) {
+    let (out, v, f) = run(prog, frame);
+    let reason = if action == XdpAction::Tx { R::TxFastPath } else { R::RedirectFastPath };
+    assert_eq!(out.action, action, "{what}: action");
+    assert_eq!(v, vec![(reason, 1)], "{what}: verdicts");
+    assert_eq!(f, vec![], "{what}: a hit moves no fast-path reason");
+    assert_eq!(egret_dataplane::fixtures::hex(&out.frame), egret_dataplane::fixtures::hex(want), "{what}: frame");
+}
+
+fn expect_punt(prog: &SteeringProgram, what: &str, frame: &[u8], reason: F, steering: R) {
+    let (out, v, f) = run(prog, frame);
+    assert_eq!(f, vec![(reason, 1)], "{what}: fast-path counters");
+    assert_eq!(v, vec![(steering, 1)], "{what}: verdicts");
+    assert_eq!(out.action, steering.action(), "{what}: action");
+    assert_eq!(out.frame, frame, "{what}: a punted frame must be untouched");
+}
+
+// ------------------------------------------------------------ tests
+
+#[test]
+fn hits_produce_the_fully_recomputed_frame() {
+    let w = world();
+    let p = &w.prog;
+    for l4 in [L4::Udp, ACK] {
+        p.fp_clear().unwrap();
+        install4(p, l4, 0, 3);
+        install6(p, l4, 0, 3);
+        let macs_in = (PEER_MAC, GW_MAC);
+        let macs_out = (OUT_MAC, NH_MAC);
+        let name = if matches!(l4, L4::Udp) { "udp" } else { "tcp" };
+
+        let out4 = frame4(macs_in, POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, l4);
+        let want4 = frame4(macs_out, EGRESS4, REMOTE4, 63, EGRESS_PORT, REMOTE_PORT, l4);
+        expect_hit(p, &format!("{name}4 outbound"), &out4, &want4, XdpAction::Redirect);
+        let in4 = frame4(macs_in, REMOTE4, EGRESS4, 50, REMOTE_PORT, EGRESS_PORT, l4);
+        let want_in4 = frame4(macs_out, REMOTE4, POD4, 49, REMOTE_PORT, POD_PORT, l4);
+        expect_hit(p, &format!("{name}4 inbound"), &in4, &want_in4, XdpAction::Redirect);
+
+        let out6 = frame6(macs_in, pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, l4);
+        let want6 = frame6(macs_out, egress6(), remote6(), 63, EGRESS_PORT, REMOTE_PORT, l4);
+        expect_hit(p, &format!("{name}6 outbound"), &out6, &want6, XdpAction::Redirect);
+        let in6 = frame6(macs_in, remote6(), egress6(), 2, REMOTE_PORT, EGRESS_PORT, l4);
+        let want_in6 = frame6(macs_out, remote6(), pod6(), 1, REMOTE_PORT, POD_PORT, l4);
+        expect_hit(p, &format!("{name}6 inbound"), &in6, &want_in6, XdpAction::Redirect);
+    }
+}
+
+#[test]
+fn many_ttls_and_payloads_keep_checksums_exact() {
+    // Every TTL from 2 to 255 with a payload byte varying: the IPv4 header
+    // checksum (address delta, then the TTL delta) and the UDP checksum
+    // must equal a full recompute each time.
+    let w = world();
+    install4(&w.prog, L4::Udp, 0, 0);
+    for ttl in 2..=255u8 {
+        let mut f = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, ttl, POD_PORT, REMOTE_PORT, L4::Udp);
+        let mut want = frame4((OUT_MAC, NH_MAC), EGRESS4, REMOTE4, ttl - 1, EGRESS_PORT, REMOTE_PORT, L4::Udp);
+        // Vary the payload's first byte in both and fix the UDP checksum of each from scratch.
+        for v in [&mut f, &mut want] {
+            let at = 14 + 20 + 8;
+            v[at] = ttl;
+            let src: [u8; 4] = v[26..30].try_into().unwrap();
+            let dst: [u8; 4] = v[30..34].try_into().unwrap();
+            let h = etherparse::UdpHeader::from_slice(&v[34..42]).unwrap().0;
+            let c = h.calc_checksum_ipv4_raw(src, dst, &v[42..]).unwrap();
+            v[40..42].copy_from_slice(&c.to_be_bytes());
+        }
+        expect_hit(&w.prog, &format!("ttl {ttl}"), &f, &want, XdpAction::Redirect);
+    }
+}
+
+#[test]
+fn one_arm_sends_back_out_with_xdp_tx() {
+    let w = world();
+    install4(&w.prog, L4::Udp, 1, 0);
+    let f = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let want = frame4((GW_MAC, PEER_MAC), EGRESS4, REMOTE4, 63, EGRESS_PORT, REMOTE_PORT, L4::Udp);
+    expect_hit(&w.prog, "one-arm", &f, &want, XdpAction::Tx);
+}
+
+#[test]
+fn udp4_without_checksum_stays_without() {
+    let w = world();
+    install4(&w.prog, L4::Udp, 0, 0);
+    let mut f = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let mut want = frame4((OUT_MAC, NH_MAC), EGRESS4, REMOTE4, 63, EGRESS_PORT, REMOTE_PORT, L4::Udp);
+    f[40..42].copy_from_slice(&[0, 0]);
+    want[40..42].copy_from_slice(&[0, 0]);
+    expect_hit(&w.prog, "udp checksum 0", &f, &want, XdpAction::Redirect);
+}
+
+#[test]
+fn punts_leave_the_frame_untouched_and_name_the_reason() {
+    let w = world();
+    let p = &w.prog;
+    install4(p, L4::Udp, 0, 0);
+    install4(p, ACK, 0, 0);
+    install6(p, L4::Udp, 0, 0);
+    install6(p, ACK, 0, 0);
+    let mi = (PEER_MAC, GW_MAC);
+    let udp_out = || frame4(mi, POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let udp_in = || frame4(mi, REMOTE4, EGRESS4, 64, REMOTE_PORT, EGRESS_PORT, L4::Udp);
+    let steered = R::RedirectSteeredSource;
+    let nat = R::RedirectNatPort;
+
+    let tcp = |syn, fin, rst| frame4(mi, POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Tcp { syn, fin, rst });
+    expect_punt(p, "SYN", &tcp(true, false, false), F::PuntTcpControl, steered);
+    expect_punt(p, "FIN", &tcp(false, true, false), F::PuntTcpControl, steered);
+    expect_punt(p, "RST", &tcp(false, false, true), F::PuntTcpControl, steered);
+    let rst_in = frame4(mi, REMOTE4, EGRESS4, 64, REMOTE_PORT, EGRESS_PORT, L4::Tcp { syn: false, fin: false, rst: true });
+    expect_punt(p, "RST inbound", &rst_in, F::PuntTcpControl, nat);
+    let fin6 = frame6(mi, pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, L4::Tcp { syn: false, fin: true, rst: false });
+    expect_punt(p, "FIN v6", &fin6, F::PuntTcpControl, steered);
+
+    let mut ttl1 = udp_out();
+    set_ttl4(&mut ttl1, 1);
+    expect_punt(p, "TTL 1", &ttl1, F::PuntTtl, steered);
+    let mut ttl0 = udp_in();
+    set_ttl4(&mut ttl0, 0);
+    expect_punt(p, "TTL 0 inbound", &ttl0, F::PuntTtl, nat);
+    let hop1 = frame6(mi, remote6(), egress6(), 1, REMOTE_PORT, EGRESS_PORT, L4::Udp);
+    expect_punt(p, "hop limit 1", &hop1, F::PuntTtl, nat);
+
+    for (name, v6, mut f) in [
+        ("partial udp", false, udp_out()),
+        ("partial tcp", false, tcp(false, false, false)),
+        ("partial udp inbound", false, udp_in()),
+        ("partial udp6", true, frame6(mi, pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, L4::Udp)),
+        ("partial tcp6", true, frame6(mi, pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, ACK)),
+    ] {
+        make_partial(&mut f, v6);
+        expect_punt(p, name, &f, F::PuntPartialChecksum, if name.contains("inbound") { nat } else { steered });
+    }
+
+    let mut bad_ip = udp_out();
+    bad_ip[14 + 10] ^= 0x5a;
+    expect_punt(p, "bad IPv4 header checksum", &bad_ip, F::PuntMalformed, steered);
+    let mut long_udp = udp_out();
+    long_udp[14 + 20 + 4..14 + 20 + 6].copy_from_slice(&200u16.to_be_bytes());
+    expect_punt(p, "UDP length beyond the datagram", &long_udp, F::PuntMalformed, steered);
+    let mut short_tot = udp_out();
+    let n = short_tot.len();
+    short_tot.truncate(n - 4);
+    expect_punt(p, "IPv4 total length beyond the frame", &short_tot, F::PuntMalformed, steered);
+    let mut zero6 = frame6(mi, pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let at = csum_at(&zero6, true);
+    zero6[at..at + 2].copy_from_slice(&[0, 0]);
+    expect_punt(p, "UDP over IPv6 without checksum", &zero6, F::PuntMalformed, steered);
+    let mut bad_doff = tcp(false, false, false);
+    bad_doff[14 + 20 + 12] = 0x40; // data offset 4 words
+    expect_punt(p, "TCP data offset below 5", &bad_doff, F::PuntMalformed, steered);
+
+    // Frames the fast path does not look up.
+    let mut opts = Ipv4Header::new(0, 64, IpNumber::UDP, POD4, REMOTE4).unwrap();
+    opts.options = [0x94, 0x04, 0, 0][..].try_into().unwrap();
+    let mut with_options = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, GW_MAC)
+        .ip(IpHeaders::Ipv4(opts, Default::default()))
+        .udp(POD_PORT, REMOTE_PORT)
+        .write(&mut with_options, PAYLOAD)
+        .unwrap();
+    expect_punt(p, "IPv4 options", &with_options, F::SkipIpOptions, steered);
+    let mut frag = udp_out();
+    frag[14 + 6] = 0x20; // MF
+    set_ttl4(&mut frag, 64);
+    expect_punt(p, "IPv4 first fragment", &frag, F::SkipFragment, steered);
+    let exts = Ipv6Extensions {
+        destination_options: Some(Ipv6RawExtHeader::new_raw(IpNumber::UDP, &[1, 4, 0, 0, 0, 0]).unwrap()),
+        ..Default::default()
+    };
+    let hdr = Ipv6Header { source: pod6(), destination: remote6(), hop_limit: 64, ..Default::default() };
+    let mut with_ext = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, GW_MAC)
+        .ip(IpHeaders::Ipv6(hdr, exts))
+        .udp(POD_PORT, REMOTE_PORT)
+        .write(&mut with_ext, PAYLOAD)
+        .unwrap();
+    expect_punt(p, "IPv6 destination options", &with_ext, F::SkipIpv6Ext, steered);
+    let mut frag6 = frame6(mi, pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    // Next header: fragment. The UDP ports now read as a fragment header
+    // whose offset is 443 >> 3: a later fragment to the steering rules.
+    frag6[14 + 6] = 44;
+    expect_punt(p, "IPv6 fragment header", &frag6, F::SkipFragment, R::RedirectFragmentSteeredSource);
+    let mut vlan = udp_out();
+    vlan.splice(12..12, [0x81, 0x00, 0x00, 0x64]);
+    expect_punt(p, "802.1Q tag", &vlan, F::SkipVlan, steered);
+    let mut icmp = Vec::new();
+    PacketBuilder::ethernet2(PEER_MAC, GW_MAC)
+        .ipv4(POD4, REMOTE4, 64)
+        .icmpv4_echo_request(POD_PORT, 1)
+        .write(&mut icmp, PAYLOAD)
+        .unwrap();
+    expect_punt(p, "ICMP echo", &icmp, F::SkipNotTcpUdp, steered);
+    let other = frame4(mi, POD4, REMOTE4, 64, POD_PORT + 1, REMOTE_PORT, L4::Udp);
+    expect_punt(p, "another flow", &other, F::Miss, steered);
+    let stranger = frame4(mi, [203, 0, 113, 98], EGRESS4, 64, REMOTE_PORT, EGRESS_PORT, L4::Udp);
+    expect_punt(p, "another remote to the mapped port", &stranger, F::Miss, nat);
+    let unselected = frame4(mi, [192, 0, 2, 9], REMOTE4, 64, 1, 2, L4::Udp);
+    expect_punt(p, "the kernel's traffic", &unselected, F::Miss, R::PassUnselectedSource);
+
+    // An unresolved next hop.
+    p.fp_clear().unwrap();
+    install4(p, L4::Udp, 2, 0);
+    expect_punt(p, "next hop unresolved", &udp_out(), F::PuntNextHop, steered);
+    install4(p, L4::Udp, 3, 0); // never written: all zero, not valid
+    expect_punt(p, "next hop never written", &udp_out(), F::PuntNextHop, steered);
+    install4(p, L4::Udp, 1_000_000, 0); // beyond the table
+    expect_punt(p, "next hop beyond the table", &udp_out(), F::PuntNextHop, steered);
+    // Marked valid again: translated.
+    p.fp_set_next_hop(2, &FpNextHop::resolved(OTHER_IF, OUT_MAC, NH_MAC)).unwrap();
+    install4(p, L4::Udp, 2, 0);
+    let (out, _, f) = run(p, &udp_out());
+    assert_eq!((out.action, f), (XdpAction::Redirect, vec![]));
+}
+
+#[test]
+fn switched_off_the_fast_path_is_not_consulted() {
+    let w = world();
+    install4(&w.prog, L4::Udp, 0, 0);
+    w.prog.fp_set_enabled(false).unwrap();
+    let f = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let (out, v, fp) = run(&w.prog, &f);
+    assert_eq!((out.action, v, fp), (XdpAction::Redirect, vec![(R::RedirectSteeredSource, 1)], vec![]));
+    assert_eq!(out.frame, f);
+}
+
+#[test]
+fn last_seen_is_stamped_at_most_once_a_second_and_traffic_is_counted() {
+    let w = world();
+    install4(&w.prog, L4::Udp, 0, 5);
+    let key = FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, 17);
+    let in_key = FpKeyV4::new(REMOTE4.into(), EGRESS4.into(), REMOTE_PORT, EGRESS_PORT, 17);
+    assert_eq!(w.prog.fp_get_v4(&key).unwrap().unwrap().last_seen_ns, 0);
+    let f = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let before = egret_bpf::monotonic_ns();
+    w.prog.test_run(&f).unwrap();
+    let first = w.prog.fp_get_v4(&key).unwrap().unwrap().last_seen_ns;
+    // The coarse clock may lag the precise one by a tick (a few ms).
+    assert!(first + 20_000_000 >= before && first <= egret_bpf::monotonic_ns(), "{first} vs {before}");
+    for _ in 0..100 {
+        w.prog.test_run(&f).unwrap();
+    }
+    assert_eq!(w.prog.fp_get_v4(&key).unwrap().unwrap().last_seen_ns, first, "no write within the second");
+    assert_eq!(w.prog.fp_get_v4(&in_key).unwrap().unwrap().last_seen_ns, 0, "the other direction saw nothing");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    w.prog.test_run(&f).unwrap();
+    let later = w.prog.fp_get_v4(&key).unwrap().unwrap().last_seen_ns;
+    assert!(later >= first + 1_000_000_000, "{later} vs {first}");
+
+    let t = w.prog.fp_policy_traffic(5).unwrap();
+    assert_eq!((t[0].packets, t[0].bytes), (102, 102 * f.len() as u64));
+    assert_eq!((t[1].packets, t[1].bytes), (0, 0));
+    assert_eq!(w.prog.fp_policy_traffic(4).unwrap()[0].packets, 0);
+}
+
+#[test]
+fn a_full_map_is_reported_as_such() {
+    let w = world_with(LoadOptions { fast_path_sessions: 1, ..LoadOptions::default() });
+    install4(&w.prog, L4::Udp, 0, 0); // two entries: the map is full
+    let r = FpRewrite::default();
+    let err = w
+        .prog
+        .fp_insert_v4(&FpKeyV4::new(POD4.into(), REMOTE4.into(), 1, 2, 17), &FpEntryV4::new(EGRESS4.into(), REMOTE4.into(), &r))
+        .unwrap_err();
+    assert!(matches!(err, egret_bpf::BpfError::FastPathFull { map: "fp_sessions_v4" }), "{err}");
+    // Replacing an existing key still works; deleting frees room.
+    install4(&w.prog, L4::Udp, 1, 0);
+    assert_eq!(w.prog.fp_entry_counts(), (2, 0));
+    assert!(w.prog.fp_delete_v4(&FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, 17)).unwrap());
+    assert!(!w.prog.fp_delete_v4(&FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, 17)).unwrap());
+    assert_eq!(w.prog.fp_entry_counts(), (1, 0));
+    assert_eq!(w.prog.fp_clear().unwrap(), 1);
+}
+
+// ------------------------------------------------------------ measurement
+
+/// A namespace with a veth device `out0`, an on-link route to the
+/// remote side and a permanent neighbour, so `bpf_fib_lookup` resolves the
+/// same next hop the table holds. Deleted on drop.
+struct FibNs(String);
+
+impl FibNs {
+    fn new() -> Self {
+        let name = format!("egfp{}", std::process::id());
+        let ip = |args: &[&str]| {
+            let out = std::process::Command::new("ip").args(args).output().unwrap();
+            assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let _ = std::process::Command::new("ip").args(["netns", "del", &name]).output();
+        ip(&["netns", "add", &name]);
+        let ns = FibNs(name.clone());
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        // No dummy driver on this kernel: a veth pair.
+        ip(&["-n", &name, "link", "add", "out0", "address", "02:00:00:00:00:03", "type", "veth", "peer", "name", "out1"]);
+        ip(&["-n", &name, "link", "set", "out0", "up"]);
+        ip(&["-n", &name, "link", "set", "out1", "up"]);
+        ip(&["-n", &name, "addr", "add", "203.0.113.2/24", "dev", "out0"]);
+        // bpf_fib_lookup answers "forwarding disabled" otherwise.
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &name, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        ip(&["-n", &name, "route", "add", "198.51.100.0/24", "via", "203.0.113.1", "dev", "out0"]);
+        ip(&["-n", &name, "neigh", "add", "203.0.113.1", "lladdr", "02:00:00:00:00:fe", "dev", "out0", "nud", "permanent"]);
+        ip(&["-n", &name, "neigh", "add", "203.0.113.99", "lladdr", "02:00:00:00:00:fe", "dev", "out0", "nud", "permanent"]);
+        // The measurement translates inbound frames back to the egress IP.
+        ip(&["-n", &name, "neigh", "add", "203.0.113.10", "lladdr", "02:00:00:00:00:fe", "dev", "out0", "nud", "permanent"]);
+        ns
+    }
+}
+
+impl Drop for FibNs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// Makes translated frames translate back: an entry for the frame `fwd`
+/// produces, undoing it (negated deltas). BPF_PROG_TEST_RUN repeats run on
+/// the same buffer, so without this every run after the first would measure
+/// a miss. Each run is then a hit; TTL falls by one per run.
+fn ping_pong4(prog: &SteeringProgram, fwd: &FpKeyV4, to: &FpEntryV4) {
+    let back_key = FpKeyV4 {
+        src: to.new_src,
+        dst: to.new_dst,
+        sport: to.new_sport,
+        dport: to.new_dport,
+        proto: fwd.proto,
+        pad: [0; 3],
+    };
+    let old = [fwd.src, fwd.dst].concat();
+    let new = [to.new_src, to.new_dst].concat();
+    let old_p = [fwd.sport, fwd.dport].concat();
+    let new_p = [to.new_sport, to.new_dport].concat();
+    let r = FpRewrite {
+        new_sport: u16::from_be_bytes(fwd.sport),
+        new_dport: u16::from_be_bytes(fwd.dport),
+        l3_delta: delta(&new, &old),
+        l4_delta: add(delta(&new, &old), delta(&new_p, &old_p)),
+        next_hop: to.next_hop,
+        policy_slot: 0,
+        direction: egret_bpf::fast_path::DIR_OUTBOUND,
+    };
+    prog.fp_insert_v4(&back_key, &FpEntryV4::new(fwd.src.into(), fwd.dst.into(), &r)).unwrap();
+}
+
+/// Not a check: the fast path's in-kernel cost per frame with the next-hop
+/// table and with `bpf_fib_lookup`, next to the steering paths it replaces.
+/// `cargo test -p egret-bpf --release --test fast_path measure -- --ignored --nocapture`
+#[test]
+#[ignore = "measurement, prints numbers"]
+fn measure_fast_path_cost() {
+    let ns = FibNs::new();
+    let name = ns.0.clone();
+    std::thread::spawn(move || {
+        egret_dataplane::xsk::netns::enter_named(&name).unwrap();
+        let ingress = egret_dataplane::xsk::netns::ifindex("out0").unwrap();
+        let table = world();
+        let fib = SteeringProgram::load_variant(ProgramVariant::FibLookup, LoadOptions::default()).expect("fib variant loads");
+        fib.fp_set_enabled(true).unwrap();
+        for p in [&table.prog, &fib] {
+            install4(p, L4::Udp, 0, 0);
+            for (k, e) in [
+                (FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, 17), true),
+                (FpKeyV4::new(REMOTE4.into(), EGRESS4.into(), REMOTE_PORT, EGRESS_PORT, 17), false),
+            ] {
+                let entry = p.fp_get_v4(&k).unwrap().unwrap();
+                let _ = e;
+                ping_pong4(p, &k, &entry);
+            }
+        }
+        let out = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, 255, POD_PORT, REMOTE_PORT, L4::Udp);
+        let inbound = frame4((PEER_MAC, GW_MAC), REMOTE4, EGRESS4, 255, REMOTE_PORT, EGRESS_PORT, L4::Udp);
+        let miss = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, 255, POD_PORT + 1, REMOTE_PORT, L4::Udp);
+        // 200 runs per call (TTL 255 -> 55: every run a hit), best of 2000
+        // calls; ingress out0, so bpf_fib_lookup resolves in this namespace.
+        let best = |p: &SteeringProgram, f: &[u8]| {
+            let mut best = std::time::Duration::MAX;
+            let mut action = XdpAction::Aborted;
+            for _ in 0..2000 {
+                let o = p.test_run_on(f, ingress, 0, 200).unwrap();
+                best = best.min(o.duration);
+                action = o.action;
+            }
+            (best.as_nanos(), action)
+        };
+        let hits = |p: &SteeringProgram| {
+            p.verdict_counters().unwrap().into_iter().filter(|(r, _)| *r == R::RedirectFastPath).map(|(_, n)| n).sum::<u64>()
+        };
+        let h0 = hits(&table.prog);
+        let rows = [
+            ("hit, next-hop table (outbound)", best(&table.prog, &out)),
+            ("hit, next-hop table (inbound)", best(&table.prog, &inbound)),
+            ("hit, bpf_fib_lookup (outbound)", best(&fib, &out)),
+            ("hit, bpf_fib_lookup (inbound)", best(&fib, &inbound)),
+            ("miss, then steered to AF_XDP (no socket here: drop)", best(&table.prog, &miss)),
+        ];
+        assert_eq!(hits(&table.prog) - h0, 2 * 2000 * 200, "every measured run of the table was a hit");
+        let punts: Vec<_> = fib.fp_counters().unwrap().into_iter().filter(|(_, n)| *n > 0).collect();
+        println!("fib variant's fast-path counters: {punts:?}");
+        table.prog.fp_set_enabled(false).unwrap();
+        let off = best(&table.prog, &out);
+        for (name, (ns, action)) in rows {
+            println!("{name:55} {ns:>4} ns/frame  ({action:?})");
+        }
+        println!("{:55} {:>4} ns/frame  ({:?})", "fast path off: steering only (drop, no socket)", off.0, off.1);
+    })
+    .join()
+    .unwrap();
+    drop(ns);
+}
+
+#[test]
+fn bpf_fib_lookup_is_refused_to_the_gateways_licence() {
+    // The same source with the fib-lookup next hop: with the licence string
+    // "GPL" it loads; with the gateway's "Apache-2.0" the verifier refuses
+    // it (bpf_fib_lookup is a GPL-only helper). The gateway's build does not
+    // reference the helper and loads under Apache-2.0 (every other test).
+    //
+    // libbpf prints the verifier's refusal (about 300 lines, ending "BPF
+    // program load failed: Invalid argument") through its print callback:
+    // collected here instead, so the expected refusal does not look like a
+    // failure in the test output, and checked for the reason.
+    static LOG: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+    fn collect(_: libbpf_rs::PrintLevel, msg: String) {
+        LOG.lock().unwrap_or_else(|e| e.into_inner()).push_str(&msg);
+    }
+    let gpl = SteeringProgram::load_variant(ProgramVariant::FibLookup, LoadOptions::default());
+    assert!(gpl.is_ok(), "{:?}", gpl.err());
+    let previous = libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Warn, collect)));
+    let apache = SteeringProgram::load_variant(ProgramVariant::FibLookupApacheLicensed, LoadOptions::default());
+    libbpf_rs::set_print(previous);
+    let log = std::mem::take(&mut *LOG.lock().unwrap_or_else(|e| e.into_inner()));
+    assert!(matches!(apache, Err(egret_bpf::BpfError::Load(_))), "{:?}", apache.err());
+    assert!(
+        log.contains("cannot call GPL-restricted function from non-GPL compatible program"),
+        "refused for another reason:\n{log}"
+    );
+}
