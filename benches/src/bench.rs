@@ -254,13 +254,16 @@ impl<'t> Gateway<'t> {
         })?;
         // The guard exists before the first change, so a failure half-way
         // still undoes what was done.
-        let mut g = Gateway { topo, mode, state: State::Nothing, watched: Vec::new(), notes: Vec::new(), metrics: None };
+        let mut g =
+            Gateway { topo, mode, state: State::Nothing, watched: Vec::new(), notes: Vec::new(), metrics: None };
         match mode {
             Mode::Kernel | Mode::KernelNewConns => {
                 g.state = State::Kernel;
                 // Start from an empty conntrack table (earlier rounds' flows
                 // would otherwise still be there: UDP entries live 30 s).
-                in_netns(&gw, || napi::flush_conntrack().map_err(|source| BenchError::Napi { dev: "conntrack", source }))?;
+                in_netns(&gw, || {
+                    napi::flush_conntrack().map_err(|source| BenchError::Napi { dev: "conntrack", source })
+                })?;
                 topo.sysctl(&gw, "net.ipv4.ip_forward", "1")?;
                 // New-connection runs translate to the same 16 addresses as
                 // Egret's, so neither runs out of ports first.
@@ -288,11 +291,8 @@ impl<'t> Gateway<'t> {
             }
             Mode::Egret | Mode::Fastpath | Mode::NewConns => {
                 let binary = egret::locate(&opts.egret)?;
-                let egress_ips: Vec<Ipv4Addr> = if mode == Mode::NewConns {
-                    NEW_CONNS_EGRESS.to_vec()
-                } else {
-                    vec![topology::EGRESS_IP]
-                };
+                let egress_ips: Vec<Ipv4Addr> =
+                    if mode == Mode::NewConns { NEW_CONNS_EGRESS.to_vec() } else { vec![topology::EGRESS_IP] };
                 let config = BenchConfig {
                     inside: GW_IN.into(),
                     outside: GW_OUT.into(),
@@ -333,7 +333,8 @@ impl<'t> Gateway<'t> {
         for (dev, idx) in [(GW_IN, in_idx), (GW_OUT, out_idx)] {
             // A veth without NAPI refuses `threaded` (EIO): only the inside
             // one must have it.
-            let has_napi = !in_netns(&gw, || napi::napi_of(idx).map_err(|source| BenchError::Napi { dev, source }))?.is_empty();
+            let has_napi =
+                !in_netns(&gw, || napi::napi_of(idx).map_err(|source| BenchError::Napi { dev, source }))?.is_empty();
             if has_napi {
                 self.topo.set_threaded(&gw, dev)?;
             }
@@ -526,7 +527,11 @@ impl Sample {
 
 /// Offered, forwarded and CPU counters at one instant: the midpoint of the
 /// reads (a few hundred microseconds apart unless the reader is preempted).
-fn sample_all(gen: &Running, sink: &SinkSide, watched: &[Watched]) -> Result<(Instant, u64, SinkCounts, Snapshot), BenchError> {
+fn sample_all(
+    gen: &Running,
+    sink: &SinkSide,
+    watched: &[Watched],
+) -> Result<(Instant, u64, SinkCounts, Snapshot), BenchError> {
     let before = Instant::now();
     let offered = gen.sent()?;
     let counts = sink.sink.counts()?;

@@ -98,7 +98,11 @@ pub struct SchedStat {
 pub fn parse_schedstat(text: &str) -> Result<SchedStat, CpuError> {
     let mut it = text.split_whitespace().map(str::parse::<u64>);
     let mut next = |what| it.next().and_then(Result::ok).ok_or_else(|| parse_err(what, text));
-    Ok(SchedStat { run_ns: next("schedstat: run")?, wait_ns: next("schedstat: wait")?, timeslices: next("schedstat: slices")? })
+    Ok(SchedStat {
+        run_ns: next("schedstat: run")?,
+        wait_ns: next("schedstat: wait")?,
+        timeslices: next("schedstat: slices")?,
+    })
 }
 
 /// One `cpuN` line of `/proc/stat`, in clock ticks.
@@ -145,7 +149,8 @@ pub fn parse_proc_stat(text: &str) -> Result<Vec<CoreTimes>, CpuError> {
         let Some(name) = it.next() else { continue };
         let Some(n) = name.strip_prefix("cpu").filter(|n| !n.is_empty()) else { continue };
         let core: usize = n.parse().map_err(|_| parse_err("/proc/stat: core number", line))?;
-        let v: Vec<u64> = it.map(str::parse).collect::<Result<_, _>>().map_err(|_| parse_err("/proc/stat: ticks", line))?;
+        let v: Vec<u64> =
+            it.map(str::parse).collect::<Result<_, _>>().map_err(|_| parse_err("/proc/stat: ticks", line))?;
         if v.len() < 8 {
             return Err(parse_err("/proc/stat: 8 fields", line));
         }
@@ -229,10 +234,8 @@ impl Snapshot {
     /// Sample `watched` and the cores now. A watched thread that has gone is
     /// an error: its time would be lost from the window.
     pub fn take(watched: &[Watched]) -> Result<Self, CpuError> {
-        let threads = watched
-            .iter()
-            .map(|w| sample_thread(w.pid, w.tid).map(|s| (w.clone(), s)))
-            .collect::<Result<_, _>>()?;
+        let threads =
+            watched.iter().map(|w| sample_thread(w.pid, w.tid).map(|s| (w.clone(), s))).collect::<Result<_, _>>()?;
         Ok(Self { threads, cores: sample_cores()? })
     }
 }
@@ -295,7 +298,13 @@ impl fmt::Display for ThreadUse {
 
 /// What happened between `a` and `b`, with `user_hz` ticks per second, the
 /// gateway on core `gw_core` and the generator on `other_core`.
-pub fn window(a: &Snapshot, b: &Snapshot, user_hz: u64, gw_core: usize, other_core: usize) -> Result<WindowUse, WindowError> {
+pub fn window(
+    a: &Snapshot,
+    b: &Snapshot,
+    user_hz: u64,
+    gw_core: usize,
+    other_core: usize,
+) -> Result<WindowUse, WindowError> {
     if a.threads.len() != b.threads.len() {
         return Err(WindowError::Mismatch);
     }
@@ -415,7 +424,10 @@ mod tests {
     }
 
     fn sample(stat: &str, run_ns: u64) -> ThreadSample {
-        ThreadSample { stat: parse_task_stat(stat).expect("fixture"), sched: SchedStat { run_ns, wait_ns: run_ns / 10, timeslices: 0 } }
+        ThreadSample {
+            stat: parse_task_stat(stat).expect("fixture"),
+            sched: SchedStat { run_ns, wait_ns: run_ns / 10, timeslices: 0 },
+        }
     }
 
     #[test]
@@ -425,7 +437,10 @@ mod tests {
         let later_napi = NAPI_STAT.replace(" 0 1234 0 0 ", " 0 1434 0 0 ");
         let later_worker = WORKER_STAT.replace(" 310 52 ", " 560 102 ");
         let a = Snapshot {
-            threads: vec![(napi.clone(), sample(NAPI_STAT, 1_000_000_000)), (worker.clone(), sample(WORKER_STAT, 5_000_000_000))],
+            threads: vec![
+                (napi.clone(), sample(NAPI_STAT, 1_000_000_000)),
+                (worker.clone(), sample(WORKER_STAT, 5_000_000_000)),
+            ],
             cores: parse_proc_stat(PROC_STAT).expect("fixture"),
         };
         let b = Snapshot {

@@ -112,7 +112,11 @@ pub fn check_config(binary: &Path, config: &Path) -> Result<(), EgretError> {
     }
     let mut output = String::from_utf8_lossy(&out.stderr).into_owned();
     output.push_str(&String::from_utf8_lossy(&out.stdout));
-    Err(EgretError::CheckConfig { config: config.to_path_buf(), status: out.status.to_string(), output: output.trim().to_owned() })
+    Err(EgretError::CheckConfig {
+        config: config.to_path_buf(),
+        status: out.status.to_string(),
+        output: output.trim().to_owned(),
+    })
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -228,7 +232,11 @@ impl Daemon {
         let start = Instant::now();
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(EgretError::Exited { status: status.to_string(), log: self.log.clone(), tail: tail(&self.log, 20) });
+                return Err(EgretError::Exited {
+                    status: status.to_string(),
+                    log: self.log.clone(),
+                    tail: tail(&self.log, 20),
+                });
             }
             let last = match ready_status(&self.netns, self.port) {
                 Ok(200) => return Ok(()),

@@ -62,7 +62,10 @@ pub fn ipv4_header_checksum(header: &[u8]) -> u16 {
 
 /// Sum of the RFC 768 pseudo-header for UDP over IPv4.
 fn pseudo_header_sum(src: Ipv4Addr, dst: Ipv4Addr, udp_len: u16) -> u32 {
-    ones_complement_sum(&src.octets()) + ones_complement_sum(&dst.octets()) + u32::from(IPPROTO_UDP) + u32::from(udp_len)
+    ones_complement_sum(&src.octets())
+        + ones_complement_sum(&dst.octets())
+        + u32::from(IPPROTO_UDP)
+        + u32::from(udp_len)
 }
 
 /// The UDP checksum of `udp` (header and payload, checksum field included
@@ -93,7 +96,8 @@ pub fn checksums_ok(frame: &[u8]) -> Option<(bool, bool)> {
     let udp_len = usize::from(u16::from_be_bytes([frame[UDP_OFF + 4], frame[UDP_OFF + 5]]));
     let udp = frame.get(UDP_OFF..UDP_OFF + udp_len)?;
     let ip_ok = ipv4_header_checksum(ip) == 0;
-    let udp_ok = udp[6..8] != [0, 0] && fold(pseudo_header_sum(src, dst, udp_len as u16) + ones_complement_sum(udp)) == 0xffff;
+    let udp_ok =
+        udp[6..8] != [0, 0] && fold(pseudo_header_sum(src, dst, udp_len as u16) + ones_complement_sum(udp)) == 0xffff;
     Some((ip_ok, udp_ok))
 }
 
@@ -211,8 +215,8 @@ impl GenChecksumBase {
         f[ETH_LEN + 10..ETH_LEN + 12].fill(0);
         f[UDP_OFF + 6..UDP_OFF + 8].fill(0);
         let ip_sum = ones_complement_sum(&f[ETH_LEN..UDP_OFF]);
-        let udp_sum = pseudo_header_sum(Ipv4Addr::UNSPECIFIED, spec.dst_ip, UDP_LEN as u16)
-            + ones_complement_sum(&f[UDP_OFF..]);
+        let udp_sum =
+            pseudo_header_sum(Ipv4Addr::UNSPECIFIED, spec.dst_ip, UDP_LEN as u16) + ones_complement_sum(&f[UDP_OFF..]);
         Self { ip_sum, udp_sum }
     }
 

@@ -153,7 +153,8 @@ fn generate(
     let setup = || -> Result<u32, GenError> {
         egret_dataplane::xsk::netns::enter_named(&spec.netns)
             .map_err(|source| XdpError::Netns(NetnsError { ns: spec.netns.clone(), source }))?;
-        egret_dataplane::xsk::sched::pin_current_thread(spec.cpu).map_err(|source| GenError::Pin { cpu: spec.cpu, source })?;
+        egret_dataplane::xsk::sched::pin_current_thread(spec.cpu)
+            .map_err(|source| GenError::Pin { cpu: spec.cpu, source })?;
         if let Some(n) = spec.nice {
             crate::sys::set_nice(crate::sys::gettid(), n).map_err(|source| GenError::Pin { cpu: spec.cpu, source })?;
         }
@@ -179,7 +180,8 @@ fn generate(
                     return Ok(());
                 }
             };
-            let max_chunk: u32 = std::env::var("EGRET_TPUT_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(XDP_CHUNK);
+            let max_chunk: u32 =
+                std::env::var("EGRET_TPUT_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(XDP_CHUNK);
             // With a rate, runs of 50 ms worth of frames: pacing is bursty
             // (the af-packet engine paces per 256 frames).
             let chunk = spec.rate.map_or(max_chunk, |r| (r / 20).clamp(1, u64::from(XDP_CHUNK)) as u32);

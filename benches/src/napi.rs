@@ -178,7 +178,8 @@ pub fn napi_of(ifindex: u32) -> Result<Vec<NapiInfo>, NapiError> {
     }
     let family = family.ok_or(NapiError::NoFamily)?;
 
-    let req = genl_request(family, NLM_F_DUMP, 2, NETDEV_CMD_NAPI_GET, &[(NETDEV_A_NAPI_IFINDEX, &ifindex.to_ne_bytes())]);
+    let req =
+        genl_request(family, NLM_F_DUMP, 2, NETDEV_CMD_NAPI_GET, &[(NETDEV_A_NAPI_IFINDEX, &ifindex.to_ne_bytes())]);
     nl.send(&req).map_err(|source| NapiError::Io { what: "NAPI_GET", source })?;
     let mut out = Vec::new();
     loop {

@@ -121,9 +121,10 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
                 gen_core_busy: f(&|s| s.cpu.other_core_busy_s / s.seconds).median,
                 lost_at_gateway_rx: f(&|s| s.lost_at_gateway_rx()).median,
                 lost_at_sink_rx: f(&|s| s.lost_at_sink_rx()).median,
-                worker_rx_per_forwarded: v.iter().all(|s| s.worker_rx().is_some()).then(|| {
-                    f(&|s| s.worker_rx().unwrap_or(f64::NAN) / s.sink.frames.max(1) as f64).median
-                }),
+                worker_rx_per_forwarded: v
+                    .iter()
+                    .all(|s| s.worker_rx().is_some())
+                    .then(|| f(&|s| s.worker_rx().unwrap_or(f64::NAN) / s.sink.frames.max(1) as f64).median),
                 problems,
             }
         })

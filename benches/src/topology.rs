@@ -68,14 +68,19 @@ pub struct NetnsError {
 
 /// Run `f` on a scoped thread inside network namespace `ns` (an `ip netns`
 /// name) and return its result; the calling thread's namespace is untouched.
-pub fn in_netns<T: Send, E: Send + From<NetnsError>>(ns: &str, f: impl FnOnce() -> Result<T, E> + Send) -> Result<T, E> {
+pub fn in_netns<T: Send, E: Send + From<NetnsError>>(
+    ns: &str,
+    f: impl FnOnce() -> Result<T, E> + Send,
+) -> Result<T, E> {
     std::thread::scope(|s| {
         s.spawn(|| {
             egret_dataplane::xsk::netns::enter_named(ns).map_err(|source| NetnsError { ns: ns.to_owned(), source })?;
             f()
         })
         .join()
-        .unwrap_or_else(|_| Err(E::from(NetnsError { ns: ns.to_owned(), source: std::io::Error::other("thread panicked") })))
+        .unwrap_or_else(|_| {
+            Err(E::from(NetnsError { ns: ns.to_owned(), source: std::io::Error::other("thread panicked") }))
+        })
     })
 }
 
@@ -95,7 +100,8 @@ impl LinkCounters {
     pub fn from_ip_json(text: &str) -> Option<Self> {
         let v: serde_json::Value = serde_json::from_str(text).ok()?;
         let st = v.get(0)?.get("stats64")?;
-        let n = |dir: &str, f: &str| st.get(dir).and_then(|d| d.get(f)).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let n =
+            |dir: &str, f: &str| st.get(dir).and_then(|d| d.get(f)).and_then(serde_json::Value::as_u64).unwrap_or(0);
         Some(Self {
             rx_packets: n("rx", "packets"),
             rx_dropped: n("rx", "dropped"),
@@ -192,17 +198,43 @@ impl Topology {
         let pair = |a_ns: &str, a: &str, a_mac: &[u8; 6], b_ns: &str, b: &str, b_mac: &[u8; 6]| {
             run(
                 &[
-                    "ip", "link", "add", a, "netns", a_ns, "address", &mac_str(a_mac), "numrxqueues", "1", "numtxqueues", "1",
-                    "type", "veth", "peer", "name", b, "netns", b_ns, "address", &mac_str(b_mac), "numrxqueues", "1",
-                    "numtxqueues", "1",
+                    "ip",
+                    "link",
+                    "add",
+                    a,
+                    "netns",
+                    a_ns,
+                    "address",
+                    &mac_str(a_mac),
+                    "numrxqueues",
+                    "1",
+                    "numtxqueues",
+                    "1",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    b,
+                    "netns",
+                    b_ns,
+                    "address",
+                    &mac_str(b_mac),
+                    "numrxqueues",
+                    "1",
+                    "numtxqueues",
+                    "1",
                 ],
                 None,
             )
         };
         pair(&gen, GEN_IF, &GEN_MAC, &gw, GW_IN, &GW_IN_MAC)?;
         pair(&gw, GW_OUT, &GW_OUT_MAC, &sink, SINK_IF, &SINK_MAC)?;
-        for (ns, dev, addr) in [(&gen, GEN_IF, GEN_ADDR), (&gw, GW_IN, GW_IN_ADDR), (&gw, GW_OUT, GW_OUT_ADDR), (&sink, SINK_IF, SINK_ADDR)]
-        {
+        for (ns, dev, addr) in [
+            (&gen, GEN_IF, GEN_ADDR),
+            (&gw, GW_IN, GW_IN_ADDR),
+            (&gw, GW_OUT, GW_OUT_ADDR),
+            (&sink, SINK_IF, SINK_ADDR),
+        ] {
             run(&["ip", "-n", ns, "addr", "add", addr, "dev", dev], None)?;
             run(&["ip", "-n", ns, "link", "set", dev, "up"], None)?;
             run(&["ip", "-n", ns, "link", "set", "lo", "up"], None)?;
@@ -212,9 +244,11 @@ impl Topology {
         // af-packet engine's frames would be processed by netif_rx on the
         // generator's core.
         t.ethtool_feature(&gen, GEN_IF, "tso", false)?;
-        for (key, value) in
-            [("net.ipv4.ip_forward", "0"), ("net.ipv4.conf.all.rp_filter", "0"), ("net.ipv4.conf.default.rp_filter", "0")]
-        {
+        for (key, value) in [
+            ("net.ipv4.ip_forward", "0"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
+        ] {
             t.sysctl(&gw, key, value)?;
         }
         for dev in [GW_IN, GW_OUT] {
@@ -223,13 +257,39 @@ impl Topology {
         // The gateway's L2 next hop to the sink: static, so no ARP is needed
         // during a measurement (Egret reads it from the kernel).
         run(
-            &["ip", "-n", &gw, "neigh", "replace", &SINK_IP.to_string(), "lladdr", &mac_str(&SINK_MAC), "dev", GW_OUT, "nud", "permanent"],
+            &[
+                "ip",
+                "-n",
+                &gw,
+                "neigh",
+                "replace",
+                &SINK_IP.to_string(),
+                "lladdr",
+                &mac_str(&SINK_MAC),
+                "dev",
+                GW_OUT,
+                "nud",
+                "permanent",
+            ],
             None,
         )?;
         // And the sink's way back to the egress IP (not measured, but a
         // gateway answering ARP for it would otherwise see requests).
         run(
-            &["ip", "-n", &sink, "neigh", "replace", &EGRESS_IP.to_string(), "lladdr", &mac_str(&GW_OUT_MAC), "dev", SINK_IF, "nud", "permanent"],
+            &[
+                "ip",
+                "-n",
+                &sink,
+                "neigh",
+                "replace",
+                &EGRESS_IP.to_string(),
+                "lladdr",
+                &mac_str(&GW_OUT_MAC),
+                "dev",
+                SINK_IF,
+                "nud",
+                "permanent",
+            ],
             None,
         )?;
         run(&["ip", "-n", &sink, "route", "add", &format!("{EGRESS_IP}/32"), "dev", SINK_IF], None)?;
@@ -263,7 +323,8 @@ impl Topology {
     /// interface name (`ip -j -s link show`).
     pub fn link_counters(&self) -> Result<BTreeMap<String, LinkCounters>, TopologyError> {
         let mut out = BTreeMap::new();
-        for (ns, dev) in [(&self.gen_ns, GEN_IF), (&self.gw_ns, GW_IN), (&self.gw_ns, GW_OUT), (&self.sink_ns, SINK_IF)] {
+        for (ns, dev) in [(&self.gen_ns, GEN_IF), (&self.gw_ns, GW_IN), (&self.gw_ns, GW_OUT), (&self.sink_ns, SINK_IF)]
+        {
             let text = run(&["ip", "-n", ns, "-j", "-s", "link", "show", dev], None)?;
             out.insert(dev.to_owned(), LinkCounters::from_ip_json(&text).unwrap_or_default());
         }
@@ -274,7 +335,8 @@ impl Topology {
     /// looks wrong.
     pub fn link_stats(&self) -> String {
         let mut s = String::new();
-        for (ns, dev) in [(&self.gen_ns, GEN_IF), (&self.gw_ns, GW_IN), (&self.gw_ns, GW_OUT), (&self.sink_ns, SINK_IF)] {
+        for (ns, dev) in [(&self.gen_ns, GEN_IF), (&self.gw_ns, GW_IN), (&self.gw_ns, GW_OUT), (&self.sink_ns, SINK_IF)]
+        {
             if let Ok(o) = run(&["ip", "-n", ns, "-s", "link", "show", dev], None) {
                 s.push_str(&o);
             }

@@ -68,9 +68,11 @@ fn open(object: &'static str, bytes: &'static [u8]) -> Result<libbpf_rs::OpenObj
 fn set_rodata(open: &mut libbpf_rs::OpenObject, object: &'static str, value: &[u8]) -> Result<(), XdpError> {
     for mut map in open.maps_mut() {
         if map.name().to_string_lossy().ends_with(".rodata") {
-            let data = map
-                .initial_value_mut()
-                .ok_or(XdpError::Missing { object, item: "initial value of", name: ".rodata" })?;
+            let data = map.initial_value_mut().ok_or(XdpError::Missing {
+                object,
+                item: "initial value of",
+                name: ".rodata",
+            })?;
             if data.len() < value.len() {
                 return Err(XdpError::Missing { object, item: "room in", name: ".rodata" });
             }
@@ -82,10 +84,11 @@ fn set_rodata(open: &mut libbpf_rs::OpenObject, object: &'static str, value: &[u
 }
 
 fn attach(obj: &mut Object, object: &'static str, program: &'static str, ifindex: u32) -> Result<Link, XdpError> {
-    let prog = obj
-        .progs_mut()
-        .find(|p| p.name().to_str() == Some(program))
-        .ok_or(XdpError::Missing { object, item: "program", name: program })?;
+    let prog = obj.progs_mut().find(|p| p.name().to_str() == Some(program)).ok_or(XdpError::Missing {
+        object,
+        item: "program",
+        name: program,
+    })?;
     prog.attach_xdp(ifindex as i32).map_err(|source| XdpError::Attach { program, ifindex, source })
 }
 
@@ -192,7 +195,13 @@ impl Sink {
                 *slot += field;
             }
         }
-        Ok(SinkCounts { frames: v[0], translated: v[1], bad_ip_checksum: v[2], bad_udp_checksum: v[3], unchecked: v[4] })
+        Ok(SinkCounts {
+            frames: v[0],
+            translated: v[1],
+            bad_ip_checksum: v[2],
+            bad_udp_checksum: v[3],
+            unchecked: v[4],
+        })
     }
 }
 
@@ -285,8 +294,11 @@ impl Generator {
 
     /// Start every CPU's flow counter at `next` (and its frame count at 0).
     pub fn set_next(&self, next: u64) -> Result<(), XdpError> {
-        let cpus = libbpf_rs::num_possible_cpus()
-            .map_err(|source| XdpError::Map { map: "gen_states", op: "count CPUs for", source })?;
+        let cpus = libbpf_rs::num_possible_cpus().map_err(|source| XdpError::Map {
+            map: "gen_states",
+            op: "count CPUs for",
+            source,
+        })?;
         let mut value = [0u8; 16];
         value[..8].copy_from_slice(&next.to_ne_bytes());
         let values: Vec<Vec<u8>> = vec![value.to_vec(); cpus];
@@ -304,7 +316,11 @@ impl Generator {
     /// this one runs the program.
     pub fn counter(&self) -> Result<GenCounter, XdpError> {
         let m = map(&self.obj, "gen", "gen_states")?;
-        let h = libbpf_rs::MapHandle::try_from(&m).map_err(|source| XdpError::Map { map: "gen_states", op: "dup", source })?;
+        let h = libbpf_rs::MapHandle::try_from(&m).map_err(|source| XdpError::Map {
+            map: "gen_states",
+            op: "dup",
+            source,
+        })?;
         Ok(GenCounter(h))
     }
 }

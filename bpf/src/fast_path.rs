@@ -470,19 +470,55 @@ mod tests {
 
     #[test]
     fn layouts_match_the_programs_btf() {
-        same_layout!(FpKeyV4, c::fp_key_v4, [(src, src), (dst, dst), (sport, sport), (dport, dport), (proto, proto), (pad, pad)]);
-        same_layout!(FpKeyV6, c::fp_key_v6, [(src, src), (dst, dst), (sport, sport), (dport, dport), (proto, proto), (pad, pad)]);
-        same_layout!(FpEntryV4, c::fp_entry_v4, [
-            (new_src, new_src), (new_dst, new_dst), (new_sport, new_sport), (new_dport, new_dport),
-            (l3_delta, l3_delta), (l4_delta, l4_delta), (next_hop, next_hop), (policy_slot, policy_slot),
-            (direction, direction), (flags, flags), (last_seen_ns, last_seen_ns),
-        ]);
-        same_layout!(FpEntryV6, c::fp_entry_v6, [
-            (new_src, new_src), (new_dst, new_dst), (new_sport, new_sport), (new_dport, new_dport),
-            (l3_delta, l3_delta), (l4_delta, l4_delta), (next_hop, next_hop), (policy_slot, policy_slot),
-            (direction, direction), (flags, flags), (last_seen_ns, last_seen_ns),
-        ]);
-        same_layout!(FpNextHop, c::fp_next_hop, [(ifindex, ifindex), (dst_mac, dst_mac), (src_mac, src_mac), (valid, valid)]);
+        same_layout!(
+            FpKeyV4,
+            c::fp_key_v4,
+            [(src, src), (dst, dst), (sport, sport), (dport, dport), (proto, proto), (pad, pad)]
+        );
+        same_layout!(
+            FpKeyV6,
+            c::fp_key_v6,
+            [(src, src), (dst, dst), (sport, sport), (dport, dport), (proto, proto), (pad, pad)]
+        );
+        same_layout!(
+            FpEntryV4,
+            c::fp_entry_v4,
+            [
+                (new_src, new_src),
+                (new_dst, new_dst),
+                (new_sport, new_sport),
+                (new_dport, new_dport),
+                (l3_delta, l3_delta),
+                (l4_delta, l4_delta),
+                (next_hop, next_hop),
+                (policy_slot, policy_slot),
+                (direction, direction),
+                (flags, flags),
+                (last_seen_ns, last_seen_ns),
+            ]
+        );
+        same_layout!(
+            FpEntryV6,
+            c::fp_entry_v6,
+            [
+                (new_src, new_src),
+                (new_dst, new_dst),
+                (new_sport, new_sport),
+                (new_dport, new_dport),
+                (l3_delta, l3_delta),
+                (l4_delta, l4_delta),
+                (next_hop, next_hop),
+                (policy_slot, policy_slot),
+                (direction, direction),
+                (flags, flags),
+                (last_seen_ns, last_seen_ns),
+            ]
+        );
+        same_layout!(
+            FpNextHop,
+            c::fp_next_hop,
+            [(ifindex, ifindex), (dst_mac, dst_mac), (src_mac, src_mac), (valid, valid)]
+        );
         same_layout!(FpConfig, c::fp_config, [(enabled, enabled)]);
         same_layout!(FpTraffic, c::fp_traffic, [(packets, packets), (bytes, bytes)]);
         assert_eq!(size_of::<FpEntryV4>(), FP_ENTRY_V4_LEN);
@@ -530,10 +566,8 @@ mod tests {
     #[test]
     fn policy_slots_match_the_header() {
         let header = include_str!("bpf/egret_maps.h");
-        let line = header
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("#define EGRET_POLICY_SLOTS "))
-            .unwrap_or_default();
+        let line =
+            header.lines().find_map(|l| l.trim().strip_prefix("#define EGRET_POLICY_SLOTS ")).unwrap_or_default();
         assert_eq!(line.trim().trim_end_matches('u').parse::<u32>().ok(), Some(POLICY_SLOTS));
     }
 

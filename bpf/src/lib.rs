@@ -23,9 +23,10 @@ pub mod maps;
 mod raw_map;
 
 pub use error::BpfError;
-pub use loader::{
-    Action, DstRule, LoadOptions, PolicyEntryCounts, ProgramVariant, SrcPrefix, SteeringProgram, TestRunOutput, XdpLink, XdpMode,
-};
 pub use fast_path::{FastPathReason, FpEntryV4, FpEntryV6, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite, FpTraffic};
-pub use raw_map::monotonic_ns;
+pub use loader::{
+    Action, DstRule, LoadOptions, PolicyEntryCounts, ProgramVariant, SrcPrefix, SteeringProgram, TestRunOutput,
+    XdpLink, XdpMode,
+};
 pub use maps::{OwnedAddr, VerdictReason, XdpAction, OWNED_NAT, OWNED_NEIGH, XSK_QUEUES_PER_SLOT};
+pub use raw_map::monotonic_ns;

@@ -34,11 +34,11 @@ use crate::fast_path::{
     FP_ENTRY_V6_LEN, FP_NEXT_HOP_LEN, POLICY_SLOTS,
 };
 use crate::link::create_xdp_link;
-use crate::raw_map;
 use crate::maps::{
     In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key, PolicySrcV6Key,
     VerdictReason, XdpAction, XskSlot, POLICY_EXCLUDE, POLICY_STEER, XSK_QUEUES_PER_SLOT,
 };
+use crate::raw_map;
 
 /// The compiled steering object, built by build.rs.
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
@@ -581,13 +581,16 @@ impl SteeringProgram {
     /// not look sessions up at all.
     pub fn fp_set_enabled(&self, enabled: bool) -> Result<(), BpfError> {
         let value = FpConfig { enabled: u32::from(enabled) }.enabled.to_ne_bytes();
-        self.maps
-            .fp_config
-            .update(&0u32.to_ne_bytes(), &value, MapFlags::ANY)
-            .map_err(map_op(FP_CONFIG, "update", "0"))
+        self.maps.fp_config.update(&0u32.to_ne_bytes(), &value, MapFlags::ANY).map_err(map_op(FP_CONFIG, "update", "0"))
     }
 
-    fn fp_update(map: &MapHandle, name: &'static str, key: &[u8], value: &[u8], what: &dyn Fn() -> String) -> Result<(), BpfError> {
+    fn fp_update(
+        map: &MapHandle,
+        name: &'static str,
+        key: &[u8],
+        value: &[u8],
+        what: &dyn Fn() -> String,
+    ) -> Result<(), BpfError> {
         raw_map::update(map.as_fd(), key, value, BPF_ANY).map_err(|e| match e.raw_os_error() {
             Some(libc::E2BIG) => BpfError::FastPathFull { map: name },
             _ => BpfError::FastPathOp { map: name, op: "update", key: what(), source: e },
@@ -597,12 +600,16 @@ impl SteeringProgram {
     /// Installs (or replaces) one direction of an IPv4 session. A full map
     /// is [`BpfError::FastPathFull`].
     pub fn fp_insert_v4(&self, key: &FpKeyV4, entry: &FpEntryV4) -> Result<(), BpfError> {
-        Self::fp_update(&self.maps.fp_sessions_v4, FP_SESSIONS_V4, &key.to_bytes(), &entry.to_bytes(), &|| format!("{key:?}"))
+        Self::fp_update(&self.maps.fp_sessions_v4, FP_SESSIONS_V4, &key.to_bytes(), &entry.to_bytes(), &|| {
+            format!("{key:?}")
+        })
     }
 
     /// Installs (or replaces) one direction of an IPv6 session.
     pub fn fp_insert_v6(&self, key: &FpKeyV6, entry: &FpEntryV6) -> Result<(), BpfError> {
-        Self::fp_update(&self.maps.fp_sessions_v6, FP_SESSIONS_V6, &key.to_bytes(), &entry.to_bytes(), &|| format!("{key:?}"))
+        Self::fp_update(&self.maps.fp_sessions_v6, FP_SESSIONS_V6, &key.to_bytes(), &entry.to_bytes(), &|| {
+            format!("{key:?}")
+        })
     }
 
     /// Removes one direction of an IPv4 session; returns whether it was there.
@@ -656,9 +663,12 @@ impl SteeringProgram {
         for (map, name) in [(&self.maps.fp_sessions_v4, FP_SESSIONS_V4), (&self.maps.fp_sessions_v6, FP_SESSIONS_V6)] {
             let keys: Vec<Vec<u8>> = map.keys().collect();
             for k in keys {
-                if raw_map::delete(map.as_fd(), &k)
-                    .map_err(|source| BpfError::FastPathOp { map: name, op: "delete", key: hex(&k), source })?
-                {
+                if raw_map::delete(map.as_fd(), &k).map_err(|source| BpfError::FastPathOp {
+                    map: name,
+                    op: "delete",
+                    key: hex(&k),
+                    source,
+                })? {
                     n += 1;
                 }
             }
@@ -675,9 +685,8 @@ impl SteeringProgram {
     /// Reads next hop `id`.
     pub fn fp_next_hop(&self, id: u32) -> Result<Option<FpNextHop>, BpfError> {
         let mut out = [0u8; FP_NEXT_HOP_LEN];
-        let found = raw_map::lookup(self.maps.fp_next_hops.as_fd(), &id.to_ne_bytes(), &mut out).map_err(|source| {
-            BpfError::FastPathOp { map: FP_NEXT_HOPS, op: "lookup", key: id.to_string(), source }
-        })?;
+        let found = raw_map::lookup(self.maps.fp_next_hops.as_fd(), &id.to_ne_bytes(), &mut out)
+            .map_err(|source| BpfError::FastPathOp { map: FP_NEXT_HOPS, op: "lookup", key: id.to_string(), source })?;
         Ok(if found { FpNextHop::from_bytes(&out) } else { None })
     }
 
@@ -806,7 +815,12 @@ impl SteeringProgram {
         self.test_run_inner(frame, Some((ingress_ifindex, queue)), repeat)
     }
 
-    fn test_run_inner(&self, frame: &[u8], ingress: Option<(u32, u32)>, repeat: u32) -> Result<TestRunOutput, BpfError> {
+    fn test_run_inner(
+        &self,
+        frame: &[u8],
+        ingress: Option<(u32, u32)>,
+        repeat: u32,
+    ) -> Result<TestRunOutput, BpfError> {
         let program = self
             .object
             .progs_mut()

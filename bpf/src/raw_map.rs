@@ -35,7 +35,11 @@ pub(crate) fn lookup(fd: BorrowedFd<'_>, key: &[u8], out: &mut [u8]) -> io::Resu
     // SAFETY: as in `update`; `out` is a live, writable slice of exactly the
     // map's value size, the only memory the kernel writes.
     let rc = unsafe {
-        libbpf_sys::bpf_map_lookup_elem(fd.as_raw_fd(), key.as_ptr().cast::<c_void>(), out.as_mut_ptr().cast::<c_void>())
+        libbpf_sys::bpf_map_lookup_elem(
+            fd.as_raw_fd(),
+            key.as_ptr().cast::<c_void>(),
+            out.as_mut_ptr().cast::<c_void>(),
+        )
     };
     match rc {
         0 => Ok(true),

@@ -95,7 +95,11 @@ fn add(a: u16, b: u16) -> u16 {
 enum L4 {
     Udp,
     /// TCP with these flags (ACK is always set).
-    Tcp { syn: bool, fin: bool, rst: bool },
+    Tcp {
+        syn: bool,
+        fin: bool,
+        rst: bool,
+    },
 }
 
 const ACK: L4 = L4::Tcp { syn: false, fin: false, rst: false };
@@ -315,11 +319,7 @@ fn fps(prog: &SteeringProgram) -> Vec<u64> {
 }
 
 fn moved<T: Copy>(all: &[T], before: &[u64], after: &[u64]) -> Vec<(T, u64)> {
-    all.iter()
-        .zip(before.iter().zip(after))
-        .filter(|(_, (b, a))| a != b)
-        .map(|(r, (b, a))| (*r, a - b))
-        .collect()
+    all.iter().zip(before.iter().zip(after)).filter(|(_, (b, a))| a != b).map(|(r, (b, a))| (*r, a - b)).collect()
 }
 
 type Moved = (egret_bpf::TestRunOutput, Vec<(R, u64)>, Vec<(F, u64)>);
@@ -441,7 +441,8 @@ fn punts_leave_the_frame_untouched_and_name_the_reason() {
     expect_punt(p, "SYN", &tcp(true, false, false), F::PuntTcpControl, steered);
     expect_punt(p, "FIN", &tcp(false, true, false), F::PuntTcpControl, steered);
     expect_punt(p, "RST", &tcp(false, false, true), F::PuntTcpControl, steered);
-    let rst_in = frame4(mi, REMOTE4, EGRESS4, 64, REMOTE_PORT, EGRESS_PORT, L4::Tcp { syn: false, fin: false, rst: true });
+    let rst_in =
+        frame4(mi, REMOTE4, EGRESS4, 64, REMOTE_PORT, EGRESS_PORT, L4::Tcp { syn: false, fin: false, rst: true });
     expect_punt(p, "RST inbound", &rst_in, F::PuntTcpControl, nat);
     let fin6 = frame6(mi, pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, L4::Tcp { syn: false, fin: true, rst: false });
     expect_punt(p, "FIN v6", &fin6, F::PuntTcpControl, steered);
@@ -594,7 +595,10 @@ fn a_full_map_is_reported_as_such() {
     let r = FpRewrite::default();
     let err = w
         .prog
-        .fp_insert_v4(&FpKeyV4::new(POD4.into(), REMOTE4.into(), 1, 2, 17), &FpEntryV4::new(EGRESS4.into(), REMOTE4.into(), &r))
+        .fp_insert_v4(
+            &FpKeyV4::new(POD4.into(), REMOTE4.into(), 1, 2, 17),
+            &FpEntryV4::new(EGRESS4.into(), REMOTE4.into(), &r),
+        )
         .unwrap_err();
     assert!(matches!(err, egret_bpf::BpfError::FastPathFull { map: "fp_sessions_v4" }), "{err}");
     // Replacing an existing key still works; deleting frees room.
@@ -625,7 +629,20 @@ impl FibNs {
         let ns = FibNs(name.clone());
         ip(&["-n", &name, "link", "set", "lo", "up"]);
         // No dummy driver on this kernel: a veth pair.
-        ip(&["-n", &name, "link", "add", "out0", "address", "02:00:00:00:00:03", "type", "veth", "peer", "name", "out1"]);
+        ip(&[
+            "-n",
+            &name,
+            "link",
+            "add",
+            "out0",
+            "address",
+            "02:00:00:00:00:03",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "out1",
+        ]);
         ip(&["-n", &name, "link", "set", "out0", "up"]);
         ip(&["-n", &name, "link", "set", "out1", "up"]);
         ip(&["-n", &name, "addr", "add", "203.0.113.2/24", "dev", "out0"]);
@@ -636,10 +653,46 @@ impl FibNs {
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         ip(&["-n", &name, "route", "add", "198.51.100.0/24", "via", "203.0.113.1", "dev", "out0"]);
-        ip(&["-n", &name, "neigh", "add", "203.0.113.1", "lladdr", "02:00:00:00:00:fe", "dev", "out0", "nud", "permanent"]);
-        ip(&["-n", &name, "neigh", "add", "203.0.113.99", "lladdr", "02:00:00:00:00:fe", "dev", "out0", "nud", "permanent"]);
+        ip(&[
+            "-n",
+            &name,
+            "neigh",
+            "add",
+            "203.0.113.1",
+            "lladdr",
+            "02:00:00:00:00:fe",
+            "dev",
+            "out0",
+            "nud",
+            "permanent",
+        ]);
+        ip(&[
+            "-n",
+            &name,
+            "neigh",
+            "add",
+            "203.0.113.99",
+            "lladdr",
+            "02:00:00:00:00:fe",
+            "dev",
+            "out0",
+            "nud",
+            "permanent",
+        ]);
         // The measurement translates inbound frames back to the egress IP.
-        ip(&["-n", &name, "neigh", "add", "203.0.113.10", "lladdr", "02:00:00:00:00:fe", "dev", "out0", "nud", "permanent"]);
+        ip(&[
+            "-n",
+            &name,
+            "neigh",
+            "add",
+            "203.0.113.10",
+            "lladdr",
+            "02:00:00:00:00:fe",
+            "dev",
+            "out0",
+            "nud",
+            "permanent",
+        ]);
         ns
     }
 }
@@ -691,7 +744,8 @@ fn measure_fast_path_cost() {
         egret_dataplane::xsk::netns::enter_named(&name).unwrap();
         let ingress = egret_dataplane::xsk::netns::ifindex("out0").unwrap();
         let table = world();
-        let fib = SteeringProgram::load_variant(ProgramVariant::FibLookup, LoadOptions::default()).expect("fib variant loads");
+        let fib = SteeringProgram::load_variant(ProgramVariant::FibLookup, LoadOptions::default())
+            .expect("fib variant loads");
         fib.fp_set_enabled(true).unwrap();
         for p in [&table.prog, &fib] {
             install4(p, L4::Udp, 0, 0);
@@ -720,7 +774,12 @@ fn measure_fast_path_cost() {
             (best.as_nanos(), action)
         };
         let hits = |p: &SteeringProgram| {
-            p.verdict_counters().unwrap().into_iter().filter(|(r, _)| *r == R::RedirectFastPath).map(|(_, n)| n).sum::<u64>()
+            p.verdict_counters()
+                .unwrap()
+                .into_iter()
+                .filter(|(r, _)| *r == R::RedirectFastPath)
+                .map(|(_, n)| n)
+                .sum::<u64>()
         };
         let h0 = hits(&table.prog);
         let rows = [

@@ -208,7 +208,7 @@ pub mod render {
     /// `egret status`.
     pub fn status(s: &Status) -> String {
         let mut out = format!(
-            "config      {}\ngeneration  {}\nuptime      {} s\nready       {}\nsessions    {} IPv4, {} IPv6 (capacity {} per family)\nfib         {} routes, {} neighbours\nreloads     {} ok, {} rejected\n",
+            "config      {}\ngeneration  {}\nuptime      {} s\nready       {}\nsessions    {} IPv4, {} IPv6 (capacity {} per family)\nfib         {} routes, {} neighbours (generation {})\nreloads     {} ok, {} rejected\n",
             s.config_file,
             s.generation,
             s.uptime_secs,
@@ -218,6 +218,7 @@ pub mod render {
             s.session_capacity,
             s.fib_routes,
             s.fib_neighbors,
+            s.fib_generation,
             s.reloads,
             s.reload_failures
         );

@@ -52,6 +52,12 @@ pub fn render(view: &dyn GatewayView) -> String {
 
     o.family("config_generation", "gauge", "Generation of the configuration in use.");
     o.sample("config_generation", &[], status.generation);
+    o.family(
+        "fib_generation",
+        "gauge",
+        "Generation of the forwarding snapshot (grows with every route or neighbour change applied).",
+    );
+    o.sample("fib_generation", &[], status.fib_generation);
     o.family("config_reloads_total", "counter", "Configuration reloads applied.");
     o.sample("config_reloads_total", &[], status.reloads);
     o.family(

@@ -88,6 +88,11 @@ pub struct Status {
     pub fib_routes: u64,
     /// Neighbours in the forwarding snapshot.
     pub fib_neighbors: u64,
+    /// The forwarding snapshot's generation: it grows with every route or
+    /// neighbour change the daemon has applied (a change is in effect in the
+    /// workers once this moved).
+    #[serde(default)]
+    pub fib_generation: u64,
 }
 
 /// Per-socket ring counters.

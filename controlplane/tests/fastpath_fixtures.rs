@@ -31,7 +31,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use egret_bpf::{FastPathReason as F, FpKeyV4, FpKeyV6, FpNextHop, LoadOptions, SteeringProgram, VerdictReason as R, XdpAction};
+use egret_bpf::{
+    FastPathReason as F, FpKeyV4, FpKeyV6, FpNextHop, LoadOptions, SteeringProgram, VerdictReason as R, XdpAction,
+};
 use egret_controlplane::daemon::sink::{owned_entries, policy_entries};
 use egret_controlplane::offload::clock::EngineClock;
 use egret_controlplane::offload::{FastPath, OffloadManager};
@@ -59,8 +61,26 @@ impl Ns {
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
         ip(&["netns", "add", &name]);
         let ns = Ns(name.clone());
-        ip(&["-n", &name, "link", "add", "inside", "index", "2", "type", "veth", "peer", "name", "inside-p", "index", "12"]);
-        ip(&["-n", &name, "link", "add", "outside", "index", "3", "type", "veth", "peer", "name", "outside-p", "index", "13"]);
+        ip(&[
+            "-n", &name, "link", "add", "inside", "index", "2", "type", "veth", "peer", "name", "inside-p", "index",
+            "12",
+        ]);
+        ip(&[
+            "-n",
+            &name,
+            "link",
+            "add",
+            "outside",
+            "index",
+            "3",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "outside-p",
+            "index",
+            "13",
+        ]);
         egret_dataplane::xsk::netns::enter_named(&name).expect("enter the namespace (root)");
         assert_eq!(egret_dataplane::xsk::netns::ifindex("inside").unwrap(), INSIDE);
         assert_eq!(egret_dataplane::xsk::netns::ifindex("outside").unwrap(), OUTSIDE);
@@ -87,7 +107,8 @@ struct Rig {
 fn rig(spec: &egret_dataplane::tables::TablesSpec, fib: Fib) -> Rig {
     let engine = Engine::new(spec).unwrap();
     engine.publish_fib(fib);
-    let program = Arc::new(SteeringProgram::load(LoadOptions { fast_path_sessions: 4096, ..LoadOptions::default() }).unwrap());
+    let program =
+        Arc::new(SteeringProgram::load(LoadOptions { fast_path_sessions: 4096, ..LoadOptions::default() }).unwrap());
     // The steering maps as the daemon fills them, so punted frames get the
     // verdict they get in production (minus the AF_XDP socket: no socket
     // here, so steered frames are dropped by rule 7).
@@ -99,7 +120,9 @@ fn rig(spec: &egret_dataplane::tables::TablesSpec, fib: Fib) -> Rig {
     policy_entries::<Ipv4Addr>(&tables.classify_v4, &mut src, &mut dst);
     policy_entries::<Ipv6Addr>(&tables.classify_v6, &mut src, &mut dst);
     program.replace_policy(&src, &dst).unwrap();
-    let fp = Arc::new(FastPath::new(program.clone(), EngineClock::new(Instant::now(), 1), spec.nat.udp_inbound_refresh).unwrap());
+    let fp = Arc::new(
+        FastPath::new(program.clone(), EngineClock::new(Instant::now(), 1), spec.nat.udp_inbound_refresh).unwrap(),
+    );
     assert!(fp.connect(&engine));
     let manager = OffloadManager::new(fp.clone(), engine.clone(), 64);
     // The seed fixtures::run uses: the same ports, the same expected frames.
@@ -237,10 +260,22 @@ fn inspect(f: &[u8]) -> Result<Seen, Want> {
 fn installed_session(engine: &Engine, s: &Seen) -> Option<IpAddr> {
     if let Some(k) = s.key4 {
         let (r, v) = engine.nat4().sessions.lookup(&k)?;
-        (v.offload & offload::INSTALLED != 0).then(|| if r.is_inbound() { v.tuple.pod.into() } else { v.tuple.remote.into() })
+        (v.offload & offload::INSTALLED != 0).then(|| {
+            if r.is_inbound() {
+                v.tuple.pod.into()
+            } else {
+                v.tuple.remote.into()
+            }
+        })
     } else if let Some(k) = s.key6 {
         let (r, v) = engine.nat6().sessions.lookup(&k)?;
-        (v.offload & offload::INSTALLED != 0).then(|| if r.is_inbound() { v.tuple.pod.into() } else { v.tuple.remote.into() })
+        (v.offload & offload::INSTALLED != 0).then(|| {
+            if r.is_inbound() {
+                v.tuple.pod.into()
+            } else {
+                v.tuple.remote.into()
+            }
+        })
     } else {
         None
     }
@@ -273,11 +308,7 @@ fn want(engine: &Engine, f: &[u8]) -> Want {
 // ------------------------------------------------------------ running
 
 fn moved<T: Copy + std::fmt::Debug>(all: &[T], before: &[u64], after: &[u64]) -> Vec<(T, u64)> {
-    all.iter()
-        .zip(before.iter().zip(after))
-        .filter(|(_, (b, a))| a != b)
-        .map(|(r, (b, a))| (*r, a - b))
-        .collect()
+    all.iter().zip(before.iter().zip(after)).filter(|(_, (b, a))| a != b).map(|(r, (b, a))| (*r, a - b)).collect()
 }
 
 fn counters(p: &SteeringProgram) -> (Vec<u64>, Vec<u64>) {
@@ -290,7 +321,14 @@ fn counters(p: &SteeringProgram) -> (Vec<u64>, Vec<u64>) {
 /// Runs `frame` through the program as received on `ingress`; checks it
 /// against `want` and, for a hit, against `expected` (the frame and
 /// interface the engine must produce). Returns a mismatch, if any.
-fn check_bpf(p: &SteeringProgram, what: &str, frame: &[u8], ingress: u32, want: Want, expected: Option<(u32, &[u8])>) -> Option<String> {
+fn check_bpf(
+    p: &SteeringProgram,
+    what: &str,
+    frame: &[u8],
+    ingress: u32,
+    want: Want,
+    expected: Option<(u32, &[u8])>,
+) -> Option<String> {
     let (v0, f0) = counters(p);
     let out = p.test_run_on(frame, ingress, 0, 1).unwrap_or_else(|e| panic!("{what}: {e:#}"));
     let (v1, f1) = counters(p);
@@ -304,10 +342,16 @@ fn check_bpf(p: &SteeringProgram, what: &str, frame: &[u8], ingress: u32, want: 
             let Some((oif, frame_out)) = expected else {
                 return Some(format!("{what}: a hit, but the engine does not forward it"));
             };
-            let (action, verdict) =
-                if oif == ingress { (XdpAction::Tx, R::TxFastPath) } else { (XdpAction::Redirect, R::RedirectFastPath) };
+            let (action, verdict) = if oif == ingress {
+                (XdpAction::Tx, R::TxFastPath)
+            } else {
+                (XdpAction::Redirect, R::RedirectFastPath)
+            };
             if out.action != action || verdicts != vec![(verdict, 1)] || !reasons.is_empty() {
-                return Some(format!("{what}: want {action:?}/{verdict:?}, got {:?} {verdicts:?} {reasons:?}", out.action));
+                return Some(format!(
+                    "{what}: want {action:?}/{verdict:?}, got {:?} {verdicts:?} {reasons:?}",
+                    out.action
+                ));
             }
             if out.frame != frame_out {
                 return Some(format!(
@@ -319,7 +363,10 @@ fn check_bpf(p: &SteeringProgram, what: &str, frame: &[u8], ingress: u32, want: 
         }
         Want::Reason(r) => {
             if reasons != vec![(r, 1)] || out.frame != frame {
-                return Some(format!("{what}: want {r:?} untouched, got {reasons:?}, frame changed: {}", out.frame != frame));
+                return Some(format!(
+                    "{what}: want {r:?} untouched, got {reasons:?}, frame changed: {}",
+                    out.frame != frame
+                ));
             }
         }
         Want::Nothing => {
@@ -351,7 +398,8 @@ fn punt_variants(f: &[u8], v6: bool, tcp: bool) -> Vec<(&'static str, Vec<u8>, F
     v.push(("ttl 1", ttl1, F::PuntTtl));
     let mut partial = f.to_vec();
     let l4_len = if v6 { usize::from(be16(f, l3 + 4)) } else { usize::from(be16(f, l3 + 2)) - 20 };
-    let pseudo = words(&f[if v6 { l3 + 8 } else { l3 + 12 }..l4]) + u32::from(if tcp { 6u8 } else { 17 }) + l4_len as u32;
+    let pseudo =
+        words(&f[if v6 { l3 + 8 } else { l3 + 12 }..l4]) + u32::from(if tcp { 6u8 } else { 17 }) + l4_len as u32;
     let at = l4 + if tcp { 16 } else { 6 };
     partial[at..at + 2].copy_from_slice(&fold(pseudo).to_be_bytes());
     v.push(("partial checksum", partial, F::PuntPartialChecksum));
@@ -432,21 +480,31 @@ fn replay(s: &Scenario, fib: Fib, tally: &mut Tally, variants: bool) -> Vec<Stri
                     }
                     // The next hop unresolved: punted; resolved again: a hit.
                     // The entry this packet matches names its next hop.
-                    let id = seen.and_then(|x| match (x.key4, x.key6) {
-                        (Some(k), _) => r.program.fp_get_v4(&FpKeyV4::new(k.src, k.dst, k.sport(), k.dport(), k.proto)).unwrap(),
-                        (_, Some(k)) => r
-                            .program
-                            .fp_get_v6(&FpKeyV6::new(k.src, k.dst, k.sport(), k.dport(), k.proto))
-                            .unwrap()
-                            .map(|e| egret_bpf::FpEntryV4 { next_hop: e.next_hop, ..Default::default() }),
-                        _ => None,
-                    })
-                    .map(|e| e.next_hop);
+                    let id = seen
+                        .and_then(|x| match (x.key4, x.key6) {
+                            (Some(k), _) => {
+                                r.program.fp_get_v4(&FpKeyV4::new(k.src, k.dst, k.sport(), k.dport(), k.proto)).unwrap()
+                            }
+                            (_, Some(k)) => r
+                                .program
+                                .fp_get_v6(&FpKeyV6::new(k.src, k.dst, k.sport(), k.dport(), k.proto))
+                                .unwrap()
+                                .map(|e| egret_bpf::FpEntryV4 { next_hop: e.next_hop, ..Default::default() }),
+                            _ => None,
+                        })
+                        .map(|e| e.next_hop);
                     if let Some(id) = id {
                         let keep = r.program.fp_next_hop(id).unwrap().unwrap();
                         r.program.fp_set_next_hop(id, &FpNextHop::invalid(keep.ifindex)).unwrap();
                         tally.punts += 1;
-                        if let Some(e) = check_bpf(&r.program, &format!("{what} / next hop unresolved"), &st.frame, st.ingress, Want::Reason(F::PuntNextHop), None) {
+                        if let Some(e) = check_bpf(
+                            &r.program,
+                            &format!("{what} / next hop unresolved"),
+                            &st.frame,
+                            st.ingress,
+                            Want::Reason(F::PuntNextHop),
+                            None,
+                        ) {
                             errors.push(e);
                         }
                         r.program.fp_set_next_hop(id, &keep).unwrap();
@@ -462,9 +520,16 @@ fn replay(s: &Scenario, fib: Fib, tally: &mut Tally, variants: bool) -> Vec<Stri
         // Then the engine, which must still meet the fixture's expectation.
         let mut buf = vec![0u8; FRAME_BUFFER];
         buf[..st.frame.len()].copy_from_slice(&st.frame);
-        let v = r.worker.process(&mut buf, st.frame.len(), RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown }, now);
+        let v = r.worker.process(
+            &mut buf,
+            st.frame.len(),
+            RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown },
+            now,
+        );
         let ok = match (&st.expect, v) {
-            (Expect::Forward { ifindex, frame }, Verdict::Forward { ifindex: got, len }) => *ifindex == got && buf[..len] == frame[..],
+            (Expect::Forward { ifindex, frame }, Verdict::Forward { ifindex: got, len }) => {
+                *ifindex == got && buf[..len] == frame[..]
+            }
             (Expect::Answer(frame), Verdict::Answer { len }) => buf[..len] == frame[..],
             (Expect::Pass, Verdict::Pass) => true,
             (Expect::Drop(a), Verdict::Drop(b)) => *a == b,
@@ -477,7 +542,14 @@ fn replay(s: &Scenario, fib: Fib, tally: &mut Tally, variants: bool) -> Vec<Stri
     }
     // Nothing installed is left behind for a session the engine ended.
     let (v4, v6) = r.fp.installed();
-    let live = r.engine.nat4().sessions.iter().chain(std::iter::empty()).filter(|v| v.offload & offload::INSTALLED != 0).count()
+    let live = r
+        .engine
+        .nat4()
+        .sessions
+        .iter()
+        .chain(std::iter::empty())
+        .filter(|v| v.offload & offload::INSTALLED != 0)
+        .count()
         + r.engine.nat6().sessions.iter().filter(|v| v.offload & offload::INSTALLED != 0).count();
     if v4 + v6 != live {
         errors.push(format!("{}: {} sessions indexed as installed, {live} installed in the engine", s.name, v4 + v6));
@@ -511,7 +583,7 @@ fn the_fixture_table_through_the_fast_path_and_the_engine() {
 /// Scenarios the table lacks, in the table's own form: established TCP and
 /// UDP in both families and both directions, many packets each.
 fn established_flows() -> Scenario {
-    use fixtures::{from_outside, from_pod, sent_in, sent_out, tcp, udp, E1, E6, POD_A, POD6, SERVER, SERVER6};
+    use fixtures::{from_outside, from_pod, sent_in, sent_out, tcp, udp, E1, E6, POD6, POD_A, SERVER, SERVER6};
     let (p4, s4, e1) = (IpAddr::V4(POD_A), IpAddr::V4(SERVER), IpAddr::V4(E1));
     let (p6, s6, e6) = (IpAddr::V6(POD6), IpAddr::V6(SERVER6), IpAddr::V6(E6));
     let mut steps = Vec::new();
@@ -563,13 +635,23 @@ fn one_arm_uses_xdp_tx_and_matches_the_engine() {
     let _ns = Ns::enter("c");
     let mut fib = Fib::new();
     fib.add_interface(Interface { ifindex: INSIDE, name: "arm".into(), mac: fixtures::GW_IN, mtu: 1500 })
-        .add_route(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)), 16, Route { oif: INSIDE, gateway: Some(fixtures::NODE.into()) })
-        .add_route(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0, Route { oif: INSIDE, gateway: Some(fixtures::UPSTREAM.into()) })
+        .add_route(
+            IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)),
+            16,
+            Route { oif: INSIDE, gateway: Some(fixtures::NODE.into()) },
+        )
+        .add_route(
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            0,
+            Route { oif: INSIDE, gateway: Some(fixtures::UPSTREAM.into()) },
+        )
         .add_neighbor(INSIDE, fixtures::NODE.into(), fixtures::NODE_MAC)
         .add_neighbor(INSIDE, fixtures::UPSTREAM.into(), fixtures::UP_MAC);
     let mut r = rig(&fixtures::base_spec(), fib);
-    let out = fixtures::from_pod(IpAddr::V4(fixtures::POD_A), IpAddr::V4(fixtures::SERVER), fixtures::udp(40000, 53, b"q"));
-    let mut back = fixtures::from_outside(IpAddr::V4(fixtures::SERVER), IpAddr::V4(fixtures::E1), fixtures::udp(53, 40000, b"a"));
+    let out =
+        fixtures::from_pod(IpAddr::V4(fixtures::POD_A), IpAddr::V4(fixtures::SERVER), fixtures::udp(40000, 53, b"q"));
+    let mut back =
+        fixtures::from_outside(IpAddr::V4(fixtures::SERVER), IpAddr::V4(fixtures::E1), fixtures::udp(53, 40000, b"a"));
     back.eth_dst = fixtures::GW_IN;
     let mut hits = 0;
     for (k, p) in [&out, &back, &out, &back, &out].into_iter().enumerate() {
@@ -580,13 +662,20 @@ fn one_arm_uses_xdp_tx_and_matches_the_engine() {
         // that does not matter here (UDP refresh only).
         let mut buf = vec![0u8; FRAME_BUFFER];
         buf[..frame.len()].copy_from_slice(&frame);
-        let v = r.worker.process(&mut buf, frame.len(), RxMeta { ifindex: INSIDE, checksum: ChecksumHint::Unknown }, Timestamp::from_secs(k as u64));
+        let v = r.worker.process(
+            &mut buf,
+            frame.len(),
+            RxMeta { ifindex: INSIDE, checksum: ChecksumHint::Unknown },
+            Timestamp::from_secs(k as u64),
+        );
         let Verdict::Forward { ifindex, len } = v else { panic!("step {k}: the engine gave {v:?}") };
         assert_eq!(ifindex, INSIDE);
         if w == Want::Hit {
             hits += 1;
         }
-        if let Some(e) = check_bpf(&r.program, &format!("one-arm step {k}"), &frame, INSIDE, w, Some((ifindex, &buf[..len]))) {
+        if let Some(e) =
+            check_bpf(&r.program, &format!("one-arm step {k}"), &frame, INSIDE, w, Some((ifindex, &buf[..len])))
+        {
             panic!("{e}");
         }
     }

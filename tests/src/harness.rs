@@ -85,12 +85,7 @@ impl Harness {
 
     /// [`Harness::start`] in `tier`: the tier's lab options and `xdp.fastPath`
     /// are set before `tweak` sees the configuration.
-    pub fn start_in(
-        name: &str,
-        tier: Tier,
-        opts: LabOptions,
-        tweak: impl FnOnce(&mut GatewayConfig),
-    ) -> Result<Self> {
+    pub fn start_in(name: &str, tier: Tier, opts: LabOptions, tweak: impl FnOnce(&mut GatewayConfig)) -> Result<Self> {
         Self::start_with(name, Some(tier), opts, tweak)
     }
 

@@ -34,7 +34,13 @@ struct Args {
     rounds: u32,
     /// Modes, in order: kernel, egret, fastpath, redirect, new-conns
     /// (Egret's slow path), kernel-new-conns (the kernel's, for reference).
-    #[arg(long, alias = "mode", value_enum, value_delimiter = ',', default_value = "kernel,egret,fastpath,redirect,new-conns")]
+    #[arg(
+        long,
+        alias = "mode",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "kernel,egret,fastpath,redirect,new-conns"
+    )]
     modes: Vec<Mode>,
     /// Window length for the new-connection modes (after 0.5 s of
     /// warm-up): Egret's port space (about a million mappings) and the
@@ -135,9 +141,8 @@ fn run(args: &Args) -> Result<(), BenchError> {
     if opts.priorities {
         // The measuring thread reads /proc and the counters at the window's
         // edges: keep it from being preempted there.
-        egret_benches::sys::set_nice(egret_benches::sys::gettid(), bench::BENCH_NICE).map_err(|source| {
-            BenchError::Pin { what: "the measuring thread (nice)".into(), tid: 0, cpu: 0, source }
-        })?;
+        egret_benches::sys::set_nice(egret_benches::sys::gettid(), bench::BENCH_NICE)
+            .map_err(|source| BenchError::Pin { what: "the measuring thread (nice)".into(), tid: 0, cpu: 0, source })?;
     }
     eprintln!("building namespaces {tag}-{{gen,gw,sink}}");
     let topo = Topology::create(&tag)?;
@@ -231,7 +236,8 @@ fn run(args: &Args) -> Result<(), BenchError> {
             "unavailable": unavailable.iter().map(|(m, w)| serde_json::json!({"mode": m, "reason": w})).collect::<Vec<_>>(),
         });
         let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
-        std::fs::write(path, text).map_err(|source| egret_benches::egret::EgretError::Write { path: path.clone(), source })?;
+        std::fs::write(path, text)
+            .map_err(|source| egret_benches::egret::EgretError::Write { path: path.clone(), source })?;
     }
     Ok(())
 }

@@ -65,6 +65,7 @@ impl GatewayView for Fake {
             session_capacity: 1 << 20,
             fib_routes: 2,
             fib_neighbors: 1,
+            fib_generation: 3,
         }
     }
 

@@ -214,7 +214,10 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
     // 3. Engine, program, fast path, tables.
     let clock = EngineClock::from_env(started);
     if clock.scale() != 1 {
-        tracing::warn!(scale = clock.scale(), "{SCALE_ENV} is set: engine time runs faster than real time (tests only)");
+        tracing::warn!(
+            scale = clock.scale(),
+            "{SCALE_ENV} is set: engine time runs faster than real time (tests only)"
+        );
     }
     let engine = Engine::new(&cfg.tables).map_err(|e| start_err("engine")(e.to_string()))?;
     let load = LoadOptions {
@@ -222,9 +225,8 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         fast_path_sessions: cfg.xdp.fast_path_sessions,
         ..LoadOptions::default()
     };
-    let program = Arc::new(
-        SteeringProgram::load(load).map_err(|e| start_err("loading the XDP program")(format!("{e:#}")))?,
-    );
+    let program =
+        Arc::new(SteeringProgram::load(load).map_err(|e| start_err("loading the XDP program")(format!("{e:#}")))?);
     let fast_path = if cfg.xdp.fast_path {
         let fp = Arc::new(
             FastPath::new(program.clone(), clock, cfg.tables.nat.udp_inbound_refresh)

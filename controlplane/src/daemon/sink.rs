@@ -159,7 +159,10 @@ impl TablesSink for GatewaySink {
                     .map_err(|e| ApplyError::Rejected(e.to_string()))?;
                 let (fenced, guard) = fp.fence(&next);
                 if fenced > 0 {
-                    tracing::info!(sessions = fenced, "fast path: sessions the new configuration ends deleted from the kernel");
+                    tracing::info!(
+                        sessions = fenced,
+                        "fast path: sessions the new configuration ends deleted from the kernel"
+                    );
                 }
                 Some(guard)
             }

@@ -110,6 +110,7 @@ impl GatewayView for LiveView {
             session_capacity: s.engine.nat4().sessions.capacity() as u64,
             fib_routes: routes as u64,
             fib_neighbors: neighbours as u64,
+            fib_generation: fib.generation(),
         }
     }
 

@@ -41,7 +41,8 @@ impl EngineClock {
     /// A real-time clock, or the scale from [`SCALE_ENV`] when set to a
     /// number in 1-1000 (tests).
     pub fn from_env(epoch: Instant) -> Self {
-        let scale = std::env::var(SCALE_ENV).ok().and_then(|v| v.parse::<u64>().ok()).filter(|s| (1..=1000).contains(s));
+        let scale =
+            std::env::var(SCALE_ENV).ok().and_then(|v| v.parse::<u64>().ok()).filter(|s| (1..=1000).contains(s));
         Self::new(epoch, scale.unwrap_or(1))
     }
 

@@ -301,12 +301,8 @@ impl FastPath {
     }
 
     fn fence_family<A: FpFamily>(&self, next: &Tables) -> usize {
-        let doomed: Vec<SessionView<A>> = A::index(self)
-            .lock()
-            .values()
-            .filter(|i| !NatTable::still_valid(&i.view, next))
-            .map(|i| i.view)
-            .collect();
+        let doomed: Vec<SessionView<A>> =
+            A::index(self).lock().values().filter(|i| !NatTable::still_valid(&i.view, next)).map(|i| i.view).collect();
         for view in &doomed {
             // Kernel first: from here on the engine sees every packet, and
             // under the new tables it drops them.
@@ -384,8 +380,7 @@ impl<A: FpFamily> OffloadHook<A> for FastPath {
     /// except UDP's inbound one unless `nat.udpInboundRefresh` (RFC 4787
     /// REQ-6), exactly as the engine refreshes on its own packets.
     fn last_seen(&self, view: &SessionView<A>) -> Option<u32> {
-        let refresh_inbound =
-            view.tuple.proto != proto::UDP || self.udp_inbound_refresh.load(Ordering::Relaxed);
+        let refresh_inbound = view.tuple.proto != proto::UDP || self.udp_inbound_refresh.load(Ordering::Relaxed);
         let mut best = None;
         for (key, dir) in keys(view).iter().zip(DIRECTIONS) {
             if dir == Direction::Inbound && !refresh_inbound {
@@ -451,7 +446,8 @@ impl OffloadManager {
             self.sync_fib(&fib, now);
         }
         let tables = self.engine.tables();
-        let n = self.install_family::<Ipv4Addr>(&tables, &fib, now) + self.install_family::<Ipv6Addr>(&tables, &fib, now);
+        let n =
+            self.install_family::<Ipv4Addr>(&tables, &fib, now) + self.install_family::<Ipv6Addr>(&tables, &fib, now);
         self.fp.stats.next_hops.store(self.hops.len() as u64, Ordering::Relaxed);
         n
     }

@@ -176,7 +176,11 @@ mod tests {
     fn fib(mac: [u8; 6]) -> Fib {
         let mut f = Fib::new();
         f.add_interface(Interface { ifindex: 3, name: "out".into(), mac: [2, 0, 0, 0, 0, 3], mtu: 1500 })
-            .add_route(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0, Route { oif: 3, gateway: Some(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1))) })
+            .add_route(
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                0,
+                Route { oif: 3, gateway: Some(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1))) },
+            )
             .add_route(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 0)), 24, Route { oif: 3, gateway: None })
             .add_route(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)), 15, Route { oif: 9, gateway: None })
             .add_neighbor(3, IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)), mac);

@@ -53,6 +53,8 @@ fn next_hop_mac_change(name: &str, tier: Tier) {
     let (mut tcp, t0, udp, u0) = live_flows(&h, Pod::A);
     let before = h.counters().unwrap();
 
+    let fib_generation = |h: &Harness| h.gw.admin().status().unwrap()["fib_generation"].as_u64().unwrap();
+    let fib_before = fib_generation(&h);
     let new_mac = [0x02, 0xe9, 0, 0, 0, 0xfd];
     assert_ne!(new_mac, UP_MAC);
     h.lab.upstream().ip(&["link", "set", "dev", "gw", "address", &mac_str(new_mac)]).unwrap();
@@ -61,6 +63,15 @@ fn next_hop_mac_change(name: &str, tier: Tier) {
             .gateway_ns()
             .ip(&["neigh", "replace", &hop, "lladdr", &mac_str(new_mac), "dev", "outside", "nud", "reachable"])
             .unwrap();
+    }
+    // Both tiers: the workers forward with the new snapshot once the
+    // daemon has applied the neighbour change (debounced, ~20 ms); until
+    // then frames go to the old MAC, as a kernel's would until its
+    // neighbour entry changes.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while fib_generation(&h) == fib_before {
+        assert!(Instant::now() < deadline, "the daemon never applied the neighbour change");
+        std::thread::sleep(Duration::from_millis(20));
     }
     if tier == Tier::FastPath {
         h.wait_counters(Duration::from_secs(3), "next-hop table rewritten", |c| {
@@ -83,8 +94,10 @@ fn next_hop_mac_change(name: &str, tier: Tier) {
     }
     // Every IPv4 frame the gateway sent upstream since went to the new MAC.
     let frames: Vec<Frame> = h.capture.as_ref().unwrap().snapshot().split_off(mark);
-    let sent: Vec<&Frame> =
-        frames.iter().filter(|f| f.data.len() > 14 && f.data[6..12] == plan::GW_OUT && f.data[12..14] == [8, 0]).collect();
+    let sent: Vec<&Frame> = frames
+        .iter()
+        .filter(|f| f.data.len() > 14 && f.data[6..12] == plan::GW_OUT && f.data[12..14] == [8, 0])
+        .collect();
     assert!(sent.len() >= 10, "frames sent upstream after the change: {}", sent.len());
     for f in &sent {
         assert_eq!(f.data[0..6], new_mac, "a frame to the old MAC after the change");
@@ -147,7 +160,10 @@ fn offloaded_session_expires_on_time() {
         quiet >= Duration::from_secs(SHORT_UDP_TIMEOUT),
         "expired {quiet:?} after its last packet, before the {SHORT_UDP_TIMEOUT} s timeout"
     );
-    assert!(quiet <= Duration::from_secs(SHORT_UDP_TIMEOUT + 1 + 5 + 1), "expired only {quiet:?} after its last packet");
+    assert!(
+        quiet <= Duration::from_secs(SHORT_UDP_TIMEOUT + 1 + 5 + 1),
+        "expired only {quiet:?} after its last packet"
+    );
     assert_eq!(after.get(expired) - before.get(expired), 1);
     let removed = after.get_path("fast_path.removals.removed") - before.get_path("fast_path.removals.removed");
     assert_eq!(removed, 1, "its kernel entries went with it");
@@ -333,7 +349,12 @@ fn checksums_at_the_server(name: &str, offload: bool) {
     let csum_errors = |proto: &str| -> u64 {
         let mut lines = snmp.lines().filter(|l| l.starts_with(&format!("{proto}:")));
         let (names, values) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
-        names.split_whitespace().zip(values.split_whitespace()).find(|(n, _)| *n == "InCsumErrors").and_then(|(_, v)| v.parse().ok()).unwrap_or(0)
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == "InCsumErrors")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0)
     };
     assert_eq!((csum_errors("Tcp"), csum_errors("Udp")), (0, 0), "the server's kernel saw bad checksums");
     let after = h.counters().unwrap();

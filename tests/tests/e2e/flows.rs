@@ -118,7 +118,17 @@ fn ten_thousand_flows(name: &str, tier: Tier) {
     let end = h.counters().unwrap();
     let hits = end.fast_path_hits() - mid.fast_path_hits();
     if tier == Tier::FastPath {
-        assert!(hits >= 2 * FLOWS as u64, "second round: {hits} fast-path hits for {FLOWS} round trips");
+        // A full checksum equals the pseudo-header-only value of a partial
+        // one for about 1 frame in 65536 (wire::checksum::is_partial); the
+        // fast path punts those to the workers, which recompute in full.
+        // Over 20,000 frames a few such coincidences are expected.
+        let punted = end.get_path("fast_path.packets.punt_partial_checksum")
+            - mid.get_path("fast_path.packets.punt_partial_checksum");
+        assert!(
+            hits + punted >= 2 * FLOWS as u64 && punted <= 4,
+            "second round: {hits} fast-path hits and {punted} partial-checksum punts for {FLOWS} round trips; {:?}",
+            end.delta(&mid)
+        );
     } else {
         assert_eq!(end.fast_path_hits(), 0);
     }

@@ -78,7 +78,8 @@ pub fn established_flows(h: &Harness, pod: egret_tests::plan::Pod, rounds: usize
     let mut tcp = TcpSession::connect(ns, pod.echo_endpoint()).unwrap();
     let first = tcp.line(&format!("{}-tcp-first", pod.name())).unwrap();
     let udp = client::udp_socket(ns, pod.echo_endpoint()).unwrap();
-    let (ufirst, _) = client::udp_exchange(&udp, &format!("{}-udp-first", pod.name()), 3, Duration::from_secs(1)).unwrap();
+    let (ufirst, _) =
+        client::udp_exchange(&udp, &format!("{}-udp-first", pod.name()), 3, Duration::from_secs(1)).unwrap();
     let fast = h.tier == Some(Tier::FastPath);
     if fast {
         h.wait_counters(Duration::from_secs(3), "both sessions installed in the fast path", |c| {
@@ -87,14 +88,13 @@ pub fn established_flows(h: &Harness, pod: egret_tests::plan::Pod, rounds: usize
         .unwrap();
     }
     // `egret sessions` says which path each session takes.
-    let offloaded = h
-        .gw
-        .admin()
-        .sessions_json(1000)
-        .unwrap()
-        .iter()
-        .filter(|r| r["pod"].as_str() == Some(&pod.addr().to_string()) && r["offloaded"].as_bool() == Some(true))
-        .count();
+    let offloaded =
+        h.gw.admin()
+            .sessions_json(1000)
+            .unwrap()
+            .iter()
+            .filter(|r| r["pod"].as_str() == Some(&pod.addr().to_string()) && r["offloaded"].as_bool() == Some(true))
+            .count();
     if fast {
         assert!(offloaded >= 2, "{pod:?}: `egret sessions` shows {offloaded} sessions in XDP");
     } else {
