@@ -131,6 +131,8 @@ pub struct SinkCounts {
     pub bad_udp_checksum: u64,
     /// Frames not of the 60-byte shape, checksums unverified.
     pub unchecked: u64,
+    /// Frames answered (the first of each flow while replies are on).
+    pub replied: u64,
 }
 
 impl SinkCounts {
@@ -142,6 +144,7 @@ impl SinkCounts {
             bad_ip_checksum: self.bad_ip_checksum.wrapping_sub(e.bad_ip_checksum),
             bad_udp_checksum: self.bad_udp_checksum.wrapping_sub(e.bad_udp_checksum),
             unchecked: self.unchecked.wrapping_sub(e.unchecked),
+            replied: self.replied.wrapping_sub(e.replied),
         }
     }
 }
@@ -181,14 +184,24 @@ impl Sink {
         })
     }
 
-    /// The counters summed over CPUs (one lookup: all five together).
+    /// Answer the first translated frame of every flow once more under
+    /// `generation` (a value not used before in this run), or never (0). A
+    /// NAT confirms a UDP flow on its first reply: the fast path offloads
+    /// only confirmed sessions.
+    pub fn set_reply_generation(&self, generation: u32) -> Result<(), XdpError> {
+        let m = map(&self.obj, "sink", "sink_ctl")?;
+        m.update(&0u32.to_ne_bytes(), &generation.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|source| XdpError::Map { map: "sink_ctl", op: "update", source })
+    }
+
+    /// The counters summed over CPUs (one lookup: all six together).
     pub fn counts(&self) -> Result<SinkCounts, XdpError> {
         let m = map(&self.obj, "sink", "sink_counters")?;
         let per_cpu = m
             .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
             .map_err(|source| XdpError::Map { map: "sink_counters", op: "lookup", source })?
             .unwrap_or_default();
-        let mut v = [0u64; 5];
+        let mut v = [0u64; 6];
         for cpu in &per_cpu {
             for (i, slot) in v.iter_mut().enumerate() {
                 let field = cpu.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes);
@@ -201,6 +214,7 @@ impl Sink {
             bad_ip_checksum: v[2],
             bad_udp_checksum: v[3],
             unchecked: v[4],
+            replied: v[5],
         })
     }
 }
@@ -409,7 +423,47 @@ mod tests {
         assert_eq!(run(&mut sink, &arp), XDP_PASS);
         assert_eq!(
             sink.counts().expect("counts"),
-            SinkCounts { frames: 4, translated: 2, bad_ip_checksum: 1, bad_udp_checksum: 1, unchecked: 0 }
+            SinkCounts { frames: 4, translated: 2, bad_ip_checksum: 1, bad_udp_checksum: 1, unchecked: 0, replied: 0 }
         );
+    }
+
+    #[test]
+    fn sink_answers_each_translated_flow_once_per_generation() {
+        let mut sink = Sink::load(SINK_IP, SINK_PORT).expect("load sink");
+        let run = |sink: &mut Sink, frame: &[u8]| -> (u32, Vec<u8>) {
+            let mut out = vec![0u8; frame.len()];
+            let input = ProgramInput { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() };
+            let o = sink.program().expect("prog").test_run(input).expect("run");
+            (o.return_value, o.data.map(|d| d.to_vec()).unwrap_or_default())
+        };
+        let s = spec();
+        let a = s.build(crate::topology::EGRESS_IP, 40_000);
+        let b = s.build(crate::topology::EGRESS_IP, 40_001);
+        let untranslated = s.build(Ipv4Addr::new(198, 18, 1, 3), 1024);
+        let mut bad_udp = s.build(crate::topology::EGRESS_IP, 40_002);
+        bad_udp[UDP_OFF + 8] ^= 0xff;
+        // Off by default: counted and dropped.
+        assert_eq!(run(&mut sink, &a).0, XDP_DROP);
+        sink.set_reply_generation(1).expect("ctl");
+        let (verdict, reply) = run(&mut sink, &a);
+        assert_eq!(verdict, XDP_TX);
+        // MACs, addresses and ports swapped, everything else (checksums) kept.
+        let mut want = a;
+        want.copy_within(6..12, 0);
+        want[6..12].copy_from_slice(&a[0..6]);
+        want[26..30].copy_from_slice(&a[30..34]);
+        want[30..34].copy_from_slice(&a[26..30]);
+        want[UDP_OFF..UDP_OFF + 2].copy_from_slice(&a[UDP_OFF + 2..UDP_OFF + 4]);
+        want[UDP_OFF + 2..UDP_OFF + 4].copy_from_slice(&a[UDP_OFF..UDP_OFF + 2]);
+        assert_eq!(reply, want.to_vec());
+        assert_eq!(run(&mut sink, &a).0, XDP_DROP, "once per flow");
+        assert_eq!(run(&mut sink, &b).0, XDP_TX, "another flow");
+        assert_eq!(run(&mut sink, &untranslated).0, XDP_DROP, "untranslated frames are not answered");
+        assert_eq!(run(&mut sink, &bad_udp).0, XDP_DROP, "bad checksums are not answered");
+        sink.set_reply_generation(2).expect("ctl");
+        assert_eq!(run(&mut sink, &a).0, XDP_TX, "again in a new generation");
+        sink.set_reply_generation(0).expect("ctl");
+        assert_eq!(run(&mut sink, &b).0, XDP_DROP);
+        assert_eq!(sink.counts().expect("counts").replied, 3);
     }
 }

@@ -13,6 +13,17 @@
  *   2 BAD_IP_CSUM  ... whose IPv4 header checksum is wrong (RFC 791, 1071)
  *   3 BAD_UDP_CSUM ... whose UDP checksum is wrong or absent (RFC 768)
  *   4 UNCHECKED    ... not the 60-byte shape, checksums not verified
+ *   5 REPLIED      ... answered (see "Replies" below)
+ *
+ * Replies: a stateful NAT confirms a UDP flow when the far end answers (the
+ * fast path offloads a session after its first reply). While the value in
+ * sink_ctl is non-zero, the sink answers the first translated, correctly
+ * checksummed frame of each flow (source address and port) once per value:
+ * it swaps the MACs, the addresses and the ports and sends the frame back
+ * with XDP_TX. Swapping leaves both checksums valid (the one's complement
+ * sums are over the same words). Every later frame of the flow is counted
+ * and dropped as before. The benchmark sets a fresh value per fast-path
+ * window and 0 for every other mode.
  */
 #include "bench_common.h"
 
@@ -22,7 +33,8 @@ enum {
 	SINK_BAD_IP_CSUM = 2,
 	SINK_BAD_UDP_CSUM = 3,
 	SINK_UNCHECKED = 4,
-	SINK_COUNTERS = 5,
+	SINK_REPLIED = 5,
+	SINK_COUNTERS = 6,
 };
 
 struct sink_cfg {
@@ -43,6 +55,49 @@ struct {
 	__type(key, __u32);
 	__type(value, struct sink_counts);
 } sink_counters SEC(".maps");
+
+/* [0]: the reply generation; 0 = never reply. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} sink_ctl SEC(".maps");
+
+/* Flow (source address << 16 | source port) -> the generation it was
+ * answered in. Twice the largest flow count the benchmark uses. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072);
+	__type(key, __u64);
+	__type(value, __u32);
+} sink_seen SEC(".maps");
+
+/* Answer the flow's first frame of this generation; true when it did. */
+static __always_inline int reply_once(struct ethhdr *eth, struct iphdr *ip, struct udphdr *udp)
+{
+	__u32 zero = 0;
+	__u32 *gen = bpf_map_lookup_elem(&sink_ctl, &zero);
+	if (!gen || *gen == 0)
+		return 0;
+	__u64 key = ((__u64)ip->saddr << 16) | udp->source;
+	__u32 *seen = bpf_map_lookup_elem(&sink_seen, &key);
+	if (seen && *seen == *gen)
+		return 0;
+	__u32 g = *gen;
+	bpf_map_update_elem(&sink_seen, &key, &g, BPF_ANY);
+	unsigned char mac[ETH_ALEN];
+	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
+	__u32 a = ip->saddr;
+	ip->saddr = ip->daddr;
+	ip->daddr = a;
+	__u16 p = udp->source;
+	udp->source = udp->dest;
+	udp->dest = p;
+	return 1;
+}
 
 SEC("xdp")
 int xdp_sink(struct xdp_md *ctx)
@@ -76,8 +131,11 @@ int xdp_sink(struct xdp_md *ctx)
 #pragma unroll
 	for (int i = 0; i < BENCH_IP_LEN / 2; i++)
 		sum += w[i];
-	if (bench_fold(sum) != 0xffff)
+	int good = 1;
+	if (bench_fold(sum) != 0xffff) {
 		cnt->c[SINK_BAD_IP_CSUM]++;
+		good = 0;
+	}
 
 	if ((void *)udp + BENCH_UDP_LEN > data_end || udp->len != bpf_htons(BENCH_UDP_LEN)) {
 		cnt->c[SINK_UNCHECKED]++;
@@ -91,8 +149,14 @@ int xdp_sink(struct xdp_md *ctx)
 #pragma unroll
 	for (int i = 0; i < BENCH_UDP_LEN / 2; i++)
 		sum += u[i];
-	if (udp->check == 0 || bench_fold(sum) != 0xffff)
+	if (udp->check == 0 || bench_fold(sum) != 0xffff) {
 		cnt->c[SINK_BAD_UDP_CSUM]++;
+		good = 0;
+	}
+	if (good && (bpf_ntohl(ip->saddr) & 0xffffff00) == 0xcb007100 && reply_once(eth, ip, udp)) {
+		cnt->c[SINK_REPLIED]++;
+		return XDP_TX;
+	}
 	return XDP_DROP;
 }
 
