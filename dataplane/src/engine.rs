@@ -30,12 +30,13 @@ use parking_lot::Mutex;
 use crate::clock::Timestamp;
 use crate::dissect::{self, Frag, IpPacket, Parsed, L4};
 use crate::fib::{Fib, Mac, NextHop};
+use crate::nat::flow_cache::FlowCache;
 use crate::nat::fragments::{FragKey, FragTranslation};
 use crate::nat::icmp_error::{self, IcmpFamily};
 use crate::nat::key::{proto, FlowKey, SessionTuple};
 use crate::nat::port_alloc::PortRng;
 use crate::nat::rewrite;
-use crate::nat::session::{session_flags, SessionView};
+use crate::nat::session::{session_flags, SessionRef, SessionView};
 use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
@@ -249,6 +250,7 @@ impl Engine {
             stats,
             rng,
             next_hops: NextHopCache::new(),
+            flows: FlowCaches::new(),
         }
     }
 
@@ -281,6 +283,7 @@ pub struct Worker {
     stats: Arc<WorkerStats>,
     rng: PortRng,
     next_hops: NextHopCache,
+    flows: FlowCaches,
 }
 
 impl std::fmt::Debug for Worker {
@@ -289,20 +292,49 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-/// Per-family access to the shared NAT state.
+/// Per-family access to the shared NAT state and the worker's flow cache.
 trait Family: IcmpFamily {
     fn nat(shared: &Shared) -> &NatTable<Self>;
+    fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self>;
 }
 
 impl Family for Ipv4Addr {
+    #[inline]
     fn nat(shared: &Shared) -> &NatTable<Self> {
         &shared.nat4
+    }
+    #[inline]
+    fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self> {
+        &mut flows.v4
     }
 }
 
 impl Family for Ipv6Addr {
+    #[inline]
     fn nat(shared: &Shared) -> &NatTable<Self> {
         &shared.nat6
+    }
+    #[inline]
+    fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self> {
+        &mut flows.v6
+    }
+}
+
+/// Entries of a worker's IPv4 flow cache (2^17 x 17 bytes = 2.1 MiB: at
+/// 50,000 flows about 80% of packets hit).
+const FLOW_CACHE_V4_BITS: u32 = 17;
+/// Entries of a worker's IPv6 flow cache (2^14 x 41 bytes = 0.6 MiB).
+const FLOW_CACHE_V6_BITS: u32 = 14;
+
+/// A worker's flow caches, one per family (nat/flow_cache.rs).
+struct FlowCaches {
+    v4: FlowCache<Ipv4Addr>,
+    v6: FlowCache<Ipv6Addr>,
+}
+
+impl FlowCaches {
+    fn new() -> Self {
+        FlowCaches { v4: FlowCache::new(FLOW_CACHE_V4_BITS), v6: FlowCache::new(FLOW_CACHE_V6_BITS) }
     }
 }
 
@@ -369,6 +401,7 @@ struct Ctx<'a> {
     stats: &'a WorkerStats,
     rng: &'a mut PortRng,
     next_hops: &'a mut NextHopCache,
+    flows: &'a mut FlowCaches,
 }
 
 impl Worker {
@@ -381,8 +414,8 @@ impl Worker {
     /// capacity), the frame is `buf[..len]`.
     #[inline]
     pub fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
-        let Worker { shared, tables, fib, stats, rng, next_hops } = self;
-        let mut ctx = Ctx { shared, tables: tables.load(), fib: fib.load(), stats, rng, next_hops };
+        let Worker { shared, tables, fib, stats, rng, next_hops, flows } = self;
+        let mut ctx = Ctx { shared, tables: tables.load(), fib: fib.load(), stats, rng, next_hops, flows };
         let v = ctx.process(buf, len, meta, now);
         match v {
             Verdict::Forward { .. } => stats.forwarded.inc(),
@@ -497,7 +530,7 @@ impl Ctx<'_> {
         };
 
         // Fast path: one lookup, whichever direction.
-        let hit = nat.sessions.lookup(&key).filter(|(_, v)| nat.check(v, tables, secs, self.stats));
+        let hit = self.lookup(nat, &key).filter(|(_, v)| nat.check(v, tables, secs, self.stats));
         let (view, dir) = match hit {
             Some((r, v)) => (v, if r.is_inbound() { Direction::Inbound } else { Direction::Outbound }),
             None => match self.slow_path(&p, key, tcp_flags, nat, secs) {
@@ -541,6 +574,21 @@ impl Ctx<'_> {
             }
         }
         self.forward(buf, len, &p)
+    }
+
+    /// The session map's answer for `key`, through the worker's flow cache:
+    /// a remembered ref is re-checked against its slot (a freed or reused
+    /// slot is a miss, see nat/flow_cache.rs), else the map is asked and its
+    /// answer remembered.
+    #[inline]
+    fn lookup<A: Family>(&mut self, nat: &NatTable<A>, key: &FlowKey<A>) -> Option<(SessionRef, SessionView<A>)> {
+        let cache = A::flow_cache(self.flows);
+        if let Some(hit) = cache.get(key).and_then(|r| nat.sessions.lookup_at(key, r)) {
+            return Some(hit);
+        }
+        let hit = nat.sessions.lookup(key)?;
+        cache.put(*key, hit.0);
+        Some(hit)
     }
 
     /// Refreshes the session and tracks TCP state; counts the packet.

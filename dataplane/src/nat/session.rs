@@ -319,6 +319,15 @@ impl<A: NatAddr> SessionTable<A> {
     #[inline]
     pub fn lookup(&self, key: &FlowKey<A>) -> Option<(SessionRef, SessionView<A>)> {
         let r = *self.flows.get(key)?;
+        self.lookup_at(key, r)
+    }
+
+    /// Reads the session `r` points at, if it is live and `key` is its key
+    /// in the direction `r` says: the check [`lookup`](Self::lookup) makes
+    /// after the map, for a ref remembered from an earlier lookup (a
+    /// worker's flow cache). A slot freed or reused since is a miss.
+    #[inline]
+    pub fn lookup_at(&self, key: &FlowKey<A>, r: SessionRef) -> Option<(SessionRef, SessionView<A>)> {
         let view = self.slab.get(r.index())?.read(r.index())?;
         let expected = if r.is_inbound() { view.tuple.inbound_key() } else { view.tuple.outbound_key() };
         (expected == *key).then_some((r, view))

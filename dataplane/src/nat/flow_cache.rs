@@ -1,0 +1,140 @@
+//! A worker's exact-match flow cache in front of the shared session map.
+//!
+//! Like Open vSwitch's EMC (the per-thread exact match cache in front of its
+//! classifier): a direct-mapped array, owned by one worker, from a packet's
+//! [`FlowKey`] to the [`SessionRef`] the shared map gave for it last time.
+//! A hit skips the map (its hashing, its shard lock and its probe) and goes
+//! straight to the slot, where [`SessionTable::lookup_at`] makes the same
+//! check the map lookup makes: the slot must be live and derive this very
+//! key in the ref's direction. So an entry never needs invalidating: a
+//! session removed, or its slot reused by another session, turns the entry
+//! into a miss, and the caller falls back to the map.
+//!
+//! [`SessionTable::lookup_at`]: super::session::SessionTable::lookup_at
+
+use std::hash::Hasher;
+
+use super::key::{FlowKey, NatAddr};
+use super::session::SessionRef;
+
+/// A multiply-rotate hasher for cache indices (not DoS-resistant: a flooded
+/// entry only costs its owner a map lookup, never a wrong session).
+#[derive(Default)]
+struct IndexHasher(u64);
+
+const K: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl Hasher for IndexHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(26) ^ v).wrapping_mul(K);
+    }
+
+    #[inline]
+    fn write_u128(&mut self, v: u128) {
+        self.write_u64(v as u64);
+        self.write_u64((v >> 64) as u64);
+    }
+}
+
+/// A direct-mapped cache of `FlowKey -> SessionRef` for one worker.
+#[derive(Debug)]
+pub struct FlowCache<A> {
+    entries: Box<[(FlowKey<A>, SessionRef)]>,
+    shift: u32,
+}
+
+impl<A: NatAddr> FlowCache<A> {
+    /// A cache of `2^bits` entries (`bits` in 1..=24). Every entry starts
+    /// as the all-zero key pointing at slot 0: harmless, since a hit is
+    /// checked against the slot.
+    pub fn new(bits: u32) -> Self {
+        let bits = bits.clamp(1, 24);
+        let zero = A::read(&[0u8; 16]);
+        let empty = (FlowKey::new(zero, zero, 0, 0, 0), SessionRef::new(0, false));
+        FlowCache { entries: vec![empty; 1 << bits].into_boxed_slice(), shift: 64 - bits }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the cache has no entries (never).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    #[inline]
+    fn slot(&self, key: &FlowKey<A>) -> usize {
+        let mut h = IndexHasher::default();
+        A::hash_key(key, &mut h);
+        // The high bits of a multiplicative hash are the well-mixed ones.
+        (h.finish() >> self.shift) as usize
+    }
+
+    /// The ref last stored for `key`, if its entry still holds `key`.
+    #[inline]
+    pub fn get(&self, key: &FlowKey<A>) -> Option<SessionRef> {
+        let e = self.entries.get(self.slot(key))?;
+        (e.0 == *key).then_some(e.1)
+    }
+
+    /// Remembers the ref the map gave for `key` (replacing whatever shared
+    /// its entry).
+    #[inline]
+    pub fn put(&mut self, key: FlowKey<A>, r: SessionRef) {
+        let i = self.slot(&key);
+        if let Some(e) = self.entries.get_mut(i) {
+            *e = (key, r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+    use crate::nat::key::proto;
+
+    #[test]
+    fn remembers_and_replaces() {
+        let mut c = FlowCache::<Ipv4Addr>::new(4);
+        assert_eq!(c.len(), 16);
+        let k = FlowKey::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 51, 100, 1), 1024, 9, proto::UDP);
+        assert_eq!(c.get(&k), None);
+        c.put(k, SessionRef::new(7, true));
+        assert_eq!(c.get(&k), Some(SessionRef::new(7, true)));
+        c.put(k, SessionRef::new(9, false));
+        assert_eq!(c.get(&k), Some(SessionRef::new(9, false)));
+        // Another key never reads this entry's ref.
+        let other = FlowKey::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 51, 100, 1), 1025, 9, proto::UDP);
+        assert_eq!(c.get(&other), None);
+    }
+
+    #[test]
+    fn keys_spread_over_the_entries() {
+        let c = FlowCache::<Ipv6Addr>::new(10);
+        let mut seen = vec![false; c.len()];
+        for port in 0..4096u16 {
+            let k = FlowKey::new(Ipv6Addr::LOCALHOST, Ipv6Addr::UNSPECIFIED, port, 443, proto::TCP);
+            seen[c.slot(&k)] = true;
+        }
+        let used = seen.iter().filter(|s| **s).count();
+        // 4096 keys into 1024 entries: a fair hash leaves ~2% empty.
+        assert!(used > 950, "{used} of 1024 entries used");
+    }
+}
