@@ -12,7 +12,7 @@
 //!            Transmit -> stage on the chosen port's TX ring (same UMEM: no copy)
 //!            Drop     -> frame back to the pool
 //!  flush TX on every port: publish, sendto() kick while TX is not empty
-//!  refill every fill ring from the pool (an empty pool is counted)
+//!  top up every fill ring to its target from the pool (short: counted)
 //!  handler.tick(now); sample XDP_STATISTICS every `kernel_stats_interval`
 //!  nothing moved -> block in poll() (short timeout while TX is draining)
 //! ```

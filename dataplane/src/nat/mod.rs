@@ -3,11 +3,13 @@
 //!
 //! - [`key`]: flow keys and session tuples, generic over IPv4/IPv6.
 //! - [`session`]: the shared session table (both directions, one map).
+//! - [`flow_cache`]: a worker's exact-match cache of session refs in front of it.
 //! - [`mapping`], [`port_alloc`]: endpoint-independent mappings, try-insert port allocation.
 //! - [`tcp_state`]: the TCP tracker that picks timeouts (diagram inside).
 //! - [`fragments`]: virtual reassembly of fragmented datagrams.
 //! - [`table`]: one family's NAT instance: creation, expiry, revalidation, eviction.
 
+pub mod flow_cache;
 pub mod fragments;
 pub mod icmp_error;
 pub mod key;

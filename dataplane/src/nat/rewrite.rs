@@ -168,7 +168,7 @@ pub fn direction_rewrite<A: IpFamily>(t: &SessionTuple<A>, deltas: u32, dir: Dir
 }
 
 /// The (IP header, transport) deltas of a direction.
-#[inline]
+#[inline(always)]
 pub fn deltas_for(packed: u32, dir: Direction) -> (Delta, Delta) {
     let l3 = Delta::from_value((packed >> 16) as u16);
     let l4 = Delta::from_value(packed as u16);

@@ -174,6 +174,7 @@ impl<A: NatAddr> Slot<A> {
         self.seq.store(gen_base | LIVE, Ordering::Release);
     }
 
+    #[inline]
     fn read(&self, index: u32) -> Option<SessionView<A>> {
         let s1 = self.seq.load(Ordering::Acquire);
         if s1 & STATUS_MASK != LIVE {
@@ -319,6 +320,15 @@ impl<A: NatAddr> SessionTable<A> {
     #[inline]
     pub fn lookup(&self, key: &FlowKey<A>) -> Option<(SessionRef, SessionView<A>)> {
         let r = *self.flows.get(key)?;
+        self.lookup_at(key, r)
+    }
+
+    /// Reads the session `r` points at, if it is live and `key` is its key
+    /// in the direction `r` says: the check [`lookup`](Self::lookup) makes
+    /// after the map, for a ref remembered from an earlier lookup (a
+    /// worker's flow cache). A slot freed or reused since is a miss.
+    #[inline(always)]
+    pub fn lookup_at(&self, key: &FlowKey<A>, r: SessionRef) -> Option<(SessionRef, SessionView<A>)> {
         let view = self.slab.get(r.index())?.read(r.index())?;
         let expected = if r.is_inbound() { view.tuple.inbound_key() } else { view.tuple.outbound_key() };
         (expected == *key).then_some((r, view))
@@ -418,7 +428,7 @@ impl<A: NatAddr> SessionTable<A> {
 
     /// Refreshes a session's last-seen second. Stores only when it changes, so
     /// a busy flow writes its cache line at most once a second.
-    #[inline]
+    #[inline(always)]
     pub fn touch(&self, index: u32, now: u32) {
         if let Some(slot) = self.slab.get(index) {
             if slot.last_seen.load(Ordering::Relaxed) != now {

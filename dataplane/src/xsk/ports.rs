@@ -99,11 +99,29 @@ pub struct XskPorts {
     /// Scratch for ring transfers (allocated once).
     desc_buf: Vec<XdpDesc>,
     addr_buf: Vec<u64>,
+    /// Frames each fill ring is topped up to (see [`fill_target`]).
+    fill_target: u32,
+}
+
+/// How many frames to keep on each fill ring: at most half the UMEM spread
+/// over the ports, at most the ring's size.
+///
+/// The other half stays free for frames in flight (RX ring, the handler, TX
+/// ring, completions). Filling every fill ring to its size instead parks
+/// frames on rings that receive little (the outside port of a two-arm
+/// gateway whose traffic flows inside -> outside holds a full ring of them
+/// forever) and leaves the busy port's fill ring to run dry under load: the
+/// kernel then drops frames after running XDP on them, work wasted on the
+/// gateway's core.
+pub fn fill_target(frame_count: u32, fill_size: u32, ports: usize) -> u32 {
+    let share = frame_count / (2 * ports.max(1) as u32);
+    share.clamp(1, fill_size.max(1))
 }
 
 impl XskPorts {
     /// Map a UMEM and open one socket per spec, the first registering the
-    /// UMEM and the others sharing it. Fill rings start full.
+    /// UMEM and the others sharing it. Fill rings start at their
+    /// [`fill_target`].
     pub fn open(config: &XskConfig, ports: &[PortSpec]) -> Result<Self, XskError> {
         if ports.is_empty() || ports.len() > MAX_PORTS {
             return Err(XskError::PortCount { count: ports.len(), max: MAX_PORTS });
@@ -117,8 +135,15 @@ impl XskPorts {
         }
         let pool = FramePool::new(umem.frame_size(), umem.frame_count());
         let batch = config.socket.rx_size.max(config.socket.comp_size) as usize;
-        let mut this =
-            Self { sockets, pool, umem, desc_buf: vec![XdpDesc::default(); batch], addr_buf: vec![0; batch] };
+        let fill_target = fill_target(umem.frame_count(), config.socket.fill_size, sockets.len());
+        let mut this = Self {
+            sockets,
+            pool,
+            umem,
+            desc_buf: vec![XdpDesc::default(); batch],
+            addr_buf: vec![0; batch],
+            fill_target,
+        };
         for i in 0..this.sockets.len() {
             this.refill(PortId(i as u16));
         }
@@ -188,11 +213,14 @@ impl XskPorts {
         total
     }
 
-    /// Top up `port`'s fill ring from the pool; returns frames given. An
-    /// empty pool while the ring has room is counted (`frame_pool_empty`).
+    /// Top up `port`'s fill ring from the pool to its [`fill_target`];
+    /// returns frames given. An empty pool while the ring is below its
+    /// target is counted (`frame_pool_empty`).
     pub fn refill(&mut self, port: PortId) -> usize {
         let Some(sock) = self.sockets.get_mut(port.index()) else { return 0 };
-        let room = sock.fill.free(sock.fill.size());
+        let size = sock.fill.size();
+        let lent = size - sock.fill.free(size);
+        let room = self.fill_target.min(size).saturating_sub(lent);
         if room == 0 {
             return 0;
         }
@@ -319,6 +347,11 @@ impl XskPorts {
         self.sockets.get_mut(port.index()).map_or(0, |s| s.tx.outstanding())
     }
 
+    /// Frames each fill ring is topped up to.
+    pub fn fill_target(&self) -> u32 {
+        self.fill_target
+    }
+
     /// Size of `port`'s TX ring.
     pub fn tx_ring_size(&self, port: PortId) -> u32 {
         self.socket(port).map_or(0, |s| s.tx.size())
@@ -335,5 +368,24 @@ impl XskPorts {
     /// The sockets, in port order.
     pub fn sockets(&self) -> impl Iterator<Item = &XskSocket> {
         self.sockets.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill_target;
+
+    #[test]
+    fn fill_rings_get_half_the_umem_between_them() {
+        // The daemon's defaults, two-arm: 4096 frames, rings of 2048.
+        assert_eq!(fill_target(4096, 2048, 2), 1024);
+        // One-arm: half the UMEM, which is the whole ring here.
+        assert_eq!(fill_target(4096, 2048, 1), 2048);
+        // Never more than the ring holds.
+        assert_eq!(fill_target(8192, 2048, 1), 2048);
+        assert_eq!(fill_target(96, 64, 1), 48);
+        // Degenerate geometries still give every ring a frame.
+        assert_eq!(fill_target(1, 64, 8), 1);
+        assert_eq!(fill_target(4096, 2048, 0), 2048);
     }
 }

@@ -54,6 +54,9 @@ impl UmemConfig {
 pub struct Umem {
     area: Mmap,
     frame_size: u32,
+    /// log2 of `frame_size` (a power of two, checked by `UmemConfig::validate`):
+    /// frame arithmetic per packet is shifts and masks, not divisions.
+    frame_shift: u32,
     frame_count: u32,
 }
 
@@ -63,7 +66,12 @@ impl Umem {
         config.validate()?;
         let len = config.frame_size as usize * config.frame_count as usize;
         let area = Mmap::anonymous(len).map_err(|source| XskError::UmemMap { len, source })?;
-        Ok(Self { area, frame_size: config.frame_size, frame_count: config.frame_count })
+        Ok(Self {
+            area,
+            frame_size: config.frame_size,
+            frame_shift: config.frame_size.trailing_zeros(),
+            frame_count: config.frame_count,
+        })
     }
 
     /// The registration the kernel needs (`XDP_UMEM_REG`).
@@ -90,11 +98,11 @@ impl Umem {
 
     /// Whether `[addr, addr + len)` lies inside one frame of this UMEM (what
     /// the kernel's aligned-mode descriptor check requires, too).
+    #[inline]
     pub fn contains(&self, addr: u64, len: u32) -> bool {
-        let fs = u64::from(self.frame_size);
         let end = addr.checked_add(u64::from(len.max(1)) - 1);
         match end {
-            Some(end) => end < self.area.len() as u64 && addr / fs == end / fs,
+            Some(end) => end < self.area.len() as u64 && addr >> self.frame_shift == end >> self.frame_shift,
             None => false,
         }
     }
@@ -105,12 +113,13 @@ impl Umem {
     /// handed back to the kernel since): `XskPorts` enforces this through
     /// `Frame`, which only the RX path creates. Returns `None` if `addr` is
     /// outside the UMEM.
+    #[inline]
     pub(super) fn frame_from(&mut self, addr: u64) -> Option<&mut [u8]> {
         if !self.contains(addr, 1) {
             return None;
         }
         let fs = u64::from(self.frame_size);
-        let cap = (fs - addr % fs) as usize;
+        let cap = (fs - (addr & (fs - 1))) as usize;
         // SAFETY: `addr` < the mapping's length (checked by `contains`), so
         // the pointer stays inside the mapping.
         let start = unsafe { self.area.as_ptr().add(addr as usize) };
@@ -132,6 +141,8 @@ pub struct FramePool {
     free: Vec<u64>,
     in_pool: Vec<u64>,
     frame_size: u32,
+    /// log2 of `frame_size` when it is a power of two (every UMEM's is).
+    frame_shift: Option<u32>,
     frame_count: u32,
     bad_release: u64,
 }
@@ -150,14 +161,24 @@ impl FramePool {
                 *last = (1u64 << tail) - 1;
             }
         }
-        Self { free, in_pool, frame_size, frame_count, bad_release: 0 }
+        let frame_shift = frame_size.is_power_of_two().then(|| frame_size.trailing_zeros());
+        Self { free, in_pool, frame_size, frame_shift, frame_count, bad_release: 0 }
+    }
+
+    /// The index of the frame holding `addr`.
+    #[inline]
+    fn index_of(&self, addr: u64) -> u64 {
+        match self.frame_shift {
+            Some(shift) => addr >> shift,
+            None => addr / u64::from(self.frame_size.max(1)),
+        }
     }
 
     /// Take a frame (its base address), if any is free.
     #[inline]
     pub fn alloc(&mut self) -> Option<u64> {
         let addr = self.free.pop()?;
-        let idx = (addr / u64::from(self.frame_size)) as usize;
+        let idx = self.index_of(addr) as usize;
         if let Some(w) = self.in_pool.get_mut(idx / 64) {
             *w &= !(1u64 << (idx % 64));
         }
@@ -169,7 +190,7 @@ impl FramePool {
     /// outside the UMEM.
     #[inline]
     pub fn release(&mut self, addr: u64) -> bool {
-        let idx = addr / u64::from(self.frame_size);
+        let idx = self.index_of(addr);
         if idx >= u64::from(self.frame_count) {
             self.bad_release += 1;
             return false;
