@@ -190,8 +190,11 @@ impl Sink {
     /// only confirmed sessions.
     pub fn set_reply_generation(&self, generation: u32) -> Result<(), XdpError> {
         let m = map(&self.obj, "sink", "sink_ctl")?;
-        m.update(&0u32.to_ne_bytes(), &generation.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|source| XdpError::Map { map: "sink_ctl", op: "update", source })
+        m.update(&0u32.to_ne_bytes(), &generation.to_ne_bytes(), MapFlags::ANY).map_err(|source| XdpError::Map {
+            map: "sink_ctl",
+            op: "update",
+            source,
+        })
     }
 
     /// The counters summed over CPUs (one lookup: all six together).

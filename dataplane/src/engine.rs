@@ -43,7 +43,7 @@ use crate::nat::icmp_error::{self, IcmpFamily};
 use crate::nat::key::{proto, FlowKey, SessionTuple};
 use crate::nat::port_alloc::PortRng;
 use crate::nat::rewrite;
-use crate::nat::session::{session_flags, SessionRef, SessionView};
+use crate::nat::session::{offload, session_flags, SessionRef, SessionView};
 use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
@@ -666,8 +666,7 @@ impl Ctx<'_> {
             ChecksumHint::Complete => false,
             ChecksumHint::Partial => true,
             ChecksumHint::Unknown => {
-                csum != 0
-                    && checksum::is_partial(csum, checksum::pseudo_header_v4(src, dst, proto, l4_len as u32))
+                csum != 0 && checksum::is_partial(csum, checksum::pseudo_header_v4(src, dst, proto, l4_len as u32))
             }
         };
         if partial || ttl <= 1 || (proto == proto::TCP && tcp_state::is_control(tcp_flags)) {
@@ -761,7 +760,7 @@ impl Ctx<'_> {
             tcp = nat.sessions.update_tcp(view.index, |s| tcp_state::update(s, dir, tcp_flags));
         }
         self.stats.traffic(view.policy_slot, dir, len);
-        if view.offload == 0 && view.flags & session_flags::HAIRPIN == 0 && nat.offload_enabled() {
+        if view.offload & offload::BUSY == 0 && view.flags & session_flags::HAIRPIN == 0 && nat.offload_enabled() {
             let confirmed = match view.tuple.proto {
                 // After the handshake (RFC 7857: both SYNs seen), on a plain
                 // segment, and never once a FIN or RST was seen.
@@ -773,8 +772,9 @@ impl Ctx<'_> {
                         && (both_syns || picked_up)
                         && tcp & (seen::FIN_OUT | seen::FIN_IN | seen::RST) == 0
                 }
-                // UDP and ICMP echo: once the remote has answered.
-                _ => dir == Direction::Inbound,
+                // UDP and ICMP echo: once the remote has answered (or had
+                // answered when an earlier request found the queue full).
+                _ => dir == Direction::Inbound || view.offload & offload::CONFIRMED != 0,
             };
             if confirmed {
                 nat.request_offload(view);

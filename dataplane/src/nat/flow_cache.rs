@@ -138,7 +138,9 @@ mod tests {
         // A key of another entry reads nothing; one sharing the entry reads
         // its ref (a candidate the slot check turns away).
         let others: Vec<_> = (0..64u16)
-            .map(|p| FlowKey::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 51, 100, 1), 2000 + p, 9, proto::UDP))
+            .map(|p| {
+                FlowKey::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 51, 100, 1), 2000 + p, 9, proto::UDP)
+            })
             .collect();
         let shared = others.iter().filter(|o| c.slot(o) == c.slot(&k)).count();
         let hits = others.iter().filter(|o| c.get(o).is_some()).count();

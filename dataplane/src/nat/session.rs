@@ -108,6 +108,11 @@ pub mod offload {
     pub const INSTALLED: u8 = 0x2;
     /// Installation was refused (the map is full): the session stays in userspace.
     pub const REFUSED: u8 = 0x4;
+    /// Confirmed (the remote answered) but its request found the queue
+    /// full: the next packet of either direction asks again.
+    pub const CONFIRMED: u8 = 0x8;
+    /// The bits that mean "asked, installed or refused": nothing to request.
+    pub const BUSY: u8 = REQUESTED | INSTALLED | REFUSED;
 }
 
 /// Session flags.

@@ -73,7 +73,7 @@ pub trait OffloadHook<A>: Send + Sync {
 }
 
 /// Sessions waiting to be offloaded, per family.
-const OFFLOAD_QUEUE: usize = 8192;
+pub(crate) const OFFLOAD_QUEUE: usize = 8192;
 
 /// One address family's NAT state.
 pub struct NatTable<A: NatAddr> {
@@ -125,14 +125,18 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
 
     /// Queues a confirmed session for offloading (once per session).
     pub fn request_offload(&self, view: &SessionView<A>) {
-        if view.offload != 0 || !self.offload_enabled() {
+        if view.offload & offload::BUSY != 0 || !self.offload_enabled() {
             return;
         }
-        if self.sessions.set_offload(view.index, view.seq, offload::REQUESTED, 0) == Some(0)
+        if self
+            .sessions
+            .set_offload(view.index, view.seq, offload::REQUESTED, 0)
+            .is_some_and(|b| b & offload::BUSY == 0)
             && self.offload_queue.push((view.index, view.seq)).is_err()
         {
-            // Queue full: let a later packet ask again.
-            let _ = self.sessions.set_offload(view.index, view.seq, 0, offload::REQUESTED);
+            // Queue full: a later packet, of either direction, asks again
+            // (a UDP flow's remote may answer only once).
+            let _ = self.sessions.set_offload(view.index, view.seq, offload::CONFIRMED, offload::REQUESTED);
         }
     }
 
