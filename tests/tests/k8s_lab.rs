@@ -331,6 +331,14 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
         .expect("the holder logged fencing the VIP");
     let fence_ms = wall_ms(wall_api, fenced);
     let fence_at = t_api + Duration::from_millis(fence_ms.max(0) as u64);
+    // Enough attempts after the fence for "none succeeded" to mean something
+    // (on a loaded machine each failed attempt takes longer).
+    let wait_until = Instant::now() + Duration::from_secs(10);
+    while web_probe.attempts().iter().filter(|a| a.started > fence_at + Duration::from_millis(250)).count() < 10
+        && Instant::now() < wait_until
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let attempts = web_probe.attempts();
     let outage: Vec<&Attempt> = attempts.iter().filter(|a| a.started >= t_api).collect();
     let last_ok = outage.iter().filter(|a| a.seen().is_some()).map(|a| a.started).max();
