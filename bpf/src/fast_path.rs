@@ -460,14 +460,6 @@ mod tests {
     use super::*;
     use crate::maps::skel::types as c;
 
-    macro_rules! same_layout {
-        ($rust:ty, $c:ty, [$(($rf:ident, $cf:ident)),* $(,)?]) => {{
-            assert_eq!(size_of::<$rust>(), size_of::<$c>(), "size of {}", stringify!($rust));
-            $( assert_eq!(offset_of!($rust, $rf), offset_of!($c, $cf),
-                   "offset of {}.{}", stringify!($rust), stringify!($rf)); )*
-        }};
-    }
-
     #[test]
     fn layouts_match_the_programs_btf() {
         same_layout!(

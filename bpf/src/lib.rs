@@ -15,6 +15,17 @@
 //! The crate does not depend on the engine: policy arrives as plain
 //! [`SrcPrefix`]/[`DstRule`] lists already compiled to two LPM levels.
 
+/// Test helper: a Rust map type and its C twin (from the program's BTF,
+/// `maps::skel::types`) have the same size and field offsets.
+#[cfg(test)]
+macro_rules! same_layout {
+    ($rust:ty, $c:ty, [$(($rf:ident, $cf:ident)),* $(,)?]) => {{
+        assert_eq!(std::mem::size_of::<$rust>(), std::mem::size_of::<$c>(), "size of {}", stringify!($rust));
+        $( assert_eq!(std::mem::offset_of!($rust, $rf), std::mem::offset_of!($c, $cf),
+               "offset of {}.{}", stringify!($rust), stringify!($rf)); )*
+    }};
+}
+
 mod error;
 pub mod fast_path;
 mod link;
