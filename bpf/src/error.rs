@@ -43,6 +43,26 @@ pub enum BpfError {
         field: &'static str,
     },
 
+    /// `LoadOptions.fast_path_sessions` asks for a session table larger than
+    /// a map can be (four slots per session, rounded up to a power of two).
+    #[error("LoadOptions.fast_path_sessions {sessions} needs more than 2^32 table slots")]
+    SessionTableSize {
+        /// The requested sessions.
+        sessions: u32,
+    },
+
+    /// Mapping a session table into the daemon's memory failed.
+    #[error("mapping the session table {map} ({bytes} bytes) failed")]
+    SessionTableMap {
+        /// The map's name.
+        map: &'static str,
+        /// The mapping's length.
+        bytes: usize,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+
     /// The kernel refused the object (the verifier log goes to stderr).
     #[error("loading the steering program into the kernel failed")]
     Load(#[source] libbpf_rs::Error),
@@ -155,8 +175,9 @@ pub enum BpfError {
         slots: u32,
     },
 
-    /// A fast-path session map is full (`E2BIG`): the session stays in
-    /// userspace.
+    /// A fast-path session table cannot take the session: it holds its
+    /// configured number, or every slot near the key's home is taken. The
+    /// session stays in userspace.
     #[error("fast-path map {map} is full")]
     FastPathFull {
         /// The map's name.

@@ -380,6 +380,26 @@ impl FpNextHop {
 pub struct FpConfig {
     /// 1: the program runs the fast path; 0: it skips it.
     pub enabled: u32,
+    /// `fp_sessions_v4` slots minus one (a power of two minus one).
+    pub mask_v4: u32,
+    /// `fp_sessions_v6` slots minus one.
+    pub mask_v6: u32,
+    /// Zero.
+    pub pad: u32,
+    /// The session tables' hash seed (`session_table::hash`).
+    pub seed: u64,
+}
+
+impl FpConfig {
+    /// The kernel's bytes for this value.
+    pub fn to_bytes(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[0..4].copy_from_slice(&self.enabled.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.mask_v4.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.mask_v6.to_ne_bytes());
+        b[16..24].copy_from_slice(&self.seed.to_ne_bytes());
+        b
+    }
 }
 
 /// Value of `fp_policy_traffic` (C `struct fp_traffic`), one per CPU.
@@ -511,7 +531,11 @@ mod tests {
             c::fp_next_hop,
             [(ifindex, ifindex), (dst_mac, dst_mac), (src_mac, src_mac), (valid, valid)]
         );
-        same_layout!(FpConfig, c::fp_config, [(enabled, enabled)]);
+        same_layout!(
+            FpConfig,
+            c::fp_config,
+            [(enabled, enabled), (mask_v4, mask_v4), (mask_v6, mask_v6), (pad, pad), (seed, seed)]
+        );
         same_layout!(FpTraffic, c::fp_traffic, [(packets, packets), (bytes, bytes)]);
         assert_eq!(size_of::<FpEntryV4>(), FP_ENTRY_V4_LEN);
         assert_eq!(size_of::<FpEntryV6>(), FP_ENTRY_V6_LEN);
@@ -553,6 +577,39 @@ mod tests {
         assert_eq!(&nb[offset_of!(FpNextHop, dst_mac)..][..6], &[2; 6]);
         assert_eq!(&nb[offset_of!(FpNextHop, src_mac)..][..6], &[1; 6]);
         assert_eq!(FpNextHop::from_bytes(&nb), Some(n));
+    }
+
+    /// The session tables' slots: `session_table`'s word layout is the C
+    /// struct's, and its constants are the header's.
+    #[test]
+    fn session_table_slots_match_the_programs_btf_and_header() {
+        use crate::session_table::{PROBES, SHAPE_V4, SHAPE_V6};
+        macro_rules! slot {
+            ($c:ty, $shape:expr) => {{
+                let s = $shape;
+                assert_eq!(size_of::<$c>(), s.slot_words * 8, "size of {}", stringify!($c));
+                assert_eq!(offset_of!($c, seq), 0);
+                assert_eq!(offset_of!($c, live), 4);
+                assert_eq!(offset_of!($c, key), 8);
+                assert_eq!(offset_of!($c, entry), 8 + s.key_words * 8);
+                assert_eq!(size_of::<$c>() % 64, 0, "whole cache lines");
+            }};
+        }
+        slot!(c::fp_slot_v4, SHAPE_V4);
+        slot!(c::fp_slot_v6, SHAPE_V6);
+        assert_eq!(size_of::<FpKeyV4>(), SHAPE_V4.key_words * 8);
+        assert_eq!(size_of::<FpKeyV6>(), SHAPE_V6.key_words * 8);
+        assert_eq!(FP_ENTRY_V4_LEN, SHAPE_V4.entry_words * 8);
+        assert_eq!(FP_ENTRY_V6_LEN, SHAPE_V6.entry_words * 8);
+        assert_eq!(offset_of!(FpEntryV4, last_seen_ns), FP_ENTRY_V4_LEN - 8, "the stamp is the entry's last word");
+        assert_eq!(offset_of!(FpEntryV6, last_seen_ns), FP_ENTRY_V6_LEN - 8);
+
+        let maps = include_str!("bpf/egret_maps.h");
+        let probes = maps.lines().find_map(|l| l.trim().strip_prefix("#define EGRET_FP_PROBES ")).unwrap_or_default();
+        assert_eq!(probes.trim().parse::<u32>().ok(), Some(PROBES));
+        let fast = include_str!("bpf/fast_path.h");
+        let mul = fast.lines().find_map(|l| l.trim().strip_prefix("#define EGRET_FP_HASH_MUL ")).unwrap_or_default();
+        assert_eq!(mul.trim(), "0x9e3779b97f4a7c15ULL");
     }
 
     #[test]

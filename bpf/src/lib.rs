@@ -32,6 +32,7 @@ mod link;
 pub mod loader;
 pub mod maps;
 mod raw_map;
+pub mod session_table;
 
 pub use error::BpfError;
 pub use fast_path::{FastPathReason, FpEntryV4, FpEntryV6, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite, FpTraffic};

@@ -20,6 +20,7 @@
 //! never unclassified.
 
 use std::collections::HashSet;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::sync::Mutex;
@@ -38,7 +39,8 @@ use crate::maps::{
     In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key, PolicySrcV6Key,
     VerdictReason, XdpAction, XskSlot, POLICY_EXCLUDE, POLICY_STEER, XSK_QUEUES_PER_SLOT,
 };
-use crate::raw_map;
+use crate::raw_map::{self, MappedArray};
+use crate::session_table::{self, SessionTable, SlotShape, SHAPE_V4, SHAPE_V6};
 
 /// The compiled steering object, built by build.rs.
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
@@ -105,8 +107,9 @@ pub struct LoadOptions {
     /// was judged), LRU.
     pub fragments: u32,
     /// Offloaded sessions per family (`xdp.fastPathSessions`): the session
-    /// maps hold one entry per direction, twice this many. Allocated as used
-    /// (`BPF_F_NO_PREALLOC`).
+    /// tables hold one slot per direction, twice this many, in four slots
+    /// per session rounded up to a power of two (64 bytes each for IPv4,
+    /// 128 for IPv6), allocated at load.
     pub fast_path_sessions: u32,
     /// `fp_next_hops` entries (distinct (interface, next hop) pairs in use).
     pub fast_path_next_hops: u32,
@@ -244,8 +247,6 @@ struct Maps {
     policy_dst_v6: MapHandle,
     frag_decisions: MapHandle,
     verdict_counters: MapHandle,
-    fp_sessions_v4: MapHandle,
-    fp_sessions_v6: MapHandle,
     fp_next_hops: MapHandle,
     fp_config: MapHandle,
     fp_counters: MapHandle,
@@ -263,6 +264,17 @@ pub struct SteeringProgram {
     generation: Mutex<u32>,
     /// The ifindex holding each `xsk_slots` slot, in slot order.
     slots: Mutex<Vec<u32>>,
+    /// The session tables' writers (`fp_sessions_v4`, `fp_sessions_v6`).
+    fp_v4: Mutex<SessionTable<MappedArray>>,
+    fp_v6: Mutex<SessionTable<MappedArray>>,
+    /// `fp_config.seed`: the tables' hash seed, random per load.
+    fp_seed: u64,
+}
+
+/// A lock whose holder panicked is still usable: every writer leaves its
+/// data consistent between statements.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn map_op(map: &'static str, op: &'static str, key: impl ToString) -> impl FnOnce(libbpf_rs::Error) -> BpfError {
@@ -302,6 +314,9 @@ impl SteeringProgram {
             return Err(BpfError::ZeroMapSize { field });
         }
 
+        let sessions = options.fast_path_sessions;
+        let table_slots = session_table::slots_for(sessions).ok_or(BpfError::SessionTableSize { sessions })?;
+
         let mut open = ObjectBuilder::default().open_memory(object).map_err(BpfError::Open)?;
         for mut map in open.maps_mut() {
             let (name, entries) = match map.name().to_str() {
@@ -314,8 +329,8 @@ impl SteeringProgram {
                 Some(POLICY_DST_V4) => (POLICY_DST_V4, options.policy_rules),
                 Some(POLICY_DST_V6) => (POLICY_DST_V6, options.policy_rules),
                 Some(FRAG_DECISIONS) => (FRAG_DECISIONS, options.fragments),
-                Some(FP_SESSIONS_V4) => (FP_SESSIONS_V4, options.fast_path_sessions.saturating_mul(2)),
-                Some(FP_SESSIONS_V6) => (FP_SESSIONS_V6, options.fast_path_sessions.saturating_mul(2)),
+                Some(FP_SESSIONS_V4) => (FP_SESSIONS_V4, table_slots),
+                Some(FP_SESSIONS_V6) => (FP_SESSIONS_V6, table_slots),
                 Some(FP_NEXT_HOPS) => (FP_NEXT_HOPS, options.fast_path_next_hops),
                 _ => continue,
             };
@@ -339,14 +354,33 @@ impl SteeringProgram {
             policy_dst_v6: handle(POLICY_DST_V6)?,
             frag_decisions: handle(FRAG_DECISIONS)?,
             verdict_counters: handle(VERDICT_COUNTERS)?,
-            fp_sessions_v4: handle(FP_SESSIONS_V4)?,
-            fp_sessions_v6: handle(FP_SESSIONS_V6)?,
             fp_next_hops: handle(FP_NEXT_HOPS)?,
             fp_config: handle(FP_CONFIG)?,
             fp_counters: handle(FP_COUNTERS)?,
             fp_policy_traffic: handle(FP_POLICY_TRAFFIC)?,
         };
-        let this = Self { object, maps, options, generation: Mutex::new(0), slots: Mutex::new(Vec::new()) };
+        let capacity = sessions as usize * 2;
+        let fp_seed = std::collections::hash_map::RandomState::new().hash_one(0x65_6772_6574u64);
+        let table = |name: &'static str, shape: SlotShape| -> Result<Mutex<SessionTable<MappedArray>>, BpfError> {
+            let bytes = table_slots as usize * shape.slot_words * 8;
+            let map = handle(name)?;
+            let mem = MappedArray::map(map.as_fd(), bytes)
+                .map_err(|source| BpfError::SessionTableMap { map: name, bytes, source })?;
+            Ok(Mutex::new(SessionTable::new(mem, shape, table_slots, capacity, fp_seed)))
+        };
+        let fp_v4 = table(FP_SESSIONS_V4, SHAPE_V4)?;
+        let fp_v6 = table(FP_SESSIONS_V6, SHAPE_V6)?;
+        let this = Self {
+            object,
+            maps,
+            options,
+            generation: Mutex::new(0),
+            slots: Mutex::new(Vec::new()),
+            fp_v4,
+            fp_v6,
+            fp_seed,
+        };
+        this.fp_set_enabled(false)?;
         this.program()?;
         Ok(this)
     }
@@ -578,102 +612,68 @@ impl SteeringProgram {
     // ------------------------------------------------------------ fast path
 
     /// Turns rule 0 on or off (`fp_config.enabled`). Off, the program does
-    /// not look sessions up at all.
+    /// not look sessions up at all. The rest of `fp_config` (the tables'
+    /// masks and hash seed) is written with it.
     pub fn fp_set_enabled(&self, enabled: bool) -> Result<(), BpfError> {
-        let value = FpConfig { enabled: u32::from(enabled) }.enabled.to_ne_bytes();
-        self.maps.fp_config.update(&0u32.to_ne_bytes(), &value, MapFlags::ANY).map_err(map_op(FP_CONFIG, "update", "0"))
+        let config = FpConfig {
+            enabled: u32::from(enabled),
+            mask_v4: lock(&self.fp_v4).mask(),
+            mask_v6: lock(&self.fp_v6).mask(),
+            pad: 0,
+            seed: self.fp_seed,
+        };
+        self.maps
+            .fp_config
+            .update(&0u32.to_ne_bytes(), &config.to_bytes(), MapFlags::ANY)
+            .map_err(map_op(FP_CONFIG, "update", "0"))
     }
 
-    fn fp_update(
-        map: &MapHandle,
-        name: &'static str,
-        key: &[u8],
-        value: &[u8],
-        what: &dyn Fn() -> String,
-    ) -> Result<(), BpfError> {
-        raw_map::update(map.as_fd(), key, value, BPF_ANY).map_err(|e| match e.raw_os_error() {
-            Some(libc::E2BIG) => BpfError::FastPathFull { map: name },
-            _ => BpfError::FastPathOp { map: name, op: "update", key: what(), source: e },
-        })
+    fn fp_refused(map: &'static str) -> BpfError {
+        BpfError::FastPathFull { map }
     }
 
-    /// Installs (or replaces) one direction of an IPv4 session. A full map
-    /// is [`BpfError::FastPathFull`].
+    /// Installs (or replaces) one direction of an IPv4 session. A table that
+    /// cannot take it is [`BpfError::FastPathFull`].
     pub fn fp_insert_v4(&self, key: &FpKeyV4, entry: &FpEntryV4) -> Result<(), BpfError> {
-        Self::fp_update(&self.maps.fp_sessions_v4, FP_SESSIONS_V4, &key.to_bytes(), &entry.to_bytes(), &|| {
-            format!("{key:?}")
-        })
+        lock(&self.fp_v4).insert(&key.to_bytes(), &entry.to_bytes()).map_err(|_| Self::fp_refused(FP_SESSIONS_V4))
     }
 
     /// Installs (or replaces) one direction of an IPv6 session.
     pub fn fp_insert_v6(&self, key: &FpKeyV6, entry: &FpEntryV6) -> Result<(), BpfError> {
-        Self::fp_update(&self.maps.fp_sessions_v6, FP_SESSIONS_V6, &key.to_bytes(), &entry.to_bytes(), &|| {
-            format!("{key:?}")
-        })
+        lock(&self.fp_v6).insert(&key.to_bytes(), &entry.to_bytes()).map_err(|_| Self::fp_refused(FP_SESSIONS_V6))
     }
 
     /// Removes one direction of an IPv4 session; returns whether it was there.
     pub fn fp_delete_v4(&self, key: &FpKeyV4) -> Result<bool, BpfError> {
-        raw_map::delete(self.maps.fp_sessions_v4.as_fd(), &key.to_bytes()).map_err(|source| BpfError::FastPathOp {
-            map: FP_SESSIONS_V4,
-            op: "delete",
-            key: format!("{key:?}"),
-            source,
-        })
+        Ok(lock(&self.fp_v4).remove(&key.to_bytes()))
     }
 
     /// Removes one direction of an IPv6 session; returns whether it was there.
     pub fn fp_delete_v6(&self, key: &FpKeyV6) -> Result<bool, BpfError> {
-        raw_map::delete(self.maps.fp_sessions_v6.as_fd(), &key.to_bytes()).map_err(|source| BpfError::FastPathOp {
-            map: FP_SESSIONS_V6,
-            op: "delete",
-            key: format!("{key:?}"),
-            source,
-        })
+        Ok(lock(&self.fp_v6).remove(&key.to_bytes()))
     }
 
     /// Reads one direction of an IPv4 session (its last-seen stamp).
     pub fn fp_get_v4(&self, key: &FpKeyV4) -> Result<Option<FpEntryV4>, BpfError> {
         let mut out = [0u8; FP_ENTRY_V4_LEN];
-        let found = raw_map::lookup(self.maps.fp_sessions_v4.as_fd(), &key.to_bytes(), &mut out).map_err(|source| {
-            BpfError::FastPathOp { map: FP_SESSIONS_V4, op: "lookup", key: format!("{key:?}"), source }
-        })?;
-        Ok(if found { FpEntryV4::from_bytes(&out) } else { None })
+        Ok(if lock(&self.fp_v4).get(&key.to_bytes(), &mut out) { FpEntryV4::from_bytes(&out) } else { None })
     }
 
     /// Reads one direction of an IPv6 session.
     pub fn fp_get_v6(&self, key: &FpKeyV6) -> Result<Option<FpEntryV6>, BpfError> {
         let mut out = [0u8; FP_ENTRY_V6_LEN];
-        let found = raw_map::lookup(self.maps.fp_sessions_v6.as_fd(), &key.to_bytes(), &mut out).map_err(|source| {
-            BpfError::FastPathOp { map: FP_SESSIONS_V6, op: "lookup", key: format!("{key:?}"), source }
-        })?;
-        Ok(if found { FpEntryV6::from_bytes(&out) } else { None })
+        Ok(if lock(&self.fp_v6).get(&key.to_bytes(), &mut out) { FpEntryV6::from_bytes(&out) } else { None })
     }
 
-    /// Entries in the two session maps (IPv4, IPv6): walks the maps, so for
-    /// status and tests, not per packet.
+    /// Session directions in the two tables (IPv4, IPv6).
     pub fn fp_entry_counts(&self) -> (usize, usize) {
-        (self.maps.fp_sessions_v4.keys().count(), self.maps.fp_sessions_v6.keys().count())
+        (lock(&self.fp_v4).len(), lock(&self.fp_v6).len())
     }
 
     /// Deletes every session entry of both families (the fast path turned
     /// off, or a test resetting). Returns how many were deleted.
     pub fn fp_clear(&self) -> Result<usize, BpfError> {
-        let mut n = 0;
-        for (map, name) in [(&self.maps.fp_sessions_v4, FP_SESSIONS_V4), (&self.maps.fp_sessions_v6, FP_SESSIONS_V6)] {
-            let keys: Vec<Vec<u8>> = map.keys().collect();
-            for k in keys {
-                if raw_map::delete(map.as_fd(), &k).map_err(|source| BpfError::FastPathOp {
-                    map: name,
-                    op: "delete",
-                    key: hex(&k),
-                    source,
-                })? {
-                    n += 1;
-                }
-            }
-        }
-        Ok(n)
+        Ok(lock(&self.fp_v4).clear() + lock(&self.fp_v6).clear())
     }
 
     /// Writes next hop `id` (below `LoadOptions::fast_path_next_hops`).

@@ -610,6 +610,82 @@ fn a_full_map_is_reported_as_such() {
     assert_eq!(w.prog.fp_clear().unwrap(), 1);
 }
 
+/// A table at its configured load (64 slots, 32 directions) with a random
+/// seed: keys displaced from their home slot, and moved back by removals,
+/// are found by the program exactly where the daemon's writer put them,
+/// and removed keys are not. Both families (IPv6 slots are two lines).
+#[test]
+fn a_crowded_session_table_finds_every_installed_key_and_no_removed_one() {
+    let w = world_with(LoadOptions { fast_path_sessions: 16, ..LoadOptions::default() });
+    let p = &w.prog;
+    let macs_in = (PEER_MAC, GW_MAC);
+    let macs_out = (OUT_MAC, NH_MAC);
+    let steered = R::RedirectSteeredSource;
+    let rewrite = |old: &[u8], new: &[u8], port: u16| {
+        let l3 = delta(old, new);
+        FpRewrite {
+            new_sport: port,
+            new_dport: REMOTE_PORT,
+            l3_delta: if old.len() == 8 { l3 } else { 0 },
+            l4_delta: l3,
+            next_hop: 0,
+            policy_slot: 0,
+            direction: egret_bpf::fast_path::DIR_OUTBOUND,
+        }
+    };
+    let ports: Vec<u16> = (0..32).map(|i| 40_000 + i * 7).collect();
+    let mut held4 = Vec::new();
+    let mut held6 = Vec::new();
+    for &port in &ports {
+        let r4 = rewrite(&[POD4, REMOTE4].concat(), &[EGRESS4, REMOTE4].concat(), port);
+        let k4 = FpKeyV4::new(POD4.into(), REMOTE4.into(), port, REMOTE_PORT, 17);
+        if p.fp_insert_v4(&k4, &FpEntryV4::new(EGRESS4.into(), REMOTE4.into(), &r4)).is_ok() {
+            held4.push(port);
+        }
+        let r6 = rewrite(&[pod6(), remote6()].concat(), &[egress6(), remote6()].concat(), port);
+        let k6 = FpKeyV6::new(pod6().into(), remote6().into(), port, REMOTE_PORT, 17);
+        if p.fp_insert_v6(&k6, &FpEntryV6::new(egress6().into(), remote6().into(), &r6)).is_ok() {
+            held6.push(port);
+        }
+    }
+    // Sixteen keys cannot fill sixteen slots past any home: at least the
+    // first sixteen of each family are in.
+    assert!(held4.len() >= 16 && held6.len() >= 16, "{} / {}", held4.len(), held6.len());
+    let check = |held4: &[u16], held6: &[u16], what: &str| {
+        for &port in &ports {
+            let f4 = frame4(macs_in, POD4, REMOTE4, 64, port, REMOTE_PORT, L4::Udp);
+            let f6 = frame6(macs_in, pod6(), remote6(), 64, port, REMOTE_PORT, L4::Udp);
+            if held4.contains(&port) {
+                let want = frame4(macs_out, EGRESS4, REMOTE4, 63, port, REMOTE_PORT, L4::Udp);
+                expect_hit(p, &format!("{what}: v4 port {port}"), &f4, &want, XdpAction::Redirect);
+            } else {
+                expect_punt(p, &format!("{what}: v4 port {port}"), &f4, F::Miss, steered);
+            }
+            if held6.contains(&port) {
+                let want = frame6(macs_out, egress6(), remote6(), 63, port, REMOTE_PORT, L4::Udp);
+                expect_hit(p, &format!("{what}: v6 port {port}"), &f6, &want, XdpAction::Redirect);
+            } else {
+                expect_punt(p, &format!("{what}: v6 port {port}"), &f6, F::Miss, steered);
+            }
+        }
+    };
+    check(&held4, &held6, "installed");
+    for port in ports.iter().step_by(2) {
+        if held4.contains(port) {
+            assert!(p.fp_delete_v4(&FpKeyV4::new(POD4.into(), REMOTE4.into(), *port, REMOTE_PORT, 17)).unwrap());
+        }
+        if held6.contains(port) {
+            assert!(p.fp_delete_v6(&FpKeyV6::new(pod6().into(), remote6().into(), *port, REMOTE_PORT, 17)).unwrap());
+        }
+    }
+    let odd = |held: &[u16]| -> Vec<u16> {
+        held.iter().copied().filter(|port| ports.iter().position(|p| p == port).unwrap_or(0) % 2 == 1).collect()
+    };
+    let (left4, left6) = (odd(&held4), odd(&held6));
+    assert_eq!(p.fp_entry_counts(), (left4.len(), left6.len()));
+    check(&left4, &left6, "after removing every other one");
+}
+
 // ------------------------------------------------------------ measurement
 
 /// A namespace with a veth device `out0`, an on-link route to the

@@ -142,8 +142,9 @@ pub struct XdpConfig {
 
 /// Default of `xdp.fastPathSessions`.
 pub const DEFAULT_FAST_PATH_SESSIONS: u32 = 262_144;
-/// Largest `xdp.fastPathSessions` (the maps hold two entries per session).
-pub const MAX_FAST_PATH_SESSIONS: u64 = 1 << 24;
+/// Largest `xdp.fastPathSessions`: four table slots per session and family
+/// (64 bytes each for IPv4, 128 for IPv6) make this 3 GiB of tables.
+pub const MAX_FAST_PATH_SESSIONS: u64 = 1 << 22;
 
 /// `workers:`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -373,7 +374,7 @@ impl Checker<'_> {
                 None => DEFAULT_FAST_PATH_SESSIONS,
                 Some(n) if (1..=MAX_FAST_PATH_SESSIONS).contains(&n) => n as u32,
                 Some(n) => {
-                    self.invalid("xdp.fastPathSessions", n.to_string(), "must be between 1 and 16777216");
+                    self.invalid("xdp.fastPathSessions", n.to_string(), "must be between 1 and 4194304");
                     DEFAULT_FAST_PATH_SESSIONS
                 }
             },

@@ -216,7 +216,7 @@ struct {
 /* fp_next_hop.valid */
 #define EGRET_NEXT_HOP_VALID 1u
 
-/* Key of fp_sessions_v4: addresses network order, ports network order. */
+/* Key of a fp_sessions_v4 slot: addresses and ports network order. */
 struct fp_key_v4 {
 	__u8 src[4];
 	__u8 dst[4];
@@ -226,7 +226,7 @@ struct fp_key_v4 {
 	__u8 pad[3];
 };
 
-/* Key of fp_sessions_v6. */
+/* Key of a fp_sessions_v6 slot. */
 struct fp_key_v6 {
 	__u8 src[16];
 	__u8 dst[16];
@@ -237,7 +237,7 @@ struct fp_key_v6 {
 };
 
 /*
- * Value of fp_sessions_v4: one direction's rewrite. The deltas are host
+ * Entry of a fp_sessions_v4 slot: one direction's rewrite. The deltas are host
  * order ones' complement values, applied as ~(~HC + delta) (RFC 1624 eqn. 3).
  * last_seen_ns is CLOCK_MONOTONIC (bpf_ktime_get_coarse_ns), written only
  * when it moves by a second or more; 0 = never.
@@ -256,7 +256,7 @@ struct fp_entry_v4 {
 	__u64 last_seen_ns;
 };
 
-/* Value of fp_sessions_v6 (l3_delta is 0: IPv6 has no header checksum). */
+/* Entry of a fp_sessions_v6 slot (l3_delta is 0: IPv6 has no header checksum). */
 struct fp_entry_v6 {
 	__u8 new_src[16];
 	__u8 new_dst[16];
@@ -280,9 +280,42 @@ struct fp_next_hop {
 	__u32 valid; /* EGRET_NEXT_HOP_VALID, else punt */
 };
 
-/* Value of fp_config (one entry). */
+/*
+ * The session tables (docs/adr/0006-fast-path-session-table.md): one array
+ * slot per session direction, key and entry in one slot, so a hit costs one
+ * cache line (two for IPv6). Open addressing: a key lives within
+ * EGRET_FP_PROBES slots of its home, fp_hash(seed, key) & mask, with no
+ * empty slot between home and key (userspace deletes by backward shift).
+ * Only userspace writes slots, through an mmap of the map, under a sequence
+ * count: seq is odd while a slot is rewritten, and a reader that sees seq
+ * change (or odd) treats the frame as a miss. The program itself writes
+ * only entry.last_seen_ns.
+ */
+#define EGRET_FP_PROBES 16
+
+struct fp_slot_v4 {
+	__u32 seq;  /* odd while userspace rewrites the slot */
+	__u32 live; /* 1: key and entry hold a session direction; 0: empty */
+	struct fp_key_v4 key;
+	struct fp_entry_v4 entry;
+	__u8 pad[8];
+}; /* 64 bytes: one cache line */
+
+struct fp_slot_v6 {
+	__u32 seq;
+	__u32 live;
+	struct fp_key_v6 key;
+	struct fp_entry_v6 entry;
+	__u8 pad[24];
+}; /* 128 bytes: two cache lines */
+
+/* Value of fp_config (one entry), written by userspace after loading. */
 struct fp_config {
 	__u32 enabled; /* 0: the program skips the fast path entirely */
+	__u32 mask_v4; /* slots in fp_sessions_v4, minus one (a power of two) */
+	__u32 mask_v6; /* the same for fp_sessions_v6 */
+	__u32 pad;
+	__u64 seed;    /* fp_hash's seed, random per load */
 };
 
 /* Value of fp_policy_traffic, index policy_slot * 2 + direction, per CPU. */
@@ -291,20 +324,22 @@ struct fp_traffic {
 	__u64 bytes;
 };
 
+/* max_entries: slots, a power of two (the loader: four per configured
+ * session, so the table is at most half full). */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 2 * 262144);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct fp_key_v4);
-	__type(value, struct fp_entry_v4);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << 20);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct fp_slot_v4);
 } fp_sessions_v4 SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 2 * 262144);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct fp_key_v6);
-	__type(value, struct fp_entry_v6);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1u << 20);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct fp_slot_v6);
 } fp_sessions_v6 SEC(".maps");
 
 struct {

@@ -4,7 +4,8 @@
  * translated in XDP (docs/adr/0005-xdp-fast-path.md).
  *
  * Userspace (the daemon's offload manager) installs both directions of a
- * confirmed session into fp_sessions_v4/v6. A frame is looked up when it is
+ * confirmed session into the slot tables fp_sessions_v4/v6 (egret_maps.h).
+ * A frame is looked up when it is
  * untagged IPv4 without options or IPv6 without extension headers, not a
  * fragment, and TCP or UDP. On a hit it is translated exactly as the
  * userspace engine would translate it (nat/rewrite.rs, engine.rs forward()):
@@ -97,13 +98,87 @@ static __always_inline int fp_punt(__u32 reason)
 	return EGRET_FP_CONTINUE;
 }
 
-static __always_inline int fp_enabled(void)
+/* The fast path's configuration, or NULL when it is off. */
+static __always_inline const struct fp_config *fp_enabled(void)
 {
 	__u32 zero = 0;
-	struct fp_config *cfg = bpf_map_lookup_elem(&fp_config, &zero);
+	const struct fp_config *cfg = bpf_map_lookup_elem(&fp_config, &zero);
 
-	return cfg && cfg->enabled;
+	return cfg && cfg->enabled ? cfg : NULL;
 }
+
+/*
+ * The session tables (egret_maps.h; docs/adr/0006-fast-path-session-table.md).
+ * fp_hash must equal bpf/src/session_table.rs `hash`: the key read as
+ * native-endian 64-bit words, each mixed in by a multiply and a fold.
+ */
+#define EGRET_FP_HASH_MUL 0x9e3779b97f4a7c15ULL
+#define FP_READ_ONCE(x) (*(volatile __typeof__(x) *)&(x))
+#define fp_barrier() asm volatile("" ::: "memory")
+
+static __always_inline __u64 fp_mix(__u64 h, __u64 w)
+{
+	h = (h ^ w) * EGRET_FP_HASH_MUL;
+	return h ^ (h >> 32);
+}
+
+/* A packet's key, addressable as the words fp_hash reads. */
+union fp_key_v4_words {
+	struct fp_key_v4 k;
+	__u64 w[sizeof(struct fp_key_v4) / 8];
+};
+
+union fp_key_v6_words {
+	struct fp_key_v6 k;
+	__u64 w[sizeof(struct fp_key_v6) / 8];
+};
+
+/*
+ * fp_find_v4 / fp_find_v6: the slot holding `key`, with its entry copied to
+ * `copy` under the slot's sequence count, or NULL (a miss: no such key, or
+ * the slot was being rewritten, which the engine then handles). Probing
+ * stops at the first empty slot.
+ */
+#define FP_DEFINE_FIND(fam, table, mask_field)                                                         \
+	static __always_inline struct fp_slot_##fam *fp_find_##fam(const struct fp_config *cfg,         \
+								  const union fp_key_##fam##_words *key,   \
+								  struct fp_entry_##fam *copy)             \
+	{                                                                                               \
+		const int words = sizeof(key->w) / 8;                                                   \
+		__u64 h = cfg->seed;                                                                    \
+		__u32 i, j;                                                                             \
+                                                                                                        \
+		for (j = 0; j < words; j++)                                                             \
+			h = fp_mix(h, key->w[j]);                                                       \
+		for (i = 0; i < EGRET_FP_PROBES; i++) {                                                 \
+			__u32 at = ((__u32)h + i) & cfg->mask_field;                                    \
+			struct fp_slot_##fam *s = bpf_map_lookup_elem(&table, &at);                     \
+			const __u64 *sw;                                                                \
+			__u64 diff = 0;                                                                 \
+			__u32 seq;                                                                      \
+                                                                                                        \
+			if (!s)                                                                         \
+				return NULL;                                                            \
+			seq = FP_READ_ONCE(s->seq);                                                     \
+			fp_barrier();                                                                   \
+			if ((seq & 1) || !s->live)                                                      \
+				return NULL;                                                            \
+			sw = (const __u64 *)&s->key;                                                    \
+			for (j = 0; j < words; j++)                                                     \
+				diff |= sw[j] ^ key->w[j];                                              \
+			if (diff)                                                                       \
+				continue;                                                               \
+			__builtin_memcpy(copy, &s->entry, sizeof(*copy));                               \
+			fp_barrier();                                                                   \
+			if (FP_READ_ONCE(s->seq) != seq)                                                \
+				return NULL;                                                            \
+			return s;                                                                       \
+		}                                                                                       \
+		return NULL;                                                                            \
+	}
+
+FP_DEFINE_FIND(v4, fp_sessions_v4, mask_v4)
+FP_DEFINE_FIND(v6, fp_sessions_v6, mask_v6)
 
 /* Folds a 32-bit ones' complement sum to 16 bits (end-around carry). */
 static __always_inline __u16 csum_fold(__u32 s)
@@ -273,11 +348,13 @@ static __always_inline int fp_send(struct xdp_md *ctx, __u32 ifindex)
 }
 
 /* Rule 0 for IPv4 (RFC 791). `l3` follows an untagged Ethernet header. */
-static __always_inline int fast_path_v4(struct xdp_md *ctx, struct ethhdr *eth, void *l3, void *data_end)
+static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_config *cfg, struct ethhdr *eth,
+					void *l3, void *data_end)
 {
 	struct iphdr *ip = l3;
-	struct fp_key_v4 key = {};
-	struct fp_entry_v4 *e;
+	union fp_key_v4_words key = {};
+	struct fp_entry_v4 entry, *e = &entry;
+	struct fp_slot_v4 *slot;
 	struct egret_ports *ports;
 	__be16 *csum_at = NULL;
 	__u32 tot_len, l4_len;
@@ -296,13 +373,13 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, struct ethhdr *eth, 
 	if ((void *)(ports + 1) > data_end)
 		return EGRET_FP_CONTINUE;
 
-	__builtin_memcpy(key.src, &ip->saddr, 4);
-	__builtin_memcpy(key.dst, &ip->daddr, 4);
-	key.sport = ports->source;
-	key.dport = ports->dest;
-	key.proto = ip->protocol;
-	e = bpf_map_lookup_elem(&fp_sessions_v4, &key);
-	if (!e)
+	__builtin_memcpy(key.k.src, &ip->saddr, 4);
+	__builtin_memcpy(key.k.dst, &ip->daddr, 4);
+	key.k.sport = ports->source;
+	key.k.dport = ports->dest;
+	key.k.proto = ip->protocol;
+	slot = fp_find_v4(cfg, &key, &entry);
+	if (!slot)
 		return fp_punt(EGRET_FP_MISS);
 
 	/* A hit. Everything below the checks writes; nothing above does. */
@@ -317,7 +394,7 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, struct ethhdr *eth, 
 		return fp_punt(EGRET_FP_PUNT_MALFORMED);
 	if (ip->ttl <= 1)
 		return fp_punt(EGRET_FP_PUNT_TTL);
-	if (csum_is_partial(bpf_ntohs(*csum_at), addr_sum(key.src, 4) + addr_sum(key.dst, 4) + ip->protocol +
+	if (csum_is_partial(bpf_ntohs(*csum_at), addr_sum(key.k.src, 4) + addr_sum(key.k.dst, 4) + ip->protocol +
 							   (l4_len >> 16) + (l4_len & 0xffff)))
 		return fp_punt(EGRET_FP_PUNT_PARTIAL_CHECKSUM);
 #ifndef EGRET_FP_FIB_LOOKUP
@@ -351,18 +428,20 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, struct ethhdr *eth, 
 	ports->dest = e->new_dport;
 	fp_fix_l4(csum_at, ip->protocol, e->l4_delta);
 
-	fp_stamp(&e->last_seen_ns);
+	fp_stamp(&slot->entry.last_seen_ns);
 	fp_account(e->policy_slot, e->direction, (__u64)(data_end - (void *)eth));
 	return fp_send(ctx, ifindex);
 }
 
 /* Rule 0 for IPv6 (RFC 8200): no extension headers, so the transport header
  * follows the fixed header and its length is the payload length. */
-static __always_inline int fast_path_v6(struct xdp_md *ctx, struct ethhdr *eth, void *l3, void *data_end)
+static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_config *cfg, struct ethhdr *eth,
+					void *l3, void *data_end)
 {
 	struct ipv6hdr *ip6 = l3;
-	struct fp_key_v6 key = {};
-	struct fp_entry_v6 *e;
+	union fp_key_v6_words key = {};
+	struct fp_entry_v6 entry, *e = &entry;
+	struct fp_slot_v6 *slot;
 	struct egret_ports *ports;
 	__be16 *csum_at = NULL;
 	__u32 l4_len;
@@ -384,13 +463,13 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, struct ethhdr *eth, 
 	if ((void *)(ports + 1) > data_end)
 		return EGRET_FP_CONTINUE;
 
-	__builtin_memcpy(key.src, &ip6->saddr, 16);
-	__builtin_memcpy(key.dst, &ip6->daddr, 16);
-	key.sport = ports->source;
-	key.dport = ports->dest;
-	key.proto = proto;
-	e = bpf_map_lookup_elem(&fp_sessions_v6, &key);
-	if (!e)
+	__builtin_memcpy(key.k.src, &ip6->saddr, 16);
+	__builtin_memcpy(key.k.dst, &ip6->daddr, 16);
+	key.k.sport = ports->source;
+	key.k.dport = ports->dest;
+	key.k.proto = proto;
+	slot = fp_find_v6(cfg, &key, &entry);
+	if (!slot)
 		return fp_punt(EGRET_FP_MISS);
 
 	l4_len = bpf_ntohs(ip6->payload_len);
@@ -404,7 +483,7 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, struct ethhdr *eth, 
 	if (ip6->hop_limit <= 1)
 		return fp_punt(EGRET_FP_PUNT_TTL);
 	if (csum_is_partial(bpf_ntohs(*csum_at),
-			    addr_sum(key.src, 16) + addr_sum(key.dst, 16) + proto + (l4_len >> 16) + (l4_len & 0xffff)))
+			    addr_sum(key.k.src, 16) + addr_sum(key.k.dst, 16) + proto + (l4_len >> 16) + (l4_len & 0xffff)))
 		return fp_punt(EGRET_FP_PUNT_PARTIAL_CHECKSUM);
 #ifndef EGRET_FP_FIB_LOOKUP
 	{
@@ -435,7 +514,7 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, struct ethhdr *eth, 
 	ports->dest = e->new_dport;
 	fp_fix_l4(csum_at, proto, e->l4_delta);
 
-	fp_stamp(&e->last_seen_ns);
+	fp_stamp(&slot->entry.last_seen_ns);
 	fp_account(e->policy_slot, e->direction, (__u64)(data_end - (void *)eth));
 	return fp_send(ctx, ifindex);
 }
@@ -445,15 +524,18 @@ static __always_inline int fast_path(struct xdp_md *ctx, void *data, void *data_
 {
 	struct ethhdr *eth = data;
 
+	const struct fp_config *cfg;
+
 	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6))
 		return EGRET_FP_CONTINUE;
-	if (!fp_enabled())
+	cfg = fp_enabled();
+	if (!cfg)
 		return EGRET_FP_CONTINUE;
 	if (l3 != (void *)(eth + 1))
 		return fp_punt(EGRET_FP_SKIP_VLAN);
 	if (proto == bpf_htons(ETH_P_IP))
-		return fast_path_v4(ctx, eth, l3, data_end);
-	return fast_path_v6(ctx, eth, l3, data_end);
+		return fast_path_v4(ctx, cfg, eth, l3, data_end);
+	return fast_path_v6(ctx, cfg, eth, l3, data_end);
 }
 
 #endif /* EGRET_FAST_PATH_H */

@@ -285,14 +285,14 @@ fn restart_only_settings_are_named() {
 #[test]
 fn fast_path_sessions_are_bounded() {
     for (value, want) in [
-        ("0", r#"gw.yaml: xdp.fastPathSessions: "0": must be between 1 and 16777216"#),
-        ("16777217", r#"gw.yaml: xdp.fastPathSessions: "16777217": must be between 1 and 16777216"#),
+        ("0", r#"gw.yaml: xdp.fastPathSessions: "0": must be between 1 and 4194304"#),
+        ("4194305", r#"gw.yaml: xdp.fastPathSessions: "4194305": must be between 1 and 4194304"#),
     ] {
         let text = format!("{GOOD}xdp: {{fastPathSessions: {value}}}\n");
         assert_eq!(errors(&text), vec![want.to_string()], "{value}");
     }
-    let c = load_str("gw.yaml", &format!("{GOOD}xdp: {{fastPathSessions: 16777216}}\n")).unwrap();
-    assert_eq!(c.xdp.fast_path_sessions, 1 << 24);
+    let c = load_str("gw.yaml", &format!("{GOOD}xdp: {{fastPathSessions: 4194304}}\n")).unwrap();
+    assert_eq!(c.xdp.fast_path_sessions, 1 << 22);
 }
 
 #[test]
