@@ -121,6 +121,8 @@ pub struct Options {
     /// gateway NAPI threads SCHED_FIFO 49, the sink's NAPI thread
     /// SCHED_FIFO 60, the generator nice -20.
     pub priorities: bool,
+    /// Egret's `xdp.fastPathSessions` (None: the daemon's default).
+    pub fast_path_sessions: Option<u32>,
 }
 
 /// Nice value of the generator thread.
@@ -301,6 +303,7 @@ impl<'t> Gateway<'t> {
                     inside: GW_IN.into(),
                     outside: GW_OUT.into(),
                     fast_path: mode == Mode::Fastpath,
+                    fast_path_sessions: opts.fast_path_sessions,
                     cpu: opts.gw_cpu,
                     realtime_priority: 50,
                     // The kernel's SNAT may use every port from 1024: give

@@ -45,6 +45,8 @@ pub struct BenchConfig {
     pub inside: String,
     pub outside: String,
     pub fast_path: bool,
+    /// `xdp.fastPathSessions`, when not the default.
+    pub fast_path_sessions: Option<u32>,
     pub cpu: usize,
     pub realtime_priority: u32,
     pub egress_ips: Vec<Ipv4Addr>,
@@ -65,7 +67,14 @@ impl BenchConfig {
         let _ = writeln!(y, "interfaces:");
         let _ = writeln!(y, "  - {{name: {}, role: inside}}", self.inside);
         let _ = writeln!(y, "  - {{name: {}, role: outside}}", self.outside);
-        let _ = writeln!(y, "xdp: {{mode: native, fastPath: {}}}", self.fast_path);
+        match self.fast_path_sessions {
+            Some(n) => {
+                let _ = writeln!(y, "xdp: {{mode: native, fastPath: {}, fastPathSessions: {n}}}", self.fast_path);
+            }
+            None => {
+                let _ = writeln!(y, "xdp: {{mode: native, fastPath: {}}}", self.fast_path);
+            }
+        }
         let _ = writeln!(y, "workers: {{cpus: [{}], realtimePriority: {}}}", self.cpu, self.realtime_priority);
         let _ = writeln!(y, "egressIPs:");
         for ip in &ips {
@@ -290,6 +299,7 @@ mod tests {
             inside: "gwin".into(),
             outside: "gwout".into(),
             fast_path: false,
+            fast_path_sessions: None,
             cpu: 1,
             realtime_priority: 50,
             egress_ips: vec![Ipv4Addr::new(203, 0, 113, 10), Ipv4Addr::new(203, 0, 113, 11)],
@@ -312,6 +322,8 @@ mod tests {
              metrics: {listen: \"127.0.0.1:19469\"}\n\
              admin: {socket: /tmp/x/egret.sock}\n"
         );
+        let sized = BenchConfig { fast_path: true, fast_path_sessions: Some(16384), ..c };
+        assert!(sized.to_yaml().contains("\nxdp: {mode: native, fastPath: true, fastPathSessions: 16384}\n"));
     }
 
     #[test]

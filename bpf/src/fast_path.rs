@@ -22,15 +22,42 @@ pub const DIR_INBOUND: u8 = 1;
 /// `fp_next_hop.valid` for a usable next hop.
 pub const NEXT_HOP_VALID: u32 = 1;
 
-/// Key of `fp_sessions_v4` (C `struct fp_key_v4`): a packet's 5-tuple as it
-/// arrives. Ports are kept in network order, as in the frame.
+/// What a session key or entry takes an address from: `Ipv4Addr` (`N` = 4),
+/// `Ipv6Addr` (16), or the octets themselves.
+pub trait Octets<const N: usize>: Copy {
+    /// The address in network order.
+    fn octets(self) -> [u8; N];
+}
+
+impl Octets<4> for Ipv4Addr {
+    fn octets(self) -> [u8; 4] {
+        Ipv4Addr::octets(&self)
+    }
+}
+
+impl Octets<16> for Ipv6Addr {
+    fn octets(self) -> [u8; 16] {
+        Ipv6Addr::octets(&self)
+    }
+}
+
+impl<const N: usize> Octets<N> for [u8; N] {
+    fn octets(self) -> [u8; N] {
+        self
+    }
+}
+
+/// Key of a session-table slot: a packet's 5-tuple as it arrives, with
+/// `N`-byte addresses (C `struct fp_key_v4` for [`FpKeyV4`], `fp_key_v6` for
+/// [`FpKeyV6`]). Addresses and ports are kept in network order, as in the
+/// frame.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct FpKeyV4 {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FpKey<const N: usize> {
     /// Source address, network order.
-    pub src: [u8; 4],
+    pub src: [u8; N],
     /// Destination address, network order.
-    pub dst: [u8; 4],
+    pub dst: [u8; N],
     /// Source port, network order.
     pub sport: [u8; 2],
     /// Destination port, network order.
@@ -41,9 +68,24 @@ pub struct FpKeyV4 {
     pub pad: [u8; 3],
 }
 
-impl FpKeyV4 {
-    /// The key of a packet `src:sport -> dst:dport` (host-order ports).
-    pub fn new(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, proto: u8) -> Self {
+/// An IPv4 key (`fp_sessions_v4`).
+pub type FpKeyV4 = FpKey<4>;
+/// An IPv6 key (`fp_sessions_v6`).
+pub type FpKeyV6 = FpKey<16>;
+
+impl<const N: usize> Default for FpKey<N> {
+    fn default() -> Self {
+        Self { src: [0; N], dst: [0; N], sport: [0; 2], dport: [0; 2], proto: 0, pad: [0; 3] }
+    }
+}
+
+impl<const N: usize> FpKey<N> {
+    /// Size of the key as the kernel stores it.
+    pub const LEN: usize = 2 * N + 8;
+
+    /// The key of a packet `src:sport -> dst:dport` (host-order ports);
+    /// `src` and `dst` are `Ipv4Addr`/`Ipv6Addr` or their octets.
+    pub fn new(src: impl Octets<N>, dst: impl Octets<N>, sport: u16, dport: u16, proto: u8) -> Self {
         Self {
             src: src.octets(),
             dst: dst.octets(),
@@ -54,57 +96,23 @@ impl FpKeyV4 {
         }
     }
 
-    /// The kernel's bytes for this key.
-    pub fn to_bytes(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[0..4].copy_from_slice(&self.src);
-        b[4..8].copy_from_slice(&self.dst);
-        b[8..10].copy_from_slice(&self.sport);
-        b[10..12].copy_from_slice(&self.dport);
-        b[12] = self.proto;
+    /// Writes the kernel's bytes for this key into the front of `out` (at
+    /// least [`Self::LEN`] long) and returns them.
+    pub fn write_to<'b>(&self, out: &'b mut [u8]) -> &'b [u8] {
+        let b = &mut out[..Self::LEN];
+        b[..N].copy_from_slice(&self.src);
+        b[N..2 * N].copy_from_slice(&self.dst);
+        b[2 * N..2 * N + 2].copy_from_slice(&self.sport);
+        b[2 * N + 2..2 * N + 4].copy_from_slice(&self.dport);
+        b[2 * N + 4] = self.proto;
+        b[2 * N + 5..].fill(0);
         b
     }
-}
-
-/// Key of `fp_sessions_v6` (C `struct fp_key_v6`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct FpKeyV6 {
-    /// Source address, network order.
-    pub src: [u8; 16],
-    /// Destination address, network order.
-    pub dst: [u8; 16],
-    /// Source port, network order.
-    pub sport: [u8; 2],
-    /// Destination port, network order.
-    pub dport: [u8; 2],
-    /// IP protocol (6 or 17).
-    pub proto: u8,
-    /// Explicit padding, zero.
-    pub pad: [u8; 3],
-}
-
-impl FpKeyV6 {
-    /// The key of a packet `src:sport -> dst:dport` (host-order ports).
-    pub fn new(src: Ipv6Addr, dst: Ipv6Addr, sport: u16, dport: u16, proto: u8) -> Self {
-        Self {
-            src: src.octets(),
-            dst: dst.octets(),
-            sport: sport.to_be_bytes(),
-            dport: dport.to_be_bytes(),
-            proto,
-            pad: [0; 3],
-        }
-    }
 
     /// The kernel's bytes for this key.
-    pub fn to_bytes(&self) -> [u8; 40] {
-        let mut b = [0u8; 40];
-        b[0..16].copy_from_slice(&self.src);
-        b[16..32].copy_from_slice(&self.dst);
-        b[32..34].copy_from_slice(&self.sport);
-        b[34..36].copy_from_slice(&self.dport);
-        b[36] = self.proto;
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = vec![0u8; Self::LEN];
+        self.write_to(&mut b);
         b
     }
 }
@@ -128,19 +136,21 @@ pub struct FpRewrite {
     pub direction: u8,
 }
 
-/// Value of `fp_sessions_v4` (C `struct fp_entry_v4`): one direction's rewrite.
+/// Entry of a session-table slot: one direction's rewrite, with `N`-byte
+/// addresses (C `struct fp_entry_v4` for [`FpEntryV4`], `fp_entry_v6` for
+/// [`FpEntryV6`]).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct FpEntryV4 {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FpEntry<const N: usize> {
     /// Source address after translation.
-    pub new_src: [u8; 4],
+    pub new_src: [u8; N],
     /// Destination address after translation.
-    pub new_dst: [u8; 4],
+    pub new_dst: [u8; N],
     /// Source port after translation, network order.
     pub new_sport: [u8; 2],
     /// Destination port after translation, network order.
     pub new_dport: [u8; 2],
-    /// IPv4 header checksum delta, host order.
+    /// IPv4 header checksum delta, host order (0 for IPv6: no header checksum).
     pub l3_delta: u16,
     /// Transport checksum delta, host order.
     pub l4_delta: u16,
@@ -157,31 +167,23 @@ pub struct FpEntryV4 {
     pub last_seen_ns: u64,
 }
 
-/// Size of [`FpEntryV4`] as the kernel stores it.
-pub const FP_ENTRY_V4_LEN: usize = 32;
-/// Size of [`FpEntryV6`] as the kernel stores it.
-pub const FP_ENTRY_V6_LEN: usize = 56;
+/// An IPv4 entry.
+pub type FpEntryV4 = FpEntry<4>;
+/// An IPv6 entry.
+pub type FpEntryV6 = FpEntry<16>;
 
-fn rewrite_bytes(b: &mut [u8], r: &FpRewrite) {
-    b[0..2].copy_from_slice(&r.new_sport.to_be_bytes());
-    b[2..4].copy_from_slice(&r.new_dport.to_be_bytes());
-    b[4..6].copy_from_slice(&r.l3_delta.to_ne_bytes());
-    b[6..8].copy_from_slice(&r.l4_delta.to_ne_bytes());
-    b[8..12].copy_from_slice(&r.next_hop.to_ne_bytes());
-    b[12..14].copy_from_slice(&r.policy_slot.to_ne_bytes());
-    b[14] = r.direction;
-    b[15] = 0;
+impl<const N: usize> Default for FpEntry<N> {
+    fn default() -> Self {
+        Self::new([0; N], [0; N], &FpRewrite::default())
+    }
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_ne_bytes(w)
-}
+impl<const N: usize> FpEntry<N> {
+    /// Size of the entry as the kernel stores it.
+    pub const LEN: usize = 2 * N + 24;
 
-impl FpEntryV4 {
     /// An entry translating to `new_src -> new_dst` with `r`, never seen.
-    pub fn new(new_src: Ipv4Addr, new_dst: Ipv4Addr, r: &FpRewrite) -> Self {
+    pub fn new(new_src: impl Octets<N>, new_dst: impl Octets<N>, r: &FpRewrite) -> Self {
         Self {
             new_src: new_src.octets(),
             new_dst: new_dst.octets(),
@@ -198,127 +200,43 @@ impl FpEntryV4 {
     }
 
     /// The kernel's bytes for this value.
-    pub fn to_bytes(&self) -> [u8; FP_ENTRY_V4_LEN] {
-        let mut b = [0u8; FP_ENTRY_V4_LEN];
-        b[0..4].copy_from_slice(&self.new_src);
-        b[4..8].copy_from_slice(&self.new_dst);
-        let r = FpRewrite {
-            new_sport: u16::from_be_bytes(self.new_sport),
-            new_dport: u16::from_be_bytes(self.new_dport),
-            l3_delta: self.l3_delta,
-            l4_delta: self.l4_delta,
-            next_hop: self.next_hop,
-            policy_slot: self.policy_slot,
-            direction: self.direction,
-        };
-        rewrite_bytes(&mut b[8..24], &r);
-        b[24..32].copy_from_slice(&self.last_seen_ns.to_ne_bytes());
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = vec![0u8; Self::LEN];
+        b[..N].copy_from_slice(&self.new_src);
+        b[N..2 * N].copy_from_slice(&self.new_dst);
+        let t = &mut b[2 * N..];
+        t[0..2].copy_from_slice(&self.new_sport);
+        t[2..4].copy_from_slice(&self.new_dport);
+        t[4..6].copy_from_slice(&self.l3_delta.to_ne_bytes());
+        t[6..8].copy_from_slice(&self.l4_delta.to_ne_bytes());
+        t[8..12].copy_from_slice(&self.next_hop.to_ne_bytes());
+        t[12..14].copy_from_slice(&self.policy_slot.to_ne_bytes());
+        t[14] = self.direction;
+        t[15] = self.flags;
+        t[16..24].copy_from_slice(&self.last_seen_ns.to_ne_bytes());
         b
     }
 
     /// Reads a value as the kernel stores it; `None` if the length is wrong.
     pub fn from_bytes(b: &[u8]) -> Option<Self> {
-        if b.len() != FP_ENTRY_V4_LEN {
+        if b.len() != Self::LEN {
             return None;
         }
         let mut e = Self::default();
-        e.new_src.copy_from_slice(&b[0..4]);
-        e.new_dst.copy_from_slice(&b[4..8]);
-        e.new_sport.copy_from_slice(&b[8..10]);
-        e.new_dport.copy_from_slice(&b[10..12]);
-        e.l3_delta = u16::from_ne_bytes([b[12], b[13]]);
-        e.l4_delta = u16::from_ne_bytes([b[14], b[15]]);
-        e.next_hop = u32::from_ne_bytes([b[16], b[17], b[18], b[19]]);
-        e.policy_slot = u16::from_ne_bytes([b[20], b[21]]);
-        e.direction = b[22];
-        e.flags = b[23];
-        e.last_seen_ns = u64_at(b, 24);
-        Some(e)
-    }
-}
-
-/// Value of `fp_sessions_v6` (C `struct fp_entry_v6`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct FpEntryV6 {
-    /// Source address after translation.
-    pub new_src: [u8; 16],
-    /// Destination address after translation.
-    pub new_dst: [u8; 16],
-    /// Source port after translation, network order.
-    pub new_sport: [u8; 2],
-    /// Destination port after translation, network order.
-    pub new_dport: [u8; 2],
-    /// Zero (no IPv6 header checksum).
-    pub l3_delta: u16,
-    /// Transport checksum delta, host order.
-    pub l4_delta: u16,
-    /// Index into `fp_next_hops`.
-    pub next_hop: u32,
-    /// Policy counter slot.
-    pub policy_slot: u16,
-    /// `DIR_*`.
-    pub direction: u8,
-    /// Reserved, zero.
-    pub flags: u8,
-    /// See [`FpEntryV4::last_seen_ns`].
-    pub last_seen_ns: u64,
-}
-
-impl FpEntryV6 {
-    /// An entry translating to `new_src -> new_dst` with `r`, never seen.
-    pub fn new(new_src: Ipv6Addr, new_dst: Ipv6Addr, r: &FpRewrite) -> Self {
-        Self {
-            new_src: new_src.octets(),
-            new_dst: new_dst.octets(),
-            new_sport: r.new_sport.to_be_bytes(),
-            new_dport: r.new_dport.to_be_bytes(),
-            l3_delta: r.l3_delta,
-            l4_delta: r.l4_delta,
-            next_hop: r.next_hop,
-            policy_slot: r.policy_slot,
-            direction: r.direction,
-            flags: 0,
-            last_seen_ns: 0,
-        }
-    }
-
-    /// The kernel's bytes for this value.
-    pub fn to_bytes(&self) -> [u8; FP_ENTRY_V6_LEN] {
-        let mut b = [0u8; FP_ENTRY_V6_LEN];
-        b[0..16].copy_from_slice(&self.new_src);
-        b[16..32].copy_from_slice(&self.new_dst);
-        let r = FpRewrite {
-            new_sport: u16::from_be_bytes(self.new_sport),
-            new_dport: u16::from_be_bytes(self.new_dport),
-            l3_delta: self.l3_delta,
-            l4_delta: self.l4_delta,
-            next_hop: self.next_hop,
-            policy_slot: self.policy_slot,
-            direction: self.direction,
-        };
-        rewrite_bytes(&mut b[32..48], &r);
-        b[48..56].copy_from_slice(&self.last_seen_ns.to_ne_bytes());
-        b
-    }
-
-    /// Reads a value as the kernel stores it; `None` if the length is wrong.
-    pub fn from_bytes(b: &[u8]) -> Option<Self> {
-        if b.len() != FP_ENTRY_V6_LEN {
-            return None;
-        }
-        let mut e = Self::default();
-        e.new_src.copy_from_slice(&b[0..16]);
-        e.new_dst.copy_from_slice(&b[16..32]);
-        e.new_sport.copy_from_slice(&b[32..34]);
-        e.new_dport.copy_from_slice(&b[34..36]);
-        e.l3_delta = u16::from_ne_bytes([b[36], b[37]]);
-        e.l4_delta = u16::from_ne_bytes([b[38], b[39]]);
-        e.next_hop = u32::from_ne_bytes([b[40], b[41], b[42], b[43]]);
-        e.policy_slot = u16::from_ne_bytes([b[44], b[45]]);
-        e.direction = b[46];
-        e.flags = b[47];
-        e.last_seen_ns = u64_at(b, 48);
+        e.new_src.copy_from_slice(&b[..N]);
+        e.new_dst.copy_from_slice(&b[N..2 * N]);
+        let t = &b[2 * N..];
+        e.new_sport.copy_from_slice(&t[0..2]);
+        e.new_dport.copy_from_slice(&t[2..4]);
+        e.l3_delta = u16::from_ne_bytes([t[4], t[5]]);
+        e.l4_delta = u16::from_ne_bytes([t[6], t[7]]);
+        e.next_hop = u32::from_ne_bytes([t[8], t[9], t[10], t[11]]);
+        e.policy_slot = u16::from_ne_bytes([t[12], t[13]]);
+        e.direction = t[14];
+        e.flags = t[15];
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&t[16..24]);
+        e.last_seen_ns = u64::from_ne_bytes(w);
         Some(e)
     }
 }
@@ -537,8 +455,10 @@ mod tests {
             [(enabled, enabled), (mask_v4, mask_v4), (mask_v6, mask_v6), (pad, pad), (seed, seed)]
         );
         same_layout!(FpTraffic, c::fp_traffic, [(packets, packets), (bytes, bytes)]);
-        assert_eq!(size_of::<FpEntryV4>(), FP_ENTRY_V4_LEN);
-        assert_eq!(size_of::<FpEntryV6>(), FP_ENTRY_V6_LEN);
+        assert_eq!(size_of::<FpEntryV4>(), FpEntryV4::LEN);
+        assert_eq!(size_of::<FpEntryV6>(), FpEntryV6::LEN);
+        assert_eq!(size_of::<FpKeyV4>(), FpKeyV4::LEN);
+        assert_eq!(size_of::<FpKeyV6>(), FpKeyV6::LEN);
         assert_eq!(size_of::<FpNextHop>(), FP_NEXT_HOP_LEN);
     }
 
@@ -599,10 +519,10 @@ mod tests {
         slot!(c::fp_slot_v6, SHAPE_V6);
         assert_eq!(size_of::<FpKeyV4>(), SHAPE_V4.key_words * 8);
         assert_eq!(size_of::<FpKeyV6>(), SHAPE_V6.key_words * 8);
-        assert_eq!(FP_ENTRY_V4_LEN, SHAPE_V4.entry_words * 8);
-        assert_eq!(FP_ENTRY_V6_LEN, SHAPE_V6.entry_words * 8);
-        assert_eq!(offset_of!(FpEntryV4, last_seen_ns), FP_ENTRY_V4_LEN - 8, "the stamp is the entry's last word");
-        assert_eq!(offset_of!(FpEntryV6, last_seen_ns), FP_ENTRY_V6_LEN - 8);
+        assert_eq!(FpEntryV4::LEN, SHAPE_V4.entry_words * 8);
+        assert_eq!(FpEntryV6::LEN, SHAPE_V6.entry_words * 8);
+        assert_eq!(offset_of!(FpEntryV4, last_seen_ns), FpEntryV4::LEN - 8, "the stamp is the entry's last word");
+        assert_eq!(offset_of!(FpEntryV6, last_seen_ns), FpEntryV6::LEN - 8);
 
         let maps = include_str!("bpf/egret_maps.h");
         let probes = maps.lines().find_map(|l| l.trim().strip_prefix("#define EGRET_FP_PROBES ")).unwrap_or_default();

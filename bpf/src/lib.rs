@@ -35,7 +35,9 @@ mod raw_map;
 pub mod session_table;
 
 pub use error::BpfError;
-pub use fast_path::{FastPathReason, FpEntryV4, FpEntryV6, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite, FpTraffic};
+pub use fast_path::{
+    FastPathReason, FpEntry, FpEntryV4, FpEntryV6, FpKey, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite, FpTraffic, Octets,
+};
 pub use loader::{
     Action, DstRule, LoadOptions, PolicyEntryCounts, ProgramVariant, SrcPrefix, SteeringProgram, TestRunOutput,
     XdpLink, XdpMode,

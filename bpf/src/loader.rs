@@ -31,8 +31,7 @@ use libbpf_rs::{ErrorKind, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, 
 
 use crate::error::BpfError;
 use crate::fast_path::{
-    FastPathReason, FpConfig, FpEntryV4, FpEntryV6, FpKeyV4, FpKeyV6, FpNextHop, FpTraffic, FP_ENTRY_V4_LEN,
-    FP_ENTRY_V6_LEN, FP_NEXT_HOP_LEN, POLICY_SLOTS,
+    FastPathReason, FpConfig, FpEntry, FpEntryV6, FpKey, FpKeyV6, FpNextHop, FpTraffic, FP_NEXT_HOP_LEN, POLICY_SLOTS,
 };
 use crate::link::create_xdp_link;
 use crate::maps::{
@@ -364,8 +363,11 @@ impl SteeringProgram {
         let table = |name: &'static str, shape: SlotShape| -> Result<Mutex<SessionTable<MappedArray>>, BpfError> {
             let bytes = table_slots as usize * shape.slot_words * 8;
             let map = handle(name)?;
-            let mem = MappedArray::map(map.as_fd(), bytes)
-                .map_err(|source| BpfError::SessionTableMap { map: name, bytes, source })?;
+            let mem = MappedArray::map(map.as_fd(), bytes).map_err(|source| BpfError::SessionTableMap {
+                map: name,
+                bytes,
+                source,
+            })?;
             Ok(Mutex::new(SessionTable::new(mem, shape, table_slots, capacity, fp_seed)))
         };
         let fp_v4 = table(FP_SESSIONS_V4, SHAPE_V4)?;
@@ -628,41 +630,38 @@ impl SteeringProgram {
             .map_err(map_op(FP_CONFIG, "update", "0"))
     }
 
-    fn fp_refused(map: &'static str) -> BpfError {
-        BpfError::FastPathFull { map }
+    /// The session table of `N`-byte addresses (4: IPv4, 16: IPv6) and its
+    /// map's name.
+    fn fp_table<const N: usize>(&self) -> (&Mutex<SessionTable<MappedArray>>, &'static str) {
+        const { assert!(N == 4 || N == 16, "session tables exist for 4- and 16-byte addresses") };
+        if N == 4 {
+            (&self.fp_v4, FP_SESSIONS_V4)
+        } else {
+            (&self.fp_v6, FP_SESSIONS_V6)
+        }
     }
 
-    /// Installs (or replaces) one direction of an IPv4 session. A table that
-    /// cannot take it is [`BpfError::FastPathFull`].
-    pub fn fp_insert_v4(&self, key: &FpKeyV4, entry: &FpEntryV4) -> Result<(), BpfError> {
-        lock(&self.fp_v4).insert(&key.to_bytes(), &entry.to_bytes()).map_err(|_| Self::fp_refused(FP_SESSIONS_V4))
+    /// Installs (or replaces) one direction of a session ([`FpKeyV4`] or
+    /// [`FpKeyV6`]). A table that cannot take it is
+    /// [`BpfError::FastPathFull`].
+    pub fn fp_insert<const N: usize>(&self, key: &FpKey<N>, entry: &FpEntry<N>) -> Result<(), BpfError> {
+        let (table, map) = self.fp_table::<N>();
+        let mut k = [0u8; FpKeyV6::LEN];
+        lock(table).insert(key.write_to(&mut k), &entry.to_bytes()).map_err(|_| BpfError::FastPathFull { map })
     }
 
-    /// Installs (or replaces) one direction of an IPv6 session.
-    pub fn fp_insert_v6(&self, key: &FpKeyV6, entry: &FpEntryV6) -> Result<(), BpfError> {
-        lock(&self.fp_v6).insert(&key.to_bytes(), &entry.to_bytes()).map_err(|_| Self::fp_refused(FP_SESSIONS_V6))
+    /// Removes one direction of a session; returns whether it was there.
+    pub fn fp_delete<const N: usize>(&self, key: &FpKey<N>) -> Result<bool, BpfError> {
+        let mut k = [0u8; FpKeyV6::LEN];
+        Ok(lock(self.fp_table::<N>().0).remove(key.write_to(&mut k)))
     }
 
-    /// Removes one direction of an IPv4 session; returns whether it was there.
-    pub fn fp_delete_v4(&self, key: &FpKeyV4) -> Result<bool, BpfError> {
-        Ok(lock(&self.fp_v4).remove(&key.to_bytes()))
-    }
-
-    /// Removes one direction of an IPv6 session; returns whether it was there.
-    pub fn fp_delete_v6(&self, key: &FpKeyV6) -> Result<bool, BpfError> {
-        Ok(lock(&self.fp_v6).remove(&key.to_bytes()))
-    }
-
-    /// Reads one direction of an IPv4 session (its last-seen stamp).
-    pub fn fp_get_v4(&self, key: &FpKeyV4) -> Result<Option<FpEntryV4>, BpfError> {
-        let mut out = [0u8; FP_ENTRY_V4_LEN];
-        Ok(if lock(&self.fp_v4).get(&key.to_bytes(), &mut out) { FpEntryV4::from_bytes(&out) } else { None })
-    }
-
-    /// Reads one direction of an IPv6 session.
-    pub fn fp_get_v6(&self, key: &FpKeyV6) -> Result<Option<FpEntryV6>, BpfError> {
-        let mut out = [0u8; FP_ENTRY_V6_LEN];
-        Ok(if lock(&self.fp_v6).get(&key.to_bytes(), &mut out) { FpEntryV6::from_bytes(&out) } else { None })
+    /// Reads one direction of a session (its last-seen stamp).
+    pub fn fp_get<const N: usize>(&self, key: &FpKey<N>) -> Result<Option<FpEntry<N>>, BpfError> {
+        let (mut k, mut out) = ([0u8; FpKeyV6::LEN], [0u8; FpEntryV6::LEN]);
+        let out = &mut out[..FpEntry::<N>::LEN];
+        let found = lock(self.fp_table::<N>().0).get(key.write_to(&mut k), out);
+        Ok(if found { FpEntry::from_bytes(out) } else { None })
     }
 
     /// Session directions in the two tables (IPv4, IPv6).

@@ -19,8 +19,8 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
 use egret_bpf::{
-    Action, DstRule, FastPathReason as F, FpEntryV4, FpEntryV6, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite, LoadOptions,
-    OwnedAddr, ProgramVariant, SrcPrefix, SteeringProgram, VerdictReason as R, XdpAction,
+    Action, DstRule, FastPathReason as F, FpEntry, FpEntryV4, FpEntryV6, FpKey, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite,
+    LoadOptions, OwnedAddr, ProgramVariant, SrcPrefix, SteeringProgram, VerdictReason as R, XdpAction,
 };
 use etherparse::{IpHeaders, IpNumber, Ipv4Header, Ipv6Extensions, Ipv6Header, Ipv6RawExtHeader, PacketBuilder};
 
@@ -229,85 +229,49 @@ fn world_with(options: LoadOptions) -> World {
     World { prog, _xsk: xsk }
 }
 
-/// Installs both directions of a v4 session pod:POD_PORT -> remote:REMOTE_PORT
-/// seen as egress:EGRESS_PORT, with `next_hop` for both directions.
-fn install4(prog: &SteeringProgram, l4: L4, next_hop: u32, policy_slot: u16) {
+/// Installs both directions of a session pod:POD_PORT -> remote:REMOTE_PORT
+/// seen as egress:EGRESS_PORT, with `next_hop` for both directions. The
+/// IPv4 header checksum delta is the addresses'; IPv6 has none (0).
+fn install<const N: usize>(
+    prog: &SteeringProgram,
+    [pod, egress, remote]: [[u8; N]; 3],
+    l4: L4,
+    next_hop: u32,
+    policy_slot: u16,
+) {
     let p = proto(l4);
     let ports = |a: u16, b: u16| [a.to_be_bytes(), b.to_be_bytes()].concat();
-    let l3 = delta(&[POD4, REMOTE4].concat(), &[EGRESS4, REMOTE4].concat());
-    let l4d = add(l3, delta(&ports(POD_PORT, REMOTE_PORT), &ports(EGRESS_PORT, REMOTE_PORT)));
+    let header = |d: u16| if N == 4 { d } else { 0 };
+    let out_addrs = delta(&[pod, remote].concat(), &[egress, remote].concat());
     let out = FpRewrite {
         new_sport: EGRESS_PORT,
         new_dport: REMOTE_PORT,
-        l3_delta: l3,
-        l4_delta: l4d,
+        l3_delta: header(out_addrs),
+        l4_delta: add(out_addrs, delta(&ports(POD_PORT, REMOTE_PORT), &ports(EGRESS_PORT, REMOTE_PORT))),
         next_hop,
         policy_slot,
         direction: egret_bpf::fast_path::DIR_OUTBOUND,
     };
-    prog.fp_insert_v4(
-        &FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, p),
-        &FpEntryV4::new(EGRESS4.into(), REMOTE4.into(), &out),
-    )
-    .unwrap();
+    prog.fp_insert(&FpKey::new(pod, remote, POD_PORT, REMOTE_PORT, p), &FpEntry::new(egress, remote, &out)).unwrap();
+    let in_addrs = delta(&[remote, egress].concat(), &[remote, pod].concat());
     let inb = FpRewrite {
         new_sport: REMOTE_PORT,
         new_dport: POD_PORT,
-        l3_delta: delta(&[REMOTE4, EGRESS4].concat(), &[REMOTE4, POD4].concat()),
-        l4_delta: add(
-            delta(&[REMOTE4, EGRESS4].concat(), &[REMOTE4, POD4].concat()),
-            delta(&ports(REMOTE_PORT, EGRESS_PORT), &ports(REMOTE_PORT, POD_PORT)),
-        ),
+        l3_delta: header(in_addrs),
+        l4_delta: add(in_addrs, delta(&ports(REMOTE_PORT, EGRESS_PORT), &ports(REMOTE_PORT, POD_PORT))),
         next_hop,
         policy_slot,
         direction: egret_bpf::fast_path::DIR_INBOUND,
     };
-    prog.fp_insert_v4(
-        &FpKeyV4::new(REMOTE4.into(), EGRESS4.into(), REMOTE_PORT, EGRESS_PORT, p),
-        &FpEntryV4::new(REMOTE4.into(), POD4.into(), &inb),
-    )
-    .unwrap();
+    prog.fp_insert(&FpKey::new(remote, egress, REMOTE_PORT, EGRESS_PORT, p), &FpEntry::new(remote, pod, &inb)).unwrap();
+}
+
+fn install4(prog: &SteeringProgram, l4: L4, next_hop: u32, policy_slot: u16) {
+    install(prog, [POD4, EGRESS4, REMOTE4], l4, next_hop, policy_slot);
 }
 
 fn install6(prog: &SteeringProgram, l4: L4, next_hop: u32, policy_slot: u16) {
-    let p = proto(l4);
-    let ports = |a: u16, b: u16| [a.to_be_bytes(), b.to_be_bytes()].concat();
-    let out_l4 = add(
-        delta(&[pod6(), remote6()].concat(), &[egress6(), remote6()].concat()),
-        delta(&ports(POD_PORT, REMOTE_PORT), &ports(EGRESS_PORT, REMOTE_PORT)),
-    );
-    let out = FpRewrite {
-        new_sport: EGRESS_PORT,
-        new_dport: REMOTE_PORT,
-        l3_delta: 0,
-        l4_delta: out_l4,
-        next_hop,
-        policy_slot,
-        direction: egret_bpf::fast_path::DIR_OUTBOUND,
-    };
-    prog.fp_insert_v6(
-        &FpKeyV6::new(pod6().into(), remote6().into(), POD_PORT, REMOTE_PORT, p),
-        &FpEntryV6::new(egress6().into(), remote6().into(), &out),
-    )
-    .unwrap();
-    let in_l4 = add(
-        delta(&[remote6(), egress6()].concat(), &[remote6(), pod6()].concat()),
-        delta(&ports(REMOTE_PORT, EGRESS_PORT), &ports(REMOTE_PORT, POD_PORT)),
-    );
-    let inb = FpRewrite {
-        new_sport: REMOTE_PORT,
-        new_dport: POD_PORT,
-        l3_delta: 0,
-        l4_delta: in_l4,
-        next_hop,
-        policy_slot,
-        direction: egret_bpf::fast_path::DIR_INBOUND,
-    };
-    prog.fp_insert_v6(
-        &FpKeyV6::new(remote6().into(), egress6().into(), REMOTE_PORT, EGRESS_PORT, p),
-        &FpEntryV6::new(remote6().into(), pod6().into(), &inb),
-    )
-    .unwrap();
+    install(prog, [pod6(), egress6(), remote6()], l4, next_hop, policy_slot);
 }
 
 fn verdicts(prog: &SteeringProgram) -> Vec<u64> {
@@ -563,23 +527,23 @@ fn switched_off_the_fast_path_is_not_consulted() {
 fn last_seen_is_stamped_at_most_once_a_second_and_traffic_is_counted() {
     let w = world();
     install4(&w.prog, L4::Udp, 0, 5);
-    let key = FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, 17);
-    let in_key = FpKeyV4::new(REMOTE4.into(), EGRESS4.into(), REMOTE_PORT, EGRESS_PORT, 17);
-    assert_eq!(w.prog.fp_get_v4(&key).unwrap().unwrap().last_seen_ns, 0);
+    let key = FpKeyV4::new(POD4, REMOTE4, POD_PORT, REMOTE_PORT, 17);
+    let in_key = FpKeyV4::new(REMOTE4, EGRESS4, REMOTE_PORT, EGRESS_PORT, 17);
+    assert_eq!(w.prog.fp_get(&key).unwrap().unwrap().last_seen_ns, 0);
     let f = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp);
     let before = egret_bpf::monotonic_ns();
     w.prog.test_run(&f).unwrap();
-    let first = w.prog.fp_get_v4(&key).unwrap().unwrap().last_seen_ns;
+    let first = w.prog.fp_get(&key).unwrap().unwrap().last_seen_ns;
     // The coarse clock may lag the precise one by a tick (a few ms).
     assert!(first + 20_000_000 >= before && first <= egret_bpf::monotonic_ns(), "{first} vs {before}");
     for _ in 0..100 {
         w.prog.test_run(&f).unwrap();
     }
-    assert_eq!(w.prog.fp_get_v4(&key).unwrap().unwrap().last_seen_ns, first, "no write within the second");
-    assert_eq!(w.prog.fp_get_v4(&in_key).unwrap().unwrap().last_seen_ns, 0, "the other direction saw nothing");
+    assert_eq!(w.prog.fp_get(&key).unwrap().unwrap().last_seen_ns, first, "no write within the second");
+    assert_eq!(w.prog.fp_get(&in_key).unwrap().unwrap().last_seen_ns, 0, "the other direction saw nothing");
     std::thread::sleep(std::time::Duration::from_millis(1100));
     w.prog.test_run(&f).unwrap();
-    let later = w.prog.fp_get_v4(&key).unwrap().unwrap().last_seen_ns;
+    let later = w.prog.fp_get(&key).unwrap().unwrap().last_seen_ns;
     assert!(later >= first + 1_000_000_000, "{later} vs {first}");
 
     let t = w.prog.fp_policy_traffic(5).unwrap();
@@ -593,19 +557,14 @@ fn a_full_map_is_reported_as_such() {
     let w = world_with(LoadOptions { fast_path_sessions: 1, ..LoadOptions::default() });
     install4(&w.prog, L4::Udp, 0, 0); // two entries: the map is full
     let r = FpRewrite::default();
-    let err = w
-        .prog
-        .fp_insert_v4(
-            &FpKeyV4::new(POD4.into(), REMOTE4.into(), 1, 2, 17),
-            &FpEntryV4::new(EGRESS4.into(), REMOTE4.into(), &r),
-        )
-        .unwrap_err();
+    let err =
+        w.prog.fp_insert(&FpKeyV4::new(POD4, REMOTE4, 1, 2, 17), &FpEntryV4::new(EGRESS4, REMOTE4, &r)).unwrap_err();
     assert!(matches!(err, egret_bpf::BpfError::FastPathFull { map: "fp_sessions_v4" }), "{err}");
     // Replacing an existing key still works; deleting frees room.
     install4(&w.prog, L4::Udp, 1, 0);
     assert_eq!(w.prog.fp_entry_counts(), (2, 0));
-    assert!(w.prog.fp_delete_v4(&FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, 17)).unwrap());
-    assert!(!w.prog.fp_delete_v4(&FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, 17)).unwrap());
+    assert!(w.prog.fp_delete(&FpKeyV4::new(POD4, REMOTE4, POD_PORT, REMOTE_PORT, 17)).unwrap());
+    assert!(!w.prog.fp_delete(&FpKeyV4::new(POD4, REMOTE4, POD_PORT, REMOTE_PORT, 17)).unwrap());
     assert_eq!(w.prog.fp_entry_counts(), (1, 0));
     assert_eq!(w.prog.fp_clear().unwrap(), 1);
 }
@@ -638,13 +597,13 @@ fn a_crowded_session_table_finds_every_installed_key_and_no_removed_one() {
     let mut held6 = Vec::new();
     for &port in &ports {
         let r4 = rewrite(&[POD4, REMOTE4].concat(), &[EGRESS4, REMOTE4].concat(), port);
-        let k4 = FpKeyV4::new(POD4.into(), REMOTE4.into(), port, REMOTE_PORT, 17);
-        if p.fp_insert_v4(&k4, &FpEntryV4::new(EGRESS4.into(), REMOTE4.into(), &r4)).is_ok() {
+        let k4 = FpKeyV4::new(POD4, REMOTE4, port, REMOTE_PORT, 17);
+        if p.fp_insert(&k4, &FpEntryV4::new(EGRESS4, REMOTE4, &r4)).is_ok() {
             held4.push(port);
         }
         let r6 = rewrite(&[pod6(), remote6()].concat(), &[egress6(), remote6()].concat(), port);
-        let k6 = FpKeyV6::new(pod6().into(), remote6().into(), port, REMOTE_PORT, 17);
-        if p.fp_insert_v6(&k6, &FpEntryV6::new(egress6().into(), remote6().into(), &r6)).is_ok() {
+        let k6 = FpKeyV6::new(pod6(), remote6(), port, REMOTE_PORT, 17);
+        if p.fp_insert(&k6, &FpEntryV6::new(egress6(), remote6(), &r6)).is_ok() {
             held6.push(port);
         }
     }
@@ -672,10 +631,10 @@ fn a_crowded_session_table_finds_every_installed_key_and_no_removed_one() {
     check(&held4, &held6, "installed");
     for port in ports.iter().step_by(2) {
         if held4.contains(port) {
-            assert!(p.fp_delete_v4(&FpKeyV4::new(POD4.into(), REMOTE4.into(), *port, REMOTE_PORT, 17)).unwrap());
+            assert!(p.fp_delete(&FpKeyV4::new(POD4, REMOTE4, *port, REMOTE_PORT, 17)).unwrap());
         }
         if held6.contains(port) {
-            assert!(p.fp_delete_v6(&FpKeyV6::new(pod6().into(), remote6().into(), *port, REMOTE_PORT, 17)).unwrap());
+            assert!(p.fp_delete(&FpKeyV6::new(pod6(), remote6(), *port, REMOTE_PORT, 17)).unwrap());
         }
     }
     let odd = |held: &[u16]| -> Vec<u16> {
@@ -805,7 +764,7 @@ fn ping_pong4(prog: &SteeringProgram, fwd: &FpKeyV4, to: &FpEntryV4) {
         policy_slot: 0,
         direction: egret_bpf::fast_path::DIR_OUTBOUND,
     };
-    prog.fp_insert_v4(&back_key, &FpEntryV4::new(fwd.src.into(), fwd.dst.into(), &r)).unwrap();
+    prog.fp_insert(&back_key, &FpEntryV4::new(fwd.src, fwd.dst, &r)).unwrap();
 }
 
 /// Not a check: the fast path's in-kernel cost per frame with the next-hop
@@ -826,10 +785,10 @@ fn measure_fast_path_cost() {
         for p in [&table.prog, &fib] {
             install4(p, L4::Udp, 0, 0);
             for (k, e) in [
-                (FpKeyV4::new(POD4.into(), REMOTE4.into(), POD_PORT, REMOTE_PORT, 17), true),
-                (FpKeyV4::new(REMOTE4.into(), EGRESS4.into(), REMOTE_PORT, EGRESS_PORT, 17), false),
+                (FpKeyV4::new(POD4, REMOTE4, POD_PORT, REMOTE_PORT, 17), true),
+                (FpKeyV4::new(REMOTE4, EGRESS4, REMOTE_PORT, EGRESS_PORT, 17), false),
             ] {
-                let entry = p.fp_get_v4(&k).unwrap().unwrap();
+                let entry = p.fp_get(&k).unwrap().unwrap();
                 let _ = e;
                 ping_pong4(p, &k, &entry);
             }

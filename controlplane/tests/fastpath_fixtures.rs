@@ -480,19 +480,19 @@ fn replay(s: &Scenario, fib: Fib, tally: &mut Tally, variants: bool) -> Vec<Stri
                     }
                     // The next hop unresolved: punted; resolved again: a hit.
                     // The entry this packet matches names its next hop.
-                    let id = seen
-                        .and_then(|x| match (x.key4, x.key6) {
-                            (Some(k), _) => {
-                                r.program.fp_get_v4(&FpKeyV4::new(k.src, k.dst, k.sport(), k.dport(), k.proto)).unwrap()
-                            }
-                            (_, Some(k)) => r
-                                .program
-                                .fp_get_v6(&FpKeyV6::new(k.src, k.dst, k.sport(), k.dport(), k.proto))
-                                .unwrap()
-                                .map(|e| egret_bpf::FpEntryV4 { next_hop: e.next_hop, ..Default::default() }),
-                            _ => None,
-                        })
-                        .map(|e| e.next_hop);
+                    let id = seen.and_then(|x| match (x.key4, x.key6) {
+                        (Some(k), _) => r
+                            .program
+                            .fp_get(&FpKeyV4::new(k.src, k.dst, k.sport(), k.dport(), k.proto))
+                            .unwrap()
+                            .map(|e| e.next_hop),
+                        (_, Some(k)) => r
+                            .program
+                            .fp_get(&FpKeyV6::new(k.src, k.dst, k.sport(), k.dport(), k.proto))
+                            .unwrap()
+                            .map(|e| e.next_hop),
+                        _ => None,
+                    });
                     if let Some(id) = id {
                         let keep = r.program.fp_next_hop(id).unwrap().unwrap();
                         r.program.fp_set_next_hop(id, &FpNextHop::invalid(keep.ifindex)).unwrap();

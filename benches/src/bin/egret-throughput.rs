@@ -70,6 +70,10 @@ struct Args {
     /// 60, so other load on the machine does not set the rates).
     #[arg(long)]
     no_priorities: bool,
+    /// Egret's `xdp.fastPathSessions` (default: the daemon's, 262144): the
+    /// size of the fast path's session tables (docs/fast-path.md).
+    #[arg(long)]
+    fast_path_sessions: Option<u32>,
     /// Write samples, summaries and ratios to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -136,6 +140,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
         metrics_port: args.metrics_port,
         user_hz: egret_benches::sys::user_hz(),
         priorities: !args.no_priorities,
+        fast_path_sessions: args.fast_path_sessions,
     };
 
     if opts.priorities {

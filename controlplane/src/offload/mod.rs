@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egret_bpf::fast_path::{DIR_INBOUND, DIR_OUTBOUND, POLICY_SLOTS};
-use egret_bpf::{BpfError, FpEntryV4, FpEntryV6, FpKeyV4, FpKeyV6, FpRewrite, SteeringProgram, VerdictReason};
+use egret_bpf::{BpfError, FpEntry, FpKey, FpRewrite, Octets, SteeringProgram, VerdictReason};
 use egret_dataplane::engine::Engine;
 use egret_dataplane::fib::{Fib, Route};
 use egret_dataplane::nat::key::{proto, FlowKey, NatAddr};
@@ -152,12 +152,38 @@ pub trait FpFamily: IpFamily + NatAddr + PolicyFamily + Into<IpAddr> + Send + Sy
     fn repoint(p: &SteeringProgram, key: &FlowKey<Self>, next_hop: u32) -> Result<bool, BpfError>;
 }
 
-fn key4(k: &FlowKey<Ipv4Addr>) -> FpKeyV4 {
-    FpKeyV4::new(k.src, k.dst, k.sport(), k.dport(), k.proto)
+/// The table key of a flow key (`N`: the address width).
+fn fp_key<A: NatAddr + Octets<N>, const N: usize>(k: &FlowKey<A>) -> FpKey<N> {
+    FpKey::new(k.src, k.dst, k.sport(), k.dport(), k.proto)
 }
 
-fn key6(k: &FlowKey<Ipv6Addr>) -> FpKeyV6 {
-    FpKeyV6::new(k.src, k.dst, k.sport(), k.dport(), k.proto)
+// The operations of [`FpFamily`], written once over the address width.
+
+fn insert_entry<A: NatAddr + Octets<N>, const N: usize>(
+    p: &SteeringProgram,
+    rw: &DirectionRewrite<A>,
+    r: &FpRewrite,
+) -> Result<(), BpfError> {
+    p.fp_insert(&fp_key(&rw.key), &FpEntry::new(rw.new_src, rw.new_dst, r))
+}
+
+fn read_entry<A: NatAddr + Octets<N>, const N: usize>(
+    p: &SteeringProgram,
+    key: &FlowKey<A>,
+) -> Result<Option<(u64, u32)>, BpfError> {
+    Ok(p.fp_get(&fp_key::<A, N>(key))?.map(|e| (e.last_seen_ns, e.next_hop)))
+}
+
+fn repoint_entry<A: NatAddr + Octets<N>, const N: usize>(
+    p: &SteeringProgram,
+    key: &FlowKey<A>,
+    next_hop: u32,
+) -> Result<bool, BpfError> {
+    let k = fp_key::<A, N>(key);
+    let Some(mut e) = p.fp_get(&k)? else { return Ok(false) };
+    e.next_hop = next_hop;
+    p.fp_insert(&k, &e)?;
+    Ok(true)
 }
 
 impl FpFamily for Ipv4Addr {
@@ -168,20 +194,16 @@ impl FpFamily for Ipv4Addr {
         &fp.installed4
     }
     fn insert(p: &SteeringProgram, rw: &DirectionRewrite<Self>, r: &FpRewrite) -> Result<(), BpfError> {
-        p.fp_insert_v4(&key4(&rw.key), &FpEntryV4::new(rw.new_src, rw.new_dst, r))
+        insert_entry::<_, 4>(p, rw, r)
     }
     fn delete(p: &SteeringProgram, key: &FlowKey<Self>) -> Result<bool, BpfError> {
-        p.fp_delete_v4(&key4(key))
+        p.fp_delete(&fp_key::<_, 4>(key))
     }
     fn read_entry(p: &SteeringProgram, key: &FlowKey<Self>) -> Result<Option<(u64, u32)>, BpfError> {
-        Ok(p.fp_get_v4(&key4(key))?.map(|e| (e.last_seen_ns, e.next_hop)))
+        read_entry::<_, 4>(p, key)
     }
     fn repoint(p: &SteeringProgram, key: &FlowKey<Self>, next_hop: u32) -> Result<bool, BpfError> {
-        let k = key4(key);
-        let Some(mut e) = p.fp_get_v4(&k)? else { return Ok(false) };
-        e.next_hop = next_hop;
-        p.fp_insert_v4(&k, &e)?;
-        Ok(true)
+        repoint_entry::<_, 4>(p, key, next_hop)
     }
 }
 
@@ -193,20 +215,16 @@ impl FpFamily for Ipv6Addr {
         &fp.installed6
     }
     fn insert(p: &SteeringProgram, rw: &DirectionRewrite<Self>, r: &FpRewrite) -> Result<(), BpfError> {
-        p.fp_insert_v6(&key6(&rw.key), &FpEntryV6::new(rw.new_src, rw.new_dst, r))
+        insert_entry::<_, 16>(p, rw, r)
     }
     fn delete(p: &SteeringProgram, key: &FlowKey<Self>) -> Result<bool, BpfError> {
-        p.fp_delete_v6(&key6(key))
+        p.fp_delete(&fp_key::<_, 16>(key))
     }
     fn read_entry(p: &SteeringProgram, key: &FlowKey<Self>) -> Result<Option<(u64, u32)>, BpfError> {
-        Ok(p.fp_get_v6(&key6(key))?.map(|e| (e.last_seen_ns, e.next_hop)))
+        read_entry::<_, 16>(p, key)
     }
     fn repoint(p: &SteeringProgram, key: &FlowKey<Self>, next_hop: u32) -> Result<bool, BpfError> {
-        let k = key6(key);
-        let Some(mut e) = p.fp_get_v6(&k)? else { return Ok(false) };
-        e.next_hop = next_hop;
-        p.fp_insert_v6(&k, &e)?;
-        Ok(true)
+        repoint_entry::<_, 16>(p, key, next_hop)
     }
 }
 
