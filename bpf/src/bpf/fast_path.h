@@ -302,38 +302,46 @@ static __always_inline void fp_fix_l4(__be16 *csum_at, __u8 proto, __u16 delta)
 	*csum_at = bpf_htons(csum_apply(bpf_ntohs(*csum_at), delta));
 }
 
-#ifndef EGRET_FP_FIB_LOOKUP
-/* The next hop of an entry, or NULL when it cannot be used. */
-static __always_inline struct fp_next_hop *fp_next_hop(struct xdp_md *ctx, __u32 id, int v6,
-						       const __u8 *dst)
+/*
+ * The next hop of a hit: writes the frame's MACs and returns the output
+ * ifindex, or 0 (nothing written) when the next hop cannot be used. The
+ * gateway's build reads fp_next_hops[id]; the measurement variant
+ * (EGRET_FP_FIB_LOOKUP, tests only: bpf_fib_lookup is GPL-only) asks the
+ * kernel's FIB and neighbour table per packet, from the new addresses.
+ */
+static __always_inline __u32 fp_set_next_hop(struct xdp_md *ctx, struct ethhdr *eth, __u32 id, int v6,
+					     const __u8 *new_src, const __u8 *new_dst, __u8 proto, __u16 tot_len)
 {
+#ifndef EGRET_FP_FIB_LOOKUP
 	struct fp_next_hop *nh = bpf_map_lookup_elem(&fp_next_hops, &id);
 
-	if (!nh || nh->valid != EGRET_NEXT_HOP_VALID)
-		return NULL;
-	return nh;
-}
+	if (!nh || nh->valid != EGRET_NEXT_HOP_VALID || !nh->ifindex)
+		return 0;
+	__builtin_memcpy(eth->h_dest, nh->dst_mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, nh->src_mac, ETH_ALEN);
+	return nh->ifindex;
 #else
-/* Measurement variant: the kernel's FIB and neighbour table per packet.
- * bpf_fib_lookup is GPL-only; this object is built for tests only. */
-static __always_inline int fp_fib(struct xdp_md *ctx, struct bpf_fib_lookup *p, int v6, const __u8 *src,
-				  const __u8 *dst, __u8 proto, __u16 tot_len)
-{
-	__builtin_memset(p, 0, sizeof(*p));
-	p->family = v6 ? 10 /* AF_INET6 */ : 2 /* AF_INET */;
-	p->l4_protocol = proto;
-	p->tot_len = tot_len;
-	p->ifindex = ctx->ingress_ifindex;
+	struct bpf_fib_lookup p;
+
+	__builtin_memset(&p, 0, sizeof(p));
+	p.family = v6 ? 10 /* AF_INET6 */ : 2 /* AF_INET */;
+	p.l4_protocol = proto;
+	p.tot_len = tot_len;
+	p.ifindex = ctx->ingress_ifindex;
 	if (v6) {
-		__builtin_memcpy(p->ipv6_src, src, 16);
-		__builtin_memcpy(p->ipv6_dst, dst, 16);
+		__builtin_memcpy(p.ipv6_src, new_src, 16);
+		__builtin_memcpy(p.ipv6_dst, new_dst, 16);
 	} else {
-		__builtin_memcpy(&p->ipv4_src, src, 4);
-		__builtin_memcpy(&p->ipv4_dst, dst, 4);
+		__builtin_memcpy(&p.ipv4_src, new_src, 4);
+		__builtin_memcpy(&p.ipv4_dst, new_dst, 4);
 	}
-	return bpf_fib_lookup(ctx, p, sizeof(*p), 0) == BPF_FIB_LKUP_RET_SUCCESS;
-}
+	if (bpf_fib_lookup(ctx, &p, sizeof(p), 0) != BPF_FIB_LKUP_RET_SUCCESS || !p.ifindex)
+		return 0;
+	__builtin_memcpy(eth->h_dest, p.dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, p.smac, ETH_ALEN);
+	return p.ifindex;
 #endif
+}
 
 /* Sends a translated frame: XDP_TX back out of the receiving interface, or
  * a redirect to the next hop's interface. Counted as a verdict. */
@@ -346,6 +354,45 @@ static __always_inline int fp_send(struct xdp_md *ctx, __u32 ifindex)
 	count(EGRET_REDIRECT_FAST_PATH);
 	return (int)bpf_redirect(ifindex, 0);
 }
+
+/*
+ * The checks a hit makes in both families once its IP header passed its own:
+ * the transport header (fp_check_l4), TTL / hop limit, and a partial
+ * checksum (pseudo-header over `addrs`, the received addresses' word sum,
+ * the protocol and `l4_len`). Returns 0 with *csum_at set, or the punt
+ * reason. Writes nothing.
+ */
+static __always_inline int fp_check_hit(void *l4, void *data_end, __u8 proto, __u32 l4_len, int v6, __u8 ttl,
+					__u32 addrs, __be16 **csum_at)
+{
+	int rc = fp_check_l4(l4, data_end, proto, l4_len, v6, csum_at);
+
+	if (rc)
+		return rc;
+	if (!*csum_at)
+		return EGRET_FP_PUNT_MALFORMED;
+	if (ttl <= 1)
+		return EGRET_FP_PUNT_TTL;
+	if (csum_is_partial(bpf_ntohs(**csum_at), addrs + proto + (l4_len >> 16) + (l4_len & 0xffff)))
+		return EGRET_FP_PUNT_PARTIAL_CHECKSUM;
+	return 0;
+}
+
+/*
+ * The writes a hit makes in both families after its addresses, TTL and IP
+ * checksum: the ports and the transport checksum from the entry (`e`, either
+ * family's: the fields after the addresses are the same), the slot's stamp,
+ * the policy's traffic; then the frame is sent out of `ifindex`.
+ */
+#define fp_finish(ctx, eth, data_end, ports, csum_at, proto, e, last_seen, ifindex)                        \
+	({                                                                                                     \
+		(ports)->source = (e)->new_sport;                                                              \
+		(ports)->dest = (e)->new_dport;                                                                \
+		fp_fix_l4(csum_at, proto, (e)->l4_delta);                                                      \
+		fp_stamp(last_seen);                                                                           \
+		fp_account((e)->policy_slot, (e)->direction, (__u64)((data_end) - (void *)(eth)));             \
+		fp_send(ctx, ifindex);                                                                         \
+	})
 
 /* Rule 0 for IPv4 (RFC 791). `l3` follows an untagged Ethernet header. */
 static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_config *cfg, struct ethhdr *eth,
@@ -382,55 +429,25 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 	if (!slot)
 		return fp_punt(EGRET_FP_MISS);
 
-	/* A hit. Everything below the checks writes; nothing above does. */
+	/* A hit. Nothing before the next hop writes; everything after it does. */
 	tot_len = bpf_ntohs(ip->tot_len);
 	if (tot_len < sizeof(*ip) || (void *)ip + tot_len > data_end || !ipv4_header_ok(ip))
 		return fp_punt(EGRET_FP_PUNT_MALFORMED);
 	l4_len = tot_len - sizeof(*ip);
-	rc = fp_check_l4(ports, data_end, ip->protocol, l4_len, 0, &csum_at);
+	rc = fp_check_hit(ports, data_end, ip->protocol, l4_len, 0, ip->ttl,
+			  addr_sum(key.k.src, 4) + addr_sum(key.k.dst, 4), &csum_at);
 	if (rc)
 		return fp_punt(rc);
-	if (!csum_at)
-		return fp_punt(EGRET_FP_PUNT_MALFORMED);
-	if (ip->ttl <= 1)
-		return fp_punt(EGRET_FP_PUNT_TTL);
-	if (csum_is_partial(bpf_ntohs(*csum_at), addr_sum(key.k.src, 4) + addr_sum(key.k.dst, 4) + ip->protocol +
-							   (l4_len >> 16) + (l4_len & 0xffff)))
-		return fp_punt(EGRET_FP_PUNT_PARTIAL_CHECKSUM);
-#ifndef EGRET_FP_FIB_LOOKUP
-	{
-		struct fp_next_hop *nh = fp_next_hop(ctx, e->next_hop, 0, e->new_dst);
-
-		if (!nh)
-			return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
-		ifindex = nh->ifindex;
-		__builtin_memcpy(eth->h_dest, nh->dst_mac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, nh->src_mac, ETH_ALEN);
-	}
-#else
-	{
-		struct bpf_fib_lookup p;
-
-		if (!fp_fib(ctx, &p, 0, e->new_src, e->new_dst, ip->protocol, tot_len))
-			return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
-		ifindex = p.ifindex;
-		__builtin_memcpy(eth->h_dest, p.dmac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, p.smac, ETH_ALEN);
-	}
-#endif
+	ifindex = fp_set_next_hop(ctx, eth, e->next_hop, 0, e->new_src, e->new_dst, ip->protocol, tot_len);
+	if (!ifindex)
+		return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
 
 	__builtin_memcpy(&ip->saddr, e->new_src, 4);
 	__builtin_memcpy(&ip->daddr, e->new_dst, 4);
 	ip->check = bpf_htons(csum_apply(bpf_ntohs(ip->check), e->l3_delta));
 	ip->ttl -= 1;
 	ip->check = bpf_htons(csum_apply(bpf_ntohs(ip->check), EGRET_TTL_DECREMENT_DELTA));
-	ports->source = e->new_sport;
-	ports->dest = e->new_dport;
-	fp_fix_l4(csum_at, ip->protocol, e->l4_delta);
-
-	fp_stamp(&slot->entry.last_seen_ns);
-	fp_account(e->policy_slot, e->direction, (__u64)(data_end - (void *)eth));
-	return fp_send(ctx, ifindex);
+	return fp_finish(ctx, eth, data_end, ports, csum_at, ip->protocol, e, &slot->entry.last_seen_ns, ifindex);
 }
 
 /* Rule 0 for IPv6 (RFC 8200): no extension headers, so the transport header
@@ -472,51 +489,22 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_conf
 	if (!slot)
 		return fp_punt(EGRET_FP_MISS);
 
+	/* A hit. Nothing before the next hop writes; everything after it does. */
 	l4_len = bpf_ntohs(ip6->payload_len);
 	if ((void *)(ip6 + 1) + l4_len > data_end)
 		return fp_punt(EGRET_FP_PUNT_MALFORMED);
-	rc = fp_check_l4(ports, data_end, proto, l4_len, 1, &csum_at);
+	rc = fp_check_hit(ports, data_end, proto, l4_len, 1, ip6->hop_limit,
+			  addr_sum(key.k.src, 16) + addr_sum(key.k.dst, 16), &csum_at);
 	if (rc)
 		return fp_punt(rc);
-	if (!csum_at)
-		return fp_punt(EGRET_FP_PUNT_MALFORMED);
-	if (ip6->hop_limit <= 1)
-		return fp_punt(EGRET_FP_PUNT_TTL);
-	if (csum_is_partial(bpf_ntohs(*csum_at),
-			    addr_sum(key.k.src, 16) + addr_sum(key.k.dst, 16) + proto + (l4_len >> 16) + (l4_len & 0xffff)))
-		return fp_punt(EGRET_FP_PUNT_PARTIAL_CHECKSUM);
-#ifndef EGRET_FP_FIB_LOOKUP
-	{
-		struct fp_next_hop *nh = fp_next_hop(ctx, e->next_hop, 1, e->new_dst);
-
-		if (!nh)
-			return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
-		ifindex = nh->ifindex;
-		__builtin_memcpy(eth->h_dest, nh->dst_mac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, nh->src_mac, ETH_ALEN);
-	}
-#else
-	{
-		struct bpf_fib_lookup p;
-
-		if (!fp_fib(ctx, &p, 1, e->new_src, e->new_dst, proto, 40 + l4_len))
-			return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
-		ifindex = p.ifindex;
-		__builtin_memcpy(eth->h_dest, p.dmac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, p.smac, ETH_ALEN);
-	}
-#endif
+	ifindex = fp_set_next_hop(ctx, eth, e->next_hop, 1, e->new_src, e->new_dst, proto, 40 + l4_len);
+	if (!ifindex)
+		return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
 
 	__builtin_memcpy(&ip6->saddr, e->new_src, 16);
 	__builtin_memcpy(&ip6->daddr, e->new_dst, 16);
 	ip6->hop_limit -= 1;
-	ports->source = e->new_sport;
-	ports->dest = e->new_dport;
-	fp_fix_l4(csum_at, proto, e->l4_delta);
-
-	fp_stamp(&slot->entry.last_seen_ns);
-	fp_account(e->policy_slot, e->direction, (__u64)(data_end - (void *)eth));
-	return fp_send(ctx, ifindex);
+	return fp_finish(ctx, eth, data_end, ports, csum_at, proto, e, &slot->entry.last_seen_ns, ifindex);
 }
 
 /* Rule 0: the fast path, when enabled, for untagged IPv4/IPv6 frames. */
