@@ -410,40 +410,29 @@ mod tests {
             c::fp_key_v6,
             [(src, src), (dst, dst), (sport, sport), (dport, dport), (proto, proto), (pad, pad)]
         );
-        same_layout!(
-            FpEntryV4,
-            c::fp_entry_v4,
-            [
-                (new_src, new_src),
-                (new_dst, new_dst),
-                (new_sport, new_sport),
-                (new_dport, new_dport),
-                (l3_delta, l3_delta),
-                (l4_delta, l4_delta),
-                (next_hop, next_hop),
-                (policy_slot, policy_slot),
-                (direction, direction),
-                (flags, flags),
-                (last_seen_ns, last_seen_ns),
-            ]
-        );
-        same_layout!(
-            FpEntryV6,
-            c::fp_entry_v6,
-            [
-                (new_src, new_src),
-                (new_dst, new_dst),
-                (new_sport, new_sport),
-                (new_dport, new_dport),
-                (l3_delta, l3_delta),
-                (l4_delta, l4_delta),
-                (next_hop, next_hop),
-                (policy_slot, policy_slot),
-                (direction, direction),
-                (flags, flags),
-                (last_seen_ns, last_seen_ns),
-            ]
-        );
+        macro_rules! entry_layout {
+            ($rust:ty, $c:ty) => {
+                same_layout!(
+                    $rust,
+                    $c,
+                    [
+                        (new_src, new_src),
+                        (new_dst, new_dst),
+                        (new_sport, new_sport),
+                        (new_dport, new_dport),
+                        (l3_delta, l3_delta),
+                        (l4_delta, l4_delta),
+                        (next_hop, next_hop),
+                        (policy_slot, policy_slot),
+                        (direction, direction),
+                        (flags, flags),
+                        (last_seen_ns, last_seen_ns),
+                    ]
+                )
+            };
+        }
+        entry_layout!(FpEntryV4, c::fp_entry_v4);
+        entry_layout!(FpEntryV6, c::fp_entry_v6);
         same_layout!(
             FpNextHop,
             c::fp_next_hop,

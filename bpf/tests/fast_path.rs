@@ -22,7 +22,9 @@ use egret_bpf::{
     Action, DstRule, FastPathReason as F, FpEntry, FpEntryV4, FpEntryV6, FpKey, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite,
     LoadOptions, OwnedAddr, ProgramVariant, SrcPrefix, SteeringProgram, VerdictReason as R, XdpAction,
 };
-use etherparse::{IpHeaders, IpNumber, Ipv4Header, Ipv6Extensions, Ipv6Header, Ipv6RawExtHeader, PacketBuilder};
+use etherparse::{
+    IpHeaders, IpNumber, Ipv4Header, Ipv6Extensions, Ipv6Header, Ipv6RawExtHeader, PacketBuilder, PacketBuilderStep,
+};
 
 const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -104,8 +106,8 @@ enum L4 {
 
 const ACK: L4 = L4::Tcp { syn: false, fin: false, rst: false };
 
-fn frame4(macs: ([u8; 6], [u8; 6]), src: [u8; 4], dst: [u8; 4], ttl: u8, sport: u16, dport: u16, l4: L4) -> Vec<u8> {
-    let b = PacketBuilder::ethernet2(macs.0, macs.1).ipv4(src, dst, ttl);
+/// The transport header and payload of a test frame, after its IP header.
+fn with_l4(b: PacketBuilderStep<IpHeaders>, sport: u16, dport: u16, l4: L4) -> Vec<u8> {
     let mut v = Vec::new();
     match l4 {
         L4::Udp => b.udp(sport, dport).write(&mut v, PAYLOAD).unwrap(),
@@ -126,26 +128,12 @@ fn frame4(macs: ([u8; 6], [u8; 6]), src: [u8; 4], dst: [u8; 4], ttl: u8, sport: 
     v
 }
 
+fn frame4(macs: ([u8; 6], [u8; 6]), src: [u8; 4], dst: [u8; 4], ttl: u8, sport: u16, dport: u16, l4: L4) -> Vec<u8> {
+    with_l4(PacketBuilder::ethernet2(macs.0, macs.1).ipv4(src, dst, ttl), sport, dport, l4)
+}
+
 fn frame6(macs: ([u8; 6], [u8; 6]), src: [u8; 16], dst: [u8; 16], hops: u8, sport: u16, dport: u16, l4: L4) -> Vec<u8> {
-    let b = PacketBuilder::ethernet2(macs.0, macs.1).ipv6(src, dst, hops);
-    let mut v = Vec::new();
-    match l4 {
-        L4::Udp => b.udp(sport, dport).write(&mut v, PAYLOAD).unwrap(),
-        L4::Tcp { syn, fin, rst } => {
-            let mut t = b.tcp(sport, dport, 1000, 4096).ack(77);
-            if syn {
-                t = t.syn();
-            }
-            if fin {
-                t = t.fin();
-            }
-            if rst {
-                t = t.rst();
-            }
-            t.write(&mut v, PAYLOAD).unwrap()
-        }
-    }
-    v
+    with_l4(PacketBuilder::ethernet2(macs.0, macs.1).ipv6(src, dst, hops), sport, dport, l4)
 }
 
 fn proto(l4: L4) -> u8 {
