@@ -344,11 +344,11 @@ mod tests {
         let w1 = u64::from_ne_bytes([k[8], k[9], k[10], k[11], k[12], k[13], k[14], k[15]]);
         assert_eq!(hash(3, &k), mix(mix(3, w0), w1));
         assert_ne!(hash(3, &k), hash(4, &k));
-        // Known value: pins the function the C side implements.
-        assert_eq!(mix(0, 1), {
-            let h = 0x9e37_79b9_7f4a_7c15u64;
-            h ^ (h >> 32)
-        });
+        // Known values, computed apart from this code (little-endian
+        // words): they pin the function the C side implements.
+        #[cfg(target_endian = "little")]
+        assert_eq!(hash(3, &k), 0x7ba5_d01a_8ccb_505c);
+        assert_eq!(mix(0, 1), 0x9e37_79b9_e17d_05ac);
     }
 
     #[test]
