@@ -40,7 +40,7 @@ fn sessions_of<A: NatAddr + PolicyFamily + Into<IpAddr>>(
             egress_port: t.egress_port,
             remote: t.remote.into(),
             remote_port: t.remote_port,
-            idle_secs: u64::from(now.saturating_sub(v.last_seen)),
+            idle_secs: u64::from(now.saturating_sub(nat.last_seen(&v))),
             state: if t.proto == 6 { tcp_state::phase(v.tcp).name().into() } else { String::new() },
             offloaded: v.offload & egret_dataplane::nat::session::offload::INSTALLED != 0,
         };

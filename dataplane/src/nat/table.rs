@@ -163,6 +163,18 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         let _ = self.sessions.set_offload(view.index, view.seq, 0, offload::INSTALLED | offload::REQUESTED);
     }
 
+    /// The last second a packet of the session was translated by either
+    /// tier: its own stamp, or the fast path's when the session is installed
+    /// there and that is more recent. What operators see (`egret sessions`);
+    /// expiry reads the fast path only for sessions that look expired.
+    pub fn last_seen(&self, view: &SessionView<A>) -> u32 {
+        if view.offload & offload::INSTALLED == 0 {
+            return view.last_seen;
+        }
+        let fast_path = self.offload_hook.get().and_then(|h| h.last_seen(view));
+        fast_path.map_or(view.last_seen, |seen| seen.max(view.last_seen))
+    }
+
     /// For an installed session that looks expired, the fast path's more
     /// recent stamp (refreshing the session's own) or `None` if it is expired.
     fn offload_refresh(&self, view: &SessionView<A>, now: u32, nat: &NatSettings) -> Option<u32> {
