@@ -43,10 +43,13 @@ pub enum BpfError {
         field: &'static str,
     },
 
-    /// `LoadOptions.fast_path_sessions` asks for a session table larger than
-    /// a map can be (four slots per session, rounded up to a power of two).
-    #[error("LoadOptions.fast_path_sessions {sessions} needs more than 2^32 table slots")]
+    /// `LoadOptions.fast_path_sessions_v4` or `_v6` asks for a session table
+    /// larger than a map can be (four slots per session, rounded up to a
+    /// power of two).
+    #[error("LoadOptions.{field} {sessions} needs more than 2^32 table slots")]
     SessionTableSize {
+        /// The field of `LoadOptions`.
+        field: &'static str,
         /// The requested sessions.
         sessions: u32,
     },

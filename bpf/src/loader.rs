@@ -105,11 +105,14 @@ pub struct LoadOptions {
     /// `frag_decisions` entries (datagrams in flight whose first fragment
     /// was judged), LRU.
     pub fragments: u32,
-    /// Offloaded sessions per family (`xdp.fastPathSessions`): the session
-    /// tables hold one slot per direction, twice this many, in four slots
-    /// per session rounded up to a power of two (64 bytes each for IPv4,
-    /// 128 for IPv6), allocated at load.
-    pub fast_path_sessions: u32,
+    /// Offloaded IPv4 sessions (`xdp.fastPathSessions`): the session table
+    /// holds one slot per direction, twice this many, in four slots per
+    /// session rounded up to a power of two (64 bytes each), allocated at
+    /// load. 0 leaves the family to the engine: its table is the smallest
+    /// (64 slots) and takes nothing.
+    pub fast_path_sessions_v4: u32,
+    /// Offloaded IPv6 sessions, the same way (128-byte slots).
+    pub fast_path_sessions_v6: u32,
     /// `fp_next_hops` entries (distinct (interface, next hop) pairs in use).
     pub fast_path_next_hops: u32,
 }
@@ -122,7 +125,8 @@ impl Default for LoadOptions {
             policy_sources: 16_384,
             policy_rules: 65_536,
             fragments: 16_384,
-            fast_path_sessions: 262_144,
+            fast_path_sessions_v4: 262_144,
+            fast_path_sessions_v6: 262_144,
             fast_path_next_hops: 4096,
         }
     }
@@ -306,15 +310,17 @@ impl SteeringProgram {
             ("policy_sources", options.policy_sources),
             ("policy_rules", options.policy_rules),
             ("fragments", options.fragments),
-            ("fast_path_sessions", options.fast_path_sessions),
             ("fast_path_next_hops", options.fast_path_next_hops),
         ];
         if let Some((field, _)) = sizes.iter().find(|(_, n)| *n == 0) {
             return Err(BpfError::ZeroMapSize { field });
         }
 
-        let sessions = options.fast_path_sessions;
-        let table_slots = session_table::slots_for(sessions).ok_or(BpfError::SessionTableSize { sessions })?;
+        let slots = |field: &'static str, sessions: u32| {
+            session_table::slots_for(sessions).ok_or(BpfError::SessionTableSize { field, sessions })
+        };
+        let slots_v4 = slots("fast_path_sessions_v4", options.fast_path_sessions_v4)?;
+        let slots_v6 = slots("fast_path_sessions_v6", options.fast_path_sessions_v6)?;
 
         let mut open = ObjectBuilder::default().open_memory(object).map_err(BpfError::Open)?;
         for mut map in open.maps_mut() {
@@ -328,8 +334,8 @@ impl SteeringProgram {
                 Some(POLICY_DST_V4) => (POLICY_DST_V4, options.policy_rules),
                 Some(POLICY_DST_V6) => (POLICY_DST_V6, options.policy_rules),
                 Some(FRAG_DECISIONS) => (FRAG_DECISIONS, options.fragments),
-                Some(FP_SESSIONS_V4) => (FP_SESSIONS_V4, table_slots),
-                Some(FP_SESSIONS_V6) => (FP_SESSIONS_V6, table_slots),
+                Some(FP_SESSIONS_V4) => (FP_SESSIONS_V4, slots_v4),
+                Some(FP_SESSIONS_V6) => (FP_SESSIONS_V6, slots_v6),
                 Some(FP_NEXT_HOPS) => (FP_NEXT_HOPS, options.fast_path_next_hops),
                 _ => continue,
             };
@@ -358,10 +364,14 @@ impl SteeringProgram {
             fp_counters: handle(FP_COUNTERS)?,
             fp_policy_traffic: handle(FP_POLICY_TRAFFIC)?,
         };
-        let capacity = sessions as usize * 2;
         let fp_seed = std::collections::hash_map::RandomState::new().hash_one(0x65_6772_6574u64);
-        let table = |name: &'static str, shape: SlotShape| -> Result<Mutex<SessionTable<MappedArray>>, BpfError> {
+        let table = |name: &'static str,
+                     shape: SlotShape,
+                     table_slots: u32,
+                     sessions: u32|
+         -> Result<Mutex<SessionTable<MappedArray>>, BpfError> {
             let bytes = table_slots as usize * shape.slot_words * 8;
+            let capacity = sessions as usize * 2;
             let map = handle(name)?;
             let mem = MappedArray::map(map.as_fd(), bytes).map_err(|source| BpfError::SessionTableMap {
                 map: name,
@@ -370,8 +380,8 @@ impl SteeringProgram {
             })?;
             Ok(Mutex::new(SessionTable::new(mem, shape, table_slots, capacity, fp_seed)))
         };
-        let fp_v4 = table(FP_SESSIONS_V4, SHAPE_V4)?;
-        let fp_v6 = table(FP_SESSIONS_V6, SHAPE_V6)?;
+        let fp_v4 = table(FP_SESSIONS_V4, SHAPE_V4, slots_v4, options.fast_path_sessions_v4)?;
+        let fp_v6 = table(FP_SESSIONS_V6, SHAPE_V6, slots_v6, options.fast_path_sessions_v6)?;
         let this = Self {
             object,
             maps,
@@ -667,6 +677,21 @@ impl SteeringProgram {
     /// Session directions in the two tables (IPv4, IPv6).
     pub fn fp_entry_counts(&self) -> (usize, usize) {
         (lock(&self.fp_v4).len(), lock(&self.fp_v6).len())
+    }
+
+    /// The session tables' sizes in slots as the kernel allocated them
+    /// (IPv4, IPv6): `max_entries` of `fp_sessions_v4` and `fp_sessions_v6`.
+    pub fn fp_table_slots(&self) -> Result<(u32, u32), BpfError> {
+        let slots = |name: &'static str| -> Result<u32, BpfError> {
+            let map = self
+                .object
+                .maps()
+                .find(|m| m.name().to_str() == Some(name))
+                .ok_or(BpfError::MissingMap { map: name })?;
+            let info = map.info().map_err(|source| BpfError::MapHandle { map: name, source })?;
+            Ok(info.info.max_entries)
+        };
+        Ok((slots(FP_SESSIONS_V4)?, slots(FP_SESSIONS_V6)?))
     }
 
     /// Deletes every session entry of both families (the fast path turned

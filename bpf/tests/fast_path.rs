@@ -542,7 +542,7 @@ fn last_seen_is_stamped_at_most_once_a_second_and_traffic_is_counted() {
 
 #[test]
 fn a_full_map_is_reported_as_such() {
-    let w = world_with(LoadOptions { fast_path_sessions: 1, ..LoadOptions::default() });
+    let w = world_with(LoadOptions { fast_path_sessions_v4: 1, fast_path_sessions_v6: 1, ..LoadOptions::default() });
     install4(&w.prog, L4::Udp, 0, 0); // two entries: the map is full
     let r = FpRewrite::default();
     let err =
@@ -557,13 +557,33 @@ fn a_full_map_is_reported_as_such() {
     assert_eq!(w.prog.fp_clear().unwrap(), 1);
 }
 
+/// Sizes per family: a family given no sessions gets the smallest table and
+/// holds nothing (its flows stay in the engine), the other is unaffected.
+#[test]
+fn a_family_given_no_sessions_holds_none_and_the_other_is_unaffected() {
+    let w = world_with(LoadOptions { fast_path_sessions_v4: 8, fast_path_sessions_v6: 0, ..LoadOptions::default() });
+    assert_eq!(w.prog.fp_table_slots().unwrap(), (64, 64), "IPv6 gets the smallest table");
+    let r = FpRewrite::default();
+    let err = w
+        .prog
+        .fp_insert(&FpKeyV6::new(pod6(), remote6(), 1, 2, 17), &FpEntryV6::new(egress6(), remote6(), &r))
+        .unwrap_err();
+    assert!(matches!(err, egret_bpf::BpfError::FastPathFull { map: "fp_sessions_v6" }), "{err}");
+    install4(&w.prog, L4::Udp, 0, 0);
+    assert_eq!(w.prog.fp_entry_counts(), (2, 0));
+
+    let w =
+        world_with(LoadOptions { fast_path_sessions_v4: 100_000, fast_path_sessions_v6: 16, ..LoadOptions::default() });
+    assert_eq!(w.prog.fp_table_slots().unwrap(), (1 << 19, 64));
+}
+
 /// A table at its configured load (64 slots, 32 directions) with a random
 /// seed: keys displaced from their home slot, and moved back by removals,
 /// are found by the program exactly where the daemon's writer put them,
 /// and removed keys are not. Both families (IPv6 slots are two lines).
 #[test]
 fn a_crowded_session_table_finds_every_installed_key_and_no_removed_one() {
-    let w = world_with(LoadOptions { fast_path_sessions: 16, ..LoadOptions::default() });
+    let w = world_with(LoadOptions { fast_path_sessions_v4: 16, fast_path_sessions_v6: 16, ..LoadOptions::default() });
     let p = &w.prog;
     let macs_in = (PEER_MAC, GW_MAC);
     let macs_out = (OUT_MAC, NH_MAC);

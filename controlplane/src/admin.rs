@@ -297,8 +297,8 @@ pub mod render {
         let f = &c.fast_path;
         if f.enabled {
             out.push_str(&format!(
-                "fast path on: {} IPv4 + {} IPv6 sessions in the kernel, {} next hops ({} updates, {} re-routed)\n\n",
-                f.sessions_v4, f.sessions_v6, f.next_hops, f.next_hop_updates, f.rerouted
+                "fast path on: {} of {} IPv4 + {} of {} IPv6 sessions in the kernel, {} next hops ({} updates, {} re-routed)\n\n",
+                f.sessions_v4, f.capacity_v4, f.sessions_v6, f.capacity_v6, f.next_hops, f.next_hop_updates, f.rerouted
             ));
             out.push_str(&table(&["FAST PATH", "FRAMES"], &nonzero(&f.packets)));
             out.push('\n');

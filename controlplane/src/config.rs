@@ -135,12 +135,29 @@ pub struct XdpConfig {
     pub mode: XdpMode,
     /// Translate established flows in XDP (docs/fast-path.md).
     pub fast_path: bool,
-    /// Sessions per address family the fast path can hold (its BPF maps
-    /// hold one entry per direction); beyond, sessions stay in userspace.
-    pub fast_path_sessions: u32,
+    /// Sessions the fast path can hold per address family (its tables hold
+    /// one entry per direction); beyond, sessions stay in userspace.
+    pub fast_path_sessions: FastPathSessions,
 }
 
-/// Default of `xdp.fastPathSessions`.
+/// `xdp.fastPathSessions`, per address family. 0 leaves a family's flows to
+/// the workers (its table is the smallest, 64 slots).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FastPathSessions {
+    /// IPv4 sessions.
+    pub ipv4: u32,
+    /// IPv6 sessions.
+    pub ipv6: u32,
+}
+
+impl FastPathSessions {
+    /// The same count for both families.
+    pub const fn both(n: u32) -> Self {
+        Self { ipv4: n, ipv6: n }
+    }
+}
+
+/// Default of `xdp.fastPathSessions` (each family).
 pub const DEFAULT_FAST_PATH_SESSIONS: u32 = 262_144;
 /// Largest `xdp.fastPathSessions`: four table slots per session and family
 /// (64 bytes each for IPv4, 128 for IPv6) make this 3 GiB of tables.
@@ -370,14 +387,7 @@ impl Checker<'_> {
                 }
             },
             fast_path: raw.xdp.fast_path.unwrap_or(true),
-            fast_path_sessions: match raw.xdp.fast_path_sessions {
-                None => DEFAULT_FAST_PATH_SESSIONS,
-                Some(n) if (1..=MAX_FAST_PATH_SESSIONS).contains(&n) => n as u32,
-                Some(n) => {
-                    self.invalid("xdp.fastPathSessions", n.to_string(), "must be between 1 and 4194304");
-                    DEFAULT_FAST_PATH_SESSIONS
-                }
-            },
+            fast_path_sessions: self.fast_path_sessions(raw.xdp.fast_path_sessions.as_ref()),
         };
         let workers = self.workers(&raw.workers);
         let nat = self.nat(&raw.nat);
@@ -501,6 +511,43 @@ impl Checker<'_> {
             );
         }
         out
+    }
+
+    /// `xdp.fastPathSessions`: one count (1 to the maximum) for both
+    /// families, or `{ipv4, ipv6}` with 0 allowed for one of them.
+    fn fast_path_sessions(&mut self, raw: Option<&raw::FastPathSessions>) -> FastPathSessions {
+        const FIELD: &str = "xdp.fastPathSessions";
+        let default = FastPathSessions::both(DEFAULT_FAST_PATH_SESSIONS);
+        match raw {
+            None => default,
+            Some(raw::FastPathSessions::Each(n)) if (1..=MAX_FAST_PATH_SESSIONS).contains(n) => {
+                FastPathSessions::both(*n as u32)
+            }
+            Some(raw::FastPathSessions::Each(n)) => {
+                self.invalid(FIELD, n.to_string(), "must be between 1 and 4194304");
+                default
+            }
+            Some(raw::FastPathSessions::PerFamily(f)) => {
+                let mut family = |name: &str, n: Option<u64>| match n {
+                    None => DEFAULT_FAST_PATH_SESSIONS,
+                    Some(n) if n <= MAX_FAST_PATH_SESSIONS => n as u32,
+                    Some(n) => {
+                        self.invalid(format!("{FIELD}.{name}"), n.to_string(), "must be between 0 and 4194304");
+                        DEFAULT_FAST_PATH_SESSIONS
+                    }
+                };
+                let out = FastPathSessions { ipv4: family("ipv4", f.ipv4), ipv6: family("ipv6", f.ipv6) };
+                if out.ipv4 == 0 && out.ipv6 == 0 {
+                    self.invalid(
+                        FIELD,
+                        "{ipv4: 0, ipv6: 0}",
+                        "at least one family needs sessions (xdp.fastPath: false turns the fast path off)",
+                    );
+                    return default;
+                }
+                out
+            }
+        }
     }
 
     fn workers(&mut self, w: &raw::Workers) -> WorkersConfig {

@@ -112,6 +112,13 @@ pub fn render(view: &dyn GatewayView) -> String {
     o.family("fastpath_sessions", "gauge", "Sessions installed in the XDP fast path per address family.");
     o.sample("fastpath_sessions", &[("family", "ipv4")], f.sessions_v4);
     o.sample("fastpath_sessions", &[("family", "ipv6")], f.sessions_v6);
+    o.family(
+        "fastpath_capacity",
+        "gauge",
+        "Sessions the XDP fast path can hold per address family (xdp.fastPathSessions).",
+    );
+    o.sample("fastpath_capacity", &[("family", "ipv4")], f.capacity_v4);
+    o.sample("fastpath_capacity", &[("family", "ipv6")], f.capacity_v6);
     o.family("fastpath_next_hops", "gauge", "Next-hop table entries in use.");
     o.sample("fastpath_next_hops", &[], f.next_hops);
     o.family(
@@ -271,6 +278,8 @@ mod tests {
             "egret_frames_misdirected_total 1",
             "egret_fastpath_enabled 1",
             "egret_fastpath_sessions{family=\"ipv4\"} 3",
+            "egret_fastpath_capacity{family=\"ipv4\"} 4096",
+            "egret_fastpath_capacity{family=\"ipv6\"} 0",
             "egret_fastpath_packets_total{outcome=\"hit\"} 500",
             "egret_fastpath_offloads_total{outcome=\"refused_map_full\"} 1",
             "egret_fastpath_removals_total{cause=\"fenced\"} 2",

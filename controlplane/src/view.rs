@@ -160,6 +160,12 @@ pub struct FastPathCounters {
     pub sessions_v4: u64,
     /// IPv6 sessions installed in the kernel now.
     pub sessions_v6: u64,
+    /// IPv4 sessions the kernel's table can hold (`xdp.fastPathSessions`).
+    #[serde(default)]
+    pub capacity_v4: u64,
+    /// IPv6 sessions the kernel's table can hold; 0: IPv6 stays in the workers.
+    #[serde(default)]
+    pub capacity_v6: u64,
     /// Next-hop table entries in use.
     pub next_hops: u64,
     /// Frames, by outcome: `hit` (translated in XDP), `miss`, `skip_*` (not

@@ -107,8 +107,14 @@ struct Rig {
 fn rig(spec: &egret_dataplane::tables::TablesSpec, fib: Fib) -> Rig {
     let engine = Engine::new(spec).unwrap();
     engine.publish_fib(fib);
-    let program =
-        Arc::new(SteeringProgram::load(LoadOptions { fast_path_sessions: 4096, ..LoadOptions::default() }).unwrap());
+    let program = Arc::new(
+        SteeringProgram::load(LoadOptions {
+            fast_path_sessions_v4: 4096,
+            fast_path_sessions_v6: 4096,
+            ..LoadOptions::default()
+        })
+        .unwrap(),
+    );
     // The steering maps as the daemon fills them, so punted frames get the
     // verdict they get in production (minus the AF_XDP socket: no socket
     // here, so steered frames are dropped by rule 7).

@@ -57,6 +57,9 @@ pub struct GatewayConfig {
     /// `xdp.fastPath`: established flows translated in XDP (the daemon's
     /// default, on).
     pub fast_path: bool,
+    /// `xdp.fastPathSessions` as written (a count or `{ipv4: .., ipv6: ..}`);
+    /// `None` for the daemon's default.
+    pub fast_path_sessions: Option<String>,
     /// Extra YAML appended verbatim (a `nat:` section, say).
     pub extra: String,
     /// Not YAML: engine time runs this many times faster than real time
@@ -111,6 +114,7 @@ impl GatewayConfig {
                 })
                 .collect(),
             fast_path: true,
+            fast_path_sessions: None,
             extra: String::new(),
             clock_scale: None,
             kubernetes: None,
@@ -126,6 +130,7 @@ impl GatewayConfig {
             egress_ips: Vec::new(),
             policies: Vec::new(),
             fast_path: true,
+            fast_path_sessions: None,
             extra: String::new(),
             kubernetes: Some(section),
             clock_scale: None,
@@ -157,6 +162,9 @@ impl GatewayConfig {
             y += &format!("  - name: {name}\n    role: {role}\n");
         }
         y += &format!("xdp:\n  mode: {}\n  fastPath: {}\n", self.xdp_mode, self.fast_path);
+        if let Some(n) = &self.fast_path_sessions {
+            y += &format!("  fastPathSessions: {n}\n");
+        }
         // Normal priority: the lab shares two cores with the tests.
         y += "workers:\n  realtimePriority: 0\n";
         if let Some(k) = &self.kubernetes {

@@ -98,6 +98,8 @@ impl GatewayView for Fake {
                 enabled: true,
                 sessions_v4: 3,
                 sessions_v6: 0,
+                capacity_v4: 4096,
+                capacity_v6: 0,
                 next_hops: 2,
                 packets: vec![("hit".into(), 500), ("miss".into(), 7), ("punt_ttl".into(), 0)],
                 offloads: vec![("installed".into(), 3), ("refused_map_full".into(), 1)],
@@ -194,7 +196,7 @@ fn tables_for_people() {
     assert!(c.starts_with("forwarded 20  answered 1  misdirected 1  announcements 2\n"), "{c}");
     assert!(c.contains("\nports_exhausted  3\n"), "only non-zero drops: {c}");
     assert!(!c.contains("no_route"), "{c}");
-    assert!(c.contains("fast path on: 3 IPv4 + 0 IPv6 sessions in the kernel, 2 next hops"), "{c}");
+    assert!(c.contains("fast path on: 3 of 4096 IPv4 + 0 of 0 IPv6 sessions in the kernel, 2 next hops"), "{c}");
     assert!(c.contains("\nhit        500\n") && !c.contains("punt_ttl"), "{c}");
     assert!(c.contains("\nrefused_map_full  1\n") && c.contains("\nfenced   2\n"), "{c}");
     let s = render::status(&Fake.status());

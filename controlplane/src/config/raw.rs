@@ -71,8 +71,29 @@ pub struct Xdp {
     pub mode: Option<String>,
     /// Fast path in XDP.
     pub fast_path: Option<bool>,
-    /// Offloaded sessions per address family.
-    pub fast_path_sessions: Option<u64>,
+    /// Offloaded sessions: one count for each family, or one per family.
+    pub fast_path_sessions: Option<FastPathSessions>,
+}
+
+/// `fastPathSessions: 262144` or `fastPathSessions: {ipv4: 262144, ipv6: 0}`.
+/// Deserialized by hand: an untagged enum's error would name neither the
+/// bad value nor the unknown key.
+#[derive(Debug)]
+pub enum FastPathSessions {
+    /// The same count for both families.
+    Each(u64),
+    /// A count per family.
+    PerFamily(FamilySessions),
+}
+
+/// `fastPathSessions: {ipv4: ..., ipv6: ...}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FamilySessions {
+    /// IPv4 sessions.
+    pub ipv4: Option<u64>,
+    /// IPv6 sessions.
+    pub ipv6: Option<u64>,
 }
 
 /// `workers:`.
@@ -210,4 +231,29 @@ pub struct Kubernetes {
     pub gateway_selector: Option<String>,
     /// Periodic full pass, e.g. "30s".
     pub resync_period: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for FastPathSessions {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Counts;
+        impl<'de> serde::de::Visitor<'de> for Counts {
+            type Value = FastPathSessions;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a session count, or {ipv4: count, ipv6: count}")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+                Ok(FastPathSessions::Each(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+                u64::try_from(n)
+                    .map(FastPathSessions::Each)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, m: M) -> Result<Self::Value, M::Error> {
+                FamilySessions::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(FastPathSessions::PerFamily)
+            }
+        }
+        d.deserialize_any(Counts)
+    }
 }

@@ -38,7 +38,10 @@ fn errors(text: &str) -> Vec<String> {
 fn the_good_file_and_its_defaults() {
     let c = load_str("gw.yaml", GOOD).unwrap();
     assert_eq!(c.interfaces, vec![InterfaceConfig { name: "eth1".into(), role: Role::Both, queues: Queues::All }]);
-    assert_eq!(c.xdp, XdpConfig { mode: XdpMode::Native, fast_path: true, fast_path_sessions: 262_144 });
+    assert_eq!(
+        c.xdp,
+        XdpConfig { mode: XdpMode::Native, fast_path: true, fast_path_sessions: FastPathSessions::both(262_144) }
+    );
     assert_eq!(
         c.workers,
         WorkersConfig {
@@ -97,7 +100,10 @@ metrics: {listen: "127.0.0.1:1"}
     assert_eq!(c.interfaces[0].queues, Queues::Count(2));
     assert_eq!(c.interfaces[1].queues, Queues::Count(1));
     assert_eq!(c.interfaces[1].role, Role::Outside);
-    assert_eq!(c.xdp, XdpConfig { mode: XdpMode::Generic, fast_path: false, fast_path_sessions: 1000 });
+    assert_eq!(
+        c.xdp,
+        XdpConfig { mode: XdpMode::Generic, fast_path: false, fast_path_sessions: FastPathSessions::both(1000) }
+    );
     assert_eq!(c.workers.cpus, vec![1]);
     assert_eq!(c.workers.realtime_priority, 0);
     assert_eq!(
@@ -292,7 +298,45 @@ fn fast_path_sessions_are_bounded() {
         assert_eq!(errors(&text), vec![want.to_string()], "{value}");
     }
     let c = load_str("gw.yaml", &format!("{GOOD}xdp: {{fastPathSessions: 4194304}}\n")).unwrap();
-    assert_eq!(c.xdp.fast_path_sessions, 1 << 22);
+    assert_eq!(c.xdp.fast_path_sessions, FastPathSessions::both(1 << 22));
+}
+
+#[test]
+fn fast_path_sessions_per_family() {
+    let sessions = |value: &str| {
+        load_str("gw.yaml", &format!("{GOOD}xdp:\n  fastPathSessions: {value}\n")).unwrap().xdp.fast_path_sessions
+    };
+    assert_eq!(sessions("{ipv4: 100000, ipv6: 0}"), FastPathSessions { ipv4: 100_000, ipv6: 0 });
+    assert_eq!(sessions("{ipv6: 4096}"), FastPathSessions { ipv4: 262_144, ipv6: 4096 }, "the other family's default");
+    assert_eq!(sessions("{ipv4: 0}"), FastPathSessions { ipv4: 0, ipv6: 262_144 });
+    for (value, want) in [
+        (
+            "{ipv4: 0, ipv6: 0}",
+            r#"gw.yaml: xdp.fastPathSessions: "{ipv4: 0, ipv6: 0}": at least one family needs sessions (xdp.fastPath: false turns the fast path off)"#,
+        ),
+        ("{ipv4: 1, ipv6: 4194305}", r#"gw.yaml: xdp.fastPathSessions.ipv6: "4194305": must be between 0 and 4194304"#),
+    ] {
+        let text = format!("{GOOD}xdp: {{fastPathSessions: {value}}}\n");
+        assert_eq!(errors(&text), vec![want.to_string()], "{value}");
+    }
+    let text = format!("{GOOD}xdp: {{fastPathSessions: {{ipv4: 1, ip6: 2}}}}\n");
+    assert_eq!(errors(&text), vec!["gw.yaml:22:35: unknown field `ip6`, expected one of ipv4, ipv6".to_string()]);
+    let text = format!("{GOOD}xdp: {{fastPathSessions: lots}}\n");
+    assert_eq!(
+        errors(&text),
+        vec![r#"gw.yaml:22:7: invalid type: string "lots", expected a session count, or {ipv4: count, ipv6: count}"#
+            .to_string()]
+    );
+    let text = format!("{GOOD}xdp: {{fastPathSessions: -1}}\n");
+    assert_eq!(
+        errors(&text),
+        vec!["gw.yaml:22:7: invalid value: integer `-1`, expected a session count, or {ipv4: count, ipv6: count}"
+            .to_string()]
+    );
+    // A restart-only setting, per family too.
+    let a = load_str("gw.yaml", GOOD).unwrap();
+    let b = load_str("gw.yaml", &format!("{GOOD}xdp: {{fastPathSessions: {{ipv6: 0}}}}\n")).unwrap();
+    assert_eq!(a.restart_only_changes(&b), vec!["xdp.fastPathSessions"]);
 }
 
 #[test]

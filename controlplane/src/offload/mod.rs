@@ -258,10 +258,14 @@ impl FastPath {
         })
     }
 
-    /// Registers `self` as both families' offload hook of `engine` (once).
+    /// Registers `self` as the offload hook of `engine` (once) for each
+    /// family the program was given sessions for; a family with none stays
+    /// in the workers (`xdp.fastPathSessions: {ipv6: 0}`). Returns whether
+    /// every such family was connected.
     pub fn connect(self: &Arc<Self>, engine: &Engine) -> bool {
-        let a = engine.nat4().set_offload_hook(self.clone());
-        let b = engine.nat6().set_offload_hook(self.clone());
+        let options = self.program.options();
+        let a = options.fast_path_sessions_v4 == 0 || engine.nat4().set_offload_hook(self.clone());
+        let b = options.fast_path_sessions_v6 == 0 || engine.nat6().set_offload_hook(self.clone());
         a && b
     }
 
@@ -364,10 +368,13 @@ impl FastPath {
             Err(e) => self.error("reading the fast-path counters failed", &e),
         }
         let (v4, v6) = self.installed();
+        let options = self.program.options();
         FastPathCounters {
             enabled: true,
             sessions_v4: v4 as u64,
             sessions_v6: v6 as u64,
+            capacity_v4: u64::from(options.fast_path_sessions_v4),
+            capacity_v6: u64::from(options.fast_path_sessions_v6),
             next_hops: get(&s.next_hops),
             packets,
             offloads: [

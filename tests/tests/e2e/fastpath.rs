@@ -3,7 +3,8 @@
 //! lives as long as its packets keep coming, although the workers never see
 //! them, and expires on time once they stop; a reload that removes a policy
 //! or an egress IP stops its offloaded flows before it completes; checksums
-//! arriving at the server are right with TX checksum offload on and off.
+//! arriving at the server are right with TX checksum offload on and off; a
+//! family given no fast-path sessions stays in the workers.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -383,4 +384,48 @@ fn checksums_right_at_the_server_tx_offload_on() {
 #[test]
 fn checksums_right_at_the_server_tx_offload_off() {
     checksums_at_the_server("checksums_right_at_the_server_tx_offload_off", false);
+}
+
+/// `xdp.fastPathSessions: {ipv4: 1024, ipv6: 0}`: IPv4 sessions are
+/// installed in XDP, IPv6 ones are never offered to it and stay in the
+/// workers (still leaving as E6), and the counters show each family's
+/// capacity.
+#[test]
+fn a_family_given_no_fast_path_sessions_stays_in_the_workers() {
+    let name = "a_family_given_no_fast_path_sessions_stays_in_the_workers";
+    let Some(mut h) = crate::start_in(name, Tier::FastPath, LabOptions::for_test(), |cfg| {
+        cfg.fast_path_sessions = Some("{ipv4: 1024, ipv6: 0}".into());
+    }) else {
+        return;
+    };
+    let c = h.counters().unwrap();
+    assert_eq!((c.get_path("fast_path.capacity_v4"), c.get_path("fast_path.capacity_v6")), (1024, 0));
+    let (mut tcp4, t4, udp4, u4) = live_flows(&h, Pod::A);
+    assert_eq!((Some(t4.ip()), Some(u4.ip())), (Pod::A.egress(), Pod::A.egress()));
+    let hits = h.counters().unwrap().fast_path_hits();
+    assert_eq!(tcp4.line("v4-tcp-again").unwrap().seen, t4);
+    assert_eq!(client::udp_exchange(&udp4, "v4-udp-again", 3, Duration::from_secs(1)).unwrap().0.seen, u4);
+    assert!(h.counters().unwrap().fast_path_hits() >= hits + 4, "the IPv4 flows are translated in XDP");
+
+    let before = h.counters().unwrap();
+    let e6 = IpAddr::from(plan::E6);
+    let ns = h.lab.pod(Pod::V6);
+    let mut tcp = TcpSession::connect(ns, Pod::V6.echo_endpoint()).unwrap();
+    let udp = client::udp_socket(ns, Pod::V6.echo_endpoint()).unwrap();
+    for i in 0..5 {
+        assert_eq!(tcp.line(&format!("v6-tcp-{i}")).unwrap().seen.ip(), e6);
+        let (r, _) = client::udp_exchange(&udp, &format!("v6-udp-{i}"), 3, Duration::from_secs(1)).unwrap();
+        assert_eq!(r.seen.ip(), e6);
+    }
+    let after = h.counters().unwrap();
+    assert_eq!(installed(&after), installed(&before), "no IPv6 session installed");
+    let offered = |c: &Counters| c.get_path("fast_path.offloads.refused_map_full");
+    assert_eq!(offered(&after), offered(&before), "IPv6 sessions are not even offered");
+    assert_eq!(after.get_path("fast_path.sessions_v6"), 0);
+    assert_eq!(after.get_path("fast_path.sessions_v4"), 2);
+    let rows = h.gw.admin().sessions_json(1000).unwrap();
+    let v6: Vec<_> = rows.iter().filter(|r| r["pod"].as_str() == Some(&Pod::V6.addr().to_string())).collect();
+    assert!(v6.len() >= 2, "{rows:?}");
+    assert!(v6.iter().all(|r| r["offloaded"].as_bool() == Some(false)), "{v6:?}");
+    h.finish(&[]).unwrap();
 }
