@@ -66,12 +66,17 @@ impl Mapping {
         const BPF_MAP_TYPE_ARRAY: u32 = 2;
         const BPF_F_MMAPABLE: u32 = 1 << 10;
         let mut attr = [0u32; 32];
-        attr[..5].copy_from_slice(&[BPF_MAP_TYPE_ARRAY, 4, LINE as u32, u32::try_from(bytes / LINE).ok()?, BPF_F_MMAPABLE]);
+        attr[..5].copy_from_slice(&[
+            BPF_MAP_TYPE_ARRAY,
+            4,
+            LINE as u32,
+            u32::try_from(bytes / LINE).ok()?,
+            BPF_F_MMAPABLE,
+        ]);
         // SAFETY: bpf(2) reads `size_of_val(&attr)` bytes of the zeroed
         // attribute block, which lives across the call.
-        let fd = unsafe {
-            libc::syscall(libc::SYS_bpf, BPF_MAP_CREATE, attr.as_mut_ptr(), std::mem::size_of_val(&attr))
-        };
+        let fd =
+            unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_CREATE, attr.as_mut_ptr(), std::mem::size_of_val(&attr)) };
         let fd = libc::c_int::try_from(fd).ok().filter(|fd| *fd >= 0)?;
         // SAFETY: maps the whole value area of the map just created (its
         // size is a whole number of pages); checked before use.
