@@ -123,6 +123,8 @@ pub struct Options {
     pub priorities: bool,
     /// Egret's `xdp.fastPathSessions` (None: the daemon's default).
     pub fast_path_sessions: Option<u32>,
+    /// Frames of one flow in a row (1: round-robin over the flows).
+    pub train: u32,
 }
 
 /// Nice value of the generator thread.
@@ -615,7 +617,7 @@ pub fn measure(
     next_fresh: &mut u64,
 ) -> Result<Sample, BenchError> {
     let mode = gateway.mode;
-    let flow_set = if mode.new_flows() { FlowSet::new_flows() } else { FlowSet::fixed(flows) };
+    let flow_set = if mode.new_flows() { FlowSet::new_flows() } else { FlowSet::fixed(flows).with_train(opts.train) };
     let spec = GenSpec {
         engine: opts.engine,
         netns: topo.gen_ns.clone(),

@@ -144,6 +144,8 @@ impl FrameSpec {
 
 /// How a run's flows are laid out: flow `k` has source address
 /// `base_ip + k mod ips` and source port `base_port + (k / ips) mod ports`.
+/// Frame `n` belongs to flow `n / train`: `train` frames of one flow in a
+/// row (1, the default, sends the flows round-robin).
 /// `flows == 0` means every frame is a new flow (new-connection mode): `k`
 /// is then the frame counter itself, unique for `ips * ports` frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +155,7 @@ pub struct FlowSet {
     pub ports: u32,
     pub base_ip: Ipv4Addr,
     pub base_port: u16,
+    pub train: u32,
 }
 
 /// First pod address used as a flow source (the generator's own interface
@@ -169,14 +172,33 @@ impl FlowSet {
     pub fn fixed(flows: u32) -> Self {
         let flows = flows.max(1);
         let ips = flows.min(MAX_FLOW_IPS);
-        Self { flows: u64::from(flows), ips, ports: flows.div_ceil(ips), base_ip: POD_BASE, base_port: BASE_PORT }
+        Self {
+            flows: u64::from(flows),
+            ips,
+            ports: flows.div_ceil(ips),
+            base_ip: POD_BASE,
+            base_port: BASE_PORT,
+            train: 1,
+        }
+    }
+
+    /// The same flows, `train` frames of each in a row (at least 1).
+    pub fn with_train(self, train: u32) -> Self {
+        Self { train: train.max(1), ..self }
     }
 
     /// A new flow per frame: 198.18.1.0 onwards over 16,384 addresses
     /// (198.18.1.0-198.18.64.255, inside 198.18.0.0/16) times ports
     /// 1024-65535: about a billion frames before a tuple repeats.
     pub fn new_flows() -> Self {
-        Self { flows: 0, ips: 16_384, ports: 65_536 - u32::from(BASE_PORT), base_ip: POD_BASE, base_port: BASE_PORT }
+        Self {
+            flows: 0,
+            ips: 16_384,
+            ports: 65_536 - u32::from(BASE_PORT),
+            base_ip: POD_BASE,
+            base_port: BASE_PORT,
+            train: 1,
+        }
     }
 
     /// Flow `k`'s source address and port (`k` is reduced mod `flows` when
@@ -188,6 +210,11 @@ impl FlowSet {
         let ip = u32::from(self.base_ip).wrapping_add((k % ips) as u32);
         let port = u64::from(self.base_port) + (k / ips) % ports;
         (Ipv4Addr::from(ip), port as u16)
+    }
+
+    /// The flow of frame `n` (`n / train`).
+    pub fn flow_of_frame(&self, n: u64) -> u64 {
+        n / u64::from(self.train.max(1))
     }
 
     /// Whether every frame is a new flow.
@@ -350,6 +377,14 @@ mod tests {
         assert_eq!(many.flow(50_000), many.flow(0));
         let distinct: std::collections::HashSet<_> = (0..50_000).map(|k| many.flow(k)).collect();
         assert_eq!(distinct.len(), 50_000);
+
+        assert_eq!(many.flow_of_frame(7), 7, "round-robin by default");
+        let trains = many.with_train(8);
+        assert_eq!(
+            (0..20).map(|n| trains.flow_of_frame(n)).collect::<Vec<_>>(),
+            [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2]
+        );
+        assert_eq!(many.with_train(0).train, 1);
 
         let fresh = FlowSet::new_flows();
         assert!(fresh.is_fresh_per_frame());

@@ -236,11 +236,12 @@ fn generate(
             let _ = ready.send(Ok(None));
             while !stop.load(Ordering::Relaxed) {
                 for f in batch.iter_mut() {
+                    let flow = spec.flows.flow_of_frame(k);
                     *f = if fixed.is_empty() {
-                        let (ip, port) = spec.flows.flow(k);
+                        let (ip, port) = spec.flows.flow(flow);
                         spec.frame.build(ip, port)
                     } else {
-                        fixed[(k % fixed.len() as u64) as usize]
+                        fixed[(flow % fixed.len() as u64) as usize]
                     };
                     k += 1;
                 }

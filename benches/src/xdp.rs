@@ -242,10 +242,11 @@ impl Generator {
     /// Point the program at another flow set (between runs).
     pub fn configure(&self, spec: &FrameSpec, flows: &FlowSet) -> Result<(), XdpError> {
         let base = GenChecksumBase::of(spec);
-        // struct gen_cfg { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, udp_sum; u8 frame[60]; }
-        // 92 bytes of fields, padded to 96 (the u64's alignment); the map
-        // refuses any other size, which keeps the two layouts in step.
-        let mut cfg = [0u8; 96];
+        // struct gen_cfg { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, udp_sum, train, pad;
+        // u8 frame[60]; }: 100 bytes of fields, padded to 104 (the u64's
+        // alignment); the map refuses any other size, which keeps the two
+        // layouts in step.
+        let mut cfg = [0u8; 104];
         cfg[0..8].copy_from_slice(&flows.flows.to_ne_bytes());
         cfg[8..12].copy_from_slice(&flows.ips.to_ne_bytes());
         cfg[12..16].copy_from_slice(&flows.ports.to_ne_bytes());
@@ -253,8 +254,9 @@ impl Generator {
         cfg[20..24].copy_from_slice(&u32::from(flows.base_port).to_ne_bytes());
         cfg[24..28].copy_from_slice(&base.ip_sum.to_ne_bytes());
         cfg[28..32].copy_from_slice(&base.udp_sum.to_ne_bytes());
+        cfg[32..36].copy_from_slice(&flows.train.max(1).to_ne_bytes());
         let (ip0, port0) = flows.flow(0);
-        cfg[32..32 + crate::frame::FRAME_LEN].copy_from_slice(&spec.build(ip0, port0));
+        cfg[40..40 + crate::frame::FRAME_LEN].copy_from_slice(&spec.build(ip0, port0));
         map(&self.obj, "gen", "gen_config")?
             .update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY)
             .map_err(|source| XdpError::Map { map: "gen_config", op: "update", source })
@@ -383,15 +385,17 @@ mod tests {
         // The flow counter is per CPU: stay on one.
         egret_dataplane::xsk::sched::pin_current_thread(0).expect("pin");
         let spec = spec();
-        for flows in [FlowSet::fixed(1), FlowSet::fixed(50_000), FlowSet::new_flows()] {
+        for flows in
+            [FlowSet::fixed(1), FlowSet::fixed(50_000), FlowSet::fixed(50_000).with_train(8), FlowSet::new_flows()]
+        {
             let mut g = Generator::load(&spec, &flows).expect("load gen");
             // Feed a page holding something else, as live mode may (a frame
             // the gateway rewrote): the output must not depend on it.
             let stale: Vec<u8> = (0..FRAME_LEN as u32).map(|i| (i * 37 + 11) as u8).collect();
             for k in 0..600u64 {
                 let out = g.rewrite_once(&stale).expect("run");
-                let (ip, port) = flows.flow(k);
-                assert_eq!(out, spec.build(ip, port).to_vec(), "flows {} frame {k}", flows.flows);
+                let (ip, port) = flows.flow(flows.flow_of_frame(k));
+                assert_eq!(out, spec.build(ip, port).to_vec(), "flows {} train {} frame {k}", flows.flows, flows.train);
                 assert_eq!(checksums_ok(&out), Some((true, true)));
             }
             assert_eq!(g.produced().expect("counter"), 600);

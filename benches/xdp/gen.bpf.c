@@ -13,7 +13,8 @@
  * the whole template frame from the config map, then writes the flow's
  * fields and checksums: nothing depends on what the page held before.
  *
- * Flow k of n (k = run counter mod n, or the counter itself in new-flow mode):
+ * Flow k of n (k = run counter / train mod n, or the counter itself in
+ * new-flow mode; train frames of one flow go out in a row):
  *   source address = base_ip + k mod n_ips
  *   source port    = base_port + (k / n_ips) mod n_ports
  * Checksums (RFC 1071): userspace passes the one's complement sums of every
@@ -30,6 +31,8 @@ struct gen_cfg {
 	__u32 base_port; /* host order */
 	__u32 ip_sum;    /* partial sums, host-order words */
 	__u32 udp_sum;
+	__u32 train;     /* frames of one flow in a row, >= 1 */
+	__u32 pad;
 	__u8 frame[BENCH_FRAME_LEN]; /* the template, any flow's */
 };
 
@@ -70,8 +73,11 @@ int xdp_gen(struct xdp_md *ctx)
 
 	__u64 k = st->next++;
 	st->runs++;
-	if (cfg->n_flows)
+	if (cfg->n_flows) {
+		if (cfg->train > 1)
+			k = k / cfg->train;
 		k = k % cfg->n_flows;
+	}
 	__u32 src = cfg->base_ip + (__u32)(k % cfg->n_ips);
 	__u32 port = cfg->base_port + (__u32)((k / cfg->n_ips) % cfg->n_ports);
 	__u32 src_words = (src >> 16) + (src & 0xffff);

@@ -74,6 +74,12 @@ struct Args {
     /// size of the fast path's session tables (docs/fast-path.md).
     #[arg(long)]
     fast_path_sessions: Option<u32>,
+    /// Frames of one flow sent in a row before the next flow's (1: the
+    /// flows round-robin, every frame another flow's, the default and the
+    /// figure the targets are stated against; 8, say, for TCP-like trains).
+    /// New-connection modes ignore it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    train: u32,
     /// Write samples, summaries and ratios to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -141,6 +147,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
         user_hz: egret_benches::sys::user_hz(),
         priorities: !args.no_priorities,
         fast_path_sessions: args.fast_path_sessions,
+        train: args.train,
     };
 
     if opts.priorities {
@@ -234,6 +241,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
             "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             "engine": args.engine,
+            "train": args.train,
             "samples": samples,
             "fastpath_inactive_samples": inactive,
             "summaries": summaries,
