@@ -157,6 +157,18 @@ impl FastPathSessions {
     }
 }
 
+impl XdpConfig {
+    /// What the fast path's tables are sized for at load: the configured
+    /// sessions, or none (the smallest tables) with the fast path off.
+    pub fn table_sessions(&self) -> FastPathSessions {
+        if self.fast_path {
+            self.fast_path_sessions
+        } else {
+            FastPathSessions::both(0)
+        }
+    }
+}
+
 /// Default of `xdp.fastPathSessions` (each family).
 pub const DEFAULT_FAST_PATH_SESSIONS: u32 = 262_144;
 /// Largest `xdp.fastPathSessions`: four table slots per session and family

@@ -333,6 +333,11 @@ fn fast_path_sessions_per_family() {
         vec!["gw.yaml:22:7: invalid value: integer `-1`, expected a session count, or {ipv4: count, ipv6: count}"
             .to_string()]
     );
+    // The tables are sized for them only with the fast path on.
+    let on = load_str("gw.yaml", &format!("{GOOD}xdp: {{fastPathSessions: {{ipv6: 0}}}}\n")).unwrap();
+    assert_eq!(on.xdp.table_sessions(), FastPathSessions { ipv4: 262_144, ipv6: 0 });
+    let off = load_str("gw.yaml", &format!("{GOOD}xdp: {{fastPath: false, fastPathSessions: 5}}\n")).unwrap();
+    assert_eq!(off.xdp.table_sessions(), FastPathSessions::both(0));
     // A restart-only setting, per family too.
     let a = load_str("gw.yaml", GOOD).unwrap();
     let b = load_str("gw.yaml", &format!("{GOOD}xdp: {{fastPathSessions: {{ipv6: 0}}}}\n")).unwrap();

@@ -42,7 +42,7 @@ use egret_dataplane::xsk::{PortId, PortSpec, SocketConfig, UmemConfig, XskConfig
 use parking_lot::Mutex;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::config::{self, ConfigErrors, FastPathSessions, GatewayConfig, Queues, Role};
+use crate::config::{self, ConfigErrors, GatewayConfig, Queues, Role};
 use crate::netlink::Watcher;
 use crate::offload::clock::{EngineClock, SCALE_ENV};
 use crate::offload::{FastPath, OffloadManager};
@@ -220,8 +220,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         );
     }
     let engine = Engine::new(&cfg.tables).map_err(|e| start_err("engine")(e.to_string()))?;
-    // With the fast path off its tables take nothing (the smallest size).
-    let sessions = if cfg.xdp.fast_path { cfg.xdp.fast_path_sessions } else { FastPathSessions::both(0) };
+    let sessions = cfg.xdp.table_sessions();
     let load = LoadOptions {
         xsk_interfaces: interfaces.len() as u32,
         fast_path_sessions_v4: sessions.ipv4,
