@@ -202,6 +202,14 @@ impl<const N: usize> FpEntry<N> {
     /// The kernel's bytes for this value.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = vec![0u8; Self::LEN];
+        self.write_to(&mut b);
+        b
+    }
+
+    /// Writes the kernel's bytes for this value into the front of `out` (at
+    /// least [`Self::LEN`] long) and returns them.
+    pub fn write_to<'b>(&self, out: &'b mut [u8]) -> &'b [u8] {
+        let b = &mut out[..Self::LEN];
         b[..N].copy_from_slice(&self.new_src);
         b[N..2 * N].copy_from_slice(&self.new_dst);
         let t = &mut b[2 * N..];

@@ -656,8 +656,8 @@ impl SteeringProgram {
     /// [`BpfError::FastPathFull`].
     pub fn fp_insert<const N: usize>(&self, key: &FpKey<N>, entry: &FpEntry<N>) -> Result<(), BpfError> {
         let (table, map) = self.fp_table::<N>();
-        let mut k = [0u8; FpKeyV6::LEN];
-        lock(table).insert(key.write_to(&mut k), &entry.to_bytes()).map_err(|_| BpfError::FastPathFull { map })
+        let (mut k, mut e) = ([0u8; FpKeyV6::LEN], [0u8; FpEntryV6::LEN]);
+        lock(table).insert(key.write_to(&mut k), entry.write_to(&mut e)).map_err(|_| BpfError::FastPathFull { map })
     }
 
     /// Removes one direction of a session; returns whether it was there.

@@ -62,11 +62,15 @@ fn mix(h: u64, w: u64) -> u64 {
 /// The program's `fp_hash`: the key's native-endian 64-bit words, each
 /// mixed into the seed. The slot is the low bits.
 pub fn hash(seed: u64, key: &[u8]) -> u64 {
-    key.chunks_exact(8).fold(seed, |h, w| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(w);
-        mix(h, u64::from_ne_bytes(b))
-    })
+    let mut words = [0u64; MAX_KEY_WORDS];
+    let n = key.len() / 8;
+    words_of(key, &mut words[..n]);
+    hash_words(seed, &words[..n])
+}
+
+/// [`hash`] of a key already read as words.
+fn hash_words(seed: u64, words: &[u64]) -> u64 {
+    words.iter().fold(seed, |h, w| mix(h, *w))
 }
 
 /// The shape of one family's slots.
@@ -171,8 +175,7 @@ impl<M: AsRef<[AtomicU64]>> SessionTable<M> {
     }
 
     fn home(&self, key: &KeyWords) -> u32 {
-        let h = key[..self.shape.key_words].iter().fold(self.seed, |h, w| mix(h, *w));
-        (h as u32) & self.mask
+        (hash_words(self.seed, &key[..self.shape.key_words]) as u32) & self.mask
     }
 
     fn live(&self, at: u32) -> bool {
