@@ -430,7 +430,7 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 		return fp_punt(EGRET_FP_MISS);
 
 	/* A hit. Nothing before the next hop writes; everything after it does. */
-	tot_len = bpf_ntohs(ip->tot_len);
+	tot_len = be16_len(ip->tot_len);
 	if (tot_len < sizeof(*ip) || (void *)ip + tot_len > data_end || !ipv4_header_ok(ip))
 		return fp_punt(EGRET_FP_PUNT_MALFORMED);
 	l4_len = tot_len - sizeof(*ip);
@@ -490,7 +490,7 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_conf
 		return fp_punt(EGRET_FP_MISS);
 
 	/* A hit. Nothing before the next hop writes; everything after it does. */
-	l4_len = bpf_ntohs(ip6->payload_len);
+	l4_len = be16_len(ip6->payload_len);
 	if ((void *)(ip6 + 1) + l4_len > data_end)
 		return fp_punt(EGRET_FP_PUNT_MALFORMED);
 	rc = fp_check_hit(ports, data_end, proto, l4_len, 1, ip6->hop_limit,

@@ -79,6 +79,23 @@ struct egret_ports {
 	__be16 dest;
 };
 
+/*
+ * A 16-bit length field in host order, with bounds the verifier can see
+ * before the length is added to a packet pointer. Linux 6.1's verifier (the
+ * kernel of Debian bookworm) forgets every bound of a byte-swapped value, so
+ * `pkt + bpf_ntohs(len)` is refused there ("math between pkt pointer and
+ * register with unbounded min value"). The empty asm hides the swap's range
+ * from the compiler, which would otherwise drop the mask as redundant; the
+ * mask then gives the verifier [0, 0xffff]. Newer verifiers need neither.
+ */
+static __always_inline __u32 be16_len(__be16 field)
+{
+	__u32 v = bpf_ntohs(field);
+
+	asm volatile("" : "+r"(v));
+	return v & 0xffff;
+}
+
 enum egret_parse_rc {
 	EGRET_PARSE_OK = 0,
 	EGRET_PARSE_TRUNCATED = -1,
