@@ -66,6 +66,17 @@ pub enum BpfError {
         source: io::Error,
     },
 
+    /// Creating or updating the map of maps behind
+    /// [`GracePeriod`](crate::grace::GracePeriod) failed.
+    #[error("{op} of map {} (waiting for BPF runs in flight) failed", crate::grace::GRACE_MAP)]
+    GraceMap {
+        /// "create" or "update".
+        op: &'static str,
+        /// libbpf's error.
+        #[source]
+        source: libbpf_rs::Error,
+    },
+
     /// The kernel refused the object (the verifier log goes to stderr).
     #[error("loading the steering program into the kernel failed")]
     Load(#[source] libbpf_rs::Error),

@@ -27,6 +27,7 @@ macro_rules! same_layout {
 }
 
 mod error;
+pub mod grace;
 pub mod fast_path;
 mod link;
 pub mod loader;

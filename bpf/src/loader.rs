@@ -30,6 +30,7 @@ use ipnet::IpNet;
 use libbpf_rs::{ErrorKind, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, ProgramInput};
 
 use crate::error::BpfError;
+use crate::grace::GracePeriod;
 use crate::fast_path::{
     FastPathReason, FpConfig, FpEntry, FpEntryV6, FpKey, FpKeyV6, FpNextHop, FpTraffic, FP_NEXT_HOP_LEN, POLICY_SLOTS,
 };
@@ -272,6 +273,8 @@ pub struct SteeringProgram {
     fp_v6: Mutex<SessionTable<MappedArray>>,
     /// `fp_config.seed`: the tables' hash seed, random per load.
     fp_seed: u64,
+    /// Waits out the program's runs in flight (policy replacement, fences).
+    grace: GracePeriod,
 }
 
 /// A lock whose holder panicked is still usable: every writer leaves its
@@ -391,6 +394,7 @@ impl SteeringProgram {
             fp_v4,
             fp_v6,
             fp_seed,
+            grace: GracePeriod::new()?,
         };
         this.fp_set_enabled(false)?;
         this.program()?;
@@ -606,8 +610,14 @@ impl SteeringProgram {
                 map.update(key, value, MapFlags::ANY).map_err(map_op(name, "update", what))?;
             }
         }
-        // 3. Stale sources, then 4. every rule not in the next generation.
+        // 3. Stale sources; then a grace period, after which no run still
+        // holds a class of the old generation (a run that read its source
+        // before step 2 or 3 would otherwise find its rules gone and pass a
+        // steered frame); then 4. every rule not in the next generation.
         for i in [0, 1, 2, 3] {
+            if i == 2 {
+                self.grace.wait()?;
+            }
             let (_, map, name, _) = families[i];
             for key in &stale[i] {
                 match map.delete(key) {
@@ -619,6 +629,13 @@ impl SteeringProgram {
         }
         *generation = next;
         Ok(())
+    }
+
+    /// Returns once every run of the program that started before the call
+    /// has finished ([`GracePeriod`]): a value deleted before the call is in
+    /// no run's hands after it. Takes a grace period (milliseconds).
+    pub fn wait_for_runs_in_flight(&self) -> Result<(), BpfError> {
+        self.grace.wait()
     }
 
     // ------------------------------------------------------------ fast path

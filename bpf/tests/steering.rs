@@ -928,7 +928,9 @@ fn replace_policy_has_no_window() {
     let frame = tcp4(POD4, INTERNET4, 443);
     let base = counters(&w.prog);
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let replacements = 100;
+    // Without the grace period between the flip and the deletions, Linux
+    // 6.1 under TCG (tests/guest-kernel) showed a pass in 2 of 4 runs of 100.
+    let replacements = 300;
     let runs = std::thread::scope(|scope| {
         let runner = scope.spawn(|| {
             let mut runs = 0u64;

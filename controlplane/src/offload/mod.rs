@@ -312,13 +312,21 @@ impl FastPath {
     }
 
     /// Deletes from the kernel every installed session that `next` will not
-    /// hold (its policy, egress IP or port range gone), and returns the
-    /// count with a guard: hold it until `next` is published, so no session
+    /// hold (its policy, egress IP or port range gone), waits until no XDP
+    /// run still holds one of them, and returns the count with a guard: hold it until `next` is published, so no session
     /// valid only under the old tables is installed in between.
     pub fn fence<'a>(&'a self, next: &Tables) -> (usize, RwLockWriteGuard<'a, ()>) {
         let gate = self.gate.write();
         self.udp_inbound_refresh.store(next.nat.udp_inbound_refresh, Ordering::Relaxed);
         let n = self.fence_family::<Ipv4Addr>(next) + self.fence_family::<Ipv6Addr>(next);
+        if n > 0 {
+            // A frame whose run copied an entry before its deletion is still
+            // translated with it; once this returns, no such frame is left
+            // (the egress IP may be released right after the publication).
+            if let Err(e) = self.program.wait_for_runs_in_flight() {
+                self.error("waiting for XDP runs in flight after a fence", &e);
+            }
+        }
         (n, gate)
     }
 
