@@ -7,7 +7,8 @@
 # Needs root (network namespaces, XDP, AF_XDP, BPF_PROG_TEST_RUN). Installs
 # what it needs (tests/install-deps.sh, idempotent), builds the Kubernetes API
 # server used by the control-plane tests once (cached under /var/cache/egret),
-# then builds and tests the whole workspace.
+# then builds and tests the whole workspace, here and on Linux 6.1 (the oldest
+# kernel Egret supports) in an emulated machine (tests/guest-kernel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,9 @@ step "unit, property, BPF and end-to-end tests"
 # One test binary at a time: the network-namespace tests are heavy on a
 # 2-core machine; each test still runs its own threads.
 RUST_BACKTRACE=1 cargo test --workspace --locked -- --test-threads="${EGRET_TEST_THREADS:-2}"
+
+step "the XDP program and AF_XDP on Debian bookworm's Linux 6.1 (an emulated machine, tests/guest-kernel)"
+tests/guest-kernel/egret-tests.sh
 
 step "fixture frames through the release build (optimised code paths)"
 cargo test --release --locked -p egret-dataplane --lib fixtures
