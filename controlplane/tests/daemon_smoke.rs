@@ -145,9 +145,12 @@ fn gateway_translates_reloads_and_detaches() {
         .spawn()
         .unwrap();
     let mut daemon = Daemon(child);
-    // Ready: /ready answers 200.
+    // Ready: /ready answers 200. The deadline only catches a daemon that
+    // never gets there: start-up is printed, not judged (it loads and
+    // verifies the XDP program: 0.3 s here, 10 s on the emulated Linux 6.1
+    // of tests/guest-kernel).
     let mut ready = false;
-    for _ in 0..100 {
+    for _ in 0..1200 {
         std::thread::sleep(Duration::from_millis(50));
         let r = in_netns(&gw, || std::net::TcpStream::connect("127.0.0.1:19469").is_ok());
         if r && http_get(&gw, "/ready").starts_with("HTTP/1.1 200") {
@@ -155,7 +158,7 @@ fn gateway_translates_reloads_and_detaches() {
             break;
         }
     }
-    assert!(ready, "not ready within 5 s");
+    assert!(ready, "not ready within 60 s");
     println!("start-up to ready: {} ms", t0.elapsed().as_millis());
     assert!(ip(&["-n", &gw, "link", "show", "in0"]).contains("xdpgeneric"));
     let threads = std::fs::read_dir(format!("/proc/{}/task", daemon_pid(&daemon))).unwrap().count();
