@@ -54,14 +54,12 @@ impl GracePeriod {
             ..plain
         };
         let outer = MapHandle::create(MapType::ArrayOfMaps, Some(GRACE_MAP), 4, 4, 1, &of_maps).map_err(create)?;
-        let grace = Self { outer, inner };
-        // The first update fills the slot; later ones replace it with itself.
-        grace.wait()?;
-        Ok(grace)
+        Ok(Self { outer, inner })
     }
 
     /// Returns once every BPF program run that started before the call has
-    /// finished.
+    /// finished. The first call fills the empty slot, later ones replace its
+    /// map with itself; the kernel waits after either.
     pub fn wait(&self) -> Result<(), BpfError> {
         let fd = self.inner.as_fd().as_raw_fd() as u32;
         self.outer

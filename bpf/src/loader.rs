@@ -610,14 +610,7 @@ impl SteeringProgram {
                 map.update(key, value, MapFlags::ANY).map_err(map_op(name, "update", what))?;
             }
         }
-        // 3. Stale sources; then a grace period, after which no run still
-        // holds a class of the old generation (a run that read its source
-        // before step 2 or 3 would otherwise find its rules gone and pass a
-        // steered frame); then 4. every rule not in the next generation.
-        for i in [0, 1, 2, 3] {
-            if i == 2 {
-                self.grace.wait()?;
-            }
+        let delete_stale = |i: usize| -> Result<(), BpfError> {
             let (_, map, name, _) = families[i];
             for key in &stale[i] {
                 match map.delete(key) {
@@ -626,7 +619,21 @@ impl SteeringProgram {
                     Err(source) => return Err(BpfError::MapOp { map: name, op: "delete", key: hex(key), source }),
                 }
             }
+            Ok(())
+        };
+        // 3. Stale sources.
+        delete_stale(0)?;
+        delete_stale(1)?;
+        // 3b. A grace period before any rule goes: a run that read its
+        // source's class before step 2 or 3 would otherwise find its rules
+        // gone and pass a steered frame. Nothing to wait for when no rule
+        // goes (the first replacement, or the same rules again).
+        if !stale[2].is_empty() || !stale[3].is_empty() {
+            self.grace.wait()?;
         }
+        // 4. Every rule not in the next generation.
+        delete_stale(2)?;
+        delete_stale(3)?;
         *generation = next;
         Ok(())
     }
