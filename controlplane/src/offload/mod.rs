@@ -313,8 +313,9 @@ impl FastPath {
 
     /// Deletes from the kernel every installed session that `next` will not
     /// hold (its policy, egress IP or port range gone), waits until no XDP
-    /// run still holds one of them, and returns the count with a guard: hold it until `next` is published, so no session
-    /// valid only under the old tables is installed in between.
+    /// run still holds one of them, and returns the count with a guard:
+    /// hold it until `next` is published, so no session valid only under
+    /// the old tables is installed in between.
     pub fn fence<'a>(&'a self, next: &Tables) -> (usize, RwLockWriteGuard<'a, ()>) {
         let gate = self.gate.write();
         self.udp_inbound_refresh.store(next.nat.udp_inbound_refresh, Ordering::Relaxed);
