@@ -186,13 +186,13 @@ EOF
 spawn() { # name, command...: detached from our session; output to <name>.log
   local name=$1; shift
   setsid "$@" >>"$state/$name.log" 2>&1 </dev/null 9>&- &
-  local pid=$! i
+  local pid=$!
   echo "$pid" >"$state/$name.pid"
   # Until the forked shell has exec'd, /proc/PID/cmdline is this script's,
   # which live_pid takes for another process ("exited before it was ready"
   # with an empty log, seen once on a loaded machine): wait for the exec or
   # the exit, at most 5 s.
-  for i in $(seq 100); do
+  for _ in $(seq 100); do
     gone "$pid" && break
     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$state/" && break
     sleep 0.05
