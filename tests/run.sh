@@ -4,6 +4,9 @@
 #   sudo tests/run.sh            # everything
 #   sudo tests/run.sh --quick    # skip clippy and the fuzz smoke run
 #
+# Without cargo-fuzz the fuzz smoke run is skipped with a message;
+# EGRET_REQUIRE_FUZZ=1 (set by .ci/run) makes that a failure.
+#
 # Needs root (network namespaces, XDP, AF_XDP, BPF_PROG_TEST_RUN). Installs
 # what it needs (tests/install-deps.sh, idempotent), builds the Kubernetes API
 # server used by the control-plane tests once (cached under /var/cache/egret),
@@ -54,6 +57,9 @@ if ((quick == 0)); then
     corpus=dataplane/fuzz/corpus/engine
     cargo run --quiet --locked -p egret-dataplane --features fixtures --example fixture_frames -- "$corpus"
     (cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run engine corpus/engine -- -max_total_time=30 -rss_limit_mb=4096)
+  elif [[ "${EGRET_REQUIRE_FUZZ:-0}" == 1 ]]; then
+    echo "the fuzz smoke run cannot run: cargo-fuzz is not installed, and EGRET_REQUIRE_FUZZ=1 (set by .ci/run) makes that a failure" >&2
+    exit 1
   else
     step "fuzz smoke run skipped: cargo-fuzz is not installed (cargo install cargo-fuzz)"
   fi
