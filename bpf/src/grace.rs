@@ -49,10 +49,7 @@ impl GracePeriod {
             ..Default::default()
         };
         let inner = MapHandle::create(MapType::Array, Some("egret_grace_in"), 4, 4, 1, &plain).map_err(create)?;
-        let of_maps = libbpf_sys::bpf_map_create_opts {
-            inner_map_fd: inner.as_fd().as_raw_fd() as u32,
-            ..plain
-        };
+        let of_maps = libbpf_sys::bpf_map_create_opts { inner_map_fd: inner.as_fd().as_raw_fd() as u32, ..plain };
         let outer = MapHandle::create(MapType::ArrayOfMaps, Some(GRACE_MAP), 4, 4, 1, &of_maps).map_err(create)?;
         Ok(Self { outer, inner })
     }

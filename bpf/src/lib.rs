@@ -27,8 +27,8 @@ macro_rules! same_layout {
 }
 
 mod error;
-pub mod grace;
 pub mod fast_path;
+pub mod grace;
 mod link;
 pub mod loader;
 pub mod maps;

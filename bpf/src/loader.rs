@@ -30,10 +30,10 @@ use ipnet::IpNet;
 use libbpf_rs::{ErrorKind, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, ProgramInput};
 
 use crate::error::BpfError;
-use crate::grace::GracePeriod;
 use crate::fast_path::{
     FastPathReason, FpConfig, FpEntry, FpEntryV6, FpKey, FpKeyV6, FpNextHop, FpTraffic, FP_NEXT_HOP_LEN, POLICY_SLOTS,
 };
+use crate::grace::GracePeriod;
 use crate::link::create_xdp_link;
 use crate::maps::{
     In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key, PolicySrcV6Key,
