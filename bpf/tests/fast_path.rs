@@ -653,6 +653,122 @@ fn a_crowded_session_table_finds_every_installed_key_and_no_removed_one() {
     check(&left4, &left6, "after removing every other one");
 }
 
+/// One outbound entry for the session pod:POD_PORT -> remote:REMOTE_PORT
+/// (UDP), leaving as `egress`:`port` through `next_hop`.
+fn outbound_entry<const N: usize>(
+    pod: [u8; N],
+    remote: [u8; N],
+    egress: [u8; N],
+    port: u16,
+    next_hop: u32,
+) -> FpEntry<N> {
+    let ports = |a: u16, b: u16| [a.to_be_bytes(), b.to_be_bytes()].concat();
+    let addrs = delta(&[pod, remote].concat(), &[egress, remote].concat());
+    let r = FpRewrite {
+        new_sport: port,
+        new_dport: REMOTE_PORT,
+        l3_delta: if N == 4 { addrs } else { 0 },
+        l4_delta: add(addrs, delta(&ports(POD_PORT, REMOTE_PORT), &ports(port, REMOTE_PORT))),
+        next_hop,
+        policy_slot: 0,
+        direction: egret_bpf::fast_path::DIR_OUTBOUND,
+    };
+    FpEntry::new(egress, remote, &r)
+}
+
+/// The sequence count, under fire: one thread rewrites a session's slot
+/// without pause, flipping it between two translations that differ in
+/// every word of the entry (address, port and checksum delta, next hop),
+/// while this thread runs the session's frame through the program. Each
+/// run must give one translation whole, or a miss with the frame untouched
+/// (the slot was being rewritten); a frame mixing the two is a torn read.
+///
+/// What it can catch here: a reader or writer that ignores the odd count
+/// (with the first check removed it fails within a few hundred runs). It
+/// cannot catch a missing re-check or a missing load order: on x86 the
+/// slot's line arrives whole, and 1,000,000 runs without the re-check gave
+/// no torn read.
+#[test]
+fn a_slot_rewritten_while_it_is_read_gives_one_translation_or_a_miss() {
+    const RUNS: usize = 100_000;
+    let w = world();
+    let p = &w.prog;
+    let egress4b = [203, 0, 113, 11];
+    let egress6b = v6("2001:db8:e::11");
+    let (macs_in, out_redirect, out_tx) = ((PEER_MAC, GW_MAC), (OUT_MAC, NH_MAC), (GW_MAC, PEER_MAC));
+    let port_b = EGRESS_PORT + 1;
+
+    let v4 = (
+        frame4(macs_in, POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp),
+        frame4(out_redirect, EGRESS4, REMOTE4, 63, EGRESS_PORT, REMOTE_PORT, L4::Udp),
+        frame4(out_tx, egress4b, REMOTE4, 63, port_b, REMOTE_PORT, L4::Udp),
+    );
+    let v6f = (
+        frame6(macs_in, pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, L4::Udp),
+        frame6(out_redirect, egress6(), remote6(), 63, EGRESS_PORT, REMOTE_PORT, L4::Udp),
+        frame6(out_tx, egress6b, remote6(), 63, port_b, REMOTE_PORT, L4::Udp),
+    );
+    let k4 = FpKeyV4::new(POD4, REMOTE4, POD_PORT, REMOTE_PORT, 17);
+    let k6 = FpKeyV6::new(pod6(), remote6(), POD_PORT, REMOTE_PORT, 17);
+    // A: redirected out of the other interface; B: sent back out of lo (XDP_TX).
+    let e4 =
+        [outbound_entry(POD4, REMOTE4, EGRESS4, EGRESS_PORT, 0), outbound_entry(POD4, REMOTE4, egress4b, port_b, 1)];
+    let e6 = [
+        outbound_entry(pod6(), remote6(), egress6(), EGRESS_PORT, 0),
+        outbound_entry(pod6(), remote6(), egress6b, port_b, 1),
+    ];
+    p.fp_insert(&k4, &e4[0]).unwrap();
+    p.fp_insert(&k6, &e6[0]).unwrap();
+    expect_hit(p, "v4 A before the writer starts", &v4.0, &v4.1, XdpAction::Redirect);
+    expect_hit(p, "v6 A before the writer starts", &v6f.0, &v6f.1, XdpAction::Redirect);
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (mut a, mut b, mut missed, mut writes) = ([0usize; 2], [0usize; 2], [0usize; 2], 0u64);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let i = (n & 1) as usize;
+                p.fp_insert(&k4, &e4[i]).unwrap();
+                p.fp_insert(&k6, &e6[i]).unwrap();
+                n += 1;
+            }
+            n
+        });
+        for run in 0..RUNS {
+            let fam = run & 1;
+            let (input, want_a, want_b) = if fam == 0 { (&v4.0, &v4.1, &v4.2) } else { (&v6f.0, &v6f.1, &v6f.2) };
+            let out = p.test_run(input).unwrap();
+            if out.action == XdpAction::Redirect && out.frame == *want_a {
+                a[fam] += 1;
+            } else if out.action == XdpAction::Tx && out.frame == *want_b {
+                b[fam] += 1;
+            } else if out.action == XdpAction::Redirect && out.frame == *input {
+                missed[fam] += 1; // steered to the AF_XDP socket, untouched
+            } else {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                panic!(
+                    "run {run} (IPv{}): {:?} with a frame that is neither translation nor the input:\n{}\nA: {}\nB: {}",
+                    if fam == 0 { 4 } else { 6 },
+                    out.action,
+                    egret_dataplane::fixtures::hex(&out.frame),
+                    egret_dataplane::fixtures::hex(want_a),
+                    egret_dataplane::fixtures::hex(want_b)
+                );
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writes = writer.join().unwrap();
+    });
+    eprintln!(
+        "{writes} rewrites of each slot; IPv4 A {} B {} miss {}; IPv6 A {} B {} miss {}",
+        a[0], b[0], missed[0], a[1], b[1], missed[1]
+    );
+    // Both translations were read whole in each family, so the runs did
+    // overlap the rewrites.
+    assert!(a.iter().chain(&b).all(|&n| n > 0), "A {a:?} B {b:?} after {writes} rewrites");
+}
+
 // ------------------------------------------------------------ measurement
 
 /// A namespace with a veth device `out0`, an on-link route to the

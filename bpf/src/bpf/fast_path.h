@@ -114,7 +114,6 @@ static __always_inline const struct fp_config *fp_enabled(void)
  */
 #define EGRET_FP_HASH_MUL 0x9e3779b97f4a7c15ULL
 #define FP_READ_ONCE(x) (*(volatile __typeof__(x) *)&(x))
-#define fp_barrier() asm volatile("" ::: "memory")
 
 static __always_inline __u64 fp_mix(__u64 h, __u64 w)
 {
@@ -134,10 +133,30 @@ union fp_key_v6_words {
 };
 
 /*
+ * fp_dep(x): 0, computed from x by an instruction the compiler cannot see
+ * through. Added to an address, it makes the next load's address depend on
+ * the loads that produced x, and every CPU Linux runs eBPF on keeps such a
+ * load after them (an address dependency; memory-barriers.txt). This is the
+ * seqlock reader's ordering below: free on x86, which keeps loads in order
+ * anyway, and what arm64 needs, where loads may pass loads. (The kernel's
+ * BPF load-acquire, Linux 6.15, is newer than the oldest kernel Egret
+ * supports and than the clang it is built with.)
+ */
+static __always_inline __u64 fp_dep(__u64 x)
+{
+	asm volatile("%[x] &= 0" : [x] "+r"(x));
+	return x;
+}
+
+/*
  * fp_find_v4 / fp_find_v6: the slot holding `key`, with its entry copied to
  * `copy` under the slot's sequence count, or NULL (a miss: no such key, or
  * the slot was being rewritten, which the engine then handles). Probing
  * stops at the first empty slot.
+ *
+ * The reader's order, each step's loads addressed through a dependency on
+ * the step before (fp_dep): seq; live, key and entry; seq again. The writer
+ * (bpf/src/session_table.rs) orders seq odd, the words, seq even.
  */
 #define FP_DEFINE_FIND(fam, table, mask_field)                                                         \
 	static __always_inline struct fp_slot_##fam *fp_find_##fam(const struct fp_config *cfg,         \
@@ -145,6 +164,8 @@ union fp_key_v6_words {
 								  struct fp_entry_##fam *copy)             \
 	{                                                                                               \
 		const int words = sizeof(key->w) / 8;                                                   \
+		const int entry_words = sizeof(*copy) / 8;                                              \
+		__u64 *cw = (__u64 *)copy;                                                              \
 		__u64 h = cfg->seed;                                                                    \
 		__u32 i, j;                                                                             \
                                                                                                         \
@@ -153,24 +174,31 @@ union fp_key_v6_words {
 		for (i = 0; i < EGRET_FP_PROBES; i++) {                                                 \
 			__u32 at = ((__u32)h + i) & cfg->mask_field;                                    \
 			struct fp_slot_##fam *s = bpf_map_lookup_elem(&table, &at);                     \
-			const __u64 *sw;                                                                \
-			__u64 diff = 0;                                                                 \
+			const struct fp_slot_##fam *after_seq;                                          \
+			const __u64 *sw, *ew;                                                           \
+			__u64 diff = 0, dep;                                                            \
 			__u32 seq;                                                                      \
                                                                                                         \
 			if (!s)                                                                         \
 				return NULL;                                                            \
 			seq = FP_READ_ONCE(s->seq);                                                     \
-			fp_barrier();                                                                   \
-			if ((seq & 1) || !s->live)                                                      \
+			after_seq = (const void *)s + fp_dep(seq);                                      \
+			if ((seq & 1) || !after_seq->live)                                              \
 				return NULL;                                                            \
-			sw = (const __u64 *)&s->key;                                                    \
+			sw = (const __u64 *)&after_seq->key;                                            \
 			for (j = 0; j < words; j++)                                                     \
 				diff |= sw[j] ^ key->w[j];                                              \
+			dep = fp_dep(diff); /* before the branch: the key's loads, not a constant */    \
 			if (diff)                                                                       \
 				continue;                                                               \
-			__builtin_memcpy(copy, &s->entry, sizeof(*copy));                               \
-			fp_barrier();                                                                   \
-			if (FP_READ_ONCE(s->seq) != seq)                                                \
+			ew = (const __u64 *)&after_seq->entry;                                          \
+			for (j = 0; j < entry_words; j++) {                                             \
+				__u64 w = FP_READ_ONCE(ew[j]);                                          \
+                                                                                                        \
+				cw[j] = w;                                                              \
+				dep |= w;                                                               \
+			}                                                                               \
+			if (FP_READ_ONCE(*(const __u32 *)((const void *)&s->seq + fp_dep(dep))) != seq) \
 				return NULL;                                                            \
 			return s;                                                                       \
 		}                                                                                       \
