@@ -14,6 +14,9 @@ const PROGRAMS: [&str; 3] = ["gen", "redirect", "sink"];
 fn main() -> Result<(), Box<dyn Error>> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").ok_or("cargo did not set OUT_DIR")?);
     println!("cargo:rerun-if-changed=xdp/bench_common.h");
+    // Debian keeps <asm/types.h> under the multiarch directory
+    // (x86_64-linux-gnu, aarch64-linux-gnu).
+    let multiarch = format!("-I/usr/include/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH")?);
     for name in PROGRAMS {
         let source = format!("xdp/{name}.bpf.c");
         println!("cargo:rerun-if-changed={source}");
@@ -21,8 +24,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             .source(&source)
             .obj(out_dir.join(format!("{name}.bpf.o")))
             .clang_args([
-                // Debian keeps <asm/types.h> under the multiarch directory.
-                "-I/usr/include/x86_64-linux-gnu",
+                multiarch.as_str(),
                 "-Wall",
                 "-Wextra",
                 "-Wno-unused-parameter",

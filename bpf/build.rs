@@ -25,9 +25,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         println!("cargo:rerun-if-changed={}", entry?.path().display());
     }
 
+    // Debian keeps <asm/types.h> under the multiarch directory
+    // (x86_64-linux-gnu, aarch64-linux-gnu).
+    let multiarch = format!("-I/usr/include/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH")?);
     let args = [
-        // Debian keeps <asm/types.h> under the multiarch directory.
-        "-I/usr/include/x86_64-linux-gnu",
+        multiarch.as_str(),
         "-Wall",
         "-Wextra",
         "-Wno-unused-parameter",
