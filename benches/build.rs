@@ -23,12 +23,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         SkeletonBuilder::new()
             .source(&source)
             .obj(out_dir.join(format!("{name}.bpf.o")))
-            .clang_args([
-                multiarch.as_str(),
-                "-Wall",
-                "-Wextra",
-                "-Wno-unused-parameter",
-            ])
+            .clang_args([multiarch.as_str(), "-Wall", "-Wextra", "-Wno-unused-parameter"])
             .build()
             .map_err(|e| format!("building {source} failed (needs clang, libelf-dev, zlib1g-dev): {e:#}"))?;
     }

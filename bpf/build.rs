@@ -28,12 +28,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     // Debian keeps <asm/types.h> under the multiarch directory
     // (x86_64-linux-gnu, aarch64-linux-gnu).
     let multiarch = format!("-I/usr/include/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH")?);
-    let args = [
-        multiarch.as_str(),
-        "-Wall",
-        "-Wextra",
-        "-Wno-unused-parameter",
-    ];
+    let args = [multiarch.as_str(), "-Wall", "-Wextra", "-Wno-unused-parameter"];
     SkeletonBuilder::new()
         .source(SOURCE)
         .obj(out_dir.join("steer.bpf.o"))

@@ -42,6 +42,7 @@ use egret_controlplane::k8s::desired::rank_gateways;
 use egret_controlplane::k8s::lease::lease_name;
 use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture, Frame};
+use egret_tests::client::TcpSession;
 use egret_tests::gateway::{log_events, Gateway, GatewayConfig, KubernetesSection};
 use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL, SERVICE_CIDR};
 use egret_tests::plan;
@@ -64,6 +65,10 @@ const PROBE_EVERY: Duration = Duration::from_millis(100);
 
 fn http() -> SocketAddr {
     SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT)
+}
+
+fn echo() -> SocketAddr {
+    SocketAddr::new(plan::SERVER.into(), plan::ECHO_PORT)
 }
 
 fn ms(d: Duration) -> u128 {
@@ -243,8 +248,12 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
     let (rt, client, eip, cap_t0) = (&*rt, &*client, *eip, *cap_t0);
     let capture = capture.take().unwrap();
 
-    // 2. SIGKILL the VIP's holder while both pods open new connections.
+    // 2. SIGKILL the VIP's holder while both pods open new connections,
+    // with one TCP connection from web already established through it.
     let survivor = vip_holder.other();
+    let mut kept = TcpSession::connect(lab.pod(KPod::Web), echo()).expect("a TCP connection from web to the echo port");
+    let kept_before = kept.line("before the kill").expect("a line over the connection through the VIP's holder");
+    assert_eq!(kept_before.seen.ip(), IpAddr::V4(VIP), "the kept connection leaves with the VIP");
     let web_probe = Prober::start(lab.pod(KPod::Web), http(), PROBE_EVERY).unwrap();
     let db_probe = Prober::start(lab.pod(KPod::Db), http(), PROBE_EVERY).unwrap();
     std::thread::sleep(Duration::from_secs(1));
@@ -283,6 +292,22 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
         ms(first.started - t_kill)
     );
     assert!(failover <= D + 2 * P + Duration::from_secs(2), "failover took {} ms", ms(failover));
+    // The connection opened through the killed gateway carries on through
+    // the survivor: its next segment is picked up mid-stream (tcpLoosePickup)
+    // and keeps its port (preserved: the pod's port lies in nat.ports), so
+    // the server sees the same connection, else it would answer with a RST.
+    let t_line = Instant::now();
+    let kept_after = kept.line("after the failover").unwrap_or_else(|e| {
+        panic!("the TCP connection opened before the kill (via {}) broke in the failover: {e}", kept_before.seen)
+    });
+    assert_eq!(kept_after.seen, kept_before.seen, "the kept connection's source, as the server saw it");
+    println!(
+        "k8s-lab: a TCP connection established through {} before the kill carried on through {}: server saw {}, the line answered in {} ms",
+        vip_holder.node_name(),
+        survivor.node_name(),
+        kept_after.seen,
+        ms(t_line.elapsed())
+    );
     let lease = get_lease(rt, client, VIP);
     let spec = lease.spec.clone().unwrap_or_default();
     assert_eq!(spec.holder_identity.as_deref(), Some(survivor.node_name()), "the survivor holds the VIP's Lease");
