@@ -2,7 +2,7 @@
 # Runs every Egret test: the README's second command, and what CI runs.
 #
 #   sudo tests/run.sh            # everything
-#   sudo tests/run.sh --quick    # skip clippy and the fuzz smoke run
+#   sudo tests/run.sh --quick    # skip rustfmt, clippy and the fuzz smoke run
 #
 # Without cargo-fuzz the fuzz smoke run is skipped with a message;
 # EGRET_REQUIRE_FUZZ=1 (set by .ci/run) makes that a failure.
@@ -49,7 +49,8 @@ step "fixture frames through the release build (optimised code paths)"
 cargo test --release --locked -p egret-dataplane --lib fixtures
 
 if ((quick == 0)); then
-  step "clippy"
+  step "rustfmt and clippy"
+  cargo fmt --all --check
   cargo clippy --workspace --all-targets --locked -- -D warnings
 
   if cargo fuzz --version >/dev/null 2>&1; then
