@@ -194,7 +194,7 @@ spawn() { # name, command...: detached from our session; output to <name>.log
   # the exit, at most 5 s.
   for _ in $(seq 100); do
     gone "$pid" && break
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$state/" && break
+    live_pid "$name" >/dev/null && break
     sleep 0.05
   done
 }
