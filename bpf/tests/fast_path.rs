@@ -217,6 +217,31 @@ fn world_with(options: LoadOptions) -> World {
     World { prog, _xsk: xsk }
 }
 
+/// One outbound entry for the session pod:POD_PORT -> remote:REMOTE_PORT
+/// (any protocol: the deltas cover addresses and ports), leaving as
+/// `egress`:`port` through `next_hop`.
+fn outbound_entry<const N: usize>(
+    pod: [u8; N],
+    remote: [u8; N],
+    egress: [u8; N],
+    port: u16,
+    next_hop: u32,
+    policy_slot: u16,
+) -> FpEntry<N> {
+    let ports = |a: u16, b: u16| [a.to_be_bytes(), b.to_be_bytes()].concat();
+    let addrs = delta(&[pod, remote].concat(), &[egress, remote].concat());
+    let r = FpRewrite {
+        new_sport: port,
+        new_dport: REMOTE_PORT,
+        l3_delta: if N == 4 { addrs } else { 0 },
+        l4_delta: add(addrs, delta(&ports(POD_PORT, REMOTE_PORT), &ports(port, REMOTE_PORT))),
+        next_hop,
+        policy_slot,
+        direction: egret_bpf::fast_path::DIR_OUTBOUND,
+    };
+    FpEntry::new(egress, remote, &r)
+}
+
 /// Installs both directions of a session pod:POD_PORT -> remote:REMOTE_PORT
 /// seen as egress:EGRESS_PORT, with `next_hop` for both directions. The
 /// IPv4 header checksum delta is the addresses'; IPv6 has none (0).
@@ -230,17 +255,8 @@ fn install<const N: usize>(
     let p = proto(l4);
     let ports = |a: u16, b: u16| [a.to_be_bytes(), b.to_be_bytes()].concat();
     let header = |d: u16| if N == 4 { d } else { 0 };
-    let out_addrs = delta(&[pod, remote].concat(), &[egress, remote].concat());
-    let out = FpRewrite {
-        new_sport: EGRESS_PORT,
-        new_dport: REMOTE_PORT,
-        l3_delta: header(out_addrs),
-        l4_delta: add(out_addrs, delta(&ports(POD_PORT, REMOTE_PORT), &ports(EGRESS_PORT, REMOTE_PORT))),
-        next_hop,
-        policy_slot,
-        direction: egret_bpf::fast_path::DIR_OUTBOUND,
-    };
-    prog.fp_insert(&FpKey::new(pod, remote, POD_PORT, REMOTE_PORT, p), &FpEntry::new(egress, remote, &out)).unwrap();
+    let out = outbound_entry(pod, remote, egress, EGRESS_PORT, next_hop, policy_slot);
+    prog.fp_insert(&FpKey::new(pod, remote, POD_PORT, REMOTE_PORT, p), &out).unwrap();
     let in_addrs = delta(&[remote, egress].concat(), &[remote, pod].concat());
     let inb = FpRewrite {
         new_sport: REMOTE_PORT,
@@ -653,29 +669,6 @@ fn a_crowded_session_table_finds_every_installed_key_and_no_removed_one() {
     check(&left4, &left6, "after removing every other one");
 }
 
-/// One outbound entry for the session pod:POD_PORT -> remote:REMOTE_PORT
-/// (UDP), leaving as `egress`:`port` through `next_hop`.
-fn outbound_entry<const N: usize>(
-    pod: [u8; N],
-    remote: [u8; N],
-    egress: [u8; N],
-    port: u16,
-    next_hop: u32,
-) -> FpEntry<N> {
-    let ports = |a: u16, b: u16| [a.to_be_bytes(), b.to_be_bytes()].concat();
-    let addrs = delta(&[pod, remote].concat(), &[egress, remote].concat());
-    let r = FpRewrite {
-        new_sport: port,
-        new_dport: REMOTE_PORT,
-        l3_delta: if N == 4 { addrs } else { 0 },
-        l4_delta: add(addrs, delta(&ports(POD_PORT, REMOTE_PORT), &ports(port, REMOTE_PORT))),
-        next_hop,
-        policy_slot: 0,
-        direction: egret_bpf::fast_path::DIR_OUTBOUND,
-    };
-    FpEntry::new(egress, remote, &r)
-}
-
 /// The sequence count, under fire: one thread rewrites a session's slot
 /// without pause, flipping it between two translations that differ in
 /// every word of the entry (address, port and checksum delta, next hop),
@@ -711,11 +704,13 @@ fn a_slot_rewritten_while_it_is_read_gives_one_translation_or_a_miss() {
     let k4 = FpKeyV4::new(POD4, REMOTE4, POD_PORT, REMOTE_PORT, 17);
     let k6 = FpKeyV6::new(pod6(), remote6(), POD_PORT, REMOTE_PORT, 17);
     // A: redirected out of the other interface; B: sent back out of lo (XDP_TX).
-    let e4 =
-        [outbound_entry(POD4, REMOTE4, EGRESS4, EGRESS_PORT, 0), outbound_entry(POD4, REMOTE4, egress4b, port_b, 1)];
+    let e4 = [
+        outbound_entry(POD4, REMOTE4, EGRESS4, EGRESS_PORT, 0, 0),
+        outbound_entry(POD4, REMOTE4, egress4b, port_b, 1, 0),
+    ];
     let e6 = [
-        outbound_entry(pod6(), remote6(), egress6(), EGRESS_PORT, 0),
-        outbound_entry(pod6(), remote6(), egress6b, port_b, 1),
+        outbound_entry(pod6(), remote6(), egress6(), EGRESS_PORT, 0, 0),
+        outbound_entry(pod6(), remote6(), egress6b, port_b, 1, 0),
     ];
     p.fp_insert(&k4, &e4[0]).unwrap();
     p.fp_insert(&k6, &e6[0]).unwrap();
