@@ -74,6 +74,9 @@ pub fn udp_exchange(s: &UdpSocket, token: &str, tries: u32, wait: Duration) -> R
                     }
                     // A late answer to an earlier token: keep waiting.
                 }
+                // A signal handled by this process (seen once during a
+                // SIGHUP reload test): wait on.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
                 Err(e) => return Err(LabError::io(format!("recv UDP from {peer}"), e)),
             }
@@ -158,10 +161,10 @@ impl TcpSession {
                     .ok_or_else(|| LabError::Unexpected { from: "TCP echo".into(), got: line.clone() })?;
                 return Ok(Reply { seen, local: self.local, rest });
             }
-            let n = self
-                .stream
-                .read(&mut chunk)
-                .map_err(|e| LabError::io(format!("TCP echo read via {}", self.local), e))?;
+            let n = match self.stream.read(&mut chunk) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => r.map_err(|e| LabError::io(format!("TCP echo read via {}", self.local), e))?,
+            };
             if n == 0 {
                 return Err(LabError::Unexpected { from: "TCP echo".into(), got: "connection closed".into() });
             }
@@ -209,6 +212,9 @@ pub fn ping(ns: &NetNs, dst: IpAddr, token: &str, timeout: Duration) -> Result<P
                         return Ok(Pong { from: from.ip(), ident: u16::from_be_bytes([r[4], r[5]]) });
                     }
                 }
+                // A signal handled by this process (seen once during a
+                // SIGHUP reload test): wait on.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
                 Err(e) => return Err(LabError::io(format!("ping reply from {dst}"), e)),
             }
