@@ -74,8 +74,9 @@ pub fn udp_exchange(s: &UdpSocket, token: &str, tries: u32, wait: Duration) -> R
                     }
                     // A late answer to an earlier token: keep waiting.
                 }
-                // A signal handled by this process (seen once during a
-                // SIGHUP reload test): wait on.
+                // EINTR with no handler installed: a receive on a socket
+                // with SO_RCVTIMEO fails so when the process is stopped and
+                // continued (signal(7); seen once in a fresh-clone run): wait on.
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
                 Err(e) => return Err(LabError::io(format!("recv UDP from {peer}"), e)),
@@ -92,6 +93,30 @@ pub fn udp_exchange(s: &UdpSocket, token: &str, tries: u32, wait: Duration) -> R
 pub fn udp_echo(ns: &NetNs, to: SocketAddr, token: &str) -> Result<Reply> {
     let s = udp_socket(ns, to)?;
     udp_exchange(&s, token, 3, Duration::from_secs(1)).map(|(r, _)| r)
+}
+
+/// Waits `window` on `s` and fails if a datagram arrives in it (the
+/// unsolicited-inbound checks). A receive that a stop and continue of this
+/// process cuts short (EINTR) waits on for the rest of the window.
+pub fn udp_expect_silence(s: &UdpSocket, window: Duration) -> Result<()> {
+    let peer = s.peer_addr().map_err(|e| LabError::io("UDP peer address", e))?;
+    let deadline = Instant::now() + window;
+    let mut buf = vec![0u8; 2048];
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1)))).map_err(|e| LabError::io("UDP timeout", e))?;
+        match s.recv(&mut buf) {
+            Ok(n) => {
+                return Err(LabError::Unexpected {
+                    from: peer.to_string(),
+                    got: format!("a datagram where none may come: {:?}", String::from_utf8_lossy(&buf[..n])),
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
+            Err(e) => return Err(LabError::io(format!("recv UDP from {peer}"), e)),
+        }
+    }
+    Ok(())
 }
 
 /// Opens a TCP connection from `ns`.
@@ -212,8 +237,9 @@ pub fn ping(ns: &NetNs, dst: IpAddr, token: &str, timeout: Duration) -> Result<P
                         return Ok(Pong { from: from.ip(), ident: u16::from_be_bytes([r[4], r[5]]) });
                     }
                 }
-                // A signal handled by this process (seen once during a
-                // SIGHUP reload test): wait on.
+                // EINTR with no handler installed: a receive on a socket
+                // with SO_RCVTIMEO fails so when the process is stopped and
+                // continued (signal(7); seen once in a fresh-clone run): wait on.
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
                 Err(e) => return Err(LabError::io(format!("ping reply from {dst}"), e)),

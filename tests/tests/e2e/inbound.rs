@@ -9,6 +9,7 @@ use std::time::Duration;
 use egret_dataplane::fixtures::build::{arp_reply, arp_request};
 use egret_dataplane::stats::{DropReason, Event};
 use egret_tests::client;
+use egret_tests::error::LabError;
 use egret_tests::frames::{parse_arp, RawLink};
 use egret_tests::gateway::EgressIp;
 use egret_tests::harness::Tier;
@@ -44,14 +45,20 @@ fn unsolicited_inbound(name: &str, tier: Tier) {
         c.get(no_mapping) == before.get(no_mapping) + 1
     })
     .unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
-    let mut buf = [0u8; 64];
-    assert!(s.recv(&mut buf).is_err(), "nothing answers unsolicited UDP to a NAT port");
+    // Nothing answers it.
+    client::udp_expect_silence(&s, Duration::from_millis(300)).unwrap();
 
     // A TCP SYN to E1:45000: dropped (no RST, so the connect times out).
     let mid = h.counters().unwrap();
     let r = client::tcp_connect(srv, SocketAddr::new(plan::E1.into(), 45000), Duration::from_millis(700));
-    assert!(r.is_err(), "no TCP connection to an unmapped NAT port");
+    match r {
+        Ok(c) => panic!("a TCP connection to an unmapped NAT port: {c:?}"),
+        // Dropped, so the connect times out; an RST would be "refused".
+        Err(LabError::Io { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::TimedOut, "the SYN is dropped unanswered: {source}")
+        }
+        Err(e) => panic!("TCP connect to an unmapped NAT port: {e}"),
+    }
     let after = h
         .wait_counters(Duration::from_secs(3), "inbound_no_mapping +1 (TCP SYN)", |c| {
             c.get(no_mapping) > mid.get(no_mapping)
