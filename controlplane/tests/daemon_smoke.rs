@@ -75,7 +75,15 @@ fn exchange(pod_ns: &str, remote_ns: &str, port: u16) -> SocketAddr {
         let s = UdpSocket::bind("203.0.113.2:7000").unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut buf = [0u8; 64];
-        let (n, from) = s.recv_from(&mut buf).expect("the remote received nothing");
+        let (n, from) = loop {
+            match s.recv_from(&mut buf) {
+                Ok(got) => break got,
+                // A stop and continue of the process cuts a timed receive
+                // short (signal(7)): wait on.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => panic!("the remote received nothing: {e}"),
+            }
+        };
         // Echo a few times (the first reply may meet an unresolved neighbour).
         for _ in 0..20 {
             s.send_to(&buf[..n], from).unwrap();
