@@ -74,10 +74,7 @@ pub fn udp_exchange(s: &UdpSocket, token: &str, tries: u32, wait: Duration) -> R
                     }
                     // A late answer to an earlier token: keep waiting.
                 }
-                // EINTR with no handler installed: a receive on a socket
-                // with SO_RCVTIMEO fails so when the process is stopped and
-                // continued (signal(7); seen once in a fresh-clone run): wait on.
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if interrupted(&e) => {}
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
                 Err(e) => return Err(LabError::io(format!("recv UDP from {peer}"), e)),
             }
@@ -95,9 +92,17 @@ pub fn udp_echo(ns: &NetNs, to: SocketAddr, token: &str) -> Result<Reply> {
     udp_exchange(&s, token, 3, Duration::from_secs(1)).map(|(r, _)| r)
 }
 
+/// Whether a receive was cut short without an answer, to be tried again.
+/// EINTR comes even with no handler installed: a receive on a socket with
+/// SO_RCVTIMEO fails so when the process is stopped and continued
+/// (signal(7); seen once in a fresh-clone run).
+fn interrupted(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Interrupted
+}
+
 /// Waits `window` on `s` and fails if a datagram arrives in it (the
-/// unsolicited-inbound checks). A receive that a stop and continue of this
-/// process cuts short (EINTR) waits on for the rest of the window.
+/// unsolicited-inbound checks). A receive cut short by EINTR waits on for
+/// the rest of the window.
 pub fn udp_expect_silence(s: &UdpSocket, window: Duration) -> Result<()> {
     let peer = s.peer_addr().map_err(|e| LabError::io("UDP peer address", e))?;
     let deadline = Instant::now() + window;
@@ -111,7 +116,7 @@ pub fn udp_expect_silence(s: &UdpSocket, window: Duration) -> Result<()> {
                     got: format!("a datagram where none may come: {:?}", String::from_utf8_lossy(&buf[..n])),
                 })
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if interrupted(&e) => {}
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
             Err(e) => return Err(LabError::io(format!("recv UDP from {peer}"), e)),
         }
@@ -187,7 +192,7 @@ impl TcpSession {
                 return Ok(Reply { seen, local: self.local, rest });
             }
             let n = match self.stream.read(&mut chunk) {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if interrupted(&e) => continue,
                 r => r.map_err(|e| LabError::io(format!("TCP echo read via {}", self.local), e))?,
             };
             if n == 0 {
@@ -237,10 +242,7 @@ pub fn ping(ns: &NetNs, dst: IpAddr, token: &str, timeout: Duration) -> Result<P
                         return Ok(Pong { from: from.ip(), ident: u16::from_be_bytes([r[4], r[5]]) });
                     }
                 }
-                // EINTR with no handler installed: a receive on a socket
-                // with SO_RCVTIMEO fails so when the process is stopped and
-                // continued (signal(7); seen once in a fresh-clone run): wait on.
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if interrupted(&e) => {}
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
                 Err(e) => return Err(LabError::io(format!("ping reply from {dst}"), e)),
             }
