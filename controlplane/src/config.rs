@@ -652,6 +652,7 @@ impl Checker<'_> {
             port_alloc_attempts: n.port_alloc_attempts.unwrap_or(d.port_alloc_attempts),
             max_sessions: n.max_sessions.unwrap_or(d.max_sessions as u64) as usize,
             max_sessions_per_source: n.max_sessions_per_source.unwrap_or(d.max_sessions_per_source),
+            max_ports_per_source: n.max_ports_per_source.or(d.max_ports_per_source),
             timeouts: Timeouts {
                 udp: t.udp.unwrap_or(d.timeouts.udp),
                 tcp_established: t.tcp_established.unwrap_or(d.timeouts.tcp_established),

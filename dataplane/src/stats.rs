@@ -119,6 +119,8 @@ named_enum! {
         NeighborUnresolved => "neighbor_unresolved",
         /// The frame buffer is too small for the reply to be written.
         BufferTooSmall => "buffer_too_small",
+        /// The source already holds its quota of ports on the egress IP (`nat.maxPortsPerSource`).
+        SourcePortQuota => "source_port_quota",
     }
 }
 

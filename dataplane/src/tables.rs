@@ -104,6 +104,10 @@ pub struct NatSettings {
     pub max_sessions: usize,
     /// Sessions one source address may hold.
     pub max_sessions_per_source: u32,
+    /// External ports one source address may hold per egress IP and
+    /// protocol (mappings, or sessions in endpoint-dependent mode). `None`:
+    /// a quarter of the egress IP's range ([`NatSettings::ports_per_source`]).
+    pub max_ports_per_source: Option<u32>,
     /// Idle timeouts.
     pub timeouts: Timeouts,
     /// Fragments.
@@ -126,12 +130,23 @@ impl Default for NatSettings {
             port_alloc_attempts: 64,
             max_sessions: 1 << 20,
             max_sessions_per_source: 65_536,
+            max_ports_per_source: None,
             timeouts: Timeouts::default(),
             fragments: FragmentSettings::default(),
             hairpinning: true,
             tcp_loose_pickup: true,
             udp_inbound_refresh: false,
         }
+    }
+}
+
+impl NatSettings {
+    /// The per-source port quota on an egress IP whose range is `range`:
+    /// `maxPortsPerSource` if set, else a quarter of the range (at least
+    /// one), so a single pod leaves three quarters of an egress IP's ports
+    /// to the others.
+    pub fn ports_per_source(&self, range: PortRange) -> u32 {
+        self.max_ports_per_source.unwrap_or_else(|| (range.len() / 4).max(1))
     }
 }
 
@@ -418,6 +433,9 @@ pub fn validate_settings(nat: &NatSettings) -> Result<(), SpecError> {
     }
     if nat.max_sessions_per_source == 0 {
         return Err(SpecError::OutOfRange { field: "nat.maxSessionsPerSource", value: 0, allowed: ">= 1" });
+    }
+    if let Some(q) = nat.max_ports_per_source.filter(|q| !(1..=65_536).contains(q)) {
+        return Err(SpecError::OutOfRange { field: "nat.maxPortsPerSource", value: u64::from(q), allowed: "1-65536" });
     }
     if nat.fragments.cache_entries == 0 || nat.fragments.cache_entries > 1 << 24 {
         return Err(SpecError::OutOfRange {

@@ -159,6 +159,8 @@ pub struct Nat {
     pub max_sessions: Option<u64>,
     /// Sessions per source.
     pub max_sessions_per_source: Option<u32>,
+    /// Ports per source, per egress IP and protocol (default: a quarter of the range).
+    pub max_ports_per_source: Option<u32>,
     /// Idle timeouts.
     pub timeouts: Option<RawTimeouts>,
     /// Fragments.

@@ -88,6 +88,7 @@ nat:
   portAllocAttempts: 16
   maxSessions: 1000
   maxSessionsPerSource: 10
+  maxPortsPerSource: 500
   timeouts: {udp: 120, tcpEstablished: 7440, tcpTransitory: 240, icmp: 60}
   fragments: {cacheEntries: 16, timeout: 3}
   hairpinning: false
@@ -115,6 +116,7 @@ metrics: {listen: "127.0.0.1:1"}
     assert_eq!(n.mapping, MappingBehavior::EndpointDependent);
     assert_eq!(n.ports, PortRange { first: 1024, last: 65535 });
     assert_eq!((n.port_alloc_attempts, n.max_sessions, n.max_sessions_per_source), (16, 1000, 10));
+    assert_eq!(n.max_ports_per_source, Some(500));
     assert_eq!(n.timeouts.udp, 120);
     assert_eq!(n.fragments, FragmentSettings { cache_entries: 16, timeout: 3 });
     assert!(!n.hairpinning && !n.tcp_loose_pickup && n.udp_inbound_refresh);
@@ -181,6 +183,14 @@ fn every_problem_is_reported_at_once() {
             r#"gw.yaml: policies[0].egressIPs[1]: "::g": not an IP address"#,
         ]
     );
+}
+
+#[test]
+fn a_port_quota_out_of_range_names_field_and_value() {
+    for bad in [0u32, 70_000] {
+        let text = format!("{GOOD}nat:\n  maxPortsPerSource: {bad}\n");
+        assert_eq!(errors(&text), vec![format!("gw.yaml: nat.maxPortsPerSource: {bad} is out of range (1-65536)")]);
+    }
 }
 
 #[test]

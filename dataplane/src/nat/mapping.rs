@@ -55,6 +55,15 @@ impl Acquired {
     }
 }
 
+/// Why no mapping was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcquireError {
+    /// The pod already holds its quota of ports on this egress IP.
+    SourceQuota,
+    /// The bounded attempts found no free port.
+    Exhausted,
+}
+
 /// Port pools and endpoint-independent mappings of one address family.
 #[derive(Debug)]
 pub struct Mappings<A: NatAddr> {
@@ -120,7 +129,8 @@ impl<A: NatAddr> Mappings<A> {
 
     /// Acquires the endpoint-independent mapping of (pod, pod_port, proto) on
     /// `egress`: the existing one, or a new one claimed by try-insert.
-    /// `None` means the bounded attempts found no free port (counted on the pool).
+    /// `None` means no port: the pod is at its quota or the bounded attempts
+    /// found no free port (both counted on the pool).
     pub fn acquire(
         &self,
         pool: &PortPool<A>,
@@ -128,6 +138,19 @@ impl<A: NatAddr> Mappings<A> {
         attempts: u32,
         rng: &mut PortRng,
     ) -> Option<Acquired> {
+        self.try_acquire(pool, req, attempts, rng).ok()
+    }
+
+    /// [`Mappings::acquire`], saying why no port was given. Reusing an
+    /// existing mapping costs no quota; a new one counts against the pod's
+    /// quota in `pool` until it is freed.
+    pub fn try_acquire(
+        &self,
+        pool: &PortPool<A>,
+        req: MappingRequest<A>,
+        attempts: u32,
+        rng: &mut PortRng,
+    ) -> Result<Acquired, AcquireError> {
         let MappingRequest { egress, pod, pod_port, proto } = req;
         let key = InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto };
         // The entry holds the index shard's lock: two workers cannot create two
@@ -137,7 +160,7 @@ impl<A: NatAddr> Mappings<A> {
             dashmap::Entry::Occupied(o) => {
                 let port = *o.get();
                 if pool.add_ref(port, pod, pod_port) {
-                    return Some(Acquired::Existing(port));
+                    return Ok(Acquired::Existing(port));
                 }
                 // Stale (the pool was replaced): allocate afresh.
                 let mut o = o;
@@ -146,21 +169,24 @@ impl<A: NatAddr> Mappings<A> {
             }
             v => v,
         };
+        if !pool.admit_source(pod) {
+            if let dashmap::Entry::Occupied(o) = entry {
+                o.remove();
+            }
+            return Err(AcquireError::SourceQuota);
+        }
         for (i, port) in candidates(pod_port, pool.range(), attempts, rng).enumerate() {
             if pool.try_claim(port, pod, pod_port) {
                 entry.insert(port);
-                return Some(if i == 0 && port == pod_port {
-                    Acquired::Preserved(port)
-                } else {
-                    Acquired::Random(port)
-                });
+                return Ok(if i == 0 && port == pod_port { Acquired::Preserved(port) } else { Acquired::Random(port) });
             }
         }
         if let dashmap::Entry::Occupied(o) = entry {
             o.remove();
         }
+        pool.release_source(pod);
         pool.count_exhausted();
-        None
+        Err(AcquireError::Exhausted)
     }
 
     /// Adds a session to an existing mapping (an inbound-created session).
@@ -259,6 +285,25 @@ mod tests {
         assert_eq!(pool.exhausted(), 1);
         assert_eq!(pool.in_use(), 2);
         assert_eq!(m.len(), 2, "the failed attempt leaves no index entry");
+    }
+
+    #[test]
+    fn a_pod_at_its_quota_is_refused_while_another_gets_a_port() {
+        let m = Mappings::new(true);
+        let pool = m.pool(E, UDP, PortRange { first: 50000, last: 50009 });
+        pool.set_source_quota(3);
+        let mut rng = PortRng::new(5);
+        let ask = |pod, pod_port, rng: &mut PortRng| {
+            m.try_acquire(&pool, MappingRequest { egress: E, pod, pod_port, proto: UDP }, 64, rng)
+        };
+        for p in 1..=3 {
+            assert!(ask(POD, p, &mut rng).is_ok());
+        }
+        assert_eq!(ask(POD, 4, &mut rng), Err(AcquireError::SourceQuota));
+        assert!(matches!(ask(POD, 2, &mut rng), Ok(Acquired::Existing(_))), "an existing mapping costs nothing");
+        assert!(ask(POD2, 4, &mut rng).is_ok(), "another pod still gets a port");
+        assert_eq!((pool.over_quota(), pool.exhausted(), pool.source_ports(POD)), (1, 0, 3));
+        assert_eq!(m.len(), 4, "the refused request leaves no index entry");
     }
 
     #[test]

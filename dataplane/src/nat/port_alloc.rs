@@ -12,9 +12,19 @@
 //! owner cell per port, holding the (pod, pod port) mapped to it and how many
 //! sessions use the mapping. In endpoint-dependent mode the session table's
 //! inbound key is the reverse table and the pool only keeps the counters.
+//!
+//! Per-source quota: a pool also counts what each pod holds and refuses a
+//! pod that reached [`PortPool::source_quota`], so one pod cannot take every
+//! port of an egress IP from the others (RFC 6888 REQ-4: a CGN must support
+//! limiting the external ports assigned per subscriber). In
+//! endpoint-independent mode a pod holds its mappings; in endpoint-dependent
+//! mode a port is taken only towards one remote (address, port), so the
+//! quota counts the pod's sessions towards each remote (address, port),
+//! which is what it can exhaust for the others.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use dashmap::DashMap;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -124,6 +134,11 @@ pub struct PortPool<A: NatAddr> {
     owners: Box<[Mutex<Owner<A>>]>,
     in_use: AtomicU32,
     exhausted: AtomicU64,
+    /// Ports each pod holds in this pool, keyed (pod, zero, 0) for
+    /// mappings and (pod, remote, remote port) in endpoint-dependent mode.
+    per_source: DashMap<(A, A, u16), u32, ahash::RandomState>,
+    source_quota: AtomicU32,
+    over_quota: AtomicU64,
 }
 
 impl<A: NatAddr> PortPool<A> {
@@ -136,7 +151,77 @@ impl<A: NatAddr> PortPool<A> {
             owners: (0..n).map(|_| Mutex::new(Owner { pod: A::from_bits_zero(), pod_port: 0, refs: 0 })).collect(),
             in_use: AtomicU32::new(0),
             exhausted: AtomicU64::new(0),
+            per_source: DashMap::with_hasher(ahash::RandomState::new()),
+            source_quota: AtomicU32::new(u32::MAX),
+            over_quota: AtomicU64::new(0),
         }
+    }
+
+    /// Sets how many ports one pod may hold in this pool (the NAT sets it
+    /// from `nat.maxPortsPerSource` before each allocation; a pool starts
+    /// unlimited). Lowering it takes nothing away: it only refuses new ones.
+    pub fn set_source_quota(&self, quota: u32) {
+        if self.source_quota.load(Ordering::Relaxed) != quota {
+            self.source_quota.store(quota, Ordering::Relaxed);
+        }
+    }
+
+    /// The per-pod quota.
+    pub fn source_quota(&self) -> u32 {
+        self.source_quota.load(Ordering::Relaxed)
+    }
+
+    /// Counts one more mapping for `pod` if it is under its quota;
+    /// otherwise counts the refusal and returns `false`.
+    pub fn admit_source(&self, pod: A) -> bool {
+        self.admit((pod, A::from_bits_zero(), 0))
+    }
+
+    /// Gives back one mapping counted by [`PortPool::admit_source`].
+    pub fn release_source(&self, pod: A) {
+        self.release_key((pod, A::from_bits_zero(), 0));
+    }
+
+    /// Mappings `pod` holds in this pool.
+    pub fn source_ports(&self, pod: A) -> u32 {
+        self.per_source.get(&(pod, A::from_bits_zero(), 0)).map_or(0, |v| *v)
+    }
+
+    /// Endpoint-dependent mode: counts one more session of `pod` towards
+    /// (remote, remote_port) if it is under its quota.
+    pub fn admit_source_towards(&self, pod: A, remote: A, remote_port: u16) -> bool {
+        self.admit((pod, remote, remote_port))
+    }
+
+    /// Gives back one session counted by [`PortPool::admit_source_towards`].
+    pub fn release_source_towards(&self, pod: A, remote: A, remote_port: u16) {
+        self.release_key((pod, remote, remote_port));
+    }
+
+    fn admit(&self, key: (A, A, u16)) -> bool {
+        let quota = self.source_quota();
+        let mut held = self.per_source.entry(key).or_insert(0);
+        if *held >= quota {
+            drop(held);
+            self.over_quota.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        *held += 1;
+        true
+    }
+
+    fn release_key(&self, key: (A, A, u16)) {
+        if let dashmap::Entry::Occupied(mut o) = self.per_source.entry(key) {
+            *o.get_mut() = o.get().saturating_sub(1);
+            if *o.get() == 0 {
+                o.remove();
+            }
+        }
+    }
+
+    /// How many times a pod was refused for being at its quota.
+    pub fn over_quota(&self) -> u64 {
+        self.over_quota.load(Ordering::Relaxed)
     }
 
     /// The pool's range.
@@ -175,14 +260,17 @@ impl<A: NatAddr> PortPool<A> {
     }
 
     /// Drops a session from the mapping on `port`; frees the port when it was
-    /// the last one. Returns whether the port was freed.
+    /// the last one (and gives it back to the pod's quota). Returns whether
+    /// the port was freed.
     pub fn release(&self, port: u16, pod: A, pod_port: u16) -> bool {
         let Some(cell) = self.cell(port) else { return false };
         let mut o = cell.lock();
         if o.refs != 0 && o.pod == pod && o.pod_port == pod_port {
             o.refs -= 1;
             if o.refs == 0 {
+                drop(o);
                 self.in_use.fetch_sub(1, Ordering::Relaxed);
+                self.release_source(pod);
                 return true;
             }
         }
@@ -279,5 +367,25 @@ mod tests {
         assert_eq!(pool.in_use(), 0);
         assert!(pool.try_claim(100, b, 6000));
         assert_eq!(pool.owner(100), Some(Owner { pod: b, pod_port: 6000, refs: 1 }));
+    }
+
+    #[test]
+    fn source_quota_counts_per_pod() {
+        let pool: PortPool<Ipv4Addr> = PortPool::new(PortRange { first: 100, last: 199 }, true);
+        let a = Ipv4Addr::new(192, 0, 2, 1);
+        let b = Ipv4Addr::new(192, 0, 2, 2);
+        pool.set_source_quota(2);
+        assert!(pool.admit_source(a));
+        assert!(pool.admit_source(a));
+        assert!(!pool.admit_source(a), "a is at its quota");
+        assert!(pool.admit_source(b), "b is not");
+        assert_eq!((pool.source_ports(a), pool.source_ports(b), pool.over_quota()), (2, 1, 1));
+        pool.release_source(a);
+        assert!(pool.admit_source(a));
+        // A freed mapping gives its port back to the owner's quota.
+        pool.release_source(b);
+        assert!(pool.admit_source(b) && pool.try_claim(150, b, 7));
+        assert!(pool.release(150, b, 7));
+        assert_eq!(pool.source_ports(b), 0);
     }
 }

@@ -3,9 +3,16 @@
 //! path and the sweeper need.
 //!
 //! - Outbound creation: paired pooling picks the egress IP, the per-source
-//!   limit and the table capacity are checked (evicting the oldest idle
-//!   session under pressure), a port is allocated by try-insert, and the
-//!   session is inserted with its precomputed checksum deltas.
+//!   limit and the table capacity are checked (evicting under pressure, see
+//!   below), a port is allocated by try-insert within the pod's port quota
+//!   on that egress IP (`nat.maxPortsPerSource`), and the session is
+//!   inserted with its precomputed checksum deltas.
+//! - Eviction under pressure takes from the offender first: among a sample
+//!   of sessions, an expired one; else one of the source holding the most
+//!   sessions, when that source holds more than an even share of the table
+//!   (capacity / sources); else the longest idle, transitory TCP first. A
+//!   pod filling the table therefore loses its own sessions, not other
+//!   pods' established ones.
 //! - Inbound creation: only with endpoint-independent filtering, for a port a
 //!   pod's mapping holds.
 //! - Expiry (RFC 4787 REQ-5, RFC 5382 REQ-5, RFC 5508 REQ-1): a session is
@@ -25,7 +32,7 @@ use dashmap::DashMap;
 
 use super::fragments::FragmentCache;
 use super::key::{proto, FlowKey, NatAddr, SessionTuple};
-use super::mapping::{Acquired, MappingRequest, Mappings};
+use super::mapping::{AcquireError, Acquired, MappingRequest, Mappings};
 use super::port_alloc::{candidates, PortRng};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
 use super::tcp_state;
@@ -35,6 +42,11 @@ use crate::tables::{FilteringBehavior, MappingBehavior, NatSettings, Policy, Pol
 
 /// Sessions sampled to choose a victim when the table is full.
 const EVICTION_SAMPLE: u32 = 32;
+
+/// How strongly a session is chosen for eviction, compared in order:
+/// expired, its source's sessions above an even share of the table,
+/// transitory TCP, seconds idle.
+type EvictionScore = (bool, u64, bool, u32);
 
 /// An outbound packet that found no session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -262,6 +274,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             self.mappings.release(t.egress, t.pod, t.pod_port, t.proto, t.egress_port);
         } else if let Some(pool) = self.mappings.existing_pool(t.egress, t.proto) {
             pool.count_in_use(-1);
+            pool.release_source_towards(t.pod, t.remote, t.remote_port);
         }
         if let dashmap::Entry::Occupied(mut o) = self.per_source.entry(t.pod) {
             *o.get_mut() = o.get().saturating_sub(1);
@@ -295,20 +308,23 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         self.per_source.get(&pod).map_or(0, |v| *v)
     }
 
-    /// Makes room when the table is full: removes an expired session if the
-    /// sample has one, else the one idle longest, transitory TCP first
-    /// (an approximation of VPP's per-thread LRU without its per-session
-    /// list links). Returns whether a session was removed.
+    /// Makes room when the table is full, taking from the offender first:
+    /// among a sample of sessions, an expired one; else one of the sample's
+    /// source holding the most sessions, if that is more than an even share
+    /// of the table (capacity / sources with sessions); else the one idle
+    /// longest, transitory TCP first (an approximation of VPP's per-thread
+    /// LRU without its per-session list links). Returns whether a session
+    /// was removed.
     pub fn evict_one(&self, now: u32, nat: &NatSettings, stats: &WorkerStats) -> bool {
-        let mut victim: Option<(u64, SessionView<A>)> = None;
+        let sources = self.per_source.len().max(1);
+        let fair_share = (self.sessions.capacity() / sources) as u64;
+        let mut victim: Option<(EvictionScore, SessionView<A>)> = None;
         self.sessions.sweep(EVICTION_SAMPLE, |v| {
-            let idle = u64::from(now.saturating_sub(v.last_seen));
-            let mut score = idle;
-            if Self::is_expired(v, now, nat) {
-                score += 1 << 40;
-            } else if v.tuple.proto == proto::TCP && tcp_state::phase(v.tcp).is_transitory() {
-                score += 1 << 32;
-            }
+            let expired = Self::is_expired(v, now, nat);
+            let held = u64::from(self.source_sessions(v.tuple.pod));
+            let offender = held.saturating_sub(fair_share);
+            let transitory = v.tuple.proto == proto::TCP && tcp_state::phase(v.tcp).is_transitory();
+            let score = (expired, offender, transitory, now.saturating_sub(v.last_seen));
             if victim.as_ref().is_none_or(|(s, _)| score > *s) {
                 victim = Some((score, *v));
             }
@@ -361,16 +377,23 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             proto: req.proto,
         };
         let pool = self.mappings.pool(egress, req.proto, entry.ports);
+        pool.set_source_quota(nat.ports_per_source(entry.ports));
         let result = if self.mappings.endpoint_independent() {
-            let acquired = self.mappings.acquire(
+            let acquired = self.mappings.try_acquire(
                 &pool,
                 MappingRequest { egress, pod: req.pod, pod_port: req.pod_port, proto: req.proto },
                 nat.port_alloc_attempts,
                 ctx.rng,
             );
-            let Some(acquired) = acquired else {
-                self.unadmit_source(req.pod);
-                return Err(DropReason::PortsExhausted);
+            let acquired = match acquired {
+                Ok(a) => a,
+                Err(e) => {
+                    self.unadmit_source(req.pod);
+                    return Err(match e {
+                        AcquireError::SourceQuota => DropReason::SourcePortQuota,
+                        AcquireError::Exhausted => DropReason::PortsExhausted,
+                    });
+                }
             };
             tuple.egress_port = acquired.port();
             init.flags |= session_flags::HAS_MAPPING;
@@ -387,6 +410,13 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             }
             r
         } else {
+            // Endpoint-dependent: a port is taken towards one remote
+            // (address, port) only, so the quota counts the pod's sessions
+            // towards it.
+            if !pool.admit_source_towards(req.pod, req.remote, req.remote_port) {
+                self.unadmit_source(req.pod);
+                return Err(DropReason::SourcePortQuota);
+            }
             let mut r = Err(InsertError::InboundTaken);
             for (i, port) in candidates(req.pod_port, entry.ports, nat.port_alloc_attempts, ctx.rng).enumerate() {
                 tuple.egress_port = port;
@@ -411,6 +441,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             }
             if r == Err(InsertError::InboundTaken) {
                 pool.count_exhausted();
+            }
+            if r.is_err() {
+                pool.release_source_towards(req.pod, req.remote, req.remote_port);
             }
             r
         };
@@ -621,6 +654,8 @@ mod tests {
         let t = tables(1, |s| {
             s.nat.mapping = MappingBehavior::EndpointDependent;
             s.egress_ips[0].ports = Some(range);
+            // This test is about exhaustion: no quota in the way.
+            s.nat.max_ports_per_source = Some(65_536);
         });
         let a = nat.create_outbound(&req(1, 80, proto::TCP), policy(&t), &t, &mut env.ctx(0)).unwrap();
         let b = nat.create_outbound(&req(2, 443, proto::TCP), policy(&t), &t, &mut env.ctx(0)).unwrap();
@@ -701,6 +736,80 @@ mod tests {
         assert_eq!(nat.sessions.len(), 3);
         assert_eq!(env.stats.snapshot().event(Event::SessionEvicted), 1);
         assert_eq!(nat.source_sessions(POD), 1);
+    }
+
+    #[test]
+    fn a_source_over_its_port_quota_is_dropped_while_another_pod_gets_a_port() {
+        for mapping in [MappingBehavior::EndpointIndependent, MappingBehavior::EndpointDependent] {
+            // 40 ports: the default quota is a quarter, 10.
+            let t = tables(1, |s| {
+                s.nat.mapping = mapping;
+                s.egress_ips[0].ports = Some(crate::nat::port_alloc::PortRange { first: 50000, last: 50039 });
+            });
+            let nat = NatTable::new(&t.nat);
+            let mut env = Env::new();
+            for p in 0..10 {
+                nat.create_outbound(&req(1000 + p, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+            }
+            assert_eq!(
+                nat.create_outbound(&req(2000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)),
+                Err(DropReason::SourcePortQuota),
+                "{mapping:?}"
+            );
+            let mut other = req(2000, 53, proto::UDP);
+            other.pod = Ipv4Addr::new(192, 0, 2, 11);
+            let v = nat.create_outbound(&other, policy(&t), &t, &mut env.ctx(0)).unwrap();
+            assert!((50000..=50039).contains(&v.tuple.egress_port));
+            assert_eq!(nat.source_sessions(POD), 10, "the refused packet holds no session");
+            // A session of the pod ends: its port goes back to its quota.
+            let (_, first) = nat.sessions.lookup(&FlowKey::new(POD, REMOTE, 1000, 53, proto::UDP)).unwrap();
+            assert!(nat.remove(&first));
+            nat.create_outbound(&req(2000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        }
+        // The key overrides the quarter.
+        let t = tables(1, |s| s.nat.max_ports_per_source = Some(2));
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        nat.create_outbound(&req(1, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        nat.create_outbound(&req(2, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        assert_eq!(
+            nat.create_outbound(&req(3, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)),
+            Err(DropReason::SourcePortQuota)
+        );
+        // Another session of an existing mapping costs no port.
+        let mut again = req(2, 53, proto::UDP);
+        again.remote = Ipv4Addr::new(203, 0, 113, 6);
+        nat.create_outbound(&again, policy(&t), &t, &mut env.ctx(0)).unwrap();
+    }
+
+    #[test]
+    fn eviction_under_pressure_takes_the_offenders_sessions() {
+        let t = tables(1, |s| s.nat.max_sessions = 10);
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        // Two quiet pods' sessions, idle longest (created at 0).
+        let quiet = [Ipv4Addr::new(192, 0, 2, 20), Ipv4Addr::new(192, 0, 2, 21)];
+        for pod in quiet {
+            let mut r = req(1000, 53, proto::UDP);
+            r.pod = pod;
+            nat.create_outbound(&r, policy(&t), &t, &mut env.ctx(0)).unwrap();
+        }
+        // The offender fills the rest, more recently.
+        for p in 0..8 {
+            nat.create_outbound(&req(2000 + p, 53, proto::UDP), policy(&t), &t, &mut env.ctx(50)).unwrap();
+        }
+        // Under pressure, the offender's next sessions (and a third pod's) evict the offender's.
+        for p in 8..12 {
+            nat.create_outbound(&req(2000 + p, 53, proto::UDP), policy(&t), &t, &mut env.ctx(60)).unwrap();
+        }
+        let mut third = req(3000, 53, proto::UDP);
+        third.pod = Ipv4Addr::new(192, 0, 2, 22);
+        nat.create_outbound(&third, policy(&t), &t, &mut env.ctx(60)).unwrap();
+        assert_eq!(env.stats.snapshot().event(Event::SessionEvicted), 5);
+        for pod in quiet {
+            assert_eq!(nat.source_sessions(pod), 1, "{pod}'s established session was kept");
+        }
+        assert_eq!(nat.source_sessions(POD), 7);
     }
 
     #[test]
