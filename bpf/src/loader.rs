@@ -726,14 +726,14 @@ impl SteeringProgram {
 
     /// Writes next hop `id` (below `LoadOptions::fast_path_next_hops`).
     pub fn fp_set_next_hop(&self, id: u32, next_hop: &FpNextHop) -> Result<(), BpfError> {
-        raw_map::update(self.maps.fp_next_hops.as_fd(), &id.to_ne_bytes(), &next_hop.to_bytes(), BPF_ANY)
+        raw_map::update(&self.maps.fp_next_hops, &id.to_ne_bytes(), &next_hop.to_bytes(), BPF_ANY)
             .map_err(|source| BpfError::FastPathOp { map: FP_NEXT_HOPS, op: "update", key: id.to_string(), source })
     }
 
     /// Reads next hop `id`.
     pub fn fp_next_hop(&self, id: u32) -> Result<Option<FpNextHop>, BpfError> {
         let mut out = [0u8; FP_NEXT_HOP_LEN];
-        let found = raw_map::lookup(self.maps.fp_next_hops.as_fd(), &id.to_ne_bytes(), &mut out)
+        let found = raw_map::lookup(&self.maps.fp_next_hops, &id.to_ne_bytes(), &mut out)
             .map_err(|source| BpfError::FastPathOp { map: FP_NEXT_HOPS, op: "lookup", key: id.to_string(), source })?;
         Ok(if found { FpNextHop::from_bytes(&out) } else { None })
     }

@@ -144,20 +144,68 @@ pub fn xdp_socket() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Plain old data: the types a socket option may be read into or written
+/// from. Sealed: only this module implements it, for the uapi structs above
+/// and plain integers, whose layouts the size assertions above pin.
+///
+/// # Safety
+///
+/// An implementor must be `#[repr(C)]` (or a primitive integer) made only
+/// of integers, with no padding, so that every bit pattern the kernel
+/// writes is a valid value and every byte the kernel reads is initialised.
+///
+/// A type with invalid bit patterns cannot be read from the kernel:
+///
+/// ```compile_fail
+/// # use std::os::fd::AsFd;
+/// # let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+/// let mut flag = false; // only 0 and 1 are valid `bool`s
+/// egret_dataplane::xsk::sys::get_opt(sock.as_fd(), 0, &mut flag);
+/// ```
+///
+/// ```
+/// # use std::os::fd::AsFd;
+/// # let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+/// let mut st = egret_dataplane::xsk::sys::XdpStatistics::default();
+/// // Not an AF_XDP socket: the kernel refuses, but the call is well-typed.
+/// assert!(egret_dataplane::xsk::sys::get_opt(sock.as_fd(), egret_dataplane::xsk::sys::XDP_STATISTICS, &mut st).is_err());
+/// ```
+pub unsafe trait Pod: Copy + sealed::Sealed {}
+
+mod sealed {
+    /// Keeps [`super::Pod`] implemented only here.
+    pub trait Sealed {}
+}
+
+macro_rules! pod {
+    ($($t:ty),* $(,)?) => {$(
+        impl sealed::Sealed for $t {}
+        // SAFETY: a primitive integer or a `#[repr(C)]` struct of `u16`,
+        // `u32` and `u64` fields laid out without padding (its size equals
+        // the sum of its fields, asserted above), so every bit pattern is a
+        // valid value and no byte is uninitialised.
+        unsafe impl Pod for $t {}
+    )*};
+}
+pod!(u32, i32, u64, SockaddrXdp, XdpUmemReg, XdpRingOffset, XdpMmapOffsets, XdpDesc, XdpStatistics);
+
 /// `setsockopt(fd, SOL_XDP, opt, &value, sizeof value)` for a plain-data value.
-pub fn set_opt<T: Copy>(fd: BorrowedFd<'_>, opt: libc::c_int, value: &T) -> io::Result<()> {
+pub fn set_opt<T: Pod>(fd: BorrowedFd<'_>, opt: libc::c_int, value: &T) -> io::Result<()> {
     let len = size_of::<T>() as libc::socklen_t;
-    // SAFETY: `value` points to `len` readable bytes for the duration of the
-    // call; the kernel copies them and keeps no pointer.
+    // SAFETY: `value` points to `len` readable, initialised bytes (`T: Pod`
+    // has no padding) for the duration of the call; the kernel copies them
+    // and keeps no pointer.
     cvt(unsafe { libc::setsockopt(fd.as_raw_fd(), SOL_XDP, opt, (value as *const T).cast(), len) }).map(drop)
 }
 
 /// `getsockopt(fd, SOL_XDP, opt, &mut value, &len)`; returns how many bytes
-/// the kernel wrote (it may know a shorter, older layout).
-pub fn get_opt<T: Copy>(fd: BorrowedFd<'_>, opt: libc::c_int, value: &mut T) -> io::Result<usize> {
+/// the kernel wrote (it may know a shorter, older layout; the rest of
+/// `value` keeps what the caller put there).
+pub fn get_opt<T: Pod>(fd: BorrowedFd<'_>, opt: libc::c_int, value: &mut T) -> io::Result<usize> {
     let mut len = size_of::<T>() as libc::socklen_t;
-    // SAFETY: `value` points to `len` writable bytes of a plain-data type
-    // (every bit pattern valid) and `len` is a valid in/out length.
+    // SAFETY: `value` points to `len` writable bytes of a `Pod` type, for
+    // which every bit pattern the kernel may write is a valid value, and
+    // `len` is a valid in/out length: the kernel writes at most `len` bytes.
     cvt(unsafe { libc::getsockopt(fd.as_raw_fd(), SOL_XDP, opt, (value as *mut T).cast(), &mut len) })?;
     Ok(len as usize)
 }
