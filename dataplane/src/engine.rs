@@ -753,11 +753,14 @@ impl Ctx<'_> {
             (Direction::Inbound, _) => true,
         };
         if refresh {
-            nat.sessions.touch(view.index, secs);
+            nat.sessions.touch(view.index, view.seq, secs);
         }
         let mut tcp = view.tcp;
         if view.tuple.proto == proto::TCP && tcp_state::is_control(tcp_flags) {
-            tcp = nat.sessions.update_tcp(view.index, |s| tcp_state::update(s, dir, tcp_flags));
+            // A session removed since `view` was read keeps its bits (and
+            // its slot's next tenant keeps its own).
+            tcp =
+                nat.sessions.update_tcp(view.index, view.seq, |s| tcp_state::update(s, dir, tcp_flags)).unwrap_or(tcp);
         }
         self.stats.traffic(view.policy_slot, dir, len);
         if view.offload & offload::BUSY == 0 && view.flags & session_flags::HAIRPIN == 0 && nat.offload_enabled() {

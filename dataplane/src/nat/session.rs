@@ -431,25 +431,43 @@ impl<A: NatAddr> SessionTable<A> {
         Some(view)
     }
 
-    /// Refreshes a session's last-seen second. Stores only when it changes, so
-    /// a busy flow writes its cache line at most once a second.
+    /// Refreshes the last-seen second of the incarnation `seq` of slot
+    /// `index` (a [`SessionView::seq`]). Stores only when it changes, so a
+    /// busy flow writes its cache line at most once a second. A slot freed
+    /// or reused since the view was read is left alone: the reference is
+    /// stale, and another session's expiry is not this packet's business.
     #[inline(always)]
-    pub fn touch(&self, index: u32, now: u32) {
+    pub fn touch(&self, index: u32, seq: u32, now: u32) {
         if let Some(slot) = self.slab.get(index) {
-            if slot.last_seen.load(Ordering::Relaxed) != now {
+            if slot.seq.load(Ordering::Acquire) == seq && slot.last_seen.load(Ordering::Relaxed) != now {
                 slot.last_seen.store(now, Ordering::Relaxed);
             }
         }
     }
 
-    /// Updates the TCP seen bits with `f`, returning the new bits.
-    pub fn update_tcp(&self, index: u32, f: impl Fn(u8) -> u8) -> u8 {
-        let Some(slot) = self.slab.get(index) else { return 0 };
-        let mut cur = slot.state.load(Ordering::Relaxed);
+    /// Updates the TCP seen bits of the incarnation `seq` of slot `index`
+    /// with `f`, returning the new bits, or `None` when the slot no longer
+    /// holds that incarnation (freed, or reused by another session whose
+    /// bits must not take this packet's flags).
+    ///
+    /// The incarnation is checked before every attempt and again after the
+    /// update, as [`set_offload`](Self::set_offload) does. The one window
+    /// left is a removal *and* a re-insertion into the same slot between the
+    /// check and the compare-exchange, with the new session's state word
+    /// equal, bit for bit, to the old one's: the new session then gets this
+    /// packet's flags, which the re-check reports (`None`) but cannot undo.
+    pub fn update_tcp(&self, index: u32, seq: u32, f: impl Fn(u8) -> u8) -> Option<u8> {
+        let slot = self.slab.get(index)?;
+        let mut cur = slot.state.load(Ordering::Acquire);
         loop {
+            if slot.seq.load(Ordering::Acquire) != seq || seq & STATUS_MASK != LIVE {
+                return None;
+            }
             let new = (cur & !0xff) | u32::from(f(cur as u8));
-            match slot.state.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return new as u8,
+            match slot.state.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return (slot.seq.load(Ordering::Acquire) == seq).then_some(new as u8);
+                }
                 Err(actual) => cur = actual,
             }
         }
@@ -621,15 +639,38 @@ mod tests {
     fn tcp_bits_and_generation_are_independent() {
         let t = SessionTable::new(8);
         let v = t.insert(&tuple(1), &SessionInit { tcp: 1, generation: 7, ..Default::default() }).unwrap();
-        assert_eq!(t.update_tcp(v.index, |s| s | 2), 3);
+        assert_eq!(t.update_tcp(v.index, v.seq, |s| s | 2), Some(3));
         t.set_generation(v.index, 9);
         assert_eq!(t.set_offload(v.index, v.seq, offload::REQUESTED, 0), Some(0));
         assert_eq!(t.set_offload(v.index, v.seq ^ 4, offload::INSTALLED, 0), None, "another incarnation");
         assert_eq!(t.set_offload(v.index, v.seq, offload::INSTALLED, offload::REQUESTED), Some(offload::REQUESTED));
         let v = t.view(v.index).unwrap();
         assert_eq!((v.tcp, v.offload, v.generation), (3, offload::INSTALLED, 9));
-        t.touch(v.index, 42);
+        t.touch(v.index, v.seq, 42);
         assert_eq!(t.view(v.index).unwrap().last_seen, 42);
+    }
+
+    /// A reference to a session that was removed, its slot then reused by
+    /// another session, touches nothing of the new one: neither its TCP
+    /// bits nor its last-seen second.
+    #[test]
+    fn stale_reference_leaves_a_reused_slot_alone() {
+        let t = SessionTable::new(8);
+        let old = t.insert(&tuple(1), &SessionInit { tcp: 1, now: 10, ..Default::default() }).unwrap();
+        assert!(t.remove(old.index, old.seq).is_some());
+        let new = t.insert(&tuple(2), &SessionInit { tcp: 1, now: 20, ..Default::default() }).unwrap();
+        assert_eq!(new.index, old.index, "the freed slot is reused");
+
+        // The old session's packet (an RST, say) arrives with the stale view.
+        assert_eq!(t.update_tcp(old.index, old.seq, |s| s | 0x80), None, "stale incarnation");
+        t.touch(old.index, old.seq, 99);
+        let v = t.view(new.index).unwrap();
+        assert_eq!((v.tcp, v.last_seen), (1, 20), "the new session's state is untouched");
+
+        // Its own incarnation still works.
+        assert_eq!(t.update_tcp(new.index, new.seq, |s| s | 2), Some(3));
+        t.touch(new.index, new.seq, 30);
+        assert_eq!(t.view(new.index).unwrap().last_seen, 30);
     }
 
     #[test]

@@ -195,7 +195,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         }
         let seen = self.offload_hook.get()?.last_seen(view)?;
         if seen > view.last_seen && now.saturating_sub(seen) <= Self::timeout(view, nat) {
-            self.sessions.touch(view.index, seen);
+            self.sessions.touch(view.index, view.seq, seen);
             return Some(seen);
         }
         None
@@ -678,7 +678,7 @@ mod tests {
         assert!(NatTable::is_expired(&u, 401, &t.nat), "UDP 300 s");
         let c = nat.create_outbound(&req(1001, 80, proto::TCP), policy(&t), &t, &mut env.ctx(100)).unwrap();
         assert!(NatTable::is_expired(&c, 341, &t.nat), "SYN only: transitory 240 s");
-        nat.sessions.update_tcp(c.index, |s| tcp_state::update(s, Direction::Inbound, tcp_state::flags::SYN));
+        nat.sessions.update_tcp(c.index, c.seq, |s| tcp_state::update(s, Direction::Inbound, tcp_state::flags::SYN));
         let c = nat.sessions.view(c.index).unwrap();
         assert!(!NatTable::is_expired(&c, 341, &t.nat));
         assert!(NatTable::is_expired(&c, 100 + 7441, &t.nat), "established 2 h 4 min");
