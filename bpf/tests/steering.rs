@@ -247,6 +247,23 @@ fn frag6(src: [u8; 16], dst: [u8; 16], id: u32, offset_units: u16, more: bool, d
     v
 }
 
+/// [`frag6`] with a Destination Options header after the Fragment header
+/// (RFC 8200 section 4.1 order): the Fragment header's Next Header is 60 in
+/// every fragment; only the first fragment carries the options (part of the
+/// fragmentable part) and, behind them, the UDP header.
+fn frag6_dstopts(src: [u8; 16], dst: [u8; 16], id: u32, offset_units: u16, more: bool, dport: u16) -> Vec<u8> {
+    const FRAG: usize = 14 + 40;
+    let mut v = frag6(src, dst, id, offset_units, more, dport);
+    v[FRAG] = 60;
+    if offset_units == 0 {
+        // Next Header UDP, length 0 (8 bytes), one PadN option of 4 bytes.
+        v.splice(FRAG + 8..FRAG + 8, [17, 0, 1, 4, 0, 0, 0, 0]);
+        let plen = u16::from_be_bytes([v[18], v[19]]) + 8;
+        v[18..20].copy_from_slice(&plen.to_be_bytes());
+    }
+    v
+}
+
 fn truncated(mut frame: Vec<u8>, len: usize) -> Vec<u8> {
     frame.truncate(len);
     frame
@@ -638,6 +655,15 @@ fn fixtures() -> Vec<Fixture> {
             Redirect,
             R::RedirectFragmentSteeredSource,
         ),
+        // The fragment key's protocol is the Fragment header's Next Header
+        // in every fragment, not the upper layer only the first reaches.
+        seq(
+            "frag6_ext_after_fragment_header_then_later",
+            vec![
+                (frag6_dstopts(remote6(), egress6(), 80, 0, true, NAT_HI), Redirect, R::RedirectNatPort),
+                (frag6_dstopts(remote6(), egress6(), 80, 9, false, 0), Redirect, R::RedirectFragment),
+            ],
+        ),
         one(
             "frag6_atomic_is_not_a_fragment",
             frag6(remote6(), egress6(), 79, 0, false, NAT_LO),
@@ -725,6 +751,19 @@ fn frames_shorter_than_ethernet_are_refused_by_test_run() {
     // delivers such frames either.
     let w = world(true);
     assert!(w.prog.test_run(&[0u8; 13]).is_err());
+}
+
+/// The fixture `frag6_ext_after_fragment_header_then_later` on its own: a
+/// later fragment of a datagram with a Destination Options header after its
+/// Fragment header follows the first fragment's decision. Keyed by the
+/// upper-layer protocol, the first stored UDP (17) and the later looked up
+/// Destination Options (60), missed, and passed the fragment to the kernel.
+#[test]
+fn frag6_key_is_the_fragment_headers_next_header() {
+    let w = world(true);
+    let name = "frag6_ext_after_fragment_header";
+    check(&w.prog, name, 0, &frag6_dstopts(remote6(), egress6(), 81, 0, true, NAT_HI), Redirect, R::RedirectNatPort);
+    check(&w.prog, name, 1, &frag6_dstopts(remote6(), egress6(), 81, 9, false, 0), Redirect, R::RedirectFragment);
 }
 
 #[test]

@@ -36,11 +36,19 @@ pub enum Frag {
     First {
         /// The datagram's identification.
         ident: u32,
+        /// The protocol of the datagram's fragment key, the same in every
+        /// fragment: IPv4's Protocol field, IPv6's Fragment header Next
+        /// Header (RFC 8200 4.5; not the upper layer, which only the first
+        /// fragment reaches when extension headers follow the Fragment
+        /// header).
+        key_proto: u8,
     },
     /// A later fragment: no transport header.
     Later {
         /// The datagram's identification.
         ident: u32,
+        /// As for [`Frag::First`].
+        key_proto: u8,
     },
 }
 
@@ -210,9 +218,9 @@ fn dissect_v4(frame: &[u8], l3: usize) -> Result<IpPacket<Ipv4Addr>, DropReason>
     let frag = if !ip.is_fragment() {
         Frag::None
     } else if ip.frag_offset() == 0 {
-        Frag::First { ident: u32::from(ip.ident()) }
+        Frag::First { ident: u32::from(ip.ident()), key_proto: ip.protocol() }
     } else {
-        Frag::Later { ident: u32::from(ip.ident()) }
+        Frag::Later { ident: u32::from(ip.ident()), key_proto: ip.protocol() }
     };
     let mut p = IpPacket {
         l3,
@@ -241,8 +249,8 @@ fn dissect_v6(frame: &[u8], l3: usize) -> Result<IpPacket<Ipv6Addr>, DropReason>
     let frag = match upper.fragment {
         None => Frag::None,
         Some(f) if f.is_atomic() => Frag::None,
-        Some(f) if f.is_first() => Frag::First { ident: f.ident },
-        Some(f) => Frag::Later { ident: f.ident },
+        Some(f) if f.is_first() => Frag::First { ident: f.ident, key_proto: f.next_header },
+        Some(f) => Frag::Later { ident: f.ident, key_proto: f.next_header },
     };
     let mut p = IpPacket {
         l3,

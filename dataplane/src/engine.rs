@@ -519,8 +519,9 @@ impl Ctx<'_> {
         let secs = now.secs();
 
         // Later fragments carry no ports: the first fragment's translation.
-        if let Frag::Later { ident } = p.frag {
-            return self.later_fragment(buf, len, &mut p, ident, nat, secs);
+        if let Frag::Later { ident, key_proto } = p.frag {
+            let fk = FragKey { src: p.src, dst: p.dst, ident, proto: key_proto };
+            return self.later_fragment(buf, len, &mut p, &fk, nat, secs);
         }
         if let L4::IcmpError { .. } = p.l4info {
             return match icmp_error::translate(buf, &mut p, nat, tables, secs, self.stats) {
@@ -584,8 +585,8 @@ impl Ctx<'_> {
             self.stats.event(Event::Hairpinned);
         }
 
-        if let Frag::First { ident } = p.frag {
-            let fk = FragKey { src: orig.0, dst: orig.1, ident, proto: p.proto };
+        if let Frag::First { ident, key_proto } = p.frag {
+            let fk = FragKey { src: orig.0, dst: orig.1, ident, proto: key_proto };
             let tr = FragTranslation { new_src: p.src, new_dst: p.dst, direction: dir, policy_slot: view.policy_slot };
             if nat.fragments.insert(fk, tr, secs).is_err() {
                 return Verdict::Drop(DropReason::FragmentCacheFull);
@@ -865,12 +866,11 @@ impl Ctx<'_> {
         buf: &mut [u8],
         len: usize,
         p: &mut IpPacket<A>,
-        ident: u32,
+        fk: &FragKey<A>,
         nat: &NatTable<A>,
         secs: u32,
     ) -> Verdict {
-        let fk = FragKey { src: p.src, dst: p.dst, ident, proto: p.proto };
-        match nat.fragments.lookup(&fk, secs) {
+        match nat.fragments.lookup(fk, secs) {
             Some(tr) => {
                 rewrite::translate_addresses(buf, p, tr.new_src, tr.new_dst);
                 self.stats.event(Event::FragmentTranslated);
@@ -979,5 +979,47 @@ mod tests {
             }
         }
         assert!(taken >= 25, "the established path took only {taken} fixture frames");
+    }
+
+    /// An IPv6 datagram with a Destination Options header after its Fragment
+    /// header: the first fragment reaches UDP behind the options, later
+    /// fragments stop at the Fragment header (Next Header 60). Both must key
+    /// the fragment cache alike (the Fragment header's Next Header), or every
+    /// later fragment is dropped as unmatched.
+    #[test]
+    fn ipv6_fragments_with_headers_after_the_fragment_header_match() {
+        use std::net::IpAddr;
+        const FRAG: usize = ethernet::HEADER_LEN + 40;
+        let payload: Vec<u8> = (0..2000u32).map(|i| i as u8).collect();
+        let mut dgram = fixtures::from_pod(
+            IpAddr::V6(fixtures::POD6),
+            IpAddr::V6(fixtures::SERVER6),
+            fixtures::udp(40000, 9000, &payload),
+        );
+        dgram.ident = 0x0606;
+        let mut frames = dgram.fragments(1000);
+        for (i, f) in frames.iter_mut().enumerate() {
+            f[FRAG] = 60;
+            if i == 0 {
+                // Next Header UDP, length 0 (8 bytes), one PadN option.
+                f.splice(FRAG + 8..FRAG + 8, [17, 0, 1, 4, 0, 0, 0, 0]);
+                let plen = u16::from_be_bytes([f[ethernet::HEADER_LEN + 4], f[ethernet::HEADER_LEN + 5]]) + 8;
+                f[ethernet::HEADER_LEN + 4..ethernet::HEADER_LEN + 6].copy_from_slice(&plen.to_be_bytes());
+            }
+        }
+        let engine = Engine::new(&fixtures::base_spec()).expect("fixture config");
+        engine.publish_fib(fixtures::topology());
+        let mut w = engine.worker_seeded(PortRng::new(1));
+        for (i, f) in frames.iter().enumerate() {
+            let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+            buf[..f.len()].copy_from_slice(f);
+            let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
+            let v = w.process(&mut buf, f.len(), meta, Timestamp::from_secs(0));
+            assert_eq!(v, Verdict::Forward { ifindex: fixtures::OUTSIDE, len: f.len() }, "fragment {i}");
+            let src = Ipv6Addr::from(<[u8; 16]>::try_from(&buf[ethernet::HEADER_LEN + 8..][..16]).unwrap());
+            assert_eq!(src, fixtures::E6, "fragment {i} leaves with the egress IP");
+        }
+        assert!(frames.len() >= 3, "a first and at least two later fragments");
+        assert_eq!(engine.stats().event(Event::FragmentTranslated), frames.len() as u64 - 1);
     }
 }

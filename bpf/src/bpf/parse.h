@@ -133,7 +133,11 @@ struct ipv6_layout {
 	__u8 proto;          /* upper-layer protocol (Next Header) */
 	__u8 is_fragment;    /* a Fragment header with offset != 0 or M set */
 	__u8 later_fragment; /* offset != 0: no upper-layer header here */
-	__u8 pad;
+	__u8 frag_proto;     /* the Fragment header's Next Header, valid if
+			      * is_fragment: the fragment key's protocol, the
+			      * same in every fragment of a datagram (RFC 8200
+			      * section 4.5), whereas `proto` is the upper
+			      * layer only the first fragment reaches */
 };
 
 static __always_inline int is_ipv6_ext(__u8 nexthdr)
@@ -158,6 +162,7 @@ static __always_inline int walk_ipv6(struct ipv6hdr *ip6, void *data_end, struct
 	out->is_fragment = 0;
 	out->later_fragment = 0;
 	out->frag_id = 0;
+	out->frag_proto = 0;
 
 	for (i = 0; i < EGRET_IPV6_MAX_EXT; i++) {
 		if (nexthdr == IPPROTO_FRAGMENT) {
@@ -172,6 +177,7 @@ static __always_inline int walk_ipv6(struct ipv6hdr *ip6, void *data_end, struct
 			if (off & (EGRET_IP6_OFFSET_MASK | EGRET_IP6_MORE_FRAGMENTS)) {
 				out->is_fragment = 1;
 				out->frag_id = bpf_ntohl(fh->identification);
+				out->frag_proto = nexthdr;
 				if (off & EGRET_IP6_OFFSET_MASK) {
 					/* What follows is the middle of the datagram. */
 					out->later_fragment = 1;

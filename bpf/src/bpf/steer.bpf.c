@@ -382,7 +382,10 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *data_
 		__builtin_memcpy(fkey.src, &ip6->saddr, 16);
 		__builtin_memcpy(fkey.dst, &ip6->daddr, 16);
 		fkey.id = layout.frag_id;
-		fkey.proto = layout.proto;
+		/* The Fragment header's Next Header, not the upper layer: with
+		 * extension headers after the Fragment header the first
+		 * fragment reaches the upper layer and later ones do not. */
+		fkey.proto = layout.frag_proto;
 		fkey.family = EGRET_FAMILY_V6;
 		if (layout.later_fragment)
 			return later_fragment(ctx, &fkey, owned, classify_v6(ip6));

@@ -221,6 +221,10 @@ pub struct Ipv6Fragment {
     pub ident: u32,
     /// Where the Fragment header starts, from the start of the IPv6 header.
     pub header_offset: usize,
+    /// The Fragment header's Next Header: the same in every fragment of a
+    /// datagram (RFC 8200 4.5), unlike the upper-layer protocol, which only
+    /// the first fragment reaches when extension headers follow.
+    pub next_header: u8,
 }
 
 impl Ipv6Fragment {
@@ -304,6 +308,7 @@ pub fn walk_extensions<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Ipv6Upper> 
                 more: off_flags & 0x0001 != 0,
                 ident: read_u32(data, offset + field::FRAG_IDENT),
                 header_offset: offset,
+                next_header: following,
             };
             fragment = Some(frag);
             if !frag.is_first() {
@@ -391,7 +396,13 @@ mod tests {
         assert_eq!(upper.l4_offset, 48);
         assert_eq!(
             upper.fragment,
-            Some(Ipv6Fragment { offset_bytes: 0, more: true, ident: 0xcd6fea87, header_offset: 40 })
+            Some(Ipv6Fragment {
+                offset_bytes: 0,
+                more: true,
+                ident: 0xcd6fea87,
+                header_offset: 40,
+                next_header: IpProtocol::ICMPV6
+            })
         );
         assert_eq!(p.upper_layer(48)[0], 128, "echo request header in the first fragment");
 
@@ -457,7 +468,7 @@ mod tests {
         assert_eq!(upper.l4_offset, 40 + 8 + 16 + 8 + 24 + 8);
         assert_eq!(
             upper.fragment,
-            Some(Ipv6Fragment { offset_bytes: 0, more: false, ident: 0xdeadbeef, header_offset: 96 })
+            Some(Ipv6Fragment { offset_bytes: 0, more: false, ident: 0xdeadbeef, header_offset: 96, next_header: 17 })
         );
         assert!(upper.fragment.unwrap().is_atomic());
         assert_eq!(p.upper_layer(upper.l4_offset), &udp);
