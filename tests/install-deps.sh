@@ -2,17 +2,34 @@
 # Installs what Egret's build, lab and tests need on a Debian bookworm machine.
 # Idempotent: packages already present are skipped, so a second run costs a
 # few dpkg queries. Run as root.
+#
+# Two lists:
+# - every command the tests and scripts run, with its package, is in
+#   tests/tools.txt; this script installs the packages that file names it
+#   for (tests/tests/tools_table.rs checks that the file lists every command
+#   the sources run, and that each one is there after this script);
+# - what only the build needs, below: the XDP program (clang, llvm, libelf,
+#   zlib, pkg-config, m4 for libbpf-sys's vendored build, the kernel's UAPI
+#   headers) and bpftool for inspecting maps; for looking around by hand,
+#   psmisc (fuser, killall) and tcpdump (docs/lab.md).
 set -euo pipefail
 
-# Build: the XDP program (clang, llvm, libelf, zlib, pkg-config, m4 for
-# libbpf-sys's vendored build) and bpftool for inspecting maps.
-# Lab and tests: iproute2 (netns, veth), ethtool (offload settings),
-# nftables (the kernel SNAT baseline of the throughput benchmark), tcpdump
-# (captures in failing tests), curl (HTTP through the gateway), socat.
-PACKAGES=(
-  clang llvm libelf-dev zlib1g-dev pkg-config m4 bpftool linux-libc-dev
-  iproute2 ethtool nftables tcpdump curl socat procps psmisc
-)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+table=$here/tools.txt
+
+BUILD_PACKAGES=(clang llvm libelf-dev zlib1g-dev pkg-config m4 bpftool linux-libc-dev psmisc tcpdump)
+
+if [[ ! -r $table ]]; then
+  echo "install-deps: $table not found (run from a clone of the repository)" >&2
+  exit 1
+fi
+# Column 2 (the package) of the rows whose column 3 is this script.
+mapfile -t TOOL_PACKAGES < <(awk '!/^[[:space:]]*(#|$)/ && $3 == "tests/install-deps.sh" { print $2 }' "$table" | sort -u)
+if ((${#TOOL_PACKAGES[@]} == 0)); then
+  echo "install-deps: no package in $table is marked tests/install-deps.sh: the table is damaged" >&2
+  exit 1
+fi
+PACKAGES=("${BUILD_PACKAGES[@]}" "${TOOL_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do

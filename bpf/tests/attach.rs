@@ -20,6 +20,11 @@ use std::time::{Duration, Instant};
 
 use egret_bpf::{Action, DstRule, LoadOptions, SrcPrefix, SteeringProgram, XdpMode};
 
+/// The table of the commands tests run and their packages (shared source,
+/// no dependency on the `egret-tests` crate).
+#[path = "../../tests/src/tools.rs"]
+mod tools;
+
 const CHILD_ENV: &str = "EGRET_BPF_ATTACH_CHILD";
 const DEV: &str = "veth0";
 
@@ -88,14 +93,28 @@ impl NetNs {
         }
     }
 
+    /// Whether veth1 gets an echo reply from veth0. Panics when ping could
+    /// not run at all ("missing tool ping (package iputils-ping)", or its
+    /// own error), which must never read as "no reply".
     fn ping_from_b(&self) -> bool {
-        Command::new("ip")
+        if let Err(missing) = tools::require("ping") {
+            panic!("{missing}");
+        }
+        let out = Command::new("ip")
             .args(["netns", "exec", &self.b, "ping", "-c", "3", "-i", "0.2", "-W", "1", "-q", "198.51.100.1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("run ping (iputils-ping)")
-            .success()
+            .output()
+            .unwrap_or_else(|e| panic!("{}", tools::explain_spawn("ip".as_ref(), e)));
+        if let Some(missing) = tools::explain_netns_exec(&out) {
+            panic!("{missing}");
+        }
+        // ping: 0 replies came, 1 none came; anything else is an error.
+        match out.status.code() {
+            Some(0) => true,
+            Some(1) => false,
+            _ => {
+                panic!("ip netns exec {} ping: {}: {}", self.b, out.status, String::from_utf8_lossy(&out.stderr).trim())
+            }
+        }
     }
 }
 

@@ -13,6 +13,15 @@ pub enum LabError {
         /// Why.
         source: std::io::Error,
     },
+    /// A command the test needs is not installed (`tests/tools.txt` names
+    /// its package; `tests/install-deps.sh` installs it).
+    #[error("`{cmd}`: {message}")]
+    MissingTool {
+        /// The command line.
+        cmd: String,
+        /// "missing tool X (package Y): run tests/install-deps.sh".
+        message: String,
+    },
     /// A command exited unsuccessfully.
     #[error("`{cmd}` failed ({status}): {stderr}")]
     Command {
@@ -53,6 +62,16 @@ pub enum LabError {
 }
 
 impl LabError {
+    /// The error for `cmd` (described as `line`) that could not start: a
+    /// [`LabError::MissingTool`] when its program does not exist.
+    pub fn spawn(cmd: &std::process::Command, line: String, source: std::io::Error) -> Self {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Self::MissingTool { cmd: line, message: crate::tools::missing(&cmd.get_program().to_string_lossy()) }
+        } else {
+            Self::Spawn { cmd: line, source }
+        }
+    }
+
     /// An [`LabError::Io`] with context.
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io { what: what.into(), source }

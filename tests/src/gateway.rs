@@ -485,7 +485,7 @@ impl Gateway {
         // script (whose trap tears the lab down), not the daemon directly.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let line = netns::describe(&cmd);
-        self.child = Some(cmd.spawn().map_err(|source| LabError::Spawn { cmd: line, source })?);
+        self.child = Some(cmd.spawn().map_err(|source| LabError::spawn(&cmd, line, source))?);
         Ok(())
     }
 

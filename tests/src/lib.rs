@@ -10,6 +10,8 @@
 //! - [`capture`], [`frames`]: captures on a link, the leak check, raw frames.
 //! - [`harness`]: lab + gateway + outside capture + leak check, per test.
 //! - [`sys`]: the few raw system calls (the crate's only unsafe code).
+//! - [`tools`]: the external commands the tests run, the package of each
+//!   (`tests/tools.txt`), and the "missing tool" message.
 //! - [`apiserver`]: a real kube-apiserver + etcd for the control-plane tests,
 //!   on loopback or inside a lab namespace.
 //! - [`k8slab`]: the Kubernetes lab (two gateways in Kubernetes mode, the API
@@ -33,6 +35,7 @@ pub mod plan;
 pub mod probe;
 pub mod server;
 pub mod sys;
+pub mod tools;
 
 pub use error::{LabError, Result};
 

@@ -20,10 +20,12 @@ use crate::sys;
 /// Runs `cmd`, returns its stdout; fails with its stderr if it exits non-zero.
 pub fn run(cmd: &mut Command) -> Result<String> {
     let line = describe(cmd);
-    let out: Output =
-        cmd.stdin(Stdio::null()).output().map_err(|source| LabError::Spawn { cmd: line.clone(), source })?;
+    let out: Output = cmd.stdin(Stdio::null()).output().map_err(|source| LabError::spawn(cmd, line.clone(), source))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else if let Some(message) = crate::tools::explain_netns_exec(&out) {
+        // `ip netns exec NS PROGRAM` with no PROGRAM installed.
+        Err(LabError::MissingTool { cmd: line, message })
     } else {
         Err(LabError::Command {
             cmd: line,
@@ -93,7 +95,7 @@ impl NetNs {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|source| LabError::Spawn { cmd: line.clone(), source })?;
+            .map_err(|source| LabError::spawn(&cmd, line.clone(), source))?;
         if let Some(mut stdin) = child.stdin.take() {
             let text = lines.join("\n") + "\n";
             stdin.write_all(text.as_bytes()).map_err(|e| LabError::io(format!("write to {line}"), e))?;
