@@ -8,11 +8,20 @@
 //! types live in [`crate::view`]. Read-only: nothing here changes the
 //! gateway (reloads are `SIGHUP`).
 //!
+//! Access: the socket file has mode 0600 from the moment its path exists
+//! ([`bind`] creates it inside a private 0700 directory, sets the mode, then
+//! renames it into place), and [`serve`] admits a connection only when the
+//! peer's credentials (`SO_PEERCRED`) name root or the user the daemon runs
+//! as ([`admit`]); any other peer gets an error line, a warning in the log
+//! and a count in `egret_admin_connections_refused_total`.
+//!
 //! [`render`] turns payloads into the CLI's human-readable tables.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,22 +117,100 @@ pub enum AdminError {
     Refused(String),
 }
 
-/// Binds `path` (replacing a stale socket file, creating the directory).
-pub fn bind(path: &Path) -> Result<UnixListener, AdminError> {
-    let p = path.display().to_string();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| AdminError::Bind { path: p.clone(), op: "mkdir", source })?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => return Err(AdminError::Bind { path: p, op: "removing the old socket", source }),
-    }
-    UnixListener::bind(path).map_err(|source| AdminError::Bind { path: p, op: "bind", source })
+/// Mode of the socket file: read and write (connect) for its owner only.
+pub const SOCKET_MODE: u32 = 0o600;
+
+/// Connections refused because of their peer's credentials, since start
+/// (exported as `egret_admin_connections_refused_total`).
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// Connections refused by [`admit`] since the process started.
+pub fn refused_connections() -> u64 {
+    REFUSED.load(Ordering::Relaxed)
 }
 
-/// Serves `listener` until the task is dropped.
-pub async fn serve(listener: UnixListener, view: Arc<dyn GatewayView>) {
+/// The bound admin socket, and the user that owns it (the daemon's).
+#[derive(Debug)]
+pub struct AdminListener {
+    listener: UnixListener,
+    owner_uid: u32,
+}
+
+impl AdminListener {
+    /// The uid that owns the socket file: the user the daemon runs as.
+    pub fn owner_uid(&self) -> u32 {
+        self.owner_uid
+    }
+}
+
+/// Why a peer was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Its uid is neither root nor the daemon's.
+    #[error("peer uid {peer} is neither root nor the daemon's uid {daemon}")]
+    Uid {
+        /// The peer's uid.
+        peer: u32,
+        /// The daemon's uid.
+        daemon: u32,
+    },
+    /// Its credentials could not be read (`SO_PEERCRED` failed).
+    #[error("peer credentials unreadable: {0}")]
+    Unknown(String),
+}
+
+/// Whether a peer with uid `peer` may use the admin socket of a daemon
+/// running as `daemon`: root, or the daemon's own user.
+pub fn admit(peer: u32, daemon: u32) -> Result<(), Refusal> {
+    if peer == 0 || peer == daemon {
+        Ok(())
+    } else {
+        Err(Refusal::Uid { peer, daemon })
+    }
+}
+
+/// Binds `path` with mode [`SOCKET_MODE`] (replacing a stale socket file,
+/// creating the directory).
+///
+/// No moment exists where the path accepts connections with a wider mode:
+/// the socket is bound inside a fresh directory beside `path` created with
+/// mode 0700 (the umask can only narrow that), given its mode there, then
+/// renamed onto `path` (atomic, and replaces a stale socket in one step).
+pub fn bind(path: &Path) -> Result<AdminListener, AdminError> {
+    let p = path.display().to_string();
+    let err = |op: &'static str| {
+        let p = p.clone();
+        move |source| AdminError::Bind { path: p, op, source }
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(err("mkdir"))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "admin".into());
+    let staging = dir.join(format!(".{name}.{}.bind", std::process::id()));
+    match std::fs::remove_dir_all(&staging) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(AdminError::Bind { path: p, op: "removing a stale staging directory", source }),
+    }
+    std::fs::DirBuilder::new().mode(0o700).create(&staging).map_err(err("creating the private staging directory"))?;
+    let bound = (|| {
+        let tmp = staging.join("sock");
+        let listener = UnixListener::bind(&tmp).map_err(err("bind"))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(err("chmod 0600"))?;
+        let owner_uid = std::fs::metadata(&tmp).map_err(err("stat"))?.uid();
+        std::fs::rename(&tmp, path).map_err(err("renaming into place"))?;
+        Ok(AdminListener { listener, owner_uid })
+    })();
+    let _ = std::fs::remove_dir_all(&staging);
+    bound
+}
+
+/// Serves `listener` until the task is dropped. Each connection's peer
+/// credentials are checked first ([`admit`]).
+pub async fn serve(listener: AdminListener, view: Arc<dyn GatewayView>) {
+    let AdminListener { listener, owner_uid } = listener;
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -133,15 +220,27 @@ pub async fn serve(listener: UnixListener, view: Arc<dyn GatewayView>) {
                 continue;
             }
         };
+        let verdict = match stream.peer_cred() {
+            Ok(cred) => admit(cred.uid(), owner_uid).map_err(|r| (r, cred.pid())),
+            Err(e) => Err((Refusal::Unknown(e.to_string()), None)),
+        };
         let view = view.clone();
         tokio::spawn(async move {
             let (r, mut w) = stream.into_split();
+            // The request line is read (bounded in size and time) also from a
+            // peer about to be refused: a client that is still writing when
+            // the daemon closes would see EPIPE instead of the reason.
             let mut line = String::new();
             let mut reader = tokio::io::BufReader::new(r).take(MAX_REQUEST as u64);
             let read = tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut line)).await;
-            let resp = match read {
-                Ok(Ok(n)) if n > 0 => answer(view.as_ref(), &line),
-                _ => Response::Error("no request line".into()),
+            let resp = match (verdict, read) {
+                (Err((refusal, pid)), _) => {
+                    REFUSED.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(reason = %refusal, peer_pid = ?pid, "admin socket: connection refused");
+                    Response::Error(format!("refused: {refusal}"))
+                }
+                (Ok(()), Ok(Ok(n))) if n > 0 => answer(view.as_ref(), &line),
+                (Ok(()), _) => Response::Error("no request line".into()),
             };
             let mut out = serde_json::to_vec(&resp).unwrap_or_default();
             out.push(b'\n');

@@ -68,6 +68,12 @@ pub fn render(view: &dyn GatewayView) -> String {
     o.sample("config_reload_failures_total", &[], status.reload_failures);
     o.family("ready", "gauge", "1 once the XDP program is attached and every worker runs.");
     o.sample("ready", &[], u64::from(status.ready));
+    o.family(
+        "admin_connections_refused_total",
+        "counter",
+        "Admin-socket connections refused: the peer was neither root nor the daemon's user.",
+    );
+    o.sample("admin_connections_refused_total", &[], crate::admin::refused_connections());
 
     o.family("policy_packets_total", "counter", "Translated packets per policy and direction.");
     let policies = view.policies();

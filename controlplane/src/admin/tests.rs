@@ -223,3 +223,111 @@ async fn over_a_real_unix_socket() {
     let missing = call(&dir.path().join("none.sock"), &Request::Status).unwrap_err();
     assert!(missing.to_string().contains("none.sock: No such file or directory"), "{missing}");
 }
+
+#[test]
+fn admits_root_and_the_daemons_own_user_only() {
+    // (peer uid, daemon uid, admitted)
+    let cases =
+        [(0, 0, true), (0, 1000, true), (1000, 1000, true), (1000, 0, false), (65534, 0, false), (1001, 1000, false)];
+    for (peer, daemon, ok) in cases {
+        assert_eq!(admit(peer, daemon).is_ok(), ok, "peer {peer}, daemon {daemon}");
+    }
+    assert_eq!(admit(65534, 0).unwrap_err().to_string(), "peer uid 65534 is neither root nor the daemon's uid 0");
+}
+
+/// A private directory for one test's socket, removed afterwards.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("egret-admin-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn the_socket_is_created_0600_and_replaces_a_stale_one() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let dir = TempDir::new("mode");
+    let path = dir.0.join("run/egret.sock");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, b"stale").unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let listener = rt.block_on(async { bind(&path) }).unwrap();
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.file_type().is_socket(), "{} is not a socket", path.display());
+    assert_eq!(meta.mode() & 0o7777, SOCKET_MODE, "mode {:o}", meta.mode() & 0o7777);
+    assert_eq!(listener.owner_uid(), meta.uid());
+    // Nothing is left behind beside it (the staging directory is gone).
+    let left: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["egret.sock"]);
+    // And it serves its owner.
+    let view: Arc<dyn GatewayView> = Arc::new(Fake);
+    rt.block_on(async {
+        let task = tokio::spawn(serve(listener, view));
+        let p = path.clone();
+        let v = tokio::task::spawn_blocking(move || call(&p, &Request::Status)).await.unwrap().unwrap();
+        assert_eq!(v["generation"], 7);
+        task.abort();
+    });
+}
+
+/// A peer of another user is refused by its credentials even when the
+/// file's mode would let it connect. Needs root (to run the client as
+/// `nobody`) and `setpriv` and `socat` (tests/install-deps.sh).
+#[test]
+fn a_peer_of_another_user_is_refused_and_counted() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::{Command, Stdio};
+    if std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(1) != 0 {
+        eprintln!("SKIPPED a_peer_of_another_user_is_refused_and_counted: needs root");
+        return;
+    }
+    let dir = TempDir::new("peer");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.0.join("egret.sock");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let listener = rt.block_on(async { bind(&path) }).unwrap();
+    assert_eq!(listener.owner_uid(), 0);
+    // Open the file to everyone: only the credential check stands between.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let view: Arc<dyn GatewayView> = Arc::new(Fake);
+    let before = refused_connections();
+    let out = rt.block_on(async {
+        let task = tokio::spawn(serve(listener, view));
+        let p = path.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            let mut child = Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "socat", "-t", "5", "-"])
+                .arg(format!("UNIX-CONNECT:{}", p.display()))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawning setpriv (util-linux) failed: {e}: run tests/install-deps.sh"));
+            child.stdin.take().unwrap().write_all(b"{\"command\":\"status\"}\n").unwrap();
+            child.wait_with_output().unwrap()
+        })
+        .await
+        .unwrap();
+        task.abort();
+        out
+    });
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "setpriv socat: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        answer.trim(),
+        r#"{"error":"refused: peer uid 65534 is neither root nor the daemon's uid 0"}"#,
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(refused_connections() > before, "the refusal was not counted");
+}
