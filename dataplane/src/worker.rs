@@ -11,6 +11,10 @@
 //!       else take up to min(batch, room) frames, handler.handle() each,
 //!            Transmit -> stage on the chosen port's TX ring (same UMEM: no copy)
 //!            Drop     -> frame back to the pool
+//!            Hold     -> the frame waits in the hold queue of its next hop
+//!  held frames: past the timeout -> pool (counted); then, oldest first per
+//!       next hop and within TX room, handler.release() each: sent, dropped,
+//!       or left waiting (that next hop's later frames wait behind it)
 //!  flush TX on every port: publish, sendto() kick while TX is not empty
 //!  top up every fill ring to its target from the pool (short: counted)
 //!  handler.tick(now); sample XDP_STATISTICS every `kernel_stats_interval`
@@ -22,8 +26,22 @@
 //! ring instead (where overflow is the kernel's counted `rx_ring_full` drop).
 //! No allocation and no logging per packet; counters are single-writer
 //! atomics readable from any thread.
+//!
+//! ## Frames waiting for a next hop
+//!
+//! A frame whose next hop has no MAC yet is not dropped: like the kernel,
+//! which queues packets on an incomplete neighbour (`neigh_event_send`,
+//! `unres_qlen_bytes` per neighbour, the oldest dropped when full and
+//! counted `unres_discards`), the worker keeps it in a [`HoldQueue`]: FIFO
+//! per next hop, bounded per next hop and per worker (each waiting frame is
+//! a UMEM frame the fill rings do without), and released after
+//! [`WorkerConfig::hold_timeout`] (the kernel gives up after about 3 s of
+//! probes, `mcast_solicit` x `retrans_time`). While frames wait the worker
+//! polls at most every [`HOLD_POLL`], so a resolution is seen within that.
 
+use std::collections::VecDeque;
 use std::io;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +66,35 @@ pub enum Action {
     Transmit { port: PortId, len: usize },
     /// Return the frame to the pool.
     Drop,
+    /// Keep `buf[..len]` until its next hop `key` resolves
+    /// ([`FrameHandler::release`]), or it times out.
+    Hold { key: HoldKey, len: usize },
+}
+
+/// A next hop frames wait for: (interface index, next-hop address).
+pub type HoldKey = (u32, IpAddr);
+
+/// What the handler says about a held frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unhold {
+    /// Still unresolved: keep it (and the frames behind it).
+    Wait,
+    /// Send `buf[..len]` out of `port`.
+    Transmit { port: PortId, len: usize },
+    /// Return the frame to the pool (the handler counted why).
+    Drop,
+}
+
+/// What happened to frames in the hold queue, for the handler to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldEvent {
+    /// A frame was queued.
+    Queued,
+    /// A frame was dropped to make room (the oldest of its next hop, or of
+    /// the worker when every queue together is full).
+    Overflow,
+    /// A frame waited longer than the timeout and was dropped.
+    Expired,
 }
 
 /// The per-frame logic the worker drives.
@@ -56,6 +103,14 @@ pub trait FrameHandler {
     fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action;
     /// Called once per loop iteration (after a batch or a poll timeout) for periodic work.
     fn tick(&mut self, _now: Instant) {}
+    /// A frame held with [`Action::Hold`] for `key`, offered again: write
+    /// what it lacked (the MACs) and say where it goes, or to wait. The
+    /// default drops it.
+    fn release(&mut self, _key: HoldKey, _buf: &mut [u8], _len: usize, _now: Instant) -> Unhold {
+        Unhold::Drop
+    }
+    /// Counts what happened in the hold queue.
+    fn held(&mut self, _event: HoldEvent) {}
     /// Frames to send that were not received (gratuitous ARP, unsolicited
     /// neighbour advertisements). Called once per iteration before TX is
     /// flushed; the default sends nothing.
@@ -114,7 +169,16 @@ pub struct WorkerConfig {
     pub realtime_priority: Option<i32>,
     /// How often to sample the kernel's `XDP_STATISTICS`.
     pub kernel_stats_interval: Duration,
+    /// Frames held per unresolved next hop (the oldest goes when full).
+    pub hold_per_next_hop: usize,
+    /// Frames held by the worker in all (at most an eighth of its UMEM).
+    pub hold_total: usize,
+    /// How long a frame may wait for its next hop.
+    pub hold_timeout: Duration,
 }
+
+/// The longest the worker blocks in poll() while frames are held.
+pub const HOLD_POLL: Duration = Duration::from_millis(5);
 
 impl Default for WorkerConfig {
     fn default() -> Self {
@@ -125,7 +189,126 @@ impl Default for WorkerConfig {
             cpu: None,
             realtime_priority: None,
             kernel_stats_interval: Duration::from_secs(1),
+            hold_per_next_hop: 32,
+            hold_total: 256,
+            hold_timeout: Duration::from_secs(3),
         }
+    }
+}
+
+/// Frames waiting for their next hop: FIFO per key, at most `per_key` per
+/// key and `total` in all; the oldest is displaced when either bound is
+/// reached. Generic over the item so it is tested without a UMEM.
+#[derive(Debug)]
+pub struct HoldQueue<T> {
+    per_key: usize,
+    total: usize,
+    timeout: Duration,
+    /// Few keys at a time (next hops being resolved): a vector.
+    queues: Vec<(HoldKey, VecDeque<(T, usize, Instant)>)>,
+    len: usize,
+}
+
+impl<T> HoldQueue<T> {
+    /// A queue holding at most `per_key` items per key and `total` in all,
+    /// each for at most `timeout`.
+    pub fn new(per_key: usize, total: usize, timeout: Duration) -> Self {
+        Self { per_key, total, timeout, queues: Vec::new(), len: 0 }
+    }
+
+    /// Items held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Holds `item` (a frame of `len` bytes) for `key`. Returns the item
+    /// displaced to make room, if any: the oldest of `key` when its queue is
+    /// full, else the oldest of all when every queue together is full, or
+    /// `item` itself when nothing may be held.
+    pub fn push(&mut self, key: HoldKey, item: T, len: usize, now: Instant) -> Option<T> {
+        if self.per_key == 0 || self.total == 0 {
+            return Some(item);
+        }
+        let mut displaced = None;
+        let at = match self.queues.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                self.queues.push((key, VecDeque::new()));
+                self.queues.len() - 1
+            }
+        };
+        if self.queues.get(at).is_some_and(|(_, q)| q.len() >= self.per_key) {
+            displaced = self.queues.get_mut(at).and_then(|(_, q)| q.pop_front()).map(|(t, _, _)| t);
+        } else if self.len >= self.total {
+            // The oldest head of all queues.
+            let oldest = self.queues.iter().enumerate().filter_map(|(i, (_, q))| q.front().map(|f| (f.2, i))).min();
+            if let Some((_, i)) = oldest {
+                displaced = self.queues.get_mut(i).and_then(|(_, q)| q.pop_front()).map(|(t, _, _)| t);
+            }
+        }
+        if displaced.is_some() {
+            self.len -= 1;
+        }
+        if let Some((_, q)) = self.queues.get_mut(at) {
+            q.push_back((item, len, now));
+            self.len += 1;
+        }
+        self.queues.retain(|(_, q)| !q.is_empty());
+        displaced
+    }
+
+    /// Removes every item held longer than the timeout, handing each to `gone`.
+    pub fn expire(&mut self, now: Instant, mut gone: impl FnMut(T)) {
+        if self.len == 0 {
+            return;
+        }
+        for (_, q) in &mut self.queues {
+            while q.front().is_some_and(|f| now.saturating_duration_since(f.2) >= self.timeout) {
+                if let Some((t, _, _)) = q.pop_front() {
+                    self.len -= 1;
+                    gone(t);
+                }
+            }
+        }
+        self.queues.retain(|(_, q)| !q.is_empty());
+    }
+
+    /// Offers items oldest first, key by key, to `offer`, at most `budget`
+    /// of them: `Ok(())` takes the item, `Err(item)` puts it back and
+    /// leaves that key's later items waiting behind it. Returns how many
+    /// were taken.
+    pub fn release(&mut self, budget: usize, mut offer: impl FnMut(HoldKey, T, usize) -> Result<(), T>) -> usize {
+        let mut taken = 0;
+        for (key, q) in &mut self.queues {
+            while taken < budget {
+                let Some((t, len, since)) = q.pop_front() else { break };
+                match offer(*key, t, len) {
+                    Ok(()) => {
+                        taken += 1;
+                        self.len -= 1;
+                    }
+                    Err(t) => {
+                        q.push_front((t, len, since));
+                        break;
+                    }
+                }
+            }
+        }
+        self.queues.retain(|(_, q)| !q.is_empty());
+        taken
+    }
+
+    /// Removes everything held, handing each item to `gone`.
+    pub fn clear(&mut self, mut gone: impl FnMut(T)) {
+        for (_, q) in self.queues.drain(..) {
+            q.into_iter().for_each(|(t, _, _)| gone(t));
+        }
+        self.len = 0;
     }
 }
 
@@ -219,6 +402,7 @@ pub struct Worker<H> {
     pollfds: Vec<libc::pollfd>,
     queues: Vec<u32>,
     last_kernel_stats: Option<Instant>,
+    held: HoldQueue<Frame>,
 }
 
 impl<H: FrameHandler> Worker<H> {
@@ -232,6 +416,9 @@ impl<H: FrameHandler> Worker<H> {
             .map(|s| libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(s), events: 0, revents: 0 })
             .collect();
         let queues = ports.sockets().map(|s| s.queue()).collect();
+        // Held frames are UMEM frames the fill rings do without: at most an eighth.
+        let hold_total = config.hold_total.min(ports.frames_total() as usize / 8);
+        let held = HoldQueue::new(config.hold_per_next_hop, hold_total, config.hold_timeout);
         Ok(Self {
             ports,
             handler,
@@ -242,6 +429,7 @@ impl<H: FrameHandler> Worker<H> {
             pollfds,
             queues,
             last_kernel_stats: None,
+            held,
         })
     }
 
@@ -295,6 +483,8 @@ impl<H: FrameHandler> Worker<H> {
             }
         }
         // Leave the counters and the pool current for whoever inspects them.
+        let ports = &mut self.ports;
+        self.held.clear(|f| ports.recycle(f));
         for p in 0..self.ports.len() {
             self.ports.reclaim(PortId(p as u16));
         }
@@ -333,7 +523,15 @@ impl<H: FrameHandler> Worker<H> {
                 continue;
             }
             moved = true;
-            self.handle_batch(port, now);
+            // The clock is read after the frames were taken from the ring:
+            // a batch that waited across a stall (a stopped process) is
+            // judged at the time it is processed, not the time the loop
+            // began (ownership valid-until, dataplane/src/ownership.rs).
+            self.handle_batch(port, Instant::now());
+        }
+
+        if !self.held.is_empty() {
+            moved |= self.release_held(Instant::now()) > 0;
         }
 
         let mut injector = Injector { ports: &mut self.ports, sent: 0, refused: 0 };
@@ -373,6 +571,13 @@ impl<H: FrameHandler> Worker<H> {
                     self.ports.recycle(frame);
                     dropped += 1;
                 }
+                Action::Hold { key, len } => {
+                    if let Some(old) = self.held.push(key, frame, len, now) {
+                        self.ports.recycle(old);
+                        self.handler.held(HoldEvent::Overflow);
+                    }
+                    self.handler.held(HoldEvent::Queued);
+                }
                 Action::Transmit { port: out, len } => match self.ports.transmit(out, frame, len) {
                     Ok(()) => tx += 1,
                     Err((frame, why)) => {
@@ -389,6 +594,49 @@ impl<H: FrameHandler> Worker<H> {
         }
         bump(&self.stats.tx_frames, tx);
         bump(&self.stats.dropped, dropped);
+    }
+
+    /// Held frames: those past the timeout go back to the pool, then each
+    /// next hop's are offered to the handler oldest first, within the room
+    /// every TX ring has. Returns how many were sent or dropped.
+    fn release_held(&mut self, now: Instant) -> usize {
+        let Self { held, ports, handler, stats, .. } = self;
+        held.expire(now, |f| {
+            ports.recycle(f);
+            handler.held(HoldEvent::Expired);
+        });
+        let n = ports.len();
+        let mut room = self.config.batch_size as u32;
+        for q in 0..n {
+            room = room.min(ports.tx_room(PortId(q as u16), room));
+        }
+        let (mut tx, mut gone) = (0u64, 0usize);
+        gone += held.release(room as usize, |key, frame, len| {
+            match handler.release(key, ports.frame_mut(&frame), len, now) {
+                Unhold::Wait => Err(frame),
+                Unhold::Drop => {
+                    ports.recycle(frame);
+                    Ok(())
+                }
+                Unhold::Transmit { port, len } => {
+                    match ports.transmit(port, frame, len) {
+                        Ok(()) => tx += 1,
+                        Err((frame, why)) => {
+                            ports.recycle(frame);
+                            let c = match why {
+                                TxRefused::NoSuchPort => &stats.bad_port,
+                                TxRefused::BadLength => &stats.bad_length,
+                                TxRefused::RingFull | TxRefused::NoFreeFrame => &stats.tx_refused_full,
+                            };
+                            bump(c, 1);
+                        }
+                    }
+                    Ok(())
+                }
+            }
+        });
+        bump(&stats.tx_frames, tx);
+        gone
     }
 
     /// Block until a socket has frames (or TX room, while draining), the
@@ -416,9 +664,90 @@ impl<H: FrameHandler> Worker<H> {
             };
             pfd.revents = 0;
         }
-        let timeout = if draining { self.config.drain_timeout } else { self.config.poll_timeout };
+        let mut timeout = if draining { self.config.drain_timeout } else { self.config.poll_timeout };
+        if !self.held.is_empty() {
+            // Come back soon for a resolution or a timeout.
+            timeout = timeout.min(HOLD_POLL);
+        }
         let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         bump(&self.stats.idle_polls, 1);
         sys::poll(&mut self.pollfds, ms).map(drop).map_err(|source| WorkerError::Poll { sockets: n, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(last: u8) -> HoldKey {
+        (2, IpAddr::from([203, 0, 113, last]))
+    }
+
+    fn taken(q: &mut HoldQueue<u32>, budget: usize, ready: &[HoldKey]) -> Vec<u32> {
+        let mut out = Vec::new();
+        q.release(budget, |k, t, _| {
+            if ready.contains(&k) {
+                out.push(t);
+                Ok(())
+            } else {
+                Err(t)
+            }
+        });
+        out
+    }
+
+    #[test]
+    fn hold_queue_keeps_order_per_next_hop_and_waits_for_resolution() {
+        let t0 = Instant::now();
+        let mut q = HoldQueue::new(4, 16, Duration::from_secs(3));
+        for (i, k) in [(1, key(1)), (2, key(2)), (3, key(1)), (4, key(2)), (5, key(1))] {
+            assert_eq!(q.push(k, i, 60, t0), None);
+        }
+        assert_eq!(q.len(), 5);
+        assert!(taken(&mut q, 64, &[]).is_empty(), "nothing resolved: everything waits");
+        assert_eq!(taken(&mut q, 64, &[key(1)]), vec![1, 3, 5], "one next hop resolved: its frames, in order");
+        assert_eq!(q.len(), 2);
+        assert_eq!(taken(&mut q, 1, &[key(2)]), vec![2], "within the TX budget");
+        assert_eq!(taken(&mut q, 64, &[key(2)]), vec![4]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn hold_queue_is_bounded_per_next_hop_and_in_all_dropping_the_oldest() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut q = HoldQueue::new(2, 3, Duration::from_secs(3));
+        assert_eq!(q.push(key(1), 1, 60, ms(0)), None);
+        assert_eq!(q.push(key(1), 2, 60, ms(1)), None);
+        assert_eq!(q.push(key(1), 3, 60, ms(2)), Some(1), "next hop full: its oldest goes");
+        assert_eq!(q.push(key(2), 4, 60, ms(3)), None);
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.push(key(3), 5, 60, ms(4)), Some(2), "worker full: the oldest of all goes");
+        assert_eq!(q.len(), 3);
+        assert_eq!(taken(&mut q, 64, &[key(1), key(2), key(3)]), vec![3, 4, 5]);
+        let mut none = HoldQueue::new(0, 8, Duration::from_secs(3));
+        assert_eq!(none.push(key(1), 9, 60, t0), Some(9), "holding off: the frame is handed back");
+    }
+
+    #[test]
+    fn hold_queue_releases_frames_past_the_timeout() {
+        let t0 = Instant::now();
+        let mut q = HoldQueue::new(8, 8, Duration::from_secs(3));
+        q.push(key(1), 1, 60, t0);
+        q.push(key(2), 2, 60, t0 + Duration::from_secs(1));
+        q.push(key(1), 3, 60, t0 + Duration::from_secs(2));
+        let mut gone = Vec::new();
+        q.expire(t0 + Duration::from_millis(2999), |t| gone.push(t));
+        assert!(gone.is_empty());
+        q.expire(t0 + Duration::from_secs(3), |t| gone.push(t));
+        assert_eq!(gone, vec![1]);
+        q.expire(t0 + Duration::from_secs(10), |t| gone.push(t));
+        gone.sort_unstable();
+        assert_eq!(gone, vec![1, 2, 3]);
+        assert!(q.is_empty());
+        q.push(key(1), 4, 60, t0);
+        let mut cleared = Vec::new();
+        q.clear(|t| cleared.push(t));
+        assert_eq!((cleared, q.len()), (vec![4], 0));
     }
 }
