@@ -47,6 +47,7 @@ use crate::nat::session::{offload, session_flags, SessionRef, SessionView};
 use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
+use crate::ownership::Ownership;
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, StatsSnapshot, WorkerStats};
 use crate::tables::{FilteringBehavior, NatSettings, PolicySlots, SpecError, Tables, TablesSpec};
@@ -133,6 +134,7 @@ struct Shared {
     resolve: ArrayQueue<ResolveRequest>,
     publish: Mutex<u64>,
     fib_generation: Mutex<u64>,
+    ownership: Arc<Ownership>,
 }
 
 /// The state every worker shares. Cheap to clone.
@@ -174,6 +176,7 @@ impl Engine {
                 resolve: ArrayQueue::new(1024),
                 publish: Mutex::new(1),
                 fib_generation: Mutex::new(0),
+                ownership: Ownership::new(),
             }),
         })
     }
@@ -219,6 +222,12 @@ impl Engine {
     /// The configuration in use.
     pub fn tables(&self) -> Arc<Tables> {
         self.shared.tables.load_full()
+    }
+
+    /// The valid-until of owned addresses, checked for every frame
+    /// (ownership.rs); the control plane extends it after each renewal.
+    pub fn ownership(&self) -> &Arc<Ownership> {
+        &self.shared.ownership
     }
 
     /// The forwarding snapshot in use.
@@ -422,8 +431,24 @@ impl Worker {
     #[inline]
     pub fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
         let Worker { shared, tables, fib, stats, rng, next_hops, flows } = self;
-        let mut ctx = Ctx { shared, tables: tables.load(), fib: fib.load(), stats, rng, next_hops, flows };
-        let v = ctx.process(buf, len, meta, now);
+        // The data plane's own fence (ownership.rs): one load and compare
+        // while every owned address is valid; otherwise nothing is received
+        // for, answered for or sent from an expired address, even if the
+        // tables (or a frame that waited in the ring) say otherwise.
+        let fenced = !shared.ownership.all_valid(now);
+        let v = if fenced && shared.ownership.frame_expired(&buf[..len.min(buf.len())], now) {
+            Verdict::Drop(DropReason::OwnershipExpired)
+        } else {
+            let mut ctx = Ctx { shared, tables: tables.load(), fib: fib.load(), stats, rng, next_hops, flows };
+            match ctx.process(buf, len, meta, now) {
+                Verdict::Forward { len: out, .. } | Verdict::Answer { len: out }
+                    if fenced && shared.ownership.frame_expired(&buf[..out.min(buf.len())], now) =>
+                {
+                    Verdict::Drop(DropReason::OwnershipExpired)
+                }
+                v => v,
+            }
+        };
         match v {
             Verdict::Forward { .. } => stats.forwarded.inc(),
             Verdict::Answer { .. } => stats.answered.inc(),
@@ -979,6 +1004,101 @@ mod tests {
             }
         }
         assert!(taken >= 25, "the established path took only {taken} fixture frames");
+    }
+
+    /// Issue 14 item 6: with every owned address (egress IPs, answered next
+    /// hops) past its valid-until, no fixture frame is translated from or
+    /// to one, nor answered for one: each such frame is dropped and counted
+    /// as `ownership_expired`. Without a valid-until the same frames are
+    /// forwarded and answered (the reference run), so the check is live.
+    #[test]
+    fn nothing_is_sent_or_answered_for_an_address_past_its_valid_until() {
+        use std::net::IpAddr;
+        let (mut refused, mut would_have_sent) = (0u64, 0u64);
+        for s in fixtures::scenarios() {
+            let owned: Vec<IpAddr> =
+                s.spec.egress_ips.iter().map(|e| e.ip).chain(s.spec.neighbor_addresses.iter().copied()).collect();
+            let judge = Ownership::default();
+            judge.expire(&owned);
+            for expired in [false, true] {
+                let engine = Engine::new(&s.spec).expect("fixture config");
+                engine.publish_fib(fixtures::topology());
+                if expired {
+                    engine.ownership().expire(&owned);
+                }
+                let mut w = engine.worker_seeded(PortRng::new(0x5eed));
+                for st in &s.steps {
+                    let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+                    buf[..st.frame.len()].copy_from_slice(&st.frame);
+                    let meta = RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown };
+                    let now = Timestamp::from_secs(st.at);
+                    let received_owned = judge.frame_expired(&st.frame, now);
+                    let v = w.process(&mut buf, st.frame.len(), meta, now);
+                    let sent_owned = match v {
+                        Verdict::Forward { len, .. } | Verdict::Answer { len } => judge.frame_expired(&buf[..len], now),
+                        _ => false,
+                    };
+                    if expired {
+                        assert!(!sent_owned, "{} ({}): sent {v:?} for an expired address", s.name, st.what);
+                        if received_owned {
+                            assert_eq!(v, Verdict::Drop(DropReason::OwnershipExpired), "{} ({})", s.name, st.what);
+                        }
+                    } else if sent_owned {
+                        would_have_sent += 1;
+                    }
+                }
+                if expired {
+                    refused += engine.stats().dropped(DropReason::OwnershipExpired);
+                }
+            }
+        }
+        assert!(would_have_sent >= 20, "the fixtures send only {would_have_sent} frames for owned addresses");
+        assert!(refused >= would_have_sent, "{refused} drops counted for {would_have_sent} frames");
+    }
+
+    /// A frame processed at or after its egress IP's valid-until is dropped,
+    /// one processed before it goes: the engine judges by the time it
+    /// processes the frame (a frame that waited in a ring across the
+    /// deadline is judged late), not by when it arrived.
+    #[test]
+    fn the_valid_until_is_judged_at_processing_time() {
+        // The first fixture frame a fresh engine translates to or from an egress IP.
+        let first = |s: &fixtures::Scenario, st: &fixtures::Step| {
+            let e = Engine::new(&s.spec).unwrap();
+            e.publish_fib(fixtures::topology());
+            let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+            buf[..st.frame.len()].copy_from_slice(&st.frame);
+            let meta = RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown };
+            let Verdict::Forward { len, .. } =
+                e.worker_seeded(PortRng::new(1)).process(&mut buf, st.frame.len(), meta, Timestamp::ZERO)
+            else {
+                return None;
+            };
+            s.spec.egress_ips.iter().map(|e| e.ip).find(|ip| {
+                let judge = Ownership::default();
+                judge.expire(&[*ip]);
+                judge.frame_expired(&buf[..len], Timestamp::ZERO)
+            })
+        };
+        let scenarios = fixtures::scenarios();
+        let (s, step, egress) = scenarios
+            .iter()
+            .find_map(|s| s.steps.iter().find_map(|st| first(s, st).map(|ip| (s, st, ip))))
+            .expect("a fixture frame translated from or to an egress IP");
+        let engine = Engine::new(&s.spec).expect("fixture config");
+        engine.publish_fib(fixtures::topology());
+        let mut w = engine.worker_seeded(PortRng::new(0x5eed));
+        engine.ownership().set([(egress, Some(Timestamp::from_millis(10_000)))]);
+        let run = |w: &mut Worker, at: Timestamp| {
+            let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+            buf[..step.frame.len()].copy_from_slice(&step.frame);
+            w.process(&mut buf, step.frame.len(), RxMeta { ifindex: step.ingress, checksum: ChecksumHint::Unknown }, at)
+        };
+        assert!(matches!(run(&mut w, Timestamp::from_millis(9_999)), Verdict::Forward { .. }));
+        assert_eq!(run(&mut w, Timestamp::from_millis(10_000)), Verdict::Drop(DropReason::OwnershipExpired));
+        // Renewed: served again.
+        engine.ownership().set([(egress, Some(Timestamp::from_millis(20_000)))]);
+        assert!(matches!(run(&mut w, Timestamp::from_millis(10_001)), Verdict::Forward { .. }));
     }
 
     /// An IPv6 datagram with a Destination Options header after its Fragment

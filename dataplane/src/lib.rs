@@ -31,6 +31,7 @@ pub mod fixtures;
 pub mod lpm;
 pub mod nat;
 pub mod neigh_responder;
+pub mod ownership;
 pub mod policy;
 pub mod stats;
 pub mod tables;

@@ -121,6 +121,10 @@ named_enum! {
         BufferTooSmall => "buffer_too_small",
         /// The source already holds its quota of ports on the egress IP (`nat.maxPortsPerSource`).
         SourcePortQuota => "source_port_quota",
+        /// The frame would be sent from or to (or answer ARP/NDP for) an
+        /// address past its valid-until: its Lease may be another gateway's
+        /// by now (ownership.rs).
+        OwnershipExpired => "ownership_expired",
     }
 }
 
