@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use egret_tests::apiserver::ApiServer;
 use kube::discovery::Discovery;
+use serde::Deserialize;
 use serde_yaml::Value;
 
 const NAMESPACE: &str = "egret-system";
@@ -175,4 +176,53 @@ fn the_renderer_handles_the_charts_constructs() {
     );
     assert_eq!(render("c: |\n    {{- .Values.s | nindent 4 }}", &values, &chart), "c: |\n    one\n    two");
     assert_eq!(render("ns: {{ .Release.Namespace }}", &values, &chart), "ns: egret-system");
+}
+
+/// The DaemonSets of `deploy/manifests/` and of the rendered chart: each object's
+/// path (for messages) and its pod template's spec.
+fn daemonset_pod_specs() -> Vec<(String, Value)> {
+    let chart_dir = deploy().join("helm/egret");
+    let values: Value = serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("values.yaml")).unwrap()).unwrap();
+    let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("Chart.yaml")).unwrap()).unwrap();
+    let mut texts = Vec::new();
+    for file in yaml_files(&deploy().join("manifests")) {
+        texts.push((file.display().to_string(), std::fs::read_to_string(&file).unwrap()));
+    }
+    for file in yaml_files(&chart_dir.join("templates")) {
+        let rendered = render(&std::fs::read_to_string(&file).unwrap(), &values, &chart);
+        texts.push((format!("{} (rendered)", file.display()), rendered));
+    }
+    let mut specs = Vec::new();
+    for (name, text) in texts {
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = Value::deserialize(doc).unwrap();
+            if v.get("kind").and_then(Value::as_str) == Some("DaemonSet") {
+                specs.push((name.clone(), lookup(&v, "spec.template.spec").clone()));
+            }
+        }
+    }
+    specs
+}
+
+#[test]
+fn every_daemonset_runs_under_the_runtime_default_seccomp_profile() {
+    let specs = daemonset_pod_specs();
+    assert_eq!(specs.len(), 2, "one DaemonSet in deploy/manifests and one in the chart: {specs:?}");
+    for (name, spec) in specs {
+        let profile = spec.get("securityContext").and_then(|s| s.get("seccompProfile")).and_then(|p| p.get("type"));
+        assert_eq!(
+            profile.and_then(Value::as_str),
+            Some("RuntimeDefault"),
+            "{name}: the pod's securityContext.seccompProfile.type must be RuntimeDefault"
+        );
+        // No container may override it with a weaker profile.
+        for c in spec.get("containers").and_then(Value::as_sequence).into_iter().flatten() {
+            let own = c.get("securityContext").and_then(|s| s.get("seccompProfile")).and_then(|p| p.get("type"));
+            assert!(
+                own.is_none() || own.and_then(Value::as_str) == Some("RuntimeDefault"),
+                "{name}: container {:?} overrides the seccomp profile with {own:?}",
+                c.get("name")
+            );
+        }
+    }
 }
