@@ -37,6 +37,7 @@ use parking_lot::Mutex;
 use crate::clock::Timestamp;
 use crate::dissect::{self, Frag, IpPacket, Parsed, L4};
 use crate::fib::{Fib, Mac, NextHop};
+use crate::icmp_gen::{self, ErrorKind, RateLimit};
 use crate::nat::flow_cache::FlowCache;
 use crate::nat::fragments::{FragKey, FragTranslation};
 use crate::nat::icmp_error::{self, IcmpFamily};
@@ -47,7 +48,6 @@ use crate::nat::session::{offload, session_flags, SessionRef, SessionView};
 use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
-use crate::ownership::Ownership;
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, StatsSnapshot, WorkerStats};
 use crate::tables::{FilteringBehavior, NatSettings, PolicySlots, SpecError, Tables, TablesSpec};
@@ -132,9 +132,10 @@ struct Shared {
     slots: PolicySlots,
     workers: Mutex<Vec<Arc<WorkerStats>>>,
     resolve: ArrayQueue<ResolveRequest>,
+    /// The budget of originated ICMP errors, all workers together (icmp_gen.rs).
+    icmp_errors: Mutex<RateLimit>,
     publish: Mutex<u64>,
     fib_generation: Mutex<u64>,
-    ownership: Arc<Ownership>,
 }
 
 /// The state every worker shares. Cheap to clone.
@@ -174,9 +175,9 @@ impl Engine {
                 slots,
                 workers: Mutex::new(Vec::new()),
                 resolve: ArrayQueue::new(1024),
+                icmp_errors: Mutex::new(RateLimit::default()),
                 publish: Mutex::new(1),
                 fib_generation: Mutex::new(0),
-                ownership: Ownership::new(),
             }),
         })
     }
@@ -222,12 +223,6 @@ impl Engine {
     /// The configuration in use.
     pub fn tables(&self) -> Arc<Tables> {
         self.shared.tables.load_full()
-    }
-
-    /// The valid-until of owned addresses, checked for every frame
-    /// (ownership.rs); the control plane extends it after each renewal.
-    pub fn ownership(&self) -> &Arc<Ownership> {
-        &self.shared.ownership
     }
 
     /// The forwarding snapshot in use.
@@ -431,24 +426,8 @@ impl Worker {
     #[inline]
     pub fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
         let Worker { shared, tables, fib, stats, rng, next_hops, flows } = self;
-        // The data plane's own fence (ownership.rs): one load and compare
-        // while every owned address is valid; otherwise nothing is received
-        // for, answered for or sent from an expired address, even if the
-        // tables (or a frame that waited in the ring) say otherwise.
-        let fenced = !shared.ownership.all_valid(now);
-        let v = if fenced && shared.ownership.frame_expired(&buf[..len.min(buf.len())], now) {
-            Verdict::Drop(DropReason::OwnershipExpired)
-        } else {
-            let mut ctx = Ctx { shared, tables: tables.load(), fib: fib.load(), stats, rng, next_hops, flows };
-            match ctx.process(buf, len, meta, now) {
-                Verdict::Forward { len: out, .. } | Verdict::Answer { len: out }
-                    if fenced && shared.ownership.frame_expired(&buf[..out.min(buf.len())], now) =>
-                {
-                    Verdict::Drop(DropReason::OwnershipExpired)
-                }
-                v => v,
-            }
-        };
+        let mut ctx = Ctx { shared, tables: tables.load(), fib: fib.load(), stats, rng, next_hops, flows };
+        let v = ctx.process(buf, len, meta, now);
         match v {
             Verdict::Forward { .. } => stats.forwarded.inc(),
             Verdict::Answer { .. } => stats.answered.inc(),
@@ -582,6 +561,9 @@ impl Ctx<'_> {
                 Err(v) => return v,
             },
         };
+        if let Some(v) = self.undeliverable(buf, &p, &view, dir, now) {
+            return v;
+        }
         self.account(nat, &view, dir, tcp_flags, secs, len);
         let orig = (p.src, p.dst);
         rewrite::translate(buf, &mut p, dir, &view.tuple, view.deltas, partial);
@@ -720,6 +702,11 @@ impl Ctx<'_> {
         let NextHop::Resolved { oif, src_mac, dst_mac } = self.next_hops.lookup(self.fib, IpAddr::V4(new_dst)) else {
             return None;
         };
+        // Larger than the egress link's MTU: the full pipeline answers it.
+        let ip_len = (end - L3) as u32;
+        if ip_len > self.fib.min_mtu() && self.fib.mtu(oif).is_none_or(|m| ip_len > m) {
+            return None;
+        }
 
         // Commit: from here on, exactly the full pipeline's steps.
         self.account(nat, &view, dir, tcp_flags, secs, len);
@@ -920,8 +907,92 @@ impl Ctx<'_> {
         if p.hop_limit <= 1 {
             return Verdict::Drop(DropReason::TtlExceeded);
         }
+        // What `undeliverable` did not see (later fragments, ICMP errors,
+        // hairpinned packets) is dropped without an error when too large.
+        if self.egress_mtu(p.end - p.l3, p.dst.ip()).is_some() {
+            return Verdict::Drop(DropReason::MtuExceeded);
+        }
         A::decrement_hop_limit(&mut buf[p.l3..]);
-        match self.next_hops.lookup(self.fib, p.dst.ip()) {
+        self.to_next_hop(buf, len, p.dst.ip())
+    }
+
+    /// The egress link's MTU when a datagram of `ip_len` bytes to `to` is
+    /// larger than it (`None` when it fits or the route is unknown: the
+    /// next-hop lookup then says why).
+    #[inline]
+    fn egress_mtu(&self, ip_len: usize, to: IpAddr) -> Option<u32> {
+        let ip_len = u32::try_from(ip_len).unwrap_or(u32::MAX);
+        if ip_len <= self.fib.min_mtu() {
+            return None;
+        }
+        let mtu = self.fib.mtu(self.fib.route(to)?.oif)?;
+        (ip_len > mtu).then_some(mtu)
+    }
+
+    /// A router's checks before it forwards a session's datagram, on the
+    /// datagram as its sender wrote it (so the error quotes what the sender
+    /// can match): the TTL or hop limit (RFC 1812 5.3.1, RFC 4443 3.3) and
+    /// the egress link's MTU (RFC 1191, RFC 1812 5.2.7.1; RFC 4443 3.2,
+    /// RFC 8201). A datagram that fails one is dropped and counted, and an
+    /// ICMP error goes back to its sender, rate-limited (icmp_gen.rs):
+    /// outbound, to the pod from the gateway's address on the way back
+    /// (RFC 1812 4.3.2.4); inbound, to the remote from the egress IP it
+    /// wrote to.
+    ///
+    /// IPv4 without DF over the MTU is not fragmented (one frame in, one
+    /// out): it gets Fragmentation Needed as well, which Linux and other
+    /// hosts apply whatever the DF bit (they fragment at the source from
+    /// then on); counted `mtu_exceeded` like the rest.
+    fn undeliverable<A: Family>(
+        &mut self,
+        buf: &mut [u8],
+        p: &IpPacket<A>,
+        view: &SessionView<A>,
+        dir: Direction,
+        now: Timestamp,
+    ) -> Option<Verdict> {
+        let kind = if p.hop_limit <= 1 {
+            ErrorKind::TimeExceeded
+        } else if view.flags & session_flags::HAIRPIN != 0 {
+            return None;
+        } else {
+            let to = match dir {
+                Direction::Outbound => p.dst.ip(),
+                Direction::Inbound => view.tuple.pod.ip(),
+            };
+            ErrorKind::TooBig { mtu: self.egress_mtu(p.end - p.l3, to)? }
+        };
+        let reason = match kind {
+            ErrorKind::TimeExceeded => DropReason::TtlExceeded,
+            ErrorKind::TooBig { .. } => DropReason::MtuExceeded,
+        };
+        let from = match dir {
+            Direction::Outbound => self.fib.source_for(p.src.ip()),
+            Direction::Inbound => Some(p.dst.ip()),
+        };
+        let Some(from) = from else { return Some(Verdict::Drop(reason)) };
+        if !self.shared.icmp_errors.lock().allow(now) {
+            self.stats.event(Event::IcmpErrorRateLimited);
+            return Some(Verdict::Drop(reason));
+        }
+        let written = match from {
+            IpAddr::V4(s) => icmp_gen::write_v4(buf, p.l3, p.end, s, kind),
+            IpAddr::V6(s) => {
+                let l4 = (!matches!(p.frag, Frag::Later { .. })).then_some(p.l4);
+                icmp_gen::write_v6(buf, p.l3, l4, p.end, p.proto, s, kind)
+            }
+        };
+        let Some(len) = written else { return Some(Verdict::Drop(reason)) };
+        // The datagram is dropped (counted here); the error is sent (and
+        // counted as forwarded).
+        self.stats.dropped(reason);
+        self.stats.event(Event::IcmpErrorSent);
+        Some(self.to_next_hop(buf, len, p.src.ip()))
+    }
+
+    /// The L2 next hop of a frame to `dst`, whose IP part is ready to send.
+    fn to_next_hop(&mut self, buf: &mut [u8], len: usize, dst: IpAddr) -> Verdict {
+        match self.next_hops.lookup(self.fib, dst) {
             NextHop::Resolved { oif, src_mac, dst_mac } => {
                 let mut f = ethernet::Frame::new_unchecked(&mut buf[..len]);
                 f.set_dst_addr(EthernetAddress(dst_mac));
@@ -1006,99 +1077,175 @@ mod tests {
         assert!(taken >= 25, "the established path took only {taken} fixture frames");
     }
 
-    /// Issue 14 item 6: with every owned address (egress IPs, answered next
-    /// hops) past its valid-until, no fixture frame is translated from or
-    /// to one, nor answered for one: each such frame is dropped and counted
-    /// as `ownership_expired`. Without a valid-until the same frames are
-    /// forwarded and answered (the reference run), so the check is live.
-    #[test]
-    fn nothing_is_sent_or_answered_for_an_address_past_its_valid_until() {
-        use std::net::IpAddr;
-        let (mut refused, mut would_have_sent) = (0u64, 0u64);
-        for s in fixtures::scenarios() {
-            let owned: Vec<IpAddr> =
-                s.spec.egress_ips.iter().map(|e| e.ip).chain(s.spec.neighbor_addresses.iter().copied()).collect();
-            let judge = Ownership::default();
-            judge.expire(&owned);
-            for expired in [false, true] {
-                let engine = Engine::new(&s.spec).expect("fixture config");
-                engine.publish_fib(fixtures::topology());
-                if expired {
-                    engine.ownership().expire(&owned);
-                }
-                let mut w = engine.worker_seeded(PortRng::new(0x5eed));
-                for st in &s.steps {
-                    let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
-                    buf[..st.frame.len()].copy_from_slice(&st.frame);
-                    let meta = RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown };
-                    let now = Timestamp::from_secs(st.at);
-                    let received_owned = judge.frame_expired(&st.frame, now);
-                    let v = w.process(&mut buf, st.frame.len(), meta, now);
-                    let sent_owned = match v {
-                        Verdict::Forward { len, .. } | Verdict::Answer { len } => judge.frame_expired(&buf[..len], now),
-                        _ => false,
-                    };
-                    if expired {
-                        assert!(!sent_owned, "{} ({}): sent {v:?} for an expired address", s.name, st.what);
-                        if received_owned {
-                            assert_eq!(v, Verdict::Drop(DropReason::OwnershipExpired), "{} ({})", s.name, st.what);
-                        }
-                    } else if sent_owned {
-                        would_have_sent += 1;
-                    }
-                }
-                if expired {
-                    refused += engine.stats().dropped(DropReason::OwnershipExpired);
-                }
-            }
-        }
-        assert!(would_have_sent >= 20, "the fixtures send only {would_have_sent} frames for owned addresses");
-        assert!(refused >= would_have_sent, "{refused} drops counted for {would_have_sent} frames");
+    /// The gateway's inside addresses, the source of the errors it sends pods.
+    const GW_INSIDE4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
+    const GW_INSIDE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 2);
+
+    /// The fixture gateway with its inside addresses and an outside link of
+    /// `outside_mtu`.
+    fn router(outside_mtu: u32) -> (Engine, Worker) {
+        let mut fib = fixtures::topology();
+        fib.add_interface(crate::fib::Interface {
+            ifindex: fixtures::OUTSIDE,
+            name: "outside".into(),
+            mac: fixtures::GW_OUT,
+            mtu: outside_mtu,
+        })
+        .add_address(fixtures::INSIDE, IpAddr::V4(GW_INSIDE4))
+        .add_address(fixtures::INSIDE, IpAddr::V6(GW_INSIDE6))
+        .add_route(
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 0)),
+            64,
+            crate::fib::Route { oif: fixtures::INSIDE, gateway: None },
+        );
+        let engine = Engine::new(&fixtures::base_spec()).expect("fixture config");
+        engine.publish_fib(fib);
+        let w = engine.worker_seeded(PortRng::new(7));
+        (engine, w)
     }
 
-    /// A frame processed at or after its egress IP's valid-until is dropped,
-    /// one processed before it goes: the engine judges by the time it
-    /// processes the frame (a frame that waited in a ring across the
-    /// deadline is judged late), not by when it arrived.
+    fn send(w: &mut Worker, frame: &[u8], ingress: u32, at: u64) -> (Verdict, Vec<u8>) {
+        let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+        buf[..frame.len()].copy_from_slice(frame);
+        let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
+        let v = w.process(&mut buf, frame.len(), meta, Timestamp::from_millis(at));
+        let len = match v {
+            Verdict::Forward { len, .. } | Verdict::Answer { len } => len,
+            _ => 0,
+        };
+        buf.truncate(len);
+        (v, buf)
+    }
+
+    /// The ICMP error in `frame`: (source, destination, type, code, the 4
+    /// bytes after the checksum, the quoted datagram), its checksums checked.
+    fn icmp_error(frame: &[u8]) -> (IpAddr, IpAddr, u8, u8, [u8; 4], Vec<u8>) {
+        let h = etherparse::SlicedPacket::from_ethernet(frame).expect("a frame");
+        let (src, dst, icmp) = match h.net.expect("ip") {
+            etherparse::InternetSlice::Ipv4(ip) => (
+                IpAddr::V4(ip.header().source_addr()),
+                IpAddr::V4(ip.header().destination_addr()),
+                ip.payload().payload,
+            ),
+            etherparse::InternetSlice::Ipv6(ip) => (
+                IpAddr::V6(ip.header().source_addr()),
+                IpAddr::V6(ip.header().destination_addr()),
+                ip.payload().payload,
+            ),
+            other => panic!("{other:?}"),
+        };
+        let valid = match (src, dst) {
+            (IpAddr::V6(s), IpAddr::V6(d)) => crate::wire::icmpv6::Packet::new_unchecked(icmp).verify_checksum(&s, &d),
+            _ => {
+                let h = &frame[14..34];
+                checksum::fold(checksum::sum(h, 0)) == 0xffff
+                    && crate::wire::icmpv4::Packet::new_unchecked(icmp).verify_checksum()
+            }
+        };
+        assert!(valid, "checksums");
+        (src, dst, icmp[0], icmp[1], icmp[4..8].try_into().unwrap(), icmp[8..].to_vec())
+    }
+
+    /// Traceroute through the gateway: TTL 1 gets Time Exceeded from the
+    /// gateway's inside address, quoting the pod's datagram untranslated;
+    /// TTL 2 goes out with TTL 1. Before, TTL 1 was dropped in silence.
     #[test]
-    fn the_valid_until_is_judged_at_processing_time() {
-        // The first fixture frame a fresh engine translates to or from an egress IP.
-        let first = |s: &fixtures::Scenario, st: &fixtures::Step| {
-            let e = Engine::new(&s.spec).unwrap();
-            e.publish_fib(fixtures::topology());
-            let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
-            buf[..st.frame.len()].copy_from_slice(&st.frame);
-            let meta = RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown };
-            let Verdict::Forward { len, .. } =
-                e.worker_seeded(PortRng::new(1)).process(&mut buf, st.frame.len(), meta, Timestamp::ZERO)
-            else {
-                return None;
-            };
-            s.spec.egress_ips.iter().map(|e| e.ip).find(|ip| {
-                let judge = Ownership::default();
-                judge.expire(&[*ip]);
-                judge.frame_expired(&buf[..len], Timestamp::ZERO)
-            })
+    fn ttl_one_gets_time_exceeded_from_the_inside_address() {
+        let (engine, mut w) = router(1500);
+        let mut probe = fixtures::from_pod(
+            IpAddr::V4(fixtures::POD_A),
+            IpAddr::V4(fixtures::SERVER),
+            fixtures::udp(40000, 33434, b"probe"),
+        );
+        probe.ttl = 1;
+        let (v, out) = send(&mut w, &probe.frame(), fixtures::INSIDE, 0);
+        assert_eq!(v, Verdict::Forward { ifindex: fixtures::INSIDE, len: out.len() });
+        assert_eq!(&out[..6], &fixtures::NODE_MAC, "back through the node router");
+        let (src, dst, ty, code, _, quoted) = icmp_error(&out);
+        assert_eq!((src, dst, ty, code), (IpAddr::V4(GW_INSIDE4), IpAddr::V4(fixtures::POD_A), 11, 0));
+        assert_eq!(quoted, probe.ip_bytes(), "the pod's datagram as it sent it");
+        let s = engine.stats();
+        assert_eq!((s.dropped(DropReason::TtlExceeded), s.event(Event::IcmpErrorSent)), (1, 1));
+
+        probe.ttl = 2;
+        let (v, out) = send(&mut w, &probe.frame(), fixtures::INSIDE, 0);
+        assert_eq!(v, Verdict::Forward { ifindex: fixtures::OUTSIDE, len: out.len() });
+        assert_eq!(out[14 + 8], 1, "TTL decremented");
+        assert_eq!(&out[14 + 12..14 + 16], &fixtures::E1.octets(), "translated");
+    }
+
+    /// A DF datagram larger than the outside link's MTU gets Fragmentation
+    /// Needed with that MTU (RFC 1191), also once the flow is established
+    /// (the straight pass must not send it); a datagram that fits goes out.
+    /// IPv6 gets Packet Too Big. Before, both left and died on the link.
+    #[test]
+    fn oversize_datagrams_get_frag_needed_or_packet_too_big() {
+        let (engine, mut w) = router(1280);
+        let pod = |len: usize| {
+            fixtures::from_pod(
+                IpAddr::V4(fixtures::POD_A),
+                IpAddr::V4(fixtures::SERVER),
+                fixtures::udp(40000, 9000, &vec![7; len]),
+            )
         };
-        let scenarios = fixtures::scenarios();
-        let (s, step, egress) = scenarios
-            .iter()
-            .find_map(|s| s.steps.iter().find_map(|st| first(s, st).map(|ip| (s, st, ip))))
-            .expect("a fixture frame translated from or to an egress IP");
-        let engine = Engine::new(&s.spec).expect("fixture config");
-        engine.publish_fib(fixtures::topology());
-        let mut w = engine.worker_seeded(PortRng::new(0x5eed));
-        engine.ownership().set([(egress, Some(Timestamp::from_millis(10_000)))]);
-        let run = |w: &mut Worker, at: Timestamp| {
-            let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
-            buf[..step.frame.len()].copy_from_slice(&step.frame);
-            w.process(&mut buf, step.frame.len(), RxMeta { ifindex: step.ingress, checksum: ChecksumHint::Unknown }, at)
-        };
-        assert!(matches!(run(&mut w, Timestamp::from_millis(9_999)), Verdict::Forward { .. }));
-        assert_eq!(run(&mut w, Timestamp::from_millis(10_000)), Verdict::Drop(DropReason::OwnershipExpired));
-        // Renewed: served again.
-        engine.ownership().set([(egress, Some(Timestamp::from_millis(20_000)))]);
-        assert!(matches!(run(&mut w, Timestamp::from_millis(10_001)), Verdict::Forward { .. }));
+        let (v, _) = send(&mut w, &pod(100).frame(), fixtures::INSIDE, 0);
+        assert!(matches!(v, Verdict::Forward { ifindex: fixtures::OUTSIDE, .. }), "{v:?}");
+        let reply = fixtures::from_outside(
+            IpAddr::V4(fixtures::SERVER),
+            IpAddr::V4(fixtures::E1),
+            fixtures::udp(9000, 40000, b"ok"),
+        );
+        let (v, _) = send(&mut w, &reply.frame(), fixtures::OUTSIDE, 0);
+        assert!(matches!(v, Verdict::Forward { ifindex: fixtures::INSIDE, .. }), "{v:?}");
+
+        // 20 + 8 + 1252 = 1280 fits; one byte more does not.
+        let (v, _) = send(&mut w, &pod(1252).frame(), fixtures::INSIDE, 0);
+        assert!(matches!(v, Verdict::Forward { ifindex: fixtures::OUTSIDE, .. }), "{v:?}");
+        let big = pod(1422);
+        let (v, out) = send(&mut w, &big.frame(), fixtures::INSIDE, 0);
+        assert_eq!(v, Verdict::Forward { ifindex: fixtures::INSIDE, len: out.len() });
+        let (src, dst, ty, code, rest, quoted) = icmp_error(&out);
+        assert_eq!((src, dst, ty, code), (IpAddr::V4(GW_INSIDE4), IpAddr::V4(fixtures::POD_A), 3, 4));
+        assert_eq!(u16::from_be_bytes([rest[2], rest[3]]), 1280, "next-hop MTU");
+        assert_eq!(out.len(), 14 + 576, "at most 576 bytes (RFC 1812 4.3.2.3)");
+        assert_eq!(&quoted[..], &big.ip_bytes()[..quoted.len()]);
+        assert_eq!(engine.stats().dropped(DropReason::MtuExceeded), 1);
+
+        let big6 = fixtures::from_pod(
+            IpAddr::V6(fixtures::POD6),
+            IpAddr::V6(fixtures::SERVER6),
+            fixtures::udp(40000, 9000, &[7; 1300]),
+        );
+        let (v, out) = send(&mut w, &big6.frame(), fixtures::INSIDE, 0);
+        assert_eq!(v, Verdict::Forward { ifindex: fixtures::INSIDE, len: out.len() });
+        let (src, dst, ty, code, rest, _) = icmp_error(&out);
+        assert_eq!((src, dst, ty, code), (IpAddr::V6(GW_INSIDE6), IpAddr::V6(fixtures::POD6), 2, 0));
+        assert_eq!(u32::from_be_bytes(rest), 1280);
+        assert_eq!(engine.stats().dropped(DropReason::MtuExceeded), 2);
+    }
+
+    /// Originated errors are rate-limited: a burst of 50, then 1000 a second.
+    #[test]
+    fn originated_errors_are_rate_limited() {
+        let (engine, mut w) = router(1500);
+        let mut probe = fixtures::from_pod(
+            IpAddr::V4(fixtures::POD_A),
+            IpAddr::V4(fixtures::SERVER),
+            fixtures::udp(40000, 33434, b"probe"),
+        );
+        probe.ttl = 1;
+        let sent = (0..80)
+            .filter(|_| matches!(send(&mut w, &probe.frame(), fixtures::INSIDE, 0).0, Verdict::Forward { .. }))
+            .count();
+        assert_eq!(sent, icmp_gen::ICMP_ERRORS_BURST as usize);
+        let s = engine.stats();
+        assert_eq!(s.event(Event::IcmpErrorRateLimited), 80 - sent as u64);
+        assert_eq!(s.dropped(DropReason::TtlExceeded), 80, "every probe dropped and counted");
+        // 10 ms later: 10 more tokens.
+        let later = (0..20)
+            .filter(|_| matches!(send(&mut w, &probe.frame(), fixtures::INSIDE, 10).0, Verdict::Forward { .. }))
+            .count();
+        assert_eq!(later, 10);
     }
 
     /// An IPv6 datagram with a Destination Options header after its Fragment

@@ -12,6 +12,8 @@
 //! - [`policy`], [`lpm`]: which sources and destinations a policy selects.
 //! - [`tables`]: the configuration snapshot the control plane publishes.
 //! - [`fib`]: interfaces, routes and neighbours from the kernel.
+//! - [`icmp_gen`]: ICMP errors the gateway originates as a router (Time
+//!   Exceeded, Fragmentation Needed, Packet Too Big), rate-limited.
 //! - [`nat`]: sessions (both directions), mappings and port allocation, TCP
 //!   state, expiry, fragments, ICMP errors, the rewrite itself.
 //! - [`neigh_responder`]: ARP and NDP answers for owned addresses.
@@ -25,13 +27,13 @@ pub mod clock;
 pub mod dissect;
 pub mod engine;
 pub mod fib;
+pub mod icmp_gen;
 #[cfg(any(test, feature = "fixtures"))]
 #[allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 pub mod fixtures;
 pub mod lpm;
 pub mod nat;
 pub mod neigh_responder;
-pub mod ownership;
 pub mod policy;
 pub mod stats;
 pub mod tables;

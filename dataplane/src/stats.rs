@@ -121,10 +121,13 @@ named_enum! {
         BufferTooSmall => "buffer_too_small",
         /// The source already holds its quota of ports on the egress IP (`nat.maxPortsPerSource`).
         SourcePortQuota => "source_port_quota",
-        /// The frame would be sent from or to (or answer ARP/NDP for) an
-        /// address past its valid-until: its Lease may be another gateway's
-        /// by now (ownership.rs).
-        OwnershipExpired => "ownership_expired",
+        /// An outbound ICMP error about a session, sent by another selected
+        /// source than the session's pod (a pod speaking for another pod).
+        IcmpErrorSpoofed => "icmp_error_spoofed",
+        /// Larger than the egress interface's MTU (IPv4 with DF set, or not:
+        /// Egret does not fragment; IPv6): Fragmentation Needed / Packet Too
+        /// Big goes back to the sender, rate-limited.
+        MtuExceeded => "mtu_exceeded",
     }
 }
 
@@ -157,6 +160,15 @@ named_enum! {
         PortRandomized => "port_randomized",
         /// A confirmed session was queued for the XDP fast path.
         OffloadRequested => "offload_requested",
+        /// An ICMP error (Time Exceeded, Fragmentation Needed, Packet Too
+        /// Big) was generated for a dropped packet.
+        IcmpErrorSent => "icmp_error_sent",
+        /// An ICMP error was not generated: beyond the worker's rate
+        /// (RFC 1812 4.3.2.8, RFC 4443 2.4(f)).
+        IcmpErrorRateLimited => "icmp_error_rate_limited",
+        /// A TCP RST outside the session's receive window: passed on without
+        /// closing the session (RFC 5961 3.2).
+        TcpRstOutOfWindow => "tcp_rst_out_of_window",
     }
 }
 
