@@ -39,6 +39,7 @@ use egret_dataplane::fib::{Fib, Interface, Mac, Route};
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST,
 };
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
@@ -59,6 +60,8 @@ pub const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 // rtnetlink multicast groups (uapi linux/rtnetlink.h, the legacy RTMGRP_* bits).
 const RTMGRP_LINK: u32 = 0x1;
 const RTMGRP_NEIGH: u32 = 0x4;
+const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+const RTMGRP_IPV6_IFADDR: u32 = 0x100;
 const RTMGRP_IPV4_ROUTE: u32 = 0x40;
 const RTMGRP_IPV6_ROUTE: u32 = 0x400;
 
@@ -119,6 +122,9 @@ pub struct KernelState {
     links: HashMap<u32, Link>,
     routes: HashMap<RouteKey, Route>,
     neighbours: HashMap<(u32, IpAddr), Mac>,
+    /// The interfaces' own addresses: the source of the ICMP errors the
+    /// engine originates (Time Exceeded, Fragmentation Needed).
+    addresses: std::collections::BTreeSet<(u32, IpAddr)>,
 }
 
 /// Whether a neighbour state carries a usable link-layer address.
@@ -170,8 +176,25 @@ impl KernelState {
             RouteNetlinkMessage::DelNeighbour(m) => {
                 Self::neighbour_key(m).is_some_and(|k| self.neighbours.remove(&k).is_some())
             }
+            RouteNetlinkMessage::NewAddress(m) => Self::address(m).is_some_and(|k| self.addresses.insert(k)),
+            RouteNetlinkMessage::DelAddress(m) => Self::address(m).is_some_and(|k| self.addresses.remove(&k)),
             _ => false,
         }
+    }
+
+    /// An address message's (interface, address): `IFA_LOCAL` (IPv4: the
+    /// local end; `IFA_ADDRESS` is the peer's on point-to-point links),
+    /// else `IFA_ADDRESS` (IPv6 has only that).
+    fn address(m: &AddressMessage) -> Option<(u32, IpAddr)> {
+        let local = m.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        });
+        let address = m.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        });
+        Some((m.header.index, local.or(address)?))
     }
 
     fn new_link(&mut self, m: &LinkMessage) -> bool {
@@ -279,6 +302,11 @@ impl KernelState {
         }
         for ((ifindex, ip), mac) in &self.neighbours {
             fib.add_neighbor(*ifindex, *ip, *mac);
+        }
+        for (ifindex, ip) in &self.addresses {
+            if fib.interface(*ifindex).is_some() {
+                fib.add_address(*ifindex, *ip);
+            }
         }
         fib
     }
@@ -398,10 +426,11 @@ impl Requests {
     async fn dump(&mut self) -> Result<KernelState, NetlinkError> {
         let mut state = KernelState::default();
         let flags = NLM_F_REQUEST | NLM_F_DUMP;
-        let dumps: [(&'static str, RouteNetlinkMessage); 3] = [
+        let dumps: [(&'static str, RouteNetlinkMessage); 4] = [
             ("links", RouteNetlinkMessage::GetLink(LinkMessage::default())),
             ("routes", RouteNetlinkMessage::GetRoute(RouteMessage::default())),
             ("neighbours", RouteNetlinkMessage::GetNeighbour(NeighbourMessage::default())),
+            ("addresses", RouteNetlinkMessage::GetAddress(AddressMessage::default())),
         ];
         for (what, msg) in dumps {
             for m in self.call(msg, flags).await.map_err(|source| NetlinkError::Dump { what, source })? {
@@ -458,7 +487,12 @@ impl Watcher {
     pub async fn start(self) -> Result<Running, NetlinkError> {
         let mut events =
             TokioSocket::new(NETLINK_ROUTE).map_err(|source| NetlinkError::Socket { op: "socket", source })?;
-        let groups = RTMGRP_LINK | RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE;
+        let groups = RTMGRP_LINK
+            | RTMGRP_NEIGH
+            | RTMGRP_IPV4_ROUTE
+            | RTMGRP_IPV6_ROUTE
+            | RTMGRP_IPV4_IFADDR
+            | RTMGRP_IPV6_IFADDR;
         events
             .socket_mut()
             .bind(&SocketAddr::new(0, groups))
@@ -627,6 +661,43 @@ mod tests {
             m.attributes.push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
         }
         m
+    }
+
+    /// Interface addresses reach the Fib (driven interfaces only), as the
+    /// source of the ICMP errors the engine originates: IPv4's local end
+    /// (`IFA_LOCAL`), IPv6's `IFA_ADDRESS`; a removed address goes.
+    #[test]
+    fn addresses_of_driven_interfaces_reach_the_fib() {
+        use netlink_packet_route::address::AddressMessage;
+        let addr = |index: u32, attrs: Vec<AddressAttribute>| {
+            let mut m = AddressMessage::default();
+            m.header.index = index;
+            m.attributes = attrs;
+            m
+        };
+        let mut s = KernelState::default();
+        let driven = vec!["eth0".to_string()];
+        assert!(s.apply(&link(2, "eth0", [2, 0, 0, 0, 0, 1])));
+        assert!(s.apply(&link(3, "lo2", [0; 6])));
+        assert!(s.apply(&RouteNetlinkMessage::NewRoute(route(Ipv4Addr::new(192, 0, 2, 0), 24, 2, None, 0))));
+        let v4 = addr(
+            2,
+            vec![
+                AddressAttribute::Address(Ipv4Addr::new(192, 0, 2, 99).into()),
+                AddressAttribute::Local(Ipv4Addr::new(192, 0, 2, 2).into()),
+            ],
+        );
+        assert!(s.apply(&RouteNetlinkMessage::NewAddress(v4.clone())));
+        assert!(!s.apply(&RouteNetlinkMessage::NewAddress(v4.clone())), "no change");
+        let other = addr(3, vec![AddressAttribute::Local(Ipv4Addr::new(198, 51, 100, 1).into())]);
+        assert!(s.apply(&RouteNetlinkMessage::NewAddress(other)));
+        let v6: std::net::Ipv6Addr = "2001:db8:2::2".parse().unwrap();
+        assert!(s.apply(&RouteNetlinkMessage::NewAddress(addr(2, vec![AddressAttribute::Address(v6.into())]))));
+        let fib = s.fib(&driven);
+        let pod = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10));
+        assert_eq!(fib.source_for(pod), Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2))));
+        assert!(s.apply(&RouteNetlinkMessage::DelAddress(v4)));
+        assert_eq!(s.fib(&driven).source_for(pod), None, "removed; lo2's address is not on the route");
     }
 
     #[test]
