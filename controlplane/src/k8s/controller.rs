@@ -379,15 +379,16 @@ impl SyncLoop {
         for ip in d.ips.keys().filter(|ip| !leases.contains_key(ip)) {
             self.mgr.observe(*ip, None, now);
         }
-        self.apply(&d.tables);
+        let applied = self.apply(&d.tables);
 
         // Only now, with the fenced IPs out of the tables: Lease requests.
+        // If the apply failed, nothing is given up (LeaseManager::plan).
         let candidates: BTreeMap<IpAddr, Vec<String>> =
             d.ips.iter().map(|(ip, a)| (*ip, a.candidates.clone())).collect();
         let in_use: BTreeSet<IpAddr> = candidates.keys().copied().collect();
         let watched: BTreeSet<IpAddr> = leases.keys().copied().collect();
         self.mgr.forget_unused(&in_use, &watched);
-        for (ip, action) in self.mgr.plan(now, &candidates) {
+        for (ip, action) in self.mgr.plan(now, &candidates, applied) {
             let api = self.leases.clone();
             let opts = self.opts.clone();
             let next_hop = d.ips.get(&ip).and_then(|a| a.next_hop);
@@ -407,9 +408,11 @@ impl SyncLoop {
         self.last = d;
     }
 
-    fn apply(&mut self, spec: &TablesSpec) {
+    /// Applies `spec` unless it is already in place; returns whether the
+    /// data plane now runs it.
+    fn apply(&mut self, spec: &TablesSpec) -> bool {
         if self.last_applied.as_ref() == Some(spec) {
-            return;
+            return true;
         }
         match self.sink.apply(spec) {
             Ok(()) => {
@@ -425,6 +428,7 @@ impl SyncLoop {
                 );
                 self.last_applied = Some(spec.clone());
                 self.last_apply_error = None;
+                true
             }
             Err(e) => {
                 let msg = e.to_string();
@@ -432,6 +436,7 @@ impl SyncLoop {
                     tracing::error!(error = %msg, "tables not applied");
                 }
                 self.last_apply_error = Some(msg);
+                false
             }
         }
     }
@@ -580,7 +585,12 @@ impl SyncLoop {
         spec.egress_ips.clear();
         spec.neighbor_addresses.clear();
         self.mgr.fence(now, &BTreeSet::new());
-        self.apply(&spec);
+        if !self.apply(&spec) {
+            // The data plane may still serve them: let the Leases expire
+            // instead (the others take over after leaseDuration).
+            tracing::error!(ips = ?held, "tables without the egress IPs not applied; Leases left to expire");
+            return;
+        }
         let mut releases = JoinSet::new();
         for ip in held {
             // The manager's record: our last renewal's answer is newer than the watch's.

@@ -129,6 +129,16 @@ impl LeaseTiming {
     pub fn margin(&self) -> Duration {
         self.lease_duration.saturating_sub(self.renew_deadline)
     }
+
+    /// How long after its last observed renewal a record held by another
+    /// gateway stays valid: the larger of its `leaseDurationSeconds` and our
+    /// own `leaseDuration`. A record without the field, or with a negative
+    /// or zero one (read as 0 by `observe::lease_record`), would otherwise
+    /// be free at once; a holder configured with a longer duration than ours
+    /// fences later than we would, so its duration counts.
+    pub fn expiry(&self, record: &LeaseRecord) -> Duration {
+        record.duration.max(self.lease_duration)
+    }
 }
 
 /// The Lease name of an egress IP: `egret-ip4-198-51-100-10`, or for IPv6
@@ -350,11 +360,30 @@ impl LeaseManager {
         self.ips.get(&ip).and_then(|st| st.held_since_send).map(|s| s + self.timing.renew_deadline)
     }
 
+    /// Every IP this manager tracks with its deadline (None: not held):
+    /// what the data plane may serve, and until when (ADR 0004). The
+    /// deadline moves only on a successful create/acquire/renew, to its
+    /// send time + renewDeadline, which others' take-over follows by at
+    /// least the fencing margin.
+    pub fn deadlines(&self) -> impl Iterator<Item = (IpAddr, Option<Instant>)> + '_ {
+        self.ips.iter().map(|(ip, st)| (*ip, st.held_since_send.map(|s| s + self.timing.renew_deadline)))
+    }
+
     /// Plans the next actions. `candidates` maps every egress IP in use to
     /// its eligible gateways, most preferred first. Call it only after the
     /// tables without the fenced IPs were applied. Marks the returned
     /// actions in flight; report each with [`LeaseManager::on_result`].
-    pub fn plan(&mut self, now: Instant, candidates: &BTreeMap<IpAddr, Vec<String>>) -> Vec<(IpAddr, Action)> {
+    ///
+    /// `tables_current` says whether the tables of this pass were applied:
+    /// when the apply failed, the data plane may still serve an IP this
+    /// gateway stopped holding, so no Lease is given up ([`Action::Release`],
+    /// [`Action::Delete`]) until an apply succeeds; everything else goes on.
+    pub fn plan(
+        &mut self,
+        now: Instant,
+        candidates: &BTreeMap<IpAddr, Vec<String>>,
+        tables_current: bool,
+    ) -> Vec<(IpAddr, Action)> {
         let t = self.timing;
         let me = self.me.clone();
         let mut wake: Option<Instant> = None;
@@ -388,7 +417,7 @@ impl LeaseManager {
                     (None, true, Some(rv)) => Some(Action::Release { resource_version: rv }),
                     (None, false, Some(rv)) if ranked.is_none() => {
                         // Garbage: an unused IP's Lease that expired. Anyone may delete it.
-                        let expires = st.observed_at + st.record.as_ref().map_or(t.lease_duration, |r| r.duration);
+                        let expires = st.observed_at + st.record.as_ref().map_or(t.lease_duration, |r| t.expiry(r));
                         if now >= expires + t.lease_duration {
                             Some(Action::Delete { resource_version: rv })
                         } else {
@@ -424,7 +453,7 @@ impl LeaseManager {
                         let stagger = t.retry_period * u32::try_from(rank).unwrap_or(u32::MAX);
                         let free_at = match (&st.record, &holder) {
                             (None, _) | (Some(_), None) => st.observed_at + stagger,
-                            (Some(r), Some(_)) => st.observed_at + r.duration + stagger,
+                            (Some(r), Some(_)) => st.observed_at + t.expiry(r) + stagger,
                         };
                         if now < free_at {
                             soon(free_at);
@@ -442,6 +471,14 @@ impl LeaseManager {
                         }
                     }
                 }
+            };
+            let action = match action {
+                Some(Action::Release { .. } | Action::Delete { .. }) if !tables_current => {
+                    // Retried once a pass applies its tables.
+                    soon(now + t.retry_period);
+                    None
+                }
+                a => a,
             };
             if let Some(a) = action {
                 st.in_flight = true;
@@ -585,12 +622,12 @@ mod tests {
         for m in [&mut a, &mut b, &mut cc] {
             m.observe(ip("198.51.100.10"), None, t0);
         }
-        assert_eq!(a.plan(t0, &c), vec![(ip("198.51.100.10"), Action::Create)]);
-        assert_eq!(b.plan(t0, &c), vec![]);
+        assert_eq!(a.plan(t0, &c, true), vec![(ip("198.51.100.10"), Action::Create)]);
+        assert_eq!(b.plan(t0, &c, true), vec![]);
         assert_eq!(b.next_wake(t0), t0 + P, "rank 1 waits one retry period");
-        assert_eq!(b.plan(t0 + P, &c), vec![(ip("198.51.100.10"), Action::Create)]);
-        assert_eq!(cc.plan(t0 + P, &c), vec![]);
-        assert_eq!(cc.plan(t0 + 2 * P, &c), vec![(ip("198.51.100.10"), Action::Create)]);
+        assert_eq!(b.plan(t0 + P, &c, true), vec![(ip("198.51.100.10"), Action::Create)]);
+        assert_eq!(cc.plan(t0 + P, &c, true), vec![]);
+        assert_eq!(cc.plan(t0 + 2 * P, &c, true), vec![(ip("198.51.100.10"), Action::Create)]);
     }
 
     #[test]
@@ -600,13 +637,13 @@ mod tests {
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
         let mut a = mgr("gw-a");
         a.observe(x, None, t0);
-        let acts = a.plan(t0, &c);
+        let acts = a.plan(t0, &c, true);
         assert_eq!(acts, vec![(x, Action::Create)]);
         let taken = a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0 + ms(20));
         assert_eq!(taken, Some(Taken { ip: x, previous: None }));
         assert_eq!(a.held(t0 + ms(20)), [x].into());
-        assert_eq!(a.plan(t0 + ms(20), &c), vec![], "renew waits for the retry period");
-        let renew = a.plan(t0 + P, &c);
+        assert_eq!(a.plan(t0 + ms(20), &c, true), vec![], "renew waits for the retry period");
+        let renew = a.plan(t0 + P, &c, true);
         assert_eq!(renew, vec![(x, Action::Renew { resource_version: "10".into() })]);
         // The API server is gone: the renewal never returns.
         let competing: BTreeSet<IpAddr> = [x].into();
@@ -628,9 +665,9 @@ mod tests {
         let c = cands("198.51.100.10", &["gw-a"]);
         let mut a = mgr("gw-a");
         a.observe(x, None, t0);
-        a.plan(t0, &c);
+        a.plan(t0, &c, true);
         a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
-        let renew = a.plan(t0 + P, &c);
+        let renew = a.plan(t0 + P, &c, true);
         // Answered 1.8 s later: valid until send + R = t0 + 2.5 s, not answer + R.
         a.on_result(x, &renew[0].1, t0 + P, Ok(Some(rec(Some("gw-a"), 11))), t0 + P + ms(1800));
         assert_eq!(a.deadline(x), Some(t0 + P + R));
@@ -646,10 +683,10 @@ mod tests {
         // gw-a holds; b and c last saw a renewal at t0.
         b.observe(x, Some(rec(Some("gw-a"), 10)), t0);
         cc.observe(x, Some(rec(Some("gw-a"), 10)), t0);
-        assert_eq!(b.plan(t0 + D - ms(1), &c), vec![]);
+        assert_eq!(b.plan(t0 + D - ms(1), &c, true), vec![]);
         assert_eq!(b.next_wake(t0 + D - ms(1)), t0 + D);
         // Excluding the holder, gw-b is rank 0 and gw-c rank 1.
-        let acts = b.plan(t0 + D, &c);
+        let acts = b.plan(t0 + D, &c, true);
         assert_eq!(
             acts,
             vec![(
@@ -662,22 +699,22 @@ mod tests {
                 }
             )]
         );
-        assert_eq!(cc.plan(t0 + D, &c), vec![]);
-        assert_eq!(cc.plan(t0 + D + P - ms(1), &c), vec![]);
-        assert_eq!(cc.plan(t0 + D + P, &c).len(), 1);
+        assert_eq!(cc.plan(t0 + D, &c, true), vec![]);
+        assert_eq!(cc.plan(t0 + D + P - ms(1), &c, true), vec![]);
+        assert_eq!(cc.plan(t0 + D + P, &c, true).len(), 1);
         let taken = b.on_result(x, &acts[0].1, t0 + D, Ok(Some(rec(Some("gw-b"), 11))), t0 + D + ms(5));
         assert_eq!(taken, Some(Taken { ip: x, previous: Some("gw-a".into()) }));
         // A renewal seen later restarts the clock of those still waiting.
         let mut b2 = mgr("gw-b");
         b2.observe(x, Some(rec(Some("gw-a"), 10)), t0);
         b2.observe(x, Some(rec(Some("gw-a"), 12)), t0 + ms(3000));
-        assert_eq!(b2.plan(t0 + D, &c), vec![]);
-        assert_eq!(b2.plan(t0 + ms(3000) + D, &c).len(), 1);
+        assert_eq!(b2.plan(t0 + D, &c, true), vec![]);
+        assert_eq!(b2.plan(t0 + ms(3000) + D, &c, true).len(), 1);
         // The same record seen again does not.
         let mut b3 = mgr("gw-b");
         b3.observe(x, Some(rec(Some("gw-a"), 10)), t0);
         b3.observe(x, Some(rec(Some("gw-a"), 10)), t0 + ms(3000));
-        assert_eq!(b3.plan(t0 + D, &c).len(), 1);
+        assert_eq!(b3.plan(t0 + D, &c, true).len(), 1);
     }
 
     /// The safety property with the default timing: the holder is out of its
@@ -705,7 +742,7 @@ mod tests {
                     if fenced_at.is_none() && !a.fence(now, &competing).is_empty() {
                         fenced_at = Some(now);
                     }
-                    if take_at.is_none() && !b.plan(now, &c).is_empty() {
+                    if take_at.is_none() && !b.plan(now, &c, true).is_empty() {
                         take_at = Some(now);
                     }
                 }
@@ -723,7 +760,7 @@ mod tests {
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
         let mut a = mgr("gw-a");
         a.observe(x, None, t0);
-        a.plan(t0, &c);
+        a.plan(t0, &c, true);
         a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
         a.observe(x, Some(rec(Some("gw-b"), 11)), t0 + ms(100));
         assert_eq!(a.held(t0 + ms(100)), BTreeSet::new(), "someone else's record: stop serving");
@@ -731,7 +768,7 @@ mod tests {
         let mut a2 = mgr("gw-a");
         a2.observe(x, Some(rec(Some("gw-a"), 10)), t0);
         assert_eq!(
-            a2.plan(t0, &c),
+            a2.plan(t0, &c, true),
             vec![(
                 x,
                 Action::Acquire {
@@ -750,17 +787,17 @@ mod tests {
         let x = ip("198.51.100.10");
         let mut a = mgr("gw-a");
         a.observe(x, None, t0);
-        a.plan(t0, &cands("198.51.100.10", &["gw-a"]));
+        a.plan(t0, &cands("198.51.100.10", &["gw-a"]), true);
         a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
         // gw-a lost its gateway label: only gw-b is eligible now.
         let c = cands("198.51.100.10", &["gw-b"]);
-        assert_eq!(a.plan(t0 + ms(10), &c), vec![], "no release while still in the tables");
+        assert_eq!(a.plan(t0 + ms(10), &c, true), vec![], "no release while still in the tables");
         assert_eq!(a.fence(t0 + ms(10), &BTreeSet::new()), vec![x]);
-        assert_eq!(a.plan(t0 + ms(10), &c), vec![(x, Action::Release { resource_version: "10".into() })]);
+        assert_eq!(a.plan(t0 + ms(10), &c, true), vec![(x, Action::Release { resource_version: "10".into() })]);
         // The IP is no longer used at all: delete.
         let mut a = mgr("gw-a");
         a.observe(x, Some(rec(Some("gw-a"), 10)), t0);
-        assert_eq!(a.plan(t0, &BTreeMap::new()), vec![(x, Action::Delete { resource_version: "10".into() })]);
+        assert_eq!(a.plan(t0, &BTreeMap::new(), true), vec![(x, Action::Delete { resource_version: "10".into() })]);
     }
 
     #[test]
@@ -770,11 +807,96 @@ mod tests {
         let c = cands("198.51.100.10", &["gw-a"]);
         let mut a = mgr("gw-a");
         a.observe(x, None, t0);
-        let acts = a.plan(t0, &c);
-        assert_eq!(a.plan(t0, &c), vec![], "one request in flight per IP");
+        let acts = a.plan(t0, &c, true);
+        assert_eq!(a.plan(t0, &c, true), vec![], "one request in flight per IP");
         assert_eq!(a.on_result(x, &acts[0].1, t0, Err(Failure::Conflict), t0 + ms(5)), None);
         assert_eq!(a.held(t0 + ms(5)), BTreeSet::new());
-        assert_eq!(a.plan(t0 + ms(5), &c), vec![]);
-        assert_eq!(a.plan(t0 + ms(5) + P, &c), vec![(x, Action::Create)]);
+        assert_eq!(a.plan(t0 + ms(5), &c, true), vec![]);
+        assert_eq!(a.plan(t0 + ms(5) + P, &c, true), vec![(x, Action::Create)]);
+    }
+    /// Issue 14 item 7: a record's `leaseDurationSeconds` shorter than ours,
+    /// missing or negative (read as 0 by `observe::lease_record`) must not
+    /// let anyone take the Lease early; a longer one is honoured.
+    #[test]
+    fn take_over_waits_for_the_larger_of_the_records_and_our_duration() {
+        // (record's duration, earliest take-over after the observed renewal)
+        let cases: [(Duration, Duration, &str); 5] = [
+            (Duration::ZERO, D, "missing or negative (read as 0): ours"),
+            (Duration::from_secs(1), D, "shorter than ours: ours"),
+            (D, D, "equal"),
+            (Duration::from_secs(10), Duration::from_secs(10), "longer than ours: the record's"),
+            (Duration::from_secs(3600), Duration::from_secs(3600), "much longer: the record's"),
+        ];
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-b", "gw-a"]);
+        for (record_duration, expected, what) in cases {
+            let t0 = Instant::now();
+            let mut b = mgr("gw-b");
+            let mut r = rec(Some("gw-a"), 10);
+            r.duration = record_duration;
+            b.observe(x, Some(r), t0);
+            assert_eq!(b.plan(t0 + expected - ms(1), &c, true), vec![], "{what}: too early");
+            assert_eq!(b.plan(t0 + expected, &c, true).len(), 1, "{what}: due");
+        }
+        // Garbage collection of an unused IP's Lease waits for the same expiry.
+        for (record_duration, expected, what) in cases {
+            let t0 = Instant::now();
+            let mut b = mgr("gw-b");
+            let mut r = rec(Some("gw-a"), 10);
+            r.duration = record_duration;
+            b.observe(x, Some(r), t0);
+            let unused = BTreeMap::new();
+            assert_eq!(b.plan(t0 + expected + D - ms(1), &unused, true), vec![], "{what}: delete too early");
+            assert_eq!(
+                b.plan(t0 + expected + D, &unused, true),
+                vec![(x, Action::Delete { resource_version: "10".into() })],
+                "{what}: delete due"
+            );
+        }
+    }
+
+    /// Issue 14 item 7: when the tables of a pass could not be applied, the
+    /// data plane may still serve an IP the state machine fenced: no Release
+    /// or Delete goes out until an apply succeeds; other actions go on.
+    #[test]
+    fn nothing_is_given_up_while_the_tables_are_not_applied() {
+        let x = ip("198.51.100.10");
+        let y = ip("198.51.100.11");
+        struct Case {
+            what: &'static str,
+            candidates: BTreeMap<IpAddr, Vec<String>>,
+            given_up: Action,
+        }
+        let cases = [
+            Case {
+                what: "no longer a candidate: release",
+                candidates: cands("198.51.100.10", &["gw-b"]),
+                given_up: Action::Release { resource_version: "10".into() },
+            },
+            Case {
+                what: "no longer in use: delete",
+                candidates: BTreeMap::new(),
+                given_up: Action::Delete { resource_version: "10".into() },
+            },
+        ];
+        for case in cases {
+            let t0 = Instant::now();
+            let mut a = mgr("gw-a");
+            a.observe(x, None, t0);
+            a.plan(t0, &cands("198.51.100.10", &["gw-a"]), true);
+            a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+            let mut c = case.candidates.clone();
+            c.insert(y, vec!["gw-a".into()]);
+            let competing: BTreeSet<IpAddr> =
+                c.iter().filter(|(_, v)| v.contains(&"gw-a".to_string())).map(|(k, _)| *k).collect();
+            assert_eq!(a.fence(t0 + ms(10), &competing), vec![x], "{}", case.what);
+            // The fencing apply failed: the other IP is still created, x is kept.
+            let acts = a.plan(t0 + ms(10), &c, false);
+            assert_eq!(acts, vec![(y, Action::Create)], "{}: nothing given up", case.what);
+            assert!(a.next_wake(t0 + ms(10)) <= t0 + ms(10) + P, "{}: retried", case.what);
+            assert_eq!(a.plan(t0 + ms(20), &c, false), vec![], "{}: still kept", case.what);
+            // An apply succeeded: now it goes.
+            assert_eq!(a.plan(t0 + ms(30), &c, true), vec![(x, case.given_up)], "{}", case.what);
+        }
     }
 }
