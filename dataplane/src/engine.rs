@@ -1077,6 +1077,48 @@ mod tests {
         assert!(taken >= 25, "the established path took only {taken} fixture frames");
     }
 
+    /// An outbound ICMP error about pod A's session is translated when pod
+    /// A or an inside router (unselected) sends it, and dropped when another
+    /// selected pod does. Before, pod B's error left with the egress IP.
+    #[test]
+    fn an_outbound_icmp_error_must_come_from_the_sessions_pod_or_a_router() {
+        let (engine, mut w) = router(1500);
+        let out = fixtures::from_pod(
+            IpAddr::V4(fixtures::POD_A),
+            IpAddr::V4(fixtures::SERVER),
+            fixtures::udp(40000, 5353, b"q"),
+        );
+        let (v, _) = send(&mut w, &out.frame(), fixtures::INSIDE, 0);
+        assert!(matches!(v, Verdict::Forward { ifindex: fixtures::OUTSIDE, .. }), "{v:?}");
+        // What pod A received (the reply, translated back).
+        let received = fixtures::from_outside(
+            IpAddr::V4(fixtures::SERVER),
+            IpAddr::V4(fixtures::POD_A),
+            fixtures::udp(5353, 40000, b"r"),
+        );
+        let unreachable = |from: Ipv4Addr| {
+            fixtures::from_pod(
+                IpAddr::V4(from),
+                IpAddr::V4(fixtures::SERVER),
+                crate::fixtures::build::Transport::IcmpError {
+                    msg_type: 3,
+                    code: 3,
+                    rest: [0; 4],
+                    embedded: Box::new(received.clone()),
+                    keep: 28,
+                },
+            )
+        };
+        let (v, _) = send(&mut w, &unreachable(fixtures::POD_B).frame(), fixtures::INSIDE, 0);
+        assert_eq!(v, Verdict::Drop(DropReason::IcmpErrorSpoofed), "another pod");
+        for from in [fixtures::POD_A, fixtures::NODE] {
+            let (v, out) = send(&mut w, &unreachable(from).frame(), fixtures::INSIDE, 0);
+            assert!(matches!(v, Verdict::Forward { ifindex: fixtures::OUTSIDE, .. }), "from {from}: {v:?}");
+            assert_eq!(&out[14 + 12..14 + 16], &fixtures::E1.octets(), "from {from}: leaves as the egress IP");
+        }
+        assert_eq!(engine.stats().dropped(DropReason::IcmpErrorSpoofed), 1);
+    }
+
     /// The gateway's inside addresses, the source of the errors it sends pods.
     const GW_INSIDE4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
     const GW_INSIDE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 2);

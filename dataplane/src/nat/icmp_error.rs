@@ -213,6 +213,16 @@ pub fn translate<A: IcmpFamily>(
     if direction == Direction::Inbound && e.src != p.dst {
         return unmatched(DropReason::IcmpErrorUnmatched);
     }
+    // Outbound, the error is about a packet the pod received: it comes from
+    // the pod itself or from an inside router on the way (an unselected
+    // address). Another selected source speaking for the pod (to reset its
+    // flows or shrink their path MTU at the remote) is dropped.
+    if direction == Direction::Outbound
+        && p.src != view.tuple.pod
+        && !matches!(tables.classify(p.src, p.dst), crate::policy::Decision::Unselected)
+    {
+        return Err(Some(DropReason::IcmpErrorSpoofed));
+    }
     if NatTable::is_expired(&view, now, &tables.nat) || !NatTable::still_valid(&view, tables) {
         let _ = stats;
         return unmatched(DropReason::IcmpErrorUnmatched);
