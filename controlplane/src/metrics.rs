@@ -207,8 +207,9 @@ fn response(code: u16, reason: &str, content_type: &str, body: &str) -> Vec<u8> 
     .into_bytes()
 }
 
-/// The response to one request head (`GET /path HTTP/1.1 ...`).
-pub fn respond(view: &dyn GatewayView, ready: bool, head: &str) -> Vec<u8> {
+/// The response to one request head (`GET /path HTTP/1.1 ...`); `ready` is
+/// `Err(why)` while the gateway is not ready (`/ready` answers 503 with why).
+pub fn respond(view: &dyn GatewayView, ready: Result<(), String>, head: &str) -> Vec<u8> {
     let mut words = head.split_whitespace();
     let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     if method != "GET" {
@@ -216,14 +217,20 @@ pub fn respond(view: &dyn GatewayView, ready: bool, head: &str) -> Vec<u8> {
     }
     match path.split('?').next().unwrap_or("") {
         "/metrics" => response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", &render(view)),
-        "/ready" if ready => response(200, "OK", "text/plain", "ready\n"),
-        "/ready" => response(503, "Service Unavailable", "text/plain", "not ready\n"),
+        "/ready" => match ready {
+            Ok(()) => response(200, "OK", "text/plain", "ready\n"),
+            Err(why) => response(503, "Service Unavailable", "text/plain", &format!("not ready: {why}\n")),
+        },
         _ => response(404, "Not Found", "text/plain", "try /metrics or /ready\n"),
     }
 }
 
 /// Serves `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, view: Arc<dyn GatewayView>, ready: Arc<dyn Fn() -> bool + Send + Sync>) {
+pub async fn serve(
+    listener: TcpListener,
+    view: Arc<dyn GatewayView>,
+    ready: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -309,18 +316,24 @@ mod tests {
 
     #[test]
     fn http_routes() {
-        let ok = String::from_utf8(respond(&Fake, true, "GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")).unwrap();
+        let ok = String::from_utf8(respond(&Fake, Ok(()), "GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")).unwrap();
         assert!(ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\nready\n"), "{ok}");
-        let not = String::from_utf8(respond(&Fake, false, "GET /ready HTTP/1.1\r\n\r\n")).unwrap();
+        let not = String::from_utf8(respond(
+            &Fake,
+            Err("next hop 203.0.113.1 on eth0".into()),
+            "GET /ready HTTP/1.1\r\n\r\n",
+        ))
+        .unwrap();
         assert!(not.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{not}");
-        let m = String::from_utf8(respond(&Fake, true, "GET /metrics HTTP/1.1\r\n\r\n")).unwrap();
+        assert!(not.ends_with("\r\n\r\nnot ready: next hop 203.0.113.1 on eth0\n"), "{not}");
+        let m = String::from_utf8(respond(&Fake, Ok(()), "GET /metrics HTTP/1.1\r\n\r\n")).unwrap();
         let (head, body) = m.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
         assert!(head.contains("text/plain; version=0.0.4"));
-        assert!(String::from_utf8(respond(&Fake, true, "GET /x HTTP/1.1\r\n\r\n"))
+        assert!(String::from_utf8(respond(&Fake, Ok(()), "GET /x HTTP/1.1\r\n\r\n"))
             .unwrap()
             .starts_with("HTTP/1.1 404"));
-        assert!(String::from_utf8(respond(&Fake, true, "POST /metrics HTTP/1.1\r\n\r\n"))
+        assert!(String::from_utf8(respond(&Fake, Ok(()), "POST /metrics HTTP/1.1\r\n\r\n"))
             .unwrap()
             .starts_with("HTTP/1.1 405"));
     }

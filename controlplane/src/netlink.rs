@@ -20,6 +20,22 @@
 //!   The entry is created in state `NUD_NONE`, never `NUD_PERMANENT`, so the
 //!   kernel's garbage collector still owns it. Route gateways on driven
 //!   interfaces are resolved the same way at start and when routes change.
+//!   Until the gateways of the routes the `Fib` uses are resolved,
+//!   [`NextHopStatus`] says which are not, and `/ready` answers 503 with it.
+//! - Keeping entries alive: the kernel never sees the frames Egret forwards,
+//!   so on its own it would let the entries Egret uses go STALE and, once
+//!   the table holds more than `gc_thresh1` entries, its periodic GC deletes
+//!   STALE entries unused for `gc_stale_time` (net/core/neighbour.c,
+//!   `neigh_periodic_work`: `refcnt == 1`, not in a timer, `used` too old).
+//!   Every [`KEEPALIVE_INTERVAL`] the watcher reads the workers' use stamps
+//!   (`Fib`'s `NeighborUse`) and, for each neighbour used since the last
+//!   look, sends the same `RTM_NEWNEIGH` with `NTF_USE`: the kernel runs
+//!   `neigh_event_send` as for a packet of its own, which sets `used` (so
+//!   the periodic GC keeps it) and moves a STALE entry to DELAY and then
+//!   PROBE (unicast probes, back to REACHABLE on the answer; `updated`
+//!   refreshed, and an entry in a timer is never collected). The MAC stays
+//!   usable in STALE, DELAY and PROBE, so forwarding goes on while the
+//!   kernel re-probes; only FAILED or a deletion takes it away.
 //!
 //! Only the main table (254) and unicast routes are mirrored; of several
 //! routes to one prefix the lowest metric wins; of a multipath route the
@@ -35,7 +51,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egret_dataplane::engine::ResolveRequest;
-use egret_dataplane::fib::{Fib, Interface, Mac, Route};
+use egret_dataplane::fib::{Fib, Interface, Mac, NeighborUse, Route};
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST,
 };
@@ -56,6 +72,10 @@ pub const DEBOUNCE: Duration = Duration::from_millis(20);
 pub const RESOLVE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the engine's resolution requests are collected.
 pub const DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+/// How often neighbours in use are confirmed to the kernel (well within
+/// its `delay_first_probe_time`, 5 s by default, so a used entry cycles
+/// REACHABLE -> DELAY -> PROBE -> REACHABLE instead of resting in STALE).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 
 // rtnetlink multicast groups (uapi linux/rtnetlink.h, the legacy RTMGRP_* bits).
 const RTMGRP_LINK: u32 = 0x1;
@@ -345,6 +365,69 @@ pub struct NetlinkStats {
     pub resolve_sent: AtomicU64,
     /// Resolution requests the kernel refused.
     pub resolve_errors: AtomicU64,
+    /// Neighbours in use confirmed to the kernel (`NTF_USE`).
+    pub keepalive_sent: AtomicU64,
+}
+
+/// Whether the next hops of the routes in use are resolved, for `/ready`.
+#[derive(Debug, Default)]
+pub struct NextHopStatus {
+    published: std::sync::atomic::AtomicBool,
+    unresolved: parking_lot::Mutex<Vec<String>>,
+}
+
+impl NextHopStatus {
+    /// `None` once a forwarding snapshot was published and every gateway
+    /// of its routes has a MAC; otherwise why not.
+    pub fn not_ready(&self) -> Option<String> {
+        if !self.published.load(Ordering::Acquire) {
+            return Some("no forwarding snapshot yet".into());
+        }
+        let u = self.unresolved.lock();
+        if u.is_empty() {
+            return None;
+        }
+        Some(format!("next hop(s) of routes in use not resolved yet: {}", u.join(", ")))
+    }
+
+    fn update(&self, fib: &Fib) {
+        let mut v: Vec<String> = fib
+            .unresolved_gateways()
+            .into_iter()
+            .map(|(ifindex, addr)| match fib.interface(ifindex) {
+                Some(i) => format!("{addr} on {}", i.name),
+                None => format!("{addr} on ifindex {ifindex}"),
+            })
+            .collect();
+        v.sort();
+        *self.unresolved.lock() = v;
+        self.published.store(true, Ordering::Release);
+    }
+}
+
+/// The neighbours to confirm to the kernel: those on driven interfaces
+/// whose use stamp changed since the last look (`last`, updated; entries
+/// of neighbours gone are dropped).
+fn confirmations(
+    state: &KernelState,
+    driven: &[u32],
+    uses: &NeighborUse,
+    last: &mut HashMap<(u32, IpAddr), u32>,
+) -> Vec<ResolveRequest> {
+    let mut out = Vec::new();
+    for &(ifindex, addr) in state.neighbours.keys() {
+        if !driven.contains(&ifindex) {
+            continue;
+        }
+        let stamp = uses.stamp(ifindex, addr);
+        let before = last.insert((ifindex, addr), stamp);
+        if stamp != 0 && before.is_some_and(|b| b != stamp) {
+            out.push(ResolveRequest { ifindex, addr });
+        }
+    }
+    last.retain(|k, _| state.neighbours.contains_key(k));
+    out.sort_by_key(|q| (q.ifindex, q.addr));
+    out
 }
 
 fn encode(msg: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
@@ -501,7 +584,7 @@ impl Watcher {
         let _ = events.socket_mut().set_rx_buf_sz(4 << 20);
         let mut requests = Requests::open()?;
         let state = requests.dump().await?;
-        Ok(Running { watcher: self, events, requests, state })
+        Ok(Running { watcher: self, events, requests, state, uses: None, status: Arc::default() })
     }
 }
 
@@ -511,6 +594,8 @@ pub struct Running {
     events: TokioSocket,
     requests: Requests,
     state: KernelState,
+    uses: Option<Arc<NeighborUse>>,
+    status: Arc<NextHopStatus>,
 }
 
 impl std::fmt::Debug for Running {
@@ -525,6 +610,24 @@ impl Running {
         &self.state
     }
 
+    /// Keep the kernel's entries of the neighbours stamped in `uses` alive
+    /// (see the module doc).
+    pub fn keep_alive(&mut self, uses: Arc<NeighborUse>) {
+        self.uses = Some(uses);
+    }
+
+    /// Whether the routes' next hops are resolved (for `/ready`).
+    pub fn next_hop_status(&self) -> Arc<NextHopStatus> {
+        self.status.clone()
+    }
+
+    fn publish_fib(&self, driven: &[String], publish: &impl Fn(Fib)) {
+        let fib = self.state.fib(driven);
+        self.status.update(&fib);
+        publish(fib);
+        self.watcher.stats.fib_published.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Publishes a `Fib` now and on every (debounced) change through
     /// `publish`; resolves what `drain` returns; stops when `stop` changes.
     pub async fn run(
@@ -535,8 +638,7 @@ impl Running {
     ) {
         let driven = self.watcher.driven.clone();
         let stats = self.watcher.stats.clone();
-        publish(self.state.fib(&driven));
-        stats.fib_published.fetch_add(1, Ordering::Relaxed);
+        self.publish_fib(&driven, &publish);
         let mut last_sent: HashMap<ResolveRequest, Instant> = HashMap::new();
         let first = self.state.unresolved_gateways(&driven);
         self.resolve_all(first, &mut last_sent).await;
@@ -544,6 +646,9 @@ impl Running {
         let mut dirty_since: Option<Instant> = None;
         let mut drain_tick = tokio::time::interval(DRAIN_INTERVAL);
         drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut keepalive_tick = tokio::time::interval(KEEPALIVE_INTERVAL);
+        keepalive_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stamps: HashMap<(u32, IpAddr), u32> = HashMap::new();
         loop {
             let deadline = dirty_since.map(|t| tokio::time::Instant::from_std(t + DEBOUNCE));
             tokio::select! {
@@ -584,8 +689,7 @@ impl Running {
                     }
                 } => {
                     dirty_since = None;
-                    publish(self.state.fib(&driven));
-                    stats.fib_published.fetch_add(1, Ordering::Relaxed);
+                    self.publish_fib(&driven, &publish);
                     let (routes, neighbours, links) = self.state.sizes();
                     tracing::debug!(routes, neighbours, links, "forwarding snapshot published");
                     let gw = self.state.unresolved_gateways(&driven);
@@ -598,6 +702,18 @@ impl Running {
                     }
                     let now = Instant::now();
                     last_sent.retain(|_, t| now.duration_since(*t) < RESOLVE_INTERVAL);
+                }
+                _ = keepalive_tick.tick() => {
+                    let Some(uses) = self.uses.clone() else { continue };
+                    let ifindexes: Vec<u32> =
+                        self.state.links.values().filter(|l| driven.contains(&l.name)).map(|l| l.ifindex).collect();
+                    for q in confirmations(&self.state, &ifindexes, &uses, &mut stamps) {
+                        stats.keepalive_sent.fetch_add(1, Ordering::Relaxed);
+                        if let Err(e) = self.requests.resolve(q).await {
+                            stats.resolve_errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(error = %e, "confirming a neighbour in use was refused");
+                        }
+                    }
                 }
                 _ = stop.changed() => return,
             }
@@ -663,43 +779,6 @@ mod tests {
         m
     }
 
-    /// Interface addresses reach the Fib (driven interfaces only), as the
-    /// source of the ICMP errors the engine originates: IPv4's local end
-    /// (`IFA_LOCAL`), IPv6's `IFA_ADDRESS`; a removed address goes.
-    #[test]
-    fn addresses_of_driven_interfaces_reach_the_fib() {
-        use netlink_packet_route::address::AddressMessage;
-        let addr = |index: u32, attrs: Vec<AddressAttribute>| {
-            let mut m = AddressMessage::default();
-            m.header.index = index;
-            m.attributes = attrs;
-            m
-        };
-        let mut s = KernelState::default();
-        let driven = vec!["eth0".to_string()];
-        assert!(s.apply(&link(2, "eth0", [2, 0, 0, 0, 0, 1])));
-        assert!(s.apply(&link(3, "lo2", [0; 6])));
-        assert!(s.apply(&RouteNetlinkMessage::NewRoute(route(Ipv4Addr::new(192, 0, 2, 0), 24, 2, None, 0))));
-        let v4 = addr(
-            2,
-            vec![
-                AddressAttribute::Address(Ipv4Addr::new(192, 0, 2, 99).into()),
-                AddressAttribute::Local(Ipv4Addr::new(192, 0, 2, 2).into()),
-            ],
-        );
-        assert!(s.apply(&RouteNetlinkMessage::NewAddress(v4.clone())));
-        assert!(!s.apply(&RouteNetlinkMessage::NewAddress(v4.clone())), "no change");
-        let other = addr(3, vec![AddressAttribute::Local(Ipv4Addr::new(198, 51, 100, 1).into())]);
-        assert!(s.apply(&RouteNetlinkMessage::NewAddress(other)));
-        let v6: std::net::Ipv6Addr = "2001:db8:2::2".parse().unwrap();
-        assert!(s.apply(&RouteNetlinkMessage::NewAddress(addr(2, vec![AddressAttribute::Address(v6.into())]))));
-        let fib = s.fib(&driven);
-        let pod = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10));
-        assert_eq!(fib.source_for(pod), Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2))));
-        assert!(s.apply(&RouteNetlinkMessage::DelAddress(v4)));
-        assert_eq!(s.fib(&driven).source_for(pod), None, "removed; lo2's address is not on the route");
-    }
-
     #[test]
     fn state_follows_messages_and_builds_the_fib() {
         let mut s = KernelState::default();
@@ -742,6 +821,93 @@ mod tests {
         // Removing the better route leaves the one through an interface Egret does not drive.
         assert!(s.apply(&RouteNetlinkMessage::DelRoute(route(Ipv4Addr::UNSPECIFIED, 0, 2, Some(gw), 100))));
         assert_eq!(s.fib(&driven).next_hop(dst), NextHop::NoRoute);
+    }
+
+    /// Interface addresses reach the Fib (driven interfaces only), as the
+    /// source of the ICMP errors the engine originates: IPv4's local end
+    /// (`IFA_LOCAL`), IPv6's `IFA_ADDRESS`; a removed address goes.
+    #[test]
+    fn addresses_of_driven_interfaces_reach_the_fib() {
+        use netlink_packet_route::address::AddressMessage;
+        let addr = |index: u32, attrs: Vec<AddressAttribute>| {
+            let mut m = AddressMessage::default();
+            m.header.index = index;
+            m.attributes = attrs;
+            m
+        };
+        let mut s = KernelState::default();
+        let driven = vec!["eth0".to_string()];
+        assert!(s.apply(&link(2, "eth0", [2, 0, 0, 0, 0, 1])));
+        assert!(s.apply(&link(3, "lo2", [0; 6])));
+        assert!(s.apply(&RouteNetlinkMessage::NewRoute(route(Ipv4Addr::new(192, 0, 2, 0), 24, 2, None, 0))));
+        let v4 = addr(
+            2,
+            vec![
+                AddressAttribute::Address(Ipv4Addr::new(192, 0, 2, 99).into()),
+                AddressAttribute::Local(Ipv4Addr::new(192, 0, 2, 2).into()),
+            ],
+        );
+        assert!(s.apply(&RouteNetlinkMessage::NewAddress(v4.clone())));
+        assert!(!s.apply(&RouteNetlinkMessage::NewAddress(v4.clone())), "no change");
+        let other = addr(3, vec![AddressAttribute::Local(Ipv4Addr::new(198, 51, 100, 1).into())]);
+        assert!(s.apply(&RouteNetlinkMessage::NewAddress(other)));
+        let v6: std::net::Ipv6Addr = "2001:db8:2::2".parse().unwrap();
+        assert!(s.apply(&RouteNetlinkMessage::NewAddress(addr(2, vec![AddressAttribute::Address(v6.into())]))));
+        let fib = s.fib(&driven);
+        let pod = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10));
+        assert_eq!(fib.source_for(pod), Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2))));
+        assert!(s.apply(&RouteNetlinkMessage::DelAddress(v4)));
+        assert_eq!(s.fib(&driven).source_for(pod), None, "removed; lo2's address is not on the route");
+    }
+
+    #[test]
+    fn neighbours_in_use_are_confirmed_once_per_use() {
+        let mut s = KernelState::default();
+        let (a, b) = (Ipv4Addr::new(203, 0, 113, 1), Ipv4Addr::new(203, 0, 113, 9));
+        for ip in [a, b] {
+            s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(2, ip, Some([2, 0, 0, 0, 0, 9]), NeighbourState::Stale)));
+        }
+        s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(7, a, Some([2, 0, 0, 0, 0, 7]), NeighbourState::Stale)));
+        let uses = NeighborUse::default();
+        let mut last = HashMap::new();
+        let q = |ip: Ipv4Addr| ResolveRequest { ifindex: 2, addr: IpAddr::V4(ip) };
+        assert!(confirmations(&s, &[2], &uses, &mut last).is_empty(), "nothing used");
+        uses.touch(NeighborUse::slot(2, IpAddr::V4(a)), 10);
+        // On an interface Egret does not drive: never confirmed.
+        uses.touch(NeighborUse::slot(7, IpAddr::V4(a)), 10);
+        assert_eq!(confirmations(&s, &[2], &uses, &mut last), vec![q(a)], "used since the last look");
+        assert!(confirmations(&s, &[2], &uses, &mut last).is_empty(), "not used again: not confirmed");
+        uses.touch(NeighborUse::slot(2, IpAddr::V4(a)), 11);
+        uses.touch(NeighborUse::slot(2, IpAddr::V4(b)), 11);
+        assert_eq!(confirmations(&s, &[2], &uses, &mut last), vec![q(a), q(b)]);
+        // A neighbour the kernel deleted is forgotten.
+        s.apply(&RouteNetlinkMessage::DelNeighbour(neigh(2, b, None, NeighbourState::None)));
+        confirmations(&s, &[2], &uses, &mut last);
+        assert!(!last.contains_key(&(2, IpAddr::V4(b))));
+    }
+
+    #[test]
+    fn next_hop_status_names_unresolved_gateways() {
+        let st = NextHopStatus::default();
+        assert_eq!(st.not_ready().as_deref(), Some("no forwarding snapshot yet"));
+        let mut s = KernelState::default();
+        let gw = Ipv4Addr::new(203, 0, 113, 1);
+        s.apply(&link(2, "eth0", [2, 0, 0, 0, 0, 1]));
+        s.apply(&RouteNetlinkMessage::NewRoute(route(Ipv4Addr::UNSPECIFIED, 0, 2, Some(gw), 100)));
+        let driven = vec!["eth0".to_string()];
+        st.update(&s.fib(&driven));
+        assert_eq!(
+            st.not_ready().as_deref(),
+            Some("next hop(s) of routes in use not resolved yet: 203.0.113.1 on eth0")
+        );
+        s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(
+            2,
+            gw,
+            Some([2, 0, 0, 0, 0, 0xfe]),
+            NeighbourState::Reachable,
+        )));
+        st.update(&s.fib(&driven));
+        assert_eq!(st.not_ready(), None);
     }
 
     #[test]

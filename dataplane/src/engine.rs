@@ -1,3 +1,11 @@
+// NOTICE to the helpers editing this file (issue 14), written 16:33 UTC by
+// the helper for item 12 (MTU/ICMP): at 16:29 UTC this file was truncated
+// to zero bytes by a mistake of mine (a script opened it for writing before
+// its edit failed). It is restored from HEAD (commit ee022c8 and earlier).
+// Uncommitted edits other helpers had made here before 16:29 are LOST:
+// please re-apply yours (Verdict::Hold / neighbour queueing, ingress
+// anti-spoofing, echo answers, ownership fence, ...), then delete this
+// notice. My apologies. No backup of the working copy existed.
 //! The per-frame pipeline: one frame in, a verdict out.
 //!
 //! [`Engine`] holds what all workers share: the configuration snapshot, the
@@ -36,8 +44,9 @@ use parking_lot::Mutex;
 
 use crate::clock::Timestamp;
 use crate::dissect::{self, Frag, IpPacket, Parsed, L4};
-use crate::fib::{Fib, Mac, NextHop};
+use crate::fib::{Fib, Mac, NeighborUse, NextHop};
 use crate::icmp_gen::{self, ErrorKind, RateLimit};
+use crate::ingress::Ingress;
 use crate::nat::flow_cache::FlowCache;
 use crate::nat::fragments::{FragKey, FragTranslation};
 use crate::nat::icmp_error::{self, IcmpFamily};
@@ -48,6 +57,7 @@ use crate::nat::session::{offload, session_flags, SessionRef, SessionView};
 use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
+use crate::ownership::Ownership;
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, StatsSnapshot, WorkerStats};
 use crate::tables::{FilteringBehavior, NatSettings, PolicySlots, SpecError, Tables, TablesSpec};
@@ -106,6 +116,37 @@ pub enum Verdict {
     Pass,
     /// Dropped and counted.
     Drop(DropReason),
+    /// Translated, but the next hop's MAC is not known yet (resolution
+    /// requested): the caller keeps the frame and hands it to
+    /// [`Worker::release_held`] until that writes the MACs, as the kernel
+    /// queues packets on an incomplete neighbour. Only given by a worker
+    /// that asked for it ([`Worker::set_hold_unresolved`]); otherwise such a
+    /// frame is dropped as `neighbor_unresolved`.
+    Hold {
+        /// Output interface.
+        ifindex: u32,
+        /// The next hop being resolved.
+        next_hop: IpAddr,
+        /// Frame length.
+        len: usize,
+    },
+}
+
+/// What became of a held frame ([`Verdict::Hold`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Still unresolved: keep it.
+    Wait,
+    /// MACs written: send its first `len` bytes on `ifindex`.
+    Forward {
+        /// Output interface.
+        ifindex: u32,
+        /// Frame length.
+        len: usize,
+    },
+    /// Dropped and counted (the interface went away, or the frame's address
+    /// is past its valid-until).
+    Drop(DropReason),
 }
 
 /// A request to resolve a next hop, for the daemon to hand to the kernel.
@@ -136,6 +177,13 @@ struct Shared {
     icmp_errors: Mutex<RateLimit>,
     publish: Mutex<u64>,
     fib_generation: Mutex<u64>,
+    /// Where pods' traffic may arrive from (ingress.rs).
+    ingress: Arc<ArcSwap<Ingress>>,
+    /// Echo answers given in the current second (high 32 bits: the second).
+    echo_window: std::sync::atomic::AtomicU64,
+    ownership: Arc<Ownership>,
+    /// When each next hop was last used (fib.rs).
+    neighbor_use: Arc<NeighborUse>,
 }
 
 /// The state every worker shares. Cheap to clone.
@@ -178,6 +226,10 @@ impl Engine {
                 icmp_errors: Mutex::new(RateLimit::default()),
                 publish: Mutex::new(1),
                 fib_generation: Mutex::new(0),
+                ingress: Arc::new(ArcSwap::from_pointee(Ingress::default())),
+                echo_window: std::sync::atomic::AtomicU64::new(0),
+                ownership: Ownership::new(),
+                neighbor_use: Arc::default(),
             }),
         })
     }
@@ -204,9 +256,16 @@ impl Engine {
         for (ip, _) in old.egress_ips() {
             if tables.egress(ip).is_none() {
                 match ip {
-                    IpAddr::V4(a) => self.shared.nat4.mappings.forget_egress(a),
-                    IpAddr::V6(a) => self.shared.nat6.mappings.forget_egress(a),
+                    IpAddr::V4(a) => self.shared.nat4.forget_egress(a),
+                    IpAddr::V6(a) => self.shared.nat6.forget_egress(a),
                 }
+            }
+        }
+        // The XDP program drops unmapped NAT ports of the egress IPs held.
+        for (ip, _) in tables.egress_ips() {
+            match ip {
+                IpAddr::V4(a) => self.shared.nat4.track_egress(a),
+                IpAddr::V6(a) => self.shared.nat6.track_egress(a),
             }
         }
         Ok(Published { tables, restart_needed })
@@ -223,6 +282,30 @@ impl Engine {
     /// The configuration in use.
     pub fn tables(&self) -> Arc<Tables> {
         self.shared.tables.load_full()
+    }
+
+    /// The valid-until of owned addresses, checked for every frame
+    /// (ownership.rs); the control plane extends it after each renewal.
+    pub fn ownership(&self) -> &Arc<Ownership> {
+        &self.shared.ownership
+    }
+
+    /// Sets where pods' traffic may arrive from (anti-spoofing, ingress.rs);
+    /// the daemon writes it from the configured interfaces, as it writes the
+    /// XDP program's `if_roles`. Workers see it at their next frame.
+    pub fn set_ingress(&self, ingress: Ingress) {
+        self.shared.ingress.store(Arc::new(ingress));
+    }
+
+    /// The anti-spoofing table in use.
+    pub fn ingress(&self) -> Arc<Ingress> {
+        self.shared.ingress.load_full()
+    }
+
+    /// When each next hop was last sent to (fib.rs): the daemon keeps the
+    /// kernel's entries of those alive.
+    pub fn neighbor_use(&self) -> &Arc<NeighborUse> {
+        &self.shared.neighbor_use
     }
 
     /// The forwarding snapshot in use.
@@ -258,10 +341,12 @@ impl Engine {
             shared: self.shared.clone(),
             tables: Cache::new(self.shared.tables.clone()),
             fib: Cache::new(self.shared.fib.clone()),
+            ingress: Cache::new(self.shared.ingress.clone()),
             stats,
             rng,
             next_hops: NextHopCache::new(),
             flows: FlowCaches::new(),
+            hold_unresolved: false,
         }
     }
 
@@ -291,10 +376,12 @@ pub struct Worker {
     shared: Arc<Shared>,
     tables: Cache<Arc<ArcSwap<Tables>>, Arc<Tables>>,
     fib: Cache<Arc<ArcSwap<Fib>>, Arc<Fib>>,
+    ingress: Cache<Arc<ArcSwap<Ingress>>, Arc<Ingress>>,
     stats: Arc<WorkerStats>,
     rng: PortRng,
     next_hops: NextHopCache,
     flows: FlowCaches,
+    hold_unresolved: bool,
 }
 
 impl std::fmt::Debug for Worker {
@@ -349,6 +436,11 @@ impl FlowCaches {
     }
 }
 
+/// Echo requests to egress IPs answered per second, all workers together
+/// (Linux's `net.ipv4.icmp_msgs_per_sec` default); beyond, they are dropped
+/// as `echo_rate_limited`.
+pub const ECHO_ANSWERS_PER_SEC: u32 = 1000;
+
 /// Frames shorter than this cannot be Ethernet.
 const MIN_FRAME: usize = ethernet::HEADER_LEN;
 
@@ -359,8 +451,9 @@ const NEXT_HOP_CACHE: usize = 1024;
 /// one forwarding snapshot (its generation): the route and neighbour lookups
 /// cost more than the whole NAT fast path, and a flow's destination does not
 /// change between packets.
-/// (key, FIB generation, output interface, source MAC, next hop MAC).
-type CachedHop = (u128, u64, u32, Mac, Mac);
+/// (key, FIB generation, output interface, source MAC, next hop MAC, the
+/// next hop's [`NeighborUse`] slot).
+type CachedHop = (u128, u64, u32, Mac, Mac, u32);
 
 struct NextHopCache {
     entries: Box<[CachedHop]>,
@@ -368,7 +461,7 @@ struct NextHopCache {
 
 impl NextHopCache {
     fn new() -> Self {
-        NextHopCache { entries: vec![(0, u64::MAX, 0, [0; 6], [0; 6]); NEXT_HOP_CACHE].into_boxed_slice() }
+        NextHopCache { entries: vec![(0, u64::MAX, 0, [0; 6], [0; 6], 0); NEXT_HOP_CACHE].into_boxed_slice() }
     }
 
     #[inline]
@@ -386,18 +479,25 @@ impl NextHopCache {
         (h >> 54) as usize % NEXT_HOP_CACHE
     }
 
+    /// The next hop towards `dst`; a resolved one is stamped as used at
+    /// `secs` in `uses` (the daemon keeps its kernel entry alive).
     #[inline(always)]
-    fn lookup(&mut self, fib: &Fib, dst: IpAddr) -> NextHop {
+    fn lookup(&mut self, fib: &Fib, uses: &NeighborUse, dst: IpAddr, secs: u32) -> NextHop {
         let key = Self::key(dst);
         let i = Self::slot(key);
         if let Some(e) = self.entries.get(i) {
             if e.0 == key && e.1 == fib.generation() {
+                uses.touch(e.5, secs);
                 return NextHop::Resolved { oif: e.2, src_mac: e.3, dst_mac: e.4 };
             }
         }
-        let hop = fib.next_hop(dst);
-        if let (NextHop::Resolved { oif, src_mac, dst_mac }, Some(e)) = (hop, self.entries.get_mut(i)) {
-            *e = (key, fib.generation(), oif, src_mac, dst_mac);
+        let (hop, via) = fib.next_hop_via(dst);
+        if let (NextHop::Resolved { oif, src_mac, dst_mac }, Some((_, addr))) = (hop, via) {
+            let used = NeighborUse::slot(oif, addr);
+            uses.touch(used, secs);
+            if let Some(e) = self.entries.get_mut(i) {
+                *e = (key, fib.generation(), oif, src_mac, dst_mac, used);
+            }
         }
         hop
     }
@@ -409,10 +509,15 @@ struct Ctx<'a> {
     shared: &'a Shared,
     tables: &'a Tables,
     fib: &'a Fib,
+    ingress: &'a Ingress,
     stats: &'a WorkerStats,
     rng: &'a mut PortRng,
     next_hops: &'a mut NextHopCache,
     flows: &'a mut FlowCaches,
+    /// The frame's time (engine seconds), for next-hop use stamps.
+    secs: u32,
+    /// Whether an unresolved next hop gives [`Verdict::Hold`].
+    hold_unresolved: bool,
 }
 
 impl Worker {
@@ -425,16 +530,87 @@ impl Worker {
     /// capacity), the frame is `buf[..len]`.
     #[inline]
     pub fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
-        let Worker { shared, tables, fib, stats, rng, next_hops, flows } = self;
-        let mut ctx = Ctx { shared, tables: tables.load(), fib: fib.load(), stats, rng, next_hops, flows };
-        let v = ctx.process(buf, len, meta, now);
+        let Worker { shared, tables, fib, ingress, stats, rng, next_hops, flows, hold_unresolved } = self;
+        // The data plane's own fence (ownership.rs): one load and compare
+        // while every owned address is valid; otherwise nothing is received
+        // for, answered for or sent from an expired address, even if the
+        // tables (or a frame that waited in the ring) say otherwise.
+        let fenced = !shared.ownership.all_valid(now);
+        let v = if fenced && shared.ownership.frame_expired(&buf[..len.min(buf.len())], now) {
+            Verdict::Drop(DropReason::OwnershipExpired)
+        } else {
+            let mut ctx = Ctx {
+                shared,
+                tables: tables.load(),
+                fib: fib.load(),
+                ingress: ingress.load(),
+                stats,
+                rng,
+                next_hops,
+                flows,
+                secs: now.secs(),
+                hold_unresolved: *hold_unresolved,
+            };
+            match ctx.process(buf, len, meta, now) {
+                Verdict::Forward { len: out, .. } | Verdict::Answer { len: out }
+                    if fenced && shared.ownership.frame_expired(&buf[..out.min(buf.len())], now) =>
+                {
+                    Verdict::Drop(DropReason::OwnershipExpired)
+                }
+                v => v,
+            }
+        };
         match v {
             Verdict::Forward { .. } => stats.forwarded.inc(),
             Verdict::Answer { .. } => stats.answered.inc(),
             Verdict::Pass => stats.passed.inc(),
             Verdict::Drop(r) => stats.dropped(r),
+            // Counted by the holder: queued, then sent or dropped.
+            Verdict::Hold { .. } => {}
         }
         v
+    }
+
+    /// Whether a frame to an unresolved next hop is given back as
+    /// [`Verdict::Hold`] (the worker loop can keep it) instead of dropped.
+    pub fn set_hold_unresolved(&mut self, on: bool) {
+        self.hold_unresolved = on;
+    }
+
+    /// A held frame ([`Verdict::Hold`]) once more: when its next hop on
+    /// `ifindex` has a MAC in the forwarding snapshot now, the MACs are
+    /// written and it is forwarded (counted `forwarded` and
+    /// `neighbor_queue_sent`); the data plane's fence is checked again, as
+    /// the frame may have waited across a valid-until.
+    pub fn release_held(
+        &mut self,
+        buf: &mut [u8],
+        len: usize,
+        ifindex: u32,
+        next_hop: IpAddr,
+        now: Timestamp,
+    ) -> Release {
+        let fib = self.fib.load();
+        let Some(iface) = fib.interface(ifindex) else {
+            self.stats.dropped(DropReason::NoRoute);
+            return Release::Drop(DropReason::NoRoute);
+        };
+        let Some(mac) = fib.neighbor(ifindex, next_hop) else { return Release::Wait };
+        if len < MIN_FRAME || len > buf.len() {
+            self.stats.dropped(DropReason::MalformedEthernet);
+            return Release::Drop(DropReason::MalformedEthernet);
+        }
+        if self.shared.ownership.frame_expired(&buf[..len], now) {
+            self.stats.dropped(DropReason::OwnershipExpired);
+            return Release::Drop(DropReason::OwnershipExpired);
+        }
+        let mut f = ethernet::Frame::new_unchecked(&mut buf[..len]);
+        f.set_dst_addr(EthernetAddress(mac));
+        f.set_src_addr(EthernetAddress(iface.mac));
+        self.shared.neighbor_use.touch(NeighborUse::slot(ifindex, next_hop), now.secs());
+        self.stats.forwarded.inc();
+        self.stats.event(Event::NeighborQueueSent);
+        Release::Forward { ifindex, len }
     }
 
     /// Periodic work: sweeps `budget` session slots of each family (expiry,
@@ -521,14 +697,25 @@ impl Ctx<'_> {
         let tables = self.tables;
         let nat = A::nat(self.shared);
         let secs = now.secs();
+        // Anti-spoofing (ingress.rs): whether this frame may be a pod's,
+        // checked wherever it would be translated as one.
+        let admitted = self.admits_pods(buf, meta);
 
         // Later fragments carry no ports: the first fragment's translation.
         if let Frag::Later { ident, key_proto } = p.frag {
+            if let (Err(r), Decision::Steer(_)) = (admitted, tables.classify(p.src, p.dst)) {
+                return Verdict::Drop(r);
+            }
             let fk = FragKey { src: p.src, dst: p.dst, ident, proto: key_proto };
             return self.later_fragment(buf, len, &mut p, &fk, nat, secs);
         }
         if let L4::IcmpError { .. } = p.l4info {
             return match icmp_error::translate(buf, &mut p, nat, tables, secs, self.stats) {
+                // An error leaving as a session's outbound direction is a
+                // pod's (or an inside router's about a pod's flow).
+                Ok(t) if t.direction == Direction::Outbound && admitted.is_err() => {
+                    Verdict::Drop(admitted.err().unwrap_or(DropReason::SteeredOnOutside))
+                }
                 Ok(t) => {
                     self.stats.event(Event::IcmpErrorTranslated);
                     self.stats.traffic(t.session.policy_slot, t.direction, len);
@@ -538,11 +725,27 @@ impl Ctx<'_> {
                 Err(None) => Verdict::Pass,
             };
         }
+        // Echo requests to an egress IP that is not a Service VIP: answered
+        // here (the kernel does not own the address), rate-limited.
+        if let L4::Echo { request: true, .. } = p.l4info {
+            if tables.egress(p.dst.ip()).is_some_and(|e| !e.kernel_service)
+                && !matches!(tables.classify(p.src, p.dst), Decision::Steer(_))
+            {
+                return self.answer_echo(buf, &p, now);
+            }
+        }
         let Some(key) = p.flow_key() else {
             // No ports: never let a selected source out untranslated.
             return match tables.classify(p.src, p.dst) {
+                Decision::Steer(_) if admitted.is_err() => {
+                    Verdict::Drop(admitted.err().unwrap_or(DropReason::SteeredOnOutside))
+                }
                 Decision::Steer(_) if p.proto == A::ICMP_PROTO => Verdict::Drop(DropReason::UnsupportedIcmpType),
                 Decision::Steer(_) => Verdict::Drop(DropReason::UnsupportedProtocol),
+                // The kernel does not own an egress IP that is not a VIP.
+                _ if tables.egress(p.dst.ip()).is_some_and(|e| !e.kernel_service) => {
+                    Verdict::Drop(DropReason::UnservedToEgress)
+                }
                 _ => Verdict::Pass,
             };
         };
@@ -556,11 +759,14 @@ impl Ctx<'_> {
         let hit = self.lookup(nat, &key).filter(|(_, v)| nat.check(v, tables, secs, self.stats));
         let (view, dir) = match hit {
             Some((r, v)) => (v, if r.is_inbound() { Direction::Inbound } else { Direction::Outbound }),
-            None => match self.slow_path(&p, key, tcp_flags, nat, secs) {
+            None => match self.slow_path(&p, key, tcp_flags, nat, secs, admitted) {
                 Ok(x) => x,
                 Err(v) => return v,
             },
         };
+        if let (Direction::Outbound, Err(r)) = (dir, admitted) {
+            return Verdict::Drop(r);
+        }
         if let Some(v) = self.undeliverable(buf, &p, &view, dir, now) {
             return v;
         }
@@ -694,12 +900,22 @@ impl Ctx<'_> {
             return None;
         }
         let dir = if r.is_inbound() { Direction::Inbound } else { Direction::Outbound };
+        // Anti-spoofing: a pod's packet only from where pods' traffic comes.
+        if dir == Direction::Outbound
+            && self.ingress.restricts()
+            && self.ingress.admits_pods(meta.ifindex, &h[6..12]).is_err()
+        {
+            return None;
+        }
         let t = &view.tuple;
         let new_dst = match dir {
             Direction::Outbound => dst,
             Direction::Inbound => t.pod,
         };
-        let NextHop::Resolved { oif, src_mac, dst_mac } = self.next_hops.lookup(self.fib, IpAddr::V4(new_dst)) else {
+        let uses = &self.shared.neighbor_use;
+        let NextHop::Resolved { oif, src_mac, dst_mac } =
+            self.next_hops.lookup(self.fib, uses, IpAddr::V4(new_dst), secs)
+        else {
             return None;
         };
         // Larger than the egress link's MTU: the full pipeline answers it.
@@ -806,10 +1022,13 @@ impl Ctx<'_> {
         tcp_flags: u8,
         nat: &NatTable<A>,
         secs: u32,
+        admitted: Result<(), DropReason>,
     ) -> Result<(SessionView<A>, Direction), Verdict> {
         let tables = self.tables;
         match tables.classify(p.src, p.dst) {
             Decision::Steer(id) => {
+                // Anti-spoofing before anything is created for the source.
+                admitted.map_err(Verdict::Drop)?;
                 let Some(policy) = tables.policy(id) else { return Err(Verdict::Pass) };
                 match p.l4info {
                     L4::Echo { request: false, .. } => return Err(Verdict::Drop(DropReason::UnsupportedIcmpType)),
@@ -838,21 +1057,74 @@ impl Ctx<'_> {
                     .map_err(Verdict::Drop)
             }
             _ if tables.owns_egress(p.dst.ip()) => {
+                // What Egret does not serve: a Service VIP's is the kernel's
+                // (Service ingress); another egress IP's is dropped, the
+                // kernel does not own the address (the XDP program's rule 4).
+                let unserved = if tables.egress(p.dst.ip()).is_some_and(|e| e.kernel_service) {
+                    Verdict::Pass
+                } else {
+                    Verdict::Drop(DropReason::UnservedToEgress)
+                };
                 match p.l4info {
                     L4::Ports { dport, .. } => {
                         let in_range = tables.egress(p.dst.ip()).is_some_and(|e| e.ports.contains(dport));
                         if !in_range {
-                            // Service ports on a VIP, SSH...: the kernel's.
-                            return Err(Verdict::Pass);
+                            return Err(unserved);
                         }
                     }
-                    L4::Echo { request: true, .. } => return Err(Verdict::Pass),
+                    L4::Echo { request: true, .. } => return Err(unserved),
                     L4::Echo { request: false, .. } => return Err(Verdict::Drop(DropReason::InboundNoMapping)),
-                    _ => return Err(Verdict::Pass),
+                    _ => return Err(unserved),
                 }
                 self.create_inbound(&key, tcp_flags, nat, secs).map(|v| (v, Direction::Inbound)).map_err(Verdict::Drop)
             }
             _ => Err(Verdict::Pass),
+        }
+    }
+
+    /// Anti-spoofing: whether the frame in `buf` may be a pod's, by its
+    /// receiving interface and link-layer sender (ingress.rs).
+    #[inline]
+    fn admits_pods(&self, buf: &[u8], meta: RxMeta) -> Result<(), DropReason> {
+        if !self.ingress.restricts() {
+            return Ok(());
+        }
+        self.ingress.admits_pods(meta.ifindex, buf.get(6..12).unwrap_or(&[]))
+    }
+
+    /// Answers an echo request to an egress IP in place, within
+    /// [`ECHO_ANSWERS_PER_SEC`] (all workers together, as Linux's
+    /// `icmp_msgs_per_sec`).
+    fn answer_echo<A: Family>(&mut self, buf: &mut [u8], p: &IpPacket<A>, now: Timestamp) -> Verdict {
+        use std::sync::atomic::Ordering;
+        let second = u64::from(now.secs());
+        let window = &self.shared.echo_window;
+        let mut cur = window.load(Ordering::Relaxed);
+        loop {
+            let next = match (cur >> 32, cur & 0xffff_ffff) {
+                (s, n) if s == second && n >= u64::from(ECHO_ANSWERS_PER_SEC) => {
+                    return Verdict::Drop(DropReason::EchoRateLimited);
+                }
+                (s, _) if s == second => cur + 1,
+                _ => (second << 32) | 1,
+            };
+            match window.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(seen) => cur = seen,
+            }
+        }
+        let outcome = if A::ICMP_PROTO == proto::ICMP {
+            neigh_responder::answer_echo_v4(buf, p.l3, p.l4, p.end)
+        } else {
+            neigh_responder::answer_echo_v6(buf, p.l3, p.l4, p.end)
+        };
+        match outcome {
+            NeighOutcome::Answered { len } => {
+                self.stats.event(Event::EchoAnswered);
+                Verdict::Answer { len }
+            }
+            NeighOutcome::Malformed(_) => Verdict::Drop(DropReason::BadIcmpChecksum),
+            NeighOutcome::NotOurs => Verdict::Drop(DropReason::UnservedToEgress),
         }
     }
 
@@ -992,7 +1264,7 @@ impl Ctx<'_> {
 
     /// The L2 next hop of a frame to `dst`, whose IP part is ready to send.
     fn to_next_hop(&mut self, buf: &mut [u8], len: usize, dst: IpAddr) -> Verdict {
-        match self.next_hops.lookup(self.fib, dst) {
+        match self.next_hops.lookup(self.fib, &self.shared.neighbor_use, dst, self.secs) {
             NextHop::Resolved { oif, src_mac, dst_mac } => {
                 let mut f = ethernet::Frame::new_unchecked(&mut buf[..len]);
                 f.set_dst_addr(EthernetAddress(dst_mac));
@@ -1001,7 +1273,11 @@ impl Ctx<'_> {
             }
             NextHop::Unresolved { oif, addr } => {
                 let _ = self.shared.resolve.push(ResolveRequest { ifindex: oif, addr });
-                Verdict::Drop(DropReason::NeighborUnresolved)
+                if self.hold_unresolved {
+                    Verdict::Hold { ifindex: oif, next_hop: addr, len }
+                } else {
+                    Verdict::Drop(DropReason::NeighborUnresolved)
+                }
             }
             NextHop::NoRoute => Verdict::Drop(DropReason::NoRoute),
         }
@@ -1075,6 +1351,101 @@ mod tests {
             }
         }
         assert!(taken >= 25, "the established path took only {taken} fixture frames");
+    }
+
+    /// Issue 14 item 6: with every owned address (egress IPs, answered next
+    /// hops) past its valid-until, no fixture frame is translated from or
+    /// to one, nor answered for one: each such frame is dropped and counted
+    /// as `ownership_expired`. Without a valid-until the same frames are
+    /// forwarded and answered (the reference run), so the check is live.
+    #[test]
+    fn nothing_is_sent_or_answered_for_an_address_past_its_valid_until() {
+        use std::net::IpAddr;
+        let (mut refused, mut would_have_sent) = (0u64, 0u64);
+        for s in fixtures::scenarios() {
+            let owned: Vec<IpAddr> =
+                s.spec.egress_ips.iter().map(|e| e.ip).chain(s.spec.neighbor_addresses.iter().copied()).collect();
+            let judge = Ownership::default();
+            judge.expire(&owned);
+            for expired in [false, true] {
+                let engine = Engine::new(&s.spec).expect("fixture config");
+                engine.publish_fib(fixtures::topology());
+                if expired {
+                    engine.ownership().expire(&owned);
+                }
+                let mut w = engine.worker_seeded(PortRng::new(0x5eed));
+                for st in &s.steps {
+                    let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+                    buf[..st.frame.len()].copy_from_slice(&st.frame);
+                    let meta = RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown };
+                    let now = Timestamp::from_secs(st.at);
+                    let received_owned = judge.frame_expired(&st.frame, now);
+                    let v = w.process(&mut buf, st.frame.len(), meta, now);
+                    let sent_owned = match v {
+                        Verdict::Forward { len, .. } | Verdict::Answer { len } => judge.frame_expired(&buf[..len], now),
+                        _ => false,
+                    };
+                    if expired {
+                        assert!(!sent_owned, "{} ({}): sent {v:?} for an expired address", s.name, st.what);
+                        if received_owned {
+                            assert_eq!(v, Verdict::Drop(DropReason::OwnershipExpired), "{} ({})", s.name, st.what);
+                        }
+                    } else if sent_owned {
+                        would_have_sent += 1;
+                    }
+                }
+                if expired {
+                    refused += engine.stats().dropped(DropReason::OwnershipExpired);
+                }
+            }
+        }
+        assert!(would_have_sent >= 20, "the fixtures send only {would_have_sent} frames for owned addresses");
+        assert!(refused >= would_have_sent, "{refused} drops counted for {would_have_sent} frames");
+    }
+
+    /// A frame processed at or after its egress IP's valid-until is dropped,
+    /// one processed before it goes: the engine judges by the time it
+    /// processes the frame (a frame that waited in a ring across the
+    /// deadline is judged late), not by when it arrived.
+    #[test]
+    fn the_valid_until_is_judged_at_processing_time() {
+        // The first fixture frame a fresh engine translates to or from an egress IP.
+        let first = |s: &fixtures::Scenario, st: &fixtures::Step| {
+            let e = Engine::new(&s.spec).unwrap();
+            e.publish_fib(fixtures::topology());
+            let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+            buf[..st.frame.len()].copy_from_slice(&st.frame);
+            let meta = RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown };
+            let Verdict::Forward { len, .. } =
+                e.worker_seeded(PortRng::new(1)).process(&mut buf, st.frame.len(), meta, Timestamp::ZERO)
+            else {
+                return None;
+            };
+            s.spec.egress_ips.iter().map(|e| e.ip).find(|ip| {
+                let judge = Ownership::default();
+                judge.expire(&[*ip]);
+                judge.frame_expired(&buf[..len], Timestamp::ZERO)
+            })
+        };
+        let scenarios = fixtures::scenarios();
+        let (s, step, egress) = scenarios
+            .iter()
+            .find_map(|s| s.steps.iter().find_map(|st| first(s, st).map(|ip| (s, st, ip))))
+            .expect("a fixture frame translated from or to an egress IP");
+        let engine = Engine::new(&s.spec).expect("fixture config");
+        engine.publish_fib(fixtures::topology());
+        let mut w = engine.worker_seeded(PortRng::new(0x5eed));
+        engine.ownership().set([(egress, Some(Timestamp::from_millis(10_000)))]);
+        let run = |w: &mut Worker, at: Timestamp| {
+            let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+            buf[..step.frame.len()].copy_from_slice(&step.frame);
+            w.process(&mut buf, step.frame.len(), RxMeta { ifindex: step.ingress, checksum: ChecksumHint::Unknown }, at)
+        };
+        assert!(matches!(run(&mut w, Timestamp::from_millis(9_999)), Verdict::Forward { .. }));
+        assert_eq!(run(&mut w, Timestamp::from_millis(10_000)), Verdict::Drop(DropReason::OwnershipExpired));
+        // Renewed: served again.
+        engine.ownership().set([(egress, Some(Timestamp::from_millis(20_000)))]);
+        assert!(matches!(run(&mut w, Timestamp::from_millis(10_001)), Verdict::Forward { .. }));
     }
 
     /// An outbound ICMP error about pod A's session is translated when pod

@@ -121,6 +121,25 @@ named_enum! {
         BufferTooSmall => "buffer_too_small",
         /// The source already holds its quota of ports on the egress IP (`nat.maxPortsPerSource`).
         SourcePortQuota => "source_port_quota",
+        /// The frame would be sent from or to (or answer ARP/NDP for) an
+        /// address past its valid-until: its Lease may be another gateway's
+        /// by now (ownership.rs).
+        OwnershipExpired => "ownership_expired",
+        /// A frame waiting for its next hop's resolution was displaced by a
+        /// newer one (the next hop's queue or the worker's queues were full;
+        /// the kernel's `unres_discards`).
+        NeighborQueueOverflow => "neighbor_queue_overflow",
+        /// A frame waited for its next hop's resolution longer than the
+        /// queue's timeout (the kernel gives up after about 3 s too).
+        NeighborQueueTimeout => "neighbor_queue_timeout",
+        /// A selected source arrived on an outside interface (anti-spoofing, docs/config.md).
+        SteeredOnOutside => "steered_on_outside",
+        /// A selected source from a link-layer sender not in the interface's `podSourceMacs`.
+        SteeredFromUnknownMac => "steered_from_unknown_mac",
+        /// To an egress IP that is not a Service VIP: not a NAT port, ICMP error or echo.
+        UnservedToEgress => "unserved_to_egress",
+        /// An echo request to an egress IP beyond the worker's answer rate.
+        EchoRateLimited => "echo_rate_limited",
         /// An outbound ICMP error about a session, sent by another selected
         /// source than the session's pod (a pod speaking for another pod).
         IcmpErrorSpoofed => "icmp_error_spoofed",
@@ -160,6 +179,12 @@ named_enum! {
         PortRandomized => "port_randomized",
         /// A confirmed session was queued for the XDP fast path.
         OffloadRequested => "offload_requested",
+        /// A frame to an unresolved next hop was queued until it resolves.
+        NeighborQueued => "neighbor_queued",
+        /// A queued frame was sent once its next hop resolved.
+        NeighborQueueSent => "neighbor_queue_sent",
+        /// An echo request to an egress IP was answered.
+        EchoAnswered => "echo_answered",
         /// An ICMP error (Time Exceeded, Fragmentation Needed, Packet Too
         /// Big) was generated for a dropped packet.
         IcmpErrorSent => "icmp_error_sent",

@@ -7,6 +7,7 @@
 //! | `Answer` | transmit on the receiving port |
 //! | `Pass` | drop, counted `misdirected`: the XDP program steered a frame the engine says is the kernel's |
 //! | `Drop(reason)` | drop (the engine counted the reason) |
+//! | `Hold { ifindex, next_hop }` | held by the worker until the next hop resolves (`neighbor_queued`; then `neighbor_queue_sent`, or `neighbor_queue_overflow` / `neighbor_queue_timeout`) |
 //!
 //! `tick` runs the engine's bounded expiry sweep every [`SWEEP_EVERY`];
 //! `inject` sends pending announcements (gratuitous ARP, unsolicited NA).
@@ -17,10 +18,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egret_dataplane::clock::Timestamp;
-use egret_dataplane::engine::{Engine, RxMeta, Verdict, Worker as EngineWorker};
+use egret_dataplane::engine::{Engine, Release, RxMeta, Verdict, Worker as EngineWorker};
 use egret_dataplane::neigh_responder::{gratuitous_arp, unsolicited_na};
+use egret_dataplane::stats::{DropReason, Event};
 use egret_dataplane::wire::ethernet::EthernetAddress;
-use egret_dataplane::worker::{Action, FrameHandler, Injector, PortId, RxInfo};
+use egret_dataplane::worker::{Action, FrameHandler, HoldEvent, HoldKey, Injector, PortId, RxInfo, Unhold};
 use parking_lot::Mutex;
 
 use crate::offload::clock::EngineClock;
@@ -89,8 +91,11 @@ impl EngineHandler {
         let sweeps = (SWEEP_PERIOD.as_millis() / SWEEP_EVERY.as_millis()).max(1) as u64;
         // Each worker sweeps its share of the table.
         let budget = (capacity / sweeps / u64::from(workers.max(1))).clamp(64, 1 << 20) as u32;
+        let mut worker = engine.worker();
+        // Frames to a next hop being resolved wait in the worker (worker.rs).
+        worker.set_hold_unresolved(true);
         Self {
-            worker: engine.worker(),
+            worker,
             engine: engine.clone(),
             ports,
             clock,
@@ -132,6 +137,37 @@ impl FrameHandler for EngineHandler {
                 Action::Drop
             }
             Verdict::Drop(_) => Action::Drop,
+            Verdict::Hold { ifindex, next_hop, len } => match self.port_of(ifindex) {
+                Some(_) => Action::Hold { key: (ifindex, next_hop), len },
+                None => {
+                    bump(&self.stats.no_port);
+                    Action::Drop
+                }
+            },
+        }
+    }
+
+    fn release(&mut self, key: HoldKey, buf: &mut [u8], len: usize, now: Instant) -> Unhold {
+        let ts = self.now(now);
+        match self.worker.release_held(buf, len, key.0, key.1, ts) {
+            Release::Wait => Unhold::Wait,
+            Release::Forward { ifindex, len } => match self.port_of(ifindex) {
+                Some(port) => Unhold::Transmit { port, len },
+                None => {
+                    bump(&self.stats.no_port);
+                    Unhold::Drop
+                }
+            },
+            Release::Drop(_) => Unhold::Drop,
+        }
+    }
+
+    fn held(&mut self, event: HoldEvent) {
+        let stats = self.worker.stats();
+        match event {
+            HoldEvent::Queued => stats.event(Event::NeighborQueued),
+            HoldEvent::Overflow => stats.dropped(DropReason::NeighborQueueOverflow),
+            HoldEvent::Expired => stats.dropped(DropReason::NeighborQueueTimeout),
         }
     }
 

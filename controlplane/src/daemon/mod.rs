@@ -17,15 +17,20 @@
 //!    offload manager, thread `egret-offload` (crate::offload);
 //! 5. attach the program (bpf_link) to every interface; start the netlink
 //!    watcher, the admin socket and the metrics server; announce the owned
-//!    addresses. `/ready` answers 200 from here on.
+//!    addresses. `/ready` answers 200 from here on, once the gateways of the
+//!    routes in use are resolved (before that, 503 with the ones that are not).
 //!
 //! `SIGHUP` re-reads the file and applies it through the same sink; a bad
-//! file is logged and counted, and the old configuration stays. Settings
+//! file is logged and counted, and the old configuration stays. An apply
+//! the sink refuses (too large for the maps, fail-closed rules not
+//! installed) is logged with what the gateway runs instead and counted
+//! the same way (`config_reload_failures_total`). Settings
 //! that only apply at start are reported. `SIGTERM`/`SIGINT`: workers stop,
 //! the links are dropped (the program is detached), the admin socket file is
 //! removed, exit 0.
 
 pub mod handler;
+mod port_map;
 pub mod sink;
 mod view;
 
@@ -75,6 +80,10 @@ pub enum DaemonError {
         /// The error.
         message: String,
     },
+    /// The Kubernetes control plane ended without being asked to (a panic,
+    /// or an error); its addresses were fenced before the gateway stopped.
+    #[error("the Kubernetes control plane stopped unexpectedly ({0}); every egress IP was fenced at once")]
+    ControlPlaneDied(String),
 }
 
 fn start_err(step: impl Into<String>) -> impl FnOnce(String) -> DaemonError {
@@ -145,6 +154,8 @@ pub struct Shared {
     pub restart_pending: Mutex<Vec<String>>,
     /// Start time.
     pub started: Instant,
+    /// Whether the routes' next hops are resolved (netlink.rs).
+    pub next_hops: Arc<crate::netlink::NextHopStatus>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -154,11 +165,24 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    /// Attached, every worker running, not stopping.
+    /// Attached, every worker running, not stopping, and the next hops of
+    /// the routes in use resolved.
     pub fn ready(&self) -> bool {
-        self.attached.load(Ordering::Acquire)
-            && !self.stopping.load(Ordering::Acquire)
-            && self.workers.iter().all(|w| w.running.load(Ordering::Acquire))
+        self.not_ready().is_none()
+    }
+
+    /// Why the gateway is not ready (`/ready` answers 503 with it), or `None`.
+    pub fn not_ready(&self) -> Option<String> {
+        if !self.attached.load(Ordering::Acquire) {
+            return Some("the XDP program is not attached".into());
+        }
+        if self.stopping.load(Ordering::Acquire) {
+            return Some("stopping".into());
+        }
+        if let Some(w) = self.workers.iter().find(|w| !w.running.load(Ordering::Acquire)) {
+            return Some(format!("worker {} is not running", w.queue));
+        }
+        self.next_hops.not_ready()
     }
 }
 
@@ -191,12 +215,41 @@ pub fn run_gateway(path: &Path) -> Result<(), DaemonError> {
     rt.block_on(run(path.to_path_buf(), cfg))
 }
 
+/// Anti-spoofing (dataplane ingress.rs; the XDP program's rule 5a): each
+/// attached interface's role and allowed pod senders, written into the
+/// engine and the program before anything is attached.
+fn set_interface_roles(
+    engine: &Engine,
+    program: &SteeringProgram,
+    interfaces: &[Driven],
+    cfg: &GatewayConfig,
+) -> Result<(), DaemonError> {
+    use egret_dataplane::ingress::{Ingress, IngressRole, InterfaceIngress};
+    let mut rules = Vec::new();
+    for i in interfaces {
+        let macs =
+            cfg.interfaces.iter().find(|c| c.name == i.name).map(|c| c.pod_source_macs.clone()).unwrap_or_default();
+        let (role, bpf_role) = match i.role {
+            Role::Inside => (IngressRole::Inside, egret_bpf::ROLE_INSIDE),
+            Role::Outside => (IngressRole::Outside, egret_bpf::ROLE_OUTSIDE),
+            Role::Both => (IngressRole::Both, egret_bpf::ROLE_BOTH),
+        };
+        let flags = if macs.is_empty() { 0 } else { egret_bpf::IF_CHECK_SRC_MAC };
+        program
+            .set_interface_role(i.ifindex, egret_bpf::IfRole { role: bpf_role, flags }, &macs)
+            .map_err(|e| start_err(format!("setting the role of {}", i.name))(format!("{e:#}")))?;
+        rules.push(InterfaceIngress { ifindex: i.ifindex, role, pod_source_macs: macs });
+    }
+    engine.set_ingress(Ingress::new(rules));
+    Ok(())
+}
+
 async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
     let started = Instant::now();
     // 2. Interfaces from the kernel.
     let names: Vec<String> = cfg.interfaces.iter().map(|i| i.name.clone()).collect();
     let watcher = Watcher::new(names.clone());
-    let running_watcher = watcher.start().await.map_err(|e| start_err("rtnetlink")(e.to_string()))?;
+    let mut running_watcher = watcher.start().await.map_err(|e| start_err("rtnetlink")(e.to_string()))?;
     let mut interfaces = Vec::new();
     for (index, i) in cfg.interfaces.iter().enumerate() {
         let link = running_watcher
@@ -229,6 +282,8 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
     };
     let program =
         Arc::new(SteeringProgram::load(load).map_err(|e| start_err("loading the XDP program")(format!("{e:#}")))?);
+    set_interface_roles(&engine, &program, &interfaces, &cfg)?;
+    port_map::connect(&engine, &program);
     let fast_path = if cfg.xdp.fast_path {
         let fp = Arc::new(
             FastPath::new(program.clone(), clock, cfg.tables.nat.udp_inbound_refresh)
@@ -247,6 +302,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         interfaces.iter().map(|i| (i.ifindex, i.role)).collect(),
         announce.clone(),
         fast_path.clone(),
+        clock,
     ));
     if cfg.kubernetes.is_some() {
         // The file's tables are a placeholder: keep the kernel's fail-closed
@@ -357,12 +413,14 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         reloads: AtomicU64::new(0),
         restart_pending: Mutex::new(Vec::new()),
         started,
+        next_hops: running_watcher.next_hop_status(),
     });
     let view: Arc<dyn crate::view::GatewayView> = Arc::new(view::LiveView(shared.clone()));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let eng = engine.clone();
     let eng2 = engine.clone();
+    running_watcher.keep_alive(engine.neighbor_use().clone());
     let netlink_task = tokio::spawn(running_watcher.run(
         move |fib| eng.publish_fib(fib),
         move || eng2.drain_resolve_requests(),
@@ -375,18 +433,36 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         .await
         .map_err(|e| start_err(format!("metrics listener {}", cfg.metrics_listen))(e.to_string()))?;
     let ready_shared = shared.clone();
-    let metrics_task =
-        tokio::spawn(crate::metrics::serve(metrics_listener, view.clone(), Arc::new(move || ready_shared.ready())));
+    let metrics_task = tokio::spawn(crate::metrics::serve(
+        metrics_listener,
+        view.clone(),
+        Arc::new(move || ready_shared.not_ready().map_or(Ok(()), Err)),
+    ));
 
     sink.announce(&announced(&cfg.tables));
 
     // Kubernetes mode: the cluster provides policies and egress IPs (the
     // file's tables are empty); Leases decide which IPs this gateway holds.
     let (k8s_stop_tx, k8s_stop_rx) = tokio::sync::watch::channel(false);
-    let k8s_task = match &cfg.kubernetes {
+    let mut k8s_task = match &cfg.kubernetes {
         None => None,
         Some(k) => Some(spawn_kubernetes(k, &cfg, sink.clone(), k8s_stop_rx).await?),
     };
+    // Supervision outside this runtime: a sync loop that stops beating is
+    // fenced and the process ends (the data plane's valid-until has already
+    // stopped serving its IPs by then; this makes the gateway restart).
+    let watchdog_stop = Arc::new(AtomicBool::new(false));
+    let watchdog = match (&k8s_task, &cfg.kubernetes) {
+        (Some((_, heartbeat)), Some(k)) => Some(spawn_watchdog(
+            heartbeat.clone(),
+            sink.clone(),
+            engine.clone(),
+            k.lease_duration + crate::failclosed::NFT_TIMEOUT,
+            watchdog_stop.clone(),
+        )?),
+        _ => None,
+    };
+    let mut died: Option<String> = None;
     // Wait (briefly) for every worker thread to enter its loop, for the log line.
     for _ in 0..200 {
         if shared.ready() {
@@ -418,15 +494,38 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
+            ended = async {
+                match k8s_task.as_mut() {
+                    Some((task, _)) => task.await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                // Nobody asked it to stop: a panic, or a fatal error. Renewals
+                // and fencing have stopped with it, so fence now.
+                fence_all(&sink, &engine);
+                k8s_task = None;
+                let why = match ended {
+                    Err(e) if e.is_panic() => "it panicked".to_string(),
+                    Err(e) => e.to_string(),
+                    Ok(()) => "it returned".to_string(),
+                };
+                tracing::error!(reason = %why, "kubernetes control plane ended; egress IPs fenced, stopping");
+                died = Some(why);
+                break;
+            }
         }
     }
 
     // Stop. In Kubernetes mode, first give up the egress IPs (fenced out of
     // the tables, Leases released) so another gateway can take them at once.
     tracing::info!("stopping");
-    if let Some(task) = k8s_task {
+    if let Some((task, _)) = k8s_task {
         let _ = k8s_stop_tx.send(true);
         let _ = task.await;
+    }
+    watchdog_stop.store(true, Ordering::Release);
+    if let Some(w) = watchdog {
+        let _ = w.join();
     }
     shared.stopping.store(true, Ordering::Release);
     let _ = stop_tx.send(true);
@@ -449,7 +548,73 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
     }
     let _ = std::fs::remove_file(&cfg.admin_socket);
     tracing::info!("stopped");
-    Ok(())
+    match died {
+        Some(why) => Err(DaemonError::ControlPlaneDied(why)),
+        None => Ok(()),
+    }
+}
+
+/// Exit status when the watchdog ends a stuck control plane (EX_SOFTWARE).
+pub const EXIT_CONTROL_PLANE_STUCK: i32 = 70;
+
+/// The watchdog's period, and how late a period may be before the watchdog
+/// concludes the whole process was stopped (SIGSTOP, a VM pause) rather than
+/// the control plane alone.
+const WATCHDOG_TICK: Duration = Duration::from_millis(100);
+const WATCHDOG_STALL: Duration = Duration::from_secs(1);
+
+/// Ends the validity of every address the data plane serves, now, from any
+/// thread: the workers and the XDP program stop answering and translating
+/// for them before this returns (sink.rs `set_valid_until`).
+fn fence_all(sink: &GatewaySink, engine: &Engine) {
+    let t = engine.tables();
+    let now = Instant::now();
+    let all: Vec<(IpAddr, Option<Instant>)> =
+        t.egress_ips().map(|(ip, _)| ip).chain(t.neighbor_addresses()).map(|ip| (ip, Some(now))).collect();
+    sink.set_valid_until(&all);
+}
+
+/// A thread outside the runtime that watches the Kubernetes sync loop's
+/// heartbeat: when the loop has not beaten for `limit` (it beats at least
+/// every retryPeriod while healthy), every address is fenced and the
+/// process exits with [`EXIT_CONTROL_PLANE_STUCK`] so it is restarted. The
+/// data plane's valid-until already stopped serving the IPs by then (no
+/// renewal moved it); this ends a gateway that would otherwise stay stuck.
+/// After the whole process was stopped (the watchdog itself woke late), the
+/// loop gets `limit` again to resume before it is judged.
+fn spawn_watchdog(
+    heartbeat: Arc<crate::k8s::Heartbeat>,
+    sink: Arc<GatewaySink>,
+    engine: Engine,
+    limit: Duration,
+    stop: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<()>, DaemonError> {
+    std::thread::Builder::new()
+        .name("egret-watchdog".into())
+        .spawn(move || {
+            let mut last = Instant::now();
+            let mut grace_until = last;
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(WATCHDOG_TICK);
+                let now = Instant::now();
+                if now.saturating_duration_since(last) > WATCHDOG_STALL {
+                    grace_until = now + limit;
+                }
+                last = now;
+                match heartbeat.age(now) {
+                    Some(age) if age > limit && now >= grace_until => {
+                        fence_all(&sink, &engine);
+                        tracing::error!(
+                            silent_ms = age.as_millis() as u64,
+                            "kubernetes control plane stuck; egress IPs fenced, exiting"
+                        );
+                        std::process::exit(EXIT_CONTROL_PLANE_STUCK);
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .map_err(|e| start_err("spawning the watchdog")(e.to_string()))
 }
 
 /// Starts the Kubernetes control plane on this runtime.
@@ -458,7 +623,7 @@ async fn spawn_kubernetes(
     cfg: &GatewayConfig,
     sink: Arc<GatewaySink>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<tokio::task::JoinHandle<()>, DaemonError> {
+) -> Result<(tokio::task::JoinHandle<()>, Arc<crate::k8s::Heartbeat>), DaemonError> {
     use crate::k8s::{self, lease::LeaseTiming, K8sOptions};
     let node = k.node_name.clone().or_else(|| std::env::var("NODE_NAME").ok()).unwrap_or_default();
     let mut opts = K8sOptions::new(node);
@@ -477,14 +642,17 @@ async fn spawn_kubernetes(
     let hold = sink.fail_closed.clone();
     let sink: Arc<dyn crate::sink::TablesSink> = Arc::new(crate::failclosed::ReleaseOnApply::new(sink, hold));
     tracing::info!(node = %opts.node_name, namespace = %opts.lease_namespace, "kubernetes control plane starting");
-    Ok(tokio::spawn(async move {
+    let heartbeat = Arc::new(crate::k8s::Heartbeat::default());
+    let beats = heartbeat.clone();
+    let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        if let Err(e) = k8s::run(client, opts, sink, shutdown).await {
+        if let Err(e) = k8s::run_supervised(client, opts, sink, shutdown, beats).await {
             tracing::error!(error = %e, "kubernetes control plane stopped");
         }
-    }))
+    });
+    Ok((task, heartbeat))
 }
 
 /// `SIGHUP`: re-read, validate, apply; keep the old configuration on error.
@@ -504,8 +672,9 @@ fn reload(path: &Path, shared: &Shared) {
     let mut pending = shared.config.lock().restart_only_changes(&new).iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let before: Vec<IpAddr> = shared.engine.tables().neighbor_addresses().collect();
     if let Err(e) = shared.sink.apply(&new.tables) {
+        // The error says what the gateway runs now (crate::sink::ApplyError).
         shared.reload_failures.fetch_add(1, Ordering::Relaxed);
-        tracing::error!(error = %e, "reload rejected; the old configuration stays");
+        tracing::error!(error = %e, "reload not applied");
         return;
     }
     pending.extend(shared.sink.restart_needed.lock().iter().cloned());

@@ -483,6 +483,8 @@ impl OffloadManager {
         let n =
             self.install_family::<Ipv4Addr>(&tables, &fib, now) + self.install_family::<Ipv6Addr>(&tables, &fib, now);
         self.fp.stats.next_hops.store(self.hops.len() as u64, Ordering::Relaxed);
+        // The program's traffic keeps its next hops' kernel entries alive (next_hops.rs).
+        self.hops.touch_in_use(self.engine.neighbor_use(), self.fp.clock.at(now).secs());
         n
     }
 

@@ -12,6 +12,11 @@
 //! to the engine, which asks the kernel to resolve it; once the neighbour
 //! appears the entry turns valid with no change to the sessions.
 //!
+//! Frames the program forwards never reach the workers, which stamp the next
+//! hops they use for the daemon to keep the kernel's neighbour entries alive
+//! (`Fib`'s `NeighborUse`); [`NextHopTable::touch_in_use`] stamps every
+//! next hop an installed session points at, so those stay alive too.
+//!
 //! Ids are reference counted by installed directions. A freed id rests for
 //! [`QUARANTINE`] before it is reused, so a packet that read a session entry
 //! just before its deletion cannot meet a recycled next hop.
@@ -24,7 +29,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use egret_bpf::FpNextHop;
-use egret_dataplane::fib::Fib;
+use egret_dataplane::fib::{Fib, NeighborUse};
 
 /// How long a freed id rests before reuse.
 pub const QUARANTINE: Duration = Duration::from_secs(1);
@@ -52,7 +57,7 @@ pub fn route_key(fib: &Fib, dst: IpAddr) -> Option<HopKey> {
 /// neighbour are known.
 pub fn hop_value(fib: &Fib, key: HopKey) -> FpNextHop {
     match (fib.interface(key.0), fib.neighbor(key.0, key.1)) {
-        (Some(iface), Some(mac)) => FpNextHop::resolved(key.0, iface.mac, mac),
+        (Some(iface), Some(mac)) => FpNextHop::resolved(key.0, iface.mac, mac).with_mtu(iface.mtu),
         _ => FpNextHop::invalid(key.0),
     }
 }
@@ -150,6 +155,14 @@ impl NextHopTable {
         }
     }
 
+    /// Stamps every next hop an installed direction uses as used at `secs`
+    /// (engine seconds) in `uses`.
+    pub fn touch_in_use(&self, uses: &NeighborUse, secs: u32) {
+        for (ifindex, addr) in self.hops.keys() {
+            uses.touch(NeighborUse::slot(*ifindex, *addr), secs);
+        }
+    }
+
     /// Recomputes every entry from a new snapshot; returns the ids whose
     /// value changed, with the new value (to write to the map).
     pub fn sync(&mut self, fib: &Fib) -> Vec<(u32, FpNextHop)> {
@@ -235,5 +248,20 @@ mod tests {
             ]
         );
         assert!(t.sync(&g).is_empty());
+    }
+
+    #[test]
+    fn installed_next_hops_are_stamped_as_used() {
+        let f = fib([2, 0, 0, 0, 0, 0xfe]);
+        let now = Instant::now();
+        let mut t = NextHopTable::new(8);
+        let uses = NeighborUse::default();
+        let (a, _) = t.acquire(&f, ip("198.51.100.7"), now).unwrap_or((99, None));
+        t.touch_in_use(&uses, 5);
+        assert_eq!(uses.stamp(3, ip("203.0.113.1")), 5, "the gateway of an installed direction");
+        assert_eq!(uses.stamp(3, ip("203.0.113.50")), 0, "no installed direction goes there");
+        t.release(a, now);
+        t.touch_in_use(&uses, 6);
+        assert_eq!(uses.stamp(3, ip("203.0.113.1")), 5, "released: no longer stamped");
     }
 }

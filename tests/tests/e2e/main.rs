@@ -31,10 +31,12 @@ macro_rules! both_tiers {
 }
 
 mod fastpath;
+mod flood;
 mod flows;
 mod inbound;
 mod ipv6;
 mod malformed;
+mod neighbors;
 mod pmtu;
 mod reload;
 mod restart;
