@@ -2,7 +2,7 @@
 //! and the Lease records of `lease.rs`. Pure conversions: what counts as a
 //! selectable pod, an annotated Service, a gateway's Lease.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -16,14 +16,26 @@ use super::lease::LeaseRecord;
 
 /// A pod that can be selected: it has an IP, does not share the node's
 /// network (its IP is the node's: translating it would translate the node),
-/// and has not terminated.
+/// and its containers have not all ended (phase `Succeeded` or `Failed`).
+///
+/// A pod being deleted (`deletionTimestamp` set) stays selected: it drains
+/// for up to its grace period, keeps sending, and its node keeps routing it
+/// to the gateway, which would otherwise pass it with its own address. It
+/// leaves the selection when it is gone from the API, when it reaches a
+/// terminal phase (its containers have stopped, and the kubelet may then
+/// release its IP), or when its IP is given to another pod ([`pods`]).
 pub fn pod(p: &Pod) -> Option<PodInfo> {
+    observed_pod(p).map(|(info, _)| info)
+}
+
+/// [`pod`], and whether the pod is being deleted.
+fn observed_pod(p: &Pod) -> Option<(PodInfo, bool)> {
     let spec = p.spec.as_ref();
     if spec.and_then(|s| s.host_network).unwrap_or(false) {
         return None;
     }
     let status = p.status.as_ref()?;
-    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) || p.metadata.deletion_timestamp.is_some() {
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
         return None;
     }
     let mut ips: Vec<IpAddr> = status
@@ -38,7 +50,42 @@ pub fn pod(p: &Pod) -> Option<PodInfo> {
     if ips.is_empty() {
         return None;
     }
-    Some(PodInfo { namespace: p.namespace().unwrap_or_default(), name: p.name_any(), labels: p.labels().clone(), ips })
+    let info =
+        PodInfo { namespace: p.namespace().unwrap_or_default(), name: p.name_any(), labels: p.labels().clone(), ips };
+    Some((info, p.metadata.deletion_timestamp.is_some()))
+}
+
+/// The selectable pods of a pod list ([`pod`]), each address claimed once:
+/// an address a pod being deleted shares with a pod that is not (the CNI
+/// gave it to a new pod) belongs to the new pod, and among pods being
+/// deleted that share one, to the one created last. A pod being deleted
+/// whose every address went to another pod is left out.
+pub fn pods<'a>(list: impl IntoIterator<Item = &'a Pod>) -> Vec<PodInfo> {
+    let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let observed: Vec<(PodInfo, bool, &Pod)> =
+        list.into_iter().filter_map(|p| observed_pod(p).map(|(info, deleting)| (info, deleting, p))).collect();
+    let live: HashSet<IpAddr> = observed
+        .iter()
+        .filter(|(_, deleting, _)| !deleting)
+        .flat_map(|(info, _, _)| info.ips.iter().copied())
+        .collect();
+    // Among pods being deleted, the latest creation time per address.
+    let mut newest = HashMap::new();
+    for (info, _, p) in observed.iter().filter(|(_, deleting, _)| *deleting) {
+        for ip in &info.ips {
+            let c = created(p);
+            newest.entry(*ip).and_modify(|n| *n = std::cmp::max(*n, c)).or_insert(c);
+        }
+    }
+    observed
+        .into_iter()
+        .filter_map(|(mut info, deleting, p)| {
+            if deleting {
+                info.ips.retain(|ip| !live.contains(ip) && newest.get(ip) == Some(&created(p)));
+            }
+            (!info.ips.is_empty()).then_some(info)
+        })
+        .collect()
 }
 
 /// A Service annotated `egret.dev/egress: "true"` (others: None).
@@ -163,6 +210,93 @@ mod tests {
         )
         .unwrap();
         assert_eq!(pod(&pending), None);
+    }
+
+    fn pod_json(name: &str, created: &str, deleting: bool, phase: &str, ips: &[&str]) -> Pod {
+        let mut meta = json!({"name": name, "namespace": "team", "creationTimestamp": created});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2026-11-24T12:00:00Z");
+        }
+        let ips: Vec<_> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+        let mut status = json!({"phase": phase, "podIPs": ips});
+        if let Some(first) = ips.first() {
+            status["podIP"] = first["ip"].clone();
+        }
+        serde_json::from_value(json!({"metadata": meta, "status": status})).unwrap()
+    }
+
+    /// A pod being deleted stays selected until it is gone, reaches a
+    /// terminal phase, or its address goes to another pod (issue 14, item 2).
+    #[test]
+    fn terminating_pods_stay_selected_until_gone_or_reused() {
+        const T1: &str = "2026-11-24T10:00:00Z";
+        const T2: &str = "2026-11-24T11:00:00Z";
+        #[allow(clippy::type_complexity)]
+        let cases: &[(&str, Vec<Pod>, &[(&str, &[&str])])] = &[
+            (
+                "a pod draining (deletionTimestamp, still Running) stays selected",
+                vec![pod_json("old", T1, true, "Running", &["198.18.0.5"])],
+                &[("old", &["198.18.0.5"])],
+            ),
+            (
+                "its address given to a new pod (Pending with an IP): the new pod's",
+                vec![
+                    pod_json("old", T1, true, "Running", &["198.18.0.5"]),
+                    pod_json("new", T2, false, "Pending", &["198.18.0.5"]),
+                ],
+                &[("new", &["198.18.0.5"])],
+            ),
+            (
+                "the new pod first in the list: the same",
+                vec![
+                    pod_json("new", T2, false, "Running", &["198.18.0.5"]),
+                    pod_json("old", T1, true, "Running", &["198.18.0.5"]),
+                ],
+                &[("new", &["198.18.0.5"])],
+            ),
+            (
+                "dual stack, only the IPv4 address reused: the old pod keeps its IPv6 address",
+                vec![
+                    pod_json("old", T1, true, "Running", &["198.18.0.5", "2001:db8::5"]),
+                    pod_json("new", T2, false, "Running", &["198.18.0.5"]),
+                ],
+                &[("old", &["2001:db8::5"]), ("new", &["198.18.0.5"])],
+            ),
+            (
+                "two pods being deleted on one address: the one created last",
+                vec![
+                    pod_json("older", T1, true, "Running", &["198.18.0.5"]),
+                    pod_json("newer", T2, true, "Running", &["198.18.0.5"]),
+                ],
+                &[("newer", &["198.18.0.5"])],
+            ),
+            (
+                "a pod being deleted whose containers ended (Succeeded) is left out",
+                vec![pod_json("done", T1, true, "Succeeded", &["198.18.0.5"])],
+                &[],
+            ),
+            (
+                "Failed (e.g. evicted): left out, its address free for a new pod",
+                vec![
+                    pod_json("evicted", T1, false, "Failed", &["198.18.0.5"]),
+                    pod_json("new", T2, false, "Running", &["198.18.0.5"]),
+                ],
+                &[("new", &["198.18.0.5"])],
+            ),
+            (
+                "a deleted pod (gone from the API) is gone",
+                vec![pod_json("other", T1, false, "Running", &["198.18.0.6"])],
+                &[("other", &["198.18.0.6"])],
+            ),
+        ];
+        for (what, list, want) in cases {
+            let got: Vec<(String, Vec<IpAddr>)> = pods(list.iter()).into_iter().map(|p| (p.name, p.ips)).collect();
+            let want: Vec<(String, Vec<IpAddr>)> =
+                want.iter().map(|(n, ips)| (n.to_string(), ips.iter().map(|i| i.parse().unwrap()).collect())).collect();
+            assert_eq!(got, want, "{what}");
+        }
+        // One pod at a time: a draining pod is selectable.
+        assert!(pod(&pod_json("old", T1, true, "Running", &["198.18.0.5"])).is_some());
     }
 
     #[test]
