@@ -157,7 +157,7 @@ impl Stores {
             .collect();
         let obs = Observed {
             namespaces: self.namespaces.state().iter().map(|n| observe::namespace(n)).collect(),
-            pods: self.pods.state().iter().filter_map(|p| observe::pod(p)).collect(),
+            pods: observe::pods(self.pods.state().iter().map(|p| &**p)),
             services: self.services.state().iter().filter_map(|s| observe::service(s)).collect(),
             policies: self.policies.state().iter().map(|p| observe::policy(p)).collect(),
             pools: self.pools.state().iter().map(|p| observe::ip_pool(p)).collect(),
