@@ -99,6 +99,8 @@ pub struct LoadOptions {
     /// `owned_v4` and `owned_v6` entries each (egress IPs and next hops).
     pub owned_addresses: u32,
     /// `policy_src_v4` and `policy_src_v6` entries each (source prefixes).
+    /// A replacement holds the old and the new prefixes side by side (one
+    /// key for a prefix in both), so this bounds the two selections together.
     pub policy_sources: u32,
     /// `policy_dst_v4` and `policy_dst_v6` entries each. A replacement holds
     /// two generations at once, so this is twice the largest rule set.
@@ -123,8 +125,12 @@ impl Default for LoadOptions {
         Self {
             xsk_interfaces: 8,
             owned_addresses: 1024,
-            policy_sources: 16_384,
-            policy_rules: 65_536,
+            // 65,536 pods per family (one /32 or /128 each). Unused entries
+            // cost nothing (BPF_F_NO_PREALLOC); full, about 4 MiB per family.
+            // The fail-closed table, reinstalled on every apply, is what
+            // makes more impractical (docs/kubernetes.md, "How many pods").
+            policy_sources: 65_536,
+            policy_rules: 131_072,
             fragments: 16_384,
             fast_path_sessions_v4: 262_144,
             fast_path_sessions_v6: 262_144,
@@ -523,14 +529,19 @@ impl SteeringProgram {
         ))
     }
 
-    /// Replaces the whole policy classification (both levels, both
-    /// families) without a window in which a source selected before and after
-    /// is unclassified or meets a partial rule set (see the module doc).
-    pub fn replace_policy(&self, sources: &[SrcPrefix], rules: &[DstRule]) -> Result<(), BpfError> {
-        // A poisoned lock only means another replacement failed half way;
-        // the generation number it guards is still the one in the maps.
-        let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
-        let next = *generation ^ 1;
+    /// Checks, writing nothing, that [`replace_policy`](Self::replace_policy)
+    /// would take `sources` and `rules` now: every entry well formed, no key
+    /// twice, and each map able to hold the new generation beside what it
+    /// holds (`LoadOptions::policy_sources`, `LoadOptions::policy_rules`).
+    /// A caller that must change several things at once checks first.
+    pub fn check_policy(&self, sources: &[SrcPrefix], rules: &[DstRule]) -> Result<(), BpfError> {
+        let generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        self.policy_plan(*generation ^ 1, sources, rules).map(drop)
+    }
+
+    /// The entries of generation `next` and the keys a replacement deletes,
+    /// its capacity checked against the maps' present contents.
+    fn policy_plan(&self, next: u32, sources: &[SrcPrefix], rules: &[DstRule]) -> Result<PolicyPlan, BpfError> {
         let tag = |class: u32, what: &dyn Fn() -> String| -> Result<u32, BpfError> {
             if class & GENERATION_BIT != 0 {
                 return Err(BpfError::ClassOutOfRange { what: what(), class });
@@ -589,29 +600,50 @@ impl SteeringProgram {
             (&dst.v4, &m.policy_dst_v4, dst.names.0, self.options.policy_rules),
             (&dst.v6, &m.policy_dst_v6, dst.names.1, self.options.policy_rules),
         ];
-        // Check capacity (old and new generations side by side) before
-        // touching anything, so a refused replacement leaves the maps as
-        // they were.
-        let mut stale = Vec::with_capacity(families.len());
-        for (entries, map, name, capacity) in families {
+        // Old and new generations side by side: a source prefix in both is
+        // one key (updated in place), a rule never is (its class carries the
+        // generation), so the rules need room for both rule sets.
+        let mut stale: [Vec<Vec<u8>>; 4] = Default::default();
+        for ((entries, map, name, capacity), stale) in families.into_iter().zip(stale.iter_mut()) {
             let wanted = unique_keys(entries, name)?;
             let existing: Vec<Vec<u8>> = map.keys().collect();
             let count = wanted.len() + existing.iter().filter(|k| !wanted.contains(*k)).count();
             if count > capacity as usize {
                 return Err(BpfError::PolicyTooLarge { map: name, count, capacity });
             }
-            stale.push(existing.into_iter().filter(|k| !wanted.contains(k)).collect::<Vec<_>>());
+            *stale = existing.into_iter().filter(|k| !wanted.contains(k)).collect();
         }
+        Ok(PolicyPlan { src, dst, stale })
+    }
+
+    /// Replaces the whole policy classification (both levels, both
+    /// families) without a window in which a source selected before and after
+    /// is unclassified or meets a partial rule set (see the module doc).
+    /// A replacement that does not fit ([`BpfError::PolicyTooLarge`]) is
+    /// refused before anything is written.
+    pub fn replace_policy(&self, sources: &[SrcPrefix], rules: &[DstRule]) -> Result<(), BpfError> {
+        // A poisoned lock only means another replacement failed half way;
+        // the generation number it guards is still the one in the maps.
+        let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        let next = *generation ^ 1;
+        let PolicyPlan { src, dst, stale } = self.policy_plan(next, sources, rules)?;
+        let m = &self.maps;
+        let families = [
+            (&src.v4, &m.policy_src_v4, src.names.0),
+            (&src.v6, &m.policy_src_v6, src.names.1),
+            (&dst.v4, &m.policy_dst_v4, dst.names.0),
+            (&dst.v6, &m.policy_dst_v6, dst.names.1),
+        ];
 
         // 1. The next generation's rules: unreachable until sources point at them.
         // 2. The sources, each flipped to its next-generation class atomically.
-        for (entries, map, name, _) in [families[2], families[3], families[0], families[1]] {
+        for (entries, map, name) in [families[2], families[3], families[0], families[1]] {
             for (key, value, what) in entries.iter() {
                 map.update(key, value, MapFlags::ANY).map_err(map_op(name, "update", what))?;
             }
         }
         let delete_stale = |i: usize| -> Result<(), BpfError> {
-            let (_, map, name, _) = families[i];
+            let (_, map, name) = families[i];
             for key in &stale[i] {
                 match map.delete(key) {
                     Ok(()) => {}
@@ -894,6 +926,14 @@ impl SteeringProgram {
         let frame_out = output.data.map(|d| d.to_vec()).unwrap_or_default();
         Ok(TestRunOutput { action, frame: frame_out, duration: output.duration })
     }
+}
+
+/// A checked policy replacement: the next generation's entries and the keys
+/// to delete once they are in (`policy_src_v4`, `_v6`, `policy_dst_v4`, `_v6`).
+struct PolicyPlan {
+    src: Entries,
+    dst: Entries,
+    stale: [Vec<Vec<u8>>; 4],
 }
 
 /// Policy entries of one level, per family: (key bytes, value bytes, key for humans).

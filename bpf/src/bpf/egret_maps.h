@@ -152,7 +152,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 16384);
+	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct policy_src_v4_key);
 	__type(value, struct policy_class);
@@ -160,7 +160,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 16384);
+	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct policy_src_v6_key);
 	__type(value, struct policy_class);
@@ -168,7 +168,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 131072);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct policy_dst_v4_key);
 	__type(value, struct policy_rule);
@@ -176,7 +176,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 131072);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct policy_dst_v6_key);
 	__type(value, struct policy_rule);
