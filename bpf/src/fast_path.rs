@@ -261,20 +261,28 @@ pub struct FpNextHop {
     pub src_mac: [u8; 6],
     /// [`NEXT_HOP_VALID`] when usable; anything else makes the program punt.
     pub valid: u32,
+    /// The output link's MTU: a larger IP datagram is punted to the engine,
+    /// which answers Fragmentation Needed / Packet Too Big. 0: not checked.
+    pub mtu: u32,
 }
 
 /// Size of [`FpNextHop`] as the kernel stores it.
-pub const FP_NEXT_HOP_LEN: usize = 20;
+pub const FP_NEXT_HOP_LEN: usize = 24;
 
 impl FpNextHop {
     /// A resolved next hop.
     pub fn resolved(ifindex: u32, src_mac: [u8; 6], dst_mac: [u8; 6]) -> Self {
-        Self { ifindex, dst_mac, src_mac, valid: NEXT_HOP_VALID }
+        Self { ifindex, dst_mac, src_mac, valid: NEXT_HOP_VALID, mtu: 0 }
+    }
+
+    /// This next hop with its link's MTU checked by the program.
+    pub fn with_mtu(self, mtu: u32) -> Self {
+        Self { mtu, ..self }
     }
 
     /// A next hop the program must not use (unresolved, or no route).
     pub fn invalid(ifindex: u32) -> Self {
-        Self { ifindex, dst_mac: [0; 6], src_mac: [0; 6], valid: 0 }
+        Self { ifindex, dst_mac: [0; 6], src_mac: [0; 6], valid: 0, mtu: 0 }
     }
 
     /// The kernel's bytes for this value.
@@ -284,6 +292,7 @@ impl FpNextHop {
         b[4..10].copy_from_slice(&self.dst_mac);
         b[10..16].copy_from_slice(&self.src_mac);
         b[16..20].copy_from_slice(&self.valid.to_ne_bytes());
+        b[20..24].copy_from_slice(&self.mtu.to_ne_bytes());
         b
     }
 
@@ -296,6 +305,7 @@ impl FpNextHop {
         n.dst_mac.copy_from_slice(&b[4..10]);
         n.src_mac.copy_from_slice(&b[10..16]);
         n.valid = u32::from_ne_bytes([b[16], b[17], b[18], b[19]]);
+        n.mtu = u32::from_ne_bytes([b[20], b[21], b[22], b[23]]);
         Some(n)
     }
 }
@@ -444,7 +454,7 @@ mod tests {
         same_layout!(
             FpNextHop,
             c::fp_next_hop,
-            [(ifindex, ifindex), (dst_mac, dst_mac), (src_mac, src_mac), (valid, valid)]
+            [(ifindex, ifindex), (dst_mac, dst_mac), (src_mac, src_mac), (valid, valid), (mtu, mtu)]
         );
         same_layout!(
             FpConfig,
@@ -489,8 +499,9 @@ mod tests {
 
         let k = FpKeyV4::new(Ipv4Addr::new(1, 2, 3, 4), Ipv4Addr::new(5, 6, 7, 8), 0x1234, 0x5678, 17);
         assert_eq!(k.to_bytes(), [1, 2, 3, 4, 5, 6, 7, 8, 0x12, 0x34, 0x56, 0x78, 17, 0, 0, 0]);
-        let n = FpNextHop::resolved(7, [1; 6], [2; 6]);
+        let n = FpNextHop::resolved(7, [1; 6], [2; 6]).with_mtu(1400);
         let nb = n.to_bytes();
+        assert_eq!(&nb[offset_of!(FpNextHop, mtu)..][..4], &1400u32.to_ne_bytes());
         assert_eq!(&nb[offset_of!(FpNextHop, dst_mac)..][..6], &[2; 6]);
         assert_eq!(&nb[offset_of!(FpNextHop, src_mac)..][..6], &[1; 6]);
         assert_eq!(FpNextHop::from_bytes(&nb), Some(n));

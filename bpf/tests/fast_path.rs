@@ -516,6 +516,33 @@ fn punts_leave_the_frame_untouched_and_name_the_reason() {
     assert_eq!((out.action, f), (XdpAction::Redirect, vec![]));
 }
 
+/// Issue 14 item 12: a hit larger than its next hop's link MTU is punted
+/// untouched (the engine answers Fragmentation Needed / Packet Too Big),
+/// counted as a next hop that cannot take it; one that fits is translated.
+/// Before, the program sent it, and the next link dropped it in silence.
+#[test]
+fn a_hit_larger_than_the_next_hops_mtu_is_punted() {
+    let w = world();
+    let p = &w.prog;
+    let mi = (PEER_MAC, GW_MAC);
+    let out4 = frame4(mi, POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let out6 = frame6(mi, pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let (len4, len6) = ((out4.len() - 14) as u32, (out6.len() - 14) as u32);
+    install4(p, L4::Udp, 2, 0);
+    install6(p, L4::Udp, 2, 0);
+    for (mtu, fits) in [(len4.min(len6) - 1, false), (len4.max(len6), true), (0, true)] {
+        p.fp_set_next_hop(2, &FpNextHop::resolved(OTHER_IF, OUT_MAC, NH_MAC).with_mtu(mtu)).unwrap();
+        for (what, frame) in [("v4", &out4), ("v6", &out6)] {
+            if fits {
+                let (out, _, f) = run(p, frame);
+                assert_eq!((out.action, f), (XdpAction::Redirect, vec![]), "{what} under MTU {mtu}");
+            } else {
+                expect_punt(p, &format!("{what} over MTU {mtu}"), frame, F::PuntNextHop, R::RedirectSteeredSource);
+            }
+        }
+    }
+}
+
 #[test]
 fn switched_off_the_fast_path_is_not_consulted() {
     let w = world();

@@ -278,6 +278,9 @@ struct fp_next_hop {
 	__u8 dst_mac[6];
 	__u8 src_mac[6];
 	__u32 valid; /* EGRET_NEXT_HOP_VALID, else punt */
+	__u32 mtu;   /* the output link's MTU: a larger IP datagram is punted
+		      * (the engine answers Fragmentation Needed / Packet Too
+		      * Big); 0: not known, not checked */
 };
 
 /*

@@ -345,6 +345,10 @@ static __always_inline __u32 fp_set_next_hop(struct xdp_md *ctx, struct ethhdr *
 
 	if (!nh || nh->valid != EGRET_NEXT_HOP_VALID || !nh->ifindex)
 		return 0;
+	/* Larger than the output link's MTU: the engine answers it (RFC 1191,
+	 * RFC 8201); punted as a next hop that cannot take the frame. */
+	if (nh->mtu && tot_len > nh->mtu)
+		return 0;
 	__builtin_memcpy(eth->h_dest, nh->dst_mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, nh->src_mac, ETH_ALEN);
 	return nh->ifindex;

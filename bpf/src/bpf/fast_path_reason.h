@@ -44,7 +44,8 @@ enum egret_fp_reason {
 	/* Hit, the transport checksum holds only the pseudo-header sum (TX
 	 * checksum offload of a local sender): completing it needs the payload. */
 	EGRET_FP_PUNT_PARTIAL_CHECKSUM = 9,
-	/* Hit, the entry's next hop is unresolved or unknown. */
+	/* Hit, the entry's next hop is unresolved or unknown, or the IP
+	 * datagram is larger than its link's MTU (the engine answers it). */
 	EGRET_FP_PUNT_NEXT_HOP = 10,
 
 	EGRET_FP_COUNT = 11,

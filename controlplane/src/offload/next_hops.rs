@@ -210,7 +210,7 @@ mod tests {
         let t0 = Instant::now();
         let mut t = NextHopTable::new(2);
         let (a, va) = t.acquire(&f, ip("198.51.100.7"), t0).unwrap_or((99, None));
-        assert_eq!(va, Some(FpNextHop::resolved(3, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 0xfe])));
+        assert_eq!(va, Some(FpNextHop::resolved(3, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 0xfe]).with_mtu(1500)));
         let (b, vb) = t.acquire(&f, ip("192.0.2.9"), t0).unwrap_or((99, None));
         assert_eq!((a, b, vb), (0, 0, None), "same gateway: same id, nothing to write");
         // On-link and unresolved: its own entry, invalid.
@@ -243,8 +243,8 @@ mod tests {
         assert_eq!(
             changed,
             vec![
-                (a, FpNextHop::resolved(3, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 0xaa])),
-                (c, FpNextHop::resolved(3, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 0x50])),
+                (a, FpNextHop::resolved(3, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 0xaa]).with_mtu(1500)),
+                (c, FpNextHop::resolved(3, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 0x50]).with_mtu(1500)),
             ]
         );
         assert!(t.sync(&g).is_empty());
