@@ -196,6 +196,9 @@ impl Default for WorkerConfig {
     }
 }
 
+/// A held item, its frame length and when it was held.
+type Held<T> = (T, usize, Instant);
+
 /// Frames waiting for their next hop: FIFO per key, at most `per_key` per
 /// key and `total` in all; the oldest is displaced when either bound is
 /// reached. Generic over the item so it is tested without a UMEM.
@@ -205,7 +208,7 @@ pub struct HoldQueue<T> {
     total: usize,
     timeout: Duration,
     /// Few keys at a time (next hops being resolved): a vector.
-    queues: Vec<(HoldKey, VecDeque<(T, usize, Instant)>)>,
+    queues: Vec<(HoldKey, VecDeque<Held<T>>)>,
     len: usize,
 }
 
