@@ -28,12 +28,14 @@ pub mod dissect;
 pub mod engine;
 pub mod fib;
 pub mod icmp_gen;
+pub mod ingress;
 #[cfg(any(test, feature = "fixtures"))]
 #[allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 pub mod fixtures;
 pub mod lpm;
 pub mod nat;
 pub mod neigh_responder;
+pub mod ownership;
 pub mod policy;
 pub mod stats;
 pub mod tables;

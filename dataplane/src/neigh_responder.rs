@@ -4,6 +4,10 @@
 //! is taken over: gratuitous ARP (RFC 5227 2.3) and unsolicited Neighbor
 //! Advertisements (RFC 4861 7.2.6).
 //!
+//! It also answers ICMP echo requests (RFC 792, RFC 4443 4.1) for the
+//! egress IPs ([`answer_echo_v4`], [`answer_echo_v6`]): a common health
+//! check, and the kernel, which does not own those addresses, cannot.
+//!
 //! Replies keep the request's VLAN tag. They are sent back out of the
 //! receiving interface (`engine::Verdict::Answer`). Whether an address is
 //! owned is the caller's question (`owns`), asked only for requests that
@@ -13,7 +17,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::wire::ethernet::{self, Frame};
 use crate::wire::icmpv6::{self, ndp};
-use crate::wire::{arp, ipv6, Error, EtherType, EthernetAddress, IpProtocol, Layer};
+use crate::wire::{arp, icmpv4, ipv4, ipv6, Error, EtherType, EthernetAddress, IpProtocol, Layer};
 
 /// What the responder did with a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,6 +204,100 @@ pub fn answer_neighbor_solicit(
     eth.set_src_addr(our_mac);
     write_neighbor_advert(&mut buf[l3..reply_len], &target, &dst_ip, flags, our_mac);
     NeighOutcome::Answered { len: reply_len }
+}
+
+/// Hop limit / TTL of echo replies (RFC 1700's default TTL, as Linux).
+const ECHO_REPLY_TTL: u8 = 64;
+
+/// Swaps the Ethernet source and destination: a reply goes back to the
+/// link-layer sender of the request.
+fn swap_macs(frame: &mut [u8]) {
+    let mut f = Frame::new_unchecked(frame);
+    let (src, dst) = (f.src_addr(), f.dst_addr());
+    f.set_dst_addr(src);
+    f.set_src_addr(dst);
+}
+
+/// Turns an ICMP echo request (RFC 792 "Echo or Echo Reply Message") for an
+/// owned address into the reply, in place: the IPv4 addresses swapped (the
+/// header and its options kept), TTL 64, type 0, the data echoed, both
+/// checksums recomputed; the MACs swapped. `l3`, `l4` and `end` are the
+/// request's IP header, ICMP header and datagram end offsets as dissected.
+/// A request with a bad ICMP checksum, or from a source no reply may go to
+/// (multicast, broadcast, unspecified; RFC 1122 3.2.2.6), is
+/// [`NeighOutcome::Malformed`] / [`NeighOutcome::NotOurs`] and left as is.
+pub fn answer_echo_v4(frame: &mut [u8], l3: usize, l4: usize, end: usize) -> NeighOutcome {
+    let have = frame.len();
+    if l4 + icmpv4::HEADER_LEN > end || end > have || l3 + 20 > l4 {
+        return NeighOutcome::Malformed(Error::Truncated { layer: Layer::Icmpv4, need: l4 + icmpv4::HEADER_LEN, have });
+    }
+    {
+        let icmp = icmpv4::Packet::new_unchecked(&frame[l4..end]);
+        if icmp.msg_type() != icmpv4::MsgType::ECHO_REQUEST {
+            return NeighOutcome::NotOurs;
+        }
+        if !icmp.verify_checksum() {
+            return NeighOutcome::Malformed(Error::BadChecksum { layer: Layer::Icmpv4, checksum: icmp.checksum() });
+        }
+    }
+    let mut ip = ipv4::Packet::new_unchecked(&mut frame[l3..l4]);
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    if src.is_multicast() || src.is_broadcast() || src.is_unspecified() {
+        return NeighOutcome::NotOurs;
+    }
+    ip.set_src_addr(dst);
+    ip.set_dst_addr(src);
+    ip.set_ttl(ECHO_REPLY_TTL);
+    ip.fill_checksum();
+    let mut icmp = icmpv4::Packet::new_unchecked(&mut frame[l4..end]);
+    icmp.set_msg_type(icmpv4::MsgType::ECHO_REPLY);
+    icmp.set_code(0);
+    icmp.fill_checksum();
+    swap_macs(frame);
+    NeighOutcome::Answered { len: end }
+}
+
+/// The ICMPv6 counterpart (RFC 4443 4.2): addresses swapped, hop limit 64,
+/// type 129, checksum over the new pseudo-header. Only a request whose
+/// ICMPv6 header follows the fixed header is answered (a reply must not
+/// carry the request's routing or options headers back); others are
+/// [`NeighOutcome::NotOurs`].
+pub fn answer_echo_v6(frame: &mut [u8], l3: usize, l4: usize, end: usize) -> NeighOutcome {
+    let have = frame.len();
+    if l4 != l3 + ipv6::HEADER_LEN {
+        return NeighOutcome::NotOurs;
+    }
+    if l4 + icmpv6::HEADER_LEN > end || end > have {
+        return NeighOutcome::Malformed(Error::Truncated { layer: Layer::Icmpv6, need: l4 + icmpv6::HEADER_LEN, have });
+    }
+    let (src, dst) = {
+        let ip = ipv6::Packet::new_unchecked(&frame[l3..l4]);
+        (ip.src_addr(), ip.dst_addr())
+    };
+    {
+        let icmp = icmpv6::Packet::new_unchecked(&frame[l4..end]);
+        if icmp.msg_type() != icmpv6::MsgType::ECHO_REQUEST {
+            return NeighOutcome::NotOurs;
+        }
+        if !icmp.verify_checksum(&src, &dst) {
+            return NeighOutcome::Malformed(Error::BadChecksum { layer: Layer::Icmpv6, checksum: icmp.checksum() });
+        }
+    }
+    if src.is_multicast() || src.is_unspecified() {
+        return NeighOutcome::NotOurs;
+    }
+    {
+        let mut ip = ipv6::Packet::new_unchecked(&mut frame[l3..l4]);
+        ip.set_src_addr(&dst);
+        ip.set_dst_addr(&src);
+        ip.set_hop_limit(ECHO_REPLY_TTL);
+    }
+    let mut icmp = icmpv6::Packet::new_unchecked(&mut frame[l4..end]);
+    icmp.set_msg_type(icmpv6::MsgType::ECHO_REPLY);
+    icmp.set_code(0);
+    icmp.fill_checksum(&dst, &src);
+    swap_macs(frame);
+    NeighOutcome::Answered { len: end }
 }
 
 /// Writes a broadcast gratuitous ARP announcement for `ip` into `buf`

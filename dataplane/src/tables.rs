@@ -198,6 +198,12 @@ pub struct TablesSpec {
     pub neighbor_addresses: Vec<IpAddr>,
     /// NAT behaviour and limits.
     pub nat: NatSettings,
+    /// Egress IPs that are also a Service's VIP (Kubernetes, the
+    /// `egret.dev/egress` annotation): their ports outside the NAT range,
+    /// ICMP queries and other protocols are the kernel's (Service ingress).
+    /// Other egress IPs serve only NAT ports, ICMP errors and echo (answered
+    /// by the workers) and drop the rest: the kernel does not own them.
+    pub service_addresses: Vec<IpAddr>,
 }
 
 /// A whole-snapshot error: the snapshot is rejected.
@@ -346,6 +352,9 @@ pub struct EgressEntry {
     pub ports: PortRange,
     /// Whether this gateway answers ARP/NDP for it.
     pub answer_neighbor: bool,
+    /// Also a Service VIP: what Egret does not serve is the kernel's
+    /// (`TablesSpec::service_addresses`).
+    pub kernel_service: bool,
 }
 
 /// Stable per-policy counter slots: a policy name keeps its slot for the life
@@ -485,7 +494,9 @@ impl Tables {
         for (index, e) in spec.egress_ips.iter().enumerate() {
             let ports = e.ports.unwrap_or(spec.nat.ports);
             validate_range(format!("egressIPs[{index}].ports"), ports)?;
-            if egress.insert(e.ip, EgressEntry { ports, answer_neighbor: e.answer_neighbor }).is_some() {
+            let kernel_service = spec.service_addresses.contains(&e.ip);
+            if egress.insert(e.ip, EgressEntry { ports, answer_neighbor: e.answer_neighbor, kernel_service }).is_some()
+            {
                 return Err(SpecError::DuplicateEgressIp { index, ip: e.ip });
             }
             if e.answer_neighbor {

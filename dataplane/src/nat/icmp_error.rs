@@ -66,6 +66,10 @@ pub struct Translated<A> {
 pub trait IcmpFamily: IpFamily {
     /// Reads the embedded header at `at` (the embedded IP header's offset).
     fn embedded(buf: &[u8], at: usize, end: usize) -> Option<Embedded<Self>>;
+    /// The embedded header's (source, destination) when a whole fixed IP
+    /// header of this family is there, whatever follows it (the XDP
+    /// program's rule 5b reads the same bytes).
+    fn embedded_addrs(buf: &[u8], at: usize, end: usize) -> Option<(Self, Self)>;
     /// Verifies the outer ICMP checksum.
     fn verify(icmp: &[u8], src: &Self, dst: &Self) -> bool;
     /// Recomputes the outer ICMP checksum.
@@ -129,6 +133,14 @@ impl IcmpFamily for Ipv4Addr {
         })
     }
 
+    fn embedded_addrs(buf: &[u8], at: usize, end: usize) -> Option<(Self, Self)> {
+        let h = buf.get(at..at + 20).filter(|_| at + 20 <= end)?;
+        if h[0] >> 4 != 4 || h[0] & 0x0f < 5 {
+            return None;
+        }
+        Some((Ipv4Addr::read(&h[12..]), Ipv4Addr::read(&h[16..])))
+    }
+
     fn verify(icmp: &[u8], _src: &Self, _dst: &Self) -> bool {
         icmpv4::Packet::new_unchecked(icmp).verify_checksum()
     }
@@ -168,6 +180,14 @@ impl IcmpFamily for Ipv6Addr {
         })
     }
 
+    fn embedded_addrs(buf: &[u8], at: usize, end: usize) -> Option<(Self, Self)> {
+        let h = buf.get(at..at + 40).filter(|_| at + 40 <= end)?;
+        if h[0] >> 4 != 6 {
+            return None;
+        }
+        Some((Ipv6Addr::read(&h[8..]), Ipv6Addr::read(&h[24..])))
+    }
+
     fn verify(icmp: &[u8], src: &Self, dst: &Self) -> bool {
         icmpv6::Packet::new_unchecked(icmp).verify_checksum(src, dst)
     }
@@ -181,6 +201,22 @@ impl IcmpFamily for Ipv6Addr {
     }
 }
 
+/// Whether an error is about a packet a steered source received (embedded
+/// destination -> embedded source steers: the error travels out as the
+/// session's outbound direction, RFC 5508 section 4.2), or one it sent that
+/// is being reported somewhere other than to it (embedded source ->
+/// destination steers, the outer destination is not the embedded source).
+/// Such an error is Egret's even when its outer addresses are not (an
+/// unselected inside router's): translated by its session, or dropped,
+/// never passed to the kernel, which would forward the pod's address. The
+/// XDP program steers the same errors (its rule 5b).
+pub fn about_steered_source<A: IcmpFamily>(buf: &[u8], at: usize, p: &IpPacket<A>, tables: &Tables) -> bool {
+    use crate::policy::Decision;
+    let Some((src, dst)) = A::embedded_addrs(buf, at, p.end) else { return false };
+    matches!(tables.classify(dst, src), Decision::Steer(_))
+        || (src != p.dst && matches!(tables.classify(src, dst), Decision::Steer(_)))
+}
+
 /// Translates an ICMP error by its embedded header. `Err(None)` means the
 /// error does not concern Egret (pass it to the kernel).
 pub fn translate<A: IcmpFamily>(
@@ -191,10 +227,11 @@ pub fn translate<A: IcmpFamily>(
     now: u32,
     stats: &WorkerStats,
 ) -> Result<Translated<A>, Option<DropReason>> {
-    let ours =
-        tables.owns_egress(p.dst.ip()) || !matches!(tables.classify(p.src, p.dst), crate::policy::Decision::Unselected);
-    let unmatched = |r: DropReason| if ours { Err(Some(r)) } else { Err(None) };
     let at = p.l4 + ERROR_HEADER_LEN;
+    let ours = tables.owns_egress(p.dst.ip())
+        || !matches!(tables.classify(p.src, p.dst), crate::policy::Decision::Unselected)
+        || about_steered_source(buf, at, p, tables);
+    let unmatched = |r: DropReason| if ours { Err(Some(r)) } else { Err(None) };
     let Some(e) = A::embedded(buf, at, p.end) else { return unmatched(DropReason::IcmpErrorTruncated) };
     // Inbound: the embedded packet is one we sent out (egress -> remote); its
     // session's inbound key is the embedded tuple reversed. Outbound: the
