@@ -126,6 +126,37 @@ pub struct InterfaceConfig {
     pub role: Role,
     /// Which queues to serve.
     pub queues: Queues,
+    /// When not empty, pods' traffic (a selected source) is accepted on
+    /// this interface only from these link-layer senders (the node
+    /// routers); any other sender's is dropped (anti-spoofing, see
+    /// docs/config.md). Inside and both interfaces only.
+    #[serde(serialize_with = "serialize_macs")]
+    pub pod_source_macs: Vec<[u8; 6]>,
+}
+
+fn serialize_macs<S: serde::Serializer>(macs: &[[u8; 6]], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(macs.iter().map(format_mac))
+}
+
+/// `02:00:00:00:00:01`.
+pub fn format_mac(m: &[u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+/// Parses `02:00:00:00:00:01` (or `-` separated): six hexadecimal octets.
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let parts: Vec<&str> = text.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut mac = [0u8; 6];
+    for (o, p) in mac.iter_mut().zip(parts) {
+        if p.is_empty() || p.len() > 2 {
+            return None;
+        }
+        *o = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(mac)
 }
 
 /// `xdp:`.
@@ -448,7 +479,17 @@ impl Checker<'_> {
             }
         };
 
-        let tables = TablesSpec { policies, egress_ips, neighbor_addresses, nat };
+        // `kernelService: true`: the kernel serves the address's other ports
+        // (a VIP the host holds too, SSH); the others drop them.
+        let service_addresses = raw
+            .egress_ips
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| e.kernel_service == Some(true))
+            .filter_map(|e| e.ip.parse().ok())
+            .collect();
+        let tables = TablesSpec { policies, egress_ips, neighbor_addresses, nat, service_addresses };
         if self.errors.is_empty() {
             self.compile(&tables);
         }
@@ -507,7 +548,26 @@ impl Checker<'_> {
                     continue;
                 }
             };
-            out.push(InterfaceConfig { name: r.name.clone(), role, queues });
+            let mut pod_source_macs = Vec::new();
+            for (j, text) in r.pod_source_macs.iter().flatten().enumerate() {
+                let field = format!("{path}.podSourceMacs[{j}]");
+                match parse_mac(text) {
+                    None => self.invalid(field, text, "not a MAC address (six hex octets, e.g. 02:00:00:00:00:01)"),
+                    Some(m) if m[0] & 1 == 1 || m == [0; 6] => {
+                        self.invalid(field, text, "a multicast or zero MAC cannot be a sender")
+                    }
+                    Some(m) if pod_source_macs.contains(&m) => self.invalid(field, text, "listed twice"),
+                    Some(m) => pod_source_macs.push(m),
+                }
+            }
+            if !pod_source_macs.is_empty() && role == Role::Outside {
+                self.invalid(
+                    format!("{path}.podSourceMacs"),
+                    format!("{} addresses", pod_source_macs.len()),
+                    "an outside interface never carries pods' traffic; list the node routers' MACs on the inside (or both) interface",
+                );
+            }
+            out.push(InterfaceConfig { name: r.name.clone(), role, queues, pod_source_macs });
         }
         let count = |role| out.iter().filter(|i| i.role == role).count();
         let (both, inside, outside) = (count(Role::Both), count(Role::Inside), count(Role::Outside));

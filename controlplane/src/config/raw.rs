@@ -51,6 +51,9 @@ pub struct Interface {
     pub role: Option<String>,
     /// "all" or a count.
     pub queues: Option<Queues>,
+    /// Link-layer senders allowed to hand pods' traffic over on this
+    /// interface (anti-spoofing; typically the node routers' MACs).
+    pub pod_source_macs: Option<Vec<String>>,
 }
 
 /// `queues: all` or `queues: 2`.
@@ -124,6 +127,8 @@ pub struct EgressIp {
     pub ports: Option<String>,
     /// Answer ARP/NDP.
     pub answer_neighbor: Option<bool>,
+    /// The kernel also serves the address (ports outside the NAT range).
+    pub kernel_service: Option<bool>,
 }
 
 /// `policies[i]`.

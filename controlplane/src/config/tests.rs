@@ -37,7 +37,10 @@ fn errors(text: &str) -> Vec<String> {
 #[test]
 fn the_good_file_and_its_defaults() {
     let c = load_str("gw.yaml", GOOD).unwrap();
-    assert_eq!(c.interfaces, vec![InterfaceConfig { name: "eth1".into(), role: Role::Both, queues: Queues::All }]);
+    assert_eq!(
+        c.interfaces,
+        vec![InterfaceConfig { name: "eth1".into(), role: Role::Both, queues: Queues::All, pod_source_macs: vec![] }]
+    );
     assert_eq!(
         c.xdp,
         XdpConfig { mode: XdpMode::Native, fast_path: true, fast_path_sessions: FastPathSessions::both(262_144) }
@@ -73,11 +76,11 @@ fn the_good_file_and_its_defaults() {
 fn every_documented_field_is_accepted() {
     let text = r#"
 interfaces:
-  - {name: veth-in, role: inside, queues: 2}
+  - {name: veth-in, role: inside, queues: 2, podSourceMacs: ["02:00:00:00:00:0a"]}
   - {name: veth-out, role: outside, queues: "1"}
 xdp: {mode: generic, fastPath: false, fastPathSessions: 1000}
 workers: {cpus: [1], realtimePriority: 0, frameSize: 4096, frames: 1024, ringSize: 256, batch: 32}
-egressIPs: [{ip: 203.0.113.10}]
+egressIPs: [{ip: 203.0.113.10, kernelService: true}]
 neighborAddresses: []
 policies:
   - {name: p, sources: [198.18.0.7], destinations: [0.0.0.0/0], egressIPs: [203.0.113.10]}
@@ -101,6 +104,8 @@ metrics: {listen: "127.0.0.1:1"}
     assert_eq!(c.interfaces[0].queues, Queues::Count(2));
     assert_eq!(c.interfaces[1].queues, Queues::Count(1));
     assert_eq!(c.interfaces[1].role, Role::Outside);
+    assert_eq!(c.interfaces[0].pod_source_macs, vec![[2, 0, 0, 0, 0, 0x0a]]);
+    assert_eq!(c.tables.service_addresses, vec!["203.0.113.10".parse::<IpAddr>().unwrap()]);
     assert_eq!(
         c.xdp,
         XdpConfig { mode: XdpMode::Generic, fast_path: false, fast_path_sessions: FastPathSessions::both(1000) }
@@ -358,4 +363,51 @@ fn fast_path_sessions_per_family() {
 fn unreadable_file() {
     let e = load(Path::new("/nonexistent/egret.yaml")).unwrap_err();
     assert_eq!(e.to_string(), "/nonexistent/egret.yaml: cannot read: No such file or directory (os error 2)");
+}
+
+#[test]
+fn pod_source_macs_are_parsed_and_checked() {
+    let one_arm = GOOD.replacen(
+        "    queues: all\n",
+        "    queues: all\n    podSourceMacs: [\"02:00:00:00:00:0A\", 02-e9-00-00-00-0b]\n",
+        1,
+    );
+    let c = load_str("gw.yaml", &one_arm).unwrap();
+    assert_eq!(c.interfaces[0].pod_source_macs, vec![[2, 0, 0, 0, 0, 0x0a], [2, 0xe9, 0, 0, 0, 0x0b]]);
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "[02:00:00:00:00]",
+            &[
+                r#"gw.yaml: interfaces[0].podSourceMacs[0]: "02:00:00:00:00": not a MAC address (six hex octets, e.g. 02:00:00:00:00:01)"#,
+            ],
+        ),
+        (
+            "[\"01:00:5e:00:00:01\"]",
+            &[
+                r#"gw.yaml: interfaces[0].podSourceMacs[0]: "01:00:5e:00:00:01": a multicast or zero MAC cannot be a sender"#,
+            ],
+        ),
+        (
+            "[\"02:00:00:00:00:01\", \"02:00:00:00:00:01\"]",
+            &[r#"gw.yaml: interfaces[0].podSourceMacs[1]: "02:00:00:00:00:01": listed twice"#],
+        ),
+    ];
+    for (list, want) in cases {
+        let text = GOOD.replacen("    queues: all\n", &format!("    queues: all\n    podSourceMacs: {list}\n"), 1);
+        assert_eq!(errors(&text), *want, "{list}");
+    }
+    let outside = r#"
+interfaces:
+  - {name: in0, role: inside}
+  - {name: out0, role: outside, podSourceMacs: ["02:00:00:00:00:01"]}
+egressIPs: [{ip: 203.0.113.10}]
+policies:
+  - {name: p, sources: [198.18.0.7], destinations: [0.0.0.0/0], egressIPs: [203.0.113.10]}
+"#;
+    assert_eq!(
+        errors(outside),
+        [
+            r#"gw.yaml: interfaces[1].podSourceMacs: "1 addresses": an outside interface never carries pods' traffic; list the node routers' MACs on the inside (or both) interface"#
+        ]
+    );
 }

@@ -728,17 +728,22 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
 
     let mut egress_ips = Vec::new();
     let mut neighbor_addresses = Vec::new();
+    let mut service_addresses = Vec::new();
     for ip in &obs.held {
         let Some(a) = out.ips.get(ip) else { continue };
         if a.egress {
             egress_ips.push(EgressIpSpec { ip: *ip, ports: None, answer_neighbor: true });
+            // A Service's VIP: its Service ports stay the kernel's.
+            if matches!(a.owner, Owner::Service { .. }) {
+                service_addresses.push(*ip);
+            }
         } else {
             neighbor_addresses.push(*ip);
         }
         neighbor_addresses.extend(a.next_hop);
     }
     neighbor_addresses.sort();
-    out.tables = TablesSpec { policies, egress_ips, neighbor_addresses, nat: local.nat };
+    out.tables = TablesSpec { policies, egress_ips, neighbor_addresses, nat: local.nat, service_addresses };
 
     // Status of every policy.
     for p in &obs.policies {
@@ -1290,6 +1295,9 @@ mod tests {
             d.tables.egress_ips,
             vec![EgressIpSpec { ip: ip("198.51.100.20"), ports: None, answer_neighbor: true }]
         );
+        // Marked as a Service VIP: the XDP program passes its other ports
+        // (OWNED_KERNEL_SERVICE) instead of dropping them.
+        assert_eq!(d.tables.service_addresses, vec![ip("198.51.100.20")]);
         assert_eq!(d.service_problems, vec![]);
         assert_eq!(d.service_pods[&("team-a".to_string(), "web".to_string())], 1);
     }
