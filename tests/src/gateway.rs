@@ -62,6 +62,9 @@ pub struct GatewayConfig {
     pub fast_path_sessions: Option<String>,
     /// Extra YAML appended verbatim (a `nat:` section, say).
     pub extra: String,
+    /// Egress IPs written with `kernelService: true` (the kernel serves
+    /// their ports outside the NAT range; others drop them).
+    pub kernel_service_ips: Vec<IpAddr>,
     /// Not YAML: engine time runs this many times faster than real time
     /// (`EGRET_TEST_CLOCK_SCALE`, tests only), so RFC-minimum timeouts pass
     /// in seconds.
@@ -116,6 +119,7 @@ impl GatewayConfig {
             fast_path: true,
             fast_path_sessions: None,
             extra: String::new(),
+            kernel_service_ips: Vec::new(),
             clock_scale: None,
             kubernetes: None,
         }
@@ -132,6 +136,7 @@ impl GatewayConfig {
             fast_path: true,
             fast_path_sessions: None,
             extra: String::new(),
+            kernel_service_ips: Vec::new(),
             kubernetes: Some(section),
             clock_scale: None,
         }
@@ -183,6 +188,9 @@ impl GatewayConfig {
                 y += &format!("    ports: {a}-{b}\n");
             }
             y += &format!("    answerNeighbor: {}\n", e.answer_neighbor);
+            if self.kernel_service_ips.contains(&e.ip) {
+                y += "    kernelService: true\n";
+            }
         }
         y += "policies:\n";
         for p in &self.policies {

@@ -1,6 +1,9 @@
 //! Inbound from outside: unsolicited traffic to an egress IP's NAT ports is
-//! dropped and counted; other ports of the egress IP belong to the kernel;
-//! ARP is answered for owned egress IPs and only for them.
+//! dropped and counted; other ports of an egress IP the kernel also serves
+//! (`kernelService`, a VIP) belong to the kernel, those of any other egress
+//! IP are dropped, and echo requests to it are answered by the gateway; ARP
+//! is answered for owned egress IPs and only for them; a pod's address
+//! arriving on the outside interface is dropped, never translated.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -19,7 +22,12 @@ use egret_tests::plan::{self, Pod};
 both_tiers!(unsolicited_inbound_dropped_service_port_reaches_kernel, unsolicited_inbound);
 
 fn unsolicited_inbound(name: &str, tier: Tier) {
-    let Some(mut h) = crate::start_in(name, tier, LabOptions::for_test(), |_| {}) else { return };
+    // E1 is also served by the kernel here (as a Service VIP would be).
+    let Some(mut h) =
+        crate::start_in(name, tier, LabOptions::for_test(), |cfg| cfg.kernel_service_ips.push(plan::E1.into()))
+    else {
+        return;
+    };
     let no_mapping = DropReason::InboundNoMapping.name();
     let filtered = DropReason::InboundFiltered.name();
     let srv = h.lab.server_ns();
@@ -38,11 +46,13 @@ fn unsolicited_inbound(name: &str, tier: Tier) {
     assert_eq!(c.fast_path_hits(), before.fast_path_hits(), "not translated in XDP");
     assert_eq!(c.get(Event::SessionCreatedInbound.name()), before.get(Event::SessionCreatedInbound.name()));
 
-    // UDP to E1:40000, a NAT port nobody mapped: dropped, counted, unanswered.
+    // UDP to E1:40000, a NAT port nobody mapped: dropped in XDP (rule 4a),
+    // counted, unanswered; the workers never see it.
+    let unmapped = "drop_unmapped_nat_port";
     let s = client::udp_socket(srv, SocketAddr::new(plan::E1.into(), 40000)).unwrap();
     s.send(b"unsolicited").unwrap();
-    h.wait_counters(Duration::from_secs(3), "inbound_no_mapping +1 (UDP)", |c| {
-        c.get(no_mapping) == before.get(no_mapping) + 1
+    h.wait_counters(Duration::from_secs(3), "drop_unmapped_nat_port +1 (UDP)", |c| {
+        c.get(unmapped) == before.get(unmapped) + 1
     })
     .unwrap();
     // Nothing answers it.
@@ -60,15 +70,16 @@ fn unsolicited_inbound(name: &str, tier: Tier) {
         Err(e) => panic!("TCP connect to an unmapped NAT port: {e}"),
     }
     let after = h
-        .wait_counters(Duration::from_secs(3), "inbound_no_mapping +1 (TCP SYN)", |c| {
-            c.get(no_mapping) > mid.get(no_mapping)
+        .wait_counters(Duration::from_secs(3), "drop_unmapped_nat_port +1 (TCP SYN)", |c| {
+            c.get(unmapped) > mid.get(unmapped)
         })
         .unwrap();
+    assert_eq!(after.get(no_mapping), before.get(no_mapping), "the workers saw no unmapped-port frame");
     assert_eq!(after.get(Event::SessionCreatedInbound.name()), before.get(Event::SessionCreatedInbound.name()));
 
     // Port 8080 is outside the NAT range (32768-60999): the frame goes to the
-    // gateway's kernel. Give the kernel the address (a Service VIP that is
-    // also an egress IP) and listen there.
+    // gateway's kernel (E1 is `kernelService`). Give the kernel the address
+    // (a Service VIP that is also an egress IP) and listen there.
     let gw = h.lab.gateway_ns();
     gw.ip(&["addr", "add", &format!("{}/32", plan::E1), "dev", "lo"]).unwrap();
     let listener =
@@ -142,5 +153,94 @@ fn arp_answered_for_owned_egress_ips_only() {
         .wait_counters(Duration::from_secs(2), "neighbor_answered +3", |c| c.get(answered) >= before.get(answered) + 3)
         .unwrap();
     assert_eq!(after.get(answered) - before.get(answered), 3, "exactly the three owned requests were answered");
+    h.finish(&[]).unwrap();
+}
+
+/// An egress IP the kernel does not serve (no `kernelService`): an echo
+/// request is answered by the gateway (byte for byte the fixture table's
+/// answer), a TCP SYN to a port outside the NAT range is dropped in XDP and
+/// counted, never handed to a kernel that does not own the address.
+#[test]
+fn egress_ip_answers_echo_and_drops_what_it_does_not_serve() {
+    use egret_dataplane::fixtures::build::Packet;
+    use egret_dataplane::fixtures::{echo, from_outside};
+    let name = "egress_ip_answers_echo_and_drops_what_it_does_not_serve";
+    let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
+    let before = h.counters().unwrap();
+    let up = RawLink::open(h.lab.upstream(), "gw").unwrap();
+    let request = Packet {
+        eth_src: plan::UP_MAC,
+        eth_dst: plan::GW_OUT,
+        ..from_outside(plan::UPSTREAM.into(), plan::E1.into(), echo(true, 0x4567, 9))
+    };
+    let mut want = request.clone();
+    (want.eth_src, want.eth_dst, want.src, want.dst, want.ttl) =
+        (plan::GW_OUT, plan::UP_MAC, plan::E1.into(), plan::UPSTREAM.into(), 64);
+    want.transport = echo(false, 0x4567, 9);
+    let want = want.frame();
+    up.send(&request.frame()).unwrap();
+    let got = up
+        .recv_matching(Duration::from_secs(1), |f| {
+            f.len() >= 34 && f[6..12] == plan::GW_OUT && f[12..14] == [8, 0] && f[26..30] == plan::E1.octets()
+        })
+        .unwrap();
+    assert_eq!(got.as_deref().map(|f| &f[..want.len()]), Some(&want[..]), "the echo reply from E1");
+
+    // TCP to E1:8080: no kernel serves it; dropped, so the connect times out.
+    let srv = h.lab.server_ns();
+    match client::tcp_connect(srv, SocketAddr::new(plan::E1.into(), plan::SERVICE_PORT), Duration::from_millis(700)) {
+        Ok(c) => panic!("a TCP connection to a port E1 does not serve: {c:?}"),
+        Err(LabError::Io { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::TimedOut, "the SYN is dropped unanswered: {source}")
+        }
+        Err(e) => panic!("TCP connect to E1:8080: {e}"),
+    }
+    let after = h
+        .wait_counters(Duration::from_secs(3), "echo answered, SYN dropped", |c| {
+            c.get(Event::EchoAnswered.name()) > before.get(Event::EchoAnswered.name())
+                && c.get("drop_unserved_to_egress") > before.get("drop_unserved_to_egress")
+        })
+        .unwrap();
+    assert_eq!(after.get("pass_service_port"), before.get("pass_service_port"), "nothing went to the kernel");
+    h.finish(&[]).unwrap();
+}
+
+/// Anti-spoofing (two-arm): a selected pod's address arriving on the
+/// outside interface is dropped in XDP and counted, not translated to the
+/// pod's egress IP.
+#[test]
+fn a_pods_address_from_outside_is_dropped_not_translated() {
+    use egret_dataplane::fixtures::build::Packet;
+    use egret_dataplane::fixtures::{from_outside, udp};
+    let name = "a_pods_address_from_outside_is_dropped_not_translated";
+    let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
+    let before = h.counters().unwrap();
+    let up = RawLink::open(h.lab.upstream(), "gw").unwrap();
+    let spoofed = Packet {
+        eth_src: plan::UP_MAC,
+        eth_dst: plan::GW_OUT,
+        ..from_outside(plan::POD_A.into(), plan::SERVER.into(), udp(41000, plan::ECHO_PORT, b"spoofed"))
+    };
+    for _ in 0..3 {
+        up.send(&spoofed.frame()).unwrap();
+    }
+    // Nothing leaves towards the upstream router as E1 (or as the pod).
+    let leaked = up
+        .recv_matching(Duration::from_millis(500), |f| {
+            f.len() >= 34
+                && f[6..12] == plan::GW_OUT
+                && f[12..14] == [8, 0]
+                && f[30..34] == plan::SERVER.octets()
+                && f[23] == 17
+        })
+        .unwrap();
+    assert_eq!(leaked, None, "a spoofed pod datagram was forwarded");
+    let after = h
+        .wait_counters(Duration::from_secs(3), "drop_steered_on_outside +3", |c| {
+            c.get("drop_steered_on_outside") >= before.get("drop_steered_on_outside") + 3
+        })
+        .unwrap();
+    let created = Event::SessionCreatedOutbound.name();
+    assert_eq!(after.get(created), before.get(created), "no session was created for the spoofed source");
     h.finish(&[]).unwrap();
 }
