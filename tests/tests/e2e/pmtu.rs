@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use egret_dataplane::stats::Event;
+use egret_dataplane::stats::{DropReason, Event};
 use egret_tests::client;
 use egret_tests::harness::Tier;
 use egret_tests::lab::LabOptions;
@@ -73,5 +73,55 @@ fn frag_needed_reaches_the_pod(name: &str, tier: Tier) {
     assert_eq!(r.rest, format!("POST /upload received={}", 2 << 20));
     assert_eq!(client::cached_pmtu(c, server).unwrap(), Some(1400), "pod C learned the path MTU too");
     eprintln!("{name}: 2 MiB upload through a 1400-byte path in {:?}", started.elapsed());
+    h.finish(&[]).unwrap();
+}
+
+both_tiers!(gateway_link_mtu_sends_frag_needed, gateway_link_mtu);
+
+/// Issue 14 item 12: the gateway's own outside link is narrower (MTU 1280)
+/// than its inside one (1500). A DF datagram of 1500 bytes from a pod gets
+/// Fragmentation Needed from the gateway itself, with the next-hop MTU, so
+/// the pod learns a path MTU of 1280 (before, the gateway sent the frame
+/// and the link dropped it in silence, every time); a TCP upload then
+/// completes with PMTUD. Both tiers: a confirmed session's large packets
+/// must be punted by the XDP fast path too.
+fn gateway_link_mtu(name: &str, tier: Tier) {
+    let Some(mut h) = crate::start_in(name, tier, LabOptions::for_test(), |_| {}) else { return };
+    h.lab.gateway_ns().ip_batch(&["link set dev outside mtu 1280".into()]).unwrap();
+    h.lab.upstream().ip_batch(&["link set dev gw mtu 1280".into()]).unwrap();
+    let before = h.counters().unwrap();
+    let a = h.lab.pod(Pod::A);
+    let server = std::net::IpAddr::from(plan::SERVER);
+
+    // The daemon learns the new MTU over rtnetlink within moments; until
+    // then a datagram may still leave and die on the link, so send again.
+    let s = client::udp_socket(a, Pod::A.echo_endpoint()).unwrap();
+    let big = "M".repeat(1472);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mtu = loop {
+        let _ = s.send(big.as_bytes());
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(m) = client::cached_pmtu(a, server).unwrap() {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pod A never learned the path MTU; counters {:?}",
+            h.counters().unwrap().delta(&before)
+        );
+    };
+    assert_eq!(mtu, 1280, "the gateway's Fragmentation Needed carries its link's MTU");
+    let c = h.counters().unwrap();
+    for counter in [DropReason::MtuExceeded.name(), Event::IcmpErrorSent.name()] {
+        assert!(c.get(counter) > before.get(counter), "{counter} counted: {:?}", c.delta(&before));
+    }
+
+    // TCP from pod C: 1460-byte segments at first, then what PMTUD learns
+    // from the gateway.
+    let c_pod = h.lab.pod(Pod::C);
+    let r = client::http(c_pod, Pod::C.http_endpoint(), "/upload", 2 << 20).unwrap();
+    assert_eq!(r.seen.ip(), std::net::IpAddr::from(plan::E2));
+    assert_eq!(r.rest, format!("POST /upload received={}", 2 << 20));
+    assert_eq!(client::cached_pmtu(c_pod, server).unwrap(), Some(1280), "pod C learned it from the gateway");
     h.finish(&[]).unwrap();
 }
