@@ -19,6 +19,10 @@
 //! accept), then accept; a first match in that order is the longest-prefix
 //! answer. A leading set lookup lets unselected sources through at once.
 //! The whole table is replaced atomically (`nft -f`, one transaction).
+//! The daemon's sink (daemon/sink.rs) installs it first in every apply,
+//! before the XDP maps and the engine change, so the table is never older
+//! than what XDP passes; an apply whose table cannot be installed changes
+//! nothing else (but giving up addresses it no longer holds).
 //!
 //! When an apply may replace the table ([`Hold`], [`ReleaseOnApply`]): in
 //! file mode every apply does. In Kubernetes mode the file's tables are an
@@ -36,6 +40,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use egret_dataplane::lpm::{LpmAddr, Prefix};
 use egret_dataplane::policy::{Classifier, DstAction};
@@ -55,6 +60,10 @@ pub enum FailClosedError {
     /// `nft` refused the ruleset.
     #[error("nft refused the fail-closed ruleset: {0}")]
     Refused(String),
+    /// `nft` did not finish in time; it was killed, the ruleset is the one
+    /// before (nft applies a file as one transaction).
+    #[error("nft did not finish within {0:?} and was killed")]
+    TimedOut(Duration),
 }
 
 fn family_rules<A: LpmAddr>(c: &Classifier<A>, ip: &str, policy_name: &dyn Fn(u32) -> String, out: &mut String) {
@@ -105,22 +114,62 @@ pub fn ruleset(tables: &Tables) -> String {
     s
 }
 
+/// How long `nft -f` may take before it is killed and the install fails
+/// (a hung nft must not hold up the caller: Kubernetes mode applies from
+/// the control plane's runtime thread, which also renews the Leases).
+pub const NFT_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn nft(script: &str) -> Result<(), FailClosedError> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
+    let mut cmd = Command::new("nft");
+    cmd.args(["-f", "-"]);
+    run_bounded(&mut cmd, script.as_bytes(), NFT_TIMEOUT)
+}
+
+/// Runs `cmd` with `input` on its standard input, and waits for it at most
+/// `timeout`: on expiry the child is killed and reaped. Its input is written
+/// and its error output read by two short-lived threads, so neither a child
+/// that stops reading nor one that writes much can block the caller past
+/// the timeout. A non-zero exit is `Refused` with the error output.
+fn run_bounded(cmd: &mut Command, input: &[u8], timeout: Duration) -> Result<(), FailClosedError> {
+    let started = Instant::now();
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(FailClosedError::Spawn)?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(script.as_bytes()).map_err(FailClosedError::Spawn)?;
+    let writer = child.stdin.take().map(|mut stdin| {
+        let input = input.to_vec();
+        // A write error (the child exited or was killed) shows in its status.
+        std::thread::spawn(move || drop(stdin.write_all(&input)))
+    });
+    let reader = child.stderr.take().map(|mut stderr| {
+        std::thread::spawn(move || {
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut err);
+            err
+        })
+    });
+    let status = loop {
+        match child.try_wait().map_err(FailClosedError::Spawn)? {
+            Some(status) => break Some(status),
+            None if started.elapsed() >= timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
+    if let Some(w) = writer {
+        let _ = w.join();
     }
-    let out = child.wait_with_output().map_err(FailClosedError::Spawn)?;
-    if !out.status.success() {
-        return Err(FailClosedError::Refused(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    let err = reader.and_then(|r| r.join().ok()).unwrap_or_default();
+    match status {
+        None => Err(FailClosedError::TimedOut(timeout)),
+        Some(s) if s.success() => Ok(()),
+        Some(_) => Err(FailClosedError::Refused(err.trim().to_string())),
     }
-    Ok(())
 }
 
 /// Installs (replaces) the fail-closed rules for `tables`.
@@ -215,6 +264,10 @@ impl<S: TablesSink + ?Sized> TablesSink for ReleaseOnApply<S> {
 
     fn announce(&self, ips: &[IpAddr]) {
         self.inner.announce(ips);
+    }
+
+    fn set_valid_until(&self, deadlines: &[(IpAddr, Option<std::time::Instant>)]) {
+        self.inner.set_valid_until(deadlines);
     }
 }
 
@@ -329,6 +382,26 @@ mod tests {
         assert_eq!(err.to_string(), "nft refused the fail-closed ruleset: no");
     }
 
+    /// Issue 14 item 6: a command that hangs is killed at the timeout
+    /// instead of blocking its caller (before, `nft -f` was waited for
+    /// without limit); a quick one's refusal still carries its message, and
+    /// a child that never reads its input cannot block the write.
+    #[test]
+    fn external_commands_are_bounded_by_a_timeout() {
+        let r = run_bounded(Command::new("sleep").arg("30"), b"", Duration::from_millis(200));
+        assert!(matches!(r, Err(FailClosedError::TimedOut(_))), "{r:?}");
+        let big = vec![b'x'; 4 << 20]; // more than a pipe holds
+        let r = run_bounded(Command::new("sleep").arg("30"), &big, Duration::from_millis(200));
+        assert!(matches!(r, Err(FailClosedError::TimedOut(_))), "{r:?}");
+        let r = run_bounded(
+            Command::new("sh").args(["-c", "cat >/dev/null; echo refused >&2; exit 3"]),
+            b"x",
+            Duration::from_secs(20),
+        );
+        assert_eq!(r.unwrap_err().to_string(), "nft refused the fail-closed ruleset: refused");
+        assert!(run_bounded(Command::new("sh").args(["-c", "cat >/dev/null"]), &big, Duration::from_secs(20)).is_ok());
+    }
+
     /// A sink that records, for each call, whether the hold was still held.
     #[derive(Default)]
     struct Seen {
@@ -343,6 +416,9 @@ mod tests {
         }
         fn announce(&self, _ips: &[IpAddr]) {
             self.calls.lock().unwrap().push(("announce", self.hold.is_held()));
+        }
+        fn set_valid_until(&self, _deadlines: &[(IpAddr, Option<std::time::Instant>)]) {
+            self.calls.lock().unwrap().push(("set_valid_until", self.hold.is_held()));
         }
     }
 

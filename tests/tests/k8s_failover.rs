@@ -6,7 +6,8 @@
 //!    removes its IPs at its renew deadline, keeps the rest of its tables,
 //!    and the other gateway takes them only after that (the fencing margin);
 //! 3. a crashed gateway (its task dropped) loses its IPs to the other within
-//!    the stated failover time;
+//!    the stated failover time; its data plane, were it still running, had
+//!    been told to stop serving them (valid-until) before the take-over;
 //! 4. a gracefully stopped gateway hands its IPs over at once;
 //! 5. with the API server killed, every gateway keeps its tables until each
 //!    IP's deadline, then fences it; after a restart each IP has one holder.
@@ -166,6 +167,21 @@ async fn scenario(server: &ApiServer) {
     .await;
     let worst = ips.iter().map(|ip| gw1b.sink.added_after(*ip, t_kill).expect("taken") - t_kill).max().unwrap();
     println!("crash failover: every IP moved within {} ms of the kill", ms(worst));
+    // Only gw-2's control-plane task died; its data plane (the sink) would
+    // run on. It had been told to stop serving each IP at the renew
+    // deadline of its last renewal (issue 14 item 6): before the kill + R,
+    // and at least the fencing margin (less slack) before gw-1 took it.
+    for ip in &ips {
+        let until = gw2.sink.valid_until_of(*ip).expect("gw-2's data plane has a valid-until for every IP it held");
+        let taken = gw1b.sink.added_after(*ip, t_kill).expect("taken").into_std();
+        println!(
+            "dead control plane: gw-2's data plane stops serving {ip} {} ms after the kill, {} ms before gw-1 takes it",
+            ms(until.saturating_duration_since(t_kill.into_std())),
+            ms(taken - until)
+        );
+        assert!(until <= t_kill.into_std() + R, "{ip}: valid until at most the renew deadline after the last renewal");
+        assert!(until + Duration::from_millis(1000) <= taken, "{ip}: fenced by the data plane before the take-over");
+    }
     assert!(worst <= D + 2 * P + Duration::from_millis(2000), "failover took {} ms", ms(worst));
     assert!(worst >= D - P - Duration::from_millis(200), "nobody took an IP before its Lease could expire");
 

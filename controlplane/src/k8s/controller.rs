@@ -55,7 +55,7 @@ use super::crd::{
 };
 use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
-use super::{observe, K8sError, K8sOptions};
+use super::{observe, Heartbeat, K8sError, K8sOptions};
 use crate::sink::TablesSink;
 
 /// The field manager of Egret's writes.
@@ -344,6 +344,10 @@ struct SyncLoop {
     last: Desired,
     status_sent: HashMap<String, (serde_json::Value, Instant)>,
     problems_reported: BTreeSet<(String, String, &'static str)>,
+    /// What the data plane was last told about each address's valid-until.
+    valid_until_sent: BTreeMap<IpAddr, Option<std::time::Instant>>,
+    /// A past instant: the valid-until of an address not held.
+    expired: Instant,
 }
 
 fn announced(spec: &TablesSpec) -> BTreeSet<IpAddr> {
@@ -371,6 +375,9 @@ impl SyncLoop {
         let me = self.opts.node_name.clone();
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
         let fenced = self.mgr.fence(now, &competing);
+        // The data plane stops serving fenced IPs now, whether or not the
+        // tables below can be applied.
+        self.push_valid_until();
         if !fenced.is_empty() {
             tracing::warn!(ips = ?fenced, "fenced: no valid Lease any more (renew deadline passed or no longer eligible)");
             obs.held = self.mgr.held(now);
@@ -379,6 +386,8 @@ impl SyncLoop {
         for ip in d.ips.keys().filter(|ip| !leases.contains_key(ip)) {
             self.mgr.observe(*ip, None, now);
         }
+        let pairs: Vec<(IpAddr, IpAddr)> = d.ips.iter().filter_map(|(ip, a)| a.next_hop.map(|nh| (*ip, nh))).collect();
+        self.push_valid_until_with(&pairs);
         let applied = self.apply(&d.tables);
 
         // Only now, with the fenced IPs out of the tables: Lease requests.
@@ -446,9 +455,50 @@ impl SyncLoop {
         if let Err(f) = &r.result {
             tracing::debug!(ip = %r.ip, action = ?r.action, failure = ?f, "lease request failed");
         }
-        if let Some(taken) = self.mgr.on_result(r.ip, &r.action, r.sent, r.result, now) {
+        let taken = self.mgr.on_result(r.ip, &r.action, r.sent, r.result, now);
+        // Before any tables holding a newly taken IP are applied.
+        self.push_valid_until();
+        if let Some(taken) = taken {
             self.event_taken(&taken);
         }
+    }
+
+    /// Tells the data plane until when it may serve each egress IP (its
+    /// renew deadline: last successful renewal's send time + renewDeadline)
+    /// and each companion next hop (the latest of the held IPs it serves);
+    /// an IP not held, or a next hop of none, is expired. Only changes are
+    /// sent.
+    fn push_valid_until(&mut self) {
+        let pairs: Vec<(IpAddr, IpAddr)> =
+            self.last.ips.iter().filter_map(|(ip, a)| a.next_hop.map(|nh| (*ip, nh))).collect();
+        self.push_valid_until_with(&pairs);
+    }
+
+    /// [`Self::push_valid_until`] with the (egress IP, next hop) pairs of
+    /// the tables about to be applied.
+    fn push_valid_until_with(&mut self, next_hops: &[(IpAddr, IpAddr)]) {
+        let mut want: BTreeMap<IpAddr, Instant> = BTreeMap::new();
+        for (ip, deadline) in self.mgr.deadlines() {
+            want.insert(ip, deadline.unwrap_or(self.expired));
+        }
+        for (ip, nh) in next_hops.iter().copied() {
+            let d = want.get(&ip).copied().unwrap_or(self.expired);
+            let e = want.entry(nh).or_insert(self.expired);
+            *e = (*e).max(d);
+        }
+        for ip in self.valid_until_sent.keys() {
+            want.entry(*ip).or_insert(self.expired);
+        }
+        let changes: Vec<(IpAddr, Option<std::time::Instant>)> = want
+            .into_iter()
+            .map(|(ip, t)| (ip, Some(t.into_std())))
+            .filter(|(ip, t)| self.valid_until_sent.get(ip) != Some(t))
+            .collect();
+        if changes.is_empty() {
+            return;
+        }
+        self.sink.set_valid_until(&changes);
+        self.valid_until_sent.extend(changes);
     }
 
     /// The first gateway by name among those holding a live Lease writes
@@ -585,6 +635,7 @@ impl SyncLoop {
         spec.egress_ips.clear();
         spec.neighbor_addresses.clear();
         self.mgr.fence(now, &BTreeSet::new());
+        self.push_valid_until();
         if !self.apply(&spec) {
             // The data plane may still serve them: let the Leases expire
             // instead (the others take over after leaseDuration).
@@ -617,6 +668,18 @@ pub async fn run(
     sink: Arc<dyn TablesSink>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), K8sError> {
+    run_supervised(client, opts, sink, shutdown, Arc::default()).await
+}
+
+/// [`run`], beating `heartbeat` once per iteration of the sync loop, for a
+/// watchdog that ends the process when the loop stops (daemon/mod.rs).
+pub async fn run_supervised(
+    client: kube::Client,
+    opts: K8sOptions,
+    sink: Arc<dyn TablesSink>,
+    shutdown: impl Future<Output = ()>,
+    heartbeat: Arc<Heartbeat>,
+) -> Result<(), K8sError> {
     opts.validate()?;
     let notify = Arc::new(Notify::new());
     let mut watchers = JoinSet::new();
@@ -645,12 +708,15 @@ pub async fn run(
         last: Desired::default(),
         status_sent: HashMap::new(),
         problems_reported: BTreeSet::new(),
+        valid_until_sent: BTreeMap::new(),
+        expired: Instant::now(),
         opts,
     };
     let mut next_full = Instant::now() + sync.opts.resync_period;
     loop {
         let now = Instant::now();
         sync.pass(now);
+        heartbeat.beat();
         if now >= next_full {
             next_full = now + sync.opts.resync_period;
             sync.status_sent.clear();

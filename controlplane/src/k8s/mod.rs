@@ -21,11 +21,12 @@ pub mod observe;
 pub mod pool;
 
 use std::path::Path;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use egret_dataplane::tables::NatSettings;
 
-pub use controller::run;
+pub use controller::{run, run_supervised};
 pub use lease::{LeaseTiming, TimingError};
 
 /// What the control plane needs from the gateway's configuration: the
@@ -71,6 +72,39 @@ impl K8sOptions {
         }
         self.timing.validate()?;
         Ok(())
+    }
+}
+
+/// The sync loop's liveness, for a watchdog outside its runtime
+/// (daemon/mod.rs): the loop beats once per iteration, and iterates at
+/// least once per `retryPeriod` while it is healthy. Before the first beat
+/// nothing is held (the loop has not run a pass), so nothing is at stake.
+#[derive(Debug)]
+pub struct Heartbeat {
+    base: Instant,
+    /// Milliseconds after `base` of the last beat; 0: never.
+    last_ms: AtomicU64,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Heartbeat { base: Instant::now(), last_ms: AtomicU64::new(0) }
+    }
+}
+
+impl Heartbeat {
+    /// Records a beat now.
+    pub fn beat(&self) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        self.last_ms.store(ms.max(1), Ordering::Release);
+    }
+
+    /// How long ago the last beat was at `now`; `None` before the first.
+    pub fn age(&self, now: Instant) -> Option<Duration> {
+        match self.last_ms.load(Ordering::Acquire) {
+            0 => None,
+            ms => Some(now.saturating_duration_since(self.base + Duration::from_millis(ms))),
+        }
     }
 }
 

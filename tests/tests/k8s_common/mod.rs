@@ -37,6 +37,8 @@ pub enum SinkEvent {
 #[derive(Debug, Default)]
 pub struct FakeSink {
     pub log: Mutex<Vec<(Instant, SinkEvent)>>,
+    /// Every `set_valid_until` call: when, and what it set.
+    pub valid_until: Mutex<Vec<(Instant, Vec<(IpAddr, Option<std::time::Instant>)>)>>,
 }
 
 impl TablesSink for FakeSink {
@@ -47,6 +49,23 @@ impl TablesSink for FakeSink {
 
     fn announce(&self, ips: &[IpAddr]) {
         self.log.lock().unwrap().push((Instant::now(), SinkEvent::Announce(ips.to_vec())));
+    }
+
+    fn set_valid_until(&self, deadlines: &[(IpAddr, Option<std::time::Instant>)]) {
+        self.valid_until.lock().unwrap().push((Instant::now(), deadlines.to_vec()));
+    }
+}
+
+impl FakeSink {
+    /// The valid-until the data plane would have for `ip` now (None: none
+    /// set or no limit).
+    pub fn valid_until_of(&self, ip: IpAddr) -> Option<std::time::Instant> {
+        self.valid_until
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find_map(|(_, v)| v.iter().find(|(a, _)| *a == ip).map(|(_, t)| *t))?
     }
 }
 
