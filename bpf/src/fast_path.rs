@@ -324,12 +324,16 @@ pub struct FpConfig {
     pub pad: u32,
     /// The session tables' hash seed (`session_table::hash`).
     pub seed: u64,
+    /// No entry is translated at or after this (CLOCK_MONOTONIC, read with
+    /// the coarse clock); `maps::VALID_FOREVER`: no deadline.
+    pub valid_until_ns: u64,
 }
 
 impl FpConfig {
     /// The kernel's bytes for this value.
-    pub fn to_bytes(&self) -> [u8; 24] {
-        let mut b = [0u8; 24];
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[24..32].copy_from_slice(&self.valid_until_ns.to_ne_bytes());
         b[0..4].copy_from_slice(&self.enabled.to_ne_bytes());
         b[4..8].copy_from_slice(&self.mask_v4.to_ne_bytes());
         b[8..12].copy_from_slice(&self.mask_v6.to_ne_bytes());
@@ -404,10 +408,12 @@ fast_path_reasons! {
     PuntPartialChecksum = 9, "EGRET_FP_PUNT_PARTIAL_CHECKSUM", "punt_partial_checksum";
     /// A hit whose next hop is not usable.
     PuntNextHop = 10, "EGRET_FP_PUNT_NEXT_HOP", "punt_next_hop";
+    /// A hit at or after `fp_config.valid_until_ns` (an owned address's valid-until).
+    PuntExpired = 11, "EGRET_FP_PUNT_EXPIRED", "punt_expired";
 }
 
 /// Number of reasons, the size of `fp_counters` (`EGRET_FP_COUNT`).
-pub const FAST_PATH_REASON_COUNT: u32 = 11;
+pub const FAST_PATH_REASON_COUNT: u32 = 12;
 
 #[cfg(test)]
 mod tests {

@@ -543,6 +543,40 @@ fn a_hit_larger_than_the_next_hops_mtu_is_punted() {
     }
 }
 
+/// Issue 14 item 6: past `fp_config.valid_until_ns` (the earliest owned
+/// address's valid-until, less the coarse clock's slack) no session is
+/// translated; the frame goes on to the steering rules untouched. Before
+/// it, and with no deadline, the same frames are translated.
+#[test]
+fn past_the_valid_until_offloaded_sessions_are_not_translated() {
+    let w = world();
+    let p = &w.prog;
+    install4(p, L4::Udp, 0, 0);
+    install6(p, L4::Udp, 0, 0);
+    let out4 = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let want4 = frame4((OUT_MAC, NH_MAC), EGRESS4, REMOTE4, 63, EGRESS_PORT, REMOTE_PORT, L4::Udp);
+    let out6 = frame6((PEER_MAC, GW_MAC), pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let want6 = frame6((OUT_MAC, NH_MAC), egress6(), remote6(), 63, EGRESS_PORT, REMOTE_PORT, L4::Udp);
+    // An hour ahead: translated.
+    p.fp_set_valid_until(egret_bpf::monotonic_ns() + 3_600_000_000_000).unwrap();
+    expect_hit(p, "valid v4", &out4, &want4, XdpAction::Redirect);
+    expect_hit(p, "valid v6", &out6, &want6, XdpAction::Redirect);
+    // Within the coarse clock's slack of the deadline: already stopped.
+    p.fp_set_valid_until(egret_bpf::monotonic_ns() + egret_bpf::FP_COARSE_CLOCK_SLACK_NS / 2).unwrap();
+    expect_punt(p, "within the slack v4", &out4, F::PuntExpired, R::RedirectSteeredSource);
+    // Past it (the kernel's CLOCK_MONOTONIC is the clock monotonic_ns reads).
+    p.fp_set_valid_until(egret_bpf::monotonic_ns()).unwrap();
+    expect_punt(p, "expired v4", &out4, F::PuntExpired, R::RedirectSteeredSource);
+    expect_punt(p, "expired v6", &out6, F::PuntExpired, R::RedirectSteeredSource);
+    // Switching the fast path off and on keeps the deadline.
+    p.fp_set_enabled(false).unwrap();
+    p.fp_set_enabled(true).unwrap();
+    expect_punt(p, "expired after a toggle", &out4, F::PuntExpired, R::RedirectSteeredSource);
+    // No deadline (file mode): translated again.
+    p.fp_set_valid_until(egret_bpf::VALID_FOREVER).unwrap();
+    expect_hit(p, "no deadline", &out4, &want4, XdpAction::Redirect);
+}
+
 #[test]
 fn switched_off_the_fast_path_is_not_consulted() {
     let w = world();

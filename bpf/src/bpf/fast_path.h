@@ -24,8 +24,9 @@
  * for every case that needs the engine (each counted, fast_path_reason.h):
  * TCP SYN/FIN/RST, TTL <= 1, a partial transport checksum (TX offload of a
  * local sender: the field equals the folded pseudo-header sum, as
- * wire::checksum::is_partial decides), an invalid next hop, and anything the
- * engine would count as malformed. Every check happens before the first
+ * wire::checksum::is_partial decides), an invalid next hop, a time at or
+ * after fp_config.valid_until_ns (an egress address's ownership may have
+ * ended: fp_expired), and anything the engine would count as malformed. Every check happens before the first
  * write, so a punted frame reaches the steering rules as it arrived.
  *
  * Built with -DEGRET_FP_FIB_LOOKUP (tests only), the next hop comes from
@@ -258,6 +259,21 @@ static __always_inline int ipv4_header_ok(const struct iphdr *ip)
 	return csum_fold(s) == 0xffff;
 }
 
+/*
+ * Whether the fast path must stop translating: at or after the earliest
+ * valid-until of the owned addresses (fp_config.valid_until_ns, which
+ * userspace writes already less the coarse clock's lag of at most a tick,
+ * so the coarse clock read here never lets a frame through late). Every
+ * offloaded session translates to or from an owned egress address; past
+ * that instant the workers judge each frame by its own address instead.
+ * One field in the fp_config line the hit has read anyway, and the coarse
+ * clock fp_stamp reads too: no map lookup is added to the hot path.
+ */
+static __always_inline int fp_expired(const struct fp_config *cfg)
+{
+	return cfg->valid_until_ns != EGRET_VALID_FOREVER && bpf_ktime_get_coarse_ns() >= cfg->valid_until_ns;
+}
+
 /* Stamps an entry at most once a second: one cache-line write per second
  * per direction, not per packet. */
 static __always_inline void fp_stamp(__u64 *last_seen_ns)
@@ -460,6 +476,8 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 	slot = fp_find_v4(cfg, &key, &entry);
 	if (!slot)
 		return fp_punt(EGRET_FP_MISS);
+	if (fp_expired(cfg))
+		return fp_punt(EGRET_FP_PUNT_EXPIRED);
 
 	/* A hit. Nothing before the next hop writes; everything after it does. */
 	tot_len = be16_len(ip->tot_len);
@@ -520,6 +538,8 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_conf
 	slot = fp_find_v6(cfg, &key, &entry);
 	if (!slot)
 		return fp_punt(EGRET_FP_MISS);
+	if (fp_expired(cfg))
+		return fp_punt(EGRET_FP_PUNT_EXPIRED);
 
 	/* A hit. Nothing before the next hop writes; everything after it does. */
 	l4_len = be16_len(ip6->payload_len);

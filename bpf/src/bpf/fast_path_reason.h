@@ -47,8 +47,11 @@ enum egret_fp_reason {
 	/* Hit, the entry's next hop is unresolved or unknown, or the IP
 	 * datagram is larger than its link's MTU (the engine answers it). */
 	EGRET_FP_PUNT_NEXT_HOP = 10,
+	/* Hit, at or after fp_config.valid_until_ns: an egress address's
+	 * ownership may have ended; the workers judge each frame. */
+	EGRET_FP_PUNT_EXPIRED = 11,
 
-	EGRET_FP_COUNT = 11,
+	EGRET_FP_COUNT = 12,
 };
 
 #endif /* EGRET_FAST_PATH_REASON_H */
