@@ -1,20 +1,51 @@
-//! [`GatewaySink`]: the daemon's [`TablesSink`]. `apply` publishes the
-//! engine's tables, then makes the XDP program's maps match them before it
-//! returns:
+//! [`GatewaySink`]: the daemon's [`TablesSink`]. `apply` makes a desired
+//! state the gateway's whole state, or none of it, before it returns.
 //!
-//! 0. with the fast path on: the new tables are compiled first and every
-//!    session installed in the kernel that they will not hold (its policy
-//!    gone or changed, its egress IP or port range gone) is deleted from
-//!    the fast path's maps ([`FastPath::fence`]); installations wait until
-//!    step 1 is done. From here the engine sees those sessions' packets;
-//! 1. `engine.publish(spec)`: the workers translate with the new tables from
+//! Three things must agree: the engine's tables (what the workers
+//! translate), the XDP program's maps (what is steered to them, which
+//! addresses are answered) and the kernel's fail-closed table
+//! (crate::failclosed: what the forward path drops). XDP passes to the
+//! kernel whatever its maps do not steer, so the fail-closed table must
+//! never be older than the maps: a source the new tables select, still
+//! passed by XDP, must meet a table that drops it. The order:
+//!
+//! 1. **compile and check**, changing nothing: the new tables are compiled
+//!    (an invalid spec is [`ApplyError::Rejected`]) and every map the apply
+//!    writes is checked against its `max_entries`: owned addresses per
+//!    family, and the policy source and rule LPMs per family with the
+//!    replacement's two generations side by side
+//!    ([`SteeringProgram::check_policy`]). Too large is
+//!    [`ApplyError::TooLarge`];
+//! 2. **fail-closed table** for the new tables (`nft -f`, one transaction;
+//!    not while Kubernetes mode holds the kernel's table). From here the
+//!    kernel drops what the new tables steer; the XDP maps still steer what
+//!    the old ones did, to an engine that translates it. A failure is
+//!    [`ApplyError::FailClosed`] and nothing else changes;
+//! 3. **XDP maps**: owned addresses (removed ones deleted, the others
+//!    written with their NAT port range and `OWNED_NAT` / `OWNED_NEIGH`),
+//!    then the policy classification (`replace_policy`: two generations, no
+//!    window), from the same compiled classifier the engine uses. A source
+//!    newly steered reaches workers that may still hold the old tables for
+//!    a moment: they drop it (a worker counts frames it would pass as
+//!    misdirected); one no longer steered is passed to a kernel whose table
+//!    already agrees. A kernel error here puts the maps back as the engine's
+//!    tables have them ([`ApplyError::Maps`]);
+//! 4. with the fast path on: every session installed in the kernel that the
+//!    new tables will not hold (its policy gone or changed, its egress IP or
+//!    port range gone) is deleted from the fast path ([`FastPath::fence`]);
+//!    installations wait until step 5 is done;
+//! 5. `engine.publish`: the workers translate with the new tables from
 //!    their next frame; sessions of removed egress IPs stop matching.
-//! 2. owned addresses: removed ones deleted, the others written with their
-//!    NAT port range and flags (`OWNED_NAT` for egress IPs, `OWNED_NEIGH`
-//!    when ARP/NDP is answered);
-//! 3. the policy classification (`replace_policy`, two generations, no
-//!    window), from the engine's compiled classifier, so the program and the
-//!    engine classify identically.
+//!
+//! **A refused apply still gives up addresses.** When the new state is too
+//! large or its fail-closed table cannot be installed, the previous state
+//! stays, less the egress IPs and answered addresses the new one no longer
+//! holds: giving an address up needs no room and no new kernel rule (the
+//! classification stays the old one, which the kernel's table already
+//! covers), and a control plane that lost a Lease must be able to fence.
+//! A too-large state still gets its fail-closed table, so the sources it
+//! newly selects are dropped by the kernel instead of leaving with their
+//! own address while the maps cannot steer them.
 //!
 //! Applies are serialised. `announce` queues gratuitous ARP / unsolicited
 //! NA (twice, one second apart: RFC 5227 2.3's ANNOUNCE_NUM) for worker 0.
@@ -25,7 +56,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egret_bpf::{Action as BpfAction, DstRule, OwnedAddr, SrcPrefix, SteeringProgram, OWNED_NAT, OWNED_NEIGH};
+use egret_bpf::{
+    Action as BpfAction, DstRule, OwnedAddr, SrcPrefix, SteeringProgram, OWNED_KERNEL_SERVICE, OWNED_NAT, OWNED_NEIGH,
+    VALID_FOREVER,
+};
 use egret_dataplane::engine::Engine;
 use egret_dataplane::lpm::LpmAddr;
 use egret_dataplane::policy::{Classifier, DstAction};
@@ -35,8 +69,14 @@ use parking_lot::Mutex;
 
 use super::handler::{AnnounceQueue, Announcement};
 use crate::config::Role;
+use crate::failclosed::{FailClosedError, Installed};
+use crate::offload::clock::EngineClock;
 use crate::offload::FastPath;
 use crate::sink::{ApplyError, TablesSink};
+
+/// What installs the fail-closed table for some tables
+/// ([`crate::failclosed::install`]; tests put another in).
+pub type RulesInstaller = Box<dyn Fn(&Tables) -> Result<(), FailClosedError> + Send + Sync>;
 
 /// The daemon's sink.
 pub struct GatewaySink {
@@ -51,11 +91,21 @@ pub struct GatewaySink {
     pub restart_needed: Mutex<Vec<String>>,
     /// Applies that succeeded.
     pub applied: AtomicU64,
+    /// Applies that failed (any [`ApplyError`]).
+    pub apply_failures: AtomicU64,
     /// Times the fail-closed nftables rules could not be installed.
     pub fail_closed_errors: AtomicU64,
     /// Whether applies replace the kernel's fail-closed table (released
     /// unless Kubernetes mode holds it: crate::failclosed::Hold).
     pub fail_closed: Arc<crate::failclosed::Hold>,
+    install_rules: RulesInstaller,
+    /// The spec the engine and the maps hold (after the first apply).
+    current: Mutex<Option<TablesSpec>>,
+    /// Engine time, for the owned addresses' valid-until.
+    clock: EngineClock,
+    /// Each address's valid-until on CLOCK_MONOTONIC (`set_valid_until`),
+    /// written into its owned-map entry; absent: no deadline.
+    valid_until_ns: Mutex<HashMap<IpAddr, u64>>,
 }
 
 impl std::fmt::Debug for GatewaySink {
@@ -85,12 +135,35 @@ pub fn policy_entries<A: LpmAddr + Into<IpAddr>>(c: &Classifier<A>, src: &mut Ve
     }
 }
 
+/// CLOCK_MONOTONIC nanoseconds at `t` (`Instant` is CLOCK_MONOTONIC on
+/// Linux; the two clocks are read back to back, so the error is the gap
+/// between the reads, tens of nanoseconds, rounded towards earlier).
+fn monotonic_ns_at(t: Instant) -> u64 {
+    let (mono, now) = (egret_bpf::monotonic_ns(), Instant::now());
+    match t.checked_duration_since(now) {
+        Some(ahead) => mono.saturating_add(ahead.as_nanos() as u64),
+        None => mono.saturating_sub(now.duration_since(t).as_nanos() as u64),
+    }
+}
+
+/// The earliest valid-until among the owned addresses: the fast path's
+/// (every offloaded session translates to or from one of them).
+fn earliest_valid_until(owned: &HashMap<IpAddr, OwnedAddr>) -> u64 {
+    owned.values().map(|o| o.valid_until_ns).min().unwrap_or(VALID_FOREVER)
+}
+
 /// What the owned-address maps should hold for `tables`.
 pub fn owned_entries(tables: &Tables) -> HashMap<IpAddr, OwnedAddr> {
     let mut m = HashMap::new();
     for (ip, e) in tables.egress_ips() {
-        let flags = OWNED_NAT | if e.answer_neighbor { OWNED_NEIGH } else { 0 };
-        m.insert(ip, OwnedAddr { nat_port_lo: e.ports.first, nat_port_hi: e.ports.last, flags });
+        let flags = OWNED_NAT
+            | if e.answer_neighbor { OWNED_NEIGH } else { 0 }
+            // A Service VIP: XDP passes what Egret does not serve (rule 4).
+            | if e.kernel_service { OWNED_KERNEL_SERVICE } else { 0 };
+        m.insert(
+            ip,
+            OwnedAddr { nat_port_lo: e.ports.first, nat_port_hi: e.ports.last, flags, ..OwnedAddr::default() },
+        );
     }
     for ip in tables.neighbor_addresses() {
         m.entry(ip).or_insert_with(OwnedAddr::neighbour_only);
@@ -107,8 +180,11 @@ impl GatewaySink {
         interfaces: Vec<(u32, Role)>,
         announce: AnnounceQueue,
         fast_path: Option<Arc<FastPath>>,
+        clock: EngineClock,
     ) -> Self {
         Self {
+            clock,
+            valid_until_ns: Mutex::new(HashMap::new()),
             engine,
             program,
             interfaces,
@@ -117,9 +193,19 @@ impl GatewaySink {
             fast_path,
             restart_needed: Mutex::new(Vec::new()),
             applied: AtomicU64::new(0),
+            apply_failures: AtomicU64::new(0),
             fail_closed_errors: AtomicU64::new(0),
             fail_closed: Arc::default(),
+            install_rules: Box::new(crate::failclosed::install),
+            current: Mutex::new(None),
         }
+    }
+
+    /// Installs the fail-closed table with `install` instead of `nft`
+    /// (tests: a failing or recording installer).
+    pub fn with_rules_installer(mut self, install: RulesInstaller) -> Self {
+        self.install_rules = install;
+        self
     }
 
     /// The addresses currently in the owned maps.
@@ -127,23 +213,161 @@ impl GatewaySink {
         self.owned.lock().clone()
     }
 
-    fn apply_maps(&self, tables: &Tables) -> Result<(), egret_bpf::BpfError> {
-        let want = owned_entries(tables);
-        let mut owned = self.owned.lock();
-        for ip in owned.keys().filter(|ip| !want.contains_key(ip)) {
-            self.program.remove_owned(*ip)?;
-        }
-        for (ip, o) in &want {
-            if owned.get(ip) != Some(o) {
-                self.program.set_owned(*ip, *o)?;
+    /// Checks that the maps can take `plan` now (step 1 of the module doc).
+    fn check_capacity(&self, plan: &MapPlan) -> Result<(), String> {
+        let capacity = self.program.options().owned_addresses as usize;
+        let v4 = plan.owned.keys().filter(|ip| ip.is_ipv4()).count();
+        for (family, count) in [("IPv4", v4), ("IPv6", plan.owned.len() - v4)] {
+            if count > capacity {
+                return Err(format!(
+                    "{count} owned {family} addresses (egress IPs and answered next hops) exceed the map's capacity of {capacity}"
+                ));
             }
         }
-        *owned = want;
+        self.program.check_policy(&plan.src, &plan.dst).map_err(|e| e.to_string())
+    }
+
+    /// Makes the maps hold `plan` (step 3). The record of owned addresses
+    /// follows every write, so a later call starts from what is there.
+    fn write_maps(&self, plan: &MapPlan) -> Result<(), egret_bpf::BpfError> {
+        let mut owned = self.owned.lock();
+        let deadlines = self.valid_until_ns.lock();
+        let gone: Vec<IpAddr> = owned.keys().filter(|ip| !plan.owned.contains_key(ip)).copied().collect();
+        for ip in gone {
+            self.program.remove_owned(ip)?;
+            owned.remove(&ip);
+        }
+        for (ip, o) in &plan.owned {
+            let o = o.valid_until(deadlines.get(ip).copied().unwrap_or(VALID_FOREVER));
+            if owned.get(ip) != Some(&o) {
+                self.program.set_owned(*ip, o)?;
+                owned.insert(*ip, o);
+            }
+        }
+        self.program.fp_set_valid_until(earliest_valid_until(&owned))?;
+        drop(deadlines);
         drop(owned);
-        let (mut src, mut dst) = (Vec::new(), Vec::new());
-        policy_entries::<Ipv4Addr>(&tables.classify_v4, &mut src, &mut dst);
-        policy_entries::<Ipv6Addr>(&tables.classify_v6, &mut src, &mut dst);
-        self.program.replace_policy(&src, &dst)
+        self.program.replace_policy(&plan.src, &plan.dst)
+    }
+
+    /// Steps 3-5 for tables already checked and covered by the kernel's
+    /// table. On a map error the maps are put back as the engine has them.
+    fn commit(&self, spec: &TablesSpec, next: &Tables) -> Result<(), ApplyError> {
+        if let Err(e) = self.write_maps(&MapPlan::of(next)) {
+            let restored = self.write_maps(&MapPlan::of(&self.engine.tables())).map_err(|e| e.to_string());
+            return Err(ApplyError::Maps { error: e.to_string(), restored });
+        }
+        let fence = self.fast_path.as_ref().map(|fp| {
+            let (fenced, guard) = fp.fence(next);
+            if fenced > 0 {
+                tracing::info!(
+                    sessions = fenced,
+                    "fast path: sessions the new configuration ends deleted from the kernel"
+                );
+            }
+            guard
+        });
+        let published = match self.engine.publish(spec) {
+            Ok(p) => p,
+            Err(e) => {
+                // Not expected: `next` was compiled from the same spec.
+                drop(fence);
+                let restored = self.write_maps(&MapPlan::of(&self.engine.tables())).map_err(|e| e.to_string());
+                return Err(ApplyError::Maps { error: format!("engine refused the tables: {e}"), restored });
+            }
+        };
+        drop(fence);
+        *self.restart_needed.lock() = published.restart_needed.iter().map(|s| s.to_string()).collect();
+        *self.current.lock() = Some(spec.clone());
+        Ok(())
+    }
+
+    /// Installs the fail-closed table for `tables` unless held.
+    fn install_fail_closed(&self, tables: &Tables) -> Result<(), String> {
+        match self.fail_closed.install_with(tables, &self.install_rules) {
+            Ok(Installed::Replaced) => Ok(()),
+            Ok(Installed::Kept) => {
+                tracing::info!("fail-closed rules: the kernel's table is kept until the cluster's tables are applied");
+                Ok(())
+            }
+            Err(e) => {
+                self.fail_closed_errors.fetch_add(1, Ordering::Relaxed);
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// After a refusal: the current state less the addresses `spec` no
+    /// longer holds (see the module doc). Its classification is the
+    /// current one, which the kernel's table covers, and it needs no more
+    /// room than the current state.
+    fn give_up_removed(&self, spec: &TablesSpec) -> String {
+        let Some(current) = self.current.lock().clone() else {
+            return "nothing to give up".into();
+        };
+        let mut kept = current.clone();
+        kept.egress_ips.retain(|e| spec.egress_ips.iter().any(|n| n.ip == e.ip));
+        kept.neighbor_addresses.retain(|a| spec.neighbor_addresses.contains(a));
+        if kept == current {
+            return "nothing to give up".into();
+        }
+        let gone: Vec<String> = current
+            .egress_ips
+            .iter()
+            .map(|e| e.ip)
+            .chain(current.neighbor_addresses.iter().copied())
+            .filter(|ip| !kept.egress_ips.iter().any(|e| e.ip == *ip) && !kept.neighbor_addresses.contains(ip))
+            .map(|ip| ip.to_string())
+            .collect();
+        let result = Tables::compile(&kept, 0, &PolicySlots::default())
+            .map_err(|e| ApplyError::Rejected(e.to_string()))
+            .and_then(|t| self.commit(&kept, &t));
+        match result {
+            Ok(()) => format!("given up: {}", gone.join(", ")),
+            Err(e) => format!("giving up {} failed: {e}", gone.join(", ")),
+        }
+    }
+
+    fn apply_inner(&self, spec: &TablesSpec) -> Result<Tables, ApplyError> {
+        // 1. Compile and check: nothing has changed yet.
+        let next =
+            Tables::compile(spec, 0, &PolicySlots::default()).map_err(|e| ApplyError::Rejected(e.to_string()))?;
+        if let Err(reason) = self.check_capacity(&MapPlan::of(&next)) {
+            // The sources the new tables select are dropped by the kernel
+            // while the maps cannot steer them.
+            let fail_closed = self.install_fail_closed(&next);
+            let kept = self.give_up_removed(spec);
+            return Err(ApplyError::TooLarge { reason, fail_closed, kept });
+        }
+        // 2. The kernel's table first: never older than what XDP passes.
+        if let Err(error) = self.install_fail_closed(&next) {
+            let kept = self.give_up_removed(spec);
+            return Err(ApplyError::FailClosed { error, kept });
+        }
+        // 3-5.
+        self.commit(spec, &next)?;
+        Ok(next)
+    }
+}
+
+/// What [`GatewaySink`] writes into the XDP maps for some tables.
+#[derive(Debug, Default)]
+pub struct MapPlan {
+    /// `owned_v4` / `owned_v6`.
+    pub owned: HashMap<IpAddr, OwnedAddr>,
+    /// `policy_src_v4` / `policy_src_v6`.
+    pub src: Vec<SrcPrefix>,
+    /// `policy_dst_v4` / `policy_dst_v6`.
+    pub dst: Vec<DstRule>,
+}
+
+impl MapPlan {
+    /// The entries for `tables`.
+    pub fn of(tables: &Tables) -> Self {
+        let mut plan = Self { owned: owned_entries(tables), ..Self::default() };
+        policy_entries::<Ipv4Addr>(&tables.classify_v4, &mut plan.src, &mut plan.dst);
+        policy_entries::<Ipv6Addr>(&tables.classify_v6, &mut plan.src, &mut plan.dst);
+        plan
     }
 }
 
@@ -151,51 +375,51 @@ impl TablesSink for GatewaySink {
     fn apply(&self, spec: &TablesSpec) -> Result<(), ApplyError> {
         static SERIAL: Mutex<()> = Mutex::new(());
         let _serial = SERIAL.lock();
-        let fence = match &self.fast_path {
-            Some(fp) => {
-                // The same compile the engine does (counter slots aside, which
-                // validity does not depend on); an error here is its error.
-                let next = Tables::compile(spec, 0, &PolicySlots::default())
-                    .map_err(|e| ApplyError::Rejected(e.to_string()))?;
-                let (fenced, guard) = fp.fence(&next);
-                if fenced > 0 {
-                    tracing::info!(
-                        sessions = fenced,
-                        "fast path: sessions the new configuration ends deleted from the kernel"
-                    );
+        match self.apply_inner(spec) {
+            Ok(tables) => {
+                for e in &tables.errors {
+                    tracing::warn!(error = %e, "policy left out");
                 }
-                Some(guard)
-            }
-            None => None,
-        };
-        let published = self.engine.publish(spec).map_err(|e| ApplyError::Rejected(e.to_string()))?;
-        drop(fence);
-        *self.restart_needed.lock() = published.restart_needed.iter().map(|s| s.to_string()).collect();
-        for e in &published.tables.errors {
-            tracing::warn!(error = %e, "policy left out");
-        }
-        self.apply_maps(&published.tables).map_err(|e| ApplyError::Maps(e.to_string()))?;
-        // The kernel's fallback: what the XDP program steers, the forward
-        // path drops (crate::failclosed). A failure does not stop the gateway
-        // but is loud: it means a stopped gateway would leak pod addresses.
-        match self.fail_closed.install(&published.tables) {
-            Ok(crate::failclosed::Installed::Replaced) => {}
-            Ok(crate::failclosed::Installed::Kept) => {
-                tracing::info!("fail-closed rules: the kernel's table is kept until the cluster's tables are applied")
+                self.applied.fetch_add(1, Ordering::Relaxed);
+                let tables = self.engine.tables();
+                tracing::info!(
+                    generation = tables.generation,
+                    policies = tables.policies.len(),
+                    egress_ips = tables.egress_ips().count(),
+                    "configuration applied"
+                );
+                Ok(())
             }
             Err(e) => {
-                self.fail_closed_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "fail-closed rules not installed");
+                self.apply_failures.fetch_add(1, Ordering::Relaxed);
+                Err(e)
             }
         }
-        self.applied.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(
-            generation = published.tables.generation,
-            policies = published.tables.policies.len(),
-            egress_ips = published.tables.egress_ips().count(),
-            "configuration applied"
-        );
-        Ok(())
+    }
+
+    fn set_valid_until(&self, deadlines: &[(IpAddr, Option<Instant>)]) {
+        // The workers first: engine time rounds down to the millisecond,
+        // never later than asked.
+        self.engine.ownership().set(deadlines.iter().map(|(ip, t)| (*ip, t.map(|t| self.clock.at(t)))));
+        // Then the XDP program: each owned entry, and the fast path's
+        // earliest. A kernel refusal is logged; the workers' check stands.
+        let mut owned = self.owned.lock();
+        let mut ns = self.valid_until_ns.lock();
+        for (ip, t) in deadlines {
+            let v = t.map_or(VALID_FOREVER, monotonic_ns_at);
+            ns.insert(*ip, v);
+            if let Some(o) = owned.get_mut(ip) {
+                if o.valid_until_ns != v {
+                    match self.program.set_owned(*ip, o.valid_until(v)) {
+                        Ok(()) => o.valid_until_ns = v,
+                        Err(e) => tracing::error!(%ip, error = %e, "valid-until not written to the XDP maps"),
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.program.fp_set_valid_until(earliest_valid_until(&owned)) {
+            tracing::error!(error = %e, "valid-until not written to the fast path's configuration");
+        }
     }
 
     fn announce(&self, ips: &[IpAddr]) {
