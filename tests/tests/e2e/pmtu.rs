@@ -125,3 +125,36 @@ fn gateway_link_mtu(name: &str, tier: Tier) {
     assert_eq!(client::cached_pmtu(c_pod, server).unwrap(), Some(1280), "pod C learned it from the gateway");
     h.finish(&[]).unwrap();
 }
+
+/// Issue 14 item 12: traceroute through the gateway. A probe with TTL 1
+/// expires at the node router; with TTL 2 it reaches the gateway with TTL 1,
+/// which answers Time Exceeded from its inside address (before, it dropped
+/// the probe in silence: the hop showed as `*`); with TTL 3 the upstream
+/// router answers, about the translated probe, and Egret translates its
+/// error back to the pod.
+#[test]
+fn traceroute_shows_the_gateway_as_a_hop() {
+    let name = "traceroute_shows_the_gateway_as_a_hop";
+    let Some(mut h) = crate::start_in(name, Tier::Userspace, LabOptions::for_test(), |_| {}) else { return };
+    let a = h.lab.pod(Pod::A);
+    let hop = |ttl: u8| {
+        let out = a
+            .command("ping")
+            .args(["-n", "-c", "1", "-W", "2", "-t", &ttl.to_string(), &plan::SERVER.to_string()])
+            .output()
+            .expect("ping (iputils-ping, tests/install-deps.sh)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let expect: [(u8, std::net::IpAddr); 3] =
+        [(1, Pod::A.first_hop()), (2, plan::GW_INSIDE.into()), (3, plan::UPSTREAM.into())];
+    for (ttl, from) in expect {
+        let out = hop(ttl);
+        assert!(
+            out.contains(&format!("From {from} icmp_seq=1 Time to live exceeded")),
+            "TTL {ttl}: expected Time Exceeded from {from}; ping said:\n{out}"
+        );
+    }
+    let c = h.counters().unwrap();
+    assert!(c.get(Event::IcmpErrorSent.name()) >= 1, "icmp_error_sent counted");
+    h.finish(&[]).unwrap();
+}
