@@ -66,6 +66,14 @@ pub fn render(view: &dyn GatewayView) -> String {
         "Configuration reloads rejected (the old configuration stays).",
     );
     o.sample("config_reload_failures_total", &[], status.reload_failures);
+    o.family(
+        "config_apply_failures_total",
+        "counter",
+        "Applies refused (too large for the XDP maps, fail-closed rules not installed, a map error): the gateway runs the configuration the logged error names.",
+    );
+    o.sample("config_apply_failures_total", &[], status.apply_failures);
+    o.family("fail_closed_errors_total", "counter", "Times the fail-closed nftables table could not be installed.");
+    o.sample("fail_closed_errors_total", &[], status.fail_closed_errors);
     o.family("ready", "gauge", "1 once the XDP program is attached and every worker runs.");
     o.sample("ready", &[], u64::from(status.ready));
     o.family(
@@ -275,6 +283,8 @@ mod tests {
         for line in [
             "egret_config_generation 7",
             "egret_config_reload_failures_total 2",
+            "egret_config_apply_failures_total 5",
+            "egret_fail_closed_errors_total 1",
             "egret_policy_packets_total{policy=\"team-a\",direction=\"outbound\"} 10",
             "egret_policy_bytes_total{policy=\"team-a\",direction=\"inbound\"} 900",
             "egret_drops_total{reason=\"ports_exhausted\"} 3",

@@ -80,6 +80,13 @@ pub struct Status {
     pub reloads: u64,
     /// Reloads rejected (bad file).
     pub reload_failures: u64,
+    /// Applies the gateway refused, from any source (daemon/sink.rs: too
+    /// large for the XDP maps, fail-closed rules not installed, a map error).
+    #[serde(default)]
+    pub apply_failures: u64,
+    /// Times the fail-closed nftables table could not be installed.
+    #[serde(default)]
+    pub fail_closed_errors: u64,
     /// Live sessions: (IPv4, IPv6).
     pub sessions: (u64, u64),
     /// Session capacity per family.

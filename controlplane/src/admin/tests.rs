@@ -61,6 +61,8 @@ impl GatewayView for Fake {
             restart_pending: vec!["workers".into()],
             reloads: 3,
             reload_failures: 2,
+            apply_failures: 5,
+            fail_closed_errors: 1,
             sessions: (4, 1),
             session_capacity: 1 << 20,
             fib_routes: 2,

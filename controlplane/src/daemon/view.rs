@@ -106,6 +106,8 @@ impl GatewayView for LiveView {
             restart_pending: s.restart_pending.lock().clone(),
             reloads: s.reloads.load(Ordering::Relaxed),
             reload_failures: s.reload_failures.load(Ordering::Relaxed),
+            apply_failures: s.sink.apply_failures.load(Ordering::Relaxed),
+            fail_closed_errors: s.sink.fail_closed_errors.load(Ordering::Relaxed),
             sessions: (s.engine.nat4().sessions.len() as u64, s.engine.nat6().sessions.len() as u64),
             session_capacity: s.engine.nat4().sessions.capacity() as u64,
             fib_routes: routes as u64,
