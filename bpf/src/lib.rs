@@ -31,6 +31,7 @@ pub mod fast_path;
 pub mod grace;
 mod link;
 pub mod loader;
+pub mod mapped_ports;
 pub mod maps;
 mod raw_map;
 pub mod session_table;
@@ -41,7 +42,11 @@ pub use fast_path::{
 };
 pub use loader::{
     Action, DstRule, LoadOptions, PolicyEntryCounts, ProgramVariant, SrcPrefix, SteeringProgram, TestRunOutput,
-    XdpLink, XdpMode,
+    XdpLink, XdpMode, FP_COARSE_CLOCK_SLACK_NS,
 };
-pub use maps::{OwnedAddr, VerdictReason, XdpAction, OWNED_NAT, OWNED_NEIGH, XSK_QUEUES_PER_SLOT};
+pub use mapped_ports::MappedPorts;
+pub use maps::{
+    IfRole, OwnedAddr, VerdictReason, XdpAction, IF_CHECK_SRC_MAC, OWNED_KERNEL_SERVICE, OWNED_NAT, OWNED_NEIGH,
+    ROLE_BOTH, ROLE_INSIDE, ROLE_OUTSIDE, VALID_FOREVER, XSK_QUEUES_PER_SLOT,
+};
 pub use raw_map::monotonic_ns;

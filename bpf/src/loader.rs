@@ -35,9 +35,10 @@ use crate::fast_path::{
 };
 use crate::grace::GracePeriod;
 use crate::link::create_xdp_link;
+use crate::mapped_ports::{MappedPorts, NAT_PORT_BITS_MAP, NAT_PORT_SLOTS_MAP};
 use crate::maps::{
-    In6Key, OwnedAddr, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key, PolicySrcV6Key,
-    VerdictReason, XdpAction, XskSlot, POLICY_EXCLUDE, POLICY_STEER, XSK_QUEUES_PER_SLOT,
+    IfRole, In6Key, OwnedAddr, PodMacKey, PolicyClass, PolicyDstV4Key, PolicyDstV6Key, PolicyRule, PolicySrcV4Key,
+    PolicySrcV6Key, VerdictReason, XdpAction, XskSlot, POLICY_EXCLUDE, POLICY_STEER, XSK_QUEUES_PER_SLOT,
 };
 use crate::raw_map::{self, MappedArray};
 use crate::session_table::{self, SessionTable, SlotShape, SHAPE_V4, SHAPE_V6};
@@ -76,13 +77,22 @@ const POLICY_SRC_V6: &str = "policy_src_v6";
 const POLICY_DST_V4: &str = "policy_dst_v4";
 const POLICY_DST_V6: &str = "policy_dst_v6";
 const FRAG_DECISIONS: &str = "frag_decisions";
+const FRAG_DECISIONS_IN: &str = "frag_decisions_in";
 const VERDICT_COUNTERS: &str = "verdict_counters";
 const FP_SESSIONS_V4: &str = "fp_sessions_v4";
 const FP_SESSIONS_V6: &str = "fp_sessions_v6";
 const FP_NEXT_HOPS: &str = "fp_next_hops";
 const FP_CONFIG: &str = "fp_config";
+
+/// How much earlier than an owned address's valid-until the fast path stops
+/// ([`SteeringProgram::fp_set_valid_until`]): more than one tick of the
+/// coarse clock it reads (`bpf_ktime_get_coarse_ns`, updated every jiffy:
+/// 10 ms at HZ=100, the slowest common setting).
+pub const FP_COARSE_CLOCK_SLACK_NS: u64 = 20_000_000;
 const FP_COUNTERS: &str = "fp_counters";
 const FP_POLICY_TRAFFIC: &str = "fp_policy_traffic";
+const IF_ROLES: &str = "if_roles";
+const POD_MACS: &str = "pod_macs";
 
 /// `BPF_ANY` for map updates.
 const BPF_ANY: u64 = 0;
@@ -256,11 +266,14 @@ struct Maps {
     policy_dst_v4: MapHandle,
     policy_dst_v6: MapHandle,
     frag_decisions: MapHandle,
+    frag_decisions_in: MapHandle,
     verdict_counters: MapHandle,
     fp_next_hops: MapHandle,
     fp_config: MapHandle,
     fp_counters: MapHandle,
     fp_policy_traffic: MapHandle,
+    if_roles: MapHandle,
+    pod_macs: MapHandle,
 }
 
 /// The loaded steering program and its maps.
@@ -279,6 +292,10 @@ pub struct SteeringProgram {
     fp_v6: Mutex<SessionTable<MappedArray>>,
     /// `fp_config.seed`: the tables' hash seed, random per load.
     fp_seed: u64,
+    /// `fp_config.enabled` and `fp_config.valid_until_ns` as last written.
+    fp_state: Mutex<(bool, u64)>,
+    /// The writer of `nat_port_slots` / `nat_port_bits` (rule 4a).
+    mapped_ports: std::sync::Arc<MappedPorts>,
     /// Waits out the program's runs in flight (policy replacement, fences).
     grace: GracePeriod,
 }
@@ -343,6 +360,7 @@ impl SteeringProgram {
                 Some(POLICY_DST_V4) => (POLICY_DST_V4, options.policy_rules),
                 Some(POLICY_DST_V6) => (POLICY_DST_V6, options.policy_rules),
                 Some(FRAG_DECISIONS) => (FRAG_DECISIONS, options.fragments),
+                Some(FRAG_DECISIONS_IN) => (FRAG_DECISIONS_IN, options.fragments),
                 Some(FP_SESSIONS_V4) => (FP_SESSIONS_V4, slots_v4),
                 Some(FP_SESSIONS_V6) => (FP_SESSIONS_V6, slots_v6),
                 Some(FP_NEXT_HOPS) => (FP_NEXT_HOPS, options.fast_path_next_hops),
@@ -367,11 +385,14 @@ impl SteeringProgram {
             policy_dst_v4: handle(POLICY_DST_V4)?,
             policy_dst_v6: handle(POLICY_DST_V6)?,
             frag_decisions: handle(FRAG_DECISIONS)?,
+            frag_decisions_in: handle(FRAG_DECISIONS_IN)?,
             verdict_counters: handle(VERDICT_COUNTERS)?,
             fp_next_hops: handle(FP_NEXT_HOPS)?,
             fp_config: handle(FP_CONFIG)?,
             fp_counters: handle(FP_COUNTERS)?,
             fp_policy_traffic: handle(FP_POLICY_TRAFFIC)?,
+            if_roles: handle(IF_ROLES)?,
+            pod_macs: handle(POD_MACS)?,
         };
         let fp_seed = std::collections::hash_map::RandomState::new().hash_one(0x65_6772_6574u64);
         let table = |name: &'static str,
@@ -391,6 +412,8 @@ impl SteeringProgram {
         };
         let fp_v4 = table(FP_SESSIONS_V4, SHAPE_V4, slots_v4, options.fast_path_sessions_v4)?;
         let fp_v6 = table(FP_SESSIONS_V6, SHAPE_V6, slots_v6, options.fast_path_sessions_v6)?;
+        let mapped_ports =
+            std::sync::Arc::new(MappedPorts::new(handle(NAT_PORT_SLOTS_MAP)?, &handle(NAT_PORT_BITS_MAP)?)?);
         let this = Self {
             object,
             maps,
@@ -400,6 +423,8 @@ impl SteeringProgram {
             fp_v4,
             fp_v6,
             fp_seed,
+            fp_state: Mutex::new((false, crate::maps::VALID_FOREVER)),
+            mapped_ports,
             grace: GracePeriod::new()?,
         };
         this.fp_set_enabled(false)?;
@@ -444,6 +469,49 @@ impl SteeringProgram {
                 .update(&In6Key::from(a).addr, &value, MapFlags::ANY)
                 .map_err(map_op(OWNED_V6, "update", a)),
         }
+    }
+
+    /// Sets the anti-spoofing role of interface `ifindex` (rule 5a): pods'
+    /// traffic arriving on an outside interface is dropped, and on an
+    /// interface with `IF_CHECK_SRC_MAC` it is steered only from the
+    /// link-layer senders in `pod_macs` (which replace the interface's
+    /// previous list). Write it before attaching: an interface without a
+    /// role is not restricted.
+    pub fn set_interface_role(&self, ifindex: u32, role: IfRole, pod_macs: &[[u8; 6]]) -> Result<(), BpfError> {
+        let key = ifindex.to_ne_bytes();
+        let stale: Vec<Vec<u8>> = self
+            .maps
+            .pod_macs
+            .keys()
+            .filter(|k| k.get(0..4) == Some(&key[..]) && !pod_macs.iter().any(|m| k.get(4..10) == Some(&m[..])))
+            .collect();
+        for k in stale {
+            match self.maps.pod_macs.delete(&k) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(BpfError::MapOp {
+                        map: POD_MACS,
+                        op: "delete",
+                        key: format!("ifindex {ifindex}"),
+                        source,
+                    })
+                }
+            }
+        }
+        for mac in pod_macs {
+            let k = PodMacKey { ifindex, mac: *mac, pad: [0; 2] };
+            self.maps.pod_macs.update(&k.to_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY).map_err(map_op(
+                POD_MACS,
+                "update",
+                format!("ifindex {ifindex} mac {mac:02x?}"),
+            ))?;
+        }
+        self.maps.if_roles.update(&key, &role.to_bytes(), MapFlags::ANY).map_err(map_op(
+            IF_ROLES,
+            "update",
+            format!("ifindex {ifindex}"),
+        ))
     }
 
     /// Reads an owned address back.
@@ -683,12 +751,39 @@ impl SteeringProgram {
     /// not look sessions up at all. The rest of `fp_config` (the tables'
     /// masks and hash seed) is written with it.
     pub fn fp_set_enabled(&self, enabled: bool) -> Result<(), BpfError> {
+        let mut state = lock(&self.fp_state);
+        self.write_fp_config(enabled, state.1)?;
+        state.0 = enabled;
+        Ok(())
+    }
+
+    /// Sets `fp_config.valid_until_ns`: the fast path translates nothing at
+    /// or after `valid_until_ns` (CLOCK_MONOTONIC; [`crate::maps::VALID_FOREVER`]:
+    /// no deadline). The program reads it with the coarse clock, which lags
+    /// the fine one by at most a tick (10 ms at HZ=100): the value written
+    /// is `valid_until_ns` less [`FP_COARSE_CLOCK_SLACK_NS`], so the fast
+    /// path stops before the deadline, never after, and the workers judge
+    /// the frames in between.
+    pub fn fp_set_valid_until(&self, valid_until_ns: u64) -> Result<(), BpfError> {
+        let mut state = lock(&self.fp_state);
+        let at = if valid_until_ns == crate::maps::VALID_FOREVER {
+            valid_until_ns
+        } else {
+            valid_until_ns.saturating_sub(FP_COARSE_CLOCK_SLACK_NS)
+        };
+        self.write_fp_config(state.0, at)?;
+        state.1 = at;
+        Ok(())
+    }
+
+    fn write_fp_config(&self, enabled: bool, valid_until_ns: u64) -> Result<(), BpfError> {
         let config = FpConfig {
             enabled: u32::from(enabled),
             mask_v4: lock(&self.fp_v4).mask(),
             mask_v6: lock(&self.fp_v6).mask(),
             pad: 0,
             seed: self.fp_seed,
+            valid_until_ns,
         };
         self.maps
             .fp_config
@@ -866,6 +961,18 @@ impl SteeringProgram {
     /// Number of datagrams with a stored first-fragment decision.
     pub fn fragment_decisions(&self) -> usize {
         self.maps.frag_decisions.keys().count()
+    }
+
+    /// Number of datagrams to an egress address (rule 4) with a stored
+    /// first-fragment decision (`frag_decisions_in`).
+    pub fn fragment_decisions_inbound(&self) -> usize {
+        self.maps.frag_decisions_in.keys().count()
+    }
+
+    /// The writer of the mapped-port bitmaps the program filters inbound
+    /// NAT ports with (rule 4a): the NAT's workers hold it.
+    pub fn mapped_ports(&self) -> std::sync::Arc<MappedPorts> {
+        self.mapped_ports.clone()
     }
 
     /// Runs the program once on `frame` through BPF_PROG_TEST_RUN (RX queue

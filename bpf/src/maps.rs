@@ -15,6 +15,62 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 pub const OWNED_NAT: u32 = 1;
 /// `owned_addr.flags`: this gateway answers ARP/NDP for it (`OWNED_NEIGH`).
 pub const OWNED_NEIGH: u32 = 2;
+/// `owned_addr.flags`: the address is also a Service VIP (Kubernetes): its
+/// ports outside the NAT range, ICMP queries and other protocols are the
+/// kernel's (`OWNED_KERNEL_SERVICE`). Without it they are dropped.
+pub const OWNED_KERNEL_SERVICE: u32 = 4;
+
+/// `if_role.role`: one-arm, pods and the outside on one link (`EGRET_ROLE_BOTH`).
+pub const ROLE_BOTH: u32 = 0;
+/// `if_role.role`: towards the pods (`EGRET_ROLE_INSIDE`).
+pub const ROLE_INSIDE: u32 = 1;
+/// `if_role.role`: towards the outside; never carries pods' traffic (`EGRET_ROLE_OUTSIDE`).
+pub const ROLE_OUTSIDE: u32 = 2;
+/// `if_role.flags`: pods' traffic only from the senders in `pod_macs` (`EGRET_IF_CHECK_SRC_MAC`).
+pub const IF_CHECK_SRC_MAC: u32 = 1;
+
+/// Value of `if_roles` (C `struct if_role`); the key is the ifindex, host order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct IfRole {
+    /// `ROLE_*`.
+    pub role: u32,
+    /// `IF_*`.
+    pub flags: u32,
+}
+
+impl IfRole {
+    /// The kernel's bytes for this value.
+    pub fn to_bytes(&self) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[0..4].copy_from_slice(&self.role.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.flags.to_ne_bytes());
+        b
+    }
+}
+
+/// Key of `pod_macs` (C `struct pod_mac_key`): a link-layer sender allowed
+/// to hand pods' traffic to the gateway on one interface.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PodMacKey {
+    /// The interface, host order.
+    pub ifindex: u32,
+    /// The sender's MAC.
+    pub mac: [u8; 6],
+    /// Zero.
+    pub pad: [u8; 2],
+}
+
+impl PodMacKey {
+    /// The kernel's bytes for this key.
+    pub fn to_bytes(&self) -> [u8; 12] {
+        let mut b = [0u8; 12];
+        b[0..4].copy_from_slice(&self.ifindex.to_ne_bytes());
+        b[4..10].copy_from_slice(&self.mac);
+        b
+    }
+}
 
 /// `policy_rule.action`: leave the destination to the kernel (`POLICY_EXCLUDE`).
 pub const POLICY_EXCLUDE: u32 = 0;
@@ -45,9 +101,13 @@ impl XskSlot {
     }
 }
 
+/// `owned_addr.valid_until_ns` / `fp_config.valid_until_ns`: no deadline
+/// (C `EGRET_VALID_FOREVER`; file mode, where no Lease exists).
+pub const VALID_FOREVER: u64 = u64::MAX;
+
 /// Value of `owned_v4` / `owned_v6` (C `struct owned_addr`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OwnedAddr {
     /// First port of the NAT range, host order, inclusive.
     pub nat_port_lo: u16,
@@ -55,35 +115,54 @@ pub struct OwnedAddr {
     pub nat_port_hi: u16,
     /// `OWNED_NAT` and/or `OWNED_NEIGH`.
     pub flags: u32,
+    /// The address is served (answered for, translated to) only while the
+    /// kernel's CLOCK_MONOTONIC (`bpf_ktime_get_ns`) is below this;
+    /// [`VALID_FOREVER`]: no deadline (ADR 0004).
+    pub valid_until_ns: u64,
+}
+
+impl Default for OwnedAddr {
+    fn default() -> Self {
+        Self { nat_port_lo: 0, nat_port_hi: 0, flags: 0, valid_until_ns: VALID_FOREVER }
+    }
 }
 
 impl OwnedAddr {
     /// An egress address: translated for on `lo..=hi`, answered for.
     pub fn egress(nat_port_lo: u16, nat_port_hi: u16) -> Self {
-        Self { nat_port_lo, nat_port_hi, flags: OWNED_NAT | OWNED_NEIGH }
+        Self { nat_port_lo, nat_port_hi, flags: OWNED_NAT | OWNED_NEIGH, valid_until_ns: VALID_FOREVER }
     }
 
     /// A companion address (a next hop) that is only answered for.
     pub fn neighbour_only() -> Self {
-        Self { nat_port_lo: 0, nat_port_hi: 0, flags: OWNED_NEIGH }
+        Self { nat_port_lo: 0, nat_port_hi: 0, flags: OWNED_NEIGH, valid_until_ns: VALID_FOREVER }
+    }
+
+    /// This value served only before `valid_until_ns` (CLOCK_MONOTONIC).
+    pub fn valid_until(self, valid_until_ns: u64) -> Self {
+        Self { valid_until_ns, ..self }
     }
 
     /// The kernel's bytes for this value.
-    pub fn to_bytes(&self) -> [u8; 8] {
-        let mut b = [0u8; 8];
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
         b[0..2].copy_from_slice(&self.nat_port_lo.to_ne_bytes());
         b[2..4].copy_from_slice(&self.nat_port_hi.to_ne_bytes());
         b[4..8].copy_from_slice(&self.flags.to_ne_bytes());
+        b[8..16].copy_from_slice(&self.valid_until_ns.to_ne_bytes());
         b
     }
 
     /// Reads a value as the kernel stores it; `None` if the length is wrong.
     pub fn from_bytes(b: &[u8]) -> Option<Self> {
-        let b: &[u8; 8] = b.try_into().ok()?;
+        let b: &[u8; 16] = b.try_into().ok()?;
+        let mut until = [0u8; 8];
+        until.copy_from_slice(&b[8..16]);
         Some(Self {
             nat_port_lo: u16::from_ne_bytes([b[0], b[1]]),
             nat_port_hi: u16::from_ne_bytes([b[2], b[3]]),
             flags: u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+            valid_until_ns: u64::from_ne_bytes(until),
         })
     }
 }
@@ -257,6 +336,62 @@ pub struct FragKey {
     pub pad: [u8; 2],
 }
 
+/// Key of `nat_port_slots` (C `struct nat_port_key`): an egress address
+/// and a protocol whose mapped ports `nat_port_bits` holds.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NatPortKey {
+    /// The address; IPv4 uses the first 4 bytes, the rest is zero.
+    pub addr: [u8; 16],
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    /// TCP (6) or UDP (17).
+    pub proto: u8,
+    /// Explicit padding, zero.
+    pub pad: [u8; 2],
+}
+
+impl NatPortKey {
+    /// The key of (`addr`, `proto`).
+    pub fn new(addr: std::net::IpAddr, proto: u8) -> Self {
+        let mut k = NatPortKey { proto, ..Default::default() };
+        match addr {
+            std::net::IpAddr::V4(a) => {
+                k.addr[..4].copy_from_slice(&a.octets());
+                k.family = FAMILY_V4;
+            }
+            std::net::IpAddr::V6(a) => {
+                k.addr = a.octets();
+                k.family = FAMILY_V6;
+            }
+        }
+        k
+    }
+
+    /// The C layout's bytes.
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        b[..16].copy_from_slice(&self.addr);
+        b[16] = self.family;
+        b[17] = self.proto;
+        b
+    }
+}
+
+/// Value of `nat_port_slots` (C `struct nat_port_slot`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NatPortSlot {
+    /// The slot in `nat_port_bits`, below [`NAT_PORT_SLOTS`].
+    pub slot: u32,
+}
+
+/// 64-bit words of `nat_port_bits` per slot (`EGRET_NAT_PORT_WORDS`).
+pub const NAT_PORT_WORDS: u32 = 1024;
+/// Slots of `nat_port_bits`: (egress address, protocol) pairs tracked
+/// (`EGRET_NAT_PORT_SLOTS`).
+pub const NAT_PORT_SLOTS: u32 = 256;
+
 /// Value of `frag_decisions` (C `struct frag_decision`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -397,10 +532,28 @@ verdict_reasons! {
     TxFastPath = 25, "EGRET_TX_FAST_PATH", "tx_fast_path", Tx;
     /// Translated by the fast path, redirected to another interface (rule 0).
     RedirectFastPath = 26, "EGRET_REDIRECT_FAST_PATH", "redirect_fast_path", Redirect;
+    /// Rule 5a: a steered source on an outside interface (anti-spoofing).
+    DropSteeredOnOutside = 27, "EGRET_DROP_STEERED_ON_OUTSIDE", "drop_steered_on_outside", Drop;
+    /// Rule 5a: a steered source from a link-layer sender not in `pod_macs`.
+    DropSteeredFromUnknownMac = 28, "EGRET_DROP_STEERED_FROM_UNKNOWN_MAC", "drop_steered_from_unknown_mac", Drop;
+    /// Rule 5b: an ICMP error about a steered source's packet.
+    RedirectIcmpErrorEmbedded = 29, "EGRET_REDIRECT_ICMP_ERROR_EMBEDDED", "redirect_icmp_error_embedded", Redirect;
+    /// Rule 4: echo request to an egress address that is not a Service VIP.
+    RedirectEchoToEgress = 30, "EGRET_REDIRECT_ECHO_TO_EGRESS", "redirect_echo_to_egress", Redirect;
+    /// Rule 4: anything else Egret does not serve, to a non-VIP egress address.
+    DropUnservedToEgress = 31, "EGRET_DROP_UNSERVED_TO_EGRESS", "drop_unserved_to_egress", Drop;
+    /// Rule 6: a later fragment of a dropped datagram.
+    DropFragment = 32, "EGRET_DROP_FRAGMENT", "drop_fragment", Drop;
+    /// Rule 4: TCP/UDP to a NAT port no session maps (`nat_port_bits`).
+    DropUnmappedNatPort = 33, "EGRET_DROP_UNMAPPED_NAT_PORT", "drop_unmapped_nat_port", Drop;
+    /// Rules 2/3: ARP/NS for an owned target past its valid-until.
+    DropNeighExpired = 34, "EGRET_DROP_NEIGH_EXPIRED", "drop_neigh_expired", Drop;
+    /// Rule 4: to an owned egress address past its valid-until.
+    DropEgressExpired = 35, "EGRET_DROP_EGRESS_EXPIRED", "drop_egress_expired", Drop;
 }
 
 /// Number of reasons, the size of `verdict_counters` (`EGRET_VERDICT_COUNT`).
-pub const VERDICT_COUNT: u32 = 27;
+pub const VERDICT_COUNT: u32 = 36;
 
 #[cfg(test)]
 #[allow(unsafe_code, clippy::undocumented_unsafe_blocks, clippy::multiple_unsafe_ops_per_block)]
@@ -446,7 +599,11 @@ mod tests {
             [(src, src), (dst, dst), (id, id), (proto, proto), (family, family), (pad, pad)]
         );
         same_layout!(FragDecision, c::frag_decision, [(reason, reason)]);
+        same_layout!(NatPortKey, c::nat_port_key, [(addr, addr), (family, family), (proto, proto), (pad, pad)]);
+        same_layout!(NatPortSlot, c::nat_port_slot, [(slot, slot)]);
         same_layout!(XskSlot, c::xsk_slot, [(slot, slot)]);
+        same_layout!(IfRole, c::if_role, [(role, role), (flags, flags)]);
+        same_layout!(PodMacKey, c::pod_mac_key, [(ifindex, ifindex), (mac, mac), (pad, pad)]);
     }
 
     #[test]
@@ -462,12 +619,19 @@ mod tests {
 
     #[test]
     fn to_bytes_puts_fields_where_c_reads_them() {
-        let o = OwnedAddr { nat_port_lo: 0x0102, nat_port_hi: 0x0304, flags: 0x0506_0708 };
+        let o = OwnedAddr {
+            nat_port_lo: 0x0102,
+            nat_port_hi: 0x0304,
+            flags: 0x0506_0708,
+            valid_until_ns: 0x1122_3344_5566_7788,
+        };
         let b = o.to_bytes();
         assert_eq!(&b[offset_of!(OwnedAddr, nat_port_hi)..][..2], &0x0304u16.to_ne_bytes());
         assert_eq!(&b[offset_of!(OwnedAddr, flags)..][..4], &0x0506_0708u32.to_ne_bytes());
+        assert_eq!(&b[offset_of!(OwnedAddr, valid_until_ns)..][..8], &0x1122_3344_5566_7788u64.to_ne_bytes());
         assert_eq!(OwnedAddr::from_bytes(&b), Some(o));
-        assert_eq!(OwnedAddr::from_bytes(&b[..7]), None);
+        assert_eq!(OwnedAddr::from_bytes(&b[..15]), None);
+        assert_eq!(OwnedAddr::default().valid_until_ns, VALID_FOREVER, "no deadline unless one is set");
 
         let k = PolicyDstV4Key::new(0x0a0b_0c0d, Ipv4Addr::new(192, 0, 2, 0), 24);
         assert_eq!(k.to_bytes(), [56, 0, 0, 0, 0x0a, 0x0b, 0x0c, 0x0d, 192, 0, 2, 0]);

@@ -22,7 +22,10 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
-use egret_bpf::{Action, DstRule, LoadOptions, OwnedAddr, SrcPrefix, SteeringProgram, VerdictReason as R, XdpAction};
+use egret_bpf::{
+    Action, DstRule, IfRole, LoadOptions, OwnedAddr, SrcPrefix, SteeringProgram, VerdictReason as R, XdpAction,
+    IF_CHECK_SRC_MAC, OWNED_KERNEL_SERVICE, OWNED_NAT, OWNED_NEIGH, ROLE_BOTH, ROLE_INSIDE, ROLE_OUTSIDE,
+};
 use etherparse::{
     ArpHardwareId, ArpOperation, ArpPacket, EtherType, IpFragOffset, IpHeaders, IpNumber, Ipv4Header, Ipv6Extensions,
     Ipv6FragmentHeader, Ipv6Header, Ipv6RawExtHeader, PacketBuilder, VlanId,
@@ -34,6 +37,10 @@ const PEER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 const EGRESS4: [u8; 4] = [203, 0, 113, 10];
 const NEXTHOP4: [u8; 4] = [203, 0, 113, 1];
 const NAT_ONLY4: [u8; 4] = [203, 0, 113, 11];
+/// An egress address that is also a Service VIP (OWNED_KERNEL_SERVICE).
+const VIP4: [u8; 4] = [203, 0, 113, 12];
+/// A router no policy selects (an inside router, or anyone).
+const ROUTER4: [u8; 4] = [198, 18, 1, 254];
 const REMOTE4: [u8; 4] = [192, 0, 2, 5]; // excluded for class 1, steered for class 2
 const REMOTE4_EXCEPT: [u8; 4] = [192, 0, 2, 70]; // class 2's except
 const INTERNET4: [u8; 4] = [203, 0, 113, 99];
@@ -64,6 +71,12 @@ fn pod6() -> [u8; 16] {
 fn remote6() -> [u8; 16] {
     v6("2001:db8:2::1")
 }
+fn vip6() -> [u8; 16] {
+    v6("2001:db8:e::12")
+}
+fn router6() -> [u8; 16] {
+    v6("2001:db8:9::1")
+}
 fn net(s: &str) -> ipnet::IpNet {
     s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
 }
@@ -90,6 +103,24 @@ fn icmp4(src: [u8; 4], dst: [u8; 4], icmp_type: u8, code: u8) -> Vec<u8> {
     let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv4(src, dst, 64).icmpv4_raw(icmp_type, code, [0; 4]);
     let mut v = Vec::new();
     b.write(&mut v, &PAYLOAD).unwrap();
+    v
+}
+
+/// An ICMP error (`icmp_type`, `code`) carrying `embedded` (an Ethernet
+/// frame: its IP packet is embedded, cut to `keep` bytes).
+fn icmp4_error(src: [u8; 4], dst: [u8; 4], icmp_type: u8, code: u8, embedded: &[u8], keep: usize) -> Vec<u8> {
+    let inner = &embedded[14..(14 + keep).min(embedded.len())];
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv4(src, dst, 64).icmpv4_raw(icmp_type, code, [0; 4]);
+    let mut v = Vec::new();
+    b.write(&mut v, inner).unwrap();
+    v
+}
+
+fn icmp6_error(src: [u8; 16], dst: [u8; 16], icmp_type: u8, embedded: &[u8], keep: usize) -> Vec<u8> {
+    let inner = &embedded[14..(14 + keep).min(embedded.len())];
+    let b = PacketBuilder::ethernet2(PEER_MAC, GW_MAC).ipv6(src, dst, 64).icmpv6_raw(icmp_type, 0, [0; 4]);
+    let mut v = Vec::new();
+    b.write(&mut v, inner).unwrap();
     v
 }
 
@@ -311,7 +342,18 @@ fn world(with_socket: bool) -> World {
     let owned = [
         (IpAddr::from(EGRESS4), OwnedAddr::egress(NAT_LO, NAT_HI)),
         (IpAddr::from(NEXTHOP4), OwnedAddr::neighbour_only()),
-        (IpAddr::from(NAT_ONLY4), OwnedAddr { nat_port_lo: NAT_LO, nat_port_hi: NAT_HI, flags: egret_bpf::OWNED_NAT }),
+        (
+            IpAddr::from(NAT_ONLY4),
+            OwnedAddr { nat_port_lo: NAT_LO, nat_port_hi: NAT_HI, flags: OWNED_NAT, ..OwnedAddr::default() },
+        ),
+        (
+            IpAddr::from(VIP4),
+            OwnedAddr { nat_port_lo: NAT_LO, nat_port_hi: NAT_HI, flags: VIP_FLAGS, ..OwnedAddr::default() },
+        ),
+        (
+            IpAddr::from(vip6()),
+            OwnedAddr { nat_port_lo: NAT_LO, nat_port_hi: NAT_HI, flags: VIP_FLAGS, ..OwnedAddr::default() },
+        ),
         (IpAddr::from(egress6()), OwnedAddr::egress(NAT_LO, NAT_HI)),
         (IpAddr::from(nexthop6()), OwnedAddr::neighbour_only()),
     ];
@@ -320,12 +362,16 @@ fn world(with_socket: bool) -> World {
     }
     let (sources, rules) = standard_policy();
     prog.replace_policy(&sources, &rules).unwrap();
+    // Rule 4a: NAT_ONLY4's UDP ports are filtered, none mapped.
+    prog.mapped_ports().track(IpAddr::from(NAT_ONLY4), 17).unwrap();
     let xsk = with_socket.then(xsk_socket);
     if let Some(s) = &xsk {
         prog.register_xsk(LO, 0, s.as_raw_fd()).unwrap();
     }
     World { prog, _xsk: xsk }
 }
+
+const VIP_FLAGS: u32 = OWNED_NAT | OWNED_NEIGH | OWNED_KERNEL_SERVICE;
 
 fn counters(prog: &SteeringProgram) -> Vec<u64> {
     prog.verdict_counters().unwrap().into_iter().map(|(_, n)| n).collect()
@@ -352,15 +398,24 @@ fn check(prog: &SteeringProgram, name: &str, step: usize, frame: &[u8], action: 
 struct Fixture {
     name: &'static str,
     socket: bool,
+    /// The receiving interface's role and allowed senders (rule 5a); none:
+    /// unrestricted.
+    role: Option<(IfRole, Vec<[u8; 6]>)>,
     steps: Vec<(Vec<u8>, XdpAction, R)>,
 }
 
 fn one(name: &'static str, frame: Vec<u8>, action: XdpAction, reason: R) -> Fixture {
-    Fixture { name, socket: true, steps: vec![(frame, action, reason)] }
+    Fixture { name, socket: true, role: None, steps: vec![(frame, action, reason)] }
 }
 
 fn seq(name: &'static str, steps: Vec<(Vec<u8>, XdpAction, R)>) -> Fixture {
-    Fixture { name, socket: true, steps }
+    Fixture { name, socket: true, role: None, steps }
+}
+
+/// `f` received on an interface with `role` (and `flags`, allowed `macs`).
+fn on(role: u32, flags: u32, macs: &[[u8; 6]], mut f: Fixture) -> Fixture {
+    f.role = Some((IfRole { role, flags }, macs.to_vec()));
+    f
 }
 
 fn no_socket(mut f: Fixture) -> Fixture {
@@ -425,16 +480,21 @@ fn fixtures() -> Vec<Fixture> {
         one("na_to_egress", icmp6(nexthop6(), egress6(), 136), Pass, R::PassNdpOther),
         one("rs_from_pod", icmp6(pod6(), v6("ff02::2"), 133), Pass, R::PassNdpOther),
         // Rule 4: inbound to an egress address, IPv4.
-        one("udp_nat_lo_minus_1", udp4(REMOTE4, EGRESS4, NAT_LO - 1), Pass, R::PassServicePort),
+        one("udp_nat_lo_minus_1", udp4(REMOTE4, EGRESS4, NAT_LO - 1), Drop, R::DropUnservedToEgress),
         one("udp_nat_lo", udp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
         one("udp_nat_hi", udp4(REMOTE4, EGRESS4, NAT_HI), Redirect, R::RedirectNatPort),
-        one("udp_nat_hi_plus_1", udp4(REMOTE4, EGRESS4, NAT_HI + 1), Pass, R::PassServicePort),
-        one("tcp_nat_lo_minus_1", tcp4(REMOTE4, EGRESS4, NAT_LO - 1), Pass, R::PassServicePort),
+        one("udp_nat_hi_plus_1", udp4(REMOTE4, EGRESS4, NAT_HI + 1), Drop, R::DropUnservedToEgress),
+        one("tcp_nat_lo_minus_1", tcp4(REMOTE4, EGRESS4, NAT_LO - 1), Drop, R::DropUnservedToEgress),
         one("tcp_nat_lo", tcp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
         one("tcp_nat_hi", tcp4(REMOTE4, EGRESS4, NAT_HI), Redirect, R::RedirectNatPort),
-        one("tcp_nat_hi_plus_1", tcp4(REMOTE4, EGRESS4, NAT_HI + 1), Pass, R::PassServicePort),
-        one("tcp_service_port_on_vip", tcp4(REMOTE4, EGRESS4, 443), Pass, R::PassServicePort),
-        one("tcp_ssh", tcp4(REMOTE4, EGRESS4, 22), Pass, R::PassServicePort),
+        one("tcp_nat_hi_plus_1", tcp4(REMOTE4, EGRESS4, NAT_HI + 1), Drop, R::DropUnservedToEgress),
+        // The kernel does not own an egress address: only a Service VIP's
+        // other ports are its (Service ingress).
+        one("tcp_443_on_egress", tcp4(REMOTE4, EGRESS4, 443), Drop, R::DropUnservedToEgress),
+        one("tcp_ssh", tcp4(REMOTE4, EGRESS4, 22), Drop, R::DropUnservedToEgress),
+        one("tcp_service_port_on_vip", tcp4(REMOTE4, VIP4, 443), Pass, R::PassServicePort),
+        one("udp_vip_nat_lo_minus_1", udp4(REMOTE4, VIP4, NAT_LO - 1), Pass, R::PassServicePort),
+        one("udp_vip_nat_lo", udp4(REMOTE4, VIP4, NAT_LO), Redirect, R::RedirectNatPort),
         one("tcp_nat_port_from_steered_pod", tcp4(POD4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
         one(
             "tcp_to_egress_ports_truncated",
@@ -449,19 +509,28 @@ fn fixtures() -> Vec<Fixture> {
             R::RedirectNatPort,
         ),
         one("tcp_to_nat_only_address", tcp4(REMOTE4, NAT_ONLY4, NAT_LO), Redirect, R::RedirectNatPort),
+        // Rule 4a: UDP of NAT_ONLY4 is tracked (world) with no port mapped;
+        // its TCP is not tracked, so not filtered (above).
+        one("udp_unmapped_nat_port", udp4(REMOTE4, NAT_ONLY4, NAT_LO), Drop, R::DropUnmappedNatPort),
         one("udp_to_nexthop_is_not_nat", udp4(REMOTE4, NEXTHOP4, NAT_LO), Pass, R::PassUnselectedSource),
         one("icmp_dest_unreachable", icmp4(REMOTE4, EGRESS4, 3, 3), Redirect, R::RedirectIcmpToEgress),
         one("icmp_time_exceeded", icmp4(REMOTE4, EGRESS4, 11, 0), Redirect, R::RedirectIcmpToEgress),
         one("icmp_parameter_problem", icmp4(REMOTE4, EGRESS4, 12, 0), Redirect, R::RedirectIcmpToEgress),
         one("icmp_echo_reply", icmp4(REMOTE4, EGRESS4, 0, 0), Redirect, R::RedirectIcmpToEgress),
-        one("icmp_echo_request", icmp4(REMOTE4, EGRESS4, 8, 0), Pass, R::PassIcmpQueryToEgress),
-        one("icmp_timestamp_request", icmp4(REMOTE4, EGRESS4, 13, 0), Pass, R::PassIcmpQueryToEgress),
+        // Echo requests are answered by the workers; other queries dropped.
+        one("icmp_echo_request", icmp4(REMOTE4, EGRESS4, 8, 0), Redirect, R::RedirectEchoToEgress),
+        one("icmp_timestamp_request", icmp4(REMOTE4, EGRESS4, 13, 0), Drop, R::DropUnservedToEgress),
+        one("icmp_echo_request_to_vip", icmp4(REMOTE4, VIP4, 8, 0), Pass, R::PassIcmpQueryToEgress),
+        one("icmp_timestamp_request_to_vip", icmp4(REMOTE4, VIP4, 13, 0), Pass, R::PassIcmpQueryToEgress),
+        one("icmp_error_to_vip", icmp4(REMOTE4, VIP4, 3, 3), Redirect, R::RedirectIcmpToEgress),
         one("icmp_type_truncated", truncated(icmp4(REMOTE4, EGRESS4, 0, 0), 14 + 20), Pass, R::PassMalformed),
-        one("gre_to_egress", proto4(REMOTE4, EGRESS4, 47), Pass, R::PassOtherProtoToEgress),
+        one("gre_to_egress", proto4(REMOTE4, EGRESS4, 47), Drop, R::DropUnservedToEgress),
+        one("gre_to_vip", proto4(REMOTE4, VIP4, 47), Pass, R::PassOtherProtoToEgress),
         one("nat_port_vlan", vlan_tcp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
         no_socket(one("nat_port_no_socket", tcp4(REMOTE4, EGRESS4, NAT_LO), Drop, R::DropNoSocketToEgress)),
         no_socket(one("icmp_error_no_socket", icmp4(REMOTE4, EGRESS4, 3, 4), Drop, R::DropNoSocketToEgress)),
-        no_socket(one("service_port_no_socket", tcp4(REMOTE4, EGRESS4, 443), Pass, R::PassServicePort)),
+        no_socket(one("service_port_no_socket", tcp4(REMOTE4, VIP4, 443), Pass, R::PassServicePort)),
+        no_socket(one("echo_request_no_socket", icmp4(REMOTE4, EGRESS4, 8, 0), Drop, R::DropNoSocketToEgress)),
         one("ipv4_header_truncated", truncated(tcp4(POD4, INTERNET4, 443), 14 + 19), Pass, R::PassMalformed),
         one(
             "ipv4_ihl_below_5",
@@ -484,10 +553,11 @@ fn fixtures() -> Vec<Fixture> {
             R::PassMalformed,
         ),
         // Rule 4, IPv6.
-        one("udp6_nat_lo_minus_1", udp6(remote6(), egress6(), NAT_LO - 1), Pass, R::PassServicePort),
+        one("udp6_nat_lo_minus_1", udp6(remote6(), egress6(), NAT_LO - 1), Drop, R::DropUnservedToEgress),
         one("udp6_nat_lo", udp6(remote6(), egress6(), NAT_LO), Redirect, R::RedirectNatPort),
         one("tcp6_nat_hi", tcp6(remote6(), egress6(), NAT_HI), Redirect, R::RedirectNatPort),
-        one("tcp6_nat_hi_plus_1", tcp6(remote6(), egress6(), NAT_HI + 1), Pass, R::PassServicePort),
+        one("tcp6_nat_hi_plus_1", tcp6(remote6(), egress6(), NAT_HI + 1), Drop, R::DropUnservedToEgress),
+        one("tcp6_vip_nat_hi_plus_1", tcp6(remote6(), vip6(), NAT_HI + 1), Pass, R::PassServicePort),
         one(
             "udp6_nat_port_behind_dstopts",
             udp6_with_dstopts(remote6(), egress6(), NAT_LO),
@@ -511,7 +581,9 @@ fn fixtures() -> Vec<Fixture> {
         one("icmp6_time_exceeded", icmp6(remote6(), egress6(), 3), Redirect, R::RedirectIcmpToEgress),
         one("icmp6_parameter_problem", icmp6(remote6(), egress6(), 4), Redirect, R::RedirectIcmpToEgress),
         one("icmp6_echo_reply", icmp6(remote6(), egress6(), 129), Redirect, R::RedirectIcmpToEgress),
-        one("icmp6_echo_request", icmp6(remote6(), egress6(), 128), Pass, R::PassIcmpQueryToEgress),
+        one("icmp6_echo_request", icmp6(remote6(), egress6(), 128), Redirect, R::RedirectEchoToEgress),
+        one("icmp6_echo_request_to_vip", icmp6(remote6(), vip6(), 128), Pass, R::PassIcmpQueryToEgress),
+        one("icmp6_mld_query_to_egress", icmp6(remote6(), egress6(), 130), Drop, R::DropUnservedToEgress),
         one("ipv6_header_truncated", truncated(udp6(pod6(), remote6(), 53), 14 + 39), Pass, R::PassMalformed),
         one(
             "ipv6_ext_header_truncated",
@@ -580,14 +652,24 @@ fn fixtures() -> Vec<Fixture> {
                 (frag4(REMOTE4, EGRESS4, 7, 9, true, 0), Redirect, R::RedirectFragment),
                 (frag4(REMOTE4, EGRESS4, 7, 18, false, 0), Redirect, R::RedirectFragment),
                 // Another datagram id has no decision.
-                (frag4(REMOTE4, EGRESS4, 8, 9, false, 0), Pass, R::PassFragmentUnknown),
+                (frag4(REMOTE4, EGRESS4, 8, 9, false, 0), Drop, R::DropFragment),
             ],
         ),
         seq(
             "frag4_service_port_then_later",
             vec![
-                (frag4(REMOTE4, EGRESS4, 9, 0, true, 443), Pass, R::PassServicePort),
-                (frag4(REMOTE4, EGRESS4, 9, 9, false, 0), Pass, R::PassFragment),
+                // Rule 4 stores only redirects (frag_decisions_in): a later
+                // fragment to a VIP without one passes all the same.
+                (frag4(REMOTE4, VIP4, 9, 0, true, 443), Pass, R::PassServicePort),
+                (frag4(REMOTE4, VIP4, 9, 9, false, 0), Pass, R::PassFragmentUnknown),
+                (frag4(REMOTE4, VIP4, 99, 9, false, 0), Pass, R::PassFragmentUnknown),
+            ],
+        ),
+        seq(
+            "frag4_unserved_then_later",
+            vec![
+                (frag4(REMOTE4, EGRESS4, 9, 0, true, 443), Drop, R::DropUnservedToEgress),
+                (frag4(REMOTE4, EGRESS4, 9, 9, false, 0), Drop, R::DropFragment),
             ],
         ),
         seq(
@@ -604,7 +686,7 @@ fn fixtures() -> Vec<Fixture> {
                 (frag4(POD4, REMOTE4, 11, 9, false, 0), Pass, R::PassFragment),
             ],
         ),
-        one("frag4_later_to_egress_unknown", frag4(REMOTE4, EGRESS4, 12, 9, false, 0), Pass, R::PassFragmentUnknown),
+        one("frag4_later_to_egress_unknown", frag4(REMOTE4, EGRESS4, 12, 9, false, 0), Drop, R::DropFragment),
         one(
             "frag4_later_steered_source_unknown",
             frag4(POD4, INTERNET4, 13, 9, false, 0),
@@ -639,14 +721,14 @@ fn fixtures() -> Vec<Fixture> {
             vec![
                 (frag6(remote6(), egress6(), 0x01020304, 0, true, NAT_HI), Redirect, R::RedirectNatPort),
                 (frag6(remote6(), egress6(), 0x01020304, 9, false, 0), Redirect, R::RedirectFragment),
-                (frag6(remote6(), egress6(), 0x01020305, 9, false, 0), Pass, R::PassFragmentUnknown),
+                (frag6(remote6(), egress6(), 0x01020305, 9, false, 0), Drop, R::DropFragment),
             ],
         ),
         seq(
             "frag6_service_port_then_later",
             vec![
-                (frag6(remote6(), egress6(), 77, 0, true, 443), Pass, R::PassServicePort),
-                (frag6(remote6(), egress6(), 77, 9, false, 0), Pass, R::PassFragment),
+                (frag6(remote6(), vip6(), 77, 0, true, 443), Pass, R::PassServicePort),
+                (frag6(remote6(), vip6(), 77, 9, false, 0), Pass, R::PassFragmentUnknown),
             ],
         ),
         one(
@@ -670,6 +752,153 @@ fn fixtures() -> Vec<Fixture> {
             Redirect,
             R::RedirectNatPort,
         ),
+        // Rule 5b: ICMP errors judged by their embedded header. An inside
+        // router reports a problem with a packet a pod received: the error
+        // travels out and must be translated (or dropped), never passed.
+        one(
+            "icmp_error_about_packet_a_pod_received",
+            icmp4_error(ROUTER4, INTERNET4, 3, 1, &udp4(INTERNET4, POD4, 40000), 28),
+            Redirect,
+            R::RedirectIcmpErrorEmbedded,
+        ),
+        one(
+            "icmp_time_exceeded_about_packet_a_pod_received",
+            icmp4_error(ROUTER4, INTERNET4, 11, 0, &tcp4(INTERNET4, POD4, 40000), 28),
+            Redirect,
+            R::RedirectIcmpErrorEmbedded,
+        ),
+        one(
+            "icmp_error_about_a_pods_packet_sent_elsewhere",
+            icmp4_error(ROUTER4, INTERNET4, 3, 3, &udp4(POD4, INTERNET4, 53), 28),
+            Redirect,
+            R::RedirectIcmpErrorEmbedded,
+        ),
+        one(
+            "icmp_error_about_a_pods_packet_reported_to_it",
+            icmp4_error(ROUTER4, POD4, 11, 0, &udp4(POD4, INTERNET4, 53), 28),
+            Pass,
+            R::PassUnselectedSource,
+        ),
+        one(
+            "icmp_error_about_an_excluded_flow",
+            icmp4_error(ROUTER4, REMOTE4, 3, 1, &udp4(REMOTE4, POD4, 40000), 28),
+            Pass,
+            R::PassUnselectedSource,
+        ),
+        one(
+            "icmp_error_about_unselected_hosts",
+            icmp4_error(ROUTER4, INTERNET4, 3, 1, &udp4(INTERNET4, UNSELECTED4, 40000), 28),
+            Pass,
+            R::PassUnselectedSource,
+        ),
+        one(
+            "icmp_error_embedded_header_truncated",
+            icmp4_error(ROUTER4, INTERNET4, 3, 1, &udp4(INTERNET4, POD4, 40000), 19),
+            Pass,
+            R::PassUnselectedSource,
+        ),
+        one(
+            "icmp_query_is_not_judged_by_its_payload",
+            icmp4_error(ROUTER4, INTERNET4, 8, 0, &udp4(INTERNET4, POD4, 40000), 28),
+            Pass,
+            R::PassUnselectedSource,
+        ),
+        no_socket(one(
+            "icmp_error_embedded_no_socket",
+            icmp4_error(ROUTER4, INTERNET4, 3, 1, &udp4(INTERNET4, POD4, 40000), 28),
+            Drop,
+            R::DropNoSocketSteered,
+        )),
+        one(
+            "icmp6_error_about_packet_a_pod_received",
+            icmp6_error(router6(), remote6(), 1, &udp6(remote6(), pod6(), 40000), 48),
+            Redirect,
+            R::RedirectIcmpErrorEmbedded,
+        ),
+        one(
+            "icmp6_packet_too_big_about_a_pods_packet_sent_elsewhere",
+            icmp6_error(router6(), remote6(), 2, &tcp6(pod6(), remote6(), 443), 48),
+            Redirect,
+            R::RedirectIcmpErrorEmbedded,
+        ),
+        one(
+            "icmp6_error_about_a_pods_packet_reported_to_it",
+            icmp6_error(router6(), pod6(), 3, &udp6(pod6(), remote6(), 53), 48),
+            Pass,
+            R::PassUnselectedSource,
+        ),
+        one(
+            "icmp6_error_embedded_header_truncated",
+            icmp6_error(router6(), remote6(), 1, &udp6(remote6(), pod6(), 40000), 39),
+            Pass,
+            R::PassUnselectedSource,
+        ),
+        // Rule 5a: anti-spoofing by the receiving interface's role.
+        on(
+            ROLE_OUTSIDE,
+            0,
+            &[],
+            seq(
+                "outside_interface",
+                vec![
+                    (tcp4(POD4, INTERNET4, 443), Drop, R::DropSteeredOnOutside),
+                    (udp6(pod6(), remote6(), 53), Drop, R::DropSteeredOnOutside),
+                    (
+                        icmp4_error(ROUTER4, INTERNET4, 3, 1, &udp4(INTERNET4, POD4, 40000), 28),
+                        Drop,
+                        R::DropSteeredOnOutside,
+                    ),
+                    (frag4(POD4, INTERNET4, 30, 0, true, 53), Drop, R::DropSteeredOnOutside),
+                    (frag4(POD4, INTERNET4, 30, 9, false, 0), Drop, R::DropFragment),
+                    (frag4(POD4, INTERNET4, 31, 9, false, 0), Drop, R::DropSteeredOnOutside),
+                    // What the outside legitimately sends still works.
+                    (udp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
+                    (arp_request(EGRESS4), Redirect, R::RedirectArpOwned),
+                    (tcp4(UNSELECTED4, INTERNET4, 443), Pass, R::PassUnselectedSource),
+                    (tcp4(POD4, REMOTE4, 443), Pass, R::PassExcludedDestination),
+                ],
+            ),
+        ),
+        on(
+            ROLE_INSIDE,
+            0,
+            &[],
+            seq(
+                "inside_interface",
+                vec![
+                    (tcp4(POD4, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
+                    (udp6(pod6(), remote6(), 53), Redirect, R::RedirectSteeredSource),
+                ],
+            ),
+        ),
+        on(
+            ROLE_BOTH,
+            IF_CHECK_SRC_MAC,
+            &[PEER_MAC],
+            seq(
+                "one_arm_known_sender",
+                vec![
+                    (tcp4(POD4, INTERNET4, 443), Redirect, R::RedirectSteeredSource),
+                    (udp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
+                ],
+            ),
+        ),
+        on(
+            ROLE_BOTH,
+            IF_CHECK_SRC_MAC,
+            &[[0x02, 0, 0, 0, 0, 0x77]],
+            seq(
+                "one_arm_unknown_sender",
+                vec![
+                    (tcp4(POD4, INTERNET4, 443), Drop, R::DropSteeredFromUnknownMac),
+                    (udp6(pod6(), remote6(), 53), Drop, R::DropSteeredFromUnknownMac),
+                    (frag4(POD4, INTERNET4, 32, 9, false, 0), Drop, R::DropSteeredFromUnknownMac),
+                    // Replies from outside are not pods' traffic.
+                    (udp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
+                    (tcp4(UNSELECTED4, INTERNET4, 443), Pass, R::PassUnselectedSource),
+                ],
+            ),
+        ),
     ]
 }
 
@@ -686,6 +915,9 @@ fn fixture_table() {
         for f in &fixtures {
             let w = world(f.socket);
             w.prog.fp_set_enabled(fast_path).unwrap();
+            if let Some((role, macs)) = &f.role {
+                w.prog.set_interface_role(LO, *role, macs).unwrap();
+            }
             for (i, (frame, action, reason)) in f.steps.iter().enumerate() {
                 check(&w.prog, f.name, i, frame, *action, *reason);
             }
@@ -771,7 +1003,7 @@ fn fragment_decisions_are_stored_only_when_egret_had_an_opinion() {
     let w = world(true);
     let runs = [
         frag4(UNSELECTED4, INTERNET4, 1, 0, true, 53), // not stored
-        frag4(REMOTE4, EGRESS4, 2, 0, true, NAT_LO),   // stored
+        frag4(REMOTE4, EGRESS4, 2, 0, true, NAT_LO),   // stored apart (rule 4)
         frag4(POD4, INTERNET4, 3, 0, true, 53),        // stored
         udp4(POD4, INTERNET4, 53),                     // not a fragment
         frag4(POD4, INTERNET4, 4, 0, false, 53),       // not a fragment (MF clear, offset 0)
@@ -779,7 +1011,7 @@ fn fragment_decisions_are_stored_only_when_egret_had_an_opinion() {
     for f in &runs {
         w.prog.test_run(f).unwrap();
     }
-    assert_eq!(w.prog.fragment_decisions(), 2);
+    assert_eq!((w.prog.fragment_decisions(), w.prog.fragment_decisions_inbound()), (1, 1));
 }
 
 #[test]
@@ -788,7 +1020,10 @@ fn owned_addresses_round_trip_and_remove() {
     let a = IpAddr::from(Ipv4Addr::new(203, 0, 113, 20));
     assert_eq!(w.prog.owned(a).unwrap(), None);
     w.prog.set_owned(a, OwnedAddr::egress(1000, 2000)).unwrap();
-    assert_eq!(w.prog.owned(a).unwrap(), Some(OwnedAddr { nat_port_lo: 1000, nat_port_hi: 2000, flags: 3 }));
+    assert_eq!(
+        w.prog.owned(a).unwrap(),
+        Some(OwnedAddr { nat_port_lo: 1000, nat_port_hi: 2000, flags: 3, valid_until_ns: egret_bpf::VALID_FOREVER })
+    );
     check(&w.prog, "owned_new", 0, &udp4(REMOTE4, a_octets(a), 1500), Redirect, R::RedirectNatPort);
     assert!(w.prog.remove_owned(a).unwrap());
     assert!(!w.prog.remove_owned(a).unwrap());
@@ -797,6 +1032,35 @@ fn owned_addresses_round_trip_and_remove() {
     let e6 = IpAddr::from(egress6());
     assert!(w.prog.remove_owned(e6).unwrap());
     check(&w.prog, "owned6_removed", 0, &udp6(remote6(), egress6(), NAT_LO), Pass, R::PassUnselectedSource);
+}
+
+/// Issue 14 item 6: an owned address past its valid-until (the kernel's
+/// CLOCK_MONOTONIC, which `monotonic_ns` reads) is neither answered for
+/// (ARP, NS) nor steered to the workers (rule 4); before it, it is.
+#[test]
+fn owned_addresses_past_their_valid_until_are_not_served() {
+    let w = world(true);
+    let a = IpAddr::from(Ipv4Addr::new(203, 0, 113, 21));
+    let a6: [u8; 16] = v6("2001:db8:113::21");
+    let hour = 3_600_000_000_000u64;
+    for (addr, o) in [(a, OwnedAddr::egress(NAT_LO, NAT_HI)), (IpAddr::from(a6), OwnedAddr::egress(NAT_LO, NAT_HI))] {
+        w.prog.set_owned(addr, o.valid_until(egret_bpf::monotonic_ns() + hour)).unwrap();
+    }
+    check(&w.prog, "valid_arp", 0, &arp_request(a_octets(a)), Redirect, R::RedirectArpOwned);
+    check(&w.prog, "valid_nat", 0, &udp4(REMOTE4, a_octets(a), NAT_LO), Redirect, R::RedirectNatPort);
+    check(&w.prog, "valid_ns", 0, &ns(a6, false), Redirect, R::RedirectNsOwned);
+    check(&w.prog, "valid_nat6", 0, &udp6(remote6(), a6, NAT_LO), Redirect, R::RedirectNatPort);
+
+    for (addr, o) in [(a, OwnedAddr::egress(NAT_LO, NAT_HI)), (IpAddr::from(a6), OwnedAddr::egress(NAT_LO, NAT_HI))] {
+        w.prog.set_owned(addr, o.valid_until(egret_bpf::monotonic_ns())).unwrap();
+    }
+    check(&w.prog, "expired_arp", 0, &arp_request(a_octets(a)), Drop, R::DropNeighExpired);
+    check(&w.prog, "expired_nat", 0, &udp4(REMOTE4, a_octets(a), NAT_LO), Drop, R::DropEgressExpired);
+    check(&w.prog, "expired_ns", 0, &ns(a6, false), Drop, R::DropNeighExpired);
+    check(&w.prog, "expired_nat6", 0, &udp6(remote6(), a6, NAT_LO), Drop, R::DropEgressExpired);
+    // The other addresses (no deadline) are served as before.
+    check(&w.prog, "others_arp", 0, &arp_request(EGRESS4), Redirect, R::RedirectArpOwned);
+    check(&w.prog, "others_nat", 0, &udp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort);
 }
 
 fn a_octets(a: IpAddr) -> [u8; 4] {

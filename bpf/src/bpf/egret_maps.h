@@ -24,6 +24,10 @@
 /* owned_addr.flags */
 #define OWNED_NAT   1u /* this gateway translates for the address */
 #define OWNED_NEIGH 2u /* this gateway answers ARP/NDP for the address */
+#define OWNED_KERNEL_SERVICE 4u /* also a Service VIP (Kubernetes): its ports outside
+				* the NAT range, ICMP queries and other protocols
+				* are the kernel's (Service ingress); without this
+				* flag they are dropped (rule 4) */
 
 /* policy_rule.action */
 #define POLICY_EXCLUDE 0u
@@ -33,11 +37,23 @@
 #define EGRET_FAMILY_V4 4
 #define EGRET_FAMILY_V6 6
 
-/* Value of owned_v4 (key: __be32 address) and owned_v6 (key: struct egret_in6). */
+/* owned_addr.valid_until_ns / fp_config.valid_until_ns: no deadline
+ * (file mode: no Lease). */
+#define EGRET_VALID_FOREVER 0xffffffffffffffffULL
+
+/*
+ * Value of owned_v4 (key: __be32 address) and owned_v6 (key: struct egret_in6).
+ * valid_until_ns is the data plane's own fence (ADR 0004): the address is
+ * answered for and translated to only while bpf_ktime_get_ns()
+ * (CLOCK_MONOTONIC) is below it. The control plane moves it forward after
+ * each successful Lease renewal, never past the renewal's send time +
+ * renewDeadline.
+ */
 struct owned_addr {
 	__u16 nat_port_lo; /* host order, inclusive */
 	__u16 nat_port_hi; /* host order, inclusive */
 	__u32 flags;       /* OWNED_* */
+	__u64 valid_until_ns; /* CLOCK_MONOTONIC, exclusive; EGRET_VALID_FOREVER */
 };
 
 /* An IPv6 address as map key, network order. */
@@ -319,6 +335,12 @@ struct fp_config {
 	__u32 mask_v6; /* the same for fp_sessions_v6 */
 	__u32 pad;
 	__u64 seed;    /* fp_hash's seed, random per load */
+	/* The earliest valid_until_ns of the owned addresses, less the coarse
+	 * clock's lag (userspace: bpf/src/loader.rs fp_set_valid_until): no
+	 * entry is translated at or after it (EGRET_FP_PUNT_EXPIRED). One field
+	 * in the line the fast path reads anyway, instead of a lookup per
+	 * packet. */
+	__u64 valid_until_ns;
 };
 
 /* Value of fp_policy_traffic, index policy_slot * 2 + direction, per CPU. */
@@ -372,5 +394,111 @@ struct {
 	__type(key, __u32);
 	__type(value, struct fp_traffic);
 } fp_policy_traffic SEC(".maps");
+
+/* ------------------------------------------------------------------------
+ * Anti-spoofing (rule 5a): where a steered source may arrive from.
+ *
+ * if_roles gives the role of a receiving interface; the daemon writes one
+ * entry per attached interface before it attaches. Only inside and both
+ * interfaces carry pods' traffic: a selected source arriving on an outside
+ * interface is dropped. An interface with EGRET_IF_CHECK_SRC_MAC (one-arm:
+ * pods and the outside share the link) carries pods' traffic only from the
+ * link-layer senders listed in pod_macs (the node routers). An interface
+ * with no entry (BPF_PROG_TEST_RUN's loopback, a program not yet set up) is
+ * not restricted.
+ */
+#define EGRET_ROLE_BOTH    0u
+#define EGRET_ROLE_INSIDE  1u
+#define EGRET_ROLE_OUTSIDE 2u
+
+/* if_role.flags */
+#define EGRET_IF_CHECK_SRC_MAC 1u
+
+/* Value of if_roles (key: __u32 ifindex, host order). */
+struct if_role {
+	__u32 role;  /* EGRET_ROLE_* */
+	__u32 flags; /* EGRET_IF_* */
+};
+
+/* Key of pod_macs: a link-layer sender allowed to hand pods' traffic to
+ * the gateway on one interface. The value (__u32) is unused (1). */
+struct pod_mac_key {
+	__u32 ifindex;
+	__u8 mac[6];
+	__u8 pad[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8);
+	__type(key, __u32);
+	__type(value, struct if_role);
+} if_roles SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct pod_mac_key);
+	__type(value, __u32);
+} pod_macs SEC(".maps");
+
+/* ------------------------------------------------------------------------
+ * Mapped NAT ports (rule 4) and the inbound fragment decisions (rule 6).
+ *
+ * nat_port_slots gives an (egress address, protocol) a slot; nat_port_bits
+ * holds one bit per port for each slot: slot * EGRET_NAT_PORT_WORDS +
+ * port / 64, bit port % 64. The workers set a port's bit before the first
+ * packet of its first session leaves and clear it after its last session is
+ * gone (dataplane nat::table), through an mmap of the array. TCP/UDP to a
+ * NAT port whose bit is clear is dropped here (EGRET_DROP_UNMAPPED_NAT_PORT)
+ * instead of reaching the workers' queues; an (address, protocol) without a
+ * slot is not filtered (the workers judge it, as before).
+ */
+#define EGRET_NAT_PORT_WORDS 1024u /* 65536 ports / 64 */
+#define EGRET_NAT_PORT_SLOTS 256u  /* (egress address, protocol) pairs */
+
+/* Key of nat_port_slots. IPv4 addresses occupy the first 4 bytes of addr,
+ * the rest is zero. */
+struct nat_port_key {
+	__u8 addr[16];
+	__u8 family; /* EGRET_FAMILY_V4 or EGRET_FAMILY_V6 */
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[2];
+};
+
+/* Value of nat_port_slots. */
+struct nat_port_slot {
+	__u32 slot; /* < EGRET_NAT_PORT_SLOTS */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EGRET_NAT_PORT_SLOTS);
+	__type(key, struct nat_port_key);
+	__type(value, struct nat_port_slot);
+} nat_port_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EGRET_NAT_PORT_SLOTS * EGRET_NAT_PORT_WORDS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} nat_port_bits SEC(".maps");
+
+/*
+ * Rule 6's decisions for datagrams to an owned NAT address (rule 4), apart
+ * from frag_decisions (rule 5: pods' datagrams): anyone on the outside can
+ * send first fragments to an egress address, and in one LRU their entries
+ * would evict pods' decisions. Only redirects are stored here (a mapped NAT
+ * port, an ICMP error, an echo): a later fragment without an entry gets the
+ * same pass or drop a stored one would have given.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct frag_key);
+	__type(value, struct frag_decision);
+} frag_decisions_in SEC(".maps");
 
 #endif /* EGRET_MAPS_H */

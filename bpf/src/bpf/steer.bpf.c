@@ -23,16 +23,38 @@
  *    headers are walked in a bounded loop (at most EGRET_IPV6_MAX_EXT).
  * 4. Destination in owned_v4/owned_v6 with OWNED_NAT: TCP/UDP with the
  *    destination port in [nat_port_lo, nat_port_hi]: redirect; ICMP errors
- *    (v4 3, 11, 12; v6 1, 2, 3, 4) and echo replies (0, 129): redirect; echo
- *    requests, other ICMP, other ports, other protocols: PASS.
+ *    (v4 3, 11, 12; v6 1, 2, 3, 4) and echo replies (0, 129): redirect.
+ *    The rest depends on OWNED_KERNEL_SERVICE (the address is also a
+ *    Service VIP, whose ingress the kernel serves): with it, other ports,
+ *    ICMP queries and other protocols PASS; without it (the kernel does not
+ *    own the address) echo requests are redirected (the workers answer
+ *    them) and everything else is DROPPED.
+ *    4a. TCP/UDP to a NAT port that no session maps (nat_port_bits, written
+ *    by the workers) is DROPPED: unsolicited floods never reach the
+ *    workers' queues, where ARP/NDP requests wait too.
  * 5. Otherwise classify: policy_src LPM(source) -> class;
  *    policy_dst LPM(class, destination) -> steer: redirect; exclude or no
  *    match: PASS. Addresses only, so it also judges non-first fragments and
  *    packets whose upper layers we could not parse.
+ *    5b. An ICMP error rule 5 does not steer is judged by its embedded
+ *    header too (RFC 5508 section 4): if the embedded packet is one a
+ *    steered source received (embedded destination -> embedded source
+ *    steers), or one it sent that is not being reported back to it
+ *    (embedded source -> destination steers, outer destination is not the
+ *    embedded source), redirect: the workers translate it by its session or
+ *    drop it; passed, the kernel would forward a pod's address.
+ *    5a. Anti-spoofing, for every redirect of rules 5 and 5b (and later
+ *    fragments steered by rule 5): the receiving interface's if_roles entry
+ *    must allow pods' traffic: role outside DROPS; with
+ *    EGRET_IF_CHECK_SRC_MAC the Ethernet source must be in pod_macs, or
+ *    DROP. An interface without an entry is not restricted.
  * 6. Fragments: a first fragment is judged by rules 4-5 and its reason stored
- *    in frag_decisions under (src, dst, id, protocol); later fragments follow
- *    the stored decision. A later fragment without one: rule 5 if the
- *    destination is not an OWNED_NAT address, otherwise PASS.
+ *    under (src, dst, id, protocol): rule 5's in frag_decisions, rule 4's
+ *    redirects only in frag_decisions_in (outside senders cannot evict
+ *    pods' decisions); later fragments follow
+ *    the stored decision (a drop too). A later fragment without one: rule 5
+ *    if the destination is not an OWNED_NAT address; PASS to a Service VIP;
+ *    DROP to another egress address.
  * 7. A redirect first checks that the receiving (interface, queue) has a
  *    socket: xsk_slots gives the interface's slot, xsks_map is keyed by
  *    slot * EGRET_XSK_QUEUES_PER_SLOT + queue. If not:
@@ -56,6 +78,7 @@
 /* ICMP types (RFC 792); <linux/icmp.h> would pull in glibc's socket headers. */
 #define EGRET_ICMP_ECHOREPLY 0
 #define EGRET_ICMP_DEST_UNREACH 3
+#define EGRET_ICMP_ECHO 8
 #define EGRET_ICMP_TIME_EXCEEDED 11
 #define EGRET_ICMP_PARAMETERPROB 12
 
@@ -64,7 +87,11 @@
 #define EGRET_ICMPV6_PKT_TOOBIG 2
 #define EGRET_ICMPV6_TIME_EXCEED 3
 #define EGRET_ICMPV6_PARAMPROB 4
+#define EGRET_ICMPV6_ECHO_REQUEST 128
 #define EGRET_ICMPV6_ECHO_REPLY 129
+
+/* Length of the ICMP/ICMPv6 error header before the embedded packet. */
+#define EGRET_ICMP_ERROR_HDR_LEN 8
 
 /* ICMPv6 Neighbor Discovery message types (RFC 4861 section 4). */
 #define EGRET_ND_ROUTER_SOLICIT 133
@@ -126,10 +153,53 @@ static __always_inline int reason_redirects(__u32 reason)
 	case EGRET_REDIRECT_ICMP_TO_EGRESS:
 	case EGRET_REDIRECT_STEERED_SOURCE:
 	case EGRET_REDIRECT_FRAGMENT_STEERED_SOURCE:
+	case EGRET_REDIRECT_ICMP_ERROR_EMBEDDED:
+	case EGRET_REDIRECT_ECHO_TO_EGRESS:
 		return 1;
 	default:
 		return 0;
 	}
+}
+
+static __always_inline int reason_drops(__u32 reason)
+{
+	switch (reason) {
+	case EGRET_DROP_STEERED_ON_OUTSIDE:
+	case EGRET_DROP_STEERED_FROM_UNKNOWN_MAC:
+	case EGRET_DROP_UNSERVED_TO_EGRESS:
+	case EGRET_DROP_FRAGMENT:
+	case EGRET_DROP_NEIGH_EXPIRED:
+	case EGRET_DROP_EGRESS_EXPIRED:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* Rule 5a: may a frame that rules 5/5b would steer arrive where it did?
+ * `steer` is the reason a redirect would be counted under; the answer is
+ * that reason or the drop that replaces it. */
+static __always_inline __u32 check_ingress(struct xdp_md *ctx, __u32 steer)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 ifindex = ctx->ingress_ifindex;
+	struct if_role *role = bpf_map_lookup_elem(&if_roles, &ifindex);
+	struct pod_mac_key key = { .ifindex = ifindex };
+	struct ethhdr *eth = data;
+
+	if (!role)
+		return steer;
+	if (role->role == EGRET_ROLE_OUTSIDE)
+		return EGRET_DROP_STEERED_ON_OUTSIDE;
+	if (!(role->flags & EGRET_IF_CHECK_SRC_MAC))
+		return steer;
+	if ((void *)(eth + 1) > data_end)
+		return EGRET_DROP_STEERED_FROM_UNKNOWN_MAC;
+	__builtin_memcpy(key.mac, eth->h_source, sizeof(key.mac));
+	if (!bpf_map_lookup_elem(&pod_macs, &key))
+		return EGRET_DROP_STEERED_FROM_UNKNOWN_MAC;
+	return steer;
 }
 
 /*
@@ -148,7 +218,19 @@ static __always_inline int apply(struct xdp_md *ctx, __u32 counted, __u32 decide
 		return redirect_or(ctx, counted, EGRET_DROP_NO_SOCKET_TO_EGRESS, XDP_DROP);
 	case EGRET_REDIRECT_STEERED_SOURCE:
 	case EGRET_REDIRECT_FRAGMENT_STEERED_SOURCE:
+	case EGRET_REDIRECT_ICMP_ERROR_EMBEDDED:
 		return redirect_or(ctx, counted, EGRET_DROP_NO_SOCKET_STEERED, XDP_DROP);
+	case EGRET_REDIRECT_ECHO_TO_EGRESS:
+		return redirect_or(ctx, counted, EGRET_DROP_NO_SOCKET_TO_EGRESS, XDP_DROP);
+	case EGRET_DROP_STEERED_ON_OUTSIDE:
+	case EGRET_DROP_STEERED_FROM_UNKNOWN_MAC:
+	case EGRET_DROP_UNSERVED_TO_EGRESS:
+	case EGRET_DROP_FRAGMENT:
+	case EGRET_DROP_UNMAPPED_NAT_PORT:
+	case EGRET_DROP_NEIGH_EXPIRED:
+	case EGRET_DROP_EGRESS_EXPIRED:
+		count(counted);
+		return XDP_DROP;
 	default:
 		count(counted);
 		return XDP_PASS;
@@ -159,6 +241,22 @@ static __always_inline int pass(__u32 reason)
 {
 	count(reason);
 	return XDP_PASS;
+}
+
+/* Whether an owned address may still be served: before its valid_until_ns
+ * on the kernel's CLOCK_MONOTONIC (egret_maps.h). The clock is read only
+ * for an address with a deadline. */
+static __always_inline int owned_live(const struct owned_addr *owned)
+{
+	return owned->valid_until_ns == EGRET_VALID_FOREVER || bpf_ktime_get_ns() < owned->valid_until_ns;
+}
+
+/* Rule 4 past the deadline: nothing goes to the workers for the address. */
+static __always_inline __u32 check_live(const struct owned_addr *owned, __u32 reason)
+{
+	if (reason_redirects(reason) && !owned_live(owned))
+		return EGRET_DROP_EGRESS_EXPIRED;
+	return reason;
 }
 
 /* Rule 2 (RFC 826): only Ethernet/IPv4 requests for an owned target. */
@@ -181,6 +279,8 @@ static __always_inline int handle_arp(struct xdp_md *ctx, void *l3, void *data_e
 	owned = bpf_map_lookup_elem(&owned_v4, &target);
 	if (!owned || !(owned->flags & OWNED_NEIGH))
 		return pass(EGRET_PASS_ARP_NOT_OWNED);
+	if (!owned_live(owned))
+		return apply(ctx, EGRET_DROP_NEIGH_EXPIRED, EGRET_DROP_NEIGH_EXPIRED);
 	return apply(ctx, EGRET_REDIRECT_ARP_OWNED, EGRET_REDIRECT_ARP_OWNED);
 }
 
@@ -196,10 +296,15 @@ static __always_inline int icmp_belongs_to_nat(__u8 type, int v6)
 	       type == EGRET_ICMP_PARAMETERPROB || type == EGRET_ICMP_ECHOREPLY;
 }
 
-/* Rule 4: traffic to an OWNED_NAT address, judged by its upper layer. */
+/* Rule 4: traffic to an OWNED_NAT address, judged by its upper layer. What
+ * Egret does not serve is the kernel's on a Service VIP
+ * (OWNED_KERNEL_SERVICE) and dropped elsewhere: the kernel does not own the
+ * address, it would fail to resolve it or send the packet back upstream. */
 static __always_inline __u32 judge_to_egress(const struct owned_addr *owned, __u8 proto, void *l4,
 					     void *data_end, int v6)
 {
+	int kernel = owned->flags & OWNED_KERNEL_SERVICE;
+
 	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) {
 		struct egret_ports *ports = l4;
 		__u16 port;
@@ -209,7 +314,7 @@ static __always_inline __u32 judge_to_egress(const struct owned_addr *owned, __u
 		port = bpf_ntohs(ports->dest);
 		if (port >= owned->nat_port_lo && port <= owned->nat_port_hi)
 			return EGRET_REDIRECT_NAT_PORT;
-		return EGRET_PASS_SERVICE_PORT;
+		return kernel ? EGRET_PASS_SERVICE_PORT : EGRET_DROP_UNSERVED_TO_EGRESS;
 	}
 	if (proto == (v6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP)) {
 		__u8 *type = l4;
@@ -218,9 +323,22 @@ static __always_inline __u32 judge_to_egress(const struct owned_addr *owned, __u
 			return EGRET_PASS_MALFORMED;
 		if (icmp_belongs_to_nat(*type, v6))
 			return EGRET_REDIRECT_ICMP_TO_EGRESS;
-		return EGRET_PASS_ICMP_QUERY_TO_EGRESS;
+		if (kernel)
+			return EGRET_PASS_ICMP_QUERY_TO_EGRESS;
+		if (*type == (v6 ? EGRET_ICMPV6_ECHO_REQUEST : EGRET_ICMP_ECHO))
+			return EGRET_REDIRECT_ECHO_TO_EGRESS;
+		return EGRET_DROP_UNSERVED_TO_EGRESS;
 	}
-	return EGRET_PASS_OTHER_PROTO_TO_EGRESS;
+	return kernel ? EGRET_PASS_OTHER_PROTO_TO_EGRESS : EGRET_DROP_UNSERVED_TO_EGRESS;
+}
+
+/* Rule 5b: ICMP error types (RFC 792; RFC 4443 section 2.1). */
+static __always_inline int icmp_is_error(__u8 type, int v6)
+{
+	if (v6)
+		return type >= EGRET_ICMPV6_DEST_UNREACH && type <= EGRET_ICMPV6_PARAMPROB;
+	return type == EGRET_ICMP_DEST_UNREACH || type == EGRET_ICMP_TIME_EXCEEDED ||
+	       type == EGRET_ICMP_PARAMETERPROB;
 }
 
 /* Rule 5 for IPv4: two longest-prefix lookups (docs/architecture.md,
@@ -246,21 +364,21 @@ static __always_inline __u32 classify_v4(__be32 src, __be32 dst)
 					    : EGRET_PASS_EXCLUDED_DESTINATION;
 }
 
-/* Rule 5 for IPv6. */
-static __always_inline __u32 classify_v6(const struct ipv6hdr *ip6)
+/* Rule 5 for IPv6, on two addresses (`src`, `dst`: 16 bytes each). */
+static __always_inline __u32 classify_v6_addrs(const void *src, const void *dst)
 {
 	struct policy_src_v6_key skey = { .prefixlen = 128 };
 	struct policy_dst_v6_key dkey = { .prefixlen = 32 + 128 };
 	struct policy_class *class;
 	struct policy_rule *rule;
 
-	__builtin_memcpy(skey.addr, &ip6->saddr, sizeof(skey.addr));
+	__builtin_memcpy(skey.addr, src, sizeof(skey.addr));
 	class = bpf_map_lookup_elem(&policy_src_v6, &skey);
 	if (!class)
 		return EGRET_PASS_UNSELECTED_SOURCE;
 
 	dkey.class_id = bpf_htonl(class->class_id);
-	__builtin_memcpy(dkey.addr, &ip6->daddr, sizeof(dkey.addr));
+	__builtin_memcpy(dkey.addr, dst, sizeof(dkey.addr));
 	rule = bpf_map_lookup_elem(&policy_dst_v6, &dkey);
 	if (!rule)
 		return EGRET_PASS_UNMATCHED_DESTINATION;
@@ -268,16 +386,142 @@ static __always_inline __u32 classify_v6(const struct ipv6hdr *ip6)
 					    : EGRET_PASS_EXCLUDED_DESTINATION;
 }
 
+/* Rule 5 for an IPv6 header. */
+static __always_inline __u32 classify_v6(const struct ipv6hdr *ip6)
+{
+	return classify_v6_addrs(&ip6->saddr, &ip6->daddr);
+}
+
+/* Rule 5b for IPv4: `reason` is rule 5's answer for the outer header, kept
+ * unless the message is an ICMP error about a steered source's packet. The
+ * embedded header must be a whole IPv4 header (the engine's
+ * nat::icmp_error reads the same bytes). */
+static __always_inline __u32 judge_icmp_error_v4(__u32 reason, __u8 proto, void *l4, void *data_end,
+						 __be32 outer_dst)
+{
+	__u8 *type = l4;
+	struct iphdr *inner = l4 + EGRET_ICMP_ERROR_HDR_LEN;
+
+	if (reason == EGRET_REDIRECT_STEERED_SOURCE || proto != IPPROTO_ICMP)
+		return reason;
+	if ((void *)(type + 1) > data_end || !icmp_is_error(*type, 0))
+		return reason;
+	if ((void *)(inner + 1) > data_end || inner->version != 4 || inner->ihl < 5)
+		return reason;
+	/* About a packet the steered source received (RFC 5508 section 4.2:
+	 * the error travels out, as the session's outbound direction). */
+	if (classify_v4(inner->daddr, inner->saddr) == EGRET_REDIRECT_STEERED_SOURCE)
+		return EGRET_REDIRECT_ICMP_ERROR_EMBEDDED;
+	/* About a packet it sent, reported somewhere other than to it. */
+	if (inner->saddr != outer_dst &&
+	    classify_v4(inner->saddr, inner->daddr) == EGRET_REDIRECT_STEERED_SOURCE)
+		return EGRET_REDIRECT_ICMP_ERROR_EMBEDDED;
+	return reason;
+}
+
+static __always_inline int in6_equal(const __u8 *a, const __u8 *b)
+{
+	__u8 diff = 0;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 16; i++)
+		diff |= a[i] ^ b[i];
+	return diff == 0;
+}
+
+/* Rule 5b for IPv6 (embedded extension headers are not walked: the
+ * addresses are in the fixed header). */
+static __always_inline __u32 judge_icmp_error_v6(__u32 reason, __u8 proto, void *l4, void *data_end,
+						 const struct ipv6hdr *outer)
+{
+	__u8 *type = l4;
+	struct ipv6hdr *inner;
+
+	if (reason == EGRET_REDIRECT_STEERED_SOURCE || proto != IPPROTO_ICMPV6 || !l4)
+		return reason;
+	inner = l4 + EGRET_ICMP_ERROR_HDR_LEN;
+	if ((void *)(type + 1) > data_end || !icmp_is_error(*type, 1))
+		return reason;
+	if ((void *)(inner + 1) > data_end || inner->version != 6)
+		return reason;
+	if (classify_v6_addrs(&inner->daddr, &inner->saddr) == EGRET_REDIRECT_STEERED_SOURCE)
+		return EGRET_REDIRECT_ICMP_ERROR_EMBEDDED;
+	if (!in6_equal((const __u8 *)&inner->saddr, (const __u8 *)&outer->daddr) &&
+	    classify_v6_addrs(&inner->saddr, &inner->daddr) == EGRET_REDIRECT_STEERED_SOURCE)
+		return EGRET_REDIRECT_ICMP_ERROR_EMBEDDED;
+	return reason;
+}
+
+/* Rule 4a's lookup, a global function: the verifier checks it once, on its
+ * own, instead of on every path of the entry point that reaches it (the
+ * entry would exceed the verifier's instruction budget). The destination
+ * address comes as four words (IPv4: a0 only), `fpp` packs the family
+ * (bits 24-31), the protocol (16-23) and the port (0-15). Returns 0 when the
+ * (address, protocol) is tracked and no session maps the port, else 1. */
+__attribute__((noinline)) int egret_nat_port_mapped(__u32 a0, __u32 a1, __u32 a2, __u32 a3, __u32 fpp)
+{
+	struct nat_port_key key = {};
+	struct nat_port_slot *slot;
+	__u16 port = fpp & 0xffff;
+	__u64 *word;
+	__u32 index;
+
+	key.family = fpp >> 24;
+	key.proto = (fpp >> 16) & 0xff;
+	__builtin_memcpy(&key.addr[0], &a0, 4);
+	__builtin_memcpy(&key.addr[4], &a1, 4);
+	__builtin_memcpy(&key.addr[8], &a2, 4);
+	__builtin_memcpy(&key.addr[12], &a3, 4);
+	slot = bpf_map_lookup_elem(&nat_port_slots, &key);
+	if (!slot || slot->slot >= EGRET_NAT_PORT_SLOTS)
+		return 1;
+	index = slot->slot * EGRET_NAT_PORT_WORDS + (port >> 6);
+	word = bpf_map_lookup_elem(&nat_port_bits, &index);
+	if (!word)
+		return 1;
+	return (*word >> (port & 63)) & 1;
+}
+
+/* Rule 4a: a NAT-port redirect stands only if a session maps the port
+ * (nat_port_bits); `addr` is the destination, 4 or 16 bytes. An (address,
+ * protocol) without a slot is not filtered. */
+static __always_inline __u32 check_mapped(__u32 reason, const void *addr, __u8 family, __u8 proto,
+					  void *l4, void *data_end)
+{
+	struct egret_ports *ports = l4;
+	__u32 a[4] = {};
+
+	if (reason != EGRET_REDIRECT_NAT_PORT || (void *)(ports + 1) > data_end)
+		return reason;
+	if (family == EGRET_FAMILY_V4)
+		__builtin_memcpy(a, addr, 4);
+	else
+		__builtin_memcpy(a, addr, 16);
+	if (egret_nat_port_mapped(a[0], a[1], a[2], a[3],
+				  ((__u32)family << 24) | ((__u32)proto << 16) | bpf_ntohs(ports->dest)))
+		return reason;
+	return EGRET_DROP_UNMAPPED_NAT_PORT;
+}
+
 /* Rule 6: a first fragment's reason is worth storing when Egret had an
  * opinion about the datagram (rule 4, or rule 5 with a classified source).
  * Unrelated traffic (unselected sources) is not stored: a later fragment
  * without an entry reaches the same answer through rule 5. */
-static __always_inline void remember_fragment(const struct frag_key *key, __u32 reason)
+static __always_inline void remember_fragment(const struct frag_key *key, __u32 reason, int to_egress)
 {
 	struct frag_decision decision = { .reason = reason };
 
 	if (reason == EGRET_PASS_UNSELECTED_SOURCE || reason == EGRET_PASS_MALFORMED)
 		return;
+	/* Rule 4's decisions live apart (frag_decisions_in), and only its
+	 * redirects: outside senders reach rule 4 at will, and must not evict
+	 * pods' decisions nor, with unmapped ports, the replies' decisions. */
+	if (to_egress) {
+		if (reason_redirects(reason))
+			bpf_map_update_elem(&frag_decisions_in, key, &decision, BPF_ANY);
+		return;
+	}
 	bpf_map_update_elem(&frag_decisions, key, &decision, BPF_ANY);
 }
 
@@ -286,20 +530,35 @@ static __always_inline void remember_fragment(const struct frag_key *key, __u32 
 static __always_inline int later_fragment(struct xdp_md *ctx, const struct frag_key *key,
 					  const struct owned_addr *owned_dst, __u32 by_policy)
 {
-	struct frag_decision *stored = bpf_map_lookup_elem(&frag_decisions, key);
+	struct frag_decision *stored;
+
+	if (owned_dst && (owned_dst->flags & OWNED_NAT))
+		stored = bpf_map_lookup_elem(&frag_decisions_in, key);
+	else
+		stored = bpf_map_lookup_elem(&frag_decisions, key);
 
 	if (stored) {
 		__u32 decided = stored->reason;
 
-		if (reason_redirects(decided))
+		if (reason_redirects(decided)) {
+			if (owned_dst && (owned_dst->flags & OWNED_NAT) && !owned_live(owned_dst))
+				return apply(ctx, EGRET_DROP_EGRESS_EXPIRED, EGRET_DROP_EGRESS_EXPIRED);
 			return apply(ctx, EGRET_REDIRECT_FRAGMENT, decided);
+		}
+		if (reason_drops(decided))
+			return apply(ctx, EGRET_DROP_FRAGMENT, EGRET_DROP_FRAGMENT);
 		return pass(EGRET_PASS_FRAGMENT);
 	}
-	if (owned_dst && (owned_dst->flags & OWNED_NAT))
-		return pass(EGRET_PASS_FRAGMENT_UNKNOWN);
-	if (by_policy == EGRET_REDIRECT_STEERED_SOURCE)
-		return apply(ctx, EGRET_REDIRECT_FRAGMENT_STEERED_SOURCE,
-			     EGRET_REDIRECT_FRAGMENT_STEERED_SOURCE);
+	if (owned_dst && (owned_dst->flags & OWNED_NAT)) {
+		if (owned_dst->flags & OWNED_KERNEL_SERVICE)
+			return pass(EGRET_PASS_FRAGMENT_UNKNOWN);
+		return apply(ctx, EGRET_DROP_FRAGMENT, EGRET_DROP_FRAGMENT);
+	}
+	if (by_policy == EGRET_REDIRECT_STEERED_SOURCE) {
+		__u32 reason = check_ingress(ctx, EGRET_REDIRECT_FRAGMENT_STEERED_SOURCE);
+
+		return apply(ctx, reason, reason);
+	}
 	return pass(EGRET_PASS_FRAGMENT_UNKNOWN);
 }
 
@@ -336,13 +595,19 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *data_
 			return later_fragment(ctx, &fkey, owned, classify_v4(ip->saddr, daddr));
 	}
 
-	if (owned && (owned->flags & OWNED_NAT))
+	if (owned && (owned->flags & OWNED_NAT)) {
 		reason = judge_to_egress(owned, ip->protocol, l4, data_end, 0);
-	else
+		reason = check_mapped(reason, &daddr, EGRET_FAMILY_V4, ip->protocol, l4, data_end);
+		reason = check_live(owned, reason);
+	} else {
 		reason = classify_v4(ip->saddr, daddr);
+		reason = judge_icmp_error_v4(reason, ip->protocol, l4, data_end, daddr);
+		if (reason_redirects(reason))
+			reason = check_ingress(ctx, reason);
+	}
 
 	if (frag & EGRET_IP_MF)
-		remember_fragment(&fkey, reason);
+		remember_fragment(&fkey, reason, owned && (owned->flags & OWNED_NAT));
 	return apply(ctx, reason, reason);
 }
 
@@ -374,7 +639,7 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *data_
 						     : EGRET_PASS_MALFORMED;
 		if (!(owned && (owned->flags & OWNED_NAT)) &&
 		    classify_v6(ip6) == EGRET_REDIRECT_STEERED_SOURCE)
-			reason = EGRET_REDIRECT_STEERED_SOURCE;
+			reason = check_ingress(ctx, EGRET_REDIRECT_STEERED_SOURCE);
 		return apply(ctx, reason, reason);
 	}
 
@@ -406,19 +671,27 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *data_
 			target_owned = bpf_map_lookup_elem(&owned_v6, &target);
 			if (!target_owned || !(target_owned->flags & OWNED_NEIGH))
 				return pass(EGRET_PASS_NS_NOT_OWNED);
+			if (!owned_live(target_owned))
+				return apply(ctx, EGRET_DROP_NEIGH_EXPIRED, EGRET_DROP_NEIGH_EXPIRED);
 			return apply(ctx, EGRET_REDIRECT_NS_OWNED, EGRET_REDIRECT_NS_OWNED);
 		}
 		if (ns->type >= EGRET_ND_ROUTER_SOLICIT && ns->type <= EGRET_ND_REDIRECT)
 			return pass(EGRET_PASS_NDP_OTHER);
 	}
 
-	if (owned && (owned->flags & OWNED_NAT))
+	if (owned && (owned->flags & OWNED_NAT)) {
 		reason = judge_to_egress(owned, layout.proto, layout.l4, data_end, 1);
-	else
+		reason = check_mapped(reason, daddr.addr, EGRET_FAMILY_V6, layout.proto, layout.l4, data_end);
+		reason = check_live(owned, reason);
+	} else {
 		reason = classify_v6(ip6);
+		reason = judge_icmp_error_v6(reason, layout.proto, layout.l4, data_end, ip6);
+		if (reason_redirects(reason))
+			reason = check_ingress(ctx, reason);
+	}
 
 	if (layout.is_fragment)
-		remember_fragment(&fkey, reason);
+		remember_fragment(&fkey, reason, owned && (owned->flags & OWNED_NAT));
 	return apply(ctx, reason, reason);
 }
 

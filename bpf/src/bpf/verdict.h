@@ -71,8 +71,37 @@ enum egret_verdict_reason {
 	EGRET_TX_FAST_PATH = 25,
 	/* Rule 0: translated by the fast path, redirected to another interface. */
 	EGRET_REDIRECT_FAST_PATH = 26,
+	/* Rule 5a (anti-spoofing): a source rule 5 or 5b would steer, arriving
+	 * on an outside interface (if_roles). Passing it would let the kernel
+	 * forward it; redirecting it would let it leave as an egress IP. */
+	EGRET_DROP_STEERED_ON_OUTSIDE = 27,
+	/* Rule 5a: the same on an interface that checks link-layer senders
+	 * (EGRET_IF_CHECK_SRC_MAC), from a sender not in pod_macs. */
+	EGRET_DROP_STEERED_FROM_UNKNOWN_MAC = 28,
+	/* Rule 5b: an ICMP error whose outer addresses rule 5 does not steer,
+	 * about a packet a steered source sent or received (its embedded
+	 * header, RFC 5508 section 4): the workers translate or drop it. */
+	EGRET_REDIRECT_ICMP_ERROR_EMBEDDED = 29,
+	/* Rule 4: echo request to an egress address that is not a Service VIP:
+	 * the workers answer it (rate-limited). */
+	EGRET_REDIRECT_ECHO_TO_EGRESS = 30,
+	/* Rule 4: to an egress address that is not a Service VIP, anything but
+	 * the NAT ports, ICMP errors, echo: the kernel does not own it. */
+	EGRET_DROP_UNSERVED_TO_EGRESS = 31,
+	/* Rule 6: a later fragment following its first fragment's drop, or
+	 * with no stored decision to an egress address that is not a VIP. */
+	EGRET_DROP_FRAGMENT = 32,
+	/* Rule 4: TCP/UDP to a NAT port no session maps (nat_port_bits): an
+	 * unsolicited packet, dropped before it can take a worker's queue. */
+	EGRET_DROP_UNMAPPED_NAT_PORT = 33,
+	/* Rules 2/3: ARP request or Neighbor Solicitation for an owned target
+	 * past its valid_until_ns (its Lease may be another gateway's now). */
+	EGRET_DROP_NEIGH_EXPIRED = 34,
+	/* Rule 4: what would go to the workers for an owned egress address
+	 * past its valid_until_ns. */
+	EGRET_DROP_EGRESS_EXPIRED = 35,
 
-	EGRET_VERDICT_COUNT = 27,
+	EGRET_VERDICT_COUNT = 36,
 };
 
 #endif /* EGRET_VERDICT_H */

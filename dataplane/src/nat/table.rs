@@ -84,6 +84,26 @@ pub trait OffloadHook<A>: Send + Sync {
     fn remove(&self, view: &SessionView<A>);
 }
 
+/// The XDP program's mapped-port filter as the NAT sees it (rule 4a in
+/// steer.bpf.c; the daemon implements it over `egret_bpf::MappedPorts`).
+///
+/// The NAT counts the sessions using each (egress IP, protocol, port) and
+/// marks the port mapped when the first one is inserted, before the packet
+/// that created it is sent (so no reply can come back to a port still
+/// marked unmapped), and unmapped once the last one is removed. An
+/// endpoint-independent mapping lives exactly as long as its sessions, so
+/// its port stays reachable from any remote while it lives.
+pub trait PortMapHook<A>: Send + Sync {
+    /// Starts filtering (`egress`, `proto`): its NAT ports no session uses
+    /// are dropped by the program from now on.
+    fn track(&self, egress: A, proto: u8);
+    /// Marks `port` of (`egress`, `proto`) mapped or not. Calls for one port
+    /// are serialised by the NAT.
+    fn set(&self, egress: A, proto: u8, port: u16, mapped: bool);
+    /// Stops filtering `egress` (this gateway no longer holds it).
+    fn forget(&self, egress: A);
+}
+
 /// Sessions waiting to be offloaded, per family.
 pub(crate) const OFFLOAD_QUEUE: usize = 8192;
 
@@ -98,6 +118,9 @@ pub struct NatTable<A: NatAddr> {
     per_source: DashMap<A, u32, ahash::RandomState>,
     offload_hook: OnceLock<Arc<dyn OffloadHook<A>>>,
     offload_queue: ArrayQueue<(u32, u32)>,
+    port_map_hook: OnceLock<Arc<dyn PortMapHook<A>>>,
+    /// Sessions per (egress IP, protocol, port), while a port map is connected.
+    port_users: DashMap<(A, u8, u16), u32, ahash::RandomState>,
 }
 
 impl<A: NatAddr> std::fmt::Debug for NatTable<A> {
@@ -121,6 +144,74 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             per_source: DashMap::with_hasher(ahash::RandomState::new()),
             offload_hook: OnceLock::new(),
             offload_queue: ArrayQueue::new(OFFLOAD_QUEUE),
+            port_map_hook: OnceLock::new(),
+            port_users: DashMap::with_hasher(ahash::RandomState::new()),
+        }
+    }
+
+    /// Connects the XDP program's mapped-port filter (once, before traffic).
+    pub fn set_port_map_hook(&self, hook: Arc<dyn PortMapHook<A>>) -> bool {
+        self.port_map_hook.set(hook).is_ok()
+    }
+
+    /// Starts filtering the TCP and UDP NAT ports of an egress IP this
+    /// gateway now holds (the engine calls it on every publish).
+    pub fn track_egress(&self, egress: A) {
+        if let Some(h) = self.port_map_hook.get() {
+            h.track(egress, proto::TCP);
+            h.track(egress, proto::UDP);
+        }
+    }
+
+    /// Forgets an egress IP this gateway no longer holds: its pools,
+    /// mappings and port filter.
+    pub fn forget_egress(&self, egress: A) {
+        self.mappings.forget_egress(egress);
+        if let Some(h) = self.port_map_hook.get() {
+            self.port_users.retain(|k, _| k.0 != egress);
+            h.forget(egress);
+        }
+    }
+
+    /// Sessions using (egress, proto, port) while a port map is connected.
+    pub fn port_users(&self, egress: A, proto: u8, port: u16) -> u32 {
+        self.port_users.get(&(egress, proto, port)).map_or(0, |v| *v)
+    }
+
+    /// Inserts a session, its port marked mapped first (so the mark is never
+    /// behind a session another worker could already remove).
+    fn insert_marked(&self, tuple: &SessionTuple<A>, init: &SessionInit) -> Result<SessionView<A>, InsertError> {
+        self.port_used(tuple);
+        let r = self.sessions.insert(tuple, init);
+        if r.is_err() {
+            self.port_unused(tuple);
+        }
+        r
+    }
+
+    /// A session now uses its external port: the first marks it mapped.
+    fn port_used(&self, t: &SessionTuple<A>) {
+        let Some(h) = self.port_map_hook.get() else { return };
+        if t.proto != proto::TCP && t.proto != proto::UDP {
+            return;
+        }
+        // The entry's shard lock serialises this port's set and clear.
+        let mut n = self.port_users.entry((t.egress, t.proto, t.egress_port)).or_insert(0);
+        if *n == 0 {
+            h.set(t.egress, t.proto, t.egress_port, true);
+        }
+        *n += 1;
+    }
+
+    /// A session no longer uses its external port: the last marks it unmapped.
+    fn port_unused(&self, t: &SessionTuple<A>) {
+        let Some(h) = self.port_map_hook.get() else { return };
+        if let dashmap::Entry::Occupied(mut o) = self.port_users.entry((t.egress, t.proto, t.egress_port)) {
+            *o.get_mut() = o.get().saturating_sub(1);
+            if *o.get() == 0 {
+                h.set(t.egress, t.proto, t.egress_port, false);
+                o.remove();
+            }
         }
     }
 
@@ -270,6 +361,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         });
         let Some(v) = removed else { return false };
         let t = &v.tuple;
+        self.port_unused(t);
         if v.flags & session_flags::HAS_MAPPING != 0 {
             self.mappings.release(t.egress, t.pod, t.pod_port, t.proto, t.egress_port);
         } else if let Some(pool) = self.mappings.existing_pool(t.egress, t.proto) {
@@ -398,7 +490,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             tuple.egress_port = acquired.port();
             init.flags |= session_flags::HAS_MAPPING;
             init.deltas = (ctx.deltas)(&tuple);
-            let r = self.sessions.insert(&tuple, &init);
+            let r = self.insert_marked(&tuple, &init);
             if r.is_err() {
                 self.mappings.release(egress, req.pod, req.pod_port, req.proto, tuple.egress_port);
             } else {
@@ -424,7 +516,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                     continue;
                 }
                 init.deltas = (ctx.deltas)(&tuple);
-                r = self.sessions.insert(&tuple, &init);
+                r = self.insert_marked(&tuple, &init);
                 match r {
                     Err(InsertError::InboundTaken) => continue,
                     Ok(_) => {
@@ -518,7 +610,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 | session_flags::INBOUND_CREATED
                 | if tables.owns_egress(key.src.ip()) { session_flags::HAIRPIN } else { 0 },
         };
-        match self.sessions.insert(&tuple, &init) {
+        match self.insert_marked(&tuple, &init) {
             Ok(v) => {
                 ctx.stats.event(Event::SessionCreatedInbound);
                 Ok(v)
@@ -810,6 +902,42 @@ mod tests {
             assert_eq!(nat.source_sessions(pod), 1, "{pod}'s established session was kept");
         }
         assert_eq!(nat.source_sessions(POD), 7);
+    }
+
+    /// A port map that records its calls.
+    #[derive(Default)]
+    struct FakePortMap(parking_lot::Mutex<Vec<(Ipv4Addr, u8, u16, bool)>>);
+
+    impl PortMapHook<Ipv4Addr> for FakePortMap {
+        fn track(&self, _: Ipv4Addr, _: u8) {}
+        fn set(&self, egress: Ipv4Addr, proto: u8, port: u16, mapped: bool) {
+            self.0.lock().push((egress, proto, port, mapped));
+        }
+        fn forget(&self, _: Ipv4Addr) {}
+    }
+
+    #[test]
+    fn a_port_is_marked_mapped_from_its_first_session_until_its_last_is_gone() {
+        let t = tables(1, |_| {});
+        let nat = NatTable::new(&t.nat);
+        let map = Arc::new(FakePortMap::default());
+        assert!(nat.set_port_map_hook(map.clone()));
+        let mut env = Env::new();
+        let a = nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        assert_eq!(*map.0.lock(), vec![(E, proto::UDP, 40000, true)], "marked when the session is made");
+        // A second destination on the same endpoint-independent mapping.
+        let mut r2 = req(40000, 53, proto::UDP);
+        r2.remote = Ipv4Addr::new(203, 0, 113, 77);
+        let b = nat.create_outbound(&r2, policy(&t), &t, &mut env.ctx(0)).unwrap();
+        assert_eq!(nat.port_users(E, proto::UDP, 40000), 2);
+        assert!(nat.remove(&a));
+        assert_eq!(map.0.lock().len(), 1, "still mapped while a session uses it");
+        assert!(nat.remove(&b));
+        assert_eq!(map.0.lock().last(), Some(&(E, proto::UDP, 40000, false)), "unmarked after the last");
+        assert_eq!(nat.port_users(E, proto::UDP, 40000), 0);
+        // ICMP identifiers are not filtered in XDP: not marked.
+        nat.create_outbound(&req(7, 0, proto::ICMP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        assert_eq!(map.0.lock().len(), 2);
     }
 
     #[test]
