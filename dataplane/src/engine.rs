@@ -1185,7 +1185,7 @@ impl Ctx<'_> {
             return Verdict::Drop(DropReason::MtuExceeded);
         }
         A::decrement_hop_limit(&mut buf[p.l3..]);
-        self.to_next_hop(buf, len, p.dst.ip())
+        self.via_next_hop(buf, len, p.dst.ip())
     }
 
     /// The egress link's MTU when a datagram of `ip_len` bytes to `to` is
@@ -1259,11 +1259,11 @@ impl Ctx<'_> {
         // counted as forwarded).
         self.stats.dropped(reason);
         self.stats.event(Event::IcmpErrorSent);
-        Some(self.to_next_hop(buf, len, p.src.ip()))
+        Some(self.via_next_hop(buf, len, p.src.ip()))
     }
 
     /// The L2 next hop of a frame to `dst`, whose IP part is ready to send.
-    fn to_next_hop(&mut self, buf: &mut [u8], len: usize, dst: IpAddr) -> Verdict {
+    fn via_next_hop(&mut self, buf: &mut [u8], len: usize, dst: IpAddr) -> Verdict {
         match self.next_hops.lookup(self.fib, &self.shared.neighbor_use, dst, self.secs) {
             NextHop::Resolved { oif, src_mac, dst_mac } => {
                 let mut f = ethernet::Frame::new_unchecked(&mut buf[..len]);
