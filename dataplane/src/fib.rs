@@ -8,10 +8,20 @@
 //! longest matching route gives the output interface and the next hop (the
 //! route's gateway, or the destination itself when on-link), and the
 //! neighbour table gives its MAC address. An unresolved next hop is reported
-//! so the daemon can ask the kernel to resolve it; the frame is dropped and
-//! counted (`neighbor_unresolved`), never sent to a guessed address.
+//! so the daemon can ask the kernel to resolve it; the frame is never sent to
+//! a guessed address: the worker queues it until the MAC arrives (a few
+//! frames per next hop, as the kernel's `unres_qlen`; worker.rs) or, where
+//! nothing can hold it, drops it counted (`neighbor_unresolved`).
+//!
+//! The kernel never sees the traffic Egret forwards, so it would let the
+//! neighbour entries Egret uses go stale and, past `gc_thresh1` entries,
+//! garbage-collect them. [`NeighborUse`] is where the workers stamp the next
+//! hops they send to (a relaxed store at most once a second per next hop);
+//! the daemon reads the stamps and confirms those entries to the kernel
+//! (netlink.rs), as the kernel's own output path would.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use ahash::AHashMap;
 
@@ -195,13 +205,26 @@ impl Fib {
     /// Where a frame to `dst` goes next.
     #[inline]
     pub fn next_hop(&self, dst: IpAddr) -> NextHop {
-        let Some(route) = self.route(dst) else { return NextHop::NoRoute };
-        let Some(iface) = self.interfaces.get(&route.oif) else { return NextHop::NoRoute };
+        self.next_hop_via(dst).0
+    }
+
+    /// [`next_hop`](Self::next_hop), with the (interface, neighbour address)
+    /// it goes through when there is a route.
+    #[inline]
+    pub fn next_hop_via(&self, dst: IpAddr) -> (NextHop, Option<(u32, IpAddr)>) {
+        let Some(route) = self.route(dst) else { return (NextHop::NoRoute, None) };
+        let Some(iface) = self.interfaces.get(&route.oif) else { return (NextHop::NoRoute, None) };
         let via = route.gateway.unwrap_or(dst);
-        match self.neighbors.get(&(route.oif, via)) {
+        let hop = match self.neighbors.get(&(route.oif, via)) {
             Some(mac) => NextHop::Resolved { oif: route.oif, src_mac: iface.mac, dst_mac: *mac },
             None => NextHop::Unresolved { oif: route.oif, addr: via },
-        }
+        };
+        (hop, Some((route.oif, via)))
+    }
+
+    /// Every neighbour entry: ((interface, address), MAC).
+    pub fn neighbors(&self) -> impl Iterator<Item = ((u32, IpAddr), Mac)> + '_ {
+        self.neighbors.iter().map(|(k, m)| (*k, *m))
     }
 
     /// Every route: (destination, prefix length, route). The XDP fast path's
@@ -213,9 +236,76 @@ impl Fib {
         v4.chain(v6)
     }
 
+    /// Gateways of routes through interfaces Egret drives that have no
+    /// neighbour entry: (interface, gateway), sorted.
+    pub fn unresolved_gateways(&self) -> Vec<(u32, IpAddr)> {
+        let mut v: Vec<(u32, IpAddr)> = self
+            .routes()
+            .filter(|(_, _, r)| self.interfaces.contains_key(&r.oif))
+            .filter_map(|(_, _, r)| r.gateway.map(|g| (r.oif, g)))
+            .filter(|k| !self.neighbors.contains_key(k))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
     /// Number of routes and neighbours (for metrics).
     pub fn sizes(&self) -> (usize, usize) {
         (self.routes_v4.len() + self.routes_v6.len(), self.neighbors.len())
+    }
+}
+
+/// Slots of the [`NeighborUse`] table (direct-mapped; 16 KiB).
+pub const NEIGHBOR_USE_SLOTS: usize = 4096;
+
+/// When each next hop was last sent to, in engine seconds, shared by every
+/// worker and the daemon and kept across forwarding snapshots.
+///
+/// Direct-mapped by (interface, address): two next hops that share a slot
+/// both look used when either is, which only keeps one more kernel entry
+/// alive. A slot holds the second of its last use (never 0, so a slot never
+/// written reads as unused); a worker stores only when the second changed,
+/// so a busy next hop costs one relaxed load per frame and one store a
+/// second. The reader tells use from the stamp changing between two looks,
+/// so it needs no clock of its own.
+#[derive(Debug)]
+pub struct NeighborUse {
+    slots: Box<[AtomicU32]>,
+}
+
+impl Default for NeighborUse {
+    fn default() -> Self {
+        Self { slots: (0..NEIGHBOR_USE_SLOTS).map(|_| AtomicU32::new(0)).collect() }
+    }
+}
+
+impl NeighborUse {
+    /// The slot of (interface, address).
+    #[inline]
+    pub fn slot(ifindex: u32, addr: IpAddr) -> u32 {
+        let a = match addr {
+            IpAddr::V4(a) => u128::from(u32::from(a)),
+            IpAddr::V6(a) => u128::from(a) ^ (1 << 127),
+        };
+        let h = (a as u64 ^ (a >> 64) as u64 ^ u64::from(ifindex) << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 52) as u32 % NEIGHBOR_USE_SLOTS as u32
+    }
+
+    /// Stamps `slot` as used at `secs`.
+    #[inline]
+    pub fn touch(&self, slot: u32, secs: u32) {
+        if let Some(s) = self.slots.get(slot as usize) {
+            let v = secs.max(1);
+            if s.load(Ordering::Relaxed) != v {
+                s.store(v, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The stamp of (interface, address): 0 if never used.
+    pub fn stamp(&self, ifindex: u32, addr: IpAddr) -> u32 {
+        self.slots.get(Self::slot(ifindex, addr) as usize).map_or(0, |s| s.load(Ordering::Relaxed))
     }
 }
 
@@ -247,6 +337,10 @@ mod tests {
         );
         assert_eq!(f.next_hop("198.18.0.1".parse().unwrap()), NextHop::NoRoute, "interface not driven");
         assert_eq!(f.next_hop("2001:db8::1".parse().unwrap()), NextHop::NoRoute);
+        assert!(f.unresolved_gateways().is_empty(), "the only gateway is resolved");
+        let mut g = f.clone();
+        g.remove_neighbor(2, "203.0.113.1".parse().unwrap());
+        assert_eq!(g.unresolved_gateways(), vec![(2, "203.0.113.1".parse().unwrap())]);
     }
 
     #[test]
@@ -259,5 +353,29 @@ mod tests {
         ));
         f.remove_neighbor(2, "203.0.113.1".parse().unwrap());
         assert!(matches!(f.next_hop("198.51.100.7".parse().unwrap()), NextHop::Unresolved { .. }));
+    }
+
+    #[test]
+    fn next_hop_via_names_the_neighbour() {
+        let f = fib();
+        let gw: IpAddr = "203.0.113.1".parse().unwrap();
+        assert_eq!(f.next_hop_via("198.51.100.7".parse().unwrap()).1, Some((2, gw)));
+        let onlink: IpAddr = "192.0.2.5".parse().unwrap();
+        assert_eq!(f.next_hop_via(onlink).1, Some((2, onlink)));
+        assert_eq!(f.next_hop_via("198.18.0.1".parse().unwrap()), (NextHop::NoRoute, None));
+    }
+
+    #[test]
+    fn neighbor_use_stamps_change_only_with_use() {
+        let u = NeighborUse::default();
+        let gw: IpAddr = "203.0.113.1".parse().unwrap();
+        assert_eq!(u.stamp(2, gw), 0, "never used");
+        u.touch(NeighborUse::slot(2, gw), 0);
+        assert_eq!(u.stamp(2, gw), 1, "second 0 is stored as 1: a used slot never reads 0");
+        u.touch(NeighborUse::slot(2, gw), 7);
+        assert_eq!(u.stamp(2, gw), 7);
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert!(NeighborUse::slot(2, v6) < NEIGHBOR_USE_SLOTS as u32);
+        u.touch(u32::MAX, 9); // out of range: ignored, no panic
     }
 }
