@@ -39,6 +39,8 @@ const NEXTHOP4: [u8; 4] = [203, 0, 113, 1];
 const NAT_ONLY4: [u8; 4] = [203, 0, 113, 11];
 /// An egress address that is also a Service VIP (OWNED_KERNEL_SERVICE).
 const VIP4: [u8; 4] = [203, 0, 113, 12];
+/// An egress address past its valid-until (issue 14 item 6).
+const EXPIRED4: [u8; 4] = [203, 0, 113, 14];
 /// A router no policy selects (an inside router, or anyone).
 const ROUTER4: [u8; 4] = [198, 18, 1, 254];
 const REMOTE4: [u8; 4] = [192, 0, 2, 5]; // excluded for class 1, steered for class 2
@@ -73,6 +75,9 @@ fn remote6() -> [u8; 16] {
 }
 fn vip6() -> [u8; 16] {
     v6("2001:db8:e::12")
+}
+fn expired6() -> [u8; 16] {
+    v6("2001:db8:e::14")
 }
 fn router6() -> [u8; 16] {
     v6("2001:db8:9::1")
@@ -356,6 +361,9 @@ fn world(with_socket: bool) -> World {
         ),
         (IpAddr::from(egress6()), OwnedAddr::egress(NAT_LO, NAT_HI)),
         (IpAddr::from(nexthop6()), OwnedAddr::neighbour_only()),
+        // Valid until 1 ns after boot: long past.
+        (IpAddr::from(EXPIRED4), OwnedAddr::egress(NAT_LO, NAT_HI).valid_until(1)),
+        (IpAddr::from(expired6()), OwnedAddr::egress(NAT_LO, NAT_HI).valid_until(1)),
     ];
     for (addr, o) in owned {
         prog.set_owned(addr, o).unwrap();
@@ -427,6 +435,12 @@ use XdpAction::{Drop, Pass, Redirect};
 
 fn fixtures() -> Vec<Fixture> {
     vec![
+        // Rules 2, 3, 4 past an owned address's valid-until: not answered
+        // for, nothing handed to the workers.
+        one("arp_expired", arp_request(EXPIRED4), Drop, R::DropNeighExpired),
+        one("ns_expired", ns(expired6(), false), Drop, R::DropNeighExpired),
+        one("nat_port_expired", udp4(REMOTE4, EXPIRED4, NAT_LO), Drop, R::DropEgressExpired),
+        one("nat_port_expired6", udp6(remote6(), expired6(), NAT_LO), Drop, R::DropEgressExpired),
         // Rule 1: L2.
         one(
             "not_ip_lldp",
