@@ -491,8 +491,15 @@ fn fixtures() -> Vec<Fixture> {
         one("ns_not_owned_behind_hop_by_hop", ns(v6("2001:db8:e::99"), true), Pass, R::PassNsNotOwned),
         one("ns_truncated_target", truncated(ns(egress6(), false), 14 + 40 + 12), Pass, R::PassMalformed),
         no_socket(one("ns_owned_no_socket", ns(egress6(), false), Pass, R::PassNoSocketNeigh)),
-        one("na_to_egress", icmp6(nexthop6(), egress6(), 136), Pass, R::PassNdpOther),
-        one("rs_from_pod", icmp6(pod6(), v6("ff02::2"), 133), Pass, R::PassNdpOther),
+        // Other ND types are judged by rules 4-5: an NA sent to an egress
+        // address is no reply to anything Egret sent; a pod's packet with an
+        // ND type towards a policy's destination is still the pod's packet.
+        one("na_to_egress", icmp6(nexthop6(), egress6(), 136), Drop, R::DropUnservedToEgress),
+        // (This world's policy covers ff02::2: the engine drops what XDP
+        // hands it, as it drops any ICMPv6 query from a selected pod.)
+        one("rs_from_pod", icmp6(pod6(), v6("ff02::2"), 133), Redirect, R::RedirectSteeredSource),
+        one("ra_from_router", icmp6(nexthop6(), v6("ff02::1"), 134), Pass, R::PassNdpOther),
+        one("nd_type_from_pod_to_remote", icmp6(pod6(), remote6(), 136), Redirect, R::RedirectSteeredSource),
         // Rule 4: inbound to an egress address, IPv4.
         one("udp_nat_lo_minus_1", udp4(REMOTE4, EGRESS4, NAT_LO - 1), Drop, R::DropUnservedToEgress),
         one("udp_nat_lo", udp4(REMOTE4, EGRESS4, NAT_LO), Redirect, R::RedirectNatPort),
@@ -844,6 +851,45 @@ fn fixtures() -> Vec<Fixture> {
         one(
             "icmp6_error_embedded_header_truncated",
             icmp6_error(router6(), remote6(), 1, &udp6(remote6(), pod6(), 40000), 39),
+            Pass,
+            R::PassUnselectedSource,
+        ),
+        // Every error type the engine reads as one (wire::icmpv4/icmpv6
+        // is_error): Source Quench, Redirect, unassigned ICMPv6 errors.
+        one(
+            "icmp_source_quench_about_packet_a_pod_received",
+            icmp4_error(ROUTER4, INTERNET4, 4, 0, &udp4(INTERNET4, POD4, 40000), 28),
+            Redirect,
+            R::RedirectIcmpErrorEmbedded,
+        ),
+        one(
+            "icmp_redirect_about_a_pods_packet_sent_elsewhere",
+            icmp4_error(ROUTER4, INTERNET4, 5, 1, &udp4(POD4, INTERNET4, 53), 28),
+            Redirect,
+            R::RedirectIcmpErrorEmbedded,
+        ),
+        one(
+            "icmp6_unassigned_error_type_about_a_pod",
+            icmp6_error(router6(), remote6(), 100, &udp6(remote6(), pod6(), 40000), 48),
+            Redirect,
+            R::RedirectIcmpErrorEmbedded,
+        ),
+        one("icmp_source_quench_to_egress", icmp4(REMOTE4, EGRESS4, 4, 0), Redirect, R::RedirectIcmpToEgress),
+        one("icmp6_unassigned_error_to_egress", icmp6(remote6(), egress6(), 100), Redirect, R::RedirectIcmpToEgress),
+        // The embedded header must end within the datagram's own length,
+        // not in padding after it (the engine reads the packet, not the frame).
+        one(
+            "icmp_error_embedded_header_beyond_total_length",
+            with_ipv4_total_length(
+                icmp4_error(ROUTER4, INTERNET4, 3, 1, &udp4(INTERNET4, POD4, 40000), 28),
+                20 + 8 + 10,
+            ),
+            Pass,
+            R::PassUnselectedSource,
+        ),
+        one(
+            "icmp6_error_embedded_header_beyond_payload_length",
+            with_ipv6_payload_length(icmp6_error(router6(), remote6(), 1, &udp6(remote6(), pod6(), 40000), 48), 8 + 24),
             Pass,
             R::PassUnselectedSource,
         ),
@@ -1305,4 +1351,18 @@ fn measure_verdict_cost() {
         }
         println!("{name:50} {:>5} ns/frame (best of 5 x 200k runs)", best.as_nanos());
     }
+}
+
+/// `frame` (untagged Ethernet/IPv4) with its IPv4 total length set to `len`,
+/// the bytes after it left in place as padding.
+fn with_ipv4_total_length(mut frame: Vec<u8>, len: u16) -> Vec<u8> {
+    frame[14 + 2..14 + 4].copy_from_slice(&len.to_be_bytes());
+    frame
+}
+
+/// `frame` (untagged Ethernet/IPv6) with its payload length set to `len`,
+/// the bytes after it left in place as padding.
+fn with_ipv6_payload_length(mut frame: Vec<u8>, len: u16) -> Vec<u8> {
+    frame[14 + 4..14 + 6].copy_from_slice(&len.to_be_bytes());
+    frame
 }

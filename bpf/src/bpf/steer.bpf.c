@@ -19,11 +19,15 @@
  * 2. ARP request (Ethernet/IPv4) whose target is in owned_v4 with OWNED_NEIGH:
  *    redirect (userspace answers). Other ARP: PASS.
  * 3. ICMPv6 Neighbor Solicitation whose target is in owned_v6 with
- *    OWNED_NEIGH: redirect. Other NS and other ND messages: PASS. Extension
+ *    OWNED_NEIGH: redirect; other NS: PASS. Other ND types (133-137): PASS
+ *    unless the destination is an OWNED_NAT address or rule 5 steers the
+ *    source (then rules 4-5 judge them: a selected pod's packet carrying an
+ *    ND type is still the pod's packet). Extension
  *    headers are walked in a bounded loop (at most EGRET_IPV6_MAX_EXT).
  * 4. Destination in owned_v4/owned_v6 with OWNED_NAT: TCP/UDP with the
  *    destination port in [nat_port_lo, nat_port_hi]: redirect; ICMP errors
- *    (v4 3, 11, 12; v6 1, 2, 3, 4) and echo replies (0, 129): redirect.
+ *    (v4 3, 4, 5, 11, 12; v6 every type below 128, as the engine reads
+ *    them) and echo replies (0, 129): redirect.
  *    The rest depends on OWNED_KERNEL_SERVICE (the address is also a
  *    Service VIP, whose ingress the kernel serves): with it, other ports,
  *    ICMP queries and other protocols PASS; without it (the kernel does not
@@ -78,6 +82,8 @@
 /* ICMP types (RFC 792); <linux/icmp.h> would pull in glibc's socket headers. */
 #define EGRET_ICMP_ECHOREPLY 0
 #define EGRET_ICMP_DEST_UNREACH 3
+#define EGRET_ICMP_SOURCE_QUENCH 4
+#define EGRET_ICMP_REDIRECT 5
 #define EGRET_ICMP_ECHO 8
 #define EGRET_ICMP_TIME_EXCEEDED 11
 #define EGRET_ICMP_PARAMETERPROB 12
@@ -284,16 +290,27 @@ static __always_inline int handle_arp(struct xdp_md *ctx, void *l3, void *data_e
 	return apply(ctx, EGRET_REDIRECT_ARP_OWNED, EGRET_REDIRECT_ARP_OWNED);
 }
 
-/* Rule 4, ICMP part: which ICMP messages to an egress address are replies to
- * translated traffic. RFC 792 (v4 types), RFC 4443 section 2.1 (v6 types). */
-static __always_inline int icmp_belongs_to_nat(__u8 type, int v6)
+/* Rule 5b: ICMP error types, exactly as the engine's wire::icmpv4::is_error
+ * and wire::icmpv6::is_error read them: IPv4 3, 4 (Source Quench), 5
+ * (Redirect), 11, 12 (RFC 792); IPv6 every type below 128 (RFC 4443
+ * section 2.1: a clear high-order bit marks an error, assigned or not). */
+static __always_inline int icmp_is_error(__u8 type, int v6)
 {
 	if (v6)
-		return type == EGRET_ICMPV6_DEST_UNREACH || type == EGRET_ICMPV6_PKT_TOOBIG ||
-		       type == EGRET_ICMPV6_TIME_EXCEED || type == EGRET_ICMPV6_PARAMPROB ||
-		       type == EGRET_ICMPV6_ECHO_REPLY;
-	return type == EGRET_ICMP_DEST_UNREACH || type == EGRET_ICMP_TIME_EXCEEDED ||
-	       type == EGRET_ICMP_PARAMETERPROB || type == EGRET_ICMP_ECHOREPLY;
+		return type < 128;
+	return type == EGRET_ICMP_DEST_UNREACH || type == EGRET_ICMP_SOURCE_QUENCH ||
+	       type == EGRET_ICMP_REDIRECT || type == EGRET_ICMP_TIME_EXCEEDED ||
+	       type == EGRET_ICMP_PARAMETERPROB;
+}
+
+/* Rule 4, ICMP part: which ICMP messages to an egress address are replies to
+ * translated traffic: every error type the engine translates (rule 5b's
+ * list) and echo replies. */
+static __always_inline int icmp_belongs_to_nat(__u8 type, int v6)
+{
+	if (icmp_is_error(type, v6))
+		return 1;
+	return type == (v6 ? EGRET_ICMPV6_ECHO_REPLY : EGRET_ICMP_ECHOREPLY);
 }
 
 /* Rule 4: traffic to an OWNED_NAT address, judged by its upper layer. What
@@ -332,14 +349,6 @@ static __always_inline __u32 judge_to_egress(const struct owned_addr *owned, __u
 	return kernel ? EGRET_PASS_OTHER_PROTO_TO_EGRESS : EGRET_DROP_UNSERVED_TO_EGRESS;
 }
 
-/* Rule 5b: ICMP error types (RFC 792; RFC 4443 section 2.1). */
-static __always_inline int icmp_is_error(__u8 type, int v6)
-{
-	if (v6)
-		return type >= EGRET_ICMPV6_DEST_UNREACH && type <= EGRET_ICMPV6_PARAMPROB;
-	return type == EGRET_ICMP_DEST_UNREACH || type == EGRET_ICMP_TIME_EXCEEDED ||
-	       type == EGRET_ICMP_PARAMETERPROB;
-}
 
 /* Rule 5 for IPv4: two longest-prefix lookups (docs/architecture.md,
  * "Policy classification"). */
@@ -396,17 +405,22 @@ static __always_inline __u32 classify_v6(const struct ipv6hdr *ip6)
  * unless the message is an ICMP error about a steered source's packet. The
  * embedded header must be a whole IPv4 header (the engine's
  * nat::icmp_error reads the same bytes). */
-static __always_inline __u32 judge_icmp_error_v4(__u32 reason, __u8 proto, void *l4, void *data_end,
-						 __be32 outer_dst)
+static __always_inline __u32 judge_icmp_error_v4(__u32 reason, const struct iphdr *outer, void *l4,
+						 void *data_end)
 {
 	__u8 *type = l4;
 	struct iphdr *inner = l4 + EGRET_ICMP_ERROR_HDR_LEN;
+	__be32 outer_dst = outer->daddr;
 
-	if (reason == EGRET_REDIRECT_STEERED_SOURCE || proto != IPPROTO_ICMP)
+	if (reason == EGRET_REDIRECT_STEERED_SOURCE || outer->protocol != IPPROTO_ICMP)
 		return reason;
 	if ((void *)(type + 1) > data_end || !icmp_is_error(*type, 0))
 		return reason;
 	if ((void *)(inner + 1) > data_end || inner->version != 4 || inner->ihl < 5)
+		return reason;
+	/* The embedded header must lie within the datagram (its total length),
+	 * not merely within the frame: trailing padding is no part of it. */
+	if ((__u32)((void *)(inner + 1) - (void *)outer) > bpf_ntohs(outer->tot_len))
 		return reason;
 	/* About a packet the steered source received (RFC 5508 section 4.2:
 	 * the error travels out, as the session's outbound direction). */
@@ -444,6 +458,9 @@ static __always_inline __u32 judge_icmp_error_v6(__u32 reason, __u8 proto, void 
 	if ((void *)(type + 1) > data_end || !icmp_is_error(*type, 1))
 		return reason;
 	if ((void *)(inner + 1) > data_end || inner->version != 6)
+		return reason;
+	/* Within the packet (its payload length), not merely within the frame. */
+	if ((__u32)((void *)(inner + 1) - (void *)(outer + 1)) > bpf_ntohs(outer->payload_len))
 		return reason;
 	if (classify_v6_addrs(&inner->daddr, &inner->saddr) == EGRET_REDIRECT_STEERED_SOURCE)
 		return EGRET_REDIRECT_ICMP_ERROR_EMBEDDED;
@@ -601,7 +618,7 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *data_
 		reason = check_live(owned, reason);
 	} else {
 		reason = classify_v4(ip->saddr, daddr);
-		reason = judge_icmp_error_v4(reason, ip->protocol, l4, data_end, daddr);
+		reason = judge_icmp_error_v4(reason, ip, l4, data_end);
 		if (reason_redirects(reason))
 			reason = check_ingress(ctx, reason);
 	}
@@ -675,7 +692,14 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *data_
 				return apply(ctx, EGRET_DROP_NEIGH_EXPIRED, EGRET_DROP_NEIGH_EXPIRED);
 			return apply(ctx, EGRET_REDIRECT_NS_OWNED, EGRET_REDIRECT_NS_OWNED);
 		}
-		if (ns->type >= EGRET_ND_ROUTER_SOLICIT && ns->type <= EGRET_ND_REDIRECT)
+		/* Other ND types pass only where rules 4-5 would pass them too:
+		 * a selected pod's packet that merely carries an ND type is no ND
+		 * message the kernel would keep on the link (RFC 4861 7.1), and
+		 * passing it would let the kernel forward it with the pod's
+		 * address; one to an egress address is judged by rule 4. */
+		if (ns->type >= EGRET_ND_ROUTER_SOLICIT && ns->type <= EGRET_ND_REDIRECT &&
+		    !(owned && (owned->flags & OWNED_NAT)) &&
+		    classify_v6(ip6) != EGRET_REDIRECT_STEERED_SOURCE)
 			return pass(EGRET_PASS_NDP_OTHER);
 	}
 
