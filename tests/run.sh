@@ -62,7 +62,9 @@ if ((quick == 0)); then
       cargo run --quiet --locked -p egret-dataplane --features fixtures --example fixture_frames -- "dataplane/fuzz/corpus/$target"
     done
     (cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run engine corpus/engine -- -max_total_time=20 -rss_limit_mb=4096)
-    (cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run differential corpus/differential -- -max_total_time=20 -rss_limit_mb=4096)
+    # regressions/differential: inputs on which the two once disagreed,
+    # replayed first on every run.
+    (cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run differential corpus/differential regressions/differential -- -max_total_time=20 -rss_limit_mb=4096)
   elif [[ "${EGRET_REQUIRE_FUZZ:-0}" == 1 ]]; then
     echo "the fuzz smoke run cannot run: cargo-fuzz is not installed, and EGRET_REQUIRE_FUZZ=1 (set by .ci/run) makes that a failure" >&2
     exit 1

@@ -27,11 +27,11 @@ pub mod clock;
 pub mod dissect;
 pub mod engine;
 pub mod fib;
-pub mod icmp_gen;
-pub mod ingress;
 #[cfg(any(test, feature = "fixtures"))]
 #[allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 pub mod fixtures;
+pub mod icmp_gen;
+pub mod ingress;
 pub mod lpm;
 pub mod nat;
 pub mod neigh_responder;

@@ -67,8 +67,9 @@
 //!    ICMP error it has matched to a session, which the program must have
 //!    steered.
 //!
-//! Inputs that showed real disagreements, not fixed yet, are kept in
-//! `findings/differential/` with what each shows.
+//! Inputs that showed real disagreements (since fixed) are kept in
+//! `regressions/differential/` with what each showed; the smoke run replays
+//! them.
 //!
 //! Any other disagreement panics with both verdicts and the frame in hex.
 #![no_main]
