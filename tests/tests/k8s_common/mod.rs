@@ -33,12 +33,15 @@ pub enum SinkEvent {
     Announce(Vec<IpAddr>),
 }
 
+/// One `set_valid_until` call: when, and each address's new valid-until.
+pub type ValidUntilCall = (Instant, Vec<(IpAddr, Option<std::time::Instant>)>);
+
 /// Records what a gateway's control plane asked of its dataplane.
 #[derive(Debug, Default)]
 pub struct FakeSink {
     pub log: Mutex<Vec<(Instant, SinkEvent)>>,
     /// Every `set_valid_until` call: when, and what it set.
-    pub valid_until: Mutex<Vec<(Instant, Vec<(IpAddr, Option<std::time::Instant>)>)>>,
+    pub valid_until: Mutex<Vec<ValidUntilCall>>,
 }
 
 impl TablesSink for FakeSink {
