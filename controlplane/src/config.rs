@@ -713,6 +713,10 @@ impl Checker<'_> {
             max_sessions: n.max_sessions.unwrap_or(d.max_sessions as u64) as usize,
             max_sessions_per_source: n.max_sessions_per_source.unwrap_or(d.max_sessions_per_source),
             max_ports_per_source: n.max_ports_per_source.or(d.max_ports_per_source),
+            new_flows_per_second_per_source: n
+                .new_flows_per_second_per_source
+                .unwrap_or(d.new_flows_per_second_per_source),
+            new_flow_burst_per_source: n.new_flow_burst_per_source.unwrap_or(d.new_flow_burst_per_source),
             timeouts: Timeouts {
                 udp: t.udp.unwrap_or(d.timeouts.udp),
                 tcp_established: t.tcp_established.unwrap_or(d.timeouts.tcp_established),

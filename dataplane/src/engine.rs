@@ -40,6 +40,7 @@ use crate::fib::{Fib, Mac, NeighborUse, NextHop};
 use crate::icmp_gen::{self, ErrorKind, RateLimit};
 use crate::ingress::Ingress;
 use crate::nat::flow_cache::FlowCache;
+use crate::nat::flow_rate::FlowRate;
 use crate::nat::fragments::{FragKey, FragTranslation};
 use crate::nat::icmp_error::{self, IcmpFamily};
 use crate::nat::key::{proto, FlowKey, SessionTuple};
@@ -329,6 +330,8 @@ impl Engine {
     pub fn worker_seeded(&self, rng: PortRng) -> Worker {
         let stats = Arc::new(WorkerStats::default());
         self.shared.workers.lock().push(stats.clone());
+        // Keyed by the worker's seed without advancing its generator.
+        let flow_rate = FlowRate::new(rng.clone().next_u64());
         Worker {
             shared: self.shared.clone(),
             tables: Cache::new(self.shared.tables.clone()),
@@ -339,6 +342,7 @@ impl Engine {
             next_hops: NextHopCache::new(),
             flows: FlowCaches::new(),
             hold_unresolved: false,
+            flow_rate,
         }
     }
 
@@ -374,6 +378,8 @@ pub struct Worker {
     next_hops: NextHopCache,
     flows: FlowCaches,
     hold_unresolved: bool,
+    /// New sessions per source (nat/flow_rate.rs).
+    flow_rate: FlowRate,
 }
 
 impl std::fmt::Debug for Worker {
@@ -510,6 +516,10 @@ struct Ctx<'a> {
     secs: u32,
     /// Whether an unresolved next hop gives [`Verdict::Hold`].
     hold_unresolved: bool,
+    /// The worker's new-flow limiter.
+    flow_rate: &'a mut FlowRate,
+    /// The frame's time, for the new-flow limiter.
+    now: Timestamp,
 }
 
 impl Worker {
@@ -522,7 +532,7 @@ impl Worker {
     /// capacity), the frame is `buf[..len]`.
     #[inline]
     pub fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
-        let Worker { shared, tables, fib, ingress, stats, rng, next_hops, flows, hold_unresolved } = self;
+        let Worker { shared, tables, fib, ingress, stats, rng, next_hops, flows, hold_unresolved, flow_rate } = self;
         // The data plane's own fence (ownership.rs): one load and compare
         // while every owned address is valid; otherwise nothing is received
         // for, answered for or sent from an expired address, even if the
@@ -542,6 +552,8 @@ impl Worker {
                 flows,
                 secs: now.secs(),
                 hold_unresolved: *hold_unresolved,
+                flow_rate,
+                now,
             };
             match ctx.process(buf, len, meta, now) {
                 Verdict::Forward { len: out, .. } | Verdict::Answer { len: out }
@@ -1033,6 +1045,11 @@ impl Ctx<'_> {
                     }
                     _ => {}
                 }
+                // A new flow: within the source's rate (existing sessions
+                // never get here).
+                if !self.admit_new_flow(&p.src) {
+                    return Err(Verdict::Drop(DropReason::NewFlowRateLimited));
+                }
                 let req = OutboundRequest {
                     pod: p.src,
                     pod_port: key.sport(),
@@ -1068,10 +1085,28 @@ impl Ctx<'_> {
                     L4::Echo { request: false, .. } => return Err(Verdict::Drop(DropReason::InboundNoMapping)),
                     _ => return Err(unserved),
                 }
+                // A remote source opening sessions through endpoint-independent
+                // mappings is limited like a pod; what would be dropped anyway
+                // (unmapped port, filtered) keeps its own counter.
+                if tables.nat.new_flows_per_second_per_source != 0
+                    && tables.nat.filtering == FilteringBehavior::EndpointIndependent
+                    && nat.mappings.existing_pool(key.dst, key.proto).is_some_and(|p| p.owner(key.dport()).is_some())
+                    && !self.admit_new_flow(&key.src)
+                {
+                    return Err(Verdict::Drop(DropReason::NewFlowRateLimited));
+                }
                 self.create_inbound(&key, tcp_flags, nat, secs).map(|v| (v, Direction::Inbound)).map_err(Verdict::Drop)
             }
             _ => Err(Verdict::Pass),
         }
+    }
+
+    /// Whether `source` may create one more session now
+    /// (`nat.newFlowsPerSecondPerSource`, nat/flow_rate.rs).
+    #[inline]
+    fn admit_new_flow<A: std::hash::Hash>(&mut self, source: &A) -> bool {
+        let nat = &self.tables.nat;
+        self.flow_rate.admit(source, nat.new_flows_per_second_per_source, nat.new_flow_burst_per_source, self.now)
     }
 
     /// Anti-spoofing: whether the frame in `buf` may be a pod's, by its
@@ -1693,5 +1728,68 @@ mod tests {
         }
         assert!(frames.len() >= 3, "a first and at least two later fragments");
         assert_eq!(engine.stats().event(Event::FragmentTranslated), frames.len() as u64 - 1);
+    }
+
+    /// A source creating sessions beyond `nat.newFlowsPerSecondPerSource`
+    /// (past its burst) is dropped as `new_flow_rate_limited`, while
+    /// another pod still creates flows, the source's established flows go
+    /// on, and its tokens come back with time. Before, every flow was
+    /// created (the counter did not exist).
+    #[test]
+    fn new_flows_are_limited_per_source_and_refill_with_time() {
+        let mut spec = fixtures::base_spec();
+        spec.nat.new_flows_per_second_per_source = 10;
+        spec.nat.new_flow_burst_per_source = 3;
+        let engine = Engine::new(&spec).expect("fixture config");
+        engine.publish_fib(fixtures::topology());
+        let mut w = engine.worker_seeded(PortRng::new(7));
+        let flow = |pod: Ipv4Addr, sport: u16| {
+            fixtures::from_pod(IpAddr::V4(pod), IpAddr::V4(fixtures::SERVER), fixtures::udp(sport, 53, b"q")).frame()
+        };
+        let forwarded = |v: Verdict| matches!(v, Verdict::Forward { ifindex: fixtures::OUTSIDE, .. });
+        for sport in 40000..40003 {
+            let (v, _) = send(&mut w, &flow(fixtures::POD_A, sport), fixtures::INSIDE, 1000);
+            assert!(forwarded(v), "within the burst: {v:?}");
+        }
+        let (v, _) = send(&mut w, &flow(fixtures::POD_A, 40003), fixtures::INSIDE, 1000);
+        assert_eq!(v, Verdict::Drop(DropReason::NewFlowRateLimited), "past the burst");
+        // Another pod is not limited by pod A's bucket.
+        let (v, _) = send(&mut w, &flow(fixtures::POD_B, 40000), fixtures::INSIDE, 1000);
+        assert!(forwarded(v), "another pod: {v:?}");
+        // Pod A's established flows are never limited.
+        for _ in 0..20 {
+            let (v, _) = send(&mut w, &flow(fixtures::POD_A, 40000), fixtures::INSIDE, 1000);
+            assert!(forwarded(v), "an established flow: {v:?}");
+        }
+        // 10 a second: one token 100 ms later, not before.
+        let (v, _) = send(&mut w, &flow(fixtures::POD_A, 40003), fixtures::INSIDE, 1099);
+        assert_eq!(v, Verdict::Drop(DropReason::NewFlowRateLimited));
+        let (v, _) = send(&mut w, &flow(fixtures::POD_A, 40003), fixtures::INSIDE, 1100);
+        assert!(forwarded(v), "refilled: {v:?}");
+        let (v, _) = send(&mut w, &flow(fixtures::POD_A, 40004), fixtures::INSIDE, 1100);
+        assert_eq!(v, Verdict::Drop(DropReason::NewFlowRateLimited));
+        assert_eq!(engine.stats().dropped(DropReason::NewFlowRateLimited), 3);
+    }
+
+    /// `nat.newFlowsPerSecondPerSource: 0` turns the limit off: many new
+    /// flows from one pod at one instant are all created.
+    #[test]
+    fn a_zero_new_flow_rate_is_no_limit() {
+        let mut spec = fixtures::base_spec();
+        spec.nat.new_flows_per_second_per_source = 0;
+        spec.nat.new_flow_burst_per_source = 1;
+        let engine = Engine::new(&spec).expect("fixture config");
+        engine.publish_fib(fixtures::topology());
+        let mut w = engine.worker_seeded(PortRng::new(7));
+        for sport in 40000..40100 {
+            let f = fixtures::from_pod(
+                IpAddr::V4(fixtures::POD_A),
+                IpAddr::V4(fixtures::SERVER),
+                fixtures::udp(sport, 53, b"q"),
+            );
+            let (v, _) = send(&mut w, &f.frame(), fixtures::INSIDE, 0);
+            assert!(matches!(v, Verdict::Forward { .. }), "flow {sport}: {v:?}");
+        }
+        assert_eq!(engine.stats().dropped(DropReason::NewFlowRateLimited), 0);
     }
 }

@@ -147,6 +147,10 @@ named_enum! {
         /// Egret does not fragment; IPv6): Fragmentation Needed / Packet Too
         /// Big goes back to the sender, rate-limited.
         MtuExceeded => "mtu_exceeded",
+        /// A source creating sessions faster than `nat.newFlowsPerSecondPerSource`
+        /// (beyond its burst) on this worker: its new flow is dropped, its
+        /// existing sessions are untouched (nat/flow_rate.rs).
+        NewFlowRateLimited => "new_flow_rate_limited",
     }
 }
 

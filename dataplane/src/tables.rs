@@ -108,6 +108,11 @@ pub struct NatSettings {
     /// protocol (mappings, or sessions in endpoint-dependent mode). `None`:
     /// a quarter of the egress IP's range ([`NatSettings::ports_per_source`]).
     pub max_ports_per_source: Option<u32>,
+    /// New sessions one source address may create a second, per worker
+    /// (token bucket, nat/flow_rate.rs); 0: no limit.
+    pub new_flows_per_second_per_source: u32,
+    /// The bucket's depth: new sessions one source may create at once.
+    pub new_flow_burst_per_source: u32,
     /// Idle timeouts.
     pub timeouts: Timeouts,
     /// Fragments.
@@ -131,6 +136,8 @@ impl Default for NatSettings {
             max_sessions: 1 << 20,
             max_sessions_per_source: 65_536,
             max_ports_per_source: None,
+            new_flows_per_second_per_source: 2_000,
+            new_flow_burst_per_source: 4_000,
             timeouts: Timeouts::default(),
             fragments: FragmentSettings::default(),
             hairpinning: true,
@@ -445,6 +452,20 @@ pub fn validate_settings(nat: &NatSettings) -> Result<(), SpecError> {
     }
     if let Some(q) = nat.max_ports_per_source.filter(|q| !(1..=65_536).contains(q)) {
         return Err(SpecError::OutOfRange { field: "nat.maxPortsPerSource", value: u64::from(q), allowed: "1-65536" });
+    }
+    if nat.new_flows_per_second_per_source > 10_000_000 {
+        return Err(SpecError::OutOfRange {
+            field: "nat.newFlowsPerSecondPerSource",
+            value: u64::from(nat.new_flows_per_second_per_source),
+            allowed: "0-10000000",
+        });
+    }
+    if !(1..=10_000_000).contains(&nat.new_flow_burst_per_source) {
+        return Err(SpecError::OutOfRange {
+            field: "nat.newFlowBurstPerSource",
+            value: u64::from(nat.new_flow_burst_per_source),
+            allowed: "1-10000000",
+        });
     }
     if nat.fragments.cache_entries == 0 || nat.fragments.cache_entries > 1 << 24 {
         return Err(SpecError::OutOfRange {

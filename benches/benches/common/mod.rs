@@ -36,6 +36,9 @@ pub fn spec(max_sessions: usize, mapping: MappingBehavior) -> TablesSpec {
     };
     s.nat.max_sessions = max_sessions;
     s.nat.max_sessions_per_source = u32::MAX;
+    // Thousands of new flows per source at one instant: no new-flow rate
+    // limit (it would drop them; nat/flow_rate.rs).
+    s.nat.new_flows_per_second_per_source = 0;
     s.nat.mapping = mapping;
     s
 }

@@ -166,6 +166,10 @@ pub struct Nat {
     pub max_sessions_per_source: Option<u32>,
     /// Ports per source, per egress IP and protocol (default: a quarter of the range).
     pub max_ports_per_source: Option<u32>,
+    /// New sessions per source a second, per worker (0: no limit).
+    pub new_flows_per_second_per_source: Option<u32>,
+    /// New sessions per source at once (the bucket's depth).
+    pub new_flow_burst_per_source: Option<u32>,
     /// Idle timeouts.
     pub timeouts: Option<RawTimeouts>,
     /// Fragments.

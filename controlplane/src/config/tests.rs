@@ -92,6 +92,8 @@ nat:
   maxSessions: 1000
   maxSessionsPerSource: 10
   maxPortsPerSource: 500
+  newFlowsPerSecondPerSource: 300
+  newFlowBurstPerSource: 600
   timeouts: {udp: 120, tcpEstablished: 7440, tcpTransitory: 240, icmp: 60}
   fragments: {cacheEntries: 16, timeout: 3}
   hairpinning: false
@@ -122,6 +124,7 @@ metrics: {listen: "127.0.0.1:1"}
     assert_eq!(n.ports, PortRange { first: 1024, last: 65535 });
     assert_eq!((n.port_alloc_attempts, n.max_sessions, n.max_sessions_per_source), (16, 1000, 10));
     assert_eq!(n.max_ports_per_source, Some(500));
+    assert_eq!((n.new_flows_per_second_per_source, n.new_flow_burst_per_source), (300, 600));
     assert_eq!(n.timeouts.udp, 120);
     assert_eq!(n.fragments, FragmentSettings { cache_entries: 16, timeout: 3 });
     assert!(!n.hairpinning && !n.tcp_loose_pickup && n.udp_inbound_refresh);
@@ -188,6 +191,20 @@ fn every_problem_is_reported_at_once() {
             r#"gw.yaml: policies[0].egressIPs[1]: "::g": not an IP address"#,
         ]
     );
+}
+
+#[test]
+fn a_new_flow_rate_out_of_range_names_field_and_value() {
+    let text = format!("{GOOD}nat:\n  newFlowsPerSecondPerSource: 20000000\n");
+    assert_eq!(
+        errors(&text),
+        vec!["gw.yaml: nat.newFlowsPerSecondPerSource: 20000000 is out of range (0-10000000)".to_string()]
+    );
+    let text = format!("{GOOD}nat:\n  newFlowBurstPerSource: 0\n");
+    assert_eq!(errors(&text), vec!["gw.yaml: nat.newFlowBurstPerSource: 0 is out of range (1-10000000)".to_string()]);
+    // 0 turns the limit off.
+    let c = load_str("gw.yaml", &format!("{GOOD}nat:\n  newFlowsPerSecondPerSource: 0\n")).unwrap();
+    assert_eq!(c.tables.nat.new_flows_per_second_per_source, 0);
 }
 
 #[test]

@@ -4,12 +4,14 @@
 //! - [`key`]: flow keys and session tuples, generic over IPv4/IPv6.
 //! - [`session`]: the shared session table (both directions, one map).
 //! - [`flow_cache`]: a worker's exact-match cache of session refs in front of it.
+//! - [`flow_rate`]: a worker's per-source limit on new sessions a second.
 //! - [`mapping`], [`port_alloc`]: endpoint-independent mappings, try-insert port allocation.
 //! - [`tcp_state`]: the TCP tracker that picks timeouts (diagram inside).
 //! - [`fragments`]: virtual reassembly of fragmented datagrams.
 //! - [`table`]: one family's NAT instance: creation, expiry, revalidation, eviction.
 
 pub mod flow_cache;
+pub mod flow_rate;
 pub mod fragments;
 pub mod icmp_error;
 pub mod key;
