@@ -52,6 +52,12 @@ fn first_datagram_waits_for_its_next_hop() {
     assert_eq!(ready(&h).0, 200, "the lab resolved the gateway's next hops before the start");
     let out = h.lab.gateway_outside_dev();
     let upstream = plan::UPSTREAM.to_string();
+    // The upstream router stops answering ARP until the datagram is on its
+    // way: otherwise the gateway's own re-resolution (it asks the kernel as
+    // soon as /ready finds the entry gone) can finish first, and the
+    // datagram, finding a MAC, never has to wait (a loaded run saw that).
+    let up_dev = upstream_dev(&h);
+    h.lab.upstream().ip(&["link", "set", "dev", &up_dev, "arp", "off"]).unwrap();
     h.lab.gateway_ns().ip(&["neigh", "del", &upstream, "dev", out]).unwrap();
     // The daemon mirrors the deletion: /ready says which next hop is missing.
     let body = wait_ready_state(&h, 503, Duration::from_secs(5));
@@ -59,8 +65,19 @@ fn first_datagram_waits_for_its_next_hop() {
 
     let before = h.counters().unwrap();
     let s = client::udp_socket(h.lab.pod(Pod::A), Pod::A.echo_endpoint()).unwrap();
+    // ARP comes back 300 ms after the datagram left the pod: the gateway's
+    // next probe (one a second) then resolves the entry, within the hold
+    // queue's 3 s.
+    let up_ns = h.lab.upstream().name().to_string();
+    let arp_on = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        egret_tests::netns::NetNs::existing(&up_ns)
+            .and_then(|ns| ns.ip(&["link", "set", "dev", &up_dev, "arp", "on"]).map(|_| ()))
+    });
     // One try: the first datagram itself must arrive.
-    let (r, _) = client::udp_exchange(&s, "first-datagram", 1, Duration::from_secs(3))
+    let exchanged = client::udp_exchange(&s, "first-datagram", 1, Duration::from_secs(5));
+    arp_on.join().expect("the ARP switch thread").expect("ARP back on at the upstream router");
+    let (r, _) = exchanged
         .unwrap_or_else(|e| panic!("the first datagram was lost: {e}; {:?}", h.counters().unwrap().delta(&before)));
     assert_eq!(r.seen.ip(), std::net::IpAddr::from(plan::E1), "translated as usual");
     let after = h.counters().unwrap();
@@ -73,6 +90,18 @@ fn first_datagram_waits_for_its_next_hop() {
     }
     wait_ready_state(&h, 200, Duration::from_secs(5));
     h.finish(&[]).unwrap();
+}
+
+/// The upstream router's device that holds its address on the gateway's link.
+fn upstream_dev(h: &egret_tests::harness::Harness) -> String {
+    let lines = h.lab.upstream().ip(&["-o", "-4", "addr", "show"]).unwrap();
+    let want = format!(" {}/", plan::UPSTREAM);
+    lines
+        .lines()
+        .find(|l| l.contains(&want))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .map(|d| d.trim_end_matches(':').to_string())
+        .unwrap_or_else(|| panic!("no device holds {} in the upstream namespace: {lines}", plan::UPSTREAM))
 }
 
 /// Next hops in the lab's benchmark range, away from every other address.
