@@ -1792,4 +1792,47 @@ mod tests {
         }
         assert_eq!(engine.stats().dropped(DropReason::NewFlowRateLimited), 0);
     }
+
+    /// With endpoint-independent filtering, a remote source opening new
+    /// sessions through a pod's mapping is limited like a pod; another
+    /// remote still gets through, and a port no mapping uses keeps its own
+    /// counter (`inbound_no_mapping`). Before, every session was created.
+    #[test]
+    fn remote_sources_are_limited_through_endpoint_independent_mappings() {
+        let mut spec = fixtures::base_spec();
+        spec.nat.filtering = FilteringBehavior::EndpointIndependent;
+        spec.nat.new_flows_per_second_per_source = 10;
+        spec.nat.new_flow_burst_per_source = 2;
+        let engine = Engine::new(&spec).expect("fixture config");
+        engine.publish_fib(fixtures::topology());
+        let mut w = engine.worker_seeded(PortRng::new(7));
+        let out = fixtures::from_pod(
+            IpAddr::V4(fixtures::POD_A),
+            IpAddr::V4(fixtures::SERVER),
+            fixtures::udp(40000, 53, b"q"),
+        );
+        let (v, sent) = send(&mut w, &out.frame(), fixtures::INSIDE, 0);
+        assert!(matches!(v, Verdict::Forward { ifindex: fixtures::OUTSIDE, .. }), "{v:?}");
+        let mapped = u16::from_be_bytes([sent[14 + 20], sent[14 + 21]]);
+        let inbound = |from: Ipv4Addr, sport: u16, dport: u16| {
+            fixtures::from_outside(IpAddr::V4(from), IpAddr::V4(fixtures::E1), fixtures::udp(sport, dport, b"x"))
+                .frame()
+        };
+        let remote2 = Ipv4Addr::new(198, 51, 100, 98);
+        for sport in 1000..1002 {
+            let (v, _) = send(&mut w, &inbound(fixtures::STRANGER, sport, mapped), fixtures::OUTSIDE, 0);
+            assert!(matches!(v, Verdict::Forward { ifindex: fixtures::INSIDE, .. }), "within the burst: {v:?}");
+        }
+        let (v, _) = send(&mut w, &inbound(fixtures::STRANGER, 1002, mapped), fixtures::OUTSIDE, 0);
+        assert_eq!(v, Verdict::Drop(DropReason::NewFlowRateLimited));
+        let (v, _) = send(&mut w, &inbound(remote2, 1000, mapped), fixtures::OUTSIDE, 0);
+        assert!(matches!(v, Verdict::Forward { ifindex: fixtures::INSIDE, .. }), "another remote: {v:?}");
+        // An established inbound session is not limited.
+        let (v, _) = send(&mut w, &inbound(fixtures::STRANGER, 1000, mapped), fixtures::OUTSIDE, 0);
+        assert!(matches!(v, Verdict::Forward { ifindex: fixtures::INSIDE, .. }), "established: {v:?}");
+        let unmapped = if mapped == 50_000 { 50_001 } else { 50_000 };
+        let (v, _) = send(&mut w, &inbound(fixtures::STRANGER, 1003, unmapped), fixtures::OUTSIDE, 0);
+        assert_eq!(v, Verdict::Drop(DropReason::InboundNoMapping));
+        assert_eq!(engine.stats().dropped(DropReason::NewFlowRateLimited), 1);
+    }
 }
