@@ -14,10 +14,16 @@
 //! of leaking. Excluded destinations and unselected sources stay accepted.
 //!
 //! The rules are generated from the same compiled classification the engine
-//! and the XDP program use: for each selected source prefix, longest first,
-//! its class's destination entries, longest first (steer: drop; exclude:
-//! accept), then accept; a first match in that order is the longest-prefix
-//! answer. A leading set lookup lets unselected sources through at once.
+//! and the XDP program use, in the same two levels: an interval verdict map
+//! from source address to the source's class chain, and per class an
+//! interval verdict map from destination address to a verdict (steer: jump
+//! to the policy's counting drop chain; exclude: accept); what a map does not
+//! hold is accepted (unselected source, unmatched destination). nftables'
+//! interval maps refuse overlapping elements, so nested prefixes are split
+//! into disjoint ranges first, each with its longest prefix's answer
+//! ([`disjoint_ranges`]): a map lookup is then the longest-prefix answer.
+//! Maps, not one rule per source, because `nft -f` loads elements about
+//! five times faster than rules (docs/kubernetes.md, "How many pods").
 //! The whole table is replaced atomically (`nft -f`, one transaction).
 //! The daemon's sink (daemon/sink.rs) installs it first in every apply,
 //! before the XDP maps and the engine change, so the table is never older
@@ -66,50 +72,165 @@ pub enum FailClosedError {
     TimedOut(Duration),
 }
 
-fn family_rules<A: LpmAddr>(c: &Classifier<A>, ip: &str, policy_name: &dyn Fn(u32) -> String, out: &mut String) {
-    let mut sources: Vec<(Prefix<A>, u32)> = c.source_entries().collect();
-    sources.sort_by(|a, b| b.0.len.cmp(&a.0.len).then(a.0.addr.sort_key().cmp(&b.0.addr.sort_key())));
-    let mut dst: Vec<(u32, Prefix<A>, DstAction)> = c.destination_entries().collect();
-    dst.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.len.cmp(&a.1.len)).then(a.1.addr.sort_key().cmp(&b.1.addr.sort_key())));
-    for (src, class) in &sources {
-        for (_, d, action) in dst.iter().filter(|(c, _, _)| c == class) {
-            match action {
-                DstAction::Steer(p) => out.push_str(&format!(
-                    "    {ip} saddr {src} {ip} daddr {d} counter drop comment \"policy {}\"\n",
-                    policy_name(p.0)
-                )),
-                DstAction::Exclude => out.push_str(&format!("    {ip} saddr {src} {ip} daddr {d} accept\n")),
-            }
-        }
-        out.push_str(&format!("    {ip} saddr {src} accept\n"));
-    }
+/// The first and last address of `p`, as numbers.
+fn bounds<A: LpmAddr>(p: &Prefix<A>) -> (u128, u128) {
+    let lo = p.addr.sort_key();
+    let host = u32::from(A::WIDTH - p.len);
+    let hi = if host >= 128 { u128::MAX } else { lo | ((1u128 << host) - 1) };
+    (lo, hi)
 }
 
-fn set<A: LpmAddr>(name: &str, ty: &str, c: &Classifier<A>, out: &mut String) {
-    let mut elems: Vec<String> = c.source_entries().map(|(p, _)| p.to_string()).collect();
-    elems.sort();
-    out.push_str(&format!("  set {name} {{\n    type {ty}; flags interval; auto-merge;\n"));
-    if !elems.is_empty() {
-        out.push_str(&format!("    elements = {{ {} }}\n", elems.join(", ")));
+/// Splits possibly nested prefixes (prefixes never partly overlap) into
+/// disjoint, ascending address ranges, each carrying the value of the
+/// longest prefix that covers it; adjacent ranges with equal values are
+/// merged. Addresses no prefix covers are in no range. This is what an
+/// nftables interval map needs: it refuses overlapping elements, and its
+/// lookup must give the longest-prefix answer the XDP program's LPM maps
+/// give.
+fn disjoint_ranges<A: LpmAddr, V: Clone + PartialEq>(
+    entries: impl Iterator<Item = (Prefix<A>, V)>,
+) -> Vec<(u128, u128, V)> {
+    let mut items: Vec<(u128, u128, u8, V)> = entries
+        .map(|(p, v)| {
+            let (lo, hi) = bounds(&p);
+            (lo, hi, p.len, v)
+        })
+        .collect();
+    // Parents before the prefixes nested in them.
+    items.sort_by(|a, b| a.0.cmp(&b.0).then(a.2.cmp(&b.2)));
+    let mut out: Vec<(u128, u128, V)> = Vec::new();
+    let emit = |out: &mut Vec<(u128, u128, V)>, lo: u128, hi: u128, v: &V| {
+        if lo > hi {
+            return;
+        }
+        if let Some(last) = out.last_mut() {
+            if last.1 < u128::MAX && last.1 + 1 == lo && last.2 == *v {
+                last.1 = hi;
+                return;
+            }
+        }
+        out.push((lo, hi, v.clone()));
+    };
+    // The open prefixes, innermost last, and the first address not yet emitted.
+    let mut open: Vec<(u128, V)> = Vec::new();
+    let mut cursor: u128 = 0;
+    for (lo, hi, _, v) in items {
+        while let Some((top_hi, top_v)) = open.last() {
+            if *top_hi >= lo {
+                break;
+            }
+            emit(&mut out, cursor, *top_hi, top_v);
+            cursor = top_hi + 1; // top_hi < lo: no overflow
+            open.pop();
+        }
+        if let Some((_, top_v)) = open.last() {
+            if cursor < lo {
+                emit(&mut out, cursor, lo - 1, top_v);
+            }
+        }
+        cursor = lo;
+        open.push((hi, v));
+    }
+    while let Some((top_hi, top_v)) = open.pop() {
+        emit(&mut out, cursor, top_hi, &top_v);
+        match top_hi.checked_add(1) {
+            Some(next) => cursor = next,
+            None => break, // the end of the address space: every outer prefix ends there too
+        }
+    }
+    out
+}
+
+/// One interval map's element list (`lo-hi : verdict`, or `a : verdict`).
+fn elements(ranges: &[(u128, u128, String)], addr: &dyn Fn(u128) -> String) -> String {
+    let elems: Vec<String> = ranges
+        .iter()
+        .map(
+            |(lo, hi, v)| {
+                if lo == hi {
+                    format!("{} : {v}", addr(*lo))
+                } else {
+                    format!("{}-{} : {v}", addr(*lo), addr(*hi))
+                }
+            },
+        )
+        .collect();
+    elems.join(", ")
+}
+
+fn interval_map(
+    name: &str,
+    ty: &str,
+    ranges: &[(u128, u128, String)],
+    addr: &dyn Fn(u128) -> String,
+    out: &mut String,
+) {
+    out.push_str(&format!("  map {name} {{\n    type {ty} : verdict; flags interval;\n"));
+    if !ranges.is_empty() {
+        out.push_str(&format!("    elements = {{ {} }}\n", elements(ranges, addr)));
     }
     out.push_str("  }\n");
 }
 
+/// One family's maps and chains: `sources{fam}` maps each selected source
+/// range to its class's chain `class{fam}_{c}`, which looks the destination
+/// up in `class{fam}_{c}_dst` (steer: jump to the policy's counting drop
+/// chain; exclude: accept) and accepts what that map does not hold.
+fn family<A: LpmAddr>(
+    c: &Classifier<A>,
+    fam: &str,
+    ip: &str,
+    ty: &str,
+    addr: &dyn Fn(u128) -> String,
+    out: &mut String,
+) -> String {
+    let sources = disjoint_ranges(c.source_entries().map(|(p, class)| (p, format!("jump class{fam}_{class}"))));
+    interval_map(&format!("sources{fam}"), ty, &sources, addr, out);
+    let mut chains = String::new();
+    for class in 0..c.class_count() as u32 {
+        let dst = disjoint_ranges(c.destination_entries().filter(|(k, _, _)| *k == class).map(|(_, p, a)| {
+            let verdict = match a {
+                DstAction::Steer(id) => format!("jump policy_{}", id.0),
+                DstAction::Exclude => "accept".to_string(),
+            };
+            (p, verdict)
+        }));
+        let map = format!("class{fam}_{class}_dst");
+        interval_map(&map, ty, &dst, addr, out);
+        chains.push_str(&format!("  chain class{fam}_{class} {{\n    {ip} daddr vmap @{map}\n    accept\n  }}\n"));
+    }
+    chains
+}
+
 /// The nftables script that replaces Egret's table with rules for `tables`.
+///
+/// Its size grows with the number of selected source ranges only in map
+/// elements, which nft loads far faster than rules (docs/kubernetes.md,
+/// "How many pods"). Every policy has a chain `policy_<index>` with a
+/// counter: the packets it dropped, over both families and all classes.
 pub fn ruleset(tables: &Tables) -> String {
-    let name = |id: u32| tables.policies.get(id as usize).map_or_else(|| id.to_string(), |p| p.name.replace('"', ""));
+    let name = |id: usize| tables.policies.get(id).map_or_else(|| id.to_string(), |p| p.name.replace('"', ""));
     let mut s = String::new();
     // Create-then-delete makes the replacement work whether or not the table
     // exists; nft applies the whole file as one transaction.
     s.push_str(&format!("table inet {TABLE}\ndelete table inet {TABLE}\n"));
     s.push_str(&format!("table inet {TABLE} {{\n"));
-    set::<Ipv4Addr>("selected4", "ipv4_addr", &tables.classify_v4, &mut s);
-    set::<Ipv6Addr>("selected6", "ipv6_addr", &tables.classify_v6, &mut s);
+    let v4 = |a: u128| Ipv4Addr::from(a as u32).to_string();
+    let v6 = |a: u128| Ipv6Addr::from(a).to_string();
+    let mut chains = family::<Ipv4Addr>(&tables.classify_v4, "4", "ip", "ipv4_addr", &v4, &mut s);
+    chains.push_str(&family::<Ipv6Addr>(&tables.classify_v6, "6", "ip6", "ipv6_addr", &v6, &mut s));
+    // Every policy, and any policy index a rule names (none beyond them today).
+    let mut ids: std::collections::BTreeSet<usize> = (0..tables.policies.len()).collect();
+    let steers = |a: DstAction| if let DstAction::Steer(p) = a { Some(p.0 as usize) } else { None };
+    ids.extend(tables.classify_v4.destination_entries().filter_map(|(_, _, a)| steers(a)));
+    ids.extend(tables.classify_v6.destination_entries().filter_map(|(_, _, a)| steers(a)));
+    for id in ids {
+        s.push_str(&format!("  chain policy_{id} {{\n    counter drop comment \"policy {}\"\n  }}\n", name(id)));
+    }
+    s.push_str(&chains);
     s.push_str("  chain forward {\n    type filter hook forward priority filter - 10; policy accept;\n");
-    s.push_str("    meta nfproto ipv4 ip saddr != @selected4 accept\n");
-    s.push_str("    meta nfproto ipv6 ip6 saddr != @selected6 accept\n");
-    family_rules::<Ipv4Addr>(&tables.classify_v4, "ip", &name, &mut s);
-    family_rules::<Ipv6Addr>(&tables.classify_v6, "ip6", &name, &mut s);
+    s.push_str("    meta nfproto ipv4 ip saddr vmap @sources4\n");
+    s.push_str("    meta nfproto ipv6 ip6 saddr vmap @sources6\n");
     s.push_str("  }\n}\n");
     s
 }
@@ -273,6 +394,7 @@ impl<S: TablesSink + ?Sized> TablesSink for ReleaseOnApply<S> {
 
 #[cfg(test)]
 mod tests {
+    use egret_dataplane::policy::Decision;
     use egret_dataplane::tables::{EgressIpSpec, PolicySlots, PolicySpec};
 
     use super::*;
@@ -302,26 +424,79 @@ mod tests {
     }
 
     #[test]
-    fn rules_follow_longest_prefix_order() {
+    fn maps_split_nested_prefixes_longest_first() {
         let r = ruleset(&tables());
-        let lines: Vec<&str> = r.lines().map(str::trim).filter(|l| l.contains("saddr 198.18")).collect();
-        assert_eq!(
-            lines,
-            vec![
-                // The /32 pod first: its class covers policy "pod" (for 198.51.100.0/24) and
-                // policy "a" (everything else, except the /25).
-                "ip saddr 198.18.0.7/32 ip daddr 198.51.100.128/25 counter drop comment \"policy pod\"",
-                "ip saddr 198.18.0.7/32 ip daddr 198.51.100.0/24 counter drop comment \"policy pod\"",
-                "ip saddr 198.18.0.7/32 ip daddr 0.0.0.0/0 counter drop comment \"policy a\"",
-                "ip saddr 198.18.0.7/32 accept",
-                "ip saddr 198.18.0.0/24 ip daddr 198.51.100.128/25 accept",
-                "ip saddr 198.18.0.0/24 ip daddr 0.0.0.0/0 counter drop comment \"policy a\"",
-                "ip saddr 198.18.0.0/24 accept",
-            ]
+        // The /32 pod is its own class (policies "pod" and "a"), inside the /24's class.
+        assert!(
+            r.contains(
+                "elements = { 198.18.0.0-198.18.0.6 : jump class4_0, 198.18.0.7 : jump class4_1, \
+                 198.18.0.8-198.18.0.255 : jump class4_0 }"
+            ),
+            "{r}"
         );
-        assert!(r.contains("elements = { 198.18.0.0/24, 198.18.0.7/32 }"), "{r}");
-        assert!(r.contains("ip6 saddr 2001:db8:18::/64 ip6 daddr ::/0 counter drop"), "{r}");
+        // Class 1: policy pod's /24 (policy a's /25 exception does not apply to
+        // it) inside policy a's /0; class 0: the /25 exception inside the /0.
+        assert!(
+            r.contains(
+                "elements = { 0.0.0.0-198.51.99.255 : jump policy_0, 198.51.100.0-198.51.100.255 : jump policy_1, \
+                 198.51.101.0-255.255.255.255 : jump policy_0 }"
+            ),
+            "{r}"
+        );
+        assert!(
+            r.contains(
+                "elements = { 0.0.0.0-198.51.100.127 : jump policy_0, 198.51.100.128-198.51.100.255 : accept, \
+                 198.51.101.0-255.255.255.255 : jump policy_0 }"
+            ),
+            "{r}"
+        );
+        assert!(r.contains("chain policy_1 {\n    counter drop comment \"policy pod\"\n  }"), "{r}");
+        assert!(r.contains("elements = { 2001:db8:18::-2001:db8:18:0:ffff:ffff:ffff:ffff : jump class6_0 }"), "{r}");
+        assert!(r.contains("elements = { ::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff : jump policy_0 }"), "{r}");
         assert!(r.starts_with("table inet egret_failclosed\ndelete table inet egret_failclosed\n"));
+    }
+
+    /// Longest match over `prefixes`, by brute force.
+    fn longest(prefixes: &[(Prefix<Ipv4Addr>, u32)], a: u128) -> Option<u32> {
+        prefixes
+            .iter()
+            .filter(|(p, _)| (bounds(p).0..=bounds(p).1).contains(&a))
+            .max_by_key(|(p, _)| p.len)
+            .map(|(_, v)| *v)
+    }
+
+    /// The disjoint ranges answer as a longest-prefix lookup does, at every
+    /// prefix's edges and just outside them, for nested, adjacent and equal
+    /// -valued prefixes, including ones reaching either end of the space.
+    #[test]
+    fn disjoint_ranges_give_the_longest_prefix_answer() {
+        let p = |s: &str, v: u32| {
+            let (a, l) = s.split_once('/').unwrap();
+            (Prefix::new(a.parse::<Ipv4Addr>().unwrap(), l.parse().unwrap()), v)
+        };
+        let cases = [
+            vec![p("0.0.0.0/0", 1), p("10.0.0.0/8", 2), p("10.1.0.0/16", 3), p("10.1.2.0/24", 2), p("10.1.2.3/32", 4)],
+            vec![p("0.0.0.0/1", 1), p("128.0.0.0/1", 1), p("255.255.255.255/32", 2), p("0.0.0.0/32", 3)],
+            vec![p("198.18.0.0/24", 1), p("198.18.1.0/24", 1), p("198.18.0.128/25", 2), p("198.18.0.128/26", 1)],
+            vec![p("255.0.0.0/8", 5), p("255.255.0.0/16", 6), p("255.255.255.0/24", 5)],
+            vec![],
+        ];
+        for prefixes in cases {
+            let ranges = disjoint_ranges(prefixes.iter().copied());
+            for w in ranges.windows(2) {
+                assert!(w[0].1 < w[1].0, "overlap or disorder in {ranges:?}");
+                assert!(!(w[0].1 + 1 == w[1].0 && w[0].2 == w[1].2), "unmerged neighbours in {ranges:?}");
+            }
+            let mut probes = vec![0u128, u128::from(u32::MAX)];
+            for (q, _) in &prefixes {
+                let (lo, hi) = bounds(q);
+                probes.extend([lo, hi, lo.saturating_sub(1), (hi + 1).min(u128::from(u32::MAX))]);
+            }
+            for a in probes {
+                let got = ranges.iter().find(|(lo, hi, _)| (*lo..=*hi).contains(&a)).map(|r| r.2);
+                assert_eq!(got, longest(&prefixes, a), "address {} in {prefixes:?}", Ipv4Addr::from(a as u32));
+            }
+        }
     }
 
     #[test]
@@ -329,7 +504,7 @@ mod tests {
         let t = Tables::compile(&TablesSpec::default(), 1, &PolicySlots::default()).unwrap();
         let r = ruleset(&t);
         assert!(!r.contains("elements"), "{r}");
-        assert!(r.contains("ip saddr != @selected4 accept"));
+        assert!(r.contains("ip saddr vmap @sources4"));
     }
 
     /// The generated ruleset is accepted by the real nft (checked with
@@ -354,6 +529,150 @@ mod tests {
             return;
         }
         assert!(o.status.success(), "{err}");
+    }
+
+    /// Runs a command, returning whether it succeeded.
+    fn sh(args: &[&str]) -> bool {
+        Command::new(args[0])
+            .args(&args[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Deletes the test's namespaces, also when the test panics.
+    struct Netns(&'static [&'static str]);
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            for n in self.0 {
+                sh(&["ip", "netns", "del", n]);
+            }
+        }
+    }
+
+    /// The ruleset, installed in a real kernel that routes between a client
+    /// and a server namespace, drops exactly what the classifier steers
+    /// (nested sources: a /32 pod inside a /24; nested destinations: a /24
+    /// and a /25 exception inside a /0) and forwards the rest, and counts
+    /// the drops in the policy's chain.
+    #[test]
+    fn the_kernel_drops_exactly_what_the_classifier_steers() {
+        if !sh(&["nft", "--version"]) || !sh(&["ip", "netns", "add", "efc14-probe"]) {
+            eprintln!("SKIPPED the_kernel_drops_exactly_what_the_classifier_steers: needs root, ip and nft");
+            return;
+        }
+        let _ns = Netns(&["efc14-probe", "efc14-cli", "efc14-rtr", "efc14-srv"]);
+        sh(&["ip", "netns", "del", "efc14-probe"]);
+        let setup = [
+            "ip netns add efc14-cli",
+            "ip netns add efc14-rtr",
+            "ip netns add efc14-srv",
+            "ip link add efc14c netns efc14-cli type veth peer name efc14rc netns efc14-rtr",
+            "ip link add efc14s netns efc14-srv type veth peer name efc14rs netns efc14-rtr",
+            "ip -n efc14-cli link set lo up",
+            "ip -n efc14-cli link set efc14c up",
+            "ip -n efc14-cli addr add 192.0.2.2/24 dev efc14c",
+            "ip -n efc14-cli addr add 198.18.0.7/32 dev efc14c",
+            "ip -n efc14-cli addr add 198.18.0.1/32 dev efc14c",
+            "ip -n efc14-cli addr add 198.18.1.1/32 dev efc14c",
+            "ip -n efc14-cli route add default via 192.0.2.1",
+            "ip -n efc14-rtr link set efc14rc up",
+            "ip -n efc14-rtr link set efc14rs up",
+            "ip -n efc14-rtr addr add 192.0.2.1/24 dev efc14rc",
+            "ip -n efc14-rtr addr add 198.51.100.253/24 dev efc14rs",
+            "ip -n efc14-rtr route add 198.18.0.0/15 via 192.0.2.2",
+            "ip -n efc14-rtr route add 203.0.113.0/24 via 198.51.100.254",
+            "ip netns exec efc14-rtr sysctl -qw net.ipv4.ip_forward=1",
+            "ip -n efc14-srv link set lo up",
+            "ip -n efc14-srv link set efc14s up",
+            "ip -n efc14-srv addr add 198.51.100.254/24 dev efc14s",
+            "ip -n efc14-srv addr add 198.51.100.1/32 dev efc14s",
+            "ip -n efc14-srv addr add 198.51.100.200/32 dev efc14s",
+            "ip -n efc14-srv addr add 203.0.113.5/32 dev efc14s",
+            "ip -n efc14-srv route add default via 198.51.100.253",
+        ];
+        for c in setup {
+            assert!(sh(&c.split(' ').collect::<Vec<_>>()), "{c}");
+        }
+        let t = tables();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", "efc14-rtr", "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(ruleset(&t).as_bytes()).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let ping = |src: &str, dst: &str| {
+            sh(&["ip", "netns", "exec", "efc14-cli", "ping", "-q", "-c1", "-W1", "-I", src, dst])
+        };
+        // Unselected, and the two classes (the /32 pod, the rest of the /24).
+        let sources = ["198.18.1.1", "198.18.0.7", "198.18.0.1"];
+        // Inside policy pod's /24 and outside policy a's /25 exception; inside both; only policy a's /0.
+        let destinations = ["198.51.100.1", "198.51.100.200", "203.0.113.5"];
+        let mut drops = 0;
+        for src in sources {
+            for dst in destinations {
+                let steer =
+                    matches!(t.classify_v4.classify(src.parse().unwrap(), dst.parse().unwrap()), Decision::Steer(_));
+                drops += usize::from(steer);
+                assert_eq!(ping(src, dst), !steer, "{src} -> {dst}: steered {steer}");
+            }
+        }
+        assert_eq!(drops, 5, "the probes cover steered and forwarded pairs");
+        let out = Command::new("ip")
+            .args(["netns", "exec", "efc14-rtr", "nft", "list", "chain", "inet", TABLE, "policy_1"])
+            .output()
+            .unwrap();
+        let listing = String::from_utf8_lossy(&out.stdout);
+        // 198.18.0.7 to both 198.51.100.x addresses: one echo request each.
+        assert!(listing.contains("counter packets 2 "), "{listing}");
+    }
+
+    /// Measurement, not a check: how long `nft -f` of the ruleset takes, and
+    /// its peak RSS, for many selected pods (/32s in 198.18.0.0/15, pod `i`
+    /// in policy `i % 64`, so no two neighbours merge: one map element per
+    /// pod). Run as root: `cargo test --release -p egret-controlplane --lib
+    /// failclosed::tests::measure_nft_load --locked -- --ignored --nocapture`
+    /// (sizes in `EGRET_NFT_PODS`, comma-separated; default 16384,65536,131072).
+    #[test]
+    #[ignore = "measurement; needs root, nft and /usr/bin/time"]
+    fn measure_nft_load() {
+        let sizes = std::env::var("EGRET_NFT_PODS").unwrap_or_else(|_| "16384,65536,131072".into());
+        assert!(sh(&["ip", "netns", "add", "efc14-measure"]), "needs root");
+        let _ns = Netns(&["efc14-measure"]);
+        for n in sizes.split(',').map(|n| n.trim().parse::<u32>().unwrap()) {
+            let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
+            let policies = (0..64u32)
+                .map(|k| PolicySpec {
+                    name: format!("p{k}"),
+                    sources: (0..n)
+                        .filter(|i| i % 64 == k)
+                        .map(|i| format!("{}/32", Ipv4Addr::from(base + i)).parse().unwrap())
+                        .collect(),
+                    destinations: vec!["0.0.0.0/0".parse().unwrap()],
+                    except: vec![format!("203.0.113.{k}/32").parse().unwrap()],
+                    egress_ips: vec!["203.0.113.200".parse().unwrap()],
+                })
+                .collect();
+            let spec = TablesSpec { policies, ..Default::default() };
+            let t = Tables::compile(&spec, 1, &PolicySlots::default()).unwrap();
+            let script = ruleset(&t);
+            let path = std::env::temp_dir().join(format!("efc14-ruleset-{n}.nft"));
+            std::fs::write(&path, &script).unwrap();
+            let o = Command::new("/usr/bin/time")
+                .args(["-f", "%e s %M KiB", "ip", "netns", "exec", "efc14-measure", "nft", "-f"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            let _ = std::fs::remove_file(&path);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{err}");
+            println!("{n} selected pods: {} bytes of script, nft -f: {}", script.len(), err.trim());
+        }
     }
 
     #[test]
