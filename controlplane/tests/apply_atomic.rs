@@ -159,6 +159,26 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// What an IPv4 packet from `src` to `dst` meets in a fail-closed ruleset
+/// (controlplane/src/failclosed.rs): the verdict of the source's class's
+/// destination map, or None where it is accepted (an unselected source, an
+/// unmatched destination). Reads the maps as the kernel would look them up.
+fn kernel_verdict(ruleset: &str, src: [u8; 4], dst: [u8; 4]) -> Option<String> {
+    let lookup = |map: &str, addr: Ipv4Addr| -> Option<String> {
+        let body = ruleset.split(&format!("map {map} {{")).nth(1)?.split('}').next()?;
+        let elements = body.split("elements = {").nth(1)?;
+        elements.split(',').find_map(|e| {
+            let (range, verdict) = e.split_once(" : ")?;
+            let (lo, hi) = range.trim().split_once('-').unwrap_or((range.trim(), range.trim()));
+            let (lo, hi): (Ipv4Addr, Ipv4Addr) = (lo.parse().unwrap(), hi.parse().unwrap());
+            (lo <= addr && addr <= hi).then(|| verdict.trim().to_string())
+        })
+    };
+    let class = lookup("sources4", Ipv4Addr::from(src))?;
+    let class = class.strip_prefix("jump ").expect("a source maps to a class chain");
+    lookup(&format!("{class}_dst"), Ipv4Addr::from(dst))
+}
+
 /// The state the first configuration left, unchanged but for egress IP B.
 fn assert_first_state_without_b(r: &Rig, generation_before: u64) {
     // The engine: the old classification (a new generation, for the given-up IP only).
@@ -197,11 +217,13 @@ fn an_apply_too_large_for_the_maps_changes_neither_engine_nor_maps_and_the_kerne
     // table must drop it: it was replaced with the new configuration's.
     let installed = r.kernel.installed.lock().unwrap().clone();
     assert_eq!(installed.len(), 2);
-    assert!(
-        installed[1].contains("ip saddr 198.18.0.3/32 ip daddr 0.0.0.0/0 counter drop"),
+    assert_eq!(
+        kernel_verdict(&installed[1], NEW_POD, REMOTE).as_deref(),
+        Some("jump policy_0"),
         "the kernel must drop the newly selected pod: {}",
         installed[1]
     );
+    assert_eq!(kernel_verdict(&installed[1], [198, 18, 0, 9], REMOTE), None, "{}", installed[1]);
 
     // Once it fits, it applies whole.
     r.sink.apply(&one_more()).unwrap();
