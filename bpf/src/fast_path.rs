@@ -526,6 +526,11 @@ mod tests {
                 assert_eq!(offset_of!($c, live), 4);
                 assert_eq!(offset_of!($c, key), 8);
                 assert_eq!(offset_of!($c, entry), 8 + s.key_words * 8);
+                assert_eq!(
+                    offset_of!($c, tcp_seen),
+                    8 + (s.key_words + s.entry_words) * 8,
+                    "tcp_seen follows the entry"
+                );
                 assert_eq!(size_of::<$c>() % 64, 0, "whole cache lines");
             }};
         }

@@ -825,6 +825,14 @@ impl SteeringProgram {
         Ok(if found { FpEntry::from_bytes(out) } else { None })
     }
 
+    /// The acknowledgment number and raw window of the latest TCP segment
+    /// with ACK set the program translated under `key` since its slot was
+    /// last written (`SessionTable::tcp_seen`), if any.
+    pub fn fp_tcp_seen<const N: usize>(&self, key: &FpKey<N>) -> Option<(u32, u16)> {
+        let mut k = [0u8; FpKeyV6::LEN];
+        lock(self.fp_table::<N>().0).tcp_seen(key.write_to(&mut k))
+    }
+
     /// Session directions in the two tables (IPv4, IPv6).
     pub fn fp_entry_counts(&self) -> (usize, usize) {
         (lock(&self.fp_v4).len(), lock(&self.fp_v6).len())

@@ -11,6 +11,7 @@
 //!  word 0        seq (u32) | live (u32)   seq is odd while the slot is rewritten
 //!  words 1..     key  (fp_key_v4: 2 words, fp_key_v6: 5)
 //!  then          entry (fp_entry_v4: 4 words, fp_entry_v6: 7; last_seen_ns is its last word)
+//!  then          tcp_seen (1 word, written by the program only; see [`SessionTable::tcp_seen`])
 //!  then          padding to 8 / 16 words
 //! ```
 //!
@@ -28,8 +29,10 @@
 //! seq and treats a changed or odd seq as a miss, so it never translates with
 //! a torn entry. While a key moves during a backward shift it is briefly in
 //! two slots (the same translation) or, for a reader that probed past it,
-//! in none: a miss, which the engine handles. The program's only write is
-//! the entry's `last_seen_ns` word.
+//! in none: a miss, which the engine handles. The program's only writes are
+//! the entry's `last_seen_ns` word and the `tcp_seen` word after the entry,
+//! which the writer never writes: it carries a tag of the slot's seq instead
+//! (see [`SessionTable::tcp_seen`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -273,6 +276,25 @@ impl<M: AsRef<[AtomicU64]>> SessionTable<M> {
         true
     }
 
+    /// The acknowledgment number and raw window of the latest TCP segment
+    /// with ACK set that the program translated under `key` since the key's
+    /// slot was last written (C `fp_record_tcp`, `fp_slot_v4.tcp_seen`).
+    ///
+    /// The word is trusted only when its tag, `(seq & 0xffff) | 1` of the
+    /// seq the program found the slot under, matches the slot's seq now: a
+    /// word the program wrote for the slot's previous tenant, or before the
+    /// entry was rewritten or moved by a backward shift, is ignored (`None`;
+    /// the engine then uses its own, older record). One 8-byte load of a
+    /// word the program writes with one 8-byte store: never torn.
+    pub fn tcp_seen(&self, key: &[u8]) -> Option<(u32, u16)> {
+        let &at = self.index.get(&self.key_words(key))?;
+        let slot = self.slot(at);
+        let (seq, live) = seq_live(slot[0].load(Ordering::Acquire));
+        let w = slot[1 + self.shape.key_words + self.shape.entry_words].load(Ordering::Acquire);
+        let tag = (w >> 48) as u16;
+        (live && seq & 1 == 0 && tag == ((seq as u16) | 1)).then_some((w as u32, (w >> 32) as u16))
+    }
+
     /// Empties the table; returns how many keys it held.
     pub fn clear(&mut self) -> usize {
         let slots: Vec<u32> = self.index.drain().map(|(_, at)| at).collect();
@@ -420,6 +442,35 @@ mod tests {
         assert_eq!(t.clear(), 16);
         assert!(t.is_empty());
         assert!((0..64).all(|at| !t.live(at)));
+    }
+
+    /// The program's TCP record is read only under the seq it was tagged
+    /// with: a rewrite of the slot (another tenant, a replaced entry)
+    /// invalidates it.
+    #[test]
+    fn the_tcp_record_counts_only_under_its_tag() {
+        let mut t = table(64, 8, 2);
+        t.insert(&key(1), &entry(1)).unwrap();
+        let at = t.probe(&key(1)).unwrap();
+        let word = |seq: u32, ack: u32, win: u16| {
+            u64::from(ack) | (u64::from(win) << 32) | (u64::from((seq as u16) | 1) << 48)
+        };
+        let tcp_at = 1 + SHAPE_V4.key_words + SHAPE_V4.entry_words;
+        assert_eq!(t.tcp_seen(&key(1)), None, "nothing recorded yet");
+        t.slot(at)[tcp_at].store(word(2, 0xdead_beef, 0x1234), Ordering::Relaxed);
+        assert_eq!(t.tcp_seen(&key(1)), Some((0xdead_beef, 0x1234)));
+        t.insert(&key(1), &entry(7)).unwrap();
+        assert_eq!(t.tcp_seen(&key(1)), None, "written before the entry was rewritten");
+        t.slot(at)[tcp_at].store(word(4, 7, 8), Ordering::Relaxed);
+        assert_eq!(t.tcp_seen(&key(1)), Some((7, 8)));
+        // The slot's next tenant (a key with the same home) inherits the
+        // word but not its tag.
+        let home = t.home(&t.key_words(&key(1)));
+        let other = (2..100_000).find(|&n| t.home(&t.key_words(&key(n))) == home).unwrap();
+        assert!(t.remove(&key(1)));
+        t.insert(&key(other), &entry(other)).unwrap();
+        assert_eq!(t.probe(&key(other)), Some(at));
+        assert_eq!(t.tcp_seen(&key(other)), None, "another tenant's word");
     }
 
     #[test]

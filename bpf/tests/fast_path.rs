@@ -1046,3 +1046,83 @@ fn bpf_fib_lookup_is_refused_to_the_gateways_licence() {
         "refused for another reason:\n{log}"
     );
 }
+
+/// A TCP segment with ACK `ack` and window `window` (no payload), as
+/// `frame4`/`frame6` build them otherwise.
+fn ack_segment<const N: usize>(
+    macs: ([u8; 6], [u8; 6]),
+    src: [u8; N],
+    dst: [u8; N],
+    hops: u8,
+    ports: (u16, u16),
+    (ack, window): (u32, u16),
+) -> Vec<u8> {
+    let eth = PacketBuilder::ethernet2(macs.0, macs.1);
+    let ip = match (<[u8; 4]>::try_from(&src[..]), <[u8; 4]>::try_from(&dst[..])) {
+        (Ok(s), Ok(d)) => eth.ipv4(s, d, hops),
+        _ => {
+            let (s, d) = (<[u8; 16]>::try_from(&src[..]).unwrap(), <[u8; 16]>::try_from(&dst[..]).unwrap());
+            eth.ipv6(s, d, hops)
+        }
+    };
+    let mut v = Vec::new();
+    ip.tcp(ports.0, ports.1, 1000, window).ack(ack).write(&mut v, &[]).unwrap();
+    v
+}
+
+/// The fast path records, in each direction's own slot, the acknowledgment
+/// number and window of the TCP segments with ACK it translates (the
+/// engine's RST window check of an offloaded session reads them); the
+/// translated frame is what it is without the record, and a punted segment
+/// or a rewrite of the slot leaves no record that counts.
+#[test]
+fn translated_tcp_segments_leave_their_ack_and_window_in_their_slot() {
+    let w = world();
+    let p = &w.prog;
+    p.fp_clear().unwrap();
+    install4(p, ACK, 0, 3);
+    install6(p, ACK, 0, 3);
+    let (macs_in, macs_out) = ((PEER_MAC, GW_MAC), (OUT_MAC, NH_MAC));
+    let tcp = 6;
+    let out4 = FpKey::new(POD4, REMOTE4, POD_PORT, REMOTE_PORT, tcp);
+    let in4 = FpKey::new(REMOTE4, EGRESS4, REMOTE_PORT, EGRESS_PORT, tcp);
+    let out6 = FpKey::new(pod6(), remote6(), POD_PORT, REMOTE_PORT, tcp);
+    assert_eq!((p.fp_tcp_seen(&out4), p.fp_tcp_seen(&in4), p.fp_tcp_seen(&out6)), (None, None, None));
+
+    let seg = (0xfffe_0001, 513);
+    let frame = ack_segment(macs_in, POD4, REMOTE4, 64, (POD_PORT, REMOTE_PORT), seg);
+    let want = ack_segment(macs_out, EGRESS4, REMOTE4, 63, (EGRESS_PORT, REMOTE_PORT), seg);
+    expect_hit(p, "ack4 outbound", &frame, &want, XdpAction::Redirect);
+    assert_eq!(p.fp_tcp_seen(&out4), Some(seg), "recorded in the outbound slot");
+    assert_eq!(p.fp_tcp_seen(&in4), None, "the other direction's slot is its own");
+
+    let later = (0x0000_0010, 0);
+    let frame = ack_segment(macs_in, POD4, REMOTE4, 64, (POD_PORT, REMOTE_PORT), later);
+    let want = ack_segment(macs_out, EGRESS4, REMOTE4, 63, (EGRESS_PORT, REMOTE_PORT), later);
+    expect_hit(p, "a later ack4", &frame, &want, XdpAction::Redirect);
+    assert_eq!(p.fp_tcp_seen(&out4), Some(later), "the latest segment's, a zero window included");
+
+    let back = (77, 65535);
+    let frame = ack_segment(macs_in, REMOTE4, EGRESS4, 50, (REMOTE_PORT, EGRESS_PORT), back);
+    let want = ack_segment(macs_out, REMOTE4, POD4, 49, (REMOTE_PORT, POD_PORT), back);
+    expect_hit(p, "ack4 inbound", &frame, &want, XdpAction::Redirect);
+    assert_eq!(p.fp_tcp_seen(&in4), Some(back));
+    assert_eq!(p.fp_tcp_seen(&out4), Some(later));
+
+    let seg6 = (0x1234_5678, 0xffff);
+    let frame = ack_segment(macs_in, pod6(), remote6(), 64, (POD_PORT, REMOTE_PORT), seg6);
+    let want = ack_segment(macs_out, egress6(), remote6(), 63, (EGRESS_PORT, REMOTE_PORT), seg6);
+    expect_hit(p, "ack6 outbound", &frame, &want, XdpAction::Redirect);
+    assert_eq!(p.fp_tcp_seen(&out6), Some(seg6));
+
+    // A punted segment (a FIN) records nothing: the engine sees it itself.
+    let fin = frame4(macs_in, POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Tcp { syn: false, fin: true, rst: false });
+    let (out, _, f) = run(p, &fin);
+    assert_eq!(f, vec![(F::PuntTcpControl, 1)]);
+    assert_eq!(out.frame, fin);
+    assert_eq!(p.fp_tcp_seen(&out4), Some(later), "a punted segment is not recorded");
+
+    // Userspace rewriting the entry (a re-route, a new tenant) voids the record.
+    install4(p, ACK, 0, 3);
+    assert_eq!(p.fp_tcp_seen(&out4), None, "a record from before the rewrite does not count");
+}

@@ -758,6 +758,12 @@ impl Ctx<'_> {
             L4::Ports { tcp_flags, .. } if p.proto == proto::TCP => tcp_flags,
             _ => 0,
         };
+        // The TCP header's sequence numbers, window and (SYN) window scale,
+        // for the RST window check (nat/tcp_state.rs).
+        let seg = match p.l4info {
+            L4::Ports { .. } if p.proto == proto::TCP => buf.get(p.l4..p.end).and_then(tcp_state::segment),
+            _ => None,
+        };
 
         // Fast path: one lookup, whichever direction.
         let hit = self.lookup(nat, &key).filter(|(_, v)| nat.check(v, tables, secs, self.stats));
@@ -774,7 +780,7 @@ impl Ctx<'_> {
         if let Some(v) = self.undeliverable(buf, &p, &view, dir, now) {
             return v;
         }
-        self.account(nat, &view, dir, tcp_flags, secs, len);
+        self.account(nat, &view, dir, tcp_flags, seg.as_ref(), secs, len);
         let orig = (p.src, p.dst);
         rewrite::translate(buf, &mut p, dir, &view.tuple, view.deltas, partial);
         if partial {
@@ -797,7 +803,7 @@ impl Ctx<'_> {
                     Err(r) => return Verdict::Drop(r),
                 },
             };
-            self.account(nat, &view2, Direction::Inbound, tcp_flags, secs, len);
+            self.account(nat, &view2, Direction::Inbound, tcp_flags, seg.as_ref(), secs, len);
             rewrite::translate(buf, &mut p, Direction::Inbound, &view2.tuple, view2.deltas, false);
             self.stats.event(Event::Hairpinned);
         }
@@ -844,13 +850,13 @@ impl Ctx<'_> {
         }
         let proto = h[23];
         let l4_len = end - L4;
-        let (tcp_flags, csum_at) = match proto {
+        let (tcp_flags, seg, csum_at) = match proto {
             proto::UDP => {
                 let ulen = usize::from(u16::from_be_bytes([h[L4 + 4], h[L4 + 5]]));
                 if ulen < 8 || ulen > l4_len {
                     return None;
                 }
-                (0, L4 + crate::wire::udp::CHECKSUM_OFFSET)
+                (0, None, L4 + crate::wire::udp::CHECKSUM_OFFSET)
             }
             proto::TCP => {
                 let t = frame.get(L4..L4 + 20)?;
@@ -858,7 +864,7 @@ impl Ctx<'_> {
                 if hl < 20 || hl > l4_len {
                     return None;
                 }
-                (t[13], L4 + crate::wire::tcp::CHECKSUM_OFFSET)
+                (t[13], tcp_state::segment(t), L4 + crate::wire::tcp::CHECKSUM_OFFSET)
             }
             _ => return None,
         };
@@ -929,7 +935,7 @@ impl Ctx<'_> {
         }
 
         // Commit: from here on, exactly the full pipeline's steps.
-        self.account(nat, &view, dir, tcp_flags, secs, len);
+        self.account(nat, &view, dir, tcp_flags, seg.as_ref(), secs, len);
         let (l3d, l4d) = rewrite::deltas_for(view.deltas, dir);
         let frame = buf.get_mut(..len)?;
         let (addr_at, addr, port_at, port) = match dir {
@@ -970,6 +976,14 @@ impl Ctx<'_> {
     }
 
     /// Refreshes the session and tracks TCP state; counts the packet.
+    ///
+    /// `seg` is the TCP header of a TCP packet. The pod's acknowledgments
+    /// and both SYNs' window-scale options are recorded for the RST window
+    /// check; an inbound RST the pod would not accept (nat/tcp_state.rs
+    /// `rst_acceptable`) is counted as `tcp_rst_out_of_window` and leaves
+    /// the session as it was: no refresh, no state change, no offload
+    /// change (the caller still translates and forwards it).
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn account<A: Family>(
         &self,
@@ -977,9 +991,24 @@ impl Ctx<'_> {
         view: &SessionView<A>,
         dir: Direction,
         tcp_flags: u8,
+        seg: Option<&tcp_state::Segment>,
         secs: u32,
         len: usize,
     ) {
+        if let (proto::TCP, Some(seg)) = (view.tuple.proto, seg) {
+            use tcp_state::flags::{ACK, RST, SYN};
+            if dir == Direction::Inbound
+                && seg.flags & RST != 0
+                && nat.tcp_track(view).is_some_and(|t| !tcp_state::rst_acceptable(t, seg.seq))
+            {
+                self.stats.event(Event::TcpRstOutOfWindow);
+                self.stats.traffic(view.policy_slot, dir, len);
+                return;
+            }
+            if seg.flags & SYN != 0 || (dir == Direction::Outbound && seg.flags & ACK != 0) {
+                let _ = nat.sessions.update_tcp_track(view.index, view.seq, |t| tcp_state::track_segment(t, dir, seg));
+            }
+        }
         let refresh = match (dir, view.tuple.proto) {
             (Direction::Outbound, _) => true,
             (Direction::Inbound, proto::UDP) => self.tables.nat.udp_inbound_refresh,

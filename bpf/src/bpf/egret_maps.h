@@ -312,12 +312,24 @@ struct fp_next_hop {
  */
 #define EGRET_FP_PROBES 16
 
+/*
+ * tcp_seen: written by the program only, one 8-byte store, for the engine's
+ * RST window check (dataplane/src/nat/tcp_state.rs): the acknowledgment
+ * number (bits 0-31, host order) and raw window (bits 32-47, host order) of
+ * the latest TCP segment with ACK set translated in this direction, and in
+ * bits 48-63 the tag (seq & 0xffff) | 1 of the slot's seq under which the
+ * program found the key. Userspace trusts the word only while the tag
+ * matches the slot's current seq: a word written for a previous tenant of
+ * the slot, or before a rewrite, never matches (and 0, the initial value,
+ * never does: tags are odd). Outside key and entry, so the seqlock reader's
+ * check is not disturbed.
+ */
 struct fp_slot_v4 {
 	__u32 seq;  /* odd while userspace rewrites the slot */
 	__u32 live; /* 1: key and entry hold a session direction; 0: empty */
 	struct fp_key_v4 key;
 	struct fp_entry_v4 entry;
-	__u8 pad[8];
+	__u64 tcp_seen;
 }; /* 64 bytes: one cache line */
 
 struct fp_slot_v6 {
@@ -325,7 +337,8 @@ struct fp_slot_v6 {
 	__u32 live;
 	struct fp_key_v6 key;
 	struct fp_entry_v6 entry;
-	__u8 pad[24];
+	__u64 tcp_seen;
+	__u8 pad[16];
 }; /* 128 bytes: two cache lines */
 
 /* Value of fp_config (one entry), written by userspace after loading. */

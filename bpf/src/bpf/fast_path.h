@@ -20,6 +20,10 @@
  *   5. XDP_TX when the next hop is out of the receiving interface, else
  *      bpf_redirect() to it.
  *
+ * A translated TCP segment with ACK set also leaves its acknowledgment
+ * number and window in the slot's tcp_seen word (fp_record_tcp), which the
+ * engine reads for the RST window check of an offloaded session.
+ *
  * It returns EGRET_FP_CONTINUE, leaving the frame untouched, for a miss and
  * for every case that needs the engine (each counted, fast_path_reason.h):
  * TCP SYN/FIN/RST, TTL <= 1, a partial transport checksum (TX offload of a
@@ -55,6 +59,7 @@
 #define EGRET_TCP_FIN 0x01
 #define EGRET_TCP_SYN 0x02
 #define EGRET_TCP_RST 0x04
+#define EGRET_TCP_ACK 0x10
 
 #define EGRET_NSEC_PER_SEC 1000000000ULL
 
@@ -162,7 +167,8 @@ static __always_inline __u64 fp_dep(__u64 x)
 #define FP_DEFINE_FIND(fam, table, mask_field)                                                         \
 	static __always_inline struct fp_slot_##fam *fp_find_##fam(const struct fp_config *cfg,         \
 								  const union fp_key_##fam##_words *key,   \
-								  struct fp_entry_##fam *copy)             \
+								  struct fp_entry_##fam *copy,             \
+								  __u32 *seq_out)                          \
 	{                                                                                               \
 		const int words = sizeof(key->w) / 8;                                                   \
 		const int entry_words = sizeof(*copy) / 8;                                              \
@@ -201,6 +207,7 @@ static __always_inline __u64 fp_dep(__u64 x)
 			}                                                                               \
 			if (FP_READ_ONCE(*(const __u32 *)((const void *)&s->seq + fp_dep(dep))) != seq) \
 				return NULL;                                                            \
+			*seq_out = seq;                                                                 \
 			return s;                                                                       \
 		}                                                                                       \
 		return NULL;                                                                            \
@@ -275,6 +282,24 @@ static __always_inline int fp_expired(const struct fp_config *cfg, __u64 now)
 	return now >= cfg->valid_until_ns; /* never for EGRET_VALID_FOREVER */
 }
 
+/*
+ * Records a translated TCP segment's acknowledgment number and window in its
+ * slot's tcp_seen word (egret_maps.h), tagged with the seq the slot was found
+ * under: one 8-byte store, on the line the hit has just read, and only when
+ * the word changes. `rec` is fp_check_l4's (0: not TCP, or no ACK). The
+ * frame is not touched: the translation is the same with or without it.
+ */
+static __always_inline void fp_record_tcp(__u64 *tcp_seen, __u64 rec, __u32 seq)
+{
+	__u64 w;
+
+	if (!(rec >> 48))
+		return;
+	w = (rec & 0xffffffffffffULL) | ((__u64)((seq & 0xffff) | 1) << 48);
+	if (*tcp_seen != w)
+		*tcp_seen = w;
+}
+
 /* Stamps an entry at most once a second: one cache-line write per second
  * per direction, not per packet. */
 static __always_inline void fp_stamp(__u64 *last_seen_ns, __u64 now)
@@ -298,7 +323,7 @@ static __always_inline void fp_account(__u16 policy_slot, __u8 direction, __u64 
 /* The L4 checks shared by both families: returns 0 when the frame may be
  * translated, else the punt reason. *csum_at points at the checksum field. */
 static __always_inline int fp_check_l4(void *l4, void *data_end, __u8 proto, __u32 l4_len, int v6,
-				       __be16 **csum_at)
+				       __be16 **csum_at, __u64 *tcp_rec)
 {
 	if (proto == IPPROTO_TCP) {
 		struct egret_tcp_min *th = l4;
@@ -312,6 +337,10 @@ static __always_inline int fp_check_l4(void *l4, void *data_end, __u8 proto, __u
 		if (th->flags & (EGRET_TCP_SYN | EGRET_TCP_FIN | EGRET_TCP_RST))
 			return EGRET_FP_PUNT_TCP_CONTROL;
 		*csum_at = &th->check;
+		/* What fp_record_tcp stores: bit 48 marks "an ACK was seen". */
+		if (th->flags & EGRET_TCP_ACK)
+			*tcp_rec = (__u64)bpf_ntohl(th->ack_seq) | ((__u64)bpf_ntohs(th->window) << 32) |
+				   (1ULL << 48);
 		return 0;
 	}
 	{
@@ -411,9 +440,9 @@ static __always_inline int fp_send(struct xdp_md *ctx, __u32 ifindex)
  * reason. Writes nothing.
  */
 static __always_inline int fp_check_hit(void *l4, void *data_end, __u8 proto, __u32 l4_len, int v6, __u8 ttl,
-					__u32 addrs, __be16 **csum_at)
+					__u32 addrs, __be16 **csum_at, __u64 *tcp_rec)
 {
-	int rc = fp_check_l4(l4, data_end, proto, l4_len, v6, csum_at);
+	int rc = fp_check_l4(l4, data_end, proto, l4_len, v6, csum_at, tcp_rec);
 
 	if (rc)
 		return rc;
@@ -429,15 +458,17 @@ static __always_inline int fp_check_hit(void *l4, void *data_end, __u8 proto, __
 /*
  * The writes a hit makes in both families after its addresses, TTL and IP
  * checksum: the ports and the transport checksum from the entry (`e`, either
- * family's: the fields after the addresses are the same), the slot's stamp,
- * the policy's traffic; then the frame is sent out of `ifindex`.
+ * family's: the fields after the addresses are the same), the slot's stamp
+ * and TCP record (`slot`, either family's), the policy's traffic; then the
+ * frame is sent out of `ifindex`.
  */
-#define fp_finish(ctx, eth, data_end, ports, csum_at, proto, e, last_seen, ifindex, now)                   \
+#define fp_finish(ctx, eth, data_end, ports, csum_at, proto, e, slot, seq, tcp_rec, ifindex, now)          \
 	({                                                                                                     \
 		(ports)->source = (e)->new_sport;                                                              \
 		(ports)->dest = (e)->new_dport;                                                                \
 		fp_fix_l4(csum_at, proto, (e)->l4_delta);                                                      \
-		fp_stamp(last_seen, now);                                                                      \
+		fp_stamp(&(slot)->entry.last_seen_ns, now);                                                    \
+		fp_record_tcp(&(slot)->tcp_seen, tcp_rec, seq);                                                \
 		fp_account((e)->policy_slot, (e)->direction, (__u64)((data_end) - (void *)(eth)));             \
 		fp_send(ctx, ifindex);                                                                         \
 	})
@@ -452,6 +483,8 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 	struct fp_slot_v4 *slot;
 	struct egret_ports *ports;
 	__be16 *csum_at = NULL;
+	__u64 tcp_rec = 0;
+	__u32 seq = 0;
 	__u32 tot_len, l4_len;
 	__u32 ifindex;
 	__u64 now;
@@ -474,7 +507,7 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 	key.k.sport = ports->source;
 	key.k.dport = ports->dest;
 	key.k.proto = ip->protocol;
-	slot = fp_find_v4(cfg, &key, &entry);
+	slot = fp_find_v4(cfg, &key, &entry, &seq);
 	if (!slot)
 		return fp_punt(EGRET_FP_MISS);
 	now = bpf_ktime_get_coarse_ns();
@@ -487,7 +520,7 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 		return fp_punt(EGRET_FP_PUNT_MALFORMED);
 	l4_len = tot_len - sizeof(*ip);
 	rc = fp_check_hit(ports, data_end, ip->protocol, l4_len, 0, ip->ttl,
-			  addr_sum(key.k.src, 4) + addr_sum(key.k.dst, 4), &csum_at);
+			  addr_sum(key.k.src, 4) + addr_sum(key.k.dst, 4), &csum_at, &tcp_rec);
 	if (rc)
 		return fp_punt(rc);
 	ifindex = fp_set_next_hop(ctx, eth, e->next_hop, 0, e->new_src, e->new_dst, ip->protocol, tot_len);
@@ -499,7 +532,7 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 	ip->check = bpf_htons(csum_apply(bpf_ntohs(ip->check), e->l3_delta));
 	ip->ttl -= 1;
 	ip->check = bpf_htons(csum_apply(bpf_ntohs(ip->check), EGRET_TTL_DECREMENT_DELTA));
-	return fp_finish(ctx, eth, data_end, ports, csum_at, ip->protocol, e, &slot->entry.last_seen_ns, ifindex, now);
+	return fp_finish(ctx, eth, data_end, ports, csum_at, ip->protocol, e, slot, seq, tcp_rec, ifindex, now);
 }
 
 /* Rule 0 for IPv6 (RFC 8200): no extension headers, so the transport header
@@ -513,6 +546,8 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_conf
 	struct fp_slot_v6 *slot;
 	struct egret_ports *ports;
 	__be16 *csum_at = NULL;
+	__u64 tcp_rec = 0;
+	__u32 seq = 0;
 	__u32 l4_len;
 	__u32 ifindex;
 	__u8 proto;
@@ -538,7 +573,7 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_conf
 	key.k.sport = ports->source;
 	key.k.dport = ports->dest;
 	key.k.proto = proto;
-	slot = fp_find_v6(cfg, &key, &entry);
+	slot = fp_find_v6(cfg, &key, &entry, &seq);
 	if (!slot)
 		return fp_punt(EGRET_FP_MISS);
 	now = bpf_ktime_get_coarse_ns();
@@ -550,7 +585,7 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_conf
 	if ((void *)(ip6 + 1) + l4_len > data_end)
 		return fp_punt(EGRET_FP_PUNT_MALFORMED);
 	rc = fp_check_hit(ports, data_end, proto, l4_len, 1, ip6->hop_limit,
-			  addr_sum(key.k.src, 16) + addr_sum(key.k.dst, 16), &csum_at);
+			  addr_sum(key.k.src, 16) + addr_sum(key.k.dst, 16), &csum_at, &tcp_rec);
 	if (rc)
 		return fp_punt(rc);
 	ifindex = fp_set_next_hop(ctx, eth, e->next_hop, 1, e->new_src, e->new_dst, proto, 40 + l4_len);
@@ -560,7 +595,7 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_conf
 	__builtin_memcpy(&ip6->saddr, e->new_src, 16);
 	__builtin_memcpy(&ip6->daddr, e->new_dst, 16);
 	ip6->hop_limit -= 1;
-	return fp_finish(ctx, eth, data_end, ports, csum_at, proto, e, &slot->entry.last_seen_ns, ifindex, now);
+	return fp_finish(ctx, eth, data_end, ports, csum_at, proto, e, slot, seq, tcp_rec, ifindex, now);
 }
 
 /* Rule 0: the fast path, when enabled, for untagged IPv4/IPv6 frames. */

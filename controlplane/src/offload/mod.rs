@@ -150,6 +150,9 @@ pub trait FpFamily: IpFamily + NatAddr + PolicyFamily + Into<IpAddr> + Send + Sy
     fn read_entry(p: &SteeringProgram, key: &FlowKey<Self>) -> Result<Option<(u64, u32)>, BpfError>;
     /// Points an existing entry at another next hop, keeping its stamp.
     fn repoint(p: &SteeringProgram, key: &FlowKey<Self>, next_hop: u32) -> Result<bool, BpfError>;
+    /// The acknowledgment number and window the program last recorded
+    /// under `key` (TCP segments with ACK set it translated).
+    fn tcp_seen(p: &SteeringProgram, key: &FlowKey<Self>) -> Option<(u32, u16)>;
 }
 
 /// The table key of a flow key (`N`: the address width).
@@ -205,6 +208,9 @@ impl FpFamily for Ipv4Addr {
     fn repoint(p: &SteeringProgram, key: &FlowKey<Self>, next_hop: u32) -> Result<bool, BpfError> {
         repoint_entry::<_, 4>(p, key, next_hop)
     }
+    fn tcp_seen(p: &SteeringProgram, key: &FlowKey<Self>) -> Option<(u32, u16)> {
+        p.fp_tcp_seen(&fp_key::<_, 4>(key))
+    }
 }
 
 impl FpFamily for Ipv6Addr {
@@ -225,6 +231,9 @@ impl FpFamily for Ipv6Addr {
     }
     fn repoint(p: &SteeringProgram, key: &FlowKey<Self>, next_hop: u32) -> Result<bool, BpfError> {
         repoint_entry::<_, 16>(p, key, next_hop)
+    }
+    fn tcp_seen(p: &SteeringProgram, key: &FlowKey<Self>) -> Option<(u32, u16)> {
+        p.fp_tcp_seen(&fp_key::<_, 16>(key))
     }
 }
 
@@ -427,6 +436,12 @@ impl<A: FpFamily> OffloadHook<A> for FastPath {
             }
         }
         best
+    }
+
+    /// The pod's direction (outbound) as the program recorded it: the
+    /// acknowledgments and windows the pod sent while offloaded.
+    fn pod_ack(&self, view: &SessionView<A>) -> Option<(u32, u16)> {
+        A::tcp_seen(&self.program, &view.tuple.outbound_key())
     }
 
     fn remove(&self, view: &SessionView<A>) {

@@ -15,7 +15,9 @@
 //! (last seen, TCP state) are single atomics.
 //!
 //! Memory per session (IPv4): two map entries of 17 bytes (13-byte key,
-//! 4-byte ref) plus one control byte each, and a 40-byte slot. See
+//! 4-byte ref) plus one control byte each, and a 48-byte slot (40 bytes
+//! before the pod's acknowledgment and window were tracked for the RST
+//! window check, nat/tcp_state.rs). See
 //! docs/benchmarks.md for the measured figure.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -78,6 +80,10 @@ pub struct Slot<A: NatAddr> {
     /// and the configuration generation the session was last validated
     /// against (bits 16-31).
     state: AtomicU32,
+    /// TCP: the pod's latest acknowledgment number and window and both
+    /// SYNs' window-scale options (`tcp_state::track`), for the RST window
+    /// check. Not part of [`SessionView`]: read only for an inbound RST.
+    tcp_track: AtomicU64,
     // The per-policy counter slot (low 16) and flags (high 16) travel in the
     // packed words, where the IPv4 tuple leaves 40 bits free: an IPv4 slot is
     // 40 bytes.
@@ -160,6 +166,7 @@ impl<A: NatAddr> Default for Slot<A> {
             deltas: AtomicU32::new(0),
             last_seen: AtomicU32::new(0),
             state: AtomicU32::new(0),
+            tcp_track: AtomicU64::new(0),
         }
     }
 }
@@ -176,6 +183,7 @@ impl<A: NatAddr> Slot<A> {
         self.deltas.store(init.deltas, Ordering::Relaxed);
         self.last_seen.store(init.now, Ordering::Relaxed);
         self.state.store(u32::from(init.tcp) | (u32::from(init.generation) << 16), Ordering::Relaxed);
+        self.tcp_track.store(0, Ordering::Relaxed);
         self.seq.store(gen_base | LIVE, Ordering::Release);
     }
 
@@ -473,6 +481,37 @@ impl<A: NatAddr> SessionTable<A> {
         }
     }
 
+    /// The TCP tracking word (`tcp_state::track`) of the incarnation `seq`
+    /// of slot `index`, or `None` when the slot no longer holds it.
+    pub fn tcp_track(&self, index: u32, seq: u32) -> Option<u64> {
+        let slot = self.slab.get(index)?;
+        let t = slot.tcp_track.load(Ordering::Acquire);
+        (seq & STATUS_MASK == LIVE && slot.seq.load(Ordering::Acquire) == seq).then_some(t)
+    }
+
+    /// Updates the TCP tracking word of the incarnation `seq` of slot
+    /// `index` with `f` (stored only when it changes, so a segment that
+    /// acknowledges nothing new does not write the slot's line), checking
+    /// the incarnation as [`update_tcp`](Self::update_tcp) does.
+    #[inline]
+    pub fn update_tcp_track(&self, index: u32, seq: u32, f: impl Fn(u64) -> u64) -> Option<u64> {
+        let slot = self.slab.get(index)?;
+        let mut cur = slot.tcp_track.load(Ordering::Acquire);
+        loop {
+            if slot.seq.load(Ordering::Acquire) != seq || seq & STATUS_MASK != LIVE {
+                return None;
+            }
+            let new = f(cur);
+            if new == cur {
+                return Some(cur);
+            }
+            match slot.tcp_track.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return (slot.seq.load(Ordering::Acquire) == seq).then_some(new),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
     /// Sets offload bits on the incarnation `seq` of slot `index`; returns the
     /// bits before, or `None` if the slot no longer holds that incarnation.
     pub fn set_offload(&self, index: u32, seq: u32, bits: u8, clear: u8) -> Option<u8> {
@@ -572,8 +611,8 @@ mod tests {
         let r = SessionRef::new(INBOUND_BIT - 1, false);
         assert_eq!((r.index(), r.is_inbound()), (INBOUND_BIT - 1, false));
         assert_eq!(std::mem::size_of::<(FlowKey<Ipv4Addr>, SessionRef)>(), 17);
-        assert_eq!(std::mem::size_of::<Slot<Ipv4Addr>>(), 40);
-        assert_eq!(std::mem::size_of::<Slot<std::net::Ipv6Addr>>(), 80);
+        assert_eq!(std::mem::size_of::<Slot<Ipv4Addr>>(), 48);
+        assert_eq!(std::mem::size_of::<Slot<std::net::Ipv6Addr>>(), 88);
     }
 
     #[test]

@@ -79,6 +79,13 @@ pub trait OffloadHook<A>: Send + Sync {
     /// The last second (engine clock) the fast path translated a packet of
     /// this session, if it has one.
     fn last_seen(&self, view: &SessionView<A>) -> Option<u32>;
+    /// The acknowledgment number and raw window of the latest TCP segment
+    /// with ACK set that the fast path translated from the pod (its outbound
+    /// direction), if it recorded one for the session as installed now.
+    fn pod_ack(&self, view: &SessionView<A>) -> Option<(u32, u16)> {
+        let _ = view;
+        None
+    }
     /// Removes the session's entries from the fast path. Must take effect
     /// before returning.
     fn remove(&self, view: &SessionView<A>);
@@ -276,6 +283,20 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         }
         let fast_path = self.offload_hook.get().and_then(|h| h.last_seen(view));
         fast_path.map_or(view.last_seen, |seen| seen.max(view.last_seen))
+    }
+
+    /// The session's TCP tracking word (`tcp_state::track`) with, for an
+    /// installed session, the fast path's record of the pod's latest
+    /// acknowledgment merged in (the later of the two: the workers see only
+    /// an offloaded session's control segments). `None` when the slot no
+    /// longer holds this incarnation.
+    pub fn tcp_track(&self, view: &SessionView<A>) -> Option<u64> {
+        let own = self.sessions.tcp_track(view.index, view.seq)?;
+        if view.offload & offload::INSTALLED == 0 {
+            return Some(own);
+        }
+        let fast_path = self.offload_hook.get().and_then(|h| h.pod_ack(view));
+        Some(fast_path.map_or(own, |(ack, window)| tcp_state::track_ack(own, ack, window)))
     }
 
     /// For an installed session that looks expired, the fast path's more

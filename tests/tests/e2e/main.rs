@@ -40,6 +40,7 @@ mod neighbors;
 mod pmtu;
 mod reload;
 mod restart;
+mod rst;
 mod traffic;
 
 use egret_tests::gateway::GatewayConfig;
