@@ -22,6 +22,11 @@ pub const DIR_INBOUND: u8 = 1;
 /// `fp_next_hop.valid` for a usable next hop.
 pub const NEXT_HOP_VALID: u32 = 1;
 
+/// `fp_next_hop.flags`: a frame that arrived on the next hop's own
+/// interface is punted, never sent back out of it (C
+/// `EGRET_NEXT_HOP_NOT_BACK`; a two-arm gateway's outside link).
+pub const NEXT_HOP_NOT_BACK: u32 = 1;
+
 /// What a session key or entry takes an address from: `Ipv4Addr` (`N` = 4),
 /// `Ipv6Addr` (16), or the octets themselves.
 pub trait Octets<const N: usize>: Copy {
@@ -264,15 +269,17 @@ pub struct FpNextHop {
     /// The output link's MTU: a larger IP datagram is punted to the engine,
     /// which answers Fragmentation Needed / Packet Too Big. 0: not checked.
     pub mtu: u32,
+    /// [`NEXT_HOP_NOT_BACK`], or 0.
+    pub flags: u32,
 }
 
 /// Size of [`FpNextHop`] as the kernel stores it.
-pub const FP_NEXT_HOP_LEN: usize = 24;
+pub const FP_NEXT_HOP_LEN: usize = 28;
 
 impl FpNextHop {
     /// A resolved next hop.
     pub fn resolved(ifindex: u32, src_mac: [u8; 6], dst_mac: [u8; 6]) -> Self {
-        Self { ifindex, dst_mac, src_mac, valid: NEXT_HOP_VALID, mtu: 0 }
+        Self { ifindex, dst_mac, src_mac, valid: NEXT_HOP_VALID, mtu: 0, flags: 0 }
     }
 
     /// This next hop with its link's MTU checked by the program.
@@ -280,9 +287,15 @@ impl FpNextHop {
         Self { mtu, ..self }
     }
 
+    /// This next hop, which the program never uses for a frame that arrived
+    /// on its own interface when `not_back` ([`NEXT_HOP_NOT_BACK`]).
+    pub fn not_back(self, not_back: bool) -> Self {
+        Self { flags: if not_back { NEXT_HOP_NOT_BACK } else { 0 }, ..self }
+    }
+
     /// A next hop the program must not use (unresolved, or no route).
     pub fn invalid(ifindex: u32) -> Self {
-        Self { ifindex, dst_mac: [0; 6], src_mac: [0; 6], valid: 0, mtu: 0 }
+        Self { ifindex, dst_mac: [0; 6], src_mac: [0; 6], valid: 0, mtu: 0, flags: 0 }
     }
 
     /// The kernel's bytes for this value.
@@ -293,6 +306,7 @@ impl FpNextHop {
         b[10..16].copy_from_slice(&self.src_mac);
         b[16..20].copy_from_slice(&self.valid.to_ne_bytes());
         b[20..24].copy_from_slice(&self.mtu.to_ne_bytes());
+        b[24..28].copy_from_slice(&self.flags.to_ne_bytes());
         b
     }
 
@@ -306,6 +320,7 @@ impl FpNextHop {
         n.src_mac.copy_from_slice(&b[10..16]);
         n.valid = u32::from_ne_bytes([b[16], b[17], b[18], b[19]]);
         n.mtu = u32::from_ne_bytes([b[20], b[21], b[22], b[23]]);
+        n.flags = u32::from_ne_bytes([b[24], b[25], b[26], b[27]]);
         Some(n)
     }
 }
@@ -410,10 +425,13 @@ fast_path_reasons! {
     PuntNextHop = 10, "EGRET_FP_PUNT_NEXT_HOP", "punt_next_hop";
     /// A hit at or after `fp_config.valid_until_ns` (an owned address's valid-until).
     PuntExpired = 11, "EGRET_FP_PUNT_EXPIRED", "punt_expired";
+    /// A hit that arrived on its next hop's own interface, marked
+    /// [`NEXT_HOP_NOT_BACK`] (a frame from outside with a pod's 5-tuple).
+    PuntWrongLink = 12, "EGRET_FP_PUNT_WRONG_LINK", "punt_wrong_link";
 }
 
 /// Number of reasons, the size of `fp_counters` (`EGRET_FP_COUNT`).
-pub const FAST_PATH_REASON_COUNT: u32 = 12;
+pub const FAST_PATH_REASON_COUNT: u32 = 13;
 
 #[cfg(test)]
 mod tests {
@@ -460,7 +478,7 @@ mod tests {
         same_layout!(
             FpNextHop,
             c::fp_next_hop,
-            [(ifindex, ifindex), (dst_mac, dst_mac), (src_mac, src_mac), (valid, valid), (mtu, mtu)]
+            [(ifindex, ifindex), (dst_mac, dst_mac), (src_mac, src_mac), (valid, valid), (mtu, mtu), (flags, flags)]
         );
         same_layout!(
             FpConfig,

@@ -543,6 +543,35 @@ fn a_hit_larger_than_the_next_hops_mtu_is_punted() {
     }
 }
 
+/// Issue 14 item 3 on the fast path: a next hop marked NEXT_HOP_NOT_BACK
+/// (a two-arm gateway's outside link) is never used for a frame that
+/// arrived on its own interface: a frame from outside that carries a pod's
+/// outbound 5-tuple is punted untouched to the steering rules (which drop
+/// it by the interface's role, rule 5a). Unmarked, the same frame is
+/// translated back out (one-arm); marked, a frame from another interface is
+/// still translated.
+#[test]
+fn a_hit_never_goes_back_out_of_a_not_back_link() {
+    let w = world();
+    let p = &w.prog;
+    // BPF_PROG_TEST_RUN without a context receives on lo: next hop 1 is out of lo.
+    install4(p, L4::Udp, 1, 0);
+    install6(p, L4::Udp, 1, 0);
+    let out4 = frame4((PEER_MAC, GW_MAC), POD4, REMOTE4, 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let out6 = frame6((PEER_MAC, GW_MAC), pod6(), remote6(), 64, POD_PORT, REMOTE_PORT, L4::Udp);
+    let want4 = frame4((GW_MAC, PEER_MAC), EGRESS4, REMOTE4, 63, EGRESS_PORT, REMOTE_PORT, L4::Udp);
+    let want6 = frame6((GW_MAC, PEER_MAC), egress6(), remote6(), 63, EGRESS_PORT, REMOTE_PORT, L4::Udp);
+    expect_hit(p, "unmarked v4", &out4, &want4, XdpAction::Tx);
+    expect_hit(p, "unmarked v6", &out6, &want6, XdpAction::Tx);
+    p.fp_set_next_hop(1, &FpNextHop::resolved(LO, GW_MAC, PEER_MAC).not_back(true)).unwrap();
+    expect_punt(p, "marked, arrived on its link, v4", &out4, F::PuntWrongLink, R::RedirectSteeredSource);
+    expect_punt(p, "marked, arrived on its link, v6", &out6, F::PuntWrongLink, R::RedirectSteeredSource);
+    // Marked, out of another interface than the one the frame came in on.
+    p.fp_set_next_hop(1, &FpNextHop::resolved(OTHER_IF, OUT_MAC, NH_MAC).not_back(true)).unwrap();
+    let want4 = frame4((OUT_MAC, NH_MAC), EGRESS4, REMOTE4, 63, EGRESS_PORT, REMOTE_PORT, L4::Udp);
+    expect_hit(p, "marked, other link, v4", &out4, &want4, XdpAction::Redirect);
+}
+
 /// Issue 14 item 6: past `fp_config.valid_until_ns` (the earliest owned
 /// address's valid-until, less the coarse clock's slack) no session is
 /// translated; the frame goes on to the steering rules untouched. Before

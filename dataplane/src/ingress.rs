@@ -76,6 +76,13 @@ impl Ingress {
         Ok(())
     }
 
+    /// The interfaces whose role is outside (two-arm): a translated frame
+    /// that arrived on one is never sent back out of it
+    /// (controlplane/src/offload/next_hops.rs).
+    pub fn outside_interfaces(&self) -> impl Iterator<Item = u32> + '_ {
+        self.interfaces.iter().filter(|i| i.role == IngressRole::Outside).map(|i| i.ifindex)
+    }
+
     /// Whether any interface's rule can refuse a frame (a cheap test for the
     /// per-packet path).
     #[inline]
@@ -103,5 +110,6 @@ mod tests {
         assert_eq!(t.admits_pods(4, &[9; 6]), Err(DropReason::SteeredFromUnknownMac));
         assert_eq!(t.admits_pods(5, &ROUTER), Err(DropReason::SteeredOnOutside), "an unlisted interface");
         assert_eq!(Ingress::default().admits_pods(3, &ROUTER), Ok(()), "an empty table restricts nothing");
+        assert_eq!(t.outside_interfaces().collect::<Vec<_>>(), vec![3]);
     }
 }

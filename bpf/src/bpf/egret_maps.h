@@ -231,6 +231,10 @@ struct {
 
 /* fp_next_hop.valid */
 #define EGRET_NEXT_HOP_VALID 1u
+/* fp_next_hop.flags: a frame that arrived on the next hop's own interface is
+ * punted, never sent back out of it (a two-arm gateway's outside link: a
+ * frame from outside that matches a pod's outbound session is not a pod's). */
+#define EGRET_NEXT_HOP_NOT_BACK 1u
 
 /* Key of a fp_sessions_v4 slot: addresses and ports network order. */
 struct fp_key_v4 {
@@ -296,7 +300,7 @@ struct fp_next_hop {
 	__u32 valid; /* EGRET_NEXT_HOP_VALID, else punt */
 	__u32 mtu;   /* the output link's MTU: a larger IP datagram is punted
 		      * (the engine answers Fragmentation Needed / Packet Too
-		      * Big); 0: not known, not checked */
+		      * Big); 0: not known, not checked */	__u32 flags; /* EGRET_NEXT_HOP_NOT_BACK */
 };
 
 /*

@@ -377,23 +377,32 @@ static __always_inline void fp_fix_l4(__be16 *csum_at, __u8 proto, __u16 delta)
 
 /*
  * The next hop of a hit: writes the frame's MACs and returns the output
- * ifindex, or 0 (nothing written) when the next hop cannot be used. The
+ * ifindex, or 0 (nothing written, *why the punt reason) when the next hop
+ * cannot be used or the frame may not go back out of its link. The
  * gateway's build reads fp_next_hops[id]; the measurement variant
  * (EGRET_FP_FIB_LOOKUP, tests only: bpf_fib_lookup is GPL-only) asks the
  * kernel's FIB and neighbour table per packet, from the new addresses.
  */
 static __always_inline __u32 fp_set_next_hop(struct xdp_md *ctx, struct ethhdr *eth, __u32 id, int v6,
-					     const __u8 *new_src, const __u8 *new_dst, __u8 proto, __u16 tot_len)
+					     const __u8 *new_src, const __u8 *new_dst, __u8 proto, __u16 tot_len,
+					     __u32 *why)
 {
 #ifndef EGRET_FP_FIB_LOOKUP
 	struct fp_next_hop *nh = bpf_map_lookup_elem(&fp_next_hops, &id);
 
+	*why = EGRET_FP_PUNT_NEXT_HOP;
 	if (!nh || nh->valid != EGRET_NEXT_HOP_VALID || !nh->ifindex)
 		return 0;
 	/* Larger than the output link's MTU: the engine answers it (RFC 1191,
 	 * RFC 8201); punted as a next hop that cannot take the frame. */
 	if (nh->mtu && tot_len > nh->mtu)
 		return 0;
+	/* Never back out of a two-arm outside link: what arrives there is not
+	 * a pod's, whatever its 5-tuple (anti-spoofing, rule 5a's twin). */
+	if ((nh->flags & EGRET_NEXT_HOP_NOT_BACK) && nh->ifindex == ctx->ingress_ifindex) {
+		*why = EGRET_FP_PUNT_WRONG_LINK;
+		return 0;
+	}
 	__builtin_memcpy(eth->h_dest, nh->dst_mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, nh->src_mac, ETH_ALEN);
 	return nh->ifindex;
@@ -412,6 +421,7 @@ static __always_inline __u32 fp_set_next_hop(struct xdp_md *ctx, struct ethhdr *
 		__builtin_memcpy(&p.ipv4_src, new_src, 4);
 		__builtin_memcpy(&p.ipv4_dst, new_dst, 4);
 	}
+	*why = EGRET_FP_PUNT_NEXT_HOP;
 	if (bpf_fib_lookup(ctx, &p, sizeof(p), 0) != BPF_FIB_LKUP_RET_SUCCESS || !p.ifindex)
 		return 0;
 	__builtin_memcpy(eth->h_dest, p.dmac, ETH_ALEN);
@@ -485,6 +495,7 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 	__be16 *csum_at = NULL;
 	__u64 tcp_rec = 0;
 	__u32 seq = 0;
+	__u32 why = EGRET_FP_PUNT_NEXT_HOP;
 	__u32 tot_len, l4_len;
 	__u32 ifindex;
 	__u64 now;
@@ -523,9 +534,9 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 			  addr_sum(key.k.src, 4) + addr_sum(key.k.dst, 4), &csum_at, &tcp_rec);
 	if (rc)
 		return fp_punt(rc);
-	ifindex = fp_set_next_hop(ctx, eth, e->next_hop, 0, e->new_src, e->new_dst, ip->protocol, tot_len);
+	ifindex = fp_set_next_hop(ctx, eth, e->next_hop, 0, e->new_src, e->new_dst, ip->protocol, tot_len, &why);
 	if (!ifindex)
-		return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
+		return fp_punt(why);
 
 	__builtin_memcpy(&ip->saddr, e->new_src, 4);
 	__builtin_memcpy(&ip->daddr, e->new_dst, 4);
@@ -548,6 +559,7 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_conf
 	__be16 *csum_at = NULL;
 	__u64 tcp_rec = 0;
 	__u32 seq = 0;
+	__u32 why = EGRET_FP_PUNT_NEXT_HOP;
 	__u32 l4_len;
 	__u32 ifindex;
 	__u8 proto;
@@ -588,9 +600,9 @@ static __always_inline int fast_path_v6(struct xdp_md *ctx, const struct fp_conf
 			  addr_sum(key.k.src, 16) + addr_sum(key.k.dst, 16), &csum_at, &tcp_rec);
 	if (rc)
 		return fp_punt(rc);
-	ifindex = fp_set_next_hop(ctx, eth, e->next_hop, 1, e->new_src, e->new_dst, proto, 40 + l4_len);
+	ifindex = fp_set_next_hop(ctx, eth, e->next_hop, 1, e->new_src, e->new_dst, proto, 40 + l4_len, &why);
 	if (!ifindex)
-		return fp_punt(EGRET_FP_PUNT_NEXT_HOP);
+		return fp_punt(why);
 
 	__builtin_memcpy(&ip6->saddr, e->new_src, 16);
 	__builtin_memcpy(&ip6->daddr, e->new_dst, 16);

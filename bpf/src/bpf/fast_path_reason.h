@@ -50,8 +50,13 @@ enum egret_fp_reason {
 	/* Hit, at or after fp_config.valid_until_ns: an egress address's
 	 * ownership may have ended; the workers judge each frame. */
 	EGRET_FP_PUNT_EXPIRED = 11,
+	/* Hit, but the frame arrived on the interface its next hop is on and
+	 * that link is marked EGRET_NEXT_HOP_NOT_BACK (a two-arm outside
+	 * link): a frame from outside carrying a pod's outbound 5-tuple. The
+	 * steering rules then judge it (rule 5a drops it). */
+	EGRET_FP_PUNT_WRONG_LINK = 12,
 
-	EGRET_FP_COUNT = 12,
+	EGRET_FP_COUNT = 13,
 };
 
 #endif /* EGRET_FAST_PATH_REASON_H */

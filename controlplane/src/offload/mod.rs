@@ -476,7 +476,10 @@ fn sorted_routes(fib: &Fib) -> Vec<(IpAddr, u8, Route)> {
 impl OffloadManager {
     /// A manager for `fp` over `engine`, with `next_hops` table entries.
     pub fn new(fp: Arc<FastPath>, engine: Engine, next_hops: u32) -> Self {
-        Self { fp, engine, hops: NextHopTable::new(next_hops), fib_generation: u64::MAX, routes: Vec::new() }
+        // Roles are set before the manager starts and do not change at run
+        // time (interfaces are restart-only settings).
+        let hops = NextHopTable::new(next_hops).not_back(engine.ingress().outside_interfaces());
+        Self { fp, engine, hops, fib_generation: u64::MAX, routes: Vec::new() }
     }
 
     /// One round: releases, forwarding changes, installations. Returns the

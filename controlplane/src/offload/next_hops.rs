@@ -21,10 +21,17 @@
 //! [`QUARANTINE`] before it is reused, so a packet that read a session entry
 //! just before its deletion cannot meet a recycled next hop.
 //!
+//! An entry on a two-arm gateway's outside link is marked
+//! `NEXT_HOP_NOT_BACK`: the program punts a hit that arrived on that same
+//! link instead of sending it back out of it. A legitimate outbound frame
+//! arrives on an inside link; one from outside that carries a pod's
+//! outbound 5-tuple is spoofed, and the steering rules drop it (rule 5a),
+//! as they drop every other pod-sourced frame from outside.
+//!
 //! The table is owned by the offload manager's thread; nothing here is
 //! shared.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -54,10 +61,11 @@ pub fn route_key(fib: &Fib, dst: IpAddr) -> Option<HopKey> {
 }
 
 /// The table entry for `key` under `fib`: valid when the interface and the
-/// neighbour are known.
-pub fn hop_value(fib: &Fib, key: HopKey) -> FpNextHop {
+/// neighbour are known; `not_back` when the interface is a two-arm
+/// gateway's outside link (module doc).
+pub fn hop_value(fib: &Fib, key: HopKey, not_back: bool) -> FpNextHop {
     match (fib.interface(key.0), fib.neighbor(key.0, key.1)) {
-        (Some(iface), Some(mac)) => FpNextHop::resolved(key.0, iface.mac, mac).with_mtu(iface.mtu),
+        (Some(iface), Some(mac)) => FpNextHop::resolved(key.0, iface.mac, mac).with_mtu(iface.mtu).not_back(not_back),
         _ => FpNextHop::invalid(key.0),
     }
 }
@@ -78,6 +86,8 @@ pub struct NextHopTable {
     free: Vec<u32>,
     resting: VecDeque<(u32, Instant)>,
     next_unused: u32,
+    /// Interfaces whose entries are marked `NEXT_HOP_NOT_BACK`.
+    not_back: HashSet<u32>,
 }
 
 impl NextHopTable {
@@ -90,7 +100,15 @@ impl NextHopTable {
             free: Vec::new(),
             resting: VecDeque::new(),
             next_unused: 0,
+            not_back: HashSet::new(),
         }
+    }
+
+    /// This table, marking the entries on `ifindexes` (a two-arm gateway's
+    /// outside links) `NEXT_HOP_NOT_BACK`.
+    pub fn not_back(mut self, ifindexes: impl IntoIterator<Item = u32>) -> Self {
+        self.not_back = ifindexes.into_iter().collect();
+        self
     }
 
     /// Ids in use.
@@ -137,7 +155,7 @@ impl NextHopTable {
             }
             None => return Err(HopError::Full),
         };
-        let value = hop_value(fib, key);
+        let value = hop_value(fib, key, self.not_back.contains(&key.0));
         self.hops.insert(key, Hop { id, refs: 1, value });
         self.keys.insert(id, key);
         Ok((id, Some(value)))
@@ -168,7 +186,7 @@ impl NextHopTable {
     pub fn sync(&mut self, fib: &Fib) -> Vec<(u32, FpNextHop)> {
         let mut changed = Vec::new();
         for (key, h) in &mut self.hops {
-            let v = hop_value(fib, *key);
+            let v = hop_value(fib, *key, self.not_back.contains(&key.0));
             if v != h.value {
                 h.value = v;
                 changed.push((h.id, v));
@@ -226,6 +244,31 @@ mod tests {
         assert_eq!(t.acquire(&f, ip("203.0.113.51"), later).map(|x| x.0), Ok(1));
         t.release(b, later);
         assert_eq!(t.key_of(0), None);
+    }
+
+    /// Entries on an outside link carry the flag, also after a MAC change;
+    /// others, and unresolved ones, do not.
+    #[test]
+    fn outside_links_entries_are_marked_not_back() {
+        let now = Instant::now();
+        let mut f = fib([2, 0, 0, 0, 0, 0xfe]);
+        f.add_interface(Interface { ifindex: 4, name: "in".into(), mac: [2, 0, 0, 0, 0, 4], mtu: 9000 })
+            .add_route(ip("198.18.0.0"), 15, Route { oif: 4, gateway: None })
+            .add_neighbor(4, ip("198.18.0.9"), [2, 0, 0, 0, 0, 9]);
+        let mut t = NextHopTable::new(8).not_back([3]);
+        let (a, va) = t.acquire(&f, ip("198.51.100.7"), now).unwrap_or((99, None));
+        assert_eq!(va.map(|v| v.flags), Some(egret_bpf::fast_path::NEXT_HOP_NOT_BACK));
+        let (_, vb) = t.acquire(&f, ip("198.18.0.9"), now).unwrap_or((99, None));
+        assert_eq!(vb, Some(FpNextHop::resolved(4, [2, 0, 0, 0, 0, 4], [2, 0, 0, 0, 0, 9]).with_mtu(9000)));
+        let (_, vc) = t.acquire(&f, ip("203.0.113.50"), now).unwrap_or((99, None));
+        assert_eq!(vc, Some(FpNextHop::invalid(3)), "unresolved: invalid, unflagged");
+        f.add_neighbor(3, ip("203.0.113.1"), [2, 0, 0, 0, 0, 0xaa]);
+        let changed = t.sync(&f);
+        let new_a = changed.iter().find(|c| c.0 == a).map(|c| c.1);
+        assert_eq!(
+            new_a,
+            Some(FpNextHop::resolved(3, [2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 0xaa]).with_mtu(1500).not_back(true))
+        );
     }
 
     #[test]

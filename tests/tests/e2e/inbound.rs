@@ -244,3 +244,56 @@ fn a_pods_address_from_outside_is_dropped_not_translated() {
     assert_eq!(after.get(created), before.get(created), "no session was created for the spoofed source");
     h.finish(&[]).unwrap();
 }
+
+/// Anti-spoofing on the fast path (two-arm): a frame from outside carrying
+/// exactly an offloaded session's outbound 5-tuple is not translated by
+/// XDP. The session's outbound next hop is on the outside link, which the
+/// offload manager marks NEXT_HOP_NOT_BACK, so the hit is punted
+/// (`punt_wrong_link`) and the steering rules drop it by the interface's
+/// role; the pod's own flow goes on through XDP.
+#[test]
+fn an_offloaded_pods_5_tuple_from_outside_is_not_translated() {
+    use egret_dataplane::fixtures::build::Packet;
+    use egret_dataplane::fixtures::{from_outside, udp};
+    let name = "an_offloaded_pods_5_tuple_from_outside_is_not_translated";
+    let Some(mut h) = crate::start_in(name, Tier::FastPath, LabOptions::for_test(), |_| {}) else { return };
+    let installed = |c: &egret_tests::gateway::Counters| c.get_path("fast_path.offloads.installed");
+    let before = h.counters().unwrap();
+    let sock = client::udp_socket(h.lab.pod(Pod::A), Pod::A.echo_endpoint()).unwrap();
+    let (first, _) = client::udp_exchange(&sock, "first", 3, Duration::from_secs(1)).unwrap();
+    h.wait_counters(Duration::from_secs(3), "installed", |c| installed(c) > installed(&before)).unwrap();
+    let pod_port = sock.local_addr().unwrap().port();
+
+    let mid = h.counters().unwrap();
+    let up = RawLink::open(h.lab.upstream(), "gw").unwrap();
+    let spoofed = Packet {
+        eth_src: plan::UP_MAC,
+        eth_dst: plan::GW_OUT,
+        ..from_outside(plan::POD_A.into(), plan::SERVER.into(), udp(pod_port, plan::ECHO_PORT, b"spoofed-5-tuple"))
+    };
+    for _ in 0..3 {
+        up.send(&spoofed.frame()).unwrap();
+    }
+    let leaked = up
+        .recv_matching(Duration::from_millis(500), |f| {
+            f.len() >= 34
+                && f[6..12] == plan::GW_OUT
+                && f[12..14] == [8, 0]
+                && f[30..34] == plan::SERVER.octets()
+                && f.windows(15).any(|w| w == b"spoofed-5-tuple")
+        })
+        .unwrap();
+    assert_eq!(leaked, None, "XDP translated a frame from outside carrying the pod's 5-tuple");
+    h.wait_counters(Duration::from_secs(3), "punt_wrong_link and drop_steered_on_outside +3", |c| {
+        c.get("punt_wrong_link") >= mid.get("punt_wrong_link") + 3
+            && c.get("drop_steered_on_outside") >= mid.get("drop_steered_on_outside") + 3
+    })
+    .unwrap();
+
+    // The pod's own datagrams still leave through XDP, in the same session.
+    let (again, _) = client::udp_exchange(&sock, "after", 3, Duration::from_secs(1)).unwrap();
+    assert_eq!(again.seen, first.seen, "the same session (same external port)");
+    let after = h.counters().unwrap();
+    assert!(after.fast_path_hits() > mid.fast_path_hits(), "the pod's flow is still translated in XDP");
+    h.finish(&[]).unwrap();
+}
