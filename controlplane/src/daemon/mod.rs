@@ -234,6 +234,16 @@ fn set_interface_roles(
             Role::Outside => (IngressRole::Outside, egret_bpf::ROLE_OUTSIDE),
             Role::Both => (IngressRole::Both, egret_bpf::ROLE_BOTH),
         };
+        if role == IngressRole::Both && macs.is_empty() {
+            // Not an error (a one-arm lab or a trusted segment), but the
+            // operator should know what it leaves open (docs/operations.md,
+            // "Guarantees", anti-spoofing).
+            tracing::warn!(
+                interface = %i.name,
+                "one-arm interface without podSourceMacs: a frame from any sender on this link with a selected \
+                 pod's source address is translated; list the node routers' MACs to restrict it"
+            );
+        }
         let flags = if macs.is_empty() { 0 } else { egret_bpf::IF_CHECK_SRC_MAC };
         program
             .set_interface_role(i.ifindex, egret_bpf::IfRole { role: bpf_role, flags }, &macs)

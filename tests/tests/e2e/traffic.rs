@@ -81,6 +81,10 @@ fn translate_everything(name: &str, arm: Arm, tier: Tier) {
         assert!(sessions.contains(&needle), "`egret sessions` mentions {needle}:\n{sessions}");
     }
     assert!(!sessions.contains(&plan::POD_U.to_string()), "the unselected pod has no session:\n{sessions}");
+    // One-arm without podSourceMacs (the lab lists none): the daemon says
+    // what that leaves open; two-arm restricts by role and says nothing.
+    let warned = h.gw.log_text().contains("one-arm interface without podSourceMacs");
+    assert_eq!(warned, arm == Arm::One, "the one-arm anti-spoofing warning:\n{}", h.gw.log_tail(30));
     h.finish(&[]).unwrap();
 }
 
