@@ -205,35 +205,43 @@ fn egress_ip_answers_echo_and_drops_what_it_does_not_serve() {
     h.finish(&[]).unwrap();
 }
 
+/// Sends three UDP datagrams from the upstream router with pod A's address
+/// as source (`port` to the server's echo port, carrying `payload`), and
+/// returns the first IPv4 UDP datagram with that payload the gateway sends
+/// back upstream to the server within 500 ms: a spoofed datagram forwarded.
+fn spoof_pod_a_from_outside(up: &RawLink, port: u16, payload: &[u8]) -> Option<Vec<u8>> {
+    use egret_dataplane::fixtures::build::Packet;
+    use egret_dataplane::fixtures::{from_outside, udp};
+    let spoofed = Packet {
+        eth_src: plan::UP_MAC,
+        eth_dst: plan::GW_OUT,
+        ..from_outside(plan::POD_A.into(), plan::SERVER.into(), udp(port, plan::ECHO_PORT, payload))
+    };
+    for _ in 0..3 {
+        up.send(&spoofed.frame()).unwrap();
+    }
+    up.recv_matching(Duration::from_millis(500), |f| {
+        f.len() >= 34
+            && f[6..12] == plan::GW_OUT
+            && f[12..14] == [8, 0]
+            && f[23] == 17
+            && f[30..34] == plan::SERVER.octets()
+            && f.windows(payload.len()).any(|w| w == payload)
+    })
+    .unwrap()
+}
+
 /// Anti-spoofing (two-arm): a selected pod's address arriving on the
 /// outside interface is dropped in XDP and counted, not translated to the
 /// pod's egress IP.
 #[test]
 fn a_pods_address_from_outside_is_dropped_not_translated() {
-    use egret_dataplane::fixtures::build::Packet;
-    use egret_dataplane::fixtures::{from_outside, udp};
     let name = "a_pods_address_from_outside_is_dropped_not_translated";
     let Some(mut h) = crate::start(name, LabOptions::for_test(), |_| {}) else { return };
     let before = h.counters().unwrap();
     let up = RawLink::open(h.lab.upstream(), "gw").unwrap();
-    let spoofed = Packet {
-        eth_src: plan::UP_MAC,
-        eth_dst: plan::GW_OUT,
-        ..from_outside(plan::POD_A.into(), plan::SERVER.into(), udp(41000, plan::ECHO_PORT, b"spoofed"))
-    };
-    for _ in 0..3 {
-        up.send(&spoofed.frame()).unwrap();
-    }
     // Nothing leaves towards the upstream router as E1 (or as the pod).
-    let leaked = up
-        .recv_matching(Duration::from_millis(500), |f| {
-            f.len() >= 34
-                && f[6..12] == plan::GW_OUT
-                && f[12..14] == [8, 0]
-                && f[30..34] == plan::SERVER.octets()
-                && f[23] == 17
-        })
-        .unwrap();
+    let leaked = spoof_pod_a_from_outside(&up, 41000, b"spoofed");
     assert_eq!(leaked, None, "a spoofed pod datagram was forwarded");
     let after = h
         .wait_counters(Duration::from_secs(3), "drop_steered_on_outside +3", |c| {
@@ -253,8 +261,6 @@ fn a_pods_address_from_outside_is_dropped_not_translated() {
 /// role; the pod's own flow goes on through XDP.
 #[test]
 fn an_offloaded_pods_5_tuple_from_outside_is_not_translated() {
-    use egret_dataplane::fixtures::build::Packet;
-    use egret_dataplane::fixtures::{from_outside, udp};
     let name = "an_offloaded_pods_5_tuple_from_outside_is_not_translated";
     let Some(mut h) = crate::start_in(name, Tier::FastPath, LabOptions::for_test(), |_| {}) else { return };
     let installed = |c: &egret_tests::gateway::Counters| c.get_path("fast_path.offloads.installed");
@@ -266,23 +272,7 @@ fn an_offloaded_pods_5_tuple_from_outside_is_not_translated() {
 
     let mid = h.counters().unwrap();
     let up = RawLink::open(h.lab.upstream(), "gw").unwrap();
-    let spoofed = Packet {
-        eth_src: plan::UP_MAC,
-        eth_dst: plan::GW_OUT,
-        ..from_outside(plan::POD_A.into(), plan::SERVER.into(), udp(pod_port, plan::ECHO_PORT, b"spoofed-5-tuple"))
-    };
-    for _ in 0..3 {
-        up.send(&spoofed.frame()).unwrap();
-    }
-    let leaked = up
-        .recv_matching(Duration::from_millis(500), |f| {
-            f.len() >= 34
-                && f[6..12] == plan::GW_OUT
-                && f[12..14] == [8, 0]
-                && f[30..34] == plan::SERVER.octets()
-                && f.windows(15).any(|w| w == b"spoofed-5-tuple")
-        })
-        .unwrap();
+    let leaked = spoof_pod_a_from_outside(&up, pod_port, b"spoofed-5-tuple");
     assert_eq!(leaked, None, "XDP translated a frame from outside carrying the pod's 5-tuple");
     h.wait_counters(Duration::from_secs(3), "punt_wrong_link and drop_steered_on_outside +3", |c| {
         c.get("punt_wrong_link") >= mid.get("punt_wrong_link") + 3
