@@ -22,8 +22,9 @@
 //! interval maps refuse overlapping elements, so nested prefixes are split
 //! into disjoint ranges first, each with its longest prefix's answer
 //! ([`disjoint_ranges`]): a map lookup is then the longest-prefix answer.
-//! Maps, not one rule per source, because `nft -f` loads elements about
-//! five times faster than rules (docs/kubernetes.md, "How many pods").
+//! Maps, not one rule per source, because `nft -f` loads them about nine
+//! times faster at 65,536 pods, in an eighth of the memory (docs/benchmarks.md,
+//! "Fail-closed table").
 //! The whole table is replaced atomically (`nft -f`, one transaction).
 //! The daemon's sink (daemon/sink.rs) installs it first in every apply,
 //! before the XDP maps and the engine change, so the table is never older
