@@ -252,7 +252,7 @@ fn nft(script: &str) -> Result<(), FailClosedError> {
 /// and its error output read by two short-lived threads, so neither a child
 /// that stops reading nor one that writes much can block the caller past
 /// the timeout. A non-zero exit is `Refused` with the error output.
-fn run_bounded(cmd: &mut Command, input: &[u8], timeout: Duration) -> Result<(), FailClosedError> {
+pub(crate) fn run_bounded(cmd: &mut Command, input: &[u8], timeout: Duration) -> Result<(), FailClosedError> {
     let started = Instant::now();
     let mut child = cmd
         .stdin(Stdio::piped())

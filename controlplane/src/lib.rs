@@ -12,6 +12,7 @@
 //! - [`sink`]: the seam between configuration sources and the running gateway.
 //! - [`failclosed`]: nftables rules so a stopped gateway never forwards pods' traffic untranslated.
 //! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
+//! - [`node`]: `egret node`, the worker-node agent that routes selected pods to their gateway.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -21,6 +22,7 @@ pub mod failclosed;
 pub mod k8s;
 pub mod metrics;
 pub mod netlink;
+pub mod node;
 pub mod offload;
 pub mod sink;
 pub mod view;

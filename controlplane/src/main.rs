@@ -5,6 +5,8 @@
 //! egret check-config FILE            validate without touching the system
 //! egret status|counters|policies|ports [--json] [--socket PATH]
 //! egret sessions [--egress-ip IP] [--pod IP] [--proto tcp|udp|icmp] [--limit N]
+//! egret node --cluster-cidr CIDR... [--strict]   run the worker-node agent (root)
+//! egret node status [--json] | egret node cleanup
 //! ```
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`).
 
@@ -16,7 +18,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use egret_controlplane::admin::{self, render, Request};
 use egret_controlplane::config;
+use egret_controlplane::node;
 use egret_controlplane::view::{Counters, PolicyRow, PortRow, SessionFilter, SessionRow, Status};
+use egret_dataplane::nat::port_alloc::PortRange;
 
 #[derive(Parser, Debug)]
 #[command(name = "egret", version, about = "Static egress IPs at XDP speed")]
@@ -78,6 +82,187 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// The worker-node agent: routes selected pods' traffic to the gateway
+    /// holding their egress IP (`egret node status`, `egret node cleanup`).
+    Node(NodeCli),
+}
+
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+struct NodeCli {
+    #[command(subcommand)]
+    command: Option<NodeCommand>,
+    #[command(flatten)]
+    run: NodeArgs,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct TableArgs {
+    /// The first routing table the agent may use.
+    #[arg(long, default_value_t = node::DEFAULT_TABLE_FIRST)]
+    table_first: u32,
+    /// How many tables (distinct route sets) it may use.
+    #[arg(long, default_value_t = node::DEFAULT_TABLE_COUNT)]
+    table_count: u32,
+}
+
+#[derive(clap::Args, Debug)]
+struct NodeArgs {
+    /// This Node's name (default: $NODE_NAME).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// A kubeconfig (default: in-cluster, then $KUBECONFIG).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The cluster's pod and Service CIDRs (repeat, or comma-separated):
+    /// traffic to them never goes to a gateway.
+    #[arg(long, value_delimiter = ',')]
+    cluster_cidr: Vec<ipnet::IpNet>,
+    /// Drop a local pod's traffic to outside the cluster until the agent
+    /// has classified the pod (docs/kubernetes.md, "Strict mode").
+    #[arg(long)]
+    strict: bool,
+    /// Strict mode: this node's pod CIDRs (default: the Node's spec.podCIDRs).
+    #[arg(long, value_delimiter = ',')]
+    pod_cidr: Vec<ipnet::IpNet>,
+    /// Priority of the agent's `ip rule`s.
+    #[arg(long, default_value_t = node::DEFAULT_RULE_PRIORITY)]
+    rule_priority: u32,
+    #[command(flatten)]
+    tables: TableArgs,
+    /// The gateways' `nat.ports` (FIRST-LAST): must match their file.
+    #[arg(long, default_value = "32768-60999")]
+    nat_ports: String,
+    /// Where /metrics, /ready and /healthz are served (empty: nowhere).
+    #[arg(long, default_value = "127.0.0.1:9465")]
+    metrics_listen: String,
+    /// The status file `egret node status` reads.
+    #[arg(long, default_value = node::DEFAULT_STATUS_FILE)]
+    status_file: PathBuf,
+    /// A full pass at least this often, in seconds.
+    #[arg(long, default_value_t = 30)]
+    resync_seconds: u64,
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCommand {
+    /// What the agent on this node steers, from its status file.
+    Status {
+        /// The status file.
+        #[arg(long, default_value = node::DEFAULT_STATUS_FILE)]
+        status_file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove every rule, route and nftables table the agent installed.
+    Cleanup {
+        #[command(flatten)]
+        tables: TableArgs,
+    },
+}
+
+fn init_logs() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn node_options(a: NodeArgs) -> Result<node::NodeOptions, String> {
+    let name = a.node_name.or_else(|| std::env::var("NODE_NAME").ok()).unwrap_or_default();
+    let mut o = node::NodeOptions::new(name);
+    o.kubeconfig = a.kubeconfig;
+    o.cluster_cidrs = a.cluster_cidr.into_iter().map(|n| n.trunc()).collect();
+    o.strict = a.strict;
+    o.pod_cidrs = a.pod_cidr.into_iter().map(|n| n.trunc()).collect();
+    o.rule_priority = a.rule_priority;
+    o.tables = node::reconcile::TableRange { first: a.tables.table_first, count: a.tables.table_count };
+    let bad_ports = || format!("--nat-ports: {:?} is not FIRST-LAST", a.nat_ports);
+    let (first, last) = a.nat_ports.split_once('-').ok_or_else(bad_ports)?;
+    o.nat_ports = PortRange {
+        first: first.trim().parse().map_err(|_| bad_ports())?,
+        last: last.trim().parse().map_err(|_| bad_ports())?,
+    };
+    o.metrics_listen = match a.metrics_listen.trim() {
+        "" => None,
+        s => Some(s.parse().map_err(|_| format!("--metrics-listen: {s:?} is not ADDRESS:PORT"))?),
+    };
+    o.status_file = a.status_file;
+    o.resync_period = std::time::Duration::from_secs(a.resync_seconds.max(1));
+    o.validate().map_err(|e| e.to_string())?;
+    Ok(o)
+}
+
+fn node_main(cli: NodeCli) -> ExitCode {
+    match cli.command {
+        Some(NodeCommand::Status { status_file, json }) => match node::status::read(&status_file) {
+            Ok(s) if json => {
+                print(&format!("{}\n", serde_json::to_string_pretty(&s).unwrap_or_default()));
+                ExitCode::SUCCESS
+            }
+            Ok(s) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                print(&node::status::render(&s, now));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("egret node status: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(NodeCommand::Cleanup { tables }) => {
+            match node::cleanup(node::reconcile::TableRange { first: tables.table_first, count: tables.table_count }) {
+                Ok(n) => {
+                    print(&format!("removed {n} rules and routes and the nftables table inet {}\n", node::nft::TABLE));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("egret node cleanup: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        None => {
+            init_logs();
+            let opts = match node_options(cli.run) {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let shutdown = async {
+                let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+                    return std::future::pending().await;
+                };
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            };
+            match rt.block_on(node::run(opts, shutdown)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
 }
 
 fn print(s: &str) {
@@ -166,13 +351,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Gateway { config } => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-                )
-                .with_writer(std::io::stderr)
-                .init();
+            init_logs();
             match egret_controlplane::daemon::run_gateway(&config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -201,6 +380,7 @@ fn main() -> ExitCode {
         Command::Ports(c) => {
             client(&c, Request::Ports, |v| serde_json::from_value::<Vec<PortRow>>(v).map(|s| render::ports(&s)))
         }
+        Command::Node(n) => node_main(n),
         Command::Sessions { client: c, egress_ip, pod, proto, limit } => {
             let filter = SessionFilter { egress_ip, pod, proto, limit: Some(limit) };
             client(&c, Request::Sessions { filter }, |v| {

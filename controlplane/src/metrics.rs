@@ -239,12 +239,46 @@ pub async fn serve(
     view: Arc<dyn GatewayView>,
     ready: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
 ) {
+    serve_heads(listener, Arc::new(move |head: &str| respond(view.as_ref(), ready(), head))).await;
+}
+
+/// A plain-text HTTP handler: path -> (status code, content type, body).
+pub type Handler = Arc<dyn Fn(&str) -> (u16, &'static str, String) + Send + Sync>;
+
+/// Serves `GET` requests with `handler` until the task is dropped (the node
+/// agent's `/metrics`, `/ready`, `/healthz`).
+pub async fn serve_fn(listener: TcpListener, handler: Handler) {
+    serve_heads(
+        listener,
+        Arc::new(move |head: &str| {
+            let mut words = head.split_whitespace();
+            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            if method != "GET" {
+                return response(405, "Method Not Allowed", "text/plain", "GET only\n");
+            }
+            let (code, ty, body) = handler(path.split('?').next().unwrap_or(""));
+            let reason = match code {
+                200 => "OK",
+                404 => "Not Found",
+                503 => "Service Unavailable",
+                _ => "",
+            };
+            response(code, reason, ty, &body)
+        }),
+    )
+    .await;
+}
+
+/// Request head -> the whole response.
+type Responder = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
+
+async fn serve_heads(listener: TcpListener, respond: Responder) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let (view, ready) = (view.clone(), ready.clone());
+        let respond = respond.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 8192];
             let mut n = 0;
@@ -264,7 +298,7 @@ pub async fn serve(
                 return;
             }
             let head = String::from_utf8_lossy(&buf[..n]).into_owned();
-            let out = respond(view.as_ref(), ready(), &head);
+            let out = respond(&head);
             let _ = stream.write_all(&out).await;
             let _ = stream.shutdown().await;
         });

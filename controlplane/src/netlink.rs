@@ -458,14 +458,15 @@ fn decode(buf: &[u8]) -> Vec<NetlinkMessage<RouteNetlinkMessage>> {
     out
 }
 
-/// A request/response rtnetlink socket (dumps and neighbour requests).
-struct Requests {
+/// A request/response rtnetlink socket (dumps and neighbour requests; the
+/// node agent's rules and routes).
+pub(crate) struct Requests {
     socket: TokioSocket,
     seq: u32,
 }
 
 impl Requests {
-    fn open() -> Result<Self, NetlinkError> {
+    pub(crate) fn open() -> Result<Self, NetlinkError> {
         let mut socket =
             TokioSocket::new(NETLINK_ROUTE).map_err(|source| NetlinkError::Socket { op: "socket", source })?;
         socket.socket_mut().bind_auto().map_err(|source| NetlinkError::Socket { op: "bind", source })?;
@@ -477,7 +478,7 @@ impl Requests {
     }
 
     /// Sends `msg` and collects replies until DONE or an ACK/error for it.
-    async fn call(&mut self, msg: RouteNetlinkMessage, flags: u16) -> io::Result<Vec<RouteNetlinkMessage>> {
+    pub(crate) async fn call(&mut self, msg: RouteNetlinkMessage, flags: u16) -> io::Result<Vec<RouteNetlinkMessage>> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         self.socket.send(&encode(msg, flags, seq)).await?;

@@ -78,7 +78,7 @@ struct Stores {
     leases: Store<Lease>,
 }
 
-fn watch<K>(api: Api<K>, cfg: watcher::Config, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> Store<K>
+pub(crate) fn watch<K>(api: Api<K>, cfg: watcher::Config, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,

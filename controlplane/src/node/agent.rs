@@ -1,0 +1,362 @@
+//! The agent's loop: watchers feed reflector stores; on a change (after a
+//! short debounce), after a failed pass (in 1 s) and every resync period,
+//! one *pass* runs:
+//!
+//! 1. observed state (this node's pods only, the policies, pools, Services
+//!    and namespaces) -> [`desired`] (the gateways' own function) -> the
+//!    compiled tables -> [`plan`];
+//! 2. the kernel's current rules and tables are read;
+//! 3. the nftables table is installed with the union of what is and what
+//!    will be steered, so a pod's first packet routed to a gateway already
+//!    keeps its source (a masqueraded first packet would pin the connection
+//!    to the node's address in conntrack);
+//! 4. [`reconcile`]'s operations are applied in order; an operation that
+//!    fails is reported and retried next pass, and a pod whose new table
+//!    could not be filled keeps its old rule;
+//! 5. the kernel is read again and the nftables table is installed with
+//!    exactly what is steered now (strict mode: a pod counts as classified
+//!    once its rule is in place);
+//! 6. the status file and metrics are updated.
+//!
+//! Nothing is programmed before the watches have synced, and a stopping
+//! agent leaves the kernel as it is (a restarted agent finds its rules and
+//! keeps them; `egret node cleanup` removes them).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use egret_dataplane::tables::{NatSettings, PolicySlots, Tables};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use super::kernel::Kernel;
+use super::nft::{self, Sets, Strict};
+use super::plan::{plan, Plan};
+use super::reconcile::{reconcile, KernelView, Op};
+use super::status::{self, NodeStatus, UseRow};
+use super::{NodeError, NodeOptions};
+use crate::k8s::controller::watch;
+use crate::k8s::crd::{EgressIPPool, EgressPolicy};
+use crate::k8s::desired::{desired, LocalConfig, Observed};
+use crate::k8s::observe;
+
+/// How long changes must pause before a pass.
+const DEBOUNCE: Duration = Duration::from_millis(20);
+/// How soon a pass that failed somewhere is retried.
+const RETRY: Duration = Duration::from_secs(1);
+
+struct Stores {
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+    services: Store<Service>,
+    policies: Store<EgressPolicy>,
+    pools: Store<EgressIPPool>,
+}
+
+impl Stores {
+    fn start(client: &kube::Client, node: &str, notify: &Arc<Notify>, tasks: &mut JoinSet<()>) -> Self {
+        let all = watcher::Config::default();
+        Stores {
+            pods: watch(
+                Api::all(client.clone()),
+                all.clone().fields(&format!("spec.nodeName={node}")),
+                notify.clone(),
+                tasks,
+            ),
+            namespaces: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            services: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            policies: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            pools: watch(Api::all(client.clone()), all, notify.clone(), tasks),
+        }
+    }
+
+    async fn ready(&self) {
+        let _ = futures::join!(
+            self.pods.wait_until_ready(),
+            self.namespaces.wait_until_ready(),
+            self.services.wait_until_ready(),
+            self.policies.wait_until_ready(),
+            self.pools.wait_until_ready(),
+        );
+    }
+
+    fn observed(&self) -> Observed {
+        Observed {
+            namespaces: self.namespaces.state().iter().map(|n| observe::namespace(n)).collect(),
+            pods: observe::pods(self.pods.state().iter().map(|p| &**p)),
+            services: self.services.state().iter().filter_map(|s| observe::service(s)).collect(),
+            policies: self.policies.state().iter().map(|p| observe::policy(p)).collect(),
+            pools: self.pools.state().iter().map(|p| observe::ip_pool(p)).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// What one pass computed from the cluster.
+#[derive(Debug, Default)]
+pub struct Computed {
+    /// The plan.
+    pub plan: Plan,
+    /// Every local pod address.
+    pub local: BTreeSet<IpAddr>,
+    /// Egress IP -> next hop (itself when it has no companion).
+    pub next_hop: BTreeMap<IpAddr, IpAddr>,
+    /// Policies the gateways leave out, and why.
+    pub errors: Vec<String>,
+}
+
+/// Observed state -> the node's plan (pure: the same as the gateways'
+/// [`desired`], restricted to this node's pods).
+pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Result<Computed, String> {
+    let local_cfg = LocalConfig {
+        node_name: opts.node_name.clone(),
+        nat: NatSettings { ports: opts.nat_ports, ..NatSettings::default() },
+    };
+    let d = desired(obs, &local_cfg, Timestamp::now());
+    let tables = Tables::compile(&d.tables, 1, slots).map_err(|e| format!("compiling the policies: {e}"))?;
+    let companions: BTreeMap<IpAddr, IpAddr> =
+        d.ips.iter().filter_map(|(ip, a)| a.next_hop.map(|n| (*ip, n))).collect();
+    let local: BTreeSet<IpAddr> = obs.pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
+    let pods: Vec<IpAddr> = local.iter().copied().collect();
+    let plan = plan(&tables, &pods, &companions, &opts.cluster_cidrs);
+    let next_hop = d.ips.iter().map(|(ip, a)| (*ip, a.next_hop.unwrap_or(*ip))).collect();
+    let errors = tables.errors.iter().map(|e| e.to_string()).collect();
+    Ok(Computed { plan, local, next_hop, errors })
+}
+
+/// The nftables sets for a kernel state: steered pods are those with a
+/// rule; strict mode's classified pods are the unselected local pods plus
+/// the steered ones whose rule is in place.
+fn sets(view: &KernelView, extra: Option<&Plan>, c: &Computed, strict: Option<&Strict>) -> Sets {
+    let mut steered: BTreeSet<IpAddr> = view.rules.iter().map(|r| r.pod).collect();
+    let mut next_hops: BTreeSet<IpAddr> = view.tables.values().flatten().filter_map(|r| r.via).collect();
+    if let Some(p) = extra {
+        steered.extend(p.pods.keys());
+        next_hops.extend(p.next_hops.iter());
+    }
+    let strict = strict.map(|s| {
+        let ruled: BTreeSet<IpAddr> = view.rules.iter().map(|r| r.pod).collect();
+        let known = c.local.iter().filter(|ip| !c.plan.pods.contains_key(ip) || ruled.contains(ip)).copied().collect();
+        Strict { known, ..s.clone() }
+    });
+    Sets { steered, next_hops, strict }
+}
+
+/// Applies `ops`, skipping what depends on a failed operation: a rule to a
+/// table whose routes could not all be added is not added (the pod keeps
+/// its old rule, whose table is then not emptied). Returns (applied, errors).
+async fn apply_ops(kernel: &mut Kernel, ops: &[Op], kernel_before: &KernelView, priority: u32) -> (u64, Vec<String>) {
+    let mut failed_tables = BTreeSet::new();
+    let mut skipped_pods = BTreeSet::new();
+    let mut kept_tables = BTreeSet::new();
+    let mut applied = 0;
+    let mut errors = Vec::new();
+    for op in ops {
+        let skip = match op {
+            Op::AddRoute { table, .. } => failed_tables.contains(table),
+            Op::AddRule { pod, table } if failed_tables.contains(table) => {
+                skipped_pods.insert(*pod);
+                kept_tables.extend(kernel_before.rules.iter().filter(|r| r.pod == *pod).map(|r| r.table));
+                true
+            }
+            Op::AddRule { .. } => false,
+            Op::DelRule(r) => skipped_pods.contains(&r.pod),
+            Op::DelRoute { table, .. } => kept_tables.contains(table),
+        };
+        if skip {
+            continue;
+        }
+        match kernel.apply(op, priority).await {
+            Ok(()) => applied += 1,
+            Err(e) => {
+                if let Op::AddRoute { table, .. } = op {
+                    failed_tables.insert(*table);
+                }
+                errors.push(e.to_string());
+            }
+        }
+    }
+    (applied, errors)
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// The agent's state between passes.
+struct Agent {
+    opts: NodeOptions,
+    kernel: Kernel,
+    slots: PolicySlots,
+    strict: Option<Strict>,
+    status: Arc<Mutex<NodeStatus>>,
+}
+
+impl Agent {
+    /// One pass; returns whether everything was applied.
+    async fn pass(&mut self, obs: &Observed) -> bool {
+        let mut errors = Vec::new();
+        let mut changes = 0;
+        let outcome = self.pass_inner(obs, &mut errors, &mut changes).await;
+        let mut s = self.status.lock();
+        s.syncs += 1;
+        s.changes_total += changes;
+        s.errors_total += errors.len() as u64;
+        s.last_sync = Some(Timestamp::now().to_string());
+        s.last_sync_unix = now_unix();
+        match outcome {
+            Ok((c, view)) => {
+                s.pods_local = c.local.len();
+                s.pods_steered = view.rules.iter().map(|r| r.pod).collect::<BTreeSet<_>>().len();
+                s.rules = view.rules.len();
+                s.tables = view.tables.len();
+                s.uses = c
+                    .plan
+                    .pods_per_use()
+                    .into_iter()
+                    .map(|(u, pods)| UseRow {
+                        policy: u.policy.clone(),
+                        egress_ip: u.egress_ip,
+                        next_hop: c.next_hop.get(&u.egress_ip).copied().unwrap_or(u.egress_ip),
+                        pods,
+                    })
+                    .collect();
+                errors.extend(c.errors);
+            }
+            Err(e) => errors.push(e),
+        }
+        let ok = errors.is_empty();
+        for e in &errors {
+            tracing::warn!(error = %e, "node agent pass");
+        }
+        s.last_sync_ok = ok;
+        s.errors = errors;
+        if let Err(e) = status::write(&self.opts.status_file, &s) {
+            tracing::warn!(file = %self.opts.status_file.display(), error = %e, "writing the status file");
+        }
+        ok
+    }
+
+    async fn pass_inner(
+        &mut self,
+        obs: &Observed,
+        errors: &mut Vec<String>,
+        changes: &mut u64,
+    ) -> Result<(Computed, KernelView), String> {
+        let c = compute(obs, &self.opts, &self.slots)?;
+        let before = self.kernel.view().await.map_err(|e| e.to_string())?;
+        // Keep sources for the union first; without it, change nothing.
+        nft::install(&sets(&before, Some(&c.plan), &c, self.strict.as_ref())).map_err(|e| e.to_string())?;
+        let priority = self.opts.rule_priority;
+        match reconcile(&before, &c.plan, self.opts.tables, priority) {
+            Ok(ch) => {
+                let (applied, errs) = apply_ops(&mut self.kernel, &ch.ops, &before, priority).await;
+                *changes += applied;
+                errors.extend(errs);
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+        let after = self.kernel.view().await.map_err(|e| e.to_string())?;
+        if let Err(e) = nft::install(&sets(&after, None, &c, self.strict.as_ref())) {
+            errors.push(e.to_string());
+        }
+        Ok((c, after))
+    }
+}
+
+/// The node's pod CIDRs from its Node object (strict mode).
+async fn node_pod_cidrs(client: &kube::Client, node: &str) -> Result<Vec<ipnet::IpNet>, NodeError> {
+    let err = |message: String| NodeError::Node { node: node.to_string(), message };
+    let n = Api::<Node>::all(client.clone()).get(node).await.map_err(|e| err(e.to_string()))?;
+    let spec = n.spec.unwrap_or_default();
+    let mut cidrs: Vec<String> = spec.pod_cidrs.unwrap_or_default();
+    cidrs.extend(spec.pod_cidr);
+    let mut out: Vec<ipnet::IpNet> = Vec::new();
+    for c in cidrs {
+        let net = c.parse().map_err(|_| err(format!("spec.podCIDRs: {c:?} is not a CIDR")))?;
+        if !out.contains(&net) {
+            out.push(net);
+        }
+    }
+    if out.is_empty() {
+        return Err(err("spec.podCIDRs is empty: give --pod-cidr for strict mode".into()));
+    }
+    Ok(out)
+}
+
+async fn serve_metrics(listener: TcpListener, status: Arc<Mutex<NodeStatus>>) {
+    let handler = move |path: &str| -> (u16, &'static str, String) {
+        let s = status.lock().clone();
+        match path {
+            "/metrics" => (200, "text/plain; version=0.0.4; charset=utf-8", status::metrics(&s)),
+            "/ready" if s.synced && s.syncs > 0 => (200, "text/plain", "ready\n".into()),
+            "/ready" => (503, "text/plain", "not ready: the watches have not synced yet\n".into()),
+            "/healthz" => (200, "text/plain", "ok\n".into()),
+            _ => (404, "text/plain", "try /metrics, /ready or /healthz\n".into()),
+        }
+    };
+    crate::metrics::serve_fn(listener, Arc::new(handler)).await;
+}
+
+/// Runs the agent until `shutdown` completes.
+pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
+    opts.validate()?;
+    let client = crate::k8s::client(opts.kubeconfig.as_deref()).await?;
+    let status = Arc::new(Mutex::new(NodeStatus {
+        node: opts.node_name.clone(),
+        pid: std::process::id(),
+        strict: opts.strict,
+        ..Default::default()
+    }));
+    let mut tasks = JoinSet::new();
+    if let Some(addr) = opts.metrics_listen {
+        let listener = TcpListener::bind(addr).await.map_err(|source| NodeError::Listen { addr, source })?;
+        tasks.spawn(serve_metrics(listener, status.clone()));
+    }
+    let strict = if opts.strict {
+        let local = if opts.pod_cidrs.is_empty() {
+            node_pod_cidrs(&client, &opts.node_name).await?
+        } else {
+            opts.pod_cidrs.clone()
+        };
+        tracing::info!(pod_cidrs = ?local, "strict mode: unclassified local pods cannot leave the cluster");
+        Some(Strict { local, cluster: opts.cluster_cidrs.clone(), known: BTreeSet::new() })
+    } else {
+        None
+    };
+    let kernel = Kernel::open(opts.tables)?;
+    let notify = Arc::new(Notify::new());
+    let stores = Stores::start(&client, &opts.node_name, &notify, &mut tasks);
+    let mut shutdown = std::pin::pin!(shutdown);
+    tracing::info!(node = %opts.node_name, "waiting for the watches to sync");
+    tokio::select! {
+        _ = stores.ready() => {}
+        _ = &mut shutdown => return Ok(()),
+    }
+    status.lock().synced = true;
+    tracing::info!("watches synced; reconciling");
+    let resync = opts.resync_period;
+    let mut agent = Agent { opts, kernel, slots: PolicySlots::default(), strict, status };
+    loop {
+        let ok = agent.pass(&stores.observed()).await;
+        let wait = if ok { resync } else { RETRY };
+        tokio::select! {
+            _ = notify.notified() => tokio::time::sleep(DEBOUNCE).await,
+            _ = tokio::time::sleep(wait) => {}
+            _ = &mut shutdown => break,
+        }
+    }
+    tracing::info!("stopping; the kernel keeps its rules (egret node cleanup removes them)");
+    tasks.abort_all();
+    Ok(())
+}

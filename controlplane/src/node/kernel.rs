@@ -1,0 +1,300 @@
+//! The node's policy-routing rules and tables over rtnetlink (no `ip`).
+//!
+//! What belongs to Egret is marked, so a restart can find it and `egret
+//! node cleanup` can remove exactly it: rules carry the protocol number
+//! [`RTPROT_EGRET`] (`FRA_PROTOCOL`, Linux 4.17+) and sit at the agent's
+//! priority; routes carry the same protocol (`rtm_protocol`) in the agent's
+//! table range. `ip rule show` / `ip route show table all` print it as
+//! `proto 233`.
+
+use std::io;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType};
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+use super::plan::Route;
+use super::reconcile::{KernelRule, KernelView, Op, TableRange};
+use crate::netlink::Requests;
+
+/// The protocol number on Egret's rules and routes.
+pub const RTPROT_EGRET: u8 = 233;
+
+/// What failed talking to the kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The socket could not be opened.
+    #[error(transparent)]
+    Socket(#[from] crate::netlink::NetlinkError),
+    /// A dump failed.
+    #[error("dumping {what}: {source}")]
+    Dump {
+        /// Rules or routes.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A change was refused.
+    #[error("{op}: {source}")]
+    Change {
+        /// The operation, as `ip` would print it.
+        op: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn family(ip: IpAddr) -> AddressFamily {
+    if ip.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    }
+}
+
+fn route_address(ip: IpAddr) -> RouteAddress {
+    match ip {
+        IpAddr::V4(a) => RouteAddress::Inet(a),
+        IpAddr::V6(a) => RouteAddress::Inet6(a),
+    }
+}
+
+fn address_of(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(a) => Some(IpAddr::V4(*a)),
+        RouteAddress::Inet6(a) => Some(IpAddr::V6(*a)),
+        _ => None,
+    }
+}
+
+fn host_len(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() {
+        32
+    } else {
+        128
+    }
+}
+
+/// The route message for `route` in `table`.
+fn route_message(table: u32, route: &Route) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = family(route.dst.addr());
+    m.header.destination_prefix_length = route.dst.prefix_len();
+    m.header.protocol = RouteProtocol::Other(RTPROT_EGRET);
+    m.header.scope = RouteScope::Universe;
+    m.header.kind = if route.via.is_some() { RouteType::Unicast } else { RouteType::Throw };
+    m.attributes.push(RouteAttribute::Table(table));
+    if route.dst.prefix_len() > 0 {
+        m.attributes.push(RouteAttribute::Destination(route_address(route.dst.addr())));
+    }
+    if let Some(via) = route.via {
+        m.attributes.push(RouteAttribute::Gateway(route_address(via)));
+    }
+    m
+}
+
+fn rule_message(pod: IpAddr, table: u32, priority: u32) -> RuleMessage {
+    let mut m = RuleMessage::default();
+    m.header.family = family(pod);
+    m.header.src_len = host_len(pod);
+    m.header.action = RuleAction::ToTable;
+    m.attributes.push(RuleAttribute::Source(pod));
+    m.attributes.push(RuleAttribute::Table(table));
+    m.attributes.push(RuleAttribute::Priority(priority));
+    m.attributes.push(RuleAttribute::Protocol(RouteProtocol::Other(RTPROT_EGRET)));
+    m
+}
+
+/// An Egret rule in a dump (any priority), or `None`.
+pub fn parse_rule(m: &RuleMessage) -> Option<KernelRule> {
+    let mut source = None;
+    let mut table = u32::from(m.header.table);
+    let mut priority = 0;
+    let mut ours = false;
+    for a in &m.attributes {
+        match a {
+            RuleAttribute::Source(ip) => source = Some(*ip),
+            RuleAttribute::Table(t) => table = *t,
+            RuleAttribute::Priority(p) => priority = *p,
+            RuleAttribute::Protocol(RouteProtocol::Other(p)) => ours = *p == RTPROT_EGRET,
+            _ => {}
+        }
+    }
+    let pod = source?;
+    (ours && m.header.src_len == host_len(pod) && m.header.action == RuleAction::ToTable).then_some(KernelRule {
+        pod,
+        table,
+        priority,
+    })
+}
+
+/// An Egret route in `range` from a dump: (table, route), or `None`.
+pub fn parse_route(m: &RouteMessage, range: TableRange) -> Option<(u32, Route)> {
+    if m.header.protocol != RouteProtocol::Other(RTPROT_EGRET) {
+        return None;
+    }
+    let mut table = u32::from(m.header.table);
+    let mut dst = None;
+    let mut via = None;
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::Destination(d) => dst = address_of(d),
+            RouteAttribute::Gateway(g) => via = address_of(g),
+            _ => {}
+        }
+    }
+    if !range.contains(table) {
+        return None;
+    }
+    let dst = match (dst, m.header.address_family) {
+        (Some(d), _) => d,
+        (None, AddressFamily::Inet) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        (None, AddressFamily::Inet6) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        _ => return None,
+    };
+    let dst = IpNet::new(dst, m.header.destination_prefix_length).ok()?;
+    let via = match m.header.kind {
+        RouteType::Throw => None,
+        RouteType::Unicast => Some(via?),
+        _ => return None,
+    };
+    Some((table, Route { dst, via }))
+}
+
+/// The rtnetlink side of the agent.
+pub struct Kernel {
+    requests: Requests,
+    range: TableRange,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel").field("range", &self.range).finish()
+    }
+}
+
+fn describe(op: &Op, priority: u32) -> String {
+    match op {
+        Op::AddRoute { table, route } => format!("route add {route} table {table}"),
+        Op::DelRoute { table, route } => format!("route del {route} table {table}"),
+        Op::AddRule { pod, table } => format!("rule add from {pod} lookup {table} priority {priority}"),
+        Op::DelRule(r) => format!("rule del from {} lookup {} priority {}", r.pod, r.table, r.priority),
+    }
+}
+
+impl Kernel {
+    /// Opens an rtnetlink socket in the current network namespace.
+    pub fn open(range: TableRange) -> Result<Self, KernelError> {
+        Ok(Kernel { requests: Requests::open()?, range })
+    }
+
+    /// Egret's rules (any priority) and its tables in the range.
+    pub async fn view(&mut self) -> Result<KernelView, KernelError> {
+        let dump = NLM_F_REQUEST | NLM_F_DUMP;
+        let mut view = KernelView::default();
+        let rules = self
+            .requests
+            .call(RouteNetlinkMessage::GetRule(RuleMessage::default()), dump)
+            .await
+            .map_err(|source| KernelError::Dump { what: "rules", source })?;
+        for m in rules {
+            if let RouteNetlinkMessage::NewRule(r) = m {
+                view.rules.extend(parse_rule(&r));
+            }
+        }
+        for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut q = RouteMessage::default();
+            q.header.address_family = fam;
+            let routes = self
+                .requests
+                .call(RouteNetlinkMessage::GetRoute(q), dump)
+                .await
+                .map_err(|source| KernelError::Dump { what: "routes", source })?;
+            for m in routes {
+                if let RouteNetlinkMessage::NewRoute(r) = m {
+                    if let Some((t, route)) = parse_route(&r, self.range) {
+                        view.tables.entry(t).or_default().insert(route);
+                    }
+                }
+            }
+        }
+        view.rules.sort();
+        Ok(view)
+    }
+
+    /// Applies one operation. Adding what exists and deleting what is gone
+    /// succeed (the kernel is already as wanted).
+    pub async fn apply(&mut self, op: &Op, priority: u32) -> Result<(), KernelError> {
+        let add = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+        let del = NLM_F_REQUEST | NLM_F_ACK;
+        let (msg, flags) = match op {
+            Op::AddRoute { table, route } => (RouteNetlinkMessage::NewRoute(route_message(*table, route)), add),
+            Op::DelRoute { table, route } => (RouteNetlinkMessage::DelRoute(route_message(*table, route)), del),
+            Op::AddRule { pod, table } => (RouteNetlinkMessage::NewRule(rule_message(*pod, *table, priority)), add),
+            Op::DelRule(r) => (RouteNetlinkMessage::DelRule(rule_message(r.pod, r.table, r.priority)), del),
+        };
+        match self.requests.call(msg, flags).await {
+            Ok(_) => Ok(()),
+            Err(e) if flags & NLM_F_CREATE != 0 && e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Err(e) if flags & NLM_F_CREATE == 0 && matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOENT)) => {
+                Ok(())
+            }
+            Err(source) => Err(KernelError::Change { op: describe(op, priority), source }),
+        }
+    }
+
+    /// Removes every Egret rule (any priority) and route (in the range).
+    pub async fn remove_all(&mut self) -> Result<usize, KernelError> {
+        let view = self.view().await?;
+        let mut n = 0;
+        for r in &view.rules {
+            self.apply(&Op::DelRule(*r), r.priority).await?;
+            n += 1;
+        }
+        for (t, routes) in &view.tables {
+            for route in routes {
+                self.apply(&Op::DelRoute { table: *t, route: *route }, 0).await?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const RANGE: TableRange = TableRange { first: 1_000_000, count: 100 };
+
+    #[test]
+    fn messages_round_trip_through_the_parsers() {
+        let routes = [
+            Route { dst: "0.0.0.0/0".parse().unwrap(), via: Some("203.0.113.10".parse().unwrap()) },
+            Route { dst: "198.18.0.0/16".parse().unwrap(), via: None },
+            Route { dst: "::/0".parse().unwrap(), via: Some("2001:db8:113::10".parse().unwrap()) },
+        ];
+        for r in routes {
+            let m = route_message(1_000_007, &r);
+            assert_eq!(parse_route(&m, RANGE), Some((1_000_007, r)), "{r}");
+            assert_eq!(parse_route(&m, TableRange { first: 1, count: 10 }), None, "outside the range");
+            let mut foreign = m.clone();
+            foreign.header.protocol = RouteProtocol::Static;
+            assert_eq!(parse_route(&foreign, RANGE), None, "not ours");
+        }
+        let pod: IpAddr = "198.18.0.10".parse().unwrap();
+        let m = rule_message(pod, 1_000_007, 100);
+        assert_eq!(parse_rule(&m), Some(KernelRule { pod, table: 1_000_007, priority: 100 }));
+        let mut foreign = m.clone();
+        foreign.attributes.retain(|a| !matches!(a, RuleAttribute::Protocol(_)));
+        assert_eq!(parse_rule(&foreign), None, "a rule without Egret's protocol is someone else's");
+    }
+}

@@ -1,0 +1,194 @@
+//! The node's nftables table `inet egret_node`: the masquerade bypass and
+//! strict mode.
+//!
+//! **Keeping the pod's source.** Most CNIs masquerade pod traffic that
+//! leaves the node (flannel's `-s clusterCIDR -j MASQUERADE`, Calico's
+//! `natOutgoing`, kindnet's nft table at `srcnat - 10`, ip-masq-agent). A
+//! selected pod's packets must reach the gateway with the pod's address, or
+//! the gateway cannot tell the pod (and would see the node). A rule that
+//! merely accepts does not help: the kernel runs every NAT hook in priority
+//! order until one *sets a binding* (`nf_nat_inet_fn`), so an accept in one
+//! table lets the next table's masquerade fire. So this table binds first:
+//! at `srcnat - 50`, before any of them, a packet from a steered pod that
+//! the routing decision sends to one of Egret's next hops (`rt ip nexthop`,
+//! the route's gateway) gets `snat to ip saddr`, a binding to its own
+//! address. The connection's later NAT hooks are then skipped, and nothing
+//! else changes: unselected pods, and steered pods' excluded destinations
+//! (which leave through the node's own route, not a gateway), are still
+//! masqueraded as before.
+//!
+//! **Strict mode.** Between a pod getting its address and the agent
+//! installing its rule, the pod's first packets leave through the node's
+//! default path with the node's address. In strict mode a forward-hook
+//! chain drops traffic from the node's pod CIDRs to outside the cluster
+//! unless the agent has classified the source: either it is steered and its
+//! rule is in place, or it is a local pod no policy selects. Unknown pods
+//! reach the cluster (their CIDRs are exempt) but not the outside until the
+//! agent has seen them.
+//!
+//! The whole table is replaced in one `nft -f` transaction per change.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::process::Command;
+
+use ipnet::IpNet;
+
+use crate::failclosed::{run_bounded, FailClosedError, NFT_TIMEOUT};
+
+/// The table's name (family `inet`).
+pub const TABLE: &str = "egret_node";
+/// The masquerade bypass's priority: `srcnat - 50`, before kindnet's
+/// `srcnat - 10` and the iptables `nat` table's 100.
+pub const KEEP_SOURCE_PRIORITY: i32 = 50;
+
+/// What the table holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sets {
+    /// Pod addresses with an Egret rule.
+    pub steered: BTreeSet<IpAddr>,
+    /// Next hops of Egret's routes.
+    pub next_hops: BTreeSet<IpAddr>,
+    /// Strict mode: `Some((local pod CIDRs, cluster CIDRs, classified pods))`.
+    pub strict: Option<Strict>,
+}
+
+/// Strict mode's sets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Strict {
+    /// This node's pod CIDRs (sources strict mode guards).
+    pub local: Vec<IpNet>,
+    /// The cluster's pod and Service CIDRs (always reachable).
+    pub cluster: Vec<IpNet>,
+    /// Local pods the agent has classified.
+    pub known: BTreeSet<IpAddr>,
+}
+
+/// Why nft failed.
+#[derive(Debug, thiserror::Error)]
+#[error("nftables table inet {TABLE}: {0}")]
+pub struct NftError(String);
+
+fn set(out: &mut String, name: &str, ty: &str, interval: bool, elems: impl Iterator<Item = String>) {
+    let elems: Vec<String> = elems.collect();
+    let _ = write!(out, "  set {name} {{\n    type {ty}\n");
+    if interval {
+        out.push_str("    flags interval\n    auto-merge\n");
+    }
+    if !elems.is_empty() {
+        let _ = writeln!(out, "    elements = {{ {} }}", elems.join(", "));
+    }
+    out.push_str("  }\n");
+}
+
+fn addrs<'a>(v: impl Iterator<Item = &'a IpAddr>, v4: bool) -> impl Iterator<Item = String> {
+    v.filter(move |a| a.is_ipv4() == v4).map(|a| a.to_string()).collect::<Vec<_>>().into_iter()
+}
+
+fn nets<'a>(v: impl Iterator<Item = &'a IpNet>, v4: bool) -> impl Iterator<Item = String> {
+    v.filter(move |n| n.addr().is_ipv4() == v4).map(|n| n.trunc().to_string()).collect::<Vec<_>>().into_iter()
+}
+
+/// The whole script: creates the table if missing, deletes it, and writes
+/// it anew, in one transaction.
+pub fn ruleset(s: &Sets) -> String {
+    let mut out = format!("table inet {TABLE}\ndelete table inet {TABLE}\ntable inet {TABLE} {{\n");
+    set(&mut out, "steered4", "ipv4_addr", false, addrs(s.steered.iter(), true));
+    set(&mut out, "steered6", "ipv6_addr", false, addrs(s.steered.iter(), false));
+    set(&mut out, "hops4", "ipv4_addr", false, addrs(s.next_hops.iter(), true));
+    set(&mut out, "hops6", "ipv6_addr", false, addrs(s.next_hops.iter(), false));
+    let _ = write!(
+        out,
+        "  chain keep_source {{\n    type nat hook postrouting priority {KEEP_SOURCE_PRIORITY}; policy accept;\n    ip saddr @steered4 rt ip nexthop @hops4 counter snat ip to ip saddr\n    ip6 saddr @steered6 rt ip6 nexthop @hops6 counter snat ip6 to ip6 saddr\n  }}\n"
+    );
+    if let Some(st) = &s.strict {
+        set(&mut out, "local4", "ipv4_addr", true, nets(st.local.iter(), true));
+        set(&mut out, "local6", "ipv6_addr", true, nets(st.local.iter(), false));
+        set(&mut out, "cluster4", "ipv4_addr", true, nets(st.cluster.iter(), true));
+        set(&mut out, "cluster6", "ipv6_addr", true, nets(st.cluster.iter(), false));
+        set(&mut out, "known4", "ipv4_addr", false, addrs(st.known.iter(), true));
+        set(&mut out, "known6", "ipv6_addr", false, addrs(st.known.iter(), false));
+        out.push_str(
+            "  chain strict {\n    type filter hook forward priority -10; policy accept;\n    ip saddr @local4 ip daddr != @cluster4 ip saddr != @known4 counter drop comment \"egret strict: pod not classified yet\"\n    ip6 saddr @local6 ip6 daddr != @cluster6 ip6 saddr != @known6 counter drop comment \"egret strict: pod not classified yet\"\n  }\n",
+        );
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn nft(script: &str) -> Result<(), NftError> {
+    let mut cmd = Command::new("nft");
+    cmd.args(["-f", "-"]);
+    run_bounded(&mut cmd, script.as_bytes(), NFT_TIMEOUT).map_err(|e| {
+        NftError(match e {
+            FailClosedError::Spawn(e) => format!("running nft: {e} (install nftables)"),
+            FailClosedError::Refused(m) => format!("nft refused the ruleset: {m}"),
+            FailClosedError::TimedOut(t) => format!("nft did not finish within {t:?} and was killed"),
+        })
+    })
+}
+
+/// Replaces the table.
+pub fn install(s: &Sets) -> Result<(), NftError> {
+    nft(&ruleset(s))
+}
+
+/// Deletes the table (`egret node cleanup`).
+pub fn remove() -> Result<(), NftError> {
+    nft(&format!("table inet {TABLE}\ndelete table inet {TABLE}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn sets(strict: bool) -> Sets {
+        Sets {
+            steered: ["198.18.0.10", "2001:db8:18::10"].iter().map(|s| s.parse().unwrap()).collect(),
+            next_hops: ["203.0.113.10"].iter().map(|s| s.parse().unwrap()).collect(),
+            strict: strict.then(|| Strict {
+                local: vec!["198.18.0.0/24".parse().unwrap()],
+                cluster: vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:18::/48".parse().unwrap()],
+                known: ["198.18.0.12".parse().unwrap()].into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn the_script_names_every_set_and_only_strict_mode_has_the_forward_chain() {
+        let s = ruleset(&sets(false));
+        assert!(s.contains("elements = { 198.18.0.10 }"), "{s}");
+        assert!(s.contains("elements = { 2001:db8:18::10 }"), "{s}");
+        assert!(s.contains("priority 50;"), "{s}");
+        assert!(!s.contains("hook forward"), "{s}");
+        let s = ruleset(&sets(true));
+        assert!(s.contains("hook forward"), "{s}");
+        assert!(s.contains("elements = { 198.18.0.0/16 }"), "{s}");
+    }
+
+    /// `nft -c` (check only) accepts both variants; skipped without nft.
+    #[test]
+    fn nft_accepts_the_script() {
+        if Command::new("nft").arg("--version").output().is_err() || unsafe_uid() != 0 {
+            eprintln!("SKIPPED nft_accepts_the_script: needs root and nft");
+            return;
+        }
+        for strict in [false, true] {
+            let mut cmd = Command::new("nft");
+            cmd.args(["-c", "-f", "-"]);
+            run_bounded(&mut cmd, ruleset(&sets(strict)).as_bytes(), NFT_TIMEOUT).unwrap();
+        }
+    }
+
+    fn unsafe_uid() -> u32 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            })
+            .unwrap_or(u32::MAX)
+    }
+}
