@@ -119,8 +119,9 @@ struct NodeArgs {
     #[arg(long, value_delimiter = ',')]
     cluster_cidr: Vec<ipnet::IpNet>,
     /// Drop a local pod's traffic to outside the cluster until the agent
-    /// has classified the pod (docs/kubernetes.md, "Strict mode").
-    #[arg(long)]
+    /// has classified the pod (docs/kubernetes.md, "Strict mode"):
+    /// `--strict` or `--strict=true|false`.
+    #[arg(long, num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
     strict: bool,
     /// Strict mode: this node's pod CIDRs (default: the Node's spec.podCIDRs).
     #[arg(long, value_delimiter = ',')]

@@ -156,9 +156,25 @@ fn every_manifest_passes_server_side_dry_run() {
         kinds.sort();
         assert_eq!(
             kinds,
-            ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Role", "RoleBinding", "ServiceAccount"]
+            [
+                "ClusterRole",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ClusterRoleBinding",
+                "ConfigMap",
+                "DaemonSet",
+                "DaemonSet",
+                "Role",
+                "RoleBinding",
+                "ServiceAccount",
+                "ServiceAccount"
+            ]
         );
-        assert_eq!(count, 4 + 7 + 8, "CRDs twice, 7 manifests + the namespace, 7 rendered templates");
+        assert_eq!(
+            count,
+            4 + 12 + 11,
+            "CRDs twice, 11 manifests + the namespace (gateway and node agent), 11 rendered templates"
+        );
     });
     drop(rt);
     server.stop().expect("stop");
@@ -207,7 +223,7 @@ fn daemonset_pod_specs() -> Vec<(String, Value)> {
 #[test]
 fn every_daemonset_runs_under_the_runtime_default_seccomp_profile() {
     let specs = daemonset_pod_specs();
-    assert_eq!(specs.len(), 2, "one DaemonSet in deploy/manifests and one in the chart: {specs:?}");
+    assert_eq!(specs.len(), 4, "the gateway's and the node agent's, in deploy/manifests and in the chart: {specs:?}");
     for (name, spec) in specs {
         let profile = spec.get("securityContext").and_then(|s| s.get("seccompProfile")).and_then(|p| p.get("type"));
         assert_eq!(
