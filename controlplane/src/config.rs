@@ -242,6 +242,10 @@ pub struct KubernetesConfig {
     pub gateway_selector: String,
     /// Periodic full pass even without changes.
     pub resync_period: Duration,
+    /// The cluster's pod CIDRs: forwarded traffic from them that arrives on
+    /// the gateway's interfaces and is not translated is dropped
+    /// (`TablesSpec::guard`).
+    pub cluster_pod_cidrs: Vec<IpNet>,
 }
 
 /// A validated configuration file.
@@ -489,7 +493,8 @@ impl Checker<'_> {
             .filter(|e| e.kernel_service == Some(true))
             .filter_map(|e| e.ip.parse().ok())
             .collect();
-        let tables = TablesSpec { policies, egress_ips, neighbor_addresses, nat, service_addresses };
+        let tables =
+            TablesSpec { policies, egress_ips, neighbor_addresses, nat, service_addresses, ..Default::default() };
         if self.errors.is_empty() {
             self.compile(&tables);
         }
@@ -813,6 +818,13 @@ impl Checker<'_> {
         if retry_period >= renew_deadline {
             self.rule("kubernetes.retryPeriod", "must be shorter than kubernetes.renewDeadline");
         }
+        let mut cluster_pod_cidrs = Vec::new();
+        for (i, c) in k.cluster_pod_cidrs.iter().flatten().enumerate() {
+            match c.trim().parse::<IpNet>() {
+                Ok(n) => cluster_pod_cidrs.push(n.trunc()),
+                Err(_) => self.rule(format!("kubernetes.clusterPodCIDRs[{i}]"), format!("{c:?} is not a CIDR")),
+            }
+        }
         if self.errors.len() != before {
             return None;
         }
@@ -825,6 +837,7 @@ impl Checker<'_> {
             kubeconfig: k.kubeconfig.as_ref().map(PathBuf::from),
             gateway_selector: k.gateway_selector.clone().unwrap_or_else(|| "egret.dev/gateway=true".into()),
             resync_period,
+            cluster_pod_cidrs,
         })
     }
 

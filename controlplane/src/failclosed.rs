@@ -229,9 +229,31 @@ pub fn ruleset(tables: &Tables) -> String {
         s.push_str(&format!("  chain policy_{id} {{\n    counter drop comment \"policy {}\"\n  }}\n", name(id)));
     }
     s.push_str(&chains);
+    let guard = &tables.spec.guard;
+    let guarded = !guard.sources.is_empty() && !guard.interfaces.is_empty();
+    if guarded {
+        for (name, ty, v4) in [("guard4", "ipv4_addr", true), ("guard6", "ipv6_addr", false)] {
+            let elems: Vec<String> =
+                guard.sources.iter().filter(|n| n.addr().is_ipv4() == v4).map(|n| n.trunc().to_string()).collect();
+            s.push_str(&format!("  set {name} {{\n    type {ty}\n    flags interval\n    auto-merge\n"));
+            if !elems.is_empty() {
+                s.push_str(&format!("    elements = {{ {} }}\n", elems.join(", ")));
+            }
+            s.push_str("  }\n");
+        }
+    }
     s.push_str("  chain forward {\n    type filter hook forward priority filter - 10; policy accept;\n");
     s.push_str("    meta nfproto ipv4 ip saddr vmap @sources4\n");
     s.push_str("    meta nfproto ipv6 ip6 saddr vmap @sources6\n");
+    if guarded {
+        // Reached only by sources no policy selects (a selected source's
+        // class chain ends in a verdict).
+        let ifs: Vec<String> = guard.interfaces.iter().map(|i| format!("\"{}\"", i.replace('"', ""))).collect();
+        let ifs = ifs.join(", ");
+        s.push_str(&format!(
+            "    iifname {{ {ifs} }} ip saddr @guard4 counter drop comment \"untranslated pod source\"\n    iifname {{ {ifs} }} ip6 saddr @guard6 counter drop comment \"untranslated pod source\"\n"
+        ));
+    }
     s.push_str("  }\n}\n");
     s
 }
@@ -631,6 +653,41 @@ mod tests {
         let listing = String::from_utf8_lossy(&out.stdout);
         // 198.18.0.7 to both 198.51.100.x addresses: one echo request each.
         assert!(listing.contains("counter packets 2 "), "{listing}");
+
+        // The source guard: the pod CIDR's untranslated traffic arriving on
+        // the guarded interface is dropped, whatever the policies say;
+        // excluded destinations of selected sources and other sources pass.
+        let install = |t: &Tables| {
+            let mut child = Command::new("ip")
+                .args(["netns", "exec", "efc14-rtr", "nft", "-f", "-"])
+                .stdin(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child.stdin.take().unwrap().write_all(ruleset(t).as_bytes()).unwrap();
+            let o = child.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        };
+        let guarded = |interface: &str| {
+            let mut spec = t.spec.clone();
+            spec.guard = egret_dataplane::tables::SourceGuard {
+                interfaces: vec![interface.into()],
+                sources: vec!["198.18.0.0/15".parse().unwrap()],
+            };
+            Tables::compile(&spec, 2, &PolicySlots::default()).unwrap()
+        };
+        install(&guarded("efc14rc"));
+        assert!(!ping("198.18.1.1", "203.0.113.5"), "an unselected pod source is dropped, not forwarded");
+        assert!(!ping("198.18.0.1", "203.0.113.5"), "steered: dropped as before");
+        let excluded = ("198.18.0.1", "198.51.100.200");
+        assert!(!matches!(
+            t.classify_v4.classify(excluded.0.parse().unwrap(), excluded.1.parse().unwrap()),
+            Decision::Steer(_)
+        ));
+        assert!(ping(excluded.0, excluded.1), "a selected source's excluded destination is still forwarded");
+        assert!(ping("192.0.2.2", "203.0.113.5"), "a source outside the guard is forwarded");
+        install(&guarded("other0"));
+        assert!(ping("198.18.1.1", "203.0.113.5"), "the guard applies only on its interfaces");
     }
 
     /// Measurement, not a check: how long `nft -f` of the ruleset takes, and

@@ -211,6 +211,25 @@ pub struct TablesSpec {
     /// Other egress IPs serve only NAT ports, ICMP errors and echo (answered
     /// by the workers) and drop the rest: the kernel does not own them.
     pub service_addresses: Vec<IpAddr>,
+    /// Sources that reach this gateway only to be translated (Kubernetes:
+    /// the cluster's pod CIDRs, which worker-node agents route here only for
+    /// selected pods). Their forwarded traffic that Egret does not translate
+    /// is dropped by the kernel's fail-closed table instead of leaving with
+    /// a pod's own address: a pod the node agent already steers but this
+    /// gateway does not know yet, or one no longer selected.
+    pub guard: SourceGuard,
+}
+
+/// [`TablesSpec::guard`]: empty means off.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct SourceGuard {
+    /// Interfaces where the guarded sources arrive (the gateway's own: pods
+    /// on the gateway node itself come in through the CNI's devices and are
+    /// not affected).
+    pub interfaces: Vec<String>,
+    /// Guarded source prefixes.
+    pub sources: Vec<IpNet>,
 }
 
 /// A whole-snapshot error: the snapshot is rejected.

@@ -242,6 +242,9 @@ pub struct Kubernetes {
     pub gateway_selector: Option<String>,
     /// Periodic full pass, e.g. "30s".
     pub resync_period: Option<String>,
+    /// The cluster's pod CIDRs (the source guard).
+    #[serde(rename = "clusterPodCIDRs")]
+    pub cluster_pod_cidrs: Option<Vec<String>>,
 }
 
 impl<'de> Deserialize<'de> for FastPathSessions {

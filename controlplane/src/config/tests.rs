@@ -264,6 +264,14 @@ fn rules_across_fields() {
         errors(bad_k8s),
         vec![r#"gw.yaml: kubernetes.retryPeriod: "soon": not a duration (e.g. "4s", "500ms")"#]
     );
+    let guard = "interfaces: [{name: eth0}]\nkubernetes: {clusterPodCIDRs: [198.18.0.1/16, 2001:db8:18::/48]}\n";
+    let k = load_str("gw.yaml", guard).unwrap().kubernetes.unwrap();
+    assert_eq!(
+        k.cluster_pod_cidrs,
+        vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:18::/48".parse::<ipnet::IpNet>().unwrap()]
+    );
+    let bad_guard = "interfaces: [{name: eth0}]\nkubernetes: {clusterPodCIDRs: [198.18.0.0/16, pods]}\n";
+    assert_eq!(errors(bad_guard), vec![r#"gw.yaml: kubernetes.clusterPodCIDRs[1]: "pods" is not a CIDR"#]);
 }
 
 #[test]

@@ -646,6 +646,10 @@ async fn spawn_kubernetes(
     opts.gateway_selector = k.gateway_selector.clone();
     opts.resync_period = k.resync_period;
     opts.nat = cfg.tables.nat;
+    opts.guard = egret_dataplane::tables::SourceGuard {
+        interfaces: cfg.interfaces.iter().map(|i| i.name.clone()).collect(),
+        sources: k.cluster_pod_cidrs.clone(),
+    };
     opts.validate().map_err(|e| start_err("kubernetes options")(e.to_string()))?;
     let client =
         k8s::client(k.kubeconfig.as_deref()).await.map_err(|e| start_err("kubernetes client")(e.to_string()))?;

@@ -697,7 +697,7 @@ pub async fn run_supervised(
     let mut sync = SyncLoop {
         leases: Api::namespaced(client.clone(), &opts.lease_namespace),
         mgr: LeaseManager::new(opts.node_name.clone(), opts.timing),
-        local: LocalConfig { node_name: opts.node_name.clone(), nat: opts.nat },
+        local: LocalConfig { node_name: opts.node_name.clone(), nat: opts.nat, guard: opts.guard.clone() },
         client,
         sink,
         stores,

@@ -29,7 +29,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use egret_dataplane::tables::{hrw_score, EgressIpSpec, NatSettings, PolicySpec, TablesSpec};
+use egret_dataplane::tables::{hrw_score, EgressIpSpec, NatSettings, PolicySpec, SourceGuard, TablesSpec};
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -166,6 +166,8 @@ pub struct LocalConfig {
     /// NAT settings from the gateway's file (their port range decides which
     /// Service ports collide).
     pub nat: NatSettings,
+    /// The source guard (`kubernetes.clusterPodCIDRs`), passed through.
+    pub guard: SourceGuard,
 }
 
 /// Who uses an egress IP.
@@ -743,7 +745,14 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         neighbor_addresses.extend(a.next_hop);
     }
     neighbor_addresses.sort();
-    out.tables = TablesSpec { policies, egress_ips, neighbor_addresses, nat: local.nat, service_addresses };
+    out.tables = TablesSpec {
+        policies,
+        egress_ips,
+        neighbor_addresses,
+        nat: local.nat,
+        service_addresses,
+        guard: local.guard.clone(),
+    };
 
     // Status of every policy.
     for p in &obs.policies {
@@ -983,7 +992,7 @@ mod tests {
     }
 
     fn local() -> LocalConfig {
-        LocalConfig { node_name: "gw-1".into(), nat: NatSettings::default() }
+        LocalConfig { node_name: "gw-1".into(), nat: NatSettings::default(), guard: SourceGuard::default() }
     }
 
     fn cond<'a>(st: &'a EgressPolicyStatus, type_: &str) -> &'a Condition {

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use egret_dataplane::tables::NatSettings;
+use egret_dataplane::tables::{NatSettings, SourceGuard};
 
 pub use controller::{run, run_supervised};
 pub use lease::{LeaseTiming, TimingError};
@@ -50,6 +50,9 @@ pub struct K8sOptions {
     /// The file's `nat:` section (its port range decides which Service ports
     /// collide with NAT; it is passed through to every TablesSpec).
     pub nat: NatSettings,
+    /// `kubernetes.clusterPodCIDRs` on the file's interfaces (passed through
+    /// to every TablesSpec: the fail-closed table's source guard).
+    pub guard: SourceGuard,
 }
 
 impl K8sOptions {
@@ -62,6 +65,7 @@ impl K8sOptions {
             gateway_selector: format!("{}=true", crd::GATEWAY_LABEL),
             resync_period: Duration::from_secs(30),
             nat: NatSettings::default(),
+            guard: SourceGuard::default(),
         }
     }
 

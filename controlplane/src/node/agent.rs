@@ -121,6 +121,7 @@ pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Resul
     let local_cfg = LocalConfig {
         node_name: opts.node_name.clone(),
         nat: NatSettings { ports: opts.nat_ports, ..NatSettings::default() },
+        guard: Default::default(),
     };
     let d = desired(obs, &local_cfg, Timestamp::now());
     let tables = Tables::compile(&d.tables, 1, slots).map_err(|e| format!("compiling the policies: {e}"))?;
