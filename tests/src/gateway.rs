@@ -84,6 +84,8 @@ pub struct KubernetesSection {
     /// `leaseDuration`, `renewDeadline`, `retryPeriod` as written (e.g. `4s`,
     /// `500ms`); `None` keeps the daemon's defaults.
     pub timing: Option<(String, String, String)>,
+    /// `clusterPodCIDRs` (the fail-closed table's source guard); empty: unset.
+    pub cluster_pod_cidrs: Vec<String>,
 }
 
 impl GatewayConfig {
@@ -176,6 +178,9 @@ impl GatewayConfig {
             y += &format!("kubernetes:\n  nodeName: {}\n  kubeconfig: {}\n", k.node_name, k.kubeconfig.display());
             if let Some((d, r, p)) = &k.timing {
                 y += &format!("  leaseDuration: {d}\n  renewDeadline: {r}\n  retryPeriod: {p}\n");
+            }
+            if !k.cluster_pod_cidrs.is_empty() {
+                y += &format!("  clusterPodCIDRs: [{}]\n", k.cluster_pod_cidrs.join(", "));
             }
             y += &format!("admin:\n  socket: {}\nmetrics:\n  listen: {metrics}\n", socket.display());
             y += &self.extra;

@@ -332,35 +332,8 @@ impl K8sLab {
     /// as on gateways that have been up for a while (see `Lab`): Egret drops
     /// a frame whose next hop is unresolved.
     fn resolve_gateway_neighbors(&self) -> Result<()> {
-        let hops: [IpAddr; 2] = [UPSTREAM.into(), NODE.into()];
-        for ns in self.gws.values() {
-            ns.run_in(|| {
-                for hop in hops {
-                    if let Ok(s) = std::net::UdpSocket::bind("0.0.0.0:0") {
-                        let _ = s.send_to(b"resolve", SocketAddr::new(hop, 9));
-                    }
-                }
-            })?;
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        for ns in self.gws.values() {
-            loop {
-                let table = ns.ip(&["neigh", "show"])?;
-                let resolved =
-                    |hop: &IpAddr| table.lines().any(|l| l.starts_with(&format!("{hop} ")) && l.contains("lladdr"));
-                if hops.iter().all(resolved) {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(LabError::Timeout {
-                        what: format!("{} to resolve {hops:?}; neighbours:\n{table}", ns.name()),
-                        after: Duration::from_secs(5),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        Ok(())
+        let gws: Vec<&NetNs> = self.gws.values().collect();
+        resolve_neighbors(&gws, &[UPSTREAM.into(), NODE.into()])
     }
 
     /// Sends `pod`'s traffic (except to [`POD_CIDR`]) to `next_hop` on the
@@ -445,6 +418,39 @@ impl K8sLab {
         let out = self.node.ip(&["neigh", "show", &ip.to_string(), "dev", "lan0"])?;
         Ok(out.lines().next().map(str::to_string).filter(|l| !l.trim().is_empty()))
     }
+}
+
+/// Has each of `namespaces` resolve each of `hops` (a datagram to port 9
+/// starts ARP) and waits up to 5 s until every neighbour entry has a MAC.
+pub fn resolve_neighbors(namespaces: &[&NetNs], hops: &[IpAddr]) -> Result<()> {
+    for ns in namespaces {
+        ns.run_in(|| {
+            for hop in hops {
+                if let Ok(s) = std::net::UdpSocket::bind("0.0.0.0:0") {
+                    let _ = s.send_to(b"resolve", SocketAddr::new(*hop, 9));
+                }
+            }
+        })?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for ns in namespaces {
+        loop {
+            let table = ns.ip(&["neigh", "show"])?;
+            let resolved =
+                |hop: &IpAddr| table.lines().any(|l| l.starts_with(&format!("{hop} ")) && l.contains("lladdr"));
+            if hops.iter().all(resolved) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(LabError::Timeout {
+                    what: format!("{} to resolve {hops:?}; neighbours:\n{table}", ns.name()),
+                    after: Duration::from_secs(5),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    Ok(())
 }
 
 impl Drop for K8sLab {

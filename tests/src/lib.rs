@@ -17,6 +17,8 @@
 //! - [`k8slab`]: the Kubernetes lab (two gateways in Kubernetes mode, the API
 //!   server inside the lab), [`probe`]: streams of new connections to time
 //!   failovers.
+//! - [`nodelab`]: the worker-node lab (two worker Nodes running `egret node`
+//!   behind CNI-style masquerades, two gateways, the API server).
 //!
 //! The `egret-lab` binary (`src/bin/egret-lab.rs`) drives the same code for
 //! `tests/lab.sh`; docs/lab.md describes both.
@@ -31,6 +33,7 @@ pub mod harness;
 pub mod k8slab;
 pub mod lab;
 pub mod netns;
+pub mod nodelab;
 pub mod plan;
 pub mod probe;
 pub mod server;

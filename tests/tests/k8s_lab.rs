@@ -209,7 +209,7 @@ fn bring_up(lab: &K8sLab, server: &ApiServer) -> Ctx {
     // The cluster: CRDs, RBAC, gateway Nodes, Pods, the Service, the policy.
     let token = rt.block_on(setup_cluster(&client, eip));
     let kubeconfig = lab.dir().join("gateway.kubeconfig");
-    write_gateway_kubeconfig(server.kubeconfig_path(), &token, &kubeconfig);
+    write_token_kubeconfig(server.kubeconfig_path(), "egret-gateway", &token, &kubeconfig);
 
     // Capture the upstream link from before the gateways start.
     let capture = Capture::start(lab.upstream(), "lan0").expect("capture the upstream link");
@@ -219,7 +219,12 @@ fn bring_up(lab: &K8sLab, server: &ApiServer) -> Ctx {
     for g in Gw::ALL {
         let cfg = GatewayConfig::kubernetes(
             &K8sLab::gateway_interfaces(),
-            KubernetesSection { node_name: g.node_name().into(), kubeconfig: kubeconfig.clone(), timing: None },
+            KubernetesSection {
+                node_name: g.node_name().into(),
+                kubeconfig: kubeconfig.clone(),
+                timing: None,
+                cluster_pod_cidrs: vec![],
+            },
         );
         let gw = Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret");
         gws.gws.push((g, gw));
@@ -761,8 +766,6 @@ fn lease_holder(rt: &tokio::runtime::Runtime, client: &kube::Client, ip: Ipv4Add
 /// addresses, the annotated Service with the VIP, the EgressPolicy. Returns
 /// a token of the gateways' ServiceAccount.
 async fn setup_cluster(client: &kube::Client, eip: Ipv4Addr) -> String {
-    use k8s_openapi::api::authentication::v1::TokenRequest;
-    use k8s_openapi::api::core::v1::ServiceAccount;
     install_crds(client).await;
     let discovery = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
     let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests");
@@ -792,27 +795,7 @@ async fn setup_cluster(client: &kube::Client, eip: Ipv4Addr) -> String {
     }))
     .unwrap();
     Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.expect("policy");
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "egret-system");
-    let req = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": []}});
-    let tr: TokenRequest =
-        sas.create_subresource("token", "egret-gateway", &PostParams::default(), &req).await.expect("token request");
-    tr.status.expect("token status").token.expect("token")
-}
-
-/// A kubeconfig for the gateways: the lab's API server and CA, the
-/// gateways' ServiceAccount token (the deployed privileges, no more).
-fn write_gateway_kubeconfig(admin: &std::path::Path, token: &str, out: &std::path::Path) {
-    let text = std::fs::read_to_string(admin).expect("admin kubeconfig");
-    let v: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig yaml");
-    let cluster = &v["clusters"][0]["cluster"];
-    let server = cluster["server"].as_str().expect("server");
-    let ca = cluster["certificate-authority-data"].as_str().expect("CA data");
-    let kc = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
-         users:\n- name: egret-gateway\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: egret-gateway\n\
-         current-context: lab\n"
-    );
-    std::fs::write(out, kc).expect("write the gateways' kubeconfig");
+    service_account_token(client, "egret-gateway").await
 }
 
 fn save_artifacts(name: &str, lab: &K8sLab, frames: &[Frame]) {

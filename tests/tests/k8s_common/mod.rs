@@ -206,12 +206,24 @@ pub async fn node(client: &kube::Client, name: &str, labels: serde_json::Value) 
 
 /// A Pod with its IP patched in (no kubelet runs).
 pub async fn pod(client: &kube::Client, ns: &str, name: &str, labels: serde_json::Value, ip: &str) {
+    pod_on(client, ns, name, labels, ip, None).await;
+}
+
+/// [`pod`], scheduled to `node` (`spec.nodeName`) when given.
+pub async fn pod_on(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    labels: serde_json::Value,
+    ip: &str,
+    node: Option<&str>,
+) {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let p: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]}
-    }))
-    .unwrap();
+    let mut spec = json!({"containers": [{"name": "app", "image": "example.invalid/app:1"}]});
+    if let Some(n) = node {
+        spec["nodeName"] = json!(n);
+    }
+    let p: Pod = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec})).unwrap();
     api.create(&PostParams::default(), &p).await.expect("create pod");
     let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("patch pod status");
@@ -397,21 +409,42 @@ pub async fn apply_object(
 /// that authenticates as its ServiceAccount (a token from the TokenRequest
 /// API), so the control plane runs with exactly the deployed privileges.
 pub async fn gateway_service_account_client(admin: &kube::Client, kubeconfig: &std::path::Path) -> kube::Client {
-    use k8s_openapi::api::authentication::v1::TokenRequest;
-    use k8s_openapi::api::core::v1::ServiceAccount;
     let discovery = kube::discovery::Discovery::new(admin.clone()).run().await.expect("discovery");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests/10-rbac.yaml");
     for obj in documents(&std::fs::read_to_string(&path).expect("rbac manifest")) {
         apply_object(admin, &discovery, "10-rbac.yaml", &obj, false).await;
     }
-    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "egret-system");
-    let req = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": []}});
-    let tr: TokenRequest =
-        sas.create_subresource("token", "egret-gateway", &PostParams::default(), &req).await.expect("token request");
-    let token = tr.status.expect("token status").token;
+    let token = service_account_token(admin, "egret-gateway").await;
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     let mut cfg =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.expect("config");
     cfg.auth_info = serde_json::from_value(json!({"token": token})).expect("auth info");
     kube::Client::try_from(cfg).expect("service account client")
+}
+
+/// A token of ServiceAccount `egret-system/<name>` (TokenRequest API).
+pub async fn service_account_token(client: &kube::Client, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "egret-system");
+    let req = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": []}});
+    let tr: TokenRequest =
+        sas.create_subresource("token", name, &PostParams::default(), &req).await.expect("token request");
+    tr.status.expect("token status").token.expect("token")
+}
+
+/// A kubeconfig for `user`: the admin kubeconfig's API server and CA with
+/// `token` (the deployed privileges, no more).
+pub fn write_token_kubeconfig(admin: &std::path::Path, user: &str, token: &str, out: &std::path::Path) {
+    let text = std::fs::read_to_string(admin).expect("admin kubeconfig");
+    let v: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig yaml");
+    let cluster = &v["clusters"][0]["cluster"];
+    let server = cluster["server"].as_str().expect("server");
+    let ca = cluster["certificate-authority-data"].as_str().expect("CA data");
+    let kc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {user}\n\
+         current-context: lab\n"
+    );
+    std::fs::write(out, kc).expect("write the kubeconfig");
 }

@@ -1,0 +1,591 @@
+//! The worker-node lab: two worker Nodes running `egret node` (each behind a
+//! CNI-style masquerade), two gateways in Kubernetes mode, the external
+//! server, and a real API server (docs/lab.md, "The worker-node lab").
+//!
+//! ```text
+//!  w1 pods: sel 198.18.1.10 (app=db)  uns 198.18.1.12     w2 pods: sel 198.18.2.10  uns 198.18.2.12
+//!        bridge "pods" 198.18.1.1/24                             bridge "pods" 198.18.2.1/24
+//!  ns w1  lan0 203.0.113.5   mgmt 192.0.2.31               ns w2  lan0 203.0.113.6   mgmt 192.0.2.32
+//!     flannel's POSTROUTING masquerade (iptables-nft)         kindnet's nft masquerade (srcnat - 10)
+//!     and ip-masq-agent's (iptables-nft)                      and Calico's natOutgoing shape (iptables-nft)
+//!     main: default via 203.0.113.1, 198.18.2.0/24 via w2    main: default via 203.0.113.1, 198.18.1.0/24 via w1
+//!     `egret node` writes: ip rule from <selected pod> lookup <T>; T: default via <egress IP>, throw cluster CIDRs
+//!        |
+//!  ns lan: bridge "lan", one segment 203.0.113.0/24 (nodes' link = upstream link)
+//!        +-- gw-1 lan0 203.0.113.21, gw-2 lan0 203.0.113.22 (one-arm; 198.18.N.0/24 via wN: native routing)
+//!        +-- up   lan0 203.0.113.1  srv 198.51.100.1 --- ns srv (the server)   <- captured
+//!
+//!  ns control: bridge "mgmt" 192.0.2.1/24: etcd + kube-apiserver; gw-1 .11, gw-2 .12, w1 .31, w2 .32
+//! ```
+//!
+//! The masquerade rules are the shapes those CNIs install (WAVE2 notes and
+//! their sources: flannel `pkg/trafficmngr/iptables`, kindnet
+//! `pkg/masq/masq.go`, ip-masq-agent, Calico `felix/rules/nat.go` with its
+//! IPAM-pool ipsets written as the pool CIDR): without the agent, every pod
+//! leaves with its node's address.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::{LabError, Result};
+use crate::gateway::egret_binary;
+use crate::k8slab::resolve_neighbors;
+use crate::lab::{remove_stale_test_labs, TEST_PREFIX};
+use crate::netns::{self, NetNs};
+use crate::plan;
+use crate::server::Server;
+
+/// The upstream router on the segment.
+pub const UPSTREAM: Ipv4Addr = plan::UPSTREAM;
+/// The control namespace's address (the API server's).
+pub const CONTROL: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// The API server's Service CIDR.
+pub const SERVICE_CIDR: &str = "198.19.0.0/24";
+/// Every pod of the cluster.
+pub const CLUSTER_POD_CIDR: &str = "198.18.0.0/16";
+
+/// A worker Node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Worker {
+    /// `w1`: flannel's and ip-masq-agent's masquerade.
+    One,
+    /// `w2`: kindnet's and Calico's masquerade.
+    Two,
+}
+
+impl Worker {
+    /// Both.
+    pub const ALL: [Worker; 2] = [Worker::One, Worker::Two];
+
+    fn n(self) -> u8 {
+        match self {
+            Worker::One => 1,
+            Worker::Two => 2,
+        }
+    }
+
+    /// The Node name.
+    pub fn node_name(self) -> &'static str {
+        match self {
+            Worker::One => "w1",
+            Worker::Two => "w2",
+        }
+    }
+
+    /// The other one.
+    pub fn other(self) -> Worker {
+        match self {
+            Worker::One => Worker::Two,
+            Worker::Two => Worker::One,
+        }
+    }
+
+    /// Its address on the segment (what its masquerade rewrites to).
+    pub fn lan_addr(self) -> Ipv4Addr {
+        Ipv4Addr::new(203, 0, 113, 4 + self.n())
+    }
+
+    /// Its management address (it reaches the API server there).
+    pub fn mgmt_addr(self) -> Ipv4Addr {
+        Ipv4Addr::new(192, 0, 2, 30 + self.n())
+    }
+
+    /// Its pod CIDR (`spec.podCIDRs`).
+    pub fn pod_cidr(self) -> String {
+        format!("198.18.{}.0/24", self.n())
+    }
+
+    /// Its pod bridge's address (the pods' default gateway).
+    pub fn pod_gateway(self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.n(), 1)
+    }
+
+    /// A pod address on it.
+    pub fn pod_addr(self, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.n(), host)
+    }
+}
+
+/// One of the two gateways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NodeGw {
+    /// `gw-1`.
+    One,
+    /// `gw-2`.
+    Two,
+}
+
+impl NodeGw {
+    /// Both.
+    pub const ALL: [NodeGw; 2] = [NodeGw::One, NodeGw::Two];
+
+    fn n(self) -> u8 {
+        match self {
+            NodeGw::One => 1,
+            NodeGw::Two => 2,
+        }
+    }
+
+    /// The Node name.
+    pub fn node_name(self) -> &'static str {
+        match self {
+            NodeGw::One => "gw-1",
+            NodeGw::Two => "gw-2",
+        }
+    }
+
+    /// The gateway called `name`.
+    pub fn by_node_name(name: &str) -> Option<NodeGw> {
+        NodeGw::ALL.into_iter().find(|g| g.node_name() == name)
+    }
+
+    /// Its address on the segment.
+    pub fn lan_addr(self) -> Ipv4Addr {
+        Ipv4Addr::new(203, 0, 113, 20 + self.n())
+    }
+
+    /// Its MAC on the segment.
+    pub fn mac(self) -> [u8; 6] {
+        [0x02, 0xe9, 0, 0, 0x02, self.n()]
+    }
+
+    fn mgmt_addr(self) -> Ipv4Addr {
+        Ipv4Addr::new(192, 0, 2, 10 + self.n())
+    }
+}
+
+/// A pod of the lab with its own namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LabPod {
+    /// Its node.
+    pub worker: Worker,
+    /// Its name (also the namespace's role).
+    pub name: String,
+    /// Its address.
+    pub addr: Ipv4Addr,
+}
+
+/// A running `egret node` in a worker's namespace. Dropping it kills it.
+#[derive(Debug)]
+pub struct Agent {
+    child: Option<Child>,
+    /// Its status file.
+    pub status_file: PathBuf,
+    /// Its log.
+    pub log: PathBuf,
+}
+
+impl Agent {
+    /// The pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The status file as JSON (`egret node status --json`'s content).
+    pub fn status(&self) -> Option<serde_json::Value> {
+        std::fs::read(&self.status_file).ok().and_then(|b| serde_json::from_slice(&b).ok())
+    }
+
+    /// Waits until this process has written a status with at least one
+    /// pass after `after_syncs` passes.
+    pub fn wait_synced(&self, after_syncs: u64, timeout: Duration) -> Result<serde_json::Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.status() {
+                let mine = s["pid"].as_u64() == self.pid().map(u64::from);
+                if mine && s["syncs"].as_u64().unwrap_or(0) > after_syncs {
+                    return Ok(s);
+                }
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                return Err(LabError::Timeout {
+                    what: format!("egret node to sync ({}); log:\n{log}", self.status_file.display()),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running worker-node lab; dropping it ends every process in its
+/// namespaces and deletes them.
+#[derive(Debug)]
+pub struct NodeLab {
+    server: Option<Server>,
+    prefix: String,
+    pods: BTreeMap<String, (LabPod, NetNs)>,
+    workers: BTreeMap<Worker, NetNs>,
+    gws: BTreeMap<NodeGw, NetNs>,
+    lan: NetNs,
+    up: NetNs,
+    srv: NetNs,
+    control: NetNs,
+    dir: PathBuf,
+}
+
+fn mac(m: [u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+fn sysctls(ns: &NetNs, kv: &[&str]) -> Result<()> {
+    let mut argv = vec!["sysctl", "-q", "-w"];
+    argv.extend_from_slice(kv);
+    ns.exec(&argv).map(|_| ())
+}
+
+const COMMON: [&str; 2] = ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"];
+const ROUTER: [&str; 5] = [
+    "net.ipv4.ip_forward=1",
+    "net.ipv4.conf.all.rp_filter=0",
+    "net.ipv4.conf.default.rp_filter=0",
+    "net.ipv4.conf.all.send_redirects=0",
+    "net.ipv4.conf.default.send_redirects=0",
+];
+
+impl NodeLab {
+    /// A unique namespace prefix: `eglab<pid>xn<n>`.
+    pub fn test_prefix() -> String {
+        static N: AtomicU32 = AtomicU32::new(0);
+        format!("{TEST_PREFIX}{}xn{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Builds the topology with the CNI masquerade rules and starts the
+    /// external server; the pods are `wN-sel` (198.18.N.10) and `wN-uns`
+    /// (198.18.N.12) on each worker, and `w2-new` (198.18.2.20).
+    pub fn build(prefix: &str) -> Result<Self> {
+        remove_stale_test_labs();
+        let ns = |role: &str| NetNs::create(&format!("{prefix}-{role}"));
+        let mut workers = BTreeMap::new();
+        for w in Worker::ALL {
+            workers.insert(w, ns(w.node_name())?);
+        }
+        let mut gws = BTreeMap::new();
+        for g in NodeGw::ALL {
+            gws.insert(g, ns(&format!("g{}", g.n()))?);
+        }
+        let lan = ns("lan")?;
+        let up = ns("up")?;
+        let srv = ns("srv")?;
+        let control = ns("control")?;
+        let dir = std::env::temp_dir().join(format!("egret-nodelab-{prefix}"));
+        std::fs::create_dir_all(&dir).map_err(|e| LabError::io(format!("create {}", dir.display()), e))?;
+        let mut lab = Self {
+            server: None,
+            prefix: prefix.to_string(),
+            pods: BTreeMap::new(),
+            workers,
+            gws,
+            lan,
+            up,
+            srv,
+            control,
+            dir,
+        };
+        lab.wire()?;
+        for w in Worker::ALL {
+            lab.add_pod(w, &format!("{}-sel", w.node_name()), w.pod_addr(10))?;
+            lab.add_pod(w, &format!("{}-uns", w.node_name()), w.pod_addr(12))?;
+        }
+        // A pod the API server does not know yet (strict mode's test).
+        lab.add_pod(Worker::Two, "w2-new", Worker::Two.pod_addr(20))?;
+        lab.masquerade()?;
+        let gws: Vec<&NetNs> = lab.gws.values().collect();
+        let hops: Vec<IpAddr> =
+            [UPSTREAM].into_iter().chain(Worker::ALL.map(Worker::lan_addr)).map(IpAddr::V4).collect();
+        resolve_neighbors(&gws, &hops)?;
+        lab.server = Some(Server::start(&lab.srv, None)?);
+        Ok(lab)
+    }
+
+    fn lan_port(&self, ns: &NetNs, port: &str, m: Option<[u8; 6]>) -> Result<()> {
+        let addr = m.map(|m| format!("address {} ", mac(m))).unwrap_or_default();
+        ns.ip_batch(&[format!("link add lan0 {addr}type veth peer name {port} netns {}", self.lan.name())])?;
+        self.lan.ip_batch(&[format!("link set dev {port} master lan"), format!("link set dev {port} up")])
+    }
+
+    fn mgmt_port(&self, ns: &NetNs, port: &str, addr: Ipv4Addr) -> Result<()> {
+        ns.ip_batch(&[format!("link add mgmt type veth peer name {port} netns {}", self.control.name())])?;
+        self.control.ip_batch(&[format!("link set dev {port} master mgmt"), format!("link set dev {port} up")])?;
+        ns.ip_batch(&[format!("addr add {addr}/24 dev mgmt"), "link set dev mgmt up".into()])
+    }
+
+    fn wire(&self) -> Result<()> {
+        for ns in self.workers.values().chain(self.gws.values()).chain([&self.up]) {
+            sysctls(ns, &[&COMMON[..], &ROUTER[..]].concat())?;
+        }
+        for ns in [&self.lan, &self.srv, &self.control] {
+            sysctls(ns, &COMMON)?;
+        }
+        self.lan.ip_batch(&["link add lan type bridge mcast_snooping 0".into(), "link set dev lan up".into()])?;
+        self.control.ip_batch(&[
+            "link add mgmt type bridge mcast_snooping 0".into(),
+            format!("addr add {CONTROL}/24 dev mgmt"),
+            "link set dev mgmt up".into(),
+        ])?;
+        for (w, ns) in &self.workers {
+            self.lan_port(ns, &format!("p-{}", w.node_name()), None)?;
+            self.mgmt_port(ns, &format!("m-{}", w.node_name()), w.mgmt_addr())?;
+            ns.ip_batch(&[
+                "link add pods type bridge mcast_snooping 0".into(),
+                "link set dev pods up".into(),
+                format!("addr add {}/24 dev pods", w.pod_gateway()),
+                format!("addr add {}/24 dev lan0", w.lan_addr()),
+                "link set dev lan0 up".into(),
+                format!("route add default via {UPSTREAM}"),
+                // Native routing: the other node's pods via that node.
+                format!("route add {} via {}", w.other().pod_cidr(), w.other().lan_addr()),
+            ])?;
+        }
+        for (g, ns) in &self.gws {
+            self.lan_port(ns, &format!("p-g{}", g.n()), Some(g.mac()))?;
+            self.mgmt_port(ns, &format!("m-g{}", g.n()), g.mgmt_addr())?;
+            let mut cmds = vec![
+                format!("addr add {}/24 dev lan0", g.lan_addr()),
+                "link set dev lan0 up".into(),
+                format!("route add default via {UPSTREAM}"),
+            ];
+            for w in Worker::ALL {
+                cmds.push(format!("route add {} via {}", w.pod_cidr(), w.lan_addr()));
+            }
+            ns.ip_batch(&cmds)?;
+        }
+        self.lan_port(&self.up, "p-up", Some(plan::UP_MAC))?;
+        self.up.ip_batch(&[
+            format!("addr add {UPSTREAM}/24 dev lan0"),
+            "link set dev lan0 up".into(),
+            format!("link add srv type veth peer name eth0 netns {}", self.srv.name()),
+            format!("addr add {}/24 dev srv", plan::UPSTREAM_SRV),
+            format!("addr add {}/64 dev srv nodad", plan::UPSTREAM_SRV6),
+            "link set dev srv up".into(),
+        ])?;
+        let mut srv = Vec::new();
+        for a in plan::server_addrs() {
+            let len = if a.is_ipv6() { "64 dev eth0 nodad" } else { "24 dev eth0" };
+            srv.push(format!("addr add {a}/{len}"));
+        }
+        srv.extend([
+            "link set dev eth0 up".into(),
+            format!("route add default via {}", plan::UPSTREAM_SRV),
+            format!("route add ::/0 via {}", plan::UPSTREAM_SRV6),
+        ]);
+        self.srv.ip_batch(&srv)
+    }
+
+    /// Adds a pod namespace on `worker`'s bridge.
+    fn add_pod(&mut self, worker: Worker, name: &str, addr: Ipv4Addr) -> Result<()> {
+        let ns = NetNs::create(&format!("{}-{name}", self.prefix))?;
+        sysctls(&ns, &[&COMMON[..], &["net.ipv4.ping_group_range=0 2147483647"]].concat())?;
+        let w = &self.workers[&worker];
+        let dev = format!("v{}", self.pods.len());
+        w.ip_batch(&[
+            format!("link add {dev} type veth peer name eth0 netns {}", ns.name()),
+            format!("link set dev {dev} master pods"),
+            format!("link set dev {dev} up"),
+        ])?;
+        ns.ip_batch(&[
+            format!("addr add {addr}/24 dev eth0"),
+            "link set dev eth0 up".into(),
+            format!("route add default via {}", worker.pod_gateway()),
+        ])?;
+        self.pods.insert(name.to_string(), (LabPod { worker, name: name.to_string(), addr }, ns));
+        Ok(())
+    }
+
+    /// The CNIs' masquerade rules (see the module doc).
+    fn masquerade(&self) -> Result<()> {
+        let w1 = &self.workers[&Worker::One];
+        let cluster = CLUSTER_POD_CIDR;
+        let pod1 = Worker::One.pod_cidr();
+        // flannel (iptables backend), exactly its chain.
+        for rule in [
+            "-t nat -N FLANNEL-POSTRTG".to_string(),
+            "-t nat -A POSTROUTING -m comment --comment flanneld-masq -j FLANNEL-POSTRTG".into(),
+            "-t nat -A FLANNEL-POSTRTG -m mark --mark 0x4000/0x4000 -j RETURN".into(),
+            format!("-t nat -A FLANNEL-POSTRTG -s {pod1} -d {cluster} -j RETURN"),
+            format!("-t nat -A FLANNEL-POSTRTG -s {cluster} -d {pod1} -j RETURN"),
+            format!("-t nat -A FLANNEL-POSTRTG ! -s {cluster} -d {pod1} -j RETURN"),
+            format!("-t nat -A FLANNEL-POSTRTG -s {cluster} ! -d 224.0.0.0/4 -j MASQUERADE --random-fully"),
+            format!("-t nat -A FLANNEL-POSTRTG ! -s {cluster} -d {cluster} -j MASQUERADE --random-fully"),
+            // ip-masq-agent after it.
+            "-t nat -N IP-MASQ-AGENT".into(),
+            "-t nat -A POSTROUTING -m addrtype ! --dst-type LOCAL -j IP-MASQ-AGENT".into(),
+            "-t nat -A IP-MASQ-AGENT -d 169.254.0.0/16 -j RETURN".into(),
+            format!("-t nat -A IP-MASQ-AGENT -d {cluster} -j RETURN"),
+            "-t nat -A IP-MASQ-AGENT -j MASQUERADE --random-fully".into(),
+        ] {
+            let args: Vec<&str> = rule.split_whitespace().collect();
+            w1.exec(&[&["iptables"][..], &args].concat())?;
+        }
+        let w2 = &self.workers[&Worker::Two];
+        // kindnet: its own nft table at srcnat - 10 (runs before iptables).
+        let kindnet = format!(
+            "table inet kindnet-ipmasq {{\n  set noMasqV4 {{\n    type ipv4_addr\n    flags interval\n    elements = {{ {cluster} }}\n  }}\n  chain postrouting {{\n    type nat hook postrouting priority srcnat - 10; policy accept;\n    ct state established,related accept\n    fib daddr type local accept\n    ip daddr @noMasqV4 accept\n    masquerade\n  }}\n}}\n"
+        );
+        let mut cmd = w2.command("nft");
+        cmd.args(["-f", "-"]).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let line = netns::describe(&cmd);
+        let mut child = cmd.spawn().map_err(|source| LabError::spawn(&cmd, line.clone(), source))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write as _;
+            stdin.write_all(kindnet.as_bytes()).map_err(|e| LabError::io("nft stdin", e))?;
+        }
+        let out = child.wait_with_output().map_err(|e| LabError::io("nft", e))?;
+        if !out.status.success() {
+            return Err(LabError::Gateway(format!("{line}: {}", String::from_utf8_lossy(&out.stderr))));
+        }
+        // Calico's natOutgoing (cali-nat-outgoing, inserted at the top of
+        // POSTROUTING), its IPAM-pool ipsets written as the pool CIDR.
+        for rule in [
+            "-t nat -N cali-nat-outgoing".to_string(),
+            "-t nat -I POSTROUTING 1 -j cali-nat-outgoing".into(),
+            format!("-t nat -A cali-nat-outgoing -s {cluster} ! -d {cluster} -j MASQUERADE --random-fully"),
+        ] {
+            let args: Vec<&str> = rule.split_whitespace().collect();
+            w2.exec(&[&["iptables"][..], &args].concat())?;
+        }
+        Ok(())
+    }
+
+    /// Starts `egret node` in `worker`'s namespace with `extra` flags.
+    pub fn start_agent(&self, worker: Worker, kubeconfig: &Path, extra: &[&str]) -> Result<Agent> {
+        let bin = egret_binary()?;
+        let name = worker.node_name();
+        let status_file = self.dir.join(format!("{name}-node.json"));
+        let log = self.dir.join(format!("{name}-node.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| LabError::io(format!("open {}", log.display()), e))?;
+        let err = out.try_clone().map_err(|e| LabError::io("dup log", e))?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.workers[&worker].name()])
+            .arg(&bin)
+            .args(["node", "--node-name", name, "--kubeconfig"])
+            .arg(kubeconfig)
+            .args(["--cluster-cidr", &format!("{CLUSTER_POD_CIDR},{SERVICE_CIDR}")])
+            .args(["--metrics-listen", "127.0.0.1:9465", "--status-file"])
+            .arg(&status_file)
+            .args(extra)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let line = netns::describe(&cmd);
+        let child = cmd.spawn().map_err(|source| LabError::spawn(&cmd, line, source))?;
+        Ok(Agent { child: Some(child), status_file, log })
+    }
+
+    /// Runs `egret node cleanup` in `worker`'s namespace.
+    pub fn cleanup_agent(&self, worker: Worker) -> Result<String> {
+        let bin = egret_binary()?;
+        let bin = bin.to_string_lossy();
+        self.workers[&worker].exec(&[&bin, "node", "cleanup"])
+    }
+
+    /// Egret's rules in `worker`'s kernel (`ip rule` lines with proto 233)
+    /// and its routes (`ip route show table all` lines with proto 233),
+    /// sorted: a snapshot to compare.
+    pub fn steering(&self, worker: Worker) -> Result<(Vec<String>, Vec<String>)> {
+        let ns = &self.workers[&worker];
+        let mut rules: Vec<String> =
+            ns.ip(&["rule", "show"])?.lines().filter(|l| l.contains("proto 233")).map(str::to_string).collect();
+        let mut routes: Vec<String> = ns
+            .ip(&["route", "show", "table", "all"])?
+            .lines()
+            .filter(|l| l.contains("proto 233"))
+            .map(str::to_string)
+            .collect();
+        rules.sort();
+        routes.sort();
+        Ok((rules, routes))
+    }
+
+    /// The pods whose source Egret steers (`ip rule` `from` addresses).
+    pub fn steered_pods(&self, worker: Worker) -> Result<Vec<Ipv4Addr>> {
+        let (rules, _) = self.steering(worker)?;
+        Ok(rules
+            .iter()
+            .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "from").nth(1)?.parse().ok())
+            .collect())
+    }
+
+    /// `nft list table inet egret_node` in `worker`'s namespace ("" if absent).
+    pub fn node_table(&self, worker: Worker) -> String {
+        self.workers[&worker].exec(&["nft", "list", "table", "inet", "egret_node"]).unwrap_or_default()
+    }
+
+    /// The lab's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A pod's namespace by name.
+    pub fn pod(&self, name: &str) -> &NetNs {
+        &self.pods[name].1
+    }
+
+    /// A pod's address by name.
+    pub fn pod_addr(&self, name: &str) -> Ipv4Addr {
+        self.pods[name].0.addr
+    }
+
+    /// A worker's namespace.
+    pub fn worker(&self, w: Worker) -> &NetNs {
+        &self.workers[&w]
+    }
+
+    /// A gateway's namespace.
+    pub fn gateway_ns(&self, g: NodeGw) -> &NetNs {
+        &self.gws[&g]
+    }
+
+    /// The upstream router's namespace.
+    pub fn upstream(&self) -> &NetNs {
+        &self.up
+    }
+
+    /// The control namespace.
+    pub fn control(&self) -> &NetNs {
+        &self.control
+    }
+
+    /// The external server.
+    pub fn server(&self) -> Option<&Server> {
+        self.server.as_ref()
+    }
+
+    /// The external server's HTTP address.
+    pub fn http() -> SocketAddr {
+        SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT)
+    }
+}
+
+impl Drop for NodeLab {
+    fn drop(&mut self) {
+        self.server.take();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
