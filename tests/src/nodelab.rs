@@ -253,6 +253,13 @@ fn sysctls(ns: &NetNs, kv: &[&str]) -> Result<()> {
     ns.exec(&argv).map(|_| ())
 }
 
+/// `iptables` (Debian's iptables-nft) with `rule`'s words.
+fn iptables(ns: &NetNs, rule: &str) -> Result<()> {
+    let mut cmd = ns.command("iptables");
+    cmd.args(rule.split_whitespace());
+    netns::run(&mut cmd).map(|_| ())
+}
+
 const COMMON: [&str; 2] = ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"];
 const ROUTER: [&str; 5] = [
     "net.ipv4.ip_forward=1",
@@ -433,8 +440,7 @@ impl NodeLab {
             format!("-t nat -A IP-MASQ-AGENT -d {cluster} -j RETURN"),
             "-t nat -A IP-MASQ-AGENT -j MASQUERADE --random-fully".into(),
         ] {
-            let args: Vec<&str> = rule.split_whitespace().collect();
-            w1.exec(&[&["iptables"][..], &args].concat())?;
+            iptables(w1, &rule)?;
         }
         let w2 = &self.workers[&Worker::Two];
         // kindnet: its own nft table at srcnat - 10 (runs before iptables).
@@ -460,8 +466,7 @@ impl NodeLab {
             "-t nat -I POSTROUTING 1 -j cali-nat-outgoing".into(),
             format!("-t nat -A cali-nat-outgoing -s {cluster} ! -d {cluster} -j MASQUERADE --random-fully"),
         ] {
-            let args: Vec<&str> = rule.split_whitespace().collect();
-            w2.exec(&[&["iptables"][..], &args].concat())?;
+            iptables(w2, &rule)?;
         }
         Ok(())
     }
