@@ -426,7 +426,8 @@ pub fn resolve_neighbors(namespaces: &[&NetNs], hops: &[IpAddr]) -> Result<()> {
     for ns in namespaces {
         ns.run_in(|| {
             for hop in hops {
-                if let Ok(s) = std::net::UdpSocket::bind("0.0.0.0:0") {
+                let any = if hop.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+                if let Ok(s) = std::net::UdpSocket::bind(any) {
                     let _ = s.send_to(b"resolve", SocketAddr::new(*hop, 9));
                 }
             }

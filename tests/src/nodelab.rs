@@ -25,7 +25,7 @@
 //! leaves with its node's address.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -47,6 +47,15 @@ pub const CONTROL: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 pub const SERVICE_CIDR: &str = "198.19.0.0/24";
 /// Every pod of the cluster.
 pub const CLUSTER_POD_CIDR: &str = "198.18.0.0/16";
+/// Every pod of the cluster, IPv6.
+pub const CLUSTER_POD_CIDR6: &str = "2001:db8:18::/48";
+/// The upstream router on the segment, IPv6.
+pub const UPSTREAM6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x113, 0, 0, 0, 0, 1);
+
+/// The segment's IPv6 address with interface identifier `host`.
+pub fn segment6(host: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0x113, 0, 0, 0, 0, host)
+}
 
 /// A worker Node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -87,6 +96,21 @@ impl Worker {
     /// Its address on the segment (what its masquerade rewrites to).
     pub fn lan_addr(self) -> Ipv4Addr {
         Ipv4Addr::new(203, 0, 113, 4 + self.n())
+    }
+
+    /// Its IPv6 address on the segment.
+    pub fn lan_addr6(self) -> Ipv6Addr {
+        segment6(4 + u16::from(self.n()))
+    }
+
+    /// Its IPv6 pod prefix (a /64).
+    pub fn pod_cidr6(self) -> String {
+        format!("2001:db8:18:{}::/64", self.n())
+    }
+
+    /// An IPv6 pod address on it.
+    pub fn pod_addr6(self, host: u8) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 0x18, u16::from(self.n()), 0, 0, 0, u16::from(host))
     }
 
     /// Its management address (it reaches the API server there).
@@ -146,6 +170,11 @@ impl NodeGw {
     /// Its address on the segment.
     pub fn lan_addr(self) -> Ipv4Addr {
         Ipv4Addr::new(203, 0, 113, 20 + self.n())
+    }
+
+    /// Its IPv6 address on the segment.
+    pub fn lan_addr6(self) -> Ipv6Addr {
+        segment6(20 + u16::from(self.n()))
     }
 
     /// Its MAC on the segment.
@@ -253,16 +282,17 @@ fn sysctls(ns: &NetNs, kv: &[&str]) -> Result<()> {
     ns.exec(&argv).map(|_| ())
 }
 
-/// `iptables` (Debian's iptables-nft) with `rule`'s words.
-fn iptables(ns: &NetNs, rule: &str) -> Result<()> {
-    let mut cmd = ns.command("iptables");
+/// `iptables` or `ip6tables` (Debian's iptables-nft) with `rule`'s words.
+fn iptables(ns: &NetNs, program: &str, rule: &str) -> Result<()> {
+    let mut cmd = if program == "ip6tables" { ns.command("ip6tables") } else { ns.command("iptables") };
     cmd.args(rule.split_whitespace());
     netns::run(&mut cmd).map(|_| ())
 }
 
 const COMMON: [&str; 2] = ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"];
-const ROUTER: [&str; 5] = [
+const ROUTER: [&str; 6] = [
     "net.ipv4.ip_forward=1",
+    "net.ipv6.conf.all.forwarding=1",
     "net.ipv4.conf.all.rp_filter=0",
     "net.ipv4.conf.default.rp_filter=0",
     "net.ipv4.conf.all.send_redirects=0",
@@ -317,8 +347,9 @@ impl NodeLab {
         lab.add_pod(Worker::Two, "w2-new", Worker::Two.pod_addr(20))?;
         lab.masquerade()?;
         let gws: Vec<&NetNs> = lab.gws.values().collect();
-        let hops: Vec<IpAddr> =
+        let mut hops: Vec<IpAddr> =
             [UPSTREAM].into_iter().chain(Worker::ALL.map(Worker::lan_addr)).map(IpAddr::V4).collect();
+        hops.extend([UPSTREAM6].into_iter().chain(Worker::ALL.map(Worker::lan_addr6)).map(IpAddr::V6));
         resolve_neighbors(&gws, &hops)?;
         lab.server = Some(Server::start(&lab.srv, None)?);
         Ok(lab)
@@ -356,11 +387,15 @@ impl NodeLab {
                 "link add pods type bridge mcast_snooping 0".into(),
                 "link set dev pods up".into(),
                 format!("addr add {}/24 dev pods", w.pod_gateway()),
+                format!("addr add {}/64 dev pods nodad", w.pod_addr6(1)),
                 format!("addr add {}/24 dev lan0", w.lan_addr()),
+                format!("addr add {}/64 dev lan0 nodad", w.lan_addr6()),
                 "link set dev lan0 up".into(),
                 format!("route add default via {UPSTREAM}"),
+                format!("route add ::/0 via {UPSTREAM6}"),
                 // Native routing: the other node's pods via that node.
                 format!("route add {} via {}", w.other().pod_cidr(), w.other().lan_addr()),
+                format!("route add {} via {}", w.other().pod_cidr6(), w.other().lan_addr6()),
             ])?;
         }
         for (g, ns) in &self.gws {
@@ -368,17 +403,21 @@ impl NodeLab {
             self.mgmt_port(ns, &format!("m-g{}", g.n()), g.mgmt_addr())?;
             let mut cmds = vec![
                 format!("addr add {}/24 dev lan0", g.lan_addr()),
+                format!("addr add {}/64 dev lan0 nodad", g.lan_addr6()),
                 "link set dev lan0 up".into(),
                 format!("route add default via {UPSTREAM}"),
+                format!("route add ::/0 via {UPSTREAM6}"),
             ];
             for w in Worker::ALL {
                 cmds.push(format!("route add {} via {}", w.pod_cidr(), w.lan_addr()));
+                cmds.push(format!("route add {} via {}", w.pod_cidr6(), w.lan_addr6()));
             }
             ns.ip_batch(&cmds)?;
         }
         self.lan_port(&self.up, "p-up", Some(plan::UP_MAC))?;
         self.up.ip_batch(&[
             format!("addr add {UPSTREAM}/24 dev lan0"),
+            format!("addr add {UPSTREAM6}/64 dev lan0 nodad"),
             "link set dev lan0 up".into(),
             format!("link add srv type veth peer name eth0 netns {}", self.srv.name()),
             format!("addr add {}/24 dev srv", plan::UPSTREAM_SRV),
@@ -400,6 +439,7 @@ impl NodeLab {
 
     /// Adds a pod namespace on `worker`'s bridge.
     fn add_pod(&mut self, worker: Worker, name: &str, addr: Ipv4Addr) -> Result<()> {
+        let host = addr.octets()[3];
         let ns = NetNs::create(&format!("{}-{name}", self.prefix))?;
         sysctls(&ns, &[&COMMON[..], &["net.ipv4.ping_group_range=0 2147483647"]].concat())?;
         let w = &self.workers[&worker];
@@ -411,8 +451,10 @@ impl NodeLab {
         ])?;
         ns.ip_batch(&[
             format!("addr add {addr}/24 dev eth0"),
+            format!("addr add {}/64 dev eth0 nodad", worker.pod_addr6(host)),
             "link set dev eth0 up".into(),
             format!("route add default via {}", worker.pod_gateway()),
+            format!("route add ::/0 via {}", worker.pod_addr6(1)),
         ])?;
         self.pods.insert(name.to_string(), (LabPod { worker, name: name.to_string(), addr }, ns));
         Ok(())
@@ -440,12 +482,23 @@ impl NodeLab {
             format!("-t nat -A IP-MASQ-AGENT -d {cluster} -j RETURN"),
             "-t nat -A IP-MASQ-AGENT -j MASQUERADE --random-fully".into(),
         ] {
-            iptables(w1, &rule)?;
+            iptables(w1, "iptables", &rule)?;
+        }
+        // flannel's IPv6 chain (ip6tables), the same shape.
+        let (cluster6, pod6) = (CLUSTER_POD_CIDR6, Worker::One.pod_cidr6());
+        for rule in [
+            "-t nat -N FLANNEL-POSTRTG".to_string(),
+            "-t nat -A POSTROUTING -m comment --comment flanneld-masq -j FLANNEL-POSTRTG".into(),
+            format!("-t nat -A FLANNEL-POSTRTG -s {pod6} -d {cluster6} -j RETURN"),
+            format!("-t nat -A FLANNEL-POSTRTG -s {cluster6} -d {pod6} -j RETURN"),
+            format!("-t nat -A FLANNEL-POSTRTG -s {cluster6} ! -d ff00::/8 -j MASQUERADE --random-fully"),
+        ] {
+            iptables(w1, "ip6tables", &rule)?;
         }
         let w2 = &self.workers[&Worker::Two];
         // kindnet: its own nft table at srcnat - 10 (runs before iptables).
         let kindnet = format!(
-            "table inet kindnet-ipmasq {{\n  set noMasqV4 {{\n    type ipv4_addr\n    flags interval\n    elements = {{ {cluster} }}\n  }}\n  chain postrouting {{\n    type nat hook postrouting priority srcnat - 10; policy accept;\n    ct state established,related accept\n    fib daddr type local accept\n    ip daddr @noMasqV4 accept\n    masquerade\n  }}\n}}\n"
+            "table inet kindnet-ipmasq {{\n  set noMasqV4 {{\n    type ipv4_addr\n    flags interval\n    elements = {{ {cluster} }}\n  }}\n  set noMasqV6 {{\n    type ipv6_addr\n    flags interval\n    elements = {{ {CLUSTER_POD_CIDR6} }}\n  }}\n  chain postrouting {{\n    type nat hook postrouting priority srcnat - 10; policy accept;\n    ct state established,related accept\n    fib daddr type local accept\n    ip daddr @noMasqV4 accept\n    ip6 daddr @noMasqV6 accept\n    masquerade\n  }}\n}}\n"
         );
         let mut cmd = w2.command("nft");
         cmd.args(["-f", "-"]).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
@@ -466,7 +519,7 @@ impl NodeLab {
             "-t nat -I POSTROUTING 1 -j cali-nat-outgoing".into(),
             format!("-t nat -A cali-nat-outgoing -s {cluster} ! -d {cluster} -j MASQUERADE --random-fully"),
         ] {
-            iptables(w2, &rule)?;
+            iptables(w2, "iptables", &rule)?;
         }
         Ok(())
     }
@@ -488,7 +541,7 @@ impl NodeLab {
             .arg(&bin)
             .args(["node", "--node-name", name, "--kubeconfig"])
             .arg(kubeconfig)
-            .args(["--cluster-cidr", &format!("{CLUSTER_POD_CIDR},{SERVICE_CIDR}")])
+            .args(["--cluster-cidr", &format!("{CLUSTER_POD_CIDR},{CLUSTER_POD_CIDR6},{SERVICE_CIDR}")])
             .args(["--metrics-listen", "127.0.0.1:9465", "--status-file"])
             .arg(&status_file)
             .args(extra)
@@ -515,20 +568,19 @@ impl NodeLab {
     /// sorted: a snapshot to compare.
     pub fn steering(&self, worker: Worker) -> Result<(Vec<String>, Vec<String>)> {
         let ns = &self.workers[&worker];
-        let mut rules: Vec<String> =
-            ns.ip(&["rule", "show"])?.lines().filter(|l| l.contains("proto 233")).map(str::to_string).collect();
-        let mut routes: Vec<String> = ns
-            .ip(&["route", "show", "table", "all"])?
-            .lines()
-            .filter(|l| l.contains("proto 233"))
-            .map(str::to_string)
-            .collect();
+        let ours = |args: &[&str]| -> Result<Vec<String>> {
+            Ok(ns.ip(args)?.lines().filter(|l| l.contains("proto 233")).map(str::to_string).collect())
+        };
+        let mut rules = ours(&["-4", "rule", "show"])?;
+        rules.extend(ours(&["-6", "rule", "show"])?);
+        let mut routes = ours(&["-4", "route", "show", "table", "all"])?;
+        routes.extend(ours(&["-6", "route", "show", "table", "all"])?);
         rules.sort();
         routes.sort();
         Ok((rules, routes))
     }
 
-    /// The pods whose source Egret steers (`ip rule` `from` addresses).
+    /// The IPv4 pods whose source Egret steers (`ip rule` `from` addresses).
     pub fn steered_pods(&self, worker: Worker) -> Result<Vec<Ipv4Addr>> {
         let (rules, _) = self.steering(worker)?;
         Ok(rules
@@ -585,6 +637,11 @@ impl NodeLab {
     /// The external server's HTTP address.
     pub fn http() -> SocketAddr {
         SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT)
+    }
+
+    /// The external server's IPv6 HTTP address.
+    pub fn http6() -> SocketAddr {
+        SocketAddr::new(plan::SERVER6.into(), plan::HTTP_PORT)
     }
 }
 

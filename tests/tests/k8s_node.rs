@@ -36,7 +36,7 @@
 mod k8s_common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use egret_controlplane::k8s::crd::EgressPolicy;
@@ -44,7 +44,9 @@ use egret_controlplane::k8s::lease::lease_name;
 use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture};
 use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
-use egret_tests::nodelab::{Agent, NodeGw, NodeLab, Worker, CONTROL, SERVICE_CIDR};
+use egret_tests::nodelab::{
+    Agent, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6, CONTROL, SERVICE_CIDR,
+};
 use egret_tests::probe::{self, Prober};
 use k8s_common::*;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -55,6 +57,8 @@ use serde_json::json;
 const NAME: &str = "k8s_node_agent_steers_selected_pods_past_the_cni_masquerade";
 /// The policy's egress IP (on the segment: its own next hop).
 const EIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 40);
+/// Its IPv6 egress IP.
+const EIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x113, 0, 0, 0, 0, 0x40);
 /// Churned pods: 198.18.1.20 .. 198.18.1.219.
 const CHURN: u8 = 200;
 
@@ -99,6 +103,19 @@ fn source_of(lab: &NodeLab, name: &str) -> Result<IpAddr, String> {
     probe::once(lab.pod(name), NodeLab::http()).unwrap().map(|s| s.ip())
 }
 
+/// [`source_of`] over IPv6, retried for up to 10 s (neighbour discovery on
+/// a fresh segment).
+fn source6_of(lab: &NodeLab, name: &str) -> Result<IpAddr, String> {
+    let t = Instant::now();
+    loop {
+        match probe::once(lab.pod(name), NodeLab::http6()).unwrap() {
+            Ok(s) => return Ok(s.ip()),
+            Err(e) if t.elapsed() > Duration::from_secs(10) => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 fn lease_holder(rt: &tokio::runtime::Runtime, client: &kube::Client) -> Option<NodeGw> {
     let api: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -141,8 +158,8 @@ async fn setup_cluster(client: &kube::Client) {
         nodes.create(&PostParams::default(), &n).await.expect("worker node");
         for (suffix, app, host) in [("sel", "db", 10), ("uns", "other", 12)] {
             let name = format!("{}-{suffix}", w.node_name());
-            let ip = w.pod_addr(host).to_string();
-            pod_on(client, "team-a", &name, json!({"app": app}), &ip, Some(w.node_name())).await;
+            let (ip, ip6) = (w.pod_addr(host).to_string(), w.pod_addr6(host).to_string());
+            pod_on(client, "team-a", &name, json!({"app": app}), &[&ip, &ip6], Some(w.node_name())).await;
         }
     }
     let policy: EgressPolicy = serde_json::from_value(json!({
@@ -151,8 +168,8 @@ async fn setup_cluster(client: &kube::Client) {
         "spec": {
             "namespaceSelector": {"matchLabels": {"team": "a"}},
             "podSelector": {"matchLabels": {"app": "db"}},
-            "destinations": ["0.0.0.0/0"],
-            "egressIPs": [{"ip": EIP.to_string()}]
+            "destinations": ["0.0.0.0/0", "::/0"],
+            "egressIPs": [{"ip": EIP.to_string()}, {"ip": EIP6.to_string()}]
         }
     }))
     .unwrap();
@@ -187,7 +204,7 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
                 timing: None,
                 // A pod the agent steers before this gateway knows it is
                 // dropped here, never forwarded with its own address.
-                cluster_pod_cidrs: vec![egret_tests::nodelab::CLUSTER_POD_CIDR.into()],
+                cluster_pod_cidrs: vec![CLUSTER_POD_CIDR.into(), CLUSTER_POD_CIDR6.into()],
             },
         );
         gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
@@ -206,9 +223,16 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         println!("k8s-node: {}-sel leaves as {EIP} ({} ms after the agents synced)", w.node_name(), ms(took));
         let uns = source_of(lab, &format!("{}-uns", w.node_name())).expect("the unselected pod reaches the server");
         assert_eq!(uns, IpAddr::V4(w.lan_addr()), "an unselected pod on {} keeps the CNI's masquerade", w.node_name());
+        // IPv6: the same, through the same rules' IPv6 twins.
+        let sel6 = source6_of(lab, &format!("{}-sel", w.node_name()));
+        assert_eq!(sel6, Ok(IpAddr::V6(EIP6)), "{}-sel over IPv6", w.node_name());
+        let uns6 = source6_of(lab, &format!("{}-uns", w.node_name()));
+        assert_eq!(uns6, Ok(IpAddr::V6(w.lan_addr6())), "{}-uns over IPv6 keeps the masquerade", w.node_name());
         let st = agents[&w].status().expect("status file");
-        assert_eq!(st["podsSteered"], 1, "{}: {st}", w.node_name());
-        assert_eq!(st["uses"][0]["egressIp"], EIP.to_string(), "{}: {st}", w.node_name());
+        assert_eq!(st["podsSteered"], 2, "{}: one pod, two addresses: {st}", w.node_name());
+        let uses: BTreeSet<String> =
+            st["uses"].as_array().unwrap().iter().map(|u| u["egressIp"].as_str().unwrap().to_string()).collect();
+        assert_eq!(uses, BTreeSet::from([EIP.to_string(), EIP6.to_string()]), "{}: {st}", w.node_name());
         assert_eq!(st["uses"][0]["policy"], "egresspolicy/db", "{}: {st}", w.node_name());
     }
     let cli = std::process::Command::new(egret_tests::gateway::egret_binary().unwrap())
@@ -278,7 +302,15 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     assert!(dropped.is_err(), "strict mode: an unknown pod cannot leave the cluster: {dropped:?}");
     assert_eq!(source_of(lab, "w2-uns"), Ok(IpAddr::V4(Worker::Two.lan_addr())), "strict: a known unselected pod can");
     assert_eq!(source_of(lab, "w2-sel"), Ok(IpAddr::V4(EIP)), "strict: a steered pod can");
-    rt.block_on(pod_on(&client, "team-a", "w2-new", json!({"app": "db"}), &unknown.to_string(), Some("w2")));
+    let unknown6 = Worker::Two.pod_addr6(20).to_string();
+    rt.block_on(pod_on(
+        &client,
+        "team-a",
+        "w2-new",
+        json!({"app": "db"}),
+        &[&unknown.to_string(), &unknown6],
+        Some("w2"),
+    ));
     let took = wait_source(lab, "w2-new", EIP, Duration::from_secs(30));
     println!(
         "k8s-node: strict: the new pod leaves as {EIP} {} ms after its Pod object was written (tried every 50 ms)",
@@ -295,11 +327,11 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
 
     // No pod address ever left.
     let frames = capture.stop().expect("stop the capture");
-    let pods: ipnet::Ipv4Net = "198.18.0.0/16".parse().unwrap();
+    let pods: [ipnet::IpNet; 2] = [CLUSTER_POD_CIDR.parse().unwrap(), CLUSTER_POD_CIDR6.parse().unwrap()];
     let leaked: Vec<String> = frames
         .iter()
         .filter_map(|f| capture::ip_info(&f.data))
-        .filter(|i| matches!(i.src, IpAddr::V4(a) if pods.contains(&a)))
+        .filter(|i| pods.iter().any(|p| p.contains(&i.src)))
         .map(|i| format!("{} -> {} proto {}", i.src, i.dst, i.proto))
         .collect();
     assert!(
@@ -313,7 +345,7 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         .map(|s| s.seen())
         .unwrap_or_default()
         .into_iter()
-        .filter(|s| matches!(s.src.ip(), IpAddr::V4(a) if pods.contains(&a)))
+        .filter(|s| pods.iter().any(|p| p.contains(&s.src.ip())))
         .map(|s| s.to_string())
         .collect();
     assert!(seen.is_empty(), "the server saw pod addresses: {seen:?}");
@@ -357,7 +389,7 @@ fn churn(lab: &NodeLab, rt: &tokio::runtime::Runtime, client: &kube::Client, age
             "team-a",
             &format!("churn-{i}"),
             json!({"app": app}),
-            &addr(i).to_string(),
+            &[&addr(i).to_string()],
             Some("w1"),
         ));
         written.insert(addr(i), Instant::now());
@@ -410,10 +442,10 @@ fn churn(lab: &NodeLab, rt: &tokio::runtime::Runtime, client: &kube::Client, age
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let st = agent.status().unwrap();
-        if st["rules"] == 1 && st["tables"] == 1 {
+        if st["rules"] == 2 && st["tables"] == 2 {
             break;
         }
-        assert!(Instant::now() < deadline, "one rule and one table left: {st}");
+        assert!(Instant::now() < deadline, "one rule and one table per family left: {st}");
         std::thread::sleep(Duration::from_millis(50));
     }
     let table = lab.node_table(Worker::One);

@@ -206,16 +206,17 @@ pub async fn node(client: &kube::Client, name: &str, labels: serde_json::Value) 
 
 /// A Pod with its IP patched in (no kubelet runs).
 pub async fn pod(client: &kube::Client, ns: &str, name: &str, labels: serde_json::Value, ip: &str) {
-    pod_on(client, ns, name, labels, ip, None).await;
+    pod_on(client, ns, name, labels, &[ip], None).await;
 }
 
-/// [`pod`], scheduled to `node` (`spec.nodeName`) when given.
+/// [`pod`] with addresses `ips` (the first is `podIP`), scheduled to
+/// `node` (`spec.nodeName`) when given.
 pub async fn pod_on(
     client: &kube::Client,
     ns: &str,
     name: &str,
     labels: serde_json::Value,
-    ip: &str,
+    ips: &[&str],
     node: Option<&str>,
 ) {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -225,7 +226,8 @@ pub async fn pod_on(
     }
     let p: Pod = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec})).unwrap();
     api.create(&PostParams::default(), &p).await.expect("create pod");
-    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+    let podips: Vec<serde_json::Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+    let status = json!({"status": {"phase": "Running", "podIP": ips[0], "podIPs": podips}});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("patch pod status");
 }
 
