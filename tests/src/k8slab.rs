@@ -178,14 +178,43 @@ pub struct K8sLab {
     dir: PathBuf,
 }
 
-fn mac(m: [u8; 6]) -> String {
+/// `aa:bb:...` for `ip`.
+pub(crate) fn mac(m: [u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
-fn sysctls(ns: &NetNs, kv: &[&str]) -> Result<()> {
+/// `sysctl -w` each of `kv` in `ns`.
+pub(crate) fn sysctls(ns: &NetNs, kv: &[&str]) -> Result<()> {
     let mut argv = vec!["sysctl", "-q", "-w"];
     argv.extend_from_slice(kv);
     ns.exec(&argv).map(|_| ())
+}
+
+/// The upstream router (`up`, whose `lan0` is already on the segment) and
+/// the server behind it (`srv`, every address of [`plan::server_addrs`]):
+/// `up_extra` runs in `up` once its `lan0` is up (its segment addresses,
+/// routes back).
+pub(crate) fn wire_upstream_and_server(up: &NetNs, srv: &NetNs, up_extra: &[String]) -> Result<()> {
+    let mut cmds = vec!["link set dev lan0 up".to_string()];
+    cmds.extend_from_slice(up_extra);
+    cmds.extend([
+        format!("link add srv type veth peer name eth0 netns {}", srv.name()),
+        format!("addr add {}/24 dev srv", plan::UPSTREAM_SRV),
+        format!("addr add {}/64 dev srv nodad", plan::UPSTREAM_SRV6),
+        "link set dev srv up".into(),
+    ]);
+    up.ip_batch(&cmds)?;
+    let mut s = Vec::new();
+    for a in plan::server_addrs() {
+        let len = if a.is_ipv6() { "64 dev eth0 nodad" } else { "24 dev eth0" };
+        s.push(format!("addr add {a}/{len}"));
+    }
+    s.extend([
+        "link set dev eth0 up".into(),
+        format!("route add default via {}", plan::UPSTREAM_SRV),
+        format!("route add ::/0 via {}", plan::UPSTREAM_SRV6),
+    ]);
+    srv.ip_batch(&s)
 }
 
 impl K8sLab {
@@ -305,27 +334,15 @@ impl K8sLab {
 
         // Upstream router and server.
         lan_port(&self.up, "p-up", plan::UP_MAC)?;
-        self.up.ip_batch(&[
-            format!("addr add {UPSTREAM}/{LAN_PREFIX} dev lan0"),
-            "link set dev lan0 up".into(),
-            format!("link add srv type veth peer name eth0 netns {}", self.srv.name()),
-            format!("addr add {}/24 dev srv", plan::UPSTREAM_SRV),
-            format!("addr add {}/64 dev srv nodad", plan::UPSTREAM_SRV6),
-            "link set dev srv up".into(),
-            // Replies to unselected pods (translated ones go to the egress IP, on-link).
-            format!("route add {POD_CIDR} via {NODE}"),
-        ])?;
-        let mut srv = Vec::new();
-        for a in plan::server_addrs() {
-            let len = if a.is_ipv6() { "64 dev eth0 nodad" } else { "24 dev eth0" };
-            srv.push(format!("addr add {a}/{len}"));
-        }
-        srv.extend([
-            "link set dev eth0 up".into(),
-            format!("route add default via {}", plan::UPSTREAM_SRV),
-            format!("route add ::/0 via {}", plan::UPSTREAM_SRV6),
-        ]);
-        self.srv.ip_batch(&srv)
+        wire_upstream_and_server(
+            &self.up,
+            &self.srv,
+            &[
+                format!("addr add {UPSTREAM}/{LAN_PREFIX} dev lan0"),
+                // Replies to unselected pods (translated ones go to the egress IP, on-link).
+                format!("route add {POD_CIDR} via {NODE}"),
+            ],
+        )
     }
 
     /// Has each gateway's kernel resolve the upstream and node routers now,

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{LabError, Result};
 use crate::gateway::egret_binary;
-use crate::k8slab::resolve_neighbors;
+use crate::k8slab::{mac, resolve_neighbors, sysctls, wire_upstream_and_server};
 use crate::lab::{remove_stale_test_labs, TEST_PREFIX};
 use crate::netns::{self, NetNs};
 use crate::plan;
@@ -272,16 +272,6 @@ pub struct NodeLab {
     dir: PathBuf,
 }
 
-fn mac(m: [u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
-fn sysctls(ns: &NetNs, kv: &[&str]) -> Result<()> {
-    let mut argv = vec!["sysctl", "-q", "-w"];
-    argv.extend_from_slice(kv);
-    ns.exec(&argv).map(|_| ())
-}
-
 /// `iptables` or `ip6tables` (Debian's iptables-nft) with `rule`'s words.
 fn iptables(ns: &NetNs, program: &str, rule: &str) -> Result<()> {
     let mut cmd = if program == "ip6tables" { ns.command("ip6tables") } else { ns.command("iptables") };
@@ -415,26 +405,11 @@ impl NodeLab {
             ns.ip_batch(&cmds)?;
         }
         self.lan_port(&self.up, "p-up", Some(plan::UP_MAC))?;
-        self.up.ip_batch(&[
-            format!("addr add {UPSTREAM}/24 dev lan0"),
-            format!("addr add {UPSTREAM6}/64 dev lan0 nodad"),
-            "link set dev lan0 up".into(),
-            format!("link add srv type veth peer name eth0 netns {}", self.srv.name()),
-            format!("addr add {}/24 dev srv", plan::UPSTREAM_SRV),
-            format!("addr add {}/64 dev srv nodad", plan::UPSTREAM_SRV6),
-            "link set dev srv up".into(),
-        ])?;
-        let mut srv = Vec::new();
-        for a in plan::server_addrs() {
-            let len = if a.is_ipv6() { "64 dev eth0 nodad" } else { "24 dev eth0" };
-            srv.push(format!("addr add {a}/{len}"));
-        }
-        srv.extend([
-            "link set dev eth0 up".into(),
-            format!("route add default via {}", plan::UPSTREAM_SRV),
-            format!("route add ::/0 via {}", plan::UPSTREAM_SRV6),
-        ]);
-        self.srv.ip_batch(&srv)
+        wire_upstream_and_server(
+            &self.up,
+            &self.srv,
+            &[format!("addr add {UPSTREAM}/24 dev lan0"), format!("addr add {UPSTREAM6}/64 dev lan0 nodad")],
+        )
     }
 
     /// Adds a pod namespace on `worker`'s bridge.

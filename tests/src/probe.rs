@@ -9,7 +9,7 @@
 //! and end times (monotonic clock) and its outcome.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -67,6 +67,30 @@ fn one(to: SocketAddr, seq: u64) -> std::result::Result<SocketAddr, String> {
 /// One attempt from `ns` to `to`, now: the source the server saw.
 pub fn once(ns: &NetNs, to: SocketAddr) -> Result<std::result::Result<SocketAddr, String>> {
     ns.run_in(|| one(to, u64::MAX))
+}
+
+/// New connections from `ns` to `to`, one after another (100 ms apart),
+/// until the server sees source address `want`: that source and how long it
+/// took. A connection seen with any other source, or none by `timeout`, is
+/// an error naming what was seen.
+pub fn wait_source(
+    ns: &NetNs,
+    to: SocketAddr,
+    want: IpAddr,
+    timeout: Duration,
+) -> std::result::Result<(SocketAddr, Duration), String> {
+    let t = Instant::now();
+    loop {
+        let last = match once(ns, to).map_err(|e| e.to_string())? {
+            Ok(seen) if seen.ip() == want => return Ok((seen, t.elapsed())),
+            Ok(seen) => return Err(format!("{} left as {seen}, expected {want}", ns.name())),
+            Err(e) => e,
+        };
+        if t.elapsed() >= timeout {
+            return Err(format!("{} never got through as {want} in {timeout:?}: {last}", ns.name()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 impl Prober {

@@ -706,16 +706,7 @@ fn wall_kill_ms(kill: SystemTime, t: SystemTime) -> i64 {
 
 /// Retries new connections from `pod` until the server sees `want` as their source.
 fn wait_source(lab: &K8sLab, pod: KPod, want: Ipv4Addr, timeout: Duration) -> SocketAddr {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let last = match probe::once(lab.pod(pod), http()).unwrap() {
-            Ok(seen) if seen.ip() == IpAddr::V4(want) => return seen,
-            Ok(seen) => panic!("{} left as {seen}, expected {want}", pod.name()),
-            Err(e) => e,
-        };
-        assert!(Instant::now() < deadline, "{} never got through as {want}: {last}", pod.name());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    probe::wait_source(lab.pod(pod), http(), want.into(), timeout).unwrap_or_else(|e| panic!("{}: {e}", pod.name())).0
 }
 
 fn tail(p: &Prober) -> Vec<String> {

@@ -86,16 +86,7 @@ fn k8s_node_agent_steers_selected_pods_past_the_cni_masquerade() {
 /// Retries new connections from pod `name` until the server sees `want`;
 /// returns how long it took. Any other source seen is a failure.
 fn wait_source(lab: &NodeLab, name: &str, want: Ipv4Addr, timeout: Duration) -> Duration {
-    let t = Instant::now();
-    loop {
-        let last = match probe::once(lab.pod(name), NodeLab::http()).unwrap() {
-            Ok(seen) if seen.ip() == IpAddr::V4(want) => return t.elapsed(),
-            Ok(seen) => panic!("{name} left as {seen}, expected {want}"),
-            Err(e) => e,
-        };
-        assert!(t.elapsed() < timeout, "{name} never got through as {want}: {last}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    probe::wait_source(lab.pod(name), NodeLab::http(), want.into(), timeout).unwrap_or_else(|e| panic!("{name}: {e}")).1
 }
 
 /// One new connection from pod `name`: the source the server saw.
@@ -313,7 +304,7 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     ));
     let took = wait_source(lab, "w2-new", EIP, Duration::from_secs(30));
     println!(
-        "k8s-node: strict: the new pod leaves as {EIP} {} ms after its Pod object was written (tried every 50 ms)",
+        "k8s-node: strict: the new pod leaves as {EIP} {} ms after its Pod object was written (tried every 100 ms)",
         ms(took)
     );
     assert!(lab.node_table(Worker::Two).contains("egret strict"), "{}", lab.node_table(Worker::Two));
