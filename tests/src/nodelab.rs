@@ -57,6 +57,32 @@ pub fn segment6(host: u16) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb8, 0x113, 0, 0, 0, 0, host)
 }
 
+/// How the nodes reach each other's pods (and the gateways reach the pods).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Pod CIDRs routed via their node on the shared segment (Calico BGP,
+    /// cloud VPC CNIs).
+    Native,
+    /// flannel's vxlan backend: device `flannel.1` (VNI 1, UDP 8472) on every
+    /// node and gateway; per remote node a route `podCIDR via podCIDR.0 dev
+    /// flannel.1 onlink`, a permanent neighbour `podCIDR.0 -> its VTEP MAC`
+    /// and an FDB entry `VTEP MAC -> its segment address`. The gateways'
+    /// replies to pods then leave through a tunnel Egret does not drive.
+    /// IPv4 only (flannel's IPv6 uses a second device); IPv6 stays native.
+    Vxlan,
+}
+
+/// flannel's device, VNI and port.
+pub const VXLAN_DEVICE: &str = "flannel.1";
+
+/// A host of the overlay: (segment address, VTEP MAC, pod CIDR's first three octets).
+fn vtep_hosts() -> Vec<(Ipv4Addr, [u8; 6], [u8; 3])> {
+    let mut v: Vec<(Ipv4Addr, [u8; 6], [u8; 3])> =
+        Worker::ALL.iter().map(|w| (w.lan_addr(), [0x02, 0xf1, 0, 0, 0, w.n()], [198, 18, w.n()])).collect();
+    v.extend(NodeGw::ALL.iter().map(|g| (g.lan_addr(), [0x02, 0xf1, 0, 0, 0, 20 + g.n()], [198, 18, 20 + g.n()])));
+    v
+}
+
 /// A worker Node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Worker {
@@ -270,6 +296,7 @@ pub struct NodeLab {
     srv: NetNs,
     control: NetNs,
     dir: PathBuf,
+    backend: Backend,
 }
 
 /// `iptables` or `ip6tables` (Debian's iptables-nft) with `rule`'s words.
@@ -298,8 +325,14 @@ impl NodeLab {
 
     /// Builds the topology with the CNI masquerade rules and starts the
     /// external server; the pods are `wN-sel` (198.18.N.10) and `wN-uns`
-    /// (198.18.N.12) on each worker, and `w2-new` (198.18.2.20).
+    /// (198.18.N.12) on each worker, and `w2-new` (198.18.2.20). Native
+    /// routing; [`NodeLab::build_with`] for the overlay.
     pub fn build(prefix: &str) -> Result<Self> {
+        Self::build_with(prefix, Backend::Native)
+    }
+
+    /// [`NodeLab::build`] with the pods reached through `backend`.
+    pub fn build_with(prefix: &str, backend: Backend) -> Result<Self> {
         remove_stale_test_labs();
         let ns = |role: &str| NetNs::create(&format!("{prefix}-{role}"));
         let mut workers = BTreeMap::new();
@@ -327,8 +360,12 @@ impl NodeLab {
             srv,
             control,
             dir,
+            backend,
         };
         lab.wire()?;
+        if backend == Backend::Vxlan {
+            lab.overlay()?;
+        }
         for w in Worker::ALL {
             lab.add_pod(w, &format!("{}-sel", w.node_name()), w.pod_addr(10))?;
             lab.add_pod(w, &format!("{}-uns", w.node_name()), w.pod_addr(12))?;
@@ -384,9 +421,11 @@ impl NodeLab {
                 format!("route add default via {UPSTREAM}"),
                 format!("route add ::/0 via {UPSTREAM6}"),
                 // Native routing: the other node's pods via that node.
-                format!("route add {} via {}", w.other().pod_cidr(), w.other().lan_addr()),
                 format!("route add {} via {}", w.other().pod_cidr6(), w.other().lan_addr6()),
             ])?;
+            if self.backend == Backend::Native {
+                ns.ip_batch(&[format!("route add {} via {}", w.other().pod_cidr(), w.other().lan_addr())])?;
+            }
         }
         for (g, ns) in &self.gws {
             self.lan_port(ns, &format!("p-g{}", g.n()), Some(g.mac()))?;
@@ -399,7 +438,9 @@ impl NodeLab {
                 format!("route add ::/0 via {UPSTREAM6}"),
             ];
             for w in Worker::ALL {
-                cmds.push(format!("route add {} via {}", w.pod_cidr(), w.lan_addr()));
+                if self.backend == Backend::Native {
+                    cmds.push(format!("route add {} via {}", w.pod_cidr(), w.lan_addr()));
+                }
                 cmds.push(format!("route add {} via {}", w.pod_cidr6(), w.lan_addr6()));
             }
             ns.ip_batch(&cmds)?;
@@ -410,6 +451,48 @@ impl NodeLab {
             &self.srv,
             &[format!("addr add {UPSTREAM}/24 dev lan0"), format!("addr add {UPSTREAM6}/64 dev lan0 nodad")],
         )
+    }
+
+    /// flannel's vxlan backend on every worker and gateway ([`Backend::Vxlan`]).
+    fn overlay(&self) -> Result<()> {
+        let hosts = vtep_hosts();
+        let namespaces: Vec<&NetNs> = self.workers.values().chain(self.gws.values()).collect();
+        for (i, ns) in namespaces.iter().enumerate() {
+            let (local, vtep, net) = hosts[i];
+            let mut cmds = vec![
+                format!("link add {VXLAN_DEVICE} type vxlan id 1 local {local} dev lan0 dstport 8472 nolearning"),
+                format!("link set dev {VXLAN_DEVICE} address {}", mac(vtep)),
+                format!("addr add {}.{}.{}.0/32 dev {VXLAN_DEVICE}", net[0], net[1], net[2]),
+                format!("link set dev {VXLAN_DEVICE} up"),
+            ];
+            for (j, (_, rvtep, rnet)) in hosts.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let gw = format!("{}.{}.{}.0", rnet[0], rnet[1], rnet[2]);
+                cmds.push(format!("route add {gw}/24 via {gw} dev {VXLAN_DEVICE} onlink"));
+                cmds.push(format!("neigh add {gw} lladdr {} dev {VXLAN_DEVICE} nud permanent", mac(*rvtep)));
+            }
+            ns.ip_batch(&cmds)?;
+            for (j, (remote, rvtep, _)) in hosts.iter().enumerate() {
+                if i != j {
+                    let mut cmd = ns.command("bridge");
+                    cmd.args(["fdb", "append", &mac(*rvtep), "dev", VXLAN_DEVICE, "dst", &remote.to_string()]);
+                    netns::run(&mut cmd)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Packets sent and received on `dev` in `ns` (`/sys/class/net/<dev>/statistics`).
+    pub fn link_packets(ns: &NetNs, dev: &str) -> Result<(u64, u64)> {
+        let read = |what: &str| -> Result<u64> {
+            let path = format!("/sys/class/net/{dev}/statistics/{what}");
+            let out = ns.exec(&["cat", &path])?;
+            out.trim().parse().map_err(|_| LabError::Gateway(format!("{path}: {out:?}")))
+        };
+        Ok((read("tx_packets")?, read("rx_packets")?))
     }
 
     /// Adds a pod namespace on `worker`'s bridge.

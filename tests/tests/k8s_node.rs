@@ -45,7 +45,7 @@ use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture};
 use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
 use egret_tests::nodelab::{
-    Agent, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6, CONTROL, SERVICE_CIDR,
+    Agent, Backend, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6, CONTROL, SERVICE_CIDR,
 };
 use egret_tests::probe::{self, Prober};
 use k8s_common::*;
@@ -68,19 +68,27 @@ fn ms(d: Duration) -> u128 {
 
 #[test]
 fn k8s_node_agent_steers_selected_pods_past_the_cni_masquerade() {
-    match ApiServer::lab_available_or_skip(NAME) {
+    run_in_lab(NAME, Backend::Native, scenario);
+}
+
+/// Builds the lab over `backend` and its API server, runs `scenario` in the
+/// control namespace, stops everything. One lab at a time (two cores).
+fn run_in_lab(name: &str, backend: Backend, scenario: fn(&NodeLab, &ApiServer)) {
+    static ONE_LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    match ApiServer::lab_available_or_skip(name) {
         Ok(true) => {}
         Ok(false) => return,
         Err(e) => panic!("{e}"),
     }
+    let _one = ONE_LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let t0 = Instant::now();
-    let lab = NodeLab::build(&NodeLab::test_prefix()).expect("build the worker-node lab");
+    let lab = NodeLab::build_with(&NodeLab::test_prefix(), backend).expect("build the worker-node lab");
     let server = ApiServer::start_in(lab.control().name(), IpAddr::V4(CONTROL), SERVICE_CIDR)
         .expect("kube-apiserver in the lab");
     println!("k8s-node: lab and API server up after {} ms", ms(t0.elapsed()));
     lab.control().run_in(|| scenario(&lab, &server)).expect("enter the control namespace");
     server.stop().expect("stop the API server");
-    println!("k8s-node: {NAME}: {} ms", ms(t0.elapsed()));
+    println!("k8s-node: {name}: {} ms", ms(t0.elapsed()));
 }
 
 /// Retries new connections from pod `name` until the server sees `want`;
@@ -167,13 +175,48 @@ async fn setup_cluster(client: &kube::Client) {
     Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.expect("policy");
 }
 
+/// An egress IP no node can route to (not on their link).
+const UNREACHABLE: &str = "198.51.100.200";
+
+/// Creates (or deletes) EgressPolicy `unreachable`, selecting `app=other`
+/// with egress IP [`UNREACHABLE`].
+async fn unreachable_policy(client: &kube::Client, create: bool) {
+    let api = Api::<EgressPolicy>::all(client.clone());
+    if !create {
+        api.delete("unreachable", &DeleteParams::default()).await.expect("delete policy");
+        return;
+    }
+    let policy: EgressPolicy = serde_json::from_value(json!({
+        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
+        "metadata": {"name": "unreachable"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "other"}},
+            "destinations": ["0.0.0.0/0"],
+            "egressIPs": [{"ip": UNREACHABLE}]
+        }
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &policy).await.expect("policy");
+}
+
 fn start_agent(lab: &NodeLab, w: Worker, kubeconfig: &std::path::Path, extra: &[&str]) -> Agent {
     let a = lab.start_agent(w, kubeconfig, extra).expect("start egret node");
     a.wait_synced(0, Duration::from_secs(30)).expect("egret node synced");
     a
 }
 
-fn scenario(lab: &NodeLab, server: &ApiServer) {
+/// What both scenarios start from: the cluster, both gateways and both
+/// agents running, a capture on the upstream link.
+struct Ctx {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+    node_kc: std::path::PathBuf,
+    capture: Option<Capture>,
+    gws: BTreeMap<NodeGw, Gateway>,
+    agents: BTreeMap<Worker, Agent>,
+}
+
+fn bring_up(lab: &NodeLab, server: &ApiServer) -> Ctx {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = rt.block_on(server.client()).expect("client");
     rt.block_on(setup_cluster(&client));
@@ -208,115 +251,35 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         agents.insert(w, start_agent(lab, w, &node_kc, &[]));
     }
 
-    // 1. Steady state.
+    Ctx { rt, client, node_kc, capture: Some(capture), gws, agents }
+}
+
+/// Each node's selected pod leaves with the egress IPs, each unselected pod
+/// with its node's addresses, and the agents say so.
+fn steady_state(lab: &NodeLab, ctx: &Ctx, ipv6: bool) {
     for w in Worker::ALL {
         let took = wait_source(lab, &format!("{}-sel", w.node_name()), EIP, Duration::from_secs(30));
         println!("k8s-node: {}-sel leaves as {EIP} ({} ms after the agents synced)", w.node_name(), ms(took));
         let uns = source_of(lab, &format!("{}-uns", w.node_name())).expect("the unselected pod reaches the server");
         assert_eq!(uns, IpAddr::V4(w.lan_addr()), "an unselected pod on {} keeps the CNI's masquerade", w.node_name());
-        // IPv6: the same, through the same rules' IPv6 twins.
-        let sel6 = source6_of(lab, &format!("{}-sel", w.node_name()));
-        assert_eq!(sel6, Ok(IpAddr::V6(EIP6)), "{}-sel over IPv6", w.node_name());
-        let uns6 = source6_of(lab, &format!("{}-uns", w.node_name()));
-        assert_eq!(uns6, Ok(IpAddr::V6(w.lan_addr6())), "{}-uns over IPv6 keeps the masquerade", w.node_name());
-        let st = agents[&w].status().expect("status file");
+        if ipv6 {
+            // IPv6: the same, through the same rules' IPv6 twins.
+            let sel6 = source6_of(lab, &format!("{}-sel", w.node_name()));
+            assert_eq!(sel6, Ok(IpAddr::V6(EIP6)), "{}-sel over IPv6", w.node_name());
+            let uns6 = source6_of(lab, &format!("{}-uns", w.node_name()));
+            assert_eq!(uns6, Ok(IpAddr::V6(w.lan_addr6())), "{}-uns over IPv6 keeps the masquerade", w.node_name());
+        }
+        let st = ctx.agents[&w].status().expect("status file");
         assert_eq!(st["podsSteered"], 2, "{}: one pod, two addresses: {st}", w.node_name());
         let uses: BTreeSet<String> =
             st["uses"].as_array().unwrap().iter().map(|u| u["egressIp"].as_str().unwrap().to_string()).collect();
         assert_eq!(uses, BTreeSet::from([EIP.to_string(), EIP6.to_string()]), "{}: {st}", w.node_name());
         assert_eq!(st["uses"][0]["policy"], "egresspolicy/db", "{}: {st}", w.node_name());
     }
-    let cli = std::process::Command::new(egret_tests::gateway::egret_binary().unwrap())
-        .args(["node", "status", "--status-file"])
-        .arg(&agents[&Worker::One].status_file)
-        .output()
-        .expect("egret node status");
-    let text = String::from_utf8_lossy(&cli.stdout);
-    assert!(text.contains("egresspolicy/db") && text.contains(&EIP.to_string()), "egret node status:\n{text}");
+}
 
-    // 2. The holder dies; nothing changes on the nodes.
-    let before: Vec<_> = Worker::ALL.iter().map(|w| lab.steering(*w).unwrap()).collect();
-    assert!(!before[0].0.is_empty() && !before[0].1.is_empty(), "w1 has Egret's rules and routes: {before:?}");
-    let holder = lease_holder(&rt, &client).expect("the egress IP has a holder");
-    let kill = Instant::now();
-    gws.get_mut(&holder).unwrap().kill().expect("kill the holder");
-    wait_source(lab, "w1-sel", EIP, Duration::from_secs(30));
-    println!(
-        "k8s-node: after SIGKILL of {}: w1-sel leaves as {EIP} again {} ms after the kill",
-        holder.node_name(),
-        ms(kill.elapsed())
-    );
-    wait_source(lab, "w2-sel", EIP, Duration::from_secs(10));
-    let after: Vec<_> = Worker::ALL.iter().map(|w| lab.steering(*w).unwrap()).collect();
-    assert_eq!(before, after, "the nodes' rules and routes did not change on failover");
-
-    // 3. Agent restart under traffic.
-    let prober = Prober::start(lab.pod("w1-sel"), NodeLab::http(), Duration::from_millis(100)).expect("prober");
-    std::thread::sleep(Duration::from_millis(500));
-    agents.get_mut(&Worker::One).unwrap().kill();
-    std::thread::sleep(Duration::from_secs(1));
-    let restarted = start_agent(lab, Worker::One, &node_kc, &[]);
-    std::thread::sleep(Duration::from_millis(500));
-    let attempts = prober.stop();
-    let wrong: Vec<String> = attempts
-        .iter()
-        .filter(|a| a.outcome.as_ref().map(|s| s.ip() != IpAddr::V4(EIP)).unwrap_or(true))
-        .map(|a| format!("{} {:?}", a.seq, a.outcome))
-        .collect();
-    assert!(attempts.len() >= 15, "the prober ran: {} attempts", attempts.len());
-    assert!(
-        wrong.is_empty(),
-        "{} of {} connections during the restart did not leave as {EIP}: {wrong:?}",
-        wrong.len(),
-        attempts.len()
-    );
-    let st = restarted.status().unwrap();
-    assert_eq!(st["changesTotal"], 0, "the restarted agent found everything in place: {st}");
-    assert_eq!(lab.steering(Worker::One).unwrap(), before[0], "same rules and routes after the restart");
-    println!("k8s-node: agent restart: {} connections, all as {EIP}, 0 kernel changes", attempts.len());
-    agents.insert(Worker::One, restarted);
-
-    // 4. Churn.
-    churn(lab, &rt, &client, &agents[&Worker::One]);
-
-    // 5. Strict mode on w2.
-    let unknown = lab.pod_addr("w2-new");
-    assert_eq!(
-        source_of(lab, "w2-new"),
-        Ok(IpAddr::V4(Worker::Two.lan_addr())),
-        "default mode: a pod the agent does not know yet leaves through the node's masquerade"
-    );
-    agents.get_mut(&Worker::Two).unwrap().kill();
-    agents.insert(Worker::Two, start_agent(lab, Worker::Two, &node_kc, &["--strict"]));
-    assert_eq!(agents[&Worker::Two].status().unwrap()["strict"], true);
-    let dropped = source_of(lab, "w2-new");
-    assert!(dropped.is_err(), "strict mode: an unknown pod cannot leave the cluster: {dropped:?}");
-    assert_eq!(source_of(lab, "w2-uns"), Ok(IpAddr::V4(Worker::Two.lan_addr())), "strict: a known unselected pod can");
-    assert_eq!(source_of(lab, "w2-sel"), Ok(IpAddr::V4(EIP)), "strict: a steered pod can");
-    let unknown6 = Worker::Two.pod_addr6(20).to_string();
-    rt.block_on(pod_on(
-        &client,
-        "team-a",
-        "w2-new",
-        json!({"app": "db"}),
-        &[&unknown.to_string(), &unknown6],
-        Some("w2"),
-    ));
-    let took = wait_source(lab, "w2-new", EIP, Duration::from_secs(30));
-    println!(
-        "k8s-node: strict: the new pod leaves as {EIP} {} ms after its Pod object was written (tried every 100 ms)",
-        ms(took)
-    );
-    assert!(lab.node_table(Worker::Two).contains("egret strict"), "{}", lab.node_table(Worker::Two));
-
-    // 6. Cleanup.
-    agents.get_mut(&Worker::One).unwrap().kill();
-    lab.cleanup_agent(Worker::One).expect("egret node cleanup");
-    assert_eq!(lab.steering(Worker::One).unwrap(), (vec![], vec![]), "cleanup leaves no rule or route");
-    assert_eq!(lab.node_table(Worker::One), "", "cleanup removes the nftables table");
-    assert_eq!(source_of(lab, "w1-sel"), Ok(IpAddr::V4(Worker::One.lan_addr())), "unsteered, the CNI masquerades it");
-
-    // No pod address ever left.
+/// No frame on the upstream link and no connection at the server had a pod's address.
+fn assert_no_pod_address_left(lab: &NodeLab, capture: Capture) {
     let frames = capture.stop().expect("stop the capture");
     let pods: [ipnet::IpNet; 2] = [CLUSTER_POD_CIDR.parse().unwrap(), CLUSTER_POD_CIDR6.parse().unwrap()];
     let leaked: Vec<String> = frames
@@ -340,6 +303,130 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         .map(|s| s.to_string())
         .collect();
     assert!(seen.is_empty(), "the server saw pod addresses: {seen:?}");
+}
+
+fn scenario(lab: &NodeLab, server: &ApiServer) {
+    let mut ctx = bring_up(lab, server);
+    steady_state(lab, &ctx, true);
+    let Ctx { rt, client, node_kc, capture, gws, agents } = &mut ctx;
+    let (rt, client, node_kc) = (&*rt, &*client, &*node_kc);
+    let cli = std::process::Command::new(egret_tests::gateway::egret_binary().unwrap())
+        .args(["node", "status", "--status-file"])
+        .arg(&agents[&Worker::One].status_file)
+        .output()
+        .expect("egret node status");
+    let text = String::from_utf8_lossy(&cli.stdout);
+    assert!(text.contains("egresspolicy/db") && text.contains(&EIP.to_string()), "egret node status:\n{text}");
+
+    // A policy the nodes cannot route (its egress IP is not on their link)
+    // fails alone: reported, retried, no partial table, the other policy
+    // and the unselected pods' masquerade untouched.
+    rt.block_on(unreachable_policy(client, true));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        let st = agents[&Worker::One].status().unwrap();
+        if st["errors"].as_array().is_some_and(|e| e.iter().any(|m| m.as_str().unwrap_or("").contains(UNREACHABLE))) {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "the agent reports the unroutable policy: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(st["lastSyncOk"], false, "{st}");
+    assert_eq!(st["tables"], 2, "no partial table is left: {st}");
+    assert_eq!(lab.steered_pods(Worker::One).unwrap(), vec![Worker::One.pod_addr(10)], "only w1-sel has a rule");
+    assert_eq!(source_of(lab, "w1-sel"), Ok(IpAddr::V4(EIP)), "the other policy goes on");
+    assert_eq!(source_of(lab, "w1-uns"), Ok(IpAddr::V4(Worker::One.lan_addr())), "unsteered: masqueraded");
+    rt.block_on(unreachable_policy(client, false));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while agents[&Worker::One].status().unwrap()["lastSyncOk"] != true {
+        assert!(Instant::now() < deadline, "the agent recovers once the policy is gone");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // 2. The holder dies; nothing changes on the nodes.
+    let before: Vec<_> = Worker::ALL.iter().map(|w| lab.steering(*w).unwrap()).collect();
+    assert!(!before[0].0.is_empty() && !before[0].1.is_empty(), "w1 has Egret's rules and routes: {before:?}");
+    let holder = lease_holder(rt, client).expect("the egress IP has a holder");
+    let kill = Instant::now();
+    gws.get_mut(&holder).unwrap().kill().expect("kill the holder");
+    wait_source(lab, "w1-sel", EIP, Duration::from_secs(30));
+    println!(
+        "k8s-node: after SIGKILL of {}: w1-sel leaves as {EIP} again {} ms after the kill",
+        holder.node_name(),
+        ms(kill.elapsed())
+    );
+    wait_source(lab, "w2-sel", EIP, Duration::from_secs(10));
+    let after: Vec<_> = Worker::ALL.iter().map(|w| lab.steering(*w).unwrap()).collect();
+    assert_eq!(before, after, "the nodes' rules and routes did not change on failover");
+
+    // 3. Agent restart under traffic.
+    let prober = Prober::start(lab.pod("w1-sel"), NodeLab::http(), Duration::from_millis(100)).expect("prober");
+    std::thread::sleep(Duration::from_millis(500));
+    agents.get_mut(&Worker::One).unwrap().kill();
+    std::thread::sleep(Duration::from_secs(1));
+    let restarted = start_agent(lab, Worker::One, node_kc, &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    let attempts = prober.stop();
+    let wrong: Vec<String> = attempts
+        .iter()
+        .filter(|a| a.outcome.as_ref().map(|s| s.ip() != IpAddr::V4(EIP)).unwrap_or(true))
+        .map(|a| format!("{} {:?}", a.seq, a.outcome))
+        .collect();
+    assert!(attempts.len() >= 15, "the prober ran: {} attempts", attempts.len());
+    assert!(
+        wrong.is_empty(),
+        "{} of {} connections during the restart did not leave as {EIP}: {wrong:?}",
+        wrong.len(),
+        attempts.len()
+    );
+    let st = restarted.status().unwrap();
+    assert_eq!(st["changesTotal"], 0, "the restarted agent found everything in place: {st}");
+    assert_eq!(lab.steering(Worker::One).unwrap(), before[0], "same rules and routes after the restart");
+    println!("k8s-node: agent restart: {} connections, all as {EIP}, 0 kernel changes", attempts.len());
+    agents.insert(Worker::One, restarted);
+
+    // 4. Churn.
+    churn(lab, rt, client, &agents[&Worker::One]);
+
+    // 5. Strict mode on w2.
+    let unknown = lab.pod_addr("w2-new");
+    assert_eq!(
+        source_of(lab, "w2-new"),
+        Ok(IpAddr::V4(Worker::Two.lan_addr())),
+        "default mode: a pod the agent does not know yet leaves through the node's masquerade"
+    );
+    agents.get_mut(&Worker::Two).unwrap().kill();
+    agents.insert(Worker::Two, start_agent(lab, Worker::Two, node_kc, &["--strict"]));
+    assert_eq!(agents[&Worker::Two].status().unwrap()["strict"], true);
+    let dropped = source_of(lab, "w2-new");
+    assert!(dropped.is_err(), "strict mode: an unknown pod cannot leave the cluster: {dropped:?}");
+    assert_eq!(source_of(lab, "w2-uns"), Ok(IpAddr::V4(Worker::Two.lan_addr())), "strict: a known unselected pod can");
+    assert_eq!(source_of(lab, "w2-sel"), Ok(IpAddr::V4(EIP)), "strict: a steered pod can");
+    let unknown6 = Worker::Two.pod_addr6(20).to_string();
+    rt.block_on(pod_on(
+        client,
+        "team-a",
+        "w2-new",
+        json!({"app": "db"}),
+        &[&unknown.to_string(), &unknown6],
+        Some("w2"),
+    ));
+    let took = wait_source(lab, "w2-new", EIP, Duration::from_secs(30));
+    println!(
+        "k8s-node: strict: the new pod leaves as {EIP} {} ms after its Pod object was written (tried every 100 ms)",
+        ms(took)
+    );
+    assert!(lab.node_table(Worker::Two).contains("egret strict"), "{}", lab.node_table(Worker::Two));
+
+    // 6. Cleanup.
+    agents.get_mut(&Worker::One).unwrap().kill();
+    lab.cleanup_agent(Worker::One).expect("egret node cleanup");
+    assert_eq!(lab.steering(Worker::One).unwrap(), (vec![], vec![]), "cleanup leaves no rule or route");
+    assert_eq!(lab.node_table(Worker::One), "", "cleanup removes the nftables table");
+    assert_eq!(source_of(lab, "w1-sel"), Ok(IpAddr::V4(Worker::One.lan_addr())), "unsteered, the CNI masquerades it");
+
+    // No pod address ever left.
+    assert_no_pod_address_left(lab, capture.take().expect("the capture"));
 }
 
 /// Creates `CHURN` pods on w1 (even ones selected), measures each selected

@@ -153,13 +153,15 @@ fn sets(view: &KernelView, extra: Option<&Plan>, c: &Computed, strict: Option<&S
     Sets { steered, next_hops, strict }
 }
 
-/// Applies `ops`, skipping what depends on a failed operation: a rule to a
-/// table whose routes could not all be added is not added (the pod keeps
-/// its old rule, whose table is then not emptied). Returns (applied, errors).
+/// Applies `ops`, skipping what depends on a failed operation: a table
+/// whose routes could not all be added is emptied again and no rule points
+/// to it (the pod keeps its old rule, whose table is then not emptied).
+/// Returns (applied, errors).
 async fn apply_ops(kernel: &mut Kernel, ops: &[Op], kernel_before: &KernelView, priority: u32) -> (u64, Vec<String>) {
     let mut failed_tables = BTreeSet::new();
     let mut skipped_pods = BTreeSet::new();
     let mut kept_tables = BTreeSet::new();
+    let mut added: BTreeMap<u32, Vec<super::plan::Route>> = BTreeMap::new();
     let mut applied = 0;
     let mut errors = Vec::new();
     for op in ops {
@@ -178,12 +180,23 @@ async fn apply_ops(kernel: &mut Kernel, ops: &[Op], kernel_before: &KernelView, 
             continue;
         }
         match kernel.apply(op, priority).await {
-            Ok(()) => applied += 1,
+            Ok(()) => {
+                applied += 1;
+                if let Op::AddRoute { table, route } = op {
+                    added.entry(*table).or_default().push(*route);
+                }
+            }
             Err(e) => {
+                errors.push(e.to_string());
                 if let Op::AddRoute { table, .. } = op {
                     failed_tables.insert(*table);
+                    // Leave no partial table behind.
+                    for route in added.remove(table).unwrap_or_default() {
+                        if let Err(e) = kernel.apply(&Op::DelRoute { table: *table, route }, priority).await {
+                            errors.push(e.to_string());
+                        }
+                    }
                 }
-                errors.push(e.to_string());
             }
         }
     }
