@@ -384,10 +384,14 @@ fn bench(args: &Args) -> Result<(), Error> {
                 };
                 let arrived = sink.counts()?.frames - before;
                 let egress = !matches!(mode, Mode::EngineNative | Mode::EngineOverlay);
-                if egress && arrived < n {
+                // A veth drops what its peer's ring cannot take (the
+                // kernel's count, as on a wire): reported, and a mode that
+                // lost more than 1% is not a measurement of sending.
+                if egress && arrived * 100 < n * 99 {
                     return Err(format!("{}: only {arrived} of {n} frames reached the peer", mode.name()).into());
                 }
-                println!("round {round} {:<15} {ns:8.1} ns/packet{extra}", mode.name());
+                let lost = if egress { format!(", {} lost", n.saturating_sub(arrived)) } else { String::new() };
+                println!("round {round} {:<15} {ns:8.1} ns/packet{extra}{lost}", mode.name());
                 samples.push(ns);
             }
         }
