@@ -574,7 +574,9 @@ impl Worker {
                 now,
             };
             match ctx.process(buf, len, meta, now) {
-                Verdict::Forward { len: out, .. } | Verdict::Answer { len: out }
+                Verdict::Forward { len: out, .. }
+                | Verdict::Answer { len: out }
+                | Verdict::ToKernel { end: out, .. }
                     if fenced && shared.ownership.frame_expired(&buf[..out.min(buf.len())], now) =>
                 {
                     Verdict::Drop(DropReason::OwnershipExpired)
@@ -1462,9 +1464,17 @@ mod tests {
                 s.spec.egress_ips.iter().map(|e| e.ip).chain(s.spec.neighbor_addresses.iter().copied()).collect();
             let judge = Ownership::default();
             judge.expire(&owned);
-            for expired in [false, true] {
+            // Also with the pods behind an overlay's tunnel, where their
+            // replies (and hairpinned packets, from an egress IP) go to the
+            // kernel (ADR 0008).
+            for (expired, fib) in [
+                (false, fixtures::topology()),
+                (true, fixtures::topology()),
+                (false, fixtures::overlay_topology()),
+                (true, fixtures::overlay_topology()),
+            ] {
                 let engine = Engine::new(&s.spec).expect("fixture config");
-                engine.publish_fib(fixtures::topology());
+                engine.publish_fib(fib);
                 if expired {
                     engine.ownership().expire(&owned);
                 }
@@ -1477,7 +1487,9 @@ mod tests {
                     let received_owned = judge.frame_expired(&st.frame, now);
                     let v = w.process(&mut buf, st.frame.len(), meta, now);
                     let sent_owned = match v {
-                        Verdict::Forward { len, .. } | Verdict::Answer { len } => judge.frame_expired(&buf[..len], now),
+                        Verdict::Forward { len, .. } | Verdict::Answer { len } | Verdict::ToKernel { end: len, .. } => {
+                            judge.frame_expired(&buf[..len], now)
+                        }
                         _ => false,
                     };
                     if expired {
