@@ -45,7 +45,6 @@ use egret_benches::topology::in_netns;
 use egret_benches::xdp::Sink;
 use egret_dataplane::clock::Timestamp;
 use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict};
-use egret_dataplane::fib::{Fib, Route};
 use egret_dataplane::fixtures::{self, build, from_outside, from_pod, udp};
 use egret_dataplane::kernel_tx::KernelTx;
 use egret_dataplane::nat::port_alloc::PortRng;
@@ -242,14 +241,7 @@ impl Mode {
 /// An engine with one UDP session of pod A, and the reply frame to it.
 fn engine(overlay: bool) -> Result<(egret_dataplane::engine::Worker, Vec<u8>), Error> {
     let e = Engine::new(&fixtures::base_spec())?;
-    let mut fib: Fib = fixtures::topology();
-    if overlay {
-        fib.add_kernel_link(9, 1450).add_route(
-            IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)),
-            24,
-            Route { oif: 9, gateway: Some(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0))) },
-        );
-    }
+    let fib = if overlay { fixtures::overlay_topology() } else { fixtures::topology() };
     e.publish_fib(fib);
     let mut w = e.worker_seeded(PortRng::new(1));
     let out = from_pod(IpAddr::V4(fixtures::POD_A), IpAddr::V4(fixtures::SERVER), udp(40000, 53, b"q")).frame();
