@@ -54,19 +54,37 @@ pub enum KernelTxError {
     /// with the send buffer full, `ENETUNREACH` with no route any more).
     #[error("the kernel refused the packet: {0}")]
     Send(io::Error),
+    /// An IPv6 packet, on a node whose kernel has IPv6 disabled (no IPv6
+    /// socket could be opened).
+    #[error("an IPv6 packet, and the kernel has no IPv6")]
+    NoIpv6,
 }
 
 /// One raw socket per family; a worker owns one.
 #[derive(Debug)]
 pub struct KernelTx {
     v4: Socket,
-    v6: Socket,
+    /// `None` on a kernel without IPv6 (`ipv6.disable=1`): no IPv6 pod can
+    /// be behind its tunnels either.
+    v6: Option<Socket>,
 }
 
 impl KernelTx {
-    /// Opens both sockets in the calling thread's network namespace.
+    /// Opens both sockets in the calling thread's network namespace. A
+    /// kernel without IPv6 (`EAFNOSUPPORT`) gives an IPv4-only sender
+    /// ([`KernelTx::has_ipv6`]); any other failure is an error.
     pub fn open() -> Result<Self, KernelTxError> {
-        Ok(Self { v4: open(Domain::IPV4, "IPv4")?, v6: open(Domain::IPV6, "IPv6")? })
+        let v6 = match open(Domain::IPV6, "IPv6") {
+            Ok(s) => Some(s),
+            Err(KernelTxError::Open { source, .. }) if source.raw_os_error() == Some(libc::EAFNOSUPPORT) => None,
+            Err(e) => return Err(e),
+        };
+        Ok(Self { v4: open(Domain::IPV4, "IPv4")?, v6 })
+    }
+
+    /// Whether IPv6 packets can be sent (the kernel has IPv6).
+    pub fn has_ipv6(&self) -> bool {
+        self.v6.is_some()
     }
 
     /// Hands one IP packet (from its version nibble to its end) to the
@@ -74,7 +92,9 @@ impl KernelTx {
     pub fn send(&self, packet: &[u8]) -> Result<(), KernelTxError> {
         let (sock, to) = match destination(packet)? {
             IpAddr::V4(d) => (&self.v4, SockAddr::from(SocketAddrV4::new(d, 0))),
-            IpAddr::V6(d) => (&self.v6, SockAddr::from(SocketAddrV6::new(d, 0, 0, 0))),
+            IpAddr::V6(d) => {
+                (self.v6.as_ref().ok_or(KernelTxError::NoIpv6)?, SockAddr::from(SocketAddrV6::new(d, 0, 0, 0)))
+            }
         };
         sock.send_to(packet, &to).map(|_| ()).map_err(KernelTxError::Send)
     }

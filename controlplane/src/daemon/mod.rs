@@ -365,6 +365,9 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
         // kernel (kernel_tx.rs); one pair of raw sockets per worker.
         let kernel =
             KernelTx::open().map_err(|e| start_err(format!("worker {queue}'s kernel hand-off"))(e.to_string()))?;
+        if !kernel.has_ipv6() && queue == 0 {
+            tracing::warn!("the kernel has no IPv6: replies to IPv6 pods behind a tunnel cannot be handed to it");
+        }
         let handler = EngineHandler::new(
             &engine,
             on.iter().map(|i| i.ifindex).collect(),
