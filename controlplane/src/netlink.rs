@@ -40,8 +40,11 @@
 //! Only the main table (254) and unicast routes are mirrored; of several
 //! routes to one prefix the lowest metric wins; of a multipath route the
 //! first next hop is used. Only *driven* interfaces (the ones the gateway
-//! serves with AF_XDP) appear in the `Fib`, so a route through any other
-//! interface gives `NoRoute`, as `fib.rs` documents.
+//! serves with AF_XDP) appear in the `Fib` as interfaces; every other link
+//! is a *kernel link* (its index and MTU only), so a route through it gives
+//! `NextHop::Kernel`: an overlay's tunnel device (`flannel.1`,
+//! `vxlan.calico`, `tunl0`), to which the engine hands translated packets
+//! to pods through the kernel, as `fib.rs` documents.
 
 use std::collections::HashMap;
 use std::io;
@@ -307,8 +310,12 @@ impl KernelState {
     /// mirrored route (lowest metric per prefix) and neighbour.
     pub fn fib(&self, driven: &[String]) -> Fib {
         let mut fib = Fib::new();
-        for l in self.links.values().filter(|l| driven.contains(&l.name)) {
-            fib.add_interface(Interface { ifindex: l.ifindex, name: l.name.clone(), mac: l.mac, mtu: l.mtu });
+        for l in self.links.values() {
+            if driven.contains(&l.name) {
+                fib.add_interface(Interface { ifindex: l.ifindex, name: l.name.clone(), mac: l.mac, mtu: l.mtu });
+            } else {
+                fib.add_kernel_link(l.ifindex, l.mtu);
+            }
         }
         let mut best: HashMap<(IpAddr, u8), (u32, Route)> = HashMap::new();
         for (k, r) in &self.routes {
@@ -819,8 +826,13 @@ mod tests {
             NeighbourState::Failed
         ))));
         assert!(matches!(s.fib(&driven).next_hop(dst), NextHop::Unresolved { .. }));
-        // Removing the better route leaves the one through an interface Egret does not drive.
+        // Removing the better route leaves the one through a link Egret
+        // does not drive: the kernel's (an overlay's tunnel, say).
         assert!(s.apply(&RouteNetlinkMessage::DelRoute(route(Ipv4Addr::UNSPECIFIED, 0, 2, Some(gw), 100))));
+        assert_eq!(s.fib(&driven).next_hop(dst), NextHop::Kernel { oif: 3 });
+        assert_eq!(s.fib(&driven).kernel_link_mtu(3), Some(1500));
+        // Through a link the state never heard of: no route.
+        assert!(s.apply(&RouteNetlinkMessage::NewRoute(route(Ipv4Addr::UNSPECIFIED, 0, 7, None, 50))));
         assert_eq!(s.fib(&driven).next_hop(dst), NextHop::NoRoute);
     }
 

@@ -687,3 +687,75 @@ fn one_arm_uses_xdp_tx_and_matches_the_engine() {
     }
     assert_eq!(hits, 3, "after the first reply, every packet is translated in XDP");
 }
+
+/// The overlay return path (ADR 0008): with the pods' /24 behind a link
+/// Egret does not drive (flannel's `198.18.0.0/24 via 198.18.0.0 dev
+/// flannel.1 onlink`), the offload manager refuses pod A's confirmed
+/// session (`refused_kernel_route`), so the program translates neither of
+/// its directions: every frame misses the fast path and goes to the
+/// workers, whose engine hands the replies to the kernel. Pod C, natively
+/// routed, in the same run: installed, and translated in XDP byte for byte
+/// as the engine does.
+#[test]
+fn sessions_to_pods_behind_a_tunnel_stay_out_of_the_fast_path() {
+    use egret_dataplane::fib::Route;
+    use fixtures::{from_outside, from_pod, udp, E1, E2, POD_A, POD_C, SERVER};
+    use std::sync::atomic::Ordering;
+    let _ns = Ns::enter("d");
+    let mut fib = fixtures::topology();
+    fib.add_kernel_link(9, 1450).add_route(
+        IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)),
+        24,
+        Route { oif: 9, gateway: Some(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0))) },
+    );
+    let mut r = rig(&fixtures::base_spec(), fib);
+    let process = |r: &mut Rig, frame: &[u8], ingress: u32, at: u64| {
+        let mut buf = vec![0u8; FRAME_BUFFER];
+        buf[..frame.len()].copy_from_slice(frame);
+        let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
+        let v = r.worker.process(&mut buf, frame.len(), meta, Timestamp::from_secs(at));
+        (v, buf)
+    };
+    let (mut c_hits, mut a_kernel) = (0, 0);
+    for k in 0..4u64 {
+        // Pod A (behind the tunnel) and pod C (native): a query, then its answer.
+        for (pod, egress, port) in [(POD_A, E1, 40000u16), (POD_C, E2, 40001)] {
+            r.manager.run_once();
+            let out = from_pod(IpAddr::V4(pod), IpAddr::V4(SERVER), udp(port, 53, b"q")).frame();
+            let w = want(&r.engine, &out);
+            let (v, buf) = process(&mut r, &out, INSIDE, k);
+            let Verdict::Forward { ifindex, len } = v else { panic!("{pod} query {k}: the engine gave {v:?}") };
+            if let Some(e) =
+                check_bpf(&r.program, &format!("{pod} query {k}"), &out, INSIDE, w, Some((ifindex, &buf[..len])))
+            {
+                panic!("{e}");
+            }
+            let eport = u16::from_be_bytes([buf[34], buf[35]]);
+            r.manager.run_once();
+            let back = from_outside(IpAddr::V4(SERVER), IpAddr::V4(egress), udp(53, eport, b"a")).frame();
+            let w = want(&r.engine, &back);
+            let (v, buf) = process(&mut r, &back, OUTSIDE, k);
+            let expected = match v {
+                Verdict::Forward { ifindex, len } => Some((ifindex, &buf[..len])),
+                Verdict::ToKernel { .. } if pod == POD_A => {
+                    a_kernel += 1;
+                    None
+                }
+                other => panic!("{pod} answer {k}: the engine gave {other:?}"),
+            };
+            if pod == POD_A {
+                assert_eq!(w, Want::Reason(F::Miss), "pod A's session is never in the fast path");
+            } else if w == Want::Hit {
+                c_hits += 1;
+            }
+            if let Some(e) = check_bpf(&r.program, &format!("{pod} answer {k}"), &back, OUTSIDE, w, expected) {
+                panic!("{e}");
+            }
+        }
+    }
+    let stats = &r.fp.stats;
+    assert_eq!(a_kernel, 4, "every answer to pod A went to the kernel");
+    assert_eq!(stats.refused_kernel_route.load(Ordering::Relaxed), 1, "pod A's session refused once");
+    assert_eq!(stats.installed.load(Ordering::Relaxed), 1, "pod C's session installed");
+    assert!(c_hits >= 2, "pod C's later answers are translated in XDP ({c_hits})");
+}

@@ -18,7 +18,10 @@
 //!    endpoint-independent filtering) or leaves the frame to the kernel;
 //! 6. hairpinning: a pod's packet to an egress IP and port is translated
 //!    again, as the packet arriving there;
-//! 7. TTL, then the L2 next hop from the forwarding snapshot.
+//! 7. TTL, then the L2 next hop from the forwarding snapshot; a translated
+//!    packet to a pod whose route leaves through a link Egret does not
+//!    drive (an overlay's tunnel) is handed to the kernel instead
+//!    ([`Verdict::ToKernel`]).
 //!
 //! Before all that, [`Ctx::established_v4`] tries the case that makes up
 //! nearly all traffic: a plain IPv4 TCP/UDP packet of an established
@@ -107,6 +110,21 @@ pub enum Verdict {
     },
     /// Not Egret's: the kernel's.
     Pass,
+    /// Translated, to a pod whose route leaves through a link Egret does
+    /// not drive (an overlay's tunnel device, `Fib`'s
+    /// [`NextHop::Kernel`]): the caller hands the IP packet, `buf[l3..end]`
+    /// (TTL already decremented, addresses and checksums translated), to
+    /// the gateway's kernel, whose routing and encapsulation deliver it
+    /// (docs/adr/0008-overlay-return-through-the-kernel.md). Only
+    /// translated packets towards a pod get this verdict; anything else on
+    /// such a route is dropped as `no_route`. Counted by the caller
+    /// (`to_kernel`, or `kernel_send_failed`).
+    ToKernel {
+        /// Offset of the IP header in the frame.
+        l3: usize,
+        /// End of the IP packet in the frame.
+        end: usize,
+    },
     /// Dropped and counted.
     Drop(DropReason),
     /// Translated, but the next hop's MAC is not known yet (resolution
@@ -556,7 +574,9 @@ impl Worker {
                 now,
             };
             match ctx.process(buf, len, meta, now) {
-                Verdict::Forward { len: out, .. } | Verdict::Answer { len: out }
+                Verdict::Forward { len: out, .. }
+                | Verdict::Answer { len: out }
+                | Verdict::ToKernel { end: out, .. }
                     if fenced && shared.ownership.frame_expired(&buf[..out.min(buf.len())], now) =>
                 {
                     Verdict::Drop(DropReason::OwnershipExpired)
@@ -569,8 +589,9 @@ impl Worker {
             Verdict::Answer { .. } => stats.answered.inc(),
             Verdict::Pass => stats.passed.inc(),
             Verdict::Drop(r) => stats.dropped(r),
-            // Counted by the holder: queued, then sent or dropped.
-            Verdict::Hold { .. } => {}
+            // Counted by the holder: queued, then sent or dropped; or by
+            // whoever hands the packet to the kernel.
+            Verdict::Hold { .. } | Verdict::ToKernel { .. } => {}
         }
         v
     }
@@ -723,7 +744,7 @@ impl Ctx<'_> {
                 Ok(t) => {
                     self.stats.event(Event::IcmpErrorTranslated);
                     self.stats.traffic(t.session.policy_slot, t.direction, len);
-                    self.forward(buf, len, &p)
+                    self.forward(buf, len, &p, t.direction == Direction::Inbound)
                 }
                 Err(Some(r)) => Verdict::Drop(r),
                 Err(None) => Verdict::Pass,
@@ -782,6 +803,8 @@ impl Ctx<'_> {
         }
         self.account(nat, &view, dir, tcp_flags, seg.as_ref(), secs, len);
         let orig = (p.src, p.dst);
+        // Whether the packet, once translated, goes to a pod.
+        let mut to_pod = dir == Direction::Inbound;
         rewrite::translate(buf, &mut p, dir, &view.tuple, view.deltas, partial);
         if partial {
             self.stats.event(Event::PartialChecksumCompleted);
@@ -806,6 +829,7 @@ impl Ctx<'_> {
             self.account(nat, &view2, Direction::Inbound, tcp_flags, seg.as_ref(), secs, len);
             rewrite::translate(buf, &mut p, Direction::Inbound, &view2.tuple, view2.deltas, false);
             self.stats.event(Event::Hairpinned);
+            to_pod = true;
         }
 
         if let Frag::First { ident, key_proto } = p.frag {
@@ -815,7 +839,7 @@ impl Ctx<'_> {
                 return Verdict::Drop(DropReason::FragmentCacheFull);
             }
         }
-        self.forward(buf, len, &p)
+        self.forward(buf, len, &p, to_pod)
     }
 
     /// The common case in one straight pass: an untagged IPv4 frame without
@@ -1215,7 +1239,7 @@ impl Ctx<'_> {
                 rewrite::translate_addresses(buf, p, tr.new_src, tr.new_dst);
                 self.stats.event(Event::FragmentTranslated);
                 self.stats.traffic(tr.policy_slot, tr.direction, len);
-                self.forward(buf, len, p)
+                self.forward(buf, len, p, tr.direction == Direction::Inbound)
             }
             None => {
                 let ours = self.tables.owns_egress(p.dst.ip())
@@ -1229,31 +1253,40 @@ impl Ctx<'_> {
         }
     }
 
-    /// TTL, then the L2 next hop.
+    /// TTL, then the L2 next hop. `to_pod`: the packet is a translated one
+    /// going to a pod, which may leave through a link Egret does not drive
+    /// (an overlay's tunnel), handed to the kernel ([`Verdict::ToKernel`]).
     #[inline]
-    fn forward<A: Family>(&mut self, buf: &mut [u8], len: usize, p: &IpPacket<A>) -> Verdict {
+    fn forward<A: Family>(&mut self, buf: &mut [u8], len: usize, p: &IpPacket<A>, to_pod: bool) -> Verdict {
         if p.hop_limit <= 1 {
             return Verdict::Drop(DropReason::TtlExceeded);
         }
         // What `undeliverable` did not see (later fragments, ICMP errors,
         // hairpinned packets) is dropped without an error when too large.
-        if self.egress_mtu(p.end - p.l3, p.dst.ip()).is_some() {
+        if self.egress_mtu(p.end - p.l3, p.dst.ip(), to_pod).is_some() {
             return Verdict::Drop(DropReason::MtuExceeded);
         }
         A::decrement_hop_limit(&mut buf[p.l3..]);
-        self.via_next_hop(buf, len, p.dst.ip())
+        // To the kernel, the kernel routes it as it routes its own
+        // packets: it does not decrement the TTL of a packet it sends (done
+        // above, as the router this gateway is) and refuses one larger
+        // than the link's MTU (checked above too, with the kernel link's
+        // MTU, so the sender gets the error a router owes it).
+        self.via_next_hop(buf, len, p.dst.ip(), to_pod.then_some((p.l3, p.end)))
     }
 
     /// The egress link's MTU when a datagram of `ip_len` bytes to `to` is
     /// larger than it (`None` when it fits or the route is unknown: the
-    /// next-hop lookup then says why).
+    /// next-hop lookup then says why). `to_pod`: a translated packet to a
+    /// pod, for which a kernel link (an overlay's tunnel) is a way out too.
     #[inline]
-    fn egress_mtu(&self, ip_len: usize, to: IpAddr) -> Option<u32> {
+    fn egress_mtu(&self, ip_len: usize, to: IpAddr, to_pod: bool) -> Option<u32> {
         let ip_len = u32::try_from(ip_len).unwrap_or(u32::MAX);
         if ip_len <= self.fib.min_mtu() {
             return None;
         }
-        let mtu = self.fib.mtu(self.fib.route(to)?.oif)?;
+        let oif = self.fib.route(to)?.oif;
+        let mtu = self.fib.mtu(oif).or_else(|| to_pod.then(|| self.fib.kernel_link_mtu(oif)).flatten())?;
         (ip_len > mtu).then_some(mtu)
     }
 
@@ -1288,7 +1321,7 @@ impl Ctx<'_> {
                 Direction::Outbound => p.dst.ip(),
                 Direction::Inbound => view.tuple.pod.ip(),
             };
-            ErrorKind::TooBig { mtu: self.egress_mtu(p.end - p.l3, to)? }
+            ErrorKind::TooBig { mtu: self.egress_mtu(p.end - p.l3, to, dir == Direction::Inbound)? }
         };
         let reason = match kind {
             ErrorKind::TimeExceeded => DropReason::TtlExceeded,
@@ -1315,11 +1348,14 @@ impl Ctx<'_> {
         // counted as forwarded).
         self.stats.dropped(reason);
         self.stats.event(Event::IcmpErrorSent);
-        Some(self.via_next_hop(buf, len, p.src.ip()))
+        Some(self.via_next_hop(buf, len, p.src.ip(), None))
     }
 
     /// The L2 next hop of a frame to `dst`, whose IP part is ready to send.
-    fn via_next_hop(&mut self, buf: &mut [u8], len: usize, dst: IpAddr) -> Verdict {
+    /// `kernel`: the IP packet's bounds in the frame when it may be handed
+    /// to the kernel (a translated packet to a pod), for a route through a
+    /// link Egret does not drive.
+    fn via_next_hop(&mut self, buf: &mut [u8], len: usize, dst: IpAddr, kernel: Option<(usize, usize)>) -> Verdict {
         match self.next_hops.lookup(self.fib, &self.shared.neighbor_use, dst, self.secs) {
             NextHop::Resolved { oif, src_mac, dst_mac } => {
                 let mut f = ethernet::Frame::new_unchecked(&mut buf[..len]);
@@ -1335,6 +1371,11 @@ impl Ctx<'_> {
                     Verdict::Drop(DropReason::NeighborUnresolved)
                 }
             }
+            NextHop::Kernel { .. } => match kernel {
+                Some((l3, end)) => Verdict::ToKernel { l3, end },
+                // Only a translated packet to a pod may go that way.
+                None => Verdict::Drop(DropReason::NoRoute),
+            },
             NextHop::NoRoute => Verdict::Drop(DropReason::NoRoute),
         }
     }
@@ -1423,9 +1464,17 @@ mod tests {
                 s.spec.egress_ips.iter().map(|e| e.ip).chain(s.spec.neighbor_addresses.iter().copied()).collect();
             let judge = Ownership::default();
             judge.expire(&owned);
-            for expired in [false, true] {
+            // Also with the pods behind an overlay's tunnel, where their
+            // replies (and hairpinned packets, from an egress IP) go to the
+            // kernel (ADR 0008).
+            for (expired, fib) in [
+                (false, fixtures::topology()),
+                (true, fixtures::topology()),
+                (false, fixtures::overlay_topology()),
+                (true, fixtures::overlay_topology()),
+            ] {
                 let engine = Engine::new(&s.spec).expect("fixture config");
-                engine.publish_fib(fixtures::topology());
+                engine.publish_fib(fib);
                 if expired {
                     engine.ownership().expire(&owned);
                 }
@@ -1438,7 +1487,9 @@ mod tests {
                     let received_owned = judge.frame_expired(&st.frame, now);
                     let v = w.process(&mut buf, st.frame.len(), meta, now);
                     let sent_owned = match v {
-                        Verdict::Forward { len, .. } | Verdict::Answer { len } => judge.frame_expired(&buf[..len], now),
+                        Verdict::Forward { len, .. } | Verdict::Answer { len } | Verdict::ToKernel { end: len, .. } => {
+                            judge.frame_expired(&buf[..len], now)
+                        }
                         _ => false,
                     };
                     if expired {

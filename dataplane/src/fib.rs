@@ -19,6 +19,14 @@
 //! hops they send to (a relaxed store at most once a second per next hop);
 //! the daemon reads the stamps and confirms those entries to the kernel
 //! (netlink.rs), as the kernel's own output path would.
+//!
+//! A route through an interface Egret does not drive (a *kernel link*: an
+//! overlay's tunnel device such as flannel's `flannel.1`, Calico's
+//! `vxlan.calico` or `tunl0`) gives [`NextHop::Kernel`]: the engine hands a
+//! translated packet to a pod there to the gateway's kernel, whose own
+//! encapsulation carries it (docs/adr/0008-overlay-return-through-the-kernel.md);
+//! anything else on such a route is dropped as `no_route`. The kernel links'
+//! MTUs are kept so that the engine's MTU check covers that path too.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -71,7 +79,14 @@ pub enum NextHop {
         /// The next hop's address.
         addr: IpAddr,
     },
-    /// No route, or a route through an interface Egret does not drive.
+    /// The route leaves through `oif`, a link the gateway's kernel has
+    /// and Egret does not drive (an overlay's tunnel device): only the
+    /// kernel can send there.
+    Kernel {
+        /// Output interface (the kernel's).
+        oif: u32,
+    },
+    /// No route, or a route through an interface nobody told the Fib about.
     NoRoute,
 }
 
@@ -80,14 +95,16 @@ pub enum NextHop {
 pub struct Fib {
     generation: u64,
     interfaces: AHashMap<u32, Interface>,
+    /// Links Egret does not drive, by index: their MTUs.
+    kernel_links: AHashMap<u32, u32>,
     routes_v4: Lpm<Ipv4Addr, Route>,
     routes_v6: Lpm<Ipv6Addr, Route>,
     neighbors: AHashMap<(u32, IpAddr), Mac>,
     /// The gateway's own addresses, by interface: the source of the ICMP
     /// errors it originates as a router (RFC 1812 4.3.2.4).
     addresses: Vec<(u32, IpAddr)>,
-    /// The smallest MTU of any interface (0 with none): a datagram no
-    /// larger needs no per-interface MTU lookup.
+    /// The smallest MTU of any interface, driven or kernel link (0 with
+    /// none): a datagram no larger needs no per-interface MTU lookup.
     min_mtu: u32,
 }
 
@@ -111,9 +128,26 @@ impl Fib {
 
     /// Adds or replaces an interface.
     pub fn add_interface(&mut self, iface: Interface) -> &mut Self {
+        self.kernel_links.remove(&iface.ifindex);
         self.interfaces.insert(iface.ifindex, iface);
-        self.min_mtu = self.interfaces.values().map(|i| i.mtu).min().unwrap_or(0);
+        self.update_min_mtu();
         self
+    }
+
+    /// Adds or replaces a link the gateway's kernel has and Egret does not
+    /// drive (ignored for a driven interface): routes through it give
+    /// [`NextHop::Kernel`].
+    pub fn add_kernel_link(&mut self, ifindex: u32, mtu: u32) -> &mut Self {
+        if !self.interfaces.contains_key(&ifindex) {
+            self.kernel_links.insert(ifindex, mtu);
+            self.update_min_mtu();
+        }
+        self
+    }
+
+    fn update_min_mtu(&mut self) {
+        let driven = self.interfaces.values().map(|i| i.mtu);
+        self.min_mtu = driven.chain(self.kernel_links.values().copied()).min().unwrap_or(0);
     }
 
     /// Adds one of the gateway's own addresses on interface `ifindex`.
@@ -131,10 +165,16 @@ impl Fib {
         self.min_mtu
     }
 
-    /// The MTU of interface `ifindex`, if known.
+    /// The MTU of interface `ifindex`, if it is one Egret drives.
     #[inline]
     pub fn mtu(&self, ifindex: u32) -> Option<u32> {
         self.interfaces.get(&ifindex).map(|i| i.mtu)
+    }
+
+    /// The MTU of kernel link `ifindex` (one Egret does not drive), if known.
+    #[inline]
+    pub fn kernel_link_mtu(&self, ifindex: u32) -> Option<u32> {
+        self.kernel_links.get(&ifindex).copied()
     }
 
     /// The address a packet the gateway originates towards `dst` leaves
@@ -213,7 +253,12 @@ impl Fib {
     #[inline]
     pub fn next_hop_via(&self, dst: IpAddr) -> (NextHop, Option<(u32, IpAddr)>) {
         let Some(route) = self.route(dst) else { return (NextHop::NoRoute, None) };
-        let Some(iface) = self.interfaces.get(&route.oif) else { return (NextHop::NoRoute, None) };
+        let Some(iface) = self.interfaces.get(&route.oif) else {
+            if self.kernel_links.contains_key(&route.oif) {
+                return (NextHop::Kernel { oif: route.oif }, None);
+            }
+            return (NextHop::NoRoute, None);
+        };
         let via = route.gateway.unwrap_or(dst);
         let hop = match self.neighbors.get(&(route.oif, via)) {
             Some(mac) => NextHop::Resolved { oif: route.oif, src_mac: iface.mac, dst_mac: *mac },
@@ -341,6 +386,24 @@ mod tests {
         let mut g = f.clone();
         g.remove_neighbor(2, "203.0.113.1".parse().unwrap());
         assert_eq!(g.unresolved_gateways(), vec![(2, "203.0.113.1".parse().unwrap())]);
+    }
+
+    /// A route through a link the kernel has and Egret does not drive (an
+    /// overlay's tunnel) is the kernel's; its MTU lowers the smallest MTU;
+    /// a link that becomes driven is no longer the kernel's.
+    #[test]
+    fn routes_through_kernel_links_are_the_kernels() {
+        let mut f = fib();
+        let pod: IpAddr = "198.18.1.5".parse().unwrap();
+        assert_eq!(f.next_hop(pod), NextHop::NoRoute, "link 9 unknown");
+        f.add_kernel_link(9, 1450);
+        assert_eq!(f.next_hop_via(pod), (NextHop::Kernel { oif: 9 }, None));
+        assert_eq!((f.min_mtu(), f.mtu(9), f.kernel_link_mtu(9)), (1450, None, Some(1450)));
+        f.add_kernel_link(2, 1400);
+        assert_eq!((f.kernel_link_mtu(2), f.min_mtu()), (None, 1450), "a driven interface is never a kernel link");
+        f.add_interface(Interface { ifindex: 9, name: "eth9".into(), mac: [2, 0, 0, 0, 0, 9], mtu: 1500 });
+        assert_eq!(f.next_hop(pod), NextHop::Unresolved { oif: 9, addr: pod });
+        assert_eq!((f.kernel_link_mtu(9), f.min_mtu()), (None, 1500));
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //!   state, expiry, fragments, ICMP errors, the rewrite itself.
 //! - [`neigh_responder`]: ARP and NDP answers for owned addresses.
 //! - [`engine`]: the per-frame pipeline and its verdicts.
+//! - [`kernel_tx`]: translated packets to pods behind an overlay's tunnel,
+//!   handed to the gateway's kernel (raw sockets).
 //! - [`stats`]: named drop reasons and per-worker counters.
 //! - [`xsk`]: AF_XDP sockets, rings and UMEM (the crate's only unsafe code).
 //! - [`worker`]: the worker loop that moves frames between AF_XDP and the engine.
@@ -32,6 +34,7 @@ pub mod fib;
 pub mod fixtures;
 pub mod icmp_gen;
 pub mod ingress;
+pub mod kernel_tx;
 pub mod lpm;
 pub mod nat;
 pub mod neigh_responder;

@@ -151,6 +151,10 @@ named_enum! {
         /// (beyond its burst) on this worker: its new flow is dropped, its
         /// existing sessions are untouched (nat/flow_rate.rs).
         NewFlowRateLimited => "new_flow_rate_limited",
+        /// A translated packet to a pod behind a link Egret does not drive
+        /// (an overlay's tunnel) that the gateway's kernel refused
+        /// (kernel_tx.rs: over the route's MTU, send buffer full, no route).
+        KernelSendFailed => "kernel_send_failed",
     }
 }
 
@@ -198,6 +202,10 @@ named_enum! {
         /// A TCP RST outside the session's receive window: passed on without
         /// closing the session (RFC 5961 3.2).
         TcpRstOutOfWindow => "tcp_rst_out_of_window",
+        /// A translated packet to a pod whose route leaves through a link
+        /// Egret does not drive (an overlay's tunnel device) was handed to
+        /// the gateway's kernel, which encapsulates it (kernel_tx.rs).
+        ToKernel => "to_kernel",
     }
 }
 

@@ -11,6 +11,7 @@
 //!       else take up to min(batch, room) frames, handler.handle() each,
 //!            Transmit -> stage on the chosen port's TX ring (same UMEM: no copy)
 //!            Drop     -> frame back to the pool
+//!            Consumed -> frame back to the pool (its packet went to the kernel)
 //!            Hold     -> the frame waits in the hold queue of its next hop
 //!  held frames: past the timeout -> pool (counted); then, oldest first per
 //!       next hop and within TX room, handler.release() each: sent, dropped,
@@ -66,6 +67,9 @@ pub enum Action {
     Transmit { port: PortId, len: usize },
     /// Return the frame to the pool.
     Drop,
+    /// The handler used the frame's contents itself (handed them to the
+    /// kernel): return it to the pool, not counted as dropped.
+    Consumed,
     /// Keep `buf[..len]` until its next hop `key` resolves
     /// ([`FrameHandler::release`]), or it times out.
     Hold { key: HoldKey, len: usize },
@@ -574,6 +578,7 @@ impl<H: FrameHandler> Worker<H> {
                     self.ports.recycle(frame);
                     dropped += 1;
                 }
+                Action::Consumed => self.ports.recycle(frame),
                 Action::Hold { key, len } => {
                     if let Some(old) = self.held.push(key, frame, len, now) {
                         self.ports.recycle(old);

@@ -161,6 +161,31 @@ pub fn http(ns: &NetNs, to: SocketAddr, path: &str, body_len: usize) -> Result<R
     Ok(Reply { seen, local, rest })
 }
 
+/// A download of `bytes` bytes from the server's HTTP port
+/// (`GET /download/<bytes>`): what the server saw, and how many bytes came
+/// after its `saw` line.
+pub fn download(ns: &NetNs, to: SocketAddr, bytes: usize) -> Result<(Reply, usize)> {
+    let mut s = tcp_connect(ns, to, Duration::from_secs(5))?;
+    let local = s.local_addr().map_err(|e| LabError::io("TCP local address", e))?;
+    let io = |what: &str, e| LabError::io(format!("download {what} {to} from {local}"), e);
+    let head = format!("GET /download/{bytes} HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n\r\n");
+    s.write_all(head.as_bytes()).map_err(|e| io("request to", e))?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).map_err(|e| io("read from", e))?;
+    let unexpected = || LabError::Unexpected {
+        from: to.to_string(),
+        got: String::from_utf8_lossy(&answer[..answer.len().min(300)]).into_owned(),
+    };
+    let body = answer.windows(4).position(|w| w == b"\r\n\r\n").map(|i| &answer[i + 4..]).ok_or_else(unexpected)?;
+    let line_end = body.iter().position(|&b| b == b'\n').ok_or_else(unexpected)?;
+    let (seen, rest) = parse_saw(&String::from_utf8_lossy(&body[..=line_end])).ok_or_else(unexpected)?;
+    let filler = &body[line_end + 1..];
+    if filler.iter().any(|&b| b != b'y') {
+        return Err(unexpected());
+    }
+    Ok((Reply { seen, local, rest }, filler.len()))
+}
+
 /// A long-lived TCP line-echo connection (server port 7).
 #[derive(Debug)]
 pub struct TcpSession {

@@ -4,7 +4,8 @@
 //! - HTTP on TCP port 80 (v4 and v6): any request gets
 //!   `saw <src> <method> <path> received=<body bytes>\n` and the connection
 //!   closes; a request body (`Content-Length`) is read and counted, so a
-//!   large upload exercises path MTU discovery.
+//!   large upload exercises path MTU discovery. `GET /download/<n>` adds
+//!   `n` bytes (`y`, at most [`MAX_DOWNLOAD`]) after that line: a download.
 //! - Line echo on TCP port 7: each line `L` gets `saw <src> L\n`; the
 //!   connection stays open (the reload test keeps one alive).
 //! - UDP echo on port 7 of each server address: a datagram `P` gets
@@ -292,6 +293,9 @@ fn read_some(conn: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool, idle: Dura
     None
 }
 
+/// The largest download `GET /download/<n>` serves.
+pub const MAX_DOWNLOAD: usize = 64 << 20;
+
 fn http_conn(mut conn: TcpStream, stop: &AtomicBool, journal: &Journal) {
     let Some((src, dst)) = addrs(&conn) else { return };
     let idle = Duration::from_secs(30);
@@ -324,11 +328,21 @@ fn http_conn(mut conn: TcpStream, stop: &AtomicBool, journal: &Journal) {
     }
     journal.record(Seen { proto: Proto::Tcp, src, dst, token: path.clone() });
     let body = format!("saw {src} {method} {path} received={received}\n");
+    let download = path.strip_prefix("/download/").and_then(|n| n.parse().ok()).unwrap_or(0usize).min(MAX_DOWNLOAD);
     let reply = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
+        body.len() + download
     );
     let _ = conn.write_all(reply.as_bytes());
+    let filler = vec![b'y'; 64 * 1024];
+    let mut left = download;
+    while left > 0 {
+        let n = left.min(filler.len());
+        if conn.write_all(&filler[..n]).is_err() {
+            break;
+        }
+        left -= n;
+    }
     let _ = conn.shutdown(std::net::Shutdown::Write);
     // Drain until the client closes, so the close is orderly (no RST).
     while read_some(&mut conn, &mut chunk, stop, Duration::from_secs(5)).is_some() {}

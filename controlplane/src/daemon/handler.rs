@@ -7,6 +7,7 @@
 //! | `Answer` | transmit on the receiving port |
 //! | `Pass` | drop, counted `misdirected`: the XDP program steered a frame the engine says is the kernel's |
 //! | `Drop(reason)` | drop (the engine counted the reason) |
+//! | `ToKernel { l3, end }` | the IP packet is sent on a raw socket (`egret_dataplane::kernel_tx`), counted `to_kernel`; refused by the kernel: counted `kernel_send_failed`. The frame goes back to the pool |
 //! | `Hold { ifindex, next_hop }` | held by the worker until the next hop resolves (`neighbor_queued`; then `neighbor_queue_sent`, or `neighbor_queue_overflow` / `neighbor_queue_timeout`) |
 //!
 //! `tick` runs the engine's bounded expiry sweep every [`SWEEP_EVERY`];
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use egret_dataplane::clock::Timestamp;
 use egret_dataplane::engine::{Engine, Release, RxMeta, Verdict, Worker as EngineWorker};
+use egret_dataplane::kernel_tx::KernelTx;
 use egret_dataplane::neigh_responder::{gratuitous_arp, unsolicited_na};
 use egret_dataplane::stats::{DropReason, Event};
 use egret_dataplane::wire::ethernet::EthernetAddress;
@@ -68,6 +70,7 @@ pub struct EngineHandler {
     sweep_budget: u32,
     stats: Arc<HandlerStats>,
     announce: Option<AnnounceQueue>,
+    kernel: KernelTx,
 }
 
 impl std::fmt::Debug for EngineHandler {
@@ -78,7 +81,9 @@ impl std::fmt::Debug for EngineHandler {
 
 impl EngineHandler {
     /// A handler for ports bound to `ports` (ifindexes in port order); only
-    /// the handler given `announce` sends announcements.
+    /// the handler given `announce` sends announcements; `kernel` takes the
+    /// translated packets to pods behind links Egret does not drive.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         engine: &Engine,
         ports: Vec<u32>,
@@ -86,6 +91,7 @@ impl EngineHandler {
         workers: u32,
         stats: Arc<HandlerStats>,
         announce: Option<AnnounceQueue>,
+        kernel: KernelTx,
     ) -> Self {
         let capacity = engine.nat4().sessions.capacity() as u64;
         let sweeps = (SWEEP_PERIOD.as_millis() / SWEEP_EVERY.as_millis()).max(1) as u64;
@@ -103,6 +109,7 @@ impl EngineHandler {
             sweep_budget: budget,
             stats,
             announce,
+            kernel,
         }
     }
 
@@ -137,6 +144,17 @@ impl FrameHandler for EngineHandler {
                 Action::Drop
             }
             Verdict::Drop(_) => Action::Drop,
+            Verdict::ToKernel { l3, end } => {
+                let sent = buf.get(l3..end).map(|packet| self.kernel.send(packet));
+                let stats = self.worker.stats();
+                if let Some(Ok(())) = sent {
+                    stats.event(Event::ToKernel);
+                    Action::Consumed
+                } else {
+                    stats.dropped(DropReason::KernelSendFailed);
+                    Action::Drop
+                }
+            }
             Verdict::Hold { ifindex, next_hop, len } => match self.port_of(ifindex) {
                 Some(_) => Action::Hold { key: (ifindex, next_hop), len },
                 None => {

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use egret_bpf::{LoadOptions, SteeringProgram, XdpLink};
 use egret_dataplane::engine::Engine;
+use egret_dataplane::kernel_tx::KernelTx;
 use egret_dataplane::worker::{Worker, WorkerConfig};
 use egret_dataplane::xsk::{PortId, PortSpec, SocketConfig, UmemConfig, XskConfig, XskCounters, XskPorts};
 use parking_lot::Mutex;
@@ -360,6 +361,13 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
             ..WorkerConfig::default()
         };
         let handler_stats = Arc::new(HandlerStats::default());
+        // Translated packets to pods behind an overlay's tunnel go to the
+        // kernel (kernel_tx.rs); one pair of raw sockets per worker.
+        let kernel =
+            KernelTx::open().map_err(|e| start_err(format!("worker {queue}'s kernel hand-off"))(e.to_string()))?;
+        if !kernel.has_ipv6() && queue == 0 {
+            tracing::warn!("the kernel has no IPv6: replies to IPv6 pods behind a tunnel cannot be handed to it");
+        }
         let handler = EngineHandler::new(
             &engine,
             on.iter().map(|i| i.ifindex).collect(),
@@ -367,6 +375,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
             nworkers,
             handler_stats.clone(),
             (queue == 0).then(|| announce.clone()),
+            kernel,
         );
         let mut worker = Worker::new(ports, handler, wc, stop.clone())
             .map_err(|e| start_err(format!("worker {queue}"))(e.to_string()))?;

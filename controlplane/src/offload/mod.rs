@@ -22,6 +22,10 @@
 //!  not TCP/UDP ------------------------------> offload_done(false)  not_eligible
 //!  no longer valid under the current tables -> offload_done(false)  refused_invalid
 //!  next hop: no route / table full ----------> offload_done(false)  refused_no_route / refused_next_hops_full
+//!  next hop through a link not driven -------> offload_done(false)  refused_kernel_route
+//!    (an overlay's tunnel: XDP cannot send into it, so the session stays
+//!    in the engine, which hands its packets to the pod to the kernel;
+//!    docs/adr/0008-overlay-return-through-the-kernel.md)
 //!  insert outbound + inbound entries
 //!     map full -------------------------------> undo, offload_done(false)  refused_map_full
 //!  index it, offload_done(true)
@@ -57,7 +61,7 @@ use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use crate::view::FastPathCounters;
 use clock::EngineClock;
-use next_hops::{route_key, HopError, NextHopTable};
+use next_hops::{no_key_because, route_key, HopError, NextHopTable};
 
 /// How often the manager looks for work when idle.
 pub const TICK: Duration = Duration::from_millis(2);
@@ -85,6 +89,9 @@ pub struct FastPathStats {
     pub refused_map_full: AtomicU64,
     /// Not installed: no route to one side.
     pub refused_no_route: AtomicU64,
+    /// Not installed: one side's route leaves through a link the gateway
+    /// does not drive (an overlay's tunnel device).
+    pub refused_kernel_route: AtomicU64,
     /// Not installed: the next-hop table is full.
     pub refused_next_hops_full: AtomicU64,
     /// Not installed: no longer valid under the tables in force.
@@ -399,6 +406,7 @@ impl FastPath {
                 ("installed", &s.installed),
                 ("refused_map_full", &s.refused_map_full),
                 ("refused_no_route", &s.refused_no_route),
+                ("refused_kernel_route", &s.refused_kernel_route),
                 ("refused_next_hops_full", &s.refused_next_hops_full),
                 ("refused_invalid", &s.refused_invalid),
                 ("not_eligible", &s.not_eligible),
@@ -637,7 +645,7 @@ impl OffloadManager {
         let mut ids = [0u32; 2];
         for (d, dst) in destinations(view).into_iter().enumerate() {
             let got = match route_key(fib, dst) {
-                None => Err(HopError::NoRoute),
+                None => Err(no_key_because(fib, dst)),
                 Some(key) => self.acquire(fib, key, now).ok_or(HopError::Full),
             };
             match got {
@@ -647,7 +655,11 @@ impl OffloadManager {
                         self.hops.release(*id, now);
                     }
                     nat.offload_done(view, false);
-                    bump(if e == HopError::NoRoute { &stats.refused_no_route } else { &stats.refused_next_hops_full });
+                    bump(match e {
+                        HopError::NoRoute => &stats.refused_no_route,
+                        HopError::KernelRoute => &stats.refused_kernel_route,
+                        HopError::Full => &stats.refused_next_hops_full,
+                    });
                     return false;
                 }
             }

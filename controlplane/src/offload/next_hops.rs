@@ -36,7 +36,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use egret_bpf::FpNextHop;
-use egret_dataplane::fib::{Fib, NeighborUse};
+use egret_dataplane::fib::{Fib, NeighborUse, NextHop};
 
 /// How long a freed id rests before reuse.
 pub const QUARANTINE: Duration = Duration::from_secs(1);
@@ -47,8 +47,11 @@ pub type HopKey = (u32, IpAddr);
 /// Why a next hop could not be given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HopError {
-    /// No route, or a route through an interface the gateway does not drive.
+    /// No route, or a route through an interface nobody told the Fib about.
     NoRoute,
+    /// A route through a link the gateway does not drive (an overlay's
+    /// tunnel device): XDP cannot send there (no `ndo_xdp_xmit`).
+    KernelRoute,
     /// Every id is in use (`LoadOptions::fast_path_next_hops`).
     Full,
 }
@@ -58,6 +61,16 @@ pub fn route_key(fib: &Fib, dst: IpAddr) -> Option<HopKey> {
     let route = fib.route(dst)?;
     fib.interface(route.oif)?;
     Some((route.oif, route.gateway.unwrap_or(dst)))
+}
+
+/// Why `dst` has no [`route_key`]: its route leaves through a kernel link
+/// (an overlay's tunnel: the engine hands those packets to the kernel, and
+/// XDP cannot send into such a device), or there is no route at all.
+pub fn no_key_because(fib: &Fib, dst: IpAddr) -> HopError {
+    match fib.next_hop(dst) {
+        NextHop::Kernel { .. } => HopError::KernelRoute,
+        _ => HopError::NoRoute,
+    }
 }
 
 /// The table entry for `key` under `fib`: valid when the interface and the
@@ -130,7 +143,7 @@ impl NextHopTable {
     /// for an entry new to the map, the value to write before any session
     /// entry points at it.
     pub fn acquire(&mut self, fib: &Fib, dst: IpAddr, now: Instant) -> Result<(u32, Option<FpNextHop>), HopError> {
-        let key = route_key(fib, dst).ok_or(HopError::NoRoute)?;
+        let key = route_key(fib, dst).ok_or_else(|| no_key_because(fib, dst))?;
         self.acquire_key(fib, key, now)
     }
 
@@ -235,7 +248,10 @@ mod tests {
         let (c, vc) = t.acquire(&f, ip("203.0.113.50"), t0).unwrap_or((99, None));
         assert_eq!((c, vc), (1, Some(FpNextHop::invalid(3))));
         assert_eq!(t.acquire(&f, ip("203.0.113.51"), t0), Err(HopError::Full));
-        assert_eq!(t.acquire(&f, ip("198.18.0.1"), t0), Err(HopError::NoRoute), "interface not driven");
+        assert_eq!(t.acquire(&f, ip("198.18.0.1"), t0), Err(HopError::NoRoute), "interface unknown");
+        let mut overlay = f.clone();
+        overlay.add_kernel_link(9, 1450);
+        assert_eq!(t.acquire(&overlay, ip("198.18.0.1"), t0), Err(HopError::KernelRoute), "an overlay's tunnel");
         t.release(a, t0);
         t.release(c, t0);
         assert_eq!(t.len(), 1);

@@ -37,6 +37,7 @@ mod inbound;
 mod ipv6;
 mod malformed;
 mod neighbors;
+mod overlay;
 mod pmtu;
 mod reload;
 mod restart;
