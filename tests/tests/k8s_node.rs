@@ -45,7 +45,7 @@ use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture};
 use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
 use egret_tests::nodelab::{
-    Agent, Backend, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6, CONTROL, SERVICE_CIDR,
+    Agent, Backend, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6, CONTROL, SERVICE_CIDR, VXLAN_DEVICE,
 };
 use egret_tests::probe::{self, Prober};
 use k8s_common::*;
@@ -55,6 +55,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 const NAME: &str = "k8s_node_agent_steers_selected_pods_past_the_cni_masquerade";
+const OVERLAY: &str = "k8s_node_agent_over_a_vxlan_overlay";
 /// The policy's egress IP (on the segment: its own next hop).
 const EIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 40);
 /// Its IPv6 egress IP.
@@ -69,6 +70,17 @@ fn ms(d: Duration) -> u128 {
 #[test]
 fn k8s_node_agent_steers_selected_pods_past_the_cni_masquerade() {
     run_in_lab(NAME, Backend::Native, scenario);
+}
+
+/// The same cluster over flannel's vxlan backend: the gateways' replies to
+/// the pods leave through `flannel.1`, a device Egret does not drive, so the
+/// gateway hands them to its kernel, which encapsulates them (docs/kubernetes.md,
+/// "Overlay networks"). Each node's selected pod leaves with the egress IP
+/// and gets its answers through the tunnel (the gateway's `flannel.1` sent
+/// and the node's received them); nothing leaves with a pod's address.
+#[test]
+fn k8s_node_agent_over_a_vxlan_overlay() {
+    run_in_lab(OVERLAY, Backend::Vxlan, overlay);
 }
 
 /// Builds the lab over `backend` and its API server, runs `scenario` in the
@@ -303,6 +315,28 @@ fn assert_no_pod_address_left(lab: &NodeLab, capture: Capture) {
         .map(|s| s.to_string())
         .collect();
     assert!(seen.is_empty(), "the server saw pod addresses: {seen:?}");
+}
+
+fn overlay(lab: &NodeLab, server: &ApiServer) {
+    let ctx = bring_up(lab, server);
+    let tunnel = |ns: &egret_tests::netns::NetNs| NodeLab::link_packets(ns, VXLAN_DEVICE).expect("flannel.1 counters");
+    let gws_before: Vec<(u64, u64)> = NodeGw::ALL.iter().map(|g| tunnel(lab.gateway_ns(*g))).collect();
+    let workers_before: Vec<(u64, u64)> = Worker::ALL.iter().map(|w| tunnel(lab.worker(*w))).collect();
+    steady_state(lab, &ctx, false);
+    let gws_after: Vec<(u64, u64)> = NodeGw::ALL.iter().map(|g| tunnel(lab.gateway_ns(*g))).collect();
+    let sent: u64 = gws_after.iter().zip(&gws_before).map(|(a, b)| a.0 - b.0).sum();
+    assert!(sent > 0, "the gateways' replies to the pods left through {VXLAN_DEVICE}: {gws_before:?} -> {gws_after:?}");
+    for (i, w) in Worker::ALL.iter().enumerate() {
+        let after = tunnel(lab.worker(*w));
+        assert!(
+            after.1 > workers_before[i].1,
+            "{} received the replies through {VXLAN_DEVICE}: {:?} -> {after:?}",
+            w.node_name(),
+            workers_before[i]
+        );
+    }
+    println!("k8s-node: overlay: the gateways sent {sent} packets to the pods through {VXLAN_DEVICE}");
+    assert_no_pod_address_left(lab, ctx.capture.expect("the capture"));
 }
 
 fn scenario(lab: &NodeLab, server: &ApiServer) {
