@@ -759,3 +759,46 @@ fn sessions_to_pods_behind_a_tunnel_stay_out_of_the_fast_path() {
     assert_eq!(stats.installed.load(Ordering::Relaxed), 1, "pod C's session installed");
     assert!(c_hits >= 2, "pod C's later answers are translated in XDP ({c_hits})");
 }
+
+/// A route that moves onto a tunnel takes an installed session out of the
+/// fast path: pod A's UDP session is installed and translated in XDP with
+/// the native topology; once the pods' /24 is routed through a kernel link
+/// the manager withdraws it, the program no longer translates its frames,
+/// and the engine hands the answers to the kernel.
+#[test]
+fn a_route_moving_onto_a_tunnel_withdraws_the_session() {
+    use fixtures::{from_outside, from_pod, udp, E1, POD_A, SERVER};
+    use std::sync::atomic::Ordering;
+    let _ns = Ns::enter("e");
+    let mut r = rig(&fixtures::base_spec(), fixtures::topology());
+    let out = from_pod(IpAddr::V4(POD_A), IpAddr::V4(SERVER), udp(40000, 53, b"q")).frame();
+    let back = from_outside(IpAddr::V4(SERVER), IpAddr::V4(E1), udp(53, 40000, b"a")).frame();
+    let process = |r: &mut Rig, frame: &[u8], ingress: u32, at: u64| {
+        let mut buf = vec![0u8; FRAME_BUFFER];
+        buf[..frame.len()].copy_from_slice(frame);
+        let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
+        let v = r.worker.process(&mut buf, frame.len(), meta, Timestamp::from_secs(at));
+        (v, buf)
+    };
+    for (frame, ingress) in [(&out, INSIDE), (&back, OUTSIDE)] {
+        r.manager.run_once();
+        assert!(matches!(process(&mut r, frame, ingress, 0).0, Verdict::Forward { .. }));
+    }
+    r.manager.run_once();
+    let (v, buf) = process(&mut r, &back, OUTSIDE, 1);
+    let Verdict::Forward { ifindex, len } = v else { panic!("native answer: {v:?}") };
+    assert_eq!(want(&r.engine, &back), Want::Hit, "installed");
+    if let Some(e) = check_bpf(&r.program, "native answer", &back, OUTSIDE, Want::Hit, Some((ifindex, &buf[..len]))) {
+        panic!("{e}");
+    }
+    let withdrawn = r.fp.stats.withdrawn.load(Ordering::Relaxed);
+    r.engine.publish_fib(fixtures::overlay_topology());
+    r.manager.run_once();
+    assert_eq!(r.fp.stats.withdrawn.load(Ordering::Relaxed), withdrawn + 1, "withdrawn on the route change");
+    let w = want(&r.engine, &back);
+    assert_eq!(w, Want::Reason(F::Miss), "no longer installed");
+    if let Some(e) = check_bpf(&r.program, "answer behind the tunnel", &back, OUTSIDE, w, None) {
+        panic!("{e}");
+    }
+    assert!(matches!(process(&mut r, &back, OUTSIDE, 2).0, Verdict::ToKernel { .. }));
+}

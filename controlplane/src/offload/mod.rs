@@ -541,7 +541,9 @@ impl OffloadManager {
 
     /// After a route change: points every installed direction whose
     /// (interface, next hop) changed at the new one; sessions that lost
-    /// their route go back to userspace (which drops them as `no_route`).
+    /// their route go back to userspace (which drops them as `no_route`,
+    /// or, when the route to the pod now leaves through a tunnel Egret does
+    /// not drive, hands the replies to the kernel: ADR 0008).
     fn reroute<A: FpFamily>(&mut self, fib: &Fib, now: Instant) {
         for inst in self.fp.installed_sessions::<A>() {
             let mut ids = inst.next_hops;
