@@ -242,3 +242,24 @@ fn every_daemonset_runs_under_the_runtime_default_seccomp_profile() {
         }
     }
 }
+
+/// The gateway configuration the manifests and the chart ship is one the
+/// daemon accepts (`egret check-config`'s loader), with the source guard set.
+#[test]
+fn the_shipped_gateway_configuration_loads() {
+    let manifest: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(deploy().join("manifests/20-configmap.yaml")).unwrap()).unwrap();
+    let values: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(deploy().join("helm/egret/values.yaml")).unwrap()).unwrap();
+    let dir = std::env::temp_dir().join(format!("egret-shipped-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shipped = scalar(&manifest["data"]["gateway.yaml"]);
+    for (name, text) in [("manifest", shipped), ("chart", scalar(lookup(&values, "config")))] {
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        let cfg = egret_controlplane::config::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let k = cfg.kubernetes.unwrap_or_else(|| panic!("{name}: Kubernetes mode"));
+        assert!(!k.cluster_pod_cidrs.is_empty(), "{name}: clusterPodCIDRs is set");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
