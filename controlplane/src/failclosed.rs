@@ -88,7 +88,7 @@ fn bounds<A: LpmAddr>(p: &Prefix<A>) -> (u128, u128) {
 /// nftables interval map needs: it refuses overlapping elements, and its
 /// lookup must give the longest-prefix answer the XDP program's LPM maps
 /// give.
-fn disjoint_ranges<A: LpmAddr, V: Clone + PartialEq>(
+pub(crate) fn disjoint_ranges<A: LpmAddr, V: Clone + PartialEq>(
     entries: impl Iterator<Item = (Prefix<A>, V)>,
 ) -> Vec<(u128, u128, V)> {
     let mut items: Vec<(u128, u128, u8, V)> = entries

@@ -452,7 +452,11 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     );
     assert!(lab.node_table(Worker::Two).contains("egret strict"), "{}", lab.node_table(Worker::Two));
 
-    // 6. Cleanup.
+    // 6. Per-node egress IPs: each worker's unselected-by-db pods leave with
+    // their own Node's address from a pool, SNATed on the node.
+    per_node(lab, rt, client);
+
+    // 7. Cleanup.
     agents.get_mut(&Worker::One).unwrap().kill();
     lab.cleanup_agent(Worker::One).expect("egret node cleanup");
     assert_eq!(lab.steering(Worker::One).unwrap(), (vec![], vec![]), "cleanup leaves no rule or route");
@@ -461,6 +465,72 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
 
     // No pod address ever left.
     assert_no_pod_address_left(lab, capture.take().expect("the capture"));
+}
+
+/// `mode: PerNode` over a pool of two addresses per family, selecting the
+/// `app=other` pods: the gateways record one address per family for each
+/// worker Node in the pool's status; each node's agent adds its addresses
+/// to the node and SNATs its pod to them. The server sees each node's pod
+/// with that node's own addresses, IPv4 and IPv6, and the db pods still
+/// leave through the gateways.
+fn per_node(lab: &NodeLab, rt: &tokio::runtime::Runtime, client: &kube::Client) {
+    use egret_controlplane::k8s::crd::EgressIPPool;
+    let pool: EgressIPPool = serde_json::from_value(json!({
+        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressIPPool",
+        "metadata": {"name": "per-node"},
+        "spec": {"addresses": ["203.0.113.50-203.0.113.51", "2001:db8:113::50-2001:db8:113::51"]}
+    }))
+    .unwrap();
+    rt.block_on(Api::<EgressIPPool>::all(client.clone()).create(&PostParams::default(), &pool)).expect("pool");
+    let policy: EgressPolicy = serde_json::from_value(json!({
+        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
+        "metadata": {"name": "per-node"},
+        "spec": {
+            "mode": "PerNode",
+            "podSelector": {"matchLabels": {"app": "other"}},
+            "destinations": ["0.0.0.0/0", "::/0"],
+            "pool": {"name": "per-node"}
+        }
+    }))
+    .unwrap();
+    let t = Instant::now();
+    rt.block_on(Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy)).expect("policy");
+    // The recorded allocation: one address per family and Node.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let allocations = loop {
+        let p = rt.block_on(Api::<EgressIPPool>::all(client.clone()).get("per-node")).expect("pool");
+        let a = p.status.map(|s| s.allocations).unwrap_or_default();
+        if a.len() == 2 {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "the gateways record a per-node allocation for w1 and w2: {a:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut seen = BTreeSet::new();
+    for w in Worker::ALL {
+        let a =
+            allocations.iter().find(|a| a.node.as_deref() == Some(w.node_name())).expect("an allocation per worker");
+        let v4: Ipv4Addr = a.ips.iter().find_map(|s| s.parse().ok()).expect("an IPv4 address");
+        let v6: Ipv6Addr = a.ips.iter().find_map(|s| s.parse().ok()).expect("an IPv6 address");
+        let name = format!("{}-uns", w.node_name());
+        let took = wait_source(lab, &name, v4, Duration::from_secs(30));
+        assert_eq!(source6_of(lab, &name), Ok(IpAddr::V6(v6)), "{name} over IPv6 leaves with its Node's address");
+        assert_eq!(
+            source_of(lab, &format!("{}-sel", w.node_name())),
+            Ok(IpAddr::V4(EIP)),
+            "db pods still via the gateways"
+        );
+        println!(
+            "k8s-node: per-node: {name} leaves as {v4} / {v6} ({} ms after the policy was created, {} ms after its first try)",
+            ms(t.elapsed()),
+            ms(took)
+        );
+        seen.insert(v4);
+    }
+    assert_eq!(seen.len(), 2, "each Node has its own address");
+    let st = rt.block_on(Api::<EgressPolicy>::all(client.clone()).get("per-node")).unwrap().status.unwrap();
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Enforced"), "{ready:?}");
 }
 
 /// Creates `CHURN` pods on w1 (even ones selected), measures each selected

@@ -40,7 +40,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Pod, Service}
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, PartialObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
@@ -75,6 +75,7 @@ struct Stores {
     policies: Store<EgressPolicy>,
     pools: Store<EgressIPPool>,
     nodes: Store<Node>,
+    all_nodes: Store<PartialObjectMeta<Node>>,
     leases: Store<Lease>,
 }
 
@@ -93,6 +94,39 @@ where
         })
         .default_backoff()
         .reflect(writer);
+    drive(kind, stream, notify, tasks);
+    reader
+}
+
+/// Every Node's metadata only (names and labels: `PerNode` policies'
+/// targets), so a large cluster's Node objects are not held whole.
+pub(crate) fn watch_node_metadata(
+    api: Api<PartialObjectMeta<Node>>,
+    cfg: watcher::Config,
+    notify: Arc<Notify>,
+    tasks: &mut JoinSet<()>,
+) -> Store<PartialObjectMeta<Node>> {
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, cfg)
+        .map_ok(|ev| {
+            ev.modify(|o| {
+                o.metadata.managed_fields = None;
+            })
+        })
+        .default_backoff()
+        .reflect(writer);
+    drive("Node metadata".to_string(), stream, notify, tasks);
+    reader
+}
+
+/// Runs a reflector stream, waking the loop on every event and logging
+/// failures once per outage.
+fn drive<T, E: std::fmt::Display>(
+    kind: String,
+    stream: impl futures::Stream<Item = Result<T, E>> + Send + 'static,
+    notify: Arc<Notify>,
+    tasks: &mut JoinSet<()>,
+) {
     tasks.spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut failing = false;
@@ -114,7 +148,6 @@ where
             }
         }
     });
-    reader
 }
 
 impl Stores {
@@ -127,6 +160,7 @@ impl Stores {
             policies: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
             pools: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
             nodes: watch(Api::all(client.clone()), all.clone().labels(&opts.gateway_selector), notify.clone(), tasks),
+            all_nodes: watch_node_metadata(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
             leases: watch(
                 Api::namespaced(client.clone(), &opts.lease_namespace),
                 all.labels(&format!("{LEASE_LABEL}={LEASE_LABEL_VALUE}")),
@@ -144,6 +178,7 @@ impl Stores {
             self.policies.wait_until_ready(),
             self.pools.wait_until_ready(),
             self.nodes.wait_until_ready(),
+            self.all_nodes.wait_until_ready(),
             self.leases.wait_until_ready(),
         );
     }
@@ -162,6 +197,7 @@ impl Stores {
             policies: self.policies.state().iter().map(|p| observe::policy(p)).collect(),
             pools: self.pools.state().iter().map(|p| observe::ip_pool(p)).collect(),
             gateways: self.nodes.state().iter().map(|n| observe::node(n)).collect(),
+            nodes: self.all_nodes.state().iter().map(|n| observe::node_meta(&n.metadata)).collect(),
             leases: leases.iter().map(|(ip, r)| (*ip, observe::lease_info(r))).collect(),
             held: BTreeSet::new(),
         };
@@ -697,7 +733,12 @@ pub async fn run_supervised(
     let mut sync = SyncLoop {
         leases: Api::namespaced(client.clone(), &opts.lease_namespace),
         mgr: LeaseManager::new(opts.node_name.clone(), opts.timing),
-        local: LocalConfig { node_name: opts.node_name.clone(), nat: opts.nat, guard: opts.guard.clone() },
+        local: LocalConfig {
+            node_name: opts.node_name.clone(),
+            nat: opts.nat,
+            guard: opts.guard.clone(),
+            role: super::desired::Role::Gateway,
+        },
         client,
         sink,
         stores,

@@ -41,7 +41,8 @@ pub mod condition {
     pub const READY: &str = "Ready";
     /// Every egress IP the policy asks for is valid and its own.
     pub const IP_ASSIGNED: &str = "IPAssigned";
-    /// Every egress IP is held by a gateway (a valid Lease).
+    /// Every egress IP is held by a gateway (a valid Lease); `PerNode`
+    /// policies: True with reason `PerNode` (no gateway is involved).
     pub const GATEWAY_ASSIGNED: &str = "GatewayAssigned";
 }
 
@@ -87,6 +88,8 @@ pub mod reason {
     pub const EGRESS_IP_ASSIGNED: &str = "EgressIPAssigned";
     /// Event: a gateway took an egress IP another gateway held.
     pub const EGRESS_IP_FAILOVER: &str = "EgressIPFailover";
+    /// GatewayAssigned of a `PerNode` policy: each Node SNATs its own pods.
+    pub const PER_NODE: &str = "PerNode";
 }
 
 /// An egress IP named in a policy.
@@ -160,6 +163,27 @@ pub struct EgressPolicySpec {
     /// labelled as gateways). Absent or empty: every gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_selector: Option<LabelSelector>,
+    /// `Gateway` (default): the selected pods leave through the gateway
+    /// holding an egress IP. `PerNode`: each Node `nodeSelector` selects gets
+    /// one address from `pool` (recorded in the pool's status), which its
+    /// `egret node` adds to the Node and SNATs that Node's selected pods to;
+    /// no gateway is involved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<PolicyMode>,
+    /// `PerNode`: the Nodes that get an address. Absent or empty: every Node
+    /// that is not a gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+}
+
+/// How a policy's pods leave.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PolicyMode {
+    /// Through the gateways (egress IPs with Leases).
+    #[default]
+    Gateway,
+    /// With an address of their own Node, SNATed by the Node.
+    PerNode,
 }
 
 /// Where one egress IP is.
@@ -177,6 +201,9 @@ pub struct EgressIPStatus {
     /// Since when that gateway holds it (the Lease's acquireTime).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<Time>,
+    /// `PerNode` policies: the Node this address belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// What the gateways report about an `EgressPolicy`.
@@ -257,6 +284,9 @@ pub struct PoolAllocation {
     pub policy: String,
     /// Its addresses, ascending.
     pub ips: Vec<String>,
+    /// `PerNode` policies: the Node the address is for (one allocation per Node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// What the gateways report about an `EgressIPPool`.

@@ -151,6 +151,9 @@ pub struct Observed {
     pub pools: Vec<PoolInfo>,
     /// Gateway Nodes.
     pub gateways: Vec<NodeInfo>,
+    /// Every Node (the targets of `PerNode` policies; the node agent sees
+    /// only its own).
+    pub nodes: Vec<NodeInfo>,
     /// Egress-IP Leases by IP.
     pub leases: BTreeMap<IpAddr, LeaseInfo>,
     /// The egress IPs this gateway holds by a valid Lease (by its own clock),
@@ -168,6 +171,19 @@ pub struct LocalConfig {
     pub nat: NatSettings,
     /// The source guard (`kubernetes.clusterPodCIDRs`), passed through.
     pub guard: SourceGuard,
+    /// Who computes: a gateway, or the node agent of `node_name`.
+    pub role: Role,
+}
+
+/// Who runs [`desired`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Role {
+    /// A gateway: `PerNode` policies are not in its tables.
+    #[default]
+    Gateway,
+    /// The node agent of `LocalConfig::node_name`: its tables also hold the
+    /// `PerNode` policies, with this Node's own address as their egress IP.
+    Node,
 }
 
 /// Who uses an egress IP.
@@ -245,6 +261,8 @@ pub struct Desired {
     pub service_problems: Vec<ServiceProblem>,
     /// Selected pods of each annotated Service, by (namespace, name).
     pub service_pods: BTreeMap<(String, String), usize>,
+    /// `PerNode` policies (their table names) -> Node -> its recorded address.
+    pub per_node: BTreeMap<String, BTreeMap<String, Vec<IpAddr>>>,
 }
 
 impl Desired {
@@ -334,6 +352,9 @@ struct Source {
     service: Option<(String, Labels)>,
     destinations: Vec<IpNet>,
     except: Vec<IpNet>,
+    /// `PerNode`: `Some(nodeSelector)`; its granted address per Node.
+    per_node: Option<Option<Selector>>,
+    node_grants: BTreeMap<String, Vec<IpAddr>>,
 }
 
 impl Source {
@@ -360,6 +381,8 @@ fn policy_source(p: &PolicyInfo) -> Source {
         service: None,
         destinations: Vec::new(),
         except: Vec::new(),
+        per_node: None,
+        node_grants: BTreeMap::new(),
     };
     let parsed = (|| -> Result<(), (&'static str, String)> {
         let inv = |m: String| (reason::INVALID_SPEC, m);
@@ -373,6 +396,22 @@ fn policy_source(p: &PolicyInfo) -> Source {
             ));
         }
         s.except = parse_cidrs("spec.except", &p.spec.except).map_err(inv)?;
+        if p.spec.mode == Some(super::crd::PolicyMode::PerNode) {
+            if !p.spec.egress_ips.is_empty() || p.spec.gateway_selector.is_some() {
+                return Err(inv(
+                    "spec.mode: PerNode takes its addresses from spec.pool, one per Node: remove spec.egressIPs and spec.gatewaySelector".into(),
+                ));
+            }
+            let Some(pool) = &p.spec.pool else {
+                return Err((reason::NO_EGRESS_IP, "spec.mode: PerNode needs spec.pool (one address per Node)".into()));
+            };
+            s.per_node = Some(parse_selector("spec.nodeSelector", &p.spec.node_selector).map_err(inv)?);
+            s.pool = Some((pool.name.clone(), 1));
+            return Ok(());
+        }
+        if p.spec.node_selector.is_some() {
+            return Err(inv("spec.nodeSelector: only for spec.mode: PerNode".into()));
+        }
         match (&p.spec.pool, p.spec.egress_ips.is_empty()) {
             (Some(_), false) => {
                 return Err((reason::NO_EGRESS_IP, "set either spec.egressIPs or spec.pool, not both".into()));
@@ -426,6 +465,8 @@ fn service_source(svc: &ServiceInfo, nat: &NatSettings) -> (Source, Option<Servi
         service: Some((svc.namespace.clone(), svc.selector.clone())),
         destinations: vec![IpNet::V4(Default::default()), IpNet::V6(Default::default())],
         except: Vec::new(),
+        per_node: None,
+        node_grants: BTreeMap::new(),
     };
     let problem = |reason: &'static str, message: String| ServiceProblem {
         namespace: svc.namespace.clone(),
@@ -508,6 +549,21 @@ fn live_holder(l: &LeaseInfo, now: Timestamp) -> Option<&str> {
     (expiry >= now).then_some(holder)
 }
 
+/// The /32s and /128s of `pods` in the families `egress_ips` cover, sorted.
+fn pod_sources(pods: &[&PodInfo], egress_ips: &[IpAddr]) -> Vec<IpNet> {
+    let has_v4 = egress_ips.iter().any(IpAddr::is_ipv4);
+    let has_v6 = egress_ips.iter().any(IpAddr::is_ipv6);
+    let mut srcs: Vec<IpNet> = pods
+        .iter()
+        .flat_map(|p| p.ips.iter())
+        .filter(|ip| if ip.is_ipv4() { has_v4 } else { has_v6 })
+        .map(|ip| host_net(*ip))
+        .collect();
+    srcs.sort();
+    srcs.dedup();
+    srcs
+}
+
 /// A pool parsed, or why it cannot be used (reason, message).
 type ParsedPool = Result<Pool, (&'static str, String)>;
 
@@ -555,12 +611,34 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         .pools
         .iter()
         .flat_map(|p| {
-            p.status.iter().flat_map(|s| s.allocations.iter()).map(move |a| {
+            p.status.iter().flat_map(|s| s.allocations.iter()).filter(|a| a.node.is_none()).map(move |a| {
                 let ips = a.ips.iter().filter_map(|i| i.parse().ok()).collect();
                 ((p.name.as_str(), a.policy.as_str()), ips)
             })
         })
         .collect();
+    // PerNode allocations: (pool, policy) -> Node -> address.
+    let mut recorded_nodes: BTreeMap<(&str, &str), BTreeMap<&str, Vec<IpAddr>>> = BTreeMap::new();
+    for p in &obs.pools {
+        for a in p.status.iter().flat_map(|s| s.allocations.iter()) {
+            if let Some(node) = &a.node {
+                let ips = a.ips.iter().filter_map(|i| i.parse().ok()).collect();
+                recorded_nodes.entry((p.name.as_str(), a.policy.as_str())).or_default().insert(node.as_str(), ips);
+            }
+        }
+    }
+    // PerNode targets: Nodes that are not gateways, by name.
+    let gateway_names: BTreeSet<&str> = obs.gateways.iter().map(|g| g.name.as_str()).collect();
+    let targets = |sel: &Option<Selector>| -> Vec<String> {
+        let mut v: Vec<String> = obs
+            .nodes
+            .iter()
+            .filter(|n| !gateway_names.contains(n.name.as_str()) && selects(sel, &n.labels))
+            .map(|n| n.name.clone())
+            .collect();
+        v.sort();
+        v
+    };
     for s in sources.iter_mut().filter(|s| s.invalid.is_none()) {
         let (Some((pool_name, count)), Owner::Policy(name)) = (s.pool.clone(), s.owner.clone()) else { continue };
         match pools.get(pool_name.as_str()) {
@@ -568,6 +646,7 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
             Some((_, Err((_, m)))) => {
                 s.problem(reason::POOL_NOT_USABLE, format!("EgressIPPool {pool_name} cannot be used: {m}"))
             }
+            Some((_, Ok(_))) if s.per_node.is_some() => {}
             Some((info, Ok(pool))) => {
                 if let Some(ips) = recorded.get(&(pool_name.as_str(), name.as_str())) {
                     s.requested = ips
@@ -608,6 +687,30 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
                 claimed.insert(*n, s.owner.clone());
             }
         }
+        if let (Some(sel), Some((pool_name, _)), Owner::Policy(name)) = (&s.per_node, &s.pool, &s.owner) {
+            if let (Some(rec), Some((_, Ok(pool)))) =
+                (recorded_nodes.get(&(pool_name.as_str(), name.as_str())), pools.get(pool_name.as_str()))
+            {
+                for node in targets(sel) {
+                    // At most one recorded address per family.
+                    let mut seen = (false, false);
+                    for ip in rec.get(node.as_str()).into_iter().flatten().filter(|ip| pool.addresses.contains(**ip)) {
+                        let fam = if ip.is_ipv4() { &mut seen.0 } else { &mut seen.1 };
+                        if std::mem::replace(fam, true) {
+                            continue;
+                        }
+                        match claimed.get(ip).filter(|o| **o != s.owner) {
+                            Some(o) => conflicts.push(format!("{ip} (for Node {node}) is already used by {o}")),
+                            None => {
+                                claimed.insert(*ip, s.owner.clone());
+                                s.node_grants.entry(node.clone()).or_default().push(*ip);
+                            }
+                        }
+                    }
+                }
+                s.node_grants.values_mut().for_each(|v| v.sort());
+            }
+        }
         if !conflicts.is_empty() {
             let message = format!("{} (the older object keeps it)", conflicts.join("; "));
             if let Owner::Service { namespace, name } = &s.owner {
@@ -629,6 +732,53 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
     for s in sources.iter_mut().filter(|s| s.invalid.is_none()) {
         let (Some((pool_name, count)), Owner::Policy(name)) = (s.pool.clone(), s.owner.clone()) else { continue };
         let Some((_, Ok(pool))) = pools.get(pool_name.as_str()) else { continue };
+        if let Some(sel) = &s.per_node {
+            let mut new = Vec::new();
+            let mut short = false;
+            let (has_v4, has_v6) = pool.addresses.families();
+            for node in targets(sel) {
+                // One address per family the pool has.
+                let mut ips = s.node_grants.get(&node).cloned().unwrap_or_default();
+                for v6 in [false, true].into_iter().filter(|v6| if *v6 { has_v6 } else { has_v4 }) {
+                    if ips.iter().any(|ip| ip.is_ipv6() == v6) {
+                        continue;
+                    }
+                    let taken: BTreeSet<IpAddr> = claimed.keys().copied().collect();
+                    match pool.addresses.allocate_one(v6, &taken) {
+                        Some(ip) => {
+                            claimed.insert(ip, s.owner.clone());
+                            new.push(format!("{ip} for Node {node}"));
+                            ips.push(ip);
+                        }
+                        None => short = true,
+                    }
+                }
+                ips.sort();
+                if !ips.is_empty() {
+                    allocations.entry(pool_name.clone()).or_default().push(PoolAllocation {
+                        policy: name.clone(),
+                        ips: ips.iter().map(|i| i.to_string()).collect(),
+                        node: Some(node),
+                    });
+                }
+            }
+            if short {
+                exhausted.entry(pool_name.clone()).or_default().push(name.clone());
+                s.problem(
+                    reason::POOL_EXHAUSTED,
+                    format!("EgressIPPool {pool_name} has no free address for some selected Nodes: add addresses to the pool"),
+                );
+            } else if !new.is_empty() {
+                s.problem(
+                    reason::ALLOCATION_PENDING,
+                    format!(
+                        "allocated {} from EgressIPPool {pool_name}; waiting for the allocation to be recorded in its status",
+                        new.join(", ")
+                    ),
+                );
+            }
+            continue;
+        }
         let mut ips: Vec<IpAddr> = s.granted.iter().map(|(ip, _)| *ip).collect();
         if ips.len() < count {
             let taken: BTreeSet<IpAddr> = claimed.keys().copied().collect();
@@ -658,10 +808,11 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         }
         ips.sort();
         if !ips.is_empty() {
-            allocations
-                .entry(pool_name)
-                .or_default()
-                .push(PoolAllocation { policy: name, ips: ips.iter().map(|i| i.to_string()).collect() });
+            allocations.entry(pool_name).or_default().push(PoolAllocation {
+                policy: name,
+                ips: ips.iter().map(|i| i.to_string()).collect(),
+                node: None,
+            });
         }
     }
 
@@ -685,6 +836,24 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
             })
             .collect();
         selected_pods.insert(s.owner.clone(), pods.len());
+        if s.per_node.is_some() {
+            out.per_node.insert(s.owner.table_name(), s.node_grants.clone());
+            // Only the node agent puts it in its tables, with its own address.
+            let own = s.node_grants.get(&local.node_name).cloned().unwrap_or_default();
+            if local.role == Role::Node && !own.is_empty() {
+                let srcs = pod_sources(&pods, &own);
+                if !srcs.is_empty() {
+                    policies.push(PolicySpec {
+                        name: s.owner.table_name(),
+                        sources: srcs,
+                        destinations: s.destinations.clone(),
+                        except: s.except.clone(),
+                        egress_ips: own,
+                    });
+                }
+            }
+            continue;
+        }
         for (ip, nh) in &s.granted {
             let eligible: Vec<&str> = gateway_names
                 .iter()
@@ -705,16 +874,7 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         if !s.egress || egress_ips.is_empty() {
             continue;
         }
-        let has_v4 = egress_ips.iter().any(IpAddr::is_ipv4);
-        let has_v6 = egress_ips.iter().any(IpAddr::is_ipv6);
-        let mut srcs: Vec<IpNet> = pods
-            .iter()
-            .flat_map(|p| p.ips.iter())
-            .filter(|ip| if ip.is_ipv4() { has_v4 } else { has_v6 })
-            .map(|ip| host_net(*ip))
-            .collect();
-        srcs.sort();
-        srcs.dedup();
+        let srcs = pod_sources(&pods, &egress_ips);
         if srcs.is_empty() {
             continue;
         }
@@ -771,6 +931,53 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
             continue;
         }
         st.selected_pods = i32::try_from(selected_pods.get(&s.owner).copied().unwrap_or(0)).unwrap_or(i32::MAX);
+        if s.per_node.is_some() {
+            let mut by_node = Vec::new();
+            for (node, ips) in &s.node_grants {
+                for ip in ips {
+                    st.egress_ips.push(EgressIPStatus {
+                        ip: ip.to_string(),
+                        node: Some(node.clone()),
+                        ..Default::default()
+                    });
+                    by_node.push(format!("{ip} on {node}"));
+                }
+            }
+            st.egress_ip_list = st.egress_ips.iter().map(|e| e.ip.as_str()).collect::<Vec<_>>().join(",");
+            st.gateway_list = "-".into();
+            let ip_cond = match &s.ip_problem {
+                Some((r, m)) => cond(condition::IP_ASSIGNED, false, r, m.clone()),
+                None => cond(
+                    condition::IP_ASSIGNED,
+                    true,
+                    reason::ASSIGNED,
+                    format!("{} Node address(es): {}", by_node.len(), by_node.join(", ")),
+                ),
+            };
+            let gw_cond = cond(
+                condition::GATEWAY_ASSIGNED,
+                true,
+                reason::PER_NODE,
+                "no gateway: each Node SNATs its selected pods to its own address".into(),
+            );
+            let ready = if ip_cond.status != "True" {
+                cond(condition::READY, false, &ip_cond.reason, ip_cond.message.clone())
+            } else {
+                cond(
+                    condition::READY,
+                    true,
+                    reason::ENFORCED,
+                    format!(
+                        "{} selected pod(s) leave with their Node's address ({})",
+                        st.selected_pods,
+                        by_node.join(", ")
+                    ),
+                )
+            };
+            st.conditions = vec![ready, ip_cond, gw_cond];
+            out.policy_status.insert(p.name.clone(), st);
+            continue;
+        }
         let mut awaiting = Vec::new();
         let mut no_gateway = Vec::new();
         let mut held_by = Vec::new();
@@ -789,6 +996,7 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
                 next_hop: nh.map(|n| n.to_string()),
                 gateway: holder,
                 since,
+                node: None,
             });
         }
         st.egress_ip_list = st.egress_ips.iter().map(|e| e.ip.as_str()).collect::<Vec<_>>().join(",");
@@ -992,7 +1200,12 @@ mod tests {
     }
 
     fn local() -> LocalConfig {
-        LocalConfig { node_name: "gw-1".into(), nat: NatSettings::default(), guard: SourceGuard::default() }
+        LocalConfig {
+            node_name: "gw-1".into(),
+            nat: NatSettings::default(),
+            guard: SourceGuard::default(),
+            role: Role::Gateway,
+        }
     }
 
     fn cond<'a>(st: &'a EgressPolicyStatus, type_: &str) -> &'a Condition {
@@ -1205,7 +1418,10 @@ mod tests {
         // Round 1: proposed in the pool's status, not used yet.
         let d = desired(&obs, &local(), t(10));
         let ps = &d.pool_status["pool-a"];
-        assert_eq!(ps.allocations, vec![PoolAllocation { policy: "pooled".into(), ips: vec!["198.51.100.10".into()] }]);
+        assert_eq!(
+            ps.allocations,
+            vec![PoolAllocation { policy: "pooled".into(), ips: vec!["198.51.100.10".into()], node: None }]
+        );
         assert_eq!(ps.size, 2, "198.51.100.9-10: network and broadcast skipped");
         let c = cond(&d.policy_status["pooled"], condition::IP_ASSIGNED);
         assert_eq!(c.reason, reason::POOL_EXHAUSTED, "one of the two is taken by the explicit policy");
@@ -1229,6 +1445,75 @@ mod tests {
         let d = desired(&obs, &local(), t(12));
         assert_eq!(d.pool_status["pool-a"].allocations, vec![]);
         assert!(!d.ips.contains_key(&ip("198.51.100.10")));
+    }
+
+    #[test]
+    fn per_node_policies_get_one_address_per_node_and_family_recorded_in_the_pool() {
+        let mut obs = cluster();
+        obs.nodes = vec![gw("gw-1", &[]), gw("w1", &[("pool", "x")]), gw("w2", &[("pool", "x")]), gw("w3", &[])];
+        obs.pools.push(PoolInfo {
+            name: "nodes".into(),
+            generation: Some(1),
+            spec: EgressIPPoolSpec {
+                addresses: vec!["203.0.113.50-203.0.113.52".into(), "2001:db8:113::50-2001:db8:113::51".into()],
+                ..Default::default()
+            },
+            status: None,
+        });
+        let mut p = team_policy("per-node", 0, &[]);
+        p.spec.mode = Some(super::super::crd::PolicyMode::PerNode);
+        p.spec.pool = Some(PoolRef { name: "nodes".into(), count: None });
+        p.spec.node_selector = selector(json!({"matchLabels": {"pool": "x"}}));
+        obs.policies.push(p);
+
+        // Round 1: one address per family proposed for each selected Node
+        // (the gateway gw-1 and the unlabelled w3 get none); nothing used yet.
+        let d = desired(&obs, &local(), t(10));
+        let alloc = |node: &str, ips: &[&str]| PoolAllocation {
+            policy: "per-node".into(),
+            ips: ips.iter().map(|s| s.to_string()).collect(),
+            node: Some(node.into()),
+        };
+        assert_eq!(
+            d.pool_status["nodes"].allocations,
+            vec![
+                alloc("w1", &["203.0.113.50", "2001:db8:113::50"]),
+                alloc("w2", &["203.0.113.51", "2001:db8:113::51"])
+            ]
+        );
+        assert_eq!(cond(&d.policy_status["per-node"], condition::IP_ASSIGNED).reason, reason::ALLOCATION_PENDING);
+        assert!(d.tables.policies.iter().all(|p| p.name != "egresspolicy/per-node"), "never in a gateway's tables");
+        assert!(d.ips.is_empty(), "no Lease for a per-node address");
+
+        // Recorded: granted, stable, and only the node agent's tables hold it,
+        // with that Node's own addresses.
+        obs.pools[0].status = Some(d.pool_status["nodes"].clone());
+        let d = desired(&obs, &local(), t(11));
+        assert_eq!(d.pool_status["nodes"].allocations, obs.pools[0].status.as_ref().unwrap().allocations);
+        let st = &d.policy_status["per-node"];
+        assert_eq!(cond(st, condition::READY).status, "True", "{st:?}");
+        assert_eq!(cond(st, condition::GATEWAY_ASSIGNED).reason, reason::PER_NODE);
+        assert_eq!(st.egress_ips.iter().filter(|e| e.node.as_deref() == Some("w2")).count(), 2);
+        assert_eq!(d.per_node["egresspolicy/per-node"]["w1"], vec![ip("203.0.113.50"), ip("2001:db8:113::50")]);
+        assert!(d.tables.policies.iter().all(|p| p.name != "egresspolicy/per-node"));
+        let agent = LocalConfig { node_name: "w2".into(), role: Role::Node, ..local() };
+        let d = desired(&obs, &agent, t(11));
+        let spec = d.tables.policies.iter().find(|p| p.name == "egresspolicy/per-node").expect("in w2's tables");
+        assert_eq!(spec.egress_ips, vec![ip("203.0.113.51"), ip("2001:db8:113::51")]);
+
+        // A third selected Node finds the IPv4 range exhausted after one more.
+        obs.nodes[3].labels = labels(&[("pool", "x")]);
+        obs.nodes.push(gw("w4", &[("pool", "x")]));
+        let d = desired(&obs, &local(), t(12));
+        assert_eq!(cond(&d.policy_status["per-node"], condition::IP_ASSIGNED).reason, reason::POOL_EXHAUSTED);
+        assert_eq!(d.per_node["egresspolicy/per-node"]["w1"], vec![ip("203.0.113.50"), ip("2001:db8:113::50")]);
+
+        // Mistakes are named.
+        let mut bad = team_policy("bad", 1, &["203.0.113.9"]);
+        bad.spec.mode = Some(super::super::crd::PolicyMode::PerNode);
+        obs.policies = vec![bad];
+        let d = desired(&obs, &local(), t(13));
+        assert!(cond(&d.policy_status["bad"], condition::READY).message.contains("remove spec.egressIPs"));
     }
 
     impl EgressIPPoolStatus {

@@ -135,6 +135,11 @@ pub fn node(n: &Node) -> NodeInfo {
     NodeInfo { name: n.name_any(), labels: n.labels().clone() }
 }
 
+/// Any Node, from its metadata.
+pub fn node_meta(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NodeInfo {
+    NodeInfo { name: m.name.clone().unwrap_or_default(), labels: m.labels.clone().unwrap_or_default() }
+}
+
 /// An `EgressPolicy`.
 pub fn policy(p: &EgressPolicy) -> PolicyInfo {
     PolicyInfo {

@@ -159,6 +159,30 @@ impl AddressSet {
 
     /// Up to `count` addresses, lowest position first, that `taken` does not
     /// hold. Visits at most `taken.len() + count` addresses per span.
+    /// Whether the set has IPv4 and IPv6 addresses: (v4, v6).
+    pub fn families(&self) -> (bool, bool) {
+        (self.spans.iter().any(|s| !s.v6), self.spans.iter().any(|s| s.v6))
+    }
+
+    /// The first address of one family (`v6`) not in `taken`.
+    pub fn allocate_one(&self, v6: bool, taken: &BTreeSet<IpAddr>) -> Option<IpAddr> {
+        for s in self.spans.iter().filter(|s| s.v6 == v6) {
+            let mut n = s.first;
+            loop {
+                let ip = from_int(s.v6, n);
+                if !taken.contains(&ip) {
+                    return Some(ip);
+                }
+                if n == s.last {
+                    break;
+                }
+                n += 1;
+            }
+        }
+        None
+    }
+
+    /// The first `count` addresses not in `taken`, in order.
     pub fn allocate(&self, count: usize, taken: &BTreeSet<IpAddr>) -> Vec<IpAddr> {
         let mut out = Vec::with_capacity(count);
         for s in &self.spans {

@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use egret_dataplane::tables::{NatSettings, PolicySlots, Tables};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use parking_lot::Mutex;
@@ -45,9 +45,9 @@ use super::plan::{plan, Plan};
 use super::reconcile::{reconcile, KernelView, Op};
 use super::status::{self, NodeStatus, UseRow};
 use super::{NodeError, NodeOptions};
-use crate::k8s::controller::watch;
+use crate::k8s::controller::{watch, watch_node_metadata};
 use crate::k8s::crd::{EgressIPPool, EgressPolicy};
-use crate::k8s::desired::{desired, LocalConfig, Observed};
+use crate::k8s::desired::{desired, LocalConfig, Observed, Role};
 use crate::k8s::observe;
 
 /// How long changes must pause before a pass.
@@ -61,6 +61,8 @@ struct Stores {
     services: Store<Service>,
     policies: Store<EgressPolicy>,
     pools: Store<EgressIPPool>,
+    /// This Node's metadata (its labels decide `PerNode` policies).
+    node: Store<PartialObjectMeta<Node>>,
 }
 
 impl Stores {
@@ -76,7 +78,13 @@ impl Stores {
             namespaces: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
             services: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
             policies: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
-            pools: watch(Api::all(client.clone()), all, notify.clone(), tasks),
+            pools: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            node: watch_node_metadata(
+                Api::all(client.clone()),
+                all.fields(&format!("metadata.name={node}")),
+                notify.clone(),
+                tasks,
+            ),
         }
     }
 
@@ -87,6 +95,7 @@ impl Stores {
             self.services.wait_until_ready(),
             self.policies.wait_until_ready(),
             self.pools.wait_until_ready(),
+            self.node.wait_until_ready(),
         );
     }
 
@@ -97,6 +106,7 @@ impl Stores {
             services: self.services.state().iter().filter_map(|s| observe::service(s)).collect(),
             policies: self.policies.state().iter().map(|p| observe::policy(p)).collect(),
             pools: self.pools.state().iter().map(|p| observe::ip_pool(p)).collect(),
+            nodes: self.node.state().iter().map(|n| observe::node_meta(&n.metadata)).collect(),
             ..Default::default()
         }
     }
@@ -122,6 +132,7 @@ pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Resul
         node_name: opts.node_name.clone(),
         nat: NatSettings { ports: opts.nat_ports, ..NatSettings::default() },
         guard: Default::default(),
+        role: Role::Node,
     };
     let d = desired(obs, &local_cfg, Timestamp::now());
     let tables = Tables::compile(&d.tables, 1, slots).map_err(|e| format!("compiling the policies: {e}"))?;
@@ -129,7 +140,8 @@ pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Resul
         d.ips.iter().filter_map(|(ip, a)| a.next_hop.map(|n| (*ip, n))).collect();
     let local: BTreeSet<IpAddr> = obs.pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
     let pods: Vec<IpAddr> = local.iter().copied().collect();
-    let plan = plan(&tables, &pods, &companions, &opts.cluster_cidrs);
+    let per_node: BTreeSet<String> = d.per_node.keys().cloned().collect();
+    let plan = plan(&tables, &pods, &companions, &opts.cluster_cidrs, &per_node);
     let next_hop = d.ips.iter().map(|(ip, a)| (*ip, a.next_hop.unwrap_or(*ip))).collect();
     let errors = tables.errors.iter().map(|e| e.to_string()).collect();
     Ok(Computed { plan, local, next_hop, errors })
@@ -150,7 +162,7 @@ fn sets(view: &KernelView, extra: Option<&Plan>, c: &Computed, strict: Option<&S
         let known = c.local.iter().filter(|ip| !c.plan.pods.contains_key(ip) || ruled.contains(ip)).copied().collect();
         Strict { known, ..s.clone() }
     });
-    Sets { steered, next_hops, strict }
+    Sets { steered, next_hops, strict, snat: c.plan.snat.clone() }
 }
 
 /// Applies `ops`, skipping what depends on a failed operation: a table
@@ -268,6 +280,19 @@ impl Agent {
         changes: &mut u64,
     ) -> Result<(Computed, KernelView), String> {
         let c = compute(obs, &self.opts, &self.slots)?;
+        // PerNode addresses first: SNAT to an address the node does not
+        // hold yet would lose the replies.
+        let held = self.kernel.addresses().await.map_err(|e| e.to_string())?;
+        for ip in c.plan.node_addresses.iter().filter(|ip| !held.iter().any(|(_, h)| h == *ip)) {
+            let added = match self.kernel.default_interface(*ip).await.map_err(|e| e.to_string())? {
+                Some(index) => self.kernel.address(true, index, *ip).await.map_err(|e| e.to_string()),
+                None => Err(format!("per-node address {ip}: no default route of its family to choose the interface")),
+            };
+            match added {
+                Ok(()) => *changes += 1,
+                Err(e) => errors.push(e),
+            }
+        }
         let before = self.kernel.view().await.map_err(|e| e.to_string())?;
         // Keep sources for the union first; without it, change nothing.
         nft::install(&sets(&before, Some(&c.plan), &c, self.strict.as_ref())).map_err(|e| e.to_string())?;
@@ -283,6 +308,14 @@ impl Agent {
         let after = self.kernel.view().await.map_err(|e| e.to_string())?;
         if let Err(e) = nft::install(&sets(&after, None, &c, self.strict.as_ref())) {
             errors.push(e.to_string());
+        } else {
+            // Addresses no PerNode policy uses any more, once nothing SNATs to them.
+            for (index, ip) in held.iter().filter(|(_, ip)| !c.plan.node_addresses.contains(ip)) {
+                match self.kernel.address(false, *index, *ip).await {
+                    Ok(()) => *changes += 1,
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
         }
         Ok((c, after))
     }

@@ -12,6 +12,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
+use netlink_packet_route::address::{
+    AddressAttribute, AddressHeaderFlags, AddressMessage, AddressProtocol, AddressScope,
+};
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType};
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
@@ -249,10 +252,95 @@ impl Kernel {
         }
     }
 
-    /// Removes every Egret rule (any priority) and route (in the range).
+    /// Egret's own addresses (`PerNode` policies; marked with protocol
+    /// [`RTPROT_EGRET`], `IFA_PROTO`): (interface index, address).
+    pub async fn addresses(&mut self) -> Result<Vec<(u32, IpAddr)>, KernelError> {
+        let dump = NLM_F_REQUEST | NLM_F_DUMP;
+        let msgs = self
+            .requests
+            .call(RouteNetlinkMessage::GetAddress(AddressMessage::default()), dump)
+            .await
+            .map_err(|source| KernelError::Dump { what: "addresses", source })?;
+        let mut out = Vec::new();
+        for m in msgs {
+            let RouteNetlinkMessage::NewAddress(a) = m else { continue };
+            let ours =
+                a.attributes.contains(&AddressAttribute::Protocol(AddressProtocol::Other(RTPROT_EGRET)));
+            let ip = a.attributes.iter().find_map(|x| match x {
+                AddressAttribute::Local(ip) => Some(*ip),
+                AddressAttribute::Address(ip) if a.header.family == AddressFamily::Inet6 => Some(*ip),
+                _ => None,
+            });
+            if let (true, Some(ip)) = (ours, ip) {
+                out.push((a.header.index, ip));
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// The interface of the main table's default route of `ip`'s family.
+    pub async fn default_interface(&mut self, ip: IpAddr) -> Result<Option<u32>, KernelError> {
+        let mut q = RouteMessage::default();
+        q.header.address_family = family(ip);
+        let routes = self
+            .requests
+            .call(RouteNetlinkMessage::GetRoute(q), NLM_F_REQUEST | NLM_F_DUMP)
+            .await
+            .map_err(|source| KernelError::Dump { what: "routes", source })?;
+        for m in routes {
+            let RouteNetlinkMessage::NewRoute(r) = m else { continue };
+            let table =
+                r.attributes.iter().find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None });
+            let main = table.unwrap_or(u32::from(r.header.table)) == 254;
+            if main && r.header.destination_prefix_length == 0 && r.header.kind == RouteType::Unicast {
+                if let Some(oif) =
+                    r.attributes.iter().find_map(|a| if let RouteAttribute::Oif(o) = a { Some(*o) } else { None })
+                {
+                    return Ok(Some(oif));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Adds (`add`) or removes one of Egret's own addresses, as a host
+    /// address (/32, /128; no DAD) on interface `index`.
+    pub async fn address(&mut self, add: bool, index: u32, ip: IpAddr) -> Result<(), KernelError> {
+        let mut m = AddressMessage::default();
+        m.header.family = family(ip);
+        m.header.prefix_len = host_len(ip);
+        m.header.index = index;
+        m.header.scope = AddressScope::Universe;
+        if ip.is_ipv6() {
+            m.header.flags = AddressHeaderFlags::Nodad;
+        }
+        m.attributes.push(AddressAttribute::Local(ip));
+        m.attributes.push(AddressAttribute::Address(ip));
+        m.attributes.push(AddressAttribute::Protocol(AddressProtocol::Other(RTPROT_EGRET)));
+        let (msg, flags) = if add {
+            (RouteNetlinkMessage::NewAddress(m), NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+        } else {
+            (RouteNetlinkMessage::DelAddress(m), NLM_F_REQUEST | NLM_F_ACK)
+        };
+        let op = format!("address {} {ip}/{} dev #{index}", if add { "add" } else { "del" }, host_len(ip));
+        match self.requests.call(msg, flags).await {
+            Ok(_) => Ok(()),
+            Err(e) if add && e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Err(e) if !add && matches!(e.raw_os_error(), Some(libc::EADDRNOTAVAIL | libc::ENOENT)) => Ok(()),
+            Err(source) => Err(KernelError::Change { op, source }),
+        }
+    }
+
+    /// Removes every Egret rule (any priority), route (in the range) and address.
     pub async fn remove_all(&mut self) -> Result<usize, KernelError> {
         let view = self.view().await?;
         let mut n = 0;
+        for (index, ip) in self.addresses().await? {
+            self.address(false, index, ip).await?;
+            n += 1;
+        }
         for r in &view.rules {
             self.apply(&Op::DelRule(*r), r.priority).await?;
             n += 1;

@@ -28,9 +28,9 @@
 //!
 //! The whole table is replaced in one `nft -f` transaction per change.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 
 use ipnet::IpNet;
@@ -52,6 +52,9 @@ pub struct Sets {
     pub next_hops: BTreeSet<IpAddr>,
     /// Strict mode: `Some((local pod CIDRs, cluster CIDRs, classified pods))`.
     pub strict: Option<Strict>,
+    /// `PerNode` policies: per pod, destination ranges (first, last address
+    /// as numbers) SNATed to one of the node's own addresses.
+    pub snat: BTreeMap<IpAddr, Vec<(u128, u128, IpAddr)>>,
 }
 
 /// Strict mode's sets.
@@ -100,7 +103,36 @@ pub fn ruleset(s: &Sets) -> String {
     set(&mut out, "hops6", "ipv6_addr", false, addrs(s.next_hops.iter(), false));
     let _ = write!(
         out,
-        "  chain keep_source {{\n    type nat hook postrouting priority {KEEP_SOURCE_PRIORITY}; policy accept;\n    ip saddr @steered4 rt ip nexthop @hops4 counter snat ip to ip saddr\n    ip6 saddr @steered6 rt ip6 nexthop @hops6 counter snat ip6 to ip6 saddr\n  }}\n"
+        "  chain keep_source {{\n    type nat hook postrouting priority {KEEP_SOURCE_PRIORITY}; policy accept;\n"
+    );
+    // PerNode policies: the pod's steered destinations to the node's own
+    // address, binding before the CNI's masquerade like the rules below.
+    for (pod, ranges) in &s.snat {
+        let (fam, num): (&str, fn(u128) -> String) = if pod.is_ipv4() {
+            ("ip", |n| Ipv4Addr::from(n as u32).to_string())
+        } else {
+            ("ip6", |n| Ipv6Addr::from(n).to_string())
+        };
+        let elems: Vec<String> = ranges
+            .iter()
+            .map(
+                |(lo, hi, a)| {
+                    if lo == hi {
+                        format!("{} : {a}", num(*lo))
+                    } else {
+                        format!("{}-{} : {a}", num(*lo), num(*hi))
+                    }
+                },
+            )
+            .collect();
+        let _ = writeln!(
+            out,
+            "    {fam} saddr {pod} counter snat {fam} to {fam} daddr map {{ {} }} comment \"egret per-node\"",
+            elems.join(", ")
+        );
+    }
+    out.push_str(
+        "    ip saddr @steered4 rt ip nexthop @hops4 counter snat ip to ip saddr\n    ip6 saddr @steered6 rt ip6 nexthop @hops6 counter snat ip6 to ip6 saddr\n  }\n",
     );
     if let Some(st) = &s.strict {
         set(&mut out, "local4", "ipv4_addr", true, nets(st.local.iter(), true));
@@ -154,6 +186,16 @@ mod tests {
                 cluster: vec!["198.18.0.0/16".parse().unwrap(), "2001:db8:18::/48".parse().unwrap()],
                 known: ["198.18.0.12".parse().unwrap()].into(),
             }),
+            snat: BTreeMap::from([
+                (
+                    "198.18.0.11".parse().unwrap(),
+                    vec![
+                        (0, 0xc633_647f, "203.0.113.50".parse().unwrap()),
+                        (0xc633_6500, 0xffff_ffff, "203.0.113.50".parse().unwrap()),
+                    ],
+                ),
+                ("2001:db8:18::11".parse().unwrap(), vec![(0, u128::MAX, "2001:db8:113::50".parse().unwrap())]),
+            ]),
         }
     }
 
@@ -163,6 +205,10 @@ mod tests {
         assert!(s.contains("elements = { 198.18.0.10 }"), "{s}");
         assert!(s.contains("elements = { 2001:db8:18::10 }"), "{s}");
         assert!(s.contains("priority 50;"), "{s}");
+        assert!(
+            s.contains("ip saddr 198.18.0.11 counter snat ip to ip daddr map { 0.0.0.0-198.51.100.127 : 203.0.113.50, 198.51.101.0-255.255.255.255 : 203.0.113.50 }"),
+            "{s}"
+        );
         assert!(!s.contains("hook forward"), "{s}");
         let s = ruleset(&sets(true));
         assert!(s.contains("hook forward"), "{s}");

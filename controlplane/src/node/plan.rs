@@ -74,6 +74,12 @@ pub struct Plan {
     pub uses: BTreeMap<IpAddr, BTreeSet<Use>>,
     /// Every next hop some route uses (the masquerade bypass matches them).
     pub next_hops: BTreeSet<IpAddr>,
+    /// `PerNode` policies: per pod address, the destination ranges
+    /// (first, last address as numbers) whose traffic the node SNATs, and
+    /// to which of its own addresses; disjoint, longest prefix first.
+    pub snat: BTreeMap<IpAddr, Vec<(u128, u128, IpAddr)>>,
+    /// The node's own `PerNode` addresses in use.
+    pub node_addresses: BTreeSet<IpAddr>,
 }
 
 impl Plan {
@@ -103,6 +109,7 @@ fn class_of<A: LpmAddr>(c: &Classifier<A>, pod: A) -> Option<u32> {
 trait Family: LpmAddr {
     fn classifier(t: &Tables) -> &Classifier<Self>;
     fn egress(p: &Policy, pod: Self) -> Option<IpAddr>;
+    fn of(ip: IpAddr) -> Option<Self>;
 }
 
 impl Family for Ipv4Addr {
@@ -111,6 +118,12 @@ impl Family for Ipv4Addr {
     }
     fn egress(p: &Policy, pod: Self) -> Option<IpAddr> {
         p.egress_for(pod).map(IpAddr::V4)
+    }
+    fn of(ip: IpAddr) -> Option<Self> {
+        match ip {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        }
     }
 }
 
@@ -121,19 +134,33 @@ impl Family for Ipv6Addr {
     fn egress(p: &Policy, pod: Self) -> Option<IpAddr> {
         p.egress_for(pod).map(IpAddr::V6)
     }
+    fn of(ip: IpAddr) -> Option<Self> {
+        match ip {
+            IpAddr::V6(a) => Some(a),
+            IpAddr::V4(_) => None,
+        }
+    }
 }
+
+/// One pod's steering: its table (if it routes anything to a gateway),
+/// the policies and IPs it uses, its SNAT ranges (`PerNode` policies).
+type PodSteering = (Option<RouteSet>, BTreeSet<Use>, Vec<(u128, u128, IpAddr)>);
 
 fn pod_routes<A: Family>(
     tables: &Tables,
     pod: A,
     next_hop: &dyn Fn(IpAddr) -> IpAddr,
     cluster: &[IpNet],
-) -> Option<(RouteSet, BTreeSet<Use>)> {
+    per_node: &BTreeSet<String>,
+) -> Option<PodSteering> {
     let c = A::classifier(tables);
     let class = class_of(c, pod)?;
     let cluster: Vec<IpNet> = cluster.iter().copied().filter(|n| n.addr().is_ipv4() == pod.to_ip().is_ipv4()).collect();
     let mut routes = RouteSet::new();
     let mut uses = BTreeSet::new();
+    // Every boundary prefix with the node's own address to SNAT to, or
+    // None (a gateway's, excluded, or the cluster's): the longest wins.
+    let mut snat: Vec<(Prefix<A>, Option<IpAddr>)> = Vec::new();
     for (_, prefix, action) in c.destination_entries().filter(|(k, _, _)| *k == class) {
         let dst = net(&prefix);
         if cluster.iter().any(|n| n.contains(&dst)) {
@@ -145,32 +172,62 @@ fn pod_routes<A: Family>(
                 let policy = tables.policies.get(id.0 as usize)?;
                 let egress = A::egress(policy, pod)?;
                 uses.insert(Use { policy: policy.spec.name.clone(), egress_ip: egress });
+                if per_node.contains(&policy.spec.name) {
+                    // The node's own address: its usual path, SNATed.
+                    snat.push((prefix, Some(egress)));
+                    routes.insert(Route { dst, via: None });
+                    continue;
+                }
                 Some(next_hop(egress))
             }
         };
+        snat.push((prefix, None));
         routes.insert(Route { dst, via });
     }
-    if !routes.iter().any(|r| r.via.is_some()) {
+    snat.extend(cluster.iter().filter_map(|n| Some((Prefix::new(A::of(n.addr())?, n.prefix_len()), None))));
+    let snat: Vec<(u128, u128, IpAddr)> = crate::failclosed::disjoint_ranges(snat.into_iter())
+        .into_iter()
+        .filter_map(|(lo, hi, v)| v.map(|a| (lo, hi, a)))
+        .collect();
+    let table = routes.iter().any(|r| r.via.is_some()).then(|| {
+        routes.extend(cluster.iter().map(|n| Route { dst: *n, via: None }));
+        routes
+    });
+    if table.is_none() && snat.is_empty() {
         return None;
     }
-    routes.extend(cluster.iter().map(|n| Route { dst: *n, via: None }));
-    Some((routes, uses))
+    Some((table, uses, snat))
 }
 
 /// The steering of `pods` (this node's pods' addresses). `next_hops` maps an
 /// egress IP to its companion next hop; an egress IP without one is its own
 /// next hop. `cluster` lists the pod and Service CIDRs, which stay inside.
-pub fn plan(tables: &Tables, pods: &[IpAddr], next_hops: &BTreeMap<IpAddr, IpAddr>, cluster: &[IpNet]) -> Plan {
+/// `per_node` names the `PerNode` policies: their destinations are not
+/// routed to a gateway but SNATed on the node to its own address (the
+/// policy's egress IP in this node's tables).
+pub fn plan(
+    tables: &Tables,
+    pods: &[IpAddr],
+    next_hops: &BTreeMap<IpAddr, IpAddr>,
+    cluster: &[IpNet],
+    per_node: &BTreeSet<String>,
+) -> Plan {
     let hop = |egress: IpAddr| next_hops.get(&egress).copied().unwrap_or(egress);
     let mut out = Plan::default();
     for ip in pods {
         let steered = match *ip {
-            IpAddr::V4(a) => pod_routes(tables, a, &hop, cluster),
-            IpAddr::V6(a) => pod_routes(tables, a, &hop, cluster),
+            IpAddr::V4(a) => pod_routes(tables, a, &hop, cluster, per_node),
+            IpAddr::V6(a) => pod_routes(tables, a, &hop, cluster, per_node),
         };
-        if let Some((routes, uses)) = steered {
-            out.next_hops.extend(routes.iter().filter_map(|r| r.via));
-            out.pods.insert(*ip, routes);
+        if let Some((routes, uses, snat)) = steered {
+            if let Some(routes) = routes {
+                out.next_hops.extend(routes.iter().filter_map(|r| r.via));
+                out.pods.insert(*ip, routes);
+            }
+            if !snat.is_empty() {
+                out.node_addresses.extend(snat.iter().map(|(_, _, a)| *a));
+                out.snat.insert(*ip, snat);
+            }
             out.uses.insert(*ip, uses);
         }
     }
@@ -351,7 +408,7 @@ mod tests {
             let t = tables(c.policies);
             let hops: BTreeMap<IpAddr, IpAddr> = c.next_hops.iter().map(|(a, b)| (ip(a), ip(b))).collect();
             let pods: Vec<IpAddr> = c.pods.iter().map(|p| ip(p)).collect();
-            let got = plan(&t, &pods, &hops, &cluster());
+            let got = plan(&t, &pods, &hops, &cluster(), &BTreeSet::new());
             let want: BTreeMap<IpAddr, RouteSet> =
                 c.want.into_iter().map(|(p, r)| (ip(p), r.into_iter().collect())).collect();
             assert_eq!(got.pods, want, "{}", c.name);
@@ -361,13 +418,61 @@ mod tests {
     }
 
     #[test]
+    fn per_node_destinations_are_snat_ranges_not_routes() {
+        let t = tables(vec![
+            policy("egresspolicy/gw", &["198.18.0.10/32"], &["198.51.100.0/24"], &[], &["203.0.113.10"]),
+            policy(
+                "egresspolicy/node",
+                &["198.18.0.10/32", "198.18.0.11/32"],
+                &["0.0.0.0/0"],
+                &["192.0.2.0/24"],
+                &["203.0.113.50"],
+            ),
+        ]);
+        let per_node = BTreeSet::from(["egresspolicy/node".to_string()]);
+        let pods = [ip("198.18.0.10"), ip("198.18.0.11")];
+        let got = plan(&t, &pods, &BTreeMap::new(), &cluster(), &per_node);
+        // .10: the gateway policy's /24 is routed; everything else of the
+        // per-node policy goes its usual way (throw) and is SNATed.
+        let want10: RouteSet = [
+            throw("0.0.0.0/0"),
+            throw("192.0.2.0/24"),
+            via("198.51.100.0/24", "203.0.113.10"),
+            throw("198.18.0.0/16"),
+            throw("198.19.0.0/24"),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(got.pods.get(&ip("198.18.0.10")), Some(&want10));
+        assert_eq!(got.pods.get(&ip("198.18.0.11")), None, ".11 routes nothing to a gateway: no table");
+        let n = |s: &str| u128::from(u32::from(s.parse::<Ipv4Addr>().unwrap()));
+        let a = ip("203.0.113.50");
+        assert_eq!(
+            got.snat[&ip("198.18.0.11")],
+            vec![
+                (0, n("192.0.1.255"), a),
+                (n("192.0.3.0"), n("198.17.255.255"), a),
+                (n("198.19.1.0"), n("255.255.255.255"), a),
+            ],
+            "0.0.0.0/0 minus the exception and the cluster's CIDRs"
+        );
+        let ranges10 = &got.snat[&ip("198.18.0.10")];
+        assert!(
+            ranges10.iter().all(|(lo, hi, _)| *hi < n("198.51.100.0") || *lo > n("198.51.100.255")),
+            "the gateway's /24 is not SNATed: {ranges10:?}"
+        );
+        assert_eq!(got.node_addresses, BTreeSet::from([a]));
+        assert!(got.uses[&ip("198.18.0.11")].contains(&Use { policy: "egresspolicy/node".into(), egress_ip: a }));
+    }
+
+    #[test]
     fn a_pool_of_egress_ips_pairs_each_pod_as_the_gateway_does() {
         let egress = ["203.0.113.10", "203.0.113.11", "203.0.113.12"];
         let pods: Vec<IpAddr> = (10..60).map(|i| IpAddr::V4(Ipv4Addr::new(198, 18, 0, i))).collect();
         let sources: Vec<String> = pods.iter().map(|p| format!("{p}/32")).collect();
         let src_refs: Vec<&str> = sources.iter().map(String::as_str).collect();
         let t = tables(vec![policy("egresspolicy/pool", &src_refs, &["0.0.0.0/0"], &[], &egress)]);
-        let got = plan(&t, &pods, &BTreeMap::new(), &cluster());
+        let got = plan(&t, &pods, &BTreeMap::new(), &cluster(), &BTreeSet::new());
         let list: Vec<Ipv4Addr> = egress.iter().map(|e| e.parse().unwrap()).collect();
         let mut seen = BTreeSet::new();
         for p in &pods {
