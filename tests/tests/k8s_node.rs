@@ -456,7 +456,11 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     // their own Node's address from a pool, SNATed on the node.
     per_node(lab, rt, client);
 
-    // 7. Cleanup.
+    // 7. A flow that outlives its pod's steering: its conntrack entry keeps
+    // the pod's own source; its packets must not leave the node's own way.
+    kept_flow_outlives_steering(lab, rt, client);
+
+    // 8. Cleanup.
     agents.get_mut(&Worker::One).unwrap().kill();
     lab.cleanup_agent(Worker::One).expect("egret node cleanup");
     assert_eq!(lab.steering(Worker::One).unwrap(), (vec![], vec![]), "cleanup leaves no rule or route");
@@ -513,7 +517,9 @@ fn per_node(lab: &NodeLab, rt: &tokio::runtime::Runtime, client: &kube::Client) 
         let v4: Ipv4Addr = a.ips.iter().find_map(|s| s.parse().ok()).expect("an IPv4 address");
         let v6: Ipv6Addr = a.ips.iter().find_map(|s| s.parse().ok()).expect("an IPv6 address");
         let name = format!("{}-uns", w.node_name());
-        let took = wait_source(lab, &name, v4, Duration::from_secs(30));
+        // Until its agent has the SNAT in place the pod is still masqueraded
+        // as its node; any other source is a failure.
+        let took = wait_source_after(lab, &name, v4, w.lan_addr());
         assert_eq!(source6_of(lab, &name), Ok(IpAddr::V6(v6)), "{name} over IPv6 leaves with its Node's address");
         assert_eq!(
             source_of(lab, &format!("{}-sel", w.node_name())),
@@ -531,6 +537,66 @@ fn per_node(lab: &NodeLab, rt: &tokio::runtime::Runtime, client: &kube::Client) 
     let st = rt.block_on(Api::<EgressPolicy>::all(client.clone()).get("per-node")).unwrap().status.unwrap();
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
     assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Enforced"), "{ready:?}");
+}
+
+/// w1-sel keeps one UDP flow (one socket, one source port) to the server's
+/// echo port while the policy gains an `except` for the server: the flow's
+/// conntrack entry holds the binding to the pod's own source, so its later
+/// packets, now routed the node's own way, are dropped on the node
+/// (`kept_source_guard`) rather than leaving with the pod's address (the
+/// capture and the server's journal are checked at the end); a new flow is
+/// masqueraded as the node's address; the except is removed again.
+fn kept_flow_outlives_steering(lab: &NodeLab, rt: &tokio::runtime::Runtime, client: &kube::Client) {
+    use egret_tests::client as udp;
+    let echo = std::net::SocketAddr::new(egret_tests::plan::SERVER.into(), egret_tests::plan::ECHO_PORT);
+    let s = udp::udp_socket_from(lab.pod("w1-sel"), 40_999, echo).expect("a UDP socket in w1-sel");
+    let (reply, _) = udp::udp_exchange(&s, "kept-before", 10, Duration::from_millis(300)).expect("steered flow");
+    assert_eq!(reply.seen.ip(), IpAddr::V4(EIP), "the flow starts through the gateway");
+    let except = |on: bool| {
+        let patch = json!({"spec": {"except": if on { json!(["198.51.100.0/24"]) } else { json!([]) }}});
+        rt.block_on(Api::<EgressPolicy>::all(client.clone()).patch(
+            "db",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        ))
+        .expect("patch the policy");
+    };
+    except(true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lab.steering(Worker::One).unwrap().1.iter().any(|r| r.starts_with("throw 198.51.100.0/24")) {
+        assert!(Instant::now() < deadline, "the agent throws the new exception");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..5 {
+        s.send(format!("kept-after-{i}").as_bytes()).expect("send");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    udp::udp_expect_silence(&s, Duration::from_millis(500)).expect("the old flow gets no answer: dropped on the node");
+    assert_eq!(
+        source_of(lab, "w1-sel"),
+        Ok(IpAddr::V4(Worker::One.lan_addr())),
+        "a new connection to the excepted server leaves the node's way, masqueraded"
+    );
+    let table = lab.node_table(Worker::One);
+    assert!(table.contains("kept pod source"), "{table}");
+    except(false);
+    wait_source_after(lab, "w1-sel", EIP, Worker::One.lan_addr());
+}
+
+/// New connections from pod `name` until the server sees `want`, while it
+/// may still see `meanwhile` (the node's masquerade before the agent's
+/// change); any other source, or none within 30 s, is a failure.
+fn wait_source_after(lab: &NodeLab, name: &str, want: Ipv4Addr, meanwhile: Ipv4Addr) -> Duration {
+    let first = Instant::now();
+    loop {
+        match source_of(lab, name) {
+            Ok(a) if a == IpAddr::V4(want) => return first.elapsed(),
+            Ok(a) => assert_eq!(a, IpAddr::V4(meanwhile), "{name} before the agent's change"),
+            Err(e) => panic!("{name}: {e}"),
+        }
+        assert!(first.elapsed() < Duration::from_secs(30), "{name} never left as {want}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Creates `CHURN` pods on w1 (even ones selected), measures each selected

@@ -200,6 +200,11 @@ async fn apply_ops(kernel: &mut Kernel, ops: &[Op], kernel_before: &KernelView, 
             }
             Err(e) => {
                 errors.push(e.to_string());
+                if let Op::AddRule { pod, .. } = op {
+                    // The pod keeps its old rule and table.
+                    skipped_pods.insert(*pod);
+                    kept_tables.extend(kernel_before.rules.iter().filter(|r| r.pod == *pod).map(|r| r.table));
+                }
                 if let Op::AddRoute { table, .. } = op {
                     failed_tables.insert(*table);
                     // Leave no partial table behind.

@@ -170,6 +170,12 @@ pub fn parse_route(m: &RouteMessage, range: TableRange) -> Option<(u32, Route)> 
     Some((table, Route { dst, via }))
 }
 
+/// A route message's table.
+fn table_of(m: &RouteMessage) -> Option<u32> {
+    let attr = m.attributes.iter().find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None });
+    Some(attr.unwrap_or(u32::from(m.header.table)))
+}
+
 /// The rtnetlink side of the agent.
 pub struct Kernel {
     requests: Requests,
@@ -223,6 +229,8 @@ impl Kernel {
                 if let RouteNetlinkMessage::NewRoute(r) = m {
                     if let Some((t, route)) = parse_route(&r, self.range) {
                         view.tables.entry(t).or_default().insert(route);
+                    } else if let Some(t) = table_of(&r).filter(|t| self.range.contains(*t)) {
+                        view.foreign.insert(t);
                     }
                 }
             }
@@ -264,8 +272,7 @@ impl Kernel {
         let mut out = Vec::new();
         for m in msgs {
             let RouteNetlinkMessage::NewAddress(a) = m else { continue };
-            let ours =
-                a.attributes.contains(&AddressAttribute::Protocol(AddressProtocol::Other(RTPROT_EGRET)));
+            let ours = a.attributes.contains(&AddressAttribute::Protocol(AddressProtocol::Other(RTPROT_EGRET)));
             let ip = a.attributes.iter().find_map(|x| match x {
                 AddressAttribute::Local(ip) => Some(*ip),
                 AddressAttribute::Address(ip) if a.header.family == AddressFamily::Inet6 => Some(*ip),

@@ -43,6 +43,10 @@ pub const TABLE: &str = "egret_node";
 /// `srcnat - 10` and the iptables `nat` table's 100.
 pub const KEEP_SOURCE_PRIORITY: i32 = 50;
 
+/// The conntrack mark bit of connections whose source the bypass kept
+/// (others' bits are preserved: the AWS VPC CNI uses 0x80).
+pub const KEPT: u32 = 0x0010_0000;
+
 /// What the table holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sets {
@@ -131,8 +135,19 @@ pub fn ruleset(s: &Sets) -> String {
             elems.join(", ")
         );
     }
-    out.push_str(
-        "    ip saddr @steered4 rt ip nexthop @hops4 counter snat ip to ip saddr\n    ip6 saddr @steered6 rt ip6 nexthop @hops6 counter snat ip6 to ip6 saddr\n  }\n",
+    let _ = write!(
+        out,
+        "    ip saddr @steered4 rt ip nexthop @hops4 counter ct mark set ct mark or {KEPT:#010x} snat ip to ip saddr\n    ip6 saddr @steered6 rt ip6 nexthop @hops6 counter ct mark set ct mark or {KEPT:#010x} snat ip6 to ip6 saddr\n  }}\n"
+    );
+    // A connection bound to the pod's own source keeps that binding after
+    // the pod stops being steered (its rule is gone, an `except` was added):
+    // its later packets would leave through the node's own route with the
+    // pod's address. They are dropped instead; the application's next
+    // connection is masqueraded (or steered) as usual. Only the original
+    // direction: the replies to the pod are routed to the pod itself.
+    let _ = write!(
+        out,
+        "  chain kept_source_guard {{\n    type filter hook postrouting priority 300; policy accept;\n    ct direction original ct mark and {KEPT:#010x} == {KEPT:#010x} meta nfproto ipv4 rt ip nexthop != @hops4 counter drop comment \"egret: a kept pod source not leaving through a gateway\"\n    ct direction original ct mark and {KEPT:#010x} == {KEPT:#010x} meta nfproto ipv6 rt ip6 nexthop != @hops6 counter drop comment \"egret: a kept pod source not leaving through a gateway\"\n  }}\n"
     );
     if let Some(st) = &s.strict {
         set(&mut out, "local4", "ipv4_addr", true, nets(st.local.iter(), true));

@@ -38,6 +38,9 @@ pub struct KernelView {
     pub rules: Vec<KernelRule>,
     /// The agent's tables with their routes.
     pub tables: BTreeMap<u32, RouteSet>,
+    /// Table numbers in the range that hold someone else's routes: never
+    /// used (adding a route there may meet `EEXIST` for a foreign route).
+    pub foreign: BTreeSet<u32>,
 }
 
 /// The table numbers the agent may use.
@@ -127,7 +130,10 @@ pub fn reconcile(
             used.insert(*t);
         }
     }
-    // Fresh tables for the rest, never one the kernel still has content in.
+    // Fresh tables for the rest: never one the kernel still has content in,
+    // one a rule still points to (its routes may have been flushed by the
+    // kernel, the rule not), or one with someone else's routes.
+    let referenced: BTreeSet<u32> = kernel.rules.iter().map(|r| r.table).collect();
     let mut ops = Vec::new();
     let mut next = range.first;
     let end = u64::from(range.first) + u64::from(range.count);
@@ -135,7 +141,12 @@ pub fn reconcile(
         if assigned.contains_key(set) {
             continue;
         }
-        while u64::from(next) < end && (kernel.tables.contains_key(&next) || used.contains(&next)) {
+        while u64::from(next) < end
+            && (kernel.tables.contains_key(&next)
+                || used.contains(&next)
+                || referenced.contains(&next)
+                || kernel.foreign.contains(&next))
+        {
             next += 1;
         }
         if u64::from(next) >= end {
@@ -292,6 +303,19 @@ mod tests {
             let s11 = lookup(&k3, "198.18.0.11");
             assert!(s11 == Some(set("203.0.113.11")) || s11 == Some(set("203.0.113.12")), "after {op:?}: {s11:?}");
         }
+    }
+
+    #[test]
+    fn a_fresh_table_is_never_one_a_rule_or_someone_else_still_uses() {
+        // Table 1000 lost its routes (the kernel flushed them) but a stale
+        // rule still points to it; 1001 holds a foreign route.
+        let k = KernelView {
+            rules: vec![KernelRule { pod: ip("198.18.0.99"), table: 1000, priority: P }],
+            tables: BTreeMap::new(),
+            foreign: BTreeSet::from([1001]),
+        };
+        let c = reconcile(&k, &plan(&[("198.18.0.10", "203.0.113.10")]), RANGE, P).unwrap();
+        assert_eq!(c.tables[&ip("198.18.0.10")], 1002, "{:?}", c.ops);
     }
 
     #[test]
