@@ -176,13 +176,15 @@ fn interval_map(
 /// One family's maps and chains: `sources{fam}` maps each selected source
 /// range to its class's chain `class{fam}_{c}`, which looks the destination
 /// up in `class{fam}_{c}_dst` (steer: jump to the policy's counting drop
-/// chain; exclude: accept) and accepts what that map does not hold.
+/// chain; exclude: `pass`) and gives `pass` to what that map does not hold.
+/// `pass` is `accept`, or `return` when the source guard must see the rest.
 fn family<A: LpmAddr>(
     c: &Classifier<A>,
     fam: &str,
     ip: &str,
     ty: &str,
     addr: &dyn Fn(u128) -> String,
+    pass: &str,
     out: &mut String,
 ) -> String {
     let sources = disjoint_ranges(c.source_entries().map(|(p, class)| (p, format!("jump class{fam}_{class}"))));
@@ -192,13 +194,13 @@ fn family<A: LpmAddr>(
         let dst = disjoint_ranges(c.destination_entries().filter(|(k, _, _)| *k == class).map(|(_, p, a)| {
             let verdict = match a {
                 DstAction::Steer(id) => format!("jump policy_{}", id.0),
-                DstAction::Exclude => "accept".to_string(),
+                DstAction::Exclude => pass.to_string(),
             };
             (p, verdict)
         }));
         let map = format!("class{fam}_{class}_dst");
         interval_map(&map, ty, &dst, addr, out);
-        chains.push_str(&format!("  chain class{fam}_{class} {{\n    {ip} daddr vmap @{map}\n    accept\n  }}\n"));
+        chains.push_str(&format!("  chain class{fam}_{class} {{\n    {ip} daddr vmap @{map}\n    {pass}\n  }}\n"));
     }
     chains
 }
@@ -218,8 +220,12 @@ pub fn ruleset(tables: &Tables) -> String {
     s.push_str(&format!("table inet {TABLE} {{\n"));
     let v4 = |a: u128| Ipv4Addr::from(a as u32).to_string();
     let v6 = |a: u128| Ipv6Addr::from(a).to_string();
-    let mut chains = family::<Ipv4Addr>(&tables.classify_v4, "4", "ip", "ipv4_addr", &v4, &mut s);
-    chains.push_str(&family::<Ipv6Addr>(&tables.classify_v6, "6", "ip6", "ipv6_addr", &v6, &mut s));
+    let guard = &tables.spec.guard;
+    let guarded = !guard.sources.is_empty() && !guard.interfaces.is_empty();
+    // With the guard, what Egret does not translate goes on to it.
+    let pass = if guarded { "return" } else { "accept" };
+    let mut chains = family::<Ipv4Addr>(&tables.classify_v4, "4", "ip", "ipv4_addr", &v4, pass, &mut s);
+    chains.push_str(&family::<Ipv6Addr>(&tables.classify_v6, "6", "ip6", "ipv6_addr", &v6, pass, &mut s));
     // Every policy, and any policy index a rule names (none beyond them today).
     let mut ids: std::collections::BTreeSet<usize> = (0..tables.policies.len()).collect();
     let steers = |a: DstAction| if let DstAction::Steer(p) = a { Some(p.0 as usize) } else { None };
@@ -229,8 +235,6 @@ pub fn ruleset(tables: &Tables) -> String {
         s.push_str(&format!("  chain policy_{id} {{\n    counter drop comment \"policy {}\"\n  }}\n", name(id)));
     }
     s.push_str(&chains);
-    let guard = &tables.spec.guard;
-    let guarded = !guard.sources.is_empty() && !guard.interfaces.is_empty();
     if guarded {
         for (name, ty, v4) in [("guard4", "ipv4_addr", true), ("guard6", "ipv6_addr", false)] {
             let elems: Vec<String> =
@@ -246,12 +250,14 @@ pub fn ruleset(tables: &Tables) -> String {
     s.push_str("    meta nfproto ipv4 ip saddr vmap @sources4\n");
     s.push_str("    meta nfproto ipv6 ip6 saddr vmap @sources6\n");
     if guarded {
-        // Reached only by sources no policy selects (a selected source's
-        // class chain ends in a verdict).
+        // Reached by everything the classification does not drop: an
+        // unselected source, and a selected source's destination no policy
+        // of its class steers (a node agent ahead of this gateway after a
+        // policy change). Pod-to-pod traffic (a pod on this Node) passes.
         let ifs: Vec<String> = guard.interfaces.iter().map(|i| format!("\"{}\"", i.replace('"', ""))).collect();
         let ifs = ifs.join(", ");
         s.push_str(&format!(
-            "    iifname {{ {ifs} }} ip saddr @guard4 counter drop comment \"untranslated pod source\"\n    iifname {{ {ifs} }} ip6 saddr @guard6 counter drop comment \"untranslated pod source\"\n"
+            "    iifname {{ {ifs} }} ip saddr @guard4 ip daddr != @guard4 counter drop comment \"untranslated pod source\"\n    iifname {{ {ifs} }} ip6 saddr @guard6 ip6 daddr != @guard6 counter drop comment \"untranslated pod source\"\n"
         ));
     }
     s.push_str("  }\n}\n");
@@ -672,22 +678,32 @@ mod tests {
             let mut spec = t.spec.clone();
             spec.guard = egret_dataplane::tables::SourceGuard {
                 interfaces: vec![interface.into()],
-                sources: vec!["198.18.0.0/15".parse().unwrap()],
+                sources: vec!["198.18.0.0/16".parse().unwrap(), "198.19.255.0/24".parse().unwrap()],
             };
             Tables::compile(&spec, 2, &PolicySlots::default()).unwrap()
         };
-        install(&guarded("efc14rc"));
-        assert!(!ping("198.18.1.1", "203.0.113.5"), "an unselected pod source is dropped, not forwarded");
-        assert!(!ping("198.18.0.1", "203.0.113.5"), "steered: dropped as before");
+        // A "pod" on the far side (a pod on the gateway's own Node).
+        for c in [
+            "ip -n efc14-srv addr add 198.19.255.1/32 dev efc14s",
+            "ip -n efc14-rtr route add 198.19.255.0/24 via 198.51.100.254",
+        ] {
+            assert!(sh(&c.split(' ').collect::<Vec<_>>()), "{c}");
+        }
         let excluded = ("198.18.0.1", "198.51.100.200");
         assert!(!matches!(
             t.classify_v4.classify(excluded.0.parse().unwrap(), excluded.1.parse().unwrap()),
             Decision::Steer(_)
         ));
-        assert!(ping(excluded.0, excluded.1), "a selected source's excluded destination is still forwarded");
+        assert!(ping(excluded.0, excluded.1), "unguarded: a selected source's excluded destination is forwarded");
+        install(&guarded("efc14rc"));
+        assert!(!ping("198.18.1.1", "203.0.113.5"), "an unselected pod source is dropped, not forwarded");
+        assert!(!ping("198.18.0.1", "203.0.113.5"), "steered: dropped as before");
+        assert!(!ping(excluded.0, excluded.1), "guarded: what Egret does not translate is dropped too");
+        assert!(ping("198.18.1.1", "198.19.255.1"), "pod to pod (a pod on the gateway's Node) passes");
         assert!(ping("192.0.2.2", "203.0.113.5"), "a source outside the guard is forwarded");
         install(&guarded("other0"));
         assert!(ping("198.18.1.1", "203.0.113.5"), "the guard applies only on its interfaces");
+        assert!(ping(excluded.0, excluded.1), "...and exclusions are the classification's again");
     }
 
     /// Measurement, not a check: how long `nft -f` of the ruleset takes, and

@@ -18,6 +18,10 @@
 //!    once its rule is in place);
 //! 6. the status file and metrics are updated.
 //!
+//! A pass that failed in the kernel is retried after 1 s, doubling up to the
+//! resync period; a policy the gateways leave out (an invalid spec) is
+//! reported in the status and not retried.
+//!
 //! Nothing is programmed before the watches have synced, and a stopping
 //! agent leaves the kernel as it is (a restarted agent finds its rules and
 //! keeps them; `egret node cleanup` removes them).
@@ -239,10 +243,14 @@ impl Agent {
         let mut errors = Vec::new();
         let mut changes = 0;
         let outcome = self.pass_inner(obs, &mut errors, &mut changes).await;
+        // Kernel and nft failures decide the retry; a policy the gateways
+        // leave out is reported, not retried.
+        let ok = outcome.is_ok() && errors.is_empty();
         let mut s = self.status.lock();
         s.syncs += 1;
         s.changes_total += changes;
-        s.errors_total += errors.len() as u64;
+        s.errors_total += errors.len() as u64 + u64::from(outcome.is_err());
+        s.programmed |= ok;
         s.last_sync = Some(Timestamp::now().to_string());
         s.last_sync_unix = now_unix();
         match outcome {
@@ -266,7 +274,6 @@ impl Agent {
             }
             Err(e) => errors.push(e),
         }
-        let ok = errors.is_empty();
         for e in &errors {
             tracing::warn!(error = %e, "node agent pass");
         }
@@ -351,7 +358,8 @@ async fn serve_metrics(listener: TcpListener, status: Arc<Mutex<NodeStatus>>) {
         let s = status.lock().clone();
         match path {
             "/metrics" => (200, "text/plain; version=0.0.4; charset=utf-8", status::metrics(&s)),
-            "/ready" if s.synced && s.syncs > 0 => (200, "text/plain", "ready\n".into()),
+            "/ready" if s.synced && s.programmed => (200, "text/plain", "ready\n".into()),
+            "/ready" if s.synced => (503, "text/plain", "not ready: no pass has applied everything yet\n".into()),
             "/ready" => (503, "text/plain", "not ready: the watches have not synced yet\n".into()),
             "/healthz" => (200, "text/plain", "ok\n".into()),
             _ => (404, "text/plain", "try /metrics, /ready or /healthz\n".into()),
@@ -399,9 +407,12 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
     tracing::info!("watches synced; reconciling");
     let resync = opts.resync_period;
     let mut agent = Agent { opts, kernel, slots: PolicySlots::default(), strict, status };
+    let mut failures: u32 = 0;
     loop {
         let ok = agent.pass(&stores.observed()).await;
-        let wait = if ok { resync } else { RETRY };
+        // After a failure: 1 s, doubling up to the resync period.
+        failures = if ok { 0 } else { failures.saturating_add(1) };
+        let wait = if ok { resync } else { RETRY.saturating_mul(1 << (failures - 1).min(5)).min(resync) };
         tokio::select! {
             _ = notify.notified() => tokio::time::sleep(DEBOUNCE).await,
             _ = tokio::time::sleep(wait) => {}

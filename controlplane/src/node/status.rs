@@ -40,8 +40,10 @@ pub struct NodeStatus {
     pub last_sync: Option<String>,
     /// Unix seconds of the last pass.
     pub last_sync_unix: u64,
-    /// Whether the last pass applied everything.
+    /// Whether the last pass applied everything in the kernel.
     pub last_sync_ok: bool,
+    /// Whether some pass has applied everything (`/ready`).
+    pub programmed: bool,
     /// Passes so far.
     pub syncs: u64,
     /// Operations that failed so far.
