@@ -307,7 +307,10 @@ impl Agent {
         }
         let before = self.kernel.view().await.map_err(|e| e.to_string())?;
         // Keep sources for the union first; without it, change nothing.
-        nft::install(&sets(&before, Some(&c.plan), &c, self.strict.as_ref())).map_err(|e| e.to_string())?;
+        // nft runs up to its timeout: off the runtime's other tasks (the
+        // watchers keep reading meanwhile).
+        let union = sets(&before, Some(&c.plan), &c, self.strict.as_ref());
+        tokio::task::block_in_place(|| nft::install(&union)).map_err(|e| e.to_string())?;
         let priority = self.opts.rule_priority;
         match reconcile(&before, &c.plan, self.opts.tables, priority) {
             Ok(ch) => {
@@ -318,7 +321,8 @@ impl Agent {
             Err(e) => errors.push(e.to_string()),
         }
         let after = self.kernel.view().await.map_err(|e| e.to_string())?;
-        if let Err(e) = nft::install(&sets(&after, None, &c, self.strict.as_ref())) {
+        let now = sets(&after, None, &c, self.strict.as_ref());
+        if let Err(e) = tokio::task::block_in_place(|| nft::install(&now)) {
             errors.push(e.to_string());
         } else {
             // Addresses no PerNode policy uses any more, once nothing SNATs to them.

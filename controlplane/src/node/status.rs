@@ -52,7 +52,7 @@ pub struct NodeStatus {
     pub errors: Vec<String>,
     /// Local pods with an address.
     pub pods_local: usize,
-    /// Local pods steered to a gateway.
+    /// Local pod addresses with an Egret rule (a dual-stack pod counts twice).
     pub pods_steered: usize,
     /// Rules the kernel holds.
     pub rules: usize,
@@ -97,11 +97,16 @@ pub fn metrics(s: &NodeStatus) -> String {
     };
     let one = |v: String| vec![(String::new(), v)];
     family("egret_node_pods", "gauge", "Local pods with an address.", one(s.pods_local.to_string()));
-    family("egret_node_pods_steered", "gauge", "Local pods steered to a gateway.", one(s.pods_steered.to_string()));
+    family(
+        "egret_node_pods_steered",
+        "gauge",
+        "Local pod addresses with an Egret rule (a dual-stack pod counts twice).",
+        one(s.pods_steered.to_string()),
+    );
     family(
         "egret_node_pods_steered_by_egress_ip",
         "gauge",
-        "Local pods steered, per policy and egress IP.",
+        "Local pod addresses using each policy and egress IP (the plan; rules the kernel refused are in the errors).",
         s.uses
             .iter()
             .map(|u| {
@@ -156,7 +161,7 @@ pub fn render(s: &NodeStatus, now_unix: u64) -> String {
         format!("{} ({} s ago)", s.last_sync.as_deref().unwrap_or("-"), now_unix.saturating_sub(s.last_sync_unix))
     };
     let mut out = format!(
-        "node        {}\nagent pid   {}\nmode        {}\nsynced      {}\nlast sync   {}{}\npods        {} local, {} steered\nkernel      {} rules, {} tables\nchanges     {}\nerrors      {} total\n",
+        "node        {}\nagent pid   {}\nmode        {}\nsynced      {}\nlast sync   {}{}\npods        {} local addresses, {} with a rule\nkernel      {} rules, {} tables\nchanges     {}\nerrors      {} total\n",
         s.node,
         s.pid,
         if s.strict { "strict" } else { "permissive" },
