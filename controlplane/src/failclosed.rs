@@ -626,15 +626,18 @@ mod tests {
             assert!(sh(&c.split(' ').collect::<Vec<_>>()), "{c}");
         }
         let t = tables();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", "efc14-rtr", "nft", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(ruleset(&t).as_bytes()).unwrap();
-        let o = child.wait_with_output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let install = |t: &Tables| {
+            let mut child = Command::new("ip")
+                .args(["netns", "exec", "efc14-rtr", "nft", "-f", "-"])
+                .stdin(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child.stdin.take().unwrap().write_all(ruleset(t).as_bytes()).unwrap();
+            let o = child.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        };
+        install(&t);
         let ping = |src: &str, dst: &str| {
             sh(&["ip", "netns", "exec", "efc14-cli", "ping", "-q", "-c1", "-W1", "-I", src, dst])
         };
@@ -663,17 +666,6 @@ mod tests {
         // The source guard: the pod CIDR's untranslated traffic arriving on
         // the guarded interface is dropped, whatever the policies say;
         // excluded destinations of selected sources and other sources pass.
-        let install = |t: &Tables| {
-            let mut child = Command::new("ip")
-                .args(["netns", "exec", "efc14-rtr", "nft", "-f", "-"])
-                .stdin(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            child.stdin.take().unwrap().write_all(ruleset(t).as_bytes()).unwrap();
-            let o = child.wait_with_output().unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        };
         let guarded = |interface: &str| {
             let mut spec = t.spec.clone();
             spec.guard = egret_dataplane::tables::SourceGuard {

@@ -104,6 +104,16 @@ struct Rig {
     manager: OffloadManager,
 }
 
+/// Runs `frame` through the rig's worker as received on `ingress` at `at`
+/// seconds: the verdict and the (rewritten) buffer.
+fn process(r: &mut Rig, frame: &[u8], ingress: u32, at: u64) -> (Verdict, Vec<u8>) {
+    let mut buf = vec![0u8; FRAME_BUFFER];
+    buf[..frame.len()].copy_from_slice(frame);
+    let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
+    let v = r.worker.process(&mut buf, frame.len(), meta, Timestamp::from_secs(at));
+    (v, buf)
+}
+
 fn rig(spec: &egret_dataplane::tables::TablesSpec, fib: Fib) -> Rig {
     let engine = Engine::new(spec).unwrap();
     engine.publish_fib(fib);
@@ -709,13 +719,6 @@ fn sessions_to_pods_behind_a_tunnel_stay_out_of_the_fast_path() {
         Route { oif: 9, gateway: Some(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0))) },
     );
     let mut r = rig(&fixtures::base_spec(), fib);
-    let process = |r: &mut Rig, frame: &[u8], ingress: u32, at: u64| {
-        let mut buf = vec![0u8; FRAME_BUFFER];
-        buf[..frame.len()].copy_from_slice(frame);
-        let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
-        let v = r.worker.process(&mut buf, frame.len(), meta, Timestamp::from_secs(at));
-        (v, buf)
-    };
     let (mut c_hits, mut a_kernel) = (0, 0);
     for k in 0..4u64 {
         // Pod A (behind the tunnel) and pod C (native): a query, then its answer.
@@ -773,13 +776,6 @@ fn a_route_moving_onto_a_tunnel_withdraws_the_session() {
     let mut r = rig(&fixtures::base_spec(), fixtures::topology());
     let out = from_pod(IpAddr::V4(POD_A), IpAddr::V4(SERVER), udp(40000, 53, b"q")).frame();
     let back = from_outside(IpAddr::V4(SERVER), IpAddr::V4(E1), udp(53, 40000, b"a")).frame();
-    let process = |r: &mut Rig, frame: &[u8], ingress: u32, at: u64| {
-        let mut buf = vec![0u8; FRAME_BUFFER];
-        buf[..frame.len()].copy_from_slice(frame);
-        let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
-        let v = r.worker.process(&mut buf, frame.len(), meta, Timestamp::from_secs(at));
-        (v, buf)
-    };
     for (frame, ingress) in [(&out, INSIDE), (&back, OUTSIDE)] {
         r.manager.run_once();
         assert!(matches!(process(&mut r, frame, ingress, 0).0, Verdict::Forward { .. }));

@@ -738,19 +738,7 @@ fn get_lease(rt: &tokio::runtime::Runtime, client: &kube::Client, ip: Ipv4Addr) 
 }
 
 fn lease_holder(rt: &tokio::runtime::Runtime, client: &kube::Client, ip: Ipv4Addr) -> Option<Gw> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(l) = rt.block_on(api.get(&lease_name(IpAddr::V4(ip)))) {
-            if let Some(g) = l.spec.and_then(|s| s.holder_identity).and_then(|h| Gw::by_node_name(&h)) {
-                return Some(g);
-            }
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    rt.block_on(lease_holder_name(client, IpAddr::V4(ip))).and_then(|h| Gw::by_node_name(&h))
 }
 
 /// CRDs, the deployed namespace and RBAC, gateway Nodes, Pods with their lab

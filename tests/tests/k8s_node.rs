@@ -40,7 +40,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use egret_controlplane::k8s::crd::EgressPolicy;
-use egret_controlplane::k8s::lease::lease_name;
 use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture};
 use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
@@ -49,7 +48,6 @@ use egret_tests::nodelab::{
 };
 use egret_tests::probe::{self, Prober};
 use k8s_common::*;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -128,19 +126,7 @@ fn source6_of(lab: &NodeLab, name: &str) -> Result<IpAddr, String> {
 }
 
 fn lease_holder(rt: &tokio::runtime::Runtime, client: &kube::Client) -> Option<NodeGw> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(l) = rt.block_on(api.get(&lease_name(IpAddr::V4(EIP)))) {
-            if let Some(g) = l.spec.and_then(|s| s.holder_identity).and_then(|h| NodeGw::by_node_name(&h)) {
-                return Some(g);
-            }
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    rt.block_on(lease_holder_name(client, IpAddr::V4(EIP))).and_then(|h| NodeGw::by_node_name(&h))
 }
 
 /// CRDs, the deployed namespace and both RBAC manifests, gateway and worker

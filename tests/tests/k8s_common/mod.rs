@@ -450,3 +450,22 @@ pub fn write_token_kubeconfig(admin: &std::path::Path, user: &str, token: &str, 
     );
     std::fs::write(out, kc).expect("write the kubeconfig");
 }
+
+/// The holder of `ip`'s Lease in `egret-system`, waiting up to 10 s for one.
+pub async fn lease_holder_name(client: &kube::Client, ip: std::net::IpAddr) -> Option<String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
+    let name = egret_controlplane::k8s::lease::lease_name(ip);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(l) = api.get(&name).await {
+            if let Some(h) = l.spec.and_then(|s| s.holder_identity).filter(|h| !h.is_empty()) {
+                return Some(h);
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
