@@ -8,7 +8,8 @@
 //!   lists, `NetNs::command("x")`, and argv arrays given to the helpers that
 //!   run them (`exec(&["x", ...])`, `in_ns(ns, &["x", ...])`,
 //!   `run(&["x", ...])`);
-//! - shell (`tests/*.sh`, `tests/k8s/*.sh`, `tests/guest-kernel/*.sh`): the
+//! - shell (`tests/*.sh`, `tests/k8s/*.sh`, `tests/guest-kernel/*.sh`,
+//!   `tests/helm-render/*.sh`): the
 //!   command word of every simple command, also inside `$(...)`, after
 //!   `exec`/`timeout`/`setsid`/`ip netns exec NS`, and `command -v x`.
 //!   Builtins, functions the scripts define, variables and paths are not
@@ -591,7 +592,7 @@ fn scan() -> Vec<(String, usize, String)> {
         found.extend(rust_commands(&text).into_iter().map(|(l, c)| (rel.clone(), l, c)));
     }
     let mut scripts = Vec::new();
-    for dir in ["tests", "tests/k8s", "tests/guest-kernel"] {
+    for dir in ["tests", "tests/k8s", "tests/guest-kernel", "tests/helm-render"] {
         for e in std::fs::read_dir(root.join(dir)).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "sh") {
