@@ -1,7 +1,7 @@
 //! The `egret` binary: the gateway daemon and the CLI that talks to it.
 //!
 //! ```text
-//! egret gateway --config FILE        run the gateway (root)
+//! egret gateway --config FILE [--metrics-listen ADDR:PORT]   run the gateway (root)
 //! egret check-config FILE            validate without touching the system
 //! egret status|counters|policies|ports [--json] [--socket PATH]
 //! egret sessions [--egress-ip IP] [--pod IP] [--proto tcp|udp|icmp] [--limit N]
@@ -11,7 +11,7 @@
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`).
 
 use std::io::Write;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -46,6 +46,11 @@ enum Command {
         /// The configuration file.
         #[arg(long)]
         config: PathBuf,
+        /// Serve /metrics and /ready here instead of the file's
+        /// `metrics.listen` (ADDRESS:PORT; an IPv6 address may come without
+        /// brackets, as `$(HOST_IP):9469` gives it in a pod).
+        #[arg(long, value_parser = parse_listen)]
+        metrics_listen: Option<SocketAddr>,
     },
     /// Remove the fail-closed forwarding rules a gateway leaves in the kernel
     /// (uninstalling Egret from a node). While they stay, a stopped gateway's
@@ -190,12 +195,25 @@ fn node_options(a: NodeArgs) -> Result<node::NodeOptions, String> {
     };
     o.metrics_listen = match a.metrics_listen.trim() {
         "" => None,
-        s => Some(s.parse().map_err(|_| format!("--metrics-listen: {s:?} is not ADDRESS:PORT"))?),
+        s => Some(parse_listen(s).map_err(|e| format!("--metrics-listen: {e}"))?),
     };
     o.status_file = a.status_file;
     o.resync_period = std::time::Duration::from_secs(a.resync_seconds.max(1));
     o.validate().map_err(|e| e.to_string())?;
     Ok(o)
+}
+
+/// A listen address: `ADDRESS:PORT`, `[V6]:PORT`, or an IPv6 address without
+/// brackets followed by `:PORT` (what `$(HOST_IP):PORT` expands to on an
+/// IPv6 Node; the port is the part after the last colon).
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let bad = || format!("{s:?} is not ADDRESS:PORT");
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    let (ip, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let ip: std::net::Ipv6Addr = ip.parse().map_err(|_| bad())?;
+    Ok(SocketAddr::new(IpAddr::V6(ip), port.parse().map_err(|_| bad())?))
 }
 
 fn node_main(cli: NodeCli) -> ExitCode {
@@ -351,9 +369,9 @@ fn check_config(file: &std::path::Path) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Gateway { config } => {
+        Command::Gateway { config, metrics_listen } => {
             init_logs();
-            match egret_controlplane::daemon::run_gateway(&config) {
+            match egret_controlplane::daemon::run_gateway_with(&config, metrics_listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e}");
@@ -388,5 +406,41 @@ fn main() -> ExitCode {
                 serde_json::from_value::<Vec<SessionRow>>(v).map(|s| render::sessions(&s))
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_takes_a_metrics_listen_address() {
+        let cli = Cli::try_parse_from([
+            "egret",
+            "gateway",
+            "--config=/etc/egret/gateway.yaml",
+            "--metrics-listen=192.0.2.7:9469",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        match cli.command {
+            Command::Gateway { metrics_listen, .. } => {
+                assert_eq!(metrics_listen, Some("192.0.2.7:9469".parse().unwrap_or_else(|e| panic!("{e}"))));
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = Cli::try_parse_from(["egret", "gateway", "--config", "f"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(cli.command, Command::Gateway { metrics_listen: None, .. }));
+        assert!(Cli::try_parse_from(["egret", "gateway", "--config", "f", "--metrics-listen", "localhost:1"]).is_err());
+    }
+
+    #[test]
+    fn a_listen_address_may_be_a_bare_ipv6_address_and_port() {
+        let v6: SocketAddr = "[2001:db8::7]:9465".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(parse_listen("2001:db8::7:9465"), Ok(v6));
+        assert_eq!(parse_listen("[2001:db8::7]:9465"), Ok(v6));
+        assert_eq!(parse_listen("192.0.2.7:9465"), Ok("192.0.2.7:9465".parse().unwrap_or_else(|e| panic!("{e}"))));
+        assert!(parse_listen("192.0.2.7").is_err());
+        assert!(parse_listen("2001:db8::7").is_err(), "no port: the last group is not taken as one");
+        assert!(parse_listen("").is_err());
     }
 }

@@ -34,7 +34,7 @@ mod port_map;
 pub mod sink;
 mod view;
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -205,7 +205,19 @@ fn rx_queues(name: &str) -> Option<u32> {
 
 /// Runs the gateway until SIGTERM/SIGINT.
 pub fn run_gateway(path: &Path) -> Result<(), DaemonError> {
-    let cfg = config::load(path)?;
+    run_gateway_with(path, None)
+}
+
+/// [`run_gateway`], serving `/metrics` and `/ready` on `metrics_listen`
+/// instead of the file's `metrics.listen` when given (`egret gateway
+/// --metrics-listen`: in a host-network pod, the Node's address from the
+/// downward API, which a file shared by every gateway cannot hold). It
+/// holds across `SIGHUP` reloads too.
+pub fn run_gateway_with(path: &Path, metrics_listen: Option<SocketAddr>) -> Result<(), DaemonError> {
+    let mut cfg = config::load(path)?;
+    if let Some(a) = metrics_listen {
+        cfg.metrics_listen = a;
+    }
     for w in &cfg.warnings {
         tracing::warn!(warning = %w, "configuration");
     }
@@ -213,7 +225,7 @@ pub fn run_gateway(path: &Path) -> Result<(), DaemonError> {
         .enable_all()
         .build()
         .map_err(|e| DaemonError::Start { step: "tokio runtime".into(), message: e.to_string() })?;
-    rt.block_on(run(path.to_path_buf(), cfg))
+    rt.block_on(run(path.to_path_buf(), cfg, metrics_listen))
 }
 
 /// Anti-spoofing (dataplane ingress.rs; the XDP program's rule 5a): each
@@ -255,7 +267,7 @@ fn set_interface_roles(
     Ok(())
 }
 
-async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
+async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAddr>) -> Result<(), DaemonError> {
     let started = Instant::now();
     // 2. Interfaces from the kernel.
     let names: Vec<String> = cfg.interfaces.iter().map(|i| i.name.clone()).collect();
@@ -508,7 +520,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig) -> Result<(), DaemonError> {
                 if cfg.kubernetes.is_some() {
                     tracing::warn!("SIGHUP ignored in Kubernetes mode: policies come from the cluster; restart to change file settings");
                 } else {
-                    reload(&path, &shared)
+                    reload(&path, &shared, metrics_listen)
                 }
             }
             _ = term.recv() => break,
@@ -679,10 +691,15 @@ async fn spawn_kubernetes(
 }
 
 /// `SIGHUP`: re-read, validate, apply; keep the old configuration on error.
-fn reload(path: &Path, shared: &Shared) {
+fn reload(path: &Path, shared: &Shared, metrics_listen: Option<SocketAddr>) {
     let t0 = Instant::now();
     let new = match config::load(path) {
-        Ok(c) => c,
+        Ok(mut c) => {
+            if let Some(a) = metrics_listen {
+                c.metrics_listen = a;
+            }
+            c
+        }
         Err(e) => {
             shared.reload_failures.fetch_add(1, Ordering::Relaxed);
             tracing::error!(error = %e, "reload rejected; the old configuration stays");
