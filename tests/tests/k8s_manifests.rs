@@ -1,16 +1,18 @@
 //! Every deployment manifest against the real API server, with server-side
 //! dry run (server-side apply, `dryRun=All`): the generated CRDs, the plain
-//! manifests in `deploy/manifests/`, and the Helm chart's templates rendered
-//! with its default values. `helm` is not available here, so the chart is
-//! rendered by a small renderer that knows exactly the template constructs
-//! the chart uses (`.Values`/`.Release`/`.Chart` lookups, `toYaml`, `quote`,
-//! `nindent`) and fails on anything else.
+//! manifests in `deploy/manifests/`, and the Helm chart rendered by Helm's
+//! own template engine (Go's `text/template` with sprig and Helm's functions:
+//! `tests/helm-render/`, built and cached by its `build.sh`) for the default
+//! release (`egret` in `egret-system`) and for another (`edge` in
+//! `egret-alt`). Without the API server, the rendering tests still run.
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic, clippy::print_stdout)]
 
 mod k8s_common;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 
 use egret_tests::apiserver::ApiServer;
 use kube::discovery::Discovery;
@@ -18,9 +20,18 @@ use serde::Deserialize;
 use serde_yaml::Value;
 
 const NAMESPACE: &str = "egret-system";
+/// The other release the chart must install as.
+const ALT_RELEASE: &str = "edge";
+const ALT_NAMESPACE: &str = "egret-alt";
+/// A digest for `image.digest` (any 64 hex digits).
+const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
 fn deploy() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn chart_dir() -> PathBuf {
+    deploy().join("helm/egret")
 }
 
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
@@ -38,7 +49,7 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
 fn lookup<'a>(root: &'a Value, path: &str) -> &'a Value {
     path.split('.')
         .filter(|s| !s.is_empty())
-        .fold(root, |v, key| v.get(key).unwrap_or_else(|| panic!("no value at {path}")))
+        .fold(root, |v, key| v.get(key).unwrap_or_else(|| panic!("no value at {path} in {root:?}")))
 }
 
 fn scalar(v: &Value) -> String {
@@ -50,70 +61,109 @@ fn scalar(v: &Value) -> String {
     }
 }
 
-fn indent(text: &str, n: usize) -> String {
-    let pad = " ".repeat(n);
-    text.trim_end_matches('\n')
-        .lines()
-        .map(|l| if l.is_empty() { String::new() } else { format!("{pad}{l}") })
-        .collect::<Vec<_>>()
-        .join("\n")
+// ------------------------------------------------------------ renderer ---
+
+/// The renderer's binary: `tests/helm-render/build.sh` builds it once (Go 1.19
+/// and sprig from Debian's packages) and caches it under `$EGRET_CACHE`.
+fn renderer() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("helm-render/build.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "{} failed (run it as root: it installs Debian's golang-1.19-go and sprig):\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        PathBuf::from(stdout.lines().last().unwrap_or_else(|| panic!("{} printed no path", script.display())))
+    })
 }
 
-/// Renders the chart's template constructs with `values`.
-fn render(template: &str, values: &Value, chart: &Value) -> String {
-    let mut out = String::new();
-    let mut rest = template;
-    while let Some(start) = rest.find("{{") {
-        let (before, after) = rest.split_at(start);
-        let end = after.find("}}").expect("unclosed action");
-        let mut action = &after[2..end];
-        rest = &after[end + 2..];
-        out.push_str(before);
-        if let Some(a) = action.strip_prefix('-') {
-            action = a;
-            let trimmed = out.trim_end().len();
-            out.truncate(trimmed);
-        }
-        if let Some(a) = action.strip_suffix('-') {
-            action = a;
-            rest = rest.trim_start();
-        }
-        let mut stages = action.split('|').map(str::trim);
-        let head = stages.next().unwrap();
-        let (to_yaml, path) = match head.strip_prefix("toYaml ") {
-            Some(p) => (true, p.trim()),
-            None => (false, head),
-        };
-        let value = if let Some(p) = path.strip_prefix(".Values.") {
-            lookup(values, p).clone()
-        } else if path == ".Release.Namespace" {
-            Value::String(NAMESPACE.into())
-        } else if path == ".Release.Name" {
-            Value::String("egret".into())
-        } else if let Some(p) = path.strip_prefix(".Chart.") {
-            let key = format!("{}{}", p[..1].to_lowercase(), &p[1..]);
-            lookup(chart, &key).clone()
-        } else {
-            panic!("unsupported template expression {path:?}");
-        };
-        let mut text = if to_yaml { serde_yaml::to_string(&value).unwrap() } else { scalar(&value) };
-        for f in stages {
-            let mut parts = f.split_whitespace();
-            match (parts.next(), parts.next()) {
-                (Some("quote"), None) => text = format!("{text:?}"),
-                (Some("nindent"), Some(n)) => text = format!("\n{}", indent(&text, n.parse().unwrap())),
-                (Some("indent"), Some(n)) => text = indent(&text, n.parse().unwrap()),
-                _ => panic!("unsupported template function {f:?}"),
-            }
-        }
-        out.push_str(&text);
+/// Runs the renderer on `chart` (`helm template RELEASE CHART --namespace NS ARGS...`).
+fn try_render_chart(chart: &Path, release: &str, namespace: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(renderer())
+        .arg(format!("--namespace={namespace}"))
+        .args(args)
+        .arg(release)
+        .arg(chart)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", renderer().display()));
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
-    out.push_str(rest);
-    out
 }
+
+/// Egret's chart rendered, as its documents.
+fn render(release: &str, namespace: &str, args: &[&str]) -> Vec<Value> {
+    let text = try_render_chart(&chart_dir(), release, namespace, args)
+        .unwrap_or_else(|e| panic!("rendering the chart as {release} in {namespace} {args:?}: {e}"));
+    docs(&text)
+}
+
+fn docs(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text).map(|d| Value::deserialize(d).unwrap()).filter(|v| !v.is_null()).collect()
+}
+
+fn kind(v: &Value) -> &str {
+    v.get("kind").and_then(Value::as_str).unwrap_or_default()
+}
+
+fn name(v: &Value) -> String {
+    scalar(lookup(v, "metadata.name"))
+}
+
+fn component(v: &Value) -> Option<&str> {
+    v.get("metadata")?.get("labels")?.get("app.kubernetes.io/component")?.as_str()
+}
+
+/// The one object of `kind` whose component label is `comp`.
+fn one<'a>(docs: &'a [Value], kind_: &str, comp: &str) -> &'a Value {
+    let found: Vec<&Value> = docs.iter().filter(|d| kind(d) == kind_ && component(d) == Some(comp)).collect();
+    assert_eq!(found.len(), 1, "one {kind_} of component {comp}: {found:?}");
+    found[0]
+}
+
+fn pod_spec(ds: &Value) -> &Value {
+    lookup(ds, "spec.template.spec")
+}
+
+fn container(ds: &Value) -> &Value {
+    &lookup(ds, "spec.template.spec.containers")[0]
+}
+
+/// The ConfigMap's gateway.yaml, loaded with the daemon's own loader.
+fn load_gateway_config(docs: &[Value], what: &str) -> egret_controlplane::config::GatewayConfig {
+    let cm = one(docs, "ConfigMap", "gateway");
+    let text = scalar(&lookup(cm, "data")["gateway.yaml"]);
+    egret_controlplane::config::load_str(&format!("{what} gateway.yaml"), &text)
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+// --------------------------------------------------------------- tests ---
 
 #[test]
 fn every_manifest_passes_server_side_dry_run() {
+    // Rendered first: a renderer or chart failure shows even without an API server.
+    let default = render("egret", NAMESPACE, &[]);
+    let alt = render(
+        ALT_RELEASE,
+        ALT_NAMESPACE,
+        &[
+            "--set",
+            &format!("image.digest={DIGEST}"),
+            "--set",
+            "imagePullSecrets[0].name=regcred",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+        ],
+    );
     match ApiServer::available_or_skip("every_manifest_passes_server_side_dry_run") {
         Ok(true) => {}
         Ok(false) => return,
@@ -123,9 +173,10 @@ fn every_manifest_passes_server_side_dry_run() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let client = server.client().await.expect("client");
-        // The CRDs and the namespace for real (namespaced objects need their namespace).
+        // The CRDs and the namespaces for real (namespaced objects need their namespace).
         k8s_common::install_crds(&client).await;
         k8s_common::namespace(&client, NAMESPACE, serde_json::json!({})).await;
+        k8s_common::namespace(&client, ALT_NAMESPACE, serde_json::json!({})).await;
         let discovery = Discovery::new(client.clone()).run().await.expect("discovery");
 
         let mut count = 0;
@@ -138,128 +189,327 @@ fn every_manifest_passes_server_side_dry_run() {
                 }
             }
         }
-        let chart_dir = deploy().join("helm/egret");
-        let values: Value =
-            serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("values.yaml")).unwrap()).unwrap();
-        let chart: Value =
-            serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("Chart.yaml")).unwrap()).unwrap();
-        let mut kinds = Vec::new();
-        for file in yaml_files(&chart_dir.join("templates")) {
-            let rendered = render(&std::fs::read_to_string(&file).unwrap(), &values, &chart);
-            for obj in k8s_common::documents(&rendered) {
-                k8s_common::apply_object(&client, &discovery, &format!("{} (rendered)", file.display()), &obj, true)
-                    .await;
-                kinds.push(obj.types.clone().unwrap().kind);
-                count += 1;
+        assert_eq!(count, 4 + 14, "CRDs twice, 13 manifests + the namespace");
+        for (what, objects) in [("chart (egret in egret-system)", &default), ("chart (edge in egret-alt)", &alt)] {
+            let mut kinds = Vec::new();
+            for v in objects.iter() {
+                // The ServiceMonitor's CRD (prometheus-operator's) is not on this
+                // API server: it is checked by rendering only (below).
+                if kind(v) == "ServiceMonitor" {
+                    continue;
+                }
+                let obj: kube::api::DynamicObject = serde_yaml::from_value(v.clone()).unwrap();
+                k8s_common::apply_object(&client, &discovery, what, &obj, true).await;
+                kinds.push(kind(v).to_string());
             }
+            kinds.sort();
+            assert_eq!(
+                kinds,
+                [
+                    "ClusterRole",
+                    "ClusterRole",
+                    "ClusterRoleBinding",
+                    "ClusterRoleBinding",
+                    "ConfigMap",
+                    "DaemonSet",
+                    "DaemonSet",
+                    "Role",
+                    "RoleBinding",
+                    "Service",
+                    "Service",
+                    "ServiceAccount",
+                    "ServiceAccount"
+                ],
+                "{what}"
+            );
         }
-        kinds.sort();
-        assert_eq!(
-            kinds,
-            [
-                "ClusterRole",
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "ClusterRoleBinding",
-                "ConfigMap",
-                "DaemonSet",
-                "DaemonSet",
-                "Role",
-                "RoleBinding",
-                "ServiceAccount",
-                "ServiceAccount"
-            ]
-        );
-        assert_eq!(
-            count,
-            4 + 12 + 11,
-            "CRDs twice, 11 manifests + the namespace (gateway and node agent), 11 rendered templates"
-        );
     });
     drop(rt);
     server.stop().expect("stop");
 }
 
+/// Every object of a release is named after it and lives in its namespace,
+/// and every reference between them (ServiceAccount, ConfigMap, Roles,
+/// Services' and the ServiceMonitor's selectors) finds its object.
 #[test]
-fn the_renderer_handles_the_charts_constructs() {
-    let values: Value = serde_yaml::from_str("a:\n  b: x\nm:\n  k: v\n  l: [1, 2]\ns: |\n  one\n  two\n").unwrap();
-    let chart: Value = serde_yaml::from_str("appVersion: \"1.2\"").unwrap();
-    assert_eq!(render("n: {{ .Values.a.b }}", &values, &chart), "n: x");
-    assert_eq!(render("v: {{ .Chart.AppVersion | quote }}", &values, &chart), "v: \"1.2\"");
-    assert_eq!(
-        render("m:\n  {{- toYaml .Values.m | nindent 2 }}\n", &values, &chart),
-        "m:\n  k: v\n  l:\n  - 1\n  - 2\n"
-    );
-    assert_eq!(render("c: |\n    {{- .Values.s | nindent 4 }}", &values, &chart), "c: |\n    one\n    two");
-    assert_eq!(render("ns: {{ .Release.Namespace }}", &values, &chart), "ns: egret-system");
+fn the_chart_installs_under_any_release_name_and_namespace() {
+    for (release, ns, prefix) in [("egret", NAMESPACE, "egret-"), (ALT_RELEASE, ALT_NAMESPACE, "edge-egret-")] {
+        let docs = render(release, ns, &["--set", "metrics.serviceMonitor.enabled=true"]);
+        let names = |k: &str| docs.iter().filter(|d| kind(d) == k).map(name).collect::<Vec<_>>();
+        for d in &docs {
+            let n = name(d);
+            assert!(n.starts_with(prefix), "{release}: {} {n} is not named after the release", kind(d));
+            let cluster_scoped = matches!(kind(d), "ClusterRole" | "ClusterRoleBinding");
+            let own_ns = d.get("metadata").and_then(|m| m.get("namespace")).and_then(Value::as_str);
+            assert_eq!(own_ns, (!cluster_scoped).then_some(ns), "{release}: {} {n}'s namespace", kind(d));
+            assert_eq!(lookup(d, "metadata.labels")["app.kubernetes.io/instance"].as_str(), Some(release));
+        }
+        for comp in ["gateway", "node"] {
+            let ds = one(&docs, "DaemonSet", comp);
+            let sa = scalar(lookup(pod_spec(ds), "serviceAccountName"));
+            assert!(names("ServiceAccount").contains(&sa), "{release}: {comp} runs as {sa}, which is not rendered");
+            let binding = one(&docs, "ClusterRoleBinding", comp);
+            assert!(names("ClusterRole").contains(&scalar(lookup(binding, "roleRef.name"))));
+            assert_eq!(lookup(binding, "subjects")[0]["name"].as_str(), Some(sa.as_str()));
+            assert_eq!(lookup(binding, "subjects")[0]["namespace"].as_str(), Some(ns));
+            // The pod template carries the selector's labels; the metrics Service selects them.
+            let selector = lookup(ds, "spec.selector.matchLabels").as_mapping().unwrap();
+            let labels = lookup(ds, "spec.template.metadata.labels").as_mapping().unwrap();
+            let svc = one(&docs, "Service", comp);
+            for (k, v) in selector.iter().chain(lookup(svc, "spec.selector").as_mapping().unwrap()) {
+                assert_eq!(labels.get(k), Some(v), "{release}: {comp}'s pods lack {k:?}={v:?}");
+            }
+            // The ServiceMonitor selects both Services.
+            let sm = docs.iter().find(|d| kind(d) == "ServiceMonitor").expect("the ServiceMonitor when enabled");
+            let svc_labels = lookup(svc, "metadata.labels").as_mapping().unwrap();
+            for (k, v) in lookup(sm, "spec.selector.matchLabels").as_mapping().unwrap() {
+                assert_eq!(svc_labels.get(k), Some(v), "{release}: the ServiceMonitor misses {comp}'s Service");
+            }
+            assert_eq!(scalar(&lookup(sm, "spec.endpoints")[0]["port"]), "metrics");
+        }
+        let gw = one(&docs, "DaemonSet", "gateway");
+        let cm = pod_spec(gw)["volumes"].as_sequence().unwrap().iter().find_map(|v| v.get("configMap")).unwrap();
+        assert_eq!(scalar(&cm["name"]), name(one(&docs, "ConfigMap", "gateway")));
+        let rb = docs.iter().find(|d| kind(d) == "RoleBinding").unwrap();
+        assert_eq!(scalar(lookup(rb, "roleRef.name")), name(docs.iter().find(|d| kind(d) == "Role").unwrap()));
+        assert_eq!(scalar(&lookup(rb, "subjects")[0]["name"]), scalar(lookup(pod_spec(gw), "serviceAccountName")));
+    }
+    // Off by default: the ServiceMonitor's CRD may not exist.
+    assert!(!render("egret", NAMESPACE, &[]).iter().any(|d| kind(d) == "ServiceMonitor"));
 }
 
-/// The DaemonSets of `deploy/manifests/` and of the rendered chart: each object's
-/// path (for messages) and its pod template's spec.
-fn daemonset_pod_specs() -> Vec<(String, Value)> {
-    let chart_dir = deploy().join("helm/egret");
-    let values: Value = serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("values.yaml")).unwrap()).unwrap();
-    let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("Chart.yaml")).unwrap()).unwrap();
-    let mut texts = Vec::new();
+/// The gateways' Leases are in the release namespace, where their Role grants
+/// them; the configuration is one the daemon loads; and a values file may not
+/// move them elsewhere.
+#[test]
+fn the_lease_namespace_is_the_release_namespace() {
+    for (release, ns) in [("egret", NAMESPACE), (ALT_RELEASE, ALT_NAMESPACE)] {
+        let docs = render(release, ns, &[]);
+        let cfg = load_gateway_config(&docs, release);
+        let k = cfg.kubernetes.unwrap_or_else(|| panic!("{release}: Kubernetes mode"));
+        assert_eq!(k.lease_namespace, ns, "{release}: the Leases' namespace");
+        assert!(!k.cluster_pod_cidrs.is_empty(), "{release}: clusterPodCIDRs is set");
+        let role = docs.iter().find(|d| kind(d) == "Role").unwrap();
+        assert_eq!(scalar(lookup(role, "metadata.namespace")), ns);
+        assert_eq!(scalar(&lookup(role, "rules")[0]["resources"][0]), "leases");
+    }
+    let err = try_render_chart(
+        &chart_dir(),
+        ALT_RELEASE,
+        ALT_NAMESPACE,
+        &["--set", "config.kubernetes.leaseNamespace=egret-system"],
+    )
+    .expect_err("a leaseNamespace other than the release's is refused");
+    assert!(err.contains("must be the release namespace (egret-alt)"), "{err}");
+}
+
+fn checksum(docs: &[Value]) -> String {
+    let ds = one(docs, "DaemonSet", "gateway");
+    scalar(&lookup(ds, "spec.template.metadata.annotations")["checksum/config"])
+}
+
+/// A configuration change changes the gateway pods' template (so it rolls
+/// them); a change elsewhere does not.
+#[test]
+fn a_configuration_change_changes_the_checksum_annotation() {
+    let base = checksum(&render("egret", NAMESPACE, &[]));
+    assert_eq!(base.len(), 64, "a sha256: {base}");
+    let changed = checksum(&render("egret", NAMESPACE, &["--set", "config.kubernetes.leaseDuration=6s"]));
+    assert_ne!(base, changed, "config.kubernetes.leaseDuration changed");
+    let elsewhere = checksum(&render("egret", NAMESPACE, &["--set", "resources.limits.memory=2Gi"]));
+    assert_eq!(base, elsewhere, "only the resources changed");
+}
+
+#[test]
+fn the_image_digest_and_pull_secrets_appear_when_set() {
+    let plain = render("egret", NAMESPACE, &[]);
+    let pinned = render(
+        "egret",
+        NAMESPACE,
+        &["--set", &format!("image.digest={DIGEST}"), "--set", "imagePullSecrets[0].name=regcred"],
+    );
+    for comp in ["gateway", "node"] {
+        let ds = one(&plain, "DaemonSet", comp);
+        assert_eq!(scalar(&container(ds)["image"]), "egret:0.1.0", "{comp}: the tag defaults to appVersion");
+        assert!(pod_spec(ds).get("imagePullSecrets").is_none(), "{comp}");
+        let ds = one(&pinned, "DaemonSet", comp);
+        assert_eq!(scalar(&container(ds)["image"]), format!("egret@{DIGEST}"), "{comp}");
+        let secrets = &pod_spec(ds)["imagePullSecrets"];
+        assert_eq!(secrets.as_sequence().map(Vec::len), Some(1), "{comp}: {secrets:?}");
+        assert_eq!(scalar(&secrets[0]["name"]), "regcred", "{comp}");
+    }
+}
+
+/// The DaemonSets of `deploy/manifests/` and of the rendered chart: each
+/// object's source (for messages) and the object.
+fn daemonsets() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
     for file in yaml_files(&deploy().join("manifests")) {
-        texts.push((file.display().to_string(), std::fs::read_to_string(&file).unwrap()));
-    }
-    for file in yaml_files(&chart_dir.join("templates")) {
-        let rendered = render(&std::fs::read_to_string(&file).unwrap(), &values, &chart);
-        texts.push((format!("{} (rendered)", file.display()), rendered));
-    }
-    let mut specs = Vec::new();
-    for (name, text) in texts {
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = Value::deserialize(doc).unwrap();
-            if v.get("kind").and_then(Value::as_str) == Some("DaemonSet") {
-                specs.push((name.clone(), lookup(&v, "spec.template.spec").clone()));
+        for v in docs(&std::fs::read_to_string(&file).unwrap()) {
+            if kind(&v) == "DaemonSet" {
+                out.push((file.display().to_string(), v));
             }
         }
     }
-    specs
+    for v in render("egret", NAMESPACE, &[]) {
+        if kind(&v) == "DaemonSet" {
+            out.push(("the chart".to_string(), v));
+        }
+    }
+    out
+}
+
+/// Both host-network DaemonSets serve metrics and probes on the Node's
+/// address (the downward API's status.hostIP), never on loopback, where
+/// Prometheus cannot reach a host-network pod; both have a liveness probe.
+#[test]
+fn metrics_listen_on_the_nodes_address_with_probes_and_a_service() {
+    let ds = daemonsets();
+    assert_eq!(ds.len(), 4, "the gateway's and the node agent's, in deploy/manifests and in the chart");
+    for (src, d) in &ds {
+        let c = container(d);
+        let what = format!("{src}: {}", name(d));
+        assert_eq!(pod_spec(d)["hostNetwork"].as_bool(), Some(true), "{what}");
+        let host_ip = c["env"].as_sequence().unwrap().iter().find(|e| e["name"].as_str() == Some("HOST_IP"));
+        let field = host_ip.map(|e| scalar(lookup(e, "valueFrom.fieldRef.fieldPath")));
+        assert_eq!(field.as_deref(), Some("status.hostIP"), "{what}: env HOST_IP");
+        let port = c["ports"].as_sequence().unwrap().iter().find(|p| p["name"].as_str() == Some("metrics")).unwrap();
+        let port = scalar(&port["containerPort"]);
+        let args: Vec<String> = c["args"].as_sequence().unwrap().iter().map(scalar).collect();
+        assert!(
+            args.contains(&format!("--metrics-listen=$(HOST_IP):{port}")),
+            "{what}: --metrics-listen=$(HOST_IP):{port} in {args:?}"
+        );
+        for probe in ["livenessProbe", "readinessProbe"] {
+            let get = c.get(probe).and_then(|p| p.get("httpGet")).unwrap_or_else(|| panic!("{what}: no {probe}"));
+            assert!(get.get("host").is_none(), "{what}: {probe} has a host: {get:?}");
+            assert_eq!(scalar(&get["port"]), "metrics", "{what}: {probe}");
+        }
+    }
+    // The headless Services select the pods on that port, in both.
+    let manifest = docs(&std::fs::read_to_string(deploy().join("manifests/60-metrics.yaml")).unwrap());
+    let chart = render("egret", NAMESPACE, &[]);
+    for svcs in [&manifest, &chart] {
+        for comp in ["gateway", "node"] {
+            let s = one(svcs, "Service", comp);
+            assert_eq!(scalar(lookup(s, "spec.clusterIP")), "None");
+            assert_eq!(scalar(&lookup(s, "spec.ports")[0]["targetPort"]), "metrics");
+        }
+    }
 }
 
 #[test]
 fn every_daemonset_runs_under_the_runtime_default_seccomp_profile() {
-    let specs = daemonset_pod_specs();
-    assert_eq!(specs.len(), 4, "the gateway's and the node agent's, in deploy/manifests and in the chart: {specs:?}");
-    for (name, spec) in specs {
+    let ds = daemonsets();
+    assert_eq!(ds.len(), 4, "the gateway's and the node agent's, in deploy/manifests and in the chart: {ds:?}");
+    for (src, d) in ds {
+        let spec = pod_spec(&d);
+        let what = format!("{src}: {}", name(&d));
         let profile = spec.get("securityContext").and_then(|s| s.get("seccompProfile")).and_then(|p| p.get("type"));
         assert_eq!(
             profile.and_then(Value::as_str),
             Some("RuntimeDefault"),
-            "{name}: the pod's securityContext.seccompProfile.type must be RuntimeDefault"
+            "{what}: the pod's securityContext.seccompProfile.type must be RuntimeDefault"
         );
         // No container may override it with a weaker profile.
         for c in spec.get("containers").and_then(Value::as_sequence).into_iter().flatten() {
             let own = c.get("securityContext").and_then(|s| s.get("seccompProfile")).and_then(|p| p.get("type"));
             assert!(
                 own.is_none() || own.and_then(Value::as_str) == Some("RuntimeDefault"),
-                "{name}: container {:?} overrides the seccomp profile with {own:?}",
+                "{what}: container {:?} overrides the seccomp profile with {own:?}",
                 c.get("name")
             );
         }
     }
 }
 
-/// The gateway configuration the manifests and the chart ship is one the
-/// daemon accepts (`egret check-config`'s loader), with the source guard set.
+/// The gateway configuration the manifests ship is one the daemon accepts
+/// (`egret check-config`'s loader), with the source guard set (the chart's:
+/// [`the_lease_namespace_is_the_release_namespace`]).
 #[test]
 fn the_shipped_gateway_configuration_loads() {
-    let manifest: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(deploy().join("manifests/20-configmap.yaml")).unwrap()).unwrap();
-    let values: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(deploy().join("helm/egret/values.yaml")).unwrap()).unwrap();
-    let dir = std::env::temp_dir().join(format!("egret-shipped-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let shipped = scalar(&manifest["data"]["gateway.yaml"]);
-    for (name, text) in [("manifest", shipped), ("chart", scalar(lookup(&values, "config")))] {
-        let path = dir.join(format!("{name}.yaml"));
-        std::fs::write(&path, text).unwrap();
-        let cfg = egret_controlplane::config::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let k = cfg.kubernetes.unwrap_or_else(|| panic!("{name}: Kubernetes mode"));
-        assert!(!k.cluster_pod_cidrs.is_empty(), "{name}: clusterPodCIDRs is set");
-    }
+    let manifest = docs(&std::fs::read_to_string(deploy().join("manifests/20-configmap.yaml")).unwrap());
+    let cfg = load_gateway_config(&manifest, "deploy/manifests/20-configmap.yaml");
+    let k = cfg.kubernetes.expect("Kubernetes mode");
+    assert!(!k.cluster_pod_cidrs.is_empty(), "clusterPodCIDRs is set");
+    assert_eq!(k.lease_namespace, NAMESPACE);
+}
+
+/// The renderer behaves as Helm's engine on the constructs charts use,
+/// checked on a small chart of its own.
+#[test]
+fn the_renderer_is_helms_engine() {
+    let dir = std::env::temp_dir().join(format!("egret-helm-render-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("templates")).unwrap();
+    std::fs::create_dir_all(dir.join("files")).unwrap();
+    let write = |p: &str, s: &str| std::fs::write(dir.join(p), s).unwrap();
+    write("Chart.yaml", "apiVersion: v2\nname: probe\nversion: 1.2.3\nappVersion: \"4.5\"\n");
+    write(
+        "values.yaml",
+        "port: 9469\nflag: false\nlist: [a, b]\nnested:\n  keep: 1\n  drop: 2\nmsg: \"{{ .Release.Name }}-x\"\n",
+    );
+    write("files/note.txt", "from a file\n");
+    write("templates/_helpers.tpl", "{{- define \"probe.name\" -}}{{ .Release.Name }}-{{ .Chart.Name }}{{- end }}\n");
+    write(
+        "templates/a.yaml",
+        "name: {{ include \"probe.name\" . | upper }}\n\
+         ns: {{ .Release.Namespace }}\n\
+         app: {{ .Chart.AppVersion | quote }}\n\
+         svc: {{ .Release.Service }} {{ .Release.IsInstall }}\n\
+         port: {{ .Values.port }}\n\
+         flag: {{ .Values.flag }}\n\
+         missing: [{{ .Values.nothing }}]\n\
+         tpl: {{ tpl .Values.msg . }}\n\
+         tmpl: {{ .Template.Name }} {{ .Template.BasePath }}\n\
+         file: {{ .Files.Get \"files/note.txt\" | trim }}\n\
+         lookup: {{ lookup \"v1\" \"Pod\" \"ns\" \"x\" | len }}\n\
+         has: {{ .Capabilities.APIVersions.Has \"apps/v1\" }} {{ .Capabilities.APIVersions.Has \"monitoring.coreos.com/v1\" }}\n\
+         sum: {{ \"x\" | sha256sum | trunc 8 }}\n\
+         json: '{{ toJson .Values.list }} {{ (fromYaml \"k: v\").k }}'\n\
+         nested:\n  {{- toYaml .Values.nested | nindent 2 }}\n",
+    );
+    write("templates/cond.yaml", "{{- if .Values.flag }}\nkind: Never\n{{- end }}\n");
+    write("templates/NOTES.txt", "{{ .Release.Name }} installed\n");
+    let out = try_render_chart(
+        &dir,
+        "rel",
+        "space",
+        &[
+            "--set",
+            "flag=true,nested.drop=null",
+            "--set-string",
+            "list[1]=007",
+            "--api-versions",
+            "monitoring.coreos.com/v1",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let v = docs(&out);
+    assert_eq!(v.len(), 2, "a.yaml and cond.yaml (flag set), not NOTES.txt: {out}");
+    let a = &v[0];
+    let field = |k: &str| scalar(&a[k]);
+    assert!(out.starts_with("---\n# Source: probe/templates/a.yaml\n"), "{out}");
+    assert_eq!(field("name"), "REL-PROBE");
+    assert_eq!(field("ns"), "space");
+    assert_eq!(field("app"), "4.5");
+    assert_eq!(field("svc"), "Helm true");
+    assert_eq!(field("port"), "9469", "a float64 from values.yaml prints as Helm prints it");
+    assert_eq!(field("flag"), "true", "--set types booleans");
+    assert_eq!(a["missing"], Value::Sequence(vec![]), "a missing value renders empty, not <no value>");
+    assert_eq!(field("tpl"), "rel-x");
+    assert_eq!(field("tmpl"), "probe/templates/a.yaml probe/templates");
+    assert_eq!(field("file"), "from a file");
+    assert_eq!(field("lookup"), "0", "lookup finds nothing without a cluster");
+    assert_eq!(field("has"), "true true");
+    assert_eq!(field("sum"), "2d711642");
+    // A --set list replaces the default list, as in Helm.
+    assert_eq!(field("json"), "[null,\"007\"] v", "--set-string keeps 007 a string");
+    assert_eq!(a["nested"], serde_yaml::from_str::<Value>("keep: 1").unwrap(), "null deletes a default");
+    // required fails naming the value, as in Helm.
+    write("templates/req.yaml", "x: {{ required \"set .Values.must\" .Values.must }}\n");
+    let err = try_render_chart(&dir, "rel", "space", &[]).expect_err("required");
+    assert!(err.contains("set .Values.must"), "{err}");
+    assert!(!err.contains("HELM_ERR"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,90 @@
+{{/*
+Names and labels of every object, in one place. Object names are
+"<fullname>-gateway", "<fullname>-node"...; <fullname> is the release name when
+it contains the chart name (release "egret": "egret-gateway", as in
+deploy/manifests/), else "<release>-<chart>" (release "edge": "edge-egret-gateway").
+*/}}
+
+{{- define "egret.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "egret.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "egret.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The gateway's objects: DaemonSet, ServiceAccount, ClusterRole(Binding), ConfigMap, Service. */}}
+{{- define "egret.gatewayName" -}}
+{{ include "egret.fullname" . }}-gateway
+{{- end }}
+
+{{/* The gateway's Role and RoleBinding for Leases. */}}
+{{- define "egret.leasesName" -}}
+{{ include "egret.fullname" . }}-gateway-leases
+{{- end }}
+
+{{/* The node agent's objects. */}}
+{{- define "egret.nodeName" -}}
+{{ include "egret.fullname" . }}-node
+{{- end }}
+
+{{- define "egret.gatewayServiceAccountName" -}}
+{{ include "egret.gatewayName" . }}
+{{- end }}
+
+{{- define "egret.nodeServiceAccountName" -}}
+{{ include "egret.nodeName" . }}
+{{- end }}
+
+{{- define "egret.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "egret.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "egret.labels" -}}
+helm.sh/chart: {{ include "egret.chart" . }}
+{{ include "egret.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* repository:tag, or repository@digest when image.digest is set. */}}
+{{- define "egret.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The gateway's configuration file: .Values.config with the keys the chart
+owns. The Leases live in the release namespace (its Role grants them there);
+a different kubernetes.leaseNamespace in the values is refused.
+*/}}
+{{- define "egret.gatewayConfig" -}}
+{{- $cfg := deepCopy .Values.config }}
+{{- $k8s := default (dict) $cfg.kubernetes }}
+{{- if and $k8s.leaseNamespace (ne $k8s.leaseNamespace .Release.Namespace) }}
+{{- fail (printf "config.kubernetes.leaseNamespace (%s) must be the release namespace (%s): leave it out, the chart sets it" $k8s.leaseNamespace .Release.Namespace) }}
+{{- end }}
+{{- if and $cfg.metrics $cfg.metrics.listen }}
+{{- fail "config.metrics.listen: leave it out, the chart sets --metrics-listen from metrics.port" }}
+{{- end }}
+{{- $_ := set $k8s "leaseNamespace" .Release.Namespace }}
+{{- $_ := set $cfg "kubernetes" $k8s }}
+{{- toYaml $cfg }}
+{{- end }}
