@@ -303,6 +303,32 @@ fn the_lease_namespace_is_the_release_namespace() {
     assert!(err.contains("must be the release namespace (egret-alt)"), "{err}");
 }
 
+/// A values file as docs/kubernetes.md shows it: a list (interfaces)
+/// replaces the chart's, a map (kubernetes) is merged with it.
+#[test]
+fn a_values_file_replaces_lists_and_merges_maps() {
+    let dir = std::env::temp_dir().join(format!("egret-chart-values-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("my-values.yaml");
+    std::fs::write(
+        &file,
+        "config:\n  interfaces:\n    - name: ens5\n      role: both\n  kubernetes:\n    clusterPodCIDRs: [10.244.0.0/16]\n\
+         node:\n  clusterCIDRs: \"10.244.0.0/16,10.96.0.0/12\"\n",
+    )
+    .unwrap();
+    let docs = render(ALT_RELEASE, ALT_NAMESPACE, &["-f", file.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = load_gateway_config(&docs, "with my-values.yaml");
+    let names: Vec<&str> = cfg.interfaces.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["ens5"]);
+    let k = cfg.kubernetes.expect("Kubernetes mode");
+    assert_eq!(k.lease_namespace, ALT_NAMESPACE);
+    // The chart's values equal the loader's defaults: look at the file itself.
+    let text = scalar(&lookup(one(&docs, "ConfigMap", "gateway"), "data")["gateway.yaml"]);
+    let file: Value = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(file["kubernetes"]["leaseDuration"].as_str(), Some("4s"), "the chart's leaseDuration stays: {text}");
+}
+
 fn checksum(docs: &[Value]) -> String {
     let ds = one(docs, "DaemonSet", "gateway");
     scalar(&lookup(ds, "spec.template.metadata.annotations")["checksum/config"])
