@@ -164,6 +164,10 @@ fn every_manifest_passes_server_side_dry_run() {
             "metrics.serviceMonitor.enabled=true",
         ],
     );
+    // Helm's longest release name (53): the names are cut to fit (a Service's
+    // name is a DNS label of at most 63 characters).
+    let long_release = "r".repeat(53);
+    let long = render(&long_release, ALT_NAMESPACE, &[]);
     match ApiServer::available_or_skip("every_manifest_passes_server_side_dry_run") {
         Ok(true) => {}
         Ok(false) => return,
@@ -190,7 +194,11 @@ fn every_manifest_passes_server_side_dry_run() {
             }
         }
         assert_eq!(count, 4 + 14, "CRDs twice, 13 manifests + the namespace");
-        for (what, objects) in [("chart (egret in egret-system)", &default), ("chart (edge in egret-alt)", &alt)] {
+        for (what, objects) in [
+            ("chart (egret in egret-system)", &default),
+            ("chart (edge in egret-alt)", &alt),
+            ("chart (a 53-character release name in egret-alt)", &long),
+        ] {
             let mut kinds = Vec::new();
             for v in objects.iter() {
                 // The ServiceMonitor's CRD (prometheus-operator's) is not on this

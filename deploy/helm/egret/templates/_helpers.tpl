@@ -3,6 +3,8 @@ Names and labels of every object, in one place. Object names are
 "<fullname>-gateway", "<fullname>-node"...; <fullname> is the release name when
 it contains the chart name (release "egret": "egret-gateway", as in
 deploy/manifests/), else "<release>-<chart>" (release "edge": "edge-egret-gateway").
+It is cut at 47 characters so that the longest name, "<fullname>-gateway-metrics"
+(a Service: a DNS label), stays within 63.
 */}}
 
 {{- define "egret.name" -}}
@@ -11,13 +13,13 @@ deploy/manifests/), else "<release>-<chart>" (release "edge": "edge-egret-gatewa
 
 {{- define "egret.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 47 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- .Release.Name | trunc 47 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 47 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
