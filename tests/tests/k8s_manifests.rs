@@ -146,6 +146,24 @@ fn load_gateway_config(docs: &[Value], what: &str) -> egret_controlplane::config
         .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
+/// A temporary directory, removed when dropped (also when a test fails).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(what: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("egret-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 // --------------------------------------------------------------- tests ---
 
 #[test]
@@ -315,9 +333,8 @@ fn the_lease_namespace_is_the_release_namespace() {
 /// replaces the chart's, a map (kubernetes) is merged with it.
 #[test]
 fn a_values_file_replaces_lists_and_merges_maps() {
-    let dir = std::env::temp_dir().join(format!("egret-chart-values-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("my-values.yaml");
+    let tmp = TempDir::new("chart-values");
+    let file = tmp.0.join("my-values.yaml");
     std::fs::write(
         &file,
         "config:\n  interfaces:\n    - name: ens5\n      role: both\n  kubernetes:\n    clusterPodCIDRs: [10.244.0.0/16]\n\
@@ -325,7 +342,6 @@ fn a_values_file_replaces_lists_and_merges_maps() {
     )
     .unwrap();
     let docs = render(ALT_RELEASE, ALT_NAMESPACE, &["-f", file.to_str().unwrap()]);
-    let _ = std::fs::remove_dir_all(&dir);
     let cfg = load_gateway_config(&docs, "with my-values.yaml");
     let names: Vec<&str> = cfg.interfaces.iter().map(|i| i.name.as_str()).collect();
     assert_eq!(names, ["ens5"]);
@@ -473,8 +489,8 @@ fn the_shipped_gateway_configuration_loads() {
 /// checked on a small chart of its own.
 #[test]
 fn the_renderer_is_helms_engine() {
-    let dir = std::env::temp_dir().join(format!("egret-helm-render-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = TempDir::new("helm-render-test");
+    let dir = &tmp.0;
     std::fs::create_dir_all(dir.join("templates")).unwrap();
     std::fs::create_dir_all(dir.join("files")).unwrap();
     let write = |p: &str, s: &str| std::fs::write(dir.join(p), s).unwrap();
@@ -506,7 +522,7 @@ fn the_renderer_is_helms_engine() {
     write("templates/cond.yaml", "{{- if .Values.flag }}\nkind: Never\n{{- end }}\n");
     write("templates/NOTES.txt", "{{ .Release.Name }} installed\n");
     let out = try_render_chart(
-        &dir,
+        dir,
         "rel",
         "space",
         &[
@@ -542,8 +558,7 @@ fn the_renderer_is_helms_engine() {
     assert_eq!(a["nested"], serde_yaml::from_str::<Value>("keep: 1").unwrap(), "null deletes a default");
     // required fails naming the value, as in Helm.
     write("templates/req.yaml", "x: {{ required \"set .Values.must\" .Values.must }}\n");
-    let err = try_render_chart(&dir, "rel", "space", &[]).expect_err("required");
+    let err = try_render_chart(dir, "rel", "space", &[]).expect_err("required");
     assert!(err.contains("set .Values.must"), "{err}");
     assert!(!err.contains("HELM_ERR"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
