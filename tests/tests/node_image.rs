@@ -7,6 +7,9 @@
 //! - the boot fail-closed table (the image's, not egret's) was in the kernel
 //!   before egret started, and systemd finished loading it before it
 //!   started egret;
+//! - a pod sending to the server all through the boot never reaches it with
+//!   its own address (the node forwards from early boot: only the boot
+//!   table stops it until egret runs);
 //! - egret becomes ready (native XDP on virtio_net);
 //! - a pod's UDP and TCP reach the server with the egress IP, never the
 //!   pod's address; an excluded destination gets the pod's own address
@@ -20,6 +23,8 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egret_tests::client;
@@ -207,6 +212,27 @@ fn node_image_boots_fail_closed_and_translates() {
     }
     let server = Server::start(&srv_ns, None).unwrap();
 
+    // From before the VM starts until egret is ready, the pod keeps sending
+    // to the server: while the node boots, its kernel forwards (ip_forward
+    // is on from early boot), so only the fail-closed boot table stands
+    // between these datagrams and the server.
+    let stop = Arc::new(AtomicBool::new(false));
+    let boot_sender = {
+        let sock = client::udp_socket(&pod_ns, SocketAddr::new(SERVER.into(), plan::ECHO_PORT)).unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // Errors (no ARP answer yet: EHOSTUNREACH) are expected early on.
+                if sock.send(format!("node-image-boot-{sent}").as_bytes()).is_ok() {
+                    sent += 1;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            sent
+        })
+    };
+
     let serial = dir.join("serial.log");
     let boot_started = Instant::now();
     let mut qemu = vm_ns.command("qemu-system-x86_64");
@@ -228,6 +254,15 @@ fn node_image_boots_fail_closed_and_translates() {
 
     let log = wait_serial(&serial, "EGRET-NODE status-done", boot_started);
     let boot = boot_started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let boot_sent = boot_sender.join().unwrap();
+    let leaked: Vec<_> = server.seen().into_iter().filter(|s| s.src.ip() == IpAddr::V4(POD)).collect();
+    assert!(
+        leaked.is_empty(),
+        "{} of the pod's {boot_sent} datagrams during the boot reached the server with its own address, e.g. {:?}",
+        leaked.len(),
+        leaked.first()
+    );
     println!("booted to egret ready in {boot:?}");
     let diag: Vec<&str> = log.lines().filter(|l| l.contains("EGRET-NODE")).collect();
     println!("{}", diag.join("\n"));
@@ -246,6 +281,15 @@ fn node_image_boots_fail_closed_and_translates() {
     let listing: String = before.lines().take_while(|l| !l.contains("EGRET-NODE")).collect::<Vec<_>>().join("\n");
     assert!(listing.contains("egret not running yet: pod source"), "not the boot table before egret:\n{listing}");
     assert!(listing.contains("198.18.0.0/24"), "boot table without the pod CIDR:\n{listing}");
+    let dropped = listing
+        .split("counter packets ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no counter in the boot table:\n{listing}"));
+    println!(
+        "boot window: the pod sent {boot_sent} datagrams; the boot table had dropped {dropped} when egret started"
+    );
     let loaded = field(&log, "EGRET-NODE order", "failclosed-boot-done-us");
     let egret_start = field(&log, "EGRET-NODE order", "egret-start-us");
     assert!(loaded > 0.0 && egret_start > loaded, "boot table done at {loaded} us, egret started at {egret_start} us");
@@ -272,7 +316,8 @@ fn node_image_boots_fail_closed_and_translates() {
     let excluded =
         client::udp_echo(&pod_ns, SocketAddr::new(EXCLUDED.into(), plan::ECHO_PORT), "node-image-excl").unwrap();
     assert_eq!(excluded.seen.ip(), IpAddr::V4(POD), "excluded destination");
-    // The server never saw the pod's address towards a steered destination.
+    // The server never saw the pod's address towards a steered destination,
+    // during the boot (the boot table) or after (egret).
     let leaks: Vec<_> = server
         .seen()
         .into_iter()
