@@ -39,6 +39,15 @@ const POD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
 const NODE_IN: &str = "198.18.0.1";
 const NODE_OUT: &str = "198.51.100.1";
 const EGRESS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+/// vCPUs, and queue pairs per NIC: one per vCPU (libvirt's usual
+/// multi-queue setting), so egret runs a worker per queue and virtio_net's
+/// XDP_TX shares the TX queues under a lock. With twice as many pairs,
+/// virtio_net adds RX queues at XDP attach that egret does not serve
+/// (deploy/images/node/rootfs/usr/lib/egret/nic-setup). MSI-X vectors: two
+/// per pair, plus config.
+const CPUS: usize = 2;
+const QUEUES: usize = CPUS;
+const VECTORS: usize = 2 * QUEUES + 2;
 /// How long the boot (QEMU start to egret ready) may take under TCG.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(420);
 
@@ -97,7 +106,7 @@ fn config_drive(dir: &Path) -> PathBuf {
     w(
         "node.conf",
         "EGRET_POD_INTERFACES=\"eth0\"\nEGRET_POD_CIDRS=\"198.18.0.0/24\"\nEGRET_KEEP_CIDRS=\"\"\n\
-         EGRET_IRQ_INTERFACES=\"eth0 eth1\"\nEGRET_IRQ_CPUS=\"0\"\n",
+         EGRET_NIC_INTERFACES=\"eth0 eth1\"\nEGRET_IRQ_CPUS=\"0\"\n",
     );
     w(
         "network/10-eth0.network",
@@ -168,8 +177,8 @@ fn node_image_boots_fail_closed_and_translates() {
     let (pod, srv) = (pod_ns.name().to_string(), srv_ns.name().to_string());
     vm_ns
         .ip_batch(&[
-            "tuntap add dev tin mode tap".into(),
-            "tuntap add dev tout mode tap".into(),
+            "tuntap add dev tin mode tap multi_queue".into(),
+            "tuntap add dev tout mode tap multi_queue".into(),
             "link add brin type bridge".into(),
             "link add brout type bridge".into(),
             format!("link add vin type veth peer name eth0 netns {pod}"),
@@ -236,20 +245,34 @@ fn node_image_boots_fail_closed_and_translates() {
     let serial = dir.join("serial.log");
     let boot_started = Instant::now();
     let mut qemu = vm_ns.command("qemu-system-x86_64");
-    qemu.args(["-accel", "tcg", "-m", "1024", "-smp", "2", "-display", "none", "-monitor", "none", "-no-reboot"])
-        .args(["-snapshot", "-serial"])
-        .arg(format!("file:{}", serial.display()))
-        .arg("-drive")
-        .arg(format!("file={},format=qcow2,if=virtio", image.display()))
-        .arg("-drive")
-        .arg(format!("file={},format=raw,if=virtio,readonly=on", cfg.display()))
-        .args(["-netdev", "tap,id=n0,ifname=tin,script=no,downscript=no"])
-        .args(["-device", "virtio-net-pci,netdev=n0,mac=52:54:00:e9:00:01,addr=0x10"])
-        .args(["-netdev", "tap,id=n1,ifname=tout,script=no,downscript=no"])
-        .args(["-device", "virtio-net-pci,netdev=n1,mac=52:54:00:e9:00:02,addr=0x11"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+    qemu.args([
+        "-accel",
+        "tcg",
+        "-m",
+        "1024",
+        "-smp",
+        &CPUS.to_string(),
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-no-reboot",
+    ])
+    .args(["-snapshot", "-serial"])
+    .arg(format!("file:{}", serial.display()))
+    .arg("-drive")
+    .arg(format!("file={},format=qcow2,if=virtio", image.display()))
+    .arg("-drive")
+    .arg(format!("file={},format=raw,if=virtio,readonly=on", cfg.display()))
+    // Multi-queue NICs, as on a gateway: QUEUES pairs, of which the
+    // guest uses one per vCPU and virtio_net keeps the rest for XDP_TX.
+    .args(["-netdev", &format!("tap,id=n0,ifname=tin,script=no,downscript=no,queues={QUEUES}")])
+    .args(["-device", &format!("virtio-net-pci,netdev=n0,mac=52:54:00:e9:00:01,addr=0x10,mq=on,vectors={VECTORS}")])
+    .args(["-netdev", &format!("tap,id=n1,ifname=tout,script=no,downscript=no,queues={QUEUES}")])
+    .args(["-device", &format!("virtio-net-pci,netdev=n1,mac=52:54:00:e9:00:02,addr=0x11,mq=on,vectors={VECTORS}")])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit());
     let _vm = Vm(qemu.spawn().expect("start qemu-system-x86_64"));
 
     let log = wait_serial(&serial, "EGRET-NODE status-done", boot_started);

@@ -116,7 +116,7 @@ rm -f "$mnt"/etc/ssh/ssh_host_*
 echo egret-node >"$mnt/etc/hostname"
 printf 'UUID=%s / ext4 errors=remount-ro 0 1\n' "$uuid" >"$mnt/etc/fstab"
 systemctl --root="$mnt" enable systemd-networkd.service ssh.service \
-  egret-config-drive.service egret-failclosed-boot.service egret-irq-affinity.service \
+  egret-config-drive.service egret-failclosed-boot.service egret-nic-setup.service \
   egret.service egret-ready-report.service >/dev/null 2>&1
 
 # The boot loader: extlinux in the partition, syslinux's MBR code in front.

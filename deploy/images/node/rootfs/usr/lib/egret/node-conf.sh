@@ -6,7 +6,7 @@
 # shellcheck disable=SC2034 # used by the scripts that source this
 EGRET_NODE_CONF=${EGRET_NODE_CONF:-/etc/egret/node.conf}
 EGRET_POD_INTERFACES="" EGRET_POD_CIDRS="" EGRET_KEEP_CIDRS=""
-EGRET_IRQ_INTERFACES="" EGRET_IRQ_CPUS="" EGRET_METRICS=127.0.0.1:9469
+EGRET_NIC_INTERFACES="" EGRET_IRQ_CPUS="" EGRET_METRICS=127.0.0.1:9469
 EGRET_READY_TIMEOUT=300
 
 # Prints to the journal and the console (the serial log tests read).
@@ -23,7 +23,7 @@ egret_read_node_conf() {
     fi
     key=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
     case $key in
-      EGRET_POD_INTERFACES | EGRET_IRQ_INTERFACES) [[ $value =~ ^[[:space:]]*([A-Za-z0-9_.:-]+[[:space:]]*)*$ ]] ;;
+      EGRET_POD_INTERFACES | EGRET_NIC_INTERFACES) [[ $value =~ ^[[:space:]]*([A-Za-z0-9_.:-]+[[:space:]]*)*$ ]] ;;
       EGRET_POD_CIDRS | EGRET_KEEP_CIDRS) [[ $value =~ ^[[:space:]]*([0-9A-Fa-f.:]+/[0-9]+[[:space:]]*)*$ ]] ;;
       EGRET_IRQ_CPUS) [[ $value =~ ^[0-9,-]*$ ]] ;;
       EGRET_METRICS) [[ $value =~ ^[0-9A-Fa-f.:\[\]]+:[0-9]+$ ]] ;;
