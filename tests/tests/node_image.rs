@@ -320,6 +320,9 @@ fn node_image_boots_fail_closed_and_translates() {
         field(&log, "failclosed-boot loaded", "uptime") < field(&log, "before-egret table=present", "uptime"),
         "console order"
     );
+    // Every unit started (systemd prints "[FAILED] Failed to start X").
+    let failed: Vec<&str> = log.lines().filter(|l| l.contains("FAILED") && l.contains("Failed to start")).collect();
+    assert!(failed.is_empty(), "units failed during the boot:\n{}", failed.join("\n"));
     // Native XDP (ip -d link: "prog/xdp", generic would say "xdpgeneric").
     assert!(
         log.lines().any(|l| l.contains("EGRET-NODE diag") && l.contains("prog/xdp ")),
