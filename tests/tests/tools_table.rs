@@ -9,13 +9,14 @@
 //!   run them (`exec(&["x", ...])`, `in_ns(ns, &["x", ...])`,
 //!   `run(&["x", ...])`);
 //! - shell (`tests/*.sh`, `tests/k8s/*.sh`, `tests/guest-kernel/*.sh`,
-//!   `tests/helm-render/*.sh`): the
+//!   `tests/helm-render/*.sh`, `deploy/images/*/*.sh`, `vagrant/*.sh`): the
 //!   command word of every simple command, also inside `$(...)`, after
 //!   `exec`/`timeout`/`setsid`/`ip netns exec NS`, and `command -v x`.
 //!   Builtins, functions the scripts define, variables and paths are not
 //!   commands. Heredoc bodies and single-quoted strings are text, not code.
 //!   `tests/guest-kernel/initramfs-init` is not scanned: it runs inside the
-//!   guest's initramfs, where every command is a busybox applet.
+//!   guest's initramfs, where every command is a busybox applet; nor is
+//!   `deploy/images/node/rootfs/`, which runs inside the node image.
 //!
 //! The scan is a heuristic: it finds what the code's own idioms run. A new
 //! idiom (another helper taking an argv) must be added to it.
@@ -592,7 +593,7 @@ fn scan() -> Vec<(String, usize, String)> {
         found.extend(rust_commands(&text).into_iter().map(|(l, c)| (rel.clone(), l, c)));
     }
     let mut scripts = Vec::new();
-    for dir in ["tests", "tests/k8s", "tests/guest-kernel", "tests/helm-render"] {
+    for dir in ["tests", "tests/k8s", "tests/guest-kernel", "tests/helm-render", "deploy/images/node"] {
         for e in std::fs::read_dir(root.join(dir)).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "sh") {
