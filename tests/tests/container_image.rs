@@ -574,9 +574,37 @@ struct Run {
 
 static N: AtomicU32 = AtomicU32::new(0);
 
+/// Removes what a killed earlier run left (its guards never ran): for each
+/// `egctr<pid>x<n>` lab whose process is gone, its container (`runc
+/// delete -f`), its namespaces (their processes ended first) and its
+/// directory.
+fn remove_stale_runs() {
+    let mut prefixes = BTreeSet::new();
+    for name in netns::list() {
+        let Some((lab, _role)) = name.split_once('-') else { continue };
+        let Some((pid, _)) = lab.strip_prefix(PREFIX).and_then(|r| r.split_once('x')) else { continue };
+        if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) && !Path::new(&format!("/proc/{pid}")).exists() {
+            prefixes.insert(lab.to_string());
+        }
+    }
+    for lab in prefixes {
+        let dir = std::env::temp_dir().join(format!("egret-lab-{lab}"));
+        let _ = Command::new("runc")
+            .arg("--root")
+            .arg(dir.join("runc"))
+            .args(["delete", "-f", &format!("{lab}-gateway")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        NetNs::delete_all_with_prefix(&format!("{lab}-"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// Builds a lab (namespaces `egctr<pid>x<n>-*`), the image, the bundle, and
 /// starts the container.
 fn start(setup: &Setup) -> Run {
+    remove_stale_runs();
     let n = N.fetch_add(1, Ordering::Relaxed);
     let prefix = format!("{PREFIX}{}x{n}", std::process::id());
     let lab = Lab::build(LabOptions { prefix: prefix.clone(), ..LabOptions::for_test() }).unwrap();
@@ -714,6 +742,10 @@ fn debians_runtime_default_profile_refuses_the_program_load() {
     if !root_or_skip("debians_runtime_default_profile_refuses_the_program_load") {
         return;
     }
+    // (The build script installs the profile's package: run first.)
+    let log = never_ready("debian profile", &Setup { drop_caps: vec![], with_bpf_rule: false });
+    assert!(log.contains("Operation not permitted"), "the log names the refusal:\n{log}");
+
     // The converted profile itself: bpf() is refused for the DaemonSet's
     // capabilities, allowed with CAP_SYS_ADMIN.
     let caps = PodSpec::daemonset().capabilities();
@@ -738,9 +770,6 @@ fn debians_runtime_default_profile_refuses_the_program_load() {
         seccomp::action_for(&seccomp::convert(&patched, &no_bpf, go_arch(), kernel_version()), "bpf"),
         "SCMP_ACT_ERRNO"
     );
-
-    let log = never_ready("debian profile", &Setup { drop_caps: vec![], with_bpf_rule: false });
-    assert!(log.contains("Operation not permitted"), "the log names the refusal:\n{log}");
 }
 
 #[test]
