@@ -33,6 +33,10 @@
 //!   shows that without `PERFMON` the verifier applies its Spectre v1 sanitation and
 //!   refuses the steering program's packet pointer arithmetic. (This test
 //!   found that the DaemonSet lacked `PERFMON`.)
+//! - [`realtime_workers_in_the_container`] shows that `SYS_NICE` alone gets
+//!   the workers no SCHED_FIFO on a cgroup v1 node with real-time group
+//!   scheduling (this machine): the container's cgroup has no real-time
+//!   budget.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout)]
 
 use std::collections::BTreeSet;
@@ -556,10 +560,17 @@ impl Drop for Container {
 
 /// How a test wants the container: which capabilities the process holds
 /// (the DaemonSet's, or fewer), and the seccomp profile.
+#[derive(Default)]
 struct Setup {
     drop_caps: Vec<&'static str>,
     /// Debian's profile patched by [`with_bpf_for_cap_bpf`].
     with_bpf_rule: bool,
+    /// `workers.realtimePriority` (the lab's configuration says 0).
+    realtime_priority: Option<u32>,
+    /// A real-time budget for the container's cgroup
+    /// (`linux.resources.cpu.realtimeRuntime`, µs per second), which no
+    /// Kubernetes field sets.
+    rt_runtime: Option<i64>,
 }
 
 /// A lab with the gateway image running in its gateway namespace. Fields
@@ -619,7 +630,12 @@ fn start(setup: &Setup) -> Run {
     }
     let config = GatewayConfig::lab_default(&lab);
     let metrics: SocketAddr = gateway::METRICS.parse().unwrap();
-    std::fs::write(config_dir.join("gateway.yaml"), config.yaml(Path::new(CONTAINER_SOCKET), metrics)).unwrap();
+    let mut yaml = config.yaml(Path::new(CONTAINER_SOCKET), metrics);
+    if let Some(p) = setup.realtime_priority {
+        assert!(yaml.contains("realtimePriority: 0\n"), "the lab's configuration changed:\n{yaml}");
+        yaml = yaml.replace("realtimePriority: 0\n", &format!("realtimePriority: {p}\n"));
+    }
+    std::fs::write(config_dir.join("gateway.yaml"), yaml).unwrap();
     assert!(
         pod.args.windows(2).any(|w| w[0] == "--config" && w[1] == CONTAINER_CONFIG),
         "the DaemonSet's arguments {:?} do not read {CONTAINER_CONFIG}",
@@ -638,7 +654,10 @@ fn start(setup: &Setup) -> Run {
     let process_caps: Vec<String> =
         caps.iter().filter(|c| !setup.drop_caps.iter().any(|d| c.as_str() == format!("CAP_{d}"))).cloned().collect();
     let netns_path = Path::new("/run/netns").join(lab.gateway_ns().name());
-    let spec = runtime_spec(&image.config(), &pod, &process_caps, filter, &netns_path, &config_dir, &run_dir);
+    let mut spec = runtime_spec(&image.config(), &pod, &process_caps, filter, &netns_path, &config_dir, &run_dir);
+    if let Some(us) = setup.rt_runtime {
+        spec["linux"]["resources"]["cpu"] = json!({"realtimeRuntime": us, "realtimePeriod": 1_000_000});
+    }
     std::fs::write(bundle.join("config.json"), serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
 
     let capture = Capture::start(lab.upstream(), "gw").unwrap();
@@ -656,7 +675,7 @@ fn image_passes_the_labs_traffic_under_the_daemonsets_security_context() {
     if !root_or_skip("image_passes_the_labs_traffic_under_the_daemonsets_security_context") {
         return;
     }
-    let mut r = start(&Setup { drop_caps: vec![], with_bpf_rule: true });
+    let mut r = start(&Setup { with_bpf_rule: true, ..Setup::default() });
     let took = r
         .container
         .wait_ready(r.lab.gateway_ns(), Duration::from_secs(30))
@@ -743,7 +762,7 @@ fn debians_runtime_default_profile_refuses_the_program_load() {
         return;
     }
     // (The build script installs the profile's package: run first.)
-    let log = never_ready("debian profile", &Setup { drop_caps: vec![], with_bpf_rule: false });
+    let log = never_ready("debian profile", &Setup::default());
     assert!(log.contains("Operation not permitted"), "the log names the refusal:\n{log}");
 
     // The converted profile itself: bpf() is refused for the DaemonSet's
@@ -777,7 +796,8 @@ fn without_cap_bpf_the_gateway_never_becomes_ready() {
     if !root_or_skip("without_cap_bpf_the_gateway_never_becomes_ready") {
         return;
     }
-    let log = never_ready("without CAP_BPF", &Setup { drop_caps: vec!["BPF"], with_bpf_rule: true });
+    let log =
+        never_ready("without CAP_BPF", &Setup { drop_caps: vec!["BPF"], with_bpf_rule: true, ..Setup::default() });
     assert!(log.contains("Operation not permitted"), "the log names the refusal:\n{log}");
 }
 
@@ -786,8 +806,70 @@ fn without_cap_perfmon_the_verifier_refuses_the_steering_program() {
     if !root_or_skip("without_cap_perfmon_the_verifier_refuses_the_steering_program") {
         return;
     }
-    let log = never_ready("without CAP_PERFMON", &Setup { drop_caps: vec!["PERFMON"], with_bpf_rule: true });
+    let log = never_ready(
+        "without CAP_PERFMON",
+        &Setup { drop_caps: vec!["PERFMON"], with_bpf_rule: true, ..Setup::default() },
+    );
     assert!(log.contains("prohibited for !root"), "the verifier's refusal:\n{log}");
+}
+
+/// The scheduling policy of each thread of `pid`, by thread name
+/// (`/proc/<pid>/task/<tid>/stat` field 41: 0 normal, 1 SCHED_FIFO).
+fn thread_policies(pid: u64) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let t = t.unwrap().path();
+        let (Ok(stat), Ok(comm)) = (std::fs::read_to_string(t.join("stat")), std::fs::read_to_string(t.join("comm")))
+        else {
+            continue;
+        };
+        let after: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        // Fields from the state (3rd) on: policy is the 41st field.
+        out.push((comm.trim().to_string(), after[38].parse().unwrap()));
+    }
+    out
+}
+
+/// The DaemonSet grants `SYS_NICE` for SCHED_FIFO workers
+/// (`workers.realtimePriority`). On a cgroup v1 node whose kernel has
+/// real-time group scheduling (`cpu.rt_runtime_us` exists, as here), a
+/// container's cpu cgroup gets no real-time budget, so SCHED_FIFO is
+/// refused despite the capability and the workers run at normal priority
+/// (the daemon warns and goes on); given a budget, which only the runtime
+/// can give (no Kubernetes field sets it), they run SCHED_FIFO. Without
+/// real-time group scheduling the capability alone must do.
+#[test]
+fn realtime_workers_in_the_container() {
+    if !root_or_skip("realtime_workers_in_the_container") {
+        return;
+    }
+    let fifo_workers = |r: &mut Run| -> (bool, String) {
+        r.container.wait_ready(r.lab.gateway_ns(), Duration::from_secs(30)).unwrap();
+        let st: Value =
+            serde_json::from_str(&netns::run(r.container.runtime().args(["state", &r.container.id])).unwrap()).unwrap();
+        let threads = thread_policies(st["pid"].as_u64().unwrap());
+        let workers: Vec<&(String, u32)> = threads.iter().filter(|(n, _)| n.starts_with("egret-worker")).collect();
+        assert!(!workers.is_empty(), "no worker thread among {threads:?}");
+        (workers.iter().all(|(_, p)| *p == 1), r.container.log_text())
+    };
+    let rt_groups = Path::new("/sys/fs/cgroup/cpu/cpu.rt_runtime_us").exists();
+    let mut r = start(&Setup { with_bpf_rule: true, realtime_priority: Some(50), ..Setup::default() });
+    let (fifo, log) = fifo_workers(&mut r);
+    drop(r);
+    if rt_groups {
+        assert!(!fifo, "SCHED_FIFO granted without a real-time budget; log:\n{log}");
+        assert!(log.contains("SCHED_FIFO refused"), "the daemon says so:\n{log}");
+        let mut r = start(&Setup {
+            with_bpf_rule: true,
+            realtime_priority: Some(50),
+            rt_runtime: Some(100_000),
+            ..Setup::default()
+        });
+        let (fifo, log) = fifo_workers(&mut r);
+        assert!(fifo, "with a 100 ms/s real-time budget the workers run SCHED_FIFO; log:\n{log}");
+    } else {
+        assert!(fifo, "the workers run SCHED_FIFO with CAP_SYS_NICE; log:\n{log}");
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -880,7 +962,7 @@ fn readiness_container_vs_bare() {
         return;
     }
     let rounds: usize = std::env::var("EGRET_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
-    let mut r = start(&Setup { drop_caps: vec![], with_bpf_rule: true });
+    let mut r = start(&Setup { with_bpf_rule: true, ..Setup::default() });
     r.container.wait_ready(r.lab.gateway_ns(), Duration::from_secs(30)).unwrap();
     r.container.delete();
     let bundle = r.lab.dir().join("bundle");
