@@ -593,7 +593,7 @@ fn scan() -> Vec<(String, usize, String)> {
         found.extend(rust_commands(&text).into_iter().map(|(l, c)| (rel.clone(), l, c)));
     }
     let mut scripts = Vec::new();
-    for dir in ["tests", "tests/k8s", "tests/guest-kernel", "tests/helm-render", "deploy/images/node"] {
+    for dir in ["tests", "tests/k8s", "tests/guest-kernel", "tests/helm-render", "deploy/images/node", "deploy/images/container"] {
         for e in std::fs::read_dir(root.join(dir)).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "sh") {
