@@ -39,14 +39,14 @@ const POD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
 const NODE_IN: &str = "198.18.0.1";
 const NODE_OUT: &str = "198.51.100.1";
 const EGRESS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
-/// vCPUs, and queue pairs per NIC: one per vCPU (libvirt's usual
-/// multi-queue setting), so egret runs a worker per queue and virtio_net's
-/// XDP_TX shares the TX queues under a lock. With twice as many pairs,
-/// virtio_net adds RX queues at XDP attach that egret does not serve
-/// (deploy/images/node/rootfs/usr/lib/egret/nic-setup). MSI-X vectors: two
-/// per pair, plus config.
+/// vCPUs, and queue pairs per NIC: twice the vCPUs, the setting that gives
+/// virtio_net dedicated XDP_TX queues. Attaching XDP, virtio_net then
+/// enables one more pair per CPU, and the device spreads received flows
+/// over their RX queues too: egret must serve the queues that appear at
+/// attach (daemon/mod.rs `serve_added_queues`; with them unserved, the
+/// pod's UDP echo timed out). MSI-X vectors: two per pair, plus config.
 const CPUS: usize = 2;
-const QUEUES: usize = CPUS;
+const QUEUES: usize = 2 * CPUS;
 const VECTORS: usize = 2 * QUEUES + 2;
 /// How long the boot (QEMU start to egret ready) may take under TCG.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(420);

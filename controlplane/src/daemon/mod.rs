@@ -15,7 +15,9 @@
 //!    configured interface for that queue (shared UMEM), registered in the
 //!    XSKMAP under (interface, queue); threads `egret-worker-N`; and the
 //!    offload manager, thread `egret-offload` (crate::offload);
-//! 5. attach the program (bpf_link) to every interface; start the netlink
+//! 5. attach the program (bpf_link) to every interface; serve the RX
+//!    queues a driver added at attach (virtio_net does) with more workers;
+//!    start the netlink
 //!    watcher, the admin socket and the metrics server; announce the owned
 //!    addresses. `/ready` answers 200 from here on, once the gateways of the
 //!    routes in use are resolved (before that, 503 with the ones that are not).
@@ -145,6 +147,10 @@ pub struct Shared {
     pub workers: Vec<WorkerHandle>,
     /// Whether the program is attached.
     pub attached: AtomicBool,
+    /// RX queues that appeared when the program attached and that no
+    /// worker could take (an interface's new queue index already served by
+    /// a worker of other interfaces): `/ready` reports them.
+    pub unserved: Option<String>,
     /// Set when stopping.
     pub stopping: AtomicBool,
     /// Reloads rejected.
@@ -179,6 +185,9 @@ impl Shared {
         }
         if self.stopping.load(Ordering::Acquire) {
             return Some("stopping".into());
+        }
+        if let Some(u) = &self.unserved {
+            return Some(u.clone());
         }
         if let Some(w) = self.workers.iter().find(|w| !w.running.load(Ordering::Acquire)) {
             return Some(format!("worker {} is not running", w.queue));
@@ -267,6 +276,134 @@ fn set_interface_roles(
     Ok(())
 }
 
+/// What every worker is made from: one per RX queue index, owning an
+/// AF_XDP socket on every interface with that queue (one shared UMEM).
+struct WorkerFactory {
+    xsk: XskConfig,
+    engine: Engine,
+    program: Arc<SteeringProgram>,
+    clock: EngineClock,
+    nworkers: u32,
+    announce: AnnounceQueue,
+    stop: Arc<AtomicBool>,
+}
+
+impl WorkerFactory {
+    /// Opens the sockets of `queue` on the interfaces `on`, registers them
+    /// in the XSKMAP and starts the worker's thread.
+    fn spawn(&self, queue: u32, on: &[&Driven], w: &config::WorkersConfig) -> Result<WorkerHandle, DaemonError> {
+        let specs: Vec<PortSpec> = on.iter().map(|i| PortSpec { ifindex: i.ifindex, queue }).collect();
+        let ports = XskPorts::open(&self.xsk, &specs)
+            .map_err(|e| start_err(format!("AF_XDP sockets for queue {queue}"))(e.to_string()))?;
+        let mut sockets = Vec::new();
+        for (p, i) in on.iter().enumerate() {
+            let port = PortId(p as u16);
+            let fd = ports.raw_fd(port).unwrap_or(-1);
+            self.program
+                .register_xsk(i.ifindex, queue, fd)
+                .map_err(|e| start_err(format!("registering {} queue {queue}", i.name))(e.to_string()))?;
+            if let Some(c) = ports.counters(port) {
+                sockets.push((i.name.clone(), c));
+            }
+        }
+        let cpu = if w.cpus.is_empty() { None } else { w.cpus.get(queue as usize % w.cpus.len()).copied() };
+        let wc = WorkerConfig {
+            batch_size: w.batch as usize,
+            cpu,
+            realtime_priority: (w.realtime_priority > 0).then_some(i32::from(w.realtime_priority)),
+            ..WorkerConfig::default()
+        };
+        let handler_stats = Arc::new(HandlerStats::default());
+        // Translated packets to pods behind an overlay's tunnel go to the
+        // kernel (kernel_tx.rs); one pair of raw sockets per worker.
+        let kernel =
+            KernelTx::open().map_err(|e| start_err(format!("worker {queue}'s kernel hand-off"))(e.to_string()))?;
+        if !kernel.has_ipv6() && queue == 0 {
+            tracing::warn!("the kernel has no IPv6: replies to IPv6 pods behind a tunnel cannot be handed to it");
+        }
+        let handler = EngineHandler::new(
+            &self.engine,
+            on.iter().map(|i| i.ifindex).collect(),
+            self.clock,
+            self.nworkers,
+            handler_stats.clone(),
+            (queue == 0).then(|| self.announce.clone()),
+            kernel,
+        );
+        let mut worker = Worker::new(ports, handler, wc, self.stop.clone())
+            .map_err(|e| start_err(format!("worker {queue}"))(e.to_string()))?;
+        let loop_stats = worker.stats();
+        let running = Arc::new(AtomicBool::new(false));
+        let flag = running.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("egret-worker-{queue}"))
+            .spawn(move || {
+                flag.store(true, Ordering::Release);
+                if let Err(e) = worker.run() {
+                    tracing::error!(queue, error = %e, "worker stopped");
+                }
+                flag.store(false, Ordering::Release);
+            })
+            .map_err(|e| start_err(format!("spawning worker {queue}"))(e.to_string()))?;
+        Ok(WorkerHandle { queue, cpu, running, loop_stats, handler_stats, sockets, thread: Some(thread) })
+    }
+}
+
+/// After the program attached: the interfaces serving all their queues
+/// whose RX queue count grew get workers for the new queue indices. A new
+/// queue index that already has a worker (for other interfaces, with its
+/// own UMEM) cannot take one more socket; those are returned as the reason
+/// the gateway is not ready, with the fix.
+fn serve_added_queues(
+    interfaces: &mut [Driven],
+    cfg: &GatewayConfig,
+    factory: &WorkerFactory,
+    workers: &mut Vec<WorkerHandle>,
+    w: &config::WorkersConfig,
+) -> Result<Option<String>, DaemonError> {
+    let before = workers.len() as u32;
+    let mut unserved = Vec::new();
+    for (i, c) in interfaces.iter_mut().zip(&cfg.interfaces) {
+        if c.queues != Queues::All {
+            continue;
+        }
+        let now = rx_queues(&i.name).unwrap_or(i.queues);
+        if now <= i.queues {
+            continue;
+        }
+        tracing::warn!(
+            interface = %i.name,
+            before = i.queues,
+            after = now,
+            "the driver added RX queues when XDP attached; serving them"
+        );
+        if i.queues < before {
+            unserved.push(format!(
+                "{}: RX queues {}-{} appeared when XDP attached and queue indexes up to {} already have workers \
+                 (set the same queue count on every interface, e.g. ethtool -L {} combined N)",
+                i.name,
+                i.queues,
+                now.min(before) - 1,
+                before - 1,
+                i.name
+            ));
+        }
+        i.queues = now;
+    }
+    let after = interfaces.iter().map(|i| i.queues).max().unwrap_or(1);
+    for queue in before..after {
+        let on: Vec<&Driven> = interfaces.iter().filter(|i| queue < i.queues).collect();
+        workers.push(factory.spawn(queue, &on, w)?);
+    }
+    if unserved.is_empty() {
+        Ok(None)
+    } else {
+        let why = unserved.join("; ");
+        tracing::error!(reason = %why, "RX queues without a worker: frames on them are dropped");
+        Ok(Some(why))
+    }
+}
+
 async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAddr>) -> Result<(), DaemonError> {
     let started = Instant::now();
     // 2. Interfaces from the kernel.
@@ -348,63 +485,19 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
             ..SocketConfig::default()
         },
     };
+    let factory = WorkerFactory {
+        xsk,
+        engine: engine.clone(),
+        program: program.clone(),
+        clock,
+        nworkers,
+        announce: announce.clone(),
+        stop: stop.clone(),
+    };
     let mut workers = Vec::new();
     for queue in 0..nworkers {
         let on: Vec<&Driven> = interfaces.iter().filter(|i| queue < i.queues).collect();
-        let specs: Vec<PortSpec> = on.iter().map(|i| PortSpec { ifindex: i.ifindex, queue }).collect();
-        let ports = XskPorts::open(&xsk, &specs)
-            .map_err(|e| start_err(format!("AF_XDP sockets for queue {queue}"))(e.to_string()))?;
-        let mut sockets = Vec::new();
-        for (p, i) in on.iter().enumerate() {
-            let port = PortId(p as u16);
-            let fd = ports.raw_fd(port).unwrap_or(-1);
-            program
-                .register_xsk(i.ifindex, queue, fd)
-                .map_err(|e| start_err(format!("registering {} queue {queue}", i.name))(e.to_string()))?;
-            if let Some(c) = ports.counters(port) {
-                sockets.push((i.name.clone(), c));
-            }
-        }
-        let cpu = if w.cpus.is_empty() { None } else { w.cpus.get(queue as usize % w.cpus.len()).copied() };
-        let wc = WorkerConfig {
-            batch_size: w.batch as usize,
-            cpu,
-            realtime_priority: (w.realtime_priority > 0).then_some(i32::from(w.realtime_priority)),
-            ..WorkerConfig::default()
-        };
-        let handler_stats = Arc::new(HandlerStats::default());
-        // Translated packets to pods behind an overlay's tunnel go to the
-        // kernel (kernel_tx.rs); one pair of raw sockets per worker.
-        let kernel =
-            KernelTx::open().map_err(|e| start_err(format!("worker {queue}'s kernel hand-off"))(e.to_string()))?;
-        if !kernel.has_ipv6() && queue == 0 {
-            tracing::warn!("the kernel has no IPv6: replies to IPv6 pods behind a tunnel cannot be handed to it");
-        }
-        let handler = EngineHandler::new(
-            &engine,
-            on.iter().map(|i| i.ifindex).collect(),
-            clock,
-            nworkers,
-            handler_stats.clone(),
-            (queue == 0).then(|| announce.clone()),
-            kernel,
-        );
-        let mut worker = Worker::new(ports, handler, wc, stop.clone())
-            .map_err(|e| start_err(format!("worker {queue}"))(e.to_string()))?;
-        let loop_stats = worker.stats();
-        let running = Arc::new(AtomicBool::new(false));
-        let flag = running.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("egret-worker-{queue}"))
-            .spawn(move || {
-                flag.store(true, Ordering::Release);
-                if let Err(e) = worker.run() {
-                    tracing::error!(queue, error = %e, "worker stopped");
-                }
-                flag.store(false, Ordering::Release);
-            })
-            .map_err(|e| start_err(format!("spawning worker {queue}"))(e.to_string()))?;
-        workers.push(WorkerHandle { queue, cpu, running, loop_stats, handler_stats, sockets, thread: Some(thread) });
+        workers.push(factory.spawn(queue, &on, w)?);
     }
 
     let offload_thread = match &fast_path {
@@ -429,6 +522,12 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         })?;
         links.push(link);
     }
+    // Some drivers add RX queues when a program attaches: virtio_net with
+    // twice as many queue pairs as CPUs enables one more pair per CPU for
+    // XDP_TX, and the device spreads received flows over them too. Frames
+    // on a queue without a socket are dropped (`drop_no_socket_steered`),
+    // so serve the new queues now.
+    let unserved = serve_added_queues(&mut interfaces, &cfg, &factory, &mut workers, w)?;
     let shared = Arc::new(Shared {
         config: Mutex::new(cfg.clone()),
         engine: engine.clone(),
@@ -439,6 +538,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         interfaces,
         workers,
         attached: AtomicBool::new(true),
+        unserved,
         stopping: AtomicBool::new(false),
         reload_failures: AtomicU64::new(0),
         reloads: AtomicU64::new(0),
