@@ -10,8 +10,10 @@
 # Needs root (network namespaces, XDP, AF_XDP, BPF_PROG_TEST_RUN). Installs
 # what it needs (tests/install-deps.sh, idempotent), builds the Kubernetes API
 # server used by the control-plane tests once (cached under /var/cache/egret),
-# then builds and tests the whole workspace, here and on Linux 6.1 (the oldest
-# kernel Egret supports) in an emulated machine (tests/guest-kernel).
+# builds the container and node images (tests/image.sh, cached there too),
+# then builds and tests the whole workspace (which starts both images), here
+# and on Linux 6.1 (the oldest kernel Egret supports) in an emulated machine
+# (tests/guest-kernel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +38,12 @@ fi
 
 step "building the workspace"
 cargo build --workspace --all-targets --locked
+
+step "the images users deploy, with a release egret (tests/image.sh; cached under ${EGRET_CACHE:-/var/cache/egret}/images)"
+# The container image and the node image tests (container_image, node_image)
+# start them; building them here first keeps their cold build out of a test.
+cargo build --release --locked -p egret-controlplane --bin egret
+EGRET_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/egret" tests/image.sh
 
 step "unit, property, BPF and end-to-end tests"
 # One test binary at a time: the network-namespace tests are heavy on a

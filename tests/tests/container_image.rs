@@ -139,6 +139,39 @@ struct PodSpec {
     mounts: Vec<(String, bool, String)>,
 }
 
+/// `$(NAME)` in an argument replaced by the container's variable NAME, as
+/// the kubelet does (`$$` is a literal `$`; an unknown name stays as written).
+fn expand(arg: &str, env: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut rest = arg;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(t) = tail.strip_prefix("$$") {
+            out.push('$');
+            rest = t;
+        } else if let Some((name, t)) = tail.strip_prefix("$(").and_then(|t| t.split_once(')')) {
+            match env.iter().find(|(k, _)| k == name) {
+                Some((_, v)) => out.push_str(v),
+                None => out.push_str(&tail[..name.len() + 3]),
+            }
+            rest = t;
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[test]
+fn arguments_expand_like_the_kubelets() {
+    let env = vec![("HOST_IP".to_string(), "192.0.2.7".to_string())];
+    assert_eq!(expand("--metrics-listen=$(HOST_IP):9469", &env), "--metrics-listen=192.0.2.7:9469");
+    assert_eq!(expand("$$(HOST_IP) $(NOPE) $x", &env), "$(HOST_IP) $(NOPE) $x");
+}
+
 fn quantity(q: &str) -> u64 {
     let units = [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30)];
     for (suffix, mult) in units {
@@ -181,25 +214,32 @@ impl PodSpec {
                 )
             })
             .collect();
-        // Environment: literal values as they are; a fieldRef to the Node's
-        // name gets the lab's.
-        let env = c["env"]
+        // Environment: literal values as they are; the downward API's
+        // fields as the kubelet fills them for the lab's gateway (the Node's
+        // name, and its address: the gateway namespace's, where the lab
+        // probes /ready).
+        let env: Vec<(String, String)> = c["env"]
             .as_sequence()
             .map(|s| {
                 s.iter()
                     .map(|e| {
-                        let name = e["name"].as_str().unwrap();
-                        match e["value"].as_str() {
-                            Some(v) => format!("{name}={v}"),
-                            None => format!("{name}=lab-gateway"),
-                        }
+                        let name = e["name"].as_str().unwrap().to_string();
+                        let value = match (e["value"].as_str(), e["valueFrom"]["fieldRef"]["fieldPath"].as_str()) {
+                            (Some(v), _) => v.to_string(),
+                            (None, Some("spec.nodeName")) => "lab-gateway".to_string(),
+                            (None, Some("status.hostIP")) => {
+                                gateway::METRICS.parse::<SocketAddr>().unwrap().ip().to_string()
+                            }
+                            (None, other) => panic!("env {name}: a source this test does not know ({other:?})"),
+                        };
+                        (name, value)
                     })
                     .collect()
             })
             .unwrap_or_default();
         PodSpec {
-            args: strings(&c["args"]),
-            env,
+            args: strings(&c["args"]).iter().map(|a| expand(a, &env)).collect(),
+            env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
             caps_add: strings(&sc["capabilities"]["add"]),
             caps_drop: strings(&sc["capabilities"]["drop"]),
             privileged: flag("privileged", false),
@@ -637,7 +677,8 @@ fn start(setup: &Setup) -> Run {
     }
     std::fs::write(config_dir.join("gateway.yaml"), yaml).unwrap();
     assert!(
-        pod.args.windows(2).any(|w| w[0] == "--config" && w[1] == CONTAINER_CONFIG),
+        pod.args.windows(2).any(|w| w[0] == "--config" && w[1] == CONTAINER_CONFIG)
+            || pod.args.iter().any(|a| a.strip_prefix("--config=") == Some(CONTAINER_CONFIG)),
         "the DaemonSet's arguments {:?} do not read {CONTAINER_CONFIG}",
         pod.args
     );
@@ -944,7 +985,16 @@ fn the_daemonset_is_read_as_written() {
         Path::new("/c"),
         Path::new("/r"),
     );
-    assert_eq!(spec["process"]["args"], json!(["/usr/bin/egret", "gateway", "--config", CONTAINER_CONFIG]));
+    // `$(HOST_IP)` expanded as the kubelet does, to the lab's address.
+    assert_eq!(
+        spec["process"]["args"],
+        json!([
+            "/usr/bin/egret",
+            "gateway",
+            format!("--config={CONTAINER_CONFIG}"),
+            format!("--metrics-listen={}", gateway::METRICS)
+        ])
+    );
     assert_eq!(spec["process"]["noNewPrivileges"], true);
     assert_eq!(spec["root"]["readonly"], true);
     assert!(!spec["process"]["capabilities"]["effective"].as_array().unwrap().contains(&json!("CAP_SYS_ADMIN")));
