@@ -257,6 +257,9 @@ if virsh -c qemu:///system vol-list default >/dev/null 2>&1; then
   for vol in $(virsh -c qemu:///system vol-list default | awk '$1 ~ /^egret-VAGRANTSLASH-node_vagrant_box_image/ {print $1}'); do
     virsh -c qemu:///system vol-delete --pool default "$vol" >/dev/null
   done
+else
+  echo "build-box.sh: libvirtd does not answer: delete the old box's copy, if any, once it runs" >&2
+  echo "  (virsh -c qemu:///system vol-list default: egret-VAGRANTSLASH-node_vagrant_box_image_*)" >&2
 fi
 echo "$key" >"$added"
 echo "build-box.sh: added $box_name from $box"

@@ -8,13 +8,16 @@
 //!   lists, `NetNs::command("x")`, and argv arrays given to the helpers that
 //!   run them (`exec(&["x", ...])`, `in_ns(ns, &["x", ...])`,
 //!   `run(&["x", ...])`);
-//! - shell (`tests/*.sh`, `tests/k8s/*.sh`, `tests/guest-kernel/*.sh`): the
+//! - shell (`tests/*.sh`, `tests/k8s/*.sh`, `tests/guest-kernel/*.sh`,
+//!   `vagrant/*.sh`): the
 //!   command word of every simple command, also inside `$(...)`, after
 //!   `exec`/`timeout`/`setsid`/`ip netns exec NS`, and `command -v x`.
 //!   Builtins, functions the scripts define, variables and paths are not
 //!   commands. Heredoc bodies and single-quoted strings are text, not code.
 //!   `tests/guest-kernel/initramfs-init` is not scanned: it runs inside the
-//!   guest's initramfs, where every command is a busybox applet.
+//!   guest's initramfs, where every command is a busybox applet; nor is
+//!   `vagrant/guest/`, which runs inside the Vagrant lab's VMs (the node
+//!   image's commands).
 //!
 //! The scan is a heuristic: it finds what the code's own idioms run. A new
 //! idiom (another helper taking an argv) must be added to it.
@@ -591,7 +594,7 @@ fn scan() -> Vec<(String, usize, String)> {
         found.extend(rust_commands(&text).into_iter().map(|(l, c)| (rel.clone(), l, c)));
     }
     let mut scripts = Vec::new();
-    for dir in ["tests", "tests/k8s", "tests/guest-kernel"] {
+    for dir in ["tests", "tests/k8s", "tests/guest-kernel", "vagrant"] {
         for e in std::fs::read_dir(root.join(dir)).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "sh") {

@@ -31,7 +31,7 @@ echo "provision-gateway: inside $inside ($inside_mac), outside $outside ($outsid
 # upstream router; the egress IPs are not on any interface (Egret answers
 # ARP/NDP for them on the outside link).
 cat >/etc/systemd/network/20-egret-lab-inside.network <<EOF
-# Written by Egret's vagrant/provision-gateway.sh: the lab's inside link.
+# Written by Egret's vagrant/guest/provision-gateway.sh: the lab's inside link.
 [Match]
 MACAddress=$inside_mac
 
@@ -53,7 +53,7 @@ Destination=2001:db8:18::/48
 Gateway=2001:db8:2::1
 EOF
 cat >/etc/systemd/network/20-egret-lab-outside.network <<EOF
-# Written by Egret's vagrant/provision-gateway.sh: the lab's outside link.
+# Written by Egret's vagrant/guest/provision-gateway.sh: the lab's outside link.
 [Match]
 MACAddress=$outside_mac
 
@@ -86,7 +86,7 @@ EOF
 # dropped until egret runs.
 mkdir -p /etc/egret
 cat >/etc/egret/node.conf <<EOF
-# Written by Egret's vagrant/provision-gateway.sh (the lab).
+# Written by Egret's vagrant/guest/provision-gateway.sh (the lab).
 EGRET_POD_INTERFACES="$inside"
 EGRET_POD_CIDRS="198.18.0.0/16 2001:db8:18::/48"
 EGRET_KEEP_CIDRS=""
@@ -101,7 +101,7 @@ EOF
 # 198.51.100.128/25 via E1 / E6, policy "c" takes pod C to 198.51.100.0/24
 # via E2; pod U has no policy. Normal priority: the VM has one emulated CPU.
 cat >/etc/egret/gateway.yaml.new <<EOF
-# Written by Egret's vagrant/provision-gateway.sh: the lab's gateway.
+# Written by Egret's vagrant/guest/provision-gateway.sh: the lab's gateway.
 interfaces:
   - name: $inside
     role: inside
