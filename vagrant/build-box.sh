@@ -252,7 +252,8 @@ if [[ $(cat "$added" 2>/dev/null) == "$key" ]] && vagrant box list 2>/dev/null |
   echo "build-box.sh: $box_name is up to date ($box)"
   exit 0
 fi
-vagrant box add --force --name "$box_name" "$box"
+# (Its progress bar, redrawn after carriage returns, left out.)
+vagrant box add --force --name "$box_name" "$box" | sed -u 's/.*\r//'
 if virsh -c qemu:///system vol-list default >/dev/null 2>&1; then
   for vol in $(virsh -c qemu:///system vol-list default | awk '$1 ~ /^egret-VAGRANTSLASH-node_vagrant_box_image/ {print $1}'); do
     virsh -c qemu:///system vol-delete --pool default "$vol" >/dev/null
