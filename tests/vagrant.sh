@@ -15,6 +15,7 @@
 # removed by `vagrant destroy`). Fails if any pod's traffic does not leave
 # as its policy says.
 set -euo pipefail
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/.."
 repo=$PWD
 
@@ -22,7 +23,7 @@ keep=0
 case "${1:-}" in
   --keep) keep=1 ;;
   "") ;;
-  -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,17p' "$self"; exit 0 ;;
   *) echo "vagrant.sh: unknown argument '$1' (--keep)" >&2; exit 2 ;;
 esac
 if ((EUID != 0)); then

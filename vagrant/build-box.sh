@@ -9,8 +9,8 @@
 #
 # Input: EGRET_NODE_IMAGE, default ${EGRET_CACHE:-/var/cache/egret}/images/node/egret-node.qcow2.
 # Output: ${EGRET_CACHE}/images/vagrant/egret-node-<key>.box, keyed by the
-# input image's and this script's hashes; a second run with the same inputs
-# only checks that the box is added.
+# input image, this script, box-Vagrantfile and Vagrant's key; a second run
+# with the same inputs only checks that the box is added.
 #
 # The box is a copy of the node image with what Vagrant needs and a
 # production node does not: a `vagrant` user holding Vagrant's well-known
@@ -20,6 +20,7 @@
 # it). Packages the image lacks (openssh-server, sudo, rsync, socat) are
 # installed from this machine's own apt sources. Run as root.
 set -euo pipefail
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/.."
 
 if ((EUID != 0)); then
@@ -30,7 +31,7 @@ add=1
 case "${1:-}" in
   --no-add) add=0 ;;
   "") ;;
-  -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,21p' "$self"; exit 0 ;;
   *) echo "build-box.sh: unknown argument '$1' (--no-add)" >&2; exit 2 ;;
 esac
 
@@ -71,7 +72,7 @@ if [[ -f $(dirname "$image")/.lock ]]; then
 fi
 
 echo "build-box.sh: hashing $image"
-key=$( (sha256sum <"$image" | cut -d' ' -f1; sha256sum <"$0" | cut -d' ' -f1; cat "$vagrant_pub") | sha256sum | cut -c1-16)
+key=$( (sha256sum <"$image" | cut -d' ' -f1; cat "$self" vagrant/box-Vagrantfile "$vagrant_pub") | sha256sum | cut -c1-16)
 box=$out_dir/egret-node-$key.box
 
 build_box() {
