@@ -16,7 +16,8 @@
 //!   commands. Heredoc bodies and single-quoted strings are text, not code.
 //!   `tests/guest-kernel/initramfs-init` is not scanned: it runs inside the
 //!   guest's initramfs, where every command is a busybox applet; nor is
-//!   `deploy/images/node/rootfs/`, which runs inside the node image.
+//!   `deploy/images/node/rootfs/`, which runs inside the node image, nor
+//!   `vagrant/guest/`, which runs inside the Vagrant lab's VMs.
 //!
 //! The scan is a heuristic: it finds what the code's own idioms run. A new
 //! idiom (another helper taking an argv) must be added to it.
@@ -593,7 +594,15 @@ fn scan() -> Vec<(String, usize, String)> {
         found.extend(rust_commands(&text).into_iter().map(|(l, c)| (rel.clone(), l, c)));
     }
     let mut scripts = Vec::new();
-    for dir in ["tests", "tests/k8s", "tests/guest-kernel", "tests/helm-render", "deploy/images/node", "deploy/images/container"] {
+    for dir in [
+        "tests",
+        "tests/k8s",
+        "tests/guest-kernel",
+        "tests/helm-render",
+        "deploy/images/node",
+        "deploy/images/container",
+        "vagrant",
+    ] {
         for e in std::fs::read_dir(root.join(dir)).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "sh") {
