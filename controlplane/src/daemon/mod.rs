@@ -32,6 +32,7 @@
 //! removed, exit 0.
 
 pub mod handler;
+mod multicast;
 mod port_map;
 pub mod sink;
 mod view;

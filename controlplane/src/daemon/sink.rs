@@ -106,6 +106,9 @@ pub struct GatewaySink {
     /// Each address's valid-until on CLOCK_MONOTONIC (`set_valid_until`),
     /// written into its owned-map entry; absent: no deadline.
     valid_until_ns: Mutex<HashMap<IpAddr, u64>>,
+    /// The solicited-node groups of the IPv6 addresses answered, joined on
+    /// the interfaces that answer them (multicast.rs).
+    groups: Mutex<super::multicast::SolicitedNodeGroups>,
 }
 
 impl std::fmt::Debug for GatewaySink {
@@ -198,7 +201,42 @@ impl GatewaySink {
             fail_closed: Arc::default(),
             install_rules: Box::new(crate::failclosed::install),
             current: Mutex::new(None),
+            groups: Mutex::default(),
         }
+    }
+
+    /// The interfaces that answer neighbour requests for `ip`: egress IPs
+    /// face the outside, other answered addresses (next hops for the pods'
+    /// nodes) the inside; one-arm: the one interface.
+    fn answering_interfaces<'a>(&'a self, tables: &'a Tables, ip: IpAddr) -> impl Iterator<Item = u32> + 'a {
+        let egress = tables.owns_egress(ip);
+        self.interfaces.iter().filter_map(move |(ifindex, role)| {
+            let wanted = match role {
+                Role::Both => true,
+                Role::Outside => egress,
+                Role::Inside => !egress,
+            };
+            wanted.then_some(*ifindex)
+        })
+    }
+
+    /// Joins the solicited-node groups of the IPv6 addresses `tables`
+    /// answers, and leaves the others.
+    fn sync_groups(&self, tables: &Tables) {
+        let want: Vec<(u32, Ipv6Addr)> = tables
+            .neighbor_addresses()
+            .filter_map(|ip| match ip {
+                IpAddr::V6(v6) => Some(v6),
+                IpAddr::V4(_) => None,
+            })
+            .flat_map(|v6| self.answering_interfaces(tables, IpAddr::V6(v6)).map(move |i| (i, v6)))
+            .collect();
+        self.groups.lock().sync(want);
+    }
+
+    /// The solicited-node groups joined, as (ifindex, group).
+    pub fn joined_groups(&self) -> Vec<(u32, Ipv6Addr)> {
+        self.groups.lock().joined().iter().copied().collect()
     }
 
     /// Installs the fail-closed table with `install` instead of `nft`
@@ -382,6 +420,7 @@ impl TablesSink for GatewaySink {
                 }
                 self.applied.fetch_add(1, Ordering::Relaxed);
                 let tables = self.engine.tables();
+                self.sync_groups(&tables);
                 tracing::info!(
                     generation = tables.generation,
                     policies = tables.policies.len(),
@@ -430,19 +469,9 @@ impl TablesSink for GatewaySink {
             if !tables.answers_neighbor(*ip) {
                 continue;
             }
-            // Egress IPs face the outside; other answered addresses (next
-            // hops for the pods' nodes) the inside. One-arm: the one interface.
-            let egress = tables.owns_egress(*ip);
-            for (ifindex, role) in &self.interfaces {
-                let wanted = match role {
-                    Role::Both => true,
-                    Role::Outside => egress,
-                    Role::Inside => !egress,
-                };
-                if wanted {
-                    for delay in [Duration::ZERO, Duration::from_secs(1)] {
-                        q.push(Announcement { ifindex: *ifindex, ip: *ip, due: now + delay });
-                    }
+            for ifindex in self.answering_interfaces(&tables, *ip) {
+                for delay in [Duration::ZERO, Duration::from_secs(1)] {
+                    q.push(Announcement { ifindex, ip: *ip, due: now + delay });
                 }
             }
         }

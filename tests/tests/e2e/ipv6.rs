@@ -1,6 +1,7 @@
 //! IPv6: the IPv6 pod's UDP, TCP and ICMPv6 echo leave as the IPv6 egress IP
 //! (E6), replies come back, and the upstream router resolved E6 through a
-//! Neighbor Solicitation that Egret answered (RFC 4861 7.2.4).
+//! Neighbor Solicitation that Egret answered (RFC 4861 7.2.4), sent to E6's
+//! solicited-node group, which the gateway joined on its outside link.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -35,5 +36,10 @@ fn ipv6_udp_tcp_icmpv6(name: &str, tier: Tier) {
     let neigh = h.lab.upstream().ip(&["-6", "neigh", "show", &plan::E6.to_string()]).unwrap();
     let mac = plan::GW_OUT.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
     assert!(neigh.contains(&format!("lladdr {mac}")), "upstream neighbour entry for E6: {neigh:?}");
+    // ...and the gateway joined E6's solicited-node group on its outside
+    // interface, so that a NIC that filters multicast (virtio_net, real
+    // NICs; veth does not) passes the solicitations to XDP.
+    let groups = h.lab.gateway_ns().ip(&["-6", "maddr", "show", "dev", h.lab.gateway_outside_dev()]).unwrap();
+    assert!(groups.contains("ff02::1:ff00:10"), "E6's solicited-node group on the outside link: {groups}");
     h.finish(&[]).unwrap();
 }
