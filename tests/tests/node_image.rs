@@ -106,7 +106,7 @@ fn config_drive(dir: &Path) -> PathBuf {
     w(
         "node.conf",
         "EGRET_POD_INTERFACES=\"eth0\"\nEGRET_POD_CIDRS=\"198.18.0.0/24\"\nEGRET_KEEP_CIDRS=\"\"\n\
-         EGRET_NIC_INTERFACES=\"eth0 eth1\"\nEGRET_IRQ_CPUS=\"0\"\n",
+         EGRET_NIC_INTERFACES=\"eth0 eth1\"\nEGRET_IRQ_CPUS=\"0\"\nEGRET_METRICS=\"127.0.0.1:9469\"\n",
     );
     w(
         "network/10-eth0.network",

@@ -59,13 +59,6 @@ MACAddress=$outside_mac
 
 [Link]
 RequiredForOnline=no
-# Work-around: Egret answers NDP for its IPv6 egress IPs but does not join
-# their solicited-node multicast groups (ff02::1:ffXX:XXXX), and virtio-net
-# (like most real NICs) filters multicast it was not told about: without
-# this the upstream router's neighbour solicitations for 2001:db8:113::10
-# never reach the gateway and IPv6 egress fails (veth does not filter, so
-# the namespace lab does not see it). vagrant/README.md, "Found here".
-AllMulticast=yes
 
 [Network]
 Address=203.0.113.2/24
@@ -93,8 +86,7 @@ EGRET_KEEP_CIDRS=""
 EGRET_READY_TIMEOUT="600"
 EOF
 # (EGRET_METRICS is left at its default, 127.0.0.1:9469, gateway.yaml's
-# metrics.listen below: the image's node.conf reader rejects that value
-# when it is written out; vagrant/README.md, "Found here".)
+# metrics.listen below.)
 
 # The lab's gateway configuration (tests/src/gateway.rs, docs/config.md):
 # policy "a" takes pods A and B (and the IPv6 pod) to everything but

@@ -131,7 +131,7 @@ PROMPT 0
 LABEL egret
   LINUX /boot/vmlinuz-$kver
   INITRD /boot/initrd.img-$kver
-  APPEND root=UUID=$uuid ro console=tty0 console=ttyS0,115200n8 net.ifnames=0
+  APPEND root=UUID=$uuid ro console=tty0 console=ttyS0,115200n8 net.ifnames=0 no_timer_check
 EOF
 extlinux --install "$mnt/boot/extlinux" >/dev/null
 umount "$mnt"

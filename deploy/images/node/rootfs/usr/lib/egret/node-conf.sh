@@ -26,7 +26,9 @@ egret_read_node_conf() {
       EGRET_POD_INTERFACES | EGRET_NIC_INTERFACES) [[ $value =~ ^[[:space:]]*([A-Za-z0-9_.:-]+[[:space:]]*)*$ ]] ;;
       EGRET_POD_CIDRS | EGRET_KEEP_CIDRS) [[ $value =~ ^[[:space:]]*([0-9A-Fa-f.:]+/[0-9]+[[:space:]]*)*$ ]] ;;
       EGRET_IRQ_CPUS) [[ $value =~ ^[0-9,-]*$ ]] ;;
-      EGRET_METRICS) [[ $value =~ ^[0-9A-Fa-f.:\[\]]+:[0-9]+$ ]] ;;
+      # `]` first in the bracket is a literal `]` (a backslash there is a
+      # literal backslash, so `\]` closed the bracket and refused every value).
+      EGRET_METRICS) [[ $value =~ ^[][0-9A-Fa-f.:]+:[0-9]+$ ]] ;;
       EGRET_READY_TIMEOUT) [[ $value =~ ^[0-9]+$ ]] ;;
       *) echo "$EGRET_NODE_CONF:$n: unknown key $key" >&2; bad=1; continue ;;
     esac || { echo "$EGRET_NODE_CONF:$n: $key: bad value \"$value\"" >&2; bad=1; continue; }
