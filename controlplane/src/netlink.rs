@@ -19,7 +19,9 @@
 //!   Requests for one next hop are sent at most once per [`RESOLVE_INTERVAL`].
 //!   The entry is created in state `NUD_NONE`, never `NUD_PERMANENT`, so the
 //!   kernel's garbage collector still owns it. Route gateways on driven
-//!   interfaces are resolved the same way at start and when routes change.
+//!   interfaces are resolved the same way at start, when routes change, and
+//!   again once per [`RESOLVE_INTERVAL`] while they are not resolved (an
+//!   entry the kernel marked FAILED stays so until something asks again).
 //!   Until the gateways of the routes the `Fib` uses are resolved,
 //!   [`NextHopStatus`] says which are not, and `/ready` answers 503 with it.
 //! - Keeping entries alive: the kernel never sees the frames Egret forwards,
@@ -704,7 +706,12 @@ impl Running {
                     self.resolve_all(gw, &mut last_sent).await;
                 }
                 _ = drain_tick.tick() => {
-                    let wanted = drain();
+                    let mut wanted = drain();
+                    // The gateways of the routes in use that are still not
+                    // resolved, again (at most once per RESOLVE_INTERVAL each):
+                    // an entry the kernel gave up on (FAILED) changes nothing
+                    // mirrored here, so no event would ask for it again.
+                    wanted.extend(self.state.unresolved_gateways(&driven));
                     if !wanted.is_empty() {
                         self.resolve_all(wanted, &mut last_sent).await;
                     }

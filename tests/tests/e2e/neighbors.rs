@@ -8,6 +8,9 @@
 //!   (`neighbor_queued`, `neighbor_queue_sent`), as the kernel itself queues
 //!   packets on an incomplete neighbour. Before, it was dropped
 //!   (`neighbor_unresolved`).
+//! - `a_failed_next_hop_is_asked_for_again`: a next hop the kernel marked
+//!   FAILED is asked for again while a route uses it, so the gateway is
+//!   ready once the router answers.
 //! - `neighbors_in_use_outlive_the_kernels_gc`: 300 on-link next hops (the
 //!   upstream namespace owns 300 addresses), more than the kernel's
 //!   `gc_thresh1` (128), with the gateway's reachable and stale times
@@ -89,6 +92,44 @@ fn first_datagram_waits_for_its_next_hop() {
         assert_eq!(d(reason.name()), 0, "no {reason}: {:?}", after.delta(&before));
     }
     wait_ready_state(&h, 200, Duration::from_secs(5));
+    h.finish(&[]).unwrap();
+}
+
+/// A next hop the kernel gave up on (FAILED: its probes went unanswered, the
+/// router was down) is asked for again while a route uses it: once the
+/// router answers, the gateway is ready without any packet of its own
+/// toward it. Before, nothing asked again (an entry going from INCOMPLETE to
+/// FAILED changes nothing Egret mirrors), and `/ready` stayed 503 until some
+/// other traffic made the kernel resolve it (found in the Vagrant lab, when
+/// the routers' VM booted after the gateway's).
+#[test]
+fn a_failed_next_hop_is_asked_for_again() {
+    let name = "a_failed_next_hop_is_asked_for_again";
+    let Some(mut h) = crate::start_in(name, Tier::Userspace, LabOptions::for_test(), |_| {}) else { return };
+    assert_eq!(ready(&h).0, 200, "the lab resolved the gateway's next hops before the start");
+    let out = h.lab.gateway_outside_dev();
+    let upstream = plan::UPSTREAM.to_string();
+    let up_dev = upstream_dev(&h);
+    h.lab.upstream().ip(&["link", "set", "dev", &up_dev, "arp", "off"]).unwrap();
+    h.lab.gateway_ns().ip(&["neigh", "del", &upstream, "dev", out]).unwrap();
+    wait_ready_state(&h, 503, Duration::from_secs(5));
+    // The kernel's probes (3 broadcasts, a second apart) go unanswered.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let state = h.lab.gateway_ns().ip(&["neigh", "show", &upstream, "dev", out]).unwrap();
+        if state.contains("FAILED") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the kernel never gave up on {upstream}: {state:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Stay FAILED a while: any request made by the time the entry failed
+    // has run its course.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(ready(&h).0, 503, "not ready while the next hop is FAILED");
+    h.lab.upstream().ip(&["link", "set", "dev", &up_dev, "arp", "on"]).unwrap();
+    let body = wait_ready_state(&h, 200, Duration::from_secs(15));
+    assert_eq!(body.trim(), "ready", "{body:?}");
     h.finish(&[]).unwrap();
 }
 
