@@ -132,17 +132,9 @@ systemctl restart egret-failclosed-boot.service
 systemctl enable egret.service
 systemctl restart egret.service
 
-# egret's /ready waits for its next hops (the client VM's routers). When the
-# client's side came up after the gateway's kernel gave up on them (FAILED),
-# nothing asks again and egret stays not ready (seen here when the client VM
-# booted late): send each a TCP SYN, which makes the kernel resolve it anew.
-poke_next_hops() {
-  local h
-  for h in 192.0.2.1 203.0.113.1 2001:db8:2::1 2001:db8:113::1; do
-    timeout 1 bash -c "exec 3<>/dev/tcp/$h/9" 2>/dev/null || true
-  done
-}
-
+# egret's /ready waits for its next hops (the client VM's routers); it asks
+# the kernel again for any it gave up on (FAILED), so a client VM that boots
+# late is found once it answers.
 ready() {
   exec 3<>/dev/tcp/127.0.0.1/9469 || return 1
   printf 'GET /ready HTTP/1.0\r\n\r\n' >&3
@@ -152,7 +144,6 @@ ready() {
   [[ $status == 200 ]]
 }
 for i in $(seq 600); do
-  ((i % 5 == 1)) && poke_next_hops
   if ready 2>/dev/null; then
     echo "provision-gateway: egret is ready"
     egret status --socket /run/egret/egret.sock || true
