@@ -42,8 +42,12 @@ cargo build --workspace --all-targets --locked
 step "the images users deploy, with a release egret (tests/image.sh; cached under ${EGRET_CACHE:-/var/cache/egret}/images)"
 # The container image and the node image tests (container_image, node_image)
 # start them; building them here first keeps their cold build out of a test.
+# EGRET_IMAGE_BIN: the tests that start the images use the same binary, so
+# the images they start are these (not rebuilt with the debug build).
 cargo build --release --locked -p egret-controlplane --bin egret
-EGRET_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/egret" tests/image.sh
+EGRET_IMAGE_BIN=$(readlink -f "${CARGO_TARGET_DIR:-$PWD/target}/release/egret")
+export EGRET_IMAGE_BIN
+EGRET_BIN=$EGRET_IMAGE_BIN tests/image.sh
 
 step "unit, property, BPF and end-to-end tests"
 # One test binary at a time: the network-namespace tests are heavy on a

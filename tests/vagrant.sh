@@ -41,6 +41,10 @@ say() { printf '==> [vagrant] %s\n' "$*"; }
 # libvirt: use the running daemons, or start them (and stop them at exit:
 # after the VMs are destroyed, also on failure).
 started=()
+# libvirtd switches the host's IPv4 forwarding on when it starts networks;
+# put it back as it was (new network namespaces inherit it on recent
+# kernels, and tests that build their own routers expect it off).
+forwarding=$(sysctl -n net.ipv4.ip_forward)
 finish() {
   local status=$?
   set +e
@@ -53,6 +57,7 @@ finish() {
     elif ((${#started[@]})); then
       echo "vagrant.sh: vagrant destroy failed: libvirtd left running (cd vagrant && vagrant destroy -f)" >&2
     fi
+    sysctl -qw "net.ipv4.ip_forward=$forwarding"
   fi
   exit "$status"
 }

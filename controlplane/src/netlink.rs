@@ -20,7 +20,7 @@
 //!   The entry is created in state `NUD_NONE`, never `NUD_PERMANENT`, so the
 //!   kernel's garbage collector still owns it. Route gateways on driven
 //!   interfaces are resolved the same way at start, when routes change, and
-//!   again once per [`RESOLVE_INTERVAL`] while they are not resolved (an
+//!   again once per [`KEEPALIVE_INTERVAL`] while they are not resolved (an
 //!   entry the kernel marked FAILED stays so until something asks again).
 //!   Until the gateways of the routes the `Fib` uses are resolved,
 //!   [`NextHopStatus`] says which are not, and `/ready` answers 503 with it.
@@ -706,12 +706,7 @@ impl Running {
                     self.resolve_all(gw, &mut last_sent).await;
                 }
                 _ = drain_tick.tick() => {
-                    let mut wanted = drain();
-                    // The gateways of the routes in use that are still not
-                    // resolved, again (at most once per RESOLVE_INTERVAL each):
-                    // an entry the kernel gave up on (FAILED) changes nothing
-                    // mirrored here, so no event would ask for it again.
-                    wanted.extend(self.state.unresolved_gateways(&driven));
+                    let wanted = drain();
                     if !wanted.is_empty() {
                         self.resolve_all(wanted, &mut last_sent).await;
                     }
@@ -719,6 +714,14 @@ impl Running {
                     last_sent.retain(|_, t| now.duration_since(*t) < RESOLVE_INTERVAL);
                 }
                 _ = keepalive_tick.tick() => {
+                    // The gateways of the routes in use that are still not
+                    // resolved, again (once a tick): an entry the kernel gave
+                    // up on (FAILED) changes nothing mirrored here, so no
+                    // event would ask for it again.
+                    let gw = self.state.unresolved_gateways(&driven);
+                    if !gw.is_empty() {
+                        self.resolve_all(gw, &mut last_sent).await;
+                    }
                     let Some(uses) = self.uses.clone() else { continue };
                     let ifindexes: Vec<u32> =
                         self.state.links.values().filter(|l| driven.contains(&l.name)).map(|l| l.ifindex).collect();

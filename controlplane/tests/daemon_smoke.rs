@@ -134,6 +134,9 @@ fn gateway_translates_reloads_and_detaches() {
     veth(&pod, "p0", "198.18.0.7/24", &gw, "in0", "198.18.0.1/24");
     veth(&gw, "out0", "203.0.113.1/24", &remote, "r0", "203.0.113.2/24");
     ip(&["-n", &pod, "route", "add", "default", "via", "198.18.0.1"]);
+    // A new namespace may inherit the host's forwarding (Linux 6.18 does):
+    // switch it off, so that only the worker can move a packet.
+    common::in_ns(&gw, &["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
     let fwd = common::in_ns(&gw, &["sysctl", "-n", "net.ipv4.ip_forward"]);
     assert_eq!(String::from_utf8_lossy(&fwd.stdout).trim(), "0");
 

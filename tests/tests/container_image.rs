@@ -77,10 +77,15 @@ struct Image {
 }
 
 impl Image {
-    /// Builds (or finds cached) the image with the `egret` binary these tests
-    /// use, through the build script.
+    /// Builds (or finds cached) the image through the build script, with
+    /// `$EGRET_IMAGE_BIN` (tests/run.sh: the release build it put in the
+    /// images it built, so that the image tested is the one users get), or
+    /// else the `egret` binary these tests use.
     fn build() -> Image {
-        let bin = gateway::egret_binary().unwrap();
+        let bin = match std::env::var_os("EGRET_IMAGE_BIN") {
+            Some(b) => PathBuf::from(b),
+            None => gateway::egret_binary().unwrap(),
+        };
         let script = repo().join("deploy/images/container/build.sh");
         let mut cmd = Command::new(&script);
         cmd.env("EGRET_BIN", &bin);

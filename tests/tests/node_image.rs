@@ -60,7 +60,12 @@ fn repo() -> PathBuf {
 fn image() -> PathBuf {
     let script = repo().join("deploy/images/node/build.sh");
     let t = Instant::now();
-    let out = Command::new(&script).stderr(Stdio::inherit()).output().unwrap_or_else(|e| panic!("{script:?}: {e}"));
+    let mut cmd = Command::new(&script);
+    // tests/run.sh: the release build it put in the images it built.
+    if let Some(b) = std::env::var_os("EGRET_IMAGE_BIN") {
+        cmd.env("EGRET_BIN", b);
+    }
+    let out = cmd.stderr(Stdio::inherit()).output().unwrap_or_else(|e| panic!("{script:?}: {e}"));
     assert!(
         out.status.success(),
         "{} failed ({}): build the image with `deploy/images/node/build.sh` (root; EGRET_BIN=... saves a release build)",

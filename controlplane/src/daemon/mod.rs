@@ -16,7 +16,8 @@
 //!    XSKMAP under (interface, queue); threads `egret-worker-N`; and the
 //!    offload manager, thread `egret-offload` (crate::offload);
 //! 5. attach the program (bpf_link) to every interface; serve the RX
-//!    queues a driver added at attach (virtio_net does) with more workers;
+//!    queues a driver added at attach (virtio_net does) with more workers,
+//!    or fail the start when they cannot be;
 //!    start the netlink
 //!    watcher, the admin socket and the metrics server; announce the owned
 //!    addresses. `/ready` answers 200 from here on, once the gateways of the
@@ -148,10 +149,6 @@ pub struct Shared {
     pub workers: Vec<WorkerHandle>,
     /// Whether the program is attached.
     pub attached: AtomicBool,
-    /// RX queues that appeared when the program attached and that no
-    /// worker could take (an interface's new queue index already served by
-    /// a worker of other interfaces): `/ready` reports them.
-    pub unserved: Option<String>,
     /// Set when stopping.
     pub stopping: AtomicBool,
     /// Reloads rejected.
@@ -186,9 +183,6 @@ impl Shared {
         }
         if self.stopping.load(Ordering::Acquire) {
             return Some("stopping".into());
-        }
-        if let Some(u) = &self.unserved {
-            return Some(u.clone());
         }
         if let Some(w) = self.workers.iter().find(|w| !w.running.load(Ordering::Acquire)) {
             return Some(format!("worker {} is not running", w.queue));
@@ -351,19 +345,20 @@ impl WorkerFactory {
 }
 
 /// After the program attached: the interfaces serving all their queues
-/// whose RX queue count grew get workers for the new queue indices. A new
+/// whose RX queue count grew get workers for the new queue indexes. A new
 /// queue index that already has a worker (for other interfaces, with its
-/// own UMEM) cannot take one more socket; those are returned as the reason
-/// the gateway is not ready, with the fix.
+/// own UMEM) cannot take one more socket: the gateway does not start (it
+/// would hold its egress IPs while the flows the NIC spreads onto those
+/// queues are dropped), and the error says how to fix it. The same holds
+/// for a worker that cannot be made: start-up fails, the links go.
 fn serve_added_queues(
     interfaces: &mut [Driven],
     cfg: &GatewayConfig,
     factory: &WorkerFactory,
     workers: &mut Vec<WorkerHandle>,
     w: &config::WorkersConfig,
-) -> Result<Option<String>, DaemonError> {
+) -> Result<(), DaemonError> {
     let before = workers.len() as u32;
-    let mut unserved = Vec::new();
     for (i, c) in interfaces.iter_mut().zip(&cfg.interfaces) {
         if c.queues != Queues::All {
             continue;
@@ -372,23 +367,25 @@ fn serve_added_queues(
         if now <= i.queues {
             continue;
         }
+        if i.queues < before {
+            return Err(DaemonError::Start {
+                step: format!("serving the RX queues {} gained when XDP attached", i.name),
+                message: format!(
+                    "queues {}-{} appeared, and queue indexes up to {} already have workers for other interfaces; \
+                     give every interface the same queue count (ethtool -L {} combined N) or set interfaces[].queues",
+                    i.queues,
+                    now.min(before) - 1,
+                    before - 1,
+                    i.name
+                ),
+            });
+        }
         tracing::warn!(
             interface = %i.name,
             before = i.queues,
             after = now,
             "the driver added RX queues when XDP attached; serving them"
         );
-        if i.queues < before {
-            unserved.push(format!(
-                "{}: RX queues {}-{} appeared when XDP attached and queue indexes up to {} already have workers \
-                 (set the same queue count on every interface, e.g. ethtool -L {} combined N)",
-                i.name,
-                i.queues,
-                now.min(before) - 1,
-                before - 1,
-                i.name
-            ));
-        }
         i.queues = now;
     }
     let after = interfaces.iter().map(|i| i.queues).max().unwrap_or(1);
@@ -396,13 +393,7 @@ fn serve_added_queues(
         let on: Vec<&Driven> = interfaces.iter().filter(|i| queue < i.queues).collect();
         workers.push(factory.spawn(queue, &on, w)?);
     }
-    if unserved.is_empty() {
-        Ok(None)
-    } else {
-        let why = unserved.join("; ");
-        tracing::error!(reason = %why, "RX queues without a worker: frames on them are dropped");
-        Ok(Some(why))
-    }
+    Ok(())
 }
 
 async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAddr>) -> Result<(), DaemonError> {
@@ -528,7 +519,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     // XDP_TX, and the device spreads received flows over them too. Frames
     // on a queue without a socket are dropped (`drop_no_socket_steered`),
     // so serve the new queues now.
-    let unserved = serve_added_queues(&mut interfaces, &cfg, &factory, &mut workers, w)?;
+    serve_added_queues(&mut interfaces, &cfg, &factory, &mut workers, w)?;
     let shared = Arc::new(Shared {
         config: Mutex::new(cfg.clone()),
         engine: engine.clone(),
@@ -539,7 +530,6 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         interfaces,
         workers,
         attached: AtomicBool::new(true),
-        unserved,
         stopping: AtomicBool::new(false),
         reload_failures: AtomicU64::new(0),
         reloads: AtomicU64::new(0),

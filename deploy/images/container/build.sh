@@ -51,10 +51,11 @@ log() { printf '    %s\n' "$*"; }
 die() { printf 'container image: %s\n' "$*" >&2; exit 1; }
 
 ((EUID == 0)) || die "run as root (debootstrap and chroot need it)"
-egret_ensure_pkgs "${BUILD_PKGS[@]}"
 mkdir -p "$CACHE"
 exec 9>"$CACHE/lock"
 flock 9
+# Under the lock: two builds at once would race for dpkg's lock.
+egret_ensure_pkgs "${BUILD_PKGS[@]}"
 
 # The Debian mirror, read from this machine's apt sources (deb822
 # /etc/apt/sources.list.d/*.sources, else one-line /etc/apt/sources.list):
@@ -189,7 +190,8 @@ egret_bin() {
 }
 
 started=$(date +%s)
-bin=$(egret_bin)
+# Absolute: the image is assembled from another directory.
+bin=$(readlink -f "$(egret_bin)")
 version=$("$bin" --version | awk '{ print $2 }')
 [[ -n $version ]] || die "$bin --version printed no version"
 
@@ -197,13 +199,13 @@ version=$("$bin" --version | awk '{ print $2 }')
 base_key=$( { echo "$SUITE minbase ${BASE_PKGS[*]}"; declare -f build_base; } | sha256sum | cut -c1-16)
 base=$CACHE/base-$base_key
 if [[ ! -d $base ]]; then
-  rm -rf "$base.tmp" "$base.tmp.log"
+  rm -rf --one-file-system "$base.tmp" "$base.tmp.log"
   mkdir -p "$base.tmp"
   build_base "$base.tmp"
   mv "$base.tmp.log" "$base.log"
   mv "$base.tmp" "$base"
   # One cached copy: older roots go.
-  find "$CACHE" -maxdepth 1 -name 'base-*' ! -name "base-$base_key*" -exec rm -rf {} +
+  find "$CACHE" -maxdepth 1 -name 'base-*' ! -name "base-$base_key*" -exec rm -rf --one-file-system {} +
   log "Debian root: $base (built in $(($(date +%s) - started)) s)"
 else
   log "Debian root: $base (cached)"

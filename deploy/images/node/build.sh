@@ -40,13 +40,14 @@ else
   bin=${CARGO_TARGET_DIR:-$repo/target}/release/egret
 fi
 [[ -x $bin ]] || { echo "node image: no egret binary at $bin" >&2; exit 1; }
+bin=$(readlink -f "$bin")
 
 # --- the Debian root, cached by its inputs ----------------------------------
 root_key=$(cat "$here/mkroot.sh" "$here/packages.txt" | sha256sum | cut -c1-16)
 root=$cache/root-$root_key
 if [[ ! -f $root/.complete ]]; then
   # One cached root: an older key's root is removed (disk is shared).
-  rm -rf "$cache"/root-*
+  rm -rf --one-file-system "$cache"/root-*
   started=$SECONDS
   "$here/mkroot.sh" "$root.tmp"
   touch "$root.tmp/.complete"
