@@ -409,6 +409,34 @@ fn daemonsets() -> Vec<(String, Value)> {
     out
 }
 
+/// The chart's DaemonSets run with exactly the privileges of
+/// `deploy/manifests/`, whose gateway tests/tests/container_image.rs runs
+/// under a real runtime: the same containers' securityContext (capabilities,
+/// read-only root, no privilege escalation), the same pod securityContext,
+/// host network, per component.
+#[test]
+fn the_charts_privileges_are_the_manifests() {
+    let all = daemonsets();
+    for comp in ["gateway", "node"] {
+        let pick = |chart: bool| {
+            all.iter()
+                .filter(|(what, _)| (what == "the chart") == chart)
+                .map(|(_, v)| v)
+                .find(|v| component(v) == Some(comp))
+                .unwrap_or_else(|| panic!("no {comp} DaemonSet (chart: {chart})"))
+        };
+        let (m, c) = (pick(false), pick(true));
+        for key in ["securityContext", "hostNetwork"] {
+            assert_eq!(pod_spec(m).get(key), pod_spec(c).get(key), "{comp}: the pod's {key}");
+        }
+        assert_eq!(
+            container(m).get("securityContext"),
+            container(c).get("securityContext"),
+            "{comp}: the container's securityContext"
+        );
+    }
+}
+
 /// Both host-network DaemonSets serve metrics and probes on the Node's
 /// address (the downward API's status.hostIP), never on loopback, where
 /// Prometheus cannot reach a host-network pod; both have a liveness probe.
