@@ -66,7 +66,8 @@ impl SolicitedNodeGroups {
                     ifindex,
                     %group,
                     error = %e,
-                    "joining a solicited-node group refused: the NIC may filter neighbour solicitations for it"
+                    "joining a solicited-node group refused (ENOMEM: raise net.core.optmem_max, which bounds one socket's \
+                     memberships): the NIC may filter neighbour solicitations for it"
                 ),
             }
         }
