@@ -52,18 +52,11 @@ fn wait_ready_state(h: &egret_tests::harness::Harness, want: u16, timeout: Durat
 fn first_datagram_waits_for_its_next_hop() {
     let name = "first_datagram_waits_for_its_next_hop";
     let Some(mut h) = crate::start_in(name, Tier::Userspace, LabOptions::for_test(), |_| {}) else { return };
-    assert_eq!(ready(&h).0, 200, "the lab resolved the gateway's next hops before the start");
-    let out = h.lab.gateway_outside_dev();
-    let upstream = plan::UPSTREAM.to_string();
     // The upstream router stops answering ARP until the datagram is on its
     // way: otherwise the gateway's own re-resolution (it asks the kernel as
     // soon as /ready finds the entry gone) can finish first, and the
     // datagram, finding a MAC, never has to wait (a loaded run saw that).
-    let up_dev = upstream_dev(&h);
-    h.lab.upstream().ip(&["link", "set", "dev", &up_dev, "arp", "off"]).unwrap();
-    h.lab.gateway_ns().ip(&["neigh", "del", &upstream, "dev", out]).unwrap();
-    // The daemon mirrors the deletion: /ready says which next hop is missing.
-    let body = wait_ready_state(&h, 503, Duration::from_secs(5));
+    let (out, upstream, up_dev, body) = forget_the_upstream_router(&h);
     assert!(body.contains(&format!("{upstream} on {out}")), "/ready names the unresolved next hop: {body:?}");
 
     let before = h.counters().unwrap();
@@ -106,13 +99,7 @@ fn first_datagram_waits_for_its_next_hop() {
 fn a_failed_next_hop_is_asked_for_again() {
     let name = "a_failed_next_hop_is_asked_for_again";
     let Some(mut h) = crate::start_in(name, Tier::Userspace, LabOptions::for_test(), |_| {}) else { return };
-    assert_eq!(ready(&h).0, 200, "the lab resolved the gateway's next hops before the start");
-    let out = h.lab.gateway_outside_dev();
-    let upstream = plan::UPSTREAM.to_string();
-    let up_dev = upstream_dev(&h);
-    h.lab.upstream().ip(&["link", "set", "dev", &up_dev, "arp", "off"]).unwrap();
-    h.lab.gateway_ns().ip(&["neigh", "del", &upstream, "dev", out]).unwrap();
-    wait_ready_state(&h, 503, Duration::from_secs(5));
+    let (out, upstream, up_dev, _) = forget_the_upstream_router(&h);
     // The kernel's probes (3 broadcasts, a second apart) go unanswered.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -131,6 +118,21 @@ fn a_failed_next_hop_is_asked_for_again() {
     let body = wait_ready_state(&h, 200, Duration::from_secs(15));
     assert_eq!(body.trim(), "ready", "{body:?}");
     h.finish(&[]).unwrap();
+}
+
+/// From a ready lab: the upstream router stops answering ARP and the
+/// gateway's kernel forgets its MAC, which the daemon mirrors (`/ready`
+/// answers 503). Returns the gateway's outside device, the router's
+/// address and device, and `/ready`'s body.
+fn forget_the_upstream_router(h: &egret_tests::harness::Harness) -> (&'static str, String, String, String) {
+    assert_eq!(ready(h).0, 200, "the lab resolved the gateway's next hops before the start");
+    let out = h.lab.gateway_outside_dev();
+    let upstream = plan::UPSTREAM.to_string();
+    let up_dev = upstream_dev(h);
+    h.lab.upstream().ip(&["link", "set", "dev", &up_dev, "arp", "off"]).unwrap();
+    h.lab.gateway_ns().ip(&["neigh", "del", &upstream, "dev", out]).unwrap();
+    let body = wait_ready_state(h, 503, Duration::from_secs(5));
+    (out, upstream, up_dev, body)
 }
 
 /// The upstream router's device that holds its address on the gateway's link.
