@@ -51,13 +51,15 @@ impl SolicitedNodeGroups {
             }
         }
         let Some(sock) = &self.socket else { return };
-        for (ifindex, group) in self.joined.difference(&want).copied().collect::<Vec<_>>() {
+        let to_leave: Vec<(u32, Ipv6Addr)> = self.joined.difference(&want).copied().collect();
+        for (ifindex, group) in to_leave {
             if let Err(e) = sock.leave_multicast_v6(&group, ifindex) {
                 tracing::debug!(ifindex, %group, error = %e, "leaving a solicited-node group");
             }
             self.joined.remove(&(ifindex, group));
         }
-        for (ifindex, group) in want.difference(&self.joined.clone()).copied().collect::<Vec<_>>() {
+        let to_join: Vec<(u32, Ipv6Addr)> = want.difference(&self.joined).copied().collect();
+        for (ifindex, group) in to_join {
             match sock.join_multicast_v6(&group, ifindex) {
                 Ok(()) => {
                     self.joined.insert((ifindex, group));
@@ -71,11 +73,6 @@ impl SolicitedNodeGroups {
                 ),
             }
         }
-    }
-
-    /// The groups joined, as (ifindex, group).
-    pub fn joined(&self) -> &BTreeSet<(u32, Ipv6Addr)> {
-        &self.joined
     }
 }
 

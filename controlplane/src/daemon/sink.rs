@@ -234,11 +234,6 @@ impl GatewaySink {
         self.groups.lock().sync(want);
     }
 
-    /// The solicited-node groups joined, as (ifindex, group).
-    pub fn joined_groups(&self) -> Vec<(u32, Ipv6Addr)> {
-        self.groups.lock().joined().iter().copied().collect()
-    }
-
     /// Installs the fail-closed table with `install` instead of `nft`
     /// (tests: a failing or recording installer).
     pub fn with_rules_installer(mut self, install: RulesInstaller) -> Self {
