@@ -246,6 +246,24 @@ pub struct KubernetesConfig {
     /// the gateway's interfaces and is not translated is dropped
     /// (`TablesSpec::guard`).
     pub cluster_pod_cidrs: Vec<IpNet>,
+    /// `kubernetes.ha` (None: no channel between gateways; no session sync,
+    /// no fast take-over, no failsafe).
+    pub ha: Option<HaConfig>,
+}
+
+/// `kubernetes.ha:` (docs/config.md, ADR 0012).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HaConfig {
+    /// TCP port of the channel, the same on every gateway.
+    pub port: u16,
+    /// This gateway's address on the node network (None: `$HOST_IP`).
+    pub address: Option<std::net::IpAddr>,
+    /// The shared key's file.
+    pub key_file: PathBuf,
+    /// How long a silent peer stays up.
+    pub liveness: Duration,
+    /// Full resynchronisation period of each standby.
+    pub resync_period: Duration,
 }
 
 /// A validated configuration file.
@@ -825,6 +843,7 @@ impl Checker<'_> {
                 Err(_) => self.rule(format!("kubernetes.clusterPodCIDRs[{i}]"), format!("{c:?} is not a CIDR")),
             }
         }
+        let ha = k.ha.as_ref().and_then(|h| self.ha(h));
         if self.errors.len() != before {
             return None;
         }
@@ -838,7 +857,35 @@ impl Checker<'_> {
             gateway_selector: k.gateway_selector.clone().unwrap_or_else(|| "egret.dev/gateway=true".into()),
             resync_period,
             cluster_pod_cidrs,
+            ha,
         })
+    }
+
+    fn ha(&mut self, h: &raw::Ha) -> Option<HaConfig> {
+        let before = self.errors.len();
+        let liveness = self.duration("kubernetes.ha.liveness", h.liveness.as_deref().unwrap_or("1s"));
+        let resync_period = self.duration("kubernetes.ha.resyncPeriod", h.resync_period.as_deref().unwrap_or("30s"));
+        let port = h.port.unwrap_or(crate::ha::DEFAULT_PORT);
+        if port == 0 {
+            self.rule("kubernetes.ha.port", "0 is not a port");
+        }
+        let address = h.address.as_ref().and_then(|a| self.ip("kubernetes.ha.address".to_string(), a));
+        let key_file = match &h.key_file {
+            Some(f) if !f.trim().is_empty() => Some(PathBuf::from(f)),
+            _ => {
+                self.rule("kubernetes.ha.keyFile", "missing: the channel between gateways needs a shared key file");
+                None
+            }
+        };
+        if let Some(l) = liveness {
+            if l < Duration::from_millis(200) || l > Duration::from_secs(10) {
+                self.rule("kubernetes.ha.liveness", format!("{l:?} is outside 200ms..10s"));
+            }
+        }
+        if self.errors.len() != before {
+            return None;
+        }
+        Some(HaConfig { port, address, key_file: key_file?, liveness: liveness?, resync_period: resync_period? })
     }
 
     /// The engine's own checks, named the same way.

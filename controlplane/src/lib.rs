@@ -19,6 +19,7 @@ pub mod admin;
 pub mod config;
 pub mod daemon;
 pub mod failclosed;
+pub mod ha;
 pub mod k8s;
 pub mod metrics;
 pub mod netlink;

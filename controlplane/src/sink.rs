@@ -83,4 +83,10 @@ pub trait TablesSink: Send + Sync + 'static {
     /// they had. Takes effect before returning, needs no kernel command that
     /// can block, and is never refused: fencing relies on it.
     fn set_valid_until(&self, deadlines: &[(IpAddr, Option<std::time::Instant>)]);
+
+    /// The data plane's sessions for session sync (`crate::ha`); None where
+    /// there is no data plane (tests' sinks).
+    fn sessions(&self) -> Option<std::sync::Arc<dyn crate::ha::SessionStore>> {
+        None
+    }
 }

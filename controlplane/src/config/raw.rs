@@ -245,6 +245,24 @@ pub struct Kubernetes {
     /// The cluster's pod CIDRs (the source guard).
     #[serde(rename = "clusterPodCIDRs")]
     pub cluster_pod_cidrs: Option<Vec<String>>,
+    /// `kubernetes.ha:` the channel between gateways.
+    pub ha: Option<Ha>,
+}
+
+/// `kubernetes.ha:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Ha {
+    /// TCP port of the channel on every gateway.
+    pub port: Option<u16>,
+    /// This gateway's address on the node network (default: `$HOST_IP`).
+    pub address: Option<String>,
+    /// File holding the shared key (at least 32 bytes).
+    pub key_file: Option<String>,
+    /// A silent peer is considered unreachable after this, e.g. "1s".
+    pub liveness: Option<String>,
+    /// Full resynchronisation of every standby, e.g. "30s".
+    pub resync_period: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for FastPathSessions {

@@ -46,6 +46,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -53,6 +54,7 @@ use tokio::time::Instant;
 use super::crd::{
     reason, EgressIPPool, EgressPolicy, LEASE_IP_ANNOTATION, LEASE_LABEL, LEASE_LABEL_VALUE, LEASE_NEXT_HOP_ANNOTATION,
 };
+use super::lease::FAILSAFE_ANNOTATION;
 use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
 use super::{observe, Heartbeat, K8sError, K8sOptions};
@@ -67,6 +69,8 @@ pub const REPORTING_CONTROLLER: &str = "egret.dev/gateway";
 const STATUS_RESEND: Duration = Duration::from_secs(5);
 /// How long a graceful shutdown waits for its Lease releases.
 const RELEASE_WAIT: Duration = Duration::from_secs(2);
+/// How long a graceful stop waits for the standbys' session copies.
+const HANDOVER_SYNC_WAIT: Duration = Duration::from_secs(2);
 
 struct Stores {
     pods: Store<Pod>,
@@ -222,10 +226,12 @@ fn failure(e: kube::Error) -> Failure {
 }
 
 /// The Lease object this gateway writes for `ip`.
+#[allow(clippy::too_many_arguments)]
 fn lease_object(
     opts: &K8sOptions,
     ip: IpAddr,
     next_hop: Option<IpAddr>,
+    failsafe: Option<&[String]>,
     holder: Option<&str>,
     prev: Option<&LeaseRecord>,
     action: &Action,
@@ -234,6 +240,9 @@ fn lease_object(
     let mut annotations = BTreeMap::from([(LEASE_IP_ANNOTATION.to_string(), ip.to_string())]);
     if let Some(n) = next_hop {
         annotations.insert(LEASE_NEXT_HOP_ANNOTATION.to_string(), n.to_string());
+    }
+    if let Some(peers) = failsafe {
+        annotations.insert(FAILSAFE_ANNOTATION.to_string(), peers.join(","));
     }
     let (rv, transitions, acquire) = match action {
         Action::Create => (None, 0, Some(wall)),
@@ -274,11 +283,21 @@ async fn send_lease_action(
     opts: K8sOptions,
     ip: IpAddr,
     next_hop: Option<IpAddr>,
+    failsafe: Option<Vec<String>>,
     prev: Option<LeaseRecord>,
     action: Action,
 ) -> Result<Option<LeaseRecord>, Failure> {
     let name = lease_name(ip);
-    let obj = lease_object(&opts, ip, next_hop, Some(&opts.node_name), prev.as_ref(), &action, Timestamp::now());
+    let obj = lease_object(
+        &opts,
+        ip,
+        next_hop,
+        failsafe.as_deref(),
+        Some(&opts.node_name),
+        prev.as_ref(),
+        &action,
+        Timestamp::now(),
+    );
     let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     let call = async {
         match &action {
@@ -352,7 +371,7 @@ async fn publish_event(client: kube::Client, mut ev: KubeEvent) -> Result<(), ku
 async fn release(api: Api<Lease>, opts: K8sOptions, ip: IpAddr, mut rec: LeaseRecord) {
     for _ in 0..4 {
         let action = Action::Release { resource_version: rec.resource_version.clone() };
-        match send_lease_action(api.clone(), opts.clone(), ip, None, Some(rec.clone()), action).await {
+        match send_lease_action(api.clone(), opts.clone(), ip, None, None, Some(rec.clone()), action).await {
             Err(Failure::Conflict) => match api.get(&lease_name(ip)).await {
                 Ok(l) if observe::lease_record(&l).holder.as_deref() == Some(opts.node_name.as_str()) => {
                     rec = observe::lease_record(&l);
@@ -370,7 +389,9 @@ struct SyncLoop {
     opts: K8sOptions,
     sink: Arc<dyn TablesSink>,
     stores: Stores,
-    mgr: LeaseManager,
+    mgr: Arc<Mutex<LeaseManager>>,
+    /// The peer channel's side of this gateway (None: `kubernetes.ha` not configured).
+    ha: Option<crate::ha::Ha>,
     local: LocalConfig,
     leases: Api<Lease>,
     results: mpsc::UnboundedSender<LeaseResult>,
@@ -384,6 +405,9 @@ struct SyncLoop {
     valid_until_sent: BTreeMap<IpAddr, Option<std::time::Instant>>,
     /// A past instant: the valid-until of an address not held.
     expired: Instant,
+    /// Held IPs whose last renewal failed for want of an API server (the
+    /// failsafe asks the peers for them).
+    renew_failing: BTreeSet<IpAddr>,
 }
 
 fn announced(spec: &TablesSpec) -> BTreeSet<IpAddr> {
@@ -399,28 +423,28 @@ impl SyncLoop {
     fn pass(&mut self, now: Instant) {
         let (mut obs, leases) = self.stores.observed();
         for (ip, rec) in &leases {
-            self.mgr.observe(*ip, Some(rec.clone()), now);
+            self.mgr.lock().observe(*ip, Some(rec.clone()), now);
         }
         let in_use_prev: BTreeSet<IpAddr> = self.last.ips.keys().copied().collect();
         for ip in in_use_prev.iter().filter(|ip| !leases.contains_key(ip)) {
-            self.mgr.observe(*ip, None, now);
+            self.mgr.lock().observe(*ip, None, now);
         }
-        obs.held = self.mgr.held(now);
+        obs.held = self.mgr.lock().held(now);
         let wall = Timestamp::now();
         let mut d = desired(&obs, &self.local, wall);
         let me = self.opts.node_name.clone();
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
-        let fenced = self.mgr.fence(now, &competing);
+        let fenced = self.mgr.lock().fence(now, &competing);
         // The data plane stops serving fenced IPs now, whether or not the
         // tables below can be applied.
         self.push_valid_until();
         if !fenced.is_empty() {
             tracing::warn!(ips = ?fenced, "fenced: no valid Lease any more (renew deadline passed or no longer eligible)");
-            obs.held = self.mgr.held(now);
+            obs.held = self.mgr.lock().held(now);
             d = desired(&obs, &self.local, wall);
         }
         for ip in d.ips.keys().filter(|ip| !leases.contains_key(ip)) {
-            self.mgr.observe(*ip, None, now);
+            self.mgr.lock().observe(*ip, None, now);
         }
         let pairs: Vec<(IpAddr, IpAddr)> = d.ips.iter().filter_map(|(ip, a)| a.next_hop.map(|nh| (*ip, nh))).collect();
         self.push_valid_until_with(&pairs);
@@ -432,18 +456,26 @@ impl SyncLoop {
             d.ips.iter().map(|(ip, a)| (*ip, a.candidates.clone())).collect();
         let in_use: BTreeSet<IpAddr> = candidates.keys().copied().collect();
         let watched: BTreeSet<IpAddr> = leases.keys().copied().collect();
-        self.mgr.forget_unused(&in_use, &watched);
-        for (ip, action) in self.mgr.plan(now, &candidates, applied) {
+        self.mgr.lock().forget_unused(&in_use, &watched);
+        let actions = self.mgr.lock().plan(now, &candidates, applied);
+        for (ip, action) in actions {
             let api = self.leases.clone();
             let opts = self.opts.clone();
             let next_hop = d.ips.get(&ip).and_then(|a| a.next_hop);
-            let prev = self.mgr.record(ip).cloned();
+            let prev = self.mgr.lock().record(ip).cloned();
+            let failsafe = self.ha.as_ref().map(|_| {
+                candidates.get(&ip).map(|c| c.iter().filter(|n| **n != me).cloned().collect()).unwrap_or_default()
+            });
             let tx = self.results.clone();
             tokio::spawn(async move {
                 let sent = Instant::now();
-                let result = send_lease_action(api, opts, ip, next_hop, prev, action.clone()).await;
+                let result = send_lease_action(api, opts, ip, next_hop, failsafe, prev, action.clone()).await;
                 let _ = tx.send(LeaseResult { ip, action, sent, result });
             });
+        }
+
+        if let Some(ha) = &self.ha {
+            ha.update(self.ha_view(&d, &leases, now));
         }
 
         if self.is_status_writer(&obs, wall) {
@@ -464,6 +496,11 @@ impl SyncLoop {
                 let before = self.last_applied.as_ref().map(announced).unwrap_or_default();
                 let new: Vec<IpAddr> = announced(spec).difference(&before).copied().collect();
                 if !new.is_empty() {
+                    // Sessions of the previous holder first: nothing reaches
+                    // this gateway for these addresses before the announcement.
+                    if let Some(ha) = &self.ha {
+                        ha.activate(&new);
+                    }
                     self.sink.announce(&new);
                 }
                 tracing::info!(
@@ -486,12 +523,52 @@ impl SyncLoop {
         }
     }
 
+    /// What the channel task needs after this pass: the peers and their
+    /// addresses, the IPs held here with their other candidates, the IPs
+    /// whose renewals fail, every Lease's holder.
+    fn ha_view(&self, d: &Desired, leases: &BTreeMap<IpAddr, LeaseRecord>, now: Instant) -> crate::ha::View {
+        let me = self.opts.node_name.as_str();
+        let port = self.opts.ha.as_ref().map_or(crate::ha::DEFAULT_PORT, |h| h.port);
+        let peers = self
+            .stores
+            .nodes
+            .state()
+            .iter()
+            .filter(|n| n.name_any() != me)
+            .filter_map(|n| observe::ha_address(n).map(|a| (n.name_any(), std::net::SocketAddr::new(a, port))))
+            .collect();
+        let held_now = self.mgr.lock().held(now);
+        let held = held_now
+            .iter()
+            .map(|ip| {
+                let others = d.ips.get(ip).map(|a| a.candidates.iter().filter(|c| *c != me).cloned().collect());
+                (*ip, others.unwrap_or_default())
+            })
+            .collect();
+        crate::ha::View {
+            peers,
+            held,
+            failing: self.renew_failing.intersection(&held_now).copied().collect(),
+            holders: leases.iter().map(|(ip, r)| (*ip, r.holder.clone().filter(|h| !h.is_empty()))).collect(),
+            retry_period: self.opts.timing.retry_period,
+        }
+    }
+
     fn on_result(&mut self, r: LeaseResult) {
         let now = Instant::now();
         if let Err(f) = &r.result {
             tracing::debug!(ip = %r.ip, action = ?r.action, failure = ?f, "lease request failed");
         }
-        let taken = self.mgr.on_result(r.ip, &r.action, r.sent, r.result, now);
+        match (&r.action, &r.result) {
+            (Action::Renew { .. }, Err(Failure::Other(_))) => {
+                self.renew_failing.insert(r.ip);
+            }
+            (_, Ok(_)) | (_, Err(Failure::Conflict | Failure::NotFound)) => {
+                self.renew_failing.remove(&r.ip);
+            }
+            _ => {}
+        }
+        let taken = self.mgr.lock().on_result(r.ip, &r.action, r.sent, r.result, now);
         // Before any tables holding a newly taken IP are applied.
         self.push_valid_until();
         if let Some(taken) = taken {
@@ -514,7 +591,8 @@ impl SyncLoop {
     /// the tables about to be applied.
     fn push_valid_until_with(&mut self, next_hops: &[(IpAddr, IpAddr)]) {
         let mut want: BTreeMap<IpAddr, Instant> = BTreeMap::new();
-        for (ip, deadline) in self.mgr.deadlines() {
+        let deadlines: Vec<_> = self.mgr.lock().deadlines().collect();
+        for (ip, deadline) in deadlines {
             want.insert(ip, deadline.unwrap_or(self.expired));
         }
         for (ip, nh) in next_hops.iter().copied() {
@@ -665,12 +743,19 @@ impl SyncLoop {
     /// Graceful stop: everything out of the tables, then the Leases released
     /// so the others take over at once instead of after expiry.
     async fn shutdown(&mut self) {
+        let held: Vec<IpAddr> = self.mgr.lock().held(Instant::now()).into_iter().collect();
+        if let Some(ha) = &self.ha {
+            // Hand over with the sessions: each standby gets a full copy
+            // first (bounded: the Leases are still renewed meanwhile).
+            let t0 = Instant::now();
+            let missing = ha.flush(&held, HANDOVER_SYNC_WAIT).await;
+            tracing::info!(ips = ?held, not_in_sync = ?missing, ms = t0.elapsed().as_millis() as u64, "hand-over: standbys synchronised");
+        }
         let now = Instant::now();
-        let held: Vec<IpAddr> = self.mgr.held(now).into_iter().collect();
         let mut spec = self.last_applied.clone().unwrap_or_default();
         spec.egress_ips.clear();
         spec.neighbor_addresses.clear();
-        self.mgr.fence(now, &BTreeSet::new());
+        self.mgr.lock().fence(now, &BTreeSet::new());
         self.push_valid_until();
         if !self.apply(&spec) {
             // The data plane may still serve them: let the Leases expire
@@ -681,7 +766,7 @@ impl SyncLoop {
         let mut releases = JoinSet::new();
         for ip in held {
             // The manager's record: our last renewal's answer is newer than the watch's.
-            let Some(rec) = self.mgr.record(ip).cloned() else { continue };
+            let Some(rec) = self.mgr.lock().record(ip).cloned() else { continue };
             if rec.holder.as_deref() != Some(self.opts.node_name.as_str()) {
                 continue;
             }
@@ -720,11 +805,26 @@ pub async fn run_supervised(
     let notify = Arc::new(Notify::new());
     let mut watchers = JoinSet::new();
     let stores = Stores::start(&client, &opts, &notify, &mut watchers);
+    let mgr = Arc::new(Mutex::new(LeaseManager::new(opts.node_name.clone(), opts.timing)));
+    // The channel runs before the cluster's state is loaded: a gateway
+    // restarted while the API server is down still answers its peers'
+    // failsafe requests (from the peer cache).
+    let ha = match &opts.ha {
+        None => None,
+        Some(h) => Some(
+            crate::ha::Ha::start(&opts.node_name, h, mgr.clone(), sink.sessions(), notify.clone())
+                .await
+                .map_err(K8sError::Ha)?,
+        ),
+    };
     let mut shutdown = std::pin::pin!(shutdown);
     tokio::select! {
         _ = stores.ready() => {}
         _ = &mut shutdown => {
             watchers.abort_all();
+            if let Some(ha) = ha {
+                ha.shutdown("stopping").await;
+            }
             return Ok(());
         }
     }
@@ -732,7 +832,9 @@ pub async fn run_supervised(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut sync = SyncLoop {
         leases: Api::namespaced(client.clone(), &opts.lease_namespace),
-        mgr: LeaseManager::new(opts.node_name.clone(), opts.timing),
+        mgr,
+        ha,
+        renew_failing: BTreeSet::new(),
         local: LocalConfig {
             node_name: opts.node_name.clone(),
             nat: opts.nat,
@@ -763,7 +865,7 @@ pub async fn run_supervised(
             sync.status_sent.clear();
         }
         while sync.writes.try_join_next().is_some() {}
-        let wake = sync.mgr.next_wake(now).min(next_full);
+        let wake = sync.mgr.lock().next_wake(now).min(next_full);
         tokio::select! {
             biased;
             _ = &mut shutdown => break,
@@ -780,5 +882,8 @@ pub async fn run_supervised(
     sync.shutdown().await;
     watchers.abort_all();
     sync.writes.abort_all();
+    if let Some(ha) = sync.ha.take() {
+        ha.shutdown("stopping").await;
+    }
     Ok(())
 }

@@ -171,7 +171,16 @@ pub struct LeaseRecord {
     pub acquire_time: Option<Timestamp>,
     /// `renewTime` (wall clock, for status only).
     pub renew_time: Option<Timestamp>,
+    /// The gateways the holder asks before it keeps the IP through an API
+    /// outage (annotation [`FAILSAFE_ANNOTATION`]; None: the holder runs
+    /// without the peer channel). Only they may take the Lease over once it
+    /// expired: see [`LeaseManager::plan`].
+    pub failsafe: Option<BTreeSet<String>>,
 }
+
+/// The Lease annotation listing the gateways the holder asks for failsafe
+/// acknowledgments (Patroni's `/failsafe` key): comma-separated Node names.
+pub const FAILSAFE_ANNOTATION: &str = "egret.dev/failsafe-peers";
 
 impl LeaseRecord {
     fn holder(&self) -> Option<&str> {
@@ -252,6 +261,28 @@ struct IpState {
     in_flight: bool,
     /// Not before this instant (back-off, renew cadence).
     next_attempt: Instant,
+    /// When the current record's holder was proven dead (its process ended
+    /// while its node stayed up: `ha::channel`'s authenticated end of
+    /// connection). Cleared by any newer record.
+    gone_at: Option<Instant>,
+    /// A failsafe acknowledgment given to this holder: no take-over before
+    /// the instant (the holder's own deadline is earlier by the fencing
+    /// margin). Cleared by a newer record naming someone else.
+    promise: Option<(String, Instant)>,
+}
+
+/// Why a failsafe request was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FailsafeRefusal {
+    /// This gateway holds the IP itself.
+    #[error("this gateway holds the IP")]
+    HeldHere,
+    /// The newest record names another holder.
+    #[error("the Lease names {0}")]
+    OtherHolder(String),
+    /// A Lease request of ours for the IP is in flight.
+    #[error("a Lease request is in flight here")]
+    InFlight,
 }
 
 /// The Lease state machine of one gateway, over all egress IPs.
@@ -287,6 +318,8 @@ impl LeaseManager {
             held_since_send: None,
             in_flight: false,
             next_attempt: now,
+            gone_at: None,
+            promise: None,
         })
     }
 
@@ -310,8 +343,77 @@ impl LeaseManager {
                     st.held_since_send = None;
                 }
             }
+            let new_holder = record.as_ref().and_then(|r| r.holder().map(str::to_string));
+            if st.promise.as_ref().is_some_and(|(h, _)| new_holder.as_deref() != Some(h.as_str())) {
+                st.promise = None;
+            }
+            st.gone_at = None;
             st.record = record;
             st.observed_at = now;
+        }
+    }
+
+    /// The process of gateway `holder` ended while its node stayed up (the
+    /// peer channel's authenticated end of connection, without a goodbye):
+    /// it serves nothing any more (its XDP link and workers died with it), so
+    /// the Leases it holds by our newest records may be taken over without
+    /// waiting for them to expire, each candidate after its rank's stagger.
+    /// Returns those IPs. A newer record (the holder restarted and took its
+    /// Lease back) cancels this.
+    pub fn holder_gone(&mut self, holder: &str, now: Instant) -> Vec<IpAddr> {
+        let mut ips = Vec::new();
+        for (ip, st) in &mut self.ips {
+            if st.held_since_send.is_none() && st.record.as_ref().and_then(|r| r.holder()) == Some(holder) {
+                st.gone_at.get_or_insert(now);
+                ips.push(*ip);
+            }
+        }
+        ips
+    }
+
+    /// A failsafe request (Patroni's DCS failsafe): `holder`, which cannot
+    /// renew through the API server, asks whether it may keep `ip`. Accepted
+    /// unless this gateway holds it, has a Lease request for it in flight, or
+    /// its newest record names someone else; accepting promises not to take
+    /// the IP before `now + leaseDuration`. The holder counts its extension
+    /// from when it *sent* the request (before `now`) and fences at that +
+    /// renewDeadline, so the fencing margin holds exactly as for a renewal.
+    pub fn promise(&mut self, ip: IpAddr, holder: &str, now: Instant) -> Result<(), FailsafeRefusal> {
+        let until = now + self.timing.lease_duration;
+        let st = self.state(ip, now);
+        if st.held_since_send.is_some() {
+            return Err(FailsafeRefusal::HeldHere);
+        }
+        if st.in_flight {
+            return Err(FailsafeRefusal::InFlight);
+        }
+        if let Some(h) = st.record.as_ref().and_then(|r| r.holder()) {
+            if h != holder {
+                return Err(FailsafeRefusal::OtherHolder(h.to_string()));
+            }
+        }
+        let until = match &st.promise {
+            Some((h, u)) if h == holder => until.max(*u),
+            _ => until,
+        };
+        st.promise = Some((holder.to_string(), until));
+        Ok(())
+    }
+
+    /// Every other eligible gateway accepted a failsafe request for `ip`
+    /// sent at `sent`: while the IP is still held (not fenced) and ours on
+    /// the server, its deadline moves to `sent + renewDeadline`, exactly as
+    /// a renewal sent then would move it. Returns whether it did.
+    pub fn failsafe_confirmed(&mut self, ip: IpAddr, sent: Instant) -> bool {
+        let me = self.me.clone();
+        let Some(st) = self.ips.get_mut(&ip) else { return false };
+        let ours = st.record.as_ref().and_then(|r| r.holder()) == Some(me.as_str());
+        match st.held_since_send {
+            Some(s) if ours => {
+                st.held_since_send = Some(s.max(sent));
+                true
+            }
+            _ => false,
         }
     }
 
@@ -451,9 +553,22 @@ impl LeaseManager {
                             .position(|n| *n == me)
                             .unwrap_or(0);
                         let stagger = t.retry_period * u32::try_from(rank).unwrap_or(u32::MAX);
+                        let promised = st.promise.as_ref().map(|(_, until)| *until);
                         let free_at = match (&st.record, &holder) {
-                            (None, _) | (Some(_), None) => st.observed_at + stagger,
-                            (Some(r), Some(_)) => st.observed_at + t.expiry(r) + stagger,
+                            (None, _) | (Some(_), None) => {
+                                Some((st.observed_at + stagger).max(promised.unwrap_or(now)))
+                            }
+                            // Proven dead: nothing it promised or renewed matters.
+                            (Some(_), Some(_)) if st.gone_at.is_some() => st.gone_at.map(|g| g + stagger),
+                            // Patroni's rule: once the holder names the gateways it
+                            // asks through an API outage, only they may race.
+                            (Some(r), Some(_)) if r.failsafe.as_ref().is_some_and(|f| !f.contains(&me)) => None,
+                            (Some(r), Some(_)) => {
+                                Some((st.observed_at + t.expiry(r) + stagger).max(promised.unwrap_or(now)))
+                            }
+                        };
+                        let Some(free_at) = free_at else {
+                            continue;
                         };
                         if now < free_at {
                             soon(free_at);
@@ -853,6 +968,104 @@ mod tests {
                 "{what}: delete due"
             );
         }
+    }
+
+    /// Issue 16: a holder proven dead (its process ended, the node answered)
+    /// is taken over without waiting for its Lease to expire, in rank order;
+    /// a newer record (it restarted and took its Lease back) cancels that.
+    #[test]
+    fn a_dead_holder_is_taken_over_at_once_unless_it_came_back() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b", "gw-c"]);
+        let mut b = mgr("gw-b");
+        let mut cc = mgr("gw-c");
+        b.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        cc.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        assert_eq!(b.plan(t0 + ms(100), &c, true), vec![]);
+        assert_eq!(b.holder_gone("gw-a", t0 + ms(200)), vec![x]);
+        assert_eq!(b.holder_gone("gw-x", t0 + ms(200)), Vec::<IpAddr>::new(), "only the holder's IPs");
+        assert_eq!(b.plan(t0 + ms(200), &c, true).len(), 1, "rank 0: at once");
+        cc.holder_gone("gw-a", t0 + ms(200));
+        assert_eq!(cc.plan(t0 + ms(200), &c, true), vec![], "rank 1 waits its stagger");
+        assert_eq!(cc.plan(t0 + ms(200) + P, &c, true).len(), 1);
+        // The holder restarted and renewed: its Lease is live again.
+        let mut b2 = mgr("gw-b");
+        b2.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        b2.holder_gone("gw-a", t0 + ms(200));
+        b2.observe(x, Some(rec(Some("gw-a"), 11)), t0 + ms(250));
+        assert_eq!(b2.plan(t0 + ms(300), &c, true), vec![]);
+        assert_eq!(b2.plan(t0 + ms(250) + D, &c, true).len(), 1, "expiry rules again");
+    }
+
+    /// Issue 16 (Patroni's failsafe): a promise keeps a peer from taking the
+    /// IP for leaseDuration after the request arrived; the holder's own
+    /// extension counts from its send time, so the fencing margin holds.
+    #[test]
+    fn failsafe_promises_hold_off_take_over_and_extend_the_holder() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let competing: BTreeSet<IpAddr> = [x].into();
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        a.plan(t0, &c, true);
+        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0 + ms(5));
+        let mut b = mgr("gw-b");
+        b.observe(x, Some(rec(Some("gw-a"), 10)), t0 + ms(10));
+        // The API server is gone for a: every retry period it asks b instead.
+        let mut fenced_at = None;
+        let mut taken_at = None;
+        for step in 1..=40u64 {
+            let sent = t0 + P * u32::try_from(step).unwrap();
+            let arrived = sent + ms(30);
+            if step <= 20 {
+                assert_eq!(b.promise(x, "gw-a", arrived), Ok(()));
+                assert!(a.failsafe_confirmed(x, sent) || fenced_at.is_some());
+            }
+            for now in [sent, arrived] {
+                if fenced_at.is_none() && !a.fence(now, &competing).is_empty() {
+                    fenced_at = Some(now);
+                }
+                if taken_at.is_none() && !b.plan(now, &c, true).is_empty() {
+                    taken_at = Some(now);
+                }
+            }
+        }
+        let last_sent = t0 + P * 20;
+        assert_eq!(fenced_at, Some(last_sent + R), "kept through the outage, fenced R after the last ack");
+        let taken = taken_at.unwrap();
+        assert!(taken >= fenced_at.unwrap() + (D - R), "take-over {taken:?} before fence + margin");
+        // Refusals: someone else's record, our own IP, a request in flight.
+        let mut b = mgr("gw-b");
+        b.observe(x, Some(rec(Some("gw-c"), 12)), t0);
+        assert_eq!(b.promise(x, "gw-a", t0), Err(FailsafeRefusal::OtherHolder("gw-c".into())));
+        assert_eq!(a.promise(x, "gw-b", t0 + ms(100)), Err(FailsafeRefusal::HeldHere));
+        let mut b = mgr("gw-b");
+        b.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        assert_eq!(b.plan(t0 + D, &c, true).len(), 1);
+        assert_eq!(b.promise(x, "gw-a", t0 + D), Err(FailsafeRefusal::InFlight));
+        // A holder that was fenced is not extended by a late confirmation.
+        assert!(!a.failsafe_confirmed(ip("198.51.100.99"), t0));
+    }
+
+    /// Patroni's rule: only gateways the holder lists (those it asks through
+    /// an outage) may take its expired Lease; released or dead, anyone may.
+    #[test]
+    fn only_listed_failsafe_peers_take_an_expired_lease() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b", "gw-n"]);
+        let mut r = rec(Some("gw-a"), 10);
+        r.failsafe = Some(["gw-b".to_string()].into());
+        let mut n = mgr("gw-n");
+        n.observe(x, Some(r.clone()), t0);
+        assert_eq!(n.plan(t0 + D * 10, &c, true), vec![], "gw-n is not listed");
+        n.holder_gone("gw-a", t0 + D * 10);
+        assert_eq!(n.plan(t0 + D * 10 + P, &c, true).len(), 1, "a dead holder's Lease: listed or not");
+        let mut b = mgr("gw-b");
+        b.observe(x, Some(r), t0);
+        assert_eq!(b.plan(t0 + D, &c, true).len(), 1, "gw-b is listed");
     }
 
     /// Issue 14 item 7: when the tables of a pass could not be applied, the

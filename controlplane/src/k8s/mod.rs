@@ -53,6 +53,8 @@ pub struct K8sOptions {
     /// `kubernetes.clusterPodCIDRs` on the file's interfaces (passed through
     /// to every TablesSpec: the fail-closed table's source guard).
     pub guard: SourceGuard,
+    /// `kubernetes.ha` (None: no channel between gateways).
+    pub ha: Option<crate::ha::HaOptions>,
 }
 
 impl K8sOptions {
@@ -66,6 +68,7 @@ impl K8sOptions {
             resync_period: Duration::from_secs(30),
             nat: NatSettings::default(),
             guard: SourceGuard::default(),
+            ha: None,
         }
     }
 
@@ -136,6 +139,9 @@ pub enum K8sError {
     /// The client could not be built.
     #[error("Kubernetes client: {0}")]
     Client(#[source] kube::Error),
+    /// The channel between gateways could not start.
+    #[error(transparent)]
+    Ha(#[from] crate::ha::HaError),
 }
 
 /// A client from `kubernetes.kubeconfig` if set, else in-cluster, then `$KUBECONFIG`.

@@ -156,6 +156,24 @@ pub fn ip_pool(p: &EgressIPPool) -> PoolInfo {
     PoolInfo { name: p.name_any(), generation: p.metadata.generation, spec: p.spec.clone(), status: p.status.clone() }
 }
 
+/// The annotation overriding a gateway Node's channel address.
+pub const HA_ADDRESS_ANNOTATION: &str = "egret.dev/ha-address";
+
+/// A gateway Node's address on the node network for the peer channel: the
+/// annotation [`HA_ADDRESS_ANNOTATION`] if set, else its first `InternalIP`.
+pub fn ha_address(n: &k8s_openapi::api::core::v1::Node) -> Option<IpAddr> {
+    if let Some(a) = n.annotations().get(HA_ADDRESS_ANNOTATION) {
+        return a.trim().parse().ok();
+    }
+    n.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse().ok())
+}
+
 /// The egress IP a Lease covers (from its annotation).
 pub fn lease_ip(l: &Lease) -> Option<IpAddr> {
     l.annotations().get(LEASE_IP_ANNOTATION).and_then(|s| s.parse().ok())
@@ -173,6 +191,9 @@ pub fn lease_record(l: &Lease) -> LeaseRecord {
         transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
         acquire_time: spec.and_then(|s| s.acquire_time.as_ref()).map(|t| t.0),
         renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+        failsafe: l.annotations().get(crate::k8s::lease::FAILSAFE_ANNOTATION).map(|v| {
+            v.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect()
+        }),
     }
 }
 

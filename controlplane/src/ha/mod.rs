@@ -1,0 +1,597 @@
+//! Gateways that lose nothing (issue 16, ADR 0012): the channel between
+//! gateways and what runs over it.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `auth.rs` | the shared key, the handshake's proofs, sealing frames |
+//! | `channel.rs` | one authenticated connection per pair of gateways; how each ended ([`channel::End::Gone`]: proof the peer's process died) |
+//! | `messages.rs` | what the frames mean |
+//! | `replicate.rs` | the holder's side of session sync: standbys, full copies, incremental changes |
+//! | `standby.rs` | the standby's shadow sessions, installed when it takes an IP over |
+//! | `failsafe.rs` | the holder's side of Patroni's failsafe: keep an IP through an API outage while every other eligible gateway agrees |
+//!
+//! The Lease stays the authority on who owns an IP; the channel only adds
+//! evidence and state:
+//! - a peer whose process died (the channel's authenticated end without a
+//!   goodbye) loses its Leases to the next candidate at once
+//!   ([`crate::k8s::lease::LeaseManager::holder_gone`]), instead of after
+//!   leaseDuration;
+//! - a holder that cannot reach the API server keeps its IPs while all other
+//!   eligible gateways promise not to take them
+//!   ([`crate::k8s::lease::LeaseManager::promise`]);
+//! - the standby of each IP holds a copy of its sessions and installs it on
+//!   take-over, so flows keep their ports.
+//!
+//! [`Ha::start`] runs one task: channel events, a 50 ms tick (journal ->
+//! incremental changes, due full copies, failsafe rounds every retry
+//! period while renewals fail) and the sync loop's [`View`].
+
+pub mod auth;
+pub mod channel;
+pub mod failsafe;
+pub mod messages;
+pub mod replicate;
+pub mod standby;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use egret_dataplane::nat::sync::{ImportReport, SessionRecord, SyncEvent};
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use self::channel::{ChannelConfig, End, PeerEvent, PeerStatus, Peers};
+use self::failsafe::Failsafe;
+use self::messages::Message;
+use self::replicate::{ReplicaStatus, Replicator};
+use self::standby::{ShadowStatus, Standby};
+use crate::k8s::lease::LeaseManager;
+
+/// The channel's TCP port when `kubernetes.ha.port` is not set.
+pub const DEFAULT_PORT: u16 = 4720;
+/// How often the task looks at the journal and the due copies.
+const TICK: Duration = Duration::from_millis(50);
+/// Journal events taken per tick.
+const DRAIN_MAX: usize = 65_536;
+/// Sessions a standby keeps in all its shadows.
+const MAX_SHADOW_SESSIONS: usize = 4 << 20;
+
+/// The data plane's sessions, as session sync needs them (the daemon's
+/// sink implements it over the engine).
+pub trait SessionStore: Send + Sync + 'static {
+    /// Takes up to `max` changes from the journal (turning it on at the first call).
+    fn drain(&self, max: usize) -> Vec<SyncEvent>;
+    /// Changes lost to a full journal so far.
+    fn overflows(&self) -> u64;
+    /// Every live session translating to `ip`.
+    fn export(&self, ip: IpAddr) -> Vec<SessionRecord>;
+    /// Installs sessions of an IP just taken over (its tables applied).
+    fn import(&self, records: &[SessionRecord]) -> ImportReport;
+}
+
+/// `kubernetes.ha`, resolved.
+#[derive(Clone, Debug)]
+pub struct HaOptions {
+    /// The channel's address on this gateway.
+    pub listen: SocketAddr,
+    /// The port on every gateway.
+    pub port: u16,
+    /// The shared key.
+    pub key: Arc<auth::SharedKey>,
+    /// Liveness of a silent peer.
+    pub liveness: Duration,
+    /// Full copy period.
+    pub resync_period: Duration,
+    /// Where the last known peer set is kept across restarts (so a gateway
+    /// restarted while the API server is down still reaches its peers).
+    pub peer_cache: Option<PathBuf>,
+}
+
+impl PartialEq for HaOptions {
+    fn eq(&self, o: &Self) -> bool {
+        self.listen == o.listen
+            && self.port == o.port
+            && self.liveness == o.liveness
+            && self.resync_period == o.resync_period
+            && self.peer_cache == o.peer_cache
+    }
+}
+impl Eq for HaOptions {}
+
+/// What the sync loop tells the channel task after each pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// Every other gateway and its channel address.
+    pub peers: BTreeMap<String, SocketAddr>,
+    /// Each IP this gateway holds, with the other gateways eligible for it
+    /// (most preferred first).
+    pub held: BTreeMap<IpAddr, Vec<String>>,
+    /// Held IPs whose renewals fail for want of an API server.
+    pub failing: BTreeSet<IpAddr>,
+    /// The Lease holder of every IP as last seen.
+    pub holders: BTreeMap<IpAddr, Option<String>>,
+    /// The Lease timing's retry period (failsafe rounds).
+    pub retry_period: Duration,
+}
+
+/// Counters, for metrics.
+#[derive(Debug, Default)]
+pub struct HaCounters {
+    /// Peers proven dead (channel ended without goodbye, authenticated).
+    pub peers_gone: AtomicU64,
+    /// IPs that became free early because their holder died.
+    pub early_takeovers_allowed: AtomicU64,
+    /// Failsafe requests answered with acceptance (per IP).
+    pub promises_given: AtomicU64,
+    /// Failsafe requests refused (per IP).
+    pub promises_refused: AtomicU64,
+    /// Shadow sessions installed on take-over.
+    pub sessions_imported: AtomicU64,
+    /// Shadow sessions that could not be installed.
+    pub sessions_not_imported: AtomicU64,
+    /// Frames the channel refused (queue full): each forces a full copy.
+    pub sends_refused: AtomicU64,
+}
+
+/// Everything `egret status` and the metrics show.
+#[derive(Clone, Debug, Default)]
+pub struct HaStatus {
+    /// The channel's peers.
+    pub peers: Vec<PeerStatus>,
+    /// Held IPs and their standbys.
+    pub replicas: Vec<ReplicaStatus>,
+    /// IPs this gateway stands by for.
+    pub shadows: Vec<ShadowStatus>,
+    /// Failsafe: IPs kept, IPs refused, the last refusal.
+    pub failsafe_confirmed: u64,
+    /// Failsafe refusals.
+    pub failsafe_refused: u64,
+    /// The last refusal (IP, peer, reason).
+    pub failsafe_last_refusal: Option<(IpAddr, String, String)>,
+    /// Whether a dead peer can be told from a silent one (TCP-MD5 works).
+    pub end_authenticated: bool,
+    /// Session records sent.
+    pub records_sent: u64,
+    /// Full copies sent.
+    pub full_copies: u64,
+    /// Journal overflows seen.
+    pub journal_overflows: u64,
+}
+
+struct State {
+    standby: Standby,
+    replicator: Replicator,
+    failsafe: Failsafe,
+    view: View,
+    up: BTreeSet<String>,
+    overflows_seen: u64,
+    last_round: Option<Instant>,
+}
+
+/// Why the channel could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HaError {
+    /// The channel.
+    #[error(transparent)]
+    Channel(#[from] channel::ChannelError),
+}
+
+/// The running channel side of this gateway.
+pub struct Ha {
+    me: String,
+    peers: Peers,
+    state: Arc<Mutex<State>>,
+    view: watch::Sender<View>,
+    sessions: Option<Arc<dyn SessionStore>>,
+    counters: Arc<HaCounters>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Ha {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ha").field("me", &self.me).finish_non_exhaustive()
+    }
+}
+
+impl Ha {
+    /// Starts the channel and its task. `mgr` is the sync loop's Lease state
+    /// machine (promises and proofs of death go into it under its lock);
+    /// `wake` makes the sync loop run a pass (a take-over became due, a
+    /// deadline moved).
+    pub async fn start(
+        me: &str,
+        opts: &HaOptions,
+        mgr: Arc<Mutex<LeaseManager>>,
+        sessions: Option<Arc<dyn SessionStore>>,
+        wake: Arc<Notify>,
+    ) -> Result<Ha, HaError> {
+        let mut cfg = ChannelConfig::new(me, opts.listen, opts.key.clone());
+        cfg.liveness = opts.liveness;
+        let (peers, events) = Peers::start(cfg).await?;
+        if !peers.end_authenticated() {
+            tracing::warn!(
+                "peer channel: TCP-MD5 unavailable in this kernel: a crashed peer is noticed only when its Lease expires"
+            );
+        }
+        let state = Arc::new(Mutex::new(State {
+            standby: Standby::new(MAX_SHADOW_SESSIONS),
+            replicator: Replicator::new(opts.resync_period),
+            failsafe: Failsafe::default(),
+            view: View::default(),
+            up: BTreeSet::new(),
+            overflows_seen: 0,
+            last_round: None,
+        }));
+        let cached = opts.peer_cache.as_deref().map(load_peer_cache).unwrap_or_default();
+        if !cached.is_empty() {
+            tracing::info!(peers = ?cached.keys().collect::<Vec<_>>(), "peer channel: last known peers (until the API server answers)");
+            peers.set_peers(cached);
+        }
+        let (view_tx, view_rx) = watch::channel(View::default());
+        let counters = Arc::new(HaCounters::default());
+        let task = tokio::spawn(run(Task {
+            me: me.to_string(),
+            peers: peers.clone(),
+            state: state.clone(),
+            mgr,
+            sessions: sessions.clone(),
+            wake,
+            counters: counters.clone(),
+            peer_cache: opts.peer_cache.clone(),
+            events,
+            view: view_rx,
+        }));
+        Ok(Ha { me: me.to_string(), peers, state, view: view_tx, sessions, counters, task })
+    }
+
+    /// The sync loop's view after a pass (only changes wake the task).
+    pub fn update(&self, view: View) {
+        self.view.send_if_modified(|v| {
+            if *v == view {
+                false
+            } else {
+                *v = view;
+                true
+            }
+        });
+    }
+
+    /// Installs the shadow sessions of IPs this gateway just took over:
+    /// called after tables holding them were applied, before they are
+    /// announced (nothing reaches this gateway for them before that).
+    pub fn activate(&self, ips: &[IpAddr]) {
+        let Some(store) = &self.sessions else { return };
+        let now = Instant::now();
+        for ip in ips {
+            let taken = self.state.lock().standby.take(*ip, now);
+            let Some((holder, records)) = taken else { continue };
+            let t0 = Instant::now();
+            let report = store.import(&records);
+            self.counters.sessions_imported.fetch_add(report.installed as u64, Ordering::Relaxed);
+            let missed = records.len().saturating_sub(report.installed + report.already_present);
+            self.counters.sessions_not_imported.fetch_add(missed as u64, Ordering::Relaxed);
+            tracing::info!(
+                ip = %ip, from = %holder, sessions = records.len(), report = ?report,
+                micros = t0.elapsed().as_micros() as u64,
+                "take-over: sessions of the previous holder installed"
+            );
+        }
+    }
+
+    /// Whether the standby of `ip` holds its latest full copy.
+    pub fn in_sync(&self, ip: IpAddr) -> bool {
+        self.state.lock().replicator.in_sync(ip)
+    }
+
+    /// Sends a full copy of each IP to its standby now and waits (at most
+    /// `wait`) until every standby acknowledged one: before giving IPs up
+    /// (drain, shutdown). Returns the IPs not in sync by then.
+    pub async fn flush(&self, ips: &[IpAddr], wait: Duration) -> Vec<IpAddr> {
+        {
+            let mut st = self.state.lock();
+            for ip in ips {
+                if let Some(r) = st.replicator.status(Instant::now()).iter().find(|r| r.ip == *ip) {
+                    let standby = r.standby.clone();
+                    st.replicator.resync_peer(&standby);
+                }
+            }
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            let missing: Vec<IpAddr> = {
+                let st = self.state.lock();
+                ips.iter().copied().filter(|ip| !st.replicator.in_sync(*ip)).collect()
+            };
+            if missing.is_empty() || Instant::now() >= deadline {
+                return missing;
+            }
+            tokio::time::sleep(TICK / 2).await;
+        }
+    }
+
+    /// Everything there is to show.
+    pub fn status(&self) -> HaStatus {
+        let now = Instant::now();
+        let st = self.state.lock();
+        HaStatus {
+            peers: self.peers.status(),
+            replicas: st.replicator.status(now),
+            shadows: st.standby.status(now),
+            failsafe_confirmed: st.failsafe.confirmed,
+            failsafe_refused: st.failsafe.refused,
+            failsafe_last_refusal: st.failsafe.last_refusal.clone(),
+            end_authenticated: self.peers.end_authenticated(),
+            records_sent: st.replicator.records_sent,
+            full_copies: st.replicator.full_copies,
+            journal_overflows: st.overflows_seen,
+        }
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Arc<HaCounters> {
+        &self.counters
+    }
+
+    /// Says goodbye to every peer and stops.
+    pub async fn shutdown(self, reason: &str) {
+        self.task.abort();
+        self.peers.shutdown(reason).await;
+    }
+}
+
+struct Task {
+    me: String,
+    peers: Peers,
+    state: Arc<Mutex<State>>,
+    mgr: Arc<Mutex<LeaseManager>>,
+    sessions: Option<Arc<dyn SessionStore>>,
+    wake: Arc<Notify>,
+    counters: Arc<HaCounters>,
+    peer_cache: Option<PathBuf>,
+    events: mpsc::Receiver<PeerEvent>,
+    view: watch::Receiver<View>,
+}
+
+async fn run(mut t: Task) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            ev = t.events.recv() => match ev {
+                Some(ev) => t.on_event(ev),
+                None => return,
+            },
+            changed = t.view.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let view = t.view.borrow_and_update().clone();
+                t.on_view(view);
+            }
+            _ = tick.tick() => t.on_tick(),
+        }
+    }
+}
+
+impl Task {
+    fn send(&self, peer: &str, m: &Message) -> bool {
+        let (k, payload) = m.encode();
+        match self.peers.send(peer, k, payload) {
+            Ok(()) => true,
+            Err(e) => {
+                if matches!(e, channel::SendError::Full { .. }) {
+                    self.counters.sends_refused.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::debug!(peer, error = %e, "peer channel: frame not sent");
+                false
+            }
+        }
+    }
+
+    fn on_event(&mut self, ev: PeerEvent) {
+        let now = Instant::now();
+        match ev {
+            PeerEvent::Up { peer, incarnation } => {
+                tracing::info!(peer = %peer, incarnation, "peer channel: up");
+                let mut st = self.state.lock();
+                st.up.insert(peer.clone());
+                st.replicator.resync_peer(&peer);
+            }
+            PeerEvent::Down { peer, incarnation, end } => {
+                self.state.lock().up.remove(&peer);
+                if end.proves_death() {
+                    self.counters.peers_gone.fetch_add(1, Ordering::Relaxed);
+                    let ips = self.mgr.lock().holder_gone(&peer, now);
+                    self.counters.early_takeovers_allowed.fetch_add(ips.len() as u64, Ordering::Relaxed);
+                    tracing::warn!(peer = %peer, incarnation, ips = ?ips, "peer channel: the peer's process died; its IPs are taken over without waiting for their Leases");
+                    self.wake.notify_one();
+                } else if !matches!(end, End::Local(_) | End::Superseded) {
+                    tracing::info!(peer = %peer, incarnation, end = %end, "peer channel: down");
+                }
+            }
+            PeerEvent::Frame { peer, kind, payload } => match Message::decode(kind, &payload) {
+                Ok(m) => self.on_message(&peer, m, now),
+                Err(e) => tracing::warn!(peer = %peer, error = %e, "peer channel: malformed message dropped"),
+            },
+        }
+    }
+
+    fn on_message(&mut self, from: &str, m: Message, now: Instant) {
+        match m {
+            Message::FailsafeRequest { id, ips } => {
+                let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+                {
+                    let mut mgr = self.mgr.lock();
+                    for ip in ips {
+                        match mgr.promise(ip, from, now) {
+                            Ok(()) => accepted.push(ip),
+                            Err(why) => refused.push((ip, why.to_string())),
+                        }
+                    }
+                }
+                self.counters.promises_given.fetch_add(accepted.len() as u64, Ordering::Relaxed);
+                self.counters.promises_refused.fetch_add(refused.len() as u64, Ordering::Relaxed);
+                if !refused.is_empty() {
+                    tracing::info!(holder = from, refused = ?refused, "failsafe: refused");
+                }
+                self.send(from, &Message::FailsafeReply { id, accepted, refused });
+            }
+            Message::FailsafeReply { id, accepted, refused } => {
+                let done = self.state.lock().failsafe.on_reply(from, id, &accepted, &refused);
+                if let Some((sent, ips)) = done {
+                    self.confirm(sent, &ips);
+                }
+            }
+            Message::SyncAck { ip, epoch } => self.state.lock().replicator.on_ack(from, ip, epoch),
+            m => {
+                let answer = self.state.lock().standby.on_message(from, m, now);
+                if let Some(a) = answer {
+                    self.send(from, &a);
+                }
+            }
+        }
+    }
+
+    fn confirm(&self, sent: Instant, ips: &[IpAddr]) {
+        if ips.is_empty() {
+            return;
+        }
+        let mut moved = Vec::new();
+        {
+            let mut mgr = self.mgr.lock();
+            for ip in ips {
+                if mgr.failsafe_confirmed(*ip, sent) {
+                    moved.push(*ip);
+                }
+            }
+        }
+        if !moved.is_empty() {
+            tracing::debug!(ips = ?moved, "failsafe: every eligible gateway agreed; deadlines moved");
+            self.wake.notify_one();
+        }
+    }
+
+    fn on_view(&mut self, view: View) {
+        self.peers.set_peers(view.peers.clone());
+        if let Some(path) = &self.peer_cache {
+            if !view.peers.is_empty() {
+                save_peer_cache(path, &view.peers);
+            }
+        }
+        let mut st = self.state.lock();
+        st.standby.retain_holders(&view.holders);
+        st.view = view;
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        // Each held IP replicates to its most preferred connected candidate.
+        let drops = {
+            let mut st = self.state.lock();
+            let standbys: BTreeMap<IpAddr, Option<String>> = st
+                .view
+                .held
+                .iter()
+                .map(|(ip, others)| (*ip, others.iter().find(|p| st.up.contains(*p)).cloned()))
+                .collect();
+            st.replicator.set_standbys(&standbys)
+        };
+        for (peer, m) in drops {
+            self.send(&peer, &m);
+        }
+        // Session sync: the journal, then any due full copy.
+        if let Some(store) = &self.sessions {
+            let events = store.drain(DRAIN_MAX);
+            let overflows = store.overflows();
+            let (msgs, due) = {
+                let mut st = self.state.lock();
+                if overflows != st.overflows_seen {
+                    st.overflows_seen = overflows;
+                    st.replicator.resync_all();
+                }
+                let msgs = st.replicator.incremental(events);
+                let up = st.up.clone();
+                let due: Vec<_> = st.replicator.due_full(now).into_iter().filter(|(_, s, _)| up.contains(s)).collect();
+                (msgs, due)
+            };
+            let mut failed = BTreeSet::new();
+            for (peer, m) in msgs {
+                if !failed.contains(&peer) && !self.send(&peer, &m) {
+                    failed.insert(peer);
+                }
+            }
+            for (ip, standby, epoch) in due {
+                let records = store.export(ip);
+                let frames = self.state.lock().replicator.full_copy(ip, epoch, records);
+                for m in frames {
+                    if !self.send(&standby, &m) {
+                        failed.insert(standby.clone());
+                        break;
+                    }
+                }
+            }
+            if !failed.is_empty() {
+                let mut st = self.state.lock();
+                for p in &failed {
+                    st.replicator.resync_peer(p);
+                }
+            }
+        }
+        // Failsafe: every retry period while renewals fail.
+        let round = {
+            let mut st = self.state.lock();
+            let due = !st.view.failing.is_empty()
+                && st.last_round.is_none_or(|t| now >= t + st.view.retry_period.max(TICK));
+            if due {
+                st.last_round = Some(now);
+                let ips: BTreeMap<IpAddr, Vec<String>> = st
+                    .view
+                    .failing
+                    .iter()
+                    .filter_map(|ip| st.view.held.get(ip).map(|others| (*ip, others.clone())))
+                    .collect();
+                let up = st.up.clone();
+                Some(st.failsafe.start(&ips, &up, now))
+            } else {
+                None
+            }
+        };
+        if let Some((msgs, alone)) = round {
+            for (peer, m) in msgs {
+                self.send(&peer, &m);
+            }
+            self.confirm(now, &alone);
+        }
+        let _ = &self.me;
+    }
+}
+
+/// The peer set last saved, as `name address` lines (empty when missing or
+/// unreadable: the API server will tell).
+fn load_peer_cache(path: &std::path::Path) -> BTreeMap<String, SocketAddr> {
+    let Ok(text) = std::fs::read_to_string(path) else { return BTreeMap::new() };
+    text.lines()
+        .filter_map(|l| {
+            let (n, a) = l.split_once(' ')?;
+            Some((n.to_string(), a.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn save_peer_cache(path: &std::path::Path, peers: &BTreeMap<String, SocketAddr>) {
+    let text: String = peers.iter().map(|(n, a)| format!("{n} {a}\n")).collect();
+    if std::fs::read_to_string(path).ok().as_deref() == Some(text.as_str()) {
+        return;
+    }
+    let tmp = path.with_extension("tmp");
+    let res = std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = res {
+        tracing::warn!(path = %path.display(), error = %e, "peer channel: peer cache not written");
+    }
+}

@@ -1,0 +1,241 @@
+//! The standby's side of session sync: shadow copies of the sessions of the
+//! egress IPs this gateway stands by for, kept aside (not in the data plane)
+//! until it takes one of those IPs over (conntrackd's external cache).
+//!
+//! A shadow is built from one holder's messages: a full copy (FullBegin,
+//! Sessions with that epoch, FullEnd) replaces it whole, which is how a lost
+//! or refused message cannot leave the standby wrong for longer than one
+//! resynchronisation period; incremental Sessions (epoch 0) update it in
+//! between. Records carry ages, not timestamps (clocks differ between
+//! machines): each is stamped with the local time it arrived, and its age at
+//! take-over is its age when sent plus the time since.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use egret_dataplane::nat::sync::{SessionKeyRecord, SessionRecord};
+use tokio::time::Instant;
+
+use super::messages::Message;
+
+/// What identifies a session: its outbound key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    proto: u8,
+    pod: IpAddr,
+    pod_port: u16,
+    remote: IpAddr,
+    remote_port: u16,
+}
+
+impl Key {
+    /// The key of a record.
+    pub fn of(r: &SessionRecord) -> Key {
+        Key { proto: r.proto, pod: r.pod, pod_port: r.pod_port, remote: r.remote, remote_port: r.remote_port }
+    }
+
+    /// The key of a removal.
+    pub fn of_removal(r: &SessionKeyRecord) -> Key {
+        Key { proto: r.proto, pod: r.pod, pod_port: r.pod_port, remote: r.remote, remote_port: r.remote_port }
+    }
+}
+
+#[derive(Debug)]
+struct Shadow {
+    holder: String,
+    sessions: HashMap<Key, (SessionRecord, Instant)>,
+    /// A full copy being received: (epoch, records so far).
+    pending: Option<(u64, HashMap<Key, (SessionRecord, Instant)>)>,
+    /// The last full copy that completed.
+    complete: Option<u64>,
+    updated: Instant,
+}
+
+/// One shadow, for status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShadowStatus {
+    /// The egress IP.
+    pub ip: IpAddr,
+    /// The holder it came from.
+    pub holder: String,
+    /// Sessions held.
+    pub sessions: usize,
+    /// Whether a full copy completed (else only incremental changes are known).
+    pub in_sync: bool,
+    /// Since the last message.
+    pub age: Duration,
+}
+
+/// The shadows of every IP this gateway stands by for.
+#[derive(Debug)]
+pub struct Standby {
+    by_ip: BTreeMap<IpAddr, Shadow>,
+    /// Bound on the sessions held over all shadows (memory).
+    max_sessions: usize,
+    held: usize,
+    /// Records refused because the bound was reached.
+    pub refused: u64,
+}
+
+impl Standby {
+    /// A store holding at most `max_sessions` records in all.
+    pub fn new(max_sessions: usize) -> Self {
+        Standby { by_ip: BTreeMap::new(), max_sessions, held: 0, refused: 0 }
+    }
+
+    fn count(&mut self) {
+        self.held = self
+            .by_ip
+            .values()
+            .map(|s| s.sessions.len() + s.pending.as_ref().map_or(0, |(_, p)| p.len()))
+            .sum();
+    }
+
+    /// Takes in a message from `from`; returns the answer to send back, if any.
+    pub fn on_message(&mut self, from: &str, msg: Message, now: Instant) -> Option<Message> {
+        match msg {
+            Message::FullBegin { ip, epoch } => {
+                let sh = self.shadow(ip, from, now);
+                sh.pending = Some((epoch, HashMap::new()));
+                self.count();
+                None
+            }
+            Message::Sessions { ip, epoch, upserts, removes } => {
+                let room = self.max_sessions.saturating_sub(self.held);
+                let sh = self.shadow(ip, from, now);
+                let target = if epoch == 0 {
+                    Some(&mut sh.sessions)
+                } else {
+                    match &mut sh.pending {
+                        Some((e, p)) if *e == epoch => Some(p),
+                        _ => None, // a copy this standby did not see begin: ignored, the next one counts
+                    }
+                };
+                let mut refused = 0u64;
+                if let Some(t) = target {
+                    let mut room = room;
+                    for r in upserts {
+                        let k = Key::of(&r);
+                        if t.contains_key(&k) || room > 0 {
+                            if !t.contains_key(&k) {
+                                room -= 1;
+                            }
+                            t.insert(k, (r, now));
+                        } else {
+                            refused += 1;
+                        }
+                    }
+                    for r in removes {
+                        t.remove(&Key::of_removal(&r));
+                    }
+                }
+                sh.updated = now;
+                self.refused += refused;
+                self.count();
+                None
+            }
+            Message::FullEnd { ip, epoch, count } => {
+                let sh = self.shadow(ip, from, now);
+                let answer = match sh.pending.take() {
+                    Some((e, p)) if e == epoch && p.len() as u64 == count => {
+                        sh.sessions = p;
+                        sh.complete = Some(epoch);
+                        Some(Message::SyncAck { ip, epoch })
+                    }
+                    // Incomplete (refused records, or a copy begun before a
+                    // reconnect): keep what is known, do not acknowledge; the
+                    // holder sends the next copy on its period.
+                    Some((e, p)) if e == epoch => {
+                        sh.sessions = p;
+                        sh.complete = None;
+                        None
+                    }
+                    other => {
+                        sh.pending = other;
+                        None
+                    }
+                };
+                sh.updated = now;
+                self.count();
+                answer
+            }
+            Message::DropShadow { ip } => {
+                if self.by_ip.get(&ip).is_some_and(|s| s.holder == from) {
+                    self.by_ip.remove(&ip);
+                    self.count();
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// The shadow of `ip` from `holder`; one from another holder is replaced
+    /// (the IP moved).
+    fn shadow(&mut self, ip: IpAddr, holder: &str, now: Instant) -> &mut Shadow {
+        let fresh = || Shadow {
+            holder: holder.to_string(),
+            sessions: HashMap::new(),
+            pending: None,
+            complete: None,
+            updated: now,
+        };
+        let sh = self.by_ip.entry(ip).or_insert_with(fresh);
+        if sh.holder != holder {
+            *sh = fresh();
+        }
+        sh
+    }
+
+    /// Takes the shadow of `ip` out, for installing into the data plane: the
+    /// records with their ages brought up to `now`.
+    pub fn take(&mut self, ip: IpAddr, now: Instant) -> Option<(String, Vec<SessionRecord>)> {
+        let sh = self.by_ip.remove(&ip)?;
+        self.count();
+        let records = sh
+            .sessions
+            .into_values()
+            .map(|(mut r, at)| {
+                let waited = u32::try_from(now.saturating_duration_since(at).as_secs()).unwrap_or(u32::MAX);
+                r.idle_secs = r.idle_secs.saturating_add(waited);
+                r
+            })
+            .collect();
+        Some((sh.holder, records))
+    }
+
+    /// Forgets shadows whose IP is now held by neither their holder nor
+    /// this gateway (`holders`: the Lease holder of each IP as last seen).
+    pub fn retain_holders(&mut self, holders: &BTreeMap<IpAddr, Option<String>>) {
+        let before = self.by_ip.len();
+        self.by_ip.retain(|ip, sh| match holders.get(ip) {
+            Some(Some(h)) => *h == sh.holder,
+            // Released or unknown: kept (a released IP is taken by the next
+            // candidate, which may be us).
+            _ => true,
+        });
+        if self.by_ip.len() != before {
+            self.count();
+        }
+    }
+
+    /// Sessions held in all shadows.
+    pub fn sessions(&self) -> usize {
+        self.held
+    }
+
+    /// Every shadow.
+    pub fn status(&self, now: Instant) -> Vec<ShadowStatus> {
+        self.by_ip
+            .iter()
+            .map(|(ip, s)| ShadowStatus {
+                ip: *ip,
+                holder: s.holder.clone(),
+                sessions: s.sessions.len(),
+                in_sync: s.complete.is_some(),
+                age: now.saturating_duration_since(s.updated),
+            })
+            .collect()
+    }
+}
