@@ -50,6 +50,7 @@ use crate::nat::key::{proto, FlowKey, SessionTuple};
 use crate::nat::port_alloc::PortRng;
 use crate::nat::rewrite;
 use crate::nat::session::{offload, session_flags, SessionRef, SessionView};
+use crate::nat::sync::{ImportReport, SessionRecord, SyncEvent};
 use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
@@ -371,6 +372,55 @@ impl Engine {
             s.add_worker(w);
         }
         s
+    }
+
+    /// Starts journaling session changes of both families for a standby
+    /// gateway, `capacity` changes per family (nat/sync.rs). Once: a later
+    /// call changes nothing and returns `false`.
+    pub fn enable_sync_journal(&self, capacity: usize) -> bool {
+        let a = self.shared.nat4.enable_sync_journal(capacity);
+        let b = self.shared.nat6.enable_sync_journal(capacity);
+        a && b
+    }
+
+    /// Session changes the journal dropped because it was full, both
+    /// families, since it was enabled. When it grows, a standby missed
+    /// changes: send it a full [`export_sessions`](Self::export_sessions).
+    pub fn sync_overflows(&self) -> u64 {
+        self.shared.nat4.sync_overflows() + self.shared.nat6.sync_overflows()
+    }
+
+    /// Takes up to `max` journaled changes (IPv4 first, then IPv6) and
+    /// returns them as they stand at `now` (engine seconds, the workers'
+    /// clock): see [`NatTable::drain_sync`].
+    pub fn drain_sync_events(&self, max: usize, now: u32) -> Vec<SyncEvent> {
+        let mut out = Vec::new();
+        let taken = self.shared.nat4.drain_sync(max, now, &mut out);
+        self.shared.nat6.drain_sync(max.saturating_sub(taken), now, &mut out);
+        out
+    }
+
+    /// Every live session on `egress` at `now` (engine seconds), for a full
+    /// resync of a standby. Walks the whole table: call it from the control
+    /// plane, not per packet.
+    pub fn export_sessions(&self, egress: IpAddr, now: u32) -> Vec<SessionRecord> {
+        let mut out = Vec::new();
+        match egress {
+            IpAddr::V4(a) => self.shared.nat4.export(a, now, &mut out),
+            IpAddr::V6(a) => self.shared.nat6.export(a, now, &mut out),
+        }
+        out
+    }
+
+    /// Installs sessions a standby received for an egress IP it takes over,
+    /// checked against `tables` (the snapshot just published that holds the
+    /// IP; see [`NatTable::import`]), at `now` (engine seconds).
+    pub fn import_sessions(&self, records: &[SessionRecord], tables: &Tables, now: u32) -> ImportReport {
+        let d4 = |t: &SessionTuple<Ipv4Addr>| rewrite::outbound_deltas(t);
+        let d6 = |t: &SessionTuple<Ipv6Addr>| rewrite::outbound_deltas(t);
+        let mut report = self.shared.nat4.import(records.iter().filter(|r| r.egress.is_ipv4()), tables, now, &d4);
+        report.add(&self.shared.nat6.import(records.iter().filter(|r| r.egress.is_ipv6()), tables, now, &d6));
+        report
     }
 
     /// Next hops the workers could not resolve since the last call.

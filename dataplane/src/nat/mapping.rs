@@ -64,6 +64,15 @@ pub enum AcquireError {
     Exhausted,
 }
 
+/// Why [`Mappings::claim_exact`] could not claim its port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimError {
+    /// The pod already holds its quota of ports on this egress IP.
+    SourceQuota,
+    /// Another mapping holds the port, or the pod port's mapping is on another port.
+    Taken,
+}
+
 /// Port pools and endpoint-independent mappings of one address family.
 #[derive(Debug)]
 pub struct Mappings<A: NatAddr> {
@@ -187,6 +196,48 @@ impl<A: NatAddr> Mappings<A> {
         pool.release_source(pod);
         pool.count_exhausted();
         Err(AcquireError::Exhausted)
+    }
+
+    /// Claims exactly `port` for the endpoint-independent mapping of
+    /// (pod, pod port, protocol) on `req.egress`, for a session imported
+    /// from the gateway that held the egress IP before (nat/sync.rs): joins
+    /// the mapping when the pod port already has it on `port`; otherwise
+    /// claims `port` if it is free and the pod is under its quota.
+    pub fn claim_exact(&self, pool: &PortPool<A>, req: MappingRequest<A>, port: u16) -> Result<Acquired, ClaimError> {
+        let MappingRequest { egress, pod, pod_port, proto } = req;
+        let key = InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto };
+        // The entry holds the index shard's lock, as in `try_acquire`.
+        let entry = match self.by_inside.entry(key) {
+            dashmap::Entry::Occupied(mut o) => {
+                let existing = *o.get();
+                if existing == port && pool.add_ref(port, pod, pod_port) {
+                    return Ok(Acquired::Existing(port));
+                }
+                if existing != port && pool.owner(existing).is_some_and(|w| w.pod == pod && w.pod_port == pod_port) {
+                    // The pod port's live mapping is on another port.
+                    return Err(ClaimError::Taken);
+                }
+                // Stale (the pool was replaced): claim afresh.
+                o.insert(0);
+                dashmap::Entry::Occupied(o)
+            }
+            v => v,
+        };
+        if !pool.admit_source(pod) {
+            if let dashmap::Entry::Occupied(o) = entry {
+                o.remove();
+            }
+            return Err(ClaimError::SourceQuota);
+        }
+        if pool.try_claim(port, pod, pod_port) {
+            entry.insert(port);
+            return Ok(Acquired::Random(port));
+        }
+        if let dashmap::Entry::Occupied(o) = entry {
+            o.remove();
+        }
+        pool.release_source(pod);
+        Err(ClaimError::Taken)
     }
 
     /// Adds a session to an existing mapping (an inbound-created session).

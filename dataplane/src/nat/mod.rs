@@ -8,6 +8,7 @@
 //! - [`mapping`], [`port_alloc`]: endpoint-independent mappings, try-insert port allocation.
 //! - [`tcp_state`]: the TCP tracker that picks timeouts (diagram inside).
 //! - [`fragments`]: virtual reassembly of fragmented datagrams.
+//! - [`sync`]: session records for a standby gateway, the change journal.
 //! - [`table`]: one family's NAT instance: creation, expiry, revalidation, eviction.
 
 pub mod flow_cache;
@@ -19,5 +20,6 @@ pub mod mapping;
 pub mod port_alloc;
 pub mod rewrite;
 pub mod session;
+pub mod sync;
 pub mod table;
 pub mod tcp_state;

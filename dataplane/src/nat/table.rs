@@ -32,9 +32,10 @@ use dashmap::DashMap;
 
 use super::fragments::FragmentCache;
 use super::key::{proto, FlowKey, NatAddr, SessionTuple};
-use super::mapping::{AcquireError, Acquired, MappingRequest, Mappings};
+use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mappings};
 use super::port_alloc::{candidates, PortRng};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
+use super::sync::{ImportReport, JournalEntry, SessionKeyRecord, SessionRecord, SyncEvent, SyncJournal};
 use super::tcp_state;
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, WorkerStats};
@@ -128,6 +129,8 @@ pub struct NatTable<A: NatAddr> {
     port_map_hook: OnceLock<Arc<dyn PortMapHook<A>>>,
     /// Sessions per (egress IP, protocol, port), while a port map is connected.
     port_users: DashMap<(A, u8, u16), u32, ahash::RandomState>,
+    /// The session sync journal, once enabled (nat/sync.rs).
+    sync: OnceLock<SyncJournal<A>>,
 }
 
 impl<A: NatAddr> std::fmt::Debug for NatTable<A> {
@@ -153,6 +156,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             offload_queue: ArrayQueue::new(OFFLOAD_QUEUE),
             port_map_hook: OnceLock::new(),
             port_users: DashMap::with_hasher(ahash::RandomState::new()),
+            sync: OnceLock::new(),
         }
     }
 
@@ -190,8 +194,13 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     fn insert_marked(&self, tuple: &SessionTuple<A>, init: &SessionInit) -> Result<SessionView<A>, InsertError> {
         self.port_used(tuple);
         let r = self.sessions.insert(tuple, init);
-        if r.is_err() {
-            self.port_unused(tuple);
+        match &r {
+            Ok(v) => {
+                if let Some(j) = self.sync.get() {
+                    j.push(JournalEntry::Created { index: v.index, seq: v.seq });
+                }
+            }
+            Err(_) => self.port_unused(tuple),
         }
         r
     }
@@ -337,14 +346,20 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
 
     /// Whether the session still holds under `tables`.
     pub fn still_valid(view: &SessionView<A>, tables: &Tables) -> bool {
-        let t = &view.tuple;
-        let Some(entry) = tables.egress(t.egress.ip()) else { return false };
+        Self::valid_policy(&view.tuple, tables).is_some()
+    }
+
+    /// The policy under which `t` holds in `tables`: its egress IP is held,
+    /// its external port in that IP's range, and the policy (pod, remote)
+    /// classifies to picks that egress IP for the pod.
+    fn valid_policy<'t>(t: &SessionTuple<A>, tables: &'t Tables) -> Option<&'t Policy> {
+        let entry = tables.egress(t.egress.ip())?;
         if !entry.ports.contains(t.egress_port) {
-            return false;
+            return None;
         }
         match tables.classify(t.pod, t.remote) {
-            Decision::Steer(id) => tables.policy(id).and_then(|p| p.egress_for(t.pod)) == Some(t.egress),
-            _ => false,
+            Decision::Steer(id) => tables.policy(id).filter(|p| p.egress_for(t.pod) == Some(t.egress)),
+            _ => None,
         }
     }
 
@@ -382,6 +397,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         });
         let Some(v) = removed else { return false };
         let t = &v.tuple;
+        if let Some(j) = self.sync.get() {
+            j.push(JournalEntry::Removed(*t));
+        }
         self.port_unused(t);
         if v.flags & session_flags::HAS_MAPPING != 0 {
             self.mappings.release(t.egress, t.pod, t.pod_port, t.proto, t.egress_port);
@@ -655,6 +673,226 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         self.sessions.sweep(budget, |v| {
             let _ = self.check(v, tables, now, stats);
         })
+    }
+
+    /// Starts recording session changes for a standby gateway in a journal
+    /// of `capacity` entries (nat/sync.rs). Once: a later call keeps the
+    /// first journal and returns `false`. Sessions living before are not
+    /// in it: a full [`export`](Self::export) sends them.
+    pub fn enable_sync_journal(&self, capacity: usize) -> bool {
+        self.sync.set(SyncJournal::new(capacity)).is_ok()
+    }
+
+    /// The sync journal, once enabled.
+    pub fn sync_journal(&self) -> Option<&SyncJournal<A>> {
+        self.sync.get()
+    }
+
+    /// Changes the journal dropped because it was full (0 while disabled).
+    /// When it grows, the standby missed something: send it a full export.
+    pub fn sync_overflows(&self) -> u64 {
+        self.sync.get().map_or(0, SyncJournal::overflows)
+    }
+
+    /// Takes up to `max` changes from the journal, oldest first, and
+    /// appends what they mean at `now` (engine seconds) to `out`:
+    /// - a creation whose session still lives: an upsert of the session as
+    ///   it is now (TCP state, idle time with the fast path's stamps folded
+    ///   in); one that ended meanwhile: nothing (its removal follows);
+    /// - a removal whose outbound key no live session holds: a removal; one
+    ///   whose key a newer session holds already (a worker re-created it
+    ///   before the removal was journaled): the old key's removal if its
+    ///   external port differs, then an upsert of the live session, so a
+    ///   late removal never deletes the newer session at the standby.
+    ///
+    /// Returns the number of journal entries taken.
+    pub fn drain_sync(&self, max: usize, now: u32, out: &mut Vec<SyncEvent>) -> usize {
+        let Some(j) = self.sync.get() else { return 0 };
+        let mut taken = 0;
+        while taken < max {
+            let Some(e) = j.pop() else { break };
+            taken += 1;
+            match e {
+                JournalEntry::Created { index, seq } => {
+                    if let Some(r) = self.sessions.view_if(index, seq).and_then(|v| self.record(&v, now)) {
+                        out.push(SyncEvent::Upsert(r));
+                    }
+                }
+                JournalEntry::Removed(t) => {
+                    let old = SessionKeyRecord::from_tuple(&t);
+                    match self.sessions.lookup(&t.outbound_key()).and_then(|(_, v)| self.record(&v, now)) {
+                        Some(r) => {
+                            if r.key() != old {
+                                out.push(SyncEvent::Remove(old));
+                            }
+                            out.push(SyncEvent::Upsert(r));
+                        }
+                        None => out.push(SyncEvent::Remove(old)),
+                    }
+                }
+            }
+        }
+        taken
+    }
+
+    /// The record of a live session at `now`: its TCP tracking word and
+    /// last-seen second with the fast path's merged in (the values expiry
+    /// and the RST check use). `None` when the slot no longer holds it.
+    fn record(&self, v: &SessionView<A>, now: u32) -> Option<SessionRecord> {
+        let track = self.tcp_track(v)?;
+        let idle = now.saturating_sub(self.last_seen(v));
+        Some(SessionRecord::from_tuple(&v.tuple, v.tcp, track, v.flags, idle))
+    }
+
+    /// Appends the record of every live session on `egress` to `out` (a full
+    /// resync for a standby; walks the whole slab, not for the hot path).
+    pub fn export(&self, egress: A, now: u32, out: &mut Vec<SessionRecord>) {
+        for v in self.sessions.iter() {
+            if v.tuple.egress == egress {
+                if let Some(r) = self.record(&v, now) {
+                    out.push(r);
+                }
+            }
+        }
+    }
+
+    /// Installs sessions received from the gateway that held their egress
+    /// IP before, each with exactly its external port, as live sessions
+    /// (call it after publishing tables that hold the IP, before announcing
+    /// it). A record is installed when `tables` hold it as
+    /// [`still_valid`](Self::still_valid) would (else `invalid`), it is not
+    /// idle past its timeout, no session holds its outbound or inbound key
+    /// (`already_present` for the very same session, else `conflicts`), the
+    /// table has room (nothing is evicted for it) and the pod is under its
+    /// session limit and port quota. It then claims its port in the pool
+    /// (endpoint-independent: joins or makes the pod port's mapping, so
+    /// a new remote reaching the port creates an inbound session as before;
+    /// endpoint-dependent: the pool's in-use count and the per-destination
+    /// quota), keeps its TCP state, flags (hairpin recomputed) and idle
+    /// time (last seen = `now` - idle, saturating), and carries the
+    /// generation before `tables`' so its first packet (or the sweep)
+    /// revalidates it as after a reload. Imported sessions are journaled
+    /// like created ones.
+    pub fn import<'r>(
+        &self,
+        records: impl IntoIterator<Item = &'r SessionRecord>,
+        tables: &Tables,
+        now: u32,
+        deltas: DeltaFn<'_, A>,
+    ) -> ImportReport {
+        let mut report = ImportReport::default();
+        for r in records {
+            self.import_one(r, tables, now, deltas, &mut report);
+        }
+        report
+    }
+
+    fn import_one(&self, r: &SessionRecord, tables: &Tables, now: u32, deltas: DeltaFn<'_, A>, rep: &mut ImportReport) {
+        let nat = &tables.nat;
+        let Some(tuple) = r.tuple::<A>() else {
+            rep.invalid += 1;
+            return;
+        };
+        let (Some(policy), Some(entry)) = (Self::valid_policy(&tuple, tables), tables.egress(tuple.egress.ip())) else {
+            rep.invalid += 1;
+            return;
+        };
+        if let Some((_, v)) = self.sessions.lookup(&tuple.outbound_key()) {
+            if v.tuple == tuple {
+                rep.already_present += 1;
+            } else {
+                rep.conflicts += 1;
+            }
+            return;
+        }
+        if self.sessions.inbound_taken(&tuple.inbound_key()) {
+            rep.conflicts += 1;
+            return;
+        }
+        let endpoint_independent = self.mappings.endpoint_independent();
+        let mut flags = r.flags & session_flags::INBOUND_CREATED;
+        if endpoint_independent {
+            flags |= session_flags::HAS_MAPPING;
+        }
+        if tables.owns_egress(tuple.remote.ip()) {
+            flags |= session_flags::HAIRPIN;
+        }
+        let init = SessionInit {
+            deltas: deltas(&tuple),
+            now: now.saturating_sub(r.idle_secs),
+            tcp: if tuple.proto == proto::TCP { r.tcp } else { 0 },
+            // Not the current generation: revalidated at its first packet.
+            generation: tables.generation_tag().wrapping_sub(1),
+            policy_slot: policy.counter_slot,
+            flags,
+        };
+        let probe = SessionView {
+            index: 0,
+            seq: 0,
+            tuple,
+            deltas: init.deltas,
+            last_seen: init.now,
+            tcp: init.tcp,
+            offload: 0,
+            generation: init.generation,
+            policy_slot: init.policy_slot,
+            flags,
+        };
+        if Self::is_expired(&probe, now, nat) {
+            rep.expired += 1;
+            return;
+        }
+        if !self.admit_source(tuple.pod, nat.max_sessions_per_source) {
+            rep.over_source_limit += 1;
+            return;
+        }
+        if self.sessions.len() >= self.sessions.capacity() {
+            self.unadmit_source(tuple.pod);
+            rep.table_full += 1;
+            return;
+        }
+        let pool = self.mappings.pool(tuple.egress, tuple.proto, entry.ports);
+        pool.set_source_quota(nat.ports_per_source(entry.ports));
+        let claimed = if endpoint_independent {
+            let req =
+                MappingRequest { egress: tuple.egress, pod: tuple.pod, pod_port: tuple.pod_port, proto: tuple.proto };
+            self.mappings.claim_exact(&pool, req, tuple.egress_port)
+        } else if pool.admit_source_towards(tuple.pod, tuple.remote, tuple.remote_port) {
+            Ok(Acquired::Random(tuple.egress_port))
+        } else {
+            Err(ClaimError::SourceQuota)
+        };
+        if let Err(e) = claimed {
+            self.unadmit_source(tuple.pod);
+            match e {
+                ClaimError::SourceQuota => rep.over_source_limit += 1,
+                ClaimError::Taken => rep.conflicts += 1,
+            }
+            return;
+        }
+        match self.insert_marked(&tuple, &init) {
+            Ok(v) => {
+                if !endpoint_independent {
+                    pool.count_in_use(1);
+                }
+                if tuple.proto == proto::TCP {
+                    let _ = self.sessions.update_tcp_track(v.index, v.seq, |_| r.tcp_track);
+                }
+                rep.installed += 1;
+            }
+            Err(e) => {
+                if endpoint_independent {
+                    self.mappings.release(tuple.egress, tuple.pod, tuple.pod_port, tuple.proto, tuple.egress_port);
+                } else {
+                    pool.release_source_towards(tuple.pod, tuple.remote, tuple.remote_port);
+                }
+                self.unadmit_source(tuple.pod);
+                match e {
+                    InsertError::Full => rep.table_full += 1,
+                    InsertError::InboundTaken | InsertError::OutboundExists(_) => rep.conflicts += 1,
+                }
+            }
+        }
     }
 }
 
