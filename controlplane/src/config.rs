@@ -264,6 +264,8 @@ pub struct HaConfig {
     pub liveness: Duration,
     /// Full resynchronisation period of each standby.
     pub resync_period: Duration,
+    /// Where the last known peers are kept across restarts.
+    pub peer_cache: Option<PathBuf>,
 }
 
 /// A validated configuration file.
@@ -885,7 +887,14 @@ impl Checker<'_> {
         if self.errors.len() != before {
             return None;
         }
-        Some(HaConfig { port, address, key_file: key_file?, liveness: liveness?, resync_period: resync_period? })
+        Some(HaConfig {
+            port,
+            address,
+            key_file: key_file?,
+            liveness: liveness?,
+            resync_period: resync_period?,
+            peer_cache: h.peer_cache.as_ref().map(PathBuf::from),
+        })
     }
 
     /// The engine's own checks, named the same way.

@@ -416,6 +416,10 @@ impl<S: TablesSink + ?Sized> TablesSink for ReleaseOnApply<S> {
         self.inner.announce(ips);
     }
 
+    fn sessions(&self) -> Option<std::sync::Arc<dyn crate::ha::SessionStore>> {
+        self.inner.sessions()
+    }
+
     fn set_valid_until(&self, deadlines: &[(IpAddr, Option<std::time::Instant>)]) {
         self.inner.set_valid_until(deadlines);
     }

@@ -13,7 +13,7 @@
 //! - [`failclosed`]: nftables rules so a stopped gateway never forwards pods' traffic untranslated.
 //! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
 //! - [`node`]: `egret node`, the worker-node agent that routes selected pods to their gateway.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod config;

@@ -263,6 +263,8 @@ pub struct Ha {
     pub liveness: Option<String>,
     /// Full resynchronisation of every standby, e.g. "30s".
     pub resync_period: Option<String>,
+    /// File keeping the last known peers across restarts.
+    pub peer_cache: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for FastPathSessions {

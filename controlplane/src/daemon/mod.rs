@@ -762,6 +762,9 @@ async fn spawn_kubernetes(
         interfaces: cfg.interfaces.iter().map(|i| i.name.clone()).collect(),
         sources: k.cluster_pod_cidrs.clone(),
     };
+    if let Some(h) = &k.ha {
+        opts.ha = Some(ha_options(h)?);
+    }
     opts.validate().map_err(|e| start_err("kubernetes options")(e.to_string()))?;
     let client =
         k8s::client(k.kubeconfig.as_deref()).await.map_err(|e| start_err("kubernetes client")(e.to_string()))?;
@@ -779,6 +782,32 @@ async fn spawn_kubernetes(
         }
     });
     Ok((task, heartbeat))
+}
+
+/// `kubernetes.ha` resolved: the key read, the address from the file or
+/// `$HOST_IP` (the downward API's `status.hostIP`).
+fn ha_options(h: &config::HaConfig) -> Result<crate::ha::HaOptions, DaemonError> {
+    let key = crate::ha::auth::SharedKey::from_file(&h.key_file)
+        .map_err(|e| start_err("kubernetes.ha.keyFile")(e.to_string()))?;
+    let address = match h.address {
+        Some(a) => a,
+        None => {
+            let v = std::env::var("HOST_IP").unwrap_or_default();
+            v.trim().parse().map_err(|_| {
+                start_err("kubernetes.ha.address")(format!(
+                    "unset, and $HOST_IP is {v:?}: set the address, or HOST_IP from the downward API (status.hostIP)"
+                ))
+            })?
+        }
+    };
+    Ok(crate::ha::HaOptions {
+        listen: SocketAddr::new(address, h.port),
+        port: h.port,
+        key: Arc::new(key),
+        liveness: h.liveness,
+        resync_period: h.resync_period,
+        peer_cache: h.peer_cache.clone(),
+    })
 }
 
 /// `SIGHUP`: re-read, validate, apply; keep the old configuration on error.

@@ -404,7 +404,41 @@ impl MapPlan {
     }
 }
 
+/// The engine's sessions for session sync (`crate::ha`): the journal is
+/// turned on when this is made, i.e. only when the channel runs.
+struct EngineSessions {
+    engine: Engine,
+    clock: EngineClock,
+}
+
+/// Journal capacity: at the channel task's 50 ms tick, 5 M changes/s.
+const SYNC_JOURNAL: usize = 1 << 18;
+
+impl crate::ha::SessionStore for EngineSessions {
+    fn drain(&self, max: usize) -> Vec<egret_dataplane::nat::sync::SyncEvent> {
+        self.engine.drain_sync_events(max, self.clock.now().secs())
+    }
+
+    fn overflows(&self) -> u64 {
+        self.engine.sync_overflows()
+    }
+
+    fn export(&self, ip: IpAddr) -> Vec<egret_dataplane::nat::sync::SessionRecord> {
+        self.engine.export_sessions(ip, self.clock.now().secs())
+    }
+
+    fn import(&self, records: &[egret_dataplane::nat::sync::SessionRecord]) -> egret_dataplane::nat::sync::ImportReport {
+        let tables = self.engine.tables();
+        self.engine.import_sessions(records, &tables, self.clock.now().secs())
+    }
+}
+
 impl TablesSink for GatewaySink {
+    fn sessions(&self) -> Option<Arc<dyn crate::ha::SessionStore>> {
+        self.engine.enable_sync_journal(SYNC_JOURNAL);
+        Some(Arc::new(EngineSessions { engine: self.engine.clone(), clock: self.clock }))
+    }
+
     fn apply(&self, spec: &TablesSpec) -> Result<(), ApplyError> {
         static SERIAL: Mutex<()> = Mutex::new(());
         let _serial = SERIAL.lock();

@@ -148,11 +148,11 @@ mod tests {
             Message::FailsafeRequest { id, .. } => *id,
             m => panic!("{m:?}"),
         };
-        assert_eq!(f.on_reply("gw-b", id, &[x, y], &[]), Some((t0, vec![])));
+        assert_eq!(f.on_reply("gw-b", id, &[x, y], &[]), Some((t0, Vec::<IpAddr>::new())));
         let (sent, done) = f.on_reply("gw-c", id, &[x], &[(y, "the Lease names gw-e".into())]).unwrap();
         assert_eq!((sent, done), (t0, vec![x]));
         assert_eq!(f.refused, 1);
         assert!(f.on_reply("gw-c", id + 7, &[x], &[]).is_none(), "unknown round");
-        assert_eq!(f.on_reply("gw-c", id, &[x, y], &[]).unwrap().1, vec![], "nothing twice, refused stays refused");
+        assert_eq!(f.on_reply("gw-c", id, &[x, y], &[]).unwrap().1, Vec::<IpAddr>::new(), "nothing twice, refused stays refused");
     }
 }

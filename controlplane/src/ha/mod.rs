@@ -273,9 +273,9 @@ impl Ha {
             let Some((holder, records)) = taken else { continue };
             let t0 = Instant::now();
             let report = store.import(&records);
-            self.counters.sessions_imported.fetch_add(report.installed as u64, Ordering::Relaxed);
-            let missed = records.len().saturating_sub(report.installed + report.already_present);
-            self.counters.sessions_not_imported.fetch_add(missed as u64, Ordering::Relaxed);
+            self.counters.sessions_imported.fetch_add(report.installed, Ordering::Relaxed);
+            let missed = (records.len() as u64).saturating_sub(report.installed + report.already_present);
+            self.counters.sessions_not_imported.fetch_add(missed, Ordering::Relaxed);
             tracing::info!(
                 ip = %ip, from = %holder, sessions = records.len(), report = ?report,
                 micros = t0.elapsed().as_micros() as u64,

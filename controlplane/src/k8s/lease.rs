@@ -1040,7 +1040,11 @@ mod tests {
         let mut b = mgr("gw-b");
         b.observe(x, Some(rec(Some("gw-c"), 12)), t0);
         assert_eq!(b.promise(x, "gw-a", t0), Err(FailsafeRefusal::OtherHolder("gw-c".into())));
-        assert_eq!(a.promise(x, "gw-b", t0 + ms(100)), Err(FailsafeRefusal::HeldHere));
+        let mut a2 = mgr("gw-a");
+        a2.observe(x, None, t0);
+        a2.plan(t0, &c, true);
+        a2.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0 + ms(5));
+        assert_eq!(a2.promise(x, "gw-b", t0 + ms(100)), Err(FailsafeRefusal::HeldHere));
         let mut b = mgr("gw-b");
         b.observe(x, Some(rec(Some("gw-a"), 10)), t0);
         assert_eq!(b.plan(t0 + D, &c, true).len(), 1);
