@@ -24,6 +24,10 @@
 //!   packet (or by the sweeper) and removed if its policy, its egress IP or
 //!   its port range no longer holds. Losing an egress IP therefore stops its
 //!   translation at the very next packet.
+//! - Session sync (nat/sync.rs): once enabled, creations and removals are
+//!   journaled for the control plane to send a standby, which installs
+//!   them with their exact ports when it takes the egress IP over
+//!   ([`NatTable::import`]).
 
 use std::sync::{Arc, OnceLock};
 
