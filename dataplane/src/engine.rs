@@ -390,13 +390,16 @@ impl Engine {
         self.shared.nat4.sync_overflows() + self.shared.nat6.sync_overflows()
     }
 
-    /// Takes up to `max` journaled changes (IPv4 first, then IPv6) and
-    /// returns them as they stand at `now` (engine seconds, the workers'
-    /// clock): see [`NatTable::drain_sync`].
+    /// Takes up to `max` journaled changes and returns them as they stand
+    /// at `now` (engine seconds, the workers' clock): see
+    /// [`NatTable::drain_sync`]. Each family gets at least half of `max`
+    /// when it has that many (a flood of one cannot starve the other); the
+    /// order within a family is kept, and the families' keys never meet.
     pub fn drain_sync_events(&self, max: usize, now: u32) -> Vec<SyncEvent> {
         let mut out = Vec::new();
-        let taken = self.shared.nat4.drain_sync(max, now, &mut out);
-        self.shared.nat6.drain_sync(max.saturating_sub(taken), now, &mut out);
+        let first = self.shared.nat4.drain_sync(max / 2, now, &mut out);
+        let second = self.shared.nat6.drain_sync(max - first, now, &mut out);
+        self.shared.nat4.drain_sync(max - first - second, now, &mut out);
         out
     }
 
