@@ -1100,6 +1100,11 @@ impl Ctx<'_> {
             // its slot's next tenant keeps its own).
             tcp =
                 nat.sessions.update_tcp(view.index, view.seq, |s| tcp_state::update(s, dir, tcp_flags)).unwrap_or(tcp);
+            // A standby must learn that the connection is established (or
+            // closing): session sync journals the phase change.
+            if tcp_state::phase(tcp) != tcp_state::phase(view.tcp) {
+                nat.sync_changed(view);
+            }
         }
         self.stats.traffic(view.policy_slot, dir, len);
         if view.offload & offload::BUSY == 0 && view.flags & session_flags::HAIRPIN == 0 && nat.offload_enabled() {
