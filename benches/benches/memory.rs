@@ -1,6 +1,7 @@
 //! Memory per session, measured: a counting global allocator reports the
 //! bytes the engine holds after creating N sessions, minus what it held
-//! before. Also prints the resident-set growth.
+//! before. Also prints the resident-set growth, and what a standby gateway
+//! holds per replicated session (nat/sync.rs records in a `HashMap`).
 //!
 //! `cargo bench -p egret-benches --bench memory` (N = 1,000,000; set
 //! `EGRET_BENCH_SESSIONS` to change it).
@@ -11,8 +12,11 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
+use egret_dataplane::nat::sync::{SessionKeyRecord, SessionRecord};
 use egret_dataplane::tables::MappingBehavior;
 
 struct Counting;
@@ -73,7 +77,34 @@ fn main() {
             per,
             (rss1.saturating_sub(rss0)) as f64 / n as f64,
         );
+        if mapping == MappingBehavior::EndpointIndependent {
+            standby_map(&engine, n);
+        }
         drop(w);
         drop(engine);
     }
+}
+
+/// What a standby gateway holds per replicated session (issue 16 §2): the
+/// records of every session, exported as for a full resync, in the map the
+/// control plane keeps them in, `HashMap<SessionKeyRecord, SessionRecord>`.
+fn standby_map(engine: &egret_dataplane::engine::Engine, n: u64) {
+    let t = std::time::Instant::now();
+    let records: Vec<SessionRecord> = (0..common::EGRESS_IPS)
+        .flat_map(|i| engine.export_sessions(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 10 + i)), 0))
+        .collect();
+    let export = t.elapsed();
+    assert_eq!(records.len() as u64, n);
+    let before = LIVE.load(Ordering::Relaxed);
+    let map: HashMap<SessionKeyRecord, SessionRecord> = records.iter().map(|r| (r.key(), *r)).collect();
+    let after = LIVE.load(Ordering::Relaxed);
+    println!(
+        "standby map: {} records in HashMap<SessionKeyRecord, SessionRecord> (key {} + value {} bytes, capacity {}): {:.1} bytes/record allocated; export of {n} sessions took {:?}",
+        map.len(),
+        std::mem::size_of::<SessionKeyRecord>(),
+        std::mem::size_of::<SessionRecord>(),
+        map.capacity(),
+        (after - before) as f64 / map.len() as f64,
+        export,
+    );
 }

@@ -390,13 +390,16 @@ impl Engine {
         self.shared.nat4.sync_overflows() + self.shared.nat6.sync_overflows()
     }
 
-    /// Takes up to `max` journaled changes (IPv4 first, then IPv6) and
-    /// returns them as they stand at `now` (engine seconds, the workers'
-    /// clock): see [`NatTable::drain_sync`].
+    /// Takes up to `max` journaled changes and returns them as they stand
+    /// at `now` (engine seconds, the workers' clock): see
+    /// [`NatTable::drain_sync`]. Each family gets at least half of `max`
+    /// when it has that many (a flood of one cannot starve the other); the
+    /// order within a family is kept, and the families' keys never meet.
     pub fn drain_sync_events(&self, max: usize, now: u32) -> Vec<SyncEvent> {
         let mut out = Vec::new();
-        let taken = self.shared.nat4.drain_sync(max, now, &mut out);
-        self.shared.nat6.drain_sync(max.saturating_sub(taken), now, &mut out);
+        let first = self.shared.nat4.drain_sync(max / 2, now, &mut out);
+        let second = self.shared.nat6.drain_sync(max - first, now, &mut out);
+        self.shared.nat4.drain_sync(max - first - second, now, &mut out);
         out
     }
 
@@ -1097,6 +1100,11 @@ impl Ctx<'_> {
             // its slot's next tenant keeps its own).
             tcp =
                 nat.sessions.update_tcp(view.index, view.seq, |s| tcp_state::update(s, dir, tcp_flags)).unwrap_or(tcp);
+            // A standby must learn that the connection is established (or
+            // closing): session sync journals the phase change.
+            if tcp_state::phase(tcp) != tcp_state::phase(view.tcp) {
+                nat.sync_changed(view);
+            }
         }
         self.stats.traffic(view.policy_slot, dir, len);
         if view.offload & offload::BUSY == 0 && view.flags & session_flags::HAIRPIN == 0 && nat.offload_enabled() {

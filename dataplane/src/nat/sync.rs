@@ -20,7 +20,8 @@
 //! - [`SyncJournal`]: a bounded lock-free queue of what changed. Workers push
 //!   and never wait; a full queue counts an overflow, which tells the
 //!   control plane that the standby missed something and needs a full
-//!   resync. Events name a slot (creation) or a tuple (removal); the slot is
+//!   resync. Events name a slot (creation, or a TCP phase change) or a
+//!   tuple (removal); the slot is
 //!   read when the control plane drains it, so it sees the session as it is
 //!   then.
 
@@ -439,8 +440,9 @@ impl SyncEvent {
 /// What a worker records in the journal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum JournalEntry<A> {
-    /// Slot `index` now holds incarnation `seq` of a new session.
-    Created {
+    /// Slot `index` holds incarnation `seq` of a session that was created,
+    /// imported, or changed in a way the standby must know (a TCP phase).
+    Live {
         /// Slot index.
         index: u32,
         /// The slot's `seq` after the insert.
@@ -691,9 +693,9 @@ mod tests {
     fn the_journal_counts_what_did_not_fit_and_never_waits() {
         let j: SyncJournal<Ipv4Addr> = SyncJournal::new(2);
         for i in 0..5 {
-            j.push(JournalEntry::Created { index: i, seq: 2 });
+            j.push(JournalEntry::Live { index: i, seq: 2 });
         }
         assert_eq!((j.len(), j.overflows()), (2, 3));
-        assert_eq!(j.pop(), Some(JournalEntry::Created { index: 0, seq: 2 }), "oldest first");
+        assert_eq!(j.pop(), Some(JournalEntry::Live { index: 0, seq: 2 }), "oldest first");
     }
 }

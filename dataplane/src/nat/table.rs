@@ -24,6 +24,10 @@
 //!   packet (or by the sweeper) and removed if its policy, its egress IP or
 //!   its port range no longer holds. Losing an egress IP therefore stops its
 //!   translation at the very next packet.
+//! - Session sync (nat/sync.rs): once enabled, creations and removals are
+//!   journaled for the control plane to send a standby, which installs
+//!   them with their exact ports when it takes the egress IP over
+//!   ([`NatTable::import`]).
 
 use std::sync::{Arc, OnceLock};
 
@@ -197,7 +201,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         match &r {
             Ok(v) => {
                 if let Some(j) = self.sync.get() {
-                    j.push(JournalEntry::Created { index: v.index, seq: v.seq });
+                    j.push(JournalEntry::Live { index: v.index, seq: v.seq });
                 }
             }
             Err(_) => self.port_unused(tuple),
@@ -688,6 +692,16 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         self.sync.get()
     }
 
+    /// Journals a live session whose state changed in a way its standby
+    /// must know (the engine calls it when a TCP session changes phase:
+    /// established, closing, closed), drained as an upsert.
+    #[inline]
+    pub fn sync_changed(&self, view: &SessionView<A>) {
+        if let Some(j) = self.sync.get() {
+            j.push(JournalEntry::Live { index: view.index, seq: view.seq });
+        }
+    }
+
     /// Changes the journal dropped because it was full (0 while disabled).
     /// When it grows, the standby missed something: send it a full export.
     pub fn sync_overflows(&self) -> u64 {
@@ -696,8 +710,8 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
 
     /// Takes up to `max` changes from the journal, oldest first, and
     /// appends what they mean at `now` (engine seconds) to `out`:
-    /// - a creation whose session still lives: an upsert of the session as
-    ///   it is now (TCP state, idle time with the fast path's stamps folded
+    /// - a creation (or TCP phase change) whose session still lives: an
+    ///   upsert of the session as it is now (TCP state, idle time with the fast path's stamps folded
     ///   in); one that ended meanwhile: nothing (its removal follows);
     /// - a removal whose outbound key no live session holds: a removal; one
     ///   whose key a newer session holds already (a worker re-created it
@@ -713,7 +727,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             let Some(e) = j.pop() else { break };
             taken += 1;
             match e {
-                JournalEntry::Created { index, seq } => {
+                JournalEntry::Live { index, seq } => {
                     if let Some(r) = self.sessions.view_if(index, seq).and_then(|v| self.record(&v, now)) {
                         out.push(SyncEvent::Upsert(r));
                     }
