@@ -411,8 +411,10 @@ struct EngineSessions {
     clock: EngineClock,
 }
 
-/// Journal capacity: at the channel task's 50 ms tick, 5 M changes/s.
-const SYNC_JOURNAL: usize = 1 << 18;
+/// Journal capacity per family (about 2 MB for IPv4, 4.5 MB for IPv6):
+/// at the channel task's 20 ms tick, 3 M changes/s before an overflow
+/// forces full copies.
+const SYNC_JOURNAL: usize = 1 << 16;
 
 impl crate::ha::SessionStore for EngineSessions {
     fn drain(&self, max: usize) -> Vec<egret_dataplane::nat::sync::SyncEvent> {
@@ -427,7 +429,10 @@ impl crate::ha::SessionStore for EngineSessions {
         self.engine.export_sessions(ip, self.clock.now().secs())
     }
 
-    fn import(&self, records: &[egret_dataplane::nat::sync::SessionRecord]) -> egret_dataplane::nat::sync::ImportReport {
+    fn import(
+        &self,
+        records: &[egret_dataplane::nat::sync::SessionRecord],
+    ) -> egret_dataplane::nat::sync::ImportReport {
         let tables = self.engine.tables();
         self.engine.import_sessions(records, &tables, self.clock.now().secs())
     }

@@ -131,13 +131,9 @@ mod tests {
         let z: IpAddr = "198.51.100.12".parse().unwrap();
         let w: IpAddr = "198.51.100.13".parse().unwrap();
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let ips: BTreeMap<IpAddr, Vec<String>> = [
-            (x, names(&["gw-b", "gw-c"])),
-            (y, names(&["gw-b", "gw-c"])),
-            (z, names(&["gw-b", "gw-d"])),
-            (w, vec![]),
-        ]
-        .into();
+        let ips: BTreeMap<IpAddr, Vec<String>> =
+            [(x, names(&["gw-b", "gw-c"])), (y, names(&["gw-b", "gw-c"])), (z, names(&["gw-b", "gw-d"])), (w, vec![])]
+                .into();
         let up: BTreeSet<String> = ["gw-b".to_string(), "gw-c".to_string()].into();
         let mut f = Failsafe::default();
         let (msgs, alone) = f.start(&ips, &up, t0);
@@ -153,6 +149,10 @@ mod tests {
         assert_eq!((sent, done), (t0, vec![x]));
         assert_eq!(f.refused, 1);
         assert!(f.on_reply("gw-c", id + 7, &[x], &[]).is_none(), "unknown round");
-        assert_eq!(f.on_reply("gw-c", id, &[x, y], &[]).unwrap().1, Vec::<IpAddr>::new(), "nothing twice, refused stays refused");
+        assert_eq!(
+            f.on_reply("gw-c", id, &[x, y], &[]).unwrap().1,
+            Vec::<IpAddr>::new(),
+            "nothing twice, refused stays refused"
+        );
     }
 }

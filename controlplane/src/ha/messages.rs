@@ -194,7 +194,11 @@ impl<'a> Reader<'a> {
         // Each element takes at least `min_each` bytes: a count larger than
         // what is left is a lie, refused before anything is allocated.
         if n.saturating_mul(min_each.max(1)) > self.buf.len() - self.at {
-            return Err(DecodeError::Invalid { kind: self.kind, what, detail: format!("{n} elements in {} bytes", self.buf.len() - self.at) });
+            return Err(DecodeError::Invalid {
+                kind: self.kind,
+                what,
+                detail: format!("{n} elements in {} bytes", self.buf.len() - self.at),
+            });
         }
         Ok(n)
     }
@@ -218,8 +222,7 @@ impl<'a> Reader<'a> {
         let b = self.take(2, what)?;
         let n = u16::from_be_bytes([b[0], b[1]]) as usize;
         let s = self.take(n, what)?;
-        String::from_utf8(s.to_vec())
-            .map_err(|e| DecodeError::Invalid { kind: self.kind, what, detail: e.to_string() })
+        String::from_utf8(s.to_vec()).map_err(|e| DecodeError::Invalid { kind: self.kind, what, detail: e.to_string() })
     }
 
     fn ips(&mut self, what: &'static str) -> Result<Vec<IpAddr>, DecodeError> {
@@ -390,9 +393,6 @@ mod tests {
         let mut lie = Vec::new();
         put_u64(&mut lie, 1);
         lie.extend_from_slice(&u32::MAX.to_be_bytes());
-        assert!(matches!(
-            Message::decode(kind::FAILSAFE_REQUEST, &lie),
-            Err(DecodeError::Invalid { what: "ips", .. })
-        ));
+        assert!(matches!(Message::decode(kind::FAILSAFE_REQUEST, &lie), Err(DecodeError::Invalid { what: "ips", .. })));
     }
 }

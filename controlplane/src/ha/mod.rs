@@ -22,9 +22,10 @@
 //! - the standby of each IP holds a copy of its sessions and installs it on
 //!   take-over, so flows keep their ports.
 //!
-//! [`Ha::start`] runs one task: channel events, a 50 ms tick (journal ->
-//! incremental changes, due full copies, failsafe rounds every retry
-//! period while renewals fail) and the sync loop's [`View`].
+//! [`Ha::start`] runs one task: channel events, a 20 ms tick (journal ->
+//! incremental changes, due full copies) and the sync loop's [`View`]. The
+//! sync loop itself starts failsafe rounds ([`Ha::failsafe_round`]), so they
+//! stop when it stops.
 
 pub mod auth;
 pub mod channel;
@@ -56,7 +57,7 @@ use crate::k8s::lease::LeaseManager;
 /// The channel's TCP port when `kubernetes.ha.port` is not set.
 pub const DEFAULT_PORT: u16 = 4720;
 /// How often the task looks at the journal and the due copies.
-const TICK: Duration = Duration::from_millis(50);
+const TICK: Duration = Duration::from_millis(20);
 /// Journal events taken per tick.
 const DRAIN_MAX: usize = 65_536;
 /// Sessions a standby keeps in all its shadows.
@@ -186,6 +187,8 @@ pub enum HaError {
 pub struct Ha {
     me: String,
     peers: Peers,
+    mgr: Arc<Mutex<LeaseManager>>,
+    wake: Arc<Notify>,
     state: Arc<Mutex<State>>,
     view: watch::Sender<View>,
     sessions: Option<Arc<dyn SessionStore>>,
@@ -236,18 +239,17 @@ impl Ha {
         let (view_tx, view_rx) = watch::channel(View::default());
         let counters = Arc::new(HaCounters::default());
         let task = tokio::spawn(run(Task {
-            me: me.to_string(),
             peers: peers.clone(),
             state: state.clone(),
-            mgr,
+            mgr: mgr.clone(),
             sessions: sessions.clone(),
-            wake,
+            wake: wake.clone(),
             counters: counters.clone(),
             peer_cache: opts.peer_cache.clone(),
             events,
             view: view_rx,
         }));
-        Ok(Ha { me: me.to_string(), peers, state, view: view_tx, sessions, counters, task })
+        Ok(Ha { me: me.to_string(), peers, mgr, wake, state, view: view_tx, sessions, counters, task })
     }
 
     /// The sync loop's view after a pass (only changes wake the task).
@@ -282,6 +284,34 @@ impl Ha {
                 "take-over: sessions of the previous holder installed"
             );
         }
+    }
+
+    /// Runs a failsafe round for the held IPs whose renewals fail, at most
+    /// once per retry period. Called by the sync loop on every pass, so
+    /// rounds stop when the loop stops (a dead loop must not keep its IPs
+    /// alive through its peers' promises).
+    pub fn failsafe_round(&self, view: &View) {
+        let now = Instant::now();
+        let round = {
+            let mut st = self.state.lock();
+            let due = !view.failing.is_empty() && st.last_round.is_none_or(|t| now >= t + view.retry_period * 3 / 4);
+            if !due {
+                return;
+            }
+            st.last_round = Some(now);
+            let ips: BTreeMap<IpAddr, Vec<String>> =
+                view.failing.iter().filter_map(|ip| view.held.get(ip).map(|others| (*ip, others.clone()))).collect();
+            let up = st.up.clone();
+            st.failsafe.start(&ips, &up, now)
+        };
+        let (msgs, alone) = round;
+        for (peer, m) in msgs {
+            let (k, payload) = m.encode();
+            if let Err(e) = self.peers.send(&peer, k, payload) {
+                tracing::debug!(peer = %peer, error = %e, "failsafe: request not sent");
+            }
+        }
+        confirm(&self.mgr, &self.wake, now, &alone);
     }
 
     /// Whether the standby of `ip` holds its latest full copy.
@@ -346,7 +376,6 @@ impl Ha {
 }
 
 struct Task {
-    me: String,
     peers: Peers,
     state: Arc<Mutex<State>>,
     mgr: Arc<Mutex<LeaseManager>>,
@@ -445,7 +474,7 @@ impl Task {
             Message::FailsafeReply { id, accepted, refused } => {
                 let done = self.state.lock().failsafe.on_reply(from, id, &accepted, &refused);
                 if let Some((sent, ips)) = done {
-                    self.confirm(sent, &ips);
+                    confirm(&self.mgr, &self.wake, sent, &ips);
                 }
             }
             Message::SyncAck { ip, epoch } => self.state.lock().replicator.on_ack(from, ip, epoch),
@@ -455,25 +484,6 @@ impl Task {
                     self.send(from, &a);
                 }
             }
-        }
-    }
-
-    fn confirm(&self, sent: Instant, ips: &[IpAddr]) {
-        if ips.is_empty() {
-            return;
-        }
-        let mut moved = Vec::new();
-        {
-            let mut mgr = self.mgr.lock();
-            for ip in ips {
-                if mgr.failsafe_confirmed(*ip, sent) {
-                    moved.push(*ip);
-                }
-            }
-        }
-        if !moved.is_empty() {
-            tracing::debug!(ips = ?moved, "failsafe: every eligible gateway agreed; deadlines moved");
-            self.wake.notify_one();
         }
     }
 
@@ -543,32 +553,28 @@ impl Task {
                 }
             }
         }
-        // Failsafe: every retry period while renewals fail.
-        let round = {
-            let mut st = self.state.lock();
-            let due = !st.view.failing.is_empty()
-                && st.last_round.is_none_or(|t| now >= t + st.view.retry_period.max(TICK));
-            if due {
-                st.last_round = Some(now);
-                let ips: BTreeMap<IpAddr, Vec<String>> = st
-                    .view
-                    .failing
-                    .iter()
-                    .filter_map(|ip| st.view.held.get(ip).map(|others| (*ip, others.clone())))
-                    .collect();
-                let up = st.up.clone();
-                Some(st.failsafe.start(&ips, &up, now))
-            } else {
-                None
+    }
+}
+
+/// Every other eligible gateway accepted `ips` in a round sent at `sent`:
+/// their deadlines move (if still held), and the sync loop runs to tell the
+/// data plane.
+fn confirm(mgr: &Mutex<LeaseManager>, wake: &Notify, sent: Instant, ips: &[IpAddr]) {
+    if ips.is_empty() {
+        return;
+    }
+    let mut moved = Vec::new();
+    {
+        let mut mgr = mgr.lock();
+        for ip in ips {
+            if mgr.failsafe_confirmed(*ip, sent) {
+                moved.push(*ip);
             }
-        };
-        if let Some((msgs, alone)) = round {
-            for (peer, m) in msgs {
-                self.send(&peer, &m);
-            }
-            self.confirm(now, &alone);
         }
-        let _ = &self.me;
+    }
+    if !moved.is_empty() {
+        tracing::debug!(ips = ?moved, "failsafe: every eligible gateway agreed; deadlines moved");
+        wake.notify_one();
     }
 }
 

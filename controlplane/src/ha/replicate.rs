@@ -137,8 +137,12 @@ impl Replicator {
         let mut per_ip: BTreeMap<IpAddr, (Vec<SessionRecord>, Vec<_>)> = BTreeMap::new();
         for e in events {
             match e {
-                SyncEvent::Upsert(r) if self.by_ip.contains_key(&r.egress) => per_ip.entry(r.egress).or_default().0.push(r),
-                SyncEvent::Remove(k) if self.by_ip.contains_key(&k.egress) => per_ip.entry(k.egress).or_default().1.push(k),
+                SyncEvent::Upsert(r) if self.by_ip.contains_key(&r.egress) => {
+                    per_ip.entry(r.egress).or_default().0.push(r)
+                }
+                SyncEvent::Remove(k) if self.by_ip.contains_key(&k.egress) => {
+                    per_ip.entry(k.egress).or_default().1.push(k)
+                }
                 _ => {}
             }
         }

@@ -19,34 +19,20 @@ use tokio::time::Instant;
 
 use super::messages::Message;
 
-/// What identifies a session: its outbound key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Key {
-    proto: u8,
-    pod: IpAddr,
-    pod_port: u16,
-    remote: IpAddr,
-    remote_port: u16,
-}
+/// What identifies a session: its whole tuple, translated port included
+/// (a removal of an older session of the same flow on another port must
+/// not remove the newer one: `nat::sync`'s drain order).
+type Key = SessionKeyRecord;
 
-impl Key {
-    /// The key of a record.
-    pub fn of(r: &SessionRecord) -> Key {
-        Key { proto: r.proto, pod: r.pod, pod_port: r.pod_port, remote: r.remote, remote_port: r.remote_port }
-    }
-
-    /// The key of a removal.
-    pub fn of_removal(r: &SessionKeyRecord) -> Key {
-        Key { proto: r.proto, pod: r.pod, pod_port: r.pod_port, remote: r.remote, remote_port: r.remote_port }
-    }
-}
+/// Sessions with the local time each arrived.
+type Sessions = HashMap<Key, (SessionRecord, Instant)>;
 
 #[derive(Debug)]
 struct Shadow {
     holder: String,
-    sessions: HashMap<Key, (SessionRecord, Instant)>,
+    sessions: Sessions,
     /// A full copy being received: (epoch, records so far).
-    pending: Option<(u64, HashMap<Key, (SessionRecord, Instant)>)>,
+    pending: Option<(u64, Sessions)>,
     /// The last full copy that completed.
     complete: Option<u64>,
     updated: Instant,
@@ -85,11 +71,8 @@ impl Standby {
     }
 
     fn count(&mut self) {
-        self.held = self
-            .by_ip
-            .values()
-            .map(|s| s.sessions.len() + s.pending.as_ref().map_or(0, |(_, p)| p.len()))
-            .sum();
+        self.held =
+            self.by_ip.values().map(|s| s.sessions.len() + s.pending.as_ref().map_or(0, |(_, p)| p.len())).sum();
     }
 
     /// Takes in a message from `from`; returns the answer to send back, if any.
@@ -116,7 +99,7 @@ impl Standby {
                 if let Some(t) = target {
                     let mut room = room;
                     for r in upserts {
-                        let k = Key::of(&r);
+                        let k = r.key();
                         if t.contains_key(&k) || room > 0 {
                             if !t.contains_key(&k) {
                                 room -= 1;
@@ -127,7 +110,7 @@ impl Standby {
                         }
                     }
                     for r in removes {
-                        t.remove(&Key::of_removal(&r));
+                        t.remove(&r);
                     }
                 }
                 sh.updated = now;
@@ -237,5 +220,81 @@ impl Standby {
                 age: now.saturating_duration_since(s.updated),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn rec(pod_port: u16, idle_secs: u32) -> SessionRecord {
+        SessionRecord {
+            proto: 17,
+            pod: "198.18.0.11".parse().unwrap(),
+            pod_port,
+            remote: "203.0.113.80".parse().unwrap(),
+            remote_port: 53,
+            egress: "198.51.100.10".parse().unwrap(),
+            egress_port: pod_port,
+            tcp: 0,
+            tcp_track: 0,
+            flags: 0,
+            idle_secs,
+        }
+    }
+
+    #[test]
+    fn a_full_copy_replaces_the_shadow_and_only_a_complete_one_is_acknowledged() {
+        let t0 = Instant::now();
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let mut s = Standby::new(100);
+        // Incremental changes before any copy: kept, not in sync.
+        s.on_message("gw-1", Message::Sessions { ip, epoch: 0, upserts: vec![rec(1, 0)], removes: vec![] }, t0);
+        assert_eq!(s.status(t0)[0].in_sync, false);
+        // A complete copy replaces it (port 1 is gone on the holder).
+        assert_eq!(s.on_message("gw-1", Message::FullBegin { ip, epoch: 5 }, t0), None);
+        s.on_message(
+            "gw-1",
+            Message::Sessions { ip, epoch: 5, upserts: vec![rec(2, 3), rec(3, 0)], removes: vec![] },
+            t0,
+        );
+        let ack = s.on_message("gw-1", Message::FullEnd { ip, epoch: 5, count: 2 }, t0);
+        assert_eq!(ack, Some(Message::SyncAck { ip, epoch: 5 }));
+        assert_eq!(s.sessions(), 2);
+        // Incremental removal, then take-over 10 s later: ages grew by 10 s.
+        s.on_message("gw-1", Message::Sessions { ip, epoch: 0, upserts: vec![], removes: vec![rec(3, 0).key()] }, t0);
+        let (holder, mut got) = s.take(ip, t0 + Duration::from_secs(10)).unwrap();
+        got.sort_by_key(|r| r.pod_port);
+        assert_eq!(holder, "gw-1");
+        assert_eq!(got, vec![rec(2, 13)]);
+        assert_eq!(s.sessions(), 0);
+        // A copy with records missing (count differs) is kept but not acknowledged.
+        s.on_message("gw-1", Message::FullBegin { ip, epoch: 6 }, t0);
+        s.on_message("gw-1", Message::Sessions { ip, epoch: 6, upserts: vec![rec(4, 0)], removes: vec![] }, t0);
+        assert_eq!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 6, count: 2 }, t0), None);
+        // Another holder's messages replace the shadow; DropShadow from a
+        // gateway that is not the holder is ignored.
+        s.on_message("gw-2", Message::FullBegin { ip, epoch: 1 }, t0);
+        assert_eq!(s.status(t0)[0].holder, "gw-2");
+        s.on_message("gw-1", Message::DropShadow { ip }, t0);
+        assert_eq!(s.status(t0).len(), 1);
+        s.on_message("gw-2", Message::DropShadow { ip }, t0);
+        assert!(s.status(t0).is_empty());
+    }
+
+    #[test]
+    fn the_memory_bound_refuses_records_and_the_copy_is_not_acknowledged() {
+        let t0 = Instant::now();
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let mut s = Standby::new(2);
+        s.on_message("gw-1", Message::FullBegin { ip, epoch: 1 }, t0);
+        s.on_message(
+            "gw-1",
+            Message::Sessions { ip, epoch: 1, upserts: (1..=3).map(|p| rec(p, 0)).collect(), removes: vec![] },
+            t0,
+        );
+        assert_eq!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 1, count: 3 }, t0), None);
+        assert_eq!((s.sessions(), s.refused), (2, 1));
     }
 }

@@ -44,9 +44,9 @@ use kube::api::{Api, DeleteParams, PartialObjectMeta, Patch, PatchParams, PostPa
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
+use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -54,8 +54,8 @@ use tokio::time::Instant;
 use super::crd::{
     reason, EgressIPPool, EgressPolicy, LEASE_IP_ANNOTATION, LEASE_LABEL, LEASE_LABEL_VALUE, LEASE_NEXT_HOP_ANNOTATION,
 };
-use super::lease::FAILSAFE_ANNOTATION;
 use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
+use super::lease::FAILSAFE_ANNOTATION;
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
 use super::{observe, Heartbeat, K8sError, K8sOptions};
 use crate::sink::TablesSink;
@@ -475,7 +475,9 @@ impl SyncLoop {
         }
 
         if let Some(ha) = &self.ha {
-            ha.update(self.ha_view(&d, &leases, now));
+            let view = self.ha_view(&d, &leases, now);
+            ha.failsafe_round(&view);
+            ha.update(view);
         }
 
         if self.is_status_writer(&obs, wall) {

@@ -191,9 +191,10 @@ pub fn lease_record(l: &Lease) -> LeaseRecord {
         transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
         acquire_time: spec.and_then(|s| s.acquire_time.as_ref()).map(|t| t.0),
         renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
-        failsafe: l.annotations().get(crate::k8s::lease::FAILSAFE_ANNOTATION).map(|v| {
-            v.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect()
-        }),
+        failsafe: l
+            .annotations()
+            .get(crate::k8s::lease::FAILSAFE_ANNOTATION)
+            .map(|v| v.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect()),
     }
 }
 

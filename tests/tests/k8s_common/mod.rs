@@ -263,9 +263,15 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn start(client: kube::Client, name: &str, lease_ns: &str) -> Gateway {
-        let sink = Arc::new(FakeSink::default());
         let mut opts = K8sOptions::new(name);
         opts.lease_namespace = lease_ns.into();
+        Gateway::start_with(client, opts)
+    }
+
+    /// A gateway with these options (its name is `opts.node_name`).
+    pub fn start_with(client: kube::Client, opts: K8sOptions) -> Gateway {
+        let sink = Arc::new(FakeSink::default());
+        let name = opts.node_name.clone();
         let (tx, rx) = oneshot::channel::<()>();
         let s: Arc<dyn TablesSink> = sink.clone();
         let task = tokio::spawn(async move {
@@ -274,7 +280,7 @@ impl Gateway {
             };
             run(client, opts, s, shutdown).await.expect("control plane");
         });
-        Gateway { name: name.into(), sink, stop: Some(tx), task: Some(task) }
+        Gateway { name, sink, stop: Some(tx), task: Some(task) }
     }
 
     /// Crash: the task is dropped where it stands (no release).
