@@ -251,7 +251,7 @@ mod tests {
         let mut s = Standby::new(100);
         // Incremental changes before any copy: kept, not in sync.
         s.on_message("gw-1", Message::Sessions { ip, epoch: 0, upserts: vec![rec(1, 0)], removes: vec![] }, t0);
-        assert_eq!(s.status(t0)[0].in_sync, false);
+        assert!(!s.status(t0)[0].in_sync);
         // A complete copy replaces it (port 1 is gone on the holder).
         assert_eq!(s.on_message("gw-1", Message::FullBegin { ip, epoch: 5 }, t0), None);
         s.on_message(
