@@ -368,10 +368,90 @@ pub mod render {
             })
             .collect();
         out.push_str(&table(&["ADDRESS", "KIND", "PORTS", "ANSWERS ARP/NDP"], &rows));
+        if let Some(c) = &s.cluster {
+            out.push_str(&cluster(c));
+        }
         if !s.policy_errors.is_empty() {
             out.push_str("\npolicy errors:\n");
             for e in &s.policy_errors {
                 out.push_str(&format!("  {e}\n"));
+            }
+        }
+        out
+    }
+
+    /// Kubernetes mode: who holds which IP and why, the standbys, the peers.
+    fn cluster(c: &crate::view::ClusterReport) -> String {
+        let yn = |b: bool| if b { "yes".to_string() } else { "no".to_string() };
+        let mut out = format!(
+            "\nnode {}: last pass {} ms ago; channel between gateways: {}\n",
+            c.node,
+            c.last_pass_ms,
+            if !c.ha {
+                "off".to_string()
+            } else if c.end_authenticated {
+                "on (a crashed peer is told from a silent one)".to_string()
+            } else {
+                "on, WITHOUT TCP-MD5 (a crashed peer waits for its Lease)".to_string()
+            }
+        );
+        let rows: Vec<Vec<String>> = c
+            .leases
+            .iter()
+            .map(|l| {
+                let state = match (l.held_here, l.renew_failing) {
+                    (true, true) => "held (API unreachable: failsafe)".to_string(),
+                    (true, false) => "held".to_string(),
+                    (false, _) => match &l.holder {
+                        Some(h) => format!("held by {h}"),
+                        None => "free".to_string(),
+                    },
+                };
+                vec![
+                    l.ip.to_string(),
+                    state,
+                    l.valid_for_ms.map_or("-".into(), |v| format!("{v} ms")),
+                    l.candidates.join(","),
+                    match (&l.standby, l.standby_in_sync) {
+                        (Some(s), Some(sync)) => format!("{s} ({})", if sync { "in sync" } else { "syncing" }),
+                        _ => "-".into(),
+                    },
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["EGRESS IP", "LEASE", "VALID FOR", "CANDIDATES", "STANDBY"], &rows));
+        if c.ha {
+            out.push('\n');
+            let rows: Vec<Vec<String>> = c
+                .peers
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.name.clone(),
+                        p.addr.clone(),
+                        p.state.clone(),
+                        format!("{} ms", p.since_ms),
+                        p.last_end.clone().unwrap_or_else(|| "-".into()),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(&["PEER", "ADDRESS", "STATE", "SINCE", "LAST END"], &rows));
+            if !c.shadows.is_empty() {
+                out.push('\n');
+                let rows: Vec<Vec<String>> = c
+                    .shadows
+                    .iter()
+                    .map(|x| {
+                        vec![
+                            x.ip.to_string(),
+                            x.holder.clone(),
+                            x.sessions.to_string(),
+                            yn(x.in_sync),
+                            format!("{} ms", x.age_ms),
+                        ]
+                    })
+                    .collect();
+                out.push_str(&table(&["STANDBY FOR", "HOLDER", "SESSIONS", "COMPLETE", "LAST MESSAGE"], &rows));
             }
         }
         out

@@ -204,7 +204,111 @@ pub fn render(view: &dyn GatewayView) -> String {
             o.sample(name, &[("worker", &w), ("interface", &r.interface), ("queue", &q)], get(r));
         }
     }
+    if let Some(c) = &status.cluster {
+        render_cluster(&mut o, c);
+    }
     o.0
+}
+
+/// Kubernetes mode: Leases, peers, standbys (issue 16 §6).
+fn render_cluster(o: &mut Out, c: &crate::view::ClusterReport) {
+    o.family("lease_held", "gauge", "1 while this gateway serves the egress IP under its Lease.");
+    for l in &c.leases {
+        let ip = l.ip.to_string();
+        o.sample("lease_held", &[("ip", &ip)], u64::from(l.held_here));
+    }
+    o.family(
+        "lease_valid_for_milliseconds",
+        "gauge",
+        "How long this gateway may still serve the IP without another renewal or failsafe acknowledgment.",
+    );
+    for l in c.leases.iter().filter(|l| l.held_here) {
+        let ip = l.ip.to_string();
+        o.sample("lease_valid_for_milliseconds", &[("ip", &ip)], l.valid_for_ms.unwrap_or(0));
+    }
+    o.family(
+        "lease_renew_failing",
+        "gauge",
+        "1 while the IP's renewals fail for want of an API server (kept by the failsafe if every peer agrees).",
+    );
+    for l in c.leases.iter().filter(|l| l.held_here) {
+        let ip = l.ip.to_string();
+        o.sample("lease_renew_failing", &[("ip", &ip)], u64::from(l.renew_failing));
+    }
+    o.family("standby_in_sync", "gauge", "1 while the standby of a held IP holds its latest session copy.");
+    for l in c.leases.iter().filter(|l| l.held_here) {
+        let (ip, sb) = (l.ip.to_string(), l.standby.clone().unwrap_or_default());
+        o.sample("standby_in_sync", &[("ip", &ip), ("standby", &sb)], u64::from(l.standby_in_sync == Some(true)));
+    }
+    o.family("shadow_sessions", "gauge", "Sessions copied from another gateway for an IP this gateway stands by for.");
+    for x in &c.shadows {
+        let ip = x.ip.to_string();
+        o.sample("shadow_sessions", &[("ip", &ip), ("holder", &x.holder)], x.sessions);
+    }
+    o.family("peer_up", "gauge", "1 while the channel to the peer gateway is up.");
+    for p in &c.peers {
+        o.sample("peer_up", &[("peer", &p.name)], u64::from(p.state == "up"));
+    }
+    o.family("peer_queue_bytes", "gauge", "Bytes queued on the channel to the peer.");
+    for p in &c.peers {
+        o.sample("peer_queue_bytes", &[("peer", &p.name)], p.queue_bytes);
+    }
+    o.family("control_plane_last_pass_milliseconds", "gauge", "Since the Kubernetes sync loop last ran a pass.");
+    o.sample("control_plane_last_pass_milliseconds", &[], c.last_pass_ms);
+    let k = &c.counters;
+    let counters: [(&str, &str, u64); 15] = [
+        ("lease_takeovers_total", "Egress IPs this gateway took (created or acquired a Lease).", k.takeovers),
+        (
+            "lease_fenced_total",
+            "Egress IPs this gateway stopped serving (deadline, foreign record, not eligible, stop).",
+            k.fenced,
+        ),
+        ("lease_api_errors_total", "Lease requests that failed for want of an API server.", k.lease_api_errors),
+        (
+            "lease_conflicts_total",
+            "Lease requests refused because another gateway changed the Lease first.",
+            k.lease_conflicts,
+        ),
+        (
+            "failsafe_confirmed_total",
+            "Held IPs kept through an API outage because every other eligible gateway agreed.",
+            k.failsafe_confirmed,
+        ),
+        ("failsafe_refused_total", "Held IPs a peer refused to vouch for.", k.failsafe_refused),
+        ("failsafe_promises_total", "Failsafe requests of other gateways this gateway accepted.", k.promises_given),
+        (
+            "peers_gone_total",
+            "Peers whose process was proven dead (authenticated end of the channel without goodbye).",
+            k.peers_gone,
+        ),
+        (
+            "early_takeovers_allowed_total",
+            "IPs freed before their Lease expired because their holder died.",
+            k.early_takeovers_allowed,
+        ),
+        ("sessions_imported_total", "Sessions of a previous holder installed on take-over.", k.sessions_imported),
+        (
+            "sessions_not_imported_total",
+            "Sessions of a previous holder that could not be installed.",
+            k.sessions_not_imported,
+        ),
+        ("sync_records_total", "Session records sent to standbys.", k.sync_records_sent),
+        ("sync_full_copies_total", "Full session copies sent to standbys.", k.sync_full_copies),
+        (
+            "sync_journal_overflows_total",
+            "Session changes lost to a full journal (each forces full copies).",
+            k.sync_journal_overflows,
+        ),
+        (
+            "sync_sends_refused_total",
+            "Frames the peer channel refused (queue full; each forces a full copy).",
+            k.sync_sends_refused,
+        ),
+    ];
+    for (name, help, v) in counters {
+        o.family(name, "counter", help);
+        o.sample(name, &[], v);
+    }
 }
 
 fn response(code: u16, reason: &str, content_type: &str, body: &str) -> Vec<u8> {
@@ -216,8 +320,9 @@ fn response(code: u16, reason: &str, content_type: &str, body: &str) -> Vec<u8> 
 }
 
 /// The response to one request head (`GET /path HTTP/1.1 ...`); `ready` is
-/// `Err(why)` while the gateway is not ready (`/ready` answers 503 with why).
-pub fn respond(view: &dyn GatewayView, ready: Result<(), String>, head: &str) -> Vec<u8> {
+/// `Err(why)` while the gateway is not ready (`/ready` answers 503 with why),
+/// `alive` while its control plane is dead (`/healthz`: the liveness probe).
+pub fn respond(view: &dyn GatewayView, ready: Result<(), String>, alive: Result<(), String>, head: &str) -> Vec<u8> {
     let mut words = head.split_whitespace();
     let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     if method != "GET" {
@@ -229,7 +334,11 @@ pub fn respond(view: &dyn GatewayView, ready: Result<(), String>, head: &str) ->
             Ok(()) => response(200, "OK", "text/plain", "ready\n"),
             Err(why) => response(503, "Service Unavailable", "text/plain", &format!("not ready: {why}\n")),
         },
-        _ => response(404, "Not Found", "text/plain", "try /metrics or /ready\n"),
+        "/healthz" => match alive {
+            Ok(()) => response(200, "OK", "text/plain", "ok\n"),
+            Err(why) => response(503, "Service Unavailable", "text/plain", &format!("not alive: {why}\n")),
+        },
+        _ => response(404, "Not Found", "text/plain", "try /metrics, /ready or /healthz\n"),
     }
 }
 
@@ -238,8 +347,9 @@ pub async fn serve(
     listener: TcpListener,
     view: Arc<dyn GatewayView>,
     ready: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+    alive: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
 ) {
-    serve_heads(listener, Arc::new(move |head: &str| respond(view.as_ref(), ready(), head))).await;
+    serve_heads(listener, Arc::new(move |head: &str| respond(view.as_ref(), ready(), alive(), head))).await;
 }
 
 /// A plain-text HTTP handler: path -> (status code, content type, body).
@@ -360,24 +470,30 @@ mod tests {
 
     #[test]
     fn http_routes() {
-        let ok = String::from_utf8(respond(&Fake, Ok(()), "GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")).unwrap();
+        let ok = String::from_utf8(respond(&Fake, Ok(()), Ok(()), "GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")).unwrap();
         assert!(ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\nready\n"), "{ok}");
         let not = String::from_utf8(respond(
             &Fake,
             Err("next hop 203.0.113.1 on eth0".into()),
+            Ok(()),
             "GET /ready HTTP/1.1\r\n\r\n",
         ))
         .unwrap();
         assert!(not.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{not}");
         assert!(not.ends_with("\r\n\r\nnot ready: next hop 203.0.113.1 on eth0\n"), "{not}");
-        let m = String::from_utf8(respond(&Fake, Ok(()), "GET /metrics HTTP/1.1\r\n\r\n")).unwrap();
+        let h = String::from_utf8(respond(&Fake, Ok(()), Ok(()), "GET /healthz HTTP/1.1\r\n\r\n")).unwrap();
+        assert!(h.starts_with("HTTP/1.1 200 OK\r\n"), "{h}");
+        let dead = "the Kubernetes sync loop has not run for 9000 ms";
+        let h = String::from_utf8(respond(&Fake, Ok(()), Err(dead.into()), "GET /healthz HTTP/1.1\r\n\r\n")).unwrap();
+        assert!(h.starts_with("HTTP/1.1 503") && h.ends_with(&format!("not alive: {dead}\n")), "{h}");
+        let m = String::from_utf8(respond(&Fake, Ok(()), Ok(()), "GET /metrics HTTP/1.1\r\n\r\n")).unwrap();
         let (head, body) = m.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
         assert!(head.contains("text/plain; version=0.0.4"));
-        assert!(String::from_utf8(respond(&Fake, Ok(()), "GET /x HTTP/1.1\r\n\r\n"))
+        assert!(String::from_utf8(respond(&Fake, Ok(()), Ok(()), "GET /x HTTP/1.1\r\n\r\n"))
             .unwrap()
             .starts_with("HTTP/1.1 404"));
-        assert!(String::from_utf8(respond(&Fake, Ok(()), "POST /metrics HTTP/1.1\r\n\r\n"))
+        assert!(String::from_utf8(respond(&Fake, Ok(()), Ok(()), "POST /metrics HTTP/1.1\r\n\r\n"))
             .unwrap()
             .starts_with("HTTP/1.1 405"));
     }

@@ -87,6 +87,9 @@ pub struct Status {
     /// Times the fail-closed nftables table could not be installed.
     #[serde(default)]
     pub fail_closed_errors: u64,
+    /// Kubernetes mode: Leases, peers, standbys (None in file mode).
+    #[serde(default)]
+    pub cluster: Option<ClusterReport>,
     /// Live sessions: (IPv4, IPv6).
     pub sessions: (u64, u64),
     /// Session capacity per family.
@@ -279,6 +282,123 @@ impl SessionFilter {
 }
 
 /// A running gateway, as the admin socket and metrics see it.
+/// The Kubernetes control plane as `egret status` and the metrics show it
+/// (issue 16 §6): every egress IP's Lease, the peers, the standbys.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterReport {
+    /// This gateway's Node name.
+    pub node: String,
+    /// Whether the first pass over the cluster's state ran.
+    pub first_pass: bool,
+    /// Milliseconds since the sync loop last ran a pass.
+    pub last_pass_ms: u64,
+    /// Whether the channel between gateways runs.
+    pub ha: bool,
+    /// Whether a crashed peer can be told from a silent one (TCP-MD5).
+    pub end_authenticated: bool,
+    /// Every egress IP in use.
+    pub leases: Vec<LeaseRow>,
+    /// The channel's peers.
+    pub peers: Vec<PeerRow>,
+    /// IPs this gateway stands by for.
+    pub shadows: Vec<ShadowRow>,
+    /// IPs held elsewhere for which this gateway is the first standby but
+    /// holds no complete copy yet (readiness waits for them, bounded).
+    pub standby_pending: Vec<IpAddr>,
+    /// Counters.
+    pub counters: ClusterCounters,
+}
+
+/// One egress IP's Lease as this gateway sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRow {
+    /// The IP.
+    pub ip: IpAddr,
+    /// The holder named by the Lease (None: released or absent).
+    pub holder: Option<String>,
+    /// Whether this gateway serves it now.
+    pub held_here: bool,
+    /// Milliseconds this gateway may still serve it without another renewal.
+    pub valid_for_ms: Option<u64>,
+    /// Its eligible gateways, most preferred first.
+    pub candidates: Vec<String>,
+    /// Held here: its renewals fail (API server unreachable): kept by failsafe.
+    pub renew_failing: bool,
+    /// Held here: its standby.
+    pub standby: Option<String>,
+    /// Held here: whether the standby holds its latest copy.
+    pub standby_in_sync: Option<bool>,
+}
+
+/// One peer on the channel.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerRow {
+    /// Node name.
+    pub name: String,
+    /// Its channel address.
+    pub addr: String,
+    /// Connection state.
+    pub state: String,
+    /// Its process incarnation while up.
+    pub incarnation: Option<u64>,
+    /// Milliseconds in this state.
+    pub since_ms: u64,
+    /// How its last connection ended.
+    pub last_end: Option<String>,
+    /// Bytes queued to it.
+    pub queue_bytes: u64,
+}
+
+/// One shadow copy held for another gateway.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowRow {
+    /// The IP.
+    pub ip: IpAddr,
+    /// Its holder.
+    pub holder: String,
+    /// Sessions copied.
+    pub sessions: u64,
+    /// Whether a complete copy arrived.
+    pub in_sync: bool,
+    /// Milliseconds since the last message.
+    pub age_ms: u64,
+}
+
+/// Counters of the Kubernetes control plane and the channel.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterCounters {
+    /// IPs taken over (create or acquire).
+    pub takeovers: u64,
+    /// IPs fenced (deadline passed, foreign record, not eligible, stop).
+    pub fenced: u64,
+    /// Lease requests that failed for want of an API server.
+    pub lease_api_errors: u64,
+    /// Lease requests refused by a conflict.
+    pub lease_conflicts: u64,
+    /// Failsafe: IPs kept by every other gateway's acceptance.
+    pub failsafe_confirmed: u64,
+    /// Failsafe: IPs some peer refused.
+    pub failsafe_refused: u64,
+    /// Failsafe requests this gateway accepted (promises given).
+    pub promises_given: u64,
+    /// Peers proven dead.
+    pub peers_gone: u64,
+    /// IPs freed early because their holder died.
+    pub early_takeovers_allowed: u64,
+    /// Shadow sessions installed on take-over.
+    pub sessions_imported: u64,
+    /// Shadow sessions that could not be installed.
+    pub sessions_not_imported: u64,
+    /// Session records sent to standbys.
+    pub sync_records_sent: u64,
+    /// Full copies sent.
+    pub sync_full_copies: u64,
+    /// Journal overflows (each forces full copies).
+    pub sync_journal_overflows: u64,
+    /// Frames the channel refused (queue full).
+    pub sync_sends_refused: u64,
+}
+
 pub trait GatewayView: Send + Sync + 'static {
     /// `egret status`.
     fn status(&self) -> Status;

@@ -161,6 +161,8 @@ pub struct Shared {
     pub started: Instant,
     /// Whether the routes' next hops are resolved (netlink.rs).
     pub next_hops: Arc<crate::netlink::NextHopStatus>,
+    /// Kubernetes mode: the sync loop's heartbeat and report (set once it starts).
+    pub cluster: std::sync::OnceLock<Arc<crate::k8s::Heartbeat>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -187,7 +189,34 @@ impl Shared {
         if let Some(w) = self.workers.iter().find(|w| !w.running.load(Ordering::Acquire)) {
             return Some(format!("worker {} is not running", w.queue));
         }
-        self.next_hops.not_ready()
+        if let Some(n) = self.next_hops.not_ready() {
+            return Some(n);
+        }
+        if let Some(hb) = self.cluster.get() {
+            match hb.report() {
+                None => return Some("the Kubernetes state is not loaded yet".into()),
+                Some(r) if !r.standby_pending.is_empty() => {
+                    return Some(format!(
+                        "waiting for the session copies this gateway stands by for: {:?}",
+                        r.standby_pending
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        None
+    }
+
+    /// `Err(why)` when the Kubernetes control plane has stopped beating
+    /// (the liveness probe, `/healthz`): its deadline is `limit`.
+    pub fn not_alive(&self, limit: Duration) -> Option<String> {
+        let hb = self.cluster.get()?;
+        match hb.age(tokio::time::Instant::now().into_std()) {
+            Some(age) if age > limit => {
+                Some(format!("the Kubernetes sync loop has not run for {} ms", age.as_millis()))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -536,6 +565,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         restart_pending: Mutex::new(Vec::new()),
         started,
         next_hops: running_watcher.next_hop_status(),
+        cluster: std::sync::OnceLock::new(),
     });
     let view: Arc<dyn crate::view::GatewayView> = Arc::new(view::LiveView(shared.clone()));
 
@@ -555,10 +585,15 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         .await
         .map_err(|e| start_err(format!("metrics listener {}", cfg.metrics_listen))(e.to_string()))?;
     let ready_shared = shared.clone();
+    let alive_shared = shared.clone();
+    // Dead: the sync loop silent for longer than the watchdog allows.
+    let alive_limit =
+        cfg.kubernetes.as_ref().map_or(Duration::MAX, |k| k.lease_duration + crate::failclosed::NFT_TIMEOUT);
     let metrics_task = tokio::spawn(crate::metrics::serve(
         metrics_listener,
         view.clone(),
         Arc::new(move || ready_shared.not_ready().map_or(Ok(()), Err)),
+        Arc::new(move || alive_shared.not_alive(alive_limit).map_or(Ok(()), Err)),
     ));
 
     sink.announce(&announced(&cfg.tables));
@@ -570,6 +605,9 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         None => None,
         Some(k) => Some(spawn_kubernetes(k, &cfg, sink.clone(), k8s_stop_rx).await?),
     };
+    if let Some((_, heartbeat)) = &k8s_task {
+        let _ = shared.cluster.set(heartbeat.clone());
+    }
     // Supervision outside this runtime: a sync loop that stops beating is
     // fenced and the process ends (the data plane's valid-until has already
     // stopped serving its IPs by then; this makes the gateway restart).

@@ -74,6 +74,7 @@ impl GatewayView for LiveView {
             .collect();
         owned.sort_by_key(|o| o.ip);
         Status {
+            cluster: s.cluster.get().and_then(|h| h.report()),
             config_file: cfg.file.clone(),
             generation: tables.generation,
             uptime_secs: s.started.elapsed().as_secs(),

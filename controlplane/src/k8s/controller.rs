@@ -69,6 +69,9 @@ pub const REPORTING_CONTROLLER: &str = "egret.dev/gateway";
 const STATUS_RESEND: Duration = Duration::from_secs(5);
 /// How long a graceful shutdown waits for its Lease releases.
 const RELEASE_WAIT: Duration = Duration::from_secs(2);
+/// How long readiness waits for this gateway's standby copies after its
+/// first pass (a rolling update goes on to the next gateway once it is ready).
+const STANDBY_READY_WAIT: Duration = Duration::from_secs(20);
 /// How long a graceful stop waits for the standbys' session copies.
 const HANDOVER_SYNC_WAIT: Duration = Duration::from_secs(2);
 
@@ -408,6 +411,12 @@ struct SyncLoop {
     /// Held IPs whose last renewal failed for want of an API server (the
     /// failsafe asks the peers for them).
     renew_failing: BTreeSet<IpAddr>,
+    /// Counted for the report.
+    counters: crate::view::ClusterCounters,
+    /// Where the report goes.
+    heartbeat: Arc<Heartbeat>,
+    /// When the first pass ran (readiness waits a bounded time for standby copies).
+    first_pass_at: Option<Instant>,
 }
 
 fn announced(spec: &TablesSpec) -> BTreeSet<IpAddr> {
@@ -435,6 +444,7 @@ impl SyncLoop {
         let me = self.opts.node_name.clone();
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
         let fenced = self.mgr.lock().fence(now, &competing);
+        self.counters.fenced += fenced.len() as u64;
         // The data plane stops serving fenced IPs now, whether or not the
         // tables below can be applied.
         self.push_valid_until();
@@ -479,6 +489,8 @@ impl SyncLoop {
             ha.failsafe_round(&view);
             ha.update(view);
         }
+        self.first_pass_at.get_or_insert(now);
+        self.heartbeat.publish(self.report(&d, &leases, now));
 
         if self.is_status_writer(&obs, wall) {
             self.write_status(&d, now);
@@ -556,10 +568,106 @@ impl SyncLoop {
         }
     }
 
+    /// What `egret status` and the metrics show (issue 16 §6).
+    fn report(&self, d: &Desired, leases: &BTreeMap<IpAddr, LeaseRecord>, now: Instant) -> crate::view::ClusterReport {
+        use crate::view::{ClusterReport, LeaseRow, PeerRow, ShadowRow};
+        let me = self.opts.node_name.as_str();
+        let ha = self.ha.as_ref().map(|h| (h.status(), h.counters().clone()));
+        let mgr = self.mgr.lock();
+        let held = mgr.held(now);
+        let mut rows = Vec::new();
+        for (ip, a) in &d.ips {
+            let holder = leases.get(ip).and_then(|r| r.holder.clone()).filter(|h| !h.is_empty());
+            let replica = ha.as_ref().and_then(|(s, _)| s.replicas.iter().find(|r| r.ip == *ip));
+            rows.push(LeaseRow {
+                ip: *ip,
+                holder,
+                held_here: held.contains(ip),
+                valid_for_ms: mgr.deadline(*ip).map(|t| t.saturating_duration_since(now).as_millis() as u64),
+                candidates: a.candidates.clone(),
+                renew_failing: self.renew_failing.contains(ip),
+                standby: replica.map(|r| r.standby.clone()),
+                standby_in_sync: replica.map(|r| r.in_sync),
+            });
+        }
+        drop(mgr);
+        let mut report = ClusterReport {
+            node: me.to_string(),
+            first_pass: true,
+            last_pass_ms: 0,
+            ha: ha.is_some(),
+            leases: rows,
+            counters: self.counters.clone(),
+            ..Default::default()
+        };
+        if let Some((s, c)) = ha {
+            use std::sync::atomic::Ordering::Relaxed;
+            report.end_authenticated = s.end_authenticated;
+            report.peers = s
+                .peers
+                .iter()
+                .map(|p| PeerRow {
+                    name: p.name.clone(),
+                    addr: p.addr.to_string(),
+                    state: format!("{:?}", p.state).to_lowercase(),
+                    incarnation: p.incarnation,
+                    since_ms: p.since.elapsed().as_millis() as u64,
+                    last_end: p.last_end.as_ref().map(|e| e.to_string()),
+                    queue_bytes: p.queue_bytes as u64,
+                })
+                .collect();
+            report.shadows = s
+                .shadows
+                .iter()
+                .map(|x| ShadowRow {
+                    ip: x.ip,
+                    holder: x.holder.clone(),
+                    sessions: x.sessions as u64,
+                    in_sync: x.in_sync,
+                    age_ms: x.age.as_millis() as u64,
+                })
+                .collect();
+            // The IPs whose first standby is this gateway, held by a peer
+            // that is up, without a complete copy here yet.
+            let up: BTreeSet<&str> =
+                s.peers.iter().filter(|p| p.incarnation.is_some()).map(|p| p.name.as_str()).collect();
+            for row in &report.leases {
+                let Some(h) = row.holder.as_deref().filter(|h| *h != me && up.contains(h)) else { continue };
+                let first =
+                    row.candidates.iter().find(|c| c.as_str() != h && up.contains(c.as_str()) || c.as_str() == me);
+                if first.map(String::as_str) == Some(me) && !s.shadows.iter().any(|x| x.ip == row.ip && x.in_sync) {
+                    report.standby_pending.push(row.ip);
+                }
+            }
+            let k = &mut report.counters;
+            k.failsafe_confirmed = s.failsafe_confirmed;
+            k.failsafe_refused = s.failsafe_refused;
+            k.promises_given = c.promises_given.load(Relaxed);
+            k.peers_gone = c.peers_gone.load(Relaxed);
+            k.early_takeovers_allowed = c.early_takeovers_allowed.load(Relaxed);
+            k.sessions_imported = c.sessions_imported.load(Relaxed);
+            k.sessions_not_imported = c.sessions_not_imported.load(Relaxed);
+            k.sync_records_sent = s.records_sent;
+            k.sync_full_copies = s.full_copies;
+            k.sync_journal_overflows = s.journal_overflows;
+            k.sync_sends_refused = c.sends_refused.load(Relaxed);
+        }
+        // Readiness waits for standby copies at most this long after the first pass.
+        if self.first_pass_at.is_some_and(|t| now >= t + STANDBY_READY_WAIT) {
+            report.standby_pending.clear();
+        }
+        report
+    }
+
     fn on_result(&mut self, r: LeaseResult) {
         let now = Instant::now();
         if let Err(f) = &r.result {
             tracing::debug!(ip = %r.ip, action = ?r.action, failure = ?f, "lease request failed");
+        }
+        match &r.result {
+            Err(Failure::Other(_)) => self.counters.lease_api_errors += 1,
+            Err(Failure::Conflict) => self.counters.lease_conflicts += 1,
+            _ => {}
         }
         match (&r.action, &r.result) {
             (Action::Renew { .. }, Err(Failure::Other(_))) => {
@@ -574,6 +682,7 @@ impl SyncLoop {
         // Before any tables holding a newly taken IP are applied.
         self.push_valid_until();
         if let Some(taken) = taken {
+            self.counters.takeovers += 1;
             self.event_taken(&taken);
         }
     }
@@ -837,6 +946,9 @@ pub async fn run_supervised(
         mgr,
         ha,
         renew_failing: BTreeSet::new(),
+        counters: Default::default(),
+        heartbeat: heartbeat.clone(),
+        first_pass_at: None,
         local: LocalConfig {
             node_name: opts.node_name.clone(),
             nat: opts.nat,

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use egret_dataplane::tables::{NatSettings, SourceGuard};
 
+use crate::view::ClusterReport;
+
 pub use controller::{run, run_supervised};
 pub use lease::{LeaseTiming, TimingError};
 
@@ -86,20 +88,36 @@ impl K8sOptions {
 /// (daemon/mod.rs): the loop beats once per iteration, and iterates at
 /// least once per `retryPeriod` while it is healthy. Before the first beat
 /// nothing is held (the loop has not run a pass), so nothing is at stake.
+///
+/// It also carries the loop's last [`ClusterReport`] (what `egret status`
+/// and the metrics show of Leases, peers and standbys).
 #[derive(Debug)]
 pub struct Heartbeat {
     base: Instant,
     /// Milliseconds after `base` of the last beat; 0: never.
     last_ms: AtomicU64,
+    report: parking_lot::Mutex<Option<ClusterReport>>,
 }
 
 impl Default for Heartbeat {
     fn default() -> Self {
-        Heartbeat { base: Instant::now(), last_ms: AtomicU64::new(0) }
+        Heartbeat { base: Instant::now(), last_ms: AtomicU64::new(0), report: parking_lot::Mutex::new(None) }
     }
 }
 
 impl Heartbeat {
+    /// Replaces the report.
+    pub fn publish(&self, report: ClusterReport) {
+        *self.report.lock() = Some(report);
+    }
+
+    /// The last report, with its `last_pass_ms` brought up to now.
+    pub fn report(&self) -> Option<ClusterReport> {
+        let mut r = self.report.lock().clone()?;
+        r.last_pass_ms = self.age(Instant::now()).map_or(0, |a| a.as_millis() as u64);
+        Some(r)
+    }
+
     /// Records a beat now.
     pub fn beat(&self) {
         let ms = self.base.elapsed().as_millis() as u64;
