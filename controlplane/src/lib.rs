@@ -13,12 +13,13 @@
 //! - [`failclosed`]: nftables rules so a stopped gateway never forwards pods' traffic untranslated.
 //! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
 //! - [`node`]: `egret node`, the worker-node agent that routes selected pods to their gateway.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod config;
 pub mod daemon;
 pub mod failclosed;
+pub mod ha;
 pub mod k8s;
 pub mod metrics;
 pub mod netlink;
