@@ -1003,8 +1003,11 @@ async fn write_loop(
     let mut body = Vec::with_capacity(64 << 10);
     // Whether the byte stream is whole (no frame cut off half-written).
     let mut whole = true;
-    let mut stopping = false;
+    // The bucket's debt is paid after the write, with data held back until
+    // `paced_until` but heartbeats still going out meanwhile.
+    let mut paced_until = tokio::time::Instant::now();
     'run: loop {
+        let paced = tokio::time::Instant::now() < paced_until;
         tokio::select! {
             biased;
             _ = stop.changed() => break 'run,
@@ -1012,7 +1015,9 @@ async fn write_loop(
                 buf.clear();
                 sealer.seal(&[BODY_ALIVE], &mut buf);
             }
-            () = peer.notify.notified() => {
+            () = tokio::time::sleep_until(paced_until), if paced => continue,
+            // A notification while paced is kept as a permit, not lost.
+            () = peer.notify.notified(), if !paced => {
                 buf.clear();
                 // Batch what is queued, up to 64 KiB per write.
                 let mut frames = 0u64;
@@ -1043,24 +1048,12 @@ async fn write_loop(
                 if !peer.queue.lock().frames.is_empty() {
                     peer.notify.notify_one();
                 }
-                let wait = bucket.take(buf.len());
-                if !wait.is_zero() {
-                    // A stop during the wait still writes the sealed batch
-                    // (the next counter is the Goodbye's); `changed` stays
-                    // set, so the next round stops.
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => stopping = true,
-                    }
-                }
+                paced_until = tokio::time::Instant::now() + bucket.take(buf.len());
             }
         }
         tokio::select! {
             r = wh.write_all(&buf) => if r.is_err() { whole = false; break 'run },
             _ = stop.changed() => { whole = false; break 'run }
-        }
-        if stopping {
-            break 'run;
         }
     }
     if !whole {
@@ -1455,7 +1448,16 @@ mod tests {
         }
         let PeerEvent::Down { end, .. } = event(&mut ra, is_down).await else { unreachable!() };
         println!("END {end:?}");
+        println!("MD5NOTFOUND {}", netstat("TcpExt", "TCPMD5NotFound"));
         std::process::exit(0);
+    }
+
+    /// A counter from /proc/net/netstat (this process's namespace).
+    fn netstat(group: &str, name: &str) -> u64 {
+        let text = std::fs::read_to_string("/proc/net/netstat").unwrap();
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&format!("{group}:"))).collect();
+        let (names, values) = (lines[0].split_whitespace(), lines[1].split_whitespace());
+        names.zip(values).find(|(n, _)| *n == name).and_then(|(_, v)| v.parse().ok()).unwrap_or(0)
     }
 
     struct Netns(String);
@@ -1466,7 +1468,9 @@ mod tests {
         }
     }
 
-    fn forged_reset_end(mode: &str) -> Option<String> {
+    /// What gw-a saw, and how many segments the kernel dropped for lacking a
+    /// TCP-MD5 signature.
+    fn forged_reset_end(mode: &str) -> Option<(String, u64)> {
         let root = std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
@@ -1485,15 +1489,17 @@ mod tests {
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let end = stdout.lines().find_map(|l| l.split_once("END ").map(|(_, e)| e.trim().to_owned()));
-        assert!(end.is_some(), "child: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        end
+        let field = |key: &str| stdout.lines().find_map(|l| l.split_once(key).map(|(_, e)| e.trim().to_owned()));
+        let (end, dropped) = (field("END "), field("MD5NOTFOUND "));
+        assert!(end.is_some() && dropped.is_some(), "child: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        Some((end.unwrap_or_default(), dropped.and_then(|d| d.parse().ok()).unwrap_or(0)))
     }
 
     #[test]
     fn forged_resets_are_silence_not_death() {
-        if let Some(end) = forged_reset_end("md5") {
+        if let Some((end, dropped)) = forged_reset_end("md5") {
             assert_eq!(end, "Silent");
+            assert!(dropped > 0, "the kernel dropped no unsigned segment: no reset was forged");
         }
     }
 
@@ -1501,7 +1507,7 @@ mod tests {
     /// had closed it: what the signatures protect against.
     #[test]
     fn without_md5_a_forged_reset_looks_like_a_close() {
-        if let Some(end) = forged_reset_end("plain") {
+        if let Some((end, _)) = forged_reset_end("plain") {
             assert_eq!(end, "Closed");
         }
     }
