@@ -4,7 +4,7 @@
 //! `Down { end: Gone }`.
 //!
 //! `cargo run --release -p egret-controlplane --example peer_channel_bench`
-#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -85,7 +85,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
@@ -894,7 +894,12 @@ fn classify_io(md5: bool, e: &io::Error) -> End {
 
 /// `read_exact` where the liveness limit applies to each read, not the whole
 /// buffer: a large frame on a slow link is not silence.
-async fn read_idle(stream: &mut OwnedReadHalf, buf: &mut [u8], idle: Duration, md5: bool) -> Result<(), End> {
+async fn read_idle(
+    stream: &mut BufReader<OwnedReadHalf>,
+    buf: &mut [u8],
+    idle: Duration,
+    md5: bool,
+) -> Result<(), End> {
     let mut at = 0;
     while at < buf.len() {
         match tokio::time::timeout(idle, stream.read(&mut buf[at..])).await {
@@ -910,12 +915,14 @@ async fn read_idle(stream: &mut OwnedReadHalf, buf: &mut [u8], idle: Duration, m
 async fn read_loop(
     inner: Arc<Inner>,
     peer: Arc<PeerShared>,
-    mut rh: OwnedReadHalf,
+    rh: OwnedReadHalf,
     mut opener: Opener,
     mut stop: watch::Receiver<Option<String>>,
 ) -> (End, OwnedReadHalf) {
     let md5 = inner.md5;
     let idle = inner.cfg.liveness;
+    // Many small frames per read(2); what is left buffered at the end is discarded.
+    let mut rh = BufReader::with_capacity(64 << 10, rh);
     let max_sealed = inner.cfg.max_frame + 2 + TAG_LEN;
     let end = loop {
         let frame = async {
@@ -954,7 +961,7 @@ async fn read_loop(
             other => break End::ProtocolError(format!("unknown frame body type {other:?}")),
         }
     };
-    (end, rh)
+    (end, rh.into_inner())
 }
 
 /// A token bucket: `rate` bytes per second, `burst` bytes deep.
