@@ -593,8 +593,13 @@ async fn accept_loop(inner: Arc<Inner>) {
             match tokio::time::timeout(limit, accept_handshake(&inner, stream, from)).await {
                 Ok(Ok((name, est))) => {
                     let tx = inner.slots.lock().get(&name).map(|s| s.accepted.clone());
-                    if let Some(tx) = tx {
-                        let _ = tx.send(est).await;
+                    let left = match tx {
+                        Some(tx) => tx.send(est).await.err().map(|e| e.0),
+                        None => Some(est),
+                    };
+                    // The dialer is already Up: even this one gets a Goodbye.
+                    if let Some(est) = left {
+                        goodbye_and_close(est, "removed from the peer set").await;
                     }
                 }
                 Ok(Err((Some(name), end))) => record_end(&inner, &name, end),
@@ -733,7 +738,7 @@ async fn peer_task(
     let mut next: Option<Established> = None;
     loop {
         if stop.borrow().is_some() {
-            return;
+            break;
         }
         let est = if let Some(est) = next.take() {
             est
@@ -741,7 +746,7 @@ async fn peer_task(
             peer.set_state(PeerState::Connecting);
             let r = tokio::select! {
                 r = dial(&inner, &peer) => r,
-                _ = stop.changed() => return,
+                _ = stop.changed() => break,
             };
             match r {
                 Ok(est) => est,
@@ -750,7 +755,7 @@ async fn peer_task(
                     peer.set_state(PeerState::Backoff);
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
-                        _ = stop.changed() => return,
+                        _ = stop.changed() => break,
                     }
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;
@@ -759,12 +764,18 @@ async fn peer_task(
         } else {
             peer.set_state(PeerState::Waiting);
             tokio::select! {
-                est = accepted.recv() => match est { Some(est) => est, None => return },
-                _ = stop.changed() => return,
+                est = accepted.recv() => match est { Some(est) => est, None => break },
+                _ = stop.changed() => break,
             }
         };
         backoff = BACKOFF_FIRST;
         next = run_connection(&inner, &peer, est, &mut stop, &mut accepted).await;
+    }
+    // A connection that arrived too late to run still gets its Goodbye.
+    let reason = stop.borrow().clone().unwrap_or_else(|| "peer removed".into());
+    accepted.close();
+    while let Some(est) = next.take().or_else(|| accepted.try_recv().ok()) {
+        goodbye_and_close(est, &reason).await;
     }
 }
 
@@ -858,6 +869,22 @@ async fn run_connection(
         }
     }
     superseded
+}
+
+/// Ends a connection that never ran: Goodbye, half-close, drain.
+async fn goodbye_and_close(mut est: Established, reason: &str) {
+    let mut buf = Vec::new();
+    let body = [&[BODY_GOODBYE][..], reason.as_bytes()].concat();
+    est.sealer.seal(&body, &mut buf);
+    let ok = tokio::time::timeout(Duration::from_millis(200), async {
+        est.stream.write_all(&buf).await?;
+        est.stream.shutdown().await
+    })
+    .await;
+    if !matches!(ok, Ok(Ok(()))) {
+        tracing::warn!("peer channel: no Goodbye queued on a connection handed to no peer; parking it");
+    }
+    drain_then_close(est.stream).await;
 }
 
 /// Reads and discards until the peer closes or the kernel gives up, then
@@ -1280,6 +1307,22 @@ mod tests {
         );
         assert_eq!(b.send("gw-a", 1, vec![1]), Err(SendError::NotConnected("gw-a".into())));
         b.shutdown("test over").await;
+    }
+
+    #[tokio::test]
+    async fn removing_a_peer_says_goodbye() {
+        let l = Duration::from_secs(2);
+        let ((a, mut ra), (b, mut rb)) = pair(cfg("gw-a", &SECRET, l, true), cfg("gw-b", &SECRET, l, true)).await;
+        event(&mut ra, is_up).await;
+        event(&mut rb, is_up).await;
+        // The acceptor drops the dialer: the dialer must not read it as a death.
+        b.set_peers(BTreeMap::new());
+        match event(&mut ra, is_down).await {
+            PeerEvent::Down { end: End::Goodbye(why), .. } => assert_eq!(why, "removed from the peer set"),
+            other => panic!("{other:?}"),
+        }
+        a.shutdown("x").await;
+        b.shutdown("x").await;
     }
 
     #[tokio::test]
