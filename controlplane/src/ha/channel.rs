@@ -1466,6 +1466,27 @@ mod tests {
         b.shutdown("x").await;
     }
 
+    /// A frozen process (SIGSTOP) keeps its kernel answering: silence, not
+    /// death. Thawed, it reads the Goodbye and redials as the same incarnation.
+    #[tokio::test]
+    async fn a_frozen_peer_is_silent_not_gone() {
+        let (b, mut rb) = Peers::start(cfg("gw-b", &SECRET, Duration::from_secs(1), true)).await.unwrap();
+        b.set_peers(BTreeMap::from([("gw-a".to_owned(), "127.0.0.1:9".parse().unwrap())]));
+        let addr = b.local_addr().to_string();
+        let mut child = spawn_child("ha::channel::tests::death_child", ("EGCH_CHILD_PEER", &addr));
+        let PeerEvent::Up { incarnation, .. } = event(&mut rb, is_up).await else { unreachable!() };
+        let pid = child.id().to_string();
+        assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+        let down = event(&mut rb, is_down).await;
+        assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+        assert_eq!(down, PeerEvent::Down { peer: "gw-a".into(), incarnation, end: End::Silent });
+        let again = event(&mut rb, is_up).await;
+        assert_eq!(again, PeerEvent::Up { peer: "gw-a".into(), incarnation });
+        child.kill().unwrap();
+        let _ = child.wait();
+        b.shutdown("x").await;
+    }
+
     fn down_proves(ev: &PeerEvent) -> bool {
         matches!(ev, PeerEvent::Down { end, .. } if end.proves_death())
     }
