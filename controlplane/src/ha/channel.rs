@@ -1309,6 +1309,37 @@ mod tests {
         b.shutdown("test over").await;
     }
 
+    /// The IPv6 path of the TCP-MD5 key (sockaddr_in6): with the key on the
+    /// wrong address nothing would be signed and the wrong key below would
+    /// reach the handshake.
+    #[tokio::test]
+    async fn ipv6_peers_come_up_signed() {
+        let l = Duration::from_secs(2);
+        let mut a = cfg("gw-a", &SECRET, l, true);
+        let mut b = cfg("gw-b", &SECRET, l, true);
+        a.listen = "[::1]:0".parse().unwrap();
+        b.listen = "[::1]:0".parse().unwrap();
+        let ((a, mut ra), (b, mut rb)) = pair(a, b).await;
+        assert!(a.end_authenticated());
+        event(&mut ra, is_up).await;
+        event(&mut rb, is_up).await;
+        a.send("gw-b", 5, b"v6".to_vec()).unwrap();
+        assert_eq!(
+            event(&mut rb, |_| true).await,
+            PeerEvent::Frame { peer: "gw-a".into(), kind: 5, payload: b"v6".to_vec() }
+        );
+        // Under another key the kernel drops the SYN: no TCP connection, so
+        // no handshake to fail. Without keys on ::1 it would be AuthFailed.
+        let mut c = cfg("gw-0", &[0x42; 32], l, true);
+        c.listen = "[::1]:0".parse().unwrap();
+        let (c, _rc) = Peers::start(c).await.unwrap();
+        c.set_peers(BTreeMap::from([("gw-b".to_owned(), b.local_addr())]));
+        assert!(matches!(last_end(&c, "gw-b").await, End::Unreachable(_)), "{:?}", c.status());
+        c.shutdown("x").await;
+        a.shutdown("x").await;
+        b.shutdown("x").await;
+    }
+
     #[tokio::test]
     async fn removing_a_peer_says_goodbye() {
         let l = Duration::from_secs(2);
