@@ -70,8 +70,11 @@
 //!   header announcing more than `max_frame` ends the connection before any
 //!   allocation. `Down` is delivered behind the frames before it.
 //! - TCP options: `TCP_NODELAY`; keepalive idle `liveness`, interval
-//!   `liveness / 4`, 4 probes; `TCP_USER_TIMEOUT` 3 x `liveness`. `SO_LINGER` is
-//!   left off on purpose: a zero linger would send an RST and throw away the
+//!   `liveness / 4`, both in whole seconds (at least 1 s), 4 probes;
+//!   `TCP_USER_TIMEOUT` 3 x `liveness`. The heartbeats keep the connection
+//!   busy, so the user timeout is what ends one whose segments go unacked;
+//!   keepalive ends a parked one. `SO_LINGER` is left off on purpose: a zero
+//!   linger would send an RST and throw away the
 //!   Goodbye queued before it.
 //!
 //! Wire format: see [`super::auth`] (Hello, proofs, sealing). A sealed body is
