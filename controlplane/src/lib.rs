@@ -12,6 +12,8 @@
 //! - [`sink`]: the seam between configuration sources and the running gateway.
 //! - [`failclosed`]: nftables rules so a stopped gateway never forwards pods' traffic untranslated.
 //! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
+//! - [`ha`]: between gateways: the peer channel (`ha::channel`) and its keys
+//!   (`ha::auth`); its `setsockopt(TCP_MD5SIG)` is the crate's only unsafe code.
 //! - [`node`]: `egret node`, the worker-node agent that routes selected pods to their gateway.
 #![deny(unsafe_code)]
 

@@ -70,8 +70,11 @@
 //!   header announcing more than `max_frame` ends the connection before any
 //!   allocation. `Down` is delivered behind the frames before it.
 //! - TCP options: `TCP_NODELAY`; keepalive idle `liveness`, interval
-//!   `liveness / 4`, 4 probes; `TCP_USER_TIMEOUT` 3 x `liveness`. `SO_LINGER` is
-//!   left off on purpose: a zero linger would send an RST and throw away the
+//!   `liveness / 4`, both in whole seconds (at least 1 s), 4 probes;
+//!   `TCP_USER_TIMEOUT` 3 x `liveness`. The heartbeats keep the connection
+//!   busy, so the user timeout is what ends one whose segments go unacked;
+//!   keepalive ends a parked one. `SO_LINGER` is left off on purpose: a zero
+//!   linger would send an RST and throw away the
 //!   Goodbye queued before it.
 //!
 //! Wire format: see [`super::auth`] (Hello, proofs, sealing). A sealed body is
@@ -85,7 +88,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
@@ -593,8 +596,13 @@ async fn accept_loop(inner: Arc<Inner>) {
             match tokio::time::timeout(limit, accept_handshake(&inner, stream, from)).await {
                 Ok(Ok((name, est))) => {
                     let tx = inner.slots.lock().get(&name).map(|s| s.accepted.clone());
-                    if let Some(tx) = tx {
-                        let _ = tx.send(est).await;
+                    let left = match tx {
+                        Some(tx) => tx.send(est).await.err().map(|e| e.0),
+                        None => Some(est),
+                    };
+                    // The dialer is already Up: even this one gets a Goodbye.
+                    if let Some(est) = left {
+                        goodbye_and_close(est, "removed from the peer set").await;
                     }
                 }
                 Ok(Err((Some(name), end))) => record_end(&inner, &name, end),
@@ -733,7 +741,7 @@ async fn peer_task(
     let mut next: Option<Established> = None;
     loop {
         if stop.borrow().is_some() {
-            return;
+            break;
         }
         let est = if let Some(est) = next.take() {
             est
@@ -741,7 +749,7 @@ async fn peer_task(
             peer.set_state(PeerState::Connecting);
             let r = tokio::select! {
                 r = dial(&inner, &peer) => r,
-                _ = stop.changed() => return,
+                _ = stop.changed() => break,
             };
             match r {
                 Ok(est) => est,
@@ -750,7 +758,7 @@ async fn peer_task(
                     peer.set_state(PeerState::Backoff);
                     tokio::select! {
                         () = tokio::time::sleep(backoff) => {}
-                        _ = stop.changed() => return,
+                        _ = stop.changed() => break,
                     }
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;
@@ -759,12 +767,18 @@ async fn peer_task(
         } else {
             peer.set_state(PeerState::Waiting);
             tokio::select! {
-                est = accepted.recv() => match est { Some(est) => est, None => return },
-                _ = stop.changed() => return,
+                est = accepted.recv() => match est { Some(est) => est, None => break },
+                _ = stop.changed() => break,
             }
         };
         backoff = BACKOFF_FIRST;
         next = run_connection(&inner, &peer, est, &mut stop, &mut accepted).await;
+    }
+    // A connection that arrived too late to run still gets its Goodbye.
+    let reason = stop.borrow().clone().unwrap_or_else(|| "peer removed".into());
+    accepted.close();
+    while let Some(est) = next.take().or_else(|| accepted.try_recv().ok()) {
+        goodbye_and_close(est, &reason).await;
     }
 }
 
@@ -860,6 +874,22 @@ async fn run_connection(
     superseded
 }
 
+/// Ends a connection that never ran: Goodbye, half-close, drain.
+async fn goodbye_and_close(mut est: Established, reason: &str) {
+    let mut buf = Vec::new();
+    let body = [&[BODY_GOODBYE][..], reason.as_bytes()].concat();
+    est.sealer.seal(&body, &mut buf);
+    let ok = tokio::time::timeout(Duration::from_millis(200), async {
+        est.stream.write_all(&buf).await?;
+        est.stream.shutdown().await
+    })
+    .await;
+    if !matches!(ok, Ok(Ok(()))) {
+        tracing::warn!("peer channel: no Goodbye queued on a connection handed to no peer; parking it");
+    }
+    drain_then_close(est.stream).await;
+}
+
 /// Reads and discards until the peer closes or the kernel gives up, then
 /// drops the socket: no RST for unread data, no FIN before a Goodbye.
 async fn drain_then_close(mut stream: TcpStream) {
@@ -894,7 +924,12 @@ fn classify_io(md5: bool, e: &io::Error) -> End {
 
 /// `read_exact` where the liveness limit applies to each read, not the whole
 /// buffer: a large frame on a slow link is not silence.
-async fn read_idle(stream: &mut OwnedReadHalf, buf: &mut [u8], idle: Duration, md5: bool) -> Result<(), End> {
+async fn read_idle(
+    stream: &mut BufReader<OwnedReadHalf>,
+    buf: &mut [u8],
+    idle: Duration,
+    md5: bool,
+) -> Result<(), End> {
     let mut at = 0;
     while at < buf.len() {
         match tokio::time::timeout(idle, stream.read(&mut buf[at..])).await {
@@ -910,12 +945,14 @@ async fn read_idle(stream: &mut OwnedReadHalf, buf: &mut [u8], idle: Duration, m
 async fn read_loop(
     inner: Arc<Inner>,
     peer: Arc<PeerShared>,
-    mut rh: OwnedReadHalf,
+    rh: OwnedReadHalf,
     mut opener: Opener,
     mut stop: watch::Receiver<Option<String>>,
 ) -> (End, OwnedReadHalf) {
     let md5 = inner.md5;
     let idle = inner.cfg.liveness;
+    // Many small frames per read(2); what is left buffered at the end is discarded.
+    let mut rh = BufReader::with_capacity(64 << 10, rh);
     let max_sealed = inner.cfg.max_frame + 2 + TAG_LEN;
     let end = loop {
         let frame = async {
@@ -954,7 +991,7 @@ async fn read_loop(
             other => break End::ProtocolError(format!("unknown frame body type {other:?}")),
         }
     };
-    (end, rh)
+    (end, rh.into_inner())
 }
 
 /// A token bucket: `rate` bytes per second, `burst` bytes deep.
@@ -1003,8 +1040,11 @@ async fn write_loop(
     let mut body = Vec::with_capacity(64 << 10);
     // Whether the byte stream is whole (no frame cut off half-written).
     let mut whole = true;
-    let mut stopping = false;
+    // The bucket's debt is paid after the write, with data held back until
+    // `paced_until` but heartbeats still going out meanwhile.
+    let mut paced_until = tokio::time::Instant::now();
     'run: loop {
+        let paced = tokio::time::Instant::now() < paced_until;
         tokio::select! {
             biased;
             _ = stop.changed() => break 'run,
@@ -1012,7 +1052,9 @@ async fn write_loop(
                 buf.clear();
                 sealer.seal(&[BODY_ALIVE], &mut buf);
             }
-            () = peer.notify.notified() => {
+            () = tokio::time::sleep_until(paced_until), if paced => continue,
+            // A notification while paced is kept as a permit, not lost.
+            () = peer.notify.notified(), if !paced => {
                 buf.clear();
                 // Batch what is queued, up to 64 KiB per write.
                 let mut frames = 0u64;
@@ -1043,24 +1085,12 @@ async fn write_loop(
                 if !peer.queue.lock().frames.is_empty() {
                     peer.notify.notify_one();
                 }
-                let wait = bucket.take(buf.len());
-                if !wait.is_zero() {
-                    // A stop during the wait still writes the sealed batch
-                    // (the next counter is the Goodbye's); `changed` stays
-                    // set, so the next round stops.
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => stopping = true,
-                    }
-                }
+                paced_until = tokio::time::Instant::now() + bucket.take(buf.len());
             }
         }
         tokio::select! {
             r = wh.write_all(&buf) => if r.is_err() { whole = false; break 'run },
             _ = stop.changed() => { whole = false; break 'run }
-        }
-        if stopping {
-            break 'run;
         }
     }
     if !whole {
@@ -1282,6 +1312,53 @@ mod tests {
         b.shutdown("test over").await;
     }
 
+    /// The IPv6 path of the TCP-MD5 key (sockaddr_in6): with the key on the
+    /// wrong address nothing would be signed and the wrong key below would
+    /// reach the handshake.
+    #[tokio::test]
+    async fn ipv6_peers_come_up_signed() {
+        let l = Duration::from_secs(2);
+        let mut a = cfg("gw-a", &SECRET, l, true);
+        let mut b = cfg("gw-b", &SECRET, l, true);
+        a.listen = "[::1]:0".parse().unwrap();
+        b.listen = "[::1]:0".parse().unwrap();
+        let ((a, mut ra), (b, mut rb)) = pair(a, b).await;
+        assert!(a.end_authenticated());
+        event(&mut ra, is_up).await;
+        event(&mut rb, is_up).await;
+        a.send("gw-b", 5, b"v6".to_vec()).unwrap();
+        assert_eq!(
+            event(&mut rb, |_| true).await,
+            PeerEvent::Frame { peer: "gw-a".into(), kind: 5, payload: b"v6".to_vec() }
+        );
+        // Under another key the kernel drops the SYN: no TCP connection, so
+        // no handshake to fail. Without keys on ::1 it would be AuthFailed.
+        let mut c = cfg("gw-0", &[0x42; 32], l, true);
+        c.listen = "[::1]:0".parse().unwrap();
+        let (c, _rc) = Peers::start(c).await.unwrap();
+        c.set_peers(BTreeMap::from([("gw-b".to_owned(), b.local_addr())]));
+        assert!(matches!(last_end(&c, "gw-b").await, End::Unreachable(_)), "{:?}", c.status());
+        c.shutdown("x").await;
+        a.shutdown("x").await;
+        b.shutdown("x").await;
+    }
+
+    #[tokio::test]
+    async fn removing_a_peer_says_goodbye() {
+        let l = Duration::from_secs(2);
+        let ((a, mut ra), (b, mut rb)) = pair(cfg("gw-a", &SECRET, l, true), cfg("gw-b", &SECRET, l, true)).await;
+        event(&mut ra, is_up).await;
+        event(&mut rb, is_up).await;
+        // The acceptor drops the dialer: the dialer must not read it as a death.
+        b.set_peers(BTreeMap::new());
+        match event(&mut ra, is_down).await {
+            PeerEvent::Down { end: End::Goodbye(why), .. } => assert_eq!(why, "removed from the peer set"),
+            other => panic!("{other:?}"),
+        }
+        a.shutdown("x").await;
+        b.shutdown("x").await;
+    }
+
     #[tokio::test]
     async fn wrong_key_never_comes_up() {
         let l = Duration::from_secs(1);
@@ -1423,6 +1500,27 @@ mod tests {
         b.shutdown("x").await;
     }
 
+    /// A frozen process (SIGSTOP) keeps its kernel answering: silence, not
+    /// death. Thawed, it reads the Goodbye and redials as the same incarnation.
+    #[tokio::test]
+    async fn a_frozen_peer_is_silent_not_gone() {
+        let (b, mut rb) = Peers::start(cfg("gw-b", &SECRET, Duration::from_secs(1), true)).await.unwrap();
+        b.set_peers(BTreeMap::from([("gw-a".to_owned(), "127.0.0.1:9".parse().unwrap())]));
+        let addr = b.local_addr().to_string();
+        let mut child = spawn_child("ha::channel::tests::death_child", ("EGCH_CHILD_PEER", &addr));
+        let PeerEvent::Up { incarnation, .. } = event(&mut rb, is_up).await else { unreachable!() };
+        let pid = child.id().to_string();
+        assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+        let down = event(&mut rb, is_down).await;
+        assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+        assert_eq!(down, PeerEvent::Down { peer: "gw-a".into(), incarnation, end: End::Silent });
+        let again = event(&mut rb, is_up).await;
+        assert_eq!(again, PeerEvent::Up { peer: "gw-a".into(), incarnation });
+        child.kill().unwrap();
+        let _ = child.wait();
+        b.shutdown("x").await;
+    }
+
     fn down_proves(ev: &PeerEvent) -> bool {
         matches!(ev, PeerEvent::Down { end, .. } if end.proves_death())
     }
@@ -1455,7 +1553,16 @@ mod tests {
         }
         let PeerEvent::Down { end, .. } = event(&mut ra, is_down).await else { unreachable!() };
         println!("END {end:?}");
+        println!("MD5NOTFOUND {}", netstat("TcpExt", "TCPMD5NotFound"));
         std::process::exit(0);
+    }
+
+    /// A counter from /proc/net/netstat (this process's namespace).
+    fn netstat(group: &str, name: &str) -> u64 {
+        let text = std::fs::read_to_string("/proc/net/netstat").unwrap();
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&format!("{group}:"))).collect();
+        let (names, values) = (lines[0].split_whitespace(), lines[1].split_whitespace());
+        names.zip(values).find(|(n, _)| *n == name).and_then(|(_, v)| v.parse().ok()).unwrap_or(0)
     }
 
     struct Netns(String);
@@ -1466,7 +1573,9 @@ mod tests {
         }
     }
 
-    fn forged_reset_end(mode: &str) -> Option<String> {
+    /// What gw-a saw, and how many segments the kernel dropped for lacking a
+    /// TCP-MD5 signature.
+    fn forged_reset_end(mode: &str) -> Option<(String, u64)> {
         let root = std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
@@ -1485,15 +1594,17 @@ mod tests {
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let end = stdout.lines().find_map(|l| l.split_once("END ").map(|(_, e)| e.trim().to_owned()));
-        assert!(end.is_some(), "child: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        end
+        let field = |key: &str| stdout.lines().find_map(|l| l.split_once(key).map(|(_, e)| e.trim().to_owned()));
+        let (end, dropped) = (field("END "), field("MD5NOTFOUND "));
+        assert!(end.is_some() && dropped.is_some(), "child: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        Some((end.unwrap_or_default(), dropped.and_then(|d| d.parse().ok()).unwrap_or(0)))
     }
 
     #[test]
     fn forged_resets_are_silence_not_death() {
-        if let Some(end) = forged_reset_end("md5") {
+        if let Some((end, dropped)) = forged_reset_end("md5") {
             assert_eq!(end, "Silent");
+            assert!(dropped > 0, "the kernel dropped no unsigned segment: no reset was forged");
         }
     }
 
@@ -1501,7 +1612,7 @@ mod tests {
     /// had closed it: what the signatures protect against.
     #[test]
     fn without_md5_a_forged_reset_looks_like_a_close() {
-        if let Some(end) = forged_reset_end("plain") {
+        if let Some((end, _)) = forged_reset_end("plain") {
             assert_eq!(end, "Closed");
         }
     }
