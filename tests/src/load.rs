@@ -157,7 +157,7 @@ pub struct Load {
 pub struct Report {
     /// When the load started.
     pub started: Instant,
-    /// When it stopped.
+    /// When it began to stop (the UDP senders stop then).
     pub stopped: Instant,
     /// The server side's sources.
     pub sources: Vec<Source>,
@@ -307,12 +307,13 @@ impl Load {
     /// what was in flight, the pod's side, then the server's) and returns
     /// what happened.
     pub fn stop(mut self) -> Result<Report> {
+        let stopped = Instant::now();
         self.halt()?;
         let sh = &self.shared;
         let take = |m: &Mutex<Received>| m.lock().map(|r| r.clone()).unwrap_or_default();
         Ok(Report {
             started: self.started,
-            stopped: Instant::now(),
+            stopped,
             sources: self.sources(),
             churn: self.churn(),
             download: sh.download.lock().map(|d| d.clone()).unwrap_or_default(),
@@ -502,6 +503,9 @@ fn serve_replies(
     let mut seq = 0u64;
     let mut next = Instant::now();
     let mut buf = [0u8; 256];
+    if let Some(second) = second {
+        second.set_nonblocking(true).map_err(io(format!("the {flow} flow's second socket")))?;
+    }
     while !stop.load(Ordering::Relaxed) {
         // Whatever arrives (the opening datagram, retries): its source.
         match s.recv_from(&mut buf) {
@@ -515,7 +519,6 @@ fn serve_replies(
         if let Some(second) = second {
             // The second address's socket receives nothing legitimately:
             // anything there is recorded too.
-            let _ = second.set_nonblocking(true);
             while let Ok((_, src)) = second.recv_from(&mut buf) {
                 sh.source(flow, src);
             }
@@ -590,13 +593,17 @@ pub struct Outage {
     /// traffic in the load's last second, of 3.
     pub kept: usize,
     /// Bytes the download did not deliver: what the pace had due by the end
-    /// (half a second before the load stopped) minus what came; 0 when the
-    /// connection survived and caught up.
+    /// (when the load began to stop) minus what came; 0 when the connection
+    /// survived and caught up.
     pub bytes_lost: u64,
     /// Datagrams of the UDP-replies flow sent and never received.
     pub udp_lost: u64,
     /// Datagrams of the inbound flow sent and never received.
     pub eim_lost: u64,
+    /// Why the download's connection ended before the load stopped it
+    /// (reset, closed, connect failure); `None`: it was still open (maybe
+    /// stalled).
+    pub download_died: Option<String>,
     /// Churn attempts that failed.
     pub churn_failed: usize,
     /// Churn attempts in all.
@@ -621,7 +628,7 @@ fn longest_gap(mut times: Vec<Instant>, from: Instant, to: Instant) -> Duration 
 impl Report {
     /// The summary of the whole run.
     pub fn outage(&self) -> Outage {
-        let (from, to) = (self.started, self.stopped - Duration::from_millis(500));
+        let (from, to) = (self.started, self.stopped);
         let ms = |d: Duration| d.as_millis() as u64;
         let accepted: Vec<Instant> = self.sources.iter().filter(|s| s.flow == "churn").map(|s| s.at).collect();
         let ok: Vec<Instant> = self.churn.iter().filter(|a| a.outcome.is_ok()).map(|a| a.finished).collect();
@@ -657,6 +664,7 @@ impl Report {
             bytes_lost,
             udp_lost: lost(&self.replies, self.replies_sent),
             eim_lost: lost(&self.eim, self.eim_sent),
+            download_died: dl.died.clone(),
             churn_failed: self.churn.iter().filter(|a| a.outcome.is_err()).count(),
             churn_total: self.churn.len(),
         }

@@ -23,6 +23,8 @@
 //! `k8s-ha: event=.. server_outage_ms=.. pod_outage_ms=.. conns_kept=a/b
 //! bytes_lost=.. udp_lost=.. eim_lost=.. double_owner=..`.
 //!
+//! Before the events, one forged ARP reply for the egress IP from a MAC no
+//! gateway has must be counted as a double owner (the watch can see one).
 //! Always asserted: no double owner (no ARP request answered by two MACs,
 //! no X, Y, X within 1 s) and no pod address outside (the ARP watch checks
 //! every frame on the upstream link; the server side records every source).
@@ -50,6 +52,7 @@ use std::time::{Duration, Instant};
 
 use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_tests::apiserver::ApiServer;
+use egret_tests::frames::RawLink;
 use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
 use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL, SERVICE_CIDR, UPSTREAM};
 use egret_tests::load::{ArpWatch, Load, Outage};
@@ -137,7 +140,7 @@ impl Row {
     fn line(&self) -> String {
         let o = &self.o;
         format!(
-            "k8s-ha: event={} server_outage_ms={} pod_outage_ms={} conns_kept={}/3 bytes_lost={} udp_lost={} eim_lost={} double_owner={} download_stall_ms={} udp_gap_ms={} eim_gap_ms={} churn_failed={}/{} ip_moves={} holder={}->{}",
+            "k8s-ha: event={} server_outage_ms={} pod_outage_ms={} conns_kept={}/3 bytes_lost={} udp_lost={} eim_lost={} double_owner={} download_stall_ms={} udp_gap_ms={} eim_gap_ms={} churn_failed={}/{} ip_moves={} holder={}->{} download_end={:?}",
             self.event,
             o.server_ms,
             o.pod_ms,
@@ -154,6 +157,7 @@ impl Row {
             self.moves,
             self.holder.node_name(),
             self.after.map_or("none", |g| g.node_name()),
+            o.download_died.as_deref().unwrap_or("open"),
         )
     }
 }
@@ -222,6 +226,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
         "198.18.0.0/16".parse().unwrap(),
     )
     .expect("the ARP watch");
+    self_check(lab, &watch);
 
     let mut rows = Vec::new();
     let mut failures = Vec::new();
@@ -394,6 +399,34 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
     let after = lease_holder(ctx);
     println!("k8s-ha: {event}: event took {} ms", ms(t_event.elapsed()));
     Row { event, holder, after, o: report.outage(), double_owner: doubles.len(), moves }
+}
+
+/// The ARP watch can see a double owner in this lab: a reply for the
+/// egress IP from a MAC no gateway has, sent from the node router's link
+/// between the watch's requests, is counted. The upstream router's kernel
+/// may take the forged MAC; the holder's next answers to the watch put its
+/// own back, and the neighbour entry is flushed besides.
+fn self_check(lab: &K8sLab, watch: &ArpWatch) {
+    const FORGED: [u8; 6] = [0x02, 0xe9, 0, 0, 0x01, 0x99];
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let mut f = Vec::with_capacity(42);
+    f.extend_from_slice(&plan::UP_MAC);
+    f.extend_from_slice(&FORGED);
+    f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 2]);
+    f.extend_from_slice(&FORGED);
+    f.extend_from_slice(&EIP.octets());
+    f.extend_from_slice(&plan::UP_MAC);
+    f.extend_from_slice(&UPSTREAM.octets());
+    let link = RawLink::open(lab.node(), "lan0").expect("a raw socket on the node router's link");
+    link.send(&f).expect("send the forged ARP reply");
+    std::thread::sleep(Duration::from_millis(300));
+    let seen = watch.double_owners(t0, Instant::now());
+    println!("k8s-ha: self-check: one forged ARP reply for {EIP} counted as {} double-owner moments", seen.len());
+    assert!(!seen.is_empty(), "the ARP watch missed a forged second owner of {EIP}");
+    let _ = lab.upstream().ip(&["neigh", "flush", "dev", "lan0", "to", &EIP.to_string()]);
+    let _ = lab.node().ip(&["neigh", "flush", "dev", "lan0", "to", &EIP.to_string()]);
+    std::thread::sleep(Duration::from_secs(1));
 }
 
 /// Waits until a churn connection started after `after` succeeds (or
