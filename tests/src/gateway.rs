@@ -86,6 +86,9 @@ pub struct KubernetesSection {
     pub timing: Option<(String, String, String)>,
     /// `clusterPodCIDRs` (the fail-closed table's source guard); empty: unset.
     pub cluster_pod_cidrs: Vec<String>,
+    /// More keys of the section, written verbatim after the others (each
+    /// line indented by two spaces, e.g. `  ha: {port: 4720}\n`).
+    pub extra: String,
 }
 
 impl GatewayConfig {
@@ -182,6 +185,7 @@ impl GatewayConfig {
             if !k.cluster_pod_cidrs.is_empty() {
                 y += &format!("  clusterPodCIDRs: [{}]\n", k.cluster_pod_cidrs.join(", "));
             }
+            y += &k.extra;
             y += &format!("admin:\n  socket: {}\nmetrics:\n  listen: {metrics}\n", socket.display());
             y += &self.extra;
             return y;

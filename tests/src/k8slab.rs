@@ -1,6 +1,8 @@
-//! The Kubernetes lab: two gateway namespaces running the real `egret
-//! gateway` in Kubernetes mode against a real kube-apiserver that runs inside
-//! the lab (docs/lab.md, "The Kubernetes lab").
+//! The Kubernetes lab: two (or three) gateway namespaces running the real
+//! `egret gateway` in Kubernetes mode against a real kube-apiserver that runs
+//! inside the lab (docs/lab.md, "The Kubernetes lab"). [`K8sLab::build`]
+//! makes the two-gateway lab; [`K8sLab::build_with`] any set of gateways
+//! (the high-availability tests use all three, `tests/tests/k8s_ha.rs`).
 //!
 //! ```text
 //!  pod-web 198.18.0.10   pod-db 198.18.0.11   pod-other 198.18.0.12
@@ -14,6 +16,7 @@
 //!        |  the upstream link are the same, so an egress IP is its own next hop)
 //!        +-- gw-1 lan0 203.0.113.21  02:e9:00:00:01:01  one-arm, role both, XDP + AF_XDP
 //!        +-- gw-2 lan0 203.0.113.22  02:e9:00:00:01:02
+//!        +-- gw-3 lan0 203.0.113.23  02:e9:00:00:01:03  (three-gateway lab only)
 //!        +-- up   lan0 203.0.113.1   UP_MAC  <- every test captures here
 //!                 srv  198.51.100.1 --- ns srv eth0 198.51.100.7 (the server)
 //!
@@ -21,6 +24,7 @@
 //!        |     kube-apiserver (192.0.2.1), see crate::apiserver
 //!        +-- gw-1 mgmt 192.0.2.11/24
 //!        +-- gw-2 mgmt 192.0.2.12/24
+//!        +-- gw-3 mgmt 192.0.2.13/24  (three-gateway lab only)
 //! ```
 //!
 //! The gateways reach the API server only over their management link; the
@@ -61,24 +65,29 @@ pub const POD_GATEWAY: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// The pods' prefix: stays inside the cluster (`throw` in the egress tables).
 pub const POD_CIDR: &str = "198.18.0.0/16";
 
-/// One of the two gateways.
+/// One of the lab's gateways.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Gw {
     /// Node `gw-1`.
     One,
     /// Node `gw-2`.
     Two,
+    /// Node `gw-3` (only in a lab built with it, see [`K8sLab::build_with`]).
+    Three,
 }
 
 impl Gw {
-    /// Both.
-    pub const ALL: [Gw; 2] = [Gw::One, Gw::Two];
+    /// Every gateway a lab can have.
+    pub const ALL: [Gw; 3] = [Gw::One, Gw::Two, Gw::Three];
+    /// The two-gateway lab's pair ([`K8sLab::build`]).
+    pub const PAIR: [Gw; 2] = [Gw::One, Gw::Two];
 
     /// The Node name (the gateway's identity in Leases).
     pub fn node_name(self) -> &'static str {
         match self {
             Gw::One => "gw-1",
             Gw::Two => "gw-2",
+            Gw::Three => "gw-3",
         }
     }
 
@@ -87,19 +96,12 @@ impl Gw {
         Gw::ALL.into_iter().find(|g| g.node_name() == name)
     }
 
-    /// The other one.
-    pub fn other(self) -> Gw {
-        match self {
-            Gw::One => Gw::Two,
-            Gw::Two => Gw::One,
-        }
-    }
-
     /// Its own address on the segment.
     pub fn lan_addr(self) -> Ipv4Addr {
         match self {
             Gw::One => Ipv4Addr::new(203, 0, 113, 21),
             Gw::Two => Ipv4Addr::new(203, 0, 113, 22),
+            Gw::Three => Ipv4Addr::new(203, 0, 113, 23),
         }
     }
 
@@ -108,6 +110,7 @@ impl Gw {
         match self {
             Gw::One => [0x02, 0xe9, 0, 0, 0x01, 0x01],
             Gw::Two => [0x02, 0xe9, 0, 0, 0x01, 0x02],
+            Gw::Three => [0x02, 0xe9, 0, 0, 0x01, 0x03],
         }
     }
 
@@ -116,13 +119,17 @@ impl Gw {
         match self {
             Gw::One => Ipv4Addr::new(192, 0, 2, 11),
             Gw::Two => Ipv4Addr::new(192, 0, 2, 12),
+            Gw::Three => Ipv4Addr::new(192, 0, 2, 13),
         }
     }
 
-    fn role(self) -> &'static str {
+    /// Its namespace's role (`<prefix>-gw1`), and the name of its ports on
+    /// the segment's bridge (`p-gw1`) and the management bridge (`m-gw1`).
+    pub fn role(self) -> &'static str {
         match self {
             Gw::One => "gw1",
             Gw::Two => "gw2",
+            Gw::Three => "gw3",
         }
     }
 }
@@ -225,9 +232,16 @@ impl K8sLab {
         format!("{TEST_PREFIX}{}xk{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Builds the topology and starts the external server. On error every
-    /// namespace made so far is deleted.
+    /// Builds the two-gateway topology ([`Gw::PAIR`]) and starts the
+    /// external server. On error every namespace made so far is deleted.
     pub fn build(prefix: &str) -> Result<Self> {
+        Self::build_with(prefix, &Gw::PAIR)
+    }
+
+    /// Builds the topology with `gateways` (each once; `gw-3` only when
+    /// asked for) and starts the external server. On error every namespace
+    /// made so far is deleted.
+    pub fn build_with(prefix: &str, gateways: &[Gw]) -> Result<Self> {
         remove_stale_test_labs();
         let ns = |role: &str| NetNs::create(&format!("{prefix}-{role}"));
         let mut pods = BTreeMap::new();
@@ -236,7 +250,7 @@ impl K8sLab {
         }
         let node = ns("node")?;
         let mut gws = BTreeMap::new();
-        for g in Gw::ALL {
+        for &g in gateways {
             gws.insert(g, ns(g.role())?);
         }
         let lan = ns("lan")?;
@@ -384,14 +398,32 @@ impl K8sLab {
         &self.node
     }
 
-    /// A gateway's namespace.
+    /// A gateway's namespace (panics for a gateway the lab was not built
+    /// with, a test's mistake).
     pub fn gateway_ns(&self, g: Gw) -> &NetNs {
         &self.gws[&g]
+    }
+
+    /// The gateways this lab was built with, in order.
+    pub fn gateways(&self) -> Vec<Gw> {
+        self.gws.keys().copied().collect()
+    }
+
+    /// The segment's namespace (its bridge `lan`, a port `p-<role>` per
+    /// gateway).
+    pub fn lan(&self) -> &NetNs {
+        &self.lan
     }
 
     /// The upstream router's namespace (capture its `lan0`).
     pub fn upstream(&self) -> &NetNs {
         &self.up
+    }
+
+    /// The external server's namespace (`srv`: every address of
+    /// [`plan::server_addrs`]).
+    pub fn server_ns(&self) -> &NetNs {
+        &self.srv
     }
 
     /// The control namespace (etcd, the API server).

@@ -15,8 +15,9 @@
 //! - [`apiserver`]: a real kube-apiserver + etcd for the control-plane tests,
 //!   on loopback or inside a lab namespace.
 //! - [`k8slab`]: the Kubernetes lab (two gateways in Kubernetes mode, the API
-//!   server inside the lab), [`probe`]: streams of new connections to time
-//!   failovers.
+//!   server inside the lab; or three, [`k8slab::K8sLab::build_with`]),
+//!   [`probe`]: streams of new connections to time failovers, [`load`]: the
+//!   load and the ARP watch of the high-availability tests.
 //! - [`nodelab`]: the worker-node lab (two worker Nodes running `egret node`
 //!   behind CNI-style masquerades, two gateways, the API server).
 //!
@@ -32,6 +33,7 @@ pub mod gateway;
 pub mod harness;
 pub mod k8slab;
 pub mod lab;
+pub mod load;
 pub mod netns;
 pub mod nodelab;
 pub mod plan;

@@ -67,6 +67,14 @@ const P: Duration = Duration::from_millis(500);
 /// New connections per second per probed pod: one every PROBE_EVERY.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 
+/// The other gateway of the two-gateway lab.
+fn other_gw(g: Gw) -> Gw {
+    match g {
+        Gw::One => Gw::Two,
+        _ => Gw::One,
+    }
+}
+
 fn http() -> SocketAddr {
     SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT)
 }
@@ -199,7 +207,7 @@ fn bring_up(lab: &K8sLab, server: &ApiServer) -> Ctx {
     println!(
         "k8s-lab: VIP {VIP} prefers {}; EgressPolicy IP {eip} prefers {}",
         preferred_vip.node_name(),
-        preferred_vip.other().node_name()
+        other_gw(preferred_vip).node_name()
     );
 
     // Static node routing: each selected pod's egress IP is its next hop.
@@ -216,7 +224,7 @@ fn bring_up(lab: &K8sLab, server: &ApiServer) -> Ctx {
     let cap_t0 = Instant::now();
 
     let mut gws = Gateways { gws: Vec::new() };
-    for g in Gw::ALL {
+    for g in Gw::PAIR {
         let cfg = GatewayConfig::kubernetes(
             &K8sLab::gateway_interfaces(),
             KubernetesSection {
@@ -224,12 +232,13 @@ fn bring_up(lab: &K8sLab, server: &ApiServer) -> Ctx {
                 kubeconfig: kubeconfig.clone(),
                 timing: None,
                 cluster_pod_cidrs: vec![],
+                extra: String::new(),
             },
         );
         let gw = Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret");
         gws.gws.push((g, gw));
     }
-    for g in Gw::ALL {
+    for g in Gw::PAIR {
         gws.get(g).wait_ready(Duration::from_secs(30)).expect("egret ready");
     }
 
@@ -254,13 +263,13 @@ fn steady_state(lab: &K8sLab, ctx: &mut Ctx) -> Gw {
     let vip_holder = lease_holder(rt, client, VIP).expect("the VIP's Lease has a holder");
     let eip_holder = lease_holder(rt, client, eip).expect("the policy IP's Lease has a holder");
     assert_eq!(vip_holder, preferred_vip, "the VIP is held by its preferred gateway");
-    assert_eq!(eip_holder, preferred_vip.other(), "the policy's IP is held by its preferred gateway");
+    assert_eq!(eip_holder, other_gw(preferred_vip), "the policy's IP is held by its preferred gateway");
     assert_one_arp_answer(lab, VIP, vip_holder);
     assert_one_arp_answer(lab, eip, eip_holder);
     let nobody = lab.arp_who_has(plan::NOT_OWNED, Duration::from_millis(300)).unwrap();
     assert!(nobody.is_empty(), "nobody answers for a free address: {nobody:?}");
     assert_owned(gws.get(vip_holder), &[VIP]);
-    assert_owned(gws.get(vip_holder.other()), &[eip]);
+    assert_owned(gws.get(other_gw(vip_holder)), &[eip]);
     vip_holder
 }
 
@@ -274,7 +283,7 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
 
     // 2. SIGKILL the VIP's holder while both pods open new connections,
     // with one TCP connection from web already established through it.
-    let survivor = vip_holder.other();
+    let survivor = other_gw(vip_holder);
     let mut kept = TcpSession::connect(lab.pod(KPod::Web), echo()).expect("a TCP connection from web to the echo port");
     let kept_before = kept.line("before the kill").expect("a line over the connection through the VIP's holder");
     assert_eq!(kept_before.seen.ip(), IpAddr::V4(VIP), "the kept connection leaves with the VIP");
@@ -434,7 +443,7 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
     assert!(after_fence >= 10, "the probe kept trying after the fence ({after_fence})");
     let arp = lab.arp_who_has(VIP, Duration::from_millis(300)).unwrap();
     assert!(arp.is_empty(), "nobody answers ARP for a fenced VIP: {arp:?}");
-    for g in Gw::ALL {
+    for g in Gw::PAIR {
         assert_owned(gws.get(g), &[]);
         let took =
             log_events(&gws.get(g).log_text(), "took egress IP").into_iter().filter(|(t, _)| *t >= wall_api).count();
@@ -495,7 +504,7 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
         db_all.len(),
         db_all.iter().filter(|a| a.seen().is_some()).count()
     );
-    for g in Gw::ALL {
+    for g in Gw::PAIR {
         let gw = gws.get(g);
         let _ = gw.terminate();
     }
@@ -559,7 +568,7 @@ fn crash_and_immediate_restart(lab: &K8sLab, server: &ApiServer) {
     for a in attempts.iter().filter_map(Attempt::seen) {
         assert_eq!(a.ip(), IpAddr::V4(VIP), "web leaves with the VIP or not at all");
     }
-    for g in Gw::ALL {
+    for g in Gw::PAIR {
         let _ = ctx.gws.get(g).terminate();
     }
 }
@@ -641,7 +650,7 @@ fn frozen_holder(lab: &K8sLab, server: &ApiServer) {
         span(&arp_replies),
     );
     if let Some(g) = taken_by {
-        assert_eq!(g, holder.other(), "the other gateway took the VIP during the freeze");
+        assert_eq!(g, other_gw(holder), "the other gateway took the VIP during the freeze");
     }
     assert_eq!(
         late(&vip_source),
@@ -659,7 +668,7 @@ fn frozen_holder(lab: &K8sLab, server: &ApiServer) {
         c.get("punt_expired")
     );
     assert_no_leaks(FROZEN, lab, &frames);
-    for g in Gw::ALL {
+    for g in Gw::PAIR {
         let _ = ctx.gws.get(g).terminate();
     }
 }
@@ -755,7 +764,7 @@ async fn setup_cluster(client: &kube::Client, eip: Ipv4Addr) -> String {
         }
     }
     namespace(client, "team-a", json!({"team": "a"})).await;
-    for g in Gw::ALL {
+    for g in Gw::PAIR {
         node(client, g.node_name(), json!({"egret.dev/gateway": "true"})).await;
     }
     for p in KPod::ALL {
@@ -785,7 +794,7 @@ fn save_artifacts(name: &str, lab: &K8sLab, frames: &[Frame]) {
     if !frames.is_empty() {
         let _ = capture::write_pcap(&dir.join(format!("{name}.pcap")), frames);
     }
-    for g in Gw::ALL {
+    for g in Gw::PAIR {
         let _ = std::fs::copy(
             lab.dir().join(format!("{}.log", g.node_name())),
             dir.join(format!("{name}.{}.log", g.node_name())),

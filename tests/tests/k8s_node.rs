@@ -237,6 +237,7 @@ fn bring_up(lab: &NodeLab, server: &ApiServer) -> Ctx {
                 // A pod the agent steers before this gateway knows it is
                 // dropped here, never forwarded with its own address.
                 cluster_pod_cidrs: vec![CLUSTER_POD_CIDR.into(), CLUSTER_POD_CIDR6.into()],
+                extra: String::new(),
             },
         );
         gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
