@@ -28,18 +28,19 @@
 //! Always asserted: no double owner (no ARP request answered by two MACs,
 //! no X, Y, X within 1 s) and no pod address outside (the ARP watch checks
 //! every frame on the upstream link; the server side records every source).
-//! Asserted when `EGRET_HA_EXPECT` is not `0` (issue 16's "Done means"; the
-//! peer channel, session sync and failsafe are not in main yet, so run with
-//! `EGRET_HA_EXPECT=0` to measure today's baseline): SIGKILL costs ≤ 1 s
+//! Asserted when `EGRET_HA_EXPECT` is not `0` (issue 16's "Done means";
+//! `EGRET_HA_CONFIG=0 EGRET_HA_EXPECT=0` measures the gateways without the
+//! channel, the baseline before issue 16): SIGKILL costs ≤ 1 s
 //! from both sides and keeps every long-lived flow; an API-server outage
 //! costs nothing (no new connection fails, every flow kept, nothing lost);
 //! a holder cut off from the API server only, or from its peers only, keeps
-//! serving; a rolling restart moves the IP at most once. `EGRET_HA_CONFIG=1` gives each gateway
-//! `kubernetes.ha: {port: 4720, keyFile: <lab>/ha.key}` (today's daemon
-//! rejects that key). `EGRET_HA_EVENTS=sigkill,cutoff` runs only those.
+//! serving; a rolling restart moves the IP at most once. Each gateway runs
+//! with `kubernetes.ha` (port 4720 on its management address, a key file in
+//! the lab's directory) unless `EGRET_HA_CONFIG=0`.
+//! `EGRET_HA_EVENTS=sigkill,cutoff` runs only those.
 //!
 //! ```text
-//! sudo EGRET_HA_EXPECT=0 cargo test -p egret-tests --test k8s_ha --locked -- --nocapture
+//! sudo cargo test -p egret-tests --test k8s_ha --locked -- --nocapture
 //! ```
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic, clippy::print_stdout)]
@@ -60,6 +61,7 @@ use egret_tests::netns::NetNs;
 use egret_tests::plan;
 use egret_tests::probe;
 use k8s_common::*;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -181,12 +183,22 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     write_token_kubeconfig(server.kubeconfig_path(), "egret-gateway", &token, &kubeconfig);
     let api_port = api_port(server);
 
-    let ha_block = if env_flag("EGRET_HA_CONFIG", false) {
-        let key = lab.dir().join("ha.key");
+    let ha = env_flag("EGRET_HA_CONFIG", true);
+    let key = lab.dir().join("ha.key");
+    if ha {
         write_key(&key);
-        format!("  ha: {{port: {HA_PORT}, keyFile: {}}}\n", key.display())
-    } else {
-        String::new()
+    }
+    let ha_block = |g: Gw| {
+        if ha {
+            format!(
+                "  ha: {{port: {HA_PORT}, address: {}, keyFile: {}, peerCache: {}}}\n",
+                g.mgmt_addr(),
+                key.display(),
+                lab.dir().join(format!("peers-{}", g.node_name())).display()
+            )
+        } else {
+            String::new()
+        }
     };
     let mut gws = BTreeMap::new();
     for g in Gw::ALL {
@@ -197,7 +209,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
                 kubeconfig: kubeconfig.clone(),
                 timing: None,
                 cluster_pod_cidrs: vec![],
-                extra: ha_block.clone(),
+                extra: ha_block(g),
             },
         );
         // Endpoint-independent filtering, for the inbound flow; inbound
@@ -530,7 +542,14 @@ async fn setup_cluster(client: &kube::Client) -> String {
     }
     namespace(client, "team-a", json!({"team": "a"})).await;
     for g in Gw::ALL {
-        node(client, g.node_name(), json!({"egret.dev/gateway": "true"})).await;
+        // The channel's address: the gateway's management address (there is
+        // no kubelet to fill in the Node's InternalIP).
+        let nodes: Api<Node> = Api::all(client.clone());
+        let n: Node = serde_json::from_value(json!({"metadata": {
+            "name": g.node_name(), "labels": {"egret.dev/gateway": "true"},
+            "annotations": {"egret.dev/ha-address": g.mgmt_addr().to_string()}}}))
+        .unwrap();
+        nodes.create(&PostParams::default(), &n).await.expect("create node");
     }
     for p in KPod::ALL {
         pod(client, "team-a", &format!("{}-1", p.name()), json!({"app": p.name()}), &p.addr().to_string()).await;

@@ -37,6 +37,7 @@ fn sessions() -> Vec<SessionRow> {
 impl GatewayView for Fake {
     fn status(&self) -> Status {
         Status {
+            cluster: None,
             config_file: "/etc/egret/gw.yaml".into(),
             generation: 7,
             uptime_secs: 12,

@@ -239,6 +239,7 @@ impl Ha {
         let (view_tx, view_rx) = watch::channel(View::default());
         let counters = Arc::new(HaCounters::default());
         let task = tokio::spawn(run(Task {
+            me: me.to_string(),
             peers: peers.clone(),
             state: state.clone(),
             mgr: mgr.clone(),
@@ -376,6 +377,7 @@ impl Ha {
 }
 
 struct Task {
+    me: String,
     peers: Peers,
     state: Arc<Mutex<State>>,
     mgr: Arc<Mutex<LeaseManager>>,
@@ -477,7 +479,14 @@ impl Task {
                     confirm(&self.mgr, &self.wake, sent, &ips);
                 }
             }
-            Message::SyncAck { ip, epoch } => self.state.lock().replicator.on_ack(from, ip, epoch),
+            Message::SyncAck { ip, epoch } => {
+                let mut st = self.state.lock();
+                let was = st.replicator.in_sync(ip);
+                st.replicator.on_ack(from, ip, epoch);
+                if !was && st.replicator.in_sync(ip) {
+                    tracing::info!(ip = %ip, standby = from, epoch, "session sync: the standby holds a complete copy");
+                }
+            }
             m => {
                 let answer = self.state.lock().standby.on_message(from, m, now);
                 if let Some(a) = answer {
@@ -495,7 +504,7 @@ impl Task {
             }
         }
         let mut st = self.state.lock();
-        st.standby.retain_holders(&view.holders);
+        st.standby.retain_holders(&self.me, &view.holders);
         st.view = view;
     }
 

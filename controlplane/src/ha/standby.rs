@@ -189,11 +189,13 @@ impl Standby {
     }
 
     /// Forgets shadows whose IP is now held by neither their holder nor
-    /// this gateway (`holders`: the Lease holder of each IP as last seen).
-    pub fn retain_holders(&mut self, holders: &BTreeMap<IpAddr, Option<String>>) {
+    /// this gateway `me` (`holders`: the Lease holder of each IP as last
+    /// seen; a shadow of an IP this gateway just took waits for
+    /// [`Standby::take`]).
+    pub fn retain_holders(&mut self, me: &str, holders: &BTreeMap<IpAddr, Option<String>>) {
         let before = self.by_ip.len();
         self.by_ip.retain(|ip, sh| match holders.get(ip) {
-            Some(Some(h)) => *h == sh.holder,
+            Some(Some(h)) => *h == sh.holder || h == me,
             // Released or unknown: kept (a released IP is taken by the next
             // candidate, which may be us).
             _ => true,
