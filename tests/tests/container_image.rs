@@ -9,7 +9,8 @@
 //! capabilities (drop ALL, add the five), `readOnlyRootFilesystem`,
 //! `allowPrivilegeEscalation: false` (no_new_privs), `privileged: false`,
 //! the memory limit, its volume mounts (the configuration read-only,
-//! `/run/egret` writable) and `hostNetwork` (the container joins the lab's
+//! `/run/egret` writable, the peer channel's Secret read-only: a temporary
+//! 48-byte key, mode 0400) and `hostNetwork` (the container joins the lab's
 //! gateway namespace, which plays the host's), with the masked and
 //! read-only /proc and /sys paths a CRI runtime sets for an unprivileged
 //! container. `seccompProfile: RuntimeDefault` becomes the default profile
@@ -435,7 +436,9 @@ fn go_arch() -> &'static str {
 /// DaemonSet's arguments, environment, security context and mounts, with
 /// `process_caps` as the process's capabilities and `seccomp` as its filter.
 /// `config_dir` is the ConfigMap's content, `run_dir` the hostPath
-/// `/run/egret`; `netns` the namespace hostNetwork shares.
+/// `/run/egret`, `secret_dir` the Secret `egret-ha`'s (the peer channel's
+/// key); `netns` the namespace hostNetwork shares.
+#[allow(clippy::too_many_arguments)]
 fn runtime_spec(
     image: &Value,
     pod: &PodSpec,
@@ -444,6 +447,7 @@ fn runtime_spec(
     netns: &Path,
     config_dir: &Path,
     run_dir: &Path,
+    secret_dir: &Path,
 ) -> Value {
     assert!(!pod.privileged, "the DaemonSet's container is privileged: nothing of its security context would hold");
     assert!(
@@ -470,6 +474,7 @@ fn runtime_spec(
         let source = match (path.as_str(), kind.as_str()) {
             ("/etc/egret", "configMap") => config_dir,
             ("/run/egret", "hostPath") => run_dir,
+            ("/etc/egret-ha", "secret") => secret_dir,
             _ => panic!("DaemonSet mount {path} ({kind}): this test does not know what to mount there"),
         };
         let mut options = vec!["rbind", "nosuid", "nodev"];
@@ -668,11 +673,12 @@ fn start(setup: &Setup) -> Run {
     let pod = PodSpec::daemonset();
 
     let dir = lab.dir().to_path_buf();
-    let (config_dir, run_dir, bundle, state) =
-        (dir.join("config"), dir.join("run"), dir.join("bundle"), dir.join("runc"));
-    for d in [&config_dir, &run_dir, &state] {
+    let (config_dir, run_dir, secret_dir, bundle, state) =
+        (dir.join("config"), dir.join("run"), dir.join("ha-key"), dir.join("bundle"), dir.join("runc"));
+    for d in [&config_dir, &run_dir, &secret_dir, &state] {
         std::fs::create_dir_all(d).unwrap();
     }
+    write_ha_key(&secret_dir);
     let config = GatewayConfig::lab_default(&lab);
     let metrics: SocketAddr = gateway::METRICS.parse().unwrap();
     let mut yaml = config.yaml(Path::new(CONTAINER_SOCKET), metrics);
@@ -700,7 +706,8 @@ fn start(setup: &Setup) -> Run {
     let process_caps: Vec<String> =
         caps.iter().filter(|c| !setup.drop_caps.iter().any(|d| c.as_str() == format!("CAP_{d}"))).cloned().collect();
     let netns_path = Path::new("/run/netns").join(lab.gateway_ns().name());
-    let mut spec = runtime_spec(&image.config(), &pod, &process_caps, filter, &netns_path, &config_dir, &run_dir);
+    let mut spec =
+        runtime_spec(&image.config(), &pod, &process_caps, filter, &netns_path, &config_dir, &run_dir, &secret_dir);
     if let Some(us) = setup.rt_runtime {
         spec["linux"]["resources"]["cpu"] = json!({"realtimeRuntime": us, "realtimePeriod": 1_000_000});
     }
@@ -710,6 +717,18 @@ fn start(setup: &Setup) -> Run {
     let container = Container::run(&bundle, &state, &format!("{prefix}-gateway"), &dir.join("container.log"));
     let admin = Admin { bin: gateway::egret_binary().unwrap(), socket: run_dir.join("egret.sock") };
     Run { container, capture: Some(capture), admin, config, lab }
+}
+
+/// The Secret `egret-ha` as the kubelet writes it (`defaultMode: 0400`):
+/// the file `key`, 48 random bytes.
+fn write_ha_key(dir: &Path) {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let mut key = [0u8; 48];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut key)).unwrap();
+    let path = dir.join("key");
+    std::fs::write(&path, key).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
 }
 
 fn root_or_skip(name: &str) -> bool {
@@ -978,7 +997,8 @@ fn the_daemonset_is_read_as_written() {
         pod.mounts,
         [
             ("/etc/egret".to_string(), true, "configMap".to_string()),
-            ("/run/egret".to_string(), false, "hostPath".to_string())
+            ("/run/egret".to_string(), false, "hostPath".to_string()),
+            ("/etc/egret-ha".to_string(), true, "secret".to_string())
         ]
     );
     let spec = runtime_spec(
@@ -989,6 +1009,7 @@ fn the_daemonset_is_read_as_written() {
         Path::new("/run/netns/x"),
         Path::new("/c"),
         Path::new("/r"),
+        Path::new("/s"),
     );
     // `$(HOST_IP)` expanded as the kubelet does, to the lab's address.
     assert_eq!(
@@ -1002,6 +1023,10 @@ fn the_daemonset_is_read_as_written() {
     );
     assert_eq!(spec["process"]["noNewPrivileges"], true);
     assert_eq!(spec["root"]["readonly"], true);
+    // The peer channel's key: the Secret's directory, read-only.
+    let key = spec["mounts"].as_array().unwrap().iter().find(|m| m["destination"] == "/etc/egret-ha").unwrap();
+    assert_eq!(key["source"], "/s");
+    assert!(key["options"].as_array().unwrap().contains(&json!("ro")), "{key}");
     assert!(!spec["process"]["capabilities"]["effective"].as_array().unwrap().contains(&json!("CAP_SYS_ADMIN")));
 }
 

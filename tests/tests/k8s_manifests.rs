@@ -13,6 +13,7 @@ mod k8s_common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use egret_tests::apiserver::ApiServer;
 use kube::discovery::Discovery;
@@ -241,6 +242,8 @@ fn every_manifest_passes_server_side_dry_run() {
                     "DaemonSet",
                     "Role",
                     "RoleBinding",
+                    // The peer channel's key (ha.enabled, no ha.existingSecret).
+                    "Secret",
                     "Service",
                     "Service",
                     "ServiceAccount",
@@ -589,4 +592,166 @@ fn the_renderer_is_helms_engine() {
     let err = try_render_chart(dir, "rel", "space", &[]).expect_err("required");
     assert!(err.contains("set .Values.must"), "{err}");
     assert!(!err.contains("HELM_ERR"), "{err}");
+}
+
+// ------------------------------------------------- kubernetes.ha (issue 16) ---
+
+/// Every document of `deploy/manifests/`.
+fn manifest_docs() -> Vec<Value> {
+    yaml_files(&deploy().join("manifests")).iter().flat_map(|f| docs(&std::fs::read_to_string(f).unwrap())).collect()
+}
+
+/// The gateway pod's volume mounted at `dir` (mount, volume), if any.
+fn mount_at<'a>(ds: &'a Value, dir: &Path) -> Option<(&'a Value, &'a Value)> {
+    let m = lookup(container(ds), "volumeMounts")
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| Path::new(&scalar(&m["mountPath"])) == dir)?;
+    let volumes = lookup(pod_spec(ds), "volumes").as_sequence().unwrap();
+    let v = volumes.iter().find(|v| v["name"] == m["name"]).unwrap_or_else(|| panic!("no volume for {m:?}"));
+    Some((m, v))
+}
+
+/// The gateway container's port named `ha`, if any.
+fn ha_port(ds: &Value) -> Option<String> {
+    let ports = container(ds).get("ports")?.as_sequence()?;
+    ports.iter().find(|p| p["name"].as_str() == Some("ha")).map(|p| {
+        assert_eq!(p["protocol"].as_str(), Some("TCP"));
+        scalar(&p["containerPort"])
+    })
+}
+
+/// The gateway's `kubernetes.ha`, read by the daemon's own loader, is wired to
+/// the pod: its key file is `key` in a read-only mount of the Secret
+/// `secret` (mode 0400), the port is the container's port `ha`, and the peer
+/// cache is on a writable volume that outlives the container. (The key file
+/// itself is not read by the loader: only the daemon's start does.)
+fn assert_ha_wired(docs: &[Value], what: &str, secret: &str) -> egret_controlplane::config::HaConfig {
+    let cfg = load_gateway_config(docs, what);
+    let ha = cfg.kubernetes.expect("Kubernetes mode").ha.unwrap_or_else(|| panic!("{what}: no kubernetes.ha"));
+    let ds = one(docs, "DaemonSet", "gateway");
+    assert_eq!(ha.key_file.file_name().and_then(|n| n.to_str()), Some("key"), "{what}: keyFile {:?}", ha.key_file);
+    let (m, v) = mount_at(ds, ha.key_file.parent().unwrap())
+        .unwrap_or_else(|| panic!("{what}: nothing mounted at {:?}", ha.key_file.parent()));
+    assert_eq!(m["readOnly"].as_bool(), Some(true), "{what}: the key's mount is read-only");
+    assert_eq!(v["secret"]["secretName"].as_str(), Some(secret), "{what}: the key's volume {v:?}");
+    assert_eq!(scalar(&v["secret"]["defaultMode"]), "256", "{what}: the key is mode 0400");
+    assert!(v["secret"].get("items").is_none(), "{what}: the Secret's key \"key\" is the file \"key\"");
+    assert_eq!(ha_port(ds), Some(ha.port.to_string()), "{what}: the container's port ha");
+    let cache = ha.peer_cache.clone().unwrap_or_else(|| panic!("{what}: no peerCache"));
+    let (m, v) =
+        mount_at(ds, cache.parent().unwrap()).unwrap_or_else(|| panic!("{what}: peerCache {cache:?} not on a volume"));
+    assert_ne!(m["readOnly"].as_bool(), Some(true), "{what}: the peer cache's volume is writable");
+    assert!(v.get("hostPath").is_some() || v.get("emptyDir").is_some(), "{what}: the peer cache's volume {v:?}");
+    ha
+}
+
+#[test]
+fn the_manifests_wire_the_peer_channel_to_the_secret_egret_ha() {
+    let docs = manifest_docs();
+    let ha = assert_ha_wired(&docs, "deploy/manifests", "egret-ha");
+    assert_eq!(ha.port, 4720);
+    assert_eq!(ha.address, None, "the address is $HOST_IP, which differs per gateway");
+    // The Secret is the user's (its key is never shipped).
+    assert!(!docs.iter().any(|d| kind(d) == "Secret"), "deploy/manifests ship no Secret");
+    let ds = one(&docs, "DaemonSet", "gateway");
+    let host_ip =
+        lookup(container(ds), "env").as_sequence().unwrap().iter().find(|e| e["name"].as_str() == Some("HOST_IP"));
+    assert_eq!(host_ip.map(|e| scalar(lookup(e, "valueFrom.fieldRef.fieldPath"))).as_deref(), Some("status.hostIP"));
+}
+
+#[test]
+fn the_chart_wires_the_peer_channel_to_its_secret() {
+    for (release, ns) in [("egret", NAMESPACE), (ALT_RELEASE, ALT_NAMESPACE)] {
+        let docs = render(release, ns, &["--set", "ha.liveness=2s", "--set", "ha.resyncPeriod=1m"]);
+        let secret = one(&docs, "Secret", "gateway");
+        let name = scalar(lookup(secret, "metadata.name"));
+        assert_eq!(scalar(lookup(secret, "metadata.namespace")), ns);
+        let key = scalar(lookup(secret, "data.key"));
+        let bytes = base64_decode(&key);
+        assert!(bytes.len() >= 48, "{release}: the chart's key is {} bytes", bytes.len());
+        let ha = assert_ha_wired(&docs, &format!("the chart as {release}"), &name);
+        assert_eq!((ha.port, ha.liveness, ha.resync_period), (4720, Duration::from_secs(2), Duration::from_secs(60)));
+    }
+    // The default release's names are the manifests'.
+    assert_eq!(scalar(lookup(one(&render("egret", NAMESPACE, &[]), "Secret", "gateway"), "metadata.name")), "egret-ha");
+    // An existing Secret: used, none created; another port follows.
+    let docs = render(ALT_RELEASE, ALT_NAMESPACE, &["--set", "ha.existingSecret=mine", "--set", "ha.port=4800"]);
+    assert!(!docs.iter().any(|d| kind(d) == "Secret"), "ha.existingSecret: the chart creates no Secret");
+    assert_eq!(assert_ha_wired(&docs, "the chart with ha.existingSecret", "mine").port, 4800);
+    // kubernetes.ha is the chart's, from ha.*.
+    let err =
+        try_render_chart(&chart_dir(), "egret", NAMESPACE, &["--set", "config.kubernetes.ha.port=1"]).unwrap_err();
+    assert!(err.contains("config.kubernetes.ha: leave it out"), "{err}");
+}
+
+#[test]
+fn ha_disabled_renders_no_channel() {
+    let docs = render("egret", NAMESPACE, &["--set", "ha.enabled=false"]);
+    let cfg = load_gateway_config(&docs, "the chart with ha.enabled=false");
+    assert_eq!(cfg.kubernetes.expect("Kubernetes mode").ha, None);
+    let ds = one(&docs, "DaemonSet", "gateway");
+    assert_eq!(ha_port(ds), None);
+    assert!(mount_at(ds, Path::new("/etc/egret-ha")).is_none());
+    assert!(!lookup(pod_spec(ds), "volumes").as_sequence().unwrap().iter().any(|v| v.get("secret").is_some()));
+    assert!(!docs.iter().any(|d| kind(d) == "Secret"));
+}
+
+/// The renderer's `lookup` always finds nothing (as `helm template`), so an
+/// upgrade is rendered with the chart's `lookup` call replaced by the Secret
+/// it would find: the key in the cluster is kept, not replaced by a new
+/// random one (which would split the gateways of a rolling upgrade).
+#[test]
+fn an_upgrade_keeps_the_key_in_the_cluster() {
+    const CALL: &str = r#"lookup "v1" "Secret" .Release.Namespace $name"#;
+    let old = "b2xkLWtleS1vbGQta2V5LW9sZC1rZXktb2xkLWtleS1vbGQta2V5LW9sZC1rZXk=";
+    let tmp = TempDir::new("helm-upgrade");
+    let chart = tmp.0.join("egret");
+    copy_dir(&chart_dir(), &chart);
+    let file = chart.join("templates/ha-secret.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains(CALL), "templates/ha-secret.yaml no longer calls {CALL}");
+    let key_of = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        let out = try_render_chart(&chart, "egret", NAMESPACE, &[]).unwrap();
+        scalar(lookup(one(&docs(&out), "Secret", "gateway"), "data.key"))
+    };
+    let found = format!(r#"dict "data" (dict "key" "{old}")"#);
+    assert_eq!(key_of(&text.replace(CALL, &found)), old, "an upgrade keeps the key");
+    // A Secret without the key (edited by hand) gets a new one, as does an install.
+    let fresh = key_of(&text.replace(CALL, r#"dict "data" (dict "other" "eA==")"#));
+    assert_ne!(fresh, old);
+    assert!(base64_decode(&fresh).len() >= 48);
+    assert_ne!(key_of(&text), key_of(&text), "an install draws a random key");
+}
+
+/// Standard base64 (RFC 4648 §4), padded, as a Secret's data.
+fn base64_decode(s: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in s.trim().bytes().filter(|&c| c != b'=') {
+        let v = ALPHABET.iter().position(|&a| a == c).unwrap_or_else(|| panic!("not base64: {s:?}"));
+        acc = (acc << 6) | v as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
 }

@@ -38,6 +38,20 @@ It is cut at 47 characters so that the longest name, "<fullname>-gateway-metrics
 {{ include "egret.fullname" . }}-gateway-leases
 {{- end }}
 
+{{/* The Secret holding the peer channel's key: ha.existingSecret, or the chart's own. */}}
+{{- define "egret.haSecretName" -}}
+{{- if .Values.ha.existingSecret }}
+{{- .Values.ha.existingSecret }}
+{{- else }}
+{{- include "egret.fullname" . }}-ha
+{{- end }}
+{{- end }}
+
+{{/* Where the gateway container mounts that Secret (not under /etc/egret, the ConfigMap's read-only volume). */}}
+{{- define "egret.haKeyDir" -}}
+/etc/egret-ha
+{{- end }}
+
 {{/* The node agent's objects. */}}
 {{- define "egret.nodeName" -}}
 {{ include "egret.fullname" . }}-node
@@ -85,6 +99,19 @@ a different kubernetes.leaseNamespace in the values is refused.
 {{- end }}
 {{- if and $cfg.metrics $cfg.metrics.listen }}
 {{- fail "config.metrics.listen: leave it out, the chart sets --metrics-listen from metrics.port" }}
+{{- end }}
+{{- if $k8s.ha }}
+{{- fail "config.kubernetes.ha: leave it out, the chart sets it from ha.* (ha.enabled, ha.port, ha.existingSecret, ha.liveness, ha.resyncPeriod)" }}
+{{- end }}
+{{- if .Values.ha.enabled }}
+{{- $ha := dict "port" (int .Values.ha.port) "keyFile" (printf "%s/key" (include "egret.haKeyDir" .)) "peerCache" "/run/egret/peers" }}
+{{- if .Values.ha.liveness }}
+{{- $_ := set $ha "liveness" .Values.ha.liveness }}
+{{- end }}
+{{- if .Values.ha.resyncPeriod }}
+{{- $_ := set $ha "resyncPeriod" .Values.ha.resyncPeriod }}
+{{- end }}
+{{- $_ := set $k8s "ha" $ha }}
 {{- end }}
 {{- $_ := set $k8s "leaseNamespace" .Release.Namespace }}
 {{- $_ := set $cfg "kubernetes" $k8s }}
