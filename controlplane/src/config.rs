@@ -865,7 +865,7 @@ impl Checker<'_> {
 
     fn ha(&mut self, h: &raw::Ha) -> Option<HaConfig> {
         let before = self.errors.len();
-        let liveness = self.duration("kubernetes.ha.liveness", h.liveness.as_deref().unwrap_or("1s"));
+        let liveness = self.duration("kubernetes.ha.liveness", h.liveness.as_deref().unwrap_or("2s"));
         let resync_period = self.duration("kubernetes.ha.resyncPeriod", h.resync_period.as_deref().unwrap_or("30s"));
         let port = h.port.unwrap_or(crate::ha::DEFAULT_PORT);
         if port == 0 {
@@ -879,6 +879,11 @@ impl Checker<'_> {
                 None
             }
         };
+        if let Some(r) = resync_period {
+            if r < Duration::from_secs(1) {
+                self.rule("kubernetes.ha.resyncPeriod", format!("{r:?} is below 1s (a full session copy per IP each period)"));
+            }
+        }
         if let Some(l) = liveness {
             if l < Duration::from_millis(200) || l > Duration::from_secs(10) {
                 self.rule("kubernetes.ha.liveness", format!("{l:?} is outside 200ms..10s"));
