@@ -90,6 +90,19 @@ enum Command {
     /// The worker-node agent: routes selected pods' traffic to the gateway
     /// holding their egress IP (`egret node status`, `egret node cleanup`).
     Node(NodeCli),
+    /// Drain a gateway: annotate its Node `egret.dev/drain=true`; it hands
+    /// each egress IP to the next candidate once that one holds a copy of
+    /// its sessions, and takes none until `--undo`.
+    Drain {
+        /// The gateway's Node name.
+        node: String,
+        /// Lift the drain.
+        #[arg(long)]
+        undo: bool,
+        /// Kubeconfig (default: in-cluster, then $KUBECONFIG).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -366,6 +379,43 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     }
 }
 
+/// `egret drain NODE [--undo]`: sets or removes the drain annotation.
+fn drain(node: &str, undo: bool, kubeconfig: Option<&std::path::Path>) -> ExitCode {
+    use egret_controlplane::k8s::observe::DRAIN_ANNOTATION;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, Patch, PatchParams};
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("egret drain: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let value = if undo { serde_json::Value::Null } else { serde_json::Value::String("true".into()) };
+    let res = rt.block_on(async {
+        let client = egret_controlplane::k8s::client(kubeconfig).await.map_err(|e| e.to_string())?;
+        let nodes: Api<Node> = Api::all(client);
+        let patch = serde_json::json!({"metadata": {"annotations": {DRAIN_ANNOTATION: value}}});
+        nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| format!("Node {node}: {e}"))
+    });
+    match res {
+        Ok(_) if undo => {
+            println!(
+                "{node}: drain lifted; it competes for egress IPs again (no pre-emption: held IPs stay where they are)"
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(_) => {
+            println!("{node}: drained; its egress IPs move to the next candidates once those hold their sessions (egret status on {node} shows them leave)");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("egret drain: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -400,6 +450,7 @@ fn main() -> ExitCode {
             client(&c, Request::Ports, |v| serde_json::from_value::<Vec<PortRow>>(v).map(|s| render::ports(&s)))
         }
         Command::Node(n) => node_main(n),
+        Command::Drain { node, undo, kubeconfig } => drain(&node, undo, kubeconfig.as_deref()),
         Command::Sessions { client: c, egress_ip, pod, proto, limit } => {
             let filter = SessionFilter { egress_ip, pod, proto, limit: Some(limit) };
             client(&c, Request::Sessions { filter }, |v| {

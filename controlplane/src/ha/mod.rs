@@ -320,19 +320,27 @@ impl Ha {
         self.state.lock().replicator.in_sync(ip)
     }
 
+    /// Asks for a full copy of each IP to its standby at the next tick
+    /// (before handing them over); [`Ha::in_sync`] says when it arrived.
+    pub fn request_full_copies(&self, ips: &[IpAddr]) {
+        let mut st = self.state.lock();
+        let standbys: Vec<String> = st
+            .replicator
+            .status(Instant::now())
+            .into_iter()
+            .filter(|r| ips.contains(&r.ip))
+            .map(|r| r.standby)
+            .collect();
+        for s in standbys {
+            st.replicator.resync_peer(&s);
+        }
+    }
+
     /// Sends a full copy of each IP to its standby now and waits (at most
     /// `wait`) until every standby acknowledged one: before giving IPs up
     /// (drain, shutdown). Returns the IPs not in sync by then.
     pub async fn flush(&self, ips: &[IpAddr], wait: Duration) -> Vec<IpAddr> {
-        {
-            let mut st = self.state.lock();
-            for ip in ips {
-                if let Some(r) = st.replicator.status(Instant::now()).iter().find(|r| r.ip == *ip) {
-                    let standby = r.standby.clone();
-                    st.replicator.resync_peer(&standby);
-                }
-            }
-        }
+        self.request_full_copies(ips);
         let deadline = Instant::now() + wait;
         loop {
             let missing: Vec<IpAddr> = {

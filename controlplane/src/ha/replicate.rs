@@ -60,15 +60,18 @@ impl Replicator {
     }
 
     /// Sets the held IPs and each one's standby (None: none reachable).
-    /// Returns the DropShadow messages for standbys that were replaced.
+    /// Returns the DropShadow messages for standbys that were replaced while
+    /// the IP stays here. An IP this gateway no longer holds keeps its
+    /// shadow on the standby: that is the copy the next holder installs.
     pub fn set_standbys(&mut self, want: &BTreeMap<IpAddr, Option<String>>) -> Vec<(String, Message)> {
         let mut out = Vec::new();
         self.by_ip.retain(|ip, r| match want.get(ip) {
             Some(Some(s)) if *s == r.standby => true,
-            _ => {
+            Some(_) => {
                 out.push((r.standby.clone(), Message::DropShadow { ip: *ip }));
                 false
             }
+            None => false,
         });
         for (ip, s) in want {
             if let (Some(s), false) = (s, self.by_ip.contains_key(ip)) {
@@ -189,5 +192,27 @@ impl Replicator {
                 since_full: r.last_full.map(|t| now.saturating_duration_since(t)),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Found by the lab's drain: the holder gave the IP up, told its standby
+    /// to drop the shadow, and the standby took the IP with nothing.
+    #[test]
+    fn giving_an_ip_up_keeps_the_standbys_copy_and_a_new_standby_drops_the_old() {
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let mut r = Replicator::new(Duration::from_secs(30));
+        assert!(r.set_standbys(&[(ip, Some("gw-2".to_string()))].into()).is_empty());
+        assert_eq!(r.due_full(Instant::now()).len(), 1);
+        // Standby changes while the IP stays here: the old one drops it.
+        let out = r.set_standbys(&[(ip, Some("gw-3".to_string()))].into());
+        assert_eq!(out, vec![("gw-2".to_string(), Message::DropShadow { ip })]);
+        // The IP leaves (fenced, drained, released): nobody is told to drop.
+        assert!(r.set_standbys(&BTreeMap::new()).is_empty());
+        assert!(r.standbys().is_empty());
     }
 }

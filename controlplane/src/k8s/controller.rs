@@ -190,7 +190,9 @@ impl Stores {
         );
     }
 
-    fn observed(&self) -> (Observed, BTreeMap<IpAddr, LeaseRecord>) {
+    /// The state as observed. Drained gateways are not eligible for
+    /// anything, except `keep` (this gateway while its hand-over runs).
+    fn observed(&self, keep: Option<&str>) -> (Observed, BTreeMap<IpAddr, LeaseRecord>) {
         let leases: BTreeMap<IpAddr, LeaseRecord> = self
             .leases
             .state()
@@ -203,7 +205,13 @@ impl Stores {
             services: self.services.state().iter().filter_map(|s| observe::service(s)).collect(),
             policies: self.policies.state().iter().map(|p| observe::policy(p)).collect(),
             pools: self.pools.state().iter().map(|p| observe::ip_pool(p)).collect(),
-            gateways: self.nodes.state().iter().map(|n| observe::node(n)).collect(),
+            gateways: self
+                .nodes
+                .state()
+                .iter()
+                .filter(|n| !observe::draining(n) || Some(n.name_any().as_str()) == keep)
+                .map(|n| observe::node(n))
+                .collect(),
             nodes: self.all_nodes.state().iter().map(|n| observe::node_meta(&n.metadata)).collect(),
             leases: leases.iter().map(|(ip, r)| (*ip, observe::lease_info(r))).collect(),
             held: BTreeSet::new(),
@@ -411,12 +419,20 @@ struct SyncLoop {
     /// Held IPs whose last renewal failed for want of an API server (the
     /// failsafe asks the peers for them).
     renew_failing: BTreeSet<IpAddr>,
+    /// When each outstanding renewal was sent: one unanswered for a retry
+    /// period counts as failing too (a dead API server may not refuse, and
+    /// a renewal times out only after renewDeadline, when the IP is fenced).
+    renew_sent: BTreeMap<IpAddr, Instant>,
     /// Counted for the report.
     counters: crate::view::ClusterCounters,
     /// Where the report goes.
     heartbeat: Arc<Heartbeat>,
     /// When the first pass ran (readiness waits a bounded time for standby copies).
     first_pass_at: Option<Instant>,
+    /// When this gateway's drain began.
+    drain_since: Option<Instant>,
+    /// A pass is due then (a drain waiting for its standbys).
+    drain_wake: Option<Instant>,
 }
 
 fn announced(spec: &TablesSpec) -> BTreeSet<IpAddr> {
@@ -429,8 +445,39 @@ fn announced(spec: &TablesSpec) -> BTreeSet<IpAddr> {
 }
 
 impl SyncLoop {
+    /// The drain of this gateway (`egret.dev/drain` on its Node): `None`
+    /// while not drained; `Some(started)` while its standbys get their
+    /// copies; once they hold them (or after [`HANDOVER_SYNC_WAIT`]) it stops
+    /// competing, so its IPs are fenced, then released.
+    fn drain_step(&mut self, now: Instant) -> bool {
+        let me = self.opts.node_name.clone();
+        let drained = self.stores.nodes.state().iter().any(|n| n.name_any() == me && observe::draining(n));
+        if !drained {
+            if self.drain_since.take().is_some() {
+                tracing::info!("drain lifted: competing for egress IPs again");
+            }
+            return false;
+        }
+        let held: Vec<IpAddr> = self.mgr.lock().held(now).into_iter().collect();
+        let since = *self.drain_since.get_or_insert_with(|| {
+            tracing::info!(ips = ?held, "drained: handing the egress IPs over once the standbys hold their sessions");
+            if let Some(ha) = &self.ha {
+                ha.request_full_copies(&held);
+            }
+            now
+        });
+        let synced = self.ha.as_ref().is_none_or(|ha| held.iter().all(|ip| ha.in_sync(*ip)));
+        let done = synced || now >= since + HANDOVER_SYNC_WAIT;
+        if !done {
+            self.drain_wake = Some(now + Duration::from_millis(50));
+        }
+        done
+    }
+
     fn pass(&mut self, now: Instant) {
-        let (mut obs, leases) = self.stores.observed();
+        let handing_over = !self.drain_step(now) && self.drain_since.is_some();
+        let me = self.opts.node_name.clone();
+        let (mut obs, leases) = self.stores.observed(handing_over.then_some(me.as_str()));
         for (ip, rec) in &leases {
             self.mgr.lock().observe(*ip, Some(rec.clone()), now);
         }
@@ -469,6 +516,9 @@ impl SyncLoop {
         self.mgr.lock().forget_unused(&in_use, &watched);
         let actions = self.mgr.lock().plan(now, &candidates, applied);
         for (ip, action) in actions {
+            if matches!(action, Action::Renew { .. }) {
+                self.renew_sent.entry(ip).or_insert(now);
+            }
             let api = self.leases.clone();
             let opts = self.opts.clone();
             let next_hop = d.ips.get(&ip).and_then(|a| a.next_hop);
@@ -562,7 +612,14 @@ impl SyncLoop {
         crate::ha::View {
             peers,
             held,
-            failing: self.renew_failing.intersection(&held_now).copied().collect(),
+            failing: held_now
+                .iter()
+                .filter(|ip| {
+                    self.renew_failing.contains(ip)
+                        || self.renew_sent.get(ip).is_some_and(|t| now >= *t + self.opts.timing.retry_period)
+                })
+                .copied()
+                .collect(),
             holders: leases.iter().map(|(ip, r)| (*ip, r.holder.clone().filter(|h| !h.is_empty()))).collect(),
             retry_period: self.opts.timing.retry_period,
         }
@@ -668,6 +725,9 @@ impl SyncLoop {
             Err(Failure::Other(_)) => self.counters.lease_api_errors += 1,
             Err(Failure::Conflict) => self.counters.lease_conflicts += 1,
             _ => {}
+        }
+        if matches!(r.action, Action::Renew { .. }) {
+            self.renew_sent.remove(&r.ip);
         }
         match (&r.action, &r.result) {
             (Action::Renew { .. }, Err(Failure::Other(_))) => {
@@ -946,9 +1006,12 @@ pub async fn run_supervised(
         mgr,
         ha,
         renew_failing: BTreeSet::new(),
+        renew_sent: BTreeMap::new(),
         counters: Default::default(),
         heartbeat: heartbeat.clone(),
         first_pass_at: None,
+        drain_since: None,
+        drain_wake: None,
         local: LocalConfig {
             node_name: opts.node_name.clone(),
             nat: opts.nat,
@@ -979,7 +1042,10 @@ pub async fn run_supervised(
             sync.status_sent.clear();
         }
         while sync.writes.try_join_next().is_some() {}
-        let wake = sync.mgr.lock().next_wake(now).min(next_full);
+        let mut wake = sync.mgr.lock().next_wake(now).min(next_full);
+        if let Some(w) = sync.drain_wake.take() {
+            wake = wake.min(w);
+        }
         tokio::select! {
             biased;
             _ = &mut shutdown => break,

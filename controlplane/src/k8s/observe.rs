@@ -156,6 +156,16 @@ pub fn ip_pool(p: &EgressIPPool) -> PoolInfo {
     PoolInfo { name: p.name_any(), generation: p.metadata.generation, spec: p.spec.clone(), status: p.status.clone() }
 }
 
+/// A gateway Node annotated `egret.dev/drain: "true"` hands its egress IPs
+/// to the next candidates (after its standbys hold their session copies)
+/// and takes none (`egret drain`).
+pub const DRAIN_ANNOTATION: &str = "egret.dev/drain";
+
+/// Whether a gateway Node is being drained.
+pub fn draining(n: &k8s_openapi::api::core::v1::Node) -> bool {
+    n.annotations().get(DRAIN_ANNOTATION).is_some_and(|v| v == "true")
+}
+
 /// The annotation overriding a gateway Node's channel address.
 pub const HA_ADDRESS_ANNOTATION: &str = "egret.dev/ha-address";
 
