@@ -400,13 +400,13 @@ fn drain(node: &str, undo: bool, kubeconfig: Option<&std::path::Path>) -> ExitCo
     });
     match res {
         Ok(_) if undo => {
-            println!(
-                "{node}: drain lifted; it competes for egress IPs again (no pre-emption: held IPs stay where they are)"
-            );
+            print(&format!(
+                "{node}: drain lifted; it competes for egress IPs again (no pre-emption: held IPs stay where they are)\n"
+            ));
             ExitCode::SUCCESS
         }
         Ok(_) => {
-            println!("{node}: drained; its egress IPs move to the next candidates once those hold their sessions (egret status on {node} shows them leave)");
+            print(&format!("{node}: drained; its egress IPs move to the next candidates once those hold their sessions (egret status on {node} shows them leave)\n"));
             ExitCode::SUCCESS
         }
         Err(e) => {
