@@ -105,6 +105,46 @@ where
     reader
 }
 
+/// The Lease watch's backoff after an error: 200 ms doubling to 2 s, not
+/// kube-runtime's default 800 ms to 30 s (kind to a struggling API server,
+/// but after a 20 s outage a standby could re-list the Leases 25 s late and
+/// take a dead holder's IP that much later). The Lease list is one
+/// namespace's few objects.
+#[derive(Debug, Clone, Default)]
+struct LeaseBackoff {
+    next: Option<Duration>,
+}
+
+impl Iterator for LeaseBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next.map_or(Duration::from_millis(200), |d| (d * 2).min(Duration::from_secs(2)));
+        self.next = Some(d);
+        Some(d)
+    }
+}
+
+impl kube::runtime::utils::Backoff for LeaseBackoff {
+    fn reset(&mut self) {
+        self.next = None;
+    }
+}
+
+fn watch_leases(api: Api<Lease>, cfg: watcher::Config, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> Store<Lease> {
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, cfg)
+        .map_ok(|ev| {
+            ev.modify(|o| {
+                o.managed_fields_mut().clear();
+            })
+        })
+        .backoff(LeaseBackoff::default())
+        .reflect(writer);
+    drive("Lease".to_string(), stream, notify, tasks);
+    reader
+}
+
 /// Every Node's metadata only (names and labels: `PerNode` policies'
 /// targets), so a large cluster's Node objects are not held whole.
 pub(crate) fn watch_node_metadata(
@@ -168,7 +208,7 @@ impl Stores {
             pools: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
             nodes: watch(Api::all(client.clone()), all.clone().labels(&opts.gateway_selector), notify.clone(), tasks),
             all_nodes: watch_node_metadata(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
-            leases: watch(
+            leases: watch_leases(
                 Api::namespaced(client.clone(), &opts.lease_namespace),
                 all.labels(&format!("{LEASE_LABEL}={LEASE_LABEL_VALUE}")),
                 notify.clone(),
@@ -226,6 +266,9 @@ struct LeaseResult {
     action: Action,
     sent: Instant,
     result: Result<Option<LeaseRecord>, Failure>,
+    /// After a conflict: the Lease as the API server has it now (the watch
+    /// may lag, e.g. a renewal whose answer was lost applied anyway).
+    fresh: Option<LeaseRecord>,
 }
 
 fn failure(e: kube::Error) -> Failure {
@@ -529,8 +572,16 @@ impl SyncLoop {
             let tx = self.results.clone();
             tokio::spawn(async move {
                 let sent = Instant::now();
-                let result = send_lease_action(api, opts, ip, next_hop, failsafe, prev, action.clone()).await;
-                let _ = tx.send(LeaseResult { ip, action, sent, result });
+                let result =
+                    send_lease_action(api.clone(), opts.clone(), ip, next_hop, failsafe, prev, action.clone()).await;
+                let fresh = match result {
+                    Err(Failure::Conflict) => {
+                        let get = tokio::time::timeout(opts.timing.retry_period, api.get(&lease_name(ip))).await;
+                        get.ok().and_then(Result::ok).map(|l| observe::lease_record(&l))
+                    }
+                    _ => None,
+                };
+                let _ = tx.send(LeaseResult { ip, action, sent, result, fresh });
             });
         }
 
@@ -730,7 +781,10 @@ impl SyncLoop {
             self.renew_sent.remove(&r.ip);
         }
         match (&r.action, &r.result) {
-            (Action::Renew { .. }, Err(Failure::Other(_))) => {
+            // A conflict on a renewal: the fresh record below decides (one
+            // naming someone else fences); until a renewal succeeds the
+            // peers are asked, and they refuse if their record names another.
+            (Action::Renew { .. }, Err(Failure::Other(_) | Failure::Conflict)) => {
                 self.renew_failing.insert(r.ip);
             }
             (_, Ok(_)) | (_, Err(Failure::Conflict | Failure::NotFound)) => {
@@ -739,6 +793,12 @@ impl SyncLoop {
             _ => {}
         }
         let taken = self.mgr.lock().on_result(r.ip, &r.action, r.sent, r.result, now);
+        if let Some(fresh) = r.fresh {
+            // Newer than what the watch showed: a record naming someone else
+            // fences at once (observe), one naming us gives the next renewal
+            // the right resourceVersion.
+            self.mgr.lock().observe(r.ip, Some(fresh), now);
+        }
         // Before any tables holding a newly taken IP are applied.
         self.push_valid_until();
         if let Some(taken) = taken {
