@@ -612,6 +612,13 @@ impl Gateway {
         c.wait().map_err(|e| LabError::io("wait for egret", e))
     }
 
+    /// Starts the daemon again with the current configuration, without
+    /// waiting for it to be ready (it may not be: a Kubernetes-mode gateway
+    /// started while the API server is down).
+    pub fn start_again(&mut self) -> Result<()> {
+        self.launch()
+    }
+
     /// Starts the daemon again with the current configuration and waits
     /// until it is ready.
     pub fn restart(&mut self) -> Result<()> {

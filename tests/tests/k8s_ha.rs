@@ -87,6 +87,13 @@ const EVENTS: [&str; 8] = [
     "rolling-restart",
 ];
 
+/// Events run only when named in `EGRET_HA_EVENTS`.
+const OPT_IN: [&str; 1] = [
+    // Issue 16 §4's last cell: the API server down for everyone, and a
+    // gateway other than the holder restarts during the outage.
+    "api-down-peer-restart",
+];
+
 fn env_flag(name: &str, default: bool) -> bool {
     std::env::var(name).map(|v| !matches!(v.trim(), "0" | "false" | "off" | "")).unwrap_or(default)
 }
@@ -106,9 +113,12 @@ fn selected_events() -> Vec<&'static str> {
         Ok(list) if !list.trim().is_empty() => {
             let want: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
             for w in &want {
-                assert!(EVENTS.contains(&w.as_str()), "EGRET_HA_EVENTS: unknown event {w:?} (known: {EVENTS:?})");
+                assert!(
+                    EVENTS.contains(&w.as_str()) || OPT_IN.contains(&w.as_str()),
+                    "EGRET_HA_EVENTS: unknown event {w:?} (known: {EVENTS:?}, {OPT_IN:?})"
+                );
             }
-            EVENTS.into_iter().filter(|e| want.iter().any(|w| w == e)).collect()
+            EVENTS.into_iter().chain(OPT_IN).filter(|e| want.iter().any(|w| w == e)).collect()
         }
         _ => EVENTS.to_vec(),
     }
@@ -387,6 +397,24 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
             println!("k8s-ha: API server down for {} s", api_outage().as_secs());
             std::thread::sleep(api_outage());
             ctx.server.restart_apiserver_blocking().expect("restart the API server");
+            wait_recovered(&load, Instant::now(), Duration::from_secs(30));
+        }
+        "api-down-peer-restart" => {
+            let peer = Gw::ALL.into_iter().find(|g| *g != holder).unwrap();
+            ctx.server.kill_apiserver_blocking().expect("stop the API server");
+            std::thread::sleep(Duration::from_secs(5));
+            let gw = ctx.gws.get_mut(&peer).unwrap();
+            let t = Instant::now();
+            gw.terminate().expect("SIGTERM a peer");
+            gw.start_again().expect("start the peer again");
+            println!(
+                "k8s-ha: {event}: {} restarted during the outage ({} ms to exec)",
+                peer.node_name(),
+                ms(t.elapsed())
+            );
+            std::thread::sleep(api_outage().saturating_sub(Duration::from_secs(5)));
+            ctx.server.restart_apiserver_blocking().expect("restart the API server");
+            ctx.gws.get_mut(&peer).unwrap().wait_ready(Duration::from_secs(60)).expect("the restarted peer ready");
             wait_recovered(&load, Instant::now(), Duration::from_secs(30));
         }
         "api-cut-holder" | "peers-cut-holder" | "both-cut-holder" => {
