@@ -315,6 +315,12 @@ impl Ha {
         confirm(&self.mgr, &self.wake, now, &alone);
     }
 
+    /// This process's channel incarnation (written into the Leases it
+    /// holds, so a proof of its death frees only its own records).
+    pub fn incarnation(&self) -> u64 {
+        self.peers.incarnation()
+    }
+
     /// Whether the standby of `ip` holds its latest full copy.
     pub fn in_sync(&self, ip: IpAddr) -> bool {
         self.state.lock().replicator.in_sync(ip)
@@ -446,7 +452,7 @@ impl Task {
                 self.state.lock().up.remove(&peer);
                 if end.proves_death() {
                     self.counters.peers_gone.fetch_add(1, Ordering::Relaxed);
-                    let ips = self.mgr.lock().holder_gone(&peer, now);
+                    let ips = self.mgr.lock().holder_gone(&peer, incarnation, now);
                     self.counters.early_takeovers_allowed.fetch_add(ips.len() as u64, Ordering::Relaxed);
                     tracing::warn!(peer = %peer, incarnation, ips = ?ips, "peer channel: the peer's process died; its IPs are taken over without waiting for their Leases");
                     self.wake.notify_one();

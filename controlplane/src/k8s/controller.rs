@@ -55,8 +55,8 @@ use super::crd::{
     reason, EgressIPPool, EgressPolicy, LEASE_IP_ANNOTATION, LEASE_LABEL, LEASE_LABEL_VALUE, LEASE_NEXT_HOP_ANNOTATION,
 };
 use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
-use super::lease::FAILSAFE_ANNOTATION;
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
+use super::lease::{FAILSAFE_ANNOTATION, INCARNATION_ANNOTATION};
 use super::{observe, Heartbeat, K8sError, K8sOptions};
 use crate::sink::TablesSink;
 
@@ -286,6 +286,7 @@ fn lease_object(
     ip: IpAddr,
     next_hop: Option<IpAddr>,
     failsafe: Option<&[String]>,
+    incarnation: Option<u64>,
     holder: Option<&str>,
     prev: Option<&LeaseRecord>,
     action: &Action,
@@ -297,6 +298,9 @@ fn lease_object(
     }
     if let Some(peers) = failsafe {
         annotations.insert(FAILSAFE_ANNOTATION.to_string(), peers.join(","));
+    }
+    if let Some(i) = incarnation {
+        annotations.insert(INCARNATION_ANNOTATION.to_string(), i.to_string());
     }
     let (rv, transitions, acquire) = match action {
         Action::Create => (None, 0, Some(wall)),
@@ -337,7 +341,7 @@ async fn send_lease_action(
     opts: K8sOptions,
     ip: IpAddr,
     next_hop: Option<IpAddr>,
-    failsafe: Option<Vec<String>>,
+    failsafe: Option<(Vec<String>, u64)>,
     prev: Option<LeaseRecord>,
     action: Action,
 ) -> Result<Option<LeaseRecord>, Failure> {
@@ -346,7 +350,8 @@ async fn send_lease_action(
         &opts,
         ip,
         next_hop,
-        failsafe.as_deref(),
+        failsafe.as_ref().map(|(p, _)| p.as_slice()),
+        failsafe.as_ref().map(|(_, i)| *i),
         Some(&opts.node_name),
         prev.as_ref(),
         &action,
@@ -566,8 +571,10 @@ impl SyncLoop {
             let opts = self.opts.clone();
             let next_hop = d.ips.get(&ip).and_then(|a| a.next_hop);
             let prev = self.mgr.lock().record(ip).cloned();
-            let failsafe = self.ha.as_ref().map(|_| {
-                candidates.get(&ip).map(|c| c.iter().filter(|n| **n != me).cloned().collect()).unwrap_or_default()
+            let failsafe = self.ha.as_ref().map(|ha| {
+                let peers =
+                    candidates.get(&ip).map(|c| c.iter().filter(|n| **n != me).cloned().collect()).unwrap_or_default();
+                (peers, ha.incarnation())
             });
             let tx = self.results.clone();
             tokio::spawn(async move {
@@ -977,9 +984,14 @@ impl SyncLoop {
         let held: Vec<IpAddr> = self.mgr.lock().held(Instant::now()).into_iter().collect();
         if let Some(ha) = &self.ha {
             // Hand over with the sessions: each standby gets a full copy
-            // first (bounded: the Leases are still renewed meanwhile).
+            // first (bounded).
             let t0 = Instant::now();
-            let missing = ha.flush(&held, HANDOVER_SYNC_WAIT).await;
+            // Nothing renews while this waits (the loop has ended): stay
+            // well inside the deadline of the last renewal (sent less than
+            // a retry period ago, valid for renewDeadline).
+            let wait = HANDOVER_SYNC_WAIT
+                .min(self.opts.timing.renew_deadline.saturating_sub(self.opts.timing.retry_period * 2));
+            let missing = ha.flush(&held, wait).await;
             tracing::info!(ips = ?held, not_in_sync = ?missing, ms = t0.elapsed().as_millis() as u64, "hand-over: standbys synchronised");
         }
         let now = Instant::now();

@@ -176,7 +176,14 @@ pub struct LeaseRecord {
     /// without the peer channel). Only they may take the Lease over once it
     /// expired: see [`LeaseManager::plan`].
     pub failsafe: Option<BTreeSet<String>>,
+    /// The holder process's channel incarnation (annotation
+    /// [`INCARNATION_ANNOTATION`]): a proof of death names the process it
+    /// is about, and only that process's records are freed by it.
+    pub incarnation: Option<u64>,
 }
+
+/// The Lease annotation naming the holder process's channel incarnation.
+pub const INCARNATION_ANNOTATION: &str = "egret.dev/holder-incarnation";
 
 /// The Lease annotation listing the gateways the holder asks for failsafe
 /// acknowledgments (Patroni's `/failsafe` key): comma-separated Node names.
@@ -360,10 +367,15 @@ impl LeaseManager {
     /// waiting for them to expire, each candidate after its rank's stagger.
     /// Returns those IPs. A newer record (the holder restarted and took its
     /// Lease back) cancels this.
-    pub fn holder_gone(&mut self, holder: &str, now: Instant) -> Vec<IpAddr> {
+    /// Only records written by that process (`incarnation`, the one whose
+    /// channel ended) are freed: a late proof about a process that already
+    /// restarted and renewed its Lease frees nothing.
+    pub fn holder_gone(&mut self, holder: &str, incarnation: u64, now: Instant) -> Vec<IpAddr> {
         let mut ips = Vec::new();
         for (ip, st) in &mut self.ips {
-            if st.held_since_send.is_none() && st.record.as_ref().and_then(|r| r.holder()) == Some(holder) {
+            let by_it =
+                st.record.as_ref().is_some_and(|r| r.holder() == Some(holder) && r.incarnation == Some(incarnation));
+            if st.held_since_send.is_none() && by_it {
                 st.gone_at.get_or_insert(now);
                 ips.push(*ip);
             }
@@ -980,22 +992,30 @@ mod tests {
         let c = cands("198.51.100.10", &["gw-a", "gw-b", "gw-c"]);
         let mut b = mgr("gw-b");
         let mut cc = mgr("gw-c");
-        b.observe(x, Some(rec(Some("gw-a"), 10)), t0);
-        cc.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        let by = |inc: u64, rv: u64| LeaseRecord { incarnation: Some(inc), ..rec(Some("gw-a"), rv) };
+        b.observe(x, Some(by(7, 10)), t0);
+        cc.observe(x, Some(by(7, 10)), t0);
         assert_eq!(b.plan(t0 + ms(100), &c, true), vec![]);
-        assert_eq!(b.holder_gone("gw-a", t0 + ms(200)), vec![x]);
-        assert_eq!(b.holder_gone("gw-x", t0 + ms(200)), Vec::<IpAddr>::new(), "only the holder's IPs");
+        assert_eq!(b.holder_gone("gw-a", 8, t0 + ms(200)), Vec::<IpAddr>::new(), "another process of gw-a");
+        assert_eq!(b.holder_gone("gw-x", 7, t0 + ms(200)), Vec::<IpAddr>::new(), "only the holder's IPs");
+        assert_eq!(b.holder_gone("gw-a", 7, t0 + ms(200)), vec![x]);
         assert_eq!(b.plan(t0 + ms(200), &c, true).len(), 1, "rank 0: at once");
-        cc.holder_gone("gw-a", t0 + ms(200));
+        cc.holder_gone("gw-a", 7, t0 + ms(200));
         assert_eq!(cc.plan(t0 + ms(200), &c, true), vec![], "rank 1 waits its stagger");
         assert_eq!(cc.plan(t0 + ms(200) + P, &c, true).len(), 1);
         // The holder restarted and renewed: its Lease is live again.
         let mut b2 = mgr("gw-b");
-        b2.observe(x, Some(rec(Some("gw-a"), 10)), t0);
-        b2.holder_gone("gw-a", t0 + ms(200));
-        b2.observe(x, Some(rec(Some("gw-a"), 11)), t0 + ms(250));
+        b2.observe(x, Some(by(7, 10)), t0);
+        b2.holder_gone("gw-a", 7, t0 + ms(200));
+        b2.observe(x, Some(by(9, 11)), t0 + ms(250));
         assert_eq!(b2.plan(t0 + ms(300), &c, true), vec![]);
         assert_eq!(b2.plan(t0 + ms(250) + D, &c, true).len(), 1, "expiry rules again");
+        // The proof arrives late, after the restarted process (incarnation 9)
+        // renewed: it is about incarnation 7 and frees nothing.
+        let mut b3 = mgr("gw-b");
+        b3.observe(x, Some(by(9, 11)), t0);
+        assert_eq!(b3.holder_gone("gw-a", 7, t0 + ms(10)), Vec::<IpAddr>::new());
+        assert_eq!(b3.plan(t0 + ms(20), &c, true), vec![]);
     }
 
     /// Issue 16 (Patroni's failsafe): a promise keeps a peer from taking the
@@ -1049,7 +1069,11 @@ mod tests {
         b.observe(x, Some(rec(Some("gw-a"), 10)), t0);
         assert_eq!(b.plan(t0 + D, &c, true).len(), 1);
         assert_eq!(b.promise(x, "gw-a", t0 + D), Err(FailsafeRefusal::InFlight));
-        // A holder that was fenced is not extended by a late confirmation.
+        // A holder that was fenced is not extended by a late confirmation
+        // (a was fenced in the loop above), nor is an IP it never had.
+        assert!(a.held(t0 + P * 40).is_empty());
+        assert!(!a.failsafe_confirmed(x, t0 + P * 40));
+        assert!(a.held(t0 + P * 40).is_empty());
         assert!(!a.failsafe_confirmed(ip("198.51.100.99"), t0));
     }
 
@@ -1062,10 +1086,11 @@ mod tests {
         let c = cands("198.51.100.10", &["gw-a", "gw-b", "gw-n"]);
         let mut r = rec(Some("gw-a"), 10);
         r.failsafe = Some(["gw-b".to_string()].into());
+        r.incarnation = Some(3);
         let mut n = mgr("gw-n");
         n.observe(x, Some(r.clone()), t0);
         assert_eq!(n.plan(t0 + D * 10, &c, true), vec![], "gw-n is not listed");
-        n.holder_gone("gw-a", t0 + D * 10);
+        n.holder_gone("gw-a", 3, t0 + D * 10);
         assert_eq!(n.plan(t0 + D * 10 + P, &c, true).len(), 1, "a dead holder's Lease: listed or not");
         let mut b = mgr("gw-b");
         b.observe(x, Some(r), t0);

@@ -201,6 +201,7 @@ pub fn lease_record(l: &Lease) -> LeaseRecord {
         transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
         acquire_time: spec.and_then(|s| s.acquire_time.as_ref()).map(|t| t.0),
         renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
+        incarnation: l.annotations().get(crate::k8s::lease::INCARNATION_ANNOTATION).and_then(|v| v.parse().ok()),
         failsafe: l
             .annotations()
             .get(crate::k8s::lease::FAILSAFE_ANNOTATION)
