@@ -98,7 +98,9 @@ impl Standby {
                 let mut refused = 0u64;
                 if let Some(t) = target {
                     let mut room = room;
-                    for r in upserts {
+                    // A record of another egress IP is a peer's bug: never
+                    // installed under this one.
+                    for r in upserts.into_iter().filter(|r| r.egress == ip) {
                         let k = r.key();
                         if t.contains_key(&k) || room > 0 {
                             if !t.contains_key(&k) {
@@ -298,5 +300,15 @@ mod tests {
         );
         assert_eq!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 1, count: 3 }, t0), None);
         assert_eq!((s.sessions(), s.refused), (2, 1));
+    }
+
+    #[test]
+    fn records_of_another_egress_ip_are_not_kept() {
+        let t0 = Instant::now();
+        let ip: IpAddr = "198.51.100.11".parse().unwrap();
+        let mut s = Standby::new(10);
+        // rec() translates to 198.51.100.10, not to the message's IP.
+        s.on_message("gw-1", Message::Sessions { ip, epoch: 0, upserts: vec![rec(1, 0)], removes: vec![] }, t0);
+        assert_eq!(s.sessions(), 0);
     }
 }
