@@ -105,11 +105,12 @@ where
     reader
 }
 
-/// The Lease watch's backoff after an error: 200 ms doubling to 2 s, not
-/// kube-runtime's default 800 ms to 30 s (kind to a struggling API server,
-/// but after a 20 s outage a standby could re-list the Leases 25 s late and
-/// take a dead holder's IP that much later). The Lease list is one
-/// namespace's few objects.
+/// The backoff after an error of the Lease watch and the gateway Nodes'
+/// watch: 200 ms doubling to 2 s, not kube-runtime's default 800 ms to 30 s
+/// (kind to a struggling API server, but after a 20 s outage a standby could
+/// re-list the Leases 25 s late and take a dead holder's IP that much later,
+/// and a drained gateway saw its drain as late). Both lists are a few
+/// objects: one namespace's Leases, the Nodes labelled gateway.
 #[derive(Debug, Clone, Default)]
 struct LeaseBackoff {
     next: Option<Duration>,
@@ -131,8 +132,13 @@ impl kube::runtime::utils::Backoff for LeaseBackoff {
     }
 }
 
-fn watch_leases(api: Api<Lease>, cfg: watcher::Config, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> Store<Lease> {
+fn watch_fast<K>(api: Api<K>, cfg: watcher::Config, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
     let (reader, writer) = reflector::store();
+    let kind = K::kind(&K::DynamicType::default()).to_string();
     let stream = watcher(api, cfg)
         .map_ok(|ev| {
             ev.modify(|o| {
@@ -141,7 +147,7 @@ fn watch_leases(api: Api<Lease>, cfg: watcher::Config, notify: Arc<Notify>, task
         })
         .backoff(LeaseBackoff::default())
         .reflect(writer);
-    drive("Lease".to_string(), stream, notify, tasks);
+    drive(kind, stream, notify, tasks);
     reader
 }
 
@@ -206,9 +212,14 @@ impl Stores {
             services: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
             policies: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
             pools: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
-            nodes: watch(Api::all(client.clone()), all.clone().labels(&opts.gateway_selector), notify.clone(), tasks),
+            nodes: watch_fast(
+                Api::all(client.clone()),
+                all.clone().labels(&opts.gateway_selector),
+                notify.clone(),
+                tasks,
+            ),
             all_nodes: watch_node_metadata(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
-            leases: watch_leases(
+            leases: watch_fast(
                 Api::namespaced(client.clone(), &opts.lease_namespace),
                 all.labels(&format!("{LEASE_LABEL}={LEASE_LABEL_VALUE}")),
                 notify.clone(),
