@@ -881,7 +881,10 @@ impl Checker<'_> {
         };
         if let Some(r) = resync_period {
             if r < Duration::from_secs(1) {
-                self.rule("kubernetes.ha.resyncPeriod", format!("{r:?} is below 1s (a full session copy per IP each period)"));
+                self.rule(
+                    "kubernetes.ha.resyncPeriod",
+                    format!("{r:?} is below 1s (a full session copy per IP each period)"),
+                );
             }
         }
         if let Some(l) = liveness {
