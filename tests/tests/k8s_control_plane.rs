@@ -28,16 +28,7 @@ fn ip(s: &str) -> IpAddr {
 
 #[test]
 fn one_gateway_tables_status_and_events() {
-    match ApiServer::available_or_skip("one_gateway_tables_status_and_events") {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => panic!("{e}"),
-    }
-    let server = ApiServer::start().expect("start kube-apiserver + etcd");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(scenario(&server));
-    drop(rt);
-    server.stop().expect("stop");
+    with_api_server("one_gateway_tables_status_and_events", |server, rt| rt.block_on(scenario(server)));
 }
 
 async fn scenario(server: &ApiServer) {

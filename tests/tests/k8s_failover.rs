@@ -37,16 +37,7 @@ const P: Duration = Duration::from_millis(500);
 
 #[test]
 fn two_gateways_one_owner_fencing_and_failover() {
-    match ApiServer::available_or_skip("two_gateways_one_owner_fencing_and_failover") {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => panic!("{e}"),
-    }
-    let server = ApiServer::start().expect("start kube-apiserver + etcd");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(scenario(&server));
-    drop(rt);
-    server.stop().expect("stop");
+    with_api_server("two_gateways_one_owner_fencing_and_failover", |server, rt| rt.block_on(scenario(server)));
 }
 
 /// Two IPs preferring gw-1 and two preferring gw-2.

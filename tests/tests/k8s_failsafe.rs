@@ -48,16 +48,7 @@ const NAMES: [&str; 3] = ["gw-1", "gw-2", "gw-3"];
 
 #[test]
 fn three_gateways_keep_their_ips_through_api_outages() {
-    match ApiServer::available_or_skip("three_gateways_keep_their_ips_through_api_outages") {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => panic!("{e}"),
-    }
-    let server = ApiServer::start().expect("start kube-apiserver + etcd");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(scenario(&server));
-    drop(rt);
-    server.stop().expect("stop");
+    with_api_server("three_gateways_keep_their_ips_through_api_outages", |server, rt| rt.block_on(scenario(server)));
 }
 
 /// A proxy in front of the API server that can be cut and restored.

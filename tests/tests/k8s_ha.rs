@@ -51,7 +51,6 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_tests::apiserver::ApiServer;
 use egret_tests::frames::RawLink;
 use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
@@ -622,18 +621,7 @@ async fn setup_cluster(client: &kube::Client) -> String {
     for p in KPod::ALL {
         pod(client, "team-a", &format!("{}-1", p.name()), json!({"app": p.name()}), &p.addr().to_string()).await;
     }
-    let policy: EgressPolicy = serde_json::from_value(json!({
-        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
-        "metadata": {"name": "db"},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"team": "a"}},
-            "podSelector": {"matchLabels": {"app": "db"}},
-            "destinations": ["0.0.0.0/0"],
-            "egressIPs": [{"ip": EIP.to_string()}]
-        }
-    }))
-    .unwrap();
-    Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.expect("policy");
+    db_policy(client, EIP).await;
     service_account_token(client, "egret-gateway").await
 }
 

@@ -37,7 +37,6 @@ mod k8s_common;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime};
 
-use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_controlplane::k8s::desired::rank_gateways;
 use egret_controlplane::k8s::lease::lease_name;
 use egret_tests::apiserver::ApiServer;
@@ -49,7 +48,7 @@ use egret_tests::plan;
 use egret_tests::probe::{self, Attempt, Prober};
 use k8s_common::*;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use serde_json::json;
 
 const NAME: &str = "k8s_lab_service_vip_failover_and_api_outage";
@@ -771,18 +770,7 @@ async fn setup_cluster(client: &kube::Client, eip: Ipv4Addr) -> String {
         pod(client, "team-a", &format!("{}-1", p.name()), json!({"app": p.name()}), &p.addr().to_string()).await;
     }
     lb_service(client, "team-a", "web", json!({"app": "web"}), &[443], &VIP.to_string()).await;
-    let policy: EgressPolicy = serde_json::from_value(json!({
-        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
-        "metadata": {"name": "db"},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"team": "a"}},
-            "podSelector": {"matchLabels": {"app": "db"}},
-            "destinations": ["0.0.0.0/0"],
-            "egressIPs": [{"ip": eip.to_string()}]
-        }
-    }))
-    .unwrap();
-    Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.expect("policy");
+    db_policy(client, eip).await;
     service_account_token(client, "egret-gateway").await
 }
 

@@ -42,6 +42,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PartialObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::DefaultBackoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use parking_lot::Mutex;
@@ -91,6 +92,22 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
+    watch_with(api, cfg, DefaultBackoff::default(), notify, tasks)
+}
+
+/// [`watch`] with the backoff after errors chosen by the caller.
+fn watch_with<K, B>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    backoff: B,
+    notify: Arc<Notify>,
+    tasks: &mut JoinSet<()>,
+) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+    B: kube::runtime::utils::Backoff + Send + 'static,
+{
     let (reader, writer) = reflector::store();
     let kind = K::kind(&K::DynamicType::default()).to_string();
     let stream = watcher(api, cfg)
@@ -99,7 +116,7 @@ where
                 o.managed_fields_mut().clear();
             })
         })
-        .default_backoff()
+        .backoff(backoff)
         .reflect(writer);
     drive(kind, stream, notify, tasks);
     reader
@@ -137,18 +154,7 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    let (reader, writer) = reflector::store();
-    let kind = K::kind(&K::DynamicType::default()).to_string();
-    let stream = watcher(api, cfg)
-        .map_ok(|ev| {
-            ev.modify(|o| {
-                o.managed_fields_mut().clear();
-            })
-        })
-        .backoff(LeaseBackoff::default())
-        .reflect(writer);
-    drive(kind, stream, notify, tasks);
-    reader
+    watch_with(api, cfg, LeaseBackoff::default(), notify, tasks)
 }
 
 /// Every Node's metadata only (names and labels: `PerNode` policies'

@@ -150,6 +150,46 @@ pub fn assert_never_shared(ip: IpAddr, sinks: &[(&str, &FakeSink, Instant)]) {
     }
 }
 
+/// Runs `scenario` against a fresh API server (kube-apiserver + etcd) on a
+/// two-thread runtime, then stops the server; skipped (with a message) when
+/// the server cannot run here, unless `EGRET_REQUIRE_APISERVER=1`.
+pub fn with_api_server(
+    test: &str,
+    scenario: impl FnOnce(&egret_tests::apiserver::ApiServer, &tokio::runtime::Runtime),
+) {
+    use egret_tests::apiserver::ApiServer;
+    match ApiServer::available_or_skip(test) {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => panic!("{e}"),
+    }
+    let server = ApiServer::start().expect("start kube-apiserver + etcd");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    scenario(&server, &rt);
+    drop(rt);
+    server.stop().expect("stop");
+}
+
+/// The EgressPolicy `db` of the labs: pods labelled `app=db` in namespaces
+/// labelled `team=a` leave through `egress_ip`.
+pub async fn db_policy(client: &kube::Client, egress_ip: std::net::Ipv4Addr) {
+    let policy: egret_controlplane::k8s::crd::EgressPolicy = serde_json::from_value(json!({
+        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
+        "metadata": {"name": "db"},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"team": "a"}},
+            "podSelector": {"matchLabels": {"app": "db"}},
+            "destinations": ["0.0.0.0/0"],
+            "egressIPs": [{"ip": egress_ip.to_string()}]
+        }
+    }))
+    .unwrap();
+    Api::<egret_controlplane::k8s::crd::EgressPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("policy");
+}
+
 /// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
 where
