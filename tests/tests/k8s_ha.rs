@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 use egret_tests::apiserver::ApiServer;
 use egret_tests::frames::RawLink;
 use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
-use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL, SERVICE_CIDR, UPSTREAM};
+use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL, UPSTREAM};
 use egret_tests::load::{ArpWatch, Load, Outage};
 use egret_tests::netns::NetNs;
 use egret_tests::plan;
@@ -129,19 +129,7 @@ fn ms(d: Duration) -> u128 {
 
 #[test]
 fn k8s_ha_three_gateways_under_load() {
-    match ApiServer::lab_available_or_skip(NAME) {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => panic!("{e}"),
-    }
-    let t0 = Instant::now();
-    let lab = K8sLab::build_with(&K8sLab::test_prefix(), &Gw::ALL).expect("build the lab");
-    let server = ApiServer::start_in(lab.control().name(), IpAddr::V4(CONTROL), SERVICE_CIDR)
-        .expect("kube-apiserver in the lab");
-    println!("k8s-ha: lab (three gateways) and API server up after {} ms", ms(t0.elapsed()));
-    lab.control().run_in(|| scenario(&lab, &server)).expect("enter the control namespace");
-    server.stop().expect("stop the API server");
-    println!("k8s-ha: {NAME}: {} ms", ms(t0.elapsed()));
+    run_in_k8s_lab("k8s-ha", NAME, &Gw::ALL, scenario);
 }
 
 /// One event's numbers.

@@ -43,7 +43,7 @@ use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture, Frame};
 use egret_tests::client::{self, TcpSession};
 use egret_tests::gateway::{log_events, Gateway, GatewayConfig, KubernetesSection};
-use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL, SERVICE_CIDR};
+use egret_tests::k8slab::{Gw, K8sLab, KPod};
 use egret_tests::plan;
 use egret_tests::probe::{self, Attempt, Prober};
 use k8s_common::*;
@@ -131,27 +131,8 @@ fn k8s_lab_frozen_holder_sends_nothing_for_its_ip_after_its_deadline() {
 /// namespace (the test's own API client must reach 192.0.2.1, and nothing
 /// listens outside the lab's namespaces), stops everything.
 ///
-/// One lab at a time: each holds an API server, etcd and two gateways, and
-/// the scenarios assert timings (renew deadline, failover bound) that two
-/// labs sharing two cores would blur. `tests/run.sh` runs each test binary's
-/// tests two at a time.
 fn run_in_lab(name: &str, scenario: fn(&K8sLab, &ApiServer)) {
-    static ONE_LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    match ApiServer::lab_available_or_skip(name) {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => panic!("{e}"),
-    }
-    // A failed scenario poisons the lock; the next one still runs.
-    let _one = ONE_LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let t0 = Instant::now();
-    let lab = K8sLab::build(&K8sLab::test_prefix()).expect("build the lab");
-    let server = ApiServer::start_in(lab.control().name(), IpAddr::V4(CONTROL), SERVICE_CIDR)
-        .expect("kube-apiserver in the lab");
-    println!("k8s-lab: lab and API server up after {} ms", ms(t0.elapsed()));
-    lab.control().run_in(|| scenario(&lab, &server)).expect("enter the control namespace");
-    server.stop().expect("stop the API server");
-    println!("k8s-lab: {name}: {} ms", ms(t0.elapsed()));
+    run_in_k8s_lab("k8s-lab", name, &Gw::PAIR, scenario);
 }
 
 /// An egress IP for the policy whose rendezvous-preferred gateway is not the

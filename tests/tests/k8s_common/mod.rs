@@ -170,6 +170,36 @@ pub fn with_api_server(
     server.stop().expect("stop");
 }
 
+/// Runs `scenario` in a Kubernetes lab of `gateways` (a real API server in
+/// the lab's control namespace, entered for the scenario), one lab at a
+/// time per test binary: each lab's scenarios measure failovers that two
+/// labs sharing two cores would blur. `tag` prefixes the printed lines.
+pub fn run_in_k8s_lab(
+    tag: &str,
+    name: &str,
+    gateways: &[egret_tests::k8slab::Gw],
+    scenario: impl FnOnce(&egret_tests::k8slab::K8sLab, &egret_tests::apiserver::ApiServer) + Send,
+) {
+    use egret_tests::apiserver::ApiServer;
+    use egret_tests::k8slab::{K8sLab, CONTROL, SERVICE_CIDR};
+    static ONE_LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    match ApiServer::lab_available_or_skip(name) {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => panic!("{e}"),
+    }
+    // A failed scenario poisons the lock; the next one still runs.
+    let _one = ONE_LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let t0 = std::time::Instant::now();
+    let lab = K8sLab::build_with(&K8sLab::test_prefix(), gateways).expect("build the lab");
+    let server = ApiServer::start_in(lab.control().name(), IpAddr::V4(CONTROL), SERVICE_CIDR)
+        .expect("kube-apiserver in the lab");
+    println!("{tag}: lab ({} gateways) and API server up after {} ms", gateways.len(), t0.elapsed().as_millis());
+    lab.control().run_in(|| scenario(&lab, &server)).expect("enter the control namespace");
+    server.stop().expect("stop the API server");
+    println!("{tag}: {name}: {} ms", t0.elapsed().as_millis());
+}
+
 /// The EgressPolicy `db` of the labs: pods labelled `app=db` in namespaces
 /// labelled `team=a` leave through `egress_ip`.
 pub async fn db_policy(client: &kube::Client, egress_ip: std::net::Ipv4Addr) {
