@@ -14,10 +14,12 @@
 //! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
 //! - [`ha`]: between gateways: the peer channel (`ha::channel`) and its keys
 //!   (`ha::auth`); its `setsockopt(TCP_MD5SIG)` is the crate's only unsafe code.
+//! - [`cloud`]: cloud egress IPs (AWS Elastic IPs) that move with their Lease.
 //! - [`node`]: `egret node`, the worker-node agent that routes selected pods to their gateway.
 #![deny(unsafe_code)]
 
 pub mod admin;
+pub mod cloud;
 pub mod config;
 pub mod daemon;
 pub mod failclosed;

@@ -1,0 +1,129 @@
+//! Cloud egress IPs: where the VPC, not ARP, decides which gateway receives
+//! an address.
+//!
+//! In a cloud an egress IP is two addresses. The **private** one is a
+//! secondary address on the gateway's network interface (ENI): pods' traffic
+//! is translated to it and the VPC delivers its replies to whichever
+//! interface holds it. The **public** one (an AWS Elastic IP) is associated
+//! with the private one, and the VPC's gateway rewrites one to the other 1:1.
+//!
+//! - [`Cloud`]: what a provider does (discover tagged public addresses and
+//!   the subnet's used addresses, find a Node's interface, assign, release).
+//!   AWS ([`aws`]) is the first implementation; ADR 0014 says what GCP and
+//!   Azure need from the same four calls.
+//! - [`pairing`]: which private address stands for each public one, recorded
+//!   in the pool's status so every gateway and node agent agrees.
+//! - [`task`]: the gateway's side: discovery, and moving each address with
+//!   its Lease (assign before translating, release when it is given up).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use futures::future::BoxFuture;
+use ipnet::IpNet;
+
+/// Which public addresses and which subnet a cloud pool uses (from
+/// `EgressIPPool.spec.cloud`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolSelector {
+    /// Public addresses carrying all of these tags (`key` -> `value`).
+    pub tags: BTreeMap<String, String>,
+    /// The subnet the gateways' interfaces and the private addresses are in.
+    pub subnet_id: String,
+}
+
+/// A public address the provider found for a pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublicAddress {
+    /// The address itself.
+    pub public_ip: IpAddr,
+    /// The provider's handle for it (AWS: `eipalloc-...`).
+    pub allocation_id: String,
+    /// The private address it is associated with now, if any.
+    pub private_ip: Option<IpAddr>,
+    /// The interface it is associated with now, if any.
+    pub interface_id: Option<String>,
+}
+
+/// What discovery found for one pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Discovered {
+    /// The tagged public addresses, by public IP.
+    pub public: Vec<PublicAddress>,
+    /// The subnet's range.
+    pub subnet_cidr: IpNet,
+    /// Addresses in the subnet that some interface uses (primary or
+    /// secondary), so a new pairing never takes one.
+    pub used: BTreeSet<IpAddr>,
+}
+
+/// A gateway's network interface in a pool's subnet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interface {
+    /// The instance (from the Node's `spec.providerID`).
+    pub instance_id: String,
+    /// The interface (AWS: `eni-...`).
+    pub interface_id: String,
+    /// Its primary private address.
+    pub primary_ip: IpAddr,
+    /// Its secondary private addresses.
+    pub secondary_ips: BTreeSet<IpAddr>,
+    /// Whether the provider drops traffic not addressed to the interface's
+    /// own addresses (AWS: source/destination check). A gateway needs it off.
+    pub source_dest_check: bool,
+}
+
+/// One failed call to the provider.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct CloudError {
+    /// The call (`AssignPrivateIpAddresses`).
+    pub operation: &'static str,
+    /// The provider's error code (`RequestLimitExceeded`), or a transport
+    /// failure's kind (`timeout`, `connect`).
+    pub code: String,
+    /// The provider's message.
+    pub message: String,
+    /// Whether trying again may succeed (throttling, 5xx, transport).
+    pub retryable: bool,
+}
+
+impl fmt::Display for CloudError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.operation, self.code, self.message)
+    }
+}
+
+/// A cloud provider's four calls. Implementations are cheap to share
+/// (`Arc<dyn Cloud>`); each call is one bounded attempt (the caller retries
+/// with backoff).
+pub trait Cloud: Send + Sync {
+    /// The provider's name in `EgressIPPool.spec.cloud` (`aws`).
+    fn name(&self) -> &'static str;
+
+    /// The pool's tagged public addresses, with their current associations,
+    /// and the addresses in use in its subnet.
+    fn discover<'a>(&'a self, pool: &'a PoolSelector) -> BoxFuture<'a, Result<Discovered, CloudError>>;
+
+    /// The interface of the instance named by `provider_id` (a Node's
+    /// `spec.providerID`, e.g. `aws:///us-east-1a/i-0abc`) in `subnet_id`.
+    fn interface<'a>(
+        &'a self,
+        provider_id: &'a str,
+        subnet_id: &'a str,
+    ) -> BoxFuture<'a, Result<Interface, CloudError>>;
+
+    /// Makes `private` a secondary address of `interface_id`, taking it from
+    /// any other interface, and associates `public` with it, taking it from
+    /// any other association. Idempotent.
+    fn assign<'a>(
+        &'a self,
+        interface_id: &'a str,
+        private: IpAddr,
+        public: Option<&'a PublicAddress>,
+    ) -> BoxFuture<'a, Result<(), CloudError>>;
+
+    /// Removes `private` from `interface_id` if it is still there (a later
+    /// holder may have taken it already: that is success).
+    fn release<'a>(&'a self, interface_id: &'a str, private: IpAddr) -> BoxFuture<'a, Result<(), CloudError>>;
+}
