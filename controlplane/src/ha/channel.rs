@@ -59,7 +59,14 @@
 //!   fast (a crash is seen as `Gone` at once; a dead node is the Lease's job).
 //! - Sending: [`Peers::send`] never blocks. Each peer has a queue bounded in
 //!   bytes (`max_queue_bytes`); past it the frame is refused with
-//!   [`SendError::Full`] and counted, and the caller resyncs. Frames are only
+//!   [`SendError::Full`] and counted, and the caller resyncs. Bulk frames
+//!   ([`Peers::send_bulk`]: the chunks of a full session copy) may fill only
+//!   `bulk_queue_bytes` of it; the rest is reserved for control frames
+//!   (failsafe requests and replies, acknowledgments, incremental changes), so
+//!   a large copy can never refuse them or delay them by more than
+//!   `bulk_queue_bytes / max_bytes_per_sec` (42 ms with the defaults); a
+//!   bulk sender that is refused waits for the queue to drain (pacing), it
+//!   loses nothing. Frames are only
 //!   queued while the peer is Up and a queue dies with its connection: frames
 //!   never cross to another incarnation. A token bucket (`max_bytes_per_sec`,
 //!   burst one tenth of a second or one max frame) paces the writer.
@@ -122,6 +129,9 @@ pub struct ChannelConfig {
     pub liveness: Duration,
     /// Bound of each peer's send queue, in bytes (payload + [`FRAME_OVERHEAD`]).
     pub max_queue_bytes: usize,
+    /// How much of that queue bulk frames ([`Peers::send_bulk`]) may fill;
+    /// the rest (at least one max frame) is kept for control frames.
+    pub bulk_queue_bytes: usize,
     /// Each peer's sending rate (token bucket).
     pub max_bytes_per_sec: u64,
     /// Largest payload sent or accepted.
@@ -136,7 +146,8 @@ pub struct ChannelConfig {
 
 impl ChannelConfig {
     /// A configuration with the defaults: liveness 2 s, 16 MiB queue per
-    /// peer, 100 MB/s per peer, 1 MiB frames, 1024 events, TCP-MD5 on.
+    /// peer of which bulk frames may fill 4 MiB, 100 MB/s per peer, 1 MiB
+    /// frames, 1024 events, TCP-MD5 on.
     pub fn new(me: &str, listen: SocketAddr, key: Arc<SharedKey>) -> ChannelConfig {
         ChannelConfig {
             me: me.to_owned(),
@@ -144,6 +155,7 @@ impl ChannelConfig {
             key,
             liveness: DEFAULT_LIVENESS,
             max_queue_bytes: 16 << 20,
+            bulk_queue_bytes: 4 << 20,
             max_bytes_per_sec: 100_000_000,
             max_frame: DEFAULT_MAX_FRAME,
             event_capacity: 1024,
@@ -170,6 +182,10 @@ pub enum SendError {
     NotConnected(String),
     #[error("send queue to {peer} is full ({queued} of {max} bytes)")]
     Full { peer: String, queued: usize, max: usize },
+    /// A bulk frame waits: the queue holds `queued` bytes, bulk may fill
+    /// `max`. Not a loss; send it again once the queue drained.
+    #[error("send queue to {peer} holds {queued} bytes, bulk frames wait under {max}")]
+    BulkWait { peer: String, queued: usize, max: usize },
     #[error("frame of {len} bytes exceeds the {max}-byte limit")]
     TooLarge { len: usize, max: usize },
 }
@@ -353,6 +369,15 @@ impl Peers {
                 "max_queue_bytes must hold one max frame and max_bytes_per_sec must be positive".into(),
             ));
         }
+        if cfg.bulk_queue_bytes == 0 || cfg.bulk_queue_bytes + cfg.max_frame + FRAME_OVERHEAD > cfg.max_queue_bytes {
+            return Err(ChannelError::Config(format!(
+                "bulk_queue_bytes ({}) must be above zero and leave one max frame ({} bytes) of max_queue_bytes ({}) \
+                 to control frames",
+                cfg.bulk_queue_bytes,
+                cfg.max_frame + FRAME_OVERHEAD,
+                cfg.max_queue_bytes
+            )));
+        }
         let addr = cfg.listen;
         let listen_err = |source| ChannelError::Listen { addr, source };
         let sock = new_socket(addr).map_err(listen_err)?;
@@ -467,6 +492,19 @@ impl Peers {
     /// Queues a frame for `peer`; never blocks. Refused when the peer is not
     /// Up or its queue is full (counted in [`PeerStatus::send_full`]).
     pub fn send(&self, peer: &str, kind: u8, payload: Vec<u8>) -> Result<(), SendError> {
+        self.enqueue(peer, kind, payload, false)
+    }
+
+    /// Queues a bulk frame (a chunk of a full copy) for `peer`, only while
+    /// the queue holds less than `bulk_queue_bytes` with it (or nothing at
+    /// all, so a copy always moves); otherwise [`SendError::BulkWait`],
+    /// which is pacing, not a loss (not counted). The rest of the queue
+    /// stays free for [`Peers::send`].
+    pub fn send_bulk(&self, peer: &str, kind: u8, payload: Vec<u8>) -> Result<(), SendError> {
+        self.enqueue(peer, kind, payload, true)
+    }
+
+    fn enqueue(&self, peer: &str, kind: u8, payload: Vec<u8>, bulk: bool) -> Result<(), SendError> {
         let max = self.inner.cfg.max_frame;
         if payload.len() > max {
             return Err(SendError::TooLarge { len: payload.len(), max });
@@ -480,6 +518,10 @@ impl Peers {
             let mut q = shared.queue.lock();
             if !q.open {
                 return Err(SendError::NotConnected(peer.to_owned()));
+            }
+            let bulk_cap = self.inner.cfg.bulk_queue_bytes;
+            if bulk && q.bytes > 0 && q.bytes + cost > bulk_cap {
+                return Err(SendError::BulkWait { peer: peer.to_owned(), queued: q.bytes, max: bulk_cap });
             }
             let cap = self.inner.cfg.max_queue_bytes;
             if q.bytes + cost > cap {
@@ -1425,6 +1467,7 @@ mod tests {
         slow.max_bytes_per_sec = 200_000;
         slow.max_frame = 4096;
         slow.max_queue_bytes = 64 << 10;
+        slow.bulk_queue_bytes = 16 << 10;
         let ((a, mut ra), (b, mut rb)) = pair(slow, cfg("gw-b", &SECRET, l, true)).await;
         event(&mut ra, is_up).await;
         event(&mut rb, is_up).await;
@@ -1455,6 +1498,49 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+        a.shutdown("x").await;
+        b.shutdown("x").await;
+    }
+
+    /// Bulk frames (a full copy's chunks) fill only their share of the
+    /// queue and then wait, uncounted; control frames still fit beside them.
+    #[tokio::test]
+    async fn bulk_frames_leave_the_rest_of_the_queue_to_control_frames() {
+        let l = Duration::from_secs(2);
+        let mut slow = cfg("gw-a", &SECRET, l, true);
+        slow.max_bytes_per_sec = 20_000;
+        slow.max_frame = 4096;
+        slow.max_queue_bytes = 64 << 10;
+        slow.bulk_queue_bytes = 16 << 10;
+        let ((a, mut ra), (b, mut rb)) = pair(slow, cfg("gw-b", &SECRET, l, true)).await;
+        event(&mut ra, is_up).await;
+        event(&mut rb, is_up).await;
+        // Bulk first: past 16 KiB (one frame always goes) it waits.
+        let mut bulk = 0u32;
+        let wait = loop {
+            match a.send_bulk("gw-b", 1, vec![0; 4000]) {
+                Ok(()) => bulk += 1,
+                Err(e) => break e,
+            }
+            assert!(bulk < 100, "bulk never waited");
+        };
+        assert!(matches!(wait, SendError::BulkWait { max, .. } if max == 16 << 10), "{wait}");
+        assert!((2..=5).contains(&bulk), "{bulk} bulk frames queued");
+        // Control frames: the reserved rest of the queue.
+        for i in 0..8u8 {
+            a.send("gw-b", 2, vec![i; 4000]).unwrap();
+        }
+        assert_eq!(a.status()[0].send_full, 0, "a bulk wait is not a refusal");
+        // Everything arrives, in order.
+        for i in 0..bulk + 8 {
+            match event(&mut rb, |_| true).await {
+                PeerEvent::Frame { kind, .. } => assert_eq!(kind, if i < bulk { 1 } else { 2 }),
+                other => panic!("{other:?}"),
+            }
+        }
+        let mut bad = cfg("gw-c", &SECRET, l, true);
+        bad.bulk_queue_bytes = bad.max_queue_bytes;
+        assert!(matches!(Peers::start(bad).await, Err(ChannelError::Config(_))));
         a.shutdown("x").await;
         b.shutdown("x").await;
     }

@@ -3,6 +3,20 @@
 //! incremental changes in between (conntrackd's FTFW over a reliable
 //! stream: the channel is TCP, so nothing is acknowledged per message; a
 //! broken connection or a refused send makes the next copy full).
+//!
+//! A full copy is paced (review finding 2 of issue 16): one IP's copy can be
+//! larger than a peer's whole send queue (16 MiB, about 460k IPv4 sessions),
+//! and queueing it at once was refused, restarted, refused, forever. So a
+//! copy is a cursor over a snapshot taken when it starts: FullBegin goes out
+//! at once (a control frame, so the incremental changes that follow the
+//! snapshot reach the standby after it), then [`Replicator::pace`], every
+//! tick, sends the next chunks as bulk frames only while the peer's queue
+//! has room under its bulk share (`ChannelConfig::bulk_queue_bytes`), and
+//! FullEnd(count) last. The rest of the queue stays free for control frames
+//! (failsafe requests and replies, acknowledgments, incremental changes), so
+//! a copy of any size neither starves the failsafe nor is refused. The
+//! standby applies the incremental changes that arrive during a copy on top
+//! of it (`standby.rs`), and acknowledges only a complete copy, as before.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -13,10 +27,41 @@ use tokio::time::Instant;
 
 use super::messages::Message;
 
-/// Records per Sessions frame (about 50 bytes each: frames of ~25 KB).
+/// Records per Sessions frame (about 36 bytes each for IPv4: frames of
+/// ~19 KB, well under the channel's 1 MiB frame limit).
 pub const BATCH: usize = 512;
 
-#[derive(Clone, Debug)]
+/// What the channel did with a frame [`Replicator::pace`] handed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pace {
+    /// Queued.
+    Sent,
+    /// A bulk frame that must wait for the peer's queue to drain (not a
+    /// loss: the same frame goes again at the next tick).
+    Wait,
+    /// Not queued (peer down, queue full): the copy is abandoned and the
+    /// standby gets a new one.
+    Failed,
+}
+
+/// A full copy in progress: the snapshot taken when it started, sent chunk
+/// by chunk.
+#[derive(Debug)]
+struct Cursor {
+    epoch: u64,
+    /// Records not yet sent.
+    rest: std::vec::IntoIter<SessionRecord>,
+    /// Records in the snapshot.
+    count: u64,
+    /// Records sent so far.
+    sent: u64,
+    /// FullBegin is queued.
+    began: bool,
+    /// A frame the channel told to wait, sent first at the next tick.
+    waiting: Option<Message>,
+}
+
+#[derive(Debug)]
 struct Replica {
     standby: String,
     /// The copy being (or last) sent.
@@ -25,6 +70,8 @@ struct Replica {
     acked: Option<u64>,
     last_full: Option<Instant>,
     needs_full: bool,
+    /// The copy being sent, if any.
+    copy: Option<Cursor>,
 }
 
 /// One held IP's replication, for status.
@@ -37,8 +84,10 @@ pub struct ReplicaStatus {
     /// Whether the standby acknowledged the latest full copy and nothing
     /// was lost since.
     pub in_sync: bool,
-    /// Since the last full copy was sent.
+    /// Since the last full copy was started.
     pub since_full: Option<Duration>,
+    /// A copy being sent: (records sent, records in it).
+    pub copying: Option<(u64, u64)>,
 }
 
 /// Replication of every IP this gateway holds.
@@ -49,14 +98,16 @@ pub struct Replicator {
     resync: Duration,
     /// Records sent (full and incremental), removals included.
     pub records_sent: u64,
-    /// Full copies sent.
+    /// Full copies started.
     pub full_copies: u64,
+    /// Full copies whose last frame (FullEnd) was queued.
+    pub copies_sent: u64,
 }
 
 impl Replicator {
     /// A replicator sending a full copy of each IP every `resync`.
     pub fn new(resync: Duration) -> Self {
-        Replicator { by_ip: BTreeMap::new(), next_epoch: 1, resync, records_sent: 0, full_copies: 0 }
+        Replicator { by_ip: BTreeMap::new(), next_epoch: 1, resync, records_sent: 0, full_copies: 0, copies_sent: 0 }
     }
 
     /// Sets the held IPs and each one's standby (None: none reachable).
@@ -77,7 +128,14 @@ impl Replicator {
             if let (Some(s), false) = (s, self.by_ip.contains_key(ip)) {
                 self.by_ip.insert(
                     *ip,
-                    Replica { standby: s.clone(), epoch: 0, acked: None, last_full: None, needs_full: true },
+                    Replica {
+                        standby: s.clone(),
+                        epoch: 0,
+                        acked: None,
+                        last_full: None,
+                        needs_full: true,
+                        copy: None,
+                    },
                 );
             }
         }
@@ -85,11 +143,12 @@ impl Replicator {
     }
 
     /// `peer` (re)connected, or a send to it failed: everything it stands
-    /// by for needs a full copy.
+    /// by for needs a full copy (a copy in progress is abandoned).
     pub fn resync_peer(&mut self, peer: &str) {
         for r in self.by_ip.values_mut().filter(|r| r.standby == peer) {
             r.needs_full = true;
             r.acked = None;
+            r.copy = None;
         }
     }
 
@@ -98,20 +157,24 @@ impl Replicator {
         for r in self.by_ip.values_mut() {
             r.needs_full = true;
             r.acked = None;
+            r.copy = None;
         }
     }
 
     /// The IPs whose full copy is due at `now` (needed, or the period
-    /// passed), each with its standby and a new epoch; marks them sent.
+    /// passed and no copy is being sent), each with its standby and a new
+    /// epoch; the caller takes a snapshot and hands it to
+    /// [`Replicator::start_copy`].
     pub fn due_full(&mut self, now: Instant) -> Vec<(IpAddr, String, u64)> {
         let mut out = Vec::new();
         for (ip, r) in &mut self.by_ip {
-            let due = r.needs_full || r.last_full.is_none_or(|t| now >= t + self.resync);
-            if due {
+            let period = r.copy.is_none() && r.last_full.is_none_or(|t| now >= t + self.resync);
+            if r.needs_full || period {
                 r.epoch = self.next_epoch;
                 self.next_epoch += 1;
                 r.last_full = Some(now);
                 r.needs_full = false;
+                r.copy = None;
                 out.push((*ip, r.standby.clone(), r.epoch));
             }
         }
@@ -119,18 +182,87 @@ impl Replicator {
         out
     }
 
-    /// The messages of one full copy.
-    pub fn full_copy(&mut self, ip: IpAddr, epoch: u64, records: Vec<SessionRecord>) -> Vec<Message> {
-        let count = records.len() as u64;
-        self.records_sent += count;
-        let mut out = vec![Message::FullBegin { ip, epoch }];
-        let mut it = records.into_iter().peekable();
-        while it.peek().is_some() {
-            let upserts: Vec<SessionRecord> = it.by_ref().take(BATCH).collect();
-            out.push(Message::Sessions { ip, epoch, upserts, removes: Vec::new() });
+    /// Starts sending copy `epoch` of `ip` (from [`Replicator::due_full`])
+    /// with the snapshot `records`; [`Replicator::pace`] sends it.
+    pub fn start_copy(&mut self, ip: IpAddr, epoch: u64, records: Vec<SessionRecord>) {
+        if let Some(r) = self.by_ip.get_mut(&ip).filter(|r| r.epoch == epoch) {
+            r.copy = Some(Cursor {
+                epoch,
+                count: records.len() as u64,
+                rest: records.into_iter(),
+                sent: 0,
+                began: false,
+                waiting: None,
+            });
         }
-        out.push(Message::FullEnd { ip, epoch, count });
-        out
+    }
+
+    /// Sends what the copies in progress may send now: for each, FullBegin
+    /// (a control frame: `send(peer, msg, false)`), then chunks and FullEnd
+    /// as bulk frames (`send(peer, msg, true)`) until the channel says
+    /// [`Pace::Wait`] for that peer. Returns the peers a frame could not be
+    /// given to ([`Pace::Failed`]): their copies are abandoned; the caller
+    /// resyncs them.
+    pub fn pace(&mut self, send: &mut dyn FnMut(&str, &Message, bool) -> Pace) -> BTreeSet<String> {
+        let mut waiting: BTreeSet<String> = BTreeSet::new();
+        let mut failed: BTreeSet<String> = BTreeSet::new();
+        for (ip, r) in &mut self.by_ip {
+            if waiting.contains(&r.standby) || failed.contains(&r.standby) {
+                continue;
+            }
+            let Some(c) = r.copy.as_mut() else { continue };
+            if !c.began {
+                match send(&r.standby, &Message::FullBegin { ip: *ip, epoch: c.epoch }, false) {
+                    Pace::Sent => c.began = true,
+                    Pace::Wait => {
+                        waiting.insert(r.standby.clone());
+                        continue;
+                    }
+                    Pace::Failed => {
+                        failed.insert(r.standby.clone());
+                        r.copy = None;
+                        continue;
+                    }
+                }
+            }
+            loop {
+                let m = match c.waiting.take() {
+                    Some(m) => m,
+                    None => {
+                        let upserts: Vec<SessionRecord> = c.rest.by_ref().take(BATCH).collect();
+                        if upserts.is_empty() {
+                            Message::FullEnd { ip: *ip, epoch: c.epoch, count: c.count }
+                        } else {
+                            Message::Sessions { ip: *ip, epoch: c.epoch, upserts, removes: Vec::new() }
+                        }
+                    }
+                };
+                match send(&r.standby, &m, true) {
+                    Pace::Sent => match m {
+                        Message::Sessions { upserts, .. } => {
+                            c.sent += upserts.len() as u64;
+                            self.records_sent += upserts.len() as u64;
+                        }
+                        _ => {
+                            self.copies_sent += 1;
+                            r.copy = None;
+                            break;
+                        }
+                    },
+                    Pace::Wait => {
+                        c.waiting = Some(m);
+                        waiting.insert(r.standby.clone());
+                        break;
+                    }
+                    Pace::Failed => {
+                        failed.insert(r.standby.clone());
+                        r.copy = None;
+                        break;
+                    }
+                }
+            }
+        }
+        failed
     }
 
     /// Routes journal events to the standbys of their egress IPs, batched;
@@ -190,6 +322,7 @@ impl Replicator {
                 standby: r.standby.clone(),
                 in_sync: !r.needs_full && r.acked == Some(r.epoch),
                 since_full: r.last_full.map(|t| now.saturating_duration_since(t)),
+                copying: r.copy.as_ref().map(|c| (c.sent, c.count)),
             })
             .collect()
     }
@@ -199,6 +332,76 @@ impl Replicator {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn rec(pod_port: u16) -> SessionRecord {
+        SessionRecord {
+            proto: 6,
+            pod: "198.18.0.11".parse().unwrap(),
+            pod_port,
+            remote: "203.0.113.80".parse().unwrap(),
+            remote_port: 443,
+            egress: "198.51.100.10".parse().unwrap(),
+            egress_port: pod_port,
+            tcp: 0,
+            tcp_track: 0,
+            flags: 0,
+            idle_secs: 0,
+        }
+    }
+
+    /// Review finding 2: a copy larger than the peer's queue went out whole
+    /// and was refused, forever. Now it leaves a chunk at a time while the
+    /// (simulated) queue has room, waits when it has none, and ends with
+    /// FullEnd(count) after every record.
+    #[test]
+    fn a_copy_larger_than_the_queue_is_paced_over_ticks() {
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let mut r = Replicator::new(Duration::from_secs(30));
+        r.set_standbys(&[(ip, Some("gw-2".to_string()))].into());
+        let (_, _, epoch) = r.due_full(Instant::now())[0].clone();
+        let n = 10 * BATCH + 7;
+        r.start_copy(ip, epoch, (0..n).map(|p| rec(p as u16)).collect());
+        // A queue taking 3 bulk frames per tick; control frames always fit.
+        let mut got: Vec<Message> = Vec::new();
+        let mut ticks = 0;
+        while !matches!(got.last(), Some(Message::FullEnd { .. })) {
+            ticks += 1;
+            assert!(ticks < 100, "the copy never ended");
+            let mut room = 3;
+            let failed = r.pace(&mut |peer, m, bulk| {
+                assert_eq!(peer, "gw-2");
+                assert_eq!(bulk, !matches!(m, Message::FullBegin { .. }), "{m:?}");
+                if bulk && room == 0 {
+                    return Pace::Wait;
+                }
+                room -= usize::from(bulk);
+                got.push(m.clone());
+                Pace::Sent
+            });
+            assert!(failed.is_empty());
+        }
+        assert_eq!(ticks, 4, "11 chunks and FullEnd, 3 a tick");
+        assert_eq!(got.first(), Some(&Message::FullBegin { ip, epoch }));
+        assert_eq!(got.last(), Some(&Message::FullEnd { ip, epoch, count: n as u64 }));
+        let sent: Vec<u16> = got
+            .iter()
+            .flat_map(|m| match m {
+                Message::Sessions { upserts, epoch: e, .. } if *e == epoch => {
+                    upserts.iter().map(|r| r.pod_port).collect()
+                }
+                _ => vec![],
+            })
+            .collect();
+        assert_eq!(sent, (0..n).map(|p| p as u16).collect::<Vec<_>>(), "every record once, in order");
+        assert_eq!(r.status(Instant::now())[0].copying, None);
+        // Nothing more to send; a peer that fails abandons its copy.
+        assert!(r.pace(&mut |_, m, _| panic!("{m:?}")).is_empty());
+        r.resync_peer("gw-2");
+        let (_, _, e2) = r.due_full(Instant::now())[0].clone();
+        r.start_copy(ip, e2, vec![rec(1)]);
+        assert_eq!(r.pace(&mut |_, _, _| Pace::Failed), ["gw-2".to_string()].into());
+        assert_eq!(r.status(Instant::now())[0].copying, None);
+    }
 
     /// Found by the lab's drain: the holder gave the IP up, told its standby
     /// to drop the shadow, and the standby took the IP with nothing.

@@ -9,8 +9,16 @@
 //! between. Records carry ages, not timestamps (clocks differ between
 //! machines): each is stamped with the local time it arrived, and its age at
 //! take-over is its age when sent plus the time since.
+//!
+//! A full copy is paced over many ticks (`replicate.rs`): it is a snapshot
+//! of the holder's table when FullBegin was sent, and the incremental
+//! changes that follow it arrive interleaved with its chunks. So while a
+//! copy is being received, an incremental change applies to the shadow in
+//! use and to the copy, and the copy's own record of a session changed
+//! since (an older state, or a session removed since) is skipped: the
+//! change is newer than the snapshot.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -27,12 +35,26 @@ type Key = SessionKeyRecord;
 /// Sessions with the local time each arrived.
 type Sessions = HashMap<Key, (SessionRecord, Instant)>;
 
+/// A full copy being received.
+#[derive(Debug)]
+struct Pending {
+    epoch: u64,
+    sessions: Sessions,
+    /// Sessions changed incrementally since the copy began: its own
+    /// (older) records of them are skipped.
+    changed: HashSet<Key>,
+    /// Records of the copy received (kept, skipped or refused).
+    received: u64,
+    /// Records of the copy refused by the memory bound.
+    refused: u64,
+}
+
 #[derive(Debug)]
 struct Shadow {
     holder: String,
     sessions: Sessions,
-    /// A full copy being received: (epoch, records so far).
-    pending: Option<(u64, Sessions)>,
+    /// A full copy being received.
+    pending: Option<Pending>,
     /// The last full copy that completed.
     complete: Option<u64>,
     updated: Instant,
@@ -72,7 +94,7 @@ impl Standby {
 
     fn count(&mut self) {
         self.held =
-            self.by_ip.values().map(|s| s.sessions.len() + s.pending.as_ref().map_or(0, |(_, p)| p.len())).sum();
+            self.by_ip.values().map(|s| s.sessions.len() + s.pending.as_ref().map_or(0, |p| p.sessions.len())).sum();
     }
 
     /// Takes in a message from `from`; returns the answer to send back, if any.
@@ -80,41 +102,67 @@ impl Standby {
         match msg {
             Message::FullBegin { ip, epoch } => {
                 let sh = self.shadow(ip, from, now);
-                sh.pending = Some((epoch, HashMap::new()));
+                sh.pending =
+                    Some(Pending { epoch, sessions: HashMap::new(), changed: HashSet::new(), received: 0, refused: 0 });
                 self.count();
                 None
             }
             Message::Sessions { ip, epoch, upserts, removes } => {
-                let room = self.max_sessions.saturating_sub(self.held);
+                let mut room = self.max_sessions.saturating_sub(self.held);
                 let sh = self.shadow(ip, from, now);
-                let target = if epoch == 0 {
-                    Some(&mut sh.sessions)
-                } else {
-                    match &mut sh.pending {
-                        Some((e, p)) if *e == epoch => Some(p),
-                        _ => None, // a copy this standby did not see begin: ignored, the next one counts
+                let mut refused = 0u64;
+                // A record of another egress IP is a peer's bug: never
+                // installed under this one.
+                let upserts = upserts.into_iter().filter(|r| r.egress == ip);
+                let mut put = |t: &mut Sessions, r: SessionRecord| {
+                    let k = r.key();
+                    if t.contains_key(&k) || room > 0 {
+                        if !t.contains_key(&k) {
+                            room -= 1;
+                        }
+                        t.insert(k, (r, now));
+                        true
+                    } else {
+                        false
                     }
                 };
-                let mut refused = 0u64;
-                if let Some(t) = target {
-                    let mut room = room;
-                    // A record of another egress IP is a peer's bug: never
-                    // installed under this one.
-                    for r in upserts.into_iter().filter(|r| r.egress == ip) {
+                if epoch == 0 {
+                    // Incremental: the shadow in use, and a copy being
+                    // received (newer than its snapshot).
+                    for r in upserts {
                         let k = r.key();
-                        if t.contains_key(&k) || room > 0 {
-                            if !t.contains_key(&k) {
-                                room -= 1;
-                            }
-                            t.insert(k, (r, now));
-                        } else {
+                        let mut kept = put(&mut sh.sessions, r);
+                        if let Some(p) = &mut sh.pending {
+                            p.changed.insert(k);
+                            kept &= put(&mut p.sessions, r);
+                        }
+                        if !kept {
                             refused += 1;
                         }
                     }
-                    for r in removes {
-                        t.remove(&r);
+                    for k in removes {
+                        sh.sessions.remove(&k);
+                        if let Some(p) = &mut sh.pending {
+                            p.sessions.remove(&k);
+                            p.changed.insert(k);
+                        }
+                    }
+                } else if let Some(p) = sh.pending.as_mut().filter(|p| p.epoch == epoch) {
+                    for r in upserts {
+                        p.received += 1;
+                        if p.changed.contains(&r.key()) {
+                            continue;
+                        }
+                        if !put(&mut p.sessions, r) {
+                            p.refused += 1;
+                            refused += 1;
+                        }
+                    }
+                    for k in removes {
+                        p.sessions.remove(&k);
                     }
                 }
+                // Else a copy this standby did not see begin: ignored, the next one counts.
                 sh.updated = now;
                 self.refused += refused;
                 self.count();
@@ -123,16 +171,16 @@ impl Standby {
             Message::FullEnd { ip, epoch, count } => {
                 let sh = self.shadow(ip, from, now);
                 let answer = match sh.pending.take() {
-                    Some((e, p)) if e == epoch && p.len() as u64 == count => {
-                        sh.sessions = p;
+                    Some(p) if p.epoch == epoch && p.received == count && p.refused == 0 => {
+                        sh.sessions = p.sessions;
                         sh.complete = Some(epoch);
                         Some(Message::SyncAck { ip, epoch })
                     }
                     // Incomplete (refused records, or a copy begun before a
                     // reconnect): keep what is known, do not acknowledge; the
                     // holder sends the next copy on its period.
-                    Some((e, p)) if e == epoch => {
-                        sh.sessions = p;
+                    Some(p) if p.epoch == epoch => {
+                        sh.sessions = p.sessions;
                         sh.complete = None;
                         None
                     }
@@ -300,6 +348,33 @@ mod tests {
         );
         assert_eq!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 1, count: 3 }, t0), None);
         assert_eq!((s.sessions(), s.refused), (2, 1));
+    }
+
+    /// A paced copy is a snapshot older than the incremental changes that
+    /// arrive between its chunks: they must survive the copy's end, and the
+    /// copy's older records of the same sessions must not undo them.
+    #[test]
+    fn incremental_changes_during_a_paced_copy_survive_it() {
+        let t0 = Instant::now();
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let mut s = Standby::new(100);
+        s.on_message("gw-1", Message::FullBegin { ip, epoch: 3 }, t0);
+        s.on_message("gw-1", Message::Sessions { ip, epoch: 3, upserts: vec![rec(1, 0)], removes: vec![] }, t0);
+        // After the snapshot: port 5 created, port 2 refreshed (idle 0), port 3 removed.
+        let inc =
+            Message::Sessions { ip, epoch: 0, upserts: vec![rec(5, 0), rec(2, 0)], removes: vec![rec(3, 9).key()] };
+        s.on_message("gw-1", inc, t0);
+        // The rest of the snapshot: older records of ports 2 and 3.
+        s.on_message(
+            "gw-1",
+            Message::Sessions { ip, epoch: 3, upserts: vec![rec(2, 9), rec(3, 9), rec(4, 9)], removes: vec![] },
+            t0,
+        );
+        let ack = s.on_message("gw-1", Message::FullEnd { ip, epoch: 3, count: 4 }, t0);
+        assert_eq!(ack, Some(Message::SyncAck { ip, epoch: 3 }), "every record of the copy arrived");
+        let (_, mut got) = s.take(ip, t0).unwrap();
+        got.sort_by_key(|r| r.pod_port);
+        assert_eq!(got, vec![rec(1, 0), rec(2, 0), rec(4, 9), rec(5, 0)]);
     }
 
     #[test]
