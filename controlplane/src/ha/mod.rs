@@ -271,7 +271,13 @@ impl Ha {
     }
 
     /// The sync loop's view after a pass (only changes wake the task).
+    /// Its peer set (every gateway Node with a channel address, drained
+    /// ones included) also tells the Lease state machine which gateways are
+    /// still there ([`LeaseManager::set_gateways`]: the escape from the
+    /// failsafe-peers rule).
     pub fn update(&self, view: View) {
+        let gateways = view.peers.keys().cloned().chain([self.me.clone()]).collect();
+        self.mgr.lock().set_gateways(gateways);
         self.view.send_if_modified(|v| {
             if *v == view {
                 false

@@ -174,7 +174,7 @@ pub struct LeaseRecord {
     /// The gateways the holder asks before it keeps the IP through an API
     /// outage (annotation [`FAILSAFE_ANNOTATION`]; None: the holder runs
     /// without the peer channel). Only they may take the Lease over once it
-    /// expired: see [`LeaseManager::plan`].
+    /// expired, while one of them is still there: see [`LeaseManager::plan`].
     pub failsafe: Option<BTreeSet<String>>,
     /// The holder process's channel incarnation (annotation
     /// [`INCARNATION_ANNOTATION`]): a proof of death names the process it
@@ -276,6 +276,11 @@ struct IpState {
     /// the instant (the holder's own deadline is earlier by the fencing
     /// margin). Cleared by a newer record naming someone else.
     promise: Option<(String, Instant)>,
+    /// When this gateway, not listed in the record's failsafe peers, first
+    /// saw none of them still there (the escape from Patroni's rule, see
+    /// [`LeaseManager::plan`]). Cleared by a newer record, or when one of
+    /// them is back.
+    orphaned_at: Option<Instant>,
 }
 
 /// Why a failsafe request was refused.
@@ -290,6 +295,12 @@ pub enum FailsafeRefusal {
     /// A Lease request of ours for the IP is in flight.
     #[error("a Lease request is in flight here")]
     InFlight,
+    /// This gateway is not a candidate for the IP (any more): it does not
+    /// vouch for a holder whose view of the candidates is older than its
+    /// own (a gateway not listed may take the Lease once no listed one is
+    /// left, [`LeaseManager::plan`]).
+    #[error("this gateway is not a candidate for the IP")]
+    NotCandidate,
 }
 
 /// The Lease state machine of one gateway, over all egress IPs.
@@ -300,12 +311,18 @@ pub struct LeaseManager {
     ips: BTreeMap<IpAddr, IpState>,
     /// The earliest instant a planned step is due (take-over, renew, fence).
     wake: Option<Instant>,
+    /// The candidates of every IP in use, as the last [`LeaseManager::plan`]
+    /// got them (None: no plan yet).
+    candidates: Option<BTreeMap<IpAddr, Vec<String>>>,
+    /// Every gateway Node still there, drained ones included (None: not
+    /// known, the peer channel is off). See [`LeaseManager::set_gateways`].
+    gateways: Option<BTreeSet<String>>,
 }
 
 impl LeaseManager {
     /// A manager for the gateway named `me`.
     pub fn new(me: impl Into<String>, timing: LeaseTiming) -> Self {
-        LeaseManager { me: me.into(), timing, ips: BTreeMap::new(), wake: None }
+        LeaseManager { me: me.into(), timing, ips: BTreeMap::new(), wake: None, candidates: None, gateways: None }
     }
 
     /// This gateway's identity.
@@ -327,7 +344,30 @@ impl LeaseManager {
             next_attempt: now,
             gone_at: None,
             promise: None,
+            orphaned_at: None,
         })
+    }
+
+    /// Every gateway Node still there (labelled a gateway, drained or not),
+    /// this one included; the peer channel passes it after each pass (its
+    /// peer set). With it, a gateway not listed in a holder's failsafe peers
+    /// may take the holder's expired Lease once none of them is left
+    /// ([`LeaseManager::plan`]); without it (never called), never.
+    pub fn set_gateways(&mut self, gateways: BTreeSet<String>) {
+        self.gateways = Some(gateways);
+    }
+
+    /// Whether a gateway listed in a holder's failsafe peers may still keep
+    /// the holder's IP alive by its promises: it is a candidate for the IP,
+    /// or it is a gateway Node still there that is a candidate for no IP at
+    /// all (drained: it takes nothing, but it runs and answers failsafe
+    /// requests until it sees its drain). Unknown gateways count as there.
+    fn still_there(&self, ip: IpAddr, peer: &str) -> bool {
+        let (Some(cands), Some(gateways)) = (&self.candidates, &self.gateways) else { return true };
+        if cands.get(&ip).is_some_and(|c| c.iter().any(|n| n == peer)) {
+            return true;
+        }
+        gateways.contains(peer) && !cands.values().any(|c| c.iter().any(|n| n == peer))
     }
 
     /// Feeds the Lease of `ip` as the watch shows it (None: absent). A
@@ -355,6 +395,7 @@ impl LeaseManager {
                 st.promise = None;
             }
             st.gone_at = None;
+            st.orphaned_at = None;
             st.record = record;
             st.observed_at = now;
         }
@@ -392,12 +433,17 @@ impl LeaseManager {
     /// renewDeadline, so the fencing margin holds exactly as for a renewal.
     pub fn promise(&mut self, ip: IpAddr, holder: &str, now: Instant) -> Result<(), FailsafeRefusal> {
         let until = now + self.timing.lease_duration;
+        let me = self.me.clone();
+        let candidate = self.candidates.as_ref().is_none_or(|c| c.get(&ip).is_some_and(|c| c.contains(&me)));
         let st = self.state(ip, now);
         if st.held_since_send.is_some() {
             return Err(FailsafeRefusal::HeldHere);
         }
         if st.in_flight {
             return Err(FailsafeRefusal::InFlight);
+        }
+        if !candidate {
+            return Err(FailsafeRefusal::NotCandidate);
         }
         if let Some(h) = st.record.as_ref().and_then(|r| r.holder()) {
             if h != holder {
@@ -508,6 +554,26 @@ impl LeaseManager {
         for ip in candidates.keys() {
             self.state(*ip, now);
         }
+        self.candidates = Some(candidates.clone());
+        // The escape from Patroni's rule: IPs whose holder lists failsafe
+        // peers other than this gateway, none of them still there.
+        let orphaned: BTreeSet<IpAddr> =
+            self.ips
+                .iter()
+                .filter(|(ip, st)| {
+                    st.record.as_ref().and_then(|r| r.failsafe.as_ref()).is_some_and(|f| {
+                        !f.is_empty() && !f.contains(&me) && !f.iter().any(|p| self.still_there(**ip, p))
+                    })
+                })
+                .map(|(ip, _)| *ip)
+                .collect();
+        for (ip, st) in &mut self.ips {
+            if !orphaned.contains(ip) {
+                st.orphaned_at = None;
+            } else if st.orphaned_at.is_none() {
+                st.orphaned_at = Some(now);
+            }
+        }
         for (ip, st) in &mut self.ips {
             if let Some(sent) = st.held_since_send {
                 soon(sent + t.renew_deadline);
@@ -573,10 +639,22 @@ impl LeaseManager {
                             // Proven dead: nothing it promised or renewed matters.
                             (Some(_), Some(_)) if st.gone_at.is_some() => st.gone_at.map(|g| g + stagger),
                             // Patroni's rule: once the holder names the gateways it
-                            // asks through an API outage, only they may race.
-                            (Some(r), Some(_)) if r.failsafe.as_ref().is_some_and(|f| !f.contains(&me)) => None,
+                            // asks through an API outage, only they may race...
+                            (Some(r), Some(_))
+                                if r.failsafe.as_ref().is_some_and(|f| !f.contains(&me))
+                                    && st.orphaned_at.is_none() =>
+                            {
+                                None
+                            }
+                            // ... unless none of them is still there (deleted, no
+                            // longer a candidate; a drained one counts as there):
+                            // then anyone may, leaseDuration after this gateway
+                            // saw it (what a listed one that sees it later may
+                            // still have promised runs out meanwhile).
                             (Some(r), Some(_)) => {
-                                Some((st.observed_at + t.expiry(r) + stagger).max(promised.unwrap_or(now)))
+                                let expired = st.observed_at + t.expiry(r);
+                                let expired = st.orphaned_at.map_or(expired, |o| expired.max(o + t.lease_duration));
+                                Some((expired + stagger).max(promised.unwrap_or(now)))
                             }
                         };
                         let Some(free_at) = free_at else {
@@ -1095,6 +1173,84 @@ mod tests {
         let mut b = mgr("gw-b");
         b.observe(x, Some(r), t0);
         assert_eq!(b.plan(t0 + D, &c, true).len(), 1, "gw-b is listed");
+    }
+
+    /// Review finding 3: the rule above stranded the IP when every listed
+    /// gateway was gone (its Node deleted, or no longer a candidate for the
+    /// IP). The escape: once none of them is still there, anyone may take
+    /// the expired Lease, leaseDuration after it saw that; a drained one is
+    /// still there (it takes nothing, but it runs and may have promised),
+    /// and so is everyone while the gateways are not known.
+    #[test]
+    fn the_failsafe_rule_frees_an_ip_whose_listed_peers_are_all_gone_but_not_drained() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let y = ip("198.51.100.11");
+        let mut r = rec(Some("gw-a"), 10);
+        r.failsafe = Some(["gw-b".to_string()].into());
+        let gateways = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
+        let late = t0 + D * 10;
+        // gw-b's Node was deleted: only gw-a (silent) and gw-n are left.
+        let c = cands("198.51.100.10", &["gw-a", "gw-n"]);
+        let mut n = mgr("gw-n");
+        n.observe(x, Some(r.clone()), t0);
+        assert_eq!(n.plan(late, &c, true), vec![], "gateways not known yet: the rule holds");
+        n.set_gateways(gateways(&["gw-a", "gw-n"]));
+        assert_eq!(n.plan(late + ms(1), &c, true), vec![], "gone: not before leaseDuration after seeing it");
+        assert_eq!(n.plan(late + ms(1) + D - ms(1), &c, true), vec![]);
+        let acts = n.plan(late + ms(1) + D, &c, true);
+        assert!(matches!(acts.as_slice(), [(ip, Action::Acquire { .. })] if *ip == x), "{acts:?}");
+        // gw-b runs but is no longer a candidate for x (it is for y): gone too.
+        let mut c2 = c.clone();
+        c2.insert(y, vec!["gw-b".into()]);
+        let mut n = mgr("gw-n");
+        n.observe(x, Some(r.clone()), t0);
+        n.set_gateways(gateways(&["gw-a", "gw-b", "gw-n"]));
+        assert_eq!(n.plan(late, &c2, true), vec![]);
+        assert_eq!(n.plan(late + D, &c2, true).len(), 1);
+        // gw-b is drained: a candidate for nothing, but its Node is there.
+        let mut n = mgr("gw-n");
+        n.observe(x, Some(r.clone()), t0);
+        n.set_gateways(gateways(&["gw-a", "gw-b", "gw-n"]));
+        for k in 0..20u32 {
+            assert_eq!(n.plan(late + P * k, &c, true), vec![], "a drained listed peer keeps the rule");
+        }
+        // gw-b deleted, then back as a candidate before the wait ran out: the rule again.
+        let mut n = mgr("gw-n");
+        n.observe(x, Some(r.clone()), t0);
+        n.set_gateways(gateways(&["gw-a", "gw-n"]));
+        assert_eq!(n.plan(late, &c, true), vec![]);
+        let back = cands("198.51.100.10", &["gw-a", "gw-b", "gw-n"]);
+        n.set_gateways(gateways(&["gw-a", "gw-b", "gw-n"]));
+        assert_eq!(n.plan(late + D / 2, &back, true), vec![]);
+        assert_eq!(n.plan(late + D * 2, &back, true), vec![], "gw-b is listed and there");
+        // A holder alone (it listed nobody) keeps its IP through an outage
+        // with nobody's promise: no escape, it may be serving.
+        let mut alone = rec(Some("gw-a"), 10);
+        alone.failsafe = Some(BTreeSet::new());
+        let mut n = mgr("gw-n");
+        n.observe(x, Some(alone), t0);
+        n.set_gateways(gateways(&["gw-a", "gw-n"]));
+        assert_eq!(n.plan(late, &c, true), vec![]);
+        assert_eq!(n.plan(late + D * 2, &c, true), vec![]);
+    }
+
+    /// The other half of the escape: a gateway that is no longer a
+    /// candidate for an IP (by its own view) refuses failsafe requests for
+    /// it, so the holder it no longer vouches for fences.
+    #[test]
+    fn a_gateway_that_is_not_a_candidate_promises_nothing() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let mut b = mgr("gw-b");
+        b.observe(x, Some(rec(Some("gw-a"), 10)), t0);
+        assert_eq!(b.promise(x, "gw-a", t0), Ok(()), "before any plan: not known, accepted");
+        b.plan(t0, &cands("198.51.100.10", &["gw-a", "gw-b"]), true);
+        assert_eq!(b.promise(x, "gw-a", t0 + ms(10)), Ok(()));
+        b.plan(t0 + ms(20), &cands("198.51.100.10", &["gw-a", "gw-n"]), true);
+        assert_eq!(b.promise(x, "gw-a", t0 + ms(30)), Err(FailsafeRefusal::NotCandidate));
+        b.plan(t0 + ms(40), &BTreeMap::new(), true);
+        assert_eq!(b.promise(x, "gw-a", t0 + ms(50)), Err(FailsafeRefusal::NotCandidate), "the IP is not in use");
     }
 
     /// Issue 14 item 7: when the tables of a pass could not be applied, the
