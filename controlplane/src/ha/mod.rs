@@ -166,6 +166,11 @@ pub struct HaStatus {
     pub copies_sent: u64,
     /// Journal overflows seen.
     pub journal_overflows: u64,
+    /// Session records this standby refused (its memory bound).
+    pub shadow_records_refused: u64,
+    /// Messages about an IP refused because the standby keeps the most
+    /// shadows it may ([`standby::MAX_SHADOWS`]).
+    pub shadows_refused: u64,
 }
 
 struct State {
@@ -404,6 +409,8 @@ impl Ha {
             full_copies: st.replicator.full_copies,
             copies_sent: st.replicator.copies_sent,
             journal_overflows: st.overflows_seen,
+            shadow_records_refused: st.standby.refused,
+            shadows_refused: st.standby.shadows_refused,
         }
     }
 

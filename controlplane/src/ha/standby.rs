@@ -75,21 +75,37 @@ pub struct ShadowStatus {
     pub age: Duration,
 }
 
+/// Shadows (egress IPs) a standby keeps at most, by default: far more
+/// than the egress IPs of a cluster, and a bound on what a peer's bug can
+/// make it keep (each shadow costs a few hundred bytes even when empty).
+pub const MAX_SHADOWS: usize = 4096;
+
 /// The shadows of every IP this gateway stands by for.
 #[derive(Debug)]
 pub struct Standby {
     by_ip: BTreeMap<IpAddr, Shadow>,
     /// Bound on the sessions held over all shadows (memory).
     max_sessions: usize,
+    /// Bound on the number of shadows (IPs).
+    max_shadows: usize,
     held: usize,
     /// Records refused because the bound was reached.
     pub refused: u64,
+    /// Messages about a new IP dropped because `max_shadows` IPs have one.
+    pub shadows_refused: u64,
 }
 
 impl Standby {
-    /// A store holding at most `max_sessions` records in all.
+    /// A store holding at most `max_sessions` records in all, in at most
+    /// [`MAX_SHADOWS`] shadows.
     pub fn new(max_sessions: usize) -> Self {
-        Standby { by_ip: BTreeMap::new(), max_sessions, held: 0, refused: 0 }
+        Self::with_limits(max_sessions, MAX_SHADOWS)
+    }
+
+    /// A store holding at most `max_sessions` records in all, in at most
+    /// `max_shadows` shadows (IPs).
+    pub fn with_limits(max_sessions: usize, max_shadows: usize) -> Self {
+        Standby { by_ip: BTreeMap::new(), max_sessions, max_shadows, held: 0, refused: 0, shadows_refused: 0 }
     }
 
     fn count(&mut self) {
@@ -101,7 +117,7 @@ impl Standby {
     pub fn on_message(&mut self, from: &str, msg: Message, now: Instant) -> Option<Message> {
         match msg {
             Message::FullBegin { ip, epoch } => {
-                let sh = self.shadow(ip, from, now);
+                let sh = self.shadow(ip, from, now)?;
                 sh.pending =
                     Some(Pending { epoch, sessions: HashMap::new(), changed: HashSet::new(), received: 0, refused: 0 });
                 self.count();
@@ -109,7 +125,7 @@ impl Standby {
             }
             Message::Sessions { ip, epoch, upserts, removes } => {
                 let mut room = self.max_sessions.saturating_sub(self.held);
-                let sh = self.shadow(ip, from, now);
+                let sh = self.shadow(ip, from, now)?;
                 let mut refused = 0u64;
                 // A record of another egress IP is a peer's bug: never
                 // installed under this one.
@@ -169,7 +185,7 @@ impl Standby {
                 None
             }
             Message::FullEnd { ip, epoch, count } => {
-                let sh = self.shadow(ip, from, now);
+                let sh = self.shadow(ip, from, now)?;
                 let answer = match sh.pending.take() {
                     Some(p) if p.epoch == epoch && p.received == count && p.refused == 0 => {
                         sh.sessions = p.sessions;
@@ -205,8 +221,13 @@ impl Standby {
     }
 
     /// The shadow of `ip` from `holder`; one from another holder is replaced
-    /// (the IP moved).
-    fn shadow(&mut self, ip: IpAddr, holder: &str, now: Instant) -> &mut Shadow {
+    /// (the IP moved). None (counted) when `ip` has none and
+    /// `max_shadows` IPs have one.
+    fn shadow(&mut self, ip: IpAddr, holder: &str, now: Instant) -> Option<&mut Shadow> {
+        if !self.by_ip.contains_key(&ip) && self.by_ip.len() >= self.max_shadows {
+            self.shadows_refused += 1;
+            return None;
+        }
         let fresh = || Shadow {
             holder: holder.to_string(),
             sessions: HashMap::new(),
@@ -218,7 +239,7 @@ impl Standby {
         if sh.holder != holder {
             *sh = fresh();
         }
-        sh
+        Some(sh)
     }
 
     /// Takes the shadow of `ip` out, for installing into the data plane: the
@@ -375,6 +396,30 @@ mod tests {
         let (_, mut got) = s.take(ip, t0).unwrap();
         got.sort_by_key(|r| r.pod_port);
         assert_eq!(got, vec![rec(1, 0), rec(2, 0), rec(4, 9), rec(5, 0)]);
+    }
+
+    /// Review finding 8: a peer's bug (or a compromised peer) sending
+    /// copies for ever more IPs made the standby keep a shadow for each.
+    #[test]
+    fn the_number_of_shadows_is_bounded_and_refusals_are_counted() {
+        let t0 = Instant::now();
+        let mut s = Standby::with_limits(100, 2);
+        let ips: Vec<IpAddr> = (10..13).map(|i| IpAddr::from([198, 51, 100, i])).collect();
+        for ip in &ips {
+            s.on_message("gw-1", Message::FullBegin { ip: *ip, epoch: 1 }, t0);
+        }
+        assert_eq!(s.status(t0).iter().map(|st| st.ip).collect::<Vec<_>>(), ips[..2].to_vec());
+        assert_eq!(s.shadows_refused, 1);
+        // Its other messages are dropped too, and nothing is acknowledged.
+        let ip = ips[2];
+        s.on_message("gw-1", Message::Sessions { ip, epoch: 1, upserts: vec![], removes: vec![] }, t0);
+        assert_eq!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 1, count: 0 }, t0), None);
+        assert_eq!((s.status(t0).len(), s.shadows_refused), (2, 3));
+        // The IPs it has still work; once one is dropped, a new one fits.
+        assert!(s.on_message("gw-1", Message::FullEnd { ip: ips[0], epoch: 1, count: 0 }, t0).is_some());
+        s.on_message("gw-1", Message::DropShadow { ip: ips[1] }, t0);
+        s.on_message("gw-1", Message::FullBegin { ip, epoch: 2 }, t0);
+        assert!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 2, count: 0 }, t0).is_some());
     }
 
     #[test]
