@@ -198,32 +198,35 @@ impl Replicator {
     }
 
     /// Sends what the copies in progress may send now: for each, FullBegin
-    /// (a control frame: `send(peer, msg, false)`), then chunks and FullEnd
-    /// as bulk frames (`send(peer, msg, true)`) until the channel says
-    /// [`Pace::Wait`] for that peer. Returns the peers a frame could not be
+    /// (a control frame: `send(peer, msg, false)`, in the tick its snapshot
+    /// was taken), then chunks and FullEnd as bulk frames
+    /// (`send(peer, msg, true)`) until the channel says [`Pace::Wait`] for
+    /// that peer; the next copy to a waiting peer goes on after this one. Returns the peers a frame could not be
     /// given to ([`Pace::Failed`]): their copies are abandoned; the caller
     /// resyncs them.
     pub fn pace(&mut self, send: &mut dyn FnMut(&str, &Message, bool) -> Pace) -> BTreeSet<String> {
         let mut waiting: BTreeSet<String> = BTreeSet::new();
         let mut failed: BTreeSet<String> = BTreeSet::new();
         for (ip, r) in &mut self.by_ip {
-            if waiting.contains(&r.standby) || failed.contains(&r.standby) {
+            if failed.contains(&r.standby) {
                 continue;
             }
             let Some(c) = r.copy.as_mut() else { continue };
+            // FullBegin goes in the tick the snapshot was taken, even when
+            // another copy to that peer waits: the changes sent after it
+            // are the ones the snapshot may lack.
             if !c.began {
                 match send(&r.standby, &Message::FullBegin { ip: *ip, epoch: c.epoch }, false) {
                     Pace::Sent => c.began = true,
-                    Pace::Wait => {
-                        waiting.insert(r.standby.clone());
-                        continue;
-                    }
-                    Pace::Failed => {
+                    Pace::Wait | Pace::Failed => {
                         failed.insert(r.standby.clone());
                         r.copy = None;
                         continue;
                     }
                 }
+            }
+            if waiting.contains(&r.standby) {
+                continue;
             }
             loop {
                 let m = match c.waiting.take() {
@@ -401,6 +404,38 @@ mod tests {
         r.start_copy(ip, e2, vec![rec(1)]);
         assert_eq!(r.pace(&mut |_, _, _| Pace::Failed), ["gw-2".to_string()].into());
         assert_eq!(r.status(Instant::now())[0].copying, None);
+    }
+
+    /// Two copies to one standby: the second's FullBegin goes out in the
+    /// tick its snapshot was taken, though its chunks wait for the first
+    /// copy (else the changes sent meanwhile would land before it, in the
+    /// old shadow, and the older snapshot would replace them at its end).
+    #[test]
+    fn every_copy_begins_in_the_tick_of_its_snapshot() {
+        let x: IpAddr = "198.51.100.10".parse().unwrap();
+        let y: IpAddr = "198.51.100.11".parse().unwrap();
+        let mut r = Replicator::new(Duration::from_secs(30));
+        r.set_standbys(&[(x, Some("gw-2".to_string())), (y, Some("gw-2".to_string()))].into());
+        for (ip, _, epoch) in r.due_full(Instant::now()) {
+            r.start_copy(ip, epoch, (0..3 * BATCH).map(|p| rec(p as u16)).collect());
+        }
+        let mut got = Vec::new();
+        r.pace(&mut |_, m, bulk| {
+            if bulk && got.len() >= 2 {
+                return Pace::Wait;
+            }
+            got.push(m.clone());
+            Pace::Sent
+        });
+        let kinds: Vec<(IpAddr, &str)> = got
+            .iter()
+            .map(|m| match m {
+                Message::FullBegin { ip, .. } => (*ip, "begin"),
+                Message::Sessions { ip, .. } => (*ip, "chunk"),
+                m => panic!("{m:?}"),
+            })
+            .collect();
+        assert_eq!(kinds, vec![(x, "begin"), (x, "chunk"), (y, "begin")]);
     }
 
     /// Found by the lab's drain: the holder gave the IP up, told its standby
