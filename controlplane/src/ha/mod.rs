@@ -863,6 +863,15 @@ mod tests {
         p.b.shutdown("test over").await;
     }
 
+    /// A failsafe round trip of gw-a (request, promise, reply), from its start.
+    async fn failsafe_rtt(p: &Pair, failing: &View) -> Duration {
+        let before = p.a.status().failsafe_confirmed;
+        let t0 = Instant::now();
+        p.a.failsafe_round(failing);
+        until("the failsafe round", || p.a.status().failsafe_confirmed > before).await;
+        t0.elapsed()
+    }
+
     /// Benchmark, not a test: full copies of `EGRET_COPY_SESSIONS` (600,000)
     /// sessions with the default channel bounds, three rounds; prints the
     /// time from the copy's start to the standby's acknowledgment and the
@@ -878,16 +887,25 @@ mod tests {
         let t0 = Instant::now();
         until("the first copy", || copied(&p, n)).await;
         println!("copy 1 (at connect): {n} sessions in {:?}", t0.elapsed());
+        // A failsafe round trip (request, promise, reply) from its start.
+        let failing = View { failing: [ip].into(), ..p.view_a.clone() };
         for round in 2..=4 {
+            tokio::time::sleep(Duration::from_millis(400)).await; // the rounds' own pacing
+            let idle = failsafe_rtt(&p, &failing).await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
             let b0 = bytes_out(&p);
             let t0 = Instant::now();
             p.a.request_full_copies(&[ip]);
-            until("the copy starts", || !p.a.in_sync(ip)).await;
+            let copying = || p.a.status().replicas.iter().any(|r| r.copying.is_some_and(|(sent, _)| sent > 0));
+            until("the copy starts", copying).await;
+            let busy = failsafe_rtt(&p, &failing).await;
+            let still = copying();
             until("the copy", || copied(&p, n)).await;
             let took = t0.elapsed();
             let bytes = bytes_out(&p) - b0;
             println!(
-                "copy {round}: {n} sessions in {took:?} ({:.0} sessions/s), {bytes} bytes on the wire, {:.1} bytes/session",
+                "copy {round}: {n} sessions in {took:?} ({:.0} sessions/s), {bytes} bytes on the wire, {:.1} bytes/session; \
+                 failsafe round trip idle {idle:?}, during the copy {busy:?} (copy still under way after it: {still})",
                 n as f64 / took.as_secs_f64(),
                 bytes as f64 / n as f64
             );
