@@ -837,8 +837,7 @@ mod tests {
             c.max_bytes_per_sec = 400_000;
         })
         .await;
-        let copying = || p.a.status().replicas.iter().any(|r| r.copying.is_some_and(|(sent, _)| sent > 0));
-        until("the copy starts", copying).await;
+        until("the copy starts", || p.a.status().full_copies >= 1).await;
         // The API server is gone for gw-a: it asks gw-b while the copy runs.
         let deadline_before = p.a_mgr.lock().deadline(ip).unwrap();
         let failing = View { failing: [ip].into(), ..p.view_a.clone() };
@@ -850,10 +849,10 @@ mod tests {
             st.failsafe_confirmed >= 1
         })
         .await;
+        until("the standby holds the whole copy", || copied(&p, n)).await;
         assert!(during, "the copy was under way during the failsafe exchange");
         assert!(p.a_mgr.lock().deadline(ip).unwrap() > deadline_before, "gw-a's deadline moved");
         assert!(p.b.counters().promises_given.load(Ordering::Relaxed) >= 1);
-        until("the standby holds the whole copy", || copied(&p, n)).await;
         let st = p.a.status();
         assert_eq!(st.full_copies, 1, "one copy, never restarted");
         assert_eq!(st.copies_sent, 1);
