@@ -63,8 +63,9 @@
 //!   ([`Peers::send_bulk`]: the chunks of a full session copy) may fill only
 //!   `bulk_queue_bytes` of it; the rest is reserved for control frames
 //!   (failsafe requests and replies, acknowledgments, incremental changes), so
-//!   a large copy can never refuse them or delay them by more than
-//!   `bulk_queue_bytes / max_bytes_per_sec` (42 ms with the defaults); a
+//!   a large copy can never refuse them, nor hold them in this queue longer
+//!   than `bulk_queue_bytes / max_bytes_per_sec` (42 ms with the defaults;
+//!   the receiver's backlog of frames already sent comes on top); a
 //!   bulk sender that is refused waits for the queue to drain (pacing), it
 //!   loses nothing. Frames are only
 //!   queued while the peer is Up and a queue dies with its connection: frames
