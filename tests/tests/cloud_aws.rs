@@ -263,3 +263,71 @@ async fn api_errors_are_classified() {
     assert!(e.retryable && (e.code == "connect" || e.code == "dispatch"), "{e:?}");
     moto.stop().unwrap();
 }
+
+/// Set in the child process of [`load_reads_the_standard_environment`].
+const CHILD_ENV: &str = "EGRET_CLOUD_AWS_CHILD";
+
+/// `AwsCloud::load` takes credentials, region and endpoint from the standard
+/// environment (`AWS_ACCESS_KEY_ID`, `AWS_REGION`, `AWS_ENDPOINT_URL_EC2`).
+/// The environment is given to a child process running
+/// [`load_from_environment_child`] (this binary again), so no test changes
+/// the environment of a running process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_reads_the_standard_environment() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let Some(moto) = moto_or_skip("load_reads_the_standard_environment") else { return };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    let eip = moto::allocate_eip(&ec2, &[(POOL_TAG, "from-env")]).await.unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = tokio::process::Command::new(exe)
+        .args(["--exact", "load_from_environment_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env("EGRET_CHILD_SUBNET", &net.subnet_id)
+        .env("EGRET_CHILD_PUBLIC_IP", eip.public_ip.to_string())
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_REGION", moto::REGION)
+        .env("AWS_ENDPOINT_URL_EC2", moto.endpoint())
+        // Nothing else from the machine: no profile files, no IMDS.
+        .env("AWS_CONFIG_FILE", "/nonexistent/egret-aws-config")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/egret-aws-credentials")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_ENDPOINT_URL")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    moto.stop().unwrap();
+}
+
+/// The child half of [`load_reads_the_standard_environment`]; passes
+/// trivially when run on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_from_environment_child() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let cloud = AwsCloud::load(None, None).await;
+    let subnet = std::env::var("EGRET_CHILD_SUBNET").unwrap();
+    let want: IpAddr = std::env::var("EGRET_CHILD_PUBLIC_IP").unwrap().parse().unwrap();
+    let found = cloud.discover(&selector(&subnet, &[(POOL_TAG, "from-env")])).await.unwrap();
+    assert_eq!(public_ips(&found), BTreeSet::from([want]));
+    // The constructor's arguments override the environment: a region and an
+    // endpoint where nothing listens fail, retryably, within the bound.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let cloud = AwsCloud::load(Some("eu-west-1".into()), Some(dead_url)).await;
+    let e = cloud.discover(&selector(&subnet, &[(POOL_TAG, "from-env")])).await.unwrap_err();
+    assert!(e.retryable, "{e:?}");
+}
