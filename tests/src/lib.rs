@@ -20,6 +20,9 @@
 //!   load and the ARP watch of the high-availability tests.
 //! - [`nodelab`]: the worker-node lab (two worker Nodes running `egret node`
 //!   behind CNI-style masquerades, two gateways, the API server).
+//! - [`moto`]: an EC2 API emulator (moto's server) on loopback, and helpers
+//!   that seed it; [`faultproxy`]: a proxy in front of it that fails chosen
+//!   EC2 actions (errors, stalls), for the AWS provider's tests.
 //!
 //! The `egret-lab` binary (`src/bin/egret-lab.rs`) drives the same code for
 //! `tests/lab.sh`; docs/lab.md describes both.
@@ -28,12 +31,14 @@ pub mod apiserver;
 pub mod capture;
 pub mod client;
 pub mod error;
+pub mod faultproxy;
 pub mod frames;
 pub mod gateway;
 pub mod harness;
 pub mod k8slab;
 pub mod lab;
 pub mod load;
+pub mod moto;
 pub mod netns;
 pub mod nodelab;
 pub mod plan;

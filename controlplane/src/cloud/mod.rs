@@ -16,6 +16,8 @@
 //! - [`task`]: the gateway's side: discovery, and moving each address with
 //!   its Lease (assign before translating, release when it is given up).
 
+pub mod aws;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;

@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Runs moto's server (an emulator of the AWS APIs; installed by
+# tests/moto/install.sh) on 127.0.0.1 on a free port, for the AWS provider's
+# tests. Everything of one server is in one state directory.
+#
+# Usage: tests/moto/moto.sh check|start|stop|status|env
+#   check   exit 0 when moto is installed, 4 (saying what to run) if not
+#   start   start the server unless running; wait until it answers; print its
+#           endpoint URL (http://127.0.0.1:PORT)
+#   stop    stop it (and the owner watcher) and remove the state directory
+#   status  exit 0 when it runs and answers, 3 when stopped, 1 otherwise
+#   env     print AWS_ENDPOINT_URL_EC2=<url> and the dummy credentials and
+#           region moto accepts (exit 3 when not running)
+#
+# Environment:
+#   EGRET_MOTO_STATE      state directory (default /tmp/egret-moto-$USER)
+#   EGRET_MOTO_OWNER_PID  when set at start: a watcher stops the server once that
+#                         process is gone (a killed test leaks nothing)
+#   EGRET_MOTO_TIMEOUT    seconds to wait for the server to answer (default 60)
+#   EGRET_MOTO_VENV       the virtual environment (default: tests/moto/common.sh)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+self=$here/$(basename "${BASH_SOURCE[0]}")
+# shellcheck source=common.sh
+source "$here/common.sh"
+
+state=${EGRET_MOTO_STATE:-/tmp/egret-moto-$(id -un)}
+state=${state%/}
+timeout=${EGRET_MOTO_TIMEOUT:-60}
+
+log() { printf '[moto.sh] %s\n' "$*" >&2 || true; }
+die() { log "ERROR: $*"; exit 1; }
+
+# A pid from a pid file, only if that process is alive and is ours: its command
+# line names the state directory (guards against pid reuse).
+live_pid() {
+  local file=$state/$1.pid pid
+  [ -f "$file" ] || return 1
+  pid=$(cat "$file")
+  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$state/" || return 1
+  printf '%s\n' "$pid"
+}
+
+gone() { [ ! -d "/proc/$1" ] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+
+stop_proc() {
+  local name=$1 pid
+  pid=$(live_pid "$name") || { rm -f "$state/$name.pid"; return 0; }
+  [ "$pid" = "$$" ] && return 0
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do
+    gone "$pid" && break
+    sleep 0.1
+  done
+  if ! gone "$pid"; then
+    log "$name (pid $pid) ignored SIGTERM for 10 s; SIGKILL"
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$state/$name.pid"
+}
+
+# shellcheck disable=SC2016 # expanded by the inner bash
+port_in_use() { bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0"' "$1" 2>/dev/null; }
+# A port with no listener, below the kernel's ephemeral range.
+free_port() {
+  local p lo=32768 base=20000 span
+  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  [ "$lo" -gt $((base + 2000)) ] || base=$((lo - 12000 > 1024 ? lo - 12000 : 1024))
+  span=$((lo - base))
+  for _ in $(seq 200); do
+    p=$((base + RANDOM % span))
+    port_in_use "$p" || { printf '%s\n' "$p"; return 0; }
+  done
+  die "no free port found on 127.0.0.1"
+}
+
+endpoint() { [ -f "$state/port" ] && printf 'http://127.0.0.1:%s\n' "$(cat "$state/port")"; }
+
+# moto answers its own dashboard API once its routes are loaded.
+answers() {
+  local url
+  url=$(endpoint) || return 1
+  curl -s -o /dev/null --max-time 2 -w '%{http_code}' "$url/moto-api/data.json" 2>/dev/null | grep -q '^200$'
+}
+
+spawn() { # name, command...: detached from our session; output to <name>.log
+  local name=$1; shift
+  setsid "$@" >>"$state/$name.log" 2>&1 </dev/null 9>&- &
+  local pid=$!
+  echo "$pid" >"$state/$name.pid"
+  for _ in $(seq 100); do
+    gone "$pid" && break
+    live_pid "$name" >/dev/null && break
+    sleep 0.05
+  done
+}
+
+lock() {
+  mkdir -p "$(dirname "$state")"
+  exec 9>"$state.lock"
+  flock 9
+}
+
+cmd_check() {
+  [ -x "$EGRET_MOTO_SERVER_BIN" ] && [ -f "$EGRET_MOTO_VENV/.egret-complete" ] || {
+    log "moto $EGRET_MOTO_VERSION is not installed in $EGRET_MOTO_VENV: run tests/moto/install.sh"; exit 4; }
+  command -v curl >/dev/null || { log "curl is needed: run tests/install-deps.sh"; exit 4; }
+}
+
+cmd_stop() {
+  stop_proc watcher
+  stop_proc moto
+  rm -rf "$state"
+  rm -f "$state.lock"
+}
+
+cmd_start() {
+  cmd_check
+  lock
+  if live_pid moto >/dev/null && answers; then
+    log "already running (state $state)"
+    endpoint
+    return 0
+  fi
+  if [ -e "$state" ]; then
+    log "removing stale state $state"
+    stop_proc watcher; stop_proc moto; rm -rf "$state"
+  fi
+  mkdir -p "$state"
+  if [ -n "${EGRET_MOTO_OWNER_PID:-}" ]; then
+    # shellcheck disable=SC2016 # expanded by the watcher's bash, not here
+    spawn watcher bash -c \
+      'while [ -d "/proc/$1" ] && ! grep -q "^State:[[:space:]]*Z" "/proc/$1/status" 2>/dev/null; do sleep 1; done
+       EGRET_MOTO_STATE="${2%/}" exec "$3" stop' \
+      egret-moto-watcher "$EGRET_MOTO_OWNER_PID" "$state/" "$self"
+  fi
+  local attempt t0 port
+  t0=$(date +%s)
+  for attempt in 1 2 3; do
+    port=$(free_port)
+    echo "$port" >"$state/port"
+    # moto's own entry point, with the state directory as an argument it never
+    # reads: on the command line, live_pid knows the process by it.
+    spawn moto "$EGRET_MOTO_VENV/bin/python" -c \
+      'import sys; from moto.server import main; sys.exit(main(sys.argv[2:]))' \
+      "$state/" -H 127.0.0.1 -p "$port"
+    while ! answers; do
+      if ! live_pid moto >/dev/null; then
+        break
+      fi
+      if [ $(($(date +%s) - t0)) -gt "$timeout" ]; then
+        log "moto not answering after ${timeout}s; last log lines:"; tail -n 25 "$state/moto.log" >&2
+        cmd_stop; exit 1
+      fi
+      sleep 0.2
+    done
+    if live_pid moto >/dev/null && answers; then
+      log "moto $EGRET_MOTO_VERSION at $(endpoint) in $(($(date +%s) - t0))s (pid $(live_pid moto))"
+      endpoint
+      return 0
+    fi
+    if [ "$attempt" -lt 3 ] && grep -qs 'Address already in use' "$state/moto.log"; then
+      log "port $port taken meanwhile; retrying"
+      rm -f "$state/moto.log"
+      continue
+    fi
+    break
+  done
+  log "moto exited before it answered; last log lines:"; tail -n 25 "$state/moto.log" >&2
+  cmd_stop
+  exit 1
+}
+
+cmd_status() {
+  [ -d "$state" ] || { echo "stopped"; exit 3; }
+  local pid
+  pid=$(live_pid moto || echo none)
+  [ "$pid" != none ] || { echo "stopped (stale state in $state)"; exit 3; }
+  if answers; then echo "running: moto pid $pid at $(endpoint)"; exit 0; fi
+  echo "degraded: moto pid $pid, not answering"; exit 1
+}
+
+cmd_env() {
+  live_pid moto >/dev/null || { log "not running (state $state)"; exit 3; }
+  echo "AWS_ENDPOINT_URL_EC2=$(endpoint)"
+  echo "AWS_ACCESS_KEY_ID=testing"
+  echo "AWS_SECRET_ACCESS_KEY=testing"
+  echo "AWS_REGION=us-east-1"
+}
+
+case "${1:-}" in
+  check) cmd_check ;;
+  start) cmd_start ;;
+  stop) lock; cmd_stop ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  *) echo "usage: $0 check|start|stop|status|env" >&2; exit 2 ;;
+esac

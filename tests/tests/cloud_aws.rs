@@ -1,0 +1,333 @@
+//! The AWS provider (`egret_controlplane::cloud::aws::AwsCloud`, the real
+//! SDK) against a real EC2 API emulator: moto's server on loopback, one per
+//! test, with a fault proxy in front of it where errors are injected.
+//!
+//! Where moto differs from AWS's documented behaviour the test says so and
+//! asserts only what moto implements; docs/kubernetes.md ("Running on AWS")
+//! has the table.
+//!
+//! Needs moto (`tests/moto/install.sh`); skipped with a message when it is
+//! missing, unless `EGRET_REQUIRE_MOTO=1` (CI).
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use egret_controlplane::cloud::aws::AwsCloud;
+use egret_controlplane::cloud::{Cloud, PoolSelector, PublicAddress};
+use egret_tests::faultproxy::{Fault, FaultProxy};
+use egret_tests::moto::{self, Moto};
+
+const POOL_TAG: &str = "egret.dev/pool";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// moto started for `test`, or `None` when the test is skipped.
+fn moto_or_skip(test: &str) -> Option<Moto> {
+    match Moto::available_or_skip(test) {
+        Ok(true) => Some(Moto::start().expect("start moto")),
+        Ok(false) => None,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn selector(subnet_id: &str, tags: &[(&str, &str)]) -> PoolSelector {
+    PoolSelector {
+        tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+        subnet_id: subnet_id.to_owned(),
+    }
+}
+
+fn public_ips(d: &egret_controlplane::cloud::Discovered) -> BTreeSet<IpAddr> {
+    d.public.iter().map(|p| p.public_ip).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_by_tags_and_used_addresses() {
+    let Some(moto) = moto_or_skip("discovery_by_tags_and_used_addresses") else { return };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    let gw_a = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let gw_b = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    moto::add_secondary(&ec2, &gw_b.eni_id, ip("198.18.1.200")).await.unwrap();
+    // An instance in the other subnet: its addresses are not this subnet's.
+    let elsewhere = moto::run_instance(&ec2, &net, &net.other_subnet_id, true).await.unwrap();
+
+    let prod = [(POOL_TAG, "prod"), ("team", "payments")];
+    let in_pool_1 = moto::allocate_eip(&ec2, &prod).await.unwrap();
+    let in_pool_2 = moto::allocate_eip(&ec2, &prod).await.unwrap();
+    // One of the two tags only: the pool's tags are ANDed.
+    let half_tagged = moto::allocate_eip(&ec2, &[(POOL_TAG, "prod")]).await.unwrap();
+    let other_pool = moto::allocate_eip(&ec2, &[(POOL_TAG, "staging"), ("team", "payments")]).await.unwrap();
+    let untagged = moto::allocate_eip(&ec2, &[]).await.unwrap();
+
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(moto.endpoint()));
+    let pool = selector(&net.subnet_id, &prod);
+    let found = cloud.discover(&pool).await.unwrap();
+
+    assert_eq!(public_ips(&found), BTreeSet::from([in_pool_1.public_ip, in_pool_2.public_ip]));
+    for excluded in [&half_tagged, &other_pool, &untagged] {
+        assert!(!public_ips(&found).contains(&excluded.public_ip), "{excluded:?} is not in the pool");
+    }
+    let by_alloc: BTreeMap<_, _> = found.public.iter().map(|p| (p.allocation_id.clone(), p)).collect();
+    assert_eq!(by_alloc[&in_pool_1.allocation_id].public_ip, in_pool_1.public_ip);
+    assert_eq!(by_alloc[&in_pool_1.allocation_id].interface_id, None, "not associated yet");
+    assert_eq!(found.subnet_cidr, "198.18.1.0/24".parse().unwrap());
+    for used in [gw_a.primary_ip, gw_b.primary_ip, ip("198.18.1.200")] {
+        assert!(found.used.contains(&used), "{used} is in use: {:?}", found.used);
+    }
+    assert!(!found.used.contains(&elsewhere.primary_ip), "another subnet's address");
+    // AWS's reserved addresses of the subnet.
+    for reserved in ["198.18.1.0", "198.18.1.1", "198.18.1.2", "198.18.1.3", "198.18.1.255"] {
+        assert!(found.used.contains(&ip(reserved)), "{reserved} is reserved by AWS");
+    }
+
+    // A retagged address leaves the pool on the next discovery.
+    moto::set_tags(&ec2, &in_pool_2.allocation_id, &[(POOL_TAG, "retired")]).await.unwrap();
+    let again = cloud.discover(&pool).await.unwrap();
+    assert_eq!(public_ips(&again), BTreeSet::from([in_pool_1.public_ip]));
+
+    // An association shows in the next discovery.
+    let public = by_alloc[&in_pool_1.allocation_id].clone();
+    cloud.assign(&gw_a.eni_id, ip("198.18.1.100"), Some(&public)).await.unwrap();
+    let after = cloud.discover(&pool).await.unwrap();
+    assert_eq!(after.public[0].interface_id.as_deref(), Some(gw_a.eni_id.as_str()));
+    assert!(after.used.contains(&ip("198.18.1.100")), "the assigned address is in use");
+    // A pool with no tags would select every address of the account.
+    let e = cloud.discover(&selector(&net.subnet_id, &[])).await.unwrap_err();
+    assert!(!e.retryable, "{e}");
+    moto.stop().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interface_from_provider_id() {
+    let Some(moto) = moto_or_skip("interface_from_provider_id") else { return };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    let checked = moto::run_instance(&ec2, &net, &net.subnet_id, true).await.unwrap();
+    let unchecked = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    moto::add_secondary(&ec2, &unchecked.eni_id, ip("198.18.1.150")).await.unwrap();
+    let elsewhere = moto::run_instance(&ec2, &net, &net.other_subnet_id, false).await.unwrap();
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(moto.endpoint()));
+
+    let i = cloud.interface(&checked.provider_id, &net.subnet_id).await.unwrap();
+    assert_eq!(i.instance_id, checked.instance_id);
+    assert_eq!(i.interface_id, checked.eni_id);
+    assert_eq!(i.primary_ip, checked.primary_ip);
+    assert!(i.secondary_ips.is_empty());
+    assert!(i.source_dest_check, "left on: a gateway there would drop forwarded traffic");
+
+    // The form without the empty third slash is accepted too.
+    let short = unchecked.provider_id.replacen("aws:///", "aws://", 1);
+    let i = cloud.interface(&short, &net.subnet_id).await.unwrap();
+    assert_eq!(i.interface_id, unchecked.eni_id);
+    assert_eq!(i.secondary_ips, BTreeSet::from([ip("198.18.1.150")]));
+    assert!(!i.source_dest_check);
+
+    // No interface in the subnet: named, and not worth retrying.
+    let e = cloud.interface(&elsewhere.provider_id, &net.subnet_id).await.unwrap_err();
+    assert!(!e.retryable, "{e}");
+    assert!(e.message.contains(&elsewhere.instance_id) && e.message.contains(&net.subnet_id), "{e}");
+    // Not an AWS provider ID.
+    let e = cloud.interface("gce://project/zone/name", &net.subnet_id).await.unwrap_err();
+    assert!(!e.retryable && e.message.contains("gce://project/zone/name"), "{e}");
+    moto.stop().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assign_moves_the_address_between_gateways_and_release_gives_it_up() {
+    let Some(moto) = moto_or_skip("assign_moves_the_address_between_gateways_and_release_gives_it_up") else {
+        return;
+    };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    let gw_a = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let gw_b = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let eip = moto::allocate_eip(&ec2, &[(POOL_TAG, "prod")]).await.unwrap();
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(moto.endpoint()));
+    let public = cloud.discover(&selector(&net.subnet_id, &[(POOL_TAG, "prod")])).await.unwrap().public;
+    assert_eq!(public.len(), 1);
+    let public: &PublicAddress = &public[0];
+    let private = ip("198.18.1.100");
+
+    // Take-over by A.
+    cloud.assign(&gw_a.eni_id, private, Some(public)).await.unwrap();
+    assert!(moto::eni_addresses(&ec2, &gw_a.eni_id).await.unwrap().contains(&private));
+    let (eni, _private_shown) = moto::association(&ec2, &eip.allocation_id).await.unwrap().expect("associated");
+    assert_eq!(eni, gw_a.eni_id);
+    // AWS associates the EIP with the PrivateIpAddress given (198.18.1.100);
+    // moto ignores PrivateIpAddress and shows the ENI's primary address, so
+    // the private address is not asserted here.
+
+    // Idempotent: the same call again changes nothing and does not fail.
+    cloud.assign(&gw_a.eni_id, private, Some(public)).await.unwrap();
+    assert_eq!(moto::association(&ec2, &eip.allocation_id).await.unwrap().map(|a| a.0), Some(gw_a.eni_id.clone()));
+    assert_eq!(moto::eni_addresses(&ec2, &gw_a.eni_id).await.unwrap().iter().filter(|a| **a == private).count(), 1);
+
+    // Failover: B takes the address (with the stale discovery copy, which
+    // still says "not associated": assign looks at the current state).
+    cloud.assign(&gw_b.eni_id, private, Some(public)).await.unwrap();
+    assert_eq!(moto::association(&ec2, &eip.allocation_id).await.unwrap().map(|a| a.0), Some(gw_b.eni_id.clone()));
+    assert!(moto::eni_addresses(&ec2, &gw_b.eni_id).await.unwrap().contains(&private));
+    // AWS (AllowReassignment=true) moves the private address off A's ENI;
+    // moto ignores AllowReassignment and leaves it on A too, so A's side is
+    // not asserted here. A's own release below removes it either way.
+
+    // Release: A gives up what it still holds; a second release, and a
+    // release of an address that was never there, succeed (release looks
+    // at the ENI first; moto would answer success anyway, AWS documents no
+    // answer for it).
+    cloud.release(&gw_a.eni_id, private).await.unwrap();
+    assert!(!moto::eni_addresses(&ec2, &gw_a.eni_id).await.unwrap().contains(&private));
+    cloud.release(&gw_a.eni_id, private).await.unwrap();
+    cloud.release(&gw_a.eni_id, ip("198.18.1.99")).await.unwrap();
+    // An interface that is gone holds nothing.
+    cloud.release("eni-0123456789abcdef0", private).await.unwrap();
+    // B still holds it and the address is still associated with B.
+    assert!(moto::eni_addresses(&ec2, &gw_b.eni_id).await.unwrap().contains(&private));
+    assert_eq!(moto::association(&ec2, &eip.allocation_id).await.unwrap().map(|a| a.0), Some(gw_b.eni_id.clone()));
+
+    // Without a public address (an IPv6 or private-only pool) only the
+    // private address moves.
+    cloud.assign(&gw_a.eni_id, ip("198.18.1.101"), None).await.unwrap();
+    assert!(moto::eni_addresses(&ec2, &gw_a.eni_id).await.unwrap().contains(&ip("198.18.1.101")));
+    moto.stop().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_errors_are_classified() {
+    let Some(moto) = moto_or_skip("api_errors_are_classified") else { return };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    let gw = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    moto::allocate_eip(&ec2, &[(POOL_TAG, "prod")]).await.unwrap();
+    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
+    let pool = selector(&net.subnet_id, &[(POOL_TAG, "prod")]);
+
+    // Through the proxy, unarmed: the real answers.
+    let found = cloud.discover(&pool).await.unwrap();
+    assert_eq!(found.public.len(), 1);
+    assert!(proxy.forwarded("DescribeAddresses") >= 1);
+
+    // Throttling: retryable, and one attempt only (the SDK does not retry:
+    // the next call gets the real answer).
+    proxy.arm("DescribeAddresses", Fault::throttled(), 1);
+    let e = cloud.discover(&pool).await.unwrap_err();
+    assert_eq!((e.operation, e.code.as_str(), e.retryable), ("DescribeAddresses", "RequestLimitExceeded", true), "{e}");
+    assert_eq!(proxy.faults_served("DescribeAddresses"), 1);
+    assert_eq!(cloud.discover(&pool).await.unwrap().public.len(), 1);
+
+    // A 500 with EC2's server-error code: retryable.
+    proxy.arm(
+        "DescribeSubnets",
+        Fault::Error { status: 500, code: "InternalError".into(), message: "An internal error has occurred".into() },
+        1,
+    );
+    let e = cloud.discover(&pool).await.unwrap_err();
+    assert_eq!((e.operation, e.code.as_str(), e.retryable), ("DescribeSubnets", "InternalError", true), "{e}");
+
+    // Not allowed: not retryable, and the call is named.
+    proxy.arm("AssociateAddress", Fault::unauthorized(), 1);
+    let e = cloud.assign(&gw.eni_id, ip("198.18.1.100"), Some(&found.public[0])).await.unwrap_err();
+    assert_eq!(
+        (e.operation, e.code.as_str(), e.retryable),
+        ("AssociateAddress", "UnauthorizedOperation", false),
+        "{e}"
+    );
+    // A retry after the fault (as the caller's backoff would) completes it:
+    // the private address assigned by the failed attempt is not assigned twice.
+    cloud.assign(&gw.eni_id, ip("198.18.1.100"), Some(&found.public[0])).await.unwrap();
+    assert_eq!(moto::association(&ec2, &found.public[0].allocation_id).await.unwrap().map(|a| a.0), Some(gw.eni_id));
+
+    // A stalled call ends in a retryable timeout within the bounded
+    // operation timeout, not a hang (the stall is far longer).
+    proxy.arm("DescribeInstances", Fault::Stall(Duration::from_secs(60)), 1);
+    let e = tokio::time::timeout(Duration::from_secs(45), cloud.interface(&gw.provider_id, &net.subnet_id))
+        .await
+        .expect("the SDK's operation timeout ends the call")
+        .unwrap_err();
+    assert_eq!((e.operation, e.code.as_str(), e.retryable), ("DescribeInstances", "timeout", true), "{e}");
+
+    // Nothing listening: a retryable connection error.
+    drop(proxy);
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(&dead_url));
+    let e = cloud.discover(&pool).await.unwrap_err();
+    assert!(e.retryable && (e.code == "connect" || e.code == "dispatch"), "{e:?}");
+    moto.stop().unwrap();
+}
+
+/// Set in the child process of [`load_reads_the_standard_environment`].
+const CHILD_ENV: &str = "EGRET_CLOUD_AWS_CHILD";
+
+/// `AwsCloud::load` takes credentials, region and endpoint from the standard
+/// environment (`AWS_ACCESS_KEY_ID`, `AWS_REGION`, `AWS_ENDPOINT_URL_EC2`).
+/// The environment is given to a child process running
+/// [`load_from_environment_child`] (this binary again), so no test changes
+/// the environment of a running process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_reads_the_standard_environment() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let Some(moto) = moto_or_skip("load_reads_the_standard_environment") else { return };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    let eip = moto::allocate_eip(&ec2, &[(POOL_TAG, "from-env")]).await.unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = tokio::process::Command::new(exe)
+        .args(["--exact", "load_from_environment_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .env("EGRET_CHILD_SUBNET", &net.subnet_id)
+        .env("EGRET_CHILD_PUBLIC_IP", eip.public_ip.to_string())
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_REGION", moto::REGION)
+        .env("AWS_ENDPOINT_URL_EC2", moto.endpoint())
+        // Nothing else from the machine: no profile files, no IMDS.
+        .env("AWS_CONFIG_FILE", "/nonexistent/egret-aws-config")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/egret-aws-credentials")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_ENDPOINT_URL")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    moto.stop().unwrap();
+}
+
+/// The child half of [`load_reads_the_standard_environment`]; passes
+/// trivially when run on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_from_environment_child() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let cloud = AwsCloud::load(None, None).await;
+    let subnet = std::env::var("EGRET_CHILD_SUBNET").unwrap();
+    let want: IpAddr = std::env::var("EGRET_CHILD_PUBLIC_IP").unwrap().parse().unwrap();
+    let found = cloud.discover(&selector(&subnet, &[(POOL_TAG, "from-env")])).await.unwrap();
+    assert_eq!(public_ips(&found), BTreeSet::from([want]));
+    // The constructor's arguments override the environment: a region and an
+    // endpoint where nothing listens fail, retryably, within the bound.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let cloud = AwsCloud::load(Some("eu-west-1".into()), Some(dead_url)).await;
+    let e = cloud.discover(&selector(&subnet, &[(POOL_TAG, "from-env")])).await.unwrap_err();
+    assert!(e.retryable, "{e:?}");
+}
