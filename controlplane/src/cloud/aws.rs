@@ -234,6 +234,7 @@ impl AwsCloud {
         private: IpAddr,
         public: Option<&PublicAddress>,
     ) -> Result<(), CloudError> {
+        ipv4_only("AssignPrivateIpAddresses", private)?;
         let eni = self.eni(interface_id).await?.ok_or_else(|| CloudError {
             operation: "DescribeNetworkInterfaces",
             code: "InvalidNetworkInterfaceID.NotFound".into(),
@@ -279,6 +280,7 @@ impl AwsCloud {
     }
 
     async fn release_impl(&self, interface_id: &str, private: IpAddr) -> Result<(), CloudError> {
+        ipv4_only("UnassignPrivateIpAddresses", private)?;
         // Whether the address is still there decides, not an error code: the
         // API reference documents none for "not assigned" (moto answers
         // success), and a later holder may take it at any moment.
@@ -408,6 +410,22 @@ fn is_transport<E, R>(e: &SdkError<E, R>) -> bool {
 /// Whether an EC2 error code (and HTTP status) may succeed when repeated.
 pub fn is_retryable(code: &str, status: Option<u16>) -> bool {
     RETRYABLE_CODES.contains(&code) || status.is_some_and(|s| s >= 500 || s == 429)
+}
+
+/// IPv6 egress addresses need AssignIpv6Addresses / UnassignIpv6Addresses
+/// (and no Elastic IP: they are global), which this provider does not call
+/// yet; refuse them by name instead of sending an IPv6 address to the IPv4
+/// calls.
+fn ipv4_only(operation: &'static str, private: IpAddr) -> Result<(), CloudError> {
+    if private.is_ipv4() {
+        return Ok(());
+    }
+    Err(CloudError {
+        operation,
+        code: "Unsupported".into(),
+        message: format!("{private}: IPv6 egress addresses are not supported by the AWS provider yet"),
+        retryable: false,
+    })
 }
 
 fn invalid(operation: &'static str, message: &str) -> CloudError {
@@ -559,6 +577,21 @@ mod tests {
             SdkError::dispatch_failure(ConnectorError::user(std::io::Error::other("bad URL").into()));
         let e = classify("AssociateAddress", user);
         assert_eq!((e.code.as_str(), e.retryable), ("dispatch", false));
+    }
+
+    #[tokio::test]
+    async fn ipv6_addresses_are_refused_before_any_call() {
+        // No endpoint is ever contacted: the refusal comes first.
+        let conf =
+            aws_sdk_ec2::Config::builder().region(Region::new("us-east-1")).endpoint_url("http://127.0.0.1:9").build();
+        let cloud = AwsCloud::from_conf(conf);
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        for e in
+            [cloud.assign("eni-0abc", v6, None).await.unwrap_err(), cloud.release("eni-0abc", v6).await.unwrap_err()]
+        {
+            assert_eq!((e.code.as_str(), e.retryable), ("Unsupported", false), "{e}");
+            assert!(e.message.contains("2001:db8::1"), "{e}");
+        }
     }
 
     #[test]
