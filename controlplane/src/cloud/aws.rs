@@ -14,8 +14,9 @@
 //! | [`Cloud::release`] | DescribeNetworkInterfaces (is it still there?), UnassignPrivateIpAddresses |
 //!
 //! Both mutating calls are asynchronous on AWS: they return before the VPC
-//! delivers to the new holder (API reference, AssignPrivateIpAddresses: "the
-//! operation is asynchronous"; docs/kubernetes.md "Running on AWS").
+//! delivers to the new holder (API reference, AssignPrivateIpAddresses:
+//! "Remapping an IP address is an asynchronous operation"; docs/kubernetes.md
+//! "Running on AWS").
 //!
 //! The least-privilege IAM policy that allows exactly these actions is in
 //! docs/kubernetes.md; a new call here must be added there.
@@ -41,9 +42,9 @@ pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// EC2 error codes that mean "slow down" or "our side failed, try again":
-/// the throttling codes the EC2 API reference lists under "Request
-/// throttling", and the server-side codes of "Error codes for the Amazon EC2
-/// API" (Server errors).
+/// EC2's throttling code (`RequestLimitExceeded`) and the throttling family
+/// the AWS SDKs retry, and EC2's server-error codes (`InternalError`,
+/// `Unavailable`, ...). Any 5xx or 429 is retryable too ([`is_retryable`]).
 const RETRYABLE_CODES: &[&str] = &[
     "RequestLimitExceeded",
     "Throttling",
