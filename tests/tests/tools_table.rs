@@ -8,7 +8,7 @@
 //!   lists, `NetNs::command("x")`, and argv arrays given to the helpers that
 //!   run them (`exec(&["x", ...])`, `in_ns(ns, &["x", ...])`,
 //!   `run(&["x", ...])`);
-//! - shell (`tests/*.sh`, `tests/k8s/*.sh`, `tests/guest-kernel/*.sh`,
+//! - shell (`tests/*.sh`, `tests/k8s/*.sh`, `tests/moto/*.sh`, `tests/guest-kernel/*.sh`,
 //!   `tests/helm-render/*.sh`, `deploy/images/*/*.sh`, `vagrant/*.sh`): the
 //!   command word of every simple command, also inside `$(...)`, after
 //!   `exec`/`timeout`/`setsid`/`ip netns exec NS`, and `command -v x`.
@@ -597,6 +597,7 @@ fn scan() -> Vec<(String, usize, String)> {
     for dir in [
         "tests",
         "tests/k8s",
+        "tests/moto",
         "tests/guest-kernel",
         "tests/helm-render",
         "deploy/images/node",

@@ -14,8 +14,9 @@
 //! | [`Cloud::release`] | DescribeNetworkInterfaces (is it still there?), UnassignPrivateIpAddresses |
 //!
 //! Both mutating calls are asynchronous on AWS: they return before the VPC
-//! delivers to the new holder (API reference, AssignPrivateIpAddresses: "the
-//! operation is asynchronous"; docs/kubernetes.md "Running on AWS").
+//! delivers to the new holder (API reference, AssignPrivateIpAddresses:
+//! "Remapping an IP address is an asynchronous operation"; docs/kubernetes.md
+//! "Running on AWS").
 //!
 //! The least-privilege IAM policy that allows exactly these actions is in
 //! docs/kubernetes.md; a new call here must be added there.
@@ -41,9 +42,9 @@ pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// EC2 error codes that mean "slow down" or "our side failed, try again":
-/// the throttling codes the EC2 API reference lists under "Request
-/// throttling", and the server-side codes of "Error codes for the Amazon EC2
-/// API" (Server errors).
+/// EC2's throttling code (`RequestLimitExceeded`) and the throttling family
+/// the AWS SDKs retry, and EC2's server-error codes (`InternalError`,
+/// `Unavailable`, ...). Any 5xx or 429 is retryable too ([`is_retryable`]).
 const RETRYABLE_CODES: &[&str] = &[
     "RequestLimitExceeded",
     "Throttling",
@@ -234,6 +235,7 @@ impl AwsCloud {
         private: IpAddr,
         public: Option<&PublicAddress>,
     ) -> Result<(), CloudError> {
+        ipv4_only("AssignPrivateIpAddresses", private)?;
         let eni = self.eni(interface_id).await?.ok_or_else(|| CloudError {
             operation: "DescribeNetworkInterfaces",
             code: "InvalidNetworkInterfaceID.NotFound".into(),
@@ -279,6 +281,7 @@ impl AwsCloud {
     }
 
     async fn release_impl(&self, interface_id: &str, private: IpAddr) -> Result<(), CloudError> {
+        ipv4_only("UnassignPrivateIpAddresses", private)?;
         // Whether the address is still there decides, not an error code: the
         // API reference documents none for "not assigned" (moto answers
         // success), and a later holder may take it at any moment.
@@ -408,6 +411,22 @@ fn is_transport<E, R>(e: &SdkError<E, R>) -> bool {
 /// Whether an EC2 error code (and HTTP status) may succeed when repeated.
 pub fn is_retryable(code: &str, status: Option<u16>) -> bool {
     RETRYABLE_CODES.contains(&code) || status.is_some_and(|s| s >= 500 || s == 429)
+}
+
+/// IPv6 egress addresses need AssignIpv6Addresses / UnassignIpv6Addresses
+/// (and no Elastic IP: they are global), which this provider does not call
+/// yet; refuse them by name instead of sending an IPv6 address to the IPv4
+/// calls.
+fn ipv4_only(operation: &'static str, private: IpAddr) -> Result<(), CloudError> {
+    if private.is_ipv4() {
+        return Ok(());
+    }
+    Err(CloudError {
+        operation,
+        code: "Unsupported".into(),
+        message: format!("{private}: IPv6 egress addresses are not supported by the AWS provider yet"),
+        retryable: false,
+    })
 }
 
 fn invalid(operation: &'static str, message: &str) -> CloudError {
@@ -559,6 +578,21 @@ mod tests {
             SdkError::dispatch_failure(ConnectorError::user(std::io::Error::other("bad URL").into()));
         let e = classify("AssociateAddress", user);
         assert_eq!((e.code.as_str(), e.retryable), ("dispatch", false));
+    }
+
+    #[tokio::test]
+    async fn ipv6_addresses_are_refused_before_any_call() {
+        // No endpoint is ever contacted: the refusal comes first.
+        let conf =
+            aws_sdk_ec2::Config::builder().region(Region::new("us-east-1")).endpoint_url("http://127.0.0.1:9").build();
+        let cloud = AwsCloud::from_conf(conf);
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        for e in
+            [cloud.assign("eni-0abc", v6, None).await.unwrap_err(), cloud.release("eni-0abc", v6).await.unwrap_err()]
+        {
+            assert_eq!((e.code.as_str(), e.retryable), ("Unsupported", false), "{e}");
+            assert!(e.message.contains("2001:db8::1"), "{e}");
+        }
     }
 
     #[test]
