@@ -48,3 +48,7 @@ if ((${#missing[@]})); then
 else
   echo "install-deps: all ${#PACKAGES[@]} packages present"
 fi
+
+# moto's EC2 API emulator for the AWS provider's tests (tests/moto/install.sh:
+# a pinned moto[server] in a cached virtual environment; idempotent).
+"$here/moto/install.sh"

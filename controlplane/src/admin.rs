@@ -407,8 +407,15 @@ pub mod render {
                         None => "free".to_string(),
                     },
                 };
+                let state = match &l.cloud {
+                    Some(c) => format!("{state}; {c}"),
+                    None => state,
+                };
                 vec![
-                    l.ip.to_string(),
+                    match l.public_ip {
+                        Some(p) => format!("{} ({p})", l.ip),
+                        None => l.ip.to_string(),
+                    },
                     state,
                     l.valid_for_ms.map_or("-".into(), |v| format!("{v} ms")),
                     l.candidates.join(","),
@@ -420,6 +427,25 @@ pub mod render {
             })
             .collect();
         out.push_str(&table(&["EGRESS IP", "LEASE", "VALID FOR", "CANDIDATES", "STANDBY"], &rows));
+        if !c.cloud_interfaces.is_empty() {
+            out.push('\n');
+            let rows: Vec<Vec<String>> = c
+                .cloud_interfaces
+                .iter()
+                .map(|i| {
+                    vec![
+                        i.subnet.clone(),
+                        i.interface.clone().unwrap_or_else(|| "-".into()),
+                        match (&i.error, i.source_dest_check) {
+                            (Some(e), _) => e.clone(),
+                            (None, true) => "source/destination check ON: traffic dropped; turn it off".into(),
+                            (None, false) => "ok".into(),
+                        },
+                    ]
+                })
+                .collect();
+            out.push_str(&table(&["SUBNET", "INTERFACE", "STATE"], &rows));
+        }
         if c.ha {
             out.push('\n');
             let rows: Vec<Vec<String>> = c

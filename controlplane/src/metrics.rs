@@ -235,6 +235,30 @@ fn render_cluster(o: &mut Out, c: &crate::view::ClusterReport) {
         let ip = l.ip.to_string();
         o.sample("lease_renew_failing", &[("ip", &ip)], u64::from(l.renew_failing));
     }
+    o.family(
+        "cloud_address_assigned",
+        "gauge",
+        "1 while the cloud address the gateway holds a Lease for is on its interface (only then is it translated to).",
+    );
+    for l in c.leases.iter().filter(|l| l.held_here || l.cloud.is_some()) {
+        let Some(public) = l.public_ip else { continue };
+        let (ip, public) = (l.ip.to_string(), public.to_string());
+        let assigned = l.cloud.as_deref().is_some_and(|s| s.starts_with("assigned"));
+        o.sample("cloud_address_assigned", &[("ip", &ip), ("public_ip", &public)], u64::from(assigned));
+    }
+    o.family(
+        "cloud_source_dest_check",
+        "gauge",
+        "1 while the provider's source/destination check is on for the gateway's interface (it must be off).",
+    );
+    for i in c.cloud_interfaces.iter().filter(|i| i.interface.is_some()) {
+        let iface = i.interface.clone().unwrap_or_default();
+        o.sample(
+            "cloud_source_dest_check",
+            &[("subnet", &i.subnet), ("interface", &iface)],
+            u64::from(i.source_dest_check),
+        );
+    }
     o.family("standby_in_sync", "gauge", "1 while the standby of a held IP holds its latest session copy.");
     for l in c.leases.iter().filter(|l| l.held_here) {
         let (ip, sb) = (l.ip.to_string(), l.standby.clone().unwrap_or_default());

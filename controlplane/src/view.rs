@@ -305,6 +305,9 @@ pub struct ClusterReport {
     /// IPs held elsewhere for which this gateway is the first standby but
     /// holds no complete copy yet (readiness waits for them, bounded).
     pub standby_pending: Vec<IpAddr>,
+    /// Cloud pools: this gateway's interfaces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cloud_interfaces: Vec<CloudInterfaceRow>,
     /// Counters.
     pub counters: ClusterCounters,
 }
@@ -328,6 +331,26 @@ pub struct LeaseRow {
     pub standby: Option<String>,
     /// Held here: whether the standby holds its latest copy.
     pub standby_in_sync: Option<bool>,
+    /// A cloud pool's address: its public address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<IpAddr>,
+    /// Held here, a cloud pool's address: `assigned to eni-...`, or why not
+    /// yet (it is not translated to until it is assigned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud: Option<String>,
+}
+
+/// This gateway's network interface in a cloud pool's subnet.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloudInterfaceRow {
+    /// The subnet.
+    pub subnet: String,
+    /// The interface (`eni-...`), if found.
+    pub interface: Option<String>,
+    /// Whether the provider's source/destination check is on (it must be off).
+    pub source_dest_check: bool,
+    /// Why the interface is not known.
+    pub error: Option<String>,
 }
 
 /// One peer on the channel.

@@ -18,6 +18,12 @@
 #                         process is gone (a killed test leaks nothing)
 #   EGRET_MOTO_TIMEOUT    seconds to wait for the server to answer (default 60)
 #   EGRET_MOTO_VENV       the virtual environment (default: tests/moto/common.sh)
+#   EGRET_MOTO_NETNS      at start: run the server inside this network namespace
+#                         (the cloud lab's control namespace, where its gateways
+#                         reach it); nothing listens where the script was called
+#   EGRET_MOTO_ADDRESS    at start: the address to listen on (default 127.0.0.1;
+#                         with a namespace, an address of that namespace)
+#   Both are recorded in the state directory for the other commands.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -61,8 +67,18 @@ stop_proc() {
   rm -f "$state/$name.pid"
 }
 
+# Where the server runs: recorded at start, read by every other command.
+netns=; address=127.0.0.1
+load_where() {
+  [ -f "$state/netns" ] && netns=$(cat "$state/netns")
+  [ -f "$state/address" ] && address=$(cat "$state/address")
+  return 0
+}
+# Runs a command in the server's namespace (or here).
+inns() { if [ -n "$netns" ]; then ip netns exec "$netns" "$@"; else "$@"; fi; }
+
 # shellcheck disable=SC2016 # expanded by the inner bash
-port_in_use() { bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0"' "$1" 2>/dev/null; }
+port_in_use() { inns bash -c 'exec 3<>"/dev/tcp/$1/$0"' "$1" "$address" 2>/dev/null; }
 # A port with no listener, below the kernel's ephemeral range.
 free_port() {
   local p lo=32768 base=20000 span
@@ -73,16 +89,17 @@ free_port() {
     p=$((base + RANDOM % span))
     port_in_use "$p" || { printf '%s\n' "$p"; return 0; }
   done
-  die "no free port found on 127.0.0.1"
+  die "no free port found on $address"
 }
 
-endpoint() { [ -f "$state/port" ] && printf 'http://127.0.0.1:%s\n' "$(cat "$state/port")"; }
+endpoint() { load_where; [ -f "$state/port" ] && printf 'http://%s:%s\n' "$address" "$(cat "$state/port")"; }
 
 # moto answers its own dashboard API once its routes are loaded.
 answers() {
   local url
+  load_where
   url=$(endpoint) || return 1
-  curl -s -o /dev/null --max-time 2 -w '%{http_code}' "$url/moto-api/data.json" 2>/dev/null | grep -q '^200$'
+  inns curl -s -o /dev/null --max-time 2 -w '%{http_code}' "$url/moto-api/data.json" 2>/dev/null | grep -q '^200$'
 }
 
 spawn() { # name, command...: detached from our session; output to <name>.log
@@ -129,6 +146,15 @@ cmd_start() {
     stop_proc watcher; stop_proc moto; rm -rf "$state"
   fi
   mkdir -p "$state"
+  netns=${EGRET_MOTO_NETNS:-}
+  address=${EGRET_MOTO_ADDRESS:-127.0.0.1}
+  if [ -n "$netns" ] && [ ! -e "/run/netns/$netns" ]; then
+    die "EGRET_MOTO_NETNS=$netns: no such network namespace (ip netns add it first)"
+  fi
+  printf '%s\n' "$netns" >"$state/netns"
+  printf '%s\n' "$address" >"$state/address"
+  local prefix=()
+  [ -z "$netns" ] || prefix=(ip netns exec "$netns")
   if [ -n "${EGRET_MOTO_OWNER_PID:-}" ]; then
     # shellcheck disable=SC2016 # expanded by the watcher's bash, not here
     spawn watcher bash -c \
@@ -143,9 +169,9 @@ cmd_start() {
     echo "$port" >"$state/port"
     # moto's own entry point, with the state directory as an argument it never
     # reads: on the command line, live_pid knows the process by it.
-    spawn moto "$EGRET_MOTO_VENV/bin/python" -c \
+    spawn moto "${prefix[@]}" "$EGRET_MOTO_VENV/bin/python" -c \
       'import sys; from moto.server import main; sys.exit(main(sys.argv[2:]))' \
-      "$state/" -H 127.0.0.1 -p "$port"
+      "$state/" -H "$address" -p "$port"
     while ! answers; do
       if ! live_pid moto >/dev/null; then
         break

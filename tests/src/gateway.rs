@@ -69,6 +69,9 @@ pub struct GatewayConfig {
     /// (`EGRET_TEST_CLOCK_SCALE`, tests only), so RFC-minimum timeouts pass
     /// in seconds.
     pub clock_scale: Option<u32>,
+    /// Not YAML: more environment for the daemon (the cloud lab's
+    /// `AWS_ENDPOINT_URL_EC2` and credentials).
+    pub env: Vec<(String, String)>,
     /// Kubernetes mode: the `kubernetes:` section. The file then lists no
     /// egress IPs or policies (`egress_ips` and `policies` are not written).
     pub kubernetes: Option<KubernetesSection>,
@@ -126,6 +129,7 @@ impl GatewayConfig {
             extra: String::new(),
             kernel_service_ips: Vec::new(),
             clock_scale: None,
+            env: Vec::new(),
             kubernetes: None,
         }
     }
@@ -144,6 +148,7 @@ impl GatewayConfig {
             kernel_service_ips: Vec::new(),
             kubernetes: Some(section),
             clock_scale: None,
+            env: Vec::new(),
         }
     }
 
@@ -495,6 +500,7 @@ impl Gateway {
             // Plain log lines: tests read them back (timestamps, events).
             .env("NO_COLOR", "1")
             .env("EGRET_TEST_CLOCK_SCALE", self.current.clock_scale.unwrap_or(1).to_string())
+            .envs(self.current.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);

@@ -103,8 +103,19 @@ impl Moto {
     /// Starts a fresh server on a free port of 127.0.0.1 and waits until it
     /// answers (about a second).
     pub fn start() -> Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// Starts a fresh server inside network namespace `ns`, listening on
+    /// `address` (an address of that namespace): the cloud lab runs it in
+    /// its control namespace, where its gateways reach it.
+    pub fn start_in(ns: &crate::netns::NetNs, address: std::net::IpAddr) -> Result<Self> {
+        Self::start_with(&[("EGRET_MOTO_NETNS", ns.name().to_string()), ("EGRET_MOTO_ADDRESS", address.to_string())])
+    }
+
+    fn start_with(env: &[(&str, String)]) -> Result<Self> {
         let state = fresh_state_dir();
-        let out = match run_script("start", &state) {
+        let out = match run_script_with("start", &state, env) {
             Ok(out) => out,
             Err(e) => {
                 let _ = run_script("stop", &state);
@@ -170,8 +181,21 @@ impl Moto {
     /// A plain SDK client for seeding and checking (the SDK's default
     /// retries and timeouts; no fault proxy).
     pub fn client(&self) -> aws_sdk_ec2::Client {
-        let conf = Self::sdk_config(&self.endpoint).to_builder().http_client(http_client()).build();
-        aws_sdk_ec2::Client::from_conf(conf)
+        client_for(&self.endpoint)
+    }
+
+    /// What a gateway process needs in its environment to use this server
+    /// through the SDK's standard chain (endpoint, dummy credentials, region).
+    pub fn gateway_env(&self) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT_URL_EC2", self.endpoint.as_str()),
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_REGION", REGION),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
     }
 
     /// Stops the server and removes its state.
@@ -193,6 +217,12 @@ impl Drop for Moto {
     }
 }
 
+/// [`Moto::client`] for a server known by its endpoint (another thread's).
+pub fn client_for(endpoint: &str) -> aws_sdk_ec2::Client {
+    let conf = Moto::sdk_config(endpoint).to_builder().http_client(http_client()).build();
+    aws_sdk_ec2::Client::from_conf(conf)
+}
+
 fn http_client() -> aws_sdk_ec2::config::SharedHttpClient {
     use aws_smithy_http_client::tls;
     aws_smithy_http_client::Builder::new()
@@ -207,8 +237,13 @@ fn fresh_state_dir() -> PathBuf {
 }
 
 fn run_script(command: &'static str, state: &Path) -> Result<Output> {
+    run_script_with(command, state, &[])
+}
+
+fn run_script_with(command: &'static str, state: &Path, env: &[(&str, String)]) -> Result<Output> {
     let out = Command::new(SCRIPT)
         .arg(command)
+        .envs(env.iter().map(|(k, v)| (*k, v)))
         .env("EGRET_MOTO_STATE", state)
         .env("EGRET_MOTO_OWNER_PID", std::process::id().to_string())
         .output()

@@ -191,20 +191,9 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     let ha = env_flag("EGRET_HA_CONFIG", true);
     let key = lab.dir().join("ha.key");
     if ha {
-        write_key(&key);
+        write_ha_key(&key);
     }
-    let ha_block = |g: Gw| {
-        if ha {
-            format!(
-                "  ha: {{port: {HA_PORT}, address: {}, keyFile: {}, peerCache: {}}}\n",
-                g.mgmt_addr(),
-                key.display(),
-                lab.dir().join(format!("peers-{}", g.node_name())).display()
-            )
-        } else {
-            String::new()
-        }
-    };
+    let ha_block = |g: Gw| if ha { ha_section(lab, g, &key, HA_PORT) } else { String::new() };
     let mut gws = BTreeMap::new();
     for g in Gw::ALL {
         let mut cfg = GatewayConfig::kubernetes(
@@ -550,22 +539,6 @@ fn api_port(server: &ApiServer) -> u16 {
         .and_then(|u| u.trim().rsplit(':').next())
         .and_then(|p| p.trim_end_matches('/').parse().ok())
         .expect("the API server's port in the kubeconfig")
-}
-
-/// 32 random bytes, mode 0600.
-fn write_key(path: &std::path::Path) {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut key = [0u8; 32];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut key)).expect("random key");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(path)
-        .expect("create the HA key file");
-    std::io::Write::write_all(&mut f, &key).expect("write the HA key");
 }
 
 fn lease_holder(ctx: &Ctx) -> Option<Gw> {

@@ -698,6 +698,31 @@ fn ha_disabled_renders_no_channel() {
     assert!(!docs.iter().any(|d| kind(d) == "Secret"));
 }
 
+#[test]
+fn the_aws_values_set_the_region_and_the_irsa_role() {
+    let env_names = |docs: &[Value]| -> Vec<String> {
+        let c = container(one(docs, "DaemonSet", "gateway"));
+        lookup(c, "env").as_sequence().unwrap().iter().map(|e| scalar(lookup(e, "name"))).collect()
+    };
+    let sa = |docs: &[Value]| -> Value {
+        docs.iter()
+            .find(|d| kind(d) == "ServiceAccount" && component(d) == Some("gateway"))
+            .expect("the gateways' ServiceAccount")
+            .clone()
+    };
+    let plain = render("egret", NAMESPACE, &[]);
+    assert!(!env_names(&plain).contains(&"AWS_REGION".to_string()));
+    assert!(sa(&plain).get("metadata").and_then(|m| m.get("annotations")).is_none());
+    let role = "arn:aws:iam::111122223333:role/egret-gateway";
+    let docs = render("egret", NAMESPACE, &["--set", "aws.region=eu-west-1", "--set", &format!("aws.roleArn={role}")]);
+    let c = container(one(&docs, "DaemonSet", "gateway"));
+    let region =
+        lookup(c, "env").as_sequence().unwrap().iter().find(|e| scalar(lookup(e, "name")) == "AWS_REGION").cloned();
+    assert_eq!(region.map(|e| scalar(lookup(&e, "value"))), Some("eu-west-1".to_string()));
+    let annotations = sa(&docs).get("metadata").and_then(|m| m.get("annotations")).cloned().expect("annotations");
+    assert_eq!(annotations.get("eks.amazonaws.com/role-arn").map(scalar).as_deref(), Some(role));
+}
+
 /// The renderer's `lookup` always finds nothing (as `helm template`), so an
 /// upgrade is rendered with the chart's `lookup` call replaced by the Secret
 /// it would find: the key in the cluster is kept, not replaced by a new

@@ -21,9 +21,13 @@ pub mod aws;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use ipnet::IpNet;
+
+pub mod pairing;
+pub mod task;
 
 /// Which public addresses and which subnet a cloud pool uses (from
 /// `EgressIPPool.spec.cloud`).
@@ -56,7 +60,8 @@ pub struct Discovered {
     /// The subnet's range.
     pub subnet_cidr: IpNet,
     /// Addresses in the subnet that some interface uses (primary or
-    /// secondary), so a new pairing never takes one.
+    /// secondary) and those the provider reserves (AWS: the first four and
+    /// the last), so a new pairing never takes one.
     pub used: BTreeSet<IpAddr>,
 }
 
@@ -128,4 +133,46 @@ pub trait Cloud: Send + Sync {
     /// Removes `private` from `interface_id` if it is still there (a later
     /// holder may have taken it already: that is success).
     fn release<'a>(&'a self, interface_id: &'a str, private: IpAddr) -> BoxFuture<'a, Result<(), CloudError>>;
+}
+
+/// The cloud pools whose spec is valid, by name.
+pub fn selectors(pools: &[crate::k8s::desired::PoolInfo]) -> BTreeMap<String, PoolSelector> {
+    pools
+        .iter()
+        .filter_map(|p| {
+            let cloud = p.spec.cloud.as_ref()?;
+            let (sel, _) = crate::k8s::desired::cloud_spec(cloud, &p.spec.addresses).ok()?;
+            Some((p.name.clone(), sel))
+        })
+        .collect()
+}
+
+/// Every recorded pairing of the valid cloud pools, by private address
+/// (the egress IP): where a gateway holding its Lease must put it.
+pub fn targets(pools: &[crate::k8s::desired::PoolInfo]) -> BTreeMap<IpAddr, task::Target> {
+    let sel = selectors(pools);
+    let mut out = BTreeMap::new();
+    for p in pools {
+        let Some(s) = sel.get(&p.name) else { continue };
+        for a in p.status.iter().flat_map(|st| st.cloud_addresses.iter()) {
+            let (Ok(private), Ok(public)) = (a.private_ip.parse::<IpAddr>(), a.public_ip.parse::<IpAddr>()) else {
+                continue;
+            };
+            let public = PublicAddress {
+                public_ip: public,
+                allocation_id: a.allocation_id.clone(),
+                private_ip: Some(private),
+                interface_id: None,
+            };
+            out.insert(private, task::Target { subnet_id: s.subnet_id.clone(), public });
+        }
+    }
+    out
+}
+
+/// The providers a gateway can use: AWS, made on first use (credentials,
+/// region and endpoint from the SDK's standard chain, so `AWS_REGION`,
+/// `AWS_ENDPOINT_URL_EC2` and the instance profile or IRSA all work).
+pub fn providers() -> task::Factory {
+    Box::new(|| Box::pin(async { Arc::new(aws::AwsCloud::load(None, None).await) as Arc<dyn Cloud> }))
 }

@@ -272,6 +272,7 @@ impl Stores {
             nodes: self.all_nodes.state().iter().map(|n| observe::node_meta(&n.metadata)).collect(),
             leases: leases.iter().map(|(ip, r)| (*ip, observe::lease_info(r))).collect(),
             held: BTreeSet::new(),
+            cloud: BTreeMap::new(),
         };
         (obs, leases)
     }
@@ -498,6 +499,8 @@ struct SyncLoop {
     drain_since: Option<Instant>,
     /// A pass is due then (a drain waiting for its standbys).
     drain_wake: Option<Instant>,
+    /// Cloud pools' discovery and this gateway's cloud addresses.
+    clouds: crate::cloud::task::Clouds,
 }
 
 fn announced(spec: &TablesSpec) -> BTreeSet<IpAddr> {
@@ -550,7 +553,8 @@ impl SyncLoop {
         for ip in in_use_prev.iter().filter(|ip| !leases.contains_key(ip)) {
             self.mgr.lock().observe(*ip, None, now);
         }
-        obs.held = self.mgr.lock().held(now);
+        self.held(&mut obs, now);
+        obs.cloud = self.clouds.discovered();
         let wall = Timestamp::now();
         let mut d = desired(&obs, &self.local, wall);
         let me = self.opts.node_name.clone();
@@ -562,7 +566,7 @@ impl SyncLoop {
         self.push_valid_until();
         if !fenced.is_empty() {
             tracing::warn!(ips = ?fenced, "fenced: no valid Lease any more (renew deadline passed or no longer eligible)");
-            obs.held = self.mgr.lock().held(now);
+            self.held(&mut obs, now);
             d = desired(&obs, &self.local, wall);
         }
         for ip in d.ips.keys().filter(|ip| !leases.contains_key(ip)) {
@@ -622,6 +626,26 @@ impl SyncLoop {
             self.report_service_problems(&d);
         }
         self.last = d;
+    }
+
+    /// The IPs this gateway may translate to: those it holds a Lease for,
+    /// less the cloud addresses the provider has not given to its interface
+    /// yet (the cloud task is told which to move here, and which to give up).
+    fn held(&self, obs: &mut Observed, now: Instant) {
+        obs.held = self.mgr.lock().held(now);
+        let targets = crate::cloud::targets(&obs.pools);
+        let want = targets.iter().filter(|(ip, _)| obs.held.contains(ip)).map(|(ip, t)| (*ip, t.clone())).collect();
+        let me = self.opts.node_name.as_str();
+        let provider_id = self
+            .stores
+            .nodes
+            .state()
+            .iter()
+            .find(|n| n.name_any() == me)
+            .and_then(|n| n.spec.as_ref().and_then(|s| s.provider_id.clone()));
+        self.clouds.update(provider_id, crate::cloud::selectors(&obs.pools), want);
+        let assigned = self.clouds.assigned();
+        obs.held.retain(|ip| !targets.contains_key(ip) || assigned.contains(ip));
     }
 
     /// Applies `spec` unless it is already in place; returns whether the
@@ -708,6 +732,9 @@ impl SyncLoop {
         let mgr = self.mgr.lock();
         let held = mgr.held(now);
         let mut rows = Vec::new();
+        let cloud = self.clouds.report();
+        let targets =
+            crate::cloud::targets(&self.stores.pools.state().iter().map(|p| observe::ip_pool(p)).collect::<Vec<_>>());
         for (ip, a) in &d.ips {
             let holder = leases.get(ip).and_then(|r| r.holder.clone()).filter(|h| !h.is_empty());
             let replica = ha.as_ref().and_then(|(s, _)| s.replicas.iter().find(|r| r.ip == *ip));
@@ -720,6 +747,16 @@ impl SyncLoop {
                 renew_failing: self.renew_failing.contains(ip),
                 standby: replica.map(|r| r.standby.clone()),
                 standby_in_sync: replica.map(|r| r.in_sync),
+                public_ip: targets.get(ip).map(|t| t.public.public_ip),
+                cloud: cloud.addresses.iter().find(|(i, _, _)| i == ip).map(|(_, _, s)| match s {
+                    crate::cloud::task::AddressState::Assigned { interface_id } => {
+                        format!("assigned to {interface_id}")
+                    }
+                    crate::cloud::task::AddressState::Pending { error: None, .. } => "assigning".to_string(),
+                    crate::cloud::task::AddressState::Pending { attempts, error: Some(e) } => {
+                        format!("not assigned ({attempts} attempts): {e}")
+                    }
+                }),
             });
         }
         drop(mgr);
@@ -729,6 +766,19 @@ impl SyncLoop {
             last_pass_ms: 0,
             ha: ha.is_some(),
             leases: rows,
+            cloud_interfaces: cloud
+                .interfaces
+                .into_iter()
+                .map(|(subnet, r)| match r {
+                    Ok(i) => crate::view::CloudInterfaceRow {
+                        subnet,
+                        interface: Some(i.interface_id),
+                        source_dest_check: i.source_dest_check,
+                        error: None,
+                    },
+                    Err(e) => crate::view::CloudInterfaceRow { subnet, error: Some(e), ..Default::default() },
+                })
+                .collect(),
             counters: self.counters.clone(),
             ..Default::default()
         };
@@ -1101,6 +1151,11 @@ pub async fn run_supervised(
         first_pass_at: None,
         drain_since: None,
         drain_wake: None,
+        clouds: crate::cloud::task::Clouds::start(
+            crate::cloud::providers(),
+            crate::cloud::task::DEFAULT_RESYNC,
+            notify.clone(),
+        ),
         local: LocalConfig {
             node_name: opts.node_name.clone(),
             nat: opts.nat,

@@ -44,6 +44,9 @@ pub mod condition {
     /// Every egress IP is held by a gateway (a valid Lease); `PerNode`
     /// policies: True with reason `PerNode` (no gateway is involved).
     pub const GATEWAY_ASSIGNED: &str = "GatewayAssigned";
+    /// Cloud pools: the pairing matches what the provider has (tagged public
+    /// addresses, each with a private address).
+    pub const CLOUD_SYNCED: &str = "CloudSynced";
 }
 
 /// Condition reasons (CamelCase, as the API conventions ask).
@@ -76,8 +79,16 @@ pub mod reason {
     pub const VALID: &str = "Valid";
     /// Pool: an address entry does not parse.
     pub const INVALID_ADDRESS: &str = "InvalidAddress";
-    /// Pool: the `cloud` section is not implemented yet.
+    /// Pool: the `cloud` section names no provider this gateway supports.
     pub const CLOUD_NOT_SUPPORTED: &str = "CloudNotSupported";
+    /// Cloud pool: the provider has not been asked yet (or not answered).
+    pub const CLOUD_DISCOVERING: &str = "CloudDiscovering";
+    /// Cloud pool: the provider's API failed (the message names the call).
+    pub const CLOUD_API_ERROR: &str = "CloudAPIError";
+    /// Cloud pool: no public address carries the pool's tags.
+    pub const NO_CLOUD_ADDRESSES: &str = "NoCloudAddresses";
+    /// Cloud pool: a public address found no free private address to pair with.
+    pub const NO_PRIVATE_ADDRESS: &str = "NoPrivateAddress";
     /// Service: the annotated Service has no `status.loadBalancer.ingress` IP yet.
     pub const NO_INGRESS_IP: &str = "NoIngressIP";
     /// Service: a Service port lies in the NAT port range.
@@ -204,6 +215,10 @@ pub struct EgressIPStatus {
     /// `PerNode` policies: the Node this address belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// A cloud pool's address: the public address (Elastic IP) that the
+    /// far end sees for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<String>,
 }
 
 /// What the gateways report about an `EgressPolicy`.
@@ -230,13 +245,40 @@ pub struct EgressPolicyStatus {
     pub selected_pods: i32,
 }
 
-/// Reserved for cloud elastic IPs (a later release). A pool that sets it is
-/// reported `Ready=False, CloudNotSupported` and allocates nothing.
+/// Public addresses from a cloud provider (docs/kubernetes.md, "Running on
+/// AWS"). Exactly one provider is set.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolCloudSpec {
-    /// The cloud provider (e.g. `aws`).
-    pub provider: String,
+    /// AWS: Elastic IPs found by tag, each paired with a secondary private
+    /// address of the gateways' subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<AwsPoolSpec>,
+}
+
+/// An AWS pool: the Elastic IPs carrying all of `tags`, paired with private
+/// addresses of `subnetId` (restricted to the pool's `addresses` when set).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AwsPoolSpec {
+    /// Tags an Elastic IP must carry, all of them (e.g. `egret.dev/pool: prod`).
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// The subnet of the gateways' network interfaces (`subnet-...`); the
+    /// private addresses are taken from it.
+    pub subnet_id: String,
+}
+
+/// One public address of a cloud pool and the private address that stands
+/// for it (the egress IP in the tables, the Lease's name).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudAddressStatus {
+    /// The public address (the Elastic IP).
+    pub public_ip: String,
+    /// The provider's handle (`eipalloc-...`).
+    pub allocation_id: String,
+    /// The private address paired with it.
+    pub private_ip: String,
 }
 
 /// Addresses policies can take egress IPs from.
@@ -257,10 +299,13 @@ pub struct PoolCloudSpec {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EgressIPPoolSpec {
+    /// With `cloud`: the private addresses of the subnet the public ones may
+    /// be paired with (absent: the whole subnet). Otherwise the pool itself:
     /// CIDRs (`198.51.100.0/28`), ranges (`198.51.100.10-198.51.100.20`) or
     /// single addresses. In a CIDR of IPv4 /30 or wider the network and
     /// broadcast addresses are skipped; in an IPv6 CIDR wider than /127 the
     /// subnet-router anycast address is.
+    #[serde(default)]
     pub addresses: Vec<String>,
     /// Companion next hops, paired by position with `addresses` (the n-th
     /// allocatable address gets the n-th next hop). Leave empty when the
@@ -271,7 +316,7 @@ pub struct EgressIPPoolSpec {
     /// policy's own `gatewaySelector`). Absent or empty: every gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_selector: Option<LabelSelector>,
-    /// Reserved for cloud elastic IPs; not supported yet.
+    /// Public addresses from a cloud provider instead of `addresses`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud: Option<PoolCloudSpec>,
 }
@@ -308,6 +353,10 @@ pub struct EgressIPPoolStatus {
     /// Allocated addresses.
     #[serde(default)]
     pub allocated: i64,
+    /// Cloud pools: each public address and its private address, by public
+    /// address (the pairing every gateway and node agent uses).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cloud_addresses: Vec<CloudAddressStatus>,
 }
 
 /// File name and YAML of every CRD, as `egret-crdgen` writes them into

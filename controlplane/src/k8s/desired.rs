@@ -39,7 +39,7 @@ use super::crd::{
     condition, reason, EgressIPPoolSpec, EgressIPPoolStatus, EgressIPStatus, EgressPolicySpec, EgressPolicyStatus,
     PoolAllocation,
 };
-use super::pool::Pool;
+use super::pool::{AddressSet, Pool};
 
 /// Labels of an object.
 pub type Labels = BTreeMap<String, String>;
@@ -157,8 +157,12 @@ pub struct Observed {
     /// Egress-IP Leases by IP.
     pub leases: BTreeMap<IpAddr, LeaseInfo>,
     /// The egress IPs this gateway holds by a valid Lease (by its own clock),
-    /// from the Lease state machine.
+    /// from the Lease state machine. For a cloud pool's address: only once
+    /// the provider gave it to this gateway's interface too.
     pub held: BTreeSet<IpAddr>,
+    /// Cloud pools: the provider's last answer, by pool name (the status
+    /// writer pairs it; absent: not asked yet, or not this process's job).
+    pub cloud: BTreeMap<String, Result<crate::cloud::Discovered, crate::cloud::CloudError>>,
 }
 
 /// This gateway's own settings.
@@ -567,6 +571,84 @@ fn pod_sources(pods: &[&PodInfo], egress_ips: &[IpAddr]) -> Vec<IpNet> {
 /// A pool parsed, or why it cannot be used (reason, message).
 type ParsedPool = Result<Pool, (&'static str, String)>;
 
+/// A cloud pool's spec, checked: the provider's selector and the private
+/// range (empty: the whole subnet).
+pub fn cloud_spec(
+    spec: &crate::k8s::crd::PoolCloudSpec,
+    addresses: &[String],
+) -> Result<(crate::cloud::PoolSelector, AddressSet), (&'static str, String)> {
+    let Some(aws) = &spec.aws else {
+        return Err((reason::CLOUD_NOT_SUPPORTED, "spec.cloud: names no provider; set spec.cloud.aws".to_string()));
+    };
+    if aws.tags.is_empty() {
+        return Err((
+            reason::INVALID_SPEC,
+            "spec.cloud.aws.tags: empty; name the tags that mark this pool's Elastic IPs (an empty set would take every Elastic IP of the account)".to_string(),
+        ));
+    }
+    if let Some((k, _)) = aws.tags.iter().find(|(k, _)| k.is_empty()) {
+        return Err((reason::INVALID_SPEC, format!("spec.cloud.aws.tags: the key {k:?} is empty")));
+    }
+    let subnet = aws.subnet_id.as_str();
+    if !subnet.starts_with("subnet-")
+        || subnet.len() <= "subnet-".len()
+        || !subnet[7..].bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return Err((
+            reason::INVALID_SPEC,
+            format!("spec.cloud.aws.subnetId: {subnet:?} is not a subnet ID (subnet-0123abcd)"),
+        ));
+    }
+    let allowed =
+        AddressSet::parse("addresses", addresses).map_err(|e| (reason::INVALID_ADDRESS, format!("spec.{e}")))?;
+    if allowed.families().1 {
+        return Err((
+            reason::INVALID_ADDRESS,
+            "spec.addresses: IPv6 with spec.cloud.aws: Elastic IPs are IPv4; an IPv6 pool needs no cloud section"
+                .to_string(),
+        ));
+    }
+    Ok((crate::cloud::PoolSelector { tags: aws.tags.clone(), subnet_id: aws.subnet_id.clone() }, allowed))
+}
+
+/// A cloud pool: its addresses are the private halves of the pairing
+/// recorded in its status (the one every gateway agrees on), usable while
+/// the provider cannot be asked. Without a recorded pairing it cannot be
+/// used yet, and says why.
+fn cloud_pool(
+    p: &PoolInfo,
+    cloud: &crate::k8s::crd::PoolCloudSpec,
+    found: Option<&Result<crate::cloud::Discovered, crate::cloud::CloudError>>,
+) -> ParsedPool {
+    if !p.spec.next_hops.is_empty() {
+        return Err((
+            reason::INVALID_SPEC,
+            "spec.nextHops: not used with spec.cloud (the provider routes the addresses)".to_string(),
+        ));
+    }
+    let (sel, _) = cloud_spec(cloud, &p.spec.addresses)?;
+    let recorded: Vec<String> = p
+        .status
+        .iter()
+        .flat_map(|st| st.cloud_addresses.iter())
+        .filter(|a| a.private_ip.parse::<IpAddr>().is_ok())
+        .map(|a| a.private_ip.clone())
+        .collect();
+    if !recorded.is_empty() {
+        return Pool::parse(&recorded, &[])
+            .map_err(|e| (reason::INVALID_ADDRESS, format!("status.cloudAddresses: {e}")));
+    }
+    let tags = sel.tags.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ");
+    Err(match found {
+        None => (reason::CLOUD_DISCOVERING, "waiting for the first answer from the cloud provider".to_string()),
+        Some(Err(e)) => (reason::CLOUD_API_ERROR, format!("the cloud provider failed: {e}")),
+        Some(Ok(f)) if f.public.is_empty() => {
+            (reason::NO_CLOUD_ADDRESSES, format!("no Elastic IP carries the tags {tags}"))
+        }
+        Some(Ok(_)) => (reason::CLOUD_DISCOVERING, "Elastic IPs found; their pairing is not recorded yet".to_string()),
+    })
+}
+
 /// Observed state -> desired tables, candidacies and status.
 pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
     let mut out = Desired::default();
@@ -576,20 +658,16 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         .pools
         .iter()
         .map(|p| {
-            let parsed = if p.spec.cloud.is_some() {
-                Err((
-                    reason::CLOUD_NOT_SUPPORTED,
-                    "spec.cloud: cloud elastic IPs are not supported yet; remove it to use spec.addresses".to_string(),
-                ))
-            } else {
-                Pool::parse(&p.spec.addresses, &p.spec.next_hops)
-                    .map_err(|e| (reason::INVALID_ADDRESS, format!("spec.{e}")))
-                    .and_then(|pool| {
-                        parse_selector("spec.gatewaySelector", &p.spec.gateway_selector)
-                            .map(|_| pool)
-                            .map_err(|m| (reason::INVALID_SPEC, m))
-                    })
-            };
+            let parsed = match &p.spec.cloud {
+                Some(cloud) => cloud_pool(p, cloud, obs.cloud.get(&p.name)),
+                None => Pool::parse(&p.spec.addresses, &p.spec.next_hops)
+                    .map_err(|e| (reason::INVALID_ADDRESS, format!("spec.{e}"))),
+            }
+            .and_then(|pool| {
+                parse_selector("spec.gatewaySelector", &p.spec.gateway_selector)
+                    .map(|_| pool)
+                    .map_err(|m| (reason::INVALID_SPEC, m))
+            });
             (p.name.as_str(), (p, parsed))
         })
         .collect();
@@ -914,6 +992,14 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         guard: local.guard.clone(),
     };
 
+    // Cloud pools' private addresses -> their public addresses (recorded).
+    let public_ips: BTreeMap<IpAddr, String> = obs
+        .pools
+        .iter()
+        .filter(|p| p.spec.cloud.is_some())
+        .flat_map(|p| p.status.iter().flat_map(|st| st.cloud_addresses.iter()))
+        .filter_map(|a| Some((a.private_ip.parse().ok()?, a.public_ip.clone())))
+        .collect();
     // Status of every policy.
     for p in &obs.policies {
         let Some(s) = sources.iter().find(|s| s.owner == Owner::Policy(p.name.clone())) else { continue };
@@ -937,6 +1023,7 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
                 for ip in ips {
                     st.egress_ips.push(EgressIPStatus {
                         ip: ip.to_string(),
+                        public_ip: public_ips.get(ip).cloned(),
                         node: Some(node.clone()),
                         ..Default::default()
                     });
@@ -997,6 +1084,7 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
                 gateway: holder,
                 since,
                 node: None,
+                public_ip: public_ips.get(ip).cloned(),
             });
         }
         st.egress_ip_list = st.egress_ips.iter().map(|e| e.ip.as_str()).collect::<Vec<_>>().join(",");
@@ -1084,6 +1172,38 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
             }
         };
         st.conditions = vec![ready];
+        if let Some(cloud) = &info.spec.cloud {
+            let recorded = info.status.as_ref().map(|s| s.cloud_addresses.as_slice()).unwrap_or(&[]);
+            st.cloud_addresses = recorded.to_vec();
+            let synced =
+                |ok: bool, r: &str, m: String| condition(condition::CLOUD_SYNCED, ok, r, m, info.generation, prev, now);
+            let c = match (cloud_spec(cloud, &info.spec.addresses), obs.cloud.get(*name)) {
+                (Err((r, m)), _) => synced(false, r, m),
+                (Ok(_), None) => {
+                    synced(false, reason::CLOUD_DISCOVERING, "the cloud provider has not answered yet".into())
+                }
+                (Ok(_), Some(Err(e))) => synced(
+                    false,
+                    reason::CLOUD_API_ERROR,
+                    format!("{e}; the recorded pairing ({} addresses) stays in use", recorded.len()),
+                ),
+                (Ok((_, allowed)), Some(Ok(found))) => {
+                    let pairing = crate::cloud::pairing::pair(recorded, found, Some(&allowed));
+                    st.cloud_addresses = pairing.addresses;
+                    if pairing.unpaired.is_empty() {
+                        synced(true, reason::VALID, format!("{} public addresses paired", st.cloud_addresses.len()))
+                    } else {
+                        let list = pairing.unpaired.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", ");
+                        synced(
+                            false,
+                            reason::NO_PRIVATE_ADDRESS,
+                            format!("no free private address in the subnet (or spec.addresses) for {list}"),
+                        )
+                    }
+                }
+            };
+            st.conditions.push(c);
+        }
         out.pool_status.insert(name.to_string(), st);
     }
 
@@ -1119,7 +1239,7 @@ fn join(ips: &[IpAddr]) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::k8s::crd::{EgressIPSpec, PoolCloudSpec, PoolRef};
+    use crate::k8s::crd::{AwsPoolSpec, CloudAddressStatus, EgressIPSpec, PoolCloudSpec, PoolRef};
     use serde_json::json;
 
     fn ip(s: &str) -> IpAddr {
@@ -1531,13 +1651,33 @@ mod tests {
                 "spec.addresses[1]: \"x\" is not a CIDR, a first-last range or an address",
             ),
             (
+                EgressIPPoolSpec { cloud: Some(PoolCloudSpec { aws: None }), ..Default::default() },
+                reason::CLOUD_NOT_SUPPORTED,
+                "spec.cloud: names no provider; set spec.cloud.aws",
+            ),
+            (
+                EgressIPPoolSpec { cloud: Some(aws_pool(&[], "subnet-0a1b")), ..Default::default() },
+                reason::INVALID_SPEC,
+                "spec.cloud.aws.tags: empty; name the tags that mark this pool's Elastic IPs (an empty set would take every Elastic IP of the account)",
+            ),
+            (
+                EgressIPPoolSpec { cloud: Some(aws_pool(&[("egret.dev/pool", "prod")], "vpc-0a1b")), ..Default::default() },
+                reason::INVALID_SPEC,
+                "spec.cloud.aws.subnetId: \"vpc-0a1b\" is not a subnet ID (subnet-0123abcd)",
+            ),
+            (
                 EgressIPPoolSpec {
-                    addresses: vec!["198.51.100.0/24".into()],
-                    cloud: Some(PoolCloudSpec { provider: "aws".into() }),
+                    addresses: vec!["2001:db8::/64".into()],
+                    cloud: Some(aws_pool(&[("egret.dev/pool", "prod")], "subnet-0a1b")),
                     ..Default::default()
                 },
-                reason::CLOUD_NOT_SUPPORTED,
-                "spec.cloud: cloud elastic IPs are not supported yet; remove it to use spec.addresses",
+                reason::INVALID_ADDRESS,
+                "spec.addresses: IPv6 with spec.cloud.aws: Elastic IPs are IPv4; an IPv6 pool needs no cloud section",
+            ),
+            (
+                EgressIPPoolSpec { cloud: Some(aws_pool(&[("egret.dev/pool", "prod")], "subnet-0a1b")), ..Default::default() },
+                reason::CLOUD_DISCOVERING,
+                "waiting for the first answer from the cloud provider",
             ),
         ];
         for (spec, want_reason, want_message) in cases {
@@ -1553,6 +1693,100 @@ mod tests {
             assert_eq!(c.reason, reason::POOL_NOT_USABLE);
             assert_eq!(c.message, format!("EgressIPPool p cannot be used: {want_message}"));
         }
+    }
+
+    fn aws_pool(tags: &[(&str, &str)], subnet: &str) -> PoolCloudSpec {
+        PoolCloudSpec {
+            aws: Some(AwsPoolSpec {
+                tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                subnet_id: subnet.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_cloud_pool_pairs_what_the_provider_found_and_serves_the_recorded_pairing() {
+        use crate::cloud::{CloudError, Discovered, PublicAddress};
+        let eip = |p: &str, a: &str| PublicAddress {
+            public_ip: ip(p),
+            allocation_id: a.into(),
+            private_ip: None,
+            interface_id: None,
+        };
+        let rec = |p: &str, a: &str, private: &str| CloudAddressStatus {
+            public_ip: p.into(),
+            allocation_id: a.into(),
+            private_ip: private.into(),
+        };
+        let mut obs = cluster();
+        obs.pools.push(PoolInfo {
+            name: "eips".into(),
+            generation: Some(1),
+            spec: EgressIPPoolSpec {
+                addresses: vec!["203.0.113.40-203.0.113.47".into()],
+                cloud: Some(aws_pool(&[("egret.dev/pool", "prod")], "subnet-0a1b")),
+                ..Default::default()
+            },
+            status: None,
+        });
+        let mut pol = team_policy("pooled", 0, &[]);
+        pol.spec.pool = Some(PoolRef { name: "eips".into(), count: Some(1) });
+        obs.policies.push(pol);
+        let found = Discovered {
+            public: vec![eip("192.0.2.200", "eipalloc-1")],
+            subnet_cidr: "203.0.113.0/24".parse().unwrap(),
+            used: [ip("203.0.113.21"), ip("203.0.113.40")].into(),
+        };
+        obs.cloud.insert("eips".into(), Ok(found.clone()));
+
+        // Round 1: the pairing is proposed (.40 is in use: .41); nothing is
+        // allocated from it before it is recorded.
+        let d = desired(&obs, &local(), t(10));
+        let ps = &d.pool_status["eips"];
+        assert_eq!(ps.cloud_addresses, vec![rec("192.0.2.200", "eipalloc-1", "203.0.113.41")]);
+        assert_eq!(cond(&ps.clone().into_status_for_test(), condition::READY).reason, reason::CLOUD_DISCOVERING);
+        assert!(d.ips.is_empty());
+
+        // Round 2: recorded; the policy gets the private address.
+        obs.pools[0].status = Some(ps.clone());
+        let d = desired(&obs, &local(), t(11));
+        assert_eq!(d.pool_status["eips"].allocations[0].ips, vec!["203.0.113.41".to_string()]);
+        obs.pools[0].status = Some(d.pool_status["eips"].clone());
+        let d = desired(&obs, &local(), t(12));
+        assert!(d.ips.contains_key(&ip("203.0.113.41")), "{:?}", d.ips.keys());
+        let e = &d.policy_status["pooled"].egress_ips[0];
+        assert_eq!((e.ip.as_str(), e.public_ip.as_deref()), ("203.0.113.41", Some("192.0.2.200")));
+
+        // The provider fails: the recorded pairing stays in use, and says so.
+        obs.cloud.insert(
+            "eips".into(),
+            Err(CloudError {
+                operation: "DescribeAddresses",
+                code: "RequestLimitExceeded".into(),
+                message: "slow down".into(),
+                retryable: true,
+            }),
+        );
+        let d = desired(&obs, &local(), t(13));
+        assert!(d.ips.contains_key(&ip("203.0.113.41")));
+        let synced = d.pool_status["eips"].conditions.iter().find(|c| c.type_ == condition::CLOUD_SYNCED).unwrap();
+        assert_eq!(synced.reason, reason::CLOUD_API_ERROR);
+        assert!(synced.message.contains("RequestLimitExceeded"), "{}", synced.message);
+
+        // The Elastic IP is retagged out of the pool: its pairing goes, and
+        // with it the allocation, once the status is written.
+        obs.cloud.insert("eips".into(), Ok(Discovered { public: vec![], ..found }));
+        let d = desired(&obs, &local(), t(14));
+        assert!(d.pool_status["eips"].cloud_addresses.is_empty());
+        obs.pools[0].status = Some(d.pool_status["eips"].clone());
+        let d = desired(&obs, &local(), t(15));
+        assert!(d.ips.is_empty());
+        let st = d.pool_status["eips"].clone().into_status_for_test();
+        let ready = cond(&st, condition::READY);
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            (reason::NO_CLOUD_ADDRESSES, "no Elastic IP carries the tags egret.dev/pool=prod")
+        );
     }
 
     fn service(ns: &str, name: &str, ports: &[u16], ingress: &[&str]) -> ServiceInfo {

@@ -545,3 +545,35 @@ pub async fn lease_holder_name(client: &kube::Client, ip: std::net::IpAddr) -> O
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// 32 random bytes, mode 0600: the gateways' shared channel key.
+pub fn write_ha_key(path: &std::path::Path) {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut key)).expect("random key");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .expect("create the HA key file");
+    std::io::Write::write_all(&mut f, &key).expect("write the HA key");
+}
+
+/// Gateway `g`'s `kubernetes.ha` line in a lab: the channel on its
+/// management address, the shared key, a peer cache in the lab's directory.
+pub fn ha_section(
+    lab: &egret_tests::k8slab::K8sLab,
+    g: egret_tests::k8slab::Gw,
+    key: &std::path::Path,
+    port: u16,
+) -> String {
+    format!(
+        "  ha: {{port: {port}, address: {}, keyFile: {}, peerCache: {}}}\n",
+        g.mgmt_addr(),
+        key.display(),
+        lab.dir().join(format!("peers-{}", g.node_name())).display()
+    )
+}

@@ -1,0 +1,399 @@
+//! The cloud lab: the Kubernetes lab's two gateways (`egret_tests::k8slab`)
+//! with an AWS Elastic IP pool, against moto's EC2 API (a real emulator of
+//! the API, run inside the lab's control namespace next to the API server).
+//!
+//! - The EC2 side: a VPC and a subnet of the lab's shared segment
+//!   (203.0.113.0/24), one instance per gateway whose primary interface has
+//!   the gateway's own address, source/destination check off, two Elastic
+//!   IPs tagged `egret.dev/pool=lab` and one untagged.
+//! - The Kubernetes side: gateway Nodes with `spec.providerID`
+//!   (`aws:///us-east-1a/i-...`), an `EgressIPPool` with
+//!   `cloud.aws {tags, subnetId}` restricted to 203.0.113.40-47, and the
+//!   policy `db` taking one address from it.
+//! - The VPC's routing is the one part emulated (moto has no data plane):
+//!   a thread reads the Elastic IP's association from moto and pins the
+//!   private address's neighbour entry, on the node router and the upstream
+//!   router, to the MAC of the gateway whose interface moto names. So only
+//!   the gateway the cloud API gave the address to receives its traffic, as
+//!   in a VPC; ARP answers play no part (the entries are permanent).
+//!
+//! Checked: discovery and pairing (the tagged addresses only, recorded in
+//! the pool's status), the Elastic IP associated with the holder's
+//! interface before the address is translated to, the pod leaving with the
+//! private address that stands for the Elastic IP (the server sees it); a
+//! SIGKILL of the holder moves the Lease, the association and the traffic
+//! to the other gateway (time measured from the kill to the first new
+//! connection seen with the address); no packet with the pod's own address
+//! upstream at any time.
+//!
+//! Where moto differs from AWS (docs/kubernetes.md, "Running on AWS"):
+//! AssociateAddress ignores `PrivateIpAddress` (the association names the
+//! interface's primary address), and AssignPrivateIpAddresses ignores
+//! `AllowReassignment` (the old interface keeps the address). So this test
+//! reads the association's *interface*, which moto does move, and never
+//! the private address moto reports for it.
+
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic, clippy::print_stdout)]
+
+mod k8s_common;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_ec2::types::{AttributeBooleanValue, Tag};
+use egret_controlplane::k8s::crd::EgressIPPool;
+use egret_tests::apiserver::ApiServer;
+use egret_tests::capture::{self, Capture};
+use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
+use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL};
+use egret_tests::moto::Moto;
+use egret_tests::netns::NetNs;
+use egret_tests::plan;
+use egret_tests::probe;
+use k8s_common::*;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+const NAME: &str = "k8s_cloud_elastic_ip_moves_with_its_lease";
+/// The private address the pool's first Elastic IP is paired with: the
+/// lowest of the pool's range (the gateways' own .21/.22 are outside it).
+const PRIVATE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 40);
+const SUBNET_CIDR: &str = "203.0.113.0/24";
+const ZONE: &str = "us-east-1a";
+
+#[test]
+fn k8s_cloud_elastic_ip_moves_with_its_lease() {
+    match Moto::available_or_skip(NAME) {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => panic!("{e}"),
+    }
+    run_in_k8s_lab("k8s-cloud", NAME, &Gw::PAIR, scenario);
+}
+
+/// What moto was seeded with.
+struct Vpc {
+    subnet: String,
+    instance: BTreeMap<Gw, String>,
+    interface: BTreeMap<Gw, String>,
+    /// The tagged Elastic IPs (public address, allocation id), and the untagged one.
+    tagged: Vec<(IpAddr, String)>,
+    untagged: IpAddr,
+}
+
+async fn seed(ec2: &aws_sdk_ec2::Client) -> Vpc {
+    let vpc = ec2.create_vpc().cidr_block(SUBNET_CIDR).send().await.expect("CreateVpc");
+    let vpc_id = vpc.vpc().and_then(|v| v.vpc_id()).unwrap().to_string();
+    let subnet = ec2
+        .create_subnet()
+        .vpc_id(&vpc_id)
+        .cidr_block(SUBNET_CIDR)
+        .availability_zone(ZONE)
+        .send()
+        .await
+        .expect("CreateSubnet");
+    let subnet = subnet.subnet().and_then(|s| s.subnet_id()).unwrap().to_string();
+    let images = ec2.describe_images().send().await.expect("DescribeImages");
+    let image = images.images().first().and_then(|i| i.image_id()).expect("moto has images").to_string();
+    let (mut instance, mut interface) = (BTreeMap::new(), BTreeMap::new());
+    for g in Gw::PAIR {
+        let r = ec2
+            .run_instances()
+            .image_id(&image)
+            .min_count(1)
+            .max_count(1)
+            .subnet_id(&subnet)
+            .private_ip_address(g.lan_addr().to_string())
+            .send()
+            .await
+            .expect("RunInstances");
+        let i = &r.instances()[0];
+        let eni = i.network_interfaces()[0].network_interface_id().unwrap().to_string();
+        ec2.modify_network_interface_attribute()
+            .network_interface_id(&eni)
+            .source_dest_check(AttributeBooleanValue::builder().value(false).build())
+            .send()
+            .await
+            .expect("ModifyNetworkInterfaceAttribute");
+        instance.insert(g, i.instance_id().unwrap().to_string());
+        interface.insert(g, eni);
+    }
+    let mut eips = Vec::new();
+    for _ in 0..3 {
+        let a =
+            ec2.allocate_address().domain(aws_sdk_ec2::types::DomainType::Vpc).send().await.expect("AllocateAddress");
+        eips.push((a.public_ip().unwrap().parse::<IpAddr>().unwrap(), a.allocation_id().unwrap().to_string()));
+    }
+    for (_, alloc) in &eips[..2] {
+        ec2.create_tags()
+            .resources(alloc)
+            .tags(Tag::builder().key("egret.dev/pool").value("lab").build())
+            .send()
+            .await
+            .expect("CreateTags");
+    }
+    let untagged = eips[2].0;
+    eips.truncate(2);
+    eips.sort();
+    Vpc { subnet, instance, interface, tagged: eips, untagged }
+}
+
+/// The interface moto associates `allocation` with, if any.
+async fn associated_interface(ec2: &aws_sdk_ec2::Client, allocation: &str) -> Option<String> {
+    let r = ec2.describe_addresses().allocation_ids(allocation).send().await.ok()?;
+    r.addresses().first().and_then(|a| a.network_interface_id()).map(str::to_string)
+}
+
+/// The emulated VPC routing: `PRIVATE`'s neighbour entry on the node router
+/// and the upstream router follows the Elastic IP's association. Records
+/// when each move happened.
+struct VpcRouting {
+    stop: Arc<AtomicBool>,
+    moves: Arc<Mutex<Vec<(Instant, Gw)>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl VpcRouting {
+    fn start(lab: &K8sLab, endpoint: String, allocation: String, by_interface: BTreeMap<String, Gw>) -> VpcRouting {
+        let stop = Arc::new(AtomicBool::new(false));
+        let moves = Arc::new(Mutex::new(Vec::new()));
+        let node = NetNs::existing(lab.node().name()).expect("the node router's namespace");
+        let up = NetNs::existing(lab.upstream().name()).expect("the upstream router's namespace");
+        let (s, m) = (stop.clone(), moves.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let ec2 = egret_tests::moto::client_for(&endpoint);
+            let mut current: Option<Gw> = None;
+            while !s.load(Ordering::Relaxed) {
+                let now =
+                    rt.block_on(associated_interface(&ec2, &allocation)).and_then(|i| by_interface.get(&i).copied());
+                if let Some(g) = now.filter(|g| Some(*g) != current) {
+                    let mac = g.mac().iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+                    let cmd = format!("neigh replace {PRIVATE} lladdr {mac} dev lan0 nud permanent");
+                    node.ip_batch(std::slice::from_ref(&cmd)).expect("pin the node router's neighbour");
+                    up.ip_batch(&[cmd]).expect("pin the upstream router's neighbour");
+                    m.lock().unwrap().push((Instant::now(), g));
+                    current = Some(g);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        VpcRouting { stop, moves, thread: Some(thread) }
+    }
+
+    fn moves(&self) -> Vec<(Instant, Gw)> {
+        self.moves.lock().unwrap().clone()
+    }
+}
+
+impl Drop for VpcRouting {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn scenario(lab: &K8sLab, server: &ApiServer) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = rt.block_on(server.client()).expect("client");
+    // moto next to the API server: the gateways reach both over their
+    // management link.
+    let moto = Moto::start_in(lab.control(), IpAddr::V4(CONTROL)).expect("start moto in the control namespace");
+    let ec2 = moto.client();
+    let vpc = rt.block_on(seed(&ec2));
+    println!(
+        "k8s-cloud: moto at {}: subnet {}, tagged {:?}, untagged {}",
+        moto.endpoint(),
+        vpc.subnet,
+        vpc.tagged,
+        vpc.untagged
+    );
+
+    lab.route_pod_via(KPod::Db, PRIVATE, 111).expect("route db via the private address");
+    let token = rt.block_on(setup_cluster(&client, &vpc));
+    let kubeconfig = lab.dir().join("gateway.kubeconfig");
+    write_token_kubeconfig(server.kubeconfig_path(), "egret-gateway", &token, &kubeconfig);
+
+    let by_interface: BTreeMap<String, Gw> = vpc.interface.iter().map(|(g, i)| (i.clone(), *g)).collect();
+    let first = vpc.tagged[0].clone();
+    let routing = VpcRouting::start(lab, moto.endpoint().to_string(), first.1.clone(), by_interface.clone());
+    let capture = Capture::start(lab.upstream(), "lan0").expect("capture the upstream link");
+
+    // The channel between the gateways, as deployed by default: a SIGKILL
+    // is then proven at once and the cloud calls are most of a failover.
+    let key = lab.dir().join("ha.key");
+    write_ha_key(&key);
+    let mut gws = BTreeMap::new();
+    for g in Gw::PAIR {
+        let mut cfg = GatewayConfig::kubernetes(
+            &K8sLab::gateway_interfaces(),
+            KubernetesSection {
+                node_name: g.node_name().into(),
+                kubeconfig: kubeconfig.clone(),
+                timing: None,
+                cluster_pod_cidrs: vec![],
+                extra: ha_section(lab, g, &key, 4720),
+            },
+        );
+        cfg.env = moto.gateway_env();
+        gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
+    }
+    for gw in gws.values_mut() {
+        gw.wait_ready(Duration::from_secs(60)).expect("egret ready");
+    }
+
+    // 1. Discovery and pairing: the tagged addresses only, in the pool's status.
+    let pools: Api<EgressIPPool> = Api::all(client.clone());
+    let t0 = Instant::now();
+    let paired = loop {
+        let p = rt.block_on(pools.get("eips")).expect("get the pool");
+        let pairs: Vec<(String, String)> = p
+            .status
+            .iter()
+            .flat_map(|s| s.cloud_addresses.iter())
+            .map(|a| (a.public_ip.clone(), a.private_ip.clone()))
+            .collect();
+        if pairs.len() == 2 {
+            break pairs;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no pairing recorded: {:?}", p.status);
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let want: Vec<(String, String)> = vec![
+        (vpc.tagged[0].0.to_string(), "203.0.113.40".into()),
+        (vpc.tagged[1].0.to_string(), "203.0.113.41".into()),
+    ];
+    assert_eq!(paired, want, "each tagged Elastic IP paired with the lowest free private addresses");
+    println!("k8s-cloud: pairing recorded {} ms after the gateways were ready: {paired:?}", t0.elapsed().as_millis());
+
+    // 2. The pod leaves with the private address; the Elastic IP is on the holder's interface.
+    let http = SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT);
+    let (seen, took) = probe::wait_source(lab.pod(KPod::Db), http, PRIVATE.into(), Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("db never left with {PRIVATE}: {e}"));
+    let holder = rt
+        .block_on(lease_holder_name(&client, IpAddr::V4(PRIVATE)))
+        .and_then(|h| Gw::by_node_name(&h))
+        .expect("the private address's Lease has a holder");
+    let assoc = rt.block_on(associated_interface(&ec2, &first.1));
+    assert_eq!(assoc.as_deref(), Some(vpc.interface[&holder].as_str()), "the Elastic IP is on the holder's interface");
+    println!(
+        "k8s-cloud: steady state: db leaves as {seen} through {} after {} ms",
+        holder.node_name(),
+        took.as_millis()
+    );
+    let status = gws.get_mut(&holder).unwrap().admin().status().expect("egret status");
+    let row = status["cluster"]["leases"]
+        .as_array()
+        .and_then(|v| v.iter().find(|l| l["ip"] == PRIVATE.to_string()).cloned())
+        .expect("a Lease row for the private address");
+    assert_eq!(row["public_ip"], first.0.to_string(), "egret status shows the public address: {row}");
+    assert_eq!(row["cloud"], format!("assigned to {}", vpc.interface[&holder]), "egret status: {row}");
+
+    // 3. SIGKILL of the holder: the Lease, the association and the traffic move.
+    let other = if holder == Gw::One { Gw::Two } else { Gw::One };
+    let moves_before = routing.moves().len();
+    let kill = Instant::now();
+    gws.get_mut(&holder).unwrap().kill().expect("SIGKILL the holder");
+    let (seen, _) = probe::wait_source(lab.pod(KPod::Db), http, PRIVATE.into(), Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("db never left with {PRIVATE} after the failover: {e}"));
+    let outage = kill.elapsed();
+    let moved = routing.moves();
+    let (moved_at, to) = *moved.get(moves_before).expect("the association moved");
+    assert_eq!(to, other, "the Elastic IP moved to the surviving gateway");
+    let new_holder = rt.block_on(lease_holder_name(&client, IpAddr::V4(PRIVATE)));
+    assert_eq!(new_holder.as_deref(), Some(other.node_name()));
+    println!(
+        "k8s-cloud: failover: SIGKILL of {} -> association on {} after {} ms -> db leaves as {seen} after {} ms",
+        holder.node_name(),
+        other.node_name(),
+        moved_at.duration_since(kill).as_millis(),
+        outage.as_millis()
+    );
+
+    // 4. Never the pod's own address upstream.
+    let frames = capture.stop().expect("stop the capture");
+    // A frame from the node router to a gateway that the bridge floods past
+    // the upstream router is not a leak; one to the upstream router, or one
+    // a gateway sent, is.
+    let gw_macs = [Gw::One.mac(), Gw::Two.mac()];
+    let leaked: Vec<String> = frames
+        .iter()
+        .filter_map(|f| capture::ip_info(&f.data).map(|i| (f, i)))
+        .filter(|(f, i)| {
+            i.src == IpAddr::V4(KPod::Db.addr()) && (f.data[..6] == plan::UP_MAC || gw_macs.contains(&i.eth_src))
+        })
+        .map(|(f, i)| format!("at {:?}: {} -> {}", f.at, i.src, i.dst))
+        .collect();
+    assert!(leaked.is_empty(), "the pod's own address reached the upstream link: {leaked:?}");
+    drop(routing);
+    for (_, gw) in gws {
+        drop(gw);
+    }
+    moto.stop().expect("stop moto");
+}
+
+/// CRDs, the namespace and RBAC, gateway Nodes with their providerIDs, the
+/// pods, the cloud pool and the policy taking one address from it. Returns
+/// a token of the gateways' ServiceAccount.
+async fn setup_cluster(client: &kube::Client, vpc: &Vpc) -> String {
+    install_crds(client).await;
+    let discovery = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
+    let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests");
+    for file in ["00-namespace.yaml", "10-rbac.yaml"] {
+        let text = std::fs::read_to_string(manifests.join(file)).expect("manifest");
+        for obj in documents(&text) {
+            apply_object(client, &discovery, file, &obj, false).await;
+        }
+    }
+    namespace(client, "team-a", json!({"team": "a"})).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for g in Gw::PAIR {
+        let n = serde_json::from_value(json!({
+            // The channel's address (no kubelet fills in the InternalIP).
+            "metadata": {
+                "name": g.node_name(),
+                "labels": {"egret.dev/gateway": "true"},
+                "annotations": {"egret.dev/ha-address": g.mgmt_addr().to_string()},
+            },
+            "spec": {"providerID": format!("aws:///{ZONE}/{}", vpc.instance[&g])},
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &n).await.expect("create the gateway Node");
+    }
+    for p in KPod::ALL {
+        pod(client, "team-a", &format!("{}-1", p.name()), json!({"app": p.name()}), &p.addr().to_string()).await;
+    }
+    let pool: EgressIPPool = serde_json::from_value(json!({
+        "apiVersion": "egret.dev/v1alpha1",
+        "kind": "EgressIPPool",
+        "metadata": {"name": "eips"},
+        "spec": {
+            "addresses": ["203.0.113.40-203.0.113.47"],
+            "cloud": {"aws": {"tags": {"egret.dev/pool": "lab"}, "subnetId": vpc.subnet}},
+        },
+    }))
+    .unwrap();
+    Api::<EgressIPPool>::all(client.clone()).create(&PostParams::default(), &pool).await.expect("create the pool");
+    let policy: egret_controlplane::k8s::crd::EgressPolicy = serde_json::from_value(json!({
+        "apiVersion": "egret.dev/v1alpha1",
+        "kind": "EgressPolicy",
+        "metadata": {"name": "db"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "db"}},
+            "namespaceSelector": {"matchLabels": {"team": "a"}},
+            "destinations": ["0.0.0.0/0"],
+            "pool": {"name": "eips", "count": 1},
+        },
+    }))
+    .unwrap();
+    Api::<egret_controlplane::k8s::crd::EgressPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("create the policy");
+    service_account_token(client, "egret-gateway").await
+}
