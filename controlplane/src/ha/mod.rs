@@ -1056,6 +1056,27 @@ mod tests {
         b2.shutdown("test over").await;
     }
 
+    /// A promise file that cannot be read is ignored (with a warning): the
+    /// gateway starts, keeps nothing from it, and its next graceful stop
+    /// writes a good one over it.
+    #[tokio::test]
+    async fn a_corrupt_promise_file_is_ignored_and_replaced_at_the_next_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("peers");
+        let path = promises::path_for(&cache);
+        std::fs::write(&path, "egret-promises 1\n198.51.100.10 gw-a\n").unwrap();
+        let opts = HaOptions { peer_cache: Some(cache), ..options() };
+        let mgr = Arc::new(Mutex::new(LeaseManager::new("gw-b", LeaseTiming::default())));
+        let b = Ha::start("gw-b", &opts, mgr.clone(), None, Arc::new(Notify::new())).await.unwrap();
+        assert!(mgr.lock().promises(Instant::now()).is_empty());
+        let ip: IpAddr = IP.parse().unwrap();
+        mgr.lock().promise(ip, "gw-a", Instant::now()).unwrap();
+        b.shutdown("restart").await;
+        let kept = promises::load(&path, Instant::now(), std::time::SystemTime::now(), Duration::from_secs(4)).unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!((kept[0].ip, kept[0].holder.as_str()), (ip, "gw-a"));
+    }
+
     /// A failsafe round trip of gw-a (request, promise, reply), from its start.
     async fn failsafe_rtt(p: &Pair, failing: &View) -> Duration {
         let before = p.a.status().failsafe_confirmed;
