@@ -308,8 +308,7 @@ struct PeerShared {
     queue: Mutex<Queue>,
     notify: Notify,
     /// Frames written just before the Goodbye, in the same write, when this
-    /// side stops ([`Peers::send_before_goodbye`]): they arrive only with
-    /// the Goodbye (never without it).
+    /// side stops ([`Peers::send_before_goodbye`]): never sent otherwise.
     last_words: Mutex<Vec<(u8, Vec<u8>)>>,
 }
 
@@ -544,10 +543,12 @@ impl Peers {
     }
 
     /// Keeps a frame for `peer` to be written right before the Goodbye of
-    /// [`Peers::shutdown`], in the same write: the peer receives it
-    /// followed by the Goodbye, or neither (a write cut off, the peer not
-    /// reading: no Goodbye either). For what must only count with a
-    /// graceful stop (ha::promises).
+    /// [`Peers::shutdown`], in the same write (nothing is written when the
+    /// connection is not up or the stop cut a write off). The receiver
+    /// must count it only when the Goodbye follows: a connection that
+    /// breaks between the two ends without one (ha::failsafe drops what
+    /// such a frame set up). For what only a graceful stop may say
+    /// (ha::promises).
     pub fn send_before_goodbye(&self, peer: &str, kind: u8, payload: Vec<u8>) -> Result<(), SendError> {
         let max = self.inner.cfg.max_frame;
         if payload.len() > max {
