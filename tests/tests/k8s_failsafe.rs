@@ -13,6 +13,12 @@
 //!    nobody else takes it;
 //! 3. the API server unreachable for everyone (`EGRET_FAILSAFE_OUTAGE_SECS`,
 //!    default 20 s): nothing is fenced, nothing moves;
+//!    3b. during such an outage gw-2 stops gracefully and starts again
+//!    [`RESTART_GAP`] later (a peer restarting, away longer than
+//!    renewDeadline): gw-1 and gw-3 keep their IPs, counting gw-2 as
+//!    accepting on the promises it kept across its restart (written
+//!    beside its peer cache, ADR 0013); gw-2's own IP stays unserved (it
+//!    fenced it and nobody can take a Lease) until the API server is back;
 //! 4. the holder's control plane stops dead (its API connection cut, its
 //!    sync loop gone) while its channel stays up: no proof of death, so the
 //!    next candidate waits for the Lease to expire, and takes the IP only
@@ -33,6 +39,7 @@ use std::time::Duration;
 use egret_controlplane::ha::{auth::SharedKey, HaOptions};
 use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_controlplane::k8s::desired::rank_gateways;
+use egret_controlplane::k8s::lease::LeaseTiming;
 use egret_controlplane::k8s::K8sOptions;
 use egret_tests::apiserver::ApiServer;
 use k8s_common::*;
@@ -42,8 +49,14 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-const D: Duration = Duration::from_secs(4);
-const R: Duration = Duration::from_secs(2);
+// Twice the defaults, so a restart can be made longer than renewDeadline
+// (no bridge: fenced) and still clearly inside what a kept promise bridges
+// (leaseDuration - the 0.5 s fencing margin after the last acceptance).
+const D: Duration = Duration::from_secs(8);
+const R: Duration = Duration::from_secs(4);
+/// How long gw-2 stays away in step 3b: more than R, less than D - 0.5 s
+/// less a round and a reconnect.
+const RESTART_GAP: Duration = Duration::from_secs(5);
 const NAMES: [&str; 3] = ["gw-1", "gw-2", "gw-3"];
 
 #[test]
@@ -136,16 +149,22 @@ fn one_ip_each() -> Vec<IpAddr> {
     out.into_iter().map(|o| o.unwrap()).collect()
 }
 
+/// Each gateway's peer cache (its failsafe promises are kept beside it).
+fn peer_cache(i: usize) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("egret-failsafe-{}-{}.peers", std::process::id(), NAMES[i]))
+}
+
 fn start(client: kube::Client, i: usize, key: &std::path::Path) -> Gateway {
     let mut opts = K8sOptions::new(NAMES[i]);
     opts.lease_namespace = "egret-system".into();
+    opts.timing = LeaseTiming { lease_duration: D, renew_deadline: R, retry_period: Duration::from_millis(500) };
     opts.ha = Some(HaOptions {
         listen: SocketAddr::new(addr(i), ha_port()),
         port: ha_port(),
         key: Arc::new(SharedKey::from_file(key).expect("key")),
         liveness: Duration::from_secs(1),
         resync_period: Duration::from_secs(30),
-        peer_cache: None,
+        peer_cache: Some(peer_cache(i)),
     });
     Gateway::start_with(client, opts)
 }
@@ -176,6 +195,7 @@ async fn hold_steady(what: &str, d: Duration, gws: &[Gateway], held: &BTreeMap<I
 }
 
 async fn scenario(server: &ApiServer) {
+    let _caches = PeerCaches;
     let key = std::env::temp_dir().join(format!("egret-failsafe-{}.key", std::process::id()));
     std::fs::write(&key, (0..48u8).map(|i| i.wrapping_mul(37).wrapping_add(11)).collect::<Vec<u8>>()).unwrap();
     let client = server.client().await.expect("client");
@@ -239,6 +259,39 @@ async fn scenario(server: &ApiServer) {
     }
     hold_steady("API server back", Duration::from_secs(3), &gws, &held).await;
 
+    // 3b. A peer restarting during an outage: gw-2 stops gracefully and
+    // starts again while nobody reaches the API server. Before its promises
+    // outlived it, gw-1 and gw-3 fenced (absence counted as refusal).
+    for s in &mut switches {
+        s.cut();
+    }
+    hold_steady("API server down for everyone, before gw-2 restarts", Duration::from_secs(2), &gws, &held).await;
+    let t_stop = Instant::now();
+    gws[1].stop().await;
+    tokio::time::sleep(RESTART_GAP).await;
+    let (c, _) = client_via(server.kubeconfig_path(), switches[1].listen.port()).await;
+    gws[1] = start(c, 1, &key);
+    println!("k8s-failsafe: gw-2 stopped and started again in {} ms", t_stop.elapsed().as_millis());
+    let others: BTreeMap<IpAddr, usize> = held.iter().filter(|(_, k)| **k != 1).map(|(ip, k)| (*ip, *k)).collect();
+    hold_steady("gw-2 restarted during the outage", 2 * D, &gws, &others).await;
+    for g in &gws {
+        assert!(!g.sink.held().contains(&ips[1]), "{} serves gw-2's fenced IP without a Lease", g.name);
+    }
+    for s in &mut switches {
+        s.restore().await;
+    }
+    // gw-2 takes its own record back, or (its Lease expired meanwhile by
+    // the others' clocks) a listed peer takes it: either way, one owner.
+    let k1 = wait_for("somebody to serve gw-2's IP again", WAIT, || {
+        let k = gws.iter().position(|g| g.sink.held().contains(&ips[1]));
+        async move { k }
+    })
+    .await;
+    println!("k8s-failsafe: after the outage {} serves gw-2's IP", NAMES[k1]);
+    let mut after = held.clone();
+    after.insert(ips[1], k1);
+    hold_steady("API server back after gw-2's restart", Duration::from_secs(2), &gws, &after).await;
+
     // 4. gw-1's sync loop dies with its API connection cut; its channel
     // tasks keep running (they are separate tasks), so its peers have no
     // proof that it died and must wait for its Lease to expire.
@@ -276,5 +329,17 @@ async fn scenario(server: &ApiServer) {
     let _ = std::fs::remove_file(&key);
     for g in &mut gws {
         g.stop().await;
+    }
+}
+
+/// Removes the peer caches and kept promises, also when the test fails.
+struct PeerCaches;
+
+impl Drop for PeerCaches {
+    fn drop(&mut self) {
+        for i in 0..3 {
+            let _ = std::fs::remove_file(peer_cache(i));
+            let _ = std::fs::remove_file(egret_controlplane::ha::promises::path_for(&peer_cache(i)));
+        }
     }
 }

@@ -307,6 +307,9 @@ struct PeerShared {
     status: Mutex<PeerStatus>,
     queue: Mutex<Queue>,
     notify: Notify,
+    /// Frames written just before the Goodbye, in the same write, when this
+    /// side stops ([`Peers::send_before_goodbye`]): never sent otherwise.
+    last_words: Mutex<Vec<(u8, Vec<u8>)>>,
 }
 
 impl PeerShared {
@@ -482,6 +485,7 @@ impl Peers {
                 }),
                 queue: Mutex::new(Queue { frames: VecDeque::new(), bytes: 0, open: false }),
                 notify: Notify::new(),
+                last_words: Mutex::new(Vec::new()),
             });
             let (stop, stop_rx) = watch::channel(None);
             let (accepted, accepted_rx) = mpsc::channel(1);
@@ -535,6 +539,26 @@ impl Peers {
             q.frames.push_back((kind, payload));
         }
         shared.notify.notify_one();
+        Ok(())
+    }
+
+    /// Keeps a frame for `peer` to be written right before the Goodbye of
+    /// [`Peers::shutdown`], in the same write (nothing is written when the
+    /// connection is not up or the stop cut a write off). The receiver
+    /// must count it only when the Goodbye follows: a connection that
+    /// breaks between the two ends without one (ha::failsafe drops what
+    /// such a frame set up). For what only a graceful stop may say
+    /// (ha::promises).
+    pub fn send_before_goodbye(&self, peer: &str, kind: u8, payload: Vec<u8>) -> Result<(), SendError> {
+        let max = self.inner.cfg.max_frame;
+        if payload.len() > max {
+            return Err(SendError::TooLarge { len: payload.len(), max });
+        }
+        let shared = {
+            let slots = self.inner.slots.lock();
+            slots.get(peer).map(|s| s.shared.clone()).ok_or_else(|| SendError::UnknownPeer(peer.to_owned()))?
+        };
+        shared.last_words.lock().push((kind, payload));
         Ok(())
     }
 
@@ -1141,6 +1165,13 @@ async fn write_loop(
     }
     let reason = stop.borrow().clone().unwrap_or_default();
     buf.clear();
+    for (kind, payload) in std::mem::take(&mut *peer.last_words.lock()) {
+        body.clear();
+        body.push(BODY_DATA);
+        body.push(kind);
+        body.extend_from_slice(&payload);
+        sealer.seal(&body, &mut buf);
+    }
     body.clear();
     body.push(BODY_GOODBYE);
     body.extend_from_slice(&reason.as_bytes()[..reason.len().min(1024)]);

@@ -17,6 +17,7 @@
 //! | 5 | [`Message::FailsafeRequest`]: may I keep these IPs? (API server unreachable) | holder -> peers |
 //! | 6 | [`Message::FailsafeReply`]: accepted / refused, per IP | peer -> holder |
 //! | 7 | [`Message::DropShadow`]: you are no longer the standby of this IP | holder -> standby |
+//! | 8 | [`Message::PromisesKept`]: my promises to you for these IPs outlive my restart (only right before a Goodbye) | peer -> holder |
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -83,6 +84,14 @@ pub enum Message {
         /// The egress IP.
         ip: IpAddr,
     },
+    /// The sender stops gracefully and wrote its failsafe promises to the
+    /// receiver for `ips` into its peer cache: its next process on this node
+    /// keeps them (`ha::promises`). Sent only in the same write as the
+    /// Goodbye (`Peers::send_before_goodbye`).
+    PromisesKept {
+        /// The IPs.
+        ips: Vec<IpAddr>,
+    },
 }
 
 /// Why a payload could not be read.
@@ -137,6 +146,8 @@ pub mod kind {
     pub const FAILSAFE_REPLY: u8 = 6;
     /// [`super::Message::DropShadow`].
     pub const DROP_SHADOW: u8 = 7;
+    /// [`super::Message::PromisesKept`].
+    pub const PROMISES_KEPT: u8 = 8;
 }
 
 fn put_ip(out: &mut Vec<u8>, ip: IpAddr) {
@@ -297,6 +308,13 @@ impl Message {
                 put_ip(&mut out, *ip);
                 kind::DROP_SHADOW
             }
+            Message::PromisesKept { ips } => {
+                put_count(&mut out, ips.len());
+                for ip in ips {
+                    put_ip(&mut out, *ip);
+                }
+                kind::PROMISES_KEPT
+            }
         };
         (k, out)
     }
@@ -347,6 +365,7 @@ impl Message {
                 Message::FailsafeReply { id, accepted, refused }
             }
             kind::DROP_SHADOW => Message::DropShadow { ip: r.ip("ip")? },
+            kind::PROMISES_KEPT => Message::PromisesKept { ips: r.ips("ips")? },
             other => return Err(DecodeError::UnknownKind(other)),
         };
         r.end()?;
@@ -376,6 +395,7 @@ mod tests {
                 refused: vec![(ip("2001:db8::1"), "the Lease names gw-3".into())],
             },
             Message::DropShadow { ip: ip("198.51.100.11") },
+            Message::PromisesKept { ips: vec![ip("198.51.100.10"), ip("2001:db8::1")] },
             Message::Sessions { ip: ip("198.51.100.10"), epoch: 0, upserts: vec![], removes: vec![] },
         ];
         for m in msgs {

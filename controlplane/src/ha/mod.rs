@@ -9,6 +9,7 @@
 //! | `replicate.rs` | the holder's side of session sync: standbys, full copies, incremental changes |
 //! | `standby.rs` | the standby's shadow sessions, installed when it takes an IP over |
 //! | `failsafe.rs` | the holder's side of Patroni's failsafe: keep an IP through an API outage while every other eligible gateway agrees |
+//! | `promises.rs` | failsafe promises written at a graceful stop and kept by the next process (a peer restarting during an API outage) |
 //!
 //! The Lease stays the authority on who owns an IP; the channel only adds
 //! evidence and state:
@@ -31,6 +32,7 @@ pub mod auth;
 pub mod channel;
 pub mod failsafe;
 pub mod messages;
+pub mod promises;
 pub mod replicate;
 pub mod standby;
 
@@ -202,6 +204,7 @@ pub struct Ha {
     sessions: Option<Arc<dyn SessionStore>>,
     counters: Arc<HaCounters>,
     task: JoinHandle<()>,
+    peer_cache: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Ha {
@@ -253,6 +256,9 @@ impl Ha {
             overflows_seen: 0,
             last_round: None,
         }));
+        if let Some(cache) = &opts.peer_cache {
+            restore_promises(&promises::path_for(cache), &mgr);
+        }
         let cached = opts.peer_cache.as_deref().map(load_peer_cache).unwrap_or_default();
         if !cached.is_empty() {
             tracing::info!(peers = ?cached.keys().collect::<Vec<_>>(), "peer channel: last known peers (until the API server answers)");
@@ -272,7 +278,18 @@ impl Ha {
             events,
             view: view_rx,
         }));
-        Ok(Ha { me: me.to_string(), peers, mgr, wake, state, view: view_tx, sessions, counters, task })
+        Ok(Ha {
+            me: me.to_string(),
+            peers,
+            mgr,
+            wake,
+            state,
+            view: view_tx,
+            sessions,
+            counters,
+            task,
+            peer_cache: opts.peer_cache.clone(),
+        })
     }
 
     /// The sync loop's view after a pass (only changes wake the task).
@@ -419,9 +436,47 @@ impl Ha {
         &self.counters
     }
 
-    /// Says goodbye to every peer and stops.
+    /// Says goodbye to every peer and stops. With a peer cache, the
+    /// failsafe promises still running are first written beside it
+    /// ([`promises`]: the next process keeps them) and each holder is told
+    /// which, in the same write as the Goodbye ([`Message::PromisesKept`]),
+    /// so it may count this gateway as accepting while it restarts.
     pub async fn shutdown(self, reason: &str) {
+        // The task answers failsafe requests: stopped (and awaited) first,
+        // so no promise is given after the ones written down.
         self.task.abort();
+        let _ = self.task.await;
+        if let Some(cache) = &self.peer_cache {
+            let now = Instant::now();
+            let kept: Vec<promises::KeptPromise> = self
+                .mgr
+                .lock()
+                .promises(now)
+                .into_iter()
+                .map(|(ip, holder, until)| promises::KeptPromise { ip, holder, until })
+                .collect();
+            let path = promises::path_for(cache);
+            match promises::save(&path, &kept, now, std::time::SystemTime::now()) {
+                Ok(()) => {
+                    let mut per_holder: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
+                    for p in &kept {
+                        per_holder.entry(p.holder.as_str()).or_default().push(p.ip);
+                    }
+                    for (holder, ips) in per_holder {
+                        let (k, payload) = Message::PromisesKept { ips: ips.clone() }.encode();
+                        match self.peers.send_before_goodbye(holder, k, payload) {
+                            Ok(()) => {
+                                tracing::info!(holder, ips = ?ips, path = %path.display(), "failsafe: promises written for the next process; the holder is told with the Goodbye")
+                            }
+                            Err(e) => tracing::info!(holder, error = %e, "failsafe: promises written, holder not told"),
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "failsafe: promises not written: holders will count this gateway as absent while it restarts")
+                }
+            }
+        }
         self.peers.shutdown(reason).await;
     }
 }
@@ -503,9 +558,14 @@ impl Task {
                 let mut st = self.state.lock();
                 st.up.insert(peer.clone());
                 st.replicator.resync_peer(&peer);
+                st.failsafe.peer_up(&peer);
             }
             PeerEvent::Down { peer, incarnation, end } => {
-                self.state.lock().up.remove(&peer);
+                {
+                    let mut st = self.state.lock();
+                    st.up.remove(&peer);
+                    st.failsafe.peer_down(&peer, matches!(end, End::Goodbye(_)));
+                }
                 if end.proves_death() {
                     self.counters.peers_gone.fetch_add(1, Ordering::Relaxed);
                     let ips = self.mgr.lock().holder_gone(&peer, incarnation, now);
@@ -548,6 +608,11 @@ impl Task {
                 if let Some((sent, ips)) = done {
                     confirm(&self.mgr, &self.wake, sent, &ips);
                 }
+            }
+            Message::PromisesKept { ips } => {
+                let timing = self.mgr.lock().timing();
+                let bridged = self.state.lock().failsafe.bridge(from, &ips, timing);
+                tracing::info!(peer = from, ips = ?ips, bridged = ?bridged, "failsafe: the peer stops and keeps its promises; it counts as accepting while it restarts");
             }
             Message::SyncAck { ip, epoch } => {
                 let mut st = self.state.lock();
@@ -655,6 +720,32 @@ fn confirm(mgr: &Mutex<LeaseManager>, wake: &Notify, sent: Instant, ips: &[IpAdd
     if !moved.is_empty() {
         tracing::debug!(ips = ?moved, "failsafe: every eligible gateway agreed; deadlines moved");
         wake.notify_one();
+    }
+}
+
+/// Loads the promises a previous process on this node wrote when it
+/// stopped into the Lease state machine (before its first plan). A file
+/// that cannot be read is ignored with a warning: its promises are not kept
+/// (the holder's bridge then rests on a promise broken; the file is written
+/// whole or not at all, so only a damaged disk or a foreign writer gets
+/// here).
+fn restore_promises(path: &std::path::Path, mgr: &Mutex<LeaseManager>) {
+    let now = Instant::now();
+    let mut mgr = mgr.lock();
+    let max = mgr.timing().lease_duration;
+    match promises::load(path, now, std::time::SystemTime::now(), max) {
+        Ok(kept) => {
+            for p in &kept {
+                mgr.restore_promise(p.ip, &p.holder, p.until, now);
+            }
+            if !kept.is_empty() {
+                tracing::info!(
+                    promises = ?kept.iter().map(|p| (p.ip, p.holder.as_str(), p.until.saturating_duration_since(now))).collect::<Vec<_>>(),
+                    "failsafe: promises of the previous process kept"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "failsafe: promise file ignored"),
     }
 }
 
@@ -860,6 +951,130 @@ mod tests {
         assert_eq!(st.peers[0].send_full, 0, "no frame refused");
         p.a.shutdown("test over").await;
         p.b.shutdown("test over").await;
+    }
+
+    /// A peer restarting during an API outage (issue 16 §4): gw-b, the only
+    /// other eligible gateway, stops gracefully and comes back as a new
+    /// process with the same peer cache. Meanwhile gw-a's failsafe rounds
+    /// keep confirming on gw-b's kept promise (before: absence was refusal,
+    /// and no round could be confirmed until gw-b answered again); the new
+    /// process keeps the promise (it would otherwise create the Lease at
+    /// once, being most preferred and seeing none), then answers live.
+    #[tokio::test]
+    async fn failsafe_rounds_keep_confirming_while_a_peer_restarts_gracefully() {
+        let ip: IpAddr = IP.parse().unwrap();
+        // Long enough that the bridge (leaseDuration - renewDeadline - the
+        // fencing margin after gw-b's last acceptance) outlasts a slow run.
+        let timing = LeaseTiming {
+            lease_duration: Duration::from_secs(60),
+            renew_deadline: Duration::from_secs(20),
+            retry_period: Duration::from_millis(500),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("peers");
+        let opts = options();
+        let opts_b = HaOptions { peer_cache: Some(cache.clone()), ..options() };
+        let a_mgr = Arc::new(Mutex::new(LeaseManager::new("gw-a", timing)));
+        {
+            let mut m = a_mgr.lock();
+            let now = Instant::now();
+            m.observe(ip, None, now);
+            let cands: BTreeMap<IpAddr, Vec<String>> = [(ip, vec!["gw-a".into(), "gw-b".into()])].into();
+            assert_eq!(m.plan(now, &cands, true), vec![(ip, Action::Create)]);
+            let rec = LeaseRecord {
+                holder: Some("gw-a".into()),
+                duration: timing.lease_duration,
+                resource_version: "1".into(),
+                ..Default::default()
+            };
+            m.on_result(ip, &Action::Create, now, Ok(Some(rec)), now);
+        }
+        let wake = Arc::new(Notify::new());
+        let a = Ha::start("gw-a", &opts, a_mgr.clone(), None, wake.clone()).await.unwrap();
+        let b_mgr = Arc::new(Mutex::new(LeaseManager::new("gw-b", timing)));
+        let b = Ha::start("gw-b", &opts_b, b_mgr, None, wake.clone()).await.unwrap();
+        let holders: BTreeMap<IpAddr, Option<String>> = [(ip, Some("gw-a".to_string()))].into();
+        let view_a = |b_addr: SocketAddr| View {
+            peers: [("gw-b".to_string(), b_addr)].into(),
+            held: [(ip, vec!["gw-b".to_string()])].into(),
+            failing: [ip].into(),
+            holders: holders.clone(),
+            retry_period: timing.retry_period,
+        };
+        let view_b = View {
+            peers: [("gw-a".to_string(), a.local_addr())].into(),
+            holders: holders.clone(),
+            retry_period: timing.retry_period,
+            ..View::default()
+        };
+        let failing = view_a(b.local_addr());
+        a.update(failing.clone());
+        b.update(view_b.clone());
+        // The API server is gone for gw-a: gw-b accepts its rounds.
+        until("gw-b accepts a round", || {
+            a.failsafe_round(&failing);
+            a.status().failsafe_confirmed >= 1
+        })
+        .await;
+        // gw-b stops gracefully: its promise is written, gw-a told.
+        b.shutdown("restart").await;
+        let path = promises::path_for(&cache);
+        assert!(path.exists(), "the promise is written beside the peer cache");
+        let b_up = |a: &Ha| a.status().peers.iter().any(|p| p.name == "gw-b" && p.state == channel::PeerState::Up);
+        until("gw-a sees gw-b gone", || !b_up(&a)).await;
+        let (before, deadline) = (a.status().failsafe_confirmed, a_mgr.lock().deadline(ip).unwrap());
+        until("a round is confirmed while gw-b is away", || {
+            a.failsafe_round(&failing);
+            a.status().failsafe_confirmed > before
+        })
+        .await;
+        assert!(!b_up(&a), "gw-b was away throughout");
+        assert!(a_mgr.lock().deadline(ip).unwrap() > deadline, "gw-a's deadline moved on gw-b's kept promise");
+        // The new process keeps the promise: most preferred, seeing no
+        // Lease, it still creates nothing.
+        let b2_mgr = Arc::new(Mutex::new(LeaseManager::new("gw-b", timing)));
+        let b2 = Ha::start("gw-b", &opts_b, b2_mgr.clone(), None, wake.clone()).await.unwrap();
+        {
+            let now = Instant::now();
+            let mut m = b2_mgr.lock();
+            let kept = m.promises(now);
+            assert_eq!(kept.len(), 1);
+            assert_eq!((kept[0].0, kept[0].1.as_str()), (ip, "gw-a"));
+            let cands: BTreeMap<IpAddr, Vec<String>> = [(ip, vec!["gw-b".into(), "gw-a".into()])].into();
+            assert_eq!(m.plan(now, &cands, true), vec![], "the restarted gw-b keeps its predecessor's promise");
+        }
+        // Back, it answers for itself.
+        let failing = view_a(b2.local_addr());
+        a.update(failing.clone());
+        b2.update(view_b);
+        until("the new gw-b accepts", || {
+            a.failsafe_round(&failing);
+            b2.counters().promises_given.load(Ordering::Relaxed) >= 1
+        })
+        .await;
+        a.shutdown("test over").await;
+        b2.shutdown("test over").await;
+    }
+
+    /// A promise file that cannot be read is ignored (with a warning): the
+    /// gateway starts, keeps nothing from it, and its next graceful stop
+    /// writes a good one over it.
+    #[tokio::test]
+    async fn a_corrupt_promise_file_is_ignored_and_replaced_at_the_next_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("peers");
+        let path = promises::path_for(&cache);
+        std::fs::write(&path, "egret-promises 1\n198.51.100.10 gw-a\n").unwrap();
+        let opts = HaOptions { peer_cache: Some(cache), ..options() };
+        let mgr = Arc::new(Mutex::new(LeaseManager::new("gw-b", LeaseTiming::default())));
+        let b = Ha::start("gw-b", &opts, mgr.clone(), None, Arc::new(Notify::new())).await.unwrap();
+        assert!(mgr.lock().promises(Instant::now()).is_empty());
+        let ip: IpAddr = IP.parse().unwrap();
+        mgr.lock().promise(ip, "gw-a", Instant::now()).unwrap();
+        b.shutdown("restart").await;
+        let kept = promises::load(&path, Instant::now(), std::time::SystemTime::now(), Duration::from_secs(4)).unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!((kept[0].ip, kept[0].holder.as_str()), (ip, "gw-a"));
     }
 
     /// A failsafe round trip of gw-a (request, promise, reply), from its start.

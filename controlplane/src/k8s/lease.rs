@@ -458,6 +458,32 @@ impl LeaseManager {
         Ok(())
     }
 
+    /// The failsafe promises this gateway still keeps at `now`: (IP, the
+    /// holder promised, the instant before which it takes nothing). What a
+    /// graceful stop writes to the peer cache (`ha::promises`), so the next
+    /// process keeps them ([`LeaseManager::restore_promise`]).
+    pub fn promises(&self, now: Instant) -> Vec<(IpAddr, String, Instant)> {
+        self.ips
+            .iter()
+            .filter_map(|(ip, st)| st.promise.as_ref().map(|(h, until)| (*ip, h.clone(), *until)))
+            .filter(|(_, _, until)| *until > now)
+            .collect()
+    }
+
+    /// A promise the previous process on this node gave to `holder` and
+    /// wrote down when it stopped: kept exactly like one given here (no
+    /// take-over of `ip` before `until`; a newer record naming someone else
+    /// cancels it, as it cancels a live one). Call before the first
+    /// [`LeaseManager::plan`].
+    pub fn restore_promise(&mut self, ip: IpAddr, holder: &str, until: Instant, now: Instant) {
+        let st = self.state(ip, now);
+        let until = match &st.promise {
+            Some((h, u)) if h == holder => until.max(*u),
+            _ => until,
+        };
+        st.promise = Some((holder.to_string(), until));
+    }
+
     /// Every other eligible gateway accepted a failsafe request for `ip`
     /// sent at `sent`: while the IP is still held (not fenced) and ours on
     /// the server, its deadline moves to `sent + renewDeadline`, exactly as
@@ -1153,6 +1179,41 @@ mod tests {
         assert!(!a.failsafe_confirmed(x, t0 + P * 40));
         assert!(a.held(t0 + P * 40).is_empty());
         assert!(!a.failsafe_confirmed(ip("198.51.100.99"), t0));
+    }
+
+    /// A peer restarting during an API outage: the promise its previous
+    /// process gave (and wrote down) is kept exactly like a live one. The
+    /// restarted gw-b, most preferred and seeing no Lease (the API server is
+    /// away, or the Lease is gone), creates nothing before the promise ends;
+    /// a newer record naming another holder cancels it, as it does a live
+    /// one.
+    #[test]
+    fn a_restored_promise_holds_off_take_over_like_a_live_one() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-b", "gw-a"]);
+        let until = t0 + ms(3_000);
+        let mut b = mgr("gw-b");
+        b.restore_promise(x, "gw-a", until, t0);
+        assert_eq!(b.promises(t0), vec![(x, "gw-a".to_string(), until)]);
+        for step in 0..6u32 {
+            assert_eq!(b.plan(t0 + P * step, &c, true), vec![], "taken at {step} x P, inside the promise");
+        }
+        assert_eq!(b.plan(until, &c, true), vec![(x, Action::Create)], "free once it ended");
+        assert!(b.promises(until).is_empty(), "an ended promise is not written again");
+        // The Lease seen again, still naming gw-a: the promise stays.
+        let mut b = mgr("gw-b");
+        b.restore_promise(x, "gw-a", until, t0);
+        b.observe(x, Some(rec(Some("gw-a"), 10)), t0 + ms(10));
+        assert_eq!(b.promises(t0 + ms(10)).len(), 1);
+        // Naming gw-c: cancelled.
+        b.observe(x, Some(rec(Some("gw-c"), 11)), t0 + ms(20));
+        assert!(b.promises(t0 + ms(20)).is_empty());
+        // A live promise to the same holder is kept to the later end.
+        let mut b = mgr("gw-b");
+        assert_eq!(b.promise(x, "gw-a", t0), Ok(()));
+        b.restore_promise(x, "gw-a", t0 + ms(100), t0);
+        assert_eq!(b.promises(t0), vec![(x, "gw-a".to_string(), t0 + D)]);
     }
 
     /// Patroni's rule: only gateways the holder lists (those it asks through
