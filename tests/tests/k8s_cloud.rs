@@ -341,15 +341,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
 /// pods, the cloud pool and the policy taking one address from it. Returns
 /// a token of the gateways' ServiceAccount.
 async fn setup_cluster(client: &kube::Client, vpc: &Vpc) -> String {
-    install_crds(client).await;
-    let discovery = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
-    let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests");
-    for file in ["00-namespace.yaml", "10-rbac.yaml"] {
-        let text = std::fs::read_to_string(manifests.join(file)).expect("manifest");
-        for obj in documents(&text) {
-            apply_object(client, &discovery, file, &obj, false).await;
-        }
-    }
+    install_egret(client).await;
     namespace(client, "team-a", json!({"team": "a"})).await;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     for g in Gw::PAIR {

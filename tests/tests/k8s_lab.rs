@@ -734,15 +734,7 @@ fn lease_holder(rt: &tokio::runtime::Runtime, client: &kube::Client, ip: Ipv4Add
 /// addresses, the annotated Service with the VIP, the EgressPolicy. Returns
 /// a token of the gateways' ServiceAccount.
 async fn setup_cluster(client: &kube::Client, eip: Ipv4Addr) -> String {
-    install_crds(client).await;
-    let discovery = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
-    let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests");
-    for file in ["00-namespace.yaml", "10-rbac.yaml"] {
-        let text = std::fs::read_to_string(manifests.join(file)).expect("manifest");
-        for obj in documents(&text) {
-            apply_object(client, &discovery, file, &obj, false).await;
-        }
-    }
+    install_egret(client).await;
     namespace(client, "team-a", json!({"team": "a"})).await;
     for g in Gw::PAIR {
         node(client, g.node_name(), json!({"egret.dev/gateway": "true"})).await;

@@ -805,6 +805,26 @@ mod tests {
         }
     }
 
+    /// gw-a's Lease manager, holding `ip` (created, candidates gw-a, gw-b).
+    fn holder_of(ip: IpAddr, timing: LeaseTiming) -> Arc<Mutex<LeaseManager>> {
+        let a_mgr = Arc::new(Mutex::new(LeaseManager::new("gw-a", timing)));
+        {
+            let mut m = a_mgr.lock();
+            let now = Instant::now();
+            m.observe(ip, None, now);
+            let cands: BTreeMap<IpAddr, Vec<String>> = [(ip, vec!["gw-a".into(), "gw-b".into()])].into();
+            assert_eq!(m.plan(now, &cands, true), vec![(ip, Action::Create)]);
+            let rec = LeaseRecord {
+                holder: Some("gw-a".into()),
+                duration: timing.lease_duration,
+                resource_version: "1".into(),
+                ..Default::default()
+            };
+            m.on_result(ip, &Action::Create, now, Ok(Some(rec)), now);
+        }
+        a_mgr
+    }
+
     /// `n` distinct TCP sessions of egress IP [`IP`].
     fn sessions(n: usize) -> Vec<SessionRecord> {
         (0..n)
@@ -850,21 +870,7 @@ mod tests {
         let ip: IpAddr = IP.parse().unwrap();
         let opts = options();
         let timing = LeaseTiming::default();
-        let a_mgr = Arc::new(Mutex::new(LeaseManager::new("gw-a", timing)));
-        {
-            let mut m = a_mgr.lock();
-            let now = Instant::now();
-            m.observe(ip, None, now);
-            let cands: BTreeMap<IpAddr, Vec<String>> = [(ip, vec!["gw-a".into(), "gw-b".into()])].into();
-            assert_eq!(m.plan(now, &cands, true), vec![(ip, Action::Create)]);
-            let rec = LeaseRecord {
-                holder: Some("gw-a".into()),
-                duration: timing.lease_duration,
-                resource_version: "1".into(),
-                ..Default::default()
-            };
-            m.on_result(ip, &Action::Create, now, Ok(Some(rec)), now);
-        }
+        let a_mgr = holder_of(ip, timing);
         let b_mgr = Arc::new(Mutex::new(LeaseManager::new("gw-b", timing)));
         let chan = |me: &str| {
             let mut c = ChannelConfig::new(me, opts.listen, opts.key.clone());
@@ -974,21 +980,7 @@ mod tests {
         let cache = dir.path().join("peers");
         let opts = options();
         let opts_b = HaOptions { peer_cache: Some(cache.clone()), ..options() };
-        let a_mgr = Arc::new(Mutex::new(LeaseManager::new("gw-a", timing)));
-        {
-            let mut m = a_mgr.lock();
-            let now = Instant::now();
-            m.observe(ip, None, now);
-            let cands: BTreeMap<IpAddr, Vec<String>> = [(ip, vec!["gw-a".into(), "gw-b".into()])].into();
-            assert_eq!(m.plan(now, &cands, true), vec![(ip, Action::Create)]);
-            let rec = LeaseRecord {
-                holder: Some("gw-a".into()),
-                duration: timing.lease_duration,
-                resource_version: "1".into(),
-                ..Default::default()
-            };
-            m.on_result(ip, &Action::Create, now, Ok(Some(rec)), now);
-        }
+        let a_mgr = holder_of(ip, timing);
         let wake = Arc::new(Notify::new());
         let a = Ha::start("gw-a", &opts, a_mgr.clone(), None, wake.clone()).await.unwrap();
         let b_mgr = Arc::new(Mutex::new(LeaseManager::new("gw-b", timing)));

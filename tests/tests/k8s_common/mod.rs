@@ -577,3 +577,17 @@ pub fn ha_section(
         lab.dir().join(format!("peers-{}", g.node_name())).display()
     )
 }
+
+/// Egret's CRDs, and the deployed namespace and RBAC (`deploy/manifests`
+/// 00 and 10), as an operator installs them.
+pub async fn install_egret(client: &kube::Client) {
+    install_crds(client).await;
+    let discovery = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
+    let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests");
+    for file in ["00-namespace.yaml", "10-rbac.yaml"] {
+        let text = std::fs::read_to_string(manifests.join(file)).expect("manifest");
+        for obj in documents(&text) {
+            apply_object(client, &discovery, file, &obj, false).await;
+        }
+    }
+}
