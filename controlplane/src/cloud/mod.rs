@@ -164,7 +164,10 @@ pub fn targets(pools: &[crate::k8s::desired::PoolInfo]) -> BTreeMap<IpAddr, task
                 private_ip: Some(private),
                 interface_id: None,
             };
-            out.insert(private, task::Target { subnet_id: s.subnet_id.clone(), public });
+            // A private address two records name (a race the pairing
+            // resolves in its next pass): the first pool by name keeps it,
+            // as the pairing does.
+            out.entry(private).or_insert(task::Target { subnet_id: s.subnet_id.clone(), public });
         }
     }
     out

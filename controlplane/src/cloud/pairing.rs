@@ -49,10 +49,22 @@ pub fn reserved(subnet: &IpNet, ip: IpAddr) -> bool {
 ///
 /// Public addresses no longer found drop out (their private address is free
 /// again once its holder releases it).
-pub fn pair(recorded: &[CloudAddressStatus], found: &Discovered, allowed: Option<&AddressSet>) -> Pairing {
+///
+/// `others`: private addresses other pools of the same subnet use (their
+/// recorded pairings, and what the pools paired before this one in the same
+/// pass proposed), which this pool never takes.
+pub fn pair(
+    recorded: &[CloudAddressStatus],
+    found: &Discovered,
+    allowed: Option<&AddressSet>,
+    others: &BTreeSet<IpAddr>,
+) -> Pairing {
     let subnet = found.subnet_cidr;
     let usable = |ip: IpAddr| {
-        subnet.contains(&ip) && !reserved(&subnet, ip) && allowed.is_none_or(|a| a.is_empty() || a.contains(ip))
+        subnet.contains(&ip)
+            && !reserved(&subnet, ip)
+            && !others.contains(&ip)
+            && allowed.is_none_or(|a| a.is_empty() || a.contains(ip))
     };
     let mut public: Vec<&super::PublicAddress> = found.public.iter().filter(|p| p.public_ip.is_ipv4()).collect();
     public.sort_by_key(|p| p.public_ip);
@@ -146,7 +158,7 @@ mod tests {
             vec![public("192.0.2.2", "eipalloc-b", None), public("192.0.2.1", "eipalloc-a", None)],
             &["198.18.1.4"],
         );
-        let p = pair(&[], &f, None);
+        let p = pair(&[], &f, None, &BTreeSet::new());
         assert_eq!(
             p.addresses,
             vec![rec("192.0.2.1", "eipalloc-a", "198.18.1.5"), rec("192.0.2.2", "eipalloc-b", "198.18.1.6")]
@@ -158,14 +170,17 @@ mod tests {
     fn a_recorded_pairing_stays_although_its_address_is_now_in_use() {
         // The holder assigned .9 to its interface: discovery sees it used.
         let f = found(vec![public("192.0.2.1", "eipalloc-a", Some("198.18.1.9"))], &["198.18.1.4", "198.18.1.9"]);
-        let p = pair(&[rec("192.0.2.1", "eipalloc-a", "198.18.1.9")], &f, None);
+        let p = pair(&[rec("192.0.2.1", "eipalloc-a", "198.18.1.9")], &f, None, &BTreeSet::new());
         assert_eq!(p.addresses, vec![rec("192.0.2.1", "eipalloc-a", "198.18.1.9")]);
     }
 
     #[test]
     fn a_lost_record_is_rebuilt_from_the_association() {
         let f = found(vec![public("192.0.2.1", "eipalloc-a", Some("198.18.1.12"))], &["198.18.1.12"]);
-        assert_eq!(pair(&[], &f, None).addresses, vec![rec("192.0.2.1", "eipalloc-a", "198.18.1.12")]);
+        assert_eq!(
+            pair(&[], &f, None, &BTreeSet::new()).addresses,
+            vec![rec("192.0.2.1", "eipalloc-a", "198.18.1.12")]
+        );
     }
 
     #[test]
@@ -175,6 +190,7 @@ mod tests {
             &[rec("192.0.2.1", "eipalloc-a", "198.18.1.5"), rec("192.0.2.2", "eipalloc-b", "198.18.1.6")],
             &f,
             None,
+            &BTreeSet::new(),
         );
         assert_eq!(p.addresses, vec![rec("192.0.2.2", "eipalloc-b", "198.18.1.6")]);
     }
@@ -190,10 +206,20 @@ mod tests {
             ],
             &["198.18.1.10"],
         );
-        let p = pair(&[rec("192.0.2.3", "c", "198.18.1.6")], &f, Some(&allowed));
+        let p = pair(&[rec("192.0.2.3", "c", "198.18.1.6")], &f, Some(&allowed), &BTreeSet::new());
         // .10 is used, .5 and .6 are outside the range: only .11 is left.
         assert_eq!(p.addresses, vec![rec("192.0.2.1", "a", "198.18.1.11")]);
         assert_eq!(p.unpaired, vec![ip("192.0.2.2"), ip("192.0.2.3")]);
+    }
+
+    #[test]
+    fn another_pool_of_the_subnet_keeps_its_private_addresses() {
+        // Another pool has .4 recorded and proposed .5 in this pass; this
+        // pool's record of .5 (a race of two writers) gives way too.
+        let f = found(vec![public("192.0.2.9", "z", None), public("192.0.2.8", "y", None)], &[]);
+        let others: BTreeSet<IpAddr> = [ip("198.18.1.4"), ip("198.18.1.5")].into();
+        let p = pair(&[rec("192.0.2.8", "y", "198.18.1.5")], &f, None, &others);
+        assert_eq!(p.addresses, vec![rec("192.0.2.8", "y", "198.18.1.6"), rec("192.0.2.9", "z", "198.18.1.7")]);
     }
 
     #[test]
@@ -201,7 +227,12 @@ mod tests {
         // Both records claim .5 (a hand edit): the first keeps it, the
         // second gets the lowest free address.
         let f = found(vec![public("192.0.2.1", "a", None), public("192.0.2.2", "b", None)], &[]);
-        let p = pair(&[rec("192.0.2.1", "a", "198.18.1.5"), rec("192.0.2.2", "b", "198.18.1.5")], &f, None);
+        let p = pair(
+            &[rec("192.0.2.1", "a", "198.18.1.5"), rec("192.0.2.2", "b", "198.18.1.5")],
+            &f,
+            None,
+            &BTreeSet::new(),
+        );
         assert_eq!(p.addresses, vec![rec("192.0.2.1", "a", "198.18.1.5"), rec("192.0.2.2", "b", "198.18.1.4")]);
     }
 }

@@ -30,6 +30,10 @@ const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Releases are tidying: tried this many times, then left to the next holder.
 const RELEASE_ATTEMPTS: u32 = 5;
+/// How long a gateway stops competing for an address the provider refused
+/// it for good (no interface in the subnet, no `providerID`, not allowed,
+/// the interface full): another gateway serves it meanwhile.
+pub const REFUSED_FOR: Duration = Duration::from_secs(60);
 
 /// A held cloud address: where it must go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,6 +73,8 @@ struct State {
     releasing: BTreeMap<IpAddr, (String, u32)>,
     /// Interfaces whose source/destination check was reported on.
     check_reported: BTreeSet<String>,
+    /// Addresses the provider refused for good, until then.
+    refused: BTreeMap<IpAddr, Instant>,
 }
 
 /// The sync loop's handle on the cloud task.
@@ -114,6 +120,16 @@ impl Clouds {
     ) {
         let mut st = self.state.lock();
         let changed = st.node_provider_id != provider_id || st.pools != pools || st.want != want;
+        // An address given up is no longer this gateway's from now on, even
+        // if the task is busy: should its Lease come back before the task
+        // has released it, it is assigned again (another holder may have
+        // taken it meanwhile), never served on the old assignment's word.
+        let gone: Vec<IpAddr> = st.addresses.keys().filter(|ip| !want.contains_key(ip)).copied().collect();
+        for ip in gone {
+            if let Some(AddressState::Assigned { interface_id }) = st.addresses.remove(&ip) {
+                st.releasing.insert(ip, (interface_id, 0));
+            }
+        }
         st.node_provider_id = provider_id;
         st.pools = pools;
         st.want = want;
@@ -131,6 +147,14 @@ impl Clouds {
             .filter(|(ip, s)| matches!(s, AddressState::Assigned { .. }) && st.want.contains_key(ip))
             .map(|(ip, _)| *ip)
             .collect()
+    }
+
+    /// Addresses this gateway cannot serve now (the provider refused them
+    /// for good, [`REFUSED_FOR`]): the sync loop stops competing for them,
+    /// so their Leases go to gateways that can.
+    pub fn refused(&self) -> BTreeSet<IpAddr> {
+        let now = Instant::now();
+        self.state.lock().refused.iter().filter(|(_, until)| **until > now).map(|(ip, _)| *ip).collect()
     }
 
     /// The provider's last answer per pool.
@@ -201,7 +225,7 @@ impl Clouds {
                     operation: "Node.spec.providerID",
                     code: "Missing".into(),
                     message: "this gateway's Node has no spec.providerID; the cloud's interface cannot be found".into(),
-                    retryable: true,
+                    retryable: false,
                 }),
                 Some(id) => cloud.interface(id, subnet).await,
             };
@@ -263,6 +287,18 @@ impl Clouds {
                     st.releasing.remove(ip);
                     st.next_try.remove(ip);
                     st.addresses.insert(*ip, AddressState::Assigned { interface_id });
+                    dirty = true;
+                }
+                Err(e) if !e.retryable => {
+                    tracing::warn!(
+                        ip = %ip, error = %e,
+                        "cloud address refused for good: not translating to it, and not competing for it for {} s",
+                        REFUSED_FOR.as_secs()
+                    );
+                    st.refused.insert(*ip, now + REFUSED_FOR);
+                    st.next_try.insert(*ip, now + BACKOFF_MAX);
+                    st.addresses
+                        .insert(*ip, AddressState::Pending { attempts: attempts + 1, error: Some(e.to_string()) });
                     dirty = true;
                 }
                 Err(e) => {
@@ -333,8 +369,9 @@ impl Clouds {
                 }
             };
             st.next_discovery.insert(name.clone(), now + again);
-            // A failure after a success keeps the last answer's pairing: the
-            // status shows the error, the addresses stay.
+            // A failure replaces the last answer here; desired() keeps the
+            // recorded pairing meanwhile (the status shows the error, the
+            // addresses stay).
             if st.discovered.get(name) != Some(&r) {
                 dirty = true;
                 st.discovered.insert(name.clone(), r);
@@ -361,6 +398,7 @@ impl Clouds {
             .map(|(ip, _)| *ip)
             .collect();
         st.next_try.retain(|ip, _| (want.contains_key(ip) && !assigned.contains(ip)) || releasing.contains(ip));
+        st.refused.retain(|_, until| *until > now);
         st.next_discovery.values().chain(st.next_interface.values()).chain(st.next_try.values()).copied().min()
     }
 }
@@ -381,6 +419,8 @@ mod tests {
     struct Script {
         /// Assign calls fail while this is above 0 (counting down).
         assign_failures: u32,
+        /// Assign calls fail for good (not retryable).
+        assign_refused: bool,
         calls: Vec<String>,
     }
 
@@ -430,8 +470,16 @@ mod tests {
             s.calls.push(format!("assign {i} {p}"));
             let fail = s.assign_failures > 0;
             s.assign_failures = s.assign_failures.saturating_sub(1);
+            let refused = s.assign_refused;
             Box::pin(async move {
-                if fail {
+                if refused {
+                    Err(CloudError {
+                        operation: "AssignPrivateIpAddresses",
+                        code: "UnauthorizedOperation".into(),
+                        message: "not allowed".into(),
+                        retryable: false,
+                    })
+                } else if fail {
                     Err(err("AssignPrivateIpAddresses"))
                 } else {
                     Ok(())
@@ -496,5 +544,32 @@ mod tests {
         let assigns = calls.iter().filter(|l| l.starts_with("assign")).count();
         assert_eq!(assigns, 3, "{calls:?}");
         assert_eq!(calls[0], "interface aws:///z/i-1 subnet-1", "{calls:?}");
+    }
+
+    #[tokio::test]
+    async fn an_address_refused_for_good_is_withdrawn_and_a_lost_lease_forgets_the_assignment() {
+        let script = Arc::new(Mutex::new(Script { assign_refused: true, ..Default::default() }));
+        let s2 = script.clone();
+        let factory: Factory = Box::new(move || {
+            let s = s2.clone();
+            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
+        });
+        let c = Clouds::start(factory, DEFAULT_RESYNC, Arc::new(Notify::new()));
+        let ip: IpAddr = "198.18.1.40".parse().unwrap();
+        let want = || BTreeMap::from([(ip, target())]);
+        c.update(Some("aws:///z/i-1".into()), BTreeMap::new(), want());
+        settle(&c, |c| c.refused().contains(&ip)).await;
+        assert!(c.assigned().is_empty());
+
+        // Allowed now: assigned; then the Lease goes and comes back before
+        // the task runs again: not served on the old assignment's word.
+        script.lock().assign_refused = false;
+        c.state.lock().next_try.clear();
+        c.wake.notify_one();
+        settle(&c, |c| c.assigned().contains(&ip)).await;
+        c.update(Some("aws:///z/i-1".into()), BTreeMap::new(), BTreeMap::new());
+        c.update(Some("aws:///z/i-1".into()), BTreeMap::new(), want());
+        assert!(c.assigned().is_empty(), "a Lease lost and won back needs a new assignment");
+        settle(&c, |c| c.assigned().contains(&ip)).await;
     }
 }

@@ -558,6 +558,7 @@ impl SyncLoop {
         let wall = Timestamp::now();
         let mut d = desired(&obs, &self.local, wall);
         let me = self.opts.node_name.clone();
+        self.withdraw_refused(&mut d);
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
         let fenced = self.mgr.lock().fence(now, &competing);
         self.counters.fenced += fenced.len() as u64;
@@ -568,6 +569,7 @@ impl SyncLoop {
             tracing::warn!(ips = ?fenced, "fenced: no valid Lease any more (renew deadline passed or no longer eligible)");
             self.held(&mut obs, now);
             d = desired(&obs, &self.local, wall);
+            self.withdraw_refused(&mut d);
         }
         for ip in d.ips.keys().filter(|ip| !leases.contains_key(ip)) {
             self.mgr.lock().observe(*ip, None, now);
@@ -646,6 +648,18 @@ impl SyncLoop {
         self.clouds.update(provider_id, crate::cloud::selectors(&obs.pools), want);
         let assigned = self.clouds.assigned();
         obs.held.retain(|ip| !targets.contains_key(ip) || assigned.contains(ip));
+    }
+
+    /// Cloud addresses the provider refused this gateway for good (no
+    /// interface in the subnet, not allowed...): it stops being a candidate
+    /// for them, so it gives their Leases up and others take them.
+    fn withdraw_refused(&self, d: &mut Desired) {
+        let me = self.opts.node_name.as_str();
+        for ip in self.clouds.refused() {
+            if let Some(a) = d.ips.get_mut(&ip) {
+                a.candidates.retain(|c| c != me);
+            }
+        }
     }
 
     /// Applies `spec` unless it is already in place; returns whether the

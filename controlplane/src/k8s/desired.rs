@@ -724,6 +724,12 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
             Some((_, Err((_, m)))) => {
                 s.problem(reason::POOL_NOT_USABLE, format!("EgressIPPool {pool_name} cannot be used: {m}"))
             }
+            Some((info, Ok(_))) if s.per_node.is_some() && info.spec.cloud.is_some() => s.problem(
+                reason::POOL_NOT_USABLE,
+                format!(
+                    "EgressIPPool {pool_name} is a cloud pool: a PerNode policy's addresses have no Lease, so no gateway would move them to its interface; use a pool of addresses"
+                ),
+            ),
             Some((_, Ok(_))) if s.per_node.is_some() => {}
             Some((info, Ok(pool))) => {
                 if let Some(ips) = recorded.get(&(pool_name.as_str(), name.as_str())) {
@@ -1139,6 +1145,22 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         out.policy_status.insert(p.name.clone(), st);
     }
 
+    // Cloud pools' recorded private addresses (pool, subnet, address), and
+    // those the pools paired so far in this pass (subnet, address).
+    let cloud_recorded: Vec<(&str, String, IpAddr)> = pools
+        .iter()
+        .filter_map(|(name, (info, _))| {
+            let sel = cloud_spec(info.spec.cloud.as_ref()?, &info.spec.addresses).ok()?.0;
+            Some(
+                info.status
+                    .iter()
+                    .flat_map(|s| s.cloud_addresses.iter())
+                    .filter_map(move |a| Some((*name, sel.subnet_id.clone(), a.private_ip.parse().ok()?))),
+            )
+        })
+        .flatten()
+        .collect();
+    let mut cloud_proposed: Vec<(String, IpAddr)> = Vec::new();
     // Status of every pool.
     for (name, (info, parsed)) in &pools {
         let prev = info.status.as_ref().map(|st| st.conditions.as_slice()).unwrap_or(&[]);
@@ -1187,8 +1209,23 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
                     reason::CLOUD_API_ERROR,
                     format!("{e}; the recorded pairing ({} addresses) stays in use", recorded.len()),
                 ),
-                (Ok((_, allowed)), Some(Ok(found))) => {
-                    let pairing = crate::cloud::pairing::pair(recorded, found, Some(&allowed));
+                (Ok((sel, allowed)), Some(Ok(found))) => {
+                    // Pools of one subnet share its addresses: those paired
+                    // before this one in this pass count as proposed, the
+                    // later ones by their records.
+                    let others: BTreeSet<IpAddr> = cloud_recorded
+                        .iter()
+                        .filter(|(pool, subnet, _)| pool > name && *subnet == sel.subnet_id)
+                        .map(|(_, _, ip)| *ip)
+                        .chain(cloud_proposed.iter().filter(|(s, _)| *s == sel.subnet_id).map(|(_, ip)| *ip))
+                        .collect();
+                    let pairing = crate::cloud::pairing::pair(recorded, found, Some(&allowed), &others);
+                    cloud_proposed.extend(
+                        pairing
+                            .addresses
+                            .iter()
+                            .filter_map(|a| Some((sel.subnet_id.clone(), a.private_ip.parse().ok()?))),
+                    );
                     st.cloud_addresses = pairing.addresses;
                     if pairing.unpaired.is_empty() {
                         synced(true, reason::VALID, format!("{} public addresses paired", st.cloud_addresses.len()))
@@ -1787,6 +1824,47 @@ mod tests {
             (ready.reason.as_str(), ready.message.as_str()),
             (reason::NO_CLOUD_ADDRESSES, "no Elastic IP carries the tags egret.dev/pool=prod")
         );
+    }
+
+    #[test]
+    fn two_cloud_pools_of_one_subnet_never_pair_the_same_private_address() {
+        use crate::cloud::{Discovered, PublicAddress};
+        let mut obs = cluster();
+        for (name, tag) in [("a", "x"), ("b", "y")] {
+            obs.pools.push(PoolInfo {
+                name: name.into(),
+                generation: Some(1),
+                spec: EgressIPPoolSpec {
+                    cloud: Some(aws_pool(&[("egret.dev/pool", tag)], "subnet-0a1b")),
+                    ..Default::default()
+                },
+                status: None,
+            });
+            let public = PublicAddress {
+                public_ip: ip(if name == "a" { "192.0.2.201" } else { "192.0.2.202" }),
+                allocation_id: format!("eipalloc-{name}"),
+                private_ip: None,
+                interface_id: None,
+            };
+            obs.cloud.insert(
+                name.into(),
+                Ok(Discovered {
+                    public: vec![public],
+                    subnet_cidr: "203.0.113.0/24".parse().unwrap(),
+                    used: [].into(),
+                }),
+            );
+        }
+        let d = desired(&obs, &local(), t(10));
+        let private = |p: &str| d.pool_status[p].cloud_addresses[0].private_ip.clone();
+        assert_eq!((private("a").as_str(), private("b").as_str()), ("203.0.113.4", "203.0.113.5"));
+        // Recorded: both stay.
+        for p in &mut obs.pools {
+            p.status = Some(d.pool_status[&p.name].clone());
+        }
+        let d2 = desired(&obs, &local(), t(11));
+        assert_eq!(d2.pool_status["a"].cloud_addresses, d.pool_status["a"].cloud_addresses);
+        assert_eq!(d2.pool_status["b"].cloud_addresses, d.pool_status["b"].cloud_addresses);
     }
 
     fn service(ns: &str, name: &str, ports: &[u16], ingress: &[&str]) -> ServiceInfo {
