@@ -16,6 +16,7 @@
 //! - [`task`]: the gateway's side: discovery, and moving each address with
 //!   its Lease (assign before translating, release when it is given up).
 
+#[cfg(feature = "aws")]
 pub mod aws;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -176,6 +177,56 @@ pub fn targets(pools: &[crate::k8s::desired::PoolInfo]) -> BTreeMap<IpAddr, task
 /// The providers a gateway can use: AWS, made on first use (credentials,
 /// region and endpoint from the SDK's standard chain, so `AWS_REGION`,
 /// `AWS_ENDPOINT_URL_EC2` and the instance profile or IRSA all work).
+#[cfg(feature = "aws")]
 pub fn providers() -> task::Factory {
     Box::new(|| Box::pin(async { Arc::new(aws::AwsCloud::load(None, None).await) as Arc<dyn Cloud> }))
+}
+
+/// A build without the `aws` feature (the fuzz targets): every call fails
+/// for good, naming the missing feature.
+#[cfg(not(feature = "aws"))]
+pub fn providers() -> task::Factory {
+    Box::new(|| Box::pin(async { Arc::new(NoProvider) as Arc<dyn Cloud> }))
+}
+
+#[cfg(not(feature = "aws"))]
+#[derive(Debug)]
+struct NoProvider;
+
+#[cfg(not(feature = "aws"))]
+impl NoProvider {
+    fn refuse<T: Send + 'static>(operation: &'static str) -> BoxFuture<'static, Result<T, CloudError>> {
+        Box::pin(async move {
+            Err(CloudError {
+                operation,
+                code: "NotBuilt".into(),
+                message: "this egret was built without the `aws` feature".into(),
+                retryable: false,
+            })
+        })
+    }
+}
+
+#[cfg(not(feature = "aws"))]
+impl Cloud for NoProvider {
+    fn name(&self) -> &'static str {
+        "none"
+    }
+    fn discover<'a>(&'a self, _: &'a PoolSelector) -> BoxFuture<'a, Result<Discovered, CloudError>> {
+        Self::refuse("discover")
+    }
+    fn interface<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
+        Self::refuse("interface")
+    }
+    fn assign<'a>(
+        &'a self,
+        _: &'a str,
+        _: IpAddr,
+        _: Option<&'a PublicAddress>,
+    ) -> BoxFuture<'a, Result<(), CloudError>> {
+        Self::refuse("assign")
+    }
+    fn release<'a>(&'a self, _: &'a str, _: IpAddr) -> BoxFuture<'a, Result<(), CloudError>> {
+        Self::refuse("release")
+    }
 }
