@@ -47,7 +47,7 @@ use aws_sdk_ec2::types::{AttributeBooleanValue, Tag};
 use egret_controlplane::k8s::crd::EgressIPPool;
 use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture};
-use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
+use egret_tests::gateway::Gateway;
 use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL};
 use egret_tests::moto::Moto;
 use egret_tests::netns::NetNs;
@@ -230,16 +230,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     write_ha_key(&key);
     let mut gws = BTreeMap::new();
     for g in Gw::PAIR {
-        let mut cfg = GatewayConfig::kubernetes(
-            &K8sLab::gateway_interfaces(),
-            KubernetesSection {
-                node_name: g.node_name().into(),
-                kubeconfig: kubeconfig.clone(),
-                timing: None,
-                cluster_pod_cidrs: vec![],
-                extra: ha_section(lab, g, &key, 4720),
-            },
-        );
+        let mut cfg = lab_gateway_config(g, &kubeconfig, ha_section(lab, g, &key, 4720));
         cfg.env = moto.gateway_env();
         gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
     }

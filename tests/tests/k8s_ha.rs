@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use egret_tests::apiserver::ApiServer;
 use egret_tests::frames::RawLink;
-use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
+use egret_tests::gateway::Gateway;
 use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL, UPSTREAM};
 use egret_tests::load::{ArpWatch, Load, Outage};
 use egret_tests::netns::NetNs;
@@ -196,16 +196,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     let ha_block = |g: Gw| if ha { ha_section(lab, g, &key, HA_PORT) } else { String::new() };
     let mut gws = BTreeMap::new();
     for g in Gw::ALL {
-        let mut cfg = GatewayConfig::kubernetes(
-            &K8sLab::gateway_interfaces(),
-            KubernetesSection {
-                node_name: g.node_name().into(),
-                kubeconfig: kubeconfig.clone(),
-                timing: None,
-                cluster_pod_cidrs: vec![],
-                extra: ha_block(g),
-            },
-        );
+        let mut cfg = lab_gateway_config(g, &kubeconfig, ha_block(g));
         // Endpoint-independent filtering, for the inbound flow; inbound
         // datagrams refresh a UDP mapping (the flows here only receive, and
         // the longest outage, 600 s, is past the 300 s UDP timeout).

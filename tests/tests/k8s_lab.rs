@@ -42,7 +42,7 @@ use egret_controlplane::k8s::lease::lease_name;
 use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture, Frame};
 use egret_tests::client::{self, TcpSession};
-use egret_tests::gateway::{log_events, Gateway, GatewayConfig, KubernetesSection};
+use egret_tests::gateway::{log_events, Gateway};
 use egret_tests::k8slab::{Gw, K8sLab, KPod};
 use egret_tests::plan;
 use egret_tests::probe::{self, Attempt, Prober};
@@ -205,16 +205,7 @@ fn bring_up(lab: &K8sLab, server: &ApiServer) -> Ctx {
 
     let mut gws = Gateways { gws: Vec::new() };
     for g in Gw::PAIR {
-        let cfg = GatewayConfig::kubernetes(
-            &K8sLab::gateway_interfaces(),
-            KubernetesSection {
-                node_name: g.node_name().into(),
-                kubeconfig: kubeconfig.clone(),
-                timing: None,
-                cluster_pod_cidrs: vec![],
-                extra: String::new(),
-            },
-        );
+        let cfg = lab_gateway_config(g, &kubeconfig, String::new());
         let gw = Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret");
         gws.gws.push((g, gw));
     }

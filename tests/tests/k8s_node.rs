@@ -44,7 +44,7 @@ use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture};
 use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
 use egret_tests::nodelab::{
-    Agent, Backend, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6, CONTROL, SERVICE_CIDR, VXLAN_DEVICE,
+    Agent, Backend, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6, VXLAN_DEVICE,
 };
 use egret_tests::probe::{self, Prober};
 use k8s_common::*;
@@ -84,21 +84,13 @@ fn k8s_node_agent_over_a_vxlan_overlay() {
 /// Builds the lab over `backend` and its API server, runs `scenario` in the
 /// control namespace, stops everything. One lab at a time (two cores).
 fn run_in_lab(name: &str, backend: Backend, scenario: fn(&NodeLab, &ApiServer)) {
-    static ONE_LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    match ApiServer::lab_available_or_skip(name) {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => panic!("{e}"),
-    }
-    let _one = ONE_LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let t0 = Instant::now();
-    let lab = NodeLab::build_with(&NodeLab::test_prefix(), backend).expect("build the worker-node lab");
-    let server = ApiServer::start_in(lab.control().name(), IpAddr::V4(CONTROL), SERVICE_CIDR)
-        .expect("kube-apiserver in the lab");
-    println!("k8s-node: lab and API server up after {} ms", ms(t0.elapsed()));
-    lab.control().run_in(|| scenario(&lab, &server)).expect("enter the control namespace");
-    server.stop().expect("stop the API server");
-    println!("k8s-node: {name}: {} ms", ms(t0.elapsed()));
+    run_in_a_lab(
+        "k8s-node",
+        name,
+        || NodeLab::build_with(&NodeLab::test_prefix(), backend).expect("build the worker-node lab"),
+        NodeLab::control,
+        scenario,
+    );
 }
 
 /// Retries new connections from pod `name` until the server sees `want`;

@@ -170,18 +170,20 @@ pub fn with_api_server(
     server.stop().expect("stop");
 }
 
-/// Runs `scenario` in a Kubernetes lab of `gateways` (a real API server in
-/// the lab's control namespace, entered for the scenario), one lab at a
-/// time per test binary: each lab's scenarios measure failovers that two
-/// labs sharing two cores would blur. `tag` prefixes the printed lines.
-pub fn run_in_k8s_lab(
+/// Runs `scenario` in a lab (built by `build`, a real API server in its
+/// control namespace, entered for the scenario), one lab at a time per test
+/// binary: each lab's scenarios measure failovers that two labs sharing two
+/// cores would blur. Skipped (or failed, with `EGRET_REQUIRE_APISERVER=1`)
+/// as the API server's harness says. `tag` prefixes the printed lines.
+pub fn run_in_a_lab<L: Sync>(
     tag: &str,
     name: &str,
-    gateways: &[egret_tests::k8slab::Gw],
-    scenario: impl FnOnce(&egret_tests::k8slab::K8sLab, &egret_tests::apiserver::ApiServer) + Send,
+    build: impl FnOnce() -> L,
+    control: impl Fn(&L) -> &egret_tests::netns::NetNs,
+    scenario: impl FnOnce(&L, &egret_tests::apiserver::ApiServer) + Send,
 ) {
     use egret_tests::apiserver::ApiServer;
-    use egret_tests::k8slab::{K8sLab, CONTROL, SERVICE_CIDR};
+    use egret_tests::k8slab::{CONTROL, SERVICE_CIDR};
     static ONE_LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
     match ApiServer::lab_available_or_skip(name) {
         Ok(true) => {}
@@ -191,13 +193,50 @@ pub fn run_in_k8s_lab(
     // A failed scenario poisons the lock; the next one still runs.
     let _one = ONE_LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let t0 = std::time::Instant::now();
-    let lab = K8sLab::build_with(&K8sLab::test_prefix(), gateways).expect("build the lab");
-    let server = ApiServer::start_in(lab.control().name(), IpAddr::V4(CONTROL), SERVICE_CIDR)
+    let lab = build();
+    let server = ApiServer::start_in(control(&lab).name(), IpAddr::V4(CONTROL), SERVICE_CIDR)
         .expect("kube-apiserver in the lab");
-    println!("{tag}: lab ({} gateways) and API server up after {} ms", gateways.len(), t0.elapsed().as_millis());
-    lab.control().run_in(|| scenario(&lab, &server)).expect("enter the control namespace");
+    println!("{tag}: lab and API server up after {} ms", t0.elapsed().as_millis());
+    control(&lab).run_in(|| scenario(&lab, &server)).expect("enter the control namespace");
     server.stop().expect("stop the API server");
     println!("{tag}: {name}: {} ms", t0.elapsed().as_millis());
+}
+
+/// [`run_in_a_lab`] for the Kubernetes lab of `gateways`.
+pub fn run_in_k8s_lab(
+    tag: &str,
+    name: &str,
+    gateways: &[egret_tests::k8slab::Gw],
+    scenario: impl FnOnce(&egret_tests::k8slab::K8sLab, &egret_tests::apiserver::ApiServer) + Send,
+) {
+    use egret_tests::k8slab::K8sLab;
+    run_in_a_lab(
+        tag,
+        name,
+        || K8sLab::build_with(&K8sLab::test_prefix(), gateways).expect("build the lab"),
+        K8sLab::control,
+        scenario,
+    );
+}
+
+/// Gateway `g` of the Kubernetes lab in Kubernetes mode with the default
+/// Lease timing, `extra` appended to its `kubernetes:` section.
+pub fn lab_gateway_config(
+    g: egret_tests::k8slab::Gw,
+    kubeconfig: &std::path::Path,
+    extra: String,
+) -> egret_tests::gateway::GatewayConfig {
+    use egret_tests::gateway::{GatewayConfig, KubernetesSection};
+    GatewayConfig::kubernetes(
+        &egret_tests::k8slab::K8sLab::gateway_interfaces(),
+        KubernetesSection {
+            node_name: g.node_name().into(),
+            kubeconfig: kubeconfig.to_path_buf(),
+            timing: None,
+            cluster_pod_cidrs: vec![],
+            extra,
+        },
+    )
 }
 
 /// The EgressPolicy `db` of the labs: pods labelled `app=db` in namespaces
