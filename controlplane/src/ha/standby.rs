@@ -12,11 +12,14 @@
 //!
 //! A full copy is paced over many ticks (`replicate.rs`): it is a snapshot
 //! of the holder's table when FullBegin was sent, and the incremental
-//! changes that follow it arrive interleaved with its chunks. So while a
-//! copy is being received, an incremental change applies to the shadow in
-//! use and to the copy, and the copy's own record of a session changed
-//! since (an older state, or a session removed since) is skipped: the
-//! change is newer than the snapshot.
+//! changes that follow it arrive interleaved with its chunks. A copy is
+//! received in place (mark and sweep, so a standby never holds a session
+//! twice: its memory bound counts sessions, not copies of them): FullBegin
+//! starts a new mark, every record of the copy and every incremental change
+//! marks its session, and FullEnd sweeps the sessions left unmarked (gone on
+//! the holder). A copy's record of a session already marked is skipped (an
+//! incremental change since the snapshot is newer), and so is one of a
+//! session removed since the copy began (a tombstone until its end).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
@@ -32,17 +35,28 @@ use super::messages::Message;
 /// not remove the newer one: `nat::sync`'s drain order).
 type Key = SessionKeyRecord;
 
-/// Sessions with the local time each arrived.
-type Sessions = HashMap<Key, (SessionRecord, Instant)>;
+/// One session: its record, the local time it arrived, and the mark of the
+/// copy (or change) that last confirmed it.
+#[derive(Debug)]
+struct Entry {
+    record: SessionRecord,
+    at: Instant,
+    mark: u32,
+}
+
+/// Sessions by key.
+type Sessions = HashMap<Key, Entry>;
 
 /// A full copy being received.
 #[derive(Debug)]
 struct Pending {
     epoch: u64,
-    sessions: Sessions,
-    /// Sessions changed incrementally since the copy began: its own
-    /// (older) records of them are skipped.
-    changed: HashSet<Key>,
+    /// The shadow's mark for this copy: sessions not carrying it at
+    /// FullEnd are swept.
+    mark: u32,
+    /// Sessions removed incrementally since the copy began: its own (older)
+    /// records of them are skipped.
+    removed: HashSet<Key>,
     /// Records of the copy received (kept, skipped or refused).
     received: u64,
     /// Records of the copy refused by the memory bound.
@@ -57,6 +71,8 @@ struct Shadow {
     pending: Option<Pending>,
     /// The last full copy that completed.
     complete: Option<u64>,
+    /// The mark of the copy being received (or of the last one).
+    mark: u32,
     updated: Instant,
 }
 
@@ -108,9 +124,10 @@ impl Standby {
         Standby { by_ip: BTreeMap::new(), max_sessions, max_shadows, held: 0, refused: 0, shadows_refused: 0 }
     }
 
+    /// Sessions held, and tombstones of copies being received.
     fn count(&mut self) {
         self.held =
-            self.by_ip.values().map(|s| s.sessions.len() + s.pending.as_ref().map_or(0, |p| p.sessions.len())).sum();
+            self.by_ip.values().map(|s| s.sessions.len() + s.pending.as_ref().map_or(0, |p| p.removed.len())).sum();
     }
 
     /// Takes in a message from `from`; returns the answer to send back, if any.
@@ -118,8 +135,8 @@ impl Standby {
         match msg {
             Message::FullBegin { ip, epoch } => {
                 let sh = self.shadow(ip, from, now)?;
-                sh.pending =
-                    Some(Pending { epoch, sessions: HashMap::new(), changed: HashSet::new(), received: 0, refused: 0 });
+                sh.mark = sh.mark.wrapping_add(1);
+                sh.pending = Some(Pending { epoch, mark: sh.mark, removed: HashSet::new(), received: 0, refused: 0 });
                 self.count();
                 None
             }
@@ -130,52 +147,59 @@ impl Standby {
                 // A record of another egress IP is a peer's bug: never
                 // installed under this one.
                 let upserts = upserts.into_iter().filter(|r| r.egress == ip);
-                let mut put = |t: &mut Sessions, r: SessionRecord| {
-                    let k = r.key();
-                    if t.contains_key(&k) || room > 0 {
-                        if !t.contains_key(&k) {
-                            room -= 1;
-                        }
-                        t.insert(k, (r, now));
+                let mark = sh.mark;
+                // Upserts `record`; a new session only if there is room.
+                let put = |t: &mut Sessions, room: &mut usize, record: SessionRecord| match t.get_mut(&record.key()) {
+                    Some(e) => {
+                        *e = Entry { record, at: now, mark };
                         true
-                    } else {
-                        false
                     }
+                    None if *room > 0 => {
+                        *room -= 1;
+                        t.insert(record.key(), Entry { record, at: now, mark });
+                        true
+                    }
+                    None => false,
                 };
                 if epoch == 0 {
-                    // Incremental: the shadow in use, and a copy being
-                    // received (newer than its snapshot).
+                    // Incremental: newer than any copy being received, so
+                    // it marks its session (kept at the copy's end, and the
+                    // copy's own record of it skipped).
                     for r in upserts {
-                        let k = r.key();
-                        let mut kept = put(&mut sh.sessions, r);
                         if let Some(p) = &mut sh.pending {
-                            p.changed.insert(k);
-                            kept &= put(&mut p.sessions, r);
+                            p.removed.remove(&r.key());
                         }
-                        if !kept {
+                        if !put(&mut sh.sessions, &mut room, r) {
                             refused += 1;
                         }
                     }
                     for k in removes {
                         sh.sessions.remove(&k);
                         if let Some(p) = &mut sh.pending {
-                            p.sessions.remove(&k);
-                            p.changed.insert(k);
+                            if room > 0 || p.removed.contains(&k) {
+                                room = room.saturating_sub(usize::from(p.removed.insert(k)));
+                            } else {
+                                // No room for the tombstone: the copy can
+                                // no longer be trusted to end right.
+                                p.refused += 1;
+                                refused += 1;
+                            }
                         }
                     }
                 } else if let Some(p) = sh.pending.as_mut().filter(|p| p.epoch == epoch) {
                     for r in upserts {
                         p.received += 1;
-                        if p.changed.contains(&r.key()) {
+                        let k = r.key();
+                        if p.removed.contains(&k) || sh.sessions.get(&k).is_some_and(|e| e.mark == p.mark) {
                             continue;
                         }
-                        if !put(&mut p.sessions, r) {
+                        if !put(&mut sh.sessions, &mut room, r) {
                             p.refused += 1;
                             refused += 1;
                         }
                     }
                     for k in removes {
-                        p.sessions.remove(&k);
+                        sh.sessions.remove(&k);
                     }
                 }
                 // Else a copy this standby did not see begin: ignored, the next one counts.
@@ -187,18 +211,21 @@ impl Standby {
             Message::FullEnd { ip, epoch, count } => {
                 let sh = self.shadow(ip, from, now)?;
                 let answer = match sh.pending.take() {
-                    Some(p) if p.epoch == epoch && p.received == count && p.refused == 0 => {
-                        sh.sessions = p.sessions;
-                        sh.complete = Some(epoch);
-                        Some(Message::SyncAck { ip, epoch })
-                    }
-                    // Incomplete (refused records, or a copy begun before a
-                    // reconnect): keep what is known, do not acknowledge; the
-                    // holder sends the next copy on its period.
                     Some(p) if p.epoch == epoch => {
-                        sh.sessions = p.sessions;
-                        sh.complete = None;
-                        None
+                        // Sessions neither in the copy nor changed since it
+                        // began are gone on the holder.
+                        sh.sessions.retain(|_, e| e.mark == p.mark);
+                        if p.received == count && p.refused == 0 {
+                            sh.complete = Some(epoch);
+                            Some(Message::SyncAck { ip, epoch })
+                        } else {
+                            // Incomplete (refused records, or a copy begun
+                            // before a reconnect): keep what is known, do not
+                            // acknowledge; the holder sends the next copy on
+                            // its period.
+                            sh.complete = None;
+                            None
+                        }
                     }
                     other => {
                         sh.pending = other;
@@ -233,6 +260,7 @@ impl Standby {
             sessions: HashMap::new(),
             pending: None,
             complete: None,
+            mark: 0,
             updated: now,
         };
         let sh = self.by_ip.entry(ip).or_insert_with(fresh);
@@ -250,10 +278,10 @@ impl Standby {
         let records = sh
             .sessions
             .into_values()
-            .map(|(mut r, at)| {
+            .map(|Entry { mut record, at, .. }| {
                 let waited = u32::try_from(now.saturating_duration_since(at).as_secs()).unwrap_or(u32::MAX);
-                r.idle_secs = r.idle_secs.saturating_add(waited);
-                r
+                record.idle_secs = record.idle_secs.saturating_add(waited);
+                record
             })
             .collect();
         Some((sh.holder, records))
@@ -369,6 +397,41 @@ mod tests {
         );
         assert_eq!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 1, count: 3 }, t0), None);
         assert_eq!((s.sessions(), s.refused), (2, 1));
+    }
+
+    /// Review finding 7: a copy was received beside the shadow it replaces,
+    /// so the memory bound counted every session twice and a standby whose
+    /// bound fit the holder's table once never acknowledged a second copy.
+    #[test]
+    fn a_copy_is_received_in_place_so_a_bound_that_fits_the_table_fits_every_copy() {
+        let t0 = Instant::now();
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let mut s = Standby::new(3);
+        for epoch in 1..=3u64 {
+            s.on_message("gw-1", Message::FullBegin { ip, epoch }, t0);
+            // Mid-copy the standby holds each session once.
+            s.on_message("gw-1", Message::Sessions { ip, epoch, upserts: vec![rec(1, 0)], removes: vec![] }, t0);
+            assert_eq!(s.sessions(), if epoch == 1 { 1 } else { 3 });
+            let rest = Message::Sessions { ip, epoch, upserts: vec![rec(2, 0), rec(3, 0)], removes: vec![] };
+            s.on_message("gw-1", rest, t0);
+            let ack = s.on_message("gw-1", Message::FullEnd { ip, epoch, count: 3 }, t0);
+            assert_eq!(ack, Some(Message::SyncAck { ip, epoch }), "copy {epoch}");
+            assert_eq!((s.sessions(), s.refused), (3, 0));
+        }
+        // A copy of a table that turned over needs room for old and new
+        // until its end: refused, unacknowledged, and the next one fits.
+        s.on_message("gw-1", Message::FullBegin { ip, epoch: 4 }, t0);
+        let new = Message::Sessions { ip, epoch: 4, upserts: (4..=6).map(|p| rec(p, 0)).collect(), removes: vec![] };
+        s.on_message("gw-1", new, t0);
+        assert_eq!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 4, count: 3 }, t0), None);
+        assert_eq!(s.sessions(), 0, "what the copy could not hold is swept with the old sessions");
+        s.on_message("gw-1", Message::FullBegin { ip, epoch: 5 }, t0);
+        let new = Message::Sessions { ip, epoch: 5, upserts: (4..=6).map(|p| rec(p, 0)).collect(), removes: vec![] };
+        s.on_message("gw-1", new, t0);
+        assert!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 5, count: 3 }, t0).is_some());
+        let (_, mut got) = s.take(ip, t0).unwrap();
+        got.sort_by_key(|r| r.pod_port);
+        assert_eq!(got, (4..=6).map(|p| rec(p, 0)).collect::<Vec<_>>());
     }
 
     /// A paced copy is a snapshot older than the incremental changes that
