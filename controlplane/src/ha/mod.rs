@@ -645,8 +645,13 @@ impl Task {
 
     fn on_tick(&mut self) {
         let now = Instant::now();
+        // The journal first, with the replicas as they were: changes made
+        // while an IP was still held reach its standby even when this tick
+        // sees the IP gone (review finding 9; its removals are not sent,
+        // see `Replicator::incremental`).
+        let journal = self.sessions.as_ref().map(|store| (store.drain(DRAIN_MAX), store.overflows()));
         // Each held IP replicates to its most preferred connected candidate.
-        let drops = {
+        let (drops, msgs) = {
             let mut st = self.state.lock();
             let standbys: BTreeMap<IpAddr, Option<String>> = st
                 .view
@@ -654,32 +659,34 @@ impl Task {
                 .iter()
                 .map(|(ip, others)| (*ip, others.iter().find(|p| st.up.contains(*p)).cloned()))
                 .collect();
-            st.replicator.set_standbys(&standbys)
-        };
-        for (peer, m) in drops {
-            self.send(&peer, &m);
-        }
-        // Session sync: the journal, then any due full copy.
-        if let Some(store) = &self.sessions {
-            let events = store.drain(DRAIN_MAX);
-            let overflows = store.overflows();
-            let (msgs, due) = {
-                let mut st = self.state.lock();
+            let mut msgs = Vec::new();
+            if let Some((events, overflows)) = journal {
                 if overflows != st.overflows_seen {
                     st.overflows_seen = overflows;
                     st.replicator.resync_all();
                 }
-                let msgs = st.replicator.incremental(events);
-                let up = st.up.clone();
-                let due: Vec<_> = st.replicator.due_full(now).into_iter().filter(|(_, s, _)| up.contains(s)).collect();
-                (msgs, due)
-            };
-            let mut failed = BTreeSet::new();
-            for (peer, m) in msgs {
-                if !failed.contains(&peer) && !self.send(&peer, &m) {
-                    failed.insert(peer);
-                }
+                msgs = st.replicator.incremental(events, &standbys);
             }
+            (st.replicator.set_standbys(&standbys), msgs)
+        };
+        // The changes before the DropShadow of a replaced standby (else
+        // they would make it a new shadow).
+        let mut failed = BTreeSet::new();
+        for (peer, m) in msgs {
+            if !failed.contains(&peer) && !self.send(&peer, &m) {
+                failed.insert(peer);
+            }
+        }
+        for (peer, m) in drops {
+            self.send(&peer, &m);
+        }
+        // Then any due full copy.
+        if let Some(store) = &self.sessions {
+            let due: Vec<_> = {
+                let mut st = self.state.lock();
+                let up = st.up.clone();
+                st.replicator.due_full(now).into_iter().filter(|(_, s, _)| up.contains(s)).collect()
+            };
             // A due copy starts with a snapshot; every tick sends what the
             // peers' queues take of the copies in progress (replicate.rs).
             for (ip, _standby, epoch) in due {

@@ -270,15 +270,24 @@ impl Replicator {
 
     /// Routes journal events to the standbys of their egress IPs, batched;
     /// events of IPs without a standby are dropped (their full copy covers
-    /// them once one appears).
-    pub fn incremental(&mut self, events: Vec<SyncEvent>) -> Vec<(String, Message)> {
+    /// them once one appears). `held`: the IPs held from now on (the next
+    /// [`Replicator::set_standbys`]); an IP no longer in it still gets the
+    /// sessions created or changed before it left (its standby keeps its
+    /// shadow for the next holder), but not its removals: those may be this
+    /// gateway's own sessions invalidated because it gave the IP up, which
+    /// the next holder must keep.
+    pub fn incremental(
+        &mut self,
+        events: Vec<SyncEvent>,
+        held: &BTreeMap<IpAddr, Option<String>>,
+    ) -> Vec<(String, Message)> {
         let mut per_ip: BTreeMap<IpAddr, (Vec<SessionRecord>, Vec<_>)> = BTreeMap::new();
         for e in events {
             match e {
                 SyncEvent::Upsert(r) if self.by_ip.contains_key(&r.egress) => {
                     per_ip.entry(r.egress).or_default().0.push(r)
                 }
-                SyncEvent::Remove(k) if self.by_ip.contains_key(&k.egress) => {
+                SyncEvent::Remove(k) if self.by_ip.contains_key(&k.egress) && held.contains_key(&k.egress) => {
                     per_ip.entry(k.egress).or_default().1.push(k)
                 }
                 _ => {}
@@ -436,6 +445,34 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds, vec![(x, "begin"), (x, "chunk"), (y, "begin")]);
+    }
+
+    /// Review finding 9: the changes journaled in the tick an IP leaves
+    /// were dropped with its replica. Its new and changed sessions still
+    /// reach the standby; its removals (possibly its own sessions
+    /// invalidated by the release) do not.
+    #[test]
+    fn the_last_changes_of_an_ip_that_leaves_reach_its_standby_without_its_removals() {
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let mut r = Replicator::new(Duration::from_secs(30));
+        let held: BTreeMap<IpAddr, Option<String>> = [(ip, Some("gw-2".to_string()))].into();
+        r.set_standbys(&held);
+        let events = || vec![SyncEvent::Upsert(rec(1)), SyncEvent::Remove(rec(2).key())];
+        let sent = |out: Vec<(String, Message)>| -> Vec<(String, usize, usize)> {
+            out.into_iter()
+                .map(|(peer, m)| match m {
+                    Message::Sessions { epoch: 0, upserts, removes, .. } => (peer, upserts.len(), removes.len()),
+                    m => panic!("{m:?}"),
+                })
+                .collect()
+        };
+        // Still held: both.
+        assert_eq!(sent(r.incremental(events(), &held)), vec![("gw-2".to_string(), 1, 1)]);
+        // Leaving in this tick: the upsert only.
+        assert_eq!(sent(r.incremental(events(), &BTreeMap::new())), vec![("gw-2".to_string(), 1, 0)]);
+        // Gone: nothing.
+        r.set_standbys(&BTreeMap::new());
+        assert!(r.incremental(events(), &BTreeMap::new()).is_empty());
     }
 
     /// Found by the lab's drain: the holder gave the IP up, told its standby
