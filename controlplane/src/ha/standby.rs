@@ -105,7 +105,8 @@ pub struct Standby {
     /// Bound on the number of shadows (IPs).
     max_shadows: usize,
     held: usize,
-    /// Records refused because the bound was reached.
+    /// Records (and removals during a copy, which need a tombstone)
+    /// refused because the bound was reached.
     pub refused: u64,
     /// Messages about a new IP dropped because `max_shadows` IPs have one.
     pub shadows_refused: u64,
@@ -166,18 +167,27 @@ impl Standby {
                     // it marks its session (kept at the copy's end, and the
                     // copy's own record of it skipped).
                     for r in upserts {
-                        if let Some(p) = &mut sh.pending {
-                            p.removed.remove(&r.key());
-                        }
+                        // A session back since its removal: its tombstone's
+                        // room is the session's.
+                        room += usize::from(sh.pending.as_mut().is_some_and(|p| p.removed.remove(&r.key())));
                         if !put(&mut sh.sessions, &mut room, r) {
                             refused += 1;
+                            // The copy would end without it: not complete.
+                            if let Some(p) = &mut sh.pending {
+                                p.refused += 1;
+                            }
                         }
                     }
                     for k in removes {
-                        sh.sessions.remove(&k);
+                        // A removed session's room is its tombstone's.
+                        room += usize::from(sh.sessions.remove(&k).is_some());
                         if let Some(p) = &mut sh.pending {
-                            if room > 0 || p.removed.contains(&k) {
-                                room = room.saturating_sub(usize::from(p.removed.insert(k)));
+                            if p.removed.contains(&k) {
+                                continue;
+                            }
+                            if room > 0 {
+                                room -= 1;
+                                p.removed.insert(k);
                             } else {
                                 // No room for the tombstone: the copy can
                                 // no longer be trusted to end right.
@@ -304,7 +314,8 @@ impl Standby {
         }
     }
 
-    /// Sessions held in all shadows.
+    /// Sessions held in all shadows, with the tombstones of copies being
+    /// received (what the memory bound counts).
     pub fn sessions(&self) -> usize {
         self.held
     }
@@ -432,6 +443,50 @@ mod tests {
         let (_, mut got) = s.take(ip, t0).unwrap();
         got.sort_by_key(|r| r.pod_port);
         assert_eq!(got, (4..=6).map(|p| rec(p, 0)).collect::<Vec<_>>());
+    }
+
+    /// The review of finding 7's fix: at the bound, a removal during a copy
+    /// must free its session's room for its tombstone (else no copy is
+    /// ever acknowledged under churn), and an incremental change refused
+    /// during a copy must keep that copy from being acknowledged (else the
+    /// standby claims a table it lacks a session of).
+    #[test]
+    fn at_the_bound_removals_make_room_and_a_refused_change_spoils_the_copy() {
+        let t0 = Instant::now();
+        let ip: IpAddr = "198.51.100.10".parse().unwrap();
+        let copy = |s: &mut Standby, epoch: u64, ports: &[u16], mid: Option<Message>| {
+            s.on_message("gw-1", Message::FullBegin { ip, epoch }, t0);
+            if let Some(m) = mid {
+                s.on_message("gw-1", m, t0);
+            }
+            let upserts = ports.iter().map(|p| rec(*p, 0)).collect();
+            s.on_message("gw-1", Message::Sessions { ip, epoch, upserts, removes: vec![] }, t0);
+            s.on_message("gw-1", Message::FullEnd { ip, epoch, count: ports.len() as u64 }, t0)
+        };
+        let mut s = Standby::new(3);
+        assert!(copy(&mut s, 1, &[1, 2, 3], None).is_some());
+        // Port 1 closes during copy 2, whose snapshot still has it.
+        let close = Message::Sessions { ip, epoch: 0, upserts: vec![], removes: vec![rec(1, 0).key()] };
+        assert!(copy(&mut s, 2, &[1, 2, 3], Some(close)).is_some(), "the tombstone takes port 1's room");
+        let (_, got) = s.take(ip, t0).unwrap();
+        assert_eq!(got.len(), 2, "port 1 is not resurrected by the copy: {got:?}");
+        assert_eq!(s.refused, 0);
+
+        let mut s = Standby::new(4);
+        assert!(copy(&mut s, 1, &[1, 2, 3], None).is_some());
+        // During copy 2: port 1 closes (a tombstone), 4 and 5 open; 5 finds no room.
+        let churn = Message::Sessions { ip, epoch: 0, upserts: vec![rec(4, 0), rec(5, 0)], removes: vec![] };
+        s.on_message("gw-1", Message::FullBegin { ip, epoch: 2 }, t0);
+        s.on_message("gw-1", Message::Sessions { ip, epoch: 0, upserts: vec![], removes: vec![rec(1, 0).key()] }, t0);
+        s.on_message("gw-1", churn, t0);
+        s.on_message(
+            "gw-1",
+            Message::Sessions { ip, epoch: 2, upserts: (1..=3).map(|p| rec(p, 0)).collect(), removes: vec![] },
+            t0,
+        );
+        assert_eq!(s.on_message("gw-1", Message::FullEnd { ip, epoch: 2, count: 3 }, t0), None, "port 5 is missing");
+        assert_eq!(s.refused, 1);
+        assert!(!s.status(t0)[0].in_sync);
     }
 
     /// A paced copy is a snapshot older than the incremental changes that
