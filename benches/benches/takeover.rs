@@ -8,9 +8,11 @@
 //!
 //! `cargo bench -p egret-benches --bench takeover --locked`: a holder
 //! engine with N IPv4 UDP sessions over 64 egress IPs (N = 600,000; set
-//! `EGRET_BENCH_SESSIONS`), exported, then imported into a fresh engine of
-//! the same configuration, `EGRET_BENCH_ROUNDS` times (default 5) for each
-//! mapping behaviour, alternating; prints each round and the medians.
+//! `EGRET_BENCH_SESSIONS`), exported, then imported into fresh engines of
+//! the same configuration on one thread and as `Engine::import_sessions`
+//! does (split over the cores), `EGRET_BENCH_ROUNDS` times (default 5) for
+//! each mapping behaviour, in a rotating order; prints each round, the
+//! medians and the median ratio (split / one thread).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -41,15 +43,19 @@ fn export(n: u64, mapping: MappingBehavior) -> (Vec<SessionRecord>, Duration) {
     (records, took)
 }
 
-/// Imports `records` into a fresh engine: the time, and a check that every
-/// record was installed.
-fn import(records: &[SessionRecord], mapping: MappingBehavior) -> Duration {
+/// Imports `records` into a fresh engine on `threads` threads (None: as
+/// `Engine::import_sessions` does): the time, and a check that every record
+/// was installed.
+fn import(records: &[SessionRecord], mapping: MappingBehavior, threads: Option<usize>) -> Duration {
     let n = records.len();
     let engine = Engine::new(&common::spec((n + n / 8).max(1024), mapping)).unwrap();
     engine.publish_fib(fixtures::topology());
     let tables = engine.tables();
     let t = Instant::now();
-    let report = engine.import_sessions(records, &tables, 0);
+    let report = match threads {
+        Some(k) => engine.import_sessions_on(records, &tables, 0, k),
+        None => engine.import_sessions(records, &tables, 0),
+    };
     let took = t.elapsed();
     assert_eq!(report.installed, n as u64, "{report:?}");
     took
@@ -63,33 +69,49 @@ fn median(v: &mut [f64]) -> f64 {
 fn main() {
     let n = env("EGRET_BENCH_SESSIONS", 600_000);
     let rounds = env("EGRET_BENCH_ROUNDS", 5);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let modes = [
         ("endpoint-independent", MappingBehavior::EndpointIndependent),
         ("endpoint-dependent", MappingBehavior::EndpointDependent),
     ];
+    // Per mode: export ms, import ms on one thread, import ms split, ratio.
     let mut exports = [Vec::new(), Vec::new()];
-    let mut imports = [Vec::new(), Vec::new()];
+    let mut single = [Vec::new(), Vec::new()];
+    let mut split = [Vec::new(), Vec::new()];
+    let mut ratios = [Vec::new(), Vec::new()];
     for round in 0..rounds {
-        // Alternate which behaviour goes first.
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for m in order {
             let (name, mapping) = modes[m];
             let (records, exported) = export(n, mapping);
-            let imported = import(&records, mapping);
+            // Which import goes first rotates too.
+            let (one, many) = if round % 2 == 0 {
+                let one = import(&records, mapping, Some(1));
+                (one, import(&records, mapping, None))
+            } else {
+                let many = import(&records, mapping, None);
+                (import(&records, mapping, Some(1)), many)
+            };
             println!(
-                "round {round} {name}: {n} sessions exported in {exported:?} ({:.2} M/s), imported in {imported:?} ({:.2} M/s)",
-                n as f64 / exported.as_secs_f64() / 1e6,
-                n as f64 / imported.as_secs_f64() / 1e6
+                "round {round} {name}: {n} sessions exported in {exported:?}; imported on one thread in {one:?} \
+                 ({:.2} M/s), split over {cores} cores in {many:?} ({:.2} M/s)",
+                n as f64 / one.as_secs_f64() / 1e6,
+                n as f64 / many.as_secs_f64() / 1e6
             );
             exports[m].push(exported.as_secs_f64() * 1e3);
-            imports[m].push(imported.as_secs_f64() * 1e3);
+            single[m].push(one.as_secs_f64() * 1e3);
+            split[m].push(many.as_secs_f64() * 1e3);
+            ratios[m].push(many.as_secs_f64() / one.as_secs_f64());
         }
     }
     for (m, (name, _)) in modes.iter().enumerate() {
         println!(
-            "median {name}: export {:.1} ms, import {:.1} ms ({n} sessions, {rounds} rounds)",
+            "median {name}: export {:.1} ms, import one thread {:.1} ms, split {:.1} ms, ratio split/one {:.3} \
+             ({n} sessions, {rounds} rounds, {cores} cores)",
             median(&mut exports[m]),
-            median(&mut imports[m])
+            median(&mut single[m]),
+            median(&mut split[m]),
+            median(&mut ratios[m])
         );
     }
 }

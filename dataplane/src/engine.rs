@@ -198,6 +198,14 @@ struct Shared {
     neighbor_use: Arc<NeighborUse>,
 }
 
+/// Records below which a take-over's import stays on one thread (spawning
+/// costs more than it saves).
+pub const IMPORT_PARALLEL_MIN: usize = 16_384;
+
+/// Threads an import uses at most (the workers' cores are busy with traffic
+/// meanwhile; docs/benchmarks.md, "Take-over").
+pub const IMPORT_THREADS_MAX: usize = 8;
+
 /// The state every worker shares. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -417,8 +425,57 @@ impl Engine {
 
     /// Installs sessions a standby received for an egress IP it takes over,
     /// checked against `tables` (the snapshot just published that holds the
-    /// IP; see [`NatTable::import`]), at `now` (engine seconds).
+    /// IP; see [`NatTable::import`]), at `now` (engine seconds). The IP is
+    /// announced only after this returns, so its time adds to a failover: a
+    /// large import is split over the machine's cores
+    /// ([`Engine::import_sessions_on`]).
     pub fn import_sessions(&self, records: &[SessionRecord], tables: &Tables, now: u32) -> ImportReport {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        self.import_sessions_on(records, tables, now, cores.min(IMPORT_THREADS_MAX))
+    }
+
+    /// [`Engine::import_sessions`] on at most `threads` threads (one when
+    /// there are fewer than [`IMPORT_PARALLEL_MIN`] records). The tables
+    /// are concurrent (workers create sessions while an import runs), so
+    /// chunks of one import do not need an order: two records of one
+    /// endpoint-independent mapping meet in `claim_exact`, which holds the
+    /// mapping's index entry. A thread that cannot be started leaves its
+    /// chunk to the caller's thread.
+    pub fn import_sessions_on(
+        &self,
+        records: &[SessionRecord],
+        tables: &Tables,
+        now: u32,
+        threads: usize,
+    ) -> ImportReport {
+        let threads = threads.max(1);
+        if threads == 1 || records.len() < IMPORT_PARALLEL_MIN {
+            return self.import_chunk(records, tables, now);
+        }
+        let chunk = records.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let mut report = ImportReport::default();
+            let mut running = Vec::new();
+            for part in records.chunks(chunk) {
+                match std::thread::Builder::new()
+                    .name("egret-import".into())
+                    .spawn_scoped(s, move || self.import_chunk(part, tables, now))
+                {
+                    Ok(h) => running.push(h),
+                    Err(_) => report.add(&self.import_chunk(part, tables, now)),
+                }
+            }
+            for h in running {
+                match h.join() {
+                    Ok(r) => report.add(&r),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            report
+        })
+    }
+
+    fn import_chunk(&self, records: &[SessionRecord], tables: &Tables, now: u32) -> ImportReport {
         let d4 = |t: &SessionTuple<Ipv4Addr>| rewrite::outbound_deltas(t);
         let d6 = |t: &SessionTuple<Ipv6Addr>| rewrite::outbound_deltas(t);
         let mut report = self.shared.nat4.import(records.iter().filter(|r| r.egress.is_ipv4()), tables, now, &d4);
