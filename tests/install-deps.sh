@@ -31,22 +31,12 @@ if ((${#TOOL_PACKAGES[@]} == 0)); then
 fi
 PACKAGES=("${BUILD_PACKAGES[@]}" "${TOOL_PACKAGES[@]}")
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-
-if ((${#missing[@]})); then
-  echo "install-deps: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get install -y --no-install-recommends "${missing[@]}"; then
-    apt-get update
-    apt-get install -y --no-install-recommends "${missing[@]}"
-  fi
-else
+# shellcheck source=packages.sh
+source "$here/packages.sh"
+if egret_ensure_pkgs "${PACKAGES[@]}"; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
+else
+  exit 1
 fi
 
 # moto's EC2 API emulator for the AWS provider's tests (tests/moto/install.sh:

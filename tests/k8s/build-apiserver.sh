@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver (and kubectl) 1.20.2 for Egret's integration tests from Debian
+# Builds kube-apiserver, kube-proxy (and kubectl) 1.20.2 for Egret's integration tests from Debian
 # bookworm's `kubernetes` source package (which vendors all Go dependencies) with
 # Debian's Go 1.19, and caches them outside the clone:
 #
-#   ${EGRET_CACHE:-/var/cache/egret}/kube-apiserver-1.20.2/{kube-apiserver,kubectl,inputs,build-times}
+#   ${EGRET_CACHE:-/var/cache/egret}/kube-apiserver-1.20.2/{kube-apiserver,kube-proxy,kubectl,inputs,build-times}
+#
+# kube-proxy runs in the Kubernetes labs' gateway and worker-node namespaces
+# (tests/src/kubeproxy.rs), in iptables mode, as a cluster runs it.
 #
 # Idempotent: when the binaries exist and the recorded inputs (this script and
 # common.sh less their comments, the source package version, the installed Go and
@@ -86,6 +89,8 @@ if [ "$force" = 1 ]; then
   up_to_date=0; reason="--force"
 elif [ ! -x "$EGRET_KUBE_APISERVER_BIN" ]; then
   up_to_date=0; reason="no $EGRET_KUBE_APISERVER_BIN"
+elif [ ! -x "$EGRET_KUBE_PROXY_BIN" ]; then
+  up_to_date=0; reason="no $EGRET_KUBE_PROXY_BIN"
 elif [ "$build_kubectl" = 1 ] && [ ! -x "$EGRET_KUBECTL_BIN" ]; then
   up_to_date=0; reason="no $EGRET_KUBECTL_BIN"
 elif [ "$(cat "$EGRET_KUBE_DIR/inputs" 2>/dev/null)" != "$wanted_inputs" ]; then
@@ -170,6 +175,12 @@ t0=$SECONDS
 apiserver_seconds=$((SECONDS - t0))
 echo "    kube-apiserver built in ${apiserver_seconds}s"
 
+step "make WHAT=cmd/kube-proxy (CGO_ENABLED=0)"
+t0=$SECONDS
+(cd "$tree" && make WHAT=cmd/kube-proxy)
+proxy_seconds=$((SECONDS - t0))
+echo "    kube-proxy built in ${proxy_seconds}s"
+
 kubectl_seconds=skipped
 if [ "$build_kubectl" = 1 ]; then
   step "make WHAT=cmd/kubectl (CGO_ENABLED=0)"
@@ -182,6 +193,8 @@ fi
 step "install into $EGRET_KUBE_DIR"
 install -m 0755 "$tree/_output/bin/kube-apiserver" "$EGRET_KUBE_APISERVER_BIN.new"
 mv -f "$EGRET_KUBE_APISERVER_BIN.new" "$EGRET_KUBE_APISERVER_BIN"
+install -m 0755 "$tree/_output/bin/kube-proxy" "$EGRET_KUBE_PROXY_BIN.new"
+mv -f "$EGRET_KUBE_PROXY_BIN.new" "$EGRET_KUBE_PROXY_BIN"
 if [ "$build_kubectl" = 1 ]; then
   install -m 0755 "$tree/_output/bin/kubectl" "$EGRET_KUBECTL_BIN.new"
   mv -f "$EGRET_KUBECTL_BIN.new" "$EGRET_KUBECTL_BIN"
@@ -192,6 +205,7 @@ total_seconds=$((SECONDS - total_start))
   echo "date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "total_seconds $total_seconds"
   echo "kube_apiserver_seconds $apiserver_seconds"
+  echo "kube_proxy_seconds $proxy_seconds"
   echo "kubectl_seconds $kubectl_seconds"
   echo "cores $(nproc)"
 } >"$EGRET_KUBE_DIR/build-times"

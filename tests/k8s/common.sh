@@ -14,31 +14,13 @@ EGRET_CACHE=${EGRET_CACHE:-/var/cache/egret}
 EGRET_KUBE_DIR=${EGRET_KUBE_DIR:-$EGRET_CACHE/kube-apiserver-$EGRET_KUBE_VERSION}
 EGRET_KUBE_APISERVER_BIN=$EGRET_KUBE_DIR/kube-apiserver
 EGRET_KUBECTL_BIN=$EGRET_KUBE_DIR/kubectl
+EGRET_KUBE_PROXY_BIN=$EGRET_KUBE_DIR/kube-proxy
 
 # Debian packages needed to run the API server (etcd 3.4, openssl for keys, curl for
 # the readiness probe).
-EGRET_K8S_RUNTIME_PKGS=(etcd-server openssl curl ca-certificates)
+# conntrack and iptables for kube-proxy (it deletes stale UDP entries with conntrack).
+EGRET_K8S_RUNTIME_PKGS=(etcd-server openssl curl ca-certificates conntrack iptables)
 
-# Prints the packages of "$@" that dpkg does not list as installed.
-egret_missing_pkgs() {
-  local pkg
-  for pkg in "$@"; do
-    if ! dpkg-query -W -f='${Status}\n' "$pkg" 2>/dev/null | grep -qx 'install ok installed'; then
-      printf '%s\n' "$pkg"
-    fi
-  done
-}
-
-# Installs the packages of "$@" that are missing; runs `apt-get update` only when the
-# first attempt fails (stale or absent package lists on a fresh machine).
-egret_ensure_pkgs() {
-  local missing
-  mapfile -t missing < <(egret_missing_pkgs "$@")
-  [ "${#missing[@]}" -eq 0 ] && return 0
-  echo "    apt-get install ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get install -y -q --no-install-recommends "${missing[@]}"; then
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
-  fi
-}
+# egret_ensure_pkgs and egret_missing_pkgs: the one package installer (tests/packages.sh).
+# shellcheck source=../packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../packages.sh"
