@@ -147,6 +147,11 @@ struct NodeArgs {
     /// Priority of the agent's `ip rule`s.
     #[arg(long, default_value_t = node::DEFAULT_RULE_PRIORITY)]
     rule_priority: u32,
+    /// The packet-mark bit (hex or decimal) set on the connections a
+    /// steered pod starts; the agent's rules match only it, so replies to
+    /// connections that reached the pod from outside are not steered.
+    #[arg(long, default_value = "0x2000")]
+    steer_mark: String,
     #[command(flatten)]
     tables: TableArgs,
     /// The gateways' `nat.ports` (FIRST-LAST): must match their file.
@@ -199,6 +204,12 @@ fn node_options(a: NodeArgs) -> Result<node::NodeOptions, String> {
     o.strict = a.strict;
     o.pod_cidrs = a.pod_cidr.into_iter().map(|n| n.trunc()).collect();
     o.rule_priority = a.rule_priority;
+    let m = a.steer_mark.trim();
+    o.steer_mark = match m.strip_prefix("0x").or_else(|| m.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => m.parse(),
+    }
+    .map_err(|_| format!("--steer-mark: {:?} is not a number (hex with 0x, or decimal)", a.steer_mark))?;
     o.tables = node::reconcile::TableRange { first: a.tables.table_first, count: a.tables.table_count };
     let bad_ports = || format!("--nat-ports: {:?} is not FIRST-LAST", a.nat_ports);
     let (first, last) = a.nat_ports.split_once('-').ok_or_else(bad_ports)?;

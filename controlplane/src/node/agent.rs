@@ -46,7 +46,7 @@ use tokio::task::JoinSet;
 use super::kernel::Kernel;
 use super::nft::{self, Sets, Strict};
 use super::plan::{plan, Plan};
-use super::reconcile::{reconcile, KernelView, Op};
+use super::reconcile::{reconcile, KernelView, Op, RuleShape};
 use super::status::{self, NodeStatus, UseRow};
 use super::{NodeError, NodeOptions};
 use crate::k8s::controller::{watch, watch_node_metadata};
@@ -154,7 +154,7 @@ pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Resul
 /// The nftables sets for a kernel state: steered pods are those with a
 /// rule; strict mode's classified pods are the unselected local pods plus
 /// the steered ones whose rule is in place.
-fn sets(view: &KernelView, extra: Option<&Plan>, c: &Computed, strict: Option<&Strict>) -> Sets {
+fn sets(view: &KernelView, extra: Option<&Plan>, c: &Computed, strict: Option<&Strict>, steer_mark: u32) -> Sets {
     let mut steered: BTreeSet<IpAddr> = view.rules.iter().map(|r| r.pod).collect();
     let mut next_hops: BTreeSet<IpAddr> = view.tables.values().flatten().filter_map(|r| r.via).collect();
     if let Some(p) = extra {
@@ -166,14 +166,19 @@ fn sets(view: &KernelView, extra: Option<&Plan>, c: &Computed, strict: Option<&S
         let known = c.local.iter().filter(|ip| !c.plan.pods.contains_key(ip) || ruled.contains(ip)).copied().collect();
         Strict { known, ..s.clone() }
     });
-    Sets { steered, next_hops, strict, snat: c.plan.snat.clone() }
+    Sets { steer_mark, steered, next_hops, strict, snat: c.plan.snat.clone() }
 }
 
 /// Applies `ops`, skipping what depends on a failed operation: a table
 /// whose routes could not all be added is emptied again and no rule points
 /// to it (the pod keeps its old rule, whose table is then not emptied).
 /// Returns (applied, errors).
-async fn apply_ops(kernel: &mut Kernel, ops: &[Op], kernel_before: &KernelView, priority: u32) -> (u64, Vec<String>) {
+async fn apply_ops(
+    kernel: &mut Kernel,
+    ops: &[Op],
+    kernel_before: &KernelView,
+    shape: RuleShape,
+) -> (u64, Vec<String>) {
     let mut failed_tables = BTreeSet::new();
     let mut skipped_pods = BTreeSet::new();
     let mut kept_tables = BTreeSet::new();
@@ -195,7 +200,7 @@ async fn apply_ops(kernel: &mut Kernel, ops: &[Op], kernel_before: &KernelView, 
         if skip {
             continue;
         }
-        match kernel.apply(op, priority).await {
+        match kernel.apply(op, shape).await {
             Ok(()) => {
                 applied += 1;
                 if let Op::AddRoute { table, route } = op {
@@ -213,7 +218,7 @@ async fn apply_ops(kernel: &mut Kernel, ops: &[Op], kernel_before: &KernelView, 
                     failed_tables.insert(*table);
                     // Leave no partial table behind.
                     for route in added.remove(table).unwrap_or_default() {
-                        if let Err(e) = kernel.apply(&Op::DelRoute { table: *table, route }, priority).await {
+                        if let Err(e) = kernel.apply(&Op::DelRoute { table: *table, route }, shape).await {
                             errors.push(e.to_string());
                         }
                     }
@@ -309,19 +314,20 @@ impl Agent {
         // Keep sources for the union first; without it, change nothing.
         // nft runs up to its timeout: off the runtime's other tasks (the
         // watchers keep reading meanwhile).
-        let union = sets(&before, Some(&c.plan), &c, self.strict.as_ref());
+        let mark = self.opts.steer_mark;
+        let union = sets(&before, Some(&c.plan), &c, self.strict.as_ref(), mark);
         tokio::task::block_in_place(|| nft::install(&union)).map_err(|e| e.to_string())?;
-        let priority = self.opts.rule_priority;
-        match reconcile(&before, &c.plan, self.opts.tables, priority) {
+        let shape = RuleShape { priority: self.opts.rule_priority, mark };
+        match reconcile(&before, &c.plan, self.opts.tables, shape) {
             Ok(ch) => {
-                let (applied, errs) = apply_ops(&mut self.kernel, &ch.ops, &before, priority).await;
+                let (applied, errs) = apply_ops(&mut self.kernel, &ch.ops, &before, shape).await;
                 *changes += applied;
                 errors.extend(errs);
             }
             Err(e) => errors.push(e.to_string()),
         }
         let after = self.kernel.view().await.map_err(|e| e.to_string())?;
-        let now = sets(&after, None, &c, self.strict.as_ref());
+        let now = sets(&after, None, &c, self.strict.as_ref(), mark);
         if let Err(e) = tokio::task::block_in_place(|| nft::install(&now)) {
             errors.push(e.to_string());
         } else {

@@ -20,7 +20,7 @@ use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::plan::Route;
-use super::reconcile::{KernelRule, KernelView, Op, TableRange};
+use super::reconcile::{KernelRule, KernelView, Op, RuleShape, TableRange};
 use crate::netlink::Requests;
 
 /// The protocol number on Egret's rules and routes.
@@ -101,14 +101,18 @@ fn route_message(table: u32, route: &Route) -> RouteMessage {
     m
 }
 
-fn rule_message(pod: IpAddr, table: u32, priority: u32) -> RuleMessage {
+fn rule_message(r: &KernelRule) -> RuleMessage {
     let mut m = RuleMessage::default();
-    m.header.family = family(pod);
-    m.header.src_len = host_len(pod);
+    m.header.family = family(r.pod);
+    m.header.src_len = host_len(r.pod);
     m.header.action = RuleAction::ToTable;
-    m.attributes.push(RuleAttribute::Source(pod));
-    m.attributes.push(RuleAttribute::Table(table));
-    m.attributes.push(RuleAttribute::Priority(priority));
+    m.attributes.push(RuleAttribute::Source(r.pod));
+    m.attributes.push(RuleAttribute::Table(r.table));
+    m.attributes.push(RuleAttribute::Priority(r.priority));
+    if r.fwmask != 0 {
+        m.attributes.push(RuleAttribute::FwMark(r.fwmark));
+        m.attributes.push(RuleAttribute::FwMask(r.fwmask));
+    }
     m.attributes.push(RuleAttribute::Protocol(RouteProtocol::Other(RTPROT_EGRET)));
     m
 }
@@ -117,22 +121,32 @@ fn rule_message(pod: IpAddr, table: u32, priority: u32) -> RuleMessage {
 pub fn parse_rule(m: &RuleMessage) -> Option<KernelRule> {
     let mut source = None;
     let mut table = u32::from(m.header.table);
-    let mut priority = 0;
+    let (mut priority, mut fwmark, mut fwmask) = (0, 0, None);
     let mut ours = false;
     for a in &m.attributes {
         match a {
             RuleAttribute::Source(ip) => source = Some(*ip),
             RuleAttribute::Table(t) => table = *t,
             RuleAttribute::Priority(p) => priority = *p,
+            RuleAttribute::FwMark(v) => fwmark = *v,
+            RuleAttribute::FwMask(v) => fwmask = Some(*v),
             RuleAttribute::Protocol(RouteProtocol::Other(p)) => ours = *p == RTPROT_EGRET,
             _ => {}
         }
     }
     let pod = source?;
+    // A fwmark without a mask matches all 32 bits (`ip rule ... fwmark M`).
+    let fwmask = match fwmask {
+        Some(mask) => mask,
+        None if fwmark != 0 => u32::MAX,
+        None => 0,
+    };
     (ours && m.header.src_len == host_len(pod) && m.header.action == RuleAction::ToTable).then_some(KernelRule {
         pod,
         table,
         priority,
+        fwmark,
+        fwmask,
     })
 }
 
@@ -188,12 +202,16 @@ impl std::fmt::Debug for Kernel {
     }
 }
 
-fn describe(op: &Op, priority: u32) -> String {
+fn describe(op: &Op, shape: RuleShape) -> String {
+    let rule = |verb: &str, r: &KernelRule| {
+        let mark = if r.fwmask == 0 { String::new() } else { format!(" fwmark {:#x}/{:#x}", r.fwmark, r.fwmask) };
+        format!("rule {verb} from {}{mark} lookup {} priority {}", r.pod, r.table, r.priority)
+    };
     match op {
         Op::AddRoute { table, route } => format!("route add {route} table {table}"),
         Op::DelRoute { table, route } => format!("route del {route} table {table}"),
-        Op::AddRule { pod, table } => format!("rule add from {pod} lookup {table} priority {priority}"),
-        Op::DelRule(r) => format!("rule del from {} lookup {} priority {}", r.pod, r.table, r.priority),
+        Op::AddRule { pod, table } => rule("add", &shape.rule(*pod, *table)),
+        Op::DelRule(r) => rule("del", r),
     }
 }
 
@@ -241,14 +259,15 @@ impl Kernel {
 
     /// Applies one operation. Adding what exists and deleting what is gone
     /// succeed (the kernel is already as wanted).
-    pub async fn apply(&mut self, op: &Op, priority: u32) -> Result<(), KernelError> {
+    /// New rules get `shape`.
+    pub async fn apply(&mut self, op: &Op, shape: RuleShape) -> Result<(), KernelError> {
         let add = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
         let del = NLM_F_REQUEST | NLM_F_ACK;
         let (msg, flags) = match op {
             Op::AddRoute { table, route } => (RouteNetlinkMessage::NewRoute(route_message(*table, route)), add),
             Op::DelRoute { table, route } => (RouteNetlinkMessage::DelRoute(route_message(*table, route)), del),
-            Op::AddRule { pod, table } => (RouteNetlinkMessage::NewRule(rule_message(*pod, *table, priority)), add),
-            Op::DelRule(r) => (RouteNetlinkMessage::DelRule(rule_message(r.pod, r.table, r.priority)), del),
+            Op::AddRule { pod, table } => (RouteNetlinkMessage::NewRule(rule_message(&shape.rule(*pod, *table))), add),
+            Op::DelRule(r) => (RouteNetlinkMessage::DelRule(rule_message(r)), del),
         };
         match self.requests.call(msg, flags).await {
             Ok(_) => Ok(()),
@@ -256,7 +275,7 @@ impl Kernel {
             Err(e) if flags & NLM_F_CREATE == 0 && matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENOENT)) => {
                 Ok(())
             }
-            Err(source) => Err(KernelError::Change { op: describe(op, priority), source }),
+            Err(source) => Err(KernelError::Change { op: describe(op, shape), source }),
         }
     }
 
@@ -349,12 +368,12 @@ impl Kernel {
             n += 1;
         }
         for r in &view.rules {
-            self.apply(&Op::DelRule(*r), r.priority).await?;
+            self.apply(&Op::DelRule(*r), RuleShape { priority: r.priority, mark: r.fwmark }).await?;
             n += 1;
         }
         for (t, routes) in &view.tables {
             for route in routes {
-                self.apply(&Op::DelRoute { table: *t, route: *route }, 0).await?;
+                self.apply(&Op::DelRoute { table: *t, route: *route }, RuleShape { priority: 0, mark: 0 }).await?;
                 n += 1;
             }
         }
@@ -386,8 +405,11 @@ mod tests {
             assert_eq!(parse_route(&foreign, RANGE), None, "not ours");
         }
         let pod: IpAddr = "198.18.0.10".parse().unwrap();
-        let m = rule_message(pod, 1_000_007, 100);
-        assert_eq!(parse_rule(&m), Some(KernelRule { pod, table: 1_000_007, priority: 100 }));
+        for mark in [0, 0x2000] {
+            let rule = RuleShape { priority: 100, mark }.rule(pod, 1_000_007);
+            assert_eq!(parse_rule(&rule_message(&rule)), Some(rule), "{rule:?}");
+        }
+        let m = rule_message(&RuleShape { priority: 100, mark: 0x2000 }.rule(pod, 1_000_007));
         let mut foreign = m.clone();
         foreign.attributes.retain(|a| !matches!(a, RuleAttribute::Protocol(_)));
         assert_eq!(parse_rule(&foreign), None, "a rule without Egret's protocol is someone else's");

@@ -52,6 +52,9 @@ pub struct NodeOptions {
     pub pod_cidrs: Vec<IpNet>,
     /// The rules' priority.
     pub rule_priority: u32,
+    /// The packet-mark bit of connections a steered pod originated: the
+    /// rules match only it (`--steer-mark`, [`DEFAULT_STEER_MARK`]).
+    pub steer_mark: u32,
     /// The tables the agent may use.
     pub tables: TableRange,
     /// The gateways' NAT port range (`nat.ports` in their file): it decides
@@ -70,6 +73,29 @@ pub struct NodeOptions {
 /// the main table's 32766. Egret's tables `throw` whatever they do not
 /// steer, so an early rule sends nothing elsewhere.
 pub const DEFAULT_RULE_PRIORITY: u32 = 100;
+/// The default steering bit: bit 13. It sits in the nibble Cilium leaves
+/// to Kubernetes (its mark layout: identity in the upper 16 and lowest 8
+/// bits, its magic values in `0x0F00`, `0xF000` for Kubernetes), beside
+/// kube-proxy's masquerade bit `0x4000` and drop bit `0x8000` (the
+/// kubelet's `--iptables-masquerade-bit`/`--iptables-drop-bit` defaults),
+/// outside Calico's default `IptablesMarkMask` `0xffff0000`, the AWS VPC
+/// CNI's `0x80` and Istio's marks (`0x539` and ambient's `0x100`-`0x220`,
+/// `0x40`). [`DOCUMENTED_MARKS`] lists them; a test checks the default
+/// against each.
+pub const DEFAULT_STEER_MARK: u32 = 0x2000;
+
+/// Packet-mark bits other components of a cluster document using, with
+/// where: the steering bit must stay clear of them (`--steer-mark` refuses
+/// one that overlaps).
+pub const DOCUMENTED_MARKS: &[(&str, u32)] = &[
+    ("kube-proxy / kubelet masquerade bit (--iptables-masquerade-bit 14)", 0x4000),
+    ("kube-proxy / kubelet drop bit (--iptables-drop-bit 15)", 0x8000),
+    ("Calico felix IptablesMarkMask (default)", 0xffff_0000),
+    ("Cilium magic marks (MagicMarkHostMask)", 0x0f00),
+    ("AWS VPC CNI connmark / fwmark", 0x80),
+    ("Istio sidecar (0x539) and ambient (0x100, 0x200, 0x210, 0x220, 0x40)", 0x0539 | 0x0300 | 0x0030 | 0x0040),
+];
+
 /// The default first table number.
 pub const DEFAULT_TABLE_FIRST: u32 = 1_000_000;
 /// The default number of tables (distinct route sets) the agent may use.
@@ -87,6 +113,7 @@ impl NodeOptions {
             strict: false,
             pod_cidrs: Vec::new(),
             rule_priority: DEFAULT_RULE_PRIORITY,
+            steer_mark: DEFAULT_STEER_MARK,
             tables: TableRange { first: DEFAULT_TABLE_FIRST, count: DEFAULT_TABLE_COUNT },
             nat_ports: PortRange::default(),
             metrics_listen: None,
@@ -113,6 +140,15 @@ impl NodeOptions {
                 "--rule-priority: {} must be between 1 and 32765 (0 is the local table's rule, 32766 the main table's)",
                 self.rule_priority
             ));
+        }
+        if self.steer_mark.count_ones() != 1 {
+            return bad(format!(
+                "--steer-mark: {:#x} must be a single bit (one the cluster's other components leave alone; default {DEFAULT_STEER_MARK:#x})",
+                self.steer_mark
+            ));
+        }
+        if let Some((who, _)) = DOCUMENTED_MARKS.iter().find(|(_, m)| m & self.steer_mark != 0) {
+            return bad(format!("--steer-mark: {:#x} is used by {who}", self.steer_mark));
         }
         let TableRange { first, count } = self.tables;
         let end = u64::from(first) + u64::from(count);
@@ -196,6 +232,9 @@ mod tests {
             (Box::new(|o| o.node_name.clear()), "--node-name"),
             (Box::new(|o| o.cluster_cidrs.clear()), "--cluster-cidr"),
             (Box::new(|o| o.rule_priority = 32766), "--rule-priority: 32766"),
+            (Box::new(|o| o.steer_mark = 0x3000), "--steer-mark: 0x3000 must be a single bit"),
+            (Box::new(|o| o.steer_mark = 0x4000), "--steer-mark: 0x4000 is used by kube-proxy"),
+            (Box::new(|o| o.steer_mark = 0x1_0000), "--steer-mark: 0x10000 is used by Calico"),
             (Box::new(|o| o.tables = TableRange { first: 200, count: 100 }), "reserved table"),
             (Box::new(|o| o.tables = TableRange { first: u32::MAX, count: 2 }), "--table-first 4294967295"),
             (Box::new(|o| o.nat_ports = PortRange { first: 9, last: 1 }), "--nat-ports: 9-1"),
@@ -206,5 +245,19 @@ mod tests {
             let e = bad.validate().unwrap_err().to_string();
             assert!(e.contains(want), "{e} should name {want}");
         }
+    }
+
+    /// The default bit is clear of every mark kube-proxy, Calico, Cilium,
+    /// the AWS VPC CNI and Istio document, and of the agent's own
+    /// conntrack mark.
+    #[test]
+    fn the_default_steering_bit_collides_with_no_documented_mark() {
+        assert_eq!(DEFAULT_STEER_MARK.count_ones(), 1);
+        for (who, mark) in DOCUMENTED_MARKS {
+            assert_eq!(DEFAULT_STEER_MARK & mark, 0, "{DEFAULT_STEER_MARK:#x} overlaps {who} ({mark:#x})");
+        }
+        // Cilium's layout leaves 0xF000 to Kubernetes; kube-proxy takes the
+        // top two bits of it.
+        assert_eq!(DEFAULT_STEER_MARK & 0xf000, DEFAULT_STEER_MARK);
     }
 }

@@ -1,5 +1,21 @@
-//! The node's nftables table `inet egret_node`: the masquerade bypass and
-//! strict mode.
+//! The node's nftables table `inet egret_node`: what the pod starts is
+//! marked for steering, the masquerade bypass, and strict mode.
+//!
+//! **Only what the pod starts is steered.** The agent's `ip rule from <pod>`
+//! matches only packets carrying the steering bit (`fwmark M/M`,
+//! [`super::NodeOptions::steer_mark`]). A chain at `prerouting` priority
+//! `mangle` (after conntrack, before the routing decision) sets that bit on
+//! a steered pod's packets of connections the pod originated (`ct direction
+//! original`), and on its packets conntrack does not track or finds
+//! invalid (they go to the gateway as before, which translates or drops
+//! them, rather than leave unmasqueraded). The pod's replies to a
+//! connection that arrived from outside (through kube-proxy's DNAT of a
+//! NodePort, a LoadBalancer VIP or a ClusterIP, a webhook call from the API
+//! server, a client on a routed network) are `ct direction reply`: they take
+//! the node's main routing and reach the node that forwarded the
+//! connection, which reverses its NAT, as in a cluster without Egret. The
+//! bit is set with `meta mark set meta mark or M`: other bits stay as
+//! kube-proxy, the CNI or a service mesh set them.
 //!
 //! **Keeping the pod's source.** Most CNIs masquerade pod traffic that
 //! leaves the node (flannel's `-s clusterCIDR -j MASQUERADE`, Calico's
@@ -50,6 +66,9 @@ pub const KEPT: u32 = 0x0010_0000;
 /// What the table holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sets {
+    /// The packet-mark bit the agent's rules match (0: no marking; the
+    /// rules then match every packet).
+    pub steer_mark: u32,
     /// Pod addresses with an Egret rule.
     pub steered: BTreeSet<IpAddr>,
     /// Next hops of Egret's routes.
@@ -105,6 +124,13 @@ pub fn ruleset(s: &Sets) -> String {
     set(&mut out, "steered6", "ipv6_addr", false, addrs(s.steered.iter(), false));
     set(&mut out, "hops4", "ipv4_addr", false, addrs(s.next_hops.iter(), true));
     set(&mut out, "hops6", "ipv6_addr", false, addrs(s.next_hops.iter(), false));
+    if s.steer_mark != 0 {
+        let m = s.steer_mark;
+        let _ = write!(
+            out,
+            "  chain steer {{\n    type filter hook prerouting priority mangle; policy accept;\n    ip saddr @steered4 ct direction original meta mark set meta mark or {m:#x} comment \"egret: a connection the pod started\"\n    ip6 saddr @steered6 ct direction original meta mark set meta mark or {m:#x} comment \"egret: a connection the pod started\"\n    ip saddr @steered4 ct state invalid,untracked meta mark set meta mark or {m:#x} comment \"egret: untracked, to the gateway\"\n    ip6 saddr @steered6 ct state invalid,untracked meta mark set meta mark or {m:#x} comment \"egret: untracked, to the gateway\"\n  }}\n"
+        );
+    }
     let _ = write!(
         out,
         "  chain keep_source {{\n    type nat hook postrouting priority {KEEP_SOURCE_PRIORITY}; policy accept;\n"
@@ -194,6 +220,7 @@ mod tests {
 
     fn sets(strict: bool) -> Sets {
         Sets {
+            steer_mark: 0x2000,
             steered: ["198.18.0.10", "2001:db8:18::10"].iter().map(|s| s.parse().unwrap()).collect(),
             next_hops: ["203.0.113.10"].iter().map(|s| s.parse().unwrap()).collect(),
             strict: strict.then(|| Strict {
@@ -225,6 +252,11 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains("hook forward"), "{s}");
+        assert!(
+            s.contains("ip saddr @steered4 ct direction original meta mark set meta mark or 0x2000"),
+            "only the pod's own connections are marked: {s}"
+        );
+        assert!(!s.contains("ct direction reply"), "{s}");
         let s = ruleset(&sets(true));
         assert!(s.contains("hook forward"), "{s}");
         assert!(s.contains("elements = { 198.18.0.0/16 }"), "{s}");

@@ -14,6 +14,13 @@
 //! `throw` in it falls through to the new one); tables nobody needs any more
 //! are emptied last. Partially written tables (a crash mid-way) never match
 //! a desired set exactly, so they are replaced, not trusted.
+//!
+//! A rule is the agent's current kind when it has the agent's
+//! [`RuleShape`]: its priority and the packet mark it matches
+//! (`fwmark M/M`, set only on packets of connections the pod originated:
+//! [`super::nft`]). Rules of another shape (an older agent's unmarked
+//! rules, another priority) are replaced like rules pointing to the wrong
+//! table: the new one first.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -29,6 +36,34 @@ pub struct KernelRule {
     pub table: u32,
     /// `priority`.
     pub priority: u32,
+    /// `fwmark` (0: the rule matches every packet).
+    pub fwmark: u32,
+    /// `fwmark`'s mask (0 with no fwmark).
+    pub fwmask: u32,
+}
+
+impl KernelRule {
+    /// Whether the rule has the agent's current shape.
+    pub fn has_shape(&self, shape: RuleShape) -> bool {
+        self.priority == shape.priority && self.fwmark == shape.mark && self.fwmask == shape.mark
+    }
+}
+
+/// What every rule the agent writes has besides its pod and table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleShape {
+    /// `priority`.
+    pub priority: u32,
+    /// `fwmark mark/mark`: the rule matches only packets carrying the
+    /// agent's steering bit (0: every packet, which steers replies too).
+    pub mark: u32,
+}
+
+impl RuleShape {
+    /// The rule for `pod` into `table`.
+    pub fn rule(self, pod: IpAddr, table: u32) -> KernelRule {
+        KernelRule { pod, table, priority: self.priority, fwmark: self.mark, fwmask: self.mark }
+    }
 }
 
 /// What the kernel holds in the agent's range.
@@ -112,13 +147,13 @@ pub enum ReconcileError {
     },
 }
 
-/// The operations that turn `kernel` into `plan` (rules at `priority`,
-/// tables from `range`).
+/// The operations that turn `kernel` into `plan` (rules of `shape`, tables
+/// from `range`).
 pub fn reconcile(
     kernel: &KernelView,
     plan: &Plan,
     range: TableRange,
-    priority: u32,
+    shape: RuleShape,
 ) -> Result<Changes, ReconcileError> {
     let wanted: BTreeSet<&RouteSet> = plan.pods.values().collect();
     // Reuse tables whose content matches exactly.
@@ -167,14 +202,14 @@ pub fn reconcile(
     let tables: BTreeMap<IpAddr, u32> = plan.pods.iter().map(|(pod, set)| (*pod, assigned[set])).collect();
     // New rules before old ones go.
     let have: BTreeSet<(IpAddr, u32)> =
-        kernel.rules.iter().filter(|r| r.priority == priority).map(|r| (r.pod, r.table)).collect();
+        kernel.rules.iter().filter(|r| r.has_shape(shape)).map(|r| (r.pod, r.table)).collect();
     for (pod, table) in &tables {
         if !have.contains(&(*pod, *table)) {
             ops.push(Op::AddRule { pod: *pod, table: *table });
         }
     }
     for r in &kernel.rules {
-        if r.priority != priority || tables.get(&r.pod) != Some(&r.table) {
+        if !r.has_shape(shape) || tables.get(&r.pod) != Some(&r.table) {
             ops.push(Op::DelRule(*r));
         }
     }
@@ -189,7 +224,7 @@ pub fn reconcile(
 
 /// Applies `ops` to a [`KernelView`] as the kernel would (for tests and for
 /// checking a run of operations).
-pub fn apply(view: &mut KernelView, ops: &[Op], priority: u32) {
+pub fn apply(view: &mut KernelView, ops: &[Op], shape: RuleShape) {
     for op in ops {
         match op {
             Op::AddRoute { table, route } => {
@@ -203,7 +238,7 @@ pub fn apply(view: &mut KernelView, ops: &[Op], priority: u32) {
                     }
                 }
             }
-            Op::AddRule { pod, table } => view.rules.push(KernelRule { pod: *pod, table: *table, priority }),
+            Op::AddRule { pod, table } => view.rules.push(shape.rule(*pod, *table)),
             Op::DelRule(r) => view.rules.retain(|x| x != r),
         }
     }
@@ -215,7 +250,7 @@ mod tests {
 
     use super::*;
 
-    const P: u32 = 100;
+    const P: RuleShape = RuleShape { priority: 100, mark: 0x2000 };
     const RANGE: TableRange = TableRange { first: 1000, count: 4 };
 
     fn ip(s: &str) -> IpAddr {
@@ -260,7 +295,7 @@ mod tests {
         let ops = reconcile(&k, &before, RANGE, P).unwrap().ops;
         apply(&mut k, &ops, P);
         // Drift while the agent was down: a stray rule, a half-written table.
-        k.rules.push(KernelRule { pod: ip("198.18.0.99"), table: 1003, priority: P });
+        k.rules.push(P.rule(ip("198.18.0.99"), 1003));
         k.tables.insert(1003, RouteSet::from([Route { dst: "0.0.0.0/0".parse().unwrap(), via: None }]));
         // Now: .11 moves to .12's egress IP, .13 is new, .99 is gone.
         let after =
@@ -310,7 +345,7 @@ mod tests {
         // Table 1000 lost its routes (the kernel flushed them) but a stale
         // rule still points to it; 1001 holds a foreign route.
         let k = KernelView {
-            rules: vec![KernelRule { pod: ip("198.18.0.99"), table: 1000, priority: P }],
+            rules: vec![P.rule(ip("198.18.0.99"), 1000)],
             tables: BTreeMap::new(),
             foreign: BTreeSet::from([1001]),
         };
@@ -319,17 +354,22 @@ mod tests {
     }
 
     #[test]
-    fn rules_at_another_priority_are_replaced_and_a_full_range_is_an_error() {
+    fn rules_of_another_shape_are_replaced_and_a_full_range_is_an_error() {
         let p = plan(&[("198.18.0.10", "203.0.113.10")]);
-        let mut k = KernelView::default();
-        let ops = reconcile(&k, &p, RANGE, 50).unwrap().ops;
-        apply(&mut k, &ops, 50);
-        let c = reconcile(&k, &p, RANGE, P).unwrap();
-        apply(&mut k, &c.ops, P);
-        assert_eq!(
-            k.rules,
-            vec![KernelRule { pod: ip("198.18.0.10"), table: c.tables[&ip("198.18.0.10")], priority: P }]
-        );
+        // Another priority, and an older agent's rules that match every
+        // packet (no fwmark): both give way to the current shape.
+        for old in [RuleShape { priority: 50, ..P }, RuleShape { mark: 0, ..P }] {
+            let mut k = KernelView::default();
+            let ops = reconcile(&k, &p, RANGE, old).unwrap().ops;
+            apply(&mut k, &ops, old);
+            let c = reconcile(&k, &p, RANGE, P).unwrap();
+            let add = c.ops.iter().position(|o| matches!(o, Op::AddRule { .. })).unwrap();
+            let del = c.ops.iter().position(|o| matches!(o, Op::DelRule(_))).unwrap();
+            assert!(add < del, "the new rule first: {:?}", c.ops);
+            apply(&mut k, &c.ops, P);
+            assert_eq!(k.rules, vec![P.rule(ip("198.18.0.10"), c.tables[&ip("198.18.0.10")])], "{old:?}");
+            assert_eq!(reconcile(&k, &p, RANGE, P).unwrap().ops, vec![]);
+        }
         let many = plan(&[
             ("198.18.0.10", "203.0.113.10"),
             ("198.18.0.11", "203.0.113.11"),
