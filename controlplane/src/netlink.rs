@@ -336,6 +336,7 @@ impl KernelState {
             if fib.interface(*ifindex).is_some() {
                 fib.add_address(*ifindex, *ip);
             }
+            fib.add_local_address(*ip);
         }
         fib
     }

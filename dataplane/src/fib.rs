@@ -103,6 +103,8 @@ pub struct Fib {
     /// The gateway's own addresses, by interface: the source of the ICMP
     /// errors it originates as a router (RFC 1812 4.3.2.4).
     addresses: Vec<(u32, IpAddr)>,
+    /// Every address of the node, on any interface (driven or not).
+    local_addresses: Vec<IpAddr>,
     /// The smallest MTU of any interface, driven or kernel link (0 with
     /// none): a datagram no larger needs no per-interface MTU lookup.
     min_mtu: u32,
@@ -148,6 +150,21 @@ impl Fib {
     fn update_min_mtu(&mut self) {
         let driven = self.interfaces.values().map(|i| i.mtu);
         self.min_mtu = driven.chain(self.kernel_links.values().copied()).min().unwrap_or(0);
+    }
+
+    /// Adds an address of the node (any interface; see
+    /// [`Fib::local_addresses`]).
+    pub fn add_local_address(&mut self, addr: IpAddr) -> &mut Self {
+        if !self.local_addresses.contains(&addr) {
+            self.local_addresses.push(addr);
+        }
+        self
+    }
+
+    /// Every address of the node, on any interface: the control plane makes
+    /// them every policy's exceptions ([`crate::tables::TablesSpec::local_addresses`]).
+    pub fn local_addresses(&self) -> &[IpAddr] {
+        &self.local_addresses
     }
 
     /// Adds one of the gateway's own addresses on interface `ifindex`.

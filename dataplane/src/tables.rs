@@ -218,6 +218,14 @@ pub struct TablesSpec {
     /// a pod's own address: a pod the node agent already steers but this
     /// gateway does not know yet, or one no longer selected.
     pub guard: SourceGuard,
+    /// The gateway node's own addresses (the daemon fills them in from the
+    /// kernel, less the egress IPs it holds). A selected source's traffic
+    /// to them is the kernel's, never translated: every policy excludes
+    /// them. That is the kubelet, node-local services, and a pod's replies
+    /// to connections this node's kube-proxy masqueraded to its own address
+    /// (a LoadBalancer VIP's or NodePort's inbound traffic).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub local_addresses: Vec<IpAddr>,
 }
 
 /// [`TablesSpec::guard`]: empty means off.
@@ -605,13 +613,16 @@ impl Tables {
         }
         errors.sort_by_key(|e| e.index);
 
+        // The node's own addresses are every policy's exceptions.
+        let local: Vec<IpNet> = spec.local_addresses.iter().map(|a| IpNet::from(*a)).collect();
+        let except = |p: &Policy| p.spec.except.iter().chain(&local).copied().collect::<Vec<IpNet>>();
         let rules_v4: Vec<PolicyRules<Ipv4Addr>> = policies
             .iter()
             .map(|p| PolicyRules {
                 id: p.id,
                 sources: prefixes(&p.spec.sources, v4),
                 destinations: prefixes(&p.spec.destinations, v4),
-                except: prefixes(&p.spec.except, v4),
+                except: prefixes(&except(p), v4),
             })
             .filter(|r| !r.sources.is_empty())
             .collect();
@@ -621,7 +632,7 @@ impl Tables {
                 id: p.id,
                 sources: prefixes(&p.spec.sources, v6),
                 destinations: prefixes(&p.spec.destinations, v6),
-                except: prefixes(&p.spec.except, v6),
+                except: prefixes(&except(p), v6),
             })
             .filter(|r| !r.sources.is_empty())
             .collect();
@@ -706,6 +717,30 @@ mod tests {
             egress_ips: vec![EgressIpSpec { ip: "198.51.100.1".parse().unwrap(), ports: None, answer_neighbor: true }],
             ..Default::default()
         }
+    }
+
+    /// The node's own addresses are the kernel's: a selected pod's frame to
+    /// one of them is passed, never translated, in both families; other
+    /// destinations are steered as before.
+    #[test]
+    fn the_nodes_own_addresses_are_every_policys_exceptions() {
+        let mut s = spec(vec![
+            policy("v4", "192.0.2.0/24", "0.0.0.0/0", &["198.51.100.1"]),
+            policy("v6", "2001:db8::/64", "::/0", &["2001:db8:ff::1"]),
+        ]);
+        s.egress_ips.push(EgressIpSpec { ip: "2001:db8:ff::1".parse().unwrap(), ports: None, answer_neighbor: true });
+        let pod: Ipv4Addr = "192.0.2.10".parse().unwrap();
+        let pod6: Ipv6Addr = "2001:db8::10".parse().unwrap();
+        let node: Ipv4Addr = "203.0.113.21".parse().unwrap();
+        let node6: Ipv6Addr = "2001:db8:113::21".parse().unwrap();
+        let t = Tables::compile(&s, 1, &PolicySlots::default()).unwrap();
+        assert!(matches!(t.classify(pod, node), Decision::Steer(_)), "without them: translated");
+        s.local_addresses = vec![node.into(), node6.into()];
+        let t = Tables::compile(&s, 1, &PolicySlots::default()).unwrap();
+        assert_eq!(t.classify(pod, node), Decision::Excluded);
+        assert_eq!(t.classify(pod6, node6), Decision::Excluded);
+        assert!(matches!(t.classify(pod, "203.0.113.22".parse::<Ipv4Addr>().unwrap()), Decision::Steer(_)));
+        assert!(matches!(t.classify(pod6, "2001:db8:113::22".parse::<Ipv6Addr>().unwrap()), Decision::Steer(_)));
     }
 
     #[test]

@@ -573,8 +573,18 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     let eng = engine.clone();
     let eng2 = engine.clone();
     running_watcher.keep_alive(engine.neighbor_use().clone());
+    let addresses_sink = sink.clone();
     let netlink_task = tokio::spawn(running_watcher.run(
-        move |fib| eng.publish_fib(fib),
+        move |fib| {
+            // The node's addresses are every policy's exceptions; a change
+            // re-applies the tables (nft and the maps: off this task).
+            let local = fib.local_addresses().to_vec();
+            eng.publish_fib(fib);
+            if addresses_sink.node_addresses_differ(&local) {
+                let sink = addresses_sink.clone();
+                std::thread::spawn(move || sink.set_node_addresses(local));
+            }
+        },
         move || eng2.drain_resolve_requests(),
         stop_rx,
     ));

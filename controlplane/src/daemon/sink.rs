@@ -99,8 +99,12 @@ pub struct GatewaySink {
     /// unless Kubernetes mode holds it: crate::failclosed::Hold).
     pub fail_closed: Arc<crate::failclosed::Hold>,
     install_rules: RulesInstaller,
-    /// The spec the engine and the maps hold (after the first apply).
+    /// The spec the engine and the maps hold (after the first apply), with
+    /// the node's addresses merged in.
     current: Mutex<Option<TablesSpec>>,
+    /// The node's own addresses as the kernel last reported them
+    /// ([`GatewaySink::set_node_addresses`]).
+    node_addresses: Mutex<Vec<IpAddr>>,
     /// Engine time, for the owned addresses' valid-until.
     clock: EngineClock,
     /// Each address's valid-until on CLOCK_MONOTONIC (`set_valid_until`),
@@ -201,6 +205,7 @@ impl GatewaySink {
             fail_closed: Arc::default(),
             install_rules: Box::new(crate::failclosed::install),
             current: Mutex::new(None),
+            node_addresses: Mutex::default(),
             groups: Mutex::default(),
         }
     }
@@ -438,6 +443,71 @@ impl crate::ha::SessionStore for EngineSessions {
     }
 }
 
+fn sorted(mut v: Vec<IpAddr>) -> Vec<IpAddr> {
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Applies are serialised: the control plane's and the re-applies after the
+/// node's addresses changed.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+impl GatewaySink {
+    /// `spec` with [`TablesSpec::local_addresses`] set to the node's
+    /// addresses less those Egret serves itself (the egress IPs, the
+    /// answered next hops, Service VIPs): traffic to those is Egret's.
+    fn with_node_addresses(&self, spec: &TablesSpec) -> TablesSpec {
+        let mut spec = spec.clone();
+        let ours = |ip: &IpAddr| {
+            spec.egress_ips.iter().any(|e| e.ip == *ip)
+                || spec.neighbor_addresses.contains(ip)
+                || spec.service_addresses.contains(ip)
+        };
+        let local: Vec<IpAddr> = self.node_addresses.lock().iter().filter(|ip| !ours(ip)).copied().collect();
+        spec.local_addresses = local;
+        spec
+    }
+
+    /// Whether `addresses` differ from the node's addresses last set.
+    pub fn node_addresses_differ(&self, addresses: &[IpAddr]) -> bool {
+        *self.node_addresses.lock() != sorted(addresses.to_vec())
+    }
+
+    /// The node's addresses changed (the rtnetlink watcher, on every
+    /// published `Fib`): when they differ from the last ones, the current
+    /// spec is applied again with them, so a selected pod's traffic to a
+    /// new address of the node is never translated. Blocking (an apply
+    /// runs nft): call it off the async runtime.
+    pub fn set_node_addresses(&self, addresses: Vec<IpAddr>) {
+        let addresses = sorted(addresses);
+        {
+            let mut have = self.node_addresses.lock();
+            if *have == addresses {
+                return;
+            }
+            *have = addresses;
+        }
+        let _serial = SERIAL.lock();
+        let Some(current) = self.current.lock().clone() else {
+            return;
+        };
+        let next = self.with_node_addresses(&current);
+        if next == current {
+            return;
+        }
+        match self.apply_inner(&next) {
+            Ok(_) => {
+                tracing::info!(addresses = ?next.local_addresses, "the node's addresses changed: policies exclude them")
+            }
+            Err(e) => {
+                self.apply_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "the node's addresses changed, and the tables excluding them were not applied");
+            }
+        }
+    }
+}
+
 impl TablesSink for GatewaySink {
     fn sessions(&self) -> Option<Arc<dyn crate::ha::SessionStore>> {
         self.engine.enable_sync_journal(SYNC_JOURNAL);
@@ -445,9 +515,8 @@ impl TablesSink for GatewaySink {
     }
 
     fn apply(&self, spec: &TablesSpec) -> Result<(), ApplyError> {
-        static SERIAL: Mutex<()> = Mutex::new(());
         let _serial = SERIAL.lock();
-        match self.apply_inner(spec) {
+        match self.apply_inner(&self.with_node_addresses(spec)) {
             Ok(tables) => {
                 for e in &tables.errors {
                     tracing::warn!(error = %e, "policy left out");

@@ -996,6 +996,8 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
         nat: local.nat,
         service_addresses,
         guard: local.guard.clone(),
+        // The daemon's sink adds the node's addresses (from the kernel).
+        local_addresses: Vec::new(),
     };
 
     // Cloud pools' private addresses -> their public addresses (recorded).
