@@ -34,6 +34,7 @@ mod fastpath;
 mod flood;
 mod flows;
 mod inbound;
+mod local;
 mod ipv6;
 mod malformed;
 mod neighbors;
