@@ -20,6 +20,9 @@
 //!   load and the ARP watch of the high-availability tests.
 //! - [`nodelab`]: the worker-node lab (two worker Nodes running `egret node`
 //!   behind CNI-style masquerades, two gateways, the API server).
+//! - [`cni`]: the CNI project's reference plugins (Debian's
+//!   containernetworking-plugins) run through the CNI protocol as a
+//!   container runtime runs them: the worker-node lab's CNI variant.
 //! - [`moto`]: an EC2 API emulator (moto's server) on loopback, and helpers
 //!   that seed it; [`faultproxy`]: a proxy in front of it that fails chosen
 //!   EC2 actions (errors, stalls), for the AWS provider's tests.
@@ -30,6 +33,7 @@
 pub mod apiserver;
 pub mod capture;
 pub mod client;
+pub mod cni;
 pub mod error;
 pub mod faultproxy;
 pub mod frames;

@@ -23,6 +23,18 @@
 //! `pkg/masq/masq.go`, ip-masq-agent, Calico `felix/rules/nat.go` with its
 //! IPAM-pool ipsets written as the pool CIDR): without the agent, every pod
 //! leaves with its node's address.
+//!
+//! **The CNI variant** ([`NodeLab::build_with_plugins`]): `w1`'s pods are
+//! made by the CNI project's reference plugins (Debian's
+//! `containernetworking-plugins`, [`crate::cni`]) run through the CNI
+//! protocol as a container runtime runs them: bridge `cni0` (198.18.1.1/24,
+//! 2001:db8:18:1::1/64, `isGateway`, `ipMasq`, `hairpinMode`), host-local
+//! IPAM over `w1`'s pod CIDRs, `portmap` chained after it. `w1` then has no
+//! bridge `pods` and none of the hand-written rules above: its masquerade
+//! (`CNI-<id>` chains), hairpin and port-mapping rules (`CNI-HOSTPORT-*`)
+//! are the plugins' own. `w1-sel` (the first address host-local hands out,
+//! 198.18.1.2) has `hostPort` [`HOST_PORT`] -> [`CONTAINER_PORT`]/TCP,
+//! `w1-uns` gets the next. `w2` is as above.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -31,6 +43,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::cni;
 use crate::error::{LabError, Result};
 use crate::gateway::egret_binary;
 use crate::k8slab::{mac, resolve_neighbors, sysctls, wire_upstream_and_server};
@@ -51,6 +64,18 @@ pub const CLUSTER_POD_CIDR: &str = "198.18.0.0/16";
 pub const CLUSTER_POD_CIDR6: &str = "2001:db8:18::/48";
 /// The upstream router on the segment, IPv6.
 pub const UPSTREAM6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x113, 0, 0, 0, 0, 1);
+/// The CNI variant: the worker whose pods the plugins make.
+pub const PLUGIN_WORKER: Worker = Worker::One;
+/// The CNI variant: the network's name (the configuration list's `name`).
+pub const CNI_NETWORK: &str = "egret-lab";
+/// The CNI variant: the bridge plugin's bridge.
+pub const CNI_BRIDGE: &str = "cni0";
+/// The CNI variant: the Kubernetes namespace of the lab's pods (`K8S_POD_NAMESPACE`).
+pub const POD_NAMESPACE: &str = "team-a";
+/// The CNI variant: `w1-sel`'s `hostPort` (TCP) ...
+pub const HOST_PORT: u16 = 30080;
+/// ... and the pod's port it maps to.
+pub const CONTAINER_PORT: u16 = 8080;
 
 /// The segment's IPv6 address with interface identifier `host`.
 pub fn segment6(host: u16) -> Ipv6Addr {
@@ -282,6 +307,15 @@ impl Drop for Agent {
     }
 }
 
+/// The CNI variant's state: the worker whose pods the plugins make, the
+/// configuration list, and each lab pod's attachment.
+#[derive(Debug)]
+struct Plugins {
+    worker: Worker,
+    list: cni::NetworkList,
+    attachments: BTreeMap<String, cni::Attachment>,
+}
+
 /// A running worker-node lab; dropping it ends every process in its
 /// namespaces and deletes them.
 #[derive(Debug)]
@@ -297,6 +331,7 @@ pub struct NodeLab {
     control: NetNs,
     dir: PathBuf,
     backend: Backend,
+    plugins: Option<Plugins>,
 }
 
 /// `iptables` or `ip6tables` (Debian's iptables-nft) with `rule`'s words.
@@ -333,6 +368,18 @@ impl NodeLab {
 
     /// [`NodeLab::build`] with the pods reached through `backend`.
     pub fn build_with(prefix: &str, backend: Backend) -> Result<Self> {
+        Self::build_inner(prefix, backend, None)
+    }
+
+    /// The CNI variant (see the module doc): [`NodeLab::build`] with
+    /// [`PLUGIN_WORKER`]'s pods made by the CNI plugins. Fails naming the
+    /// package when the plugins are not installed.
+    pub fn build_with_plugins(prefix: &str) -> Result<Self> {
+        cni::require_plugins()?;
+        Self::build_inner(prefix, Backend::Native, Some(PLUGIN_WORKER))
+    }
+
+    fn build_inner(prefix: &str, backend: Backend, plugin_worker: Option<Worker>) -> Result<Self> {
         remove_stale_test_labs();
         let ns = |role: &str| NetNs::create(&format!("{prefix}-{role}"));
         let mut workers = BTreeMap::new();
@@ -361,12 +408,25 @@ impl NodeLab {
             control,
             dir,
             backend,
+            plugins: None,
         };
+        if let Some(worker) = plugin_worker {
+            lab.plugins = Some(lab.plugin_network(worker)?);
+        }
         lab.wire()?;
         if backend == Backend::Vxlan {
             lab.overlay()?;
         }
         for w in Worker::ALL {
+            if lab.by_plugins(w) {
+                lab.add_plugin_pod(
+                    w,
+                    &format!("{}-sel", w.node_name()),
+                    &[cni::PortMapping::tcp(HOST_PORT, CONTAINER_PORT)],
+                )?;
+                lab.add_plugin_pod(w, &format!("{}-uns", w.node_name()), &[])?;
+                continue;
+            }
             lab.add_pod(w, &format!("{}-sel", w.node_name()), w.pod_addr(10))?;
             lab.add_pod(w, &format!("{}-uns", w.node_name()), w.pod_addr(12))?;
         }
@@ -410,11 +470,16 @@ impl NodeLab {
         for (w, ns) in &self.workers {
             self.lan_port(ns, &format!("p-{}", w.node_name()), None)?;
             self.mgmt_port(ns, &format!("m-{}", w.node_name()), w.mgmt_addr())?;
+            // The CNI variant's worker: its bridge is the bridge plugin's.
+            if !self.by_plugins(*w) {
+                ns.ip_batch(&[
+                    "link add pods type bridge mcast_snooping 0".into(),
+                    "link set dev pods up".into(),
+                    format!("addr add {}/24 dev pods", w.pod_gateway()),
+                    format!("addr add {}/64 dev pods nodad", w.pod_addr6(1)),
+                ])?;
+            }
             ns.ip_batch(&[
-                "link add pods type bridge mcast_snooping 0".into(),
-                "link set dev pods up".into(),
-                format!("addr add {}/24 dev pods", w.pod_gateway()),
-                format!("addr add {}/64 dev pods nodad", w.pod_addr6(1)),
                 format!("addr add {}/24 dev lan0", w.lan_addr()),
                 format!("addr add {}/64 dev lan0 nodad", w.lan_addr6()),
                 "link set dev lan0 up".into(),
@@ -518,8 +583,20 @@ impl NodeLab {
         Ok(())
     }
 
-    /// The CNIs' masquerade rules (see the module doc).
+    /// The CNIs' masquerade rules (see the module doc); none on the CNI
+    /// variant's worker, whose rules are the plugins'.
     fn masquerade(&self) -> Result<()> {
+        if !self.by_plugins(Worker::One) {
+            self.masquerade_w1()?;
+        }
+        if !self.by_plugins(Worker::Two) {
+            self.masquerade_w2()?;
+        }
+        Ok(())
+    }
+
+    /// flannel's and ip-masq-agent's rules on `w1`.
+    fn masquerade_w1(&self) -> Result<()> {
         let w1 = &self.workers[&Worker::One];
         let cluster = CLUSTER_POD_CIDR;
         let pod1 = Worker::One.pod_cidr();
@@ -553,6 +630,12 @@ impl NodeLab {
         ] {
             iptables(w1, "ip6tables", &rule)?;
         }
+        Ok(())
+    }
+
+    /// kindnet's and Calico's rules on `w2`.
+    fn masquerade_w2(&self) -> Result<()> {
+        let cluster = CLUSTER_POD_CIDR;
         let w2 = &self.workers[&Worker::Two];
         // kindnet: its own nft table at srcnat - 10 (runs before iptables).
         let kindnet = format!(
@@ -580,6 +663,68 @@ impl NodeLab {
             iptables(w2, "iptables", &rule)?;
         }
         Ok(())
+    }
+
+    /// Whether `worker`'s pods are made by the CNI plugins.
+    fn by_plugins(&self, worker: Worker) -> bool {
+        self.plugins.as_ref().is_some_and(|p| p.worker == worker)
+    }
+
+    /// The CNI variant's configuration list for `worker` (written where a
+    /// runtime reads it, `<dir>/cni/net.d/10-egret-lab.conflist`), checked
+    /// with each plugin's `VERSION`.
+    fn plugin_network(&self, worker: Worker) -> Result<Plugins> {
+        let cni_dir = self.dir.join("cni");
+        let conf_dir = cni_dir.join("net.d");
+        std::fs::create_dir_all(&conf_dir).map_err(|e| LabError::io(format!("create {}", conf_dir.display()), e))?;
+        let text = cni::lab_conflist(
+            CNI_NETWORK,
+            CNI_BRIDGE,
+            &worker.pod_cidr(),
+            &worker.pod_cidr6(),
+            &cni_dir.join("networks"),
+        );
+        let file = conf_dir.join(format!("10-{CNI_NETWORK}.conflist"));
+        std::fs::write(&file, &text).map_err(|e| LabError::io(format!("write {}", file.display()), e))?;
+        let list = cni::NetworkList::parse(&text, &cni_dir)?;
+        list.validate(&self.workers[&worker])?;
+        Ok(Plugins { worker, list, attachments: BTreeMap::new() })
+    }
+
+    /// Adds a pod on `worker` as a runtime does: its namespace (the
+    /// sandbox's), then the configuration list's ADD with the pod's
+    /// `hostPort`s; the pod's address is the one host-local handed out.
+    fn add_plugin_pod(&mut self, worker: Worker, name: &str, ports: &[cni::PortMapping]) -> Result<()> {
+        let ns = NetNs::create(&format!("{}-{name}", self.prefix))?;
+        sysctls(&ns, &[&COMMON[..], &["net.ipv4.ping_group_range=0 2147483647"]].concat())?;
+        let Some(plugins) = self.plugins.as_mut() else {
+            return Err(LabError::Gateway(format!("{name}: the lab has no CNI network")));
+        };
+        let rt = cni::RuntimeConf::for_pod(POD_NAMESPACE, name, &ns, ports);
+        let attachment = plugins.list.add(&self.workers[&worker], &rt)?;
+        let addr = attachment.result.ipv4().ok_or_else(|| LabError::Unexpected {
+            from: format!("CNI ADD of {name}"),
+            got: attachment.result.0.to_string(),
+        })?;
+        plugins.attachments.insert(name.to_string(), attachment);
+        self.pods.insert(name.to_string(), (LabPod { worker, name: name.to_string(), addr }, ns));
+        Ok(())
+    }
+
+    /// The CNI variant: the worker whose pods the plugins make and the
+    /// configuration list (None in the other labs).
+    pub fn plugins(&self) -> Option<(Worker, &cni::NetworkList)> {
+        self.plugins.as_ref().map(|p| (p.worker, &p.list))
+    }
+
+    /// The CNI variant: pod `name`'s attachment (its ADD's arguments and result).
+    pub fn attachment(&self, name: &str) -> Option<&cni::Attachment> {
+        self.plugins.as_ref()?.attachments.get(name)
+    }
+
+    /// The external server's namespace (a client outside the cluster).
+    pub fn server_ns(&self) -> &NetNs {
+        &self.srv
     }
 
     /// Starts `egret node` in `worker`'s namespace with `extra` flags.

@@ -56,10 +56,13 @@ pub fn table() -> Vec<Tool> {
     parse(TABLE).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The row of `command` (its file name when given as a path).
+/// The row of `command`: the row that names it as given (a command off
+/// `PATH` is listed by its path, `/usr/lib/cni/bridge`), else the row of its
+/// file name (`/usr/bin/nft` is `nft`'s).
 pub fn lookup(command: &str) -> Option<Tool> {
     let name = Path::new(command).file_name().and_then(OsStr::to_str).unwrap_or(command);
-    table().into_iter().find(|t| t.command == name)
+    let table = table();
+    table.iter().find(|t| t.command == command).or_else(|| table.iter().find(|t| t.command == name)).copied()
 }
 
 /// The message for a command that is not installed.
@@ -125,6 +128,10 @@ mod tests {
     fn messages_name_the_tool_its_package_and_the_script() {
         assert_eq!(missing("ping"), "missing tool ping (package iputils-ping): run tests/install-deps.sh");
         assert_eq!(missing("/usr/bin/nft"), "missing tool nft (package nftables): run tests/install-deps.sh");
+        assert_eq!(
+            missing("/usr/lib/cni/bridge"),
+            "missing tool /usr/lib/cni/bridge (package containernetworking-plugins): run tests/install-deps.sh"
+        );
         assert!(missing("no-such-tool").contains("not in tests/tools.txt"));
         let e = explain_spawn(OsStr::new("ping"), std::io::Error::from(std::io::ErrorKind::NotFound));
         assert_eq!(e.to_string(), missing("ping"));
