@@ -134,10 +134,19 @@ egret_ensure_pkgs() {
   before=$(egret_present_tools)
   set=("$@")
   if ! egret_plan_is_clean "${set[@]}"; then
+    local first="${EGRET_PLAN_REMOVED[*]}"
     mapfile -t set < <(egret_agreeing_set "${set[@]}" "${EGRET_PLAN_REMOVED[@]}")
-    echo "    packages: apt would remove ${EGRET_PLAN_REMOVED[*]:-nothing} or could not solve $*; asking for ${set[*]}"
+    echo "    packages: apt would remove ${first:-nothing} or could not solve $*; asking for ${set[*]}"
     if ! egret_plan_is_clean "${set[@]}"; then
-      echo "packages: cannot install $* without removing ${EGRET_PLAN_REMOVED[*]:-what apt names above}: install them by hand, in one apt-get install, at versions that agree" >&2
+      # What stands in the way: what apt still removes, else the first
+      # plan's removals that no archive version could replace.
+      local removed="${EGRET_PLAN_REMOVED[*]}" pkg
+      if [[ -z $removed ]]; then
+        for pkg in $first; do
+          [[ " ${set[*]} " == *" $pkg="* ]] || removed+="${removed:+ }$pkg"
+        done
+      fi
+      echo "packages: cannot install $* without removing ${removed:-what apt names above}: install them by hand, in one apt-get install, at versions that agree" >&2
       return 1
     fi
   fi
