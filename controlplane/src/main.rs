@@ -150,7 +150,7 @@ struct NodeArgs {
     /// The packet-mark bit (hex or decimal) set on the connections a
     /// steered pod starts; the agent's rules match only it, so replies to
     /// connections that reached the pod from outside are not steered.
-    #[arg(long, default_value = "0x2000")]
+    #[arg(long, default_value = "0x1000")]
     steer_mark: String,
     #[command(flatten)]
     tables: TableArgs,

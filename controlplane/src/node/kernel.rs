@@ -405,11 +405,11 @@ mod tests {
             assert_eq!(parse_route(&foreign, RANGE), None, "not ours");
         }
         let pod: IpAddr = "198.18.0.10".parse().unwrap();
-        for mark in [0, 0x2000] {
+        for mark in [0, 0x1000] {
             let rule = RuleShape { priority: 100, mark }.rule(pod, 1_000_007);
             assert_eq!(parse_rule(&rule_message(&rule)), Some(rule), "{rule:?}");
         }
-        let m = rule_message(&RuleShape { priority: 100, mark: 0x2000 }.rule(pod, 1_000_007));
+        let m = rule_message(&RuleShape { priority: 100, mark: 0x1000 }.rule(pod, 1_000_007));
         let mut foreign = m.clone();
         foreign.attributes.retain(|a| !matches!(a, RuleAttribute::Protocol(_)));
         assert_eq!(parse_rule(&foreign), None, "a rule without Egret's protocol is someone else's");

@@ -73,16 +73,18 @@ pub struct NodeOptions {
 /// the main table's 32766. Egret's tables `throw` whatever they do not
 /// steer, so an early rule sends nothing elsewhere.
 pub const DEFAULT_RULE_PRIORITY: u32 = 100;
-/// The default steering bit: bit 13. It sits in the nibble Cilium leaves
+/// The default steering bit: bit 12. It sits in the nibble Cilium leaves
 /// to Kubernetes (its mark layout: identity in the upper 16 and lowest 8
 /// bits, its magic values in `0x0F00`, `0xF000` for Kubernetes), beside
 /// kube-proxy's masquerade bit `0x4000` and drop bit `0x8000` (the
-/// kubelet's `--iptables-masquerade-bit`/`--iptables-drop-bit` defaults),
-/// outside Calico's default `IptablesMarkMask` `0xffff0000`, the AWS VPC
-/// CNI's `0x80` and Istio's marks (`0x539` and ambient's `0x100`-`0x220`,
-/// `0x40`). [`DOCUMENTED_MARKS`] lists them; a test checks the default
-/// against each.
-pub const DEFAULT_STEER_MARK: u32 = 0x2000;
+/// kubelet's `--iptables-masquerade-bit`/`--iptables-drop-bit` defaults)
+/// and the CNI portmap plugin's `markMasqBit` 13 (`0x2000`: it masquerades
+/// every packet carrying it, so a selected pod's traffic to a pod on its
+/// bridge was masqueraded when Egret used that bit), outside Calico's
+/// default `IptablesMarkMask` `0xffff0000`, the AWS VPC CNI's `0x80` and
+/// Istio's marks (`0x539` and ambient's `0x100`-`0x220`, `0x40`).
+/// [`DOCUMENTED_MARKS`] lists them; a test checks the default against each.
+pub const DEFAULT_STEER_MARK: u32 = 0x1000;
 
 /// Packet-mark bits other components of a cluster document using, with
 /// where: the steering bit must stay clear of them (`--steer-mark` refuses
@@ -90,6 +92,7 @@ pub const DEFAULT_STEER_MARK: u32 = 0x2000;
 pub const DOCUMENTED_MARKS: &[(&str, u32)] = &[
     ("kube-proxy / kubelet masquerade bit (--iptables-masquerade-bit 14)", 0x4000),
     ("kube-proxy / kubelet drop bit (--iptables-drop-bit 15)", 0x8000),
+    ("the CNI portmap plugin's markMasqBit (default 13)", 0x2000),
     ("Calico felix IptablesMarkMask (default)", 0xffff_0000),
     ("Cilium magic marks (MagicMarkHostMask)", 0x0f00),
     ("AWS VPC CNI connmark / fwmark", 0x80),
@@ -233,6 +236,7 @@ mod tests {
             (Box::new(|o| o.cluster_cidrs.clear()), "--cluster-cidr"),
             (Box::new(|o| o.rule_priority = 32766), "--rule-priority: 32766"),
             (Box::new(|o| o.steer_mark = 0x3000), "--steer-mark: 0x3000 must be a single bit"),
+            (Box::new(|o| o.steer_mark = 0x2000), "--steer-mark: 0x2000 is used by the CNI portmap plugin"),
             (Box::new(|o| o.steer_mark = 0x4000), "--steer-mark: 0x4000 is used by kube-proxy"),
             (Box::new(|o| o.steer_mark = 0x1_0000), "--steer-mark: 0x10000 is used by Calico"),
             (Box::new(|o| o.tables = TableRange { first: 200, count: 100 }), "reserved table"),

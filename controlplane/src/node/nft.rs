@@ -220,7 +220,7 @@ mod tests {
 
     fn sets(strict: bool) -> Sets {
         Sets {
-            steer_mark: 0x2000,
+            steer_mark: 0x1000,
             steered: ["198.18.0.10", "2001:db8:18::10"].iter().map(|s| s.parse().unwrap()).collect(),
             next_hops: ["203.0.113.10"].iter().map(|s| s.parse().unwrap()).collect(),
             strict: strict.then(|| Strict {
@@ -253,7 +253,7 @@ mod tests {
         );
         assert!(!s.contains("hook forward"), "{s}");
         assert!(
-            s.contains("ip saddr @steered4 ct direction original meta mark set meta mark or 0x2000"),
+            s.contains("ip saddr @steered4 ct direction original meta mark set meta mark or 0x1000"),
             "only the pod's own connections are marked: {s}"
         );
         assert!(!s.contains("ct direction reply"), "{s}");

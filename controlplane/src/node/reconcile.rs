@@ -250,7 +250,7 @@ mod tests {
 
     use super::*;
 
-    const P: RuleShape = RuleShape { priority: 100, mark: 0x2000 };
+    const P: RuleShape = RuleShape { priority: 100, mark: 0x1000 };
     const RANGE: TableRange = TableRange { first: 1000, count: 4 };
 
     fn ip(s: &str) -> IpAddr {
