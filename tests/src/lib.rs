@@ -23,6 +23,9 @@
 //! - [`cni`]: the CNI project's reference plugins (Debian's
 //!   containernetworking-plugins) run through the CNI protocol as a
 //!   container runtime runs them: the worker-node lab's CNI variant.
+//! - [`kubeproxy`]: the real kube-proxy (1.20, iptables mode) in a lab
+//!   namespace, and the EndpointSlices it reads, written as the
+//!   endpoint-slice controller would.
 //! - [`moto`]: an EC2 API emulator (moto's server) on loopback, and helpers
 //!   that seed it; [`faultproxy`]: a proxy in front of it that fails chosen
 //!   EC2 actions (errors, stalls), for the AWS provider's tests.
@@ -40,6 +43,7 @@ pub mod frames;
 pub mod gateway;
 pub mod harness;
 pub mod k8slab;
+pub mod kubeproxy;
 pub mod lab;
 pub mod load;
 pub mod moto;
