@@ -11,7 +11,11 @@
 //! steers to Egret. While Egret runs, that traffic is redirected in XDP and
 //! never reaches the forward path, so the rules cost nothing; the table
 //! outlives the process, so when Egret is gone the traffic is dropped instead
-//! of leaking. Excluded destinations and unselected sources stay accepted.
+//! of leaking. Excluded destinations and unselected sources stay accepted,
+//! and so do the replies of connections this node's kernel DNATed
+//! (kube-proxy serving a LoadBalancer VIP or NodePort on the gateway node):
+//! their source is a pod's in the forward path but is restored to the
+//! address the client connected to in postrouting.
 //!
 //! The rules are generated from the same compiled classification the engine
 //! and the XDP program use, in the same two levels: an interval verdict map
@@ -247,6 +251,16 @@ pub fn ruleset(tables: &Tables) -> String {
         }
     }
     s.push_str("  chain forward {\n    type filter hook forward priority filter - 10; policy accept;\n");
+    // A reply of a connection this node's kernel DNATed (kube-proxy serving
+    // a LoadBalancer VIP or a NodePort on the gateway node, masquerading to
+    // the node's address): conntrack has already undone the masquerade, so
+    // here it reads "from the pod to the client", which the maps below
+    // would drop as untranslated; postrouting then restores its source to
+    // the VIP or node address the client connected to. Never a pod's own
+    // source on the wire, so it passes.
+    s.push_str(
+        "    ct direction reply ct status dnat counter accept comment \"reply of a connection this node DNATed\"\n",
+    );
     s.push_str("    meta nfproto ipv4 ip saddr vmap @sources4\n");
     s.push_str("    meta nfproto ipv6 ip6 saddr vmap @sources6\n");
     if guarded {
@@ -487,6 +501,9 @@ mod tests {
         assert!(r.contains("elements = { 2001:db8:18::-2001:db8:18:0:ffff:ffff:ffff:ffff : jump class6_0 }"), "{r}");
         assert!(r.contains("elements = { ::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff : jump policy_0 }"), "{r}");
         assert!(r.starts_with("table inet egret_failclosed\ndelete table inet egret_failclosed\n"));
+        // Replies of connections the node DNATed pass before any policy map.
+        let dnat = r.find("ct direction reply ct status dnat counter accept").expect("the DNAT-reply rule");
+        assert!(dnat < r.find("ip saddr vmap @sources4").unwrap(), "{r}");
     }
 
     /// Longest match over `prefixes`, by brute force.
