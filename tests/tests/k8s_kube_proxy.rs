@@ -88,7 +88,8 @@ use egret_tests::plan;
 use egret_tests::probe::{Attempt, Prober};
 use k8s_common::*;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -957,6 +958,26 @@ fn local_policy(lab: &NodeLab, ctx: &mut Ctx, srv: &NetNs, caps: &[(NodeGw, Capt
     }
     let out = egret_tests::probe::wait_source(lab.pod(POD), NodeLab::http(), VIP.into(), Duration::from_secs(10));
     checks.check(out.is_ok(), format!("Local: {POD}'s own connections still leave with the VIP: {out:?}"));
+    // The gateways say so on the Service: a Warning Event.
+    let events: Api<Event> = Api::namespaced(ctx.client.clone(), NS);
+    let warned = ctx.rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let list = events.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+            let found = list.iter().find(|e| {
+                e.reason.as_deref() == Some("ExternalTrafficPolicyLocal")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
+            });
+            if let Some(e) = found {
+                return Ok(e.note.clone().unwrap_or_default());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no ExternalTrafficPolicyLocal Event for {NS}/web in 30 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    checks.check(warned.is_ok(), format!("Local: a Warning Event on {NS}/web says why: {warned:?}"));
 }
 
 /// ARP requests for the VIP that gateway `g` sent, and ARP replies for the

@@ -95,6 +95,9 @@ pub mod reason {
     pub const SERVICE_PORT_IN_NAT_RANGE: &str = "ServicePortInNatRange";
     /// Service: not of type LoadBalancer.
     pub const NOT_LOAD_BALANCER: &str = "NotLoadBalancer";
+    /// Service: `externalTrafficPolicy: Local` (the gateway holding the VIP
+    /// runs no endpoint, so its inbound traffic is dropped there).
+    pub const EXTERNAL_TRAFFIC_POLICY_LOCAL: &str = "ExternalTrafficPolicyLocal";
     /// Event: a gateway took an egress IP nobody held.
     pub const EGRESS_IP_ASSIGNED: &str = "EgressIPAssigned";
     /// Event: a gateway took an egress IP another gateway held.

@@ -84,6 +84,8 @@ pub struct ServiceInfo {
     pub ports: Vec<ServicePortInfo>,
     /// `status.loadBalancer.ingress[].ip`.
     pub ingress_ips: Vec<IpAddr>,
+    /// `spec.externalTrafficPolicy == Local`.
+    pub external_traffic_local: bool,
 }
 
 /// An `EgressPolicy`.
@@ -515,6 +517,16 @@ fn service_source(svc: &ServiceInfo, nat: &NatSettings) -> (Source, Option<Servi
             ranges.first
         );
         return (s, Some(problem(reason::SERVICE_PORT_IN_NAT_RANGE, m)));
+    }
+    if svc.external_traffic_local {
+        // Egress works; inbound does not: the gateway holding the VIP runs
+        // none of the Service's endpoints, and kube-proxy there has no local
+        // endpoint to send `Local` traffic to (k8s_kube_proxy measures it).
+        let m = format!(
+            "Service {}/{} has externalTrafficPolicy: Local: its VIP is held by an Egret gateway, which runs none of its endpoints, so kube-proxy there drops the VIP's inbound traffic (its pods still leave with the VIP); use externalTrafficPolicy: Cluster",
+            svc.namespace, svc.name
+        );
+        return (s, Some(problem(reason::EXTERNAL_TRAFFIC_POLICY_LOCAL, m)));
     }
     (s, None)
 }
@@ -1878,6 +1890,7 @@ mod tests {
             selector: labels(&[("app", "web")]),
             ports: ports.iter().map(|p| ServicePortInfo { port: *p, protocol: "TCP".into() }).collect(),
             ingress_ips: ingress.iter().map(|s| ip(s)).collect(),
+            external_traffic_local: false,
         }
     }
 
@@ -1918,7 +1931,10 @@ mod tests {
         let mut not_lb = service("team-a", "cluster-ip", &[443], &["198.51.100.22"]);
         not_lb.load_balancer = false;
         obs.services.push(not_lb);
-        obs.held = [ip("198.51.100.21")].into();
+        let mut local_policy = service("team-a", "local", &[443], &["198.51.100.23"]);
+        local_policy.external_traffic_local = true;
+        obs.services.push(local_policy);
+        obs.held = [ip("198.51.100.21"), ip("198.51.100.23")].into();
         let d = desired(&obs, &local(), t(1));
         let got: Vec<(&str, &str)> = d.service_problems.iter().map(|p| (p.name.as_str(), p.reason)).collect();
         assert_eq!(
@@ -1926,9 +1942,16 @@ mod tests {
             vec![
                 ("clash", reason::SERVICE_PORT_IN_NAT_RANGE),
                 ("cluster-ip", reason::NOT_LOAD_BALANCER),
+                ("local", reason::EXTERNAL_TRAFFIC_POLICY_LOCAL),
                 ("pending", reason::NO_INGRESS_IP)
             ]
         );
+        // A Local Service's VIP is still its pods' egress IP (a warning only).
+        assert!(d.ips[&ip("198.51.100.23")].egress);
+        assert!(d.tables.egress_ips.iter().any(|e| e.ip == ip("198.51.100.23")));
+        obs.services.retain(|s| s.name != "local");
+        obs.held.remove(&ip("198.51.100.23"));
+        let d = desired(&obs, &local(), t(1));
         let clash = &d.service_problems[0];
         assert_eq!(
             clash.message,

@@ -122,6 +122,7 @@ pub fn service(s: &Service) -> Option<ServiceInfo> {
             })
             .unwrap_or_default(),
         ingress_ips,
+        external_traffic_local: spec.and_then(|sp| sp.external_traffic_policy.as_deref()) == Some("Local"),
     })
 }
 
