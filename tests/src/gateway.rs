@@ -484,12 +484,6 @@ impl Gateway {
     }
 
     fn launch(&mut self) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .map_err(|e| LabError::io(format!("open {}", self.log.display()), e))?;
-        let log2 = log.try_clone().map_err(|e| LabError::io("dup log", e))?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns])
             .arg(&self.admin.bin)
@@ -500,15 +494,8 @@ impl Gateway {
             // Plain log lines: tests read them back (timestamps, events).
             .env("NO_COLOR", "1")
             .env("EGRET_TEST_CLOCK_SCALE", self.current.clock_scale.unwrap_or(1).to_string())
-            .envs(self.current.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        // Its own process group: a Ctrl-C meant for the lab script reaches the
-        // script (whose trap tears the lab down), not the daemon directly.
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let line = netns::describe(&cmd);
-        self.child = Some(cmd.spawn().map_err(|source| LabError::spawn(&cmd, line, source))?);
+            .envs(self.current.env.iter().map(|(k, v)| (k, v)));
+        self.child = Some(netns::spawn_logged(&mut cmd, &self.log)?);
         Ok(())
     }
 

@@ -75,7 +75,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
@@ -224,12 +224,6 @@ impl KubeProxy {
         require_commands(ns)?;
         let bin = binary();
         let log = dir.join(format!("kube-proxy-{}.log", cfg.node_name));
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .map_err(|e| LabError::io(format!("open {}", log.display()), e))?;
-        let err = out.try_clone().map_err(|e| LabError::io("dup log", e))?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", ns.name()])
             .arg(&bin)
@@ -247,13 +241,8 @@ impl KubeProxy {
             ])
             .arg(format!("--metrics-bind-address={METRICS}"))
             .arg(format!("--healthz-bind-address={HEALTHZ}"))
-            .args(&cfg.extra)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let line = netns::describe(&cmd);
-        let child = cmd.spawn().map_err(|source| LabError::spawn(&cmd, line, source))?;
+            .args(&cfg.extra);
+        let child = netns::spawn_logged(&mut cmd, &log)?;
         Ok(Self {
             child: Some(child),
             ns: NetNs::existing(ns.name())?,
@@ -367,89 +356,62 @@ impl Drop for KubeProxy {
 /// kube-proxy starts (see the module doc).
 pub fn install_kubelet_chains(ns: &NetNs) -> crate::Result<()> {
     let (drop_mark, masq_mark) = ("0x008000", "0x004000");
-    let rules: [&[&str]; 13] = [
-        &["-t", "nat", "-N", "KUBE-MARK-DROP"],
-        &["-t", "nat", "-A", "KUBE-MARK-DROP", "-j", "MARK", "--or-mark", drop_mark],
-        &["-t", "filter", "-N", "KUBE-FIREWALL"],
-        &[
-            "-t",
-            "filter",
-            "-A",
-            "KUBE-FIREWALL",
-            "-m",
-            "comment",
-            "--comment",
+    let rules: [Vec<&str>; 14] = [
+        vec!["-t", "nat", "-N", "KUBE-MARK-DROP"],
+        vec!["-t", "nat", "-A", "KUBE-MARK-DROP", "-j", "MARK", "--or-mark", drop_mark],
+        vec!["-t", "filter", "-N", "KUBE-FIREWALL"],
+        commented(
+            "filter -A KUBE-FIREWALL",
             "kubernetes firewall for dropping marked packets",
-            "-m",
-            "mark",
-            "--mark",
-            "0x008000/0x008000",
-            "-j",
-            "DROP",
-        ],
-        &[
-            "-t",
-            "filter",
-            "-A",
-            "KUBE-FIREWALL",
-            "-m",
-            "comment",
-            "--comment",
+            &["-m", "mark", "--mark", "0x008000/0x008000", "-j", "DROP"],
+        ),
+        commented(
+            "filter -A KUBE-FIREWALL",
             "block incoming localnet connections",
-            "--dst",
-            "127.0.0.0/8",
-            "!",
-            "--src",
-            "127.0.0.0/8",
-            "-m",
-            "conntrack",
-            "!",
-            "--ctstate",
-            "RELATED,ESTABLISHED,DNAT",
-            "-j",
-            "DROP",
-        ],
-        &["-t", "filter", "-I", "OUTPUT", "-j", "KUBE-FIREWALL"],
-        &["-t", "filter", "-I", "INPUT", "-j", "KUBE-FIREWALL"],
-        &["-t", "nat", "-N", "KUBE-MARK-MASQ"],
-        &["-t", "nat", "-N", "KUBE-POSTROUTING"],
-        &["-t", "nat", "-A", "KUBE-MARK-MASQ", "-j", "MARK", "--or-mark", masq_mark],
-        &[
-            "-t",
-            "nat",
-            "-I",
-            "POSTROUTING",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes postrouting rules",
-            "-j",
-            "KUBE-POSTROUTING",
-        ],
-        &["-t", "nat", "-A", "KUBE-POSTROUTING", "-m", "mark", "!", "--mark", "0x004000/0x004000", "-j", "RETURN"],
-        &["-t", "nat", "-A", "KUBE-POSTROUTING", "-j", "MARK", "--xor-mark", masq_mark],
+            &[
+                "--dst",
+                "127.0.0.0/8",
+                "!",
+                "--src",
+                "127.0.0.0/8",
+                "-m",
+                "conntrack",
+                "!",
+                "--ctstate",
+                "RELATED,ESTABLISHED,DNAT",
+                "-j",
+                "DROP",
+            ],
+        ),
+        vec!["-t", "filter", "-I", "OUTPUT", "-j", "KUBE-FIREWALL"],
+        vec!["-t", "filter", "-I", "INPUT", "-j", "KUBE-FIREWALL"],
+        vec!["-t", "nat", "-N", "KUBE-MARK-MASQ"],
+        vec!["-t", "nat", "-N", "KUBE-POSTROUTING"],
+        vec!["-t", "nat", "-A", "KUBE-MARK-MASQ", "-j", "MARK", "--or-mark", masq_mark],
+        commented("nat -I POSTROUTING", "kubernetes postrouting rules", &["-j", "KUBE-POSTROUTING"]),
+        vec!["-t", "nat", "-A", "KUBE-POSTROUTING", "-m", "mark", "!", "--mark", "0x004000/0x004000", "-j", "RETURN"],
+        vec!["-t", "nat", "-A", "KUBE-POSTROUTING", "-j", "MARK", "--xor-mark", masq_mark],
+        commented(
+            "nat -A KUBE-POSTROUTING",
+            "kubernetes service traffic requiring SNAT",
+            &["-j", "MASQUERADE", "--random-fully"],
+        ),
     ];
-    for r in rules {
+    for r in &rules {
         run_in(ns, "iptables", r)?;
     }
-    run_in(
-        ns,
-        "iptables",
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "KUBE-POSTROUTING",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes service traffic requiring SNAT",
-            "-j",
-            "MASQUERADE",
-            "--random-fully",
-        ],
-    )
-    .map(drop)
+    Ok(())
+}
+
+/// The arguments of an iptables rule with a comment, as the kubelet writes
+/// it: `-t <table> <op> <chain> -m comment --comment <comment> <rest>`
+/// (`where_` is `<table> <op> <chain>`).
+fn commented(where_: &'static str, comment: &'static str, rest: &[&'static str]) -> Vec<&'static str> {
+    let mut r = vec!["-t"];
+    r.extend(where_.split(' '));
+    r.extend(["-m", "comment", "--comment", comment]);
+    r.extend(rest);
+    r
 }
 
 /// The commands kube-proxy runs (iptables mode): missing, it would fail

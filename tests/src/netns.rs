@@ -3,7 +3,8 @@
 //!
 //! Two ways to act inside a namespace:
 //! - [`NetNs::command`]: a process under `ip netns exec` (the gateway, `ip`,
-//!   `sysctl`);
+//!   `sysctl`); [`spawn_logged`] starts such a daemon with its output in a
+//!   log file;
 //! - [`NetNs::run_in`] / [`NetNs::spawn_in`]: a thread of this process that
 //!   first enters the namespace (setns(2) acts per thread). Sockets it opens
 //!   stay in the namespace for their whole life, wherever they are used
@@ -11,7 +12,8 @@
 //!   process per pod.
 
 use std::fs::File;
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
 use std::thread::JoinHandle;
 
 use crate::error::{LabError, Result};
@@ -33,6 +35,23 @@ pub fn run(cmd: &mut Command) -> Result<String> {
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         })
     }
+}
+
+/// Spawns `cmd` (a daemon under `ip netns exec`) with stdin closed and
+/// stdout and stderr appended to `log`, in its own process group: a Ctrl-C
+/// meant for the lab script reaches the script (whose trap tears the lab
+/// down), not the daemon directly.
+pub fn spawn_logged(cmd: &mut Command, log: &Path) -> Result<Child> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| LabError::io(format!("open {}", log.display()), e))?;
+    let err = out.try_clone().map_err(|e| LabError::io("dup log", e))?;
+    cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+    std::os::unix::process::CommandExt::process_group(cmd, 0);
+    let line = describe(cmd);
+    cmd.spawn().map_err(|source| LabError::spawn(cmd, line, source))
 }
 
 /// A command line as text, for error messages.

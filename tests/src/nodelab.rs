@@ -733,12 +733,6 @@ impl NodeLab {
         let name = worker.node_name();
         let status_file = self.dir.join(format!("{name}-node.json"));
         let log = self.dir.join(format!("{name}-node.log"));
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .map_err(|e| LabError::io(format!("open {}", log.display()), e))?;
-        let err = out.try_clone().map_err(|e| LabError::io("dup log", e))?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.workers[&worker].name()])
             .arg(&bin)
@@ -749,13 +743,8 @@ impl NodeLab {
             .arg(&status_file)
             .args(extra)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let line = netns::describe(&cmd);
-        let child = cmd.spawn().map_err(|source| LabError::spawn(&cmd, line, source))?;
+            .env("NO_COLOR", "1");
+        let child = netns::spawn_logged(&mut cmd, &log)?;
         Ok(Agent { child: Some(child), status_file, log })
     }
 

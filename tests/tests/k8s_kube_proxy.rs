@@ -80,10 +80,10 @@ use std::time::{Duration, Instant};
 use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture, Frame};
 use egret_tests::client::{parse_saw, TcpSession};
-use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
+use egret_tests::gateway::Gateway;
 use egret_tests::kubeproxy::{self, KubeProxy, KubeProxyConfig};
 use egret_tests::netns::NetNs;
-use egret_tests::nodelab::{Agent, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6};
+use egret_tests::nodelab::{Agent, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR};
 use egret_tests::plan;
 use egret_tests::probe::{Attempt, Prober};
 use k8s_common::*;
@@ -457,39 +457,16 @@ fn lab_ns(lab: &NodeLab, role: &str) -> NetNs {
 /// CRDs, Egret's namespace and RBAC (both manifests), the Nodes, the Pods
 /// (Running and Ready, with both addresses), the two Services with the VIP.
 async fn setup_cluster(client: &kube::Client) {
-    install_egret(client).await;
-    let discovery = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests/40-node-rbac.yaml");
-    for obj in documents(&std::fs::read_to_string(&path).expect("node rbac")) {
-        apply_object(client, &discovery, "40-node-rbac.yaml", &obj, false).await;
-    }
-    namespace(client, NS, json!({"team": "a"})).await;
-    for g in NodeGw::ALL {
-        node(client, g.node_name(), json!({"egret.dev/gateway": "true"})).await;
-    }
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    for w in Worker::ALL {
-        let n = serde_json::from_value(json!({
-            "metadata": {"name": w.node_name()},
-            "spec": {"podCIDR": w.pod_cidr(), "podCIDRs": [w.pod_cidr()]}
-        }))
-        .unwrap();
-        nodes.create(&PostParams::default(), &n).await.expect("worker node");
-        for (suffix, host) in [("sel", 10), ("uns", 12)] {
-            let name = format!("{}-{suffix}", w.node_name());
-            let app = if name == POD { "web" } else { "other" };
-            let (ip, ip6) = (w.pod_addr(host).to_string(), w.pod_addr6(host).to_string());
-            pod_on(client, NS, &name, json!({"app": app}), &[&ip, &ip6], Some(w.node_name())).await;
-            // Ready, as the kubelet reports a pod whose containers are up:
-            // the endpoint-slice controller publishes it as ready.
-            let ready = json!({"status": {"conditions": [
-                {"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}
-            ]}});
-            Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS)
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&ready))
-                .await
-                .expect("pod ready");
-        }
+    for name in node_lab_cluster(client, NS, |pod| if pod == POD { "web" } else { "other" }).await {
+        // Ready, as the kubelet reports a pod whose containers are up:
+        // the endpoint-slice controller publishes it as ready.
+        let ready = json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}
+        ]}});
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS)
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&ready))
+            .await
+            .expect("pod ready");
     }
     let services: Api<Service> = Api::namespaced(client.clone(), NS);
     for (name, port, protocol, egress) in [("web", TCP_PORT, "TCP", true), ("web-udp", UDP_PORT, "UDP", false)] {
@@ -538,13 +515,8 @@ fn bring_up(lab: &NodeLab, server: &ApiServer) -> Ctx {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = rt.block_on(server.client()).expect("client");
     rt.block_on(setup_cluster(&client));
-    let gw_kc = lab.dir().join("gateway.kubeconfig");
-    let node_kc = lab.dir().join("node.kubeconfig");
+    let (gw_kc, node_kc) = rt.block_on(egret_kubeconfigs(&client, server.kubeconfig_path(), lab.dir()));
     let proxy_kc = lab.dir().join("kube-proxy.kubeconfig");
-    let token = rt.block_on(service_account_token(&client, "egret-gateway"));
-    write_token_kubeconfig(server.kubeconfig_path(), "egret-gateway", &token, &gw_kc);
-    let token = rt.block_on(service_account_token(&client, "egret-node"));
-    write_token_kubeconfig(server.kubeconfig_path(), "egret-node", &token, &node_kc);
     rt.block_on(kubeproxy::proxier_kubeconfig(&client, server.kubeconfig_path(), &proxy_kc))
         .expect("kube-proxy's kubeconfig");
 
@@ -574,29 +546,8 @@ fn bring_up(lab: &NodeLab, server: &ApiServer) -> Ctx {
     }
     println!("{TAG}: four kube-proxies synced {} ms after the first started", ms(t.elapsed()));
 
-    let mut gws = BTreeMap::new();
-    for g in NodeGw::ALL {
-        let cfg = GatewayConfig::kubernetes(
-            &[("lan0", "both")],
-            KubernetesSection {
-                node_name: g.node_name().into(),
-                kubeconfig: gw_kc.clone(),
-                timing: None,
-                cluster_pod_cidrs: vec![CLUSTER_POD_CIDR.into(), CLUSTER_POD_CIDR6.into()],
-                extra: String::new(),
-            },
-        );
-        gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
-    }
-    for gw in gws.values_mut() {
-        gw.wait_ready(Duration::from_secs(30)).expect("egret gateway ready");
-    }
-    let mut agents = BTreeMap::new();
-    for w in Worker::ALL {
-        let a = lab.start_agent(w, &node_kc, &[]).expect("start egret node");
-        a.wait_synced(0, Duration::from_secs(30)).expect("egret node synced");
-        agents.insert(w, a);
-    }
+    let gws = start_node_lab_gateways(lab, &gw_kc);
+    let agents = Worker::ALL.iter().map(|w| (*w, start_synced_agent(lab, *w, &node_kc, &[]))).collect();
     Ctx { rt, client, gws, _agents: agents, proxies }
 }
 

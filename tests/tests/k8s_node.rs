@@ -41,11 +41,9 @@ use std::time::{Duration, Instant};
 
 use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_tests::apiserver::ApiServer;
-use egret_tests::capture::{self, Capture};
-use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
-use egret_tests::nodelab::{
-    Agent, Backend, NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6, VXLAN_DEVICE,
-};
+use egret_tests::capture::Capture;
+use egret_tests::gateway::Gateway;
+use egret_tests::nodelab::{Agent, Backend, NodeGw, NodeLab, Worker, VXLAN_DEVICE};
 use egret_tests::probe::{self, Prober};
 use k8s_common::*;
 use k8s_openapi::api::core::v1::Pod;
@@ -124,45 +122,8 @@ fn lease_holder(rt: &tokio::runtime::Runtime, client: &kube::Client) -> Option<N
 /// CRDs, the deployed namespace and both RBAC manifests, gateway and worker
 /// Nodes, the lab's pods, the EgressPolicy selecting `app=db`.
 async fn setup_cluster(client: &kube::Client) {
-    install_crds(client).await;
-    let discovery = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
-    let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests");
-    for file in ["00-namespace.yaml", "10-rbac.yaml", "40-node-rbac.yaml"] {
-        let text = std::fs::read_to_string(manifests.join(file)).expect("manifest");
-        for obj in documents(&text) {
-            apply_object(client, &discovery, file, &obj, false).await;
-        }
-    }
-    namespace(client, "team-a", json!({"team": "a"})).await;
-    for g in NodeGw::ALL {
-        node(client, g.node_name(), json!({"egret.dev/gateway": "true"})).await;
-    }
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    for w in Worker::ALL {
-        let n = serde_json::from_value(json!({
-            "metadata": {"name": w.node_name()},
-            "spec": {"podCIDR": w.pod_cidr(), "podCIDRs": [w.pod_cidr()]}
-        }))
-        .unwrap();
-        nodes.create(&PostParams::default(), &n).await.expect("worker node");
-        for (suffix, app, host) in [("sel", "db", 10), ("uns", "other", 12)] {
-            let name = format!("{}-{suffix}", w.node_name());
-            let (ip, ip6) = (w.pod_addr(host).to_string(), w.pod_addr6(host).to_string());
-            pod_on(client, "team-a", &name, json!({"app": app}), &[&ip, &ip6], Some(w.node_name())).await;
-        }
-    }
-    let policy: EgressPolicy = serde_json::from_value(json!({
-        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
-        "metadata": {"name": "db"},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"team": "a"}},
-            "podSelector": {"matchLabels": {"app": "db"}},
-            "destinations": ["0.0.0.0/0", "::/0"],
-            "egressIPs": [{"ip": EIP.to_string()}, {"ip": EIP6.to_string()}]
-        }
-    }))
-    .unwrap();
-    Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.expect("policy");
+    node_lab_cluster(client, "team-a", |pod| if pod.ends_with("-sel") { "db" } else { "other" }).await;
+    db_policy_dual_stack(client, EIP, EIP6).await;
 }
 
 /// An egress IP no node can route to (not on their link).
@@ -189,12 +150,6 @@ async fn unreachable_policy(client: &kube::Client, create: bool) {
     api.create(&PostParams::default(), &policy).await.expect("policy");
 }
 
-fn start_agent(lab: &NodeLab, w: Worker, kubeconfig: &std::path::Path, extra: &[&str]) -> Agent {
-    let a = lab.start_agent(w, kubeconfig, extra).expect("start egret node");
-    a.wait_synced(0, Duration::from_secs(30)).expect("egret node synced");
-    a
-}
-
 /// What both scenarios start from: the cluster, both gateways and both
 /// agents running, a capture on the upstream link.
 struct Ctx {
@@ -210,37 +165,10 @@ fn bring_up(lab: &NodeLab, server: &ApiServer) -> Ctx {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = rt.block_on(server.client()).expect("client");
     rt.block_on(setup_cluster(&client));
-    let gw_kc = lab.dir().join("gateway.kubeconfig");
-    let node_kc = lab.dir().join("node.kubeconfig");
-    let token = rt.block_on(service_account_token(&client, "egret-gateway"));
-    write_token_kubeconfig(server.kubeconfig_path(), "egret-gateway", &token, &gw_kc);
-    let token = rt.block_on(service_account_token(&client, "egret-node"));
-    write_token_kubeconfig(server.kubeconfig_path(), "egret-node", &token, &node_kc);
-
+    let (gw_kc, node_kc) = rt.block_on(egret_kubeconfigs(&client, server.kubeconfig_path(), lab.dir()));
     let capture = Capture::start(lab.upstream(), "lan0").expect("capture the upstream link");
-    let mut gws: BTreeMap<NodeGw, Gateway> = BTreeMap::new();
-    for g in NodeGw::ALL {
-        let cfg = GatewayConfig::kubernetes(
-            &[("lan0", "both")],
-            KubernetesSection {
-                node_name: g.node_name().into(),
-                kubeconfig: gw_kc.clone(),
-                timing: None,
-                // A pod the agent steers before this gateway knows it is
-                // dropped here, never forwarded with its own address.
-                cluster_pod_cidrs: vec![CLUSTER_POD_CIDR.into(), CLUSTER_POD_CIDR6.into()],
-                extra: String::new(),
-            },
-        );
-        gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
-    }
-    for gw in gws.values_mut() {
-        gw.wait_ready(Duration::from_secs(30)).expect("egret gateway ready");
-    }
-    let mut agents: BTreeMap<Worker, Agent> = BTreeMap::new();
-    for w in Worker::ALL {
-        agents.insert(w, start_agent(lab, w, &node_kc, &[]));
-    }
+    let gws = start_node_lab_gateways(lab, &gw_kc);
+    let agents = Worker::ALL.iter().map(|w| (*w, start_synced_agent(lab, *w, &node_kc, &[]))).collect();
 
     Ctx { rt, client, node_kc, capture: Some(capture), gws, agents }
 }
@@ -269,33 +197,6 @@ fn steady_state(lab: &NodeLab, ctx: &Ctx, ipv6: bool) {
     }
 }
 
-/// No frame on the upstream link and no connection at the server had a pod's address.
-fn assert_no_pod_address_left(lab: &NodeLab, capture: Capture) {
-    let frames = capture.stop().expect("stop the capture");
-    let pods: [ipnet::IpNet; 2] = [CLUSTER_POD_CIDR.parse().unwrap(), CLUSTER_POD_CIDR6.parse().unwrap()];
-    let leaked: Vec<String> = frames
-        .iter()
-        .filter_map(|f| capture::ip_info(&f.data))
-        .filter(|i| pods.iter().any(|p| p.contains(&i.src)))
-        .map(|i| format!("{} -> {} proto {}", i.src, i.dst, i.proto))
-        .collect();
-    assert!(
-        leaked.is_empty(),
-        "{} frames on the upstream link had a pod's address: {:?}",
-        leaked.len(),
-        &leaked[..leaked.len().min(5)]
-    );
-    let seen: Vec<String> = lab
-        .server()
-        .map(|s| s.seen())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| pods.iter().any(|p| p.contains(&s.src.ip())))
-        .map(|s| s.to_string())
-        .collect();
-    assert!(seen.is_empty(), "the server saw pod addresses: {seen:?}");
-}
-
 fn overlay(lab: &NodeLab, server: &ApiServer) {
     let ctx = bring_up(lab, server);
     let tunnel = |ns: &egret_tests::netns::NetNs| NodeLab::link_packets(ns, VXLAN_DEVICE).expect("flannel.1 counters");
@@ -315,7 +216,7 @@ fn overlay(lab: &NodeLab, server: &ApiServer) {
         );
     }
     println!("k8s-node: overlay: the gateways sent {sent} packets to the pods through {VXLAN_DEVICE}");
-    assert_no_pod_address_left(lab, ctx.capture.expect("the capture"));
+    assert_no_pod_address_left(lab, &ctx.capture.expect("the capture").stop().expect("stop the capture"));
 }
 
 fn scenario(lab: &NodeLab, server: &ApiServer) {
@@ -377,7 +278,7 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     std::thread::sleep(Duration::from_millis(500));
     agents.get_mut(&Worker::One).unwrap().kill();
     std::thread::sleep(Duration::from_secs(1));
-    let restarted = start_agent(lab, Worker::One, node_kc, &[]);
+    let restarted = start_synced_agent(lab, Worker::One, node_kc, &[]);
     std::thread::sleep(Duration::from_millis(500));
     let attempts = prober.stop();
     let wrong: Vec<String> = attempts
@@ -409,7 +310,7 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         "default mode: a pod the agent does not know yet leaves through the node's masquerade"
     );
     agents.get_mut(&Worker::Two).unwrap().kill();
-    agents.insert(Worker::Two, start_agent(lab, Worker::Two, node_kc, &["--strict"]));
+    agents.insert(Worker::Two, start_synced_agent(lab, Worker::Two, node_kc, &["--strict"]));
     assert_eq!(agents[&Worker::Two].status().unwrap()["strict"], true);
     let dropped = source_of(lab, "w2-new");
     assert!(dropped.is_err(), "strict mode: an unknown pod cannot leave the cluster: {dropped:?}");
@@ -447,7 +348,7 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     assert_eq!(source_of(lab, "w1-sel"), Ok(IpAddr::V4(Worker::One.lan_addr())), "unsteered, the CNI masquerades it");
 
     // No pod address ever left.
-    assert_no_pod_address_left(lab, capture.take().expect("the capture"));
+    assert_no_pod_address_left(lab, &capture.take().expect("the capture").stop().expect("stop the capture"));
 }
 
 /// `mode: PerNode` over a pool of two addresses per family, selecting the

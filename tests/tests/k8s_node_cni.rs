@@ -48,15 +48,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture, Frame};
 use egret_tests::cni::{self, Attachment, PortMapping, RuntimeConf};
-use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
 use egret_tests::netns::NetNs;
 use egret_tests::nodelab::{
-    NodeGw, NodeLab, Worker, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6, CNI_BRIDGE, CNI_NETWORK, CONTAINER_PORT, HOST_PORT,
-    POD_NAMESPACE,
+    NodeGw, NodeLab, Worker, CNI_BRIDGE, CNI_NETWORK, CONTAINER_PORT, HOST_PORT, POD_NAMESPACE,
 };
 use egret_tests::{client, probe};
 use k8s_common::*;
@@ -378,15 +375,7 @@ async fn cni_pod(client: &kube::Client, name: &str, app: &str, node: &str, att: 
 /// CRDs, the deployed namespace and RBAC (gateway and node), the Nodes
 /// (`w1` with both pod CIDRs), `w1`'s pods, the EgressPolicy `db`.
 async fn setup_cluster(client: &kube::Client, lab: &NodeLab, w: Worker) {
-    install_crds(client).await;
-    let discovery = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
-    let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests");
-    for file in ["00-namespace.yaml", "10-rbac.yaml", "40-node-rbac.yaml"] {
-        let text = std::fs::read_to_string(manifests.join(file)).expect("manifest");
-        for obj in documents(&text) {
-            apply_object(client, &discovery, file, &obj, false).await;
-        }
-    }
+    install_egret_with_node_rbac(client).await;
     namespace(client, POD_NAMESPACE, json!({"team": "a"})).await;
     for g in NodeGw::ALL {
         node(client, g.node_name(), json!({"egret.dev/gateway": "true"})).await;
@@ -402,44 +391,7 @@ async fn setup_cluster(client: &kube::Client, lab: &NodeLab, w: Worker) {
         .expect("worker node");
     cni_pod(client, "w1-sel", "db", w.node_name(), lab.attachment("w1-sel").unwrap(), Some(HOST_PORT)).await;
     cni_pod(client, "w1-uns", "other", w.node_name(), lab.attachment("w1-uns").unwrap(), None).await;
-    let policy: EgressPolicy = serde_json::from_value(json!({
-        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
-        "metadata": {"name": "db"},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {"team": "a"}},
-            "podSelector": {"matchLabels": {"app": "db"}},
-            "destinations": ["0.0.0.0/0", "::/0"],
-            "egressIPs": [{"ip": EIP.to_string()}, {"ip": EIP6.to_string()}]
-        }
-    }))
-    .unwrap();
-    Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.expect("policy");
-}
-
-/// No frame on the upstream link and no connection at the server had a pod's address.
-fn assert_no_pod_address_left(lab: &NodeLab, frames: &[Frame]) {
-    let pods: [ipnet::IpNet; 2] = [CLUSTER_POD_CIDR.parse().unwrap(), CLUSTER_POD_CIDR6.parse().unwrap()];
-    let leaked: Vec<String> = frames
-        .iter()
-        .filter_map(|f| capture::ip_info(&f.data))
-        .filter(|i| pods.iter().any(|p| p.contains(&i.src)))
-        .map(|i| format!("{} -> {} proto {}", i.src, i.dst, i.proto))
-        .collect();
-    assert!(
-        leaked.is_empty(),
-        "{} frames on the upstream link had a pod's address: {:?}",
-        leaked.len(),
-        &leaked[..leaked.len().min(5)]
-    );
-    let seen: Vec<String> = lab
-        .server()
-        .map(|s| s.seen())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| pods.iter().any(|p| p.contains(&s.src.ip())))
-        .map(|s| s.to_string())
-        .collect();
-    assert!(seen.is_empty(), "the server saw pod addresses: {seen:?}");
+    db_policy_dual_stack(client, EIP, EIP6).await;
 }
 
 // ----------------------------------------------------------- scenario ---
@@ -514,31 +466,9 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = rt.block_on(server.client()).expect("client");
     rt.block_on(setup_cluster(&client, lab, w));
-    let gw_kc = lab.dir().join("gateway.kubeconfig");
-    let node_kc = lab.dir().join("node.kubeconfig");
-    let token = rt.block_on(service_account_token(&client, "egret-gateway"));
-    write_token_kubeconfig(server.kubeconfig_path(), "egret-gateway", &token, &gw_kc);
-    let token = rt.block_on(service_account_token(&client, "egret-node"));
-    write_token_kubeconfig(server.kubeconfig_path(), "egret-node", &token, &node_kc);
-    let mut gws = Vec::new();
-    for g in NodeGw::ALL {
-        let cfg = GatewayConfig::kubernetes(
-            &[("lan0", "both")],
-            KubernetesSection {
-                node_name: g.node_name().into(),
-                kubeconfig: gw_kc.clone(),
-                timing: None,
-                cluster_pod_cidrs: vec![CLUSTER_POD_CIDR.into(), CLUSTER_POD_CIDR6.into()],
-                extra: String::new(),
-            },
-        );
-        gws.push(Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
-    }
-    for gw in &mut gws {
-        gw.wait_ready(Duration::from_secs(30)).expect("egret gateway ready");
-    }
-    let agent = lab.start_agent(w, &node_kc, &[]).expect("start egret node");
-    agent.wait_synced(0, Duration::from_secs(30)).expect("egret node synced");
+    let (gw_kc, node_kc) = rt.block_on(egret_kubeconfigs(&client, server.kubeconfig_path(), lab.dir()));
+    let gws = start_node_lab_gateways(lab, &gw_kc);
+    let agent = start_synced_agent(lab, w, &node_kc, &[]);
     let agent_started = capture.snapshot().len();
     let took = probe::wait_source(lab.pod("w1-sel"), NodeLab::http(), EIP.into(), Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("w1-sel: {e}"))
@@ -644,7 +574,7 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     drop(sandbox);
 
     drop(agent);
-    for mut gw in gws {
+    for mut gw in gws.into_values() {
         let _ = gw.kill();
     }
     let frames = capture.stop().expect("stop the capture");

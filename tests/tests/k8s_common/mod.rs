@@ -2,8 +2,9 @@
 //! `TablesSink` that records every applied spec with its time, cluster
 //! fixtures (namespaces, Nodes, Pods with a patched IP, LoadBalancer Services
 //! with a patched ingress IP), the CRDs from `deploy/crds/`, gateway control
-//! planes run as tasks, and a TCP proxy that can cut one gateway off from the
-//! API server.
+//! planes run as tasks, a TCP proxy that can cut one gateway off from the
+//! API server, and the worker-node lab's Egret (kubeconfigs, both gateways,
+//! synced agents) with its check that no pod address left.
 
 // `SinkEvent::Apply` holds a whole TablesSpec (248 bytes since it carries the
 // node's local addresses); a test log, not a hot path.
@@ -244,14 +245,29 @@ pub fn lab_gateway_config(
 /// The EgressPolicy `db` of the labs: pods labelled `app=db` in namespaces
 /// labelled `team=a` leave through `egress_ip`.
 pub async fn db_policy(client: &kube::Client, egress_ip: std::net::Ipv4Addr) {
+    create_db_policy(client, &["0.0.0.0/0"], &[egress_ip.into()]).await;
+}
+
+/// The EgressPolicy `db` of the worker-node labs: [`db_policy`] for both
+/// families, `egress_ip` for IPv4 and `egress_ip6` for IPv6.
+pub async fn db_policy_dual_stack(
+    client: &kube::Client,
+    egress_ip: std::net::Ipv4Addr,
+    egress_ip6: std::net::Ipv6Addr,
+) {
+    create_db_policy(client, &["0.0.0.0/0", "::/0"], &[egress_ip.into(), egress_ip6.into()]).await;
+}
+
+async fn create_db_policy(client: &kube::Client, destinations: &[&str], egress_ips: &[IpAddr]) {
+    let ips: Vec<serde_json::Value> = egress_ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect();
     let policy: egret_controlplane::k8s::crd::EgressPolicy = serde_json::from_value(json!({
         "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
         "metadata": {"name": "db"},
         "spec": {
             "namespaceSelector": {"matchLabels": {"team": "a"}},
             "podSelector": {"matchLabels": {"app": "db"}},
-            "destinations": ["0.0.0.0/0"],
-            "egressIPs": [{"ip": egress_ip.to_string()}]
+            "destinations": destinations,
+            "egressIPs": ips
         }
     }))
     .unwrap();
@@ -622,13 +638,145 @@ pub fn ha_section(
 /// Egret's CRDs, and the deployed namespace and RBAC (`deploy/manifests`
 /// 00 and 10), as an operator installs them.
 pub async fn install_egret(client: &kube::Client) {
+    install_egret_manifests(client, &["00-namespace.yaml", "10-rbac.yaml"]).await;
+}
+
+/// [`install_egret`] and the worker-node agent's RBAC (`40-node-rbac.yaml`).
+pub async fn install_egret_with_node_rbac(client: &kube::Client) {
+    install_egret_manifests(client, &["00-namespace.yaml", "10-rbac.yaml", "40-node-rbac.yaml"]).await;
+}
+
+/// Egret's CRDs and the `deploy/manifests` files named, in order.
+async fn install_egret_manifests(client: &kube::Client, files: &[&str]) {
     install_crds(client).await;
     let discovery = kube::discovery::Discovery::new(client.clone()).run().await.expect("discovery");
     let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests");
-    for file in ["00-namespace.yaml", "10-rbac.yaml"] {
+    for file in files {
         let text = std::fs::read_to_string(manifests.join(file)).expect("manifest");
         for obj in documents(&text) {
             apply_object(client, &discovery, file, &obj, false).await;
         }
     }
+}
+
+// ------------------------------------------------- the worker-node lab ---
+
+/// The worker-node lab's cluster objects: Egret with the agent's RBAC
+/// ([`install_egret_with_node_rbac`]), namespace `ns` (`team=a`), the
+/// gateway Nodes (`egret.dev/gateway`), each worker Node with its IPv4 pod
+/// CIDR and on it the pods `<node>-sel` (`.10`) and `<node>-uns` (`.12`)
+/// with both addresses, labelled `app=<app(pod name)>`. Returns the pods'
+/// names.
+pub async fn node_lab_cluster(client: &kube::Client, ns: &str, app: impl Fn(&str) -> &'static str) -> Vec<String> {
+    use egret_tests::nodelab::{NodeGw, Worker};
+    install_egret_with_node_rbac(client).await;
+    namespace(client, ns, json!({"team": "a"})).await;
+    for g in NodeGw::ALL {
+        node(client, g.node_name(), json!({"egret.dev/gateway": "true"})).await;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut pods = Vec::new();
+    for w in Worker::ALL {
+        let n = serde_json::from_value(json!({
+            "metadata": {"name": w.node_name()},
+            "spec": {"podCIDR": w.pod_cidr(), "podCIDRs": [w.pod_cidr()]}
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &n).await.expect("worker node");
+        for (suffix, host) in [("sel", 10), ("uns", 12)] {
+            let name = format!("{}-{suffix}", w.node_name());
+            let (ip, ip6) = (w.pod_addr(host).to_string(), w.pod_addr6(host).to_string());
+            pod_on(client, ns, &name, json!({"app": app(&name)}), &[&ip, &ip6], Some(w.node_name())).await;
+            pods.push(name);
+        }
+    }
+    pods
+}
+
+/// Kubeconfigs for Egret's two ServiceAccounts in the directory `dir`, with
+/// tokens from the TokenRequest API and the admin kubeconfig's server and
+/// CA: (`gateway.kubeconfig` as `egret-gateway`, `node.kubeconfig` as
+/// `egret-node`).
+pub async fn egret_kubeconfigs(
+    client: &kube::Client,
+    admin: &std::path::Path,
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let gw_kc = dir.join("gateway.kubeconfig");
+    let node_kc = dir.join("node.kubeconfig");
+    let token = service_account_token(client, "egret-gateway").await;
+    write_token_kubeconfig(admin, "egret-gateway", &token, &gw_kc);
+    let token = service_account_token(client, "egret-node").await;
+    write_token_kubeconfig(admin, "egret-node", &token, &node_kc);
+    (gw_kc, node_kc)
+}
+
+/// Both gateways of the worker-node lab, `egret gateway` in Kubernetes mode
+/// on `lan0` with the cluster's pod CIDRs, ready.
+pub fn start_node_lab_gateways(
+    lab: &egret_tests::nodelab::NodeLab,
+    kubeconfig: &std::path::Path,
+) -> std::collections::BTreeMap<egret_tests::nodelab::NodeGw, egret_tests::gateway::Gateway> {
+    use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
+    use egret_tests::nodelab::{NodeGw, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6};
+    let mut gws = std::collections::BTreeMap::new();
+    for g in NodeGw::ALL {
+        let cfg = GatewayConfig::kubernetes(
+            &[("lan0", "both")],
+            KubernetesSection {
+                node_name: g.node_name().into(),
+                kubeconfig: kubeconfig.to_path_buf(),
+                timing: None,
+                // A pod the agent steers before this gateway knows it is
+                // dropped here, never forwarded with its own address.
+                cluster_pod_cidrs: vec![CLUSTER_POD_CIDR.into(), CLUSTER_POD_CIDR6.into()],
+                extra: String::new(),
+            },
+        );
+        gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
+    }
+    for gw in gws.values_mut() {
+        gw.wait_ready(Duration::from_secs(30)).expect("egret gateway ready");
+    }
+    gws
+}
+
+/// `egret node` on worker `w` with `extra` flags, synced.
+pub fn start_synced_agent(
+    lab: &egret_tests::nodelab::NodeLab,
+    w: egret_tests::nodelab::Worker,
+    kubeconfig: &std::path::Path,
+    extra: &[&str],
+) -> egret_tests::nodelab::Agent {
+    let a = lab.start_agent(w, kubeconfig, extra).expect("start egret node");
+    a.wait_synced(0, Duration::from_secs(30)).expect("egret node synced");
+    a
+}
+
+/// No frame of `frames` (the upstream link's) and no connection at the
+/// worker-node lab's server had a pod's address (either family).
+pub fn assert_no_pod_address_left(lab: &egret_tests::nodelab::NodeLab, frames: &[egret_tests::capture::Frame]) {
+    use egret_tests::nodelab::{CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6};
+    let pods: [ipnet::IpNet; 2] = [CLUSTER_POD_CIDR.parse().unwrap(), CLUSTER_POD_CIDR6.parse().unwrap()];
+    let leaked: Vec<String> = frames
+        .iter()
+        .filter_map(|f| egret_tests::capture::ip_info(&f.data))
+        .filter(|i| pods.iter().any(|p| p.contains(&i.src)))
+        .map(|i| format!("{} -> {} proto {}", i.src, i.dst, i.proto))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "{} frames on the upstream link had a pod's address: {:?}",
+        leaked.len(),
+        &leaked[..leaked.len().min(5)]
+    );
+    let seen: Vec<String> = lab
+        .server()
+        .map(|s| s.seen())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| pods.iter().any(|p| p.contains(&s.src.ip())))
+        .map(|s| s.to_string())
+        .collect();
+    assert!(seen.is_empty(), "the server saw pod addresses: {seen:?}");
 }
