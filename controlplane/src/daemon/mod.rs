@@ -490,6 +490,9 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         // table until the control plane applies the cluster's (failclosed.rs).
         sink.fail_closed.hold();
     }
+    // The node's addresses as the start-up dump found them: the first apply
+    // excludes them already (later changes re-apply, netlink task below).
+    sink.set_node_addresses(running_watcher.state().fib(&names).local_addresses().to_vec());
     sink.apply(&cfg.tables).map_err(|e| start_err("applying the configuration")(e.to_string()))?;
 
     // 4. Workers.

@@ -443,7 +443,14 @@ impl crate::ha::SessionStore for EngineSessions {
     }
 }
 
+/// The node's addresses that routed traffic can reach, sorted: loopback,
+/// link-local and multicast addresses are left out (no pod's routed packet
+/// is addressed to them, and IPv6 link-local ones come and go with links).
 fn sorted(mut v: Vec<IpAddr>) -> Vec<IpAddr> {
+    v.retain(|ip| match ip {
+        IpAddr::V4(a) => !(a.is_loopback() || a.is_link_local() || a.is_multicast() || a.is_unspecified()),
+        IpAddr::V6(a) => !(a.is_loopback() || a.is_unicast_link_local() || a.is_multicast() || a.is_unspecified()),
+    });
     v.sort();
     v.dedup();
     v
