@@ -26,7 +26,10 @@ EGRET_TOOLS_TABLE=${EGRET_TOOLS_TABLE:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && 
 egret_missing_pkgs() {
   local pkg
   for pkg in "$@"; do
-    if ! dpkg-query -W -f='${Status}\n' "$pkg" 2>/dev/null | grep -qx 'install ok installed'; then
+    # No `| grep -q` in this file: grep -q exits at the first match, the
+    # writer gets SIGPIPE, and under a caller's `set -o pipefail` the
+    # pipeline fails although it matched.
+    if [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) != "install ok installed" ]]; then
       printf '%s\n' "$pkg"
     fi
   done
@@ -95,7 +98,7 @@ egret_agreeing_set() {
     archive=$(egret_archive_version "$pkg")
     if [[ -n $installed && -n $archive ]] \
       && { [[ -n ${removed[$pkg]:-} ]] || [[ -n ${new_sources[$(dpkg-query -W -f='${source:Package}' "$pkg")]:-} ]]; } \
-      && ! apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }' | grep -qxF "$installed"; then
+      && ! apt-cache madison "$pkg" | awk -F'|' -v v="$installed" '{ gsub(/ /, "", $2) } $2 == v { f = 1 } END { exit !f }'; then
       printf '%s=%s\n' "$pkg" "$archive"
     else
       printf '%s\n' "$pkg"
@@ -112,7 +115,7 @@ egret_check_tools() {
     # A command off PATH (Go lives in /usr/lib/go-1.19/bin) counts when its
     # package has it in a bin directory.
     if ! command -v "$cmd" >/dev/null 2>&1 \
-      && ! dpkg -L "$pkg" 2>/dev/null | grep -qE "/s?bin/$cmd\$"; then
+      && ! dpkg -L "$pkg" 2>/dev/null | awk -v c="$cmd" '$0 ~ "/s?bin/" c "$" { f = 1 } END { exit !f }'; then
       echo "packages: after $after, the command $cmd (package $pkg) is missing" >&2
       bad=1
     fi
