@@ -184,6 +184,11 @@ impl KernelState {
         self.links.values()
     }
 
+    /// Every address of the node, on any interface.
+    pub fn local_addresses(&self) -> Vec<IpAddr> {
+        self.addresses.iter().map(|(_, ip)| *ip).collect()
+    }
+
     /// Applies one rtnetlink message; returns whether anything changed.
     pub fn apply(&mut self, msg: &RouteNetlinkMessage) -> bool {
         match msg {

@@ -492,7 +492,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     }
     // The node's addresses as the start-up dump found them: the first apply
     // excludes them already (later changes re-apply, netlink task below).
-    sink.set_node_addresses(running_watcher.state().fib(&names).local_addresses().to_vec());
+    sink.set_node_addresses(running_watcher.state().local_addresses());
     sink.apply(&cfg.tables).map_err(|e| start_err("applying the configuration")(e.to_string()))?;
 
     // 4. Workers.

@@ -460,20 +460,24 @@ fn sorted(mut v: Vec<IpAddr>) -> Vec<IpAddr> {
 /// node's addresses changed.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// `spec` with [`TablesSpec::local_addresses`] set to the node's addresses
+/// less those Egret serves itself (the egress IPs, the answered next hops,
+/// Service VIPs): traffic to those is Egret's (hairpinning, a VIP's ports).
+fn with_node_addresses(spec: &TablesSpec, node: &[IpAddr]) -> TablesSpec {
+    let mut spec = spec.clone();
+    let ours = |ip: &IpAddr| {
+        spec.egress_ips.iter().any(|e| e.ip == *ip)
+            || spec.neighbor_addresses.contains(ip)
+            || spec.service_addresses.contains(ip)
+    };
+    let local: Vec<IpAddr> = node.iter().filter(|ip| !ours(ip)).copied().collect();
+    spec.local_addresses = local;
+    spec
+}
+
 impl GatewaySink {
-    /// `spec` with [`TablesSpec::local_addresses`] set to the node's
-    /// addresses less those Egret serves itself (the egress IPs, the
-    /// answered next hops, Service VIPs): traffic to those is Egret's.
     fn with_node_addresses(&self, spec: &TablesSpec) -> TablesSpec {
-        let mut spec = spec.clone();
-        let ours = |ip: &IpAddr| {
-            spec.egress_ips.iter().any(|e| e.ip == *ip)
-                || spec.neighbor_addresses.contains(ip)
-                || spec.service_addresses.contains(ip)
-        };
-        let local: Vec<IpAddr> = self.node_addresses.lock().iter().filter(|ip| !ours(ip)).copied().collect();
-        spec.local_addresses = local;
-        spec
+        with_node_addresses(spec, &self.node_addresses.lock())
     }
 
     /// Whether `addresses` differ from the node's addresses last set.
@@ -585,5 +589,47 @@ impl TablesSink for GatewaySink {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use egret_dataplane::tables::EgressIpSpec;
+
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// The node's routable addresses become exceptions; the addresses Egret
+    /// serves itself (an egress IP assigned to the node, as a cloud does, a
+    /// companion next hop, a VIP) and loopback, link-local and multicast
+    /// ones do not; a spec's own exceptions are left as they are.
+    #[test]
+    fn the_nodes_addresses_less_egrets_own_become_exceptions() {
+        let spec = TablesSpec {
+            egress_ips: vec![EgressIpSpec { ip: ip("203.0.113.40"), ports: None, answer_neighbor: true }],
+            neighbor_addresses: vec![ip("203.0.113.41")],
+            service_addresses: vec![ip("203.0.113.42")],
+            ..Default::default()
+        };
+        let node = sorted(vec![
+            ip("203.0.113.22"),
+            ip("203.0.113.40"),
+            ip("203.0.113.41"),
+            ip("203.0.113.42"),
+            ip("2001:db8:113::22"),
+            ip("127.0.0.1"),
+            ip("::1"),
+            ip("169.254.0.9"),
+            ip("fe80::1"),
+            ip("203.0.113.22"),
+        ]);
+        let merged = with_node_addresses(&spec, &node);
+        assert_eq!(merged.local_addresses, vec![ip("203.0.113.22"), ip("2001:db8:113::22")]);
+        assert_eq!(TablesSpec { local_addresses: Vec::new(), ..merged }, spec, "nothing else changes");
     }
 }
