@@ -266,6 +266,10 @@ pub struct HaConfig {
     pub resync_period: Duration,
     /// Where the last known peers are kept across restarts.
     pub peer_cache: Option<PathBuf>,
+    /// How long a holder that no other gateway can vouch for keeps an IP
+    /// through an API outage; other gateways may take its Lease this long
+    /// after it expired (the same on every gateway).
+    pub lone_failsafe: Duration,
 }
 
 /// A validated configuration file.
@@ -867,6 +871,7 @@ impl Checker<'_> {
         let before = self.errors.len();
         let liveness = self.duration("kubernetes.ha.liveness", h.liveness.as_deref().unwrap_or("2s"));
         let resync_period = self.duration("kubernetes.ha.resyncPeriod", h.resync_period.as_deref().unwrap_or("30s"));
+        let lone_failsafe = self.duration("kubernetes.ha.loneFailsafe", h.lone_failsafe.as_deref().unwrap_or("5m"));
         let port = h.port.unwrap_or(crate::ha::DEFAULT_PORT);
         if port == 0 {
             self.rule("kubernetes.ha.port", "0 is not a port");
@@ -902,6 +907,7 @@ impl Checker<'_> {
             liveness: liveness?,
             resync_period: resync_period?,
             peer_cache: h.peer_cache.as_ref().map(PathBuf::from),
+            lone_failsafe: lone_failsafe?,
         })
     }
 

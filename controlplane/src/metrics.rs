@@ -280,7 +280,7 @@ fn render_cluster(o: &mut Out, c: &crate::view::ClusterReport) {
     o.family("control_plane_last_pass_milliseconds", "gauge", "Since the Kubernetes sync loop last ran a pass.");
     o.sample("control_plane_last_pass_milliseconds", &[], c.last_pass_ms);
     let k = &c.counters;
-    let counters: [(&str, &str, u64); 15] = [
+    let counters: [(&str, &str, u64); 16] = [
         ("lease_takeovers_total", "Egress IPs this gateway took (created or acquired a Lease).", k.takeovers),
         (
             "lease_fenced_total",
@@ -302,8 +302,13 @@ fn render_cluster(o: &mut Out, c: &crate::view::ClusterReport) {
         ("failsafe_promises_total", "Failsafe requests of other gateways this gateway accepted.", k.promises_given),
         (
             "peers_gone_total",
-            "Peers whose process was proven dead (authenticated end of the channel without goodbye).",
+            "Peers whose process was proven dead (a signed FIN without goodbye, a signed RST not followed by the same process's return, or a new incarnation).",
             k.peers_gone,
+        ),
+        (
+            "peer_resets_survived_total",
+            "Channels reset without goodbye whose peer came back as the same process (an abort on a node, ss -K): not taken for deaths.",
+            k.peer_resets_survived,
         ),
         (
             "early_takeovers_allowed_total",

@@ -406,6 +406,8 @@ pub struct ClusterCounters {
     pub promises_given: u64,
     /// Peers proven dead.
     pub peers_gone: u64,
+    /// Channel resets whose peer came back as the same process.
+    pub peer_resets_survived: u64,
     /// IPs freed early because their holder died.
     pub early_takeovers_allowed: u64,
     /// Shadow sessions installed on take-over.

@@ -165,6 +165,7 @@ fn start(client: kube::Client, i: usize, key: &std::path::Path) -> Gateway {
         liveness: Duration::from_secs(1),
         resync_period: Duration::from_secs(30),
         peer_cache: Some(peer_cache(i)),
+        lone_failsafe: Duration::from_secs(300),
     });
     Gateway::start_with(client, opts)
 }

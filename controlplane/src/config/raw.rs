@@ -265,6 +265,9 @@ pub struct Ha {
     pub resync_period: Option<String>,
     /// File keeping the last known peers across restarts.
     pub peer_cache: Option<String>,
+    /// How long a holder no other gateway may vouch for keeps an IP
+    /// through an API outage, e.g. "5m".
+    pub lone_failsafe: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for FastPathSessions {

@@ -858,6 +858,7 @@ fn ha_options(h: &config::HaConfig) -> Result<crate::ha::HaOptions, DaemonError>
         liveness: h.liveness,
         resync_period: h.resync_period,
         peer_cache: h.peer_cache.clone(),
+        lone_failsafe: h.lone_failsafe,
     })
 }
 

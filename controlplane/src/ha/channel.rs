@@ -35,7 +35,9 @@
 //! | seen by the reader | end |
 //! |---|---|
 //! | a Goodbye frame | [`End::Goodbye`] (graceful) |
-//! | FIN or RST, no Goodbye, TCP-MD5 on | [`End::Gone`]: the peer's process exited (or an operator killed the socket, `ss -K`) |
+//! | FIN, no Goodbye, TCP-MD5 on | [`End::Gone`]: the peer's process exited (only the kernel closing a dead process's sockets sends it) |
+//! | RST, no Goodbye, TCP-MD5 on | [`End::Reset`]: the peer's kernel reset it: its process exited with unread data, *or* the socket was aborted on its node while the process lives (`ss -K`, a socket destroy) |
+//! | `ECONNABORTED`: aborted on this node | [`End::Aborted`]: says nothing about the peer |
 //! | FIN or RST, no Goodbye, TCP-MD5 off | [`End::Closed`]: could be forged, proves nothing |
 //! | no byte for `liveness`, keepalive or user timeout | [`End::Silent`]: NOT proof of death |
 //! | a frame that fails to open, an unknown frame type, a frame too large | [`End::ProtocolError`] |
@@ -44,7 +46,11 @@
 //! nothing: with TCP-MD5 the kernel even drops an (unsigned) RST answering a
 //! SYN, so a dead peer's port looks unreachable, not refused. A failed
 //! handshake is [`End::AuthFailed`]. Only [`End::Gone`] is proof that the
-//! peer's process is dead; [`Peers::end_authenticated`] says whether this
+//! peer's process is dead. [`End::Reset`] is proof only once the peer has not
+//! come back as the same incarnation within a confirmation window, or came
+//! back as a new one (the HA task decides, [`super`]): a live process whose
+//! socket was aborted redials within milliseconds, while a dead one cannot.
+//! [`Peers::end_authenticated`] says whether this
 //! process can produce it at all (false when the kernel lacks
 //! `CONFIG_TCP_MD5SIG`: then fast failover must be off).
 //!
@@ -196,8 +202,15 @@ pub enum SendError {
 pub enum End {
     /// The peer said Goodbye (graceful stop, drain, removal).
     Goodbye(String),
-    /// A signed FIN or RST without Goodbye: the peer's process exited.
+    /// A signed FIN without Goodbye: the peer's process exited.
     Gone,
+    /// A signed RST without Goodbye: the peer's process exited with unread
+    /// data, or its socket was aborted on its node while it lives. Proof of
+    /// death only if it does not come back (module doc).
+    Reset,
+    /// This node aborted the socket (`ECONNABORTED`: `ss -K`, a socket
+    /// destroy). Says nothing about the peer.
+    Aborted,
     /// A FIN or RST without Goodbye while TCP-MD5 is off: proves nothing.
     Closed,
     /// No byte for the liveness timeout, or the kernel's keepalive/user
@@ -222,13 +235,25 @@ impl End {
     pub fn proves_death(&self) -> bool {
         matches!(self, End::Gone)
     }
+
+    /// True for [`End::Reset`]: proof of death unless the same incarnation
+    /// comes back within the confirmation window.
+    pub fn suggests_death(&self) -> bool {
+        matches!(self, End::Reset)
+    }
 }
 
 impl std::fmt::Display for End {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             End::Goodbye(why) => write!(f, "goodbye ({why})"),
-            End::Gone => f.write_str("gone (authenticated close without goodbye: the process exited)"),
+            End::Gone => f.write_str("gone (authenticated FIN without goodbye: the process exited)"),
+            End::Reset => f.write_str(
+                "reset (authenticated RST without goodbye: the process exited, or the socket was aborted on its node)",
+            ),
+            End::Aborted => {
+                f.write_str("aborted on this node (ss -K or a socket destroy; says nothing about the peer)")
+            }
             End::Closed => f.write_str("closed without goodbye (unauthenticated, proves nothing)"),
             End::Silent => f.write_str("silent"),
             End::Refused => f.write_str("connection refused"),
@@ -979,10 +1004,12 @@ fn peer_closed(md5: bool) -> End {
 
 fn classify_io(md5: bool, e: &io::Error) -> End {
     match e.kind() {
-        io::ErrorKind::UnexpectedEof
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::ConnectionAborted
-        | io::ErrorKind::BrokenPipe => peer_closed(md5),
+        io::ErrorKind::UnexpectedEof => peer_closed(md5),
+        // The peer's RST (EPIPE: an RST after the peer's FIN was read).
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe if md5 => End::Reset,
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => End::Closed,
+        // tcp_abort() on this node: the socket was destroyed here.
+        io::ErrorKind::ConnectionAborted => End::Aborted,
         io::ErrorKind::TimedOut => End::Silent,
         _ if e.raw_os_error() == Some(libc::EHOSTUNREACH) || e.raw_os_error() == Some(libc::ENETUNREACH) => End::Silent,
         _ => End::ProtocolError(format!("read: {e}")),
@@ -1675,6 +1702,73 @@ mod tests {
         std::process::exit(0);
     }
 
+    /// The child end of `an_abort_on_a_node_is_a_reset_there_and_an_abort_here`:
+    /// runs inside the namespace the parent made; aborts gw-b's socket as
+    /// `ss -K` does and prints what each side saw.
+    #[tokio::test]
+    async fn socket_abort_child() {
+        if std::env::var("EGCH_ABORT").is_err() {
+            return;
+        }
+        let run = |args: &[&str]| {
+            let st = Command::new(args[0]).args(&args[1..]).status().unwrap();
+            assert!(st.success(), "{args:?}");
+        };
+        run(&["ip", "link", "set", "lo", "up"]);
+        let l = Duration::from_secs(2);
+        let ((_a, mut ra), (b, mut rb)) = pair(cfg("gw-a", &SECRET, l, true), cfg("gw-b", &SECRET, l, true)).await;
+        let PeerEvent::Up { incarnation: b_inc, .. } = event(&mut ra, is_up).await else { unreachable!() };
+        let PeerEvent::Up { incarnation: a_inc, .. } = event(&mut rb, is_up).await else { unreachable!() };
+        // gw-a dials gw-b: gw-b's accepted socket has the listening port.
+        let port = b.local_addr().port().to_string();
+        run(&["ss", "-K", "-t", "sport", "=", &format!(":{port}")]);
+        let PeerEvent::Down { end: a_end, .. } = event(&mut ra, is_down).await else { unreachable!() };
+        let PeerEvent::Down { end: b_end, .. } = event(&mut rb, is_down).await else { unreachable!() };
+        let back_a = event(&mut ra, is_up).await == PeerEvent::Up { peer: "gw-b".into(), incarnation: b_inc };
+        let back_b = event(&mut rb, is_up).await == PeerEvent::Up { peer: "gw-a".into(), incarnation: a_inc };
+        println!("A {a_end:?}");
+        println!("B {b_end:?}");
+        println!("BACK {}", back_a && back_b);
+        std::process::exit(0);
+    }
+
+    /// Issue 28 §1: an operator's `ss -K` (or a kernel socket abort) on one
+    /// node ends the channel with a signed RST. The peer sees `Reset`, not
+    /// `Gone`; the node where it happened sees `Aborted`; both come back as
+    /// the same incarnations, which is what keeps the HA task from taking
+    /// the IPs of a live gateway.
+    #[test]
+    fn an_abort_on_a_node_is_a_reset_there_and_an_abort_here() {
+        if !is_root() || Command::new("ss").arg("-V").output().is_err() {
+            eprintln!("skipped: needs root and ss");
+            return;
+        }
+        let ns = Netns(format!("egch-ab-{}", std::process::id()));
+        assert!(Command::new("ip").args(["netns", "add", &ns.0]).status().unwrap().success());
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.0])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", "ha::channel::tests::socket_abort_child", "--nocapture", "--test-threads=1"])
+            .env("EGCH_ABORT", "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let field = |key: &str| stdout.lines().find_map(|l| l.strip_prefix(key).map(str::to_owned));
+        let why = format!("child: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(field("A ").as_deref(), Some("Reset"), "{why}");
+        assert_eq!(field("B ").as_deref(), Some("Aborted"), "{why}");
+        assert_eq!(field("BACK ").as_deref(), Some("true"), "{why}");
+        assert!(!End::Reset.proves_death() && End::Reset.suggests_death());
+        assert!(!End::Aborted.proves_death() && !End::Aborted.suggests_death());
+    }
+
+    fn is_root() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
+            .unwrap_or(false)
+    }
+
     /// A counter from /proc/net/netstat (this process's namespace).
     fn netstat(group: &str, name: &str) -> u64 {
         let text = std::fs::read_to_string("/proc/net/netstat").unwrap();
@@ -1694,11 +1788,7 @@ mod tests {
     /// What gw-a saw, and how many segments the kernel dropped for lacking a
     /// TCP-MD5 signature.
     fn forged_reset_end(mode: &str) -> Option<(String, u64)> {
-        let root = std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
-            .unwrap_or(false);
-        if !root || Command::new("nft").arg("--version").output().is_err() {
+        if !is_root() || Command::new("nft").arg("--version").output().is_err() {
             eprintln!("skipped: needs root and nft");
             return None;
         }

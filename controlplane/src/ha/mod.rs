@@ -4,7 +4,8 @@
 //! | file | owns |
 //! |---|---|
 //! | `auth.rs` | the shared key, the handshake's proofs, sealing frames |
-//! | `channel.rs` | one authenticated connection per pair of gateways; how each ended ([`channel::End::Gone`]: proof the peer's process died) |
+//! | `channel.rs` | one authenticated connection per pair of gateways; how each ended |
+//! | `death.rs` | which ends prove a peer's process died (a signed FIN; a signed RST not followed by the same process's return; a new incarnation) |
 //! | `messages.rs` | what the frames mean |
 //! | `replicate.rs` | the holder's side of session sync: standbys, full copies, incremental changes |
 //! | `standby.rs` | the standby's shadow sessions, installed when it takes an IP over |
@@ -13,8 +14,9 @@
 //!
 //! The Lease stays the authority on who owns an IP; the channel only adds
 //! evidence and state:
-//! - a peer whose process died (the channel's authenticated end without a
-//!   goodbye) loses its Leases to the next candidate at once
+//! - a peer whose process died ([`death`]: a signed FIN without goodbye, or
+//!   a signed RST after which the same process does not come back) loses its
+//!   Leases to the next candidate at once
 //!   ([`crate::k8s::lease::LeaseManager::holder_gone`]), instead of after
 //!   leaseDuration;
 //! - a holder that cannot reach the API server keeps its IPs while all other
@@ -30,6 +32,7 @@
 
 pub mod auth;
 pub mod channel;
+pub mod death;
 pub mod failsafe;
 pub mod messages;
 pub mod promises;
@@ -50,6 +53,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use self::channel::{ChannelConfig, End, PeerEvent, PeerStatus, Peers};
+use self::death::{Dead, Deaths};
 use self::failsafe::Failsafe;
 use self::messages::Message;
 use self::replicate::{ReplicaStatus, Replicator};
@@ -94,6 +98,9 @@ pub struct HaOptions {
     /// Where the last known peer set is kept across restarts (so a gateway
     /// restarted while the API server is down still reaches its peers).
     pub peer_cache: Option<PathBuf>,
+    /// How long a holder no other gateway can vouch for keeps an IP through
+    /// an API outage ([`LeaseManager::set_lone_failsafe`]).
+    pub lone_failsafe: Duration,
 }
 
 impl PartialEq for HaOptions {
@@ -103,6 +110,7 @@ impl PartialEq for HaOptions {
             && self.liveness == o.liveness
             && self.resync_period == o.resync_period
             && self.peer_cache == o.peer_cache
+            && self.lone_failsafe == o.lone_failsafe
     }
 }
 impl Eq for HaOptions {}
@@ -126,8 +134,11 @@ pub struct View {
 /// Counters, for metrics.
 #[derive(Debug, Default)]
 pub struct HaCounters {
-    /// Peers proven dead (channel ended without goodbye, authenticated).
+    /// Peers proven dead ([`death`]).
     pub peers_gone: AtomicU64,
+    /// Channels reset without goodbye whose peer came back as the same
+    /// process (an abort on a node, `ss -K`): not taken for deaths.
+    pub peer_resets_survived: AtomicU64,
     /// IPs that became free early because their holder died.
     pub early_takeovers_allowed: AtomicU64,
     /// Failsafe requests answered with acceptance (per IP).
@@ -176,6 +187,7 @@ pub struct HaStatus {
 }
 
 struct State {
+    deaths: Deaths,
     standby: Standby,
     replicator: Replicator,
     failsafe: Failsafe,
@@ -241,6 +253,7 @@ impl Ha {
     ) -> Result<Ha, HaError> {
         let me = cfg.me.clone();
         let me = me.as_str();
+        let confirm = cfg.liveness / 4;
         let (peers, events) = Peers::start(cfg).await?;
         if !peers.end_authenticated() {
             tracing::warn!(
@@ -248,6 +261,7 @@ impl Ha {
             );
         }
         let state = Arc::new(Mutex::new(State {
+            deaths: Deaths::new(confirm),
             standby: Standby::new(MAX_SHADOW_SESSIONS),
             replicator: Replicator::new(opts.resync_period),
             failsafe: Failsafe::default(),
@@ -256,6 +270,7 @@ impl Ha {
             overflows_seen: 0,
             last_round: None,
         }));
+        mgr.lock().set_lone_failsafe(opts.lone_failsafe);
         if let Some(cache) = &opts.peer_cache {
             restore_promises(&promises::path_for(cache), &mgr);
         }
@@ -555,23 +570,34 @@ impl Task {
         match ev {
             PeerEvent::Up { peer, incarnation } => {
                 tracing::info!(peer = %peer, incarnation, "peer channel: up");
-                let mut st = self.state.lock();
-                st.up.insert(peer.clone());
-                st.replicator.resync_peer(&peer);
-                st.failsafe.peer_up(&peer);
+                let dead = {
+                    let mut st = self.state.lock();
+                    st.up.insert(peer.clone());
+                    st.replicator.resync_peer(&peer);
+                    st.failsafe.peer_up(&peer);
+                    let survived = st.deaths.resets_survived;
+                    let dead = st.deaths.on_up(&peer, incarnation);
+                    if st.deaths.resets_survived > survived {
+                        self.counters.peer_resets_survived.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(peer = %peer, incarnation, "peer channel: reset, and back as the same process: alive, nothing taken over");
+                    }
+                    dead
+                };
+                if let Some(dead) = dead {
+                    self.proven_dead(dead, now);
+                }
             }
             PeerEvent::Down { peer, incarnation, end } => {
-                {
+                let dead = {
                     let mut st = self.state.lock();
                     st.up.remove(&peer);
                     st.failsafe.peer_down(&peer, matches!(end, End::Goodbye(_)));
-                }
-                if end.proves_death() {
-                    self.counters.peers_gone.fetch_add(1, Ordering::Relaxed);
-                    let ips = self.mgr.lock().holder_gone(&peer, incarnation, now);
-                    self.counters.early_takeovers_allowed.fetch_add(ips.len() as u64, Ordering::Relaxed);
-                    tracing::warn!(peer = %peer, incarnation, ips = ?ips, "peer channel: the peer's process died; its IPs are taken over without waiting for their Leases");
-                    self.wake.notify_one();
+                    st.deaths.on_down(&peer, incarnation, &end, now)
+                };
+                if let Some(dead) = dead {
+                    self.proven_dead(dead, now);
+                } else if end.suggests_death() {
+                    tracing::info!(peer = %peer, incarnation, end = %end, "peer channel: down; a death only if the same process is not back within the confirmation window");
                 } else if !matches!(end, End::Local(_) | End::Superseded) {
                     tracing::info!(peer = %peer, incarnation, end = %end, "peer channel: down");
                 }
@@ -581,6 +607,16 @@ impl Task {
                 Err(e) => tracing::warn!(peer = %peer, error = %e, "peer channel: malformed message dropped"),
             },
         }
+    }
+
+    /// A peer's process is proven dead ([`death`]): the Leases its
+    /// incarnation holds may be taken over without waiting for them.
+    fn proven_dead(&self, dead: Dead, now: Instant) {
+        self.counters.peers_gone.fetch_add(1, Ordering::Relaxed);
+        let ips = self.mgr.lock().holder_gone(&dead.peer, dead.incarnation, now);
+        self.counters.early_takeovers_allowed.fetch_add(ips.len() as u64, Ordering::Relaxed);
+        tracing::warn!(peer = %dead.peer, incarnation = dead.incarnation, why = dead.why, ips = ?ips, "peer channel: the peer's process died; its IPs are taken over without waiting for their Leases");
+        self.wake.notify_one();
     }
 
     fn on_message(&mut self, from: &str, m: Message, now: Instant) {
@@ -645,6 +681,10 @@ impl Task {
 
     fn on_tick(&mut self) {
         let now = Instant::now();
+        let dead = self.state.lock().deaths.due(now);
+        for d in dead {
+            self.proven_dead(d, now);
+        }
         // The journal first, with the replicas as they were: changes made
         // while an IP was still held reach its standby even when this tick
         // sees the IP gone (review finding 9; its removals are not sent,
@@ -861,6 +901,7 @@ mod tests {
             liveness: Duration::from_secs(2),
             resync_period: Duration::from_secs(3600),
             peer_cache: None,
+            lone_failsafe: Duration::from_secs(300),
         }
     }
 

@@ -840,6 +840,7 @@ impl SyncLoop {
             k.failsafe_refused = s.failsafe_refused;
             k.promises_given = c.promises_given.load(Relaxed);
             k.peers_gone = c.peers_gone.load(Relaxed);
+            k.peer_resets_survived = c.peer_resets_survived.load(Relaxed);
             k.early_takeovers_allowed = c.early_takeovers_allowed.load(Relaxed);
             k.sessions_imported = c.sessions_imported.load(Relaxed);
             k.sessions_not_imported = c.sessions_not_imported.load(Relaxed);

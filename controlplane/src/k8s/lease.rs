@@ -262,8 +262,12 @@ struct IpState {
     record: Option<LeaseRecord>,
     /// Local time the current record (or its absence) was first seen.
     observed_at: Instant,
-    /// Send time of our last successful create/acquire/renew, while we hold it.
+    /// Send time of our last successful create/acquire/renew, while we
+    /// hold it, moved forward by failsafe confirmations.
     held_since_send: Option<Instant>,
+    /// Send time of our last successful create/acquire/renew through the
+    /// API server (what bounds a lone holder's failsafe).
+    written_send: Option<Instant>,
     /// A request is outstanding.
     in_flight: bool,
     /// Not before this instant (back-off, renew cadence).
@@ -317,12 +321,42 @@ pub struct LeaseManager {
     /// Every gateway Node still there, drained ones included (None: not
     /// known, the peer channel is off). See [`LeaseManager::set_gateways`].
     gateways: Option<BTreeSet<String>>,
+    /// See [`LeaseManager::set_lone_failsafe`].
+    lone_failsafe: Duration,
 }
+
+/// How long a lone holder keeps an IP through an API outage by default.
+pub const DEFAULT_LONE_FAILSAFE: Duration = Duration::from_secs(300);
 
 impl LeaseManager {
     /// A manager for the gateway named `me`.
     pub fn new(me: impl Into<String>, timing: LeaseTiming) -> Self {
-        LeaseManager { me: me.into(), timing, ips: BTreeMap::new(), wake: None, candidates: None, gateways: None }
+        LeaseManager {
+            me: me.into(),
+            timing,
+            ips: BTreeMap::new(),
+            wake: None,
+            candidates: None,
+            gateways: None,
+            lone_failsafe: DEFAULT_LONE_FAILSAFE,
+        }
+    }
+
+    /// The lone holder's bound (issue 28 §3), the same on every gateway. A
+    /// holder whose record lists no failsafe peers (no other gateway is
+    /// eligible for the IP) keeps it through an API outage with nobody's
+    /// promise, but only until `bound` after its last write reached the API
+    /// server; any other gateway may take its Lease `bound` after the
+    /// record expired. Without it, a lone holder that died silently (its
+    /// instance terminated, its node powered off) kept its IP from every
+    /// gateway added later, forever.
+    ///
+    /// Safety: the holder's last write was sent at `S`, before anyone saw
+    /// it (at `seen >= S`). It serves until at most `S + bound +
+    /// renewDeadline`; others take over at `seen + leaseDuration + bound`,
+    /// later by at least the fencing margin.
+    pub fn set_lone_failsafe(&mut self, bound: Duration) {
+        self.lone_failsafe = bound;
     }
 
     /// This gateway's identity.
@@ -340,6 +374,7 @@ impl LeaseManager {
             record: None,
             observed_at: now,
             held_since_send: None,
+            written_send: None,
             in_flight: false,
             next_attempt: now,
             gone_at: None,
@@ -394,7 +429,18 @@ impl LeaseManager {
             if st.promise.as_ref().is_some_and(|(h, _)| new_holder.as_deref() != Some(h.as_str())) {
                 st.promise = None;
             }
-            st.gone_at = None;
+            // A late renewal by the process proven dead (sent before it
+            // died) keeps the proof; a record by anyone else, or by its
+            // next process, ends it.
+            let same_process = match (&st.record, &record) {
+                (Some(old), Some(new)) => {
+                    new.holder().is_some() && old.holder() == new.holder() && old.incarnation == new.incarnation
+                }
+                _ => false,
+            };
+            if !same_process {
+                st.gone_at = None;
+            }
             st.orphaned_at = None;
             st.record = record;
             st.observed_at = now;
@@ -492,6 +538,11 @@ impl LeaseManager {
         let me = self.me.clone();
         let Some(st) = self.ips.get_mut(&ip) else { return false };
         let ours = st.record.as_ref().and_then(|r| r.holder()) == Some(me.as_str());
+        let lone = st.record.as_ref().and_then(|r| r.failsafe.as_ref()).is_some_and(BTreeSet::is_empty);
+        let sent = match (lone, st.written_send) {
+            (true, Some(w)) => sent.min(w + self.lone_failsafe),
+            _ => sent,
+        };
         match st.held_since_send {
             Some(s) if ours => {
                 st.held_since_send = Some(s.max(sent));
@@ -664,6 +715,12 @@ impl LeaseManager {
                             }
                             // Proven dead: nothing it promised or renewed matters.
                             (Some(_), Some(_)) if st.gone_at.is_some() => st.gone_at.map(|g| g + stagger),
+                            // A lone holder (it named nobody) keeps its IP through an
+                            // outage for the lone bound at most: free after it.
+                            (Some(r), Some(_)) if r.failsafe.as_ref().is_some_and(BTreeSet::is_empty) => {
+                                let expired = st.observed_at + t.expiry(r) + self.lone_failsafe;
+                                Some((expired + stagger).max(promised.unwrap_or(now)))
+                            }
                             // Patroni's rule: once the holder names the gateways it
                             // asks through an API outage, only they may race...
                             (Some(r), Some(_))
@@ -746,6 +803,7 @@ impl LeaseManager {
                 match action {
                     Action::Create | Action::Acquire { .. } | Action::Renew { .. } => {
                         st.held_since_send = Some(sent);
+                        st.written_send = Some(sent);
                         st.next_attempt = sent + t.retry_period;
                     }
                     Action::Release { .. } | Action::Delete { .. } => {
@@ -814,6 +872,10 @@ mod tests {
 
     fn mgr(me: &str) -> LeaseManager {
         LeaseManager::new(me, LeaseTiming::default())
+    }
+
+    fn gateways(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
     }
 
     #[test]
@@ -1120,6 +1182,58 @@ mod tests {
         b3.observe(x, Some(by(9, 11)), t0);
         assert_eq!(b3.holder_gone("gw-a", 7, t0 + ms(10)), Vec::<IpAddr>::new());
         assert_eq!(b3.plan(t0 + ms(20), &c, true), vec![]);
+        // Issue 28 §3: a renewal the dead process sent before it died, seen
+        // after the proof, keeps the proof (it is the same incarnation).
+        let mut b4 = mgr("gw-b");
+        b4.observe(x, Some(by(7, 10)), t0);
+        assert_eq!(b4.holder_gone("gw-a", 7, t0 + ms(200)), vec![x]);
+        b4.observe(x, Some(by(7, 11)), t0 + ms(210));
+        assert_eq!(b4.plan(t0 + ms(220), &c, true).len(), 1, "the late renewal did not cancel the proof");
+    }
+
+    /// Issue 28 §3: a holder no other gateway could vouch for (it named no
+    /// failsafe peers) keeps its IP through an API outage for the lone bound
+    /// only, and any gateway may take its Lease that long after it expired:
+    /// a lone holder that died silently strands its IP for a stated time,
+    /// not forever. The holder stops first, by the fencing margin.
+    #[test]
+    fn a_lone_holder_keeps_its_ip_for_the_lone_bound_and_no_longer() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let bound = Duration::from_secs(60);
+        let t = LeaseTiming::default();
+        let mut a = mgr("gw-a");
+        a.set_lone_failsafe(bound);
+        a.observe(x, None, t0);
+        a.plan(t0, &cands("198.51.100.10", &["gw-a"]), true);
+        let mut lone = rec(Some("gw-a"), 10);
+        lone.failsafe = Some(BTreeSet::new());
+        a.on_result(x, &Action::Create, t0, Ok(Some(lone.clone())), t0 + ms(5));
+        // The API server is gone; a confirms alone every retry period.
+        let competing: BTreeSet<IpAddr> = [x].into();
+        let mut fenced_at = None;
+        let mut now = t0;
+        while now < t0 + bound * 2 {
+            now += P;
+            if fenced_at.is_none() && !a.fence(now, &competing).is_empty() {
+                fenced_at = Some(now);
+            }
+            a.failsafe_confirmed(x, now);
+        }
+        let fenced_at = fenced_at.expect("the lone holder fenced");
+        assert!(fenced_at >= t0 + bound, "kept through the outage for the bound: {:?}", fenced_at - t0);
+        assert!(fenced_at <= t0 + bound + t.renew_deadline + P, "{:?}", fenced_at - t0);
+        // Another gateway (added later, in another zone) sees the record at
+        // t0 + 10 ms: free at expiry + bound, after the holder fenced.
+        let mut n = mgr("gw-n");
+        n.set_lone_failsafe(bound);
+        n.observe(x, Some(lone.clone()), t0 + ms(10));
+        n.set_gateways(gateways(&["gw-a", "gw-n"]));
+        let c = cands("198.51.100.10", &["gw-a", "gw-n"]);
+        let free = t0 + ms(10) + t.lease_duration + bound;
+        assert_eq!(n.plan(free - ms(1), &c, true), vec![]);
+        assert!(free >= fenced_at + t.lease_duration - t.renew_deadline - P, "fencing margin");
+        assert_eq!(n.plan(free, &c, true).len(), 1, "stranded no longer than the bound");
     }
 
     /// Issue 16 (Patroni's failsafe): a promise keeps a peer from taking the
@@ -1249,7 +1363,6 @@ mod tests {
         let y = ip("198.51.100.11");
         let mut r = rec(Some("gw-a"), 10);
         r.failsafe = Some(["gw-b".to_string()].into());
-        let gateways = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
         let late = t0 + D * 10;
         // gw-b's Node was deleted: only gw-a (silent) and gw-n are left.
         let c = cands("198.51.100.10", &["gw-a", "gw-n"]);
@@ -1286,7 +1399,8 @@ mod tests {
         assert_eq!(n.plan(late + D / 2, &back, true), vec![]);
         assert_eq!(n.plan(late + D * 2, &back, true), vec![], "gw-b is listed and there");
         // A holder alone (it listed nobody) keeps its IP through an outage
-        // with nobody's promise: no escape, it may be serving.
+        // with nobody's promise, for the lone bound (default 5 min): no
+        // escape before it, it may be serving.
         let mut alone = rec(Some("gw-a"), 10);
         alone.failsafe = Some(BTreeSet::new());
         let mut n = mgr("gw-n");
@@ -1294,6 +1408,7 @@ mod tests {
         n.set_gateways(gateways(&["gw-a", "gw-n"]));
         assert_eq!(n.plan(late, &c, true), vec![]);
         assert_eq!(n.plan(late + D * 2, &c, true), vec![]);
+        assert_eq!(n.plan(t0 + D + DEFAULT_LONE_FAILSAFE, &c, true).len(), 1, "free after the lone bound");
     }
 
     /// The other half of the escape: a gateway that is no longer a
