@@ -620,9 +620,15 @@ fn frozen_holder(lab: &K8sLab, server: &ApiServer) {
         late(&arp_replies),
         span(&arp_replies),
     );
-    if let Some(g) = taken_by {
-        assert_eq!(g, other_gw(holder), "the other gateway took the VIP during the freeze");
-    }
+    // Issue 28 §5: "nothing late" must not come from capturing nothing:
+    // someone took the VIP over, and the capture saw the holder send for it
+    // before its deadline.
+    assert_eq!(taken_by, Some(other_gw(holder)), "the other gateway took the VIP during the freeze");
+    let early = |v: &[&Frame]| v.iter().filter(|f| at(f) < deadline).count();
+    assert!(
+        early(&vip_source) > 0,
+        "the capture saw no frame with the VIP as source from the holder before its deadline"
+    );
     assert_eq!(
         late(&vip_source),
         0,

@@ -603,6 +603,17 @@ pub async fn lease_holder_name(client: &kube::Client, ip: std::net::IpAddr) -> O
     }
 }
 
+/// The Lease of `ip` as the API server has it now: holder, acquireTime,
+/// renewTime, leaseDurationSeconds.
+pub async fn lease_spec(
+    client: &kube::Client,
+    ip: std::net::IpAddr,
+) -> Option<k8s_openapi::api::coordination::v1::LeaseSpec> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
+    api.get(&egret_controlplane::k8s::lease::lease_name(ip)).await.ok().and_then(|l| l.spec)
+}
+
 /// 32 random bytes, mode 0600: the gateways' shared channel key.
 pub fn write_ha_key(path: &std::path::Path) {
     use std::io::Read;
