@@ -403,27 +403,28 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
             } else {
                 Gw::ALL.into_iter().filter(|g| *g != holder).collect()
             };
-            for g in on {
-                abort_channel(lab.gateway_ns(g));
-            }
+            let killed: usize = on.into_iter().map(|g| abort_channel(lab.gateway_ns(g))).sum();
+            println!("k8s-ha: {event}: ss -K killed {killed} channel sockets");
+            assert!(killed > 0, "{event}: ss -K found no channel socket to kill: the event would prove nothing");
             std::thread::sleep(Duration::from_secs(5));
             wait_recovered(&load, Instant::now(), Duration::from_secs(20))
         }
         "abort-repeat" => {
             let start = Instant::now();
-            let mut i = 0usize;
+            let (mut i, mut killed) = (0usize, 0usize);
             while start.elapsed() < Duration::from_secs(10) {
                 if i % 2 == 0 {
-                    abort_channel(lab.gateway_ns(holder));
+                    killed += abort_channel(lab.gateway_ns(holder));
                 } else {
                     for g in Gw::ALL.into_iter().filter(|g| *g != holder) {
-                        abort_channel(lab.gateway_ns(g));
+                        killed += abort_channel(lab.gateway_ns(g));
                     }
                 }
                 i += 1;
                 std::thread::sleep(Duration::from_millis(300));
             }
-            println!("k8s-ha: {event}: {i} rounds of ss -K");
+            println!("k8s-ha: {event}: {i} rounds of ss -K killed {killed} channel sockets");
+            assert!(killed >= i, "{event}: {killed} sockets killed in {i} rounds: the channel did not come back between them");
             wait_recovered(&load, Instant::now(), Duration::from_secs(20))
         }
         "cutoff" => {
@@ -558,10 +559,13 @@ fn taken_early(ctx: &Ctx, killed: Gw, before: Option<k8s_openapi::api::coordinat
 
 /// `ss -K` of every socket of the peer channel in `ns` (its port either
 /// side): a signed RST goes to each peer, the local side sees an abort.
-fn abort_channel(ns: &NetNs) {
+/// Returns how many sockets it killed (ss lists each, under a header).
+fn abort_channel(ns: &NetNs) -> usize {
     let port = format!(":{HA_PORT}");
-    ns.exec(&["ss", "-K", "-t", "(", "sport", "=", &port, "or", "dport", "=", &port, ")"])
+    let out = ns
+        .exec(&["ss", "-K", "-t", "-n", "(", "sport", "=", &port, "or", "dport", "=", &port, ")"])
         .expect("ss -K the channel's sockets");
+    out.lines().filter(|l| l.contains(&port)).count()
 }
 
 /// The ARP watch can see a double owner in this lab: a reply for the
