@@ -40,7 +40,7 @@
 //! channel, the baseline before issue 16): every event keeps every
 //! long-lived flow with no download byte lost; SIGKILL is taken over early
 //! (the new Lease's acquireTime precedes the killed holder's last renewTime
-//! + leaseDuration: proof, without a timing bound, that the take-over did
+//! plus leaseDuration: proof, without a timing bound, that the take-over did
 //! not wait for the expiry; ≤ 1 s from both sides only with
 //! `EGRET_HA_EXPECT_TIMES=1`); an API-server outage, a holder cut off from
 //! the API server only or from its peers only, and aborted channel sockets
@@ -424,7 +424,10 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
                 std::thread::sleep(Duration::from_millis(300));
             }
             println!("k8s-ha: {event}: {i} rounds of ss -K killed {killed} channel sockets");
-            assert!(killed >= i, "{event}: {killed} sockets killed in {i} rounds: the channel did not come back between them");
+            assert!(
+                killed >= i,
+                "{event}: {killed} sockets killed in {i} rounds: the channel did not come back between them"
+            );
             wait_recovered(&load, Instant::now(), Duration::from_secs(20))
         }
         "cutoff" => {

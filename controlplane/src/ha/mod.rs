@@ -329,22 +329,13 @@ impl Ha {
     /// called after tables holding them were applied, before they are
     /// announced (nothing reaches this gateway for them before that).
     pub fn activate(&self, ips: &[IpAddr]) {
-        let Some(store) = &self.sessions else { return };
-        let now = Instant::now();
-        for ip in ips {
-            let taken = self.state.lock().standby.take(*ip, now);
-            let Some((holder, records)) = taken else { continue };
-            let t0 = Instant::now();
-            let report = store.import(&records);
-            self.counters.sessions_imported.fetch_add(report.installed, Ordering::Relaxed);
-            let missed = (records.len() as u64).saturating_sub(report.installed + report.already_present);
-            self.counters.sessions_not_imported.fetch_add(missed, Ordering::Relaxed);
-            tracing::info!(
-                ip = %ip, from = %holder, sessions = records.len(), report = ?report,
-                micros = t0.elapsed().as_micros() as u64,
-                "take-over: sessions of the previous holder installed"
-            );
-        }
+        self.activator().activate(ips);
+    }
+
+    /// What [`Ha::activate`] needs, to run on another thread (the sync
+    /// loop installs sessions off the runtime's thread).
+    pub fn activator(&self) -> Activator {
+        Activator { state: self.state.clone(), sessions: self.sessions.clone(), counters: self.counters.clone() }
     }
 
     /// Runs a failsafe round for the held IPs whose renewals fail, at most
@@ -493,6 +484,42 @@ impl Ha {
             }
         }
         self.peers.shutdown(reason).await;
+    }
+}
+
+/// Installs the shadow sessions of IPs just taken over ([`Ha::activator`]).
+pub struct Activator {
+    state: Arc<Mutex<State>>,
+    sessions: Option<Arc<dyn SessionStore>>,
+    counters: Arc<HaCounters>,
+}
+
+impl std::fmt::Debug for Activator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Activator").finish_non_exhaustive()
+    }
+}
+
+impl Activator {
+    /// See [`Ha::activate`]. The shadow is taken under the state's lock;
+    /// the import runs without it.
+    pub fn activate(&self, ips: &[IpAddr]) {
+        let Some(store) = &self.sessions else { return };
+        let now = Instant::now();
+        for ip in ips {
+            let taken = self.state.lock().standby.take(*ip, now);
+            let Some((holder, records)) = taken else { continue };
+            let t0 = Instant::now();
+            let report = store.import(&records);
+            self.counters.sessions_imported.fetch_add(report.installed, Ordering::Relaxed);
+            let missed = (records.len() as u64).saturating_sub(report.installed + report.already_present);
+            self.counters.sessions_not_imported.fetch_add(missed, Ordering::Relaxed);
+            tracing::info!(
+                ip = %ip, from = %holder, sessions = records.len(), report = ?report,
+                micros = t0.elapsed().as_micros() as u64,
+                "take-over: sessions of the previous holder installed"
+            );
+        }
     }
 }
 

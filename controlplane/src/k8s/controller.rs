@@ -58,6 +58,8 @@ use super::crd::{
 use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
 use super::lease::{FAILSAFE_ANNOTATION, INCARNATION_ANNOTATION};
+use super::renewer::{RenewInput, RenewTask, Renewer};
+use super::valid_until::ValidUntil;
 use super::{observe, Heartbeat, K8sError, K8sOptions};
 use crate::sink::TablesSink;
 
@@ -279,14 +281,14 @@ impl Stores {
 }
 
 /// The outcome of one Lease request.
-struct LeaseResult {
-    ip: IpAddr,
-    action: Action,
-    sent: Instant,
-    result: Result<Option<LeaseRecord>, Failure>,
+pub(super) struct LeaseResult {
+    pub(super) ip: IpAddr,
+    pub(super) action: Action,
+    pub(super) sent: Instant,
+    pub(super) result: Result<Option<LeaseRecord>, Failure>,
     /// After a conflict: the Lease as the API server has it now (the watch
     /// may lag, e.g. a renewal whose answer was lost applied anyway).
-    fresh: Option<LeaseRecord>,
+    pub(super) fresh: Option<LeaseRecord>,
 }
 
 fn failure(e: kube::Error) -> Failure {
@@ -352,6 +354,29 @@ fn lease_object(
             ..Default::default()
         }),
     }
+}
+
+/// Sends one Lease action and, after a conflict, reads the Lease as the
+/// API server has it now.
+pub(super) async fn send_lease_request(
+    api: Api<Lease>,
+    opts: K8sOptions,
+    ip: IpAddr,
+    next_hop: Option<IpAddr>,
+    failsafe: Option<(Vec<String>, u64)>,
+    prev: Option<LeaseRecord>,
+    action: Action,
+) -> LeaseResult {
+    let sent = Instant::now();
+    let result = send_lease_action(api.clone(), opts.clone(), ip, next_hop, failsafe, prev, action.clone()).await;
+    let fresh = match result {
+        Err(Failure::Conflict) => {
+            let get = tokio::time::timeout(opts.timing.retry_period, api.get(&lease_name(ip))).await;
+            get.ok().and_then(Result::ok).map(|l| observe::lease_record(&l))
+        }
+        _ => None,
+    };
+    LeaseResult { ip, action, sent, result, fresh }
 }
 
 async fn send_lease_action(
@@ -478,17 +503,13 @@ struct SyncLoop {
     last: Desired,
     status_sent: HashMap<String, (serde_json::Value, Instant)>,
     problems_reported: BTreeSet<(String, String, &'static str)>,
-    /// What the data plane was last told about each address's valid-until.
-    valid_until_sent: BTreeMap<IpAddr, Option<std::time::Instant>>,
-    /// A past instant: the valid-until of an address not held.
-    expired: Instant,
-    /// Held IPs whose last renewal failed for want of an API server (the
-    /// failsafe asks the peers for them).
-    renew_failing: BTreeSet<IpAddr>,
-    /// When each outstanding renewal was sent: one unanswered for a retry
-    /// period counts as failing too (a dead API server may not refuse, and
-    /// a renewal times out only after renewDeadline, when the IP is fenced).
-    renew_sent: BTreeMap<IpAddr, Instant>,
+    /// What the data plane was told about each address's valid-until
+    /// (shared with the renewer).
+    valid_until: Arc<Mutex<ValidUntil>>,
+    /// The renewals: their inputs, which fail (the failsafe asks the peers
+    /// for those), and the task sending them.
+    renewer: Renewer,
+    renew_task: Option<RenewTask>,
     /// Counted for the report.
     counters: crate::view::ClusterCounters,
     /// Where the report goes.
@@ -542,7 +563,7 @@ impl SyncLoop {
         done
     }
 
-    fn pass(&mut self, now: Instant) {
+    async fn pass(&mut self, now: Instant) {
         let handing_over = !self.drain_step(now) && self.drain_since.is_some();
         let me = self.opts.node_name.clone();
         let (mut obs, leases) = self.stores.observed(handing_over.then_some(me.as_str()));
@@ -576,7 +597,7 @@ impl SyncLoop {
         }
         let pairs: Vec<(IpAddr, IpAddr)> = d.ips.iter().filter_map(|(ip, a)| a.next_hop.map(|nh| (*ip, nh))).collect();
         self.push_valid_until_with(&pairs);
-        let applied = self.apply(&d.tables);
+        let applied = self.apply(&d.tables).await;
 
         // Only now, with the fenced IPs out of the tables: Lease requests.
         // If the apply failed, nothing is given up (LeaseManager::plan).
@@ -585,33 +606,29 @@ impl SyncLoop {
         let in_use: BTreeSet<IpAddr> = candidates.keys().copied().collect();
         let watched: BTreeSet<IpAddr> = leases.keys().copied().collect();
         self.mgr.lock().forget_unused(&in_use, &watched);
+        let inputs: BTreeMap<IpAddr, RenewInput> = d
+            .ips
+            .iter()
+            .map(|(ip, a)| {
+                let failsafe = self
+                    .ha
+                    .as_ref()
+                    .map(|ha| (a.candidates.iter().filter(|n| **n != me).cloned().collect(), ha.incarnation()));
+                (*ip, RenewInput { next_hop: a.next_hop, failsafe })
+            })
+            .collect();
+        *self.renewer.inputs.lock() = inputs.clone();
+        // Renewals are the renewer's (renewer.rs); everything else is sent here.
         let actions = self.mgr.lock().plan(now, &candidates, applied);
         for (ip, action) in actions {
-            if matches!(action, Action::Renew { .. }) {
-                self.renew_sent.entry(ip).or_insert(now);
-            }
             let api = self.leases.clone();
             let opts = self.opts.clone();
-            let next_hop = d.ips.get(&ip).and_then(|a| a.next_hop);
+            let input = inputs.get(&ip).cloned().unwrap_or_default();
             let prev = self.mgr.lock().record(ip).cloned();
-            let failsafe = self.ha.as_ref().map(|ha| {
-                let peers =
-                    candidates.get(&ip).map(|c| c.iter().filter(|n| **n != me).cloned().collect()).unwrap_or_default();
-                (peers, ha.incarnation())
-            });
             let tx = self.results.clone();
             tokio::spawn(async move {
-                let sent = Instant::now();
-                let result =
-                    send_lease_action(api.clone(), opts.clone(), ip, next_hop, failsafe, prev, action.clone()).await;
-                let fresh = match result {
-                    Err(Failure::Conflict) => {
-                        let get = tokio::time::timeout(opts.timing.retry_period, api.get(&lease_name(ip))).await;
-                        get.ok().and_then(Result::ok).map(|l| observe::lease_record(&l))
-                    }
-                    _ => None,
-                };
-                let _ = tx.send(LeaseResult { ip, action, sent, result, fresh });
+                let r = send_lease_request(api, opts, ip, input.next_hop, input.failsafe, prev, action).await;
+                let _ = tx.send(r);
             });
         }
 
@@ -663,23 +680,38 @@ impl SyncLoop {
     }
 
     /// Applies `spec` unless it is already in place; returns whether the
-    /// data plane now runs it.
-    fn apply(&mut self, spec: &TablesSpec) -> bool {
+    /// data plane now runs it. The apply, the sessions of IPs just taken
+    /// over and their announcement run on a blocking thread (an `nft` run
+    /// may take seconds, 1.2 M sessions 0.8-1.9 s): the runtime's thread
+    /// stays free for the renewer, the channel and Lease requests.
+    async fn apply(&mut self, spec: &TablesSpec) -> bool {
         if self.last_applied.as_ref() == Some(spec) {
             return true;
         }
-        match self.sink.apply(spec) {
-            Ok(()) => {
-                let before = self.last_applied.as_ref().map(announced).unwrap_or_default();
-                let new: Vec<IpAddr> = announced(spec).difference(&before).copied().collect();
-                if !new.is_empty() {
-                    // Sessions of the previous holder first: nothing reaches
-                    // this gateway for these addresses before the announcement.
-                    if let Some(ha) = &self.ha {
-                        ha.activate(&new);
-                    }
-                    self.sink.announce(&new);
+        let before = self.last_applied.as_ref().map(announced).unwrap_or_default();
+        let new: Vec<IpAddr> = announced(spec).difference(&before).copied().collect();
+        let sink = self.sink.clone();
+        let activator = self.ha.as_ref().map(crate::ha::Ha::activator);
+        let job = spec.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            sink.apply(&job)?;
+            if !new.is_empty() {
+                // Sessions of the previous holder first: nothing reaches
+                // this gateway for these addresses before the announcement.
+                if let Some(a) = &activator {
+                    a.activate(&new);
                 }
+                sink.announce(&new);
+            }
+            Ok(())
+        })
+        .await;
+        let result = match done {
+            Ok(r) => r,
+            Err(e) => Err(crate::sink::ApplyError::Rejected(format!("the apply's thread failed: {e}"))),
+        };
+        match result {
+            Ok(()) => {
                 tracing::info!(
                     policies = spec.policies.len(),
                     egress_ips = ?spec.egress_ips.iter().map(|e| e.ip).collect::<Vec<_>>(),
@@ -727,10 +759,7 @@ impl SyncLoop {
             held,
             failing: held_now
                 .iter()
-                .filter(|ip| {
-                    self.renew_failing.contains(ip)
-                        || self.renew_sent.get(ip).is_some_and(|t| now >= *t + self.opts.timing.retry_period)
-                })
+                .filter(|ip| self.renewer.book.lock().failing(**ip, now, self.opts.timing.retry_period))
                 .copied()
                 .collect(),
             holders: leases.iter().map(|(ip, r)| (*ip, r.holder.clone().filter(|h| !h.is_empty()))).collect(),
@@ -758,7 +787,7 @@ impl SyncLoop {
                 held_here: held.contains(ip),
                 valid_for_ms: mgr.deadline(*ip).map(|t| t.saturating_duration_since(now).as_millis() as u64),
                 candidates: a.candidates.clone(),
-                renew_failing: self.renew_failing.contains(ip),
+                renew_failing: self.renewer.book.lock().failing.contains(ip),
                 standby: replica.map(|r| r.standby.clone()),
                 standby_in_sync: replica.map(|r| r.in_sync),
                 public_ip: targets.get(ip).map(|t| t.public.public_ip),
@@ -793,7 +822,13 @@ impl SyncLoop {
                     Err(e) => crate::view::CloudInterfaceRow { subnet, error: Some(e), ..Default::default() },
                 })
                 .collect(),
-            counters: self.counters.clone(),
+            counters: {
+                let mut k = self.counters.clone();
+                let book = self.renewer.book.lock();
+                k.lease_api_errors += book.api_errors;
+                k.lease_conflicts += book.conflicts;
+                k
+            },
             ..Default::default()
         };
         if let Some((s, c)) = ha {
@@ -866,21 +901,6 @@ impl SyncLoop {
             Err(Failure::Conflict) => self.counters.lease_conflicts += 1,
             _ => {}
         }
-        if matches!(r.action, Action::Renew { .. }) {
-            self.renew_sent.remove(&r.ip);
-        }
-        match (&r.action, &r.result) {
-            // A conflict on a renewal: the fresh record below decides (one
-            // naming someone else fences); until a renewal succeeds the
-            // peers are asked, and they refuse if their record names another.
-            (Action::Renew { .. }, Err(Failure::Other(_) | Failure::Conflict)) => {
-                self.renew_failing.insert(r.ip);
-            }
-            (_, Ok(_)) | (_, Err(Failure::Conflict | Failure::NotFound)) => {
-                self.renew_failing.remove(&r.ip);
-            }
-            _ => {}
-        }
         let taken = self.mgr.lock().on_result(r.ip, &r.action, r.sent, r.result, now);
         if let Some(fresh) = r.fresh {
             // Newer than what the watch showed: a record naming someone else
@@ -896,43 +916,16 @@ impl SyncLoop {
         }
     }
 
-    /// Tells the data plane until when it may serve each egress IP (its
-    /// renew deadline: last successful renewal's send time + renewDeadline)
-    /// and each companion next hop (the latest of the held IPs it serves);
-    /// an IP not held, or a next hop of none, is expired. Only changes are
-    /// sent.
+    /// Tells the data plane each address's deadline ([`ValidUntil::push`])
+    /// with the next hops of the last tables.
     fn push_valid_until(&mut self) {
-        let pairs: Vec<(IpAddr, IpAddr)> =
-            self.last.ips.iter().filter_map(|(ip, a)| a.next_hop.map(|nh| (*ip, nh))).collect();
-        self.push_valid_until_with(&pairs);
+        self.valid_until.lock().push(&self.mgr, None);
     }
 
     /// [`Self::push_valid_until`] with the (egress IP, next hop) pairs of
     /// the tables about to be applied.
     fn push_valid_until_with(&mut self, next_hops: &[(IpAddr, IpAddr)]) {
-        let mut want: BTreeMap<IpAddr, Instant> = BTreeMap::new();
-        let deadlines: Vec<_> = self.mgr.lock().deadlines().collect();
-        for (ip, deadline) in deadlines {
-            want.insert(ip, deadline.unwrap_or(self.expired));
-        }
-        for (ip, nh) in next_hops.iter().copied() {
-            let d = want.get(&ip).copied().unwrap_or(self.expired);
-            let e = want.entry(nh).or_insert(self.expired);
-            *e = (*e).max(d);
-        }
-        for ip in self.valid_until_sent.keys() {
-            want.entry(*ip).or_insert(self.expired);
-        }
-        let changes: Vec<(IpAddr, Option<std::time::Instant>)> = want
-            .into_iter()
-            .map(|(ip, t)| (ip, Some(t.into_std())))
-            .filter(|(ip, t)| self.valid_until_sent.get(ip) != Some(t))
-            .collect();
-        if changes.is_empty() {
-            return;
-        }
-        self.sink.set_valid_until(&changes);
-        self.valid_until_sent.extend(changes);
+        self.valid_until.lock().push(&self.mgr, Some(next_hops));
     }
 
     /// The first gateway by name among those holding a live Lease writes
@@ -1076,13 +1069,15 @@ impl SyncLoop {
             let missing = ha.flush(&held, wait).await;
             tracing::info!(ips = ?held, not_in_sync = ?missing, ms = t0.elapsed().as_millis() as u64, "hand-over: standbys synchronised");
         }
+        // No renewal may re-hold what is fenced below.
+        drop(self.renew_task.take());
         let now = Instant::now();
         let mut spec = self.last_applied.clone().unwrap_or_default();
         spec.egress_ips.clear();
         spec.neighbor_addresses.clear();
         self.mgr.lock().fence(now, &BTreeSet::new());
         self.push_valid_until();
-        if !self.apply(&spec) {
+        if !self.apply(&spec).await {
             // The data plane may still serve them: let the Leases expire
             // instead (the others take over after leaseDuration).
             tracing::error!(ips = ?held, "tables without the egress IPs not applied; Leases left to expire");
@@ -1155,12 +1150,22 @@ pub async fn run_supervised(
     }
     tracing::info!(node = %opts.node_name, "Kubernetes state loaded; control plane running");
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let valid_until = Arc::new(Mutex::new(ValidUntil::new(sink.clone())));
+    let renewer = Renewer::new(&mgr);
+    let renew_task = RenewTask(tokio::spawn(renewer.clone().run(
+        mgr.clone(),
+        Api::namespaced(client.clone(), &opts.lease_namespace),
+        opts.clone(),
+        valid_until.clone(),
+        notify.clone(),
+    )));
     let mut sync = SyncLoop {
         leases: Api::namespaced(client.clone(), &opts.lease_namespace),
         mgr,
         ha,
-        renew_failing: BTreeSet::new(),
-        renew_sent: BTreeMap::new(),
+        valid_until,
+        renewer,
+        renew_task: Some(renew_task),
         counters: Default::default(),
         heartbeat: heartbeat.clone(),
         first_pass_at: None,
@@ -1187,14 +1192,12 @@ pub async fn run_supervised(
         last: Desired::default(),
         status_sent: HashMap::new(),
         problems_reported: BTreeSet::new(),
-        valid_until_sent: BTreeMap::new(),
-        expired: Instant::now(),
         opts,
     };
     let mut next_full = Instant::now() + sync.opts.resync_period;
     loop {
         let now = Instant::now();
-        sync.pass(now);
+        sync.pass(now).await;
         heartbeat.beat();
         if now >= next_full {
             next_full = now + sync.opts.resync_period;
@@ -1205,9 +1208,22 @@ pub async fn run_supervised(
         if let Some(w) = sync.drain_wake.take() {
             wake = wake.min(w);
         }
+        let renewer_ended = async {
+            match sync.renew_task.as_mut() {
+                Some(t) => (&mut t.0).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             _ = &mut shutdown => break,
+            r = renewer_ended => {
+                // Renewals stopped: every deadline will pass. Stop as on a
+                // fatal error (the supervisor fences everything at once).
+                tracing::error!(result = ?r, "the Lease renewer stopped; stopping the control plane");
+                sync.renew_task = None;
+                break;
+            }
             _ = tokio::time::sleep_until(wake) => {}
             Some(r) = rx.recv() => {
                 sync.on_result(r);

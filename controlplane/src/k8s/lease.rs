@@ -323,6 +323,9 @@ pub struct LeaseManager {
     gateways: Option<BTreeSet<String>>,
     /// See [`LeaseManager::set_lone_failsafe`].
     lone_failsafe: Duration,
+    /// Renewals are planned by [`LeaseManager::plan_renewals`] (the
+    /// renewer task), not by [`LeaseManager::plan`].
+    renewals_elsewhere: bool,
 }
 
 /// How long a lone holder keeps an IP through an API outage by default.
@@ -339,7 +342,42 @@ impl LeaseManager {
             candidates: None,
             gateways: None,
             lone_failsafe: DEFAULT_LONE_FAILSAFE,
+            renewals_elsewhere: false,
         }
+    }
+
+    /// From now on [`LeaseManager::plan`] leaves renewals to
+    /// [`LeaseManager::plan_renewals`], which a task of their own calls
+    /// (issue 28 §2: nothing the sync loop does may delay them).
+    pub fn renew_elsewhere(&mut self) {
+        self.renewals_elsewhere = true;
+    }
+
+    /// The renewals due at `now` (held IPs, ours on the server, still
+    /// candidates by the last plan, none in flight), marked in flight, and
+    /// the instant the next one is due (at most a retry period away).
+    /// Report each with [`LeaseManager::on_result`].
+    pub fn plan_renewals(&mut self, now: Instant) -> (Vec<(IpAddr, Action)>, Instant) {
+        let me = self.me.clone();
+        let mut wake = now + self.timing.retry_period;
+        let mut actions = Vec::new();
+        for (ip, st) in &mut self.ips {
+            if st.held_since_send.is_none() || st.in_flight {
+                continue;
+            }
+            if now < st.next_attempt {
+                wake = wake.min(st.next_attempt);
+                continue;
+            }
+            let candidate = self.candidates.as_ref().is_some_and(|c| c.get(ip).is_some_and(|c| c.contains(&me)));
+            let Some(r) = st.record.as_ref().filter(|r| r.holder() == Some(me.as_str())) else { continue };
+            if !candidate {
+                continue;
+            }
+            st.in_flight = true;
+            actions.push((*ip, Action::Renew { resource_version: r.resource_version.clone() }));
+        }
+        (actions, wake)
     }
 
     /// The lone holder's bound (issue 28 §3), the same on every gateway. A
@@ -684,6 +722,7 @@ impl LeaseManager {
                     }
                     _ => None,
                 },
+                Some(_) if st.held_since_send.is_some() && self.renewals_elsewhere => None,
                 Some(ranked) => {
                     if st.held_since_send.is_some() {
                         match (mine_on_server, rv) {

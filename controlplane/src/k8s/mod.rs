@@ -7,6 +7,8 @@
 //! | `desired.rs` | the pure function observed state -> this gateway's `TablesSpec`, candidacies, status |
 //! | `pool.rs` | pool address sets and allocation |
 //! | `lease.rs` | the per-egress-IP Lease state machine (time injected, no I/O) |
+//! | `renewer.rs` | the task that renews held Leases, apart from the sync loop |
+//! | `valid_until.rs` | each address's deadline as the data plane was told it |
 //! | `controller.rs` | watchers, the sync loop, Lease requests, status writes, Events: [`run`] |
 //!
 //! The daemon calls [`run`] with a client, [`K8sOptions`] and its
@@ -19,6 +21,8 @@ pub mod desired;
 pub mod lease;
 pub mod observe;
 pub mod pool;
+pub mod renewer;
+pub mod valid_until;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

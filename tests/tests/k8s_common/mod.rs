@@ -16,6 +16,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egret_controlplane::ha::SessionStore;
 use egret_controlplane::k8s::{run, K8sOptions};
 use egret_controlplane::sink::{ApplyError, TablesSink};
 use egret_dataplane::tables::TablesSpec;
@@ -45,6 +46,18 @@ pub struct FakeSink {
     pub log: Mutex<Vec<(Instant, SinkEvent)>>,
     /// Every `set_valid_until` call: when, and what it set.
     pub valid_until: Mutex<Vec<ValidUntilCall>>,
+    /// The sessions session sync reads and installs (None: no data plane).
+    pub store: StoreSlot,
+}
+
+/// A [`SessionStore`] for a [`FakeSink`].
+#[derive(Default)]
+pub struct StoreSlot(pub Option<Arc<dyn SessionStore>>);
+
+impl std::fmt::Debug for StoreSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "StoreSlot(Some)" } else { "StoreSlot(None)" })
+    }
 }
 
 impl TablesSink for FakeSink {
@@ -59,6 +72,10 @@ impl TablesSink for FakeSink {
 
     fn set_valid_until(&self, deadlines: &[(IpAddr, Option<std::time::Instant>)]) {
         self.valid_until.lock().unwrap().push((Instant::now(), deadlines.to_vec()));
+    }
+
+    fn sessions(&self) -> Option<Arc<dyn SessionStore>> {
+        self.store.0.clone()
     }
 }
 
@@ -397,7 +414,12 @@ impl Gateway {
 
     /// A gateway with these options (its name is `opts.node_name`).
     pub fn start_with(client: kube::Client, opts: K8sOptions) -> Gateway {
-        let sink = Arc::new(FakeSink::default());
+        Gateway::start_with_sink(client, opts, FakeSink::default())
+    }
+
+    /// A gateway with these options and this sink (a session store, say).
+    pub fn start_with_sink(client: kube::Client, opts: K8sOptions, sink: FakeSink) -> Gateway {
+        let sink = Arc::new(sink);
         let name = opts.node_name.clone();
         let (tx, rx) = oneshot::channel::<()>();
         let s: Arc<dyn TablesSink> = sink.clone();
