@@ -366,6 +366,14 @@ impl Ha {
         confirm(&self.mgr, &self.wake, now, &alone);
     }
 
+    /// Whether the channel's task ended (it runs until [`Ha::shutdown`]; it
+    /// ends only by a panic): the sync loop then stops the control plane,
+    /// as for its own death (no failsafe answers, no session sync, no
+    /// proof of death would be given any more).
+    pub fn stopped(&self) -> bool {
+        self.task.is_finished()
+    }
+
     /// The address the channel listens on (its port resolved).
     pub fn local_addr(&self) -> SocketAddr {
         self.peers.local_addr()

@@ -1198,6 +1198,10 @@ pub async fn run_supervised(
     loop {
         let now = Instant::now();
         sync.pass(now).await;
+        if sync.ha.as_ref().is_some_and(crate::ha::Ha::stopped) {
+            tracing::error!("the peer channel's task stopped; stopping the control plane");
+            break;
+        }
         heartbeat.beat();
         if now >= next_full {
             next_full = now + sync.opts.resync_period;
