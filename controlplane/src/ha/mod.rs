@@ -9,6 +9,7 @@
 //! | `messages.rs` | what the frames mean |
 //! | `replicate.rs` | the holder's side of session sync: standbys, full copies, incremental changes |
 //! | `standby.rs` | the standby's shadow sessions, installed when it takes an IP over |
+//! | `memory.rs` | how many sessions a standby may keep: a quarter of the memory limit |
 //! | `failsafe.rs` | the holder's side of Patroni's failsafe: keep an IP through an API outage while every other eligible gateway agrees |
 //! | `promises.rs` | failsafe promises written at a graceful stop and kept by the next process (a peer restarting during an API outage) |
 //!
@@ -34,6 +35,7 @@ pub mod auth;
 pub mod channel;
 pub mod death;
 pub mod failsafe;
+pub mod memory;
 pub mod messages;
 pub mod promises;
 pub mod replicate;
@@ -66,8 +68,6 @@ pub const DEFAULT_PORT: u16 = 4720;
 const TICK: Duration = Duration::from_millis(20);
 /// Journal events taken per tick.
 const DRAIN_MAX: usize = 65_536;
-/// Sessions a standby keeps in all its shadows.
-const MAX_SHADOW_SESSIONS: usize = 4 << 20;
 
 /// The data plane's sessions, as session sync needs them (the daemon's
 /// sink implements it over the engine).
@@ -254,6 +254,9 @@ impl Ha {
         let me = cfg.me.clone();
         let me = me.as_str();
         let confirm = cfg.liveness / 4;
+        let limit = memory::memory_limit();
+        let shadow_bound = memory::shadow_bound(limit);
+        tracing::info!(memory_limit = ?limit, shadow_sessions = shadow_bound, "session sync: the most sessions this gateway keeps as a standby");
         let (peers, events) = Peers::start(cfg).await?;
         if !peers.end_authenticated() {
             tracing::warn!(
@@ -262,7 +265,7 @@ impl Ha {
         }
         let state = Arc::new(Mutex::new(State {
             deaths: Deaths::new(confirm),
-            standby: Standby::new(MAX_SHADOW_SESSIONS),
+            standby: Standby::new(shadow_bound),
             replicator: Replicator::new(opts.resync_period),
             failsafe: Failsafe::default(),
             view: View::default(),
