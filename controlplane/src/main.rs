@@ -378,8 +378,27 @@ fn check_config(file: &std::path::Path) -> ExitCode {
                     p.egress_ips.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
                 ));
             }
-            if c.kubernetes.is_some() {
+            if let Some(k) = &c.kubernetes {
                 s.push_str("kubernetes mode: policies and egress IPs come from the cluster\n");
+                s.push_str(&format!(
+                    "leases: duration {:?}, renew deadline {:?}, retry period {:?}\n",
+                    k.lease_duration, k.renew_deadline, k.retry_period
+                ));
+                match &k.ha {
+                    None => s.push_str(
+                        "ha: off (no channel between gateways: no session sync, no early take-over, no failsafe)\n",
+                    ),
+                    Some(h) => s.push_str(&format!(
+                        "ha: channel on {}:{} (key {}), liveness {:?}, resync {:?}, lone failsafe {:?}, peer cache {}\n",
+                        h.address.map_or_else(|| "$HOST_IP".to_string(), |a| a.to_string()),
+                        h.port,
+                        h.key_file.display(),
+                        h.liveness,
+                        h.resync_period,
+                        h.lone_failsafe,
+                        h.peer_cache.as_ref().map_or_else(|| "none".to_string(), |p| p.display().to_string()),
+                    )),
+                }
             }
             for w in &c.warnings {
                 s.push_str(&format!("warning: {w}\n"));
