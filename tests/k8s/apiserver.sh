@@ -25,7 +25,8 @@
 #   EGRET_APISERVER_STATE        state directory (default /tmp/egret-apiserver-$USER)
 #   EGRET_APISERVER_OWNER_PID    when set at start: a watcher stops everything once
 #                                that process is gone (tests that are killed leak nothing)
-#   EGRET_APISERVER_TIMEOUT      seconds to wait for readiness (default 90)
+#   EGRET_APISERVER_TIMEOUT      seconds to wait for readiness (default 300: a restart
+#                                beside two CPU hogs and a loaded lab took over 90 s)
 #   EGRET_APISERVER_SERVICE_CIDR service cluster IP range (default 192.0.2.0/24, TEST-NET-1;
 #                                only stored by the API server, never configured on a link)
 #   EGRET_KUBE_APISERVER, EGRET_ETCD  binaries (default: the build cache, etcd on PATH)
@@ -46,7 +47,7 @@ source "$here/common.sh"
 state=${EGRET_APISERVER_STATE:-/tmp/egret-apiserver-$(id -un)}
 apiserver_bin=${EGRET_KUBE_APISERVER:-$EGRET_KUBE_APISERVER_BIN}
 etcd_bin=${EGRET_ETCD:-$(command -v etcd || echo /usr/bin/etcd)}
-timeout=${EGRET_APISERVER_TIMEOUT:-90}
+timeout=${EGRET_APISERVER_TIMEOUT:-300}
 service_cidr=${EGRET_APISERVER_SERVICE_CIDR:-192.0.2.0/24}
 # Where the pair runs; `start` records both in config.env, later commands read them back.
 netns=${EGRET_APISERVER_NETNS:-}

@@ -38,7 +38,6 @@ use egret_controlplane::k8s::K8sOptions;
 use egret_dataplane::nat::sync::{ImportReport, SessionRecord, SyncEvent};
 use egret_tests::apiserver::ApiServer;
 use k8s_common::*;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio::time::Instant;
@@ -169,18 +168,8 @@ async fn scenario(server: &ApiServer) {
     let key = std::env::temp_dir().join(format!("egret-slow-takeover-{}.key", std::process::id()));
     std::fs::write(&key, (0..48u8).map(|i| i.wrapping_mul(29).wrapping_add(7)).collect::<Vec<u8>>()).unwrap();
     let client = server.client().await.expect("client");
-    install_crds(&client).await;
-    namespace(&client, "egret-system", json!({})).await;
-    namespace(&client, "team-a", json!({"team": "a"})).await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    for (i, n) in NAMES.iter().enumerate() {
-        let obj: Node = serde_json::from_value(json!({"metadata": {
-            "name": n, "labels": {"egret.dev/gateway": "true"},
-            "annotations": {"egret.dev/ha-address": addr(i).to_string()}}}))
-        .unwrap();
-        nodes.create(&PostParams::default(), &obj).await.expect("node");
-    }
-    pod(&client, "team-a", "web-1", json!({"app": "web"}), "198.18.0.11").await;
+    let gateways: Vec<(&str, IpAddr)> = NAMES.iter().enumerate().map(|(i, n)| (*n, addr(i))).collect();
+    ha_cluster(&client, &gateways).await;
     let (x, y) = (preferred_by(0), preferred_by(1));
     let policy: EgressPolicy = serde_json::from_value(json!({
         "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",

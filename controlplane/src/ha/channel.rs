@@ -994,17 +994,25 @@ async fn drain_then_close(mut stream: TcpStream) {
     }
 }
 
-fn peer_closed(md5: bool) -> End {
-    if md5 {
-        End::Gone
-    } else {
-        End::Closed
+/// The end of a read that returned 0 bytes. A FIN is the peer process's
+/// exit ([`End::Gone`]) only if the socket is in CLOSE_WAIT: a reset
+/// consumed by a write first (the writer's `send` takes the pending
+/// `ECONNRESET`, and the next read sees a plain end of stream) leaves it
+/// in CLOSE. A dead peer's FIN followed by an RST answering our heartbeat
+/// also reads as CLOSE: it costs the reset's confirmation window.
+fn peer_closed(md5: bool, state: Option<u8>) -> End {
+    const TCP_CLOSE_WAIT: u8 = 8;
+    match (md5, state) {
+        (false, _) => End::Closed,
+        (true, Some(TCP_CLOSE_WAIT)) => End::Gone,
+        (true, _) => End::Reset,
     }
 }
 
 fn classify_io(md5: bool, e: &io::Error) -> End {
     match e.kind() {
-        io::ErrorKind::UnexpectedEof => peer_closed(md5),
+        io::ErrorKind::UnexpectedEof if md5 => End::Reset,
+        io::ErrorKind::UnexpectedEof => End::Closed,
         // The peer's RST (EPIPE: an RST after the peer's FIN was read).
         io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe if md5 => End::Reset,
         io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => End::Closed,
@@ -1028,7 +1036,7 @@ async fn read_idle(
     while at < buf.len() {
         match tokio::time::timeout(idle, stream.read(&mut buf[at..])).await {
             Err(_) => return Err(End::Silent),
-            Ok(Ok(0)) => return Err(peer_closed(md5)),
+            Ok(Ok(0)) => return Err(peer_closed(md5, md5sig::tcp_state(stream.get_ref().as_ref().as_raw_fd()))),
             Ok(Ok(n)) => at += n,
             Ok(Err(e)) => return Err(classify_io(md5, &e)),
         }
@@ -1276,6 +1284,26 @@ mod md5sig {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+
+    /// The connection's TCP state (`tcp_info.tcpi_state`, its first byte;
+    /// `TCP_CLOSE_WAIT` = 8: the peer's FIN came and no RST after it,
+    /// `TCP_CLOSE` = 7: reset). None when the kernel does not say.
+    pub(super) fn tcp_state(fd: RawFd) -> Option<u8> {
+        let mut buf = [0u8; 8];
+        let mut len = buf.len() as libc::socklen_t;
+        // SAFETY: `buf` and `len` are live locals; the kernel writes at most
+        // `len` bytes into `buf` and the copied length into `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                buf.as_mut_ptr().cast(),
+                std::ptr::addr_of_mut!(len),
+            )
+        };
+        (rc == 0 && len >= 1).then_some(buf[0])
     }
 
     /// `setsockopt` of one `int`.
@@ -1635,8 +1663,14 @@ mod tests {
         child.kill().unwrap(); // SIGKILL
         let down = event(&mut rb, is_down).await;
         let _ = child.wait();
-        assert_eq!(down, PeerEvent::Down { peer: "gw-a".into(), incarnation: first, end: End::Gone });
-        assert!(down_proves(&down));
+        // A FIN (Gone), or an RST when the killed process had unread data
+        // (our first heartbeat, sent as the connection came up), or when
+        // our heartbeat met its closed socket before we read the FIN
+        // (Reset: a death once the process is not back, ha/death.rs).
+        let PeerEvent::Down { end, incarnation, .. } = &down else { unreachable!() };
+        assert_eq!(*incarnation, first);
+        assert!(matches!(end, End::Gone | End::Reset), "{end:?}");
+        assert!(down_proves(&down) || end.suggests_death());
         let mut child = spawn_child("ha::channel::tests::death_child", ("EGCH_CHILD_PEER", &addr));
         let PeerEvent::Up { incarnation: second, .. } = event(&mut rb, is_up).await else { unreachable!() };
         assert_ne!(first, second);

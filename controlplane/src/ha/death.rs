@@ -3,7 +3,7 @@
 //!
 //! | evidence | verdict |
 //! |---|---|
-//! | [`End::Gone`]: a signed FIN without goodbye | dead now: only the kernel closing an exited process's sockets sends it |
+//! | [`End::Gone`]: a signed FIN without goodbye (the socket in CLOSE_WAIT) | dead now: only the kernel closing an exited process's sockets sends it |
 //! | [`End::Reset`]: a signed RST without goodbye | dead only if the same incarnation is not back within `confirm` |
 //! | the peer comes up as a new incarnation | the old incarnation is dead (one process per node holds the channel's port) |
 //! | anything else (silence, aborted here, refused, goodbye) | nothing |

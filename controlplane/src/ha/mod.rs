@@ -388,6 +388,14 @@ impl Ha {
         self.peers.incarnation()
     }
 
+    /// The standby of each held IP (its most preferred connected other
+    /// candidate, to which its sessions are copied): written into the
+    /// IP's Lease so that takers rank it first.
+    pub fn standbys(&self) -> BTreeMap<IpAddr, String> {
+        let st = self.state.lock();
+        st.replicator.status(Instant::now()).into_iter().map(|r| (r.ip, r.standby)).collect()
+    }
+
     /// Whether the standby of `ip` holds its latest full copy.
     pub fn in_sync(&self, ip: IpAddr) -> bool {
         self.state.lock().replicator.in_sync(ip)

@@ -57,7 +57,7 @@ use super::crd::{
 };
 use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
-use super::lease::{FAILSAFE_ANNOTATION, INCARNATION_ANNOTATION};
+use super::lease::{HaFields, FAILSAFE_ANNOTATION, INCARNATION_ANNOTATION, STANDBY_ANNOTATION};
 use super::renewer::{RenewInput, RenewTask, Renewer};
 use super::valid_until::ValidUntil;
 use super::{observe, Heartbeat, K8sError, K8sOptions};
@@ -305,8 +305,7 @@ fn lease_object(
     opts: &K8sOptions,
     ip: IpAddr,
     next_hop: Option<IpAddr>,
-    failsafe: Option<&[String]>,
-    incarnation: Option<u64>,
+    ha: Option<&HaFields>,
     holder: Option<&str>,
     prev: Option<&LeaseRecord>,
     action: &Action,
@@ -316,11 +315,12 @@ fn lease_object(
     if let Some(n) = next_hop {
         annotations.insert(LEASE_NEXT_HOP_ANNOTATION.to_string(), n.to_string());
     }
-    if let Some(peers) = failsafe {
-        annotations.insert(FAILSAFE_ANNOTATION.to_string(), peers.join(","));
-    }
-    if let Some(i) = incarnation {
-        annotations.insert(INCARNATION_ANNOTATION.to_string(), i.to_string());
+    if let Some(h) = ha {
+        annotations.insert(FAILSAFE_ANNOTATION.to_string(), h.failsafe_peers.join(","));
+        annotations.insert(INCARNATION_ANNOTATION.to_string(), h.incarnation.to_string());
+        if let Some(s) = &h.standby {
+            annotations.insert(STANDBY_ANNOTATION.to_string(), s.clone());
+        }
     }
     let (rv, transitions, acquire) = match action {
         Action::Create => (None, 0, Some(wall)),
@@ -363,12 +363,12 @@ pub(super) async fn send_lease_request(
     opts: K8sOptions,
     ip: IpAddr,
     next_hop: Option<IpAddr>,
-    failsafe: Option<(Vec<String>, u64)>,
+    ha: Option<HaFields>,
     prev: Option<LeaseRecord>,
     action: Action,
 ) -> LeaseResult {
     let sent = Instant::now();
-    let result = send_lease_action(api.clone(), opts.clone(), ip, next_hop, failsafe, prev, action.clone()).await;
+    let result = send_lease_action(api.clone(), opts.clone(), ip, next_hop, ha, prev, action.clone()).await;
     let fresh = match result {
         Err(Failure::Conflict) => {
             let get = tokio::time::timeout(opts.timing.retry_period, api.get(&lease_name(ip))).await;
@@ -384,22 +384,13 @@ async fn send_lease_action(
     opts: K8sOptions,
     ip: IpAddr,
     next_hop: Option<IpAddr>,
-    failsafe: Option<(Vec<String>, u64)>,
+    ha: Option<HaFields>,
     prev: Option<LeaseRecord>,
     action: Action,
 ) -> Result<Option<LeaseRecord>, Failure> {
     let name = lease_name(ip);
-    let obj = lease_object(
-        &opts,
-        ip,
-        next_hop,
-        failsafe.as_ref().map(|(p, _)| p.as_slice()),
-        failsafe.as_ref().map(|(_, i)| *i),
-        Some(&opts.node_name),
-        prev.as_ref(),
-        &action,
-        Timestamp::now(),
-    );
+    let obj =
+        lease_object(&opts, ip, next_hop, ha.as_ref(), Some(&opts.node_name), prev.as_ref(), &action, Timestamp::now());
     let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     let call = async {
         match &action {
@@ -606,15 +597,17 @@ impl SyncLoop {
         let in_use: BTreeSet<IpAddr> = candidates.keys().copied().collect();
         let watched: BTreeSet<IpAddr> = leases.keys().copied().collect();
         self.mgr.lock().forget_unused(&in_use, &watched);
+        let standbys = self.ha.as_ref().map(crate::ha::Ha::standbys).unwrap_or_default();
         let inputs: BTreeMap<IpAddr, RenewInput> = d
             .ips
             .iter()
             .map(|(ip, a)| {
-                let failsafe = self
-                    .ha
-                    .as_ref()
-                    .map(|ha| (a.candidates.iter().filter(|n| **n != me).cloned().collect(), ha.incarnation()));
-                (*ip, RenewInput { next_hop: a.next_hop, failsafe })
+                let ha = self.ha.as_ref().map(|ha| HaFields {
+                    failsafe_peers: a.candidates.iter().filter(|n| **n != me).cloned().collect(),
+                    incarnation: ha.incarnation(),
+                    standby: standbys.get(ip).cloned(),
+                });
+                (*ip, RenewInput { next_hop: a.next_hop, ha })
             })
             .collect();
         *self.renewer.inputs.lock() = inputs.clone();
@@ -627,7 +620,7 @@ impl SyncLoop {
             let prev = self.mgr.lock().record(ip).cloned();
             let tx = self.results.clone();
             tokio::spawn(async move {
-                let r = send_lease_request(api, opts, ip, input.next_hop, input.failsafe, prev, action).await;
+                let r = send_lease_request(api, opts, ip, input.next_hop, input.ha, prev, action).await;
                 let _ = tx.send(r);
             });
         }

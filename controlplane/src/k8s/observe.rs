@@ -203,6 +203,7 @@ pub fn lease_record(l: &Lease) -> LeaseRecord {
         acquire_time: spec.and_then(|s| s.acquire_time.as_ref()).map(|t| t.0),
         renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
         incarnation: l.annotations().get(crate::k8s::lease::INCARNATION_ANNOTATION).and_then(|v| v.parse().ok()),
+        standby: l.annotations().get(crate::k8s::lease::STANDBY_ANNOTATION).filter(|v| !v.is_empty()).cloned(),
         failsafe: l
             .annotations()
             .get(crate::k8s::lease::FAILSAFE_ANNOTATION)

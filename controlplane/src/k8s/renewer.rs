@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use super::controller::{send_lease_request, LeaseResult};
-use super::lease::{Failure, LeaseManager};
+use super::lease::{Failure, HaFields, LeaseManager};
 use super::valid_until::ValidUntil;
 use super::K8sOptions;
 
@@ -40,8 +40,9 @@ use super::K8sOptions;
 pub struct RenewInput {
     /// The companion next hop (annotation).
     pub next_hop: Option<IpAddr>,
-    /// The failsafe peers and this process's incarnation (with `kubernetes.ha`).
-    pub failsafe: Option<(Vec<String>, u64)>,
+    /// The failsafe peers, this process's incarnation and the standby
+    /// (with `kubernetes.ha`).
+    pub ha: Option<HaFields>,
 }
 
 /// The renewals' state the sync loop reads (failsafe, status).
@@ -114,7 +115,7 @@ impl Renewer {
                 self.book.lock().sent.entry(ip).or_insert(now);
                 let (api, opts, tx) = (api.clone(), opts.clone(), tx.clone());
                 tokio::spawn(async move {
-                    let r = send_lease_request(api, opts, ip, input.next_hop, input.failsafe, prev, action).await;
+                    let r = send_lease_request(api, opts, ip, input.next_hop, input.ha, prev, action).await;
                     let _ = tx.send(r);
                 });
             }

@@ -625,6 +625,25 @@ pub async fn lease_holder_name(client: &kube::Client, ip: std::net::IpAddr) -> O
     }
 }
 
+/// The cluster of the control-plane HA tests: the CRDs, namespaces
+/// `egret-system` and `team-a` (label team=a), one gateway Node per
+/// (name, channel address) with its `egret.dev/ha-address`, and pod `web-1`
+/// (198.18.0.11) in team-a.
+pub async fn ha_cluster(client: &kube::Client, gateways: &[(&str, IpAddr)]) {
+    install_crds(client).await;
+    namespace(client, "egret-system", json!({})).await;
+    namespace(client, "team-a", json!({"team": "a"})).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (name, addr) in gateways {
+        let obj: Node = serde_json::from_value(json!({"metadata": {
+            "name": name, "labels": {"egret.dev/gateway": "true"},
+            "annotations": {"egret.dev/ha-address": addr.to_string()}}}))
+        .unwrap();
+        nodes.create(&PostParams::default(), &obj).await.expect("node");
+    }
+    pod(client, "team-a", "web-1", json!({"app": "web"}), "198.18.0.11").await;
+}
+
 /// The Lease of `ip` as the API server has it now: holder, acquireTime,
 /// renewTime, leaseDurationSeconds.
 pub async fn lease_spec(
