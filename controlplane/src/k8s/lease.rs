@@ -180,9 +180,9 @@ pub struct LeaseRecord {
     /// [`INCARNATION_ANNOTATION`]): a proof of death names the process it
     /// is about, and only that process's records are freed by it.
     pub incarnation: Option<u64>,
-    /// The gateway holding the holder's session copy (annotation
-    /// [`STANDBY_ANNOTATION`]): takers rank it first, so the IP moves with
-    /// its sessions when the most preferred candidate was not the standby.
+    /// The gateway holding the holder's session copy when it last wrote
+    /// the Lease (annotation [`STANDBY_ANNOTATION`]; for operators: takers
+    /// go by preference, see [`LeaseManager::plan`]).
     pub standby: Option<String>,
 }
 
@@ -759,10 +759,14 @@ impl LeaseManager {
                             keep_acquire_time: true,
                         })
                     } else {
-                        // Rank among the candidates other than the current holder,
-                        // the standby the record names first (it holds the sessions).
-                        let rank = take_over_order(ranked, holder.as_deref(), st.record.as_ref())
-                            .position(|n| n == me)
+                        // Rank among the candidates other than the current holder.
+                        // (Not the standby the record names first: the record
+                        // may name one whose copy the holder already dropped
+                        // for a more preferred one, ADR 0013's amendment.)
+                        let rank = ranked
+                            .iter()
+                            .filter(|n| Some(n.as_str()) != holder.as_deref())
+                            .position(|n| *n == me)
                             .unwrap_or(0);
                         let stagger = t.retry_period * u32::try_from(rank).unwrap_or(u32::MAX);
                         let promised = st.promise.as_ref().map(|(_, until)| *until);
@@ -895,21 +899,6 @@ impl LeaseManager {
             }
         }
     }
-}
-
-/// The order in which candidates take an IP over from `holder`: the
-/// standby `record` names first (when it is a candidate), then the others
-/// by preference; the holder is left out.
-fn take_over_order<'a>(
-    ranked: &'a [String],
-    holder: Option<&'a str>,
-    record: Option<&'a LeaseRecord>,
-) -> impl Iterator<Item = &'a str> + 'a {
-    let standby =
-        record.and_then(|r| r.standby.as_deref()).filter(|s| Some(*s) != holder && ranked.iter().any(|n| n == s));
-    standby
-        .into_iter()
-        .chain(ranked.iter().map(String::as_str).filter(move |n| Some(*n) != holder && Some(*n) != standby))
 }
 
 #[cfg(test)]
@@ -1254,23 +1243,6 @@ mod tests {
         b3.observe(x, Some(by(9, 11)), t0);
         assert_eq!(b3.holder_gone("gw-a", 7, t0 + ms(10)), Vec::<IpAddr>::new());
         assert_eq!(b3.plan(t0 + ms(20), &c, true), vec![]);
-        // Issue 28 §3: the standby the record names takes first (it holds
-        // the sessions), the most preferred candidate a stagger later.
-        let with_standby = |s: &str| LeaseRecord { standby: Some(s.into()), ..by(7, 10) };
-        let mut b5 = mgr("gw-b");
-        let mut c5 = mgr("gw-c");
-        b5.observe(x, Some(with_standby("gw-c")), t0);
-        c5.observe(x, Some(with_standby("gw-c")), t0);
-        b5.holder_gone("gw-a", 7, t0 + ms(200));
-        c5.holder_gone("gw-a", 7, t0 + ms(200));
-        assert_eq!(c5.plan(t0 + ms(200), &c, true).len(), 1, "the standby at once");
-        assert_eq!(b5.plan(t0 + ms(200), &c, true), vec![], "the preferred one waits its stagger");
-        assert_eq!(b5.plan(t0 + ms(200) + P, &c, true).len(), 1);
-        // A standby that is not a candidate (any more) changes nothing.
-        let mut b6 = mgr("gw-b");
-        b6.observe(x, Some(with_standby("gw-z")), t0);
-        b6.holder_gone("gw-a", 7, t0 + ms(200));
-        assert_eq!(b6.plan(t0 + ms(200), &c, true).len(), 1);
         // Issue 28 §3: a renewal the dead process sent before it died, seen
         // after the proof, keeps the proof (it is the same incarnation).
         let mut b4 = mgr("gw-b");
