@@ -461,10 +461,12 @@ async fn publish_event(client: kube::Client, mut ev: KubeEvent) -> Result<(), ku
 /// Releases our Lease of `ip` on shutdown. A renewal still in flight may
 /// have changed it since `rec`: on a conflict, re-read and retry while the
 /// Lease still names us.
-async fn release(api: Api<Lease>, opts: K8sOptions, ip: IpAddr, mut rec: LeaseRecord) {
+/// The released Lease keeps naming the standby that holds the sessions
+/// (`ha`): the candidates rank it first.
+async fn release(api: Api<Lease>, opts: K8sOptions, ip: IpAddr, mut rec: LeaseRecord, ha: Option<HaFields>) {
     for _ in 0..4 {
         let action = Action::Release { resource_version: rec.resource_version.clone() };
-        match send_lease_action(api.clone(), opts.clone(), ip, None, None, Some(rec.clone()), action).await {
+        match send_lease_action(api.clone(), opts.clone(), ip, None, ha.clone(), Some(rec.clone()), action).await {
             Err(Failure::Conflict) => match api.get(&lease_name(ip)).await {
                 Ok(l) if observe::lease_record(&l).holder.as_deref() == Some(opts.node_name.as_str()) => {
                     rec = observe::lease_record(&l);
@@ -1084,7 +1086,8 @@ impl SyncLoop {
                 continue;
             }
             let (api, opts) = (self.leases.clone(), self.opts.clone());
-            releases.spawn(release(api, opts, ip, rec));
+            let ha = self.renewer.inputs.lock().get(&ip).and_then(|i| i.ha.clone());
+            releases.spawn(release(api, opts, ip, rec, ha));
         }
         let _ = tokio::time::timeout(RELEASE_WAIT, async { while releases.join_next().await.is_some() {} }).await;
     }
