@@ -285,17 +285,13 @@ async fn scenario(server: &ApiServer) {
     // 4. gw-1's sync loop dies with its API connection cut; its channel
     // tasks keep running (they are separate tasks), so its peers have no
     // proof that it died and must wait for its Lease to expire.
-    // The taker: the standby gw-1's Lease names (it holds the sessions;
-    // the others defer to it while it is connected), else the next
-    // candidate by preference.
     let ip0 = ips[0];
-    let named = standby_named(&client, ip0).await.filter(|s| NAMES.contains(&s.as_str()) && s != "gw-1");
     let t_cut = Instant::now();
     switches[0].cut();
     gws[0].kill();
-    let next = named.unwrap_or_else(|| rank_gateways(ip0, &NAMES).into_iter().find(|n| n != "gw-1").unwrap());
+    let next = rank_gateways(ip0, &NAMES).into_iter().find(|n| n != "gw-1").unwrap();
     let k = NAMES.iter().position(|n| *n == next).unwrap();
-    wait_for("gw-1's standby (else the next candidate) to take gw-1's IP", WAIT, || {
+    wait_for("the next candidate to take gw-1's IP", WAIT, || {
         let ok = gws[k].sink.held().contains(&ip0);
         async move { ok.then_some(()) }
     })

@@ -655,14 +655,6 @@ pub async fn lease_spec(
     api.get(&egret_controlplane::k8s::lease::lease_name(ip)).await.ok().and_then(|l| l.spec)
 }
 
-/// The standby the Lease of `ip` names (`egret.dev/standby`).
-pub async fn standby_named(client: &kube::Client, ip: std::net::IpAddr) -> Option<String> {
-    use k8s_openapi::api::coordination::v1::Lease;
-    let api: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
-    let l = api.get(&egret_controlplane::k8s::lease::lease_name(ip)).await.ok()?;
-    l.metadata.annotations?.get(egret_controlplane::k8s::lease::STANDBY_ANNOTATION).cloned()
-}
-
 /// 32 random bytes, mode 0600: the gateways' shared channel key.
 pub fn write_ha_key(path: &std::path::Path) {
     use std::io::Read;
