@@ -853,16 +853,15 @@ impl SyncLoop {
                     age_ms: x.age.as_millis() as u64,
                 })
                 .collect();
-            // The IPs whose Lease names this gateway as the standby, held
-            // by a peer that is up, without a complete copy here yet (a
-            // holder keeps its standby while it is connected: a gateway
-            // that restarts is named again only when the holder needs it).
+            // The IPs whose first standby is this gateway, held by a peer
+            // that is up, without a complete copy here yet.
             let up: BTreeSet<&str> =
                 s.peers.iter().filter(|p| p.incarnation.is_some()).map(|p| p.name.as_str()).collect();
             for row in &report.leases {
-                let Some(_) = row.holder.as_deref().filter(|h| *h != me && up.contains(h)) else { continue };
-                let named = leases.get(&row.ip).and_then(|r| r.standby.as_deref()) == Some(me);
-                if named && !s.shadows.iter().any(|x| x.ip == row.ip && x.in_sync) {
+                let Some(h) = row.holder.as_deref().filter(|h| *h != me && up.contains(h)) else { continue };
+                let first =
+                    row.candidates.iter().find(|c| c.as_str() != h && up.contains(c.as_str()) || c.as_str() == me);
+                if first.map(String::as_str) == Some(me) && !s.shadows.iter().any(|x| x.ip == row.ip && x.in_sync) {
                     report.standby_pending.push(row.ip);
                 }
             }
