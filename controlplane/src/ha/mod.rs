@@ -613,7 +613,6 @@ impl Task {
 
     fn on_event(&mut self, ev: PeerEvent) {
         let now = Instant::now();
-
         match ev {
             PeerEvent::Up { peer, incarnation } => {
                 tracing::info!(peer = %peer, incarnation, "peer channel: up");
@@ -630,7 +629,6 @@ impl Task {
                     }
                     dead
                 };
-                self.sync_peers_up();
                 if let Some(dead) = dead {
                     self.proven_dead(dead, now);
                 }
@@ -642,7 +640,6 @@ impl Task {
                     st.failsafe.peer_down(&peer, matches!(end, End::Goodbye(_)));
                     st.deaths.on_down(&peer, incarnation, &end, now)
                 };
-                self.sync_peers_up();
                 if let Some(dead) = dead {
                     self.proven_dead(dead, now);
                 } else if end.suggests_death() {
@@ -656,14 +653,6 @@ impl Task {
                 Err(e) => tracing::warn!(peer = %peer, error = %e, "peer channel: malformed message dropped"),
             },
         }
-    }
-
-    /// Tells the Lease state machine which peers are up (a connected
-    /// standby is deferred to, [`LeaseManager::set_peers_up`]). The state's
-    /// lock is released before the manager's is taken.
-    fn sync_peers_up(&self) {
-        let up = self.state.lock().up.clone();
-        self.mgr.lock().set_peers_up(up);
     }
 
     /// A peer's process is proven dead ([`death`]): the Leases its
@@ -747,23 +736,14 @@ impl Task {
         // sees the IP gone (review finding 9; its removals are not sent,
         // see `Replicator::incremental`).
         let journal = self.sessions.as_ref().map(|store| (store.drain(DRAIN_MAX), store.overflows()));
-        // Each held IP keeps its standby while it stays connected and a
-        // candidate (its Lease names it: takers rank it first), else
-        // replicates to its most preferred connected candidate.
+        // Each held IP replicates to its most preferred connected candidate.
         let (drops, msgs) = {
             let mut st = self.state.lock();
             let standbys: BTreeMap<IpAddr, Option<String>> = st
                 .view
                 .held
                 .iter()
-                .map(|(ip, others)| {
-                    let current = st
-                        .replicator
-                        .standby_of(*ip)
-                        .filter(|s| st.up.contains(*s) && others.iter().any(|o| o == s))
-                        .map(str::to_string);
-                    (*ip, current.or_else(|| others.iter().find(|p| st.up.contains(*p)).cloned()))
-                })
+                .map(|(ip, others)| (*ip, others.iter().find(|p| st.up.contains(*p)).cloned()))
                 .collect();
             let mut msgs = Vec::new();
             if let Some((events, overflows)) = journal {

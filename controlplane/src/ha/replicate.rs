@@ -114,11 +114,6 @@ impl Replicator {
     /// Returns the DropShadow messages for standbys that were replaced while
     /// the IP stays here. An IP this gateway no longer holds keeps its
     /// shadow on the standby: that is the copy the next holder installs.
-    /// The standby of `ip`, if it has one.
-    pub fn standby_of(&self, ip: IpAddr) -> Option<&str> {
-        self.by_ip.get(&ip).map(|r| r.standby.as_str())
-    }
-
     pub fn set_standbys(&mut self, want: &BTreeMap<IpAddr, Option<String>>) -> Vec<(String, Message)> {
         let mut out = Vec::new();
         self.by_ip.retain(|ip, r| match want.get(ip) {

@@ -180,9 +180,9 @@ pub struct LeaseRecord {
     /// [`INCARNATION_ANNOTATION`]): a proof of death names the process it
     /// is about, and only that process's records are freed by it.
     pub incarnation: Option<u64>,
-    /// The gateway holding the holder's session copy (annotation
-    /// [`STANDBY_ANNOTATION`]): takers rank it first, and defer to it while
-    /// it is connected ([`LeaseManager::plan`]).
+    /// The gateway holding the holder's session copy when it last wrote
+    /// the Lease (annotation [`STANDBY_ANNOTATION`]; for operators: takers
+    /// go by preference, see [`LeaseManager::plan`]).
     pub standby: Option<String>,
 }
 
@@ -345,9 +345,6 @@ pub struct LeaseManager {
     /// Renewals are planned by [`LeaseManager::plan_renewals`] (the
     /// renewer task), not by [`LeaseManager::plan`].
     renewals_elsewhere: bool,
-    /// The peers whose channel is up (None: no channel). See
-    /// [`LeaseManager::set_peers_up`].
-    peers_up: Option<BTreeSet<String>>,
 }
 
 /// How long a lone holder keeps an IP through an API outage by default.
@@ -365,17 +362,7 @@ impl LeaseManager {
             gateways: None,
             lone_failsafe: DEFAULT_LONE_FAILSAFE,
             renewals_elsewhere: false,
-            peers_up: None,
         }
-    }
-
-    /// The peers whose channel to this gateway is up (the HA task, on every
-    /// change). A holder's standby that is up takes its IPs over first; the
-    /// other candidates wait `leaseDuration` longer than their stagger
-    /// ([`LeaseManager::plan`]): on a CPU-starved machine a stagger was not
-    /// always enough, and a candidate without the sessions took the IP.
-    pub fn set_peers_up(&mut self, up: BTreeSet<String>) {
-        self.peers_up = Some(up);
     }
 
     /// From now on [`LeaseManager::plan`] leaves renewals to
@@ -772,18 +759,16 @@ impl LeaseManager {
                             keep_acquire_time: true,
                         })
                     } else {
-                        // Rank among the candidates other than the current holder,
-                        // the standby the record names first (it holds the
-                        // sessions; a holder keeps its standby while it is
-                        // connected, ha/mod.rs). While that standby is connected
-                        // here, the others also wait a leaseDuration more.
-                        let standby = named_standby(ranked, holder.as_deref(), st.record.as_ref());
-                        let rank =
-                            take_over_order(ranked, holder.as_deref(), standby).position(|n| n == me).unwrap_or(0);
-                        let standby_up =
-                            standby.is_some_and(|s| s != me && self.peers_up.as_ref().is_some_and(|up| up.contains(s)));
-                        let stagger = t.retry_period * u32::try_from(rank).unwrap_or(u32::MAX)
-                            + if standby_up { t.lease_duration } else { Duration::ZERO };
+                        // Rank among the candidates other than the current holder.
+                        // (Not the standby the record names first: the record
+                        // may name one whose copy the holder already dropped
+                        // for a more preferred one, ADR 0013's amendment.)
+                        let rank = ranked
+                            .iter()
+                            .filter(|n| Some(n.as_str()) != holder.as_deref())
+                            .position(|n| *n == me)
+                            .unwrap_or(0);
+                        let stagger = t.retry_period * u32::try_from(rank).unwrap_or(u32::MAX);
                         let promised = st.promise.as_ref().map(|(_, until)| *until);
                         let free_at = match (&st.record, &holder) {
                             (None, _) | (Some(_), None) => {
@@ -914,23 +899,6 @@ impl LeaseManager {
             }
         }
     }
-}
-
-/// The standby `record` names, when it is a candidate other than `holder`.
-fn named_standby<'a>(ranked: &[String], holder: Option<&str>, record: Option<&'a LeaseRecord>) -> Option<&'a str> {
-    record.and_then(|r| r.standby.as_deref()).filter(|s| Some(*s) != holder && ranked.iter().any(|n| n == s))
-}
-
-/// The order in which candidates take an IP over from `holder`: its
-/// standby first, then the others by preference; the holder left out.
-fn take_over_order<'a>(
-    ranked: &'a [String],
-    holder: Option<&'a str>,
-    standby: Option<&'a str>,
-) -> impl Iterator<Item = &'a str> + 'a {
-    standby
-        .into_iter()
-        .chain(ranked.iter().map(String::as_str).filter(move |n| Some(*n) != holder && Some(*n) != standby))
 }
 
 #[cfg(test)]
@@ -1275,33 +1243,6 @@ mod tests {
         b3.observe(x, Some(by(9, 11)), t0);
         assert_eq!(b3.holder_gone("gw-a", 7, t0 + ms(10)), Vec::<IpAddr>::new());
         assert_eq!(b3.plan(t0 + ms(20), &c, true), vec![]);
-        // Issue 28 §3: the standby the record names takes first (it holds
-        // the sessions); while it is connected, the others wait a
-        // leaseDuration beyond their stagger; once it is not, only the stagger.
-        let with_standby = |s: &str| LeaseRecord { standby: Some(s.into()), ..by(7, 10) };
-        let mut b5 = mgr("gw-b");
-        let mut c5 = mgr("gw-c");
-        b5.observe(x, Some(with_standby("gw-c")), t0);
-        c5.observe(x, Some(with_standby("gw-c")), t0);
-        b5.set_peers_up(["gw-c".to_string()].into());
-        c5.set_peers_up(["gw-b".to_string()].into());
-        b5.holder_gone("gw-a", 7, t0 + ms(200));
-        c5.holder_gone("gw-a", 7, t0 + ms(200));
-        assert_eq!(c5.plan(t0 + ms(200), &c, true).len(), 1, "the standby at once");
-        assert_eq!(b5.plan(t0 + ms(200) + P, &c, true), vec![], "not after a stagger: the standby is up");
-        assert_eq!(b5.plan(t0 + ms(200) + P + D, &c, true).len(), 1, "after a stagger and a leaseDuration");
-        let mut b6 = mgr("gw-b");
-        b6.observe(x, Some(with_standby("gw-c")), t0);
-        b6.set_peers_up(BTreeSet::new());
-        b6.holder_gone("gw-a", 7, t0 + ms(200));
-        assert_eq!(b6.plan(t0 + ms(200), &c, true), vec![], "rank 1 behind the named standby");
-        assert_eq!(b6.plan(t0 + ms(200) + P, &c, true).len(), 1, "the standby is down: a stagger only");
-        // A standby that is not a candidate changes nothing.
-        let mut b7 = mgr("gw-b");
-        b7.observe(x, Some(with_standby("gw-z")), t0);
-        b7.set_peers_up(["gw-z".to_string()].into());
-        b7.holder_gone("gw-a", 7, t0 + ms(200));
-        assert_eq!(b7.plan(t0 + ms(200), &c, true).len(), 1);
         // Issue 28 §3: a renewal the dead process sent before it died, seen
         // after the proof, keeps the proof (it is the same incarnation).
         let mut b4 = mgr("gw-b");
