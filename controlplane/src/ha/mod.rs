@@ -390,7 +390,7 @@ impl Ha {
 
     /// The standby of each held IP (its most preferred connected other
     /// candidate, to which its sessions are copied): written into the
-    /// IP's Lease so that takers rank it first.
+    /// IP's Lease (`egret.dev/standby`) for operators.
     pub fn standbys(&self) -> BTreeMap<IpAddr, String> {
         let st = self.state.lock();
         st.replicator.status(Instant::now()).into_iter().map(|r| (r.ip, r.standby)).collect()

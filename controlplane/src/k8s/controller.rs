@@ -462,7 +462,7 @@ async fn publish_event(client: kube::Client, mut ev: KubeEvent) -> Result<(), ku
 /// have changed it since `rec`: on a conflict, re-read and retry while the
 /// Lease still names us.
 /// The released Lease keeps naming the standby that holds the sessions
-/// (`ha`): the candidates rank it first.
+/// (`ha`), for operators.
 async fn release(api: Api<Lease>, opts: K8sOptions, ip: IpAddr, mut rec: LeaseRecord, ha: Option<HaFields>) {
     for _ in 0..4 {
         let action = Action::Release { resource_version: rec.resource_version.clone() };

@@ -762,7 +762,8 @@ impl LeaseManager {
                         // Rank among the candidates other than the current holder.
                         // (Not the standby the record names first: the record
                         // may name one whose copy the holder already dropped
-                        // for a more preferred one, ADR 0013's amendment.)
+                        // for a more preferred one; docs/kubernetes.md, "Under
+                        // load", says what was tried.)
                         let rank = ranked
                             .iter()
                             .filter(|n| Some(n.as_str()) != holder.as_deref())
