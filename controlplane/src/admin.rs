@@ -364,10 +364,11 @@ pub mod render {
                     if o.egress { "egress".into() } else { "neighbor".into() },
                     if o.ports.is_empty() { "-".into() } else { o.ports.clone() },
                     if o.answer_neighbor { "yes".into() } else { "no".into() },
+                    if o.served { "yes".into() } else { "no (dormant: sessions kept)".into() },
                 ]
             })
             .collect();
-        out.push_str(&table(&["ADDRESS", "KIND", "PORTS", "ANSWERS ARP/NDP"], &rows));
+        out.push_str(&table(&["ADDRESS", "KIND", "PORTS", "ANSWERS ARP/NDP", "SERVED"], &rows));
         if let Some(c) = &s.cluster {
             out.push_str(&cluster(c));
         }

@@ -280,12 +280,17 @@ fn render_cluster(o: &mut Out, c: &crate::view::ClusterReport) {
     o.family("control_plane_last_pass_milliseconds", "gauge", "Since the Kubernetes sync loop last ran a pass.");
     o.sample("control_plane_last_pass_milliseconds", &[], c.last_pass_ms);
     let k = &c.counters;
-    let counters: [(&str, &str, u64); 16] = [
+    let counters: [(&str, &str, u64); 17] = [
         ("lease_takeovers_total", "Egress IPs this gateway took (created or acquired a Lease).", k.takeovers),
         (
             "lease_fenced_total",
             "Egress IPs this gateway stopped serving (deadline, foreign record, not eligible, stop).",
             k.fenced,
+        ),
+        (
+            "lease_resumed_total",
+            "Egress IPs fenced by their deadline, kept dormant with their sessions, and served again once their Lease was ours again.",
+            k.resumed,
         ),
         ("lease_api_errors_total", "Lease requests that failed for want of an API server.", k.lease_api_errors),
         (

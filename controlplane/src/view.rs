@@ -53,6 +53,15 @@ pub struct OwnedIp {
     pub answer_neighbor: bool,
     /// Whether it is translated for (an egress IP).
     pub egress: bool,
+    /// Whether it is served now: false while its deadline has passed but
+    /// it stays in the tables (a dormant egress IP, fenced with its
+    /// sessions kept until its Lease is ours again).
+    #[serde(default = "served_by_default")]
+    pub served: bool,
+}
+
+fn served_by_default() -> bool {
+    true
 }
 
 /// `egret status`.
@@ -394,6 +403,10 @@ pub struct ClusterCounters {
     pub takeovers: u64,
     /// IPs fenced (deadline passed, foreign record, not eligible, stop).
     pub fenced: u64,
+    /// Dormant IPs served again with the sessions they kept (fenced by
+    /// their deadline, then their Lease taken back before anyone else).
+    #[serde(default)]
+    pub resumed: u64,
     /// Lease requests that failed for want of an API server.
     pub lease_api_errors: u64,
     /// Lease requests refused by a conflict.

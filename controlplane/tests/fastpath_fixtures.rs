@@ -798,3 +798,76 @@ fn a_route_moving_onto_a_tunnel_withdraws_the_session() {
     }
     assert!(matches!(process(&mut r, &back, OUTSIDE, 2).0, Verdict::ToKernel { .. }));
 }
+
+/// A dormant egress IP (issue 28 §2: fenced by its deadline, kept in the
+/// tables with its sessions): `FastPath::set_expired` takes its installed
+/// sessions out of the kernel, so the program no longer translates them,
+/// while the engine keeps each session (its kernel stamp folded in) and
+/// another egress IP's session stays in XDP. While it is expired its
+/// sessions are refused (`refused_invalid`); once valid again, the next
+/// confirmed packet installs them again.
+#[test]
+fn an_expired_egress_ip_leaves_the_fast_path_and_keeps_its_sessions() {
+    use fixtures::{from_outside, from_pod, udp, E1, E2, POD_A, POD_C, SERVER};
+    use std::collections::BTreeSet;
+    use std::sync::atomic::Ordering;
+    let _ns = Ns::enter("f");
+    let mut r = rig(&fixtures::base_spec(), fixtures::topology());
+    let flows = [(POD_A, E1, 40000u16), (POD_C, E2, 40001)];
+    let mut answers = Vec::new();
+    for (pod, egress, port) in flows {
+        let out = from_pod(IpAddr::V4(pod), IpAddr::V4(SERVER), udp(port, 53, b"q")).frame();
+        r.manager.run_once();
+        let (v, buf) = process(&mut r, &out, INSIDE, 0);
+        assert!(matches!(v, Verdict::Forward { .. }), "{pod} query: {v:?}");
+        let eport = u16::from_be_bytes([buf[34], buf[35]]);
+        let back = from_outside(IpAddr::V4(SERVER), IpAddr::V4(egress), udp(53, eport, b"a")).frame();
+        r.manager.run_once();
+        assert!(matches!(process(&mut r, &back, OUTSIDE, 0).0, Verdict::Forward { .. }), "{pod} answer");
+        answers.push(back);
+    }
+    r.manager.run_once();
+    for back in &answers {
+        assert_eq!(want(&r.engine, back), Want::Hit, "both installed");
+    }
+    let session_of = |r: &Rig, back: &[u8]| {
+        let s = inspect(back).unwrap();
+        r.engine.nat4().sessions.lookup(&s.key4.unwrap()).map(|(_, v)| v)
+    };
+    let a_before = session_of(&r, &answers[0]).expect("pod A's session");
+
+    // E1's deadline passed.
+    let out = r.fp.set_expired(&r.engine, BTreeSet::from([IpAddr::V4(E1)]));
+    assert_eq!(out, 1, "pod A's session left the kernel");
+    assert_eq!(r.fp.stats.expired.load(Ordering::Relaxed), 1);
+    let a = session_of(&r, &answers[0]).expect("the engine keeps pod A's session");
+    assert_eq!((a.index, a.seq), (a_before.index, a_before.seq), "the same session");
+    assert_eq!(a.offload & offload::INSTALLED, 0);
+    assert_eq!(want(&r.engine, &answers[0]), Want::Reason(F::Miss));
+    if let Some(e) = check_bpf(&r.program, "E1 expired", &answers[0], OUTSIDE, Want::Reason(F::Miss), None) {
+        panic!("{e}");
+    }
+    assert_eq!(want(&r.engine, &answers[1]), Want::Hit, "E2's session stays in XDP");
+    let (v, buf) = process(&mut r, &answers[1], OUTSIDE, 1);
+    let Verdict::Forward { ifindex, len } = v else { panic!("E2 answer: {v:?}") };
+    if let Some(e) =
+        check_bpf(&r.program, "E2 still valid", &answers[1], OUTSIDE, Want::Hit, Some((ifindex, &buf[..len])))
+    {
+        panic!("{e}");
+    }
+
+    // Not installed again while expired, although the engine asks.
+    let refused = r.fp.stats.refused_invalid.load(Ordering::Relaxed);
+    assert!(matches!(process(&mut r, &answers[0], OUTSIDE, 1).0, Verdict::Forward { .. }));
+    r.manager.run_once();
+    assert_eq!(r.fp.stats.refused_invalid.load(Ordering::Relaxed), refused + 1, "refused while expired");
+    assert_eq!(want(&r.engine, &answers[0]), Want::Reason(F::Miss));
+
+    // Valid again: the next answer asks, and it is installed.
+    assert_eq!(r.fp.set_expired(&r.engine, BTreeSet::new()), 0);
+    assert!(matches!(process(&mut r, &answers[0], OUTSIDE, 2).0, Verdict::Forward { .. }));
+    r.manager.run_once();
+    assert_eq!(want(&r.engine, &answers[0]), Want::Hit, "installed again");
+    let a = session_of(&r, &answers[0]).unwrap();
+    assert_eq!((a.index, a.seq), (a_before.index, a_before.seq), "still the same session");
+}

@@ -137,7 +137,11 @@ async fn scenario(server: &ApiServer) {
     }
     let last = gw1.sink.last().expect("gw-1 spec");
     assert_eq!(last.policies.len(), 1, "gw-1 keeps its policies while cut off");
-    assert!(last.egress_ips.is_empty());
+    assert!(gw1.sink.held().is_empty(), "gw-1 serves nothing while cut off");
+    // Dormant (issue 28 §2): cut off, gw-1 cannot see that gw-2 took them,
+    // so it keeps them in its tables with their sessions, past their
+    // deadline, served by nothing.
+    assert_eq!(gw1.sink.in_tables(), gw1_ips.iter().copied().collect(), "gw-1 keeps its IPs dormant");
     let now = Instant::now();
     for ip in &ips {
         assert_never_shared(*ip, &[("gw-1", &gw1.sink, now), ("gw-2", &gw2.sink, now)]);

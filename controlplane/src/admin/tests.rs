@@ -57,6 +57,7 @@ impl GatewayView for Fake {
                 ports: "32768-60999".into(),
                 answer_neighbor: true,
                 egress: true,
+                served: true,
             }],
             policy_errors: vec![],
             restart_pending: vec!["workers".into()],
@@ -205,7 +206,7 @@ fn tables_for_people() {
     let s = render::status(&Fake.status());
     assert!(s.contains("generation  7\n") && s.contains("restart     needed for: workers\n"), "{s}");
     assert!(s.contains("eth1       3        both  02:00:00:00:00:01  native  1\n"), "{s}");
-    assert!(s.contains("203.0.113.10  egress  32768-60999  yes\n"), "{s}");
+    assert!(s.contains("203.0.113.10  egress  32768-60999  yes              yes\n"), "{s}");
     let p = render::policies(&Fake.policies());
     assert!(p.contains("team-a  198.18.0.0/24  0.0.0.0/0     -       203.0.113.10  10/1000         9/900\n"), "{p}");
 }

@@ -50,7 +50,7 @@
 //! Applies are serialised. `announce` queues gratuitous ARP / unsolicited
 //! NA (twice, one second apart: RFC 5227 2.3's ANNOUNCE_NUM) for worker 0.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -153,10 +153,11 @@ fn monotonic_ns_at(t: Instant) -> u64 {
     }
 }
 
-/// The earliest valid-until among the owned addresses: the fast path's
-/// (every offloaded session translates to or from one of them).
-fn earliest_valid_until(owned: &HashMap<IpAddr, OwnedAddr>) -> u64 {
-    owned.values().map(|o| o.valid_until_ns).min().unwrap_or(VALID_FOREVER)
+/// The earliest valid-until among the owned addresses but `skip`: the fast
+/// path's (every offloaded session translates to or from one of them; an
+/// address in `skip` has none installed, `FastPath::set_expired`).
+fn earliest_valid_until(owned: &HashMap<IpAddr, OwnedAddr>, skip: &BTreeSet<IpAddr>) -> u64 {
+    owned.iter().filter(|(ip, _)| !skip.contains(ip)).map(|(_, o)| o.valid_until_ns).min().unwrap_or(VALID_FOREVER)
 }
 
 /// What the owned-address maps should hold for `tables`.
@@ -251,6 +252,17 @@ impl GatewaySink {
         self.owned.lock().clone()
     }
 
+    /// The egress IPs whose sessions the fast path keeps out of the kernel.
+    fn fast_path_expired(&self) -> BTreeSet<IpAddr> {
+        self.fast_path.as_ref().map(|fp| fp.expired()).unwrap_or_default()
+    }
+
+    fn write_fp_valid_until(&self, ns: u64) {
+        if let Err(e) = self.program.fp_set_valid_until(ns) {
+            tracing::error!(error = %e, "valid-until not written to the fast path's configuration");
+        }
+    }
+
     /// Checks that the maps can take `plan` now (step 1 of the module doc).
     fn check_capacity(&self, plan: &MapPlan) -> Result<(), String> {
         let capacity = self.program.options().owned_addresses as usize;
@@ -282,7 +294,7 @@ impl GatewaySink {
                 owned.insert(*ip, o);
             }
         }
-        self.program.fp_set_valid_until(earliest_valid_until(&owned))?;
+        self.program.fp_set_valid_until(earliest_valid_until(&owned, &self.fast_path_expired()))?;
         drop(deadlines);
         drop(owned);
         self.program.replace_policy(&plan.src, &plan.dst)
@@ -570,9 +582,27 @@ impl TablesSink for GatewaySink {
                 }
             }
         }
-        if let Err(e) = self.program.fp_set_valid_until(earliest_valid_until(&owned)) {
-            tracing::error!(error = %e, "valid-until not written to the fast path's configuration");
+        // The fast path's deadline: first over every address but those
+        // whose sessions are already out of the kernel and stay out, then
+        // the sessions of addresses past their deadline leave the kernel
+        // (a dormant egress IP's stay with the workers), and only then may
+        // the deadline leave those addresses out (issue 28 §2: a dormant
+        // IP must not hold back the others' fast path).
+        let now_ns = egret_bpf::monotonic_ns();
+        let expired: BTreeSet<IpAddr> =
+            ns.iter().filter(|(_, v)| **v != VALID_FOREVER && **v <= now_ns).map(|(ip, _)| *ip).collect();
+        let kept_out: BTreeSet<IpAddr> = self.fast_path_expired().intersection(&expired).copied().collect();
+        self.write_fp_valid_until(earliest_valid_until(&owned, &kept_out));
+        if let Some(fp) = &self.fast_path {
+            let n = fp.set_expired(&self.engine, expired.clone());
+            if n > 0 {
+                tracing::info!(
+                    sessions = n,
+                    "fast path: sessions of egress IPs past their deadline taken out of the kernel"
+                );
+            }
         }
+        self.write_fp_valid_until(earliest_valid_until(&owned, &expired));
     }
 
     fn announce(&self, ips: &[IpAddr]) {

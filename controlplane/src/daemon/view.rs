@@ -70,6 +70,7 @@ impl GatewayView for LiveView {
                 },
                 answer_neighbor: o.flags & egret_bpf::OWNED_NEIGH != 0,
                 egress: o.flags & egret_bpf::OWNED_NAT != 0,
+                served: o.valid_until_ns == egret_bpf::VALID_FOREVER || o.valid_until_ns > egret_bpf::monotonic_ns(),
             })
             .collect();
         owned.sort_by_key(|o| o.ip);

@@ -580,7 +580,12 @@ impl SyncLoop {
         // tables below can be applied.
         self.push_valid_until();
         if !fenced.is_empty() {
-            tracing::warn!(ips = ?fenced, "fenced: no valid Lease any more (renew deadline passed or no longer eligible)");
+            let dormant = self.mgr.lock().dormant();
+            tracing::warn!(
+                ips = ?fenced,
+                dormant = ?dormant,
+                "fenced: no valid Lease any more (renew deadline passed or no longer eligible); a dormant IP keeps its sessions and takes its Lease back"
+            );
             self.held(&mut obs, now);
             d = desired(&obs, &self.local, wall);
             self.withdraw_refused(&mut d);
@@ -646,7 +651,9 @@ impl SyncLoop {
     /// less the cloud addresses the provider has not given to its interface
     /// yet (the cloud task is told which to move here, and which to give up).
     fn held(&self, obs: &mut Observed, now: Instant) {
-        obs.held = self.mgr.lock().held(now);
+        let mgr = self.mgr.lock();
+        obs.held = mgr.held(now).union(&mgr.dormant()).copied().collect();
+        drop(mgr);
         let targets = crate::cloud::targets(&obs.pools);
         let want = targets.iter().filter(|(ip, _)| obs.held.contains(ip)).map(|(ip, t)| (*ip, t.clone())).collect();
         let me = self.opts.node_name.as_str();
@@ -742,8 +749,11 @@ impl SyncLoop {
             .filter_map(|n| observe::ha_address(n).map(|a| (n.name_any(), std::net::SocketAddr::new(a, port))))
             .collect();
         let held_now = self.mgr.lock().held(now);
+        // A dormant IP keeps its standby's copy: its sessions may be
+        // served again here, or by the standby if it takes the IP.
+        let dormant = self.mgr.lock().dormant();
         let held = held_now
-            .iter()
+            .union(&dormant)
             .map(|ip| {
                 let others = d.ips.get(ip).map(|a| a.candidates.iter().filter(|c| *c != me).cloned().collect());
                 (*ip, others.unwrap_or_default())
@@ -896,6 +906,7 @@ impl SyncLoop {
             Err(Failure::Conflict) => self.counters.lease_conflicts += 1,
             _ => {}
         }
+        let was_dormant = self.mgr.lock().dormant().contains(&r.ip);
         let taken = self.mgr.lock().on_result(r.ip, &r.action, r.sent, r.result, now);
         if let Some(fresh) = r.fresh {
             // Newer than what the watch showed: a record naming someone else
@@ -905,6 +916,13 @@ impl SyncLoop {
         }
         // Before any tables holding a newly taken IP are applied.
         self.push_valid_until();
+        if was_dormant && self.mgr.lock().held(now).contains(&r.ip) {
+            // Served again with every session it kept; the neighbours are
+            // told again in case someone served it meanwhile.
+            self.counters.resumed += 1;
+            tracing::info!(ip = %r.ip, "dormant egress IP served again: its Lease is ours once more, its sessions were kept");
+            self.sink.announce(&[r.ip]);
+        }
         if let Some(taken) = taken {
             self.counters.takeovers += 1;
             self.event_taken(&taken);

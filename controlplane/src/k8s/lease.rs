@@ -17,6 +17,11 @@
 //!    +---- deadline passed (no renew ok) / someone else's record / ---- Fenced
 //!          no longer a candidate: removed from the tables FIRST,         |
 //!          then (if still ours on the server) Release                    |
+//!                                                                        |
+//!   deadline passed, the Lease still ours, still a candidate: Dormant ---+
+//!   (in the tables with its sessions, served by nothing; taken back at
+//!    once -> Held; someone else's record / released / 404 / no longer a
+//!    candidate -> out of the tables; ADR 0018)
 //! ```
 //!
 //! Safety (never two gateways serving one IP), with D = leaseDuration,
@@ -304,6 +309,12 @@ struct IpState {
     /// [`LeaseManager::plan`]). Cleared by a newer record, or when one of
     /// them is back.
     orphaned_at: Option<Instant>,
+    /// Fenced by its deadline while the Lease still named this gateway
+    /// (issue 28 §2): the IP stays in the tables with its sessions, served
+    /// by nothing (its data-plane deadline has passed), until the Lease is
+    /// ours again (served at once, every flow kept) or names someone else
+    /// or the IP leaves this gateway's candidacy (then out of the tables).
+    dormant: bool,
 }
 
 /// Why a failsafe request was refused.
@@ -437,6 +448,7 @@ impl LeaseManager {
             gone_at: None,
             promise: None,
             orphaned_at: None,
+            dormant: false,
         })
     }
 
@@ -477,10 +489,11 @@ impl LeaseManager {
             (None, Some(_)) => true,
         };
         if changed {
-            if let Some(r) = &record {
-                if st.held_since_send.is_some() && r.holder() != Some(me.as_str()) {
-                    st.held_since_send = None;
-                }
+            if record.as_ref().and_then(LeaseRecord::holder) != Some(me.as_str()) {
+                // Someone else's (or nobody's): not ours to serve, nor to
+                // keep sessions for.
+                st.held_since_send = None;
+                st.dormant = false;
             }
             let new_holder = record.as_ref().and_then(|r| r.holder().map(str::to_string));
             if st.promise.as_ref().is_some_and(|(h, _)| new_holder.as_deref() != Some(h.as_str())) {
@@ -617,21 +630,47 @@ impl LeaseManager {
     }
 
     /// Drops the IPs whose renew deadline has passed, or whose candidacy
-    /// ended, and returns them. The caller must apply tables without them
-    /// before it carries out any further action.
+    /// ended, and returns them. The data plane serves none of them any more
+    /// (their deadline, [`LeaseManager::deadlines`], is gone). An IP fenced
+    /// by its deadline while the Lease still names this gateway, which is
+    /// still a candidate, becomes dormant ([`LeaseManager::dormant`]): it
+    /// stays in the tables with its sessions, and the next plan takes the
+    /// Lease back at once. The others must leave the tables before the
+    /// caller carries out any further action.
     pub fn fence(&mut self, now: Instant, competing: &BTreeSet<IpAddr>) -> Vec<IpAddr> {
         let deadline = self.timing.renew_deadline;
+        let me = self.me.clone();
         let mut fenced = Vec::new();
         for (ip, st) in &mut self.ips {
+            if !competing.contains(ip) {
+                st.dormant = false;
+            }
             if let Some(sent) = st.held_since_send {
                 if now >= sent + deadline || !competing.contains(ip) {
                     st.held_since_send = None;
                     st.next_attempt = st.next_attempt.min(now);
+                    st.dormant =
+                        competing.contains(ip) && st.record.as_ref().and_then(LeaseRecord::holder) == Some(&me);
                     fenced.push(*ip);
                 }
             }
         }
         fenced
+    }
+
+    /// The dormant IPs: fenced by their deadline, the Lease still naming
+    /// this gateway. They stay in the tables (with their sessions) but are
+    /// served by nothing until [`LeaseManager::held`] has them again.
+    pub fn dormant(&self) -> BTreeSet<IpAddr> {
+        self.ips
+            .iter()
+            .filter(|(_, st)| {
+                st.dormant
+                    && st.held_since_send.is_none()
+                    && st.record.as_ref().and_then(LeaseRecord::holder) == Some(self.me.as_str())
+            })
+            .map(|(ip, _)| *ip)
+            .collect()
     }
 
     /// The IPs this gateway may serve at `now`.
@@ -861,7 +900,9 @@ impl LeaseManager {
         st.in_flight = false;
         match result {
             Ok(record) => {
-                let was_held = st.held_since_send.is_some();
+                // A dormant IP taken back did not move: no take-over.
+                let was_held = st.held_since_send.is_some() || st.dormant;
+                st.dormant = false;
                 match action {
                     Action::Create | Action::Acquire { .. } | Action::Renew { .. } => {
                         st.held_since_send = Some(sent);
@@ -892,6 +933,7 @@ impl LeaseManager {
                 st.record = None;
                 st.observed_at = now;
                 st.next_attempt = now;
+                st.dormant = false;
                 None
             }
             Err(Failure::Conflict) | Err(Failure::Other(_)) => {
@@ -1011,6 +1053,108 @@ mod tests {
         // The late renewal fails: still fenced, retries after the back-off.
         a.on_result(x, &renew[0].1, t0 + P, Err(Failure::Other("timeout".into())), t0 + R + ms(10));
         assert_eq!(a.held(t0 + R + ms(10)), BTreeSet::new());
+    }
+
+    #[test]
+    fn a_deadline_fence_keeps_the_ip_dormant_until_its_lease_is_ours_again() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let competing: BTreeSet<IpAddr> = [x].into();
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        a.plan(t0, &c, true);
+        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0 + ms(20));
+        // A starved machine: no renewal answered before the deadline.
+        assert_eq!(a.fence(t0 + R, &competing), vec![x]);
+        assert_eq!(a.held(t0 + R), BTreeSet::new(), "served by nothing");
+        assert_eq!(a.deadline(x), None, "the data plane is told it expired");
+        assert_eq!(a.dormant(), [x].into(), "kept in the tables with its sessions");
+        // Taken back at once: the Lease still names us, nobody may take it.
+        let back = a.plan(t0 + R, &c, true);
+        assert_eq!(
+            back,
+            vec![(
+                x,
+                Action::Acquire {
+                    resource_version: "10".into(),
+                    previous: None,
+                    transitions: 0,
+                    keep_acquire_time: true
+                }
+            )]
+        );
+        let sent = t0 + R + ms(5);
+        let taken = a.on_result(x, &back[0].1, sent, Ok(Some(rec(Some("gw-a"), 12))), sent + ms(300));
+        assert_eq!(taken, None, "the IP did not move: no take-over, no Event");
+        assert_eq!(a.held(sent + ms(300)), [x].into());
+        assert_eq!(a.dormant(), BTreeSet::new());
+        assert_eq!(a.deadline(x), Some(sent + R), "counted from the take-back's send time");
+    }
+
+    #[test]
+    fn a_dormant_ip_leaves_the_tables_once_the_lease_names_another_or_we_are_no_candidate() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let competing: BTreeSet<IpAddr> = [x].into();
+        let hold = |a: &mut LeaseManager| {
+            a.observe(x, None, t0);
+            a.plan(t0, &c, true);
+            a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+            a.fence(t0 + R, &competing);
+            assert_eq!(a.dormant(), [x].into());
+        };
+        // Someone else's record (it took the IP once the Lease expired).
+        let mut a = mgr("gw-a");
+        hold(&mut a);
+        a.observe(x, Some(rec(Some("gw-b"), 11)), t0 + D);
+        assert_eq!(a.dormant(), BTreeSet::new());
+        // Released or deleted.
+        let mut a = mgr("gw-a");
+        hold(&mut a);
+        a.observe(x, Some(rec(None, 11)), t0 + D);
+        assert_eq!(a.dormant(), BTreeSet::new());
+        let mut a = mgr("gw-a");
+        hold(&mut a);
+        let back = a.plan(t0 + R, &c, true);
+        a.on_result(x, &back[0].1, t0 + R, Err(Failure::NotFound), t0 + R + ms(10));
+        assert_eq!(a.dormant(), BTreeSet::new());
+        // Not a candidate any more.
+        let mut a = mgr("gw-a");
+        hold(&mut a);
+        a.fence(t0 + R + ms(10), &BTreeSet::new());
+        assert_eq!(a.dormant(), BTreeSet::new());
+        // A take-back refused by a conflict: dormant until the watch shows
+        // whose the newer record is.
+        let mut a = mgr("gw-a");
+        hold(&mut a);
+        let back = a.plan(t0 + R, &c, true);
+        a.on_result(x, &back[0].1, t0 + R, Err(Failure::Conflict), t0 + R + ms(10));
+        assert_eq!(a.dormant(), [x].into());
+        assert_eq!(a.held(t0 + R + ms(10)), BTreeSet::new());
+        a.observe(x, Some(rec(Some("gw-b"), 13)), t0 + R + ms(20));
+        assert_eq!(a.dormant(), BTreeSet::new());
+    }
+
+    #[test]
+    fn a_foreign_record_or_lost_candidacy_fences_without_dormancy() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        a.plan(t0, &c, true);
+        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        a.observe(x, Some(rec(Some("gw-b"), 11)), t0 + ms(100));
+        assert_eq!(a.fence(t0 + ms(100), &[x].into()), Vec::<IpAddr>::new(), "observe already dropped it");
+        assert_eq!(a.dormant(), BTreeSet::new());
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        a.plan(t0, &c, true);
+        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        assert_eq!(a.fence(t0 + ms(100), &BTreeSet::new()), vec![x]);
+        assert_eq!(a.dormant(), BTreeSet::new(), "no longer a candidate: out of the tables");
     }
 
     #[test]

@@ -21,6 +21,8 @@
 //! ```text
 //!  not TCP/UDP ------------------------------> offload_done(false)  not_eligible
 //!  no longer valid under the current tables -> offload_done(false)  refused_invalid
+//!  its egress IP past its deadline ----------> offload_withdrawn      refused_invalid
+//!    (asks again later: a dormant IP's sessions return to XDP once it is valid)
 //!  next hop: no route / table full ----------> offload_done(false)  refused_no_route / refused_next_hops_full
 //!  next hop through a link not driven -------> offload_done(false)  refused_kernel_route
 //!    (an overlay's tunnel: XDP cannot send into it, so the session stays
@@ -41,7 +43,7 @@
 pub mod clock;
 pub mod next_hops;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -94,7 +96,8 @@ pub struct FastPathStats {
     pub refused_kernel_route: AtomicU64,
     /// Not installed: the next-hop table is full.
     pub refused_next_hops_full: AtomicU64,
-    /// Not installed: no longer valid under the tables in force.
+    /// Not installed: no longer valid under the tables in force, or its
+    /// egress IP is past its deadline.
     pub refused_invalid: AtomicU64,
     /// Not installed: not TCP/UDP (ICMP sessions stay in userspace).
     pub not_eligible: AtomicU64,
@@ -108,6 +111,9 @@ pub struct FastPathStats {
     pub fenced: AtomicU64,
     /// Installed sessions taken back because their route went away.
     pub withdrawn: AtomicU64,
+    /// Installed sessions taken out because their egress IP's deadline
+    /// passed (fenced; kept by the workers if the IP is dormant).
+    pub expired: AtomicU64,
     /// Next-hop entries rewritten after a neighbour or interface change.
     pub next_hop_updates: AtomicU64,
     /// Session directions re-pointed at another next hop after a route change.
@@ -129,6 +135,11 @@ pub struct FastPath {
     /// Next-hop ids released by removals, for the manager to drop.
     released: Mutex<Vec<u32>>,
     gate: RwLock<()>,
+    /// Egress IPs past their deadline whose sessions were taken out of the
+    /// kernel ([`FastPath::set_expired`]): none of theirs is installed
+    /// until they are valid again, so the fast path's deadline need not
+    /// cover them. Changed under the gate's write side.
+    expired: Mutex<BTreeSet<IpAddr>>,
     udp_inbound_refresh: AtomicBool,
     /// The counters.
     pub stats: FastPathStats,
@@ -269,6 +280,7 @@ impl FastPath {
             installed6: Mutex::new(HashMap::new()),
             released: Mutex::new(Vec::new()),
             gate: RwLock::new(()),
+            expired: Mutex::new(BTreeSet::new()),
             udp_inbound_refresh: AtomicBool::new(udp_inbound_refresh),
             stats: FastPathStats::default(),
         })
@@ -361,6 +373,52 @@ impl FastPath {
         doomed.len()
     }
 
+    /// Makes `expired` the egress IPs past their deadline (see the field):
+    /// the sessions of those newly in it leave the kernel (their fast-path
+    /// record folded into the engine's session first, which keeps them),
+    /// and no XDP run still holds one once this returns; those no longer
+    /// in it may be installed again. Returns how many sessions left.
+    pub fn set_expired(&self, engine: &Engine, expired: BTreeSet<IpAddr>) -> usize {
+        let _gate = self.gate.write();
+        let mut current = self.expired.lock();
+        let newly: BTreeSet<IpAddr> = expired.difference(&current).copied().collect();
+        let mut n = 0;
+        if !newly.is_empty() {
+            n = self.withdraw_family::<Ipv4Addr>(engine, &newly) + self.withdraw_family::<Ipv6Addr>(engine, &newly);
+            if n > 0 {
+                if let Err(e) = self.program.wait_for_runs_in_flight() {
+                    self.error("waiting for XDP runs in flight after taking expired sessions out", &e);
+                }
+            }
+        }
+        *current = expired;
+        n
+    }
+
+    /// The egress IPs whose sessions are kept out of the kernel.
+    pub fn expired(&self) -> BTreeSet<IpAddr> {
+        self.expired.lock().clone()
+    }
+
+    fn withdraw_family<A: FpFamily>(&self, engine: &Engine, ips: &BTreeSet<IpAddr>) -> usize {
+        let views: Vec<SessionView<A>> = A::index(self)
+            .lock()
+            .values()
+            .filter(|i| ips.contains(&i.view.tuple.egress.into()))
+            .map(|i| i.view)
+            .collect();
+        let nat = A::nat(engine);
+        for view in &views {
+            nat.offload_fold(view);
+            self.delete_entries(view);
+            if self.unindex(view) {
+                nat.offload_withdrawn(view);
+                bump(&self.stats.expired);
+            }
+        }
+        views.len()
+    }
+
     /// Deletes every entry and forgets every session (the fast path is being
     /// turned off with the daemon).
     pub fn clear(&self) {
@@ -416,10 +474,15 @@ impl FastPath {
             .iter()
             .map(|(n, c)| (n.to_string(), get(c)))
             .collect(),
-            removals: [("removed", &s.removed), ("fenced", &s.fenced), ("withdrawn", &s.withdrawn)]
-                .iter()
-                .map(|(n, c)| (n.to_string(), get(c)))
-                .collect(),
+            removals: [
+                ("removed", &s.removed),
+                ("fenced", &s.fenced),
+                ("withdrawn", &s.withdrawn),
+                ("expired", &s.expired),
+            ]
+            .iter()
+            .map(|(n, c)| (n.to_string(), get(c)))
+            .collect(),
             next_hop_updates: get(&s.next_hop_updates),
             rerouted: get(&s.rerouted),
         }
@@ -590,6 +653,7 @@ impl OffloadManager {
             entry.next_hops = ids;
             drop(index);
             if lost {
+                A::nat(&self.engine).offload_fold(&inst.view);
                 self.fp.delete_entries(&inst.view);
                 if self.fp.unindex(&inst.view) {
                     A::nat(&self.engine).offload_withdrawn(&inst.view);
@@ -641,6 +705,13 @@ impl OffloadManager {
         }
         if !NatTable::still_valid(view, tables) {
             nat.offload_done(view, false);
+            bump(&stats.refused_invalid);
+            return false;
+        }
+        if fp.expired.lock().contains(&view.tuple.egress.into()) {
+            // Not for good: a dormant IP's session may ask again once the
+            // IP is valid again.
+            nat.offload_withdrawn(view);
             bump(&stats.refused_invalid);
             return false;
         }

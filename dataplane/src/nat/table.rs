@@ -281,6 +281,27 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         self.sessions.set_offload(view.index, view.seq, bits, offload::REQUESTED).is_some()
     }
 
+    /// Takes the fast path's record of an installed session into the
+    /// session itself: its last-seen stamp (the later of the two) and, for
+    /// TCP, the pod's latest acknowledgment. Call it while the kernel's
+    /// entries are still there, before the daemon deletes them without
+    /// ending the session ([`NatTable::offload_withdrawn`]): else a flow
+    /// that ran in the fast path for longer than its idle timeout would
+    /// look expired to the next sweep.
+    pub fn offload_fold(&self, view: &SessionView<A>) {
+        let Some(hook) = self.offload_hook.get() else { return };
+        if let (Some(seen), Some(now)) = (hook.last_seen(view), self.sessions.view_if(view.index, view.seq)) {
+            if seen > now.last_seen {
+                self.sessions.touch(view.index, view.seq, seen);
+            }
+        }
+        if view.tuple.proto == proto::TCP {
+            if let Some((ack, window)) = hook.pod_ack(view) {
+                let _ = self.sessions.update_tcp_track(view.index, view.seq, |t| tcp_state::track_ack(t, ack, window));
+            }
+        }
+    }
+
     /// Records that the fast path no longer holds a session (removed by the daemon).
     pub fn offload_withdrawn(&self, view: &SessionView<A>) {
         let _ = self.sessions.set_offload(view.index, view.seq, 0, offload::INSTALLED | offload::REQUESTED);

@@ -101,8 +101,21 @@ impl FakeSink {
         })
     }
 
-    /// The egress IPs of the last applied spec.
+    /// The egress IPs served now: in the last applied spec and not past
+    /// their valid-until (a dormant IP, fenced by its deadline with its
+    /// sessions kept, is in the tables but not served).
     pub fn held(&self) -> BTreeSet<IpAddr> {
+        let now = std::time::Instant::now();
+        self.last()
+            .map(|s| s.egress_ips.iter().map(|e| e.ip).collect::<BTreeSet<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|ip| self.valid_until_of(*ip).is_none_or(|t| t > now))
+            .collect()
+    }
+
+    /// The egress IPs in the last applied spec, served or dormant.
+    pub fn in_tables(&self) -> BTreeSet<IpAddr> {
         self.last().map(|s| s.egress_ips.iter().map(|e| e.ip).collect()).unwrap_or_default()
     }
 
@@ -120,9 +133,53 @@ impl FakeSink {
             .collect()
     }
 
-    /// The intervals during which `ip` was in the applied egress IPs
-    /// (an open interval ends at `until`).
+    /// The intervals during which `ip` was served: in the applied egress
+    /// IPs and not past its valid-until, as the data plane judges it (an
+    /// open interval ends at `until`).
     pub fn intervals(&self, ip: IpAddr, until: Instant) -> Vec<(Instant, Instant)> {
+        let valid = self.valid_intervals(ip, until);
+        let mut out = Vec::new();
+        for (a0, a1) in self.table_intervals(ip, until) {
+            for (b0, b1) in &valid {
+                let (s, e) = (a0.max(*b0), a1.min(*b1));
+                if s < e {
+                    out.push((s, e));
+                }
+            }
+        }
+        out
+    }
+
+    /// The intervals during which the valid-until told for `ip` was ahead
+    /// (no valid-until told yet counts as valid, as the real sink's maps
+    /// do; an open interval ends at `until`).
+    fn valid_intervals(&self, ip: IpAddr, until: Instant) -> Vec<(Instant, Instant)> {
+        let calls: Vec<(Instant, Option<Instant>)> = self
+            .valid_until
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(t, v)| v.iter().find(|(a, _)| *a == ip).map(|(_, d)| (*t, d.map(Instant::from_std))))
+            .collect();
+        let mut out = Vec::new();
+        let first = calls.first().map_or(until, |(t, _)| *t);
+        let far_past = first.checked_sub(Duration::from_secs(3600)).unwrap_or(first);
+        if far_past < first {
+            out.push((far_past, first));
+        }
+        for (i, (t, d)) in calls.iter().enumerate() {
+            let next = calls.get(i + 1).map_or(until, |(n, _)| *n);
+            let end = d.map_or(next, |d| d.min(next));
+            if *t < end {
+                out.push((*t, end));
+            }
+        }
+        out
+    }
+
+    /// The intervals during which `ip` was in the applied egress IPs,
+    /// served or not (an open interval ends at `until`).
+    pub fn table_intervals(&self, ip: IpAddr, until: Instant) -> Vec<(Instant, Instant)> {
         let mut out = Vec::new();
         let mut start: Option<Instant> = None;
         for (t, e) in self.log.lock().unwrap().iter() {
