@@ -748,12 +748,13 @@ impl SyncLoop {
             .filter(|n| n.name_any() != me)
             .filter_map(|n| observe::ha_address(n).map(|a| (n.name_any(), std::net::SocketAddr::new(a, port))))
             .collect();
+        // Not the dormant IPs: someone may have taken one meanwhile, and
+        // its standby must not take our copy for theirs. Their standby
+        // keeps the last copy (an IP that leaves `held` keeps its shadow,
+        // `Replicator::set_standbys`); a resumed one is copied afresh.
         let held_now = self.mgr.lock().held(now);
-        // A dormant IP keeps its standby's copy: its sessions may be
-        // served again here, or by the standby if it takes the IP.
-        let dormant = self.mgr.lock().dormant();
         let held = held_now
-            .union(&dormant)
+            .iter()
             .map(|ip| {
                 let others = d.ips.get(ip).map(|a| a.candidates.iter().filter(|c| *c != me).cloned().collect());
                 (*ip, others.unwrap_or_default())
