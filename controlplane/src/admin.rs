@@ -403,6 +403,9 @@ pub mod render {
                 let state = match (l.held_here, l.renew_failing) {
                     (true, true) => "held (API unreachable: failsafe)".to_string(),
                     (true, false) => "held".to_string(),
+                    (false, _) if l.dormant_here => {
+                        "dormant here (fenced, sessions kept; taking the Lease back)".to_string()
+                    }
                     (false, _) => match &l.holder {
                         Some(h) => format!("held by {h}"),
                         None => "free".to_string(),

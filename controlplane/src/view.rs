@@ -330,6 +330,10 @@ pub struct LeaseRow {
     pub holder: Option<String>,
     /// Whether this gateway serves it now.
     pub held_here: bool,
+    /// Fenced by its deadline here with its sessions kept, its Lease still
+    /// naming this gateway (being taken back; ADR 0018).
+    #[serde(default)]
+    pub dormant_here: bool,
     /// Milliseconds this gateway may still serve it without another renewal.
     pub valid_for_ms: Option<u64>,
     /// Its eligible gateways, most preferred first.

@@ -780,6 +780,7 @@ impl SyncLoop {
         let ha = self.ha.as_ref().map(|h| (h.status(), h.counters().clone()));
         let mgr = self.mgr.lock();
         let held = mgr.held(now);
+        let dormant = mgr.dormant();
         let mut rows = Vec::new();
         let cloud = self.clouds.report();
         let targets =
@@ -791,6 +792,7 @@ impl SyncLoop {
                 ip: *ip,
                 holder,
                 held_here: held.contains(ip),
+                dormant_here: dormant.contains(ip),
                 valid_for_ms: mgr.deadline(*ip).map(|t| t.saturating_duration_since(now).as_millis() as u64),
                 candidates: a.candidates.clone(),
                 renew_failing: self.renewer.book.lock().failing.contains(ip),
