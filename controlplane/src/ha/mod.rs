@@ -317,7 +317,14 @@ impl Ha {
     /// failsafe-peers rule).
     pub fn update(&self, view: View) {
         let gateways = view.peers.keys().cloned().chain([self.me.clone()]).collect();
-        self.mgr.lock().set_gateways(gateways);
+        let (up, copies) = {
+            let st = self.state.lock();
+            (st.up.clone(), st.standby.ips())
+        };
+        let mut mgr = self.mgr.lock();
+        mgr.set_gateways(gateways);
+        mgr.set_standby_view(up, copies);
+        drop(mgr);
         self.view.send_if_modified(|v| {
             if *v == view {
                 false

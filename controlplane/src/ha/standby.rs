@@ -321,6 +321,11 @@ impl Standby {
     }
 
     /// Every shadow.
+    /// The IPs this gateway holds a copy of (complete or not).
+    pub fn ips(&self) -> std::collections::BTreeSet<IpAddr> {
+        self.by_ip.keys().copied().collect()
+    }
+
     pub fn status(&self, now: Instant) -> Vec<ShadowStatus> {
         self.by_ip
             .iter()

@@ -356,6 +356,10 @@ pub struct LeaseManager {
     /// Renewals are planned by [`LeaseManager::plan_renewals`] (the
     /// renewer task), not by [`LeaseManager::plan`].
     renewals_elsewhere: bool,
+    /// The peers whose channel is up and the IPs this gateway holds a
+    /// session copy of (None: the peer channel is off). See
+    /// [`LeaseManager::set_standby_view`].
+    standby_view: Option<(BTreeSet<String>, BTreeSet<IpAddr>)>,
 }
 
 /// How long a lone holder keeps an IP through an API outage by default.
@@ -373,6 +377,7 @@ impl LeaseManager {
             gateways: None,
             lone_failsafe: DEFAULT_LONE_FAILSAFE,
             renewals_elsewhere: false,
+            standby_view: None,
         }
     }
 
@@ -459,6 +464,32 @@ impl LeaseManager {
     /// ([`LeaseManager::plan`]); without it (never called), never.
     pub fn set_gateways(&mut self, gateways: BTreeSet<String>) {
         self.gateways = Some(gateways);
+    }
+
+    /// What the peer channel knows (issue 28 §3, the right standby): the
+    /// peers connected now (`up`) and the IPs of which this gateway holds
+    /// a copy of the holder's sessions (`copies`). With it, a candidate
+    /// without a copy defers a take-over by `leaseDuration` to the standby
+    /// the Lease names when that standby is connected (alive) and a
+    /// candidate: the standby takes the IP with its sessions even when it
+    /// is slow to act (a starved CPU), instead of the next candidate
+    /// taking it without them one `retryPeriod` later. A candidate holding
+    /// a copy, or the named standby, never defers; nor does anyone for a
+    /// released Lease.
+    pub fn set_standby_view(&mut self, up: BTreeSet<String>, copies: BTreeSet<IpAddr>) {
+        self.standby_view = Some((up, copies));
+    }
+
+    /// How long this gateway defers a take-over of `ip`, whose record is
+    /// `record`, to the standby it names ([`LeaseManager::set_standby_view`]).
+    fn standby_deferral(&self, ip: IpAddr, record: &LeaseRecord, ranked: &[String]) -> Duration {
+        let Some((up, copies)) = &self.standby_view else { return Duration::ZERO };
+        let Some(standby) = record.standby.as_deref() else { return Duration::ZERO };
+        let alive_candidate = up.contains(standby) && ranked.iter().any(|n| n == standby);
+        if standby == self.me || record.holder() == Some(standby) || copies.contains(&ip) || !alive_candidate {
+            return Duration::ZERO;
+        }
+        self.timing.lease_duration
     }
 
     /// Whether a gateway listed in a holder's failsafe peers may still keep
@@ -747,6 +778,14 @@ impl LeaseManager {
                 st.orphaned_at = Some(now);
             }
         }
+        let deferrals: BTreeMap<IpAddr, Duration> = self
+            .ips
+            .iter()
+            .filter_map(|(ip, st)| {
+                let r = st.record.as_ref()?;
+                Some((*ip, self.standby_deferral(*ip, r, candidates.get(ip)?)))
+            })
+            .collect();
         for (ip, st) in &mut self.ips {
             if let Some(sent) = st.held_since_send {
                 soon(sent + t.renew_deadline);
@@ -809,6 +848,13 @@ impl LeaseManager {
                             .position(|n| *n == me)
                             .unwrap_or(0);
                         let stagger = t.retry_period * u32::try_from(rank).unwrap_or(u32::MAX);
+                        // A held (not released) Lease whose standby is alive:
+                        // without a copy, let the standby take it first.
+                        let deferral = match holder {
+                            Some(_) => deferrals.get(ip).copied().unwrap_or_default(),
+                            None => Duration::ZERO,
+                        };
+                        let stagger = stagger + deferral;
                         let promised = st.promise.as_ref().map(|(_, until)| *until);
                         let free_at = match (&st.record, &holder) {
                             (None, _) | (Some(_), None) => {
@@ -1395,6 +1441,57 @@ mod tests {
         assert_eq!(b4.holder_gone("gw-a", 7, t0 + ms(200)), vec![x]);
         b4.observe(x, Some(by(7, 11)), t0 + ms(210));
         assert_eq!(b4.plan(t0 + ms(220), &c, true).len(), 1, "the late renewal did not cancel the proof");
+    }
+
+    /// Issue 28 §3, the right standby: gw-a held the IP with gw-c as its
+    /// standby (named in the Lease); gw-b is preferred but holds no copy.
+    /// While gw-c is connected, gw-b defers by leaseDuration, on a proof of
+    /// death and on expiry alike; gw-c takes at its own rank. gw-b does not
+    /// defer when gw-c is not connected, not a candidate, or when gw-b holds
+    /// a copy itself; nobody defers for a released Lease or without the
+    /// channel.
+    #[test]
+    fn a_candidate_without_a_copy_defers_to_the_live_standby_the_lease_names() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b", "gw-c"]);
+        let held = LeaseRecord { incarnation: Some(7), standby: Some("gw-c".into()), ..rec(Some("gw-a"), 10) };
+        let with_view = |me: &str, up: &[&str], copies: &[IpAddr]| {
+            let mut m = mgr(me);
+            m.set_standby_view(gateways(up), copies.iter().copied().collect());
+            m.observe(x, Some(held.clone()), t0);
+            m
+        };
+        // On expiry.
+        let mut b = with_view("gw-b", &["gw-a", "gw-c"], &[]);
+        assert_eq!(b.plan(t0 + D, &c, true), vec![], "gw-b defers to gw-c");
+        assert_eq!(b.plan(t0 + D + D - ms(1), &c, true), vec![]);
+        assert_eq!(b.plan(t0 + D + D, &c, true).len(), 1, "then takes it if gw-c did not");
+        let mut cc = with_view("gw-c", &["gw-a", "gw-b"], &[x]);
+        assert_eq!(cc.plan(t0 + D + P, &c, true).len(), 1, "gw-c, the standby, at its rank");
+        // On a proof of death.
+        let mut b = with_view("gw-b", &["gw-c"], &[]);
+        b.holder_gone("gw-a", 7, t0 + ms(200));
+        assert_eq!(b.plan(t0 + ms(200), &c, true), vec![]);
+        assert_eq!(b.plan(t0 + ms(200) + D, &c, true).len(), 1);
+        let mut cc = with_view("gw-c", &["gw-b"], &[]);
+        cc.holder_gone("gw-a", 7, t0 + ms(200));
+        assert_eq!(cc.plan(t0 + ms(200) + P, &c, true).len(), 1, "the named standby never defers");
+        // No deferral: the standby is not connected; gw-b holds a copy too;
+        // gw-c is no candidate; no channel.
+        let mut b = with_view("gw-b", &["gw-a"], &[]);
+        assert_eq!(b.plan(t0 + D, &c, true).len(), 1, "gw-c not connected");
+        let mut b = with_view("gw-b", &["gw-c"], &[x]);
+        assert_eq!(b.plan(t0 + D, &c, true).len(), 1, "gw-b has a copy");
+        let mut b = with_view("gw-b", &["gw-c"], &[]);
+        assert_eq!(b.plan(t0 + D, &cands("198.51.100.10", &["gw-a", "gw-b"]), true).len(), 1, "gw-c no candidate");
+        let mut b = mgr("gw-b");
+        b.observe(x, Some(held.clone()), t0);
+        assert_eq!(b.plan(t0 + D, &c, true).len(), 1, "without the channel");
+        // A released Lease: taken at once, by rank.
+        let mut b = with_view("gw-b", &["gw-c"], &[]);
+        b.observe(x, Some(LeaseRecord { holder: None, resource_version: "11".into(), ..held.clone() }), t0);
+        assert_eq!(b.plan(t0 + P, &c, true).len(), 1, "released: no deferral (rank 1 behind gw-a)");
     }
 
     /// Issue 28 §3: a holder no other gateway could vouch for (it named no
