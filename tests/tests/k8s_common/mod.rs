@@ -138,12 +138,18 @@ impl FakeSink {
     /// open interval ends at `until`).
     pub fn intervals(&self, ip: IpAddr, until: Instant) -> Vec<(Instant, Instant)> {
         let valid = self.valid_intervals(ip, until);
-        let mut out = Vec::new();
+        let mut out: Vec<(Instant, Instant)> = Vec::new();
         for (a0, a1) in self.table_intervals(ip, until) {
             for (b0, b1) in &valid {
                 let (s, e) = (a0.max(*b0), a1.min(*b1));
-                if s < e {
-                    out.push((s, e));
+                if s >= e {
+                    continue;
+                }
+                // Each valid-until call starts an interval: one that begins
+                // where the last ended continues it (no gap in serving).
+                match out.last_mut() {
+                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                    _ => out.push((s, e)),
                 }
             }
         }
