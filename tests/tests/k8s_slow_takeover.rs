@@ -141,25 +141,12 @@ fn start(client: kube::Client, i: usize, key: &std::path::Path, store: Arc<SlowS
 /// the last deadline set before it had passed (a lapse), as
 /// (lapsed at, extended at).
 fn lapses(sink: &FakeSink, ip: IpAddr, from: std::time::Instant, to: std::time::Instant) -> Vec<(Duration, Duration)> {
-    let calls = sink.valid_until.lock().unwrap().clone();
-    let mut out = Vec::new();
-    let mut current: Option<std::time::Instant> = None;
-    for (at, v) in calls {
-        let at = at.into_std();
-        let Some((_, t)) = v.iter().find(|(a, _)| *a == ip) else { continue };
-        if let Some(c) = current {
-            if at > from && c < at && c < to {
-                out.push((c.max(from) - from, at.min(to) - from));
-            }
-        }
-        current = Some(t.expect("a deadline, not 'no limit'"));
-    }
-    if let Some(c) = current {
-        if c < to && c > from {
-            out.push((c - from, to - from));
-        }
-    }
-    out
+    sink.lapses(ip, Instant::from_std(to))
+        .into_iter()
+        .map(|(l0, l1)| (l0.into_std().max(from), l1.into_std().min(to)))
+        .filter(|(l0, l1)| l0 < l1)
+        .map(|(l0, l1)| (l0 - from, l1 - from))
+        .collect()
 }
 
 async fn scenario(server: &ApiServer) {

@@ -588,12 +588,14 @@ impl TablesSink for GatewaySink {
         // (a dormant egress IP's stay with the workers), and only then may
         // the deadline leave those addresses out (issue 28 §2: a dormant
         // IP must not hold back the others' fast path).
+        // A renewal (the usual call) changes no set: one write.
         let now_ns = egret_bpf::monotonic_ns();
         let expired: BTreeSet<IpAddr> =
             ns.iter().filter(|(_, v)| **v != VALID_FOREVER && **v <= now_ns).map(|(ip, _)| *ip).collect();
-        let kept_out: BTreeSet<IpAddr> = self.fast_path_expired().intersection(&expired).copied().collect();
-        self.write_fp_valid_until(earliest_valid_until(&owned, &kept_out));
-        if let Some(fp) = &self.fast_path {
+        let before = self.fast_path_expired();
+        if let Some(fp) = self.fast_path.as_ref().filter(|_| before != expired) {
+            let kept_out: BTreeSet<IpAddr> = before.intersection(&expired).copied().collect();
+            self.write_fp_valid_until(earliest_valid_until(&owned, &kept_out));
             let n = fp.set_expired(&self.engine, expired.clone());
             if n > 0 {
                 tracing::info!(

@@ -397,7 +397,8 @@ impl Ha {
 
     /// The standby of each held IP (its most preferred connected other
     /// candidate, to which its sessions are copied): written into the
-    /// IP's Lease (`egret.dev/standby`) for operators.
+    /// IP's Lease (`egret.dev/standby`), where takers without a copy defer
+    /// to it ([`crate::k8s::lease::LeaseManager::set_standby_view`]).
     pub fn standbys(&self) -> BTreeMap<IpAddr, String> {
         let st = self.state.lock();
         st.replicator.status(Instant::now()).into_iter().map(|r| (r.ip, r.standby)).collect()

@@ -320,12 +320,12 @@ impl Standby {
         self.held
     }
 
-    /// Every shadow.
     /// The IPs this gateway holds a copy of (complete or not).
     pub fn ips(&self) -> std::collections::BTreeSet<IpAddr> {
         self.by_ip.keys().copied().collect()
     }
 
+    /// Every shadow.
     pub fn status(&self, now: Instant) -> Vec<ShadowStatus> {
         self.by_ip
             .iter()

@@ -909,7 +909,7 @@ impl SyncLoop {
             Err(Failure::Conflict) => self.counters.lease_conflicts += 1,
             _ => {}
         }
-        let was_dormant = self.mgr.lock().dormant().contains(&r.ip);
+        let was_dormant = self.mgr.lock().is_dormant(r.ip);
         let taken = self.mgr.lock().on_result(r.ip, &r.action, r.sent, r.result, now);
         if let Some(fresh) = r.fresh {
             // Newer than what the watch showed: a record naming someone else

@@ -186,8 +186,9 @@ pub struct LeaseRecord {
     /// is about, and only that process's records are freed by it.
     pub incarnation: Option<u64>,
     /// The gateway holding the holder's session copy when it last wrote
-    /// the Lease (annotation [`STANDBY_ANNOTATION`]; for operators: takers
-    /// go by preference, see [`LeaseManager::plan`]).
+    /// the Lease (annotation [`STANDBY_ANNOTATION`]): takers go by
+    /// preference, but one without a copy defers to this standby while it
+    /// is connected ([`LeaseManager::set_standby_view`]).
     pub standby: Option<String>,
 }
 
@@ -693,15 +694,16 @@ impl LeaseManager {
     /// this gateway. They stay in the tables (with their sessions) but are
     /// served by nothing until [`LeaseManager::held`] has them again.
     pub fn dormant(&self) -> BTreeSet<IpAddr> {
-        self.ips
-            .iter()
-            .filter(|(_, st)| {
-                st.dormant
-                    && st.held_since_send.is_none()
-                    && st.record.as_ref().and_then(LeaseRecord::holder) == Some(self.me.as_str())
-            })
-            .map(|(ip, _)| *ip)
-            .collect()
+        self.ips.keys().copied().filter(|ip| self.is_dormant(*ip)).collect()
+    }
+
+    /// Whether `ip` is dormant ([`LeaseManager::dormant`]).
+    pub fn is_dormant(&self, ip: IpAddr) -> bool {
+        self.ips.get(&ip).is_some_and(|st| {
+            st.dormant
+                && st.held_since_send.is_none()
+                && st.record.as_ref().and_then(LeaseRecord::holder) == Some(self.me.as_str())
+        })
     }
 
     /// The IPs this gateway may serve at `now`.
@@ -1028,6 +1030,16 @@ mod tests {
         names.iter().map(|s| s.to_string()).collect()
     }
 
+    /// gw-a's manager holding `x` by a Lease it created at `t0` (record
+    /// version 10, the answer read at `done`), among the candidates `c`.
+    fn holding(x: IpAddr, c: &BTreeMap<IpAddr, Vec<String>>, t0: Instant, done: Instant) -> LeaseManager {
+        let mut a = mgr("gw-a");
+        a.observe(x, None, t0);
+        assert_eq!(a.plan(t0, c, true), vec![(x, Action::Create)]);
+        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), done);
+        a
+    }
+
     #[test]
     fn lease_names_are_valid_and_distinct() {
         assert_eq!(lease_name(ip("198.51.100.10")), "egret-ip4-198-51-100-10");
@@ -1107,10 +1119,7 @@ mod tests {
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
         let competing: BTreeSet<IpAddr> = [x].into();
-        let mut a = mgr("gw-a");
-        a.observe(x, None, t0);
-        a.plan(t0, &c, true);
-        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0 + ms(20));
+        let mut a = holding(x, &c, t0, t0 + ms(20));
         // A starved machine: no renewal answered before the deadline.
         assert_eq!(a.fence(t0 + R, &competing), vec![x]);
         assert_eq!(a.held(t0 + R), BTreeSet::new(), "served by nothing");
@@ -1144,37 +1153,31 @@ mod tests {
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
         let competing: BTreeSet<IpAddr> = [x].into();
-        let hold = |a: &mut LeaseManager| {
-            a.observe(x, None, t0);
-            a.plan(t0, &c, true);
-            a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        let dormant = || {
+            let mut a = holding(x, &c, t0, t0);
             a.fence(t0 + R, &competing);
             assert_eq!(a.dormant(), [x].into());
+            a
         };
         // Someone else's record (it took the IP once the Lease expired).
-        let mut a = mgr("gw-a");
-        hold(&mut a);
+        let mut a = dormant();
         a.observe(x, Some(rec(Some("gw-b"), 11)), t0 + D);
         assert_eq!(a.dormant(), BTreeSet::new());
         // Released or deleted.
-        let mut a = mgr("gw-a");
-        hold(&mut a);
+        let mut a = dormant();
         a.observe(x, Some(rec(None, 11)), t0 + D);
         assert_eq!(a.dormant(), BTreeSet::new());
-        let mut a = mgr("gw-a");
-        hold(&mut a);
+        let mut a = dormant();
         let back = a.plan(t0 + R, &c, true);
         a.on_result(x, &back[0].1, t0 + R, Err(Failure::NotFound), t0 + R + ms(10));
         assert_eq!(a.dormant(), BTreeSet::new());
         // Not a candidate any more.
-        let mut a = mgr("gw-a");
-        hold(&mut a);
+        let mut a = dormant();
         a.fence(t0 + R + ms(10), &BTreeSet::new());
         assert_eq!(a.dormant(), BTreeSet::new());
         // A take-back refused by a conflict: dormant until the watch shows
         // whose the newer record is.
-        let mut a = mgr("gw-a");
-        hold(&mut a);
+        let mut a = dormant();
         let back = a.plan(t0 + R, &c, true);
         a.on_result(x, &back[0].1, t0 + R, Err(Failure::Conflict), t0 + R + ms(10));
         assert_eq!(a.dormant(), [x].into());
@@ -1188,17 +1191,11 @@ mod tests {
         let t0 = Instant::now();
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
-        let mut a = mgr("gw-a");
-        a.observe(x, None, t0);
-        a.plan(t0, &c, true);
-        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        let mut a = holding(x, &c, t0, t0);
         a.observe(x, Some(rec(Some("gw-b"), 11)), t0 + ms(100));
         assert_eq!(a.fence(t0 + ms(100), &[x].into()), Vec::<IpAddr>::new(), "observe already dropped it");
         assert_eq!(a.dormant(), BTreeSet::new());
-        let mut a = mgr("gw-a");
-        a.observe(x, None, t0);
-        a.plan(t0, &c, true);
-        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        let mut a = holding(x, &c, t0, t0);
         assert_eq!(a.fence(t0 + ms(100), &BTreeSet::new()), vec![x]);
         assert_eq!(a.dormant(), BTreeSet::new(), "no longer a candidate: out of the tables");
     }
@@ -1208,10 +1205,7 @@ mod tests {
         let t0 = Instant::now();
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-a"]);
-        let mut a = mgr("gw-a");
-        a.observe(x, None, t0);
-        a.plan(t0, &c, true);
-        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        let mut a = holding(x, &c, t0, t0);
         let renew = a.plan(t0 + P, &c, true);
         // Answered 1.8 s later: valid until send + R = t0 + 2.5 s, not answer + R.
         a.on_result(x, &renew[0].1, t0 + P, Ok(Some(rec(Some("gw-a"), 11))), t0 + P + ms(1800));
@@ -1303,10 +1297,7 @@ mod tests {
         let t0 = Instant::now();
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
-        let mut a = mgr("gw-a");
-        a.observe(x, None, t0);
-        a.plan(t0, &c, true);
-        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        let mut a = holding(x, &c, t0, t0);
         a.observe(x, Some(rec(Some("gw-b"), 11)), t0 + ms(100));
         assert_eq!(a.held(t0 + ms(100)), BTreeSet::new(), "someone else's record: stop serving");
         // After a restart the record still names us: take it back without waiting.
@@ -1330,10 +1321,7 @@ mod tests {
     fn not_a_candidate_any_more_fences_then_releases() {
         let t0 = Instant::now();
         let x = ip("198.51.100.10");
-        let mut a = mgr("gw-a");
-        a.observe(x, None, t0);
-        a.plan(t0, &cands("198.51.100.10", &["gw-a"]), true);
-        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+        let mut a = holding(x, &cands("198.51.100.10", &["gw-a"]), t0, t0);
         // gw-a lost its gateway label: only gw-b is eligible now.
         let c = cands("198.51.100.10", &["gw-b"]);
         assert_eq!(a.plan(t0 + ms(10), &c, true), vec![], "no release while still in the tables");
@@ -1548,10 +1536,7 @@ mod tests {
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
         let competing: BTreeSet<IpAddr> = [x].into();
-        let mut a = mgr("gw-a");
-        a.observe(x, None, t0);
-        a.plan(t0, &c, true);
-        a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0 + ms(5));
+        let mut a = holding(x, &c, t0, t0 + ms(5));
         let mut b = mgr("gw-b");
         b.observe(x, Some(rec(Some("gw-a"), 10)), t0 + ms(10));
         // The API server is gone for a: every retry period it asks b instead.
@@ -1758,10 +1743,7 @@ mod tests {
         ];
         for case in cases {
             let t0 = Instant::now();
-            let mut a = mgr("gw-a");
-            a.observe(x, None, t0);
-            a.plan(t0, &cands("198.51.100.10", &["gw-a"]), true);
-            a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), t0);
+            let mut a = holding(x, &cands("198.51.100.10", &["gw-a"]), t0, t0);
             let mut c = case.candidates.clone();
             c.insert(y, vec!["gw-a".into()]);
             let competing: BTreeSet<IpAddr> =

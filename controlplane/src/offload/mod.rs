@@ -434,6 +434,7 @@ impl FastPath {
     pub fn snapshot(&self) -> FastPathCounters {
         let s = &self.stats;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let named = |list: &[(&str, &AtomicU64)]| list.iter().map(|(n, c)| (n.to_string(), get(c))).collect();
         let mut packets = Vec::new();
         match self.program.verdict_counters() {
             Ok(v) => {
@@ -460,7 +461,7 @@ impl FastPath {
             capacity_v6: u64::from(options.fast_path_sessions_v6),
             next_hops: get(&s.next_hops),
             packets,
-            offloads: [
+            offloads: named(&[
                 ("installed", &s.installed),
                 ("refused_map_full", &s.refused_map_full),
                 ("refused_no_route", &s.refused_no_route),
@@ -470,19 +471,13 @@ impl FastPath {
                 ("not_eligible", &s.not_eligible),
                 ("lost_race", &s.lost_race),
                 ("errors", &s.errors),
-            ]
-            .iter()
-            .map(|(n, c)| (n.to_string(), get(c)))
-            .collect(),
-            removals: [
+            ]),
+            removals: named(&[
                 ("removed", &s.removed),
                 ("fenced", &s.fenced),
                 ("withdrawn", &s.withdrawn),
                 ("expired", &s.expired),
-            ]
-            .iter()
-            .map(|(n, c)| (n.to_string(), get(c)))
-            .collect(),
+            ]),
             next_hop_updates: get(&s.next_hop_updates),
             rerouted: get(&s.rerouted),
         }

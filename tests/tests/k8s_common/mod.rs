@@ -137,29 +137,27 @@ impl FakeSink {
     /// IPs and not past its valid-until, as the data plane judges it (an
     /// open interval ends at `until`).
     pub fn intervals(&self, ip: IpAddr, until: Instant) -> Vec<(Instant, Instant)> {
-        let valid = self.valid_intervals(ip, until);
-        let mut out: Vec<(Instant, Instant)> = Vec::new();
+        let lapses = self.lapses(ip, until);
+        let mut out = Vec::new();
         for (a0, a1) in self.table_intervals(ip, until) {
-            for (b0, b1) in &valid {
-                let (s, e) = (a0.max(*b0), a1.min(*b1));
-                if s >= e {
-                    continue;
+            let mut from = a0;
+            for (l0, l1) in lapses.iter().filter(|(l0, l1)| *l1 > a0 && *l0 < a1) {
+                if *l0 > from {
+                    out.push((from, *l0));
                 }
-                // Each valid-until call starts an interval: one that begins
-                // where the last ended continues it (no gap in serving).
-                match out.last_mut() {
-                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                    _ => out.push((s, e)),
-                }
+                from = from.max(*l1);
+            }
+            if from < a1 {
+                out.push((from, a1));
             }
         }
         out
     }
 
-    /// The intervals during which the valid-until told for `ip` was ahead
-    /// (no valid-until told yet counts as valid, as the real sink's maps
-    /// do; an open interval ends at `until`).
-    fn valid_intervals(&self, ip: IpAddr, until: Instant) -> Vec<(Instant, Instant)> {
+    /// The intervals during which the valid-until told for `ip` had passed:
+    /// from a deadline until the next call (no call yet: valid, as the real
+    /// sink's maps are; an open interval ends at `until`).
+    pub fn lapses(&self, ip: IpAddr, until: Instant) -> Vec<(Instant, Instant)> {
         let calls: Vec<(Instant, Option<Instant>)> = self
             .valid_until
             .lock()
@@ -168,16 +166,10 @@ impl FakeSink {
             .filter_map(|(t, v)| v.iter().find(|(a, _)| *a == ip).map(|(_, d)| (*t, d.map(Instant::from_std))))
             .collect();
         let mut out = Vec::new();
-        let first = calls.first().map_or(until, |(t, _)| *t);
-        let far_past = first.checked_sub(Duration::from_secs(3600)).unwrap_or(first);
-        if far_past < first {
-            out.push((far_past, first));
-        }
         for (i, (t, d)) in calls.iter().enumerate() {
             let next = calls.get(i + 1).map_or(until, |(n, _)| *n);
-            let end = d.map_or(next, |d| d.min(next));
-            if *t < end {
-                out.push((*t, end));
+            if let Some(lapsed) = d.map(|d| d.max(*t)).filter(|l| *l < next) {
+                out.push((lapsed, next));
             }
         }
         out
