@@ -550,10 +550,14 @@ verdict_reasons! {
     DropNeighExpired = 34, "EGRET_DROP_NEIGH_EXPIRED", "drop_neigh_expired", Drop;
     /// Rule 4: to an owned egress address past its valid-until.
     DropEgressExpired = 35, "EGRET_DROP_EGRESS_EXPIRED", "drop_egress_expired", Drop;
+    /// Rule 6: a later fragment to an egress address before its first: the workers hold it.
+    RedirectFragmentToEgress = 36, "EGRET_REDIRECT_FRAGMENT_TO_EGRESS", "redirect_fragment_to_egress", Redirect;
+    /// Rule 6: the same beyond the CPU's budget of orphan fragments.
+    DropFragmentRate = 37, "EGRET_DROP_FRAGMENT_RATE", "drop_fragment_rate", Drop;
 }
 
 /// Number of reasons, the size of `verdict_counters` (`EGRET_VERDICT_COUNT`).
-pub const VERDICT_COUNT: u32 = 36;
+pub const VERDICT_COUNT: u32 = 38;
 
 #[cfg(test)]
 #[allow(unsafe_code, clippy::undocumented_unsafe_blocks, clippy::multiple_unsafe_ops_per_block)]

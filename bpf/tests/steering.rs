@@ -672,8 +672,9 @@ fn fixtures() -> Vec<Fixture> {
                 (frag4(REMOTE4, EGRESS4, 7, 0, true, NAT_LO), Redirect, R::RedirectNatPort),
                 (frag4(REMOTE4, EGRESS4, 7, 9, true, 0), Redirect, R::RedirectFragment),
                 (frag4(REMOTE4, EGRESS4, 7, 18, false, 0), Redirect, R::RedirectFragment),
-                // Another datagram id has no decision.
-                (frag4(REMOTE4, EGRESS4, 8, 9, false, 0), Drop, R::DropFragment),
+                // Another datagram id has no decision: its first fragment
+                // may still come (out of order), the workers hold it.
+                (frag4(REMOTE4, EGRESS4, 8, 9, false, 0), Redirect, R::RedirectFragmentToEgress),
             ],
         ),
         seq(
@@ -689,8 +690,11 @@ fn fixtures() -> Vec<Fixture> {
         seq(
             "frag4_unserved_then_later",
             vec![
+                // Rule 4 stores no drop (an outside sender must not fill
+                // frag_decisions_in): the later fragment is an orphan, held
+                // by the workers until it times out.
                 (frag4(REMOTE4, EGRESS4, 9, 0, true, 443), Drop, R::DropUnservedToEgress),
-                (frag4(REMOTE4, EGRESS4, 9, 9, false, 0), Drop, R::DropFragment),
+                (frag4(REMOTE4, EGRESS4, 9, 9, false, 0), Redirect, R::RedirectFragmentToEgress),
             ],
         ),
         seq(
@@ -707,7 +711,12 @@ fn fixtures() -> Vec<Fixture> {
                 (frag4(POD4, REMOTE4, 11, 9, false, 0), Pass, R::PassFragment),
             ],
         ),
-        one("frag4_later_to_egress_unknown", frag4(REMOTE4, EGRESS4, 12, 9, false, 0), Drop, R::DropFragment),
+        one(
+            "frag4_later_to_egress_unknown",
+            frag4(REMOTE4, EGRESS4, 12, 9, false, 0),
+            Redirect,
+            R::RedirectFragmentToEgress,
+        ),
         one(
             "frag4_later_steered_source_unknown",
             frag4(POD4, INTERNET4, 13, 9, false, 0),
@@ -742,7 +751,7 @@ fn fixtures() -> Vec<Fixture> {
             vec![
                 (frag6(remote6(), egress6(), 0x01020304, 0, true, NAT_HI), Redirect, R::RedirectNatPort),
                 (frag6(remote6(), egress6(), 0x01020304, 9, false, 0), Redirect, R::RedirectFragment),
-                (frag6(remote6(), egress6(), 0x01020305, 9, false, 0), Drop, R::DropFragment),
+                (frag6(remote6(), egress6(), 0x01020305, 9, false, 0), Redirect, R::RedirectFragmentToEgress),
             ],
         ),
         seq(
@@ -984,12 +993,13 @@ fn fixture_table() {
         }
     }
     // Every reason is exercised by at least one fixture; the fast path's
-    // own verdicts by tests/fast_path.rs.
+    // own verdicts by tests/fast_path.rs, the orphan-fragment budget by
+    // orphan_fragments_to_an_egress_address_reach_the_workers_within_a_budget.
     let covered: std::collections::HashSet<R> = fixtures.iter().flat_map(|f| f.steps.iter().map(|s| s.2)).collect();
     let missing: Vec<R> = R::ALL
         .iter()
         .copied()
-        .filter(|r| !covered.contains(r) && !matches!(r, R::TxFastPath | R::RedirectFastPath))
+        .filter(|r| !covered.contains(r) && !matches!(r, R::TxFastPath | R::RedirectFastPath | R::DropFragmentRate))
         .collect();
     assert_eq!(missing, vec![], "reasons without a fixture");
 }
@@ -1192,6 +1202,29 @@ fn counters_sum_over_runs_and_cpus() {
     for (r, n) in c {
         assert_eq!(n, if r == R::PassUnselectedSource { 1000 } else { 0 }, "{r:?}");
     }
+}
+
+/// Orphan fragments to an egress address (later fragments before their
+/// first) go to the workers within each CPU's budget (a token bucket of
+/// 32,768 a second, 1,024 deep), and are dropped beyond it: a flood from the
+/// outside stops in XDP.
+#[test]
+fn orphan_fragments_to_an_egress_address_reach_the_workers_within_a_budget() {
+    let w = world(true);
+    let frame = frag4(REMOTE4, EGRESS4, 40, 9, false, 0);
+    let runs = 200_000u32;
+    let t = std::time::Instant::now();
+    w.prog.test_run_repeat(&frame, runs).unwrap();
+    let wall = t.elapsed();
+    let c = w.prog.verdict_counters().unwrap();
+    let of = |r: R| c.iter().find(|(x, _)| *x == r).map_or(0, |(_, n)| *n);
+    let (admitted, dropped) = (of(R::RedirectFragmentToEgress), of(R::DropFragmentRate));
+    assert_eq!(admitted + dropped, u64::from(runs), "{c:?}");
+    assert!(admitted >= 1024, "the burst reaches the workers: {admitted}");
+    // The burst, plus at most what the run's wall time earned (32,768/s).
+    let earned = wall.as_nanos() as u64 / 30_517 + 1;
+    assert!(admitted <= 1024 + earned, "{admitted} admitted in {wall:?}");
+    assert!(dropped > 0, "a flood is cut in XDP");
 }
 
 // ---------------------------------------------------------------- policy

@@ -142,6 +142,26 @@ pub enum Verdict {
         /// Frame length.
         len: usize,
     },
+    /// A later fragment of a datagram whose first fragment has not been
+    /// seen (RFC 4787 REQ-14: fragments may arrive out of order): the
+    /// caller keeps the frame, unchanged, and processes it again later
+    /// (its first fragment's translation is then in the shared fragment
+    /// cache) until that gives another verdict, or drops it after a
+    /// timeout as `fragment_hold_timeout` (worker.rs). Only given by a
+    /// worker that asked for it ([`Worker::set_hold_fragments`]); otherwise
+    /// such a frame is dropped as `fragment_unmatched`.
+    HoldFragment {
+        /// The datagram's source address.
+        src: IpAddr,
+        /// Its destination address.
+        dst: IpAddr,
+        /// Its identification (IPv4, or the IPv6 fragment header's).
+        ident: u32,
+        /// Its transport protocol.
+        proto: u8,
+        /// Sent to an egress IP from the outside (else by a pod).
+        from_outside: bool,
+    },
 }
 
 /// What became of a held frame ([`Verdict::Hold`]).
@@ -369,6 +389,7 @@ impl Engine {
             next_hops: NextHopCache::new(),
             flows: FlowCaches::new(),
             hold_unresolved: false,
+            hold_fragments: false,
             flow_rate,
         }
     }
@@ -506,6 +527,7 @@ pub struct Worker {
     next_hops: NextHopCache,
     flows: FlowCaches,
     hold_unresolved: bool,
+    hold_fragments: bool,
     /// New sessions per source (nat/flow_rate.rs).
     flow_rate: FlowRate,
 }
@@ -644,6 +666,8 @@ struct Ctx<'a> {
     secs: u32,
     /// Whether an unresolved next hop gives [`Verdict::Hold`].
     hold_unresolved: bool,
+    /// Whether a later fragment before its first gives [`Verdict::HoldFragment`].
+    hold_fragments: bool,
     /// The worker's new-flow limiter.
     flow_rate: &'a mut FlowRate,
     /// The frame's time, for the new-flow limiter.
@@ -660,7 +684,19 @@ impl Worker {
     /// capacity), the frame is `buf[..len]`.
     #[inline]
     pub fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
-        let Worker { shared, tables, fib, ingress, stats, rng, next_hops, flows, hold_unresolved, flow_rate } = self;
+        let Worker {
+            shared,
+            tables,
+            fib,
+            ingress,
+            stats,
+            rng,
+            next_hops,
+            flows,
+            hold_unresolved,
+            hold_fragments,
+            flow_rate,
+        } = self;
         // The data plane's own fence (ownership.rs): one load and compare
         // while every owned address is valid; otherwise nothing is received
         // for, answered for or sent from an expired address, even if the
@@ -680,6 +716,7 @@ impl Worker {
                 flows,
                 secs: now.secs(),
                 hold_unresolved: *hold_unresolved,
+                hold_fragments: *hold_fragments,
                 flow_rate,
                 now,
             };
@@ -701,7 +738,7 @@ impl Worker {
             Verdict::Drop(r) => stats.dropped(r),
             // Counted by the holder: queued, then sent or dropped; or by
             // whoever hands the packet to the kernel.
-            Verdict::Hold { .. } | Verdict::ToKernel { .. } => {}
+            Verdict::Hold { .. } | Verdict::HoldFragment { .. } | Verdict::ToKernel { .. } => {}
         }
         v
     }
@@ -710,6 +747,13 @@ impl Worker {
     /// [`Verdict::Hold`] (the worker loop can keep it) instead of dropped.
     pub fn set_hold_unresolved(&mut self, on: bool) {
         self.hold_unresolved = on;
+    }
+
+    /// Whether a later fragment that arrives before its datagram's first
+    /// fragment is given back as [`Verdict::HoldFragment`] (the worker loop
+    /// keeps it and processes it again) instead of dropped.
+    pub fn set_hold_fragments(&mut self, on: bool) {
+        self.hold_fragments = on;
     }
 
     /// A held frame ([`Verdict::Hold`]) once more: when its next hop on
@@ -1357,12 +1401,21 @@ impl Ctx<'_> {
                 self.forward(buf, len, p, tr.direction == Direction::Inbound)
             }
             None => {
-                let ours = self.tables.owns_egress(p.dst.ip())
-                    || matches!(self.tables.classify(p.src, p.dst), Decision::Steer(_));
-                if ours {
-                    Verdict::Drop(DropReason::FragmentUnmatched)
-                } else {
+                let from_outside = self.tables.owns_egress(p.dst.ip());
+                let ours = from_outside || matches!(self.tables.classify(p.src, p.dst), Decision::Steer(_));
+                if !ours {
                     Verdict::Pass
+                } else if self.hold_fragments {
+                    // Its first fragment may still come (out of order).
+                    Verdict::HoldFragment {
+                        src: p.src.ip(),
+                        dst: p.dst.ip(),
+                        ident: fk.ident,
+                        proto: fk.proto,
+                        from_outside,
+                    }
+                } else {
+                    Verdict::Drop(DropReason::FragmentUnmatched)
                 }
             }
         }

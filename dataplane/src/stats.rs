@@ -111,6 +111,12 @@ named_enum! {
         FragmentUnmatched => "fragment_unmatched",
         /// The fragment cache had no room for a new datagram.
         FragmentCacheFull => "fragment_cache_full",
+        /// A later fragment waiting for its first fragment was displaced by a
+        /// newer one (its datagram's, its source's or the worker's queue was full).
+        FragmentHoldOverflow => "fragment_hold_overflow",
+        /// A later fragment waited for its first fragment longer than the
+        /// hold's timeout (1 s): the first was lost, or never sent.
+        FragmentHoldTimeout => "fragment_hold_timeout",
         /// TTL or hop limit would reach zero.
         TtlExceeded => "ttl_exceeded",
         /// No route to the translated destination.
@@ -179,6 +185,10 @@ named_enum! {
         IcmpErrorTranslated => "icmp_error_translated",
         /// A non-first fragment was translated through the fragment cache.
         FragmentTranslated => "fragment_translated",
+        /// A later fragment that arrived before its first fragment was held.
+        FragmentHeld => "fragment_held",
+        /// A held fragment was sent once its first fragment was translated.
+        FragmentHeldSent => "fragment_held_sent",
         /// An ARP request or neighbour solicitation was answered.
         NeighborAnswered => "neighbor_answered",
         /// The pod's own port was kept as the external port.

@@ -39,6 +39,21 @@
 //! [`WorkerConfig::hold_timeout`] (the kernel gives up after about 3 s of
 //! probes, `mcast_solicit` x `retrans_time`). While frames wait the worker
 //! polls at most every [`HOLD_POLL`], so a resolution is seen within that.
+//!
+//! ## Fragments waiting for their first fragment
+//!
+//! A datagram's later fragments carry no ports: only its first fragment can
+//! be matched to a session (nat/fragments.rs). One that arrives before its
+//! first fragment (RFC 4787 REQ-14: a NAT must accept fragments out of
+//! order) is held the same way, keyed by the datagram, in one of two
+//! queues: fragments from the outside and fragments from pods, so that a
+//! flood of orphan fragments sent to an egress IP cannot displace a pod's
+//! held fragments. Each is bounded per datagram, per source and in all, the
+//! oldest displaced first, and a fragment whose first fragment has not come
+//! within [`WorkerConfig::fragment_hold_timeout`] is dropped. The handler is
+//! offered the held fragments at most every [`FRAGMENT_RETRY`] (its first
+//! fragment may reach another worker: the translation is found in the shared
+//! fragment cache).
 
 use std::collections::VecDeque;
 use std::io;
@@ -75,8 +90,43 @@ pub enum Action {
     Hold { key: HoldKey, len: usize },
 }
 
-/// A next hop frames wait for: (interface index, next-hop address).
-pub type HoldKey = (u32, IpAddr);
+/// What a held frame waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldKey {
+    /// A next hop's link-layer address: (interface index, next-hop address).
+    NextHop(u32, IpAddr),
+    /// The first fragment of a datagram whose later fragment this is.
+    Datagram(Datagram),
+}
+
+impl HoldKey {
+    /// The sender whose frames one per-source bound covers (none for next hops).
+    fn source(&self) -> Option<IpAddr> {
+        match self {
+            HoldKey::NextHop(..) => None,
+            HoldKey::Datagram(d) => Some(d.src),
+        }
+    }
+}
+
+/// A fragmented datagram as it arrived: its fragment identity (RFC 791's
+/// source, destination, protocol and identification; RFC 8200's source,
+/// destination and identification) and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Datagram {
+    /// The receiving interface.
+    pub ifindex: u32,
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// IPv4 identification or the IPv6 fragment header's.
+    pub ident: u32,
+    /// Transport protocol.
+    pub proto: u8,
+    /// Sent from the outside (to an egress IP), not by a pod.
+    pub from_outside: bool,
+}
 
 /// What the handler says about a held frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +137,11 @@ pub enum Unhold {
     Transmit { port: PortId, len: usize },
     /// Return the frame to the pool (the handler counted why).
     Drop,
+    /// The handler used the frame's contents itself: return it to the pool.
+    Consumed,
+    /// Hold `buf[..len]` again, now for `key` (a released fragment whose
+    /// next hop is being resolved).
+    Hold { key: HoldKey, len: usize },
 }
 
 /// What happened to frames in the hold queue, for the handler to count.
@@ -113,8 +168,8 @@ pub trait FrameHandler {
     fn release(&mut self, _key: HoldKey, _buf: &mut [u8], _len: usize, _now: Instant) -> Unhold {
         Unhold::Drop
     }
-    /// Counts what happened in the hold queue.
-    fn held(&mut self, _event: HoldEvent) {}
+    /// Counts what happened to a frame held for `key`.
+    fn held(&mut self, _key: HoldKey, _event: HoldEvent) {}
     /// Frames to send that were not received (gratuitous ARP, unsolicited
     /// neighbour advertisements). Called once per iteration before TX is
     /// flushed; the default sends nothing.
@@ -179,10 +234,23 @@ pub struct WorkerConfig {
     pub hold_total: usize,
     /// How long a frame may wait for its next hop.
     pub hold_timeout: Duration,
+    /// Later fragments held per datagram, waiting for its first fragment.
+    pub fragment_hold_per_datagram: usize,
+    /// Fragments held per source address.
+    pub fragment_hold_per_source: usize,
+    /// Fragments held in all, in each of the two queues (from the outside,
+    /// from pods); together at most a sixteenth of the worker's UMEM.
+    pub fragment_hold_total: usize,
+    /// How long a later fragment may wait for its first fragment.
+    pub fragment_hold_timeout: Duration,
 }
 
 /// The longest the worker blocks in poll() while frames are held.
 pub const HOLD_POLL: Duration = Duration::from_millis(5);
+
+/// Held fragments are offered to the handler at most this often (each offer
+/// is a fragment-cache lookup per held datagram).
+pub const FRAGMENT_RETRY: Duration = Duration::from_millis(1);
 
 impl Default for WorkerConfig {
     fn default() -> Self {
@@ -196,6 +264,14 @@ impl Default for WorkerConfig {
             hold_per_next_hop: 32,
             hold_total: 256,
             hold_timeout: Duration::from_secs(3),
+            // A 9,000-byte datagram is 7 fragments at a 1,500-byte MTU.
+            fragment_hold_per_datagram: 16,
+            fragment_hold_per_source: 32,
+            fragment_hold_total: 128,
+            // Reordering takes micro- to milliseconds; a first fragment
+            // later than this was lost (VPP's virtual reassembly gives up
+            // after 100 ms, Linux's full reassembly after 30 s).
+            fragment_hold_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -203,12 +279,14 @@ impl Default for WorkerConfig {
 /// A held item, its frame length and when it was held.
 type Held<T> = (T, usize, Instant);
 
-/// Frames waiting for their next hop: FIFO per key, at most `per_key` per
-/// key and `total` in all; the oldest is displaced when either bound is
-/// reached. Generic over the item so it is tested without a UMEM.
+/// Held frames: FIFO per key, at most `per_key` per key, `per_source` per
+/// sending address (datagram keys) and `total` in all; the oldest is
+/// displaced when a bound is reached (of the key, of the source, of all).
+/// Generic over the item so it is tested without a UMEM.
 #[derive(Debug)]
 pub struct HoldQueue<T> {
     per_key: usize,
+    per_source: usize,
     total: usize,
     timeout: Duration,
     /// Few keys at a time (next hops being resolved): a vector.
@@ -220,7 +298,29 @@ impl<T> HoldQueue<T> {
     /// A queue holding at most `per_key` items per key and `total` in all,
     /// each for at most `timeout`.
     pub fn new(per_key: usize, total: usize, timeout: Duration) -> Self {
-        Self { per_key, total, timeout, queues: Vec::new(), len: 0 }
+        Self { per_key, per_source: usize::MAX, total, timeout, queues: Vec::new(), len: 0 }
+    }
+
+    /// The same, with at most `per_source` items of keys with one source.
+    pub fn with_per_source(mut self, per_source: usize) -> Self {
+        self.per_source = per_source;
+        self
+    }
+
+    /// The index of the queue whose head is the oldest among those `which` selects.
+    fn oldest(&self, which: impl Fn(&HoldKey) -> bool) -> Option<usize> {
+        self.queues
+            .iter()
+            .enumerate()
+            .filter(|(_, (k, _))| which(k))
+            .filter_map(|(i, (_, q))| q.front().map(|f| (f.2, i)))
+            .min()
+            .map(|(_, i)| i)
+    }
+
+    /// Items held for keys of `source`.
+    fn of_source(&self, source: IpAddr) -> usize {
+        self.queues.iter().filter(|(k, _)| k.source() == Some(source)).map(|(_, q)| q.len()).sum()
     }
 
     /// Items held.
@@ -249,14 +349,20 @@ impl<T> HoldQueue<T> {
                 self.queues.len() - 1
             }
         };
-        if self.queues.get(at).is_some_and(|(_, q)| q.len() >= self.per_key) {
-            displaced = self.queues.get_mut(at).and_then(|(_, q)| q.pop_front()).map(|(t, _, _)| t);
+        let source = key.source();
+        let victim = if self.queues.get(at).is_some_and(|(_, q)| q.len() >= self.per_key) {
+            Some(at)
+        } else if source.is_some_and(|s| self.of_source(s) >= self.per_source) {
+            // The oldest head of this source's queues.
+            self.oldest(|k| k.source() == source)
         } else if self.len >= self.total {
             // The oldest head of all queues.
-            let oldest = self.queues.iter().enumerate().filter_map(|(i, (_, q))| q.front().map(|f| (f.2, i))).min();
-            if let Some((_, i)) = oldest {
-                displaced = self.queues.get_mut(i).and_then(|(_, q)| q.pop_front()).map(|(t, _, _)| t);
-            }
+            self.oldest(|_| true)
+        } else {
+            None
+        };
+        if let Some(i) = victim {
+            displaced = self.queues.get_mut(i).and_then(|(_, q)| q.pop_front()).map(|(t, _, _)| t);
         }
         if displaced.is_some() {
             self.len -= 1;
@@ -270,15 +376,15 @@ impl<T> HoldQueue<T> {
     }
 
     /// Removes every item held longer than the timeout, handing each to `gone`.
-    pub fn expire(&mut self, now: Instant, mut gone: impl FnMut(T)) {
+    pub fn expire(&mut self, now: Instant, mut gone: impl FnMut(HoldKey, T)) {
         if self.len == 0 {
             return;
         }
-        for (_, q) in &mut self.queues {
+        for (key, q) in &mut self.queues {
             while q.front().is_some_and(|f| now.saturating_duration_since(f.2) >= self.timeout) {
                 if let Some((t, _, _)) = q.pop_front() {
                     self.len -= 1;
-                    gone(t);
+                    gone(*key, t);
                 }
             }
         }
@@ -388,6 +494,49 @@ fn bump(c: &AtomicU64, n: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
+/// Stages `frame` on `port`'s TX ring; a refusal returns it to the pool,
+/// counted. Whether it was staged.
+fn transmit(ports: &mut XskPorts, stats: &WorkerStats, port: PortId, frame: Frame, len: usize) -> bool {
+    match ports.transmit(port, frame, len) {
+        Ok(()) => true,
+        Err((frame, why)) => {
+            ports.recycle(frame);
+            let c = match why {
+                TxRefused::NoSuchPort => &stats.bad_port,
+                TxRefused::BadLength => &stats.bad_length,
+                TxRefused::RingFull | TxRefused::NoFreeFrame => &stats.tx_refused_full,
+            };
+            bump(c, 1);
+            false
+        }
+    }
+}
+
+/// Holds `frame` for `key` in its queue: next hops in `held`, fragments in
+/// `fragments` (from pods, from the outside); a displaced frame goes back to
+/// the pool. Both counted by the handler.
+#[allow(clippy::too_many_arguments)]
+fn hold<H: FrameHandler>(
+    held: &mut HoldQueue<Frame>,
+    fragments: &mut [HoldQueue<Frame>; 2],
+    ports: &mut XskPorts,
+    handler: &mut H,
+    key: HoldKey,
+    frame: Frame,
+    len: usize,
+    now: Instant,
+) {
+    let queue = match key {
+        HoldKey::NextHop(..) => held,
+        HoldKey::Datagram(d) => &mut fragments[usize::from(d.from_outside)],
+    };
+    if let Some(old) = queue.push(key, frame, len, now) {
+        ports.recycle(old);
+        handler.held(key, HoldEvent::Overflow);
+    }
+    handler.held(key, HoldEvent::Queued);
+}
+
 /// What stopped a worker.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -410,6 +559,9 @@ pub struct Worker<H> {
     queues: Vec<u32>,
     last_kernel_stats: Option<Instant>,
     held: HoldQueue<Frame>,
+    /// Later fragments waiting for their first: from pods, from the outside.
+    fragments: [HoldQueue<Frame>; 2],
+    fragments_offered: Option<Instant>,
 }
 
 impl<H: FrameHandler> Worker<H> {
@@ -426,6 +578,11 @@ impl<H: FrameHandler> Worker<H> {
         // Held frames are UMEM frames the fill rings do without: at most an eighth.
         let hold_total = config.hold_total.min(ports.frames_total() as usize / 8);
         let held = HoldQueue::new(config.hold_per_next_hop, hold_total, config.hold_timeout);
+        let fragment_total = config.fragment_hold_total.min(ports.frames_total() as usize / 32);
+        let fragments = [(); 2].map(|_| {
+            HoldQueue::new(config.fragment_hold_per_datagram, fragment_total, config.fragment_hold_timeout)
+                .with_per_source(config.fragment_hold_per_source)
+        });
         Ok(Self {
             ports,
             handler,
@@ -437,6 +594,8 @@ impl<H: FrameHandler> Worker<H> {
             queues,
             last_kernel_stats: None,
             held,
+            fragments,
+            fragments_offered: None,
         })
     }
 
@@ -492,6 +651,9 @@ impl<H: FrameHandler> Worker<H> {
         // Leave the counters and the pool current for whoever inspects them.
         let ports = &mut self.ports;
         self.held.clear(|f| ports.recycle(f));
+        for q in &mut self.fragments {
+            q.clear(|f| ports.recycle(f));
+        }
         for p in 0..self.ports.len() {
             self.ports.reclaim(PortId(p as u16));
         }
@@ -537,6 +699,9 @@ impl<H: FrameHandler> Worker<H> {
             self.handle_batch(port, Instant::now());
         }
 
+        if self.fragments.iter().any(|q| !q.is_empty()) {
+            moved |= self.release_fragments(Instant::now()) > 0;
+        }
         if !self.held.is_empty() {
             moved |= self.release_held(Instant::now()) > 0;
         }
@@ -580,24 +745,12 @@ impl<H: FrameHandler> Worker<H> {
                 }
                 Action::Consumed => self.ports.recycle(frame),
                 Action::Hold { key, len } => {
-                    if let Some(old) = self.held.push(key, frame, len, now) {
-                        self.ports.recycle(old);
-                        self.handler.held(HoldEvent::Overflow);
-                    }
-                    self.handler.held(HoldEvent::Queued);
+                    let Self { held, fragments, ports, handler, .. } = self;
+                    hold(held, fragments, ports, handler, key, frame, len, now);
                 }
-                Action::Transmit { port: out, len } => match self.ports.transmit(out, frame, len) {
-                    Ok(()) => tx += 1,
-                    Err((frame, why)) => {
-                        self.ports.recycle(frame);
-                        let c = match why {
-                            TxRefused::NoSuchPort => &self.stats.bad_port,
-                            TxRefused::BadLength => &self.stats.bad_length,
-                            TxRefused::RingFull | TxRefused::NoFreeFrame => &self.stats.tx_refused_full,
-                        };
-                        bump(c, 1);
-                    }
-                },
+                Action::Transmit { port: out, len } => {
+                    tx += u64::from(transmit(&mut self.ports, &self.stats, out, frame, len));
+                }
             }
         }
         bump(&self.stats.tx_frames, tx);
@@ -609,40 +762,78 @@ impl<H: FrameHandler> Worker<H> {
     /// every TX ring has. Returns how many were sent or dropped.
     fn release_held(&mut self, now: Instant) -> usize {
         let Self { held, ports, handler, stats, .. } = self;
-        held.expire(now, |f| {
+        held.expire(now, |key, f| {
             ports.recycle(f);
-            handler.held(HoldEvent::Expired);
+            handler.held(key, HoldEvent::Expired);
         });
         let n = ports.len();
         let mut room = self.config.batch_size as u32;
         for q in 0..n {
             room = room.min(ports.tx_room(PortId(q as u16), room));
         }
-        let (mut tx, mut gone) = (0u64, 0usize);
-        gone += held.release(room as usize, |key, frame, len| {
+        let mut tx = 0u64;
+        let gone = held.release(room as usize, |key, frame, len| {
             match handler.release(key, ports.frame_mut(&frame), len, now) {
                 Unhold::Wait => Err(frame),
-                Unhold::Drop => {
+                // A next hop's frame is not held again for another.
+                Unhold::Drop | Unhold::Consumed | Unhold::Hold { .. } => {
                     ports.recycle(frame);
                     Ok(())
                 }
                 Unhold::Transmit { port, len } => {
-                    match ports.transmit(port, frame, len) {
-                        Ok(()) => tx += 1,
-                        Err((frame, why)) => {
-                            ports.recycle(frame);
-                            let c = match why {
-                                TxRefused::NoSuchPort => &stats.bad_port,
-                                TxRefused::BadLength => &stats.bad_length,
-                                TxRefused::RingFull | TxRefused::NoFreeFrame => &stats.tx_refused_full,
-                            };
-                            bump(c, 1);
-                        }
-                    }
+                    tx += u64::from(transmit(ports, stats, port, frame, len));
                     Ok(())
                 }
             }
         });
+        bump(&stats.tx_frames, tx);
+        gone
+    }
+
+    /// Held fragments: those past the timeout go back to the pool; then, at
+    /// most every [`FRAGMENT_RETRY`], each is offered to the handler, which
+    /// sends it once its datagram's first fragment has been translated (by
+    /// any worker), or says to wait. Returns how many left the queues.
+    fn release_fragments(&mut self, now: Instant) -> usize {
+        let Self { held, fragments, ports, handler, stats, .. } = self;
+        for q in fragments.iter_mut() {
+            q.expire(now, |key, f| {
+                ports.recycle(f);
+                handler.held(key, HoldEvent::Expired);
+            });
+        }
+        if self.fragments_offered.is_some_and(|t| now.saturating_duration_since(t) < FRAGMENT_RETRY) {
+            return 0;
+        }
+        self.fragments_offered = Some(now);
+        let mut room = self.config.batch_size as u32;
+        for q in 0..ports.len() {
+            room = room.min(ports.tx_room(PortId(q as u16), room));
+        }
+        let (mut tx, mut gone) = (0u64, 0usize);
+        let mut rehold = Vec::new();
+        for q in fragments.iter_mut() {
+            let budget = (room as usize).saturating_sub(gone);
+            gone +=
+                q.release(budget, |key, frame, len| match handler.release(key, ports.frame_mut(&frame), len, now) {
+                    Unhold::Wait => Err(frame),
+                    Unhold::Drop | Unhold::Consumed => {
+                        ports.recycle(frame);
+                        Ok(())
+                    }
+                    Unhold::Hold { key, len } => {
+                        rehold.push((key, frame, len));
+                        Ok(())
+                    }
+                    Unhold::Transmit { port, len } => {
+                        tx += u64::from(transmit(ports, stats, port, frame, len));
+                        Ok(())
+                    }
+                });
+        }
+        for (key, frame, len) in rehold {
+            hold(held, fragments, ports, handler, key, frame, len, now);
+        }
         bump(&stats.tx_frames, tx);
         gone
     }
@@ -673,8 +864,8 @@ impl<H: FrameHandler> Worker<H> {
             pfd.revents = 0;
         }
         let mut timeout = if draining { self.config.drain_timeout } else { self.config.poll_timeout };
-        if !self.held.is_empty() {
-            // Come back soon for a resolution or a timeout.
+        if !self.held.is_empty() || self.fragments.iter().any(|q| !q.is_empty()) {
+            // Come back soon for a resolution, a first fragment or a timeout.
             timeout = timeout.min(HOLD_POLL);
         }
         let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
@@ -688,7 +879,18 @@ mod tests {
     use super::*;
 
     fn key(last: u8) -> HoldKey {
-        (2, IpAddr::from([203, 0, 113, last]))
+        HoldKey::NextHop(2, IpAddr::from([203, 0, 113, last]))
+    }
+
+    fn datagram(src: u8, ident: u32) -> HoldKey {
+        HoldKey::Datagram(Datagram {
+            ifindex: 3,
+            src: IpAddr::from([198, 51, 100, src]),
+            dst: IpAddr::from([203, 0, 113, 10]),
+            ident,
+            proto: 17,
+            from_outside: true,
+        })
     }
 
     fn taken(q: &mut HoldQueue<u32>, budget: usize, ready: &[HoldKey]) -> Vec<u32> {
@@ -738,6 +940,32 @@ mod tests {
     }
 
     #[test]
+    fn hold_queue_bounds_each_source_so_one_sender_displaces_only_its_own() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut q = HoldQueue::new(2, 6, Duration::from_secs(1)).with_per_source(3);
+        assert_eq!(q.push(datagram(1, 1), 1, 60, ms(0)), None, "another sender's fragment, held first");
+        for (i, ident) in [(2, 10), (3, 11), (4, 12)] {
+            assert_eq!(q.push(datagram(9, ident), i, 60, ms(i as u64)), None);
+        }
+        // Sender 9 is at its bound: its own oldest goes, not sender 1's older one.
+        assert_eq!(q.push(datagram(9, 13), 5, 60, ms(5)), Some(2));
+        assert_eq!(q.push(datagram(9, 14), 6, 60, ms(6)), Some(3));
+        assert_eq!(q.len(), 4);
+        let all = [datagram(1, 1), datagram(9, 12), datagram(9, 13), datagram(9, 14)];
+        assert_eq!(taken(&mut q, 64, &all[..1]), vec![1], "sender 1's fragment survived the flood");
+        // Per datagram: the oldest of that datagram goes.
+        let mut d = HoldQueue::new(2, 8, Duration::from_secs(1)).with_per_source(8);
+        d.push(datagram(1, 7), 1, 60, ms(0));
+        d.push(datagram(1, 7), 2, 60, ms(1));
+        assert_eq!(d.push(datagram(1, 7), 3, 60, ms(2)), Some(1));
+        // Next hops have no source bound.
+        let mut n = HoldQueue::new(8, 8, Duration::from_secs(1)).with_per_source(1);
+        assert_eq!(n.push(key(1), 1, 60, ms(0)), None);
+        assert_eq!(n.push(key(1), 2, 60, ms(1)), None);
+    }
+
+    #[test]
     fn hold_queue_releases_frames_past_the_timeout() {
         let t0 = Instant::now();
         let mut q = HoldQueue::new(8, 8, Duration::from_secs(3));
@@ -745,11 +973,11 @@ mod tests {
         q.push(key(2), 2, 60, t0 + Duration::from_secs(1));
         q.push(key(1), 3, 60, t0 + Duration::from_secs(2));
         let mut gone = Vec::new();
-        q.expire(t0 + Duration::from_millis(2999), |t| gone.push(t));
+        q.expire(t0 + Duration::from_millis(2999), |_, t| gone.push(t));
         assert!(gone.is_empty());
-        q.expire(t0 + Duration::from_secs(3), |t| gone.push(t));
+        q.expire(t0 + Duration::from_secs(3), |_, t| gone.push(t));
         assert_eq!(gone, vec![1]);
-        q.expire(t0 + Duration::from_secs(10), |t| gone.push(t));
+        q.expire(t0 + Duration::from_secs(10), |_, t| gone.push(t));
         gone.sort_unstable();
         assert_eq!(gone, vec![1, 2, 3]);
         assert!(q.is_empty());

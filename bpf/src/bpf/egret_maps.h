@@ -518,4 +518,26 @@ struct {
 	__type(value, struct frag_decision);
 } frag_decisions_in SEC(".maps");
 
+/*
+ * Rule 6's budget of orphan fragments (later fragments to an egress address
+ * with no stored decision) that one CPU sends to the workers, which hold
+ * them until their first fragment comes: 32,768 a second, 1,024 deep. More
+ * is a flood (anyone outside may send them) and is dropped here.
+ */
+#define EGRET_ORPHAN_FRAGMENTS_PER_SEC 32768
+#define EGRET_ORPHAN_FRAGMENT_NS (1000000000ULL / EGRET_ORPHAN_FRAGMENTS_PER_SEC)
+#define EGRET_ORPHAN_FRAGMENT_BURST 1024
+
+struct orphan_fragment_budget {
+	__u64 refilled_ns;
+	__u64 tokens;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct orphan_fragment_budget);
+} orphan_fragment_budget SEC(".maps");
+
 #endif /* EGRET_MAPS_H */

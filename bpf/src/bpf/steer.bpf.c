@@ -56,9 +56,13 @@
  *    under (src, dst, id, protocol): rule 5's in frag_decisions, rule 4's
  *    redirects only in frag_decisions_in (outside senders cannot evict
  *    pods' decisions); later fragments follow
- *    the stored decision (a drop too). A later fragment without one: rule 5
- *    if the destination is not an OWNED_NAT address; PASS to a Service VIP;
- *    DROP to another egress address.
+ *    the stored decision (a drop too). A later fragment without one (it
+ *    came before its first, RFC 4787 REQ-14, or the first was dropped):
+ *    rule 5 if the destination is not an OWNED_NAT address (a steered one
+ *    is redirected: the workers hold it until its first fragment comes);
+ *    PASS to a Service VIP; to another egress address, redirect within
+ *    the CPU's budget (EGRET_ORPHAN_FRAGMENTS_PER_SEC, a token bucket: the
+ *    workers hold it), DROP beyond.
  * 7. A redirect first checks that the receiving (interface, queue) has a
  *    socket: xsk_slots gives the interface's slot, xsks_map is keyed by
  *    slot * EGRET_XSK_QUEUES_PER_SLOT + queue. If not:
@@ -161,6 +165,7 @@ static __always_inline int reason_redirects(__u32 reason)
 	case EGRET_REDIRECT_FRAGMENT_STEERED_SOURCE:
 	case EGRET_REDIRECT_ICMP_ERROR_EMBEDDED:
 	case EGRET_REDIRECT_ECHO_TO_EGRESS:
+	case EGRET_REDIRECT_FRAGMENT_TO_EGRESS:
 		return 1;
 	default:
 		return 0;
@@ -176,6 +181,7 @@ static __always_inline int reason_drops(__u32 reason)
 	case EGRET_DROP_FRAGMENT:
 	case EGRET_DROP_NEIGH_EXPIRED:
 	case EGRET_DROP_EGRESS_EXPIRED:
+	case EGRET_DROP_FRAGMENT_RATE:
 		return 1;
 	default:
 		return 0;
@@ -227,6 +233,7 @@ static __always_inline int apply(struct xdp_md *ctx, __u32 counted, __u32 decide
 	case EGRET_REDIRECT_ICMP_ERROR_EMBEDDED:
 		return redirect_or(ctx, counted, EGRET_DROP_NO_SOCKET_STEERED, XDP_DROP);
 	case EGRET_REDIRECT_ECHO_TO_EGRESS:
+	case EGRET_REDIRECT_FRAGMENT_TO_EGRESS:
 		return redirect_or(ctx, counted, EGRET_DROP_NO_SOCKET_TO_EGRESS, XDP_DROP);
 	case EGRET_DROP_STEERED_ON_OUTSIDE:
 	case EGRET_DROP_STEERED_FROM_UNKNOWN_MAC:
@@ -235,6 +242,7 @@ static __always_inline int apply(struct xdp_md *ctx, __u32 counted, __u32 decide
 	case EGRET_DROP_UNMAPPED_NAT_PORT:
 	case EGRET_DROP_NEIGH_EXPIRED:
 	case EGRET_DROP_EGRESS_EXPIRED:
+	case EGRET_DROP_FRAGMENT_RATE:
 		count(counted);
 		return XDP_DROP;
 	default:
@@ -542,6 +550,35 @@ static __always_inline void remember_fragment(const struct frag_key *key, __u32 
 	bpf_map_update_elem(&frag_decisions, key, &decision, BPF_ANY);
 }
 
+/* Rule 6: whether this CPU may send one more orphan fragment (a later
+ * fragment to an egress address, nothing stored) to the workers: a token
+ * bucket of EGRET_ORPHAN_FRAGMENTS_PER_SEC, EGRET_ORPHAN_FRAGMENT_BURST deep.
+ * Per CPU: no atomics, and the bound scales with the queues. */
+static __always_inline int orphan_fragment_admitted(void)
+{
+	__u32 zero = 0;
+	struct orphan_fragment_budget *b = bpf_map_lookup_elem(&orphan_fragment_budget, &zero);
+	__u64 now = bpf_ktime_get_ns();
+	__u64 earned;
+
+	if (!b)
+		return 0;
+	earned = (now - b->refilled_ns) / EGRET_ORPHAN_FRAGMENT_NS;
+	if (earned) {
+		if (b->tokens + earned >= EGRET_ORPHAN_FRAGMENT_BURST) {
+			b->tokens = EGRET_ORPHAN_FRAGMENT_BURST;
+			b->refilled_ns = now;
+		} else {
+			b->tokens += earned;
+			b->refilled_ns += earned * EGRET_ORPHAN_FRAGMENT_NS;
+		}
+	}
+	if (!b->tokens)
+		return 0;
+	b->tokens -= 1;
+	return 1;
+}
+
 /* Rule 6 for a later fragment: follow the first fragment, else rule 5
  * (addresses only) unless the destination is an OWNED_NAT address. */
 static __always_inline int later_fragment(struct xdp_md *ctx, const struct frag_key *key,
@@ -569,7 +606,11 @@ static __always_inline int later_fragment(struct xdp_md *ctx, const struct frag_
 	if (owned_dst && (owned_dst->flags & OWNED_NAT)) {
 		if (owned_dst->flags & OWNED_KERNEL_SERVICE)
 			return pass(EGRET_PASS_FRAGMENT_UNKNOWN);
-		return apply(ctx, EGRET_DROP_FRAGMENT, EGRET_DROP_FRAGMENT);
+		if (!owned_live(owned_dst))
+			return apply(ctx, EGRET_DROP_EGRESS_EXPIRED, EGRET_DROP_EGRESS_EXPIRED);
+		if (!orphan_fragment_admitted())
+			return apply(ctx, EGRET_DROP_FRAGMENT_RATE, EGRET_DROP_FRAGMENT_RATE);
+		return apply(ctx, EGRET_REDIRECT_FRAGMENT_TO_EGRESS, EGRET_REDIRECT_FRAGMENT_TO_EGRESS);
 	}
 	if (by_policy == EGRET_REDIRECT_STEERED_SOURCE) {
 		__u32 reason = check_ingress(ctx, EGRET_REDIRECT_FRAGMENT_STEERED_SOURCE);

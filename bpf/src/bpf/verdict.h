@@ -100,8 +100,16 @@ enum egret_verdict_reason {
 	/* Rule 4: what would go to the workers for an owned egress address
 	 * past its valid_until_ns. */
 	EGRET_DROP_EGRESS_EXPIRED = 35,
+	/* Rule 6: a later fragment with no stored decision to an egress
+	 * address that is not a VIP: its first fragment may still come (out
+	 * of order, RFC 4787 REQ-14); the workers hold it until it does. */
+	EGRET_REDIRECT_FRAGMENT_TO_EGRESS = 36,
+	/* Rule 6: the same beyond the CPU's budget of such fragments
+	 * (EGRET_ORPHAN_FRAGMENTS_PER_SEC): a flood of orphan fragments from
+	 * the outside stops here, before the workers' queues. */
+	EGRET_DROP_FRAGMENT_RATE = 37,
 
-	EGRET_VERDICT_COUNT = 36,
+	EGRET_VERDICT_COUNT = 38,
 };
 
 #endif /* EGRET_VERDICT_H */

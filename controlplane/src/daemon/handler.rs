@@ -9,6 +9,7 @@
 //! | `Drop(reason)` | drop (the engine counted the reason) |
 //! | `ToKernel { l3, end }` | the IP packet is sent on a raw socket (`egret_dataplane::kernel_tx`), counted `to_kernel`; refused by the kernel: counted `kernel_send_failed`. The frame goes back to the pool |
 //! | `Hold { ifindex, next_hop }` | held by the worker until the next hop resolves (`neighbor_queued`; then `neighbor_queue_sent`, or `neighbor_queue_overflow` / `neighbor_queue_timeout`) |
+//! | `HoldFragment { .. }` | held by the worker, unchanged, and processed again until its first fragment's translation is known (`fragment_held`; then `fragment_held_sent`, or `fragment_hold_overflow` / `fragment_hold_timeout`) |
 //!
 //! `tick` runs the engine's bounded expiry sweep every [`SWEEP_EVERY`];
 //! `inject` sends pending announcements (gratuitous ARP, unsolicited NA).
@@ -24,7 +25,7 @@ use egret_dataplane::kernel_tx::KernelTx;
 use egret_dataplane::neigh_responder::{gratuitous_arp, unsolicited_na};
 use egret_dataplane::stats::{DropReason, Event};
 use egret_dataplane::wire::ethernet::EthernetAddress;
-use egret_dataplane::worker::{Action, FrameHandler, HoldEvent, HoldKey, Injector, PortId, RxInfo, Unhold};
+use egret_dataplane::worker::{Action, Datagram, FrameHandler, HoldEvent, HoldKey, Injector, PortId, RxInfo, Unhold};
 use parking_lot::Mutex;
 
 use crate::offload::clock::EngineClock;
@@ -100,6 +101,8 @@ impl EngineHandler {
         let mut worker = engine.worker();
         // Frames to a next hop being resolved wait in the worker (worker.rs).
         worker.set_hold_unresolved(true);
+        // So do later fragments that arrive before their first (worker.rs).
+        worker.set_hold_fragments(true);
         Self {
             worker,
             engine: engine.clone(),
@@ -120,17 +123,11 @@ impl EngineHandler {
     fn port_of(&self, ifindex: u32) -> Option<PortId> {
         self.ports.iter().position(|i| *i == ifindex).map(|p| PortId(p as u16))
     }
-}
 
-fn bump(c: &AtomicU64) {
-    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-}
-
-impl FrameHandler for EngineHandler {
-    fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action {
-        let ifindex = self.ports.get(rx.port.index()).copied().unwrap_or(0);
-        let ts = self.now(now);
-        match self.worker.process(buf, len, RxMeta { ifindex, checksum: Default::default() }, ts) {
+    /// What the worker does with a frame the engine gave `verdict` (the
+    /// module's table); `port` and `ifindex`: where it was received.
+    fn act(&mut self, verdict: Verdict, buf: &mut [u8], len: usize, port: PortId, ifindex: u32) -> Action {
+        match verdict {
             Verdict::Forward { ifindex, len } => match self.port_of(ifindex) {
                 Some(port) => Action::Transmit { port, len },
                 None => {
@@ -138,7 +135,7 @@ impl FrameHandler for EngineHandler {
                     Action::Drop
                 }
             },
-            Verdict::Answer { len } => Action::Transmit { port: rx.port, len },
+            Verdict::Answer { len } => Action::Transmit { port, len },
             Verdict::Pass => {
                 bump(&self.stats.misdirected);
                 Action::Drop
@@ -156,18 +153,62 @@ impl FrameHandler for EngineHandler {
                 }
             }
             Verdict::Hold { ifindex, next_hop, len } => match self.port_of(ifindex) {
-                Some(_) => Action::Hold { key: (ifindex, next_hop), len },
+                Some(_) => Action::Hold { key: HoldKey::NextHop(ifindex, next_hop), len },
                 None => {
                     bump(&self.stats.no_port);
                     Action::Drop
                 }
             },
+            Verdict::HoldFragment { src, dst, ident, proto, from_outside } => {
+                let key = HoldKey::Datagram(Datagram { ifindex, src, dst, ident, proto, from_outside });
+                Action::Hold { key, len }
+            }
         }
+    }
+
+    /// A held later fragment, processed again as received: it waits while
+    /// its first fragment's translation is unknown; otherwise it goes where
+    /// the engine says (usually translated by the fragment cache).
+    fn release_fragment(&mut self, d: Datagram, buf: &mut [u8], len: usize, ts: Timestamp) -> Unhold {
+        let Some(port) = self.port_of(d.ifindex) else {
+            bump(&self.stats.no_port);
+            return Unhold::Drop;
+        };
+        let verdict = self.worker.process(buf, len, RxMeta { ifindex: d.ifindex, checksum: Default::default() }, ts);
+        if let Verdict::HoldFragment { .. } = verdict {
+            return Unhold::Wait;
+        }
+        if let Verdict::Forward { .. } | Verdict::ToKernel { .. } | Verdict::Hold { .. } = verdict {
+            self.worker.stats().event(Event::FragmentHeldSent);
+        }
+        match self.act(verdict, buf, len, port, d.ifindex) {
+            Action::Transmit { port, len } => Unhold::Transmit { port, len },
+            Action::Drop => Unhold::Drop,
+            Action::Consumed => Unhold::Consumed,
+            Action::Hold { key, len } => Unhold::Hold { key, len },
+        }
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+}
+
+impl FrameHandler for EngineHandler {
+    fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action {
+        let ifindex = self.ports.get(rx.port.index()).copied().unwrap_or(0);
+        let ts = self.now(now);
+        let verdict = self.worker.process(buf, len, RxMeta { ifindex, checksum: Default::default() }, ts);
+        self.act(verdict, buf, len, rx.port, ifindex)
     }
 
     fn release(&mut self, key: HoldKey, buf: &mut [u8], len: usize, now: Instant) -> Unhold {
         let ts = self.now(now);
-        match self.worker.release_held(buf, len, key.0, key.1, ts) {
+        let (ifindex, next_hop) = match key {
+            HoldKey::NextHop(ifindex, next_hop) => (ifindex, next_hop),
+            HoldKey::Datagram(d) => return self.release_fragment(d, buf, len, ts),
+        };
+        match self.worker.release_held(buf, len, ifindex, next_hop, ts) {
             Release::Wait => Unhold::Wait,
             Release::Forward { ifindex, len } => match self.port_of(ifindex) {
                 Some(port) => Unhold::Transmit { port, len },
@@ -180,15 +221,17 @@ impl FrameHandler for EngineHandler {
         }
     }
 
-    fn held(&mut self, event: HoldEvent) {
+    fn held(&mut self, key: HoldKey, event: HoldEvent) {
         let stats = self.worker.stats();
-        match event {
-            HoldEvent::Queued => stats.event(Event::NeighborQueued),
-            HoldEvent::Overflow => stats.dropped(DropReason::NeighborQueueOverflow),
-            HoldEvent::Expired => stats.dropped(DropReason::NeighborQueueTimeout),
+        match (key, event) {
+            (HoldKey::NextHop(..), HoldEvent::Queued) => stats.event(Event::NeighborQueued),
+            (HoldKey::NextHop(..), HoldEvent::Overflow) => stats.dropped(DropReason::NeighborQueueOverflow),
+            (HoldKey::NextHop(..), HoldEvent::Expired) => stats.dropped(DropReason::NeighborQueueTimeout),
+            (HoldKey::Datagram(_), HoldEvent::Queued) => stats.event(Event::FragmentHeld),
+            (HoldKey::Datagram(_), HoldEvent::Overflow) => stats.dropped(DropReason::FragmentHoldOverflow),
+            (HoldKey::Datagram(_), HoldEvent::Expired) => stats.dropped(DropReason::FragmentHoldTimeout),
         }
     }
-
     fn tick(&mut self, now: Instant) {
         if now.saturating_duration_since(self.last_sweep) >= SWEEP_EVERY {
             self.last_sweep = now;
