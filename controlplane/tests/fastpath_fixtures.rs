@@ -464,6 +464,9 @@ struct Tally {
 /// Replays one scenario; returns mismatches.
 fn replay(s: &Scenario, fib: Fib, tally: &mut Tally, variants: bool) -> Vec<String> {
     let mut r = rig(&s.spec, fib);
+    // As the daemon's workers do (daemon/handler.rs).
+    r.worker.set_hold_fragments(true);
+    let mut held = fixtures::Held::default();
     let mut errors = Vec::new();
     for (i, st) in s.steps.iter().enumerate() {
         let what = format!("{} step {i} ({})", s.name, st.what);
@@ -533,27 +536,9 @@ fn replay(s: &Scenario, fib: Fib, tally: &mut Tally, variants: bool) -> Vec<Stri
                 }
             }
         }
-        // Then the engine, which must still meet the fixture's expectation.
-        let mut buf = vec![0u8; FRAME_BUFFER];
-        buf[..st.frame.len()].copy_from_slice(&st.frame);
-        let v = r.worker.process(
-            &mut buf,
-            st.frame.len(),
-            RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown },
-            now,
-        );
-        let ok = match (&st.expect, v) {
-            (Expect::Forward { ifindex, frame }, Verdict::Forward { ifindex: got, len }) => {
-                *ifindex == got && buf[..len] == frame[..]
-            }
-            (Expect::Answer(frame), Verdict::Answer { len }) => buf[..len] == frame[..],
-            (Expect::Pass, Verdict::Pass) => true,
-            (Expect::Drop(a), Verdict::Drop(b)) => *a == b,
-            _ => false,
-        };
-        if !ok {
-            errors.push(format!("{what}: the engine gave {v:?}, the fixture wants {:?}", st.expect));
-        }
+        // Then the engine, which must still meet the fixture's expectation
+        // (and set free what the fixture says, of what it held).
+        errors.extend(fixtures::play(&mut r.worker, &mut held, s.name, i, st));
         tally.steps += 1;
     }
     // Nothing installed is left behind for a session the engine ended.
@@ -608,7 +593,7 @@ fn established_flows() -> Scenario {
             Some(e) => Expect::Forward { ifindex: out, frame: e.frame() },
             None => Expect::Pass,
         };
-        steps.push(fixtures::Step { what, at, ingress, frame: p.frame(), expect });
+        steps.push(fixtures::Step { what, at, ingress, frame: p.frame(), expect, released: Vec::new() });
     };
     for (pod, server, egress, port) in [(p4, s4, e1, 42000u16), (p6, s6, e6, 42001)] {
         let syn = from_pod(pod, server, tcp(port, 443, 100, None, 0x02, b""));
