@@ -1,6 +1,8 @@
 //! Writes every frame of the scenario fixture table into a directory, one
 //! file per frame, prefixed with the byte the fuzz target reads as its control
-//! byte (ingress interface): the fuzzer's seed corpus of real packets.
+//! byte (ingress interface): the fuzzer's seed corpus of real packets. Each
+//! whole datagram longer than 64 bytes is written a second time with bit 6
+//! set (the differential target feeds it as a fragment train, last first).
 //!
 //! `cargo run -p egret-dataplane --features fixtures --example fixture_frames -- DIR`
 
@@ -16,6 +18,12 @@ fn main() -> std::io::Result<()> {
         for (i, st) in s.steps.iter().enumerate() {
             let mut bytes = vec![if st.ingress == fixtures::INSIDE { 0u8 } else { 1u8 }];
             bytes.extend_from_slice(&st.frame);
+            if fixtures::build::refragment(&st.frame, 32, 1).is_some() {
+                let mut train = bytes.clone();
+                train[0] |= 0x40;
+                std::fs::write(dir.join(format!("{}-{i:02}-reversed", s.name)), train)?;
+                n += 1;
+            }
             std::fs::write(dir.join(format!("{}-{i:02}", s.name)), bytes)?;
             n += 1;
         }

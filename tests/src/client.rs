@@ -288,3 +288,20 @@ pub fn cached_pmtu(ns: &NetNs, dst: IpAddr) -> Result<Option<u32>> {
     }
     Ok(None)
 }
+
+/// Sends whole IP packets (headers included: fragments, say) from `ns` to
+/// `dst` through a raw socket (`IPPROTO_RAW`: `IP_HDRINCL`, or
+/// `IPV6_HDRINCL` since Linux 4.5), in the order given. The kernel routes
+/// each as it is, and fills in only the IPv4 header checksum.
+pub fn send_ip_packets(ns: &NetNs, dst: IpAddr, packets: &[Vec<u8>]) -> Result<()> {
+    ns.run_in(|| -> Result<()> {
+        let domain = if dst.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+        let s = Socket::new(domain, Type::RAW, Some(Protocol::from(libc::IPPROTO_RAW)))
+            .map_err(|e| LabError::io("raw IPPROTO_RAW socket (root)", e))?;
+        let to = socket2::SockAddr::from(SocketAddr::new(dst, 0));
+        for p in packets {
+            s.send_to(p, &to).map_err(|e| LabError::io(format!("send a {}-byte IP packet to {dst}", p.len()), e))?;
+        }
+        Ok(())
+    })?
+}

@@ -47,6 +47,23 @@
 //! Every frame must also move exactly one verdict counter, whose action is
 //! the action returned.
 //!
+//! # Fragments out of order
+//!
+//! The engine holds later fragments that come before their first
+//! (`Verdict::HoldFragment`), as the daemon's workers do; after every input
+//! the held frames are processed again, as the worker loop offers them
+//! (kept at most 1 s and 256 frames, as a worker). A held frame that
+//! leaves must not be `Pass` (the program steered it: the kernel never sees
+//! it). With bit 6 of the control byte the frame, when it is a whole IPv4
+//! or IPv6 datagram longer than 64 bytes, is cut into fragments of 32
+//! bytes (`fixtures::build::refragment`) fed last first through both
+//! sides; when the engine forwards the first fragment, every held fragment
+//! of the train must leave with it, out of the same interface, with the
+//! same addresses.
+//!
+//! An orphan fragment the program drops for its CPU's budget
+//! (`drop_fragment_rate`) agrees with anything: the engine never sees it.
+//!
 //! # Exceptions (each a frame the engine never sees in production)
 //!
 //! 1. `XDP_PASS` counted `pass_malformed` or `pass_ipv6_ext_limit`, engine
@@ -85,7 +102,7 @@ use egret_controlplane::daemon::sink::{owned_entries, policy_entries};
 use egret_controlplane::offload::clock::EngineClock;
 use egret_controlplane::offload::{FastPath, OffloadManager};
 use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Worker};
-use egret_dataplane::fixtures::{self, FRAME_BUFFER, INSIDE, OUTSIDE};
+use egret_dataplane::fixtures::{self, build::refragment, FRAME_BUFFER, INSIDE, OUTSIDE};
 use egret_dataplane::nat::port_alloc::PortRng;
 use egret_dataplane::stats::DropReason;
 use libfuzzer_sys::fuzz_target;
@@ -107,7 +124,13 @@ struct Rig {
     /// The AF_XDP sockets registered on queue 0 of each interface (kept
     /// open: the map holds them only while they live).
     _xsks: Vec<socket2::Socket>,
+    /// Frames the engine holds: when, the receiving interface, the frame.
+    held: Vec<(Instant, u32, Vec<u8>)>,
 }
+
+/// A worker holds fragments this long, and at most this many (worker.rs).
+const HOLD_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+const HOLD_AT_MOST: usize = 256;
 
 /// Runs `ip args`, panicking with its error output on failure.
 fn ip(args: &[&str]) {
@@ -168,8 +191,10 @@ fn rig() -> Rig {
     );
     assert!(fp.connect(&engine), "the fast path connects to both families");
     let manager = OffloadManager::new(fp.clone(), engine.clone(), 64);
-    let worker = engine.worker_seeded(PortRng::new(7));
-    let mut rig = Rig { worker, program, fp, manager, tally: [0; 5], _xsks: xsks };
+    let mut worker = engine.worker_seeded(PortRng::new(7));
+    // As the daemon's workers do (daemon/handler.rs).
+    worker.set_hold_fragments(true);
+    let mut rig = Rig { worker, program, fp, manager, tally: [0; 5], _xsks: xsks, held: Vec::new() };
     // Warm up: every fixture frame through the program and the engine (so
     // the program's fragment decisions match the engine's fragment cache),
     // the manager installing what the engine confirms.
@@ -289,6 +314,52 @@ fuzz_target!(|data: &[u8]| {
     let ingress = if ctl & 1 == 0 { INSIDE } else { OUTSIDE };
     let mut guard = state().lock().unwrap_or_else(|p| p.into_inner());
     let rig = &mut *guard;
+    let train = if ctl & 0x40 != 0 { refragment(frame, 32, u32::from(ctl) << 8 | 0x5a) } else { None };
+    match train {
+        // Last first: every later fragment comes before its first.
+        Some(mut pieces) if pieces.len() <= 64 => {
+            pieces.reverse();
+            let last = pieces.len() - 1;
+            let mut first = None;
+            for (k, piece) in pieces.iter().enumerate() {
+                let (v, out) = one_frame(rig, piece, ingress);
+                if k == last {
+                    first = Some((v, out));
+                }
+            }
+            let released = release_held(rig);
+            if let Some((Verdict::Forward { ifindex, len }, out)) = first {
+                check_train(&pieces, ingress, ifindex, &out[..len], &released);
+            }
+        }
+        _ => {
+            one_frame(rig, frame, ingress);
+            release_held(rig);
+        }
+    }
+    if ctl & 0x80 != 0 {
+        let now = rig.fp.clock().now();
+        rig.worker.tick(now, SWEEP);
+    }
+    let t = &mut rig.tally;
+    if t[0].is_power_of_two() && t[0] >= 1024 {
+        let (v4, v6) = rig.fp.installed();
+        eprintln!(
+            "differential: {} frames: {} translated by the fast path, {} steered, {} dropped, {} passed; \
+             {v4} IPv4 and {v6} IPv6 sessions installed; {} fragments held",
+            t[0],
+            t[1],
+            t[2],
+            t[3],
+            t[4],
+            rig.held.len()
+        );
+    }
+});
+
+/// One frame through the program and the engine, which must agree; the
+/// engine's verdict and the frame as it left it.
+fn one_frame(rig: &mut Rig, frame: &[u8], ingress: u32) -> (Verdict, Vec<u8>) {
     // The manager has caught up: every session confirmed so far is installed.
     rig.manager.run_once();
     let xdp = match run_xdp(&rig.program, frame, ingress) {
@@ -299,7 +370,12 @@ fuzz_target!(|data: &[u8]| {
     buf[..frame.len()].copy_from_slice(frame);
     let now = rig.fp.clock().now();
     let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
-    let v = rig.worker.process(&mut buf, frame.len(), meta, now);
+    // The program's own budget: the engine never sees the frame.
+    let v = if let Xdp::Drop(VerdictReason::DropFragmentRate) = xdp {
+        Verdict::Drop(DropReason::FragmentHoldOverflow)
+    } else {
+        rig.worker.process(&mut buf, frame.len(), meta, now)
+    };
     if let Err(why) = agree(&xdp, v, &buf, ingress) {
         let xdp_frame = match &xdp {
             Xdp::FastPath { frame, .. } => format!("\n  xdp    {}", fixtures::hex(frame)),
@@ -318,8 +394,11 @@ fuzz_target!(|data: &[u8]| {
             fixtures::hex(frame),
         );
     }
-    if ctl & 0x80 != 0 {
-        rig.worker.tick(now, SWEEP);
+    if let Verdict::HoldFragment { .. } = v {
+        if rig.held.len() >= HOLD_AT_MOST {
+            rig.held.remove(0);
+        }
+        rig.held.push((Instant::now(), ingress, frame.to_vec()));
     }
     let t = &mut rig.tally;
     t[0] += 1;
@@ -329,15 +408,70 @@ fuzz_target!(|data: &[u8]| {
         Xdp::Drop(_) => 3,
         Xdp::Pass(_) => 4,
     }] += 1;
-    if t[0].is_power_of_two() && t[0] >= 1024 {
-        let (v4, v6) = rig.fp.installed();
-        eprintln!(
-            "differential: {} frames: {} translated by the fast path, {} steered, {} dropped, {} passed; \
-             {v4} IPv4 and {v6} IPv6 sessions installed",
-            t[0], t[1], t[2], t[3], t[4]
+    (v, buf)
+}
+
+/// The held frames once more, as the worker loop offers them: those whose
+/// first fragment has decided leave (never to the kernel: the program
+/// steered them); the rest wait, at most [`HOLD_FOR`]. What left: the frame
+/// as received, the verdict, the frame as it left.
+fn release_held(rig: &mut Rig) -> Vec<(Vec<u8>, Verdict, Vec<u8>)> {
+    let now = rig.fp.clock().now();
+    let mut released = Vec::new();
+    let worker = &mut rig.worker;
+    rig.held.retain(|(since, ingress, frame)| {
+        if since.elapsed() >= HOLD_FOR {
+            return false;
+        }
+        let mut buf = vec![0u8; FRAME_BUFFER];
+        buf[..frame.len()].copy_from_slice(frame);
+        let meta = RxMeta { ifindex: *ingress, checksum: ChecksumHint::Unknown };
+        match worker.process(&mut buf, frame.len(), meta, now) {
+            Verdict::HoldFragment { .. } => true,
+            Verdict::Pass => panic!(
+                "a held fragment received on {} was left to the kernel, which never sees it\n  frame {}",
+                iface(*ingress),
+                fixtures::hex(frame)
+            ),
+            v => {
+                released.push((frame.clone(), v, buf));
+                false
+            }
+        }
+    });
+    released
+}
+
+/// A train fed last first whose first fragment left on `out_if` as `first`:
+/// every other fragment of it was held and leaves now, out of the same
+/// interface with the same addresses.
+fn check_train(pieces: &[Vec<u8>], ingress: u32, out_if: u32, first: &[u8], released: &[(Vec<u8>, Verdict, Vec<u8>)]) {
+    let addresses = |f: &[u8]| -> Vec<u8> {
+        match u16::from_be_bytes([f[12], f[13]]) {
+            0x0800 => f[14 + 12..14 + 20].to_vec(),
+            _ => f[14 + 8..14 + 40].to_vec(),
+        }
+    };
+    for later in &pieces[..pieces.len() - 1] {
+        let Some((_, v, out)) = released.iter().find(|(f, _, _)| f == later) else {
+            panic!(
+                "the first fragment left on {out_if} but a later one received on {} was not set free\n  first  {}\n  later  {}",
+                iface(ingress),
+                fixtures::hex(first),
+                fixtures::hex(later)
+            );
+        };
+        let Verdict::Forward { ifindex, len } = *v else {
+            panic!("the first fragment left but a held one became {v:?}\n  later  {}", fixtures::hex(later));
+        };
+        assert_eq!(ifindex, out_if, "a held fragment left out of another interface than its first");
+        assert_eq!(
+            addresses(&out[..len]),
+            addresses(first),
+            "a held fragment left with other addresses than its first"
         );
     }
-});
+}
 
 fn iface(ifindex: u32) -> &'static str {
     if ifindex == INSIDE {

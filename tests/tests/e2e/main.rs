@@ -33,6 +33,7 @@ macro_rules! both_tiers {
 mod fastpath;
 mod flood;
 mod flows;
+mod fragments;
 mod inbound;
 mod ipv6;
 mod local;
