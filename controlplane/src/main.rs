@@ -377,6 +377,14 @@ fn check_config(file: &std::path::Path) -> ExitCode {
                     if p.except.is_empty() { String::new() } else { format!(" except {}", list(&p.except)) },
                     p.egress_ips.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
                 ));
+                for family in p.families_without_egress_ip() {
+                    s.push_str(&format!(
+                        "warning: policy {} selects {family} traffic but has no {family} egress IP: \
+                         those packets are dropped (no_egress_ip_for_family); list an {family} egress IP, \
+                         or no {family} destinations to leave them to the kernel\n",
+                        p.name
+                    ));
+                }
             }
             if let Some(k) = &c.kubernetes {
                 s.push_str("kubernetes mode: policies and egress IPs come from the cluster\n");

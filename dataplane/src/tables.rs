@@ -174,6 +174,21 @@ pub struct PolicySpec {
     pub egress_ips: Vec<IpAddr>,
 }
 
+impl PolicySpec {
+    /// The address families ("IPv4", "IPv6") whose packets the policy
+    /// selects (sources and destinations of the family) but has no egress
+    /// IP for: they are dropped as `no_egress_ip_for_family`.
+    pub fn families_without_egress_ip(&self) -> Vec<&'static str> {
+        let has = |v4: bool, list: &[IpNet]| list.iter().any(|n| matches!(n, IpNet::V4(_)) == v4);
+        [(true, "IPv4"), (false, "IPv6")]
+            .into_iter()
+            .filter(|(v4, _)| has(*v4, &self.sources) && has(*v4, &self.destinations))
+            .filter(|(v4, _)| !self.egress_ips.iter().any(|ip| ip.is_ipv4() == *v4))
+            .map(|(_, name)| name)
+            .collect()
+    }
+}
+
 /// An egress IP this gateway holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -699,6 +714,24 @@ impl Tables {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_policy_names_the_family_it_selects_without_an_egress_ip() {
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        let mut p = PolicySpec {
+            name: "mixed".into(),
+            sources: vec![net("198.18.0.0/16"), net("2001:db8:18::/48")],
+            destinations: vec![net("0.0.0.0/0"), net("::/0")],
+            except: Vec::new(),
+            egress_ips: vec!["203.0.113.10".parse().unwrap()],
+        };
+        assert_eq!(p.families_without_egress_ip(), vec!["IPv6"]);
+        p.destinations = vec![net("0.0.0.0/0")];
+        assert!(p.families_without_egress_ip().is_empty(), "IPv6 destinations not selected: left to the kernel");
+        p.destinations.push(net("::/0"));
+        p.egress_ips.push("2001:db8:113::10".parse().unwrap());
+        assert!(p.families_without_egress_ip().is_empty(), "one egress IP of each family");
+    }
+
     use super::*;
 
     fn policy(name: &str, src: &str, dst: &str, egress: &[&str]) -> PolicySpec {
