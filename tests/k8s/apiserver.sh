@@ -130,11 +130,21 @@ free_port() {
 
 kubeconfig=$state/kubeconfig
 
+# A slow server that is up still answers: 10 s, not 2 (beside CPU hogs and
+# a burst of requests after a restart /readyz took longer than 2 s on every
+# probe, and the wait gave up on a server that was serving).
 ready() {
   load_env || return 1
   [ -f "$state/ca.crt" ] || return 1
-  [ "$(inns curl -s --max-time 2 --cacert "$state/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
+  [ "$(inns curl -s --max-time 10 --cacert "$state/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
        "https://$address:$APISERVER_PORT/readyz" 2>/dev/null)" = ok ]
+}
+
+# Which readiness checks fail, for the log of a wait that gave up.
+readyz_verbose() {
+  load_env && [ -f "$state/ca.crt" ] || return 0
+  inns curl -s --max-time 5 --cacert "$state/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
+    "https://$address:$APISERVER_PORT/readyz?verbose" 2>&1 || echo "(no answer to /readyz?verbose within 5 s)"
 }
 
 running() { live_pid etcd >/dev/null && live_pid apiserver >/dev/null; }
@@ -247,7 +257,9 @@ wait_for() {
   while ! "$check"; do
     live_pid "$name" >/dev/null || { log "$name exited before it was ready; last log lines:"; tail -n 25 "$state/$name.log" >&2; return 1; }
     if awk -v a="$t0" -v b="$(now)" -v t="$timeout" 'BEGIN { exit !(b - a > t) }'; then
-      log "$name not ready after ${timeout}s; last log lines:"; tail -n 25 "$state/$name.log" >&2; return 1
+      log "$name not ready after ${timeout}s; last log lines:"; tail -n 25 "$state/$name.log" >&2
+      if [ "$name" = apiserver ]; then log "/readyz?verbose:"; readyz_verbose >&2; fi
+      return 1
     fi
     sleep 0.2
   done

@@ -817,8 +817,9 @@ async fn spawn_kubernetes(
         opts.ha = Some(ha_options(h)?);
     }
     opts.validate().map_err(|e| start_err("kubernetes options")(e.to_string()))?;
-    let client =
-        k8s::client(k.kubeconfig.as_deref()).await.map_err(|e| start_err("kubernetes client")(e.to_string()))?;
+    let client = k8s::gateway_client(k.kubeconfig.as_deref())
+        .await
+        .map_err(|e| start_err("kubernetes client")(e.to_string()))?;
     let hold = sink.fail_closed.clone();
     let sink: Arc<dyn crate::sink::TablesSink> = Arc::new(crate::failclosed::ReleaseOnApply::new(sink, hold));
     tracing::info!(node = %opts.node_name, namespace = %opts.lease_namespace, "kubernetes control plane starting");

@@ -16,10 +16,12 @@
 //!    Events for take-overs and Service problems are sent.
 //!
 //! Status is written by one gateway at a time (the first by name among the
-//! gateways holding a live Lease, or every gateway when none does), so N
-//! gateways do not write N times. Policy status is written with server-side
-//! apply; pool status (the allocation record) with a merge patch on the
-//! observed `resourceVersion`, so two writers cannot both allocate.
+//! gateways holding a live Lease, or the first eligible gateway by name when
+//! no Lease looks live), so N gateways do not write N times; each object has
+//! at most one write in flight, the newest status replaces one waiting, and
+//! failures back off (status_writer.rs). Policy status is written with
+//! server-side apply; pool status (the allocation record) with a merge patch
+//! on the observed `resourceVersion`, so two writers cannot both allocate.
 //!
 //! If the API server is unreachable the stores keep their last contents, the
 //! pass keeps running on its timer, renewals fail, and each IP is fenced as
@@ -38,7 +40,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Pod, Service};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PartialObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
@@ -59,6 +61,7 @@ use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
 use super::lease::{HaFields, FAILSAFE_ANNOTATION, INCARNATION_ANNOTATION, STANDBY_ANNOTATION};
 use super::renewer::{RenewInput, RenewTask, Renewer};
+use super::status_writer::{StatusWriter, Written};
 use super::valid_until::ValidUntil;
 use super::{observe, Heartbeat, K8sError, K8sOptions};
 use crate::sink::TablesSink;
@@ -67,9 +70,6 @@ use crate::sink::TablesSink;
 pub const FIELD_MANAGER: &str = "egret-gateway";
 /// The reporting controller of Egret's Events.
 pub const REPORTING_CONTROLLER: &str = "egret.dev/gateway";
-/// How long an unchanged status just written is not written again while the
-/// watch catches up.
-const STATUS_RESEND: Duration = Duration::from_secs(5);
 /// How long a graceful shutdown waits for its Lease releases.
 const RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// How long readiness waits for this gateway's standby copies after its
@@ -478,6 +478,40 @@ async fn release(api: Api<Lease>, opts: K8sOptions, ip: IpAddr, mut rec: LeaseRe
     }
 }
 
+/// Writes an EgressPolicy's status by server-side apply (forced: the status
+/// is Egret's alone; one gateway writes at a time).
+fn policy_status_write(client: &kube::Client) -> super::status_writer::WriteFn {
+    let api: Api<EgressPolicy> = Api::all(client.clone());
+    Arc::new(move |name: String, value: serde_json::Value| {
+        let api = api.clone();
+        Box::pin(async move {
+            let pp = PatchParams::apply(FIELD_MANAGER).force();
+            match api.patch_status(&name, &pp, &Patch::Apply(&value)).await {
+                Ok(_) => Written::Ok,
+                Err(e) => Written::Failed(e.to_string()),
+            }
+        })
+    })
+}
+
+/// Writes an EgressIPPool's status by a merge patch on the observed
+/// `resourceVersion` (the value carries it): a conflict means another writer
+/// allocated meanwhile, recomputed next pass.
+fn pool_status_write(client: &kube::Client) -> super::status_writer::WriteFn {
+    let api: Api<EgressIPPool> = Api::all(client.clone());
+    Arc::new(move |name: String, value: serde_json::Value| {
+        let api = api.clone();
+        Box::pin(async move {
+            let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+            match api.patch_status(&name, &pp, &Patch::Merge(&value)).await {
+                Ok(_) => Written::Ok,
+                Err(kube::Error::Api(s)) if s.is_conflict() => Written::Stale,
+                Err(e) => Written::Failed(e.to_string()),
+            }
+        })
+    })
+}
+
 /// The loop's state between passes.
 struct SyncLoop {
     client: kube::Client,
@@ -494,7 +528,12 @@ struct SyncLoop {
     last_applied: Option<TablesSpec>,
     last_apply_error: Option<String>,
     last: Desired,
-    status_sent: HashMap<String, (serde_json::Value, Instant)>,
+    /// Status writes, one slot per object (status_writer.rs).
+    policy_writes: StatusWriter,
+    pool_writes: StatusWriter,
+    /// The conditions last handed to the writers, by `policy/NAME` and
+    /// `pool/NAME`: their transition times hold while the watch lags.
+    conditions_sent: HashMap<String, Vec<Condition>>,
     problems_reported: BTreeSet<(String, String, &'static str)>,
     /// What the data plane was told about each address's valid-until
     /// (shared with the renewer).
@@ -641,8 +680,12 @@ impl SyncLoop {
         self.heartbeat.publish(self.report(&d, &leases, now));
 
         if self.is_status_writer(&obs, wall) {
-            self.write_status(&d, now);
+            self.write_status(&d);
             self.report_service_problems(&d);
+        } else {
+            self.policy_writes.settle_all();
+            self.pool_writes.settle_all();
+            self.conditions_sent.clear();
         }
         self.last = d;
     }
@@ -944,73 +987,65 @@ impl SyncLoop {
         self.valid_until.lock().push(&self.mgr, Some(next_hops));
     }
 
-    /// The first gateway by name among those holding a live Lease writes
-    /// status; when nobody holds one, everybody does.
+    /// Whether this gateway writes status ([`super::status_writer::is_writer`]):
+    /// among the gateway Nodes that are not drained.
     fn is_status_writer(&self, obs: &Observed, wall: Timestamp) -> bool {
-        let live = obs.leases.values().filter_map(|l| {
-            let h = l.holder.as_deref().filter(|h| !h.is_empty())?;
-            let renewed = l.renew_time?;
-            (renewed.checked_add(l.duration).ok()? >= wall).then_some(h)
-        });
-        match live.min() {
-            None => true,
-            Some(first) => first == self.opts.node_name,
-        }
+        let nodes = self.stores.nodes.state();
+        let eligible = nodes.iter().filter(|n| !observe::draining(n)).filter_map(|n| n.metadata.name.as_deref());
+        super::status_writer::is_writer(&self.opts.node_name, obs.leases.values(), eligible, wall)
     }
 
-    fn should_send(&mut self, key: String, value: &serde_json::Value, now: Instant) -> bool {
-        match self.status_sent.get(&key) {
-            Some((v, at)) if v == value && now < *at + STATUS_RESEND => false,
-            _ => {
-                self.status_sent.insert(key, (value.clone(), now));
-                true
-            }
-        }
-    }
-
-    fn write_status(&mut self, d: &Desired, now: Instant) {
-        for p in self.stores.policies.state() {
+    /// Hands every status that differs from what its object shows to the
+    /// writers; settles those that match.
+    fn write_status(&mut self, d: &Desired) {
+        let policies = self.stores.policies.state();
+        self.policy_writes.retain(|name| policies.iter().any(|p| p.name_any() == name));
+        for p in &policies {
             let name = p.name_any();
             let Some(st) = d.policy_status.get(&name) else { continue };
-            if p.status.as_ref() == Some(st) {
+            let mut st = st.clone();
+            let key = format!("policy/{name}");
+            let stored = p.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+            if let Some(sent) = self.conditions_sent.get(&key) {
+                super::desired::keep_transition_times(&mut st.conditions, stored, sent);
+            }
+            if p.status.as_ref() == Some(&st) {
+                // Written and watched: the object carries the times from now on.
+                self.policy_writes.settle(&name);
+                self.conditions_sent.remove(&key);
                 continue;
             }
+            self.conditions_sent.insert(key, st.conditions.clone());
             let value =
                 json!({ "apiVersion": EgressPolicy::api_version(&()), "kind": EgressPolicy::kind(&()), "status": st });
-            if !self.should_send(format!("policy/{name}"), &value, now) {
-                continue;
-            }
-            let api: Api<EgressPolicy> = Api::all(self.client.clone());
-            self.writes.spawn(async move {
-                let pp = PatchParams::apply(FIELD_MANAGER).force();
-                if let Err(e) = api.patch_status(&name, &pp, &Patch::Apply(&value)).await {
-                    tracing::warn!(policy = %name, error = %e, "status not written");
-                }
-            });
+            self.policy_writes.submit(&name, value);
         }
-        for p in self.stores.pools.state() {
+        let pools = self.stores.pools.state();
+        self.pool_writes.retain(|name| pools.iter().any(|p| p.name_any() == name));
+        for p in &pools {
             let name = p.name_any();
             let Some(st) = d.pool_status.get(&name) else { continue };
-            if p.status.as_ref() == Some(st) {
+            let mut st = st.clone();
+            let key = format!("pool/{name}");
+            let stored = p.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+            if let Some(sent) = self.conditions_sent.get(&key) {
+                super::desired::keep_transition_times(&mut st.conditions, stored, sent);
+            }
+            if p.status.as_ref() == Some(&st) {
+                // Written and watched: the object carries the times from now on.
+                self.pool_writes.settle(&name);
+                self.conditions_sent.remove(&key);
                 continue;
             }
-            let rv = p.resource_version();
-            let value = json!({ "metadata": { "resourceVersion": rv }, "status": st });
-            if !self.should_send(format!("pool/{name}"), &value, now) {
-                continue;
-            }
-            let api: Api<EgressIPPool> = Api::all(self.client.clone());
-            self.writes.spawn(async move {
-                let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-                match api.patch_status(&name, &pp, &Patch::Merge(&value)).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.is_conflict() => {
-                        tracing::debug!(pool = %name, "pool changed meanwhile; allocation recomputed next pass");
-                    }
-                    Err(e) => tracing::warn!(pool = %name, error = %e, "pool status not written"),
-                }
-            });
+            self.conditions_sent.insert(key, st.conditions.clone());
+            let value = json!({ "metadata": { "resourceVersion": p.resource_version() }, "status": st });
+            self.pool_writes.submit(&name, value);
         }
+        self.conditions_sent.retain(|key, _| match key.split_once('/') {
+            Some(("policy", n)) => policies.iter().any(|p| p.name_any() == n),
+            Some(("pool", n)) => pools.iter().any(|p| p.name_any() == n),
+            _ => false,
+        });
     }
 
     fn publish(&mut self, reference: ObjectReference, type_: &'static str, reason: &str, action: &str, note: String) {
@@ -1176,6 +1211,8 @@ pub async fn run_supervised(
         valid_until.clone(),
         notify.clone(),
     )));
+    let policy_writes = StatusWriter::new("EgressPolicy", policy_status_write(&client));
+    let pool_writes = StatusWriter::new("EgressIPPool", pool_status_write(&client));
     let mut sync = SyncLoop {
         leases: Api::namespaced(client.clone(), &opts.lease_namespace),
         mgr,
@@ -1207,7 +1244,9 @@ pub async fn run_supervised(
         last_applied: None,
         last_apply_error: None,
         last: Desired::default(),
-        status_sent: HashMap::new(),
+        policy_writes,
+        pool_writes,
+        conditions_sent: HashMap::new(),
         problems_reported: BTreeSet::new(),
         opts,
     };
@@ -1222,7 +1261,6 @@ pub async fn run_supervised(
         heartbeat.beat();
         if now >= next_full {
             next_full = now + sync.opts.resync_period;
-            sync.status_sent.clear();
         }
         while sync.writes.try_join_next().is_some() {}
         let mut wake = sync.mgr.lock().next_wake(now).min(next_full);

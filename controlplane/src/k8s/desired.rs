@@ -557,6 +557,24 @@ fn condition(
     }
 }
 
+/// Keeps the transition times of the status last handed to the writer
+/// (`written`) where the object (`stored`) does not show a condition's
+/// status yet: the watch lags the write, and [`condition`] stamped such a
+/// condition with the current second, so the same status would differ every
+/// second and be written again and again. A condition's `lastTransitionTime`
+/// changes only when its status does (the API conventions).
+pub fn keep_transition_times(conditions: &mut [Condition], stored: &[Condition], written: &[Condition]) {
+    let same = |a: &Condition, b: &Condition| a.type_ == b.type_ && a.status == b.status;
+    for c in conditions.iter_mut() {
+        if stored.iter().any(|s| same(s, c)) {
+            continue;
+        }
+        if let Some(w) = written.iter().find(|w| same(w, c)) {
+            c.last_transition_time = w.last_transition_time.clone();
+        }
+    }
+}
+
 /// Whether a Lease is held by someone and not yet expired by `now`.
 fn live_holder(l: &LeaseInfo, now: Timestamp) -> Option<&str> {
     let holder = l.holder.as_deref().filter(|h| !h.is_empty())?;
@@ -2044,6 +2062,39 @@ mod tests {
         let third = desired(&obs, &local(), t(110));
         let r = cond(&third.policy_status["team-a"], condition::READY);
         assert_eq!((r.status.as_str(), r.last_transition_time.clone()), ("False", Time(t(110))));
+    }
+
+    #[test]
+    fn a_status_written_but_not_yet_watched_keeps_its_transition_time() {
+        let mut obs = cluster();
+        obs.policies.push(team_policy("team-a", 0, &["198.51.100.10"]));
+        obs.leases.insert(ip("198.51.100.10"), lease("gw-2", 5, 100));
+        let ready = desired(&obs, &local(), t(101));
+        obs.policies[0].status = Some(ready.policy_status["team-a"].clone());
+        // The Lease lapses; the False status is written at 110 but the
+        // object still shows True (the watch lags, or the API server is
+        // down): each pass restamps False with its own second...
+        obs.leases.clear();
+        let written = desired(&obs, &local(), t(110)).policy_status["team-a"].clone();
+        let mut later = desired(&obs, &local(), t(111)).policy_status["team-a"].clone();
+        assert_ne!(later, written);
+        // ...unless the written status's times are kept: then it compares
+        // equal and is not sent again.
+        let stored = obs.policies[0].status.as_ref().unwrap().conditions.clone();
+        keep_transition_times(&mut later.conditions, &stored, &written.conditions);
+        assert_eq!(later, written);
+        assert_eq!(cond(&later, condition::READY).last_transition_time, Time(t(110)));
+        // A condition the object shows with the same status keeps the
+        // object's time; one whose status changes again gets the new second.
+        let mut w = written.conditions.clone();
+        w.iter_mut().for_each(|c| c.status = "Unknown".into());
+        let mut again = desired(&obs, &local(), t(120)).policy_status["team-a"].clone();
+        keep_transition_times(&mut again.conditions, &stored, &w);
+        assert_eq!(cond(&again, condition::READY).last_transition_time, Time(t(120)));
+        obs.leases.insert(ip("198.51.100.10"), lease("gw-2", 5, 125));
+        let mut back = desired(&obs, &local(), t(126)).policy_status["team-a"].clone();
+        keep_transition_times(&mut back.conditions, &stored, &written.conditions);
+        assert_eq!(back, ready.policy_status["team-a"], "True again: the object's True since 101");
     }
 
     #[test]

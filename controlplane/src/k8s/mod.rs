@@ -9,6 +9,7 @@
 //! | `lease.rs` | the per-egress-IP Lease state machine (time injected, no I/O) |
 //! | `renewer.rs` | the task that renews held Leases, apart from the sync loop |
 //! | `valid_until.rs` | each address's deadline as the data plane was told it |
+//! | `status_writer.rs` | who writes status, one write in flight per object, backoff |
 //! | `controller.rs` | watchers, the sync loop, Lease requests, status writes, Events: [`run`] |
 //!
 //! The daemon calls [`run`] with a client, [`K8sOptions`] and its
@@ -22,6 +23,7 @@ pub mod lease;
 pub mod observe;
 pub mod pool;
 pub mod renewer;
+pub mod status_writer;
 pub mod valid_until;
 
 use std::path::Path;
@@ -166,9 +168,40 @@ pub enum K8sError {
     Ha(#[from] crate::ha::HaError),
 }
 
-/// A client from `kubernetes.kubeconfig` if set, else in-cluster, then `$KUBECONFIG`.
+/// A client from `kubernetes.kubeconfig` if set, else in-cluster, then
+/// `$KUBECONFIG`, with kube-client's retry of 429/503/504 answers (up to 15
+/// times from 5 ms). For the node agent (its one Node read at start in strict
+/// mode has no retry of its own) and `egret drain` (one command); the gateway
+/// uses [`gateway_client`].
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, K8sError> {
-    let config = match kubeconfig {
+    kube::Client::try_from(config(kubeconfig).await?).map_err(K8sError::Client)
+}
+
+/// [`client`] without kube-client's retry layer, for the gateway
+/// (docs/adr/0019-status-writes-bounded.md). That retry kept each request
+/// hanging for minutes against an overloaded API server while the gateways
+/// sent more (~105 PATCHes in flight after an outage), and every caller in
+/// the gateway already retries on its own terms:
+/// - watches: kube-runtime's backoff (`watch` in controller.rs);
+/// - Lease requests: each bounded by `renewDeadline`, sent again every
+///   `retryPeriod` by the renewer and the Lease state machine;
+/// - status writes: status_writer.rs (one in flight per object, backoff);
+/// - Events: best effort, sent once on a transition; one lost to a 429/503
+///   costs a line in `kubectl get events`, not correctness (the Leases and
+///   the status say the same);
+/// - the Lease releases at shutdown: bounded by 2 s anyway; an unreleased
+///   Lease expires and the others take over after `leaseDuration`.
+///
+/// The cloud provider's calls go through the AWS SDK (its own retry), not
+/// this client.
+pub async fn gateway_client(kubeconfig: Option<&Path>) -> Result<kube::Client, K8sError> {
+    let mut config = config(kubeconfig).await?;
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(K8sError::Client)
+}
+
+async fn config(kubeconfig: Option<&Path>) -> Result<kube::Config, K8sError> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|source| K8sError::Kubeconfig { path: path.display().to_string(), source })?;
@@ -177,6 +210,5 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, K8sError>
                 .map_err(|source| K8sError::Kubeconfig { path: path.display().to_string(), source })?
         }
         None => kube::Config::infer().await.map_err(K8sError::Infer)?,
-    };
-    kube::Client::try_from(config).map_err(K8sError::Client)
+    })
 }
