@@ -1,7 +1,8 @@
 //! Criterion benchmarks of the engine (issue "dataplane core"):
 //! established-flow translation both ways with 1k, 1M and 10M live sessions,
 //! new-flow creation, port allocation at 90 % occupancy, expiry work per tick
-//! with 1M sessions, and two threads sharing the table.
+//! with 1M sessions, two threads sharing the table, and a fragmented datagram
+//! in order and last fragment first (held, then set free).
 //!
 //! `cargo bench -p egret-benches --bench engine` (all), or with a filter, e.g.
 //! `cargo bench -p egret-benches --bench engine -- established`. Set
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use egret_dataplane::clock::Timestamp;
-use egret_dataplane::engine::Engine;
+use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict};
 use egret_dataplane::fixtures;
 use egret_dataplane::nat::key::proto;
 use egret_dataplane::nat::mapping::{MappingRequest, Mappings};
@@ -192,5 +193,59 @@ fn two_threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, established, new_flow, port_allocation, expiry, two_threads);
+/// A 3,000-byte UDP datagram of one established flow as three fragments, per
+/// datagram: in order, and last fragment first (the two later ones held,
+/// `HoldFragment`, then processed again after the first, as the worker loop
+/// does). Distinct identifications; the engine's clock moves 3 s every 4,096
+/// datagrams so the fragment cache (8,192 entries, 2 s) never fills.
+fn fragments(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fragments");
+    g.throughput(Throughput::Elements(1));
+    let payload = vec![7u8; 3000];
+    let trains: Vec<Vec<Vec<u8>>> = (0..4096u16)
+        .map(|id| {
+            let mut p = fixtures::from_pod(
+                fixtures::POD_A.into(),
+                fixtures::SERVER.into(),
+                fixtures::udp(40000, 9000, &payload),
+            );
+            p.ident = id;
+            p.fragments(1200)
+        })
+        .collect();
+    for last_first in [false, true] {
+        g.bench_function(if last_first { "last_first" } else { "in_order" }, |b| {
+            b.iter_custom(|iters| {
+                let engine = Engine::new(&fixtures::base_spec()).unwrap();
+                engine.publish_fib(fixtures::topology());
+                let mut w = engine.worker_seeded(PortRng::new(3));
+                w.set_hold_fragments(true);
+                let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
+                let mut bufs = [[0u8; 2048]; 3];
+                let mut sent = 0u64;
+                let t = Instant::now();
+                for i in 0..iters {
+                    let now = Timestamp::from_secs(1 + i / 4096 * 3);
+                    let train = &trains[(i % 4096) as usize];
+                    for (k, f) in train.iter().enumerate() {
+                        bufs[k][..f.len()].copy_from_slice(f);
+                    }
+                    let order: &[usize] = if last_first { &[2, 1, 0, 2, 1] } else { &[0, 1, 2] };
+                    for &k in order {
+                        let len = train[k].len();
+                        if let Verdict::Forward { .. } = w.process(&mut bufs[k], len, meta, now) {
+                            sent += 1;
+                        }
+                    }
+                }
+                let e = t.elapsed();
+                assert_eq!(sent, 3 * iters, "every fragment leaves translated");
+                e
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, established, new_flow, port_allocation, expiry, two_threads, fragments);
 criterion_main!(benches);
