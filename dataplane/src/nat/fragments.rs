@@ -6,9 +6,11 @@
 //! new source and destination addresses) is remembered under the fragment
 //! identity (source, destination, identification, protocol) of the original
 //! datagram; later fragments of the same datagram look it up and get the same
-//! address rewrite. Fragments are never reassembled or buffered: a non-first
-//! fragment that arrives before its first fragment, or after the entry
-//! expired, is dropped and counted.
+//! address rewrite. Fragments are never reassembled: a non-first fragment
+//! that arrives before its first fragment (or after the entry expired) is
+//! held by the worker loop, unchanged, and processed again until its
+//! first's translation is here, or dropped after a timeout (the engine's
+//! `Verdict::HoldFragment`, worker.rs; ADR 0020).
 //!
 //! The cache is bounded: a fixed number of buckets of [`WAYS`] entries each. A
 //! new datagram that finds its bucket full of unexpired entries is refused
