@@ -196,8 +196,8 @@ fn two_threads(c: &mut Criterion) {
 /// A 3,000-byte UDP datagram of one established flow as three fragments, per
 /// datagram: in order, and last fragment first (the two later ones held,
 /// `HoldFragment`, then processed again after the first, as the worker loop
-/// does). Distinct identifications; the engine's clock moves 3 s every 4,096
-/// datagrams so the fragment cache (8,192 entries, 2 s) never fills.
+/// does). Distinct identifications; the engine's clock moves 3 s every 512
+/// datagrams, so at most 512 of the fragment cache's 8,192 entries (2 s) live.
 fn fragments(c: &mut Criterion) {
     let mut g = c.benchmark_group("fragments");
     g.throughput(Throughput::Elements(1));
@@ -225,7 +225,7 @@ fn fragments(c: &mut Criterion) {
                 let mut sent = 0u64;
                 let t = Instant::now();
                 for i in 0..iters {
-                    let now = Timestamp::from_secs(1 + i / 4096 * 3);
+                    let now = Timestamp::from_secs(1 + i / 512 * 3);
                     let train = &trains[(i % 4096) as usize];
                     for (k, f) in train.iter().enumerate() {
                         bufs[k][..f.len()].copy_from_slice(f);
@@ -239,7 +239,10 @@ fn fragments(c: &mut Criterion) {
                     }
                 }
                 let e = t.elapsed();
-                assert_eq!(sent, 3 * iters, "every fragment leaves translated");
+                // The fragment cache's 4-way buckets refuse a datagram when
+                // five live ones hash alike (fragment_cache_full), rarely
+                // with at most 512 live.
+                assert!(sent * 1000 >= 3 * iters * 999, "{sent} of {} fragments left translated", 3 * iters);
                 e
             })
         });
