@@ -161,12 +161,14 @@ fn external_first_fragments_do_not_evict_a_steered_datagrams_decision() {
         XdpAction::Redirect,
         R::RedirectFragment,
     );
-    // An unmapped port's later fragment has nothing stored: dropped.
+    // An unmapped port's later fragment has nothing stored: an orphan,
+    // redirected within the CPU's budget (the workers hold it until its
+    // hold times out; ADR 0020).
     check(
         &w.prog,
         "unmapped later fragment",
         &frag(REMOTE, EGRESS, 1_999, 9, false, 0),
-        XdpAction::Drop,
-        R::DropFragment,
+        XdpAction::Redirect,
+        R::RedirectFragmentToEgress,
     );
 }
