@@ -323,7 +323,12 @@ fuzz_target!(|data: &[u8]| {
         _ => None,
     };
     let train = match (ctl & 0x40 != 0, transport) {
-        (true, Some(6 | 17)) => refragment(frame, 32, u32::from(ctl) << 8 | 0x5a),
+        // A fresh identification per train: one reused within the fragment
+        // cache's 2 s would find an earlier train's translation.
+        (true, Some(6 | 17)) => {
+            static TRAINS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0x5a00_0000);
+            refragment(frame, 32, TRAINS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+        }
         _ => None,
     };
     match train {
