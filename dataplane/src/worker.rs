@@ -249,7 +249,8 @@ pub struct WorkerConfig {
 pub const HOLD_POLL: Duration = Duration::from_millis(5);
 
 /// Held fragments are offered to the handler at most this often (each offer
-/// is a fragment-cache lookup per held datagram).
+/// processes every held fragment again: parsed, then looked up in
+/// the fragment cache).
 pub const FRAGMENT_RETRY: Duration = Duration::from_millis(1);
 
 impl Default for WorkerConfig {
@@ -790,11 +791,16 @@ impl<H: FrameHandler> Worker<H> {
         gone
     }
 
-    /// Held fragments: those past the timeout go back to the pool; then, at
-    /// most every [`FRAGMENT_RETRY`], each is offered to the handler, which
-    /// sends it once its datagram's first fragment has been translated (by
-    /// any worker), or says to wait. Returns how many left the queues.
+    /// Held fragments, at most every [`FRAGMENT_RETRY`] (not every loop
+    /// iteration: under a flood of orphans the queues stay full): those past
+    /// the timeout go back to the pool; then each is offered to the handler,
+    /// which sends it once its datagram's first fragment has been translated
+    /// (by any worker), or says to wait. Returns how many left the queues.
     fn release_fragments(&mut self, now: Instant) -> usize {
+        if self.fragments_offered.is_some_and(|t| now.saturating_duration_since(t) < FRAGMENT_RETRY) {
+            return 0;
+        }
+        self.fragments_offered = Some(now);
         let Self { held, fragments, ports, handler, stats, .. } = self;
         for q in fragments.iter_mut() {
             q.expire(now, |key, f| {
@@ -802,10 +808,6 @@ impl<H: FrameHandler> Worker<H> {
                 handler.held(key, HoldEvent::Expired);
             });
         }
-        if self.fragments_offered.is_some_and(|t| now.saturating_duration_since(t) < FRAGMENT_RETRY) {
-            return 0;
-        }
-        self.fragments_offered = Some(now);
         let mut room = self.config.batch_size as u32;
         for q in 0..ports.len() {
             room = room.min(ports.tx_room(PortId(q as u16), room));

@@ -55,7 +55,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::crd::{
-    reason, EgressIPPool, EgressPolicy, LEASE_IP_ANNOTATION, LEASE_LABEL, LEASE_LABEL_VALUE, LEASE_NEXT_HOP_ANNOTATION,
+    reason, EgressIPPool, EgressIPPoolStatus, EgressPolicy, EgressPolicyStatus, LEASE_IP_ANNOTATION, LEASE_LABEL,
+    LEASE_LABEL_VALUE, LEASE_NEXT_HOP_ANNOTATION,
 };
 use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
@@ -510,6 +511,57 @@ fn pool_status_write(client: &kube::Client) -> super::status_writer::WriteFn {
             }
         })
     })
+}
+
+/// A status with conditions (EgressPolicy's, EgressIPPool's).
+trait WithConditions: Clone + PartialEq {
+    fn conditions_mut(&mut self) -> &mut Vec<Condition>;
+    fn conditions(&self) -> &[Condition];
+}
+
+impl WithConditions for EgressPolicyStatus {
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        &mut self.conditions
+    }
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+}
+
+impl WithConditions for EgressIPPoolStatus {
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        &mut self.conditions
+    }
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+}
+
+/// One object's desired status `st`, given what the object shows
+/// (`stored`): settled in its writer when they match (written and watched:
+/// the object carries the transition times from now on), else handed to the
+/// writer as `value(st)`, keeping the transition times last sent under
+/// `key` while the watch lags.
+fn hand_over<S: WithConditions>(
+    (writes, conditions_sent): (&mut StatusWriter, &mut HashMap<String, Vec<Condition>>),
+    key: &str,
+    name: &str,
+    stored: Option<&S>,
+    st: &S,
+    value: impl FnOnce(&S) -> serde_json::Value,
+) {
+    let mut st = st.clone();
+    if let Some(sent) = conditions_sent.get(key) {
+        let shown = stored.map(S::conditions).unwrap_or(&[]);
+        super::desired::keep_transition_times(st.conditions_mut(), shown, sent);
+    }
+    if stored == Some(&st) {
+        writes.settle(name);
+        conditions_sent.remove(key);
+        return;
+    }
+    conditions_sent.insert(key.to_string(), st.conditions().to_vec());
+    writes.submit(name, value(&st));
 }
 
 /// The loop's state between passes.
@@ -1003,43 +1055,18 @@ impl SyncLoop {
         for p in &policies {
             let name = p.name_any();
             let Some(st) = d.policy_status.get(&name) else { continue };
-            let mut st = st.clone();
-            let key = format!("policy/{name}");
-            let stored = p.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
-            if let Some(sent) = self.conditions_sent.get(&key) {
-                super::desired::keep_transition_times(&mut st.conditions, stored, sent);
-            }
-            if p.status.as_ref() == Some(&st) {
-                // Written and watched: the object carries the times from now on.
-                self.policy_writes.settle(&name);
-                self.conditions_sent.remove(&key);
-                continue;
-            }
-            self.conditions_sent.insert(key, st.conditions.clone());
-            let value =
-                json!({ "apiVersion": EgressPolicy::api_version(&()), "kind": EgressPolicy::kind(&()), "status": st });
-            self.policy_writes.submit(&name, value);
+            let value = |st: &EgressPolicyStatus| json!({ "apiVersion": EgressPolicy::api_version(&()), "kind": EgressPolicy::kind(&()), "status": st });
+            let slot = (&mut self.policy_writes, &mut self.conditions_sent);
+            hand_over(slot, &format!("policy/{name}"), &name, p.status.as_ref(), st, value);
         }
         let pools = self.stores.pools.state();
         self.pool_writes.retain(|name| pools.iter().any(|p| p.name_any() == name));
         for p in &pools {
             let name = p.name_any();
             let Some(st) = d.pool_status.get(&name) else { continue };
-            let mut st = st.clone();
-            let key = format!("pool/{name}");
-            let stored = p.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
-            if let Some(sent) = self.conditions_sent.get(&key) {
-                super::desired::keep_transition_times(&mut st.conditions, stored, sent);
-            }
-            if p.status.as_ref() == Some(&st) {
-                // Written and watched: the object carries the times from now on.
-                self.pool_writes.settle(&name);
-                self.conditions_sent.remove(&key);
-                continue;
-            }
-            self.conditions_sent.insert(key, st.conditions.clone());
-            let value = json!({ "metadata": { "resourceVersion": p.resource_version() }, "status": st });
-            self.pool_writes.submit(&name, value);
+            let value = |st: &EgressIPPoolStatus| json!({ "metadata": { "resourceVersion": p.resource_version() }, "status": st });
+            let slot = (&mut self.pool_writes, &mut self.conditions_sent);
+            hand_over(slot, &format!("pool/{name}"), &name, p.status.as_ref(), st, value);
         }
         self.conditions_sent.retain(|key, _| match key.split_once('/') {
             Some(("policy", n)) => policies.iter().any(|p| p.name_any() == n),
