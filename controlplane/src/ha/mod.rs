@@ -409,6 +409,15 @@ impl Ha {
         self.state.lock().replicator.in_sync(ip)
     }
 
+    /// The standby of `ip` now, when it holds its latest full copy.
+    pub fn synced_standby(&self, ip: IpAddr) -> Option<String> {
+        let st = self.state.lock();
+        if !st.replicator.in_sync(ip) {
+            return None;
+        }
+        st.replicator.status(Instant::now()).into_iter().find(|r| r.ip == ip).map(|r| r.standby)
+    }
+
     /// Asks for a full copy of each IP to its standby at the next tick
     /// (before handing them over); [`Ha::in_sync`] says when it arrived.
     pub fn request_full_copies(&self, ips: &[IpAddr]) {
@@ -744,6 +753,10 @@ impl Task {
         // sees the IP gone (review finding 9; its removals are not sent,
         // see `Replicator::incremental`).
         let journal = self.sessions.as_ref().map(|store| (store.drain(DRAIN_MAX), store.overflows()));
+        // Held by the Lease manager now: an IP given up (fenced by a drain
+        // or a graceful stop) leaves it at once, before its tables are
+        // applied without it, while the view says so only after the pass.
+        let held_now = self.mgr.lock().held(now);
         // Each held IP replicates to its most preferred connected candidate.
         let (drops, msgs) = {
             let mut st = self.state.lock();
@@ -759,7 +772,13 @@ impl Task {
                     st.overflows_seen = overflows;
                     st.replicator.resync_all();
                 }
-                msgs = st.replicator.incremental(events, &standbys);
+                // Removals only of IPs still held: once an IP is given up,
+                // its sessions end because this gateway took the IP out of
+                // its tables, and the next holder must keep them (a rolling
+                // restart's hand-over emptied the standby's copy this way).
+                let keeping: BTreeMap<IpAddr, Option<String>> =
+                    standbys.iter().filter(|(ip, _)| held_now.contains(*ip)).map(|(ip, s)| (*ip, s.clone())).collect();
+                msgs = st.replicator.incremental(events, &keeping);
             }
             (st.replicator.set_standbys(&standbys), msgs)
         };
@@ -888,12 +907,12 @@ mod tests {
     const DEADLINE: Duration = Duration::from_secs(60);
     const IP: &str = "198.51.100.10";
 
-    /// A data plane with a fixed session table and no journal.
-    struct Table(Vec<SessionRecord>);
+    /// A data plane with a fixed session table and a journal the test fills.
+    struct Table(Vec<SessionRecord>, Arc<Mutex<Vec<SyncEvent>>>);
 
     impl SessionStore for Table {
         fn drain(&self, _max: usize) -> Vec<SyncEvent> {
-            Vec::new()
+            std::mem::take(&mut *self.1.lock())
         }
         fn overflows(&self) -> u64 {
             0
@@ -964,6 +983,8 @@ mod tests {
         b: Ha,
         a_mgr: Arc<Mutex<LeaseManager>>,
         view_a: View,
+        /// gw-a's journal.
+        journal: Arc<Mutex<Vec<SyncEvent>>>,
     }
 
     /// gw-a holds [`IP`] with `n` sessions, gw-b is its standby; `tune`
@@ -979,8 +1000,9 @@ mod tests {
             tune(&mut c);
             c
         };
-        let store: Arc<dyn SessionStore> = Arc::new(Table(sessions(n)));
-        let empty: Arc<dyn SessionStore> = Arc::new(Table(Vec::new()));
+        let journal = Arc::new(Mutex::new(Vec::new()));
+        let store: Arc<dyn SessionStore> = Arc::new(Table(sessions(n), journal.clone()));
+        let empty: Arc<dyn SessionStore> = Arc::new(Table(Vec::new(), Arc::default()));
         let wake = Arc::new(Notify::new());
         let a = Ha::start_with(chan("gw-a"), &opts, a_mgr.clone(), Some(store), wake.clone()).await.unwrap();
         let b = Ha::start_with(chan("gw-b"), &opts, b_mgr, Some(empty), wake).await.unwrap();
@@ -999,7 +1021,7 @@ mod tests {
             retry_period: timing.retry_period,
             ..View::default()
         });
-        Pair { a, b, a_mgr, view_a }
+        Pair { a, b, a_mgr, view_a, journal }
     }
 
     async fn until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -1057,6 +1079,38 @@ mod tests {
         assert_eq!(st.copies_sent, 1);
         assert_eq!(p.a.counters().sends_refused.load(Ordering::Relaxed), 0);
         assert_eq!(st.peers[0].send_full, 0, "no frame refused");
+        p.a.shutdown("test over").await;
+        p.b.shutdown("test over").await;
+    }
+
+    /// A hand-over keeps the standby's copy whole: once gw-a gives its IP up
+    /// (fenced, as a graceful stop or a drain does before taking the IP out
+    /// of its tables), the removals of the sessions that then end are not
+    /// sent; before, they are. Found by a rolling restart beside two CPU
+    /// hogs: the stopping holder's tables without the IP ended its
+    /// sessions, their removals emptied the standby's copy, and the
+    /// standby took the IP with none (0/3 long-lived flows kept).
+    #[tokio::test]
+    async fn removals_after_the_ip_is_given_up_do_not_reach_the_standby() {
+        let ip: IpAddr = IP.parse().unwrap();
+        let n = 20;
+        let p = pair(n, |_| {}).await;
+        until("the standby holds the copy", || copied(&p, n)).await;
+        assert_eq!(p.a.synced_standby(ip).as_deref(), Some("gw-b"), "what a release names");
+        let shadow = |p: &Pair| p.b.status().shadows.iter().find(|s| s.ip == ip).map(|s| s.sessions);
+        let remove = |p: &Pair, range: std::ops::Range<usize>| {
+            p.journal.lock().extend(sessions(n)[range].iter().map(|r| SyncEvent::Remove(r.key())));
+        };
+        // Held: a session that ends is removed from the copy.
+        remove(&p, 0..2);
+        until("held: the removals reach the standby", || shadow(&p) == Some(n - 2)).await;
+        // Given up: the sessions that end now stay in the copy.
+        p.a_mgr.lock().fence(Instant::now(), &BTreeSet::new());
+        remove(&p, 2..n);
+        until("the journal is drained", || p.journal.lock().is_empty()).await;
+        // Two ticks more, for anything in flight.
+        tokio::time::sleep(TICK * 4).await;
+        assert_eq!(shadow(&p), Some(n - 2), "given up: the copy stays whole");
         p.a.shutdown("test over").await;
         p.b.shutdown("test over").await;
     }

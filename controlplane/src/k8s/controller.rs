@@ -76,6 +76,9 @@ const RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// How long readiness waits for this gateway's standby copies after its
 /// first pass (a rolling update goes on to the next gateway once it is ready).
 const STANDBY_READY_WAIT: Duration = Duration::from_secs(20);
+/// How long readiness, after the first pass, waits for the peer channel to a
+/// holder that is not up yet before it stops counting that holder's IPs.
+const CHANNEL_UP_WAIT: Duration = Duration::from_secs(5);
 /// How long a graceful stop waits for the standbys' session copies.
 const HANDOVER_SYNC_WAIT: Duration = Duration::from_secs(2);
 
@@ -464,6 +467,18 @@ async fn publish_event(client: kube::Client, mut ev: KubeEvent) -> Result<(), ku
 /// Lease still names us.
 /// The released Lease keeps naming the standby that holds the sessions
 /// (`ha`), for operators.
+/// What a released Lease says about the hand-over: the standby of now (not
+/// the one of the last pass: a standby replaced since has dropped its copy)
+/// and only when it acknowledged a complete copy (the others then defer to
+/// it, `LeaseManager::set_standby_view`); otherwise none, and the
+/// candidates take it by rank.
+fn released_fields(ha: Option<&crate::ha::Ha>, ip: IpAddr, fields: Option<HaFields>) -> Option<HaFields> {
+    fields.map(|mut f| {
+        f.standby = ha.and_then(|h| h.synced_standby(ip));
+        f
+    })
+}
+
 async fn release(api: Api<Lease>, opts: K8sOptions, ip: IpAddr, mut rec: LeaseRecord, ha: Option<HaFields>) {
     for _ in 0..4 {
         let action = Action::Release { resource_version: rec.resource_version.clone() };
@@ -714,7 +729,10 @@ impl SyncLoop {
         for (ip, action) in actions {
             let api = self.leases.clone();
             let opts = self.opts.clone();
-            let input = inputs.get(&ip).cloned().unwrap_or_default();
+            let mut input = inputs.get(&ip).cloned().unwrap_or_default();
+            if matches!(action, Action::Release { .. }) {
+                input.ha = released_fields(self.ha.as_ref(), ip, input.ha);
+            }
             let prev = self.mgr.lock().record(ip).cloned();
             let tx = self.results.clone();
             tokio::spawn(async move {
@@ -962,11 +980,21 @@ impl SyncLoop {
                 })
                 .collect();
             // The IPs whose first standby is this gateway, held by a peer
-            // that is up, without a complete copy here yet.
+            // that is up, without a complete copy here yet. Just after this
+            // process started, a holder whose channel is not up yet counts
+            // too (for CHANNEL_UP_WAIT): ready before the channel came up,
+            // a rolling update stopped the holder next, and it handed its
+            // IP to this gateway without the sessions (CI run of 56e51aa).
             let up: BTreeSet<&str> =
                 s.peers.iter().filter(|p| p.incarnation.is_some()).map(|p| p.name.as_str()).collect();
+            let connecting = self.first_pass_at.is_none_or(|t| now < t + CHANNEL_UP_WAIT);
+            let peer = |h: &str| s.peers.iter().any(|p| p.name == h);
             for row in &report.leases {
-                let Some(h) = row.holder.as_deref().filter(|h| *h != me && up.contains(h)) else { continue };
+                let Some(h) = row.holder.as_deref().filter(|h| *h != me) else { continue };
+                let counted = up.contains(h) || (connecting && peer(h));
+                if !counted {
+                    continue;
+                }
                 let first =
                     row.candidates.iter().find(|c| c.as_str() != h && up.contains(c.as_str()) || c.as_str() == me);
                 if first.map(String::as_str) == Some(me) && !s.shadows.iter().any(|x| x.ip == row.ip && x.in_sync) {
@@ -1170,6 +1198,7 @@ impl SyncLoop {
             }
             let (api, opts) = (self.leases.clone(), self.opts.clone());
             let ha = self.renewer.inputs.lock().get(&ip).and_then(|i| i.ha.clone());
+            let ha = released_fields(self.ha.as_ref(), ip, ha);
             releases.spawn(release(api, opts, ip, rec, ha));
         }
         let _ = tokio::time::timeout(RELEASE_WAIT, async { while releases.join_next().await.is_some() {} }).await;

@@ -475,8 +475,9 @@ impl LeaseManager {
     /// candidate: the standby takes the IP with its sessions even when it
     /// is slow to act (a starved CPU), instead of the next candidate
     /// taking it without them one `retryPeriod` later. A candidate holding
-    /// a copy, or the named standby, never defers; nor does anyone for a
-    /// released Lease.
+    /// a copy, or the named standby, never defers. A released Lease names
+    /// a standby only when the holder handed it a complete copy first:
+    /// the same deferral applies, and that standby takes it at once.
     pub fn set_standby_view(&mut self, up: BTreeSet<String>, copies: BTreeSet<IpAddr>) {
         self.standby_view = Some((up, copies));
     }
@@ -850,13 +851,16 @@ impl LeaseManager {
                             .position(|n| *n == me)
                             .unwrap_or(0);
                         let stagger = t.retry_period * u32::try_from(rank).unwrap_or(u32::MAX);
-                        // A held (not released) Lease whose standby is alive:
-                        // without a copy, let the standby take it first.
-                        let deferral = match holder {
-                            Some(_) => deferrals.get(ip).copied().unwrap_or_default(),
-                            None => Duration::ZERO,
+                        // A Lease whose standby is alive: without a copy, let
+                        // the standby take it first. A released one was
+                        // handed over to the standby it names (it names one
+                        // only with a complete copy): that standby takes it
+                        // at once, whatever its rank.
+                        let named_standby = st.record.as_ref().and_then(|r| r.standby.as_deref()) == Some(me.as_str());
+                        let stagger = match holder {
+                            None if named_standby => Duration::ZERO,
+                            _ => stagger + deferrals.get(ip).copied().unwrap_or_default(),
                         };
-                        let stagger = stagger + deferral;
                         let promised = st.promise.as_ref().map(|(_, until)| *until);
                         let free_at = match (&st.record, &holder) {
                             (None, _) | (Some(_), None) => {
@@ -1436,8 +1440,8 @@ mod tests {
     /// While gw-c is connected, gw-b defers by leaseDuration, on a proof of
     /// death and on expiry alike; gw-c takes at its own rank. gw-b does not
     /// defer when gw-c is not connected, not a candidate, or when gw-b holds
-    /// a copy itself; nobody defers for a released Lease or without the
-    /// channel.
+    /// a copy itself, nor without the channel. A released Lease naming gw-c
+    /// goes to gw-c at once.
     #[test]
     fn a_candidate_without_a_copy_defers_to_the_live_standby_the_lease_names() {
         let t0 = Instant::now();
@@ -1476,10 +1480,28 @@ mod tests {
         let mut b = mgr("gw-b");
         b.observe(x, Some(held.clone()), t0);
         assert_eq!(b.plan(t0 + D, &c, true).len(), 1, "without the channel");
-        // A released Lease: taken at once, by rank.
+        // A released Lease naming its standby (the holder handed gw-c a
+        // complete copy before releasing: a drain, a graceful stop): gw-c
+        // takes it at once although gw-b ranks first; gw-b defers to it
+        // while gw-c is connected (beside two CPU hogs gw-b took a drained
+        // IP first, without the sessions: every long-lived flow lost).
+        let released = LeaseRecord { holder: None, resource_version: "11".into(), ..held.clone() };
         let mut b = with_view("gw-b", &["gw-c"], &[]);
-        b.observe(x, Some(LeaseRecord { holder: None, resource_version: "11".into(), ..held.clone() }), t0);
-        assert_eq!(b.plan(t0 + P, &c, true).len(), 1, "released: no deferral (rank 1 behind gw-a)");
+        b.observe(x, Some(released.clone()), t0);
+        assert_eq!(b.plan(t0 + P, &c, true), vec![], "released to gw-c: gw-b defers");
+        assert_eq!(b.plan(t0 + P + D - ms(1), &c, true), vec![]);
+        assert_eq!(b.plan(t0 + P + D, &c, true).len(), 1, "then takes it at its rank if gw-c did not");
+        let mut cc = with_view("gw-c", &["gw-b"], &[x]);
+        cc.observe(x, Some(released.clone()), t0);
+        assert_eq!(cc.plan(t0, &c, true).len(), 1, "gw-c, the named standby, at once");
+        // Released without a standby (no complete copy anywhere), or to one
+        // that is not connected: taken by rank.
+        let mut b = with_view("gw-b", &["gw-c"], &[]);
+        b.observe(x, Some(LeaseRecord { standby: None, ..released.clone() }), t0);
+        assert_eq!(b.plan(t0 + P, &c, true).len(), 1, "released, no standby: by rank (1 behind gw-a)");
+        let mut b = with_view("gw-b", &["gw-a"], &[]);
+        b.observe(x, Some(released), t0);
+        assert_eq!(b.plan(t0 + P, &c, true).len(), 1, "released to a gw-c not connected: by rank");
     }
 
     /// Issue 28 §3: a holder no other gateway could vouch for (it named no
