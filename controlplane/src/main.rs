@@ -434,7 +434,26 @@ fn drain(node: &str, undo: bool, kubeconfig: Option<&std::path::Path>) -> ExitCo
         let client = egret_controlplane::k8s::client(kubeconfig).await.map_err(|e| e.to_string())?;
         let nodes: Api<Node> = Api::all(client);
         let patch = serde_json::json!({"metadata": {"annotations": {DRAIN_ANNOTATION: value}}});
-        nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| format!("Node {node}: {e}"))
+        // The patch is idempotent: a connection that failed (refused, reset,
+        // a TLS handshake cut short on a busy control plane) or a server
+        // error (etcd timed out, 429, 5xx) is tried again, four times in
+        // about 9 s; any other answer from the API server is final.
+        let transient = |e: &kube::Error| match e {
+            kube::Error::Service(_) | kube::Error::HyperError(_) => true,
+            kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+            _ => false,
+        };
+        let mut attempt = 1;
+        loop {
+            match nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Err(e) if attempt < 5 && transient(&e) => {
+                    eprintln!("egret drain: Node {node}: {e} (attempt {attempt} of 5; trying again)");
+                    tokio::time::sleep(std::time::Duration::from_millis(400 << attempt.min(3))).await;
+                    attempt += 1;
+                }
+                r => break r.map_err(|e| format!("Node {node}: {e}")),
+            }
+        }
     });
     match res {
         Ok(_) if undo => {
