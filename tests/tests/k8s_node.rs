@@ -465,14 +465,19 @@ fn kept_flow_outlives_steering(lab: &NodeLab, rt: &tokio::runtime::Runtime, clie
 
 /// New connections from pod `name` until the server sees `want`, while it
 /// may still see `meanwhile` (the node's masquerade before the agent's
-/// change); any other source, or none within 30 s, is a failure.
+/// change); any other source, or none within 30 s, is a failure. A
+/// connection that gets no answer is tried again: while the node agent and
+/// the gateway apply the change one after the other, a SYN can meet the
+/// old rule on one side (the CI run of 857b1ad: one 900 ms connect timeout
+/// just after an `except` was removed). Whatever left with a pod's address
+/// meanwhile is caught by the capture and the server's journal.
 fn wait_source_after(lab: &NodeLab, name: &str, want: Ipv4Addr, meanwhile: Ipv4Addr) -> Duration {
     let first = Instant::now();
     loop {
         match source_of(lab, name) {
             Ok(a) if a == IpAddr::V4(want) => return first.elapsed(),
             Ok(a) => assert_eq!(a, IpAddr::V4(meanwhile), "{name} before the agent's change"),
-            Err(e) => panic!("{name}: {e}"),
+            Err(e) => println!("k8s-node: {name}: {e} after {} ms (trying again)", ms(first.elapsed())),
         }
         assert!(first.elapsed() < Duration::from_secs(30), "{name} never left as {want}");
         std::thread::sleep(Duration::from_millis(50));
