@@ -103,6 +103,60 @@ enum Command {
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
     },
+    /// Ask the cloud provider what a pool would use, as the gateway asks it.
+    #[command(subcommand)]
+    Cloud(CloudCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum CloudCommand {
+    /// The public addresses a cloud pool's tags select, where each is
+    /// associated, and the subnet's free private addresses: one discovery
+    /// with the gateway's credentials, region, endpoint and TLS roots.
+    Discover {
+        /// The pool's `spec.cloud.subnetID`.
+        #[arg(long)]
+        subnet: String,
+        /// A tag of the pool's `spec.cloud.tags` (KEY=VALUE; repeat).
+        #[arg(long = "tag", value_parser = parse_tag, required = true)]
+        tags: Vec<(String, String)>,
+    },
+}
+
+fn parse_tag(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("--tag {s:?}: expected KEY=VALUE")),
+    }
+}
+
+fn cloud_discover(subnet: String, tags: Vec<(String, String)>) -> ExitCode {
+    use egret_controlplane::cloud::{inspect, providers, PoolSelector};
+    // The SDK's warnings (no root certificates, a credential source that
+    // failed) explain a failure below.
+    init_logs_at("warn");
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("egret cloud discover: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let pool = PoolSelector { tags: tags.into_iter().collect(), subnet_id: subnet };
+    let res = rt.block_on(async {
+        let cloud = providers()().await;
+        inspect::discover(cloud.as_ref(), &pool).await
+    });
+    match res {
+        Ok(report) => {
+            print(&report);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("egret cloud discover: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -187,10 +241,15 @@ enum NodeCommand {
 }
 
 fn init_logs() {
+    init_logs_at("info");
+}
+
+/// Logs to stderr at `default` unless `RUST_LOG` says otherwise.
+fn init_logs_at(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -508,6 +567,7 @@ fn main() -> ExitCode {
         }
         Command::Node(n) => node_main(n),
         Command::Drain { node, undo, kubeconfig } => drain(&node, undo, kubeconfig.as_deref()),
+        Command::Cloud(CloudCommand::Discover { subnet, tags }) => cloud_discover(subnet, tags),
         Command::Sessions { client: c, egress_ip, pod, proto, limit } => {
             let filter = SessionFilter { egress_ip, pod, proto, limit: Some(limit) };
             client(&c, Request::Sessions { filter }, |v| {

@@ -23,7 +23,10 @@
 #                         reach it); nothing listens where the script was called
 #   EGRET_MOTO_ADDRESS    at start: the address to listen on (default 127.0.0.1;
 #                         with a namespace, an address of that namespace)
-#   Both are recorded in the state directory for the other commands.
+#   EGRET_MOTO_TLS_DIR    at start: serve HTTPS with <dir>/server.pem and
+#                         <dir>/server.key (a chain to <dir>/ca.pem, which the
+#                         readiness check trusts); the endpoint is https://
+#   All three are recorded in the state directory for the other commands.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -68,10 +71,11 @@ stop_proc() {
 }
 
 # Where the server runs: recorded at start, read by every other command.
-netns=; address=127.0.0.1
+netns=; address=127.0.0.1; tls=
 load_where() {
   [ -f "$state/netns" ] && netns=$(cat "$state/netns")
   [ -f "$state/address" ] && address=$(cat "$state/address")
+  [ -f "$state/tls" ] && tls=$(cat "$state/tls")
   return 0
 }
 # Runs a command in the server's namespace (or here).
@@ -92,14 +96,21 @@ free_port() {
   die "no free port found on $address"
 }
 
-endpoint() { load_where; [ -f "$state/port" ] && printf 'http://%s:%s\n' "$address" "$(cat "$state/port")"; }
+endpoint() {
+  load_where
+  local scheme=http
+  [ -z "$tls" ] || scheme=https
+  [ -f "$state/port" ] && printf '%s://%s:%s\n' "$scheme" "$address" "$(cat "$state/port")"
+}
 
 # moto answers its own dashboard API once its routes are loaded.
 answers() {
   local url
   load_where
   url=$(endpoint) || return 1
-  inns curl -s -o /dev/null --max-time 2 -w '%{http_code}' "$url/moto-api/data.json" 2>/dev/null | grep -q '^200$'
+  local trust=()
+  [ -z "$tls" ] || trust=(--cacert "$tls/ca.pem")
+  inns curl -s "${trust[@]}" -o /dev/null --max-time 2 -w '%{http_code}' "$url/moto-api/data.json" 2>/dev/null | grep -q '^200$'
 }
 
 spawn() { # name, command...: detached from our session; output to <name>.log
@@ -153,6 +164,16 @@ cmd_start() {
   fi
   printf '%s\n' "$netns" >"$state/netns"
   printf '%s\n' "$address" >"$state/address"
+  tls=${EGRET_MOTO_TLS_DIR:-}
+  local serve=(-H "$address")
+  if [ -n "$tls" ]; then
+    tls=$(cd "$tls" && pwd)
+    for f in ca.pem server.pem server.key; do
+      [ -r "$tls/$f" ] || die "EGRET_MOTO_TLS_DIR=$tls: no readable $f"
+    done
+    printf '%s\n' "$tls" >"$state/tls"
+    serve+=(-c "$tls/server.pem" -k "$tls/server.key")
+  fi
   local prefix=()
   [ -z "$netns" ] || prefix=(ip netns exec "$netns")
   if [ -n "${EGRET_MOTO_OWNER_PID:-}" ]; then
@@ -171,7 +192,7 @@ cmd_start() {
     # reads: on the command line, live_pid knows the process by it.
     spawn moto "${prefix[@]}" "$EGRET_MOTO_VENV/bin/python" -c \
       'import sys; from moto.server import main; sys.exit(main(sys.argv[2:]))' \
-      "$state/" -H "$address" -p "$port"
+      "$state/" "${serve[@]}" -p "$port"
     while ! answers; do
       if ! live_pid moto >/dev/null; then
         break

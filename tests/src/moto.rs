@@ -113,6 +113,13 @@ impl Moto {
         Self::start_with(&[("EGRET_MOTO_NETNS", ns.name().to_string()), ("EGRET_MOTO_ADDRESS", address.to_string())])
     }
 
+    /// Starts a fresh server on 127.0.0.1 that speaks only HTTPS, with the
+    /// certificate chain [`TestCa::write_server`] wrote into `dir` (its
+    /// endpoint is `https://127.0.0.1:PORT`; [`client_for_tls`] trusts it).
+    pub fn start_tls(dir: &Path) -> Result<Self> {
+        Self::start_with(&[("EGRET_MOTO_TLS_DIR", dir.display().to_string())])
+    }
+
     fn start_with(env: &[(&str, String)]) -> Result<Self> {
         let state = fresh_state_dir();
         let out = match run_script_with("start", &state, env) {
@@ -124,8 +131,9 @@ impl Moto {
         };
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let parsed = stdout.lines().rev().find_map(|l| {
-            let hostport = l.trim().strip_prefix("http://")?;
-            Some((l.trim().to_owned(), hostport.parse::<SocketAddr>().ok()?))
+            let l = l.trim();
+            let hostport = l.strip_prefix("http://").or_else(|| l.strip_prefix("https://"))?;
+            Some((l.to_owned(), hostport.parse::<SocketAddr>().ok()?))
         });
         let Some((endpoint, addr)) = parsed else {
             let _ = run_script("stop", &state);
@@ -221,6 +229,92 @@ impl Drop for Moto {
 pub fn client_for(endpoint: &str) -> aws_sdk_ec2::Client {
     let conf = Moto::sdk_config(endpoint).to_builder().http_client(http_client()).build();
     aws_sdk_ec2::Client::from_conf(conf)
+}
+
+/// [`client_for`] over HTTPS, trusting only the PEM certificate `ca` (a
+/// server started by [`Moto::start_tls`]).
+pub fn client_for_tls(endpoint: &str, ca: &[u8]) -> Result<aws_sdk_ec2::Client> {
+    use aws_smithy_http_client::tls;
+    let trust = tls::TrustStore::empty().with_native_roots(false).with_pem_certificate(ca.to_vec());
+    let context = tls::TlsContext::builder().with_trust_store(trust).build().map_err(|e| MotoError::Api {
+        endpoint: endpoint.to_owned(),
+        what: format!("a TLS context trusting the test CA: {e}"),
+    })?;
+    let client = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .tls_context(context)
+        .build_https();
+    Ok(aws_sdk_ec2::Client::from_conf(Moto::sdk_config(endpoint).to_builder().http_client(client).build()))
+}
+
+/// A certificate authority made for one test with `openssl`: `ca.pem` and
+/// `ca.key` in its directory, and a server certificate for 127.0.0.1
+/// signed by it (`server.pem`, `server.key`: what [`Moto::start_tls`] serves).
+#[derive(Debug)]
+pub struct TestCa {
+    dir: PathBuf,
+}
+
+impl TestCa {
+    /// Makes the CA and the server certificate in `dir` (created).
+    pub fn create(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let openssl = |args: &[&str]| -> std::io::Result<()> {
+            let openssl = crate::tools::require("openssl").map_err(std::io::Error::other)?;
+            let out = Command::new(openssl).args(args).current_dir(dir).output()?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(std::io::Error::other(format!(
+                    "openssl {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )))
+            }
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+        let mut ca = vec!["req", "-x509"];
+        ca.extend(ec);
+        ca.extend(["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=Egret test CA"]);
+        ca.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign"]);
+        openssl(&ca)?;
+        let mut req = vec!["req"];
+        req.extend(ec);
+        req.extend(["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=moto"]);
+        openssl(&req)?;
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+        )?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "server.pem",
+            "-extfile",
+            "server.ext",
+        ])?;
+        Ok(Self { dir: dir.to_path_buf() })
+    }
+
+    /// The directory ([`Moto::start_tls`] takes it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The CA's certificate (PEM).
+    pub fn ca_pem(&self) -> std::io::Result<Vec<u8>> {
+        std::fs::read(self.dir.join("ca.pem"))
+    }
 }
 
 fn http_client() -> aws_sdk_ec2::config::SharedHttpClient {

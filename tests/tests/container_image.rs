@@ -38,6 +38,10 @@
 //!   the workers no SCHED_FIFO on a cgroup v1 node with real-time group
 //!   scheduling (this machine): the container's cgroup has no real-time
 //!   budget.
+//! - [`the_image_reaches_the_cloud_over_tls_with_its_bundle_and_a_private_ca`]
+//!   runs `egret cloud discover` from the image against moto over HTTPS:
+//!   the image's CA bundle loads, a private CA is added the documented way,
+//!   and IRSA's token is traded at STS over HTTPS.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout)]
 
 use std::collections::BTreeSet;
@@ -1065,4 +1069,169 @@ fn readiness_container_vs_bare() {
     eprintln!("container (runc run -> /ready): {ctr:?}");
     eprintln!("bare (ip netns exec egret -> /ready): {bare:?}");
     eprintln!("medians: container {:?}, bare {:?}", median(&mut ctr), median(&mut bare));
+}
+
+// ---------------------------------------------------------------------------
+// The cloud path from the image (issue 29 §2).
+
+/// Where the documented private CA is mounted (docs/kubernetes.md, "A
+/// private CA"; the chart's `cloud.extraCA`).
+const PRIVATE_CA_DIR: &str = "/etc/egret-ca";
+/// Where EKS mounts a service account's projected token for IRSA.
+const IRSA_TOKEN_DIR: &str = "/var/run/secrets/eks.amazonaws.com/serviceaccount";
+
+/// Runs `egret <args>` in the image as the DaemonSet's container (its
+/// capabilities, seccomp, read-only root, memory limit) in this host's
+/// network namespace (moto listens on its loopback), with `env` added and
+/// `mounts` (host directory, container path) read-only; waits for it to
+/// exit: (success, what it printed).
+fn run_in_image(
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, String)],
+    mounts: &[(&Path, &str)],
+) -> (bool, String) {
+    let image = Image::build();
+    let pod = PodSpec::daemonset();
+    let bundle = dir.join(format!("bundle-{name}"));
+    let state = dir.join("runc");
+    let (config_dir, run_dir, secret_dir) = (dir.join("config"), dir.join("run"), dir.join("ha-key"));
+    for d in [&state, &config_dir, &run_dir, &secret_dir] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    image.unpack(&bundle);
+    let caps = pod.capabilities();
+    let filter = seccomp::convert(&debian_profile(), &caps, go_arch(), kernel_version());
+    let mut spec =
+        runtime_spec(&image.config(), &pod, &caps, filter, Path::new("/unused"), &config_dir, &run_dir, &secret_dir);
+    // The host's network namespace (hostNetwork on a node whose loopback
+    // has the cloud API's emulator).
+    spec["linux"]["namespaces"].as_array_mut().unwrap().retain(|n| n["type"] != "network");
+    let entrypoint = image.config()["Entrypoint"].as_array().cloned().unwrap();
+    spec["process"]["args"] =
+        Value::from(entrypoint.into_iter().chain(args.iter().map(|a| Value::from(*a))).collect::<Vec<_>>());
+    let envs = spec["process"]["env"].as_array_mut().unwrap();
+    envs.retain(|e| !e.as_str().unwrap().starts_with("RUST_LOG="));
+    envs.push("RUST_LOG=warn".into());
+    envs.extend(env.iter().map(|(k, v)| Value::from(format!("{k}={v}"))));
+    for (source, dest) in mounts {
+        spec["mounts"].as_array_mut().unwrap().push(
+            json!({"destination": dest, "type": "bind", "source": source, "options": ["rbind", "nosuid", "nodev", "ro"]}),
+        );
+    }
+    std::fs::write(bundle.join("config.json"), serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    let id = format!("{PREFIX}{}-{name}", std::process::id());
+    let mut c = Container::run(&bundle, &state, &id, &dir.join(format!("{name}.log")));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = c.child.as_mut().unwrap().try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`egret {}` in the image did not exit in 60 s:\n{}",
+            args.join(" "),
+            c.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = c.log_text();
+    drop(c);
+    let _ = std::fs::remove_dir_all(&bundle);
+    (status.success(), out)
+}
+
+/// The image carries Debian's CA bundle and the SDK loads it; a private CA
+/// added the documented way (`SSL_CERT_DIR` with the mounted CA, keeping
+/// `SSL_CERT_FILE` on the image's bundle) lets `egret cloud discover` reach
+/// EC2 over HTTPS, with credentials from IRSA (a web identity token traded
+/// at STS, over HTTPS too), from the image users run.
+#[test]
+fn the_image_reaches_the_cloud_over_tls_with_its_bundle_and_a_private_ca() {
+    const NAME: &str = "the_image_reaches_the_cloud_over_tls_with_its_bundle_and_a_private_ca";
+    use egret_tests::moto::{self, Moto, TestCa};
+    if !root_or_skip(NAME) {
+        return;
+    }
+    match Moto::available_or_skip(NAME) {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => panic!("{e}"),
+    }
+    let dir = std::env::temp_dir().join(format!("egret-{PREFIX}{}-tls", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ca = TestCa::create(&dir.join("tls")).unwrap();
+    let server = Moto::start_tls(ca.dir()).unwrap();
+    assert!(server.endpoint().starts_with("https://"), "{}", server.endpoint());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ec2 = moto::client_for_tls(server.endpoint(), &ca.ca_pem().unwrap()).unwrap();
+    let (network, eip) = rt.block_on(async {
+        let network = moto::create_network(&ec2).await.unwrap();
+        let eip = moto::allocate_eip(&ec2, &[("egret.dev/pool", "tls")]).await.unwrap();
+        (network, eip)
+    });
+
+    // The bundle is Debian's (well over a hundred roots).
+    let image = Image::build();
+    let rootfs = dir.join("inspect");
+    image.unpack(&rootfs);
+    let bundle = std::fs::read_to_string(rootfs.join("rootfs/etc/ssl/certs/ca-certificates.crt")).unwrap();
+    let roots = bundle.matches("-----BEGIN CERTIFICATE-----").count();
+    assert!(roots > 100, "the image's CA bundle has {roots} certificates");
+    let _ = std::fs::remove_dir_all(&rootfs);
+
+    let private_ca = dir.join("private-ca");
+    std::fs::create_dir_all(&private_ca).unwrap();
+    std::fs::write(private_ca.join("egret-test-ca.pem"), ca.ca_pem().unwrap()).unwrap();
+    let token = dir.join("irsa");
+    std::fs::create_dir_all(&token).unwrap();
+    std::fs::write(token.join("token"), "eyJhbGciOiJSUzI1NiJ9.e30.c2ln").unwrap();
+
+    let args = ["cloud", "discover", "--subnet", network.subnet_id.as_str(), "--tag", "egret.dev/pool=tls"];
+    let static_creds = || -> Vec<(&str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL_EC2", server.endpoint().to_owned()),
+            ("AWS_REGION", moto::REGION.to_owned()),
+            ("AWS_ACCESS_KEY_ID", "testing".to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".to_owned()),
+        ]
+    };
+    const NO_ROOTS: &str = "no native root CA certificates found";
+
+    // 1. The image's own roots: loaded (no warning), and the test CA is
+    //    not among them, so the handshake is refused by name.
+    let (ok, out) = run_in_image(&dir, "roots", &args, &static_creds(), &[]);
+    assert!(!ok, "the test CA is trusted without being added:\n{out}");
+    assert!(out.contains("UnknownIssuer"), "the refusal names the unknown issuer:\n{out}");
+    assert!(!out.contains(NO_ROOTS), "the SDK found no root certificates in the image:\n{out}");
+
+    // 2. Control: with the bundle hidden, the SDK says it has no roots (so
+    //    step 1's check can fail).
+    let mut env = static_creds();
+    env.push(("SSL_CERT_FILE", "/dev/null".to_owned()));
+    let (ok, out) = run_in_image(&dir, "noroots", &args, &env, &[]);
+    assert!(!ok && out.contains(NO_ROOTS), "without a bundle the SDK warns of no roots:\n{out}");
+
+    // 3. The documented private CA, and IRSA instead of static keys.
+    let env = vec![
+        ("AWS_ENDPOINT_URL_EC2", server.endpoint().to_owned()),
+        ("AWS_ENDPOINT_URL_STS", server.endpoint().to_owned()),
+        ("AWS_REGION", moto::REGION.to_owned()),
+        ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/egret-gateway".to_owned()),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", format!("{IRSA_TOKEN_DIR}/token")),
+        ("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt".to_owned()),
+        ("SSL_CERT_DIR", PRIVATE_CA_DIR.to_owned()),
+    ];
+    let (ok, out) =
+        run_in_image(&dir, "private-ca", &args, &env, &[(&private_ca, PRIVATE_CA_DIR), (&token, IRSA_TOKEN_DIR)]);
+    assert!(ok, "`egret cloud discover` from the image with the private CA:\n{out}");
+    assert!(out.contains(&format!("subnet:    {} ({})", network.subnet_id, moto::SUBNET_CIDR)), "{out}");
+    assert!(out.contains("public addresses: 1"), "{out}");
+    assert!(
+        out.lines().any(|l| l.contains(&eip.public_ip.to_string()) && l.contains(&eip.allocation_id)),
+        "the tagged Elastic IP is listed:\n{out}"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }

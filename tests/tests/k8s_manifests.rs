@@ -723,6 +723,49 @@ fn the_aws_values_set_the_region_and_the_irsa_role() {
     assert_eq!(annotations.get("eks.amazonaws.com/role-arn").map(scalar).as_deref(), Some(role));
 }
 
+/// `extraCA.configMap` mounts the private CA and points the SDK at it and
+/// at the image's bundle (the way container_image.rs tests from the image);
+/// without it nothing of the kind is set (the image's bundle alone).
+#[test]
+fn the_extra_ca_value_adds_the_private_ca_and_keeps_the_bundle() {
+    let env_of = |docs: &[Value]| -> Vec<(String, String)> {
+        let c = container(one(docs, "DaemonSet", "gateway"));
+        lookup(c, "env")
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter(|e| e.get("value").is_some())
+            .map(|e| (scalar(lookup(e, "name")), scalar(lookup(e, "value"))))
+            .collect()
+    };
+    let plain = render("egret", NAMESPACE, &[]);
+    assert!(env_of(&plain).iter().all(|(k, _)| !k.starts_with("SSL_CERT")), "{:?}", env_of(&plain));
+    let docs = render("egret", NAMESPACE, &["--set", "extraCA.configMap=corp-ca"]);
+    let env = env_of(&docs);
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(get("SSL_CERT_FILE").as_deref(), Some("/etc/ssl/certs/ca-certificates.crt"));
+    assert_eq!(get("SSL_CERT_DIR").as_deref(), Some("/etc/egret-ca"));
+    let ds = one(&docs, "DaemonSet", "gateway");
+    let c = container(ds);
+    let mount = lookup(c, "volumeMounts")
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| scalar(lookup(m, "mountPath")) == "/etc/egret-ca")
+        .cloned()
+        .expect("a mount at /etc/egret-ca");
+    assert_eq!(scalar(lookup(&mount, "readOnly")), "true");
+    let name = scalar(lookup(&mount, "name"));
+    let volume = lookup(ds, "spec.template.spec.volumes")
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| scalar(lookup(v, "name")) == name)
+        .cloned()
+        .expect("the mount's volume");
+    assert_eq!(scalar(lookup(&volume, "configMap.name")), "corp-ca");
+}
+
 /// The renderer's `lookup` always finds nothing (as `helm template`), so an
 /// upgrade is rendered with the chart's `lookup` call replaced by the Secret
 /// it would find: the key in the cluster is kept, not replaced by a new

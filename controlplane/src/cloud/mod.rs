@@ -13,6 +13,8 @@
 //!   Azure need from the same four calls.
 //! - [`pairing`]: which private address stands for each public one, recorded
 //!   in the pool's status so every gateway and node agent agrees.
+//! - [`inspect`]: `egret cloud discover`, the same discovery asked once from
+//!   the command line.
 //! - [`task`]: the gateway's side: discovery, and moving each address with
 //!   its Lease (assign before translating, release when it is given up).
 
@@ -27,6 +29,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use ipnet::IpNet;
 
+pub mod inspect;
 pub mod pairing;
 pub mod task;
 

@@ -6,7 +6,7 @@
 #      plus nftables and libelf1), through the mirror this machine's own apt
 #      sources name; cached by its inputs;
 #   2. a minimal root: egret, nft, the libraries both load (as the Debian
-#      root's ldd resolves them), /etc/passwd, /etc/group, /etc/nsswitch.conf,
+#      root's ldd resolves them), Debian's CA bundle, /etc/passwd, /etc/group, /etc/nsswitch.conf,
 #      the Debian copyright files and dpkg status entries of the packages
 #      those files come from (for licence compliance and vulnerability
 #      scanners), and the mount points the DaemonSet uses;
@@ -39,8 +39,9 @@ source "$repo/tests/k8s/common.sh"
 
 SUITE=bookworm
 # Packages on top of minbase: nft and the libraries egret links (libelf;
-# zlib, libgcc and libc are in minbase already).
-BASE_PKGS=(nftables libelf1)
+# zlib, libgcc and libc are in minbase already), and Debian's CA bundle for
+# the cloud providers' TLS (the AWS SDK reads the system's roots).
+BASE_PKGS=(nftables libelf1 ca-certificates)
 # What the build itself runs. runc and umoci are for tests/tests/container_image.rs
 # (which calls this script first), golang-github-containers-common for the
 # seccomp profile that test converts.
@@ -143,14 +144,23 @@ $(grep 'not found' <<<"$libs")"
     copy_from_base "$base" "$dest" "$l"
   done
 
+  # Debian's CA bundle, as update-ca-certificates generated it in the root
+  # (the file no package owns; ca-certificates is named below). Where
+  # openssl-probe, and so rustls-native-certs, look first.
+  [[ -s $base/etc/ssl/certs/ca-certificates.crt ]] || die "the Debian root has no /etc/ssl/certs/ca-certificates.crt"
+  install -D -m 0644 "$base/etc/ssl/certs/ca-certificates.crt" "$dest/etc/ssl/certs/ca-certificates.crt"
+
   # The packages those files come from: their copyright files and dpkg
   # status entries (one file per package, as distroless images do, which
   # scanners such as trivy and grype read).
   mapfile -t pkgs < <(
-    for l in /usr/sbin/nft "${libs[@]}"; do
-      chroot "$base" dpkg-query -S "$(chroot "$base" readlink -f "$l")" 2>/dev/null ||
-        chroot "$base" dpkg-query -S "$l" 2>/dev/null || true
-    done | cut -d: -f1 | sort -u
+    {
+      for l in /usr/sbin/nft "${libs[@]}"; do
+        chroot "$base" dpkg-query -S "$(chroot "$base" readlink -f "$l")" 2>/dev/null ||
+          chroot "$base" dpkg-query -S "$l" 2>/dev/null || true
+      done | cut -d: -f1
+      echo ca-certificates
+    } | sort -u
   )
   mkdir -p "$dest/var/lib/dpkg/status.d"
   for p in "${pkgs[@]}"; do
