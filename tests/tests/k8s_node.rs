@@ -194,6 +194,12 @@ fn steady_state(lab: &NodeLab, ctx: &Ctx, ipv6: bool) {
             st["uses"].as_array().unwrap().iter().map(|u| u["egressIp"].as_str().unwrap().to_string()).collect();
         assert_eq!(uses, BTreeSet::from([EIP.to_string(), EIP6.to_string()]), "{}: {st}", w.node_name());
         assert_eq!(st["uses"][0]["policy"], "egresspolicy/db", "{}: {st}", w.node_name());
+        // The probes of a working agent (node/health.rs).
+        let probe = "127.0.0.1:9465".parse().unwrap();
+        for (path, body) in [("/healthz", "ok\n"), ("/ready", "ready\n")] {
+            let got = egret_tests::gateway::http_get_in(lab.worker(w), probe, path);
+            assert_eq!(got.ok(), Some((200, body.to_owned())), "{}: the agent's {path}", w.node_name());
+        }
     }
 }
 

@@ -43,6 +43,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
+use super::health;
 use super::kernel::Kernel;
 use super::nft::{self, Sets, Strict};
 use super::plan::{plan, Plan};
@@ -363,15 +364,27 @@ async fn node_pod_cidrs(client: &kube::Client, node: &str) -> Result<Vec<ipnet::
     Ok(out)
 }
 
-async fn serve_metrics(listener: TcpListener, status: Arc<Mutex<NodeStatus>>) {
+/// When the last pass finished (since the watches synced, before the first
+/// one): what `/healthz` judges the loop by ([`health`]).
+type PassDone = Arc<Mutex<Option<std::time::Instant>>>;
+
+async fn serve_metrics(listener: TcpListener, status: Arc<Mutex<NodeStatus>>, pass_done: PassDone, resync: Duration) {
     let handler = move |path: &str| -> (u16, &'static str, String) {
         let s = status.lock().clone();
+        let probe = health::Probe {
+            synced: s.synced,
+            programmed: s.programmed,
+            since_pass: pass_done.lock().map(|t| t.elapsed()),
+            resync,
+        };
+        let answer = |r: Result<(), String>, ok: &str| match r {
+            Ok(()) => (200, "text/plain", format!("{ok}\n")),
+            Err(why) => (503, "text/plain", format!("not {ok}: {why}\n")),
+        };
         match path {
             "/metrics" => (200, "text/plain; version=0.0.4; charset=utf-8", status::metrics(&s)),
-            "/ready" if s.synced && s.programmed => (200, "text/plain", "ready\n".into()),
-            "/ready" if s.synced => (503, "text/plain", "not ready: no pass has applied everything yet\n".into()),
-            "/ready" => (503, "text/plain", "not ready: the watches have not synced yet\n".into()),
-            "/healthz" => (200, "text/plain", "ok\n".into()),
+            "/ready" => answer(probe.ready(), "ready"),
+            "/healthz" => answer(probe.alive(), "ok"),
             _ => (404, "text/plain", "try /metrics, /ready or /healthz\n".into()),
         }
     };
@@ -389,9 +402,10 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
         ..Default::default()
     }));
     let mut tasks = JoinSet::new();
+    let pass_done = PassDone::default();
     if let Some(addr) = opts.metrics_listen {
         let listener = TcpListener::bind(addr).await.map_err(|source| NodeError::Listen { addr, source })?;
-        tasks.spawn(serve_metrics(listener, status.clone()));
+        tasks.spawn(serve_metrics(listener, status.clone(), pass_done.clone(), opts.resync_period));
     }
     let strict = if opts.strict {
         let local = if opts.pod_cidrs.is_empty() {
@@ -414,12 +428,25 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
         _ = &mut shutdown => return Ok(()),
     }
     status.lock().synced = true;
+    *pass_done.lock() = Some(std::time::Instant::now());
     tracing::info!("watches synced; reconciling");
     let resync = opts.resync_period;
     let mut agent = Agent { opts, kernel, slots: PolicySlots::default(), strict, status };
     let mut failures: u32 = 0;
     loop {
         let ok = agent.pass(&stores.observed()).await;
+        *pass_done.lock() = Some(std::time::Instant::now());
+        // A watch or the metrics server that ended (a panic: they retry
+        // everything else) leaves the agent blind or unprobed.
+        if let Some(ended) = tasks.try_join_next() {
+            let what = match ended {
+                Err(e) if e.is_panic() => "a watch or the metrics server panicked".to_owned(),
+                _ => "a watch or the metrics server".to_owned(),
+            };
+            tracing::error!("{what}; exiting");
+            tasks.abort_all();
+            return Err(NodeError::TaskEnded(what));
+        }
         // After a failure: 1 s, doubling up to the resync period.
         failures = if ok { 0 } else { failures.saturating_add(1) };
         let wait = if ok { resync } else { RETRY.saturating_mul(1 << (failures - 1).min(5)).min(resync) };

@@ -19,6 +19,7 @@
 //! companion next hop) moves with the IP's Lease.
 
 pub mod agent;
+pub mod health;
 pub mod kernel;
 pub mod nft;
 pub mod plan;
@@ -194,6 +195,10 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+    /// A task the agent cannot work without ended (a watch, the metrics
+    /// server): the agent exits so that it is restarted.
+    #[error("{0} ended; exiting so that the agent is restarted (the kernel keeps its rules)")]
+    TaskEnded(String),
     /// The Node object (strict mode reads its pod CIDRs).
     #[error("reading Node {node}: {message}")]
     Node {
