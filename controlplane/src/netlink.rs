@@ -457,7 +457,7 @@ fn encode(msg: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
 }
 
 /// Every netlink message in one datagram (malformed tails are skipped).
-fn decode(buf: &[u8]) -> Vec<NetlinkMessage<RouteNetlinkMessage>> {
+pub(crate) fn decode(buf: &[u8]) -> Vec<NetlinkMessage<RouteNetlinkMessage>> {
     let mut out = Vec::new();
     let mut off = 0;
     while off + 16 <= buf.len() {

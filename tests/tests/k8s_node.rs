@@ -225,9 +225,92 @@ fn overlay(lab: &NodeLab, server: &ApiServer) {
     assert_no_pod_address_left(lab, &ctx.capture.expect("the capture").stop().expect("stop the capture"));
 }
 
+/// The host removes what the agent installed, as systemd-networkd's
+/// cleanup of foreign rules and routes or a firewall reload would: its
+/// rules, its routes, its nftables table, then all at once. The agent
+/// repairs each from the kernel's notification (node/repair.rs), not at its
+/// 30 s resync: `repairWakes` grows, and what the kernel holds is again
+/// what it held, well before a resync could have come.
+fn host_wipes(lab: &NodeLab, ctx: &Ctx) {
+    let w = Worker::One;
+    let ns = lab.worker(w);
+    // The same rules and routes, in whichever tables (a repaired route set
+    // may be filled into a fresh table and its rule moved there).
+    let shape = |(rules, routes): (Vec<String>, Vec<String>)| -> (Vec<String>, Vec<String>) {
+        let strip = |l: &String| {
+            let mut words: Vec<&str> = l.split_whitespace().collect();
+            for i in 1..words.len() {
+                if matches!(words[i - 1], "lookup" | "table") {
+                    words[i] = "N";
+                }
+            }
+            words.join(" ")
+        };
+        let mut rules: Vec<String> = rules.iter().map(strip).collect();
+        let mut routes: Vec<String> = routes.iter().map(strip).collect();
+        rules.sort();
+        routes.sort();
+        (rules, routes)
+    };
+    let steering = || shape(lab.steering(w).expect("the agent's rules and routes"));
+    let before = steering();
+    assert!(!before.0.is_empty() && !before.1.is_empty(), "something to wipe: {before:?}");
+    let table = |t: &str| t.contains("table inet egret_node");
+    assert!(table(&lab.node_table(w)), "the agent's nftables table");
+    let rules = ["ip -4 rule flush protocol 233", "ip -6 rule flush protocol 233"];
+    let routes = ["ip -4 route flush table all proto 233", "ip -6 route flush table all proto 233"];
+    let nft = ["nft delete table inet egret_node"];
+    let all: Vec<&str> = rules.iter().chain(&routes).chain(&nft).copied().collect();
+    for (what, cmds) in
+        [("rules", &rules[..]), ("routes", &routes[..]), ("the nftables table", &nft[..]), ("everything", &all[..])]
+    {
+        // Quiet first (no pass for 500 ms), so that no pass started by the
+        // previous wipe repairs this one.
+        let syncs = || ctx.agents[&w].status().and_then(|st| st["syncs"].as_u64()).unwrap_or(0);
+        let (mut last, mut since) = (syncs(), Instant::now());
+        while since.elapsed() < Duration::from_millis(500) {
+            std::thread::sleep(Duration::from_millis(20));
+            let n = syncs();
+            if n != last {
+                (last, since) = (n, Instant::now());
+            }
+        }
+        let wakes = ctx.agents[&w].status().expect("status")["repairWakes"].as_u64().expect("repairWakes");
+        let t0 = Instant::now();
+        ns.exec(&["sh", "-c", &cmds.join(" && ")]).unwrap_or_else(|e| panic!("wiping {what}: {e}"));
+        let deadline = t0 + Duration::from_secs(20);
+        loop {
+            if steering() == before && table(&lab.node_table(w)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} wiped: not repaired in 20 s (the resync is 30 s): {:?}",
+                lab.steering(w)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let took = t0.elapsed();
+        // The pass's status is written just after its kernel changes.
+        let seen = Instant::now() + Duration::from_secs(5);
+        let now = loop {
+            let now = ctx.agents[&w].status().and_then(|st| st["repairWakes"].as_u64()).unwrap_or(0);
+            if now > wakes || Instant::now() > seen {
+                break now;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(now > wakes, "{what}: the repair came from a kernel notification (repairWakes {wakes} -> {now})");
+        println!("k8s-node: host wiped {what}: repaired {} ms later", ms(took));
+    }
+    let took = wait_source(lab, "w1-sel", EIP, Duration::from_secs(10));
+    println!("k8s-node: after the wipes w1-sel leaves as {EIP} ({} ms)", ms(took));
+}
+
 fn scenario(lab: &NodeLab, server: &ApiServer) {
     let mut ctx = bring_up(lab, server);
     steady_state(lab, &ctx, true);
+    host_wipes(lab, &ctx);
     let Ctx { rt, client, node_kc, capture, gws, agents } = &mut ctx;
     let (rt, client, node_kc) = (&*rt, &*client, &*node_kc);
     let cli = std::process::Command::new(egret_tests::gateway::egret_binary().unwrap())

@@ -48,6 +48,7 @@ use super::kernel::Kernel;
 use super::nft::{self, Sets, Strict};
 use super::plan::{plan, Plan};
 use super::reconcile::{reconcile, KernelView, Op, RuleShape};
+use super::repair::{self, RepairCounters};
 use super::status::{self, NodeStatus, UseRow};
 use super::{NodeError, NodeOptions};
 use crate::k8s::controller::{watch, watch_node_metadata};
@@ -420,6 +421,14 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
     };
     let kernel = Kernel::open(opts.tables)?;
     let notify = Arc::new(Notify::new());
+    let repairs = Arc::new(RepairCounters::default());
+    let repair_task = match repair::start(notify.clone(), repairs.clone()) {
+        Ok(task) => Some(tokio::spawn(task)),
+        Err(e) => {
+            tracing::warn!(error = %e, "no kernel notifications: what the host removes is repaired at the resync only");
+            None
+        }
+    };
     let stores = Stores::start(&client, &opts.node_name, &notify, &mut tasks);
     let mut shutdown = std::pin::pin!(shutdown);
     tracing::info!(node = %opts.node_name, "waiting for the watches to sync");
@@ -434,6 +443,8 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
     let mut agent = Agent { opts, kernel, slots: PolicySlots::default(), strict, status };
     let mut failures: u32 = 0;
     loop {
+        // Before the pass: it writes the status file.
+        agent.status.lock().repair_wakes = repairs.wakes.load(std::sync::atomic::Ordering::Relaxed);
         let ok = agent.pass(&stores.observed()).await;
         *pass_done.lock() = Some(std::time::Instant::now());
         // A watch or the metrics server that ended (a panic: they retry
@@ -445,6 +456,9 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
             };
             tracing::error!("{what}; exiting");
             tasks.abort_all();
+            if let Some(t) = &repair_task {
+                t.abort();
+            }
             return Err(NodeError::TaskEnded(what));
         }
         // After a failure: 1 s, doubling up to the resync period.
@@ -458,5 +472,8 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
     }
     tracing::info!("stopping; the kernel keeps its rules (egret node cleanup removes them)");
     tasks.abort_all();
+    if let Some(t) = repair_task {
+        t.abort();
+    }
     Ok(())
 }

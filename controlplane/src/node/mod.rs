@@ -24,6 +24,7 @@ pub mod kernel;
 pub mod nft;
 pub mod plan;
 pub mod reconcile;
+pub mod repair;
 pub mod status;
 
 use std::net::SocketAddr;

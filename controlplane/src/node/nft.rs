@@ -207,6 +207,12 @@ pub fn install(s: &Sets) -> Result<(), NftError> {
     nft(&ruleset(s))
 }
 
+/// Whether the table is in the kernel (`nft list table`; a failure to ask
+/// counts as missing: a needless pass is harmless).
+pub fn table_present() -> bool {
+    nft(&format!("list table inet {TABLE}\n")).is_ok()
+}
+
 /// Deletes the table (`egret node cleanup`).
 pub fn remove() -> Result<(), NftError> {
     nft(&format!("table inet {TABLE}\ndelete table inet {TABLE}\n"))

@@ -60,6 +60,9 @@ pub struct NodeStatus {
     pub tables: usize,
     /// Rule/route changes so far.
     pub changes_total: u64,
+    /// Kernel notifications of a removal that woke the loop (`repair.rs`).
+    #[serde(default)]
+    pub repair_wakes: u64,
     /// Per policy and egress IP.
     pub uses: Vec<UseRow>,
 }
@@ -130,6 +133,12 @@ pub fn metrics(s: &NodeStatus) -> String {
         "counter",
         "Rule and route changes made in the kernel.",
         one(s.changes_total.to_string()),
+    );
+    family(
+        "egret_node_repair_wakes_total",
+        "counter",
+        "Kernel notifications of a removal (a rule, route, address or the nftables table of the agent's) that started a pass at once.",
+        one(s.repair_wakes.to_string()),
     );
     family(
         "egret_node_sync_errors_total",
