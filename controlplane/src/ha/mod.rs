@@ -411,11 +411,7 @@ impl Ha {
 
     /// The standby of `ip` now, when it holds its latest full copy.
     pub fn synced_standby(&self, ip: IpAddr) -> Option<String> {
-        let st = self.state.lock();
-        if !st.replicator.in_sync(ip) {
-            return None;
-        }
-        st.replicator.status(Instant::now()).into_iter().find(|r| r.ip == ip).map(|r| r.standby)
+        self.state.lock().replicator.synced_standby(ip).map(str::to_owned)
     }
 
     /// Asks for a full copy of each IP to its standby at the next tick
@@ -776,9 +772,7 @@ impl Task {
                 // its sessions end because this gateway took the IP out of
                 // its tables, and the next holder must keep them (a rolling
                 // restart's hand-over emptied the standby's copy this way).
-                let keeping: BTreeMap<IpAddr, Option<String>> =
-                    standbys.iter().filter(|(ip, _)| held_now.contains(*ip)).map(|(ip, s)| (*ip, s.clone())).collect();
-                msgs = st.replicator.incremental(events, &keeping);
+                msgs = st.replicator.incremental(events, &held_now);
             }
             (st.replicator.set_standbys(&standbys), msgs)
         };

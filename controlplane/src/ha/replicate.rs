@@ -276,18 +276,14 @@ impl Replicator {
     /// shadow for the next holder), but not its removals: those may be this
     /// gateway's own sessions invalidated because it gave the IP up, which
     /// the next holder must keep.
-    pub fn incremental(
-        &mut self,
-        events: Vec<SyncEvent>,
-        held: &BTreeMap<IpAddr, Option<String>>,
-    ) -> Vec<(String, Message)> {
+    pub fn incremental(&mut self, events: Vec<SyncEvent>, held: &BTreeSet<IpAddr>) -> Vec<(String, Message)> {
         let mut per_ip: BTreeMap<IpAddr, (Vec<SessionRecord>, Vec<_>)> = BTreeMap::new();
         for e in events {
             match e {
                 SyncEvent::Upsert(r) if self.by_ip.contains_key(&r.egress) => {
                     per_ip.entry(r.egress).or_default().0.push(r)
                 }
-                SyncEvent::Remove(k) if self.by_ip.contains_key(&k.egress) && held.contains_key(&k.egress) => {
+                SyncEvent::Remove(k) if self.by_ip.contains_key(&k.egress) && held.contains(&k.egress) => {
                     per_ip.entry(k.egress).or_default().1.push(k)
                 }
                 _ => {}
@@ -313,6 +309,11 @@ impl Replicator {
         if let Some(r) = self.by_ip.get_mut(&ip).filter(|r| r.standby == from && r.epoch == epoch) {
             r.acked = Some(epoch);
         }
+    }
+
+    /// The standby of `ip` when it holds `ip`'s latest copy ([`Replicator::in_sync`]).
+    pub fn synced_standby(&self, ip: IpAddr) -> Option<&str> {
+        self.by_ip.get(&ip).filter(|r| !r.needs_full && r.acked == Some(r.epoch)).map(|r| r.standby.as_str())
     }
 
     /// Whether `ip`'s standby holds its latest copy and nothing was lost since.
@@ -467,12 +468,12 @@ mod tests {
                 .collect()
         };
         // Still held: both.
-        assert_eq!(sent(r.incremental(events(), &held)), vec![("gw-2".to_string(), 1, 1)]);
+        assert_eq!(sent(r.incremental(events(), &held.keys().copied().collect())), vec![("gw-2".to_string(), 1, 1)]);
         // Leaving in this tick: the upsert only.
-        assert_eq!(sent(r.incremental(events(), &BTreeMap::new())), vec![("gw-2".to_string(), 1, 0)]);
+        assert_eq!(sent(r.incremental(events(), &BTreeSet::new())), vec![("gw-2".to_string(), 1, 0)]);
         // Gone: nothing.
         r.set_standbys(&BTreeMap::new());
-        assert!(r.incremental(events(), &BTreeMap::new()).is_empty());
+        assert!(r.incremental(events(), &BTreeSet::new()).is_empty());
     }
 
     /// Found by the lab's drain: the holder gave the IP up, told its standby
