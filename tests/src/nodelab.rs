@@ -781,9 +781,13 @@ impl NodeLab {
             .collect())
     }
 
-    /// `nft list table inet egret_node` in `worker`'s namespace ("" if absent).
+    /// `nft list table inet egret_node` and `... egret_node_guard` in
+    /// `worker`'s namespace, one after the other ("" if both are absent).
     pub fn node_table(&self, worker: Worker) -> String {
-        self.workers[&worker].exec(&["nft", "list", "table", "inet", "egret_node"]).unwrap_or_default()
+        ["egret_node", "egret_node_guard"]
+            .iter()
+            .map(|t| self.workers[&worker].exec(&["nft", "list", "table", "inet", t]).unwrap_or_default())
+            .collect()
     }
 
     /// The lab's directory.

@@ -231,7 +231,10 @@ fn overlay(lab: &NodeLab, server: &ApiServer) {
 /// repairs each from the kernel's notification (node/repair.rs), not at its
 /// 30 s resync: `repairWakes` grows, and what the kernel holds is again
 /// what it held, well before a resync could have come.
-fn host_wipes(lab: &NodeLab, ctx: &Ctx) {
+fn host_wipes(lab: &NodeLab, ctx: &mut Ctx) {
+    // One capture per wipe (the scenario's own capture is checked here and
+    // started again at the end).
+    assert_no_pod_address_left(lab, &ctx.capture.take().expect("the capture").stop().expect("stop the capture"));
     let w = Worker::One;
     let ns = lab.worker(w);
     // The same rules and routes, in whichever tables (a repaired route set
@@ -255,15 +258,22 @@ fn host_wipes(lab: &NodeLab, ctx: &Ctx) {
     let steering = || shape(lab.steering(w).expect("the agent's rules and routes"));
     let before = steering();
     assert!(!before.0.is_empty() && !before.1.is_empty(), "something to wipe: {before:?}");
-    let table = |t: &str| t.contains("table inet egret_node");
+    let table = |t: &str| t.contains("table inet egret_node {") && t.contains("table inet egret_node_guard {");
     assert!(table(&lab.node_table(w)), "the agent's nftables table");
     let rules = ["ip -4 rule flush protocol 233", "ip -6 rule flush protocol 233"];
     let routes = ["ip -4 route flush table all proto 233", "ip -6 route flush table all proto 233"];
     let nft = ["nft delete table inet egret_node"];
-    let all: Vec<&str> = rules.iter().chain(&routes).chain(&nft).copied().collect();
-    for (what, cmds) in
-        [("rules", &rules[..]), ("routes", &routes[..]), ("the nftables table", &nft[..]), ("everything", &all[..])]
-    {
+    let guard = ["nft delete table inet egret_node_guard"];
+    let both = ["nft delete table inet egret_node", "nft delete table inet egret_node_guard"];
+    let all: Vec<&str> = rules.iter().chain(&routes).chain(&both).copied().collect();
+    for (what, cmds) in [
+        ("rules", &rules[..]),
+        ("routes", &routes[..]),
+        ("the main nftables table", &nft[..]),
+        ("the guard's nftables table", &guard[..]),
+        ("both nftables tables", &both[..]),
+        ("everything", &all[..]),
+    ] {
         // Quiet first (no pass for 500 ms), so that no pass started by the
         // previous wipe repairs this one.
         let syncs = || ctx.agents[&w].status().and_then(|st| st["syncs"].as_u64()).unwrap_or(0);
@@ -276,21 +286,63 @@ fn host_wipes(lab: &NodeLab, ctx: &Ctx) {
             }
         }
         let wakes = ctx.agents[&w].status().expect("status")["repairWakes"].as_u64().expect("repairWakes");
-        let t0 = Instant::now();
-        ns.exec(&["sh", "-c", &cmds.join(" && ")]).unwrap_or_else(|e| panic!("wiping {what}: {e}"));
-        let deadline = t0 + Duration::from_secs(20);
-        loop {
-            if steering() == before && table(&lab.node_table(w)) {
-                break;
+        // New connections from the selected pod throughout (default mode:
+        // those in the window leave as the node would send them).
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let capture = Capture::start(lab.upstream(), "lan0").expect("capture the upstream link");
+        let (took, seen) = std::thread::scope(|scope| {
+            let prober = scope.spawn(|| {
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    seen.push(source_of(lab, "w1-sel"));
+                }
+                seen
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            let t0 = Instant::now();
+            ns.exec(&["sh", "-c", &cmds.join(" && ")]).unwrap_or_else(|e| panic!("wiping {what}: {e}"));
+            let deadline = t0 + Duration::from_secs(20);
+            while steering() != before || !table(&lab.node_table(w)) {
+                if Instant::now() > deadline {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    panic!("{what} wiped: not repaired in 20 s (the resync is 30 s): {:?}", lab.steering(w));
+                }
+                std::thread::sleep(Duration::from_millis(5));
             }
-            assert!(
-                Instant::now() < deadline,
-                "{what} wiped: not repaired in 20 s (the resync is 30 s): {:?}",
-                lab.steering(w)
-            );
-            std::thread::sleep(Duration::from_millis(5));
+            let took = t0.elapsed();
+            std::thread::sleep(Duration::from_millis(300));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            (took, prober.join().expect("the prober"))
+        });
+        let frames = capture.stop().expect("stop the capture");
+        let pods: ipnet::IpNet = egret_tests::nodelab::CLUSTER_POD_CIDR.parse().unwrap();
+        let with_pod_address = frames
+            .iter()
+            .filter_map(|f| egret_tests::capture::ip_info(&f.data))
+            .filter(|i| pods.contains(&i.src))
+            .count();
+        // networkd's cleanup (rules, routes) or one table deleted: the
+        // kept-source guard (or the steering it guards) holds, and a kept
+        // connection's packets are dropped rather than sent with the pod's
+        // address. Both tables gone (as `nft flush ruleset` does) take the
+        // guard with them until the repair (docs/kubernetes.md).
+        if !matches!(what, "both nftables tables" | "everything") {
+            assert_eq!(with_pod_address, 0, "{what} wiped: frames left with a pod's address");
         }
-        let took = t0.elapsed();
+        let as_node = seen.iter().filter(|s| **s == Ok(IpAddr::V4(w.lan_addr()))).count();
+        let as_eip = seen.iter().filter(|s| **s == Ok(IpAddr::V4(EIP))).count();
+        let other: Vec<_> =
+            seen.iter().filter(|s| **s != Ok(IpAddr::V4(w.lan_addr())) && **s != Ok(IpAddr::V4(EIP))).collect();
+        assert!(
+            other.iter().all(|s| s.is_err()),
+            "{what}: a connection left with neither {EIP} nor the node's address: {other:?}"
+        );
+        println!(
+            "k8s-node: host wiped {what}: of {} new connections from w1-sel from 100 ms before to 300 ms after the repair, {as_eip} left as {EIP}, {as_node} as the node, {} failed; {with_pod_address} of {} frames on the upstream link had a pod's address",
+            seen.len(),
+            other.len(),
+            frames.len()
+        );
         // The pass's status is written just after its kernel changes.
         let seen = Instant::now() + Duration::from_secs(5);
         let now = loop {
@@ -305,12 +357,13 @@ fn host_wipes(lab: &NodeLab, ctx: &Ctx) {
     }
     let took = wait_source(lab, "w1-sel", EIP, Duration::from_secs(10));
     println!("k8s-node: after the wipes w1-sel leaves as {EIP} ({} ms)", ms(took));
+    ctx.capture = Some(Capture::start(lab.upstream(), "lan0").expect("capture the upstream link"));
 }
 
 fn scenario(lab: &NodeLab, server: &ApiServer) {
     let mut ctx = bring_up(lab, server);
     steady_state(lab, &ctx, true);
-    host_wipes(lab, &ctx);
+    host_wipes(lab, &mut ctx);
     let Ctx { rt, client, node_kc, capture, gws, agents } = &mut ctx;
     let (rt, client, node_kc) = (&*rt, &*client, &*node_kc);
     let cli = std::process::Command::new(egret_tests::gateway::egret_binary().unwrap())

@@ -55,6 +55,11 @@ use crate::failclosed::{run_bounded, FailClosedError, NFT_TIMEOUT};
 
 /// The table's name (family `inet`).
 pub const TABLE: &str = "egret_node";
+/// The table of the kept-source guard alone, apart so that a host that
+/// deletes the agent's main table (a targeted `nft delete table`) leaves it:
+/// a connection kept on the pod's source is then dropped, never sent out
+/// with the pod's address, until the repair (`repair.rs`).
+pub const GUARD_TABLE: &str = "egret_node_guard";
 /// The masquerade bypass's priority: `srcnat - 50`, before kindnet's
 /// `srcnat - 10` and the iptables `nat` table's 100.
 pub const KEEP_SOURCE_PRIORITY: i32 = 50;
@@ -165,29 +170,39 @@ pub fn ruleset(s: &Sets) -> String {
         out,
         "    ip saddr @steered4 rt ip nexthop @hops4 counter ct mark set ct mark or {KEPT:#010x} snat ip to ip saddr\n    ip6 saddr @steered6 rt ip6 nexthop @hops6 counter ct mark set ct mark or {KEPT:#010x} snat ip6 to ip6 saddr\n  }}\n"
     );
+    if let Some(st) = &s.strict {
+        strict(&mut out, st);
+    }
+    out.push_str("}\n");
     // A connection bound to the pod's own source keeps that binding after
-    // the pod stops being steered (its rule is gone, an `except` was added):
-    // its later packets would leave through the node's own route with the
-    // pod's address. They are dropped instead; the application's next
-    // connection is masqueraded (or steered) as usual. Only the original
-    // direction: the replies to the pod are routed to the pod itself.
+    // the pod stops being steered (its rule is gone, an `except` was added,
+    // the host removed the rule or the main table): its later packets would
+    // leave through the node's own route with the pod's address. They are
+    // dropped instead; the application's next connection is masqueraded (or
+    // steered) as usual. Only the original direction: the replies to the pod
+    // are routed to the pod itself.
+    let _ = write!(out, "table inet {GUARD_TABLE}\ndelete table inet {GUARD_TABLE}\ntable inet {GUARD_TABLE} {{\n");
+    set(&mut out, "hops4", "ipv4_addr", false, addrs(s.next_hops.iter(), true));
+    set(&mut out, "hops6", "ipv6_addr", false, addrs(s.next_hops.iter(), false));
     let _ = write!(
         out,
         "  chain kept_source_guard {{\n    type filter hook postrouting priority 300; policy accept;\n    ct direction original ct mark and {KEPT:#010x} == {KEPT:#010x} meta nfproto ipv4 rt ip nexthop != @hops4 counter drop comment \"egret: a kept pod source not leaving through a gateway\"\n    ct direction original ct mark and {KEPT:#010x} == {KEPT:#010x} meta nfproto ipv6 rt ip6 nexthop != @hops6 counter drop comment \"egret: a kept pod source not leaving through a gateway\"\n  }}\n"
     );
-    if let Some(st) = &s.strict {
-        set(&mut out, "local4", "ipv4_addr", true, nets(st.local.iter(), true));
-        set(&mut out, "local6", "ipv6_addr", true, nets(st.local.iter(), false));
-        set(&mut out, "cluster4", "ipv4_addr", true, nets(st.cluster.iter(), true));
-        set(&mut out, "cluster6", "ipv6_addr", true, nets(st.cluster.iter(), false));
-        set(&mut out, "known4", "ipv4_addr", false, addrs(st.known.iter(), true));
-        set(&mut out, "known6", "ipv6_addr", false, addrs(st.known.iter(), false));
-        out.push_str(
-            "  chain strict {\n    type filter hook forward priority -10; policy accept;\n    ip saddr @local4 ip daddr != @cluster4 ip saddr != @known4 counter drop comment \"egret strict: pod not classified yet\"\n    ip6 saddr @local6 ip6 daddr != @cluster6 ip6 saddr != @known6 counter drop comment \"egret strict: pod not classified yet\"\n  }\n",
-        );
-    }
     out.push_str("}\n");
     out
+}
+
+/// Strict mode's sets and chain (in the main table).
+fn strict(out: &mut String, st: &Strict) {
+    set(out, "local4", "ipv4_addr", true, nets(st.local.iter(), true));
+    set(out, "local6", "ipv6_addr", true, nets(st.local.iter(), false));
+    set(out, "cluster4", "ipv4_addr", true, nets(st.cluster.iter(), true));
+    set(out, "cluster6", "ipv6_addr", true, nets(st.cluster.iter(), false));
+    set(out, "known4", "ipv4_addr", false, addrs(st.known.iter(), true));
+    set(out, "known6", "ipv6_addr", false, addrs(st.known.iter(), false));
+    out.push_str(
+        "  chain strict {\n    type filter hook forward priority -10; policy accept;\n    ip saddr @local4 ip daddr != @cluster4 ip saddr != @known4 counter drop comment \"egret strict: pod not classified yet\"\n    ip6 saddr @local6 ip6 daddr != @cluster6 ip6 saddr != @known6 counter drop comment \"egret strict: pod not classified yet\"\n  }\n",
+    );
 }
 
 fn nft(script: &str) -> Result<(), NftError> {
@@ -207,15 +222,11 @@ pub fn install(s: &Sets) -> Result<(), NftError> {
     nft(&ruleset(s))
 }
 
-/// Whether the table is in the kernel (`nft list table`; a failure to ask
-/// counts as missing: a needless pass is harmless).
-pub fn table_present() -> bool {
-    nft(&format!("list table inet {TABLE}\n")).is_ok()
-}
-
-/// Deletes the table (`egret node cleanup`).
+/// Deletes both tables (`egret node cleanup`).
 pub fn remove() -> Result<(), NftError> {
-    nft(&format!("table inet {TABLE}\ndelete table inet {TABLE}\n"))
+    nft(&format!(
+        "table inet {TABLE}\ndelete table inet {TABLE}\ntable inet {GUARD_TABLE}\ndelete table inet {GUARD_TABLE}\n"
+    ))
 }
 
 #[cfg(test)]

@@ -15,9 +15,11 @@
 //!   (a PerNode address, or one a route of ours went through), any link
 //!   change (the kernel removes an IPv4 route through a link that goes down
 //!   without telling);
-//! - nftables (`NFNLGRP_NFTABLES`): the `inet egret_node` table deleted, when
-//!   it is then missing (the agent's own install deletes and adds it again in
-//!   one transaction, which notifies the deletion too).
+//! - nftables (`NFNLGRP_NFTABLES`): a transaction that deleted the
+//!   `inet egret_node` or `inet egret_node_guard` table and did not add it
+//!   back (the agent's own install deletes and adds both in one
+//!   transaction; the notifications of a transaction end with
+//!   `NFT_MSG_NEWGEN`).
 //!
 //! The agent's own removals wake it once more, which changes nothing, so
 //! this does not loop. Kernel notifications lost to an overrun socket
@@ -48,8 +50,11 @@ const RTMGRP_IPV6_ROUTE: u32 = 0x400;
 const RTMGRP_IPV6_RULE: u32 = 1 << (19 - 1);
 /// `NFNLGRP_NFTABLES` (uapi linux/netfilter/nfnetlink.h) as a group bit.
 const NFNLGRP_NFTABLES_BIT: u32 = 1 << (7 - 1);
-/// `NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_DELTABLE`.
+/// `NFNL_SUBSYS_NFTABLES << 8 |` `NFT_MSG_NEWTABLE`, `NFT_MSG_DELTABLE`,
+/// `NFT_MSG_NEWGEN` (uapi linux/netfilter/nf_tables.h).
+const NFT_NEWTABLE: u16 = 10 << 8;
 const NFT_DELTABLE: u16 = (10 << 8) | 2;
+const NFT_NEWGEN: u16 = (10 << 8) | 15;
 /// `NFTA_TABLE_NAME`.
 const NFTA_TABLE_NAME: u16 = 1;
 /// `NFPROTO_INET`.
@@ -77,28 +82,70 @@ pub fn route_wakes(msg: &RouteNetlinkMessage) -> bool {
     }
 }
 
-/// Whether an nfnetlink message (one, header included) deletes the agent's
-/// table.
-pub fn nft_deletes_our_table(msg: &[u8]) -> bool {
-    if msg.len() < 20 || u16::from_ne_bytes([msg[4], msg[5]]) != NFT_DELTABLE || msg[16] != NFPROTO_INET {
-        return false;
+/// What an nftables notification says of the agent's tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NftEvent {
+    /// One of them was deleted (in the transaction being notified).
+    Deleted,
+    /// One of them was added.
+    Added,
+    /// A transaction ended (`NFT_MSG_NEWGEN`).
+    Generation,
+}
+
+/// Reads one nfnetlink message (header included); `None` for what does not
+/// concern the agent's tables.
+pub fn nft_event(msg: &[u8]) -> Option<NftEvent> {
+    if msg.len() < 20 {
+        return None;
+    }
+    let kind = match u16::from_ne_bytes([msg[4], msg[5]]) {
+        NFT_NEWGEN => return Some(NftEvent::Generation),
+        NFT_DELTABLE => NftEvent::Deleted,
+        NFT_NEWTABLE => NftEvent::Added,
+        _ => return None,
+    };
+    if msg[16] != NFPROTO_INET {
+        return None;
     }
     // Attributes after the header (16) and nfgenmsg (4).
     let mut off = 20;
     while off + 4 <= msg.len() {
         let len = usize::from(u16::from_ne_bytes([msg[off], msg[off + 1]]));
-        let kind = u16::from_ne_bytes([msg[off + 2], msg[off + 3]]) & 0x3fff;
+        let attr = u16::from_ne_bytes([msg[off + 2], msg[off + 3]]) & 0x3fff;
         if len < 4 || off + len > msg.len() {
-            return false;
+            return None;
         }
-        if kind == NFTA_TABLE_NAME {
+        if attr == NFTA_TABLE_NAME {
             let name = &msg[off + 4..off + len];
             let name = name.split(|b| *b == 0).next().unwrap_or_default();
-            return name == nft::TABLE.as_bytes();
+            let ours = name == nft::TABLE.as_bytes() || name == nft::GUARD_TABLE.as_bytes();
+            return ours.then_some(kind);
         }
         off += (len + 3) & !3;
     }
-    false
+    None
+}
+
+/// Follows nftables transactions: the agent's own install deletes and adds
+/// its tables in one transaction; a transaction that deleted one of them
+/// without adding it back removed it.
+#[derive(Debug, Default)]
+pub struct NftTransactions {
+    deleted: i32,
+}
+
+impl NftTransactions {
+    /// Takes one notification; `true` at the end of a transaction that left
+    /// one of the agent's tables deleted.
+    pub fn on(&mut self, e: NftEvent) -> bool {
+        match e {
+            NftEvent::Deleted => self.deleted += 1,
+            NftEvent::Added => self.deleted -= 1,
+            NftEvent::Generation => return std::mem::take(&mut self.deleted) > 0,
+        }
+        false
+    }
 }
 
 /// Each netlink message of a datagram, as byte slices.
@@ -144,6 +191,7 @@ pub fn start(
 }
 
 async fn run(route: TokioSocket, netfilter: TokioSocket, wake: Arc<Notify>, counters: Arc<RepairCounters>) {
+    let mut transactions = NftTransactions::default();
     let woke = |why: &str| {
         counters.wakes.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(why, "the kernel reports a removal; reconciling now");
@@ -172,13 +220,16 @@ async fn run(route: TokioSocket, netfilter: TokioSocket, wake: Arc<Notify>, coun
             },
             r = netfilter.recv_from_full() => match r {
                 Ok((buf, _)) => {
-                    if messages(&buf).any(nft_deletes_our_table)
-                        && !tokio::task::block_in_place(nft::table_present)
-                    {
+                    let mut removed = false;
+                    for e in messages(&buf).filter_map(nft_event) {
+                        removed |= transactions.on(e);
+                    }
+                    if removed {
                         woke("nftables");
                     }
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    transactions = NftTransactions::default();
                     counters.overruns.fetch_add(1, Ordering::Relaxed);
                     woke("nftables overrun");
                 }
@@ -223,19 +274,64 @@ mod tests {
         m
     }
 
+    /// A NEWGEN as the kernel sends it (its attributes do not matter here).
+    fn newgen() -> Vec<u8> {
+        let mut m = deltable(0, "x");
+        m[4..6].copy_from_slice(&NFT_NEWGEN.to_ne_bytes());
+        m
+    }
+
+    fn newtable(name: &str) -> Vec<u8> {
+        let mut m = deltable(NFPROTO_INET, name);
+        m[4..6].copy_from_slice(&NFT_NEWTABLE.to_ne_bytes());
+        m
+    }
+
     #[test]
-    fn only_the_deletion_of_our_inet_table_counts() {
-        assert!(nft_deletes_our_table(&deltable(NFPROTO_INET, nft::TABLE)));
-        assert!(!nft_deletes_our_table(&deltable(NFPROTO_INET, "filter")));
-        assert!(!nft_deletes_our_table(&deltable(2, nft::TABLE)), "ip, not inet");
-        let mut newtable = deltable(NFPROTO_INET, nft::TABLE);
-        newtable[4] = 0; // NFT_MSG_NEWTABLE
-        assert!(!nft_deletes_our_table(&newtable));
+    fn only_the_deletion_of_our_inet_tables_is_read() {
+        assert_eq!(nft_event(&deltable(NFPROTO_INET, nft::TABLE)), Some(NftEvent::Deleted));
+        assert_eq!(nft_event(&deltable(NFPROTO_INET, nft::GUARD_TABLE)), Some(NftEvent::Deleted));
+        assert_eq!(nft_event(&newtable(nft::TABLE)), Some(NftEvent::Added));
+        assert_eq!(nft_event(&deltable(NFPROTO_INET, "filter")), None);
+        assert_eq!(nft_event(&deltable(2, nft::TABLE)), None, "ip, not inet");
+        assert_eq!(nft_event(&newgen()), Some(NftEvent::Generation));
         let whole = deltable(NFPROTO_INET, nft::TABLE);
-        assert!(!nft_deletes_our_table(&whole[..26]), "a cut name is not read past the message's end");
+        assert_eq!(nft_event(&whole[..26]), None, "a cut name is not read past the message's end");
         assert_eq!(messages(&whole[..whole.len() - 1]).count(), 0, "nor a message shorter than its header says");
-        let two: Vec<u8> = [deltable(NFPROTO_INET, "filter"), deltable(NFPROTO_INET, nft::TABLE)].concat();
-        assert_eq!(messages(&two).filter(|m| nft_deletes_our_table(m)).count(), 1);
+    }
+
+    /// The agent's own install (delete and add in one transaction, as `nft
+    /// -f` of its script notifies it) wakes nothing; a deletion alone does,
+    /// at its transaction's end; so does the agent's first install after one.
+    #[test]
+    fn a_transaction_that_leaves_a_table_deleted_wakes_the_loop() {
+        let feed = |t: &mut NftTransactions, msgs: &[Vec<u8>]| -> bool {
+            let buf: Vec<u8> = msgs.concat();
+            let mut woke = false;
+            for e in messages(&buf).filter_map(nft_event) {
+                woke |= t.on(e);
+            }
+            woke
+        };
+        let mut t = NftTransactions::default();
+        let install = [
+            deltable(NFPROTO_INET, nft::TABLE),
+            newtable(nft::TABLE),
+            deltable(NFPROTO_INET, nft::GUARD_TABLE),
+            newtable(nft::GUARD_TABLE),
+            newgen(),
+        ];
+        assert!(!feed(&mut t, &install));
+        // Split across datagrams: the same.
+        assert!(!feed(&mut t, &install[..2]));
+        assert!(!feed(&mut t, &install[2..]));
+        assert!(feed(&mut t, &[deltable(NFPROTO_INET, nft::GUARD_TABLE), newgen()]));
+        assert!(!feed(&mut t, &[deltable(NFPROTO_INET, "filter"), newgen()]), "another's table");
+        assert!(feed(
+            &mut t,
+            &[deltable(NFPROTO_INET, nft::TABLE), deltable(NFPROTO_INET, nft::GUARD_TABLE), newgen()]
+        ));
+        assert!(!feed(&mut t, &install), "the repair itself");
     }
 
     #[test]
