@@ -211,7 +211,8 @@ pub enum NodeError {
 }
 
 /// `egret node cleanup`: removes every rule and route Egret's agent put in
-/// the kernel (in `tables`) and the `inet egret_node` table.
+/// the kernel (in `tables`) and its tables `inet egret_node` and
+/// `inet egret_node_guard`.
 pub fn cleanup(tables: TableRange) -> Result<usize, NodeError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
