@@ -27,6 +27,7 @@ pub mod ha;
 pub mod k8s;
 pub mod metrics;
 pub mod netlink;
+pub mod nft_watch;
 pub mod node;
 pub mod offload;
 pub mod sink;

@@ -74,6 +74,12 @@ pub fn render(view: &dyn GatewayView) -> String {
     o.sample("config_apply_failures_total", &[], status.apply_failures);
     o.family("fail_closed_errors_total", "counter", "Times the fail-closed nftables table could not be installed.");
     o.sample("fail_closed_errors_total", &[], status.fail_closed_errors);
+    o.family(
+        "fail_closed_repairs_total",
+        "counter",
+        "Times another program removed the fail-closed nftables table and the gateway put it back.",
+    );
+    o.sample("fail_closed_repairs_total", &[], status.fail_closed_repairs);
     o.family("ready", "gauge", "1 once the XDP program is attached and every worker runs.");
     o.sample("ready", &[], u64::from(status.ready));
     o.family(

@@ -96,6 +96,10 @@ pub struct Status {
     /// Times the fail-closed nftables table could not be installed.
     #[serde(default)]
     pub fail_closed_errors: u64,
+    /// Times another program removed the fail-closed table and the gateway
+    /// put it back.
+    #[serde(default)]
+    pub fail_closed_repairs: u64,
     /// Kubernetes mode: Leases, peers, standbys (None in file mode).
     #[serde(default)]
     pub cluster: Option<ClusterReport>,

@@ -65,6 +65,7 @@ impl GatewayView for Fake {
             reload_failures: 2,
             apply_failures: 5,
             fail_closed_errors: 1,
+            fail_closed_repairs: 0,
             sessions: (4, 1),
             session_capacity: 1 << 20,
             fib_routes: 2,

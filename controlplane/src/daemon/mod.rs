@@ -32,6 +32,7 @@
 //! the links are dropped (the program is detached), the admin socket file is
 //! removed, exit 0.
 
+mod fail_closed_repair;
 pub mod handler;
 mod multicast;
 mod port_map;
@@ -602,6 +603,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     // Dead: the sync loop silent for longer than the watchdog allows.
     let alive_limit =
         cfg.kubernetes.as_ref().map_or(Duration::MAX, |k| k.lease_duration + crate::failclosed::NFT_TIMEOUT);
+    let fail_closed_repair = fail_closed_repair::spawn(sink.clone());
     let metrics_task = tokio::spawn(crate::metrics::serve(
         metrics_listener,
         view.clone(),
@@ -705,6 +707,9 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     stop.store(true, Ordering::Release);
     admin_task.abort();
     metrics_task.abort();
+    if let Some(t) = fail_closed_repair {
+        t.abort();
+    }
     let _ = netlink_task.await;
     drop(links);
     shared.attached.store(false, Ordering::Release);

@@ -95,6 +95,9 @@ pub struct GatewaySink {
     pub apply_failures: AtomicU64,
     /// Times the fail-closed nftables rules could not be installed.
     pub fail_closed_errors: AtomicU64,
+    /// Times the fail-closed table was put back after another program
+    /// removed it ([`GatewaySink::reinstall_fail_closed`]).
+    pub fail_closed_repairs: AtomicU64,
     /// Whether applies replace the kernel's fail-closed table (released
     /// unless Kubernetes mode holds it: crate::failclosed::Hold).
     pub fail_closed: Arc<crate::failclosed::Hold>,
@@ -203,6 +206,7 @@ impl GatewaySink {
             applied: AtomicU64::new(0),
             apply_failures: AtomicU64::new(0),
             fail_closed_errors: AtomicU64::new(0),
+            fail_closed_repairs: AtomicU64::new(0),
             fail_closed: Arc::default(),
             install_rules: Box::new(crate::failclosed::install),
             current: Mutex::new(None),
@@ -329,6 +333,24 @@ impl GatewaySink {
         drop(fence);
         *self.restart_needed.lock() = published.restart_needed.iter().map(|s| s.to_string()).collect();
         *self.current.lock() = Some(spec.clone());
+        Ok(())
+    }
+
+    /// Puts the fail-closed table back for the tables the data plane runs
+    /// now, after another program removed it (a firewall reload's `nft
+    /// flush ruleset`, an `nft delete table`): while it is missing, a crash
+    /// of this process would let the kernel forward selected pods' traffic
+    /// with their own addresses. Serialised with applies, so the table is
+    /// never older than what XDP passes. Held (Kubernetes mode before the
+    /// cluster's first apply): nothing, the kernel's table is not ours yet.
+    pub fn reinstall_fail_closed(&self) -> Result<(), String> {
+        let _serial = SERIAL.lock();
+        if self.fail_closed.is_held() {
+            return Ok(());
+        }
+        let tables = self.engine.tables();
+        self.install_fail_closed(&tables)?;
+        self.fail_closed_repairs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

@@ -110,6 +110,7 @@ impl GatewayView for LiveView {
             reload_failures: s.reload_failures.load(Ordering::Relaxed),
             apply_failures: s.sink.apply_failures.load(Ordering::Relaxed),
             fail_closed_errors: s.sink.fail_closed_errors.load(Ordering::Relaxed),
+            fail_closed_repairs: s.sink.fail_closed_repairs.load(Ordering::Relaxed),
             sessions: (s.engine.nat4().sessions.len() as u64, s.engine.nat6().sessions.len() as u64),
             session_capacity: s.engine.nat4().sessions.capacity() as u64,
             fib_routes: routes as u64,

@@ -80,3 +80,44 @@ fn dead_gateway(name: &str, tier: Tier) {
     h.expect_fast_path_hits = false;
     h.finish(&[]).unwrap();
 }
+
+/// A firewall reload or an `nft delete table` removes the fail-closed table
+/// while the gateway runs: the gateway puts it back at once
+/// (controlplane/src/daemon/fail_closed_repair.rs; file mode has no resync
+/// that would), so a crash afterwards still leaks nothing.
+#[test]
+fn a_removed_fail_closed_table_is_put_back() {
+    const NAME: &str = "a_removed_fail_closed_table_is_put_back";
+    let Some(mut h) = crate::start_in(NAME, Tier::FastPath, LabOptions::for_test(), |_| {}) else { return };
+    crate::established_flows(&h, Pod::A, 2);
+    let ns = h.lab.gateway_ns();
+    // The listing without its counters' values.
+    let table = || {
+        let text = ns.exec(&["nft", "list", "table", "inet", "egret_failclosed"]).unwrap_or_default();
+        let mut words: Vec<&str> = text.split_whitespace().collect();
+        for i in 1..words.len() {
+            if matches!(words[i - 1], "packets" | "bytes") {
+                words[i] = "N";
+            }
+        }
+        words.join(" ")
+    };
+    let installed = table();
+    assert!(installed.contains("table inet egret_failclosed"), "the gateway installed its table:\n{installed}");
+    for wipe in [&["nft", "delete", "table", "inet", "egret_failclosed"][..], &["nft", "flush", "ruleset"][..]] {
+        let t0 = Instant::now();
+        ns.exec(wipe).unwrap();
+        while table() != installed {
+            assert!(t0.elapsed() < Duration::from_secs(10), "`{}`: the table is not back after 10 s", wipe.join(" "));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        println!("{NAME}: `{}`: the fail-closed table was back {} ms later", wipe.join(" "), t0.elapsed().as_millis());
+    }
+    let status = h.gw.admin().status().unwrap();
+    assert_eq!(status["fail_closed_repairs"], 2, "two repairs counted: {status}");
+    // Then a crash: the table does its work.
+    h.gw.kill().unwrap();
+    let _ = client::udp_echo(h.lab.pod(Pod::A), Pod::A.echo_endpoint(), "after-repair-while-dead");
+    h.expect_fast_path_hits = false;
+    h.finish(&[]).unwrap();
+}
