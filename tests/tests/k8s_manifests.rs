@@ -340,8 +340,8 @@ fn a_values_file_replaces_lists_and_merges_maps() {
     let file = tmp.0.join("my-values.yaml");
     std::fs::write(
         &file,
-        "config:\n  interfaces:\n    - name: ens5\n      role: both\n  kubernetes:\n    clusterPodCIDRs: [10.244.0.0/16]\n\
-         node:\n  clusterCIDRs: \"10.244.0.0/16,10.96.0.0/12\"\n",
+        "cluster:\n  podCIDRs: [10.244.0.0/16]\n  serviceCIDRs: [10.96.0.0/12]\n\
+         config:\n  interfaces:\n    - name: ens5\n      role: both\n  kubernetes:\n    retryPeriod: 400ms\n",
     )
     .unwrap();
     let docs = render(ALT_RELEASE, ALT_NAMESPACE, &["-f", file.to_str().unwrap()]);
@@ -354,6 +354,60 @@ fn a_values_file_replaces_lists_and_merges_maps() {
     let text = scalar(&lookup(one(&docs, "ConfigMap", "gateway"), "data")["gateway.yaml"]);
     let file: Value = serde_yaml::from_str(&text).unwrap();
     assert_eq!(file["kubernetes"]["leaseDuration"].as_str(), Some("4s"), "the chart's leaseDuration stays: {text}");
+    assert_eq!(file["kubernetes"]["retryPeriod"].as_str(), Some("400ms"), "the file's retryPeriod wins: {text}");
+}
+
+/// The cluster's settings are named once (`cluster.*`) and both DaemonSets
+/// take them: the pod CIDRs (the gateways' source guard, the agent's
+/// `--cluster-cidr` with the Service CIDRs), the gateway label (the
+/// gateways' DaemonSet and selector, the agent's anti-affinity), the NAT
+/// ports (the gateways' file, the agent's `--nat-ports`). The old places
+/// are refused with a message naming the new one.
+#[test]
+fn the_clusters_settings_are_named_once() {
+    let set = [
+        "--set",
+        "cluster.podCIDRs={10.1.0.0/16,fd00:10::/56}",
+        "--set",
+        "cluster.serviceCIDRs={10.2.0.0/16}",
+        "--set",
+        "cluster.gatewayLabel.key=example.com/egress",
+        "--set",
+        "cluster.gatewayLabel.value=yes",
+        "--set",
+        "config.nat.ports=40000-49999",
+        "--set",
+        "nodeSelector.zone=a",
+    ];
+    let docs = render("egret", NAMESPACE, &set);
+    let cfg = load_gateway_config(&docs, "cluster values");
+    let k = cfg.kubernetes.expect("Kubernetes mode");
+    let cidrs: Vec<String> = k.cluster_pod_cidrs.iter().map(|c| c.to_string()).collect();
+    assert_eq!(cidrs, ["10.1.0.0/16", "fd00:10::/56"]);
+    assert_eq!(k.gateway_selector, "example.com/egress=yes");
+    let gw = one(&docs, "DaemonSet", "gateway");
+    let selector = lookup(pod_spec(gw), "nodeSelector");
+    assert_eq!(scalar(&selector["example.com/egress"]), "yes", "{selector:?}");
+    assert_eq!(scalar(&selector["zone"]), "a", "nodeSelector adds to the label: {selector:?}");
+    let node = one(&docs, "DaemonSet", "node");
+    let args: Vec<String> = lookup(container(node), "args").as_sequence().unwrap().iter().map(scalar).collect();
+    assert!(args.contains(&"--cluster-cidr=10.1.0.0/16,fd00:10::/56,10.2.0.0/16".to_string()), "{args:?}");
+    assert!(args.contains(&"--nat-ports=40000-49999".to_string()), "{args:?}");
+    let term = &lookup(
+        pod_spec(node),
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+    )[0]["matchExpressions"][0];
+    assert_eq!(scalar(&term["key"]), "example.com/egress");
+    assert_eq!(scalar(&term["operator"]), "NotIn");
+    assert_eq!(scalar(&term["values"][0]), "yes");
+    for (old, names) in [
+        ("config.kubernetes.clusterPodCIDRs={10.9.0.0/16}", "cluster.podCIDRs"),
+        ("config.kubernetes.gatewaySelector=a=b", "cluster.gatewayLabel"),
+        ("node.clusterCIDRs=10.9.0.0/16", "cluster.podCIDRs and cluster.serviceCIDRs"),
+    ] {
+        let err = try_render_chart(&chart_dir(), "egret", NAMESPACE, &["--set", old]).expect_err(old);
+        assert!(err.contains(names), "{old}: {err}");
+    }
 }
 
 fn checksum(docs: &[Value]) -> String {

@@ -100,6 +100,14 @@ a different kubernetes.leaseNamespace in the values is refused.
 {{- if and $cfg.metrics $cfg.metrics.listen }}
 {{- fail "config.metrics.listen: leave it out, the chart sets --metrics-listen from metrics.port" }}
 {{- end }}
+{{- if $k8s.clusterPodCIDRs }}
+{{- fail "config.kubernetes.clusterPodCIDRs: leave it out, the chart sets it from cluster.podCIDRs (which the node agent takes too)" }}
+{{- end }}
+{{- if $k8s.gatewaySelector }}
+{{- fail "config.kubernetes.gatewaySelector: leave it out, the chart sets it from cluster.gatewayLabel (which places the DaemonSets too)" }}
+{{- end }}
+{{- $_ := set $k8s "clusterPodCIDRs" (required "cluster.podCIDRs is required (the cluster's pod CIDRs)" .Values.cluster.podCIDRs) }}
+{{- $_ := set $k8s "gatewaySelector" (include "egret.gatewaySelector" .) }}
 {{- if $k8s.ha }}
 {{- fail "config.kubernetes.ha: leave it out, the chart sets it from ha.* (ha.enabled, ha.port, ha.existingSecret, ha.liveness, ha.resyncPeriod)" }}
 {{- end }}
@@ -116,4 +124,18 @@ a different kubernetes.leaseNamespace in the values is refused.
 {{- $_ := set $k8s "leaseNamespace" .Release.Namespace }}
 {{- $_ := set $cfg "kubernetes" $k8s }}
 {{- toYaml $cfg }}
+{{- end }}
+
+{{/* The gateway label as a label selector: key=value. */}}
+{{- define "egret.gatewaySelector" -}}
+{{- $l := .Values.cluster.gatewayLabel -}}
+{{- printf "%s=%s" (required "cluster.gatewayLabel.key is required" $l.key) (required "cluster.gatewayLabel.value is required" $l.value) -}}
+{{- end }}
+
+{{/* The node agent's --cluster-cidr: the pod and Service CIDRs. */}}
+{{- define "egret.clusterCIDRs" -}}
+{{- if .Values.node.clusterCIDRs }}
+{{- fail "node.clusterCIDRs was replaced by cluster.podCIDRs and cluster.serviceCIDRs (lists), which the gateways take too" }}
+{{- end }}
+{{- concat .Values.cluster.podCIDRs (default (list) .Values.cluster.serviceCIDRs) | join "," -}}
 {{- end }}
