@@ -28,6 +28,7 @@ use egret_dataplane::tables::{
 };
 use ipnet::IpNet;
 
+pub mod default_route;
 pub mod raw;
 
 /// One problem with a configuration file.
@@ -543,14 +544,30 @@ impl Checker<'_> {
         let mut names = HashSet::new();
         for (i, r) in list.iter().enumerate() {
             let path = format!("interfaces[{i}]");
-            if r.name.is_empty() || r.name.len() > 15 || r.name.contains(['/', ' ']) {
-                self.invalid(
-                    format!("{path}.name"),
-                    &r.name,
-                    "not an interface name (1-15 characters, no '/' or space)",
-                );
-            } else if !names.insert(r.name.clone()) {
-                self.invalid(format!("{path}.name"), &r.name, "listed twice");
+            let name = match (r.name.as_deref(), r.default_route.unwrap_or(false)) {
+                (Some(n), true) => {
+                    self.invalid(format!("{path}.name"), n, "give either name or defaultRoute: true, not both");
+                    n.to_string()
+                }
+                // Resolved when the daemon loads the file (default_route.rs).
+                (None, true) => default_route::DEFAULT_ROUTE.to_string(),
+                (None, false) => {
+                    self.invalid(format!("{path}.name"), "", "missing (or defaultRoute: true)");
+                    String::new()
+                }
+                (Some(n), false) => {
+                    if n.is_empty() || n.len() > 15 || n.contains(['/', ' ']) || n.starts_with('@') {
+                        self.invalid(
+                            format!("{path}.name"),
+                            n,
+                            "not an interface name (1-15 characters, no '/' or space, not starting with '@')",
+                        );
+                    }
+                    n.to_string()
+                }
+            };
+            if !name.is_empty() && !names.insert(name.clone()) {
+                self.invalid(format!("{path}.name"), &name, "listed twice");
             }
             let role = match r.role.as_deref().unwrap_or("both") {
                 "inside" => Role::Inside,
@@ -596,7 +613,7 @@ impl Checker<'_> {
                     "an outside interface never carries pods' traffic; list the node routers' MACs on the inside (or both) interface",
                 );
             }
-            out.push(InterfaceConfig { name: r.name.clone(), role, queues, pod_source_macs });
+            out.push(InterfaceConfig { name, role, queues, pod_source_macs });
         }
         let count = |role| out.iter().filter(|i| i.role == role).count();
         let (both, inside, outside) = (count(Role::Both), count(Role::Inside), count(Role::Outside));

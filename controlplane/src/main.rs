@@ -410,6 +410,18 @@ fn check_config(file: &std::path::Path) -> ExitCode {
             for i in &c.interfaces {
                 s.push_str(&format!("interface {} ({:?}, queues {:?})\n", i.name, i.role, i.queues).to_lowercase());
             }
+            let mut here = c.clone();
+            match config::default_route::resolve(&mut here) {
+                Ok(()) => {
+                    for (_, r) in c.interfaces.iter().zip(&here.interfaces).filter(|(i, r)| i.name != r.name) {
+                        s.push_str(&format!(
+                            "  defaultRoute: on this host {} (resolved again where the gateway starts)\n",
+                            r.name
+                        ));
+                    }
+                }
+                Err(e) => s.push_str(&format!("  {e} (on this host; resolved again where the gateway starts)\n")),
+            }
             s.push_str(&format!(
                 "xdp {} mode; admin socket {}; metrics on {}\n",
                 c.xdp.mode.name(),

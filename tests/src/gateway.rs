@@ -46,7 +46,8 @@ pub struct Policy {
 /// The gateway's configuration, written as docs/config.md's YAML.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatewayConfig {
-    /// Interfaces and roles (`inside`, `outside`, `both`).
+    /// Interfaces and roles (`inside`, `outside`, `both`); an empty name
+    /// is written `defaultRoute: true`.
     pub interfaces: Vec<(String, String)>,
     /// `native` or `generic`.
     pub xdp_mode: String,
@@ -174,7 +175,11 @@ impl GatewayConfig {
         let list = |v: &[IpNet]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ");
         let mut y = String::from("# Written by egret-tests (tests/src/gateway.rs) for the lab.\ninterfaces:\n");
         for (name, role) in &self.interfaces {
-            y += &format!("  - name: {name}\n    role: {role}\n");
+            if name.is_empty() {
+                y += &format!("  - defaultRoute: true\n    role: {role}\n");
+            } else {
+                y += &format!("  - name: {name}\n    role: {role}\n");
+            }
         }
         y += &format!("xdp:\n  mode: {}\n  fastPath: {}\n", self.xdp_mode, self.fast_path);
         if let Some(n) = &self.fast_path_sessions {

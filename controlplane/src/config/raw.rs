@@ -46,7 +46,12 @@ pub struct Config {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Interface {
     /// Interface name.
-    pub name: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `true`: the interface of the default route, instead of a name
+    /// (`config/default_route.rs`).
+    #[serde(default)]
+    pub default_route: Option<bool>,
     /// inside | outside | both.
     pub role: Option<String>,
     /// "all" or a count.

@@ -249,6 +249,7 @@ pub fn run_gateway(path: &Path) -> Result<(), DaemonError> {
 /// holds across `SIGHUP` reloads too.
 pub fn run_gateway_with(path: &Path, metrics_listen: Option<SocketAddr>) -> Result<(), DaemonError> {
     let mut cfg = config::load(path)?;
+    config::default_route::resolve(&mut cfg)?;
     if let Some(a) = metrics_listen {
         cfg.metrics_listen = a;
     }
@@ -871,7 +872,7 @@ fn ha_options(h: &config::HaConfig) -> Result<crate::ha::HaOptions, DaemonError>
 /// `SIGHUP`: re-read, validate, apply; keep the old configuration on error.
 fn reload(path: &Path, shared: &Shared, metrics_listen: Option<SocketAddr>) {
     let t0 = Instant::now();
-    let new = match config::load(path) {
+    let new = match config::load(path).and_then(|mut c| config::default_route::resolve(&mut c).map(|()| c)) {
         Ok(mut c) => {
             if let Some(a) = metrics_listen {
                 c.metrics_listen = a;

@@ -98,3 +98,28 @@ fn one_arm(name: &str, tier: Tier) {
 
 both_tiers!(translates_tcp_udp_icmp_two_arm, two_arm);
 both_tiers!(translates_tcp_udp_icmp_one_arm, one_arm);
+
+/// A one-arm gateway whose file gives its interface as `defaultRoute: true`
+/// (the chart's default): the daemon takes the default route's interface
+/// (the lab's `lan0`) and translates as with the name written out.
+#[test]
+fn one_arm_on_the_default_routes_interface() {
+    const NAME: &str = "one_arm_on_the_default_routes_interface";
+    let opts = LabOptions { arm: Arm::One, ..LabOptions::for_test() };
+    let Some(mut h) = crate::start_in(NAME, Tier::Userspace, opts, |cfg| {
+        assert_eq!(cfg.interfaces.len(), 1, "one arm: {:?}", cfg.interfaces);
+        cfg.interfaces[0].0 = String::new();
+    }) else {
+        return;
+    };
+    let status = h.gw.admin().status().unwrap();
+    let names: Vec<&str> = status["interfaces"].as_array().unwrap().iter().filter_map(|i| i["name"].as_str()).collect();
+    assert_eq!(names, ["lan0"], "defaultRoute is the default route's interface: {status}");
+    for pod in [Pod::A, Pod::U] {
+        let want = Lab::expected_source(pod, pod.server());
+        let udp = client::udp_echo(h.lab.pod(pod), pod.echo_endpoint(), &format!("at-default-{}", pod.name())).unwrap();
+        assert_eq!(udp.seen.ip(), want, "{pod:?}: UDP source at the server");
+    }
+    h.expect_fast_path_hits = false;
+    h.finish(&[]).unwrap();
+}
