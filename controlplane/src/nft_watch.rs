@@ -28,6 +28,22 @@ const NFTA_TABLE_NAME: u16 = 1;
 /// `NFPROTO_INET`: Egret's tables are all `inet`.
 const NFPROTO_INET: u8 = 1;
 
+/// Whether every one of the `inet` tables `names` is in the kernel now
+/// (`nft list tables inet`: names only, cheap whatever the tables hold). A
+/// failure to ask counts as missing (a needless repair is harmless).
+/// After lost notifications (`ENOBUFS`) this decides, not a blind repair:
+/// a repair's own notifications (one per set element) may overrun the
+/// socket again, and a blind repair would then repeat without end.
+pub fn tables_present(names: &[&str]) -> bool {
+    let out = std::process::Command::new("nft").args(["list", "tables", "inet"]).output();
+    let Ok(out) = out else { return false };
+    if !out.status.success() {
+        return false;
+    }
+    let listed = String::from_utf8_lossy(&out.stdout);
+    names.iter().all(|n| listed.lines().any(|l| l.trim() == format!("table inet {n}")))
+}
+
 /// A socket subscribed to nftables' notifications in this network namespace.
 pub fn subscribe() -> io::Result<TokioSocket> {
     let mut s = TokioSocket::new(NETLINK_NETFILTER)?;
@@ -203,7 +219,8 @@ mod tests {
 
     /// The agent's own install (delete and add in one transaction, as `nft
     /// -f` of its script notifies it) wakes nothing; a deletion alone does,
-    /// at its transaction's end; so does the agent's first install after one.
+    /// at its transaction's end; the repair's install (adding the table back)
+    /// does not.
     #[test]
     fn a_transaction_that_leaves_a_table_deleted_wakes_the_loop() {
         let feed = |t: &mut NftTransactions, msgs: &[Vec<u8>]| -> bool { t.on_datagram(&msgs.concat()) };

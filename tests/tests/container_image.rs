@@ -1075,7 +1075,7 @@ fn readiness_container_vs_bare() {
 // The cloud path from the image (issue 29 §2).
 
 /// Where the documented private CA is mounted (docs/kubernetes.md, "A
-/// private CA"; the chart's `cloud.extraCA`).
+/// private CA"; the chart's `extraCA.configMap`).
 const PRIVATE_CA_DIR: &str = "/etc/egret-ca";
 /// Where EKS mounts a service account's projected token for IRSA.
 const IRSA_TOKEN_DIR: &str = "/var/run/secrets/eks.amazonaws.com/serviceaccount";

@@ -404,6 +404,9 @@ fn the_clusters_settings_are_named_once() {
         ("config.kubernetes.clusterPodCIDRs={10.9.0.0/16}", "cluster.podCIDRs"),
         ("config.kubernetes.gatewaySelector=a=b", "cluster.gatewayLabel"),
         ("node.clusterCIDRs=10.9.0.0/16", "cluster.podCIDRs and cluster.serviceCIDRs"),
+        ("cluster.podCIDRs=10.9.0.0/16", "cluster.podCIDRs: 10.9.0.0/16: a non-empty list"),
+        ("cluster.podCIDRs=null", "cluster.podCIDRs"),
+        ("cluster.podCIDRs={}", "a non-empty list"),
     ] {
         let err = try_render_chart(&chart_dir(), "egret", NAMESPACE, &["--set", old]).expect_err(old);
         assert!(err.contains(names), "{old}: {err}");

@@ -278,7 +278,12 @@ fn host_wipes(lab: &NodeLab, ctx: &mut Ctx) {
         // previous wipe repairs this one.
         let syncs = || ctx.agents[&w].status().and_then(|st| st["syncs"].as_u64()).unwrap_or(0);
         let (mut last, mut since) = (syncs(), Instant::now());
+        let quiet_by = Instant::now() + Duration::from_secs(15);
         while since.elapsed() < Duration::from_millis(500) {
+            assert!(
+                Instant::now() < quiet_by,
+                "{what}: the agent never paused for 500 ms in 15 s (passes without end?)"
+            );
             std::thread::sleep(Duration::from_millis(20));
             let n = syncs();
             if n != last {

@@ -4,11 +4,13 @@
 //! `ens5`, `enp1s0`...), while on a one-arm gateway the interface the pods'
 //! traffic arrives on and leaves by is almost always the one the default
 //! route goes through. `defaultRoute: true` (instead of a `name`) stands
-//! for it (held as the name [`DEFAULT_ROUTE`] until resolved): the interface of the IPv4
-//! default route with the lowest metric, else of the IPv6 one, read from
-//! the kernel (`/proc/net/route`, `/proc/net/ipv6_route`: this process's
+//! for it (held as the name [`DEFAULT_ROUTE`] until resolved): the
+//! interface of the usable IPv4 default route with the lowest metric in the
+//! main table, read from the kernel (`/proc/net/route`: this process's
 //! network namespace) each time the file is loaded, at start and at every
-//! reload. A host without a default route, or a name resolved to an
+//! reload. IPv6-only gateways name their interface: `/proc/net/ipv6_route`
+//! lists every routing table, so a policy table's default could be taken.
+//! A host without a usable default route, or a name resolved to an
 //! interface the file also lists, is refused naming the field.
 
 use std::path::Path;
@@ -19,39 +21,25 @@ use super::{ConfigError, ConfigErrors, GatewayConfig};
 /// interface name in a file may start with `@`).
 pub const DEFAULT_ROUTE: &str = "@default";
 
-/// The interface of the lowest-metric IPv4 default route in `route` (the
-/// text of `/proc/net/route`), else of the IPv6 one in `ipv6_route`.
-pub fn default_route_interface(route: &str, ipv6_route: &str) -> Option<String> {
-    let v4 = route
+/// The interface of the lowest-metric usable IPv4 default route in `route`
+/// (the text of `/proc/net/route`: the main table only): up, not a reject
+/// route (unreachable, blackhole, prohibit: `RTF_REJECT`, interface `*`).
+pub fn default_route_interface(route: &str) -> Option<String> {
+    route
         .lines()
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             // Iface Destination Gateway Flags RefCnt Use Metric Mask ...
             let (iface, dest, flags, metric, mask) = (f.first()?, f.get(1)?, f.get(3)?, f.get(6)?, f.get(7)?);
-            let up = u32::from_str_radix(flags, 16).ok()? & 0x1 != 0;
-            (up && *dest == "00000000" && *mask == "00000000").then(|| (metric.parse::<u32>().ok(), iface.to_string()))
-        })
-        .filter_map(|(m, i)| Some((m?, i)))
-        .min();
-    if let Some((_, iface)) = v4 {
-        return Some(iface);
-    }
-    ipv6_route
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // dest plen src splen nexthop metric refcnt use flags iface
-            let (dest, plen, metric, flags, iface) = (f.first()?, f.get(1)?, f.get(5)?, f.get(8)?, f.get(9)?);
             let flags = u32::from_str_radix(flags, 16).ok()?;
-            // RTF_UP, not RTF_REJECT (the unreachable default on lo).
-            let usable = flags & 0x1 != 0 && flags & 0x200 == 0 && *iface != "lo";
-            (usable && dest.bytes().all(|b| b == b'0') && *plen == "00")
-                .then(|| (u32::from_str_radix(metric, 16).ok(), iface.to_string()))
+            let usable = flags & 0x1 != 0 && flags & 0x200 == 0 && *iface != "*";
+            (usable && *dest == "00000000" && *mask == "00000000")
+                .then(|| Some((metric.parse::<u32>().ok()?, iface.to_string())))
+                .flatten()
         })
-        .filter_map(|(m, i)| Some((m?, i)))
         .min()
-        .map(|(_, i)| i)
+        .map(|(_, iface)| iface)
 }
 
 /// Replaces `defaultRoute: true` in `cfg` with the default route's interface as this
@@ -60,8 +48,7 @@ pub fn resolve(cfg: &mut GatewayConfig) -> Result<(), ConfigErrors> {
     if !cfg.interfaces.iter().any(|i| i.name == DEFAULT_ROUTE) {
         return Ok(());
     }
-    let read = |p: &str| std::fs::read_to_string(Path::new(p)).unwrap_or_default();
-    let found = default_route_interface(&read("/proc/net/route"), &read("/proc/net/ipv6_route"));
+    let found = default_route_interface(&std::fs::read_to_string(Path::new("/proc/net/route")).unwrap_or_default());
     resolve_with(cfg, found)
 }
 
@@ -100,24 +87,18 @@ mod tests {
         ens5\t00000000\t0101A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n\
         ens6\t00000000\t0102A8C0\t0003\t0\t0\t50\t00000000\t0\t0\t0\n\
         ens5\t0001A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
-        down0\t00000000\t0103A8C0\t0002\t0\t0\t1\t00000000\t0\t0\t0\n";
-    const ROUTE6: &str = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 fe800000000000000000000000000001 00000400 00000001 00000000 00000003 eth9\n\
-        00000000000000000000000000000000 00 00000000000000000000000000000000 00 00000000000000000000000000000000 ffffffff 00000001 00000000 00200200 lo\n\
-        20010db8000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth9\n";
+        down0\t00000000\t0103A8C0\t0002\t0\t0\t1\t00000000\t0\t0\t0\n\
+        *\t00000000\t00000000\t0201\t0\t0\t2\t00000000\t0\t0\t0\n";
 
     #[test]
-    fn the_lowest_metric_ipv4_default_wins_and_ipv6_is_the_fallback() {
+    fn the_lowest_metric_usable_ipv4_default_wins() {
         assert_eq!(
-            default_route_interface(ROUTE, ROUTE6).as_deref(),
+            default_route_interface(ROUTE).as_deref(),
             Some("ens6"),
-            "metric 50 over 100; down0 is not up"
+            "metric 50 over 100; down0 is not up; the unreachable default (metric 2) is not usable"
         );
-        assert_eq!(
-            default_route_interface("Iface\tDestination\n", ROUTE6).as_deref(),
-            Some("eth9"),
-            "not lo's reject route"
-        );
-        assert_eq!(default_route_interface("", ""), None);
+        assert_eq!(default_route_interface("Iface\tDestination\n"), None);
+        assert_eq!(default_route_interface(""), None);
     }
 
     #[test]

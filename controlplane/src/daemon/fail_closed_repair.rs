@@ -43,10 +43,19 @@ async fn run(socket: TokioSocket, sink: Arc<GatewaySink>) {
                     repair(&sink).await;
                 }
             }
-            // Notifications lost: a reinstall is harmless (the same table).
+            // Notifications lost (a large install notifies every set
+            // element): repair only if the table is gone.
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                 transactions.reset();
-                repair(&sink).await;
+                let present =
+                    tokio::task::spawn_blocking(|| nft_watch::tables_present(&[crate::failclosed::TABLE])).await;
+                if !present.unwrap_or(false) {
+                    tracing::warn!(
+                        table = crate::failclosed::TABLE,
+                        "the fail-closed table is missing; putting it back"
+                    );
+                    repair(&sink).await;
+                }
             }
             Err(e) => {
                 tracing::error!(error = %e, "nftables notifications failed; a removed fail-closed table is put back at the next apply only");
@@ -59,9 +68,12 @@ async fn run(socket: TokioSocket, sink: Arc<GatewaySink>) {
 async fn repair(sink: &Arc<GatewaySink>) {
     let s = sink.clone();
     match tokio::task::spawn_blocking(move || s.reinstall_fail_closed()).await {
-        Ok(Ok(())) => tracing::info!(
+        Ok(Ok(true)) => tracing::info!(
             repairs = sink.fail_closed_repairs.load(Ordering::Relaxed),
             "fail-closed table in place again"
+        ),
+        Ok(Ok(false)) => tracing::info!(
+            "the kernel's table is not this gateway's yet (held until the cluster's first apply); left alone"
         ),
         Ok(Err(e)) => tracing::error!(error = %e, "the fail-closed table could not be put back"),
         Err(e) => tracing::error!(error = %e, "the fail-closed repair panicked"),

@@ -343,15 +343,16 @@ impl GatewaySink {
     /// with their own addresses. Serialised with applies, so the table is
     /// never older than what XDP passes. Held (Kubernetes mode before the
     /// cluster's first apply): nothing, the kernel's table is not ours yet.
-    pub fn reinstall_fail_closed(&self) -> Result<(), String> {
+    /// `Ok(true)` when it installed the table.
+    pub fn reinstall_fail_closed(&self) -> Result<bool, String> {
         let _serial = SERIAL.lock();
         if self.fail_closed.is_held() {
-            return Ok(());
+            return Ok(false);
         }
         let tables = self.engine.tables();
         self.install_fail_closed(&tables)?;
         self.fail_closed_repairs.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(true)
     }
 
     /// Installs the fail-closed table for `tables` unless held.

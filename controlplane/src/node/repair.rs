@@ -22,8 +22,10 @@
 //!   `NFT_MSG_NEWGEN`).
 //!
 //! The agent's own removals wake it once more, which changes nothing, so
-//! this does not loop. Kernel notifications lost to an overrun socket
-//! (`ENOBUFS`) wake the loop too.
+//! this does not loop. rtnetlink notifications lost to an overrun socket
+//! (`ENOBUFS`) wake the loop too; lost nftables ones only when a table is
+//! then missing (each pass's install notifies every set element, which may
+//! overrun the socket: a pass for every overrun would never end).
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,10 +133,15 @@ async fn run(route: TokioSocket, netfilter: TokioSocket, wake: Arc<Notify>, coun
                         woke("nftables");
                     }
                 }
+                // Lost notifications (a pass's install notifies every set
+                // element): a pass only if a table is gone, else the pass's
+                // own notifications could overrun the socket again forever.
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                     transactions.reset();
                     counters.overruns.fetch_add(1, Ordering::Relaxed);
-                    woke("nftables overrun");
+                    if !tokio::task::block_in_place(|| nft_watch::tables_present(&[nft::TABLE, nft::GUARD_TABLE])) {
+                        woke("nftables overrun, a table missing");
+                    }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "nftables notifications failed; removals are repaired at the resync only");

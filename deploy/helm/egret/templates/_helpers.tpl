@@ -106,7 +106,8 @@ a different kubernetes.leaseNamespace in the values is refused.
 {{- if $k8s.gatewaySelector }}
 {{- fail "config.kubernetes.gatewaySelector: leave it out, the chart sets it from cluster.gatewayLabel (which places the DaemonSets too)" }}
 {{- end }}
-{{- $_ := set $k8s "clusterPodCIDRs" (required "cluster.podCIDRs is required (the cluster's pod CIDRs)" .Values.cluster.podCIDRs) }}
+{{- include "egret.checkCluster" . }}
+{{- $_ := set $k8s "clusterPodCIDRs" .Values.cluster.podCIDRs }}
 {{- $_ := set $k8s "gatewaySelector" (include "egret.gatewaySelector" .) }}
 {{- if $k8s.ha }}
 {{- fail "config.kubernetes.ha: leave it out, the chart sets it from ha.* (ha.enabled, ha.port, ha.existingSecret, ha.liveness, ha.resyncPeriod)" }}
@@ -132,8 +133,19 @@ a different kubernetes.leaseNamespace in the values is refused.
 {{- printf "%s=%s" (required "cluster.gatewayLabel.key is required" $l.key) (required "cluster.gatewayLabel.value is required" $l.value) -}}
 {{- end }}
 
+{{/* cluster.podCIDRs and cluster.serviceCIDRs are lists (fails naming the value); prints nothing. */}}
+{{- define "egret.checkCluster" -}}
+{{- if not (and (kindIs "slice" .Values.cluster.podCIDRs) .Values.cluster.podCIDRs) }}
+{{- fail (printf "cluster.podCIDRs: %v: a non-empty list of the cluster's pod CIDRs is required (e.g. [10.244.0.0/16])" .Values.cluster.podCIDRs) }}
+{{- end }}
+{{- if not (kindIs "slice" (default (list) .Values.cluster.serviceCIDRs)) }}
+{{- fail (printf "cluster.serviceCIDRs: %v: a list of the cluster's Service CIDRs is required (e.g. [10.96.0.0/12])" .Values.cluster.serviceCIDRs) }}
+{{- end }}
+{{- end }}
+
 {{/* The node agent's --cluster-cidr: the pod and Service CIDRs. */}}
 {{- define "egret.clusterCIDRs" -}}
+{{- include "egret.checkCluster" . }}
 {{- if .Values.node.clusterCIDRs }}
 {{- fail "node.clusterCIDRs was replaced by cluster.podCIDRs and cluster.serviceCIDRs (lists), which the gateways take too" }}
 {{- end }}
