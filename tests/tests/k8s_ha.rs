@@ -498,9 +498,14 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
             // cluster admin's kubeconfig.
             let bin = egret_tests::gateway::egret_binary().expect("egret binary");
             let kc = ctx.server.kubeconfig_path().display().to_string();
+            // Wall-clock stamps, to set beside the gateways' logs: beside
+            // hogs the 20 s below can go to the CLI's retries, the drained
+            // gateway's Node watch, or this test's own Lease reads.
+            let asked = k8s_openapi::jiff::Timestamp::now();
             let out = lab.control().exec(&[bin.to_str().unwrap(), "drain", holder.node_name(), "--kubeconfig", &kc]);
             out.expect("egret drain");
             let t_drain = Instant::now();
+            println!("k8s-ha: drain: egret drain ran from {asked} to {}", k8s_openapi::jiff::Timestamp::now());
             loop {
                 let h = wait_holder(ctx, Duration::from_secs(30));
                 if h != holder {
@@ -511,7 +516,12 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
                     );
                     break;
                 }
-                assert!(t_drain.elapsed() < Duration::from_secs(20), "drain: {EIP} did not move");
+                assert!(
+                    t_drain.elapsed() < Duration::from_secs(20),
+                    "drain: {EIP} did not move (still {} at {})",
+                    h.node_name(),
+                    k8s_openapi::jiff::Timestamp::now()
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
             let ok = wait_recovered(&load, Instant::now(), Duration::from_secs(20));
