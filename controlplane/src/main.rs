@@ -183,6 +183,14 @@ struct NodeArgs {
     /// This Node's name (default: $NODE_NAME).
     #[arg(long)]
     node_name: Option<String>,
+    /// This agent's Pod (default: $POD_NAME): a stop cleans the node up
+    /// when the Pod's DaemonSet is deleted or no longer selects the Node
+    /// (docs/kubernetes.md, "Uninstall"); outside a pod a stop keeps all.
+    #[arg(long)]
+    pod_name: Option<String>,
+    /// This agent's Pod's namespace (default: $POD_NAMESPACE).
+    #[arg(long)]
+    pod_namespace: Option<String>,
     /// A kubeconfig (default: in-cluster, then $KUBECONFIG).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -259,6 +267,10 @@ fn node_options(a: NodeArgs) -> Result<node::NodeOptions, String> {
     let name = a.node_name.or_else(|| std::env::var("NODE_NAME").ok()).unwrap_or_default();
     let mut o = node::NodeOptions::new(name);
     o.kubeconfig = a.kubeconfig;
+    o.pod = egret_controlplane::k8s::uninstall::PodIdentity::new(
+        a.pod_namespace.or_else(|| std::env::var("POD_NAMESPACE").ok()),
+        a.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
+    );
     o.cluster_cidrs = a.cluster_cidr.into_iter().map(|n| n.trunc()).collect();
     o.strict = a.strict;
     o.pod_cidrs = a.pod_cidr.into_iter().map(|n| n.trunc()).collect();

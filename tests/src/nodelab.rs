@@ -273,6 +273,25 @@ impl Agent {
         }
     }
 
+    /// SIGTERM (as the kubelet stops a pod), then waits at most `timeout`
+    /// for the exit; SIGKILL after that.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let mut c = self.child.take().ok_or_else(|| LabError::Gateway("egret node is not running".into()))?;
+        netns::run(Command::new("kill").arg("-TERM").arg(c.id().to_string()))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = c.try_wait().map_err(|e| LabError::io("wait for egret node", e))? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return Err(LabError::Gateway(format!("egret node still running {timeout:?} after SIGTERM")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The status file as JSON (`egret node status --json`'s content).
     pub fn status(&self) -> Option<serde_json::Value> {
         std::fs::read(&self.status_file).ok().and_then(|b| serde_json::from_slice(&b).ok())

@@ -24,7 +24,9 @@
 //! SIGKILL of the holder moves the Lease, the association and the traffic
 //! to the other gateway (time measured from the kill to the first new
 //! connection seen with the address); no packet with the pod's own address
-//! upstream at any time.
+//! upstream at any time; an uninstall (the gateways' DaemonSet deleted,
+//! then the last gateway stopped) releases the private address from its
+//! interface.
 //!
 //! Where moto differs from AWS (docs/kubernetes.md, "Running on AWS"):
 //! AssociateAddress ignores `PrivateIpAddress` (the association names the
@@ -147,6 +149,13 @@ async fn associated_interface(ec2: &aws_sdk_ec2::Client, allocation: &str) -> Op
     r.addresses().first().and_then(|a| a.network_interface_id()).map(str::to_string)
 }
 
+/// The private addresses moto has on interface `eni`.
+async fn interface_addresses(ec2: &aws_sdk_ec2::Client, eni: &str) -> Vec<String> {
+    let r = ec2.describe_network_interfaces().network_interface_ids(eni).send().await.expect("describe the interface");
+    let i = r.network_interfaces().first().expect("the interface");
+    i.private_ip_addresses().iter().filter_map(|a| a.private_ip_address().map(str::to_string)).collect()
+}
+
 /// The emulated VPC routing: `PRIVATE`'s neighbour entry on the node router
 /// and the upstream router follows the Elastic IP's association. Records
 /// when each move happened.
@@ -229,9 +238,14 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     let key = lab.dir().join("ha.key");
     write_ha_key(&key);
     let mut gws = BTreeMap::new();
+    // Run as Pods of a DaemonSet, so an uninstall is told from a restart.
+    let names: Vec<&str> = Gw::PAIR.iter().map(|g| g.node_name()).collect();
+    rt.block_on(daemonset_with_pods(&client, "egret-gateway", json!({"egret.dev/gateway": "true"}), &names));
     for g in Gw::PAIR {
         let mut cfg = lab_gateway_config(g, &kubeconfig, ha_section(lab, g, &key, 4720));
         cfg.env = moto.gateway_env();
+        cfg.env.push(("POD_NAME".into(), daemonset_pod_name("egret-gateway", g.node_name())));
+        cfg.env.push(("POD_NAMESPACE".into(), "egret-system".into()));
         gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
     }
     for gw in gws.values_mut() {
@@ -287,6 +301,14 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
 
     // 3. SIGKILL of the holder: the Lease, the association and the traffic move.
     let other = if holder == Gw::One { Gw::Two } else { Gw::One };
+    // With the channel up and the standby's copy complete (a SIGKILL in
+    // the first few hundred ms after the start would be proven only by the
+    // Lease's expiry: a different measurement).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !gws[&holder].log_text().contains("the standby holds a complete copy") {
+        assert!(Instant::now() < deadline, "{}'s standby has a copy", holder.node_name());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let moves_before = routing.moves().len();
     let kill = Instant::now();
     gws.get_mut(&holder).unwrap().kill().expect("SIGKILL the holder");
@@ -321,6 +343,25 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
         .map(|(f, i)| format!("at {:?}: {} -> {}", f.at, i.src, i.dst))
         .collect();
     assert!(leaked.is_empty(), "the pod's own address reached the upstream link: {leaked:?}");
+
+    // 5. An uninstall (the DaemonSet deleted, then the last gateway
+    // stopped) leaves the private address assigned to no gateway interface.
+    let on_other = || rt.block_on(interface_addresses(&ec2, &vpc.interface[&other]));
+    assert!(on_other().contains(&PRIVATE.to_string()), "{} holds {PRIVATE}: {:?}", other.node_name(), on_other());
+    rt.block_on(delete_daemonset(&client, "egret-gateway"));
+    let t = Instant::now();
+    gws.get_mut(&other).unwrap().terminate().expect("SIGTERM the last gateway");
+    let left = on_other();
+    assert!(
+        !left.contains(&PRIVATE.to_string()),
+        "uninstalled: {PRIVATE} released from {}: {left:?}",
+        other.node_name()
+    );
+    println!(
+        "k8s-cloud: uninstall: {PRIVATE} released from {} in {} ms",
+        vpc.interface[&other],
+        t.elapsed().as_millis()
+    );
     drop(routing);
     for (_, gw) in gws {
         drop(gw);

@@ -212,7 +212,7 @@ fn every_manifest_passes_server_side_dry_run() {
                 }
             }
         }
-        assert_eq!(count, 4 + 14, "CRDs twice, 13 manifests + the namespace");
+        assert_eq!(count, 4 + 16, "CRDs twice, 15 manifests + the namespace");
         for (what, objects) in [
             ("chart (egret in egret-system)", &default),
             ("chart (edge in egret-alt)", &alt),
@@ -240,7 +240,10 @@ fn every_manifest_passes_server_side_dry_run() {
                     "ConfigMap",
                     "DaemonSet",
                     "DaemonSet",
+                    // The Leases; the DaemonSets (uninstall told from a restart).
                     "Role",
+                    "Role",
+                    "RoleBinding",
                     "RoleBinding",
                     // The peer channel's key (ha.enabled, no ha.existingSecret).
                     "Secret",
@@ -299,8 +302,10 @@ fn the_chart_installs_under_any_release_name_and_namespace() {
         let gw = one(&docs, "DaemonSet", "gateway");
         let cm = pod_spec(gw)["volumes"].as_sequence().unwrap().iter().find_map(|v| v.get("configMap")).unwrap();
         assert_eq!(scalar(&cm["name"]), name(one(&docs, "ConfigMap", "gateway")));
-        let rb = docs.iter().find(|d| kind(d) == "RoleBinding").unwrap();
-        assert_eq!(scalar(lookup(rb, "roleRef.name")), name(docs.iter().find(|d| kind(d) == "Role").unwrap()));
+        let leases =
+            docs.iter().find(|d| kind(d) == "Role" && scalar(&lookup(d, "rules")[0]["resources"][0]) == "leases");
+        let leases = name(leases.unwrap());
+        let rb = docs.iter().find(|d| kind(d) == "RoleBinding" && scalar(lookup(d, "roleRef.name")) == leases).unwrap();
         assert_eq!(scalar(&lookup(rb, "subjects")[0]["name"]), scalar(lookup(pod_spec(gw), "serviceAccountName")));
     }
     // Off by default: the ServiceMonitor's CRD may not exist.
@@ -318,9 +323,11 @@ fn the_lease_namespace_is_the_release_namespace() {
         let k = cfg.kubernetes.unwrap_or_else(|| panic!("{release}: Kubernetes mode"));
         assert_eq!(k.lease_namespace, ns, "{release}: the Leases' namespace");
         assert!(!k.cluster_pod_cidrs.is_empty(), "{release}: clusterPodCIDRs is set");
-        let role = docs.iter().find(|d| kind(d) == "Role").unwrap();
+        let role = docs
+            .iter()
+            .find(|d| kind(d) == "Role" && scalar(&lookup(d, "rules")[0]["resources"][0]) == "leases")
+            .unwrap_or_else(|| panic!("{release}: a Role for the Leases"));
         assert_eq!(scalar(lookup(role, "metadata.namespace")), ns);
-        assert_eq!(scalar(&lookup(role, "rules")[0]["resources"][0]), "leases");
     }
     let err = try_render_chart(
         &chart_dir(),
@@ -878,5 +885,48 @@ fn copy_dir(from: &Path, to: &Path) {
         } else {
             std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
         }
+    }
+}
+
+/// A stopping pod tells an uninstall from a restart by its DaemonSet
+/// (controlplane/src/k8s/uninstall.rs): both DaemonSets name their own Pod
+/// from the downward API, both service accounts may read it and the
+/// DaemonSets of their namespace, in the chart and the plain manifests.
+#[test]
+fn both_daemonsets_can_tell_an_uninstall_from_a_restart() {
+    for (what, docs) in [("chart", render("egret", NAMESPACE, &[])), ("manifests", manifest_docs())] {
+        let daemonsets: Vec<&Value> = docs.iter().filter(|d| kind(d) == "DaemonSet").collect();
+        assert_eq!(daemonsets.len(), 2, "{what}");
+        let mut accounts = Vec::new();
+        for ds in daemonsets {
+            let env = container(ds)["env"].as_sequence().unwrap();
+            for (var, field) in [("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")] {
+                let e = env.iter().find(|e| scalar(&e["name"]) == var);
+                let e = e.unwrap_or_else(|| panic!("{what}: {} has no {var}", name(ds)));
+                assert_eq!(scalar(lookup(e, "valueFrom.fieldRef.fieldPath")), field, "{what}: {var}");
+            }
+            accounts.push(scalar(lookup(pod_spec(ds), "serviceAccountName")));
+        }
+        let role = docs
+            .iter()
+            .find(|d| kind(d) == "Role" && scalar(&lookup(d, "rules")[0]["resources"][0]) == "daemonsets")
+            .unwrap_or_else(|| panic!("{what}: a Role reading DaemonSets"));
+        let verbs: Vec<String> = lookup(role, "rules")[0]["verbs"].as_sequence().unwrap().iter().map(scalar).collect();
+        assert_eq!(verbs, ["get", "list", "watch"], "{what}");
+        let rb = docs.iter().find(|d| kind(d) == "RoleBinding" && scalar(lookup(d, "roleRef.name")) == name(role));
+        let bound: Vec<String> =
+            lookup(rb.unwrap(), "subjects").as_sequence().unwrap().iter().map(|s| scalar(&s["name"])).collect();
+        for a in &accounts {
+            assert!(bound.contains(a), "{what}: {a} reads its DaemonSet: bound {bound:?}");
+        }
+        let node_role = docs
+            .iter()
+            .find(|d| kind(d) == "ClusterRole" && (component(d) == Some("node") || name(d).ends_with("node")));
+        let node_rules = lookup(node_role.unwrap(), "rules").as_sequence().unwrap().clone();
+        assert!(
+            node_rules.iter().any(|r| r["resources"].as_sequence().unwrap().iter().any(|x| scalar(x) == "pods")
+                && r["verbs"].as_sequence().unwrap().iter().any(|v| scalar(v) == "get")),
+            "{what}: the node agent reads its own Pod"
+        );
     }
 }

@@ -22,8 +22,17 @@
 //! 5. strict mode on `w2`: a pod the API server does not know yet leaves with
 //!    the node's address in the default mode; with `--strict` its traffic is
 //!    dropped until its Pod object exists, then it leaves with the egress IP;
-//! 6. `egret node cleanup` removes every rule, route and the nftables table:
-//!    the selected pod then leaves with its node's address.
+//! 6. per-node egress IPs; 7. a kept flow outliving its pod's steering;
+//! 8. SIGTERM with the agent's DaemonSet in place (a restart) keeps every
+//!    rule, route and table; with the DaemonSet deleted (an uninstall) or
+//!    no longer selecting the Node (a retirement, `w2` in strict mode)
+//!    nothing of Egret's is left and the pods leave as the CNI sends them;
+//! 9. `egret node cleanup` removes every rule, route and the nftables table:
+//!    the selected pod then leaves with its node's address;
+//! 10. the gateways, run as Pods of a DaemonSet: their Leases name it as
+//!     owner; SIGTERM as a restart keeps the fail-closed table, a retirement
+//!     (the gateway label removed) hands the egress IP over and removes it,
+//!     an uninstall (the DaemonSet deleted) removes it.
 //!
 //! Throughout, a capture on the upstream router's link and the server's
 //! journal must show no pod address. Measured times are printed
@@ -47,7 +56,7 @@ use egret_tests::nodelab::{Agent, Backend, NodeGw, NodeLab, Worker, VXLAN_DEVICE
 use egret_tests::probe::{self, Prober};
 use k8s_common::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const NAME: &str = "k8s_node_agent_steers_selected_pods_past_the_cni_masquerade";
@@ -487,12 +496,23 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     // the pod's own source; its packets must not leave the node's own way.
     kept_flow_outlives_steering(lab, rt, client);
 
-    // 8. Cleanup.
-    agents.get_mut(&Worker::One).unwrap().kill();
+    // 8. A stop that is a restart keeps everything; an uninstall (the
+    // DaemonSet deleted) and a retirement (the Node no longer selected)
+    // leave nothing.
+    restart_uninstall_retire(lab, rt, client, node_kc, agents);
+
+    // 9. `egret node cleanup`, for an agent run outside a pod.
+    let mut w1 = start_synced_agent(lab, Worker::One, node_kc, &[]);
+    assert!(!lab.steering(Worker::One).unwrap().0.is_empty(), "steering again");
+    w1.kill();
     lab.cleanup_agent(Worker::One).expect("egret node cleanup");
     assert_eq!(lab.steering(Worker::One).unwrap(), (vec![], vec![]), "cleanup leaves no rule or route");
     assert_eq!(lab.node_table(Worker::One), "", "cleanup removes the nftables table");
     assert_eq!(source_of(lab, "w1-sel"), Ok(IpAddr::V4(Worker::One.lan_addr())), "unsteered, the CNI masquerades it");
+
+    // 10. The gateways: a restart keeps the fail-closed table, a retirement
+    // and an uninstall remove it; the Leases name the DaemonSet as owner.
+    gateway_restart_retire_uninstall(lab, rt, client, gws);
 
     // No pod address ever left.
     assert_no_pod_address_left(lab, &capture.take().expect("the capture").stop().expect("stop the capture"));
@@ -730,4 +750,177 @@ fn churn(lab: &NodeLab, rt: &tokio::runtime::Runtime, client: &kube::Client, age
     }
     let table = lab.node_table(Worker::One);
     assert!(table.contains("198.18.1.10") && !table.contains("198.18.1.20"), "the nft sets follow:\n{table}");
+}
+
+/// The agents' DaemonSet (on Nodes labelled `egret-test/agent=yes`, both
+/// workers labelled so) and its Pods.
+async fn agent_daemonset(client: &kube::Client) -> String {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for w in Worker::ALL {
+        let label = json!({"metadata": {"labels": {"egret-test/agent": "yes"}}});
+        nodes.patch(w.node_name(), &PatchParams::default(), &Patch::Merge(&label)).await.expect("label the node");
+    }
+    let workers: Vec<&str> = Worker::ALL.iter().map(|w| w.node_name()).collect();
+    daemonset_with_pods(client, "egret-node", json!({"egret-test/agent": "yes"}), &workers).await
+}
+
+/// Phase 8 (module doc).
+fn restart_uninstall_retire(
+    lab: &NodeLab,
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    node_kc: &std::path::Path,
+    agents: &mut BTreeMap<Worker, Agent>,
+) {
+    let as_pod = |w: Worker| {
+        let pod = daemonset_pod_name("egret-node", w.node_name());
+        vec!["--pod-name".to_string(), pod, "--pod-namespace".into(), "egret-system".into()]
+    };
+    let start = |w: Worker, strict: bool| {
+        let mut flags = as_pod(w);
+        if strict {
+            flags.push("--strict".into());
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let a = start_synced_agent(lab, w, node_kc, &flags);
+        // The agent reads its Pod's owner and lists the DaemonSet after its
+        // start: give it the time it takes here.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&a.log).unwrap_or_default().contains("uninstall is told from a restart") {
+            assert!(Instant::now() < deadline, "the agent on {} watches its DaemonSet", w.node_name());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        a
+    };
+    rt.block_on(agent_daemonset(client));
+    for w in Worker::ALL {
+        agents.get_mut(&w).unwrap().kill();
+    }
+    let mut w1 = start(Worker::One, false);
+    let before = lab.steering(Worker::One).unwrap();
+    let table = lab.node_table(Worker::One);
+    assert!(!before.0.is_empty() && !table.is_empty(), "w1 steers: {before:?}");
+
+    // A restart (the DaemonSet in place): the kernel keeps it all.
+    let t = Instant::now();
+    w1.terminate(Duration::from_secs(20)).expect("SIGTERM the agent");
+    println!("k8s-node: SIGTERM as a restart: the agent stopped in {} ms", ms(t.elapsed()));
+    assert_eq!(lab.steering(Worker::One).unwrap(), before, "a restart keeps the rules and routes");
+    assert_eq!(lab.node_table(Worker::One), table, "a restart keeps the nftables tables");
+    assert_eq!(source_of(lab, "w1-sel"), Ok(IpAddr::V4(EIP)), "stopped for a restart, still steered");
+
+    // An uninstall: the DaemonSet deleted (as `helm uninstall` and
+    // `kubectl delete -f` do), then the pods stopped.
+    let mut w1 = start(Worker::One, false);
+    rt.block_on(delete_daemonset(client, "egret-node"));
+    let t = Instant::now();
+    w1.terminate(Duration::from_secs(20)).expect("SIGTERM the agent");
+    println!("k8s-node: SIGTERM after the DaemonSet's deletion: the node cleaned up in {} ms", ms(t.elapsed()));
+    assert_eq!(lab.steering(Worker::One).unwrap(), (vec![], vec![]), "an uninstall leaves no rule or route");
+    assert_eq!(lab.node_table(Worker::One), "", "an uninstall leaves no nftables table");
+    assert_eq!(source_of(lab, "w1-sel"), Ok(IpAddr::V4(Worker::One.lan_addr())), "uninstalled: the CNI masquerades it");
+
+    // A retirement: the DaemonSet stays, the Node loses its label.
+    rt.block_on(agent_daemonset(client));
+    let mut w2 = start(Worker::Two, true);
+    assert!(lab.node_table(Worker::Two).contains("egret strict"), "strict mode on w2");
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let unlabel = json!({"metadata": {"labels": {"egret-test/agent": null}}});
+    rt.block_on(nodes.patch(Worker::Two.node_name(), &PatchParams::default(), &Patch::Merge(&unlabel)))
+        .expect("unlabel w2");
+    std::thread::sleep(Duration::from_millis(500));
+    w2.terminate(Duration::from_secs(20)).expect("SIGTERM the agent");
+    assert_eq!(lab.steering(Worker::Two).unwrap(), (vec![], vec![]), "a retirement leaves no rule or route");
+    assert_eq!(lab.node_table(Worker::Two), "", "a retirement leaves no strict-mode chain");
+    assert_eq!(
+        source_of(lab, "w2-uns"),
+        Ok(IpAddr::V4(Worker::Two.lan_addr())),
+        "retired: an unselected pod leaves through the CNI"
+    );
+    println!("k8s-node: retirement (the Node unselected): nothing left on w2");
+    rt.block_on(delete_daemonset(client, "egret-node"));
+    agents.clear();
+}
+
+/// Whether `g`'s namespace has the gateway's fail-closed table.
+fn has_fail_closed_table(lab: &NodeLab, g: NodeGw) -> bool {
+    let tables = lab.gateway_ns(g).exec(&["nft", "list", "tables"]).expect("nft list tables");
+    tables.contains(egret_controlplane::failclosed::TABLE)
+}
+
+/// Phase 10 (module doc).
+fn gateway_restart_retire_uninstall(
+    lab: &NodeLab,
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    gws: &mut BTreeMap<NodeGw, Gateway>,
+) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let ns = "egret-system";
+    let names: Vec<&str> = NodeGw::ALL.iter().map(|g| g.node_name()).collect();
+    let uid = rt.block_on(daemonset_with_pods(client, "egret-gateway", json!({"egret.dev/gateway": "true"}), &names));
+    for (g, gw) in gws.iter_mut() {
+        // (Phase 2 killed one of them.)
+        if gw.is_running() {
+            gw.terminate().expect("SIGTERM the gateway");
+            assert!(has_fail_closed_table(lab, *g), "{}: a restart keeps the fail-closed table", g.node_name());
+        }
+        gw.current.env.push(("POD_NAME".into(), daemonset_pod_name("egret-gateway", g.node_name())));
+        gw.current.env.push(("POD_NAMESPACE".into(), ns.into()));
+        gw.start_again().expect("start the gateway as a Pod");
+        gw.wait_ready(Duration::from_secs(30)).expect("the gateway ready");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !gw.log_text().contains("uninstall is told from a restart") {
+            assert!(Instant::now() < deadline, "{} watches its DaemonSet", g.node_name());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    // The Lease names the DaemonSet as its owner (from the next renewal):
+    // the garbage collector deletes it with the DaemonSet. (There is no
+    // garbage collector here, only the API server: the owner is checked,
+    // the deletion is the controller manager's.)
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let lease_name = egret_controlplane::k8s::lease::lease_name(IpAddr::V4(EIP));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let l = rt.block_on(leases.get(&lease_name)).expect("the egress IP's Lease");
+        let owners = l.metadata.owner_references.unwrap_or_default();
+        if owners.iter().any(|o| o.kind == "DaemonSet" && o.name == "egret-gateway" && o.uid == uid) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the Lease names the DaemonSet as owner: {owners:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A retirement: the holder's gateway label removed. It stops
+    // competing, the other gateway takes the IP, and its SIGTERM removes
+    // its fail-closed table.
+    let holder = lease_holder(rt, client).expect("a holder");
+    let other = NodeGw::ALL.into_iter().find(|g| *g != holder).unwrap();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let unlabel = json!({"metadata": {"labels": {"egret.dev/gateway": null}}});
+    rt.block_on(nodes.patch(holder.node_name(), &PatchParams::default(), &Patch::Merge(&unlabel)))
+        .expect("unlabel the holder");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lease_holder(rt, client) != Some(other) {
+        assert!(Instant::now() < deadline, "the unlabelled {}'s IP moves to {}", holder.node_name(), other.node_name());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    gws.get_mut(&holder).unwrap().terminate().expect("SIGTERM the retired gateway");
+    assert!(!has_fail_closed_table(lab, holder), "a retired gateway leaves no fail-closed table");
+    assert!(has_fail_closed_table(lab, other), "the other gateway keeps its own");
+    assert!(gws[&holder].log_text().contains("stopping for good"), "{}", gws[&holder].log_tail(20));
+    println!(
+        "k8s-node: gateway retirement: {} unlabelled, its IP on {}, its table gone",
+        holder.node_name(),
+        other.node_name()
+    );
+
+    // An uninstall: the DaemonSet deleted, then the pod stopped.
+    rt.block_on(delete_daemonset(client, "egret-gateway"));
+    let t = Instant::now();
+    gws.get_mut(&other).unwrap().terminate().expect("SIGTERM the last gateway");
+    assert!(!has_fail_closed_table(lab, other), "an uninstalled gateway leaves no fail-closed table");
+    println!("k8s-node: gateway uninstall: stopped and cleaned up in {} ms", ms(t.elapsed()));
 }

@@ -139,6 +139,25 @@ impl Clouds {
         }
     }
 
+    /// Gives up every address (the gateway stops for good) and waits at most
+    /// `wait` for their releases; returns how many are still to release.
+    pub async fn release_all(&self, wait: Duration) -> usize {
+        let (provider_id, pools) = {
+            let st = self.state.lock();
+            (st.node_provider_id.clone(), st.pools.clone())
+        };
+        self.update(provider_id, pools, BTreeMap::new());
+        self.wake.notify_one();
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = self.state.lock().releasing.len();
+            if left == 0 || Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The held cloud addresses that are on this gateway's interface now.
     pub fn assigned(&self) -> BTreeSet<IpAddr> {
         let st = self.state.lock();
@@ -544,6 +563,30 @@ mod tests {
         let assigns = calls.iter().filter(|l| l.starts_with("assign")).count();
         assert_eq!(assigns, 3, "{calls:?}");
         assert_eq!(calls[0], "interface aws:///z/i-1 subnet-1", "{calls:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_for_good_releases_every_assigned_address() {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let s2 = script.clone();
+        let factory: Factory = Box::new(move || {
+            let s = s2.clone();
+            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
+        });
+        let c = Clouds::start(factory, DEFAULT_RESYNC, Arc::new(Notify::new()));
+        let ips: Vec<IpAddr> = ["198.18.1.40", "198.18.1.41"].iter().map(|s| s.parse().unwrap()).collect();
+        let pools = BTreeMap::from([(
+            "p".to_string(),
+            PoolSelector { tags: [("k".into(), "v".into())].into(), subnet_id: "subnet-1".into() },
+        )]);
+        c.update(Some("aws:///z/i-1".into()), pools, ips.iter().map(|ip| (*ip, target())).collect());
+        settle(&c, |c| c.assigned().len() == 2).await;
+        assert_eq!(c.release_all(Duration::from_secs(3)).await, 0, "nothing left to release");
+        let calls = script.lock().calls.clone();
+        for ip in &ips {
+            assert!(calls.contains(&format!("release eni-1 {ip}")), "{ip}: {calls:?}");
+        }
+        assert!(c.assigned().is_empty());
     }
 
     #[tokio::test]

@@ -683,7 +683,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
                 let why = match ended {
                     Err(e) if e.is_panic() => "it panicked".to_string(),
                     Err(e) => e.to_string(),
-                    Ok(()) => "it returned".to_string(),
+                    Ok(_) => "it returned".to_string(),
                 };
                 tracing::error!(reason = %why, "kubernetes control plane ended; egress IPs fenced, stopping");
                 died = Some(why);
@@ -695,9 +695,10 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     // Stop. In Kubernetes mode, first give up the egress IPs (fenced out of
     // the tables, Leases released) so another gateway can take them at once.
     tracing::info!("stopping");
+    let mut ending = None;
     if let Some((task, _)) = k8s_task {
         let _ = k8s_stop_tx.send(true);
-        let _ = task.await;
+        ending = task.await.ok().flatten();
     }
     watchdog_stop.store(true, Ordering::Release);
     if let Some(w) = watchdog {
@@ -726,10 +727,28 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         }
     }
     let _ = std::fs::remove_file(&cfg.admin_socket);
+    retire(ending);
     tracing::info!("stopped");
     match died {
         Some(why) => Err(DaemonError::ControlPlaneDied(why)),
         None => Ok(()),
+    }
+}
+
+/// After the stop (the egress IPs handed over, the program detached): an
+/// uninstall or a retirement removes the fail-closed table too, so nothing
+/// of the gateway's is left on the node; a restart keeps it (the next
+/// process starts closed).
+fn retire(ending: Option<crate::k8s::uninstall::Ending>) {
+    match ending {
+        Some(e) if e.cleans_up() => match crate::failclosed::remove() {
+            Ok(()) => tracing::info!(why = e.reason(), "stopping for good: the fail-closed table removed"),
+            Err(err) => {
+                tracing::error!(why = e.reason(), error = %err, "stopping for good, but the fail-closed table stays")
+            }
+        },
+        Some(e) => tracing::info!(why = e.reason(), "restart: the fail-closed table stays"),
+        None => {}
     }
 }
 
@@ -802,7 +821,7 @@ async fn spawn_kubernetes(
     cfg: &GatewayConfig,
     sink: Arc<GatewaySink>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<(tokio::task::JoinHandle<()>, Arc<crate::k8s::Heartbeat>), DaemonError> {
+) -> Result<(tokio::task::JoinHandle<Option<crate::k8s::uninstall::Ending>>, Arc<crate::k8s::Heartbeat>), DaemonError> {
     use crate::k8s::{self, lease::LeaseTiming, K8sOptions};
     let node = k.node_name.clone().or_else(|| std::env::var("NODE_NAME").ok()).unwrap_or_default();
     let mut opts = K8sOptions::new(node);
@@ -828,6 +847,8 @@ async fn spawn_kubernetes(
         .map_err(|e| start_err("kubernetes client")(e.to_string()))?;
     let hold = sink.fail_closed.clone();
     let sink: Arc<dyn crate::sink::TablesSink> = Arc::new(crate::failclosed::ReleaseOnApply::new(sink, hold));
+    let ending = k8s::uninstall::Watch::start(client.clone(), k8s::uninstall::PodIdentity::from_env(), &opts.node_name);
+    opts.lease_owner = ending.owner();
     tracing::info!(node = %opts.node_name, namespace = %opts.lease_namespace, "kubernetes control plane starting");
     let heartbeat = Arc::new(crate::k8s::Heartbeat::default());
     let beats = heartbeat.clone();
@@ -835,8 +856,12 @@ async fn spawn_kubernetes(
         let shutdown = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        if let Err(e) = k8s::run_supervised(client, opts, sink, shutdown, beats).await {
-            tracing::error!(error = %e, "kubernetes control plane stopped");
+        match k8s::run_supervised(client, opts, sink, shutdown, beats, Some(ending)).await {
+            Ok(ending) => ending,
+            Err(e) => {
+                tracing::error!(error = %e, "kubernetes control plane stopped");
+                None
+            }
         }
     });
     Ok((task, heartbeat))

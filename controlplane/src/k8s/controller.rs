@@ -81,6 +81,10 @@ const STANDBY_READY_WAIT: Duration = Duration::from_secs(20);
 const CHANNEL_UP_WAIT: Duration = Duration::from_secs(5);
 /// How long a graceful stop waits for the standbys' session copies.
 const HANDOVER_SYNC_WAIT: Duration = Duration::from_secs(2);
+/// How long an uninstalling or retiring gateway waits for the cloud to
+/// release its addresses (the chart's grace period is 10 s: hand-over 2 s,
+/// Lease releases 2 s, the DaemonSet read 2 s, this).
+const CLOUD_RELEASE_WAIT: Duration = Duration::from_secs(3);
 
 struct Stores {
     pods: Store<Pod>,
@@ -347,6 +351,7 @@ fn lease_object(
             resource_version: rv,
             labels: Some(BTreeMap::from([(LEASE_LABEL.to_string(), LEASE_LABEL_VALUE.to_string())])),
             annotations: Some(annotations),
+            owner_references: opts.lease_owner.for_namespace(&opts.lease_namespace).map(|r| vec![r.clone()]),
             ..Default::default()
         },
         spec: Some(LeaseSpec {
@@ -1217,7 +1222,7 @@ pub async fn run(
     sink: Arc<dyn TablesSink>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), K8sError> {
-    run_supervised(client, opts, sink, shutdown, Arc::default()).await
+    run_supervised(client, opts, sink, shutdown, Arc::default(), None).await.map(drop)
 }
 
 /// [`run`], beating `heartbeat` once per iteration of the sync loop, for a
@@ -1228,7 +1233,8 @@ pub async fn run_supervised(
     sink: Arc<dyn TablesSink>,
     shutdown: impl Future<Output = ()>,
     heartbeat: Arc<Heartbeat>,
-) -> Result<(), K8sError> {
+    ending: Option<super::uninstall::Watch>,
+) -> Result<Option<super::uninstall::Ending>, K8sError> {
     opts.validate()?;
     let notify = Arc::new(Notify::new());
     let mut watchers = JoinSet::new();
@@ -1253,7 +1259,10 @@ pub async fn run_supervised(
             if let Some(ha) = ha {
                 ha.shutdown("stopping").await;
             }
-            return Ok(());
+            return Ok(match ending {
+                Some(w) => Some(w.ending().await),
+                None => None,
+            });
         }
     }
     tracing::info!(node = %opts.node_name, "Kubernetes state loaded; control plane running");
@@ -1307,6 +1316,7 @@ pub async fn run_supervised(
         opts,
     };
     let mut next_full = Instant::now() + sync.opts.resync_period;
+    let mut asked = false;
     loop {
         let now = Instant::now();
         sync.pass(now).await;
@@ -1331,7 +1341,10 @@ pub async fn run_supervised(
         };
         tokio::select! {
             biased;
-            _ = &mut shutdown => break,
+            _ = &mut shutdown => {
+                asked = true;
+                break;
+            }
             r = renewer_ended => {
                 // Renewals stopped: every deadline will pass. Stop as on a
                 // fatal error (the supervisor fences everything at once).
@@ -1355,5 +1368,21 @@ pub async fn run_supervised(
     if let Some(ha) = sync.ha.take() {
         ha.shutdown("stopping").await;
     }
-    Ok(())
+    // Judged only on a stop that was asked for: a control plane that died
+    // keeps the node as it is.
+    let Some(ending) = ending.filter(|_| asked) else { return Ok(None) };
+    let ending = ending.ending().await;
+    if ending.cleans_up() {
+        // The addresses were handed over above; the cloud's assignments of
+        // them to this gateway's interface go too (an uninstall leaves
+        // nothing assigned; a retired gateway's successors assign their own).
+        let left = sync.clouds.release_all(CLOUD_RELEASE_WAIT).await;
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "stopping for good: cloud addresses not released in time; the next holder's assignment takes them"
+            );
+        }
+    }
+    Ok(Some(ending))
 }

@@ -10,6 +10,7 @@
 //! | `renewer.rs` | the task that renews held Leases, apart from the sync loop |
 //! | `valid_until.rs` | each address's deadline as the data plane was told it |
 //! | `status_writer.rs` | who writes status, one write in flight per object, backoff |
+//! | `uninstall.rs` | a stop told apart: restart, uninstall (DaemonSet gone), retirement (Node unselected) |
 //! | `controller.rs` | watchers, the sync loop, Lease requests, status writes, Events: [`run`] |
 //!
 //! The daemon calls [`run`] with a client, [`K8sOptions`] and its
@@ -24,6 +25,7 @@ pub mod observe;
 pub mod pool;
 pub mod renewer;
 pub mod status_writer;
+pub mod uninstall;
 pub mod valid_until;
 
 use std::path::Path;
@@ -63,6 +65,9 @@ pub struct K8sOptions {
     pub guard: SourceGuard,
     /// `kubernetes.ha` (None: no channel between gateways).
     pub ha: Option<crate::ha::HaOptions>,
+    /// The gateway DaemonSet, once read: the owner of the Leases written
+    /// (the garbage collector deletes them with it: [`uninstall`]).
+    pub lease_owner: uninstall::OwnerSlot,
 }
 
 impl K8sOptions {
@@ -77,6 +82,7 @@ impl K8sOptions {
             nat: NatSettings::default(),
             guard: SourceGuard::default(),
             ha: None,
+            lease_owner: uninstall::OwnerSlot::default(),
         }
     }
 

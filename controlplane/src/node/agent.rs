@@ -22,9 +22,11 @@
 //! resync period; a policy the gateways leave out (an invalid spec) is
 //! reported in the status and not retried.
 //!
-//! Nothing is programmed before the watches have synced, and a stopping
-//! agent leaves the kernel as it is (a restarted agent finds its rules and
-//! keeps them; `egret node cleanup` removes them).
+//! Nothing is programmed before the watches have synced. A stopping agent
+//! leaves the kernel as it is (a restarted agent finds its rules and keeps
+//! them; `egret node cleanup` removes them) unless its DaemonSet is deleted
+//! or no longer selects the Node: then it removes everything it put there
+//! ([`crate::k8s::uninstall`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -55,6 +57,7 @@ use crate::k8s::controller::{watch, watch_node_metadata};
 use crate::k8s::crd::{EgressIPPool, EgressPolicy};
 use crate::k8s::desired::{desired, LocalConfig, Observed, Role};
 use crate::k8s::observe;
+use crate::k8s::uninstall::Watch as Ending;
 
 /// How long changes must pause before a pass.
 const DEBOUNCE: Duration = Duration::from_millis(20);
@@ -420,6 +423,7 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
         None
     };
     let kernel = Kernel::open(opts.tables)?;
+    let ending = Ending::start(client.clone(), opts.pod.clone(), &opts.node_name);
     let notify = Arc::new(Notify::new());
     let repairs = Arc::new(RepairCounters::default());
     let repair_task = match repair::start(notify.clone(), repairs.clone()) {
@@ -434,7 +438,13 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
     tracing::info!(node = %opts.node_name, "waiting for the watches to sync");
     tokio::select! {
         _ = stores.ready() => {}
-        _ = &mut shutdown => return Ok(()),
+        _ = &mut shutdown => {
+            tasks.abort_all();
+            if let Some(t) = repair_task {
+                t.abort();
+            }
+            return stop(kernel, ending).await;
+        }
     }
     status.lock().synced = true;
     *pass_done.lock() = Some(std::time::Instant::now());
@@ -470,10 +480,27 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
             _ = &mut shutdown => break,
         }
     }
-    tracing::info!("stopping; the kernel keeps its rules (egret node cleanup removes them)");
     tasks.abort_all();
     if let Some(t) = repair_task {
         t.abort();
     }
+    stop(agent.kernel, ending).await
+}
+
+/// The last step: a restart keeps the kernel as it is (the next agent finds
+/// its rules); an uninstall or a retirement removes everything the agent
+/// put on the node, as `egret node cleanup` does.
+async fn stop(mut kernel: Kernel, ending: Ending) -> Result<(), NodeError> {
+    let ending = ending.ending().await;
+    if !ending.cleans_up() {
+        tracing::info!(why = ending.reason(), "stopping; the kernel keeps its rules (egret node cleanup removes them)");
+        return Ok(());
+    }
+    tracing::info!(why = ending.reason(), "stopping for good: removing Egret's rules, routes, addresses and tables");
+    let n = kernel.remove_all().await?;
+    tokio::task::spawn_blocking(nft::remove)
+        .await
+        .map_err(|e| NodeError::TaskEnded(format!("the nftables clean-up: {e}")))??;
+    tracing::info!(removed = n, "node cleaned up: nothing of Egret's is left");
     Ok(())
 }

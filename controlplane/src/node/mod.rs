@@ -44,6 +44,9 @@ pub struct NodeOptions {
     pub node_name: String,
     /// A kubeconfig; default in-cluster, then `$KUBECONFIG`.
     pub kubeconfig: Option<PathBuf>,
+    /// The agent's own Pod (`--pod-name`, `--pod-namespace`): its DaemonSet
+    /// tells an uninstall from a restart ([`crate::k8s::uninstall`]).
+    pub pod: Option<crate::k8s::uninstall::PodIdentity>,
     /// The cluster's pod and Service CIDRs: never steered.
     pub cluster_cidrs: Vec<IpNet>,
     /// Strict mode: drop a local pod's traffic to outside the cluster until
@@ -114,6 +117,7 @@ impl NodeOptions {
         NodeOptions {
             node_name: node_name.into(),
             kubeconfig: None,
+            pod: None,
             cluster_cidrs: Vec::new(),
             strict: false,
             pod_cidrs: Vec::new(),

@@ -887,3 +887,64 @@ pub fn assert_no_pod_address_left(lab: &egret_tests::nodelab::NodeLab, frames: &
         .collect();
     assert!(seen.is_empty(), "the server saw pod addresses: {seen:?}");
 }
+
+/// A DaemonSet `name` in `egret-system` selecting Nodes by `node_selector`,
+/// and its Pods (`<name>-<node>`) on `nodes`, as the DaemonSet controller
+/// would make them (there is no controller manager in these labs: the
+/// objects are written directly). A Pod of that name left from an earlier
+/// DaemonSet is replaced. Returns the DaemonSet's uid. The processes the
+/// test runs as these Pods get `POD_NAME`/`POD_NAMESPACE` (or `--pod-name`)
+/// from [`daemonset_pod_name`].
+pub async fn daemonset_with_pods(
+    client: &kube::Client,
+    name: &str,
+    node_selector: serde_json::Value,
+    nodes: &[&str],
+) -> String {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use kube::api::DeleteParams;
+    let ns = "egret-system";
+    let dss: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                "nodeSelector": node_selector,
+                "containers": [{"name": "egret", "image": "egret:lab"}]}}}
+    }))
+    .unwrap();
+    let uid = dss.create(&PostParams::default(), &ds).await.expect("create the DaemonSet").metadata.uid.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for node in nodes {
+        let pod_name = daemonset_pod_name(name, node);
+        let _ = pods.delete(&pod_name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+        for _ in 0..50 {
+            if pods.get_opt(&pod_name).await.unwrap().is_none() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": pod_name, "labels": {"app": name}, "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": uid,
+                "controller": true, "blockOwnerDeletion": true}]},
+            "spec": {"nodeName": node, "containers": [{"name": "egret", "image": "egret:lab"}]}
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.expect("create the DaemonSet's Pod");
+    }
+    uid
+}
+
+/// The name [`daemonset_with_pods`] gives the Pod of DaemonSet `ds` on `node`.
+pub fn daemonset_pod_name(ds: &str, node: &str) -> String {
+    format!("{ds}-{node}")
+}
+
+/// Deletes DaemonSet `name` in `egret-system` as `helm uninstall` and
+/// `kubectl delete -f` do (background propagation).
+pub async fn delete_daemonset(client: &kube::Client, name: &str) {
+    let dss: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client.clone(), "egret-system");
+    dss.delete(name, &kube::api::DeleteParams::background()).await.expect("delete the DaemonSet");
+}
