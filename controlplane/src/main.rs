@@ -203,7 +203,8 @@ struct NodeArgs {
     /// `--strict` or `--strict=true|false`.
     #[arg(long, num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
     strict: bool,
-    /// Strict mode: this node's pod CIDRs (default: the Node's spec.podCIDRs).
+    /// Strict mode: this node's pod CIDRs (default: the Node's spec.podCIDRs,
+    /// or, when it has none, the --cluster-cidr ranges).
     #[arg(long, value_delimiter = ',')]
     pod_cidr: Vec<ipnet::IpNet>,
     /// Priority of the agent's `ip rule`s.

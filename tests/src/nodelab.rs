@@ -276,8 +276,15 @@ impl Agent {
     /// SIGTERM (as the kubelet stops a pod), then waits at most `timeout`
     /// for the exit; SIGKILL after that.
     pub fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let pid = self.pid().ok_or_else(|| LabError::Gateway("egret node is not running".into()))?;
+        netns::run(Command::new("kill").arg("-TERM").arg(pid.to_string()))?;
+        self.wait_exit(timeout)
+    }
+
+    /// Waits at most `timeout` for the process to exit by itself; SIGKILL
+    /// after that.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
         let mut c = self.child.take().ok_or_else(|| LabError::Gateway("egret node is not running".into()))?;
-        netns::run(Command::new("kill").arg("-TERM").arg(c.id().to_string()))?;
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = c.try_wait().map_err(|e| LabError::io("wait for egret node", e))? {
@@ -286,7 +293,7 @@ impl Agent {
             if Instant::now() > deadline {
                 let _ = c.kill();
                 let _ = c.wait();
-                return Err(LabError::Gateway(format!("egret node still running {timeout:?} after SIGTERM")));
+                return Err(LabError::Gateway(format!("egret node still running after {timeout:?}")));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -746,7 +753,8 @@ impl NodeLab {
         &self.srv
     }
 
-    /// Starts `egret node` in `worker`'s namespace with `extra` flags.
+    /// Starts `egret node` in `worker`'s namespace with `extra` flags (the
+    /// lab's `--cluster-cidr` unless `extra` gives one).
     pub fn start_agent(&self, worker: Worker, kubeconfig: &Path, extra: &[&str]) -> Result<Agent> {
         let bin = egret_binary()?;
         let name = worker.node_name();
@@ -757,7 +765,11 @@ impl NodeLab {
             .arg(&bin)
             .args(["node", "--node-name", name, "--kubeconfig"])
             .arg(kubeconfig)
-            .args(["--cluster-cidr", &format!("{CLUSTER_POD_CIDR},{CLUSTER_POD_CIDR6},{SERVICE_CIDR}")])
+            .args(if extra.contains(&"--cluster-cidr") {
+                vec![]
+            } else {
+                vec!["--cluster-cidr".to_string(), format!("{CLUSTER_POD_CIDR},{CLUSTER_POD_CIDR6},{SERVICE_CIDR}")]
+            })
             .args(["--metrics-listen", "127.0.0.1:9465", "--status-file"])
             .arg(&status_file)
             .args(extra)

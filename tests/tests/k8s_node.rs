@@ -19,12 +19,15 @@
 //! 4. 200 pods are created on `w1` (half selected) and deleted: the rules
 //!    follow (the time from a pod's status write to its rule is printed), and
 //!    afterwards only the first pod's rule and one table remain;
-//! 5. strict mode on `w2`: a pod the API server does not know yet leaves with
-//!    the node's address in the default mode; with `--strict` its traffic is
-//!    dropped until its Pod object exists, then it leaves with the egress IP;
+//! 5. strict mode on `w2`, whose Node has no `spec.podCIDRs` (as Calico's
+//!    IPAM and the cloud VPC CNIs leave it): a pod the API server does not
+//!    know yet leaves with the node's address in the default mode; with
+//!    `--strict` its traffic is dropped until its Pod object exists, then it
+//!    leaves with the egress IP;
 //! 6. per-node egress IPs; 7. a kept flow outliving its pod's steering;
-//! 8. SIGTERM with the agent's DaemonSet in place (a restart) keeps every
-//!    rule, route and table; with the DaemonSet deleted (an uninstall) or
+//! 8. an agent whose `--cluster-cidr` leaves out a local pod refuses to
+//!    start, naming the pod and the value; SIGTERM with the agent's
+//!    DaemonSet in place (a restart) keeps every rule, route and table; with the DaemonSet deleted (an uninstall) or
 //!    no longer selecting the Node (a retirement, `w2` in strict mode)
 //!    nothing of Egret's is left and the pods leave as the CNI sends them;
 //! 9. `egret node cleanup` removes every rule, route and the nftables table:
@@ -132,6 +135,12 @@ fn lease_holder(rt: &tokio::runtime::Runtime, client: &kube::Client) -> Option<N
 /// Nodes, the lab's pods, the EgressPolicy selecting `app=db`.
 async fn setup_cluster(client: &kube::Client) {
     node_lab_cluster(client, "team-a", |pod| if pod.ends_with("-sel") { "db" } else { "other" }).await;
+    // w2 as Calico's IPAM and the cloud VPC CNIs leave a Node: no
+    // spec.podCIDRs (strict mode on w2 then guards the cluster CIDRs).
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes.delete(Worker::Two.node_name(), &DeleteParams::default()).await.expect("delete w2's Node");
+    let bare = serde_json::from_value(json!({"metadata": {"name": Worker::Two.node_name()}})).unwrap();
+    nodes.create(&PostParams::default(), &bare).await.expect("w2's Node without podCIDRs");
     db_policy_dual_stack(client, EIP, EIP6).await;
 }
 
@@ -466,8 +475,13 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         "default mode: a pod the agent does not know yet leaves through the node's masquerade"
     );
     agents.get_mut(&Worker::Two).unwrap().kill();
+    // (w2's Node has no spec.podCIDRs: strict mode guards the cluster CIDRs.)
     agents.insert(Worker::Two, start_synced_agent(lab, Worker::Two, node_kc, &["--strict"]));
     assert_eq!(agents[&Worker::Two].status().unwrap()["strict"], true);
+    assert!(
+        std::fs::read_to_string(&agents[&Worker::Two].log).unwrap().contains("guarding the cluster CIDRs"),
+        "strict mode on a Node without podCIDRs"
+    );
     let dropped = source_of(lab, "w2-new");
     assert!(dropped.is_err(), "strict mode: an unknown pod cannot leave the cluster: {dropped:?}");
     assert_eq!(source_of(lab, "w2-uns"), Ok(IpAddr::V4(Worker::Two.lan_addr())), "strict: a known unselected pod can");
@@ -782,11 +796,17 @@ fn restart_uninstall_retire(
             flags.push("--strict".into());
         }
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        // The log is appended to: count the line before the start.
+        let log = lab.dir().join(format!("{}-node.log", w.node_name()));
+        let watching =
+            || std::fs::read_to_string(&log).unwrap_or_default().matches("uninstall is told from a restart").count();
+        let before = watching();
         let a = start_synced_agent(lab, w, node_kc, &flags);
+        assert_eq!(a.log, log);
         // The agent reads its Pod's owner and lists the DaemonSet after its
         // start: give it the time it takes here.
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !std::fs::read_to_string(&a.log).unwrap_or_default().contains("uninstall is told from a restart") {
+        while watching() == before {
             assert!(Instant::now() < deadline, "the agent on {} watches its DaemonSet", w.node_name());
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -796,6 +816,19 @@ fn restart_uninstall_retire(
     for w in Worker::ALL {
         agents.get_mut(&w).unwrap().kill();
     }
+
+    // A --cluster-cidr that leaves out a local pod is refused at start,
+    // naming the pod and the value.
+    let mut wrong =
+        lab.start_agent(Worker::One, node_kc, &["--cluster-cidr", "198.19.0.0/24"]).expect("start egret node");
+    let exit = wrong.wait_exit(Duration::from_secs(20)).expect("the agent exits");
+    let log = std::fs::read_to_string(&wrong.log).unwrap_or_default();
+    assert!(!exit.success(), "a wrong --cluster-cidr is an error: {log}");
+    assert!(
+        log.contains("--cluster-cidr 198.19.0.0/24: pod team-a/w1-") && log.contains("in none of them"),
+        "the agent names the pod outside --cluster-cidr and the value: {log}"
+    );
+
     let mut w1 = start(Worker::One, false);
     let before = lab.steering(Worker::One).unwrap();
     let table = lab.node_table(Worker::One);
@@ -808,6 +841,8 @@ fn restart_uninstall_retire(
     assert_eq!(lab.steering(Worker::One).unwrap(), before, "a restart keeps the rules and routes");
     assert_eq!(lab.node_table(Worker::One), table, "a restart keeps the nftables tables");
     assert_eq!(source_of(lab, "w1-sel"), Ok(IpAddr::V4(EIP)), "stopped for a restart, still steered");
+    let log = std::fs::read_to_string(&w1.log).unwrap_or_default();
+    assert!(log.contains("egret-system/egret-node still runs on Node w1"), "judged a restart by its DaemonSet: {log}");
 
     // An uninstall: the DaemonSet deleted (as `helm uninstall` and
     // `kubectl delete -f` do), then the pods stopped.
@@ -893,11 +928,27 @@ fn gateway_restart_retire_uninstall(
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    // A restart of a gateway run as a Pod (its DaemonSet in place, its
+    // Node selected): the fail-closed table stays.
+    let holder = lease_holder(rt, client).expect("a holder");
+    let other = NodeGw::ALL.into_iter().find(|g| *g != holder).unwrap();
+    let gw = gws.get_mut(&other).unwrap();
+    gw.terminate().expect("SIGTERM a gateway");
+    assert!(has_fail_closed_table(lab, other), "a restart keeps the fail-closed table");
+    let judged = format!("egret-system/egret-gateway still runs on Node {}", other.node_name());
+    assert!(gw.log_text().contains(&judged), "judged a restart by its DaemonSet: {}", gw.log_tail(20));
+    let watching = gw.log_text().matches("uninstall is told from a restart").count();
+    gw.start_again().expect("start it again");
+    gw.wait_ready(Duration::from_secs(30)).expect("the gateway ready again");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while gw.log_text().matches("uninstall is told from a restart").count() == watching {
+        assert!(Instant::now() < deadline, "{} watches its DaemonSet again", other.node_name());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     // A retirement: the holder's gateway label removed. It stops
     // competing, the other gateway takes the IP, and its SIGTERM removes
     // its fail-closed table.
-    let holder = lease_holder(rt, client).expect("a holder");
-    let other = NodeGw::ALL.into_iter().find(|g| *g != holder).unwrap();
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     let unlabel = json!({"metadata": {"labels": {"egret.dev/gateway": null}}});
     rt.block_on(nodes.patch(holder.node_name(), &PatchParams::default(), &Patch::Merge(&unlabel)))

@@ -351,7 +351,10 @@ fn lease_object(
             resource_version: rv,
             labels: Some(BTreeMap::from([(LEASE_LABEL.to_string(), LEASE_LABEL_VALUE.to_string())])),
             annotations: Some(annotations),
-            owner_references: opts.lease_owner.for_namespace(&opts.lease_namespace).map(|r| vec![r.clone()]),
+            owner_references: Some(
+                opts.lease_owner.merged(&opts.lease_namespace, prev.map(|p| p.owners.as_slice()).unwrap_or_default()),
+            )
+            .filter(|o| !o.is_empty()),
             ..Default::default()
         },
         spec: Some(LeaseSpec {
@@ -1316,7 +1319,8 @@ pub async fn run_supervised(
         opts,
     };
     let mut next_full = Instant::now() + sync.opts.resync_period;
-    let mut asked = false;
+    let mut judged = None;
+    let mut ending = ending;
     loop {
         let now = Instant::now();
         sync.pass(now).await;
@@ -1342,7 +1346,9 @@ pub async fn run_supervised(
         tokio::select! {
             biased;
             _ = &mut shutdown => {
-                asked = true;
+                // The DaemonSet is read while the IPs are handed over
+                // (the pod's grace period holds both).
+                judged = ending.take().map(|w| tokio::spawn(w.ending()));
                 break;
             }
             r = renewer_ended => {
@@ -1370,8 +1376,9 @@ pub async fn run_supervised(
     }
     // Judged only on a stop that was asked for: a control plane that died
     // keeps the node as it is.
-    let Some(ending) = ending.filter(|_| asked) else { return Ok(None) };
-    let ending = ending.ending().await;
+    let Some(judged) = judged else { return Ok(None) };
+    let ending =
+        judged.await.unwrap_or_else(|e| super::uninstall::Ending::Restart(format!("the DaemonSet's read failed: {e}")));
     if ending.cleans_up() {
         // The addresses were handed over above; the cloud's assignments of
         // them to this gateway's interface go too (an uninstall leaves

@@ -40,6 +40,7 @@
 //!   holder's apply latency and timer slack; clocks are never compared
 //!   across machines, only rates (drift is negligible over seconds).
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -161,9 +162,55 @@ pub fn lease_name(ip: IpAddr) -> String {
     }
 }
 
+/// One of a Lease's `metadata.ownerReferences`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// `name`.
+    pub name: String,
+    /// `uid`.
+    pub uid: String,
+    /// `controller`.
+    pub controller: Option<bool>,
+    /// `blockOwnerDeletion`.
+    pub block_owner_deletion: Option<bool>,
+}
+
+impl From<&OwnerReference> for Owner {
+    fn from(r: &OwnerReference) -> Self {
+        Owner {
+            api_version: r.api_version.clone(),
+            kind: r.kind.clone(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+            controller: r.controller,
+            block_owner_deletion: r.block_owner_deletion,
+        }
+    }
+}
+
+impl From<&Owner> for OwnerReference {
+    fn from(o: &Owner) -> Self {
+        OwnerReference {
+            api_version: o.api_version.clone(),
+            kind: o.kind.clone(),
+            name: o.name.clone(),
+            uid: o.uid.clone(),
+            controller: o.controller,
+            block_owner_deletion: o.block_owner_deletion,
+        }
+    }
+}
+
 /// The parts of a Lease this machine looks at.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeaseRecord {
+    /// `metadata.ownerReferences`, kept on every write (the gateway
+    /// DaemonSets', k8s/uninstall.rs).
+    pub owners: Vec<Owner>,
     /// `holderIdentity` (None or empty: released).
     pub holder: Option<String>,
     /// `leaseDurationSeconds`.

@@ -208,6 +208,7 @@ pub fn lease_record(l: &Lease) -> LeaseRecord {
             .annotations()
             .get(crate::k8s::lease::FAILSAFE_ANNOTATION)
             .map(|v| v.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_string).collect()),
+        owners: l.metadata.owner_references.iter().flatten().map(Into::into).collect(),
     }
 }
 

@@ -16,8 +16,8 @@
 //! its Node (two single-object watches) from the start, and at SIGTERM
 //! reads the DaemonSet once more, briefly; a refused or failed read leaves
 //! the watched state to decide. Anything unknown (not in a pod, the Pod or
-//! the DaemonSet never read) is a restart: it keeps the node closed rather
-//! than open.
+//! the DaemonSet never read, the Node neither read nor watched) is a
+//! restart: it keeps the node closed rather than open.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -36,7 +36,8 @@ use tokio::task::JoinSet;
 use super::controller::{watch, watch_node_metadata};
 
 /// How long the read at SIGTERM may take (the pod's grace period is 10 s
-/// for the gateway, 30 s for the agent, and the clean-up follows it).
+/// for the gateway, which reads while it hands its IPs over, and 5 s for
+/// the agent, whose clean-up follows in about 0.1 s).
 const FINAL_READ: Duration = Duration::from_secs(2);
 /// The first Pod read is retried at this pace until it answers.
 const POD_RETRY: Duration = Duration::from_secs(5);
@@ -90,17 +91,44 @@ impl PodIdentity {
     }
 }
 
-/// The DaemonSet that owns this process's Pod, once read, with its
-/// namespace: the gateway names it as the owner of the Leases it writes, so
-/// that Kubernetes' garbage collector deletes them with the DaemonSet (an
-/// owner must be in the same namespace: Leases elsewhere get none).
+/// The DaemonSet that owns this process's Pod, once read, as its watch
+/// has it now: the gateway names it as an owner of the Leases it writes, so
+/// that Kubernetes' garbage collector deletes them with the DaemonSet. An
+/// owner must be in the same namespace: Leases elsewhere get none from
+/// this gateway. The uid is the live object's (a DaemonSet deleted and
+/// created again that adopted this Pod is the new one).
 #[derive(Clone, Default)]
-pub struct OwnerSlot(Arc<OnceLock<(String, OwnerReference)>>);
+pub struct OwnerSlot(Arc<OnceLock<(String, String, Store<DaemonSet>)>>);
 
 impl OwnerSlot {
-    /// The owner, for an object in `namespace`.
-    pub fn for_namespace(&self, namespace: &str) -> Option<&OwnerReference> {
-        self.0.get().filter(|(ns, _)| ns == namespace).map(|(_, r)| r)
+    /// The owner reference, for an object in `namespace`, while the
+    /// DaemonSet exists and is not being deleted.
+    pub fn for_namespace(&self, namespace: &str) -> Option<OwnerReference> {
+        let (ns, name, store) = self.0.get().filter(|(ns, _, _)| ns == namespace)?;
+        let ds = store.get(&ObjectRef::new(name).within(ns))?;
+        if ds.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        Some(OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "DaemonSet".into(),
+            name: name.clone(),
+            uid: ds.metadata.uid.clone()?,
+            ..Default::default()
+        })
+    }
+
+    /// `previous` owners of an object in `namespace` with this DaemonSet's
+    /// entry added or brought up to date: other owners are kept (another
+    /// gateway DaemonSet in the namespace; the object goes when all are
+    /// gone), and nothing is dropped while this one is not known.
+    pub fn merged(&self, namespace: &str, previous: &[super::lease::Owner]) -> Vec<OwnerReference> {
+        let mut out: Vec<OwnerReference> = previous.iter().map(Into::into).collect();
+        if let Some(mine) = self.for_namespace(namespace) {
+            out.retain(|o| !(o.kind == mine.kind && o.api_version == mine.api_version && o.name == mine.name));
+            out.push(mine);
+        }
+        out
     }
 }
 
@@ -114,19 +142,13 @@ impl Eq for OwnerSlot {}
 
 impl std::fmt::Debug for OwnerSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("OwnerSlot").field(&self.0.get().map(|(ns, r)| format!("{ns}/{}", r.name))).finish()
+        f.debug_tuple("OwnerSlot").field(&self.0.get().map(|(ns, name, _)| format!("{ns}/{name}"))).finish()
     }
 }
 
-/// The DaemonSet that owns the Pod, as its ownerReference names it.
-#[derive(Clone, Debug)]
-struct Owner {
-    name: String,
-    uid: String,
-}
-
 struct Known {
-    owner: Owner,
+    /// The DaemonSet's name (the Pod's controlling `apps/v1` owner).
+    daemonset: String,
     daemonsets: Store<DaemonSet>,
     node: Store<PartialObjectMeta<Node>>,
 }
@@ -170,13 +192,13 @@ impl Watch {
         self.owner.clone()
     }
 
-    /// How this stop ends: one more read of the DaemonSet (bounded), then
-    /// the watched state.
+    /// How this stop ends: one more read of the DaemonSet and the Node
+    /// (bounded), then the watched state.
     pub async fn ending(mut self) -> Ending {
         let Some(pod) = self.pod.take() else {
             return Ending::Restart("not in a pod".into());
         };
-        let (owner, daemonsets, node) = {
+        let (name, daemonsets, nodes) = {
             let k = self.known.lock();
             match &*k {
                 None => {
@@ -185,27 +207,45 @@ impl Watch {
                         pod.namespace, pod.name
                     ))
                 }
-                Some(k) => (k.owner.clone(), k.daemonsets.clone(), k.node.clone()),
+                Some(k) => (k.daemonset.clone(), k.daemonsets.clone(), k.node.clone()),
             }
         };
-        let labels = node.get(&ObjectRef::new(&self.node)).map(|n| n.metadata.labels.clone().unwrap_or_default());
-        let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let fresh = tokio::time::timeout(FINAL_READ, api.get_opt(&owner.name)).await;
+        let ds_api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let node_api: Api<PartialObjectMeta<Node>> = Api::all(self.client.clone());
+        let (ds_read, node_read) = tokio::join!(
+            tokio::time::timeout(FINAL_READ, ds_api.get_opt(&name)),
+            tokio::time::timeout(FINAL_READ, node_api.get_metadata_opt(&self.node)),
+        );
         self.tasks.abort_all();
-        let watched = || daemonsets.get(&ObjectRef::new(&owner.name).within(&pod.namespace)).map(|d| (*d).clone());
-        let ds = match fresh {
+        let ds = match ds_read {
             Ok(Ok(ds)) => ds,
-            Ok(Err(e)) => {
-                tracing::info!(error = %e, "the DaemonSet not read at the stop; its watch decides");
-                watched()
-            }
-            Err(_) => {
-                tracing::info!("the DaemonSet not read within 2 s at the stop; its watch decides");
-                watched()
+            other => {
+                tracing::info!(read = ?other.map(drop).map_err(|_| "timed out"), "the DaemonSet not read at the stop; its watch decides");
+                daemonsets.get(&ObjectRef::new(&name).within(&pod.namespace)).map(|d| (*d).clone())
             }
         };
-        judge(&pod.namespace, &owner.name, &owner.uid, ds.as_ref(), &self.node, labels.as_ref())
+        let node = match node_read {
+            Ok(Ok(Some(n))) => NodeSeen::Labels(n.metadata.labels.unwrap_or_default()),
+            Ok(Ok(None)) => NodeSeen::Gone,
+            _ => match nodes.get(&ObjectRef::new(&self.node)) {
+                Some(n) => NodeSeen::Labels(n.metadata.labels.clone().unwrap_or_default()),
+                // Listed, but not there now: deleted since; still, without
+                // a read that says so, the safe answer.
+                None => NodeSeen::Unknown,
+            },
+        };
+        judge(&pod.namespace, &name, ds.as_ref(), &self.node, &node)
     }
+}
+
+/// The Node as last known.
+#[derive(Debug)]
+enum NodeSeen {
+    Labels(BTreeMap<String, String>),
+    /// A read at the stop found none.
+    Gone,
+    /// Neither read nor watched.
+    Unknown,
 }
 
 /// Reads the Pod's owner (retrying), then keeps the DaemonSet and the Node
@@ -218,12 +258,12 @@ async fn follow(
     slot: OwnerSlot,
 ) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
-    let owner = loop {
+    let daemonset = loop {
         match pods.get(&pod.name).await {
             Ok(p) => match owner_of(&p) {
                 Some(o) => break o,
                 None => {
-                    tracing::info!(pod = %pod.name, "the Pod has no DaemonSet owner: a stop never cleans up");
+                    tracing::info!(pod = %pod.name, "the Pod has no apps/v1 DaemonSet owner: a stop never cleans up");
                     return;
                 }
             },
@@ -233,58 +273,47 @@ async fn follow(
             }
         }
     };
-    let _ = slot.0.set((
-        pod.namespace.clone(),
-        OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "DaemonSet".into(),
-            name: owner.name.clone(),
-            uid: owner.uid.clone(),
-            ..Default::default()
-        },
-    ));
     let mut tasks = JoinSet::new();
     let quiet = Arc::new(Notify::new());
     let one = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let daemonsets =
-        watch(Api::namespaced(client.clone(), &pod.namespace), one(&owner.name), quiet.clone(), &mut tasks);
+    let daemonsets = watch(Api::namespaced(client.clone(), &pod.namespace), one(&daemonset), quiet.clone(), &mut tasks);
     let nodes = watch_node_metadata(Api::all(client), one(&node), quiet, &mut tasks);
-    // Listed once: from here an absent DaemonSet was deleted.
-    daemonsets.wait_until_ready().await.ok();
-    tracing::info!(daemonset = %owner.name, "uninstall is told from a restart by this DaemonSet");
-    *known.lock() = Some(Known { owner, daemonsets, node: nodes });
+    // Both listed once: from here an absent DaemonSet was deleted.
+    let (ds_ready, node_ready) = futures::join!(daemonsets.wait_until_ready(), nodes.wait_until_ready());
+    if ds_ready.is_err() || node_ready.is_err() {
+        return;
+    }
+    let _ = slot.0.set((pod.namespace.clone(), daemonset.clone(), daemonsets.clone()));
+    tracing::info!(daemonset = %daemonset, "uninstall is told from a restart by this DaemonSet");
+    *known.lock() = Some(Known { daemonset, daemonsets, node: nodes });
     while tasks.join_next().await.is_some() {}
 }
 
-fn owner_of(pod: &Pod) -> Option<Owner> {
+fn owner_of(pod: &Pod) -> Option<String> {
     pod.metadata
         .owner_references
         .as_ref()?
         .iter()
-        .find(|r| r.kind == "DaemonSet" && r.controller == Some(true))
-        .map(|r| Owner { name: r.name.clone(), uid: r.uid.clone() })
+        .find(|r| r.api_version == "apps/v1" && r.kind == "DaemonSet" && r.controller == Some(true))
+        .map(|r| r.name.clone())
 }
 
-/// The decision, from what is known of the DaemonSet and the Node.
-fn judge(
-    namespace: &str,
-    name: &str,
-    uid: &str,
-    ds: Option<&DaemonSet>,
-    node: &str,
-    labels: Option<&BTreeMap<String, String>>,
-) -> Ending {
+/// The decision, from what is known of the DaemonSet and the Node. The
+/// DaemonSet's uid is not compared: one deleted and created again that
+/// selects this Node (`kubectl replace --force`, a quick reinstall, an
+/// orphaning delete and re-apply) runs a pod here again, which finds the
+/// node as this one leaves it.
+fn judge(namespace: &str, name: &str, ds: Option<&DaemonSet>, node: &str, seen: &NodeSeen) -> Ending {
     let Some(ds) = ds else {
         return Ending::Uninstall(format!("DaemonSet {namespace}/{name} is deleted"));
     };
-    if ds.metadata.uid.as_deref() != Some(uid) {
-        return Ending::Uninstall(format!("DaemonSet {namespace}/{name} was deleted and created again"));
-    }
     if ds.metadata.deletion_timestamp.is_some() {
         return Ending::Uninstall(format!("DaemonSet {namespace}/{name} is being deleted"));
     }
-    let Some(labels) = labels else {
-        return Ending::Retired(format!("Node {node} is deleted"));
+    let labels = match seen {
+        NodeSeen::Labels(l) => l,
+        NodeSeen::Gone => return Ending::Retired(format!("Node {node} is deleted")),
+        NodeSeen::Unknown => return Ending::Restart(format!("Node {node} not known at the stop: kept as it is")),
     };
     match unselected_by(ds, labels) {
         Some(why) => Ending::Retired(format!("DaemonSet {namespace}/{name} no longer selects Node {node}: {why}")),
@@ -310,9 +339,14 @@ fn unselected_by(ds: &DaemonSet, labels: &BTreeMap<String, String>) -> Option<St
         .map(|s| &s.node_selector_terms);
     match terms {
         // Terms are ORed; the requirements of one are ANDed. A term with
-        // only matchFields (by name) is not judged here: it is taken as met.
+        // only matchFields (by name) is not judged here: it is taken as met
+        // (a restart keeps the node); an empty term matches nothing.
         Some(terms) if !terms.is_empty() => {
-            let met = terms.iter().any(|t| t.match_expressions.iter().flatten().all(|r| requirement_met(r, labels)));
+            let met = terms.iter().any(|t| {
+                let exprs = t.match_expressions.as_deref().unwrap_or_default();
+                let fields = t.match_fields.as_deref().unwrap_or_default();
+                (!exprs.is_empty() || !fields.is_empty()) && exprs.iter().all(|r| requirement_met(r, labels))
+            });
             (!met).then(|| "its required node affinity".to_owned())
         }
         _ => None,
@@ -362,38 +396,42 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn labels(l: &[(&str, &str)]) -> BTreeMap<String, String> {
-        l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    fn labels(l: &[(&str, &str)]) -> NodeSeen {
+        NodeSeen::Labels(l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
     }
 
-    fn judged(d: Option<&DaemonSet>, l: Option<&BTreeMap<String, String>>) -> Ending {
-        judge("egret-system", "egret-node", "u1", d, "w1", l)
+    fn judged(d: Option<&DaemonSet>, seen: &NodeSeen) -> Ending {
+        judge("egret-system", "egret-node", d, "w1", seen)
     }
 
     #[test]
     fn a_daemonset_that_still_runs_here_is_a_restart() {
         let l = labels(&[("egret.dev/gateway", "true")]);
         let d = ds(json!({"spec": {"nodeSelector": {"egret.dev/gateway": "true"}}}));
-        assert!(matches!(judged(Some(&d), Some(&l)), Ending::Restart(_)));
-        assert!(matches!(judged(Some(&ds(json!({}))), Some(&l)), Ending::Restart(_)));
+        assert!(matches!(judged(Some(&d), &l), Ending::Restart(_)));
+        assert!(matches!(judged(Some(&ds(json!({}))), &l), Ending::Restart(_)));
+        // Deleted and created again (another uid), selecting this Node: its
+        // pod comes back here, so this is a restart too.
+        let again = ds(json!({"metadata": {"uid": "u2"}}));
+        assert!(matches!(judged(Some(&again), &l), Ending::Restart(_)));
     }
 
     #[test]
-    fn a_deleted_replaced_or_deleting_daemonset_is_an_uninstall() {
+    fn a_deleted_or_deleting_daemonset_is_an_uninstall() {
         let l = labels(&[]);
-        let e = judged(None, Some(&l));
+        let e = judged(None, &l);
         assert_eq!(e, Ending::Uninstall("DaemonSet egret-system/egret-node is deleted".into()));
-        let other = ds(json!({"metadata": {"uid": "u2"}}));
-        assert!(judged(Some(&other), Some(&l)).reason().contains("created again"));
-        let deleting = ds(json!({"metadata": {"deletionTimestamp": "2026-11-29T00:00:00Z"}}));
-        assert!(judged(Some(&deleting), Some(&l)).reason().contains("being deleted"));
         assert!(e.cleans_up());
+        let deleting = ds(json!({"metadata": {"deletionTimestamp": "2026-11-29T00:00:00Z"}}));
+        assert!(judged(Some(&deleting), &l).reason().contains("being deleted"));
+        // Deleted whatever is known of the Node.
+        assert!(judged(None, &NodeSeen::Unknown).cleans_up());
     }
 
     #[test]
     fn a_node_the_daemonset_no_longer_selects_is_retired() {
         let d = ds(json!({"spec": {"nodeSelector": {"egret.dev/gateway": "true"}}}));
-        let e = judged(Some(&d), Some(&labels(&[("egret.dev/gateway", "false")])));
+        let e = judged(Some(&d), &labels(&[("egret.dev/gateway", "false")]));
         assert_eq!(
             e,
             Ending::Retired(
@@ -401,7 +439,13 @@ mod tests {
                     .into()
             )
         );
-        assert!(matches!(judged(Some(&d), None), Ending::Retired(r) if r.contains("Node w1 is deleted")));
+        assert!(matches!(judged(Some(&d), &NodeSeen::Gone), Ending::Retired(r) if r.contains("Node w1 is deleted")));
+    }
+
+    #[test]
+    fn a_node_neither_read_nor_watched_is_a_restart() {
+        let d = ds(json!({"spec": {"nodeSelector": {"egret.dev/gateway": "true"}}}));
+        assert!(!judged(Some(&d), &NodeSeen::Unknown).cleans_up());
     }
 
     #[test]
@@ -412,13 +456,16 @@ mod tests {
                                   {"key": "retired", "operator": "DoesNotExist"}]},
             {"matchExpressions": [{"key": "cpus", "operator": "Gt", "values": ["8"]}]}
         ]}}}}}));
-        let restart = |l: &[(&str, &str)]| matches!(judged(Some(&d), Some(&labels(l))), Ending::Restart(_));
+        let restart = |l: &[(&str, &str)]| !judged(Some(&d), &labels(l)).cleans_up();
         assert!(restart(&[("zone", "a")]));
         assert!(!restart(&[("zone", "a"), ("retired", "yes")]));
         assert!(!restart(&[("zone", "c")]));
         assert!(restart(&[("zone", "c"), ("cpus", "16")]));
         assert!(!restart(&[("cpus", "4")]));
         assert!(!restart(&[("cpus", "many")]));
+        let empty_term = ds(json!({"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}}}}}));
+        assert!(judged(Some(&empty_term), &labels(&[("zone", "a")])).cleans_up(), "an empty term matches nothing");
     }
 
     #[test]
@@ -429,15 +476,35 @@ mod tests {
     }
 
     #[test]
-    fn the_pods_owner_is_its_controlling_daemonset() {
+    fn the_pods_owner_is_its_controlling_apps_v1_daemonset() {
         let p: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "ownerReferences": [
             {"apiVersion": "v1", "kind": "Node", "name": "w1", "uid": "n"},
             {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "egret-node", "uid": "u1", "controller": true}
         ]}}))
         .unwrap();
-        let o = owner_of(&p).unwrap();
-        assert_eq!((o.name.as_str(), o.uid.as_str()), ("egret-node", "u1"));
+        assert_eq!(owner_of(&p).as_deref(), Some("egret-node"));
         let bare: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
         assert!(owner_of(&bare).is_none());
+        // OpenKruise's Advanced DaemonSet is not the apps/v1 one.
+        let kruise: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "ownerReferences": [
+            {"apiVersion": "apps.kruise.io/v1alpha1", "kind": "DaemonSet", "name": "egret-node", "uid": "k", "controller": true}
+        ]}}))
+        .unwrap();
+        assert!(owner_of(&kruise).is_none());
+    }
+
+    #[test]
+    fn an_unknown_owner_keeps_the_leases_owners() {
+        let other = super::super::lease::Owner {
+            api_version: "apps/v1".into(),
+            kind: "DaemonSet".into(),
+            name: "egret-gateway-b".into(),
+            uid: "b".into(),
+            ..Default::default()
+        };
+        let slot = OwnerSlot::default();
+        let kept = slot.merged("egret-system", std::slice::from_ref(&other));
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].name, "egret-gateway-b");
     }
 }

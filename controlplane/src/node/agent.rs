@@ -348,7 +348,8 @@ impl Agent {
     }
 }
 
-/// The node's pod CIDRs from its Node object (strict mode).
+/// The node's pod CIDRs from its Node object (strict mode; empty when the
+/// CNI does not use them).
 async fn node_pod_cidrs(client: &kube::Client, node: &str) -> Result<Vec<ipnet::IpNet>, NodeError> {
     let err = |message: String| NodeError::Node { node: node.to_string(), message };
     let n = Api::<Node>::all(client.clone()).get(node).await.map_err(|e| err(e.to_string()))?;
@@ -362,10 +363,23 @@ async fn node_pod_cidrs(client: &kube::Client, node: &str) -> Result<Vec<ipnet::
             out.push(net);
         }
     }
-    if out.is_empty() {
-        return Err(err("spec.podCIDRs is empty: give --pod-cidr for strict mode".into()));
-    }
     Ok(out)
+}
+
+/// A local pod whose address lies in none of the cluster CIDRs, named with
+/// the value: the CIDRs are wrong for this cluster (the agent would steer
+/// traffic to that pod's peers to the gateways), so the agent refuses to
+/// start rather than guess. Host-network pods are not looked at.
+fn outside_cluster(pods: &[crate::k8s::desired::PodInfo], cidrs: &[ipnet::IpNet]) -> Option<String> {
+    let (p, ip) =
+        pods.iter().find_map(|p| p.ips.iter().find(|ip| !cidrs.iter().any(|c| c.contains(*ip))).map(|ip| (p, ip)))?;
+    let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+    Some(format!(
+        "--cluster-cidr {}: pod {}/{} on this node has address {ip}, in none of them (give every pod and Service CIDR of the cluster: the chart's cluster.podCIDRs and cluster.serviceCIDRs)",
+        list.join(","),
+        p.namespace,
+        p.name
+    ))
 }
 
 /// When the last pass finished (since the watches synced, before the first
@@ -413,7 +427,17 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
     }
     let strict = if opts.strict {
         let local = if opts.pod_cidrs.is_empty() {
-            node_pod_cidrs(&client, &opts.node_name).await?
+            let from_node = node_pod_cidrs(&client, &opts.node_name).await?;
+            if from_node.is_empty() {
+                // Calico's IPAM and the cloud VPC CNIs leave spec.podCIDRs
+                // empty: any cluster address may be a pod of this node.
+                tracing::info!(
+                    "strict mode: the Node has no spec.podCIDRs (Calico IPAM, a VPC CNI): guarding the cluster CIDRs (--cluster-cidr) instead"
+                );
+                opts.cluster_cidrs.clone()
+            } else {
+                from_node
+            }
         } else {
             opts.pod_cidrs.clone()
         };
@@ -445,6 +469,13 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
             }
             return stop(kernel, ending).await;
         }
+    }
+    if let Some(why) = outside_cluster(&stores.observed().pods, &opts.cluster_cidrs) {
+        tasks.abort_all();
+        if let Some(t) = repair_task {
+            t.abort();
+        }
+        return Err(NodeError::Options(why));
     }
     status.lock().synced = true;
     *pass_done.lock() = Some(std::time::Instant::now());
@@ -503,4 +534,35 @@ async fn stop(mut kernel: Kernel, ending: Ending) -> Result<(), NodeError> {
         .map_err(|e| NodeError::TaskEnded(format!("the nftables clean-up: {e}")))??;
     tracing::info!(removed = n, "node cleaned up: nothing of Egret's is left");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::k8s::desired::PodInfo;
+
+    fn pod(name: &str, ips: &[&str]) -> PodInfo {
+        PodInfo {
+            namespace: "team-a".into(),
+            name: name.into(),
+            labels: Default::default(),
+            ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_local_pod_outside_the_cluster_cidrs_is_named_with_the_value() {
+        let cidrs: Vec<ipnet::IpNet> =
+            ["198.18.0.0/16", "2001:db8:18::/48"].iter().map(|s| s.parse().unwrap()).collect();
+        let inside = [pod("a", &["198.18.1.10", "2001:db8:18:1::a"])];
+        assert_eq!(outside_cluster(&inside, &cidrs), None);
+        let outside = [pod("a", &["198.18.1.10"]), pod("b", &["198.19.0.7"])];
+        assert_eq!(
+            outside_cluster(&outside, &cidrs).unwrap(),
+            "--cluster-cidr 198.18.0.0/16,2001:db8:18::/48: pod team-a/b on this node has address 198.19.0.7, in none of them \
+             (give every pod and Service CIDR of the cluster: the chart's cluster.podCIDRs and cluster.serviceCIDRs)"
+        );
+    }
 }

@@ -53,7 +53,7 @@ pub struct NodeOptions {
     /// the agent has classified it.
     pub strict: bool,
     /// Strict mode's sources: this node's pod CIDRs (default: the Node's
-    /// `spec.podCIDRs`).
+    /// `spec.podCIDRs`, or the cluster CIDRs when the Node has none).
     pub pod_cidrs: Vec<IpNet>,
     /// The rules' priority.
     pub rule_priority: u32,
