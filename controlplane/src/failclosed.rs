@@ -57,6 +57,7 @@ use egret_dataplane::lpm::{LpmAddr, Prefix};
 use egret_dataplane::policy::{Classifier, DstAction};
 use egret_dataplane::tables::{Tables, TablesSpec};
 
+use crate::nft_counters::{self, Carried};
 use crate::sink::{ApplyError, TablesSink};
 
 /// The nftables table Egret owns.
@@ -216,6 +217,14 @@ fn family<A: LpmAddr>(
 /// "How many pods"). Every policy has a chain `policy_<index>` with a
 /// counter: the packets it dropped, over both families and all classes.
 pub fn ruleset(tables: &Tables) -> String {
+    ruleset_carrying(tables, &Carried::new())
+}
+
+/// [`ruleset`] with its drop counters starting from `carried` (the
+/// replaced table's, [`crate::nft_counters`]): `policy <name>` per policy,
+/// `untranslated pod source` (the guard) and `reply of a connection this
+/// node DNATed`.
+pub fn ruleset_carrying(tables: &Tables, carried: &Carried) -> String {
     let name = |id: usize| tables.policies.get(id).map_or_else(|| id.to_string(), |p| p.name.replace('"', ""));
     let mut s = String::new();
     // Create-then-delete makes the replacement work whether or not the table
@@ -236,8 +245,13 @@ pub fn ruleset(tables: &Tables) -> String {
     ids.extend(tables.classify_v4.destination_entries().filter_map(|(_, _, a)| steers(a)));
     ids.extend(tables.classify_v6.destination_entries().filter_map(|(_, _, a)| steers(a)));
     for id in ids {
-        s.push_str(&format!("  chain policy_{id} {{\n    counter drop comment \"policy {}\"\n  }}\n", name(id)));
+        nft_counters::declare(&mut s, &format!("policy_{id}"), &format!("policy {}", name(id)), carried);
+        s.push_str(&format!(
+            "  chain policy_{id} {{\n    counter name \"policy_{id}\" drop comment \"policy {}\"\n  }}\n",
+            name(id)
+        ));
     }
+    nft_counters::declare(&mut s, "dnat_replies", DNAT_REPLIES, carried);
     s.push_str(&chains);
     if guarded {
         for (name, ty, v4) in [("guard4", "ipv4_addr", true), ("guard6", "ipv6_addr", false)] {
@@ -249,6 +263,7 @@ pub fn ruleset(tables: &Tables) -> String {
             }
             s.push_str("  }\n");
         }
+        nft_counters::declare(&mut s, "untranslated", UNTRANSLATED, carried);
     }
     s.push_str("  chain forward {\n    type filter hook forward priority filter - 10; policy accept;\n");
     // A reply of a connection this node's kernel DNATed (kube-proxy serving
@@ -258,9 +273,9 @@ pub fn ruleset(tables: &Tables) -> String {
     // would drop as untranslated; postrouting then restores its source to
     // the VIP or node address the client connected to. Never a pod's own
     // source on the wire, so it passes.
-    s.push_str(
-        "    ct direction reply ct status dnat counter accept comment \"reply of a connection this node DNATed\"\n",
-    );
+    s.push_str(&format!(
+        "    ct direction reply ct status dnat counter name \"dnat_replies\" accept comment \"{DNAT_REPLIES}\"\n"
+    ));
     s.push_str("    meta nfproto ipv4 ip saddr vmap @sources4\n");
     s.push_str("    meta nfproto ipv6 ip6 saddr vmap @sources6\n");
     if guarded {
@@ -271,7 +286,7 @@ pub fn ruleset(tables: &Tables) -> String {
         let ifs: Vec<String> = guard.interfaces.iter().map(|i| format!("\"{}\"", i.replace('"', ""))).collect();
         let ifs = ifs.join(", ");
         s.push_str(&format!(
-            "    iifname {{ {ifs} }} ip saddr @guard4 ip daddr != @guard4 counter drop comment \"untranslated pod source\"\n    iifname {{ {ifs} }} ip6 saddr @guard6 ip6 daddr != @guard6 counter drop comment \"untranslated pod source\"\n"
+            "    iifname {{ {ifs} }} ip saddr @guard4 ip daddr != @guard4 counter name \"untranslated\" drop comment \"{UNTRANSLATED}\"\n    iifname {{ {ifs} }} ip6 saddr @guard6 ip6 daddr != @guard6 counter name \"untranslated\" drop comment \"{UNTRANSLATED}\"\n"
         ));
     }
     s.push_str("  }\n}\n");
@@ -295,13 +310,29 @@ fn nft(script: &str) -> Result<(), FailClosedError> {
 /// that stops reading nor one that writes much can block the caller past
 /// the timeout. A non-zero exit is `Refused` with the error output.
 pub(crate) fn run_bounded(cmd: &mut Command, input: &[u8], timeout: Duration) -> Result<(), FailClosedError> {
+    run_bounded_output(cmd, input, timeout).map(drop)
+}
+
+/// [`run_bounded`], returning the child's standard output.
+pub(crate) fn run_bounded_output(
+    cmd: &mut Command,
+    input: &[u8],
+    timeout: Duration,
+) -> Result<String, FailClosedError> {
     let started = Instant::now();
     let mut child = cmd
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(FailClosedError::Spawn)?;
+    let output = child.stdout.take().map(|mut stdout| {
+        std::thread::spawn(move || {
+            let mut out = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut out);
+            out
+        })
+    });
     let writer = child.stdin.take().map(|mut stdin| {
         let input = input.to_vec();
         // A write error (the child exited or was killed) shows in its status.
@@ -329,17 +360,24 @@ pub(crate) fn run_bounded(cmd: &mut Command, input: &[u8], timeout: Duration) ->
         let _ = w.join();
     }
     let err = reader.and_then(|r| r.join().ok()).unwrap_or_default();
+    let out = output.and_then(|r| r.join().ok()).unwrap_or_default();
     match status {
         None => Err(FailClosedError::TimedOut(timeout)),
-        Some(s) if s.success() => Ok(()),
+        Some(s) if s.success() => Ok(out),
         Some(_) => Err(FailClosedError::Refused(err.trim().to_string())),
     }
 }
 
-/// Installs (replaces) the fail-closed rules for `tables`.
+/// Installs (replaces) the fail-closed rules for `tables`, its drop
+/// counters carried over from the table it replaces.
 pub fn install(tables: &Tables) -> Result<(), FailClosedError> {
-    nft(&ruleset(tables))
+    nft(&ruleset_carrying(tables, &nft_counters::read(&[TABLE])))
 }
+
+/// The comment (and carried key) of the guard's drop counter.
+const UNTRANSLATED: &str = "untranslated pod source";
+/// The comment (and carried key) of the DNAT-reply counter.
+const DNAT_REPLIES: &str = "reply of a connection this node DNATed";
 
 /// Removes Egret's table (`egret cleanup`): after this, a stopped gateway's
 /// kernel forwards selected pods' traffic untranslated again.
@@ -497,12 +535,15 @@ mod tests {
             ),
             "{r}"
         );
-        assert!(r.contains("chain policy_1 {\n    counter drop comment \"policy pod\"\n  }"), "{r}");
+        assert!(r.contains("chain policy_1 {\n    counter name \"policy_1\" drop comment \"policy pod\"\n  }"), "{r}");
+        assert!(r.contains("counter policy_1 {\n    comment \"policy pod\"\n    packets 0 bytes 0\n  }"), "{r}");
         assert!(r.contains("elements = { 2001:db8:18::-2001:db8:18:0:ffff:ffff:ffff:ffff : jump class6_0 }"), "{r}");
         assert!(r.contains("elements = { ::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff : jump policy_0 }"), "{r}");
         assert!(r.starts_with("table inet egret_failclosed\ndelete table inet egret_failclosed\n"));
         // Replies of connections the node DNATed pass before any policy map.
-        let dnat = r.find("ct direction reply ct status dnat counter accept").expect("the DNAT-reply rule");
+        let dnat = r
+            .find("ct direction reply ct status dnat counter name \"dnat_replies\" accept")
+            .expect("the DNAT-reply rule");
         assert!(dnat < r.find("ip saddr vmap @sources4").unwrap(), "{r}");
     }
 
@@ -676,13 +717,33 @@ mod tests {
             }
         }
         assert_eq!(drops, 5, "the probes cover steered and forwarded pairs");
-        let out = Command::new("ip")
-            .args(["netns", "exec", "efc14-rtr", "nft", "list", "chain", "inet", TABLE, "policy_1"])
-            .output()
-            .unwrap();
-        let listing = String::from_utf8_lossy(&out.stdout);
+        let counters = || {
+            let out = Command::new("ip")
+                .args(["netns", "exec", "efc14-rtr", "nft", "-j", "list", "counters", "table", "inet", TABLE])
+                .output()
+                .unwrap();
+            crate::nft_counters::parse(&String::from_utf8_lossy(&out.stdout), TABLE)
+        };
         // 198.18.0.7 to both 198.51.100.x addresses: one echo request each.
-        assert!(listing.contains("counter packets 2 "), "{listing}");
+        let before = counters();
+        assert_eq!(before.get("policy pod").map(|c| c.0), Some(2), "{before:?}");
+        // A replacement (every apply) carries the counts over, by policy
+        // name, as install() does with the table's own listing.
+        let install_carrying = |t: &Tables, carried: &crate::nft_counters::Carried| {
+            let mut child = Command::new("ip")
+                .args(["netns", "exec", "efc14-rtr", "nft", "-f", "-"])
+                .stdin(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child.stdin.take().unwrap().write_all(ruleset_carrying(t, carried).as_bytes()).unwrap();
+            let o = child.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        };
+        install_carrying(&t, &before);
+        assert_eq!(counters(), before, "the counts survive the table's replacement");
+        install(&t);
+        assert_eq!(counters().get("policy pod").map(|c| c.0), Some(0), "without carrying they would reset");
 
         // The source guard: the pod CIDR's untranslated traffic arriving on
         // the guarded interface is dropped, whatever the policies say;

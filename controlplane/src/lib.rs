@@ -11,6 +11,7 @@
 //!   sessions into the kernel, next hops, expiry stamps, fencing.
 //! - [`sink`]: the seam between configuration sources and the running gateway.
 //! - [`failclosed`]: nftables rules so a stopped gateway never forwards pods' traffic untranslated.
+//! - [`nft_counters`]: drop counters that keep their values when Egret replaces its nftables tables.
 //! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
 //! - [`ha`]: between gateways: the peer channel (`ha::channel`) and its keys
 //!   (`ha::auth`); its `setsockopt(TCP_MD5SIG)` is the crate's only unsafe code.
@@ -27,6 +28,7 @@ pub mod ha;
 pub mod k8s;
 pub mod metrics;
 pub mod netlink;
+pub mod nft_counters;
 pub mod nft_watch;
 pub mod node;
 pub mod offload;

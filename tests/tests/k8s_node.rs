@@ -501,10 +501,19 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         ms(took)
     );
     assert!(lab.node_table(Worker::Two).contains("egret strict"), "{}", lab.node_table(Worker::Two));
+    let passes = agents[&Worker::Two].status().unwrap()["syncs"].as_u64().unwrap_or(0);
 
     // 6. Per-node egress IPs: each worker's unselected-by-db pods leave with
     // their own Node's address from a pool, SNATed on the node.
     per_node(lab, rt, client);
+    // The unknown pod's drops are still counted after the passes the
+    // per-node policy caused (each replaces the table; the counters are
+    // carried over).
+    let later = agents[&Worker::Two].status().unwrap()["syncs"].as_u64().unwrap_or(0);
+    assert!(later > passes, "w2's agent ran passes since: {passes} -> {later}");
+    let drops = counter_packets(&lab.node_table(Worker::Two), "strict_drops");
+    assert!(drops > 0, "strict mode's drops survive the table's replacement: {}", lab.node_table(Worker::Two));
+    println!("k8s-node: strict: {drops} packets of the unknown pod counted, kept across {} passes", later - passes);
 
     // 7. A flow that outlives its pod's steering: its conntrack entry keeps
     // the pod's own source; its packets must not leave the node's own way.
@@ -974,4 +983,10 @@ fn gateway_restart_retire_uninstall(
     gws.get_mut(&other).unwrap().terminate().expect("SIGTERM the last gateway");
     assert!(!has_fail_closed_table(lab, other), "an uninstalled gateway leaves no fail-closed table");
     println!("k8s-node: gateway uninstall: stopped and cleaned up in {} ms", ms(t.elapsed()));
+}
+
+/// The packets of named counter `name` in an `nft list table` listing.
+fn counter_packets(listing: &str, name: &str) -> u64 {
+    let Some(rest) = listing.split(&format!("counter {name} {{")).nth(1) else { return 0 };
+    rest.split("packets ").nth(1).and_then(|t| t.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0)
 }

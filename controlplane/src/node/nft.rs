@@ -52,6 +52,7 @@ use std::process::Command;
 use ipnet::IpNet;
 
 use crate::failclosed::{run_bounded, FailClosedError, NFT_TIMEOUT};
+use crate::nft_counters::{self, Carried};
 
 /// The table's name (family `inet`).
 pub const TABLE: &str = "egret_node";
@@ -121,10 +122,25 @@ fn nets<'a>(v: impl Iterator<Item = &'a IpNet>, v4: bool) -> impl Iterator<Item 
     v.filter(move |n| n.addr().is_ipv4() == v4).map(|n| n.trunc().to_string()).collect::<Vec<_>>().into_iter()
 }
 
+/// The comment (and carried key) of strict mode's drop counter.
+const STRICT_DROPS: &str = "egret strict: pod not classified yet";
+/// The comment (and carried key) of the kept-source guard's drop counter.
+const KEPT_SOURCE_DROPS: &str = "egret: a kept pod source not leaving through a gateway";
+/// The comment (and carried key) of the counter of connections bound to
+/// their pod's own source.
+const KEPT_SOURCES: &str = "egret: connections bound to the pod's own source";
+
 /// The whole script: creates the table if missing, deletes it, and writes
-/// it anew, in one transaction.
+/// it anew, in one transaction (counters from zero).
 pub fn ruleset(s: &Sets) -> String {
+    ruleset_carrying(s, &Carried::new())
+}
+
+/// [`ruleset`] with its named counters starting from `carried` (both
+/// tables' counters, by comment: [`crate::nft_counters`]).
+pub fn ruleset_carrying(s: &Sets, carried: &Carried) -> String {
     let mut out = format!("table inet {TABLE}\ndelete table inet {TABLE}\ntable inet {TABLE} {{\n");
+    nft_counters::declare(&mut out, "kept_sources", KEPT_SOURCES, carried);
     set(&mut out, "steered4", "ipv4_addr", false, addrs(s.steered.iter(), true));
     set(&mut out, "steered6", "ipv6_addr", false, addrs(s.steered.iter(), false));
     set(&mut out, "hops4", "ipv4_addr", false, addrs(s.next_hops.iter(), true));
@@ -168,9 +184,10 @@ pub fn ruleset(s: &Sets) -> String {
     }
     let _ = write!(
         out,
-        "    ip saddr @steered4 rt ip nexthop @hops4 counter ct mark set ct mark or {KEPT:#010x} snat ip to ip saddr\n    ip6 saddr @steered6 rt ip6 nexthop @hops6 counter ct mark set ct mark or {KEPT:#010x} snat ip6 to ip6 saddr\n  }}\n"
+        "    ip saddr @steered4 rt ip nexthop @hops4 counter name \"kept_sources\" ct mark set ct mark or {KEPT:#010x} snat ip to ip saddr\n    ip6 saddr @steered6 rt ip6 nexthop @hops6 counter name \"kept_sources\" ct mark set ct mark or {KEPT:#010x} snat ip6 to ip6 saddr\n  }}\n"
     );
     if let Some(st) = &s.strict {
+        nft_counters::declare(&mut out, "strict_drops", STRICT_DROPS, carried);
         strict(&mut out, st);
     }
     out.push_str("}\n");
@@ -184,9 +201,10 @@ pub fn ruleset(s: &Sets) -> String {
     let _ = write!(out, "table inet {GUARD_TABLE}\ndelete table inet {GUARD_TABLE}\ntable inet {GUARD_TABLE} {{\n");
     set(&mut out, "hops4", "ipv4_addr", false, addrs(s.next_hops.iter(), true));
     set(&mut out, "hops6", "ipv6_addr", false, addrs(s.next_hops.iter(), false));
+    nft_counters::declare(&mut out, "kept_source_drops", KEPT_SOURCE_DROPS, carried);
     let _ = write!(
         out,
-        "  chain kept_source_guard {{\n    type filter hook postrouting priority 300; policy accept;\n    ct direction original ct mark and {KEPT:#010x} == {KEPT:#010x} meta nfproto ipv4 rt ip nexthop != @hops4 counter drop comment \"egret: a kept pod source not leaving through a gateway\"\n    ct direction original ct mark and {KEPT:#010x} == {KEPT:#010x} meta nfproto ipv6 rt ip6 nexthop != @hops6 counter drop comment \"egret: a kept pod source not leaving through a gateway\"\n  }}\n"
+        "  chain kept_source_guard {{\n    type filter hook postrouting priority 300; policy accept;\n    ct direction original ct mark and {KEPT:#010x} == {KEPT:#010x} meta nfproto ipv4 rt ip nexthop != @hops4 counter name \"kept_source_drops\" drop comment \"{KEPT_SOURCE_DROPS}\"\n    ct direction original ct mark and {KEPT:#010x} == {KEPT:#010x} meta nfproto ipv6 rt ip6 nexthop != @hops6 counter name \"kept_source_drops\" drop comment \"{KEPT_SOURCE_DROPS}\"\n  }}\n"
     );
     out.push_str("}\n");
     out
@@ -201,7 +219,7 @@ fn strict(out: &mut String, st: &Strict) {
     set(out, "known4", "ipv4_addr", false, addrs(st.known.iter(), true));
     set(out, "known6", "ipv6_addr", false, addrs(st.known.iter(), false));
     out.push_str(
-        "  chain strict {\n    type filter hook forward priority -10; policy accept;\n    ip saddr @local4 ip daddr != @cluster4 ip saddr != @known4 counter drop comment \"egret strict: pod not classified yet\"\n    ip6 saddr @local6 ip6 daddr != @cluster6 ip6 saddr != @known6 counter drop comment \"egret strict: pod not classified yet\"\n  }\n",
+        "  chain strict {\n    type filter hook forward priority -10; policy accept;\n    ip saddr @local4 ip daddr != @cluster4 ip saddr != @known4 counter name \"strict_drops\" drop comment \"egret strict: pod not classified yet\"\n    ip6 saddr @local6 ip6 daddr != @cluster6 ip6 saddr != @known6 counter name \"strict_drops\" drop comment \"egret strict: pod not classified yet\"\n  }\n",
     );
 }
 
@@ -217,9 +235,9 @@ fn nft(script: &str) -> Result<(), NftError> {
     })
 }
 
-/// Replaces the table.
+/// Replaces both tables, their counters carried over.
 pub fn install(s: &Sets) -> Result<(), NftError> {
-    nft(&ruleset(s))
+    nft(&ruleset_carrying(s, &nft_counters::read(&[TABLE, GUARD_TABLE])))
 }
 
 /// Deletes both tables (`egret node cleanup`).
