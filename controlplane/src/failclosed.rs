@@ -688,17 +688,18 @@ mod tests {
             assert!(sh(&c.split(' ').collect::<Vec<_>>()), "{c}");
         }
         let t = tables();
-        let install = |t: &Tables| {
+        let install_carrying = |t: &Tables, carried: &crate::nft_counters::Carried| {
             let mut child = Command::new("ip")
                 .args(["netns", "exec", "efc14-rtr", "nft", "-f", "-"])
                 .stdin(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap();
-            child.stdin.take().unwrap().write_all(ruleset(t).as_bytes()).unwrap();
+            child.stdin.take().unwrap().write_all(ruleset_carrying(t, carried).as_bytes()).unwrap();
             let o = child.wait_with_output().unwrap();
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         };
+        let install = |t: &Tables| install_carrying(t, &Default::default());
         install(&t);
         let ping = |src: &str, dst: &str| {
             sh(&["ip", "netns", "exec", "efc14-cli", "ping", "-q", "-c1", "-W1", "-I", src, dst])
@@ -729,17 +730,6 @@ mod tests {
         assert_eq!(before.get("policy pod").map(|c| c.0), Some(2), "{before:?}");
         // A replacement (every apply) carries the counts over, by policy
         // name, as install() does with the table's own listing.
-        let install_carrying = |t: &Tables, carried: &crate::nft_counters::Carried| {
-            let mut child = Command::new("ip")
-                .args(["netns", "exec", "efc14-rtr", "nft", "-f", "-"])
-                .stdin(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            child.stdin.take().unwrap().write_all(ruleset_carrying(t, carried).as_bytes()).unwrap();
-            let o = child.wait_with_output().unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        };
         install_carrying(&t, &before);
         assert_eq!(counters(), before, "the counts survive the table's replacement");
         install(&t);
