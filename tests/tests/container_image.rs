@@ -237,6 +237,11 @@ impl PodSpec {
                         let value = match (e["value"].as_str(), e["valueFrom"]["fieldRef"]["fieldPath"].as_str()) {
                             (Some(v), _) => v.to_string(),
                             (None, Some("spec.nodeName")) => "lab-gateway".to_string(),
+                            // The pod's own name (k8s/uninstall.rs reads its
+                            // DaemonSet owner; a Pod not found keeps the node
+                            // as it is at a stop).
+                            (None, Some("metadata.name")) => "egret-gateway-lab".to_string(),
+                            (None, Some("metadata.namespace")) => "egret-system".to_string(),
                             (None, Some("status.hostIP")) => {
                                 gateway::METRICS.parse::<SocketAddr>().unwrap().ip().to_string()
                             }
