@@ -221,11 +221,11 @@ pub fn ruleset(tables: &Tables) -> String {
 }
 
 /// [`ruleset`] with its drop counters starting from `carried` (the
-/// replaced table's, [`crate::nft_counters`]): `policy <name>` per policy,
-/// `untranslated pod source` (the guard) and `reply of a connection this
-/// node DNATed`.
+/// replaced table's, [`crate::nft_counters`]): one per policy (named after
+/// a hash of its name, commented `policy <name>`), `untranslated` (the
+/// guard) and `dnat_replies`.
 pub fn ruleset_carrying(tables: &Tables, carried: &Carried) -> String {
-    let name = |id: usize| tables.policies.get(id).map_or_else(|| id.to_string(), |p| p.name.replace('"', ""));
+    let name = |id: usize| tables.policies.get(id).map_or_else(|| id.to_string(), |p| p.name.clone());
     let mut s = String::new();
     // Create-then-delete makes the replacement work whether or not the table
     // exists; nft applies the whole file as one transaction.
@@ -245,10 +245,11 @@ pub fn ruleset_carrying(tables: &Tables, carried: &Carried) -> String {
     ids.extend(tables.classify_v4.destination_entries().filter_map(|(_, _, a)| steers(a)));
     ids.extend(tables.classify_v6.destination_entries().filter_map(|(_, _, a)| steers(a)));
     for id in ids {
-        nft_counters::declare(&mut s, &format!("policy_{id}"), &format!("policy {}", name(id)), carried);
+        let counter = nft_counters::policy_counter(&name(id));
+        let comment = nft_counters::safe_comment(&format!("policy {}", name(id)));
+        nft_counters::declare(&mut s, &counter, &comment, carried);
         s.push_str(&format!(
-            "  chain policy_{id} {{\n    counter name \"policy_{id}\" drop comment \"policy {}\"\n  }}\n",
-            name(id)
+            "  chain policy_{id} {{\n    counter name \"{counter}\" drop comment \"{comment}\"\n  }}\n"
         ));
     }
     nft_counters::declare(&mut s, "dnat_replies", DNAT_REPLIES, carried);
@@ -294,8 +295,8 @@ pub fn ruleset_carrying(tables: &Tables, carried: &Carried) -> String {
 }
 
 /// How long `nft -f` may take before it is killed and the install fails
-/// (a hung nft must not hold up the caller: Kubernetes mode applies from
-/// the control plane's runtime thread, which also renews the Leases).
+/// (a hung nft must not hold up the caller: Kubernetes mode's applies, on a
+/// blocking thread, hold the sink's lock the next apply waits for).
 pub const NFT_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn nft(script: &str) -> Result<(), FailClosedError> {
@@ -535,8 +536,15 @@ mod tests {
             ),
             "{r}"
         );
-        assert!(r.contains("chain policy_1 {\n    counter name \"policy_1\" drop comment \"policy pod\"\n  }"), "{r}");
-        assert!(r.contains("counter policy_1 {\n    comment \"policy pod\"\n    packets 0 bytes 0\n  }"), "{r}");
+        let pod = crate::nft_counters::policy_counter("pod");
+        assert!(
+            r.contains(&format!("chain policy_1 {{\n    counter name \"{pod}\" drop comment \"policy pod\"\n  }}")),
+            "{r}"
+        );
+        assert!(
+            r.contains(&format!("counter {pod} {{\n    comment \"policy pod\"\n    packets 0 bytes 0\n  }}")),
+            "{r}"
+        );
         assert!(r.contains("elements = { 2001:db8:18::-2001:db8:18:0:ffff:ffff:ffff:ffff : jump class6_0 }"), "{r}");
         assert!(r.contains("elements = { ::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff : jump policy_0 }"), "{r}");
         assert!(r.starts_with("table inet egret_failclosed\ndelete table inet egret_failclosed\n"));
@@ -718,22 +726,35 @@ mod tests {
             }
         }
         assert_eq!(drops, 5, "the probes cover steered and forwarded pairs");
-        let counters = || {
+        // The counters as nft lists them in the router's namespace (the
+        // installer reads them over nfnetlink in its own).
+        let counters = || -> crate::nft_counters::Carried {
             let out = Command::new("ip")
                 .args(["netns", "exec", "efc14-rtr", "nft", "-j", "list", "counters", "table", "inet", TABLE])
                 .output()
                 .unwrap();
-            crate::nft_counters::parse(&String::from_utf8_lossy(&out.stdout), TABLE)
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            v["nftables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|i| i.get("counter"))
+                .map(|c| {
+                    let n = |k: &str| c[k].as_u64().unwrap();
+                    (c["name"].as_str().unwrap().to_string(), (n("packets"), n("bytes")))
+                })
+                .collect()
         };
+        let pod = crate::nft_counters::policy_counter("pod");
         // 198.18.0.7 to both 198.51.100.x addresses: one echo request each.
         let before = counters();
-        assert_eq!(before.get("policy pod").map(|c| c.0), Some(2), "{before:?}");
+        assert_eq!(before.get(&pod).map(|c| c.0), Some(2), "{before:?}");
         // A replacement (every apply) carries the counts over, by policy
         // name, as install() does with the table's own listing.
         install_carrying(&t, &before);
         assert_eq!(counters(), before, "the counts survive the table's replacement");
         install(&t);
-        assert_eq!(counters().get("policy pod").map(|c| c.0), Some(0), "without carrying they would reset");
+        assert_eq!(counters().get(&pod).map(|c| c.0), Some(0), "without carrying they would reset");
 
         // The source guard: the pod CIDR's untranslated traffic arriving on
         // the guarded interface is dropped, whatever the policies say;
