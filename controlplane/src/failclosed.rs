@@ -311,29 +311,13 @@ fn nft(script: &str) -> Result<(), FailClosedError> {
 /// that stops reading nor one that writes much can block the caller past
 /// the timeout. A non-zero exit is `Refused` with the error output.
 pub(crate) fn run_bounded(cmd: &mut Command, input: &[u8], timeout: Duration) -> Result<(), FailClosedError> {
-    run_bounded_output(cmd, input, timeout).map(drop)
-}
-
-/// [`run_bounded`], returning the child's standard output.
-pub(crate) fn run_bounded_output(
-    cmd: &mut Command,
-    input: &[u8],
-    timeout: Duration,
-) -> Result<String, FailClosedError> {
     let started = Instant::now();
     let mut child = cmd
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(FailClosedError::Spawn)?;
-    let output = child.stdout.take().map(|mut stdout| {
-        std::thread::spawn(move || {
-            let mut out = String::new();
-            let _ = std::io::Read::read_to_string(&mut stdout, &mut out);
-            out
-        })
-    });
     let writer = child.stdin.take().map(|mut stdin| {
         let input = input.to_vec();
         // A write error (the child exited or was killed) shows in its status.
@@ -361,10 +345,9 @@ pub(crate) fn run_bounded_output(
         let _ = w.join();
     }
     let err = reader.and_then(|r| r.join().ok()).unwrap_or_default();
-    let out = output.and_then(|r| r.join().ok()).unwrap_or_default();
     match status {
         None => Err(FailClosedError::TimedOut(timeout)),
-        Some(s) if s.success() => Ok(out),
+        Some(s) if s.success() => Ok(()),
         Some(_) => Err(FailClosedError::Refused(err.trim().to_string())),
     }
 }

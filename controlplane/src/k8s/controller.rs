@@ -83,7 +83,7 @@ const CHANNEL_UP_WAIT: Duration = Duration::from_secs(5);
 const HANDOVER_SYNC_WAIT: Duration = Duration::from_secs(2);
 /// How long an uninstalling or retiring gateway waits for the cloud to
 /// release its addresses (the chart's grace period is 10 s: hand-over 2 s,
-/// Lease releases 2 s, the DaemonSet read 2 s, this).
+/// Lease releases 2 s, this; the DaemonSet is read meanwhile).
 const CLOUD_RELEASE_WAIT: Duration = Duration::from_secs(3);
 
 struct Stores {
