@@ -307,14 +307,15 @@ pub mod render {
     /// `egret status`.
     pub fn status(s: &Status) -> String {
         let mut out = format!(
-            "config      {}\ngeneration  {}\nuptime      {} s\nready       {}\nsessions    {} IPv4, {} IPv6 (capacity {} per family)\nfib         {} routes, {} neighbours (generation {})\nreloads     {} ok, {} rejected\n",
+            "config      {}\ngeneration  {}\nuptime      {} s\nready       {}\nsessions    {} IPv4, {} IPv6 (capacity {} IPv4, {} IPv6)\nfib         {} routes, {} neighbours (generation {})\nreloads     {} ok, {} rejected\n",
             s.config_file,
             s.generation,
             s.uptime_secs,
             if s.ready { "yes" } else { "no" },
             s.sessions.0,
             s.sessions.1,
-            s.session_capacity,
+            s.session_capacity.0,
+            s.session_capacity.1,
             s.fib_routes,
             s.fib_neighbors,
             s.fib_generation,

@@ -1,384 +1,463 @@
-//! Prometheus metrics (text exposition format 0.0.4) and the readiness
-//! probe, served over a minimal HTTP/1.1 server on the configured address.
+//! Prometheus metrics and the probes, served over HTTP/1.1 (hyper) on the
+//! configured address (ADR 0024).
 //!
-//! `GET /metrics`: everything in [`crate::view`], rendered by [`render`]
-//! from one snapshot per scrape. `GET /ready`: 200 once the XDP program is
-//! attached and every worker runs, 503 before (and while stopping).
-//! Anything else: 404. One request per connection (`Connection: close`).
+//! `GET /metrics`: everything in [`crate::view`], encoded by
+//! prometheus-client as OpenMetrics text ([`CONTENT_TYPE`]) from one
+//! snapshot per scrape ([`render`]: a [`Collector`] over the snapshot, no
+//! live metric objects). `GET /ready`: 200 once the XDP program is attached
+//! and every worker runs, 503 before (and while stopping). `GET /healthz`:
+//! the liveness probe. Anything else: 404; any other method: 405. One
+//! request per connection (`connection: close`); the server holds at most
+//! [`MAX_CONNECTIONS`] connections, each for at most [`CONNECTION_LIMIT`].
 
-use std::fmt::Write as _;
+use std::convert::Infallible;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, CONTENT_TYPE as CONTENT_TYPE_HEADER};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
-use crate::view::GatewayView;
+use crate::view::{ClusterReport, Counters, GatewayView, PolicyRow, PortRow, RingStats, Status};
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+/// The content type of `/metrics`: prometheus-client's text encoder writes
+/// OpenMetrics 1.0 (Prometheus asks for it first in its `Accept` header).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Connections served at once; one over the cap is closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Time a client has to send its request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a connection may last in all (request, answer, a slow reader).
+pub const CONNECTION_LIMIT: Duration = Duration::from_secs(10);
+
+static SECONDS: Unit = Unit::Seconds;
+static BYTES: Unit = Unit::Bytes;
+
+/// The OpenMetrics text of one [`Collector`], `# EOF` included: the
+/// collector is encoded once, so what it holds is one snapshot.
+pub fn exposition(collector: impl Collector) -> String {
+    let mut registry = Registry::with_prefix("egret");
+    registry.register_collector(Box::new(collector));
+    let mut out = String::with_capacity(32 * 1024);
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+        // Writing to a String does not fail; an encoder refusing a value would.
+        tracing::warn!(error = %e, "encoding the metrics failed");
+    }
+    out
 }
 
-struct Out(String);
+/// Writes metric families, each declared (`# HELP`, `# TYPE`, `# UNIT`)
+/// before its samples. Names are given without the registry's `egret_`
+/// prefix, a counter's without the `_total` its samples get.
+pub(crate) struct Families<'a>(pub(crate) DescriptorEncoder<'a>);
 
-impl Out {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.0, "# HELP egret_{name} {help}");
-        let _ = writeln!(self.0, "# TYPE egret_{name} {kind}");
+impl Families<'_> {
+    fn family<'s>(
+        &'s mut self,
+        name: &'s str,
+        help: &str,
+        unit: Option<&'static Unit>,
+        kind: MetricType,
+    ) -> Result<Family<'s>, fmt::Error> {
+        let encoder = self.0.encode_descriptor(name, help, unit, kind)?;
+        Ok(Family { encoder, counter: kind == MetricType::Counter })
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
-        self.0.push_str("egret_");
-        self.0.push_str(name);
-        if !labels.is_empty() {
-            self.0.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.0.push(',');
-                }
-                let _ = write!(self.0, "{k}=\"{}\"", escape(v));
-            }
-            self.0.push('}');
+    /// A gauge family.
+    pub(crate) fn gauge<'s>(&'s mut self, name: &'s str, help: &str) -> Result<Family<'s>, fmt::Error> {
+        self.family(name, help, None, MetricType::Gauge)
+    }
+
+    /// A counter family (`name` without `_total`).
+    pub(crate) fn counter<'s>(&'s mut self, name: &'s str, help: &str) -> Result<Family<'s>, fmt::Error> {
+        self.family(name, help, None, MetricType::Counter)
+    }
+
+    /// A gauge family in seconds (`name` without `_seconds`).
+    pub(crate) fn seconds<'s>(&'s mut self, name: &'s str, help: &str) -> Result<Family<'s>, fmt::Error> {
+        self.family(name, help, Some(&SECONDS), MetricType::Gauge)
+    }
+
+    /// A family in bytes (`name` without `_bytes`).
+    pub(crate) fn bytes<'s>(
+        &'s mut self,
+        name: &'s str,
+        help: &str,
+        kind: MetricType,
+    ) -> Result<Family<'s>, fmt::Error> {
+        self.family(name, help, Some(&BYTES), kind)
+    }
+}
+
+/// One family's samples.
+pub(crate) struct Family<'a> {
+    encoder: MetricEncoder<'a>,
+    counter: bool,
+}
+
+impl Family<'_> {
+    /// One sample (no labels: `&[]`).
+    pub(crate) fn sample<V: EncodeCounterValue + EncodeGaugeValue>(
+        &mut self,
+        labels: &[(&str, &str)],
+        value: V,
+    ) -> fmt::Result {
+        let mut m = self.encoder.encode_family(&labels)?;
+        if self.counter {
+            m.encode_counter::<NoLabelSet, V, u64>(&value, None)
+        } else {
+            m.encode_gauge(&value)
         }
-        let _ = writeln!(self.0, " {value}");
+    }
+}
+
+/// Milliseconds as (float) seconds.
+fn secs(ms: u64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+/// One scrape's snapshot of the gateway.
+#[derive(Debug)]
+struct Snapshot {
+    status: Status,
+    counters: Counters,
+    policies: Vec<PolicyRow>,
+    ports: Vec<PortRow>,
+    admin_refused: u64,
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+        let mut o = Families(encoder);
+        self.gateway(&mut o)?;
+        if let Some(c) = &self.status.cluster {
+            cluster(&mut o, c)?;
+        }
+        Ok(())
     }
 }
 
 /// The exposition text for one scrape of `view`.
 pub fn render(view: &dyn GatewayView) -> String {
-    let status = view.status();
-    let counters = view.counters();
-    let mut o = Out(String::with_capacity(16 * 1024));
+    exposition(Snapshot {
+        status: view.status(),
+        counters: view.counters(),
+        policies: view.policies(),
+        ports: view.ports(),
+        admin_refused: crate::admin::refused_connections(),
+    })
+}
 
-    o.family("config_generation", "gauge", "Generation of the configuration in use.");
-    o.sample("config_generation", &[], status.generation);
-    o.family(
-        "fib_generation",
-        "gauge",
-        "Generation of the forwarding snapshot (grows with every route or neighbour change applied).",
-    );
-    o.sample("fib_generation", &[], status.fib_generation);
-    o.family("config_reloads_total", "counter", "Configuration reloads applied.");
-    o.sample("config_reloads_total", &[], status.reloads);
-    o.family(
-        "config_reload_failures_total",
-        "counter",
-        "Configuration reloads rejected (the old configuration stays).",
-    );
-    o.sample("config_reload_failures_total", &[], status.reload_failures);
-    o.family(
-        "config_apply_failures_total",
-        "counter",
-        "Applies refused (too large for the XDP maps, fail-closed rules not installed, a map error): the gateway runs the configuration the logged error names.",
-    );
-    o.sample("config_apply_failures_total", &[], status.apply_failures);
-    o.family("fail_closed_errors_total", "counter", "Times the fail-closed nftables table could not be installed.");
-    o.sample("fail_closed_errors_total", &[], status.fail_closed_errors);
-    o.family(
-        "fail_closed_repairs_total",
-        "counter",
-        "Times another program removed the fail-closed nftables table and the gateway put it back.",
-    );
-    o.sample("fail_closed_repairs_total", &[], status.fail_closed_repairs);
-    o.family("ready", "gauge", "1 once the XDP program is attached and every worker runs.");
-    o.sample("ready", &[], u64::from(status.ready));
-    o.family(
-        "admin_connections_refused_total",
-        "counter",
-        "Admin-socket connections refused: the peer was neither root nor the daemon's user.",
-    );
-    o.sample("admin_connections_refused_total", &[], crate::admin::refused_connections());
+impl Snapshot {
+    fn gateway(&self, o: &mut Families) -> fmt::Result {
+        let (status, counters) = (&self.status, &self.counters);
+        o.gauge("config_generation", "Generation of the configuration in use.")?.sample(&[], status.generation)?;
+        o.gauge(
+            "fib_generation",
+            "Generation of the forwarding snapshot (grows with every route or neighbour change applied).",
+        )?
+        .sample(&[], status.fib_generation)?;
+        o.counter("config_reloads", "Configuration reloads applied.")?.sample(&[], status.reloads)?;
+        o.counter("config_reload_failures", "Configuration reloads rejected (the old configuration stays).")?
+            .sample(&[], status.reload_failures)?;
+        o.counter(
+            "config_apply_failures",
+            "Applies refused (too large for the XDP maps, fail-closed rules not installed, a map error): the gateway runs the configuration the logged error names.",
+        )?
+        .sample(&[], status.apply_failures)?;
+        o.counter("fail_closed_errors", "Times the fail-closed nftables table could not be installed.")?
+            .sample(&[], status.fail_closed_errors)?;
+        o.counter(
+            "fail_closed_repairs",
+            "Times another program removed the fail-closed nftables table and the gateway put it back.",
+        )?
+        .sample(&[], status.fail_closed_repairs)?;
+        o.gauge("ready", "1 once the XDP program is attached and every worker runs.")?
+            .sample(&[], u64::from(status.ready))?;
+        o.counter(
+            "admin_connections_refused",
+            "Admin-socket connections refused: the peer was neither root nor the daemon's user.",
+        )?
+        .sample(&[], self.admin_refused)?;
 
-    o.family("policy_packets_total", "counter", "Translated packets per policy and direction.");
-    let policies = view.policies();
-    for p in &policies {
-        o.sample("policy_packets_total", &[("policy", &p.name), ("direction", "outbound")], p.packets_out);
-        o.sample("policy_packets_total", &[("policy", &p.name), ("direction", "inbound")], p.packets_in);
-    }
-    o.family("policy_bytes_total", "counter", "Translated bytes (Ethernet frames) per policy and direction.");
-    for p in &policies {
-        o.sample("policy_bytes_total", &[("policy", &p.name), ("direction", "outbound")], p.bytes_out);
-        o.sample("policy_bytes_total", &[("policy", &p.name), ("direction", "inbound")], p.bytes_in);
-    }
-
-    o.family("frames_forwarded_total", "counter", "Frames rewritten and sent on.");
-    o.sample("frames_forwarded_total", &[], counters.forwarded);
-    o.family("frames_answered_total", "counter", "ARP requests and neighbour solicitations answered.");
-    o.sample("frames_answered_total", &[], counters.answered);
-    o.family(
-        "frames_misdirected_total",
-        "counter",
-        "Frames the XDP program steered but the engine left to the kernel (should stay 0).",
-    );
-    o.sample("frames_misdirected_total", &[], counters.misdirected);
-    o.family("announcements_total", "counter", "Gratuitous ARP and unsolicited neighbour advertisements sent.");
-    o.sample("announcements_total", &[], counters.announcements);
-    o.family("drops_total", "counter", "Frames dropped by the engine, by reason.");
-    for (r, n) in &counters.drops {
-        o.sample("drops_total", &[("reason", r)], *n);
-    }
-    o.family("events_total", "counter", "Engine events (sessions created/expired, ...), by name.");
-    for (e, n) in &counters.events {
-        o.sample("events_total", &[("event", e)], *n);
-    }
-    o.family("xdp_verdicts_total", "counter", "Frames the XDP steering program judged, by reason.");
-    for (r, n) in &counters.xdp {
-        o.sample("xdp_verdicts_total", &[("reason", r)], *n);
-    }
-
-    let f = &counters.fast_path;
-    o.family("fastpath_enabled", "gauge", "1 when established flows are translated in XDP (xdp.fastPath).");
-    o.sample("fastpath_enabled", &[], u64::from(f.enabled));
-    o.family("fastpath_sessions", "gauge", "Sessions installed in the XDP fast path per address family.");
-    o.sample("fastpath_sessions", &[("family", "ipv4")], f.sessions_v4);
-    o.sample("fastpath_sessions", &[("family", "ipv6")], f.sessions_v6);
-    o.family(
-        "fastpath_capacity",
-        "gauge",
-        "Sessions the XDP fast path can hold per address family (xdp.fastPathSessions).",
-    );
-    o.sample("fastpath_capacity", &[("family", "ipv4")], f.capacity_v4);
-    o.sample("fastpath_capacity", &[("family", "ipv6")], f.capacity_v6);
-    o.family("fastpath_next_hops", "gauge", "Next-hop table entries in use.");
-    o.sample("fastpath_next_hops", &[], f.next_hops);
-    o.family(
-        "fastpath_packets_total",
-        "counter",
-        "Frames the fast path looked at, by outcome: hit (translated in XDP), miss, skip_* (not its shape), punt_* (to the engine).",
-    );
-    for (r, n) in &f.packets {
-        o.sample("fastpath_packets_total", &[("outcome", r)], *n);
-    }
-    o.family("fastpath_offloads_total", "counter", "Session installations, by outcome (installed, refused_*, ...).");
-    for (r, n) in &f.offloads {
-        o.sample("fastpath_offloads_total", &[("outcome", r)], *n);
-    }
-    o.family("fastpath_removals_total", "counter", "Installed sessions taken out of the kernel, by cause.");
-    for (r, n) in &f.removals {
-        o.sample("fastpath_removals_total", &[("cause", r)], *n);
-    }
-    o.family("fastpath_next_hop_updates_total", "counter", "Next-hop entries rewritten after neighbour changes.");
-    o.sample("fastpath_next_hop_updates_total", &[], f.next_hop_updates);
-    o.family("fastpath_rerouted_total", "counter", "Session directions moved to another next hop after route changes.");
-    o.sample("fastpath_rerouted_total", &[], f.rerouted);
-
-    o.family("sessions", "gauge", "Live sessions per address family.");
-    o.sample("sessions", &[("family", "ipv4")], status.sessions.0);
-    o.sample("sessions", &[("family", "ipv6")], status.sessions.1);
-    o.family("sessions_capacity", "gauge", "Session table capacity per address family.");
-    o.sample("sessions_capacity", &[], status.session_capacity);
-
-    let ports = view.ports();
-    for (name, kind, help) in [
-        ("ports_in_use", "gauge", "External ports (or ICMP identifiers) in use per egress IP and protocol."),
-        ("ports_capacity", "gauge", "Size of the external port range per egress IP and protocol."),
-        ("ports_exhausted_total", "counter", "Allocations that found no free port, per egress IP and protocol."),
-    ] {
-        o.family(name, kind, help);
-        for p in &ports {
-            let ip = p.egress_ip.to_string();
-            let v = match name {
-                "ports_in_use" => p.in_use,
-                "ports_capacity" => p.capacity,
-                _ => p.exhausted,
-            };
-            o.sample(name, &[("egress_ip", &ip), ("proto", &p.proto)], v);
+        let mut f = o.counter("policy_packets", "Translated packets per policy and direction.")?;
+        for p in &self.policies {
+            f.sample(&[("policy", &p.name), ("direction", "outbound")], p.packets_out)?;
+            f.sample(&[("policy", &p.name), ("direction", "inbound")], p.packets_in)?;
         }
-    }
-
-    type RingField = fn(&crate::view::RingStats) -> u64;
-    let rings: [(&str, &str, RingField); 10] = [
-        ("xsk_rx_frames_total", "Frames received from the RX ring.", |r| r.rx),
-        ("xsk_tx_frames_total", "Frames queued on the TX ring.", |r| r.tx),
-        ("xsk_tx_ring_full_total", "Transmits that met a full TX ring.", |r| r.tx_ring_full),
-        ("xsk_fill_ring_empty_total", "Fill-ring refills that found no free frame.", |r| r.fill_ring_empty),
-        ("xsk_kernel_rx_dropped_total", "Kernel XDP_STATISTICS rx_dropped.", |r| r.kernel_rx_dropped),
-        ("xsk_kernel_rx_invalid_descs_total", "Kernel XDP_STATISTICS rx_invalid_descs.", |r| r.kernel_rx_invalid_descs),
-        ("xsk_kernel_tx_invalid_descs_total", "Kernel XDP_STATISTICS tx_invalid_descs.", |r| r.kernel_tx_invalid_descs),
-        ("xsk_kernel_rx_ring_full_total", "Kernel XDP_STATISTICS rx_ring_full.", |r| r.kernel_rx_ring_full),
-        ("xsk_kernel_rx_fill_ring_empty_descs_total", "Kernel XDP_STATISTICS rx_fill_ring_empty_descs.", |r| {
-            r.kernel_rx_fill_ring_empty_descs
-        }),
-        ("xsk_kernel_tx_ring_empty_descs_total", "Kernel XDP_STATISTICS tx_ring_empty_descs.", |r| {
-            r.kernel_tx_ring_empty_descs
-        }),
-    ];
-    for (name, help, get) in rings {
-        o.family(name, "counter", help);
-        for r in &counters.rings {
-            let (w, q) = (r.worker.to_string(), r.queue.to_string());
-            o.sample(name, &[("worker", &w), ("interface", &r.interface), ("queue", &q)], get(r));
+        let mut f =
+            o.bytes("policy", "Translated bytes (Ethernet frames) per policy and direction.", MetricType::Counter)?;
+        for p in &self.policies {
+            f.sample(&[("policy", &p.name), ("direction", "outbound")], p.bytes_out)?;
+            f.sample(&[("policy", &p.name), ("direction", "inbound")], p.bytes_in)?;
         }
+
+        o.counter("frames_forwarded", "Frames rewritten and sent on.")?.sample(&[], counters.forwarded)?;
+        o.counter("frames_answered", "ARP requests and neighbour solicitations answered.")?
+            .sample(&[], counters.answered)?;
+        o.counter(
+            "frames_misdirected",
+            "Frames the XDP program steered but the engine left to the kernel (should stay 0).",
+        )?
+        .sample(&[], counters.misdirected)?;
+        o.counter("announcements", "Gratuitous ARP and unsolicited neighbour advertisements sent.")?
+            .sample(&[], counters.announcements)?;
+        let mut f = o.counter("drops", "Frames dropped by the engine, by reason.")?;
+        for (r, n) in &counters.drops {
+            f.sample(&[("reason", r)], *n)?;
+        }
+        let mut f = o.counter("events", "Engine events (sessions created/expired, ...), by name.")?;
+        for (e, n) in &counters.events {
+            f.sample(&[("event", e)], *n)?;
+        }
+        let mut f = o.counter("xdp_verdicts", "Frames the XDP steering program judged, by reason.")?;
+        for (r, n) in &counters.xdp {
+            f.sample(&[("reason", r)], *n)?;
+        }
+
+        let fp = &counters.fast_path;
+        o.gauge("fastpath_enabled", "1 when established flows are translated in XDP (xdp.fastPath).")?
+            .sample(&[], u64::from(fp.enabled))?;
+        let mut f = o.gauge("fastpath_sessions", "Sessions installed in the XDP fast path per address family.")?;
+        f.sample(&[("family", "ipv4")], fp.sessions_v4)?;
+        f.sample(&[("family", "ipv6")], fp.sessions_v6)?;
+        let mut f = o.gauge(
+            "fastpath_capacity",
+            "Sessions the XDP fast path can hold per address family (xdp.fastPathSessions).",
+        )?;
+        f.sample(&[("family", "ipv4")], fp.capacity_v4)?;
+        f.sample(&[("family", "ipv6")], fp.capacity_v6)?;
+        o.gauge("fastpath_next_hops", "Next-hop table entries in use.")?.sample(&[], fp.next_hops)?;
+        let mut f = o.counter(
+            "fastpath_packets",
+            "Frames the fast path looked at, by outcome: hit (translated in XDP), miss, skip_* (not its shape), punt_* (to the engine).",
+        )?;
+        for (r, n) in &fp.packets {
+            f.sample(&[("outcome", r)], *n)?;
+        }
+        let mut f = o.counter("fastpath_offloads", "Session installations, by outcome (installed, refused_*, ...).")?;
+        for (r, n) in &fp.offloads {
+            f.sample(&[("outcome", r)], *n)?;
+        }
+        let mut f = o.counter("fastpath_removals", "Installed sessions taken out of the kernel, by cause.")?;
+        for (r, n) in &fp.removals {
+            f.sample(&[("cause", r)], *n)?;
+        }
+        o.counter("fastpath_next_hop_updates", "Next-hop entries rewritten after neighbour changes.")?
+            .sample(&[], fp.next_hop_updates)?;
+        o.counter("fastpath_rerouted", "Session directions moved to another next hop after route changes.")?
+            .sample(&[], fp.rerouted)?;
+
+        let mut f = o.gauge("sessions", "Live sessions per address family.")?;
+        f.sample(&[("family", "ipv4")], status.sessions.0)?;
+        f.sample(&[("family", "ipv6")], status.sessions.1)?;
+        let mut f = o.gauge("sessions_capacity", "Session table capacity per address family.")?;
+        f.sample(&[("family", "ipv4")], status.session_capacity.0)?;
+        f.sample(&[("family", "ipv6")], status.session_capacity.1)?;
+
+        type PortField = fn(&PortRow) -> u64;
+        let ports: [(&str, MetricType, &str, PortField); 3] = [
+            (
+                "ports_in_use",
+                MetricType::Gauge,
+                "External ports (or ICMP identifiers) in use per egress IP and protocol.",
+                |p| p.in_use,
+            ),
+            ("ports_capacity", MetricType::Gauge, "Size of the external port range per egress IP and protocol.", |p| {
+                p.capacity
+            }),
+            (
+                "ports_exhausted",
+                MetricType::Counter,
+                "Allocations that found no free port, per egress IP and protocol.",
+                |p| p.exhausted,
+            ),
+        ];
+        for (name, kind, help, get) in ports {
+            let mut f = o.family(name, help, None, kind)?;
+            for p in &self.ports {
+                let ip = p.egress_ip.to_string();
+                f.sample(&[("egress_ip", &ip), ("proto", &p.proto)], get(p))?;
+            }
+        }
+
+        type RingField = fn(&RingStats) -> u64;
+        let rings: [(&str, &str, RingField); 10] = [
+            ("xsk_rx_frames", "Frames received from the RX ring.", |r| r.rx),
+            ("xsk_tx_frames", "Frames queued on the TX ring.", |r| r.tx),
+            ("xsk_tx_ring_full", "Transmits that met a full TX ring.", |r| r.tx_ring_full),
+            ("xsk_fill_ring_empty", "Fill-ring refills that found no free frame.", |r| r.fill_ring_empty),
+            ("xsk_kernel_rx_dropped", "Kernel XDP_STATISTICS rx_dropped.", |r| r.kernel_rx_dropped),
+            ("xsk_kernel_rx_invalid_descs", "Kernel XDP_STATISTICS rx_invalid_descs.", |r| r.kernel_rx_invalid_descs),
+            ("xsk_kernel_tx_invalid_descs", "Kernel XDP_STATISTICS tx_invalid_descs.", |r| r.kernel_tx_invalid_descs),
+            ("xsk_kernel_rx_ring_full", "Kernel XDP_STATISTICS rx_ring_full.", |r| r.kernel_rx_ring_full),
+            ("xsk_kernel_rx_fill_ring_empty_descs", "Kernel XDP_STATISTICS rx_fill_ring_empty_descs.", |r| {
+                r.kernel_rx_fill_ring_empty_descs
+            }),
+            ("xsk_kernel_tx_ring_empty_descs", "Kernel XDP_STATISTICS tx_ring_empty_descs.", |r| {
+                r.kernel_tx_ring_empty_descs
+            }),
+        ];
+        for (name, help, get) in rings {
+            let mut f = o.counter(name, help)?;
+            for r in &counters.rings {
+                let (w, q) = (r.worker.to_string(), r.queue.to_string());
+                f.sample(&[("worker", &w), ("interface", &r.interface), ("queue", &q)], get(r))?;
+            }
+        }
+        Ok(())
     }
-    if let Some(c) = &status.cluster {
-        render_cluster(&mut o, c);
-    }
-    o.0
 }
 
 /// Kubernetes mode: Leases, peers, standbys (issue 16 §6).
-fn render_cluster(o: &mut Out, c: &crate::view::ClusterReport) {
-    o.family("lease_held", "gauge", "1 while this gateway serves the egress IP under its Lease.");
+fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
+    let mut f = o.gauge("lease_held", "1 while this gateway serves the egress IP under its Lease.")?;
     for l in &c.leases {
-        let ip = l.ip.to_string();
-        o.sample("lease_held", &[("ip", &ip)], u64::from(l.held_here));
+        f.sample(&[("egress_ip", &l.ip.to_string())], u64::from(l.held_here))?;
     }
-    o.family(
-        "lease_valid_for_milliseconds",
-        "gauge",
+    let mut f = o.seconds(
+        "lease_valid_for",
         "How long this gateway may still serve the IP without another renewal or failsafe acknowledgment.",
-    );
+    )?;
     for l in c.leases.iter().filter(|l| l.held_here) {
-        let ip = l.ip.to_string();
-        o.sample("lease_valid_for_milliseconds", &[("ip", &ip)], l.valid_for_ms.unwrap_or(0));
+        f.sample(&[("egress_ip", &l.ip.to_string())], secs(l.valid_for_ms.unwrap_or(0)))?;
     }
-    o.family(
+    let mut f = o.gauge(
         "lease_renew_failing",
-        "gauge",
         "1 while the IP's renewals fail for want of an API server (kept by the failsafe if every peer agrees).",
-    );
+    )?;
     for l in c.leases.iter().filter(|l| l.held_here) {
-        let ip = l.ip.to_string();
-        o.sample("lease_renew_failing", &[("ip", &ip)], u64::from(l.renew_failing));
+        f.sample(&[("egress_ip", &l.ip.to_string())], u64::from(l.renew_failing))?;
     }
-    o.family(
+    let mut f = o.gauge(
         "cloud_address_assigned",
-        "gauge",
         "1 while the cloud address the gateway holds a Lease for is on its interface (only then is it translated to).",
-    );
+    )?;
     for l in c.leases.iter().filter(|l| l.held_here || l.cloud.is_some()) {
         let Some(public) = l.public_ip else { continue };
         let (ip, public) = (l.ip.to_string(), public.to_string());
         let assigned = l.cloud.as_deref().is_some_and(|s| s.starts_with("assigned"));
-        o.sample("cloud_address_assigned", &[("ip", &ip), ("public_ip", &public)], u64::from(assigned));
+        f.sample(&[("egress_ip", &ip), ("public_ip", &public)], u64::from(assigned))?;
     }
-    o.family(
+    let mut f = o.gauge(
         "cloud_source_dest_check",
-        "gauge",
         "1 while the provider's source/destination check is on for the gateway's interface (it must be off).",
-    );
-    for i in c.cloud_interfaces.iter().filter(|i| i.interface.is_some()) {
-        let iface = i.interface.clone().unwrap_or_default();
-        o.sample(
-            "cloud_source_dest_check",
-            &[("subnet", &i.subnet), ("interface", &iface)],
-            u64::from(i.source_dest_check),
-        );
+    )?;
+    for i in &c.cloud_interfaces {
+        let Some(iface) = &i.interface else { continue };
+        f.sample(&[("subnet", &i.subnet), ("interface", iface)], u64::from(i.source_dest_check))?;
     }
-    o.family("standby_in_sync", "gauge", "1 while the standby of a held IP holds its latest session copy.");
+    let mut f = o.gauge("standby_in_sync", "1 while the standby of a held IP holds its latest session copy.")?;
     for l in c.leases.iter().filter(|l| l.held_here) {
         let (ip, sb) = (l.ip.to_string(), l.standby.clone().unwrap_or_default());
-        o.sample("standby_in_sync", &[("ip", &ip), ("standby", &sb)], u64::from(l.standby_in_sync == Some(true)));
+        f.sample(&[("egress_ip", &ip), ("standby", &sb)], u64::from(l.standby_in_sync == Some(true)))?;
     }
-    o.family("shadow_sessions", "gauge", "Sessions copied from another gateway for an IP this gateway stands by for.");
+    let mut f =
+        o.gauge("shadow_sessions", "Sessions copied from another gateway for an IP this gateway stands by for.")?;
     for x in &c.shadows {
-        let ip = x.ip.to_string();
-        o.sample("shadow_sessions", &[("ip", &ip), ("holder", &x.holder)], x.sessions);
+        f.sample(&[("egress_ip", &x.ip.to_string()), ("holder", &x.holder)], x.sessions)?;
     }
-    o.family("peer_up", "gauge", "1 while the channel to the peer gateway is up.");
+    let mut f = o.gauge("peer_up", "1 while the channel to the peer gateway is up.")?;
     for p in &c.peers {
-        o.sample("peer_up", &[("peer", &p.name)], u64::from(p.state == "up"));
+        f.sample(&[("peer", &p.name)], u64::from(p.state == "up"))?;
     }
-    o.family("peer_queue_bytes", "gauge", "Bytes queued on the channel to the peer.");
+    let mut f = o.bytes("peer_queue", "Bytes queued on the channel to the peer.", MetricType::Gauge)?;
     for p in &c.peers {
-        o.sample("peer_queue_bytes", &[("peer", &p.name)], p.queue_bytes);
+        f.sample(&[("peer", &p.name)], p.queue_bytes)?;
     }
-    o.family("control_plane_last_pass_milliseconds", "gauge", "Since the Kubernetes sync loop last ran a pass.");
-    o.sample("control_plane_last_pass_milliseconds", &[], c.last_pass_ms);
+    o.seconds("control_plane_last_pass_age", "Since the Kubernetes sync loop last ran a pass.")?
+        .sample(&[], secs(c.last_pass_ms))?;
     let k = &c.counters;
     let counters: [(&str, &str, u64); 17] = [
-        ("lease_takeovers_total", "Egress IPs this gateway took (created or acquired a Lease).", k.takeovers),
+        ("lease_takeovers", "Egress IPs this gateway took (created or acquired a Lease).", k.takeovers),
         (
-            "lease_fenced_total",
+            "lease_fenced",
             "Egress IPs this gateway stopped serving (deadline, foreign record, not eligible, stop).",
             k.fenced,
         ),
         (
-            "lease_resumed_total",
+            "lease_resumed",
             "Egress IPs fenced by their deadline, kept dormant with their sessions, and served again once their Lease was ours again.",
             k.resumed,
         ),
-        ("lease_api_errors_total", "Lease requests that failed for want of an API server.", k.lease_api_errors),
+        ("lease_api_errors", "Lease requests that failed for want of an API server.", k.lease_api_errors),
+        ("lease_conflicts", "Lease requests refused because another gateway changed the Lease first.", k.lease_conflicts),
         (
-            "lease_conflicts_total",
-            "Lease requests refused because another gateway changed the Lease first.",
-            k.lease_conflicts,
-        ),
-        (
-            "failsafe_confirmed_total",
+            "failsafe_confirmed",
             "Held IPs kept through an API outage because every other eligible gateway agreed.",
             k.failsafe_confirmed,
         ),
-        ("failsafe_refused_total", "Held IPs a peer refused to vouch for.", k.failsafe_refused),
-        ("failsafe_promises_total", "Failsafe requests of other gateways this gateway accepted.", k.promises_given),
+        ("failsafe_refused", "Held IPs a peer refused to vouch for.", k.failsafe_refused),
+        ("failsafe_promises", "Failsafe requests of other gateways this gateway accepted.", k.promises_given),
         (
-            "peers_gone_total",
+            "peers_gone",
             "Peers whose process was proven dead (a signed FIN without goodbye, a signed RST not followed by the same process's return, or a new incarnation).",
             k.peers_gone,
         ),
         (
-            "peer_resets_survived_total",
+            "peer_resets_survived",
             "Channels reset without goodbye whose peer came back as the same process (an abort on a node, ss -K): not taken for deaths.",
             k.peer_resets_survived,
         ),
         (
-            "early_takeovers_allowed_total",
+            "early_takeovers_allowed",
             "IPs freed before their Lease expired because their holder died.",
             k.early_takeovers_allowed,
         ),
-        ("sessions_imported_total", "Sessions of a previous holder installed on take-over.", k.sessions_imported),
+        ("sessions_imported", "Sessions of a previous holder installed on take-over.", k.sessions_imported),
+        ("sessions_not_imported", "Sessions of a previous holder that could not be installed.", k.sessions_not_imported),
+        ("sync_records", "Session records sent to standbys.", k.sync_records_sent),
+        ("sync_full_copies", "Full session copies sent to standbys.", k.sync_full_copies),
         (
-            "sessions_not_imported_total",
-            "Sessions of a previous holder that could not be installed.",
-            k.sessions_not_imported,
-        ),
-        ("sync_records_total", "Session records sent to standbys.", k.sync_records_sent),
-        ("sync_full_copies_total", "Full session copies sent to standbys.", k.sync_full_copies),
-        (
-            "sync_journal_overflows_total",
+            "sync_journal_overflows",
             "Session changes lost to a full journal (each forces full copies).",
             k.sync_journal_overflows,
         ),
         (
-            "sync_sends_refused_total",
+            "sync_sends_refused",
             "Frames the peer channel refused (queue full; each forces a full copy).",
             k.sync_sends_refused,
         ),
     ];
     for (name, help, v) in counters {
-        o.family(name, "counter", help);
-        o.sample(name, &[], v);
+        o.counter(name, help)?.sample(&[], v)?;
     }
+    Ok(())
 }
 
-fn response(code: u16, reason: &str, content_type: &str, body: &str) -> Vec<u8> {
-    format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
-}
+/// A plain-text HTTP handler: path -> (status code, content type, body).
+pub type Handler = Arc<dyn Fn(&str) -> (u16, &'static str, String) + Send + Sync>;
 
-/// The response to one request head (`GET /path HTTP/1.1 ...`); `ready` is
-/// `Err(why)` while the gateway is not ready (`/ready` answers 503 with why),
-/// `alive` while its control plane is dead (`/healthz`: the liveness probe).
-pub fn respond(view: &dyn GatewayView, ready: Result<(), String>, alive: Result<(), String>, head: &str) -> Vec<u8> {
-    let mut words = head.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    if method != "GET" {
-        return response(405, "Method Not Allowed", "text/plain", "GET only\n");
-    }
-    match path.split('?').next().unwrap_or("") {
-        "/metrics" => response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", &render(view)),
+/// The answer to `GET path` (the query left out); `ready` is `Err(why)`
+/// while the gateway is not ready (`/ready` answers 503 with why), `alive`
+/// while its control plane is dead (`/healthz`: the liveness probe).
+pub fn respond(
+    view: &dyn GatewayView,
+    ready: Result<(), String>,
+    alive: Result<(), String>,
+    path: &str,
+) -> (u16, &'static str, String) {
+    match path {
+        "/metrics" => (200, CONTENT_TYPE, render(view)),
         "/ready" => match ready {
-            Ok(()) => response(200, "OK", "text/plain", "ready\n"),
-            Err(why) => response(503, "Service Unavailable", "text/plain", &format!("not ready: {why}\n")),
+            Ok(()) => (200, "text/plain", "ready\n".into()),
+            Err(why) => (503, "text/plain", format!("not ready: {why}\n")),
         },
         "/healthz" => match alive {
-            Ok(()) => response(200, "OK", "text/plain", "ok\n"),
-            Err(why) => response(503, "Service Unavailable", "text/plain", &format!("not alive: {why}\n")),
+            Ok(()) => (200, "text/plain", "ok\n".into()),
+            Err(why) => (503, "text/plain", format!("not alive: {why}\n")),
         },
-        _ => response(404, "Not Found", "text/plain", "try /metrics, /ready or /healthz\n"),
+        _ => (404, "text/plain", "try /metrics, /ready or /healthz\n".into()),
     }
 }
 
@@ -389,100 +468,204 @@ pub async fn serve(
     ready: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
     alive: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
 ) {
-    serve_heads(listener, Arc::new(move |head: &str| respond(view.as_ref(), ready(), alive(), head))).await;
+    serve_fn(listener, Arc::new(move |path: &str| respond(view.as_ref(), ready(), alive(), path))).await;
 }
 
-/// A plain-text HTTP handler: path -> (status code, content type, body).
-pub type Handler = Arc<dyn Fn(&str) -> (u16, &'static str, String) + Send + Sync>;
-
-/// Serves `GET` requests with `handler` until the task is dropped (the node
-/// agent's `/metrics`, `/ready`, `/healthz`).
+/// Serves `GET` requests with `handler` until the task is dropped (also the
+/// node agent's `/metrics`, `/ready`, `/healthz`).
 pub async fn serve_fn(listener: TcpListener, handler: Handler) {
-    serve_heads(
-        listener,
-        Arc::new(move |head: &str| {
-            let mut words = head.split_whitespace();
-            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-            if method != "GET" {
-                return response(405, "Method Not Allowed", "text/plain", "GET only\n");
-            }
-            let (code, ty, body) = handler(path.split('?').next().unwrap_or(""));
-            let reason = match code {
-                200 => "OK",
-                404 => "Not Found",
-                503 => "Service Unavailable",
-                _ => "",
-            };
-            response(code, reason, ty, &body)
-        }),
-    )
-    .await;
+    serve_limited(listener, handler, Limits::DEFAULT).await;
 }
 
-/// Request head -> the whole response.
-type Responder = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
+/// What one client may hold of the server.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// Connections at once.
+    connections: usize,
+    /// Time to send the request head.
+    header_read: Duration,
+    /// Time a connection may last in all.
+    connection: Duration,
+}
 
-async fn serve_heads(listener: TcpListener, respond: Responder) {
+impl Limits {
+    const DEFAULT: Limits =
+        Limits { connections: MAX_CONNECTIONS, header_read: HEADER_READ_TIMEOUT, connection: CONNECTION_LIMIT };
+}
+
+/// The response to one request: `handler`'s answer to a GET, 405 to
+/// anything else.
+fn answer(handler: &Handler, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let (code, content_type, body) = if req.method() == Method::GET {
+        handler(req.uri().path())
+    } else {
+        (405, "text/plain", "GET only\n".to_string())
+    };
+    let mut res = Response::new(Full::new(Bytes::from(body)));
+    *res.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    res.headers_mut().insert(CONTENT_TYPE_HEADER, HeaderValue::from_static(content_type));
+    res
+}
+
+async fn serve_limited(listener: TcpListener, handler: Handler, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.connections));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_read).keep_alive(false);
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of file descriptors, most likely: let some close.
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let respond = respond.clone();
+        // Over the cap: closed at once, unread.
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        let handler = handler.clone();
+        let conn = http.serve_connection(
+            TokioIo::new(stream),
+            hyper::service::service_fn(move |req: Request<Incoming>| {
+                let res = answer(&handler, &req);
+                async move { Ok::<_, Infallible>(res) }
+            }),
+        );
         tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            let mut n = 0;
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while n < buf.len() {
-                    match stream.read(&mut buf[n..]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => n += k,
-                    }
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-            })
-            .await;
-            if read.is_err() || n == 0 {
-                return;
-            }
-            let head = String::from_utf8_lossy(&buf[..n]).into_owned();
-            let out = respond(&head);
-            let _ = stream.write_all(&out).await;
-            let _ = stream.shutdown().await;
+            // An error is the client's (gone, too slow, not HTTP): nothing to do.
+            let _ = tokio::time::timeout(limits.connection, conn).await;
+            drop(slot);
         });
     }
 }
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
     use super::*;
     use crate::admin::tests::Fake;
+    use crate::view::{CloudInterfaceRow, ClusterCounters, LeaseRow, PeerRow, SessionFilter, SessionRow, ShadowRow};
+
+    /// [`Fake`] in Kubernetes mode.
+    struct Clustered;
+
+    impl GatewayView for Clustered {
+        fn status(&self) -> Status {
+            let lease = |ip: &str, here: bool| LeaseRow {
+                ip: ip.parse().unwrap(),
+                holder: Some(if here { "gw-a" } else { "gw-b" }.into()),
+                held_here: here,
+                dormant_here: false,
+                valid_for_ms: here.then_some(2500),
+                candidates: vec!["gw-a".into(), "gw-b".into()],
+                renew_failing: false,
+                standby: here.then(|| "gw-b".into()),
+                standby_in_sync: here.then_some(true),
+                public_ip: None,
+                cloud: None,
+            };
+            let mut cloud = lease("10.0.1.20", true);
+            cloud.public_ip = Some("198.51.100.20".parse().unwrap());
+            cloud.cloud = Some("assigned to eni-0a".into());
+            let cluster = ClusterReport {
+                node: "gw-a".into(),
+                first_pass: true,
+                last_pass_ms: 1200,
+                ha: true,
+                end_authenticated: true,
+                leases: vec![lease("203.0.113.10", true), lease("203.0.113.11", false), cloud],
+                peers: vec![PeerRow { name: "gw-b".into(), state: "up".into(), queue_bytes: 64, ..Default::default() }],
+                shadows: vec![ShadowRow {
+                    ip: "203.0.113.11".parse().unwrap(),
+                    holder: "gw-b".into(),
+                    sessions: 9,
+                    in_sync: true,
+                    age_ms: 10,
+                }],
+                standby_pending: vec![],
+                cloud_interfaces: vec![CloudInterfaceRow {
+                    subnet: "subnet-1".into(),
+                    interface: Some("eni-0a".into()),
+                    source_dest_check: false,
+                    error: None,
+                }],
+                counters: ClusterCounters { takeovers: 3, resumed: 1, ..Default::default() },
+            };
+            Status { cluster: Some(cluster), ..Fake.status() }
+        }
+        fn counters(&self) -> Counters {
+            Fake.counters()
+        }
+        fn policies(&self) -> Vec<PolicyRow> {
+            Fake.policies()
+        }
+        fn ports(&self) -> Vec<PortRow> {
+            Fake.ports()
+        }
+        fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
+            Fake.sessions(filter)
+        }
+    }
+
+    /// Checks the exposition's shape and returns its families (name ->
+    /// type): it ends with `# EOF`, every family has HELP and TYPE once,
+    /// and every sample follows its family's declaration (a counter's
+    /// samples are the family's name with `_total`).
+    fn families(text: &str) -> HashMap<String, String> {
+        assert!(text.ends_with("\n# EOF\n"), "no # EOF at the end:\n{text}");
+        let mut declared: HashMap<String, String> = HashMap::new();
+        let mut helped = std::collections::HashSet::new();
+        for l in text.lines() {
+            if let Some(rest) = l.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap();
+                assert!(!help.is_empty(), "{name} has no help");
+                assert!(helped.insert(name.to_string()), "{name} has two HELP lines");
+            } else if let Some(rest) = l.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert!(helped.contains(name), "{name}: TYPE before HELP");
+                assert!(declared.insert(name.to_string(), kind.to_string()).is_none(), "{name} declared twice");
+            } else if let Some(rest) = l.strip_prefix("# UNIT ") {
+                let (name, unit) = rest.split_once(' ').unwrap();
+                assert!(declared.contains_key(name) && name.ends_with(&format!("_{unit}")), "{l}");
+            } else if l != "# EOF" {
+                let name = l.split(['{', ' ']).next().unwrap();
+                let family = match declared.get(name).map(String::as_str) {
+                    Some("gauge") => name,
+                    _ => name
+                        .strip_suffix("_total")
+                        .filter(|f| declared.get(*f).is_some_and(|k| k == "counter"))
+                        .unwrap_or(""),
+                };
+                assert!(!family.is_empty(), "{name} has no TYPE line before it:\n{text}");
+                let value = l.rsplit(' ').next().unwrap();
+                assert!(value.parse::<f64>().is_ok(), "{l}: not a number");
+            }
+        }
+        declared
+    }
 
     #[test]
     fn exposition_has_every_family_with_labels() {
-        let text = render(&Fake);
+        let text = render(&Clustered);
         for line in [
             "egret_config_generation 7",
+            "egret_fib_generation 3",
+            "egret_config_reloads_total 3",
             "egret_config_reload_failures_total 2",
             "egret_config_apply_failures_total 5",
             "egret_fail_closed_errors_total 1",
+            "egret_fail_closed_repairs_total 0",
+            "egret_ready 1",
             "egret_policy_packets_total{policy=\"team-a\",direction=\"outbound\"} 10",
             "egret_policy_bytes_total{policy=\"team-a\",direction=\"inbound\"} 900",
+            "egret_frames_forwarded_total 20",
+            "egret_frames_misdirected_total 1",
             "egret_drops_total{reason=\"ports_exhausted\"} 3",
             "egret_drops_total{reason=\"no_route\"} 0",
             "egret_events_total{event=\"session_created_outbound\"} 4",
             "egret_xdp_verdicts_total{reason=\"redirect_steered_source\"} 11",
-            "egret_sessions{family=\"ipv4\"} 4",
-            "egret_sessions{family=\"ipv6\"} 1",
-            "egret_ports_in_use{egress_ip=\"203.0.113.10\",proto=\"udp\"} 4",
-            "egret_ports_capacity{egress_ip=\"203.0.113.10\",proto=\"udp\"} 28232",
-            "egret_ports_exhausted_total{egress_ip=\"203.0.113.10\",proto=\"udp\"} 3",
-            "egret_xsk_rx_frames_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 21",
-            "egret_xsk_kernel_rx_ring_full_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 5",
-            "egret_frames_misdirected_total 1",
             "egret_fastpath_enabled 1",
             "egret_fastpath_sessions{family=\"ipv4\"} 3",
             "egret_fastpath_capacity{family=\"ipv4\"} 4096",
@@ -491,50 +674,258 @@ mod tests {
             "egret_fastpath_offloads_total{outcome=\"refused_map_full\"} 1",
             "egret_fastpath_removals_total{cause=\"fenced\"} 2",
             "egret_fastpath_next_hop_updates_total 1",
-            "egret_ready 1",
+            "egret_sessions{family=\"ipv4\"} 4",
+            "egret_sessions{family=\"ipv6\"} 1",
+            "egret_sessions_capacity{family=\"ipv4\"} 1048576",
+            "egret_sessions_capacity{family=\"ipv6\"} 65536",
+            "egret_ports_in_use{egress_ip=\"203.0.113.10\",proto=\"udp\"} 4",
+            "egret_ports_capacity{egress_ip=\"203.0.113.10\",proto=\"udp\"} 28232",
+            "egret_ports_exhausted_total{egress_ip=\"203.0.113.10\",proto=\"udp\"} 3",
+            "egret_xsk_rx_frames_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 21",
+            "egret_xsk_kernel_rx_ring_full_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 5",
+            // Kubernetes mode.
+            "egret_lease_held{egress_ip=\"203.0.113.10\"} 1",
+            "egret_lease_held{egress_ip=\"203.0.113.11\"} 0",
+            "egret_lease_valid_for_seconds{egress_ip=\"203.0.113.10\"} 2.5",
+            "egret_lease_renew_failing{egress_ip=\"203.0.113.10\"} 0",
+            "egret_cloud_address_assigned{egress_ip=\"10.0.1.20\",public_ip=\"198.51.100.20\"} 1",
+            "egret_cloud_source_dest_check{subnet=\"subnet-1\",interface=\"eni-0a\"} 0",
+            "egret_standby_in_sync{egress_ip=\"203.0.113.10\",standby=\"gw-b\"} 1",
+            "egret_shadow_sessions{egress_ip=\"203.0.113.11\",holder=\"gw-b\"} 9",
+            "egret_peer_up{peer=\"gw-b\"} 1",
+            "egret_peer_queue_bytes{peer=\"gw-b\"} 64",
+            "egret_control_plane_last_pass_age_seconds 1.2",
+            "egret_lease_takeovers_total 3",
+            "egret_lease_resumed_total 1",
+            "egret_sync_sends_refused_total 0",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
-        // Every sample's family is declared once, before its samples.
-        let mut declared = std::collections::HashSet::new();
-        for l in text.lines() {
-            if let Some(rest) = l.strip_prefix("# TYPE ") {
-                let name = rest.split(' ').next().unwrap();
-                assert!(declared.insert(name.to_string()), "{name} declared twice");
-            } else if !l.starts_with('#') {
-                let name = l.split(['{', ' ']).next().unwrap();
-                assert!(declared.contains(name), "{name} has no TYPE line before it");
-            }
+        // Every family, declared once before its samples, with its type.
+        let declared = families(&text);
+        let gauges = [
+            "config_generation",
+            "fib_generation",
+            "ready",
+            "fastpath_enabled",
+            "fastpath_sessions",
+            "fastpath_capacity",
+            "fastpath_next_hops",
+            "sessions",
+            "sessions_capacity",
+            "ports_in_use",
+            "ports_capacity",
+            "lease_held",
+            "lease_valid_for_seconds",
+            "lease_renew_failing",
+            "cloud_address_assigned",
+            "cloud_source_dest_check",
+            "standby_in_sync",
+            "shadow_sessions",
+            "peer_up",
+            "peer_queue_bytes",
+            "control_plane_last_pass_age_seconds",
+        ];
+        let counters = [
+            "config_reloads",
+            "config_reload_failures",
+            "config_apply_failures",
+            "fail_closed_errors",
+            "fail_closed_repairs",
+            "admin_connections_refused",
+            "policy_packets",
+            "policy_bytes",
+            "frames_forwarded",
+            "frames_answered",
+            "frames_misdirected",
+            "announcements",
+            "drops",
+            "events",
+            "xdp_verdicts",
+            "fastpath_packets",
+            "fastpath_offloads",
+            "fastpath_removals",
+            "fastpath_next_hop_updates",
+            "fastpath_rerouted",
+            "ports_exhausted",
+            "xsk_rx_frames",
+            "xsk_tx_frames",
+            "xsk_tx_ring_full",
+            "xsk_fill_ring_empty",
+            "xsk_kernel_rx_dropped",
+            "xsk_kernel_rx_invalid_descs",
+            "xsk_kernel_tx_invalid_descs",
+            "xsk_kernel_rx_ring_full",
+            "xsk_kernel_rx_fill_ring_empty_descs",
+            "xsk_kernel_tx_ring_empty_descs",
+            "lease_takeovers",
+            "lease_fenced",
+            "lease_resumed",
+            "lease_api_errors",
+            "lease_conflicts",
+            "failsafe_confirmed",
+            "failsafe_refused",
+            "failsafe_promises",
+            "peers_gone",
+            "peer_resets_survived",
+            "early_takeovers_allowed",
+            "sessions_imported",
+            "sessions_not_imported",
+            "sync_records",
+            "sync_full_copies",
+            "sync_journal_overflows",
+            "sync_sends_refused",
+        ];
+        let mut want: HashMap<String, String> = HashMap::new();
+        want.extend(gauges.iter().map(|n| (format!("egret_{n}"), "gauge".to_string())));
+        want.extend(counters.iter().map(|n| (format!("egret_{n}"), "counter".to_string())));
+        assert_eq!(declared, want, "{text}");
+        // Units: seconds and bytes, as OpenMetrics writes them.
+        for unit in [
+            "# UNIT egret_lease_valid_for_seconds seconds",
+            "# UNIT egret_control_plane_last_pass_age_seconds seconds",
+            "# UNIT egret_policy_bytes bytes",
+            "# UNIT egret_peer_queue_bytes bytes",
+        ] {
+            assert!(text.lines().any(|l| l == unit), "missing {unit:?}");
         }
+        // Without a cluster: no cluster family, the same shape.
+        let file_mode = families(&render(&Fake));
+        assert!(!file_mode.contains_key("egret_lease_held") && file_mode.contains_key("egret_drops"));
+        assert_eq!(file_mode.len(), gauges.len() + counters.len() - 10 - 17);
     }
 
     #[test]
-    fn http_routes() {
-        let ok = String::from_utf8(respond(&Fake, Ok(()), Ok(()), "GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")).unwrap();
-        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\nready\n"), "{ok}");
-        let not = String::from_utf8(respond(
-            &Fake,
-            Err("next hop 203.0.113.1 on eth0".into()),
-            Ok(()),
-            "GET /ready HTTP/1.1\r\n\r\n",
-        ))
-        .unwrap();
-        assert!(not.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{not}");
-        assert!(not.ends_with("\r\n\r\nnot ready: next hop 203.0.113.1 on eth0\n"), "{not}");
-        let h = String::from_utf8(respond(&Fake, Ok(()), Ok(()), "GET /healthz HTTP/1.1\r\n\r\n")).unwrap();
-        assert!(h.starts_with("HTTP/1.1 200 OK\r\n"), "{h}");
+    fn routes() {
+        assert_eq!(respond(&Fake, Ok(()), Ok(()), "/ready"), (200, "text/plain", "ready\n".into()));
+        let not = respond(&Fake, Err("next hop 203.0.113.1 on eth0".into()), Ok(()), "/ready");
+        assert_eq!(not, (503, "text/plain", "not ready: next hop 203.0.113.1 on eth0\n".into()));
+        assert_eq!(respond(&Fake, Ok(()), Ok(()), "/healthz"), (200, "text/plain", "ok\n".into()));
         let dead = "the Kubernetes sync loop has not run for 9000 ms";
-        let h = String::from_utf8(respond(&Fake, Ok(()), Err(dead.into()), "GET /healthz HTTP/1.1\r\n\r\n")).unwrap();
-        assert!(h.starts_with("HTTP/1.1 503") && h.ends_with(&format!("not alive: {dead}\n")), "{h}");
-        let m = String::from_utf8(respond(&Fake, Ok(()), Ok(()), "GET /metrics HTTP/1.1\r\n\r\n")).unwrap();
+        let h = respond(&Fake, Ok(()), Err(dead.into()), "/healthz");
+        assert_eq!(h, (503, "text/plain", format!("not alive: {dead}\n")));
+        let (code, ty, body) = respond(&Fake, Ok(()), Ok(()), "/metrics");
+        assert_eq!((code, ty), (200, CONTENT_TYPE));
+        assert!(body.starts_with("# HELP egret_") && body.ends_with("# EOF\n"), "{body}");
+        assert_eq!(respond(&Fake, Ok(()), Ok(()), "/x").0, 404);
+    }
+
+    /// Sends `request` on a new connection to `addr` and reads until the
+    /// server closes it (empty if it closed or reset the connection first).
+    async fn exchange(addr: SocketAddr, request: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let _ = s.write_all(request.as_bytes()).await;
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        assert!(read.is_ok(), "{request:?}: the server kept the connection open");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn get(path: &str) -> String {
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n")
+    }
+
+    #[tokio::test]
+    async fn http_over_hyper() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::new(Fake),
+            Arc::new(|| Err("starting".to_string())),
+            Arc::new(|| Ok(())),
+        ));
+        // A request without `Connection: close` is answered and closed all
+        // the same (one request per connection).
+        let m = exchange(addr, &get("/metrics?x=1")).await;
         let (head, body) = m.split_once("\r\n\r\n").unwrap();
-        assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
-        assert!(head.contains("text/plain; version=0.0.4"));
-        assert!(String::from_utf8(respond(&Fake, Ok(()), Ok(()), "GET /x HTTP/1.1\r\n\r\n"))
-            .unwrap()
-            .starts_with("HTTP/1.1 404"));
-        assert!(String::from_utf8(respond(&Fake, Ok(()), Ok(()), "POST /metrics HTTP/1.1\r\n\r\n"))
-            .unwrap()
-            .starts_with("HTTP/1.1 405"));
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        let head = head.to_lowercase();
+        assert!(head.contains(&format!("content-type: {CONTENT_TYPE}")), "{head}");
+        assert!(head.contains(&format!("content-length: {}", body.len())), "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        assert!(body.contains("\negret_config_generation 7\n") && body.ends_with("# EOF\n"), "{body}");
+        let r = exchange(addr, &get("/ready")).await;
+        assert!(r.starts_with("HTTP/1.1 503 Service Unavailable\r\n") && r.ends_with("\r\n\r\nnot ready: starting\n"));
+        let h = exchange(addr, &get("/healthz")).await;
+        assert!(h.starts_with("HTTP/1.1 200 OK\r\n") && h.ends_with("\r\n\r\nok\n"), "{h}");
+        let n = exchange(addr, &get("/nothing")).await;
+        assert!(n.starts_with("HTTP/1.1 404 Not Found\r\n") && n.ends_with("try /metrics, /ready or /healthz\n"));
+        let p = exchange(addr, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").await;
+        assert!(p.starts_with("HTTP/1.1 405 Method Not Allowed\r\n") && p.ends_with("GET only\n"), "{p}");
+        // HTTP/1.1 only: an HTTP/2 preface is not served.
+        let h2 = exchange(addr, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+        assert!(!h2.starts_with("HTTP/1.1 200"), "{h2}");
+        server.abort();
+    }
+
+    fn answer_ready() -> Handler {
+        Arc::new(|path: &str| match path {
+            "/ready" => (200, "text/plain", "ready\n".to_string()),
+            _ => (404, "text/plain", String::new()),
+        })
+    }
+
+    /// Idle connections fill the cap: one more is closed unanswered; the
+    /// header timeout closes the idle ones, and the server answers again.
+    #[tokio::test]
+    async fn connections_are_capped_and_idle_ones_time_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits =
+            Limits { connections: 3, header_read: Duration::from_secs(2), connection: Duration::from_secs(60) };
+        let server = tokio::spawn(serve_limited(listener, answer_ready(), limits));
+        let mut idle = Vec::new();
+        for _ in 0..limits.connections {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let t0 = std::time::Instant::now();
+        let over = exchange(addr, &get("/ready")).await;
+        assert_eq!(over, "", "a connection over the cap is closed unanswered");
+        assert!(t0.elapsed() < limits.header_read, "closed at once, not when the idle ones left");
+        // The header timeout frees the slots (hyper may say 408 first).
+        for mut s in idle {
+            let mut out = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+            assert!(read.is_ok(), "an idle connection outlived the header timeout");
+            let out = String::from_utf8_lossy(&out);
+            assert!(out.is_empty() || out.starts_with("HTTP/1.1 408"), "{out}");
+        }
+        let elapsed = t0.elapsed();
+        assert!(elapsed >= limits.header_read - Duration::from_millis(100), "closed after {elapsed:?}");
+        let ok = exchange(addr, &get("/ready")).await;
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\nready\n"), "{ok}");
+        server.abort();
+    }
+
+    /// A connection is closed at the time limit, even one still within the
+    /// header timeout (a client trickling its request).
+    #[tokio::test]
+    async fn connections_have_a_time_limit() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits =
+            Limits { connections: 2, header_read: Duration::from_secs(60), connection: Duration::from_millis(500) };
+        let server = tokio::spawn(serve_limited(listener, answer_ready(), limits));
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let t0 = std::time::Instant::now();
+        let mut closed = false;
+        for b in get("/ready").bytes().take(10) {
+            if s.write_all(&[b]).await.is_err() {
+                closed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !closed {
+            let mut out = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+            assert!(read.is_ok(), "a trickling client held its connection past the limit");
+        }
+        let elapsed = t0.elapsed();
+        assert!(elapsed >= limits.connection && elapsed < Duration::from_secs(5), "closed after {elapsed:?}");
+        let ok = exchange(addr, &get("/ready")).await;
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        server.abort();
     }
 }

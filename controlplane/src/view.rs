@@ -105,8 +105,8 @@ pub struct Status {
     pub cluster: Option<ClusterReport>,
     /// Live sessions: (IPv4, IPv6).
     pub sessions: (u64, u64),
-    /// Session capacity per family.
-    pub session_capacity: u64,
+    /// Session table capacity: (IPv4, IPv6).
+    pub session_capacity: (u64, u64),
     /// Routes and neighbours in the forwarding snapshot.
     pub fib_routes: u64,
     /// Neighbours in the forwarding snapshot.

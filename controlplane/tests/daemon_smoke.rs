@@ -189,8 +189,14 @@ fn gateway_translates_reloads_and_detaches() {
     assert!(counters["announcements"].as_u64() >= Some(1), "the gratuitous ARP for 203.0.113.10 went out: {counters}");
     assert_eq!(counters["misdirected"].as_u64(), Some(0), "{counters}");
     let metrics = http_get(&gw, "/metrics");
-    assert!(metrics.contains("egret_policy_packets_total{policy=\"team-a\",direction=\"outbound\"}"), "{metrics}");
-    assert!(metrics.contains("egret_config_generation 2\n"), "{metrics}");
+    let (head, body) = metrics.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.to_lowercase().contains("content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        "{head}"
+    );
+    assert!(body.contains("egret_policy_packets_total{policy=\"team-a\",direction=\"outbound\"}"), "{body}");
+    assert!(body.contains("\negret_config_generation 2\n") && body.ends_with("\n# EOF\n"), "{body}");
+    assert!(body.contains("\negret_sessions_capacity{family=\"ipv6\"} "), "{body}");
 
     // Generation 1 is the engine's own compile; the first apply publishes 2.
     // SIGHUP with the policy moved to another egress IP.

@@ -218,6 +218,16 @@ fn steady_state(lab: &NodeLab, ctx: &Ctx, ipv6: bool) {
             let got = egret_tests::gateway::http_get_in(lab.worker(w), probe, path);
             assert_eq!(got.ok(), Some((200, body.to_owned())), "{}: the agent's {path}", w.node_name());
         }
+        // Its metrics: OpenMetrics text (a counter's samples end in _total).
+        let (code, m) =
+            egret_tests::gateway::http_get_in(lab.worker(w), probe, "/metrics").expect("the agent's /metrics");
+        assert_eq!(code, 200, "{}: the agent's /metrics: {m}", w.node_name());
+        assert!(
+            m.lines().any(|l| l == "egret_node_pods_steered 2") && m.ends_with("\n# EOF\n"),
+            "{}: {m}",
+            w.node_name()
+        );
+        assert!(m.lines().any(|l| l.starts_with("egret_node_syncs_total ")), "{}: {m}", w.node_name());
     }
 }
 

@@ -67,7 +67,7 @@ impl GatewayView for Fake {
             fail_closed_errors: 1,
             fail_closed_repairs: 0,
             sessions: (4, 1),
-            session_capacity: 1 << 20,
+            session_capacity: (1 << 20, 1 << 16),
             fib_routes: 2,
             fib_neighbors: 1,
             fib_generation: 3,

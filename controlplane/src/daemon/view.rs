@@ -112,7 +112,7 @@ impl GatewayView for LiveView {
             fail_closed_errors: s.sink.fail_closed_errors.load(Ordering::Relaxed),
             fail_closed_repairs: s.sink.fail_closed_repairs.load(Ordering::Relaxed),
             sessions: (s.engine.nat4().sessions.len() as u64, s.engine.nat6().sessions.len() as u64),
-            session_capacity: s.engine.nat4().sessions.capacity() as u64,
+            session_capacity: (s.engine.nat4().sessions.capacity() as u64, s.engine.nat6().sessions.capacity() as u64),
             fib_routes: routes as u64,
             fib_neighbors: neighbours as u64,
             fib_generation: fib.generation(),

@@ -400,7 +400,7 @@ async fn serve_metrics(listener: TcpListener, status: Arc<Mutex<NodeStatus>>, pa
             Err(why) => (503, "text/plain", format!("not {ok}: {why}\n")),
         };
         match path {
-            "/metrics" => (200, "text/plain; version=0.0.4; charset=utf-8", status::metrics(&s)),
+            "/metrics" => (200, crate::metrics::CONTENT_TYPE, status::metrics(&s)),
             "/ready" => answer(probe.ready(), "ready"),
             "/healthz" => answer(probe.alive(), "ok"),
             _ => (404, "text/plain", "try /metrics, /ready or /healthz\n".into()),

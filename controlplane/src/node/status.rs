@@ -8,7 +8,11 @@
 use std::net::IpAddr;
 use std::path::Path;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
 use serde::{Deserialize, Serialize};
+
+use crate::metrics::Families;
 
 /// Pods using one (policy, egress IP).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,81 +89,47 @@ pub fn read(path: &Path) -> Result<NodeStatus, String> {
     serde_json::from_slice(&text).map_err(|e| format!("{}: not a status file: {e}", path.display()))
 }
 
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+/// The agent's exposition: one [`NodeStatus`] encoded by prometheus-client
+/// (OpenMetrics text, [`crate::metrics::CONTENT_TYPE`]).
+#[derive(Debug)]
+struct Exposition(NodeStatus);
+
+impl Collector for Exposition {
+    fn encode(&self, encoder: DescriptorEncoder) -> std::fmt::Result {
+        let (s, mut o) = (&self.0, Families(encoder));
+        o.gauge("node_pods", "Local pods with an address.")?.sample(&[], s.pods_local as u64)?;
+        o.gauge("node_pods_steered", "Local pod addresses with an Egret rule (a dual-stack pod counts twice).")?
+            .sample(&[], s.pods_steered as u64)?;
+        let mut f = o.gauge(
+            "node_pods_steered_by_egress_ip",
+            "Local pod addresses using each policy and egress IP (the plan; rules the kernel refused are in the errors).",
+        )?;
+        for u in &s.uses {
+            let (ip, hop) = (u.egress_ip.to_string(), u.next_hop.to_string());
+            f.sample(&[("policy", &u.policy), ("egress_ip", &ip), ("next_hop", &hop)], u.pods as u64)?;
+        }
+        o.gauge("node_rules", "Egret's policy-routing rules in the kernel.")?.sample(&[], s.rules as u64)?;
+        o.gauge("node_tables", "Egret's routing tables in the kernel.")?.sample(&[], s.tables as u64)?;
+        o.counter("node_syncs", "Reconcile passes.")?.sample(&[], s.syncs)?;
+        o.counter("node_changes", "Rule and route changes made in the kernel.")?.sample(&[], s.changes_total)?;
+        o.counter(
+            "node_repair_wakes",
+            "Kernel notifications of a removal (a rule, route, address or the nftables table of the agent's) that started a pass at once.",
+        )?
+        .sample(&[], s.repair_wakes)?;
+        o.counter("node_sync_errors", "Operations that failed (each is retried on the next pass).")?
+            .sample(&[], s.errors_total)?;
+        o.seconds("node_last_sync_timestamp", "Unix time of the last pass.")?.sample(&[], s.last_sync_unix)?;
+        o.gauge("node_last_sync_ok", "1 if the last pass applied everything.")?
+            .sample(&[], u64::from(s.last_sync_ok))?;
+        o.gauge("node_strict", "1 in strict mode.")?.sample(&[], u64::from(s.strict))?;
+        Ok(())
+    }
 }
 
-/// Prometheus text exposition.
+/// The agent's `/metrics`: one snapshot of `s` as OpenMetrics text.
 pub fn metrics(s: &NodeStatus) -> String {
-    let mut o = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, String)>| {
-        o.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-        for (labels, v) in samples {
-            o.push_str(&format!("{name}{labels} {v}\n"));
-        }
-    };
-    let one = |v: String| vec![(String::new(), v)];
-    family("egret_node_pods", "gauge", "Local pods with an address.", one(s.pods_local.to_string()));
-    family(
-        "egret_node_pods_steered",
-        "gauge",
-        "Local pod addresses with an Egret rule (a dual-stack pod counts twice).",
-        one(s.pods_steered.to_string()),
-    );
-    family(
-        "egret_node_pods_steered_by_egress_ip",
-        "gauge",
-        "Local pod addresses using each policy and egress IP (the plan; rules the kernel refused are in the errors).",
-        s.uses
-            .iter()
-            .map(|u| {
-                (
-                    format!(
-                        "{{policy=\"{}\",egress_ip=\"{}\",next_hop=\"{}\"}}",
-                        esc(&u.policy),
-                        u.egress_ip,
-                        u.next_hop
-                    ),
-                    u.pods.to_string(),
-                )
-            })
-            .collect(),
-    );
-    family("egret_node_rules", "gauge", "Egret's policy-routing rules in the kernel.", one(s.rules.to_string()));
-    family("egret_node_tables", "gauge", "Egret's routing tables in the kernel.", one(s.tables.to_string()));
-    family("egret_node_syncs_total", "counter", "Reconcile passes.", one(s.syncs.to_string()));
-    family(
-        "egret_node_changes_total",
-        "counter",
-        "Rule and route changes made in the kernel.",
-        one(s.changes_total.to_string()),
-    );
-    family(
-        "egret_node_repair_wakes_total",
-        "counter",
-        "Kernel notifications of a removal (a rule, route, address or the nftables table of the agent's) that started a pass at once.",
-        one(s.repair_wakes.to_string()),
-    );
-    family(
-        "egret_node_sync_errors_total",
-        "counter",
-        "Operations that failed (each is retried on the next pass).",
-        one(s.errors_total.to_string()),
-    );
-    family(
-        "egret_node_last_sync_timestamp_seconds",
-        "gauge",
-        "Unix time of the last pass.",
-        one(s.last_sync_unix.to_string()),
-    );
-    family(
-        "egret_node_last_sync_ok",
-        "gauge",
-        "1 if the last pass applied everything.",
-        one(u8::from(s.last_sync_ok).to_string()),
-    );
-    family("egret_node_strict", "gauge", "1 in strict mode.", one(u8::from(s.strict).to_string()));
-    o
+    crate::metrics::exposition(Exposition(s.clone()))
 }
 
 /// The human-readable `egret node status`.
@@ -210,7 +180,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_file_round_trips_and_metrics_carry_the_labels() {
+    fn the_file_round_trips_and_renders() {
         let s = NodeStatus {
             node: "worker-1".into(),
             synced: true,
@@ -229,13 +199,74 @@ mod tests {
         let path = dir.path().join("node.json");
         write(&path, &s).unwrap();
         assert_eq!(read(&path).unwrap(), s);
-        let m = metrics(&s);
-        assert!(m.contains(
-            "egret_node_pods_steered_by_egress_ip{policy=\"egresspolicy/a\",egress_ip=\"203.0.113.10\",next_hop=\"203.0.113.10\"} 3"
-        ));
-        assert!(m.contains("egret_node_pods_steered 3"));
         let r = render(&s, 105);
         assert!(r.contains("(5 s ago)") && r.contains("egresspolicy/a"), "{r}");
         assert!(read(&dir.path().join("missing")).unwrap_err().contains("is `egret node` running"));
+    }
+
+    #[test]
+    fn metrics_have_every_family_declared_before_its_samples() {
+        let s = NodeStatus {
+            strict: true,
+            last_sync_unix: 100,
+            last_sync_ok: true,
+            syncs: 4,
+            errors_total: 2,
+            pods_local: 5,
+            pods_steered: 3,
+            rules: 6,
+            tables: 2,
+            changes_total: 9,
+            repair_wakes: 1,
+            uses: vec![UseRow {
+                policy: "egresspolicy/a".into(),
+                egress_ip: "203.0.113.10".parse().unwrap(),
+                next_hop: "203.0.113.10".parse().unwrap(),
+                pods: 3,
+            }],
+            ..Default::default()
+        };
+        let m = metrics(&s);
+        let want = [
+            ("egret_node_pods", "gauge", "egret_node_pods 5"),
+            ("egret_node_pods_steered", "gauge", "egret_node_pods_steered 3"),
+            (
+                "egret_node_pods_steered_by_egress_ip",
+                "gauge",
+                "egret_node_pods_steered_by_egress_ip{policy=\"egresspolicy/a\",egress_ip=\"203.0.113.10\",next_hop=\"203.0.113.10\"} 3",
+            ),
+            ("egret_node_rules", "gauge", "egret_node_rules 6"),
+            ("egret_node_tables", "gauge", "egret_node_tables 2"),
+            ("egret_node_syncs", "counter", "egret_node_syncs_total 4"),
+            ("egret_node_changes", "counter", "egret_node_changes_total 9"),
+            ("egret_node_repair_wakes", "counter", "egret_node_repair_wakes_total 1"),
+            ("egret_node_sync_errors", "counter", "egret_node_sync_errors_total 2"),
+            ("egret_node_last_sync_timestamp_seconds", "gauge", "egret_node_last_sync_timestamp_seconds 100"),
+            ("egret_node_last_sync_ok", "gauge", "egret_node_last_sync_ok 1"),
+            ("egret_node_strict", "gauge", "egret_node_strict 1"),
+        ];
+        for (_, _, line) in want {
+            assert!(m.lines().any(|l| l == line), "missing {line:?} in\n{m}");
+        }
+        assert!(m.lines().any(|l| l == "# UNIT egret_node_last_sync_timestamp_seconds seconds"), "{m}");
+        assert!(m.ends_with("\n# EOF\n"), "{m}");
+        // Every family: HELP, then TYPE, once, before its samples (a
+        // counter's samples end in _total).
+        let mut declared = std::collections::BTreeMap::new();
+        for l in m.lines().filter(|l| *l != "# EOF") {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert!(m.contains(&format!("# HELP {name} ")), "{name}: no HELP");
+                assert!(declared.insert(name.to_string(), kind.to_string()).is_none(), "{name} twice");
+            } else if !l.starts_with('#') {
+                let name = l.split(['{', ' ']).next().unwrap();
+                let ok = declared.get(name).is_some_and(|k| k == "gauge")
+                    || name.strip_suffix("_total").is_some_and(|f| declared.get(f).is_some_and(|k| k == "counter"));
+                assert!(ok, "{name} has no TYPE line before it:\n{m}");
+            }
+        }
+        let want: std::collections::BTreeMap<String, String> =
+            want.iter().map(|(n, k, _)| (n.to_string(), k.to_string())).collect();
+        assert_eq!(declared, want, "{m}");
     }
 }
