@@ -182,6 +182,13 @@ fn arguments_expand_like_the_kubelets() {
     assert_eq!(expand("$$(HOST_IP) $(NOPE) $x", &env), "$(HOST_IP) $(NOPE) $x");
 }
 
+/// The documents of a YAML file, as Kubernetes' clients read them (YAML
+/// 1.1 as sigs.k8s.io/yaml: `yes` is a boolean, `0400` octal), as JSON values.
+fn yaml(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple_with_options(text, serde_saphyr::options! { legacy_octal_numbers: true })
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn quantity(q: &str) -> u64 {
     let units = [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30)];
     for (suffix, mult) in units {
@@ -196,18 +203,18 @@ impl PodSpec {
     /// Reads deploy/manifests/30-daemonset.yaml.
     fn daemonset() -> PodSpec {
         let path = repo().join("deploy/manifests/30-daemonset.yaml");
-        let ds: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let ds = yaml(&std::fs::read_to_string(&path).unwrap()).remove(0);
         let pod = &ds["spec"]["template"]["spec"];
-        let containers = pod["containers"].as_sequence().unwrap();
+        let containers = pod["containers"].as_array().unwrap();
         let c = containers.iter().find(|c| c["name"].as_str() == Some("gateway")).unwrap();
-        let strings = |v: &serde_yaml::Value| -> Vec<String> {
-            v.as_sequence().map(|s| s.iter().map(|x| x.as_str().unwrap().to_string()).collect()).unwrap_or_default()
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array().map(|s| s.iter().map(|x| x.as_str().unwrap().to_string()).collect()).unwrap_or_default()
         };
         let sc = &c["securityContext"];
         let flag = |k: &str, default: bool| sc[k].as_bool().unwrap_or(default);
-        let volumes = pod["volumes"].as_sequence().unwrap();
+        let volumes = pod["volumes"].as_array().unwrap();
         let mounts = c["volumeMounts"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .map(|m| {
@@ -229,7 +236,7 @@ impl PodSpec {
         // name, and its address: the gateway namespace's, where the lab
         // probes /ready).
         let env: Vec<(String, String)> = c["env"]
-            .as_sequence()
+            .as_array()
             .map(|s| {
                 s.iter()
                     .map(|e| {

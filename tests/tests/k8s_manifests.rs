@@ -17,8 +17,7 @@ use std::time::Duration;
 
 use egret_tests::apiserver::ApiServer;
 use kube::discovery::Discovery;
-use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 
 const NAMESPACE: &str = "egret-system";
 /// The other release the chart must install as.
@@ -109,7 +108,7 @@ fn render(release: &str, namespace: &str, args: &[&str]) -> Vec<Value> {
 }
 
 fn docs(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text).map(|d| Value::deserialize(d).unwrap()).filter(|v| !v.is_null()).collect()
+    k8s_common::yaml_documents(text)
 }
 
 fn kind(v: &Value) -> &str {
@@ -225,7 +224,7 @@ fn every_manifest_passes_server_side_dry_run() {
                 if kind(v) == "ServiceMonitor" {
                     continue;
                 }
-                let obj: kube::api::DynamicObject = serde_yaml::from_value(v.clone()).unwrap();
+                let obj: kube::api::DynamicObject = serde_json::from_value(v.clone()).unwrap();
                 k8s_common::apply_object(&client, &discovery, what, &obj, true).await;
                 kinds.push(kind(v).to_string());
             }
@@ -285,22 +284,22 @@ fn the_chart_installs_under_any_release_name_and_namespace() {
             assert_eq!(lookup(binding, "subjects")[0]["name"].as_str(), Some(sa.as_str()));
             assert_eq!(lookup(binding, "subjects")[0]["namespace"].as_str(), Some(ns));
             // The pod template carries the selector's labels; the metrics Service selects them.
-            let selector = lookup(ds, "spec.selector.matchLabels").as_mapping().unwrap();
-            let labels = lookup(ds, "spec.template.metadata.labels").as_mapping().unwrap();
+            let selector = lookup(ds, "spec.selector.matchLabels").as_object().unwrap();
+            let labels = lookup(ds, "spec.template.metadata.labels").as_object().unwrap();
             let svc = one(&docs, "Service", comp);
-            for (k, v) in selector.iter().chain(lookup(svc, "spec.selector").as_mapping().unwrap()) {
+            for (k, v) in selector.iter().chain(lookup(svc, "spec.selector").as_object().unwrap()) {
                 assert_eq!(labels.get(k), Some(v), "{release}: {comp}'s pods lack {k:?}={v:?}");
             }
             // The ServiceMonitor selects both Services.
             let sm = docs.iter().find(|d| kind(d) == "ServiceMonitor").expect("the ServiceMonitor when enabled");
-            let svc_labels = lookup(svc, "metadata.labels").as_mapping().unwrap();
-            for (k, v) in lookup(sm, "spec.selector.matchLabels").as_mapping().unwrap() {
+            let svc_labels = lookup(svc, "metadata.labels").as_object().unwrap();
+            for (k, v) in lookup(sm, "spec.selector.matchLabels").as_object().unwrap() {
                 assert_eq!(svc_labels.get(k), Some(v), "{release}: the ServiceMonitor misses {comp}'s Service");
             }
             assert_eq!(scalar(&lookup(sm, "spec.endpoints")[0]["port"]), "metrics");
         }
         let gw = one(&docs, "DaemonSet", "gateway");
-        let cm = pod_spec(gw)["volumes"].as_sequence().unwrap().iter().find_map(|v| v.get("configMap")).unwrap();
+        let cm = pod_spec(gw)["volumes"].as_array().unwrap().iter().find_map(|v| v.get("configMap")).unwrap();
         assert_eq!(scalar(&cm["name"]), name(one(&docs, "ConfigMap", "gateway")));
         let leases =
             docs.iter().find(|d| kind(d) == "Role" && scalar(&lookup(d, "rules")[0]["resources"][0]) == "leases");
@@ -359,7 +358,7 @@ fn a_values_file_replaces_lists_and_merges_maps() {
     assert_eq!(k.lease_namespace, ALT_NAMESPACE);
     // The chart's values equal the loader's defaults: look at the file itself.
     let text = scalar(&lookup(one(&docs, "ConfigMap", "gateway"), "data")["gateway.yaml"]);
-    let file: Value = serde_yaml::from_str(&text).unwrap();
+    let file = k8s_common::yaml(&text);
     assert_eq!(file["kubernetes"]["leaseDuration"].as_str(), Some("4s"), "the chart's leaseDuration stays: {text}");
     assert_eq!(file["kubernetes"]["retryPeriod"].as_str(), Some("400ms"), "the file's retryPeriod wins: {text}");
 }
@@ -397,7 +396,7 @@ fn the_clusters_settings_are_named_once() {
     assert_eq!(scalar(&selector["example.com/egress"]), "yes", "{selector:?}");
     assert_eq!(scalar(&selector["zone"]), "a", "nodeSelector adds to the label: {selector:?}");
     let node = one(&docs, "DaemonSet", "node");
-    let args: Vec<String> = lookup(container(node), "args").as_sequence().unwrap().iter().map(scalar).collect();
+    let args: Vec<String> = lookup(container(node), "args").as_array().unwrap().iter().map(scalar).collect();
     assert!(args.contains(&"--cluster-cidr=10.1.0.0/16,fd00:10::/56,10.2.0.0/16".to_string()), "{args:?}");
     assert!(args.contains(&"--nat-ports=40000-49999".to_string()), "{args:?}");
     let term = &lookup(
@@ -452,7 +451,7 @@ fn the_image_digest_and_pull_secrets_appear_when_set() {
         let ds = one(&pinned, "DaemonSet", comp);
         assert_eq!(scalar(&container(ds)["image"]), format!("egret@{DIGEST}"), "{comp}");
         let secrets = &pod_spec(ds)["imagePullSecrets"];
-        assert_eq!(secrets.as_sequence().map(Vec::len), Some(1), "{comp}: {secrets:?}");
+        assert_eq!(secrets.as_array().map(Vec::len), Some(1), "{comp}: {secrets:?}");
         assert_eq!(scalar(&secrets[0]["name"]), "regcred", "{comp}");
     }
 }
@@ -515,12 +514,12 @@ fn metrics_listen_on_the_nodes_address_with_probes_and_a_service() {
         let c = container(d);
         let what = format!("{src}: {}", name(d));
         assert_eq!(pod_spec(d)["hostNetwork"].as_bool(), Some(true), "{what}");
-        let host_ip = c["env"].as_sequence().unwrap().iter().find(|e| e["name"].as_str() == Some("HOST_IP"));
+        let host_ip = c["env"].as_array().unwrap().iter().find(|e| e["name"].as_str() == Some("HOST_IP"));
         let field = host_ip.map(|e| scalar(lookup(e, "valueFrom.fieldRef.fieldPath")));
         assert_eq!(field.as_deref(), Some("status.hostIP"), "{what}: env HOST_IP");
-        let port = c["ports"].as_sequence().unwrap().iter().find(|p| p["name"].as_str() == Some("metrics")).unwrap();
+        let port = c["ports"].as_array().unwrap().iter().find(|p| p["name"].as_str() == Some("metrics")).unwrap();
         let port = scalar(&port["containerPort"]);
-        let args: Vec<String> = c["args"].as_sequence().unwrap().iter().map(scalar).collect();
+        let args: Vec<String> = c["args"].as_array().unwrap().iter().map(scalar).collect();
         assert!(
             args.contains(&format!("--metrics-listen=$(HOST_IP):{port}")),
             "{what}: --metrics-listen=$(HOST_IP):{port} in {args:?}"
@@ -557,7 +556,7 @@ fn every_daemonset_runs_under_the_runtime_default_seccomp_profile() {
             "{what}: the pod's securityContext.seccompProfile.type must be RuntimeDefault"
         );
         // No container may override it with a weaker profile.
-        for c in spec.get("containers").and_then(Value::as_sequence).into_iter().flatten() {
+        for c in spec.get("containers").and_then(Value::as_array).into_iter().flatten() {
             let own = c.get("securityContext").and_then(|s| s.get("seccompProfile")).and_then(|p| p.get("type"));
             assert!(
                 own.is_none() || own.and_then(Value::as_str) == Some("RuntimeDefault"),
@@ -641,7 +640,7 @@ fn the_renderer_is_helms_engine() {
     assert_eq!(field("svc"), "Helm true");
     assert_eq!(field("port"), "9469", "a float64 from values.yaml prints as Helm prints it");
     assert_eq!(field("flag"), "true", "--set types booleans");
-    assert_eq!(a["missing"], Value::Sequence(vec![]), "a missing value renders empty, not <no value>");
+    assert_eq!(a["missing"], Value::Array(vec![]), "a missing value renders empty, not <no value>");
     assert_eq!(field("tpl"), "rel-x");
     assert_eq!(field("tmpl"), "probe/templates/a.yaml probe/templates");
     assert_eq!(field("file"), "from a file");
@@ -650,7 +649,7 @@ fn the_renderer_is_helms_engine() {
     assert_eq!(field("sum"), "2d711642");
     // A --set list replaces the default list, as in Helm.
     assert_eq!(field("json"), "[null,\"007\"] v", "--set-string keeps 007 a string");
-    assert_eq!(a["nested"], serde_yaml::from_str::<Value>("keep: 1").unwrap(), "null deletes a default");
+    assert_eq!(a["nested"], k8s_common::yaml("keep: 1"), "null deletes a default");
     // required fails naming the value, as in Helm.
     write("templates/req.yaml", "x: {{ required \"set .Values.must\" .Values.must }}\n");
     let err = try_render_chart(dir, "rel", "space", &[]).expect_err("required");
@@ -668,18 +667,18 @@ fn manifest_docs() -> Vec<Value> {
 /// The gateway pod's volume mounted at `dir` (mount, volume), if any.
 fn mount_at<'a>(ds: &'a Value, dir: &Path) -> Option<(&'a Value, &'a Value)> {
     let m = lookup(container(ds), "volumeMounts")
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .find(|m| Path::new(&scalar(&m["mountPath"])) == dir)?;
-    let volumes = lookup(pod_spec(ds), "volumes").as_sequence().unwrap();
+    let volumes = lookup(pod_spec(ds), "volumes").as_array().unwrap();
     let v = volumes.iter().find(|v| v["name"] == m["name"]).unwrap_or_else(|| panic!("no volume for {m:?}"));
     Some((m, v))
 }
 
 /// The gateway container's port named `ha`, if any.
 fn ha_port(ds: &Value) -> Option<String> {
-    let ports = container(ds).get("ports")?.as_sequence()?;
+    let ports = container(ds).get("ports")?.as_array()?;
     ports.iter().find(|p| p["name"].as_str() == Some("ha")).map(|p| {
         assert_eq!(p["protocol"].as_str(), Some("TCP"));
         scalar(&p["containerPort"])
@@ -721,7 +720,7 @@ fn the_manifests_wire_the_peer_channel_to_the_secret_egret_ha() {
     assert!(!docs.iter().any(|d| kind(d) == "Secret"), "deploy/manifests ship no Secret");
     let ds = one(&docs, "DaemonSet", "gateway");
     let host_ip =
-        lookup(container(ds), "env").as_sequence().unwrap().iter().find(|e| e["name"].as_str() == Some("HOST_IP"));
+        lookup(container(ds), "env").as_array().unwrap().iter().find(|e| e["name"].as_str() == Some("HOST_IP"));
     assert_eq!(host_ip.map(|e| scalar(lookup(e, "valueFrom.fieldRef.fieldPath"))).as_deref(), Some("status.hostIP"));
 }
 
@@ -758,7 +757,7 @@ fn ha_disabled_renders_no_channel() {
     let ds = one(&docs, "DaemonSet", "gateway");
     assert_eq!(ha_port(ds), None);
     assert!(mount_at(ds, Path::new("/etc/egret-ha")).is_none());
-    assert!(!lookup(pod_spec(ds), "volumes").as_sequence().unwrap().iter().any(|v| v.get("secret").is_some()));
+    assert!(!lookup(pod_spec(ds), "volumes").as_array().unwrap().iter().any(|v| v.get("secret").is_some()));
     assert!(!docs.iter().any(|d| kind(d) == "Secret"));
 }
 
@@ -766,7 +765,7 @@ fn ha_disabled_renders_no_channel() {
 fn the_aws_values_set_the_region_and_the_irsa_role() {
     let env_names = |docs: &[Value]| -> Vec<String> {
         let c = container(one(docs, "DaemonSet", "gateway"));
-        lookup(c, "env").as_sequence().unwrap().iter().map(|e| scalar(lookup(e, "name"))).collect()
+        lookup(c, "env").as_array().unwrap().iter().map(|e| scalar(lookup(e, "name"))).collect()
     };
     let sa = |docs: &[Value]| -> Value {
         docs.iter()
@@ -781,7 +780,7 @@ fn the_aws_values_set_the_region_and_the_irsa_role() {
     let docs = render("egret", NAMESPACE, &["--set", "aws.region=eu-west-1", "--set", &format!("aws.roleArn={role}")]);
     let c = container(one(&docs, "DaemonSet", "gateway"));
     let region =
-        lookup(c, "env").as_sequence().unwrap().iter().find(|e| scalar(lookup(e, "name")) == "AWS_REGION").cloned();
+        lookup(c, "env").as_array().unwrap().iter().find(|e| scalar(lookup(e, "name")) == "AWS_REGION").cloned();
     assert_eq!(region.map(|e| scalar(lookup(&e, "value"))), Some("eu-west-1".to_string()));
     let annotations = sa(&docs).get("metadata").and_then(|m| m.get("annotations")).cloned().expect("annotations");
     assert_eq!(annotations.get("eks.amazonaws.com/role-arn").map(scalar).as_deref(), Some(role));
@@ -795,7 +794,7 @@ fn the_extra_ca_value_adds_the_private_ca_and_keeps_the_bundle() {
     let env_of = |docs: &[Value]| -> Vec<(String, String)> {
         let c = container(one(docs, "DaemonSet", "gateway"));
         lookup(c, "env")
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .filter(|e| e.get("value").is_some())
@@ -812,7 +811,7 @@ fn the_extra_ca_value_adds_the_private_ca_and_keeps_the_bundle() {
     let ds = one(&docs, "DaemonSet", "gateway");
     let c = container(ds);
     let mount = lookup(c, "volumeMounts")
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .find(|m| scalar(lookup(m, "mountPath")) == "/etc/egret-ca")
@@ -821,7 +820,7 @@ fn the_extra_ca_value_adds_the_private_ca_and_keeps_the_bundle() {
     assert_eq!(scalar(lookup(&mount, "readOnly")), "true");
     let name = scalar(lookup(&mount, "name"));
     let volume = lookup(ds, "spec.template.spec.volumes")
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .find(|v| scalar(lookup(v, "name")) == name)
@@ -899,7 +898,7 @@ fn both_daemonsets_can_tell_an_uninstall_from_a_restart() {
         assert_eq!(daemonsets.len(), 2, "{what}");
         let mut accounts = Vec::new();
         for ds in daemonsets {
-            let env = container(ds)["env"].as_sequence().unwrap();
+            let env = container(ds)["env"].as_array().unwrap();
             for (var, field) in [("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")] {
                 let e = env.iter().find(|e| scalar(&e["name"]) == var);
                 let e = e.unwrap_or_else(|| panic!("{what}: {} has no {var}", name(ds)));
@@ -911,21 +910,21 @@ fn both_daemonsets_can_tell_an_uninstall_from_a_restart() {
             .iter()
             .find(|d| kind(d) == "Role" && scalar(&lookup(d, "rules")[0]["resources"][0]) == "daemonsets")
             .unwrap_or_else(|| panic!("{what}: a Role reading DaemonSets"));
-        let verbs: Vec<String> = lookup(role, "rules")[0]["verbs"].as_sequence().unwrap().iter().map(scalar).collect();
+        let verbs: Vec<String> = lookup(role, "rules")[0]["verbs"].as_array().unwrap().iter().map(scalar).collect();
         assert_eq!(verbs, ["get", "list", "watch"], "{what}");
         let rb = docs.iter().find(|d| kind(d) == "RoleBinding" && scalar(lookup(d, "roleRef.name")) == name(role));
         let bound: Vec<String> =
-            lookup(rb.unwrap(), "subjects").as_sequence().unwrap().iter().map(|s| scalar(&s["name"])).collect();
+            lookup(rb.unwrap(), "subjects").as_array().unwrap().iter().map(|s| scalar(&s["name"])).collect();
         for a in &accounts {
             assert!(bound.contains(a), "{what}: {a} reads its DaemonSet: bound {bound:?}");
         }
         let node_role = docs
             .iter()
             .find(|d| kind(d) == "ClusterRole" && (component(d) == Some("node") || name(d).ends_with("node")));
-        let node_rules = lookup(node_role.unwrap(), "rules").as_sequence().unwrap().clone();
+        let node_rules = lookup(node_role.unwrap(), "rules").as_array().unwrap().clone();
         assert!(
-            node_rules.iter().any(|r| r["resources"].as_sequence().unwrap().iter().any(|x| scalar(x) == "pods")
-                && r["verbs"].as_sequence().unwrap().iter().any(|v| scalar(v) == "get")),
+            node_rules.iter().any(|r| r["resources"].as_array().unwrap().iter().any(|x| scalar(x) == "pods")
+                && r["verbs"].as_array().unwrap().iter().any(|v| scalar(v) == "get")),
             "{what}: the node agent reads its own Pod"
         );
     }

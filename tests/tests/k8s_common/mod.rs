@@ -373,7 +373,7 @@ pub async fn install_crds(client: &kube::Client) {
     for entry in std::fs::read_dir(&dir).expect("deploy/crds") {
         let path = entry.expect("dir entry").path();
         let text = std::fs::read_to_string(&path).expect("read CRD");
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("CRD yaml");
+        let crd: CustomResourceDefinition = serde_json::from_value(yaml(&text)).expect("CRD yaml");
         names.push(crd.metadata.name.clone().expect("CRD name"));
         crds.create(&PostParams::default(), &crd).await.unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
     }
@@ -581,12 +581,32 @@ pub fn kubectl() -> Option<std::path::PathBuf> {
     p.exists().then_some(p)
 }
 
+/// How Kubernetes' clients read YAML: kubectl and Helm parse it with
+/// sigs.k8s.io/yaml (go-yaml v2, YAML 1.1), where a plain `yes`, `on` or
+/// `y` is a boolean and a leading 0 makes an octal number (`0400` is 256).
+/// serde-saphyr's defaults take the 1.1 booleans; the octal is asked for.
+pub fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! { legacy_octal_numbers: true }
+}
+
+/// One YAML document as the JSON value the API server would receive.
+pub fn yaml(text: &str) -> serde_json::Value {
+    serde_saphyr::from_str_with_options(text, yaml_options()).unwrap_or_else(|e| panic!("{e}:\n{text}"))
+}
+
+/// Every document of a YAML stream (`---`-separated), empty ones (only
+/// comments, or nothing) left out, as JSON values.
+pub fn yaml_documents(text: &str) -> Vec<serde_json::Value> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple_with_options(text, yaml_options()).unwrap_or_else(|e| panic!("{e}:\n{text}"));
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
 /// The YAML documents of a manifest file as dynamic objects.
 pub fn documents(text: &str) -> Vec<kube::api::DynamicObject> {
-    text.split("\n---")
-        .map(|d| d.trim())
-        .filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "---"))
-        .map(|d| serde_yaml::from_str::<kube::api::DynamicObject>(d).unwrap_or_else(|e| panic!("{e}:\n{d}")))
+    yaml_documents(text)
+        .into_iter()
+        .map(|d| serde_json::from_value::<kube::api::DynamicObject>(d.clone()).unwrap_or_else(|e| panic!("{e}:\n{d}")))
         .collect()
 }
 
@@ -649,7 +669,7 @@ pub async fn service_account_token(client: &kube::Client, name: &str) -> String 
 /// `token` (the deployed privileges, no more).
 pub fn write_token_kubeconfig(admin: &std::path::Path, user: &str, token: &str, out: &std::path::Path) {
     let text = std::fs::read_to_string(admin).expect("admin kubeconfig");
-    let v: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig yaml");
+    let v = yaml(&text);
     let cluster = &v["clusters"][0]["cluster"];
     let server = cluster["server"].as_str().expect("server");
     let ca = cluster["certificate-authority-data"].as_str().expect("CA data");
