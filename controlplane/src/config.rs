@@ -329,24 +329,98 @@ impl GatewayConfig {
     }
 }
 
-/// Reads and validates `path`.
+/// Settings given on the command line that replace the file's: `egret
+/// gateway` (and `egret check-config`) `--cluster-pod-cidr`,
+/// `--gateway-selector`, `--nat-ports`. The plain manifests pass the
+/// cluster's settings this way, from the ConfigMap the node agent reads too
+/// (deploy/manifests/20-configmap.yaml), so that the file does not repeat
+/// them. The values are already checked (the flags' parsers).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `kubernetes.clusterPodCIDRs`.
+    pub cluster_pod_cidrs: Option<Vec<IpNet>>,
+    /// `kubernetes.gatewaySelector`.
+    pub gateway_selector: Option<String>,
+    /// `nat.ports`.
+    pub nat_ports: Option<PortRange>,
+}
+
+impl Overrides {
+    /// Writes them over the file's values. The Kubernetes settings of a file
+    /// without `kubernetes:` are left out with a warning: they describe the
+    /// cluster of a gateway in Kubernetes mode.
+    fn apply(&self, raw: &mut raw::Config, warnings: &mut Vec<String>) {
+        if let Some(p) = self.nat_ports {
+            raw.nat.ports = Some(format!("{}-{}", p.first, p.last));
+        }
+        match raw.kubernetes.as_mut() {
+            Some(k) => {
+                if let Some(c) = &self.cluster_pod_cidrs {
+                    k.cluster_pod_cidrs = Some(c.iter().map(ToString::to_string).collect());
+                }
+                if let Some(s) = &self.gateway_selector {
+                    k.gateway_selector = Some(s.clone());
+                }
+            }
+            None => {
+                let given: Vec<&str> = [
+                    self.cluster_pod_cidrs.is_some().then_some("--cluster-pod-cidr"),
+                    self.gateway_selector.is_some().then_some("--gateway-selector"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                if !given.is_empty() {
+                    warnings.push(format!(
+                        "{} ignored: the file has no kubernetes: section (not in Kubernetes mode)",
+                        given.join(" and ")
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// The overrides [`load`] applies, set once per process by `egret gateway`
+/// from its flags. The daemon loads its file through [`load`] at start and
+/// at every `SIGHUP`, so the flags hold across reloads.
+static OVERRIDES: std::sync::OnceLock<Overrides> = std::sync::OnceLock::new();
+
+/// Sets the overrides every later [`load`] applies; false if already set.
+pub fn set_overrides(o: Overrides) -> bool {
+    OVERRIDES.set(o).is_ok()
+}
+
+/// Reads and validates `path`, with the overrides [`set_overrides`] gave.
 pub fn load(path: &Path) -> Result<GatewayConfig, ConfigErrors> {
+    load_with(path, OVERRIDES.get().unwrap_or(&Overrides::default()))
+}
+
+/// Reads and validates `path`, with `overrides`.
+pub fn load_with(path: &Path, overrides: &Overrides) -> Result<GatewayConfig, ConfigErrors> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigErrors(vec![ConfigError::Read { file: file.clone(), message: e.to_string() }]))?;
-    load_str(&file, &text)
+    load_str_with(&file, &text, overrides)
 }
 
 /// Validates `text`, naming `file` in errors.
 pub fn load_str(file: &str, text: &str) -> Result<GatewayConfig, ConfigErrors> {
-    let raw: raw::Config = serde_saphyr::from_str(text).map_err(|e| {
+    load_str_with(file, text, &Overrides::default())
+}
+
+/// Validates `text` with `overrides` written over it, naming `file` in errors.
+pub fn load_str_with(file: &str, text: &str, overrides: &Overrides) -> Result<GatewayConfig, ConfigErrors> {
+    let mut raw: raw::Config = serde_saphyr::from_str(text).map_err(|e| {
         let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
         let full = e.without_snippet().to_string();
         let suffix = format!(" at line {line}, column {column}");
         let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
         ConfigErrors(vec![ConfigError::Syntax { file: file.to_string(), line, column, message }])
     })?;
-    Checker { file, errors: Vec::new(), warnings: Vec::new() }.check(raw)
+    let mut warnings = Vec::new();
+    overrides.apply(&mut raw, &mut warnings);
+    Checker { file, errors: Vec::new(), warnings }.check(raw)
 }
 
 struct Checker<'a> {

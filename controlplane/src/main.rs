@@ -1,8 +1,9 @@
 //! The `egret` binary: the gateway daemon and the CLI that talks to it.
 //!
 //! ```text
-//! egret gateway --config FILE [--metrics-listen ADDR:PORT]   run the gateway (root)
-//! egret check-config FILE            validate without touching the system
+//! egret gateway --config FILE [--metrics-listen ADDR:PORT] [--cluster-pod-cidr CIDR,...]
+//!               [--gateway-selector KEY=VALUE] [--nat-ports FIRST-LAST]   run the gateway (root)
+//! egret check-config FILE [the gateway's flags]   validate without touching the system
 //! egret status|counters|policies|ports [--json] [--socket PATH]
 //! egret sessions [--egress-ip IP] [--pod IP] [--proto tcp|udp|icmp] [--limit N]
 //! egret node --cluster-cidr CIDR... [--strict]   run the worker-node agent (root)
@@ -51,16 +52,24 @@ enum Command {
         /// brackets, as `$(HOST_IP):9469` gives it in a pod).
         #[arg(long, value_parser = parse_listen)]
         metrics_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        cluster: ClusterFlags,
     },
     /// Remove the fail-closed forwarding rules a gateway leaves in the kernel
     /// (uninstalling Egret from a node). While they stay, a stopped gateway's
     /// kernel drops the traffic Egret would translate instead of forwarding it
     /// with pod addresses.
     Cleanup,
-    /// Validate a configuration file and print what it would do.
+    /// Validate a configuration file and print what it would do (with the
+    /// flags `egret gateway` would be given).
     CheckConfig {
         /// The configuration file.
         file: PathBuf,
+        /// As `egret gateway --metrics-listen`.
+        #[arg(long, value_parser = parse_listen)]
+        metrics_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        cluster: ClusterFlags,
     },
     /// Interfaces, workers, owned addresses, configuration generation.
     Status(Client),
@@ -106,6 +115,55 @@ enum Command {
     /// Ask the cloud provider what a pool would use, as the gateway asks it.
     #[command(subcommand)]
     Cloud(CloudCommand),
+}
+
+/// The cluster's settings on the gateway's command line, replacing the
+/// file's (config::Overrides): deploy/manifests passes them from the
+/// ConfigMap egret-cluster, which the node agent reads too.
+#[derive(clap::Args, Debug, Clone, Default)]
+struct ClusterFlags {
+    /// The cluster's pod CIDRs (repeat, or comma-separated): replace the
+    /// file's `kubernetes.clusterPodCIDRs`.
+    #[arg(long, value_delimiter = ',')]
+    cluster_pod_cidr: Vec<ipnet::IpNet>,
+    /// The gateway Nodes' label selector (KEY=VALUE): replaces the file's
+    /// `kubernetes.gatewaySelector`.
+    #[arg(long, value_parser = parse_selector)]
+    gateway_selector: Option<String>,
+    /// The NAT port range (FIRST-LAST): replaces the file's `nat.ports`.
+    #[arg(long, value_parser = parse_ports)]
+    nat_ports: Option<PortRange>,
+}
+
+impl ClusterFlags {
+    fn overrides(self) -> config::Overrides {
+        config::Overrides {
+            cluster_pod_cidrs: (!self.cluster_pod_cidr.is_empty()).then_some(self.cluster_pod_cidr),
+            gateway_selector: self.gateway_selector,
+            nat_ports: self.nat_ports,
+        }
+    }
+}
+
+/// A port range `FIRST-LAST`, 1 <= FIRST <= LAST.
+fn parse_ports(s: &str) -> Result<PortRange, String> {
+    let bad = || format!("{s:?} is not FIRST-LAST (1 <= FIRST <= LAST <= 65535)");
+    let (first, last) = s.split_once('-').ok_or_else(bad)?;
+    let r =
+        PortRange { first: first.trim().parse().map_err(|_| bad())?, last: last.trim().parse().map_err(|_| bad())? };
+    if r.first == 0 || r.first > r.last {
+        return Err(bad());
+    }
+    Ok(r)
+}
+
+/// A label selector: not empty, no spaces (`KEY=VALUE`, or any selector
+/// the API server takes, e.g. `a=b,c!=d`).
+fn parse_selector(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() || s.chars().any(char::is_whitespace) {
+        return Err(format!("{s:?} is not a label selector (KEY=VALUE)"));
+    }
+    Ok(s.to_string())
 }
 
 #[derive(Subcommand, Debug)]
@@ -412,8 +470,13 @@ fn client(
     }
 }
 
-fn check_config(file: &std::path::Path) -> ExitCode {
-    match config::load(file) {
+fn check_config(file: &std::path::Path, metrics_listen: Option<SocketAddr>, cluster: ClusterFlags) -> ExitCode {
+    match config::load_with(file, &cluster.overrides()).map(|mut c| {
+        if let Some(a) = metrics_listen {
+            c.metrics_listen = a;
+        }
+        c
+    }) {
         Err(e) => {
             eprintln!("{e}");
             ExitCode::FAILURE
@@ -441,6 +504,7 @@ fn check_config(file: &std::path::Path) -> ExitCode {
                 c.admin_socket.display(),
                 c.metrics_listen
             ));
+            s.push_str(&format!("nat ports {}-{}\n", c.tables.nat.ports.first, c.tables.nat.ports.last));
             for e in &c.tables.egress_ips {
                 let ports = e.ports.unwrap_or(c.tables.nat.ports);
                 s.push_str(&format!(
@@ -472,6 +536,12 @@ fn check_config(file: &std::path::Path) -> ExitCode {
             }
             if let Some(k) = &c.kubernetes {
                 s.push_str("kubernetes mode: policies and egress IPs come from the cluster\n");
+                let cidrs: Vec<String> = k.cluster_pod_cidrs.iter().map(ToString::to_string).collect();
+                s.push_str(&format!(
+                    "gateway Nodes: {}; cluster pod CIDRs: {}\n",
+                    k.gateway_selector,
+                    if cidrs.is_empty() { "none (no source guard)".to_string() } else { cidrs.join(",") }
+                ));
                 s.push_str(&format!(
                     "leases: duration {:?}, renew deadline {:?}, retry period {:?}\n",
                     k.lease_duration, k.renew_deadline, k.retry_period
@@ -560,8 +630,10 @@ fn drain(node: &str, undo: bool, kubeconfig: Option<&std::path::Path>) -> ExitCo
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Gateway { config, metrics_listen } => {
+        Command::Gateway { config, metrics_listen, cluster } => {
             init_logs();
+            // Every load of the file, at start and at each SIGHUP, takes them.
+            config::set_overrides(cluster.overrides());
             match egret_controlplane::daemon::run_gateway_with(&config, metrics_listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -570,7 +642,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::CheckConfig { file } => check_config(&file),
+        Command::CheckConfig { file, metrics_listen, cluster } => check_config(&file, metrics_listen, cluster),
         Command::Cleanup => match egret_controlplane::failclosed::remove() {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -624,6 +696,77 @@ mod tests {
         let cli = Cli::try_parse_from(["egret", "gateway", "--config", "f"]).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(cli.command, Command::Gateway { metrics_listen: None, .. }));
         assert!(Cli::try_parse_from(["egret", "gateway", "--config", "f", "--metrics-listen", "localhost:1"]).is_err());
+    }
+
+    /// `egret gateway --cluster-pod-cidr --gateway-selector --nat-ports`
+    /// (deploy/manifests/30-daemonset.yaml, from the ConfigMap
+    /// egret-cluster): parsed into the overrides every load applies;
+    /// `check-config` takes the same flags; a bad value names its flag.
+    #[test]
+    fn the_gateway_takes_the_clusters_settings() {
+        let cli = Cli::try_parse_from([
+            "egret",
+            "gateway",
+            "--config=/etc/egret/gateway.yaml",
+            "--cluster-pod-cidr=10.1.0.0/16,fd00:10::/56",
+            "--cluster-pod-cidr",
+            "10.3.0.0/16",
+            "--gateway-selector=example.com/egress=yes",
+            "--nat-ports=40000-49999",
+            "--metrics-listen=192.0.2.7:9469",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Command::Gateway { cluster, .. } = cli.command else { panic!("{:?}", cli.command) };
+        let o = cluster.overrides();
+        let cidrs: Vec<String> = o.cluster_pod_cidrs.iter().flatten().map(ToString::to_string).collect();
+        assert_eq!(cidrs, ["10.1.0.0/16", "fd00:10::/56", "10.3.0.0/16"]);
+        assert_eq!(o.gateway_selector.as_deref(), Some("example.com/egress=yes"));
+        assert_eq!(o.nat_ports, Some(PortRange { first: 40000, last: 49999 }));
+        let cli = Cli::try_parse_from(["egret", "gateway", "--config", "f"]).unwrap_or_else(|e| panic!("{e}"));
+        let Command::Gateway { cluster, .. } = cli.command else { panic!("{:?}", cli.command) };
+        assert_eq!(cluster.overrides(), config::Overrides::default(), "no flag: the file's values");
+        let cli =
+            Cli::try_parse_from(["egret", "check-config", "f", "--nat-ports=1024-2047", "--metrics-listen=[::1]:1"])
+                .unwrap_or_else(|e| panic!("{e}"));
+        let Command::CheckConfig { cluster, metrics_listen, .. } = cli.command else { panic!("{:?}", cli.command) };
+        assert_eq!(cluster.overrides().nat_ports, Some(PortRange { first: 1024, last: 2047 }));
+        assert!(metrics_listen.is_some());
+        for (bad, flag) in [
+            ("--cluster-pod-cidr=", "--cluster-pod-cidr"),
+            ("--cluster-pod-cidr=10.244.0.0/16,", "--cluster-pod-cidr"),
+            ("--cluster-pod-cidr=pods", "--cluster-pod-cidr"),
+            ("--gateway-selector=", "--gateway-selector"),
+            ("--gateway-selector=a = b", "--gateway-selector"),
+            ("--nat-ports=", "--nat-ports"),
+            ("--nat-ports=2000-1000", "--nat-ports"),
+            ("--nat-ports=0-1000", "--nat-ports"),
+            ("--nat-ports=40000", "--nat-ports"),
+            ("--nat-ports=1-70000", "--nat-ports"),
+        ] {
+            let e = Cli::try_parse_from(["egret", "gateway", "--config", "f", bad]).expect_err(bad).to_string();
+            assert!(e.contains(flag), "{bad}: {e}");
+        }
+    }
+
+    /// The node agent's arguments in deploy/manifests/50-node-daemonset.yaml
+    /// as the kubelet expands them from egret-cluster's values.
+    #[test]
+    fn the_node_agent_takes_the_manifests_arguments() {
+        let cli = Cli::try_parse_from([
+            "egret",
+            "node",
+            "--node-name=w1",
+            "--cluster-cidr=10.244.0.0/16,fd00:10::/56,10.96.0.0/12",
+            "--steer-mark=0x1000",
+            "--nat-ports=40000-49999",
+            "--metrics-listen=192.0.2.7:9465",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let Command::Node(NodeCli { command: None, run }) = cli.command else { panic!("{:?}", cli.command) };
+        let o = node_options(run).unwrap_or_else(|e| panic!("{e}"));
+        let cidrs: Vec<String> = o.cluster_cidrs.iter().map(ToString::to_string).collect();
+        assert_eq!(cidrs, ["10.244.0.0/16", "fd00:10::/56", "10.96.0.0/12"]);
+        assert_eq!(o.nat_ports, PortRange { first: 40000, last: 49999 });
     }
 
     #[test]

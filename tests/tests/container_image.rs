@@ -5,7 +5,8 @@
 //! cached; with the `egret` binary the other tests use), unpacks it into an
 //! OCI runtime bundle (`umoci unpack`), and writes the bundle's
 //! `config.json` from the DaemonSet itself (deploy/manifests/30-daemonset.yaml,
-//! read here, never copied): its arguments and environment, its
+//! read here, never copied): its arguments and environment (the cluster's
+//! settings from the ConfigMap egret-cluster in 20-configmap.yaml), its
 //! capabilities (drop ALL, add the five), `readOnlyRootFilesystem`,
 //! `allowPrivilegeEscalation: false` (no_new_privs), `privileged: false`,
 //! the memory limit, its volume mounts (the configuration read-only,
@@ -204,6 +205,15 @@ impl PodSpec {
     fn daemonset() -> PodSpec {
         let path = repo().join("deploy/manifests/30-daemonset.yaml");
         let ds = yaml(&std::fs::read_to_string(&path).unwrap()).remove(0);
+        // The ConfigMaps its variables may come from (configMapKeyRef).
+        let config_maps = yaml(&std::fs::read_to_string(repo().join("deploy/manifests/20-configmap.yaml")).unwrap());
+        let config_map_key = |name: &str, key: &str| -> String {
+            let cm = config_maps
+                .iter()
+                .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("no ConfigMap {name} in deploy/manifests/20-configmap.yaml"));
+            cm["data"][key].as_str().unwrap_or_else(|| panic!("ConfigMap {name} has no key {key}")).to_string()
+        };
         let pod = &ds["spec"]["template"]["spec"];
         let containers = pod["containers"].as_array().unwrap();
         let c = containers.iter().find(|c| c["name"].as_str() == Some("gateway")).unwrap();
@@ -234,7 +244,8 @@ impl PodSpec {
         // Environment: literal values as they are; the downward API's
         // fields as the kubelet fills them for the lab's gateway (the Node's
         // name, and its address: the gateway namespace's, where the lab
-        // probes /ready).
+        // probes /ready); a ConfigMap's key (the cluster's settings) as
+        // deploy/manifests gives it.
         let env: Vec<(String, String)> = c["env"]
             .as_array()
             .map(|s| {
@@ -243,6 +254,10 @@ impl PodSpec {
                         let name = e["name"].as_str().unwrap().to_string();
                         let value = match (e["value"].as_str(), e["valueFrom"]["fieldRef"]["fieldPath"].as_str()) {
                             (Some(v), _) => v.to_string(),
+                            (None, None) if e["valueFrom"]["configMapKeyRef"].is_object() => {
+                                let r = &e["valueFrom"]["configMapKeyRef"];
+                                config_map_key(r["name"].as_str().unwrap(), r["key"].as_str().unwrap())
+                            }
                             (None, Some("spec.nodeName")) => "lab-gateway".to_string(),
                             // The pod's own name (k8s/uninstall.rs reads its
                             // DaemonSet owner; a Pod not found keeps the node
@@ -1028,12 +1043,16 @@ fn the_daemonset_is_read_as_written() {
         Path::new("/s"),
     );
     // `$(HOST_IP)` expanded as the kubelet does, to the lab's address.
+    // The cluster's settings from the ConfigMap egret-cluster.
     assert_eq!(
         spec["process"]["args"],
         json!([
             "/usr/bin/egret",
             "gateway",
             format!("--config={CONTAINER_CONFIG}"),
+            "--cluster-pod-cidr=10.244.0.0/16",
+            "--gateway-selector=egret.dev/gateway=true",
+            "--nat-ports=32768-60999",
             format!("--metrics-listen={}", gateway::METRICS)
         ])
     );

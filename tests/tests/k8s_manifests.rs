@@ -211,7 +211,7 @@ fn every_manifest_passes_server_side_dry_run() {
                 }
             }
         }
-        assert_eq!(count, 4 + 16, "CRDs twice, 15 manifests + the namespace");
+        assert_eq!(count, 4 + 17, "CRDs twice, 16 manifests + the namespace");
         for (what, objects) in [
             ("chart (egret in egret-system)", &default),
             ("chart (edge in egret-alt)", &alt),
@@ -568,15 +568,31 @@ fn every_daemonset_runs_under_the_runtime_default_seccomp_profile() {
 }
 
 /// The gateway configuration the manifests ship is one the daemon accepts
-/// (`egret check-config`'s loader), with the source guard set (the chart's:
+/// (`egret check-config`'s loader), with the source guard set by the
+/// cluster's settings the DaemonSet passes as flags (the chart's:
 /// [`the_lease_namespace_is_the_release_namespace`]).
 #[test]
 fn the_shipped_gateway_configuration_loads() {
     let manifest = docs(&std::fs::read_to_string(deploy().join("manifests/20-configmap.yaml")).unwrap());
     let cfg = load_gateway_config(&manifest, "deploy/manifests/20-configmap.yaml");
     let k = cfg.kubernetes.expect("Kubernetes mode");
-    assert!(!k.cluster_pod_cidrs.is_empty(), "clusterPodCIDRs is set");
+    assert!(k.cluster_pod_cidrs.is_empty(), "clusterPodCIDRs is egret-cluster's, not the file's");
     assert_eq!(k.lease_namespace, NAMESPACE);
+    let cluster = cluster_settings(&manifest);
+    let (first, last) = cluster["nat-ports"].split_once('-').expect("nat-ports: FIRST-LAST");
+    let overrides = egret_controlplane::config::Overrides {
+        cluster_pod_cidrs: Some(cluster["pod-cidrs"].split(',').map(|c| c.parse().unwrap()).collect()),
+        gateway_selector: Some(cluster["gateway-label"].clone()),
+        nat_ports: Some(egret_dataplane::nat::port_alloc::PortRange {
+            first: first.parse().unwrap(),
+            last: last.parse().unwrap(),
+        }),
+    };
+    let text = scalar(&lookup(one(&manifest, "ConfigMap", "gateway"), "data")["gateway.yaml"]);
+    let cfg = egret_controlplane::config::load_str_with("gateway.yaml", &text, &overrides).unwrap();
+    let k = cfg.kubernetes.expect("Kubernetes mode");
+    assert!(!k.cluster_pod_cidrs.is_empty(), "clusterPodCIDRs is set");
+    assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
 }
 
 /// The renderer behaves as Helm's engine on the constructs charts use,
@@ -927,5 +943,303 @@ fn both_daemonsets_can_tell_an_uninstall_from_a_restart() {
                 && r["verbs"].as_array().unwrap().iter().any(|v| scalar(v) == "get")),
             "{what}: the node agent reads its own Pod"
         );
+    }
+}
+
+// ------------------------------------ the cluster's settings (issue 29 §3) ---
+
+/// The ConfigMap of `deploy/manifests/` holding the cluster's settings,
+/// which both DaemonSets read (the chart's `cluster.*` values).
+const CLUSTER_CONFIGMAP: &str = "egret-cluster";
+
+/// Its keys, and for each the DaemonSets (by component) that take it.
+const CLUSTER_KEYS: [(&str, &[&str]); 4] = [
+    ("gateway-label", &["gateway"]),
+    ("nat-ports", &["gateway", "node"]),
+    ("pod-cidrs", &["gateway", "node"]),
+    ("service-cidrs", &["node"]),
+];
+
+/// `egret-cluster`'s data.
+fn cluster_settings(docs: &[Value]) -> std::collections::BTreeMap<String, String> {
+    let cm = docs
+        .iter()
+        .find(|d| kind(d) == "ConfigMap" && name(d) == CLUSTER_CONFIGMAP)
+        .unwrap_or_else(|| panic!("no ConfigMap {CLUSTER_CONFIGMAP} in deploy/manifests"));
+    let data = lookup(cm, "data").as_object().unwrap_or_else(|| panic!("{CLUSTER_CONFIGMAP} has no data"));
+    data.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_else(|| panic!("{k}: {v:?}")).to_string())).collect()
+}
+
+/// Every string of `v` (scalars and mapping keys), with its path.
+fn strings_in(v: &Value, path: &str, out: &mut Vec<(String, String)>) {
+    match v {
+        Value::String(s) => out.push((path.to_string(), s.clone())),
+        Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| strings_in(x, &format!("{path}[{i}]"), out)),
+        Value::Object(m) => {
+            for (k, x) in m {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                out.push((format!("{p} (key)"), k.clone()));
+                strings_in(x, &p, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Where `literal` is written in `docs`: "Kind name: path" of each string
+/// that contains it (an embedded file, such as gateway.yaml, counts).
+fn places_of(docs: &[Value], literal: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in docs {
+        let mut strings = Vec::new();
+        strings_in(d, "", &mut strings);
+        for (path, s) in strings {
+            if s.contains(literal) {
+                out.push(format!("{} {}: {path}", kind(d), name(d)));
+            }
+        }
+    }
+    out
+}
+
+/// `$(NAME)` in an argument replaced by the container's variable NAME, as
+/// the kubelet does (`$$` is a literal `$`; an unknown name stays as
+/// written). The same as tests/tests/container_image.rs's.
+fn expand(arg: &str, env: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut rest = arg;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(t) = tail.strip_prefix("$$") {
+            out.push('$');
+            rest = t;
+        } else if let Some((name, t)) = tail.strip_prefix("$(").and_then(|t| t.split_once(')')) {
+            match env.iter().find(|(k, _)| k == name) {
+                Some((_, v)) => out.push_str(v),
+                None => out.push_str(&tail[..name.len() + 3]),
+            }
+            rest = t;
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The address the downward API gives as `status.hostIP` below.
+const HOST_IP: &str = "192.0.2.10";
+
+/// The arguments the kubelet starts `ds`'s container with: its env filled
+/// (literal values; the downward API's fields; a ConfigMap's key, from the
+/// ConfigMaps among `docs`; a missing ConfigMap or key fails, as the pod
+/// would with CreateContainerConfigError), then `$(VAR)` expanded in args.
+fn kubelet_args(docs: &[Value], ds: &Value) -> Vec<String> {
+    let what = name(ds);
+    let env: Vec<(String, String)> = container(ds)["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let var = scalar(&e["name"]);
+            let value = if let Some(v) = e.get("value") {
+                scalar(v)
+            } else if let Some(f) = e["valueFrom"].get("fieldRef") {
+                match scalar(&f["fieldPath"]).as_str() {
+                    "spec.nodeName" => "node-1".to_string(),
+                    "metadata.name" => format!("{what}-x1"),
+                    "metadata.namespace" => scalar(lookup(ds, "metadata.namespace")),
+                    "status.hostIP" => HOST_IP.to_string(),
+                    other => panic!("{what}: env {var}: a field this test does not know ({other})"),
+                }
+            } else if let Some(r) = e["valueFrom"].get("configMapKeyRef") {
+                let (cm, key) = (scalar(&r["name"]), scalar(&r["key"]));
+                let found = docs.iter().find(|d| {
+                    kind(d) == "ConfigMap" && name(d) == cm && d["metadata"]["namespace"] == ds["metadata"]["namespace"]
+                });
+                let found = found.unwrap_or_else(|| panic!("{what}: env {var}: no ConfigMap {cm} in its namespace"));
+                scalar(found["data"].get(&key).unwrap_or_else(|| panic!("{what}: env {var}: {cm} has no key {key}")))
+            } else {
+                panic!("{what}: env {var}: a source this test does not know: {e:?}")
+            };
+            (var, value)
+        })
+        .collect();
+    container(ds)["args"].as_array().unwrap().iter().map(|a| expand(&scalar(a), &env)).collect()
+}
+
+#[test]
+fn arguments_expand_like_the_kubelets() {
+    let env = vec![("HOST_IP".to_string(), "192.0.2.7".to_string()), ("P".to_string(), "10.0.0.0/8".to_string())];
+    assert_eq!(expand("--metrics-listen=$(HOST_IP):9469", &env), "--metrics-listen=192.0.2.7:9469");
+    assert_eq!(expand("--c=$(P),$(P)", &env), "--c=10.0.0.0/8,10.0.0.0/8");
+    assert_eq!(expand("$$(HOST_IP) $(NOPE) $x", &env), "$(HOST_IP) $(NOPE) $x");
+}
+
+/// The plain manifests write each of the cluster's settings once, in the
+/// ConfigMap egret-cluster, and both DaemonSets take them from there (env
+/// `valueFrom.configMapKeyRef`, `$(VAR)` in their args), as the chart takes
+/// them from `cluster.*`: a pod CIDR, a Service CIDR or the port range
+/// written anywhere else (a DaemonSet's args, the gateway's file) is a
+/// second place to forget. The gateway label is the one exception
+/// Kubernetes imposes: a DaemonSet's nodeSelector and affinity cannot come
+/// from a ConfigMap, so it is also written there (and as the taint the
+/// gateway tolerates), and there it must be egret-cluster's.
+#[test]
+fn the_plain_manifests_name_each_cluster_setting_once() {
+    let docs = manifest_docs();
+    let cluster = cluster_settings(&docs);
+    let keys: Vec<&str> = cluster.keys().map(String::as_str).collect();
+    assert_eq!(keys, CLUSTER_KEYS.map(|(k, _)| k), "{CLUSTER_CONFIGMAP}'s keys");
+    let at = |key: &str| format!("ConfigMap {CLUSTER_CONFIGMAP}: data.{key}");
+    for key in ["pod-cidrs", "service-cidrs", "nat-ports"] {
+        for literal in cluster[key].split(',') {
+            assert!(!literal.trim().is_empty(), "{key}: {:?} has an empty item", cluster[key]);
+            assert_eq!(places_of(&docs, literal), [at(key)], "{key}: {literal} is written in more than one place");
+        }
+    }
+    // The gateway label.
+    let label = &cluster["gateway-label"];
+    let (lkey, lvalue) = label.split_once('=').unwrap_or_else(|| panic!("gateway-label: {label:?} is not KEY=VALUE"));
+    let gw = one(&docs, "DaemonSet", "gateway");
+    let node = one(&docs, "DaemonSet", "node");
+    assert_eq!(
+        places_of(&docs, lkey),
+        [
+            at("gateway-label"),
+            format!("DaemonSet egret-gateway: spec.template.spec.nodeSelector.{lkey} (key)"),
+            "DaemonSet egret-gateway: spec.template.spec.tolerations[0].key".to_string(),
+            "DaemonSet egret-node: spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution\
+             .nodeSelectorTerms[0].matchExpressions[0].key"
+                .to_string(),
+        ],
+        "the gateway label {lkey} is written only where Kubernetes cannot take it from {CLUSTER_CONFIGMAP}"
+    );
+    assert_eq!(
+        lookup(pod_spec(gw), "nodeSelector").get(lkey).map(scalar).as_deref(),
+        Some(lvalue),
+        "the gateways run on the Nodes labelled {label}"
+    );
+    let term = &lookup(
+        pod_spec(node),
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+    )[0]["matchExpressions"][0];
+    assert_eq!(
+        (scalar(&term["key"]), scalar(&term["operator"]), term["values"].clone()),
+        (lkey.to_string(), "NotIn".to_string(), serde_json::json!([lvalue])),
+        "the agent stays off the Nodes labelled {label}"
+    );
+    // Both DaemonSets take the settings from the ConfigMap and use them.
+    for (comp, ds) in [("gateway", gw), ("node", node)] {
+        let env = container(ds)["env"].as_array().unwrap();
+        let args: Vec<String> = container(ds)["args"].as_array().unwrap().iter().map(scalar).collect();
+        for (key, takers) in CLUSTER_KEYS.iter().filter(|(_, t)| t.contains(&comp)) {
+            let var = env
+                .iter()
+                .find(|e| {
+                    let r = &e["valueFrom"]["configMapKeyRef"];
+                    r["name"] == CLUSTER_CONFIGMAP && r["key"] == *key
+                })
+                .map(|e| scalar(&e["name"]))
+                .unwrap_or_else(|| panic!("{comp}: no env from {CLUSTER_CONFIGMAP}'s {key} (taken by {takers:?})"));
+            assert!(args.iter().any(|a| a.contains(&format!("$({var})"))), "{comp}: $({var}) ({key}) not in {args:?}");
+        }
+    }
+}
+
+/// The settings reach both processes as the chart's do: with egret-cluster's
+/// values as shipped and with others, the kubelet's expansion of each
+/// DaemonSet's args gives the node agent the chart's arguments for the same
+/// `cluster.*` values, and the gateway, whose flags replace its file's
+/// values, the chart's configuration (what `egret check-config` says of
+/// the file with the DaemonSet's flags, the real parser of the real binary).
+#[test]
+fn the_cluster_settings_reach_both_processes_as_the_charts_do() {
+    let shipped = cluster_settings(&manifest_docs());
+    let other: std::collections::BTreeMap<String, String> = [
+        ("gateway-label", "example.com/egress=yes"),
+        ("nat-ports", "40000-49999"),
+        ("pod-cidrs", "10.1.0.0/16,fd00:10::/56"),
+        ("service-cidrs", "10.2.0.0/16,fd00:20::/108"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let egret = egret_tests::gateway::egret_binary().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = TempDir::new("cluster-settings");
+    for values in [shipped, other] {
+        let mut manifests = manifest_docs();
+        for d in manifests.iter_mut().filter(|d| kind(d) == "ConfigMap" && name(d) == CLUSTER_CONFIGMAP) {
+            for (k, v) in &values {
+                d["data"][k] = Value::String(v.clone());
+            }
+        }
+        let (lkey, lvalue) = values["gateway-label"].split_once('=').unwrap();
+        let list = |k: &str| format!("{{{}}}", values[k]);
+        let chart = render(
+            "egret",
+            NAMESPACE,
+            &[
+                "--set",
+                &format!("cluster.podCIDRs={}", list("pod-cidrs")),
+                "--set",
+                &format!("cluster.serviceCIDRs={}", list("service-cidrs")),
+                "--set",
+                &format!("cluster.gatewayLabel.key={lkey}"),
+                "--set-string",
+                &format!("cluster.gatewayLabel.value={lvalue}"),
+                "--set",
+                &format!("config.nat.ports={}", values["nat-ports"]),
+            ],
+        );
+        // The node agent: the chart's arguments (which leave --strict at its default).
+        let m = kubelet_args(&manifests, one(&manifests, "DaemonSet", "node"));
+        let c = kubelet_args(&chart, one(&chart, "DaemonSet", "node"));
+        let all_cidrs = format!("{},{}", values["pod-cidrs"], values["service-cidrs"]);
+        for want in [format!("--cluster-cidr={all_cidrs}"), format!("--nat-ports={}", values["nat-ports"])] {
+            assert!(m.contains(&want), "the manifests' agent: {want} not in {m:?}");
+        }
+        for a in &m {
+            assert!(c.contains(a), "the manifests' agent has {a}, the chart's {c:?}");
+        }
+        let extra: Vec<&String> = c.iter().filter(|a| !m.contains(a)).collect();
+        assert_eq!(extra, ["--strict=false"], "the chart's agent arguments the manifests' lacks");
+        // The gateway: its file with its flags, as check-config reads them.
+        let mut said = Vec::new();
+        for (what, docs) in [("manifests", &manifests), ("chart", &chart)] {
+            let args = kubelet_args(docs, one(docs, "DaemonSet", "gateway"));
+            assert_eq!(args[0], "gateway", "{what}: {args:?}");
+            assert_eq!(args.iter().filter(|a| a.starts_with("--config")).count(), 1, "{what}: {args:?}");
+            let file = tmp.0.join(format!("{what}.yaml"));
+            let text = scalar(&lookup(one(docs, "ConfigMap", "gateway"), "data")["gateway.yaml"]);
+            std::fs::write(&file, text).unwrap();
+            let flags: Vec<&String> = args[1..].iter().filter(|a| *a != "--config=/etc/egret/gateway.yaml").collect();
+            assert_eq!(flags.len(), args.len() - 2, "{what}: --config=/etc/egret/gateway.yaml in {args:?}");
+            let out = Command::new(&egret).arg("check-config").arg(&file).args(&flags).output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success(),
+                "{what}: egret check-config {flags:?}: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!text.contains("warning"), "{what}: {text}");
+            let lines: Vec<String> = text
+                .lines()
+                .filter(|l| l.starts_with("gateway Nodes: ") || l.starts_with("nat ports "))
+                .map(str::to_string)
+                .collect();
+            assert_eq!(
+                lines,
+                [
+                    format!("nat ports {}", values["nat-ports"]),
+                    format!("gateway Nodes: {}; cluster pod CIDRs: {}", values["gateway-label"], values["pod-cidrs"]),
+                ],
+                "{what}: {text}"
+            );
+            said.push(lines);
+        }
+        assert_eq!(said[0], said[1]);
     }
 }

@@ -274,6 +274,44 @@ fn rules_across_fields() {
     assert_eq!(errors(bad_guard), vec![r#"gw.yaml: kubernetes.clusterPodCIDRs[1]: "pods" is not a CIDR"#]);
 }
 
+/// `egret gateway --cluster-pod-cidr --gateway-selector --nat-ports`
+/// replace the file's values (or set them where it has none); a file
+/// without `kubernetes:` keeps only the port range, with a warning.
+#[test]
+fn overrides_replace_the_files_values() {
+    let file = "interfaces: [{name: eth0}]\nkubernetes: {clusterPodCIDRs: [198.18.0.0/16], gatewaySelector: a=b}\nnat: {ports: 1024-2047}\n";
+    let o = Overrides {
+        cluster_pod_cidrs: Some(vec!["10.1.0.0/16".parse().unwrap(), "fd00:10::/56".parse().unwrap()]),
+        gateway_selector: Some("example.com/egress=yes".into()),
+        nat_ports: Some(PortRange { first: 40000, last: 49999 }),
+    };
+    let c = load_str_with("gw.yaml", file, &o).unwrap();
+    let k = c.kubernetes.unwrap();
+    assert_eq!(k.cluster_pod_cidrs, o.cluster_pod_cidrs.clone().unwrap());
+    assert_eq!(k.gateway_selector, "example.com/egress=yes");
+    assert_eq!(c.tables.nat.ports, PortRange { first: 40000, last: 49999 });
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    // Without flags the file's values; with some, the others stay the file's.
+    let k = load_str_with("gw.yaml", file, &Overrides::default()).unwrap().kubernetes.unwrap();
+    assert_eq!((k.cluster_pod_cidrs.len(), k.gateway_selector.as_str()), (1, "a=b"));
+    let only_ports = Overrides { nat_ports: Some(PortRange { first: 2000, last: 2999 }), ..Overrides::default() };
+    let c = load_str_with("gw.yaml", file, &only_ports).unwrap();
+    assert_eq!(c.tables.nat.ports, PortRange { first: 2000, last: 2999 });
+    assert_eq!(c.kubernetes.unwrap().gateway_selector, "a=b");
+    // A file without kubernetes: and without the values.
+    let bare = "interfaces: [{name: eth0}]\nkubernetes: {}\n";
+    let c = load_str_with("gw.yaml", bare, &o).unwrap();
+    assert_eq!(c.kubernetes.unwrap().cluster_pod_cidrs.len(), 2);
+    assert_eq!(c.tables.nat.ports, PortRange { first: 40000, last: 49999 });
+    let c = load_str_with("gw.yaml", GOOD, &o).unwrap();
+    assert_eq!(c.kubernetes, None);
+    assert_eq!(c.tables.nat.ports, PortRange { first: 40000, last: 49999 });
+    assert_eq!(
+        c.warnings,
+        ["--cluster-pod-cidr and --gateway-selector ignored: the file has no kubernetes: section (not in Kubernetes mode)"]
+    );
+}
+
 #[test]
 fn engine_errors_are_mapped_to_fields() {
     let short_udp = format!("{GOOD}nat:\n  timeouts: {{udp: 30}}\n");
