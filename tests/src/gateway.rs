@@ -457,9 +457,15 @@ impl Gateway {
     /// `dir` are named after `name` (`<name>.yaml`, `.sock`, `.log`), so
     /// several gateways can share one directory.
     pub fn spawn_in(ns: &NetNs, dir: &Path, name: &str, cfg: &GatewayConfig) -> Result<Self> {
-        let bin = egret_binary()?;
         let metrics: SocketAddr =
             METRICS.parse().map_err(|_| LabError::Gateway(format!("bad metrics address {METRICS}")))?;
+        Self::spawn_in_at(ns, dir, name, cfg, metrics)
+    }
+
+    /// [`Gateway::spawn_in`] with metrics and `/ready` on `metrics` (an
+    /// address of the namespace another one can reach, for a Prometheus).
+    pub fn spawn_in_at(ns: &NetNs, dir: &Path, name: &str, cfg: &GatewayConfig, metrics: SocketAddr) -> Result<Self> {
+        let bin = egret_binary()?;
         let mut g = Self {
             child: None,
             ns: ns.name().to_string(),

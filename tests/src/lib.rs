@@ -29,6 +29,8 @@
 //! - [`moto`]: an EC2 API emulator (moto's server) on loopback, and helpers
 //!   that seed it; [`faultproxy`]: a proxy in front of it that fails chosen
 //!   EC2 actions (errors, stalls), for the AWS provider's tests.
+//! - [`prometheus`]: a real Prometheus scraping a lab, queried over its API,
+//!   and `promtool` for the alert rules' unit tests.
 //!
 //! The `egret-lab` binary (`src/bin/egret-lab.rs`) drives the same code for
 //! `tests/lab.sh`; docs/lab.md describes both.
@@ -51,6 +53,7 @@ pub mod netns;
 pub mod nodelab;
 pub mod plan;
 pub mod probe;
+pub mod prometheus;
 pub mod server;
 pub mod sys;
 pub mod tools;

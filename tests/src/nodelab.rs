@@ -233,7 +233,7 @@ impl NodeGw {
         [0x02, 0xe9, 0, 0, 0x02, self.n()]
     }
 
-    fn mgmt_addr(self) -> Ipv4Addr {
+    pub fn mgmt_addr(self) -> Ipv4Addr {
         Ipv4Addr::new(192, 0, 2, 10 + self.n())
     }
 }
@@ -754,7 +754,8 @@ impl NodeLab {
     }
 
     /// Starts `egret node` in `worker`'s namespace with `extra` flags (the
-    /// lab's `--cluster-cidr` unless `extra` gives one).
+    /// lab's `--cluster-cidr` and metrics on loopback unless `extra` gives
+    /// `--cluster-cidr` or `--metrics-listen`).
     pub fn start_agent(&self, worker: Worker, kubeconfig: &Path, extra: &[&str]) -> Result<Agent> {
         let bin = egret_binary()?;
         let name = worker.node_name();
@@ -770,7 +771,8 @@ impl NodeLab {
             } else {
                 vec!["--cluster-cidr".to_string(), format!("{CLUSTER_POD_CIDR},{CLUSTER_POD_CIDR6},{SERVICE_CIDR}")]
             })
-            .args(["--metrics-listen", "127.0.0.1:9465", "--status-file"])
+            .args(if extra.contains(&"--metrics-listen") { vec![] } else { vec!["--metrics-listen", "127.0.0.1:9465"] })
+            .arg("--status-file")
             .arg(&status_file)
             .args(extra)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
