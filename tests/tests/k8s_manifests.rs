@@ -542,6 +542,46 @@ fn metrics_listen_on_the_nodes_address_with_probes_and_a_service() {
     }
 }
 
+/// The alert rules and the dashboard (`files/`) reach a cluster only when
+/// asked for, and then verbatim: the PrometheusRule's groups are
+/// `files/alerts.yaml`'s (which promtool and k8s_monitoring test), the
+/// dashboard ConfigMap holds `files/dashboard.json` under Grafana's sidecar
+/// label, and the ServiceMonitor names the jobs the rules expect.
+#[test]
+fn the_chart_ships_the_alerts_and_the_dashboard_on_request() {
+    let off = render("egret", NAMESPACE, &[]);
+    for k in ["PrometheusRule", "ServiceMonitor"] {
+        assert!(off.iter().all(|d| kind(d) != k), "{k} rendered by default");
+    }
+    assert!(!off.iter().any(|d| name(d).ends_with("-dashboard")), "the dashboard ConfigMap rendered by default");
+    let on = render(
+        "egret",
+        NAMESPACE,
+        &[
+            "--set=metrics.prometheusRule.enabled=true",
+            "--set=metrics.grafanaDashboard.enabled=true",
+            "--set=metrics.serviceMonitor.enabled=true",
+        ],
+    );
+    let files = chart_dir().join("files");
+    let rule: Vec<&Value> = on.iter().filter(|d| kind(d) == "PrometheusRule").collect();
+    assert_eq!(rule.len(), 1, "one PrometheusRule");
+    let shipped = k8s_common::yaml(&std::fs::read_to_string(files.join("alerts.yaml")).unwrap());
+    assert_eq!(rule[0]["spec"]["groups"], shipped["groups"], "the PrometheusRule's groups are files/alerts.yaml's");
+    let board: Vec<&Value> = on.iter().filter(|d| kind(d) == "ConfigMap" && name(d).ends_with("-dashboard")).collect();
+    assert_eq!(board.len(), 1, "one dashboard ConfigMap");
+    assert_eq!(scalar(&lookup(board[0], "metadata.labels")["grafana_dashboard"]), "1");
+    let json: Value = serde_json::from_str(board[0]["data"]["egret.json"].as_str().unwrap()).unwrap();
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(files.join("dashboard.json")).unwrap()).unwrap();
+    assert_eq!(json, file, "the ConfigMap's dashboard is files/dashboard.json");
+    let sm: Vec<&Value> = on.iter().filter(|d| kind(d) == "ServiceMonitor").collect();
+    let relabel = &sm[0]["spec"]["endpoints"][0]["relabelings"];
+    assert!(
+        relabel.as_array().unwrap().iter().any(|r| r["targetLabel"] == "job" && r["replacement"] == "egret-$1"),
+        "the ServiceMonitor names the jobs egret-gateway / egret-node: {relabel:?}"
+    );
+}
+
 #[test]
 fn every_daemonset_runs_under_the_runtime_default_seccomp_profile() {
     let ds = daemonsets();
