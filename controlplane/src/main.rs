@@ -253,9 +253,10 @@ struct NodeArgs {
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// The cluster's pod and Service CIDRs (repeat, or comma-separated):
-    /// traffic to them never goes to a gateway.
+    /// traffic to them never goes to a gateway. Empty items are skipped (the
+    /// manifests join two ConfigMap keys, one of which may be empty).
     #[arg(long, value_delimiter = ',')]
-    cluster_cidr: Vec<ipnet::IpNet>,
+    cluster_cidr: Vec<String>,
     /// Drop a local pod's traffic to outside the cluster until the agent
     /// has classified the pod (docs/kubernetes.md, "Strict mode"):
     /// `--strict` or `--strict=true|false`.
@@ -330,7 +331,13 @@ fn node_options(a: NodeArgs) -> Result<node::NodeOptions, String> {
         a.pod_namespace.or_else(|| std::env::var("POD_NAMESPACE").ok()),
         a.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
     );
-    o.cluster_cidrs = a.cluster_cidr.into_iter().map(|n| n.trunc()).collect();
+    o.cluster_cidrs = a
+        .cluster_cidr
+        .iter()
+        .map(|c| c.trim())
+        .filter(|c| !c.is_empty())
+        .map(|c| c.parse::<ipnet::IpNet>().map(|n| n.trunc()).map_err(|e| format!("--cluster-cidr {c:?}: {e}")))
+        .collect::<Result<_, _>>()?;
     o.strict = a.strict;
     o.pod_cidrs = a.pod_cidr.into_iter().map(|n| n.trunc()).collect();
     o.rule_priority = a.rule_priority;
@@ -767,6 +774,17 @@ mod tests {
         let cidrs: Vec<String> = o.cluster_cidrs.iter().map(ToString::to_string).collect();
         assert_eq!(cidrs, ["10.244.0.0/16", "fd00:10::/56", "10.96.0.0/12"]);
         assert_eq!(o.nat_ports, PortRange { first: 40000, last: 49999 });
+        // egret-cluster's service-cidrs empty: `$(POD_CIDRS),$(SERVICE_CIDRS)`
+        // ends in a comma.
+        let node = |cidrs: &str| {
+            let cli = Cli::try_parse_from(["egret", "node", "--node-name=w1", cidrs]).unwrap_or_else(|e| panic!("{e}"));
+            let Command::Node(NodeCli { command: None, run }) = cli.command else { panic!("{:?}", cli.command) };
+            node_options(run)
+        };
+        let o = node("--cluster-cidr=10.244.0.0/16,").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.cluster_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(), ["10.244.0.0/16"]);
+        let e = node("--cluster-cidr=10.244.0.0/16,10.96.0.0/33").map(|_| ()).unwrap_err();
+        assert!(e.contains("--cluster-cidr \"10.96.0.0/33\""), "{e}");
     }
 
     #[test]
