@@ -435,7 +435,7 @@ fn healthy(prom: &Prometheus, rt: &tokio::runtime::Runtime, client: &kube::Clien
 }
 
 /// Every series the promtool unit tests feed the rules exists here with
-/// the same name and label names (the only one the lab cannot make: a
+/// the same name and label names (or some of them) (the only one the lab cannot make: a
 /// cloud pool's `egret_cloud_address_assigned`, checked in k8s_cloud's
 /// moto lab through `egret status`).
 fn series_of_the_unit_tests(prom: &Prometheus) {
@@ -449,12 +449,11 @@ fn series_of_the_unit_tests(prom: &Prometheus) {
             .iter()
             .map(|s| s["metric"].as_object().unwrap().keys().filter(|k| *k != "__name__").cloned().collect())
             .collect();
-        // The scrape job adds `node`, which the unit tests leave out.
-        let matches = sets.iter().any(|s| {
-            let mut s = s.clone();
-            s.remove("node");
-            s == labels
-        });
+        // Every label of the unit test's series is one the lab's has (a
+        // label Egret writes empty, as `standby` without a standby, is
+        // absent in Prometheus, so a unit test may leave one out; and the
+        // scrape job adds `node`).
+        let matches = sets.iter().any(|s| labels.is_subset(s));
         assert!(matches, "alerts_test.yaml's {name}{labels:?}: the lab's series have the labels {sets:?}");
     }
 }
@@ -566,7 +565,8 @@ fn failsafe(lab: &NodeLab, prom: &Prometheus) {
 }
 
 /// SIGKILL of the gateway that is not the holder: its target down, the
-/// holder's channel to it down, the holder's IP without a standby copy.
+/// holder's channel to it down. (The holder's IP has no standby left:
+/// EgretStandbyOutOfSync is for a standby that exists and lags.)
 fn gateway_down(prom: &Prometheus, gws: &mut BTreeMap<NodeGw, Gateway>, holder: NodeGw) {
     let other = NodeGw::ALL.into_iter().find(|g| *g != holder).unwrap();
     gws.get_mut(&other).unwrap().kill().expect("SIGKILL the gateway");
@@ -574,5 +574,4 @@ fn gateway_down(prom: &Prometheus, gws: &mut BTreeMap<NodeGw, Gateway>, holder: 
     let live = instance(holder.mgmt_addr(), GATEWAY_METRICS_PORT);
     wait_alert(prom, "EgretGatewayDown", &[("instance", &dead)]);
     wait_alert(prom, "EgretPeerDown", &[("instance", &live), ("peer", other.node_name())]);
-    wait_alert(prom, "EgretStandbyOutOfSync", &[("instance", &live), ("egress_ip", &EIP.to_string())]);
 }
