@@ -122,10 +122,10 @@ enum Command {
 /// ConfigMap egret-cluster, which the node agent reads too.
 #[derive(clap::Args, Debug, Clone, Default)]
 struct ClusterFlags {
-    /// The cluster's pod CIDRs (repeat, or comma-separated): replace the
-    /// file's `kubernetes.clusterPodCIDRs`.
-    #[arg(long, value_delimiter = ',')]
-    cluster_pod_cidr: Vec<ipnet::IpNet>,
+    /// The cluster's pod CIDRs (repeat, or comma-separated; blank items
+    /// skipped): replace the file's `kubernetes.clusterPodCIDRs`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_cidr_item)]
+    cluster_pod_cidr: Vec<CidrItem>,
     /// The gateway Nodes' label selector (KEY=VALUE): replaces the file's
     /// `kubernetes.gatewaySelector`.
     #[arg(long, value_parser = parse_selector)]
@@ -135,10 +135,37 @@ struct ClusterFlags {
     nat_ports: Option<PortRange>,
 }
 
+/// One item of a comma-separated CIDR flag: a network (truncated to its
+/// prefix), or nothing for a blank item (`a,` where a ConfigMap key is
+/// empty, `a, b`), so the gateway and the agent read one value alike.
+#[derive(Debug, Clone, Copy)]
+struct CidrItem(Option<ipnet::IpNet>);
+
+fn parse_cidr_item(s: &str) -> Result<CidrItem, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(CidrItem(None));
+    }
+    s.parse::<ipnet::IpNet>().map(|n| CidrItem(Some(n.trunc()))).map_err(|e| format!("{s:?}: {e}"))
+}
+
+fn cidrs(items: &[CidrItem]) -> Vec<ipnet::IpNet> {
+    items.iter().filter_map(|i| i.0).collect()
+}
+
 impl ClusterFlags {
+    /// A flag given with nothing in it (`--cluster-pod-cidr=` from an empty
+    /// ConfigMap key) is refused: the file's value would stand in silently.
+    fn check(&self) -> Result<(), String> {
+        if !self.cluster_pod_cidr.is_empty() && cidrs(&self.cluster_pod_cidr).is_empty() {
+            return Err("--cluster-pod-cidr: no CIDR in the value (is egret-cluster's pod-cidrs empty?)".into());
+        }
+        Ok(())
+    }
+
     fn overrides(self) -> config::Overrides {
         config::Overrides {
-            cluster_pod_cidrs: (!self.cluster_pod_cidr.is_empty()).then_some(self.cluster_pod_cidr),
+            cluster_pod_cidrs: Some(cidrs(&self.cluster_pod_cidr)).filter(|c| !c.is_empty()),
             gateway_selector: self.gateway_selector,
             nat_ports: self.nat_ports,
         }
@@ -253,10 +280,10 @@ struct NodeArgs {
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// The cluster's pod and Service CIDRs (repeat, or comma-separated):
-    /// traffic to them never goes to a gateway. Empty items are skipped (the
+    /// traffic to them never goes to a gateway. Blank items are skipped (the
     /// manifests join two ConfigMap keys, one of which may be empty).
-    #[arg(long, value_delimiter = ',')]
-    cluster_cidr: Vec<String>,
+    #[arg(long, value_delimiter = ',', value_parser = parse_cidr_item)]
+    cluster_cidr: Vec<CidrItem>,
     /// Drop a local pod's traffic to outside the cluster until the agent
     /// has classified the pod (docs/kubernetes.md, "Strict mode"):
     /// `--strict` or `--strict=true|false`.
@@ -331,13 +358,7 @@ fn node_options(a: NodeArgs) -> Result<node::NodeOptions, String> {
         a.pod_namespace.or_else(|| std::env::var("POD_NAMESPACE").ok()),
         a.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
     );
-    o.cluster_cidrs = a
-        .cluster_cidr
-        .iter()
-        .map(|c| c.trim())
-        .filter(|c| !c.is_empty())
-        .map(|c| c.parse::<ipnet::IpNet>().map(|n| n.trunc()).map_err(|e| format!("--cluster-cidr {c:?}: {e}")))
-        .collect::<Result<_, _>>()?;
+    o.cluster_cidrs = cidrs(&a.cluster_cidr);
     o.strict = a.strict;
     o.pod_cidrs = a.pod_cidr.into_iter().map(|n| n.trunc()).collect();
     o.rule_priority = a.rule_priority;
@@ -478,6 +499,10 @@ fn client(
 }
 
 fn check_config(file: &std::path::Path, metrics_listen: Option<SocketAddr>, cluster: ClusterFlags) -> ExitCode {
+    if let Err(e) = cluster.check() {
+        eprintln!("egret: {e}");
+        return ExitCode::FAILURE;
+    }
     match config::load_with(file, &cluster.overrides()).map(|mut c| {
         if let Some(a) = metrics_listen {
             c.metrics_listen = a;
@@ -639,6 +664,10 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Gateway { config, metrics_listen, cluster } => {
             init_logs();
+            if let Err(e) = cluster.check() {
+                tracing::error!("{e}");
+                return ExitCode::FAILURE;
+            }
             // Every load of the file, at start and at each SIGHUP, takes them.
             config::set_overrides(cluster.overrides());
             match egret_controlplane::daemon::run_gateway_with(&config, metrics_listen) {
@@ -739,8 +768,6 @@ mod tests {
         assert_eq!(cluster.overrides().nat_ports, Some(PortRange { first: 1024, last: 2047 }));
         assert!(metrics_listen.is_some());
         for (bad, flag) in [
-            ("--cluster-pod-cidr=", "--cluster-pod-cidr"),
-            ("--cluster-pod-cidr=10.244.0.0/16,", "--cluster-pod-cidr"),
             ("--cluster-pod-cidr=pods", "--cluster-pod-cidr"),
             ("--gateway-selector=", "--gateway-selector"),
             ("--gateway-selector=a = b", "--gateway-selector"),
@@ -783,8 +810,29 @@ mod tests {
         };
         let o = node("--cluster-cidr=10.244.0.0/16,").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(o.cluster_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(), ["10.244.0.0/16"]);
-        let e = node("--cluster-cidr=10.244.0.0/16,10.96.0.0/33").map(|_| ()).unwrap_err();
-        assert!(e.contains("--cluster-cidr \"10.96.0.0/33\""), "{e}");
+        let o = node("--cluster-cidr=10.244.0.0/16, fd00:10::/56").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.cluster_cidrs.len(), 2, "a space after the comma");
+        let e = Cli::try_parse_from(["egret", "node", "--cluster-cidr=10.244.0.0/16,10.96.0.0/33"])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--cluster-cidr") && e.contains("10.96.0.0/33"), "{e}");
+        // The gateway reads the same value alike.
+        for v in ["10.244.0.0/16,", "10.244.0.0/16, fd00:10::/56"] {
+            let cli = Cli::try_parse_from(["egret", "gateway", "--config", "f", &format!("--cluster-pod-cidr={v}")])
+                .unwrap_or_else(|e| panic!("{v}: {e}"));
+            let Command::Gateway { cluster, .. } = cli.command else { panic!("{:?}", cli.command) };
+            let want = if v.contains("fd00") { 2 } else { 1 };
+            assert_eq!(cluster.check(), Ok(()));
+            assert_eq!(cluster.overrides().cluster_pod_cidrs.map(|c| c.len()), Some(want), "{v}");
+        }
+        // Given, but empty: refused, not the file's value in silence.
+        for v in ["--cluster-pod-cidr=", "--cluster-pod-cidr= , "] {
+            let cli =
+                Cli::try_parse_from(["egret", "gateway", "--config", "f", v]).unwrap_or_else(|e| panic!("{v}: {e}"));
+            let Command::Gateway { cluster, .. } = cli.command else { panic!("{:?}", cli.command) };
+            assert!(cluster.check().is_err_and(|e| e.contains("--cluster-pod-cidr")), "{v}");
+        }
     }
 
     #[test]
