@@ -35,6 +35,10 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// Connections served at once; one over the cap is closed at once.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Connections one source address may hold at once (the kubelet's probes
+/// and Prometheus each need one): a single client cannot take every slot
+/// and fail the liveness probe, which would restart the gateway.
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 8;
 /// Time a client has to send its request head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time a connection may last in all (request, answer, a slow reader).
@@ -482,6 +486,8 @@ pub async fn serve_fn(listener: TcpListener, handler: Handler) {
 struct Limits {
     /// Connections at once.
     connections: usize,
+    /// Connections at once from one source address.
+    per_source: usize,
     /// Time to send the request head.
     header_read: Duration,
     /// Time a connection may last in all.
@@ -489,8 +495,12 @@ struct Limits {
 }
 
 impl Limits {
-    const DEFAULT: Limits =
-        Limits { connections: MAX_CONNECTIONS, header_read: HEADER_READ_TIMEOUT, connection: CONNECTION_LIMIT };
+    const DEFAULT: Limits = Limits {
+        connections: MAX_CONNECTIONS,
+        per_source: MAX_CONNECTIONS_PER_SOURCE,
+        header_read: HEADER_READ_TIMEOUT,
+        connection: CONNECTION_LIMIT,
+    };
 }
 
 /// The response to one request: `handler`'s answer to a GET, 405 to
@@ -507,17 +517,49 @@ fn answer(handler: &Handler, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     res
 }
 
+/// The connections each source address holds; a [`SourceSlot`] counts one.
+type Sources = Arc<parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
+
+/// One connection of a source address, given back on drop.
+struct SourceSlot(Sources, std::net::IpAddr);
+
+impl SourceSlot {
+    fn take(sources: &Sources, ip: std::net::IpAddr, cap: usize) -> Option<SourceSlot> {
+        let mut held = sources.lock();
+        let n = held.entry(ip).or_insert(0);
+        if *n >= cap {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot(sources.clone(), ip))
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut held = self.0.lock();
+        if let Some(n) = held.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.1);
+            }
+        }
+    }
+}
+
 async fn serve_limited(listener: TcpListener, handler: Handler, limits: Limits) {
     let slots = Arc::new(Semaphore::new(limits.connections));
+    let sources: Sources = Arc::default();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_read).keep_alive(false);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             // Out of file descriptors, most likely: let some close.
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        // Over the cap: closed at once, unread.
+        // Over either cap: closed at once, unread.
+        let Some(source) = SourceSlot::take(&sources, peer.ip(), limits.per_source) else { continue };
         let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
         let handler = handler.clone();
         let conn = http.serve_connection(
@@ -530,7 +572,7 @@ async fn serve_limited(listener: TcpListener, handler: Handler, limits: Limits) 
         tokio::spawn(async move {
             // An error is the client's (gone, too slow, not HTTP): nothing to do.
             let _ = tokio::time::timeout(limits.connection, conn).await;
-            drop(slot);
+            drop((slot, source));
         });
     }
 }
@@ -872,8 +914,12 @@ mod tests {
     async fn connections_are_capped_and_idle_ones_time_out() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let limits =
-            Limits { connections: 3, header_read: Duration::from_secs(2), connection: Duration::from_secs(60) };
+        let limits = Limits {
+            connections: 3,
+            per_source: 10,
+            header_read: Duration::from_secs(2),
+            connection: Duration::from_secs(60),
+        };
         let server = tokio::spawn(serve_limited(listener, answer_ready(), limits));
         let mut idle = Vec::new();
         for _ in 0..limits.connections {
@@ -898,14 +944,51 @@ mod tests {
         server.abort();
     }
 
+    /// One source address holding its share of connections does not keep
+    /// another (the kubelet's probe) out; its own next one is closed.
+    #[tokio::test]
+    async fn one_source_cannot_take_every_slot() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            connections: 10,
+            per_source: 2,
+            header_read: Duration::from_secs(30),
+            connection: Duration::from_secs(60),
+        };
+        let server = tokio::spawn(serve_limited(listener, answer_ready(), limits));
+        let from = |ip: &str| {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+            s.connect(addr)
+        };
+        let _idle = [from("127.0.0.2").await.unwrap(), from("127.0.0.2").await.unwrap()];
+        let mut third = from("127.0.0.2").await.unwrap();
+        third.write_all(get("/ready").as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), third.read_to_end(&mut out)).await;
+        assert!(
+            read.is_ok() && out.is_empty(),
+            "the source's third connection answered: {:?}",
+            String::from_utf8_lossy(&out)
+        );
+        let ok = exchange(addr, &get("/ready")).await;
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "another source kept out: {ok}");
+        server.abort();
+    }
+
     /// A connection is closed at the time limit, even one still within the
     /// header timeout (a client trickling its request).
     #[tokio::test]
     async fn connections_have_a_time_limit() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let limits =
-            Limits { connections: 2, header_read: Duration::from_secs(60), connection: Duration::from_millis(500) };
+        let limits = Limits {
+            connections: 2,
+            per_source: 2,
+            header_read: Duration::from_secs(60),
+            connection: Duration::from_millis(500),
+        };
         let server = tokio::spawn(serve_limited(listener, answer_ready(), limits));
         let mut s = TcpStream::connect(addr).await.unwrap();
         let t0 = std::time::Instant::now();
