@@ -20,8 +20,16 @@ cd "$(dirname "$0")/.."
 quick=0
 [[ "${1:-}" == "--quick" ]] && quick=1
 
-step() { printf '\n==> %s\n' "$*"; }
 started=$(date +%s)
+last_step=$started
+# Each step line says how long the run has taken and how long the step before
+# it took, so a slow CI run shows where its time went.
+step() {
+  local now
+  now=$(date +%s)
+  printf '\n==> [%s s, previous step %s s] %s\n' "$((now - started))" "$((now - last_step))" "$*"
+  last_step=$now
+}
 
 if [[ $(id -u) -ne 0 ]]; then
   echo "tests/run.sh must run as root (network namespaces, XDP, AF_XDP)" >&2
