@@ -20,7 +20,8 @@ fi
 # for what the kernel decides: the verifier (every program load), the JIT,
 # BPF_PROG_TEST_RUN, XDP attach through bpf_link, AF_XDP sockets, veth's
 # XDP, netlink. Left out, with the reason:
-# - steering `fixture_table`: loads the program once per fixture, 120 loads
+# - steering `fixture_table` and `fixture_table_through_an_empty_fast_path`
+#   (`--skip fixture_table` matches both): each loads the program once per fixture, 120 loads
 #   at 5 s each under emulation (10 min); every rule it covers is also met by
 #   the other steering tests and by fast_path's fixture table;
 # - xsk_veth `tiny_rings_under_a_flood_never_overrun_then_traffic_resumes`:
