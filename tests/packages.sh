@@ -125,6 +125,22 @@ egret_check_tools() {
 
 # Installs the packages "$@" (see the top of this file).
 egret_ensure_pkgs() {
+  local -a missing
+  mapfile -t missing < <(egret_missing_pkgs "$@")
+  ((${#missing[@]} == 0)) && return 0
+  # One installer at a time on the machine: tests/run.sh builds the API server
+  # in the background while the image scripts install their packages, and apt
+  # refuses a second transaction rather than waiting for the first.
+  mkdir -p /run/lock
+  (
+    flock 8
+    egret_install_pkgs "$@"
+  ) 8>/run/lock/egret-packages.lock
+}
+
+# egret_ensure_pkgs's work, under its lock: what is missing is asked again,
+# since another installer may have put it there while this one waited.
+egret_install_pkgs() {
   local -a set missing
   local before wanted
   mapfile -t missing < <(egret_missing_pkgs "$@")

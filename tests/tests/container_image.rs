@@ -84,9 +84,9 @@ struct Image {
 
 impl Image {
     /// Builds (or finds cached) the image through the build script, with
-    /// `$EGRET_IMAGE_BIN` (tests/run.sh: the release build it put in the
-    /// images it built, so that the image tested is the one users get), or
-    /// else the `egret` binary these tests use.
+    /// `$EGRET_IMAGE_BIN` (tests/run.sh: the binary it put in the images it
+    /// built, the tests' debug build or, with `EGRET_RELEASE_IMAGES=1`, the
+    /// release build), or else the `egret` binary these tests use.
     fn build() -> Image {
         let bin = match std::env::var_os("EGRET_IMAGE_BIN") {
             Some(b) => PathBuf::from(b),

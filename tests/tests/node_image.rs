@@ -62,7 +62,8 @@ fn image() -> PathBuf {
     let script = repo().join("deploy/images/node/build.sh");
     let t = Instant::now();
     let mut cmd = Command::new(&script);
-    // tests/run.sh: the release build it put in the images it built.
+    // tests/run.sh: the binary it put in the images it built (the tests'
+    // debug build, or the release build with EGRET_RELEASE_IMAGES=1).
     if let Some(b) = std::env::var_os("EGRET_IMAGE_BIN") {
         cmd.env("EGRET_BIN", b);
     }
