@@ -45,6 +45,7 @@ pub mod frames;
 pub mod gateway;
 pub mod harness;
 pub mod k8slab;
+pub mod kubelet;
 pub mod kubeproxy;
 pub mod lab;
 pub mod load;

@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 use egret_tests::capture::{self, Capture};
 use egret_tests::client;
 use egret_tests::gateway::{self, Admin, GatewayConfig};
+use egret_tests::kubelet::expand;
 use egret_tests::lab::{Lab, LabOptions};
 use egret_tests::netns::{self, NetNs};
 use egret_tests::plan::{self, Pod};
@@ -148,39 +149,6 @@ struct PodSpec {
     memory_limit: Option<u64>,
     /// (mount path, read-only, volume: `configMap` or `hostPath`).
     mounts: Vec<(String, bool, String)>,
-}
-
-/// `$(NAME)` in an argument replaced by the container's variable NAME, as
-/// the kubelet does (`$$` is a literal `$`; an unknown name stays as written).
-fn expand(arg: &str, env: &[(String, String)]) -> String {
-    let mut out = String::new();
-    let mut rest = arg;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        if let Some(t) = tail.strip_prefix("$$") {
-            out.push('$');
-            rest = t;
-        } else if let Some((name, t)) = tail.strip_prefix("$(").and_then(|t| t.split_once(')')) {
-            match env.iter().find(|(k, _)| k == name) {
-                Some((_, v)) => out.push_str(v),
-                None => out.push_str(&tail[..name.len() + 3]),
-            }
-            rest = t;
-        } else {
-            out.push('$');
-            rest = &tail[1..];
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-#[test]
-fn arguments_expand_like_the_kubelets() {
-    let env = vec![("HOST_IP".to_string(), "192.0.2.7".to_string())];
-    assert_eq!(expand("--metrics-listen=$(HOST_IP):9469", &env), "--metrics-listen=192.0.2.7:9469");
-    assert_eq!(expand("$$(HOST_IP) $(NOPE) $x", &env), "$(HOST_IP) $(NOPE) $x");
 }
 
 /// The documents of a YAML file, as Kubernetes' clients read them (YAML

@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use egret_tests::apiserver::ApiServer;
+use egret_tests::kubelet::expand;
 use kube::discovery::Discovery;
 use serde_json::Value;
 
@@ -1042,33 +1043,6 @@ fn places_of(docs: &[Value], literal: &str) -> Vec<String> {
     out
 }
 
-/// `$(NAME)` in an argument replaced by the container's variable NAME, as
-/// the kubelet does (`$$` is a literal `$`; an unknown name stays as
-/// written). The same as tests/tests/container_image.rs's.
-fn expand(arg: &str, env: &[(String, String)]) -> String {
-    let mut out = String::new();
-    let mut rest = arg;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        if let Some(t) = tail.strip_prefix("$$") {
-            out.push('$');
-            rest = t;
-        } else if let Some((name, t)) = tail.strip_prefix("$(").and_then(|t| t.split_once(')')) {
-            match env.iter().find(|(k, _)| k == name) {
-                Some((_, v)) => out.push_str(v),
-                None => out.push_str(&tail[..name.len() + 3]),
-            }
-            rest = t;
-        } else {
-            out.push('$');
-            rest = &tail[1..];
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 /// The address the downward API gives as `status.hostIP` below.
 const HOST_IP: &str = "192.0.2.10";
 
@@ -1108,14 +1082,6 @@ fn kubelet_args(docs: &[Value], ds: &Value) -> Vec<String> {
         })
         .collect();
     container(ds)["args"].as_array().unwrap().iter().map(|a| expand(&scalar(a), &env)).collect()
-}
-
-#[test]
-fn arguments_expand_like_the_kubelets() {
-    let env = vec![("HOST_IP".to_string(), "192.0.2.7".to_string()), ("P".to_string(), "10.0.0.0/8".to_string())];
-    assert_eq!(expand("--metrics-listen=$(HOST_IP):9469", &env), "--metrics-listen=192.0.2.7:9469");
-    assert_eq!(expand("--c=$(P),$(P)", &env), "--c=10.0.0.0/8,10.0.0.0/8");
-    assert_eq!(expand("$$(HOST_IP) $(NOPE) $x", &env), "$(HOST_IP) $(NOPE) $x");
 }
 
 /// The plain manifests write each of the cluster's settings once, in the
