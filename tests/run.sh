@@ -62,7 +62,7 @@ cargo build --workspace --all-targets --locked
 # EGRET_IMAGE_BIN: those tests start images with this same binary.
 #
 # Here the images carry the egret every other test runs, the debug build just
-# made: a release build of the control plane takes about 17 minutes on 2 cores,
+# made: a release build of the control plane took 1,190 s on 2 quiet cores,
 # most of it one crate (aws-sdk-ec2) on one core, and would push CI past its
 # budget (docs/benchmarks.md, "Build time"). The recipe, the files, the units
 # and the boot are the same; only the optimisation of the one binary differs.
