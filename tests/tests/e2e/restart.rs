@@ -26,6 +26,26 @@ fn xdp_attached(h: &egret_tests::harness::Harness) -> Vec<String> {
     attached
 }
 
+/// Packets the gateway's fail-closed table dropped: every named counter of
+/// `inet egret_failclosed` but `dnat_replies`, which counts replies it lets
+/// through.
+fn fail_closed_drops(h: &egret_tests::harness::Harness) -> u64 {
+    let text = h.lab.gateway_ns().exec(&["nft", "list", "counters", "table", "inet", "egret_failclosed"]).unwrap();
+    let mut name = "";
+    let mut dropped = 0;
+    for line in text.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("counter ") {
+            name = rest.split_whitespace().next().unwrap_or_default();
+        } else if let Some(rest) = line.strip_prefix("packets ") {
+            let n: u64 = rest.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            if name != "dnat_replies" {
+                dropped += n;
+            }
+        }
+    }
+    dropped
+}
+
 both_tiers!(sigkill_detaches_xdp_and_restart_recovers, sigkill_then_restart);
 
 fn sigkill_then_restart(name: &str, tier: Tier) {
@@ -73,8 +93,13 @@ fn dead_gateway(name: &str, tier: Tier) {
     // maps, which go with the program when the daemon dies.
     crate::established_flows(&h, Pod::A, 2);
     h.gw.kill().unwrap();
+    let before = fail_closed_drops(&h);
     // Whether or not an answer comes back, nothing may leave with pod A's address.
     let _ = client::udp_echo(h.lab.pod(Pod::A), Pod::A.echo_endpoint(), "while-dead");
+    // The positive control: the datagram reached the dead gateway and its
+    // table dropped it (a datagram lost on the way would prove nothing).
+    let after = fail_closed_drops(&h);
+    assert!(after > before, "the fail-closed table dropped nothing while the gateway was dead ({before} -> {after})");
     // The finish reads counters from the (dead) daemon: its check of the
     // fast path was made above.
     h.expect_fast_path_hits = false;
@@ -117,7 +142,10 @@ fn a_removed_fail_closed_table_is_put_back() {
     assert_eq!(status["fail_closed_repairs"], 2, "two repairs counted: {status}");
     // Then a crash: the table does its work.
     h.gw.kill().unwrap();
+    let before = fail_closed_drops(&h);
     let _ = client::udp_echo(h.lab.pod(Pod::A), Pod::A.echo_endpoint(), "after-repair-while-dead");
+    let after = fail_closed_drops(&h);
+    assert!(after > before, "the repaired table dropped nothing while the gateway was dead ({before} -> {after})");
     h.expect_fast_path_hits = false;
     h.finish(&[]).unwrap();
 }
