@@ -34,3 +34,6 @@ pub mod node;
 pub mod offload;
 pub mod sink;
 pub mod view;
+
+#[cfg(test)]
+mod test_support;

@@ -62,17 +62,25 @@ pub mod tools;
 pub use error::{LabError, Result};
 
 /// Whether the lab can run here: it needs root (namespaces, XDP, raw
-/// sockets). When it cannot, says on stderr that the calling test is
-/// skipped, written past libtest's output capture so it shows even for a
-/// passing test.
+/// sockets). When it cannot, the calling test is skipped ([`skip`]).
 pub fn lab_available(test: &str) -> bool {
     if sys::is_root() {
         return true;
     }
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {test}: the network-namespace lab needs root (run the tests as root; CI does)"
-    );
+    skip(test, "the network-namespace lab needs root (run the tests as root; CI does)");
     false
+}
+
+/// Skips `test`, saying why on stderr past libtest's output capture (so that
+/// it shows for a passing test too), or fails it when
+/// `EGRET_REQUIRE_PRIVILEGES=1` (.ci/run sets it): there, a test that could
+/// not run for want of a privilege or a tool is a test that tested nothing.
+/// (The API server, kube-proxy and moto have their own `EGRET_REQUIRE_*`.)
+pub fn skip(test: &str, why: &str) {
+    assert!(
+        std::env::var("EGRET_REQUIRE_PRIVILEGES").map_or(true, |v| v.trim() != "1"),
+        "{test} cannot run: {why}; EGRET_REQUIRE_PRIVILEGES=1 makes that a failure"
+    );
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }

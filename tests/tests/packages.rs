@@ -83,7 +83,7 @@ struct Sandbox {
 impl Sandbox {
     fn new(name: &str, lonely: bool) -> Option<Sandbox> {
         if Command::new("apt-get").arg("--version").output().is_err() {
-            println!("SKIPPED {name}: no apt-get");
+            egret_tests::skip(name, "no apt-get");
             return None;
         }
         let dir = std::env::temp_dir().join(format!("egret-packages-{name}-{}", std::process::id()));

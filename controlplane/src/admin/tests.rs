@@ -292,8 +292,8 @@ fn the_socket_is_created_0600_and_replaces_a_stale_one() {
 fn a_peer_of_another_user_is_refused_and_counted() {
     use std::os::unix::fs::PermissionsExt;
     use std::process::{Command, Stdio};
-    if std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(1) != 0 {
-        eprintln!("SKIPPED a_peer_of_another_user_is_refused_and_counted: needs root");
+    if !crate::test_support::is_root() {
+        crate::test_support::skip("a_peer_of_another_user_is_refused_and_counted", "needs root");
         return;
     }
     let dir = TempDir::new("peer");

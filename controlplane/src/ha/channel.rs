@@ -1332,6 +1332,7 @@ mod tests {
     use std::process::{Command, Stdio};
 
     use super::*;
+    use crate::test_support::{has_tool, is_root, skip};
 
     const SECRET: [u8; 32] = *b"egret-test-secret-0123456789abcd";
     /// A deadline so a broken test fails instead of hanging; not a timing claim.
@@ -1773,8 +1774,8 @@ mod tests {
     /// the IPs of a live gateway.
     #[test]
     fn an_abort_on_a_node_is_a_reset_there_and_an_abort_here() {
-        if !is_root() || Command::new("ss").arg("-V").output().is_err() {
-            eprintln!("skipped: needs root and ss");
+        if !is_root() || !has_tool("ss", "-V") {
+            skip("an_abort_on_a_node_is_a_reset_there_and_an_abort_here", "needs root and ss");
             return;
         }
         let ns = Netns(format!("egch-ab-{}", std::process::id()));
@@ -1796,13 +1797,6 @@ mod tests {
         assert!(!End::Aborted.proves_death() && !End::Aborted.suggests_death());
     }
 
-    fn is_root() -> bool {
-        std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
-            .unwrap_or(false)
-    }
-
     /// A counter from /proc/net/netstat (this process's namespace).
     fn netstat(group: &str, name: &str) -> u64 {
         let text = std::fs::read_to_string("/proc/net/netstat").unwrap();
@@ -1822,8 +1816,8 @@ mod tests {
     /// What gw-a saw, and how many segments the kernel dropped for lacking a
     /// TCP-MD5 signature.
     fn forged_reset_end(mode: &str) -> Option<(String, u64)> {
-        if !is_root() || Command::new("nft").arg("--version").output().is_err() {
-            eprintln!("skipped: needs root and nft");
+        if !is_root() || !has_tool("nft", "--version") {
+            skip(&format!("forged_reset_end({mode})"), "needs root and nft");
             return None;
         }
         let ns = Netns(format!("egch-fr-{mode}-{}", std::process::id()));

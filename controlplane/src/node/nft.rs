@@ -300,8 +300,8 @@ mod tests {
     /// `nft -c` (check only) accepts both variants; skipped without nft.
     #[test]
     fn nft_accepts_the_script() {
-        if Command::new("nft").arg("--version").output().is_err() || unsafe_uid() != 0 {
-            eprintln!("SKIPPED nft_accepts_the_script: needs root and nft");
+        if !crate::test_support::has_tool("nft", "--version") || !crate::test_support::is_root() {
+            crate::test_support::skip("nft_accepts_the_script", "needs root and nft");
             return;
         }
         for strict in [false, true] {
@@ -309,14 +309,5 @@ mod tests {
             cmd.args(["-c", "-f", "-"]);
             run_bounded(&mut cmd, ruleset(&sets(strict)).as_bytes(), NFT_TIMEOUT).unwrap();
         }
-    }
-
-    fn unsafe_uid() -> u32 {
-        std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            })
-            .unwrap_or(u32::MAX)
     }
 }
