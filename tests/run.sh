@@ -89,10 +89,49 @@ fi
 cat "$apiserver_log"
 rm -f "$apiserver_log"
 
-step "unit, property, BPF and end-to-end tests"
+# clippy and the fuzz targets' build run in the background beside the lab
+# tests (egret-tests): both are CPU work with nothing to wait for, and the
+# labs leave a core idle for minutes while they wait out Leases, restarts and
+# timeouts. (The labs must hold on a busy machine anyway: users' gateways are
+# busy.) They start when the first egret-tests binary does, after the
+# CPU-bound unit and BPF tests, and have their own target directories, so
+# neither waits for the tests' lock. Their results are read after the guest
+# kernel's step. (`cargo test -p` for each half would build the shared
+# dependencies again: features are unified over the packages selected.)
+checks_log=$(mktemp -d /tmp/egret-checks.XXXXXX)
+clippy_pid= fuzz_build_pid=
+start_checks() {
+  CARGO_TARGET_DIR=$target_dir/clippy setsid -w cargo clippy --workspace --all-targets --locked -- -D warnings \
+    >"$checks_log/clippy" 2>&1 &
+  clippy_pid=$!
+  if cargo fuzz --version >/dev/null 2>&1; then
+    # Both targets; `cargo fuzz run` below then finds them built.
+    setsid -w bash -c 'cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build' >"$checks_log/fuzz-build" 2>&1 &
+    fuzz_build_pid=$!
+  fi
+  printf '\n==> [%s s] clippy and the fuzz build started in the background\n' "$(($(date +%s) - started))"
+}
+trap 'for p in $apiserver_pid $clippy_pid $fuzz_build_pid; do kill -- "-$p" 2>/dev/null || true; done' EXIT
+((quick == 1)) || cargo fmt --all --check
+
+step "unit, property, BPF, end-to-end and Kubernetes tests"
 # One test binary at a time: the network-namespace tests are heavy on a
-# 2-core machine; each test still runs its own threads.
-RUST_BACKTRACE=1 cargo test --workspace --locked -- --test-threads="${EGRET_TEST_THREADS:-2}"
+# 2-core machine; each test still runs its own threads. lastpipe: the loop
+# runs in this shell, so the checks' pids stay here; pipefail: cargo's
+# status is the pipeline's.
+shopt -s lastpipe
+RUST_BACKTRACE=1 cargo test --workspace --locked -- --test-threads="${EGRET_TEST_THREADS:-2}" 2>&1 |
+  while IFS= read -r line; do
+    printf '%s\n' "$line"
+    if ((quick == 0)) && [[ -z $clippy_pid && $line == *"Running unittests src/lib.rs (target/debug/deps/egret_tests-"* ]]; then
+      start_checks
+    fi
+  done
+shopt -u lastpipe
+if ((quick == 0)) && [[ -z $clippy_pid ]]; then
+  # The marker line was not seen (cargo changed its wording?): start them now.
+  start_checks
+fi
 
 step "the XDP program and AF_XDP on Debian bookworm's Linux 6.1 (an emulated machine, tests/guest-kernel)"
 tests/guest-kernel/egret-tests.sh
@@ -110,9 +149,23 @@ if ((fixtures_ran < 30)); then
 fi
 
 if ((quick == 0)); then
-  step "rustfmt and clippy"
-  cargo fmt --all --check
-  cargo clippy --workspace --all-targets --locked -- -D warnings
+  step "clippy (run beside the tests)"
+  if ! wait "$clippy_pid"; then
+    cat "$checks_log/clippy"
+    echo "cargo clippy failed (its output is above)" >&2
+    exit 1
+  fi
+  grep -v '^ *\(Compiling\|Checking\)' "$checks_log/clippy" || true
+
+  if [[ -n $fuzz_build_pid ]]; then
+    step "the fuzz targets' build (run beside the tests)"
+    if ! wait "$fuzz_build_pid"; then
+      cat "$checks_log/fuzz-build"
+      echo "cargo fuzz build failed (its output is above)" >&2
+      exit 1
+    fi
+    tail -n 3 "$checks_log/fuzz-build"
+  fi
 
   if cargo fuzz --version >/dev/null 2>&1; then
     # Two targets, 20 s each (README, "Fuzzing"): the engine alone, and the
