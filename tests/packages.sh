@@ -128,14 +128,20 @@ egret_ensure_pkgs() {
   local -a missing
   mapfile -t missing < <(egret_missing_pkgs "$@")
   ((${#missing[@]} == 0)) && return 0
+  # A dry run only simulates: no lock, and no need for root.
+  if [[ ${EGRET_PKGS_DRY_RUN:-0} == 1 ]]; then
+    egret_install_pkgs "$@"
+    return
+  fi
   # One installer at a time on the machine: tests/run.sh builds the API server
   # in the background while the image scripts install their packages, and apt
-  # refuses a second transaction rather than waiting for the first.
-  mkdir -p /run/lock
+  # refuses a second transaction rather than waiting for the first. The lock
+  # lives in a directory only root writes (not the world-writable /run/lock).
+  mkdir -p /run/egret
   (
-    flock 8
+    flock 8 || exit 1
     egret_install_pkgs "$@"
-  ) 8>/run/lock/egret-packages.lock
+  ) 8>/run/egret/packages.lock
 }
 
 # egret_ensure_pkgs's work, under its lock: what is missing is asked again,

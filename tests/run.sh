@@ -88,6 +88,7 @@ if ! wait "$apiserver_pid"; then
 fi
 cat "$apiserver_log"
 rm -f "$apiserver_log"
+apiserver_pid=
 
 # clippy and the fuzz targets' build run in the background beside the lab
 # tests (egret-tests): both are CPU work with nothing to wait for, and the
@@ -101,37 +102,41 @@ rm -f "$apiserver_log"
 checks_log=$(mktemp -d /tmp/egret-checks.XXXXXX)
 clippy_pid= fuzz_build_pid=
 start_checks() {
-  CARGO_TARGET_DIR=$target_dir/clippy setsid -w cargo clippy --workspace --all-targets --locked -- -D warnings \
+  # nice 19: they take what the tests leave idle, never the tests' time (the
+  # node image's boot under emulation has a timeout).
+  CARGO_TARGET_DIR=$target_dir/clippy setsid -w nice -n 19 cargo clippy --workspace --all-targets --locked -- -D warnings \
     >"$checks_log/clippy" 2>&1 &
   clippy_pid=$!
   if cargo fuzz --version >/dev/null 2>&1; then
     # Both targets; `cargo fuzz run` below then finds them built.
-    setsid -w bash -c 'cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build' >"$checks_log/fuzz-build" 2>&1 &
+    setsid -w nice -n 19 bash -c 'cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build' >"$checks_log/fuzz-build" 2>&1 &
     fuzz_build_pid=$!
   fi
   printf '\n==> [%s s] clippy and the fuzz build started in the background\n' "$(($(date +%s) - started))"
 }
-trap 'for p in $apiserver_pid $clippy_pid $fuzz_build_pid; do kill -- "-$p" 2>/dev/null || true; done' EXIT
+trap 'for p in $apiserver_pid $clippy_pid $fuzz_build_pid; do kill -- "-$p" 2>/dev/null || true; done; rm -rf "$checks_log"' EXIT
 ((quick == 1)) || cargo fmt --all --check
 
 step "unit, property, BPF, end-to-end and Kubernetes tests"
 # One test binary at a time: the network-namespace tests are heavy on a
-# 2-core machine; each test still runs its own threads. lastpipe: the loop
-# runs in this shell, so the checks' pids stay here; pipefail: cargo's
-# status is the pipeline's.
-shopt -s lastpipe
-RUST_BACKTRACE=1 cargo test --workspace --locked -- --test-threads="${EGRET_TEST_THREADS:-2}" 2>&1 |
-  while IFS= read -r line; do
-    printf '%s\n' "$line"
-    if ((quick == 0)) && [[ -z $clippy_pid && $line == *"Running unittests src/lib.rs (target/debug/deps/egret_tests-"* ]]; then
-      start_checks
+# 2-core machine; each test still runs its own threads. cargo runs in the
+# background, its output both shown and kept, so that this shell can start
+# the checks when the first egret-tests binary runs, and then waits for
+# cargo itself (not for its output's end, which a process a test leaked
+# could hold open).
+tests_log=$checks_log/tests
+RUST_BACKTRACE=1 cargo test --workspace --locked -- --test-threads="${EGRET_TEST_THREADS:-2}" > >(tee "$tests_log") 2>&1 &
+tests_pid=$!
+if ((quick == 0)); then
+  while kill -0 "$tests_pid" 2>/dev/null; do
+    if grep -q 'Running unittests src/lib.rs (.*egret_tests-' "$tests_log" 2>/dev/null; then
+      break
     fi
+    sleep 2
   done
-shopt -u lastpipe
-if ((quick == 0)) && [[ -z $clippy_pid ]]; then
-  # The marker line was not seen (cargo changed its wording?): start them now.
   start_checks
 fi
+wait "$tests_pid"
 
 step "the XDP program and AF_XDP on Debian bookworm's Linux 6.1 (an emulated machine, tests/guest-kernel)"
 tests/guest-kernel/egret-tests.sh
@@ -155,6 +160,7 @@ if ((quick == 0)); then
     echo "cargo clippy failed (its output is above)" >&2
     exit 1
   fi
+  clippy_pid=
   grep -v '^ *\(Compiling\|Checking\)' "$checks_log/clippy" || true
 
   if [[ -n $fuzz_build_pid ]]; then
@@ -164,6 +170,7 @@ if ((quick == 0)); then
       echo "cargo fuzz build failed (its output is above)" >&2
       exit 1
     fi
+    fuzz_build_pid=
     tail -n 3 "$checks_log/fuzz-build"
   fi
 
