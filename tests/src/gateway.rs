@@ -244,13 +244,23 @@ pub fn egret_binary() -> Result<PathBuf> {
     BIN.get_or_init(find_or_build_egret).clone().map_err(LabError::Gateway)
 }
 
-/// The newest modification time of any file under `paths`.
+/// Directories under the daemon's crates that are not its sources: build
+/// output (the fuzz crate's own `target/`), and the fuzz crate (its own
+/// workspace), whose corpus a fuzz run keeps writing. Counted as sources,
+/// a `cargo fuzz build` beside the tests made them rebuild the daemon.
+const NOT_SOURCES: [&str; 3] = ["target", "fuzz", "proptest-regressions"];
+
+/// The newest modification time of any file under `paths`, but for
+/// [`NOT_SOURCES`].
 fn newest_source(paths: &[PathBuf]) -> Option<std::time::SystemTime> {
     let mut newest = None;
     let mut stack: Vec<PathBuf> = paths.to_vec();
     while let Some(p) = stack.pop() {
         let Ok(meta) = std::fs::metadata(&p) else { continue };
         if meta.is_dir() {
+            if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| NOT_SOURCES.contains(&n)) {
+                continue;
+            }
             if let Ok(rd) = std::fs::read_dir(&p) {
                 stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
             }
