@@ -80,7 +80,7 @@ fn reordered_both_ways(h: &Harness, pod: Pod, port: u16) {
 
     // Out: the server reassembles a datagram from the egress IP's mapping.
     let token = format!("out-{}-{port}-{}", pod.name(), "o".repeat(2980));
-    let out = datagram(pod.addr(), pod.server(), port, plan::ECHO_PORT, token.as_bytes(), 0x4e21);
+    let out = datagram(pod.addr(), pod.server(), port, plan::ECHO_PORT, token.as_bytes(), ident(port, 0));
     client::send_ip_packets(ns, pod.server(), &last_first(&out)).unwrap();
     let seen = h
         .lab
@@ -93,7 +93,7 @@ fn reordered_both_ways(h: &Harness, pod: Pod, port: u16) {
     // Back: the pod's socket receives the datagram the server's side sent
     // to the mapping, last fragment first.
     let payload: Vec<u8> = (0..3000u32).map(|i| b'a' + (i % 26) as u8).collect();
-    let back = datagram(pod.server(), egress, plan::ECHO_PORT, mapped, &payload, 0x4e22);
+    let back = datagram(pod.server(), egress, plan::ECHO_PORT, mapped, &payload, ident(port, 1));
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     // The echo of the datagram sent out may still be on its way: read past it.
     client::send_ip_packets(h.lab.server_ns(), egress, &last_first(&back)).unwrap();
@@ -114,6 +114,17 @@ fn datagram(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, payload: &[u8], id
     let mut p: Packet = fixtures::from_pod(src, dst, fixtures::udp(sport, dport, payload));
     p.ident = ident;
     p.fragments(1200).into_iter().map(|f| f[14..].to_vec()).collect()
+}
+
+/// A datagram's identification, unique per test datagram: a sender must not
+/// reuse one for the same source, destination and protocol while an earlier
+/// datagram's fragments may live (RFC 6864 section 4.1). A reused one is the
+/// earlier datagram to every fragment cache: the XDP program steers its later
+/// fragments by the earlier first fragment's decision, and the workers
+/// translate them with the earlier translation while it lives (1-2 s), so
+/// none is held, and whether it is depends on the clock.
+fn ident(port: u16, direction: u16) -> u16 {
+    0x4000 + (port - 41_000) * 2 + direction
 }
 
 fn last_first(fragments: &[Vec<u8>]) -> Vec<Vec<u8>> {
