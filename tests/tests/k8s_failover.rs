@@ -177,12 +177,22 @@ async fn scenario(server: &ApiServer) {
         assert!(until <= t_kill.into_std() + R, "{ip}: valid until at most the renew deadline after the last renewal");
         assert!(until + Duration::from_millis(1000) <= taken, "{ip}: fenced by the data plane before the take-over");
     }
-    assert!(worst <= D + 2 * P + Duration::from_millis(2000), "failover took {} ms", ms(worst));
+    if egret_tests::expect_times() {
+        // The documented bound, a speed: in the documented run only.
+        assert!(worst <= D + 2 * P + Duration::from_millis(2000), "failover took {} ms", ms(worst));
+    }
     assert!(worst >= D - P - Duration::from_millis(200), "nobody took an IP before its Lease could expire");
 
     // 4. gw-2 back; gw-1 stops gracefully: release, not expiry.
     let mut gw2b = Gateway::start(server.client().await.expect("client"), "gw-2", "egret-system");
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let client = server.client().await.expect("client");
+    let mut renewed_before_stop = Vec::new();
+    for ip in &ips {
+        let spec = lease_spec(&client, *ip).await.expect("a Lease for every IP");
+        assert_eq!(spec.holder_identity.as_deref(), Some("gw-1"), "{ip}: gw-1 holds it before the stop");
+        renewed_before_stop.push(spec.renew_time.expect("renewTime").0.as_millisecond());
+    }
     let t_stop = Instant::now();
     gw1b.stop().await;
     wait_for("gw-2 to take every IP after the graceful stop", WAIT, || {
@@ -193,7 +203,25 @@ async fn scenario(server: &ApiServer) {
     let worst_graceful =
         ips.iter().map(|ip| gw2b.sink.added_after(*ip, t_stop).expect("taken") - t_stop).max().unwrap();
     println!("graceful handover: every IP moved within {} ms of the stop", ms(worst_graceful));
-    assert!(worst_graceful < D - P, "released Leases are taken at once, not after expiry ({} ms)", ms(worst_graceful));
+    // Released, not expired: gw-2 acquired each Lease before gw-1's last
+    // renewal (no earlier than the one read before the stop) could expire,
+    // which only a release allows. Proven from the Leases, not by a time
+    // bound; the time is asserted in the documented run only.
+    for (ip, renewed) in ips.iter().zip(&renewed_before_stop) {
+        let spec = lease_spec(&client, *ip).await.expect("a Lease for every IP");
+        assert_eq!(spec.holder_identity.as_deref(), Some("gw-2"), "{ip}: gw-2 holds it after the stop");
+        let acquired = spec.acquire_time.expect("acquireTime").0.as_millisecond();
+        let duration = i64::from(spec.lease_duration_seconds.expect("leaseDurationSeconds")) * 1000;
+        println!("graceful handover: gw-2 acquired {ip} {} ms after gw-1's last renewal seen", acquired - renewed);
+        assert!(
+            acquired < renewed + duration,
+            "{ip}: acquired {} ms after gw-1's last renewal seen, not before its Lease could expire ({duration} ms): released Leases are taken at once",
+            acquired - renewed
+        );
+    }
+    if egret_tests::expect_times() {
+        assert!(worst_graceful < D - P, "released Leases are taken at once ({} ms)", ms(worst_graceful));
+    }
     assert!(gw1b.sink.held().is_empty(), "the stopped gateway removed its IPs");
 
     // 5. The API server dies: gw-2 keeps everything until each deadline, then fences.

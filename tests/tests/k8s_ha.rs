@@ -66,6 +66,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use egret_tests::apiserver::ApiServer;
+use egret_tests::env_flag;
 use egret_tests::frames::RawLink;
 use egret_tests::gateway::Gateway;
 use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL, UPSTREAM};
@@ -111,10 +112,6 @@ const OPT_IN: [&str; 1] = [
     // gateway other than the holder restarts during the outage.
     "api-down-peer-restart",
 ];
-
-fn env_flag(name: &str, default: bool) -> bool {
-    std::env::var(name).map(|v| !matches!(v.trim(), "0" | "false" | "off" | "")).unwrap_or(default)
-}
 
 /// Whether the HA features' assertions are on (`EGRET_HA_EXPECT`, default on).
 fn ha_expect() -> bool {
@@ -327,7 +324,7 @@ fn check(r: &Row, failures: &mut Vec<String>) {
             // directions, and no connection lost. The time is a target for
             // the documented run (`EGRET_HA_EXPECT_TIMES=1`), not a timed
             // assertion in CI on a shared machine; the flows kept are.
-            let times = if env_flag("EGRET_HA_EXPECT_TIMES", false) { 1000 } else { u64::MAX };
+            let times = if egret_tests::expect_times() { 1000 } else { u64::MAX };
             for (what, v) in [
                 ("server-side outage", o.server_ms),
                 ("pod-side outage", o.pod_ms),

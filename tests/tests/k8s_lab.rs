@@ -299,7 +299,12 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
         "a connection succeeded at +{} ms: before the Lease could expire",
         ms(first.started - t_kill)
     );
-    assert!(failover <= D + 2 * P + Duration::from_secs(2), "failover took {} ms", ms(failover));
+    // The documented bound (docs/kubernetes.md), a speed: asserted in the
+    // documented run only (`EGRET_HA_EXPECT_TIMES=1`); the wait above is
+    // the liveness limit.
+    if egret_tests::expect_times() {
+        assert!(failover <= D + 2 * P + Duration::from_secs(2), "failover took {} ms", ms(failover));
+    }
     // The connection opened through the killed gateway carries on through
     // the survivor: its next segment is picked up mid-stream (tcpLoosePickup)
     // and keeps its port (preserved: the pod's port lies in nat.ports), so
