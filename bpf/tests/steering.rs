@@ -490,6 +490,31 @@ fn fixtures() -> Vec<Fixture> {
         one("ns_not_owned", ns(v6("2001:db8:e::99"), false), Pass, R::PassNsNotOwned),
         one("ns_not_owned_behind_hop_by_hop", ns(v6("2001:db8:e::99"), true), Pass, R::PassNsNotOwned),
         one("ns_truncated_target", truncated(ns(egress6(), false), 14 + 40 + 12), Pass, R::PassMalformed),
+        // The same truncations from a steered pod are the pod's traffic,
+        // which the kernel would forward untranslated: steered (the workers
+        // drop them as malformed).
+        one(
+            "icmp6_type_truncated",
+            truncated(icmp6(v6("2001:db8:9::1"), remote6(), 128), 14 + 40),
+            Pass,
+            R::PassMalformed,
+        ),
+        one(
+            "steered6_icmp6_type_truncated",
+            truncated(icmp6(pod6(), remote6(), 128), 14 + 40),
+            Redirect,
+            R::RedirectSteeredSource,
+        ),
+        one(
+            "steered6_ns_truncated_target",
+            {
+                let mut f = truncated(icmp6(pod6(), remote6(), 135), 14 + 40 + 12);
+                f[14 + 4..14 + 6].copy_from_slice(&12u16.to_be_bytes());
+                f
+            },
+            Redirect,
+            R::RedirectSteeredSource,
+        ),
         no_socket(one("ns_owned_no_socket", ns(egress6(), false), Pass, R::PassNoSocketNeigh)),
         // Other ND types are judged by rules 4-5: an NA sent to an egress
         // address is no reply to anything Egret sent; a pod's packet with an

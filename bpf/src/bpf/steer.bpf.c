@@ -670,6 +670,21 @@ static __always_inline int handle_ipv4(struct xdp_md *ctx, void *l3, void *data_
 }
 
 /* IPv6 (RFC 8200): rules 3, 4, 5 and 6. */
+/*
+ * An IPv6 packet the program cannot read to the end of what its rules need,
+ * whose addresses it can read: a steered source's is still steered (the
+ * workers drop it and count it malformed), since the kernel would forward
+ * it untranslated; anything else passes, counted as `reason`.
+ */
+static __always_inline int unreadable_v6(struct xdp_md *ctx, struct ipv6hdr *ip6, struct owned_addr *owned,
+					 __u32 reason)
+{
+	if (!(owned && (owned->flags & OWNED_NAT)) &&
+	    classify_v6(ip6) == EGRET_REDIRECT_STEERED_SOURCE)
+		reason = check_ingress(ctx, EGRET_REDIRECT_STEERED_SOURCE);
+	return apply(ctx, reason, reason);
+}
+
 static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *data_end)
 {
 	struct ipv6hdr *ip6 = l3;
@@ -689,17 +704,10 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *data_
 	owned = bpf_map_lookup_elem(&owned_v6, &daddr);
 
 	rc = walk_ipv6(ip6, data_end, &layout);
-	if (rc != EGRET_PARSE_OK) {
-		/* The addresses are readable even if the chain is not: a steered
-		 * source is still steered (userspace counts the malformed packet),
-		 * since the kernel would forward it untranslated. */
-		reason = rc == EGRET_PARSE_EXT_LIMIT ? EGRET_PASS_IPV6_EXT_LIMIT
-						     : EGRET_PASS_MALFORMED;
-		if (!(owned && (owned->flags & OWNED_NAT)) &&
-		    classify_v6(ip6) == EGRET_REDIRECT_STEERED_SOURCE)
-			reason = check_ingress(ctx, EGRET_REDIRECT_STEERED_SOURCE);
-		return apply(ctx, reason, reason);
-	}
+	if (rc != EGRET_PARSE_OK)
+		return unreadable_v6(ctx, ip6, owned,
+				     rc == EGRET_PARSE_EXT_LIMIT ? EGRET_PASS_IPV6_EXT_LIMIT
+								 : EGRET_PASS_MALFORMED);
 
 	if (layout.is_fragment) {
 		__builtin_memcpy(fkey.src, &ip6->saddr, 16);
@@ -720,11 +728,13 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *data_
 		struct owned_addr *target_owned;
 		struct egret_in6 target;
 
+		/* No type byte, or a Neighbor Solicitation shorter than its
+		 * 24 bytes (RFC 4861 section 7.1.1: the kernel discards it). */
 		if ((void *)&ns->type + 1 > data_end)
-			return pass(EGRET_PASS_MALFORMED);
+			return unreadable_v6(ctx, ip6, owned, EGRET_PASS_MALFORMED);
 		if (ns->type == EGRET_ND_NEIGHBOR_SOLICIT) {
 			if ((void *)(ns + 1) > data_end)
-				return pass(EGRET_PASS_MALFORMED);
+				return unreadable_v6(ctx, ip6, owned, EGRET_PASS_MALFORMED);
 			__builtin_memcpy(target.addr, ns->target, sizeof(target.addr));
 			target_owned = bpf_map_lookup_elem(&owned_v6, &target);
 			if (!target_owned || !(target_owned->flags & OWNED_NEIGH))
