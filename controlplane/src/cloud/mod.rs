@@ -11,6 +11,8 @@
 //!   the subnet's used addresses, find a Node's interface, assign, release).
 //!   AWS ([`aws`]) is the first implementation; ADR 0014 says what GCP and
 //!   Azure need from the same four calls.
+//! - [`cloud_spec`]: a pool's `spec.cloud` checked, over the CRD types
+//!   ([`PoolView`] is what this module reads of a pool).
 //! - [`pairing`]: which private address stands for each public one, recorded
 //!   in the pool's status so every gateway and node agent agrees.
 //! - [`inspect`]: `egret cloud discover`, the same discovery asked once from
@@ -31,7 +33,10 @@ use ipnet::IpNet;
 
 pub mod inspect;
 pub mod pairing;
+mod pool_spec;
 pub mod task;
+
+pub use pool_spec::{cloud_spec, PoolView};
 
 /// Which public addresses and which subnet a cloud pool uses (from
 /// `EgressIPPool.spec.cloud`).
@@ -140,25 +145,26 @@ pub trait Cloud: Send + Sync {
 }
 
 /// The cloud pools whose spec is valid, by name.
-pub fn selectors(pools: &[crate::k8s::desired::PoolInfo]) -> BTreeMap<String, PoolSelector> {
+pub fn selectors<P: PoolView>(pools: &[P]) -> BTreeMap<String, PoolSelector> {
     pools
         .iter()
         .filter_map(|p| {
-            let cloud = p.spec.cloud.as_ref()?;
-            let (sel, _) = crate::k8s::desired::cloud_spec(cloud, &p.spec.addresses).ok()?;
-            Some((p.name.clone(), sel))
+            let spec = p.pool_spec();
+            let cloud = spec.cloud.as_ref()?;
+            let (sel, _) = cloud_spec(cloud, &spec.addresses).ok()?;
+            Some((p.pool_name().to_string(), sel))
         })
         .collect()
 }
 
 /// Every recorded pairing of the valid cloud pools, by private address
 /// (the egress IP): where a gateway holding its Lease must put it.
-pub fn targets(pools: &[crate::k8s::desired::PoolInfo]) -> BTreeMap<IpAddr, task::Target> {
+pub fn targets<P: PoolView>(pools: &[P]) -> BTreeMap<IpAddr, task::Target> {
     let sel = selectors(pools);
     let mut out = BTreeMap::new();
     for p in pools {
-        let Some(s) = sel.get(&p.name) else { continue };
-        for a in p.status.iter().flat_map(|st| st.cloud_addresses.iter()) {
+        let Some(s) = sel.get(p.pool_name()) else { continue };
+        for a in p.pool_status().iter().flat_map(|st| st.cloud_addresses.iter()) {
             let (Ok(private), Ok(public)) = (a.private_ip.parse::<IpAddr>(), a.public_ip.parse::<IpAddr>()) else {
                 continue;
             };

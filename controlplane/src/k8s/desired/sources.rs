@@ -1,0 +1,260 @@
+//! Sources of egress: every `EgressPolicy` and annotated Service, parsed
+//! into a [`Source`], oldest first.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use egret_dataplane::tables::NatSettings;
+use ipnet::IpNet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
+use kube::core::{Selector, SelectorExt};
+
+use super::{Labels, Observed, Owner, PolicyInfo, ServiceInfo, ServiceProblem};
+use crate::k8s::crd::{self, reason};
+
+/// Every source of egress, oldest first (creation time, then owner), and
+/// the problems of annotated Services found while parsing them.
+pub(super) struct SourceList {
+    /// Policies and Services, oldest first.
+    pub(super) sources: Vec<Source>,
+    /// Problems of annotated Services (reported as Events).
+    pub(super) service_problems: Vec<ServiceProblem>,
+}
+
+/// Phase "sources, oldest first": parses every policy and annotated Service.
+pub(super) fn sources(obs: &Observed, nat: &NatSettings) -> SourceList {
+    let mut sources: Vec<Source> = obs.policies.iter().map(policy_source).collect();
+    let mut service_problems = Vec::new();
+    for svc in &obs.services {
+        let (s, problem) = service_source(svc, nat);
+        service_problems.extend(problem);
+        sources.push(s);
+    }
+    sources.sort_by(|a, b| {
+        let key = |s: &Source| (s.created.is_none(), s.created, s.owner.clone());
+        key(a).cmp(&key(b))
+    });
+    SourceList { sources, service_problems }
+}
+
+/// What one source of egress (policy or Service) asks for, after parsing.
+#[derive(Debug)]
+pub(super) struct Source {
+    pub(super) owner: Owner,
+    pub(super) created: Option<Timestamp>,
+    /// Spec error: the source takes part in nothing.
+    pub(super) invalid: Option<(&'static str, String)>,
+    /// Requested IPs (explicit or recorded pool allocation) with next hops.
+    pub(super) requested: Vec<(IpAddr, Option<IpAddr>)>,
+    /// The IPs it won.
+    pub(super) granted: Vec<(IpAddr, Option<IpAddr>)>,
+    /// Why IPs are missing (conflicts, pool trouble), first reason wins.
+    pub(super) ip_problem: Option<(&'static str, String)>,
+    /// Whether pods leave with its IPs (false: Service VIP only announced).
+    pub(super) egress: bool,
+    pub(super) pool: Option<(String, usize)>,
+    pub(super) gateway_selector: Option<Selector>,
+    pub(super) pod_selector: Option<Selector>,
+    pub(super) namespace_selector: Option<Selector>,
+    /// Service: its namespace and selector.
+    pub(super) service: Option<(String, Labels)>,
+    pub(super) destinations: Vec<IpNet>,
+    pub(super) except: Vec<IpNet>,
+    /// `PerNode`: `Some(nodeSelector)`; its granted address per Node.
+    pub(super) per_node: Option<Option<Selector>>,
+    pub(super) node_grants: BTreeMap<String, Vec<IpAddr>>,
+}
+
+impl Source {
+    pub(super) fn problem(&mut self, r: &'static str, m: String) {
+        if self.ip_problem.is_none() {
+            self.ip_problem = Some((r, m));
+        }
+    }
+}
+
+fn policy_source(p: &PolicyInfo) -> Source {
+    let mut s = Source {
+        owner: Owner::Policy(p.name.clone()),
+        created: p.created,
+        invalid: None,
+        requested: Vec::new(),
+        granted: Vec::new(),
+        ip_problem: None,
+        egress: true,
+        pool: None,
+        gateway_selector: None,
+        pod_selector: None,
+        namespace_selector: None,
+        service: None,
+        destinations: Vec::new(),
+        except: Vec::new(),
+        per_node: None,
+        node_grants: BTreeMap::new(),
+    };
+    let parsed = (|| -> Result<(), (&'static str, String)> {
+        let inv = |m: String| (reason::INVALID_SPEC, m);
+        s.pod_selector = parse_selector("spec.podSelector", &p.spec.pod_selector).map_err(inv)?;
+        s.namespace_selector = parse_selector("spec.namespaceSelector", &p.spec.namespace_selector).map_err(inv)?;
+        s.gateway_selector = parse_selector("spec.gatewaySelector", &p.spec.gateway_selector).map_err(inv)?;
+        s.destinations = parse_cidrs("spec.destinations", &p.spec.destinations).map_err(inv)?;
+        if s.destinations.is_empty() {
+            return Err(inv(
+                "spec.destinations: must list at least one CIDR (0.0.0.0/0 for every IPv4 destination)".into()
+            ));
+        }
+        s.except = parse_cidrs("spec.except", &p.spec.except).map_err(inv)?;
+        if p.spec.mode == Some(crd::PolicyMode::PerNode) {
+            if !p.spec.egress_ips.is_empty() || p.spec.gateway_selector.is_some() {
+                return Err(inv(
+                    "spec.mode: PerNode takes its addresses from spec.pool, one per Node: remove spec.egressIPs and spec.gatewaySelector".into(),
+                ));
+            }
+            let Some(pool) = &p.spec.pool else {
+                return Err((reason::NO_EGRESS_IP, "spec.mode: PerNode needs spec.pool (one address per Node)".into()));
+            };
+            s.per_node = Some(parse_selector("spec.nodeSelector", &p.spec.node_selector).map_err(inv)?);
+            s.pool = Some((pool.name.clone(), 1));
+            return Ok(());
+        }
+        if p.spec.node_selector.is_some() {
+            return Err(inv("spec.nodeSelector: only for spec.mode: PerNode".into()));
+        }
+        match (&p.spec.pool, p.spec.egress_ips.is_empty()) {
+            (Some(_), false) => {
+                return Err((reason::NO_EGRESS_IP, "set either spec.egressIPs or spec.pool, not both".into()));
+            }
+            (None, true) => {
+                return Err((
+                    reason::NO_EGRESS_IP,
+                    "set spec.egressIPs or spec.pool: the policy has no egress IP".into(),
+                ));
+            }
+            (Some(pool), true) => {
+                let count = pool.count.unwrap_or(1).max(1) as usize;
+                s.pool = Some((pool.name.clone(), count));
+            }
+            (None, false) => {
+                for (i, e) in p.spec.egress_ips.iter().enumerate() {
+                    let ip = parse_ip(&format!("spec.egressIPs[{i}].ip"), &e.ip).map_err(inv)?;
+                    let nh = match &e.next_hop {
+                        Some(n) => Some(parse_ip(&format!("spec.egressIPs[{i}].nextHop"), n).map_err(inv)?),
+                        None => None,
+                    };
+                    if s.requested.iter().any(|(x, _)| *x == ip) {
+                        return Err(inv(format!("spec.egressIPs[{i}].ip: {ip} is listed twice")));
+                    }
+                    s.requested.push((ip, nh));
+                }
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = parsed {
+        s.invalid = Some(e);
+    }
+    s
+}
+
+fn service_source(svc: &ServiceInfo, nat: &NatSettings) -> (Source, Option<ServiceProblem>) {
+    let owner = Owner::Service { namespace: svc.namespace.clone(), name: svc.name.clone() };
+    let mut s = Source {
+        owner,
+        created: svc.created,
+        invalid: None,
+        requested: svc.ingress_ips.iter().map(|ip| (*ip, None)).collect(),
+        granted: Vec::new(),
+        ip_problem: None,
+        egress: true,
+        pool: None,
+        gateway_selector: None,
+        pod_selector: None,
+        namespace_selector: None,
+        service: Some((svc.namespace.clone(), svc.selector.clone())),
+        destinations: vec![IpNet::V4(Default::default()), IpNet::V6(Default::default())],
+        except: Vec::new(),
+        per_node: None,
+        node_grants: BTreeMap::new(),
+    };
+    let problem = |reason: &'static str, message: String| ServiceProblem {
+        namespace: svc.namespace.clone(),
+        name: svc.name.clone(),
+        reason,
+        message,
+    };
+    if !svc.load_balancer {
+        s.invalid = Some((reason::NOT_LOAD_BALANCER, String::new()));
+        let m = format!(
+            "Service {}/{} is annotated {}=true but is not of type LoadBalancer: only a LoadBalancer VIP can be an egress IP",
+            svc.namespace, svc.name, crd::SERVICE_EGRESS_ANNOTATION
+        );
+        return (s, Some(problem(reason::NOT_LOAD_BALANCER, m)));
+    }
+    if svc.ingress_ips.is_empty() {
+        s.invalid = Some((reason::NO_INGRESS_IP, String::new()));
+        let m = format!(
+            "Service {}/{} has no status.loadBalancer.ingress IP yet: its pods get an egress IP once the load balancer assigns one",
+            svc.namespace, svc.name
+        );
+        return (s, Some(problem(reason::NO_INGRESS_IP, m)));
+    }
+    let ranges = nat.ports;
+    let clash: Vec<String> = svc
+        .ports
+        .iter()
+        .filter(|p| (ranges.first..=ranges.last).contains(&p.port))
+        .map(|p| format!("{}/{}", p.port, p.protocol))
+        .collect();
+    if !clash.is_empty() {
+        // Announce the VIP (ingress keeps working) but do not translate with
+        // it: replies to NAT ports and the Service port would be confused.
+        s.egress = false;
+        let m = format!(
+            "Service {}/{} port {} lies in the gateway's NAT port range {}-{}: its VIP is announced but not used as an egress IP; use Service ports below {} or move nat.ports",
+            svc.namespace,
+            svc.name,
+            clash.join(", "),
+            ranges.first,
+            ranges.last,
+            ranges.first
+        );
+        return (s, Some(problem(reason::SERVICE_PORT_IN_NAT_RANGE, m)));
+    }
+    if svc.external_traffic_local {
+        // Egress works; inbound does not: the gateway holding the VIP runs
+        // none of the Service's endpoints, and kube-proxy there has no local
+        // endpoint to send `Local` traffic to (k8s_kube_proxy measures it).
+        let m = format!(
+            "Service {}/{} has externalTrafficPolicy: Local: its VIP is held by an Egret gateway, which runs none of its endpoints, so kube-proxy there drops the VIP's inbound traffic (its pods still leave with the VIP); use externalTrafficPolicy: Cluster",
+            svc.namespace, svc.name
+        );
+        return (s, Some(problem(reason::EXTERNAL_TRAFFIC_POLICY_LOCAL, m)));
+    }
+    (s, None)
+}
+
+/// A parsed selector; absent means "everything".
+pub(super) fn parse_selector(field: &str, s: &Option<LabelSelector>) -> Result<Option<Selector>, String> {
+    match s {
+        None => Ok(None),
+        Some(sel) => Selector::try_from(sel.clone()).map(Some).map_err(|e| format!("{field}: {e}")),
+    }
+}
+
+pub(super) fn selects(sel: &Option<Selector>, labels: &Labels) -> bool {
+    sel.as_ref().is_none_or(|s| s.matches(labels))
+}
+
+fn parse_cidrs(field: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
+    v.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.trim().parse::<IpNet>().map(|n| n.trunc()).map_err(|_| format!("{field}[{i}]: {s:?} is not a CIDR"))
+        })
+        .collect()
+}
+
+fn parse_ip(field: &str, s: &str) -> Result<IpAddr, String> {
+    s.trim().parse().map_err(|_| format!("{field}: {s:?} is not an IP address"))
+}
