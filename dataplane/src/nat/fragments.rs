@@ -59,6 +59,11 @@ type Bucket<A> = Mutex<[Option<Entry<A>>; WAYS]>;
 struct Entry<A> {
     key: FragKey<A>,
     translation: FragTranslation<A>,
+    /// The last whole second in which the entry is live: `now` counts whole
+    /// seconds, so an entry inserted at second S lives through S + timeout,
+    /// at least `timeout` seconds and less than one more. (Expiring it at
+    /// S + timeout instead would give it between timeout - 1 and timeout
+    /// seconds: one second with the default 2.)
     expires: u32,
 }
 
@@ -75,7 +80,8 @@ pub struct FragmentCache<A: NatAddr> {
 pub struct CacheFull;
 
 impl<A: NatAddr> FragmentCache<A> {
-    /// A cache of about `capacity` datagrams whose entries live `timeout_secs`.
+    /// A cache of about `capacity` datagrams whose entries live at least
+    /// `timeout_secs` (and less than one second more).
     pub fn new(capacity: usize, timeout_secs: u32) -> Self {
         let buckets = capacity.div_ceil(WAYS).max(1);
         FragmentCache {
@@ -97,7 +103,7 @@ impl<A: NatAddr> FragmentCache<A> {
         let slot = b
             .iter()
             .position(|e| e.is_some_and(|e| e.key == key))
-            .or_else(|| b.iter().position(|e| e.is_none_or(|e| e.expires <= now)));
+            .or_else(|| b.iter().position(|e| e.is_none_or(|e| e.expires < now)));
         match slot {
             Some(i) => {
                 b[i] = Some(Entry { key, translation, expires });
@@ -110,12 +116,12 @@ impl<A: NatAddr> FragmentCache<A> {
     /// The translation for a later fragment of `key`, if its first fragment was seen.
     pub fn lookup(&self, key: &FragKey<A>, now: u32) -> Option<FragTranslation<A>> {
         let b = self.bucket(key).lock();
-        b.iter().flatten().find(|e| e.key == *key && e.expires > now).map(|e| e.translation)
+        b.iter().flatten().find(|e| e.key == *key && e.expires >= now).map(|e| e.translation)
     }
 
     /// Entries not yet expired (for metrics).
     pub fn live(&self, now: u32) -> usize {
-        self.buckets.iter().map(|b| b.lock().iter().flatten().filter(|e| e.expires > now).count()).sum()
+        self.buckets.iter().map(|b| b.lock().iter().flatten().filter(|e| e.expires >= now).count()).sum()
     }
 }
 
@@ -145,7 +151,10 @@ mod tests {
         c.insert(key(1), tr(), 10).unwrap();
         assert_eq!(c.lookup(&key(1), 11), Some(tr()));
         assert_eq!(c.lookup(&key(2), 11), None);
-        assert_eq!(c.lookup(&key(1), 12), None, "expired after 2 s");
+        // Inserted late in second 10, looked up early in second 12: 1 s
+        // may have passed, or 2.999 s; it must still be there.
+        assert_eq!(c.lookup(&key(1), 12), Some(tr()), "live for at least the whole 2 s");
+        assert_eq!(c.lookup(&key(1), 13), None, "expired after at most 3 s");
     }
 
     #[test]
@@ -158,7 +167,8 @@ mod tests {
         assert_eq!(c.live(1), 4);
         // Re-inserting a known datagram is fine, and expired entries make room.
         c.insert(key(2), tr(), 1).unwrap();
-        c.insert(key(99), tr(), 5).unwrap();
-        assert_eq!(c.lookup(&key(99), 6), Some(tr()));
+        assert_eq!(c.insert(key(99), tr(), 5), Err(CacheFull), "the first three live through second 5");
+        c.insert(key(99), tr(), 6).unwrap();
+        assert_eq!(c.lookup(&key(99), 7), Some(tr()));
     }
 }
