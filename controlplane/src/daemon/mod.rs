@@ -1,36 +1,42 @@
 //! `egret gateway --config FILE`: the gateway daemon.
 //!
 //! Start-up, in an order that never lets a steered frame meet a missing
-//! piece:
+//! piece ([`run_gateway_with`], then `run`, the composition of steps 2 to 5
+//! and what follows them; each step returns what the next one needs):
 //!
 //! 1. read and validate the file (`config`);
-//! 2. dump the kernel's links (`netlink`) to find the interfaces, their
-//!    indexes and RX queue counts;
-//! 3. create the engine and load the XDP program; apply the tables
-//!    (engine + owned addresses + policy maps) through [`GatewaySink`];
+//! 2. `find_interfaces`: dump the kernel's links (`netlink`) to find the
+//!    interfaces, their indexes and RX queue counts;
+//! 3. `load_and_apply`: create the engine and load the XDP program; apply
+//!    the tables (engine + owned addresses + policy maps) through
+//!    [`GatewaySink`];
 //!    With `xdp.fastPath` (the default) the fast path's shared half is made
 //!    and registered as the engine's offload hook before the first apply,
 //!    so the first apply already fences;
-//! 4. one worker per RX queue index, each owning AF_XDP sockets on every
-//!    configured interface for that queue (shared UMEM), registered in the
-//!    XSKMAP under (interface, queue); threads `egret-worker-N`; and the
-//!    offload manager, thread `egret-offload` (crate::offload);
-//! 5. attach the program (bpf_link) to every interface; serve the RX
-//!    queues a driver added at attach (virtio_net does) with more workers,
-//!    or fail the start when they cannot be;
+//! 4. `start_workers`: one worker per RX queue index, each owning AF_XDP
+//!    sockets on every configured interface for that queue (shared UMEM),
+//!    registered in the XSKMAP under (interface, queue); threads
+//!    `egret-worker-N`; and the offload manager, thread `egret-offload`
+//!    (crate::offload);
+//! 5. `attach_and_serve`: attach the program (bpf_link) to every
+//!    interface; serve the RX queues a driver added at attach (virtio_net
+//!    does) with more workers, or fail the start when they cannot be;
 //!    start the netlink
 //!    watcher, the admin socket and the metrics server; announce the owned
 //!    addresses. `/ready` answers 200 from here on, once the gateways of the
 //!    routes in use are resolved (before that, 503 with the ones that are not).
+//!
+//! Then `start_kubernetes` starts, in Kubernetes mode, the control plane
+//! and its watchdog, and `log_running` logs `gateway running`.
 //!
 //! `SIGHUP` re-reads the file and applies it through the same sink; a bad
 //! file is logged and counted, and the old configuration stays. An apply
 //! the sink refuses (too large for the maps, fail-closed rules not
 //! installed) is logged with what the gateway runs instead and counted
 //! the same way (`config_reload_failures_total`). Settings
-//! that only apply at start are reported. `SIGTERM`/`SIGINT`: workers stop,
-//! the links are dropped (the program is detached), the admin socket file is
-//! removed, exit 0.
+//! that only apply at start are reported (`serve_signals`, `reload`).
+//! `SIGTERM`/`SIGINT`: workers stop, the links are dropped (the program is
+//! detached), the admin socket file is removed, exit 0 (`shut_down`).
 
 mod fail_closed_repair;
 pub mod handler;
@@ -427,12 +433,39 @@ fn serve_added_queues(
     Ok(())
 }
 
+/// The daemon: the start-up steps 2 to 5 of the module doc, the Kubernetes
+/// control plane, the signals until a stop, the stop.
 async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAddr>) -> Result<(), DaemonError> {
     let started = Instant::now();
-    // 2. Interfaces from the kernel.
+    let kernel = find_interfaces(&cfg).await?;
+    let loaded = load_and_apply(&cfg, &kernel, started)?;
+    let workers = start_workers(&cfg, &kernel.interfaces, &loaded)?;
+    let serving = attach_and_serve(&cfg, kernel, &loaded, &workers.factory, workers.handles, started).await?;
+    let mut cluster = start_kubernetes(&cfg, &loaded, &serving.shared).await?;
+    log_running(&cfg, &serving.shared, started).await;
+    let died = serve_signals(&path, &cfg, metrics_listen, &loaded, &serving.shared, &mut cluster.task).await?;
+    shut_down(&cfg, serving, cluster, &workers.stop, workers.offload_thread).await;
+    match died {
+        Some(why) => Err(DaemonError::ControlPlaneDied(why)),
+        None => Ok(()),
+    }
+}
+
+/// Step 2's result: the kernel's links as the start-up dump found them.
+struct Kernel {
+    /// The configured interfaces, in the file's order.
+    interfaces: Vec<Driven>,
+    /// The netlink watcher, started: its state is the start-up dump; step 5
+    /// runs it.
+    watcher: crate::netlink::Running,
+}
+
+/// Step 2: dumps the kernel's links to find the configured interfaces,
+/// their indexes and the RX queues each serves.
+async fn find_interfaces(cfg: &GatewayConfig) -> Result<Kernel, DaemonError> {
     let names: Vec<String> = cfg.interfaces.iter().map(|i| i.name.clone()).collect();
     let watcher = Watcher::new(names.clone());
-    let mut running_watcher = watcher.start().await.map_err(|e| start_err("rtnetlink")(e.to_string()))?;
+    let running_watcher = watcher.start().await.map_err(|e| start_err("rtnetlink")(e.to_string()))?;
     let mut interfaces = Vec::new();
     for (index, i) in cfg.interfaces.iter().enumerate() {
         let link = running_watcher
@@ -446,8 +479,32 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         };
         interfaces.push(Driven { name: i.name.clone(), ifindex: link.ifindex, role: i.role, mac: link.mac, queues });
     }
+    Ok(Kernel { interfaces, watcher: running_watcher })
+}
 
-    // 3. Engine, program, fast path, tables.
+/// Step 3's result: the engine, the program and the sink, the tables applied.
+struct Loaded {
+    /// Engine time.
+    clock: EngineClock,
+    /// The engine.
+    engine: Engine,
+    /// The XDP program, loaded, not attached.
+    program: Arc<SteeringProgram>,
+    /// The fast path's shared half, when `xdp.fastPath` is on.
+    fast_path: Option<Arc<FastPath>>,
+    /// The addresses to announce (worker 0 sends them).
+    announce: AnnounceQueue,
+    /// The sink the file's tables were applied through.
+    sink: Arc<GatewaySink>,
+    /// The fast path's next-hop table size, as loaded (the offload manager's).
+    fast_path_next_hops: u32,
+}
+
+/// Step 3: creates the engine and loads the XDP program (the interfaces'
+/// roles set), makes the fast path's shared half when `xdp.fastPath` is on,
+/// and applies the file's tables through a new [`GatewaySink`].
+fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Result<Loaded, DaemonError> {
+    let interfaces = &kernel.interfaces;
     let clock = EngineClock::from_env(started);
     if clock.scale() != 1 {
         tracing::warn!(
@@ -465,7 +522,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     };
     let program =
         Arc::new(SteeringProgram::load(load).map_err(|e| start_err("loading the XDP program")(format!("{e:#}")))?);
-    set_interface_roles(&engine, &program, &interfaces, &cfg)?;
+    set_interface_roles(&engine, &program, interfaces, cfg)?;
     port_map::connect(&engine, &program);
     let fast_path = if cfg.xdp.fast_path {
         let fp = Arc::new(
@@ -493,11 +550,28 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         sink.fail_closed.hold();
     }
     // The node's addresses as the start-up dump found them: the first apply
-    // excludes them already (later changes re-apply, netlink task below).
-    sink.set_node_addresses(running_watcher.state().local_addresses());
+    // excludes them already (later changes re-apply, step 5's netlink task).
+    sink.set_node_addresses(kernel.watcher.state().local_addresses());
     sink.apply(&cfg.tables).map_err(|e| start_err("applying the configuration")(e.to_string()))?;
+    Ok(Loaded { clock, engine, program, fast_path, announce, sink, fast_path_next_hops: load.fast_path_next_hops })
+}
 
-    // 4. Workers.
+/// Step 4's result: the workers and the offload manager, running.
+struct Workers {
+    /// Set to stop the workers and the offload manager.
+    stop: Arc<AtomicBool>,
+    /// Makes the workers of RX queues a driver adds at attach (step 5).
+    factory: WorkerFactory,
+    /// One per RX queue index, from 0.
+    handles: Vec<WorkerHandle>,
+    /// The offload manager's thread, with the fast path.
+    offload_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Step 4: one worker per RX queue index, each owning AF_XDP sockets on
+/// every interface with that queue (registered in the XSKMAP), and the
+/// offload manager when the fast path is on.
+fn start_workers(cfg: &GatewayConfig, interfaces: &[Driven], loaded: &Loaded) -> Result<Workers, DaemonError> {
     let stop = Arc::new(AtomicBool::new(false));
     let nworkers = interfaces.iter().map(|i| i.queues).max().unwrap_or(1);
     let w = &cfg.workers;
@@ -513,22 +587,22 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     };
     let factory = WorkerFactory {
         xsk,
-        engine: engine.clone(),
-        program: program.clone(),
-        clock,
+        engine: loaded.engine.clone(),
+        program: loaded.program.clone(),
+        clock: loaded.clock,
         nworkers,
-        announce: announce.clone(),
+        announce: loaded.announce.clone(),
         stop: stop.clone(),
     };
-    let mut workers = Vec::new();
+    let mut handles = Vec::new();
     for queue in 0..nworkers {
         let on: Vec<&Driven> = interfaces.iter().filter(|i| queue < i.queues).collect();
-        workers.push(factory.spawn(queue, &on, w)?);
+        handles.push(factory.spawn(queue, &on, w)?);
     }
 
-    let offload_thread = match &fast_path {
+    let offload_thread = match &loaded.fast_path {
         Some(fp) => {
-            let manager = OffloadManager::new(fp.clone(), engine.clone(), load.fast_path_next_hops);
+            let manager = OffloadManager::new(fp.clone(), loaded.engine.clone(), loaded.fast_path_next_hops);
             let stop = stop.clone();
             Some(
                 std::thread::Builder::new()
@@ -539,8 +613,43 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         }
         None => None,
     };
+    Ok(Workers { stop, factory, handles, offload_thread })
+}
 
-    // 5. Attach, then the rest.
+/// Step 5's result: the gateway attached and serving.
+struct Serving {
+    /// The program's links, one per interface (dropping them detaches it).
+    links: Vec<XdpLink>,
+    /// What the admin socket and the metrics look at.
+    shared: Arc<Shared>,
+    /// The admin socket's and the metrics server's view of `shared`, held
+    /// until the daemon returns.
+    view: Arc<dyn crate::view::GatewayView>,
+    /// Stops the netlink task.
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    /// The netlink watcher, running.
+    netlink_task: tokio::task::JoinHandle<()>,
+    /// The admin socket's server.
+    admin_task: tokio::task::JoinHandle<()>,
+    /// The metrics server (`/metrics`, `/ready`, `/healthz`).
+    metrics_task: tokio::task::JoinHandle<()>,
+    /// The fail-closed table's repair task (fail_closed_repair.rs).
+    fail_closed_repair: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Step 5: attaches the program to every interface and serves the RX queues
+/// a driver added at attach; then starts the netlink watcher, the admin
+/// socket and the metrics server, and announces the owned addresses.
+async fn attach_and_serve(
+    cfg: &GatewayConfig,
+    kernel: Kernel,
+    loaded: &Loaded,
+    factory: &WorkerFactory,
+    mut workers: Vec<WorkerHandle>,
+    started: Instant,
+) -> Result<Serving, DaemonError> {
+    let Kernel { mut interfaces, watcher: mut running_watcher } = kernel;
+    let Loaded { clock, engine, program, fast_path, sink, .. } = loaded;
     let mut links: Vec<XdpLink> = Vec::new();
     for i in &interfaces {
         let link = program.attach(i.ifindex, cfg.xdp.mode).map_err(|e| {
@@ -553,14 +662,14 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     // XDP_TX, and the device spreads received flows over them too. Frames
     // on a queue without a socket are dropped (`drop_no_socket_steered`),
     // so serve the new queues now.
-    serve_added_queues(&mut interfaces, &cfg, &factory, &mut workers, w)?;
+    serve_added_queues(&mut interfaces, cfg, factory, &mut workers, &cfg.workers)?;
     let shared = Arc::new(Shared {
         config: Mutex::new(cfg.clone()),
         engine: engine.clone(),
         program: program.clone(),
         sink: sink.clone(),
         fast_path: fast_path.clone(),
-        clock,
+        clock: *clock,
         interfaces,
         workers,
         attached: AtomicBool::new(true),
@@ -613,33 +722,57 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     ));
 
     sink.announce(&announced(&cfg.tables));
+    Ok(Serving { links, shared, view, stop_tx, netlink_task, admin_task, metrics_task, fail_closed_repair })
+}
 
-    // Kubernetes mode: the cluster provides policies and egress IPs (the
-    // file's tables are empty); Leases decide which IPs this gateway holds.
+/// The Kubernetes control plane's task and its heartbeat.
+type ClusterTask = (tokio::task::JoinHandle<Option<crate::k8s::uninstall::Ending>>, Arc<crate::k8s::Heartbeat>);
+
+/// The Kubernetes control plane and its watchdog (none from the file).
+struct Cluster {
+    /// Asks the control plane to stop.
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    /// The control plane, until it ends.
+    task: Option<ClusterTask>,
+    /// Set to stop the watchdog.
+    watchdog_stop: Arc<AtomicBool>,
+    /// The watchdog's thread.
+    watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Kubernetes mode: the cluster provides policies and egress IPs (the
+/// file's tables are empty); Leases decide which IPs this gateway holds.
+/// Starts the control plane ([`spawn_kubernetes`]) and its watchdog
+/// ([`spawn_watchdog`]): supervision outside this runtime, a sync loop that
+/// stops beating is fenced and the process ends (the data plane's
+/// valid-until has already stopped serving its IPs by then; this makes the
+/// gateway restart).
+async fn start_kubernetes(cfg: &GatewayConfig, loaded: &Loaded, shared: &Shared) -> Result<Cluster, DaemonError> {
     let (k8s_stop_tx, k8s_stop_rx) = tokio::sync::watch::channel(false);
-    let mut k8s_task = match &cfg.kubernetes {
+    let k8s_task = match &cfg.kubernetes {
         None => None,
-        Some(k) => Some(spawn_kubernetes(k, &cfg, sink.clone(), k8s_stop_rx).await?),
+        Some(k) => Some(spawn_kubernetes(k, cfg, loaded.sink.clone(), k8s_stop_rx).await?),
     };
     if let Some((_, heartbeat)) = &k8s_task {
         let _ = shared.cluster.set(heartbeat.clone());
     }
-    // Supervision outside this runtime: a sync loop that stops beating is
-    // fenced and the process ends (the data plane's valid-until has already
-    // stopped serving its IPs by then; this makes the gateway restart).
     let watchdog_stop = Arc::new(AtomicBool::new(false));
     let watchdog = match (&k8s_task, &cfg.kubernetes) {
         (Some((_, heartbeat)), Some(k)) => Some(spawn_watchdog(
             heartbeat.clone(),
-            sink.clone(),
-            engine.clone(),
+            loaded.sink.clone(),
+            loaded.engine.clone(),
             k.lease_duration + crate::failclosed::NFT_TIMEOUT,
             watchdog_stop.clone(),
         )?),
         _ => None,
     };
-    let mut died: Option<String> = None;
-    // Wait (briefly) for every worker thread to enter its loop, for the log line.
+    Ok(Cluster { stop_tx: k8s_stop_tx, task: k8s_task, watchdog_stop, watchdog })
+}
+
+/// Waits (briefly) for every worker thread to enter its loop, then logs
+/// `gateway running`.
+async fn log_running(cfg: &GatewayConfig, shared: &Shared, started: Instant) {
     for _ in 0..200 {
         if shared.ready() {
             break;
@@ -655,7 +788,19 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
         ready = shared.ready(),
         "gateway running"
     );
+}
 
+/// Serves the signals until `SIGTERM`/`SIGINT` (`Ok(None)`) or until the
+/// Kubernetes control plane ends unasked (`Ok(Some(why))`; every address
+/// fenced, `k8s_task` emptied). `SIGHUP` reloads the file ([`reload`]).
+async fn serve_signals(
+    path: &Path,
+    cfg: &GatewayConfig,
+    metrics_listen: Option<SocketAddr>,
+    loaded: &Loaded,
+    shared: &Shared,
+    k8s_task: &mut Option<ClusterTask>,
+) -> Result<Option<String>, DaemonError> {
     let sig = |k: SignalKind| signal(k).map_err(|e| start_err("signal handler")(e.to_string()));
     let (mut hup, mut term, mut int) =
         (sig(SignalKind::hangup())?, sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?);
@@ -665,11 +810,11 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
                 if cfg.kubernetes.is_some() {
                     tracing::warn!("SIGHUP ignored in Kubernetes mode: policies come from the cluster; restart to change file settings");
                 } else {
-                    reload(&path, &shared, metrics_listen)
+                    reload(path, shared, metrics_listen)
                 }
             }
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            _ = term.recv() => return Ok(None),
+            _ = int.recv() => return Ok(None),
             ended = async {
                 match k8s_task.as_mut() {
                     Some((task, _)) => task.await,
@@ -678,22 +823,34 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
             } => {
                 // Nobody asked it to stop: a panic, or a fatal error. Renewals
                 // and fencing have stopped with it, so fence now.
-                fence_all(&sink, &engine);
-                k8s_task = None;
+                fence_all(&loaded.sink, &loaded.engine);
+                *k8s_task = None;
                 let why = match ended {
                     Err(e) if e.is_panic() => "it panicked".to_string(),
                     Err(e) => e.to_string(),
                     Ok(_) => "it returned".to_string(),
                 };
                 tracing::error!(reason = %why, "kubernetes control plane ended; egress IPs fenced, stopping");
-                died = Some(why);
-                break;
+                return Ok(Some(why));
             }
         }
     }
+}
 
-    // Stop. In Kubernetes mode, first give up the egress IPs (fenced out of
-    // the tables, Leases released) so another gateway can take them at once.
+/// The stop. In Kubernetes mode, first gives up the egress IPs (fenced out
+/// of the tables, Leases released) so another gateway can take them at
+/// once; then stops the watchdog, the netlink task, the workers, the admin
+/// socket and the metrics server, detaches the program (drops `links`) and
+/// removes the admin socket's file.
+async fn shut_down(
+    cfg: &GatewayConfig,
+    serving: Serving,
+    cluster: Cluster,
+    stop: &AtomicBool,
+    offload_thread: Option<std::thread::JoinHandle<()>>,
+) {
+    let Serving { links, shared, view, stop_tx, netlink_task, admin_task, metrics_task, fail_closed_repair } = serving;
+    let Cluster { stop_tx: k8s_stop_tx, task: k8s_task, watchdog_stop, watchdog } = cluster;
     tracing::info!("stopping");
     let mut ending = None;
     if let Some((task, _)) = k8s_task {
@@ -729,10 +886,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     let _ = std::fs::remove_file(&cfg.admin_socket);
     retire(ending);
     tracing::info!("stopped");
-    match died {
-        Some(why) => Err(DaemonError::ControlPlaneDied(why)),
-        None => Ok(()),
-    }
+    drop(view);
 }
 
 /// After the stop (the egress IPs handed over, the program detached): an
