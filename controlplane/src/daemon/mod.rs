@@ -133,7 +133,9 @@ pub struct WorkerHandle {
     pub handler_stats: Arc<HandlerStats>,
     /// (interface name, socket counters) per port.
     pub sockets: Vec<(String, Arc<XskCounters>)>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Taken and joined at the stop, whoever else still holds the state
+    /// (the admin and metrics servers' views of it).
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// Everything the admin socket and metrics look at.
@@ -377,7 +379,7 @@ impl WorkerFactory {
                 flag.store(false, Ordering::Release);
             })
             .map_err(|e| start_err(format!("spawning worker {queue}"))(e.to_string()))?;
-        Ok(WorkerHandle { queue, cpu, running, loop_stats, handler_stats, sockets, thread: Some(thread) })
+        Ok(WorkerHandle { queue, cpu, running, loop_stats, handler_stats, sockets, thread: parking_lot::Mutex::new(Some(thread)) })
     }
 }
 
@@ -875,12 +877,13 @@ async fn shut_down(
     if let Some(t) = offload_thread {
         let _ = t.join();
     }
-    let shared = Arc::try_unwrap(shared).map_err(|_| start_err("stopping")("the gateway state is still shared".into()));
-    if let Ok(mut s) = shared {
-        for w in &mut s.workers {
-            if let Some(t) = w.thread.take() {
-                let _ = t.join();
-            }
+    // The workers leave their loops on the stop flag (within a poll's
+    // timeout); the views the admin and metrics servers keep of `shared`
+    // do not hold them up.
+    for w in &shared.workers {
+        let thread = w.thread.lock().take();
+        if let Some(t) = thread {
+            let _ = t.join();
         }
     }
     let _ = std::fs::remove_file(&cfg.admin_socket);
