@@ -67,14 +67,17 @@
 //! # Exceptions (each a frame the engine never sees in production)
 //!
 //! 1. `XDP_PASS` counted `pass_malformed` or `pass_ipv6_ext_limit`, engine
-//!    `Drop` (any reason): the program could not read what its rules need
-//!    and leaves the frame to the kernel, whose input path validates it
-//!    (IPv4 IHL, total length and header checksum in `ip_rcv`, the IPv6
-//!    header and extension chain); the engine drops what it cannot parse.
-//!    A steered source is still steered by the program when its addresses
-//!    are readable (IPv6), so these frames are not pods' traffic that
-//!    would leave untranslated. (The nftables fail-closed table is the
-//!    kernel's backstop for whatever the kernel would forward.)
+//!    `Drop` as unparseable (`malformed_*`, `bad_ipv4_checksum`): the
+//!    program could not read what its rules need and leaves the frame to the
+//!    kernel, whose input path validates it (IPv4 IHL, total length and
+//!    header checksum in `ip_rcv`, the IPv6 header's payload length in
+//!    `ipv6_rcv`), and the engine drops what it cannot parse. Not for a
+//!    packet whose IP header the kernel accepts and whose source a policy
+//!    steers towards its destination (not an egress address): the kernel
+//!    would forward that one with the pod's address, so the program must
+//!    steer it however little of the rest it can read ([`kernel_forwards_a_pods`]).
+//!    (The nftables fail-closed table is the kernel's backstop for whatever
+//!    the kernel would forward.)
 //! 2. `XDP_PASS` for any other reason, engine `Drop` as unparseable
 //!    (`malformed_*`, or `bad_ipv4_checksum`): the engine validates every
 //!    header before it classifies; the program classifies by addresses and
@@ -91,20 +94,23 @@
 //! Any other disagreement panics with both verdicts and the frame in hex.
 #![no_main]
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use egret_bpf::{LoadOptions, SteeringProgram, VerdictReason, XdpAction};
+use egret_bpf::{LoadOptions, SteeringProgram, VerdictReason, XdpAction, OWNED_NAT};
 use egret_controlplane::daemon::sink::{owned_entries, policy_entries};
 use egret_controlplane::offload::clock::EngineClock;
 use egret_controlplane::offload::{FastPath, OffloadManager};
 use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Worker};
 use egret_dataplane::fixtures::{self, build::refragment, FRAME_BUFFER, INSIDE, OUTSIDE};
 use egret_dataplane::nat::port_alloc::PortRng;
+use egret_dataplane::policy::Decision;
 use egret_dataplane::stats::DropReason;
+use egret_dataplane::tables::Tables;
 use libfuzzer_sys::fuzz_target;
 
 /// The shortest frame BPF_PROG_TEST_RUN takes.
@@ -126,6 +132,10 @@ struct Rig {
     _xsks: Vec<socket2::Socket>,
     /// Frames the engine holds: when, the receiving interface, the frame.
     held: Vec<(Instant, u32, Vec<u8>)>,
+    /// The engine's tables (who is steered, exception 1), and the addresses
+    /// Egret translates for (`OWNED_NAT` in the program's map).
+    tables: Arc<Tables>,
+    nat_owned: HashSet<IpAddr>,
 }
 
 /// A worker holds fragments this long, and at most this many (worker.rs).
@@ -194,7 +204,9 @@ fn rig() -> Rig {
     let mut worker = engine.worker_seeded(PortRng::new(7));
     // As the daemon's workers do (daemon/handler.rs).
     worker.set_hold_fragments(true);
-    let mut rig = Rig { worker, program, fp, manager, tally: [0; 5], _xsks: xsks, held: Vec::new() };
+    let nat_owned = owned_entries(&tables).into_iter().filter(|(_, o)| o.flags & OWNED_NAT != 0).map(|(a, _)| a).collect();
+    let mut rig =
+        Rig { worker, program, fp, manager, tally: [0; 5], _xsks: xsks, held: Vec::new(), tables, nat_owned };
     // Warm up: every fixture frame through the program and the engine (so
     // the program's fragment decisions match the engine's fragment cache),
     // the manager installing what the engine confirms.
@@ -220,6 +232,58 @@ fn rig() -> Rig {
 fn state() -> &'static Mutex<Rig> {
     static STATE: OnceLock<Mutex<Rig>> = OnceLock::new();
     STATE.get_or_init(|| Mutex::new(rig()))
+}
+
+/// Whether the kernel's input path would take `frame`'s IP header (IPv4:
+/// version, IHL, total length and header checksum as `ip_rcv` checks them;
+/// IPv6: version and payload length as `ipv6_rcv` does) and a policy steers
+/// its source towards its destination, which is not an address Egret
+/// translates for (exception 1: the kernel would forward such a packet with
+/// the pod's address).
+fn kernel_forwards_a_pods(tables: &Tables, nat_owned: &HashSet<IpAddr>, frame: &[u8]) -> bool {
+    let mut l3 = ETHERNET_HEADER;
+    let mut ethertype = frame.get(12..14).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+    if ethertype == 0x8100 || ethertype == 0x88a8 {
+        ethertype = frame.get(16..18).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+        l3 += 4;
+    }
+    let Some(ip) = frame.get(l3..) else { return false };
+    let dst: IpAddr = match ethertype {
+        0x0800 => {
+            let Some(h) = ip.get(..20) else { return false };
+            let ihl = usize::from(h[0] & 0x0f) * 4;
+            let total = usize::from(u16::from_be_bytes([h[2], h[3]]));
+            if h[0] >> 4 != 4 || ihl < 20 || ip.len() < ihl || total < ihl || total > ip.len() {
+                return false;
+            }
+            let sum = ip[..ihl].chunks(2).fold(0u32, |a, w| a + u32::from(u16::from_be_bytes([w[0], w[1]])));
+            let sum = (sum & 0xffff) + (sum >> 16);
+            if (sum & 0xffff) + (sum >> 16) != 0xffff {
+                return false;
+            }
+            let a = |o: usize| Ipv4Addr::new(h[o], h[o + 1], h[o + 2], h[o + 3]);
+            let (src, dst) = (a(12), a(16));
+            if !matches!(tables.classify_v4.classify(src, dst), Decision::Steer(_)) {
+                return false;
+            }
+            dst.into()
+        }
+        0x86dd => {
+            let Some(h) = ip.get(..40) else { return false };
+            let payload = usize::from(u16::from_be_bytes([h[4], h[5]]));
+            if h[0] >> 4 != 6 || 40 + payload > ip.len() {
+                return false;
+            }
+            let a = |o: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&h[o..o + 16]).unwrap());
+            let (src, dst) = (a(8), a(24));
+            if !matches!(tables.classify_v6.classify(src, dst), Decision::Steer(_)) {
+                return false;
+            }
+            dst.into()
+        }
+        _ => return false,
+    };
+    !nat_owned.contains(&dst)
 }
 
 /// What the program did with a frame.
@@ -280,7 +344,9 @@ fn malformed(v: Verdict) -> bool {
 }
 
 /// The table and exceptions of the module doc.
-fn agree(xdp: &Xdp, engine: Verdict, out: &[u8], ingress: u32) -> Result<(), &'static str> {
+/// `pods_packet`: the frame is one the kernel would take in and that a
+/// policy steers ([`kernel_forwards_a_pods`]).
+fn agree(xdp: &Xdp, engine: Verdict, out: &[u8], ingress: u32, pods_packet: bool) -> Result<(), &'static str> {
     match (xdp, engine) {
         (Xdp::FastPath { tx, frame }, Verdict::Forward { ifindex, len }) => {
             if *tx != (ifindex == ingress) {
@@ -297,7 +363,13 @@ fn agree(xdp: &Xdp, engine: Verdict, out: &[u8], ingress: u32) -> Result<(), &'s
         (Xdp::Drop(_), Verdict::Drop(_)) => Ok(()),
         (Xdp::Drop(_), _) => Err("the program dropped what the engine does not drop"),
         (Xdp::Pass(_), Verdict::Pass) => Ok(()),
-        (Xdp::Pass(VerdictReason::PassMalformed | VerdictReason::PassIpv6ExtLimit), Verdict::Drop(_)) => Ok(()),
+        (Xdp::Pass(VerdictReason::PassMalformed | VerdictReason::PassIpv6ExtLimit), v) if pods_packet => {
+            Err(if malformed(v) {
+                "the program passes to the kernel a steered pod's packet it cannot read, which the kernel would forward with the pod's address"
+            } else {
+                "the program passes as malformed a steered pod's packet the engine reads"
+            })
+        }
         (Xdp::Pass(_), v) if malformed(v) => Ok(()),
         (Xdp::Pass(_), Verdict::Forward { .. }) => {
             Err("the program passes to the kernel what the engine translates (it would leave untranslated)")
@@ -392,7 +464,8 @@ fn one_frame(rig: &mut Rig, frame: &[u8], ingress: u32) -> (Verdict, Vec<u8>) {
     } else {
         rig.worker.process(&mut buf, frame.len(), meta, now)
     };
-    if let Err(why) = agree(&xdp, v, &buf, ingress) {
+    let pods_packet = matches!(xdp, Xdp::Pass(_)) && kernel_forwards_a_pods(&rig.tables, &rig.nat_owned, frame);
+    if let Err(why) = agree(&xdp, v, &buf, ingress, pods_packet) {
         let xdp_frame = match &xdp {
             Xdp::FastPath { frame, .. } => format!("\n  xdp    {}", fixtures::hex(frame)),
             _ => String::new(),
