@@ -379,7 +379,15 @@ impl WorkerFactory {
                 flag.store(false, Ordering::Release);
             })
             .map_err(|e| start_err(format!("spawning worker {queue}"))(e.to_string()))?;
-        Ok(WorkerHandle { queue, cpu, running, loop_stats, handler_stats, sockets, thread: parking_lot::Mutex::new(Some(thread)) })
+        Ok(WorkerHandle {
+            queue,
+            cpu,
+            running,
+            loop_stats,
+            handler_stats,
+            sockets,
+            thread: parking_lot::Mutex::new(Some(thread)),
+        })
     }
 }
 
