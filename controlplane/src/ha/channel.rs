@@ -947,6 +947,7 @@ async fn run_connection(
         Some(w) => w.ok(),
         None => tokio::time::timeout(inner.cfg.liveness, &mut writer).await.ok().and_then(Result::ok),
     };
+    let end = local_abort_taken_by_a_write(end, wdone.as_ref().and_then(|w| w.2));
     {
         let mut s = peer.status.lock();
         s.last_end = Some(end.clone());
@@ -955,7 +956,7 @@ async fn run_connection(
     let _ = inner.events.send(PeerEvent::Down { peer: peer.name.clone(), incarnation, end }).await;
     // Close only after a Goodbye is queued (or the peer closed first); else
     // park the socket until the peer or the kernel ends it.
-    if let (Some(rh), Some((wh, _goodbye_queued))) = (rh, wdone) {
+    if let (Some(rh), Some((wh, _goodbye_queued, _))) = (rh, wdone) {
         if let Ok(stream) = rh.reunite(wh) {
             let closer = tokio::spawn(drain_then_close(stream));
             let mut closers = inner.closers.lock();
@@ -1006,6 +1007,17 @@ fn peer_closed(md5: bool, state: Option<u8>) -> End {
         (false, _) => End::Closed,
         (true, Some(TCP_CLOSE_WAIT)) => End::Gone,
         (true, _) => End::Reset,
+    }
+}
+
+/// A socket aborted on this node (`ss -K`, `tcp_abort`) whose error a
+/// heartbeat's `send` took first: the reader then sees a plain end of
+/// stream in CLOSE, which [`peer_closed`] reads as the peer's reset. The
+/// writer's `ECONNABORTED` says it was this node's abort.
+fn local_abort_taken_by_a_write(end: End, write_error: Option<io::ErrorKind>) -> End {
+    match (end, write_error) {
+        (End::Reset, Some(io::ErrorKind::ConnectionAborted)) => End::Aborted,
+        (end, _) => end,
     }
 }
 
@@ -1126,15 +1138,18 @@ impl Bucket {
     }
 }
 
+/// How the writer ended: its half, whether the Goodbye was queued, and the
+/// error a write failed with.
+type WriterEnd = (OwnedWriteHalf, bool, Option<io::ErrorKind>);
+
 /// Writes queued frames and heartbeats; on stop, queues a Goodbye and a FIN.
-/// Returns the write half and whether the Goodbye was queued.
 async fn write_loop(
     inner: Arc<Inner>,
     peer: Arc<PeerShared>,
     mut wh: OwnedWriteHalf,
     mut sealer: Sealer,
     mut stop: watch::Receiver<Option<String>>,
-) -> (OwnedWriteHalf, bool) {
+) -> WriterEnd {
     let mut heartbeat = tokio::time::interval(inner.cfg.liveness / 4);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut bucket = Bucket::new(inner.cfg.max_bytes_per_sec, inner.cfg.max_frame + FRAME_OVERHEAD);
@@ -1142,6 +1157,7 @@ async fn write_loop(
     let mut body = Vec::with_capacity(64 << 10);
     // Whether the byte stream is whole (no frame cut off half-written).
     let mut whole = true;
+    let mut write_error = None;
     // The bucket's debt is paid after the write, with data held back until
     // `paced_until` but heartbeats still going out meanwhile.
     let mut paced_until = tokio::time::Instant::now();
@@ -1191,12 +1207,12 @@ async fn write_loop(
             }
         }
         tokio::select! {
-            r = wh.write_all(&buf) => if r.is_err() { whole = false; break 'run },
+            r = wh.write_all(&buf) => if let Err(e) = r { whole = false; write_error = Some(e.kind()); break 'run },
             _ = stop.changed() => { whole = false; break 'run }
         }
     }
     if !whole {
-        return (wh, false);
+        return (wh, false, write_error);
     }
     let reason = stop.borrow().clone().unwrap_or_default();
     buf.clear();
@@ -1219,7 +1235,7 @@ async fn write_loop(
         .await,
         Ok(Ok(()))
     );
-    (wh, queued)
+    (wh, queued, None)
 }
 
 /// The one place the control plane calls `setsockopt` itself: `TCP_MD5SIG`
@@ -1795,6 +1811,18 @@ mod tests {
         assert_eq!(field("BACK ").as_deref(), Some("true"), "{why}");
         assert!(!End::Reset.proves_death() && End::Reset.suggests_death());
         assert!(!End::Aborted.proves_death() && !End::Aborted.suggests_death());
+    }
+
+    /// The writer's `ECONNABORTED` turns the reader's ambiguous end of
+    /// stream (read as a reset) into this node's abort; nothing else does.
+    #[test]
+    fn a_local_abort_the_writer_took_is_an_abort() {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+        assert_eq!(local_abort_taken_by_a_write(End::Reset, Some(ConnectionAborted)), End::Aborted);
+        assert_eq!(local_abort_taken_by_a_write(End::Reset, Some(ConnectionReset)), End::Reset);
+        assert_eq!(local_abort_taken_by_a_write(End::Reset, Some(BrokenPipe)), End::Reset);
+        assert_eq!(local_abort_taken_by_a_write(End::Reset, None), End::Reset);
+        assert_eq!(local_abort_taken_by_a_write(End::Gone, Some(ConnectionAborted)), End::Gone);
     }
 
     /// A counter from /proc/net/netstat (this process's namespace).
