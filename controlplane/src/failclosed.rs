@@ -299,10 +299,28 @@ pub fn ruleset_carrying(tables: &Tables, carried: &Carried) -> String {
 /// blocking thread, hold the sink's lock the next apply waits for).
 pub const NFT_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn nft(script: &str) -> Result<(), FailClosedError> {
+/// The bound until one `nft` run of this process has succeeded. The first
+/// run on a host may autoload nf_tables and its expression modules
+/// (nft_ct, nft_counter, nft_objref, ...) and fetch a cold ruleset cache:
+/// on tests/guest-kernel's emulated Linux 6.1 beside the CI's other work
+/// that took more than [`NFT_TIMEOUT`] (the daemon then never started).
+/// Nothing waits on the sink's lock before the first apply has finished.
+pub const NFT_FIRST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Whether one `nft` run of this process has succeeded.
+static NFT_RAN: AtomicBool = AtomicBool::new(false);
+
+/// Runs `nft -f -` with `script`, bounded by [`NFT_FIRST_TIMEOUT`] until a
+/// run has succeeded and by [`NFT_TIMEOUT`] after.
+pub(crate) fn run_nft(script: &str) -> Result<(), FailClosedError> {
     let mut cmd = Command::new("nft");
     cmd.args(["-f", "-"]);
-    run_bounded(&mut cmd, script.as_bytes(), NFT_TIMEOUT)
+    let bound = if NFT_RAN.load(Ordering::Acquire) { NFT_TIMEOUT } else { NFT_FIRST_TIMEOUT };
+    let result = run_bounded(&mut cmd, script.as_bytes(), bound);
+    if result.is_ok() {
+        NFT_RAN.store(true, Ordering::Release);
+    }
+    result
 }
 
 /// Runs `cmd` with `input` on its standard input, and waits for it at most
@@ -355,7 +373,7 @@ pub(crate) fn run_bounded(cmd: &mut Command, input: &[u8], timeout: Duration) ->
 /// Installs (replaces) the fail-closed rules for `tables`, its drop
 /// counters carried over from the table it replaces.
 pub fn install(tables: &Tables) -> Result<(), FailClosedError> {
-    nft(&ruleset_carrying(tables, &nft_counters::read(&[TABLE])))
+    run_nft(&ruleset_carrying(tables, &nft_counters::read(&[TABLE])))
 }
 
 /// The comment (and carried key) of the guard's drop counter.
@@ -366,7 +384,7 @@ const DNAT_REPLIES: &str = "reply of a connection this node DNATed";
 /// Removes Egret's table (`egret cleanup`): after this, a stopped gateway's
 /// kernel forwards selected pods' traffic untranslated again.
 pub fn remove() -> Result<(), FailClosedError> {
-    nft(&format!("table inet {TABLE}\ndelete table inet {TABLE}\n"))
+    run_nft(&format!("table inet {TABLE}\ndelete table inet {TABLE}\n"))
 }
 
 /// Whether applies may replace the kernel's table: released (every apply

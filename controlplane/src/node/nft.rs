@@ -47,11 +47,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::process::Command;
 
 use ipnet::IpNet;
 
-use crate::failclosed::{run_bounded, FailClosedError, NFT_TIMEOUT};
+use crate::failclosed::{run_nft, FailClosedError};
 use crate::nft_counters::{self, Carried};
 
 /// The table's name (family `inet`).
@@ -224,9 +223,7 @@ fn strict(out: &mut String, st: &Strict) {
 }
 
 fn nft(script: &str) -> Result<(), NftError> {
-    let mut cmd = Command::new("nft");
-    cmd.args(["-f", "-"]);
-    run_bounded(&mut cmd, script.as_bytes(), NFT_TIMEOUT).map_err(|e| {
+    run_nft(script).map_err(|e| {
         NftError(match e {
             FailClosedError::Spawn(e) => format!("running nft: {e} (install nftables)"),
             FailClosedError::Refused(m) => format!("nft refused the ruleset: {m}"),
@@ -252,6 +249,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::failclosed::{run_bounded, NFT_TIMEOUT};
+    use std::process::Command;
 
     fn sets(strict: bool) -> Sets {
         Sets {
