@@ -260,11 +260,16 @@ start_apiserver_proc() {
 }
 
 # Waits until $1 (a function) succeeds, while the process in $2.pid stays alive.
+# Alive is "not gone", not live_pid: until the forked shell has exec'd (which took
+# longer than spawn's 5 s once, beside a cold clippy and fuzz build), its command line
+# is this script's, which live_pid takes for another process ("exited before it was
+# ready" with an empty log).
 wait_for() {
-  local check=$1 name=$2 t0
+  local check=$1 name=$2 t0 pid
   t0=$(now)
+  pid=$(cat "$state/$name.pid" 2>/dev/null) || pid=
   while ! "$check"; do
-    live_pid "$name" >/dev/null || {
+    { [ -n "$pid" ] && ! gone "$pid"; } || {
       log "$name exited before it was ready; its first errors (klog E/F lines), then its last log lines:"
       grep -m 8 -E '^[EF][0-9]{4} ' "$state/$name.log" >&2 || true
       tail -n 25 "$state/$name.log" >&2
