@@ -36,7 +36,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::error::{LabError, Result};
 use crate::frames::{self, RawLink};
@@ -587,6 +587,8 @@ pub struct Outage {
     pub download_stall_ms: u64,
     /// The longest gap between datagrams of the UDP-replies flow at the pod.
     pub udp_gap_ms: u64,
+    /// When that gap ended, on the wall clock (the gateways' logs' clock).
+    pub udp_gap_ended: Option<SystemTime>,
     /// The longest gap between datagrams of the inbound flow at the pod.
     pub eim_gap_ms: u64,
     /// Long-lived flows (download, UDP replies, inbound) still carrying
@@ -608,21 +610,38 @@ pub struct Outage {
     pub churn_failed: usize,
     /// Churn attempts in all.
     pub churn_total: usize,
+    /// The first few failed churn attempts: when each started (wall clock)
+    /// and what went wrong.
+    pub churn_failures: Vec<(SystemTime, String)>,
 }
 
 /// The longest gap between successive instants of `times` (sorted here),
 /// counting from `from` and up to `to` too (a flow that stopped for good
 /// has its gap to the end).
-fn longest_gap(mut times: Vec<Instant>, from: Instant, to: Instant) -> Duration {
+fn longest_gap(times: Vec<Instant>, from: Instant, to: Instant) -> Duration {
+    longest_gap_ending(times, from, to).0
+}
+
+/// [`longest_gap`] and the instant it ended.
+fn longest_gap_ending(mut times: Vec<Instant>, from: Instant, to: Instant) -> (Duration, Instant) {
     times.retain(|t| *t >= from && *t <= to);
     times.sort();
     let mut prev = from;
-    let mut gap = Duration::ZERO;
+    let mut gap = (Duration::ZERO, from);
     for t in times.into_iter().chain([to]) {
-        gap = gap.max(t.saturating_duration_since(prev));
+        let d = t.saturating_duration_since(prev);
+        if d > gap.0 {
+            gap = (d, t);
+        }
         prev = t;
     }
     gap
+}
+
+/// `at` on the wall clock, to set beside the gateways' logs.
+fn wall_clock(at: Instant) -> SystemTime {
+    let now = Instant::now();
+    SystemTime::now() - now.saturating_duration_since(at) + at.saturating_duration_since(now)
 }
 
 impl Report {
@@ -654,11 +673,13 @@ impl Report {
         let since = dl.started.unwrap_or(self.started);
         let due = (to.saturating_duration_since(since).as_secs_f64() * DOWNLOAD_RATE as f64) as u64;
         let bytes_lost = due.saturating_sub(dl.bytes);
+        let udp_gap = longest_gap_ending(udp_times(&self.replies), from, to);
         Outage {
             server_ms: ms(longest_gap(accepted, from, to)),
             pod_ms: ms(longest_gap(ok, from, to)),
             download_stall_ms: ms(longest_gap(dl.arrivals.clone(), from, to)),
-            udp_gap_ms: ms(longest_gap(udp_times(&self.replies), from, to)),
+            udp_gap_ms: ms(udp_gap.0),
+            udp_gap_ended: Some(wall_clock(udp_gap.1)),
             eim_gap_ms: ms(longest_gap(udp_times(&self.eim), from, to)),
             kept,
             bytes_lost,
@@ -667,6 +688,12 @@ impl Report {
             download_died: dl.died.clone(),
             churn_failed: self.churn.iter().filter(|a| a.outcome.is_err()).count(),
             churn_total: self.churn.len(),
+            churn_failures: self
+                .churn
+                .iter()
+                .filter_map(|a| a.outcome.as_ref().err().map(|e| (wall_clock(a.started), e.clone())))
+                .take(5)
+                .collect(),
         }
     }
 

@@ -168,7 +168,7 @@ impl Row {
     fn line(&self) -> String {
         let o = &self.o;
         format!(
-            "k8s-ha: event={} server_outage_ms={} pod_outage_ms={} conns_kept={}/3 bytes_lost={} udp_lost={} eim_lost={} double_owner={} download_stall_ms={} udp_gap_ms={} eim_gap_ms={} churn_failed={}/{} ip_moves={} holder={}->{} download_end={:?}",
+            "k8s-ha: event={} server_outage_ms={} pod_outage_ms={} conns_kept={}/3 bytes_lost={} udp_lost={} eim_lost={} double_owner={} download_stall_ms={} udp_gap_ms={} (ended {}) eim_gap_ms={} churn_failed={}/{} ip_moves={} holder={}->{} download_end={:?}",
             self.event,
             o.server_ms,
             o.pod_ms,
@@ -179,6 +179,9 @@ impl Row {
             self.double_owner,
             o.download_stall_ms,
             o.udp_gap_ms,
+            o.udp_gap_ended
+                .and_then(|t| k8s_openapi::jiff::Timestamp::try_from(t).ok())
+                .map_or_else(|| "-".to_string(), |t| t.to_string()),
             o.eim_gap_ms,
             o.churn_failed,
             o.churn_total,
@@ -350,7 +353,16 @@ fn check(r: &Row, failures: &mut Vec<String>) {
         // aborted on a node prove no death (issue 28 §1).
         "api-down-all" | "api-cut-holder" | "peers-cut-holder" | "abort-holder" | "abort-taker" | "abort-repeat" => {
             if o.churn_failed != 0 {
-                fail(format!("{}/{} new connections failed", o.churn_failed, o.churn_total));
+                let when: Vec<String> = o
+                    .churn_failures
+                    .iter()
+                    .map(|(at, e)| {
+                        let at =
+                            k8s_openapi::jiff::Timestamp::try_from(*at).map_or_else(|_| "?".into(), |t| t.to_string());
+                        format!("{at}: {e}")
+                    })
+                    .collect();
+                fail(format!("{}/{} new connections failed ({})", o.churn_failed, o.churn_total, when.join("; ")));
             }
             kept_all(&mut fail);
             if o.udp_lost != 0 || o.eim_lost != 0 {
@@ -458,9 +470,12 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
         }
         "api-down-all" => {
             ctx.server.kill_apiserver_blocking().expect("stop the API server");
-            println!("k8s-ha: API server down for {} s", api_outage().as_secs());
+            let now = k8s_openapi::jiff::Timestamp::now;
+            println!("k8s-ha: API server down for {} s from {}", api_outage().as_secs(), now());
             std::thread::sleep(api_outage());
+            println!("k8s-ha: API server restarting at {}", now());
             ctx.server.restart_apiserver_blocking().expect("restart the API server");
+            println!("k8s-ha: API server ready at {}", now());
             wait_recovered(&load, Instant::now(), Duration::from_secs(30))
         }
         "api-down-peer-restart" => {
