@@ -179,9 +179,7 @@ impl Row {
             self.double_owner,
             o.download_stall_ms,
             o.udp_gap_ms,
-            o.udp_gap_ended
-                .and_then(|t| k8s_openapi::jiff::Timestamp::try_from(t).ok())
-                .map_or_else(|| "-".to_string(), |t| t.to_string()),
+            o.udp_gap_ended.map_or_else(|| "-".to_string(), wall),
             o.eim_gap_ms,
             o.churn_failed,
             o.churn_total,
@@ -353,15 +351,7 @@ fn check(r: &Row, failures: &mut Vec<String>) {
         // aborted on a node prove no death (issue 28 §1).
         "api-down-all" | "api-cut-holder" | "peers-cut-holder" | "abort-holder" | "abort-taker" | "abort-repeat" => {
             if o.churn_failed != 0 {
-                let when: Vec<String> = o
-                    .churn_failures
-                    .iter()
-                    .map(|(at, e)| {
-                        let at =
-                            k8s_openapi::jiff::Timestamp::try_from(*at).map_or_else(|_| "?".into(), |t| t.to_string());
-                        format!("{at}: {e}")
-                    })
-                    .collect();
+                let when: Vec<String> = o.churn_failures.iter().map(|(at, e)| format!("{}: {e}", wall(*at))).collect();
                 fail(format!("{}/{} new connections failed ({})", o.churn_failed, o.churn_total, when.join("; ")));
             }
             kept_all(&mut fail);
@@ -655,6 +645,11 @@ fn self_check(lab: &K8sLab, watch: &ArpWatch) {
 
 /// Waits until a churn connection started after `after` succeeds (or
 /// `timeout`); says whether one did.
+/// `t` as RFC 3339 UTC, as the gateways' logs print it.
+fn wall(t: std::time::SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(t).map_or_else(|_| "?".into(), |t| t.to_string())
+}
+
 fn wait_recovered(load: &Load, after: Instant, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
