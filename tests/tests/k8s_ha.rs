@@ -201,7 +201,7 @@ struct Ctx<'a> {
 }
 
 fn scenario(lab: &K8sLab, server: &ApiServer) {
-    let _keep = KeepLogs(lab);
+    let _keep = KeepLogs(lab, server);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = rt.block_on(server.client()).expect("client");
     lab.route_pod_via(KPod::Db, EIP, 111).expect("route db via the policy's IP");
@@ -742,13 +742,13 @@ async fn setup_cluster(client: &kube::Client) -> String {
     service_account_token(client, "egret-gateway").await
 }
 
-/// Keeps the gateways' logs when the test fails (the lab's directory goes
-/// with the lab).
-struct KeepLogs<'a>(&'a K8sLab);
+/// Keeps the gateways' logs when the test fails, or always with
+/// `EGRET_KEEP_LOGS=1` (the lab's directory goes with the lab).
+struct KeepLogs<'a>(&'a K8sLab, &'a ApiServer);
 
 impl Drop for KeepLogs<'_> {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
+        if !std::thread::panicking() && std::env::var_os("EGRET_KEEP_LOGS").is_none() {
             return;
         }
         let dir = std::env::var_os("EGRET_E2E_ARTIFACTS")
@@ -760,6 +760,13 @@ impl Drop for KeepLogs<'_> {
                 self.0.dir().join(format!("{}.log", g.node_name())),
                 dir.join(format!("{NAME}.{}.log", g.node_name())),
             );
+        }
+        // The control plane's own logs: slow requests (the API server's
+        // traces, etcd's "took too long") explain slow renewals.
+        if let Some(state) = self.1.state_dir() {
+            for f in ["apiserver.log", "etcd.log"] {
+                let _ = std::fs::copy(state.join(f), dir.join(format!("{NAME}.{f}")));
+            }
         }
         eprintln!("{NAME}: artifacts in {}", dir.display());
     }

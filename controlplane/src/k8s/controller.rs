@@ -1324,6 +1324,10 @@ pub async fn run_supervised(
     loop {
         let now = Instant::now();
         sync.pass(now).await;
+        let took = now.elapsed();
+        if took >= sync.opts.timing.retry_period {
+            tracing::debug!(ms = took.as_millis() as u64, "sync pass longer than a retry period");
+        }
         if sync.ha.as_ref().is_some_and(crate::ha::Ha::stopped) {
             tracing::error!("the peer channel's task stopped; stopping the control plane");
             break;

@@ -56,6 +56,8 @@ pub struct RenewBook {
     pub api_errors: u64,
     /// Renewals that met a newer record.
     pub conflicts: u64,
+    /// The longest a renewal took to be answered (or to fail), ms.
+    pub slowest_ms: u64,
 }
 
 impl RenewBook {
@@ -134,15 +136,18 @@ impl Renewer {
     fn on_result(&self, mgr: &Mutex<LeaseManager>, valid_until: &Mutex<ValidUntil>, wake: &Notify, r: LeaseResult) {
         let now = Instant::now();
         let ok = r.result.is_ok();
+        let ms = now.saturating_duration_since(r.sent).as_millis() as u64;
         {
             let mut book = self.book.lock();
             book.sent.remove(&r.ip);
+            book.slowest_ms = book.slowest_ms.max(ms);
             match &r.result {
                 Ok(_) | Err(Failure::NotFound) => {
+                    tracing::debug!(ip = %r.ip, ms, "lease renewed");
                     book.failing.remove(&r.ip);
                 }
                 Err(f) => {
-                    tracing::debug!(ip = %r.ip, failure = ?f, "lease renewal failed");
+                    tracing::debug!(ip = %r.ip, ms, failure = ?f, "lease renewal failed");
                     if matches!(f, Failure::Conflict) {
                         book.conflicts += 1;
                     } else {
