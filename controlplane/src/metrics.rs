@@ -92,6 +92,11 @@ impl Families<'_> {
         self.family(name, help, Some(&SECONDS), MetricType::Gauge)
     }
 
+    /// A histogram family in seconds (`name` without `_seconds`).
+    pub(crate) fn histogram_seconds<'s>(&'s mut self, name: &'s str, help: &str) -> Result<Family<'s>, fmt::Error> {
+        self.family(name, help, Some(&SECONDS), MetricType::Histogram)
+    }
+
     /// A family in bytes (`name` without `_bytes`).
     pub(crate) fn bytes<'s>(
         &'s mut self,
@@ -122,6 +127,20 @@ impl Family<'_> {
         } else {
             m.encode_gauge(&value)
         }
+    }
+}
+
+impl Family<'_> {
+    /// One histogram: per bucket (upper bound, observations in it and in no
+    /// lower one), +Inf last.
+    pub(crate) fn histogram(
+        &mut self,
+        labels: &[(&str, &str)],
+        sum: f64,
+        count: u64,
+        buckets: &[(f64, u64)],
+    ) -> fmt::Result {
+        self.encoder.encode_family(&labels)?.encode_histogram::<NoLabelSet>(sum, count, buckets, None)
     }
 }
 
@@ -436,6 +455,12 @@ fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
     for (name, help, v) in counters {
         o.counter(name, help)?.sample(&[], v)?;
     }
+    let l = &k.lease_renew_latency;
+    o.histogram_seconds(
+        "lease_renew_duration",
+        "How long Lease renewals took to be answered or to fail; one answered later than renewDeadline - retryPeriod lets the IP's deadline pass first.",
+    )?
+    .histogram(&[], l.sum_micros as f64 / 1e6, l.count(), &l.per_bucket())?;
     Ok(())
 }
 
@@ -633,7 +658,17 @@ mod tests {
                     source_dest_check: false,
                     error: None,
                 }],
-                counters: ClusterCounters { takeovers: 3, resumed: 1, ..Default::default() },
+                counters: ClusterCounters {
+                    takeovers: 3,
+                    resumed: 1,
+                    lease_renew_latency: {
+                        let mut l = crate::view::Latencies::default();
+                        l.record(std::time::Duration::from_millis(20));
+                        l.record(std::time::Duration::from_millis(1600));
+                        l
+                    },
+                    ..Default::default()
+                },
             };
             Status { cluster: Some(cluster), ..Fake.status() }
         }
@@ -673,11 +708,13 @@ mod tests {
                 assert!(declared.contains_key(name) && name.ends_with(&format!("_{unit}")), "{l}");
             } else if l != "# EOF" {
                 let name = l.split(['{', ' ']).next().unwrap();
+                let of_kind = |suffix: &str, kind: &str| {
+                    name.strip_suffix(suffix).filter(|f| declared.get(*f).is_some_and(|k| k == kind))
+                };
                 let family = match declared.get(name).map(String::as_str) {
                     Some("gauge") => name,
-                    _ => name
-                        .strip_suffix("_total")
-                        .filter(|f| declared.get(*f).is_some_and(|k| k == "counter"))
+                    _ => of_kind("_total", "counter")
+                        .or_else(|| ["_sum", "_count", "_bucket"].iter().find_map(|s| of_kind(s, "histogram")))
                         .unwrap_or(""),
                 };
                 assert!(!family.is_empty(), "{name} has no TYPE line before it:\n{text}");
@@ -740,6 +777,14 @@ mod tests {
             "egret_lease_takeovers_total 3",
             "egret_lease_resumed_total 1",
             "egret_sync_sends_refused_total 0",
+            // A histogram: cumulative buckets, a renewal of 1.6 s above the
+            // 1.5 s bound, the sum in seconds.
+            "egret_lease_renew_duration_seconds_bucket{le=\"0.025\"} 1",
+            "egret_lease_renew_duration_seconds_bucket{le=\"1.5\"} 1",
+            "egret_lease_renew_duration_seconds_bucket{le=\"2.0\"} 2",
+            "egret_lease_renew_duration_seconds_bucket{le=\"+Inf\"} 2",
+            "egret_lease_renew_duration_seconds_count 2",
+            "egret_lease_renew_duration_seconds_sum 1.62",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
@@ -821,6 +866,7 @@ mod tests {
         let mut want: HashMap<String, String> = HashMap::new();
         want.extend(gauges.iter().map(|n| (format!("egret_{n}"), "gauge".to_string())));
         want.extend(counters.iter().map(|n| (format!("egret_{n}"), "counter".to_string())));
+        want.insert("egret_lease_renew_duration_seconds".into(), "histogram".into());
         assert_eq!(declared, want, "{text}");
         // Units: seconds and bytes, as OpenMetrics writes them.
         for unit in [

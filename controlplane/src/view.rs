@@ -443,6 +443,54 @@ pub struct ClusterCounters {
     pub sync_journal_overflows: u64,
     /// Frames the channel refused (queue full).
     pub sync_sends_refused: u64,
+    /// How long Lease renewals took to be answered (or to fail).
+    #[serde(default)]
+    pub lease_renew_latency: Latencies,
+}
+
+/// Upper bounds, in seconds, of [`Latencies`]' buckets; a last bucket,
+/// +Inf, follows. With the default timing a renewal answered after 1.5 s
+/// (`renewDeadline` - `retryPeriod`) lets the deadline pass before it
+/// lands, unless the failsafe peers confirm.
+pub const LATENCY_BOUNDS: [f64; 9] = [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 5.0];
+
+/// A latency histogram with the buckets of [`LATENCY_BOUNDS`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Latencies {
+    /// Per bucket (each bound, then +Inf), the observations in it and in
+    /// no lower one; empty until the first observation.
+    pub buckets: Vec<u64>,
+    /// The sum of the observations, microseconds.
+    pub sum_micros: u64,
+}
+
+impl Latencies {
+    /// Counts one observation.
+    pub fn record(&mut self, d: std::time::Duration) {
+        if self.buckets.is_empty() {
+            self.buckets = vec![0; LATENCY_BOUNDS.len() + 1];
+        }
+        let secs = d.as_secs_f64();
+        let i = LATENCY_BOUNDS.iter().position(|b| secs <= *b).unwrap_or(LATENCY_BOUNDS.len());
+        self.buckets[i] += 1;
+        self.sum_micros = self.sum_micros.saturating_add(d.as_micros() as u64);
+    }
+
+    /// The observations.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// (upper bound, observations in the bucket) per bucket, +Inf last.
+    pub fn per_bucket(&self) -> Vec<(f64, u64)> {
+        LATENCY_BOUNDS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .enumerate()
+            .map(|(i, b)| (b, self.buckets.get(i).copied().unwrap_or(0)))
+            .collect()
+    }
 }
 
 pub trait GatewayView: Send + Sync + 'static {

@@ -956,6 +956,7 @@ impl SyncLoop {
                 let book = self.renewer.book.lock();
                 k.lease_api_errors += book.api_errors;
                 k.lease_conflicts += book.conflicts;
+                k.lease_renew_latency = book.latency.clone();
                 k
             },
             ..Default::default()

@@ -56,8 +56,8 @@ pub struct RenewBook {
     pub api_errors: u64,
     /// Renewals that met a newer record.
     pub conflicts: u64,
-    /// The longest a renewal took to be answered (or to fail), ms.
-    pub slowest_ms: u64,
+    /// How long renewals took to be answered (or to fail).
+    pub latency: crate::view::Latencies,
 }
 
 impl RenewBook {
@@ -136,11 +136,12 @@ impl Renewer {
     fn on_result(&self, mgr: &Mutex<LeaseManager>, valid_until: &Mutex<ValidUntil>, wake: &Notify, r: LeaseResult) {
         let now = Instant::now();
         let ok = r.result.is_ok();
-        let ms = now.saturating_duration_since(r.sent).as_millis() as u64;
+        let took = now.saturating_duration_since(r.sent);
+        let ms = took.as_millis() as u64;
         {
             let mut book = self.book.lock();
             book.sent.remove(&r.ip);
-            book.slowest_ms = book.slowest_ms.max(ms);
+            book.latency.record(took);
             match &r.result {
                 Ok(_) | Err(Failure::NotFound) => {
                     tracing::debug!(ip = %r.ip, ms, "lease renewed");
