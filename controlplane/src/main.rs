@@ -135,18 +135,86 @@ struct ClusterFlags {
     nat_ports: Option<PortRange>,
 }
 
+/// A command-line value that cannot be used. The value parsers' errors
+/// (clap puts the flag before them: `invalid value 'V' for '--flag'`)
+/// name the value; the others name the flag and the value.
+#[derive(Debug, thiserror::Error)]
+enum ArgError {
+    /// An item of a CIDR list flag (`--cluster-cidr`, `--cluster-pod-cidr`).
+    #[error("{value:?}: {source}")]
+    NotACidr {
+        /// The item, trimmed.
+        value: String,
+        /// Why.
+        #[source]
+        source: ipnet::AddrParseError,
+    },
+    /// `--cluster-pod-cidr` given with only blank items.
+    #[error("--cluster-pod-cidr: no CIDR in the value (is egret-cluster's pod-cidrs empty?)")]
+    NoClusterPodCidr,
+    /// The gateway's `--nat-ports`.
+    #[error("{value:?} is not FIRST-LAST (1 <= FIRST <= LAST <= 65535)")]
+    NotAPortRange {
+        /// The value.
+        value: String,
+    },
+    /// `--gateway-selector`.
+    #[error("{value:?} is not a label selector (KEY=VALUE)")]
+    NotASelector {
+        /// The value.
+        value: String,
+    },
+    /// `egret cloud discover --tag`.
+    #[error("--tag {value:?}: expected KEY=VALUE")]
+    NotATag {
+        /// The value.
+        value: String,
+    },
+    /// `--metrics-listen` (the gateway's and `check-config`'s).
+    #[error("{value:?} is not ADDRESS:PORT")]
+    NotAListenAddress {
+        /// The value.
+        value: String,
+    },
+    /// The agent's `--metrics-listen`.
+    #[error("--metrics-listen: {value:?} is not ADDRESS:PORT")]
+    NodeMetricsListen {
+        /// The value, trimmed.
+        value: String,
+    },
+    /// The agent's `--steer-mark`.
+    #[error("--steer-mark: {value:?} is not a number (hex with 0x, or decimal)")]
+    SteerMark {
+        /// The value.
+        value: String,
+    },
+    /// The agent's `--nat-ports` (a range that parses but is empty or
+    /// starts at 0 is refused by [`node::NodeOptions::validate`]).
+    #[error("--nat-ports: {value:?} is not FIRST-LAST")]
+    NodeNatPorts {
+        /// The value.
+        value: String,
+    },
+    /// The agent's settings together ([`node::NodeOptions::validate`]:
+    /// it names the flag and the value).
+    #[error(transparent)]
+    Node(#[from] node::NodeError),
+}
+
 /// One item of a comma-separated CIDR flag: a network (truncated to its
 /// prefix), or nothing for a blank item (`a,` where a ConfigMap key is
 /// empty, `a, b`), so the gateway and the agent read one value alike.
 #[derive(Debug, Clone, Copy)]
 struct CidrItem(Option<ipnet::IpNet>);
 
-fn parse_cidr_item(s: &str) -> Result<CidrItem, String> {
+fn parse_cidr_item(s: &str) -> Result<CidrItem, ArgError> {
     let s = s.trim();
     if s.is_empty() {
         return Ok(CidrItem(None));
     }
-    s.parse::<ipnet::IpNet>().map(|n| CidrItem(Some(n.trunc()))).map_err(|e| format!("{s:?}: {e}"))
+    s.parse::<ipnet::IpNet>()
+        .map(|n| CidrItem(Some(n.trunc())))
+        .map_err(|source| ArgError::NotACidr { value: s.to_owned(), source })
 }
 
 fn cidrs(items: &[CidrItem]) -> Vec<ipnet::IpNet> {
@@ -156,9 +224,9 @@ fn cidrs(items: &[CidrItem]) -> Vec<ipnet::IpNet> {
 impl ClusterFlags {
     /// A flag given with nothing in it (`--cluster-pod-cidr=` from an empty
     /// ConfigMap key) is refused: the file's value would stand in silently.
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), ArgError> {
         if !self.cluster_pod_cidr.is_empty() && cidrs(&self.cluster_pod_cidr).is_empty() {
-            return Err("--cluster-pod-cidr: no CIDR in the value (is egret-cluster's pod-cidrs empty?)".into());
+            return Err(ArgError::NoClusterPodCidr);
         }
         Ok(())
     }
@@ -173,8 +241,8 @@ impl ClusterFlags {
 }
 
 /// A port range `FIRST-LAST`, 1 <= FIRST <= LAST.
-fn parse_ports(s: &str) -> Result<PortRange, String> {
-    let bad = || format!("{s:?} is not FIRST-LAST (1 <= FIRST <= LAST <= 65535)");
+fn parse_ports(s: &str) -> Result<PortRange, ArgError> {
+    let bad = || ArgError::NotAPortRange { value: s.to_owned() };
     let (first, last) = s.split_once('-').ok_or_else(bad)?;
     let r =
         PortRange { first: first.trim().parse().map_err(|_| bad())?, last: last.trim().parse().map_err(|_| bad())? };
@@ -186,9 +254,9 @@ fn parse_ports(s: &str) -> Result<PortRange, String> {
 
 /// A label selector: not empty, no spaces (`KEY=VALUE`, or any selector
 /// the API server takes, e.g. `a=b,c!=d`).
-fn parse_selector(s: &str) -> Result<String, String> {
+fn parse_selector(s: &str) -> Result<String, ArgError> {
     if s.trim().is_empty() || s.chars().any(char::is_whitespace) {
-        return Err(format!("{s:?} is not a label selector (KEY=VALUE)"));
+        return Err(ArgError::NotASelector { value: s.to_owned() });
     }
     Ok(s.to_string())
 }
@@ -208,10 +276,10 @@ enum CloudCommand {
     },
 }
 
-fn parse_tag(s: &str) -> Result<(String, String), String> {
+fn parse_tag(s: &str) -> Result<(String, String), ArgError> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-        _ => Err(format!("--tag {s:?}: expected KEY=VALUE")),
+        _ => Err(ArgError::NotATag { value: s.to_owned() }),
     }
 }
 
@@ -350,7 +418,7 @@ fn init_logs_at(default: &str) {
         .init();
 }
 
-fn node_options(a: NodeArgs) -> Result<node::NodeOptions, String> {
+fn node_options(a: NodeArgs) -> Result<node::NodeOptions, ArgError> {
     let name = a.node_name.or_else(|| std::env::var("NODE_NAME").ok()).unwrap_or_default();
     let mut o = node::NodeOptions::new(name);
     o.kubeconfig = a.kubeconfig;
@@ -367,9 +435,9 @@ fn node_options(a: NodeArgs) -> Result<node::NodeOptions, String> {
         Some(hex) => u32::from_str_radix(hex, 16),
         None => m.parse(),
     }
-    .map_err(|_| format!("--steer-mark: {:?} is not a number (hex with 0x, or decimal)", a.steer_mark))?;
+    .map_err(|_| ArgError::SteerMark { value: a.steer_mark.clone() })?;
     o.tables = node::reconcile::TableRange { first: a.tables.table_first, count: a.tables.table_count };
-    let bad_ports = || format!("--nat-ports: {:?} is not FIRST-LAST", a.nat_ports);
+    let bad_ports = || ArgError::NodeNatPorts { value: a.nat_ports.clone() };
     let (first, last) = a.nat_ports.split_once('-').ok_or_else(bad_ports)?;
     o.nat_ports = PortRange {
         first: first.trim().parse().map_err(|_| bad_ports())?,
@@ -377,19 +445,19 @@ fn node_options(a: NodeArgs) -> Result<node::NodeOptions, String> {
     };
     o.metrics_listen = match a.metrics_listen.trim() {
         "" => None,
-        s => Some(parse_listen(s).map_err(|e| format!("--metrics-listen: {e}"))?),
+        s => Some(parse_listen(s).map_err(|_| ArgError::NodeMetricsListen { value: s.to_owned() })?),
     };
     o.status_file = a.status_file;
     o.resync_period = std::time::Duration::from_secs(a.resync_seconds.max(1));
-    o.validate().map_err(|e| e.to_string())?;
+    o.validate()?;
     Ok(o)
 }
 
 /// A listen address: `ADDRESS:PORT`, `[V6]:PORT`, or an IPv6 address without
 /// brackets followed by `:PORT` (what `$(HOST_IP):PORT` expands to on an
 /// IPv6 Node; the port is the part after the last colon).
-fn parse_listen(s: &str) -> Result<SocketAddr, String> {
-    let bad = || format!("{s:?} is not ADDRESS:PORT");
+fn parse_listen(s: &str) -> Result<SocketAddr, ArgError> {
+    let bad = || ArgError::NotAListenAddress { value: s.to_owned() };
     if let Ok(a) = s.parse() {
         return Ok(a);
     }
@@ -603,6 +671,24 @@ fn check_config(file: &std::path::Path, metrics_listen: Option<SocketAddr>, clus
     }
 }
 
+/// Why `egret drain` could not set or remove the annotation.
+#[derive(Debug, thiserror::Error)]
+enum DrainError {
+    /// No client for the API server (the kubeconfig).
+    #[error(transparent)]
+    Client(#[from] egret_controlplane::k8s::K8sError),
+    /// The API server refused the patch, or did not answer in five
+    /// attempts.
+    #[error("Node {node}: {source}")]
+    Patch {
+        /// The Node.
+        node: String,
+        /// The last attempt's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
 /// `egret drain NODE [--undo]`: sets or removes the drain annotation.
 fn drain(node: &str, undo: bool, kubeconfig: Option<&std::path::Path>) -> ExitCode {
     use egret_controlplane::k8s::observe::DRAIN_ANNOTATION;
@@ -617,7 +703,7 @@ fn drain(node: &str, undo: bool, kubeconfig: Option<&std::path::Path>) -> ExitCo
     };
     let value = if undo { serde_json::Value::Null } else { serde_json::Value::String("true".into()) };
     let res = rt.block_on(async {
-        let client = egret_controlplane::k8s::client(kubeconfig).await.map_err(|e| e.to_string())?;
+        let client = egret_controlplane::k8s::client(kubeconfig).await?;
         let nodes: Api<Node> = Api::all(client);
         let patch = serde_json::json!({"metadata": {"annotations": {DRAIN_ANNOTATION: value}}});
         // The patch is idempotent: a connection that failed (refused, reset,
@@ -637,7 +723,7 @@ fn drain(node: &str, undo: bool, kubeconfig: Option<&std::path::Path>) -> ExitCo
                     tokio::time::sleep(std::time::Duration::from_millis(400 << attempt.min(3))).await;
                     attempt += 1;
                 }
-                r => break r.map_err(|e| format!("Node {node}: {e}")),
+                r => break r.map_err(|source| DrainError::Patch { node: node.to_owned(), source }),
             }
         }
     });
@@ -823,7 +909,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{v}: {e}"));
             let Command::Gateway { cluster, .. } = cli.command else { panic!("{:?}", cli.command) };
             let want = if v.contains("fd00") { 2 } else { 1 };
-            assert_eq!(cluster.check(), Ok(()));
+            assert!(cluster.check().is_ok(), "{v}");
             assert_eq!(cluster.overrides().cluster_pod_cidrs.map(|c| c.len()), Some(want), "{v}");
         }
         // Given, but empty: refused, not the file's value in silence.
@@ -831,18 +917,57 @@ mod tests {
             let cli =
                 Cli::try_parse_from(["egret", "gateway", "--config", "f", v]).unwrap_or_else(|e| panic!("{v}: {e}"));
             let Command::Gateway { cluster, .. } = cli.command else { panic!("{:?}", cli.command) };
-            assert!(cluster.check().is_err_and(|e| e.contains("--cluster-pod-cidr")), "{v}");
+            assert!(matches!(cluster.check(), Err(ArgError::NoClusterPodCidr)), "{v}");
+            assert!(cluster.check().is_err_and(|e| e.to_string().contains("--cluster-pod-cidr")), "{v}");
         }
     }
 
     #[test]
     fn a_listen_address_may_be_a_bare_ipv6_address_and_port() {
         let v6: SocketAddr = "[2001:db8::7]:9465".parse().unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(parse_listen("2001:db8::7:9465"), Ok(v6));
-        assert_eq!(parse_listen("[2001:db8::7]:9465"), Ok(v6));
-        assert_eq!(parse_listen("192.0.2.7:9465"), Ok("192.0.2.7:9465".parse().unwrap_or_else(|e| panic!("{e}"))));
+        let parse = |s: &str| parse_listen(s).map_err(|e| e.to_string());
+        assert_eq!(parse("2001:db8::7:9465"), Ok(v6));
+        assert_eq!(parse("[2001:db8::7]:9465"), Ok(v6));
+        assert_eq!(parse("192.0.2.7:9465"), Ok("192.0.2.7:9465".parse().unwrap_or_else(|e| panic!("{e}"))));
+        assert_eq!(parse("192.0.2.7"), Err("\"192.0.2.7\" is not ADDRESS:PORT".into()));
         assert!(parse_listen("192.0.2.7").is_err());
         assert!(parse_listen("2001:db8::7").is_err(), "no port: the last group is not taken as one");
         assert!(parse_listen("").is_err());
+    }
+
+    /// Each value error names the value, and the flag where clap does not
+    /// put it in front (`invalid value 'V' for '--flag <FLAG>': ...`).
+    #[test]
+    fn a_bad_value_is_named_with_its_flag() {
+        let e = |s: &str| Cli::try_parse_from(s.split(' ')).map(|_| ()).map_err(|e| e.to_string()).expect_err(s);
+        let got = e("egret gateway --config f --nat-ports=9-x");
+        assert!(got.contains("'--nat-ports <NAT_PORTS>': \"9-x\" is not FIRST-LAST"), "{got}");
+        let got = e("egret gateway --config f --gateway-selector=a\t=b");
+        assert!(
+            got.contains("'--gateway-selector <GATEWAY_SELECTOR>'")
+                && got.contains("\"a\\t=b\" is not a label selector (KEY=VALUE)"),
+            "{got}"
+        );
+        let got = e("egret cloud discover --subnet s --tag =v");
+        assert!(got.contains("--tag \"=v\": expected KEY=VALUE"), "{got}");
+        let got = e("egret node --cluster-cidr=10.0.0.0/8,,pods");
+        assert!(got.contains("'--cluster-cidr <CLUSTER_CIDR>': \"pods\": "), "{got}");
+
+        let node = |flag: &str| {
+            let cli = Cli::try_parse_from(["egret", "node", "--node-name=w1", "--cluster-cidr=10.0.0.0/8", flag])
+                .unwrap_or_else(|e| panic!("{e}"));
+            let Command::Node(NodeCli { command: None, run }) = cli.command else { panic!("{:?}", cli.command) };
+            node_options(run).map(|_| ()).expect_err(flag)
+        };
+        let got = node("--steer-mark=0x10g0");
+        assert!(matches!(&got, ArgError::SteerMark { value } if value == "0x10g0"), "{got:?}");
+        assert_eq!(got.to_string(), "--steer-mark: \"0x10g0\" is not a number (hex with 0x, or decimal)");
+        let got = node("--nat-ports=40000");
+        assert_eq!(got.to_string(), "--nat-ports: \"40000\" is not FIRST-LAST");
+        let got = node("--metrics-listen= 192.0.2.7 ");
+        assert_eq!(got.to_string(), "--metrics-listen: \"192.0.2.7\" is not ADDRESS:PORT");
+        let got = node("--nat-ports=2000-1000");
+        assert!(matches!(got, ArgError::Node(_)), "{got:?}");
+        assert_eq!(got.to_string(), "--nat-ports: 2000-1000 is not a port range");
     }
 }

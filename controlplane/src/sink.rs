@@ -15,6 +15,9 @@ use std::net::IpAddr;
 
 use egret_dataplane::tables::TablesSpec;
 
+use crate::daemon::sink::CapacityError;
+use crate::failclosed::FailClosedError;
+
 /// Why a desired state could not be applied. Each says what the gateway
 /// runs instead (daemon/sink.rs: an apply is whole or refused; a refused
 /// one still gives up the addresses the new state no longer holds).
@@ -33,9 +36,9 @@ pub enum ApplyError {
     )]
     TooLarge {
         /// Which map, how many entries, its capacity.
-        reason: String,
+        reason: CapacityError,
         /// Whether the kernel's table now covers the new state.
-        fail_closed: Result<(), String>,
+        fail_closed: Result<(), FailClosedError>,
         /// What was given up of the previous state.
         kept: String,
     },
@@ -43,7 +46,7 @@ pub enum ApplyError {
     #[error("fail-closed rules not installed: {error}; the previous configuration stays ({kept})")]
     FailClosed {
         /// nft's error.
-        error: String,
+        error: FailClosedError,
         /// What was given up of the previous state.
         kept: String,
     },
@@ -60,7 +63,7 @@ pub enum ApplyError {
         /// The first error.
         error: String,
         /// Whether the previous maps were put back.
-        restored: Result<(), String>,
+        restored: Result<(), egret_bpf::BpfError>,
     },
 }
 

@@ -78,6 +78,27 @@ use crate::sink::{ApplyError, TablesSink};
 /// ([`crate::failclosed::install`]; tests put another in).
 pub type RulesInstaller = Box<dyn Fn(&Tables) -> Result<(), FailClosedError> + Send + Sync>;
 
+/// Why a state does not fit the XDP maps (step 1 of the module doc).
+#[derive(Debug, thiserror::Error)]
+pub enum CapacityError {
+    /// More owned addresses of a family than `owned_v4` / `owned_v6` hold.
+    #[error(
+        "{count} owned {family} addresses (egress IPs and answered next hops) exceed the map's capacity of {capacity}"
+    )]
+    OwnedAddresses {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// Addresses the state owns.
+        count: usize,
+        /// The map's `max_entries`.
+        capacity: usize,
+    },
+    /// The policy source or rule LPMs cannot take the classification (the
+    /// error names the map, the entries and its capacity).
+    #[error(transparent)]
+    Policy(#[from] egret_bpf::BpfError),
+}
+
 /// The daemon's sink.
 pub struct GatewaySink {
     engine: Engine,
@@ -268,17 +289,15 @@ impl GatewaySink {
     }
 
     /// Checks that the maps can take `plan` now (step 1 of the module doc).
-    fn check_capacity(&self, plan: &MapPlan) -> Result<(), String> {
+    fn check_capacity(&self, plan: &MapPlan) -> Result<(), CapacityError> {
         let capacity = self.program.options().owned_addresses as usize;
         let v4 = plan.owned.keys().filter(|ip| ip.is_ipv4()).count();
         for (family, count) in [("IPv4", v4), ("IPv6", plan.owned.len() - v4)] {
             if count > capacity {
-                return Err(format!(
-                    "{count} owned {family} addresses (egress IPs and answered next hops) exceed the map's capacity of {capacity}"
-                ));
+                return Err(CapacityError::OwnedAddresses { family, count, capacity });
             }
         }
-        self.program.check_policy(&plan.src, &plan.dst).map_err(|e| e.to_string())
+        Ok(self.program.check_policy(&plan.src, &plan.dst)?)
     }
 
     /// Makes the maps hold `plan` (step 3). The record of owned addresses
@@ -308,7 +327,7 @@ impl GatewaySink {
     /// table. On a map error the maps are put back as the engine has them.
     fn commit(&self, spec: &TablesSpec, next: &Tables) -> Result<(), ApplyError> {
         if let Err(e) = self.write_maps(&MapPlan::of(next)) {
-            let restored = self.write_maps(&MapPlan::of(&self.engine.tables())).map_err(|e| e.to_string());
+            let restored = self.write_maps(&MapPlan::of(&self.engine.tables()));
             return Err(ApplyError::Maps { error: e.to_string(), restored });
         }
         let fence = self.fast_path.as_ref().map(|fp| {
@@ -326,7 +345,7 @@ impl GatewaySink {
             Err(e) => {
                 // Not expected: `next` was compiled from the same spec.
                 drop(fence);
-                let restored = self.write_maps(&MapPlan::of(&self.engine.tables())).map_err(|e| e.to_string());
+                let restored = self.write_maps(&MapPlan::of(&self.engine.tables()));
                 return Err(ApplyError::Maps { error: format!("engine refused the tables: {e}"), restored });
             }
         };
@@ -344,7 +363,7 @@ impl GatewaySink {
     /// never older than what XDP passes. Held (Kubernetes mode before the
     /// cluster's first apply): nothing, the kernel's table is not ours yet.
     /// `Ok(true)` when it installed the table.
-    pub fn reinstall_fail_closed(&self) -> Result<bool, String> {
+    pub fn reinstall_fail_closed(&self) -> Result<bool, FailClosedError> {
         let _serial = SERIAL.lock();
         if self.fail_closed.is_held() {
             return Ok(false);
@@ -356,7 +375,7 @@ impl GatewaySink {
     }
 
     /// Installs the fail-closed table for `tables` unless held.
-    fn install_fail_closed(&self, tables: &Tables) -> Result<(), String> {
+    fn install_fail_closed(&self, tables: &Tables) -> Result<(), FailClosedError> {
         match self.fail_closed.install_with(tables, &self.install_rules) {
             Ok(Installed::Replaced) => Ok(()),
             Ok(Installed::Kept) => {
@@ -365,7 +384,7 @@ impl GatewaySink {
             }
             Err(e) => {
                 self.fail_closed_errors.fetch_add(1, Ordering::Relaxed);
-                Err(e.to_string())
+                Err(e)
             }
         }
     }
@@ -686,5 +705,14 @@ mod tests {
         let merged = with_node_addresses(&spec, &node);
         assert_eq!(merged.local_addresses, vec![ip("203.0.113.22"), ip("2001:db8:113::22")]);
         assert_eq!(TablesSpec { local_addresses: Vec::new(), ..merged }, spec, "nothing else changes");
+    }
+
+    #[test]
+    fn too_many_owned_addresses_are_named_with_the_family_count_and_capacity() {
+        let e = CapacityError::OwnedAddresses { family: "IPv6", count: 5, capacity: 4 };
+        assert_eq!(
+            e.to_string(),
+            "5 owned IPv6 addresses (egress IPs and answered next hops) exceed the map's capacity of 4"
+        );
     }
 }

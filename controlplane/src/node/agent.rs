@@ -34,7 +34,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use egret_dataplane::tables::{NatSettings, PolicySlots, Tables};
+use egret_dataplane::tables::{NatSettings, PolicySlots, SpecError, Tables};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PartialObjectMeta};
@@ -134,9 +134,35 @@ pub struct Computed {
     pub errors: Vec<String>,
 }
 
+/// Why a pass could not compute the node's plan.
+#[derive(Debug, thiserror::Error)]
+pub enum ComputeError {
+    /// The desired tables were refused as a whole (their global settings,
+    /// e.g. `nat.ports` from `--nat-ports`; the error names the field and
+    /// the value).
+    #[error("compiling the policies: {0}")]
+    Compile(#[source] SpecError),
+}
+
+/// Why a pass stopped before it could apply the plan (what it could not
+/// apply after that is in its list of errors, and retried).
+#[derive(Debug, thiserror::Error)]
+enum PassError {
+    /// The plan.
+    #[error(transparent)]
+    Compute(#[from] ComputeError),
+    /// Reading the kernel's addresses, rules or routes.
+    #[error(transparent)]
+    Kernel(#[from] super::kernel::KernelError),
+    /// Installing the nftables table for the union of the old and new
+    /// steered pods.
+    #[error(transparent)]
+    Nft(#[from] nft::NftError),
+}
+
 /// Observed state -> the node's plan (pure: the same as the gateways'
 /// [`desired`], restricted to this node's pods).
-pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Result<Computed, String> {
+pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Result<Computed, ComputeError> {
     let local_cfg = LocalConfig {
         node_name: opts.node_name.clone(),
         nat: NatSettings { ports: opts.nat_ports, ..NatSettings::default() },
@@ -144,7 +170,7 @@ pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Resul
         role: Role::Node,
     };
     let d = desired(obs, &local_cfg, Timestamp::now());
-    let tables = Tables::compile(&d.tables, 1, slots).map_err(|e| format!("compiling the policies: {e}"))?;
+    let tables = Tables::compile(&d.tables, 1, slots).map_err(ComputeError::Compile)?;
     let companions: BTreeMap<IpAddr, IpAddr> =
         d.ips.iter().filter_map(|(ip, a)| a.next_hop.map(|n| (*ip, n))).collect();
     let local: BTreeSet<IpAddr> = obs.pods.iter().flat_map(|p| p.ips.iter().copied()).collect();
@@ -282,7 +308,7 @@ impl Agent {
                     .collect();
                 errors.extend(c.errors);
             }
-            Err(e) => errors.push(e),
+            Err(e) => errors.push(e.to_string()),
         }
         for e in &errors {
             tracing::warn!(error = %e, "node agent pass");
@@ -300,28 +326,28 @@ impl Agent {
         obs: &Observed,
         errors: &mut Vec<String>,
         changes: &mut u64,
-    ) -> Result<(Computed, KernelView), String> {
+    ) -> Result<(Computed, KernelView), PassError> {
         let c = compute(obs, &self.opts, &self.slots)?;
         // PerNode addresses first: SNAT to an address the node does not
         // hold yet would lose the replies.
-        let held = self.kernel.addresses().await.map_err(|e| e.to_string())?;
+        let held = self.kernel.addresses().await?;
         for ip in c.plan.node_addresses.iter().filter(|ip| !held.iter().any(|(_, h)| h == *ip)) {
-            let added = match self.kernel.default_interface(*ip).await.map_err(|e| e.to_string())? {
-                Some(index) => self.kernel.address(true, index, *ip).await.map_err(|e| e.to_string()),
-                None => Err(format!("per-node address {ip}: no default route of its family to choose the interface")),
-            };
-            match added {
-                Ok(()) => *changes += 1,
-                Err(e) => errors.push(e),
+            match self.kernel.default_interface(*ip).await? {
+                Some(index) => match self.kernel.address(true, index, *ip).await {
+                    Ok(()) => *changes += 1,
+                    Err(e) => errors.push(e.to_string()),
+                },
+                None => errors
+                    .push(format!("per-node address {ip}: no default route of its family to choose the interface")),
             }
         }
-        let before = self.kernel.view().await.map_err(|e| e.to_string())?;
+        let before = self.kernel.view().await?;
         // Keep sources for the union first; without it, change nothing.
         // nft runs up to its timeout: off the runtime's other tasks (the
         // watchers keep reading meanwhile).
         let mark = self.opts.steer_mark;
         let union = sets(&before, Some(&c.plan), &c, self.strict.as_ref(), mark);
-        tokio::task::block_in_place(|| nft::install(&union)).map_err(|e| e.to_string())?;
+        tokio::task::block_in_place(|| nft::install(&union))?;
         let shape = RuleShape { priority: self.opts.rule_priority, mark };
         match reconcile(&before, &c.plan, self.opts.tables, shape) {
             Ok(ch) => {
@@ -331,7 +357,7 @@ impl Agent {
             }
             Err(e) => errors.push(e.to_string()),
         }
-        let after = self.kernel.view().await.map_err(|e| e.to_string())?;
+        let after = self.kernel.view().await?;
         let now = sets(&after, None, &c, self.strict.as_ref(), mark);
         if let Err(e) = tokio::task::block_in_place(|| nft::install(&now)) {
             errors.push(e.to_string());
@@ -395,7 +421,7 @@ async fn serve_metrics(listener: TcpListener, status: Arc<Mutex<NodeStatus>>, pa
             since_pass: pass_done.lock().map(|t| t.elapsed()),
             resync,
         };
-        let answer = |r: Result<(), String>, ok: &str| match r {
+        let answer = |r: Result<(), health::ProbeFailure>, ok: &str| match r {
             Ok(()) => (200, "text/plain", format!("{ok}\n")),
             Err(why) => (503, "text/plain", format!("not {ok}: {why}\n")),
         };
@@ -563,6 +589,18 @@ mod tests {
             outside_cluster(&outside, &cidrs).unwrap(),
             "--cluster-cidr 198.18.0.0/16,2001:db8:18::/48: pod team-a/b on this node has address 198.19.0.7, in none of them \
              (give every pod and Service CIDR of the cluster: the chart's cluster.podCIDRs and cluster.serviceCIDRs)"
+        );
+    }
+
+    #[test]
+    fn tables_that_do_not_compile_are_named_with_the_field_and_the_value() {
+        let mut opts = NodeOptions::new("w1");
+        opts.nat_ports = egret_dataplane::nat::port_alloc::PortRange { first: 2000, last: 1000 };
+        let e = compute(&Observed::default(), &opts, &PolicySlots::default()).unwrap_err();
+        assert!(matches!(e, ComputeError::Compile(SpecError::InvalidPortRange { .. })), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "compiling the policies: nat.ports: invalid port range 2000-1000 (need 1 <= first <= last)"
         );
     }
 }

@@ -38,30 +38,51 @@ pub struct Probe {
     pub resync: Duration,
 }
 
+/// Why a probe fails.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeFailure {
+    /// `/healthz` and `/ready`: no pass has finished for longer than the
+    /// resync period plus [`PASS_LIMIT`] since the watches synced.
+    #[error(
+        "the reconcile loop is stuck: no pass has finished for {} s (limit {} s: the resync period + {} s)",
+        since.as_secs(),
+        limit.as_secs(),
+        PASS_LIMIT.as_secs()
+    )]
+    Stuck {
+        /// Time since the last pass finished.
+        since: Duration,
+        /// The resync period plus [`PASS_LIMIT`].
+        limit: Duration,
+    },
+    /// `/ready`: the watches have not synced (the API server is not
+    /// answering yet, or is still listing).
+    #[error("the watches have not synced yet")]
+    NotSynced,
+    /// `/ready`: no pass has applied everything yet.
+    #[error("no pass has applied everything yet")]
+    NotProgrammed,
+}
+
 impl Probe {
-    /// `/healthz`: `Err(why)` when the reconcile loop is stuck.
-    pub fn alive(&self) -> Result<(), String> {
+    /// `/healthz`: `Err` when the reconcile loop is stuck.
+    pub fn alive(&self) -> Result<(), ProbeFailure> {
         let limit = self.resync + PASS_LIMIT;
         match self.since_pass {
-            Some(since) if self.synced && since > limit => Err(format!(
-                "the reconcile loop is stuck: no pass has finished for {} s (limit {} s: the resync period + {} s)",
-                since.as_secs(),
-                limit.as_secs(),
-                PASS_LIMIT.as_secs()
-            )),
+            Some(since) if self.synced && since > limit => Err(ProbeFailure::Stuck { since, limit }),
             _ => Ok(()),
         }
     }
 
-    /// `/ready`: `Err(why)` until everything was applied once, and while
-    /// the loop is stuck.
-    pub fn ready(&self) -> Result<(), String> {
+    /// `/ready`: `Err` until everything was applied once, and while the
+    /// loop is stuck.
+    pub fn ready(&self) -> Result<(), ProbeFailure> {
         if !self.synced {
-            return Err("the watches have not synced yet".into());
+            return Err(ProbeFailure::NotSynced);
         }
         self.alive()?;
         if !self.programmed {
-            return Err("no pass has applied everything yet".into());
+            return Err(ProbeFailure::NotProgrammed);
         }
         Ok(())
     }
@@ -82,7 +103,12 @@ mod tests {
         assert_eq!(probe(true, true, 90).alive(), Ok(()), "the resync period plus the limit is allowed");
         let stuck = probe(true, true, 91);
         let why = stuck.alive().unwrap_err();
-        assert!(why.contains("stuck") && why.contains("91 s") && why.contains("limit 90 s"), "{why}");
+        assert_eq!(why, ProbeFailure::Stuck { since: Duration::from_secs(91), limit: Duration::from_secs(90) });
+        let text = why.to_string();
+        assert_eq!(
+            text,
+            "the reconcile loop is stuck: no pass has finished for 91 s (limit 90 s: the resync period + 60 s)"
+        );
         assert_eq!(stuck.ready(), Err(why));
     }
 
@@ -90,10 +116,12 @@ mod tests {
     fn waiting_for_the_api_server_is_not_a_failure_but_not_ready() {
         let waiting = probe(false, false, 600);
         assert_eq!(waiting.alive(), Ok(()));
-        assert_eq!(waiting.ready(), Err("the watches have not synced yet".into()));
+        assert_eq!(waiting.ready(), Err(ProbeFailure::NotSynced));
+        assert_eq!(ProbeFailure::NotSynced.to_string(), "the watches have not synced yet");
         let first = probe(true, false, 1);
         assert_eq!(first.alive(), Ok(()));
-        assert_eq!(first.ready(), Err("no pass has applied everything yet".into()));
+        assert_eq!(first.ready(), Err(ProbeFailure::NotProgrammed));
+        assert_eq!(ProbeFailure::NotProgrammed.to_string(), "no pass has applied everything yet");
         let never = Probe { synced: true, since_pass: None, ..probe(true, true, 0) };
         assert_eq!(never.alive(), Ok(()));
     }

@@ -6,7 +6,7 @@
 //! died (with its time, so staleness is visible).
 
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -81,12 +81,35 @@ pub fn write(path: &Path, s: &NodeStatus) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Why the status file could not be read (`egret node status`).
+#[derive(Debug, thiserror::Error)]
+pub enum StatusFileError {
+    /// The file could not be read (no agent on this node yet, another
+    /// `--status-file`, no permission).
+    #[error("{}: {source} (is `egret node` running on this node, with this --status-file?)", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file was read but holds no [`NodeStatus`].
+    #[error("{}: not a status file: {source}", path.display())]
+    NotAStatusFile {
+        /// The file.
+        path: PathBuf,
+        /// Where the JSON stops being a status.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Reads the status file.
-pub fn read(path: &Path) -> Result<NodeStatus, String> {
-    let text = std::fs::read(path).map_err(|e| {
-        format!("{}: {e} (is `egret node` running on this node, with this --status-file?)", path.display())
-    })?;
-    serde_json::from_slice(&text).map_err(|e| format!("{}: not a status file: {e}", path.display()))
+pub fn read(path: &Path) -> Result<NodeStatus, StatusFileError> {
+    let text =
+        std::fs::read(path).map_err(|source| StatusFileError::Unreadable { path: path.to_path_buf(), source })?;
+    serde_json::from_slice(&text).map_err(|source| StatusFileError::NotAStatusFile { path: path.to_path_buf(), source })
 }
 
 /// The agent's exposition: one [`NodeStatus`] encoded by prometheus-client
@@ -201,7 +224,23 @@ mod tests {
         assert_eq!(read(&path).unwrap(), s);
         let r = render(&s, 105);
         assert!(r.contains("(5 s ago)") && r.contains("egresspolicy/a"), "{r}");
-        assert!(read(&dir.path().join("missing")).unwrap_err().contains("is `egret node` running"));
+        let missing = dir.path().join("missing");
+        let e = read(&missing).unwrap_err();
+        assert!(matches!(&e, StatusFileError::Unreadable { path, .. } if *path == missing), "{e:?}");
+        let e = e.to_string();
+        assert!(e.starts_with(&format!("{}: ", missing.display())) && e.contains("is `egret node` running"), "{e}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_status_is_named_with_where_it_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.json");
+        std::fs::write(&path, b"{\"node\": 7}").unwrap();
+        let e = read(&path).unwrap_err();
+        assert!(matches!(&e, StatusFileError::NotAStatusFile { path: p, .. } if *p == path), "{e:?}");
+        let e = e.to_string();
+        assert!(e.starts_with(&format!("{}: not a status file: ", path.display())), "{e}");
+        assert!(e.contains("invalid type: integer `7`"), "{e}");
     }
 
     #[test]

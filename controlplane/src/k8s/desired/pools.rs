@@ -34,7 +34,7 @@ pub(super) fn parse_pools(obs: &Observed) -> Pools<'_> {
             .and_then(|pool| {
                 parse_selector("spec.gatewaySelector", &p.spec.gateway_selector)
                     .map(|_| pool)
-                    .map_err(|m| (reason::INVALID_SPEC, m))
+                    .map_err(|e| (reason::INVALID_SPEC, e.to_string()))
             });
             (p.name.as_str(), (p, parsed))
         })

@@ -8,7 +8,7 @@ use egret_dataplane::tables::NatSettings;
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
-use kube::core::{Selector, SelectorExt};
+use kube::core::{ParseExpressionError, Selector, SelectorExt};
 
 use super::{Labels, Observed, Owner, PolicyInfo, ServiceInfo, ServiceProblem};
 use crate::k8s::crd::{self, reason};
@@ -95,16 +95,17 @@ fn policy_source(p: &PolicyInfo) -> Source {
     };
     let parsed = (|| -> Result<(), (&'static str, String)> {
         let inv = |m: String| (reason::INVALID_SPEC, m);
-        s.pod_selector = parse_selector("spec.podSelector", &p.spec.pod_selector).map_err(inv)?;
-        s.namespace_selector = parse_selector("spec.namespaceSelector", &p.spec.namespace_selector).map_err(inv)?;
-        s.gateway_selector = parse_selector("spec.gatewaySelector", &p.spec.gateway_selector).map_err(inv)?;
-        s.destinations = parse_cidrs("spec.destinations", &p.spec.destinations).map_err(inv)?;
+        let bad = |e: SpecFieldError| (reason::INVALID_SPEC, e.to_string());
+        s.pod_selector = parse_selector("spec.podSelector", &p.spec.pod_selector).map_err(bad)?;
+        s.namespace_selector = parse_selector("spec.namespaceSelector", &p.spec.namespace_selector).map_err(bad)?;
+        s.gateway_selector = parse_selector("spec.gatewaySelector", &p.spec.gateway_selector).map_err(bad)?;
+        s.destinations = parse_cidrs("spec.destinations", &p.spec.destinations).map_err(bad)?;
         if s.destinations.is_empty() {
             return Err(inv(
                 "spec.destinations: must list at least one CIDR (0.0.0.0/0 for every IPv4 destination)".into()
             ));
         }
-        s.except = parse_cidrs("spec.except", &p.spec.except).map_err(inv)?;
+        s.except = parse_cidrs("spec.except", &p.spec.except).map_err(bad)?;
         if p.spec.mode == Some(crd::PolicyMode::PerNode) {
             if !p.spec.egress_ips.is_empty() || p.spec.gateway_selector.is_some() {
                 return Err(inv(
@@ -114,7 +115,7 @@ fn policy_source(p: &PolicyInfo) -> Source {
             let Some(pool) = &p.spec.pool else {
                 return Err((reason::NO_EGRESS_IP, "spec.mode: PerNode needs spec.pool (one address per Node)".into()));
             };
-            s.per_node = Some(parse_selector("spec.nodeSelector", &p.spec.node_selector).map_err(inv)?);
+            s.per_node = Some(parse_selector("spec.nodeSelector", &p.spec.node_selector).map_err(bad)?);
             s.pool = Some((pool.name.clone(), 1));
             return Ok(());
         }
@@ -137,9 +138,9 @@ fn policy_source(p: &PolicyInfo) -> Source {
             }
             (None, false) => {
                 for (i, e) in p.spec.egress_ips.iter().enumerate() {
-                    let ip = parse_ip(&format!("spec.egressIPs[{i}].ip"), &e.ip).map_err(inv)?;
+                    let ip = parse_ip(&format!("spec.egressIPs[{i}].ip"), &e.ip).map_err(bad)?;
                     let nh = match &e.next_hop {
-                        Some(n) => Some(parse_ip(&format!("spec.egressIPs[{i}].nextHop"), n).map_err(inv)?),
+                        Some(n) => Some(parse_ip(&format!("spec.egressIPs[{i}].nextHop"), n).map_err(bad)?),
                         None => None,
                     };
                     if s.requested.iter().any(|(x, _)| *x == ip) {
@@ -234,11 +235,49 @@ fn service_source(svc: &ServiceInfo, nat: &NatSettings) -> (Source, Option<Servi
     (s, None)
 }
 
+/// A field of a policy's (or a pool's) spec that does not parse; the
+/// message names the field and the value (the policy's `Ready` condition
+/// shows it).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SpecFieldError {
+    /// Not an IP address (`spec.egressIPs[i].ip`, `.nextHop`).
+    #[error("{field}: {value:?} is not an IP address")]
+    NotAnIp {
+        /// The field.
+        field: String,
+        /// The value, as written.
+        value: String,
+    },
+    /// An item of a CIDR list that is not a CIDR (`spec.destinations`,
+    /// `spec.except`).
+    #[error("{field}[{index}]: {value:?} is not a CIDR")]
+    NotACidr {
+        /// The list.
+        field: String,
+        /// The item's index.
+        index: usize,
+        /// The item, as written.
+        value: String,
+    },
+    /// A label selector the API machinery's rules refuse (kube names the
+    /// expression's problem).
+    #[error("{field}: {source}")]
+    Selector {
+        /// The field.
+        field: String,
+        /// Why.
+        #[source]
+        source: ParseExpressionError,
+    },
+}
+
 /// A parsed selector; absent means "everything".
-pub(super) fn parse_selector(field: &str, s: &Option<LabelSelector>) -> Result<Option<Selector>, String> {
+pub(super) fn parse_selector(field: &str, s: &Option<LabelSelector>) -> Result<Option<Selector>, SpecFieldError> {
     match s {
         None => Ok(None),
-        Some(sel) => Selector::try_from(sel.clone()).map(Some).map_err(|e| format!("{field}: {e}")),
+        Some(sel) => Selector::try_from(sel.clone())
+            .map(Some)
+            .map_err(|source| SpecFieldError::Selector { field: field.to_owned(), source }),
     }
 }
 
@@ -246,15 +285,41 @@ pub(super) fn selects(sel: &Option<Selector>, labels: &Labels) -> bool {
     sel.as_ref().is_none_or(|s| s.matches(labels))
 }
 
-fn parse_cidrs(field: &str, v: &[String]) -> Result<Vec<IpNet>, String> {
+fn parse_cidrs(field: &str, v: &[String]) -> Result<Vec<IpNet>, SpecFieldError> {
     v.iter()
         .enumerate()
-        .map(|(i, s)| {
-            s.trim().parse::<IpNet>().map(|n| n.trunc()).map_err(|_| format!("{field}[{i}]: {s:?} is not a CIDR"))
+        .map(|(index, s)| {
+            s.trim().parse::<IpNet>().map(|n| n.trunc()).map_err(|_| SpecFieldError::NotACidr {
+                field: field.to_owned(),
+                index,
+                value: s.clone(),
+            })
         })
         .collect()
 }
 
-fn parse_ip(field: &str, s: &str) -> Result<IpAddr, String> {
-    s.trim().parse().map_err(|_| format!("{field}: {s:?} is not an IP address"))
+fn parse_ip(field: &str, s: &str) -> Result<IpAddr, SpecFieldError> {
+    s.trim().parse().map_err(|_| SpecFieldError::NotAnIp { field: field.to_owned(), value: s.to_owned() })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_field_that_does_not_parse_is_named_with_its_value() {
+        let e = parse_ip("spec.egressIPs[2].nextHop", " 198.51.100.300").unwrap_err();
+        assert!(
+            matches!(&e, SpecFieldError::NotAnIp { field, value }
+                if field == "spec.egressIPs[2].nextHop" && value == " 198.51.100.300"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "spec.egressIPs[2].nextHop: \" 198.51.100.300\" is not an IP address");
+        assert_eq!(parse_ip("f", " 2001:db8::1 ").unwrap(), "2001:db8::1".parse::<IpAddr>().unwrap());
+        let e = parse_cidrs("spec.except", &["10.0.0.0/8".into(), "10.1.0.0/33".into()]).unwrap_err();
+        assert!(matches!(&e, SpecFieldError::NotACidr { index: 1, .. }), "{e:?}");
+        assert_eq!(e.to_string(), "spec.except[1]: \"10.1.0.0/33\" is not a CIDR");
+    }
 }
