@@ -151,7 +151,7 @@ fn generate(
     ready: std::sync::mpsc::Sender<Result<Option<xdp::GenCounter>, GenError>>,
 ) -> Result<(), GenError> {
     let setup = || -> Result<u32, GenError> {
-        egret_dataplane::xsk::netns::enter_named(&spec.netns)
+        egret_dataplane::netns::enter_named(&spec.netns)
             .map_err(|source| XdpError::Netns(NetnsError { ns: spec.netns.clone(), source }))?;
         egret_dataplane::xsk::sched::pin_current_thread(spec.cpu)
             .map_err(|source| GenError::Pin { cpu: spec.cpu, source })?;

@@ -1,6 +1,7 @@
 //! The benchmark's network: three namespaces joined by two veth pairs, built
-//! with `ip`, torn down by a guard that deletes the namespaces (and with
-//! them every veth) however the run ends.
+//! with `ip`, torn down by a guard (`egret_dataplane::netns::NetnsGuard`)
+//! that deletes the namespaces (and with them every veth) however the run
+//! ends.
 //!
 //! ```text
 //!  ns <tag>-gen              ns <tag>-gw                          ns <tag>-sink
@@ -19,6 +20,8 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
+
+use egret_dataplane::netns::NetnsGuard;
 
 /// The generator's interface (namespace `gen`).
 pub const GEN_IF: &str = "gen0";
@@ -56,6 +59,8 @@ pub enum TopologyError {
     Spawn { command: String, source: std::io::Error },
     #[error("`{command}` exited with {status}: {stderr}")]
     Failed { command: String, status: String, stderr: String },
+    #[error("creating the namespaces failed: {0}")]
+    Netns(std::io::Error),
 }
 
 /// Entering a network namespace failed.
@@ -68,20 +73,15 @@ pub struct NetnsError {
 
 /// Run `f` on a scoped thread inside network namespace `ns` (an `ip netns`
 /// name) and return its result; the calling thread's namespace is untouched.
+/// A panic in `f` is returned as an error.
 pub fn in_netns<T: Send, E: Send + From<NetnsError>>(
     ns: &str,
     f: impl FnOnce() -> Result<T, E> + Send,
 ) -> Result<T, E> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            egret_dataplane::xsk::netns::enter_named(ns).map_err(|source| NetnsError { ns: ns.to_owned(), source })?;
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| {
-            Err(E::from(NetnsError { ns: ns.to_owned(), source: std::io::Error::other("thread panicked") }))
-        })
-    })
+    let netns_error = |source| E::from(NetnsError { ns: ns.to_owned(), source });
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| egret_dataplane::netns::run_in(ns, f)))
+        .unwrap_or_else(|_| Err(std::io::Error::other("thread panicked")))
+        .map_err(netns_error)?
 }
 
 /// An interface's packet and drop counters (`stats64`). On veth, frames
@@ -171,29 +171,23 @@ pub fn run(args: &[&str], stdin: Option<&str>) -> Result<String, TopologyError> 
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The three namespaces of one run. Dropping it deletes them.
+/// The three namespaces of one run. Dropping it deletes them (and ends the
+/// processes left inside).
 #[derive(Debug)]
 pub struct Topology {
     pub gen_ns: String,
     pub gw_ns: String,
     pub sink_ns: String,
-    created: Vec<String>,
+    _namespaces: NetnsGuard,
 }
 
 impl Topology {
     /// Build the namespaces, veths, addresses, routes and neighbours. Names
     /// start with `tag` (unique per run: the benchmark uses its pid).
     pub fn create(tag: &str) -> Result<Self, TopologyError> {
-        let mut t = Topology {
-            gen_ns: format!("{tag}-gen"),
-            gw_ns: format!("{tag}-gw"),
-            sink_ns: format!("{tag}-sink"),
-            created: Vec::new(),
-        };
-        for ns in [t.gen_ns.clone(), t.gw_ns.clone(), t.sink_ns.clone()] {
-            run(&["ip", "netns", "add", &ns], None)?;
-            t.created.push(ns);
-        }
+        let (gen_ns, gw_ns, sink_ns) = (format!("{tag}-gen"), format!("{tag}-gw"), format!("{tag}-sink"));
+        let namespaces = NetnsGuard::named(&[&gen_ns, &gw_ns, &sink_ns]).create().map_err(TopologyError::Netns)?;
+        let t = Topology { gen_ns, gw_ns, sink_ns, _namespaces: namespaces };
         let (gen, gw, sink) = (t.gen_ns.clone(), t.gw_ns.clone(), t.sink_ns.clone());
         let pair = |a_ns: &str, a: &str, a_mac: &[u8; 6], b_ns: &str, b: &str, b_mac: &[u8; 6]| {
             run(
@@ -342,16 +336,6 @@ impl Topology {
             }
         }
         s
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        for ns in self.created.drain(..).rev() {
-            if let Err(e) = run(&["ip", "netns", "del", &ns], None) {
-                eprintln!("warning: could not delete namespace {ns}: {e}");
-            }
-        }
     }
 }
 

@@ -53,7 +53,7 @@ pub enum XdpError {
 
 /// The index of `dev` in the calling thread's namespace.
 pub fn ifindex(ns: &str, dev: &str) -> Result<u32, XdpError> {
-    egret_dataplane::xsk::netns::ifindex(dev).map_err(|source| XdpError::NoInterface {
+    egret_dataplane::netns::ifindex(dev).map_err(|source| XdpError::NoInterface {
         dev: dev.to_owned(),
         ns: ns.to_owned(),
         source,

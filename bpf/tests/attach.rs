@@ -1,5 +1,5 @@
 //! Attaching the steering program to a real veth, inside network namespaces
-//! this test creates (and always deletes, through `NetNs`'s Drop), with
+//! this test creates (and always deletes, through `NetNs`'s guard), with
 //! TEST-NET addresses only.
 //!
 //! The attaching side runs as a child process (this test binary re-run with
@@ -15,10 +15,10 @@
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use egret_bpf::{Action, DstRule, LoadOptions, SrcPrefix, SteeringProgram, XdpMode};
+use egret_dataplane::netns::NetnsGuard;
 
 /// The table of the commands tests run and their packages (shared source,
 /// no dependency on the `egret-tests` crate).
@@ -32,8 +32,8 @@ const DEV: &str = "veth0";
 
 /// Two network namespaces joined by a veth pair; deleted on drop.
 struct NetNs {
-    a: String,
-    b: String,
+    /// `a` and `b`, in that order.
+    guard: NetnsGuard,
 }
 
 fn ip(args: &[&str]) -> std::process::Output {
@@ -46,27 +46,35 @@ fn ip_ok(args: &[&str]) {
 }
 
 impl NetNs {
+    /// `egret-bpf-<pid>-<n>-a` and `-b`; namespaces of this prefix whose
+    /// process is gone (a run killed before its guards dropped) are deleted
+    /// first.
     fn new() -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        remove_stale_namespaces();
-        let base = format!("egret-bpf-{}-{n}", std::process::id());
-        let ns = Self { a: format!("{base}-a"), b: format!("{base}-b") };
-        // From here on Drop cleans up whatever was created.
-        ip_ok(&["netns", "add", &ns.a]);
-        ip_ok(&["netns", "add", &ns.b]);
-        ip_ok(&["-n", &ns.a, "link", "add", DEV, "type", "veth", "peer", "name", "veth1", "netns", &ns.b]);
-        ip_ok(&["-n", &ns.a, "addr", "add", "198.51.100.1/24", "dev", DEV]);
-        ip_ok(&["-n", &ns.b, "addr", "add", "198.51.100.2/24", "dev", "veth1"]);
-        for (n, d) in [(&ns.a, DEV), (&ns.b, "veth1"), (&ns.a, "lo"), (&ns.b, "lo")] {
+        let guard = NetnsGuard::unique("egret-bpf-", &["a", "b"]).create().unwrap_or_else(|e| panic!("{e}"));
+        let ns = Self { guard };
+        let (a, b) = (ns.a(), ns.b());
+        ip_ok(&["-n", a, "link", "add", DEV, "type", "veth", "peer", "name", "veth1", "netns", b]);
+        ip_ok(&["-n", a, "addr", "add", "198.51.100.1/24", "dev", DEV]);
+        ip_ok(&["-n", b, "addr", "add", "198.51.100.2/24", "dev", "veth1"]);
+        for (n, d) in [(a, DEV), (b, "veth1"), (a, "lo"), (b, "lo")] {
             ip_ok(&["-n", n, "link", "set", d, "up"]);
         }
         ns
     }
 
+    /// The namespace holding veth0 (where XDP is attached).
+    fn a(&self) -> &str {
+        self.guard.name(0)
+    }
+
+    /// The namespace holding the peer, veth1.
+    fn b(&self) -> &str {
+        self.guard.name(1)
+    }
+
     /// `ip link show` of veth0: whether an XDP program is attached, and how.
     fn xdp_state(&self) -> XdpState {
-        let out = ip(&["-n", &self.a, "-d", "link", "show", "dev", DEV]);
+        let out = ip(&["-n", self.a(), "-d", "link", "show", "dev", DEV]);
         assert!(out.status.success());
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let first = text.lines().next().unwrap_or_default();
@@ -101,7 +109,7 @@ impl NetNs {
             panic!("{missing}");
         }
         let out = Command::new("ip")
-            .args(["netns", "exec", &self.b, "ping", "-c", "3", "-i", "0.2", "-W", "1", "-q", "198.51.100.1"])
+            .args(["netns", "exec", self.b(), "ping", "-c", "3", "-i", "0.2", "-W", "1", "-q", "198.51.100.1"])
             .output()
             .unwrap_or_else(|e| panic!("{}", tools::explain_spawn("ip".as_ref(), e)));
         if let Some(missing) = tools::explain_netns_exec(&out) {
@@ -112,30 +120,13 @@ impl NetNs {
             Some(0) => true,
             Some(1) => false,
             _ => {
-                panic!("ip netns exec {} ping: {}: {}", self.b, out.status, String::from_utf8_lossy(&out.stderr).trim())
+                panic!(
+                    "ip netns exec {} ping: {}: {}",
+                    self.b(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
             }
-        }
-    }
-}
-
-/// Deletes `egret-bpf-<pid>-*` namespaces left by a test process that was
-/// killed before its guards ran (its pid no longer exists).
-fn remove_stale_namespaces() {
-    let out = ip(&["netns", "list"]);
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some(name) = line.split_whitespace().next() else { continue };
-        let Some(rest) = name.strip_prefix("egret-bpf-") else { continue };
-        let Some(pid) = rest.split('-').next() else { continue };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = Command::new("ip").args(["netns", "del", name]).status();
-        }
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        for n in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
         }
     }
 }
@@ -161,7 +152,7 @@ impl Attacher {
     fn spawn(ns: &NetNs, mode: &str) -> Self {
         let exe = std::env::current_exe().unwrap();
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns.a])
+            .args(["netns", "exec", ns.a()])
             .arg(exe)
             .args(["--exact", "child_process", "--ignored", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, mode)

@@ -22,6 +22,7 @@ use egret_bpf::{
     Action, DstRule, FastPathReason as F, FpEntry, FpEntryV4, FpEntryV6, FpKey, FpKeyV4, FpKeyV6, FpNextHop, FpRewrite,
     LoadOptions, OwnedAddr, ProgramVariant, SrcPrefix, SteeringProgram, VerdictReason as R, XdpAction,
 };
+use egret_dataplane::netns::NetnsGuard;
 use etherparse::{
     IpHeaders, IpNumber, Ipv4Header, Ipv6Extensions, Ipv6Header, Ipv6RawExtHeader, PacketBuilder, PacketBuilderStep,
 };
@@ -865,92 +866,30 @@ fn a_slot_rewritten_while_it_is_read_gives_one_translation_or_a_miss() {
 /// A namespace with a veth device `out0`, an on-link route to the
 /// remote side and a permanent neighbour, so `bpf_fib_lookup` resolves the
 /// same next hop the table holds. Deleted on drop.
-struct FibNs(String);
-
-impl FibNs {
-    fn new() -> Self {
-        let name = format!("egfp{}", std::process::id());
-        let ip = |args: &[&str]| {
-            let out = std::process::Command::new("ip").args(args).output().unwrap();
-            assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        };
-        let _ = std::process::Command::new("ip").args(["netns", "del", &name]).output();
-        ip(&["netns", "add", &name]);
-        let ns = FibNs(name.clone());
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
-        // No dummy driver on this kernel: a veth pair.
-        ip(&[
-            "-n",
-            &name,
-            "link",
-            "add",
-            "out0",
-            "address",
-            "02:00:00:00:00:03",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "out1",
-        ]);
-        ip(&["-n", &name, "link", "set", "out0", "up"]);
-        ip(&["-n", &name, "link", "set", "out1", "up"]);
-        ip(&["-n", &name, "addr", "add", "203.0.113.2/24", "dev", "out0"]);
-        // bpf_fib_lookup answers "forwarding disabled" otherwise.
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &name, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        ip(&["-n", &name, "route", "add", "198.51.100.0/24", "via", "203.0.113.1", "dev", "out0"]);
-        ip(&[
-            "-n",
-            &name,
-            "neigh",
-            "add",
-            "203.0.113.1",
-            "lladdr",
-            "02:00:00:00:00:fe",
-            "dev",
-            "out0",
-            "nud",
-            "permanent",
-        ]);
-        ip(&[
-            "-n",
-            &name,
-            "neigh",
-            "add",
-            "203.0.113.99",
-            "lladdr",
-            "02:00:00:00:00:fe",
-            "dev",
-            "out0",
-            "nud",
-            "permanent",
-        ]);
-        // The measurement translates inbound frames back to the egress IP.
-        ip(&[
-            "-n",
-            &name,
-            "neigh",
-            "add",
-            "203.0.113.10",
-            "lladdr",
-            "02:00:00:00:00:fe",
-            "dev",
-            "out0",
-            "nud",
-            "permanent",
-        ]);
-        ns
-    }
-}
-
-impl Drop for FibNs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
+fn fib_ns() -> NetnsGuard {
+    let ns = NetnsGuard::unique("egfp", &[""]).lo_up().create().unwrap_or_else(|e| panic!("{e}"));
+    let name = ns.name(0);
+    let ip = |args: &[&str]| {
+        let out = std::process::Command::new("ip").args(args).output().unwrap();
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    // No dummy driver on this kernel: a veth pair.
+    ip(&["-n", name, "link", "add", "out0", "address", "02:00:00:00:00:03", "type", "veth", "peer", "name", "out1"]);
+    ip(&["-n", name, "link", "set", "out0", "up"]);
+    ip(&["-n", name, "link", "set", "out1", "up"]);
+    ip(&["-n", name, "addr", "add", "203.0.113.2/24", "dev", "out0"]);
+    // bpf_fib_lookup answers "forwarding disabled" otherwise.
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", name, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    ip(&["-n", name, "route", "add", "198.51.100.0/24", "via", "203.0.113.1", "dev", "out0"]);
+    ip(&["-n", name, "neigh", "add", "203.0.113.1", "lladdr", "02:00:00:00:00:fe", "dev", "out0", "nud", "permanent"]);
+    ip(&["-n", name, "neigh", "add", "203.0.113.99", "lladdr", "02:00:00:00:00:fe", "dev", "out0", "nud", "permanent"]);
+    // The measurement translates inbound frames back to the egress IP.
+    ip(&["-n", name, "neigh", "add", "203.0.113.10", "lladdr", "02:00:00:00:00:fe", "dev", "out0", "nud", "permanent"]);
+    ns
 }
 
 /// Makes translated frames translate back: an entry for the frame `fwd`
@@ -988,11 +927,11 @@ fn ping_pong4(prog: &SteeringProgram, fwd: &FpKeyV4, to: &FpEntryV4) {
 #[test]
 #[ignore = "measurement, prints numbers"]
 fn measure_fast_path_cost() {
-    let ns = FibNs::new();
-    let name = ns.0.clone();
+    let ns = fib_ns();
+    let name = ns.name(0).to_owned();
     std::thread::spawn(move || {
-        egret_dataplane::xsk::netns::enter_named(&name).unwrap();
-        let ingress = egret_dataplane::xsk::netns::ifindex("out0").unwrap();
+        egret_dataplane::netns::enter_named(&name).unwrap();
+        let ingress = egret_dataplane::netns::ifindex("out0").unwrap();
         let table = world();
         let fib = SteeringProgram::load_variant(ProgramVariant::FibLookup, LoadOptions::default())
             .expect("fib variant loads");

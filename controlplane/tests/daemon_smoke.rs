@@ -21,8 +21,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ip, veth, Netns};
-use egret_dataplane::xsk::netns::enter_named;
+use common::{ip, netns, veth};
+use egret_dataplane::netns::enter_named;
 
 const CONFIG: &str = r#"
 interfaces:
@@ -56,14 +56,8 @@ fn signal(child: &Child, sig: &str) {
 }
 
 /// Runs `f` on a thread inside namespace `ns`.
-fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        enter_named(&ns).unwrap();
-        f()
-    })
-    .join()
-    .unwrap()
+fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    egret_dataplane::netns::run_in(ns, f).unwrap()
 }
 
 /// Sends from the pod's `port` until the remote's echo comes back; returns
@@ -129,7 +123,7 @@ fn egret(args: &[&str]) -> String {
 
 #[test]
 fn gateway_translates_reloads_and_detaches() {
-    let ns = Netns::new("egsm", &["pod", "gw", "remote"]);
+    let ns = netns("egsm", &["pod", "gw", "remote"]);
     let (pod, gw, remote) = (ns.name(0).to_string(), ns.name(1).to_string(), ns.name(2).to_string());
     veth(&pod, "p0", "198.18.0.7/24", &gw, "in0", "198.18.0.1/24");
     veth(&gw, "out0", "203.0.113.1/24", &remote, "r0", "203.0.113.2/24");

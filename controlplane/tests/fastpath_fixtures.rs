@@ -44,54 +44,40 @@ use egret_dataplane::fixtures::{self, build, Expect, Scenario, FRAME_BUFFER, INS
 use egret_dataplane::nat::key::FlowKey;
 use egret_dataplane::nat::port_alloc::PortRng;
 use egret_dataplane::nat::session::offload;
+use egret_dataplane::netns::{self, NetnsGuard};
 
 // ------------------------------------------------------------ namespace
 
 /// A namespace with veths whose gateway ends are ifindex 2 (inside) and 3
 /// (outside), entered by the calling thread; deleted on drop.
-struct Ns(String);
-
-impl Ns {
-    fn enter(tag: &str) -> Self {
-        let name = format!("egfpfx{}{tag}", std::process::id());
-        let ip = |args: &[&str]| {
-            let out = Command::new("ip").args(args).output().unwrap();
-            assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        };
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        ip(&["netns", "add", &name]);
-        let ns = Ns(name.clone());
-        ip(&[
-            "-n", &name, "link", "add", "inside", "index", "2", "type", "veth", "peer", "name", "inside-p", "index",
-            "12",
-        ]);
-        ip(&[
-            "-n",
-            &name,
-            "link",
-            "add",
-            "outside",
-            "index",
-            "3",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "outside-p",
-            "index",
-            "13",
-        ]);
-        egret_dataplane::xsk::netns::enter_named(&name).expect("enter the namespace (root)");
-        assert_eq!(egret_dataplane::xsk::netns::ifindex("inside").unwrap(), INSIDE);
-        assert_eq!(egret_dataplane::xsk::netns::ifindex("outside").unwrap(), OUTSIDE);
-        ns
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
+fn enter_ns(tag: &str) -> NetnsGuard {
+    let ns = NetnsGuard::unique("egfpfx", &[tag]).create().unwrap_or_else(|e| panic!("{e}"));
+    let name = ns.name(0);
+    let ip = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().unwrap();
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    ip(&["-n", name, "link", "add", "inside", "index", "2", "type", "veth", "peer", "name", "inside-p", "index", "12"]);
+    ip(&[
+        "-n",
+        name,
+        "link",
+        "add",
+        "outside",
+        "index",
+        "3",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "outside-p",
+        "index",
+        "13",
+    ]);
+    netns::enter_named(name).expect("enter the namespace (root)");
+    assert_eq!(netns::ifindex("inside").unwrap(), INSIDE);
+    assert_eq!(netns::ifindex("outside").unwrap(), OUTSIDE);
+    ns
 }
 
 // ------------------------------------------------------------ the rig
@@ -564,7 +550,7 @@ fn replay(s: &Scenario, fib: Fib, tally: &mut Tally, variants: bool) -> Vec<Stri
 
 #[test]
 fn the_fixture_table_through_the_fast_path_and_the_engine() {
-    let _ns = Ns::enter("a");
+    let _ns = enter_ns("a");
     let mut tally = Tally::default();
     let mut errors = Vec::new();
     for s in fixtures::scenarios() {
@@ -620,7 +606,7 @@ fn established_flows() -> Scenario {
 
 #[test]
 fn established_flows_in_both_families_and_directions() {
-    let _ns = Ns::enter("b");
+    let _ns = enter_ns("b");
     let mut tally = Tally::default();
     let errors = replay(&established_flows(), fixtures::topology(), &mut tally, true);
     assert!(errors.is_empty(), "{} mismatches:\n{}", errors.len(), errors.join("\n"));
@@ -633,7 +619,7 @@ fn established_flows_in_both_families_and_directions() {
 #[test]
 fn one_arm_uses_xdp_tx_and_matches_the_engine() {
     use egret_dataplane::fib::{Interface, Route};
-    let _ns = Ns::enter("c");
+    let _ns = enter_ns("c");
     let mut fib = Fib::new();
     fib.add_interface(Interface { ifindex: INSIDE, name: "arm".into(), mac: fixtures::GW_IN, mtu: 1500 })
         .add_route(
@@ -696,7 +682,7 @@ fn sessions_to_pods_behind_a_tunnel_stay_out_of_the_fast_path() {
     use egret_dataplane::fib::Route;
     use fixtures::{from_outside, from_pod, udp, E1, E2, POD_A, POD_C, SERVER};
     use std::sync::atomic::Ordering;
-    let _ns = Ns::enter("d");
+    let _ns = enter_ns("d");
     let mut fib = fixtures::topology();
     fib.add_kernel_link(9, 1450).add_route(
         IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0)),
@@ -757,7 +743,7 @@ fn sessions_to_pods_behind_a_tunnel_stay_out_of_the_fast_path() {
 fn a_route_moving_onto_a_tunnel_withdraws_the_session() {
     use fixtures::{from_outside, from_pod, udp, E1, POD_A, SERVER};
     use std::sync::atomic::Ordering;
-    let _ns = Ns::enter("e");
+    let _ns = enter_ns("e");
     let mut r = rig(&fixtures::base_spec(), fixtures::topology());
     let out = from_pod(IpAddr::V4(POD_A), IpAddr::V4(SERVER), udp(40000, 53, b"q")).frame();
     let back = from_outside(IpAddr::V4(SERVER), IpAddr::V4(E1), udp(53, 40000, b"a")).frame();
@@ -796,7 +782,7 @@ fn an_expired_egress_ip_leaves_the_fast_path_and_keeps_its_sessions() {
     use fixtures::{from_outside, from_pod, udp, E1, E2, POD_A, POD_C, SERVER};
     use std::collections::BTreeSet;
     use std::sync::atomic::Ordering;
-    let _ns = Ns::enter("f");
+    let _ns = enter_ns("f");
     let mut r = rig(&fixtures::base_spec(), fixtures::topology());
     let flows = [(POD_A, E1, 40000u16), (POD_C, E2, 40001)];
     let mut answers = Vec::new();

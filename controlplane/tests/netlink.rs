@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{ip, mac, veth, Netns};
+use common::{ip, mac, netns, veth};
 use egret_controlplane::netlink::Watcher;
 use egret_dataplane::engine::ResolveRequest;
 use egret_dataplane::fib::{Fib, NextHop};
@@ -34,7 +34,7 @@ fn wait_for(rx: &mpsc::Receiver<Fib>, what: &str, want: impl Fn(&Fib) -> bool) -
 
 #[test]
 fn watcher_mirrors_the_kernel_and_resolves_next_hops() {
-    let ns = Netns::new("egnl", &["gw", "peer"]);
+    let ns = netns("egnl", &["gw", "peer"]);
     let (gw, peer) = (ns.name(0).to_string(), ns.name(1).to_string());
     veth(&gw, "gw0", "192.0.2.1/24", &peer, "peer0", "192.0.2.2/24");
     ip(&["-n", &peer, "addr", "add", "192.0.2.3/24", "dev", "peer0"]);
@@ -50,7 +50,7 @@ fn watcher_mirrors_the_kernel_and_resolves_next_hops() {
     let thread = {
         let (gw, requests) = (gw.clone(), requests.clone());
         std::thread::spawn(move || {
-            egret_dataplane::xsk::netns::enter_named(&gw).unwrap();
+            egret_dataplane::netns::enter_named(&gw).unwrap();
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
                 let running = Watcher::new(vec!["gw0".into()]).start().await.unwrap();

@@ -21,7 +21,10 @@
 //! - [`kernel_tx`]: translated packets to pods behind an overlay's tunnel,
 //!   handed to the gateway's kernel (raw sockets).
 //! - [`stats`]: named drop reasons and per-worker counters.
-//! - [`xsk`]: AF_XDP sockets, rings and UMEM (the crate's only unsafe code).
+//! - [`xsk`]: AF_XDP sockets, rings and UMEM (the crate's unsafe code, with
+//!   [`netns`]'s `setns` and `if_nametoindex` calls).
+//! - [`netns`]: entering a named network namespace; with `fixtures`, the
+//!   guard that creates namespaces for tests and benchmarks.
 //! - [`worker`]: the worker loop that moves frames between AF_XDP and the engine.
 #![deny(unsafe_code)]
 
@@ -38,6 +41,7 @@ pub mod kernel_tx;
 pub mod lpm;
 pub mod nat;
 pub mod neigh_responder;
+pub mod netns;
 pub mod ownership;
 pub mod policy;
 pub mod stats;

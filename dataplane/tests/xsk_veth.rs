@@ -27,8 +27,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use egret_dataplane::netns::{self, NetnsGuard};
 use egret_dataplane::worker::{Action, FrameHandler, RxInfo, Worker, WorkerConfig, WorkerStats, WorkerStatsSnapshot};
-use egret_dataplane::xsk::netns;
 use egret_dataplane::xsk::test_prog::{XdpMode, XskRedirectProg};
 use egret_dataplane::xsk::{
     BindMode, PortId, PortSpec, SocketConfig, UmemConfig, XskConfig, XskCounters, XskCountersSnapshot, XskPorts,
@@ -41,57 +41,54 @@ const MAGIC: &[u8; 8] = b"EGRETXSK";
 
 // ---------------------------------------------------------------- namespaces
 
-/// A network namespace deleted on drop (also when the test panics).
+/// A network namespace deleted on drop (also when the test panics), with
+/// IPv6 off: no autoconfiguration noise on the links.
 struct Netns {
-    name: String,
+    guard: NetnsGuard,
 }
 
 impl Netns {
     fn new(tag: &str) -> Self {
         assert!(is_root(), "the AF_XDP namespace tests need root (CAP_NET_ADMIN, CAP_BPF)");
-        let name = format!("egx{}{}", std::process::id(), tag);
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        run(&["ip", "netns", "add", &name]);
-        let ns = Self { name };
-        // No IPv6 autoconfiguration noise on the links.
-        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
-        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"]);
-        ns
+        let guard = NetnsGuard::unique("egx", &[tag])
+            .sysctl("net.ipv6.conf.all.disable_ipv6", "1")
+            .sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+            .create()
+            .unwrap_or_else(|e| panic!("{e}"));
+        Self { guard }
+    }
+
+    fn name(&self) -> &str {
+        self.guard.name(0)
     }
 
     fn ip(&self, args: &[&str]) {
-        let mut v = vec!["ip", "-n", &self.name];
+        let mut v = vec!["ip", "-n", self.name()];
         v.extend_from_slice(args);
         run(&v);
     }
 
     fn exec(&self, args: &[&str]) {
-        let mut v = vec!["ip", "netns", "exec", &self.name];
+        let mut v = vec!["ip", "netns", "exec", self.name()];
         v.extend_from_slice(args);
         run(&v);
     }
 
     fn mac(&self, dev: &str) -> [u8; 6] {
-        let out = Command::new("ip").args(["-n", &self.name, "-br", "link", "show", "dev", dev]).output().expect("ip");
+        let out = Command::new("ip").args(["-n", self.name(), "-br", "link", "show", "dev", dev]).output().expect("ip");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let field = text.split_whitespace().nth(2).unwrap_or_default();
         let bytes: Vec<u8> = field.split(':').filter_map(|h| u8::from_str_radix(h, 16).ok()).collect();
-        bytes.try_into().unwrap_or_else(|_| panic!("no MAC for {dev} in {}: {text:?}", self.name))
+        bytes.try_into().unwrap_or_else(|_| panic!("no MAC for {dev} in {}: {text:?}", self.name()))
     }
 
     /// Run `f` on a new thread inside this namespace.
     fn spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
-        let name = self.name.clone();
+        let name = self.name().to_owned();
         std::thread::spawn(move || {
             netns::enter_named(&name).expect("setns");
             f()
         })
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }
 
@@ -365,7 +362,7 @@ fn one_arm(tag: &str, gw_queues: u32) -> (Netns, Netns) {
         "numrxqueues",
         "1",
         "netns",
-        &peer.name,
+        peer.name(),
     ]);
     gw.ip(&["addr", "add", "192.0.2.1/24", "dev", "xg0"]);
     peer.ip(&["addr", "add", "192.0.2.2/24", "dev", "xp0"]);
@@ -485,7 +482,7 @@ fn two_arm_forwards_between_interfaces_over_one_umem() {
             "numrxqueues",
             "1",
             "netns",
-            &ns.name,
+            ns.name(),
         ]);
     }
     for (ns, dev, addr) in [

@@ -1,5 +1,7 @@
 //! Network namespaces: created with `ip netns add`, deleted (after ending the
 //! processes started inside) when their guard drops, even when a test fails.
+//! The guard, the `setns(2)` call and the process listing are the
+//! workspace's one implementation, `egret_dataplane::netns`.
 //!
 //! Two ways to act inside a namespace:
 //! - [`NetNs::command`]: a process under `ip netns exec` (the gateway, `ip`,
@@ -16,8 +18,9 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::thread::JoinHandle;
 
+use egret_dataplane::netns::{self as dp, NetnsGuard};
+
 use crate::error::{LabError, Result};
-use crate::sys;
 
 /// Runs `cmd`, returns its stdout; fails with its stderr if it exits non-zero.
 pub fn run(cmd: &mut Command) -> Result<String> {
@@ -69,16 +72,21 @@ pub fn describe(cmd: &Command) -> String {
 #[derive(Debug)]
 pub struct NetNs {
     name: String,
-    owned: bool,
+    /// Deletes the namespace on drop; `None` when it is not ours.
+    guard: Option<NetnsGuard>,
 }
 
 impl NetNs {
     /// Creates namespace `name` with its loopback up. Fails if it exists.
     pub fn create(name: &str) -> Result<Self> {
-        run(Command::new("ip").args(["netns", "add", name]))?;
-        let ns = Self { name: name.to_string(), owned: true };
-        ns.ip(&["link", "set", "lo", "up"])?;
-        Ok(ns)
+        let guard = NetnsGuard::named(&[name]).lo_up().create().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                LabError::MissingTool { cmd: format!("ip netns add {name}"), message: crate::tools::missing("ip") }
+            } else {
+                LabError::io(format!("create namespace {name}"), e)
+            }
+        })?;
+        Ok(Self { name: name.to_string(), guard: Some(guard) })
     }
 
     /// Refers to an existing namespace without owning it (dropping this
@@ -88,7 +96,7 @@ impl NetNs {
         if !std::path::Path::new(&path).exists() {
             return Err(LabError::io(format!("namespace {name}"), std::io::ErrorKind::NotFound.into()));
         }
-        Ok(Self { name: name.to_string(), owned: false })
+        Ok(Self { name: name.to_string(), guard: None })
     }
 
     /// The namespace's name.
@@ -161,24 +169,13 @@ impl NetNs {
     }
 
     fn open(&self) -> Result<File> {
-        let path = format!("/run/netns/{}", self.name);
-        File::open(&path).map_err(|e| LabError::io(format!("open {path}"), e))
+        let path = dp::path(&self.name);
+        File::open(&path).map_err(|e| LabError::io(format!("open {}", path.display()), e))
     }
 
     /// Runs `f` on a thread that is inside the namespace, and waits for it.
     pub fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
-        let file = self.open()?;
-        let name = &self.name;
-        std::thread::scope(|s| {
-            let h = s.spawn(move || {
-                sys::enter_netns(&file).map_err(|e| LabError::io(format!("setns into {name}"), e))?;
-                Ok(f())
-            });
-            match h.join() {
-                Ok(r) => r,
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        })
+        dp::run_in(&self.name, f).map_err(|e| LabError::io(format!("enter namespace {}", self.name), e))
     }
 
     /// Starts `f` on a new thread inside the namespace (a server loop).
@@ -192,55 +189,37 @@ impl NetNs {
         std::thread::Builder::new()
             .name(thread_name.to_string())
             .spawn(move || {
-                sys::enter_netns(&file).map_err(|e| LabError::io(format!("setns into {name}"), e))?;
+                dp::enter(&file).map_err(|e| LabError::io(format!("setns into {name}"), e))?;
                 Ok(f())
             })
             .map_err(|e| LabError::io("spawn thread", e))
     }
 
-    /// The ids of the processes whose network namespace this is.
+    /// The ids of the processes (other than this one) whose network
+    /// namespace this is.
     pub fn pids(&self) -> Vec<u32> {
-        let me = std::process::id();
-        run(Command::new("ip").args(["netns", "pids", &self.name]))
-            .map(|s| s.split_whitespace().filter_map(|p| p.parse().ok()).filter(|&p| p != me).collect())
-            .unwrap_or_default()
+        dp::pids(&self.name)
     }
 
     /// Ends every process inside the namespace (processes the lab started
     /// there: gateway, server): SIGTERM, then SIGKILL after a second.
     pub fn kill_processes(&self) {
-        for sig in ["-TERM", "-KILL"] {
-            let pids = self.pids();
-            if pids.is_empty() {
-                return;
-            }
-            for pid in &pids {
-                let _ = Command::new("kill").args([sig, &pid.to_string()]).stderr(Stdio::null()).status();
-            }
-            for _ in 0..50 {
-                if self.pids().is_empty() {
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        }
+        dp::kill_processes(&self.name);
     }
 
     /// Stops owning the namespace: dropping the guard leaves it in place
     /// (the lab CLI's `up` hands it to a later `down`).
     pub fn disown(&mut self) {
-        self.owned = false;
+        if let Some(guard) = self.guard.take() {
+            guard.disown();
+        }
     }
 
-    /// Ends the processes inside and deletes the namespace now.
+    /// Ends the processes inside and deletes the namespace now (also one
+    /// this guard does not own).
     pub fn delete(mut self) {
-        self.cleanup();
-        self.owned = false;
-    }
-
-    fn cleanup(&self) {
-        self.kill_processes();
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).stderr(Stdio::null()).status();
+        self.disown();
+        let _ = dp::delete(&self.name);
     }
 
     /// Deletes every namespace whose name starts with `prefix` (ending the
@@ -249,8 +228,7 @@ impl NetNs {
         let mut gone = Vec::new();
         for name in list() {
             if name.starts_with(prefix) {
-                let ns = Self { name: name.clone(), owned: false };
-                ns.cleanup();
+                let _ = dp::delete(&name);
                 gone.push(name);
             }
         }
@@ -260,15 +238,5 @@ impl NetNs {
 
 /// The names of every network namespace `ip netns` knows.
 pub fn list() -> Vec<String> {
-    run(Command::new("ip").args(["netns", "list"]))
-        .map(|s| s.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect())
-        .unwrap_or_default()
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        if self.owned {
-            self.cleanup();
-        }
-    }
+    dp::list()
 }

@@ -1,30 +1,15 @@
-//! The lab's raw system calls: entering a network namespace on one thread,
-//! raw Ethernet sockets (AF_PACKET) bound to one interface, a forced socket
-//! receive buffer, the open-files limit, and a pass-everything XDP program
-//! for the routers' ports facing the gateway.
+//! The lab's raw system calls: raw Ethernet sockets (AF_PACKET) bound to
+//! one interface, a forced socket receive buffer, the open-files limit, and a
+//! pass-everything XDP program for the routers' ports facing the gateway.
+//! (Entering a network namespace is `egret_dataplane::netns`'s.)
 //!
 //! This is the test crate's only `unsafe` code; every block says why it is
 //! sound. Everything else in the lab goes through std, socket2 or `ip`.
 #![allow(unsafe_code)]
 
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
-
-/// Moves the *calling thread* into the network namespace `ns` (an open
-/// `/run/netns/NAME`). Other threads keep theirs (setns(2) acts per thread);
-/// sockets created afterwards belong to `ns` for their whole life.
-pub fn enter_netns(ns: &File) -> io::Result<()> {
-    // SAFETY: setns only reads the descriptor, which `ns` keeps open for the
-    // duration of the call; CLONE_NEWNET asks for the network namespace only.
-    let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
 
 /// Raises the soft limit on open files to `want` (at most the hard limit);
 /// returns the soft limit now in force.

@@ -29,7 +29,7 @@
 //!    batch): what batching the hand-off would save.
 //!
 //! The egress modes run on one pinned thread in namespace
-//! `eghand<pid>-gw`, towards `eghand<pid>-peer`, whose veth end drops
+//! `eghand<pid>-0-gw`, towards `eghand<pid>-0-peer`, whose veth end drops
 //! every frame in XDP (the benchmarks' sink program, which counts them: a
 //! mode whose frames did not all arrive is reported). The veth's receive
 //! side runs in the same core's softirq, so wall time per packet on the
@@ -51,6 +51,7 @@ use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict};
 use egret_dataplane::fixtures::{self, build, from_outside, from_pod, udp};
 use egret_dataplane::kernel_tx::KernelTx;
 use egret_dataplane::nat::port_alloc::PortRng;
+use egret_dataplane::netns::NetnsGuard;
 use egret_dataplane::xsk::{self, PortId, PortSpec, SocketConfig, TxRefused, UmemConfig, XskConfig, XskPorts};
 
 /// Measure the per-packet cost of the overlay return path's pieces against
@@ -88,19 +89,6 @@ const POD_TUNNEL: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
 /// cheap receive for every mode).
 const PEER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 const SINK_PORT: u16 = 8472;
-
-/// The benchmark's namespaces, deleted on drop.
-struct Namespaces {
-    names: Vec<String>,
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
 
 fn run(args: &[&str]) -> Result<(), Error> {
     let out = Command::new(args[0]).args(&args[1..]).output()?;
@@ -376,16 +364,13 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn bench(args: &Args) -> Result<(), Error> {
-    let tag = format!("eghand{}", std::process::id());
-    let (gw, peer) = (format!("{tag}-gw"), format!("{tag}-peer"));
-    let _guard = Namespaces { names: vec![gw.clone(), peer.clone()] };
-    for n in [&gw, &peer] {
-        run(&["ip", "netns", "add", n])?;
-    }
+    // The benchmark's namespaces, deleted on drop.
+    let guard = NetnsGuard::unique("eghand", &["gw", "peer"]).create()?;
+    let (gw, peer) = (guard.name(0).to_owned(), guard.name(1).to_owned());
     topology(&gw, &peer)?;
     let sink = in_netns(&peer, || -> Result<Sink, Error> {
         let mut s = Sink::load(PEER, SINK_PORT)?;
-        s.attach(xsk::netns::ifindex("u0")?)?;
+        s.attach(egret_dataplane::netns::ifindex("u0")?)?;
         Ok(s)
     })?;
     let (plain_ip, native_frame) = reply(PEER, SINK_PORT, args.payload);
@@ -396,7 +381,7 @@ fn bench(args: &Args) -> Result<(), Error> {
     let rounds = args.rounds;
     let results = in_netns(&gw, || -> Result<Vec<(Mode, Vec<f64>)>, Error> {
         sys::set_affinity(sys::gettid(), cpu)?;
-        let ifindex = xsk::netns::ifindex("u0")?;
+        let ifindex = egret_dataplane::netns::ifindex("u0")?;
         let cfg = XskConfig {
             umem: UmemConfig::default(),
             socket: SocketConfig { mode: xsk::BindMode::Copy, ..SocketConfig::default() },

@@ -1347,6 +1347,8 @@ mod tests {
     use std::path::Path;
     use std::process::{Command, Stdio};
 
+    use egret_dataplane::netns::NetnsGuard;
+
     use super::*;
     use crate::test_support::{has_tool, is_root, skip};
 
@@ -1794,10 +1796,9 @@ mod tests {
             skip("an_abort_on_a_node_is_a_reset_there_and_an_abort_here", "needs root and ss");
             return;
         }
-        let ns = Netns(format!("egch-ab-{}", std::process::id()));
-        assert!(Command::new("ip").args(["netns", "add", &ns.0]).status().unwrap().success());
+        let ns = NetnsGuard::unique("egch-ab-", &[""]).create().expect("ip netns add");
         let out = Command::new("ip")
-            .args(["netns", "exec", &ns.0])
+            .args(["netns", "exec", ns.name(0)])
             .arg(std::env::current_exe().unwrap())
             .args(["--exact", "ha::channel::tests::socket_abort_child", "--nocapture", "--test-threads=1"])
             .env("EGCH_ABORT", "1")
@@ -1833,14 +1834,6 @@ mod tests {
         names.zip(values).find(|(n, _)| *n == name).and_then(|(_, v)| v.parse().ok()).unwrap_or(0)
     }
 
-    struct Netns(String);
-
-    impl Drop for Netns {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-
     /// What gw-a saw, and how many segments the kernel dropped for lacking a
     /// TCP-MD5 signature.
     fn forged_reset_end(mode: &str) -> Option<(String, u64)> {
@@ -1848,10 +1841,9 @@ mod tests {
             skip(&format!("forged_reset_end({mode})"), "needs root and nft");
             return None;
         }
-        let ns = Netns(format!("egch-fr-{mode}-{}", std::process::id()));
-        assert!(Command::new("ip").args(["netns", "add", &ns.0]).status().unwrap().success());
+        let ns = NetnsGuard::unique(&format!("egch-fr-{mode}-"), &[""]).create().expect("ip netns add");
         let out = Command::new("ip")
-            .args(["netns", "exec", &ns.0])
+            .args(["netns", "exec", ns.name(0)])
             .arg(std::env::current_exe().unwrap())
             .args(["--exact", "ha::channel::tests::forged_reset_child", "--nocapture", "--test-threads=1"])
             .env("EGCH_FORGE", mode)

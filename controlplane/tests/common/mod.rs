@@ -5,6 +5,8 @@
 
 use std::process::Command;
 
+use egret_dataplane::netns::NetnsGuard;
+
 /// Runs `ip ARGS`, panicking with its stderr on failure.
 pub fn ip(args: &[&str]) -> String {
     let out = Command::new("ip").args(args).output().expect("run ip");
@@ -17,39 +19,10 @@ pub fn in_ns(ns: &str, cmd: &[&str]) -> std::process::Output {
     Command::new("ip").args(["netns", "exec", ns]).args(cmd).output().expect("ip netns exec")
 }
 
-/// Namespaces deleted on drop (their veths go with them).
-pub struct Netns {
-    pub names: Vec<String>,
-}
-
-impl Netns {
-    /// Creates `prefix-<pid>-<name>` for each name.
-    pub fn new(prefix: &str, names: &[&str]) -> Self {
-        let pid = std::process::id();
-        let names: Vec<String> = names.iter().map(|n| format!("{prefix}{pid}-{n}")).collect();
-        let this = Netns { names: Vec::new() };
-        let mut this = this;
-        for n in &names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-            ip(&["netns", "add", n]);
-            this.names.push(n.clone());
-            ip(&["-n", n, "link", "set", "lo", "up"]);
-        }
-        this
-    }
-
-    /// The full name of namespace `i`.
-    pub fn name(&self, i: usize) -> &str {
-        &self.names[i]
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
+/// Namespaces `<prefix><pid>-<n>-<name>` for each name, loopback up,
+/// deleted on drop (their veths go with them); `name(i)` is namespace `i`.
+pub fn netns(prefix: &str, names: &[&str]) -> NetnsGuard {
+    NetnsGuard::unique(prefix, names).lo_up().create().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A veth pair `a` (in `ns_a`) <-> `b` (in `ns_b`), both up, with addresses.

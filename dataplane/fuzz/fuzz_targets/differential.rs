@@ -159,11 +159,11 @@ fn enter_namespace() {
         let peer = format!("{n}-p");
         ip(&["-n", &name, "link", "add", n, "index", i, "type", "veth", "peer", "name", &peer, "index", p]);
     }
-    let entered = egret_dataplane::xsk::netns::enter_named(&name);
+    let entered = egret_dataplane::netns::enter_named(&name);
     ip(&["netns", "del", &name]);
     entered.unwrap_or_else(|e| panic!("entering network namespace {name} (root?): {e}"));
-    assert_eq!(egret_dataplane::xsk::netns::ifindex("inside").ok(), Some(INSIDE));
-    assert_eq!(egret_dataplane::xsk::netns::ifindex("outside").ok(), Some(OUTSIDE));
+    assert_eq!(egret_dataplane::netns::ifindex("inside").ok(), Some(INSIDE));
+    assert_eq!(egret_dataplane::netns::ifindex("outside").ok(), Some(OUTSIDE));
 }
 
 fn rig() -> Rig {

@@ -1,7 +1,8 @@
 //! AF_XDP I/O: the UMEM, the four rings, sockets, and the raw syscalls the
-//! worker needs. This is the only module of the crate with unsafe code; every
-//! `unsafe` block says why it is sound, and ring index loads/stores name the
-//! kernel barrier they pair with (`ring.rs`).
+//! worker needs. This is the only module of the crate with unsafe code (but
+//! for `netns.rs`'s `setns` and `if_nametoindex`); every `unsafe` block says
+//! why it is sound, and ring index loads/stores name the kernel barrier they
+//! pair with (`ring.rs`).
 //!
 //! Our own ring code over `libc`, not a binding crate: see
 //! `docs/adr/0002-af-xdp-binding.md`. Kernel ABI: `include/uapi/linux/if_xdp.h`
@@ -16,11 +17,9 @@
 //! | `socket.rs` | one bound socket, its rings and counters |
 //! | `ports.rs` | a worker's sockets over one shared UMEM; frame ownership |
 //! | `sched.rs` | CPU pinning and `SCHED_FIFO` for worker threads |
-//! | `netns.rs` | entering a network namespace (lab, tests) |
 //! | `test_prog.rs` | a raw-`bpf(2)` XSKMAP redirect program (lab, tests) |
 #![allow(unsafe_code)]
 
-pub mod netns;
 mod ports;
 pub mod ring;
 pub mod sched;
