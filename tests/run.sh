@@ -17,6 +17,8 @@
 # (tests/guest-kernel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=sched.sh
+source tests/sched.sh
 
 quick=0
 [[ "${1:-}" == "--quick" ]] && quick=1
@@ -103,14 +105,18 @@ checks_log=$(mktemp -d /tmp/egret-checks.XXXXXX)
 clippy_pid= fuzz_build_pid=
 start_checks() {
   # nice 19: they take what the tests leave idle, never the tests' time (the
-  # node image's boot under emulation has a timeout).
+  # node image's boot under emulation has a timeout). Each runs in a session of
+  # its own, so the session gets the priority too (tests/sched.sh: under
+  # autogroup scheduling nice alone ranked each of them as an equal of the tests).
   CARGO_TARGET_DIR=$target_dir/clippy setsid -w nice -n 19 cargo clippy --workspace --all-targets --locked -- -D warnings \
     >"$checks_log/clippy" 2>&1 &
   clippy_pid=$!
+  session_priority "$clippy_pid" 19
   if cargo fuzz --version >/dev/null 2>&1; then
     # Both targets; `cargo fuzz run` below then finds them built.
     setsid -w nice -n 19 bash -c 'cd dataplane/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build' >"$checks_log/fuzz-build" 2>&1 &
     fuzz_build_pid=$!
+    session_priority "$fuzz_build_pid" 19
   fi
   printf '\n==> [%s s] clippy and the fuzz build started in the background\n' "$(($(date +%s) - started))"
 }

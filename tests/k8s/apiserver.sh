@@ -44,6 +44,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 self=$here/$(basename "${BASH_SOURCE[0]}")
 # shellcheck source=common.sh
 source "$here/common.sh"
+# shellcheck source=../sched.sh
+source "$here/../sched.sh"
 
 state=${EGRET_APISERVER_STATE:-/tmp/egret-apiserver-$(id -un)}
 apiserver_bin=${EGRET_KUBE_APISERVER:-$EGRET_KUBE_APISERVER_BIN}
@@ -206,28 +208,11 @@ EOF
 # Debian's kernels), a process's nice value ranks it only within its session: each
 # session shares the CPUs with the others as one group. Both run in sessions of their
 # own (setsid), so the priority is set on the session's group too
-# (/proc/PID/autogroup, sched(7)). Without it a restarted API server beside two hogs
+# (/proc/PID/autogroup, tests/sched.sh). Without it a restarted API server beside two hogs
 # took 62-114 s to be ready instead of 9 s (5.3 s with
 # the group's priority set), and once exited ("TLS handshake timeout" on its
 # own loopback client, then "Unable to perform initial IP allocation check").
 nice_level=${EGRET_APISERVER_NICE:--10}
-
-# Sets the autogroup priority of PID's session, once PID leads it (setsid has run).
-boost_session() { # pid
-  local pid=$1 stat sid
-  for _ in $(seq 100); do
-    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 0
-    stat=${stat##*) }
-    sid=$(cut -d' ' -f4 <<<"$stat")
-    if [ "$sid" = "$pid" ]; then
-      [ -w "/proc/$pid/autogroup" ] || return 0
-      echo "$nice_level" >"/proc/$pid/autogroup" 2>/dev/null \
-        || log "could not set the autogroup priority of $pid to $nice_level"
-      return 0
-    fi
-    sleep 0.05
-  done
-}
 
 spawn() { # name, command...: detached from our session; output to <name>.log
   local name=$1; shift
@@ -243,7 +228,7 @@ spawn() { # name, command...: detached from our session; output to <name>.log
     live_pid "$name" >/dev/null && break
     sleep 0.05
   done
-  boost_session "$pid"
+  session_priority "$pid" "$nice_level"
 }
 
 start_etcd() {
