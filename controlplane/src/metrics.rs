@@ -470,10 +470,10 @@ pub type Handler = Arc<dyn Fn(&str) -> (u16, &'static str, String) + Send + Sync
 /// The answer to `GET path` (the query left out); `ready` is `Err(why)`
 /// while the gateway is not ready (`/ready` answers 503 with why), `alive`
 /// while its control plane is dead (`/healthz`: the liveness probe).
-pub fn respond(
+pub fn respond<R: fmt::Display, A: fmt::Display>(
     view: &dyn GatewayView,
-    ready: Result<(), String>,
-    alive: Result<(), String>,
+    ready: Result<(), R>,
+    alive: Result<(), A>,
     path: &str,
 ) -> (u16, &'static str, String) {
     match path {
@@ -491,11 +491,11 @@ pub fn respond(
 }
 
 /// Serves `listener` until the task is dropped.
-pub async fn serve(
+pub async fn serve<R: fmt::Display + 'static, A: fmt::Display + 'static>(
     listener: TcpListener,
     view: Arc<dyn GatewayView>,
-    ready: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
-    alive: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+    ready: Arc<dyn Fn() -> Result<(), R> + Send + Sync>,
+    alive: Arc<dyn Fn() -> Result<(), A> + Send + Sync>,
 ) {
     serve_fn(listener, Arc::new(move |path: &str| respond(view.as_ref(), ready(), alive(), path))).await;
 }
@@ -885,17 +885,32 @@ mod tests {
 
     #[test]
     fn routes() {
-        assert_eq!(respond(&Fake, Ok(()), Ok(()), "/ready"), (200, "text/plain", "ready\n".into()));
-        let not = respond(&Fake, Err("next hop 203.0.113.1 on eth0".into()), Ok(()), "/ready");
-        assert_eq!(not, (503, "text/plain", "not ready: next hop 203.0.113.1 on eth0\n".into()));
-        assert_eq!(respond(&Fake, Ok(()), Ok(()), "/healthz"), (200, "text/plain", "ok\n".into()));
-        let dead = "the Kubernetes sync loop has not run for 9000 ms";
-        let h = respond(&Fake, Ok(()), Err(dead.into()), "/healthz");
-        assert_eq!(h, (503, "text/plain", format!("not alive: {dead}\n")));
-        let (code, ty, body) = respond(&Fake, Ok(()), Ok(()), "/metrics");
+        use crate::daemon::{NotAlive, NotReady};
+        use crate::netlink::NextHopsNotReady;
+        const READY: Result<(), NotReady> = Ok(());
+        const ALIVE: Result<(), NotAlive> = Ok(());
+        assert_eq!(respond(&Fake, READY, ALIVE, "/ready"), (200, "text/plain", "ready\n".into()));
+        let unresolved = NextHopsNotReady::Unresolved { next_hops: vec!["203.0.113.1 on eth0".into()] };
+        let not = respond(&Fake, Err(NotReady::from(unresolved)), ALIVE, "/ready");
+        assert_eq!(
+            not,
+            (
+                503,
+                "text/plain",
+                "not ready: next hop(s) of routes in use not resolved yet: 203.0.113.1 on eth0\n".into()
+            )
+        );
+        let pending = NotReady::StandbyPending { ips: vec!["203.0.113.10".parse().unwrap()] };
+        let not = respond(&Fake, Err(pending), ALIVE, "/ready");
+        assert_eq!(not.2, "not ready: waiting for the session copies this gateway stands by for: [203.0.113.10]\n");
+        assert_eq!(respond(&Fake, READY, ALIVE, "/healthz"), (200, "text/plain", "ok\n".into()));
+        let dead = NotAlive { silent: Duration::from_millis(9000) };
+        let h = respond(&Fake, READY, Err(dead), "/healthz");
+        assert_eq!(h, (503, "text/plain", "not alive: the Kubernetes sync loop has not run for 9000 ms\n".into()));
+        let (code, ty, body) = respond(&Fake, READY, ALIVE, "/metrics");
         assert_eq!((code, ty), (200, CONTENT_TYPE));
         assert!(body.starts_with("# HELP egret_") && body.ends_with("# EOF\n"), "{body}");
-        assert_eq!(respond(&Fake, Ok(()), Ok(()), "/x").0, 404);
+        assert_eq!(respond(&Fake, READY, ALIVE, "/x").0, 404);
     }
 
     /// Sends `request` on a new connection to `addr` and reads until the
@@ -920,8 +935,8 @@ mod tests {
         let server = tokio::spawn(serve(
             listener,
             Arc::new(Fake),
-            Arc::new(|| Err("starting".to_string())),
-            Arc::new(|| Ok(())),
+            Arc::new(|| Err(crate::daemon::NotReady::NotAttached)),
+            Arc::new(|| Ok::<(), crate::daemon::NotAlive>(())),
         ));
         // A request without `Connection: close` is answered and closed all
         // the same (one request per connection).
@@ -934,7 +949,10 @@ mod tests {
         assert!(head.contains("connection: close"), "{head}");
         assert!(body.contains("\negret_config_generation 7\n") && body.ends_with("# EOF\n"), "{body}");
         let r = exchange(addr, &get("/ready")).await;
-        assert!(r.starts_with("HTTP/1.1 503 Service Unavailable\r\n") && r.ends_with("\r\n\r\nnot ready: starting\n"));
+        assert!(
+            r.starts_with("HTTP/1.1 503 Service Unavailable\r\n")
+                && r.ends_with("\r\n\r\nnot ready: the XDP program is not attached\n")
+        );
         let h = exchange(addr, &get("/healthz")).await;
         assert!(h.starts_with("HTTP/1.1 200 OK\r\n") && h.ends_with("\r\n\r\nok\n"), "{h}");
         let n = exchange(addr, &get("/nothing")).await;

@@ -391,18 +391,32 @@ pub struct NextHopStatus {
     unresolved: parking_lot::Mutex<Vec<String>>,
 }
 
+/// Why the forwarding snapshot is not ready (`/ready`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NextHopsNotReady {
+    /// Nothing was read from the kernel yet.
+    #[error("no forwarding snapshot yet")]
+    NoSnapshot,
+    /// Gateways of routes in use without a MAC (`ADDR on IFACE`).
+    #[error("next hop(s) of routes in use not resolved yet: {}", next_hops.join(", "))]
+    Unresolved {
+        /// Each as `ADDR on IFACE`.
+        next_hops: Vec<String>,
+    },
+}
+
 impl NextHopStatus {
     /// `None` once a forwarding snapshot was published and every gateway
     /// of its routes has a MAC; otherwise why not.
-    pub fn not_ready(&self) -> Option<String> {
+    pub fn not_ready(&self) -> Option<NextHopsNotReady> {
         if !self.published.load(Ordering::Acquire) {
-            return Some("no forwarding snapshot yet".into());
+            return Some(NextHopsNotReady::NoSnapshot);
         }
         let u = self.unresolved.lock();
         if u.is_empty() {
             return None;
         }
-        Some(format!("next hop(s) of routes in use not resolved yet: {}", u.join(", ")))
+        Some(NextHopsNotReady::Unresolved { next_hops: u.clone() })
     }
 
     fn update(&self, fib: &Fib) {
@@ -918,7 +932,8 @@ mod tests {
     #[test]
     fn next_hop_status_names_unresolved_gateways() {
         let st = NextHopStatus::default();
-        assert_eq!(st.not_ready().as_deref(), Some("no forwarding snapshot yet"));
+        assert_eq!(st.not_ready(), Some(NextHopsNotReady::NoSnapshot));
+        assert_eq!(NextHopsNotReady::NoSnapshot.to_string(), "no forwarding snapshot yet");
         let mut s = KernelState::default();
         let gw = Ipv4Addr::new(203, 0, 113, 1);
         s.apply(&link(2, "eth0", [2, 0, 0, 0, 0, 1]));
@@ -926,7 +941,7 @@ mod tests {
         let driven = vec!["eth0".to_string()];
         st.update(&s.fib(&driven));
         assert_eq!(
-            st.not_ready().as_deref(),
+            st.not_ready().map(|n| n.to_string()).as_deref(),
             Some("next hop(s) of routes in use not resolved yet: 203.0.113.1 on eth0")
         );
         s.apply(&RouteNetlinkMessage::NewNeighbour(neigh(

@@ -97,7 +97,7 @@ pub struct CloudReport {
     /// Per held cloud address: its public address and state.
     pub addresses: Vec<(IpAddr, IpAddr, AddressState)>,
     /// Per subnet: this gateway's interface, or why it is not known.
-    pub interfaces: Vec<(String, Result<Interface, String>)>,
+    pub interfaces: Vec<(String, Result<Interface, CloudError>)>,
 }
 
 impl Clouds {
@@ -193,11 +193,7 @@ impl Clouds {
                     (*ip, t.public.public_ip, s)
                 })
                 .collect(),
-            interfaces: st
-                .interfaces
-                .iter()
-                .map(|(subnet, r)| (subnet.clone(), r.clone().map_err(|e| e.to_string())))
-                .collect(),
+            interfaces: st.interfaces.iter().map(|(subnet, r)| (subnet.clone(), r.clone())).collect(),
         }
     }
 

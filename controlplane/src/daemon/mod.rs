@@ -180,6 +180,44 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// Why the gateway is not ready (`/ready` answers 503 with it).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The XDP program is not attached yet.
+    #[error("the XDP program is not attached")]
+    NotAttached,
+    /// The gateway is stopping.
+    #[error("stopping")]
+    Stopping,
+    /// A worker (its RX queue) is not running.
+    #[error("worker {queue} is not running")]
+    Worker {
+        /// The worker's queue.
+        queue: u32,
+    },
+    /// The forwarding snapshot is not ready.
+    #[error(transparent)]
+    NextHops(#[from] crate::netlink::NextHopsNotReady),
+    /// Kubernetes mode: no pass has loaded the cluster's state yet.
+    #[error("the Kubernetes state is not loaded yet")]
+    ClusterNotLoaded,
+    /// Kubernetes mode: this gateway is the first standby for these IPs and
+    /// has no complete copy of their sessions yet.
+    #[error("waiting for the session copies this gateway stands by for: {ips:?}")]
+    StandbyPending {
+        /// The IPs.
+        ips: Vec<IpAddr>,
+    },
+}
+
+/// Why the gateway counts as dead (`/healthz` answers 503 with it).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the Kubernetes sync loop has not run for {} ms", silent.as_millis())]
+pub struct NotAlive {
+    /// Since its last pass.
+    pub silent: Duration,
+}
+
 impl Shared {
     /// Attached, every worker running, not stopping, and the next hops of
     /// the routes in use resolved.
@@ -188,27 +226,24 @@ impl Shared {
     }
 
     /// Why the gateway is not ready (`/ready` answers 503 with it), or `None`.
-    pub fn not_ready(&self) -> Option<String> {
+    pub fn not_ready(&self) -> Option<NotReady> {
         if !self.attached.load(Ordering::Acquire) {
-            return Some("the XDP program is not attached".into());
+            return Some(NotReady::NotAttached);
         }
         if self.stopping.load(Ordering::Acquire) {
-            return Some("stopping".into());
+            return Some(NotReady::Stopping);
         }
         if let Some(w) = self.workers.iter().find(|w| !w.running.load(Ordering::Acquire)) {
-            return Some(format!("worker {} is not running", w.queue));
+            return Some(NotReady::Worker { queue: w.queue });
         }
         if let Some(n) = self.next_hops.not_ready() {
-            return Some(n);
+            return Some(NotReady::NextHops(n));
         }
         if let Some(hb) = self.cluster.get() {
             match hb.report() {
-                None => return Some("the Kubernetes state is not loaded yet".into()),
+                None => return Some(NotReady::ClusterNotLoaded),
                 Some(r) if !r.standby_pending.is_empty() => {
-                    return Some(format!(
-                        "waiting for the session copies this gateway stands by for: {:?}",
-                        r.standby_pending
-                    ))
+                    return Some(NotReady::StandbyPending { ips: r.standby_pending })
                 }
                 Some(_) => {}
             }
@@ -216,14 +251,12 @@ impl Shared {
         None
     }
 
-    /// `Err(why)` when the Kubernetes control plane has stopped beating
-    /// (the liveness probe, `/healthz`): its deadline is `limit`.
-    pub fn not_alive(&self, limit: Duration) -> Option<String> {
+    /// Why the Kubernetes control plane counts as dead (the liveness probe,
+    /// `/healthz`): it stopped beating for longer than `limit`.
+    pub fn not_alive(&self, limit: Duration) -> Option<NotAlive> {
         let hb = self.cluster.get()?;
         match hb.age(tokio::time::Instant::now().into_std()) {
-            Some(age) if age > limit => {
-                Some(format!("the Kubernetes sync loop has not run for {} ms", age.as_millis()))
-            }
+            Some(age) if age > limit => Some(NotAlive { silent: age }),
             _ => None,
         }
     }

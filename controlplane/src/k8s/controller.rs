@@ -948,7 +948,9 @@ impl SyncLoop {
                         source_dest_check: i.source_dest_check,
                         error: None,
                     },
-                    Err(e) => crate::view::CloudInterfaceRow { subnet, error: Some(e), ..Default::default() },
+                    Err(e) => {
+                        crate::view::CloudInterfaceRow { subnet, error: Some(e.to_string()), ..Default::default() }
+                    }
                 })
                 .collect(),
             counters: {
