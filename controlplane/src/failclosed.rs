@@ -481,6 +481,7 @@ impl<S: TablesSink + ?Sized> TablesSink for ReleaseOnApply<S> {
 
 #[cfg(test)]
 mod tests {
+    use egret_dataplane::netns::NetnsGuard;
     use egret_dataplane::policy::Decision;
     use egret_dataplane::tables::{EgressIpSpec, PolicySlots, PolicySpec};
 
@@ -638,17 +639,6 @@ mod tests {
             .is_ok_and(|s| s.success())
     }
 
-    /// Deletes the test's namespaces, also when the test panics.
-    struct Netns(&'static [&'static str]);
-
-    impl Drop for Netns {
-        fn drop(&mut self) {
-            for n in self.0 {
-                sh(&["ip", "netns", "del", n]);
-            }
-        }
-    }
-
     /// The ruleset, installed in a real kernel that routes between a client
     /// and a server namespace, drops exactly what the classifier steers
     /// (nested sources: a /32 pod inside a /24; nested destinations: a /24
@@ -656,44 +646,35 @@ mod tests {
     /// the drops in the policy's chain.
     #[test]
     fn the_kernel_drops_exactly_what_the_classifier_steers() {
-        const NAMESPACES: &[&str] = &["efc14-cli", "efc14-rtr", "efc14-srv"];
         if !crate::test_support::is_root() || !sh(&["nft", "--version"]) || !sh(&["ip", "-V"]) {
             crate::test_support::skip("the_kernel_drops_exactly_what_the_classifier_steers", "needs root, ip and nft");
             return;
         }
-        // A run killed before its guard dropped leaves its namespaces: gone
-        // first, so that the setup below starts clean.
-        for n in NAMESPACES {
-            sh(&["ip", "netns", "del", n]);
-        }
-        let _ns = Netns(NAMESPACES);
+        // Unique names; namespaces a killed run left are removed first.
+        let ns = NetnsGuard::unique("efc", &["cli", "rtr", "srv"]).lo_up().create().expect("namespaces");
+        let (cli, rtr, srv) = (ns.name(0), ns.name(1), ns.name(2));
         let setup = [
-            "ip netns add efc14-cli",
-            "ip netns add efc14-rtr",
-            "ip netns add efc14-srv",
-            "ip link add efc14c netns efc14-cli type veth peer name efc14rc netns efc14-rtr",
-            "ip link add efc14s netns efc14-srv type veth peer name efc14rs netns efc14-rtr",
-            "ip -n efc14-cli link set lo up",
-            "ip -n efc14-cli link set efc14c up",
-            "ip -n efc14-cli addr add 192.0.2.2/24 dev efc14c",
-            "ip -n efc14-cli addr add 198.18.0.7/32 dev efc14c",
-            "ip -n efc14-cli addr add 198.18.0.1/32 dev efc14c",
-            "ip -n efc14-cli addr add 198.18.1.1/32 dev efc14c",
-            "ip -n efc14-cli route add default via 192.0.2.1",
-            "ip -n efc14-rtr link set efc14rc up",
-            "ip -n efc14-rtr link set efc14rs up",
-            "ip -n efc14-rtr addr add 192.0.2.1/24 dev efc14rc",
-            "ip -n efc14-rtr addr add 198.51.100.253/24 dev efc14rs",
-            "ip -n efc14-rtr route add 198.18.0.0/15 via 192.0.2.2",
-            "ip -n efc14-rtr route add 203.0.113.0/24 via 198.51.100.254",
-            "ip netns exec efc14-rtr sysctl -qw net.ipv4.ip_forward=1",
-            "ip -n efc14-srv link set lo up",
-            "ip -n efc14-srv link set efc14s up",
-            "ip -n efc14-srv addr add 198.51.100.254/24 dev efc14s",
-            "ip -n efc14-srv addr add 198.51.100.1/32 dev efc14s",
-            "ip -n efc14-srv addr add 198.51.100.200/32 dev efc14s",
-            "ip -n efc14-srv addr add 203.0.113.5/32 dev efc14s",
-            "ip -n efc14-srv route add default via 198.51.100.253",
+            format!("ip link add efc14c netns {cli} type veth peer name efc14rc netns {rtr}"),
+            format!("ip link add efc14s netns {srv} type veth peer name efc14rs netns {rtr}"),
+            format!("ip -n {cli} link set efc14c up"),
+            format!("ip -n {cli} addr add 192.0.2.2/24 dev efc14c"),
+            format!("ip -n {cli} addr add 198.18.0.7/32 dev efc14c"),
+            format!("ip -n {cli} addr add 198.18.0.1/32 dev efc14c"),
+            format!("ip -n {cli} addr add 198.18.1.1/32 dev efc14c"),
+            format!("ip -n {cli} route add default via 192.0.2.1"),
+            format!("ip -n {rtr} link set efc14rc up"),
+            format!("ip -n {rtr} link set efc14rs up"),
+            format!("ip -n {rtr} addr add 192.0.2.1/24 dev efc14rc"),
+            format!("ip -n {rtr} addr add 198.51.100.253/24 dev efc14rs"),
+            format!("ip -n {rtr} route add 198.18.0.0/15 via 192.0.2.2"),
+            format!("ip -n {rtr} route add 203.0.113.0/24 via 198.51.100.254"),
+            format!("ip netns exec {rtr} sysctl -qw net.ipv4.ip_forward=1"),
+            format!("ip -n {srv} link set efc14s up"),
+            format!("ip -n {srv} addr add 198.51.100.254/24 dev efc14s"),
+            format!("ip -n {srv} addr add 198.51.100.1/32 dev efc14s"),
+            format!("ip -n {srv} addr add 198.51.100.200/32 dev efc14s"),
+            format!("ip -n {srv} addr add 203.0.113.5/32 dev efc14s"),
+            format!("ip -n {srv} route add default via 198.51.100.253"),
         ];
         for c in setup {
             assert!(sh(&c.split(' ').collect::<Vec<_>>()), "{c}");
@@ -701,7 +682,7 @@ mod tests {
         let t = tables();
         let install_carrying = |t: &Tables, carried: &crate::nft_counters::Carried| {
             let mut child = Command::new("ip")
-                .args(["netns", "exec", "efc14-rtr", "nft", "-f", "-"])
+                .args(["netns", "exec", rtr, "nft", "-f", "-"])
                 .stdin(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -712,9 +693,7 @@ mod tests {
         };
         let install = |t: &Tables| install_carrying(t, &Default::default());
         install(&t);
-        let ping = |src: &str, dst: &str| {
-            sh(&["ip", "netns", "exec", "efc14-cli", "ping", "-q", "-c1", "-W1", "-I", src, dst])
-        };
+        let ping = |src: &str, dst: &str| sh(&["ip", "netns", "exec", cli, "ping", "-q", "-c1", "-W1", "-I", src, dst]);
         // Unselected, and the two classes (the /32 pod, the rest of the /24).
         let sources = ["198.18.1.1", "198.18.0.7", "198.18.0.1"];
         // Inside policy pod's /24 and outside policy a's /25 exception; inside both; only policy a's /0.
@@ -733,7 +712,7 @@ mod tests {
         // installer reads them over nfnetlink in its own).
         let counters = || -> crate::nft_counters::Carried {
             let out = Command::new("ip")
-                .args(["netns", "exec", "efc14-rtr", "nft", "-j", "list", "counters", "table", "inet", TABLE])
+                .args(["netns", "exec", rtr, "nft", "-j", "list", "counters", "table", "inet", TABLE])
                 .output()
                 .unwrap();
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -772,8 +751,8 @@ mod tests {
         };
         // A "pod" on the far side (a pod on the gateway's own Node).
         for c in [
-            "ip -n efc14-srv addr add 198.19.255.1/32 dev efc14s",
-            "ip -n efc14-rtr route add 198.19.255.0/24 via 198.51.100.254",
+            format!("ip -n {srv} addr add 198.19.255.1/32 dev efc14s"),
+            format!("ip -n {rtr} route add 198.19.255.0/24 via 198.51.100.254"),
         ] {
             assert!(sh(&c.split(' ').collect::<Vec<_>>()), "{c}");
         }
@@ -804,8 +783,7 @@ mod tests {
     #[ignore = "measurement; needs root, nft and /usr/bin/time"]
     fn measure_nft_load() {
         let sizes = std::env::var("EGRET_NFT_PODS").unwrap_or_else(|_| "16384,65536,131072".into());
-        assert!(sh(&["ip", "netns", "add", "efc14-measure"]), "needs root");
-        let _ns = Netns(&["efc14-measure"]);
+        let ns = NetnsGuard::unique("efcm", &[""]).create().expect("needs root");
         for n in sizes.split(',').map(|n| n.trim().parse::<u32>().unwrap()) {
             let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
             let policies = (0..64u32)
@@ -826,7 +804,7 @@ mod tests {
             let path = std::env::temp_dir().join(format!("efc14-ruleset-{n}.nft"));
             std::fs::write(&path, &script).unwrap();
             let o = Command::new("/usr/bin/time")
-                .args(["-f", "%e s %M KiB", "ip", "netns", "exec", "efc14-measure", "nft", "-f"])
+                .args(["-f", "%e s %M KiB", "ip", "netns", "exec", ns.name(0), "nft", "-f"])
                 .arg(&path)
                 .output()
                 .unwrap();
