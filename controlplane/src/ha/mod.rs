@@ -714,7 +714,8 @@ impl Task {
                 let was = st.replicator.in_sync(ip);
                 st.replicator.on_ack(from, ip, epoch);
                 if !was && st.replicator.in_sync(ip) {
-                    tracing::info!(ip = %ip, standby = from, epoch, "session sync: the standby holds a complete copy");
+                    let sessions = st.replicator.copy_size(ip).unwrap_or_default();
+                    tracing::info!(ip = %ip, standby = from, epoch, sessions, "session sync: the standby holds a complete copy");
                 }
             }
             m => {

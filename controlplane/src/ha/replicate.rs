@@ -72,6 +72,8 @@ struct Replica {
     needs_full: bool,
     /// The copy being sent, if any.
     copy: Option<Cursor>,
+    /// Records in the latest copy's snapshot.
+    copy_size: u64,
 }
 
 /// One held IP's replication, for status.
@@ -135,6 +137,7 @@ impl Replicator {
                         last_full: None,
                         needs_full: true,
                         copy: None,
+                        copy_size: 0,
                     },
                 );
             }
@@ -186,6 +189,7 @@ impl Replicator {
     /// with the snapshot `records`; [`Replicator::pace`] sends it.
     pub fn start_copy(&mut self, ip: IpAddr, epoch: u64, records: Vec<SessionRecord>) {
         if let Some(r) = self.by_ip.get_mut(&ip).filter(|r| r.epoch == epoch) {
+            r.copy_size = records.len() as u64;
             r.copy = Some(Cursor {
                 epoch,
                 count: records.len() as u64,
@@ -314,6 +318,12 @@ impl Replicator {
     /// The standby of `ip` when it holds `ip`'s latest copy ([`Replicator::in_sync`]).
     pub fn synced_standby(&self, ip: IpAddr) -> Option<&str> {
         self.by_ip.get(&ip).filter(|r| !r.needs_full && r.acked == Some(r.epoch)).map(|r| r.standby.as_str())
+    }
+
+    /// Records in the snapshot of `ip`'s latest copy (what its standby held
+    /// when it acknowledged it).
+    pub fn copy_size(&self, ip: IpAddr) -> Option<u64> {
+        self.by_ip.get(&ip).map(|r| r.copy_size)
     }
 
     /// Whether `ip`'s standby holds its latest copy and nothing was lost since.
