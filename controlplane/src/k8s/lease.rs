@@ -1003,6 +1003,17 @@ impl LeaseManager {
                 let was_held = st.held_since_send.is_some() || st.dormant;
                 st.dormant = false;
                 match action {
+                    // Given up while the renewal was in flight (a drain, a
+                    // stop, no longer a candidate: fenced without dormancy):
+                    // the write landed, but the IP is not served again; the
+                    // next pass releases the Lease. Reviving it here served
+                    // it again for a pass, and the deletion of its sessions
+                    // after the give-up then went to its standby as
+                    // removals (a drain handed the IP over with none).
+                    Action::Renew { .. } if !was_held => {
+                        st.written_send = Some(sent);
+                        st.next_attempt = now;
+                    }
                     Action::Create | Action::Acquire { .. } | Action::Renew { .. } => {
                         st.held_since_send = Some(sent);
                         st.written_send = Some(sent);
@@ -1249,6 +1260,37 @@ mod tests {
         let mut a = holding(x, &c, t0, t0);
         assert_eq!(a.fence(t0 + ms(100), &BTreeSet::new()), vec![x]);
         assert_eq!(a.dormant(), BTreeSet::new(), "no longer a candidate: out of the tables");
+    }
+
+    /// Found by k8s_ha's drain in a CI run: a renewal sent before the
+    /// drain's pass fenced the IP landed after it, and served the IP again
+    /// until the next pass.
+    #[test]
+    fn a_renewal_that_lands_after_the_ip_was_given_up_does_not_serve_it_again() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let mut a = holding(x, &c, t0, t0);
+        let (renew, _) = a.plan_renewals(t0 + P);
+        assert_eq!(renew.len(), 1);
+        // Drained: no longer a candidate, fenced without dormancy.
+        assert_eq!(a.fence(t0 + P + ms(10), &BTreeSet::new()), vec![x]);
+        a.on_result(x, &renew[0].1, t0 + P, Ok(Some(rec(Some("gw-a"), 11))), t0 + P + ms(50));
+        assert_eq!(a.held(t0 + P + ms(50)), BTreeSet::new(), "given up: not served again");
+        assert_eq!(a.deadline(x), None);
+        assert_eq!(a.dormant(), BTreeSet::new());
+        // The Lease names us: the next pass, where we are no candidate, releases it.
+        let gone: BTreeMap<IpAddr, Vec<String>> = [(x, vec!["gw-b".to_string()])].into();
+        let next = a.plan(t0 + P + ms(60), &gone, true);
+        assert!(matches!(next.as_slice(), [(ip, Action::Release { .. })] if *ip == x), "{next:?}");
+        // A deadline fence (dormant) is still taken back by a late renewal.
+        let mut a = holding(x, &c, t0, t0);
+        let (renew, _) = a.plan_renewals(t0 + P);
+        a.fence(t0 + R, &[x].into());
+        assert_eq!(a.dormant(), [x].into());
+        a.on_result(x, &renew[0].1, t0 + P, Ok(Some(rec(Some("gw-a"), 11))), t0 + R + ms(5));
+        assert_eq!(a.held(t0 + R + ms(5)), [x].into(), "resumed");
+        assert_eq!(a.deadline(x), Some(t0 + P + R), "until its send time + R");
     }
 
     #[test]
