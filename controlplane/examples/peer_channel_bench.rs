@@ -23,7 +23,7 @@ fn cfg(me: &str) -> ChannelConfig {
 }
 
 fn cfg_md5(me: &str, md5: bool) -> ChannelConfig {
-    let key = Arc::new(SharedKey::from_bytes(Path::new("/bench/key"), SECRET).unwrap());
+    let key = Arc::new(SharedKey::from_bytes(Path::new("/bench/key"), SECRET).unwrap().into());
     let mut c = ChannelConfig::new(me, "127.0.0.1:0".parse().unwrap(), key);
     c.max_bytes_per_sec = 10_000_000_000;
     c.tcp_md5 = md5;

@@ -453,6 +453,16 @@ pub mod render {
         }
         if c.ha {
             out.push('\n');
+            if let Some((primary, accepted)) = c.channel_keys.split_first() {
+                out.push_str(&format!(
+                    "channel keys: primary {primary}{}\n",
+                    if accepted.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", also accepted {}", accepted.join(", "))
+                    }
+                ));
+            }
             let rows: Vec<Vec<String>> = c
                 .peers
                 .iter()
@@ -462,11 +472,12 @@ pub mod render {
                         p.addr.clone(),
                         p.state.clone(),
                         format!("{} ms", p.since_ms),
+                        p.key.clone().unwrap_or_else(|| "-".into()),
                         p.last_end.clone().unwrap_or_else(|| "-".into()),
                     ]
                 })
                 .collect();
-            out.push_str(&table(&["PEER", "ADDRESS", "STATE", "SINCE", "LAST END"], &rows));
+            out.push_str(&table(&["PEER", "ADDRESS", "STATE", "SINCE", "KEY", "LAST END"], &rows));
             if !c.shadows.is_empty() {
                 out.push('\n');
                 let rows: Vec<Vec<String>> = c

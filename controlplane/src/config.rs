@@ -259,8 +259,11 @@ pub struct HaConfig {
     pub port: u16,
     /// This gateway's address on the node network (None: `$HOST_IP`).
     pub address: Option<std::net::IpAddr>,
-    /// The shared key's file.
+    /// The shared key's file (the primary key).
     pub key_file: PathBuf,
+    /// Files of keys also accepted while a new one rolls out
+    /// (`crate::ha::keys`).
+    pub accept_key_files: Vec<PathBuf>,
     /// How long a silent peer stays up.
     pub liveness: Duration,
     /// Full resynchronisation period of each standby.
@@ -975,6 +978,17 @@ impl Checker<'_> {
                 None
             }
         };
+        let mut accept_key_files = Vec::new();
+        for (i, f) in h.accept_key_files.iter().flatten().enumerate() {
+            let field = format!("kubernetes.ha.acceptKeyFiles[{i}]");
+            if f.trim().is_empty() {
+                self.rule(&field, "empty: name a file (one that does not exist yet is no key)");
+            } else if key_file.as_deref() == Some(Path::new(f)) || accept_key_files.contains(&PathBuf::from(f)) {
+                self.rule(&field, format!("{f:?} is named twice (keyFile and acceptKeyFiles list distinct files)"));
+            } else {
+                accept_key_files.push(PathBuf::from(f));
+            }
+        }
         if let Some(r) = resync_period {
             if r < Duration::from_secs(1) {
                 self.rule(
@@ -995,6 +1009,7 @@ impl Checker<'_> {
             port,
             address,
             key_file: key_file?,
+            accept_key_files,
             liveness: liveness?,
             resync_period: resync_period?,
             peer_cache: h.peer_cache.as_ref().map(PathBuf::from),

@@ -651,10 +651,17 @@ fn check_config(file: &std::path::Path, metrics_listen: Option<SocketAddr>, clus
                         "ha: off (no channel between gateways: no session sync, no early take-over, no failsafe)\n",
                     ),
                     Some(h) => s.push_str(&format!(
-                        "ha: channel on {}:{} (key {}), liveness {:?}, resync {:?}, lone failsafe {:?}, peer cache {}\n",
+                        "ha: channel on {}:{} (key {}{}), liveness {:?}, resync {:?}, lone failsafe {:?}, peer cache {}\n",
                         h.address.map_or_else(|| "$HOST_IP".to_string(), |a| a.to_string()),
                         h.port,
                         h.key_file.display(),
+                        if h.accept_key_files.is_empty() {
+                            String::new()
+                        } else {
+                            let files: Vec<String> =
+                                h.accept_key_files.iter().map(|p| p.display().to_string()).collect();
+                            format!("; also accepted: {}", files.join(", "))
+                        },
                         h.liveness,
                         h.resync_period,
                         h.lone_failsafe,

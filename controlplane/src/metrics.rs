@@ -394,6 +394,22 @@ fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
     for p in &c.peers {
         f.sample(&[("peer", &p.name)], u64::from(p.state == "up"))?;
     }
+    let mut f = o.gauge(
+        "peer_key",
+        "1 for the key (by id) the channel to the peer runs or last ran under: a key roll is done when every peer shows the new one.",
+    )?;
+    for p in &c.peers {
+        if let Some(k) = &p.key {
+            f.sample(&[("peer", &p.name), ("key", k)], 1u64)?;
+        }
+    }
+    let mut f = o.gauge(
+        "channel_key",
+        "1 for each key this gateway holds for the channel, by id; role is primary or accepted.",
+    )?;
+    for (i, k) in c.channel_keys.iter().enumerate() {
+        f.sample(&[("key", k), ("role", if i == 0 { "primary" } else { "accepted" })], 1u64)?;
+    }
     let mut f = o.bytes("peer_queue", "Bytes queued on the channel to the peer.", MetricType::Gauge)?;
     for p in &c.peers {
         f.sample(&[("peer", &p.name)], p.queue_bytes)?;
@@ -642,8 +658,15 @@ mod tests {
                 last_pass_ms: 1200,
                 ha: true,
                 end_authenticated: true,
+                channel_keys: vec!["0a1b2c3d".into(), "4e5f6071".into()],
                 leases: vec![lease("203.0.113.10", true), lease("203.0.113.11", false), cloud],
-                peers: vec![PeerRow { name: "gw-b".into(), state: "up".into(), queue_bytes: 64, ..Default::default() }],
+                peers: vec![PeerRow {
+                    name: "gw-b".into(),
+                    state: "up".into(),
+                    queue_bytes: 64,
+                    key: Some("0a1b2c3d".into()),
+                    ..Default::default()
+                }],
                 shadows: vec![ShadowRow {
                     ip: "203.0.113.11".parse().unwrap(),
                     holder: "gw-b".into(),
@@ -773,6 +796,9 @@ mod tests {
             "egret_shadow_sessions{egress_ip=\"203.0.113.11\",holder=\"gw-b\"} 9",
             "egret_peer_up{peer=\"gw-b\"} 1",
             "egret_peer_queue_bytes{peer=\"gw-b\"} 64",
+            "egret_peer_key{peer=\"gw-b\",key=\"0a1b2c3d\"} 1",
+            "egret_channel_key{key=\"0a1b2c3d\",role=\"primary\"} 1",
+            "egret_channel_key{key=\"4e5f6071\",role=\"accepted\"} 1",
             "egret_control_plane_last_pass_age_seconds 1.2",
             "egret_lease_takeovers_total 3",
             "egret_lease_resumed_total 1",
@@ -811,6 +837,8 @@ mod tests {
             "shadow_sessions",
             "peer_up",
             "peer_queue_bytes",
+            "peer_key",
+            "channel_key",
             "control_plane_last_pass_age_seconds",
         ];
         let counters = [
@@ -880,7 +908,7 @@ mod tests {
         // Without a cluster: no cluster family, the same shape.
         let file_mode = families(&render(&Fake));
         assert!(!file_mode.contains_key("egret_lease_held") && file_mode.contains_key("egret_drops"));
-        assert_eq!(file_mode.len(), gauges.len() + counters.len() - 10 - 17);
+        assert_eq!(file_mode.len(), gauges.len() + counters.len() - 12 - 17);
     }
 
     #[test]

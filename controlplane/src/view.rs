@@ -309,6 +309,9 @@ pub struct ClusterReport {
     pub ha: bool,
     /// Whether a crashed peer can be told from a silent one (TCP-MD5).
     pub end_authenticated: bool,
+    /// The channel's keys by id, the primary first (a roll: docs/operations.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub channel_keys: Vec<String>,
     /// Every egress IP in use.
     pub leases: Vec<LeaseRow>,
     /// The channel's peers.
@@ -387,6 +390,9 @@ pub struct PeerRow {
     pub last_end: Option<String>,
     /// Bytes queued to it.
     pub queue_bytes: u64,
+    /// The key its current or last connection ran under (`egret_peer_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// One shadow copy held for another gateway.

@@ -15,13 +15,18 @@ kubernetes:
   ha:
     address: 192.0.2.11
     keyFile: /etc/egret-ha/key
+    acceptKeyFiles: ACCEPT
     loneFailsafe: LONE
 "#;
 
 fn check(lone: &str) -> (bool, String) {
+    check_with(lone, "[]")
+}
+
+fn check_with(lone: &str, accept: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("gw.yaml");
-    std::fs::write(&file, K8S.replace("LONE", lone)).unwrap();
+    std::fs::write(&file, K8S.replace("LONE", lone).replace("ACCEPT", accept)).unwrap();
     let out =
         Command::new(env!("CARGO_BIN_EXE_egret")).args(["check-config", file.to_str().unwrap()]).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -41,4 +46,22 @@ fn check_config_shows_the_channel_and_names_a_bad_field() {
     assert!(!ok);
     assert!(text.contains("kubernetes.ha.loneFailsafe"), "{text}");
     assert!(text.contains("\"soon\""), "{text}");
+}
+
+/// The keys a roll adds (ADR 0029): shown, and a bad list refused naming
+/// the entry and its value.
+#[test]
+fn check_config_shows_the_accepted_keys_and_names_a_bad_entry() {
+    let (ok, text) = check_with("2m", "[/etc/egret-ha/next, /etc/egret-ha/previous]");
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("(key /etc/egret-ha/key; also accepted: /etc/egret-ha/next, /etc/egret-ha/previous)"),
+        "{text}"
+    );
+    let (ok, text) = check_with("2m", "[/etc/egret-ha/next, /etc/egret-ha/key]");
+    assert!(!ok);
+    assert!(text.contains("kubernetes.ha.acceptKeyFiles[1]: \"/etc/egret-ha/key\" is named twice"), "{text}");
+    let (ok, text) = check_with("2m", "[\"\"]");
+    assert!(!ok);
+    assert!(text.contains("kubernetes.ha.acceptKeyFiles[0]: empty"), "{text}");
 }

@@ -160,7 +160,8 @@ fn start(client: kube::Client, i: usize, key: &std::path::Path) -> Gateway {
     opts.ha = Some(HaOptions {
         listen: SocketAddr::new(addr(i), ha_port()),
         port: ha_port(),
-        key: Arc::new(SharedKey::from_file(key).expect("key")),
+        keys: Arc::new(SharedKey::from_file(key).expect("key").into()),
+        key_files: None,
         liveness: Duration::from_secs(1),
         resync_period: Duration::from_secs(30),
         peer_cache: Some(peer_cache(i)),

@@ -92,10 +92,13 @@ const RETRY_PERIOD_MS: i64 = 500;
 const BEFORE: Duration = Duration::from_secs(2);
 const AFTER: Duration = Duration::from_secs(4);
 /// The events in order.
-const EVENTS: [&str; 11] = [
+const EVENTS: [&str; 12] = [
     "abort-holder",
     "abort-taker",
     "abort-repeat",
+    // Before sigkill: its early take-over with every flow kept then runs
+    // over a channel under the new key.
+    "key-roll",
     "sigkill",
     "cutoff",
     "api-down-all",
@@ -198,6 +201,62 @@ struct Ctx<'a> {
     client: kube::Client,
     gws: BTreeMap<Gw, Gateway>,
     api_port: u16,
+    /// The gateways' key directories (None: `EGRET_HA_CONFIG=0`).
+    keys: Option<KeyDirs>,
+}
+
+/// Each gateway's channel keys as the kubelet projects a Secret into a pod:
+/// `ha-<node>/keys` is a symlink to a versioned directory, replaced by an
+/// atomic rename, so each change is read whole.
+struct KeyDirs {
+    root: std::path::PathBuf,
+    version: usize,
+    /// The key every gateway has as its primary.
+    current: [u8; 32],
+}
+
+impl KeyDirs {
+    fn new(root: &std::path::Path) -> KeyDirs {
+        let mut k = KeyDirs { root: root.to_owned(), version: 0, current: random_ha_key() };
+        let key = k.current;
+        for g in Gw::ALL {
+            std::fs::create_dir_all(k.dir(g)).expect("a gateway's key directory");
+            k.write(g, &[("key", &key)]);
+        }
+        k
+    }
+
+    fn dir(&self, g: Gw) -> std::path::PathBuf {
+        self.root.join(format!("ha-{}", g.node_name()))
+    }
+
+    /// The primary key's path in `g`'s configuration.
+    fn key_file(&self, g: Gw) -> std::path::PathBuf {
+        self.dir(g).join("keys").join("key")
+    }
+
+    /// Replaces `g`'s key files with `files`, at once.
+    fn write(&mut self, g: Gw, files: &[(&str, &[u8; 32])]) {
+        self.version += 1;
+        let dir = self.dir(g);
+        let version = format!("keys.{}", self.version);
+        std::fs::create_dir(dir.join(&version)).expect("a key version directory");
+        for (name, key) in files {
+            write_ha_key_bytes(&dir.join(&version).join(name), &key[..]);
+        }
+        let tmp = dir.join("keys.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&version, &tmp).expect("the new keys' symlink");
+        std::fs::rename(&tmp, dir.join("keys")).expect("swap the keys' symlink");
+    }
+}
+
+/// A key's id as `egret status` shows it.
+fn key_id(key: &[u8; 32]) -> String {
+    egret_controlplane::ha::auth::SharedKey::from_bytes(std::path::Path::new("key"), key)
+        .expect("a key")
+        .id()
+        .to_string()
 }
 
 fn scenario(lab: &K8sLab, server: &ApiServer) {
@@ -210,12 +269,8 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     write_token_kubeconfig(server.kubeconfig_path(), "egret-gateway", &token, &kubeconfig);
     let api_port = api_port(server);
 
-    let ha = env_flag("EGRET_HA_CONFIG", true);
-    let key = lab.dir().join("ha.key");
-    if ha {
-        write_ha_key(&key);
-    }
-    let ha_block = |g: Gw| if ha { ha_section(lab, g, &key, HA_PORT) } else { String::new() };
+    let keys = env_flag("EGRET_HA_CONFIG", true).then(|| KeyDirs::new(lab.dir()));
+    let ha_block = |g: Gw| keys.as_ref().map_or_else(String::new, |k| ha_section(lab, g, &k.key_file(g), HA_PORT));
     let mut gws = BTreeMap::new();
     for g in Gw::ALL {
         let mut cfg = lab_gateway_config(g, &kubeconfig, ha_block(g));
@@ -229,7 +284,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     for gw in gws.values_mut() {
         gw.wait_ready(Duration::from_secs(30)).expect("egret ready");
     }
-    let mut ctx = Ctx { lab, server, rt, client, gws, api_port };
+    let mut ctx = Ctx { lab, server, rt, client, gws, api_port, keys };
     let http = SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT);
     let seen = probe::wait_source(lab.pod(KPod::Db), http, EIP.into(), Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("db never left with {EIP}: {e}"))
@@ -349,7 +404,9 @@ fn check(r: &Row, failures: &mut Vec<String>) {
         // from the API server only (its peers acknowledge it) or from its
         // peers only (the Lease still renews) keeps serving; channel sockets
         // aborted on a node prove no death (issue 28 §1).
-        "api-down-all" | "api-cut-holder" | "peers-cut-holder" | "abort-holder" | "abort-taker" | "abort-repeat" => {
+        // A key roll (issue 28 §3) moves nothing and loses nothing either.
+        "api-down-all" | "api-cut-holder" | "peers-cut-holder" | "abort-holder" | "abort-taker" | "abort-repeat"
+        | "key-roll" => {
             if o.churn_failed != 0 {
                 let when: Vec<String> = o.churn_failures.iter().map(|(at, e)| format!("{}: {e}", wall(*at))).collect();
                 fail(format!("{}/{} new connections failed ({})", o.churn_failed, o.churn_total, when.join("; ")));
@@ -447,6 +504,10 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
                 killed >= i,
                 "{event}: {killed} sockets killed in {i} rounds: the channel did not come back between them"
             );
+            wait_recovered(&load, Instant::now(), Duration::from_secs(20))
+        }
+        "key-roll" => {
+            key_roll(ctx);
             wait_recovered(&load, Instant::now(), Duration::from_secs(20))
         }
         "cutoff" => {
@@ -559,6 +620,66 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
     let after = lease_holder(ctx);
     println!("k8s-ha: {event}: event took {} ms", ms(t_event.elapsed()));
     Row { event, holder, after, o: report.outage(), double_owner: doubles.len(), moves, recovered, early }
+}
+
+/// A roll of the channel key in three steps (docs/operations.md, "Rotating
+/// the channel key"), each reaching the gateways one after the other, as a
+/// Secret's update reaches pods: the new key accepted, then primary with
+/// the old one accepted, then alone. Waits after each step until every
+/// gateway holds the step's keys, and at the end until every channel runs
+/// under the new key.
+fn key_roll(ctx: &mut Ctx) {
+    let Some(keys) = ctx.keys.as_mut() else {
+        println!("k8s-ha: key-roll: no channel (EGRET_HA_CONFIG=0): nothing to roll");
+        return;
+    };
+    let (old, new) = (keys.current, random_ha_key());
+    let (old_id, new_id) = (key_id(&old), key_id(&new));
+    println!("k8s-ha: key-roll: from key {old_id} to {new_id}");
+    let steps = [
+        ("1 (the new key accepted)", vec![("key", &old), ("next", &new)], vec![&old_id, &new_id]),
+        ("2 (the new key primary)", vec![("key", &new), ("previous", &old)], vec![&new_id, &old_id]),
+        ("3 (the old key removed)", vec![("key", &new)], vec![&new_id]),
+    ];
+    for (what, files, want) in steps {
+        let t = Instant::now();
+        for g in Gw::ALL {
+            keys.write(g, &files);
+            std::thread::sleep(Duration::from_millis(700));
+        }
+        wait_gateways(&ctx.gws, &format!("key-roll: step {what}"), |s| {
+            let held: Vec<&str> = s["cluster"]["channel_keys"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|k| k.as_str()).collect())
+                .unwrap_or_default();
+            held == want.iter().map(|s| s.as_str()).collect::<Vec<_>>()
+        });
+        println!("k8s-ha: key-roll: step {what}: every gateway holds {want:?} {} ms after the first", ms(t.elapsed()));
+    }
+    keys.current = new;
+    let t = Instant::now();
+    wait_gateways(&ctx.gws, "key-roll: every channel up under the new key", |s| {
+        s["cluster"]["peers"].as_array().is_some_and(|peers| {
+            peers.len() == Gw::ALL.len() - 1
+                && peers.iter().all(|p| p["state"] == "up" && p["key"].as_str() == Some(new_id.as_str()))
+        })
+    });
+    println!("k8s-ha: key-roll: every channel up under {new_id} {} ms after step 3", ms(t.elapsed()));
+}
+
+/// Polls every gateway's `egret status --json` until `ok` holds for all
+/// (30 s at most, then fails showing the last status).
+fn wait_gateways(gws: &BTreeMap<Gw, Gateway>, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let statuses: Vec<serde_json::Value> =
+            gws.values().map(|g| g.admin().status().unwrap_or(serde_json::Value::Null)).collect();
+        if statuses.iter().all(&ok) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: not reached in 30 s; statuses: {statuses:#?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Whether the Lease was taken over before the killed holder's could have

@@ -745,8 +745,10 @@ fn ha_port(ds: &Value) -> Option<String> {
 /// The gateway's `kubernetes.ha`, read by the daemon's own loader, is wired to
 /// the pod: its key file is `key` in a read-only mount of the Secret
 /// `secret` (mode 0400), the port is the container's port `ha`, and the peer
-/// cache is on a writable volume that outlives the container. (The key file
-/// itself is not read by the loader: only the daemon's start does.)
+/// cache is on a writable volume that outlives the container; the keys a roll
+/// adds (`next`, then `previous`) are accepted from the same Secret, so a
+/// roll is edits of that Secret and no restart (docs/operations.md). (The key
+/// file itself is not read by the loader: only the daemon's start does.)
 fn assert_ha_wired(docs: &[Value], what: &str, secret: &str) -> egret_controlplane::config::HaConfig {
     let cfg = load_gateway_config(docs, what);
     let ha = cfg.kubernetes.expect("Kubernetes mode").ha.unwrap_or_else(|| panic!("{what}: no kubernetes.ha"));
@@ -758,6 +760,8 @@ fn assert_ha_wired(docs: &[Value], what: &str, secret: &str) -> egret_controlpla
     assert_eq!(v["secret"]["secretName"].as_str(), Some(secret), "{what}: the key's volume {v:?}");
     assert_eq!(scalar(&v["secret"]["defaultMode"]), "256", "{what}: the key is mode 0400");
     assert!(v["secret"].get("items").is_none(), "{what}: the Secret's key \"key\" is the file \"key\"");
+    let dir = ha.key_file.parent().unwrap();
+    assert_eq!(ha.accept_key_files, vec![dir.join("next"), dir.join("previous")], "{what}: acceptKeyFiles");
     assert_eq!(ha_port(ds), Some(ha.port.to_string()), "{what}: the container's port ha");
     let cache = ha.peer_cache.clone().unwrap_or_else(|| panic!("{what}: no peerCache"));
     let (m, v) =

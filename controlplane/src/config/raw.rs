@@ -264,6 +264,9 @@ pub struct Ha {
     pub address: Option<String>,
     /// File holding the shared key (at least 32 bytes).
     pub key_file: Option<String>,
+    /// Files of keys also accepted while a new key rolls out (absent files
+    /// are no key).
+    pub accept_key_files: Option<Vec<String>>,
     /// A silent peer is considered unreachable after this, e.g. "1s".
     pub liveness: Option<String>,
     /// Full resynchronisation of every standby, e.g. "30s".

@@ -1068,8 +1068,11 @@ async fn spawn_kubernetes(
 /// `kubernetes.ha` resolved: the key read, the address from the file or
 /// `$HOST_IP` (the downward API's `status.hostIP`).
 fn ha_options(h: &config::HaConfig) -> Result<crate::ha::HaOptions, DaemonError> {
-    let key = crate::ha::auth::SharedKey::from_file(&h.key_file)
-        .map_err(|e| start_err("kubernetes.ha.keyFile")(e.to_string()))?;
+    let files = crate::ha::keys::KeyFiles { primary: h.key_file.clone(), accepted: h.accept_key_files.clone() };
+    let keys = files.load().map_err(|e| {
+        let field = if e.path() == h.key_file { "kubernetes.ha.keyFile" } else { "kubernetes.ha.acceptKeyFiles" };
+        start_err(field)(e.to_string())
+    })?;
     let address = match h.address {
         Some(a) => a,
         None => {
@@ -1084,7 +1087,8 @@ fn ha_options(h: &config::HaConfig) -> Result<crate::ha::HaOptions, DaemonError>
     Ok(crate::ha::HaOptions {
         listen: SocketAddr::new(address, h.port),
         port: h.port,
-        key: Arc::new(key),
+        keys: Arc::new(keys),
+        key_files: Some(files),
         liveness: h.liveness,
         resync_period: h.resync_period,
         peer_cache: h.peer_cache.clone(),

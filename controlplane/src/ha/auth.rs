@@ -8,6 +8,7 @@
 //! prk          = HKDF-Extract(salt = "egret ha channel v1", secret)
 //! tcp_md5_key  = HKDF-Expand(prk, "tcp-md5", 32)          one per cluster (RFC 2385)
 //! hmac_key     = HKDF-Expand(prk, "handshake-hmac", 32)
+//! key id       = HKDF-Expand(prk, "key-id", 4)            shown in logs, status and metrics
 //! traffic key  = HKDF-Expand(prk, "traffic " || dir || SHA-256(transcript), 32)
 //!                dir = "dialer->acceptor" | "acceptor->dialer"
 //! ```
@@ -15,6 +16,10 @@
 //! The TCP-MD5 key is one per cluster rather than per pair of addresses: every
 //! gateway holds the secret and could derive any pair's key, so per-pair keys
 //! would protect nothing more.
+//!
+//! A gateway may hold more than one key while a new one rolls out
+//! ([`super::keys`]): the acceptor proves with its primary key, the dialer
+//! finds which of its keys that is, and the connection runs under it.
 //!
 //! Handshake (in clear, then every frame sealed):
 //!
@@ -69,10 +74,35 @@ pub enum KeyError {
     TooShort { path: PathBuf, len: usize },
 }
 
+impl KeyError {
+    /// The file at fault.
+    pub fn path(&self) -> &Path {
+        match self {
+            KeyError::Read { path, .. } | KeyError::TooShort { path, .. } => path,
+        }
+    }
+}
+
+/// A key's public name: 4 bytes derived from the secret (module doc), shown
+/// as 8 hex digits. It tells keys apart in logs, `egret status` and metrics
+/// and reveals nothing usable about the secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KeyId(pub [u8; 4]);
+
+impl fmt::Display for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
 /// The cluster secret and the keys derived from it. `Debug` never shows key
 /// material.
 pub struct SharedKey {
     source: PathBuf,
+    id: KeyId,
     tcp_md5: [u8; 32],
     hmac: hmac::Key,
     prk: hkdf::Prk,
@@ -80,7 +110,7 @@ pub struct SharedKey {
 
 impl fmt::Debug for SharedKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedKey").field("source", &self.source).finish_non_exhaustive()
+        f.debug_struct("SharedKey").field("source", &self.source).field("id", &self.id).finish_non_exhaustive()
     }
 }
 
@@ -101,7 +131,19 @@ impl SharedKey {
         let prk = Salt::new(HKDF_SHA256, HKDF_SALT).extract(secret);
         let tcp_md5 = expand32(&prk, &[b"tcp-md5"]);
         let hmac_bytes = expand32(&prk, &[b"handshake-hmac"]);
-        Ok(SharedKey { source: source.to_owned(), tcp_md5, hmac: hmac::Key::new(hmac::HMAC_SHA256, &hmac_bytes), prk })
+        let id = expand32(&prk, &[b"key-id"]);
+        Ok(SharedKey {
+            source: source.to_owned(),
+            id: KeyId([id[0], id[1], id[2], id[3]]),
+            tcp_md5,
+            hmac: hmac::Key::new(hmac::HMAC_SHA256, &hmac_bytes),
+            prk,
+        })
+    }
+
+    /// The key's public name.
+    pub fn id(&self) -> KeyId {
+        self.id
     }
 
     /// Where the secret came from.
@@ -354,6 +396,17 @@ mod tests {
         assert!(!k.verify(Role::Dialer, b"transcripT", &p));
         assert!(!other.verify(Role::Dialer, t, &p));
         assert_ne!(k.tcp_md5_key(), other.tcp_md5_key());
+    }
+
+    #[test]
+    fn a_key_id_names_the_secret_not_the_file() {
+        let a = SharedKey::from_bytes(Path::new("/a"), &[1; 32]).unwrap();
+        let same = SharedKey::from_bytes(Path::new("/b"), &[1; 32]).unwrap();
+        assert_eq!(a.id(), same.id());
+        assert_ne!(a.id(), key(2).id());
+        assert_eq!(a.id().to_string().len(), 8);
+        // The id is none of the keys' bytes.
+        assert_ne!(a.id().0[..], a.tcp_md5_key()[..4]);
     }
 
     #[test]

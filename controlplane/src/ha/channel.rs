@@ -108,7 +108,8 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
-use super::auth::{self, Hello, Opener, Role, Sealer, SharedKey, HELLO_FIXED_LEN, PROOF_LEN, TAG_LEN};
+use super::auth::{self, Hello, KeyId, Opener, Role, Sealer, SharedKey, HELLO_FIXED_LEN, PROOF_LEN, TAG_LEN};
+use super::keys::KeyRing;
 
 /// Default liveness: see the module doc.
 pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(2);
@@ -131,7 +132,9 @@ pub struct ChannelConfig {
     /// Where to listen; its IP is also the source of outgoing connections
     /// unless unspecified.
     pub listen: SocketAddr,
-    pub key: Arc<SharedKey>,
+    /// The keys, the primary first ([`super::keys`]); replaced while running
+    /// by [`Peers::set_keys`].
+    pub keys: Arc<KeyRing>,
     /// No byte from a peer for this long ends its connection as `Silent`.
     pub liveness: Duration,
     /// Bound of each peer's send queue, in bytes (payload + [`FRAME_OVERHEAD`]).
@@ -155,11 +158,11 @@ impl ChannelConfig {
     /// A configuration with the defaults: liveness 2 s, 16 MiB queue per
     /// peer of which bulk frames may fill 4 MiB, 100 MB/s per peer, 1 MiB
     /// frames, 1024 events, TCP-MD5 on.
-    pub fn new(me: &str, listen: SocketAddr, key: Arc<SharedKey>) -> ChannelConfig {
+    pub fn new(me: &str, listen: SocketAddr, keys: Arc<KeyRing>) -> ChannelConfig {
         ChannelConfig {
             me: me.to_owned(),
             listen,
-            key,
+            keys,
             liveness: DEFAULT_LIVENESS,
             max_queue_bytes: 16 << 20,
             bulk_queue_bytes: 4 << 20,
@@ -309,6 +312,8 @@ pub struct PeerStatus {
     /// Whether a FIN/RST on this peer's connection is authenticated (TCP-MD5
     /// on and its key installed): only then can the end be [`End::Gone`].
     pub end_authenticated: bool,
+    /// The key of the current or last connection ([`super::keys`]).
+    pub key: Option<KeyId>,
 }
 
 /// Connections the listener refused before they could be tied to a peer.
@@ -335,6 +340,11 @@ struct PeerShared {
     /// Frames written just before the Goodbye, in the same write, when this
     /// side stops ([`Peers::send_before_goodbye`]): never sent otherwise.
     last_words: Mutex<Vec<(u8, Vec<u8>)>>,
+    /// The key that last made a connection to this peer: tried first.
+    key_hint: Mutex<Option<KeyId>>,
+    /// Ends the running connection when its key is retired
+    /// ([`Peers::set_keys`]).
+    rekey: Notify,
 }
 
 impl PeerShared {
@@ -358,6 +368,8 @@ struct Slot {
 #[derive(Debug)]
 struct Inner {
     cfg: ChannelConfig,
+    /// The keys in use: `cfg.keys` until [`Peers::set_keys`].
+    keys: Mutex<Arc<KeyRing>>,
     incarnation: u64,
     md5: bool,
     listener: Arc<TcpListener>,
@@ -382,6 +394,14 @@ struct Established {
     sealer: Sealer,
     opener: Opener,
     incarnation: u64,
+    /// The key it runs under.
+    key: KeyId,
+}
+
+impl Inner {
+    fn keys(&self) -> Arc<KeyRing> {
+        self.keys.lock().clone()
+    }
 }
 
 impl Peers {
@@ -422,6 +442,7 @@ impl Peers {
         let listener = Arc::new(sock.listen(128).map_err(listen_err)?);
         let (events, rx) = mpsc::channel(cfg.event_capacity.max(1));
         let inner = Arc::new(Inner {
+            keys: Mutex::new(cfg.keys.clone()),
             cfg,
             incarnation: auth::random_u64(),
             md5,
@@ -478,10 +499,9 @@ impl Peers {
             for ip in have.difference(&ips) {
                 let _ = md5sig::set(inner.listener.as_raw_fd(), *ip, None);
             }
+            let keys = inner.keys();
             for ip in ips.difference(&have) {
-                if let Err(e) = md5sig::set(inner.listener.as_raw_fd(), *ip, Some(inner.cfg.key.tcp_md5_key())) {
-                    tracing::warn!("peer channel: TCP-MD5 key for {ip} on the listener: {e}");
-                }
+                listener_key(inner, *ip, keys.primary());
             }
             *have = ips;
         }
@@ -507,10 +527,13 @@ impl Peers {
                     last_end: None,
                     queue_bytes: 0,
                     end_authenticated: inner.md5,
+                    key: None,
                 }),
                 queue: Mutex::new(Queue { frames: VecDeque::new(), bytes: 0, open: false }),
                 notify: Notify::new(),
                 last_words: Mutex::new(Vec::new()),
+                key_hint: Mutex::new(None),
+                rekey: Notify::new(),
             });
             let (stop, stop_rx) = watch::channel(None);
             let (accepted, accepted_rx) = mpsc::channel(1);
@@ -521,6 +544,31 @@ impl Peers {
 
     /// Queues a frame for `peer`; never blocks. Refused when the peer is not
     /// Up or its queue is full (counted in [`PeerStatus::send_full`]).
+    /// Replaces the keys (a roll, [`super::keys`]): the listener signs with
+    /// the new primary from now on; a connection under a key no longer held
+    /// ends with a Goodbye and is made again; the others keep running.
+    pub fn set_keys(&self, ring: KeyRing) {
+        let inner = &self.inner;
+        let ring = Arc::new(ring);
+        *inner.keys.lock() = ring.clone();
+        if inner.md5 {
+            for ip in inner.md5_addrs.lock().iter() {
+                listener_key(inner, *ip, ring.primary());
+            }
+        }
+        for slot in inner.slots.lock().values() {
+            let key = slot.shared.status.lock().key;
+            if key.is_some_and(|k| !ring.holds(k)) {
+                slot.shared.rekey.notify_waiters();
+            }
+        }
+    }
+
+    /// The keys in use.
+    pub fn keys(&self) -> Arc<KeyRing> {
+        self.inner.keys()
+    }
+
     pub fn send(&self, peer: &str, kind: u8, payload: Vec<u8>) -> Result<(), SendError> {
         self.enqueue(peer, kind, payload, false)
     }
@@ -647,6 +695,14 @@ fn md5_probe(sock: &TcpSocket, addr: SocketAddr) -> bool {
     ok
 }
 
+/// Signs the listener's segments to and from `ip` with `key`'s TCP-MD5 key
+/// (replacing the one before).
+fn listener_key(inner: &Inner, ip: IpAddr, key: &SharedKey) {
+    if let Err(e) = md5sig::set(inner.listener.as_raw_fd(), ip, Some(key.tcp_md5_key())) {
+        tracing::warn!("peer channel: TCP-MD5 key for {ip} on the listener: {e}");
+    }
+}
+
 fn tune(fd: i32, liveness: Duration) {
     let ms = |d: Duration| i32::try_from(d.as_millis()).unwrap_or(i32::MAX);
     let secs = |d: Duration| i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX);
@@ -760,41 +816,34 @@ async fn accept_handshake(
         }
         Some(_) => {}
     }
+    // The connection runs under this side's primary key (keys.rs).
+    let key = inner.keys().primary().clone();
     let mine = Hello::new(&inner.cfg.me, inner.incarnation).encode();
     let mut transcript = their_raw;
     transcript.extend_from_slice(&mine);
     let mut out = mine;
-    out.extend_from_slice(&inner.cfg.key.proof(Role::Acceptor, &transcript));
+    out.extend_from_slice(&key.proof(Role::Acceptor, &transcript));
     let fail = |e: io::Error| (Some(name.clone()), handshake_io(&e));
     stream.write_all(&out).await.map_err(fail)?;
     let mut proof = [0u8; PROOF_LEN];
     stream.read_exact(&mut proof).await.map_err(fail)?;
-    if !inner.cfg.key.verify(Role::Dialer, &transcript, &proof) {
-        return Err((Some(name), End::AuthFailed("the dialer's proof does not match this key".into())));
+    if !key.verify(Role::Dialer, &transcript, &proof) {
+        return Err((
+            Some(name),
+            End::AuthFailed(format!(
+                "the dialer's proof does not match this gateway's primary key {} (wrong key, or it does not hold it)",
+                key.id()
+            )),
+        ));
     }
-    let (sealer, opener) = inner.cfg.key.traffic(Role::Acceptor, &transcript);
-    Ok((name, Established { stream, sealer, opener, incarnation: theirs.incarnation }))
+    let (sealer, opener) = key.traffic(Role::Acceptor, &transcript);
+    Ok((name, Established { stream, sealer, opener, incarnation: theirs.incarnation, key: key.id() }))
 }
 
 async fn dial(inner: &Inner, peer: &PeerShared) -> Result<Established, End> {
-    let sock = new_socket(peer.addr).map_err(|e| End::Unreachable(format!("socket: {e}")))?;
-    let fd = sock.as_raw_fd();
-    if inner.md5 {
-        md5sig::set(fd, peer.addr.ip(), Some(inner.cfg.key.tcp_md5_key()))
-            .map_err(|e| End::Unreachable(format!("TCP-MD5 key for {}: {e}", peer.addr)))?;
-    }
-    tune(fd, inner.cfg.liveness);
-    let local = inner.cfg.listen.ip();
-    if !local.is_unspecified() && local.is_ipv4() == peer.addr.is_ipv4() {
-        sock.bind(SocketAddr::new(local, 0)).map_err(|e| End::Unreachable(format!("bind {local}: {e}")))?;
-    }
-    let attempt = (inner.cfg.liveness / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
-    let mut stream = match tokio::time::timeout(attempt, sock.connect(peer.addr)).await {
-        Err(_) => return Err(End::Unreachable(format!("connect to {} timed out", peer.addr))),
-        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => return Err(End::Refused),
-        Ok(Err(e)) => return Err(End::Unreachable(format!("connect to {}: {e}", peer.addr))),
-        Ok(Ok(s)) => s,
-    };
+    let keys = inner.keys();
+    let hint = *peer.key_hint.lock();
+    let (mut stream, signed) = connect(inner, peer, &keys, hint).await?;
     let hs = async {
         let mine = Hello::new(&inner.cfg.me, inner.incarnation).encode();
         stream.write_all(&mine).await.map_err(|e| handshake_io(&e))?;
@@ -806,20 +855,72 @@ async fn dial(inner: &Inner, peer: &PeerShared) -> Result<Established, End> {
         stream.read_exact(&mut proof).await.map_err(|e| handshake_io(&e))?;
         let mut transcript = mine;
         transcript.extend_from_slice(&their_raw);
-        // Prove before checking, so a peer with another key also sees AuthFailed.
-        stream.write_all(&inner.cfg.key.proof(Role::Dialer, &transcript)).await.map_err(|e| handshake_io(&e))?;
-        if !inner.cfg.key.verify(Role::Acceptor, &transcript, &proof) {
-            return Err(End::AuthFailed("the acceptor's proof does not match this key".into()));
-        }
-        let (sealer, opener) = inner.cfg.key.traffic(Role::Dialer, &transcript);
-        Ok((sealer, opener, theirs.incarnation))
+        // The acceptor proved with its primary key: find which of ours it is.
+        let key = keys.verifying(signed.or(hint), Role::Acceptor, &transcript, &proof);
+        // Prove before failing, so a peer with another key also sees AuthFailed.
+        let prover = key.clone().unwrap_or_else(|| keys.primary().clone());
+        stream.write_all(&prover.proof(Role::Dialer, &transcript)).await.map_err(|e| handshake_io(&e))?;
+        let Some(key) = key else {
+            let ids: Vec<String> = keys.ids().iter().map(ToString::to_string).collect();
+            return Err(End::AuthFailed(format!(
+                "the acceptor's proof matches none of this gateway's keys ({})",
+                ids.join(", ")
+            )));
+        };
+        let (sealer, opener) = key.traffic(Role::Dialer, &transcript);
+        Ok((sealer, opener, theirs.incarnation, key.id()))
     };
     let r = tokio::time::timeout(inner.cfg.liveness, hs).await;
     match r {
         Err(_) => Err(End::Silent),
         Ok(Err(e)) => Err(e),
-        Ok(Ok((sealer, opener, incarnation))) => Ok(Established { stream, sealer, opener, incarnation }),
+        Ok(Ok((sealer, opener, incarnation, key))) => {
+            *peer.key_hint.lock() = Some(key);
+            Ok(Established { stream, sealer, opener, incarnation, key })
+        }
     }
+}
+
+/// Connects to `peer`. With TCP-MD5, each held key's TCP-MD5 key is tried in
+/// turn (`hint` first): the peer's kernel drops a SYN signed with any key but
+/// its primary's, so a wrong one is a connect timeout. Returns the stream
+/// and, with TCP-MD5, the key it was signed with.
+async fn connect(
+    inner: &Inner,
+    peer: &PeerShared,
+    keys: &KeyRing,
+    hint: Option<KeyId>,
+) -> Result<(TcpStream, Option<KeyId>), End> {
+    let order = keys.dial_order(hint);
+    let tries = if inner.md5 { order.len() } else { 1 };
+    let mut last = End::Unreachable(format!("connect to {}: no key", peer.addr));
+    for key in order.iter().take(tries) {
+        let sock = new_socket(peer.addr).map_err(|e| End::Unreachable(format!("socket: {e}")))?;
+        let fd = sock.as_raw_fd();
+        if inner.md5 {
+            md5sig::set(fd, peer.addr.ip(), Some(key.tcp_md5_key()))
+                .map_err(|e| End::Unreachable(format!("TCP-MD5 key for {}: {e}", peer.addr)))?;
+        }
+        tune(fd, inner.cfg.liveness);
+        let local = inner.cfg.listen.ip();
+        if !local.is_unspecified() && local.is_ipv4() == peer.addr.is_ipv4() {
+            sock.bind(SocketAddr::new(local, 0)).map_err(|e| End::Unreachable(format!("bind {local}: {e}")))?;
+        }
+        let attempt = (inner.cfg.liveness / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        match tokio::time::timeout(attempt, sock.connect(peer.addr)).await {
+            Err(_) if tries > 1 => {
+                last = End::Unreachable(format!(
+                    "connect to {} timed out with each of this gateway's {tries} keys (down, or it holds none of them)",
+                    peer.addr
+                ));
+            }
+            Err(_) => last = End::Unreachable(format!("connect to {} timed out", peer.addr)),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => return Err(End::Refused),
+            Ok(Err(e)) => return Err(End::Unreachable(format!("connect to {}: {e}", peer.addr))),
+            Ok(Ok(s)) => return Ok((s, inner.md5.then(|| key.id()))),
+        }
+    }
+    Err(last)
 }
 
 async fn peer_task(
@@ -884,12 +985,19 @@ async fn run_connection(
     accepted: &mut mpsc::Receiver<Established>,
 ) -> Option<Established> {
     let incarnation = est.incarnation;
+    let key = est.key;
     let (rh, wh) = est.stream.into_split();
     {
         let mut s = peer.status.lock();
         s.incarnation = Some(incarnation);
+        s.key = Some(key);
         s.ups += 1;
     }
+    // Armed before the check, so a retirement between the two is not missed.
+    let rekey = peer.rekey.notified();
+    tokio::pin!(rekey);
+    rekey.as_mut().enable();
+    let retired = !inner.keys().holds(key);
     peer.set_state(PeerState::Up);
     {
         let mut q = peer.queue.lock();
@@ -922,6 +1030,9 @@ async fn run_connection(
         Some(c) = accepted.recv() => {
             superseded = Some(c);
             (End::Superseded, None)
+        }
+        () = async { if !retired { rekey.await } } => {
+            (End::Local(format!("its key {key} was retired; connecting again under a key held")), None)
         }
     };
     {
@@ -1356,8 +1467,8 @@ mod tests {
     /// A deadline so a broken test fails instead of hanging; not a timing claim.
     const DEADLINE: Duration = Duration::from_secs(30);
 
-    fn key(secret: &[u8]) -> Arc<SharedKey> {
-        Arc::new(SharedKey::from_bytes(Path::new("/test/peer.key"), secret).unwrap())
+    fn key(secret: &[u8]) -> Arc<KeyRing> {
+        Arc::new(SharedKey::from_bytes(Path::new("/test/peer.key"), secret).unwrap().into())
     }
 
     fn cfg(me: &str, secret: &[u8], liveness: Duration, md5: bool) -> ChannelConfig {
@@ -1526,6 +1637,122 @@ mod tests {
         b.shutdown("x").await;
         assert_quiet(&mut ra);
         assert_quiet(&mut rb);
+    }
+
+    fn ring(primary: u8, accepted: &[u8]) -> KeyRing {
+        let k = |b: u8| SharedKey::from_bytes(Path::new("/test/peer.key"), &[b; 32]).unwrap();
+        KeyRing::new(k(primary), accepted.iter().map(|b| k(*b)).collect())
+    }
+
+    fn keys_of(p: &Peers) -> Option<KeyId> {
+        p.status()[0].key
+    }
+
+    /// A roll (keys.rs): at no step does the channel go down except to leave
+    /// a retired key, each Down is a Goodbye or a local end (never evidence
+    /// of a death), the same processes come back, and the channel ends under
+    /// the new key. Run with TCP-MD5 (a dialer whose SYN is signed with a key
+    /// the acceptor no longer uses tries the next) and without (the proof
+    /// alone finds the key).
+    #[tokio::test]
+    async fn a_key_roll_in_three_steps_keeps_the_channel_and_ends_under_the_new_key() {
+        let (old, new) = (0x11u8, 0x22u8);
+        let new_id = ring(new, &[]).primary().id();
+        let old_id = ring(old, &[]).primary().id();
+        let l = Duration::from_secs(1);
+        let settle = Duration::from_millis(400);
+        for md5 in [true, false] {
+            let ((a, mut ra), (b, mut rb)) =
+                pair(cfg("gw-a", &[old; 32], l, md5), cfg("gw-b", &[old; 32], l, md5)).await;
+            assert_eq!(a.end_authenticated(), md5);
+            event(&mut ra, is_up).await;
+            event(&mut rb, is_up).await;
+            assert_eq!((keys_of(&a), keys_of(&b)), (Some(old_id), Some(old_id)));
+            // Step 1 then step 2, one gateway after the other: nothing moves,
+            // the connection stays under the old key, which both still hold.
+            for (first, second) in [(ring(old, &[new]), ring(old, &[new])), (ring(new, &[old]), ring(new, &[old]))] {
+                b.set_keys(first);
+                tokio::time::sleep(settle).await;
+                a.set_keys(second);
+                tokio::time::sleep(settle).await;
+                assert_quiet(&mut ra);
+                assert_quiet(&mut rb);
+            }
+            assert_eq!(keys_of(&a), Some(old_id));
+            // Step 3 on the acceptor first: it retires the old key, so it
+            // ends the connection; the dialer tries the old key first (it
+            // last worked) and then the new one.
+            b.set_keys(ring(new, &[]));
+            let down_a = event(&mut ra, is_down).await;
+            let down_b = event(&mut rb, is_down).await;
+            for d in [&down_a, &down_b] {
+                let PeerEvent::Down { end, .. } = d else { unreachable!() };
+                assert!(matches!(end, End::Goodbye(_) | End::Local(_)), "{d:?}");
+                assert!(!end.proves_death() && !end.suggests_death(), "{d:?}");
+            }
+            assert_eq!(
+                event(&mut ra, is_up).await,
+                PeerEvent::Up { peer: "gw-b".into(), incarnation: b.incarnation() }
+            );
+            assert_eq!(
+                event(&mut rb, is_up).await,
+                PeerEvent::Up { peer: "gw-a".into(), incarnation: a.incarnation() }
+            );
+            assert_eq!((keys_of(&a), keys_of(&b)), (Some(new_id), Some(new_id)));
+            a.set_keys(ring(new, &[]));
+            tokio::time::sleep(settle).await;
+            assert_quiet(&mut ra);
+            assert_quiet(&mut rb);
+            // Frames still flow.
+            a.send("gw-b", 3, vec![1, 2, 3]).unwrap();
+            let f = event(&mut rb, |e| matches!(e, PeerEvent::Frame { .. })).await;
+            assert_eq!(f, PeerEvent::Frame { peer: "gw-a".into(), kind: 3, payload: vec![1, 2, 3] });
+            a.shutdown("x").await;
+            b.shutdown("x").await;
+        }
+    }
+
+    /// Mixed primaries (a dialer at step 1, its acceptor at step 2): a new
+    /// connection is made under the acceptor's primary, which the dialer
+    /// tries second; a dialer holding no key of the acceptor's never comes up.
+    #[tokio::test]
+    async fn a_dialer_finds_the_acceptors_primary_among_its_keys() {
+        let (old, new) = (0x33u8, 0x44u8);
+        let l = Duration::from_secs(1);
+        for md5 in [true, false] {
+            let mut ca = cfg("gw-a", &[old; 32], l, md5);
+            ca.keys = Arc::new(ring(old, &[new]));
+            let mut cb = cfg("gw-b", &[new; 32], l, md5);
+            cb.keys = Arc::new(ring(new, &[old]));
+            let ((a, mut ra), (b, mut rb)) = pair(ca, cb).await;
+            event(&mut ra, is_up).await;
+            event(&mut rb, is_up).await;
+            let new_id = ring(new, &[]).primary().id();
+            assert_eq!((keys_of(&a), keys_of(&b)), (Some(new_id), Some(new_id)));
+            // The acceptor moves on to a key the dialer does not hold.
+            b.set_keys(ring(0x55, &[]));
+            event(&mut ra, is_down).await;
+            let refused = |e: &End| {
+                if md5 {
+                    matches!(e, End::Unreachable(m) if m.contains("each of this gateway's 2 keys"))
+                } else {
+                    matches!(e, End::AuthFailed(m) if m.contains("none of this gateway's keys"))
+                }
+            };
+            let wait = async {
+                loop {
+                    if a.status()[0].last_end.as_ref().is_some_and(refused) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            tokio::time::timeout(DEADLINE, wait).await.unwrap_or_else(|_| panic!("md5 {md5}: {:?}", a.status()));
+            assert_ne!(a.status()[0].state, PeerState::Up);
+            assert_quiet(&mut ra);
+            a.shutdown("x").await;
+            b.shutdown("x").await;
+        }
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 //! | file | owns |
 //! |---|---|
 //! | `auth.rs` | the shared key, the handshake's proofs, sealing frames |
+//! | `keys.rs` | the keys held while one rolls out (primary, accepted), re-read from their files |
 //! | `channel.rs` | one authenticated connection per pair of gateways; how each ended |
 //! | `death.rs` | which ends prove a peer's process died (a signed FIN; a signed RST not followed by the same process's return; a new incarnation) |
 //! | `messages.rs` | what the frames mean |
@@ -35,6 +36,7 @@ pub mod auth;
 pub mod channel;
 pub mod death;
 pub mod failsafe;
+pub mod keys;
 pub mod memory;
 pub mod messages;
 pub mod promises;
@@ -89,8 +91,10 @@ pub struct HaOptions {
     pub listen: SocketAddr,
     /// The port on every gateway.
     pub port: u16,
-    /// The shared key.
-    pub key: Arc<auth::SharedKey>,
+    /// The keys, the primary first.
+    pub keys: Arc<keys::KeyRing>,
+    /// Their files, re-read every [`keys::CHECK_PERIOD`] (None: fixed keys).
+    pub key_files: Option<keys::KeyFiles>,
     /// Liveness of a silent peer.
     pub liveness: Duration,
     /// Full copy period.
@@ -111,6 +115,8 @@ impl PartialEq for HaOptions {
             && self.resync_period == o.resync_period
             && self.peer_cache == o.peer_cache
             && self.lone_failsafe == o.lone_failsafe
+            && self.key_files == o.key_files
+            && self.keys.ids() == o.keys.ids()
     }
 }
 impl Eq for HaOptions {}
@@ -170,6 +176,8 @@ pub struct HaStatus {
     pub failsafe_last_refusal: Option<(IpAddr, String, String)>,
     /// Whether a dead peer can be told from a silent one (TCP-MD5 works).
     pub end_authenticated: bool,
+    /// The channel's keys, the primary first.
+    pub keys: Vec<auth::KeyId>,
     /// Session records sent.
     pub records_sent: u64,
     /// Full copies started.
@@ -217,6 +225,16 @@ pub struct Ha {
     counters: Arc<HaCounters>,
     task: JoinHandle<()>,
     peer_cache: Option<PathBuf>,
+    _key_watch: Option<AbortOnDrop>,
+}
+
+/// A task that stops with its owner.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl std::fmt::Debug for Ha {
@@ -237,7 +255,7 @@ impl Ha {
         sessions: Option<Arc<dyn SessionStore>>,
         wake: Arc<Notify>,
     ) -> Result<Ha, HaError> {
-        let mut cfg = ChannelConfig::new(me, opts.listen, opts.key.clone());
+        let mut cfg = ChannelConfig::new(me, opts.listen, opts.keys.clone());
         cfg.liveness = opts.liveness;
         Self::start_with(cfg, opts, mgr, sessions, wake).await
     }
@@ -257,7 +275,13 @@ impl Ha {
         let limit = memory::memory_limit();
         let shadow_bound = memory::shadow_bound(limit);
         tracing::info!(memory_limit = ?limit, shadow_sessions = shadow_bound, "session sync: the most sessions this gateway keeps as a standby");
+        tracing::info!(keys = %keys::describe(&cfg.keys), "peer channel: keys");
         let (peers, events) = Peers::start(cfg).await?;
+        let key_watch = opts.key_files.clone().map(|files| {
+            let p = peers.clone();
+            let ids = p.keys().ids();
+            AbortOnDrop(tokio::spawn(keys::watch(files, ids, keys::CHECK_PERIOD, move |ring| p.set_keys(ring))))
+        });
         if !peers.end_authenticated() {
             tracing::warn!(
                 "peer channel: TCP-MD5 unavailable in this kernel: a crashed peer is noticed only when its Lease expires"
@@ -307,6 +331,7 @@ impl Ha {
             counters,
             task,
             peer_cache: opts.peer_cache.clone(),
+            _key_watch: key_watch,
         })
     }
 
@@ -460,6 +485,7 @@ impl Ha {
             failsafe_refused: st.failsafe.refused,
             failsafe_last_refusal: st.failsafe.last_refusal.clone(),
             end_authenticated: self.peers.end_authenticated(),
+            keys: self.peers.keys().ids(),
             records_sent: st.replicator.records_sent,
             full_copies: st.replicator.full_copies,
             copies_sent: st.replicator.copies_sent,
@@ -965,7 +991,8 @@ mod tests {
         HaOptions {
             listen: "127.0.0.1:0".parse().unwrap(),
             port: 0,
-            key: Arc::new(key),
+            keys: Arc::new(key.into()),
+            key_files: None,
             liveness: Duration::from_secs(2),
             resync_period: Duration::from_secs(3600),
             peer_cache: None,
@@ -991,7 +1018,7 @@ mod tests {
         let a_mgr = holder_of(ip, timing);
         let b_mgr = Arc::new(Mutex::new(LeaseManager::new("gw-b", timing)));
         let chan = |me: &str| {
-            let mut c = ChannelConfig::new(me, opts.listen, opts.key.clone());
+            let mut c = ChannelConfig::new(me, opts.listen, opts.keys.clone());
             tune(&mut c);
             c
         };

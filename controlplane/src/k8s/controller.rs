@@ -966,6 +966,7 @@ impl SyncLoop {
         if let Some((s, c)) = ha {
             use std::sync::atomic::Ordering::Relaxed;
             report.end_authenticated = s.end_authenticated;
+            report.channel_keys = s.keys.iter().map(ToString::to_string).collect();
             report.peers = s
                 .peers
                 .iter()
@@ -977,6 +978,7 @@ impl SyncLoop {
                     since_ms: p.since.elapsed().as_millis() as u64,
                     last_end: p.last_end.as_ref().map(|e| e.to_string()),
                     queue_bytes: p.queue_bytes as u64,
+                    key: p.key.map(|k| k.to_string()),
                 })
                 .collect();
             report.shadows = s

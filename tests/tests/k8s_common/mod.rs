@@ -730,12 +730,22 @@ pub async fn lease_spec(
     api.get(&egret_controlplane::k8s::lease::lease_name(ip)).await.ok().and_then(|l| l.spec)
 }
 
-/// 32 random bytes, mode 0600: the gateways' shared channel key.
-pub fn write_ha_key(path: &std::path::Path) {
+/// 32 random bytes: a channel key.
+pub fn random_ha_key() -> [u8; 32] {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
     let mut key = [0u8; 32];
     std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut key)).expect("random key");
+    key
+}
+
+/// 32 random bytes, mode 0600: the gateways' shared channel key.
+pub fn write_ha_key(path: &std::path::Path) {
+    write_ha_key_bytes(path, &random_ha_key());
+}
+
+/// `key`, mode 0600, at `path`.
+pub fn write_ha_key_bytes(path: &std::path::Path, key: &[u8]) {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(true)
@@ -743,11 +753,13 @@ pub fn write_ha_key(path: &std::path::Path) {
         .mode(0o600)
         .open(path)
         .expect("create the HA key file");
-    std::io::Write::write_all(&mut f, &key).expect("write the HA key");
+    std::io::Write::write_all(&mut f, key).expect("write the HA key");
 }
 
 /// Gateway `g`'s `kubernetes.ha` line in a lab: the channel on its
-/// management address, the shared key, a peer cache in the lab's directory.
+/// management address, the shared key, the keys a roll adds (`next` and
+/// `previous` beside it, as the chart has them), a peer cache in the lab's
+/// directory.
 pub fn ha_section(
     lab: &egret_tests::k8slab::K8sLab,
     g: egret_tests::k8slab::Gw,
@@ -755,9 +767,11 @@ pub fn ha_section(
     port: u16,
 ) -> String {
     format!(
-        "  ha: {{port: {port}, address: {}, keyFile: {}, peerCache: {}}}\n",
+        "  ha: {{port: {port}, address: {}, keyFile: {}, acceptKeyFiles: [{}, {}], peerCache: {}}}\n",
         g.mgmt_addr(),
         key.display(),
+        key.with_file_name("next").display(),
+        key.with_file_name("previous").display(),
         lab.dir().join(format!("peers-{}", g.node_name())).display()
     )
 }

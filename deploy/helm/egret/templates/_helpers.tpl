@@ -113,7 +113,8 @@ a different kubernetes.leaseNamespace in the values is refused.
 {{- fail "config.kubernetes.ha: leave it out, the chart sets it from ha.* (ha.enabled, ha.port, ha.existingSecret, ha.liveness, ha.resyncPeriod)" }}
 {{- end }}
 {{- if .Values.ha.enabled }}
-{{- $ha := dict "port" (int .Values.ha.port) "keyFile" (printf "%s/key" (include "egret.haKeyDir" .)) "peerCache" "/run/egret/peers" }}
+{{- $keyDir := include "egret.haKeyDir" . }}
+{{- $ha := dict "port" (int .Values.ha.port) "keyFile" (printf "%s/key" $keyDir) "acceptKeyFiles" (list (printf "%s/next" $keyDir) (printf "%s/previous" $keyDir)) "peerCache" "/run/egret/peers" }}
 {{- if .Values.ha.liveness }}
 {{- $_ := set $ha "liveness" .Values.ha.liveness }}
 {{- end }}
