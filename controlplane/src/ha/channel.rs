@@ -542,8 +542,6 @@ impl Peers {
         }
     }
 
-    /// Queues a frame for `peer`; never blocks. Refused when the peer is not
-    /// Up or its queue is full (counted in [`PeerStatus::send_full`]).
     /// Replaces the keys (a roll, [`super::keys`]): the listener signs with
     /// the new primary from now on; a connection under a key no longer held
     /// ends with a Goodbye and is made again; the others keep running.
@@ -569,6 +567,8 @@ impl Peers {
         self.inner.keys()
     }
 
+    /// Queues a frame for `peer`; never blocks. Refused when the peer is not
+    /// Up or its queue is full (counted in [`PeerStatus::send_full`]).
     pub fn send(&self, peer: &str, kind: u8, payload: Vec<u8>) -> Result<(), SendError> {
         self.enqueue(peer, kind, payload, false)
     }

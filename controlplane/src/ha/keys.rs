@@ -70,11 +70,6 @@ impl KeyRing {
         &self.keys[0]
     }
 
-    /// Every key, the primary first.
-    pub fn all(&self) -> &[Arc<SharedKey>] {
-        &self.keys
-    }
-
     /// The accepted keys (all but the primary).
     pub fn accepted(&self) -> &[Arc<SharedKey>] {
         &self.keys[1..]
