@@ -243,6 +243,10 @@ pub struct KubernetesConfig {
     pub gateway_selector: String,
     /// Periodic full pass even without changes.
     pub resync_period: Duration,
+    /// `kubernetes.ownership: liveness`: one liveness Lease per gateway,
+    /// an IP's Lease written only when it changes hands (ADR 0016); false
+    /// (`perIP`, the default): every held IP's Lease renewed.
+    pub liveness: bool,
     /// The cluster's pod CIDRs: forwarded traffic from them that arrives on
     /// the gateway's interfaces and is not translated is dropped
     /// (`TablesSpec::guard`).
@@ -936,6 +940,14 @@ impl Checker<'_> {
         if retry_period >= renew_deadline {
             self.rule("kubernetes.retryPeriod", "must be shorter than kubernetes.renewDeadline");
         }
+        let liveness = match k.ownership.as_deref().map(str::trim) {
+            None | Some("perIP") => false,
+            Some("liveness") => true,
+            Some(other) => {
+                self.rule("kubernetes.ownership", format!("{other:?} is neither \"perIP\" nor \"liveness\""));
+                false
+            }
+        };
         let mut cluster_pod_cidrs = Vec::new();
         for (i, c) in k.cluster_pod_cidrs.iter().flatten().enumerate() {
             match c.trim().parse::<IpNet>() {
@@ -956,6 +968,7 @@ impl Checker<'_> {
             kubeconfig: k.kubeconfig.as_ref().map(PathBuf::from),
             gateway_selector: k.gateway_selector.clone().unwrap_or_else(|| "egret.dev/gateway=true".into()),
             resync_period,
+            liveness,
             cluster_pod_cidrs,
             ha,
         })

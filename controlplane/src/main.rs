@@ -643,8 +643,15 @@ fn check_config(file: &std::path::Path, metrics_listen: Option<SocketAddr>, clus
                     if cidrs.is_empty() { "none (no source guard)".to_string() } else { cidrs.join(",") }
                 ));
                 s.push_str(&format!(
-                    "leases: duration {:?}, renew deadline {:?}, retry period {:?}\n",
-                    k.lease_duration, k.renew_deadline, k.retry_period
+                    "leases: duration {:?}, renew deadline {:?}, retry period {:?}; ownership {}\n",
+                    k.lease_duration,
+                    k.renew_deadline,
+                    k.retry_period,
+                    if k.liveness {
+                        "liveness (one Lease per gateway renewed; an IP's Lease written when it changes hands)"
+                    } else {
+                        "perIP (every held IP's Lease renewed)"
+                    }
                 ));
                 match &k.ha {
                     None => s.push_str(

@@ -7,10 +7,16 @@
 //! control plane dies (its Leases expire: no channel here, the Lease path
 //! alone). Throughout, no IP is served by two gateways.
 //!
-//! Size: `EGRET_SCALE_IPS` (default 40, as `tests/run.sh` runs it; the
-//! issue's size is 1000: docs/kubernetes.md "How many egress IPs").
-//! Figures are printed (`--nocapture`, lines `k8s-scale:`); the only
-//! bounds asserted are safety and progress, not speed.
+//! Both ownership designs run, one after the other: `perIP` (ADR 0004:
+//! every held IP's Lease renewed) at `EGRET_SCALE_IPS` (default 40), and
+//! `liveness` (ADR 0016: one Lease per gateway renewed, an IP's Lease
+//! written when it changes hands) at `EGRET_SCALE_LIVENESS_IPS` (default
+//! 200, as `tests/run.sh` runs it; the size is 1000:
+//! docs/kubernetes.md "How many egress IPs"). Figures are printed
+//! (`--nocapture`, lines `k8s-scale:`); the bounds asserted are safety,
+//! progress, and for `liveness` that steady-state writes do not grow with
+//! the IPs (at most 1.5 times one write per gateway per retryPeriod), not
+//! speed.
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic, clippy::print_stdout)]
 
@@ -32,13 +38,25 @@ const NAMES: [&str; 3] = ["gw-1", "gw-2", "gw-3"];
 /// The steady-state window over which Lease writes are counted.
 const WINDOW: Duration = Duration::from_secs(15);
 
-fn size() -> usize {
-    std::env::var("EGRET_SCALE_IPS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(40)
+fn size(var: &str, default: usize) -> usize {
+    std::env::var(var).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+}
+
+/// One API server and three control planes at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn many_egress_ips_owned_per_ip() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let n = size("EGRET_SCALE_IPS", 40);
+    with_api_server("many_egress_ips_owned_per_ip", |server, rt| rt.block_on(scenario(server, n, false)));
 }
 
 #[test]
-fn many_egress_ips_on_three_gateways() {
-    with_api_server("many_egress_ips_on_three_gateways", |server, rt| rt.block_on(scenario(server)));
+fn many_egress_ips_owned_by_gateway_liveness() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let n = size("EGRET_SCALE_LIVENESS_IPS", 200);
+    with_api_server("many_egress_ips_owned_by_gateway_liveness", |server, rt| rt.block_on(scenario(server, n, true)));
 }
 
 /// `n` egress IPs: the first half IPv4 (198.18.1.0 on), the rest IPv6
@@ -105,14 +123,14 @@ async fn until(
     }
 }
 
-async fn scenario(server: &ApiServer) {
+async fn scenario(server: &ApiServer, n: usize, liveness: bool) {
+    let mode = if liveness { "liveness" } else { "perIP" };
     if std::env::var_os("RUST_LOG").is_some() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
     }
-    let n = size();
     let client = server.client().await.expect("client");
     let gateways: Vec<(&str, IpAddr)> =
         NAMES.iter().enumerate().map(|(i, n)| (*n, format!("127.0.0.{}", 11 + i).parse().unwrap())).collect();
@@ -133,16 +151,20 @@ async fn scenario(server: &ApiServer) {
         .map(|name| {
             let mut opts = K8sOptions::new(*name);
             opts.lease_namespace = "egret-system".into();
+            opts.liveness = liveness;
             Gateway::start_with(client.clone(), opts)
         })
         .collect();
     let all_served = |h: &BTreeMap<IpAddr, Vec<usize>>| h.values().all(|k| k.len() == 1);
-    let limit = Duration::from_secs(60 + u64::try_from(n / 10).unwrap());
+    // A progress bound, not a speed target: a cold start of 1,000 IPs took
+    // minutes here (the three debug-built control planes' passes on two
+    // cores).
+    let limit = Duration::from_secs(60 + u64::try_from(n / 2).unwrap());
     until("cold start", &gws, &ips, limit, all_served).await;
     let cold = t0.elapsed();
     let per_gw: Vec<usize> = (0..3).map(|k| holders(&gws, &ips).values().filter(|v| v == &&vec![k]).count()).collect();
     println!(
-        "k8s-scale: {n} IPs: every IP served by exactly one gateway {} ms after the start ({per_gw:?} per gateway)",
+        "k8s-scale: {mode}, {n} IPs: every IP served by exactly one gateway {} ms after the start ({per_gw:?} per gateway)",
         cold.as_millis()
     );
 
@@ -155,11 +177,15 @@ async fn scenario(server: &ApiServer) {
     let secs = t_w.elapsed().as_secs_f64();
     let rate = (w1 - w0) as f64 / secs;
     println!(
-        "k8s-scale: {n} IPs: steady state {} Lease writes in {secs:.1} s: {rate:.1} per second, {:.2} per IP per second",
+        "k8s-scale: {mode}, {n} IPs: steady state {} Lease writes in {secs:.1} s: {rate:.1} per second, {:.2} per IP per second",
         w1 - w0,
         rate / n as f64
     );
     assert!(w1 > w0, "no Lease write counted: the metric read proves nothing");
+    if liveness {
+        let per_gateway = 1.0 / K8sOptions::new("x").timing.retry_period.as_secs_f64();
+        assert!(rate <= 1.5 * 3.0 * per_gateway, "{rate:.1} Lease writes/s in steady state for {n} IPs");
+    }
     assert!(all_served(&holders(&gws, &ips)), "steady state: an IP went unserved");
 
     // gw-1's control plane dies: each of its IPs moves to another gateway
@@ -183,7 +209,7 @@ async fn scenario(server: &ApiServer) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!(
-        "k8s-scale: {n} IPs: gw-1's control plane killed: its {} IPs served elsewhere {} ms later (Lease expiry: no channel)",
+        "k8s-scale: {mode}, {n} IPs: gw-1's control plane killed: its {} IPs served elsewhere {} ms later (Lease expiry: no channel)",
         mine.len(),
         t_kill.elapsed().as_millis()
     );

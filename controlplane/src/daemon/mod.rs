@@ -1031,6 +1031,7 @@ async fn spawn_kubernetes(
     };
     opts.gateway_selector = k.gateway_selector.clone();
     opts.resync_period = k.resync_period;
+    opts.liveness = k.liveness;
     opts.nat = cfg.tables.nat;
     opts.guard = egret_dataplane::tables::SourceGuard {
         interfaces: cfg.interfaces.iter().map(|i| i.name.clone()).collect(),

@@ -61,6 +61,8 @@ use super::crd::{
 use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
 use super::lease::{HaFields, FAILSAFE_ANNOTATION, INCARNATION_ANNOTATION, STANDBY_ANNOTATION};
+use super::liveness::{LivenessAction, OwnOutcome, EPOCH_ANNOTATION, RECORD_DURATION_SECS};
+use super::liveness_requests::send_liveness_request;
 use super::renewer::{RenewInput, RenewTask, Renewer};
 use super::status_writer::{StatusWriter, Written};
 use super::valid_until::ValidUntil;
@@ -259,13 +261,14 @@ impl Stores {
 
     /// The state as observed. Drained gateways are not eligible for
     /// anything, except `keep` (this gateway while its hand-over runs).
-    fn observed(&self, keep: Option<&str>) -> (Observed, BTreeMap<IpAddr, LeaseRecord>) {
-        let leases: BTreeMap<IpAddr, LeaseRecord> = self
-            .leases
-            .state()
-            .iter()
-            .filter_map(|l| observe::lease_ip(l).map(|ip| (ip, observe::lease_record(l))))
-            .collect();
+    /// Also returns the egress IPs' Leases and the gateways' liveness
+    /// Leases.
+    fn observed(&self, keep: Option<&str>) -> (Observed, BTreeMap<IpAddr, LeaseRecord>, BTreeMap<String, LeaseRecord>) {
+        let all = self.leases.state();
+        let leases: BTreeMap<IpAddr, LeaseRecord> =
+            all.iter().filter_map(|l| observe::lease_ip(l).map(|ip| (ip, observe::lease_record(l)))).collect();
+        let liveness: BTreeMap<String, LeaseRecord> =
+            all.iter().filter_map(|l| observe::liveness_gateway(l).map(|n| (n, observe::lease_record(l)))).collect();
         let obs = Observed {
             namespaces: self.namespaces.state().iter().map(|n| observe::namespace(n)).collect(),
             pods: observe::pods(self.pods.state().iter().map(|p| &**p)),
@@ -280,11 +283,11 @@ impl Stores {
                 .map(|n| observe::node(n))
                 .collect(),
             nodes: self.all_nodes.state().iter().map(|n| observe::node_meta(&n.metadata)).collect(),
-            leases: leases.iter().map(|(ip, r)| (*ip, observe::lease_info(r))).collect(),
+            leases: leases.iter().map(|(ip, r)| (*ip, observe::lease_info(r, &liveness))).collect(),
             held: BTreeSet::new(),
             cloud: BTreeMap::new(),
         };
-        (obs, leases)
+        (obs, leases, liveness)
     }
 }
 
@@ -299,7 +302,7 @@ pub(super) struct LeaseResult {
     pub(super) fresh: Option<LeaseRecord>,
 }
 
-fn failure(e: kube::Error) -> Failure {
+pub(super) fn failure(e: kube::Error) -> Failure {
     match &e {
         kube::Error::Api(s) if s.is_conflict() || s.is_already_exists() => Failure::Conflict,
         kube::Error::Api(s) if s.is_not_found() => Failure::NotFound,
@@ -308,22 +311,23 @@ fn failure(e: kube::Error) -> Failure {
 }
 
 /// The Lease object this gateway writes for `ip`.
-#[allow(clippy::too_many_arguments)]
 fn lease_object(
     opts: &K8sOptions,
     ip: IpAddr,
-    next_hop: Option<IpAddr>,
-    ha: Option<&HaFields>,
-    holder: Option<&str>,
+    input: &RenewInput,
     prev: Option<&LeaseRecord>,
     action: &Action,
     wall: Timestamp,
 ) -> Lease {
+    let holder = Some(opts.node_name.as_str());
     let mut annotations = BTreeMap::from([(LEASE_IP_ANNOTATION.to_string(), ip.to_string())]);
-    if let Some(n) = next_hop {
+    if let Some(n) = input.next_hop {
         annotations.insert(LEASE_NEXT_HOP_ANNOTATION.to_string(), n.to_string());
     }
-    if let Some(h) = ha {
+    if let Some(e) = input.epoch {
+        annotations.insert(EPOCH_ANNOTATION.to_string(), e.to_string());
+    }
+    if let Some(h) = &input.ha {
         annotations.insert(FAILSAFE_ANNOTATION.to_string(), h.failsafe_peers.join(","));
         annotations.insert(INCARNATION_ANNOTATION.to_string(), h.incarnation.to_string());
         if let Some(s) = &h.standby {
@@ -342,6 +346,15 @@ fn lease_object(
         | Action::Delete { resource_version } => {
             (Some(resource_version.clone()), prev.map_or(0, |p| p.transitions), prev.and_then(|p| p.acquire_time))
         }
+        // Not this IP's Lease: send_lease_request writes the holder's
+        // liveness Lease instead (liveness_requests.rs).
+        Action::Expire(_) => (None, 0, None),
+    };
+    // A record under an epoch is never renewed: gateways of earlier
+    // versions must not count it as expired (liveness::RECORD_DURATION_SECS).
+    let duration = match input.epoch {
+        Some(_) => Some(RECORD_DURATION_SECS),
+        None => i32::try_from(opts.timing.lease_duration.as_secs()).ok(),
     };
     let releasing = matches!(action, Action::Release { .. });
     Lease {
@@ -359,7 +372,7 @@ fn lease_object(
         },
         spec: Some(LeaseSpec {
             holder_identity: if releasing { None } else { holder.map(str::to_string) },
-            lease_duration_seconds: i32::try_from(opts.timing.lease_duration.as_secs()).ok(),
+            lease_duration_seconds: duration,
             acquire_time: if releasing { None } else { acquire.map(MicroTime) },
             renew_time: if releasing { None } else { Some(MicroTime(wall)) },
             lease_transitions: Some(transitions),
@@ -370,17 +383,22 @@ fn lease_object(
 
 /// Sends one Lease action and, after a conflict, reads the Lease as the
 /// API server has it now.
+/// An [`Action::Expire`] writes the liveness Lease of the gateway it names
+/// instead, `prev` being that Lease as last seen.
 pub(super) async fn send_lease_request(
     api: Api<Lease>,
     opts: K8sOptions,
     ip: IpAddr,
-    next_hop: Option<IpAddr>,
-    ha: Option<HaFields>,
+    input: RenewInput,
     prev: Option<LeaseRecord>,
     action: Action,
 ) -> LeaseResult {
+    if let Action::Expire(la) = &action {
+        let r = send_liveness_request(api, opts, la.clone(), prev).await;
+        return LeaseResult { ip, action, sent: r.sent, result: r.result, fresh: r.fresh };
+    }
     let sent = Instant::now();
-    let result = send_lease_action(api.clone(), opts.clone(), ip, next_hop, ha, prev, action.clone()).await;
+    let result = send_lease_action(api.clone(), opts.clone(), ip, &input, prev, action.clone()).await;
     let fresh = match result {
         Err(Failure::Conflict) => {
             let get = tokio::time::timeout(opts.timing.retry_period, api.get(&lease_name(ip))).await;
@@ -395,14 +413,12 @@ async fn send_lease_action(
     api: Api<Lease>,
     opts: K8sOptions,
     ip: IpAddr,
-    next_hop: Option<IpAddr>,
-    ha: Option<HaFields>,
+    input: &RenewInput,
     prev: Option<LeaseRecord>,
     action: Action,
 ) -> Result<Option<LeaseRecord>, Failure> {
     let name = lease_name(ip);
-    let obj =
-        lease_object(&opts, ip, next_hop, ha.as_ref(), Some(&opts.node_name), prev.as_ref(), &action, Timestamp::now());
+    let obj = lease_object(&opts, ip, input, prev.as_ref(), &action, Timestamp::now());
     let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     let call = async {
         match &action {
@@ -410,6 +426,7 @@ async fn send_lease_action(
             Action::Acquire { .. } | Action::Renew { .. } | Action::Release { .. } => {
                 api.replace(&name, &pp, &obj).await.map(|l| Some(observe::lease_record(&l)))
             }
+            Action::Expire(_) => Ok(None),
             Action::Delete { resource_version } => {
                 let dp = DeleteParams {
                     preconditions: Some(Preconditions { resource_version: Some(resource_version.clone()), uid: None }),
@@ -490,7 +507,8 @@ fn released_fields(ha: Option<&crate::ha::Ha>, ip: IpAddr, fields: Option<HaFiel
 async fn release(api: Api<Lease>, opts: K8sOptions, ip: IpAddr, mut rec: LeaseRecord, ha: Option<HaFields>) {
     for _ in 0..4 {
         let action = Action::Release { resource_version: rec.resource_version.clone() };
-        match send_lease_action(api.clone(), opts.clone(), ip, None, ha.clone(), Some(rec.clone()), action).await {
+        let input = RenewInput { ha: ha.clone(), ..Default::default() };
+        match send_lease_action(api.clone(), opts.clone(), ip, &input, Some(rec.clone()), action).await {
             Err(Failure::Conflict) => match api.get(&lease_name(ip)).await {
                 Ok(l) if observe::lease_record(&l).holder.as_deref() == Some(opts.node_name.as_str()) => {
                     rec = observe::lease_record(&l);
@@ -673,9 +691,13 @@ impl SyncLoop {
     async fn pass(&mut self, now: Instant) {
         let handing_over = !self.drain_step(now) && self.drain_since.is_some();
         let me = self.opts.node_name.clone();
-        let (mut obs, leases) = self.stores.observed(handing_over.then_some(me.as_str()));
+        let (mut obs, leases, liveness) = self.stores.observed(handing_over.then_some(me.as_str()));
         for (ip, rec) in &leases {
             self.mgr.lock().observe(*ip, Some(rec.clone()), now);
+        }
+        let own = self.mgr.lock().observe_liveness_all(&liveness, now);
+        if own == Some(OwnOutcome::Lost) {
+            self.liveness_lost();
         }
         let in_use_prev: BTreeSet<IpAddr> = self.last.ips.keys().copied().collect();
         for ip in in_use_prev.iter().filter(|ip| !leases.contains_key(ip)) {
@@ -719,6 +741,7 @@ impl SyncLoop {
         let watched: BTreeSet<IpAddr> = leases.keys().copied().collect();
         self.mgr.lock().forget_unused(&in_use, &watched);
         let standbys = self.ha.as_ref().map(crate::ha::Ha::standbys).unwrap_or_default();
+        let epoch = self.mgr.lock().liveness().map(|l| l.epoch());
         let inputs: BTreeMap<IpAddr, RenewInput> = d
             .ips
             .iter()
@@ -728,7 +751,7 @@ impl SyncLoop {
                     incarnation: ha.incarnation(),
                     standby: standbys.get(ip).cloned(),
                 });
-                (*ip, RenewInput { next_hop: a.next_hop, ha })
+                (*ip, RenewInput { next_hop: a.next_hop, ha, epoch })
             })
             .collect();
         *self.renewer.inputs.lock() = inputs.clone();
@@ -741,10 +764,15 @@ impl SyncLoop {
             if matches!(action, Action::Release { .. }) {
                 input.ha = released_fields(self.ha.as_ref(), ip, input.ha);
             }
-            let prev = self.mgr.lock().record(ip).cloned();
+            let prev = match &action {
+                Action::Expire(LivenessAction::Expire { holder, .. }) => {
+                    self.mgr.lock().liveness().and_then(|l| l.seen(holder)).cloned()
+                }
+                _ => self.mgr.lock().record(ip).cloned(),
+            };
             let tx = self.results.clone();
             tokio::spawn(async move {
-                let r = send_lease_request(api, opts, ip, input.next_hop, input.ha, prev, action).await;
+                let r = send_lease_request(api, opts, ip, input, prev, action).await;
                 let _ = tx.send(r);
             });
         }
@@ -916,7 +944,7 @@ impl SyncLoop {
                 dormant_here: dormant.contains(ip),
                 valid_for_ms: mgr.deadline(*ip).map(|t| t.saturating_duration_since(now).as_millis() as u64),
                 candidates: a.candidates.clone(),
-                renew_failing: self.renewer.book.lock().failing.contains(ip),
+                renew_failing: self.renewer.book.lock().failed(*ip),
                 standby: replica.map(|r| r.standby.clone()),
                 standby_in_sync: replica.map(|r| r.in_sync),
                 public_ip: targets.get(ip).map(|t| t.public.public_ip),
@@ -1035,6 +1063,17 @@ impl SyncLoop {
         report
     }
 
+    /// A peer expired this gateway's liveness Lease (or it was deleted):
+    /// a new epoch is taken, and no IP is served again before its record
+    /// is rewritten under it.
+    fn liveness_lost(&self) {
+        let epoch = self.mgr.lock().liveness().map(|l| l.epoch());
+        tracing::warn!(
+            epoch,
+            "liveness Lease lost (expired by a peer, or deleted): a new epoch; each egress IP is served again once its Lease is rewritten"
+        );
+    }
+
     fn on_result(&mut self, r: LeaseResult) {
         let now = Instant::now();
         if let Err(f) = &r.result {
@@ -1047,6 +1086,13 @@ impl SyncLoop {
         }
         let was_dormant = self.mgr.lock().is_dormant(r.ip);
         let taken = self.mgr.lock().on_result(r.ip, &r.action, r.sent, r.result, now);
+        if let Action::Expire(LivenessAction::Expire { holder, .. }) = &r.action {
+            // The holder's liveness Lease as the API server has it.
+            if let Some(fresh) = r.fresh {
+                self.mgr.lock().observe_liveness(holder, Some(fresh), now);
+            }
+            return;
+        }
         if let Some(fresh) = r.fresh {
             // Newer than what the watch showed: a record naming someone else
             // fences at once (observe), one naming us gives the next renewal
@@ -1272,6 +1318,10 @@ pub async fn run_supervised(
                 None => None,
             });
         }
+    }
+    if opts.liveness {
+        mgr.lock().use_liveness(Instant::now());
+        tracing::info!(node = %opts.node_name, "ownership by liveness Lease (ADR 0016)");
     }
     tracing::info!(node = %opts.node_name, "Kubernetes state loaded; control plane running");
     let (tx, mut rx) = mpsc::unbounded_channel();

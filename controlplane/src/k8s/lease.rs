@@ -48,6 +48,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
+use super::liveness::{free_from, HolderLiveness, Liveness, LivenessAction, OwnOutcome};
+
 /// Timing of Leases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseTiming {
@@ -237,6 +239,11 @@ pub struct LeaseRecord {
     /// preference, but one without a copy defers to this standby while it
     /// is connected ([`LeaseManager::set_standby_view`]).
     pub standby: Option<String>,
+    /// The epoch (annotation [`super::liveness::EPOCH_ANNOTATION`]): on a
+    /// gateway's liveness Lease its current epoch, on an egress IP's record
+    /// the holder's epoch when it wrote it (None: a record renewed per IP,
+    /// written before liveness Leases).
+    pub epoch: Option<u64>,
 }
 
 /// What a holder running the peer channel writes into its Lease.
@@ -306,6 +313,11 @@ pub enum Action {
         /// Precondition.
         resource_version: String,
     },
+    /// Not a write of this IP's Lease: expire the liveness Lease of the
+    /// gateway its record names (ADR 0016), which was observed unchanged
+    /// for leaseDuration, on the version observed. Once that succeeds the
+    /// record is void and the next plan acquires it.
+    Expire(LivenessAction),
 }
 
 /// How an action failed.
@@ -408,7 +420,20 @@ pub struct LeaseManager {
     /// session copy of (None: the peer channel is off). See
     /// [`LeaseManager::set_standby_view`].
     standby_view: Option<(BTreeSet<String>, BTreeSet<IpAddr>)>,
+    /// Ownership follows gateway liveness Leases (ADR 0016; None: every
+    /// held IP's Lease is renewed, ADR 0004). See
+    /// [`LeaseManager::use_liveness`].
+    liveness: Option<Liveness>,
 }
+
+/// At most this many Lease requests of the sync loop in flight at once
+/// (creates, acquires, releases, deletes, expiries). A cold start of a
+/// thousand IPs sent at once queued this gateway's renewals behind them at
+/// the API server: its liveness renewals took 2-6.5 s, its deadlines
+/// passed, and every IP it had just taken went dormant (measured with
+/// `k8s_scale` at 300 IPs). In waves of this size they go through at the
+/// API server's pace; renewals are not counted (the renewer's own task).
+pub const MAX_LEASE_REQUESTS_IN_FLIGHT: usize = 16;
 
 /// How long a lone holder keeps an IP through an API outage by default.
 pub const DEFAULT_LONE_FAILSAFE: Duration = Duration::from_secs(300);
@@ -426,7 +451,107 @@ impl LeaseManager {
             lone_failsafe: DEFAULT_LONE_FAILSAFE,
             renewals_elsewhere: false,
             standby_view: None,
+            liveness: None,
         }
+    }
+
+    /// From now on held IPs are not renewed one by one: this gateway
+    /// renews its own liveness Lease ([`LeaseManager::plan_liveness`]),
+    /// writes an IP's record only when it takes, releases or deletes it
+    /// (under its epoch), and judges other gateways' records by their
+    /// liveness Leases (ADR 0016). Records without an epoch (written by a
+    /// gateway that renews per IP) keep ADR 0004's rules.
+    pub fn use_liveness(&mut self, now: Instant) {
+        self.liveness = Some(Liveness::new(self.me.clone(), self.timing, now));
+    }
+
+    /// The liveness Leases as this gateway sees them (None: per-IP
+    /// renewals).
+    pub fn liveness(&self) -> Option<&Liveness> {
+        self.liveness.as_ref()
+    }
+
+    /// Feeds the liveness Lease of gateway `node` as the watch shows it
+    /// (None: absent). Returns [`OwnOutcome::Lost`] when it is ours and a
+    /// peer expired it: a new epoch is taken, and no record of the old one
+    /// is revived by a later renewal.
+    pub fn observe_liveness(&mut self, node: &str, record: Option<LeaseRecord>, now: Instant) -> Option<OwnOutcome> {
+        self.liveness.as_mut()?.observe(node, record, now)
+    }
+
+    /// Feeds every liveness Lease the watch shows (per gateway): each is
+    /// observed, and a gateway followed before but missing now counts as
+    /// absent. Returns [`OwnOutcome::Lost`] as [`LeaseManager::observe_liveness`].
+    pub fn observe_liveness_all(&mut self, seen: &BTreeMap<String, LeaseRecord>, now: Instant) -> Option<OwnOutcome> {
+        let l = self.liveness.as_mut()?;
+        let gone: Vec<String> = l.known().filter(|n| !seen.contains_key(*n)).map(str::to_string).collect();
+        for n in gone {
+            l.observe(&n, None, now);
+        }
+        let mut out = None;
+        for (n, r) in seen {
+            if let Some(o) = l.observe(n, Some(r.clone()), now) {
+                out = Some(o);
+            }
+        }
+        out
+    }
+
+    /// The write of this gateway's own liveness Lease due at `now`, marked
+    /// in flight, and when the next is due. Report it with
+    /// [`LeaseManager::on_liveness_result`].
+    pub fn plan_liveness(&mut self, now: Instant) -> (Option<LivenessAction>, Instant) {
+        match self.liveness.as_mut() {
+            Some(l) => l.plan_own(now),
+            None => (None, now + self.timing.retry_period),
+        }
+    }
+
+    /// Records the outcome of this gateway's liveness write sent at `sent`
+    /// (`fresh`: the Lease as the API server had it after a conflict). A
+    /// success makes every IP whose record names this gateway under its
+    /// epoch, and of which it is still a candidate, valid until `sent` +
+    /// renewDeadline, dormant ones included (they are served again with
+    /// every session). Returns the outcome and the IPs served again.
+    pub fn on_liveness_result(
+        &mut self,
+        action: &LivenessAction,
+        sent: Instant,
+        result: Result<Option<LeaseRecord>, Failure>,
+        fresh: Option<LeaseRecord>,
+        now: Instant,
+    ) -> (OwnOutcome, Vec<IpAddr>) {
+        let Some(l) = self.liveness.as_mut() else { return (OwnOutcome::Failed, Vec::new()) };
+        let out = l.on_own_result(action, sent, result, fresh, now);
+        let mut revived = Vec::new();
+        if let OwnOutcome::Renewed { sent } = out {
+            revived = self.validate_current_epoch(sent);
+        }
+        (out, revived)
+    }
+
+    /// Moves every IP of the current epoch this gateway is a candidate for
+    /// to `base` (a successful liveness write sent then). Returns the IPs
+    /// that were not held before.
+    fn validate_current_epoch(&mut self, base: Instant) -> Vec<IpAddr> {
+        let Some(epoch) = self.liveness.as_ref().map(Liveness::epoch) else { return Vec::new() };
+        let me = self.me.clone();
+        let cands = self.candidates.clone().unwrap_or_default();
+        let mut revived = Vec::new();
+        for (ip, st) in &mut self.ips {
+            let ours = st.record.as_ref().is_some_and(|r| r.holder() == Some(me.as_str()) && r.epoch == Some(epoch));
+            let candidate = cands.get(ip).is_some_and(|c| c.contains(&me));
+            if !ours || !candidate || st.in_flight {
+                continue;
+            }
+            if st.held_since_send.is_none() {
+                revived.push(*ip);
+            }
+            st.held_since_send = Some(st.held_since_send.map_or(base, |h| h.max(base)));
+            st.written_send = Some(base);
+            st.dormant = false;
+        }
+        revived
     }
 
     /// From now on [`LeaseManager::plan`] leaves renewals to
@@ -444,6 +569,10 @@ impl LeaseManager {
         let me = self.me.clone();
         let mut wake = now + self.timing.retry_period;
         let mut actions = Vec::new();
+        if self.liveness.is_some() {
+            // The liveness Lease renews them all (plan_liveness).
+            return (actions, wake);
+        }
         for (ip, st) in &mut self.ips {
             if st.held_since_send.is_none() || st.in_flight {
                 continue;
@@ -809,6 +938,16 @@ impl LeaseManager {
             self.state(*ip, now);
         }
         self.candidates = Some(candidates.clone());
+        // With liveness Leases: this gateway's epoch and the base of its
+        // records, if still valid (None inside: it may take nothing now).
+        let live: Option<(u64, Option<Instant>)> = self.liveness.as_ref().map(|l| (l.epoch(), l.base(now)));
+        if let Some(l) = self.liveness.as_mut() {
+            let holders: Vec<String> =
+                self.ips.values().filter_map(|st| st.record.as_ref()?.holder().map(str::to_string)).collect();
+            l.note_holders(holders.iter().map(String::as_str), now);
+        }
+        let mut expiring_now: BTreeSet<String> = BTreeSet::new();
+        let mut in_flight = self.ips.values().filter(|st| st.in_flight).count();
         // The escape from Patroni's rule: IPs whose holder lists failsafe
         // peers other than this gateway, none of them still there.
         let orphaned: BTreeSet<IpAddr> =
@@ -859,7 +998,10 @@ impl LeaseManager {
                     (None, true, Some(rv)) => Some(Action::Release { resource_version: rv }),
                     (None, false, Some(rv)) if ranked.is_none() => {
                         // Garbage: an unused IP's Lease that expired. Anyone may delete it.
-                        let expires = st.observed_at + st.record.as_ref().map_or(t.lease_duration, |r| t.expiry(r));
+                        // (A record with an epoch carries a duration meant for
+                        // gateways of earlier versions: ours counts.)
+                        let expiry = |r: &LeaseRecord| if r.epoch.is_some() { t.lease_duration } else { t.expiry(r) };
+                        let expires = st.observed_at + st.record.as_ref().map_or(t.lease_duration, expiry);
                         if now >= expires + t.lease_duration {
                             Some(Action::Delete { resource_version: rv })
                         } else {
@@ -869,7 +1011,41 @@ impl LeaseManager {
                     }
                     _ => None,
                 },
+                // Held with liveness Leases: nothing to write, unless the
+                // record is of an older epoch (the liveness Lease was lost
+                // and taken again while a failsafe kept the IP).
+                Some(_) if st.held_since_send.is_some() && live.is_some() => match (live, &st.record, rv) {
+                    (Some((epoch, Some(_))), Some(r), Some(rv)) if mine_on_server && r.epoch != Some(epoch) => {
+                        Some(Action::Acquire {
+                            resource_version: rv,
+                            previous: None,
+                            transitions: r.transitions,
+                            keep_acquire_time: true,
+                        })
+                    }
+                    _ => None,
+                },
                 Some(_) if st.held_since_send.is_some() && self.renewals_elsewhere => None,
+                // With liveness Leases nothing is taken or taken back while
+                // this gateway's own liveness is not valid.
+                Some(_) if live.is_some_and(|(_, base)| base.is_none()) => {
+                    soon(now + t.retry_period);
+                    None
+                }
+                // Ours under the current epoch and the liveness valid: it
+                // is held again without a write (not a candidate for a
+                // while, then again before the release).
+                Some(_)
+                    if mine_on_server
+                        && live
+                            .is_some_and(|(epoch, _)| st.record.as_ref().is_some_and(|r| r.epoch == Some(epoch))) =>
+                {
+                    let base = live.and_then(|(_, b)| b);
+                    st.held_since_send = base;
+                    st.written_send = base;
+                    st.dormant = false;
+                    None
+                }
                 Some(ranked) => {
                     if st.held_since_send.is_some() {
                         match (mine_on_server, rv) {
@@ -909,12 +1085,53 @@ impl LeaseManager {
                             _ => stagger + deferrals.get(ip).copied().unwrap_or_default(),
                         };
                         let promised = st.promise.as_ref().map(|(_, until)| *until);
+                        // A record written under an epoch: its holder's
+                        // liveness Lease says whether it still serves it.
+                        let holder_liveness = match (&self.liveness, &st.record, &holder) {
+                            (Some(l), Some(r), Some(h)) => r.epoch.and_then(|e| l.holder(h, e)),
+                            _ => None,
+                        };
                         let free_at = match (&st.record, &holder) {
                             (None, _) | (Some(_), None) => {
                                 Some((st.observed_at + stagger).max(promised.unwrap_or(now)))
                             }
                             // Proven dead: nothing it promised or renewed matters.
                             (Some(_), Some(_)) if st.gone_at.is_some() => st.gone_at.map(|g| g + stagger),
+                            // Written under an epoch of a holder whose liveness
+                            // Lease was never seen or noted: next pass.
+                            (Some(r), Some(_))
+                                if r.epoch.is_some() && self.liveness.is_some() && holder_liveness.is_none() =>
+                            {
+                                soon(now + t.retry_period);
+                                None
+                            }
+                            // By its holder's liveness (ADR 0016), with the same
+                            // rules as a renewed record: a lone holder keeps it the
+                            // lone bound longer, only listed failsafe peers race
+                            // unless none is left, promises hold it off. A live
+                            // holder's Lease is expired first (below).
+                            (Some(r), Some(_)) if holder_liveness.is_some() => {
+                                let lone = r.failsafe.as_ref().is_some_and(BTreeSet::is_empty);
+                                let unlisted = r.failsafe.as_ref().is_some_and(|f| !f.contains(&me));
+                                let from = match holder_liveness.as_ref() {
+                                    Some(HolderLiveness::Void { since }) => Some(*since),
+                                    Some(h) if lone => free_from(h, t.lease_duration).map(|f| f + self.lone_failsafe),
+                                    Some(h) => free_from(h, t.lease_duration),
+                                    None => None,
+                                };
+                                match from {
+                                    _ if !lone && unlisted && st.orphaned_at.is_none() => None,
+                                    // This gateway's view of the liveness lags the record.
+                                    None => {
+                                        soon(now + t.retry_period);
+                                        None
+                                    }
+                                    Some(from) => {
+                                        let from = st.orphaned_at.map_or(from, |o| from.max(o + t.lease_duration));
+                                        Some((from + stagger).max(promised.unwrap_or(now)))
+                                    }
+                                }
+                            }
                             // A lone holder (it named nobody) keeps its IP through an
                             // outage for the lone bound at most: free after it.
                             (Some(r), Some(_)) if r.failsafe.as_ref().is_some_and(BTreeSet::is_empty) => {
@@ -946,6 +1163,26 @@ impl LeaseManager {
                         if now < free_at {
                             soon(free_at);
                             None
+                        } else if let (
+                            Some(HolderLiveness::Live { resource_version, transitions, .. }),
+                            Some(h),
+                            Some(l),
+                        ) = (holder_liveness, holder.as_ref(), self.liveness.as_mut())
+                        {
+                            // Its holder's liveness Lease first: cleared on the
+                            // version observed, so that a renewal this gateway
+                            // has not seen yet makes it fail.
+                            if l.expiring(h) || !expiring_now.insert(h.clone()) {
+                                soon(now + t.retry_period);
+                                None
+                            } else {
+                                l.expire_sent(h);
+                                Some(Action::Expire(LivenessAction::Expire {
+                                    holder: h.clone(),
+                                    resource_version,
+                                    transitions: transitions + 1,
+                                }))
+                            }
                         } else {
                             match &st.record {
                                 None => Some(Action::Create),
@@ -969,6 +1206,17 @@ impl LeaseManager {
                 a => a,
             };
             if let Some(a) = action {
+                if in_flight >= MAX_LEASE_REQUESTS_IN_FLIGHT {
+                    // Next wave; an expiry not sent is planned again.
+                    if let Action::Expire(LivenessAction::Expire { holder, .. }) = &a {
+                        if let Some(l) = self.liveness.as_mut() {
+                            l.on_expire_result(holder, Err(Failure::Other("not sent".into())), None, now);
+                        }
+                    }
+                    soon(now + t.retry_period / 10);
+                    continue;
+                }
+                in_flight += 1;
                 st.in_flight = true;
                 actions.push((*ip, a));
             }
@@ -995,6 +1243,20 @@ impl LeaseManager {
         now: Instant,
     ) -> Option<Taken> {
         let t = self.timing;
+        if let Action::Expire(LivenessAction::Expire { holder, .. }) = action {
+            let failed = result.is_err();
+            let st = self.state(ip, now);
+            st.in_flight = false;
+            st.next_attempt = if failed { now + t.retry_period } else { now };
+            if let Some(l) = self.liveness.as_mut() {
+                l.on_expire_result(holder, result, None, now);
+            }
+            return None;
+        }
+        // With liveness Leases a record written now is valid from the
+        // base of this gateway's liveness (not later than the write), and
+        // only under the current epoch.
+        let live_base = self.liveness.as_ref().map(|l| (l.epoch(), l.base(now)));
         let st = self.state(ip, now);
         st.in_flight = false;
         match result {
@@ -1014,6 +1276,13 @@ impl LeaseManager {
                         st.written_send = Some(sent);
                         st.next_attempt = now;
                     }
+                    Action::Create | Action::Acquire { .. } if live_base.is_some() => {
+                        let epoch_now = record.as_ref().and_then(|r| r.epoch) == live_base.map(|(e, _)| e);
+                        let base = live_base.and_then(|(_, b)| b).filter(|_| epoch_now);
+                        st.held_since_send = base.map(|b| b.min(sent));
+                        st.written_send = base;
+                        st.next_attempt = sent + t.retry_period;
+                    }
                     Action::Create | Action::Acquire { .. } | Action::Renew { .. } => {
                         st.held_since_send = Some(sent);
                         st.written_send = Some(sent);
@@ -1023,6 +1292,7 @@ impl LeaseManager {
                         st.held_since_send = None;
                         st.next_attempt = now;
                     }
+                    Action::Expire(_) => {}
                 }
                 if let Some(r) = &record {
                     st.record = Some(r.clone());

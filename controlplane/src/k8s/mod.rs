@@ -21,6 +21,10 @@ pub mod controller;
 pub mod crd;
 pub mod desired;
 pub mod lease;
+pub mod liveness;
+pub mod liveness_requests;
+#[cfg(test)]
+mod liveness_sim;
 pub mod observe;
 pub mod pool;
 pub mod renewer;
@@ -68,6 +72,11 @@ pub struct K8sOptions {
     /// The gateway DaemonSet, once read: the owner of the Leases written
     /// (the garbage collector deletes them with it: [`uninstall`]).
     pub lease_owner: uninstall::OwnerSlot,
+    /// Ownership follows one liveness Lease per gateway, and an egress IP's
+    /// Lease is written only when it changes hands (ADR 0016,
+    /// `kubernetes.ownership: liveness`); false (the default): every held
+    /// IP's Lease is renewed every retryPeriod (ADR 0004).
+    pub liveness: bool,
 }
 
 impl K8sOptions {
@@ -83,6 +92,7 @@ impl K8sOptions {
             guard: SourceGuard::default(),
             ha: None,
             lease_owner: uninstall::OwnerSlot::default(),
+            liveness: false,
         }
     }
 

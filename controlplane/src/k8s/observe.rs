@@ -204,6 +204,7 @@ pub fn lease_record(l: &Lease) -> LeaseRecord {
         renew_time: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
         incarnation: l.annotations().get(crate::k8s::lease::INCARNATION_ANNOTATION).and_then(|v| v.parse().ok()),
         standby: l.annotations().get(crate::k8s::lease::STANDBY_ANNOTATION).filter(|v| !v.is_empty()).cloned(),
+        epoch: l.annotations().get(crate::k8s::liveness::EPOCH_ANNOTATION).and_then(|v| v.parse().ok()),
         failsafe: l
             .annotations()
             .get(crate::k8s::lease::FAILSAFE_ANNOTATION)
@@ -212,9 +213,24 @@ pub fn lease_record(l: &Lease) -> LeaseRecord {
     }
 }
 
-/// The Lease as the status computation sees it.
-pub fn lease_info(r: &LeaseRecord) -> LeaseInfo {
-    LeaseInfo { holder: r.holder.clone(), acquire_time: r.acquire_time, renew_time: r.renew_time, duration: r.duration }
+/// The gateway a liveness Lease belongs to (None: not a liveness Lease).
+pub fn liveness_gateway(l: &Lease) -> Option<String> {
+    l.annotations().get(crate::k8s::liveness::GATEWAY_ANNOTATION).filter(|n| !n.is_empty()).cloned()
+}
+
+/// The Lease as the status computation sees it. A record written under an
+/// epoch is never renewed: its holder's liveness Lease (`liveness`, per
+/// gateway) says when it was last renewed, and a liveness Lease of another
+/// epoch or nobody's says it is not held.
+pub fn lease_info(r: &LeaseRecord, liveness: &BTreeMap<String, LeaseRecord>) -> LeaseInfo {
+    let (renew_time, duration) = match (r.epoch, r.holder.as_deref()) {
+        (Some(e), Some(h)) => match liveness.get(h) {
+            Some(l) if l.holder.as_deref() == Some(h) && l.epoch == Some(e) => (l.renew_time, l.duration),
+            _ => (None, r.duration),
+        },
+        _ => (r.renew_time, r.duration),
+    };
+    LeaseInfo { holder: r.holder.clone(), acquire_time: r.acquire_time, renew_time, duration }
 }
 
 #[cfg(test)]

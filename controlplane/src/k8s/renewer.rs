@@ -32,6 +32,8 @@ use tokio::time::Instant;
 
 use super::controller::{send_lease_request, LeaseResult};
 use super::lease::{Failure, HaFields, LeaseManager};
+use super::liveness::{LivenessAction, OwnOutcome};
+use super::liveness_requests::{send_liveness_request, LivenessResult};
 use super::valid_until::ValidUntil;
 use super::K8sOptions;
 
@@ -43,6 +45,9 @@ pub struct RenewInput {
     /// The failsafe peers, this process's incarnation and the standby
     /// (with `kubernetes.ha`).
     pub ha: Option<HaFields>,
+    /// The holder's epoch (with liveness Leases, ADR 0016): a record
+    /// written under it carries it.
+    pub epoch: Option<u64>,
 }
 
 /// The renewals' state the sync loop reads (failsafe, status).
@@ -58,13 +63,25 @@ pub struct RenewBook {
     pub conflicts: u64,
     /// How long renewals took to be answered (or to fail).
     pub latency: crate::view::Latencies,
+    /// With liveness Leases: when the outstanding write of this gateway's
+    /// liveness Lease was sent.
+    pub liveness_sent: Option<Instant>,
+    /// With liveness Leases: the last write of this gateway's liveness
+    /// Lease failed (every held IP's renewal fails with it).
+    pub liveness_failing: bool,
 }
 
 impl RenewBook {
     /// Whether `ip`'s renewals fail: the last one failed, or one has been
     /// unanswered for a retry period (a dead API server may not refuse).
     pub fn failing(&self, ip: IpAddr, now: Instant, retry_period: std::time::Duration) -> bool {
-        self.failing.contains(&ip) || self.sent.get(&ip).is_some_and(|t| now >= *t + retry_period)
+        let late = |t: &Instant| now >= *t + retry_period;
+        self.failed(ip) || self.sent.get(&ip).is_some_and(late) || self.liveness_sent.as_ref().is_some_and(late)
+    }
+
+    /// Whether the last renewal of `ip` (or of the liveness Lease) failed.
+    pub fn failed(&self, ip: IpAddr) -> bool {
+        self.liveness_failing || self.failing.contains(&ip)
     }
 }
 
@@ -108,21 +125,33 @@ impl Renewer {
         wake: Arc<Notify>,
     ) {
         let (tx, mut rx) = mpsc::unbounded_channel::<LeaseResult>();
+        let (ltx, mut lrx) = mpsc::unbounded_channel::<LivenessResult>();
         loop {
             let now = Instant::now();
+            let (own, next_own) = mgr.lock().plan_liveness(now);
+            if let Some(action) = own {
+                let prev = mgr.lock().liveness().and_then(|l| l.own()).cloned();
+                self.book.lock().liveness_sent = Some(now);
+                let (api, opts, ltx) = (api.clone(), opts.clone(), ltx.clone());
+                tokio::spawn(async move {
+                    let _ = ltx.send(send_liveness_request(api, opts, action, prev).await);
+                });
+            }
             let (actions, next) = mgr.lock().plan_renewals(now);
+            let next = next.min(next_own);
             for (ip, action) in actions {
                 let input = self.inputs.lock().get(&ip).cloned().unwrap_or_default();
                 let prev = mgr.lock().record(ip).cloned();
                 self.book.lock().sent.entry(ip).or_insert(now);
                 let (api, opts, tx) = (api.clone(), opts.clone(), tx.clone());
                 tokio::spawn(async move {
-                    let r = send_lease_request(api, opts, ip, input.next_hop, input.ha, prev, action).await;
+                    let r = send_lease_request(api, opts, ip, input, prev, action).await;
                     let _ = tx.send(r);
                 });
             }
             tokio::select! {
                 () = tokio::time::sleep_until(next) => {}
+                Some(r) = lrx.recv() => self.on_liveness_result(&mgr, &valid_until, &wake, r),
                 Some(r) = rx.recv() => {
                     self.on_result(&mgr, &valid_until, &wake, r);
                     while let Ok(r) = rx.try_recv() {
@@ -130,6 +159,54 @@ impl Renewer {
                     }
                 }
             }
+        }
+    }
+
+    fn on_liveness_result(
+        &self,
+        mgr: &Mutex<LeaseManager>,
+        valid_until: &Mutex<ValidUntil>,
+        wake: &Notify,
+        r: LivenessResult,
+    ) {
+        let now = Instant::now();
+        let took = now.saturating_duration_since(r.sent);
+        {
+            let mut book = self.book.lock();
+            book.liveness_sent = None;
+            book.latency.record(took);
+            match &r.result {
+                Ok(_) => book.liveness_failing = false,
+                Err(f) => {
+                    tracing::debug!(ms = took.as_millis() as u64, failure = ?f, "liveness renewal failed");
+                    if matches!(f, Failure::Conflict) {
+                        book.conflicts += 1;
+                    } else {
+                        book.api_errors += 1;
+                    }
+                    book.liveness_failing = true;
+                }
+            }
+        }
+        let taken =
+            matches!(r.action, LivenessAction::Create { .. } | LivenessAction::Acquire { .. }) && r.result.is_ok();
+        let (out, revived) = mgr.lock().on_liveness_result(&r.action, r.sent, r.result, r.fresh, now);
+        if taken {
+            let epoch = mgr.lock().liveness().map(|l| l.epoch());
+            tracing::info!(epoch, ms = took.as_millis() as u64, "liveness Lease taken");
+        }
+        valid_until.lock().push(mgr, None);
+        match out {
+            OwnOutcome::Renewed { .. } if revived.is_empty() => {}
+            OwnOutcome::Renewed { .. } => {
+                tracing::info!(ips = ?revived, "served again: the liveness Lease was renewed under the epoch their Leases name");
+                wake.notify_one();
+            }
+            OwnOutcome::Lost => {
+                tracing::warn!("liveness Lease lost (expired by a peer, or deleted): a new epoch is taken");
+                wake.notify_one();
+            }
+            OwnOutcome::Failed => wake.notify_one(),
         }
     }
 
