@@ -999,10 +999,27 @@ impl LeaseManager {
                     (None, false, Some(rv)) if ranked.is_none() => {
                         // Garbage: an unused IP's Lease that expired. Anyone may delete it.
                         // (A record with an epoch carries a duration meant for
-                        // gateways of earlier versions: ours counts.)
+                        // gateways of earlier versions: ours counts, and only
+                        // once its holder serves it no more: released, or its
+                        // liveness Lease past that epoch or long absent. A
+                        // holder whose view lags still renews it otherwise.)
                         let expiry = |r: &LeaseRecord| if r.epoch.is_some() { t.lease_duration } else { t.expiry(r) };
                         let expires = st.observed_at + st.record.as_ref().map_or(t.lease_duration, expiry);
-                        if now >= expires + t.lease_duration {
+                        let holder_done = match st.record.as_ref() {
+                            Some(r) if r.epoch.is_some() && r.holder().is_some() => {
+                                let h = r.holder().zip(r.epoch).and_then(|(h, e)| self.liveness.as_ref()?.holder(h, e));
+                                match h {
+                                    Some(HolderLiveness::Void { .. }) => true,
+                                    Some(HolderLiveness::Absent { since }) => now >= since + t.lease_duration,
+                                    _ => false,
+                                }
+                            }
+                            _ => true,
+                        };
+                        if !holder_done {
+                            soon(now + t.retry_period);
+                            None
+                        } else if now >= expires + t.lease_duration {
                             Some(Action::Delete { resource_version: rv })
                         } else {
                             soon(expires + t.lease_duration);
@@ -1370,6 +1387,41 @@ mod tests {
         assert_eq!(a.plan(t0, c, true), vec![(x, Action::Create)]);
         a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), done);
         a
+    }
+
+    /// An unused IP's record written under an epoch is deleted by others
+    /// only once its holder serves it no more (issue 28 §4): a holder whose
+    /// view of the policies lags keeps it valid by its liveness renewals.
+    #[test]
+    fn an_unused_epoch_record_is_garbage_only_once_its_holder_is_done() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let mut b = mgr("gw-b");
+        b.use_liveness(t0);
+        let mut r = rec(Some("gw-a"), 10);
+        r.epoch = Some(3);
+        b.observe(x, Some(r), t0);
+        let mut live = rec(Some("gw-a"), 11);
+        live.epoch = Some(3);
+        live.duration = D;
+        b.observe_liveness("gw-a", Some(live.clone()), t0);
+        let none = BTreeMap::new();
+        let late = t0 + D * 10;
+        // gw-a renews: its liveness Lease keeps changing.
+        let mut v = 11;
+        let mut t = t0;
+        while t < late {
+            t += Duration::from_millis(500);
+            v += 1;
+            live.resource_version = v.to_string();
+            b.observe_liveness("gw-a", Some(live.clone()), t);
+            assert_eq!(b.plan(t, &none, true), vec![], "deleted while its holder renews");
+        }
+        // gw-a moved to its next epoch: the record is void, garbage after the usual wait.
+        live.epoch = Some(4);
+        live.resource_version = (v + 1).to_string();
+        b.observe_liveness("gw-a", Some(live), late);
+        assert!(matches!(b.plan(late, &none, true).as_slice(), [(_, Action::Delete { .. })]));
     }
 
     #[test]
