@@ -375,6 +375,10 @@ struct IpState {
     /// ours again (served at once, every flow kept) or names someone else
     /// or the IP leaves this gateway's candidacy (then out of the tables).
     dormant: bool,
+    /// The watch (or a read) has shown our record at the version we
+    /// wrote, or later: a later absence is a deletion, not the watch
+    /// lagging our own create.
+    confirmed: bool,
 }
 
 /// Why a failsafe request was refused.
@@ -631,6 +635,7 @@ impl LeaseManager {
             promise: None,
             orphaned_at: None,
             dormant: false,
+            confirmed: false,
         })
     }
 
@@ -688,13 +693,20 @@ impl LeaseManager {
     /// clock; a record naming another holder while we hold the IP fences it.
     pub fn observe(&mut self, ip: IpAddr, record: Option<LeaseRecord>, now: Instant) {
         let me = self.me.clone();
+        let liveness = self.liveness.is_some();
         let st = self.state(ip, now);
+        if let (Some(old), Some(new)) = (&st.record, &record) {
+            st.confirmed |= !old.newer_than(new);
+        }
         let changed = match (&st.record, &record) {
             (None, None) => false,
             (Some(old), Some(new)) => new.newer_than(old),
             // The watch lags our own create: absence while we hold the IP is
             // that lag (a real deletion shows as 404 on the next renewal).
-            (Some(_), None) => st.held_since_send.is_none(),
+            // With liveness Leases nothing renews the record: once the watch
+            // has shown it, its absence is a deletion (by hand, say), and
+            // the IP is fenced now rather than served beside a new record.
+            (Some(_), None) => st.held_since_send.is_none() || (liveness && st.confirmed),
             (None, Some(_)) => true,
         };
         if changed {
@@ -1314,6 +1326,7 @@ impl LeaseManager {
                 if let Some(r) = &record {
                     st.record = Some(r.clone());
                     st.observed_at = now;
+                    st.confirmed = false;
                 } else if matches!(action, Action::Delete { .. }) {
                     st.record = None;
                     st.observed_at = now;
@@ -1387,6 +1400,35 @@ mod tests {
         assert_eq!(a.plan(t0, c, true), vec![(x, Action::Create)]);
         a.on_result(x, &Action::Create, t0, Ok(Some(rec(Some("gw-a"), 10))), done);
         a
+    }
+
+    /// With liveness Leases nothing renews an IP's record, so a deletion
+    /// (by hand) would go unnoticed by a 404: once the watch has shown our
+    /// record, its absence fences the IP. Before that, absence is the
+    /// watch lagging our own create.
+    #[test]
+    fn with_liveness_a_deleted_record_fences_once_the_watch_had_shown_it() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let mut a = mgr("gw-a");
+        a.use_liveness(t0);
+        let (own, _) = a.plan_liveness(t0);
+        let own = own.unwrap();
+        let mut live = rec(Some("gw-a"), 5);
+        live.epoch = Some(1);
+        a.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
+        a.observe(x, None, t0);
+        assert_eq!(a.plan(t0, &c, true), vec![(x, Action::Create)]);
+        let mut mine = rec(Some("gw-a"), 10);
+        mine.epoch = Some(1);
+        a.on_result(x, &Action::Create, t0, Ok(Some(mine.clone())), t0);
+        assert!(a.held(t0).contains(&x));
+        a.observe(x, None, t0);
+        assert!(a.held(t0).contains(&x), "the watch lags our create");
+        a.observe(x, Some(mine), t0);
+        a.observe(x, None, t0);
+        assert!(!a.held(t0).contains(&x), "deleted after the watch showed it");
     }
 
     /// An unused IP's record written under an epoch is deleted by others
