@@ -192,6 +192,11 @@ impl GatewayConfig {
             if let Some((d, r, p)) = &k.timing {
                 y += &format!("  leaseDuration: {d}\n  renewDeadline: {r}\n  retryPeriod: {p}\n");
             }
+            // EGRET_OWNERSHIP=liveness runs a Kubernetes lab with liveness
+            // Leases (ADR 0016); unset, the default (perIP).
+            if let Ok(o) = std::env::var("EGRET_OWNERSHIP") {
+                y += &format!("  ownership: {o}\n");
+            }
             if !k.cluster_pod_cidrs.is_empty() {
                 y += &format!("  clusterPodCIDRs: [{}]\n", k.cluster_pod_cidrs.join(", "));
             }

@@ -393,6 +393,12 @@ pub enum FailsafeRefusal {
     /// A Lease request of ours for the IP is in flight.
     #[error("a Lease request is in flight here")]
     InFlight,
+    /// The newest record names nobody: the IP was released, and the next
+    /// candidate takes it now. A promise would hold that candidate off for
+    /// leaseDuration (a request sent before the release and received
+    /// after it did, in a drain).
+    #[error("the Lease was released")]
+    Released,
     /// This gateway is not a candidate for the IP (any more): it does not
     /// vouch for a holder whose view of the candidates is older than its
     /// own (a gateway not listed may take the Lease once no listed one is
@@ -782,10 +788,10 @@ impl LeaseManager {
         if !candidate {
             return Err(FailsafeRefusal::NotCandidate);
         }
-        if let Some(h) = st.record.as_ref().and_then(|r| r.holder()) {
-            if h != holder {
-                return Err(FailsafeRefusal::OtherHolder(h.to_string()));
-            }
+        match st.record.as_ref().map(|r| r.holder()) {
+            Some(Some(h)) if h != holder => return Err(FailsafeRefusal::OtherHolder(h.to_string())),
+            Some(None) => return Err(FailsafeRefusal::Released),
+            _ => {}
         }
         let until = match &st.promise {
             Some((h, u)) if h == holder => until.max(*u),
@@ -1429,6 +1435,58 @@ mod tests {
         a.observe(x, Some(mine), t0);
         a.observe(x, None, t0);
         assert!(!a.held(t0).contains(&x), "deleted after the watch showed it");
+    }
+
+    /// The named standby takes a released record at once, also after it
+    /// lost its own liveness Lease and took its next epoch (k8s_ha's drain
+    /// after both-cut-holder).
+    #[test]
+    fn after_a_lost_liveness_the_named_standby_takes_a_released_record_at_once() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-b", "gw-a", "gw-c"]);
+        let mut b = mgr("gw-b");
+        b.use_liveness(t0);
+        let own = b.plan_liveness(t0).0.unwrap();
+        let mut live = rec(Some("gw-b"), 5);
+        live.epoch = Some(1);
+        b.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
+        b.observe(x, None, t0);
+        assert_eq!(b.plan(t0, &c, true), vec![(x, Action::Create)]);
+        let mut mine = rec(Some("gw-b"), 10);
+        mine.epoch = Some(1);
+        b.on_result(x, &Action::Create, t0, Ok(Some(mine)), t0);
+        // Cut off: gw-a expires gw-b's liveness and takes x.
+        let t1 = t0 + Duration::from_secs(10);
+        b.fence(t1, &c.keys().copied().collect());
+        let mut a_rec = rec(Some("gw-a"), 20);
+        a_rec.epoch = Some(7);
+        b.observe(x, Some(a_rec), t1);
+        let mut a_live = rec(Some("gw-a"), 21);
+        a_live.epoch = Some(7);
+        b.observe_liveness("gw-a", Some(a_live), t1);
+        let renew = b.plan_liveness(t1).0.unwrap();
+        assert!(matches!(renew, LivenessAction::Renew { .. }));
+        let (out, _) = b.on_liveness_result(&renew, t1, Err(Failure::Conflict), Some(rec(None, 22)), t1);
+        assert_eq!(out, OwnOutcome::Lost);
+        let again = b.plan_liveness(t1).0.unwrap();
+        assert!(matches!(again, LivenessAction::Acquire { epoch: 2, .. }), "{again:?}");
+        let mut live2 = rec(Some("gw-b"), 23);
+        live2.epoch = Some(2);
+        let t2 = t1 + Duration::from_millis(100);
+        b.on_liveness_result(&again, t2, Ok(Some(live2)), None, t2);
+        assert_eq!(b.plan(t2, &c, true), vec![]);
+        // gw-a is drained: it releases x naming gw-b its standby.
+        let t3 = t2 + Duration::from_secs(1);
+        let mut released = rec(None, 30);
+        released.epoch = Some(7);
+        released.standby = Some("gw-b".into());
+        b.observe(x, Some(released), t3);
+        // A failsafe request gw-a sent before its release, received after.
+        assert_eq!(b.promise(x, "gw-a", t3), Err(FailsafeRefusal::Released));
+        let c2 = cands("198.51.100.10", &["gw-b", "gw-c"]);
+        let actions = b.plan(t3, &c2, true);
+        assert!(matches!(actions.as_slice(), [(_, Action::Acquire { .. })]), "{actions:?}");
     }
 
     /// An unused IP's record written under an epoch is deleted by others
