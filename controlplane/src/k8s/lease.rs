@@ -434,6 +434,9 @@ pub struct LeaseManager {
     /// held IP's Lease is renewed, ADR 0004). See
     /// [`LeaseManager::use_liveness`].
     liveness: Option<Liveness>,
+    /// The IPs this gateway competes for, as the last [`LeaseManager::fence`]
+    /// got them (newer than the last plan's candidates within a pass).
+    competing: Option<BTreeSet<IpAddr>>,
 }
 
 /// At most this many Lease requests of the sync loop in flight at once
@@ -462,6 +465,7 @@ impl LeaseManager {
             renewals_elsewhere: false,
             standby_view: None,
             liveness: None,
+            competing: None,
         }
     }
 
@@ -550,7 +554,12 @@ impl LeaseManager {
         let mut revived = Vec::new();
         for (ip, st) in &mut self.ips {
             let ours = st.record.as_ref().is_some_and(|r| r.holder() == Some(me.as_str()) && r.epoch == Some(epoch));
-            let candidate = cands.get(ip).is_some_and(|c| c.contains(&me));
+            // A candidate by the last plan and still competing by the last
+            // fence: a pass fences an IP it stops competing for before its
+            // plan releases it, and a renewal answered in between must not
+            // serve it again (a drain's hand-over was held up by that).
+            let candidate = cands.get(ip).is_some_and(|c| c.contains(&me))
+                && self.competing.as_ref().is_none_or(|c| c.contains(ip));
             if !ours || !candidate || st.in_flight {
                 continue;
             }
@@ -865,6 +874,7 @@ impl LeaseManager {
     /// Lease back at once. The others must leave the tables before the
     /// caller carries out any further action.
     pub fn fence(&mut self, now: Instant, competing: &BTreeSet<IpAddr>) -> Vec<IpAddr> {
+        self.competing = Some(competing.clone());
         let deadline = self.timing.renew_deadline;
         let me = self.me.clone();
         let mut fenced = Vec::new();
@@ -1487,6 +1497,35 @@ mod tests {
         let c2 = cands("198.51.100.10", &["gw-b", "gw-c"]);
         let actions = b.plan(t3, &c2, true);
         assert!(matches!(actions.as_slice(), [(_, Action::Acquire { .. })]), "{actions:?}");
+    }
+
+    /// A pass fences an IP it stops competing for (a drain) and releases it
+    /// in its plan; a liveness renewal answered in between does not serve
+    /// it again.
+    #[test]
+    fn a_renewal_between_a_fence_and_the_plan_does_not_revive_what_was_given_up() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let mut a = mgr("gw-a");
+        a.use_liveness(t0);
+        let own = a.plan_liveness(t0).0.unwrap();
+        let mut live = rec(Some("gw-a"), 5);
+        live.epoch = Some(1);
+        a.on_liveness_result(&own, t0, Ok(Some(live.clone())), None, t0);
+        a.observe(x, None, t0);
+        assert_eq!(a.plan(t0, &c, true), vec![(x, Action::Create)]);
+        let mut mine = rec(Some("gw-a"), 10);
+        mine.epoch = Some(1);
+        a.on_result(x, &Action::Create, t0, Ok(Some(mine)), t0);
+        let t1 = t0 + Duration::from_millis(600);
+        assert_eq!(a.fence(t1, &BTreeSet::new()), vec![x], "drained: no longer competing");
+        let renew = a.plan_liveness(t1).0.unwrap();
+        live.resource_version = "6".into();
+        let (_, revived) = a.on_liveness_result(&renew, t1, Ok(Some(live)), None, t1);
+        assert!(revived.is_empty(), "{revived:?}");
+        let c2 = cands("198.51.100.10", &["gw-b"]);
+        assert!(matches!(a.plan(t1, &c2, true).as_slice(), [(_, Action::Release { .. })]));
     }
 
     /// An unused IP's record written under an epoch is deleted by others
