@@ -1221,7 +1221,6 @@ impl LeaseManager {
                                 soon(now + t.retry_period);
                                 None
                             } else {
-                                l.expire_sent(h);
                                 Some(Action::Expire(LivenessAction::Expire {
                                     holder: h.clone(),
                                     resource_version,
@@ -1252,14 +1251,12 @@ impl LeaseManager {
             };
             if let Some(a) = action {
                 if in_flight >= MAX_LEASE_REQUESTS_IN_FLIGHT {
-                    // Next wave; an expiry not sent is planned again.
-                    if let Action::Expire(LivenessAction::Expire { holder, .. }) = &a {
-                        if let Some(l) = self.liveness.as_mut() {
-                            l.on_expire_result(holder, Err(Failure::Other("not sent".into())), None, now);
-                        }
-                    }
+                    // Next wave.
                     soon(now + t.retry_period / 10);
                     continue;
+                }
+                if let (Action::Expire(LivenessAction::Expire { holder, .. }), Some(l)) = (&a, self.liveness.as_mut()) {
+                    l.expire_sent(holder);
                 }
                 in_flight += 1;
                 st.in_flight = true;
@@ -1418,6 +1415,30 @@ mod tests {
         a
     }
 
+    /// `me`'s manager with liveness Leases (its own written at `t0` under
+    /// epoch 1, version 5) holding `x` by a record it created at `t0`
+    /// (version 10), among the candidates `c`. Returns it and its record.
+    fn holding_by_liveness(
+        me: &str,
+        x: IpAddr,
+        c: &BTreeMap<IpAddr, Vec<String>>,
+        t0: Instant,
+    ) -> (LeaseManager, LeaseRecord, LeaseRecord) {
+        let mut m = mgr(me);
+        m.use_liveness(t0);
+        let own = m.plan_liveness(t0).0.unwrap();
+        let mut live = rec(Some(me), 5);
+        live.epoch = Some(1);
+        m.on_liveness_result(&own, t0, Ok(Some(live.clone())), None, t0);
+        m.observe(x, None, t0);
+        assert_eq!(m.plan(t0, c, true), vec![(x, Action::Create)]);
+        let mut mine = rec(Some(me), 10);
+        mine.epoch = Some(1);
+        m.on_result(x, &Action::Create, t0, Ok(Some(mine.clone())), t0);
+        assert!(m.held(t0).contains(&x));
+        (m, live, mine)
+    }
+
     /// With liveness Leases nothing renews an IP's record, so a deletion
     /// (by hand) would go unnoticed by a 404: once the watch has shown our
     /// record, its absence fences the IP. Before that, absence is the
@@ -1427,19 +1448,7 @@ mod tests {
         let t0 = Instant::now();
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
-        let mut a = mgr("gw-a");
-        a.use_liveness(t0);
-        let (own, _) = a.plan_liveness(t0);
-        let own = own.unwrap();
-        let mut live = rec(Some("gw-a"), 5);
-        live.epoch = Some(1);
-        a.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
-        a.observe(x, None, t0);
-        assert_eq!(a.plan(t0, &c, true), vec![(x, Action::Create)]);
-        let mut mine = rec(Some("gw-a"), 10);
-        mine.epoch = Some(1);
-        a.on_result(x, &Action::Create, t0, Ok(Some(mine.clone())), t0);
-        assert!(a.held(t0).contains(&x));
+        let (mut a, _, mine) = holding_by_liveness("gw-a", x, &c, t0);
         a.observe(x, None, t0);
         assert!(a.held(t0).contains(&x), "the watch lags our create");
         a.observe(x, Some(mine), t0);
@@ -1455,17 +1464,7 @@ mod tests {
         let t0 = Instant::now();
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-b", "gw-a", "gw-c"]);
-        let mut b = mgr("gw-b");
-        b.use_liveness(t0);
-        let own = b.plan_liveness(t0).0.unwrap();
-        let mut live = rec(Some("gw-b"), 5);
-        live.epoch = Some(1);
-        b.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
-        b.observe(x, None, t0);
-        assert_eq!(b.plan(t0, &c, true), vec![(x, Action::Create)]);
-        let mut mine = rec(Some("gw-b"), 10);
-        mine.epoch = Some(1);
-        b.on_result(x, &Action::Create, t0, Ok(Some(mine)), t0);
+        let (mut b, _, _) = holding_by_liveness("gw-b", x, &c, t0);
         // Cut off: gw-a expires gw-b's liveness and takes x.
         let t1 = t0 + Duration::from_secs(10);
         b.fence(t1, &c.keys().copied().collect());
@@ -1507,17 +1506,7 @@ mod tests {
         let t0 = Instant::now();
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
-        let mut a = mgr("gw-a");
-        a.use_liveness(t0);
-        let own = a.plan_liveness(t0).0.unwrap();
-        let mut live = rec(Some("gw-a"), 5);
-        live.epoch = Some(1);
-        a.on_liveness_result(&own, t0, Ok(Some(live.clone())), None, t0);
-        a.observe(x, None, t0);
-        assert_eq!(a.plan(t0, &c, true), vec![(x, Action::Create)]);
-        let mut mine = rec(Some("gw-a"), 10);
-        mine.epoch = Some(1);
-        a.on_result(x, &Action::Create, t0, Ok(Some(mine)), t0);
+        let (mut a, mut live, _) = holding_by_liveness("gw-a", x, &c, t0);
         let t1 = t0 + Duration::from_millis(600);
         assert_eq!(a.fence(t1, &BTreeSet::new()), vec![x], "drained: no longer competing");
         let renew = a.plan_liveness(t1).0.unwrap();
