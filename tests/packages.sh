@@ -147,15 +147,40 @@ egret_ensure_pkgs() {
 # egret_ensure_pkgs's work, under its lock: what is missing is asked again,
 # since another installer may have put it there while this one waited.
 egret_install_pkgs() {
-  local -a set missing
-  local before wanted
+  local -a missing
   mapfile -t missing < <(egret_missing_pkgs "$@")
   ((${#missing[@]} == 0)) && return 0
   export DEBIAN_FRONTEND=noninteractive
-  # A fresh machine may have no package lists, or old ones.
+  # A fresh machine may have no package lists, or old ones. Old lists can
+  # solve the set and still name builds the archive has dropped (the
+  # security archive replaces bpftool with each kernel update: a fetch meets
+  # 404): apt-get install then fails, the lists are updated, and the
+  # transaction is planned and run once more.
+  local updated=0 rc=0
   if ! apt-get install -s -q --no-install-recommends "$@" >/dev/null 2>&1; then
     apt-get update -q >/dev/null
+    updated=1
   fi
+  egret_apt_transaction "${missing[*]}" "$@" || rc=$?
+  if ((rc == EGRET_APT_FETCH_FAILED && !updated)); then
+    echo "    packages: apt-get install failed with this machine's package lists; apt-get update, then once more"
+    apt-get update -q >/dev/null
+    rc=0
+    egret_apt_transaction "${missing[*]}" "$@" || rc=$?
+  fi
+  return "$rc"
+}
+
+# What egret_apt_transaction returns when apt-get install itself failed.
+EGRET_APT_FETCH_FAILED=3
+
+# One planned transaction for the packages "${@:2}" ($1: the missing ones,
+# for the message): 1 when apt would remove something, EGRET_APT_FETCH_FAILED
+# when apt-get install failed, 2 when a command is missing after it.
+egret_apt_transaction() {
+  local -a set
+  local before wanted missing=$1
+  shift
   before=$(egret_present_tools)
   set=("$@")
   if ! egret_plan_is_clean "${set[@]}"; then
@@ -175,9 +200,9 @@ egret_install_pkgs() {
       return 1
     fi
   fi
-  echo "    apt-get install ${set[*]} (missing: ${missing[*]})"
+  echo "    apt-get install ${set[*]} (missing: $missing)"
   if [[ ${EGRET_PKGS_DRY_RUN:-0} == 1 ]]; then return 0; fi
-  apt-get install -y -q --no-install-recommends --allow-downgrades "${set[@]}"
+  apt-get install -y -q --no-install-recommends --allow-downgrades "${set[@]}" || return "$EGRET_APT_FETCH_FAILED"
   wanted=$(egret_tools_of_pkgs "${set[@]}")
-  egret_check_tools "$(printf '%s\n%s\n' "$before" "$wanted" | sort -u)" "apt-get install ${set[*]}"
+  egret_check_tools "$(printf '%s\n%s\n' "$before" "$wanted" | sort -u)" "apt-get install ${set[*]}" || return 2
 }
