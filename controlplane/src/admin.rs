@@ -431,6 +431,19 @@ pub mod render {
                 ]
             })
             .collect();
+        out.push_str(&match &c.liveness {
+            None => "ownership: perIP (each egress IP's Lease renewed)\n".to_string(),
+            Some(l) => format!(
+                "ownership: liveness Lease {}, epoch {}, {}; lost {} times, expired {} peers' Leases\n",
+                l.lease,
+                l.epoch,
+                l.valid_for_ms.map_or("NOT VALID (nothing served or taken until it is renewed)".into(), |v| format!(
+                    "valid for {v} ms"
+                )),
+                l.lost,
+                l.expired
+            ),
+        });
         out.push_str(&table(&["EGRESS IP", "LEASE", "VALID FOR", "CANDIDATES", "STANDBY"], &rows));
         if !c.cloud_interfaces.is_empty() {
             out.push('\n');

@@ -417,7 +417,7 @@ fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
     o.seconds("control_plane_last_pass_age", "Since the Kubernetes sync loop last ran a pass.")?
         .sample(&[], secs(c.last_pass_ms))?;
     let k = &c.counters;
-    let counters: [(&str, &str, u64); 17] = [
+    let counters: [(&str, &str, u64); 18] = [
         ("lease_takeovers", "Egress IPs this gateway took (created or acquired a Lease).", k.takeovers),
         (
             "lease_fenced",
@@ -431,6 +431,11 @@ fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
         ),
         ("lease_api_errors", "Lease requests that failed for want of an API server.", k.lease_api_errors),
         ("lease_conflicts", "Lease requests refused because another gateway changed the Lease first.", k.lease_conflicts),
+        (
+            "watch_restarts",
+            "Times every watch started over because the Lease watch had not shown this gateway's own renewal within renewDeadline (a stalled watch connection).",
+            k.watch_restarts,
+        ),
         (
             "failsafe_confirmed",
             "Held IPs kept through an API outage because every other eligible gateway agreed.",
@@ -477,6 +482,28 @@ fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
         "How long Lease renewals took to be answered or to fail; one answered later than renewDeadline - retryPeriod lets the IP's deadline pass first.",
     )?
     .histogram(&[], l.sum_micros as f64 / 1e6, l.count(), &l.per_bucket())?;
+    if let Some(l) = &c.liveness {
+        liveness(o, l)?;
+    }
+    Ok(())
+}
+
+/// `kubernetes.ownership: liveness`: this gateway's liveness Lease.
+fn liveness(o: &mut Families, l: &crate::view::LivenessRow) -> fmt::Result {
+    o.gauge("liveness_epoch", "The epoch of this gateway's liveness Lease, which its egress IPs' Leases carry.")?
+        .sample(&[("lease", &l.lease)], l.epoch)?;
+    o.seconds(
+        "liveness_valid_for",
+        "How long every egress IP of this gateway stays valid without another successful liveness renewal (0: not valid: nothing is served or taken).",
+    )?
+    .sample(&[], secs(l.valid_for_ms.unwrap_or(0)))?;
+    o.counter(
+        "liveness_lost",
+        "Times this gateway's liveness Lease was expired by a peer or deleted (each takes a new epoch, and each IP's Lease is rewritten before it is served again).",
+    )?
+    .sample(&[], l.lost)?;
+    o.counter("liveness_expired", "Other gateways' liveness Leases this gateway expired before taking their IPs.")?
+        .sample(&[], l.expired)?;
     Ok(())
 }
 
@@ -629,7 +656,9 @@ mod tests {
 
     use super::*;
     use crate::admin::tests::Fake;
-    use crate::view::{CloudInterfaceRow, ClusterCounters, LeaseRow, PeerRow, SessionFilter, SessionRow, ShadowRow};
+    use crate::view::{
+        CloudInterfaceRow, ClusterCounters, LeaseRow, LivenessRow, PeerRow, SessionFilter, SessionRow, ShadowRow,
+    };
 
     /// [`Fake`] in Kubernetes mode.
     struct Clustered;
@@ -681,6 +710,13 @@ mod tests {
                     source_dest_check: false,
                     error: None,
                 }],
+                liveness: Some(LivenessRow {
+                    lease: "egret-gw-gw-a".into(),
+                    epoch: 4,
+                    valid_for_ms: Some(1500),
+                    lost: 1,
+                    expired: 2,
+                }),
                 counters: ClusterCounters {
                     takeovers: 3,
                     resumed: 1,
@@ -811,6 +847,11 @@ mod tests {
             "egret_lease_renew_duration_seconds_bucket{le=\"+Inf\"} 2",
             "egret_lease_renew_duration_seconds_count 2",
             "egret_lease_renew_duration_seconds_sum 1.62",
+            // With liveness Leases.
+            "egret_liveness_epoch{lease=\"egret-gw-gw-a\"} 4",
+            "egret_liveness_valid_for_seconds 1.5",
+            "egret_liveness_lost_total 1",
+            "egret_liveness_expired_total 2",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
@@ -840,6 +881,8 @@ mod tests {
             "peer_key",
             "channel_key",
             "control_plane_last_pass_age_seconds",
+            "liveness_epoch",
+            "liveness_valid_for_seconds",
         ];
         let counters = [
             "config_reloads",
@@ -878,6 +921,7 @@ mod tests {
             "lease_resumed",
             "lease_api_errors",
             "lease_conflicts",
+            "watch_restarts",
             "failsafe_confirmed",
             "failsafe_refused",
             "failsafe_promises",
@@ -890,6 +934,8 @@ mod tests {
             "sync_full_copies",
             "sync_journal_overflows",
             "sync_sends_refused",
+            "liveness_lost",
+            "liveness_expired",
         ];
         let mut want: HashMap<String, String> = HashMap::new();
         want.extend(gauges.iter().map(|n| (format!("egret_{n}"), "gauge".to_string())));
@@ -902,13 +948,14 @@ mod tests {
             "# UNIT egret_control_plane_last_pass_age_seconds seconds",
             "# UNIT egret_policy_bytes bytes",
             "# UNIT egret_peer_queue_bytes bytes",
+            "# UNIT egret_liveness_valid_for_seconds seconds",
         ] {
             assert!(text.lines().any(|l| l == unit), "missing {unit:?}");
         }
         // Without a cluster: no cluster family, the same shape.
         let file_mode = families(&render(&Fake));
         assert!(!file_mode.contains_key("egret_lease_held") && file_mode.contains_key("egret_drops"));
-        assert_eq!(file_mode.len(), gauges.len() + counters.len() - 12 - 17);
+        assert_eq!(file_mode.len(), gauges.len() + counters.len() - 14 - 20);
     }
 
     #[test]

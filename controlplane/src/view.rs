@@ -324,8 +324,31 @@ pub struct ClusterReport {
     /// Cloud pools: this gateway's interfaces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cloud_interfaces: Vec<CloudInterfaceRow>,
+    /// This gateway's liveness Lease (None: each IP's Lease is renewed,
+    /// `kubernetes.ownership: perIP`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<LivenessRow>,
     /// Counters.
     pub counters: ClusterCounters,
+}
+
+/// This gateway's liveness Lease (`kubernetes.ownership: liveness`, ADR
+/// 0016): one Lease renewed for all the egress IPs it holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LivenessRow {
+    /// The Lease's name (`egret-gw-<node>`).
+    pub lease: String,
+    /// The epoch its IP records carry (0: none taken yet).
+    pub epoch: u64,
+    /// How long every IP of the epoch stays valid without another
+    /// successful renewal (None: not valid; nothing is served or taken).
+    pub valid_for_ms: Option<u64>,
+    /// Times a peer expired it or it was deleted (each costs a new epoch
+    /// and a rewrite of every IP's record).
+    pub lost: u64,
+    /// Other gateways' liveness Leases this gateway expired before taking
+    /// their IPs.
+    pub expired: u64,
 }
 
 /// One egress IP's Lease as this gateway sees it.
@@ -425,6 +448,10 @@ pub struct ClusterCounters {
     pub lease_api_errors: u64,
     /// Lease requests refused by a conflict.
     pub lease_conflicts: u64,
+    /// Times every watch started over because the Lease watch had not
+    /// shown this gateway's own renewal within renewDeadline.
+    #[serde(default)]
+    pub watch_restarts: u64,
     /// Failsafe: IPs kept by every other gateway's acceptance.
     pub failsafe_confirmed: u64,
     /// Failsafe: IPs some peer refused.

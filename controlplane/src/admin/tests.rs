@@ -336,3 +336,24 @@ fn a_peer_of_another_user_is_refused_and_counted() {
     );
     assert!(refused_connections() > before, "the refusal was not counted");
 }
+
+/// `egret status` in Kubernetes mode says how IPs are owned, and with
+/// liveness Leases how long this gateway's stays valid.
+#[test]
+fn status_names_the_ownership() {
+    use crate::view::{ClusterReport, LivenessRow};
+    let with = |liveness: Option<LivenessRow>| {
+        let cluster = ClusterReport { node: "gw-a".into(), liveness, ..Default::default() };
+        render::status(&Status { cluster: Some(cluster), ..Fake.status() })
+    };
+    let per_ip = with(None);
+    assert!(per_ip.contains("\nownership: perIP (each egress IP's Lease renewed)\n"), "{per_ip}");
+    let row = LivenessRow { lease: "egret-gw-gw-a".into(), epoch: 4, valid_for_ms: Some(1500), lost: 1, expired: 2 };
+    let live = with(Some(row.clone()));
+    assert!(
+        live.contains("\nownership: liveness Lease egret-gw-gw-a, epoch 4, valid for 1500 ms; lost 1 times, expired 2 peers' Leases\n"),
+        "{live}"
+    );
+    let lapsed = with(Some(LivenessRow { valid_for_ms: None, ..row }));
+    assert!(lapsed.contains("epoch 4, NOT VALID (nothing served or taken until it is renewed);"), "{lapsed}");
+}

@@ -64,6 +64,7 @@ use super::lease::{HaFields, FAILSAFE_ANNOTATION, INCARNATION_ANNOTATION, STANDB
 use super::liveness::{LivenessAction, OwnOutcome, EPOCH_ANNOTATION, RECORD_DURATION_SECS};
 use super::liveness_requests::send_liveness_request;
 use super::renewer::{RenewInput, RenewTask, Renewer};
+use super::stalled_watch::{watch_shows, Restartable};
 use super::status_writer::{StatusWriter, Written};
 use super::valid_until::ValidUntil;
 use super::{observe, Heartbeat, K8sError, K8sOptions};
@@ -104,7 +105,22 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    watch_with(api, cfg, DefaultBackoff::default(), notify, tasks)
+    watch_restarting(api, cfg, notify, &Arc::new(Notify::new()), tasks)
+}
+
+/// [`watch`], started over whenever `restart` is notified (stalled_watch.rs).
+fn watch_restarting<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    notify: Arc<Notify>,
+    restart: &Arc<Notify>,
+    tasks: &mut JoinSet<()>,
+) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    watch_with(api, cfg, DefaultBackoff::default(), notify, restart, tasks)
 }
 
 /// [`watch`] with the backoff after errors chosen by the caller.
@@ -113,6 +129,7 @@ fn watch_with<K, B>(
     cfg: watcher::Config,
     backoff: B,
     notify: Arc<Notify>,
+    restart: &Arc<Notify>,
     tasks: &mut JoinSet<()>,
 ) -> Store<K>
 where
@@ -122,7 +139,7 @@ where
 {
     let (reader, writer) = reflector::store();
     let kind = K::kind(&K::DynamicType::default()).to_string();
-    let stream = watcher(api, cfg)
+    let stream = Restartable::new(api, cfg, restart.clone())
         .map_ok(|ev| {
             ev.modify(|o| {
                 o.managed_fields_mut().clear();
@@ -161,12 +178,18 @@ impl kube::runtime::utils::Backoff for LeaseBackoff {
     }
 }
 
-fn watch_fast<K>(api: Api<K>, cfg: watcher::Config, notify: Arc<Notify>, tasks: &mut JoinSet<()>) -> Store<K>
+fn watch_fast<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    notify: Arc<Notify>,
+    restart: &Arc<Notify>,
+    tasks: &mut JoinSet<()>,
+) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    watch_with(api, cfg, LeaseBackoff::default(), notify, tasks)
+    watch_with(api, cfg, LeaseBackoff::default(), notify, restart, tasks)
 }
 
 /// Every Node's metadata only (names and labels: `PerNode` policies'
@@ -177,8 +200,19 @@ pub(crate) fn watch_node_metadata(
     notify: Arc<Notify>,
     tasks: &mut JoinSet<()>,
 ) -> Store<PartialObjectMeta<Node>> {
+    watch_node_metadata_restarting(api, cfg, notify, &Arc::new(Notify::new()), tasks)
+}
+
+/// [`watch_node_metadata`], started over whenever `restart` is notified.
+fn watch_node_metadata_restarting(
+    api: Api<PartialObjectMeta<Node>>,
+    cfg: watcher::Config,
+    notify: Arc<Notify>,
+    restart: &Arc<Notify>,
+    tasks: &mut JoinSet<()>,
+) -> Store<PartialObjectMeta<Node>> {
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, cfg)
+    let stream = Restartable::new(api, cfg, restart.clone())
         .map_ok(|ev| {
             ev.modify(|o| {
                 o.metadata.managed_fields = None;
@@ -222,25 +256,39 @@ fn drive<T, E: std::fmt::Display>(
 }
 
 impl Stores {
-    fn start(client: &kube::Client, opts: &K8sOptions, notify: &Arc<Notify>, tasks: &mut JoinSet<()>) -> Self {
+    fn start(
+        client: &kube::Client,
+        opts: &K8sOptions,
+        notify: &Arc<Notify>,
+        restart: &Arc<Notify>,
+        tasks: &mut JoinSet<()>,
+    ) -> Self {
         let all = watcher::Config::default();
         Stores {
-            pods: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
-            namespaces: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
-            services: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
-            policies: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
-            pools: watch(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            pods: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
+            namespaces: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
+            services: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
+            policies: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
+            pools: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
             nodes: watch_fast(
                 Api::all(client.clone()),
                 all.clone().labels(&opts.gateway_selector),
                 notify.clone(),
+                restart,
                 tasks,
             ),
-            all_nodes: watch_node_metadata(Api::all(client.clone()), all.clone(), notify.clone(), tasks),
+            all_nodes: watch_node_metadata_restarting(
+                Api::all(client.clone()),
+                all.clone(),
+                notify.clone(),
+                restart,
+                tasks,
+            ),
             leases: watch_fast(
                 Api::namespaced(client.clone(), &opts.lease_namespace),
                 all.labels(&format!("{LEASE_LABEL}={LEASE_LABEL_VALUE}")),
                 notify.clone(),
+                restart,
                 tasks,
             ),
         }
@@ -647,6 +695,10 @@ struct SyncLoop {
     drain_wake: Option<Instant>,
     /// Cloud pools' discovery and this gateway's cloud addresses.
     clouds: crate::cloud::task::Clouds,
+    /// Notified to start every watch over (stalled_watch.rs).
+    watch_restart: Arc<Notify>,
+    /// When the watches last started over.
+    watches_restarted_at: Option<Instant>,
 }
 
 fn announced(spec: &TablesSpec) -> BTreeSet<IpAddr> {
@@ -695,6 +747,7 @@ impl SyncLoop {
         for (ip, rec) in &leases {
             self.mgr.lock().observe(*ip, Some(rec.clone()), now);
         }
+        self.check_lease_watch(&leases, &liveness, now);
         let own = self.mgr.lock().observe_liveness_all(&liveness, now);
         if own == Some(OwnOutcome::Lost) {
             self.liveness_lost();
@@ -959,8 +1012,18 @@ impl SyncLoop {
                 }),
             });
         }
+        let liveness = mgr.liveness().map(|l| crate::view::LivenessRow {
+            lease: super::liveness::liveness_lease_name(me),
+            epoch: l.epoch(),
+            valid_for_ms: l
+                .base(now)
+                .map(|b| (b + l.timing().renew_deadline).saturating_duration_since(now).as_millis() as u64),
+            lost: l.lost,
+            expired: l.expired,
+        });
         drop(mgr);
         let mut report = ClusterReport {
+            liveness,
             node: me.to_string(),
             first_pass: true,
             last_pass_ms: 0,
@@ -1066,6 +1129,41 @@ impl SyncLoop {
     /// A peer expired this gateway's liveness Lease (or it was deleted):
     /// a new epoch is taken, and no IP is served again before its record
     /// is rewritten under it.
+    /// Starts every watch over when the Lease watch has not shown, within
+    /// renewDeadline, a renewal the API server answered (stalled_watch.rs),
+    /// at most once per leaseDuration.
+    fn check_lease_watch(
+        &mut self,
+        leases: &BTreeMap<IpAddr, LeaseRecord>,
+        liveness: &BTreeMap<String, LeaseRecord>,
+        now: Instant,
+    ) {
+        let Some(probe) = self.renewer.book.lock().probe.clone() else { return };
+        let seen = match probe.ip {
+            Some(ip) => leases.get(&ip),
+            None => liveness.get(&self.opts.node_name),
+        };
+        let seen = seen.and_then(|r| r.resource_version.parse::<u64>().ok());
+        let t = self.opts.timing;
+        match watch_shows(&probe, seen, now, t.renew_deadline) {
+            None => {}
+            Some(true) => self.renewer.book.lock().probe = None,
+            Some(false) if self.watches_restarted_at.is_some_and(|at| now < at + t.lease_duration) => {}
+            Some(false) => {
+                tracing::warn!(
+                    lease_version = probe.resource_version,
+                    shown = ?seen,
+                    ms = now.saturating_duration_since(probe.answered).as_millis() as u64,
+                    "the Lease watch has not shown this gateway's own renewal: starting every watch over (a fresh list on a new connection)"
+                );
+                self.counters.watch_restarts += 1;
+                self.watches_restarted_at = Some(now);
+                self.renewer.book.lock().probe = None;
+                self.watch_restart.notify_waiters();
+            }
+        }
+    }
+
     fn liveness_lost(&self) {
         let epoch = self.mgr.lock().liveness().map(|l| l.epoch());
         tracing::warn!(
@@ -1292,7 +1390,8 @@ pub async fn run_supervised(
     opts.validate()?;
     let notify = Arc::new(Notify::new());
     let mut watchers = JoinSet::new();
-    let stores = Stores::start(&client, &opts, &notify, &mut watchers);
+    let watch_restart = Arc::new(Notify::new());
+    let stores = Stores::start(&client, &opts, &notify, &watch_restart, &mut watchers);
     let mgr = Arc::new(Mutex::new(LeaseManager::new(opts.node_name.clone(), opts.timing)));
     // The channel runs before the cluster's state is loaded: a gateway
     // restarted while the API server is down still answers its peers'
@@ -1348,6 +1447,8 @@ pub async fn run_supervised(
         first_pass_at: None,
         drain_since: None,
         drain_wake: None,
+        watch_restart,
+        watches_restarted_at: None,
         clouds: crate::cloud::task::Clouds::start(
             crate::cloud::providers(),
             crate::cloud::task::DEFAULT_RESYNC,

@@ -8,6 +8,7 @@
 //! | `pool.rs` | pool address sets and allocation |
 //! | `lease.rs` | the per-egress-IP Lease state machine (time injected, no I/O) |
 //! | `renewer.rs` | the task that renews held Leases, apart from the sync loop |
+//! | `stalled_watch.rs` | watches that start over when the Lease watch lags this gateway's own writes |
 //! | `valid_until.rs` | each address's deadline as the data plane was told it |
 //! | `status_writer.rs` | who writes status, one write in flight per object, backoff |
 //! | `uninstall.rs` | a stop told apart: restart, uninstall (DaemonSet gone), retirement (Node unselected) |
@@ -28,6 +29,7 @@ mod liveness_sim;
 pub mod observe;
 pub mod pool;
 pub mod renewer;
+pub mod stalled_watch;
 pub mod status_writer;
 pub mod uninstall;
 pub mod valid_until;

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use super::controller::{send_lease_request, LeaseResult};
-use super::lease::{Failure, HaFields, LeaseManager};
+use super::lease::{Failure, HaFields, LeaseManager, LeaseRecord};
 use super::liveness::{LivenessAction, OwnOutcome};
 use super::liveness_requests::{send_liveness_request, LivenessResult};
 use super::valid_until::ValidUntil;
@@ -69,6 +69,30 @@ pub struct RenewBook {
     /// With liveness Leases: the last write of this gateway's liveness
     /// Lease failed (every held IP's renewal fails with it).
     pub liveness_failing: bool,
+    /// A renewal the API server answered that the Lease watch has not
+    /// shown yet: the oldest such, kept until the watch shows it (the sync
+    /// loop restarts a watch that lags it: [`WatchProbe`]).
+    pub probe: Option<WatchProbe>,
+}
+
+/// A successful write of a Lease, to see the Lease watch show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchProbe {
+    /// The egress IP whose Lease it was (None: this gateway's liveness Lease).
+    pub ip: Option<IpAddr>,
+    /// The `resourceVersion` the write returned.
+    pub resource_version: u64,
+    /// When its answer came.
+    pub answered: Instant,
+}
+
+impl RenewBook {
+    /// Notes a write answered at `now` with `record`, unless an older one
+    /// is still unseen by the watch.
+    fn note_written(&mut self, ip: Option<IpAddr>, record: Option<&LeaseRecord>, now: Instant) {
+        let Some(rv) = record.and_then(|r| r.resource_version.parse().ok()) else { return };
+        self.probe.get_or_insert(WatchProbe { ip, resource_version: rv, answered: now });
+    }
 }
 
 impl RenewBook {
@@ -176,7 +200,10 @@ impl Renewer {
             book.liveness_sent = None;
             book.latency.record(took);
             match &r.result {
-                Ok(_) => book.liveness_failing = false,
+                Ok(written) => {
+                    book.liveness_failing = false;
+                    book.note_written(None, written.as_ref(), now);
+                }
                 Err(f) => {
                     tracing::debug!(ms = took.as_millis() as u64, failure = ?f, "liveness renewal failed");
                     if matches!(f, Failure::Conflict) {
@@ -223,6 +250,9 @@ impl Renewer {
                 Ok(_) | Err(Failure::NotFound) => {
                     tracing::debug!(ip = %r.ip, ms, "lease renewed");
                     book.failing.remove(&r.ip);
+                    if let Ok(written) = &r.result {
+                        book.note_written(Some(r.ip), written.as_ref(), now);
+                    }
                 }
                 Err(f) => {
                     tracing::debug!(ip = %r.ip, ms, failure = ?f, "lease renewal failed");
