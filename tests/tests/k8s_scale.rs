@@ -5,7 +5,9 @@
 //! second in steady state; and times the cold start (every IP served by
 //! exactly one gateway) and the failover of every IP of a gateway whose
 //! control plane dies (its Leases expire: no channel here, the Lease path
-//! alone). Throughout, no IP is served by two gateways.
+//! alone); then a rolling restart (each gateway stopped gracefully and
+//! started again in turn) moves each IP of the stopped gateway exactly
+//! once and no other. Throughout, no IP is served by two gateways.
 //!
 //! Both ownership designs run, one after the other: `perIP` (ADR 0004:
 //! every held IP's Lease renewed) at `EGRET_SCALE_IPS` (default 40), and
@@ -146,15 +148,13 @@ async fn scenario(server: &ApiServer, n: usize, liveness: bool) {
     Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.expect("policy");
 
     let t0 = Instant::now();
-    let mut gws: Vec<Gateway> = NAMES
-        .iter()
-        .map(|name| {
-            let mut opts = K8sOptions::new(*name);
-            opts.lease_namespace = "egret-system".into();
-            opts.liveness = liveness;
-            Gateway::start_with(client.clone(), opts)
-        })
-        .collect();
+    let start = |name: &str| {
+        let mut opts = K8sOptions::new(name);
+        opts.lease_namespace = "egret-system".into();
+        opts.liveness = liveness;
+        Gateway::start_with(client.clone(), opts)
+    };
+    let mut gws: Vec<Gateway> = NAMES.iter().map(|name| start(name)).collect();
     let all_served = |h: &BTreeMap<IpAddr, Vec<usize>>| h.values().all(|k| k.len() == 1);
     // A progress bound, not a speed target: a cold start of 1,000 IPs took
     // minutes here (the three debug-built control planes' passes on two
@@ -213,7 +213,92 @@ async fn scenario(server: &ApiServer, n: usize, liveness: bool) {
         mine.len(),
         t_kill.elapsed().as_millis()
     );
-    for g in &mut gws[1..] {
+    // gw-1 back, then a rolling restart: each gateway stopped (SIGTERM:
+    // it releases its IPs) and started again in turn.
+    gws[0] = start(NAMES[0]);
+    rolling_restart(mode, n, &mut gws, &ips, limit, start).await;
+    for g in &mut gws {
         g.stop().await;
     }
+}
+
+/// Counts in `moves` each IP whose gateway in `h` differs from the one in
+/// `last` (an unserved moment is not a move), and updates `last`.
+fn note_moves(
+    h: &BTreeMap<IpAddr, Vec<usize>>,
+    last: &mut BTreeMap<IpAddr, usize>,
+    moves: &mut BTreeMap<IpAddr, usize>,
+) {
+    for (ip, ks) in h {
+        if let Some(g) = ks.first() {
+            if last.insert(*ip, *g).is_some_and(|old| old != *g) {
+                *moves.entry(*ip).or_default() += 1;
+            }
+        }
+    }
+}
+
+/// Stops each gateway in turn and starts it again, sampling every 100 ms:
+/// each IP the stopped gateway served moves exactly once (to one of the
+/// others, which serve it before the stopped one is back), no other IP
+/// moves, and no IP is ever served by two.
+async fn rolling_restart(
+    mode: &str,
+    n: usize,
+    gws: &mut [Gateway],
+    ips: &[IpAddr],
+    limit: Duration,
+    start: impl Fn(&str) -> Gateway,
+) {
+    let t_roll = Instant::now();
+    for k in 0..gws.len() {
+        let before: BTreeMap<IpAddr, usize> =
+            holders(gws, ips).into_iter().filter_map(|(ip, ks)| Some((ip, *ks.first()?))).collect();
+        let theirs: BTreeSet<IpAddr> = before.iter().filter(|(_, g)| **g == k).map(|(ip, _)| *ip).collect();
+        let t = Instant::now();
+        gws[k].stop().await;
+        // Every IP served by one of the others; count each IP's moves.
+        let mut last = before.clone();
+        let mut moves: BTreeMap<IpAddr, usize> = BTreeMap::new();
+        loop {
+            let h = holders(gws, ips);
+            assert_one_owner("rolling restart", &h);
+            note_moves(&h, &mut last, &mut moves);
+            if h.values().all(|ks| matches!(ks.as_slice(), [g] if *g != k)) {
+                break;
+            }
+            let missing = h.values().filter(|ks| ks.is_empty()).count();
+            assert!(
+                t.elapsed() < limit,
+                "rolling restart of {}: not every IP served by the others in {} s ({missing} unserved)",
+                NAMES[k],
+                limit.as_secs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let took = t.elapsed();
+        gws[k] = start(NAMES[k]);
+        // Settle: the restarted gateway back (it takes nothing back: no
+        // rebalancing), nothing moving meanwhile.
+        let settle = Instant::now();
+        while settle.elapsed() < Duration::from_secs(3) {
+            let h = holders(gws, ips);
+            assert_one_owner("rolling restart", &h);
+            note_moves(&h, &mut last, &mut moves);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let moved_twice: Vec<_> = moves.iter().filter(|(_, m)| **m > 1).map(|(ip, _)| *ip).collect();
+        let bystanders: Vec<_> = moves.keys().filter(|ip| !theirs.contains(ip)).copied().collect();
+        let stayed: Vec<_> = theirs.iter().filter(|ip| !moves.contains_key(ip)).copied().collect();
+        println!(
+            "k8s-scale: {mode}, {n} IPs: rolling restart: {} stopped: its {} IPs served by the others {} ms later",
+            NAMES[k],
+            theirs.len(),
+            took.as_millis()
+        );
+        assert!(moved_twice.is_empty(), "rolling restart of {}: moved more than once: {moved_twice:?}", NAMES[k]);
+        assert!(bystanders.is_empty(), "rolling restart of {}: IPs of other gateways moved: {bystanders:?}", NAMES[k]);
+        assert!(stayed.is_empty(), "rolling restart of {}: never moved: {stayed:?}", NAMES[k]);
+    }
+    println!("k8s-scale: {mode}, {n} IPs: rolling restart done in {} ms", t_roll.elapsed().as_millis());
 }
