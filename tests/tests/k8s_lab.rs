@@ -239,8 +239,13 @@ fn steady_state(lab: &K8sLab, ctx: &mut Ctx) -> Gw {
     assert_one_arp_answer(lab, eip, eip_holder);
     let nobody = lab.arp_who_has(plan::NOT_OWNED, Duration::from_millis(300)).unwrap();
     assert!(nobody.is_empty(), "nobody answers for a free address: {nobody:?}");
-    assert_owned(gws.get(vip_holder), &[VIP]);
-    assert_owned(gws.get(other_gw(vip_holder)), &[eip]);
+    // Each gateway serves what its Leases name: one IP each, or both on
+    // one when the other started late (above).
+    for g in [vip_holder, other_gw(vip_holder)] {
+        let want: Vec<Ipv4Addr> =
+            [(VIP, vip_holder), (eip, eip_holder)].iter().filter(|(_, h)| *h == g).map(|(ip, _)| *ip).collect();
+        assert_owned(gws.get(g), &want);
+    }
     vip_holder
 }
 
@@ -255,6 +260,10 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
     // 2. SIGKILL the VIP's holder while both pods open new connections,
     // with one TCP connection from web already established through it.
     let survivor = other_gw(vip_holder);
+    // On a loaded machine the VIP's preferred gateway may have started late
+    // and the other one hold both IPs (steady_state): the policy's IP then
+    // fails over with the VIP, and is checked for that instead.
+    let eip_with_vip = lease_holder(rt, client, eip) == Some(vip_holder);
     let mut kept = TcpSession::connect(lab.pod(KPod::Web), echo()).expect("a TCP connection from web to the echo port");
     let kept_before = kept.line("before the kill").expect("a line over the connection through the VIP's holder");
     assert_eq!(kept_before.seen.ip(), IpAddr::V4(VIP), "the kept connection leaves with the VIP");
@@ -352,11 +361,26 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
     assert_one_arp_answer(lab, VIP, survivor);
     let neigh = lab.node_neighbor(VIP).unwrap().unwrap_or_default();
     println!("k8s-lab: node router's neighbour entry for the VIP after the failover: {neigh}");
-    // The policy's IP was on the survivor all along: undisturbed.
     let db_attempts = db_probe.attempts();
-    let db_failed: Vec<&Attempt> =
-        db_attempts.iter().filter(|a| a.started >= t_kill - Duration::from_secs(1) && a.seen().is_none()).collect();
-    assert!(db_failed.is_empty(), "the policy's IP on the other gateway was disturbed by the failover: {db_failed:?}");
+    if eip_with_vip {
+        // Both IPs were on the killed gateway: the policy's IP moved too.
+        println!(
+            "k8s-lab: the policy's IP was on the killed gateway too (the other started late): it failed over as well"
+        );
+        assert_eq!(lease_holder(rt, client, eip), Some(survivor), "the survivor holds the policy's IP's Lease");
+        assert!(
+            db_attempts.iter().any(|a| a.started >= t_kill && a.seen().is_some()),
+            "db's new connections never went through again after the failover"
+        );
+    } else {
+        // The policy's IP was on the survivor all along: undisturbed.
+        let db_failed: Vec<&Attempt> =
+            db_attempts.iter().filter(|a| a.started >= t_kill - Duration::from_secs(1) && a.seen().is_none()).collect();
+        assert!(
+            db_failed.is_empty(),
+            "the policy's IP on the other gateway was disturbed by the failover: {db_failed:?}"
+        );
+    }
     assert!(db_attempts.iter().filter_map(Attempt::seen).all(|s| s.ip() == IpAddr::V4(eip)));
 
     // 3. The killed gateway comes back: no pre-emption.
