@@ -105,25 +105,11 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    watch_restarting(api, cfg, notify, &Arc::new(Notify::new()), tasks)
+    watch_with(api, cfg, DefaultBackoff::default(), notify, &Arc::new(Notify::new()), tasks)
 }
 
-/// [`watch`], started over whenever `restart` is notified (stalled_watch.rs).
-fn watch_restarting<K>(
-    api: Api<K>,
-    cfg: watcher::Config,
-    notify: Arc<Notify>,
-    restart: &Arc<Notify>,
-    tasks: &mut JoinSet<()>,
-) -> Store<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    watch_with(api, cfg, DefaultBackoff::default(), notify, restart, tasks)
-}
-
-/// [`watch`] with the backoff after errors chosen by the caller.
+/// [`watch`] with the backoff after errors chosen by the caller, started
+/// over whenever `restart` is notified (stalled_watch.rs).
 fn watch_with<K, B>(
     api: Api<K>,
     cfg: watcher::Config,
@@ -176,20 +162,6 @@ impl kube::runtime::utils::Backoff for LeaseBackoff {
     fn reset(&mut self) {
         self.next = None;
     }
-}
-
-fn watch_fast<K>(
-    api: Api<K>,
-    cfg: watcher::Config,
-    notify: Arc<Notify>,
-    restart: &Arc<Notify>,
-    tasks: &mut JoinSet<()>,
-) -> Store<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    watch_with(api, cfg, LeaseBackoff::default(), notify, restart, tasks)
 }
 
 /// Every Node's metadata only (names and labels: `PerNode` policies'
@@ -264,15 +236,17 @@ impl Stores {
         tasks: &mut JoinSet<()>,
     ) -> Self {
         let all = watcher::Config::default();
+        let slow = DefaultBackoff::default;
         Stores {
-            pods: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
-            namespaces: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
-            services: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
-            policies: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
-            pools: watch_restarting(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
-            nodes: watch_fast(
+            pods: watch_with(Api::all(client.clone()), all.clone(), slow(), notify.clone(), restart, tasks),
+            namespaces: watch_with(Api::all(client.clone()), all.clone(), slow(), notify.clone(), restart, tasks),
+            services: watch_with(Api::all(client.clone()), all.clone(), slow(), notify.clone(), restart, tasks),
+            policies: watch_with(Api::all(client.clone()), all.clone(), slow(), notify.clone(), restart, tasks),
+            pools: watch_with(Api::all(client.clone()), all.clone(), slow(), notify.clone(), restart, tasks),
+            nodes: watch_with(
                 Api::all(client.clone()),
                 all.clone().labels(&opts.gateway_selector),
+                LeaseBackoff::default(),
                 notify.clone(),
                 restart,
                 tasks,
@@ -284,9 +258,10 @@ impl Stores {
                 restart,
                 tasks,
             ),
-            leases: watch_fast(
+            leases: watch_with(
                 Api::namespaced(client.clone(), &opts.lease_namespace),
                 all.labels(&format!("{LEASE_LABEL}={LEASE_LABEL_VALUE}")),
+                LeaseBackoff::default(),
                 notify.clone(),
                 restart,
                 tasks,
@@ -1126,9 +1101,6 @@ impl SyncLoop {
         report
     }
 
-    /// A peer expired this gateway's liveness Lease (or it was deleted):
-    /// a new epoch is taken, and no IP is served again before its record
-    /// is rewritten under it.
     /// Starts every watch over when the Lease watch has not shown, within
     /// renewDeadline, a renewal the API server answered (stalled_watch.rs),
     /// at most once per leaseDuration.
@@ -1164,6 +1136,9 @@ impl SyncLoop {
         }
     }
 
+    /// A peer expired this gateway's liveness Lease (or it was deleted):
+    /// a new epoch is taken, and no IP is served again before its record
+    /// is rewritten under it.
     fn liveness_lost(&self) {
         let epoch = self.mgr.lock().liveness().map(|l| l.epoch());
         tracing::warn!(

@@ -53,9 +53,10 @@ impl<K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static> 
     }
 }
 
+/// A wait for `n`'s next `notify_waiters`, registered from now on (not
+/// from its first poll).
 fn notified(n: &Arc<Notify>) -> BoxFuture<'static, ()> {
-    let n = n.clone();
-    async move { n.notified().await }.boxed()
+    n.clone().notified_owned().boxed()
 }
 
 impl<K> Restartable<K>
@@ -82,7 +83,6 @@ where
         let this = &mut *self;
         if this.restarted.poll_unpin(cx).is_ready() {
             this.inner = watcher(this.api.clone(), this.cfg.clone()).boxed();
-            // Registered for the next restart once created (notify_waiters).
             this.restarted = notified(&this.restart);
         }
         this.inner.poll_next_unpin(cx)
