@@ -88,7 +88,7 @@ async fn scenario(server: &ApiServer, liveness: bool) {
         })
         .collect();
     let first = NAMES.iter().position(|n| *n == rank_gateways(ip, &NAMES)[0]).unwrap();
-    wait_for("the preferred gateway to hold the IP", WAIT, || {
+    wait_for_or_show_leases(&client, "the preferred gateway to hold the IP", WAIT, || {
         let ok = gws[first].sink.held().contains(&ip);
         async move { ok.then_some(()) }
     })
@@ -99,7 +99,7 @@ async fn scenario(server: &ApiServer, liveness: bool) {
     let nodes: Api<Node> = Api::all(client.clone());
     let patch = json!({"metadata": {"annotations": {"egret.dev/drain": "true"}}});
     nodes.patch(NAMES[first], &PatchParams::default(), &Patch::Merge(&patch)).await.expect("drain");
-    let next = wait_for("another gateway to serve the IP", WAIT, || {
+    let next = wait_for_or_show_leases(&client, "another gateway to serve the IP", WAIT, || {
         let k = (0..3).find(|k| *k != first && gws[*k].sink.held().contains(&ip));
         async move { k }
     })

@@ -1136,9 +1136,23 @@ impl LeaseManager {
                             (Some(l), Some(r), Some(h)) => r.epoch.and_then(|e| l.holder(h, e)),
                             _ => None,
                         };
+                        // With liveness Leases, a free IP's stagger counts from
+                        // when the candidates ranked above this gateway were
+                        // seen to come alive, if later: the preferred gateway
+                        // gets the first turn also when its liveness Lease was
+                        // written after this gateway's (a cold start).
+                        let turn_from = self.liveness.as_ref().and_then(|l| {
+                            ranked
+                                .iter()
+                                .filter(|n| Some(n.as_str()) != holder.as_deref())
+                                .take_while(|n| **n != me)
+                                .filter_map(|n| l.live_since(n))
+                                .max()
+                        });
                         let free_at = match (&st.record, &holder) {
                             (None, _) | (Some(_), None) => {
-                                Some((st.observed_at + stagger).max(promised.unwrap_or(now)))
+                                let from = turn_from.map_or(st.observed_at, |t| t.max(st.observed_at));
+                                Some((from + stagger).max(promised.unwrap_or(now)))
                             }
                             // Proven dead: nothing it promised or renewed matters.
                             (Some(_), Some(_)) if st.gone_at.is_some() => st.gone_at.map(|g| g + stagger),
@@ -1454,6 +1468,48 @@ mod tests {
         a.observe(x, Some(mine), t0);
         a.observe(x, None, t0);
         assert!(!a.held(t0).contains(&x), "deleted after the watch showed it");
+    }
+
+    /// A cold start with liveness Leases: the second-ranked gateway's turn
+    /// for a free IP counts from when it saw the preferred gateway's
+    /// liveness Lease come alive, not from when it saw the IP free (its
+    /// own Lease was written first; before this rule it took the IP one
+    /// retryPeriod after its start, while the preferred gateway had been
+    /// able to take it for a few milliseconds: `k8s_drain` failed 2 of 3
+    /// runs, and `k8s_scale`'s cold start went mostly to one gateway).
+    #[test]
+    fn with_liveness_a_free_ip_waits_for_the_better_candidates_turn_from_when_it_came_alive() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let mut b = mgr("gw-b");
+        b.use_liveness(t0);
+        let own = b.plan_liveness(t0).0.unwrap();
+        let mut live = rec(Some("gw-b"), 5);
+        live.epoch = Some(1);
+        b.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
+        b.observe(x, None, t0);
+        let late = t0 + ms(400);
+        let mut a_live = rec(Some("gw-a"), 6);
+        a_live.epoch = Some(1);
+        b.observe_liveness("gw-a", Some(a_live.clone()), late);
+        let retry = LeaseTiming::default().retry_period;
+        assert_eq!(b.plan(t0 + retry, &c, true), vec![], "gw-a's turn: it came alive at +400 ms");
+        // Its renewals do not restart the turn.
+        a_live.resource_version = "7".into();
+        b.observe_liveness("gw-a", Some(a_live), late + ms(300));
+        assert_eq!(b.plan(late + retry - ms(1), &c, true), vec![]);
+        assert_eq!(b.plan(late + retry, &c, true), vec![(x, Action::Create)], "gw-a did not take it in its turn");
+        // Without liveness Leases, or with the better one not alive, the
+        // stagger counts from when the IP was seen free, as before.
+        let mut b2 = mgr("gw-b");
+        b2.use_liveness(t0);
+        let own = b2.plan_liveness(t0).0.unwrap();
+        let mut live = rec(Some("gw-b"), 5);
+        live.epoch = Some(1);
+        b2.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
+        b2.observe(x, None, t0);
+        assert_eq!(b2.plan(t0 + retry, &c, true), vec![(x, Action::Create)]);
     }
 
     /// The named standby takes a released record at once, also after it

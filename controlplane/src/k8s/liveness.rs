@@ -189,6 +189,15 @@ pub enum OwnOutcome {
 struct Seen {
     record: Option<LeaseRecord>,
     observed_at: Instant,
+    /// When this gateway first saw it name its gateway under its current
+    /// epoch (None: it names nobody, or was never seen).
+    live_since: Option<Instant>,
+}
+
+impl Seen {
+    fn unseen(now: Instant) -> Self {
+        Seen { record: None, observed_at: now, live_since: None }
+    }
 }
 
 /// The liveness Leases as one gateway sees and writes them.
@@ -268,17 +277,34 @@ impl Liveness {
         if node == self.me {
             return self.observe_own(record, now);
         }
-        let seen = self.others.entry(node.to_string()).or_insert(Seen { record: None, observed_at: now });
+        let seen = self.others.entry(node.to_string()).or_insert(Seen::unseen(now));
         let changed = match (&seen.record, &record) {
             (None, None) => false,
             (Some(old), Some(new)) => newer(new, old),
             _ => true,
         };
         if changed {
+            let live =
+                |r: &Option<LeaseRecord>| r.as_ref().filter(|r| r.holder.as_deref() == Some(node)).map(|r| r.epoch);
+            let (was, is) = (live(&seen.record), live(&record));
+            seen.live_since = match (was, is) {
+                (_, None) => None,
+                (Some(a), Some(b)) if a == b => seen.live_since,
+                _ => Some(now),
+            };
             seen.record = record;
             seen.observed_at = now;
         }
         None
+    }
+
+    /// When this gateway first saw `node`'s liveness Lease name it under
+    /// its current epoch (None: not live as seen, or this gateway). A
+    /// candidate ranked below it counts its stagger for a free IP from
+    /// then: at a cold start the preferred gateway, whose Lease may be
+    /// written later than another's, still gets the first turn.
+    pub fn live_since(&self, node: &str) -> Option<Instant> {
+        self.others.get(node)?.live_since
     }
 
     fn observe_own(&mut self, record: Option<LeaseRecord>, now: Instant) -> Option<OwnOutcome> {
@@ -397,7 +423,7 @@ impl Liveness {
     pub fn note_holders<'a>(&mut self, holders: impl IntoIterator<Item = &'a str>, now: Instant) {
         for h in holders {
             if h != self.me {
-                self.others.entry(h.to_string()).or_insert(Seen { record: None, observed_at: now });
+                self.others.entry(h.to_string()).or_insert(Seen::unseen(now));
             }
         }
     }

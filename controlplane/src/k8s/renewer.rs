@@ -224,6 +224,10 @@ impl Renewer {
         }
         valid_until.lock().push(mgr, None);
         match out {
+            // Taken: the IPs waiting for a valid liveness are decided now,
+            // not at their next retry (a preferred gateway would lose its
+            // turn to the next candidate's stagger).
+            OwnOutcome::Renewed { .. } if revived.is_empty() && taken => wake.notify_one(),
             OwnOutcome::Renewed { .. } if revived.is_empty() => {}
             OwnOutcome::Renewed { .. } => {
                 tracing::info!(ips = ?revived, "served again: the liveness Lease was renewed under the epoch their Leases name");

@@ -365,6 +365,39 @@ where
     }
 }
 
+/// [`wait_for`], printing every Lease (holder, epoch, annotations) before
+/// it fails: what each gateway's records said is what a failure in CI
+/// leaves to go on.
+pub async fn wait_for_or_show_leases<T, F, Fut>(client: &kube::Client, what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::all(client.clone());
+            for l in leases.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+                let spec = l.spec.unwrap_or_default();
+                println!(
+                    "lease {}: holder {:?}, transitions {:?}, renewed {:?}, version {:?}, annotations {:?}",
+                    l.metadata.name.unwrap_or_default(),
+                    spec.holder_identity,
+                    spec.lease_transitions,
+                    spec.renew_time.map(|t| t.0.to_string()),
+                    l.metadata.resource_version,
+                    l.metadata.annotations.unwrap_or_default()
+                );
+            }
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Installs the generated CRDs from `deploy/crds/` and waits until they are Established.
 pub async fn install_crds(client: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -512,11 +545,14 @@ impl Drop for Gateway {
 }
 
 /// A TCP proxy in front of the API server; `cut` severs every connection
-/// and refuses new ones.
+/// and refuses new ones; `stall` freezes every connection open at the time
+/// (below).
 pub struct Proxy {
     pub port: u16,
     accept: JoinHandle<()>,
     conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// Connections accepted before the last `stall` are stalled.
+    stalls: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Proxy {
@@ -524,24 +560,75 @@ impl Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy addr").port();
         let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let c2 = conns.clone();
+        let stalls: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+        let (c2, s2) = (conns.clone(), stalls.clone());
         let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let stalls = s2.clone();
                 let h = tokio::spawn(async move {
-                    if let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    if let Ok(out) = tokio::net::TcpStream::connect(upstream).await {
+                        pump(inbound, out, stalls).await;
                     }
                 });
                 c2.lock().unwrap().push(h);
             }
         });
-        Proxy { port, accept, conns }
+        Proxy { port, accept, conns, stalls }
     }
 
     pub fn cut(&self) {
         self.accept.abort();
         for h in self.conns.lock().unwrap().drain(..) {
             h.abort();
+        }
+    }
+
+    /// Every connection open now stops carrying the server's data while
+    /// staying open (a watch goes silent, as after a partition while the
+    /// server's retransmissions back off), and is closed if the client
+    /// sends on it (a pooled connection reused for a request fails at once,
+    /// as a request on a fresh connection would not). New connections are
+    /// carried as before.
+    pub fn stall(&self) {
+        self.stalls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Carries bytes both ways until either side closes, stalling once
+/// `stalls` moves past its value at the start ([`Proxy::stall`]).
+async fn pump(
+    mut inbound: tokio::net::TcpStream,
+    mut out: tokio::net::TcpStream,
+    stalls: Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let born = stalls.load(SeqCst);
+    let stalled = || stalls.load(SeqCst) > born;
+    let (mut ir, mut iw) = inbound.split();
+    let (mut or, mut ow) = out.split();
+    let (mut up, mut down) = (vec![0u8; 16384], vec![0u8; 16384]);
+    let mut holding = false;
+    loop {
+        tokio::select! {
+            n = ir.read(&mut up) => match n {
+                Ok(n) if n > 0 && !stalled() => {
+                    if ow.write_all(&up[..n]).await.is_err() {
+                        return;
+                    }
+                }
+                _ => return,
+            },
+            n = or.read(&mut down), if !holding => match n {
+                Ok(n) if n > 0 => {
+                    if stalled() {
+                        holding = true;
+                    } else if iw.write_all(&down[..n]).await.is_err() {
+                        return;
+                    }
+                }
+                _ => return,
+            },
         }
     }
 }
