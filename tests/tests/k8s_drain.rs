@@ -3,7 +3,9 @@
 //! control planes against a real API server with the peer channel on and
 //! fake sinks; the holder of one IP is drained (`egret.dev/drain=true`) and
 //! the time until another gateway serves the IP is printed (lines
-//! `k8s-drain:`). Asserted: one owner throughout, and that the IP was taken
+//! `k8s-drain:`). Before the drain the holder's standby is stopped, and
+//! the IP's Lease must name the new standby (with liveness Leases nothing
+//! renews it: it is rewritten when its annotations change). Asserted: one owner throughout, and that the IP was taken
 //! from a released Lease before that Lease could have expired (a take-over
 //! that waited out a leaseDuration is the regression this test exists for).
 
@@ -18,9 +20,11 @@ use std::time::Duration;
 use egret_controlplane::ha::{auth::SharedKey, HaOptions};
 use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_controlplane::k8s::desired::rank_gateways;
+use egret_controlplane::k8s::lease::{lease_name, STANDBY_ANNOTATION};
 use egret_controlplane::k8s::K8sOptions;
 use egret_tests::apiserver::ApiServer;
 use k8s_common::*;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -40,6 +44,13 @@ fn a_drain_hands_over_at_once_owned_per_ip() {
 fn a_drain_hands_over_at_once_owned_by_liveness() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     with_api_server("a_drain_hands_over_at_once_owned_by_liveness", |s, rt| rt.block_on(scenario(s, true)));
+}
+
+/// The standby the IP's Lease names.
+async fn record_standby(leases: &Api<Lease>, ip: IpAddr) -> Option<String> {
+    let list = leases.list(&Default::default()).await.ok()?;
+    let l = list.items.into_iter().find(|l| l.metadata.name.as_deref() == Some(lease_name(ip).as_str()))?;
+    l.metadata.annotations?.get(STANDBY_ANNOTATION).filter(|s| !s.is_empty()).cloned()
 }
 
 fn addr(i: usize) -> IpAddr {
@@ -88,13 +99,44 @@ async fn scenario(server: &ApiServer, liveness: bool) {
         })
         .collect();
     let first = NAMES.iter().position(|n| *n == rank_gateways(ip, &NAMES)[0]).unwrap();
+    let leases: Api<Lease> = Api::all(client.clone());
     wait_for_or_show_leases(&client, "the preferred gateway to hold the IP", WAIT, || {
         let ok = gws[first].sink.held().contains(&ip);
         async move { ok.then_some(()) }
     })
     .await;
-    // Channels up, a standby named.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Channels up, a standby named, and the IP's Lease saying so (with
+    // liveness Leases nothing renews it: it is rewritten when what it
+    // says of the peer channel changes).
+    let standby = wait_for_or_show_leases(&client, "the IP's Lease to name a standby", WAIT, || {
+        let leases = leases.clone();
+        async move { record_standby(&leases, ip).await }
+    })
+    .await;
+    let s = NAMES.iter().position(|n| *n == standby).expect("the standby is a gateway");
+    assert_ne!(s, first, "the holder names another gateway its standby");
+    // The standby stops: the holder picks the other one, and its Lease
+    // must name it.
+    gws[s].stop().await;
+    let other = (0..3).find(|k| *k != first && *k != s).unwrap();
+    wait_for_or_show_leases(&client, "the IP's Lease to name the new standby", WAIT, || {
+        let leases = leases.clone();
+        async move { (record_standby(&leases, ip).await.as_deref() == Some(NAMES[other])).then_some(()) }
+    })
+    .await;
+    if liveness {
+        // Written per change, not per period.
+        let version = |l: Lease| l.metadata.resource_version;
+        let before = leases.list(&Default::default()).await.expect("leases");
+        let name = lease_name(ip);
+        let of = |list: kube::api::ObjectList<Lease>| {
+            list.items.into_iter().find(|l| l.metadata.name.as_deref() == Some(name.as_str())).and_then(version)
+        };
+        let before = of(before);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = of(leases.list(&Default::default()).await.expect("leases"));
+        assert_eq!(before, after, "liveness: the IP's Lease was rewritten while nothing it says changed");
+    }
     let t_drain = Instant::now();
     let nodes: Api<Node> = Api::all(client.clone());
     let patch = json!({"metadata": {"annotations": {"egret.dev/drain": "true"}}});

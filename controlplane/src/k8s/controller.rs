@@ -783,6 +783,8 @@ impl SyncLoop {
             })
             .collect();
         *self.renewer.inputs.lock() = inputs.clone();
+        let fields = inputs.iter().filter_map(|(ip, i)| Some((*ip, i.ha.clone()?))).collect();
+        self.mgr.lock().set_record_fields(fields);
         // Renewals are the renewer's (renewer.rs); everything else is sent here.
         let actions = self.mgr.lock().plan(now, &candidates, applied);
         for (ip, action) in actions {

@@ -437,6 +437,17 @@ pub struct LeaseManager {
     /// The IPs this gateway competes for, as the last [`LeaseManager::fence`]
     /// got them (newer than the last plan's candidates within a pass).
     competing: Option<BTreeSet<IpAddr>>,
+    /// What a held IP's record should say of the peer channel. See
+    /// [`LeaseManager::set_record_fields`].
+    record_fields: BTreeMap<IpAddr, HaFields>,
+}
+
+/// Whether `r` carries `f`: the failsafe peers, the incarnation and the
+/// standby it should.
+fn record_says(r: &LeaseRecord, f: &HaFields) -> bool {
+    r.failsafe.as_ref().is_some_and(|p| p.iter().eq(f.failsafe_peers.iter().collect::<BTreeSet<_>>()))
+        && r.incarnation == Some(f.incarnation)
+        && r.standby == f.standby
 }
 
 /// At most this many Lease requests of the sync loop in flight at once
@@ -466,7 +477,18 @@ impl LeaseManager {
             standby_view: None,
             liveness: None,
             competing: None,
+            record_fields: BTreeMap::new(),
         }
+    }
+
+    /// What each IP's record should say of the peer channel now (failsafe
+    /// peers, incarnation, standby; the sync loop's view). With liveness
+    /// Leases nothing renews a held IP's record, so one whose annotations
+    /// differ is rewritten (on its version, at most once per
+    /// retryPeriod): takers judge by them (Patroni's rule, the standby
+    /// deferral), and a standby that dropped its copy must not be named.
+    pub fn set_record_fields(&mut self, fields: BTreeMap<IpAddr, HaFields>) {
+        self.record_fields = fields;
     }
 
     /// From now on held IPs are not renewed one by one: this gateway
@@ -1058,9 +1080,14 @@ impl LeaseManager {
                 },
                 // Held with liveness Leases: nothing to write, unless the
                 // record is of an older epoch (the liveness Lease was lost
-                // and taken again while a failsafe kept the IP).
+                // and taken again while a failsafe kept the IP) or says
+                // something else of the peer channel than it should now.
                 Some(_) if st.held_since_send.is_some() && live.is_some() => match (live, &st.record, rv) {
-                    (Some((epoch, Some(_))), Some(r), Some(rv)) if mine_on_server && r.epoch != Some(epoch) => {
+                    (Some((epoch, Some(_))), Some(r), Some(rv))
+                        if mine_on_server
+                            && (r.epoch != Some(epoch)
+                                || self.record_fields.get(ip).is_some_and(|f| !record_says(r, f))) =>
+                    {
                         Some(Action::Acquire {
                             resource_version: rv,
                             previous: None,
@@ -1468,6 +1495,43 @@ mod tests {
         a.observe(x, Some(mine), t0);
         a.observe(x, None, t0);
         assert!(!a.held(t0).contains(&x), "deleted after the watch showed it");
+    }
+
+    /// With liveness Leases a held IP's record is rewritten when what it
+    /// should say of the peer channel changes (here its standby), once,
+    /// without a take-over event, and not again while it says it.
+    #[test]
+    fn with_liveness_a_held_record_is_rewritten_when_its_standby_changes() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b", "gw-c"]);
+        let (mut a, _, mut mine) = holding_by_liveness("gw-a", x, &c, t0);
+        let fields = |standby: &str| HaFields {
+            failsafe_peers: vec!["gw-b".into(), "gw-c".into()],
+            incarnation: 7,
+            standby: Some(standby.into()),
+        };
+        mine.failsafe = Some(gateways(&["gw-c", "gw-b"]));
+        mine.incarnation = Some(7);
+        mine.standby = Some("gw-b".into());
+        mine.resource_version = "11".into();
+        a.observe(x, Some(mine.clone()), t0);
+        a.set_record_fields([(x, fields("gw-b"))].into());
+        let t1 = t0 + P;
+        assert_eq!(a.plan(t1, &c, true), vec![], "the record says what it should");
+        a.set_record_fields([(x, fields("gw-c"))].into());
+        let actions = a.plan(t1, &c, true);
+        let [(_, rewrite @ Action::Acquire { keep_acquire_time: true, previous: None, .. })] = actions.as_slice()
+        else {
+            panic!("{actions:?}")
+        };
+        assert_eq!(a.plan(t1, &c, true), vec![], "in flight");
+        mine.standby = Some("gw-c".into());
+        mine.resource_version = "12".into();
+        let taken = a.on_result(x, rewrite, t1, Ok(Some(mine)), t1);
+        assert_eq!(taken, None, "a rewrite is no take-over");
+        assert!(a.held(t1).contains(&x));
+        assert_eq!(a.plan(t1 + P, &c, true), vec![]);
     }
 
     /// A cold start with liveness Leases: the second-ranked gateway's turn
