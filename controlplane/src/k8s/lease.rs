@@ -1456,6 +1456,18 @@ mod tests {
         a
     }
 
+    /// `me`'s manager with liveness Leases, its own written at `t0` under
+    /// epoch 1 (version 5).
+    fn live_since(me: &str, t0: Instant) -> LeaseManager {
+        let mut m = mgr(me);
+        m.use_liveness(t0);
+        let own = m.plan_liveness(t0).0.unwrap();
+        let mut live = rec(Some(me), 5);
+        live.epoch = Some(1);
+        m.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
+        m
+    }
+
     /// `me`'s manager with liveness Leases (its own written at `t0` under
     /// epoch 1, version 5) holding `x` by a record it created at `t0`
     /// (version 10), among the candidates `c`. Returns it and its record.
@@ -1465,12 +1477,8 @@ mod tests {
         c: &BTreeMap<IpAddr, Vec<String>>,
         t0: Instant,
     ) -> (LeaseManager, LeaseRecord, LeaseRecord) {
-        let mut m = mgr(me);
-        m.use_liveness(t0);
-        let own = m.plan_liveness(t0).0.unwrap();
-        let mut live = rec(Some(me), 5);
-        live.epoch = Some(1);
-        m.on_liveness_result(&own, t0, Ok(Some(live.clone())), None, t0);
+        let mut m = live_since(me, t0);
+        let live = m.liveness().and_then(Liveness::own).cloned().unwrap();
         m.observe(x, None, t0);
         assert_eq!(m.plan(t0, c, true), vec![(x, Action::Create)]);
         let mut mine = rec(Some(me), 10);
@@ -1546,12 +1554,7 @@ mod tests {
         let t0 = Instant::now();
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
-        let mut b = mgr("gw-b");
-        b.use_liveness(t0);
-        let own = b.plan_liveness(t0).0.unwrap();
-        let mut live = rec(Some("gw-b"), 5);
-        live.epoch = Some(1);
-        b.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
+        let mut b = live_since("gw-b", t0);
         b.observe(x, None, t0);
         let late = t0 + ms(400);
         let mut a_live = rec(Some("gw-a"), 6);
@@ -1564,14 +1567,9 @@ mod tests {
         b.observe_liveness("gw-a", Some(a_live), late + ms(300));
         assert_eq!(b.plan(late + retry - ms(1), &c, true), vec![]);
         assert_eq!(b.plan(late + retry, &c, true), vec![(x, Action::Create)], "gw-a did not take it in its turn");
-        // Without liveness Leases, or with the better one not alive, the
-        // stagger counts from when the IP was seen free, as before.
-        let mut b2 = mgr("gw-b");
-        b2.use_liveness(t0);
-        let own = b2.plan_liveness(t0).0.unwrap();
-        let mut live = rec(Some("gw-b"), 5);
-        live.epoch = Some(1);
-        b2.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
+        // With the better one not seen alive, the stagger counts from
+        // when the IP was seen free, as before.
+        let mut b2 = live_since("gw-b", t0);
         b2.observe(x, None, t0);
         assert_eq!(b2.plan(t0 + retry, &c, true), vec![(x, Action::Create)]);
     }

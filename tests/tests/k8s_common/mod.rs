@@ -350,7 +350,19 @@ async fn create_db_policy(client: &kube::Client, destinations: &[&str], egress_i
 }
 
 /// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout`.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match poll_until(timeout, f).await {
+        Some(v) => v,
+        None => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// `f`'s first answer within `timeout`, asked every 50 ms (None: none).
+async fn poll_until<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -358,9 +370,11 @@ where
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f().await {
-            return v;
+            return Some(v);
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        if Instant::now() >= deadline {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -368,34 +382,28 @@ where
 /// [`wait_for`], printing every Lease (holder, epoch, annotations) before
 /// it fails: what each gateway's records said is what a failure in CI
 /// leaves to go on.
-pub async fn wait_for_or_show_leases<T, F, Fut>(client: &kube::Client, what: &str, timeout: Duration, mut f: F) -> T
+pub async fn wait_for_or_show_leases<T, F, Fut>(client: &kube::Client, what: &str, timeout: Duration, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if Instant::now() >= deadline {
-            let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::all(client.clone());
-            for l in leases.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
-                let spec = l.spec.unwrap_or_default();
-                println!(
-                    "lease {}: holder {:?}, transitions {:?}, renewed {:?}, version {:?}, annotations {:?}",
-                    l.metadata.name.unwrap_or_default(),
-                    spec.holder_identity,
-                    spec.lease_transitions,
-                    spec.renew_time.map(|t| t.0.to_string()),
-                    l.metadata.resource_version,
-                    l.metadata.annotations.unwrap_or_default()
-                );
-            }
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Some(v) = poll_until(timeout, f).await {
+        return v;
     }
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::all(client.clone());
+    for l in leases.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+        let spec = l.spec.unwrap_or_default();
+        println!(
+            "lease {}: holder {:?}, transitions {:?}, renewed {:?}, version {:?}, annotations {:?}",
+            l.metadata.name.unwrap_or_default(),
+            spec.holder_identity,
+            spec.lease_transitions,
+            spec.renew_time.map(|t| t.0.to_string()),
+            l.metadata.resource_version,
+            l.metadata.annotations.unwrap_or_default()
+        );
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
 }
 
 /// Installs the generated CRDs from `deploy/crds/` and waits until they are Established.
