@@ -93,9 +93,7 @@ impl RenewBook {
         let Some(rv) = record.and_then(|r| r.resource_version.parse().ok()) else { return };
         self.probe.get_or_insert(WatchProbe { ip, resource_version: rv, answered: now });
     }
-}
 
-impl RenewBook {
     /// Whether `ip`'s renewals fail: the last one failed, or one has been
     /// unanswered for a retry period (a dead API server may not refuse).
     pub fn failing(&self, ip: IpAddr, now: Instant, retry_period: std::time::Duration) -> bool {
