@@ -39,6 +39,7 @@
 //! | RST, no Goodbye, TCP-MD5 on | [`End::Reset`]: the peer's kernel reset it: its process exited with unread data, *or* the socket was aborted on its node while the process lives (`ss -K`, a socket destroy) |
 //! | `ECONNABORTED`: aborted on this node | [`End::Aborted`]: says nothing about the peer |
 //! | FIN or RST, no Goodbye, TCP-MD5 off | [`End::Closed`]: could be forged, proves nothing |
+//! | FIN or RST before the peer's first frame | [`End::Unconfirmed`]: the peer may have given up its half of the handshake (its timeout ran out under load) while this side had finished; proves nothing |
 //! | no byte for `liveness`, keepalive or user timeout | [`End::Silent`]: NOT proof of death |
 //! | a frame that fails to open, an unknown frame type, a frame too large | [`End::ProtocolError`] |
 //!
@@ -46,7 +47,9 @@
 //! nothing: with TCP-MD5 the kernel even drops an (unsigned) RST answering a
 //! SYN, so a dead peer's port looks unreachable, not refused. A failed
 //! handshake is [`End::AuthFailed`]. Only [`End::Gone`] is proof that the
-//! peer's process is dead. [`End::Reset`] is proof only once the peer has not
+//! peer's process is dead, and only on a connection the peer confirmed by
+//! sending a frame on it (each side sends a heartbeat the moment its half of
+//! the handshake is done). [`End::Reset`] is proof only once the peer has not
 //! come back as the same incarnation within a confirmation window, or came
 //! back as a new one (the HA task decides, [`super`]): a live process whose
 //! socket was aborted redials within milliseconds, while a dead one cannot.
@@ -216,6 +219,11 @@ pub enum End {
     Aborted,
     /// A FIN or RST without Goodbye while TCP-MD5 is off: proves nothing.
     Closed,
+    /// A FIN or RST before the peer's first frame: the peer may have
+    /// dropped a handshake this side had finished (an acceptor whose
+    /// handshake timeout ran out under load closes without a Goodbye).
+    /// Proves nothing: a live gateway's IPs were taken on it (issue 28).
+    Unconfirmed,
     /// No byte for the liveness timeout, or the kernel's keepalive/user
     /// timeout. Not proof of death.
     Silent,
@@ -258,6 +266,9 @@ impl std::fmt::Display for End {
                 f.write_str("aborted on this node (ss -K or a socket destroy; says nothing about the peer)")
             }
             End::Closed => f.write_str("closed without goodbye (unauthenticated, proves nothing)"),
+            End::Unconfirmed => {
+                f.write_str("closed before the peer's first frame (a handshake it gave up; proves nothing)")
+            }
             End::Silent => f.write_str("silent"),
             End::Refused => f.write_str("connection refused"),
             End::Unreachable(why) => write!(f, "unreachable: {why}"),
@@ -314,6 +325,9 @@ pub struct PeerStatus {
     pub end_authenticated: bool,
     /// The key of the current or last connection ([`super::keys`]).
     pub key: Option<KeyId>,
+    /// Whether a frame (a heartbeat at least) came on the current or last
+    /// connection: only then can its end prove the peer's death.
+    pub confirmed: bool,
 }
 
 /// Connections the listener refused before they could be tied to a peer.
@@ -528,6 +542,7 @@ impl Peers {
                     queue_bytes: 0,
                     end_authenticated: inner.md5,
                     key: None,
+                    confirmed: false,
                 }),
                 queue: Mutex::new(Queue { frames: VecDeque::new(), bytes: 0, open: false }),
                 notify: Notify::new(),
@@ -992,6 +1007,7 @@ async fn run_connection(
         s.incarnation = Some(incarnation);
         s.key = Some(key);
         s.ups += 1;
+        s.confirmed = false;
     }
     // Armed before the check, so a retirement between the two is not missed.
     let rekey = peer.rekey.notified();
@@ -1121,6 +1137,19 @@ fn peer_closed(md5: bool, state: Option<u8>) -> End {
     }
 }
 
+/// A FIN or RST before the peer's first frame proves nothing: the peer
+/// sends a heartbeat as soon as its half of the handshake is done, so
+/// without one it may have given the handshake up (an acceptor's timeout
+/// running out under load after the dialer had finished its half) and
+/// closed a socket this side had taken as up. Read as death, a live
+/// gateway's IPs were taken at a cold start (issue 28, CI).
+fn unconfirmed_proves_nothing(end: End, confirmed: bool) -> End {
+    match end {
+        End::Gone | End::Reset if !confirmed => End::Unconfirmed,
+        end => end,
+    }
+}
+
 /// A socket aborted on this node (`ss -K`, `tcp_abort`) whose error a
 /// heartbeat's `send` took first: the reader then sees a plain end of
 /// stream in CLOSE, which [`peer_closed`] reads as the peer's reset. The
@@ -1179,6 +1208,7 @@ async fn read_loop(
     // Many small frames per read(2); what is left buffered at the end is discarded.
     let mut rh = BufReader::with_capacity(64 << 10, rh);
     let max_sealed = inner.cfg.max_frame + 2 + TAG_LEN;
+    let mut confirmed = false;
     let end = loop {
         let frame = async {
             let mut header = [0u8; 4];
@@ -1195,9 +1225,13 @@ async fn read_loop(
             Ok::<_, End>((sealed, n + 4))
         };
         let (body, wire) = tokio::select! {
-            r = frame => match r { Ok(x) => x, Err(end) => break end },
+            r = frame => match r { Ok(x) => x, Err(end) => break unconfirmed_proves_nothing(end, confirmed) },
             _ = stop.changed() => break End::Local("stopped".into()),
         };
+        if !confirmed {
+            confirmed = true;
+            peer.status.lock().confirmed = true;
+        }
         match body.first() {
             Some(&BODY_DATA) if body.len() >= 2 => {
                 {
@@ -1906,6 +1940,7 @@ mod tests {
         let addr = b.local_addr().to_string();
         let mut child = spawn_child("ha::channel::tests::death_child", ("EGCH_CHILD_PEER", &addr));
         let PeerEvent::Up { incarnation: first, .. } = event(&mut rb, is_up).await else { unreachable!() };
+        confirmed(&b, "gw-a").await;
         child.kill().unwrap(); // SIGKILL
         let down = event(&mut rb, is_down).await;
         let _ = child.wait();
@@ -1950,6 +1985,67 @@ mod tests {
         matches!(ev, PeerEvent::Down { end, .. } if end.proves_death())
     }
 
+    /// Waits until the peer's first frame came on the connection (its end
+    /// can prove a death only from then on).
+    async fn confirmed(p: &Peers, peer: &str) {
+        let wait = async {
+            while !p.status().into_iter().any(|s| s.name == peer && s.confirmed) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(DEADLINE, wait).await.expect("the peer's first frame did not come");
+    }
+
+    /// An acceptor that does its half of the handshake as gw-b (hello and
+    /// proof), reads the dialer's proof or not, and drops the socket without
+    /// a frame: what the real acceptor did when its handshake timeout ran
+    /// out under load after the dialer had finished.
+    async fn acceptor_that_gives_up(listener: TcpListener, read_proof: bool) {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let (_, their_raw) = read_hello(&mut stream).await.unwrap();
+        let k = key(&SECRET);
+        let mine = Hello::new("gw-b", 77).encode();
+        let mut transcript = their_raw;
+        transcript.extend_from_slice(&mine);
+        let mut out = mine;
+        out.extend_from_slice(&k.primary().proof(Role::Acceptor, &transcript));
+        stream.write_all(&out).await.unwrap();
+        let mut proof = [0u8; PROOF_LEN];
+        if read_proof {
+            stream.read_exact(&mut proof).await.unwrap();
+        } else {
+            // The proof arrives and stays unread: the close is an RST.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        drop(stream);
+        // The dialer's next attempts find nobody.
+        drop(listener);
+    }
+
+    /// The CI failure of 1725e98: at a cold start, under load, the second-
+    /// ranked gateway took the preferred one's IP with a transition while
+    /// both lived. An acceptor whose handshake timed out closed a
+    /// connection the dialer had taken as up, and the dialer read the
+    /// signed FIN (or RST) as the acceptor's death. Before the peer's first
+    /// frame an end proves nothing.
+    #[tokio::test]
+    async fn a_handshake_the_acceptor_gave_up_is_no_death() {
+        for read_proof in [true, false] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            md5sig::set(listener.as_raw_fd(), addr.ip(), Some(key(&SECRET).primary().tcp_md5_key())).unwrap();
+            let fake = tokio::spawn(acceptor_that_gives_up(listener, read_proof));
+            let (a, mut ra) = Peers::start(cfg("gw-a", &SECRET, Duration::from_secs(2), true)).await.unwrap();
+            a.set_peers(BTreeMap::from([("gw-b".to_owned(), addr)]));
+            assert_eq!(event(&mut ra, is_up).await, PeerEvent::Up { peer: "gw-b".into(), incarnation: 77 });
+            fake.await.unwrap();
+            let PeerEvent::Down { end, .. } = event(&mut ra, is_down).await else { unreachable!() };
+            assert_eq!(end, End::Unconfirmed, "read_proof {read_proof}");
+            assert!(!end.proves_death() && !end.suggests_death());
+            a.shutdown("x").await;
+        }
+    }
+
     /// The child end of the forged-reset tests: runs inside the namespace the
     /// parent made, prints `END <end>` for what gw-a saw.
     #[tokio::test]
@@ -1965,6 +2061,7 @@ mod tests {
         let ((_a, mut ra), (b, mut rb)) = pair(cfg("gw-a", &SECRET, l, md5), cfg("gw-b", &SECRET, l, md5)).await;
         event(&mut ra, is_up).await;
         event(&mut rb, is_up).await;
+        confirmed(&_a, "gw-b").await;
         let port = b.local_addr().port().to_string();
         run(&["nft", "add", "table", "inet", "egch"]);
         run(&["nft", "add", "chain", "inet", "egch", "in", "{ type filter hook input priority 0; }"]);
@@ -1999,6 +2096,8 @@ mod tests {
         let ((_a, mut ra), (b, mut rb)) = pair(cfg("gw-a", &SECRET, l, true), cfg("gw-b", &SECRET, l, true)).await;
         let PeerEvent::Up { incarnation: b_inc, .. } = event(&mut ra, is_up).await else { unreachable!() };
         let PeerEvent::Up { incarnation: a_inc, .. } = event(&mut rb, is_up).await else { unreachable!() };
+        confirmed(&_a, "gw-b").await;
+        confirmed(&b, "gw-a").await;
         // gw-a dials gw-b: gw-b's accepted socket has the listening port.
         let port = b.local_addr().port().to_string();
         run(&["ss", "-K", "-t", "sport", "=", &format!(":{port}")]);
