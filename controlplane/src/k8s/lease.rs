@@ -138,6 +138,13 @@ impl LeaseTiming {
         self.lease_duration.saturating_sub(self.renew_deadline)
     }
 
+    /// How long a better-ranked candidate's work on other IPs may delay a
+    /// free IP's turn past when this gateway first saw it free (four
+    /// leaseDurations; see `better_candidates_turn`).
+    pub fn busy_cap(&self) -> Duration {
+        self.lease_duration * 4
+    }
+
     /// How long after its last observed renewal a record held by another
     /// gateway stays valid: the larger of its `leaseDurationSeconds` and our
     /// own `leaseDuration`. A record without the field, or with a negative
@@ -450,6 +457,37 @@ fn record_says(r: &LeaseRecord, f: &HaFields) -> bool {
         && r.standby == f.standby
 }
 
+/// With liveness Leases, when a free IP's turn passes to the candidates
+/// below those in `better` (before their stagger): once every better
+/// candidate has been seen alive and then not seen creating or taking an
+/// IP's record for renewDeadline. At a cold start the preferred gateway gets the
+/// first turn even when its liveness Lease came after this gateway's, and
+/// keeps it while it works through its share: it creates its records 16 at
+/// a time, and a next candidate that waited only its stagger took most of
+/// them (200 IPs on three gateways went 153/21/26; with a pause of a
+/// retryPeriod read as the end of its work, 8-13 of 200 still went to
+/// another gateway than their preferred: a debug build's first creates
+/// came more than 500 ms after its liveness Lease). Bounds: a better
+/// candidate's work counts only until `busy_until`, so one that keeps
+/// taking other IPs cannot hold a free IP off for ever; one whose liveness
+/// Lease this gateway has never seen is waited for leaseDuration after this
+/// gateway started (its cold start may be slower than ours), one seen but
+/// not alive counts for nothing.
+fn better_candidates_turn<'a>(
+    l: &Liveness,
+    better: impl Iterator<Item = &'a String>,
+    busy_until: Instant,
+    t: LeaseTiming,
+) -> Option<Instant> {
+    better
+        .filter_map(|n| match l.live_since(n) {
+            Some(live) => Some(live.max(l.took_at(n).map_or(live, |took| took.min(busy_until))) + t.renew_deadline),
+            None if l.seen(n).is_none() => Some(l.started() + t.lease_duration),
+            None => None,
+        })
+        .max()
+}
+
 /// At most this many Lease requests of the sync loop in flight at once
 /// (creates, acquires, releases, deletes, expiries). A cold start of a
 /// thousand IPs sent at once queued this gateway's renewals behind them at
@@ -731,6 +769,7 @@ impl LeaseManager {
     pub fn observe(&mut self, ip: IpAddr, record: Option<LeaseRecord>, now: Instant) {
         let me = self.me.clone();
         let liveness = self.liveness.is_some();
+        let mut took = None;
         let st = self.state(ip, now);
         if let (Some(old), Some(new)) = (&st.record, &record) {
             st.confirmed |= !old.newer_than(new);
@@ -754,6 +793,9 @@ impl LeaseManager {
                 st.dormant = false;
             }
             let new_holder = record.as_ref().and_then(|r| r.holder().map(str::to_string));
+            if new_holder.is_some() && st.record.as_ref().and_then(LeaseRecord::holder) != new_holder.as_deref() {
+                took = new_holder.clone();
+            }
             if st.promise.as_ref().is_some_and(|(h, _)| new_holder.as_deref() != Some(h.as_str())) {
                 st.promise = None;
             }
@@ -772,6 +814,9 @@ impl LeaseManager {
             st.orphaned_at = None;
             st.record = record;
             st.observed_at = now;
+        }
+        if let (Some(h), Some(l)) = (took, self.liveness.as_mut()) {
+            l.note_take(&h, now);
         }
     }
 
@@ -1039,6 +1084,9 @@ impl LeaseManager {
             let holder = st.record.as_ref().and_then(|r| r.holder().map(str::to_string));
             let rv = st.record.as_ref().map(|r| r.resource_version.clone());
             let ranked = candidates.get(ip);
+            // A free IP taken by a candidate ranked below others: its rank
+            // and when the turn passed to it, for the log.
+            let mut free_turn: Option<(usize, Option<Instant>)> = None;
             let mine_on_server = holder.as_deref() == Some(me.as_str());
             let action = match ranked.filter(|c| c.contains(&me)) {
                 // Not a candidate (or not in use): give up what is ours on the server.
@@ -1163,18 +1211,11 @@ impl LeaseManager {
                             (Some(l), Some(r), Some(h)) => r.epoch.and_then(|e| l.holder(h, e)),
                             _ => None,
                         };
-                        // With liveness Leases, a free IP's stagger counts from
-                        // when the candidates ranked above this gateway were
-                        // seen to come alive, if later: the preferred gateway
-                        // gets the first turn also when its liveness Lease was
-                        // written after this gateway's (a cold start).
-                        let turn_from = self.liveness.as_ref().and_then(|l| {
-                            ranked
-                                .iter()
-                                .filter(|n| Some(n.as_str()) != holder.as_deref())
-                                .take_while(|n| **n != me)
-                                .filter_map(|n| l.live_since(n))
-                                .max()
+                        let handed_over = holder.is_none() && named_standby && st.record.is_some();
+                        let turn_from = self.liveness.as_ref().filter(|_| !handed_over).and_then(|l| {
+                            let better = ranked.iter().filter(|n| Some(n.as_str()) != holder.as_deref());
+                            let busy_until = st.observed_at + t.busy_cap();
+                            better_candidates_turn(l, better.take_while(|n| **n != me), busy_until, t)
                         });
                         let free_at = match (&st.record, &holder) {
                             (None, _) | (Some(_), None) => {
@@ -1269,6 +1310,9 @@ impl LeaseManager {
                                 }))
                             }
                         } else {
+                            if rank > 0 && holder.is_none() {
+                                free_turn = Some((rank, turn_from));
+                            }
                             match &st.record {
                                 None => Some(Action::Create),
                                 Some(r) => Some(Action::Acquire {
@@ -1298,6 +1342,13 @@ impl LeaseManager {
                 }
                 if let (Action::Expire(LivenessAction::Expire { holder, .. }), Some(l)) = (&a, self.liveness.as_mut()) {
                     l.expire_sent(holder);
+                }
+                if let Some((rank, turn_from)) = free_turn {
+                    tracing::debug!(
+                        %ip, rank, turn_passed = ?turn_from.map(|f| now.saturating_duration_since(f)),
+                        seen_free = ?now.saturating_duration_since(st.observed_at),
+                        "taking a free IP: the better-ranked candidates' turn passed"
+                    );
                 }
                 in_flight += 1;
                 st.in_flight = true;
@@ -1561,17 +1612,95 @@ mod tests {
         a_live.epoch = Some(1);
         b.observe_liveness("gw-a", Some(a_live.clone()), late);
         let retry = LeaseTiming::default().retry_period;
+        let idle = LeaseTiming::default().renew_deadline;
         assert_eq!(b.plan(t0 + retry, &c, true), vec![], "gw-a's turn: it came alive at +400 ms");
         // Its renewals do not restart the turn.
         a_live.resource_version = "7".into();
         b.observe_liveness("gw-a", Some(a_live), late + ms(300));
-        assert_eq!(b.plan(late + retry - ms(1), &c, true), vec![]);
-        assert_eq!(b.plan(late + retry, &c, true), vec![(x, Action::Create)], "gw-a did not take it in its turn");
-        // With the better one not seen alive, the stagger counts from
-        // when the IP was seen free, as before.
+        renew_liveness(&mut b, late + ms(1500), 11);
+        assert_eq!(b.plan(late + idle + retry - ms(1), &c, true), vec![]);
+        let at = late + idle + retry;
+        assert_eq!(b.plan(at, &c, true), vec![(x, Action::Create)], "gw-a did not take it in its turn");
+        // A better one whose liveness Lease was never seen is waited for
+        // leaseDuration after this gateway started (its cold start may be
+        // slower), then the stagger runs.
+        let d = LeaseTiming::default().lease_duration;
         let mut b2 = live_since("gw-b", t0);
         b2.observe(x, None, t0);
-        assert_eq!(b2.plan(t0 + retry, &c, true), vec![(x, Action::Create)]);
+        renew_liveness(&mut b2, t0 + d - ms(100), 11);
+        assert_eq!(b2.plan(t0 + d + retry - ms(1), &c, true), vec![]);
+        assert_eq!(b2.plan(t0 + d + retry, &c, true), vec![(x, Action::Create)], "gw-a never came");
+        // One seen but not alive (its Lease names nobody) counts for
+        // nothing: the stagger counts from when the IP was seen free.
+        let mut b3 = live_since("gw-b", t0);
+        b3.observe(x, None, t0);
+        b3.observe_liveness("gw-a", Some(rec(None, 6)), t0);
+        assert_eq!(b3.plan(t0 + retry, &c, true), vec![(x, Action::Create)]);
+    }
+
+    /// Renews `m`'s liveness Lease at `at` if it is due (version `rv`).
+    fn renew_liveness(m: &mut LeaseManager, at: Instant, rv: u64) {
+        if let (Some(a), _) = m.plan_liveness(at) {
+            let mut live = rec(Some(m.me()), rv);
+            live.epoch = Some(1);
+            m.on_liveness_result(&a, at, Ok(Some(live)), None, at);
+        }
+    }
+
+    /// A better candidate seen creating or taking other IPs' records keeps
+    /// a free IP's turn (a cold start of many IPs: 153/21/26 at 200 IPs),
+    /// for at most `busy_cap` past when the IP was seen free.
+    #[test]
+    fn with_liveness_a_free_ip_waits_while_the_better_candidate_works_through_its_share() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let mut c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let mut b = live_since("gw-b", t0);
+        b.observe(x, None, t0);
+        let mut a_live = rec(Some("gw-a"), 6);
+        a_live.epoch = Some(1);
+        b.observe_liveness("gw-a", Some(a_live), t0);
+        let retry = LeaseTiming::default().retry_period;
+        // gw-a creates the records of other IPs, one every 300 ms.
+        let mut rv = 100;
+        let mut a_takes = |b: &mut LeaseManager, c: &mut BTreeMap<IpAddr, Vec<String>>, at: Instant| {
+            rv += 1;
+            let other = IpAddr::from([198, 51, 100, 100 + (rv % 100) as u8]);
+            c.insert(other, vec!["gw-a".into()]);
+            let mut r = rec(Some("gw-a"), rv);
+            r.epoch = Some(1);
+            b.observe(other, Some(r), at);
+        };
+        let idle = LeaseTiming::default().renew_deadline;
+        a_takes(&mut b, &mut c, t0 + ms(300));
+        assert_eq!(b.plan(t0 + retry, &c, true), vec![], "gw-a took another IP at +300 ms");
+        renew_liveness(&mut b, t0 + ms(1500), 11);
+        a_takes(&mut b, &mut c, t0 + ms(1600));
+        renew_liveness(&mut b, t0 + ms(3000), 12);
+        assert_eq!(b.plan(t0 + ms(1600) + idle + retry - ms(1), &c, true), vec![]);
+        let at = t0 + ms(1600) + idle + retry;
+        assert_eq!(b.plan(at, &c, true), vec![(x, Action::Create)], "gw-a stopped taking");
+        // One that never stops holds the IP off for busy_cap at most.
+        let mut b2 = live_since("gw-b", t0);
+        b2.observe(x, None, t0);
+        let mut a_live = rec(Some("gw-a"), 6);
+        a_live.epoch = Some(1);
+        b2.observe_liveness("gw-a", Some(a_live), t0);
+        let cap = LeaseTiming::default().busy_cap();
+        let mut at = t0;
+        let mut own = 10;
+        let created = loop {
+            at += ms(250);
+            own += 1;
+            renew_liveness(&mut b2, at, own);
+            a_takes(&mut b2, &mut c, at);
+            let actions = b2.plan(at, &c, true);
+            if actions.contains(&(x, Action::Create)) {
+                break at;
+            }
+            assert!(at < t0 + cap + idle + retry + ms(250), "still waiting at +{} ms", (at - t0).as_millis());
+        };
+        assert!(created >= t0 + cap + idle + retry, "taken at +{} ms", (created - t0).as_millis());
     }
 
     /// The named standby takes a released record at once, also after it
@@ -1614,6 +1743,37 @@ mod tests {
         let c2 = cands("198.51.100.10", &["gw-b", "gw-c"]);
         let actions = b.plan(t3, &c2, true);
         assert!(matches!(actions.as_slice(), [(_, Action::Acquire { .. })]), "{actions:?}");
+    }
+
+    /// A released record is handed over to the standby it names: no turn
+    /// of a better-ranked candidate holds it off, however busy.
+    #[test]
+    fn the_named_standby_takes_a_released_record_while_a_better_candidate_is_busy() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-c", "gw-b"]);
+        let mut b = live_since("gw-b", t0);
+        let mut c_live = rec(Some("gw-c"), 6);
+        c_live.epoch = Some(1);
+        b.observe_liveness("gw-c", Some(c_live), t0);
+        let mut other = rec(Some("gw-c"), 7);
+        other.epoch = Some(1);
+        b.observe(ip("198.51.100.11"), Some(other), t0);
+        let mut released = rec(None, 8);
+        released.epoch = Some(1);
+        released.standby = Some("gw-b".into());
+        b.observe(x, Some(released), t0);
+        let actions = b.plan(t0, &c, true);
+        assert!(matches!(actions.as_slice(), [(_, Action::Acquire { .. })]), "{actions:?}");
+        // Released without naming it: gw-c's turn first.
+        let mut b2 = live_since("gw-b", t0);
+        let mut c_live = rec(Some("gw-c"), 6);
+        c_live.epoch = Some(1);
+        b2.observe_liveness("gw-c", Some(c_live), t0);
+        let mut bare = rec(None, 8);
+        bare.epoch = Some(1);
+        b2.observe(x, Some(bare), t0);
+        assert_eq!(b2.plan(t0 + ms(600), &c, true), vec![]);
     }
 
     /// A pass fences an IP it stops competing for (a drain) and releases it

@@ -192,11 +192,14 @@ struct Seen {
     /// When this gateway first saw it name its gateway under its current
     /// epoch (None: it names nobody, or was never seen).
     live_since: Option<Instant>,
+    /// When this gateway last saw an IP's record come to name it (a
+    /// create or a take): it is working through its IPs.
+    took_at: Option<Instant>,
 }
 
 impl Seen {
     fn unseen(now: Instant) -> Self {
-        Seen { record: None, observed_at: now, live_since: None }
+        Seen { record: None, observed_at: now, live_since: None, took_at: None }
     }
 }
 
@@ -213,6 +216,8 @@ pub struct Liveness {
     base: Option<Instant>,
     own_in_flight: bool,
     own_next: Instant,
+    /// When this gateway started following liveness Leases.
+    started: Instant,
     /// The other gateways' Leases.
     others: BTreeMap<String, Seen>,
     /// Expiries in flight, per gateway.
@@ -238,6 +243,7 @@ impl Liveness {
             base: None,
             own_in_flight: false,
             own_next: now,
+            started: now,
             others: BTreeMap::new(),
             expiring: BTreeSet::new(),
             lost: 0,
@@ -305,6 +311,20 @@ impl Liveness {
     /// written later than another's, still gets the first turn.
     pub fn live_since(&self, node: &str) -> Option<Instant> {
         self.others.get(node)?.live_since
+    }
+
+    /// Notes that an IP's record came to name `holder` at `now` (it was
+    /// created or taken by it).
+    pub fn note_take(&mut self, holder: &str, now: Instant) {
+        if holder != self.me {
+            self.others.entry(holder.to_string()).or_insert(Seen::unseen(now)).took_at = Some(now);
+        }
+    }
+
+    /// When this gateway last saw an IP's record come to name `node` (None:
+    /// never, or this gateway). See [`Liveness::note_take`].
+    pub fn took_at(&self, node: &str) -> Option<Instant> {
+        self.others.get(node)?.took_at
     }
 
     fn observe_own(&mut self, record: Option<LeaseRecord>, now: Instant) -> Option<OwnOutcome> {
@@ -443,6 +463,11 @@ impl Liveness {
             },
             _ => HolderLiveness::Void { since: seen.observed_at },
         })
+    }
+
+    /// When this gateway started following liveness Leases.
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// The Lease of gateway `node` as last seen (another gateway's).

@@ -170,6 +170,10 @@ struct Sim {
     cands: BTreeMap<IpAddr, Vec<String>>,
     max_latency: u64,
     max_lag: u64,
+    /// Per million requests: one takes 1-3 s to apply (past the client's
+    /// timeout); one's answer is lost.
+    slow_rate: u64,
+    loss_rate: u64,
     /// Per million steps and gateway: a freeze starts.
     freeze_rate: u64,
     max_freeze: u64,
@@ -203,6 +207,8 @@ impl Sim {
             cands,
             max_latency: 300,
             max_lag: 3000,
+            slow_rate: 20_000,
+            loss_rate: 20_000,
             freeze_rate: 1000,
             max_freeze: 8000,
             freezes: 0,
@@ -214,11 +220,11 @@ impl Sim {
     fn send(&mut self, gw: usize, write: Write, now: Instant) {
         // Mostly quick, sometimes past the client's timeout (the server
         // still applies it).
-        let slow = self.rng.chance(20_000);
+        let slow = self.rng.chance(self.slow_rate);
         let apply_at = now + if slow { self.rng.ms(1000, 3000) } else { self.rng.ms(2, self.max_latency) };
         let mut answer_at = apply_at + self.rng.ms(2, self.max_latency);
         let bound = now + LeaseTiming::default().renew_deadline;
-        let lost = self.rng.chance(20_000) || answer_at > bound;
+        let lost = self.rng.chance(self.loss_rate) || answer_at > bound;
         if lost {
             answer_at = answer_at.min(bound);
         }
@@ -394,9 +400,14 @@ fn never_two_owners_under_lagging_watches_slow_answers_and_freezes() {
         let mut sim = Sim::new(seed, 12, t0);
         let t1 = t0 + Duration::from_secs(90);
         sim.run(t0, t0, t1);
-        // Calm: no freezes, short lags; everything is served again.
+        // Calm: no freezes, short lags, no slow or lost requests;
+        // everything is served again. (A slow liveness renewal in the calm
+        // leaves its gateway's records unserved for a moment, rightly:
+        // seed 18 failed on one sent 2.4 s before the check.)
         sim.freeze_rate = 0;
         sim.max_lag = 200;
+        sim.slow_rate = 0;
+        sim.loss_rate = 0;
         let t2 = t1 + sim.gws.iter().map(|g| g.frozen_until).max().unwrap().saturating_duration_since(t1);
         let t3 = t2 + Duration::from_secs(20);
         sim.run(t0, t1, t3);
