@@ -64,7 +64,7 @@ use super::lease::{HaFields, FAILSAFE_ANNOTATION, INCARNATION_ANNOTATION, STANDB
 use super::liveness::{LivenessAction, OwnOutcome, EPOCH_ANNOTATION, RECORD_DURATION_SECS};
 use super::liveness_requests::send_liveness_request;
 use super::renewer::{RenewInput, RenewTask, Renewer};
-use super::stalled_watch::{watch_shows, Restartable};
+use super::stalled_watch::{newest_version, watch_shows, Restartable};
 use super::status_writer::{StatusWriter, Written};
 use super::valid_until::ValidUntil;
 use super::{observe, Heartbeat, K8sError, K8sOptions};
@@ -1113,11 +1113,7 @@ impl SyncLoop {
         now: Instant,
     ) {
         let Some(probe) = self.renewer.book.lock().probe.clone() else { return };
-        let seen = match probe.ip {
-            Some(ip) => leases.get(&ip),
-            None => liveness.get(&self.opts.node_name),
-        };
-        let seen = seen.and_then(|r| r.resource_version.parse::<u64>().ok());
+        let seen = newest_version(leases.values().chain(liveness.values()));
         let t = self.opts.timing;
         match watch_shows(&probe, seen, now, t.renew_deadline) {
             None => {}

@@ -34,6 +34,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::lease::LeaseRecord;
 use super::renewer::WatchProbe;
 
 /// A watcher that starts over (its first event is `Init`, so a reflector
@@ -89,10 +90,20 @@ where
     }
 }
 
+/// The newest `resourceVersion` among the Leases the watch shows: the
+/// watch has delivered every change up to it. The probe's own Lease is not
+/// enough: an IP's Lease deleted (the IP left its policy) right after a
+/// renewal never shows that renewal, and its absence restarted a watch that
+/// did not lag.
+pub fn newest_version<'a>(leases: impl Iterator<Item = &'a LeaseRecord>) -> Option<u64> {
+    leases.filter_map(|r| r.resource_version.parse::<u64>().ok()).max()
+}
+
 /// Whether the Lease watch lags `probe`, the oldest answered write it has
-/// not shown, at `now`: `seen` is the `resourceVersion` the watch shows for
-/// that Lease (None: absent). `Some(true)`: shown, drop the probe;
-/// `Some(false)`: it lags by more than `bound`; None: wait.
+/// not shown, at `now`: `seen` is the newest `resourceVersion` the watch
+/// shows of any Lease ([`newest_version`]; None: none). `Some(true)`:
+/// shown, drop the probe; `Some(false)`: it lags by more than `bound`;
+/// None: wait.
 pub fn watch_shows(probe: &WatchProbe, seen: Option<u64>, now: Instant, bound: Duration) -> Option<bool> {
     if seen.is_some_and(|s| s >= probe.resource_version) {
         return Some(true);
@@ -114,5 +125,19 @@ mod tests {
         assert_eq!(watch_shows(&p, Some(119), t0 + Duration::from_millis(1999), b), None);
         assert_eq!(watch_shows(&p, Some(119), t0 + b, b), Some(false));
         assert_eq!(watch_shows(&p, None, t0 + b, b), Some(false));
+    }
+
+    #[test]
+    fn the_watch_is_past_a_write_once_any_lease_it_shows_is_newer() {
+        let rec = |rv: &str| LeaseRecord { resource_version: rv.into(), ..Default::default() };
+        // The probe's Lease deleted since: another Lease, newer, shows the
+        // watch got past the write.
+        let shown = [rec("118"), rec("131"), rec("not-a-number")];
+        assert_eq!(newest_version(shown.iter()), Some(131));
+        assert_eq!(newest_version([].iter()), None);
+        let t0 = Instant::now();
+        let p = WatchProbe { ip: Some("198.51.100.10".parse().unwrap()), resource_version: 120, answered: t0 };
+        let b = Duration::from_secs(2);
+        assert_eq!(watch_shows(&p, newest_version(shown.iter()), t0 + b, b), Some(true));
     }
 }
