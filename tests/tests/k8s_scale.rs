@@ -30,9 +30,11 @@ use std::time::Duration;
 
 use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_controlplane::k8s::desired::rank_gateways;
+use egret_controlplane::k8s::liveness::liveness_lease_name;
 use egret_controlplane::k8s::K8sOptions;
 use egret_tests::apiserver::ApiServer;
 use k8s_common::*;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio::time::Instant;
@@ -76,6 +78,19 @@ fn egress_ips(n: usize) -> Vec<IpAddr> {
         IpAddr::from(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0xe9, 0, 0, 0, 0, u16::try_from(i + 1).unwrap()))
     }));
     out
+}
+
+/// How many times peers expired the gateways' liveness Leases (their
+/// `leaseTransitions`; none with `perIP`).
+async fn liveness_expiries(client: &kube::Client) -> i32 {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
+    let mut n = 0;
+    for name in NAMES {
+        if let Some(l) = leases.get_opt(&liveness_lease_name(name)).await.expect("read a liveness Lease") {
+            n += l.spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+        }
+    }
+    n
 }
 
 /// The API server's count of Lease writes so far (every verb but reads
@@ -174,11 +189,20 @@ async fn scenario(server: &ApiServer, n: usize, liveness: bool) {
     );
     // All three started together: each IP goes to its preferred gateway
     // (the spread stays, as nothing moves IPs back). A tenth is room for a
-    // gateway the machine starved for longer than the wait allows.
-    assert!(
-        elsewhere <= n / 10,
-        "{mode}: a cold start left {elsewhere} of {n} IPs off their preferred gateway ({per_gw:?} held, {share:?} preferred)"
-    );
+    // gateway the machine starved for longer than the wait allows. A
+    // gateway whose liveness Lease a peer expired (its renewals starved:
+    // 1,000 IPs on debug builds) rightly lost its IPs: no balance then.
+    let expired = liveness_expiries(&client).await;
+    if expired > 0 {
+        println!(
+            "k8s-scale: {mode}, {n} IPs: {expired} liveness Lease expiries during the cold start: balance not asserted"
+        );
+    } else {
+        assert!(
+            elsewhere <= n / 10,
+            "{mode}: a cold start left {elsewhere} of {n} IPs off their preferred gateway ({per_gw:?} held, {share:?} preferred)"
+        );
+    }
 
     // Steady state: the Lease writes over the window, one owner throughout.
     tokio::time::sleep(Duration::from_secs(3)).await;
