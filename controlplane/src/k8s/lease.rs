@@ -1485,6 +1485,12 @@ mod tests {
         }
     }
 
+    /// A record of `holder` (None: released) at version `rv`, written
+    /// under epoch 1.
+    fn rec1(holder: Option<&str>, rv: u64) -> LeaseRecord {
+        LeaseRecord { epoch: Some(1), ..rec(holder, rv) }
+    }
+
     fn cands(ipaddr: &str, names: &[&str]) -> BTreeMap<IpAddr, Vec<String>> {
         [(ip(ipaddr), names.iter().map(|s| s.to_string()).collect())].into()
     }
@@ -1513,8 +1519,7 @@ mod tests {
         let mut m = mgr(me);
         m.use_liveness(t0);
         let own = m.plan_liveness(t0).0.unwrap();
-        let mut live = rec(Some(me), 5);
-        live.epoch = Some(1);
+        let live = rec1(Some(me), 5);
         m.on_liveness_result(&own, t0, Ok(Some(live)), None, t0);
         m
     }
@@ -1532,8 +1537,7 @@ mod tests {
         let live = m.liveness().and_then(Liveness::own).cloned().unwrap();
         m.observe(x, None, t0);
         assert_eq!(m.plan(t0, c, true), vec![(x, Action::Create)]);
-        let mut mine = rec(Some(me), 10);
-        mine.epoch = Some(1);
+        let mine = rec1(Some(me), 10);
         m.on_result(x, &Action::Create, t0, Ok(Some(mine.clone())), t0);
         assert!(m.held(t0).contains(&x));
         (m, live, mine)
@@ -1608,8 +1612,7 @@ mod tests {
         let mut b = live_since("gw-b", t0);
         b.observe(x, None, t0);
         let late = t0 + ms(400);
-        let mut a_live = rec(Some("gw-a"), 6);
-        a_live.epoch = Some(1);
+        let mut a_live = rec1(Some("gw-a"), 6);
         b.observe_liveness("gw-a", Some(a_live.clone()), late);
         let retry = LeaseTiming::default().retry_period;
         let idle = LeaseTiming::default().renew_deadline;
@@ -1641,8 +1644,7 @@ mod tests {
     /// Renews `m`'s liveness Lease at `at` if it is due (version `rv`).
     fn renew_liveness(m: &mut LeaseManager, at: Instant, rv: u64) {
         if let (Some(a), _) = m.plan_liveness(at) {
-            let mut live = rec(Some(m.me()), rv);
-            live.epoch = Some(1);
+            let live = rec1(Some(m.me()), rv);
             m.on_liveness_result(&a, at, Ok(Some(live)), None, at);
         }
     }
@@ -1657,8 +1659,7 @@ mod tests {
         let mut c = cands("198.51.100.10", &["gw-a", "gw-b"]);
         let mut b = live_since("gw-b", t0);
         b.observe(x, None, t0);
-        let mut a_live = rec(Some("gw-a"), 6);
-        a_live.epoch = Some(1);
+        let a_live = rec1(Some("gw-a"), 6);
         b.observe_liveness("gw-a", Some(a_live), t0);
         let retry = LeaseTiming::default().retry_period;
         // gw-a creates the records of other IPs, one every 300 ms.
@@ -1667,8 +1668,7 @@ mod tests {
             rv += 1;
             let other = IpAddr::from([198, 51, 100, 100 + (rv % 100) as u8]);
             c.insert(other, vec!["gw-a".into()]);
-            let mut r = rec(Some("gw-a"), rv);
-            r.epoch = Some(1);
+            let r = rec1(Some("gw-a"), rv);
             b.observe(other, Some(r), at);
         };
         let idle = LeaseTiming::default().renew_deadline;
@@ -1683,8 +1683,7 @@ mod tests {
         // One that never stops holds the IP off for busy_cap at most.
         let mut b2 = live_since("gw-b", t0);
         b2.observe(x, None, t0);
-        let mut a_live = rec(Some("gw-a"), 6);
-        a_live.epoch = Some(1);
+        let a_live = rec1(Some("gw-a"), 6);
         b2.observe_liveness("gw-a", Some(a_live), t0);
         let cap = LeaseTiming::default().busy_cap();
         let mut at = t0;
@@ -1753,25 +1752,20 @@ mod tests {
         let x = ip("198.51.100.10");
         let c = cands("198.51.100.10", &["gw-c", "gw-b"]);
         let mut b = live_since("gw-b", t0);
-        let mut c_live = rec(Some("gw-c"), 6);
-        c_live.epoch = Some(1);
+        let c_live = rec1(Some("gw-c"), 6);
         b.observe_liveness("gw-c", Some(c_live), t0);
-        let mut other = rec(Some("gw-c"), 7);
-        other.epoch = Some(1);
+        let other = rec1(Some("gw-c"), 7);
         b.observe(ip("198.51.100.11"), Some(other), t0);
-        let mut released = rec(None, 8);
-        released.epoch = Some(1);
+        let mut released = rec1(None, 8);
         released.standby = Some("gw-b".into());
         b.observe(x, Some(released), t0);
         let actions = b.plan(t0, &c, true);
         assert!(matches!(actions.as_slice(), [(_, Action::Acquire { .. })]), "{actions:?}");
         // Released without naming it: gw-c's turn first.
         let mut b2 = live_since("gw-b", t0);
-        let mut c_live = rec(Some("gw-c"), 6);
-        c_live.epoch = Some(1);
+        let c_live = rec1(Some("gw-c"), 6);
         b2.observe_liveness("gw-c", Some(c_live), t0);
-        let mut bare = rec(None, 8);
-        bare.epoch = Some(1);
+        let bare = rec1(None, 8);
         b2.observe(x, Some(bare), t0);
         assert_eq!(b2.plan(t0 + ms(600), &c, true), vec![]);
     }
