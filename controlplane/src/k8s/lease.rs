@@ -464,10 +464,8 @@ fn record_says(r: &LeaseRecord, f: &HaFields) -> bool {
 /// first turn even when its liveness Lease came after this gateway's, and
 /// keeps it while it works through its share: it creates its records 16 at
 /// a time, and a next candidate that waited only its stagger took most of
-/// them (200 IPs on three gateways went 153/21/26; with a pause of a
-/// retryPeriod read as the end of its work, 8-13 of 200 still went to
-/// another gateway than their preferred: a debug build's first creates
-/// came more than 500 ms after its liveness Lease). Bounds: a better
+/// them (200 IPs on three gateways went 153/21/26; ADR 0016 has the runs
+/// of each step of this rule). Bounds: a better
 /// candidate's work counts only until `busy_until`, so one that keeps
 /// taking other IPs cannot hold a free IP off for ever; one whose liveness
 /// Lease this gateway has never seen is waited for leaseDuration after this
