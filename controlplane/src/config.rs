@@ -243,9 +243,9 @@ pub struct KubernetesConfig {
     pub gateway_selector: String,
     /// Periodic full pass even without changes.
     pub resync_period: Duration,
-    /// `kubernetes.ownership: liveness`: one liveness Lease per gateway,
-    /// an IP's Lease written only when it changes hands (ADR 0016); false
-    /// (`perIP`, the default): every held IP's Lease renewed.
+    /// `kubernetes.ownership: liveness` (the default): one liveness Lease
+    /// per gateway, an IP's Lease written only when it changes hands (ADR
+    /// 0016); false (`perIP`, ADR 0004): every held IP's Lease renewed.
     pub liveness: bool,
     /// The cluster's pod CIDRs: forwarded traffic from them that arrives on
     /// the gateway's interfaces and is not translated is dropped
@@ -941,8 +941,8 @@ impl Checker<'_> {
             self.rule("kubernetes.retryPeriod", "must be shorter than kubernetes.renewDeadline");
         }
         let liveness = match k.ownership.as_deref().map(str::trim) {
-            None | Some("perIP") => false,
-            Some("liveness") => true,
+            Some("perIP") => false,
+            None | Some("liveness") => true,
             Some(other) => {
                 self.rule("kubernetes.ownership", format!("{other:?} is neither \"perIP\" nor \"liveness\""));
                 false

@@ -192,8 +192,8 @@ impl GatewayConfig {
             if let Some((d, r, p)) = &k.timing {
                 y += &format!("  leaseDuration: {d}\n  renewDeadline: {r}\n  retryPeriod: {p}\n");
             }
-            // EGRET_OWNERSHIP=liveness runs a Kubernetes lab with liveness
-            // Leases (ADR 0016); unset, the default (perIP).
+            // EGRET_OWNERSHIP=perIP runs a Kubernetes lab with per-IP
+            // Leases (ADR 0004); unset, the default (liveness, ADR 0016).
             if let Ok(o) = std::env::var("EGRET_OWNERSHIP") {
                 y += &format!("  ownership: {o}\n");
             }

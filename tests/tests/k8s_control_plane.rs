@@ -14,6 +14,7 @@ mod k8s_common;
 use std::net::IpAddr;
 
 use egret_controlplane::k8s::crd::{EgressIPPool, EgressPolicy};
+use egret_controlplane::k8s::liveness::{liveness_lease_name, EPOCH_ANNOTATION, RECORD_DURATION_SECS};
 use egret_dataplane::tables::{EgressIpSpec, PolicySpec};
 use egret_tests::apiserver::ApiServer;
 use k8s_common::*;
@@ -155,13 +156,27 @@ async fn scenario(server: &ApiServer) {
         assert!(announced.contains(a), "{a} announced: {announced:?}");
     }
 
-    // Leases: one per IP, held by gw-1.
+    // Leases: one per IP, held by gw-1. With liveness Leases (the default,
+    // ADR 0016) the IP's Lease is a record under gw-1's epoch that no time
+    // expires, and gw-1's own Lease carries the duration; per IP (ADR 0004)
+    // the IP's Lease carries it.
     let leases: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
     let l = leases.get("egret-ip4-203-0-113-10").await.expect("lease of 203.0.113.10");
     let spec_l = l.spec.unwrap();
     assert_eq!(spec_l.holder_identity.as_deref(), Some("gw-1"));
-    assert_eq!(spec_l.lease_duration_seconds, Some(4));
     let ann = l.metadata.annotations.unwrap();
+    if options("gw-1").liveness {
+        assert_eq!(spec_l.lease_duration_seconds, Some(RECORD_DURATION_SECS));
+        let own = leases.get(&liveness_lease_name("gw-1")).await.expect("gw-1's liveness Lease");
+        let own_spec = own.spec.unwrap();
+        assert_eq!(own_spec.holder_identity.as_deref(), Some("gw-1"));
+        assert_eq!(own_spec.lease_duration_seconds, Some(4));
+        let epoch = own.metadata.annotations.unwrap_or_default().get(EPOCH_ANNOTATION).cloned();
+        assert!(epoch.is_some(), "gw-1's liveness Lease carries its epoch");
+        assert_eq!(ann.get(EPOCH_ANNOTATION), epoch.as_ref(), "the IP's record names gw-1's epoch");
+    } else {
+        assert_eq!(spec_l.lease_duration_seconds, Some(4));
+    }
     assert_eq!(ann.get("egret.dev/egress-ip").map(String::as_str), Some("203.0.113.10"));
     assert_eq!(ann.get("egret.dev/next-hop").map(String::as_str), Some("192.0.2.100"));
 

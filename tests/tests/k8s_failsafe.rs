@@ -40,7 +40,6 @@ use egret_controlplane::ha::{auth::SharedKey, HaOptions};
 use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_controlplane::k8s::desired::rank_gateways;
 use egret_controlplane::k8s::lease::LeaseTiming;
-use egret_controlplane::k8s::K8sOptions;
 use egret_tests::apiserver::ApiServer;
 use k8s_common::*;
 use kube::api::{Api, PostParams};
@@ -158,7 +157,7 @@ fn peer_cache(i: usize) -> std::path::PathBuf {
 }
 
 fn start(client: kube::Client, i: usize, key: &std::path::Path) -> Gateway {
-    let mut opts = K8sOptions::new(NAMES[i]);
+    let mut opts = k8s_common::options(NAMES[i]);
     opts.lease_namespace = "egret-system".into();
     opts.timing = LeaseTiming { lease_duration: D, renew_deadline: R, retry_period: Duration::from_millis(500) };
     opts.ha = Some(HaOptions {

@@ -18,7 +18,8 @@
 //! (`--nocapture`, lines `k8s-scale:`); the bounds asserted are safety,
 //! progress, and for `liveness` that steady-state writes do not grow with
 //! the IPs (at most 1.5 times one write per gateway per retryPeriod), not
-//! speed.
+//! speed. A third test restarts three gateways owning per IP, one at a
+//! time, with liveness Leases: the upgrade to the default (ADR 0016).
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic, clippy::print_stdout)]
 
@@ -62,6 +63,15 @@ fn many_egress_ips_owned_by_gateway_liveness() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let n = size("EGRET_SCALE_LIVENESS_IPS", 200);
     with_api_server("many_egress_ips_owned_by_gateway_liveness", |server, rt| rt.block_on(scenario(server, n, true)));
+}
+
+#[test]
+fn a_rolling_upgrade_from_per_ip_to_liveness_moves_each_ip_once() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let n = size("EGRET_SCALE_IPS", 40);
+    with_api_server("a_rolling_upgrade_from_per_ip_to_liveness_moves_each_ip_once", |server, rt| {
+        rt.block_on(upgrade(server, n))
+    });
 }
 
 /// `n` egress IPs: the first half IPv4 (198.18.1.0 on), the rest IPv6
@@ -150,32 +160,11 @@ async fn scenario(server: &ApiServer, n: usize, liveness: bool) {
             .try_init();
     }
     let client = server.client().await.expect("client");
-    let gateways: Vec<(&str, IpAddr)> =
-        NAMES.iter().enumerate().map(|(i, n)| (*n, format!("127.0.0.{}", 11 + i).parse().unwrap())).collect();
-    ha_cluster(&client, &gateways).await;
-    let ips = egress_ips(n);
-    let egress: Vec<serde_json::Value> = ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect();
-    let policy: EgressPolicy = serde_json::from_value(json!({
-        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
-        "metadata": {"name": "many"},
-        "spec": {"namespaceSelector": {"matchLabels": {"team": "a"}}, "destinations": ["0.0.0.0/0", "::/0"], "egressIPs": egress}
-    }))
-    .unwrap();
-    Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.expect("policy");
-
+    let ips = cluster_with_egress_ips(&client, n).await;
     let t0 = Instant::now();
-    let start = |name: &str| {
-        let mut opts = K8sOptions::new(name);
-        opts.lease_namespace = "egret-system".into();
-        opts.liveness = liveness;
-        Gateway::start_with(client.clone(), opts)
-    };
+    let start = |name: &str| start_gateway(&client, name, liveness);
     let mut gws: Vec<Gateway> = NAMES.iter().map(|name| start(name)).collect();
-    let all_served = |h: &BTreeMap<IpAddr, Vec<usize>>| h.values().all(|k| k.len() == 1);
-    // A progress bound, not a speed target: a cold start of 1,000 IPs took
-    // minutes here (the three debug-built control planes' passes on two
-    // cores).
-    let limit = Duration::from_secs(60 + u64::try_from(n / 2).unwrap());
+    let limit = progress_limit(n);
     until("cold start", &gws, &ips, limit, all_served).await;
     let cold = t0.elapsed();
     let h = holders(&gws, &ips);
@@ -204,25 +193,7 @@ async fn scenario(server: &ApiServer, n: usize, liveness: bool) {
         );
     }
 
-    // Steady state: the Lease writes over the window, one owner throughout.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let w0 = lease_writes(&client).await;
-    let t_w = Instant::now();
-    let _ = until("steady state", &gws, &ips, WINDOW + Duration::from_secs(5), |_| t_w.elapsed() >= WINDOW).await;
-    let w1 = lease_writes(&client).await;
-    let secs = t_w.elapsed().as_secs_f64();
-    let rate = (w1 - w0) as f64 / secs;
-    println!(
-        "k8s-scale: {mode}, {n} IPs: steady state {} Lease writes in {secs:.1} s: {rate:.1} per second, {:.2} per IP per second",
-        w1 - w0,
-        rate / n as f64
-    );
-    assert!(w1 > w0, "no Lease write counted: the metric read proves nothing");
-    if liveness {
-        let per_gateway = 1.0 / K8sOptions::new("x").timing.retry_period.as_secs_f64();
-        assert!(rate <= 1.5 * 3.0 * per_gateway, "{rate:.1} Lease writes/s in steady state for {n} IPs");
-    }
-    assert!(all_served(&holders(&gws, &ips)), "steady state: an IP went unserved");
+    steady_state(mode, &client, &gws, &ips, liveness).await;
 
     // gw-1's control plane dies: each of its IPs moves to another gateway
     // once its Lease expires.
@@ -253,6 +224,90 @@ async fn scenario(server: &ApiServer, n: usize, liveness: bool) {
     // it releases its IPs) and started again in turn.
     gws[0] = start(NAMES[0]);
     rolling_restart(mode, n, &mut gws, &ips, limit, start).await;
+    for g in &mut gws {
+        g.stop().await;
+    }
+}
+
+/// The lab's three gateway Nodes and one EgressPolicy with `n` egress IPs
+/// ([`egress_ips`]), which it returns.
+async fn cluster_with_egress_ips(client: &kube::Client, n: usize) -> Vec<IpAddr> {
+    let gateways: Vec<(&str, IpAddr)> =
+        NAMES.iter().enumerate().map(|(i, n)| (*n, format!("127.0.0.{}", 11 + i).parse().unwrap())).collect();
+    ha_cluster(client, &gateways).await;
+    let ips = egress_ips(n);
+    let egress: Vec<serde_json::Value> = ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect();
+    let policy: EgressPolicy = serde_json::from_value(json!({
+        "apiVersion": "egret.dev/v1alpha1", "kind": "EgressPolicy",
+        "metadata": {"name": "many"},
+        "spec": {"namespaceSelector": {"matchLabels": {"team": "a"}}, "destinations": ["0.0.0.0/0", "::/0"], "egressIPs": egress}
+    }))
+    .unwrap();
+    Api::<EgressPolicy>::all(client.clone()).create(&PostParams::default(), &policy).await.expect("policy");
+    ips
+}
+
+/// A gateway control plane owning IPs by liveness Leases (ADR 0016) or per
+/// IP (ADR 0004).
+fn start_gateway(client: &kube::Client, name: &str, liveness: bool) -> Gateway {
+    let mut opts = K8sOptions::new(name);
+    opts.lease_namespace = "egret-system".into();
+    opts.liveness = liveness;
+    Gateway::start_with(client.clone(), opts)
+}
+
+fn all_served(h: &BTreeMap<IpAddr, Vec<usize>>) -> bool {
+    h.values().all(|k| k.len() == 1)
+}
+
+/// A progress bound, not a speed target: a cold start of 1,000 IPs took
+/// minutes here (the three debug-built control planes' passes on two
+/// cores).
+fn progress_limit(n: usize) -> Duration {
+    Duration::from_secs(60 + u64::try_from(n / 2).unwrap())
+}
+
+/// Steady state: the Lease writes over [`WINDOW`], one owner throughout,
+/// every IP served at the end. With liveness Leases the writes must not
+/// grow with the IPs: at most 1.5 times one write per gateway per
+/// retryPeriod.
+async fn steady_state(mode: &str, client: &kube::Client, gws: &[Gateway], ips: &[IpAddr], liveness: bool) {
+    let n = ips.len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let w0 = lease_writes(client).await;
+    let t_w = Instant::now();
+    let _ = until("steady state", gws, ips, WINDOW + Duration::from_secs(5), |_| t_w.elapsed() >= WINDOW).await;
+    let w1 = lease_writes(client).await;
+    let secs = t_w.elapsed().as_secs_f64();
+    let rate = (w1 - w0) as f64 / secs;
+    println!(
+        "k8s-scale: {mode}, {n} IPs: steady state {} Lease writes in {secs:.1} s: {rate:.1} per second, {:.2} per IP per second",
+        w1 - w0,
+        rate / n as f64
+    );
+    assert!(w1 > w0, "no Lease write counted: the metric read proves nothing");
+    if liveness {
+        let per_gateway = 1.0 / K8sOptions::new("x").timing.retry_period.as_secs_f64();
+        assert!(rate <= 1.5 * 3.0 * per_gateway, "{mode}: {rate:.1} Lease writes/s in steady state for {n} IPs");
+    }
+    assert!(all_served(&holders(gws, ips)), "{mode}: steady state: an IP went unserved");
+}
+
+/// The upgrade that makes liveness Leases the default: three gateways
+/// owning their IPs per IP are restarted one at a time with liveness
+/// Leases, as a rolling update of the DaemonSet does. A mixed cluster is
+/// safe (ADR 0016, "Compatibility"): each stopped gateway's IPs move once,
+/// no other IP moves, no IP is ever served by two; after the roll the
+/// writes are liveness's.
+async fn upgrade(server: &ApiServer, n: usize) {
+    let client = server.client().await.expect("client");
+    let ips = cluster_with_egress_ips(&client, n).await;
+    let mut gws: Vec<Gateway> = NAMES.iter().map(|name| start_gateway(&client, name, false)).collect();
+    let limit = progress_limit(n);
+    until("cold start per IP", &gws, &ips, limit, all_served).await;
+    let mode = "perIP to liveness";
+    rolling_restart(mode, n, &mut gws, &ips, limit, |name| start_gateway(&client, name, true)).await;
+    steady_state(mode, &client, &gws, &ips, true).await;
     for g in &mut gws {
         g.stop().await;
     }

@@ -34,7 +34,6 @@ use egret_controlplane::ha::{auth::SharedKey, HaOptions, SessionStore};
 use egret_controlplane::k8s::crd::EgressPolicy;
 use egret_controlplane::k8s::desired::rank_gateways;
 use egret_controlplane::k8s::lease::LeaseTiming;
-use egret_controlplane::k8s::K8sOptions;
 use egret_dataplane::nat::sync::{ImportReport, SessionRecord, SyncEvent};
 use egret_tests::apiserver::ApiServer;
 use k8s_common::*;
@@ -121,7 +120,7 @@ fn preferred_by(k: usize) -> IpAddr {
 }
 
 fn start(client: kube::Client, i: usize, key: &std::path::Path, store: Arc<SlowStore>) -> Gateway {
-    let mut opts = K8sOptions::new(NAMES[i]);
+    let mut opts = k8s_common::options(NAMES[i]);
     opts.lease_namespace = "egret-system".into();
     opts.timing = LeaseTiming { lease_duration: D, renew_deadline: R, retry_period: P };
     opts.ha = Some(HaOptions {

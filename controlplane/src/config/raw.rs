@@ -247,8 +247,9 @@ pub struct Kubernetes {
     pub gateway_selector: Option<String>,
     /// Periodic full pass, e.g. "30s".
     pub resync_period: Option<String>,
-    /// How egress IPs are owned: "perIP" (each held IP's Lease renewed,
-    /// the default) or "liveness" (one liveness Lease per gateway, ADR 0016).
+    /// How egress IPs are owned: "liveness" (one liveness Lease per
+    /// gateway, ADR 0016; the default) or "perIP" (each held IP's Lease
+    /// renewed, ADR 0004).
     pub ownership: Option<String>,
     /// The cluster's pod CIDRs (the source guard).
     #[serde(rename = "clusterPodCIDRs")]

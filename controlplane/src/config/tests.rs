@@ -272,7 +272,9 @@ fn rules_across_fields() {
     );
     let bad_guard = "interfaces: [{name: eth0}]\nkubernetes: {clusterPodCIDRs: [198.18.0.0/16, pods]}\n";
     assert_eq!(errors(bad_guard), vec![r#"gw.yaml: kubernetes.clusterPodCIDRs[1]: "pods" is not a CIDR"#]);
-    assert!(!k.liveness, "ownership perIP by default");
+    assert!(k.liveness, "ownership liveness by default (ADR 0016)");
+    let per_ip = "interfaces: [{name: eth0}]\nkubernetes: {ownership: perIP}\n";
+    assert!(!load_str("gw.yaml", per_ip).unwrap().kubernetes.unwrap().liveness);
     let liveness = "interfaces: [{name: eth0}]\nkubernetes: {ownership: liveness}\n";
     assert!(load_str("gw.yaml", liveness).unwrap().kubernetes.unwrap().liveness);
     let bad_ownership = "interfaces: [{name: eth0}]\nkubernetes: {ownership: gossip}\n";

@@ -76,8 +76,8 @@ pub struct K8sOptions {
     pub lease_owner: uninstall::OwnerSlot,
     /// Ownership follows one liveness Lease per gateway, and an egress IP's
     /// Lease is written only when it changes hands (ADR 0016,
-    /// `kubernetes.ownership: liveness`); false (the default): every held
-    /// IP's Lease is renewed every retryPeriod (ADR 0004).
+    /// `kubernetes.ownership: liveness`, the default); false (`perIP`):
+    /// every held IP's Lease is renewed every retryPeriod (ADR 0004).
     pub liveness: bool,
 }
 
@@ -94,7 +94,7 @@ impl K8sOptions {
             guard: SourceGuard::default(),
             ha: None,
             lease_owner: uninstall::OwnerSlot::default(),
-            liveness: false,
+            liveness: true,
         }
     }
 

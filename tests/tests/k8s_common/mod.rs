@@ -501,9 +501,24 @@ pub struct Gateway {
     task: Option<JoinHandle<()>>,
 }
 
+/// The defaults for gateway `name`, with the ownership design that
+/// `EGRET_OWNERSHIP` names (`perIP` or `liveness`; unset, the default:
+/// liveness, ADR 0016), as the labs that start the binary take it
+/// (`egret_tests::gateway`).
+pub fn options(name: &str) -> K8sOptions {
+    let mut opts = K8sOptions::new(name);
+    match std::env::var("EGRET_OWNERSHIP").as_deref() {
+        Err(_) => {}
+        Ok("perIP") => opts.liveness = false,
+        Ok("liveness") => opts.liveness = true,
+        Ok(other) => panic!("EGRET_OWNERSHIP={other:?} is neither perIP nor liveness"),
+    }
+    opts
+}
+
 impl Gateway {
     pub fn start(client: kube::Client, name: &str, lease_ns: &str) -> Gateway {
-        let mut opts = K8sOptions::new(name);
+        let mut opts = options(name);
         opts.lease_namespace = lease_ns.into();
         Gateway::start_with(client, opts)
     }
