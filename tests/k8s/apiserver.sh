@@ -44,8 +44,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 self=$here/$(basename "${BASH_SOURCE[0]}")
 # shellcheck source=common.sh
 source "$here/common.sh"
-# shellcheck source=../sched.sh
-source "$here/../sched.sh"
+# shellcheck source=../instance.sh
+source "$here/../instance.sh"
 
 state=${EGRET_APISERVER_STATE:-/tmp/egret-apiserver-$(id -un)}
 apiserver_bin=${EGRET_KUBE_APISERVER:-$EGRET_KUBE_APISERVER_BIN}
@@ -61,46 +61,8 @@ die() { log "ERROR: $*"; exit 1; }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
-# A pid from a pid file, only if that process is alive and is ours: its command line
-# names a path inside the state directory (guards against pid reuse; "$state/" so that
-# /tmp/x-1 does not claim the processes of /tmp/x-10).
-live_pid() {
-  local file=$state/$1.pid pid
-  [ -f "$file" ] || return 1
-  pid=$(cat "$file")
-  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$state/" || return 1
-  printf '%s\n' "$pid"
-}
-
-# A process that exited is gone even while it waits as a zombie for its new parent
-# (init, once the script that started it has exited) to reap it.
-gone() { [ ! -d "/proc/$1" ] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
-
-# Stops the process recorded in $1.pid: SIGTERM, then SIGKILL after 10 s.
-stop_proc() {
-  local name=$1 pid
-  pid=$(live_pid "$name") || { rm -f "$state/$name.pid"; return 0; }
-  [ "$pid" = "$$" ] && return 0
-  # Spawned processes lead their own process group (setsid): signal the group, so a
-  # watcher's `sleep` goes too.
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do
-    gone "$pid" && break
-    sleep 0.1
-  done
-  if ! gone "$pid"; then
-    log "$name (pid $pid) ignored SIGTERM for 10 s; SIGKILL"
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$state/$name.pid"
-}
-
-# Runs "$@" inside the pair's network namespace (or here, without one).
-inns() {
-  if [ -n "$netns" ]; then ip netns exec "$netns" "$@"; else "$@"; fi
-}
-# The same as a command prefix for `spawn` (setsid cannot run a function).
+# `inns` (tests/instance.sh) as a command prefix for `spawn` (setsid cannot run a
+# function).
 inns_prefix() {
   prefix=()
   [ -z "$netns" ] || prefix=(ip netns exec "$netns")
@@ -114,22 +76,6 @@ load_env() {
   address=${APISERVER_ADDRESS:-127.0.0.1}
 }
 
-# shellcheck disable=SC2016 # expanded by the inner bash
-port_in_use() { inns bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$address" "$1" 2>/dev/null; }
-# A port with no listener, below the kernel's ephemeral range: a port that an
-# outgoing connection holds as its local port cannot be listened on either.
-free_port() {
-  local p lo=32768 base=20000 span
-  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
-  [ "$lo" -gt $((base + 2000)) ] || base=$((lo - 12000 > 1024 ? lo - 12000 : 1024))
-  span=$((lo - base))
-  [ "$span" -gt 100 ] || die "ephemeral port range starts at $lo: no room for test ports below it"
-  for _ in $(seq 200); do
-    p=$((base + RANDOM % span))
-    port_in_use "$p" || { printf '%s\n' "$p"; return 0; }
-  done
-  die "no free port found on $address${netns:+ in network namespace $netns}"
-}
 
 kubeconfig=$state/kubeconfig
 
@@ -214,23 +160,6 @@ EOF
 # own loopback client, then "Unable to perform initial IP allocation check").
 nice_level=${EGRET_APISERVER_NICE:--10}
 
-spawn() { # name, command...: detached from our session; output to <name>.log
-  local name=$1; shift
-  setsid nice -n "$nice_level" "$@" >>"$state/$name.log" 2>&1 </dev/null 9>&- &
-  local pid=$!
-  echo "$pid" >"$state/$name.pid"
-  # Until the forked shell has exec'd, /proc/PID/cmdline is this script's,
-  # which live_pid takes for another process ("exited before it was ready"
-  # with an empty log, seen once on a loaded machine): wait for the exec or
-  # the exit, at most 5 s.
-  for _ in $(seq 100); do
-    gone "$pid" && break
-    live_pid "$name" >/dev/null && break
-    sleep 0.05
-  done
-  session_priority "$pid" "$nice_level"
-}
-
 start_etcd() {
   load_env
   # etcd always listens on loopback: the machine's, or the namespace's own.
@@ -309,11 +238,6 @@ wait_apiserver() {
   log "API server ready at https://$address:$APISERVER_PORT${netns:+ in network namespace $netns} in $(elapsed "$t0")s (pid $(live_pid apiserver))"
 }
 
-lock() {
-  mkdir -p "$(dirname "$state")"
-  exec 9>"$state.lock"
-  flock 9
-}
 
 cmd_stop() {
   stop_proc watcher
@@ -353,13 +277,7 @@ cmd_start() {
   chmod 700 "$state"
   umask 077
   if [ -n "${EGRET_APISERVER_OWNER_PID:-}" ]; then
-    # Stops everything once the owner is gone, even when it was killed, also while this
-    # start is still under way (the stop waits for our lock). A zombie owner is gone.
-    # shellcheck disable=SC2016 # expanded by the watcher's bash, not here
-    spawn watcher bash -c \
-      'while [ -d "/proc/$1" ] && ! grep -q "^State:[[:space:]]*Z" "/proc/$1/status" 2>/dev/null; do sleep 1; done
-       EGRET_APISERVER_STATE="${2%/}" exec "$3" stop' \
-      egret-apiserver-watcher "$EGRET_APISERVER_OWNER_PID" "$state/" "$self"
+    watch_owner "$EGRET_APISERVER_OWNER_PID" EGRET_APISERVER_STATE egret-apiserver-watcher
   fi
   for attempt in 1 2 3; do
     mkdir -p "$state/pki"

@@ -33,6 +33,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 self=$here/$(basename "${BASH_SOURCE[0]}")
 # shellcheck source=common.sh
 source "$here/common.sh"
+# shellcheck source=../instance.sh
+source "$here/../instance.sh"
 
 state=${EGRET_MOTO_STATE:-/tmp/egret-moto-$(id -un)}
 state=${state%/}
@@ -41,35 +43,6 @@ timeout=${EGRET_MOTO_TIMEOUT:-60}
 log() { printf '[moto.sh] %s\n' "$*" >&2 || true; }
 die() { log "ERROR: $*"; exit 1; }
 
-# A pid from a pid file, only if that process is alive and is ours: its command
-# line names the state directory (guards against pid reuse).
-live_pid() {
-  local file=$state/$1.pid pid
-  [ -f "$file" ] || return 1
-  pid=$(cat "$file")
-  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$state/" || return 1
-  printf '%s\n' "$pid"
-}
-
-gone() { [ ! -d "/proc/$1" ] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
-
-stop_proc() {
-  local name=$1 pid
-  pid=$(live_pid "$name") || { rm -f "$state/$name.pid"; return 0; }
-  [ "$pid" = "$$" ] && return 0
-  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do
-    gone "$pid" && break
-    sleep 0.1
-  done
-  if ! gone "$pid"; then
-    log "$name (pid $pid) ignored SIGTERM for 10 s; SIGKILL"
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$state/$name.pid"
-}
-
 # Where the server runs: recorded at start, read by every other command.
 netns=; address=127.0.0.1; tls=
 load_where() {
@@ -77,23 +50,6 @@ load_where() {
   [ -f "$state/address" ] && address=$(cat "$state/address")
   [ -f "$state/tls" ] && tls=$(cat "$state/tls")
   return 0
-}
-# Runs a command in the server's namespace (or here).
-inns() { if [ -n "$netns" ]; then ip netns exec "$netns" "$@"; else "$@"; fi; }
-
-# shellcheck disable=SC2016 # expanded by the inner bash
-port_in_use() { inns bash -c 'exec 3<>"/dev/tcp/$1/$0"' "$1" "$address" 2>/dev/null; }
-# A port with no listener, below the kernel's ephemeral range.
-free_port() {
-  local p lo=32768 base=20000 span
-  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
-  [ "$lo" -gt $((base + 2000)) ] || base=$((lo - 12000 > 1024 ? lo - 12000 : 1024))
-  span=$((lo - base))
-  for _ in $(seq 200); do
-    p=$((base + RANDOM % span))
-    port_in_use "$p" || { printf '%s\n' "$p"; return 0; }
-  done
-  die "no free port found on $address"
 }
 
 endpoint() {
@@ -111,24 +67,6 @@ answers() {
   local trust=()
   [ -z "$tls" ] || trust=(--cacert "$tls/ca.pem")
   inns curl -s "${trust[@]}" -o /dev/null --max-time 2 -w '%{http_code}' "$url/moto-api/data.json" 2>/dev/null | grep -q '^200$'
-}
-
-spawn() { # name, command...: detached from our session; output to <name>.log
-  local name=$1; shift
-  setsid "$@" >>"$state/$name.log" 2>&1 </dev/null 9>&- &
-  local pid=$!
-  echo "$pid" >"$state/$name.pid"
-  for _ in $(seq 100); do
-    gone "$pid" && break
-    live_pid "$name" >/dev/null && break
-    sleep 0.05
-  done
-}
-
-lock() {
-  mkdir -p "$(dirname "$state")"
-  exec 9>"$state.lock"
-  flock 9
 }
 
 cmd_check() {
@@ -177,11 +115,7 @@ cmd_start() {
   local prefix=()
   [ -z "$netns" ] || prefix=(ip netns exec "$netns")
   if [ -n "${EGRET_MOTO_OWNER_PID:-}" ]; then
-    # shellcheck disable=SC2016 # expanded by the watcher's bash, not here
-    spawn watcher bash -c \
-      'while [ -d "/proc/$1" ] && ! grep -q "^State:[[:space:]]*Z" "/proc/$1/status" 2>/dev/null; do sleep 1; done
-       EGRET_MOTO_STATE="${2%/}" exec "$3" stop' \
-      egret-moto-watcher "$EGRET_MOTO_OWNER_PID" "$state/" "$self"
+    watch_owner "$EGRET_MOTO_OWNER_PID" EGRET_MOTO_STATE egret-moto-watcher
   fi
   local attempt t0 port
   t0=$(date +%s)

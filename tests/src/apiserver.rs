@@ -18,16 +18,25 @@
 //! connect from inside a namespace that reaches that address.
 
 use std::ffi::OsString;
-use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::Output;
 
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 
+use crate::requirement::{self, Requirement};
+use crate::script::{Script, ScriptError};
+
 /// Path of the script that runs the control plane.
 pub const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/apiserver.sh");
+
+/// The script and its protocol ([`crate::script`]).
+const PAIR: Script = Script {
+    path: SCRIPT,
+    state_env: "EGRET_APISERVER_STATE",
+    owner_env: "EGRET_APISERVER_OWNER_PID",
+    state_prefix: "egret-apiserver",
+};
 
 /// Set to a kubeconfig path: reuse that running API server instead of starting one.
 pub const REUSE_ENV: &str = "EGRET_APISERVER_KUBECONFIG";
@@ -39,23 +48,9 @@ pub const REQUIRE_ENV: &str = "EGRET_REQUIRE_APISERVER";
 /// What went wrong while running the control plane or connecting to it.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiServerError {
-    /// The script could not be run at all.
-    #[error("cannot run {script} {command}: {source}")]
-    Spawn {
-        script: &'static str,
-        command: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The script ran and failed; `stderr` holds its explanation.
-    #[error("{script} {command} (state {state}) exited with {status}:\n{stderr}")]
-    Script {
-        script: &'static str,
-        command: &'static str,
-        state: PathBuf,
-        status: std::process::ExitStatus,
-        stderr: String,
-    },
+    /// The script could not be run, or failed.
+    #[error(transparent)]
+    Script(#[from] ScriptError),
     /// `start` succeeded but did not print the kubeconfig path it wrote.
     #[error("{script} start printed no kubeconfig path (stdout {stdout:?})")]
     NoKubeconfigPath { script: &'static str, stdout: String },
@@ -83,15 +78,10 @@ pub enum ApiServerError {
 /// Result of this module's operations.
 pub type Result<T, E = ApiServerError> = std::result::Result<T, E>;
 
-/// Why the control plane cannot run here; tests print it and skip.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unavailable(pub String);
+pub use crate::requirement::Unavailable;
 
-impl fmt::Display for Unavailable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+/// What the API server tests need ([`crate::requirement`]'s rule).
+pub const NEEDS: Requirement = Requirement { what: "the API server", require_env: REQUIRE_ENV };
 
 /// A running kube-apiserver + etcd pair (or a reused one).
 #[derive(Debug)]
@@ -108,63 +98,28 @@ impl ApiServer {
         if std::env::var_os(REUSE_ENV).is_some() {
             return Ok(());
         }
-        match effective_uid() {
-            Some(0) => {}
-            Some(uid) => return Err(Unavailable(format!("not root (euid {uid}); the API server tests run as root"))),
-            None => return Err(Unavailable("cannot read the euid from /proc/self/status".into())),
-        }
-        match Command::new(SCRIPT).arg("check").output() {
-            Ok(out) if out.status.success() => Ok(()),
-            Ok(out) => Err(Unavailable(String::from_utf8_lossy(&out.stderr).trim().to_owned())),
-            Err(e) => Err(Unavailable(format!("cannot run {SCRIPT} check: {e}"))),
-        }
+        requirement::root("the API server tests run as root")?;
+        requirement::script_check(SCRIPT)
     }
 
     /// `Ok(true)` when the test may go on, `Ok(false)` (after printing why) when it
     /// should return early as skipped, `Err` when [`REQUIRE_ENV`] is `1` and the
     /// control plane is unavailable.
     pub fn available_or_skip(test: &str) -> std::result::Result<bool, Unavailable> {
-        match Self::availability() {
-            Ok(()) => Ok(true),
-            Err(why) if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") => {
-                Err(Unavailable(format!("{test}: {REQUIRE_ENV}=1 but the API server cannot run: {why}")))
-            }
-            Err(why) => {
-                eprintln!("SKIPPED {test}: {why}");
-                Ok(false)
-            }
-        }
+        NEEDS.available_or_skip(test, Self::availability())
     }
 
     /// Whether [`ApiServer::start_in`] can work here: root and the built binaries
     /// (`apiserver.sh check`); [`REUSE_ENV`] does not help a lab that needs the server
     /// inside its own namespace.
     pub fn lab_availability() -> std::result::Result<(), Unavailable> {
-        match effective_uid() {
-            Some(0) => {}
-            Some(uid) => return Err(Unavailable(format!("not root (euid {uid}); the lab runs as root"))),
-            None => return Err(Unavailable("cannot read the euid from /proc/self/status".into())),
-        }
-        match Command::new(SCRIPT).arg("check").output() {
-            Ok(out) if out.status.success() => Ok(()),
-            Ok(out) => Err(Unavailable(String::from_utf8_lossy(&out.stderr).trim().to_owned())),
-            Err(e) => Err(Unavailable(format!("cannot run {SCRIPT} check: {e}"))),
-        }
+        requirement::root("the lab runs as root")?;
+        requirement::script_check(SCRIPT)
     }
 
     /// [`ApiServer::available_or_skip`] for a lab test ([`ApiServer::lab_availability`]).
     pub fn lab_available_or_skip(test: &str) -> std::result::Result<bool, Unavailable> {
-        match Self::lab_availability() {
-            Ok(()) => Ok(true),
-            Err(why) if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") => {
-                Err(Unavailable(format!("{test}: {REQUIRE_ENV}=1 but the API server cannot run: {why}")))
-            }
-            Err(why) => {
-                use std::io::Write;
-                let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
-                Ok(false)
-            }
-        }
+        NEEDS.available_or_skip(test, Self::lab_availability())
     }
 
     /// Starts etcd and the API server inside network namespace `netns`, the API server
@@ -183,21 +138,17 @@ impl ApiServer {
     }
 
     fn start_in_once(netns: &str, address: IpAddr, service_cidr: &str) -> Result<Self> {
-        let state = fresh_state_dir();
+        let state = PAIR.fresh_state_dir();
         let extra = [
             ("EGRET_APISERVER_NETNS", OsString::from(netns)),
             ("EGRET_APISERVER_ADDRESS", OsString::from(address.to_string())),
             ("EGRET_APISERVER_SERVICE_CIDR", OsString::from(service_cidr)),
         ];
-        let out = match Command::new(SCRIPT).arg("start").envs(script_env(&state)).envs(extra).output() {
-            Ok(out) => check_output("start", &state, out),
-            Err(source) => Err(ApiServerError::Spawn { script: SCRIPT, command: "start", source }),
-        };
-        let out = match out {
+        let out = match PAIR.run("start", &state, extra) {
             Ok(out) => out,
             Err(e) => {
                 let _ = run_script_blocking("stop", &state);
-                return Err(e);
+                return Err(e.into());
             }
         };
         Self::from_start_output(state, &out)
@@ -222,7 +173,7 @@ impl ApiServer {
         if let Some(path) = std::env::var_os(REUSE_ENV) {
             return Ok(Self { kubeconfig: PathBuf::from(path), owned_state: None });
         }
-        let state = fresh_state_dir();
+        let state = PAIR.fresh_state_dir();
         let out = run_script_blocking("start", &state)?;
         Self::from_start_output(state, &out)
     }
@@ -329,56 +280,10 @@ pub fn processes_of(state_dir: &Path) -> Vec<(u32, String)> {
     found
 }
 
-fn effective_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    // "Uid:\treal\teffective\tsaved\tfs"
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
-
-fn fresh_state_dir() -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("egret-apiserver-{}-{n}", std::process::id()))
-}
-
-/// The script's environment: which state directory, and who owns it (the watcher stops
-/// the pair when this process is gone).
-fn script_env(state: &Path) -> [(&'static str, OsString); 2] {
-    let owner = std::process::id().to_string().into();
-    [("EGRET_APISERVER_STATE", state.as_os_str().to_owned()), ("EGRET_APISERVER_OWNER_PID", owner)]
-}
-
-fn check_output(command: &'static str, state: &Path, out: Output) -> Result<Output> {
-    if out.status.success() {
-        // The script's progress (ports, time to ready) belongs in the test's log.
-        eprint!("{}", String::from_utf8_lossy(&out.stderr));
-        return Ok(out);
-    }
-    Err(ApiServerError::Script {
-        script: SCRIPT,
-        command,
-        state: state.to_owned(),
-        status: out.status,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
-}
-
 fn run_script_blocking(command: &'static str, state: &Path) -> Result<Output> {
-    let out = Command::new(SCRIPT)
-        .arg(command)
-        .envs(script_env(state))
-        .output()
-        .map_err(|source| ApiServerError::Spawn { script: SCRIPT, command, source })?;
-    check_output(command, state, out)
+    Ok(PAIR.run(command, state, std::iter::empty::<(&str, &str)>())?)
 }
 
 async fn run_script(command: &'static str, state: &Path) -> Result<Output> {
-    let out = tokio::process::Command::new(SCRIPT)
-        .arg(command)
-        .envs(script_env(state))
-        .output()
-        .await
-        .map_err(|source| ApiServerError::Spawn { script: SCRIPT, command, source })?;
-    check_output(command, state, out)
+    Ok(PAIR.run_async(command, state).await?)
 }

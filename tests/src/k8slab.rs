@@ -36,16 +36,18 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::cluster_net::ClusterNet;
 use crate::error::{LabError, Result};
 use crate::frames::{self, Arp, RawLink};
 use crate::lab::{remove_stale_test_labs, TEST_PREFIX};
 use crate::netns::NetNs;
 use crate::plan;
 use crate::server::Server;
+use crate::sysctl;
 
 /// The shared segment's prefix (nodes' link = upstream link).
 pub const LAN_PREFIX: u8 = 24;
@@ -178,23 +180,12 @@ pub struct K8sLab {
     pods: BTreeMap<KPod, NetNs>,
     node: NetNs,
     gws: BTreeMap<Gw, NetNs>,
-    lan: NetNs,
-    up: NetNs,
-    srv: NetNs,
-    control: NetNs,
-    dir: PathBuf,
+    net: ClusterNet,
 }
 
 /// `aa:bb:...` for `ip`.
 pub(crate) fn mac(m: [u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
-
-/// `sysctl -w` each of `kv` in `ns`.
-pub(crate) fn sysctls(ns: &NetNs, kv: &[&str]) -> Result<()> {
-    let mut argv = vec!["sysctl", "-q", "-w"];
-    argv.extend_from_slice(kv);
-    ns.exec(&argv).map(|_| ())
 }
 
 /// The upstream router (`up`, whose `lan0` is already on the segment) and
@@ -253,56 +244,24 @@ impl K8sLab {
         for &g in gateways {
             gws.insert(g, ns(g.role())?);
         }
-        let lan = ns("lan")?;
-        let up = ns("up")?;
-        let srv = ns("srv")?;
-        let control = ns("control")?;
-        let dir = std::env::temp_dir().join(format!("egret-k8slab-{prefix}"));
-        std::fs::create_dir_all(&dir).map_err(|e| LabError::io(format!("create {}", dir.display()), e))?;
-        let mut lab = Self { server: None, prefix: prefix.to_string(), pods, node, gws, lan, up, srv, control, dir };
+        let net = ClusterNet::create(prefix, "k8slab")?;
+        let mut lab = Self { server: None, prefix: prefix.to_string(), pods, node, gws, net };
         lab.wire()?;
         lab.resolve_gateway_neighbors()?;
-        lab.server = Some(Server::start(&lab.srv, None)?);
+        lab.server = Some(Server::start(&lab.net.srv, None)?);
         Ok(lab)
     }
 
     fn wire(&self) -> Result<()> {
-        let common = ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"];
-        let router = [
-            "net.ipv4.ip_forward=1",
-            "net.ipv4.conf.all.rp_filter=0",
-            "net.ipv4.conf.default.rp_filter=0",
-            // One-arm: forwarding out of the interface a packet came in on.
-            "net.ipv4.conf.all.send_redirects=0",
-            "net.ipv4.conf.default.send_redirects=0",
-        ];
         for ns in self.pods.values() {
-            sysctls(ns, &[&common[..], &["net.ipv4.ping_group_range=0 2147483647"]].concat())?;
+            sysctl::set(ns, &[&sysctl::COMMON, &sysctl::POD])?;
         }
         // The gateways' kernels forward too (as a gateway node's does): that is
         // what makes the fail-closed rules matter when a daemon dies.
-        for ns in self.gws.values().chain([&self.node, &self.up]) {
-            sysctls(ns, &[&common[..], &router[..]].concat())?;
+        for ns in self.gws.values().chain([&self.node]) {
+            sysctl::set(ns, &[&sysctl::COMMON, &sysctl::ROUTER])?;
         }
-        for ns in [&self.lan, &self.srv, &self.control] {
-            sysctls(ns, &common)?;
-        }
-
-        // The segment and the management bridge.
-        self.lan.ip_batch(&["link add lan type bridge mcast_snooping 0".into(), "link set dev lan up".into()])?;
-        self.control.ip_batch(&[
-            "link add mgmt type bridge mcast_snooping 0".into(),
-            format!("addr add {CONTROL}/24 dev mgmt"),
-            "link set dev mgmt up".into(),
-        ])?;
-        let lan_port = |ns: &NetNs, port: &str, m: [u8; 6]| -> Result<()> {
-            ns.ip_batch(&[format!(
-                "link add lan0 address {} type veth peer name {port} netns {}",
-                mac(m),
-                self.lan.name()
-            )])?;
-            self.lan.ip_batch(&[format!("link set dev {port} master lan"), format!("link set dev {port} up")])
-        };
+        self.net.wire_bridges(&[&sysctl::ROUTER])?;
 
         // Node router.
         let mut node = vec!["link add pods type bridge mcast_snooping 0".to_string(), "link set dev pods up".into()];
@@ -314,7 +273,7 @@ impl K8sLab {
             node.push(format!("link set dev {dev} up"));
         }
         self.node.ip_batch(&node)?;
-        lan_port(&self.node, "p-node", NODE_MAC)?;
+        self.net.lan_port(&self.node, "p-node", Some(NODE_MAC))?;
         self.node.ip_batch(&[
             format!("addr add {NODE}/{LAN_PREFIX} dev lan0"),
             "link set dev lan0 up".into(),
@@ -330,27 +289,21 @@ impl K8sLab {
 
         // Gateways: lan0 on the segment, mgmt to the control namespace.
         for (g, ns) in &self.gws {
-            lan_port(ns, &format!("p-{}", g.role()), g.mac())?;
-            ns.ip_batch(&[format!("link add mgmt type veth peer name m-{} netns {}", g.role(), self.control.name())])?;
-            self.control.ip_batch(&[
-                format!("link set dev m-{} master mgmt", g.role()),
-                format!("link set dev m-{} up", g.role()),
-            ])?;
+            self.net.lan_port(ns, &format!("p-{}", g.role()), Some(g.mac()))?;
+            self.net.mgmt_port(ns, &format!("m-{}", g.role()), g.mgmt_addr())?;
             ns.ip_batch(&[
                 format!("addr add {}/{LAN_PREFIX} dev lan0", g.lan_addr()),
-                format!("addr add {}/24 dev mgmt", g.mgmt_addr()),
                 "link set dev lan0 up".into(),
-                "link set dev mgmt up".into(),
                 format!("route add default via {UPSTREAM}"),
                 format!("route add {POD_CIDR} via {NODE}"),
             ])?;
         }
 
         // Upstream router and server.
-        lan_port(&self.up, "p-up", plan::UP_MAC)?;
+        self.net.lan_port(&self.net.up, "p-up", Some(plan::UP_MAC))?;
         wire_upstream_and_server(
-            &self.up,
-            &self.srv,
+            &self.net.up,
+            &self.net.srv,
             &[
                 format!("addr add {UPSTREAM}/{LAN_PREFIX} dev lan0"),
                 // Replies to unselected pods (translated ones go to the egress IP, on-link).
@@ -385,7 +338,7 @@ impl K8sLab {
 
     /// The lab's directory (gateway configs, kubeconfigs, logs).
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.net.dir
     }
 
     /// A pod's namespace.
@@ -412,23 +365,23 @@ impl K8sLab {
     /// The segment's namespace (its bridge `lan`, a port `p-<role>` per
     /// gateway).
     pub fn lan(&self) -> &NetNs {
-        &self.lan
+        &self.net.lan
     }
 
     /// The upstream router's namespace (capture its `lan0`).
     pub fn upstream(&self) -> &NetNs {
-        &self.up
+        &self.net.up
     }
 
     /// The external server's namespace (`srv`: every address of
     /// [`plan::server_addrs`]).
     pub fn server_ns(&self) -> &NetNs {
-        &self.srv
+        &self.net.srv
     }
 
     /// The control namespace (etcd, the API server).
     pub fn control(&self) -> &NetNs {
-        &self.control
+        &self.net.control
     }
 
     /// The external server.
@@ -506,7 +459,7 @@ pub fn resolve_neighbors(namespaces: &[&NetNs], hops: &[IpAddr]) -> Result<()> {
 impl Drop for K8sLab {
     fn drop(&mut self) {
         self.server.take();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.net.dir);
         // The namespaces' guards (fields) end their processes and delete them.
     }
 }

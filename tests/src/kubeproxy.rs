@@ -83,9 +83,10 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
 
-use crate::apiserver::{Unavailable, REQUIRE_ENV};
+use crate::apiserver::REQUIRE_ENV;
 use crate::error::LabError;
 use crate::netns::{self, NetNs};
+use crate::requirement::{Requirement, Unavailable};
 
 /// Set to a path: the kube-proxy binary to run instead of the cached build.
 pub const BINARY_ENV: &str = "EGRET_KUBE_PROXY";
@@ -160,21 +161,15 @@ pub fn availability() -> std::result::Result<(), Unavailable> {
 
 /// `Ok(true)` when the test may go on, `Ok(false)` (after saying why on
 /// stderr) when it should return as skipped, `Err` when
-/// `EGRET_REQUIRE_APISERVER=1` and kube-proxy cannot run: the API-server
-/// harness's rule ([`crate::apiserver::ApiServer::available_or_skip`]).
+/// `EGRET_REQUIRE_APISERVER=1` and kube-proxy cannot run (it is built with
+/// the API server: [`crate::requirement`]'s rule).
 pub fn available_or_skip(test: &str) -> std::result::Result<bool, Unavailable> {
-    match availability() {
-        Ok(()) => Ok(true),
-        Err(why) if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") => {
-            Err(Unavailable(format!("{test}: {REQUIRE_ENV}=1 but kube-proxy cannot run: {why}")))
-        }
-        Err(why) => {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
-            Ok(false)
-        }
-    }
+    NEEDS.available_or_skip(test, availability())
 }
+
+/// What the kube-proxy tests need: the API server's variable, as one
+/// build makes both.
+pub const NEEDS: Requirement = Requirement { what: "kube-proxy", require_env: REQUIRE_ENV };
 
 /// How one kube-proxy runs.
 #[derive(Clone, Debug)]

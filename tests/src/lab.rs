@@ -31,6 +31,7 @@ use crate::error::{LabError, Result};
 use crate::netns::{self, NetNs};
 use crate::plan::{self, Pod};
 use crate::server::Server;
+use crate::sysctl;
 
 /// How the gateway is cabled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,7 +157,8 @@ impl Lab {
 
     fn wire(&self) -> Result<()> {
         // Sysctls first: `default.*` applies to interfaces created afterwards.
-        let common = ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"];
+        // Forwarding without the reverse-path filter (redirects stay on,
+        // but for the gateway's: below).
         let router = [
             "net.ipv4.ip_forward=1",
             "net.ipv6.conf.all.forwarding=1",
@@ -164,17 +166,17 @@ impl Lab {
             "net.ipv4.conf.default.rp_filter=0",
         ];
         for ns in self.pods.values() {
-            set_sysctls(ns, &[&common[..], &["net.ipv4.ping_group_range=0 2147483647"]].concat())?;
+            sysctl::set(ns, &[&sysctl::COMMON, &sysctl::POD])?;
         }
         for ns in [&self.node, &self.gw, &self.up] {
-            set_sysctls(ns, &[&common[..], &router[..]].concat())?;
+            sysctl::set(ns, &[&sysctl::COMMON, &router])?;
         }
         // A one-arm gateway forwards the unselected pods' traffic out of the
         // interface it came in on: no ICMP redirects for that.
-        set_sysctls(&self.gw, &["net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0"])?;
-        set_sysctls(&self.srv, &common)?;
+        sysctl::set(&self.gw, &[&["net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0"]])?;
+        sysctl::set(&self.srv, &[&sysctl::COMMON])?;
         if let Some(lan) = &self.lan {
-            set_sysctls(lan, &common)?;
+            sysctl::set(lan, &[&sysctl::COMMON])?;
         }
 
         // Node router: the pod bridge and one veth per pod.
@@ -502,12 +504,6 @@ impl Lab {
             _ => pod.addr(),
         }
     }
-}
-
-fn set_sysctls(ns: &NetNs, kv: &[&str]) -> Result<()> {
-    let mut argv = vec!["sysctl", "-q", "-w"];
-    argv.extend_from_slice(kv);
-    ns.exec(&argv).map(|_| ())
 }
 
 impl Drop for Lab {

@@ -38,6 +38,7 @@
 pub mod apiserver;
 pub mod capture;
 pub mod client;
+pub mod cluster_net;
 pub mod cni;
 pub mod error;
 pub mod faultproxy;
@@ -55,8 +56,11 @@ pub mod nodelab;
 pub mod plan;
 pub mod probe;
 pub mod prometheus;
+pub mod requirement;
+pub mod script;
 pub mod server;
 pub mod sys;
+pub mod sysctl;
 pub mod tools;
 
 pub use error::{LabError, Result};

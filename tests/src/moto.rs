@@ -15,19 +15,30 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 
-use crate::apiserver::Unavailable;
+use crate::requirement::{self, Requirement, Unavailable};
+use crate::script::{Script, ScriptError};
 
 /// Path of the script that runs the server.
 pub const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/moto/moto.sh");
 
+/// The script and its protocol ([`crate::script`]).
+const SERVER: Script = Script {
+    path: SCRIPT,
+    state_env: "EGRET_MOTO_STATE",
+    owner_env: "EGRET_MOTO_OWNER_PID",
+    state_prefix: "egret-moto",
+};
+
 /// Set to `1`: moto missing fails the test instead of skipping it (CI sets it).
 pub const REQUIRE_ENV: &str = "EGRET_REQUIRE_MOTO";
+
+/// What the moto tests need ([`crate::requirement`]'s rule).
+pub const NEEDS: Requirement = Requirement { what: "moto", require_env: REQUIRE_ENV };
 
 /// The region the tests' resources live in.
 pub const REGION: &str = "us-east-1";
@@ -41,16 +52,9 @@ pub const OTHER_SUBNET_CIDR: &str = "198.18.2.0/24";
 /// What went wrong while running moto or talking to it.
 #[derive(Debug, thiserror::Error)]
 pub enum MotoError {
-    /// The script could not be run at all.
-    #[error("cannot run {SCRIPT} {command}: {source}")]
-    Spawn {
-        command: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The script ran and failed; `stderr` holds its explanation.
-    #[error("{SCRIPT} {command} (state {state}) exited with {status}:\n{stderr}")]
-    Script { command: &'static str, state: PathBuf, status: std::process::ExitStatus, stderr: String },
+    /// The script could not be run, or failed.
+    #[error(transparent)]
+    Script(#[from] ScriptError),
     /// `start` succeeded but printed no endpoint.
     #[error("{SCRIPT} start printed no endpoint URL (stdout {stdout:?})")]
     NoEndpoint { stdout: String },
@@ -76,28 +80,14 @@ pub struct Moto {
 impl Moto {
     /// Whether moto is installed (`moto.sh check`).
     pub fn availability() -> std::result::Result<(), Unavailable> {
-        match Command::new(SCRIPT).arg("check").output() {
-            Ok(out) if out.status.success() => Ok(()),
-            Ok(out) => Err(Unavailable(String::from_utf8_lossy(&out.stderr).trim().to_owned())),
-            Err(e) => Err(Unavailable(format!("cannot run {SCRIPT} check: {e}"))),
-        }
+        requirement::script_check(SCRIPT)
     }
 
     /// `Ok(true)` when the test may go on, `Ok(false)` (after printing why)
     /// when it should return early as skipped, `Err` when [`REQUIRE_ENV`] is
     /// `1` and moto is not installed.
     pub fn available_or_skip(test: &str) -> std::result::Result<bool, Unavailable> {
-        match Self::availability() {
-            Ok(()) => Ok(true),
-            Err(why) if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") => {
-                Err(Unavailable(format!("{test}: {REQUIRE_ENV}=1 but moto cannot run: {why}")))
-            }
-            Err(why) => {
-                use std::io::Write;
-                let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
-                Ok(false)
-            }
-        }
+        NEEDS.available_or_skip(test, Self::availability())
     }
 
     /// Starts a fresh server on a free port of 127.0.0.1 and waits until it
@@ -121,7 +111,7 @@ impl Moto {
     }
 
     fn start_with(env: &[(&str, String)]) -> Result<Self> {
-        let state = fresh_state_dir();
+        let state = SERVER.fresh_state_dir();
         let out = match run_script_with("start", &state, env) {
             Ok(out) => out,
             Err(e) => {
@@ -324,34 +314,12 @@ fn http_client() -> aws_sdk_ec2::config::SharedHttpClient {
         .build_https()
 }
 
-fn fresh_state_dir() -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("egret-moto-{}-{n}", std::process::id()))
-}
-
 fn run_script(command: &'static str, state: &Path) -> Result<Output> {
     run_script_with(command, state, &[])
 }
 
 fn run_script_with(command: &'static str, state: &Path, env: &[(&str, String)]) -> Result<Output> {
-    let out = Command::new(SCRIPT)
-        .arg(command)
-        .envs(env.iter().map(|(k, v)| (*k, v)))
-        .env("EGRET_MOTO_STATE", state)
-        .env("EGRET_MOTO_OWNER_PID", std::process::id().to_string())
-        .output()
-        .map_err(|source| MotoError::Spawn { command, source })?;
-    if out.status.success() {
-        eprint!("{}", String::from_utf8_lossy(&out.stderr));
-        return Ok(out);
-    }
-    Err(MotoError::Script {
-        command,
-        state: state.to_owned(),
-        status: out.status,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
+    Ok(SERVER.run(command, state, env.iter().map(|(k, v)| (*k, v)))?)
 }
 
 // ------------------------------------------------------------- seeding ---

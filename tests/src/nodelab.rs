@@ -43,14 +43,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::cluster_net::ClusterNet;
 use crate::cni;
 use crate::error::{LabError, Result};
 use crate::gateway::egret_binary;
-use crate::k8slab::{mac, resolve_neighbors, sysctls, wire_upstream_and_server};
+use crate::k8slab::{mac, resolve_neighbors, wire_upstream_and_server};
 use crate::lab::{remove_stale_test_labs, TEST_PREFIX};
 use crate::netns::{self, NetNs};
 use crate::plan;
 use crate::server::Server;
+use crate::sysctl;
 
 /// The upstream router on the segment.
 pub const UPSTREAM: Ipv4Addr = plan::UPSTREAM;
@@ -351,11 +353,7 @@ pub struct NodeLab {
     pods: BTreeMap<String, (LabPod, NetNs)>,
     workers: BTreeMap<Worker, NetNs>,
     gws: BTreeMap<NodeGw, NetNs>,
-    lan: NetNs,
-    up: NetNs,
-    srv: NetNs,
-    control: NetNs,
-    dir: PathBuf,
+    net: ClusterNet,
     backend: Backend,
     plugins: Option<Plugins>,
 }
@@ -367,15 +365,8 @@ fn iptables(ns: &NetNs, program: &str, rule: &str) -> Result<()> {
     netns::run(&mut cmd).map(|_| ())
 }
 
-const COMMON: [&str; 2] = ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"];
-const ROUTER: [&str; 6] = [
-    "net.ipv4.ip_forward=1",
-    "net.ipv6.conf.all.forwarding=1",
-    "net.ipv4.conf.all.rp_filter=0",
-    "net.ipv4.conf.default.rp_filter=0",
-    "net.ipv4.conf.all.send_redirects=0",
-    "net.ipv4.conf.default.send_redirects=0",
-];
+/// A router's sysctls here: IPv6 forwarding too (this lab is dual-stack).
+const ROUTER: [&[&str]; 2] = [&sysctl::ROUTER, &sysctl::FORWARD6];
 
 impl NodeLab {
     /// A unique namespace prefix: `eglab<pid>xn<n>`.
@@ -416,23 +407,14 @@ impl NodeLab {
         for g in NodeGw::ALL {
             gws.insert(g, ns(&format!("g{}", g.n()))?);
         }
-        let lan = ns("lan")?;
-        let up = ns("up")?;
-        let srv = ns("srv")?;
-        let control = ns("control")?;
-        let dir = std::env::temp_dir().join(format!("egret-nodelab-{prefix}"));
-        std::fs::create_dir_all(&dir).map_err(|e| LabError::io(format!("create {}", dir.display()), e))?;
+        let net = ClusterNet::create(prefix, "nodelab")?;
         let mut lab = Self {
             server: None,
             prefix: prefix.to_string(),
             pods: BTreeMap::new(),
             workers,
             gws,
-            lan,
-            up,
-            srv,
-            control,
-            dir,
+            net,
             backend,
             plugins: None,
         };
@@ -464,38 +446,18 @@ impl NodeLab {
             [UPSTREAM].into_iter().chain(Worker::ALL.map(Worker::lan_addr)).map(IpAddr::V4).collect();
         hops.extend([UPSTREAM6].into_iter().chain(Worker::ALL.map(Worker::lan_addr6)).map(IpAddr::V6));
         resolve_neighbors(&gws, &hops)?;
-        lab.server = Some(Server::start(&lab.srv, None)?);
+        lab.server = Some(Server::start(&lab.net.srv, None)?);
         Ok(lab)
     }
 
-    fn lan_port(&self, ns: &NetNs, port: &str, m: Option<[u8; 6]>) -> Result<()> {
-        let addr = m.map(|m| format!("address {} ", mac(m))).unwrap_or_default();
-        ns.ip_batch(&[format!("link add lan0 {addr}type veth peer name {port} netns {}", self.lan.name())])?;
-        self.lan.ip_batch(&[format!("link set dev {port} master lan"), format!("link set dev {port} up")])
-    }
-
-    fn mgmt_port(&self, ns: &NetNs, port: &str, addr: Ipv4Addr) -> Result<()> {
-        ns.ip_batch(&[format!("link add mgmt type veth peer name {port} netns {}", self.control.name())])?;
-        self.control.ip_batch(&[format!("link set dev {port} master mgmt"), format!("link set dev {port} up")])?;
-        ns.ip_batch(&[format!("addr add {addr}/24 dev mgmt"), "link set dev mgmt up".into()])
-    }
-
     fn wire(&self) -> Result<()> {
-        for ns in self.workers.values().chain(self.gws.values()).chain([&self.up]) {
-            sysctls(ns, &[&COMMON[..], &ROUTER[..]].concat())?;
+        for ns in self.workers.values().chain(self.gws.values()) {
+            sysctl::set(ns, &[&[&sysctl::COMMON[..]], &ROUTER[..]].concat())?;
         }
-        for ns in [&self.lan, &self.srv, &self.control] {
-            sysctls(ns, &COMMON)?;
-        }
-        self.lan.ip_batch(&["link add lan type bridge mcast_snooping 0".into(), "link set dev lan up".into()])?;
-        self.control.ip_batch(&[
-            "link add mgmt type bridge mcast_snooping 0".into(),
-            format!("addr add {CONTROL}/24 dev mgmt"),
-            "link set dev mgmt up".into(),
-        ])?;
+        self.net.wire_bridges(&ROUTER)?;
         for (w, ns) in &self.workers {
-            self.lan_port(ns, &format!("p-{}", w.node_name()), None)?;
-            self.mgmt_port(ns, &format!("m-{}", w.node_name()), w.mgmt_addr())?;
+            self.net.lan_port(ns, &format!("p-{}", w.node_name()), None)?;
+            self.net.mgmt_port(ns, &format!("m-{}", w.node_name()), w.mgmt_addr())?;
             // The CNI variant's worker: its bridge is the bridge plugin's.
             if !self.by_plugins(*w) {
                 ns.ip_batch(&[
@@ -519,8 +481,8 @@ impl NodeLab {
             }
         }
         for (g, ns) in &self.gws {
-            self.lan_port(ns, &format!("p-g{}", g.n()), Some(g.mac()))?;
-            self.mgmt_port(ns, &format!("m-g{}", g.n()), g.mgmt_addr())?;
+            self.net.lan_port(ns, &format!("p-g{}", g.n()), Some(g.mac()))?;
+            self.net.mgmt_port(ns, &format!("m-g{}", g.n()), g.mgmt_addr())?;
             let mut cmds = vec![
                 format!("addr add {}/24 dev lan0", g.lan_addr()),
                 format!("addr add {}/64 dev lan0 nodad", g.lan_addr6()),
@@ -536,10 +498,10 @@ impl NodeLab {
             }
             ns.ip_batch(&cmds)?;
         }
-        self.lan_port(&self.up, "p-up", Some(plan::UP_MAC))?;
+        self.net.lan_port(&self.net.up, "p-up", Some(plan::UP_MAC))?;
         wire_upstream_and_server(
-            &self.up,
-            &self.srv,
+            &self.net.up,
+            &self.net.srv,
             &[format!("addr add {UPSTREAM}/24 dev lan0"), format!("addr add {UPSTREAM6}/64 dev lan0 nodad")],
         )
     }
@@ -590,7 +552,7 @@ impl NodeLab {
     fn add_pod(&mut self, worker: Worker, name: &str, addr: Ipv4Addr) -> Result<()> {
         let host = addr.octets()[3];
         let ns = NetNs::create(&format!("{}-{name}", self.prefix))?;
-        sysctls(&ns, &[&COMMON[..], &["net.ipv4.ping_group_range=0 2147483647"]].concat())?;
+        sysctl::set(&ns, &[&sysctl::COMMON, &sysctl::POD])?;
         let w = &self.workers[&worker];
         let dev = format!("v{}", self.pods.len());
         w.ip_batch(&[
@@ -700,7 +662,7 @@ impl NodeLab {
     /// runtime reads it, `<dir>/cni/net.d/10-egret-lab.conflist`), checked
     /// with each plugin's `VERSION`.
     fn plugin_network(&self, worker: Worker) -> Result<Plugins> {
-        let cni_dir = self.dir.join("cni");
+        let cni_dir = self.net.dir.join("cni");
         let conf_dir = cni_dir.join("net.d");
         std::fs::create_dir_all(&conf_dir).map_err(|e| LabError::io(format!("create {}", conf_dir.display()), e))?;
         let text = cni::lab_conflist(
@@ -722,7 +684,7 @@ impl NodeLab {
     /// `hostPort`s; the pod's address is the one host-local handed out.
     fn add_plugin_pod(&mut self, worker: Worker, name: &str, ports: &[cni::PortMapping]) -> Result<()> {
         let ns = NetNs::create(&format!("{}-{name}", self.prefix))?;
-        sysctls(&ns, &[&COMMON[..], &["net.ipv4.ping_group_range=0 2147483647"]].concat())?;
+        sysctl::set(&ns, &[&sysctl::COMMON, &sysctl::POD])?;
         let Some(plugins) = self.plugins.as_mut() else {
             return Err(LabError::Gateway(format!("{name}: the lab has no CNI network")));
         };
@@ -750,7 +712,7 @@ impl NodeLab {
 
     /// The external server's namespace (a client outside the cluster).
     pub fn server_ns(&self) -> &NetNs {
-        &self.srv
+        &self.net.srv
     }
 
     /// Starts `egret node` in `worker`'s namespace with `extra` flags (the
@@ -759,8 +721,8 @@ impl NodeLab {
     pub fn start_agent(&self, worker: Worker, kubeconfig: &Path, extra: &[&str]) -> Result<Agent> {
         let bin = egret_binary()?;
         let name = worker.node_name();
-        let status_file = self.dir.join(format!("{name}-node.json"));
-        let log = self.dir.join(format!("{name}-node.log"));
+        let status_file = self.net.dir.join(format!("{name}-node.json"));
+        let log = self.net.dir.join(format!("{name}-node.log"));
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.workers[&worker].name()])
             .arg(&bin)
@@ -825,7 +787,7 @@ impl NodeLab {
 
     /// The lab's directory.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.net.dir
     }
 
     /// A pod's namespace by name.
@@ -850,12 +812,12 @@ impl NodeLab {
 
     /// The upstream router's namespace.
     pub fn upstream(&self) -> &NetNs {
-        &self.up
+        &self.net.up
     }
 
     /// The control namespace.
     pub fn control(&self) -> &NetNs {
-        &self.control
+        &self.net.control
     }
 
     /// The external server.
@@ -877,6 +839,6 @@ impl NodeLab {
 impl Drop for NodeLab {
     fn drop(&mut self) {
         self.server.take();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.net.dir);
     }
 }

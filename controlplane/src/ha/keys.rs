@@ -1,4 +1,4 @@
-//! The channel's keys and their rotation (issue 28 §3, ADR 0028): which key
+//! The channel's keys and their rotation (issue 28 §3, ADR 0029): which key
 //! this gateway proves with, which others it also accepts while a new one
 //! rolls out, and the task that re-reads them when their files change.
 //!

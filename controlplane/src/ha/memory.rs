@@ -128,11 +128,12 @@ mod tests {
         } else if v2.exists() {
             PathBuf::from(format!("/sys/fs/cgroup/egret-shadow-test-{}", std::process::id()))
         } else {
-            eprintln!("skipped: no memory cgroup hierarchy");
+            crate::test_support::skip("a_real_memory_limit_bounds_the_shadows", "no memory cgroup hierarchy");
             return;
         };
-        if std::fs::create_dir(&dir).is_err() {
-            eprintln!("skipped: cannot create {} (not root?)", dir.display());
+        if let Err(e) = std::fs::create_dir(&dir) {
+            let why = format!("cannot create {} ({e}; not root?)", dir.display());
+            crate::test_support::skip("a_real_memory_limit_bounds_the_shadows", &why);
             return;
         }
         struct Rm(PathBuf);
