@@ -44,9 +44,14 @@ impl Requirement {
     /// naming the test, the variable and the reason when the variable is
     /// `1`.
     pub fn available_or_skip(&self, test: &str, availability: Result<(), Unavailable>) -> Result<bool, Unavailable> {
+        self.decide(test, availability, std::env::var(self.require_env).as_deref() == Ok("1"))
+    }
+
+    /// [`Requirement::available_or_skip`] with the variable already read.
+    fn decide(&self, test: &str, availability: Result<(), Unavailable>, required: bool) -> Result<bool, Unavailable> {
         match availability {
             Ok(()) => Ok(true),
-            Err(why) if self.required() => {
+            Err(why) if required => {
                 Err(Unavailable(format!("{test}: {}=1 but {} cannot run: {why}", self.require_env, self.what)))
             }
             Err(why) => {
@@ -54,10 +59,6 @@ impl Requirement {
                 Ok(false)
             }
         }
-    }
-
-    fn required(&self) -> bool {
-        std::env::var(self.require_env).as_deref() == Ok("1")
     }
 }
 
@@ -98,12 +99,11 @@ mod tests {
     fn available_goes_on_and_unavailable_skips_unless_required() {
         assert_eq!(NEEDS.available_or_skip("t", Ok(())), Ok(true));
         assert_eq!(NEEDS.available_or_skip("t", Err(Unavailable("gone".into()))), Ok(false));
-        // A variable that is "1" (this test's own: no other test reads it).
-        std::env::set_var("EGRET_REQUIRE_NOTHING_REAL_1", "1");
-        let strict = Requirement { require_env: "EGRET_REQUIRE_NOTHING_REAL_1", ..NEEDS };
+        // Required (the variable read as "1"; no set_var while other tests run).
+        assert_eq!(NEEDS.decide("t", Ok(()), true), Ok(true));
         assert_eq!(
-            strict.available_or_skip("t", Err(Unavailable("gone".into()))),
-            Err(Unavailable("t: EGRET_REQUIRE_NOTHING_REAL_1=1 but the thing cannot run: gone".into()))
+            NEEDS.decide("t", Err(Unavailable("gone".into())), true),
+            Err(Unavailable("t: EGRET_REQUIRE_NOTHING_REAL_0=1 but the thing cannot run: gone".into()))
         );
     }
 
