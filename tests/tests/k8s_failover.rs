@@ -187,11 +187,11 @@ async fn scenario(server: &ApiServer) {
     let mut gw2b = Gateway::start(server.client().await.expect("client"), "gw-2", "egret-system");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let client = server.client().await.expect("client");
-    let mut renewed_before_stop = Vec::new();
+    let mut lapse_before_stop = Vec::new();
     for ip in &ips {
-        let spec = lease_spec(&client, *ip).await.expect("a Lease for every IP");
-        assert_eq!(spec.holder_identity.as_deref(), Some("gw-1"), "{ip}: gw-1 holds it before the stop");
-        renewed_before_stop.push(spec.renew_time.expect("renewTime").0.as_millisecond());
+        let lapse = holder_lapse(&client, *ip).await.expect("a Lease for every IP, and its holder's");
+        assert_eq!(lapse.holder, "gw-1", "{ip}: gw-1 holds it before the stop");
+        lapse_before_stop.push(lapse);
     }
     let t_stop = Instant::now();
     gw1b.stop().await;
@@ -203,19 +203,21 @@ async fn scenario(server: &ApiServer) {
     let worst_graceful =
         ips.iter().map(|ip| gw2b.sink.added_after(*ip, t_stop).expect("taken") - t_stop).max().unwrap();
     println!("graceful handover: every IP moved within {} ms of the stop", ms(worst_graceful));
-    // Released, not expired: gw-2 acquired each Lease before gw-1's last
-    // renewal (no earlier than the one read before the stop) could expire,
-    // which only a release allows. Proven from the Leases, not by a time
-    // bound; the time is asserted in the documented run only.
-    for (ip, renewed) in ips.iter().zip(&renewed_before_stop) {
+    // Released, not expired: gw-2 acquired each Lease before gw-1's claim
+    // (its last renewal seen before the stop, of the IP's Lease or, with
+    // liveness Leases, of gw-1's liveness Lease) could lapse, which only a
+    // release allows. Proven from the Leases, not by a time bound; the time
+    // is asserted in the documented run only.
+    for (ip, lapse) in ips.iter().zip(&lapse_before_stop) {
         let spec = lease_spec(&client, *ip).await.expect("a Lease for every IP");
         assert_eq!(spec.holder_identity.as_deref(), Some("gw-2"), "{ip}: gw-2 holds it after the stop");
         let acquired = spec.acquire_time.expect("acquireTime").0.as_millisecond();
-        let duration = i64::from(spec.lease_duration_seconds.expect("leaseDurationSeconds")) * 1000;
-        println!("graceful handover: gw-2 acquired {ip} {} ms after gw-1's last renewal seen", acquired - renewed);
+        let (renewed, duration) = (lapse.renewed_ms, lapse.duration_ms);
+        let whose = if lapse.liveness { "gw-1's liveness Lease" } else { "the IP's Lease" };
+        println!("graceful handover: gw-2 acquired {ip} {} ms after the last renewal seen of {whose}", acquired - renewed);
         assert!(
             acquired < renewed + duration,
-            "{ip}: acquired {} ms after gw-1's last renewal seen, not before its Lease could expire ({duration} ms): released Leases are taken at once",
+            "{ip}: acquired {} ms after the last renewal seen of {whose}, not before it could lapse ({duration} ms): released Leases are taken at once",
             acquired - renewed
         );
     }

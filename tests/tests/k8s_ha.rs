@@ -465,7 +465,7 @@ fn run_event(ctx: &mut Ctx, watch: &ArpWatch, event: &'static str) -> Row {
     let mut early = None;
     let recovered = match event {
         "sigkill" => {
-            let before = ctx.rt.block_on(lease_spec(&ctx.client, IpAddr::V4(EIP)));
+            let before = ctx.rt.block_on(holder_lapse(&ctx.client, IpAddr::V4(EIP)));
             let killed_at = k8s_openapi::jiff::Timestamp::now().as_millisecond();
             ctx.gws.get_mut(&holder).unwrap().kill().expect("SIGKILL the holder");
             let ok = wait_recovered(&load, t_event, Duration::from_secs(20));
@@ -682,26 +682,23 @@ fn wait_gateways(gws: &BTreeMap<Gw, Gateway>, what: &str, ok: impl Fn(&serde_jso
     }
 }
 
-/// Whether the Lease was taken over before the killed holder's could have
-/// expired: the new holder's acquireTime precedes the holder's last sign of
-/// life + leaseDuration. That sign is the record's renewTime read before
-/// the kill (the last renewal the killed process made is no earlier), or,
-/// when its renewals were not landing and failsafe promises kept it (a
-/// starved API server: its renewTime then lags by seconds), the last
-/// promise, given no earlier than two retry periods before the kill
-/// (rounds run every ¾ retryPeriod). A taker without a proof of death
-/// waits for both. None when either Lease could not be read or nobody
-/// took it.
-fn taken_early(
-    ctx: &Ctx,
-    killed: Gw,
-    before: Option<k8s_openapi::api::coordination::v1::LeaseSpec>,
-    killed_at_ms: i64,
-) -> Option<bool> {
+/// Whether the Lease was taken over before the killed holder's claim could
+/// have lapsed: the new holder's acquireTime precedes the holder's last
+/// sign of life + leaseDuration. That sign is the renewTime read before
+/// the kill (of the IP's Lease, or with liveness Leases of the holder's
+/// liveness Lease: `holder_lapse`; the last renewal the killed process made
+/// is no earlier), or, when its renewals were not landing and failsafe
+/// promises kept it (a starved API server: its renewTime then lags by
+/// seconds), the last promise, given no earlier than two retry periods
+/// before the kill (rounds run every ¾ retryPeriod). A taker without a
+/// proof of death waits for both. None when a Lease could not be read or
+/// nobody took it.
+fn taken_early(ctx: &Ctx, killed: Gw, before: Option<Lapse>, killed_at_ms: i64) -> Option<bool> {
     let before = before?;
-    let renewed = before.renew_time?.0.as_millisecond();
+    let renewed = before.renewed_ms;
     let promised = killed_at_ms - 2 * RETRY_PERIOD_MS;
-    let duration = i64::from(before.lease_duration_seconds?) * 1000;
+    let duration = before.duration_ms;
+    let whose = if before.liveness { "liveness Lease" } else { "Lease" };
     let deadline = Instant::now() + Duration::from_secs(20);
     let after = loop {
         let spec = ctx.rt.block_on(lease_spec(&ctx.client, IpAddr::V4(EIP)))?;
@@ -715,7 +712,7 @@ fn taken_early(
     };
     let acquired = after.acquire_time?.0.as_millisecond();
     println!(
-        "k8s-ha: sigkill: {} acquired {EIP} {} ms after {}'s last renewal seen, {} ms after the kill (its Lease would expire at +{} ms after the later of that renewal and two retry periods before the kill)",
+        "k8s-ha: sigkill: {} acquired {EIP} {} ms after {}'s last renewal seen ({whose}), {} ms after the kill (its {whose} would lapse at +{} ms after the later of that renewal and two retry periods before the kill)",
         after.holder_identity.as_deref().unwrap_or("?"),
         acquired - renewed,
         killed.node_name(),

@@ -840,6 +840,45 @@ pub async fn lease_spec(
     api.get(&egret_controlplane::k8s::lease::lease_name(ip)).await.ok().and_then(|l| l.spec)
 }
 
+/// What keeps a holder's claim on an IP alive, read before an event: the
+/// last renewal seen and the lease duration, in milliseconds. A take-over
+/// acquired before `renewed_ms + duration_ms` could not have waited for an
+/// expiry (the holder's last renewal is no earlier than the one seen), so
+/// it took a release or a proof of death.
+#[derive(Clone, Debug)]
+pub struct Lapse {
+    pub holder: String,
+    pub renewed_ms: i64,
+    pub duration_ms: i64,
+    /// Read from the holder's liveness Lease (the IP's record lasts for ever).
+    pub liveness: bool,
+}
+
+/// The [`Lapse`] of `ip`'s holder: the IP's own Lease under per-IP Leases;
+/// under liveness Leases, whose per-IP records carry
+/// `RECORD_DURATION_SECS` (i32::MAX), the holder's liveness Lease, since a
+/// comparison with the record's duration could never fail. None when a
+/// Lease cannot be read or names nobody.
+pub async fn holder_lapse(client: &kube::Client, ip: std::net::IpAddr) -> Option<Lapse> {
+    use egret_controlplane::k8s::liveness::{liveness_lease_name, RECORD_DURATION_SECS};
+    use k8s_openapi::api::coordination::v1::Lease;
+    let record = lease_spec(client, ip).await?;
+    let holder = record.holder_identity.clone().filter(|h| !h.is_empty())?;
+    let liveness = record.lease_duration_seconds == Some(RECORD_DURATION_SECS);
+    let spec = if liveness {
+        let api: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
+        api.get(&liveness_lease_name(&holder)).await.ok()?.spec?
+    } else {
+        record
+    };
+    Some(Lapse {
+        holder,
+        renewed_ms: spec.renew_time?.0.as_millisecond(),
+        duration_ms: i64::from(spec.lease_duration_seconds?) * 1000,
+        liveness,
+    })
+}
+
 /// 32 random bytes: a channel key.
 pub fn random_ha_key() -> [u8; 32] {
     use std::io::Read;
