@@ -1,5 +1,5 @@
 //! Named network namespaces (`ip netns`, `/run/netns/NAME`): the workspace's
-//! one `setns(2)` wrapper and, with feature `fixtures`, its one guard that
+//! one `setns(2)` (and `unshare(2)`) wrapper and, with feature `fixtures`, its one guard that
 //! creates namespaces and deletes them on drop.
 //!
 //! Interface indexes are per namespace, so a socket bound to an interface of
@@ -8,7 +8,8 @@
 //! affects only the calling thread; sockets it opens afterwards stay in the
 //! namespace for their whole life.
 //!
-//! - [`enter`], [`enter_path`], [`enter_named`]: move the calling thread;
+//! - [`enter`], [`enter_path`], [`enter_named`], [`enter_new`]: move the
+//!   calling thread;
 //! - [`run_in`]: run a closure on a scoped thread inside a namespace;
 //! - [`ifindex`]: an interface's index in the calling thread's namespace;
 //! - `NetnsGuard` (feature `fixtures`): namespaces created for a test or
@@ -45,6 +46,21 @@ pub fn enter(ns: impl AsFd) -> io::Result<()> {
 /// Enters the network namespace whose handle is the file at `path`.
 pub fn enter_path(path: &Path) -> io::Result<()> {
     enter(std::fs::File::open(path)?)
+}
+
+/// Moves the calling thread into a new network namespace of its own
+/// (`unshare(CLONE_NEWNET)`): unnamed, so nothing is left to delete; it
+/// ends with the last thread or descriptor in it. Commands the thread
+/// starts afterwards (`ip link add ...`) run inside it.
+#[allow(unsafe_code)]
+pub fn enter_new() -> io::Result<()> {
+    // SAFETY: unshare takes no pointers; CLONE_NEWNET affects the calling
+    // thread's network namespace only.
+    let ret = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Enters the namespace `ip netns` created as `name` (`/run/netns/<name>`).

@@ -63,26 +63,29 @@ impl Script {
         state: &Path,
         env: impl IntoIterator<Item = (K, V)>,
     ) -> Result<Output, ScriptError> {
-        let out = Command::new(self.path)
-            .arg(command)
-            .envs(env)
-            .env(self.state_env, state)
-            .env(self.owner_env, std::process::id().to_string())
-            .output()
-            .map_err(|source| ScriptError::Spawn { script: self.path, command, source })?;
+        let out = self.command(command, state).envs(env).output().map_err(|source| ScriptError::Spawn {
+            script: self.path,
+            command,
+            source,
+        })?;
         self.check(command, state, out)
     }
 
     /// [`Script::run`] without extra variables, on a tokio runtime.
     pub async fn run_async(&self, command: &'static str, state: &Path) -> Result<Output, ScriptError> {
-        let out = tokio::process::Command::new(self.path)
-            .arg(command)
-            .env(self.state_env, state)
-            .env(self.owner_env, std::process::id().to_string())
+        let out = tokio::process::Command::from(self.command(command, state))
             .output()
             .await
             .map_err(|source| ScriptError::Spawn { script: self.path, command, source })?;
         self.check(command, state, out)
+    }
+
+    /// `SCRIPT command` with the instance's state directory and this
+    /// process as its owner in the environment.
+    fn command(&self, command: &str, state: &Path) -> Command {
+        let mut c = Command::new(self.path);
+        c.arg(command).env(self.state_env, state).env(self.owner_env, std::process::id().to_string());
+        c
     }
 
     fn check(&self, command: &'static str, state: &Path, out: Output) -> Result<Output, ScriptError> {

@@ -214,7 +214,10 @@ async fn scenario(server: &ApiServer) {
         let acquired = spec.acquire_time.expect("acquireTime").0.as_millisecond();
         let (renewed, duration) = (lapse.renewed_ms, lapse.duration_ms);
         let whose = if lapse.liveness { "gw-1's liveness Lease" } else { "the IP's Lease" };
-        println!("graceful handover: gw-2 acquired {ip} {} ms after the last renewal seen of {whose}", acquired - renewed);
+        println!(
+            "graceful handover: gw-2 acquired {ip} {} ms after the last renewal seen of {whose}",
+            acquired - renewed
+        );
         assert!(
             acquired < renewed + duration,
             "{ip}: acquired {} ms after the last renewal seen of {whose}, not before it could lapse ({duration} ms): released Leases are taken at once",

@@ -2,7 +2,7 @@
 //! types alone, and the view of a pool the cloud side reads, so that
 //! `cloud/` needs nothing from `k8s::desired` (which uses both).
 
-use crate::k8s::crd::{reason, EgressIPPoolSpec, EgressIPPoolStatus, PoolCloudSpec};
+use crate::k8s::crd::{reason, Cause, EgressIPPoolSpec, EgressIPPoolStatus, PoolCloudSpec};
 use crate::k8s::pool::AddressSet;
 
 use super::PoolSelector;
@@ -20,38 +20,35 @@ pub trait PoolView {
 }
 
 /// A cloud pool's spec, checked: the provider's selector and the private
-/// range (empty: the whole subnet). The error is (reason, message), the
-/// message naming the field and its value.
-pub fn cloud_spec(
-    spec: &PoolCloudSpec,
-    addresses: &[String],
-) -> Result<(PoolSelector, AddressSet), (&'static str, String)> {
+/// range (empty: the whole subnet). The error's message names the field
+/// and its value.
+pub fn cloud_spec(spec: &PoolCloudSpec, addresses: &[String]) -> Result<(PoolSelector, AddressSet), Cause> {
     let Some(aws) = &spec.aws else {
-        return Err((reason::CLOUD_NOT_SUPPORTED, "spec.cloud: names no provider; set spec.cloud.aws".to_string()));
+        return Err(Cause::new(reason::CLOUD_NOT_SUPPORTED, "spec.cloud: names no provider; set spec.cloud.aws"));
     };
     if aws.tags.is_empty() {
-        return Err((
+        return Err(Cause::new(
             reason::INVALID_SPEC,
-            "spec.cloud.aws.tags: empty; name the tags that mark this pool's Elastic IPs (an empty set would take every Elastic IP of the account)".to_string(),
+            "spec.cloud.aws.tags: empty; name the tags that mark this pool's Elastic IPs (an empty set would take every Elastic IP of the account)",
         ));
     }
     if let Some((k, _)) = aws.tags.iter().find(|(k, _)| k.is_empty()) {
-        return Err((reason::INVALID_SPEC, format!("spec.cloud.aws.tags: the key {k:?} is empty")));
+        return Err(Cause::new(reason::INVALID_SPEC, format!("spec.cloud.aws.tags: the key {k:?} is empty")));
     }
     let subnet = aws.subnet_id.as_str();
     if !subnet.starts_with("subnet-")
         || subnet.len() <= "subnet-".len()
         || !subnet[7..].bytes().all(|b| b.is_ascii_hexdigit())
     {
-        return Err((
+        return Err(Cause::new(
             reason::INVALID_SPEC,
             format!("spec.cloud.aws.subnetId: {subnet:?} is not a subnet ID (subnet-0123abcd)"),
         ));
     }
-    let allowed =
-        AddressSet::parse("addresses", addresses).map_err(|e| (reason::INVALID_ADDRESS, format!("spec.{e}")))?;
+    let allowed = AddressSet::parse("addresses", addresses)
+        .map_err(|e| Cause::new(reason::INVALID_ADDRESS, format!("spec.{e}")))?;
     if allowed.families().1 {
-        return Err((
+        return Err(Cause::new(
             reason::INVALID_ADDRESS,
             "spec.addresses: IPv6 with spec.cloud.aws: Elastic IPs are IPv4; an IPv6 pool needs no cloud section"
                 .to_string(),

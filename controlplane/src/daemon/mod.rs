@@ -84,13 +84,15 @@ pub enum DaemonError {
         /// The name.
         name: String,
     },
-    /// A step of start-up failed.
-    #[error("{step}: {message}")]
+    /// A step of start-up failed. Its message shows the source's whole
+    /// chain (`{:#}`), as one log line; `source()` gives the error itself.
+    #[error("{step}: {source:#}")]
     Start {
         /// What was being done.
         step: String,
-        /// The error.
-        message: String,
+        /// What failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
     /// The Kubernetes control plane ended without being asked to (a panic,
     /// or an error); its addresses were fenced before the gateway stopped.
@@ -98,9 +100,11 @@ pub enum DaemonError {
     ControlPlaneDied(String),
 }
 
-fn start_err(step: impl Into<String>) -> impl FnOnce(String) -> DaemonError {
+fn start_err<E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>>(
+    step: impl Into<String>,
+) -> impl FnOnce(E) -> DaemonError {
     let step = step.into();
-    move |message| DaemonError::Start { step, message }
+    move |source| DaemonError::Start { step, source: source.into() }
 }
 
 /// One driven interface.
@@ -297,10 +301,7 @@ pub fn run_gateway_with(path: &Path, metrics_listen: Option<SocketAddr>) -> Resu
     for w in &cfg.warnings {
         tracing::warn!(warning = %w, "configuration");
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| DaemonError::Start { step: "tokio runtime".into(), message: e.to_string() })?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(start_err("tokio runtime"))?;
     rt.block_on(run(path.to_path_buf(), cfg, metrics_listen))
 }
 
@@ -336,7 +337,7 @@ fn set_interface_roles(
         let flags = if macs.is_empty() { 0 } else { egret_bpf::IF_CHECK_SRC_MAC };
         program
             .set_interface_role(i.ifindex, egret_bpf::IfRole { role: bpf_role, flags }, &macs)
-            .map_err(|e| start_err(format!("setting the role of {}", i.name))(format!("{e:#}")))?;
+            .map_err(|e| start_err(format!("setting the role of {}", i.name))(e))?;
         rules.push(InterfaceIngress { ifindex: i.ifindex, role, pod_source_macs: macs });
     }
     engine.set_ingress(Ingress::new(rules));
@@ -360,15 +361,15 @@ impl WorkerFactory {
     /// in the XSKMAP and starts the worker's thread.
     fn spawn(&self, queue: u32, on: &[&Driven], w: &config::WorkersConfig) -> Result<WorkerHandle, DaemonError> {
         let specs: Vec<PortSpec> = on.iter().map(|i| PortSpec { ifindex: i.ifindex, queue }).collect();
-        let ports = XskPorts::open(&self.xsk, &specs)
-            .map_err(|e| start_err(format!("AF_XDP sockets for queue {queue}"))(e.to_string()))?;
+        let ports =
+            XskPorts::open(&self.xsk, &specs).map_err(|e| start_err(format!("AF_XDP sockets for queue {queue}"))(e))?;
         let mut sockets = Vec::new();
         for (p, i) in on.iter().enumerate() {
             let port = PortId(p as u16);
             let fd = ports.raw_fd(port).unwrap_or(-1);
             self.program
                 .register_xsk(i.ifindex, queue, fd)
-                .map_err(|e| start_err(format!("registering {} queue {queue}", i.name))(e.to_string()))?;
+                .map_err(|e| start_err(format!("registering {} queue {queue}", i.name))(e))?;
             if let Some(c) = ports.counters(port) {
                 sockets.push((i.name.clone(), c));
             }
@@ -383,8 +384,7 @@ impl WorkerFactory {
         let handler_stats = Arc::new(HandlerStats::default());
         // Translated packets to pods behind an overlay's tunnel go to the
         // kernel (kernel_tx.rs); one pair of raw sockets per worker.
-        let kernel =
-            KernelTx::open().map_err(|e| start_err(format!("worker {queue}'s kernel hand-off"))(e.to_string()))?;
+        let kernel = KernelTx::open().map_err(|e| start_err(format!("worker {queue}'s kernel hand-off"))(e))?;
         if !kernel.has_ipv6() && queue == 0 {
             tracing::warn!("the kernel has no IPv6: replies to IPv6 pods behind a tunnel cannot be handed to it");
         }
@@ -397,8 +397,8 @@ impl WorkerFactory {
             (queue == 0).then(|| self.announce.clone()),
             kernel,
         );
-        let mut worker = Worker::new(ports, handler, wc, self.stop.clone())
-            .map_err(|e| start_err(format!("worker {queue}"))(e.to_string()))?;
+        let mut worker =
+            Worker::new(ports, handler, wc, self.stop.clone()).map_err(|e| start_err(format!("worker {queue}"))(e))?;
         let loop_stats = worker.stats();
         let running = Arc::new(AtomicBool::new(false));
         let flag = running.clone();
@@ -411,7 +411,7 @@ impl WorkerFactory {
                 }
                 flag.store(false, Ordering::Release);
             })
-            .map_err(|e| start_err(format!("spawning worker {queue}"))(e.to_string()))?;
+            .map_err(|e| start_err(format!("spawning worker {queue}"))(e))?;
         Ok(WorkerHandle {
             queue,
             cpu,
@@ -450,14 +450,15 @@ fn serve_added_queues(
         if i.queues < before {
             return Err(DaemonError::Start {
                 step: format!("serving the RX queues {} gained when XDP attached", i.name),
-                message: format!(
+                source: format!(
                     "queues {}-{} appeared, and queue indexes up to {} already have workers for other interfaces; \
                      give every interface the same queue count (ethtool -L {} combined N) or set interfaces[].queues",
                     i.queues,
                     now.min(before) - 1,
                     before - 1,
                     i.name
-                ),
+                )
+                .into(),
             });
         }
         tracing::warn!(
@@ -508,7 +509,7 @@ struct Kernel {
 async fn find_interfaces(cfg: &GatewayConfig) -> Result<Kernel, DaemonError> {
     let names: Vec<String> = cfg.interfaces.iter().map(|i| i.name.clone()).collect();
     let watcher = Watcher::new(names.clone());
-    let running_watcher = watcher.start().await.map_err(|e| start_err("rtnetlink")(e.to_string()))?;
+    let running_watcher = watcher.start().await.map_err(|e| start_err("rtnetlink")(e))?;
     let mut interfaces = Vec::new();
     for (index, i) in cfg.interfaces.iter().enumerate() {
         let link = running_watcher
@@ -555,7 +556,7 @@ fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Res
             "{SCALE_ENV} is set: engine time runs faster than real time (tests only)"
         );
     }
-    let engine = Engine::new(&cfg.tables).map_err(|e| start_err("engine")(e.to_string()))?;
+    let engine = Engine::new(&cfg.tables).map_err(|e| start_err("engine")(e))?;
     let sessions = cfg.xdp.table_sessions();
     let load = LoadOptions {
         xsk_interfaces: interfaces.len() as u32,
@@ -563,19 +564,18 @@ fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Res
         fast_path_sessions_v6: sessions.ipv6,
         ..LoadOptions::default()
     };
-    let program =
-        Arc::new(SteeringProgram::load(load).map_err(|e| start_err("loading the XDP program")(format!("{e:#}")))?);
+    let program = Arc::new(SteeringProgram::load(load).map_err(|e| start_err("loading the XDP program")(e))?);
     set_interface_roles(&engine, &program, interfaces, cfg)?;
     port_map::connect(&engine, &program);
     let fast_path = if cfg.xdp.fast_path {
         let fp = Arc::new(
             FastPath::new(program.clone(), clock, cfg.tables.nat.udp_inbound_refresh)
-                .map_err(|e| start_err("enabling the XDP fast path")(format!("{e:#}")))?,
+                .map_err(|e| start_err("enabling the XDP fast path")(e))?,
         );
         fp.connect(&engine);
         Some(fp)
     } else {
-        program.fp_set_enabled(false).map_err(|e| start_err("disabling the XDP fast path")(format!("{e:#}")))?;
+        program.fp_set_enabled(false).map_err(|e| start_err("disabling the XDP fast path")(e))?;
         None
     };
     let announce: AnnounceQueue = Arc::default();
@@ -595,7 +595,7 @@ fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Res
     // The node's addresses as the start-up dump found them: the first apply
     // excludes them already (later changes re-apply, step 5's netlink task).
     sink.set_node_addresses(kernel.watcher.state().local_addresses());
-    sink.apply(&cfg.tables).map_err(|e| start_err("applying the configuration")(e.to_string()))?;
+    sink.apply(&cfg.tables).map_err(|e| start_err("applying the configuration")(e))?;
     Ok(Loaded { clock, engine, program, fast_path, announce, sink, fast_path_next_hops: load.fast_path_next_hops })
 }
 
@@ -651,7 +651,7 @@ fn start_workers(cfg: &GatewayConfig, interfaces: &[Driven], loaded: &Loaded) ->
                 std::thread::Builder::new()
                     .name("egret-offload".into())
                     .spawn(move || manager.run(stop))
-                    .map_err(|e| start_err("spawning the offload manager")(e.to_string()))?,
+                    .map_err(|e| start_err("spawning the offload manager")(e))?,
             )
         }
         None => None,
@@ -695,9 +695,9 @@ async fn attach_and_serve(
     let Loaded { clock, engine, program, fast_path, sink, .. } = loaded;
     let mut links: Vec<XdpLink> = Vec::new();
     for i in &interfaces {
-        let link = program.attach(i.ifindex, cfg.xdp.mode).map_err(|e| {
-            start_err(format!("attaching XDP ({}) to {}", cfg.xdp.mode.name(), i.name))(format!("{e:#}"))
-        })?;
+        let link = program
+            .attach(i.ifindex, cfg.xdp.mode)
+            .map_err(|e| start_err(format!("attaching XDP ({}) to {}", cfg.xdp.mode.name(), i.name))(e))?;
         links.push(link);
     }
     // Some drivers add RX queues when a program attaches: virtio_net with
@@ -746,11 +746,11 @@ async fn attach_and_serve(
         stop_rx,
     ));
 
-    let admin_listener = crate::admin::bind(&cfg.admin_socket).map_err(|e| start_err("admin socket")(e.to_string()))?;
+    let admin_listener = crate::admin::bind(&cfg.admin_socket).map_err(|e| start_err("admin socket")(e))?;
     let admin_task = tokio::spawn(crate::admin::serve(admin_listener, view.clone()));
     let metrics_listener = tokio::net::TcpListener::bind(cfg.metrics_listen)
         .await
-        .map_err(|e| start_err(format!("metrics listener {}", cfg.metrics_listen))(e.to_string()))?;
+        .map_err(|e| start_err(format!("metrics listener {}", cfg.metrics_listen))(e))?;
     let ready_shared = shared.clone();
     let alive_shared = shared.clone();
     // Dead: the sync loop silent for longer than the watchdog allows.
@@ -844,7 +844,7 @@ async fn serve_signals(
     shared: &Shared,
     k8s_task: &mut Option<ClusterTask>,
 ) -> Result<Option<String>, DaemonError> {
-    let sig = |k: SignalKind| signal(k).map_err(|e| start_err("signal handler")(e.to_string()));
+    let sig = |k: SignalKind| signal(k).map_err(|e| start_err("signal handler")(e));
     let (mut hup, mut term, mut int) =
         (sig(SignalKind::hangup())?, sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?);
     loop {
@@ -1010,7 +1010,7 @@ fn spawn_watchdog(
                 }
             }
         })
-        .map_err(|e| start_err("spawning the watchdog")(e.to_string()))
+        .map_err(|e| start_err("spawning the watchdog")(e))
 }
 
 /// Starts the Kubernetes control plane on this runtime.
@@ -1040,10 +1040,8 @@ async fn spawn_kubernetes(
     if let Some(h) = &k.ha {
         opts.ha = Some(ha_options(h)?);
     }
-    opts.validate().map_err(|e| start_err("kubernetes options")(e.to_string()))?;
-    let client = k8s::gateway_client(k.kubeconfig.as_deref())
-        .await
-        .map_err(|e| start_err("kubernetes client")(e.to_string()))?;
+    opts.validate().map_err(|e| start_err("kubernetes options")(e))?;
+    let client = k8s::gateway_client(k.kubeconfig.as_deref()).await.map_err(|e| start_err("kubernetes client")(e))?;
     let hold = sink.fail_closed.clone();
     let sink: Arc<dyn crate::sink::TablesSink> = Arc::new(crate::failclosed::ReleaseOnApply::new(sink, hold));
     let ending = k8s::uninstall::Watch::start(client.clone(), k8s::uninstall::PodIdentity::from_env(), &opts.node_name);
@@ -1072,7 +1070,7 @@ fn ha_options(h: &config::HaConfig) -> Result<crate::ha::HaOptions, DaemonError>
     let files = crate::ha::keys::KeyFiles { primary: h.key_file.clone(), accepted: h.accept_key_files.clone() };
     let keys = files.load().map_err(|e| {
         let field = if e.path() == h.key_file { "kubernetes.ha.keyFile" } else { "kubernetes.ha.acceptKeyFiles" };
-        start_err(field)(e.to_string())
+        start_err(field)(e)
     })?;
     let address = match h.address {
         Some(a) => a,
@@ -1142,4 +1140,25 @@ fn reload(path: &Path, shared: &Shared, metrics_listen: Option<SocketAddr>) {
         reload_ms = t0.elapsed().as_secs_f64() * 1000.0,
         "reloaded"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("loading egret_steer")]
+    struct Load(#[source] std::io::Error);
+
+    #[test]
+    fn a_start_error_names_its_step_and_keeps_its_source() {
+        let e = start_err("loading the XDP program")(Load(std::io::Error::from_raw_os_error(libc::EPERM)));
+        assert_eq!(e.to_string(), "loading the XDP program: loading egret_steer");
+        let source = std::error::Error::source(&e).expect("the step's error is its source");
+        assert_eq!(source.to_string(), "loading egret_steer");
+        let below = source.source().expect("and the chain below it");
+        assert_eq!(below.to_string(), std::io::Error::from_raw_os_error(libc::EPERM).to_string());
+        let plain = start_err("admin socket")("in use".to_string());
+        assert_eq!(plain.to_string(), "admin socket: in use");
+    }
 }

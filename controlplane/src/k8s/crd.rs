@@ -106,6 +106,25 @@ pub mod reason {
     pub const PER_NODE: &str = "PerNode";
 }
 
+/// Why a condition is not True: its CamelCase reason (one of [`reason`])
+/// and a message naming the field and the value to fix (empty for a reason
+/// that says it all, such as `NotLoadBalancer`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct Cause {
+    /// The condition's reason.
+    pub reason: &'static str,
+    /// The condition's message.
+    pub message: String,
+}
+
+impl Cause {
+    /// `reason` with `message`.
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Cause {
+        Cause { reason, message: message.into() }
+    }
+}
+
 /// An egress IP named in a policy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -17,8 +17,8 @@
 //!   and directions are installed before the first input, and the inputs
 //!   confirm more (a mutated reply confirms a UDP session; the next input of
 //!   that flow is translated in XDP);
-//! - a private network namespace (unshared by name, the name removed at
-//!   once, so it dies with the process) holds veths with ifindex 2 and 3,
+//! - a network namespace of its own (`netns::enter_new`, unnamed, so it
+//!   dies with the process) holds veths with ifindex 2 and 3,
 //!   the fixture's inside and outside; an unbound AF_XDP socket on queue 0
 //!   of each makes the program's redirects to userspace visible.
 //!
@@ -148,20 +148,15 @@ fn ip(args: &[&str]) {
     assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Enters a fresh network namespace holding veths with ifindex 2 (inside)
-/// and 3 (outside). Its name is removed once entered: the namespace lives
-/// as long as this process.
+/// Moves this thread into a new network namespace of its own (it ends with
+/// the process; nothing to delete) holding veths with ifindex 2 (inside)
+/// and 3 (outside).
 fn enter_namespace() {
-    let name = format!("egdiff{}", std::process::id());
-    let _ = Command::new("ip").args(["netns", "del", &name]).output();
-    ip(&["netns", "add", &name]);
+    egret_dataplane::netns::enter_new().unwrap_or_else(|e| panic!("a new network namespace (root?): {e}"));
     for (n, i, p) in [("inside", "2", "12"), ("outside", "3", "13")] {
         let peer = format!("{n}-p");
-        ip(&["-n", &name, "link", "add", n, "index", i, "type", "veth", "peer", "name", &peer, "index", p]);
+        ip(&["link", "add", n, "index", i, "type", "veth", "peer", "name", &peer, "index", p]);
     }
-    let entered = egret_dataplane::netns::enter_named(&name);
-    ip(&["netns", "del", &name]);
-    entered.unwrap_or_else(|e| panic!("entering network namespace {name} (root?): {e}"));
     assert_eq!(egret_dataplane::netns::ifindex("inside").ok(), Some(INSIDE));
     assert_eq!(egret_dataplane::netns::ifindex("outside").ok(), Some(OUTSIDE));
 }
@@ -204,9 +199,9 @@ fn rig() -> Rig {
     let mut worker = engine.worker_seeded(PortRng::new(7));
     // As the daemon's workers do (daemon/handler.rs).
     worker.set_hold_fragments(true);
-    let nat_owned = owned_entries(&tables).into_iter().filter(|(_, o)| o.flags & OWNED_NAT != 0).map(|(a, _)| a).collect();
-    let mut rig =
-        Rig { worker, program, fp, manager, tally: [0; 5], _xsks: xsks, held: Vec::new(), tables, nat_owned };
+    let nat_owned =
+        owned_entries(&tables).into_iter().filter(|(_, o)| o.flags & OWNED_NAT != 0).map(|(a, _)| a).collect();
+    let mut rig = Rig { worker, program, fp, manager, tally: [0; 5], _xsks: xsks, held: Vec::new(), tables, nat_owned };
     // Warm up: every fixture frame through the program and the engine (so
     // the program's fragment decisions match the engine's fragment cache),
     // the manager installing what the engine confirms.

@@ -7,11 +7,11 @@ use std::net::IpAddr;
 use super::sources::{parse_selector, Source};
 use super::{Observed, Owner, PoolInfo};
 use crate::cloud::{cloud_spec, CloudError, Discovered};
-use crate::k8s::crd::{reason, PoolCloudSpec};
+use crate::k8s::crd::{reason, Cause, PoolCloudSpec};
 use crate::k8s::pool::Pool;
 
-/// A pool parsed, or why it cannot be used (reason, message).
-pub(super) type ParsedPool = Result<Pool, (&'static str, String)>;
+/// A pool parsed, or why it cannot be used.
+pub(super) type ParsedPool = Result<Pool, Cause>;
 
 /// Every pool by name, with what parsing it gave.
 pub(super) type Pools<'a> = BTreeMap<&'a str, (&'a PoolInfo, ParsedPool)>;
@@ -29,12 +29,12 @@ pub(super) fn parse_pools(obs: &Observed) -> Pools<'_> {
             let parsed = match &p.spec.cloud {
                 Some(cloud) => cloud_pool(p, cloud, obs.cloud.get(&p.name)),
                 None => Pool::parse(&p.spec.addresses, &p.spec.next_hops)
-                    .map_err(|e| (reason::INVALID_ADDRESS, format!("spec.{e}"))),
+                    .map_err(|e| Cause::new(reason::INVALID_ADDRESS, format!("spec.{e}"))),
             }
             .and_then(|pool| {
                 parse_selector("spec.gatewaySelector", &p.spec.gateway_selector)
                     .map(|_| pool)
-                    .map_err(|e| (reason::INVALID_SPEC, e.to_string()))
+                    .map_err(|e| Cause::new(reason::INVALID_SPEC, e.to_string()))
             });
             (p.name.as_str(), (p, parsed))
         })
@@ -62,7 +62,7 @@ pub(super) fn request_recorded(sources: &mut [Source], pools: &Pools<'_>, record
         let (Some((pool_name, count)), Owner::Policy(name)) = (s.pool.clone(), s.owner.clone()) else { continue };
         match pools.get(pool_name.as_str()) {
             None => s.problem(reason::POOL_NOT_FOUND, format!("EgressIPPool {pool_name} does not exist")),
-            Some((_, Err((_, m)))) => {
+            Some((_, Err(Cause { message: m, .. }))) => {
                 s.problem(reason::POOL_NOT_USABLE, format!("EgressIPPool {pool_name} cannot be used: {m}"))
             }
             Some((info, Ok(_))) if s.per_node.is_some() && info.spec.cloud.is_some() => s.problem(
@@ -99,9 +99,9 @@ pub(super) fn request_recorded(sources: &mut [Source], pools: &Pools<'_>, record
 /// used yet, and says why.
 fn cloud_pool(p: &PoolInfo, cloud: &PoolCloudSpec, found: Option<&Result<Discovered, CloudError>>) -> ParsedPool {
     if !p.spec.next_hops.is_empty() {
-        return Err((
+        return Err(Cause::new(
             reason::INVALID_SPEC,
-            "spec.nextHops: not used with spec.cloud (the provider routes the addresses)".to_string(),
+            "spec.nextHops: not used with spec.cloud (the provider routes the addresses)",
         ));
     }
     let (sel, _) = cloud_spec(cloud, &p.spec.addresses)?;
@@ -114,15 +114,15 @@ fn cloud_pool(p: &PoolInfo, cloud: &PoolCloudSpec, found: Option<&Result<Discove
         .collect();
     if !recorded.is_empty() {
         return Pool::parse(&recorded, &[])
-            .map_err(|e| (reason::INVALID_ADDRESS, format!("status.cloudAddresses: {e}")));
+            .map_err(|e| Cause::new(reason::INVALID_ADDRESS, format!("status.cloudAddresses: {e}")));
     }
     let tags = sel.tags.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ");
     Err(match found {
-        None => (reason::CLOUD_DISCOVERING, "waiting for the first answer from the cloud provider".to_string()),
-        Some(Err(e)) => (reason::CLOUD_API_ERROR, format!("the cloud provider failed: {e}")),
+        None => Cause::new(reason::CLOUD_DISCOVERING, "waiting for the first answer from the cloud provider"),
+        Some(Err(e)) => Cause::new(reason::CLOUD_API_ERROR, format!("the cloud provider failed: {e}")),
         Some(Ok(f)) if f.public.is_empty() => {
-            (reason::NO_CLOUD_ADDRESSES, format!("no Elastic IP carries the tags {tags}"))
+            Cause::new(reason::NO_CLOUD_ADDRESSES, format!("no Elastic IP carries the tags {tags}"))
         }
-        Some(Ok(_)) => (reason::CLOUD_DISCOVERING, "Elastic IPs found; their pairing is not recorded yet".to_string()),
+        Some(Ok(_)) => Cause::new(reason::CLOUD_DISCOVERING, "Elastic IPs found; their pairing is not recorded yet"),
     })
 }

@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::core::{ParseExpressionError, Selector, SelectorExt};
 
 use super::{Labels, Observed, Owner, PolicyInfo, ServiceInfo, ServiceProblem};
-use crate::k8s::crd::{self, reason};
+use crate::k8s::crd::{self, reason, Cause};
 
 /// Every source of egress, oldest first (creation time, then owner), and
 /// the problems of annotated Services found while parsing them.
@@ -44,13 +44,13 @@ pub(super) struct Source {
     pub(super) owner: Owner,
     pub(super) created: Option<Timestamp>,
     /// Spec error: the source takes part in nothing.
-    pub(super) invalid: Option<(&'static str, String)>,
+    pub(super) invalid: Option<Cause>,
     /// Requested IPs (explicit or recorded pool allocation) with next hops.
     pub(super) requested: Vec<(IpAddr, Option<IpAddr>)>,
     /// The IPs it won.
     pub(super) granted: Vec<(IpAddr, Option<IpAddr>)>,
     /// Why IPs are missing (conflicts, pool trouble), first reason wins.
-    pub(super) ip_problem: Option<(&'static str, String)>,
+    pub(super) ip_problem: Option<Cause>,
     /// Whether pods leave with its IPs (false: Service VIP only announced).
     pub(super) egress: bool,
     pub(super) pool: Option<(String, usize)>,
@@ -69,7 +69,7 @@ pub(super) struct Source {
 impl Source {
     pub(super) fn problem(&mut self, r: &'static str, m: String) {
         if self.ip_problem.is_none() {
-            self.ip_problem = Some((r, m));
+            self.ip_problem = Some(Cause::new(r, m));
         }
     }
 }
@@ -93,9 +93,9 @@ fn policy_source(p: &PolicyInfo) -> Source {
         per_node: None,
         node_grants: BTreeMap::new(),
     };
-    let parsed = (|| -> Result<(), (&'static str, String)> {
-        let inv = |m: String| (reason::INVALID_SPEC, m);
-        let bad = |e: SpecFieldError| (reason::INVALID_SPEC, e.to_string());
+    let parsed = (|| -> Result<(), Cause> {
+        let inv = |m: String| Cause::new(reason::INVALID_SPEC, m);
+        let bad = |e: SpecFieldError| Cause::new(reason::INVALID_SPEC, e.to_string());
         s.pod_selector = parse_selector("spec.podSelector", &p.spec.pod_selector).map_err(bad)?;
         s.namespace_selector = parse_selector("spec.namespaceSelector", &p.spec.namespace_selector).map_err(bad)?;
         s.gateway_selector = parse_selector("spec.gatewaySelector", &p.spec.gateway_selector).map_err(bad)?;
@@ -113,7 +113,10 @@ fn policy_source(p: &PolicyInfo) -> Source {
                 ));
             }
             let Some(pool) = &p.spec.pool else {
-                return Err((reason::NO_EGRESS_IP, "spec.mode: PerNode needs spec.pool (one address per Node)".into()));
+                return Err(Cause::new(
+                    reason::NO_EGRESS_IP,
+                    "spec.mode: PerNode needs spec.pool (one address per Node)",
+                ));
             };
             s.per_node = Some(parse_selector("spec.nodeSelector", &p.spec.node_selector).map_err(bad)?);
             s.pool = Some((pool.name.clone(), 1));
@@ -124,12 +127,12 @@ fn policy_source(p: &PolicyInfo) -> Source {
         }
         match (&p.spec.pool, p.spec.egress_ips.is_empty()) {
             (Some(_), false) => {
-                return Err((reason::NO_EGRESS_IP, "set either spec.egressIPs or spec.pool, not both".into()));
+                return Err(Cause::new(reason::NO_EGRESS_IP, "set either spec.egressIPs or spec.pool, not both"));
             }
             (None, true) => {
-                return Err((
+                return Err(Cause::new(
                     reason::NO_EGRESS_IP,
-                    "set spec.egressIPs or spec.pool: the policy has no egress IP".into(),
+                    "set spec.egressIPs or spec.pool: the policy has no egress IP",
                 ));
             }
             (Some(pool), true) => {
@@ -185,7 +188,7 @@ fn service_source(svc: &ServiceInfo, nat: &NatSettings) -> (Source, Option<Servi
         message,
     };
     if !svc.load_balancer {
-        s.invalid = Some((reason::NOT_LOAD_BALANCER, String::new()));
+        s.invalid = Some(Cause::new(reason::NOT_LOAD_BALANCER, ""));
         let m = format!(
             "Service {}/{} is annotated {}=true but is not of type LoadBalancer: only a LoadBalancer VIP can be an egress IP",
             svc.namespace, svc.name, crd::SERVICE_EGRESS_ANNOTATION
@@ -193,7 +196,7 @@ fn service_source(svc: &ServiceInfo, nat: &NatSettings) -> (Source, Option<Servi
         return (s, Some(problem(reason::NOT_LOAD_BALANCER, m)));
     }
     if svc.ingress_ips.is_empty() {
-        s.invalid = Some((reason::NO_INGRESS_IP, String::new()));
+        s.invalid = Some(Cause::new(reason::NO_INGRESS_IP, ""));
         let m = format!(
             "Service {}/{} has no status.loadBalancer.ingress IP yet: its pods get an egress IP once the load balancer assigns one",
             svc.namespace, svc.name

@@ -13,7 +13,8 @@ use super::sources::Source;
 use super::{IpAssignment, LeaseInfo, Observed, Owner, PoolInfo, ServiceProblem};
 use crate::cloud::cloud_spec;
 use crate::k8s::crd::{
-    self, condition, reason, EgressIPPoolStatus, EgressIPStatus, EgressPolicyStatus, PoolAllocation, PoolCloudSpec,
+    self, condition, reason, Cause, EgressIPPoolStatus, EgressIPStatus, EgressPolicyStatus, PoolAllocation,
+    PoolCloudSpec,
 };
 use crate::k8s::pool::Pool;
 
@@ -118,7 +119,7 @@ pub(super) fn policy_statuses(
         let prev = p.status.as_ref().map(|st| st.conditions.as_slice()).unwrap_or(&[]);
         let stamp = Stamp { generation: p.generation, prev, now };
         let mut st = EgressPolicyStatus { observed_generation: p.generation, ..Default::default() };
-        if let Some((r, m)) = &s.invalid {
+        if let Some(Cause { reason: r, message: m }) = &s.invalid {
             st.conditions = vec![
                 stamp.cond(condition::READY, false, r, m.clone()),
                 stamp.cond(condition::IP_ASSIGNED, false, r, m.clone()),
@@ -155,7 +156,7 @@ fn per_node_policy_status(st: &mut EgressPolicyStatus, s: &Source, public_ips: &
     st.egress_ip_list = st.egress_ips.iter().map(|e| e.ip.as_str()).collect::<Vec<_>>().join(",");
     st.gateway_list = "-".into();
     let ip_cond = match &s.ip_problem {
-        Some((r, m)) => stamp.cond(condition::IP_ASSIGNED, false, r, m.clone()),
+        Some(Cause { reason: r, message: m }) => stamp.cond(condition::IP_ASSIGNED, false, r, m.clone()),
         None => stamp.cond(
             condition::IP_ASSIGNED,
             true,
@@ -221,7 +222,7 @@ fn gateway_policy_status(
         st.egress_ips.iter().map(|e| e.gateway.as_deref().unwrap_or("-")).collect::<Vec<_>>().join(",")
     };
     let ip_cond = match &s.ip_problem {
-        Some((r, m)) => stamp.cond(condition::IP_ASSIGNED, false, r, m.clone()),
+        Some(Cause { reason: r, message: m }) => stamp.cond(condition::IP_ASSIGNED, false, r, m.clone()),
         None => stamp.cond(condition::IP_ASSIGNED, true, reason::ASSIGNED, format!("egress IPs {}", st.egress_ip_list)),
     };
     let gw_cond = if !no_gateway.is_empty() {
@@ -306,7 +307,7 @@ pub(super) fn pool_statuses(
         let stamp = Stamp { generation: info.generation, prev, now };
         let mut st = EgressIPPoolStatus { observed_generation: info.generation, ..Default::default() };
         let ready = match parsed {
-            Err((r, m)) => stamp.cond(condition::READY, false, r, m.clone()),
+            Err(Cause { reason: r, message: m }) => stamp.cond(condition::READY, false, r, m.clone()),
             Ok(pool) => {
                 pool_ready(&mut st, pool, allocations.remove(*name).unwrap_or_default(), exhausted.get(*name), &stamp)
             }
@@ -365,7 +366,7 @@ fn cloud_synced(
     st.cloud_addresses = recorded.to_vec();
     let synced = |ok: bool, r: &str, m: String| stamp.cond(condition::CLOUD_SYNCED, ok, r, m);
     match (cloud_spec(cloud, &info.spec.addresses), obs.cloud.get(name)) {
-        (Err((r, m)), _) => synced(false, r, m),
+        (Err(Cause { reason: r, message: m }), _) => synced(false, r, m),
         (Ok(_), None) => synced(false, reason::CLOUD_DISCOVERING, "the cloud provider has not answered yet".into()),
         (Ok(_), Some(Err(e))) => synced(
             false,
