@@ -531,20 +531,29 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     let _tmp_server = Whoami::start(&sandbox, CONTAINER_PORT);
     let written = Instant::now();
     rt.block_on(cni_pod(&client, TMP, "db", w.node_name(), &tmp, Some(TMP_HOST_PORT)));
-    // Until the agent has its rule, the pod is masqueraded as its node.
+    // Until the agent has its rule, the pod is masqueraded as its node; then
+    // it leaves as the egress IP, never as itself. A connection whose one
+    // SYN (the probe waits 900 ms, below the first retransmission) is lost
+    // while the switch happens fails without leaking: the agent may steer
+    // the pod before its gateway's tables name it (a separate watch), and
+    // the gateway drops what it does not translate. Counted, not fatal; a
+    // client's retransmission gets through.
+    let mut lost = Vec::new();
     loop {
         match probe::once(&sandbox, NodeLab::http()).unwrap() {
             Ok(a) if a.ip() == IpAddr::V4(EIP) => break,
             Ok(a) => assert_eq!(a.ip(), IpAddr::V4(w.lan_addr()), "{TMP} before the agent's rule"),
-            Err(e) => panic!("{TMP}: {e}"),
+            Err(e) => lost.push(format!("+{} ms: {e}", ms(written.elapsed()))),
         }
-        assert!(written.elapsed() < Duration::from_secs(30), "{TMP} never left as {EIP}");
+        assert!(written.elapsed() < Duration::from_secs(30), "{TMP} never left as {EIP}; failed attempts: {lost:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
     println!(
-        "k8s-node-cni: {TMP} ({tmp4}, ADD in {} ms) leaves as {EIP} {} ms after its Pod object was written",
+        "k8s-node-cni: {TMP} ({tmp4}, ADD in {} ms) leaves as {EIP} {} ms after its Pod object was written; \
+         {} attempts failed on the way: {lost:?}",
         ms(tmp.took),
-        ms(written.elapsed())
+        ms(written.elapsed()),
+        lost.len()
     );
     let r = seen_by(lab.server_ns(), SocketAddr::new(w.lan_addr().into(), TMP_HOST_PORT), "/tmp").unwrap();
     assert_eq!(r.seen.ip(), r.local.ip(), "{TMP}'s hostPort from outside");
