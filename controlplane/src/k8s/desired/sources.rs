@@ -67,6 +67,29 @@ pub(super) struct Source {
 }
 
 impl Source {
+    /// A source that asks for nothing yet: valid, no IPs, pods leave with
+    /// its IPs (`egress`).
+    fn new(owner: Owner, created: Option<Timestamp>) -> Source {
+        Source {
+            owner,
+            created,
+            invalid: None,
+            requested: Vec::new(),
+            granted: Vec::new(),
+            ip_problem: None,
+            egress: true,
+            pool: None,
+            gateway_selector: None,
+            pod_selector: None,
+            namespace_selector: None,
+            service: None,
+            destinations: Vec::new(),
+            except: Vec::new(),
+            per_node: None,
+            node_grants: BTreeMap::new(),
+        }
+    }
+
     pub(super) fn problem(&mut self, r: &'static str, m: String) {
         if self.ip_problem.is_none() {
             self.ip_problem = Some(Cause::new(r, m));
@@ -75,24 +98,7 @@ impl Source {
 }
 
 fn policy_source(p: &PolicyInfo) -> Source {
-    let mut s = Source {
-        owner: Owner::Policy(p.name.clone()),
-        created: p.created,
-        invalid: None,
-        requested: Vec::new(),
-        granted: Vec::new(),
-        ip_problem: None,
-        egress: true,
-        pool: None,
-        gateway_selector: None,
-        pod_selector: None,
-        namespace_selector: None,
-        service: None,
-        destinations: Vec::new(),
-        except: Vec::new(),
-        per_node: None,
-        node_grants: BTreeMap::new(),
-    };
+    let mut s = Source::new(Owner::Policy(p.name.clone()), p.created);
     let parsed = (|| -> Result<(), Cause> {
         let inv = |m: String| Cause::new(reason::INVALID_SPEC, m);
         let bad = |e: SpecFieldError| Cause::new(reason::INVALID_SPEC, e.to_string());
@@ -164,22 +170,10 @@ fn policy_source(p: &PolicyInfo) -> Source {
 fn service_source(svc: &ServiceInfo, nat: &NatSettings) -> (Source, Option<ServiceProblem>) {
     let owner = Owner::Service { namespace: svc.namespace.clone(), name: svc.name.clone() };
     let mut s = Source {
-        owner,
-        created: svc.created,
-        invalid: None,
         requested: svc.ingress_ips.iter().map(|ip| (*ip, None)).collect(),
-        granted: Vec::new(),
-        ip_problem: None,
-        egress: true,
-        pool: None,
-        gateway_selector: None,
-        pod_selector: None,
-        namespace_selector: None,
         service: Some((svc.namespace.clone(), svc.selector.clone())),
         destinations: vec![IpNet::V4(Default::default()), IpNet::V6(Default::default())],
-        except: Vec::new(),
-        per_node: None,
-        node_grants: BTreeMap::new(),
+        ..Source::new(owner, svc.created)
     };
     let problem = |reason: &'static str, message: String| ServiceProblem {
         namespace: svc.namespace.clone(),
