@@ -337,7 +337,7 @@ fn set_interface_roles(
         let flags = if macs.is_empty() { 0 } else { egret_bpf::IF_CHECK_SRC_MAC };
         program
             .set_interface_role(i.ifindex, egret_bpf::IfRole { role: bpf_role, flags }, &macs)
-            .map_err(|e| start_err(format!("setting the role of {}", i.name))(e))?;
+            .map_err(start_err(format!("setting the role of {}", i.name)))?;
         rules.push(InterfaceIngress { ifindex: i.ifindex, role, pod_source_macs: macs });
     }
     engine.set_ingress(Ingress::new(rules));
@@ -362,14 +362,14 @@ impl WorkerFactory {
     fn spawn(&self, queue: u32, on: &[&Driven], w: &config::WorkersConfig) -> Result<WorkerHandle, DaemonError> {
         let specs: Vec<PortSpec> = on.iter().map(|i| PortSpec { ifindex: i.ifindex, queue }).collect();
         let ports =
-            XskPorts::open(&self.xsk, &specs).map_err(|e| start_err(format!("AF_XDP sockets for queue {queue}"))(e))?;
+            XskPorts::open(&self.xsk, &specs).map_err(start_err(format!("AF_XDP sockets for queue {queue}")))?;
         let mut sockets = Vec::new();
         for (p, i) in on.iter().enumerate() {
             let port = PortId(p as u16);
             let fd = ports.raw_fd(port).unwrap_or(-1);
             self.program
                 .register_xsk(i.ifindex, queue, fd)
-                .map_err(|e| start_err(format!("registering {} queue {queue}", i.name))(e))?;
+                .map_err(start_err(format!("registering {} queue {queue}", i.name)))?;
             if let Some(c) = ports.counters(port) {
                 sockets.push((i.name.clone(), c));
             }
@@ -384,7 +384,7 @@ impl WorkerFactory {
         let handler_stats = Arc::new(HandlerStats::default());
         // Translated packets to pods behind an overlay's tunnel go to the
         // kernel (kernel_tx.rs); one pair of raw sockets per worker.
-        let kernel = KernelTx::open().map_err(|e| start_err(format!("worker {queue}'s kernel hand-off"))(e))?;
+        let kernel = KernelTx::open().map_err(start_err(format!("worker {queue}'s kernel hand-off")))?;
         if !kernel.has_ipv6() && queue == 0 {
             tracing::warn!("the kernel has no IPv6: replies to IPv6 pods behind a tunnel cannot be handed to it");
         }
@@ -398,7 +398,7 @@ impl WorkerFactory {
             kernel,
         );
         let mut worker =
-            Worker::new(ports, handler, wc, self.stop.clone()).map_err(|e| start_err(format!("worker {queue}"))(e))?;
+            Worker::new(ports, handler, wc, self.stop.clone()).map_err(start_err(format!("worker {queue}")))?;
         let loop_stats = worker.stats();
         let running = Arc::new(AtomicBool::new(false));
         let flag = running.clone();
@@ -411,7 +411,7 @@ impl WorkerFactory {
                 }
                 flag.store(false, Ordering::Release);
             })
-            .map_err(|e| start_err(format!("spawning worker {queue}"))(e))?;
+            .map_err(start_err(format!("spawning worker {queue}")))?;
         Ok(WorkerHandle {
             queue,
             cpu,
@@ -509,7 +509,7 @@ struct Kernel {
 async fn find_interfaces(cfg: &GatewayConfig) -> Result<Kernel, DaemonError> {
     let names: Vec<String> = cfg.interfaces.iter().map(|i| i.name.clone()).collect();
     let watcher = Watcher::new(names.clone());
-    let running_watcher = watcher.start().await.map_err(|e| start_err("rtnetlink")(e))?;
+    let running_watcher = watcher.start().await.map_err(start_err("rtnetlink"))?;
     let mut interfaces = Vec::new();
     for (index, i) in cfg.interfaces.iter().enumerate() {
         let link = running_watcher
@@ -556,7 +556,7 @@ fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Res
             "{SCALE_ENV} is set: engine time runs faster than real time (tests only)"
         );
     }
-    let engine = Engine::new(&cfg.tables).map_err(|e| start_err("engine")(e))?;
+    let engine = Engine::new(&cfg.tables).map_err(start_err("engine"))?;
     let sessions = cfg.xdp.table_sessions();
     let load = LoadOptions {
         xsk_interfaces: interfaces.len() as u32,
@@ -564,18 +564,18 @@ fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Res
         fast_path_sessions_v6: sessions.ipv6,
         ..LoadOptions::default()
     };
-    let program = Arc::new(SteeringProgram::load(load).map_err(|e| start_err("loading the XDP program")(e))?);
+    let program = Arc::new(SteeringProgram::load(load).map_err(start_err("loading the XDP program"))?);
     set_interface_roles(&engine, &program, interfaces, cfg)?;
     port_map::connect(&engine, &program);
     let fast_path = if cfg.xdp.fast_path {
         let fp = Arc::new(
             FastPath::new(program.clone(), clock, cfg.tables.nat.udp_inbound_refresh)
-                .map_err(|e| start_err("enabling the XDP fast path")(e))?,
+                .map_err(start_err("enabling the XDP fast path"))?,
         );
         fp.connect(&engine);
         Some(fp)
     } else {
-        program.fp_set_enabled(false).map_err(|e| start_err("disabling the XDP fast path")(e))?;
+        program.fp_set_enabled(false).map_err(start_err("disabling the XDP fast path"))?;
         None
     };
     let announce: AnnounceQueue = Arc::default();
@@ -595,7 +595,7 @@ fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Res
     // The node's addresses as the start-up dump found them: the first apply
     // excludes them already (later changes re-apply, step 5's netlink task).
     sink.set_node_addresses(kernel.watcher.state().local_addresses());
-    sink.apply(&cfg.tables).map_err(|e| start_err("applying the configuration")(e))?;
+    sink.apply(&cfg.tables).map_err(start_err("applying the configuration"))?;
     Ok(Loaded { clock, engine, program, fast_path, announce, sink, fast_path_next_hops: load.fast_path_next_hops })
 }
 
@@ -651,7 +651,7 @@ fn start_workers(cfg: &GatewayConfig, interfaces: &[Driven], loaded: &Loaded) ->
                 std::thread::Builder::new()
                     .name("egret-offload".into())
                     .spawn(move || manager.run(stop))
-                    .map_err(|e| start_err("spawning the offload manager")(e))?,
+                    .map_err(start_err("spawning the offload manager"))?,
             )
         }
         None => None,
@@ -695,9 +695,11 @@ async fn attach_and_serve(
     let Loaded { clock, engine, program, fast_path, sink, .. } = loaded;
     let mut links: Vec<XdpLink> = Vec::new();
     for i in &interfaces {
-        let link = program
-            .attach(i.ifindex, cfg.xdp.mode)
-            .map_err(|e| start_err(format!("attaching XDP ({}) to {}", cfg.xdp.mode.name(), i.name))(e))?;
+        let link = program.attach(i.ifindex, cfg.xdp.mode).map_err(start_err(format!(
+            "attaching XDP ({}) to {}",
+            cfg.xdp.mode.name(),
+            i.name
+        )))?;
         links.push(link);
     }
     // Some drivers add RX queues when a program attaches: virtio_net with
@@ -746,11 +748,11 @@ async fn attach_and_serve(
         stop_rx,
     ));
 
-    let admin_listener = crate::admin::bind(&cfg.admin_socket).map_err(|e| start_err("admin socket")(e))?;
+    let admin_listener = crate::admin::bind(&cfg.admin_socket).map_err(start_err("admin socket"))?;
     let admin_task = tokio::spawn(crate::admin::serve(admin_listener, view.clone()));
     let metrics_listener = tokio::net::TcpListener::bind(cfg.metrics_listen)
         .await
-        .map_err(|e| start_err(format!("metrics listener {}", cfg.metrics_listen))(e))?;
+        .map_err(start_err(format!("metrics listener {}", cfg.metrics_listen)))?;
     let ready_shared = shared.clone();
     let alive_shared = shared.clone();
     // Dead: the sync loop silent for longer than the watchdog allows.
@@ -844,7 +846,7 @@ async fn serve_signals(
     shared: &Shared,
     k8s_task: &mut Option<ClusterTask>,
 ) -> Result<Option<String>, DaemonError> {
-    let sig = |k: SignalKind| signal(k).map_err(|e| start_err("signal handler")(e));
+    let sig = |k: SignalKind| signal(k).map_err(start_err("signal handler"));
     let (mut hup, mut term, mut int) =
         (sig(SignalKind::hangup())?, sig(SignalKind::terminate())?, sig(SignalKind::interrupt())?);
     loop {
@@ -1010,7 +1012,7 @@ fn spawn_watchdog(
                 }
             }
         })
-        .map_err(|e| start_err("spawning the watchdog")(e))
+        .map_err(start_err("spawning the watchdog"))
 }
 
 /// Starts the Kubernetes control plane on this runtime.
@@ -1040,8 +1042,8 @@ async fn spawn_kubernetes(
     if let Some(h) = &k.ha {
         opts.ha = Some(ha_options(h)?);
     }
-    opts.validate().map_err(|e| start_err("kubernetes options")(e))?;
-    let client = k8s::gateway_client(k.kubeconfig.as_deref()).await.map_err(|e| start_err("kubernetes client")(e))?;
+    opts.validate().map_err(start_err("kubernetes options"))?;
+    let client = k8s::gateway_client(k.kubeconfig.as_deref()).await.map_err(start_err("kubernetes client"))?;
     let hold = sink.fail_closed.clone();
     let sink: Arc<dyn crate::sink::TablesSink> = Arc::new(crate::failclosed::ReleaseOnApply::new(sink, hold));
     let ending = k8s::uninstall::Watch::start(client.clone(), k8s::uninstall::PodIdentity::from_env(), &opts.node_name);
