@@ -29,6 +29,7 @@
 //! | [`ipv6`] | RFC 8200 (IPv6 and its extension headers), RFC 4302 (AH length) |
 //! | [`tcp`] | RFC 9293 (TCP, obsoletes RFC 793), RFC 3168 (ECE/CWR) |
 //! | [`udp`] | RFC 768 (UDP) |
+//! | [`geneve`] | RFC 8926 (Geneve) |
 //! | [`icmpv4`] | RFC 792 (ICMP), RFC 1191 (next-hop MTU) |
 //! | [`icmpv6`] | RFC 4443 (ICMPv6), RFC 4861 (Neighbor Discovery) |
 //! | [`checksum`] | RFC 1071 (computing the checksum), RFC 1624 (incremental update) |
@@ -38,6 +39,7 @@ use std::fmt;
 pub mod arp;
 pub mod checksum;
 pub mod ethernet;
+pub mod geneve;
 pub mod icmpv4;
 pub mod icmpv6;
 pub mod ipv4;
@@ -78,6 +80,8 @@ pub enum Layer {
     Icmpv6,
     /// A Neighbor Discovery message or option.
     Ndp,
+    /// A Geneve header (RFC 8926).
+    Geneve,
 }
 
 impl Layer {
@@ -95,6 +99,7 @@ impl Layer {
             Layer::Icmpv4 => "icmpv4",
             Layer::Icmpv6 => "icmpv6",
             Layer::Ndp => "ndp",
+            Layer::Geneve => "geneve",
         }
     }
 }
@@ -246,6 +251,35 @@ pub enum Error {
         /// The checksum field found.
         checksum: u16,
     },
+    /// A Geneve version other than 0 (RFC 8926 section 3.4).
+    #[error("Geneve version {version}, not 0")]
+    GeneveVersion {
+        /// The version found.
+        version: u8,
+    },
+    /// Geneve options, or the critical bit: Egret's nodes send neither.
+    #[error("Geneve options ({len} bytes, critical {critical}): Egret's nodes send none")]
+    GeneveOptions {
+        /// Length of the options in bytes.
+        len: usize,
+        /// The C bit.
+        critical: bool,
+    },
+    /// A Geneve control packet (the O bit).
+    #[error("Geneve control packet (O bit set)")]
+    GeneveControl,
+    /// A Geneve payload that is not an Ethernet frame.
+    #[error("Geneve protocol type {protocol:#06x}, not 0x6558 (Ethernet)")]
+    GeneveProtocol {
+        /// The Protocol Type found.
+        protocol: u16,
+    },
+    /// A Geneve VNI other than Egret's.
+    #[error("Geneve VNI {vni}, not Egret's")]
+    GeneveVni {
+        /// The VNI found.
+        vni: u32,
+    },
     /// The buffer a packet is to be built in is too small.
     #[error("buffer too small: need {need} bytes, have {have}")]
     BufferTooSmall {
@@ -273,6 +307,7 @@ impl Error {
                 Layer::Icmpv4 => "icmpv4_truncated",
                 Layer::Icmpv6 => "icmpv6_truncated",
                 Layer::Ndp => "ndp_truncated",
+                Layer::Geneve => "geneve_truncated",
             },
             Error::BadVersion { .. } => "bad_ip_version",
             Error::BadHeaderLength { .. } => "bad_ipv4_header_length",
@@ -297,8 +332,15 @@ impl Error {
                 Layer::Udp => "bad_udp_checksum",
                 Layer::Icmpv4 => "bad_icmpv4_checksum",
                 Layer::Icmpv6 | Layer::Ndp => "bad_icmpv6_checksum",
-                Layer::Ethernet | Layer::Vlan | Layer::Arp | Layer::Ipv6 | Layer::Ipv6Extension => "bad_checksum",
+                Layer::Ethernet | Layer::Vlan | Layer::Arp | Layer::Ipv6 | Layer::Ipv6Extension | Layer::Geneve => {
+                    "bad_checksum"
+                },
             },
+            Error::GeneveVersion { .. } => "geneve_bad_version",
+            Error::GeneveOptions { .. } => "geneve_options",
+            Error::GeneveControl => "geneve_control",
+            Error::GeneveProtocol { .. } => "geneve_not_ethernet",
+            Error::GeneveVni { .. } => "geneve_wrong_vni",
             Error::BufferTooSmall { .. } => "buffer_too_small",
         }
     }
