@@ -58,6 +58,7 @@ use crate::ownership::Ownership;
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, StatsSnapshot, WorkerStats};
 use crate::tables::{FilteringBehavior, NatSettings, PolicySlots, SpecError, Tables, TablesSpec};
+use crate::tunnel::{self, Decap};
 use crate::wire::checksum;
 use crate::wire::ethernet::{self, EthernetAddress};
 
@@ -672,6 +673,10 @@ struct Ctx<'a> {
     flow_rate: &'a mut FlowRate,
     /// The frame's time, for the new-flow limiter.
     now: Timestamp,
+    /// The frame came out of the tunnel ([`crate::tunnel`]): its sender
+    /// was checked against the Nodes' addresses instead of `podSourceMacs`,
+    /// and it is translated or dropped, never passed.
+    decapsulated: bool,
 }
 
 impl Worker {
@@ -719,6 +724,7 @@ impl Worker {
                 hold_fragments: *hold_fragments,
                 flow_rate,
                 now,
+                decapsulated: false,
             };
             match ctx.process(buf, len, meta, now) {
                 Verdict::Forward { len: out, .. }
@@ -806,6 +812,44 @@ impl Ctx<'_> {
         if len < MIN_FRAME || len > buf.len() {
             return Verdict::Drop(DropReason::MalformedEthernet);
         }
+        if !self.decapsulated {
+            match tunnel::decapsulate(self.ingress.tunnel(), self.tables, self.ingress, &buf[..len], meta.ifindex) {
+                Decap::NotTunnel => {}
+                Decap::Drop(r) => return Verdict::Drop(r),
+                Decap::Inner { start, end } => return self.inner(buf, start, end, meta, now),
+            }
+        }
+        self.frame(buf, len, meta, now)
+    }
+
+    /// The inner frame of a tunnel frame, `buf[start..end]`, through the
+    /// pipeline; what it gives is moved to the start of `buf` (a copy of
+    /// one frame, on the workers' path only: the XDP program strips the
+    /// outer headers itself for established flows), and what would have
+    /// been passed or answered is dropped.
+    fn inner(&mut self, buf: &mut [u8], start: usize, end: usize, meta: RxMeta, now: Timestamp) -> Verdict {
+        self.stats.event(Event::Decapsulated);
+        self.decapsulated = true;
+        let v = self.process(&mut buf[start..], end - start, meta, now);
+        self.decapsulated = false;
+        match v {
+            Verdict::Forward { ifindex, len } => {
+                buf.copy_within(start..start + len, 0);
+                Verdict::Forward { ifindex, len }
+            }
+            Verdict::Hold { ifindex, next_hop, len } => {
+                buf.copy_within(start..start + len, 0);
+                Verdict::Hold { ifindex, next_hop, len }
+            }
+            Verdict::ToKernel { l3, end } => Verdict::ToKernel { l3: start + l3, end: start + end },
+            Verdict::Pass | Verdict::Answer { .. } => Verdict::Drop(DropReason::DecapNotSteered),
+            // A held fragment is kept unchanged, outer headers and all, and
+            // decapsulated again when it is processed again.
+            Verdict::HoldFragment { .. } | Verdict::Drop(_) => v,
+        }
+    }
+
+    fn frame(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
         #[cfg(test)]
         let lean = tests::LEAN.with(std::cell::Cell::get);
         #[cfg(not(test))]
@@ -1091,6 +1135,7 @@ impl Ctx<'_> {
         // Anti-spoofing: a pod's packet only from where pods' traffic comes.
         if dir == Direction::Outbound
             && self.ingress.restricts()
+            && !self.decapsulated
             && self.ingress.admits_pods(meta.ifindex, &h[6..12]).is_err()
         {
             return None;
@@ -1325,7 +1370,7 @@ impl Ctx<'_> {
     /// receiving interface and link-layer sender (ingress.rs).
     #[inline]
     fn admits_pods(&self, buf: &[u8], meta: RxMeta) -> Result<(), DropReason> {
-        if !self.ingress.restricts() {
+        if !self.ingress.restricts() || self.decapsulated {
             return Ok(());
         }
         self.ingress.admits_pods(meta.ifindex, buf.get(6..12).unwrap_or(&[]))

@@ -46,6 +46,7 @@ pub mod ownership;
 pub mod policy;
 pub mod stats;
 pub mod tables;
+pub mod tunnel;
 pub mod wire;
 pub mod worker;
 pub mod xsk;

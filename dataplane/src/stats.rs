@@ -161,6 +161,22 @@ named_enum! {
         /// (an overlay's tunnel) that the gateway's kernel refused
         /// (kernel_tx.rs: over the route's MTU, send buffer full, no route).
         KernelSendFailed => "kernel_send_failed",
+        /// A tunnel frame (UDP to the tunnel port of an egress IP) on an
+        /// outside interface: nodes send from the inside (docs/adr/0031).
+        DecapOnOutside => "decap_on_outside",
+        /// A tunnel frame whose outer source is no Node's InternalIP.
+        DecapUnknownNode => "decap_unknown_node",
+        /// A tunnel frame that is an outer IPv4 fragment (the nodes' route
+        /// MTU keeps them whole; a smaller path MTU between subnets shows here).
+        DecapFragment => "decap_fragment",
+        /// A tunnel frame with bad lengths or a Geneve header Egret's nodes
+        /// do not send (version, options, O/C bits, protocol, VNI).
+        DecapMalformed => "decap_malformed",
+        /// A tunnel frame whose inner frame is not untagged IPv4 or IPv6.
+        DecapNotIp => "decap_not_ip",
+        /// A tunnel frame whose inner packet is not a selected pod's to
+        /// translate (it would be passed or answered otherwise: never).
+        DecapNotSteered => "decap_not_steered",
     }
 }
 
@@ -181,6 +197,9 @@ named_enum! {
         PartialChecksumCompleted => "partial_checksum_completed",
         /// A hairpinned packet (pod to another pod's mapping) was translated twice.
         Hairpinned => "hairpinned",
+        /// A frame from a node's tunnel was decapsulated by a worker
+        /// (the XDP program's own count is `fast_path` / `redirect_decap`).
+        Decapsulated => "decapsulated",
         /// An ICMP error was translated by its embedded header.
         IcmpErrorTranslated => "icmp_error_translated",
         /// A non-first fragment was translated through the fragment cache.

@@ -1,0 +1,215 @@
+//! Frames that worker nodes in other subnets send through Egret's Geneve
+//! tunnel (docs/adr/0031-workers-in-any-subnet.md).
+//!
+//! A node whose route to its next hop N crosses a router encapsulates its
+//! selected pods' packets: outer IP from the Node's InternalIP to N (an
+//! egress IP, or its companion next hop), UDP to the tunnel port, Geneve
+//! ([`crate::wire::geneve`]), then the pod's Ethernet frame. The XDP
+//! program checks the same things first (its tunnel rule) and either
+//! translates the inner packet itself (a fast-path hit) or hands the whole
+//! frame to a worker, which calls [`decapsulate`] and runs the pipeline on
+//! the inner frame.
+//!
+//! Once a frame is recognised as the tunnel's (UDP to the tunnel port of an
+//! address this gateway translates for), it is Egret's: it is translated
+//! or dropped under a named reason, never passed to the kernel, never
+//! answered. Only Nodes of the cluster may send it ([`Tunnel::nodes`]: the
+//! gateways load every Node's InternalIPs), never on an outside interface;
+//! that check replaces the `podSourceMacs` check for the inner frame, whose
+//! outer link-layer sender is a router.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ahash::AHashSet;
+
+use crate::ingress::{Ingress, IngressRole};
+use crate::stats::DropReason;
+use crate::tables::Tables;
+use crate::wire::{checksum, ethernet, geneve, ipv4, ipv6, udp, EtherType, IpProtocol};
+
+/// The tunnel's settings and the addresses allowed to send into it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tunnel {
+    /// The UDP destination port (`tunnel.port`).
+    pub port: u16,
+    /// The Geneve VNI.
+    pub vni: u32,
+    /// Every Node's InternalIPs: the only outer sources accepted.
+    pub nodes: AHashSet<IpAddr>,
+}
+
+impl Tunnel {
+    /// Egret's VNI on `port`, accepting `nodes`.
+    pub fn new(port: u16, nodes: impl IntoIterator<Item = IpAddr>) -> Self {
+        Tunnel { port, vni: geneve::EGRET_VNI, nodes: nodes.into_iter().collect() }
+    }
+}
+
+/// What [`decapsulate`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decap {
+    /// Not the tunnel's: the frame goes through the pipeline as it is.
+    NotTunnel,
+    /// The inner Ethernet frame is `buf[start..end]`.
+    Inner {
+        /// Where the inner Ethernet header starts.
+        start: usize,
+        /// Where the inner frame ends (the UDP datagram's end).
+        end: usize,
+    },
+    /// The tunnel's, refused.
+    Drop(DropReason),
+}
+
+/// The outer headers of a frame that may be the tunnel's.
+struct Outer {
+    src: IpAddr,
+    dst: IpAddr,
+    fragment: bool,
+    /// Where the UDP header starts, and where the IP packet ends.
+    l4: usize,
+    end: usize,
+}
+
+/// Reads the outer Ethernet, IP (IPv4 without options, IPv6 with UDP as its
+/// next header: what the XDP rule matches) and finds the UDP header. `None`
+/// when the frame cannot be the tunnel's.
+fn outer(frame: &[u8]) -> Option<Outer> {
+    let l2 = ethernet::l2_info(frame).ok()?;
+    let l3 = frame.get(l2.l3_offset..)?;
+    match l2.ethertype {
+        EtherType::IPV4 => {
+            let ip = ipv4::Packet::new_unchecked(l3);
+            let hdr = l3.get(..ipv4::MIN_HEADER_LEN)?;
+            if hdr[0] != 0x45 || ip.protocol() != IpProtocol::UDP {
+                return None;
+            }
+            let end = l2.l3_offset + usize::from(ip.total_len());
+            Some(Outer {
+                src: IpAddr::V4(ip.src_addr()),
+                dst: IpAddr::V4(ip.dst_addr()),
+                fragment: ip.is_fragment(),
+                l4: l2.l3_offset + ipv4::MIN_HEADER_LEN,
+                end,
+            })
+        }
+        EtherType::IPV6 => {
+            let ip = ipv6::Packet::new_unchecked(l3);
+            if l3.len() < ipv6::HEADER_LEN || ip.version() != 6 || ip.next_header() != IpProtocol::UDP {
+                return None;
+            }
+            Some(Outer {
+                src: IpAddr::V6(ip.src_addr()),
+                dst: IpAddr::V6(ip.dst_addr()),
+                fragment: false,
+                l4: l2.l3_offset + ipv6::HEADER_LEN,
+                end: l2.l3_offset + ipv6::HEADER_LEN + usize::from(ip.payload_len()),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Whether `frame` (received on `ifindex`) is the tunnel's and, if so,
+/// where its inner frame is or why it is refused. `tunnel` is `None` when
+/// the gateway has no tunnel configured: nothing is the tunnel's.
+pub fn decapsulate(tunnel: Option<&Tunnel>, tables: &Tables, ingress: &Ingress, frame: &[u8], ifindex: u32) -> Decap {
+    let Some(tunnel) = tunnel else { return Decap::NotTunnel };
+    let Some(o) = outer(frame) else { return Decap::NotTunnel };
+    let Some(port) = frame.get(o.l4 + 2..o.l4 + 4) else { return Decap::NotTunnel };
+    if u16::from_be_bytes([port[0], port[1]]) != tunnel.port || !tables.owns_egress(o.dst) {
+        return Decap::NotTunnel;
+    }
+    // From here on the frame is Egret's: translated or dropped.
+    if ingress.interfaces().iter().any(|i| i.ifindex == ifindex && i.role == IngressRole::Outside) {
+        return Decap::Drop(DropReason::DecapOnOutside);
+    }
+    if !tunnel.nodes.contains(&o.src) {
+        return Decap::Drop(DropReason::DecapUnknownNode);
+    }
+    if o.fragment {
+        return Decap::Drop(DropReason::DecapFragment);
+    }
+    let Some(datagram) = frame.get(o.l4..o.end) else { return Decap::Drop(DropReason::DecapMalformed) };
+    let Ok(u) = udp::Packet::new_checked(datagram) else { return Decap::Drop(DropReason::DecapMalformed) };
+    let g = match geneve::Packet::new_checked(u.payload()) {
+        Ok(g) if g.check_egret(tunnel.vni).is_ok() => g,
+        _ => return Decap::Drop(DropReason::DecapMalformed),
+    };
+    let start = o.l4 + udp::HEADER_LEN + g.header_len();
+    let end = o.l4 + usize::from(u.length());
+    match ethernet::l2_info(g.payload()) {
+        Ok(l2) if l2.vlan_tci.is_none() && (l2.ethertype == EtherType::IPV4 || l2.ethertype == EtherType::IPV6) => {
+            Decap::Inner { start, end }
+        }
+        _ => Decap::Drop(DropReason::DecapNotIp),
+    }
+}
+
+/// Builds what a node sends for `inner` (an Ethernet frame): outer
+/// Ethernet from `macs.0` to `macs.1`, outer IP from `node` to `next_hop`,
+/// UDP from `src_port` to `tunnel_port`, Geneve with Egret's VNI. `None`
+/// when the two addresses are of different families. Tests, fixtures and
+/// benchmarks use it; the nodes' kernel builds the real thing.
+pub fn encapsulate(
+    inner: &[u8],
+    macs: ([u8; 6], [u8; 6]),
+    node: IpAddr,
+    next_hop: IpAddr,
+    src_port: u16,
+    tunnel_port: u16,
+) -> Option<Vec<u8>> {
+    let udp_len = udp::HEADER_LEN + geneve::HEADER_LEN + inner.len();
+    let mut f = Vec::with_capacity(ethernet::HEADER_LEN + ipv6::HEADER_LEN + udp_len);
+    f.extend_from_slice(&macs.1);
+    f.extend_from_slice(&macs.0);
+    let sum = match (node, next_hop) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            f.extend_from_slice(&EtherType::IPV4.to_be_bytes());
+            f.extend_from_slice(&ipv4_header(s, d, udp_len));
+            checksum::pseudo_header_v4(s, d, IpProtocol::UDP, udp_len as u32)
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            f.extend_from_slice(&EtherType::IPV6.to_be_bytes());
+            f.extend_from_slice(&ipv6_header(s, d, udp_len));
+            checksum::pseudo_header_v6(&s, &d, IpProtocol::UDP, udp_len as u32)
+        }
+        _ => return None,
+    };
+    let l4 = f.len();
+    f.extend_from_slice(&src_port.to_be_bytes());
+    f.extend_from_slice(&tunnel_port.to_be_bytes());
+    f.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    let mut g = [0u8; geneve::HEADER_LEN];
+    geneve::emit(&mut g, geneve::EGRET_VNI);
+    f.extend_from_slice(&g);
+    f.extend_from_slice(inner);
+    udp::Packet::new_unchecked(&mut f[l4..]).fill_checksum(sum);
+    Some(f)
+}
+
+fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, payload: usize) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0] = 0x45;
+    h[2..4].copy_from_slice(&((20 + payload) as u16).to_be_bytes());
+    h[6] = 0x40; // DF, as the nodes' kernel sets it on a route with an MTU
+    h[8] = 64;
+    h[9] = IpProtocol::UDP;
+    h[12..16].copy_from_slice(&src.octets());
+    h[16..20].copy_from_slice(&dst.octets());
+    let mut p = ipv4::Packet::new_unchecked(&mut h[..]);
+    p.fill_checksum();
+    h
+}
+
+fn ipv6_header(src: Ipv6Addr, dst: Ipv6Addr, payload: usize) -> [u8; 40] {
+    let mut h = [0u8; 40];
+    h[0] = 0x60;
+    h[4..6].copy_from_slice(&(payload as u16).to_be_bytes());
+    h[6] = IpProtocol::UDP;
+    h[7] = 64;
+    h[8..24].copy_from_slice(&src.octets());
+    h[24..40].copy_from_slice(&dst.octets());
+    h
+}
