@@ -813,7 +813,7 @@ impl Ctx<'_> {
             return Verdict::Drop(DropReason::MalformedEthernet);
         }
         if !self.decapsulated {
-            match tunnel::decapsulate(self.ingress.tunnel(), self.tables, self.ingress, &buf[..len], meta.ifindex) {
+            match tunnel::decapsulate(self.tables, self.ingress, &buf[..len], meta.ifindex) {
                 Decap::NotTunnel => {}
                 Decap::Drop(r) => return Verdict::Drop(r),
                 Decap::Inner { start, end } => return self.inner(buf, start, end, meta, now),

@@ -16,7 +16,6 @@
 
 use crate::fib::Mac;
 use crate::stats::DropReason;
-use crate::tunnel::Tunnel;
 
 /// What an interface is for (the configuration's `interfaces[].role`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,26 +44,12 @@ pub struct InterfaceIngress {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ingress {
     interfaces: Vec<InterfaceIngress>,
-    tunnel: Option<Tunnel>,
 }
 
 impl Ingress {
     /// A table over `interfaces` (empty: no restriction).
     pub fn new(interfaces: Vec<InterfaceIngress>) -> Self {
-        Ingress { interfaces, tunnel: None }
-    }
-
-    /// The same, accepting frames from the nodes' tunnel
-    /// (docs/adr/0031-workers-in-any-subnet.md).
-    pub fn with_tunnel(mut self, tunnel: Option<Tunnel>) -> Self {
-        self.tunnel = tunnel;
-        self
-    }
-
-    /// The tunnel, when the gateway accepts one.
-    #[inline]
-    pub fn tunnel(&self) -> Option<&Tunnel> {
-        self.tunnel.as_ref()
+        Ingress { interfaces }
     }
 
     /// The rules, in the order given.

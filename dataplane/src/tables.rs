@@ -20,6 +20,7 @@ use crate::lpm::{LpmAddr, Prefix};
 use crate::nat::key::NatAddr;
 use crate::nat::port_alloc::PortRange;
 use crate::policy::{Classifier, Decision, PolicyId, PolicyRules};
+use crate::tunnel::Tunnel;
 use crate::stats::POLICY_COUNTER_SLOTS;
 
 /// Endpoint mapping behaviour (RFC 4787 4.1).
@@ -241,6 +242,21 @@ pub struct TablesSpec {
     /// (a LoadBalancer VIP's or NodePort's inbound traffic).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub local_addresses: Vec<IpAddr>,
+    /// Frames from worker nodes in other subnets, through Egret's Geneve
+    /// tunnel (docs/adr/0031-workers-in-any-subnet.md). None: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<TunnelSpec>,
+}
+
+/// [`TablesSpec::tunnel`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TunnelSpec {
+    /// The UDP port the nodes send to (`tunnel.port`).
+    pub port: u16,
+    /// The only outer sources accepted: every Node's InternalIPs
+    /// (Kubernetes), or `tunnel.nodeAddresses` (the file).
+    pub nodes: Vec<IpAddr>,
 }
 
 /// [`TablesSpec::guard`]: empty means off.
@@ -293,6 +309,19 @@ pub enum SpecError {
     /// Endpoint-independent filtering needs endpoint-independent mapping.
     #[error("nat.filtering: endpoint-independent filtering needs nat.mapping: endpoint-independent")]
     FilteringNeedsEim,
+    /// The tunnel's port lies in a range of NAT ports: replies to sessions
+    /// mapped to it would be taken for the tunnel's frames.
+    #[error("tunnel.port: {port} lies in {field} {first}-{last}; choose a port outside every NAT port range")]
+    TunnelPortInNatRange {
+        /// The tunnel's port.
+        port: u16,
+        /// The range's field.
+        field: String,
+        /// First port of the range.
+        first: u16,
+        /// Last port of the range.
+        last: u16,
+    },
     /// The same egress IP twice.
     #[error("egressIPs[{index}].ip: {ip} is listed twice")]
     DuplicateEgressIp {
@@ -449,8 +478,27 @@ pub struct Tables {
     neighbor: AHashSet<IpAddr>,
     /// Policies left out, and why.
     pub errors: Vec<PolicyError>,
+    /// The nodes' tunnel, when accepted.
+    tunnel: Option<Tunnel>,
     /// The spec this was compiled from.
     pub spec: TablesSpec,
+}
+
+/// The tunnel of `spec`, its port checked against every NAT port range.
+fn compile_tunnel(spec: &TablesSpec) -> Result<Option<Tunnel>, SpecError> {
+    let Some(t) = &spec.tunnel else { return Ok(None) };
+    if t.port == 0 {
+        return Err(SpecError::OutOfRange { field: "tunnel.port", value: 0, allowed: "1-65535" });
+    }
+    let ranges = std::iter::once(("nat.ports".to_string(), spec.nat.ports)).chain(
+        spec.egress_ips.iter().enumerate().filter_map(|(i, e)| e.ports.map(|r| (format!("egressIPs[{i}].ports"), r))),
+    );
+    for (field, r) in ranges {
+        if (r.first..=r.last).contains(&t.port) {
+            return Err(SpecError::TunnelPortInNatRange { port: t.port, field, first: r.first, last: r.last });
+        }
+    }
+    Ok(Some(Tunnel::new(t.port, t.nodes.iter().copied())))
 }
 
 fn validate_range(field: String, r: PortRange) -> Result<(), SpecError> {
@@ -567,6 +615,7 @@ impl Tables {
             }
         }
         neighbor.extend(spec.neighbor_addresses.iter().copied());
+        let tunnel = compile_tunnel(spec)?;
 
         let mut errors = Vec::new();
         let mut policies: Vec<Policy> = Vec::new();
@@ -661,8 +710,15 @@ impl Tables {
             egress,
             neighbor,
             errors,
+            tunnel,
             spec: spec.clone(),
         })
+    }
+
+    /// The nodes' tunnel, when this gateway accepts it.
+    #[inline]
+    pub fn tunnel(&self) -> Option<&Tunnel> {
+        self.tunnel.as_ref()
     }
 
     /// The egress IP entry if this gateway holds `ip`.

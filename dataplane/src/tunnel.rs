@@ -111,10 +111,11 @@ fn outer(frame: &[u8]) -> Option<Outer> {
 }
 
 /// Whether `frame` (received on `ifindex`) is the tunnel's and, if so,
-/// where its inner frame is or why it is refused. `tunnel` is `None` when
-/// the gateway has no tunnel configured: nothing is the tunnel's.
-pub fn decapsulate(tunnel: Option<&Tunnel>, tables: &Tables, ingress: &Ingress, frame: &[u8], ifindex: u32) -> Decap {
-    let Some(tunnel) = tunnel else { return Decap::NotTunnel };
+/// where its inner frame is or why it is refused. Without a tunnel in the
+/// tables nothing is the tunnel's.
+#[inline]
+pub fn decapsulate(tables: &Tables, ingress: &Ingress, frame: &[u8], ifindex: u32) -> Decap {
+    let Some(tunnel) = tables.tunnel() else { return Decap::NotTunnel };
     let Some(o) = outer(frame) else { return Decap::NotTunnel };
     let Some(port) = frame.get(o.l4 + 2..o.l4 + 4) else { return Decap::NotTunnel };
     if u16::from_be_bytes([port[0], port[1]]) != tunnel.port || !tables.owns_egress(o.dst) {
