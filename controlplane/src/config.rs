@@ -24,7 +24,7 @@ use egret_bpf::XdpMode;
 use egret_dataplane::nat::port_alloc::PortRange;
 use egret_dataplane::tables::{
     EgressIpSpec, FilteringBehavior, FragmentSettings, MappingBehavior, NatSettings, PolicySlots, PolicySpec, Tables,
-    TablesSpec, Timeouts,
+    TablesSpec, Timeouts, TunnelSpec,
 };
 use ipnet::IpNet;
 
@@ -350,6 +350,8 @@ pub struct Overrides {
     pub gateway_selector: Option<String>,
     /// `nat.ports`.
     pub nat_ports: Option<PortRange>,
+    /// `tunnel.port`.
+    pub tunnel_port: Option<u16>,
 }
 
 impl Overrides {
@@ -383,6 +385,13 @@ impl Overrides {
                         given.join(" and ")
                     ));
                 }
+            }
+        }
+        if let Some(p) = self.tunnel_port {
+            if raw.kubernetes.is_some() || raw.tunnel.is_some() {
+                raw.tunnel.get_or_insert_with(Default::default).port = Some(p);
+            } else {
+                warnings.push("--tunnel-port ignored: the file has no tunnel: section".into());
             }
         }
     }
@@ -599,8 +608,16 @@ impl Checker<'_> {
             .filter(|e| e.kernel_service == Some(true))
             .filter_map(|e| e.ip.parse().ok())
             .collect();
-        let tables =
-            TablesSpec { policies, egress_ips, neighbor_addresses, nat, service_addresses, ..Default::default() };
+        let tunnel = self.tunnel(raw.tunnel.as_ref(), k8s.is_some());
+        let tables = TablesSpec {
+            policies,
+            egress_ips,
+            neighbor_addresses,
+            nat,
+            service_addresses,
+            tunnel,
+            ..Default::default()
+        };
         if self.errors.is_empty() {
             self.compile(&tables);
         }
@@ -618,6 +635,39 @@ impl Checker<'_> {
             kubernetes: k8s.flatten(),
             warnings: self.warnings,
         })
+    }
+
+    /// `tunnel:`: on by default in Kubernetes mode (the Nodes' InternalIPs
+    /// are the senders), on in file mode when the section is given (its
+    /// `nodeAddresses` are).
+    fn tunnel(&mut self, raw: Option<&raw::Tunnel>, kubernetes: bool) -> Option<TunnelSpec> {
+        let enabled = raw.map_or(kubernetes, |t| t.enabled.unwrap_or(true));
+        let port = raw.and_then(|t| t.port).unwrap_or(egret_dataplane::wire::geneve::DEFAULT_PORT);
+        if port == 0 {
+            self.invalid("tunnel.port", "0", "must be 1-65535");
+        }
+        let given = raw.and_then(|t| t.node_addresses.as_deref());
+        let mut nodes = Vec::new();
+        for (i, s) in given.unwrap_or_default().iter().enumerate() {
+            let field = format!("tunnel.nodeAddresses[{i}]");
+            match self.ip(field.clone(), s) {
+                Some(ip) if nodes.contains(&ip) => self.invalid(field, s.as_str(), "listed twice"),
+                Some(ip) => nodes.push(ip),
+                None => {}
+            }
+        }
+        match (kubernetes, given) {
+            (true, Some(list)) => self.invalid(
+                "tunnel.nodeAddresses",
+                format!("{} addresses", list.len()),
+                "must not be set with kubernetes: (the Nodes' InternalIPs are the senders)",
+            ),
+            (false, None) | (false, Some([])) if enabled => {
+                self.rule("tunnel.nodeAddresses", "missing or empty: list the nodes that may send (or enabled: false)")
+            }
+            _ => {}
+        }
+        enabled.then_some(TunnelSpec { port, nodes })
     }
 
     fn interfaces(&mut self, list: &[raw::Interface]) -> Vec<InterfaceConfig> {

@@ -133,6 +133,10 @@ struct ClusterFlags {
     /// The NAT port range (FIRST-LAST): replaces the file's `nat.ports`.
     #[arg(long, value_parser = parse_ports)]
     nat_ports: Option<PortRange>,
+    /// The UDP port of the nodes' tunnel (1-65535): replaces the file's
+    /// `tunnel.port`; the node agents' `--tunnel-port` must be the same.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    tunnel_port: Option<u16>,
 }
 
 /// A command-line value that cannot be used. The value parsers' errors
@@ -236,6 +240,7 @@ impl ClusterFlags {
             cluster_pod_cidrs: Some(cidrs(&self.cluster_pod_cidr)).filter(|c| !c.is_empty()),
             gateway_selector: self.gateway_selector,
             nat_ports: self.nat_ports,
+            tunnel_port: self.tunnel_port,
         }
     }
 }
@@ -849,6 +854,7 @@ mod tests {
             "10.3.0.0/16",
             "--gateway-selector=example.com/egress=yes",
             "--nat-ports=40000-49999",
+            "--tunnel-port=7000",
             "--metrics-listen=192.0.2.7:9469",
         ])
         .unwrap_or_else(|e| panic!("{e}"));
@@ -858,6 +864,7 @@ mod tests {
         assert_eq!(cidrs, ["10.1.0.0/16", "fd00:10::/56", "10.3.0.0/16"]);
         assert_eq!(o.gateway_selector.as_deref(), Some("example.com/egress=yes"));
         assert_eq!(o.nat_ports, Some(PortRange { first: 40000, last: 49999 }));
+        assert_eq!(o.tunnel_port, Some(7000));
         let cli = Cli::try_parse_from(["egret", "gateway", "--config", "f"]).unwrap_or_else(|e| panic!("{e}"));
         let Command::Gateway { cluster, .. } = cli.command else { panic!("{:?}", cli.command) };
         assert_eq!(cluster.overrides(), config::Overrides::default(), "no flag: the file's values");
@@ -876,6 +883,8 @@ mod tests {
             ("--nat-ports=0-1000", "--nat-ports"),
             ("--nat-ports=40000", "--nat-ports"),
             ("--nat-ports=1-70000", "--nat-ports"),
+            ("--tunnel-port=0", "--tunnel-port"),
+            ("--tunnel-port=", "--tunnel-port"),
         ] {
             let e = Cli::try_parse_from(["egret", "gateway", "--config", "f", bad]).expect_err(bad).to_string();
             assert!(e.contains(flag), "{bad}: {e}");

@@ -39,6 +39,21 @@ pub struct Config {
     /// `kubernetes:`.
     #[serde(default)]
     pub kubernetes: Option<Kubernetes>,
+    /// `tunnel:`.
+    #[serde(default)]
+    pub tunnel: Option<Tunnel>,
+}
+
+/// `tunnel:` (docs/config.md: nodes in other subnets, docs/adr/0031).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Tunnel {
+    /// Default: true in Kubernetes mode, true when the section is given.
+    pub enabled: Option<bool>,
+    /// The UDP port (default 6082).
+    pub port: Option<u16>,
+    /// Without Kubernetes: the nodes that may send.
+    pub node_addresses: Option<Vec<String>>,
 }
 
 /// `interfaces[i]`.

@@ -221,7 +221,7 @@ fn syntax_errors_carry_line_and_column() {
         ("interfaces: [\n  {name: eth0, role: both\n", "gw.yaml:2:3: unclosed bracket '{'"),
         (
             "interfaces: []\nbogus: 1\n",
-            "gw.yaml:2:1: unknown field `bogus`, expected one of interfaces, xdp, workers, egressIPs, neighborAddresses, policies, nat, admin, metrics, kubernetes",
+            "gw.yaml:2:1: unknown field `bogus`, expected one of interfaces, xdp, workers, egressIPs, neighborAddresses, policies, nat, admin, metrics, kubernetes, tunnel",
         ),
         ("nat:\n  maxSessions: -3\n", "gw.yaml:2:16: invalid u64"),
         ("nat:\n  timeouts: {udp: 300, tcp: 1}\n", "gw.yaml:2:24: unknown field `tcp`, expected one of udp, tcpEstablished, tcpTransitory, icmp"),
@@ -294,8 +294,10 @@ fn overrides_replace_the_files_values() {
         cluster_pod_cidrs: Some(vec!["10.1.0.0/16".parse().unwrap(), "fd00:10::/56".parse().unwrap()]),
         gateway_selector: Some("example.com/egress=yes".into()),
         nat_ports: Some(PortRange { first: 40000, last: 49999 }),
+        tunnel_port: Some(7000),
     };
     let c = load_str_with("gw.yaml", file, &o).unwrap();
+    assert_eq!(c.tables.tunnel.as_ref().map(|t| t.port), Some(7000));
     let k = c.kubernetes.unwrap();
     assert_eq!(k.cluster_pod_cidrs, o.cluster_pod_cidrs.clone().unwrap());
     assert_eq!(k.gateway_selector, "example.com/egress=yes");
@@ -318,7 +320,49 @@ fn overrides_replace_the_files_values() {
     assert_eq!(c.tables.nat.ports, PortRange { first: 40000, last: 49999 });
     assert_eq!(
         c.warnings,
-        ["--cluster-pod-cidr and --gateway-selector ignored: the file has no kubernetes: section (not in Kubernetes mode)"]
+        [
+            "--cluster-pod-cidr and --gateway-selector ignored: the file has no kubernetes: section (not in Kubernetes mode)",
+            "--tunnel-port ignored: the file has no tunnel: section",
+        ]
+    );
+    assert_eq!(c.tables.tunnel, None);
+}
+
+/// `tunnel:` (docs/config.md): on by default in Kubernetes mode, with the
+/// Nodes as senders; in file mode on when given, with its
+/// `nodeAddresses`; every mistake names the field and the value.
+#[test]
+fn the_nodes_tunnel() {
+    let k8s = "interfaces: [{name: eth0}]\nkubernetes: {}\n";
+    let c = load_str("gw.yaml", k8s).unwrap();
+    assert_eq!(c.tables.tunnel, Some(TunnelSpec { port: 6082, nodes: vec![] }));
+    let off = format!("{k8s}tunnel: {{enabled: false}}\n");
+    assert_eq!(load_str("gw.yaml", &off).unwrap().tables.tunnel, None);
+    assert_eq!(load_str("gw.yaml", GOOD).unwrap().tables.tunnel, None, "file mode: off unless given");
+    let file = format!("{GOOD}tunnel:\n  port: 7000\n  nodeAddresses: [192.0.2.31, \"2001:db8:2::31\"]\n");
+    let c = load_str("gw.yaml", &file).unwrap();
+    assert_eq!(
+        c.tables.tunnel,
+        Some(TunnelSpec { port: 7000, nodes: vec!["192.0.2.31".parse().unwrap(), "2001:db8:2::31".parse().unwrap()] })
+    );
+    for (tunnel, want) in [
+        ("{}", "gw.yaml: tunnel.nodeAddresses: missing or empty: list the nodes that may send (or enabled: false)"),
+        ("{nodeAddresses: [node-1]}", r#"gw.yaml: tunnel.nodeAddresses[0]: "node-1": not an IP address"#),
+        (
+            "{nodeAddresses: [192.0.2.1, 192.0.2.1]}",
+            r#"gw.yaml: tunnel.nodeAddresses[1]: "192.0.2.1": listed twice"#,
+        ),
+        ("{port: 0, nodeAddresses: [192.0.2.1]}", r#"gw.yaml: tunnel.port: "0": must be 1-65535"#),
+        (
+            "{port: 40000, nodeAddresses: [192.0.2.1]}",
+            "gw.yaml: tunnel.port: 40000 lies in nat.ports 32768-60999; choose a port outside every NAT port range",
+        ),
+    ] {
+        assert_eq!(errors(&format!("{GOOD}tunnel: {tunnel}\n")), [want], "{tunnel}");
+    }
+    assert_eq!(
+        errors(&format!("{k8s}tunnel: {{nodeAddresses: [192.0.2.1]}}\n")),
+        [r#"gw.yaml: tunnel.nodeAddresses: "1 addresses": must not be set with kubernetes: (the Nodes' InternalIPs are the senders)"#]
     );
 }
 

@@ -1035,6 +1035,7 @@ async fn spawn_kubernetes(
     opts.resync_period = k.resync_period;
     opts.liveness = k.liveness;
     opts.nat = cfg.tables.nat;
+    opts.tunnel_port = cfg.tables.tunnel.as_ref().map(|t| t.port);
     opts.guard = egret_dataplane::tables::SourceGuard {
         interfaces: cfg.interfaces.iter().map(|i| i.name.clone()).collect(),
         sources: k.cluster_pod_cidrs.clone(),

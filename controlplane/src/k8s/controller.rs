@@ -96,7 +96,7 @@ struct Stores {
     policies: Store<EgressPolicy>,
     pools: Store<EgressIPPool>,
     nodes: Store<Node>,
-    all_nodes: Store<PartialObjectMeta<Node>>,
+    all_nodes: Store<Node>,
     leases: Store<Lease>,
 }
 
@@ -196,6 +196,27 @@ fn watch_node_metadata_restarting(
     reader
 }
 
+/// Every Node, trimmed as it arrives to its name, labels and InternalIPs
+/// ([`observe::trim_node`]): `PerNode` policies' targets, and the outer
+/// sources the nodes' tunnel accepts (docs/adr/0031). The metadata-only
+/// watch this replaces carried no addresses; the list is of whole Nodes,
+/// the memory of what is kept.
+fn watch_nodes_trimmed(
+    api: Api<Node>,
+    cfg: watcher::Config,
+    notify: Arc<Notify>,
+    restart: &Arc<Notify>,
+    tasks: &mut JoinSet<()>,
+) -> Store<Node> {
+    let (reader, writer) = reflector::store();
+    let stream = Restartable::new(api, cfg, restart.clone())
+        .map_ok(|ev| ev.modify(observe::trim_node))
+        .default_backoff()
+        .reflect(writer);
+    drive("Node".to_string(), stream, notify, tasks);
+    reader
+}
+
 /// Runs a reflector stream, waking the loop on every event and logging
 /// failures once per outage.
 fn drive<T, E: std::fmt::Display>(
@@ -251,13 +272,7 @@ impl Stores {
                 restart,
                 tasks,
             ),
-            all_nodes: watch_node_metadata_restarting(
-                Api::all(client.clone()),
-                all.clone(),
-                notify.clone(),
-                restart,
-                tasks,
-            ),
+            all_nodes: watch_nodes_trimmed(Api::all(client.clone()), all.clone(), notify.clone(), restart, tasks),
             leases: watch_with(
                 Api::namespaced(client.clone(), &opts.lease_namespace),
                 all.labels(&format!("{LEASE_LABEL}={LEASE_LABEL_VALUE}")),
@@ -305,7 +320,7 @@ impl Stores {
                 .filter(|n| !observe::draining(n) || Some(n.name_any().as_str()) == keep)
                 .map(|n| observe::node(n))
                 .collect(),
-            nodes: self.all_nodes.state().iter().map(|n| observe::node_meta(&n.metadata)).collect(),
+            nodes: self.all_nodes.state().iter().map(|n| observe::node(n)).collect(),
             leases: leases.iter().map(|(ip, r)| (*ip, observe::lease_info(r, &liveness))).collect(),
             held: BTreeSet::new(),
             cloud: BTreeMap::new(),
@@ -1431,6 +1446,7 @@ pub async fn run_supervised(
             node_name: opts.node_name.clone(),
             nat: opts.nat,
             guard: opts.guard.clone(),
+            tunnel_port: opts.tunnel_port,
             role: super::desired::Role::Gateway,
         },
         client,

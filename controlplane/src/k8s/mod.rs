@@ -71,6 +71,10 @@ pub struct K8sOptions {
     pub guard: SourceGuard,
     /// `kubernetes.ha` (None: no channel between gateways).
     pub ha: Option<crate::ha::HaOptions>,
+    /// The nodes' tunnel port (`tunnel.port`, default 6082; None:
+    /// `tunnel.enabled: false`): nodes in other subnets reach the gateways
+    /// through it (docs/adr/0031).
+    pub tunnel_port: Option<u16>,
     /// The gateway DaemonSet, once read: the owner of the Leases written
     /// (the garbage collector deletes them with it: [`uninstall`]).
     pub lease_owner: uninstall::OwnerSlot,
@@ -93,6 +97,7 @@ impl K8sOptions {
             nat: NatSettings::default(),
             guard: SourceGuard::default(),
             ha: None,
+            tunnel_port: Some(egret_dataplane::wire::geneve::DEFAULT_PORT),
             lease_owner: uninstall::OwnerSlot::default(),
             liveness: true,
         }

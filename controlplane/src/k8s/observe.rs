@@ -133,12 +133,33 @@ pub fn namespace(n: &Namespace) -> (String, BTreeMap<String, String>) {
 
 /// A gateway Node.
 pub fn node(n: &Node) -> NodeInfo {
-    NodeInfo { name: n.name_any(), labels: n.labels().clone() }
+    NodeInfo { name: n.name_any(), labels: n.labels().clone(), internal_ips: internal_ips(n) }
 }
 
-/// Any Node, from its metadata.
+/// Any Node, from its metadata (no addresses).
 pub fn node_meta(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NodeInfo {
-    NodeInfo { name: m.name.clone().unwrap_or_default(), labels: m.labels.clone().unwrap_or_default() }
+    NodeInfo { name: m.name.clone().unwrap_or_default(), labels: m.labels.clone().unwrap_or_default(), internal_ips: vec![] }
+}
+
+/// A Node's `status.addresses` of type InternalIP that parse.
+pub fn internal_ips(n: &Node) -> Vec<IpAddr> {
+    let addresses = n.status.as_ref().and_then(|s| s.addresses.as_ref());
+    addresses.into_iter().flatten().filter(|a| a.type_ == "InternalIP").filter_map(|a| a.address.parse().ok()).collect()
+}
+
+/// What the gateways keep of every Node (`controller::watch_nodes`): its
+/// name, labels and InternalIPs. A Node's images, conditions and the rest
+/// of its status run to kilobytes; a large cluster's would be held whole.
+pub fn trim_node(n: &mut Node) {
+    let m = &mut n.metadata;
+    m.managed_fields = None;
+    m.annotations = None;
+    m.owner_references = None;
+    n.spec = None;
+    if let Some(s) = n.status.as_mut() {
+        let addresses = s.addresses.take().map(|a| a.into_iter().filter(|a| a.type_ == "InternalIP").collect());
+        *s = k8s_openapi::api::core::v1::NodeStatus { addresses, ..Default::default() };
+    }
 }
 
 /// An `EgressPolicy`.

@@ -167,6 +167,7 @@ pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Resul
         node_name: opts.node_name.clone(),
         nat: NatSettings { ports: opts.nat_ports, ..NatSettings::default() },
         guard: Default::default(),
+        tunnel_port: None,
         role: Role::Node,
     };
     let d = desired(obs, &local_cfg, Timestamp::now());

@@ -138,6 +138,9 @@ pub struct NodeInfo {
     pub name: String,
     /// Labels (for `gatewaySelector`s).
     pub labels: Labels,
+    /// `status.addresses` of type InternalIP: the outer sources the
+    /// gateways accept in the nodes' tunnel (docs/adr/0031).
+    pub internal_ips: Vec<IpAddr>,
 }
 
 /// An egress IP's Lease as last observed.
@@ -192,6 +195,9 @@ pub struct LocalConfig {
     pub nat: NatSettings,
     /// The source guard (`kubernetes.clusterPodCIDRs`), passed through.
     pub guard: SourceGuard,
+    /// The nodes' tunnel port (`tunnel.port`; None: `tunnel.enabled:
+    /// false`): every Node's InternalIPs may send into it.
+    pub tunnel_port: Option<u16>,
     /// Who computes: a gateway, or the node agent of `node_name`.
     pub role: Role,
 }

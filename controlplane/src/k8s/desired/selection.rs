@@ -1,10 +1,10 @@
 //! Selection, candidates, tables: the pods each source selects, the ranked
 //! candidate gateways of each granted egress IP, and this gateway's tables.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use egret_dataplane::tables::{EgressIpSpec, PolicySpec, TablesSpec};
+use egret_dataplane::tables::{EgressIpSpec, PolicySpec, TablesSpec, TunnelSpec};
 use ipnet::IpNet;
 
 use super::sources::{selects, Source};
@@ -132,7 +132,15 @@ pub(super) fn tables(
         guard: local.guard.clone(),
         // The daemon's sink adds the node's addresses (from the kernel).
         local_addresses: Vec::new(),
+        tunnel: local.tunnel_port.map(|port| tunnel(obs, port)),
     }
+}
+
+/// The nodes' tunnel: every Node's InternalIPs, gateways included (a
+/// gateway Node's own pods may be steered to another gateway).
+fn tunnel(obs: &Observed, port: u16) -> TunnelSpec {
+    let nodes: BTreeSet<IpAddr> = obs.nodes.iter().flat_map(|n| n.internal_ips.iter().copied()).collect();
+    TunnelSpec { port, nodes: nodes.into_iter().collect() }
 }
 
 fn host_net(ip: IpAddr) -> IpNet {

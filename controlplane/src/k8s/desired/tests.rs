@@ -58,7 +58,7 @@ fn team_policy(name: &str, age: i64, ips: &[&str]) -> PolicyInfo {
 }
 
 fn gw(name: &str, l: &[(&str, &str)]) -> NodeInfo {
-    NodeInfo { name: name.into(), labels: labels(l) }
+    NodeInfo { name: name.into(), labels: labels(l), internal_ips: vec![] }
 }
 
 fn lease(holder: &str, acquired: i64, renewed: i64) -> LeaseInfo {
@@ -90,6 +90,7 @@ fn local() -> LocalConfig {
         node_name: "gw-1".into(),
         nat: NatSettings::default(),
         guard: SourceGuard::default(),
+        tunnel_port: None,
         role: Role::Gateway,
     }
 }
@@ -798,4 +799,52 @@ fn the_tables_compile_in_the_dataplane() {
     assert_eq!(tables.errors, vec![]);
     assert_eq!(tables.policies.len(), 2);
     assert!(tables.owns_egress(ip("198.51.100.20")));
+}
+
+/// The nodes' tunnel accepts every Node's InternalIPs, both families,
+/// each once, and is absent when `tunnel.enabled: false`.
+#[test]
+fn the_tunnel_accepts_every_nodes_internal_ips() {
+    let mut obs = cluster();
+    let node = |name: &str, ips: &[&str]| NodeInfo {
+        name: name.into(),
+        labels: labels(&[]),
+        internal_ips: ips.iter().map(|s| ip(s)).collect(),
+    };
+    obs.nodes = vec![
+        node("w1", &["192.0.2.31", "2001:db8:2::31"]),
+        node("w2", &["198.51.100.32"]),
+        node("gw-1", &["192.0.2.11"]),
+        node("no-address-yet", &[]),
+    ];
+    let on = LocalConfig { tunnel_port: Some(6082), ..local() };
+    let tunnel = desired(&obs, &on, t(1)).tables.tunnel.expect("tunnel on");
+    assert_eq!(tunnel.port, 6082);
+    assert_eq!(
+        tunnel.nodes,
+        ["192.0.2.11", "192.0.2.31", "198.51.100.32", "2001:db8:2::31"].iter().map(|s| ip(s)).collect::<Vec<_>>()
+    );
+    assert_eq!(desired(&obs, &local(), t(1)).tables.tunnel, None);
+}
+
+/// What the gateways keep of a Node: name, labels, InternalIPs.
+#[test]
+fn nodes_are_trimmed_to_name_labels_and_internal_ips() {
+    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus, NodeSystemInfo};
+    let mut n = Node::default();
+    n.metadata.name = Some("w1".into());
+    n.metadata.labels = Some([("zone".to_string(), "a".to_string())].into());
+    n.metadata.annotations = Some([("big".to_string(), "x".repeat(4096))].into());
+    let addr = |t: &str, a: &str| NodeAddress { type_: t.into(), address: a.into() };
+    n.status = Some(NodeStatus {
+        addresses: Some(vec![addr("InternalIP", "192.0.2.31"), addr("Hostname", "w1"), addr("ExternalIP", "203.0.113.9")]),
+        node_info: Some(NodeSystemInfo { kernel_version: "6.18".into(), ..Default::default() }),
+        ..Default::default()
+    });
+    crate::k8s::observe::trim_node(&mut n);
+    let info = crate::k8s::observe::node(&n);
+    assert_eq!((info.name.as_str(), info.internal_ips), ("w1", vec![ip("192.0.2.31")]));
+    assert_eq!(info.labels, labels(&[("zone", "a")]));
+    assert_eq!(n.metadata.annotations, None);
+    assert_eq!(n.status.and_then(|s| s.node_info), None);
 }
