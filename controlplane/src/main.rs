@@ -610,6 +610,13 @@ fn check_config(file: &std::path::Path, metrics_listen: Option<SocketAddr>, clus
                 c.metrics_listen
             ));
             s.push_str(&format!("nat ports {}-{}\n", c.tables.nat.ports.first, c.tables.nat.ports.last));
+            match &c.tables.tunnel {
+                Some(t) if c.kubernetes.is_some() => {
+                    s.push_str(&format!("tunnel port {}: from every Node's InternalIPs\n", t.port))
+                }
+                Some(t) => s.push_str(&format!("tunnel port {}: from {} node addresses\n", t.port, t.nodes.len())),
+                None => s.push_str("tunnel off\n"),
+            }
             for e in &c.tables.egress_ips {
                 let ports = e.ports.unwrap_or(c.tables.nat.ports);
                 s.push_str(&format!(

@@ -628,6 +628,7 @@ fn the_shipped_gateway_configuration_loads() {
             first: first.parse().unwrap(),
             last: last.parse().unwrap(),
         }),
+        tunnel_port: Some(cluster["tunnel-port"].parse().expect("tunnel-port: a UDP port")),
     };
     let text = scalar(&lookup(one(&manifest, "ConfigMap", "gateway"), "data")["gateway.yaml"]);
     let cfg = egret_controlplane::config::load_str_with("gateway.yaml", &text, &overrides).unwrap();
@@ -998,11 +999,12 @@ fn both_daemonsets_can_tell_an_uninstall_from_a_restart() {
 const CLUSTER_CONFIGMAP: &str = "egret-cluster";
 
 /// Its keys, and for each the DaemonSets (by component) that take it.
-const CLUSTER_KEYS: [(&str, &[&str]); 4] = [
+const CLUSTER_KEYS: [(&str, &[&str]); 5] = [
     ("gateway-label", &["gateway"]),
     ("nat-ports", &["gateway", "node"]),
     ("pod-cidrs", &["gateway", "node"]),
     ("service-cidrs", &["node"]),
+    ("tunnel-port", &["gateway", "node"]),
 ];
 
 /// `egret-cluster`'s data.
@@ -1104,7 +1106,7 @@ fn the_plain_manifests_name_each_cluster_setting_once() {
     let keys: Vec<&str> = cluster.keys().map(String::as_str).collect();
     assert_eq!(keys, CLUSTER_KEYS.map(|(k, _)| k), "{CLUSTER_CONFIGMAP}'s keys");
     let at = |key: &str| format!("ConfigMap {CLUSTER_CONFIGMAP}: data.{key}");
-    for key in ["pod-cidrs", "service-cidrs", "nat-ports"] {
+    for key in ["pod-cidrs", "service-cidrs", "nat-ports", "tunnel-port"] {
         for literal in cluster[key].split(',') {
             assert!(!literal.trim().is_empty(), "{key}: {:?} has an empty item", cluster[key]);
             assert_eq!(places_of(&docs, literal), [at(key)], "{key}: {literal} is written in more than one place");
@@ -1173,6 +1175,7 @@ fn the_cluster_settings_reach_both_processes_as_the_charts_do() {
         ("nat-ports", "40000-49999"),
         ("pod-cidrs", "10.1.0.0/16,fd00:10::/56"),
         ("service-cidrs", "10.2.0.0/16,fd00:20::/108"),
+        ("tunnel-port", "7000"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -1202,13 +1205,19 @@ fn the_cluster_settings_reach_both_processes_as_the_charts_do() {
                 &format!("cluster.gatewayLabel.value={lvalue}"),
                 "--set",
                 &format!("config.nat.ports={}", values["nat-ports"]),
+                "--set",
+                &format!("config.tunnel.port={}", values["tunnel-port"]),
             ],
         );
         // The node agent: the chart's arguments (which leave --strict at its default).
         let m = kubelet_args(&manifests, one(&manifests, "DaemonSet", "node"));
         let c = kubelet_args(&chart, one(&chart, "DaemonSet", "node"));
         let all_cidrs = format!("{},{}", values["pod-cidrs"], values["service-cidrs"]);
-        for want in [format!("--cluster-cidr={all_cidrs}"), format!("--nat-ports={}", values["nat-ports"])] {
+        for want in [
+            format!("--cluster-cidr={all_cidrs}"),
+            format!("--nat-ports={}", values["nat-ports"]),
+            format!("--tunnel-port={}", values["tunnel-port"]),
+        ] {
             assert!(m.contains(&want), "the manifests' agent: {want} not in {m:?}");
         }
         for a in &m {
@@ -1237,13 +1246,14 @@ fn the_cluster_settings_reach_both_processes_as_the_charts_do() {
             assert!(!text.contains("warning"), "{what}: {text}");
             let lines: Vec<String> = text
                 .lines()
-                .filter(|l| l.starts_with("gateway Nodes: ") || l.starts_with("nat ports "))
+                .filter(|l| l.starts_with("gateway Nodes: ") || l.starts_with("nat ports ") || l.starts_with("tunnel "))
                 .map(str::to_string)
                 .collect();
             assert_eq!(
                 lines,
                 [
                     format!("nat ports {}", values["nat-ports"]),
+                    format!("tunnel port {}: from every Node's InternalIPs", values["tunnel-port"]),
                     format!("gateway Nodes: {}; cluster pod CIDRs: {}", values["gateway-label"], values["pod-cidrs"]),
                 ],
                 "{what}: {text}"
