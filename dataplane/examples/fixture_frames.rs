@@ -2,7 +2,9 @@
 //! file per frame, prefixed with the byte the fuzz target reads as its control
 //! byte (ingress interface): the fuzzer's seed corpus of real packets. Each
 //! whole datagram longer than 64 bytes is written a second time with bit 6
-//! set (the differential target feeds it as a fragment train, last first).
+//! set (the differential target feeds it as a fragment train, last first),
+//! and each frame from the pods' side once more as the fixture's tunnel node
+//! sends it (`fixtures::tunnelled`: Geneve to the egress IP of its family).
 //!
 //! `cargo run -p egret-dataplane --features fixtures --example fixture_frames -- DIR`
 
@@ -26,6 +28,14 @@ fn main() -> std::io::Result<()> {
             }
             std::fs::write(dir.join(format!("{}-{i:02}", s.name)), bytes)?;
             n += 1;
+            if st.ingress == fixtures::INSIDE {
+                if let Some(t) = fixtures::tunnelled(&st.frame, i as u16) {
+                    let mut bytes = vec![0u8];
+                    bytes.extend_from_slice(&t);
+                    std::fs::write(dir.join(format!("{}-{i:02}-tunnelled", s.name)), bytes)?;
+                    n += 1;
+                }
+            }
         }
     }
     eprintln!("wrote {n} seed frames to {}", dir.display());
