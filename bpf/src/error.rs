@@ -198,6 +198,26 @@ pub enum BpfError {
         map: &'static str,
     },
 
+    /// A tunnel rule 0d cannot use: port 0, or a VNI wider than 24 bits.
+    #[error("tunnel port {port} VNI {vni}: the port must not be 0 and the VNI must fit 24 bits")]
+    InvalidTunnel {
+        /// The UDP port.
+        port: u16,
+        /// The VNI.
+        vni: u32,
+    },
+
+    /// More Node addresses of one family than the map holds.
+    #[error("{count} addresses for map {map} exceed its capacity of {capacity} (LoadOptions.node_addresses)")]
+    TooManyNodeAddrs {
+        /// The map's name.
+        map: &'static str,
+        /// Addresses of the family asked for.
+        count: usize,
+        /// The map's max_entries.
+        capacity: u32,
+    },
+
     /// A fast-path map operation failed.
     #[error("{op} of key {key} in map {map} failed")]
     FastPathOp {

@@ -9,6 +9,7 @@
 //!   [`VerdictReason`], checked against the object's BTF and `verdict.h`.
 //! - [`fast_path`]: the fast path's map layouts (session entries per
 //!   direction, next hops) and [`FastPathReason`], checked the same way.
+//! - [`tunnel`]: rule 0d's configuration ([`Tunnel`]) and its layout.
 //! - [`loader`]: [`SteeringProgram`]: load with sizes, attach through a
 //!   bpf_link, update the maps, read the counters, test-run frames.
 //!
@@ -35,6 +36,7 @@ pub mod mapped_ports;
 pub mod maps;
 mod raw_map;
 pub mod session_table;
+pub mod tunnel;
 
 pub use error::BpfError;
 pub use fast_path::{
@@ -50,3 +52,4 @@ pub use maps::{
     ROLE_BOTH, ROLE_INSIDE, ROLE_OUTSIDE, VALID_FOREVER, XSK_QUEUES_PER_SLOT,
 };
 pub use raw_map::monotonic_ns;
+pub use tunnel::{NodeAddrSync, Tunnel};

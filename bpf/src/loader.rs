@@ -19,10 +19,10 @@
 //! complete rule set, old or new, and a source selected in both generations is
 //! never unclassified.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::hash::BuildHasher;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -42,6 +42,7 @@ use crate::maps::{
 };
 use crate::raw_map::{self, MappedArray};
 use crate::session_table::{self, SessionTable, SlotShape, SHAPE_V4, SHAPE_V6};
+use crate::tunnel::{NodeAddrSync, Tunnel, TunnelConfig, MAX_VNI};
 
 /// The compiled steering object, built by build.rs.
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
@@ -68,6 +69,10 @@ pub enum ProgramVariant {
 /// The `SEC("xdp")` entry point in steer.bpf.c.
 const PROGRAM: &str = "egret_steer";
 
+/// Rule 0d's program (decap.h), which the entry point tail-calls through
+/// `decap_prog`; never attached itself.
+const DECAP_PROGRAM: &str = "egret_decap";
+
 const XSKS_MAP: &str = "xsks_map";
 const XSK_SLOTS: &str = "xsk_slots";
 const OWNED_V4: &str = "owned_v4";
@@ -92,6 +97,10 @@ pub const FP_COARSE_CLOCK_SLACK_NS: u64 = 20_000_000;
 const FP_COUNTERS: &str = "fp_counters";
 const FP_POLICY_TRAFFIC: &str = "fp_policy_traffic";
 const IF_ROLES: &str = "if_roles";
+const TUNNEL_CONFIG: &str = "tunnel_config";
+const NODE_ADDRS_V4: &str = "node_addrs_v4";
+const NODE_ADDRS_V6: &str = "node_addrs_v6";
+const DECAP_PROG: &str = "decap_prog";
 const POD_MACS: &str = "pod_macs";
 
 /// `BPF_ANY` for map updates.
@@ -128,6 +137,10 @@ pub struct LoadOptions {
     pub fast_path_sessions_v6: u32,
     /// `fp_next_hops` entries (distinct (interface, next hop) pairs in use).
     pub fast_path_next_hops: u32,
+    /// `node_addrs_v4` and `node_addrs_v6` entries each: the Nodes'
+    /// InternalIPs rule 0d accepts tunnelled frames from (one per Node and
+    /// family).
+    pub node_addresses: u32,
 }
 
 impl Default for LoadOptions {
@@ -145,6 +158,9 @@ impl Default for LoadOptions {
             fast_path_sessions_v4: 262_144,
             fast_path_sessions_v6: 262_144,
             fast_path_next_hops: 4096,
+            // Far above Kubernetes' tested 5,000 Nodes; a preallocated hash
+            // element is about 100 bytes, so about 6 MiB per family.
+            node_addresses: 65_536,
         }
     }
 }
@@ -274,6 +290,9 @@ struct Maps {
     fp_policy_traffic: MapHandle,
     if_roles: MapHandle,
     pod_macs: MapHandle,
+    tunnel_config: MapHandle,
+    node_addrs_v4: MapHandle,
+    node_addrs_v6: MapHandle,
 }
 
 /// The loaded steering program and its maps.
@@ -337,6 +356,7 @@ impl SteeringProgram {
             ("policy_rules", options.policy_rules),
             ("fragments", options.fragments),
             ("fast_path_next_hops", options.fast_path_next_hops),
+            ("node_addresses", options.node_addresses),
         ];
         if let Some((field, _)) = sizes.iter().find(|(_, n)| *n == 0) {
             return Err(BpfError::ZeroMapSize { field });
@@ -364,6 +384,8 @@ impl SteeringProgram {
                 Some(FP_SESSIONS_V4) => (FP_SESSIONS_V4, slots_v4),
                 Some(FP_SESSIONS_V6) => (FP_SESSIONS_V6, slots_v6),
                 Some(FP_NEXT_HOPS) => (FP_NEXT_HOPS, options.fast_path_next_hops),
+                Some(NODE_ADDRS_V4) => (NODE_ADDRS_V4, options.node_addresses),
+                Some(NODE_ADDRS_V6) => (NODE_ADDRS_V6, options.node_addresses),
                 _ => continue,
             };
             map.set_max_entries(entries).map_err(|source| BpfError::MapSize { map: name, entries, source })?;
@@ -393,6 +415,9 @@ impl SteeringProgram {
             fp_policy_traffic: handle(FP_POLICY_TRAFFIC)?,
             if_roles: handle(IF_ROLES)?,
             pod_macs: handle(POD_MACS)?,
+            tunnel_config: handle(TUNNEL_CONFIG)?,
+            node_addrs_v4: handle(NODE_ADDRS_V4)?,
+            node_addrs_v6: handle(NODE_ADDRS_V6)?,
         };
         let fp_seed = std::collections::hash_map::RandomState::new().hash_one(0x65_6772_6574u64);
         let table = |name: &'static str,
@@ -414,6 +439,7 @@ impl SteeringProgram {
         let fp_v6 = table(FP_SESSIONS_V6, SHAPE_V6, slots_v6, options.fast_path_sessions_v6)?;
         let mapped_ports =
             std::sync::Arc::new(MappedPorts::new(handle(NAT_PORT_SLOTS_MAP)?, &handle(NAT_PORT_BITS_MAP)?)?);
+        let decap_prog = handle(DECAP_PROG)?;
         let this = Self {
             object,
             maps,
@@ -429,6 +455,19 @@ impl SteeringProgram {
         };
         this.fp_set_enabled(false)?;
         this.program()?;
+        // Rule 0d's program in the slot the entry point tail-calls, before
+        // anything can switch the tunnel on.
+        let decap = this
+            .object
+            .progs()
+            .find(|p| p.name().to_str() == Some(DECAP_PROGRAM))
+            .ok_or(BpfError::MissingProgram { program: DECAP_PROGRAM })?;
+        let fd = decap.as_fd().as_raw_fd();
+        decap_prog.update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).map_err(map_op(
+            DECAP_PROG,
+            "update",
+            format!("0 ({DECAP_PROGRAM})"),
+        ))?;
         Ok(this)
     }
 
@@ -512,6 +551,94 @@ impl SteeringProgram {
             "update",
             format!("ifindex {ifindex}"),
         ))
+    }
+
+    // ------------------------------------------------------------ tunnel
+
+    /// Turns rule 0d (decapsulation of the nodes' Geneve frames,
+    /// docs/adr/0031-workers-in-any-subnet.md) on for `tunnel`'s port and
+    /// VNI, or off with `None` (as loaded: then no frame is treated
+    /// differently). Port 0 and a VNI above 24 bits are
+    /// [`BpfError::InvalidTunnel`], and nothing is written.
+    pub fn set_tunnel(&self, tunnel: Option<Tunnel>) -> Result<(), BpfError> {
+        if let Some(t) = tunnel {
+            if t.port == 0 || t.vni > MAX_VNI {
+                return Err(BpfError::InvalidTunnel { port: t.port, vni: t.vni });
+            }
+        }
+        self.maps
+            .tunnel_config
+            .update(&0u32.to_ne_bytes(), &TunnelConfig::new(tunnel).to_bytes(), MapFlags::ANY)
+            .map_err(map_op(TUNNEL_CONFIG, "update", "0"))
+    }
+
+    /// The tunnel rule 0d decapsulates, as written (`None`: off).
+    pub fn tunnel(&self) -> Result<Option<Tunnel>, BpfError> {
+        let bytes = self
+            .maps
+            .tunnel_config
+            .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .map_err(map_op(TUNNEL_CONFIG, "lookup", "0"))?
+            .unwrap_or_default();
+        let config = TunnelConfig::from_bytes(&bytes).ok_or(BpfError::MapValueSize {
+            map: TUNNEL_CONFIG,
+            key: "0".to_string(),
+            len: bytes.len(),
+            expected: std::mem::size_of::<TunnelConfig>(),
+        })?;
+        Ok(config.tunnel())
+    }
+
+    /// Makes `node_addrs_v4` / `node_addrs_v6` hold exactly `addrs` (the
+    /// Nodes' InternalIPs, the only outer sources rule 0d accepts): deletes
+    /// the stale ones, then adds the missing ones, and says how many of
+    /// each. More addresses of a family than `LoadOptions::node_addresses`
+    /// is [`BpfError::TooManyNodeAddrs`], refused before anything is
+    /// written; a failed write names its address and leaves the earlier
+    /// writes in place (the next sync finishes the job).
+    pub fn sync_node_addrs(&self, addrs: &BTreeSet<IpAddr>) -> Result<NodeAddrSync, BpfError> {
+        let capacity = self.options.node_addresses;
+        let families = [
+            (&self.maps.node_addrs_v4, NODE_ADDRS_V4, addrs.iter().filter(|a| a.is_ipv4()).count()),
+            (&self.maps.node_addrs_v6, NODE_ADDRS_V6, addrs.iter().filter(|a| a.is_ipv6()).count()),
+        ];
+        for (_, map, count) in families {
+            if count > capacity as usize {
+                return Err(BpfError::TooManyNodeAddrs { map, count, capacity });
+            }
+        }
+        let present = self.node_addrs();
+        let mut done = NodeAddrSync::default();
+        // Stale first: the maps never need room for both sets.
+        for addr in present.difference(addrs) {
+            let (map, name) = self.node_map(*addr);
+            match map.delete(&addr_key(*addr)) {
+                Ok(()) => done.removed += 1,
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(source) => return Err(BpfError::MapOp { map: name, op: "delete", key: addr.to_string(), source }),
+            }
+        }
+        for addr in addrs.difference(&present) {
+            let (map, name) = self.node_map(*addr);
+            map.update(&addr_key(*addr), &1u32.to_ne_bytes(), MapFlags::ANY).map_err(map_op(name, "update", addr))?;
+            done.added += 1;
+        }
+        Ok(done)
+    }
+
+    /// The Node addresses rule 0d accepts, both families.
+    pub fn node_addrs(&self) -> BTreeSet<IpAddr> {
+        let v4 = self.maps.node_addrs_v4.keys().filter_map(|k| <[u8; 4]>::try_from(k.as_slice()).ok().map(IpAddr::from));
+        let v6 =
+            self.maps.node_addrs_v6.keys().filter_map(|k| <[u8; 16]>::try_from(k.as_slice()).ok().map(IpAddr::from));
+        v4.chain(v6).collect()
+    }
+
+    fn node_map(&self, addr: IpAddr) -> (&MapHandle, &'static str) {
+        match addr {
+            IpAddr::V4(_) => (&self.maps.node_addrs_v4, NODE_ADDRS_V4),
+            IpAddr::V6(_) => (&self.maps.node_addrs_v6, NODE_ADDRS_V6),
+        }
     }
 
     /// Reads an owned address back.
@@ -1072,6 +1199,14 @@ fn unique_keys(entries: &[(Vec<u8>, Vec<u8>, String)], map: &'static str) -> Res
         }
     }
     Ok(keys)
+}
+
+/// An address as the maps key it: its octets, network order.
+fn addr_key(addr: IpAddr) -> Vec<u8> {
+    match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {

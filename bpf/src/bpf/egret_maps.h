@@ -540,4 +540,58 @@ struct {
 	__type(value, struct orphan_fragment_budget);
 } orphan_fragment_budget SEC(".maps");
 
+/* ------------------------------------------------------------------------
+ * Workers in any subnet (docs/adr/0031-workers-in-any-subnet.md): a node
+ * outside the gateway's subnet sends its selected pods' frames inside
+ * Geneve (RFC 8926) over UDP to the egress address itself; rule 0 of
+ * steer.bpf.c (egret_decap) checks and strips the outer headers.
+ *
+ * tunnel_config (one entry) holds the port and VNI the cluster chose
+ * (dataplane wire::geneve DEFAULT_PORT 6082, EGRET_VNI 1). Zeroed, as
+ * loaded, the rule is off and no frame is treated differently.
+ */
+struct tunnel_config {
+	__be16 port;    /* UDP destination port, network order */
+	__u16 enabled;  /* 0: rule 0's decapsulation is off */
+	__u32 vni;      /* host order, below 2^24 */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tunnel_config);
+} tunnel_config SEC(".maps");
+
+/*
+ * The cluster's Nodes' InternalIPs: the only outer sources whose tunnelled
+ * frames are taken (anti-spoofing for encapsulated frames: the outer
+ * source MAC is a router's, so pod_macs cannot vouch for them). The value
+ * (__u32) is unused (1). 65,536 per family by default (the loader's
+ * LoadOptions::node_addresses): a hash entry costs about 100 bytes with
+ * its preallocated element, so a full family is about 6 MiB.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); /* IPv4 address, network order */
+	__type(value, __u32);
+} node_addrs_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct egret_in6);
+	__type(value, __u32);
+} node_addrs_v6 SEC(".maps");
+
+/* Rule 0d's program (egret_decap), which the entry point tail-calls; the
+ * loader puts it at index 0 after loading. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} decap_prog SEC(".maps");
+
 #endif /* EGRET_MAPS_H */

@@ -8,6 +8,23 @@
  * frame increments exactly one reason counter (verdict.h). The rules, in
  * order (docs/adr/0003-xdp-steering.md, docs/adr/0005-xdp-fast-path.md):
  *
+ * 0d. Decapsulation (decap.h; docs/adr/0031-workers-in-any-subnet.md), when
+ *    tunnel_config says enabled, before everything else: Ethernet (zero or
+ *    one 802.1Q tag), IPv4 without options and not a later fragment, or
+ *    IPv6 with next header UDP; UDP to the tunnel port; destination in
+ *    owned_v4/owned_v6 with OWNED_NAT. Such a frame is Egret's: never
+ *    passed. DROP unless the address is live (drop_egress_expired), the
+ *    interface is not an outside one, the outer source is in
+ *    node_addrs_v4/v6 (this replaces rule 5a's pod_macs check: the outer
+ *    source MAC is a router's), it is no outer first fragment, lengths and
+ *    Geneve are Egret's (version 0, no options, O and C clear, protocol
+ *    0x6558, the VNI) and the inner frame is untagged IPv4/IPv6, each under
+ *    its own drop_decap_* reason. Then the head moves to the inner
+ *    Ethernet header and rule 0 runs on the inner frame; on a miss the head
+ *    moves back and the inner packet decides: to an OWNED_NAT address (a
+ *    hairpin), or steered by rule 5/5b: the whole encapsulated frame is
+ *    redirected (redirect_decap, rule 7 as for a steered source); else
+ *    DROP (drop_decap_not_steered). Other frames go on untouched.
  * 0. The fast path (fast_path.h), when fp_config says enabled: an untagged
  *    IPv4 (no options) / IPv6 (no extension headers) unfragmented TCP/UDP
  *    packet matching an offloaded session is translated and sent with
@@ -231,6 +248,7 @@ static __always_inline int apply(struct xdp_md *ctx, __u32 counted, __u32 decide
 	case EGRET_REDIRECT_STEERED_SOURCE:
 	case EGRET_REDIRECT_FRAGMENT_STEERED_SOURCE:
 	case EGRET_REDIRECT_ICMP_ERROR_EMBEDDED:
+	case EGRET_REDIRECT_DECAP: /* a pod's packet, inside its node's tunnel */
 		return redirect_or(ctx, counted, EGRET_DROP_NO_SOCKET_STEERED, XDP_DROP);
 	case EGRET_REDIRECT_ECHO_TO_EGRESS:
 	case EGRET_REDIRECT_FRAGMENT_TO_EGRESS:
@@ -243,6 +261,13 @@ static __always_inline int apply(struct xdp_md *ctx, __u32 counted, __u32 decide
 	case EGRET_DROP_NEIGH_EXPIRED:
 	case EGRET_DROP_EGRESS_EXPIRED:
 	case EGRET_DROP_FRAGMENT_RATE:
+	case EGRET_DROP_DECAP_OUTSIDE:
+	case EGRET_DROP_DECAP_UNKNOWN_NODE:
+	case EGRET_DROP_DECAP_FRAGMENT:
+	case EGRET_DROP_DECAP_MALFORMED:
+	case EGRET_DROP_DECAP_NOT_IP:
+	case EGRET_DROP_DECAP_NOT_STEERED:
+	case EGRET_DROP_DECAP_UNAVAILABLE:
 		count(counted);
 		return XDP_DROP;
 	default:
@@ -770,16 +795,26 @@ static __always_inline int handle_ipv6(struct xdp_md *ctx, void *l3, void *data_
 	return apply(ctx, reason, reason);
 }
 
+#include "decap.h"
+
 SEC("xdp")
 int egret_steer(struct xdp_md *ctx)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
+	void *data, *data_end;
 	__be16 proto;
 	void *l3;
-
 	int fp;
 
+	/* Rule 0d first (decap.h): its program takes the frame over. */
+	if (egret_tunnel_frame(ctx)) {
+		bpf_tail_call(ctx, &decap_prog, 0);
+		/* Only without the program in decap_prog (the loader puts it
+		 * there before anything can switch the tunnel on). */
+		return apply(ctx, EGRET_DROP_DECAP_UNAVAILABLE, EGRET_DROP_DECAP_UNAVAILABLE);
+	}
+
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
 	if (parse_ethernet(data, data_end, &l3, &proto) != EGRET_PARSE_OK)
 		return pass(EGRET_PASS_MALFORMED);
 

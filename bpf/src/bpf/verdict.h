@@ -109,7 +109,39 @@ enum egret_verdict_reason {
 	 * the outside stops here, before the workers' queues. */
 	EGRET_DROP_FRAGMENT_RATE = 37,
 
-	EGRET_VERDICT_COUNT = 38,
+	/* Rule 0 (decapsulation, docs/adr/0031-workers-in-any-subnet.md):
+	 * a Geneve frame from a node, checked, whose inner packet the fast
+	 * path did not translate and rule 5 steers (or which goes to another
+	 * egress address, a hairpin): the whole encapsulated frame goes to
+	 * the workers, which decapsulate it again. */
+	EGRET_REDIRECT_DECAP = 38,
+	/* Rule 0: a tunnel frame received on an outside interface (if_roles):
+	 * nodes reach the gateway from the inside. */
+	EGRET_DROP_DECAP_OUTSIDE = 39,
+	/* Rule 0: a tunnel frame whose outer source is no Node's InternalIP
+	 * (node_addrs_v4/v6). */
+	EGRET_DROP_DECAP_UNKNOWN_NODE = 40,
+	/* Rule 0: an outer IPv4 first fragment (MF set) of a tunnel datagram:
+	 * the program does not reassemble (a path MTU below the node's
+	 * route MTU shows here). */
+	EGRET_DROP_DECAP_FRAGMENT = 41,
+	/* Rule 0: outer lengths inconsistent or truncated, or a Geneve header
+	 * other than Egret's (version 0, no options, O and C clear, protocol
+	 * 0x6558, the configured VNI), or an inner IP header cut short. */
+	EGRET_DROP_DECAP_MALFORMED = 42,
+	/* Rule 0: the inner frame is not untagged Ethernet carrying IPv4 or
+	 * IPv6 (ARP, a VLAN tag, anything else). */
+	EGRET_DROP_DECAP_NOT_IP = 43,
+	/* Rule 0: the inner packet is not one rule 5 steers nor one to an
+	 * egress address: never passed, the kernel would forward it. */
+	EGRET_DROP_DECAP_NOT_STEERED = 44,
+
+	/* Rule 0d: a tunnel frame, but its program (egret_decap) was not in
+	 * decap_prog, or the tunnel was switched off between the match and
+	 * the program. Dropped: the frame was Egret's. */
+	EGRET_DROP_DECAP_UNAVAILABLE = 45,
+
+	EGRET_VERDICT_COUNT = 46,
 };
 
 #endif /* EGRET_VERDICT_H */
