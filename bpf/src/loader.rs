@@ -628,7 +628,8 @@ impl SteeringProgram {
 
     /// The Node addresses rule 0d accepts, both families.
     pub fn node_addrs(&self) -> BTreeSet<IpAddr> {
-        let v4 = self.maps.node_addrs_v4.keys().filter_map(|k| <[u8; 4]>::try_from(k.as_slice()).ok().map(IpAddr::from));
+        let v4 =
+            self.maps.node_addrs_v4.keys().filter_map(|k| <[u8; 4]>::try_from(k.as_slice()).ok().map(IpAddr::from));
         let v6 =
             self.maps.node_addrs_v6.keys().filter_map(|k| <[u8; 16]>::try_from(k.as_slice()).ok().map(IpAddr::from));
         v4.chain(v6).collect()

@@ -1032,10 +1032,8 @@ fn run_fixture_table(fast_path: bool) {
     // orphan_fragments_to_an_egress_address_reach_the_workers_within_a_budget,
     // rule 0d's (decapsulation) by tests/decap.rs.
     let covered: std::collections::HashSet<R> = fixtures.iter().flat_map(|f| f.steps.iter().map(|s| s.2)).collect();
-    let elsewhere = |r: &R| {
-        matches!(r, R::TxFastPath | R::RedirectFastPath | R::DropFragmentRate)
-            || r.name().contains("_decap")
-    };
+    let elsewhere =
+        |r: &R| matches!(r, R::TxFastPath | R::RedirectFastPath | R::DropFragmentRate) || r.name().contains("_decap");
     let missing: Vec<R> = R::ALL.iter().copied().filter(|r| !covered.contains(r) && !elsewhere(r)).collect();
     assert_eq!(missing, vec![], "reasons without a fixture");
 }
