@@ -97,6 +97,16 @@ pub enum CapacityError {
     /// error names the map, the entries and its capacity).
     #[error(transparent)]
     Policy(#[from] egret_bpf::BpfError),
+    /// More Nodes' addresses of a family than `node_addrs_v4` / `_v6` hold.
+    #[error("{count} {family} Node addresses (the tunnel's senders) exceed the map's capacity of {capacity}")]
+    NodeAddresses {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// Addresses the state lists.
+        count: usize,
+        /// The map's `max_entries`.
+        capacity: usize,
+    },
 }
 
 /// The daemon's sink.
@@ -297,6 +307,13 @@ impl GatewaySink {
                 return Err(CapacityError::OwnedAddresses { family, count, capacity });
             }
         }
+        let capacity = self.program.options().node_addresses as usize;
+        let v4 = plan.nodes.iter().filter(|ip| ip.is_ipv4()).count();
+        for (family, count) in [("IPv4", v4), ("IPv6", plan.nodes.len() - v4)] {
+            if count > capacity {
+                return Err(CapacityError::NodeAddresses { family, count, capacity });
+            }
+        }
         Ok(self.program.check_policy(&plan.src, &plan.dst)?)
     }
 
@@ -320,7 +337,16 @@ impl GatewaySink {
         self.program.fp_set_valid_until(earliest_valid_until(&owned, &self.fast_path_expired()))?;
         drop(deadlines);
         drop(owned);
-        self.program.replace_policy(&plan.src, &plan.dst)
+        self.program.replace_policy(&plan.src, &plan.dst)?;
+        // The senders before the switch: a tunnel turned on never meets
+        // an empty list, one turned off stops before its list goes.
+        if plan.tunnel.is_some() {
+            self.program.sync_node_addrs(&plan.nodes)?;
+            self.program.set_tunnel(plan.tunnel)
+        } else {
+            self.program.set_tunnel(None)?;
+            self.program.sync_node_addrs(&plan.nodes).map(drop)
+        }
     }
 
     /// Steps 3-5 for tables already checked and covered by the kernel's
@@ -451,12 +477,22 @@ pub struct MapPlan {
     pub src: Vec<SrcPrefix>,
     /// `policy_dst_v4` / `policy_dst_v6`.
     pub dst: Vec<DstRule>,
+    /// `tunnel_config` (None: off).
+    pub tunnel: Option<egret_bpf::Tunnel>,
+    /// `node_addrs_v4` / `node_addrs_v6`: the tunnel's senders.
+    pub nodes: BTreeSet<IpAddr>,
 }
 
 impl MapPlan {
     /// The entries for `tables`.
     pub fn of(tables: &Tables) -> Self {
-        let mut plan = Self { owned: owned_entries(tables), ..Self::default() };
+        let t = tables.tunnel();
+        let mut plan = Self {
+            owned: owned_entries(tables),
+            tunnel: t.map(|t| egret_bpf::Tunnel { port: t.port, vni: t.vni }),
+            nodes: t.map(|t| t.nodes.iter().copied().collect()).unwrap_or_default(),
+            ..Self::default()
+        };
         policy_entries::<Ipv4Addr>(&tables.classify_v4, &mut plan.src, &mut plan.dst);
         policy_entries::<Ipv6Addr>(&tables.classify_v6, &mut plan.src, &mut plan.dst);
         plan
