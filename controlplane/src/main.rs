@@ -388,6 +388,22 @@ struct NodeArgs {
     /// A full pass at least this often, in seconds.
     #[arg(long, default_value_t = 30)]
     resync_seconds: u64,
+    /// Next hops behind a router (docs/adr/0031-workers-in-any-subnet.md):
+    /// `auto` decides per next hop from the node's route to it (on a link:
+    /// the plain route; through a router: Geneve through egret-gnv);
+    /// `never` and `always` are for diagnosis and benchmarks.
+    #[arg(long, default_value = "auto")]
+    tunnel: node::tunnel::TunnelMode,
+    /// The tunnel's UDP port; it must equal the gateways' (ConfigMap
+    /// egret-cluster, key tunnel-port). Default: $TUNNEL_PORT (the
+    /// manifests' env from that key; empty or unset: 6082).
+    #[arg(long)]
+    tunnel_port: Option<u16>,
+    /// The underlay MTU towards the gateways, replacing what the node's
+    /// routes say (a smaller MTU between subnets); routes through the
+    /// tunnel get it minus 50 (IPv4) or 70 (IPv6). Default: from the routes.
+    #[arg(long)]
+    tunnel_mtu: Option<u32>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -454,8 +470,28 @@ fn node_options(a: NodeArgs) -> Result<node::NodeOptions, ArgError> {
     };
     o.status_file = a.status_file;
     o.resync_period = std::time::Duration::from_secs(a.resync_seconds.max(1));
+    let port = a.tunnel_port.map(|p| p.to_string()).or_else(|| std::env::var("TUNNEL_PORT").ok());
+    o.tunnel = tunnel_options(a.tunnel, port, a.tunnel_mtu)?;
     o.validate()?;
     Ok(o)
+}
+
+/// `--tunnel`, `--tunnel-port` (or `$TUNNEL_PORT`: a blank value takes
+/// the default, as a ConfigMap key left empty expands), `--tunnel-mtu`;
+/// the error names the flag and the value.
+fn tunnel_options(
+    mode: node::tunnel::TunnelMode,
+    port: Option<String>,
+    mtu: Option<u32>,
+) -> Result<node::tunnel::TunnelOptions, ArgError> {
+    let bad = |m: String| ArgError::Node(node::NodeError::Options(m));
+    let mut t = node::tunnel::TunnelOptions { mode, mtu, ..Default::default() };
+    if let Some(p) = port.as_deref().map(str::trim).filter(|p| !p.is_empty()) {
+        t.port = p.parse().map_err(|_| {
+            bad(format!("--tunnel-port (or TUNNEL_PORT): {p:?} is not a UDP port (1-65535; the gateways' tunnel-port)"))
+        })?;
+    }
+    Ok(t)
 }
 
 /// A listen address: `ADDRESS:PORT`, `[V6]:PORT`, or an IPv6 address without
@@ -914,6 +950,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let Command::Node(NodeCli { command: None, run }) = cli.command else { panic!("{:?}", cli.command) };
         let o = node_options(run).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.tunnel, node::tunnel::TunnelOptions::default(), "auto, port 6082, MTU from the routes");
         let cidrs: Vec<String> = o.cluster_cidrs.iter().map(ToString::to_string).collect();
         assert_eq!(cidrs, ["10.244.0.0/16", "fd00:10::/56", "10.96.0.0/12"]);
         assert_eq!(o.nat_ports, PortRange { first: 40000, last: 49999 });
@@ -996,6 +1033,23 @@ mod tests {
         assert_eq!(got.to_string(), "--nat-ports: \"40000\" is not FIRST-LAST");
         let got = node("--metrics-listen= 192.0.2.7 ");
         assert_eq!(got.to_string(), "--metrics-listen: \"192.0.2.7\" is not ADDRESS:PORT");
+        let got = e("egret node --cluster-cidr=10.0.0.0/8 --tunnel=on");
+        assert!(got.contains("'--tunnel <TUNNEL>': --tunnel: \"on\" is not auto, never or always"), "{got}");
+        let got = e("egret node --cluster-cidr=10.0.0.0/8 --tunnel-mtu=9k");
+        assert!(got.contains("'--tunnel-mtu <TUNNEL_MTU>'"), "{got}");
+        let got = e("egret node --cluster-cidr=10.0.0.0/8 --tunnel-port=gnv");
+        assert!(got.contains("'--tunnel-port <TUNNEL_PORT>'"), "{got}");
+        let got = tunnel_options(node::tunnel::TunnelMode::Auto, Some(" 70000".into()), None).unwrap_err().to_string();
+        assert!(got.contains("--tunnel-port (or TUNNEL_PORT): \"70000\" is not a UDP port"), "{got}");
+        let t = tunnel_options(node::tunnel::TunnelMode::Auto, Some("".into()), None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.port, 6082, "an empty ConfigMap value takes the default");
+        for (flag, want) in [
+            ("--tunnel-port=0", "--tunnel-port: 0 is not a UDP port"),
+            ("--tunnel-mtu=100", "--tunnel-mtu: 100 must be between 118 and 65535"),
+        ] {
+            let got = node(flag).to_string();
+            assert!(got.contains(want), "{flag}: {got}");
+        }
         let got = node("--nat-ports=2000-1000");
         assert!(matches!(got, ArgError::Node(_)), "{got:?}");
         assert_eq!(got.to_string(), "--nat-ports: 2000-1000 is not a port range");

@@ -5,15 +5,19 @@
 //! 1. observed state (this node's pods only, the policies, pools, Services
 //!    and namespaces) -> [`desired`] (the gateways' own function) -> the
 //!    compiled tables -> [`plan`];
-//! 2. the kernel's current rules and tables are read;
+//! 2. the kernel's current rules and tables are read, and each next hop's
+//!    path decided from the node's route to it (`tunnel.rs`: on-link,
+//!    through `egret-gnv`, or none, whose pods are not steered);
 //! 3. the nftables table is installed with the union of what is and what
 //!    will be steered, so a pod's first packet routed to a gateway already
 //!    keeps its source (a masqueraded first packet would pin the connection
 //!    to the node's address in conntrack);
-//! 4. [`reconcile`]'s operations are applied in order; an operation that
+//! 4. `egret-gnv` is made right when a next hop needs it;
+//!    [`reconcile`]'s operations are applied in order; an operation that
 //!    fails is reported and retried next pass, and a pod whose new table
 //!    could not be filled keeps its old rule;
-//! 5. the kernel is read again and the nftables table is installed with
+//! 5. `egret-gnv` is removed when no next hop needs it; the kernel is read
+//!    again and the nftables table is installed with
 //!    exactly what is steered now (strict mode: a pod counts as classified
 //!    once its rule is in place);
 //! 6. the status file and metrics are updated.
@@ -50,8 +54,9 @@ use super::kernel::Kernel;
 use super::nft::{self, Sets, Strict};
 use super::plan::{plan, Plan};
 use super::reconcile::{reconcile, KernelView, Op, RuleShape};
-use super::repair::{self, RepairCounters};
-use super::status::{self, NodeStatus, UseRow};
+use super::repair::{self, NextHops, RepairCounters};
+use super::status::{self, NextHopRow, NodeStatus, UseRow};
+use super::tunnel::{self, Path};
 use super::{NodeError, NodeOptions};
 use crate::k8s::controller::{watch, watch_node_metadata};
 use crate::k8s::crd::{EgressIPPool, EgressPolicy};
@@ -186,7 +191,14 @@ pub fn compute(obs: &Observed, opts: &NodeOptions, slots: &PolicySlots) -> Resul
 /// The nftables sets for a kernel state: steered pods are those with a
 /// rule; strict mode's classified pods are the unselected local pods plus
 /// the steered ones whose rule is in place.
-fn sets(view: &KernelView, extra: Option<&Plan>, c: &Computed, strict: Option<&Strict>, steer_mark: u32) -> Sets {
+fn sets(
+    view: &KernelView,
+    extra: Option<&Plan>,
+    c: &Computed,
+    strict: Option<&Strict>,
+    steer_mark: u32,
+    tunnel: bool,
+) -> Sets {
     let mut steered: BTreeSet<IpAddr> = view.rules.iter().map(|r| r.pod).collect();
     let mut next_hops: BTreeSet<IpAddr> = view.tables.values().flatten().filter_map(|r| r.via).collect();
     if let Some(p) = extra {
@@ -198,7 +210,7 @@ fn sets(view: &KernelView, extra: Option<&Plan>, c: &Computed, strict: Option<&S
         let known = c.local.iter().filter(|ip| !c.plan.pods.contains_key(ip) || ruled.contains(ip)).copied().collect();
         Strict { known, ..s.clone() }
     });
-    Sets { steer_mark, steered, next_hops, strict, snat: c.plan.snat.clone() }
+    Sets { steer_mark, steered, next_hops, strict, snat: c.plan.snat.clone(), tunnel }
 }
 
 /// Applies `ops`, skipping what depends on a failed operation: a table
@@ -272,6 +284,49 @@ struct Agent {
     slots: PolicySlots,
     strict: Option<Strict>,
     status: Arc<Mutex<NodeStatus>>,
+    /// The Node's InternalIPs (the tunnel's outer sources), and when they
+    /// were read.
+    node_ips: NodeIps,
+    /// Each next hop's path at the last pass (a change is logged once).
+    paths: BTreeMap<IpAddr, Path>,
+    /// The next hops in use, shared with the repair task.
+    hops: NextHops,
+}
+
+/// The Node's InternalIPs, read at start and again every resync period
+/// (they rarely change; a read per pass would load the API server).
+struct NodeIps {
+    client: kube::Client,
+    node: String,
+    ips: Vec<IpAddr>,
+    read: Option<std::time::Instant>,
+}
+
+impl NodeIps {
+    async fn get(&mut self, every: Duration) -> &[IpAddr] {
+        if self.read.is_none_or(|t| t.elapsed() >= every) {
+            match node_internal_ips(&self.client, &self.node).await {
+                Ok(ips) => {
+                    if ips != self.ips {
+                        tracing::info!(node = %self.node, ?ips, "the Node's InternalIPs (the tunnel's outer sources)");
+                    }
+                    self.ips = ips;
+                    self.read = Some(std::time::Instant::now());
+                }
+                // Kept as they were; tried again next pass.
+                Err(e) => tracing::warn!(error = %e, "reading the Node's InternalIPs"),
+            }
+        }
+        &self.ips
+    }
+}
+
+/// What one pass decided about paths.
+#[derive(Debug, Default)]
+struct PassPaths {
+    paths: BTreeMap<IpAddr, Path>,
+    unsteered: BTreeSet<IpAddr>,
+    per_hop: BTreeMap<IpAddr, usize>,
 }
 
 impl Agent {
@@ -291,7 +346,20 @@ impl Agent {
         s.last_sync = Some(Timestamp::now().to_string());
         s.last_sync_unix = now_unix();
         match outcome {
-            Ok((c, view)) => {
+            Ok((c, view, p)) => {
+                s.pods_unsteered = p.unsteered.len();
+                s.next_hops = p
+                    .paths
+                    .iter()
+                    .map(|(hop, path)| NextHopRow {
+                        next_hop: *hop,
+                        path: path.kind().to_string(),
+                        reason: path.reason().map(str::to_string),
+                        source: if let Path::Geneve { src, .. } = path { Some(*src) } else { None },
+                        mtu: if let Path::Geneve { mtu, .. } = path { Some(*mtu) } else { None },
+                        pods_unsteered: p.per_hop.get(hop).copied().unwrap_or(0),
+                    })
+                    .collect();
                 s.pods_local = c.local.len();
                 s.pods_steered = view.rules.iter().map(|r| r.pod).collect::<BTreeSet<_>>().len();
                 s.rules = view.rules.len();
@@ -327,7 +395,7 @@ impl Agent {
         obs: &Observed,
         errors: &mut Vec<String>,
         changes: &mut u64,
-    ) -> Result<(Computed, KernelView), PassError> {
+    ) -> Result<(Computed, KernelView, PassPaths), PassError> {
         let c = compute(obs, &self.opts, &self.slots)?;
         // PerNode addresses first: SNAT to an address the node does not
         // hold yet would lose the replies.
@@ -343,14 +411,28 @@ impl Agent {
             }
         }
         let before = self.kernel.view().await?;
+        // Each next hop's path, from the node's routing now.
+        *self.hops.lock() = c.plan.next_hops.clone();
+        let topts = self.opts.tunnel;
+        let node_ips = self.node_ips.get(self.opts.resync_period).await.to_vec();
+        let mut paths = tunnel::paths(&mut self.kernel, &c.plan.next_hops, &node_ips, &topts).await?;
+        let had_device = self.kernel.tunnel_index().await?.is_some();
         // Keep sources for the union first; without it, change nothing.
         // nft runs up to its timeout: off the runtime's other tasks (the
-        // watchers keep reading meanwhile).
+        // watchers keep reading meanwhile). The tunnel's chains (the drop
+        // of what arrives on egret-gnv) are in before the device is up.
         let mark = self.opts.steer_mark;
-        let union = sets(&before, Some(&c.plan), &c, self.strict.as_ref(), mark);
+        let wanted = tunnel::steer(&c.plan, &paths);
+        let use_tunnel = tunnel::device_mtu(&paths).is_some();
+        let union = sets(&before, Some(&wanted.plan), &c, self.strict.as_ref(), mark, use_tunnel || had_device);
         tokio::task::block_in_place(|| nft::install(&union))?;
+        if let Some(e) = tunnel::ensure_device(&mut self.kernel, &mut paths, &topts).await {
+            errors.push(e);
+        }
+        let steering = tunnel::steer(&c.plan, &paths);
+        self.log_paths(&paths);
         let shape = RuleShape { priority: self.opts.rule_priority, mark };
-        match reconcile(&before, &c.plan, self.opts.tables, shape) {
+        match reconcile(&before, &steering.plan, self.opts.tables, shape) {
             Ok(ch) => {
                 let (applied, errs) = apply_ops(&mut self.kernel, &ch.ops, &before, shape).await;
                 *changes += applied;
@@ -358,8 +440,17 @@ impl Agent {
             }
             Err(e) => errors.push(e.to_string()),
         }
+        match tunnel::retire_device(&mut self.kernel, &paths).await {
+            Ok(true) => {
+                *changes += 1;
+                tracing::info!(device = tunnel::DEVICE, "no next hop needs the tunnel any more: device removed");
+            }
+            Ok(false) => {}
+            Err(e) => errors.push(e.to_string()),
+        }
         let after = self.kernel.view().await?;
-        let now = sets(&after, None, &c, self.strict.as_ref(), mark);
+        let in_use = self.kernel.tunnel_index().await?.is_some();
+        let now = sets(&after, None, &c, self.strict.as_ref(), mark, in_use);
         if let Err(e) = tokio::task::block_in_place(|| nft::install(&now)) {
             errors.push(e.to_string());
         } else {
@@ -371,8 +462,50 @@ impl Agent {
                 }
             }
         }
-        Ok((c, after))
+        let per_hop = tunnel::unsteered_per_hop(&c.plan, &paths);
+        Ok((c, after, PassPaths { paths, unsteered: steering.unsteered, per_hop }))
     }
+
+    /// Logs each next hop whose path changed since the last pass, once.
+    fn log_paths(&mut self, paths: &BTreeMap<IpAddr, Path>) {
+        for (hop, path) in paths {
+            if self.paths.get(hop) == Some(path) {
+                continue;
+            }
+            match path {
+                Path::None(why) => tracing::warn!(
+                    next_hop = %hop,
+                    reason = %why,
+                    "next hop has no path: pods using it are not steered (egret node status)"
+                ),
+                Path::OnLink => tracing::info!(next_hop = %hop, "next hop on a link: on-link route"),
+                Path::Geneve { src, mtu } => tracing::info!(
+                    next_hop = %hop, source = %src, mtu, device = tunnel::DEVICE,
+                    "next hop behind a router: encapsulated route"
+                ),
+            }
+        }
+        self.paths = paths.clone();
+    }
+}
+
+/// The Node's InternalIPs (`status.addresses`): the outer sources of the
+/// tunnel, which the gateways check against every Node's.
+async fn node_internal_ips(client: &kube::Client, node: &str) -> Result<Vec<IpAddr>, NodeError> {
+    let n = Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .map_err(|e| NodeError::Node { node: node.to_string(), message: e.to_string() })?;
+    let mut out: Vec<IpAddr> = n
+        .status
+        .and_then(|s| s.addresses)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .filter_map(|a| a.address.trim().parse().ok())
+        .collect();
+    out.dedup();
+    Ok(out)
 }
 
 /// The node's pod CIDRs from its Node object (strict mode; empty when the
@@ -477,7 +610,8 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
     let ending = Ending::start(client.clone(), opts.pod.clone(), &opts.node_name);
     let notify = Arc::new(Notify::new());
     let repairs = Arc::new(RepairCounters::default());
-    let repair_task = match repair::start(notify.clone(), repairs.clone()) {
+    let hops: NextHops = Arc::default();
+    let repair_task = match repair::start(notify.clone(), repairs.clone(), hops.clone()) {
         Ok(task) => Some(tokio::spawn(task)),
         Err(e) => {
             tracing::warn!(error = %e, "no kernel notifications: what the host removes is repaired at the resync only");
@@ -508,7 +642,9 @@ pub async fn run(opts: NodeOptions, shutdown: impl Future<Output = ()>) -> Resul
     *pass_done.lock() = Some(std::time::Instant::now());
     tracing::info!("watches synced; reconciling");
     let resync = opts.resync_period;
-    let mut agent = Agent { opts, kernel, slots: PolicySlots::default(), strict, status };
+    let node_ips = NodeIps { client: client.clone(), node: opts.node_name.clone(), ips: Vec::new(), read: None };
+    let mut agent =
+        Agent { opts, kernel, slots: PolicySlots::default(), strict, status, node_ips, paths: BTreeMap::new(), hops };
     let mut failures: u32 = 0;
     loop {
         // Before the pass: it writes the status file.

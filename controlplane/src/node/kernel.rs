@@ -6,21 +6,35 @@
 //! priority; routes carry the same protocol (`rtm_protocol`) in the agent's
 //! table range. `ip rule show` / `ip route show table all` print it as
 //! `proto 233`.
+//!
+//! A next hop behind a router (`tunnel.rs`) is reached through Egret's own
+//! Geneve device [`DEVICE`] (`egret-gnv`), which this module creates,
+//! repairs and removes, and whose encapsulated routes it writes and reads
+//! back (`RTA_ENCAP_TYPE`, `RTA_ENCAP`, `RTA_METRICS`, `RTNH_F_ONLINK`).
 
 use std::io;
 use std::net::IpAddr;
 
+use egret_dataplane::wire::geneve::EGRET_VNI;
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
 use netlink_packet_route::address::{
     AddressAttribute, AddressHeaderFlags, AddressMessage, AddressProtocol, AddressScope,
 };
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType};
+use netlink_packet_route::link::{
+    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoGeneve, InfoKind, LinkAttribute, LinkFlags, LinkInfo,
+    LinkMessage,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteIp6Tunnel, RouteIp6TunnelFlags, RouteIpTunnel, RouteLwEnCapType,
+    RouteLwTunnelEncap, RouteMessage, RouteMetric, RouteProtocol, RouteScope, RouteType,
+};
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
-use super::plan::Route;
+use super::plan::{Encap, Route};
 use super::reconcile::{KernelRule, KernelView, Op, RuleShape, TableRange};
+use super::tunnel::{Lookup, DEVICE};
 use crate::netlink::Requests;
 
 /// The protocol number on Egret's rules and routes.
@@ -41,6 +55,10 @@ pub enum KernelError {
         #[source]
         source: io::Error,
     },
+    /// `egret-gnv` exists and is not Egret's (another kind of device): it
+    /// is left alone and next hops behind a router get no path.
+    #[error("link {DEVICE}: {0}")]
+    Device(String),
     /// A change was refused.
     #[error("{op}: {source}")]
     Change {
@@ -83,8 +101,10 @@ fn host_len(ip: IpAddr) -> u8 {
     }
 }
 
-/// The route message for `route` in `table`.
-fn route_message(table: u32, route: &Route) -> RouteMessage {
+/// The route message for `route` in `table`; an encapsulated route leaves
+/// through `tunnel` (`egret-gnv`'s index; `None` when deleting, where the
+/// kernel matches without it).
+fn route_message(table: u32, route: &Route, tunnel: Option<u32>) -> RouteMessage {
     let mut m = RouteMessage::default();
     m.header.address_family = family(route.dst.addr());
     m.header.destination_prefix_length = route.dst.prefix_len();
@@ -98,7 +118,90 @@ fn route_message(table: u32, route: &Route) -> RouteMessage {
     if let Some(via) = route.via {
         m.attributes.push(RouteAttribute::Gateway(route_address(via)));
     }
+    if let (Some(_), Some(e)) = (route.via, route.encap) {
+        // `onlink`: the next hop is not on egret-gnv's (absent) subnet; the
+        // device is NOARP, so its neighbour is NUD_NOARP and needs no
+        // resolution (arp_constructor / ndisc_constructor).
+        m.header.flags = RouteFlags::Onlink;
+        if let Some(oif) = tunnel {
+            m.attributes.push(RouteAttribute::Oif(oif));
+        }
+        // Forwarding honours the route's MTU (ip_dst_mtu_maybe_forward,
+        // include/net/ip.h): an oversized packet gets Fragmentation Needed /
+        // Packet Too Big from this node.
+        m.attributes.push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(e.mtu)]));
+        let id = u64::from(EGRET_VNI);
+        match (e.src, e.dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                m.attributes.push(RouteAttribute::EncapType(RouteLwEnCapType::Ip));
+                m.attributes.push(RouteAttribute::Encap(vec![
+                    RouteLwTunnelEncap::Ip(RouteIpTunnel::Id(id)),
+                    RouteLwTunnelEncap::Ip(RouteIpTunnel::Source(src)),
+                    RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(dst)),
+                    RouteLwTunnelEncap::Ip(RouteIpTunnel::Ttl(e.ttl)),
+                ]));
+            }
+            (src, dst) => {
+                let v6 = |a: IpAddr| match a {
+                    IpAddr::V6(a) => a,
+                    IpAddr::V4(a) => a.to_ipv6_mapped(),
+                };
+                m.attributes.push(RouteAttribute::EncapType(RouteLwEnCapType::Ip6));
+                m.attributes.push(RouteAttribute::Encap(vec![
+                    RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Id(id)),
+                    RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Source(v6(src))),
+                    RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(v6(dst))),
+                    RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Hoplimit(e.ttl)),
+                    // A UDP checksum over IPv6: without the flag the device
+                    // sends a zero checksum (geneve6_xmit_skb), which RFC
+                    // 8200 section 8.1 allows only under RFC 6936's
+                    // conditions, and a receiving stack drops it.
+                    RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Flags(RouteIp6TunnelFlags::Checksum)),
+                ]));
+            }
+        }
+    }
     m
+}
+
+/// The encapsulation of a route in a dump. Missing fields read as
+/// unspecified / 0, so such a route never equals a wanted one and is
+/// replaced.
+fn parse_encap(m: &RouteMessage) -> Option<Encap> {
+    let unspecified = if m.header.address_family == AddressFamily::Inet6 {
+        IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+    };
+    let mut e = Encap { src: unspecified, dst: unspecified, mtu: 0, ttl: 0 };
+    let mut found = false;
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Encap(list) => {
+                found = true;
+                for x in list {
+                    match x {
+                        RouteLwTunnelEncap::Ip(RouteIpTunnel::Source(a)) => e.src = IpAddr::V4(*a),
+                        RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(a)) => e.dst = IpAddr::V4(*a),
+                        RouteLwTunnelEncap::Ip(RouteIpTunnel::Ttl(t)) => e.ttl = *t,
+                        RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Source(a)) => e.src = IpAddr::V6(*a),
+                        RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(a)) => e.dst = IpAddr::V6(*a),
+                        RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Hoplimit(t)) => e.ttl = *t,
+                        _ => {}
+                    }
+                }
+            }
+            RouteAttribute::Metrics(ms) => {
+                for x in ms {
+                    if let RouteMetric::Mtu(v) = x {
+                        e.mtu = *v;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    found.then_some(e)
 }
 
 fn rule_message(r: &KernelRule) -> RuleMessage {
@@ -181,7 +284,8 @@ pub fn parse_route(m: &RouteMessage, range: TableRange) -> Option<(u32, Route)> 
         RouteType::Unicast => Some(via?),
         _ => return None,
     };
-    Some((table, Route { dst, via }))
+    let encap = via.and(parse_encap(m));
+    Some((table, Route { dst, via, encap }))
 }
 
 /// A route message's table.
@@ -194,6 +298,8 @@ fn table_of(m: &RouteMessage) -> Option<u32> {
 pub struct Kernel {
     requests: Requests,
     range: TableRange,
+    /// `egret-gnv`'s index, once [`Kernel::ensure_tunnel`] found or made it.
+    tunnel: Option<u32>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -218,7 +324,7 @@ fn describe(op: &Op, shape: RuleShape) -> String {
 impl Kernel {
     /// Opens an rtnetlink socket in the current network namespace.
     pub fn open(range: TableRange) -> Result<Self, KernelError> {
-        Ok(Kernel { requests: Requests::open()?, range })
+        Ok(Kernel { requests: Requests::open()?, range, tunnel: None })
     }
 
     /// Egret's rules (any priority) and its tables in the range.
@@ -264,8 +370,15 @@ impl Kernel {
         let add = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
         let del = NLM_F_REQUEST | NLM_F_ACK;
         let (msg, flags) = match op {
-            Op::AddRoute { table, route } => (RouteNetlinkMessage::NewRoute(route_message(*table, route)), add),
-            Op::DelRoute { table, route } => (RouteNetlinkMessage::DelRoute(route_message(*table, route)), del),
+            Op::AddRoute { table, route } => {
+                if route.encap.is_some() && self.tunnel.is_none() {
+                    return Err(KernelError::Device(format!(
+                        "missing: cannot add {route} table {table} (the device could not be made)"
+                    )));
+                }
+                (RouteNetlinkMessage::NewRoute(route_message(*table, route, self.tunnel)), add)
+            }
+            Op::DelRoute { table, route } => (RouteNetlinkMessage::DelRoute(route_message(*table, route, None)), del),
             Op::AddRule { pod, table } => (RouteNetlinkMessage::NewRule(rule_message(&shape.rule(*pod, *table))), add),
             Op::DelRule(r) => (RouteNetlinkMessage::DelRule(rule_message(r)), del),
         };
@@ -377,7 +490,284 @@ impl Kernel {
                 n += 1;
             }
         }
+        if self.remove_tunnel().await? {
+            n += 1;
+        }
         Ok(n)
+    }
+
+    /// The node's own route to `hop` (`ip route get HOP`: the lookup the
+    /// outer packets take, through the host's own rules; Egret's rules
+    /// match only pod sources), with the underlay MTU: the route's `mtu`
+    /// metric (or a learned path MTU), else its interface's.
+    pub async fn route_to(&mut self, hop: IpAddr) -> Result<Lookup, KernelError> {
+        let mut q = RouteMessage::default();
+        q.header.address_family = family(hop);
+        q.header.destination_prefix_length = host_len(hop);
+        q.attributes.push(RouteAttribute::Destination(route_address(hop)));
+        let reply = match self.requests.call(RouteNetlinkMessage::GetRoute(q), NLM_F_REQUEST).await {
+            Ok(r) => r,
+            // ENETUNREACH, EHOSTUNREACH (unreachable), EACCES (prohibit),
+            // EINVAL (blackhole): the kernel has no usable route.
+            Err(e) => return Ok(Lookup::NoRoute(e.to_string())),
+        };
+        let Some(r) =
+            reply.into_iter().find_map(|m| if let RouteNetlinkMessage::NewRoute(r) = m { Some(r) } else { None })
+        else {
+            return Ok(Lookup::NoRoute("the kernel answered without a route".into()));
+        };
+        let (mut gateway, mut oif, mut mtu) = (None, None, None);
+        for a in &r.attributes {
+            match a {
+                RouteAttribute::Gateway(g) => gateway = address_of(g),
+                RouteAttribute::Oif(o) => oif = Some(*o),
+                RouteAttribute::Metrics(ms) => {
+                    mtu = ms.iter().find_map(|x| if let RouteMetric::Mtu(v) = x { Some(*v) } else { None })
+                }
+                _ => {}
+            }
+        }
+        let local = r.header.kind == RouteType::Local;
+        if !local && r.header.kind != RouteType::Unicast {
+            return Ok(Lookup::NoRoute(format!("route type {:?}", r.header.kind)));
+        }
+        let Some(oif) = oif else {
+            return Ok(Lookup::NoRoute("the route has no interface".into()));
+        };
+        let mtu = match mtu.filter(|m| *m > 0) {
+            Some(m) => m,
+            None => self.link_mtu(oif).await?,
+        };
+        let through_tunnel = self.tunnel_index().await? == Some(oif);
+        Ok(Lookup::Route { gateway, oif, mtu, through_tunnel, local })
+    }
+
+    async fn link(&mut self, index: u32, name: Option<&str>) -> Result<Option<LinkMessage>, KernelError> {
+        let mut q = LinkMessage::default();
+        q.header.index = index;
+        if let Some(n) = name {
+            q.attributes.push(LinkAttribute::IfName(n.to_string()));
+        }
+        match self.requests.call(RouteNetlinkMessage::GetLink(q), NLM_F_REQUEST).await {
+            Ok(r) => {
+                Ok(r.into_iter().find_map(|m| if let RouteNetlinkMessage::NewLink(l) = m { Some(l) } else { None }))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(source) => Err(KernelError::Dump { what: "link", source }),
+        }
+    }
+
+    async fn link_mtu(&mut self, index: u32) -> Result<u32, KernelError> {
+        let l = self.link(index, None).await?;
+        let mtu = l.and_then(|l| {
+            l.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None })
+        });
+        mtu.ok_or_else(|| KernelError::Dump {
+            what: "link",
+            source: io::Error::other(format!("interface #{index} has no MTU")),
+        })
+    }
+
+    /// Sends the encapsulated routes through interface `index` instead of
+    /// the `egret-gnv` [`Kernel::ensure_tunnel`] makes. For tests on kernels
+    /// built without Geneve (`CONFIG_GENEVE` unset, as on the project's CI
+    /// machines): a metadata-collecting VXLAN device takes the same
+    /// lightweight-tunnel routes.
+    pub fn use_tunnel_device(&mut self, index: u32) {
+        self.tunnel = Some(index);
+    }
+
+    /// `egret-gnv`'s index, if it exists (any kind).
+    pub async fn tunnel_index(&mut self) -> Result<Option<u32>, KernelError> {
+        Ok(self.link(0, Some(DEVICE)).await?.map(|l| l.header.index))
+    }
+
+    async fn change_link(&mut self, msg: RouteNetlinkMessage, flags: u16, op: String) -> Result<(), KernelError> {
+        self.requests.call(msg, flags).await.map(drop).map_err(|source| KernelError::Change { op, source })
+    }
+
+    /// Makes `egret-gnv` what the tunnel needs: kind geneve, collecting
+    /// metadata (`IFLA_GENEVE_COLLECT_METADATA`: each route gives the
+    /// destination), on UDP port `port`, NOARP, no IPv6 address generation
+    /// (so it holds no link-local address and sends no router or neighbour
+    /// solicitations), MTU `mtu`, up. A device of another configuration is
+    /// replaced (its routes go with it, and the pass after this one puts
+    /// them back); one of another kind is left alone and reported. Returns
+    /// its index.
+    pub async fn ensure_tunnel(&mut self, port: u16, mtu: u32) -> Result<u32, KernelError> {
+        let ack = NLM_F_REQUEST | NLM_F_ACK;
+        let mut existing = self.link(0, Some(DEVICE)).await?;
+        if let Some(l) = &existing {
+            match tunnel_shape(l, Some(port)) {
+                Shape::Foreign(kind) => {
+                    self.tunnel = None;
+                    return Err(KernelError::Device(format!(
+                        "exists and is a {kind} device, not Egret's geneve: remove or rename it"
+                    )));
+                }
+                Shape::Other => {
+                    let mut del = LinkMessage::default();
+                    del.header.index = l.header.index;
+                    self.change_link(
+                        RouteNetlinkMessage::DelLink(del),
+                        ack,
+                        format!("link del {DEVICE} (to recreate it)"),
+                    )
+                    .await?;
+                    existing = None;
+                }
+                Shape::Ours => {}
+            }
+        }
+        let index = match existing {
+            Some(l) => l.header.index,
+            None => {
+                let mut m = LinkMessage::default();
+                m.header.flags = LinkFlags::Noarp;
+                m.header.change_mask = LinkFlags::Noarp;
+                m.attributes.push(LinkAttribute::IfName(DEVICE.to_string()));
+                m.attributes.push(LinkAttribute::Mtu(mtu));
+                m.attributes.push(LinkAttribute::LinkInfo(vec![
+                    LinkInfo::Kind(InfoKind::Geneve),
+                    LinkInfo::Data(InfoData::Geneve(vec![InfoGeneve::CollectMetadata, InfoGeneve::Port(port)])),
+                ]));
+                let op = format!("link add {DEVICE} type geneve external dstport {port} mtu {mtu}");
+                match self.requests.call(RouteNetlinkMessage::NewLink(m), ack | NLM_F_CREATE | NLM_F_EXCL).await {
+                    Ok(_) => {}
+                    // geneve_configure: one metadata-collecting device per
+                    // UDP port in a namespace.
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                        return Err(KernelError::Device(format!(
+                            "{op}: another metadata-collecting Geneve device already uses UDP port {port} (set --tunnel-port and the gateways' tunnel-port to a free one)"
+                        )));
+                    }
+                    // rtnl_newlink: no such link kind registered.
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                        return Err(KernelError::Device(format!(
+                            "{op}: this kernel has no Geneve (module geneve, CONFIG_GENEVE)"
+                        )));
+                    }
+                    Err(source) => return Err(KernelError::Change { op, source }),
+                }
+                let l = self
+                    .link(0, Some(DEVICE))
+                    .await?
+                    .ok_or_else(|| KernelError::Device("missing right after its creation".into()))?;
+                // Before it goes up: an IPv6 device with EUI-64 generation
+                // would get its link-local address then.
+                let mut g = LinkMessage::default();
+                g.header.index = l.header.index;
+                g.attributes.push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![
+                    AfSpecInet6::AddrGenMode(In6AddrGenMode::None),
+                ])]));
+                match self.requests.call(RouteNetlinkMessage::SetLink(g), ack).await {
+                    Ok(_) => {}
+                    // No IPv6 on this device (ipv6.disable=1, or an MTU below
+                    // 1280): nothing to generate.
+                    Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {}
+                    Err(source) => {
+                        return Err(KernelError::Change { op: format!("link set {DEVICE} addrgenmode none"), source })
+                    }
+                }
+                l.header.index
+            }
+        };
+        // MTU, NOARP and up, repaired every pass.
+        let l = self.link(index, None).await?.ok_or_else(|| KernelError::Device("vanished".into()))?;
+        let have_mtu = l.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None });
+        let want = LinkFlags::Up | LinkFlags::Noarp;
+        if have_mtu != Some(mtu) || !l.header.flags.contains(want) {
+            let mut m = LinkMessage::default();
+            m.header.index = index;
+            m.header.flags = want;
+            m.header.change_mask = want;
+            m.attributes.push(LinkAttribute::Mtu(mtu));
+            self.change_link(RouteNetlinkMessage::SetLink(m), ack, format!("link set {DEVICE} up arp off mtu {mtu}"))
+                .await?;
+        }
+        self.tunnel = Some(index);
+        Ok(index)
+    }
+
+    /// Removes `egret-gnv` if it is a Geneve device (a device of another
+    /// kind with that name is not Egret's). Returns whether one was removed.
+    pub async fn remove_tunnel(&mut self) -> Result<bool, KernelError> {
+        self.tunnel = None;
+        let Some(l) = self.link(0, Some(DEVICE)).await? else { return Ok(false) };
+        if matches!(tunnel_shape(&l, None), Shape::Foreign(_)) {
+            return Ok(false);
+        }
+        let mut del = LinkMessage::default();
+        del.header.index = l.header.index;
+        match self.requests.call(RouteNetlinkMessage::DelLink(del), NLM_F_REQUEST | NLM_F_ACK).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(false),
+            Err(source) => Err(KernelError::Change { op: format!("link del {DEVICE}"), source }),
+        }
+    }
+}
+
+/// What an existing `egret-gnv` is.
+enum Shape {
+    /// Geneve, collect_md, on the wanted port, IPv6 address generation
+    /// off: kept.
+    Ours,
+    /// Geneve, configured otherwise: replaced.
+    Other,
+    /// Another kind: not Egret's.
+    Foreign(String),
+}
+
+/// The UDP port of a Geneve link message.
+pub fn tunnel_port(l: &LinkMessage) -> Option<u16> {
+    geneve_info(l)?.iter().find_map(|x| if let InfoGeneve::Port(p) = x { Some(*p) } else { None })
+}
+
+fn geneve_info(l: &LinkMessage) -> Option<&Vec<InfoGeneve>> {
+    l.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
+            LinkInfo::Data(InfoData::Geneve(v)) => Some(v),
+            _ => None,
+        }),
+        _ => None,
+    })
+}
+
+/// Whether `l` collects metadata (the kernel dumps the flag only then).
+pub fn collects_metadata(l: &LinkMessage) -> bool {
+    geneve_info(l).is_some_and(|v| v.contains(&InfoGeneve::CollectMetadata))
+}
+
+fn tunnel_shape(l: &LinkMessage, port: Option<u16>) -> Shape {
+    let kind = l.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
+            LinkInfo::Kind(k) => Some(k.clone()),
+            _ => None,
+        }),
+        _ => None,
+    });
+    match kind {
+        Some(InfoKind::Geneve) => {}
+        Some(k) => return Shape::Foreign(format!("{k:?}").to_lowercase()),
+        None => return Shape::Foreign("kindless".into()),
+    }
+    let gen_none = l.attributes.iter().any(|a| match a {
+        LinkAttribute::AfSpecUnspec(v) => v.iter().any(|x| match x {
+            AfSpecUnspec::Inet6(i6) => i6.contains(&AfSpecInet6::AddrGenMode(In6AddrGenMode::None)),
+            _ => false,
+        }),
+        _ => false,
+    });
+    // No IPv6 state at all (no Inet6 spec) counts as no generation.
+    let has_inet6 = l
+        .attributes
+        .iter()
+        .any(|a| matches!(a, LinkAttribute::AfSpecUnspec(v) if v.iter().any(|x| matches!(x, AfSpecUnspec::Inet6(_)))));
+    let port_ok = port.is_none_or(|p| tunnel_port(l) == Some(p));
+    if collects_metadata(l) && port_ok && (gen_none || !has_inet6) {
+        Shape::Ours
+    } else {
+        Shape::Other
     }
 }
 
@@ -389,16 +779,98 @@ mod tests {
 
     const RANGE: TableRange = TableRange { first: 1_000_000, count: 100 };
 
+    fn wire_round_trip(msg: RouteNetlinkMessage) -> RouteNetlinkMessage {
+        use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+        let mut nl = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(msg));
+        nl.finalize();
+        let mut buf = vec![0u8; nl.buffer_len()];
+        nl.serialize(&mut buf);
+        let mut got = crate::netlink::decode(&buf);
+        assert_eq!(got.len(), 1);
+        match got.remove(0).payload {
+            NetlinkPayload::InnerMessage(m) => m,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_tunnel_device_message_reads_back() {
+        let mut l = LinkMessage::default();
+        l.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Geneve),
+            LinkInfo::Data(InfoData::Geneve(vec![InfoGeneve::CollectMetadata, InfoGeneve::Port(6082)])),
+        ]));
+        let back = wire_round_trip(RouteNetlinkMessage::NewLink(l));
+        let RouteNetlinkMessage::NewLink(back) = back else { panic!("{back:?}") };
+        assert_eq!(tunnel_port(&back), Some(6082));
+        assert!(collects_metadata(&back));
+        assert!(matches!(tunnel_shape(&back, Some(6082)), Shape::Ours));
+        assert!(matches!(tunnel_shape(&back, Some(7000)), Shape::Other), "another port: replaced");
+        let mut vx = LinkMessage::default();
+        vx.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Vxlan)]));
+        assert!(matches!(tunnel_shape(&vx, Some(6082)), Shape::Foreign(k) if k == "vxlan"));
+    }
+
     #[test]
     fn messages_round_trip_through_the_parsers() {
         let routes = [
-            Route { dst: "0.0.0.0/0".parse().unwrap(), via: Some("203.0.113.10".parse().unwrap()) },
-            Route { dst: "198.18.0.0/16".parse().unwrap(), via: None },
-            Route { dst: "::/0".parse().unwrap(), via: Some("2001:db8:113::10".parse().unwrap()) },
+            Route { dst: "0.0.0.0/0".parse().unwrap(), via: Some("203.0.113.10".parse().unwrap()), encap: None },
+            Route { dst: "198.18.0.0/16".parse().unwrap(), via: None, encap: None },
+            Route { dst: "::/0".parse().unwrap(), via: Some("2001:db8:113::10".parse().unwrap()), encap: None },
+            Route {
+                dst: "0.0.0.0/0".parse().unwrap(),
+                via: Some("203.0.113.10".parse().unwrap()),
+                encap: Some(Encap {
+                    src: "192.0.2.7".parse().unwrap(),
+                    dst: "203.0.113.10".parse().unwrap(),
+                    mtu: 1450,
+                    ttl: 64,
+                }),
+            },
+            Route {
+                dst: "::/0".parse().unwrap(),
+                via: Some("2001:db8:113::10".parse().unwrap()),
+                encap: Some(Encap {
+                    src: "2001:db8:2::7".parse().unwrap(),
+                    dst: "2001:db8:113::10".parse().unwrap(),
+                    mtu: 1430,
+                    ttl: 64,
+                }),
+            },
         ];
         for r in routes {
-            let m = route_message(1_000_007, &r);
+            let m = route_message(1_000_007, &r, Some(9));
             assert_eq!(parse_route(&m, RANGE), Some((1_000_007, r)), "{r}");
+            // Through the wire format, as a dump brings it back.
+            let back = wire_round_trip(RouteNetlinkMessage::NewRoute(m.clone()));
+            let RouteNetlinkMessage::NewRoute(back) = back else { panic!("{back:?}") };
+            assert_eq!(parse_route(&back, RANGE), Some((1_000_007, r)), "{r} through the wire");
+            if let Some(e) = r.encap {
+                assert!(back.header.flags.contains(RouteFlags::Onlink), "{r}: onlink");
+                assert!(back.attributes.contains(&RouteAttribute::Oif(9)), "{r}: dev egret-gnv");
+                let kind = if e.dst.is_ipv4() { RouteLwEnCapType::Ip } else { RouteLwEnCapType::Ip6 };
+                assert!(back.attributes.contains(&RouteAttribute::EncapType(kind)), "{r}");
+                // A changed TTL, MTU or outer source reads back unequal: repaired.
+                for (what, changed) in [
+                    ("ttl", Encap { ttl: 0, ..e }),
+                    ("mtu", Encap { mtu: 1400, ..e }),
+                    ("src", Encap { src: e.dst, ..e }),
+                ] {
+                    let other = route_message(1_000_007, &Route { encap: Some(changed), ..r }, Some(9));
+                    assert_ne!(parse_route(&other, RANGE), Some((1_000_007, r)), "{r}: {what}");
+                }
+                // Without the encapsulation it is the on-link route, unequal too.
+                assert_ne!(
+                    parse_route(&route_message(1_000_007, &Route { encap: None, ..r }, Some(9)), RANGE),
+                    Some((1_000_007, r))
+                );
+            } else {
+                assert!(!back.header.flags.contains(RouteFlags::Onlink), "{r}: on-link routes are unchanged");
+                assert!(
+                    !back.attributes.iter().any(|a| matches!(a, RouteAttribute::Oif(_) | RouteAttribute::Metrics(_))),
+                    "{r}"
+                );
+            }
             assert_eq!(parse_route(&m, TableRange { first: 1, count: 10 }), None, "outside the range");
             let mut foreign = m.clone();
             foreign.header.protocol = RouteProtocol::Static;

@@ -7,6 +7,7 @@
 //! | `reconcile.rs` | the pure function: kernel state + plan -> ordered rule/route operations |
 //! | `kernel.rs` | rtnetlink: reading and changing Egret's rules and tables |
 //! | `nft.rs` | the `inet egret_node` table: the masquerade bypass and strict mode |
+//! | `tunnel.rs` | the pure function: the node's route to a next hop -> its path (on-link, Geneve through `egret-gnv`, none) |
 //! | `status.rs` | `egret node status`, the status file, `/metrics` |
 //! | `agent.rs` | watchers and the reconcile loop: [`run`] |
 //!
@@ -26,6 +27,7 @@ pub mod plan;
 pub mod reconcile;
 pub mod repair;
 pub mod status;
+pub mod tunnel;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -71,6 +73,9 @@ pub struct NodeOptions {
     pub status_file: PathBuf,
     /// A full pass at least this often.
     pub resync_period: Duration,
+    /// Next hops behind a router (`--tunnel`, `--tunnel-port`,
+    /// `--tunnel-mtu`; docs/adr/0031-workers-in-any-subnet.md).
+    pub tunnel: tunnel::TunnelOptions,
 }
 
 /// The default rule priority: before the CNIs' own `from <pod>` rules (the
@@ -128,6 +133,7 @@ impl NodeOptions {
             metrics_listen: None,
             status_file: PathBuf::from(DEFAULT_STATUS_FILE),
             resync_period: Duration::from_secs(30),
+            tunnel: tunnel::TunnelOptions::default(),
         }
     }
 
@@ -171,6 +177,18 @@ impl NodeOptions {
         }
         if self.nat_ports.first == 0 || self.nat_ports.first > self.nat_ports.last {
             return bad(format!("--nat-ports: {}-{} is not a port range", self.nat_ports.first, self.nat_ports.last));
+        }
+        if self.tunnel.port == 0 {
+            return bad("--tunnel-port: 0 is not a UDP port (the gateways' tunnel-port; default 6082)".into());
+        }
+        if let Some(m) = self.tunnel.mtu {
+            // 68 + 50: the smallest IPv4 route MTU left after the tunnel;
+            // IP_MAX_MTU (include/net/ip.h) above.
+            if !(118..=65535).contains(&m) {
+                return bad(format!(
+                    "--tunnel-mtu: {m} must be between 118 and 65535 (the underlay MTU towards the gateways)"
+                ));
+            }
         }
         Ok(())
     }
@@ -253,6 +271,8 @@ mod tests {
             (Box::new(|o| o.tables = TableRange { first: 200, count: 100 }), "reserved table"),
             (Box::new(|o| o.tables = TableRange { first: u32::MAX, count: 2 }), "--table-first 4294967295"),
             (Box::new(|o| o.nat_ports = PortRange { first: 9, last: 1 }), "--nat-ports: 9-1"),
+            (Box::new(|o| o.tunnel.port = 0), "--tunnel-port: 0"),
+            (Box::new(|o| o.tunnel.mtu = Some(100)), "--tunnel-mtu: 100"),
         ];
         for (change, want) in cases {
             let mut bad = o.clone();

@@ -42,6 +42,21 @@
 //! reach the cluster (their CIDRs are exempt) but not the outside until the
 //! agent has seen them.
 //!
+//! **The tunnel** (`tunnel.rs`), while `egret-gnv` is in use. Nothing
+//! legitimate arrives on it (the gateways send nothing back through it;
+//! replies follow the pod network), but the device decapsulates whatever
+//! reaches its UDP port: a `prerouting` chain at priority `raw` drops and
+//! counts it before conntrack or routing sees it. Steered SYNs leaving
+//! through it get their MSS clamped to the route's MTU (`tcp option maxseg
+//! size set rt mtu`, in a `forward` chain: the route, hence `rt mtu`, is
+//! known only after the routing decision, and pods' packets are forwarded),
+//! so TCP does not depend on the node's Fragmentation Needed reaching the
+//! pod. The kernel only ever lowers an MSS there (`nft_exthdr_tcp_set_eval`
+//! skips a value that is not smaller). `iifname`/`oifname` match by name,
+//! so the rules load whether or not the device exists yet. The masquerade
+//! bypass needs nothing new: an encapsulated route is `via N ... onlink`,
+//! so `rt ip nexthop` is still N.
+//!
 //! The whole table is replaced in one `nft -f` transaction per change.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -83,6 +98,8 @@ pub struct Sets {
     /// `PerNode` policies: per pod, destination ranges (first, last address
     /// as numbers) SNATed to one of the node's own addresses.
     pub snat: BTreeMap<IpAddr, Vec<(u128, u128, IpAddr)>>,
+    /// Whether `egret-gnv` is (or is about to be) in use: its chains.
+    pub tunnel: bool,
 }
 
 /// Strict mode's sets.
@@ -128,6 +145,9 @@ const KEPT_SOURCE_DROPS: &str = "egret: a kept pod source not leaving through a 
 /// The comment (and carried key) of the counter of connections bound to
 /// their pod's own source.
 const KEPT_SOURCES: &str = "egret: connections bound to the pod's own source";
+/// The comment (and carried key) of the counter of packets that arrived
+/// through the tunnel device.
+const TUNNEL_DROPS: &str = "egret: arrived on egret-gnv, where nothing legitimate arrives";
 
 /// The whole script: creates the table if missing, deletes it, and writes
 /// it anew, in one transaction (counters from zero).
@@ -188,6 +208,14 @@ pub fn ruleset_carrying(s: &Sets, carried: &Carried) -> String {
     if let Some(st) = &s.strict {
         nft_counters::declare(&mut out, "strict_drops", STRICT_DROPS, carried);
         strict(&mut out, st);
+    }
+    if s.tunnel {
+        let dev = super::tunnel::DEVICE;
+        nft_counters::declare(&mut out, "tunnel_drops", TUNNEL_DROPS, carried);
+        let _ = write!(
+            out,
+            "  chain tunnel_in {{\n    type filter hook prerouting priority raw; policy accept;\n    iifname \"{dev}\" counter name \"tunnel_drops\" drop comment \"{TUNNEL_DROPS}\"\n  }}\n  chain tunnel_mss {{\n    type filter hook forward priority mangle; policy accept;\n    oifname \"{dev}\" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu comment \"egret: MSS to the tunnel route's MTU\"\n  }}\n"
+        );
     }
     out.push_str("}\n");
     // A connection bound to the pod's own source keeps that binding after
@@ -272,7 +300,29 @@ mod tests {
                 ),
                 ("2001:db8:18::11".parse().unwrap(), vec![(0, u128::MAX, "2001:db8:113::50".parse().unwrap())]),
             ]),
+            tunnel: false,
         }
+    }
+
+    #[test]
+    fn the_tunnel_chains_are_there_only_while_the_device_is_used() {
+        let mut s = sets(false);
+        let off = ruleset(&s);
+        assert!(!off.contains("egret-gnv"), "{off}");
+        s.tunnel = true;
+        let on = ruleset(&s);
+        assert!(
+            on.contains("hook prerouting priority raw;")
+                && on.contains("iifname \"egret-gnv\" counter name \"tunnel_drops\" drop"),
+            "{on}"
+        );
+        assert!(
+            on.contains("hook forward priority mangle;")
+                && on
+                    .contains("oifname \"egret-gnv\" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu"),
+            "{on}"
+        );
+        assert!(on.contains("rt ip nexthop @hops4"), "the masquerade bypass is unchanged: {on}");
     }
 
     #[test]
@@ -303,10 +353,10 @@ mod tests {
             crate::test_support::skip("nft_accepts_the_script", "needs root and nft");
             return;
         }
-        for strict in [false, true] {
+        for (strict, tunnel) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut cmd = Command::new("nft");
             cmd.args(["-c", "-f", "-"]);
-            run_bounded(&mut cmd, ruleset(&sets(strict)).as_bytes(), NFT_TIMEOUT).unwrap();
+            run_bounded(&mut cmd, ruleset(&Sets { tunnel, ..sets(strict) }).as_bytes(), NFT_TIMEOUT).unwrap();
         }
     }
 }

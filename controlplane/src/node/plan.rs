@@ -42,13 +42,45 @@ pub struct Route {
     /// The next hop (an egress IP or its companion next hop); `None`: a
     /// `throw` route (the lookup goes on with the next rule).
     pub via: Option<IpAddr>,
+    /// The next hop is behind a router: `via` on Egret's Geneve device
+    /// (`onlink`), encapsulated to the next hop (`tunnel.rs`). `None`: the
+    /// on-link route, as the plan makes it. Part of equality, so a changed
+    /// source, destination, MTU or TTL is repaired like any other route.
+    pub encap: Option<Encap>,
+}
+
+/// A route's encapsulation: `dev egret-gnv onlink mtu MTU encap ip id VNI
+/// src SRC dst DST ttl TTL` (IPv6: `encap ip6 ... hoplimit TTL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Encap {
+    /// Outer source: the Node's InternalIP of the family.
+    pub src: IpAddr,
+    /// Outer destination: the next hop itself (it moves with its Lease).
+    pub dst: IpAddr,
+    /// The route's MTU (`RTAX_MTU`): underlay MTU minus the overhead.
+    pub mtu: u32,
+    /// Outer TTL / hop limit.
+    pub ttl: u8,
 }
 
 impl std::fmt::Display for Route {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.via {
-            Some(v) => write!(f, "{} via {v}", self.dst),
-            None => write!(f, "throw {}", self.dst),
+        match (self.via, self.encap) {
+            (Some(v), None) => write!(f, "{} via {v}", self.dst),
+            (Some(v), Some(e)) => write!(
+                f,
+                "{} via {v} dev {} onlink mtu {} encap {} id {} src {} dst {} {} {}",
+                self.dst,
+                super::tunnel::DEVICE,
+                e.mtu,
+                if e.dst.is_ipv4() { "ip" } else { "ip6" },
+                egret_dataplane::wire::geneve::EGRET_VNI,
+                e.src,
+                e.dst,
+                if e.dst.is_ipv4() { "ttl" } else { "hoplimit" },
+                e.ttl
+            ),
+            (None, _) => write!(f, "throw {}", self.dst),
         }
     }
 }
@@ -175,14 +207,14 @@ fn pod_routes<A: Family>(
                 if per_node.contains(&policy.spec.name) {
                     // The node's own address: its usual path, SNATed.
                     snat.push((prefix, Some(egress)));
-                    routes.insert(Route { dst, via: None });
+                    routes.insert(Route { dst, via: None, encap: None });
                     continue;
                 }
                 Some(next_hop(egress))
             }
         };
         snat.push((prefix, None));
-        routes.insert(Route { dst, via });
+        routes.insert(Route { dst, via, encap: None });
     }
     snat.extend(cluster.iter().filter_map(|n| Some((Prefix::new(A::of(n.addr())?, n.prefix_len()), None))));
     let snat: Vec<(u128, u128, IpAddr)> = crate::failclosed::disjoint_ranges(snat.into_iter())
@@ -190,7 +222,7 @@ fn pod_routes<A: Family>(
         .filter_map(|(lo, hi, v)| v.map(|a| (lo, hi, a)))
         .collect();
     let table = routes.iter().any(|r| r.via.is_some()).then(|| {
-        routes.extend(cluster.iter().map(|n| Route { dst: *n, via: None }));
+        routes.extend(cluster.iter().map(|n| Route { dst: *n, via: None, encap: None }));
         routes
     });
     if table.is_none() && snat.is_empty() {
@@ -249,10 +281,10 @@ mod tests {
         s.parse().unwrap()
     }
     fn via(dst: &str, hop: &str) -> Route {
-        Route { dst: n(dst), via: Some(ip(hop)) }
+        Route { dst: n(dst), via: Some(ip(hop)), encap: None }
     }
     fn throw(dst: &str) -> Route {
-        Route { dst: n(dst), via: None }
+        Route { dst: n(dst), via: None, encap: None }
     }
     fn policy(name: &str, sources: &[&str], dst: &[&str], except: &[&str], egress: &[&str]) -> PolicySpec {
         PolicySpec {
@@ -479,7 +511,7 @@ mod tests {
             let IpAddr::V4(a) = p else { unreachable!() };
             let want = IpAddr::V4(paired_egress(*a, &list).unwrap());
             let routes = &got.pods[p];
-            assert!(routes.contains(&Route { dst: n("0.0.0.0/0"), via: Some(want) }), "pod {p}");
+            assert!(routes.contains(&Route { dst: n("0.0.0.0/0"), via: Some(want), encap: None }), "pod {p}");
             assert_eq!(got.uses[p], BTreeSet::from([Use { policy: "egresspolicy/pool".into(), egress_ip: want }]));
             seen.insert(want);
         }

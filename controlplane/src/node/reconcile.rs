@@ -258,8 +258,8 @@ mod tests {
     }
     fn set(hop: &str) -> RouteSet {
         RouteSet::from([
-            Route { dst: "0.0.0.0/0".parse().unwrap(), via: Some(ip(hop)) },
-            Route { dst: "198.18.0.0/16".parse().unwrap(), via: None },
+            Route { dst: "0.0.0.0/0".parse().unwrap(), via: Some(ip(hop)), encap: None },
+            Route { dst: "198.18.0.0/16".parse().unwrap(), via: None, encap: None },
         ])
     }
     fn plan(pods: &[(&str, &str)]) -> Plan {
@@ -296,7 +296,7 @@ mod tests {
         apply(&mut k, &ops, P);
         // Drift while the agent was down: a stray rule, a half-written table.
         k.rules.push(P.rule(ip("198.18.0.99"), 1003));
-        k.tables.insert(1003, RouteSet::from([Route { dst: "0.0.0.0/0".parse().unwrap(), via: None }]));
+        k.tables.insert(1003, RouteSet::from([Route { dst: "0.0.0.0/0".parse().unwrap(), via: None, encap: None }]));
         // Now: .11 moves to .12's egress IP, .13 is new, .99 is gone.
         let after =
             plan(&[("198.18.0.10", "203.0.113.10"), ("198.18.0.11", "203.0.113.12"), ("198.18.0.13", "203.0.113.10")]);

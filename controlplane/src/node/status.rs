@@ -28,6 +28,28 @@ pub struct UseRow {
     pub pods: usize,
 }
 
+/// One next hop's path (`tunnel.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NextHopRow {
+    /// The next hop.
+    pub next_hop: IpAddr,
+    /// `onlink`, `geneve` or `none`.
+    pub path: String,
+    /// Why `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `geneve`: the outer source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<IpAddr>,
+    /// `geneve`: the route MTU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// `none`: selected pod addresses left unsteered because of it.
+    #[serde(default)]
+    pub pods_unsteered: usize,
+}
+
 /// The agent's state after its last pass.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -69,6 +91,12 @@ pub struct NodeStatus {
     pub repair_wakes: u64,
     /// Per policy and egress IP.
     pub uses: Vec<UseRow>,
+    /// Selected pod addresses not steered: a next hop of theirs has no path.
+    #[serde(default)]
+    pub pods_unsteered: usize,
+    /// Per next hop, its path.
+    #[serde(default)]
+    pub next_hops: Vec<NextHopRow>,
 }
 
 /// Writes `s` to `path` atomically.
@@ -131,6 +159,21 @@ impl Collector for Exposition {
             let (ip, hop) = (u.egress_ip.to_string(), u.next_hop.to_string());
             f.sample(&[("policy", &u.policy), ("egress_ip", &ip), ("next_hop", &hop)], u.pods as u64)?;
         }
+        o.gauge(
+            "node_pods_unsteered",
+            "Selected local pod addresses not steered because a next hop of theirs has no path (egret node status says why).",
+        )?
+        .sample(&[], s.pods_unsteered as u64)?;
+        let mut f = o.gauge(
+            "node_next_hop_path",
+            "1 for each next hop's current path (onlink, geneve: through egret-gnv, none: not steered), 0 for the others.",
+        )?;
+        for h in &s.next_hops {
+            let hop = h.next_hop.to_string();
+            for kind in super::tunnel::PATH_KINDS {
+                f.sample(&[("next_hop", &hop), ("path", kind)], u64::from(h.path == kind))?;
+            }
+        }
         o.gauge("node_rules", "Egret's policy-routing rules in the kernel.")?.sample(&[], s.rules as u64)?;
         o.gauge("node_tables", "Egret's routing tables in the kernel.")?.sample(&[], s.tables as u64)?;
         o.counter("node_syncs", "Reconcile passes.")?.sample(&[], s.syncs)?;
@@ -180,6 +223,23 @@ pub fn render(s: &NodeStatus, now_unix: u64) -> String {
     for e in &s.errors {
         out.push_str(&format!("error       {e}\n"));
     }
+    if s.pods_unsteered > 0 {
+        out.push_str(&format!(
+            "UNSTEERED   {} selected pod addresses have no path to their gateway\n",
+            s.pods_unsteered
+        ));
+    }
+    if !s.next_hops.is_empty() {
+        out.push_str(&format!("\n{:<39}  {:<6}  DETAIL\n", "NEXT HOP", "PATH"));
+        for h in &s.next_hops {
+            let detail = match (&h.reason, h.source, h.mtu) {
+                (Some(why), _, _) => format!("{} pods unsteered: {why}", h.pods_unsteered),
+                (None, Some(src), Some(mtu)) => format!("{} from {src}, mtu {mtu}", super::tunnel::DEVICE),
+                _ => String::new(),
+            };
+            out.push_str(&format!("{:<39}  {:<6}  {detail}\n", h.next_hop.to_string(), h.path));
+        }
+    }
     if !s.uses.is_empty() {
         let w = s.uses.iter().map(|u| u.policy.len()).max().unwrap_or(6).max(6);
         out.push_str(&format!("\n{:<w$}  {:<39}  {:<39}  PODS\n", "POLICY", "EGRESS IP", "NEXT HOP"));
@@ -216,6 +276,25 @@ mod tests {
                 next_hop: "203.0.113.10".parse().unwrap(),
                 pods: 3,
             }],
+            pods_unsteered: 1,
+            next_hops: vec![
+                NextHopRow {
+                    next_hop: "203.0.113.10".parse().unwrap(),
+                    path: "onlink".into(),
+                    reason: None,
+                    source: None,
+                    mtu: None,
+                    pods_unsteered: 0,
+                },
+                NextHopRow {
+                    next_hop: "203.0.113.11".parse().unwrap(),
+                    path: "none".into(),
+                    reason: Some("no route to 203.0.113.11: Network is unreachable".into()),
+                    source: None,
+                    mtu: None,
+                    pods_unsteered: 1,
+                },
+            ],
             ..Default::default()
         };
         let dir = tempfile::tempdir().unwrap();
@@ -224,6 +303,12 @@ mod tests {
         assert_eq!(read(&path).unwrap(), s);
         let r = render(&s, 105);
         assert!(r.contains("(5 s ago)") && r.contains("egresspolicy/a"), "{r}");
+        assert!(r.contains("UNSTEERED   1 selected pod addresses"), "{r}");
+        assert!(r.contains("203.0.113.11") && r.contains("none    1 pods unsteered: no route to 203.0.113.11"), "{r}");
+        // A status file of an agent without tunnels still reads.
+        std::fs::write(&path, br#"{"node":"w","pid":1,"strict":false,"synced":true,"lastSync":null,"lastSyncUnix":0,"lastSyncOk":true,"programmed":true,"syncs":1,"errorsTotal":0,"errors":[],"podsLocal":0,"podsSteered":0,"rules":0,"tables":0,"changesTotal":0,"uses":[]}"#).unwrap();
+        assert_eq!(read(&path).unwrap().next_hops, vec![]);
+        write(&path, &s).unwrap();
         let missing = dir.path().join("missing");
         let e = read(&missing).unwrap_err();
         assert!(matches!(&e, StatusFileError::Unreadable { path, .. } if *path == missing), "{e:?}");
@@ -263,6 +348,15 @@ mod tests {
                 next_hop: "203.0.113.10".parse().unwrap(),
                 pods: 3,
             }],
+            pods_unsteered: 2,
+            next_hops: vec![NextHopRow {
+                next_hop: "203.0.113.10".parse().unwrap(),
+                path: "geneve".into(),
+                reason: None,
+                source: Some("192.0.2.7".parse().unwrap()),
+                mtu: Some(1450),
+                pods_unsteered: 0,
+            }],
             ..Default::default()
         };
         let m = metrics(&s);
@@ -274,6 +368,8 @@ mod tests {
                 "gauge",
                 "egret_node_pods_steered_by_egress_ip{policy=\"egresspolicy/a\",egress_ip=\"203.0.113.10\",next_hop=\"203.0.113.10\"} 3",
             ),
+            ("egret_node_pods_unsteered", "gauge", "egret_node_pods_unsteered 2"),
+            ("egret_node_next_hop_path", "gauge", "egret_node_next_hop_path{next_hop=\"203.0.113.10\",path=\"geneve\"} 1"),
             ("egret_node_rules", "gauge", "egret_node_rules 6"),
             ("egret_node_tables", "gauge", "egret_node_tables 2"),
             ("egret_node_syncs", "counter", "egret_node_syncs_total 4"),
@@ -285,6 +381,10 @@ mod tests {
             ("egret_node_strict", "gauge", "egret_node_strict 1"),
         ];
         for (_, _, line) in want {
+            assert!(m.lines().any(|l| l == line), "missing {line:?} in\n{m}");
+        }
+        for other in ["onlink", "none"] {
+            let line = format!("egret_node_next_hop_path{{next_hop=\"203.0.113.10\",path=\"{other}\"}} 0");
             assert!(m.lines().any(|l| l == line), "missing {line:?} in\n{m}");
         }
         assert!(m.lines().any(|l| l == "# UNIT egret_node_last_sync_timestamp_seconds seconds"), "{m}");
