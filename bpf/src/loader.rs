@@ -555,7 +555,7 @@ impl SteeringProgram {
 
     // ------------------------------------------------------------ tunnel
 
-    /// Turns rule 0d (decapsulation of the nodes' Geneve frames,
+    /// Turns rule 0d (decapsulation of the nodes' VXLAN frames,
     /// docs/adr/0031-workers-in-any-subnet.md) on for `tunnel`'s port and
     /// VNI, or off with `None` (as loaded: then no frame is treated
     /// differently). Port 0 and a VNI above 24 bits are

@@ -554,7 +554,7 @@ verdict_reasons! {
     RedirectFragmentToEgress = 36, "EGRET_REDIRECT_FRAGMENT_TO_EGRESS", "redirect_fragment_to_egress", Redirect;
     /// Rule 6: the same beyond the CPU's budget of orphan fragments.
     DropFragmentRate = 37, "EGRET_DROP_FRAGMENT_RATE", "drop_fragment_rate", Drop;
-    /// Rule 0d: a node's Geneve frame whose inner packet goes to the workers, whole.
+    /// Rule 0d: a node's VXLAN frame whose inner packet goes to the workers, whole.
     RedirectDecap = 38, "EGRET_REDIRECT_DECAP", "redirect_decap", Redirect;
     /// Rule 0d: a tunnel frame on an outside interface.
     DropDecapOutside = 39, "EGRET_DROP_DECAP_OUTSIDE", "drop_decap_outside", Drop;
@@ -562,7 +562,7 @@ verdict_reasons! {
     DropDecapUnknownNode = 40, "EGRET_DROP_DECAP_UNKNOWN_NODE", "drop_decap_unknown_node", Drop;
     /// Rule 0d: an outer IPv4 first fragment of a tunnel datagram.
     DropDecapFragment = 41, "EGRET_DROP_DECAP_FRAGMENT", "drop_decap_fragment", Drop;
-    /// Rule 0d: outer lengths, the Geneve header or the inner IP header not Egret's.
+    /// Rule 0d: outer lengths, the VXLAN header or the inner IP header not Egret's.
     DropDecapMalformed = 42, "EGRET_DROP_DECAP_MALFORMED", "drop_decap_malformed", Drop;
     /// Rule 0d: the inner frame is not untagged Ethernet carrying IPv4/IPv6.
     DropDecapNotIp = 43, "EGRET_DROP_DECAP_NOT_IP", "drop_decap_not_ip", Drop;

@@ -1,4 +1,4 @@
-//! Rule 0d's configuration: the Geneve tunnel Egret's nodes in other
+//! Rule 0d's configuration: the VXLAN tunnel Egret's nodes in other
 //! subnets send their selected pods' frames through
 //! (docs/adr/0031-workers-in-any-subnet.md), and the Nodes' addresses it
 //! accepts them from. Written through
@@ -8,8 +8,8 @@
 /// The largest VNI: the field has 24 bits (RFC 8926 section 3.4).
 pub const MAX_VNI: u32 = (1 << 24) - 1;
 
-/// What the gateway decapsulates: Geneve to UDP port `port` with VNI `vni`
-/// (the engine's `wire::geneve::DEFAULT_PORT` and `EGRET_VNI` unless the
+/// What the gateway decapsulates: VXLAN to UDP port `port` with VNI `vni`
+/// (the engine's `wire::vxlan::DEFAULT_PORT` and `EGRET_VNI` unless the
 /// cluster sets others).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tunnel {

@@ -1,4 +1,4 @@
-//! Rule 0d, the decapsulation of the Geneve frames Egret's nodes send from
+//! Rule 0d, the decapsulation of the VXLAN frames Egret's nodes send from
 //! other subnets (docs/adr/0031-workers-in-any-subnet.md), through
 //! BPF_PROG_TEST_RUN: what reaches the workers (the whole encapsulated
 //! frame), what the fast path translates (the inner frame, byte for byte as
@@ -25,7 +25,7 @@ use etherparse::PacketBuilder;
 
 const ROUTER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x09];
 const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
-const GNV_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x77]; // the node's egret-gnv
+const DEV_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x77]; // the node's egret-vxlan
 const OUT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x03];
 const NH_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xfe];
 const LO: u32 = 1;
@@ -81,7 +81,7 @@ enum L4 {
     },
 }
 
-/// A pod's Ethernet frame as its node's egret-gnv device carries it.
+/// A pod's Ethernet frame as its node's egret-vxlan device carries it.
 fn inner<const N: usize>(
     src: [u8; N],
     dst: [u8; N],
@@ -111,20 +111,20 @@ fn inner<const N: usize>(
 }
 
 fn pod_frame4(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
-    inner(src, dst, POD_PORT, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC))
+    inner(src, dst, POD_PORT, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC))
 }
 
 fn pod_frame6(src: [u8; 16], dst: [u8; 16]) -> Vec<u8> {
-    inner(src, dst, POD_PORT, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC))
+    inner(src, dst, POD_PORT, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC))
 }
 
-/// The Geneve header Egret's nodes send (RFC 8926 section 3.4).
-fn geneve(vni: u32) -> [u8; 8] {
+/// The VXLAN header Egret's nodes send (RFC 7348 section 5): the I flag.
+fn vxlan(vni: u32) -> [u8; 8] {
     let v = vni.to_be_bytes();
-    [0, 0, 0x65, 0x58, v[1], v[2], v[3], 0]
+    [0x08, 0, 0, 0, v[1], v[2], v[3], 0]
 }
 
-/// `payload` (Geneve and what follows) in UDP to `port`, from `src` to
+/// `payload` (VXLAN and what follows) in UDP to `port`, from `src` to
 /// `dst` (4 or 16 bytes), as the router in front of the gateway sends it.
 fn outer(src: &[u8], dst: &[u8], port: u16, payload: &[u8]) -> Vec<u8> {
     let eth = PacketBuilder::ethernet2(ROUTER_MAC, GW_MAC);
@@ -138,9 +138,9 @@ fn outer(src: &[u8], dst: &[u8], port: u16, payload: &[u8]) -> Vec<u8> {
     v
 }
 
-/// `inner` tunnelled by Egret's node: Geneve with `vni` to `port`.
+/// `inner` tunnelled by Egret's node: VXLAN with `vni` to `port`.
 fn encap_with(src: &[u8], dst: &[u8], port: u16, vni: u32, inner: &[u8]) -> Vec<u8> {
-    let mut payload = geneve(vni).to_vec();
+    let mut payload = vxlan(vni).to_vec();
     payload.extend_from_slice(inner);
     outer(src, dst, port, &payload)
 }
@@ -149,8 +149,8 @@ fn encap(src: &[u8], dst: &[u8], inner: &[u8]) -> Vec<u8> {
     encap_with(src, dst, PORT, VNI, inner)
 }
 
-/// The offset of the Geneve header in an untagged frame.
-fn geneve_at(frame: &[u8]) -> usize {
+/// The offset of the VXLAN header in an untagged frame.
+fn vxlan_at(frame: &[u8]) -> usize {
     if frame[12..14] == [0x08, 0x00] {
         14 + 20 + 8
     } else {
@@ -158,9 +158,9 @@ fn geneve_at(frame: &[u8]) -> usize {
     }
 }
 
-/// `frame` with one byte of its Geneve header changed.
-fn geneve_byte(mut frame: Vec<u8>, at: usize, value: u8) -> Vec<u8> {
-    let g = geneve_at(&frame);
+/// `frame` with one byte of its VXLAN header changed.
+fn vxlan_byte(mut frame: Vec<u8>, at: usize, value: u8) -> Vec<u8> {
+    let g = vxlan_at(&frame);
     frame[g + at] = value;
     frame
 }
@@ -283,7 +283,7 @@ fn steered_pods_frames_go_to_the_workers_whole() {
         // Rule 5b inside: a router's Time Exceeded about a packet a pod sent.
         ("inner icmp error about a pod's packet", {
             let about = pod_frame4(POD4, REMOTE4);
-            let b = PacketBuilder::ethernet2(GNV_MAC, GW_MAC).ipv4(UNSELECTED4, REMOTE4, 64).icmpv4_raw(11, 0, [0; 4]);
+            let b = PacketBuilder::ethernet2(DEV_MAC, GW_MAC).ipv4(UNSELECTED4, REMOTE4, 64).icmpv4_raw(11, 0, [0; 4]);
             let mut f = Vec::new();
             b.write(&mut f, &about[14..14 + 28]).unwrap();
             encap(&NODE4, &EGRESS4, &f)
@@ -357,27 +357,19 @@ fn forged_frames_are_dropped_under_their_reason() {
     let p = &w.prog;
     let good4 = || encap(&NODE4, &EGRESS4, &pod_frame4(POD4, REMOTE4));
     let good6 = || encap(&node6(), &egress6(), &pod_frame6(pod6(), remote6()));
-    // Geneve with one 4-byte option, lengths consistent.
-    let with_option = |src: &[u8], dst: &[u8], inner: &[u8]| {
-        let mut payload = geneve(VNI).to_vec();
-        payload[0] = 1;
-        payload.extend_from_slice(&[0; 4]);
-        payload.extend_from_slice(inner);
-        outer(src, dst, PORT, &payload)
-    };
     let arp = {
         let a = etherparse::ArpPacket::new(
             etherparse::ArpHardwareId::ETHERNET,
             etherparse::EtherType::IPV4,
             etherparse::ArpOperation::REQUEST,
-            &GNV_MAC,
+            &DEV_MAC,
             &POD4,
             &[0; 6],
             &EGRESS4,
         )
         .unwrap();
         let mut v = Vec::new();
-        PacketBuilder::ethernet2(GNV_MAC, [0xff; 6]).arp(a).write(&mut v).unwrap();
+        PacketBuilder::ethernet2(DEV_MAC, [0xff; 6]).arp(a).write(&mut v).unwrap();
         v
     };
     let cases: Vec<(&str, Vec<u8>, R)> = vec![
@@ -393,15 +385,10 @@ fn forged_frames_are_dropped_under_their_reason() {
             encap_with(&node6(), &egress6(), PORT, 0x10001, &pod_frame6(pod6(), remote6())),
             R::DropDecapMalformed,
         ),
-        ("options v4", with_option(&NODE4, &EGRESS4, &pod_frame4(POD4, REMOTE4)), R::DropDecapMalformed),
-        ("options v6", with_option(&node6(), &egress6(), &pod_frame6(pod6(), remote6())), R::DropDecapMalformed),
-        ("version 1", geneve_byte(good4(), 0, 0x40), R::DropDecapMalformed),
-        ("C bit v4", geneve_byte(good4(), 1, 0x40), R::DropDecapMalformed),
-        ("C bit v6", geneve_byte(good6(), 1, 0x40), R::DropDecapMalformed),
-        ("O bit v4", geneve_byte(good4(), 1, 0x80), R::DropDecapMalformed),
-        ("O bit v6", geneve_byte(good6(), 1, 0x80), R::DropDecapMalformed),
-        ("protocol IPv4 v4", geneve_byte(geneve_byte(good4(), 2, 0x08), 3, 0x00), R::DropDecapMalformed),
-        ("protocol v6", geneve_byte(good6(), 3, 0x59), R::DropDecapMalformed),
+        ("I flag clear v4", vxlan_byte(good4(), 0, 0x00), R::DropDecapMalformed),
+        ("I flag clear v6", vxlan_byte(good6(), 0, 0x00), R::DropDecapMalformed),
+        ("GBP's G flag v4", vxlan_byte(good4(), 0, 0x88), R::DropDecapMalformed),
+        ("GPE's P flag v6", vxlan_byte(good6(), 0, 0x0c), R::DropDecapMalformed),
         (
             "udp length short v4",
             {
@@ -600,8 +587,8 @@ fn a_fast_path_hit_sends_the_inner_frame_as_on_link() {
     let p = &w.prog;
     for l4 in [L4::Udp, L4::Tcp { syn: false }] {
         let pods: [(&str, Vec<u8>); 2] = [
-            ("v4", inner(POD4, REMOTE4, POD_PORT, REMOTE_PORT, l4, (GNV_MAC, GW_MAC))),
-            ("v6", inner(pod6(), remote6(), POD_PORT, REMOTE_PORT, l4, (GNV_MAC, GW_MAC))),
+            ("v4", inner(POD4, REMOTE4, POD_PORT, REMOTE_PORT, l4, (DEV_MAC, GW_MAC))),
+            ("v6", inner(pod6(), remote6(), POD_PORT, REMOTE_PORT, l4, (DEV_MAC, GW_MAC))),
         ];
         for (fam, pod) in pods {
             let (on_link, v_on, f_on) = run(p, &pod);
@@ -632,16 +619,16 @@ fn a_fast_path_miss_restores_the_frame_for_the_workers() {
         // The offloaded flow's SYN: the fast path must leave it to the engine.
         (
             "v4 syn",
-            inner(POD4, REMOTE4, POD_PORT, REMOTE_PORT, L4::Tcp { syn: true }, (GNV_MAC, GW_MAC)),
+            inner(POD4, REMOTE4, POD_PORT, REMOTE_PORT, L4::Tcp { syn: true }, (DEV_MAC, GW_MAC)),
             F::PuntTcpControl,
         ),
         (
             "v6 syn",
-            inner(pod6(), remote6(), POD_PORT, REMOTE_PORT, L4::Tcp { syn: true }, (GNV_MAC, GW_MAC)),
+            inner(pod6(), remote6(), POD_PORT, REMOTE_PORT, L4::Tcp { syn: true }, (DEV_MAC, GW_MAC)),
             F::PuntTcpControl,
         ),
-        ("v4 new flow", inner(POD4, REMOTE4, POD_PORT + 1, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC)), F::Miss),
-        ("v6 new flow", inner(pod6(), remote6(), POD_PORT + 1, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC)), F::Miss),
+        ("v4 new flow", inner(POD4, REMOTE4, POD_PORT + 1, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC)), F::Miss),
+        ("v6 new flow", inner(pod6(), remote6(), POD_PORT + 1, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC)), F::Miss),
     ] {
         for frame in [encap(&NODE4, &EGRESS4, &pod), encap(&node6(), &egress6(), &pod)] {
             let (out, v, f) = run(p, &frame);
@@ -678,11 +665,11 @@ fn node_addresses_and_the_tunnel_are_checked_and_synced() {
 
 /// A pod's flow the fast path has no session for: a miss, then rule 5 (or 0d).
 fn new_flow4() -> Vec<u8> {
-    inner(POD4, REMOTE4, POD_PORT + 1, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC))
+    inner(POD4, REMOTE4, POD_PORT + 1, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC))
 }
 
 fn new_flow6() -> Vec<u8> {
-    inner(pod6(), remote6(), POD_PORT + 1, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC))
+    inner(pod6(), remote6(), POD_PORT + 1, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC))
 }
 
 /// Medians of `calls` BPF_PROG_TEST_RUN calls of `repeat` runs each: the
@@ -728,21 +715,21 @@ fn measure_decap_cost() {
         ),
         (
             "fast-path hit, v4",
-            inner(POD4, REMOTE4, POD_PORT, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC)),
-            encap(&NODE4, &EGRESS4, &inner(POD4, REMOTE4, POD_PORT, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC))),
+            inner(POD4, REMOTE4, POD_PORT, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC)),
+            encap(&NODE4, &EGRESS4, &inner(POD4, REMOTE4, POD_PORT, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC))),
             R::RedirectFastPath,
             1,
         ),
         (
             "fast-path hit, v6",
-            inner(pod6(), remote6(), POD_PORT, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC)),
-            encap(&node6(), &egress6(), &inner(pod6(), remote6(), POD_PORT, REMOTE_PORT, L4::Udp, (GNV_MAC, GW_MAC))),
+            inner(pod6(), remote6(), POD_PORT, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC)),
+            encap(&node6(), &egress6(), &inner(pod6(), remote6(), POD_PORT, REMOTE_PORT, L4::Udp, (DEV_MAC, GW_MAC))),
             R::RedirectFastPath,
             1,
         ),
     ];
     let calls = |repeat: u32| if repeat == 1 { 2001 } else { 201 };
-    println!("{:32} {:>8} {:>8} {:>8}  (ns/frame, median of 5 rounds of medians)", "path", "on-link", "geneve", "diff");
+    println!("{:32} {:>8} {:>8} {:>8}  (ns/frame, median of 5 rounds of medians)", "path", "on-link", "vxlan", "diff");
     for (name, on_link, tunnelled, on_link_reason, repeat) in rows {
         let tunnel_reason = if on_link_reason == R::RedirectFastPath { R::RedirectFastPath } else { R::RedirectDecap };
         let (mut a, mut b) = (Vec::new(), Vec::new());

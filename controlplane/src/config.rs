@@ -642,7 +642,7 @@ impl Checker<'_> {
     /// `nodeAddresses` are).
     fn tunnel(&mut self, raw: Option<&raw::Tunnel>, kubernetes: bool) -> Option<TunnelSpec> {
         let enabled = raw.map_or(kubernetes, |t| t.enabled.unwrap_or(true));
-        let port = raw.and_then(|t| t.port).unwrap_or(egret_dataplane::wire::geneve::DEFAULT_PORT);
+        let port = raw.and_then(|t| t.port).unwrap_or(egret_dataplane::wire::vxlan::DEFAULT_PORT);
         if port == 0 {
             self.invalid("tunnel.port", "0", "must be 1-65535");
         }

@@ -4,7 +4,7 @@
 //! whole datagram longer than 64 bytes is written a second time with bit 6
 //! set (the differential target feeds it as a fragment train, last first),
 //! and each frame from the pods' side once more as the fixture's tunnel node
-//! sends it (`fixtures::tunnelled`: Geneve to the egress IP of its family).
+//! sends it (`fixtures::tunnelled`: VXLAN to the egress IP of its family).
 //!
 //! `cargo run -p egret-dataplane --features fixtures --example fixture_frames -- DIR`
 

@@ -1,10 +1,10 @@
-//! Frames that worker nodes in other subnets send through Egret's Geneve
+//! Frames that worker nodes in other subnets send through Egret's VXLAN
 //! tunnel (docs/adr/0031-workers-in-any-subnet.md).
 //!
 //! A node whose route to its next hop N crosses a router encapsulates its
 //! selected pods' packets: outer IP from the Node's InternalIP to N (an
-//! egress IP, or its companion next hop), UDP to the tunnel port, Geneve
-//! ([`crate::wire::geneve`]), then the pod's Ethernet frame. The XDP
+//! egress IP, or its companion next hop), UDP to the tunnel port, VXLAN
+//! ([`crate::wire::vxlan`]), then the pod's Ethernet frame. The XDP
 //! program checks the same things first (its tunnel rule) and either
 //! translates the inner packet itself (a fast-path hit) or hands the whole
 //! frame to a worker, which calls [`decapsulate`] and runs the pipeline on
@@ -25,14 +25,14 @@ use ahash::AHashSet;
 use crate::ingress::{Ingress, IngressRole};
 use crate::stats::DropReason;
 use crate::tables::Tables;
-use crate::wire::{checksum, ethernet, geneve, ipv4, ipv6, udp, EtherType, IpProtocol};
+use crate::wire::{checksum, ethernet, ipv4, ipv6, udp, vxlan, EtherType, IpProtocol};
 
 /// The tunnel's settings and the addresses allowed to send into it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tunnel {
     /// The UDP destination port (`tunnel.port`).
     pub port: u16,
-    /// The Geneve VNI.
+    /// The VXLAN VNI.
     pub vni: u32,
     /// Every Node's InternalIPs: the only outer sources accepted.
     pub nodes: AHashSet<IpAddr>,
@@ -41,7 +41,7 @@ pub struct Tunnel {
 impl Tunnel {
     /// Egret's VNI on `port`, accepting `nodes`.
     pub fn new(port: u16, nodes: impl IntoIterator<Item = IpAddr>) -> Self {
-        Tunnel { port, vni: geneve::EGRET_VNI, nodes: nodes.into_iter().collect() }
+        Tunnel { port, vni: vxlan::EGRET_VNI, nodes: nodes.into_iter().collect() }
     }
 }
 
@@ -65,6 +65,7 @@ pub enum Decap {
 struct Outer {
     src: IpAddr,
     dst: IpAddr,
+    /// An outer first fragment (MF set; later ones are not the tunnel's).
     fragment: bool,
     /// Where the UDP header starts, and where the IP packet ends.
     l4: usize,
@@ -81,7 +82,9 @@ fn outer(frame: &[u8]) -> Option<Outer> {
         EtherType::IPV4 => {
             let ip = ipv4::Packet::new_unchecked(l3);
             let hdr = l3.get(..ipv4::MIN_HEADER_LEN)?;
-            if hdr[0] != 0x45 || ip.protocol() != IpProtocol::UDP {
+            // A later fragment carries no UDP header: what sits where the
+            // port would be is payload (the XDP program's rule 6 judges it).
+            if hdr[0] != 0x45 || ip.protocol() != IpProtocol::UDP || ip.frag_offset() != 0 {
                 return None;
             }
             let end = l2.l3_offset + usize::from(ip.total_len());
@@ -132,12 +135,16 @@ pub fn decapsulate(tables: &Tables, ingress: &Ingress, frame: &[u8], ifindex: u3
         return Decap::Drop(DropReason::DecapFragment);
     }
     let Some(datagram) = frame.get(o.l4..o.end) else { return Decap::Drop(DropReason::DecapMalformed) };
-    let Ok(u) = udp::Packet::new_checked(datagram) else { return Decap::Drop(DropReason::DecapMalformed) };
-    let g = match geneve::Packet::new_checked(u.payload()) {
+    // The datagram is the whole IP payload, as the nodes' kernel builds it.
+    let u = match udp::Packet::new_checked(datagram) {
+        Ok(u) if usize::from(u.length()) == datagram.len() => u,
+        _ => return Decap::Drop(DropReason::DecapMalformed),
+    };
+    let g = match vxlan::Packet::new_checked(u.payload()) {
         Ok(g) if g.check_egret(tunnel.vni).is_ok() => g,
         _ => return Decap::Drop(DropReason::DecapMalformed),
     };
-    let start = o.l4 + udp::HEADER_LEN + g.header_len();
+    let start = o.l4 + udp::HEADER_LEN + vxlan::HEADER_LEN;
     let end = o.l4 + usize::from(u.length());
     match ethernet::l2_info(g.payload()) {
         Ok(l2) if l2.vlan_tci.is_none() && (l2.ethertype == EtherType::IPV4 || l2.ethertype == EtherType::IPV6) => {
@@ -149,7 +156,7 @@ pub fn decapsulate(tables: &Tables, ingress: &Ingress, frame: &[u8], ifindex: u3
 
 /// Builds what a node sends for `inner` (an Ethernet frame): outer
 /// Ethernet from `macs.0` to `macs.1`, outer IP from `node` to `next_hop`,
-/// UDP from `src_port` to `tunnel_port`, Geneve with Egret's VNI. `None`
+/// UDP from `src_port` to `tunnel_port`, VXLAN with Egret's VNI. `None`
 /// when the two addresses are of different families. Tests, fixtures and
 /// benchmarks use it; the nodes' kernel builds the real thing.
 pub fn encapsulate(
@@ -160,7 +167,7 @@ pub fn encapsulate(
     src_port: u16,
     tunnel_port: u16,
 ) -> Option<Vec<u8>> {
-    let udp_len = udp::HEADER_LEN + geneve::HEADER_LEN + inner.len();
+    let udp_len = udp::HEADER_LEN + vxlan::HEADER_LEN + inner.len();
     let mut f = Vec::with_capacity(ethernet::HEADER_LEN + ipv6::HEADER_LEN + udp_len);
     f.extend_from_slice(&macs.1);
     f.extend_from_slice(&macs.0);
@@ -182,8 +189,8 @@ pub fn encapsulate(
     f.extend_from_slice(&tunnel_port.to_be_bytes());
     f.extend_from_slice(&(udp_len as u16).to_be_bytes());
     f.extend_from_slice(&[0, 0]);
-    let mut g = [0u8; geneve::HEADER_LEN];
-    geneve::emit(&mut g, geneve::EGRET_VNI);
+    let mut g = [0u8; vxlan::HEADER_LEN];
+    vxlan::emit(&mut g, vxlan::EGRET_VNI);
     f.extend_from_slice(&g);
     f.extend_from_slice(inner);
     udp::Packet::new_unchecked(&mut f[l4..]).fill_checksum(sum);

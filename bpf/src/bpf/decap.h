@@ -5,11 +5,10 @@
  * checks, strips, and reuses the fast path").
  *
  * A node outside the gateway's subnet sends a selected pod's frame inside
- * Geneve (RFC 8926): outer Ethernet (at most one 802.1Q tag), outer IPv4
+ * VXLAN (RFC 7348): outer Ethernet (at most one 802.1Q tag), outer IPv4
  * without options or IPv6 without extension headers, UDP to the cluster's
- * tunnel port (tunnel_config), Geneve version 0 without options, protocol
- * 0x6558 (an Ethernet frame follows), the cluster's VNI, then the pod's
- * own Ethernet frame. The outer destination is an egress address
+ * tunnel port (tunnel_config), the VXLAN header with the I flag alone and
+ * the cluster's VNI, then the pod's own Ethernet frame. The outer destination is an egress address
  * (owned_v4/v6 with OWNED_NAT). Such a frame is Egret's: it is sent to the
  * workers or dropped, each drop under its own reason, never passed to the
  * kernel (which would forward the inner packet untranslated once it had
@@ -19,7 +18,7 @@
  * the address is live (ADR 0013's fence), the frame did not arrive on an
  * outside interface, its outer source is a Node's (node_addrs_v4/v6; the
  * pod_macs check of rule 5a does not apply: the outer source MAC is a
- * router's), it is no outer fragment, its lengths and Geneve header are
+ * router's), it is no outer fragment, its lengths and VXLAN header are
  * Egret's, the inner frame is untagged IPv4/IPv6. Then
  * bpf_xdp_adjust_head() (net/core/filter.c; Linux 4.10) moves the frame's
  * start to the inner Ethernet header and the fast path (fast_path.h) runs
@@ -27,7 +26,8 @@
  * A miss, which leaves the bytes untouched, is judged by rule 5 on the
  * inner packet (a hairpin to an egress address is the workers' too), the
  * head is moved back, and the whole encapsulated frame goes to the
- * workers (who decapsulate it again, wire/geneve.rs) or is dropped.
+ * workers (who decapsulate it again, dataplane/src/tunnel.rs) or is
+ * dropped.
  *
  * Two parts, for the verifier's limits. The entry point asks
  * egret_tunnel_frame (a global function with a tiny stack: the entry's
@@ -42,27 +42,26 @@
 #ifndef EGRET_DECAP_H
 #define EGRET_DECAP_H
 
-/* The Geneve fixed header (RFC 8926 section 3.4). */
-struct egret_geneve_hdr {
-	__u8 ver_opt_len; /* version (2 high bits), options length in 4-byte words */
-	__u8 flags;       /* O (control), C (critical options), 6 reserved bits */
-	__be16 protocol;  /* an EtherType */
+/* The VXLAN header (RFC 7348 section 5). */
+struct egret_vxlan_hdr {
+	__u8 flags;       /* I (0x08: the VNI is valid); the rest reserved */
+	__u8 reserved1[3];
 	__u8 vni[3];
-	__u8 reserved;
+	__u8 reserved2;
 };
 
-#define EGRET_GENEVE_O 0x80
-#define EGRET_GENEVE_C 0x40
-/* Transparent Ethernet Bridging: an Ethernet frame follows. */
-#define EGRET_GENEVE_PROTO_ETHERNET 0x6558
+/* The flags Egret's nodes send: I alone. An extension's flags (VXLAN-GBP's
+ * G 0x80, VXLAN-GPE's P 0x04, whose payload need not be Ethernet) are
+ * refused. */
+#define EGRET_VXLAN_FLAGS 0x08
 
-/* UDP, Geneve and the inner Ethernet header: what the outer IP packet
+/* UDP, VXLAN and the inner Ethernet header: what the outer IP packet
  * carries before the inner IP header. */
 #define EGRET_DECAP_TUNNEL_HDRS                                                                   \
-	(sizeof(struct egret_udp_hdr) + sizeof(struct egret_geneve_hdr) + sizeof(struct ethhdr))
+	(sizeof(struct egret_udp_hdr) + sizeof(struct egret_vxlan_hdr) + sizeof(struct ethhdr))
 
 /* The longest outer part: Ethernet with a tag (18), IPv6 (40), the rest. */
-#define EGRET_DECAP_MAX_OUTER (18 + 40 + sizeof(struct egret_udp_hdr) + sizeof(struct egret_geneve_hdr))
+#define EGRET_DECAP_MAX_OUTER (18 + 40 + sizeof(struct egret_udp_hdr) + sizeof(struct egret_vxlan_hdr))
 
 /* What decap_match found in a frame of rule 0d's shape. */
 struct decap_outer {
@@ -186,25 +185,22 @@ static __always_inline int decap_on_outside(struct xdp_md *ctx)
 static __always_inline __u32 decap_check_tunnel(const struct tunnel_config *cfg, struct egret_udp_hdr *udp,
 						__u32 ip_payload, void *data_end)
 {
-	struct egret_geneve_hdr *gnv = (void *)(udp + 1);
-	struct ethhdr *inner = (void *)(gnv + 1);
+	struct egret_vxlan_hdr *vx = (void *)(udp + 1);
+	struct ethhdr *inner = (void *)(vx + 1);
 	__u32 ulen = be16_len(udp->len);
 	__u32 vni;
 
 	/* The UDP datagram is the whole IP payload (RFC 768; what the node's
-	 * geneve_xmit_skb builds) and holds the tunnel headers. */
+	 * vxlan_xmit_one builds) and holds the tunnel headers. */
 	if (ulen != ip_payload || ulen < EGRET_DECAP_TUNNEL_HDRS)
 		return EGRET_DROP_DECAP_MALFORMED;
 	if ((void *)(inner + 1) > data_end)
 		return EGRET_DROP_DECAP_MALFORMED;
-	/* Version 0 and no options in one byte; O and C clear (RFC 8926
-	 * section 3.4: Egret understands no option, critical or not, and a
-	 * control packet is nothing to forward). Reserved bits are ignored
-	 * on receipt, as the RFC says. */
-	if (gnv->ver_opt_len != 0 || (gnv->flags & (EGRET_GENEVE_O | EGRET_GENEVE_C)) ||
-	    gnv->protocol != bpf_htons(EGRET_GENEVE_PROTO_ETHERNET))
+	/* The I flag alone; the reserved fields are ignored on receipt (RFC
+	 * 7348 section 5). */
+	if (vx->flags != EGRET_VXLAN_FLAGS)
 		return EGRET_DROP_DECAP_MALFORMED;
-	vni = ((__u32)gnv->vni[0] << 16) | ((__u32)gnv->vni[1] << 8) | gnv->vni[2];
+	vni = ((__u32)vx->vni[0] << 16) | ((__u32)vx->vni[1] << 8) | vx->vni[2];
 	if (vni != cfg->vni)
 		return EGRET_DROP_DECAP_MALFORMED;
 
@@ -317,7 +313,7 @@ int egret_decap(struct xdp_md *ctx)
 	/* The outer part's length: 50, 54, 70 or 74 bytes. Hidden from the
 	 * verifier's constant tracking (one bounded unknown instead of four
 	 * constants), so what follows is checked once, not per outer shape. */
-	outer = (__u32)((void *)(o.udp + 1) + sizeof(struct egret_geneve_hdr) - data);
+	outer = (__u32)((void *)(o.udp + 1) + sizeof(struct egret_vxlan_hdr) - data);
 	asm volatile("" : "+r"(outer));
 	if (outer > EGRET_DECAP_MAX_OUTER)
 		return apply(ctx, EGRET_DROP_DECAP_MALFORMED, EGRET_DROP_DECAP_MALFORMED);

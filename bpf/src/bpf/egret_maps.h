@@ -543,11 +543,11 @@ struct {
 /* ------------------------------------------------------------------------
  * Workers in any subnet (docs/adr/0031-workers-in-any-subnet.md): a node
  * outside the gateway's subnet sends its selected pods' frames inside
- * Geneve (RFC 8926) over UDP to the egress address itself; rule 0 of
+ * VXLAN (RFC 7348) over UDP to the egress address itself; rule 0 of
  * steer.bpf.c (egret_decap) checks and strips the outer headers.
  *
  * tunnel_config (one entry) holds the port and VNI the cluster chose
- * (dataplane wire::geneve DEFAULT_PORT 6082, EGRET_VNI 1). Zeroed, as
+ * (dataplane wire::vxlan DEFAULT_PORT 6082, EGRET_VNI 1). Zeroed, as
  * loaded, the rule is off and no frame is treated differently.
  */
 struct tunnel_config {

@@ -17,8 +17,7 @@
  *    interface is not an outside one, the outer source is in
  *    node_addrs_v4/v6 (this replaces rule 5a's pod_macs check: the outer
  *    source MAC is a router's), it is no outer first fragment, lengths and
- *    Geneve are Egret's (version 0, no options, O and C clear, protocol
- *    0x6558, the VNI) and the inner frame is untagged IPv4/IPv6, each under
+ *    VXLAN are Egret's (the I flag alone, the VNI) and the inner frame is untagged IPv4/IPv6, each under
  *    its own drop_decap_* reason. Then the head moves to the inner
  *    Ethernet header and rule 0 runs on the inner frame; on a miss the head
  *    moves back and the inner packet decides: to an OWNED_NAT address (a

@@ -110,7 +110,7 @@ enum egret_verdict_reason {
 	EGRET_DROP_FRAGMENT_RATE = 37,
 
 	/* Rule 0 (decapsulation, docs/adr/0031-workers-in-any-subnet.md):
-	 * a Geneve frame from a node, checked, whose inner packet the fast
+	 * a VXLAN frame from a node, checked, whose inner packet the fast
 	 * path did not translate and rule 5 steers (or which goes to another
 	 * egress address, a hairpin): the whole encapsulated frame goes to
 	 * the workers, which decapsulate it again. */
@@ -125,9 +125,9 @@ enum egret_verdict_reason {
 	 * the program does not reassemble (a path MTU below the node's
 	 * route MTU shows here). */
 	EGRET_DROP_DECAP_FRAGMENT = 41,
-	/* Rule 0: outer lengths inconsistent or truncated, or a Geneve header
-	 * other than Egret's (version 0, no options, O and C clear, protocol
-	 * 0x6558, the configured VNI), or an inner IP header cut short. */
+	/* Rule 0: outer lengths inconsistent or truncated, or a VXLAN header
+	 * other than Egret's (the I flag alone, the configured VNI), or an
+	 * inner IP header cut short. */
 	EGRET_DROP_DECAP_MALFORMED = 42,
 	/* Rule 0: the inner frame is not untagged Ethernet carrying IPv4 or
 	 * IPv6 (ARP, a VLAN tag, anything else). */

@@ -97,7 +97,7 @@ impl K8sOptions {
             nat: NatSettings::default(),
             guard: SourceGuard::default(),
             ha: None,
-            tunnel_port: Some(egret_dataplane::wire::geneve::DEFAULT_PORT),
+            tunnel_port: Some(egret_dataplane::wire::vxlan::DEFAULT_PORT),
             lease_owner: uninstall::OwnerSlot::default(),
             liveness: true,
         }

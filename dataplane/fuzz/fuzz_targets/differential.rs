@@ -17,6 +17,12 @@
 //!   and directions are installed before the first input, and the inputs
 //!   confirm more (a mutated reply confirms a UDP session; the next input of
 //!   that flow is translated in XDP);
+//! - the nodes' tunnel as the sink writes it (`MapPlan`: port, VNI and the
+//!   fixture's tunnel node as the only sender), so frames a node tunnels
+//!   (`fixtures::tunnelled`, in the seed corpus) are decapsulated by both:
+//!   a fast-path hit on the inner frame must equal the engine's forward
+//!   byte for byte, a frame the program steers whole must not be passed by
+//!   the engine, and one it drops must be dropped;
 //! - a network namespace of its own (`netns::enter_new`, unnamed, so it
 //!   dies with the process) holds veths with ifindex 2 and 3,
 //!   the fixture's inside and outside; an unbound AF_XDP socket on queue 0
@@ -102,7 +108,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use egret_bpf::{LoadOptions, SteeringProgram, VerdictReason, XdpAction, OWNED_NAT};
-use egret_controlplane::daemon::sink::{owned_entries, policy_entries};
+use egret_controlplane::daemon::sink::{owned_entries, policy_entries, MapPlan};
 use egret_controlplane::offload::clock::EngineClock;
 use egret_controlplane::offload::{FastPath, OffloadManager};
 use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Worker};
@@ -183,6 +189,11 @@ fn rig() -> Rig {
     policy_entries::<Ipv4Addr>(&tables.classify_v4, &mut src, &mut dst);
     policy_entries::<Ipv6Addr>(&tables.classify_v6, &mut src, &mut dst);
     program.replace_policy(&src, &dst).expect("policy maps");
+    // The nodes' tunnel (the fixture spec accepts `fixtures::TUNNEL_NODE`):
+    // the seed corpus carries every pod frame tunnelled too.
+    let plan = MapPlan::of(&tables);
+    program.sync_node_addrs(&plan.nodes).expect("node addresses");
+    program.set_tunnel(plan.tunnel).expect("tunnel configuration");
     let mut xsks = Vec::new();
     for ifindex in [INSIDE, OUTSIDE] {
         let s = socket2::Socket::new(socket2::Domain::from(libc::AF_XDP), socket2::Type::from(libc::SOCK_RAW), None)

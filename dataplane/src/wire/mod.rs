@@ -29,7 +29,7 @@
 //! | [`ipv6`] | RFC 8200 (IPv6 and its extension headers), RFC 4302 (AH length) |
 //! | [`tcp`] | RFC 9293 (TCP, obsoletes RFC 793), RFC 3168 (ECE/CWR) |
 //! | [`udp`] | RFC 768 (UDP) |
-//! | [`geneve`] | RFC 8926 (Geneve) |
+//! | [`vxlan`] | RFC 7348 (VXLAN) |
 //! | [`icmpv4`] | RFC 792 (ICMP), RFC 1191 (next-hop MTU) |
 //! | [`icmpv6`] | RFC 4443 (ICMPv6), RFC 4861 (Neighbor Discovery) |
 //! | [`checksum`] | RFC 1071 (computing the checksum), RFC 1624 (incremental update) |
@@ -39,13 +39,13 @@ use std::fmt;
 pub mod arp;
 pub mod checksum;
 pub mod ethernet;
-pub mod geneve;
 pub mod icmpv4;
 pub mod icmpv6;
 pub mod ipv4;
 pub mod ipv6;
 pub mod tcp;
 pub mod udp;
+pub mod vxlan;
 
 #[cfg(test)]
 pub(crate) mod testdata;
@@ -80,8 +80,8 @@ pub enum Layer {
     Icmpv6,
     /// A Neighbor Discovery message or option.
     Ndp,
-    /// A Geneve header (RFC 8926).
-    Geneve,
+    /// A VXLAN header (RFC 7348).
+    Vxlan,
 }
 
 impl Layer {
@@ -99,7 +99,7 @@ impl Layer {
             Layer::Icmpv4 => "icmpv4",
             Layer::Icmpv6 => "icmpv6",
             Layer::Ndp => "ndp",
-            Layer::Geneve => "geneve",
+            Layer::Vxlan => "vxlan",
         }
     }
 }
@@ -251,32 +251,16 @@ pub enum Error {
         /// The checksum field found.
         checksum: u16,
     },
-    /// A Geneve version other than 0 (RFC 8926 section 3.4).
-    #[error("Geneve version {version}, not 0")]
-    GeneveVersion {
-        /// The version found.
-        version: u8,
+    /// VXLAN flags other than the I bit alone: an extension's (GBP's G,
+    /// GPE's P) or the VNI marked invalid. Egret's nodes send 0x08.
+    #[error("VXLAN flags {flags:#04x}, not 0x08")]
+    VxlanFlags {
+        /// The flags byte found.
+        flags: u8,
     },
-    /// Geneve options, or the critical bit: Egret's nodes send neither.
-    #[error("Geneve options ({len} bytes, critical {critical}): Egret's nodes send none")]
-    GeneveOptions {
-        /// Length of the options in bytes.
-        len: usize,
-        /// The C bit.
-        critical: bool,
-    },
-    /// A Geneve control packet (the O bit).
-    #[error("Geneve control packet (O bit set)")]
-    GeneveControl,
-    /// A Geneve payload that is not an Ethernet frame.
-    #[error("Geneve protocol type {protocol:#06x}, not 0x6558 (Ethernet)")]
-    GeneveProtocol {
-        /// The Protocol Type found.
-        protocol: u16,
-    },
-    /// A Geneve VNI other than Egret's.
-    #[error("Geneve VNI {vni}, not Egret's")]
-    GeneveVni {
+    /// A VXLAN VNI other than Egret's.
+    #[error("VXLAN VNI {vni}, not Egret's")]
+    VxlanVni {
         /// The VNI found.
         vni: u32,
     },
@@ -307,7 +291,7 @@ impl Error {
                 Layer::Icmpv4 => "icmpv4_truncated",
                 Layer::Icmpv6 => "icmpv6_truncated",
                 Layer::Ndp => "ndp_truncated",
-                Layer::Geneve => "geneve_truncated",
+                Layer::Vxlan => "vxlan_truncated",
             },
             Error::BadVersion { .. } => "bad_ip_version",
             Error::BadHeaderLength { .. } => "bad_ipv4_header_length",
@@ -332,15 +316,12 @@ impl Error {
                 Layer::Udp => "bad_udp_checksum",
                 Layer::Icmpv4 => "bad_icmpv4_checksum",
                 Layer::Icmpv6 | Layer::Ndp => "bad_icmpv6_checksum",
-                Layer::Ethernet | Layer::Vlan | Layer::Arp | Layer::Ipv6 | Layer::Ipv6Extension | Layer::Geneve => {
+                Layer::Ethernet | Layer::Vlan | Layer::Arp | Layer::Ipv6 | Layer::Ipv6Extension | Layer::Vxlan => {
                     "bad_checksum"
                 },
             },
-            Error::GeneveVersion { .. } => "geneve_bad_version",
-            Error::GeneveOptions { .. } => "geneve_options",
-            Error::GeneveControl => "geneve_control",
-            Error::GeneveProtocol { .. } => "geneve_not_ethernet",
-            Error::GeneveVni { .. } => "geneve_wrong_vni",
+            Error::VxlanFlags { .. } => "vxlan_bad_flags",
+            Error::VxlanVni { .. } => "vxlan_wrong_vni",
             Error::BufferTooSmall { .. } => "buffer_too_small",
         }
     }
