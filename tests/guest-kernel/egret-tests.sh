@@ -55,6 +55,7 @@ plan=(
   "egret_bpf|"
   "steering|--skip fixture_table"
   "fast_path|"
+  "decap|"
   "attach|"
   "xsk_veth|--skip tiny_rings_under_a_flood_never_overrun_then_traffic_resumes"
   "netlink|"
