@@ -390,13 +390,15 @@ struct NodeArgs {
     resync_seconds: u64,
     /// Next hops behind a router (docs/adr/0031-workers-in-any-subnet.md):
     /// `auto` decides per next hop from the node's route to it (on a link:
-    /// the plain route; through a router: Geneve through egret-gnv);
+    /// the plain route; through a router: VXLAN (RFC 7348) through
+    /// egret-vxlan);
     /// `never` and `always` are for diagnosis and benchmarks.
     #[arg(long, default_value = "auto")]
     tunnel: node::tunnel::TunnelMode,
     /// The tunnel's UDP port; it must equal the gateways' (ConfigMap
-    /// egret-cluster, key tunnel-port). Default: $TUNNEL_PORT (the
-    /// manifests' env from that key; empty or unset: 6082).
+    /// egret-cluster, key tunnel-port) and differ from the CNI's VXLAN port
+    /// (flannel, Cilium: 8472). Default: $TUNNEL_PORT (the manifests' env
+    /// from that key; empty or unset: 6082).
     #[arg(long)]
     tunnel_port: Option<u16>,
     /// The underlay MTU towards the gateways, replacing what the node's

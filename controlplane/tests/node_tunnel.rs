@@ -4,22 +4,19 @@
 //! Namespaces: `pod` -- `node` -- `router` -- `gw`. The node reaches the
 //! gateway's next hop N (203.0.113.40, 2001:db8:113::40, on `gw`) only through
 //! the router, in another subnet. The test runs the agent's own functions in
-//! `node` (paths, device, steering, reconcile, apply), then sends a datagram
-//! from the pod and receives it in `gw` on a UDP socket bound to N's tunnel
-//! port: it left the node as UDP to N port 6082 with the node's address as
-//! the outer source, crossed a router (so its TTL was set), and carries a
-//! Geneve header of Egret's VNI around the pod's own packet. It also checks
-//! an on-link N (today's route, the device gone), an unreachable N (no path,
-//! the pod not steered), idempotence (the kernel's encapsulated routes read
-//! back equal) and the clean-up. Addresses: TEST-NET and 198.18.0.0/15 only,
-//! inside namespaces the test creates and deletes.
-//!
-//! A kernel built without Geneve (`CONFIG_GENEVE` unset: the project's CI
-//! machines) refuses `egret-gnv`: the test then checks that refusal makes
-//! the next hops' path none and the pods unsteered, and checks the
-//! encapsulated routes and the packet path through a metadata-collecting
-//! VXLAN device standing in for the device (same lightweight-tunnel routes,
-//! same port; a VXLAN header instead of Geneve's).
+//! `node` (paths, device, steering, reconcile, apply), which make the real
+//! `egret-vxlan` (VXLAN, RFC 7348, collect_md: the tunnel is VXLAN because
+//! kernels like this project's are built without Geneve), then sends a
+//! datagram from the pod and receives it in `gw` on a UDP socket bound to
+//! N's tunnel port: it left the node as UDP to N port 6082 with the node's
+//! address as the outer source, crossed a router (so its TTL was set), and
+//! carries a VXLAN header of Egret's VNI around the pod's own packet. It also
+//! checks the device's configuration (and that a wrong one is replaced, a
+//! foreign one left alone, a taken port reported), an on-link N (today's
+//! route, the device gone), an unreachable N (no path, the pod not steered),
+//! idempotence (the kernel's encapsulated routes read back equal) and the
+//! clean-up. Addresses: TEST-NET and 198.18.0.0/15 only, inside namespaces
+//! the test creates and deletes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -34,7 +31,7 @@ use egret_controlplane::node::plan::{Plan, Route, RouteSet};
 use egret_controlplane::node::reconcile::{reconcile, RuleShape, TableRange};
 use egret_controlplane::node::tunnel::{self, Path, Steering, TunnelMode, TunnelOptions};
 use egret_dataplane::netns::run_in;
-use egret_dataplane::wire::geneve::{self, DEFAULT_PORT, EGRET_VNI};
+use egret_dataplane::wire::vxlan::{self, DEFAULT_PORT, EGRET_VNI};
 
 const RANGE: TableRange = TableRange { first: 1_000_000, count: 100 };
 /// Rules without a mark: every packet from the pod (the agent's nftables
@@ -80,73 +77,64 @@ fn plan(hop4: &str, hop6: &str) -> Plan {
 
 /// One pass of the agent's kernel side, as `agent.rs` runs it (without
 /// nftables): paths, device, steering, reconcile, apply, device retired.
-/// With `stand_in`, the encapsulated routes go through that interface and
-/// `egret-gnv` is neither made nor removed. Returns the paths, the steering,
-/// how many operations were applied and the device's error, if any.
+/// Returns the paths, the steering, how many operations were applied and
+/// the device's error, if any.
 async fn pass(
     k: &mut Kernel,
     plan: &Plan,
     opts: &TunnelOptions,
-    stand_in: Option<u32>,
 ) -> (BTreeMap<IpAddr, Path>, Steering, usize, Option<String>) {
     let node_ips = [a(NODE4), a(NODE6)];
     let mut paths = tunnel::paths(k, &plan.next_hops, &node_ips, opts).await.unwrap();
-    let device_error = match stand_in {
-        Some(index) => {
-            k.use_tunnel_device(index);
-            None
-        }
-        None => tunnel::ensure_device(k, &mut paths, opts).await,
-    };
+    let device_error = tunnel::ensure_device(k, &mut paths, opts).await;
     let steering = tunnel::steer(plan, &paths);
     let before = k.view().await.unwrap();
     let changes = reconcile(&before, &steering.plan, RANGE, SHAPE).unwrap();
     for op in &changes.ops {
         k.apply(op, SHAPE).await.unwrap_or_else(|e| panic!("{op:?}: {e}"));
     }
-    if stand_in.is_none() {
-        tunnel::retire_device(k, &paths).await.unwrap();
-    }
+    tunnel::retire_device(k, &paths).await.unwrap();
     (paths, steering, changes.ops.len(), device_error)
 }
 
 /// Runs one pass in `ns` on a fresh runtime and kernel handle.
-fn pass_with(
-    ns: &str,
-    plan: &Plan,
-    opts: TunnelOptions,
-    stand_in: Option<u32>,
-) -> (BTreeMap<IpAddr, Path>, Steering, usize, Option<String>) {
+fn pass_with(ns: &str, plan: &Plan, opts: TunnelOptions) -> (BTreeMap<IpAddr, Path>, Steering, usize, Option<String>) {
     let plan = plan.clone();
     run_in(ns, move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let mut k = Kernel::open(RANGE).unwrap();
-            pass(&mut k, &plan, &opts, stand_in).await
+            pass(&mut k, &plan, &opts).await
         })
     })
     .unwrap()
 }
 
-/// [`pass_with`] with `egret-gnv`, which must not be refused.
+/// [`pass_with`], the device not refused.
 fn pass_in(ns: &str, plan: &Plan, opts: TunnelOptions) -> (BTreeMap<IpAddr, Path>, Steering, usize) {
-    let (paths, steering, ops, err) = pass_with(ns, plan, opts, None);
+    let (paths, steering, ops, err) = pass_with(ns, plan, opts);
     assert_eq!(err, None, "the device");
     (paths, steering, ops)
 }
 
-/// Whether this kernel can make a Geneve device (tried in `ns`).
-fn has_geneve(ns: &str) -> bool {
-    let ok = std::process::Command::new("ip")
-        .args(["-n", ns, "link", "add", "egprobe", "type", "geneve", "external", "dstport", "6099"])
-        .output()
-        .unwrap()
-        .status
-        .success();
-    if ok {
-        ip(&["-n", ns, "link", "del", "egprobe"]);
+/// [`pass_with`] where the device must be refused: every next hop's path is
+/// none for that reason, no pod is steered. Returns the error.
+fn refused(ns: &str, plan: &Plan) -> String {
+    let (paths, steering, _, err) = pass_with(ns, plan, TunnelOptions::default());
+    let err = err.expect("the device is refused");
+    for (hop, path) in &paths {
+        assert!(path.reason().unwrap().contains("the tunnel device was refused"), "{hop}: {path:?}");
     }
-    ok
+    assert_eq!(steering.unsteered, BTreeSet::from([a(POD4), a(POD6)]));
+    assert_eq!(pod_table(ns, POD4), None, "no rule");
+    assert_eq!(pod_table(ns, POD6), None, "no rule");
+    err
+}
+
+/// `ip -d -j link show DEV` in `ns`.
+fn link_json(ns: &str, dev: &str) -> serde_json::Value {
+    let link: serde_json::Value = serde_json::from_str(&ip(&["-n", ns, "-d", "-j", "link", "show", dev])).unwrap();
+    link[0].clone()
 }
 
 /// The table `ip rule` sends `pod` to, and its routes as `ip` prints them.
@@ -181,19 +169,19 @@ fn through_the_tunnel(pod_ns: &str, gw_ns: &str, n: &str, dst: &str) -> Option<(
     Some((from, buf))
 }
 
-/// Checks a received payload: Egret's Geneve header (or, through the VXLAN
-/// stand-in, a VXLAN header of Egret's VNI, RFC 7348) around the pod's packet.
-fn check_inner(payload: &[u8], pod: &str, dst: &str, vxlan: bool) {
-    let frame = if vxlan {
-        assert_eq!(payload[0], 0x08, "VXLAN I flag");
-        assert_eq!(u32::from_be_bytes([0, payload[4], payload[5], payload[6]]), EGRET_VNI, "the route's id");
-        &payload[8..]
-    } else {
-        let g = geneve::Packet::new_checked(payload).unwrap();
-        g.check_egret(EGRET_VNI).unwrap_or_else(|e| panic!("not Egret's Geneve header: {e:?}"));
-        let inner = g.payload();
-        &payload[payload.len() - inner.len()..]
-    };
+/// Checks a received payload: a VXLAN header (RFC 7348 section 5: flags
+/// with only the I bit, 0x08; 24 reserved bits; the VNI, Egret's 1; 8
+/// reserved bits) around the pod's packet in an Ethernet frame.
+fn check_inner(payload: &[u8], pod: &str, dst: &str) {
+    assert!(payload.len() > 8 + 14 + 40, "{payload:?}");
+    assert_eq!(payload[0], 0x08, "VXLAN flags: the I bit alone");
+    assert_eq!(payload[1..4], [0, 0, 0], "reserved");
+    assert_eq!(u32::from_be_bytes([0, payload[4], payload[5], payload[6]]), 1, "VNI 1, the route's id");
+    assert_eq!(payload[7], 0, "reserved");
+    let v = vxlan::Packet::new_checked(payload).unwrap();
+    v.check_egret(EGRET_VNI).unwrap_or_else(|e| panic!("not Egret's VXLAN header: {e:?}"));
+    let frame = v.payload();
+    assert_eq!(frame.len(), payload.len() - 8);
     let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
     let ip = &frame[14..];
     let (src, to): (IpAddr, IpAddr) = match ethertype {
@@ -211,7 +199,7 @@ fn check_inner(payload: &[u8], pod: &str, dst: &str, vxlan: bool) {
 }
 
 #[test]
-fn a_node_in_another_subnet_reaches_its_gateway_through_geneve() {
+fn a_node_in_another_subnet_reaches_its_gateway_through_vxlan() {
     let ns = netns("egtun", &["pod", "node", "router", "gw"]);
     let (pod, node, router, gw) = (ns.name(0), ns.name(1), ns.name(2), ns.name(3));
     link(
@@ -246,50 +234,80 @@ fn a_node_in_another_subnet_reaches_its_gateway_through_geneve() {
     }
 
     let p = plan(N4, N6);
-    let geneve = has_geneve(node);
-    let dev = if geneve {
-        tunnel::DEVICE
-    } else {
-        // 0. This kernel refuses the device: no path, pods not steered, said why.
-        let (paths, steering, _, err) = pass_with(node, &p, TunnelOptions::default(), None);
-        let err = err.expect("the device is refused");
-        assert!(err.contains("this kernel has no Geneve"), "{err}");
-        for (hop, path) in &paths {
-            assert_eq!(path.kind(), "none", "{hop}");
-            assert!(path.reason().unwrap().contains("the tunnel device was refused"), "{path:?}");
-        }
-        assert_eq!(steering.unsteered, BTreeSet::from([a(POD4), a(POD6)]));
-        assert_eq!(pod_table(node, POD4), None, "no rule");
-        eprintln!("this kernel has no Geneve: the encapsulated routes go through a VXLAN stand-in");
-        ip(&["-n", node, "link", "add", "egret-vx", "type", "vxlan", "external", "dstport", &DEFAULT_PORT.to_string()]);
-        ip(&["-n", node, "link", "set", "egret-vx", "up", "arp", "off"]);
-        "egret-vx"
-    };
-    let stand_in = (!geneve).then(|| common::ifindex(node, "egret-vx"));
+    let dev = tunnel::DEVICE;
+    let port = DEFAULT_PORT.to_string();
+
+    // 0. What stands in the device's way: no path, the pods not steered,
+    // and the error says why. A device of another kind with Egret's name
+    // is left alone, by the pass and by the clean-up.
+    ip(&["-n", node, "link", "add", dev, "type", "bridge"]);
+    let err = refused(node, &p);
+    assert!(err.contains("exists and is a bridge device, not Egret's vxlan"), "{err}");
+    let removed = run_in(node, || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async { Kernel::open(RANGE).unwrap().remove_all().await.unwrap() })
+    })
+    .unwrap();
+    assert_eq!(removed, 0);
+    assert_eq!(link_json(node, dev)["linkinfo"]["info_kind"], "bridge", "not Egret's: kept");
+    ip(&["-n", node, "link", "del", dev]);
+    // Another metadata-collecting VXLAN device on the tunnel's port (one
+    // per port): the port is named.
+    ip(&["-n", node, "link", "add", "cni-vx", "type", "vxlan", "external", "dstport", &port]);
+    let err = refused(node, &p);
+    assert!(
+        err.contains(&format!("UDP port {DEFAULT_PORT} is taken by another metadata-collecting VXLAN device"))
+            && err.contains("--tunnel-port")
+            && err.contains("8472"),
+        "{err}"
+    );
+    ip(&["-n", node, "link", "del", "cni-vx"]);
+    // A flannel-style device (a VNI, no metadata) up on the port holds its
+    // socket: Egret's device is made but cannot go up, and is removed.
+    ip(&["-n", node, "link", "add", "cni-vx", "type", "vxlan", "id", "1", "dstport", &port, "dev", "node0"]);
+    ip(&["-n", node, "link", "set", "cni-vx", "up"]);
+    let err = refused(node, &p);
+    assert!(err.contains(&format!("UDP port {DEFAULT_PORT} is taken by a UDP socket")), "{err}");
+    let gone = std::process::Command::new("ip").args(["-n", node, "link", "show", dev]).output().unwrap();
+    assert!(!gone.status.success(), "the device that could not go up is removed");
+    ip(&["-n", node, "link", "del", "cni-vx"]);
+    // Egret's own name, configured otherwise (another port, learning): the
+    // pass below replaces it.
+    ip(&["-n", node, "link", "add", dev, "type", "vxlan", "external", "dstport", "7000", "learning"]);
+    let stale = common::ifindex(node, dev);
 
     // 1. N behind the router: the tunnel.
-    let (paths, steering, ops, err) = pass_with(node, &p, TunnelOptions::default(), stand_in);
+    let (paths, steering, ops, err) = pass_with(node, &p, TunnelOptions::default());
     assert_eq!(err, None);
-    assert_eq!(paths[&a(N4)], Path::Geneve { src: a(NODE4), mtu: 1450 }, "{paths:?}");
-    assert_eq!(paths[&a(N6)], Path::Geneve { src: a(NODE6), mtu: 1430 }, "{paths:?}");
+    assert_eq!(paths[&a(N4)], Path::Vxlan { src: a(NODE4), mtu: 1450 }, "{paths:?}");
+    assert_eq!(paths[&a(N6)], Path::Vxlan { src: a(NODE6), mtu: 1430 }, "{paths:?}");
     assert!(steering.unsteered.is_empty() && ops > 0);
 
-    // The device: geneve, collect_md, the port, NOARP, up, the smallest MTU,
+    // The device: vxlan, collect_md, the port, no learning, no VNI, remote,
+    // local address or lower link of its own, NOARP, up, the smallest MTU,
     // no IPv6 address generation and no address at all.
-    if geneve {
-        let link = ip(&["-n", node, "-d", "-j", "link", "show", tunnel::DEVICE]);
-        let link: serde_json::Value = serde_json::from_str(&link).unwrap();
-        let d = &link[0];
-        assert_eq!(d["linkinfo"]["info_kind"], "geneve", "{d}");
-        assert_eq!(d["linkinfo"]["info_data"]["external"], true, "collect_md: {d}");
-        assert_eq!(d["linkinfo"]["info_data"]["port"], DEFAULT_PORT, "{d}");
+    let check_device = || {
+        let d = link_json(node, dev);
+        let info = &d["linkinfo"]["info_data"];
+        assert_eq!(d["linkinfo"]["info_kind"], "vxlan", "{d}");
+        assert_eq!(info["external"], true, "collect_md: {d}");
+        assert_eq!(info["port"], DEFAULT_PORT, "{d}");
+        assert_eq!(info["learning"], false, "{d}");
+        assert_eq!(info["id"], 0, "{d}");
+        for absent in ["remote", "remote6", "group", "group6", "local", "local6", "link"] {
+            assert!(info.get(absent).is_none(), "{absent}: {d}");
+        }
+        assert!(d.get("link").is_none(), "no lower device: {d}");
         let flags: Vec<&str> = d["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
         assert!(flags.contains(&"NOARP") && flags.contains(&"UP"), "{flags:?}");
         assert_eq!(d["mtu"], 1430, "the smaller of the IPv4 (1450) and IPv6 (1430) route MTUs: {d}");
         assert_eq!(d["inet6_addr_gen_mode"], "none", "{d}");
-        let addrs = ip(&["-n", node, "addr", "show", "dev", tunnel::DEVICE]);
+        let addrs = ip(&["-n", node, "addr", "show", "dev", dev]);
         assert!(!addrs.contains("inet"), "no address, no link-local: {addrs}");
-    }
+        common::ifindex(node, dev)
+    };
+    let index = check_device();
+    assert_ne!(index, stale, "the misconfigured device was replaced");
 
     // The pods' tables hold the encapsulated routes, TTL set.
     let t4 = pod_table(node, POD4).expect("a rule for the IPv4 pod");
@@ -308,24 +326,42 @@ fn a_node_in_another_subnet_reaches_its_gateway_through_geneve() {
     );
 
     // Read back equal: the next pass changes nothing.
-    let (_, _, ops, _) = pass_with(node, &p, TunnelOptions::default(), stand_in);
+    let (_, _, ops, _) = pass_with(node, &p, TunnelOptions::default());
     assert_eq!(ops, 0, "the kernel's encapsulated routes read back as written");
+    assert_eq!(check_device(), index, "the device kept");
 
     // A pod's packets leave the node as UDP to N:6082 from the node's
-    // address, cross the router, and carry Egret's Geneve header.
+    // address, cross the router, and carry Egret's VXLAN header. (IPv6: the
+    // receiving socket drops a zero UDP checksum, so the outer checksum is
+    // checked too.)
     for (pod_ip, n, node_ip, dst) in [(POD4, N4, NODE4, "198.51.100.77"), (POD6, N6, NODE6, "2001:db8:5177::77")] {
         let (from, payload) = through_the_tunnel(pod, gw, n, dst)
             .unwrap_or_else(|| panic!("nothing from {pod_ip} reached {n}:{DEFAULT_PORT} through the router"));
         assert_eq!(from.ip(), a(node_ip), "outer source");
-        check_inner(&payload, pod_ip, dst, !geneve);
+        check_inner(&payload, pod_ip, dst);
     }
+
+    // Learning switched on in place: the next pass replaces the device and
+    // puts its routes back.
+    ip(&["-n", node, "link", "set", "dev", dev, "type", "vxlan", "learning"]);
+    assert_eq!(link_json(node, dev)["linkinfo"]["info_data"]["learning"], true);
+    let (_, steering, ops, err) = pass_with(node, &p, TunnelOptions::default());
+    assert_eq!(err, None);
+    assert!(steering.unsteered.is_empty() && ops > 0, "{ops}");
+    let index = check_device();
+    assert!(pod_table(node, POD4).unwrap().contains(&format!("dev {dev}")));
+    assert!(pod_table(node, POD6).unwrap().contains(&format!("dev {dev}")));
+    let (_, _, ops, _) = pass_with(node, &p, TunnelOptions::default());
+    assert_eq!(ops, 0);
+    assert_eq!(common::ifindex(node, dev), index);
 
     // A smaller underlay (--tunnel-mtu) is repaired into the routes.
     let small = TunnelOptions { mtu: Some(1400), ..Default::default() };
-    let (paths, _, ops, _) = pass_with(node, &p, small, stand_in);
-    assert_eq!(paths[&a(N4)], Path::Geneve { src: a(NODE4), mtu: 1350 });
+    let (paths, _, ops, _) = pass_with(node, &p, small);
+    assert_eq!(paths[&a(N4)], Path::Vxlan { src: a(NODE4), mtu: 1350 });
     assert!(ops > 0);
     assert!(pod_table(node, POD4).unwrap().contains("mtu 1350"));
+    assert_eq!(link_json(node, dev)["mtu"], 1330, "the device follows the smallest route MTU");
 
     // 2. N on the node's link (the router's own address): today's route,
     // and the device goes.
@@ -348,8 +384,8 @@ fn a_node_in_another_subnet_reaches_its_gateway_through_geneve() {
     // (IPv4 only: the kernel refuses an IPv6 `onlink` gateway that a more
     // specific main-table route puts on another device,
     // ip6_route_check_nh_onlink, and N's subnet is on node0 here.)
-    let (paths, _, _, _) = pass_with(node, &plan("192.0.2.1", N6), always, stand_in);
-    assert!(paths.values().all(|p| matches!(p, Path::Geneve { .. })), "{paths:?}");
+    let (paths, _, _, _) = pass_with(node, &plan("192.0.2.1", N6), always);
+    assert!(paths.values().all(|p| matches!(p, Path::Vxlan { .. })), "{paths:?}");
     assert!(pod_table(node, POD4).unwrap().contains(&format!("dev {dev}")));
 
     // 3. N unreachable: no path, the pod not steered (no rule).
@@ -368,7 +404,7 @@ fn a_node_in_another_subnet_reaches_its_gateway_through_geneve() {
     assert!(paths[&a(N4)].reason().unwrap().contains("--tunnel=never"), "{paths:?}");
 
     // 4. The clean-up removes the device with the rules and routes.
-    pass_with(node, &p, TunnelOptions::default(), stand_in);
+    pass_with(node, &p, TunnelOptions::default());
     assert!(pod_table(node, POD4).unwrap().contains(dev));
     let removed = run_in(node, || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

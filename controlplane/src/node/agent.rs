@@ -7,16 +7,16 @@
 //!    compiled tables -> [`plan`];
 //! 2. the kernel's current rules and tables are read, and each next hop's
 //!    path decided from the node's route to it (`tunnel.rs`: on-link,
-//!    through `egret-gnv`, or none, whose pods are not steered);
+//!    through `egret-vxlan`, or none, whose pods are not steered);
 //! 3. the nftables table is installed with the union of what is and what
 //!    will be steered, so a pod's first packet routed to a gateway already
 //!    keeps its source (a masqueraded first packet would pin the connection
 //!    to the node's address in conntrack);
-//! 4. `egret-gnv` is made right when a next hop needs it;
+//! 4. `egret-vxlan` is made right when a next hop needs it;
 //!    [`reconcile`]'s operations are applied in order; an operation that
 //!    fails is reported and retried next pass, and a pod whose new table
 //!    could not be filled keeps its old rule;
-//! 5. `egret-gnv` is removed when no next hop needs it; the kernel is read
+//! 5. `egret-vxlan` is removed when no next hop needs it; the kernel is read
 //!    again and the nftables table is installed with
 //!    exactly what is steered now (strict mode: a pod counts as classified
 //!    once its rule is in place);
@@ -355,8 +355,8 @@ impl Agent {
                         next_hop: *hop,
                         path: path.kind().to_string(),
                         reason: path.reason().map(str::to_string),
-                        source: if let Path::Geneve { src, .. } = path { Some(*src) } else { None },
-                        mtu: if let Path::Geneve { mtu, .. } = path { Some(*mtu) } else { None },
+                        source: if let Path::Vxlan { src, .. } = path { Some(*src) } else { None },
+                        mtu: if let Path::Vxlan { mtu, .. } = path { Some(*mtu) } else { None },
                         pods_unsteered: p.per_hop.get(hop).copied().unwrap_or(0),
                     })
                     .collect();
@@ -420,7 +420,7 @@ impl Agent {
         // Keep sources for the union first; without it, change nothing.
         // nft runs up to its timeout: off the runtime's other tasks (the
         // watchers keep reading meanwhile). The tunnel's chains (the drop
-        // of what arrives on egret-gnv) are in before the device is up.
+        // of what arrives on egret-vxlan) are in before the device is up.
         let mark = self.opts.steer_mark;
         let wanted = tunnel::steer(&c.plan, &paths);
         let use_tunnel = tunnel::device_mtu(&paths).is_some();
@@ -479,7 +479,7 @@ impl Agent {
                     "next hop has no path: pods using it are not steered (egret node status)"
                 ),
                 Path::OnLink => tracing::info!(next_hop = %hop, "next hop on a link: on-link route"),
-                Path::Geneve { src, mtu } => tracing::info!(
+                Path::Vxlan { src, mtu } => tracing::info!(
                     next_hop = %hop, source = %src, mtu, device = tunnel::DEVICE,
                     "next hop behind a router: encapsulated route"
                 ),

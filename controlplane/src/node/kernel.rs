@@ -8,21 +8,23 @@
 //! `proto 233`.
 //!
 //! A next hop behind a router (`tunnel.rs`) is reached through Egret's own
-//! Geneve device [`DEVICE`] (`egret-gnv`), which this module creates,
-//! repairs and removes, and whose encapsulated routes it writes and reads
-//! back (`RTA_ENCAP_TYPE`, `RTA_ENCAP`, `RTA_METRICS`, `RTNH_F_ONLINK`).
+//! VXLAN device (RFC 7348, collect_md) [`DEVICE`] (`egret-vxlan`): VXLAN
+//! rather than Geneve because minimal kernels, this project's included,
+//! are built without Geneve. This module creates, repairs and removes the
+//! device, and writes and reads back the encapsulated routes through it
+//! (`RTA_ENCAP_TYPE`, `RTA_ENCAP`, `RTA_METRICS`, `RTNH_F_ONLINK`).
 
 use std::io;
 use std::net::IpAddr;
 
-use egret_dataplane::wire::geneve::EGRET_VNI;
+use egret_dataplane::wire::vxlan::EGRET_VNI;
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
 use netlink_packet_route::address::{
     AddressAttribute, AddressHeaderFlags, AddressMessage, AddressProtocol, AddressScope,
 };
 use netlink_packet_route::link::{
-    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoGeneve, InfoKind, LinkAttribute, LinkFlags, LinkInfo,
+    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo,
     LinkMessage,
 };
 use netlink_packet_route::route::{
@@ -55,7 +57,7 @@ pub enum KernelError {
         #[source]
         source: io::Error,
     },
-    /// `egret-gnv` exists and is not Egret's (another kind of device): it
+    /// `egret-vxlan` exists and is not Egret's (another kind of device): it
     /// is left alone and next hops behind a router get no path.
     #[error("link {DEVICE}: {0}")]
     Device(String),
@@ -102,7 +104,7 @@ fn host_len(ip: IpAddr) -> u8 {
 }
 
 /// The route message for `route` in `table`; an encapsulated route leaves
-/// through `tunnel` (`egret-gnv`'s index; `None` when deleting, where the
+/// through `tunnel` (`egret-vxlan`'s index; `None` when deleting, where the
 /// kernel matches without it).
 fn route_message(table: u32, route: &Route, tunnel: Option<u32>) -> RouteMessage {
     let mut m = RouteMessage::default();
@@ -119,7 +121,7 @@ fn route_message(table: u32, route: &Route, tunnel: Option<u32>) -> RouteMessage
         m.attributes.push(RouteAttribute::Gateway(route_address(via)));
     }
     if let (Some(_), Some(e)) = (route.via, route.encap) {
-        // `onlink`: the next hop is not on egret-gnv's (absent) subnet; the
+        // `onlink`: the next hop is not on egret-vxlan's (absent) subnet; the
         // device is NOARP, so its neighbour is NUD_NOARP and needs no
         // resolution (arp_constructor / ndisc_constructor).
         m.header.flags = RouteFlags::Onlink;
@@ -152,10 +154,15 @@ fn route_message(table: u32, route: &Route, tunnel: Option<u32>) -> RouteMessage
                     RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Source(v6(src))),
                     RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(v6(dst))),
                     RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Hoplimit(e.ttl)),
-                    // A UDP checksum over IPv6: without the flag the device
-                    // sends a zero checksum (geneve6_xmit_skb), which RFC
-                    // 8200 section 8.1 allows only under RFC 6936's
-                    // conditions, and a receiving stack drops it.
+                    // A UDP checksum over IPv6: a collect_md VXLAN device
+                    // computes it only for a route with this flag
+                    // (TUNNEL_CSUM; vxlan_xmit_one passes !udp_sum as
+                    // udp_tunnel6_xmit_skb's nocheck, and the device's own
+                    // IFLA_VXLAN_UDP_ZERO_CSUM6_TX is not consulted in
+                    // metadata mode). A zero checksum over IPv6 is allowed
+                    // only under RFC 6936's conditions (RFC 8200 section
+                    // 8.1), and a receiving stack drops it. IPv4 keeps a
+                    // zero checksum, which RFC 7348 section 5 allows.
                     RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Flags(RouteIp6TunnelFlags::Checksum)),
                 ]));
             }
@@ -298,7 +305,7 @@ fn table_of(m: &RouteMessage) -> Option<u32> {
 pub struct Kernel {
     requests: Requests,
     range: TableRange,
-    /// `egret-gnv`'s index, once [`Kernel::ensure_tunnel`] found or made it.
+    /// `egret-vxlan`'s index, once [`Kernel::ensure_tunnel`] found or made it.
     tunnel: Option<u32>,
 }
 
@@ -568,16 +575,7 @@ impl Kernel {
         })
     }
 
-    /// Sends the encapsulated routes through interface `index` instead of
-    /// the `egret-gnv` [`Kernel::ensure_tunnel`] makes. For tests on kernels
-    /// built without Geneve (`CONFIG_GENEVE` unset, as on the project's CI
-    /// machines): a metadata-collecting VXLAN device takes the same
-    /// lightweight-tunnel routes.
-    pub fn use_tunnel_device(&mut self, index: u32) {
-        self.tunnel = Some(index);
-    }
-
-    /// `egret-gnv`'s index, if it exists (any kind).
+    /// `egret-vxlan`'s index, if it exists (any kind).
     pub async fn tunnel_index(&mut self) -> Result<Option<u32>, KernelError> {
         Ok(self.link(0, Some(DEVICE)).await?.map(|l| l.header.index))
     }
@@ -586,14 +584,26 @@ impl Kernel {
         self.requests.call(msg, flags).await.map(drop).map_err(|source| KernelError::Change { op, source })
     }
 
-    /// Makes `egret-gnv` what the tunnel needs: kind geneve, collecting
-    /// metadata (`IFLA_GENEVE_COLLECT_METADATA`: each route gives the
-    /// destination), on UDP port `port`, NOARP, no IPv6 address generation
-    /// (so it holds no link-local address and sends no router or neighbour
-    /// solicitations), MTU `mtu`, up. A device of another configuration is
-    /// replaced (its routes go with it, and the pass after this one puts
-    /// them back); one of another kind is left alone and reported. Returns
-    /// its index.
+    /// Makes `egret-vxlan` what the tunnel needs: kind vxlan (RFC 7348) in
+    /// metadata mode (`IFLA_VXLAN_COLLECT_METADATA`, `ip`'s `external`: each
+    /// route gives the VNI, the outer addresses and the TTL, so the device
+    /// has no `IFLA_VXLAN_ID`, group, local address or lower link), on UDP
+    /// port `port` (`IFLA_VXLAN_PORT`), without FDB learning
+    /// (`IFLA_VXLAN_LEARNING` 0; the kernel's default is on, and the
+    /// destination is per route, never learnt), NOARP (the neighbour
+    /// subsystem would otherwise send ARP into a device that has no
+    /// destination for it), no IPv6 address generation (so it holds no
+    /// link-local address and sends no router or neighbour solicitations),
+    /// MTU `mtu`, up. A VXLAN device of another configuration (port,
+    /// metadata mode, learning, address generation) is replaced (its
+    /// routes go with it, and the pass after this one puts them back); a
+    /// device of another kind is left alone and reported. Returns its
+    /// index.
+    ///
+    /// The kernel keeps one metadata-collecting VXLAN device per UDP port
+    /// and one socket per port: the CNI's VXLAN device (flannel's and
+    /// Cilium's on 8472, others on the IANA port 4789) and Egret's cannot
+    /// share one, and the error says so with the port.
     pub async fn ensure_tunnel(&mut self, port: u16, mtu: u32) -> Result<u32, KernelError> {
         let ack = NLM_F_REQUEST | NLM_F_ACK;
         let mut existing = self.link(0, Some(DEVICE)).await?;
@@ -602,16 +612,16 @@ impl Kernel {
                 Shape::Foreign(kind) => {
                     self.tunnel = None;
                     return Err(KernelError::Device(format!(
-                        "exists and is a {kind} device, not Egret's geneve: remove or rename it"
+                        "exists and is a {kind} device, not Egret's vxlan: remove or rename it"
                     )));
                 }
-                Shape::Other => {
+                Shape::Other(why) => {
                     let mut del = LinkMessage::default();
                     del.header.index = l.header.index;
                     self.change_link(
                         RouteNetlinkMessage::DelLink(del),
                         ack,
-                        format!("link del {DEVICE} (to recreate it)"),
+                        format!("link del {DEVICE} (to recreate it: {why})"),
                     )
                     .await?;
                     existing = None;
@@ -621,58 +631,10 @@ impl Kernel {
         }
         let index = match existing {
             Some(l) => l.header.index,
-            None => {
-                let mut m = LinkMessage::default();
-                m.header.flags = LinkFlags::Noarp;
-                m.header.change_mask = LinkFlags::Noarp;
-                m.attributes.push(LinkAttribute::IfName(DEVICE.to_string()));
-                m.attributes.push(LinkAttribute::Mtu(mtu));
-                m.attributes.push(LinkAttribute::LinkInfo(vec![
-                    LinkInfo::Kind(InfoKind::Geneve),
-                    LinkInfo::Data(InfoData::Geneve(vec![InfoGeneve::CollectMetadata, InfoGeneve::Port(port)])),
-                ]));
-                let op = format!("link add {DEVICE} type geneve external dstport {port} mtu {mtu}");
-                match self.requests.call(RouteNetlinkMessage::NewLink(m), ack | NLM_F_CREATE | NLM_F_EXCL).await {
-                    Ok(_) => {}
-                    // geneve_configure: one metadata-collecting device per
-                    // UDP port in a namespace.
-                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                        return Err(KernelError::Device(format!(
-                            "{op}: another metadata-collecting Geneve device already uses UDP port {port} (set --tunnel-port and the gateways' tunnel-port to a free one)"
-                        )));
-                    }
-                    // rtnl_newlink: no such link kind registered.
-                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                        return Err(KernelError::Device(format!(
-                            "{op}: this kernel has no Geneve (module geneve, CONFIG_GENEVE)"
-                        )));
-                    }
-                    Err(source) => return Err(KernelError::Change { op, source }),
-                }
-                let l = self
-                    .link(0, Some(DEVICE))
-                    .await?
-                    .ok_or_else(|| KernelError::Device("missing right after its creation".into()))?;
-                // Before it goes up: an IPv6 device with EUI-64 generation
-                // would get its link-local address then.
-                let mut g = LinkMessage::default();
-                g.header.index = l.header.index;
-                g.attributes.push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![
-                    AfSpecInet6::AddrGenMode(In6AddrGenMode::None),
-                ])]));
-                match self.requests.call(RouteNetlinkMessage::SetLink(g), ack).await {
-                    Ok(_) => {}
-                    // No IPv6 on this device (ipv6.disable=1, or an MTU below
-                    // 1280): nothing to generate.
-                    Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {}
-                    Err(source) => {
-                        return Err(KernelError::Change { op: format!("link set {DEVICE} addrgenmode none"), source })
-                    }
-                }
-                l.header.index
-            }
+            None => self.create_tunnel(port, mtu).await?,
         };
-        // MTU, NOARP and up, repaired every pass.
+        // MTU, NOARP and up, repaired every pass. Going up opens the UDP
+        // sockets (vxlan_open): a port another socket holds fails here.
         let l = self.link(index, None).await?.ok_or_else(|| KernelError::Device("vanished".into()))?;
         let have_mtu = l.attributes.iter().find_map(|a| if let LinkAttribute::Mtu(m) = a { Some(*m) } else { None });
         let want = LinkFlags::Up | LinkFlags::Noarp;
@@ -682,14 +644,83 @@ impl Kernel {
             m.header.flags = want;
             m.header.change_mask = want;
             m.attributes.push(LinkAttribute::Mtu(mtu));
-            self.change_link(RouteNetlinkMessage::SetLink(m), ack, format!("link set {DEVICE} up arp off mtu {mtu}"))
-                .await?;
+            let op = format!("link set {DEVICE} up arp off mtu {mtu}");
+            match self.requests.call(RouteNetlinkMessage::SetLink(m), ack).await {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {
+                    return Err(port_taken(
+                        &op,
+                        port,
+                        "a UDP socket that is not Egret's (another VXLAN device's, e.g. the CNI's, or a program's)",
+                    ));
+                }
+                Err(source) => return Err(KernelError::Change { op, source }),
+            }
         }
         self.tunnel = Some(index);
         Ok(index)
     }
 
-    /// Removes `egret-gnv` if it is a Geneve device (a device of another
+    /// Creates `egret-vxlan` (down; [`Kernel::ensure_tunnel`] brings it up)
+    /// and turns its IPv6 address generation off. Returns its index.
+    async fn create_tunnel(&mut self, port: u16, mtu: u32) -> Result<u32, KernelError> {
+        let ack = NLM_F_REQUEST | NLM_F_ACK;
+        let mut m = LinkMessage::default();
+        m.header.flags = LinkFlags::Noarp;
+        m.header.change_mask = LinkFlags::Noarp;
+        m.attributes.push(LinkAttribute::IfName(DEVICE.to_string()));
+        m.attributes.push(LinkAttribute::Mtu(mtu));
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Vxlan),
+            LinkInfo::Data(InfoData::Vxlan(vec![
+                InfoVxlan::CollectMetadata(true),
+                // A host-order value: the crate writes it in network order,
+                // as the kernel reads IFLA_VXLAN_PORT (nla_get_be16).
+                InfoVxlan::Port(port),
+                InfoVxlan::Learning(false),
+            ])),
+        ]));
+        let op = format!("link add {DEVICE} type vxlan external dstport {port} nolearning mtu {mtu}");
+        match self.requests.call(RouteNetlinkMessage::NewLink(m), ack | NLM_F_CREATE | NLM_F_EXCL).await {
+            Ok(_) => {}
+            // vxlan_config_validate: a metadata-collecting device (VNI 0)
+            // on the same port exists ("A VXLAN device with the specified
+            // VNI already exists"), unless the name itself appeared since.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && self.link(0, Some(DEVICE)).await?.is_none() => {
+                return Err(port_taken(&op, port, "another metadata-collecting VXLAN device"));
+            }
+            // rtnl_newlink: no such link kind registered.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                return Err(KernelError::Device(format!(
+                    "{op}: this kernel has no VXLAN (module vxlan, CONFIG_VXLAN)"
+                )));
+            }
+            Err(source) => return Err(KernelError::Change { op, source }),
+        }
+        let l = self
+            .link(0, Some(DEVICE))
+            .await?
+            .ok_or_else(|| KernelError::Device("missing right after its creation".into()))?;
+        // Before it goes up: an IPv6 device with EUI-64 generation would
+        // get its link-local address then.
+        let mut g = LinkMessage::default();
+        g.header.index = l.header.index;
+        g.attributes.push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(
+            In6AddrGenMode::None,
+        )])]));
+        match self.requests.call(RouteNetlinkMessage::SetLink(g), ack).await {
+            Ok(_) => {}
+            // No IPv6 on this device (ipv6.disable=1, or an MTU below
+            // 1280): nothing to generate.
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {}
+            Err(source) => {
+                return Err(KernelError::Change { op: format!("link set {DEVICE} addrgenmode none"), source })
+            }
+        }
+        Ok(l.header.index)
+    }
+
+    /// Removes `egret-vxlan` if it is a VXLAN device (a device of another
     /// kind with that name is not Egret's). Returns whether one was removed.
     pub async fn remove_tunnel(&mut self) -> Result<bool, KernelError> {
         self.tunnel = None;
@@ -707,35 +738,50 @@ impl Kernel {
     }
 }
 
-/// What an existing `egret-gnv` is.
+/// The tunnel's port is held by `by`: the error names the port and the
+/// flag, and the CNIs' usual ports.
+fn port_taken(op: &str, port: u16, by: &str) -> KernelError {
+    KernelError::Device(format!(
+        "{op}: UDP port {port} is taken by {by}; set --tunnel-port and the gateways' tunnel-port (ConfigMap egret-cluster) to a free port, different from the CNI's VXLAN port (flannel and Cilium: 8472; IANA: 4789)"
+    ))
+}
+
+/// What an existing `egret-vxlan` is.
+#[derive(Debug)]
 enum Shape {
-    /// Geneve, collect_md, on the wanted port, IPv6 address generation
-    /// off: kept.
+    /// VXLAN, collect_md, on the wanted port, not learning, IPv6 address
+    /// generation off: kept.
     Ours,
-    /// Geneve, configured otherwise: replaced.
-    Other,
+    /// VXLAN, configured otherwise (what differs): replaced.
+    Other(String),
     /// Another kind: not Egret's.
     Foreign(String),
 }
 
-/// The UDP port of a Geneve link message.
-pub fn tunnel_port(l: &LinkMessage) -> Option<u16> {
-    geneve_info(l)?.iter().find_map(|x| if let InfoGeneve::Port(p) = x { Some(*p) } else { None })
-}
-
-fn geneve_info(l: &LinkMessage) -> Option<&Vec<InfoGeneve>> {
+fn vxlan_info(l: &LinkMessage) -> Option<&Vec<InfoVxlan>> {
     l.attributes.iter().find_map(|a| match a {
         LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
-            LinkInfo::Data(InfoData::Geneve(v)) => Some(v),
+            LinkInfo::Data(InfoData::Vxlan(v)) => Some(v),
             _ => None,
         }),
         _ => None,
     })
 }
 
-/// Whether `l` collects metadata (the kernel dumps the flag only then).
+/// The UDP port of a VXLAN link message.
+pub fn tunnel_port(l: &LinkMessage) -> Option<u16> {
+    vxlan_info(l)?.iter().find_map(|x| if let InfoVxlan::Port(p) = x { Some(*p) } else { None })
+}
+
+/// Whether `l` collects metadata (the kernel dumps the flag as 0 or 1).
 pub fn collects_metadata(l: &LinkMessage) -> bool {
-    geneve_info(l).is_some_and(|v| v.contains(&InfoGeneve::CollectMetadata))
+    vxlan_info(l).is_some_and(|v| v.contains(&InfoVxlan::CollectMetadata(true)))
+}
+
+/// Whether `l` learns FDB entries from what it receives (a dump without the
+/// attribute says nothing, and replacing the device would not change it).
+pub fn learns(l: &LinkMessage) -> bool {
+    vxlan_info(l).is_some_and(|v| v.contains(&InfoVxlan::Learning(true)))
 }
 
 fn tunnel_shape(l: &LinkMessage, port: Option<u16>) -> Shape {
@@ -747,7 +793,7 @@ fn tunnel_shape(l: &LinkMessage, port: Option<u16>) -> Shape {
         _ => None,
     });
     match kind {
-        Some(InfoKind::Geneve) => {}
+        Some(InfoKind::Vxlan) => {}
         Some(k) => return Shape::Foreign(format!("{k:?}").to_lowercase()),
         None => return Shape::Foreign("kindless".into()),
     }
@@ -763,11 +809,24 @@ fn tunnel_shape(l: &LinkMessage, port: Option<u16>) -> Shape {
         .attributes
         .iter()
         .any(|a| matches!(a, LinkAttribute::AfSpecUnspec(v) if v.iter().any(|x| matches!(x, AfSpecUnspec::Inet6(_)))));
-    let port_ok = port.is_none_or(|p| tunnel_port(l) == Some(p));
-    if collects_metadata(l) && port_ok && (gen_none || !has_inet6) {
+    let mut wrong = Vec::new();
+    if !collects_metadata(l) {
+        wrong.push("not external (collect_md)".to_string());
+    }
+    if let Some(p) = port.filter(|p| tunnel_port(l) != Some(*p)) {
+        let have = tunnel_port(l).map_or_else(|| "none".to_string(), |h| h.to_string());
+        wrong.push(format!("dstport {have}, not --tunnel-port {p}"));
+    }
+    if learns(l) {
+        wrong.push("learning on".to_string());
+    }
+    if has_inet6 && !gen_none {
+        wrong.push("IPv6 address generation on".to_string());
+    }
+    if wrong.is_empty() {
         Shape::Ours
     } else {
-        Shape::Other
+        Shape::Other(wrong.join(", "))
     }
 }
 
@@ -793,22 +852,66 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_tunnel_device_message_reads_back() {
+    fn vxlan_link(data: Vec<InfoVxlan>, gen: Option<In6AddrGenMode>) -> LinkMessage {
         let mut l = LinkMessage::default();
         l.attributes.push(LinkAttribute::LinkInfo(vec![
-            LinkInfo::Kind(InfoKind::Geneve),
-            LinkInfo::Data(InfoData::Geneve(vec![InfoGeneve::CollectMetadata, InfoGeneve::Port(6082)])),
+            LinkInfo::Kind(InfoKind::Vxlan),
+            LinkInfo::Data(InfoData::Vxlan(data)),
         ]));
+        if let Some(g) = gen {
+            l.attributes
+                .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(g)])]));
+        }
         let back = wire_round_trip(RouteNetlinkMessage::NewLink(l));
         let RouteNetlinkMessage::NewLink(back) = back else { panic!("{back:?}") };
+        back
+    }
+
+    #[test]
+    fn the_tunnel_device_message_reads_back() {
+        let ours = || vec![InfoVxlan::CollectMetadata(true), InfoVxlan::Port(6082), InfoVxlan::Learning(false)];
+        let back = vxlan_link(ours(), Some(In6AddrGenMode::None));
         assert_eq!(tunnel_port(&back), Some(6082));
-        assert!(collects_metadata(&back));
+        assert!(collects_metadata(&back) && !learns(&back));
         assert!(matches!(tunnel_shape(&back, Some(6082)), Shape::Ours));
-        assert!(matches!(tunnel_shape(&back, Some(7000)), Shape::Other), "another port: replaced");
-        let mut vx = LinkMessage::default();
-        vx.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Vxlan)]));
-        assert!(matches!(tunnel_shape(&vx, Some(6082)), Shape::Foreign(k) if k == "vxlan"));
+        assert!(matches!(tunnel_shape(&back, None), Shape::Ours));
+        // IFLA_VXLAN_PORT travels in network order.
+        let mut l = LinkMessage::default();
+        l.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::Data(InfoData::Vxlan(vec![InfoVxlan::Port(6082)]))]));
+        let mut buf = vec![0u8; netlink_packet_core::Emitable::buffer_len(&l)];
+        netlink_packet_core::Emitable::emit(&l, &mut buf);
+        // struct nlattr (length 6, type IFLA_VXLAN_PORT 15, host order),
+        // then the port big-endian.
+        let (len, kind, port) = (6u16.to_ne_bytes(), 15u16.to_ne_bytes(), 6082u16.to_be_bytes());
+        let want = [len[0], len[1], kind[0], kind[1], port[0], port[1]];
+        assert!(buf.windows(6).any(|w| w == want), "{buf:?}");
+        // As the kernel dumps a device without IPv6 state: still ours.
+        assert!(matches!(tunnel_shape(&vxlan_link(ours(), None), Some(6082)), Shape::Ours));
+        // Each wrong setting: replaced, saying which.
+        let other = |data: Vec<InfoVxlan>, gen| match tunnel_shape(&vxlan_link(data, gen), Some(6082)) {
+            Shape::Other(why) => why,
+            s => panic!("{s:?}"),
+        };
+        let none = Some(In6AddrGenMode::None);
+        assert_eq!(other(ours(), Some(In6AddrGenMode::Eui64)), "IPv6 address generation on");
+        let mut v = ours();
+        v[1] = InfoVxlan::Port(7000);
+        assert_eq!(other(v, none), "dstport 7000, not --tunnel-port 6082");
+        let mut v = ours();
+        v[0] = InfoVxlan::CollectMetadata(false);
+        assert_eq!(other(v, none), "not external (collect_md)");
+        let mut v = ours();
+        v[2] = InfoVxlan::Learning(true);
+        assert_eq!(other(v, none), "learning on");
+        assert_eq!(
+            other(vec![InfoVxlan::Id(1), InfoVxlan::Learning(true)], none),
+            "not external (collect_md), dstport none, not --tunnel-port 6082, learning on"
+        );
+        // Another kind with the name: not Egret's.
+        let mut gnv = LinkMessage::default();
+        gnv.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Geneve)]));
+        assert!(matches!(tunnel_shape(&gnv, Some(6082)), Shape::Foreign(k) if k == "geneve"));
+        assert!(matches!(tunnel_shape(&LinkMessage::default(), Some(6082)), Shape::Foreign(k) if k == "kindless"));
     }
 
     #[test]
@@ -847,7 +950,7 @@ mod tests {
             assert_eq!(parse_route(&back, RANGE), Some((1_000_007, r)), "{r} through the wire");
             if let Some(e) = r.encap {
                 assert!(back.header.flags.contains(RouteFlags::Onlink), "{r}: onlink");
-                assert!(back.attributes.contains(&RouteAttribute::Oif(9)), "{r}: dev egret-gnv");
+                assert!(back.attributes.contains(&RouteAttribute::Oif(9)), "{r}: dev egret-vxlan");
                 let kind = if e.dst.is_ipv4() { RouteLwEnCapType::Ip } else { RouteLwEnCapType::Ip6 };
                 assert!(back.attributes.contains(&RouteAttribute::EncapType(kind)), "{r}");
                 // A changed TTL, MTU or outer source reads back unequal: repaired.

@@ -7,7 +7,7 @@
 //! | `reconcile.rs` | the pure function: kernel state + plan -> ordered rule/route operations |
 //! | `kernel.rs` | rtnetlink: reading and changing Egret's rules and tables |
 //! | `nft.rs` | the `inet egret_node` table: the masquerade bypass and strict mode |
-//! | `tunnel.rs` | the pure function: the node's route to a next hop -> its path (on-link, Geneve through `egret-gnv`, none) |
+//! | `tunnel.rs` | the pure function: the node's route to a next hop -> its path (on-link, VXLAN (RFC 7348) through `egret-vxlan`, none) |
 //! | `status.rs` | `egret node status`, the status file, `/metrics` |
 //! | `agent.rs` | watchers and the reconcile loop: [`run`] |
 //!

@@ -42,7 +42,7 @@
 //! reach the cluster (their CIDRs are exempt) but not the outside until the
 //! agent has seen them.
 //!
-//! **The tunnel** (`tunnel.rs`), while `egret-gnv` is in use. Nothing
+//! **The tunnel** (`tunnel.rs`), while `egret-vxlan` is in use. Nothing
 //! legitimate arrives on it (the gateways send nothing back through it;
 //! replies follow the pod network), but the device decapsulates whatever
 //! reaches its UDP port: a `prerouting` chain at priority `raw` drops and
@@ -98,7 +98,7 @@ pub struct Sets {
     /// `PerNode` policies: per pod, destination ranges (first, last address
     /// as numbers) SNATed to one of the node's own addresses.
     pub snat: BTreeMap<IpAddr, Vec<(u128, u128, IpAddr)>>,
-    /// Whether `egret-gnv` is (or is about to be) in use: its chains.
+    /// Whether `egret-vxlan` is (or is about to be) in use: its chains.
     pub tunnel: bool,
 }
 
@@ -147,7 +147,7 @@ const KEPT_SOURCE_DROPS: &str = "egret: a kept pod source not leaving through a 
 const KEPT_SOURCES: &str = "egret: connections bound to the pod's own source";
 /// The comment (and carried key) of the counter of packets that arrived
 /// through the tunnel device.
-const TUNNEL_DROPS: &str = "egret: arrived on egret-gnv, where nothing legitimate arrives";
+const TUNNEL_DROPS: &str = "egret: arrived on egret-vxlan, where nothing legitimate arrives";
 
 /// The whole script: creates the table if missing, deletes it, and writes
 /// it anew, in one transaction (counters from zero).
@@ -308,18 +308,19 @@ mod tests {
     fn the_tunnel_chains_are_there_only_while_the_device_is_used() {
         let mut s = sets(false);
         let off = ruleset(&s);
-        assert!(!off.contains("egret-gnv"), "{off}");
+        assert!(!off.contains("egret-vxlan"), "{off}");
         s.tunnel = true;
         let on = ruleset(&s);
         assert!(
             on.contains("hook prerouting priority raw;")
-                && on.contains("iifname \"egret-gnv\" counter name \"tunnel_drops\" drop"),
+                && on.contains("iifname \"egret-vxlan\" counter name \"tunnel_drops\" drop"),
             "{on}"
         );
         assert!(
             on.contains("hook forward priority mangle;")
-                && on
-                    .contains("oifname \"egret-gnv\" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu"),
+                && on.contains(
+                    "oifname \"egret-vxlan\" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu"
+                ),
             "{on}"
         );
         assert!(on.contains("rt ip nexthop @hops4"), "the masquerade bypass is unchanged: {on}");

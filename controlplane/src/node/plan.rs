@@ -42,14 +42,14 @@ pub struct Route {
     /// The next hop (an egress IP or its companion next hop); `None`: a
     /// `throw` route (the lookup goes on with the next rule).
     pub via: Option<IpAddr>,
-    /// The next hop is behind a router: `via` on Egret's Geneve device
+    /// The next hop is behind a router: `via` on Egret's VXLAN device
     /// (`onlink`), encapsulated to the next hop (`tunnel.rs`). `None`: the
     /// on-link route, as the plan makes it. Part of equality, so a changed
     /// source, destination, MTU or TTL is repaired like any other route.
     pub encap: Option<Encap>,
 }
 
-/// A route's encapsulation: `dev egret-gnv onlink mtu MTU encap ip id VNI
+/// A route's encapsulation: `dev egret-vxlan onlink mtu MTU encap ip id VNI
 /// src SRC dst DST ttl TTL` (IPv6: `encap ip6 ... hoplimit TTL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Encap {
@@ -74,7 +74,7 @@ impl std::fmt::Display for Route {
                 super::tunnel::DEVICE,
                 e.mtu,
                 if e.dst.is_ipv4() { "ip" } else { "ip6" },
-                egret_dataplane::wire::geneve::EGRET_VNI,
+                egret_dataplane::wire::vxlan::EGRET_VNI,
                 e.src,
                 e.dst,
                 if e.dst.is_ipv4() { "ttl" } else { "hoplimit" },

@@ -34,15 +34,15 @@ pub struct UseRow {
 pub struct NextHopRow {
     /// The next hop.
     pub next_hop: IpAddr,
-    /// `onlink`, `geneve` or `none`.
+    /// `onlink`, `vxlan` or `none`.
     pub path: String,
     /// Why `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// `geneve`: the outer source.
+    /// `vxlan`: the outer source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<IpAddr>,
-    /// `geneve`: the route MTU.
+    /// `vxlan`: the route MTU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
     /// `none`: selected pod addresses left unsteered because of it.
@@ -166,7 +166,7 @@ impl Collector for Exposition {
         .sample(&[], s.pods_unsteered as u64)?;
         let mut f = o.gauge(
             "node_next_hop_path",
-            "1 for each next hop's current path (onlink, geneve: through egret-gnv, none: not steered), 0 for the others.",
+            "1 for each next hop's current path (onlink, vxlan: through egret-vxlan, none: not steered), 0 for the others.",
         )?;
         for h in &s.next_hops {
             let hop = h.next_hop.to_string();
@@ -351,7 +351,7 @@ mod tests {
             pods_unsteered: 2,
             next_hops: vec![NextHopRow {
                 next_hop: "203.0.113.10".parse().unwrap(),
-                path: "geneve".into(),
+                path: "vxlan".into(),
                 reason: None,
                 source: Some("192.0.2.7".parse().unwrap()),
                 mtu: Some(1450),
@@ -369,7 +369,7 @@ mod tests {
                 "egret_node_pods_steered_by_egress_ip{policy=\"egresspolicy/a\",egress_ip=\"203.0.113.10\",next_hop=\"203.0.113.10\"} 3",
             ),
             ("egret_node_pods_unsteered", "gauge", "egret_node_pods_unsteered 2"),
-            ("egret_node_next_hop_path", "gauge", "egret_node_next_hop_path{next_hop=\"203.0.113.10\",path=\"geneve\"} 1"),
+            ("egret_node_next_hop_path", "gauge", "egret_node_next_hop_path{next_hop=\"203.0.113.10\",path=\"vxlan\"} 1"),
             ("egret_node_rules", "gauge", "egret_node_rules 6"),
             ("egret_node_tables", "gauge", "egret_node_tables 2"),
             ("egret_node_syncs", "counter", "egret_node_syncs_total 4"),

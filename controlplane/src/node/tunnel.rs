@@ -1,5 +1,11 @@
-//! The path to each next hop: on-link, through Egret's Geneve device, or
+//! The path to each next hop: on-link, through Egret's VXLAN device, or
 //! none (docs/adr/0031-workers-in-any-subnet.md).
+//!
+//! The tunnel is VXLAN (RFC 7348) in metadata mode, not Geneve: the ADR's
+//! amendment. Minimal cloud and VM kernels (Firecracker-style builds, the
+//! project's own machines and CI among them) are built without Geneve
+//! (`CONFIG_GENEVE` unset) while VXLAN is in every kernel a CNI runs on
+//! (flannel and Docker's overlay need it).
 //!
 //! A next hop N (an egress IP or its companion next hop) is reachable with
 //! today's `via N` route only when N is on one of the node's links. A node in
@@ -10,7 +16,7 @@
 //!
 //! - a route without a gateway: N is on a link; the on-link route, byte for
 //!   byte as before;
-//! - a route through a router: `via N dev egret-gnv onlink` with a
+//! - a route through a router: `via N dev egret-vxlan onlink` with a
 //!   lightweight-tunnel encapsulation whose outer destination is N itself, so
 //!   a failover (N moves with its Lease) changes nothing on the node;
 //! - no route, or no InternalIP of N's family on the Node (the outer source
@@ -27,18 +33,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use egret_dataplane::wire::geneve::{DEFAULT_PORT, OVERHEAD_V4, OVERHEAD_V6};
+use egret_dataplane::wire::vxlan::{DEFAULT_PORT, OVERHEAD_V4, OVERHEAD_V6};
 
 use super::plan::{Encap, Plan};
 
-/// Egret's Geneve device on every node that needs it.
-pub const DEVICE: &str = "egret-gnv";
+/// Egret's VXLAN device (kind `vxlan`, collect_md) on every node that
+/// needs it.
+pub const DEVICE: &str = "egret-vxlan";
 
-/// The outer TTL / hop limit of encapsulated packets. It must be set: a
-/// metadata-collecting (collect_md) Geneve device sends the route's TTL as
-/// it is, 0 when the route has none (`geneve_xmit_skb`, drivers/net/geneve.c),
-/// and the first router drops such a packet. 64 is Linux's default
-/// `ip_default_ttl` (RFC 1700's recommendation).
+/// The outer TTL / hop limit of encapsulated packets, set on every route.
+/// A metadata-collecting (collect_md) VXLAN device takes the route's TTL
+/// and falls back to the outer route's hop limit only when it is 0
+/// (`vxlan_xmit_one`, drivers/net/vxlan/vxlan_core.c); writing it keeps the
+/// outer TTL independent of the node's sysctls and of the device's driver
+/// (other drivers send a 0 as it is, which the first router drops). 64 is
+/// Linux's default `ip_default_ttl` (RFC 1700's recommendation).
 pub const TUNNEL_TTL: u8 = 64;
 
 /// The smallest route MTU the agent sets: IPv4's minimum (RFC 791, 68) and
@@ -47,7 +56,7 @@ pub const TUNNEL_TTL: u8 = 64;
 const MIN_MTU_V4: u32 = 68;
 const MIN_MTU_V6: u32 = 1280;
 
-/// `--tunnel`: when next hops are reached through `egret-gnv`.
+/// `--tunnel`: when next hops are reached through `egret-vxlan`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TunnelMode {
     /// Per next hop, from the node's route to it (the default).
@@ -87,7 +96,10 @@ pub struct TunnelOptions {
     /// When to encapsulate.
     pub mode: TunnelMode,
     /// The UDP destination port (the gateways' `tunnel-port`, ConfigMap
-    /// `egret-cluster`; they must agree).
+    /// `egret-cluster`; they must agree). It must differ from any other
+    /// VXLAN device's port on the node, the CNI's above all (flannel and
+    /// Cilium use 8472, Linux's default; the IANA port is 4789): the kernel
+    /// keeps one metadata-collecting VXLAN device per port and one socket.
     pub port: u16,
     /// The underlay MTU towards every next hop, replacing what the node's
     /// routes say (a path with a smaller MTU between subnets).
@@ -112,7 +124,7 @@ pub enum Lookup {
         oif: u32,
         /// The underlay MTU: the route's `mtu` metric, else the interface's.
         mtu: u32,
-        /// Whether the route leaves through `egret-gnv` itself.
+        /// Whether the route leaves through `egret-vxlan` itself.
         through_tunnel: bool,
         /// Whether the next hop is one of the node's own addresses.
         local: bool,
@@ -126,8 +138,8 @@ pub enum Lookup {
 pub enum Path {
     /// `via N`: N is on a link.
     OnLink,
-    /// `via N dev egret-gnv onlink ... encap ip src SRC dst N`.
-    Geneve {
+    /// `via N dev egret-vxlan onlink ... encap ip src SRC dst N`.
+    Vxlan {
         /// The outer source: the Node's InternalIP of N's family.
         src: IpAddr,
         /// The route MTU (underlay minus the tunnel's overhead).
@@ -138,11 +150,11 @@ pub enum Path {
 }
 
 impl Path {
-    /// `onlink`, `geneve` or `none` (status and metrics).
+    /// `onlink`, `vxlan` or `none` (status and metrics).
     pub fn kind(&self) -> &'static str {
         match self {
             Path::OnLink => "onlink",
-            Path::Geneve { .. } => "geneve",
+            Path::Vxlan { .. } => "vxlan",
             Path::None(_) => "none",
         }
     }
@@ -157,10 +169,10 @@ impl Path {
 }
 
 /// Every path kind, in metrics order.
-pub const PATH_KINDS: [&str; 3] = ["onlink", "geneve", "none"];
+pub const PATH_KINDS: [&str; 3] = ["onlink", "vxlan", "none"];
 
-/// The encapsulation's overhead for `hop`'s family (outer IP, UDP, Geneve,
-/// inner Ethernet: `wire::geneve`).
+/// The encapsulation's overhead for `hop`'s family (outer IP, UDP, the
+/// 8-byte VXLAN header, inner Ethernet: `wire::vxlan`).
 pub fn overhead(hop: IpAddr) -> u32 {
     u32::from(if hop.is_ipv4() { OVERHEAD_V4 } else { OVERHEAD_V6 })
 }
@@ -201,7 +213,7 @@ pub fn decide(hop: IpAddr, lookup: &Lookup, node_ips: &[IpAddr], opts: &TunnelOp
     let underlay = opts.mtu.unwrap_or(underlay);
     let min = if hop.is_ipv4() { MIN_MTU_V4 } else { MIN_MTU_V6 };
     match underlay.checked_sub(overhead(hop)).filter(|m| *m >= min) {
-        Some(mtu) => Path::Geneve { src, mtu },
+        Some(mtu) => Path::Vxlan { src, mtu },
         None => Path::None(format!(
             "underlay MTU {underlay} towards {hop}{} leaves less than {min} after the tunnel's {} bytes",
             if opts.mtu.is_some() { " (--tunnel-mtu)" } else { "" },
@@ -210,10 +222,10 @@ pub fn decide(hop: IpAddr, lookup: &Lookup, node_ips: &[IpAddr], opts: &TunnelOp
     }
 }
 
-/// The MTU `egret-gnv` gets: the smallest encapsulated route's, or `None`
+/// The MTU `egret-vxlan` gets: the smallest encapsulated route's, or `None`
 /// when no next hop needs the device.
 pub fn device_mtu(paths: &BTreeMap<IpAddr, Path>) -> Option<u32> {
-    paths.values().filter_map(|p| if let Path::Geneve { mtu, .. } = p { Some(*mtu) } else { None }).min()
+    paths.values().filter_map(|p| if let Path::Vxlan { mtu, .. } = p { Some(*mtu) } else { None }).min()
 }
 
 /// A plan with its paths applied.
@@ -241,7 +253,7 @@ pub fn steer(plan: &Plan, paths: &BTreeMap<IpAddr, Path>) -> Steering {
             if let Some(hop) = r.via {
                 match paths.get(&hop) {
                     Some(Path::OnLink) => {}
-                    Some(Path::Geneve { src, mtu }) => {
+                    Some(Path::Vxlan { src, mtu }) => {
                         r.encap = Some(Encap { src: *src, dst: hop, mtu: *mtu, ttl: TUNNEL_TTL });
                     }
                     Some(Path::None(_)) | None => {
@@ -263,7 +275,7 @@ pub fn unsteered_per_hop(plan: &Plan, paths: &BTreeMap<IpAddr, Path>) -> BTreeMa
     let mut out = BTreeMap::new();
     for routes in plan.pods.values() {
         let hops: BTreeSet<IpAddr> = routes.iter().filter_map(|r| r.via).collect();
-        for h in hops.into_iter().filter(|h| !matches!(paths.get(h), Some(Path::OnLink | Path::Geneve { .. }))) {
+        for h in hops.into_iter().filter(|h| !matches!(paths.get(h), Some(Path::OnLink | Path::Vxlan { .. }))) {
             *out.entry(h).or_insert(0) += 1;
         }
     }
@@ -285,7 +297,7 @@ pub async fn paths(
     Ok(out)
 }
 
-/// Makes `egret-gnv` right when some path needs it. If it cannot be made,
+/// Makes `egret-vxlan` right when some path needs it. If it cannot be made,
 /// those paths become none (their pods are then not steered) and the error
 /// is returned for the pass's list. The device is removed by
 /// [`retire_device`] once no path needs it.
@@ -299,7 +311,7 @@ pub async fn ensure_device(
         Ok(_) => None,
         Err(e) => {
             let why = e.to_string();
-            for p in paths.values_mut().filter(|p| matches!(p, Path::Geneve { .. })) {
+            for p in paths.values_mut().filter(|p| matches!(p, Path::Vxlan { .. })) {
                 *p = Path::None(format!("the tunnel device was refused: {why}"));
             }
             Some(why)
@@ -307,7 +319,7 @@ pub async fn ensure_device(
     }
 }
 
-/// Removes `egret-gnv` when no path needs it (after the pass removed the
+/// Removes `egret-vxlan` when no path needs it (after the pass removed the
 /// routes through it). A node whose next hops are all on its links then
 /// holds no device and no UDP socket on the tunnel port (the device listens
 /// on it: whatever arrives there is decapsulated, then dropped by the
@@ -351,17 +363,17 @@ mod tests {
         // Through a router: the tunnel, MTU minus 50 / 70.
         assert_eq!(
             decide(n4, &route(Some("192.0.2.1"), 1500), &node, &auto),
-            Path::Geneve { src: ip("192.0.2.7"), mtu: 1450 }
+            Path::Vxlan { src: ip("192.0.2.7"), mtu: 1450 }
         );
         assert_eq!(
             decide(n6, &route(Some("fe80::1"), 9001), &node, &auto),
-            Path::Geneve { src: ip("2001:db8:2::7"), mtu: 8931 }
+            Path::Vxlan { src: ip("2001:db8:2::7"), mtu: 8931 }
         );
         // --tunnel-mtu replaces the route's.
         let small = TunnelOptions { mtu: Some(1400), ..auto };
         assert_eq!(
             decide(n4, &route(Some("192.0.2.1"), 9001), &node, &small),
-            Path::Geneve { src: ip("192.0.2.7"), mtu: 1350 }
+            Path::Vxlan { src: ip("192.0.2.7"), mtu: 1350 }
         );
         // No InternalIP of the family, no route, a local address, a loop.
         let p = decide(n6, &route(Some("fe80::1"), 1500), &v4_only, &auto);
@@ -371,7 +383,7 @@ mod tests {
         let local = Lookup::Route { gateway: None, oif: 1, mtu: 65536, through_tunnel: false, local: true };
         assert_eq!(decide(n4, &local, &node, &auto).kind(), "none");
         let looped = Lookup::Route { gateway: None, oif: 9, mtu: 1450, through_tunnel: true, local: false };
-        assert!(decide(n4, &looped, &node, &auto).reason().unwrap().contains("egret-gnv itself"));
+        assert!(decide(n4, &looped, &node, &auto).reason().unwrap().contains("egret-vxlan itself"));
         // Too small an underlay for IPv6 after the overhead.
         let p = decide(n6, &route(Some("fe80::1"), 1300), &node, &auto);
         assert!(p.reason().unwrap().contains("less than 1280"), "{p:?}");
@@ -384,7 +396,7 @@ mod tests {
         assert_eq!(decide(n4, &route(None, 1500), &node, &never), Path::OnLink);
         // always: on-link next hops are encapsulated too; no route is none.
         let always = opts(TunnelMode::Always);
-        assert_eq!(decide(n4, &route(None, 1500), &node, &always), Path::Geneve { src: ip("192.0.2.7"), mtu: 1450 });
+        assert_eq!(decide(n4, &route(None, 1500), &node, &always), Path::Vxlan { src: ip("192.0.2.7"), mtu: 1450 });
         assert_eq!(decide(n4, &Lookup::NoRoute("x".into()), &node, &always).kind(), "none");
     }
 
@@ -411,7 +423,7 @@ mod tests {
         );
         plan.next_hops = ["203.0.113.40", "203.0.113.41", "203.0.113.42"].iter().map(|s| ip(s)).collect();
         let paths = BTreeMap::from([
-            (ip("203.0.113.40"), Path::Geneve { src: ip("192.0.2.7"), mtu: 1450 }),
+            (ip("203.0.113.40"), Path::Vxlan { src: ip("192.0.2.7"), mtu: 1450 }),
             (ip("203.0.113.41"), Path::OnLink),
             (ip("203.0.113.42"), Path::None("no route".into())),
         ]);
