@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `plan.rs` | the pure function: gateways' compiled tables + this node's pods -> each pod's route set |
 //! | `reconcile.rs` | the pure function: kernel state + plan -> ordered rule/route operations |
-//! | `kernel.rs` | rtnetlink: reading and changing Egret's rules and tables |
+//! | `kernel/` | rtnetlink: reading and changing Egret's rules and tables; `device.rs` the tunnel device |
 //! | `nft.rs` | the `inet egret_node` table: the masquerade bypass and strict mode |
 //! | `tunnel.rs` | the pure function: the node's route to a next hop -> its path (on-link, VXLAN (RFC 7348) through `egret-vxlan`, none) |
 //! | `status.rs` | `egret node status`, the status file, `/metrics` |
