@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::cpu::{self, Snapshot, Watched, WindowUse};
 use crate::egret::{self, BenchConfig, Daemon, EgretError};
-use crate::frame::{FlowSet, FrameSpec};
+use crate::frame::{FlowSet, FrameSpec, VxlanSpec};
 use crate::generator::{Engine, GenError, GenSpec, Running};
 use crate::napi::{self, NapiError};
 use crate::topology::{self, in_netns, LinkCounters, NetnsError, Topology, TopologyError, GW_IN, GW_OUT};
@@ -41,6 +41,13 @@ pub enum Mode {
     NewConns,
     /// New UDP flows per second through the kernel's conntrack + SNAT.
     KernelNewConns,
+    /// `fastpath` with every frame sent as a worker node in another subnet
+    /// sends it: in Egret's VXLAN tunnel (issue 30, ADR 0031). The XDP
+    /// program checks, strips and translates established flows itself.
+    FastpathVxlan,
+    /// `egret` (fast path off) with the frames in the tunnel: the workers
+    /// decapsulate and translate.
+    EgretVxlan,
 }
 
 impl Mode {
@@ -53,6 +60,28 @@ impl Mode {
             Mode::Redirect => "redirect",
             Mode::NewConns => "new-conns",
             Mode::KernelNewConns => "kernel-new-conns",
+            Mode::FastpathVxlan => "fastpath-vxlan",
+            Mode::EgretVxlan => "egret-vxlan",
+        }
+    }
+
+    /// Whether Egret runs with its XDP fast path on.
+    pub fn fast_path(self) -> bool {
+        matches!(self, Mode::Fastpath | Mode::FastpathVxlan)
+    }
+
+    /// Whether the generator sends its frames in the nodes' VXLAN tunnel.
+    pub fn encapsulated(self) -> bool {
+        matches!(self, Mode::FastpathVxlan | Mode::EgretVxlan)
+    }
+
+    /// The mode that forwards the same frames sent on-link (itself for
+    /// on-link modes): what an encapsulated mode is compared with.
+    pub fn on_link(self) -> Mode {
+        match self {
+            Mode::FastpathVxlan => Mode::Fastpath,
+            Mode::EgretVxlan => Mode::Egret,
+            m => m,
         }
     }
 
@@ -63,7 +92,7 @@ impl Mode {
 
     /// Whether the mode runs the Egret daemon.
     pub fn uses_egret(self) -> bool {
-        matches!(self, Mode::Egret | Mode::Fastpath | Mode::NewConns)
+        matches!(self, Mode::Egret | Mode::Fastpath | Mode::NewConns | Mode::FastpathVxlan | Mode::EgretVxlan)
     }
 
     /// Whether forwarded frames must carry the egress IP.
@@ -125,6 +154,8 @@ pub struct Options {
     pub fast_path_sessions: Option<u32>,
     /// Frames of one flow in a row (1: round-robin over the flows).
     pub train: u32,
+    /// The nodes' VXLAN port (`tunnel.port`) in the encapsulated modes.
+    pub tunnel_port: u16,
 }
 
 /// Nice value of the generator thread.
@@ -297,21 +328,27 @@ impl<'t> Gateway<'t> {
                 let r = in_netns(&gw, || Redirect::attach(in_idx, out_idx, topology::GW_OUT_MAC, topology::SINK_MAC))?;
                 g.state = State::Redirect(r);
             }
-            Mode::Egret | Mode::Fastpath | Mode::NewConns => {
+            Mode::Egret | Mode::Fastpath | Mode::NewConns | Mode::FastpathVxlan | Mode::EgretVxlan => {
                 let binary = egret::locate(&opts.egret)?;
                 let egress_ips: Vec<Ipv4Addr> =
                     if mode == Mode::NewConns { NEW_CONNS_EGRESS.to_vec() } else { vec![topology::EGRESS_IP] };
                 let config = BenchConfig {
                     inside: GW_IN.into(),
                     outside: GW_OUT.into(),
-                    fast_path: mode == Mode::Fastpath,
+                    fast_path: mode.fast_path(),
                     fast_path_sessions: opts.fast_path_sessions,
                     cpu: opts.gw_cpu,
                     realtime_priority: 50,
                     // The kernel's SNAT may use every port from 1024: give
                     // Egret the same (its default, 32768-60999, is fewer
-                    // than 50,000 flows need on one egress IP).
-                    ports: Some((1024, 65535)),
+                    // than 50,000 flows need on one egress IP). The
+                    // tunnel's port must lie outside it: the encapsulated
+                    // modes get the larger side (6083-65535 for 6082).
+                    ports: Some(if mode.encapsulated() { nat_ports_beside(opts.tunnel_port) } else { (1024, 65535) }),
+                    tunnel: mode.encapsulated().then(|| egret::TunnelConfig {
+                        port: opts.tunnel_port,
+                        node_addresses: vec![topology::NODE_IP],
+                    }),
                     egress_ips,
                     sources: topology::POD_RANGE.into(),
                     destinations: topology::SINK_RANGE.into(),
@@ -437,7 +474,8 @@ pub struct Sample {
     /// Frames the generator handed to its veth.
     pub offered: u64,
     /// Egret modes: the change of every `*_total` metric over the window
-    /// (summed over labels), e.g. `egret_xsk_rx_frames_total`.
+    /// (summed over labels), e.g. `egret_xsk_rx_frames_total`, and of each
+    /// labelled series, e.g. `egret_fastpath_packets_total{outcome="hit"}`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub egret_metrics: BTreeMap<String, f64>,
     /// Interface counters over the window (read just outside it, so they
@@ -530,7 +568,51 @@ impl Sample {
         if s.bad_ip_checksum + s.bad_udp_checksum > 0 {
             p.push(format!("bad checksums: {} IPv4, {} UDP", s.bad_ip_checksum, s.bad_udp_checksum));
         }
+        // The sink checks only frames of the 60-byte shape: an inner frame
+        // forwarded with anything of its tunnel left would show here.
+        if self.mode.encapsulated() && s.unchecked > 64 {
+            p.push(format!("{} frames reached the sink not of the pod's 60-byte shape", s.unchecked));
+        }
+        let decap_drops: Vec<String> =
+            self.decap_drops().into_iter().filter(|(_, v)| *v > 64.0).map(|(k, v)| format!("{k} {v:.0}")).collect();
+        if !decap_drops.is_empty() {
+            p.push(format!("tunnel frames dropped: {}", decap_drops.join(", ")));
+        }
         p
+    }
+
+    /// The tunnel's drops over the window, per series (the XDP program's
+    /// `drop_decap_*` verdicts, the workers' `decap_*` drop reasons).
+    pub fn decap_drops(&self) -> Vec<(String, f64)> {
+        self.egret_metrics
+            .iter()
+            .filter(|(k, _)| {
+                (k.starts_with("egret_xdp_verdicts_total{") && k.contains("drop_decap"))
+                    || (k.starts_with("egret_drops_total{") && k.contains("decap"))
+            })
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    /// One labelled series' change over the window (0 when absent).
+    pub fn series(&self, name: &str, label: &str, value: &str) -> f64 {
+        self.egret_metrics.get(&format!("{name}{{{label}=\"{value}\"}}")).copied().unwrap_or(0.0)
+    }
+}
+
+/// NAT ports 1024-65535 without `tunnel_port`: the larger of the two
+/// ranges either side of it (the daemon refuses a tunnel port inside
+/// `nat.ports`).
+pub fn nat_ports_beside(tunnel_port: u16) -> (u16, u16) {
+    if tunnel_port < 1024 {
+        return (1024, 65535);
+    }
+    let below = tunnel_port - 1024;
+    let above = 65535 - tunnel_port;
+    if above >= below {
+        (tunnel_port + 1, 65535)
+    } else {
+        (1024, tunnel_port - 1)
     }
 }
 
@@ -623,12 +705,23 @@ pub fn measure(
         netns: topo.gen_ns.clone(),
         dev: topology::GEN_IF.into(),
         cpu: opts.gen_cpu,
+        // On-link, the pods' frames come from the generator's MAC. In the
+        // tunnel, the pod's frame is the inner one (between the node's
+        // VXLAN device's MAC and itself), and the outer frame comes from
+        // the router (gen0) to the gateway.
         frame: FrameSpec {
-            src_mac: topology::GEN_MAC,
-            dst_mac: topology::GW_IN_MAC,
+            src_mac: if mode.encapsulated() { topology::NODE_GNV_MAC } else { topology::GEN_MAC },
+            dst_mac: if mode.encapsulated() { topology::NODE_GNV_MAC } else { topology::GW_IN_MAC },
             dst_ip: topology::SINK_IP,
             dst_port: topology::SINK_PORT,
         },
+        encap: mode.encapsulated().then_some(VxlanSpec {
+            outer_src_mac: topology::GEN_MAC,
+            outer_dst_mac: topology::GW_IN_MAC,
+            node: topology::NODE_IP,
+            next_hop: topology::EGRESS_IP,
+            port: opts.tunnel_port,
+        }),
         flows: flow_set,
         first_flow: if mode.new_flows() { *next_fresh } else { 0 },
         rate: opts.rate,
@@ -640,7 +733,7 @@ pub fn measure(
     // slow path keeps up with, the sink answering them, until Egret has
     // installed them all. The window then measures established flows.
     sink.sink.set_reply_generation(0)?;
-    if mode == Mode::Fastpath {
+    if mode.fast_path() {
         establish_fast_path(gateway, sink, &spec, u64::from(flows))?;
     }
     let mut gen = Running::start(spec)?;
@@ -658,7 +751,7 @@ pub fn measure(
         let links = l1.iter().map(|(k, v)| (k.clone(), v.since(&l0.get(k).copied().unwrap_or_default()))).collect();
         let egret_metrics = m1
             .iter()
-            .filter(|(k, _)| k.ends_with("_total"))
+            .filter(|(k, _)| k.split('{').next().is_some_and(|n| n.ends_with("_total")))
             .map(|(k, v)| (k.clone(), v - m0.get(k).copied().unwrap_or(0.0)))
             .collect();
         Ok(Sample {

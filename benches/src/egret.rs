@@ -56,6 +56,16 @@ pub struct BenchConfig {
     pub ports: Option<(u16, u16)>,
     pub metrics_port: u16,
     pub admin_socket: PathBuf,
+    /// `tunnel:` (issue 30), when the nodes' VXLAN tunnel is on.
+    pub tunnel: Option<TunnelConfig>,
+}
+
+/// The gateway's `tunnel:` section in file mode (docs/config.md, "The
+/// nodes' tunnel").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelConfig {
+    pub port: u16,
+    pub node_addresses: Vec<Ipv4Addr>,
 }
 
 impl BenchConfig {
@@ -87,6 +97,10 @@ impl BenchConfig {
         let _ = writeln!(y, "    egressIPs: [{}]", ips.join(", "));
         if let Some((lo, hi)) = self.ports {
             let _ = writeln!(y, "nat: {{ports: {lo}-{hi}}}");
+        }
+        if let Some(t) = &self.tunnel {
+            let nodes: Vec<String> = t.node_addresses.iter().map(ToString::to_string).collect();
+            let _ = writeln!(y, "tunnel: {{port: {}, nodeAddresses: [{}]}}", t.port, nodes.join(", "));
         }
         let _ = writeln!(y, "metrics: {{listen: \"127.0.0.1:{}\"}}", self.metrics_port);
         let _ = writeln!(y, "admin: {{socket: {}}}", self.admin_socket.display());
@@ -158,7 +172,9 @@ pub fn ready_status(netns: &str, port: u16) -> Result<u16, String> {
 }
 
 /// Prometheus text exposition: every sample's value summed per metric name
-/// (labels dropped), comments and unparsable lines skipped.
+/// (labels dropped), and each labelled sample also under its whole series
+/// name as written (`egret_drops_total{reason="no_route"}`); comments and
+/// unparsable lines skipped.
 pub fn parse_metrics(body: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in body.lines() {
@@ -174,6 +190,10 @@ pub fn parse_metrics(body: &str) -> BTreeMap<String, f64> {
         };
         if let Some(v) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
             *out.entry(name.to_owned()).or_insert(0.0) += v;
+            let series = line[..line.len() - rest.len()].trim_end();
+            if series.len() > name.len() {
+                *out.entry(series.to_owned()).or_insert(0.0) += v;
+            }
         }
     }
     out
@@ -308,6 +328,7 @@ mod tests {
             ports: Some((1024, 65535)),
             metrics_port: 19469,
             admin_socket: PathBuf::from("/tmp/x/egret.sock"),
+            tunnel: None,
         };
         assert_eq!(
             c.to_yaml(),
@@ -322,8 +343,16 @@ mod tests {
              metrics: {listen: \"127.0.0.1:19469\"}\n\
              admin: {socket: /tmp/x/egret.sock}\n"
         );
-        let sized = BenchConfig { fast_path: true, fast_path_sessions: Some(16384), ..c };
+        let sized = BenchConfig { fast_path: true, fast_path_sessions: Some(16384), ..c.clone() };
         assert!(sized.to_yaml().contains("\nxdp: {mode: native, fastPath: true, fastPathSessions: 16384}\n"));
+        let tunnelled = BenchConfig {
+            ports: Some((6083, 65535)),
+            tunnel: Some(TunnelConfig { port: 6082, node_addresses: vec![Ipv4Addr::new(192, 0, 2, 31)] }),
+            ..c
+        };
+        assert!(tunnelled
+            .to_yaml()
+            .contains("\nnat: {ports: 6083-65535}\ntunnel: {port: 6082, nodeAddresses: [192.0.2.31]}\nmetrics:"));
     }
 
     #[test]
@@ -347,7 +376,10 @@ mod tests {
         assert_eq!(m.get(WORKER_RX_METRIC), Some(&25.0));
         assert_eq!(m.get("egret_drops_total"), Some(&3.0));
         assert_eq!(m.get("egret_ready"), Some(&1.0));
-        assert_eq!(m.len(), 3);
+        // Each labelled series under its own name too.
+        assert_eq!(m.get("egret_drops_total{reason=\"a } b\"}"), Some(&3.0));
+        assert_eq!(m.get("egret_xsk_rx_frames_total{worker=\"0\",interface=\"gwout\",queue=\"0\"}"), Some(&4.0));
+        assert_eq!(m.len(), 6);
     }
 
     #[test]

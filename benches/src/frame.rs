@@ -142,6 +142,81 @@ impl FrameSpec {
     }
 }
 
+/// The tunnel's UDP port unless `--tunnel-port` says otherwise (ADR 0031's
+/// proposal, Egret's default).
+pub const TUNNEL_PORT: u16 = 6082;
+/// The tunnel header's length: VXLAN (RFC 7348) and
+/// VXLAN (RFC 7348) alike. The header's bytes are Egret's own
+/// (`egret_dataplane::tunnel::encapsulate`).
+pub const TUNNEL_HEADER_LEN: usize = 8;
+/// Outer headers of a node's tunnelled frame over IPv4 (ADR 0031): Ethernet
+/// (14), IPv4 (20), UDP (8), the tunnel header (8).
+pub const VXLAN_OVERHEAD: usize = ETH_LEN + IPV4_LEN + 8 + TUNNEL_HEADER_LEN;
+/// A node's encapsulated benchmark frame: the outer headers and the pod's
+/// 60-byte frame.
+pub const VXLAN_FRAME_LEN: usize = VXLAN_OVERHEAD + FRAME_LEN;
+
+/// The outer UDP source port of flow `(src_ip, src_port)`: a hash of the
+/// two (MurmurHash3's 32-bit finaliser) scaled onto 1-65535, as a node's
+/// kernel hashes the inner flow into it (`udp_flow_src_port`).
+/// `bench_outer_port` in `xdp/bench_common.h` is the same arithmetic.
+pub fn outer_src_port(src_ip: Ipv4Addr, src_port: u16) -> u16 {
+    let mut h = u32::from(src_ip) ^ u32::from(src_port).wrapping_mul(0x9e37_79b1);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    ((u64::from(h) * 65_535) >> 32) as u16 + 1
+}
+
+/// How a node wraps the pods' frames for the gateway (issue 30): outer
+/// Ethernet from the router to the gateway's inside interface, IPv4 from
+/// the node to the next hop (an address the gateway owns), UDP to the
+/// tunnel port with the flow's hashed source port and a zero checksum (a
+/// node's lightweight-tunnel route without `csum` sends none over IPv4),
+/// VXLAN with Egret's VNI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VxlanSpec {
+    pub outer_src_mac: [u8; 6],
+    pub outer_dst_mac: [u8; 6],
+    pub node: Ipv4Addr,
+    pub next_hop: Ipv4Addr,
+    pub port: u16,
+}
+
+impl VxlanSpec {
+    /// The node's frame carrying `inner` (a pod's frame of flow
+    /// `(src_ip, src_port)`), built with Egret's own encapsulation
+    /// (`egret_dataplane::tunnel::encapsulate`) and the outer UDP checksum
+    /// then cleared.
+    pub fn wrap(&self, inner: &[u8], src_ip: Ipv4Addr, src_port: u16) -> Vec<u8> {
+        let mut f = egret_dataplane::tunnel::encapsulate(
+            inner,
+            (self.outer_src_mac, self.outer_dst_mac),
+            self.node.into(),
+            self.next_hop.into(),
+            outer_src_port(src_ip, src_port),
+            self.port,
+        )
+        .unwrap_or_default();
+        if let Some(c) = f.get_mut(UDP_OFF + 6..UDP_OFF + 8) {
+            c.fill(0);
+        }
+        f
+    }
+}
+
+/// Flow `(src_ip, src_port)`'s frame as the generator sends it: `spec`'s
+/// frame, wrapped by `encap` when given.
+pub fn wire_frame(spec: &FrameSpec, encap: Option<&VxlanSpec>, src_ip: Ipv4Addr, src_port: u16) -> Vec<u8> {
+    let inner = spec.build(src_ip, src_port);
+    match encap {
+        Some(e) => e.wrap(&inner, src_ip, src_port),
+        None => inner.to_vec(),
+    }
+}
+
 /// How a run's flows are laid out: flow `k` has source address
 /// `base_ip + k mod ips` and source port `base_port + (k / ips) mod ports`.
 /// Frame `n` belongs to flow `n / train`: `train` frames of one flow in a
@@ -361,6 +436,69 @@ mod tests {
         assert_eq!(f[UDP_OFF + 6..UDP_OFF + 8], [0xff, 0xff]);
         assert_eq!(base.apply(ip, port).1, 0xffff);
         assert_eq!(checksums_ok(&f), Some((true, true)));
+    }
+
+    fn vxlan() -> VxlanSpec {
+        VxlanSpec {
+            outer_src_mac: [0x02, 0, 0, 0, 0, 0x01],
+            outer_dst_mac: [0x02, 0, 0, 0, 0, 0x02],
+            node: Ipv4Addr::new(192, 0, 2, 31),
+            next_hop: Ipv4Addr::new(203, 0, 113, 10),
+            port: 6082,
+        }
+    }
+
+    #[test]
+    fn vxlan_frames_are_what_a_node_sends() {
+        let (ip, port) = (Ipv4Addr::new(198, 18, 1, 7), 4242);
+        let inner = spec().build(ip, port);
+        let f = wire_frame(&spec(), Some(&vxlan()), ip, port);
+        assert_eq!(f.len(), VXLAN_FRAME_LEN);
+        assert_eq!(VXLAN_FRAME_LEN, 110);
+        // Outer Ethernet, IPv4 (checked by an independent parser), UDP with
+        // no checksum, the VXLAN header (flags 0x08, VNI 1).
+        let (eth, rest) = etherparse::Ethernet2Header::from_slice(&f).expect("ethernet");
+        assert_eq!((eth.source, eth.destination), ([0x02, 0, 0, 0, 0, 0x01], [0x02, 0, 0, 0, 0, 0x02]));
+        let (iph, rest) = etherparse::Ipv4Header::from_slice(rest).expect("ipv4");
+        assert_eq!(iph.header_checksum, iph.calc_header_checksum());
+        assert_eq!((iph.source, iph.destination), ([192, 0, 2, 31], [203, 0, 113, 10]));
+        assert_eq!(usize::from(iph.total_len), VXLAN_FRAME_LEN - ETH_LEN);
+        let (udph, payload) = etherparse::UdpHeader::from_slice(rest).expect("udp");
+        assert_eq!(udph.source_port, outer_src_port(ip, port));
+        assert_eq!((udph.destination_port, udph.checksum), (6082, 0));
+        assert_eq!(usize::from(udph.length), 8 + 8 + FRAME_LEN);
+        // The tunnel header as Egret's own encapsulation writes it.
+        assert_eq!(payload[..8], [0x08, 0, 0, 0, 0, 0, 1, 0]);
+        let egret = egret_dataplane::tunnel::encapsulate(
+            &inner,
+            ([0x02, 0, 0, 0, 0, 0x01], [0x02, 0, 0, 0, 0, 0x02]),
+            Ipv4Addr::new(192, 0, 2, 31).into(),
+            Ipv4Addr::new(203, 0, 113, 10).into(),
+            outer_src_port(ip, port),
+            6082,
+        )
+        .expect("one family");
+        assert_eq!(payload[..8], egret[VXLAN_OVERHEAD - 8..VXLAN_OVERHEAD]);
+        assert_eq!(payload[8..], inner);
+        // Everything but the outer UDP checksum is Egret's frame.
+        assert_eq!(f[..UDP_OFF + 6], egret[..UDP_OFF + 6]);
+        assert_eq!(f[UDP_OFF + 8..], egret[UDP_OFF + 8..]);
+        assert_eq!(f[VXLAN_OVERHEAD..], inner);
+        // Without encapsulation: the plain frame.
+        assert_eq!(wire_frame(&spec(), None, ip, port), inner.to_vec());
+    }
+
+    #[test]
+    fn outer_source_ports_vary_per_flow() {
+        let set = FlowSet::fixed(50_000);
+        let ports: std::collections::HashSet<u16> =
+            (0..50_000).map(|k| set.flow(k)).map(|(ip, p)| outer_src_port(ip, p)).collect();
+        // A hash onto 65,535 values: collisions as a kernel's would have,
+        // never port 0, and most flows on a port of their own.
+        assert!(!ports.contains(&0));
+        assert!(ports.len() > 30_000, "{} distinct ports for 50,000 flows", ports.len());
+        let one = set.flow(0);
+        assert_eq!(outer_src_port(one.0, one.1), outer_src_port(one.0, one.1));
     }
 
     #[test]

@@ -10,6 +10,10 @@
 //! - `af-packet`: prebuilt frames sent with `sendmmsg` on an AF_PACKET socket
 //!   with `PACKET_QDISC_BYPASS` (frames reach the gateway as skbs).
 //!
+//! With [`GenSpec::encap`] (the VXLAN modes, issue 30) every frame is a
+//! pod's frame inside a worker node's tunnel frame (`frame.rs`,
+//! [`VxlanSpec`]); the XDP engine then runs `xdp_gen_vxlan`.
+//!
 //! `sent` counts frames handed to the generator's veth: the offered load.
 //! Frames the gateway's veth cannot queue (its ring is full) are lost there
 //! and show as loss, as a NIC's RX overruns would.
@@ -19,7 +23,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::frame::{FlowSet, FrameSpec, FRAME_LEN};
+use crate::frame::{wire_frame, FlowSet, FrameSpec, VxlanSpec};
 use crate::sys::PacketSender;
 use crate::topology::NetnsError;
 use crate::xdp::{self, XdpError};
@@ -55,6 +59,9 @@ pub struct GenSpec {
     pub dev: String,
     pub cpu: usize,
     pub frame: FrameSpec,
+    /// Wrap every frame as a worker node in another subnet sends it
+    /// (issue 30's VXLAN modes); `frame` is then the pod's inner frame.
+    pub encap: Option<VxlanSpec>,
     pub flows: FlowSet,
     /// Flow counter to start from (new-flow mode: skip tuples used before).
     pub first_flow: u64,
@@ -170,7 +177,7 @@ fn generate(
     let started = Instant::now();
     match spec.engine {
         Engine::Xdp => {
-            let mut g = match xdp::Generator::load(&spec.frame, &spec.flows).and_then(|g| {
+            let mut g = match xdp::Generator::load_with(&spec.frame, spec.encap.as_ref(), &spec.flows).and_then(|g| {
                 g.set_next(spec.first_flow)?;
                 Ok(g)
             }) {
@@ -220,29 +227,24 @@ fn generate(
             };
             // Fixed flow sets are prebuilt once (at most 1M frames); new-flow
             // mode builds each batch as it goes.
-            let fixed: Vec<[u8; FRAME_LEN]> = if spec.flows.is_fresh_per_frame() {
+            let build = |(ip, port)| wire_frame(&spec.frame, spec.encap.as_ref(), ip, port);
+            let fixed: Vec<Vec<u8>> = if spec.flows.is_fresh_per_frame() {
                 Vec::new()
             } else {
-                (0..spec.flows.flows.min(1 << 20))
-                    .map(|k| {
-                        let (ip, port) = spec.flows.flow(k);
-                        spec.frame.build(ip, port)
-                    })
-                    .collect()
+                (0..spec.flows.flows.min(1 << 20)).map(|k| build(spec.flows.flow(k))).collect()
             };
-            let mut batch = vec![[0u8; FRAME_LEN]; PACKET_BATCH];
+            let mut batch = vec![Vec::new(); PACKET_BATCH];
             let mut k = spec.first_flow;
             let mut total = 0u64;
             let _ = ready.send(Ok(None));
             while !stop.load(Ordering::Relaxed) {
                 for f in batch.iter_mut() {
                     let flow = spec.flows.flow_of_frame(k);
-                    *f = if fixed.is_empty() {
-                        let (ip, port) = spec.flows.flow(flow);
-                        spec.frame.build(ip, port)
+                    if fixed.is_empty() {
+                        *f = build(spec.flows.flow(flow));
                     } else {
-                        fixed[(flow % fixed.len() as u64) as usize]
-                    };
+                        f.clone_from(&fixed[(flow % fixed.len() as u64) as usize]);
+                    }
                     k += 1;
                 }
                 let mut off = 0;

@@ -9,7 +9,7 @@
 //! | `bench.rs` | modes, their setup/teardown and placement, the measurement window |
 //! | `egret.rs` | the Egret daemon: config, start, readiness, stop |
 //! | `report.rs` | medians, spreads, ratios, the table |
-//! | `frame.rs` | 64-byte IPv4/UDP frames, RFC 1071 checksums, flow sets |
+//! | `frame.rs` | 64-byte IPv4/UDP frames, RFC 1071 checksums, flow sets, the nodes' tunnel frames |
 //! | `cpu.rs` | /proc parsers and per-window CPU use of watched threads and cores |
 //! | `topology.rs` | namespaces, veths, addresses, the teardown guard |
 //! | `generator.rs` | the generator thread (XDP live frames or AF_PACKET) |

@@ -140,8 +140,10 @@ pub struct Ratio {
     pub unit: &'static str,
 }
 
-/// egret/kernel, fastpath/kernel, fastpath/redirect (per-core rates), and
-/// the fast path's (and Egret's) extra ns per packet over XDP_REDIRECT.
+/// egret/kernel, fastpath/kernel, fastpath/redirect (per-core rates), the
+/// fast path's (and Egret's) extra ns per packet over XDP_REDIRECT, and
+/// each encapsulated mode against its on-link mode (rate ratio, extra ns
+/// per packet).
 pub fn ratios(summaries: &[Summary]) -> Vec<Ratio> {
     let find = |m: Mode, flows: u64| summaries.iter().find(|s| s.mode == m && s.flows == flows);
     let mut flows: Vec<u64> = summaries.iter().map(|s| s.flows).filter(|f| *f > 0).collect();
@@ -165,6 +167,23 @@ pub fn ratios(summaries: &[Summary]) -> Vec<Ratio> {
                     name: format!("{} cost over redirect", a.name()),
                     flows: f,
                     value: x.ns_per_packet.median - r.ns_per_packet.median,
+                    unit: "ns/packet",
+                });
+            }
+        }
+        // Issue 30: the nodes' tunnel against the same path on-link.
+        for a in [Mode::FastpathVxlan, Mode::EgretVxlan] {
+            if let (Some(x), Some(y)) = (find(a, f), find(a.on_link(), f)) {
+                out.push(Ratio {
+                    name: format!("{}/{}", a.name(), a.on_link().name()),
+                    flows: f,
+                    value: x.per_core_mpps.median / y.per_core_mpps.median,
+                    unit: "x (per-core rate)",
+                });
+                out.push(Ratio {
+                    name: format!("{} cost over {}", a.name(), a.on_link().name()),
+                    flows: f,
+                    value: x.ns_per_packet.median - y.ns_per_packet.median,
                     unit: "ns/packet",
                 });
             }
@@ -255,6 +274,50 @@ mod tests {
         assert_eq!((s.median, s.min, s.max), (2.5, 1.0, 4.0));
         assert!((s.relative() - 1.2).abs() < 1e-12);
         assert!(Spread::of(&[]).median.is_nan());
+    }
+
+    fn summary(mode: Mode, per_core: f64, ns: f64) -> Summary {
+        let one = |x: f64| Spread { median: x, min: x, max: x };
+        Summary {
+            mode,
+            flows: 50_000,
+            rounds: 3,
+            offered_mpps: one(1.0),
+            forwarded_mpps: one(1.0),
+            loss: one(0.0),
+            gateway_cores: one(1.0),
+            per_core_mpps: one(per_core),
+            ns_per_packet: one(ns),
+            contexts: BTreeMap::new(),
+            contexts_waiting: BTreeMap::new(),
+            gw_core_busy: 1.0,
+            gw_core_steal: 0.0,
+            gen_core_busy: 1.0,
+            lost_at_gateway_rx: 0.0,
+            lost_at_sink_rx: 0.0,
+            worker_rx_per_forwarded: None,
+            problems: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn encapsulated_modes_are_compared_with_their_on_link_modes() {
+        let s = [
+            summary(Mode::Fastpath, 2.0, 500.0),
+            summary(Mode::FastpathVxlan, 1.6, 625.0),
+            summary(Mode::Egret, 0.5, 2000.0),
+            summary(Mode::EgretVxlan, 0.4, 2500.0),
+        ];
+        let r = ratios(&s);
+        let get = |name: &str| r.iter().find(|x| x.name == name).map(|x| x.value).expect(name);
+        assert!((get("fastpath-vxlan/fastpath") - 0.8).abs() < 1e-12);
+        assert!((get("fastpath-vxlan cost over fastpath") - 125.0).abs() < 1e-12);
+        assert!((get("egret-vxlan/egret") - 0.8).abs() < 1e-12);
+        assert!((get("egret-vxlan cost over egret") - 500.0).abs() < 1e-12);
+        // Without its on-link mode in the run, no ratio.
+        assert!(ratios(&s[1..2]).is_empty());
+        assert_eq!(Mode::EgretVxlan.on_link(), Mode::Egret);
+        assert_eq!(Mode::Kernel.on_link(), Mode::Kernel);
     }
 
     #[test]

@@ -9,8 +9,6 @@ use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::frame::FRAME_LEN;
-
 /// `USER_HZ`: the unit of /proc's tick counters.
 pub fn user_hz() -> u64 {
     // SAFETY: sysconf takes an integer and touches no memory of ours.
@@ -131,10 +129,11 @@ impl PacketSender {
 
     /// Send up to `batch` of `frames`; returns how many the kernel took (an
     /// error only when it took none).
-    pub fn send(&mut self, frames: &[[u8; FRAME_LEN]]) -> io::Result<usize> {
+    pub fn send<F: AsRef<[u8]>>(&mut self, frames: &[F]) -> io::Result<usize> {
         let n = frames.len().min(self.msgs.len());
         for ((iov, msg), frame) in self.iov.iter_mut().zip(self.msgs.iter_mut()).zip(frames) {
-            *iov = libc::iovec { iov_base: frame.as_ptr() as *mut libc::c_void, iov_len: FRAME_LEN };
+            let frame = frame.as_ref();
+            *iov = libc::iovec { iov_base: frame.as_ptr() as *mut libc::c_void, iov_len: frame.len() };
             // SAFETY: msghdr is plain data; zeroed means no name, no control.
             let mut h: libc::msghdr = unsafe { zeroed() };
             h.msg_iov = iov;

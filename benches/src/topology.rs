@@ -51,6 +51,14 @@ pub const SINK_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 pub const SINK_PORT: u16 = 9;
 /// The egress IP the gateway translates to.
 pub const EGRESS_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+/// The worker node that encapsulates in the VXLAN modes (issue 30): the
+/// outer source of its frames, in the gateway's `tunnel.nodeAddresses`.
+/// Nothing holds it; the generator writes it into its frames, which come
+/// from the router's MAC (`gen0`'s), as they would from another subnet.
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 31);
+/// The MAC of the node's VXLAN device, both addresses of the inner
+/// Ethernet header (a NOARP device resolves every neighbour to itself).
+pub const NODE_GNV_MAC: [u8; 6] = [0x02, 0xeb, 0, 0, 0, 0x11];
 
 /// What failed building or changing the topology.
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,7 @@ use std::net::Ipv4Addr;
 
 use libbpf_rs::{Link, MapCore, MapFlags, Object, ObjectBuilder, ProgramInput};
 
-use crate::frame::{FlowSet, FrameSpec, GenChecksumBase};
+use crate::frame::{wire_frame, FlowSet, FrameSpec, GenChecksumBase, VxlanSpec};
 use crate::topology::NetnsError;
 
 const GEN_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gen.bpf.o"));
@@ -222,19 +222,27 @@ impl Sink {
     }
 }
 
-/// The XDP generator: a loaded `xdp_gen` and its configuration map.
+/// The XDP generator: a loaded `xdp_gen` (plain frames) or `xdp_gen_vxlan`
+/// (a node's VXLAN frames, issue 30) and its configuration map.
 #[derive(Debug)]
 pub struct Generator {
     obj: Object,
-    template: [u8; crate::frame::FRAME_LEN],
+    template: Vec<u8>,
+    encap: Option<VxlanSpec>,
 }
 
 impl Generator {
     /// Load the program and configure it for `spec`'s frames over `flows`.
     pub fn load(spec: &FrameSpec, flows: &FlowSet) -> Result<Self, XdpError> {
+        Self::load_with(spec, None, flows)
+    }
+
+    /// The same, each frame wrapped as a node sends it when `encap` is
+    /// given (`xdp_gen_vxlan`).
+    pub fn load_with(spec: &FrameSpec, encap: Option<&VxlanSpec>, flows: &FlowSet) -> Result<Self, XdpError> {
         let obj = open("gen", GEN_OBJ)?.load().map_err(|source| XdpError::Load { object: "gen", source })?;
         let (ip0, port0) = flows.flow(0);
-        let this = Self { obj, template: spec.build(ip0, port0) };
+        let this = Self { obj, template: wire_frame(spec, encap, ip0, port0), encap: encap.copied() };
         this.configure(spec, flows)?;
         Ok(this)
     }
@@ -242,11 +250,14 @@ impl Generator {
     /// Point the program at another flow set (between runs).
     pub fn configure(&self, spec: &FrameSpec, flows: &FlowSet) -> Result<(), XdpError> {
         let base = GenChecksumBase::of(spec);
-        // struct gen_cfg { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, udp_sum, train, pad;
-        // u8 frame[60]; }: 100 bytes of fields, padded to 104 (the u64's
-        // alignment); the map refuses any other size, which keeps the two
-        // layouts in step.
-        let mut cfg = [0u8; 104];
+        // struct gen_flows { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, udp_sum, train, pad; }
+        // (40 bytes), then the template: struct gen_cfg's 60 bytes, padded
+        // to 104 (the u64's alignment), or struct gen_vxlan_cfg's 110,
+        // padded to 152. The map refuses any other size, which keeps the
+        // two layouts in step.
+        let (ip0, port0) = flows.flow(0);
+        let frame = wire_frame(spec, self.encap.as_ref(), ip0, port0);
+        let mut cfg = vec![0u8; (40 + frame.len()).next_multiple_of(8)];
         cfg[0..8].copy_from_slice(&flows.flows.to_ne_bytes());
         cfg[8..12].copy_from_slice(&flows.ips.to_ne_bytes());
         cfg[12..16].copy_from_slice(&flows.ports.to_ne_bytes());
@@ -255,18 +266,21 @@ impl Generator {
         cfg[24..28].copy_from_slice(&base.ip_sum.to_ne_bytes());
         cfg[28..32].copy_from_slice(&base.udp_sum.to_ne_bytes());
         cfg[32..36].copy_from_slice(&flows.train.max(1).to_ne_bytes());
-        let (ip0, port0) = flows.flow(0);
-        cfg[40..40 + crate::frame::FRAME_LEN].copy_from_slice(&spec.build(ip0, port0));
-        map(&self.obj, "gen", "gen_config")?
-            .update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY)
-            .map_err(|source| XdpError::Map { map: "gen_config", op: "update", source })
+        cfg[40..40 + frame.len()].copy_from_slice(&frame);
+        let name = if self.encap.is_some() { "gen_vxlan_config" } else { "gen_config" };
+        map(&self.obj, "gen", name)?.update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY).map_err(|source| XdpError::Map {
+            map: name,
+            op: "update",
+            source,
+        })
     }
 
     fn program(&mut self) -> Result<libbpf_rs::ProgramMut<'_>, XdpError> {
-        self.obj.progs_mut().find(|p| p.name().to_str() == Some("xdp_gen")).ok_or(XdpError::Missing {
+        let name = if self.encap.is_some() { "xdp_gen_vxlan" } else { "xdp_gen" };
+        self.obj.progs_mut().find(|p| p.name().to_str() == Some(name)).ok_or(XdpError::Missing {
             object: "gen",
             item: "program",
-            name: "xdp_gen",
+            name,
         })
     }
 
@@ -276,7 +290,7 @@ impl Generator {
     /// [`XdpError::Interrupted`] when a signal arrived (the frames sent so
     /// far are in the program's counter; the caller may simply go on).
     pub fn transmit(&mut self, ifindex: u32, count: u32) -> Result<(), XdpError> {
-        let template = self.template;
+        let template = self.template.clone();
         let prog = self.program()?;
         // struct xdp_md { data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex }
         let mut ctx = [0u8; 24];
@@ -400,6 +414,38 @@ mod tests {
             }
             assert_eq!(g.produced().expect("counter"), 600);
         }
+    }
+
+    #[test]
+    fn vxlan_generator_program_writes_each_flows_exact_frame() {
+        egret_dataplane::xsk::sched::pin_current_thread(0).expect("pin");
+        let spec = spec();
+        let encap = VxlanSpec {
+            outer_src_mac: GEN_MAC,
+            outer_dst_mac: GW_IN_MAC,
+            node: crate::topology::NODE_IP,
+            next_hop: crate::topology::EGRESS_IP,
+            port: crate::frame::TUNNEL_PORT,
+        };
+        let inner =
+            FrameSpec { src_mac: crate::topology::NODE_GNV_MAC, dst_mac: crate::topology::NODE_GNV_MAC, ..spec };
+        for flows in [FlowSet::fixed(1), FlowSet::fixed(50_000), FlowSet::fixed(50_000).with_train(8)] {
+            let mut g = Generator::load_with(&inner, Some(&encap), &flows).expect("load gen");
+            let stale: Vec<u8> = (0..crate::frame::VXLAN_FRAME_LEN as u32).map(|i| (i * 37 + 11) as u8).collect();
+            for k in 0..600u64 {
+                let out = g.rewrite_once(&stale).expect("run");
+                let (ip, port) = flows.flow(flows.flow_of_frame(k));
+                assert_eq!(out, wire_frame(&inner, Some(&encap), ip, port), "flows {} frame {k}", flows.flows);
+                assert_eq!(checksums_ok(&out[crate::frame::VXLAN_OVERHEAD..]), Some((true, true)));
+            }
+            assert_eq!(g.produced().expect("counter"), 600);
+        }
+        // The plain program in the same object is unchanged by the other.
+        let flows = FlowSet::fixed(50_000);
+        let mut g = Generator::load(&spec, &flows).expect("load gen");
+        let out = g.rewrite_once(&[0u8; FRAME_LEN]).expect("run");
+        let (ip, port) = flows.flow(0);
+        assert_eq!(out, spec.build(ip, port).to_vec());
     }
 
     #[test]

@@ -20,10 +20,15 @@
  * Checksums (RFC 1071): userspace passes the one's complement sums of every
  * 16-bit word except the varying ones (IPv4 header without saddr and check;
  * UDP pseudo-header, header and payload without saddr, sport and check).
+ *
+ * xdp_gen_vxlan does the same on the pod's frame inside a node's VXLAN
+ * frame (see struct gen_vxlan_cfg).
  */
 #include "bench_common.h"
 
-struct gen_cfg {
+/* What both generator programs need to pick and write a flow: the first
+ * 40 bytes of either config. */
+struct gen_flows {
 	__u64 n_flows;   /* 0: every run is a new flow (new-connection mode) */
 	__u32 n_ips;
 	__u32 n_ports;
@@ -33,7 +38,22 @@ struct gen_cfg {
 	__u32 udp_sum;
 	__u32 train;     /* frames of one flow in a row, >= 1 */
 	__u32 pad;
+};
+
+struct gen_cfg {
+	struct gen_flows f;
 	__u8 frame[BENCH_FRAME_LEN]; /* the template, any flow's */
+};
+
+/* The encapsulated generator (issue 30, ADR 0031): the template is a whole
+ * node-to-gateway VXLAN frame (outer Ethernet, IPv4, UDP with a zero
+ * checksum as the nodes' lightweight tunnel sends it, VXLAN, then the
+ * pod's 60-byte frame); the flow's fields are written into the inner frame
+ * and the outer UDP source port is a hash of the inner flow, as the nodes'
+ * kernel makes it (udp_flow_src_port). */
+struct gen_vxlan_cfg {
+	struct gen_flows f;
+	__u8 frame[BENCH_VXLAN_FRAME_LEN];
 };
 
 struct gen_state {
@@ -49,27 +69,27 @@ struct {
 } gen_config SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gen_vxlan_cfg);
+} gen_vxlan_config SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct gen_state);
 } gen_states SEC(".maps");
 
-SEC("xdp")
-int xdp_gen(struct xdp_md *ctx)
+/* Write the next flow's source address, port and checksums into the
+ * 60-byte frame at `frame` (already a copy of the template); returns the
+ * flow's source address and port (host order) in *src and *port. */
+static __always_inline void gen_write_flow(const struct gen_flows *cfg, struct gen_state *st, void *frame,
+					   __u32 *src_out, __u32 *port_out)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	__u32 zero = 0;
-	struct gen_cfg *cfg = bpf_map_lookup_elem(&gen_config, &zero);
-	struct gen_state *st = bpf_map_lookup_elem(&gen_states, &zero);
-	if (!cfg || !st || cfg->n_ips == 0 || cfg->n_ports == 0)
-		return XDP_ABORTED;
-	if (data + BENCH_FRAME_LEN > data_end)
-		return XDP_ABORTED;
-	__builtin_memcpy(data, cfg->frame, BENCH_FRAME_LEN);
-	struct iphdr *ip = data + BENCH_ETH_LEN;
-	struct udphdr *udp = data + BENCH_UDP_OFF;
+	struct iphdr *ip = frame + BENCH_ETH_LEN;
+	struct udphdr *udp = frame + BENCH_UDP_OFF;
 
 	__u64 k = st->next++;
 	st->runs++;
@@ -88,6 +108,43 @@ int xdp_gen(struct xdp_md *ctx)
 	__u16 ucheck = (__u16)~bench_fold(cfg->udp_sum + src_words + (port & 0xffff));
 	/* RFC 768: a computed zero is sent as all ones. */
 	udp->check = bpf_htons(ucheck ? ucheck : 0xffff);
+	*src_out = src;
+	*port_out = port;
+}
+
+SEC("xdp")
+int xdp_gen(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 zero = 0, src, port;
+	struct gen_cfg *cfg = bpf_map_lookup_elem(&gen_config, &zero);
+	struct gen_state *st = bpf_map_lookup_elem(&gen_states, &zero);
+	if (!cfg || !st || cfg->f.n_ips == 0 || cfg->f.n_ports == 0)
+		return XDP_ABORTED;
+	if (data + BENCH_FRAME_LEN > data_end)
+		return XDP_ABORTED;
+	__builtin_memcpy(data, cfg->frame, BENCH_FRAME_LEN);
+	gen_write_flow(&cfg->f, st, data, &src, &port);
+	return XDP_TX;
+}
+
+SEC("xdp")
+int xdp_gen_vxlan(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 zero = 0, src, port;
+	struct gen_vxlan_cfg *cfg = bpf_map_lookup_elem(&gen_vxlan_config, &zero);
+	struct gen_state *st = bpf_map_lookup_elem(&gen_states, &zero);
+	if (!cfg || !st || cfg->f.n_ips == 0 || cfg->f.n_ports == 0)
+		return XDP_ABORTED;
+	if (data + BENCH_VXLAN_FRAME_LEN > data_end)
+		return XDP_ABORTED;
+	__builtin_memcpy(data, cfg->frame, BENCH_VXLAN_FRAME_LEN);
+	gen_write_flow(&cfg->f, st, data + BENCH_VXLAN_OVERHEAD, &src, &port);
+	struct udphdr *outer = data + BENCH_UDP_OFF;
+	outer->source = bpf_htons(bench_outer_port(src, port));
 	return XDP_TX;
 }
 

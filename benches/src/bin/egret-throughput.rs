@@ -33,7 +33,10 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     rounds: u32,
     /// Modes, in order: kernel, egret, fastpath, redirect, new-conns
-    /// (Egret's slow path), kernel-new-conns (the kernel's, for reference).
+    /// (Egret's slow path), kernel-new-conns (the kernel's, for reference),
+    /// fastpath-vxlan and egret-vxlan (fastpath and egret with the pods'
+    /// frames in the nodes' VXLAN tunnel, issue 30; compared with
+    /// fastpath and egret when those are in the run).
     #[arg(
         long,
         alias = "mode",
@@ -80,6 +83,11 @@ struct Args {
     /// New-connection modes ignore it.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
     train: u32,
+    /// The nodes' VXLAN port (`tunnel.port`) in fastpath-vxlan and
+    /// egret-vxlan; those modes get NAT ports on the larger side of it
+    /// (6083-65535 for 6082).
+    #[arg(long, default_value_t = egret_benches::frame::TUNNEL_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    tunnel_port: u16,
     /// Write samples, summaries and ratios to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -101,6 +109,25 @@ fn default_egret() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target/release/egret"))
 }
 
+/// What happened to an encapsulated window's frames at the gateway: the
+/// XDP program's fast-path hits and misses, what the workers received and
+/// decapsulated, and the tunnel's drops.
+fn tunnel_note(s: &Sample) -> String {
+    let hit = s.series("egret_fastpath_packets_total", "outcome", "hit");
+    let miss = s.series("egret_fastpath_packets_total", "outcome", "miss");
+    let decap = s.series("egret_events_total", "event", "decapsulated");
+    let drops: Vec<String> =
+        s.decap_drops().iter().filter(|(_, v)| *v > 0.0).map(|(k, v)| format!("{k} {v:.0}")).collect();
+    format!(
+        "tunnel: offered {}, sink {} ({} translated); fast path hit {hit:.0}, miss {miss:.0}; workers received {:.0}, decapsulated {decap:.0}; drops: {}",
+        s.offered,
+        s.sink.frames,
+        s.sink.translated,
+        s.worker_rx().unwrap_or(0.0),
+        if drops.is_empty() { "none".to_string() } else { drops.join(", ") }
+    )
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
@@ -120,7 +147,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
     let egret = args.egret.clone().unwrap_or_else(default_egret);
     // Egret and new-conns need the binary: say so before building anything.
     // The fast path is reported as not available instead.
-    if args.modes.iter().any(|m| matches!(m, Mode::Egret | Mode::NewConns)) {
+    if args.modes.iter().any(|m| matches!(m, Mode::Egret | Mode::NewConns | Mode::EgretVxlan)) {
         egret_benches::egret::locate(&egret)?;
     }
     egret_benches::sys::install_stop_handler().map_err(|source| BenchError::Pin {
@@ -148,6 +175,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
         priorities: !args.no_priorities,
         fast_path_sessions: args.fast_path_sessions,
         train: args.train,
+        tunnel_port: args.tunnel_port,
     };
 
     if opts.priorities {
@@ -172,8 +200,8 @@ fn run(args: &Args) -> Result<(), BenchError> {
             }
             let gateway = match Gateway::setup(&topo, mode, &opts) {
                 Ok(g) => g,
-                Err(BenchError::Egret(e)) if mode == Mode::Fastpath => {
-                    eprintln!("fastpath: not available: {e}");
+                Err(BenchError::Egret(e)) if mode.fast_path() => {
+                    eprintln!("{}: not available: {e}", mode.name());
                     unavailable.push((mode, e.to_string()));
                     continue;
                 }
@@ -197,9 +225,12 @@ fn run(args: &Args) -> Result<(), BenchError> {
                     s.per_core_mpps(),
                     if s.problems().is_empty() { String::new() } else { format!(" PROBLEM: {}", s.problems().join("; ")) }
                 );
+                if mode.encapsulated() {
+                    eprintln!("  {}", tunnel_note(&s));
+                }
                 // The fast path is in effect only if established flows bypass
                 // the workers: judge by what the workers received.
-                if mode == Mode::Fastpath {
+                if mode.fast_path() {
                     match s.worker_rx() {
                         Some(rx) if s.sink.frames > 0 && rx >= 0.5 * s.sink.frames as f64 => {
                             fast_path_inactive = Some(format!(
@@ -223,7 +254,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
             }
             drop(gateway);
             if let Some(why) = fast_path_inactive {
-                eprintln!("fastpath: not available: {why}");
+                eprintln!("{}: not available: {why}", mode.name());
                 unavailable.push((mode, why));
             }
         }
@@ -242,6 +273,11 @@ fn run(args: &Args) -> Result<(), BenchError> {
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             "engine": args.engine,
             "train": args.train,
+            "tunnel": args.modes.iter().any(|m| m.encapsulated()).then(|| serde_json::json!({
+                "port": args.tunnel_port,
+                "node": egret_benches::topology::NODE_IP.to_string(),
+                "next_hop": egret_benches::topology::EGRESS_IP.to_string(),
+            })),
             "samples": samples,
             "fastpath_inactive_samples": inactive,
             "summaries": summaries,
