@@ -35,6 +35,32 @@
 //! are the plugins' own. `w1-sel` (the first address host-local hands out,
 //! 198.18.1.2) has `hostPort` [`HOST_PORT`] -> [`CONTAINER_PORT`]/TCP,
 //! `w1-uns` gets the next. `w2` is as above.
+//!
+//! **The routed variant** ([`NodeLab::build_routed`], issue 30, ADR 0031):
+//! the workers sit in subnets of their own behind a router `rt`; the
+//! gateways, the upstream router and the egress IPs stay on the segment,
+//! now subnet G. A node reaches an egress IP only through `rt`, so `egret
+//! node` steers into its VXLAN tunnel (`egret-vxlan`, ADR 0031) towards
+//! it. Pod CIDRs stay natively routed (`rt` and the gateways route
+//! `198.18.N.0/24` towards `wN`): replies go back without a tunnel. The
+//! workers keep their pods, bridge, masquerade rules and management link
+//! as above.
+//!
+//! ```text
+//!  ns w1 (pods as above)                    ns w2 (pods as above)
+//!   lan0 198.19.1.10 2001:db8:19:1::10       lan0 198.19.2.10 2001:db8:19:2::10
+//!   default via 198.19.1.1                   default via 198.19.2.1
+//!        | subnet A 198.19.1.0/24                 | subnet B 198.19.2.0/24
+//!        +---- a1 --- ns rt (router) --- a2 -----+
+//!                      lan0 203.0.113.2 2001:db8:113::2: default via up;
+//!                      198.18.N.0/24 (2001:db8:18:N::/64) via wN
+//!                        |
+//!  ns lan: bridge "lan", subnet G 203.0.113.0/24 (port p-rt: what rt sends into G)
+//!        +-- gw-1 .21, gw-2 .22 (one-arm; pods and subnets A, B via rt .2)
+//!        +-- up .1 (+ .77, an address no Node has; subnets A, B via rt) --- ns srv
+//!  egress IPs .40 / 2001:db8:113::40 (subnet G)
+//!  ns control: bridge "mgmt" as above (w1 .31, w2 .32, gw-1 .11, gw-2 .12)
+//! ```
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -78,6 +104,50 @@ pub const POD_NAMESPACE: &str = "team-a";
 pub const HOST_PORT: u16 = 30080;
 /// ... and the pod's port it maps to.
 pub const CONTAINER_PORT: u16 = 8080;
+
+/// The routed variant: the router's address in subnet G (the segment).
+pub const ROUTER_G: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
+/// The routed variant: the router's MAC in subnet G.
+pub const ROUTER_G_MAC: [u8; 6] = [0x02, 0xe9, 0, 0, 0x03, 0x01];
+/// The routed variant: an address in subnet G that no Node has (on the
+/// upstream router's `lan0`), a forger's.
+pub const STRANGER_G: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 77);
+
+/// The routed variant: the router's IPv6 address in subnet G.
+pub fn router_g6() -> Ipv6Addr {
+    segment6(2)
+}
+
+/// The routed variant: [`STRANGER_G`]'s IPv6 twin.
+pub fn stranger_g6() -> Ipv6Addr {
+    segment6(0x77)
+}
+
+/// Whether this kernel makes a metadata-collecting VXLAN device on UDP
+/// port 6082, as `egret node` does on a routed worker (ADR 0031, built as
+/// VXLAN: d130dcc): tried in a scratch namespace, deleted after. `Err` says
+/// why not (a kernel built without `CONFIG_VXLAN` answers "Unknown device
+/// type").
+pub fn tunnel_available() -> std::result::Result<(), String> {
+    let ns = NetNs::create(&format!("{TEST_PREFIX}{}xt", std::process::id())).map_err(|e| e.to_string())?;
+    ns.ip(&["link", "add", "egret-probe", "type", "vxlan", "external", "dstport", "6082", "nolearning"])
+        .map(|_| ())
+        .map_err(|e| format!("this kernel ({}) makes no VXLAN device (CONFIG_VXLAN): {e}", kernel_release()))
+}
+
+/// `uname -r`'s answer, from /proc.
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// Where the workers sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subnets {
+    /// On the gateways' segment (the worker-node lab).
+    Shared,
+    /// Each in a subnet of its own behind router `rt` (the routed variant).
+    Routed,
+}
 
 /// The segment's IPv6 address with interface identifier `host`.
 pub fn segment6(host: u16) -> Ipv6Addr {
@@ -169,6 +239,36 @@ impl Worker {
     /// Its management address (it reaches the API server there).
     pub fn mgmt_addr(self) -> Ipv4Addr {
         Ipv4Addr::new(192, 0, 2, 30 + self.n())
+    }
+
+    /// The routed variant: its address in its own subnet (198.19.N.10/24).
+    pub fn routed_addr(self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 19, self.n(), 10)
+    }
+
+    /// The routed variant: its IPv6 address in its own subnet.
+    pub fn routed_addr6(self) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 0x19, u16::from(self.n()), 0, 0, 0, 0x10)
+    }
+
+    /// The routed variant: the router's address in its subnet (its default route).
+    pub fn routed_gateway(self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 19, self.n(), 1)
+    }
+
+    /// The routed variant: the router's IPv6 address in its subnet.
+    pub fn routed_gateway6(self) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 0x19, u16::from(self.n()), 0, 0, 0, 1)
+    }
+
+    /// The routed variant: its subnet.
+    pub fn routed_subnet(self) -> String {
+        format!("198.19.{}.0/24", self.n())
+    }
+
+    /// The routed variant: its IPv6 subnet.
+    pub fn routed_subnet6(self) -> String {
+        format!("2001:db8:19:{}::/64", self.n())
     }
 
     /// Its pod CIDR (`spec.podCIDRs`).
@@ -356,6 +456,9 @@ pub struct NodeLab {
     net: ClusterNet,
     backend: Backend,
     plugins: Option<Plugins>,
+    subnets: Subnets,
+    /// The routed variant's router.
+    router: Option<NetNs>,
 }
 
 /// `iptables` or `ip6tables` (Debian's iptables-nft) with `rule`'s words.
@@ -385,7 +488,14 @@ impl NodeLab {
 
     /// [`NodeLab::build`] with the pods reached through `backend`.
     pub fn build_with(prefix: &str, backend: Backend) -> Result<Self> {
-        Self::build_inner(prefix, backend, None)
+        Self::build_inner(prefix, backend, None, Subnets::Shared)
+    }
+
+    /// The routed variant (see the module doc): the workers in subnets of
+    /// their own behind router `rt`, the gateways in subnet G. Native
+    /// routing of the pod CIDRs.
+    pub fn build_routed(prefix: &str) -> Result<Self> {
+        Self::build_inner(prefix, Backend::Native, None, Subnets::Routed)
     }
 
     /// The CNI variant (see the module doc): [`NodeLab::build`] with
@@ -393,10 +503,13 @@ impl NodeLab {
     /// package when the plugins are not installed.
     pub fn build_with_plugins(prefix: &str) -> Result<Self> {
         cni::require_plugins()?;
-        Self::build_inner(prefix, Backend::Native, Some(PLUGIN_WORKER))
+        Self::build_inner(prefix, Backend::Native, Some(PLUGIN_WORKER), Subnets::Shared)
     }
 
-    fn build_inner(prefix: &str, backend: Backend, plugin_worker: Option<Worker>) -> Result<Self> {
+    fn build_inner(prefix: &str, backend: Backend, plugin_worker: Option<Worker>, subnets: Subnets) -> Result<Self> {
+        if subnets == Subnets::Routed && (backend != Backend::Native || plugin_worker.is_some()) {
+            return Err(LabError::Gateway("the routed worker-node lab is built with native routing only".into()));
+        }
         remove_stale_test_labs();
         let ns = |role: &str| NetNs::create(&format!("{prefix}-{role}"));
         let mut workers = BTreeMap::new();
@@ -407,6 +520,7 @@ impl NodeLab {
         for g in NodeGw::ALL {
             gws.insert(g, ns(&format!("g{}", g.n()))?);
         }
+        let router = if subnets == Subnets::Routed { Some(ns("rt")?) } else { None };
         let net = ClusterNet::create(prefix, "nodelab")?;
         let mut lab = Self {
             server: None,
@@ -417,11 +531,17 @@ impl NodeLab {
             net,
             backend,
             plugins: None,
+            subnets,
+            router,
         };
         if let Some(worker) = plugin_worker {
             lab.plugins = Some(lab.plugin_network(worker)?);
         }
-        lab.wire()?;
+        if subnets == Subnets::Routed {
+            lab.wire_routed()?;
+        } else {
+            lab.wire()?;
+        }
         if backend == Backend::Vxlan {
             lab.overlay()?;
         }
@@ -442,10 +562,21 @@ impl NodeLab {
         lab.add_pod(Worker::Two, "w2-new", Worker::Two.pod_addr(20))?;
         lab.masquerade()?;
         let gws: Vec<&NetNs> = lab.gws.values().collect();
-        let mut hops: Vec<IpAddr> =
-            [UPSTREAM].into_iter().chain(Worker::ALL.map(Worker::lan_addr)).map(IpAddr::V4).collect();
-        hops.extend([UPSTREAM6].into_iter().chain(Worker::ALL.map(Worker::lan_addr6)).map(IpAddr::V6));
-        resolve_neighbors(&gws, &hops)?;
+        if let Some(rt) = &lab.router {
+            // The gateways' next hops (the upstream router, `rt` towards the
+            // pods), and `rt`'s (the workers, the upstream router).
+            let hops = [IpAddr::V4(UPSTREAM), IpAddr::V4(ROUTER_G), IpAddr::V6(UPSTREAM6), IpAddr::V6(router_g6())];
+            resolve_neighbors(&gws, &hops)?;
+            let mut hops: Vec<IpAddr> = Worker::ALL.map(|w| IpAddr::V4(w.routed_addr())).to_vec();
+            hops.extend(Worker::ALL.map(|w| IpAddr::V6(w.routed_addr6())));
+            hops.extend([IpAddr::V4(UPSTREAM), IpAddr::V6(UPSTREAM6)]);
+            resolve_neighbors(&[rt], &hops)?;
+        } else {
+            let mut hops: Vec<IpAddr> =
+                [UPSTREAM].into_iter().chain(Worker::ALL.map(Worker::lan_addr)).map(IpAddr::V4).collect();
+            hops.extend([UPSTREAM6].into_iter().chain(Worker::ALL.map(Worker::lan_addr6)).map(IpAddr::V6));
+            resolve_neighbors(&gws, &hops)?;
+        }
         lab.server = Some(Server::start(&lab.net.srv, None)?);
         Ok(lab)
     }
@@ -504,6 +635,88 @@ impl NodeLab {
             &self.net.srv,
             &[format!("addr add {UPSTREAM}/24 dev lan0"), format!("addr add {UPSTREAM6}/64 dev lan0 nodad")],
         )
+    }
+
+    /// The routed variant's links and routes (module doc).
+    fn wire_routed(&self) -> Result<()> {
+        let Some(rt) = &self.router else {
+            return Err(LabError::Gateway("the routed lab has no router".into()));
+        };
+        for ns in self.workers.values().chain(self.gws.values()).chain([rt]) {
+            sysctl::set(ns, &[&[&sysctl::COMMON[..]], &ROUTER[..]].concat())?;
+        }
+        self.net.wire_bridges(&ROUTER)?;
+        // The router: one link per worker subnet, one into subnet G.
+        self.net.lan_port(rt, "p-rt", Some(ROUTER_G_MAC))?;
+        let mut cmds = vec![
+            format!("addr add {ROUTER_G}/24 dev lan0"),
+            format!("addr add {}/64 dev lan0 nodad", router_g6()),
+            "link set dev lan0 up".into(),
+        ];
+        for (w, ns) in &self.workers {
+            let leg = format!("a{}", w.n());
+            rt.ip_batch(&[format!("link add {leg} type veth peer name lan0 netns {}", ns.name())])?;
+            cmds.extend([
+                format!("addr add {}/24 dev {leg}", w.routed_gateway()),
+                format!("addr add {}/64 dev {leg} nodad", w.routed_gateway6()),
+                format!("link set dev {leg} up"),
+            ]);
+        }
+        cmds.extend([format!("route add default via {UPSTREAM}"), format!("route add ::/0 via {UPSTREAM6}")]);
+        for w in Worker::ALL {
+            // Native routing: each node's pods via that node.
+            cmds.push(format!("route add {} via {}", w.pod_cidr(), w.routed_addr()));
+            cmds.push(format!("route add {} via {}", w.pod_cidr6(), w.routed_addr6()));
+        }
+        rt.ip_batch(&cmds)?;
+        for (w, ns) in &self.workers {
+            self.net.mgmt_port(ns, &format!("m-{}", w.node_name()), w.mgmt_addr())?;
+            ns.ip_batch(&[
+                "link add pods type bridge mcast_snooping 0".into(),
+                "link set dev pods up".into(),
+                format!("addr add {}/24 dev pods", w.pod_gateway()),
+                format!("addr add {}/64 dev pods nodad", w.pod_addr6(1)),
+                format!("addr add {}/24 dev lan0", w.routed_addr()),
+                format!("addr add {}/64 dev lan0 nodad", w.routed_addr6()),
+                "link set dev lan0 up".into(),
+                // Everything, the other node's pods and the gateways' egress
+                // IPs included, through the router.
+                format!("route add default via {}", w.routed_gateway()),
+                format!("route add ::/0 via {}", w.routed_gateway6()),
+            ])?;
+        }
+        for (g, ns) in &self.gws {
+            self.net.lan_port(ns, &format!("p-g{}", g.n()), Some(g.mac()))?;
+            self.net.mgmt_port(ns, &format!("m-g{}", g.n()), g.mgmt_addr())?;
+            let mut cmds = vec![
+                format!("addr add {}/24 dev lan0", g.lan_addr()),
+                format!("addr add {}/64 dev lan0 nodad", g.lan_addr6()),
+                "link set dev lan0 up".into(),
+                format!("route add default via {UPSTREAM}"),
+                format!("route add ::/0 via {UPSTREAM6}"),
+            ];
+            for w in Worker::ALL {
+                cmds.push(format!("route add {} via {ROUTER_G}", w.pod_cidr()));
+                cmds.push(format!("route add {} via {}", w.pod_cidr6(), router_g6()));
+                cmds.push(format!("route add {} via {ROUTER_G}", w.routed_subnet()));
+                cmds.push(format!("route add {} via {}", w.routed_subnet6(), router_g6()));
+            }
+            ns.ip_batch(&cmds)?;
+        }
+        self.net.lan_port(&self.net.up, "p-up", Some(plan::UP_MAC))?;
+        let mut up = vec![
+            format!("addr add {UPSTREAM}/24 dev lan0"),
+            format!("addr add {UPSTREAM6}/64 dev lan0 nodad"),
+            format!("addr add {STRANGER_G}/24 dev lan0"),
+            format!("addr add {}/64 dev lan0 nodad", stranger_g6()),
+        ];
+        // The nodes' own addresses (what their masquerade leaves with) are
+        // behind the router; their pods are not routed here.
+        for w in Worker::ALL {
+            up.push(format!("route add {} via {ROUTER_G}", w.routed_subnet()));
+            up.push(format!("route add {} via {}", w.routed_subnet6(), router_g6()));
+        }
+        wire_upstream_and_server(&self.net.up, &self.net.srv, &up)
     }
 
     /// flannel's vxlan backend on every worker and gateway ([`Backend::Vxlan`]).
@@ -808,6 +1021,38 @@ impl NodeLab {
     /// A gateway's namespace.
     pub fn gateway_ns(&self, g: NodeGw) -> &NetNs {
         &self.gws[&g]
+    }
+
+    /// Where the workers sit.
+    pub fn subnets(&self) -> Subnets {
+        self.subnets
+    }
+
+    /// `w`'s own address (its Node's InternalIP, what its masquerade
+    /// leaves with): on the segment, or in its subnet in the routed variant.
+    pub fn node_addr(&self, w: Worker) -> Ipv4Addr {
+        match self.subnets {
+            Subnets::Shared => w.lan_addr(),
+            Subnets::Routed => w.routed_addr(),
+        }
+    }
+
+    /// [`NodeLab::node_addr`] over IPv6.
+    pub fn node_addr6(&self, w: Worker) -> Ipv6Addr {
+        match self.subnets {
+            Subnets::Shared => w.lan_addr6(),
+            Subnets::Routed => w.routed_addr6(),
+        }
+    }
+
+    /// The routed variant's router (None in the other labs).
+    pub fn router(&self) -> Option<&NetNs> {
+        self.router.as_ref()
+    }
+
+    /// The node segment's bridge namespace (subnet G in the routed variant).
+    pub fn lan(&self) -> &NetNs {
+        &self.net.lan
     }
 
     /// The upstream router's namespace.
