@@ -20,8 +20,8 @@ use crate::lpm::{LpmAddr, Prefix};
 use crate::nat::key::NatAddr;
 use crate::nat::port_alloc::PortRange;
 use crate::policy::{Classifier, Decision, PolicyId, PolicyRules};
-use crate::tunnel::Tunnel;
 use crate::stats::POLICY_COUNTER_SLOTS;
+use crate::tunnel::Tunnel;
 
 /// Endpoint mapping behaviour (RFC 4787 4.1).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -407,27 +407,45 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     let text = String::from_utf8_lossy(&cli.stdout);
     assert!(text.contains("egresspolicy/db") && text.contains(&EIP.to_string()), "egret node status:\n{text}");
 
-    // A policy the nodes cannot route (its egress IP is not on their link)
-    // fails alone: reported, retried, no partial table, the other policy
-    // and the unselected pods' masquerade untouched.
+    // A policy the nodes cannot reach (its egress IP lies behind their
+    // router, and this lab's Nodes have no InternalIP to tunnel from:
+    // ADR 0031) fails alone: its next hop has no path, its pods are
+    // reported unsteered, no table is made for them, the other policy and
+    // the unselected pods' masquerade are untouched.
     rt.block_on(unreachable_policy(client, true));
     let deadline = Instant::now() + Duration::from_secs(10);
-    let st = loop {
+    let unreachable: IpAddr = UNREACHABLE.parse().unwrap();
+    let (st, row) = loop {
         let st = agents[&Worker::One].status().unwrap();
-        if st["errors"].as_array().is_some_and(|e| e.iter().any(|m| m.as_str().unwrap_or("").contains(UNREACHABLE))) {
-            break st;
+        let row = st["nextHops"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["nextHop"] == json!(unreachable)).cloned());
+        if let Some(row) = row.filter(|r| r["path"] == "none") {
+            break (st, row);
         }
-        assert!(Instant::now() < deadline, "the agent reports the unroutable policy: {st}");
+        assert!(Instant::now() < deadline, "the agent reports the unreachable next hop: {st}");
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(st["lastSyncOk"], false, "{st}");
-    assert_eq!(st["tables"], 2, "no partial table is left: {st}");
+    let reason = row["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("InternalIP"), "why there is no path: {row}");
+    let unsteered = row["podsUnsteered"].as_u64().unwrap_or(0);
+    assert!(unsteered >= 1, "the unreachable policy's pods are counted: {row}");
+    assert_eq!(st["podsUnsteered"].as_u64(), Some(unsteered), "{st}");
+    assert_eq!(st["tables"], 2, "no table is made for an unsteered pod: {st}");
     assert_eq!(lab.steered_pods(Worker::One).unwrap(), vec![Worker::One.pod_addr(10)], "only w1-sel has a rule");
     assert_eq!(source_of(lab, "w1-sel"), Ok(IpAddr::V4(EIP)), "the other policy goes on");
     assert_eq!(source_of(lab, "w1-uns"), Ok(IpAddr::V4(Worker::One.lan_addr())), "unsteered: masqueraded");
+    let cli = std::process::Command::new(egret_tests::gateway::egret_binary().unwrap())
+        .args(["node", "status", "--status-file"])
+        .arg(&agents[&Worker::One].status_file)
+        .output()
+        .expect("egret node status");
+    let text = String::from_utf8_lossy(&cli.stdout);
+    assert!(text.contains(&format!("UNSTEERED   {unsteered} selected pod addresses")), "egret node status:\n{text}");
+    println!("k8s-node: an unreachable next hop: {reason}");
     rt.block_on(unreachable_policy(client, false));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while agents[&Worker::One].status().unwrap()["lastSyncOk"] != true {
+    while agents[&Worker::One].status().unwrap()["podsUnsteered"] != 0 {
         assert!(Instant::now() < deadline, "the agent recovers once the policy is gone");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -348,10 +348,7 @@ fn the_nodes_tunnel() {
     for (tunnel, want) in [
         ("{}", "gw.yaml: tunnel.nodeAddresses: missing or empty: list the nodes that may send (or enabled: false)"),
         ("{nodeAddresses: [node-1]}", r#"gw.yaml: tunnel.nodeAddresses[0]: "node-1": not an IP address"#),
-        (
-            "{nodeAddresses: [192.0.2.1, 192.0.2.1]}",
-            r#"gw.yaml: tunnel.nodeAddresses[1]: "192.0.2.1": listed twice"#,
-        ),
+        ("{nodeAddresses: [192.0.2.1, 192.0.2.1]}", r#"gw.yaml: tunnel.nodeAddresses[1]: "192.0.2.1": listed twice"#),
         ("{port: 0, nodeAddresses: [192.0.2.1]}", r#"gw.yaml: tunnel.port: "0": must be 1-65535"#),
         (
             "{port: 40000, nodeAddresses: [192.0.2.1]}",
@@ -362,7 +359,9 @@ fn the_nodes_tunnel() {
     }
     assert_eq!(
         errors(&format!("{k8s}tunnel: {{nodeAddresses: [192.0.2.1]}}\n")),
-        [r#"gw.yaml: tunnel.nodeAddresses: "1 addresses": must not be set with kubernetes: (the Nodes' InternalIPs are the senders)"#]
+        [
+            r#"gw.yaml: tunnel.nodeAddresses: "1 addresses": must not be set with kubernetes: (the Nodes' InternalIPs are the senders)"#
+        ]
     );
 }
 

@@ -138,7 +138,11 @@ pub fn node(n: &Node) -> NodeInfo {
 
 /// Any Node, from its metadata (no addresses).
 pub fn node_meta(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NodeInfo {
-    NodeInfo { name: m.name.clone().unwrap_or_default(), labels: m.labels.clone().unwrap_or_default(), internal_ips: vec![] }
+    NodeInfo {
+        name: m.name.clone().unwrap_or_default(),
+        labels: m.labels.clone().unwrap_or_default(),
+        internal_ips: vec![],
+    }
 }
 
 /// A Node's `status.addresses` of type InternalIP that parse.

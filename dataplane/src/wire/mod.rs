@@ -318,7 +318,7 @@ impl Error {
                 Layer::Icmpv6 | Layer::Ndp => "bad_icmpv6_checksum",
                 Layer::Ethernet | Layer::Vlan | Layer::Arp | Layer::Ipv6 | Layer::Ipv6Extension | Layer::Vxlan => {
                     "bad_checksum"
-                },
+                }
             },
             Error::VxlanFlags { .. } => "vxlan_bad_flags",
             Error::VxlanVni { .. } => "vxlan_wrong_vni",

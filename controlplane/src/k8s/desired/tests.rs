@@ -837,7 +837,11 @@ fn nodes_are_trimmed_to_name_labels_and_internal_ips() {
     n.metadata.annotations = Some([("big".to_string(), "x".repeat(4096))].into());
     let addr = |t: &str, a: &str| NodeAddress { type_: t.into(), address: a.into() };
     n.status = Some(NodeStatus {
-        addresses: Some(vec![addr("InternalIP", "192.0.2.31"), addr("Hostname", "w1"), addr("ExternalIP", "203.0.113.9")]),
+        addresses: Some(vec![
+            addr("InternalIP", "192.0.2.31"),
+            addr("Hostname", "w1"),
+            addr("ExternalIP", "203.0.113.9"),
+        ]),
         node_info: Some(NodeSystemInfo { kernel_version: "6.18".into(), ..Default::default() }),
         ..Default::default()
     });
