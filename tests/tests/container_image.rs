@@ -1021,6 +1021,7 @@ fn the_daemonset_is_read_as_written() {
             "--cluster-pod-cidr=10.244.0.0/16",
             "--gateway-selector=egret.dev/gateway=true",
             "--nat-ports=32768-60999",
+            "--tunnel-port=6082",
             format!("--metrics-listen={}", gateway::METRICS)
         ])
     );
