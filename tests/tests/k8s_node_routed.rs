@@ -691,16 +691,7 @@ fn show_pod_frames(frames: &[Frame]) {
 
 /// Phase 3: the tunnel frames the router sent into subnet G.
 fn tunnel_frames(lab: &NodeLab, frames: &[Frame]) {
-    let pods: [ipnet::IpNet; 2] = [
-        egret_tests::nodelab::CLUSTER_POD_CIDR.parse().unwrap(),
-        egret_tests::nodelab::CLUSTER_POD_CIDR6.parse().unwrap(),
-    ];
-    let bare: Vec<String> = frames
-        .iter()
-        .filter_map(|f| egret_tests::capture::ip_info(&f.data))
-        .filter(|i| pods.iter().any(|p| p.contains(&i.src)))
-        .map(|i| format!("{} -> {} proto {}", i.src, i.dst, i.proto))
-        .collect();
+    let bare = pod_sourced(frames);
     assert!(
         bare.is_empty(),
         "{} frames in subnet G carried a pod's address outside the tunnel: {:?}",

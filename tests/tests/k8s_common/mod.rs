@@ -1043,17 +1043,29 @@ pub fn start_synced_agent(
     a
 }
 
-/// No frame of `frames` (the upstream link's) and no connection at the
-/// worker-node lab's server had a pod's address (either family).
-pub fn assert_no_pod_address_left(lab: &egret_tests::nodelab::NodeLab, frames: &[egret_tests::capture::Frame]) {
+/// The worker-node lab's cluster pod CIDRs, both families.
+pub fn lab_pod_cidrs() -> [ipnet::IpNet; 2] {
     use egret_tests::nodelab::{CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6};
-    let pods: [ipnet::IpNet; 2] = [CLUSTER_POD_CIDR.parse().unwrap(), CLUSTER_POD_CIDR6.parse().unwrap()];
-    let leaked: Vec<String> = frames
+    [CLUSTER_POD_CIDR.parse().unwrap(), CLUSTER_POD_CIDR6.parse().unwrap()]
+}
+
+/// The frames of `frames` whose IP source is a pod's (the worker-node
+/// lab's cluster pod CIDRs, either family), as `src -> dst proto P`.
+pub fn pod_sourced(frames: &[egret_tests::capture::Frame]) -> Vec<String> {
+    let pods = lab_pod_cidrs();
+    frames
         .iter()
         .filter_map(|f| egret_tests::capture::ip_info(&f.data))
         .filter(|i| pods.iter().any(|p| p.contains(&i.src)))
         .map(|i| format!("{} -> {} proto {}", i.src, i.dst, i.proto))
-        .collect();
+        .collect()
+}
+
+/// No frame of `frames` (the upstream link's) and no connection at the
+/// worker-node lab's server had a pod's address (either family).
+pub fn assert_no_pod_address_left(lab: &egret_tests::nodelab::NodeLab, frames: &[egret_tests::capture::Frame]) {
+    let leaked = pod_sourced(frames);
+    let pods = lab_pod_cidrs();
     assert!(
         leaked.is_empty(),
         "{} frames on the upstream link had a pod's address: {:?}",
