@@ -369,25 +369,44 @@ pub struct Policy {
 /// The score is `splitmix64(fnv1a64(pod octets ++ egress octets))`; anything
 /// that routes pods to gateways (a node agent) must compute the same.
 pub fn paired_egress<A: NatAddr>(pod: A, ips: &[A]) -> Option<A> {
-    let mut buf = [0u8; 32];
-    pod.write(&mut buf);
-    ips.iter().copied().max_by_key(|ip| {
-        ip.write(&mut buf[A::LEN..]);
-        (hrw_score(&buf[..2 * A::LEN]), *ip)
-    })
+    // The pod's octets open every string scored: hash them once and carry
+    // the state on with each egress IP's (FNV-1a is a running state), the
+    // same scores as `hrw_score(pod ++ egress)` for half the work. A new
+    // flow pays this for every IP of its policy (paired_egress_matches_the_score).
+    let mut octets = [0u8; 16];
+    pod.write(&mut octets);
+    let prefix = fnv1a(FNV_OFFSET, &octets[..A::LEN]);
+    let mut best: Option<(u64, A)> = None;
+    for &ip in ips {
+        ip.write(&mut octets);
+        let score = splitmix64(fnv1a(prefix, &octets[..A::LEN]));
+        if best.is_none_or(|b| (score, ip) >= b) {
+            best = Some((score, ip));
+        }
+    }
+    best.map(|(_, ip)| ip)
 }
 
-/// The rendezvous score of a byte string.
-pub fn hrw_score(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
     for b in bytes {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    // splitmix64 finaliser
+    h
+}
+
+/// The splitmix64 finaliser.
+fn splitmix64(mut h: u64) -> u64 {
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     h ^ (h >> 31)
+}
+
+/// The rendezvous score of a byte string: `splitmix64(fnv1a64(bytes))`.
+pub fn hrw_score(bytes: &[u8]) -> u64 {
+    splitmix64(fnv1a(FNV_OFFSET, bytes))
 }
 
 impl Policy {
@@ -878,6 +897,34 @@ mod tests {
             Err(SpecError::DuplicateEgressIp { index: 1, .. })
         ));
     }
+
+    #[test]
+    fn paired_egress_matches_the_score() {
+        // The definition the node agent relies on: the highest
+        // `hrw_score(pod ++ egress)`, ties to the higher address.
+        fn naive<A: NatAddr>(pod: A, ips: &[A]) -> Option<A> {
+            ips.iter().copied().max_by_key(|ip| {
+                let mut b = [0u8; 32];
+                pod.write(&mut b);
+                ip.write(&mut b[A::LEN..]);
+                (hrw_score(&b[..2 * A::LEN]), *ip)
+            })
+        }
+        // Pinned: the score is a wire contract between gateways and nodes.
+        assert_eq!(hrw_score(&[198, 18, 0, 1, 203, 0, 113, 10]), SCORE_PINNED);
+        let v4: Vec<Ipv4Addr> = (0..64).map(|i| Ipv4Addr::new(203, 0, 113, 10 + i)).collect();
+        let v6: Vec<Ipv6Addr> = (0..16u16).map(|i| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10 + i)).collect();
+        for i in 0..2000u32 {
+            let pod = Ipv4Addr::from(0xC612_0000 + i * 7919);
+            for n in [1, 2, 3, 64] {
+                assert_eq!(paired_egress(pod, &v4[..n]), naive(pod, &v4[..n]), "{pod} over {n}");
+            }
+            let pod6 = Ipv6Addr::from(0x2001_0db8_0000_0000_0000_0000_0000_0000u128 + u128::from(i) * 104_729);
+            assert_eq!(paired_egress(pod6, &v6), naive(pod6, &v6), "{pod6}");
+        }
+    }
+
+    const SCORE_PINNED: u64 = 0x28a7_1b04_8b76_0dbd;
 
     #[test]
     fn paired_pooling_is_stable_and_spreads() {

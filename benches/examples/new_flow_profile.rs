@@ -1,0 +1,33 @@
+//! Profiling aid: N new IPv4 UDP flows through a fresh engine, the same
+//! population as the criterion `new_flow` bench (`perf record` or
+//! `valgrind --tool=callgrind` this, not the criterion run).
+#![allow(clippy::print_stdout)]
+
+#[path = "../benches/common/mod.rs"]
+mod common;
+use std::time::Instant;
+
+use egret_dataplane::fixtures;
+use egret_dataplane::nat::port_alloc::PortRng;
+use egret_dataplane::tables::MappingBehavior;
+
+fn main() {
+    let n: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let mapping = match std::env::args().nth(2).as_deref() {
+        Some("edm") => MappingBehavior::EndpointDependent,
+        _ => MappingBehavior::EndpointIndependent,
+    };
+    let engine = egret_dataplane::engine::Engine::new(&common::spec((n as usize + 1024) * 2, mapping)).expect("spec");
+    engine.publish_fib(fixtures::topology());
+    let mut w = engine.worker_seeded(PortRng::new(3));
+    let frames: Vec<Vec<u8>> = (0..n)
+        .map(|i| {
+            let (pod, pp, remote, rp) = common::flow(i, 4096, 1000, 1_000_000);
+            fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18])).frame()
+        })
+        .collect();
+    let t = Instant::now();
+    let ok = common::run(&mut w, &frames, fixtures::INSIDE, n, 1);
+    let e = t.elapsed();
+    println!("{n} new flows ({mapping:?}): {:.0} ns/flow ({ok} forwarded)", e.as_nanos() as f64 / n as f64);
+}
