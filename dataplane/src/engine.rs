@@ -30,6 +30,8 @@
 //! down the path above. Session lookups go through a per-worker flow cache
 //! (nat/flow_cache.rs) in front of the shared map.
 
+mod batch;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -37,6 +39,7 @@ use arc_swap::{ArcSwap, Cache};
 use crossbeam::queue::ArrayQueue;
 use parking_lot::Mutex;
 
+pub use self::batch::{Staged, STAGING_MIN_SESSIONS};
 use crate::clock::Timestamp;
 use crate::dissect::{self, Frag, IpPacket, Parsed, L4};
 use crate::fib::{Fib, Mac, NeighborUse, NextHop};

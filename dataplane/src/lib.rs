@@ -25,6 +25,7 @@
 //!   [`netns`]'s `setns` and `if_nametoindex` calls).
 //! - [`netns`]: entering a named network namespace; with `fixtures`, the
 //!   guard that creates namespaces for tests and benchmarks.
+//! - [`prefetch`]: the cache-line hint a batch uses (VPP-style staging).
 //! - [`worker`]: the worker loop that moves frames between AF_XDP and the engine.
 #![deny(unsafe_code)]
 
@@ -44,6 +45,7 @@ pub mod neigh_responder;
 pub mod netns;
 pub mod ownership;
 pub mod policy;
+pub mod prefetch;
 pub mod stats;
 pub mod tables;
 pub mod tunnel;

@@ -170,11 +170,26 @@ pub trait FrameHandler {
     }
     /// Counts what happened to a frame held for `key`.
     fn held(&mut self, _key: HoldKey, _event: HoldEvent) {}
+    /// Whether to stage the next batch ([`stage`](Self::stage)): a handler
+    /// that prefetches says so only when it pays. The default never stages.
+    fn stages(&self) -> bool {
+        false
+    }
+    /// A batch's first look, before any of its frames is handled (VPP-style
+    /// staging: the handler asks for the cache lines frame `i` will need,
+    /// so the waits of up to [`STAGE_MAX`] frames overlap). `frame` is the
+    /// received frame; nothing may be changed or decided here.
+    fn stage(&mut self, _i: usize, _frame: &[u8]) {}
+    /// The first look is over for frames `0..n`; they are handled next.
+    fn stage_done(&mut self, _n: usize) {}
     /// Frames to send that were not received (gratuitous ARP, unsolicited
     /// neighbour advertisements). Called once per iteration before TX is
     /// flushed; the default sends nothing.
     fn inject(&mut self, _tx: &mut Injector<'_>) {}
 }
+
+/// Frames staged together at most ([`FrameHandler::stage`]).
+pub const STAGE_MAX: usize = 64;
 
 /// Lets a [`FrameHandler`] send new frames on the worker's ports.
 #[derive(Debug)]
@@ -736,21 +751,35 @@ impl<H: FrameHandler> Worker<H> {
         let rx = RxInfo { port, queue: self.queues.get(port.index()).copied().unwrap_or(0) };
         let (mut tx, mut dropped) = (0u64, 0u64);
         bump(&self.stats.rx_frames, self.batch.len() as u64);
-        for frame in self.batch.drain(..) {
+        let stages = self.handler.stages();
+        let Self { batch, ports, handler, held, fragments, stats, .. } = self;
+        let mut frames = batch.drain(..);
+        let mut staged = 0usize;
+        while let Some(frame) = frames.next() {
+            if stages && staged == 0 {
+                // The next frames' first look, before any is handled
+                // (FrameHandler::stage): this one and up to STAGE_MAX - 1 after it.
+                let ahead = frames.as_slice();
+                let n = (ahead.len() + 1).min(STAGE_MAX);
+                for (i, f) in std::iter::once(&frame).chain(ahead).take(n).enumerate() {
+                    let len = f.len();
+                    handler.stage(i, ports.frame_mut(f).get(..len).unwrap_or_default());
+                }
+                handler.stage_done(n);
+                staged = n;
+            }
+            staged = staged.saturating_sub(1);
             let len = frame.len();
-            let action = self.handler.handle(self.ports.frame_mut(&frame), len, rx, now);
+            let action = handler.handle(ports.frame_mut(&frame), len, rx, now);
             match action {
                 Action::Drop => {
-                    self.ports.recycle(frame);
+                    ports.recycle(frame);
                     dropped += 1;
                 }
-                Action::Consumed => self.ports.recycle(frame),
-                Action::Hold { key, len } => {
-                    let Self { held, fragments, ports, handler, .. } = self;
-                    hold(held, fragments, ports, handler, key, frame, len, now);
-                }
+                Action::Consumed => ports.recycle(frame),
+                Action::Hold { key, len } => hold(held, fragments, ports, handler, key, frame, len, now),
                 Action::Transmit { port: out, len } => {
-                    tx += u64::from(transmit(&mut self.ports, &self.stats, out, frame, len));
+                    tx += u64::from(transmit(ports, stats, out, frame, len));
                 }
             }
         }

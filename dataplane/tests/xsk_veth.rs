@@ -28,7 +28,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use egret_dataplane::netns::{self, NetnsGuard};
-use egret_dataplane::worker::{Action, FrameHandler, RxInfo, Worker, WorkerConfig, WorkerStats, WorkerStatsSnapshot};
+use egret_dataplane::worker::{
+    Action, FrameHandler, RxInfo, Worker, WorkerConfig, WorkerStats, WorkerStatsSnapshot, STAGE_MAX,
+};
 use egret_dataplane::xsk::test_prog::{XdpMode, XskRedirectProg};
 use egret_dataplane::xsk::{
     BindMode, PortId, PortSpec, SocketConfig, UmemConfig, XskConfig, XskCounters, XskCountersSnapshot, XskPorts,
@@ -195,6 +197,52 @@ impl FrameHandler for Bounce {
         buf.copy_within(6..12, 0);
         buf[6..12].copy_from_slice(&dst);
         Action::Transmit { port: rx.port, len }
+    }
+}
+
+/// Bounce, staging every batch first: checks that each frame is handled
+/// only after it was staged, byte for byte, in order, and that no stage is
+/// longer than STAGE_MAX.
+#[derive(Default)]
+struct StagedBounce {
+    staged: std::collections::VecDeque<Vec<u8>>,
+    stage_len: usize,
+    longest_stage: usize,
+    handled: u64,
+    unstaged: u64,
+    mismatched: u64,
+    out_of_order: u64,
+}
+
+impl FrameHandler for StagedBounce {
+    fn stages(&self) -> bool {
+        true
+    }
+
+    fn stage(&mut self, i: usize, frame: &[u8]) {
+        if i != self.stage_len || !self.staged.is_empty() && i == 0 {
+            self.out_of_order += 1;
+        }
+        self.stage_len = i + 1;
+        self.staged.push_back(frame.to_vec());
+    }
+
+    fn stage_done(&mut self, n: usize) {
+        if n != self.stage_len {
+            self.out_of_order += 1;
+        }
+        self.longest_stage = self.longest_stage.max(n);
+        self.stage_len = 0;
+    }
+
+    fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action {
+        self.handled += 1;
+        match self.staged.pop_front() {
+            None => self.unstaged += 1,
+            Some(f) if f != buf[..len] => self.mismatched += 1,
+            Some(_) => {}
+        }
+        Bounce.handle(buf, len, rx, now)
     }
 }
 
@@ -454,6 +502,42 @@ fn bounce_returns_the_exact_frames() {
     assert!(c.tx_kicks > 0, "copy-mode TX needs kicks: {c:?}");
     assert_eq!((c.tx_ring_full, c.tx_kick_errors, c.rx_bad_desc, bad_releases), (0, 0, 0, 0));
     assert_eq!(c.kernel.rx_dropped + c.kernel.rx_invalid_descs + c.kernel.tx_invalid_descs, 0, "{c:?}");
+}
+
+#[test]
+fn staging_shows_every_frame_before_it_is_handled() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (gw, peer) = one_arm("s", 1);
+    // Batches longer than a stage: staged in STAGE_MAX pieces.
+    let config = WorkerConfig { batch_size: STAGE_MAX + 36, ..WorkerConfig::default() };
+    let gateway = Gateway::start(
+        &gw,
+        &[("xg0", 0)],
+        &["xg0"],
+        copy_mode(SocketConfig::default()),
+        config,
+        StagedBounce::default(),
+    );
+    const N: u32 = 3000;
+    let frames = peer
+        .spawn(move || {
+            let mut cap = capture();
+            let udp = UdpSocket::bind("192.0.2.2:40000").expect("bind");
+            let sender = std::thread::spawn(move || send_udp(&udp, "192.0.2.1:9", 0, N, 100, 200));
+            let frames = collect(&mut cap, Instant::now() + Duration::from_secs(10), |f| f.len() >= 2 * N as usize);
+            sender.join().expect("sender");
+            frames
+        })
+        .join()
+        .expect("peer thread");
+    gateway.wait_until("all completions", |_, c| c[0].tx_completed >= u64::from(N));
+    let (stats, _, h, _) = gateway.finish();
+    let (_, back) = by_direction(&frames, &peer.mac("xp0"));
+    assert_eq!(back.len(), N as usize, "every frame bounced (worker {stats:?})");
+    assert_eq!(h.handled, u64::from(N));
+    assert_eq!((h.unstaged, h.mismatched, h.out_of_order), (0, 0, 0), "staged before handled, same bytes, in order");
+    assert!(h.staged.is_empty(), "{} frames staged and never handled", h.staged.len());
+    assert!((1..=STAGE_MAX).contains(&h.longest_stage), "longest stage {}", h.longest_stage);
 }
 
 #[test]

@@ -20,12 +20,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egret_dataplane::clock::Timestamp;
-use egret_dataplane::engine::{Engine, Release, RxMeta, Verdict, Worker as EngineWorker};
+use egret_dataplane::engine::{Engine, Release, RxMeta, Staged, Verdict, Worker as EngineWorker};
 use egret_dataplane::kernel_tx::KernelTx;
 use egret_dataplane::neigh_responder::{gratuitous_arp, unsolicited_na};
 use egret_dataplane::stats::{DropReason, Event};
 use egret_dataplane::wire::ethernet::EthernetAddress;
-use egret_dataplane::worker::{Action, Datagram, FrameHandler, HoldEvent, HoldKey, Injector, PortId, RxInfo, Unhold};
+use egret_dataplane::worker::{
+    Action, Datagram, FrameHandler, HoldEvent, HoldKey, Injector, PortId, RxInfo, Unhold, STAGE_MAX,
+};
 use parking_lot::Mutex;
 
 use crate::offload::clock::EngineClock;
@@ -72,6 +74,8 @@ pub struct EngineHandler {
     stats: Arc<HandlerStats>,
     announce: Option<AnnounceQueue>,
     kernel: KernelTx,
+    /// A batch's first look (`FrameHandler::stage`).
+    staged: [Staged; STAGE_MAX],
 }
 
 impl std::fmt::Debug for EngineHandler {
@@ -113,6 +117,7 @@ impl EngineHandler {
             stats,
             announce,
             kernel,
+            staged: [Staged::default(); STAGE_MAX],
         }
     }
 
@@ -200,6 +205,22 @@ impl FrameHandler for EngineHandler {
         let ts = self.now(now);
         let verdict = self.worker.process(buf, len, RxMeta { ifindex, checksum: Default::default() }, ts);
         self.act(verdict, buf, len, rx.port, ifindex)
+    }
+
+    fn stages(&self) -> bool {
+        self.worker.staging_pays()
+    }
+
+    fn stage(&mut self, i: usize, frame: &[u8]) {
+        if let Some(s) = self.staged.get_mut(i) {
+            *s = self.worker.prefetch_flow(frame);
+        }
+    }
+
+    fn stage_done(&mut self, n: usize) {
+        for s in self.staged.iter().take(n) {
+            self.worker.prefetch_session(*s);
+        }
     }
 
     fn release(&mut self, key: HoldKey, buf: &mut [u8], len: usize, now: Instant) -> Unhold {

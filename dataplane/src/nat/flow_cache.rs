@@ -107,6 +107,23 @@ impl<A: NatAddr> FlowCache<A> {
         self.entries.get(self.slot(key)).copied().filter(|r| r.index() != EMPTY)
     }
 
+    /// The entry `key` reads, for a batch's first stage: its line is
+    /// prefetched, and [`get_at`](Self::get_at) reads it later.
+    #[inline]
+    pub fn prefetch(&self, key: &FlowKey<A>) -> usize {
+        let i = self.slot(key);
+        if let Some(e) = self.entries.get(i) {
+            crate::prefetch::read(e);
+        }
+        i
+    }
+
+    /// The candidate at entry `i` (from [`prefetch`](Self::prefetch)).
+    #[inline]
+    pub fn get_at(&self, i: usize) -> Option<SessionRef> {
+        self.entries.get(i).copied().filter(|r| r.index() != EMPTY)
+    }
+
     /// Remembers the ref the map gave for `key` (replacing whatever shared
     /// its entry).
     #[inline]

@@ -347,6 +347,14 @@ impl<A: NatAddr> SessionTable<A> {
         (expected == *key).then_some((r, view))
     }
 
+    /// Prefetches the slot `r` points at (a batch's second stage).
+    #[inline]
+    pub fn prefetch(&self, r: SessionRef) {
+        if let Some(slot) = self.slab.get(r.index()) {
+            crate::prefetch::read(slot);
+        }
+    }
+
     /// Reads a slot directly (for listings and the sweeper).
     pub fn view(&self, index: u32) -> Option<SessionView<A>> {
         self.slab.get(index)?.read(index)
