@@ -507,7 +507,7 @@ fn bounce_returns_the_exact_frames() {
 #[test]
 fn staging_shows_every_frame_before_it_is_handled() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let (gw, peer) = one_arm("s", 1);
+    let (gw, peer) = one_arm("g", 1);
     // Batches longer than a stage: staged in STAGE_MAX pieces.
     let config = WorkerConfig { batch_size: STAGE_MAX + 36, ..WorkerConfig::default() };
     let gateway = Gateway::start(
