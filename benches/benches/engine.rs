@@ -1,5 +1,6 @@
 //! Criterion benchmarks of the engine (issue "dataplane core"):
-//! established-flow translation both ways with 1k, 1M and 10M live sessions,
+//! established-flow translation both ways with 1k, 1M and 10M live sessions
+//! (frame by frame, and in staged batches of 32),
 //! new-flow creation, port allocation at 90 % occupancy, expiry work per tick
 //! with 1M sessions, two threads sharing the table, and a fragmented datagram
 //! in order and last fragment first (held, then set free).
@@ -53,6 +54,22 @@ fn established(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 let t = Instant::now();
                 black_box(common::run(&mut w, &back, fixtures::OUTSIDE, iters, 1));
+                t.elapsed()
+            })
+        });
+        // The same frames in batches of 32, staged first (engine/batch.rs),
+        // as the workers run them once the table holds 16k+ sessions.
+        g.bench_function(BenchmarkId::new("outbound_staged", n), |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                black_box(common::run_staged(&mut w, &out, fixtures::INSIDE, iters, 1, 32));
+                t.elapsed()
+            })
+        });
+        g.bench_function(BenchmarkId::new("reply_staged", n), |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                black_box(common::run_staged(&mut w, &back, fixtures::OUTSIDE, iters, 1, 32));
                 t.elapsed()
             })
         });
