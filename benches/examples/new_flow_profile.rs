@@ -1,6 +1,8 @@
 //! Profiling aid: N new IPv4 UDP flows through a fresh engine, the same
 //! population as the criterion `new_flow` bench (`perf record` or
 //! `valgrind --tool=callgrind` this, not the criterion run).
+//!
+//! `new_flow_profile N [eim|edm] [journal]`.
 #![allow(clippy::print_stdout)]
 
 #[path = "../benches/common/mod.rs"]
@@ -19,6 +21,10 @@ fn main() {
     };
     let engine = egret_dataplane::engine::Engine::new(&common::spec((n as usize + 1024) * 2, mapping)).expect("spec");
     engine.publish_fib(fixtures::topology());
+    // `journal`: the HA sync journal on, as on a gateway with a standby.
+    if std::env::args().nth(3).as_deref() == Some("journal") {
+        assert!(engine.enable_sync_journal(1 << 20), "journal enabled");
+    }
     let mut w = engine.worker_seeded(PortRng::new(3));
     let frames: Vec<Vec<u8>> = (0..n)
         .map(|i| {
