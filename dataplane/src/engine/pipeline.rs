@@ -1,539 +1,65 @@
 //! The per-frame pipeline: one frame in, a verdict out.
 //!
-//! [`Engine`] holds what all workers share: the configuration snapshot, the
-//! forwarding snapshot, the NAT tables of both families and the counters of
-//! every worker. Each worker thread owns a [`Worker`]; its
-//! [`Worker::process`] takes one Ethernet frame in place and returns a
-//! [`Verdict`]. The caller passes the time, so tests are deterministic.
-//!
-//! The path of a frame (see docs/architecture.md for the picture):
-//! 1. dissect (Ethernet, IP, transport), or drop with a named reason;
-//! 2. ARP request / neighbour solicitation for an address this gateway
-//!    answers for: the reply is written in place ([`Verdict::Answer`]);
-//! 3. a later fragment: the fragment cache gives its translation;
-//! 4. an ICMP error: translated by its embedded header;
-//! 5. the session lookup (one map holds both directions): on a hit the
-//!    precomputed rewrite is applied (the fast path); on a miss the slow path
-//!    classifies the packet, creates a session (outbound, or inbound under
-//!    endpoint-independent filtering) or leaves the frame to the kernel;
-//! 6. hairpinning: a pod's packet to an egress IP and port is translated
-//!    again, as the packet arriving there;
-//! 7. TTL, then the L2 next hop from the forwarding snapshot; a translated
-//!    packet to a pod whose route leaves through a link Egret does not
-//!    drive (an overlay's tunnel) is handed to the kernel instead
-//!    ([`Verdict::ToKernel`]).
-//!
-//! Before all that, [`Ctx::established_v4`] tries the case that makes up
-//! nearly all traffic: a plain IPv4 TCP/UDP packet of an established
-//! session needing no attention. It decides without side effects and then
-//! runs the same steps 5 and 7 in one straight pass; anything else goes
-//! down the path above. Session lookups go through a per-worker flow cache
-//! (nat/flow_cache.rs) in front of the shared map.
-
-mod batch;
+//! A [`Worker`] is one worker thread's handle on the [`Engine`](super::Engine)'s shared
+//! state, with its caches (snapshots, next hops, flows), its counters and
+//! its port generator. [`Worker::process`] takes a frame through the steps
+//! listed in the module above (engine/mod.rs): the established path
+//! (established.rs) first unless the worker was made with
+//! [`Path::FullOnly`], then dissection, neighbour answers, fragments, ICMP
+//! errors, the session lookup and the slow path ([`Ctx::slow_path`]),
+//! hairpinning, and forwarding to the next hop ([`Ctx::forward`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Cache};
-use crossbeam::queue::ArrayQueue;
-use parking_lot::Mutex;
 
-pub use self::batch::{Staged, STAGING_MIN_SESSIONS};
+use super::next_hop_cache::NextHopCache;
+use super::{
+    ChecksumHint, Family, FlowCaches, Path, Release, ResolveRequest, RxMeta, Shared, Verdict, ECHO_ANSWERS_PER_SEC,
+    MIN_FRAME,
+};
 use crate::clock::Timestamp;
 use crate::dissect::{self, Frag, IpPacket, Parsed, L4};
-use crate::fib::{Fib, Mac, NeighborUse, NextHop};
-use crate::icmp_gen::{self, ErrorKind, RateLimit};
+use crate::fib::{Fib, NeighborUse, NextHop};
+use crate::icmp_gen::{self, ErrorKind};
 use crate::ingress::Ingress;
-use crate::nat::flow_cache::FlowCache;
 use crate::nat::flow_rate::FlowRate;
 use crate::nat::fragments::{FragKey, FragTranslation};
-use crate::nat::icmp_error::{self, IcmpFamily};
+use crate::nat::icmp_error;
 use crate::nat::key::{proto, FlowKey, SessionTuple};
 use crate::nat::port_alloc::PortRng;
 use crate::nat::rewrite;
 use crate::nat::session::{offload, session_flags, SessionRef, SessionView};
-use crate::nat::sync::{ImportReport, SessionRecord, SyncEvent};
 use crate::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
-use crate::ownership::Ownership;
 use crate::policy::Decision;
-use crate::stats::{Direction, DropReason, Event, StatsSnapshot, WorkerStats};
-use crate::tables::{FilteringBehavior, NatSettings, PolicySlots, SpecError, Tables, TablesSpec};
+use crate::stats::{Direction, DropReason, Event, WorkerStats};
+use crate::tables::{FilteringBehavior, Tables};
 use crate::tunnel::{self, Decap};
 use crate::wire::checksum;
 use crate::wire::ethernet::{self, EthernetAddress};
 
-/// What the I/O layer knows about a frame's transport checksum.
-///
-/// Frames forwarded between interfaces of one host (veth, or a VM's virtio
-/// without offload completion) can carry a TCP/UDP checksum that covers only
-/// the pseudo-header, the sender having offloaded the rest. AF_XDP copy mode
-/// does not say which frames those are, so the usual hint is `Unknown`, and
-/// the engine decides by the rule of `wire::checksum::is_partial`: a field
-/// equal to the folded pseudo-header sum is completed over the whole segment
-/// after the rewrite (for a complete checksum that equality is a 1-in-65536
-/// coincidence, and completing it again yields the same correct value);
-/// anything else is updated incrementally. Fragments are never completed
-/// (their checksum was computed before fragmentation and the segment is not
-/// all here).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ChecksumHint {
-    /// Decide from the field (see above).
-    #[default]
-    Unknown,
-    /// The driver says the checksum is partial (CHECKSUM_PARTIAL).
-    Partial,
-    /// The driver verified the checksum: update incrementally.
-    Complete,
-}
-
-/// About a received frame.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RxMeta {
-    /// The receiving interface.
-    pub ifindex: u32,
-    /// What is known about the transport checksum.
-    pub checksum: ChecksumHint,
-}
-
-/// What to do with a frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// The frame was rewritten in place: send its first `len` bytes on `ifindex`.
-    Forward {
-        /// Output interface.
-        ifindex: u32,
-        /// Frame length.
-        len: usize,
-    },
-    /// The buffer holds a reply of `len` bytes for the receiving interface.
-    Answer {
-        /// Reply length.
-        len: usize,
-    },
-    /// Not Egret's: the kernel's.
-    Pass,
-    /// Translated, to a pod whose route leaves through a link Egret does
-    /// not drive (an overlay's tunnel device, `Fib`'s
-    /// [`NextHop::Kernel`]): the caller hands the IP packet, `buf[l3..end]`
-    /// (TTL already decremented, addresses and checksums translated), to
-    /// the gateway's kernel, whose routing and encapsulation deliver it
-    /// (docs/adr/0008-overlay-return-through-the-kernel.md). Only
-    /// translated packets towards a pod get this verdict; anything else on
-    /// such a route is dropped as `no_route`. Counted by the caller
-    /// (`to_kernel`, or `kernel_send_failed`).
-    ToKernel {
-        /// Offset of the IP header in the frame.
-        l3: usize,
-        /// End of the IP packet in the frame.
-        end: usize,
-    },
-    /// Dropped and counted.
-    Drop(DropReason),
-    /// Translated, but the next hop's MAC is not known yet (resolution
-    /// requested): the caller keeps the frame and hands it to
-    /// [`Worker::release_held`] until that writes the MACs, as the kernel
-    /// queues packets on an incomplete neighbour. Only given by a worker
-    /// that asked for it ([`Worker::set_hold_unresolved`]); otherwise such a
-    /// frame is dropped as `neighbor_unresolved`.
-    Hold {
-        /// Output interface.
-        ifindex: u32,
-        /// The next hop being resolved.
-        next_hop: IpAddr,
-        /// Frame length.
-        len: usize,
-    },
-    /// A later fragment of a datagram whose first fragment has not been
-    /// seen (RFC 4787 REQ-14: fragments may arrive out of order): the
-    /// caller keeps the frame, unchanged, and processes it again later
-    /// (its first fragment's translation is then in the shared fragment
-    /// cache) until that gives another verdict, or drops it after a
-    /// timeout as `fragment_hold_timeout` (worker.rs). Only given by a
-    /// worker that asked for it ([`Worker::set_hold_fragments`]); otherwise
-    /// such a frame is dropped as `fragment_unmatched`.
-    HoldFragment {
-        /// The datagram's source address.
-        src: IpAddr,
-        /// Its destination address.
-        dst: IpAddr,
-        /// Its identification (IPv4, or the IPv6 fragment header's).
-        ident: u32,
-        /// Its transport protocol.
-        proto: u8,
-        /// Sent to an egress IP from the outside (else by a pod).
-        from_outside: bool,
-    },
-}
-
-/// What became of a held frame ([`Verdict::Hold`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Release {
-    /// Still unresolved: keep it.
-    Wait,
-    /// MACs written: send its first `len` bytes on `ifindex`.
-    Forward {
-        /// Output interface.
-        ifindex: u32,
-        /// Frame length.
-        len: usize,
-    },
-    /// Dropped and counted (the interface went away, or the frame's address
-    /// is past its valid-until).
-    Drop(DropReason),
-}
-
-/// A request to resolve a next hop, for the daemon to hand to the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ResolveRequest {
-    /// Interface.
-    pub ifindex: u32,
-    /// Next hop address.
-    pub addr: IpAddr,
-}
-
-/// Settings fixed when the engine is created (a reload that changes them
-/// reports that a restart is needed).
-fn fixed_part(n: &NatSettings) -> (usize, crate::tables::MappingBehavior, usize, u32) {
-    (n.max_sessions, n.mapping, n.fragments.cache_entries, n.fragments.timeout)
-}
-
-struct Shared {
-    tables: Arc<ArcSwap<Tables>>,
-    fib: Arc<ArcSwap<Fib>>,
-    nat4: NatTable<Ipv4Addr>,
-    nat6: NatTable<Ipv6Addr>,
-    fixed: NatSettings,
-    slots: PolicySlots,
-    workers: Mutex<Vec<Arc<WorkerStats>>>,
-    resolve: ArrayQueue<ResolveRequest>,
-    /// The budget of originated ICMP errors, all workers together (icmp_gen.rs).
-    icmp_errors: Mutex<RateLimit>,
-    publish: Mutex<u64>,
-    fib_generation: Mutex<u64>,
-    /// Where pods' traffic may arrive from (ingress.rs).
-    ingress: Arc<ArcSwap<Ingress>>,
-    /// Echo answers given in the current second (high 32 bits: the second).
-    echo_window: std::sync::atomic::AtomicU64,
-    ownership: Arc<Ownership>,
-    /// When each next hop was last used (fib.rs).
-    neighbor_use: Arc<NeighborUse>,
-}
-
-/// Records below which a take-over's import stays on one thread (spawning
-/// costs more than it saves).
-pub const IMPORT_PARALLEL_MIN: usize = 16_384;
-
-/// Threads an import uses at most (the workers' cores are busy with traffic
-/// meanwhile; docs/benchmarks.md, "Take-over").
-pub const IMPORT_THREADS_MAX: usize = 8;
-
-/// The state every worker shares. Cheap to clone.
-#[derive(Clone)]
-pub struct Engine {
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for Engine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("generation", &self.tables().generation).finish_non_exhaustive()
-    }
-}
-
-/// The outcome of publishing a new configuration.
-#[derive(Debug)]
-pub struct Published {
-    /// The compiled snapshot now in use.
-    pub tables: Arc<Tables>,
-    /// Settings that changed but only take effect after a restart.
-    pub restart_needed: Vec<&'static str>,
-}
-
-impl Engine {
-    /// An engine for `spec`, sized by its NAT settings.
-    pub fn new(spec: &TablesSpec) -> Result<Engine, SpecError> {
-        let slots = PolicySlots::default();
-        let tables = Tables::compile(spec, 1, &slots)?;
-        let nat = tables.nat;
-        Ok(Engine {
-            shared: Arc::new(Shared {
-                tables: Arc::new(ArcSwap::from_pointee(tables)),
-                fib: Arc::new(ArcSwap::from_pointee(Fib::new())),
-                nat4: NatTable::new(&nat),
-                nat6: NatTable::new(&nat),
-                fixed: nat,
-                slots,
-                workers: Mutex::new(Vec::new()),
-                resolve: ArrayQueue::new(1024),
-                icmp_errors: Mutex::new(RateLimit::default()),
-                publish: Mutex::new(1),
-                fib_generation: Mutex::new(0),
-                ingress: Arc::new(ArcSwap::from_pointee(Ingress::default())),
-                echo_window: std::sync::atomic::AtomicU64::new(0),
-                ownership: Ownership::new(),
-                neighbor_use: Arc::default(),
-            }),
-        })
-    }
-
-    /// Compiles and publishes a new configuration. Sessions whose policy
-    /// still holds survive; the others are removed at their next packet or by
-    /// the sweeper.
-    pub fn publish(&self, spec: &TablesSpec) -> Result<Published, SpecError> {
-        let mut generation = self.shared.publish.lock();
-        let tables = Arc::new(Tables::compile(spec, *generation + 1, &self.shared.slots)?);
-        *generation += 1;
-        let mut restart_needed = Vec::new();
-        let (a, b) = (fixed_part(&self.shared.fixed), fixed_part(&tables.nat));
-        if a.0 != b.0 {
-            restart_needed.push("nat.maxSessions");
-        }
-        if a.1 != b.1 {
-            restart_needed.push("nat.mapping");
-        }
-        if a.2 != b.2 || a.3 != b.3 {
-            restart_needed.push("nat.fragments");
-        }
-        let old = self.shared.tables.swap(tables.clone());
-        for (ip, _) in old.egress_ips() {
-            if tables.egress(ip).is_none() {
-                match ip {
-                    IpAddr::V4(a) => self.shared.nat4.forget_egress(a),
-                    IpAddr::V6(a) => self.shared.nat6.forget_egress(a),
-                }
-            }
-        }
-        // The XDP program drops unmapped NAT ports of the egress IPs held.
-        for (ip, _) in tables.egress_ips() {
-            match ip {
-                IpAddr::V4(a) => self.shared.nat4.track_egress(a),
-                IpAddr::V6(a) => self.shared.nat6.track_egress(a),
-            }
-        }
-        Ok(Published { tables, restart_needed })
-    }
-
-    /// Publishes a new forwarding snapshot.
-    pub fn publish_fib(&self, mut fib: Fib) {
-        let mut g = self.shared.fib_generation.lock();
-        *g += 1;
-        fib.set_generation(*g);
-        self.shared.fib.store(Arc::new(fib));
-    }
-
-    /// The configuration in use.
-    pub fn tables(&self) -> Arc<Tables> {
-        self.shared.tables.load_full()
-    }
-
-    /// The valid-until of owned addresses, checked for every frame
-    /// (ownership.rs); the control plane extends it after each renewal.
-    pub fn ownership(&self) -> &Arc<Ownership> {
-        &self.shared.ownership
-    }
-
-    /// Sets where pods' traffic may arrive from (anti-spoofing, ingress.rs);
-    /// the daemon writes it from the configured interfaces, as it writes the
-    /// XDP program's `if_roles`. Workers see it at their next frame.
-    pub fn set_ingress(&self, ingress: Ingress) {
-        self.shared.ingress.store(Arc::new(ingress));
-    }
-
-    /// The anti-spoofing table in use.
-    pub fn ingress(&self) -> Arc<Ingress> {
-        self.shared.ingress.load_full()
-    }
-
-    /// When each next hop was last sent to (fib.rs): the daemon keeps the
-    /// kernel's entries of those alive.
-    pub fn neighbor_use(&self) -> &Arc<NeighborUse> {
-        &self.shared.neighbor_use
-    }
-
-    /// The forwarding snapshot in use.
-    pub fn fib(&self) -> Arc<Fib> {
-        self.shared.fib.load_full()
-    }
-
-    /// The IPv4 NAT state.
-    pub fn nat4(&self) -> &NatTable<Ipv4Addr> {
-        &self.shared.nat4
-    }
-
-    /// The IPv6 NAT state.
-    pub fn nat6(&self) -> &NatTable<Ipv6Addr> {
-        &self.shared.nat6
-    }
-
-    /// The per-policy counter slots assigned so far.
-    pub fn policy_slots(&self) -> Vec<(String, u16)> {
-        self.shared.slots.all()
-    }
-
-    /// A new worker handle (one per worker thread), with its own counters.
-    pub fn worker(&self) -> Worker {
-        self.worker_seeded(PortRng::from_entropy())
-    }
-
-    /// A worker whose port choices are reproducible (tests, fixtures).
-    pub fn worker_seeded(&self, rng: PortRng) -> Worker {
-        let stats = Arc::new(WorkerStats::default());
-        self.shared.workers.lock().push(stats.clone());
-        // Keyed by the worker's seed without advancing its generator.
-        let flow_rate = FlowRate::new(rng.clone().next_u64());
-        Worker {
-            shared: self.shared.clone(),
-            tables: Cache::new(self.shared.tables.clone()),
-            fib: Cache::new(self.shared.fib.clone()),
-            ingress: Cache::new(self.shared.ingress.clone()),
-            stats,
-            rng,
-            next_hops: NextHopCache::new(),
-            flows: FlowCaches::new(),
-            hold_unresolved: false,
-            hold_fragments: false,
-            flow_rate,
-        }
-    }
-
-    /// Every worker's counters, summed.
-    pub fn stats(&self) -> StatsSnapshot {
-        let mut s = StatsSnapshot::default();
-        for w in self.shared.workers.lock().iter() {
-            s.add_worker(w);
-        }
-        s
-    }
-
-    /// Starts journaling session changes of both families for a standby
-    /// gateway, `capacity` changes per family (nat/sync.rs). Once: a later
-    /// call changes nothing and returns `false`.
-    pub fn enable_sync_journal(&self, capacity: usize) -> bool {
-        let a = self.shared.nat4.enable_sync_journal(capacity);
-        let b = self.shared.nat6.enable_sync_journal(capacity);
-        a && b
-    }
-
-    /// Session changes the journal dropped because it was full, both
-    /// families, since it was enabled. When it grows, a standby missed
-    /// changes: send it a full [`export_sessions`](Self::export_sessions).
-    pub fn sync_overflows(&self) -> u64 {
-        self.shared.nat4.sync_overflows() + self.shared.nat6.sync_overflows()
-    }
-
-    /// Takes up to `max` journaled changes and returns them as they stand
-    /// at `now` (engine seconds, the workers' clock): see
-    /// [`NatTable::drain_sync`]. Each family gets at least half of `max`
-    /// when it has that many (a flood of one cannot starve the other); the
-    /// order within a family is kept, and the families' keys never meet.
-    pub fn drain_sync_events(&self, max: usize, now: u32) -> Vec<SyncEvent> {
-        let mut out = Vec::new();
-        let first = self.shared.nat4.drain_sync(max / 2, now, &mut out);
-        let second = self.shared.nat6.drain_sync(max - first, now, &mut out);
-        self.shared.nat4.drain_sync(max - first - second, now, &mut out);
-        out
-    }
-
-    /// Every live session on `egress` at `now` (engine seconds), for a full
-    /// resync of a standby. Walks the whole table: call it from the control
-    /// plane, not per packet.
-    pub fn export_sessions(&self, egress: IpAddr, now: u32) -> Vec<SessionRecord> {
-        let mut out = Vec::new();
-        match egress {
-            IpAddr::V4(a) => self.shared.nat4.export(a, now, &mut out),
-            IpAddr::V6(a) => self.shared.nat6.export(a, now, &mut out),
-        }
-        out
-    }
-
-    /// Installs sessions a standby received for an egress IP it takes over,
-    /// checked against `tables` (the snapshot just published that holds the
-    /// IP; see [`NatTable::import`]), at `now` (engine seconds). The IP is
-    /// announced only after this returns, so its time adds to a failover: a
-    /// large import is split over the machine's cores
-    /// ([`Engine::import_sessions_on`]).
-    pub fn import_sessions(&self, records: &[SessionRecord], tables: &Tables, now: u32) -> ImportReport {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        self.import_sessions_on(records, tables, now, cores.min(IMPORT_THREADS_MAX))
-    }
-
-    /// [`Engine::import_sessions`] on at most `threads` threads (one when
-    /// there are fewer than [`IMPORT_PARALLEL_MIN`] records). The tables
-    /// are concurrent (workers create sessions while an import runs), so
-    /// chunks of one import do not need an order: two records of one
-    /// endpoint-independent mapping meet in `claim_exact`, which holds the
-    /// mapping's index entry. A thread that cannot be started leaves its
-    /// chunk to the caller's thread.
-    pub fn import_sessions_on(
-        &self,
-        records: &[SessionRecord],
-        tables: &Tables,
-        now: u32,
-        threads: usize,
-    ) -> ImportReport {
-        let threads = threads.max(1);
-        if threads == 1 || records.len() < IMPORT_PARALLEL_MIN {
-            return self.import_chunk(records, tables, now);
-        }
-        let chunk = records.len().div_ceil(threads);
-        std::thread::scope(|s| {
-            let mut report = ImportReport::default();
-            let mut running = Vec::new();
-            for part in records.chunks(chunk) {
-                match std::thread::Builder::new()
-                    .name("egret-import".into())
-                    .spawn_scoped(s, move || self.import_chunk(part, tables, now))
-                {
-                    Ok(h) => running.push(h),
-                    Err(_) => report.add(&self.import_chunk(part, tables, now)),
-                }
-            }
-            for h in running {
-                match h.join() {
-                    Ok(r) => report.add(&r),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-            report
-        })
-    }
-
-    fn import_chunk(&self, records: &[SessionRecord], tables: &Tables, now: u32) -> ImportReport {
-        let d4 = |t: &SessionTuple<Ipv4Addr>| rewrite::outbound_deltas(t);
-        let d6 = |t: &SessionTuple<Ipv6Addr>| rewrite::outbound_deltas(t);
-        let mut report = self.shared.nat4.import(records.iter().filter(|r| r.egress.is_ipv4()), tables, now, &d4);
-        report.add(&self.shared.nat6.import(records.iter().filter(|r| r.egress.is_ipv6()), tables, now, &d6));
-        report
-    }
-
-    /// Next hops the workers could not resolve since the last call.
-    pub fn drain_resolve_requests(&self) -> Vec<ResolveRequest> {
-        let mut v = Vec::new();
-        while let Some(r) = self.shared.resolve.pop() {
-            if !v.contains(&r) {
-                v.push(r);
-            }
-        }
-        v
-    }
-}
-
 /// One worker's handle on the engine.
 pub struct Worker {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     tables: Cache<Arc<ArcSwap<Tables>>, Arc<Tables>>,
     fib: Cache<Arc<ArcSwap<Fib>>, Arc<Fib>>,
     ingress: Cache<Arc<ArcSwap<Ingress>>, Arc<Ingress>>,
     stats: Arc<WorkerStats>,
     rng: PortRng,
     next_hops: NextHopCache,
-    flows: FlowCaches,
+    pub(super) flows: FlowCaches,
     hold_unresolved: bool,
     hold_fragments: bool,
     /// New sessions per source (nat/flow_rate.rs).
     flow_rate: FlowRate,
+    /// Whether frames try the established path first.
+    path: Path,
+    /// Frames the established path took (its tests check it is exercised).
+    #[cfg(test)]
+    pub(super) established_taken: u64,
 }
 
 impl std::fmt::Debug for Worker {
@@ -542,147 +68,62 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-/// Per-family access to the shared NAT state and the worker's flow cache.
-trait Family: IcmpFamily {
-    fn nat(shared: &Shared) -> &NatTable<Self>;
-    fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self>;
-}
-
-impl Family for Ipv4Addr {
-    #[inline]
-    fn nat(shared: &Shared) -> &NatTable<Self> {
-        &shared.nat4
-    }
-    #[inline]
-    fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self> {
-        &mut flows.v4
-    }
-}
-
-impl Family for Ipv6Addr {
-    #[inline]
-    fn nat(shared: &Shared) -> &NatTable<Self> {
-        &shared.nat6
-    }
-    #[inline]
-    fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self> {
-        &mut flows.v6
-    }
-}
-
-/// Entries of a worker's IPv4 flow cache (2^17 x 4 bytes = 512 KiB: at
-/// 50,000 flows about 80% of packets hit).
-const FLOW_CACHE_V4_BITS: u32 = 17;
-/// Entries of a worker's IPv6 flow cache (2^15 x 4 bytes = 128 KiB).
-const FLOW_CACHE_V6_BITS: u32 = 15;
-
-/// A worker's flow caches, one per family (nat/flow_cache.rs).
-struct FlowCaches {
-    v4: FlowCache<Ipv4Addr>,
-    v6: FlowCache<Ipv6Addr>,
-}
-
-impl FlowCaches {
-    fn new() -> Self {
-        FlowCaches { v4: FlowCache::new(FLOW_CACHE_V4_BITS), v6: FlowCache::new(FLOW_CACHE_V6_BITS) }
-    }
-}
-
-/// Echo requests to egress IPs answered per second, all workers together
-/// (Linux's `net.ipv4.icmp_msgs_per_sec` default); beyond, they are dropped
-/// as `echo_rate_limited`.
-pub const ECHO_ANSWERS_PER_SEC: u32 = 1000;
-
-/// Frames shorter than this cannot be Ethernet.
-const MIN_FRAME: usize = ethernet::HEADER_LEN;
-
-/// Entries of a worker's next-hop cache (direct-mapped).
-const NEXT_HOP_CACHE: usize = 1024;
-
-/// A worker's cache of resolved next hops by destination address, valid for
-/// one forwarding snapshot (its generation): the route and neighbour lookups
-/// cost more than the whole NAT fast path, and a flow's destination does not
-/// change between packets.
-/// (key, FIB generation, output interface, source MAC, next hop MAC, the
-/// next hop's [`NeighborUse`] slot).
-type CachedHop = (u128, u64, u32, Mac, Mac, u32);
-
-struct NextHopCache {
-    entries: Box<[CachedHop]>,
-}
-
-impl NextHopCache {
-    fn new() -> Self {
-        NextHopCache { entries: vec![(0, u64::MAX, 0, [0; 6], [0; 6], 0); NEXT_HOP_CACHE].into_boxed_slice() }
-    }
-
-    #[inline]
-    fn key(ip: IpAddr) -> u128 {
-        match ip {
-            // IPv4 keys are tagged so they cannot equal an IPv6 key.
-            IpAddr::V4(a) => u128::from(u32::from(a)) | (1 << 127),
-            IpAddr::V6(a) => u128::from(a) & !(1 << 127) | (u128::from(a) >> 127 << 126),
-        }
-    }
-
-    #[inline]
-    fn slot(key: u128) -> usize {
-        let h = (key as u64 ^ (key >> 64) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (h >> 54) as usize % NEXT_HOP_CACHE
-    }
-
-    /// The next hop towards `dst`; a resolved one is stamped as used at
-    /// `secs` in `uses` (the daemon keeps its kernel entry alive).
-    #[inline(always)]
-    fn lookup(&mut self, fib: &Fib, uses: &NeighborUse, dst: IpAddr, secs: u32) -> NextHop {
-        let key = Self::key(dst);
-        let i = Self::slot(key);
-        if let Some(e) = self.entries.get(i) {
-            if e.0 == key && e.1 == fib.generation() {
-                uses.touch(e.5, secs);
-                return NextHop::Resolved { oif: e.2, src_mac: e.3, dst_mac: e.4 };
-            }
-        }
-        let (hop, via) = fib.next_hop_via(dst);
-        if let (NextHop::Resolved { oif, src_mac, dst_mac }, Some((_, addr))) = (hop, via) {
-            let used = NeighborUse::slot(oif, addr);
-            uses.touch(used, secs);
-            if let Some(e) = self.entries.get_mut(i) {
-                *e = (key, fib.generation(), oif, src_mac, dst_mac, used);
-            }
-        }
-        hop
-    }
-}
-
 /// Everything one frame's processing borrows: the snapshots are read
 /// through the worker's caches, so the fast path clones no `Arc`.
-struct Ctx<'a> {
-    shared: &'a Shared,
-    tables: &'a Tables,
-    fib: &'a Fib,
-    ingress: &'a Ingress,
-    stats: &'a WorkerStats,
-    rng: &'a mut PortRng,
-    next_hops: &'a mut NextHopCache,
-    flows: &'a mut FlowCaches,
+pub(super) struct Ctx<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) tables: &'a Tables,
+    pub(super) fib: &'a Fib,
+    pub(super) ingress: &'a Ingress,
+    pub(super) stats: &'a WorkerStats,
+    pub(super) rng: &'a mut PortRng,
+    pub(super) next_hops: &'a mut NextHopCache,
+    pub(super) flows: &'a mut FlowCaches,
     /// The frame's time (engine seconds), for next-hop use stamps.
-    secs: u32,
+    pub(super) secs: u32,
     /// Whether an unresolved next hop gives [`Verdict::Hold`].
-    hold_unresolved: bool,
+    pub(super) hold_unresolved: bool,
     /// Whether a later fragment before its first gives [`Verdict::HoldFragment`].
-    hold_fragments: bool,
+    pub(super) hold_fragments: bool,
     /// The worker's new-flow limiter.
-    flow_rate: &'a mut FlowRate,
+    pub(super) flow_rate: &'a mut FlowRate,
     /// The frame's time, for the new-flow limiter.
-    now: Timestamp,
+    pub(super) now: Timestamp,
     /// The frame came out of the tunnel ([`crate::tunnel`]): its sender
     /// was checked against the Nodes' addresses instead of `podSourceMacs`,
     /// and it is translated or dropped, never passed.
-    decapsulated: bool,
+    pub(super) decapsulated: bool,
+    /// Whether frames try the established path first.
+    pub(super) path: Path,
+    /// Frames the established path took (tests).
+    #[cfg(test)]
+    pub(super) established_taken: &'a mut u64,
 }
 
 impl Worker {
+    /// A worker on `shared`, counting into `stats` (already registered
+    /// with the engine): [`Engine::worker_on`](super::Engine::worker_on).
+    pub(super) fn new(shared: Arc<Shared>, stats: Arc<WorkerStats>, rng: PortRng, path: Path) -> Worker {
+        // Keyed by the worker's seed without advancing its generator.
+        let flow_rate = FlowRate::new(rng.clone().next_u64());
+        Worker {
+            tables: Cache::new(shared.tables.clone()),
+            fib: Cache::new(shared.fib.clone()),
+            ingress: Cache::new(shared.ingress.clone()),
+            shared,
+            stats,
+            rng,
+            next_hops: NextHopCache::new(),
+            flows: FlowCaches::new(),
+            hold_unresolved: false,
+            hold_fragments: false,
+            flow_rate,
+            path,
+            #[cfg(test)]
+            established_taken: 0,
+        }
+    }
+
     /// This worker's counters.
     pub fn stats(&self) -> &Arc<WorkerStats> {
         &self.stats
@@ -704,6 +145,9 @@ impl Worker {
             hold_unresolved,
             hold_fragments,
             flow_rate,
+            path,
+            #[cfg(test)]
+            established_taken,
         } = self;
         // The data plane's own fence (ownership.rs): one load and compare
         // while every owned address is valid; otherwise nothing is received
@@ -728,6 +172,9 @@ impl Worker {
                 flow_rate,
                 now,
                 decapsulated: false,
+                path: *path,
+                #[cfg(test)]
+                established_taken,
             };
             match ctx.process(buf, len, meta, now) {
                 Verdict::Forward { len: out, .. }
@@ -853,14 +300,12 @@ impl Ctx<'_> {
     }
 
     fn frame(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
-        #[cfg(test)]
-        let lean = tests::LEAN.with(std::cell::Cell::get);
-        #[cfg(not(test))]
-        let lean = true;
-        if lean {
+        if self.path == Path::EstablishedFirst {
             if let Some(v) = self.established_v4(buf, len, meta, now) {
                 #[cfg(test)]
-                tests::LEAN_TAKEN.with(|c| c.set(c.get() + 1));
+                {
+                    *self.established_taken += 1;
+                }
                 return v;
             }
         }
@@ -1043,155 +488,16 @@ impl Ctx<'_> {
         self.forward(buf, len, &p, to_pod)
     }
 
-    /// The common case in one straight pass: an untagged IPv4 frame without
-    /// options, not fragmented, TCP or UDP with a complete checksum, of an
-    /// established session that needs no attention (not expired, checked
-    /// against the current configuration, not hairpinning, not a TCP SYN,
-    /// FIN or RST), with TTL to spare and a resolved next hop.
-    ///
-    /// It decides before it changes anything: for any other frame it returns
-    /// `None` having had no effect but filling the worker's caches, and the
-    /// full pipeline ([`Ctx::ip`]) handles the frame from the start. When it
-    /// does take a frame it performs the very steps the full pipeline
-    /// performs for it, in the same order and with the same arithmetic
-    /// ([`Ctx::account`], the address and port writes and RFC 1624 updates
-    /// of `rewrite::translate`, then the TTL and MACs of [`Ctx::forward`]),
-    /// so the bytes and counters are identical; the fixture and property
-    /// tests run through both.
-    #[inline]
-    fn established_v4(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Option<Verdict> {
-        const L3: usize = ethernet::HEADER_LEN;
-        const L4: usize = L3 + crate::wire::ipv4::MIN_HEADER_LEN;
-        // Ethernet, IPv4 and the 8 transport bytes every TCP/UDP header has.
-        let frame = buf.get_mut(..len)?;
-        let h: &[u8; L4 + 8] = frame.get(..L4 + 8)?.try_into().ok()?;
-        if h[12] != 0x08 || h[13] != 0x00 || h[14] != 0x45 {
-            return None;
-        }
-        let end = L3 + usize::from(u16::from_be_bytes([h[16], h[17]]));
-        // A fragment (MF or an offset), or a length the frame does not hold.
-        if end < L4 + 8 || end > len || h[20] & 0x3f != 0 || h[21] != 0 {
-            return None;
-        }
-        let proto = h[23];
-        let l4_len = end - L4;
-        let (tcp_flags, seg, csum_at) = match proto {
-            proto::UDP => {
-                let ulen = usize::from(u16::from_be_bytes([h[L4 + 4], h[L4 + 5]]));
-                if ulen < 8 || ulen > l4_len {
-                    return None;
-                }
-                (0, None, L4 + crate::wire::udp::CHECKSUM_OFFSET)
-            }
-            proto::TCP => {
-                let t = frame.get(L4..L4 + 20)?;
-                let hl = usize::from(t[12] >> 4) * 4;
-                if hl < 20 || hl > l4_len {
-                    return None;
-                }
-                (t[13], tcp_state::segment(t), L4 + crate::wire::tcp::CHECKSUM_OFFSET)
-            }
-            _ => return None,
-        };
-        // The header checksum (RFC 1071): five 32-bit words summed, then
-        // folded; valid when the folded sum is 0xffff.
-        let words = (0..5).map(|i| {
-            let at = L3 + 4 * i;
-            u64::from(u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]))
-        });
-        let sum = words.sum::<u64>();
-        let sum = (sum & 0xffff_ffff) + (sum >> 32);
-        if checksum::fold(checksum::add(sum as u32, (sum >> 32) as u32)) != 0xffff {
-            return None;
-        }
-        let src = Ipv4Addr::new(h[26], h[27], h[28], h[29]);
-        let dst = Ipv4Addr::new(h[30], h[31], h[32], h[33]);
-        let sport = u16::from_be_bytes([h[L4], h[L4 + 1]]);
-        let dport = u16::from_be_bytes([h[L4 + 2], h[L4 + 3]]);
-        let ttl = h[22];
-        let csum = u16::from_be_bytes([*frame.get(csum_at)?, *frame.get(csum_at + 1)?]);
-        // A checksum the sender left partial is completed by the full path.
-        let partial = match meta.checksum {
-            ChecksumHint::Complete => false,
-            ChecksumHint::Partial => true,
-            ChecksumHint::Unknown => {
-                csum != 0 && checksum::is_partial(csum, checksum::pseudo_header_v4(src, dst, proto, l4_len as u32))
-            }
-        };
-        if partial || ttl <= 1 || (proto == proto::TCP && tcp_state::is_control(tcp_flags)) {
-            return None;
-        }
-
-        let tables = self.tables;
-        let nat = &self.shared.nat4;
-        let secs = now.secs();
-        let key = FlowKey::new(src, dst, sport, dport, proto);
-        let (r, view) = self.lookup(nat, &key)?;
-        // What `NatTable::check` would act on, and hairpinning.
-        if NatTable::is_expired(&view, secs, &tables.nat)
-            || view.generation != tables.generation_tag()
-            || view.flags & session_flags::HAIRPIN != 0
-        {
-            return None;
-        }
-        let dir = if r.is_inbound() { Direction::Inbound } else { Direction::Outbound };
-        // Anti-spoofing: a pod's packet only from where pods' traffic comes.
-        if dir == Direction::Outbound
-            && self.ingress.restricts()
-            && !self.decapsulated
-            && self.ingress.admits_pods(meta.ifindex, &h[6..12]).is_err()
-        {
-            return None;
-        }
-        let t = &view.tuple;
-        let new_dst = match dir {
-            Direction::Outbound => dst,
-            Direction::Inbound => t.pod,
-        };
-        let uses = &self.shared.neighbor_use;
-        let NextHop::Resolved { oif, src_mac, dst_mac } =
-            self.next_hops.lookup(self.fib, uses, IpAddr::V4(new_dst), secs)
-        else {
-            return None;
-        };
-        // Larger than the egress link's MTU: the full pipeline answers it.
-        let ip_len = (end - L3) as u32;
-        if ip_len > self.fib.min_mtu() && self.fib.mtu(oif).is_none_or(|m| ip_len > m) {
-            return None;
-        }
-
-        // Commit: from here on, exactly the full pipeline's steps.
-        self.account(nat, &view, dir, tcp_flags, seg.as_ref(), secs, len);
-        let (l3d, l4d) = rewrite::deltas_for(view.deltas, dir);
-        let frame = buf.get_mut(..len)?;
-        let (addr_at, addr, port_at, port) = match dir {
-            Direction::Outbound => (L3 + 12, t.egress, L4, t.egress_port),
-            Direction::Inbound => (L3 + 16, t.pod, L4 + 2, t.pod_port),
-        };
-        frame.get_mut(addr_at..addr_at + 4)?.copy_from_slice(&addr.octets());
-        frame.get_mut(port_at..port_at + 2)?.copy_from_slice(&port.to_be_bytes());
-        let new_csum = if proto == proto::UDP { checksum::apply_udp(csum, l4d) } else { l4d.apply(csum) };
-        frame.get_mut(csum_at..csum_at + 2)?.copy_from_slice(&new_csum.to_be_bytes());
-        // The IP header: the address delta, then the TTL (RFC 1624 eqn. 3,
-        // one update each, as `translate` and `forward` apply them).
-        let ip: &mut [u8; 20] = frame.get_mut(L3..L4)?.try_into().ok()?;
-        let hc = l3d.apply(u16::from_be_bytes([ip[10], ip[11]]));
-        let old_word = u16::from_be_bytes([ttl, proto]);
-        let new_word = u16::from_be_bytes([ttl - 1, proto]);
-        let hc = checksum::Delta::between_u16(old_word, new_word).apply(hc);
-        ip[8] = ttl - 1;
-        ip[10..12].copy_from_slice(&hc.to_be_bytes());
-        frame.get_mut(0..6)?.copy_from_slice(&dst_mac);
-        frame.get_mut(6..12)?.copy_from_slice(&src_mac);
-        Some(Verdict::Forward { ifindex: oif, len })
-    }
-
     /// The session map's answer for `key`, through the worker's flow cache:
     /// a remembered ref is re-checked against its slot (a freed or reused
     /// slot is a miss, see nat/flow_cache.rs), else the map is asked and its
     /// answer remembered.
     #[inline(always)]
-    fn lookup<A: Family>(&mut self, nat: &NatTable<A>, key: &FlowKey<A>) -> Option<(SessionRef, SessionView<A>)> {
+    pub(super) fn lookup<A: Family>(
+        &mut self,
+        nat: &NatTable<A>,
+        key: &FlowKey<A>,
+    ) -> Option<(SessionRef, SessionView<A>)> {
         let cache = A::flow_cache(self.flows);
         if let Some(hit) = cache.get(key).and_then(|r| nat.sessions.lookup_at(key, r)) {
             return Some(hit);
@@ -1211,7 +517,7 @@ impl Ctx<'_> {
     /// change (the caller still translates and forwards it).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn account<A: Family>(
+    pub(super) fn account<A: Family>(
         &self,
         nat: &NatTable<A>,
         view: &SessionView<A>,
@@ -1617,54 +923,10 @@ fn is_partial<A: Family>(p: &IpPacket<A>, meta: RxMeta) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::cell::Cell;
-
     use super::*;
+    use crate::engine::Engine;
     use crate::fixtures;
-
-    thread_local! {
-        /// Whether `Ctx::process` tries the established path (tests only).
-        pub(super) static LEAN: Cell<bool> = const { Cell::new(true) };
-        /// Frames the established path took (tests only).
-        pub(super) static LEAN_TAKEN: Cell<u64> = const { Cell::new(0) };
-    }
-
-    /// Every fixture scenario twice, with and without the established
-    /// path: the same verdict, the same bytes out, the same counters after
-    /// every step. Each scenario's frames are then sent once more (most of
-    /// their flows now established), so the path has plenty to take.
-    #[test]
-    fn established_path_changes_nothing_but_speed() {
-        let mut taken = 0;
-        for s in fixtures::scenarios() {
-            let mut runs = Vec::new();
-            for lean in [true, false] {
-                LEAN.with(|l| l.set(lean));
-                LEAN_TAKEN.with(|c| c.set(0));
-                let engine = Engine::new(&s.spec).expect("fixture config");
-                engine.publish_fib(fixtures::topology());
-                let mut w = engine.worker_seeded(PortRng::new(0x5eed));
-                let mut out = Vec::new();
-                for st in s.steps.iter().chain(&s.steps) {
-                    let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
-                    buf[..st.frame.len()].copy_from_slice(&st.frame);
-                    let meta = RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown };
-                    let v = w.process(&mut buf, st.frame.len(), meta, Timestamp::from_secs(st.at));
-                    out.push((v, buf, engine.stats(), engine.nat4().sessions.len(), engine.nat6().sessions.len()));
-                }
-                if lean {
-                    taken += LEAN_TAKEN.with(Cell::get);
-                }
-                runs.push(out);
-            }
-            LEAN.with(|l| l.set(true));
-            let n = s.steps.len();
-            for (i, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
-                assert!(a == b, "{} step {i} ({}): {:?} vs {:?}", s.name, s.steps[i % n].what, a.0, b.0);
-            }
-        }
-        assert!(taken >= 25, "the established path took only {taken} fixture frames");
-    }
+    use crate::ownership::Ownership;
 
     /// Issue 14 item 6: with every owned address (egress IPs, answered next
     /// hops) past its valid-until, no fixture frame is translated from or

@@ -1,0 +1,213 @@
+//! The straight-line path of established IPv4 sessions: the case that
+//! makes up nearly all traffic, decided without side effects and then
+//! translated and forwarded in one pass ([`Ctx::established_v4`]).
+//! Anything it does not take goes down the full pipeline (pipeline.rs).
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use super::pipeline::Ctx;
+use super::{ChecksumHint, RxMeta, Verdict};
+use crate::clock::Timestamp;
+use crate::fib::NextHop;
+use crate::nat::key::{proto, FlowKey};
+use crate::nat::rewrite;
+use crate::nat::session::session_flags;
+use crate::nat::table::NatTable;
+use crate::nat::tcp_state;
+use crate::stats::Direction;
+use crate::wire::checksum;
+use crate::wire::ethernet;
+
+impl Ctx<'_> {
+    /// The common case in one straight pass: an untagged IPv4 frame without
+    /// options, not fragmented, TCP or UDP with a complete checksum, of an
+    /// established session that needs no attention (not expired, checked
+    /// against the current configuration, not hairpinning, not a TCP SYN,
+    /// FIN or RST), with TTL to spare and a resolved next hop.
+    ///
+    /// It decides before it changes anything: for any other frame it returns
+    /// `None` having had no effect but filling the worker's caches, and the
+    /// full pipeline ([`Ctx::ip`]) handles the frame from the start. When it
+    /// does take a frame it performs the very steps the full pipeline
+    /// performs for it, in the same order and with the same arithmetic
+    /// ([`Ctx::account`], the address and port writes and RFC 1624 updates
+    /// of `rewrite::translate`, then the TTL and MACs of [`Ctx::forward`]),
+    /// so the bytes and counters are identical; the fixture and property
+    /// tests run through both.
+    #[inline]
+    pub(super) fn established_v4(
+        &mut self,
+        buf: &mut [u8],
+        len: usize,
+        meta: RxMeta,
+        now: Timestamp,
+    ) -> Option<Verdict> {
+        const L3: usize = ethernet::HEADER_LEN;
+        const L4: usize = L3 + crate::wire::ipv4::MIN_HEADER_LEN;
+        // Ethernet, IPv4 and the 8 transport bytes every TCP/UDP header has.
+        let frame = buf.get_mut(..len)?;
+        let h: &[u8; L4 + 8] = frame.get(..L4 + 8)?.try_into().ok()?;
+        if h[12] != 0x08 || h[13] != 0x00 || h[14] != 0x45 {
+            return None;
+        }
+        let end = L3 + usize::from(u16::from_be_bytes([h[16], h[17]]));
+        // A fragment (MF or an offset), or a length the frame does not hold.
+        if end < L4 + 8 || end > len || h[20] & 0x3f != 0 || h[21] != 0 {
+            return None;
+        }
+        let proto = h[23];
+        let l4_len = end - L4;
+        let (tcp_flags, seg, csum_at) = match proto {
+            proto::UDP => {
+                let ulen = usize::from(u16::from_be_bytes([h[L4 + 4], h[L4 + 5]]));
+                if ulen < 8 || ulen > l4_len {
+                    return None;
+                }
+                (0, None, L4 + crate::wire::udp::CHECKSUM_OFFSET)
+            }
+            proto::TCP => {
+                let t = frame.get(L4..L4 + 20)?;
+                let hl = usize::from(t[12] >> 4) * 4;
+                if hl < 20 || hl > l4_len {
+                    return None;
+                }
+                (t[13], tcp_state::segment(t), L4 + crate::wire::tcp::CHECKSUM_OFFSET)
+            }
+            _ => return None,
+        };
+        // The header checksum (RFC 1071): five 32-bit words summed, then
+        // folded; valid when the folded sum is 0xffff.
+        let words = (0..5).map(|i| {
+            let at = L3 + 4 * i;
+            u64::from(u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]))
+        });
+        let sum = words.sum::<u64>();
+        let sum = (sum & 0xffff_ffff) + (sum >> 32);
+        if checksum::fold(checksum::add(sum as u32, (sum >> 32) as u32)) != 0xffff {
+            return None;
+        }
+        let src = Ipv4Addr::new(h[26], h[27], h[28], h[29]);
+        let dst = Ipv4Addr::new(h[30], h[31], h[32], h[33]);
+        let sport = u16::from_be_bytes([h[L4], h[L4 + 1]]);
+        let dport = u16::from_be_bytes([h[L4 + 2], h[L4 + 3]]);
+        let ttl = h[22];
+        let csum = u16::from_be_bytes([*frame.get(csum_at)?, *frame.get(csum_at + 1)?]);
+        // A checksum the sender left partial is completed by the full path.
+        let partial = match meta.checksum {
+            ChecksumHint::Complete => false,
+            ChecksumHint::Partial => true,
+            ChecksumHint::Unknown => {
+                csum != 0 && checksum::is_partial(csum, checksum::pseudo_header_v4(src, dst, proto, l4_len as u32))
+            }
+        };
+        if partial || ttl <= 1 || (proto == proto::TCP && tcp_state::is_control(tcp_flags)) {
+            return None;
+        }
+
+        let tables = self.tables;
+        let nat = &self.shared.nat4;
+        let secs = now.secs();
+        let key = FlowKey::new(src, dst, sport, dport, proto);
+        let (r, view) = self.lookup(nat, &key)?;
+        // What `NatTable::check` would act on, and hairpinning.
+        if NatTable::is_expired(&view, secs, &tables.nat)
+            || view.generation != tables.generation_tag()
+            || view.flags & session_flags::HAIRPIN != 0
+        {
+            return None;
+        }
+        let dir = if r.is_inbound() { Direction::Inbound } else { Direction::Outbound };
+        // Anti-spoofing: a pod's packet only from where pods' traffic comes.
+        if dir == Direction::Outbound
+            && self.ingress.restricts()
+            && !self.decapsulated
+            && self.ingress.admits_pods(meta.ifindex, &h[6..12]).is_err()
+        {
+            return None;
+        }
+        let t = &view.tuple;
+        let new_dst = match dir {
+            Direction::Outbound => dst,
+            Direction::Inbound => t.pod,
+        };
+        let uses = &self.shared.neighbor_use;
+        let NextHop::Resolved { oif, src_mac, dst_mac } =
+            self.next_hops.lookup(self.fib, uses, IpAddr::V4(new_dst), secs)
+        else {
+            return None;
+        };
+        // Larger than the egress link's MTU: the full pipeline answers it.
+        let ip_len = (end - L3) as u32;
+        if ip_len > self.fib.min_mtu() && self.fib.mtu(oif).is_none_or(|m| ip_len > m) {
+            return None;
+        }
+
+        // Commit: from here on, exactly the full pipeline's steps.
+        self.account(nat, &view, dir, tcp_flags, seg.as_ref(), secs, len);
+        let (l3d, l4d) = rewrite::deltas_for(view.deltas, dir);
+        let frame = buf.get_mut(..len)?;
+        let (addr_at, addr, port_at, port) = match dir {
+            Direction::Outbound => (L3 + 12, t.egress, L4, t.egress_port),
+            Direction::Inbound => (L3 + 16, t.pod, L4 + 2, t.pod_port),
+        };
+        frame.get_mut(addr_at..addr_at + 4)?.copy_from_slice(&addr.octets());
+        frame.get_mut(port_at..port_at + 2)?.copy_from_slice(&port.to_be_bytes());
+        let new_csum = if proto == proto::UDP { checksum::apply_udp(csum, l4d) } else { l4d.apply(csum) };
+        frame.get_mut(csum_at..csum_at + 2)?.copy_from_slice(&new_csum.to_be_bytes());
+        // The IP header: the address delta, then the TTL (RFC 1624 eqn. 3,
+        // one update each, as `translate` and `forward` apply them).
+        let ip: &mut [u8; 20] = frame.get_mut(L3..L4)?.try_into().ok()?;
+        let hc = l3d.apply(u16::from_be_bytes([ip[10], ip[11]]));
+        let old_word = u16::from_be_bytes([ttl, proto]);
+        let new_word = u16::from_be_bytes([ttl - 1, proto]);
+        let hc = checksum::Delta::between_u16(old_word, new_word).apply(hc);
+        ip[8] = ttl - 1;
+        ip[10..12].copy_from_slice(&hc.to_be_bytes());
+        frame.get_mut(0..6)?.copy_from_slice(&dst_mac);
+        frame.get_mut(6..12)?.copy_from_slice(&src_mac);
+        Some(Verdict::Forward { ifindex: oif, len })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Engine, Path};
+    use crate::fixtures;
+    use crate::nat::port_alloc::PortRng;
+
+    /// Every fixture scenario twice, with and without the established
+    /// path: the same verdict, the same bytes out, the same counters after
+    /// every step. Each scenario's frames are then sent once more (most of
+    /// their flows now established), so the path has plenty to take.
+    #[test]
+    fn established_path_changes_nothing_but_speed() {
+        let mut taken = 0;
+        for s in fixtures::scenarios() {
+            let mut runs = Vec::new();
+            for path in [Path::EstablishedFirst, Path::FullOnly] {
+                let engine = Engine::new(&s.spec).expect("fixture config");
+                engine.publish_fib(fixtures::topology());
+                let mut w = engine.worker_on(PortRng::new(0x5eed), path);
+                let mut out = Vec::new();
+                for st in s.steps.iter().chain(&s.steps) {
+                    let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+                    buf[..st.frame.len()].copy_from_slice(&st.frame);
+                    let meta = RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown };
+                    let v = w.process(&mut buf, st.frame.len(), meta, Timestamp::from_secs(st.at));
+                    out.push((v, buf, engine.stats(), engine.nat4().sessions.len(), engine.nat6().sessions.len()));
+                }
+                if path == Path::FullOnly {
+                    assert_eq!(w.established_taken, 0, "{}: a full-only worker took the established path", s.name);
+                }
+                taken += w.established_taken;
+                runs.push(out);
+            }
+            let n = s.steps.len();
+            for (i, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
+                assert!(a == b, "{} step {i} ({}): {:?} vs {:?}", s.name, s.steps[i % n].what, a.0, b.0);
+            }
+        }
+        assert!(taken >= 25, "the established path took only {taken} fixture frames");
+    }
+}
