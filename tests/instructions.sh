@@ -21,7 +21,11 @@ while (($# > 0)); do
   case $1 in
     --record) mode=record ;;
     --runs)
-      runs=${2:?--runs wants a number}
+      if (($# < 2)); then
+        echo "usage: tests/instructions.sh [--record] [--runs N]" >&2
+        exit 2
+      fi
+      runs=$2
       shift
       ;;
     *)

@@ -62,6 +62,16 @@ struct Case {
     setup: Setup,
 }
 
+impl Case {
+    /// What one iteration is.
+    fn unit(&self) -> &'static str {
+        match self.setup {
+            Setup::Established { .. } => "packet",
+            Setup::NewFlow(_) => "new flow",
+        }
+    }
+}
+
 /// What a case's process builds before the measured loop.
 enum Setup {
     /// `sessions` live sessions; frames of random ones among them, outbound or replies.
@@ -271,7 +281,7 @@ fn check(file: &Path, runs: usize) -> Result<bool, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let recorded = parse_recorded(&text).map_err(|e| format!("{}: {e}", file.display()))?;
     let measured = measure_all(runs)?;
-    let mut ok = true;
+    let mut failed = Vec::new();
     println!("  {:<27} {:>10} {:>10} {:>8}", "case", "recorded", "measured", "change");
     for (case, m) in &measured {
         let Some(r) = recorded.iter().find(|r| r.case == case.name) else {
@@ -281,25 +291,26 @@ fn check(file: &Path, runs: usize) -> Result<bool, String> {
                 case.name,
                 file.display()
             );
-            ok = false;
+            failed.push(case.name);
             continue;
         };
         let change = (m / r.per_packet - 1.0) * 100.0;
-        println!("  {:<27} {:>10.1} {m:>10.1} {change:>+7.1}%", case.name, r.per_packet);
+        println!("  {:<27} {:>10.1} {m:>10.1} {change:>+7.2}%", case.name, r.per_packet);
         match compare(r.per_packet, *m) {
             Verdict::Within => {}
             Verdict::Rise => {
                 println!(
-                    "FAIL {}: {m:.1} instructions per packet, {change:+.1}% above the {:.1} recorded at {} ({}); \
+                    "FAIL {}: {m:.1} instructions per {}, {change:+.1}% above the {:.1} recorded at {} ({}); \
                      the limit is +{:.0}%. {}. If the rise is intended, re-record: tests/instructions.sh --record",
                     case.name,
+                    case.unit(),
                     r.per_packet,
                     r.commit,
                     r.date,
                     TOLERANCE * 100.0,
                     case.what
                 );
-                ok = false;
+                failed.push(case.name);
             }
             Verdict::Drop => println!(
                 "note {}: {change:+.1}% below the recorded {:.1} (not a failure); re-record to keep the guard \
@@ -311,7 +322,19 @@ fn check(file: &Path, runs: usize) -> Result<bool, String> {
     for r in recorded.iter().filter(|r| CASES.iter().all(|c| c.name != r.case)) {
         println!("note: {} has a figure but no case (stale line in {})", r.case, file.display());
     }
-    Ok(ok)
+    if failed.is_empty() {
+        println!("no case rose more than {:.0}% above {}", TOLERANCE * 100.0, file.display());
+    } else {
+        eprintln!(
+            "instructions: {} of {} cases rose more than {:.0}% above {} (or have no figure): {}",
+            failed.len(),
+            measured.len(),
+            TOLERANCE * 100.0,
+            file.display(),
+            failed.join(", ")
+        );
+    }
+    Ok(failed.is_empty())
 }
 
 fn record(file: &Path, commit: &str, date: &str, runs: usize) -> Result<(), String> {
