@@ -159,6 +159,12 @@ if ((fixtures_ran < 30)); then
   exit 1
 fi
 
+step "instructions per established packet and per new flow, against benches/instructions.txt (tests/instructions.sh)"
+# Counted by callgrind on the release build: deterministic, so asserted here
+# (a rise of more than 10 % fails); no timing is. Also in --quick: it is a
+# test, and costs about a minute beside the build above.
+tests/instructions.sh
+
 if ((quick == 0)); then
   step "clippy (run beside the tests)"
   if ! wait "$clippy_pid"; then
