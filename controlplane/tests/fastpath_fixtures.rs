@@ -35,8 +35,8 @@ use egret_bpf::{
     FastPathReason as F, FpKeyV4, FpKeyV6, FpNextHop, LoadOptions, SteeringProgram, VerdictReason as R, XdpAction,
 };
 use egret_controlplane::daemon::sink::{owned_entries, policy_entries};
-use egret_controlplane::offload::clock::EngineClock;
 use egret_controlplane::offload::{FastPath, OffloadManager};
+use egret_dataplane::clock::EngineClock;
 use egret_dataplane::clock::Timestamp;
 use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Worker};
 use egret_dataplane::fib::Fib;

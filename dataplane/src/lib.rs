@@ -26,7 +26,12 @@
 //! - [`netns`]: entering a named network namespace; with `fixtures`, the
 //!   guard that creates namespaces for tests and benchmarks.
 //! - [`prefetch`]: the cache-line hint a batch uses (VPP-style staging).
-//! - [`worker`]: the worker loop that moves frames between AF_XDP and the engine.
+//! - [`worker`]: the worker loop that moves frames between AF_XDP and a
+//!   [`worker::FrameHandler`].
+//! - [`handler`]: the daemon's frame handler, [`handler::EngineHandler`]: the
+//!   engine's verdicts turned into the worker loop's actions, the expiry
+//!   sweep's pace, announcements, and the hand-off to the kernel.
+//! - [`clock`]: engine time, and the daemon's [`clock::EngineClock`].
 #![deny(unsafe_code)]
 
 pub mod clock;
@@ -36,6 +41,7 @@ pub mod fib;
 #[cfg(any(test, feature = "fixtures"))]
 #[allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 pub mod fixtures;
+pub mod handler;
 pub mod icmp_gen;
 pub mod ingress;
 pub mod kernel_tx;

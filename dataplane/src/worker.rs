@@ -128,22 +128,6 @@ pub struct Datagram {
     pub from_outside: bool,
 }
 
-/// What the handler says about a held frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unhold {
-    /// Still unresolved: keep it (and the frames behind it).
-    Wait,
-    /// Send `buf[..len]` out of `port`.
-    Transmit { port: PortId, len: usize },
-    /// Return the frame to the pool (the handler counted why).
-    Drop,
-    /// The handler used the frame's contents itself: return it to the pool.
-    Consumed,
-    /// Hold `buf[..len]` again, now for `key` (a released fragment whose
-    /// next hop is being resolved).
-    Hold { key: HoldKey, len: usize },
-}
-
 /// What happened to frames in the hold queue, for the handler to count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldEvent {
@@ -163,10 +147,12 @@ pub trait FrameHandler {
     /// Called once per loop iteration (after a batch or a poll timeout) for periodic work.
     fn tick(&mut self, _now: Instant) {}
     /// A frame held with [`Action::Hold`] for `key`, offered again: write
-    /// what it lacked (the MACs) and say where it goes, or to wait. The
-    /// default drops it.
-    fn release(&mut self, _key: HoldKey, _buf: &mut [u8], _len: usize, _now: Instant) -> Unhold {
-        Unhold::Drop
+    /// what it lacked (the MACs) and say what to do with it now, as for a
+    /// received frame, or `None` to keep it (and the frames behind it)
+    /// waiting. A next hop's frame held again ([`Action::Hold`]) goes back
+    /// to the pool instead. The default drops it.
+    fn release(&mut self, _key: HoldKey, _buf: &mut [u8], _len: usize, _now: Instant) -> Option<Action> {
+        Some(Action::Drop)
     }
     /// Counts what happened to a frame held for `key`.
     fn held(&mut self, _key: HoldKey, _event: HoldEvent) {}
@@ -804,13 +790,13 @@ impl<H: FrameHandler> Worker<H> {
         let mut tx = 0u64;
         let gone = held.release(room as usize, |key, frame, len| {
             match handler.release(key, ports.frame_mut(&frame), len, now) {
-                Unhold::Wait => Err(frame),
+                None => Err(frame),
                 // A next hop's frame is not held again for another.
-                Unhold::Drop | Unhold::Consumed | Unhold::Hold { .. } => {
+                Some(Action::Drop | Action::Consumed | Action::Hold { .. }) => {
                     ports.recycle(frame);
                     Ok(())
                 }
-                Unhold::Transmit { port, len } => {
+                Some(Action::Transmit { port, len }) => {
                     tx += u64::from(transmit(ports, stats, port, frame, len));
                     Ok(())
                 }
@@ -847,16 +833,16 @@ impl<H: FrameHandler> Worker<H> {
             let budget = (room as usize).saturating_sub(gone);
             gone +=
                 q.release(budget, |key, frame, len| match handler.release(key, ports.frame_mut(&frame), len, now) {
-                    Unhold::Wait => Err(frame),
-                    Unhold::Drop | Unhold::Consumed => {
+                    None => Err(frame),
+                    Some(Action::Drop | Action::Consumed) => {
                         ports.recycle(frame);
                         Ok(())
                     }
-                    Unhold::Hold { key, len } => {
+                    Some(Action::Hold { key, len }) => {
                         rehold.push((key, frame, len));
                         Ok(())
                     }
-                    Unhold::Transmit { port, len } => {
+                    Some(Action::Transmit { port, len }) => {
                         tx += u64::from(transmit(ports, stats, port, frame, len));
                         Ok(())
                     }

@@ -39,7 +39,6 @@
 //! detached), the admin socket file is removed, exit 0 (`shut_down`).
 
 mod fail_closed_repair;
-pub mod handler;
 mod multicast;
 mod port_map;
 pub mod sink;
@@ -61,10 +60,10 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::{self, ConfigErrors, GatewayConfig, Queues, Role};
 use crate::netlink::Watcher;
-use crate::offload::clock::{EngineClock, SCALE_ENV};
 use crate::offload::{FastPath, OffloadManager};
 use crate::sink::TablesSink;
-use handler::{AnnounceQueue, EngineHandler, HandlerStats};
+use egret_dataplane::clock::{EngineClock, SCALE_ENV};
+use egret_dataplane::handler::{AnnounceQueue, EngineHandler, HandlerStats};
 use sink::GatewaySink;
 
 /// Why the daemon could not start.

@@ -67,12 +67,12 @@ use egret_dataplane::tables::{PolicySlots, Tables, TablesSpec};
 use ipnet::IpNet;
 use parking_lot::Mutex;
 
-use super::handler::{AnnounceQueue, Announcement};
 use crate::config::Role;
 use crate::failclosed::{FailClosedError, Installed};
-use crate::offload::clock::EngineClock;
 use crate::offload::FastPath;
 use crate::sink::{ApplyError, TablesSink};
+use egret_dataplane::clock::EngineClock;
+use egret_dataplane::handler::{AnnounceQueue, Announcement};
 
 /// What installs the fail-closed table for some tables
 /// ([`crate::failclosed::install`]; tests put another in).

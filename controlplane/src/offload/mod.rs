@@ -40,7 +40,6 @@
 //! so a session is either indexed before a fence (and fenced) or checked
 //! against the new tables (and refused).
 
-pub mod clock;
 pub mod next_hops;
 
 use std::collections::{BTreeSet, HashMap};
@@ -62,7 +61,7 @@ use egret_dataplane::tables::{PolicyFamily, Tables};
 use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 
 use crate::view::FastPathCounters;
-use clock::EngineClock;
+use egret_dataplane::clock::EngineClock;
 use next_hops::{no_key_because, route_key, HopError, NextHopTable};
 
 /// How often the manager looks for work when idle.

@@ -1,5 +1,8 @@
-//! The worker's frame handler: the AF_XDP worker loop
-//! (`egret_dataplane::worker`) on one side, the engine on the other.
+//! The worker's frame handler: the AF_XDP worker loop ([`crate::worker`])
+//! on one side, the engine ([`crate::engine`]) on the other. A frame goes
+//! from the RX ring through [`EngineHandler::handle`] to the engine's
+//! verdict and back to the loop as an [`Action`]; this table is the whole
+//! translation.
 //!
 //! | engine verdict | worker action |
 //! |---|---|
@@ -7,7 +10,7 @@
 //! | `Answer` | transmit on the receiving port |
 //! | `Pass` | drop, counted `misdirected`: the XDP program steered a frame the engine says is the kernel's |
 //! | `Drop(reason)` | drop (the engine counted the reason) |
-//! | `ToKernel { l3, end }` | the IP packet is sent on a raw socket (`egret_dataplane::kernel_tx`), counted `to_kernel`; refused by the kernel: counted `kernel_send_failed`. The frame goes back to the pool |
+//! | `ToKernel { l3, end }` | the IP packet is sent on a raw socket ([`crate::kernel_tx`]), counted `to_kernel`; refused by the kernel: counted `kernel_send_failed`. The frame goes back to the pool |
 //! | `Hold { ifindex, next_hop }` | held by the worker until the next hop resolves (`neighbor_queued`; then `neighbor_queue_sent`, or `neighbor_queue_overflow` / `neighbor_queue_timeout`) |
 //! | `HoldFragment { .. }` | held by the worker, unchanged, and processed again until its first fragment's translation is known (`fragment_held`; then `fragment_held_sent`, or `fragment_hold_overflow` / `fragment_hold_timeout`) |
 //!
@@ -19,18 +22,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egret_dataplane::clock::Timestamp;
-use egret_dataplane::engine::{Engine, Release, RxMeta, Staged, Verdict, Worker as EngineWorker};
-use egret_dataplane::kernel_tx::KernelTx;
-use egret_dataplane::neigh_responder::{gratuitous_arp, unsolicited_na};
-use egret_dataplane::stats::{DropReason, Event};
-use egret_dataplane::wire::ethernet::EthernetAddress;
-use egret_dataplane::worker::{
-    Action, Datagram, FrameHandler, HoldEvent, HoldKey, Injector, PortId, RxInfo, Unhold, STAGE_MAX,
-};
 use parking_lot::Mutex;
 
-use crate::offload::clock::EngineClock;
+use crate::clock::{EngineClock, Timestamp};
+use crate::engine::{Engine, Release, RxMeta, Staged, Verdict, Worker as EngineWorker};
+use crate::kernel_tx::KernelTx;
+use crate::neigh_responder::{gratuitous_arp, unsolicited_na};
+use crate::stats::{DropReason, Event};
+use crate::wire::ethernet::EthernetAddress;
+use crate::worker::{Action, Datagram, FrameHandler, HoldEvent, HoldKey, Injector, PortId, RxInfo, STAGE_MAX};
 
 /// How often the expiry sweep runs.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(50);
@@ -174,24 +174,19 @@ impl EngineHandler {
     /// A held later fragment, processed again as received: it waits while
     /// its first fragment's translation is unknown; otherwise it goes where
     /// the engine says (usually translated by the fragment cache).
-    fn release_fragment(&mut self, d: Datagram, buf: &mut [u8], len: usize, ts: Timestamp) -> Unhold {
+    fn release_fragment(&mut self, d: Datagram, buf: &mut [u8], len: usize, ts: Timestamp) -> Option<Action> {
         let Some(port) = self.port_of(d.ifindex) else {
             bump(&self.stats.no_port);
-            return Unhold::Drop;
+            return Some(Action::Drop);
         };
         let verdict = self.worker.process(buf, len, RxMeta { ifindex: d.ifindex, checksum: Default::default() }, ts);
         if let Verdict::HoldFragment { .. } = verdict {
-            return Unhold::Wait;
+            return None;
         }
         if let Verdict::Forward { .. } | Verdict::ToKernel { .. } | Verdict::Hold { .. } = verdict {
             self.worker.stats().event(Event::FragmentHeldSent);
         }
-        match self.act(verdict, buf, len, port, d.ifindex) {
-            Action::Transmit { port, len } => Unhold::Transmit { port, len },
-            Action::Drop => Unhold::Drop,
-            Action::Consumed => Unhold::Consumed,
-            Action::Hold { key, len } => Unhold::Hold { key, len },
-        }
+        Some(self.act(verdict, buf, len, port, d.ifindex))
     }
 }
 
@@ -223,22 +218,22 @@ impl FrameHandler for EngineHandler {
         }
     }
 
-    fn release(&mut self, key: HoldKey, buf: &mut [u8], len: usize, now: Instant) -> Unhold {
+    fn release(&mut self, key: HoldKey, buf: &mut [u8], len: usize, now: Instant) -> Option<Action> {
         let ts = self.now(now);
         let (ifindex, next_hop) = match key {
             HoldKey::NextHop(ifindex, next_hop) => (ifindex, next_hop),
             HoldKey::Datagram(d) => return self.release_fragment(d, buf, len, ts),
         };
         match self.worker.release_held(buf, len, ifindex, next_hop, ts) {
-            Release::Wait => Unhold::Wait,
+            Release::Wait => None,
             Release::Forward { ifindex, len } => match self.port_of(ifindex) {
-                Some(port) => Unhold::Transmit { port, len },
+                Some(port) => Some(Action::Transmit { port, len }),
                 None => {
                     bump(&self.stats.no_port);
-                    Unhold::Drop
+                    Some(Action::Drop)
                 }
             },
-            Release::Drop(_) => Unhold::Drop,
+            Release::Drop(_) => Some(Action::Drop),
         }
     }
 
