@@ -392,6 +392,14 @@ impl<'t> Gateway<'t> {
                     topo.ethtool_feature(&gw, GW_OUT, "gro", true)?;
                     g.notes.push("kernel: GRO on gwout too (the sink's answers arrive as XDP frames)".into());
                 }
+                // TCP: gwin's GRO merges a train's segments, gwout segments
+                // them again and would leave each with a partial checksum
+                // (veth "offloads" it): the kernel completes them, as a
+                // NIC's offload would.
+                if opts.proto == Proto::Tcp && mode != Mode::KernelNewConns {
+                    topo.ethtool_feature(&gw, GW_OUT, "tx", false)?;
+                    g.notes.push("kernel: TX checksum offload off on gwout (full checksums on GSO segments)".into());
+                }
                 if flowtable {
                     let rules = flowtable_ruleset(&[GW_IN, GW_OUT]);
                     if let Err(e) = topo.exec(&gw, &["nft", "-f", "-"], Some(&rules)) {
@@ -537,6 +545,7 @@ impl Drop for Gateway<'_> {
                 let _ = self.topo.sysctl(&gw, "net.ipv4.ip_forward", "0");
                 let _ = self.topo.ethtool_feature(&gw, GW_IN, "gro", false);
                 let _ = self.topo.ethtool_feature(&gw, GW_OUT, "gro", false);
+                let _ = self.topo.ethtool_feature(&gw, GW_OUT, "tx", true);
             }
             State::Nothing | State::Redirect(_) => {}
             State::Egret(d) => {
@@ -757,9 +766,18 @@ fn establish_fast_path(gateway: &Gateway<'_>, sink: &SinkSide, spec: &GenSpec, f
     let gen = Running::start(slow)?;
     let t0 = Instant::now();
     let mut installed = 0.0;
+    let mut passes = 0u32;
     while t0.elapsed() < ESTABLISH_MAX {
         sink.sink.set_reply_generation(next_reply_generation())?;
         sleep_checked(0.25)?;
+        passes += 1;
+        // TCP: a connection whose SYN-ACK was lost on the way back (the
+        // workers' ring) never completes its handshake: every 2 s, the SYNs
+        // again (Egret takes a SYN on an established session as a
+        // retransmission; the sink answers while replies are on).
+        if spec.frame.proto == Proto::Tcp && passes % 8 == 0 {
+            generator::send_syns(&spec.netns, &spec.dev, &spec.frame, &spec.flows, HANDSHAKE_PPS)?;
+        }
         installed = scrape(gateway)?.get("egret_fastpath_sessions").copied().unwrap_or(0.0) - before;
         if installed >= flows as f64 {
             break;
@@ -776,7 +794,7 @@ fn establish_fast_path(gateway: &Gateway<'_>, sink: &SinkSide, spec: &GenSpec, f
 }
 
 /// Rate of the handshake's SYNs (TCP).
-const HANDSHAKE_PPS: u64 = 100_000;
+const HANDSHAKE_PPS: u64 = 25_000;
 
 /// TCP: complete every flow's handshake before the window, so that the
 /// window's segments belong to established connections on every stateful

@@ -142,7 +142,9 @@ static __always_inline int sink_tcp(struct xdp_md *ctx, struct sink_counts *cnt,
 {
 	void *data_end = (void *)(long)ctx->data_end;
 	struct tcphdr *tcp = (void *)(ip + 1);
-	if (ip->ihl != 5 || (void *)tcp + BENCH_UDP_LEN > data_end)
+	/* A SYN forwarded by the kernel lost its Ethernet padding (54 bytes):
+	 * only the header must be there. */
+	if (ip->ihl != 5 || (void *)tcp + SINK_TCP_HDR_LEN > data_end)
 		return XDP_PASS;
 	if (tcp->dest != cfg.dst_port)
 		return XDP_PASS;
@@ -186,7 +188,8 @@ static __always_inline int sink_tcp(struct xdp_md *ctx, struct sink_counts *cnt,
 		cnt->c[SINK_TRANSLATED]++;
 	if (!ip_ok)
 		cnt->c[SINK_BAD_IP_CSUM]++;
-	if (ip->tot_len != bpf_htons(BENCH_IP_LEN + BENCH_UDP_LEN) || tcp->doff != 5) {
+	if ((void *)tcp + BENCH_UDP_LEN > data_end || ip->tot_len != bpf_htons(BENCH_IP_LEN + BENCH_UDP_LEN) ||
+	    tcp->doff != 5) {
 		cnt->c[SINK_UNCHECKED]++;
 		return XDP_DROP;
 	}

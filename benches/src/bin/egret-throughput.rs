@@ -301,6 +301,12 @@ fn run(args: &Args) -> Result<(), BenchError> {
     let summaries = report::summarize(&samples);
     let ratios = report::ratios(&summaries);
     // The result table is the command's output (progress goes to stderr).
+    let frames = format!(
+        "frames: 64-byte {}, trains of {} (new-connection modes: UDP, a new flow per frame; VXLAN modes: UDP)\n",
+        args.proto.name().to_uppercase(),
+        train_of(args)
+    );
+    let _ = std::io::stdout().lock().write_all(frames.as_bytes());
     let _ = std::io::stdout().lock().write_all(report::table(&summaries, &ratios, &unavailable).as_bytes());
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
