@@ -775,7 +775,7 @@ fn establish_fast_path(gateway: &Gateway<'_>, sink: &SinkSide, spec: &GenSpec, f
         // workers' ring) never completes its handshake: every 2 s, the SYNs
         // again (Egret takes a SYN on an established session as a
         // retransmission; the sink answers while replies are on).
-        if spec.frame.proto == Proto::Tcp && passes % 8 == 0 {
+        if spec.frame.proto == Proto::Tcp && passes.is_multiple_of(8) {
             generator::send_syns(&spec.netns, &spec.dev, &spec.frame, &spec.flows, HANDSHAKE_PPS)?;
         }
         installed = scrape(gateway)?.get("egret_fastpath_sessions").copied().unwrap_or(0.0) - before;
