@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use crate::cpu::{self, Snapshot, Watched, WindowUse};
 use crate::egret::{self, BenchConfig, Daemon, EgretError};
-use crate::frame::{FlowSet, FrameSpec, VxlanSpec};
-use crate::generator::{Engine, GenError, GenSpec, Running};
+use crate::frame::{FlowSet, FrameSpec, Proto, VxlanSpec};
+use crate::generator::{self as generator, Engine, GenError, GenSpec, Running};
 use crate::napi::{self, NapiError};
 use crate::topology::{self, in_netns, LinkCounters, NetnsError, Topology, TopologyError, GW_IN, GW_OUT};
 use crate::xdp::{self, Redirect, Sink, SinkCounts, XdpError};
@@ -31,6 +31,10 @@ use crate::xdp::{self, Redirect, Sink, SinkCounts, XdpError};
 pub enum Mode {
     /// The kernel: ip_forward and nftables `snat to` the egress IP.
     Kernel,
+    /// `kernel` plus an nftables flowtable on both of the gateway's
+    /// interfaces: established flows take the kernel's software fast path
+    /// (issue 32).
+    KernelFlowtable,
     /// Egret with `xdp.fastPath: false` (AF_XDP workers).
     Egret,
     /// Egret with `xdp.fastPath: true` (issue 5).
@@ -55,6 +59,7 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::Kernel => "kernel",
+            Mode::KernelFlowtable => "kernel-flowtable",
             Mode::Egret => "egret",
             Mode::Fastpath => "fastpath",
             Mode::Redirect => "redirect",
@@ -88,6 +93,18 @@ impl Mode {
     /// Whether every frame is a new flow.
     pub fn new_flows(self) -> bool {
         matches!(self, Mode::NewConns | Mode::KernelNewConns)
+    }
+
+    /// Whether the kernel forwards (conntrack and nftables SNAT).
+    pub fn kernel(self) -> bool {
+        matches!(self, Mode::Kernel | Mode::KernelFlowtable | Mode::KernelNewConns)
+    }
+
+    /// Whether the mode keeps per-flow state that TCP segments must find
+    /// established (a handshake before the window): every mode but the
+    /// stateless redirect.
+    pub fn stateful(self) -> bool {
+        self != Mode::Redirect
     }
 
     /// Whether the mode runs the Egret daemon.
@@ -130,6 +147,9 @@ pub enum BenchError {
     Metrics { reason: String },
     #[error("interrupted")]
     Interrupted,
+    /// The mode cannot run here (e.g. a kernel without flowtables).
+    #[error("{mode} is not available: {reason}")]
+    Unavailable { mode: &'static str, reason: String },
 }
 
 /// Options that shape every window.
@@ -156,6 +176,9 @@ pub struct Options {
     pub train: u32,
     /// The nodes' VXLAN port (`tunnel.port`) in the encapsulated modes.
     pub tunnel_port: u16,
+    /// The transport of the fixed-flow modes' frames (new-connection and
+    /// encapsulated modes send UDP).
+    pub proto: Proto,
 }
 
 /// Nice value of the generator thread.
@@ -240,7 +263,7 @@ fn napi_threads(ns: &str, dev: &'static str, ifindex: u32) -> Result<Vec<u32>, B
 
 enum State {
     Nothing,
-    Kernel,
+    Kernel { flowtable: bool },
     Redirect(#[allow(dead_code)] Redirect),
     Egret(Daemon),
 }
@@ -265,6 +288,44 @@ impl std::fmt::Debug for Gateway<'_> {
 }
 
 const NFT_TABLE: &str = "egret_bench";
+/// The `kernel-flowtable` mode's table (family inet: flowtables are not
+/// tied to the NAT table's family).
+pub const NFT_FLOWTABLE_TABLE: &str = "egret_bench_ft";
+/// Its named counter: packets that went through the forward chain, i.e.
+/// were not forwarded by the flowtable.
+pub const NFT_SLOW_PATH_COUNTER: &str = "slow_path";
+
+/// The `kernel-flowtable` mode's nftables table: a flowtable on both of
+/// the gateway's interfaces (hook ingress, priority 0) and a forward chain
+/// that counts every TCP and UDP packet it sees and adds its connection to
+/// the flowtable. The kernel adds a connection once conntrack has seen its
+/// reply (UDP) or its handshake completed (TCP, ESTABLISHED); from then on
+/// the flowtable's ingress hook forwards (and translates) its packets
+/// before the IP stack, and they no longer reach the forward chain.
+pub fn flowtable_ruleset(devices: &[&str]) -> String {
+    let devs: Vec<String> = devices.iter().map(|d| format!("\"{d}\"")).collect();
+    format!(
+        "table inet {NFT_FLOWTABLE_TABLE} {{\n  counter {NFT_SLOW_PATH_COUNTER} {{ }}\n  \
+         flowtable ft {{\n    hook ingress priority 0; devices = {{ {} }};\n  }}\n  \
+         chain forward {{\n    type filter hook forward priority 0; policy accept;\n    \
+         meta l4proto {{ tcp, udp }} counter name \"{NFT_SLOW_PATH_COUNTER}\" flow add @ft\n  }}\n}}\n",
+        devs.join(", ")
+    )
+}
+
+/// The packet count of a named counter from `nft -j list counter ...`.
+pub fn nft_counter_packets(json: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    v.get("nftables")?.as_array()?.iter().find_map(|o| o.get("counter")?.get("packets")?.as_u64())
+}
+
+/// Connections marked `[OFFLOAD]` (in a flowtable) in the text of
+/// `/proc/net/nf_conntrack`, and all connections.
+pub fn count_offloaded(conntrack: &str) -> (u64, u64) {
+    conntrack.lines().filter(|l| !l.trim().is_empty()).fold((0, 0), |(o, n), l| {
+        (o + u64::from(l.split_whitespace().any(|w| w == "[OFFLOAD]" || w == "[HW_OFFLOAD]")), n + 1)
+    })
+}
 
 /// The egress IPs of new-connection runs: 203.0.113.10-25, each with ports
 /// 1024-65535 (about a million mappings to one destination).
@@ -296,8 +357,9 @@ impl<'t> Gateway<'t> {
         // forwarded traffic. Every mode starts without it.
         topo.exec(&gw, &["nft", "-f", "-"], Some("table inet egret_failclosed\ndelete table inet egret_failclosed\n"))?;
         match mode {
-            Mode::Kernel | Mode::KernelNewConns => {
-                g.state = State::Kernel;
+            Mode::Kernel | Mode::KernelNewConns | Mode::KernelFlowtable => {
+                let flowtable = mode == Mode::KernelFlowtable;
+                g.state = State::Kernel { flowtable };
                 // Start from an empty conntrack table (earlier rounds' flows
                 // would otherwise still be there: UDP entries live 30 s).
                 in_netns(&gw, || {
@@ -323,6 +385,35 @@ impl<'t> Gateway<'t> {
                 // path a NAPI instance without an XDP program (and its copy).
                 topo.ethtool_feature(&gw, GW_IN, "gro", true)?;
                 g.notes.push("kernel: nftables snat, ip_forward=1, GRO on gwin for NAPI".into());
+                // The sink's answers (UDP replies, SYN-ACKs) come back with
+                // XDP_TX, which a veth accepts only with NAPI: GRO on gwout
+                // too, where the kernel must see them.
+                if flowtable || opts.proto == Proto::Tcp {
+                    topo.ethtool_feature(&gw, GW_OUT, "gro", true)?;
+                    g.notes.push("kernel: GRO on gwout too (the sink's answers arrive as XDP frames)".into());
+                }
+                // TCP: gwin's GRO merges a train's segments, gwout segments
+                // them again and would leave each with a partial checksum
+                // (veth "offloads" it): the kernel completes them, as a
+                // NIC's offload would.
+                if opts.proto == Proto::Tcp && mode != Mode::KernelNewConns {
+                    topo.ethtool_feature(&gw, GW_OUT, "tx", false)?;
+                    g.notes.push("kernel: TX checksum offload off on gwout (full checksums on GSO segments)".into());
+                }
+                if flowtable {
+                    let rules = flowtable_ruleset(&[GW_IN, GW_OUT]);
+                    if let Err(e) = topo.exec(&gw, &["nft", "-f", "-"], Some(&rules)) {
+                        return Err(BenchError::Unavailable {
+                            mode: mode.name(),
+                            reason: format!(
+                                "nftables refused the flowtable ({e}); a kernel built without CONFIG_NF_FLOW_TABLE (and CONFIG_NF_FLOW_TABLE_INET) answers \"No such file or directory\""
+                            ),
+                        });
+                    }
+                    g.notes.push(format!(
+                        "kernel: flowtable ft on {GW_IN} and {GW_OUT} (table inet {NFT_FLOWTABLE_TABLE})"
+                    ));
+                }
             }
             Mode::Redirect => {
                 let r = in_netns(&gw, || Redirect::attach(in_idx, out_idx, topology::GW_OUT_MAC, topology::SINK_MAC))?;
@@ -446,10 +537,15 @@ impl Drop for Gateway<'_> {
     fn drop(&mut self) {
         let gw = self.topo.gw_ns.clone();
         match &mut self.state {
-            State::Kernel => {
+            State::Kernel { flowtable } => {
+                if *flowtable {
+                    let _ = self.topo.exec(&gw, &["nft", "delete", "table", "inet", NFT_FLOWTABLE_TABLE], None);
+                }
                 let _ = self.topo.exec(&gw, &["nft", "delete", "table", "ip", NFT_TABLE], None);
                 let _ = self.topo.sysctl(&gw, "net.ipv4.ip_forward", "0");
                 let _ = self.topo.ethtool_feature(&gw, GW_IN, "gro", false);
+                let _ = self.topo.ethtool_feature(&gw, GW_OUT, "gro", false);
+                let _ = self.topo.ethtool_feature(&gw, GW_OUT, "tx", true);
             }
             State::Nothing | State::Redirect(_) => {}
             State::Egret(d) => {
@@ -467,6 +563,8 @@ impl Drop for Gateway<'_> {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Sample {
     pub mode: Mode,
+    /// The frames' transport.
+    pub proto: Proto,
     /// Distinct flows (0: a new flow per frame).
     pub flows: u64,
     pub round: u32,
@@ -484,6 +582,15 @@ pub struct Sample {
     /// Benchmark frames counted at the sink.
     pub sink: SinkCounts,
     pub cpu: WindowUse,
+    /// `kernel-flowtable`: packets that went through the forward chain
+    /// over the window (read just outside it), i.e. not forwarded by the
+    /// flowtable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_path: Option<u64>,
+    /// `kernel-flowtable`: connections in a flowtable (`[OFFLOAD]` in
+    /// conntrack) and all connections, read before the window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offloaded: Option<(u64, u64)>,
 }
 
 impl Sample {
@@ -566,7 +673,20 @@ impl Sample {
             ));
         }
         if s.bad_ip_checksum + s.bad_udp_checksum > 0 {
-            p.push(format!("bad checksums: {} IPv4, {} UDP", s.bad_ip_checksum, s.bad_udp_checksum));
+            p.push(format!(
+                "bad checksums: {} IPv4, {} {}",
+                s.bad_ip_checksum,
+                s.bad_udp_checksum,
+                self.proto.name().to_uppercase()
+            ));
+        }
+        if let Some(slow) = self.slow_path {
+            if slow as f64 > 0.01 * s.frames as f64 {
+                p.push(format!(
+                    "{slow} of {} forwarded frames went through the forward chain: the flowtable did not carry the flows",
+                    s.frames
+                ));
+            }
         }
         // The sink checks only frames of the 60-byte shape: an inner frame
         // forwarded with anything of its tunnel left would show here.
@@ -630,6 +750,13 @@ const ESTABLISH_MAX: Duration = Duration::from_secs(30);
 /// answers each flow once per quarter second (a reply lost in a full ring
 /// is sent again), and stops answering before the window.
 fn establish_fast_path(gateway: &Gateway<'_>, sink: &SinkSide, spec: &GenSpec, flows: u64) -> Result<(), BenchError> {
+    // TCP windows bring connections of their own (new ports): the earlier
+    // windows' sessions stay installed beside them.
+    let before = if spec.frame.proto == Proto::Tcp {
+        scrape(gateway)?.get("egret_fastpath_sessions").copied().unwrap_or(0.0)
+    } else {
+        0.0
+    };
     let mut slow = spec.clone();
     // AF_PACKET paces evenly; the XDP engine's 50 ms bursts overflow gwin's
     // ring and, with 50,000 flows a multiple of the burst, lose the same
@@ -639,10 +766,19 @@ fn establish_fast_path(gateway: &Gateway<'_>, sink: &SinkSide, spec: &GenSpec, f
     let gen = Running::start(slow)?;
     let t0 = Instant::now();
     let mut installed = 0.0;
+    let mut passes = 0u32;
     while t0.elapsed() < ESTABLISH_MAX {
         sink.sink.set_reply_generation(next_reply_generation())?;
         sleep_checked(0.25)?;
-        installed = scrape(gateway)?.get("egret_fastpath_sessions").copied().unwrap_or(0.0);
+        passes += 1;
+        // TCP: a connection whose SYN-ACK was lost on the way back (the
+        // workers' ring) never completes its handshake: every 2 s, the SYNs
+        // again (Egret takes a SYN on an established session as a
+        // retransmission; the sink answers while replies are on).
+        if spec.frame.proto == Proto::Tcp && passes.is_multiple_of(8) {
+            generator::send_syns(&spec.netns, &spec.dev, &spec.frame, &spec.flows, HANDSHAKE_PPS)?;
+        }
+        installed = scrape(gateway)?.get("egret_fastpath_sessions").copied().unwrap_or(0.0) - before;
         if installed >= flows as f64 {
             break;
         }
@@ -655,6 +791,97 @@ fn establish_fast_path(gateway: &Gateway<'_>, sink: &SinkSide, spec: &GenSpec, f
         ESTABLISH_PPS
     );
     Ok(())
+}
+
+/// Rate of the handshake's SYNs (TCP).
+const HANDSHAKE_PPS: u64 = 25_000;
+
+/// TCP: complete every flow's handshake before the window, so that the
+/// window's segments belong to established connections on every stateful
+/// path (the kernel's conntrack: SYN_SENT, SYN_RECV, then ESTABLISHED on the
+/// first data segment; Egret: both SYNs seen). The generator's namespace
+/// sends each flow's SYN (sequence number [`crate::frame::TCP_POD_ISN`])
+/// while the sink answers every translated SYN with a SYN-ACK (sequence
+/// number [`crate::frame::TCP_SINK_ISN`]), which goes back through the
+/// gateway. The pod never needs to see it: its data segments acknowledge
+/// the sink's ISN + 1, known in advance. SYNs the sink did not answer (lost
+/// in a full ring) are sent again, twice at most. Returns the number of
+/// SYN-ACKs sent.
+fn handshake(sink: &SinkSide, spec: &GenSpec, flows: u64) -> Result<u64, BenchError> {
+    sink.sink.set_reply_generation(next_reply_generation())?;
+    let mut answered = 0;
+    for _ in 0..3 {
+        let before = sink.sink.counts()?;
+        generator::send_syns(&spec.netns, &spec.dev, &spec.frame, &spec.flows, HANDSHAKE_PPS)?;
+        // The last SYN-ACKs cross the gateway.
+        sleep_checked(0.1)?;
+        answered = sink.sink.counts()?.since(&before).replied;
+        if answered >= flows {
+            break;
+        }
+    }
+    sink.sink.set_reply_generation(0)?;
+    eprintln!("  tcp: {answered} of {flows} SYNs answered with a SYN-ACK");
+    Ok(answered)
+}
+
+/// Packets that went through `kernel-flowtable`'s forward chain so far.
+fn slow_path_packets(topo: &Topology) -> Result<u64, BenchError> {
+    let text = topo.exec(
+        &topo.gw_ns,
+        &["nft", "-j", "list", "counter", "inet", NFT_FLOWTABLE_TABLE, NFT_SLOW_PATH_COUNTER],
+        None,
+    )?;
+    nft_counter_packets(&text).ok_or_else(|| BenchError::Unavailable {
+        mode: Mode::KernelFlowtable.name(),
+        reason: format!("no packet count in nft's answer: {text}"),
+    })
+}
+
+/// The gateway's conntrack connections in a flowtable, and all of them
+/// (`/proc/net/nf_conntrack` read inside the gateway's namespace).
+fn conntrack_offloaded(topo: &Topology) -> Result<(u64, u64), BenchError> {
+    let path = "/proc/thread-self/net/nf_conntrack";
+    let text = in_netns(&topo.gw_ns, || -> Result<String, BenchError> {
+        std::fs::read_to_string(path).map_err(|source| cpu::CpuError::Read { path: path.into(), source }.into())
+    })?;
+    Ok(count_offloaded(&text))
+}
+
+/// `kernel-flowtable`: send the flows at [`ESTABLISH_PPS`], the sink
+/// answering each (UDP) once per quarter second, until the forward chain
+/// sees almost nothing (at most 1% of what was sent over the last quarter
+/// second, after one second at least: every flow is in the flowtable), or
+/// [`ESTABLISH_MAX`] passes. Returns the offloaded and all connections
+/// conntrack lists afterwards.
+fn establish_flowtable(topo: &Topology, sink: &SinkSide, spec: &GenSpec, flows: u64) -> Result<(u64, u64), BenchError> {
+    let mut slow = spec.clone();
+    slow.engine = Engine::AfPacket;
+    slow.rate = Some(ESTABLISH_PPS);
+    let gen = Running::start(slow)?;
+    let t0 = Instant::now();
+    let mut last = (slow_path_packets(topo)?, gen.sent()?);
+    let mut last_share = 1.0;
+    while t0.elapsed() < ESTABLISH_MAX {
+        sink.sink.set_reply_generation(next_reply_generation())?;
+        sleep_checked(0.25)?;
+        let now = (slow_path_packets(topo)?, gen.sent()?);
+        let (through_chain, sent) = (now.0.saturating_sub(last.0), now.1.saturating_sub(last.1));
+        last = now;
+        last_share = through_chain as f64 / sent.max(1) as f64;
+        if t0.elapsed() >= Duration::from_secs(1) && last_share <= 0.01 {
+            break;
+        }
+    }
+    sink.sink.set_reply_generation(0)?;
+    drop(gen);
+    let (offloaded, all) = conntrack_offloaded(topo)?;
+    eprintln!(
+        "  kernel-flowtable: after {:.1} s at {ESTABLISH_PPS} pps, {:.1}% of the last quarter second's frames took the forward chain; conntrack: {offloaded} of {all} connections [OFFLOAD] ({flows} flows sent)",
+        t0.elapsed().as_secs_f64(),
+        last_share * 100.0
+    );
+    Ok((offloaded, all))
 }
 
 /// A reply generation for the sink not used before in this run.
@@ -686,8 +913,33 @@ fn scrape(gateway: &Gateway<'_>) -> Result<BTreeMap<String, f64>, BenchError> {
     }
 }
 
+/// The transport `mode`'s frames use under `opts`: new-connection and
+/// encapsulated modes always send UDP.
+pub fn proto_of(mode: Mode, opts: &Options) -> Proto {
+    if mode.new_flows() || mode.encapsulated() {
+        Proto::Udp
+    } else {
+        opts.proto
+    }
+}
+
+/// The source ports of a TCP window's connections: from [`crate::frame::BASE_PORT`]
+/// plus `used` (the ports earlier windows on this gateway set-up took), or
+/// from the base again when they would not fit below 65536.
+pub fn tcp_base_port(used: u32, ports: u32) -> u16 {
+    let base = u32::from(crate::frame::BASE_PORT);
+    if base + used + ports > 65_536 {
+        crate::frame::BASE_PORT
+    } else {
+        (base + used) as u16
+    }
+}
+
 /// Measure one window of `mode` with `flows` (ignored for new-flow modes).
 /// `next_fresh` is the new-flow counter, advanced past what was sent.
+/// `tcp_ports` counts the source ports TCP windows used on this gateway
+/// set-up: each TCP window's connections are new ones (their own ports),
+/// with their own handshake.
 #[allow(clippy::too_many_arguments)]
 pub fn measure(
     topo: &Topology,
@@ -697,9 +949,17 @@ pub fn measure(
     flows: u32,
     round: u32,
     next_fresh: &mut u64,
+    tcp_ports: &mut u32,
 ) -> Result<Sample, BenchError> {
     let mode = gateway.mode;
-    let flow_set = if mode.new_flows() { FlowSet::new_flows() } else { FlowSet::fixed(flows).with_train(opts.train) };
+    let proto = proto_of(mode, opts);
+    let mut flow_set =
+        if mode.new_flows() { FlowSet::new_flows() } else { FlowSet::fixed(flows).with_train(opts.train) };
+    if proto == Proto::Tcp {
+        let base = tcp_base_port(*tcp_ports, flow_set.ports);
+        flow_set = flow_set.with_base_port(base);
+        *tcp_ports = u32::from(base - crate::frame::BASE_PORT) + flow_set.ports;
+    }
     let spec = GenSpec {
         engine: opts.engine,
         netns: topo.gen_ns.clone(),
@@ -714,6 +974,7 @@ pub fn measure(
             dst_mac: if mode.encapsulated() { topology::NODE_GNV_MAC } else { topology::GW_IN_MAC },
             dst_ip: topology::SINK_IP,
             dst_port: topology::SINK_PORT,
+            proto,
         },
         encap: mode.encapsulated().then_some(VxlanSpec {
             outer_src_mac: topology::GEN_MAC,
@@ -733,20 +994,30 @@ pub fn measure(
     // slow path keeps up with, the sink answering them, until Egret has
     // installed them all. The window then measures established flows.
     sink.sink.set_reply_generation(0)?;
+    if proto == Proto::Tcp && mode.stateful() {
+        handshake(sink, &spec, flow_set.flows)?;
+    }
     if mode.fast_path() {
         establish_fast_path(gateway, sink, &spec, u64::from(flows))?;
     }
+    let offloaded = if mode == Mode::KernelFlowtable {
+        Some(establish_flowtable(topo, sink, &spec, flow_set.flows)?)
+    } else {
+        None
+    };
     let mut gen = Running::start(spec)?;
     let result = (|| -> Result<Sample, BenchError> {
         sleep_checked(warmup)?;
         // Slowest reads outermost: interface counters (four `ip` runs), then
         // Egret's metrics, then the window's own counters.
         let l0 = topo.link_counters()?;
+        let f0 = if mode == Mode::KernelFlowtable { Some(slow_path_packets(topo)?) } else { None };
         let m0 = scrape(gateway)?;
         let (t0, o0, s0, c0) = sample_all(&gen, sink, &gateway.watched)?;
         sleep_checked(seconds)?;
         let (t1, o1, s1, c1) = sample_all(&gen, sink, &gateway.watched)?;
         let m1 = scrape(gateway)?;
+        let f1 = if mode == Mode::KernelFlowtable { Some(slow_path_packets(topo)?) } else { None };
         let l1 = topo.link_counters()?;
         let links = l1.iter().map(|(k, v)| (k.clone(), v.since(&l0.get(k).copied().unwrap_or_default()))).collect();
         let egret_metrics = m1
@@ -758,12 +1029,15 @@ pub fn measure(
             egret_metrics,
             links,
             mode,
+            proto,
             flows: if mode.new_flows() { 0 } else { u64::from(flows.max(1)) },
             round,
             seconds: (t1 - t0).as_secs_f64(),
             offered: o1 - o0,
             sink: s1.since(&s0),
             cpu: cpu::window(&c0, &c1, opts.user_hz, opts.gw_cpu, opts.gen_cpu)?,
+            slow_path: f0.zip(f1).map(|(a, b)| b.saturating_sub(a)),
+            offloaded,
         })
     })();
     let total = gen.finish()?;
@@ -773,4 +1047,87 @@ pub fn measure(
     // Let the gateway drain before the next window.
     sleep_checked(0.3)?;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flowtable_ruleset_covers_both_interfaces_and_counts_the_slow_path() {
+        let r = flowtable_ruleset(&["gwin", "gwout"]);
+        assert!(r.starts_with("table inet egret_bench_ft {\n"), "{r}");
+        assert!(r.contains("counter slow_path { }"), "{r}");
+        assert!(r.contains("flowtable ft {\n    hook ingress priority 0; devices = { \"gwin\", \"gwout\" };"), "{r}");
+        assert!(r.contains("type filter hook forward priority 0; policy accept;"), "{r}");
+        assert!(r.contains("meta l4proto { tcp, udp } counter name \"slow_path\" flow add @ft"), "{r}");
+        assert_eq!(r.matches('{').count(), r.matches('}').count(), "{r}");
+    }
+
+    #[test]
+    fn nft_counter_json_is_read() {
+        let text = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"counter": {"family": "inet", "name": "slow_path", "table": "egret_bench_ft", "handle": 2, "packets": 1234, "bytes": 74040}}]}"#;
+        assert_eq!(nft_counter_packets(text), Some(1234));
+        assert_eq!(nft_counter_packets(r#"{"nftables": [{"metainfo": {}}]}"#), None);
+        assert_eq!(nft_counter_packets("Error: No such file or directory"), None);
+    }
+
+    #[test]
+    fn offloaded_connections_are_counted_from_conntrack() {
+        let text = "\
+ipv4     2 udp      17 29 src=198.18.1.0 dst=198.51.100.1 sport=1024 dport=9 src=198.51.100.1 dst=203.0.113.10 sport=9 dport=1024 [OFFLOAD] mark=0 zone=0 use=3
+ipv4     2 udp      17 27 src=198.18.1.1 dst=198.51.100.1 sport=1024 dport=9 src=198.51.100.1 dst=203.0.113.10 sport=9 dport=1025 mark=0 zone=0 use=2
+ipv4     2 tcp      6 431999 ESTABLISHED src=198.18.1.2 dst=198.51.100.1 sport=1024 dport=9 src=198.51.100.1 dst=203.0.113.10 sport=9 dport=1026 [OFFLOAD] [ASSURED] mark=0 zone=0 use=3
+";
+        assert_eq!(count_offloaded(text), (2, 3));
+        assert_eq!(count_offloaded(""), (0, 0));
+    }
+
+    #[test]
+    fn tcp_windows_get_ports_of_their_own() {
+        // 1, 4,000 and 50,000 flows: 1, 20 and 250 ports per address.
+        let mut used = 0u32;
+        let mut bases = Vec::new();
+        for flows in [1u32, 4000, 50_000] {
+            let set = FlowSet::fixed(flows);
+            let base = tcp_base_port(used, set.ports);
+            bases.push(base);
+            used = u32::from(base - crate::frame::BASE_PORT) + set.ports;
+        }
+        assert_eq!(bases, [1024, 1025, 1045]);
+        assert_eq!(used, 271);
+        // Back to the base rather than past 65535.
+        assert_eq!(tcp_base_port(64_400, 250), 1024);
+        assert_eq!(tcp_base_port(64_262, 250), 65_286);
+    }
+
+    #[test]
+    fn modes_name_and_classify() {
+        assert_eq!(Mode::KernelFlowtable.name(), "kernel-flowtable");
+        assert!(Mode::KernelFlowtable.kernel() && Mode::KernelFlowtable.translates());
+        assert!(!Mode::KernelFlowtable.uses_egret() && !Mode::KernelFlowtable.fast_path());
+        assert!(!Mode::Redirect.stateful() && Mode::Kernel.stateful() && Mode::Fastpath.stateful());
+        let opts = Options {
+            engine: Engine::Xdp,
+            gen_cpu: 0,
+            gw_cpu: 1,
+            seconds: 1.0,
+            warmup: 1.0,
+            new_conns_seconds: 1.0,
+            rate: None,
+            egret: PathBuf::new(),
+            workdir: PathBuf::new(),
+            metrics_port: 1,
+            user_hz: 100,
+            priorities: false,
+            fast_path_sessions: None,
+            train: 16,
+            tunnel_port: 6082,
+            proto: Proto::Tcp,
+        };
+        assert_eq!(proto_of(Mode::Kernel, &opts), Proto::Tcp);
+        assert_eq!(proto_of(Mode::KernelFlowtable, &opts), Proto::Tcp);
+        assert_eq!(proto_of(Mode::NewConns, &opts), Proto::Udp, "new flows are UDP");
+        assert_eq!(proto_of(Mode::FastpathVxlan, &opts), Proto::Udp, "the tunnel modes send UDP");
+    }
 }

@@ -1,12 +1,20 @@
-//! The benchmark's frames: 64-byte (on the wire) Ethernet/IPv4/UDP frames
-//! with correct checksums, and the flow sets that spread them over source
-//! addresses and ports of the pod range.
+//! The benchmark's frames: 64-byte (on the wire) Ethernet/IPv4/UDP or
+//! Ethernet/IPv4/TCP frames with correct checksums, and the flow sets that
+//! spread them over source addresses and ports of the pod range.
 //!
 //! A frame is 60 bytes as handed to the kernel (the NIC would add the 4-byte
 //! FCS): Ethernet II (14), IPv4 without options (20, RFC 791 section 3.1),
 //! UDP (8, RFC 768) and 18 bytes of payload. Checksums follow RFC 1071
 //! (one's complement sum of 16-bit words); the UDP checksum covers the
 //! RFC 768 pseudo-header, and a computed zero is sent as 0xffff.
+//!
+//! A TCP frame (`--proto tcp`, issue 32) has the same 60 bytes: Ethernet,
+//! IPv4, a TCP header without options (20, RFC 9293 3.1) with ACK set and 6
+//! bytes of payload, the segment of a bulk transfer. Its sequence number
+//! advances by the payload per segment of the flow ([`tcp_seq`]); the
+//! acknowledgment number is the sink's SYN-ACK's sequence number plus one.
+//! The handshake's SYN ([`FrameSpec::build_syn`]) is 54 bytes of headers
+//! padded to 60 (IPv4 total length 40), as a NIC pads a short frame.
 //!
 //! The XDP generator (`xdp/gen.bpf.c`) rewrites a template into flow `k`'s
 //! frame in the kernel; [`GenChecksumBase`] are the partial sums it starts
@@ -28,8 +36,70 @@ pub const UDP_LEN: usize = FRAME_LEN - UDP_OFF;
 
 const ETHERTYPE_IPV4: u16 = 0x0800;
 const IPPROTO_UDP: u8 = 17;
+/// IPv4's protocol number for TCP.
+pub const IPPROTO_TCP: u8 = 6;
 const TTL: u8 = 64;
 const PAYLOAD: &[u8; FRAME_LEN - UDP_OFF - 8] = b"egret-throughput!\n";
+/// TCP header without options.
+pub const TCP_HDR_LEN: usize = 20;
+/// A data segment's payload (the 60-byte frame's rest).
+pub const TCP_PAYLOAD: &[u8; FRAME_LEN - UDP_OFF - TCP_HDR_LEN] = b"egret\n";
+/// The pods' initial sequence number (every flow's: flows differ in their
+/// addresses and ports, which is all a NAT and conntrack key on).
+pub const TCP_POD_ISN: u32 = 0x4567_0000;
+/// The sink's initial sequence number (its SYN-ACK's); `xdp/sink.bpf.c`
+/// has the same constant.
+pub const TCP_SINK_ISN: u32 = 0x7e57_0000;
+/// The window both sides advertise (no window scaling: the SYNs carry no
+/// options).
+pub const TCP_WINDOW: u16 = 65_535;
+/// A flow's sequence number goes back to its first data byte after this
+/// many segments (48 KiB of payload): the sink never acknowledges, so the
+/// pod may not send past the sink's 64 KiB window (conntrack checks it,
+/// `tcp_in_window`); an older sequence number within the window is a
+/// retransmission, which every stateful path accepts.
+pub const TCP_SEQ_WRAP: u64 = 8192;
+/// TCP flags (RFC 9293 3.1).
+pub mod tcp_flags {
+    pub const SYN: u8 = 0x02;
+    pub const ACK: u8 = 0x10;
+}
+
+/// The transport of a run's frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Proto {
+    /// 64-byte UDP datagrams.
+    #[default]
+    Udp,
+    /// 64-byte TCP data segments of established connections.
+    Tcp,
+}
+
+impl Proto {
+    /// IPv4's protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Proto::Udp => IPPROTO_UDP,
+            Proto::Tcp => IPPROTO_TCP,
+        }
+    }
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Udp => "udp",
+            Proto::Tcp => "tcp",
+        }
+    }
+}
+
+/// The sequence number of segment `segment` (0, 1, ...) of a flow: the
+/// first data byte after the SYN, advancing by the payload per segment,
+/// wrapping after [`TCP_SEQ_WRAP`] segments.
+pub fn tcp_seq(segment: u64) -> u32 {
+    TCP_POD_ISN.wrapping_add(1).wrapping_add(TCP_PAYLOAD.len() as u32 * (segment % TCP_SEQ_WRAP) as u32)
+}
 
 /// RFC 1071 one's complement sum of big-endian 16-bit words, unfolded. An odd
 /// trailing byte is padded with zero (section 4.1).
@@ -62,10 +132,21 @@ pub fn ipv4_header_checksum(header: &[u8]) -> u16 {
 
 /// Sum of the RFC 768 pseudo-header for UDP over IPv4.
 fn pseudo_header_sum(src: Ipv4Addr, dst: Ipv4Addr, udp_len: u16) -> u32 {
-    ones_complement_sum(&src.octets())
-        + ones_complement_sum(&dst.octets())
-        + u32::from(IPPROTO_UDP)
-        + u32::from(udp_len)
+    pseudo_header_sum_for(IPPROTO_UDP, src, dst, udp_len)
+}
+
+/// Sum of the pseudo-header of UDP (RFC 768) or TCP (RFC 9293 3.1) over
+/// IPv4: source, destination, protocol and the transport length.
+fn pseudo_header_sum_for(proto: u8, src: Ipv4Addr, dst: Ipv4Addr, len: u16) -> u32 {
+    ones_complement_sum(&src.octets()) + ones_complement_sum(&dst.octets()) + u32::from(proto) + u32::from(len)
+}
+
+/// The TCP checksum of `segment` (header and payload, checksum field
+/// included as it stands) over IPv4 from `src` to `dst`: the value to store
+/// when the field is zero, 0 when a stored one is correct.
+pub fn tcp_checksum(src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) -> u16 {
+    let len = u16::try_from(segment.len()).unwrap_or(u16::MAX);
+    !fold(pseudo_header_sum_for(IPPROTO_TCP, src, dst, len) + ones_complement_sum(segment))
 }
 
 /// The UDP checksum of `udp` (header and payload, checksum field included
@@ -82,17 +163,23 @@ pub fn udp_checksum(src: Ipv4Addr, dst: Ipv4Addr, udp: &[u8]) -> u16 {
 }
 
 /// Whether a frame built here (or translated by a NAT) carries correct IPv4
-/// and UDP checksums. `None` if it is not an IPv4/UDP frame of our shape.
+/// and UDP (or TCP) checksums. `None` if it is not an IPv4/UDP or IPv4/TCP
+/// frame of our shape.
 pub fn checksums_ok(frame: &[u8]) -> Option<(bool, bool)> {
     if frame.len() < FRAME_LEN || frame[12..14] != ETHERTYPE_IPV4.to_be_bytes() || frame[ETH_LEN] != 0x45 {
         return None;
     }
     let ip = &frame[ETH_LEN..UDP_OFF];
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    if ip[9] == IPPROTO_TCP {
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        let tcp = frame.get(UDP_OFF..ETH_LEN + total.max(IPV4_LEN))?;
+        return Some((ipv4_header_checksum(ip) == 0, tcp.len() >= TCP_HDR_LEN && tcp_checksum(src, dst, tcp) == 0));
+    }
     if ip[9] != IPPROTO_UDP {
         return None;
     }
-    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
-    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
     let udp_len = usize::from(u16::from_be_bytes([frame[UDP_OFF + 4], frame[UDP_OFF + 5]]));
     let udp = frame.get(UDP_OFF..UDP_OFF + udp_len)?;
     let ip_ok = ipv4_header_checksum(ip) == 0;
@@ -108,29 +195,78 @@ pub struct FrameSpec {
     pub dst_mac: [u8; 6],
     pub dst_ip: Ipv4Addr,
     pub dst_port: u16,
+    pub proto: Proto,
 }
 
 impl FrameSpec {
-    /// Flow `(src_ip, src_port)`'s frame, checksums filled in.
+    /// Flow `(src_ip, src_port)`'s frame, checksums filled in (for TCP its
+    /// first data segment).
     pub fn build(&self, src_ip: Ipv4Addr, src_port: u16) -> [u8; FRAME_LEN] {
-        let mut f = [0u8; FRAME_LEN];
+        self.build_segment(src_ip, src_port, 0)
+    }
+
+    /// Flow `(src_ip, src_port)`'s frame number `segment` (0, 1, ...):
+    /// UDP frames are all alike; a TCP segment carries [`tcp_seq`]`(segment)`.
+    pub fn build_segment(&self, src_ip: Ipv4Addr, src_port: u16, segment: u64) -> [u8; FRAME_LEN] {
+        match self.proto {
+            Proto::Udp => self.build_udp(src_ip, src_port),
+            Proto::Tcp => self.build_tcp(src_ip, src_port, tcp_seq(segment), tcp_flags::ACK),
+        }
+    }
+
+    /// The flow's SYN (TCP): sequence number [`TCP_POD_ISN`], no options, no
+    /// payload; the frame padded to 60 bytes with zeros.
+    pub fn build_syn(&self, src_ip: Ipv4Addr, src_port: u16) -> [u8; FRAME_LEN] {
+        self.build_tcp(src_ip, src_port, TCP_POD_ISN, tcp_flags::SYN)
+    }
+
+    /// The IPv4 header for `src_ip` carrying `l4_len` bytes of `proto`.
+    fn ipv4_header(&self, f: &mut [u8; FRAME_LEN], src_ip: Ipv4Addr, proto: u8, l4_len: usize) {
         f[0..6].copy_from_slice(&self.dst_mac);
         f[6..12].copy_from_slice(&self.src_mac);
         f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-
         let ip = &mut f[ETH_LEN..UDP_OFF];
         ip[0] = 0x45; // version 4, IHL 5
         ip[1] = 0; // DSCP/ECN
-        ip[2..4].copy_from_slice(&((FRAME_LEN - ETH_LEN) as u16).to_be_bytes());
+        ip[2..4].copy_from_slice(&((IPV4_LEN + l4_len) as u16).to_be_bytes());
         ip[4..6].copy_from_slice(&0u16.to_be_bytes()); // identification
         ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF, offset 0
         ip[8] = TTL;
-        ip[9] = IPPROTO_UDP;
+        ip[9] = proto;
+        ip[10..12].fill(0);
         ip[12..16].copy_from_slice(&src_ip.octets());
         ip[16..20].copy_from_slice(&self.dst_ip.octets());
         let c = ipv4_header_checksum(ip);
         ip[10..12].copy_from_slice(&c.to_be_bytes());
+    }
 
+    /// A TCP frame: a data segment (ACK, [`TCP_PAYLOAD`]) or, with SYN in
+    /// `flags`, the handshake's SYN (no payload, ack 0).
+    fn build_tcp(&self, src_ip: Ipv4Addr, src_port: u16, seq: u32, flags: u8) -> [u8; FRAME_LEN] {
+        let mut f = [0u8; FRAME_LEN];
+        let syn = flags & tcp_flags::SYN != 0;
+        let len = if syn { TCP_HDR_LEN } else { TCP_HDR_LEN + TCP_PAYLOAD.len() };
+        self.ipv4_header(&mut f, src_ip, IPPROTO_TCP, len);
+        let tcp = &mut f[UDP_OFF..UDP_OFF + len];
+        tcp[0..2].copy_from_slice(&src_port.to_be_bytes());
+        tcp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+        let ack = if syn { 0 } else { TCP_SINK_ISN.wrapping_add(1) };
+        tcp[8..12].copy_from_slice(&ack.to_be_bytes());
+        tcp[12] = ((TCP_HDR_LEN / 4) as u8) << 4; // data offset, no options
+        tcp[13] = flags;
+        tcp[14..16].copy_from_slice(&TCP_WINDOW.to_be_bytes());
+        if !syn {
+            tcp[TCP_HDR_LEN..].copy_from_slice(TCP_PAYLOAD);
+        }
+        let c = tcp_checksum(src_ip, self.dst_ip, tcp);
+        tcp[16..18].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+
+    fn build_udp(&self, src_ip: Ipv4Addr, src_port: u16) -> [u8; FRAME_LEN] {
+        let mut f = [0u8; FRAME_LEN];
+        self.ipv4_header(&mut f, src_ip, IPPROTO_UDP, UDP_LEN);
         let udp = &mut f[UDP_OFF..];
         udp[0..2].copy_from_slice(&src_port.to_be_bytes());
         udp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
@@ -210,7 +346,19 @@ impl VxlanSpec {
 /// Flow `(src_ip, src_port)`'s frame as the generator sends it: `spec`'s
 /// frame, wrapped by `encap` when given.
 pub fn wire_frame(spec: &FrameSpec, encap: Option<&VxlanSpec>, src_ip: Ipv4Addr, src_port: u16) -> Vec<u8> {
-    let inner = spec.build(src_ip, src_port);
+    wire_segment(spec, encap, src_ip, src_port, 0)
+}
+
+/// The same for the flow's frame number `segment` (TCP: its sequence
+/// number, [`FrameSpec::build_segment`]).
+pub fn wire_segment(
+    spec: &FrameSpec,
+    encap: Option<&VxlanSpec>,
+    src_ip: Ipv4Addr,
+    src_port: u16,
+    segment: u64,
+) -> Vec<u8> {
+    let inner = spec.build_segment(src_ip, src_port, segment);
     match encap {
         Some(e) => e.wrap(&inner, src_ip, src_port),
         None => inner.to_vec(),
@@ -292,6 +440,24 @@ impl FlowSet {
         n / u64::from(self.train.max(1))
     }
 
+    /// Which of its flow's frames frame `n` is (0, 1, ...): the passes over
+    /// the flow set before it times the train, plus its place in its train.
+    /// A TCP segment's sequence number follows from it ([`tcp_seq`]).
+    /// Always 0 in new-flow mode.
+    pub fn segment_of_frame(&self, n: u64) -> u64 {
+        if self.flows == 0 {
+            return 0;
+        }
+        let train = u64::from(self.train.max(1));
+        (n / (train * self.flows)) * train + n % train
+    }
+
+    /// The same flows with source ports from `base_port` (TCP runs give
+    /// each window connections of its own).
+    pub fn with_base_port(self, base_port: u16) -> Self {
+        Self { base_port, ..self }
+    }
+
     /// Whether every frame is a new flow.
     pub fn is_fresh_per_frame(&self) -> bool {
         self.flows == 0
@@ -299,37 +465,58 @@ impl FlowSet {
 }
 
 /// The partial checksums `xdp/gen.bpf.c` starts from: every 16-bit word of
-/// the IPv4 header but the source address and the checksum, and of the UDP
-/// pseudo-header, header and payload but the source address, the source
-/// port and the checksum. Layout mirrors `struct gen_cfg`'s sum fields.
+/// the IPv4 header but the source address and the checksum, and of the
+/// transport's pseudo-header, header and payload but the source address,
+/// the source port, the checksum and (TCP) the sequence number. Layout
+/// mirrors `struct gen_flows`'s sum fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GenChecksumBase {
     pub ip_sum: u32,
+    /// UDP's or TCP's (`l4_sum` in the C struct).
     pub udp_sum: u32,
+    pub proto: Proto,
 }
 
 impl GenChecksumBase {
     /// The partial sums of `spec`'s frames.
     pub fn of(spec: &FrameSpec) -> Self {
-        // A frame with source 0.0.0.0 port 0 and zeroed checksums holds
-        // exactly the words that do not vary.
-        let mut f = spec.build(Ipv4Addr::UNSPECIFIED, 0);
+        // A frame with source 0.0.0.0 port 0 (sequence number 0) and zeroed
+        // checksums holds exactly the words that do not vary.
+        let mut f = match spec.proto {
+            Proto::Udp => spec.build_udp(Ipv4Addr::UNSPECIFIED, 0),
+            Proto::Tcp => spec.build_tcp(Ipv4Addr::UNSPECIFIED, 0, 0, tcp_flags::ACK),
+        };
         f[ETH_LEN + 10..ETH_LEN + 12].fill(0);
-        f[UDP_OFF + 6..UDP_OFF + 8].fill(0);
+        let check = match spec.proto {
+            Proto::Udp => UDP_OFF + 6,
+            Proto::Tcp => UDP_OFF + 16,
+        };
+        f[check..check + 2].fill(0);
         let ip_sum = ones_complement_sum(&f[ETH_LEN..UDP_OFF]);
-        let udp_sum =
-            pseudo_header_sum(Ipv4Addr::UNSPECIFIED, spec.dst_ip, UDP_LEN as u16) + ones_complement_sum(&f[UDP_OFF..]);
-        Self { ip_sum, udp_sum }
+        let udp_sum = pseudo_header_sum_for(spec.proto.number(), Ipv4Addr::UNSPECIFIED, spec.dst_ip, UDP_LEN as u16)
+            + ones_complement_sum(&f[UDP_OFF..]);
+        Self { ip_sum, udp_sum, proto: spec.proto }
     }
 
     /// What the XDP generator writes for source `(ip, port)`: the IPv4 and
     /// UDP checksums (the same arithmetic as `gen.bpf.c`).
     pub fn apply(&self, ip: Ipv4Addr, port: u16) -> (u16, u16) {
+        self.apply_segment(ip, port, 0)
+    }
+
+    /// The same for TCP segment `seq` (ignored for UDP): the IPv4 and TCP
+    /// checksums (TCP has no "no checksum" value: a computed zero stays).
+    pub fn apply_segment(&self, ip: Ipv4Addr, port: u16, seq: u32) -> (u16, u16) {
         let src = u32::from(ip);
         let words = (src >> 16) + (src & 0xffff);
         let ip_c = !fold(self.ip_sum + words);
-        let udp_c = !fold(self.udp_sum + words + u32::from(port));
-        (ip_c, if udp_c == 0 { 0xffff } else { udp_c })
+        match self.proto {
+            Proto::Udp => {
+                let udp_c = !fold(self.udp_sum + words + u32::from(port));
+                (ip_c, if udp_c == 0 { 0xffff } else { udp_c })
+            }
+            Proto::Tcp => (ip_c, !fold(self.udp_sum + words + u32::from(port) + (seq >> 16) + (seq & 0xffff))),
+        }
     }
 }
 
@@ -343,6 +530,112 @@ mod tests {
             dst_mac: [0x02, 0, 0, 0, 0, 0x02],
             dst_ip: Ipv4Addr::new(198, 51, 100, 1),
             dst_port: 9,
+            proto: Proto::Udp,
+        }
+    }
+
+    fn tcp_spec() -> FrameSpec {
+        FrameSpec { proto: Proto::Tcp, ..spec() }
+    }
+
+    #[test]
+    fn tcp_segments_are_exact_and_checked_independently() {
+        let (ip, port) = (Ipv4Addr::new(198, 18, 1, 7), 4242);
+        let f = tcp_spec().build_segment(ip, port, 3);
+        #[rustfmt::skip]
+        let head: [u8; 54] = [
+            0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x08, 0x00,
+            0x45, 0x00, 0x00, 46, 0x00, 0x00, 0x40, 0x00, 64, 6, f[24], f[25],
+            198, 18, 1, 7, 198, 51, 100, 1,
+            0x10, 0x92, 0x00, 0x09, 0x45, 0x67, 0x00, 0x01 + 18, 0x7e, 0x57, 0x00, 0x01,
+            0x50, 0x10, 0xff, 0xff, f[50], f[51], 0, 0,
+        ];
+        assert_eq!(f[..54], head);
+        assert_eq!(&f[54..], TCP_PAYLOAD);
+        // An independent parser agrees on every header and both checksums.
+        let (_, rest) = etherparse::Ethernet2Header::from_slice(&f).expect("ethernet");
+        let (iph, rest) = etherparse::Ipv4Header::from_slice(rest).expect("ipv4");
+        assert_eq!(iph.header_checksum, iph.calc_header_checksum());
+        let (tcph, payload) = etherparse::TcpHeader::from_slice(rest).expect("tcp");
+        assert!(tcph.ack && !tcph.syn && !tcph.fin && !tcph.rst);
+        assert_eq!((tcph.sequence_number, tcph.acknowledgment_number), (TCP_POD_ISN + 1 + 18, TCP_SINK_ISN + 1));
+        assert_eq!(tcph.checksum, tcph.calc_checksum_ipv4(&iph, payload).expect("checksum"));
+        assert_eq!(checksums_ok(&f), Some((true, true)));
+        let mut bad = f;
+        bad[59] ^= 1;
+        assert_eq!(checksums_ok(&bad), Some((true, false)));
+
+        // The SYN: no payload, ack 0, padded to 60 bytes.
+        let syn = tcp_spec().build_syn(ip, port);
+        let (_, rest) = etherparse::Ethernet2Header::from_slice(&syn).expect("ethernet");
+        let (iph, rest) = etherparse::Ipv4Header::from_slice(rest).expect("ipv4");
+        assert_eq!(iph.total_len, 40);
+        let (tcph, _) = etherparse::TcpHeader::from_slice(rest).expect("tcp");
+        assert!(tcph.syn && !tcph.ack);
+        assert_eq!((tcph.sequence_number, tcph.acknowledgment_number, tcph.window_size), (TCP_POD_ISN, 0, 65_535));
+        assert_eq!(tcph.checksum, tcph.calc_checksum_ipv4(&iph, &[]).expect("checksum"));
+        assert_eq!(syn[54..], [0; 6]);
+        assert_eq!(checksums_ok(&syn), Some((true, true)));
+    }
+
+    #[test]
+    fn tcp_sequence_numbers_follow_each_flows_segments() {
+        assert_eq!(tcp_seq(0), TCP_POD_ISN + 1);
+        assert_eq!(tcp_seq(1), TCP_POD_ISN + 7);
+        assert_eq!(tcp_seq(TCP_SEQ_WRAP - 1), TCP_POD_ISN + 1 + 6 * 8191);
+        assert_eq!(tcp_seq(TCP_SEQ_WRAP), tcp_seq(0), "wraps inside the sink's window");
+        assert!(6 * TCP_SEQ_WRAP < u64::from(TCP_WINDOW));
+        // Trains of 4 over 3 flows: frames 0-3 are flow 0's segments 0-3,
+        // 4-7 flow 1's, 8-11 flow 2's, then flow 0's segments 4-7.
+        let set = FlowSet::fixed(3).with_train(4);
+        let seen: Vec<(u64, u64)> = (0..16).map(|n| (set.flow_of_frame(n) % 3, set.segment_of_frame(n))).collect();
+        assert_eq!(
+            seen,
+            [
+                (0, 0),
+                (0, 1),
+                (0, 2),
+                (0, 3),
+                (1, 0),
+                (1, 1),
+                (1, 2),
+                (1, 3),
+                (2, 0),
+                (2, 1),
+                (2, 2),
+                (2, 3),
+                (0, 4),
+                (0, 5),
+                (0, 6),
+                (0, 7)
+            ]
+        );
+        // Round-robin: each pass is one segment further.
+        let rr = FlowSet::fixed(5);
+        assert_eq!((0..11).map(|n| rr.segment_of_frame(n)).collect::<Vec<_>>(), [0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2]);
+        assert_eq!(FlowSet::new_flows().segment_of_frame(123), 0);
+        // Every flow's segments come in order, one after another.
+        let set = FlowSet::fixed(7).with_train(3);
+        let mut next = [0u64; 7];
+        for n in 0..500 {
+            let k = (set.flow_of_frame(n) % 7) as usize;
+            assert_eq!(set.segment_of_frame(n), next[k], "frame {n}");
+            next[k] += 1;
+        }
+        assert_eq!(FlowSet::fixed(4000).with_base_port(2000).flow(200), (Ipv4Addr::new(198, 18, 1, 0), 2001));
+    }
+
+    #[test]
+    fn tcp_generator_arithmetic_reproduces_the_builder() {
+        let s = tcp_spec();
+        let base = GenChecksumBase::of(&s);
+        let set = FlowSet::fixed(50_000);
+        for (k, seg) in (0..50_000).step_by(97).zip(0..).chain([(0, 0), (199, 8191), (49_999, 8192)]) {
+            let (ip, port) = set.flow(k);
+            let f = s.build_segment(ip, port, seg);
+            let (ip_c, tcp_c) = base.apply_segment(ip, port, tcp_seq(seg));
+            assert_eq!(ip_c.to_be_bytes(), f[ETH_LEN + 10..ETH_LEN + 12], "flow {k}");
+            assert_eq!(tcp_c.to_be_bytes(), f[UDP_OFF + 16..UDP_OFF + 18], "flow {k} segment {seg}");
         }
     }
 

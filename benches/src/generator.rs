@@ -14,6 +14,11 @@
 //! pod's frame inside a worker node's tunnel frame (`frame.rs`,
 //! [`VxlanSpec`]); the XDP engine then runs `xdp_gen_vxlan`.
 //!
+//! With TCP frames (`--proto tcp`, issue 32) every frame is a data segment
+//! whose sequence number follows from its place in its flow
+//! ([`FlowSet::segment_of_frame`]); [`send_syns`] sends each flow's SYN
+//! once, for the handshake before a window.
+//!
 //! `sent` counts frames handed to the generator's veth: the offered load.
 //! Frames the gateway's veth cannot queue (its ring is full) are lost there
 //! and show as loss, as a NIC's RX overruns would.
@@ -23,7 +28,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::frame::{wire_frame, FlowSet, FrameSpec, VxlanSpec};
+use crate::frame::{wire_frame, wire_segment, FlowSet, FrameSpec, Proto, VxlanSpec};
 use crate::sys::PacketSender;
 use crate::topology::NetnsError;
 use crate::xdp::{self, XdpError};
@@ -88,6 +93,9 @@ pub struct Running {
 /// once a second at 1 Mpps). `EGRET_TPUT_CHUNK` overrides it (experiments).
 const XDP_CHUNK: u32 = 1 << 20;
 const PACKET_BATCH: usize = 256;
+/// SYNs per `sendmmsg` (and per pacing step): a few, so that no burst fills
+/// the gateway's 256-frame ring.
+const SYN_BATCH: usize = 32;
 
 impl Running {
     /// Start the generator thread; returns once it is sending (or failed to
@@ -225,10 +233,12 @@ fn generate(
                     return Ok(());
                 }
             };
-            // Fixed flow sets are prebuilt once (at most 1M frames); new-flow
-            // mode builds each batch as it goes.
+            // Fixed UDP flow sets are prebuilt once (at most 1M frames);
+            // new-flow mode and TCP (whose every segment differs) build each
+            // batch as they go.
             let build = |(ip, port)| wire_frame(&spec.frame, spec.encap.as_ref(), ip, port);
-            let fixed: Vec<Vec<u8>> = if spec.flows.is_fresh_per_frame() {
+            let tcp = spec.frame.proto == Proto::Tcp;
+            let fixed: Vec<Vec<u8>> = if spec.flows.is_fresh_per_frame() || tcp {
                 Vec::new()
             } else {
                 (0..spec.flows.flows.min(1 << 20)).map(|k| build(spec.flows.flow(k))).collect()
@@ -240,7 +250,10 @@ fn generate(
             while !stop.load(Ordering::Relaxed) {
                 for f in batch.iter_mut() {
                     let flow = spec.flows.flow_of_frame(k);
-                    if fixed.is_empty() {
+                    if tcp {
+                        let (ip, port) = spec.flows.flow(flow);
+                        *f = wire_segment(&spec.frame, spec.encap.as_ref(), ip, port, spec.flows.segment_of_frame(k));
+                    } else if fixed.is_empty() {
                         *f = build(spec.flows.flow(flow));
                     } else {
                         f.clone_from(&fixed[(flow % fixed.len() as u64) as usize]);
@@ -262,4 +275,43 @@ fn generate(
         }
     }
     Ok(())
+}
+
+/// Send every flow of `flows` its TCP SYN ([`FrameSpec::build_syn`]) once,
+/// from `dev` in namespace `netns` with AF_PACKET, at most `rate` frames per
+/// second (even pacing: the gateway's ring is 256 frames). Returns the
+/// number sent.
+pub fn send_syns(netns: &str, dev: &str, frame: &FrameSpec, flows: &FlowSet, rate: u64) -> Result<u64, GenError> {
+    let netns_error = |source| GenError::Xdp(XdpError::Netns(NetnsError { ns: netns.to_owned(), source }));
+    let syns: Vec<[u8; crate::frame::FRAME_LEN]> = (0..flows.flows)
+        .map(|k| {
+            let (ip, port) = flows.flow(k);
+            frame.build_syn(ip, port)
+        })
+        .collect();
+    egret_dataplane::netns::run_in(netns, || -> Result<u64, GenError> {
+        let ifindex = xdp::ifindex(netns, dev)?;
+        let mut tx =
+            PacketSender::open(ifindex, PACKET_BATCH).map_err(|source| GenError::Packet { op: "socket", source })?;
+        let started = Instant::now();
+        let stop = AtomicBool::new(false);
+        let mut sent = 0u64;
+        for batch in syns.chunks(SYN_BATCH) {
+            let mut off = 0;
+            while off < batch.len() {
+                if crate::sys::stop_requested() {
+                    return Ok(sent);
+                }
+                match tx.send(&batch[off..]) {
+                    Ok(n) => off += n,
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::EAGAIN)) => {}
+                    Err(source) => return Err(GenError::Packet { op: "sendmmsg", source }),
+                }
+            }
+            sent += off as u64;
+            pace(Some(rate), started, sent, &stop);
+        }
+        Ok(sent)
+    })
+    .map_err(netns_error)?
 }

@@ -140,7 +140,9 @@ pub struct Ratio {
     pub unit: &'static str,
 }
 
-/// egret/kernel, fastpath/kernel, fastpath/redirect (per-core rates), the
+/// egret/kernel, fastpath/kernel, fastpath/redirect, and against the
+/// kernel's flowtable fastpath/kernel-flowtable, egret/kernel-flowtable and
+/// kernel-flowtable/kernel (per-core rates), the
 /// fast path's (and Egret's) extra ns per packet over XDP_REDIRECT, and
 /// each encapsulated mode against its on-link mode (rate ratio, extra ns
 /// per packet).
@@ -151,7 +153,14 @@ pub fn ratios(summaries: &[Summary]) -> Vec<Ratio> {
     flows.dedup();
     let mut out = Vec::new();
     for f in flows {
-        for (a, b) in [(Mode::Egret, Mode::Kernel), (Mode::Fastpath, Mode::Kernel), (Mode::Fastpath, Mode::Redirect)] {
+        for (a, b) in [
+            (Mode::Egret, Mode::Kernel),
+            (Mode::Fastpath, Mode::Kernel),
+            (Mode::Fastpath, Mode::Redirect),
+            (Mode::Fastpath, Mode::KernelFlowtable),
+            (Mode::Egret, Mode::KernelFlowtable),
+            (Mode::KernelFlowtable, Mode::Kernel),
+        ] {
             if let (Some(x), Some(y)) = (find(a, f), find(b, f)) {
                 out.push(Ratio {
                     name: format!("{}/{}", a.name(), b.name()),
@@ -161,7 +170,7 @@ pub fn ratios(summaries: &[Summary]) -> Vec<Ratio> {
                 });
             }
         }
-        for a in [Mode::Fastpath, Mode::Egret, Mode::Kernel] {
+        for a in [Mode::Fastpath, Mode::Egret, Mode::KernelFlowtable, Mode::Kernel] {
             if let (Some(x), Some(r)) = (find(a, f), find(Mode::Redirect, f)) {
                 out.push(Ratio {
                     name: format!("{} cost over redirect", a.name()),
@@ -298,6 +307,24 @@ mod tests {
             worker_rx_per_forwarded: None,
             problems: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_flowtable_is_compared_with_egret_and_the_kernel() {
+        let s = [
+            summary(Mode::Kernel, 0.5, 2000.0),
+            summary(Mode::KernelFlowtable, 1.0, 1000.0),
+            summary(Mode::Egret, 0.75, 1333.0),
+            summary(Mode::Fastpath, 3.0, 333.0),
+        ];
+        let r = ratios(&s);
+        let get = |name: &str| r.iter().find(|x| x.name == name).map(|x| x.value);
+        assert_eq!(get("fastpath/kernel-flowtable"), Some(3.0));
+        assert_eq!(get("egret/kernel-flowtable"), Some(0.75));
+        assert_eq!(get("kernel-flowtable/kernel"), Some(2.0));
+        assert_eq!(get("egret/kernel"), Some(1.5));
+        // Without the flowtable in the run (a kernel without it), none of its ratios.
+        assert!(ratios(&[s[0].clone(), s[2].clone()]).iter().all(|x| !x.name.contains("flowtable")));
     }
 
     #[test]

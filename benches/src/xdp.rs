@@ -25,6 +25,8 @@ const SINK_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sink.bpf.o"));
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
 /// `XDP_TX`.
 const XDP_TX: u32 = 3;
+/// `sizeof(struct gen_flows)` in `xdp/gen.bpf.c`.
+const GEN_FLOWS_LEN: usize = 48;
 
 /// What failed loading, attaching or reading a program.
 #[derive(Debug, thiserror::Error)]
@@ -131,8 +133,11 @@ pub struct SinkCounts {
     pub bad_udp_checksum: u64,
     /// Frames not of the 60-byte shape, checksums unverified.
     pub unchecked: u64,
-    /// Frames answered (the first of each flow while replies are on).
+    /// Frames answered (the first of each flow while replies are on, and
+    /// every TCP SYN then).
     pub replied: u64,
+    /// TCP SYNs received (the handshakes; not in `frames`).
+    pub syns: u64,
 }
 
 impl SinkCounts {
@@ -145,6 +150,7 @@ impl SinkCounts {
             bad_udp_checksum: self.bad_udp_checksum.wrapping_sub(e.bad_udp_checksum),
             unchecked: self.unchecked.wrapping_sub(e.unchecked),
             replied: self.replied.wrapping_sub(e.replied),
+            syns: self.syns.wrapping_sub(e.syns),
         }
     }
 }
@@ -197,14 +203,14 @@ impl Sink {
         })
     }
 
-    /// The counters summed over CPUs (one lookup: all six together).
+    /// The counters summed over CPUs (one lookup: all seven together).
     pub fn counts(&self) -> Result<SinkCounts, XdpError> {
         let m = map(&self.obj, "sink", "sink_counters")?;
         let per_cpu = m
             .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
             .map_err(|source| XdpError::Map { map: "sink_counters", op: "lookup", source })?
             .unwrap_or_default();
-        let mut v = [0u64; 6];
+        let mut v = [0u64; 7];
         for cpu in &per_cpu {
             for (i, slot) in v.iter_mut().enumerate() {
                 let field = cpu.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_ne_bytes);
@@ -218,6 +224,7 @@ impl Sink {
             bad_udp_checksum: v[3],
             unchecked: v[4],
             replied: v[5],
+            syns: v[6],
         })
     }
 }
@@ -250,14 +257,14 @@ impl Generator {
     /// Point the program at another flow set (between runs).
     pub fn configure(&self, spec: &FrameSpec, flows: &FlowSet) -> Result<(), XdpError> {
         let base = GenChecksumBase::of(spec);
-        // struct gen_flows { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, udp_sum, train, pad; }
-        // (40 bytes), then the template: struct gen_cfg's 60 bytes, padded
-        // to 104 (the u64's alignment), or struct gen_vxlan_cfg's 110,
-        // padded to 152. The map refuses any other size, which keeps the
-        // two layouts in step.
+        // struct gen_flows { u64 n_flows; u32 n_ips, n_ports, base_ip, base_port, ip_sum, l4_sum, train,
+        // proto, seq_base, pad; } (48 bytes), then the template: struct
+        // gen_cfg's 60 bytes, padded to 112 (the u64's alignment), or struct
+        // gen_vxlan_cfg's 110, padded to 160. The map refuses any other
+        // size, which keeps the two layouts in step.
         let (ip0, port0) = flows.flow(0);
         let frame = wire_frame(spec, self.encap.as_ref(), ip0, port0);
-        let mut cfg = vec![0u8; (40 + frame.len()).next_multiple_of(8)];
+        let mut cfg = vec![0u8; (GEN_FLOWS_LEN + frame.len()).next_multiple_of(8)];
         cfg[0..8].copy_from_slice(&flows.flows.to_ne_bytes());
         cfg[8..12].copy_from_slice(&flows.ips.to_ne_bytes());
         cfg[12..16].copy_from_slice(&flows.ports.to_ne_bytes());
@@ -266,7 +273,9 @@ impl Generator {
         cfg[24..28].copy_from_slice(&base.ip_sum.to_ne_bytes());
         cfg[28..32].copy_from_slice(&base.udp_sum.to_ne_bytes());
         cfg[32..36].copy_from_slice(&flows.train.max(1).to_ne_bytes());
-        cfg[40..40 + frame.len()].copy_from_slice(&frame);
+        cfg[36..40].copy_from_slice(&u32::from(spec.proto.number()).to_ne_bytes());
+        cfg[40..44].copy_from_slice(&crate::frame::tcp_seq(0).to_ne_bytes());
+        cfg[GEN_FLOWS_LEN..GEN_FLOWS_LEN + frame.len()].copy_from_slice(&frame);
         let name = if self.encap.is_some() { "gen_vxlan_config" } else { "gen_config" };
         map(&self.obj, "gen", name)?.update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY).map_err(|source| XdpError::Map {
             map: name,
@@ -384,14 +393,45 @@ mod tests {
     //! interface, no namespace): they need root, as every network test of
     //! the project does.
     use super::*;
-    use crate::frame::{checksums_ok, FRAME_LEN, UDP_OFF};
+    use crate::frame::{checksums_ok, Proto, FRAME_LEN, UDP_OFF};
     use crate::topology::{GEN_MAC, GW_IN_MAC, SINK_IP, SINK_PORT};
 
     const XDP_DROP: u32 = 1;
     const XDP_PASS: u32 = 2;
 
     fn spec() -> FrameSpec {
-        FrameSpec { src_mac: GEN_MAC, dst_mac: GW_IN_MAC, dst_ip: SINK_IP, dst_port: SINK_PORT }
+        FrameSpec { src_mac: GEN_MAC, dst_mac: GW_IN_MAC, dst_ip: SINK_IP, dst_port: SINK_PORT, proto: Proto::Udp }
+    }
+
+    #[test]
+    fn generator_program_writes_each_tcp_segment_exactly() {
+        egret_dataplane::xsk::sched::pin_current_thread(0).expect("pin");
+        let spec = FrameSpec { proto: Proto::Tcp, ..spec() };
+        for flows in [
+            FlowSet::fixed(1).with_train(16),
+            FlowSet::fixed(4000).with_train(16).with_base_port(1100),
+            FlowSet::fixed(3).with_train(4),
+            FlowSet::fixed(50_000),
+        ] {
+            let mut g = Generator::load(&spec, &flows).expect("load gen");
+            let stale: Vec<u8> = (0..FRAME_LEN as u32).map(|i| (i * 37 + 11) as u8).collect();
+            for k in 0..600u64 {
+                let out = g.rewrite_once(&stale).expect("run");
+                let (ip, port) = flows.flow(flows.flow_of_frame(k));
+                let want = spec.build_segment(ip, port, flows.segment_of_frame(k));
+                assert_eq!(out, want.to_vec(), "flows {} train {} frame {k}", flows.flows, flows.train);
+                assert_eq!(checksums_ok(&out), Some((true, true)));
+            }
+        }
+        // The sequence number wraps after 8192 segments of a flow.
+        let flows = FlowSet::fixed(1);
+        let mut g = Generator::load(&spec, &flows).expect("load gen");
+        g.set_next(crate::frame::TCP_SEQ_WRAP - 1).expect("next");
+        let (ip, port) = flows.flow(0);
+        let last = g.rewrite_once(&[0u8; FRAME_LEN]).expect("run");
+        let first = g.rewrite_once(&[0u8; FRAME_LEN]).expect("run");
+        assert_eq!(last, spec.build_segment(ip, port, crate::frame::TCP_SEQ_WRAP - 1).to_vec());
+        assert_eq!(first, spec.build_segment(ip, port, 0).to_vec());
     }
 
     #[test]
@@ -476,7 +516,15 @@ mod tests {
         assert_eq!(run(&mut sink, &arp), XDP_PASS);
         assert_eq!(
             sink.counts().expect("counts"),
-            SinkCounts { frames: 4, translated: 2, bad_ip_checksum: 1, bad_udp_checksum: 1, unchecked: 0, replied: 0 }
+            SinkCounts {
+                frames: 4,
+                translated: 2,
+                bad_ip_checksum: 1,
+                bad_udp_checksum: 1,
+                unchecked: 0,
+                replied: 0,
+                syns: 0
+            }
         );
     }
 
@@ -518,5 +566,56 @@ mod tests {
         sink.set_reply_generation(0).expect("ctl");
         assert_eq!(run(&mut sink, &b).0, XDP_DROP);
         assert_eq!(sink.counts().expect("counts").replied, 3);
+    }
+
+    #[test]
+    fn sink_counts_tcp_segments_and_answers_syns_with_a_syn_ack() {
+        let mut sink = Sink::load(SINK_IP, SINK_PORT).expect("load sink");
+        let run = |sink: &mut Sink, frame: &[u8]| -> (u32, Vec<u8>) {
+            let mut out = vec![0u8; frame.len()];
+            let input = ProgramInput { data_in: Some(frame), data_out: Some(&mut out), ..Default::default() };
+            let o = sink.program().expect("prog").test_run(input).expect("run");
+            (o.return_value, o.data.map(|d| d.to_vec()).unwrap_or_default())
+        };
+        let s = FrameSpec { proto: Proto::Tcp, ..spec() };
+        let egress = crate::topology::EGRESS_IP;
+        let data = s.build_segment(egress, 40_000, 5);
+        let mut bad = s.build_segment(egress, 40_000, 6);
+        bad[FRAME_LEN - 1] ^= 0x40;
+        let untranslated = s.build_segment(Ipv4Addr::new(198, 18, 1, 3), 1024, 0);
+        let syn = s.build_syn(egress, 40_000);
+        assert_eq!(run(&mut sink, &data).0, XDP_DROP);
+        assert_eq!(run(&mut sink, &bad).0, XDP_DROP);
+        assert_eq!(run(&mut sink, &untranslated).0, XDP_DROP);
+        assert_eq!(run(&mut sink, &syn).0, XDP_DROP, "no answer while replies are off");
+        sink.set_reply_generation(7).expect("ctl");
+        let (verdict, reply) = run(&mut sink, &syn);
+        assert_eq!(verdict, XDP_TX);
+        // The SYN-ACK, checked by an independent parser.
+        assert_eq!(reply[0..6], syn[6..12]);
+        assert_eq!(reply[6..12], syn[0..6]);
+        let (_, rest) = etherparse::Ethernet2Header::from_slice(&reply).expect("ethernet");
+        let (iph, rest) = etherparse::Ipv4Header::from_slice(rest).expect("ipv4");
+        assert_eq!(iph.header_checksum, iph.calc_header_checksum());
+        assert_eq!((iph.source, iph.destination, iph.total_len), (SINK_IP.octets(), egress.octets(), 40));
+        let (tcph, _) = etherparse::TcpHeader::from_slice(rest).expect("tcp");
+        assert!(tcph.syn && tcph.ack && !tcph.rst && !tcph.fin);
+        assert_eq!((tcph.source_port, tcph.destination_port), (SINK_PORT, 40_000));
+        assert_eq!(tcph.sequence_number, crate::frame::TCP_SINK_ISN);
+        assert_eq!(tcph.acknowledgment_number, crate::frame::TCP_POD_ISN + 1);
+        assert_eq!(tcph.window_size, 65_535);
+        assert_eq!(tcph.checksum, tcph.calc_checksum_ipv4(&iph, &[]).expect("checksum"));
+        assert_eq!(checksums_ok(&reply), Some((true, true)));
+        // Untranslated SYNs and SYNs with a bad checksum get no answer.
+        assert_eq!(run(&mut sink, &s.build_syn(Ipv4Addr::new(198, 18, 1, 3), 1024)).0, XDP_DROP);
+        let mut bad_syn = syn;
+        bad_syn[UDP_OFF + 4] ^= 1;
+        assert_eq!(run(&mut sink, &bad_syn).0, XDP_DROP);
+        let c = sink.counts().expect("counts");
+        assert_eq!(
+            (c.frames, c.translated, c.bad_udp_checksum, c.unchecked, c.syns, c.replied),
+            (3, 2, 1, 0, 4, 1),
+            "{c:?}"
+        );
     }
 }

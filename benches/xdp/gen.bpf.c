@@ -21,13 +21,19 @@
  * 16-bit word except the varying ones (IPv4 header without saddr and check;
  * UDP pseudo-header, header and payload without saddr, sport and check).
  *
+ * TCP (proto 6, issue 32): the template is a data segment (ACK, 6 bytes of
+ * payload); segment s of its flow (s = passes over the flow set * train +
+ * place in the train) carries sequence number
+ *   seq = seq_base + 6 * (s mod 8192)
+ * (frame.rs, tcp_seq), added to the checksum like the source fields.
+ *
  * xdp_gen_vxlan does the same on the pod's frame inside a node's VXLAN
  * frame (see struct gen_vxlan_cfg).
  */
 #include "bench_common.h"
 
 /* What both generator programs need to pick and write a flow: the first
- * 40 bytes of either config. */
+ * 48 bytes of either config. */
 struct gen_flows {
 	__u64 n_flows;   /* 0: every run is a new flow (new-connection mode) */
 	__u32 n_ips;
@@ -35,10 +41,17 @@ struct gen_flows {
 	__u32 base_ip;   /* host order */
 	__u32 base_port; /* host order */
 	__u32 ip_sum;    /* partial sums, host-order words */
-	__u32 udp_sum;
+	__u32 l4_sum;    /* UDP's or TCP's */
 	__u32 train;     /* frames of one flow in a row, >= 1 */
+	__u32 proto;     /* IPPROTO_UDP or IPPROTO_TCP */
+	__u32 seq_base;  /* TCP: the first data byte's sequence number */
 	__u32 pad;
 };
+
+/* TCP: payload bytes per segment, and segments before a flow's sequence
+ * number goes back to seq_base (frame.rs: TCP_PAYLOAD, TCP_SEQ_WRAP). */
+#define GEN_TCP_PAYLOAD 6
+#define GEN_TCP_SEQ_WRAP 8192
 
 struct gen_cfg {
 	struct gen_flows f;
@@ -90,8 +103,10 @@ static __always_inline void gen_write_flow(const struct gen_flows *cfg, struct g
 {
 	struct iphdr *ip = frame + BENCH_ETH_LEN;
 	struct udphdr *udp = frame + BENCH_UDP_OFF;
+	struct tcphdr *tcp = frame + BENCH_UDP_OFF;
 
-	__u64 k = st->next++;
+	__u64 n = st->next++;
+	__u64 k = n;
 	st->runs++;
 	if (cfg->n_flows) {
 		if (cfg->train > 1)
@@ -104,10 +119,24 @@ static __always_inline void gen_write_flow(const struct gen_flows *cfg, struct g
 
 	ip->saddr = bpf_htonl(src);
 	ip->check = bpf_htons((__u16)~bench_fold(cfg->ip_sum + src_words));
-	udp->source = bpf_htons((__u16)port);
-	__u16 ucheck = (__u16)~bench_fold(cfg->udp_sum + src_words + (port & 0xffff));
-	/* RFC 768: a computed zero is sent as all ones. */
-	udp->check = bpf_htons(ucheck ? ucheck : 0xffff);
+	if (cfg->proto == IPPROTO_TCP) {
+		__u64 seg = 0;
+		if (cfg->n_flows) {
+			__u64 train = cfg->train > 1 ? cfg->train : 1;
+			seg = (n / (train * cfg->n_flows)) * train + n % train;
+		}
+		__u32 seq = cfg->seq_base + GEN_TCP_PAYLOAD * (__u32)(seg % GEN_TCP_SEQ_WRAP);
+		tcp->source = bpf_htons((__u16)port);
+		tcp->seq = bpf_htonl(seq);
+		/* TCP has no "no checksum": a computed zero is sent as is. */
+		tcp->check = bpf_htons(
+			(__u16)~bench_fold(cfg->l4_sum + src_words + (port & 0xffff) + (seq >> 16) + (seq & 0xffff)));
+	} else {
+		udp->source = bpf_htons((__u16)port);
+		__u16 ucheck = (__u16)~bench_fold(cfg->l4_sum + src_words + (port & 0xffff));
+		/* RFC 768: a computed zero is sent as all ones. */
+		udp->check = bpf_htons(ucheck ? ucheck : 0xffff);
+	}
 	*src_out = src;
 	*port_out = port;
 }

@@ -1,7 +1,7 @@
-//! `egret-throughput`: small-packet forwarding through the kernel's SNAT,
-//! Egret (AF_XDP workers, and with its XDP fast path) and a bare
-//! XDP_REDIRECT, in one run over one topology; see
-//! docs/benchmarks-throughput.md.
+//! `egret-throughput`: small-packet forwarding through the kernel's SNAT
+//! (with and without its flowtable), Egret (AF_XDP workers, and with its
+//! XDP fast path) and a bare XDP_REDIRECT, in one run over one topology,
+//! UDP datagrams or TCP segments; see docs/benchmarks-throughput.md.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -9,11 +9,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use egret_benches::bench::{self, BenchError, Gateway, Mode, Options, Sample, SinkSide};
+use egret_benches::frame::Proto;
 use egret_benches::generator::Engine;
 use egret_benches::report;
 use egret_benches::topology::Topology;
 
-/// Measure 64-byte UDP forwarding between two veths (generator -> gateway
+/// Measure 64-byte UDP (or TCP) forwarding between two veths (generator -> gateway
 /// -> sink namespaces) through each mode: offered and forwarded rates, loss,
 /// CPU of every gateway-side context and the per-core rate. Needs root;
 /// creates and always deletes its own network namespaces.
@@ -32,8 +33,10 @@ struct Args {
     /// Rounds: every mode is measured once per round, rounds interleave.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
-    /// Modes, in order: kernel, egret, fastpath, redirect, new-conns
-    /// (Egret's slow path), kernel-new-conns (the kernel's, for reference),
+    /// Modes, in order: kernel, kernel-flowtable (the kernel with an
+    /// nftables flowtable: its software fast path), egret, fastpath,
+    /// redirect, new-conns (Egret's slow path), kernel-new-conns (the
+    /// kernel's, for reference),
     /// fastpath-vxlan and egret-vxlan (fastpath and egret with the pods'
     /// frames in the nodes' VXLAN tunnel, issue 30; compared with
     /// fastpath and egret when those are in the run).
@@ -78,11 +81,16 @@ struct Args {
     #[arg(long)]
     fast_path_sessions: Option<u32>,
     /// Frames of one flow sent in a row before the next flow's (1: the
-    /// flows round-robin, every frame another flow's, the default and the
-    /// figure the targets are stated against; 8, say, for TCP-like trains).
-    /// New-connection modes ignore it.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
-    train: u32,
+    /// flows round-robin, every frame another flow's, the figure the
+    /// targets are stated against). Default: 1 for UDP, 16 for TCP (a bulk
+    /// transfer's train of segments). New-connection modes ignore it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    train: Option<u32>,
+    /// The frames' transport: udp (64-byte datagrams) or tcp (64-byte data
+    /// segments of connections whose handshake completed before the
+    /// window). New-connection and VXLAN modes always send UDP.
+    #[arg(long, value_enum, default_value_t = Proto::Udp)]
+    proto: Proto,
     /// The nodes' VXLAN port (`tunnel.port`) in fastpath-vxlan and
     /// egret-vxlan; those modes get NAT ports on the larger side of it
     /// (6083-65535 for 6082).
@@ -127,6 +135,20 @@ fn tunnel_note(s: &Sample) -> String {
         if drops.is_empty() { "none".to_string() } else { drops.join(", ") }
     )
 }
+
+/// Frames of one flow in a row: `--train`, else 1 for UDP and
+/// [`TCP_TRAIN`] for TCP.
+fn train_of(args: &Args) -> u32 {
+    args.train.unwrap_or(match args.proto {
+        Proto::Udp => 1,
+        Proto::Tcp => TCP_TRAIN,
+    })
+}
+
+/// The default train of TCP runs: 16 segments of one connection in a row
+/// (a bulk sender's burst within its congestion window, or what GSO/TSO
+/// hands the NIC at once).
+const TCP_TRAIN: u32 = 16;
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -174,8 +196,9 @@ fn run(args: &Args) -> Result<(), BenchError> {
         user_hz: egret_benches::sys::user_hz(),
         priorities: !args.no_priorities,
         fast_path_sessions: args.fast_path_sessions,
-        train: args.train,
+        train: train_of(args),
         tunnel_port: args.tunnel_port,
+        proto: args.proto,
     };
 
     if opts.priorities {
@@ -200,6 +223,11 @@ fn run(args: &Args) -> Result<(), BenchError> {
             }
             let gateway = match Gateway::setup(&topo, mode, &opts) {
                 Ok(g) => g,
+                Err(BenchError::Unavailable { reason, .. }) => {
+                    eprintln!("{}: not available: {reason}", mode.name());
+                    unavailable.push((mode, reason));
+                    continue;
+                }
                 Err(BenchError::Egret(e)) if mode.fast_path() => {
                     eprintln!("{}: not available: {e}", mode.name());
                     unavailable.push((mode, e.to_string()));
@@ -212,8 +240,10 @@ fn run(args: &Args) -> Result<(), BenchError> {
             }
             let flow_list: Vec<u32> = if mode.new_flows() { vec![0] } else { args.flows.clone() };
             let mut fast_path_inactive = None;
+            // TCP: each window's connections are new (their own ports).
+            let mut tcp_ports = 0u32;
             for &flows in &flow_list {
-                let s = bench::measure(&topo, &gateway, &sink, &opts, flows, round, &mut next_fresh)?;
+                let s = bench::measure(&topo, &gateway, &sink, &opts, flows, round, &mut next_fresh, &mut tcp_ports)?;
                 eprintln!(
                     "round {round} {:<16} flows {:>6}: offered {:.3} Mpps, forwarded {:.3} Mpps, loss {:.1}%, gateway {:.3} cores, {:.3} Mpps/core{}",
                     mode.name(),
@@ -227,6 +257,12 @@ fn run(args: &Args) -> Result<(), BenchError> {
                 );
                 if mode.encapsulated() {
                     eprintln!("  {}", tunnel_note(&s));
+                }
+                if let Some(slow) = s.slow_path {
+                    eprintln!(
+                        "  kernel-flowtable: {slow} packets took the forward chain in the window ({:.2}% of those forwarded)",
+                        100.0 * slow as f64 / s.sink.frames.max(1) as f64
+                    );
                 }
                 // The fast path is in effect only if established flows bypass
                 // the workers: judge by what the workers received.
@@ -265,6 +301,12 @@ fn run(args: &Args) -> Result<(), BenchError> {
     let summaries = report::summarize(&samples);
     let ratios = report::ratios(&summaries);
     // The result table is the command's output (progress goes to stderr).
+    let frames = format!(
+        "frames: 64-byte {}, trains of {} (new-connection modes: UDP, a new flow per frame; VXLAN modes: UDP)\n",
+        args.proto.name().to_uppercase(),
+        train_of(args)
+    );
+    let _ = std::io::stdout().lock().write_all(frames.as_bytes());
     let _ = std::io::stdout().lock().write_all(report::table(&summaries, &ratios, &unavailable).as_bytes());
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
@@ -272,7 +314,8 @@ fn run(args: &Args) -> Result<(), BenchError> {
             "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             "engine": args.engine,
-            "train": args.train,
+            "train": train_of(args),
+            "proto": args.proto,
             "tunnel": args.modes.iter().any(|m| m.encapsulated()).then(|| serde_json::json!({
                 "port": args.tunnel_port,
                 "node": egret_benches::topology::NODE_IP.to_string(),
