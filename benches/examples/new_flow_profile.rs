@@ -3,7 +3,7 @@
 //! `valgrind --tool=callgrind` this, not the criterion run).
 //!
 //! `new_flow_profile N [eim|edm] [journal]`.
-#![allow(clippy::print_stdout)]
+#![allow(clippy::print_stdout, clippy::expect_used)]
 
 #[path = "../benches/common/mod.rs"]
 mod common;

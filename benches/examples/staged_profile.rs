@@ -5,7 +5,7 @@
 //! (its effect on the caches still is).
 //!
 //! `staged_profile SESSIONS ROUNDS ITERS` (defaults 1000000 5 4000000).
-#![allow(clippy::print_stdout)]
+#![allow(clippy::print_stdout, clippy::expect_used)]
 
 #[path = "../benches/common/mod.rs"]
 mod common;
