@@ -92,7 +92,7 @@ fn new_flow(c: &mut Criterion) {
                 // Fresh engine; frames of `iters` distinct new flows built outside the timing.
                 let engine = Engine::new(&common::spec((iters as usize + 1024) * 2, mapping)).unwrap();
                 engine.publish_fib(fixtures::topology());
-                let mut w = engine.worker_seeded(PortRng::new(3));
+                let mut w = engine.pipeline_seeded(PortRng::new(3));
                 let sh = (4096, 1000, 1_000_000);
                 let frames: Vec<Vec<u8>> = (0..iters)
                     .map(|i| {
@@ -193,7 +193,7 @@ fn two_threads(c: &mut Criterion) {
             let hs: Vec<_> = [(out.clone(), fixtures::INSIDE), (back.clone(), fixtures::OUTSIDE)]
                 .into_iter()
                 .map(|(frames, ingress)| {
-                    let mut w = engine.worker_seeded(PortRng::new(ingress.into()));
+                    let mut w = engine.pipeline_seeded(PortRng::new(ingress.into()));
                     let start = start.clone();
                     std::thread::spawn(move || {
                         start.wait();
@@ -235,7 +235,7 @@ fn fragments(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 let engine = Engine::new(&fixtures::base_spec()).unwrap();
                 engine.publish_fib(fixtures::topology());
-                let mut w = engine.worker_seeded(PortRng::new(3));
+                let mut w = engine.pipeline_seeded(PortRng::new(3));
                 w.set_hold_fragments(true);
                 let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
                 let mut bufs = [[0u8; 2048]; 3];

@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, Throughput};
-use egret_dataplane::engine::{Engine, Worker};
+use egret_dataplane::engine::{Engine, Pipeline};
 use egret_dataplane::fixtures;
 use egret_dataplane::nat::port_alloc::PortRng;
 use egret_dataplane::nat::sync::{SESSION_RECORD_V4_LEN, SESSION_RECORD_V6_LEN};
@@ -36,10 +36,10 @@ const JOURNAL: usize = 1 << 16;
 
 /// A fresh engine with room for `flows` new flows, its worker, and the
 /// frames of `flows` distinct new UDP flows (built outside the timing).
-fn setup(flows: u64) -> (Engine, Worker, Vec<Vec<u8>>) {
+fn setup(flows: u64) -> (Engine, Pipeline, Vec<Vec<u8>>) {
     let engine = Engine::new(&common::spec((flows as usize + 1024) * 2, MappingBehavior::EndpointIndependent)).unwrap();
     engine.publish_fib(fixtures::topology());
-    let w = engine.worker_seeded(PortRng::new(3));
+    let w = engine.pipeline_seeded(PortRng::new(3));
     let frames = (0..flows)
         .map(|i| {
             let (pod, pp, remote, rp) = common::flow(i, 4096, 1000, 1_000_000);

@@ -25,7 +25,7 @@ fn main() {
     if std::env::args().nth(3).as_deref() == Some("journal") {
         assert!(engine.enable_sync_journal(1 << 20), "journal enabled");
     }
-    let mut w = engine.worker_seeded(PortRng::new(3));
+    let mut w = engine.pipeline_seeded(PortRng::new(3));
     let frames: Vec<Vec<u8>> = (0..n)
         .map(|i| {
             let (pod, pp, remote, rp) = common::flow(i, 4096, 1000, 1_000_000);

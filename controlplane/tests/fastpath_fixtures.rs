@@ -38,7 +38,7 @@ use egret_controlplane::daemon::sink::{owned_entries, policy_entries};
 use egret_controlplane::offload::{FastPath, OffloadManager};
 use egret_dataplane::clock::EngineClock;
 use egret_dataplane::clock::Timestamp;
-use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Worker};
+use egret_dataplane::engine::{ChecksumHint, Engine, Pipeline, RxMeta, Verdict};
 use egret_dataplane::fib::Fib;
 use egret_dataplane::fixtures::{self, build, Expect, Scenario, FRAME_BUFFER, INSIDE, OUTSIDE};
 use egret_dataplane::nat::key::FlowKey;
@@ -84,7 +84,7 @@ fn enter_ns(tag: &str) -> NetnsGuard {
 
 struct Rig {
     engine: Engine,
-    worker: Worker,
+    worker: Pipeline,
     program: Arc<SteeringProgram>,
     fp: Arc<FastPath>,
     manager: OffloadManager,
@@ -128,7 +128,7 @@ fn rig(spec: &egret_dataplane::tables::TablesSpec, fib: Fib) -> Rig {
     assert!(fp.connect(&engine));
     let manager = OffloadManager::new(fp.clone(), engine.clone(), 64);
     // The seed fixtures::run uses: the same ports, the same expected frames.
-    let worker = engine.worker_seeded(PortRng::new(0x5eed));
+    let worker = engine.pipeline_seeded(PortRng::new(0x5eed));
     Rig { engine, worker, program, fp, manager }
 }
 

@@ -44,7 +44,7 @@ use std::hint::black_box;
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use egret_dataplane::engine::{Engine, Worker};
+use egret_dataplane::engine::{Engine, Pipeline};
 use egret_dataplane::fixtures;
 use egret_dataplane::nat::port_alloc::PortRng;
 use egret_dataplane::tables::MappingBehavior;
@@ -125,7 +125,7 @@ const ESTABLISHED_FRAMES: usize = 4096;
 /// The measured loop: callgrind counts this function and what it calls
 /// (`--toggle-collect=*icount_measured*`), nothing else.
 #[inline(never)]
-fn icount_measured(w: &mut Worker, frames: &[Vec<u8>], ingress: u32, iters: u64) -> u64 {
+fn icount_measured(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64) -> u64 {
     common::run(w, frames, ingress, iters, 1)
 }
 
@@ -145,7 +145,7 @@ fn run_case(name: &str) -> Result<(), String> {
             // per distinct new flow, built before the loop.
             let engine = Engine::new(&common::spec((case.iters as usize + 1024) * 2, mapping)).unwrap();
             engine.publish_fib(fixtures::topology());
-            let mut w = engine.worker_seeded(PortRng::new(3));
+            let mut w = engine.pipeline_seeded(PortRng::new(3));
             let sh = (4096, 1000, 1_000_000);
             let frames: Vec<Vec<u8>> = (0..case.iters)
                 .map(|i| {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::clock::{EngineClock, Timestamp};
-use crate::engine::{Engine, Release, RxMeta, Staged, Verdict, Worker as EngineWorker};
+use crate::engine::{Engine, Pipeline, Release, RxMeta, Staged, Verdict};
 use crate::kernel_tx::KernelTx;
 use crate::neigh_responder::{gratuitous_arp, unsolicited_na};
 use crate::stats::{DropReason, Event};
@@ -64,7 +64,7 @@ pub type AnnounceQueue = Arc<Mutex<Vec<Announcement>>>;
 
 /// The handler of one worker.
 pub struct EngineHandler {
-    worker: EngineWorker,
+    pipeline: Pipeline,
     engine: Engine,
     /// ifindex of each port, in `PortId` order.
     ports: Vec<u32>,
@@ -102,13 +102,13 @@ impl EngineHandler {
         let sweeps = (SWEEP_PERIOD.as_millis() / SWEEP_EVERY.as_millis()).max(1) as u64;
         // Each worker sweeps its share of the table.
         let budget = (capacity / sweeps / u64::from(workers.max(1))).clamp(64, 1 << 20) as u32;
-        let mut worker = engine.worker();
+        let mut pipeline = engine.pipeline();
         // Frames to a next hop being resolved wait in the worker (worker.rs).
-        worker.set_hold_unresolved(true);
+        pipeline.set_hold_unresolved(true);
         // So do later fragments that arrive before their first (worker.rs).
-        worker.set_hold_fragments(true);
+        pipeline.set_hold_fragments(true);
         Self {
-            worker,
+            pipeline,
             engine: engine.clone(),
             ports,
             clock,
@@ -148,7 +148,7 @@ impl EngineHandler {
             Verdict::Drop(_) => Action::Drop,
             Verdict::ToKernel { l3, end } => {
                 let sent = buf.get(l3..end).map(|packet| self.kernel.send(packet));
-                let stats = self.worker.stats();
+                let stats = self.pipeline.stats();
                 if let Some(Ok(())) = sent {
                     stats.event(Event::ToKernel);
                     Action::Consumed
@@ -179,12 +179,12 @@ impl EngineHandler {
             bump(&self.stats.no_port);
             return Some(Action::Drop);
         };
-        let verdict = self.worker.process(buf, len, RxMeta { ifindex: d.ifindex, checksum: Default::default() }, ts);
+        let verdict = self.pipeline.process(buf, len, RxMeta { ifindex: d.ifindex, checksum: Default::default() }, ts);
         if let Verdict::HoldFragment { .. } = verdict {
             return None;
         }
         if let Verdict::Forward { .. } | Verdict::ToKernel { .. } | Verdict::Hold { .. } = verdict {
-            self.worker.stats().event(Event::FragmentHeldSent);
+            self.pipeline.stats().event(Event::FragmentHeldSent);
         }
         Some(self.act(verdict, buf, len, port, d.ifindex))
     }
@@ -198,23 +198,23 @@ impl FrameHandler for EngineHandler {
     fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action {
         let ifindex = self.ports.get(rx.port.index()).copied().unwrap_or(0);
         let ts = self.now(now);
-        let verdict = self.worker.process(buf, len, RxMeta { ifindex, checksum: Default::default() }, ts);
+        let verdict = self.pipeline.process(buf, len, RxMeta { ifindex, checksum: Default::default() }, ts);
         self.act(verdict, buf, len, rx.port, ifindex)
     }
 
     fn stages(&self) -> bool {
-        self.worker.staging_pays()
+        self.pipeline.staging_pays()
     }
 
     fn stage(&mut self, i: usize, frame: &[u8]) {
         if let Some(s) = self.staged.get_mut(i) {
-            *s = self.worker.prefetch_flow(frame);
+            *s = self.pipeline.prefetch_flow(frame);
         }
     }
 
     fn stage_done(&mut self, n: usize) {
         for s in self.staged.iter().take(n) {
-            self.worker.prefetch_session(*s);
+            self.pipeline.prefetch_session(*s);
         }
     }
 
@@ -224,7 +224,7 @@ impl FrameHandler for EngineHandler {
             HoldKey::NextHop(ifindex, next_hop) => (ifindex, next_hop),
             HoldKey::Datagram(d) => return self.release_fragment(d, buf, len, ts),
         };
-        match self.worker.release_held(buf, len, ifindex, next_hop, ts) {
+        match self.pipeline.release_held(buf, len, ifindex, next_hop, ts) {
             Release::Wait => None,
             Release::Forward { ifindex, len } => match self.port_of(ifindex) {
                 Some(port) => Some(Action::Transmit { port, len }),
@@ -238,7 +238,7 @@ impl FrameHandler for EngineHandler {
     }
 
     fn held(&mut self, key: HoldKey, event: HoldEvent) {
-        let stats = self.worker.stats();
+        let stats = self.pipeline.stats();
         match (key, event) {
             (HoldKey::NextHop(..), HoldEvent::Queued) => stats.event(Event::NeighborQueued),
             (HoldKey::NextHop(..), HoldEvent::Overflow) => stats.dropped(DropReason::NeighborQueueOverflow),
@@ -252,7 +252,7 @@ impl FrameHandler for EngineHandler {
         if now.saturating_duration_since(self.last_sweep) >= SWEEP_EVERY {
             self.last_sweep = now;
             let ts = self.now(now);
-            self.worker.tick(ts, self.sweep_budget);
+            self.pipeline.tick(ts, self.sweep_budget);
         }
     }
 

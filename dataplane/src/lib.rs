@@ -1,6 +1,6 @@
 //! Egret's dataplane: everything a gateway does to a frame.
 //!
-//! The engine is a pure library: one entry point, [`engine::Worker::process`],
+//! The engine is a pure library: one entry point, [`engine::Pipeline::process`],
 //! takes one Ethernet frame in place and returns an [`engine::Verdict`]. Time
 //! is passed in, so every test is deterministic. The AF_XDP I/O and the
 //! worker loop drive the same code as the tests, the fuzzer and the

@@ -429,7 +429,7 @@ impl<T> HoldQueue<T> {
 
 /// Worker counters: written by the worker thread only, read by anyone.
 #[derive(Debug, Default)]
-pub struct WorkerStats {
+pub struct LoopStats {
     /// Loop iterations.
     pub iterations: AtomicU64,
     /// Times the worker blocked in poll().
@@ -454,9 +454,9 @@ pub struct WorkerStats {
     pub inject_refused: AtomicU64,
 }
 
-/// A plain copy of [`WorkerStats`].
+/// A plain copy of [`LoopStats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WorkerStatsSnapshot {
+pub struct LoopStatsSnapshot {
     pub iterations: u64,
     pub idle_polls: u64,
     pub rx_frames: u64,
@@ -470,11 +470,11 @@ pub struct WorkerStatsSnapshot {
     pub inject_refused: u64,
 }
 
-impl WorkerStats {
+impl LoopStats {
     /// Read every counter.
-    pub fn snapshot(&self) -> WorkerStatsSnapshot {
+    pub fn snapshot(&self) -> LoopStatsSnapshot {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        WorkerStatsSnapshot {
+        LoopStatsSnapshot {
             iterations: l(&self.iterations),
             idle_polls: l(&self.idle_polls),
             rx_frames: l(&self.rx_frames),
@@ -498,7 +498,7 @@ fn bump(c: &AtomicU64, n: u64) {
 
 /// Stages `frame` on `port`'s TX ring; a refusal returns it to the pool,
 /// counted. Whether it was staged.
-fn transmit(ports: &mut XskPorts, stats: &WorkerStats, port: PortId, frame: Frame, len: usize) -> bool {
+fn transmit(ports: &mut XskPorts, stats: &LoopStats, port: PortId, frame: Frame, len: usize) -> bool {
     match ports.transmit(port, frame, len) {
         Ok(()) => true,
         Err((frame, why)) => {
@@ -555,7 +555,7 @@ pub struct Worker<H> {
     handler: H,
     config: WorkerConfig,
     stop: Arc<AtomicBool>,
-    stats: Arc<WorkerStats>,
+    stats: Arc<LoopStats>,
     batch: Vec<Frame>,
     pollfds: Vec<libc::pollfd>,
     queues: Vec<u32>,
@@ -602,7 +602,7 @@ impl<H: FrameHandler> Worker<H> {
     }
 
     /// The worker's counters, shareable with other threads.
-    pub fn stats(&self) -> Arc<WorkerStats> {
+    pub fn stats(&self) -> Arc<LoopStats> {
         Arc::clone(&self.stats)
     }
 

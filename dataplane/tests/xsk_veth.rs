@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use egret_dataplane::netns::{self, NetnsGuard};
 use egret_dataplane::worker::{
-    Action, FrameHandler, RxInfo, Worker, WorkerConfig, WorkerStats, WorkerStatsSnapshot, STAGE_MAX,
+    Action, FrameHandler, LoopStats, LoopStatsSnapshot, RxInfo, Worker, WorkerConfig, STAGE_MAX,
 };
 use egret_dataplane::xsk::test_prog::{XdpMode, XskRedirectProg};
 use egret_dataplane::xsk::{
@@ -271,13 +271,13 @@ impl FrameHandler for Forward {
 
 // ---------------------------------------------------------------- gateway
 
-type Finished<H> = (WorkerStatsSnapshot, Vec<XskCountersSnapshot>, H, u64);
+type Finished<H> = (LoopStatsSnapshot, Vec<XskCountersSnapshot>, H, u64);
 
 struct Gateway<H> {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Finished<H>>>,
     /// Live views of the worker's counters (read while it runs).
-    stats: Arc<WorkerStats>,
+    stats: Arc<LoopStats>,
     counters: Vec<Arc<XskCounters>>,
 }
 
@@ -293,7 +293,7 @@ impl<H: FrameHandler + Send + 'static> Gateway<H> {
         handler: H,
     ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        type Ready = Result<(Arc<WorkerStats>, Vec<Arc<XskCounters>>), String>;
+        type Ready = Result<(Arc<LoopStats>, Vec<Arc<XskCounters>>), String>;
         let (ready_tx, ready_rx) = mpsc::channel::<Ready>();
         let ports: Vec<(String, u32)> = ports.iter().map(|(d, q)| ((*d).to_owned(), *q)).collect();
         let xdp_on: Vec<String> = xdp_on.iter().map(|d| (*d).to_owned()).collect();
@@ -354,7 +354,7 @@ impl<H: FrameHandler + Send + 'static> Gateway<H> {
     }
 
     /// Wait (up to 5 s) until `cond` holds on the live counters.
-    fn wait_until(&self, what: &str, cond: impl Fn(&WorkerStatsSnapshot, &[XskCountersSnapshot]) -> bool) {
+    fn wait_until(&self, what: &str, cond: impl Fn(&LoopStatsSnapshot, &[XskCountersSnapshot]) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let stats = self.stats.snapshot();

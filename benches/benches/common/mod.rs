@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use egret_dataplane::clock::Timestamp;
-use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Worker};
+use egret_dataplane::engine::{ChecksumHint, Engine, Pipeline, RxMeta, Verdict};
 use egret_dataplane::fixtures::{self, build::Packet};
 use egret_dataplane::nat::key::{proto, SessionTuple};
 use egret_dataplane::nat::port_alloc::PortRng;
@@ -67,10 +67,10 @@ pub fn shape(n: u64) -> (u64, u64, u64) {
 
 /// An engine with `n` live IPv4 UDP sessions (created through the NAT API,
 /// as the slow path would), its worker, and the shape used.
-pub fn populated(n: u64, mapping: MappingBehavior) -> (Engine, Worker, (u64, u64, u64)) {
+pub fn populated(n: u64, mapping: MappingBehavior) -> (Engine, Pipeline, (u64, u64, u64)) {
     let engine = Engine::new(&spec((n as usize + n as usize / 8).max(1024), mapping)).unwrap();
     engine.publish_fib(fixtures::topology());
-    let worker = engine.worker_seeded(PortRng::new(42));
+    let worker = engine.pipeline_seeded(PortRng::new(42));
     let tables = engine.tables();
     let policy = tables.policy(PolicyId(0)).unwrap();
     let stats = WorkerStats::default();
@@ -112,7 +112,7 @@ pub fn frames(engine: &Engine, n: u64, sh: (u64, u64, u64), count: usize, seed: 
 
 /// Processes `frames` cyclically `iters` times; returns how many were forwarded.
 #[inline]
-pub fn run(w: &mut Worker, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64) -> u64 {
+pub fn run(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64) -> u64 {
     let mut buf = vec![0u8; 2048];
     let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
     let t = Timestamp::from_secs(now);
@@ -136,7 +136,7 @@ pub fn run(w: &mut Worker, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u6
 /// `prefetch_flow` then `prefetch_session` for every frame of the batch,
 /// then `process` for each): what a worker does with a ring's batch.
 #[inline]
-pub fn run_staged(w: &mut Worker, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64, batch: usize) -> u64 {
+pub fn run_staged(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64, batch: usize) -> u64 {
     use egret_dataplane::engine::Staged;
     let mut bufs = vec![vec![0u8; 2048]; batch];
     let mut lens = vec![0usize; batch];

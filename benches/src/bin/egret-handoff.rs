@@ -10,7 +10,7 @@
 //! 1. The engine: a native reply takes the established straight pass
 //!    (`Ctx::established_v4`); one to a pod behind a tunnel has no MAC to
 //!    write and takes the full pipeline to `Verdict::ToKernel`. Measured
-//!    as `Worker::process` on one UDP session's reply frame, with the
+//!    as `Pipeline::process` on one UDP session's reply frame, with the
 //!    fixtures' native topology and with the pods' /24 behind a kernel
 //!    link (`engine-native`, `engine-overlay`).
 //! 2. The egress: the native path transmits the frame on an AF_XDP socket
@@ -239,11 +239,11 @@ impl Mode {
 }
 
 /// An engine with one UDP session of pod A, and the reply frame to it.
-fn engine(overlay: bool) -> Result<(egret_dataplane::engine::Worker, Vec<u8>), Error> {
+fn engine(overlay: bool) -> Result<(egret_dataplane::engine::Pipeline, Vec<u8>), Error> {
     let e = Engine::new(&fixtures::base_spec())?;
     let fib = if overlay { fixtures::overlay_topology() } else { fixtures::topology() };
     e.publish_fib(fib);
-    let mut w = e.worker_seeded(PortRng::new(1));
+    let mut w = e.pipeline_seeded(PortRng::new(1));
     let out = from_pod(IpAddr::V4(fixtures::POD_A), IpAddr::V4(fixtures::SERVER), udp(40000, 53, b"q")).frame();
     let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
     buf[..out.len()].copy_from_slice(&out);
@@ -340,7 +340,7 @@ fn raw_mmsg_tx(packet: &[u8], dst: Ipv4Addr, n: u64, batch: usize) -> Result<u64
     Ok(full)
 }
 
-/// ns per frame of `Worker::process` on the reply, `n` times (a copy of
+/// ns per frame of `Pipeline::process` on the reply, `n` times (a copy of
 /// the frame into the buffer each time, as a fresh frame arrives).
 fn engine_run(overlay: bool, n: u64) -> Result<f64, Error> {
     let (mut w, back) = engine(overlay)?;

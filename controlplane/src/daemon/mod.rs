@@ -131,7 +131,7 @@ pub struct WorkerHandle {
     /// Set while its loop runs.
     pub running: Arc<AtomicBool>,
     /// Loop counters.
-    pub loop_stats: Arc<egret_dataplane::worker::WorkerStats>,
+    pub loop_stats: Arc<egret_dataplane::worker::LoopStats>,
     /// Handler counters.
     pub handler_stats: Arc<HandlerStats>,
     /// (interface name, socket counters) per port.

@@ -111,7 +111,7 @@ use egret_bpf::{LoadOptions, SteeringProgram, VerdictReason, XdpAction, OWNED_NA
 use egret_controlplane::daemon::sink::{owned_entries, policy_entries, MapPlan};
 use egret_controlplane::offload::clock::EngineClock;
 use egret_controlplane::offload::{FastPath, OffloadManager};
-use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Worker};
+use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Pipeline};
 use egret_dataplane::fixtures::{self, build::refragment, FRAME_BUFFER, INSIDE, OUTSIDE};
 use egret_dataplane::nat::port_alloc::PortRng;
 use egret_dataplane::policy::Decision;
@@ -126,7 +126,7 @@ const ETHERNET_HEADER: usize = 14;
 const SWEEP: u32 = 256;
 
 struct Rig {
-    worker: Worker,
+    worker: Pipeline,
     program: Arc<SteeringProgram>,
     fp: Arc<FastPath>,
     manager: OffloadManager,
@@ -207,8 +207,8 @@ fn rig() -> Rig {
     );
     assert!(fp.connect(&engine), "the fast path connects to both families");
     let manager = OffloadManager::new(fp.clone(), engine.clone(), 64);
-    let mut worker = engine.worker_seeded(PortRng::new(7));
-    // As the daemon's workers do (daemon/handler.rs).
+    let mut worker = engine.pipeline_seeded(PortRng::new(7));
+    // As the daemon's workers do (handler.rs).
     worker.set_hold_fragments(true);
     let nat_owned =
         owned_entries(&tables).into_iter().filter(|(_, o)| o.flags & OWNED_NAT != 0).map(|(a, _)| a).collect();

@@ -16,13 +16,13 @@ use egret_dataplane::nat::port_alloc::PortRng;
 use libfuzzer_sys::fuzz_target;
 use std::sync::Mutex;
 
-static STATE: OnceLock<Mutex<(Engine, egret_dataplane::engine::Worker)>> = OnceLock::new();
+static STATE: OnceLock<Mutex<(Engine, egret_dataplane::engine::Pipeline)>> = OnceLock::new();
 
-fn state() -> &'static Mutex<(Engine, egret_dataplane::engine::Worker)> {
+fn state() -> &'static Mutex<(Engine, egret_dataplane::engine::Pipeline)> {
     STATE.get_or_init(|| {
         let engine = Engine::new(&fixtures::base_spec()).expect("fixture spec");
         engine.publish_fib(fixtures::topology());
-        let mut w = engine.worker_seeded(PortRng::new(7));
+        let mut w = engine.pipeline_seeded(PortRng::new(7));
         for s in fixtures::scenarios() {
             for st in &s.steps {
                 let mut buf = vec![0u8; fixtures::FRAME_BUFFER];

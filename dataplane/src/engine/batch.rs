@@ -2,20 +2,20 @@
 //! a batch is processed, the lines each will wait for are requested, so the
 //! waits overlap instead of being paid one frame after another.
 //!
-//! 1. [`Worker::prefetch_flow`] for every frame: read the IPv4 5-tuple,
+//! 1. [`Pipeline::prefetch_flow`] for every frame: read the IPv4 5-tuple,
 //!    prefetch the worker's flow-cache entry for it.
-//! 2. [`Worker::prefetch_session`] for every frame: read that entry and
+//! 2. [`Pipeline::prefetch_session`] for every frame: read that entry and
 //!    prefetch the session slot it names.
-//! 3. [`Worker::process`] for every frame, as without staging.
+//! 3. [`Pipeline::process`] for every frame, as without staging.
 //!
 //! Stages 1 and 2 change nothing and decide nothing: a frame they cannot
 //! read, or an entry that is stale, only goes unprefetched, and `process`
 //! judges it in full. With few sessions everything is in cache and the
-//! stages are pure overhead: [`Worker::staging_pays`] says when to use them.
+//! stages are pure overhead: [`Pipeline::staging_pays`] says when to use them.
 
 use std::net::Ipv4Addr;
 
-use super::Worker;
+use super::Pipeline;
 use crate::nat::key::{proto, FlowKey};
 use crate::wire::ethernet;
 
@@ -27,7 +27,7 @@ pub struct Staged(Option<usize>);
 /// staging costs more than it saves (docs/benchmarks.md, "Batches staged").
 pub const STAGING_MIN_SESSIONS: usize = 16 * 1024;
 
-impl Worker {
+impl Pipeline {
     /// Whether staging a batch is worth its cost now (enough sessions that
     /// their slots miss the caches).
     #[inline]
@@ -104,7 +104,7 @@ mod tests {
         let run = |staged: bool| {
             let engine = Engine::new(&spec).unwrap();
             engine.publish_fib(fixtures::topology());
-            let mut w = engine.worker();
+            let mut w = engine.pipeline();
             let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
             let mut out = Vec::new();
             for round in 0..3u64 {

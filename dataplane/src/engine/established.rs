@@ -188,7 +188,7 @@ mod tests {
             for path in [Path::EstablishedFirst, Path::FullOnly] {
                 let engine = Engine::new(&s.spec).expect("fixture config");
                 engine.publish_fib(fixtures::topology());
-                let mut w = engine.worker_on(PortRng::new(0x5eed), path);
+                let mut w = engine.pipeline_on(PortRng::new(0x5eed), path);
                 let mut out = Vec::new();
                 for st in s.steps.iter().chain(&s.steps) {
                     let mut buf = vec![0u8; fixtures::FRAME_BUFFER];

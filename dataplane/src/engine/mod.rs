@@ -3,14 +3,14 @@
 //!
 //! [`Engine`] holds what all workers share: the configuration snapshot, the
 //! forwarding snapshot, the NAT tables of both families and the counters of
-//! every worker. Each worker thread owns a [`Worker`]; its
-//! [`Worker::process`] takes one Ethernet frame in place and returns a
+//! every worker. Each worker thread owns a [`Pipeline`]; its
+//! [`Pipeline::process`] takes one Ethernet frame in place and returns a
 //! [`Verdict`]. The caller passes the time, so tests are deterministic.
 //!
 //! The module, by job:
 //! - here: [`Engine`] (publishing configurations and forwarding snapshots,
 //!   making workers), the verdicts, and the state the workers share;
-//! - `pipeline.rs`: [`Worker`], the per-frame path below, its slow path and
+//! - `pipeline.rs`: [`Pipeline`], the per-frame path below, its slow path and
 //!   forwarding;
 //! - `established.rs`: the straight-line IPv4 path of established sessions;
 //! - `next_hop_cache.rs`: a worker's cache of resolved next hops;
@@ -50,7 +50,7 @@ mod pipeline;
 
 pub use batch::{Staged, STAGING_MIN_SESSIONS};
 pub use ha::{IMPORT_PARALLEL_MIN, IMPORT_THREADS_MAX};
-pub use pipeline::Worker;
+pub use pipeline::Pipeline;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -140,9 +140,9 @@ pub enum Verdict {
     Drop(DropReason),
     /// Translated, but the next hop's MAC is not known yet (resolution
     /// requested): the caller keeps the frame and hands it to
-    /// [`Worker::release_held`] until that writes the MACs, as the kernel
+    /// [`Pipeline::release_held`] until that writes the MACs, as the kernel
     /// queues packets on an incomplete neighbour. Only given by a worker
-    /// that asked for it ([`Worker::set_hold_unresolved`]); otherwise such a
+    /// that asked for it ([`Pipeline::set_hold_unresolved`]); otherwise such a
     /// frame is dropped as `neighbor_unresolved`.
     Hold {
         /// Output interface.
@@ -158,7 +158,7 @@ pub enum Verdict {
     /// (its first fragment's translation is then in the shared fragment
     /// cache) until that gives another verdict, or drops it after a
     /// timeout as `fragment_hold_timeout` (worker.rs). Only given by a
-    /// worker that asked for it ([`Worker::set_hold_fragments`]); otherwise
+    /// worker that asked for it ([`Pipeline::set_hold_fragments`]); otherwise
     /// such a frame is dropped as `fragment_unmatched`.
     HoldFragment {
         /// The datagram's source address.
@@ -385,21 +385,21 @@ impl Engine {
     }
 
     /// A new worker handle (one per worker thread), with its own counters.
-    pub fn worker(&self) -> Worker {
-        self.worker_seeded(PortRng::from_entropy())
+    pub fn pipeline(&self) -> Pipeline {
+        self.pipeline_seeded(PortRng::from_entropy())
     }
 
     /// A worker whose port choices are reproducible (tests, fixtures).
-    pub fn worker_seeded(&self, rng: PortRng) -> Worker {
-        self.worker_on(rng, Path::default())
+    pub fn pipeline_seeded(&self, rng: PortRng) -> Pipeline {
+        self.pipeline_on(rng, Path::default())
     }
 
     /// A worker whose port choices are reproducible, taking its frames
     /// down `path` (tests compare the two paths).
-    pub fn worker_on(&self, rng: PortRng, path: Path) -> Worker {
+    pub fn pipeline_on(&self, rng: PortRng, path: Path) -> Pipeline {
         let stats = Arc::new(WorkerStats::default());
         self.shared.workers.lock().push(stats.clone());
-        Worker::new(self.shared.clone(), stats, rng, path)
+        Pipeline::new(self.shared.clone(), stats, rng, path)
     }
 
     /// Every worker's counters, summed.

@@ -1,8 +1,8 @@
 //! The per-frame pipeline: one frame in, a verdict out.
 //!
-//! A [`Worker`] is one worker thread's handle on the [`Engine`](super::Engine)'s shared
+//! A [`Pipeline`] is one worker thread's handle on the [`Engine`](super::Engine)'s shared
 //! state, with its caches (snapshots, next hops, flows), its counters and
-//! its port generator. [`Worker::process`] takes a frame through the steps
+//! its port generator. [`Pipeline::process`] takes a frame through the steps
 //! listed in the module above (engine/mod.rs): the established path
 //! (established.rs) first unless the worker was made with
 //! [`Path::FullOnly`], then dissection, neighbour answers, fragments, ICMP
@@ -42,7 +42,7 @@ use crate::wire::checksum;
 use crate::wire::ethernet::{self, EthernetAddress};
 
 /// One worker's handle on the engine.
-pub struct Worker {
+pub struct Pipeline {
     pub(super) shared: Arc<Shared>,
     tables: Cache<Arc<ArcSwap<Tables>>, Arc<Tables>>,
     fib: Cache<Arc<ArcSwap<Fib>>, Arc<Fib>>,
@@ -62,9 +62,9 @@ pub struct Worker {
     pub(super) established_taken: u64,
 }
 
-impl std::fmt::Debug for Worker {
+impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Worker").finish_non_exhaustive()
+        f.debug_struct("Pipeline").finish_non_exhaustive()
     }
 }
 
@@ -100,13 +100,13 @@ pub(super) struct Ctx<'a> {
     pub(super) established_taken: &'a mut u64,
 }
 
-impl Worker {
+impl Pipeline {
     /// A worker on `shared`, counting into `stats` (already registered
     /// with the engine): [`Engine::worker_on`](super::Engine::worker_on).
-    pub(super) fn new(shared: Arc<Shared>, stats: Arc<WorkerStats>, rng: PortRng, path: Path) -> Worker {
+    pub(super) fn new(shared: Arc<Shared>, stats: Arc<WorkerStats>, rng: PortRng, path: Path) -> Pipeline {
         // Keyed by the worker's seed without advancing its generator.
         let flow_rate = FlowRate::new(rng.clone().next_u64());
-        Worker {
+        Pipeline {
             tables: Cache::new(shared.tables.clone()),
             fib: Cache::new(shared.fib.clone()),
             ingress: Cache::new(shared.ingress.clone()),
@@ -133,7 +133,7 @@ impl Worker {
     /// capacity), the frame is `buf[..len]`.
     #[inline]
     pub fn process(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
-        let Worker {
+        let Pipeline {
             shared,
             tables,
             fib,
@@ -956,7 +956,7 @@ mod tests {
                 if expired {
                     engine.ownership().expire(&owned);
                 }
-                let mut w = engine.worker_seeded(PortRng::new(0x5eed));
+                let mut w = engine.pipeline_seeded(PortRng::new(0x5eed));
                 for st in &s.steps {
                     let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
                     buf[..st.frame.len()].copy_from_slice(&st.frame);
@@ -1002,7 +1002,7 @@ mod tests {
             buf[..st.frame.len()].copy_from_slice(&st.frame);
             let meta = RxMeta { ifindex: st.ingress, checksum: ChecksumHint::Unknown };
             let Verdict::Forward { len, .. } =
-                e.worker_seeded(PortRng::new(1)).process(&mut buf, st.frame.len(), meta, Timestamp::ZERO)
+                e.pipeline_seeded(PortRng::new(1)).process(&mut buf, st.frame.len(), meta, Timestamp::ZERO)
             else {
                 return None;
             };
@@ -1019,9 +1019,9 @@ mod tests {
             .expect("a fixture frame translated from or to an egress IP");
         let engine = Engine::new(&s.spec).expect("fixture config");
         engine.publish_fib(fixtures::topology());
-        let mut w = engine.worker_seeded(PortRng::new(0x5eed));
+        let mut w = engine.pipeline_seeded(PortRng::new(0x5eed));
         engine.ownership().set([(egress, Some(Timestamp::from_millis(10_000)))]);
-        let run = |w: &mut Worker, at: Timestamp| {
+        let run = |w: &mut Pipeline, at: Timestamp| {
             let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
             buf[..step.frame.len()].copy_from_slice(&step.frame);
             w.process(&mut buf, step.frame.len(), RxMeta { ifindex: step.ingress, checksum: ChecksumHint::Unknown }, at)
@@ -1081,7 +1081,7 @@ mod tests {
 
     /// The fixture gateway with its inside addresses and an outside link of
     /// `outside_mtu`.
-    fn router(outside_mtu: u32) -> (Engine, Worker) {
+    fn router(outside_mtu: u32) -> (Engine, Pipeline) {
         let mut fib = fixtures::topology();
         fib.add_interface(crate::fib::Interface {
             ifindex: fixtures::OUTSIDE,
@@ -1098,11 +1098,11 @@ mod tests {
         );
         let engine = Engine::new(&fixtures::base_spec()).expect("fixture config");
         engine.publish_fib(fib);
-        let w = engine.worker_seeded(PortRng::new(7));
+        let w = engine.pipeline_seeded(PortRng::new(7));
         (engine, w)
     }
 
-    fn send(w: &mut Worker, frame: &[u8], ingress: u32, at: u64) -> (Verdict, Vec<u8>) {
+    fn send(w: &mut Pipeline, frame: &[u8], ingress: u32, at: u64) -> (Verdict, Vec<u8>) {
         let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
         buf[..frame.len()].copy_from_slice(frame);
         let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
@@ -1274,7 +1274,7 @@ mod tests {
         }
         let engine = Engine::new(&fixtures::base_spec()).expect("fixture config");
         engine.publish_fib(fixtures::topology());
-        let mut w = engine.worker_seeded(PortRng::new(1));
+        let mut w = engine.pipeline_seeded(PortRng::new(1));
         for (i, f) in frames.iter().enumerate() {
             let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
             buf[..f.len()].copy_from_slice(f);
@@ -1300,7 +1300,7 @@ mod tests {
         spec.nat.new_flow_burst_per_source = 3;
         let engine = Engine::new(&spec).expect("fixture config");
         engine.publish_fib(fixtures::topology());
-        let mut w = engine.worker_seeded(PortRng::new(7));
+        let mut w = engine.pipeline_seeded(PortRng::new(7));
         let flow = |pod: Ipv4Addr, sport: u16| {
             fixtures::from_pod(IpAddr::V4(pod), IpAddr::V4(fixtures::SERVER), fixtures::udp(sport, 53, b"q")).frame()
         };
@@ -1338,7 +1338,7 @@ mod tests {
         spec.nat.new_flow_burst_per_source = 1;
         let engine = Engine::new(&spec).expect("fixture config");
         engine.publish_fib(fixtures::topology());
-        let mut w = engine.worker_seeded(PortRng::new(7));
+        let mut w = engine.pipeline_seeded(PortRng::new(7));
         for sport in 40000..40100 {
             let f = fixtures::from_pod(
                 IpAddr::V4(fixtures::POD_A),
@@ -1363,7 +1363,7 @@ mod tests {
         spec.nat.new_flow_burst_per_source = 2;
         let engine = Engine::new(&spec).expect("fixture config");
         engine.publish_fib(fixtures::topology());
-        let mut w = engine.worker_seeded(PortRng::new(7));
+        let mut w = engine.pipeline_seeded(PortRng::new(7));
         let out = fixtures::from_pod(
             IpAddr::V4(fixtures::POD_A),
             IpAddr::V4(fixtures::SERVER),
