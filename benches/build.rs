@@ -1,5 +1,6 @@
 //! Compiles the throughput benchmark's XDP programs (`xdp/*.bpf.c`: the
-//! generator, the redirect ceiling and the sink counter) with clang through
+//! generator, the redirect ceiling, the sink counter and the kernel modes'
+//! pass-everything program on gwout) with clang through
 //! libbpf-cargo into `OUT_DIR/<name>.bpf.o`, which `src/xdp.rs` embeds and
 //! loads with libbpf-rs.
 
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const PROGRAMS: [&str; 3] = ["gen", "redirect", "sink"];
+const PROGRAMS: [&str; 4] = ["gen", "redirect", "sink", "pass"];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").ok_or("cargo did not set OUT_DIR")?);

@@ -23,7 +23,7 @@ use crate::frame::{FlowSet, FrameSpec, Proto, VxlanSpec};
 use crate::generator::{self as generator, Engine, GenError, GenSpec, Running};
 use crate::napi::{self, NapiError};
 use crate::topology::{self, in_netns, LinkCounters, NetnsError, Topology, TopologyError, GW_IN, GW_OUT};
-use crate::xdp::{self, Redirect, Sink, SinkCounts, XdpError};
+use crate::xdp::{self, Pass, Redirect, Sink, SinkCounts, XdpError};
 
 /// What forwards the frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
@@ -263,7 +263,11 @@ fn napi_threads(ns: &str, dev: &'static str, ifindex: u32) -> Result<Vec<u32>, B
 
 enum State {
     Nothing,
-    Kernel { flowtable: bool },
+    /// `pass`: the pass-everything program on gwout while the sink answers.
+    Kernel {
+        flowtable: bool,
+        pass: Option<Pass>,
+    },
     Redirect(#[allow(dead_code)] Redirect),
     Egret(Daemon),
 }
@@ -327,6 +331,19 @@ pub fn count_offloaded(conntrack: &str) -> (u64, u64) {
     })
 }
 
+/// TCP connections conntrack still lists `[UNREPLIED]` (it has seen no
+/// packet of their reply direction) in the text of
+/// `/proc/net/nf_conntrack`, and all TCP connections.
+pub fn count_unreplied_tcp(conntrack: &str) -> (u64, u64) {
+    conntrack.lines().fold((0, 0), |(u, n), l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.get(2) != Some(&"tcp") {
+            return (u, n);
+        }
+        (u + u64::from(w.contains(&"[UNREPLIED]")), n + 1)
+    })
+}
+
 /// The egress IPs of new-connection runs: 203.0.113.10-25, each with ports
 /// 1024-65535 (about a million mappings to one destination).
 pub const NEW_CONNS_EGRESS: [Ipv4Addr; 16] = {
@@ -359,7 +376,7 @@ impl<'t> Gateway<'t> {
         match mode {
             Mode::Kernel | Mode::KernelNewConns | Mode::KernelFlowtable => {
                 let flowtable = mode == Mode::KernelFlowtable;
-                g.state = State::Kernel { flowtable };
+                g.state = State::Kernel { flowtable, pass: None };
                 // Start from an empty conntrack table (earlier rounds' flows
                 // would otherwise still be there: UDP entries live 30 s).
                 in_netns(&gw, || {
@@ -386,11 +403,19 @@ impl<'t> Gateway<'t> {
                 topo.ethtool_feature(&gw, GW_IN, "gro", true)?;
                 g.notes.push("kernel: nftables snat, ip_forward=1, GRO on gwin for NAPI".into());
                 // The sink's answers (UDP replies, SYN-ACKs) come back with
-                // XDP_TX, which a veth accepts only with NAPI: GRO on gwout
-                // too, where the kernel must see them.
-                if flowtable || opts.proto == Proto::Tcp {
-                    topo.ethtool_feature(&gw, GW_OUT, "gro", true)?;
-                    g.notes.push("kernel: GRO on gwout too (the sink's answers arrive as XDP frames)".into());
+                // XDP_TX, which a veth accepts only with an XDP program of
+                // its own (with NAPI through GRO alone, they are gwout's RX
+                // drops and conntrack never sees them): a pass-everything
+                // program on gwout, where the kernel must see them. It
+                // sees only what gwout receives, i.e. the answers: what the
+                // gateway forwards leaves gwout by transmit.
+                if flowtable || proto_of(mode, opts) == Proto::Tcp {
+                    let pass = in_netns(&gw, || Pass::attach(out_idx))?;
+                    if let State::Kernel { pass: p, .. } = &mut g.state {
+                        *p = Some(pass);
+                    }
+                    g.notes
+                        .push("kernel: XDP pass program on gwout (the sink's answers arrive as XDP_TX frames)".into());
                 }
                 // TCP: gwin's GRO merges a train's segments, gwout segments
                 // them again and would leave each with a partial checksum
@@ -537,7 +562,9 @@ impl Drop for Gateway<'_> {
     fn drop(&mut self) {
         let gw = self.topo.gw_ns.clone();
         match &mut self.state {
-            State::Kernel { flowtable } => {
+            State::Kernel { flowtable, pass } => {
+                // Detach before GRO goes off (XDP keeps GRO on while attached).
+                *pass = None;
                 if *flowtable {
                     let _ = self.topo.exec(&gw, &["nft", "delete", "table", "inet", NFT_FLOWTABLE_TABLE], None);
                 }
@@ -591,6 +618,10 @@ pub struct Sample {
     /// conntrack) and all connections, read before the window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offloaded: Option<(u64, u64)>,
+    /// Kernel modes with TCP: the connections conntrack still listed
+    /// `[UNREPLIED]` after the handshake (it never saw their SYN-ACK).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreplied: Option<u64>,
 }
 
 impl Sample {
@@ -640,8 +671,12 @@ impl Sample {
         self.egret_metrics.get(egret::WORKER_RX_METRIC).copied()
     }
 
-    /// What looks wrong with the sample (translation, checksums).
-    pub fn problems(&self) -> Vec<String> {
+    /// Why the sample does not measure its mode's path at all (empty: it
+    /// does): nothing forwarded, over 1% of the frames forwarded untranslated (e.g. the
+    /// kernel passing TCP segments conntrack finds INVALID without NAT), a
+    /// kernel TCP handshake conntrack did not see answered. An invalid
+    /// sample's summary gets no ratios and is flagged INVALID.
+    pub fn invalid(&self) -> Vec<String> {
         let mut p = Vec::new();
         let s = &self.sink;
         if s.frames == 0 {
@@ -650,7 +685,31 @@ impl Sample {
         // The counters are read one after the other while frames arrive:
         // allow that skew, nothing more.
         let untranslated = s.frames.saturating_sub(s.translated);
-        if self.mode.translates() && untranslated > 64 {
+        if self.mode.translates() && untranslated > 64 && untranslated as f64 > 0.01 * s.frames as f64 {
+            p.push(format!("{untranslated} of {} frames reached the sink untranslated", s.frames));
+        }
+        // A few SYN-ACKs may be lost in a full ring (their segments would
+        // show as untranslated above); more than 1% is a broken handshake.
+        if let Some(u) = self.unreplied {
+            if u > 0 && u as f64 > 0.01 * self.flows as f64 {
+                p.push(format!(
+                    "conntrack saw no SYN-ACK for {u} of {} connections ([UNREPLIED] after the handshake): their segments are INVALID to it and not translated",
+                    self.flows
+                ));
+            }
+        }
+        p
+    }
+
+    /// What looks wrong with the sample (translation, checksums): the
+    /// reasons it is [`Sample::invalid`], then lesser ones.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = self.invalid();
+        let s = &self.sink;
+        // Fewer than 1% untranslated (e.g. a few kernel TCP connections
+        // whose SYN-ACK was lost): flagged, the rate still the mode's.
+        let untranslated = s.frames.saturating_sub(s.translated);
+        if self.mode.translates() && untranslated > 64 && untranslated as f64 <= 0.01 * s.frames as f64 {
             p.push(format!("{untranslated} of {} frames reached the sink untranslated", s.frames));
         }
         if self.lost_at_sink_rx() > 0.01 {
@@ -807,17 +866,41 @@ const HANDSHAKE_PPS: u64 = 25_000;
 /// the sink's ISN + 1, known in advance. SYNs the sink did not answer (lost
 /// in a full ring) are sent again, twice at most. Returns the number of
 /// SYN-ACKs sent.
-fn handshake(sink: &SinkSide, spec: &GenSpec, flows: u64) -> Result<u64, BenchError> {
+///
+/// `unreplied` (the kernel modes): how many connections the gateway has
+/// not seen answered (conntrack's `[UNREPLIED]`). A SYN-ACK the sink sent
+/// can still be lost on its way into the gateway (its veth's XDP ring);
+/// while any is, the SYNs go again (twice at most) and the sink answers
+/// every one again (a new reply generation). Conntrack ignores a SYN on an
+/// established connection and resynchronises on its SYN-ACK, and the
+/// sequence numbers are the same.
+fn handshake(
+    sink: &SinkSide,
+    spec: &GenSpec,
+    flows: u64,
+    unreplied: Option<&dyn Fn() -> Result<u64, BenchError>>,
+) -> Result<u64, BenchError> {
     sink.sink.set_reply_generation(next_reply_generation())?;
     let mut answered = 0;
-    for _ in 0..3 {
+    for pass in 0..3 {
         let before = sink.sink.counts()?;
         generator::send_syns(&spec.netns, &spec.dev, &spec.frame, &spec.flows, HANDSHAKE_PPS)?;
         // The last SYN-ACKs cross the gateway.
         sleep_checked(0.1)?;
         answered = sink.sink.counts()?.since(&before).replied;
-        if answered >= flows {
-            break;
+        match unreplied {
+            Some(unreplied) => {
+                let u = unreplied()?;
+                if u == 0 {
+                    break;
+                }
+                if pass < 2 {
+                    eprintln!("  tcp: the gateway saw no SYN-ACK for {u} connections: the SYNs again");
+                    sink.sink.set_reply_generation(next_reply_generation())?;
+                }
+            }
+            None if answered >= flows => break,
+            None => {}
         }
     }
     sink.sink.set_reply_generation(0)?;
@@ -841,11 +924,15 @@ fn slow_path_packets(topo: &Topology) -> Result<u64, BenchError> {
 /// The gateway's conntrack connections in a flowtable, and all of them
 /// (`/proc/net/nf_conntrack` read inside the gateway's namespace).
 fn conntrack_offloaded(topo: &Topology) -> Result<(u64, u64), BenchError> {
+    Ok(count_offloaded(&conntrack_text(topo)?))
+}
+
+/// The gateway's `/proc/net/nf_conntrack` (read inside its namespace).
+fn conntrack_text(topo: &Topology) -> Result<String, BenchError> {
     let path = "/proc/thread-self/net/nf_conntrack";
-    let text = in_netns(&topo.gw_ns, || -> Result<String, BenchError> {
+    in_netns(&topo.gw_ns, || -> Result<String, BenchError> {
         std::fs::read_to_string(path).map_err(|source| cpu::CpuError::Read { path: path.into(), source }.into())
-    })?;
-    Ok(count_offloaded(&text))
+    })
 }
 
 /// `kernel-flowtable`: send the flows at [`ESTABLISH_PPS`], the sink
@@ -994,9 +1081,27 @@ pub fn measure(
     // slow path keeps up with, the sink answering them, until Egret has
     // installed them all. The window then measures established flows.
     sink.sink.set_reply_generation(0)?;
+    let kernel_unreplied = || -> Result<u64, BenchError> { Ok(count_unreplied_tcp(&conntrack_text(topo)?).0) };
     if proto == Proto::Tcp && mode.stateful() {
-        handshake(sink, &spec, flow_set.flows)?;
+        let check: Option<&dyn Fn() -> Result<u64, BenchError>> =
+            if mode.kernel() { Some(&kernel_unreplied) } else { None };
+        handshake(sink, &spec, flow_set.flows, check)?;
     }
+    // The kernel: every connection of the window must have seen its
+    // SYN-ACK. One conntrack still lists `[UNREPLIED]` (SYN_SENT) takes the
+    // window's ACKs as INVALID and lets them through untranslated: not the
+    // SNAT path. (Earlier windows' connections are established by now, so
+    // the unreplied ones are this window's.)
+    let unreplied = if proto == Proto::Tcp && mode.kernel() {
+        let (unreplied, all) = count_unreplied_tcp(&conntrack_text(topo)?);
+        eprintln!(
+            "  conntrack: {unreplied} of {all} TCP connections [UNREPLIED] after the handshake ({} this window)",
+            flow_set.flows
+        );
+        Some(unreplied)
+    } else {
+        None
+    };
     if mode.fast_path() {
         establish_fast_path(gateway, sink, &spec, u64::from(flows))?;
     }
@@ -1038,6 +1143,7 @@ pub fn measure(
             cpu: cpu::window(&c0, &c1, opts.user_hz, opts.gw_cpu, opts.gen_cpu)?,
             slow_path: f0.zip(f1).map(|(a, b)| b.saturating_sub(a)),
             offloaded,
+            unreplied,
         })
     })();
     let total = gen.finish()?;
@@ -1081,6 +1187,58 @@ ipv4     2 tcp      6 431999 ESTABLISHED src=198.18.1.2 dst=198.51.100.1 sport=1
 ";
         assert_eq!(count_offloaded(text), (2, 3));
         assert_eq!(count_offloaded(""), (0, 0));
+    }
+
+    #[test]
+    fn unreplied_tcp_connections_are_counted_from_conntrack() {
+        let text = "\
+ipv4     2 tcp      6 113 SYN_SENT src=198.18.1.9 dst=198.51.100.1 sport=1031 dport=9 [UNREPLIED] src=198.51.100.1 dst=203.0.113.10 sport=9 dport=10585 mark=0 zone=0 use=2
+ipv4     2 tcp      6 431999 ESTABLISHED src=198.18.1.2 dst=198.51.100.1 sport=1024 dport=9 src=198.51.100.1 dst=203.0.113.10 sport=9 dport=1026 [ASSURED] mark=0 zone=0 use=2
+ipv4     2 tcp      6 58 SYN_RECV src=198.18.1.3 dst=198.51.100.1 sport=1024 dport=9 src=198.51.100.1 dst=203.0.113.10 sport=9 dport=1027 mark=0 zone=0 use=2
+ipv4     2 udp      17 29 src=198.18.1.0 dst=198.51.100.1 sport=1024 dport=9 [UNREPLIED] src=198.51.100.1 dst=203.0.113.10 sport=9 dport=1024 mark=0 zone=0 use=2
+";
+        assert_eq!(count_unreplied_tcp(text), (1, 3));
+        assert_eq!(count_unreplied_tcp(""), (0, 0));
+    }
+
+    fn kernel_tcp_sample(frames: u64, translated: u64, unreplied: Option<u64>) -> Sample {
+        Sample {
+            mode: Mode::Kernel,
+            proto: Proto::Tcp,
+            flows: 50_000,
+            round: 0,
+            seconds: 1.0,
+            offered: frames,
+            egret_metrics: BTreeMap::new(),
+            links: BTreeMap::new(),
+            sink: SinkCounts { frames, translated, ..SinkCounts::default() },
+            cpu: cpu::WindowUse {
+                threads: Vec::new(),
+                gateway_cpu_s: 1.0,
+                core_busy_s: 1.0,
+                core_softirq_s: 0.0,
+                core_irq_s: 0.0,
+                core_steal_s: 0.0,
+                other_core_busy_s: 1.0,
+            },
+            slow_path: None,
+            offloaded: None,
+            unreplied,
+        }
+    }
+
+    #[test]
+    fn untranslated_kernel_tcp_windows_are_invalid() {
+        // The first run's kernel TCP windows: every segment untranslated.
+        let s = kernel_tcp_sample(1_000_000, 0, Some(50_000));
+        assert_eq!(s.invalid().len(), 2, "{:?}", s.invalid());
+        assert!(s.invalid()[0].contains("1000000 of 1000000 frames reached the sink untranslated"));
+        assert!(s.invalid()[1].contains("no SYN-ACK for 50000 of 50000"));
+        // A few lost SYN-ACKs: flagged, still the SNAT path.
+        let s = kernel_tcp_sample(1_000_000, 996_000, Some(60));
+        assert!(s.invalid().is_empty(), "{:?}", s.invalid());
+        assert_eq!(s.problems(), ["4000 of 1000000 frames reached the sink untranslated"]);
+        assert!(kernel_tcp_sample(1_000_000, 1_000_000, Some(0)).problems().is_empty());
     }
 
     #[test]

@@ -74,6 +74,9 @@ pub struct Summary {
     /// Egret modes: frames the workers received per forwarded frame.
     pub worker_rx_per_forwarded: Option<f64>,
     pub problems: Vec<String>,
+    /// Some round did not measure the mode's path ([`Sample::invalid`]):
+    /// no ratios, and the table says INVALID.
+    pub invalid: bool,
 }
 
 /// Group samples by (mode, flows), in first-seen order.
@@ -126,6 +129,7 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
                     .all(|s| s.worker_rx().is_some())
                     .then(|| f(&|s| s.worker_rx().unwrap_or(f64::NAN) / s.sink.frames.max(1) as f64).median),
                 problems,
+                invalid: v.iter().any(|s| !s.invalid().is_empty()),
             }
         })
         .collect()
@@ -147,7 +151,7 @@ pub struct Ratio {
 /// each encapsulated mode against its on-link mode (rate ratio, extra ns
 /// per packet).
 pub fn ratios(summaries: &[Summary]) -> Vec<Ratio> {
-    let find = |m: Mode, flows: u64| summaries.iter().find(|s| s.mode == m && s.flows == flows);
+    let find = |m: Mode, flows: u64| summaries.iter().find(|s| s.mode == m && s.flows == flows && !s.invalid);
     let mut flows: Vec<u64> = summaries.iter().map(|s| s.flows).filter(|f| *f > 0).collect();
     flows.sort_unstable();
     flows.dedup();
@@ -255,6 +259,9 @@ pub fn table(summaries: &[Summary], ratios: &[Ratio], unavailable: &[(Mode, Stri
         if let Some(w) = s.worker_rx_per_forwarded {
             let _ = writeln!(t, "{:<17}   egret workers received {:.3} frames per forwarded frame", "", w);
         }
+        if s.invalid {
+            let _ = writeln!(t, "{:<17}   INVALID: not the mode's path (below); no ratios against it", "");
+        }
         for p in &s.problems {
             let _ = writeln!(t, "{:<17}   PROBLEM: {p}", "");
         }
@@ -306,6 +313,7 @@ mod tests {
             lost_at_sink_rx: 0.0,
             worker_rx_per_forwarded: None,
             problems: Vec::new(),
+            invalid: false,
         }
     }
 
@@ -325,6 +333,11 @@ mod tests {
         assert_eq!(get("egret/kernel"), Some(1.5));
         // Without the flowtable in the run (a kernel without it), none of its ratios.
         assert!(ratios(&[s[0].clone(), s[2].clone()]).iter().all(|x| !x.name.contains("flowtable")));
+        // An invalid kernel row (e.g. untranslated TCP) gives no ratios.
+        let mut k = s[0].clone();
+        k.invalid = true;
+        let r = ratios(&[k, s[2].clone(), s[3].clone()]);
+        assert!(r.iter().all(|x| !x.name.ends_with("/kernel") && x.name != "kernel cost over redirect"), "{r:?}");
     }
 
     #[test]

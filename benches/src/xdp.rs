@@ -6,6 +6,8 @@
 //!   to transmit frames out of the generator's veth.
 //! - [`Redirect`]: `xdp_redirect_mac`, the XDP_REDIRECT ceiling.
 //! - [`Sink`]: `xdp_sink`, counting (and checking) what arrives.
+//! - [`Pass`]: `xdp_pass_all`, on the gateway's outside veth in the kernel
+//!   modes, so that it accepts the sink's `XDP_TX` answers.
 //!
 //! Attaching resolves the interface index in the calling thread's network
 //! namespace: callers run these inside [`crate::topology::in_netns`].
@@ -20,6 +22,7 @@ use crate::topology::NetnsError;
 const GEN_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/gen.bpf.o"));
 const REDIRECT_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/redirect.bpf.o"));
 const SINK_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sink.bpf.o"));
+const PASS_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pass.bpf.o"));
 
 /// `BPF_F_TEST_XDP_LIVE_FRAMES` (include/uapi/linux/bpf.h).
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
@@ -118,6 +121,29 @@ impl Redirect {
         set_rodata(&mut open, "redirect", &cfg)?;
         let mut obj = open.load().map_err(|source| XdpError::Load { object: "redirect", source })?;
         let link = attach(&mut obj, "redirect", "xdp_redirect_mac", in_ifindex)?;
+        Ok(Self { _link: link, _obj: obj })
+    }
+}
+
+/// `xdp_pass_all` attached to one interface: a veth accepts the frames its
+/// peer sends with `XDP_TX` or a redirect only if it has an XDP program of
+/// its own (threaded NAPI through GRO is not enough: they count as its RX
+/// drops). The kernel modes put it on `gwout` so that the sink's SYN-ACKs
+/// and UDP replies reach conntrack; it passes everything, and sees only
+/// what the interface receives (forwarded frames leave by transmit).
+#[derive(Debug)]
+pub struct Pass {
+    _link: Link,
+    _obj: Object,
+}
+
+impl Pass {
+    /// Load and attach (native mode, through a bpf_link) to `ifindex` (call
+    /// inside the interface's namespace).
+    pub fn attach(ifindex: u32) -> Result<Self, XdpError> {
+        let open = open("pass", PASS_OBJ)?;
+        let mut obj = open.load().map_err(|source| XdpError::Load { object: "pass", source })?;
+        let link = attach(&mut obj, "pass", "xdp_pass_all", ifindex)?;
         Ok(Self { _link: link, _obj: obj })
     }
 }

@@ -253,7 +253,11 @@ fn run(args: &Args) -> Result<(), BenchError> {
                     s.loss() * 100.0,
                     s.cpu.gateway_cpu_s / s.seconds,
                     s.per_core_mpps(),
-                    if s.problems().is_empty() { String::new() } else { format!(" PROBLEM: {}", s.problems().join("; ")) }
+                    match (s.invalid().is_empty(), s.problems().is_empty()) {
+                        (_, true) => String::new(),
+                        (true, false) => format!(" PROBLEM: {}", s.problems().join("; ")),
+                        (false, false) => format!(" INVALID, PROBLEM: {}", s.problems().join("; ")),
+                    }
                 );
                 if mode.encapsulated() {
                     eprintln!("  {}", tunnel_note(&s));
