@@ -109,9 +109,9 @@ use std::time::Instant;
 
 use egret_bpf::{LoadOptions, SteeringProgram, VerdictReason, XdpAction, OWNED_NAT};
 use egret_controlplane::daemon::sink::{owned_entries, policy_entries, MapPlan};
-use egret_controlplane::offload::clock::EngineClock;
 use egret_controlplane::offload::{FastPath, OffloadManager};
-use egret_dataplane::engine::{ChecksumHint, Engine, RxMeta, Verdict, Pipeline};
+use egret_dataplane::clock::EngineClock;
+use egret_dataplane::engine::{ChecksumHint, Engine, Pipeline, RxMeta, Verdict};
 use egret_dataplane::fixtures::{self, build::refragment, FRAME_BUFFER, INSIDE, OUTSIDE};
 use egret_dataplane::nat::port_alloc::PortRng;
 use egret_dataplane::policy::Decision;
