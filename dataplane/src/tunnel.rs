@@ -54,7 +54,8 @@ pub enum Decap {
     Inner {
         /// Where the inner Ethernet header starts.
         start: usize,
-        /// Where the inner frame ends (the UDP datagram's end).
+        /// Where the inner frame ends (the received frame's end: a trailer
+        /// after the outer datagram stays the inner frame's, as in XDP).
         end: usize,
     },
     /// The tunnel's, refused.
@@ -145,10 +146,12 @@ pub fn decapsulate(tables: &Tables, ingress: &Ingress, frame: &[u8], ifindex: u3
         _ => return Decap::Drop(DropReason::DecapMalformed),
     };
     let start = o.l4 + udp::HEADER_LEN + vxlan::HEADER_LEN;
-    let end = o.l4 + usize::from(u.length());
     match ethernet::l2_info(g.payload()) {
         Ok(l2) if l2.vlan_tci.is_none() && (l2.ethertype == EtherType::IPV4 || l2.ethertype == EtherType::IPV6) => {
-            Decap::Inner { start, end }
+            // To the received frame's end: bytes after the outer datagram
+            // (a trailer) stay the inner frame's trailer, as the XDP program
+            // leaves them when it moves the frame's head.
+            Decap::Inner { start, end: frame.len() }
         }
         _ => Decap::Drop(DropReason::DecapNotIp),
     }
