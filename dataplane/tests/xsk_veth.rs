@@ -182,6 +182,21 @@ fn send_udp(sock: &UdpSocket, to: &str, seq0: u32, count: u32, len: usize, burst
     }
 }
 
+/// From the peer: `n` 100-byte datagrams to 192.0.2.1:9 (pausing every
+/// `burst`), capturing until both directions' frames are in (or 10 s).
+fn send_and_capture(peer: &Netns, n: u32, burst: u32) -> Vec<Vec<u8>> {
+    peer.spawn(move || {
+        let mut cap = capture();
+        let udp = UdpSocket::bind("192.0.2.2:40000").expect("bind");
+        let sender = std::thread::spawn(move || send_udp(&udp, "192.0.2.1:9", 0, n, 100, burst));
+        let frames = collect(&mut cap, Instant::now() + Duration::from_secs(10), |f| f.len() >= 2 * n as usize);
+        sender.join().expect("sender");
+        frames
+    })
+    .join()
+    .expect("peer thread")
+}
+
 // ---------------------------------------------------------------- handlers
 
 /// Swap destination and source MAC, send back out of the receiving port.
@@ -468,17 +483,7 @@ fn bounce_returns_the_exact_frames() {
     );
 
     const N: u32 = 2000;
-    let frames = peer
-        .spawn(move || {
-            let mut cap = capture();
-            let udp = UdpSocket::bind("192.0.2.2:40000").expect("bind");
-            let sender = std::thread::spawn(move || send_udp(&udp, "192.0.2.1:9", 0, N, 100, 50));
-            let frames = collect(&mut cap, Instant::now() + Duration::from_secs(10), |f| f.len() >= 2 * N as usize);
-            sender.join().expect("sender");
-            frames
-        })
-        .join()
-        .expect("peer thread");
+    let frames = send_and_capture(&peer, N, 50);
     gateway.wait_until("all completions", |_, c| c[0].tx_completed >= u64::from(N));
     let (stats, counters, _, bad_releases) = gateway.finish();
 
@@ -519,17 +524,7 @@ fn staging_shows_every_frame_before_it_is_handled() {
         StagedBounce::default(),
     );
     const N: u32 = 3000;
-    let frames = peer
-        .spawn(move || {
-            let mut cap = capture();
-            let udp = UdpSocket::bind("192.0.2.2:40000").expect("bind");
-            let sender = std::thread::spawn(move || send_udp(&udp, "192.0.2.1:9", 0, N, 100, 200));
-            let frames = collect(&mut cap, Instant::now() + Duration::from_secs(10), |f| f.len() >= 2 * N as usize);
-            sender.join().expect("sender");
-            frames
-        })
-        .join()
-        .expect("peer thread");
+    let frames = send_and_capture(&peer, N, 200);
     gateway.wait_until("all completions", |_, c| c[0].tx_completed >= u64::from(N));
     let (stats, _, h, _) = gateway.finish();
     let (_, back) = by_direction(&frames, &peer.mac("xp0"));
