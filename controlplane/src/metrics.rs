@@ -417,7 +417,7 @@ fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
     o.seconds("control_plane_last_pass_age", "Since the Kubernetes sync loop last ran a pass.")?
         .sample(&[], secs(c.last_pass_ms))?;
     let k = &c.counters;
-    let counters: [(&str, &str, u64); 18] = [
+    let counters: [(&str, &str, u64); 19] = [
         ("lease_takeovers", "Egress IPs this gateway took (created or acquired a Lease).", k.takeovers),
         (
             "lease_fenced",
@@ -430,6 +430,11 @@ fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
             k.resumed,
         ),
         ("lease_api_errors", "Lease requests that failed for want of an API server.", k.lease_api_errors),
+        (
+            "cloud_drift_repairs",
+            "Cloud addresses whose assignment to this gateway's interface the provider's view showed gone (moved by someone else, or lost), and that were assigned again.",
+            k.cloud_drift_repairs,
+        ),
         ("lease_conflicts", "Lease requests refused because another gateway changed the Lease first.", k.lease_conflicts),
         (
             "watch_restarts",
@@ -920,6 +925,7 @@ mod tests {
             "lease_fenced",
             "lease_resumed",
             "lease_api_errors",
+            "cloud_drift_repairs",
             "lease_conflicts",
             "watch_restarts",
             "failsafe_confirmed",
@@ -955,7 +961,7 @@ mod tests {
         // Without a cluster: no cluster family, the same shape.
         let file_mode = families(&render(&Fake));
         assert!(!file_mode.contains_key("egret_lease_held") && file_mode.contains_key("egret_drops"));
-        assert_eq!(file_mode.len(), gauges.len() + counters.len() - 14 - 20);
+        assert_eq!(file_mode.len(), gauges.len() + counters.len() - 14 - 21);
     }
 
     #[test]

@@ -476,6 +476,10 @@ pub struct ClusterCounters {
     pub sync_journal_overflows: u64,
     /// Frames the channel refused (queue full).
     pub sync_sends_refused: u64,
+    /// Cloud assignments found drifted from this gateway's interface and
+    /// made again.
+    #[serde(default)]
+    pub cloud_drift_repairs: u64,
     /// How long Lease renewals took to be answered (or to fail).
     #[serde(default)]
     pub lease_renew_latency: Latencies,

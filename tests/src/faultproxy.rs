@@ -10,7 +10,16 @@
 //!   HTTP status, for as many calls as it was armed for ([`Fault::Error`]);
 //! - or holds the connection without answering ([`Fault::Stall`]), so the
 //!   client's own timeout fires;
+//! - or answers with what the upstream said the last time it was asked the
+//!   very same request ([`Fault::Stale`]): EC2 is eventually consistent, and
+//!   a Describe call may return the state from before a change the caller
+//!   has just made or seen;
 //! - or forwards the request to the upstream and relays the answer.
+//!
+//! Every request's form parameters are recorded ([`FaultProxy::requests`]),
+//! so a test can check what the client asked for where the upstream ignores
+//! it (moto ignores `PrivateIpAddress` in AssociateAddress and
+//! `AllowReassignment` in AssignPrivateIpAddresses).
 //!
 //! One request per connection (the proxy answers with `Connection: close`),
 //! which the SDK's client handles by opening a new one.
@@ -31,6 +40,10 @@ pub enum Fault {
     Error { status: u16, code: String, message: String },
     /// No answer for this long, then the connection is closed.
     Stall(Duration),
+    /// The upstream's last answer to the same request (the same form body),
+    /// as an eventually consistent read may give; forwarded when there is
+    /// none yet.
+    Stale,
 }
 
 impl Fault {
@@ -57,6 +70,10 @@ struct Rules {
     served: HashMap<String, usize>,
     /// Action -> how many calls were forwarded.
     forwarded: HashMap<String, usize>,
+    /// Every request's form parameters, in arrival order.
+    log: Vec<Vec<(String, String)>>,
+    /// The last answer per request body (for [`Fault::Stale`]).
+    answers: HashMap<Vec<u8>, Vec<u8>>,
 }
 
 /// The running proxy; stops on drop.
@@ -101,6 +118,17 @@ impl FaultProxy {
     /// How many calls of `action` were forwarded so far.
     pub fn forwarded(&self, action: &str) -> usize {
         self.lock().forwarded.get(action).copied().unwrap_or(0)
+    }
+
+    /// The form parameters of every call of `action` so far (the proxy's
+    /// faults included), in order.
+    pub fn requests(&self, action: &str) -> Vec<Vec<(String, String)>> {
+        self.lock()
+            .log
+            .iter()
+            .filter(|params| params.iter().any(|(k, v)| k == "Action" && v == action))
+            .cloned()
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Rules> {
@@ -170,6 +198,16 @@ fn action(body: &[u8]) -> Option<String> {
     String::from_utf8_lossy(body).split('&').find_map(|kv| kv.strip_prefix("Action=")).map(str::to_owned)
 }
 
+/// The form body's parameters, decoded.
+fn params(body: &[u8]) -> Vec<(String, String)> {
+    form_urlencoded::parse(body).into_owned().collect()
+}
+
+/// One parameter of a recorded request (the first of that name).
+pub fn param<'a>(request: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    request.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
 fn error_response(status: u16, code: &str, message: &str) -> Vec<u8> {
     let body = format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors><RequestID>egret-faultproxy</RequestID></Response>"
@@ -193,6 +231,7 @@ async fn serve(mut conn: TcpStream, upstream: SocketAddr, rules: Arc<Mutex<Rules
     let name = action(&req.body).unwrap_or_default();
     let fault = {
         let mut r = rules.lock().unwrap_or_else(PoisonError::into_inner);
+        r.log.push(params(&req.body));
         let fault = match r.armed.get_mut(&name) {
             Some((fault, left)) if *left > 0 => {
                 *left -= 1;
@@ -209,18 +248,39 @@ async fn serve(mut conn: TcpStream, upstream: SocketAddr, rules: Arc<Mutex<Rules
             let _ = conn.write_all(&error_response(status, &code, &message)).await;
         }
         Some(Fault::Stall(d)) => tokio::time::sleep(d).await,
-        None => {
-            if let Err(e) = forward(&mut conn, upstream, &req).await {
-                let _ = conn.write_all(&error_response(502, "ProxyUpstreamError", &e.to_string())).await;
+        Some(Fault::Stale) => {
+            let old = rules.lock().unwrap_or_else(PoisonError::into_inner).answers.get(&req.body).cloned();
+            match old {
+                Some(answer) => {
+                    let _ = conn.write_all(&answer).await;
+                }
+                None => relay(&mut conn, upstream, &req, &rules).await,
             }
         }
+        None => relay(&mut conn, upstream, &req, &rules).await,
     }
     let _ = conn.shutdown().await;
 }
 
-/// Sends the request upstream with `Connection: close` and relays the
+/// Forwards the request, remembers a successful answer for [`Fault::Stale`],
+/// and answers 502 when the upstream cannot be reached.
+async fn relay(conn: &mut TcpStream, upstream: SocketAddr, req: &Request, rules: &Mutex<Rules>) {
+    match forward(upstream, req).await {
+        Ok(answer) => {
+            if answer.starts_with(b"HTTP/1.1 200") {
+                rules.lock().unwrap_or_else(PoisonError::into_inner).answers.insert(req.body.clone(), answer.clone());
+            }
+            let _ = conn.write_all(&answer).await;
+        }
+        Err(e) => {
+            let _ = conn.write_all(&error_response(502, "ProxyUpstreamError", &e.to_string())).await;
+        }
+    }
+}
+
+/// Sends the request upstream with `Connection: close` and returns the
 /// whole answer (read to the upstream's end of stream).
-async fn forward(conn: &mut TcpStream, upstream: SocketAddr, req: &Request) -> std::io::Result<()> {
+async fn forward(upstream: SocketAddr, req: &Request) -> std::io::Result<Vec<u8>> {
     let mut up = TcpStream::connect(upstream).await?;
     let mut head = String::new();
     for (i, line) in req.head.split("\r\n").enumerate() {
@@ -238,7 +298,7 @@ async fn forward(conn: &mut TcpStream, upstream: SocketAddr, req: &Request) -> s
     up.write_all(&req.body).await?;
     let mut answer = Vec::new();
     up.read_to_end(&mut answer).await?;
-    conn.write_all(&answer).await
+    Ok(answer)
 }
 
 #[cfg(test)]
@@ -250,6 +310,16 @@ mod tests {
         assert_eq!(action(b"Action=DescribeAddresses&Version=2016-11-15").as_deref(), Some("DescribeAddresses"));
         assert_eq!(action(b"Version=2016-11-15&Action=AssociateAddress").as_deref(), Some("AssociateAddress"));
         assert_eq!(action(b"Version=2016-11-15"), None);
+    }
+
+    #[test]
+    fn parameters_are_decoded() {
+        let p =
+            params(b"Action=AssignPrivateIpAddresses&PrivateIpAddress.1=203.0.113.40&AllowReassignment=true&X=a%2Fb+c");
+        assert_eq!(param(&p, "PrivateIpAddress.1"), Some("203.0.113.40"));
+        assert_eq!(param(&p, "AllowReassignment"), Some("true"));
+        assert_eq!(param(&p, "X"), Some("a/b c"));
+        assert_eq!(param(&p, "Y"), None);
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use egret_controlplane::cloud::aws::AwsCloud;
-use egret_controlplane::cloud::{Cloud, PoolSelector, PublicAddress};
-use egret_tests::faultproxy::{Fault, FaultProxy};
+use egret_controlplane::cloud::{Cloud, PoolSelector, PublicAddress, HELD_ELSEWHERE};
+use egret_tests::faultproxy::{param, Fault, FaultProxy};
 use egret_tests::moto::{self, Moto};
 
 const POOL_TAG: &str = "egret.dev/pool";
@@ -93,7 +93,10 @@ async fn discovery_by_tags_and_used_addresses() {
 
     // An association shows in the next discovery.
     let public = by_alloc[&in_pool_1.allocation_id].clone();
-    cloud.assign(&gw_a.eni_id, ip("198.18.1.100"), Some(&public)).await.unwrap();
+    cloud
+        .assign(&gw_a.eni_id, ip("198.18.1.100"), Some(&public), &BTreeSet::from([gw_a.provider_id.clone()]))
+        .await
+        .unwrap();
     let after = cloud.discover(&pool).await.unwrap();
     assert_eq!(after.public[0].interface_id.as_deref(), Some(gw_a.eni_id.as_str()));
     assert!(after.used.contains(&ip("198.18.1.100")), "the assigned address is in use");
@@ -149,13 +152,14 @@ async fn assign_moves_the_address_between_gateways_and_release_gives_it_up() {
     let gw_b = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
     let eip = moto::allocate_eip(&ec2, &[(POOL_TAG, "prod")]).await.unwrap();
     let cloud = AwsCloud::from_conf(Moto::sdk_config(moto.endpoint()));
+    let gateways = BTreeSet::from([gw_a.provider_id.clone(), gw_b.provider_id.clone()]);
     let public = cloud.discover(&selector(&net.subnet_id, &[(POOL_TAG, "prod")])).await.unwrap().public;
     assert_eq!(public.len(), 1);
     let public: &PublicAddress = &public[0];
     let private = ip("198.18.1.100");
 
     // Take-over by A.
-    cloud.assign(&gw_a.eni_id, private, Some(public)).await.unwrap();
+    cloud.assign(&gw_a.eni_id, private, Some(public), &gateways).await.unwrap();
     assert!(moto::eni_addresses(&ec2, &gw_a.eni_id).await.unwrap().contains(&private));
     let (eni, _private_shown) = moto::association(&ec2, &eip.allocation_id).await.unwrap().expect("associated");
     assert_eq!(eni, gw_a.eni_id);
@@ -164,13 +168,14 @@ async fn assign_moves_the_address_between_gateways_and_release_gives_it_up() {
     // the private address is not asserted here.
 
     // Idempotent: the same call again changes nothing and does not fail.
-    cloud.assign(&gw_a.eni_id, private, Some(public)).await.unwrap();
+    cloud.assign(&gw_a.eni_id, private, Some(public), &gateways).await.unwrap();
     assert_eq!(moto::association(&ec2, &eip.allocation_id).await.unwrap().map(|a| a.0), Some(gw_a.eni_id.clone()));
     assert_eq!(moto::eni_addresses(&ec2, &gw_a.eni_id).await.unwrap().iter().filter(|a| **a == private).count(), 1);
 
     // Failover: B takes the address (with the stale discovery copy, which
-    // still says "not associated": assign looks at the current state).
-    cloud.assign(&gw_b.eni_id, private, Some(public)).await.unwrap();
+    // still says "not associated": assign makes its calls whatever the
+    // state).
+    cloud.assign(&gw_b.eni_id, private, Some(public), &gateways).await.unwrap();
     assert_eq!(moto::association(&ec2, &eip.allocation_id).await.unwrap().map(|a| a.0), Some(gw_b.eni_id.clone()));
     assert!(moto::eni_addresses(&ec2, &gw_b.eni_id).await.unwrap().contains(&private));
     // AWS (AllowReassignment=true) moves the private address off A's ENI;
@@ -193,7 +198,7 @@ async fn assign_moves_the_address_between_gateways_and_release_gives_it_up() {
 
     // Without a public address (an IPv6 or private-only pool) only the
     // private address moves.
-    cloud.assign(&gw_a.eni_id, ip("198.18.1.101"), None).await.unwrap();
+    cloud.assign(&gw_a.eni_id, ip("198.18.1.101"), None, &gateways).await.unwrap();
     assert!(moto::eni_addresses(&ec2, &gw_a.eni_id).await.unwrap().contains(&ip("198.18.1.101")));
     moto.stop().unwrap();
 }
@@ -208,6 +213,7 @@ async fn api_errors_are_classified() {
     let proxy = FaultProxy::start(moto.addr()).await.unwrap();
     let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
     let pool = selector(&net.subnet_id, &[(POOL_TAG, "prod")]);
+    let gateways = BTreeSet::from([gw.provider_id.clone()]);
 
     // Through the proxy, unarmed: the real answers.
     let found = cloud.discover(&pool).await.unwrap();
@@ -233,7 +239,7 @@ async fn api_errors_are_classified() {
 
     // Not allowed: not retryable, and the call is named.
     proxy.arm("AssociateAddress", Fault::unauthorized(), 1);
-    let e = cloud.assign(&gw.eni_id, ip("198.18.1.100"), Some(&found.public[0])).await.unwrap_err();
+    let e = cloud.assign(&gw.eni_id, ip("198.18.1.100"), Some(&found.public[0]), &gateways).await.unwrap_err();
     assert_eq!(
         (e.operation, e.code.as_str(), e.retryable),
         ("AssociateAddress", "UnauthorizedOperation", false),
@@ -241,7 +247,7 @@ async fn api_errors_are_classified() {
     );
     // A retry after the fault (as the caller's backoff would) completes it:
     // the private address assigned by the failed attempt is not assigned twice.
-    cloud.assign(&gw.eni_id, ip("198.18.1.100"), Some(&found.public[0])).await.unwrap();
+    cloud.assign(&gw.eni_id, ip("198.18.1.100"), Some(&found.public[0]), &gateways).await.unwrap();
     assert_eq!(moto::association(&ec2, &found.public[0].allocation_id).await.unwrap().map(|a| a.0), Some(gw.eni_id));
 
     // A stalled call ends in a retryable timeout within the bounded
@@ -261,6 +267,157 @@ async fn api_errors_are_classified() {
     let cloud = AwsCloud::from_conf(Moto::sdk_config(&dead_url));
     let e = cloud.discover(&pool).await.unwrap_err();
     assert!(e.retryable && (e.code == "connect" || e.code == "dispatch"), "{e:?}");
+    moto.stop().unwrap();
+}
+
+/// EC2 is eventually consistent: a Describe may answer with the state from
+/// before a change. A take-over must make both calls whatever a Describe
+/// says (a gateway taking an address back that a stale read still shows on
+/// its interface), and the calls carry what AWS needs and moto ignores
+/// (`PrivateIpAddress`, `AllowReassignment`, `AllowReassociation`): the
+/// fault proxy records them, and serves the stale answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn take_overs_make_both_calls_whatever_a_stale_describe_says() {
+    let Some(moto) = moto_or_skip("take_overs_make_both_calls_whatever_a_stale_describe_says") else { return };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    let gw_a = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let gw_b = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let eip = moto::allocate_eip(&ec2, &[(POOL_TAG, "prod")]).await.unwrap();
+    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
+    let through_proxy = moto::client_for(&proxy.url());
+    let gateways = BTreeSet::from([gw_a.provider_id.clone(), gw_b.provider_id.clone()]);
+    let public = cloud.discover(&selector(&net.subnet_id, &[(POOL_TAG, "prod")])).await.unwrap().public;
+    let public = &public[0];
+    let private = ip("198.18.1.100");
+
+    cloud.assign(&gw_a.eni_id, private, Some(public), &gateways).await.unwrap();
+    // A read through the proxy, remembered: the association is A's.
+    assert_eq!(
+        moto::association(&through_proxy, &eip.allocation_id).await.unwrap().map(|a| a.0),
+        Some(gw_a.eni_id.clone())
+    );
+    cloud.assign(&gw_b.eni_id, private, Some(public), &gateways).await.unwrap();
+
+    // From now on every Describe answers as it did before B's take-over.
+    proxy.arm("DescribeAddresses", Fault::Stale, usize::MAX);
+    proxy.arm("DescribeNetworkInterfaces", Fault::Stale, usize::MAX);
+    assert_eq!(
+        moto::association(&through_proxy, &eip.allocation_id).await.unwrap().map(|a| a.0),
+        Some(gw_a.eni_id.clone()),
+        "the proxy serves the stale answer"
+    );
+    assert_eq!(moto::association(&ec2, &eip.allocation_id).await.unwrap().map(|a| a.0), Some(gw_b.eni_id.clone()));
+
+    // A takes the address back while the reads say it never left: both
+    // calls are made all the same, and the association moves.
+    let before = (proxy.requests("AssignPrivateIpAddresses").len(), proxy.requests("AssociateAddress").len());
+    cloud.assign(&gw_a.eni_id, private, Some(public), &gateways).await.unwrap();
+    let after = (proxy.requests("AssignPrivateIpAddresses").len(), proxy.requests("AssociateAddress").len());
+    assert_eq!(after, (before.0 + 1, before.1 + 1));
+    proxy.disarm_all();
+    assert_eq!(moto::association(&ec2, &eip.allocation_id).await.unwrap().map(|a| a.0), Some(gw_a.eni_id.clone()));
+
+    // What every call asked for (moto ignores these; AWS needs them).
+    let assigns = proxy.requests("AssignPrivateIpAddresses");
+    assert_eq!(assigns.len(), 3);
+    for r in &assigns {
+        assert_eq!(param(r, "PrivateIpAddress.1"), Some("198.18.1.100"), "{r:?}");
+        assert_eq!(param(r, "AllowReassignment"), Some("true"), "{r:?}");
+    }
+    let associations = proxy.requests("AssociateAddress");
+    assert_eq!(associations.len(), 3);
+    for r in &associations {
+        assert_eq!(param(r, "PrivateIpAddress"), Some("198.18.1.100"), "{r:?}");
+        assert_eq!(param(r, "AllowReassociation"), Some("true"), "{r:?}");
+        assert_eq!(param(r, "AllocationId"), Some(eip.allocation_id.as_str()), "{r:?}");
+    }
+    let to: Vec<&str> = associations.iter().filter_map(|r| param(r, "NetworkInterfaceId")).collect();
+    assert_eq!(to, [gw_a.eni_id.as_str(), gw_b.eni_id.as_str(), gw_a.eni_id.as_str()]);
+    moto.stop().unwrap();
+}
+
+/// `AllowReassignment` takes a private address from whichever interface
+/// holds it: an interface of an instance that is not a gateway Node (or of
+/// none) is someone else's, and the assignment is refused for good, before
+/// any mutating call, naming the interface.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_on_an_interface_that_is_not_a_gateways_is_refused() {
+    let Some(moto) = moto_or_skip("an_address_on_an_interface_that_is_not_a_gateways_is_refused") else { return };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    let gw = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let other = moto::run_instance(&ec2, &net, &net.subnet_id, true).await.unwrap();
+    moto::allocate_eip(&ec2, &[(POOL_TAG, "prod")]).await.unwrap();
+    let private = ip("198.18.1.100");
+    moto::add_secondary(&ec2, &other.eni_id, private).await.unwrap();
+    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
+    let public = cloud.discover(&selector(&net.subnet_id, &[(POOL_TAG, "prod")])).await.unwrap().public;
+    let mut gateways = BTreeSet::from([gw.provider_id.clone()]);
+
+    let e = cloud.assign(&gw.eni_id, private, Some(&public[0]), &gateways).await.unwrap_err();
+    assert_eq!((e.code.as_str(), e.retryable), (HELD_ELSEWHERE, false), "{e}");
+    assert!(e.message.contains(&other.eni_id) && e.message.contains(&other.instance_id), "{e}");
+    assert!(proxy.requests("AssignPrivateIpAddresses").is_empty() && proxy.requests("AssociateAddress").is_empty());
+    assert!(moto::eni_addresses(&ec2, &other.eni_id).await.unwrap().contains(&private));
+    // The primary address of a gateway is refused too (EC2 cannot move it).
+    let e = cloud.assign(&gw.eni_id, other.primary_ip, None, &gateways).await.unwrap_err();
+    assert_eq!(e.code, HELD_ELSEWHERE, "{e}");
+
+    // Once that instance is a gateway Node, the address is taken from it.
+    gateways.insert(other.provider_id.clone());
+    cloud.assign(&gw.eni_id, private, Some(&public[0]), &gateways).await.unwrap();
+    assert!(moto::eni_addresses(&ec2, &gw.eni_id).await.unwrap().contains(&private));
+    moto.stop().unwrap();
+}
+
+/// A refresh's check: the interface has the address, and the public
+/// address is associated with it; drift (moved by someone else, or removed)
+/// reads as `false`, a failed read as an error (no evidence either way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_reads_drift_from_the_providers_view() {
+    let Some(moto) = moto_or_skip("verify_reads_drift_from_the_providers_view") else { return };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    let gw_a = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let gw_b = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let eip = moto::allocate_eip(&ec2, &[(POOL_TAG, "prod")]).await.unwrap();
+    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
+    let gateways = BTreeSet::from([gw_a.provider_id.clone(), gw_b.provider_id.clone()]);
+    let public = cloud.discover(&selector(&net.subnet_id, &[(POOL_TAG, "prod")])).await.unwrap().public;
+    let public = &public[0];
+    let private = ip("198.18.1.100");
+
+    cloud.assign(&gw_a.eni_id, private, None, &gateways).await.unwrap();
+    assert!(cloud.verify(&gw_a.eni_id, private, None).await.unwrap());
+    assert!(!cloud.verify(&gw_b.eni_id, private, None).await.unwrap());
+    // Removed by someone else: drift.
+    ec2.unassign_private_ip_addresses()
+        .network_interface_id(&gw_a.eni_id)
+        .private_ip_addresses(private.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(!cloud.verify(&gw_a.eni_id, private, None).await.unwrap());
+
+    // The public address moved to another interface by someone else: drift.
+    cloud.assign(&gw_a.eni_id, private, Some(public), &gateways).await.unwrap();
+    ec2.associate_address()
+        .allocation_id(&eip.allocation_id)
+        .network_interface_id(&gw_b.eni_id)
+        .allow_reassociation(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(!cloud.verify(&gw_a.eni_id, private, Some(public)).await.unwrap());
+
+    // A failed read is an error, not a verdict.
+    proxy.arm("DescribeNetworkInterfaces", Fault::throttled(), 1);
+    let e = cloud.verify(&gw_a.eni_id, private, None).await.unwrap_err();
+    assert!(e.retryable, "{e}");
     moto.stop().unwrap();
 }
 

@@ -10,7 +10,8 @@
 //! |---|---|
 //! | [`Cloud::discover`] | DescribeAddresses (`tag:K`=V filters ANDed, `domain`=`vpc`), DescribeSubnets (the CIDR), DescribeNetworkInterfaces (`subnet-id`: every private address in use) |
 //! | [`Cloud::interface`] | DescribeInstances (the instance named by the Node's `spec.providerID`), DescribeNetworkInterfaces (its ENI in the subnet) |
-//! | [`Cloud::assign`] | DescribeNetworkInterfaces + DescribeAddresses (what is there now), AssignPrivateIpAddresses (`AllowReassignment`), AssociateAddress (`AllowReassociation`) |
+//! | [`Cloud::assign`] | DescribeNetworkInterfaces (the interface, then its subnet's: who holds the address; an interface that is not a gateway's is a refusal), then always AssignPrivateIpAddresses (`AllowReassignment`) and AssociateAddress (`PrivateIpAddress`, `AllowReassociation`) |
+//! | [`Cloud::verify`] | DescribeNetworkInterfaces (the interface has it), DescribeAddresses (the Elastic IP's association names the interface and the private address) |
 //! | [`Cloud::release`] | DescribeNetworkInterfaces (is it still there?), UnassignPrivateIpAddresses |
 //!
 //! Both mutating calls are asynchronous on AWS: they return before the VPC
@@ -33,7 +34,7 @@ use aws_sdk_ec2::types::{Filter, NetworkInterface};
 use futures::future::BoxFuture;
 use ipnet::IpNet;
 
-use super::{Cloud, CloudError, Discovered, Interface, PoolSelector, PublicAddress};
+use super::{Cloud, CloudError, Discovered, Interface, PoolSelector, PublicAddress, HELD_ELSEWHERE};
 
 /// The bound on one EC2 operation, connection and response included.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -234,27 +235,95 @@ impl AwsCloud {
         interface_id: &str,
         private: IpAddr,
         public: Option<&PublicAddress>,
+        gateways: &BTreeSet<String>,
     ) -> Result<(), CloudError> {
         ipv4_only("AssignPrivateIpAddresses", private)?;
-        let eni = self.eni(interface_id).await?.ok_or_else(|| CloudError {
+        self.refuse_foreign_holder(interface_id, private, gateways).await?;
+        // Both calls are made whatever a Describe says is there now: EC2 is
+        // eventually consistent, and a take-over that skipped a call on a
+        // stale read would translate to an address the VPC delivers elsewhere.
+        // Both are idempotent.
+        self.client
+            .assign_private_ip_addresses()
+            .network_interface_id(interface_id)
+            .private_ip_addresses(private.to_string())
+            .allow_reassignment(true)
+            .send()
+            .await
+            .map_err(|e| classify("AssignPrivateIpAddresses", e))?;
+        let Some(public) = public else { return Ok(()) };
+        self.client
+            .associate_address()
+            .allocation_id(&public.allocation_id)
+            .network_interface_id(interface_id)
+            .private_ip_address(private.to_string())
+            .allow_reassociation(true)
+            .send()
+            .await
+            .map_err(|e| classify("AssociateAddress", e))?;
+        Ok(())
+    }
+
+    /// Refuses (for good, [`HELD_ELSEWHERE`]) when `private` is on an
+    /// interface other than `interface_id` that is not attached to a gateway
+    /// instance: `AllowReassignment` would take it from whoever holds it.
+    async fn refuse_foreign_holder(
+        &self,
+        interface_id: &str,
+        private: IpAddr,
+        gateways: &BTreeSet<String>,
+    ) -> Result<(), CloudError> {
+        let gateway_instances: BTreeSet<&str> = gateways.iter().filter_map(|p| parse_provider_id(p).ok()).collect();
+        let own = self.eni(interface_id).await?.ok_or_else(|| CloudError {
             operation: "DescribeNetworkInterfaces",
             code: "InvalidNetworkInterfaceID.NotFound".into(),
             message: format!("interface {interface_id} not found"),
             retryable: false,
         })?;
-        if !eni_addresses(&eni)?.contains(&private) {
-            self.client
-                .assign_private_ip_addresses()
-                .network_interface_id(interface_id)
-                .private_ip_addresses(private.to_string())
-                .allow_reassignment(true)
-                .send()
-                .await
-                .map_err(|e| classify("AssignPrivateIpAddresses", e))?;
+        // Every interface of the subnet, not a filter on the address: the
+        // `addresses.private-ip-address` filter would do it in one call on
+        // AWS, but moto matches it against primary addresses only, and the
+        // subnet's interfaces are what discovery reads anyway.
+        let subnet = own.subnet_id().unwrap_or_default();
+        let holders = self.subnet_interfaces(subnet).await?;
+        for eni in &holders {
+            if !eni_addresses(eni)?.contains(&private) {
+                continue;
+            }
+            let id = eni.network_interface_id().unwrap_or_default();
+            if id == interface_id {
+                continue;
+            }
+            let instance = eni.attachment().and_then(|a| a.instance_id());
+            let primary = eni.private_ip_address() == Some(private.to_string().as_str());
+            let owner = match instance {
+                Some(i) if gateway_instances.contains(i) && !primary => continue,
+                Some(i) if gateway_instances.contains(i) => format!("the primary address of gateway instance {i}"),
+                Some(i) => format!("instance {i}, which is not a gateway Node"),
+                None => "no instance".to_string(),
+            };
+            return Err(CloudError {
+                operation: "AssignPrivateIpAddresses",
+                code: HELD_ELSEWHERE.into(),
+                message: format!(
+                    "{private} is an address of interface {id} ({owner}); not taking it: free it or pair the public address with another private address"
+                ),
+                retryable: false,
+            });
         }
-        let Some(public) = public else { return Ok(()) };
-        // Where the address is now (the caller's copy is from the last
-        // discovery, which another gateway may have overtaken since).
+        Ok(())
+    }
+
+    async fn verify_impl(
+        &self,
+        interface_id: &str,
+        private: IpAddr,
+        public: Option<&PublicAddress>,
+    ) -> Result<bool, CloudError> {
+        if !self.holds(interface_id, private).await? {
+            return Ok(false);
+        }
+        let Some(public) = public else { return Ok(true) };
         let now = self
             .client
             .describe_addresses()
@@ -262,22 +331,10 @@ impl AwsCloud {
             .send()
             .await
             .map_err(|e| classify("DescribeAddresses", e))?;
-        let private_s = private.to_string();
-        let already = now.addresses().iter().any(|a| {
-            a.network_interface_id() == Some(interface_id) && a.private_ip_address() == Some(private_s.as_str())
-        });
-        if !already {
-            self.client
-                .associate_address()
-                .allocation_id(&public.allocation_id)
-                .network_interface_id(interface_id)
-                .private_ip_address(private_s)
-                .allow_reassociation(true)
-                .send()
-                .await
-                .map_err(|e| classify("AssociateAddress", e))?;
-        }
-        Ok(())
+        let private = private.to_string();
+        Ok(now.addresses().iter().any(|a| {
+            a.network_interface_id() == Some(interface_id) && a.private_ip_address() == Some(private.as_str())
+        }))
     }
 
     async fn release_impl(&self, interface_id: &str, private: IpAddr) -> Result<(), CloudError> {
@@ -336,8 +393,18 @@ impl Cloud for AwsCloud {
         interface_id: &'a str,
         private: IpAddr,
         public: Option<&'a PublicAddress>,
+        gateways: &'a BTreeSet<String>,
     ) -> BoxFuture<'a, Result<(), CloudError>> {
-        Box::pin(self.assign_impl(interface_id, private, public))
+        Box::pin(self.assign_impl(interface_id, private, public, gateways))
+    }
+
+    fn verify<'a>(
+        &'a self,
+        interface_id: &'a str,
+        private: IpAddr,
+        public: Option<&'a PublicAddress>,
+    ) -> BoxFuture<'a, Result<bool, CloudError>> {
+        Box::pin(self.verify_impl(interface_id, private, public))
     }
 
     fn release<'a>(&'a self, interface_id: &'a str, private: IpAddr) -> BoxFuture<'a, Result<(), CloudError>> {
@@ -587,9 +654,10 @@ mod tests {
             aws_sdk_ec2::Config::builder().region(Region::new("us-east-1")).endpoint_url("http://127.0.0.1:9").build();
         let cloud = AwsCloud::from_conf(conf);
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
-        for e in
-            [cloud.assign("eni-0abc", v6, None).await.unwrap_err(), cloud.release("eni-0abc", v6).await.unwrap_err()]
-        {
+        for e in [
+            cloud.assign("eni-0abc", v6, None, &BTreeSet::new()).await.unwrap_err(),
+            cloud.release("eni-0abc", v6).await.unwrap_err(),
+        ] {
             assert_eq!((e.code.as_str(), e.retryable), ("Unsupported", false), "{e}");
             assert!(e.message.contains("2001:db8::1"), "{e}");
         }

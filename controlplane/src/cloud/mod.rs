@@ -110,7 +110,11 @@ impl fmt::Display for CloudError {
     }
 }
 
-/// A cloud provider's four calls. Implementations are cheap to share
+/// The error code of an assignment refused because the private address is
+/// on an interface that is not a gateway's ([`Cloud::assign`]).
+pub const HELD_ELSEWHERE: &str = "AddressHeldElsewhere";
+
+/// A cloud provider's calls. Implementations are cheap to share
 /// (`Arc<dyn Cloud>`); each call is one bounded attempt (the caller retries
 /// with backoff).
 pub trait Cloud: Send + Sync {
@@ -130,14 +134,32 @@ pub trait Cloud: Send + Sync {
     ) -> BoxFuture<'a, Result<Interface, CloudError>>;
 
     /// Makes `private` a secondary address of `interface_id`, taking it from
-    /// any other interface, and associates `public` with it, taking it from
-    /// any other association. Idempotent.
+    /// another gateway's interface, and associates `public` with it, taking
+    /// it from any other association. Idempotent, and it always makes the
+    /// provider's idempotent calls: a stale read (the provider's API is
+    /// eventually consistent) must not make a take-over skip one.
+    ///
+    /// `gateways` are the gateway Nodes' `spec.providerID`s: an address on
+    /// an interface of any other instance (or of none) is someone else's,
+    /// and the call refuses it (code [`HELD_ELSEWHERE`], not retryable)
+    /// instead of taking it.
     fn assign<'a>(
         &'a self,
         interface_id: &'a str,
         private: IpAddr,
         public: Option<&'a PublicAddress>,
+        gateways: &'a BTreeSet<String>,
     ) -> BoxFuture<'a, Result<(), CloudError>>;
+
+    /// Whether the provider's view has `private` on `interface_id` and
+    /// `public` associated with it now (a refresh's check for drift: an
+    /// address moved by someone else, or a call the provider lost).
+    fn verify<'a>(
+        &'a self,
+        interface_id: &'a str,
+        private: IpAddr,
+        public: Option<&'a PublicAddress>,
+    ) -> BoxFuture<'a, Result<bool, CloudError>>;
 
     /// Removes `private` from `interface_id` if it is still there (a later
     /// holder may have taken it already: that is success).
@@ -232,8 +254,17 @@ impl Cloud for NoProvider {
         _: &'a str,
         _: IpAddr,
         _: Option<&'a PublicAddress>,
+        _: &'a BTreeSet<String>,
     ) -> BoxFuture<'a, Result<(), CloudError>> {
         Self::refuse("assign")
+    }
+    fn verify<'a>(
+        &'a self,
+        _: &'a str,
+        _: IpAddr,
+        _: Option<&'a PublicAddress>,
+    ) -> BoxFuture<'a, Result<bool, CloudError>> {
+        Self::refuse("verify")
     }
     fn release<'a>(&'a self, _: &'a str, _: IpAddr) -> BoxFuture<'a, Result<(), CloudError>> {
         Self::refuse("release")

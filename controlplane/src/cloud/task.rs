@@ -10,6 +10,12 @@
 //! 200 ms to 10 s per address and per pool, and are reported, never
 //! retried in a tight loop. An address the gateway gives up is released
 //! (a later holder's reassignment takes it anyway; the release only tidies).
+//!
+//! The provider's API is eventually consistent and other hands may move an
+//! address: every assigned address is checked against the provider's view
+//! once per resync ([`Cloud::verify`]) and assigned again when it drifted
+//! (counted in [`CloudReport::drift_repairs`]); until the new assignment
+//! succeeds the address is not translated to.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -60,6 +66,9 @@ pub enum AddressState {
 #[derive(Default)]
 struct State {
     node_provider_id: Option<String>,
+    /// Every gateway Node's `spec.providerID` (an address is taken only
+    /// from their interfaces).
+    gateways: BTreeSet<String>,
     pools: BTreeMap<String, PoolSelector>,
     want: BTreeMap<IpAddr, Target>,
     discovered: BTreeMap<String, Result<Discovered, CloudError>>,
@@ -75,6 +84,10 @@ struct State {
     check_reported: BTreeSet<String>,
     /// Addresses the provider refused for good, until then.
     refused: BTreeMap<IpAddr, Instant>,
+    /// When each assigned address is next checked against the provider.
+    next_verify: BTreeMap<IpAddr, Instant>,
+    /// Assignments found drifted and made again.
+    drift_repairs: u64,
 }
 
 /// The sync loop's handle on the cloud task.
@@ -98,6 +111,9 @@ pub struct CloudReport {
     pub addresses: Vec<(IpAddr, IpAddr, AddressState)>,
     /// Per subnet: this gateway's interface, or why it is not known.
     pub interfaces: Vec<(String, Result<Interface, CloudError>)>,
+    /// Assignments the provider's view showed drifted (moved by someone
+    /// else, or lost), made again, since the start.
+    pub drift_repairs: u64,
 }
 
 impl Clouds {
@@ -110,15 +126,18 @@ impl Clouds {
         c
     }
 
-    /// The sync loop's pass: this gateway's `spec.providerID`, the cloud
-    /// pools, and the cloud addresses it holds a Lease for.
+    /// The sync loop's pass: this gateway's `spec.providerID`, every
+    /// gateway Node's, the cloud pools, and the cloud addresses it holds a
+    /// Lease for.
     pub fn update(
         &self,
         provider_id: Option<String>,
+        gateways: BTreeSet<String>,
         pools: BTreeMap<String, PoolSelector>,
         want: BTreeMap<IpAddr, Target>,
     ) {
         let mut st = self.state.lock();
+        st.gateways = gateways;
         let changed = st.node_provider_id != provider_id || st.pools != pools || st.want != want;
         // An address given up is no longer this gateway's from now on, even
         // if the task is busy: should its Lease come back before the task
@@ -142,11 +161,11 @@ impl Clouds {
     /// Gives up every address (the gateway stops for good) and waits at most
     /// `wait` for their releases; returns how many are still to release.
     pub async fn release_all(&self, wait: Duration) -> usize {
-        let (provider_id, pools) = {
+        let (provider_id, gateways, pools) = {
             let st = self.state.lock();
-            (st.node_provider_id.clone(), st.pools.clone())
+            (st.node_provider_id.clone(), st.gateways.clone(), st.pools.clone())
         };
-        self.update(provider_id, pools, BTreeMap::new());
+        self.update(provider_id, gateways, pools, BTreeMap::new());
         self.wake.notify_one();
         let deadline = Instant::now() + wait;
         loop {
@@ -176,6 +195,23 @@ impl Clouds {
         self.state.lock().refused.iter().filter(|(_, until)| **until > now).map(|(ip, _)| *ip).collect()
     }
 
+    /// [`Clouds::refused`] with the provider's words for each (an Event's note).
+    pub fn refusals(&self) -> BTreeMap<IpAddr, String> {
+        let now = Instant::now();
+        let st = self.state.lock();
+        st.refused
+            .iter()
+            .filter(|(_, until)| **until > now)
+            .map(|(ip, _)| {
+                let why = match st.addresses.get(ip) {
+                    Some(AddressState::Pending { error: Some(e), .. }) => e.clone(),
+                    _ => "refused by the cloud provider".to_string(),
+                };
+                (*ip, why)
+            })
+            .collect()
+    }
+
     /// The provider's last answer per pool.
     pub fn discovered(&self) -> BTreeMap<String, Result<Discovered, CloudError>> {
         self.state.lock().discovered.clone()
@@ -194,6 +230,7 @@ impl Clouds {
                 })
                 .collect(),
             interfaces: st.interfaces.iter().map(|(subnet, r)| (subnet.clone(), r.clone())).collect(),
+            drift_repairs: st.drift_repairs,
         }
     }
 
@@ -226,16 +263,37 @@ impl Clouds {
             let st = self.state.lock();
             (st.node_provider_id.clone(), st.pools.clone(), st.want.clone())
         };
-        let mut dirty = false;
-
         // This gateway's interface in each subnet that a pool or a held address uses.
         let subnets: BTreeSet<String> =
             pools.values().map(|p| p.subnet_id.clone()).chain(want.values().map(|t| t.subnet_id.clone())).collect();
-        for subnet in &subnets {
+        let mut dirty = self.find_interfaces(cloud, provider_id.as_deref(), &subnets, now, resync).await;
+        // Held addresses first (a take-over waits for them).
+        dirty |= self.assign_held(cloud, &want, now, resync).await;
+        dirty |= self.verify_assigned(cloud, &want, now, resync).await;
+        self.release_given_up(cloud, &want, now).await;
+        dirty |= self.discover_pools(cloud, &pools, now, resync).await;
+        if dirty {
+            changed.notify_one();
+        }
+        self.next_due(&subnets, &pools, &want, now)
+    }
+
+    /// This gateway's interface in each subnet, asked again once per resync
+    /// (or [`BACKOFF_MAX`] after a failure). Returns whether any changed.
+    async fn find_interfaces(
+        &self,
+        cloud: &dyn Cloud,
+        provider_id: Option<&str>,
+        subnets: &BTreeSet<String>,
+        now: Instant,
+        resync: Duration,
+    ) -> bool {
+        let mut dirty = false;
+        for subnet in subnets {
             if self.state.lock().next_interface.get(subnet).is_some_and(|t| *t > now) {
                 continue;
             }
-            let r = match &provider_id {
+            let r = match provider_id {
                 None => Err(CloudError {
                     operation: "Node.spec.providerID",
                     code: "Missing".into(),
@@ -266,75 +324,146 @@ impl Clouds {
             }
             st.interfaces.insert(subnet.clone(), r);
         }
+        dirty
+    }
 
-        // Held addresses first (a take-over waits for them): assign those
-        // not on this gateway's interface yet.
-        for (ip, target) in &want {
-            let due = {
+    /// Assigns the held addresses not on this gateway's interface yet.
+    /// Returns whether any became assigned or refused.
+    async fn assign_held(
+        &self,
+        cloud: &dyn Cloud,
+        want: &BTreeMap<IpAddr, Target>,
+        now: Instant,
+        resync: Duration,
+    ) -> bool {
+        let mut dirty = false;
+        for (ip, target) in want {
+            let (due, interface, attempts, gateways) = {
                 let st = self.state.lock();
-                !matches!(st.addresses.get(ip), Some(AddressState::Assigned { .. }))
-                    && st.next_try.get(ip).is_none_or(|t| *t <= now)
+                let due = !matches!(st.addresses.get(ip), Some(AddressState::Assigned { .. }))
+                    && st.next_try.get(ip).is_none_or(|t| *t <= now);
+                let attempts = match st.addresses.get(ip) {
+                    Some(AddressState::Pending { attempts, .. }) => *attempts,
+                    _ => 0,
+                };
+                (due, st.interfaces.get(&target.subnet_id).cloned(), attempts, st.gateways.clone())
             };
             if !due {
                 continue;
             }
-            let interface = self.state.lock().interfaces.get(&target.subnet_id).cloned();
-            let attempts = match self.state.lock().addresses.get(ip) {
-                Some(AddressState::Pending { attempts, .. }) => *attempts,
-                _ => 0,
-            };
             let r = match interface {
-                Some(Ok(i)) => cloud.assign(&i.interface_id, *ip, Some(&target.public)).await.map(|()| i.interface_id),
+                Some(Ok(i)) => {
+                    cloud.assign(&i.interface_id, *ip, Some(&target.public), &gateways).await.map(|()| i.interface_id)
+                }
                 Some(Err(e)) => Err(e),
                 None => continue,
             };
-            let mut st = self.state.lock();
-            if !st.want.contains_key(ip) {
-                // Given up while the call ran: released next round.
-                if let Ok(interface_id) = r {
-                    st.releasing.insert(*ip, (interface_id, 0));
-                }
-                continue;
+            dirty |= self.record_assignment(*ip, target, r, attempts, now, resync);
+        }
+        dirty
+    }
+
+    /// Records an assignment's outcome. Returns whether the address became
+    /// assigned or refused (the sync loop must look again).
+    fn record_assignment(
+        &self,
+        ip: IpAddr,
+        target: &Target,
+        r: Result<String, CloudError>,
+        attempts: u32,
+        now: Instant,
+        resync: Duration,
+    ) -> bool {
+        let mut st = self.state.lock();
+        if !st.want.contains_key(&ip) {
+            // Given up while the call ran: released next round.
+            if let Ok(interface_id) = r {
+                st.releasing.insert(ip, (interface_id, 0));
             }
-            match r {
-                Ok(interface_id) => {
-                    tracing::info!(ip = %ip, public = %target.public.public_ip, interface = %interface_id, "cloud address assigned");
-                    st.releasing.remove(ip);
-                    st.next_try.remove(ip);
-                    st.addresses.insert(*ip, AddressState::Assigned { interface_id });
-                    dirty = true;
+            return false;
+        }
+        match r {
+            Ok(interface_id) => {
+                tracing::info!(ip = %ip, public = %target.public.public_ip, interface = %interface_id, "cloud address assigned");
+                st.releasing.remove(&ip);
+                st.next_try.remove(&ip);
+                st.next_verify.insert(ip, now + resync);
+                st.addresses.insert(ip, AddressState::Assigned { interface_id });
+                true
+            }
+            Err(e) if !e.retryable => {
+                tracing::warn!(
+                    ip = %ip, error = %e,
+                    "cloud address refused for good: not translating to it, and not competing for it for {} s",
+                    REFUSED_FOR.as_secs()
+                );
+                st.refused.insert(ip, now + REFUSED_FOR);
+                st.next_try.insert(ip, now + BACKOFF_MAX);
+                st.addresses.insert(ip, AddressState::Pending { attempts: attempts + 1, error: Some(e.to_string()) });
+                true
+            }
+            Err(e) => {
+                tracing::warn!(ip = %ip, error = %e, attempt = attempts + 1, "cloud address not assigned; not translating to it");
+                st.next_try.insert(ip, now + backoff(attempts + 1));
+                let was_assigned = matches!(st.addresses.get(&ip), Some(AddressState::Assigned { .. }));
+                st.addresses.insert(ip, AddressState::Pending { attempts: attempts + 1, error: Some(e.to_string()) });
+                was_assigned
+            }
+        }
+    }
+
+    /// Checks each assigned address against the provider's view once per
+    /// resync, and assigns it again where it drifted (fail closed: if that
+    /// fails, it is no longer translated to). A failed check changes
+    /// nothing: it is no evidence of drift. Returns whether any changed.
+    async fn verify_assigned(
+        &self,
+        cloud: &dyn Cloud,
+        want: &BTreeMap<IpAddr, Target>,
+        now: Instant,
+        resync: Duration,
+    ) -> bool {
+        let mut dirty = false;
+        for (ip, target) in want {
+            let (interface_id, gateways) = {
+                let st = self.state.lock();
+                let Some(AddressState::Assigned { interface_id }) = st.addresses.get(ip) else { continue };
+                if st.next_verify.get(ip).is_some_and(|t| *t > now) {
+                    continue;
                 }
-                Err(e) if !e.retryable => {
-                    tracing::warn!(
-                        ip = %ip, error = %e,
-                        "cloud address refused for good: not translating to it, and not competing for it for {} s",
-                        REFUSED_FOR.as_secs()
-                    );
-                    st.refused.insert(*ip, now + REFUSED_FOR);
-                    st.next_try.insert(*ip, now + BACKOFF_MAX);
-                    st.addresses
-                        .insert(*ip, AddressState::Pending { attempts: attempts + 1, error: Some(e.to_string()) });
-                    dirty = true;
+                (interface_id.clone(), st.gateways.clone())
+            };
+            match cloud.verify(&interface_id, *ip, Some(&target.public)).await {
+                Ok(true) => {
+                    self.state.lock().next_verify.insert(*ip, now + resync);
+                }
+                Ok(false) => {
+                    tracing::warn!(ip = %ip, public = %target.public.public_ip, interface = %interface_id,
+                        "cloud address drifted from this gateway's interface; assigning it again");
+                    self.state.lock().drift_repairs += 1;
+                    let r =
+                        cloud.assign(&interface_id, *ip, Some(&target.public), &gateways).await.map(|()| interface_id);
+                    dirty |= self.record_assignment(*ip, target, r, 0, now, resync);
                 }
                 Err(e) => {
-                    tracing::warn!(ip = %ip, error = %e, attempt = attempts + 1, "cloud address not assigned; not translating to it");
-                    st.next_try.insert(*ip, now + backoff(attempts + 1));
-                    st.addresses
-                        .insert(*ip, AddressState::Pending { attempts: attempts + 1, error: Some(e.to_string()) });
+                    tracing::warn!(ip = %ip, error = %e, "cloud address not verified; checked again later");
+                    self.state.lock().next_verify.insert(*ip, now + BACKOFF_MAX);
                 }
             }
         }
+        dirty
+    }
 
-        // Addresses given up: out of the tables already; release them.
-        let gone: Vec<(IpAddr, AddressState)> = {
+    /// Releases the addresses given up (out of the tables already).
+    async fn release_given_up(&self, cloud: &dyn Cloud, want: &BTreeMap<IpAddr, Target>, now: Instant) {
+        {
             let mut st = self.state.lock();
             let gone: Vec<IpAddr> = st.addresses.keys().filter(|ip| !want.contains_key(ip)).copied().collect();
-            gone.into_iter().filter_map(|ip| st.addresses.remove(&ip).map(|s| (ip, s))).collect()
-        };
-        for (ip, s) in gone {
-            self.state.lock().next_try.remove(&ip);
-            if let AddressState::Assigned { interface_id } = s {
-                self.state.lock().releasing.insert(ip, (interface_id, 0));
+            for ip in gone {
+                st.next_try.remove(&ip);
+                if let Some(AddressState::Assigned { interface_id }) = st.addresses.remove(&ip) {
+                    st.releasing.insert(ip, (interface_id, 0));
+                }
             }
         }
         let releasing: Vec<(IpAddr, String, u32)> = {
@@ -363,9 +492,19 @@ impl Clouds {
                 }
             }
         }
+    }
 
-        // Discovery, per pool.
-        for (name, sel) in &pools {
+    /// Asks the provider what each pool has, once per resync (backing off
+    /// after failures). Returns whether any answer changed.
+    async fn discover_pools(
+        &self,
+        cloud: &dyn Cloud,
+        pools: &BTreeMap<String, PoolSelector>,
+        now: Instant,
+        resync: Duration,
+    ) -> bool {
+        let mut dirty = false;
+        for (name, sel) in pools {
             if self.state.lock().next_discovery.get(name).is_some_and(|t| *t > now) {
                 continue;
             }
@@ -392,19 +531,25 @@ impl Clouds {
                 st.discovered.insert(name.clone(), r);
             }
         }
-        {
-            let mut st = self.state.lock();
-            st.discovered.retain(|name, _| pools.contains_key(name));
-            st.next_discovery.retain(|name, _| pools.contains_key(name));
-        }
-
-        if dirty {
-            changed.notify_one();
-        }
         let mut st = self.state.lock();
-        // Only what is still in use has a deadline (a stale one would spin).
+        st.discovered.retain(|name, _| pools.contains_key(name));
+        st.next_discovery.retain(|name, _| pools.contains_key(name));
+        dirty
+    }
+
+    /// Drops the deadlines of what is no longer in use (a stale one would
+    /// spin) and returns the earliest of the others.
+    fn next_due(
+        &self,
+        subnets: &BTreeSet<String>,
+        pools: &BTreeMap<String, PoolSelector>,
+        want: &BTreeMap<IpAddr, Target>,
+        now: Instant,
+    ) -> Option<Instant> {
+        let mut st = self.state.lock();
         st.interfaces.retain(|subnet, _| subnets.contains(subnet));
         st.next_interface.retain(|subnet, _| subnets.contains(subnet));
+        st.next_discovery.retain(|name, _| pools.contains_key(name));
         let releasing: BTreeSet<IpAddr> = st.releasing.keys().copied().collect();
         let assigned: BTreeSet<IpAddr> = st
             .addresses
@@ -413,8 +558,15 @@ impl Clouds {
             .map(|(ip, _)| *ip)
             .collect();
         st.next_try.retain(|ip, _| (want.contains_key(ip) && !assigned.contains(ip)) || releasing.contains(ip));
+        st.next_verify.retain(|ip, _| want.contains_key(ip) && assigned.contains(ip));
         st.refused.retain(|_, until| *until > now);
-        st.next_discovery.values().chain(st.next_interface.values()).chain(st.next_try.values()).copied().min()
+        st.next_discovery
+            .values()
+            .chain(st.next_interface.values())
+            .chain(st.next_try.values())
+            .chain(st.next_verify.values())
+            .copied()
+            .min()
     }
 }
 
@@ -436,6 +588,8 @@ mod tests {
         assign_failures: u32,
         /// Assign calls fail for good (not retryable).
         assign_refused: bool,
+        /// Verify calls answer "not there" while this is above 0.
+        drifts: u32,
         calls: Vec<String>,
     }
 
@@ -480,9 +634,10 @@ mod tests {
             i: &'a str,
             p: IpAddr,
             _: Option<&'a PublicAddress>,
+            gateways: &'a BTreeSet<String>,
         ) -> BoxFuture<'a, Result<(), CloudError>> {
             let mut s = self.0.lock();
-            s.calls.push(format!("assign {i} {p}"));
+            s.calls.push(format!("assign {i} {p} {gateways:?}"));
             let fail = s.assign_failures > 0;
             s.assign_failures = s.assign_failures.saturating_sub(1);
             let refused = s.assign_refused;
@@ -501,6 +656,18 @@ mod tests {
                 }
             })
         }
+        fn verify<'a>(
+            &'a self,
+            i: &'a str,
+            p: IpAddr,
+            _: Option<&'a PublicAddress>,
+        ) -> BoxFuture<'a, Result<bool, CloudError>> {
+            let mut s = self.0.lock();
+            s.calls.push(format!("verify {i} {p}"));
+            let there = s.drifts == 0;
+            s.drifts = s.drifts.saturating_sub(1);
+            Box::pin(async move { Ok(there) })
+        }
         fn release<'a>(&'a self, i: &'a str, p: IpAddr) -> BoxFuture<'a, Result<(), CloudError>> {
             self.0.lock().calls.push(format!("release {i} {p}"));
             Box::pin(async { Ok(()) })
@@ -517,6 +684,10 @@ mod tests {
                 interface_id: None,
             },
         }
+    }
+
+    fn gateways() -> BTreeSet<String> {
+        ["aws:///z/i-1".to_string(), "aws:///z/i-2".to_string()].into()
     }
 
     async fn settle(c: &Clouds, want: impl Fn(&Clouds) -> bool) {
@@ -544,7 +715,7 @@ mod tests {
             "p".to_string(),
             PoolSelector { tags: [("k".into(), "v".into())].into(), subnet_id: "subnet-1".into() },
         )]);
-        c.update(Some("aws:///z/i-1".into()), pools.clone(), BTreeMap::from([(ip, target())]));
+        c.update(Some("aws:///z/i-1".into()), gateways(), pools.clone(), BTreeMap::from([(ip, target())]));
         // Two throttled attempts: not assigned, so not translated to.
         settle(&c, |c| matches!(c.report().addresses.first(), Some((_, _, AddressState::Pending { attempts: 2, .. }))))
             .await;
@@ -552,7 +723,7 @@ mod tests {
         // The third attempt (after the backoff) succeeds.
         settle(&c, |c| c.assigned().contains(&ip)).await;
         // Given up: out of `assigned` at once, then released.
-        c.update(Some("aws:///z/i-1".into()), pools, BTreeMap::new());
+        c.update(Some("aws:///z/i-1".into()), gateways(), pools, BTreeMap::new());
         assert!(c.assigned().is_empty());
         settle(&c, |_| script.lock().calls.iter().any(|l| l == "release eni-1 198.18.1.40")).await;
         let calls = script.lock().calls.clone();
@@ -575,7 +746,7 @@ mod tests {
             "p".to_string(),
             PoolSelector { tags: [("k".into(), "v".into())].into(), subnet_id: "subnet-1".into() },
         )]);
-        c.update(Some("aws:///z/i-1".into()), pools, ips.iter().map(|ip| (*ip, target())).collect());
+        c.update(Some("aws:///z/i-1".into()), gateways(), pools, ips.iter().map(|ip| (*ip, target())).collect());
         settle(&c, |c| c.assigned().len() == 2).await;
         assert_eq!(c.release_all(Duration::from_secs(3)).await, 0, "nothing left to release");
         let calls = script.lock().calls.clone();
@@ -596,7 +767,7 @@ mod tests {
         let c = Clouds::start(factory, DEFAULT_RESYNC, Arc::new(Notify::new()));
         let ip: IpAddr = "198.18.1.40".parse().unwrap();
         let want = || BTreeMap::from([(ip, target())]);
-        c.update(Some("aws:///z/i-1".into()), BTreeMap::new(), want());
+        c.update(Some("aws:///z/i-1".into()), gateways(), BTreeMap::new(), want());
         settle(&c, |c| c.refused().contains(&ip)).await;
         assert!(c.assigned().is_empty());
 
@@ -606,9 +777,68 @@ mod tests {
         c.state.lock().next_try.clear();
         c.wake.notify_one();
         settle(&c, |c| c.assigned().contains(&ip)).await;
-        c.update(Some("aws:///z/i-1".into()), BTreeMap::new(), BTreeMap::new());
-        c.update(Some("aws:///z/i-1".into()), BTreeMap::new(), want());
+        c.update(Some("aws:///z/i-1".into()), gateways(), BTreeMap::new(), BTreeMap::new());
+        c.update(Some("aws:///z/i-1".into()), gateways(), BTreeMap::new(), want());
         assert!(c.assigned().is_empty(), "a Lease lost and won back needs a new assignment");
         settle(&c, |c| c.assigned().contains(&ip)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drifted_assignment_is_made_again_and_counted() {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let s2 = script.clone();
+        let factory: Factory = Box::new(move || {
+            let s = s2.clone();
+            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
+        });
+        let resync = Duration::from_secs(30);
+        let c = Clouds::start(factory, resync, Arc::new(Notify::new()));
+        let ip: IpAddr = "198.18.1.40".parse().unwrap();
+        c.update(Some("aws:///z/i-1".into()), gateways(), BTreeMap::new(), BTreeMap::from([(ip, target())]));
+        settle(&c, |c| c.assigned().contains(&ip)).await;
+        let count = |what: &str| script.lock().calls.iter().filter(|l| l.starts_with(what)).count();
+        assert_eq!((count("assign"), count("verify")), (1, 0), "no check before a resync is due");
+
+        // One resync later the provider's view is checked: in place, nothing made.
+        tokio::time::sleep(resync + Duration::from_secs(1)).await;
+        settle(&c, |_| count("verify") == 1).await;
+        assert_eq!(count("assign"), 1);
+        assert_eq!(c.report().drift_repairs, 0);
+
+        // Then it drifted (someone moved it): assigned again, with the
+        // gateways' providerIDs, still served, and counted.
+        script.lock().drifts = 1;
+        tokio::time::sleep(resync + Duration::from_secs(1)).await;
+        settle(&c, |_| count("assign") == 2).await;
+        assert_eq!(c.report().drift_repairs, 1);
+        assert!(c.assigned().contains(&ip));
+        let last = script.lock().calls.iter().rev().find(|l| l.starts_with("assign")).cloned().unwrap();
+        assert_eq!(last, r#"assign eni-1 198.18.1.40 {"aws:///z/i-1", "aws:///z/i-2"}"#);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drifted_assignment_that_cannot_be_made_again_is_no_longer_served() {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let s2 = script.clone();
+        let factory: Factory = Box::new(move || {
+            let s = s2.clone();
+            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
+        });
+        let resync = Duration::from_secs(30);
+        let c = Clouds::start(factory, resync, Arc::new(Notify::new()));
+        let ip: IpAddr = "198.18.1.40".parse().unwrap();
+        c.update(Some("aws:///z/i-1".into()), gateways(), BTreeMap::new(), BTreeMap::from([(ip, target())]));
+        settle(&c, |c| c.assigned().contains(&ip)).await;
+        {
+            let mut s = script.lock();
+            s.drifts = 1;
+            s.assign_failures = u32::MAX;
+        }
+        tokio::time::sleep(resync + Duration::from_secs(1)).await;
+        settle(&c, |c| !c.assigned().contains(&ip)).await;
+        // Once the provider takes the call again: served again.
+        script.lock().assign_failures = 0;
+        settle(&c, |c| c.assigned().contains(&ip)).await;
+        assert_eq!(c.report().drift_repairs, 1);
     }
 }

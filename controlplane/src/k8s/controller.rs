@@ -666,6 +666,9 @@ struct SyncLoop {
     /// `pool/NAME`: their transition times hold while the watch lags.
     conditions_sent: HashMap<String, Vec<Condition>>,
     problems_reported: BTreeSet<(String, String, &'static str)>,
+    /// Cloud addresses whose refusal was reported (an Event each time one
+    /// is newly refused).
+    refusals_reported: BTreeSet<IpAddr>,
     /// What the data plane was told about each address's valid-until
     /// (shared with the renewer).
     valid_until: Arc<Mutex<ValidUntil>>,
@@ -752,6 +755,7 @@ impl SyncLoop {
         let mut d = desired(&obs, &self.local, wall);
         let me = self.opts.node_name.clone();
         self.withdraw_refused(&mut d);
+        self.report_refusals();
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
         let fenced = self.mgr.lock().fence(now, &competing);
         self.counters.fenced += fenced.len() as u64;
@@ -851,14 +855,12 @@ impl SyncLoop {
         let targets = crate::cloud::targets(&obs.pools);
         let want = targets.iter().filter(|(ip, _)| obs.held.contains(ip)).map(|(ip, t)| (*ip, t.clone())).collect();
         let me = self.opts.node_name.as_str();
-        let provider_id = self
-            .stores
-            .nodes
-            .state()
-            .iter()
-            .find(|n| n.name_any() == me)
-            .and_then(|n| n.spec.as_ref().and_then(|s| s.provider_id.clone()));
-        self.clouds.update(provider_id, crate::cloud::selectors(&obs.pools), want);
+        let nodes = self.stores.nodes.state();
+        let provider_id_of = |n: &Node| n.spec.as_ref().and_then(|s| s.provider_id.clone());
+        let provider_id = nodes.iter().find(|n| n.name_any() == me).and_then(|n| provider_id_of(n));
+        // The gateway Nodes' instances: the only interfaces an address is taken from.
+        let gateways = nodes.iter().filter_map(|n| provider_id_of(n)).collect();
+        self.clouds.update(provider_id, gateways, crate::cloud::selectors(&obs.pools), want);
         let assigned = self.clouds.assigned();
         obs.held.retain(|ip| !targets.contains_key(ip) || assigned.contains(ip));
     }
@@ -872,6 +874,29 @@ impl SyncLoop {
             if let Some(a) = d.ips.get_mut(&ip) {
                 a.candidates.retain(|c| c != me);
             }
+        }
+    }
+
+    /// A Warning Event on the owner of each cloud address newly refused to
+    /// this gateway for good, with the provider's words.
+    fn report_refusals(&mut self) {
+        let refusals = self.clouds.refusals();
+        // Still refused and reported: not again; newly refused: reported
+        // once its owner is known.
+        self.refusals_reported.retain(|ip| refusals.contains_key(ip));
+        for (ip, why) in &refusals {
+            if self.refusals_reported.contains(ip) {
+                continue;
+            }
+            let Some(owner) = self.last.ips.get(ip).map(|a| a.owner.clone()) else { continue };
+            let Some(reference) = self.owner_ref(&owner) else { continue };
+            self.refusals_reported.insert(*ip);
+            let note = format!(
+                "the cloud provider refused egress IP {ip} to gateway {}: {why}; it stops competing for it for {} s",
+                self.opts.node_name,
+                crate::cloud::task::REFUSED_FOR.as_secs()
+            );
+            self.publish(reference, "Warning", reason::CLOUD_ADDRESS_REFUSED, "AssignCloudAddress", note);
         }
     }
 
@@ -1040,6 +1065,7 @@ impl SyncLoop {
                 let mut k = self.counters.clone();
                 let book = self.renewer.book.lock();
                 k.lease_api_errors += book.api_errors;
+                k.cloud_drift_repairs = cloud.drift_repairs;
                 k.lease_conflicts += book.conflicts;
                 k.lease_renew_latency = book.latency.clone();
                 k
@@ -1461,6 +1487,7 @@ pub async fn run_supervised(
         pool_writes,
         conditions_sent: HashMap::new(),
         problems_reported: BTreeSet::new(),
+        refusals_reported: BTreeSet::new(),
         opts,
     };
     let mut next_full = Instant::now() + sync.opts.resync_period;

@@ -102,6 +102,12 @@ pub mod reason {
     pub const EGRESS_IP_ASSIGNED: &str = "EgressIPAssigned";
     /// Event: a gateway took an egress IP another gateway held.
     pub const EGRESS_IP_FAILOVER: &str = "EgressIPFailover";
+    /// Event: the cloud provider refused a gateway an egress IP for good (its
+    /// private address is on an interface that is not a gateway's, the call
+    /// is not allowed, the interface is full...): the gateway stops
+    /// competing for it, and it is translated to by no gateway that cannot
+    /// get it.
+    pub const CLOUD_ADDRESS_REFUSED: &str = "CloudAddressRefused";
     /// GatewayAssigned of a `PerNode` policy: each Node SNATs its own pods.
     pub const PER_NODE: &str = "PerNode";
 }
