@@ -88,7 +88,19 @@ impl FaultProxy {
     /// Listens on a free port of 127.0.0.1 and forwards to `upstream`.
     /// Must be called inside a tokio runtime.
     pub async fn start(upstream: SocketAddr) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::serve_on(TcpListener::bind("127.0.0.1:0").await?, upstream)
+    }
+
+    /// Serves on `listener`, a socket bound elsewhere (in a lab's network
+    /// namespace, where the gateways reach it). Must be called inside a
+    /// tokio runtime that keeps running (not a current-thread runtime
+    /// driven only now and then).
+    pub fn start_on(listener: std::net::TcpListener, upstream: SocketAddr) -> std::io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        Self::serve_on(TcpListener::from_std(listener)?, upstream)
+    }
+
+    fn serve_on(listener: TcpListener, upstream: SocketAddr) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let rules = Arc::new(Mutex::new(Rules::default()));
         let task = tokio::spawn(accept_loop(listener, upstream, rules.clone()));

@@ -17,23 +17,34 @@
 //!   the gateway the cloud API gave the address to receives its traffic, as
 //!   in a VPC; ARP answers play no part (the entries are permanent).
 //!
+//! - The gateways call EC2 through the fault proxy (`egret_tests::faultproxy`)
+//!   next to moto: API errors are injected at the control plane's level,
+//!   and every request is recorded (what moto ignores is asserted there).
+//!
 //! Checked: discovery and pairing (the tagged addresses only, recorded in
 //! the pool's status), the Elastic IP associated with the holder's
 //! interface before the address is translated to, the pod leaving with the
 //! private address that stands for the Elastic IP (the server sees it); a
-//! SIGKILL of the holder moves the Lease, the association and the traffic
-//! to the other gateway (time measured from the kill to the first new
-//! connection seen with the address); no packet with the pod's own address
-//! upstream at any time; an uninstall (the gateways' DaemonSet deleted,
-//! then the last gateway stopped) releases the private address from its
-//! interface.
+//! drain of the holder while EC2 throttles two AssociateAddress calls (the
+//! other gateway retries and serves the address once it is associated;
+//! the drained one releases the private address); the Elastic IP moved to
+//! the other gateway behind Egret's back (the holder's next refresh
+//! associates it again); a SIGKILL of the holder moves the Lease, the
+//! association and the traffic to the other gateway (time measured from
+//! the kill to the first new connection seen with the address); no packet
+//! with the pod's own address upstream at any time; an uninstall (the
+//! gateways' DaemonSet deleted, then the last gateway stopped) releases the
+//! private address from its interface.
 //!
 //! Where moto differs from AWS (docs/kubernetes.md, "Running on AWS"):
 //! AssociateAddress ignores `PrivateIpAddress` (the association names the
 //! interface's primary address), and AssignPrivateIpAddresses ignores
 //! `AllowReassignment` (the old interface keeps the address). So this test
 //! reads the association's *interface*, which moto does move, and never
-//! the private address moto reports for it.
+//! the private address moto reports for it; the requests the fault proxy
+//! recorded show what the gateways asked for. (Because moto's association
+//! names the primary address, the gateways' refresh finds it drifted each
+//! time and associates it again: harmless, and counted.)
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic, clippy::print_stdout)]
 
@@ -49,6 +60,7 @@ use aws_sdk_ec2::types::{AttributeBooleanValue, Tag};
 use egret_controlplane::k8s::crd::EgressIPPool;
 use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture};
+use egret_tests::faultproxy::{param, Fault, FaultProxy};
 use egret_tests::gateway::Gateway;
 use egret_tests::k8slab::{Gw, K8sLab, KPod, CONTROL};
 use egret_tests::moto::Moto;
@@ -56,7 +68,7 @@ use egret_tests::netns::NetNs;
 use egret_tests::plan;
 use egret_tests::probe;
 use k8s_common::*;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const NAME: &str = "k8s_cloud_elastic_ip_moves_with_its_lease";
@@ -65,6 +77,8 @@ const NAME: &str = "k8s_cloud_elastic_ip_moves_with_its_lease";
 const PRIVATE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 40);
 const SUBNET_CIDR: &str = "203.0.113.0/24";
 const ZONE: &str = "us-east-1a";
+/// The gateways' `kubernetes.resyncPeriod`: how often they ask EC2 again.
+const RESYNC: Duration = Duration::from_secs(5);
 
 #[test]
 fn k8s_cloud_elastic_ip_moves_with_its_lease() {
@@ -214,6 +228,19 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     // management link.
     let moto = Moto::start_in(lab.control(), IpAddr::V4(CONTROL)).expect("start moto in the control namespace");
     let ec2 = moto.client();
+    // The gateways call EC2 through a fault proxy next to moto, where API
+    // errors are injected and every request is recorded. It runs on a
+    // runtime of its own (the scenario's is driven only now and then).
+    let proxy_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let listener = lab
+        .control()
+        .run_in(|| std::net::TcpListener::bind((CONTROL, 0)))
+        .expect("enter the control namespace")
+        .expect("bind the fault proxy");
+    let proxy = {
+        let _in_runtime = proxy_rt.enter();
+        FaultProxy::start_on(listener, moto.addr()).expect("start the fault proxy")
+    };
     let vpc = rt.block_on(seed(&ec2));
     println!(
         "k8s-cloud: moto at {}: subnet {}, tagged {:?}, untagged {}",
@@ -242,8 +269,15 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     let names: Vec<&str> = Gw::PAIR.iter().map(|g| g.node_name()).collect();
     rt.block_on(daemonset_with_pods(&client, "egret-gateway", json!({"egret.dev/gateway": "true"}), &names));
     for g in Gw::PAIR {
-        let mut cfg = lab_gateway_config(g, &kubeconfig, ha_section(lab, g, &key, 4720));
+        // A refresh every 5 s: discovery and the drift check within the test's patience.
+        let extra = format!("{}  resyncPeriod: {}s\n", ha_section(lab, g, &key, 4720), RESYNC.as_secs());
+        let mut cfg = lab_gateway_config(g, &kubeconfig, extra);
         cfg.env = moto.gateway_env();
+        for (k, v) in &mut cfg.env {
+            if k == "AWS_ENDPOINT_URL_EC2" {
+                *v = proxy.url();
+            }
+        }
         cfg.env.push(("POD_NAME".into(), daemonset_pod_name("egret-gateway", g.node_name())));
         cfg.env.push(("POD_NAMESPACE".into(), "egret-system".into()));
         gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
@@ -299,7 +333,11 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     assert_eq!(row["public_ip"], first.0.to_string(), "egret status shows the public address: {row}");
     assert_eq!(row["cloud"], format!("assigned to {}", vpc.interface[&holder]), "egret status: {row}");
 
-    // 3. SIGKILL of the holder: the Lease, the association and the traffic move.
+    // 3. A drain with EC2 throttling the take-over, then drift repaired.
+    let holder = drain_with_api_errors(&rt, &client, lab, &proxy, &routing, &ec2, &vpc, holder);
+    repair_drift(&rt, &ec2, lab, &routing, &mut gws, &vpc, &first.1, holder);
+
+    // 4. SIGKILL of the holder: the Lease, the association and the traffic move.
     let other = if holder == Gw::One { Gw::Two } else { Gw::One };
     // With the channel up and the standby's copy complete (a SIGKILL in
     // the first few hundred ms after the start would be proven only by the
@@ -328,7 +366,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
         outage.as_millis()
     );
 
-    // 4. Never the pod's own address upstream.
+    // 5. Never the pod's own address upstream.
     let frames = capture.stop().expect("stop the capture");
     // A frame from the node router to a gateway that the bridge floods past
     // the upstream router is not a leak; one to the upstream router, or one
@@ -344,7 +382,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
         .collect();
     assert!(leaked.is_empty(), "the pod's own address reached the upstream link: {leaked:?}");
 
-    // 5. An uninstall (the DaemonSet deleted, then the last gateway
+    // 6. An uninstall (the DaemonSet deleted, then the last gateway
     // stopped) leaves the private address assigned to no gateway interface.
     let on_other = || rt.block_on(interface_addresses(&ec2, &vpc.interface[&other]));
     assert!(on_other().contains(&PRIVATE.to_string()), "{} holds {PRIVATE}: {:?}", other.node_name(), on_other());
@@ -366,7 +404,126 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     for (_, gw) in gws {
         drop(gw);
     }
+    drop(proxy);
     moto.stop().expect("stop moto");
+}
+
+/// Drains `holder` (`egret.dev/drain=true`) while EC2 throttles the first
+/// two AssociateAddress calls: the other gateway takes the Lease, retries
+/// with backoff, and serves the address only once the association is its;
+/// the drained gateway releases the private address from its interface
+/// (moto ignores `AllowReassignment`, so only that release removes it).
+/// Returns the new holder (the drain is lifted again).
+fn drain_with_api_errors(
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    lab: &K8sLab,
+    proxy: &FaultProxy,
+    routing: &VpcRouting,
+    ec2: &aws_sdk_ec2::Client,
+    vpc: &Vpc,
+    holder: Gw,
+) -> Gw {
+    let other = if holder == Gw::One { Gw::Two } else { Gw::One };
+    let http = SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let drain = |on: bool| {
+        let value = if on { json!("true") } else { serde_json::Value::Null };
+        let patch = json!({"metadata": {"annotations": {"egret.dev/drain": value}}});
+        rt.block_on(nodes.patch(holder.node_name(), &PatchParams::default(), &Patch::Merge(&patch))).expect("drain");
+    };
+    proxy.arm("AssociateAddress", Fault::throttled(), 2);
+    let moves_before = routing.moves().len();
+    let t = Instant::now();
+    drain(true);
+    // The association moves (after the throttled attempts), then the pod
+    // leaves with the address through the new holder.
+    let deadline = t + Duration::from_secs(60);
+    let moved_at = loop {
+        if let Some((at, g)) = routing.moves().get(moves_before) {
+            assert_eq!(*g, other, "the Elastic IP moved to {}", other.node_name());
+            break *at;
+        }
+        assert!(Instant::now() < deadline, "the Elastic IP never moved after the drain");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (seen, _) = probe::wait_source(lab.pod(KPod::Db), http, PRIVATE.into(), Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("db never left with {PRIVATE} after the drain: {e}"));
+    let took = t.elapsed();
+    assert_eq!(proxy.faults_served("AssociateAddress"), 2, "the take-over met the throttling");
+    let new_holder = rt.block_on(lease_holder_name(client, IpAddr::V4(PRIVATE)));
+    assert_eq!(new_holder.as_deref(), Some(other.node_name()));
+    // The drained gateway gives the private address up.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rt.block_on(interface_addresses(ec2, &vpc.interface[&holder])).contains(&PRIVATE.to_string()) {
+        assert!(Instant::now() < deadline, "the drained {} never released {PRIVATE}", holder.node_name());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // What the take-over asked EC2 for (moto ignores both parameters).
+    let last = proxy.requests("AssociateAddress").pop().expect("AssociateAddress requests");
+    assert_eq!(param(&last, "PrivateIpAddress"), Some(PRIVATE.to_string().as_str()), "{last:?}");
+    assert_eq!(param(&last, "NetworkInterfaceId"), Some(vpc.interface[&other].as_str()), "{last:?}");
+    let assign = proxy.requests("AssignPrivateIpAddresses").pop().expect("AssignPrivateIpAddresses requests");
+    assert_eq!(param(&assign, "AllowReassignment"), Some("true"), "{assign:?}");
+    println!(
+        "k8s-cloud: drain of {} with 2 AssociateAddress calls throttled: association on {} after {} ms, db leaves as {seen} after {} ms",
+        holder.node_name(),
+        other.node_name(),
+        moved_at.duration_since(t).as_millis(),
+        took.as_millis()
+    );
+    drain(false);
+    other
+}
+
+/// Someone moves the Elastic IP to the other gateway's interface behind
+/// Egret's back: the holder's next refresh finds the drift and associates
+/// it again, and the pod leaves with the address again.
+#[allow(clippy::too_many_arguments)]
+fn repair_drift(
+    rt: &tokio::runtime::Runtime,
+    ec2: &aws_sdk_ec2::Client,
+    lab: &K8sLab,
+    routing: &VpcRouting,
+    gws: &mut BTreeMap<Gw, Gateway>,
+    vpc: &Vpc,
+    allocation: &str,
+    holder: Gw,
+) {
+    let other = if holder == Gw::One { Gw::Two } else { Gw::One };
+    let http = SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT);
+    let moves_before = routing.moves().len();
+    rt.block_on(
+        ec2.associate_address()
+            .allocation_id(allocation)
+            .network_interface_id(&vpc.interface[&other])
+            .allow_reassociation(true)
+            .send(),
+    )
+    .expect("move the Elastic IP behind Egret's back");
+    let t = Instant::now();
+    let deadline = t + RESYNC * 4;
+    let back = loop {
+        let moved = routing.moves();
+        if let Some((at, _)) = moved[moves_before..].iter().skip_while(|(_, g)| *g != other).find(|(_, g)| *g == holder)
+        {
+            break *at;
+        }
+        assert!(Instant::now() < deadline, "the drift was never repaired: moves {:?}", &moved[moves_before..]);
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (seen, _) = probe::wait_source(lab.pod(KPod::Db), http, PRIVATE.into(), Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("db never left with {PRIVATE} after the drift: {e}"));
+    let status = gws.get_mut(&holder).unwrap().admin().status().expect("egret status");
+    let repairs = status["cluster"]["counters"]["cloud_drift_repairs"].as_u64().unwrap_or(0);
+    assert!(repairs >= 1, "the holder counts its drift repairs: {}", status["cluster"]["counters"]);
+    println!(
+        "k8s-cloud: drift: the Elastic IP moved to {} behind Egret's back, back on {} after {} ms (refresh every {} s); db leaves as {seen}",
+        other.node_name(),
+        holder.node_name(),
+        back.duration_since(t).as_millis(),
+        RESYNC.as_secs()
+    );
 }
 
 /// CRDs, the namespace and RBAC, gateway Nodes with their providerIDs, the

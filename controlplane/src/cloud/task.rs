@@ -29,9 +29,6 @@ use tokio::time::Instant;
 
 use super::{Cloud, CloudError, Discovered, Interface, PoolSelector, PublicAddress};
 
-/// How often each pool is asked again (retagged or new public addresses
-/// are noticed within this time).
-pub const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Releases are tidying: tried this many times, then left to the next holder.
@@ -118,7 +115,9 @@ pub struct CloudReport {
 
 impl Clouds {
     /// Starts the task; `changed` is notified whenever something the sync
-    /// loop reads changed (a discovery, an assignment).
+    /// loop reads changed (a discovery, an assignment). Each pool, interface
+    /// and assignment is asked about again once per `resync` (retagged or
+    /// new public addresses, and drift, are noticed within this time).
     pub fn start(factory: Factory, resync: Duration, changed: Arc<Notify>) -> Clouds {
         let c = Clouds { state: Arc::default(), wake: Arc::new(Notify::new()) };
         let task = c.clone();
@@ -581,6 +580,9 @@ mod tests {
     //! is tested against moto: tests/tests/cloud_aws.rs, k8s_cloud.rs).
     use super::*;
     use ipnet::IpNet;
+
+    /// `kubernetes.resyncPeriod`'s default.
+    const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
 
     #[derive(Default)]
     struct Script {

@@ -1463,11 +1463,9 @@ pub async fn run_supervised(
         drain_wake: None,
         watch_restart,
         watches_restarted_at: None,
-        clouds: crate::cloud::task::Clouds::start(
-            crate::cloud::providers(),
-            crate::cloud::task::DEFAULT_RESYNC,
-            notify.clone(),
-        ),
+        // The cloud's view is read again (discovery, interfaces, drift)
+        // once per `kubernetes.resyncPeriod`, like the cluster's.
+        clouds: crate::cloud::task::Clouds::start(crate::cloud::providers(), opts.resync_period, notify.clone()),
         local: LocalConfig {
             node_name: opts.node_name.clone(),
             nat: opts.nat,
