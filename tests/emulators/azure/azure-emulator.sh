@@ -129,7 +129,7 @@ cmd_start() {
   t0=$(date +%s)
   # The port file names the state directory on the command line: live_pid
   # knows the process by it.
-  spawn emulator "${prefix[@]}" python3 "$here/emulator.py" "${serve[@]}" --port 0 --port-file "$state/port"
+  spawn emulator "${prefix[@]}" python3 -B "$here/emulator.py" "${serve[@]}" --port 0 --port-file "$state/port"
   while ! answers; do
     live_pid emulator >/dev/null || break
     if [ $(($(date +%s) - t0)) -gt "$timeout" ]; then

@@ -66,6 +66,9 @@ class Request:
     params: dict[str, str] = field(default_factory=dict)
     ratelimit: tuple[str, int] | None = None  # the remaining-requests header
 
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers.items() if k.lower() == name.lower()), None)
+
     def json(self) -> object:
         try:
             return json.loads(self.raw or b"null")
@@ -288,10 +291,10 @@ class Emulator:
             header, remaining = req.ratelimit
             resp.headers.setdefault(header, str(remaining))
         resp.headers.setdefault("x-ms-request-id", str(uuid.uuid4()))
-        correlation = req.headers.get("x-ms-correlation-request-id", str(uuid.uuid4()))
+        correlation = req.header("x-ms-correlation-request-id") or str(uuid.uuid4())
         resp.headers.setdefault("x-ms-correlation-request-id", correlation)
         headers = {k: v for k, v in req.headers.items() if k.lower() != "authorization"}
-        if "authorization" in {k.lower() for k in req.headers}:
+        if req.header("Authorization") is not None:
             headers["Authorization"] = "<redacted>"
         self.log.append(
             {
@@ -308,8 +311,7 @@ class Emulator:
         return resp
 
     def _front(self, req: Request) -> Route:
-        auth = next((v for k, v in req.headers.items() if k.lower() == "authorization"), None)
-        principal = self._authenticate(auth)
+        principal = self._authenticate(req.header("Authorization"))
         candidates = [(r, r.pattern.fullmatch(req.path)) for r in ROUTES]
         candidates = [(r, m) for r, m in candidates if m]
         route, match = next(((r, m) for r, m in candidates if r.method == req.method), (None, None))
@@ -323,22 +325,21 @@ class Emulator:
         sub = req.params["sub"].lower()
         bucket = self.buckets.get((sub, principal, kind))
         if bucket is None:
-            size, refill = (
-                ("readBucket", "readRefill") if kind == "reads" else ("writeBucket", "writeRefill")
-            )
-            bucket = Bucket(int(self.config[size]), float(self.config[refill]), req.now)
+            prefix = kind.removesuffix("s")
+            bucket = Bucket(int(self.config[f"{prefix}Bucket"]), float(self.config[f"{prefix}Refill"]), req.now)
             self.buckets[(sub, principal, kind)] = bucket
         wait = bucket.take(req.now)
         header = f"x-ms-ratelimit-remaining-subscription-{kind}"
         req.ratelimit = (header, int(bucket.tokens))
         if wait:
+            seconds = math.ceil(wait)
             raise ArmError(
                 429,
                 "SubscriptionRequestsThrottled",
-                f"Number of '{kind[:-1]}' requests for subscription '{req.params['sub']}' actor '{principal}' "
-                f"exceeded. Please try again after '{math.ceil(wait)}' seconds after additional tokens are "
-                "available. Refer to https://aka.ms/arm-throttling for additional information.",
-                {"Retry-After": str(max(1, math.ceil(wait)))},
+                f"Number of '{kind.removesuffix('s')}' requests for subscription '{req.params['sub']}' "
+                f"actor '{principal}' exceeded. Please try again after '{seconds}' seconds after additional "
+                "tokens are available. Refer to https://aka.ms/arm-throttling for additional information.",
+                {"Retry-After": str(seconds)},
             )
         return route
 
@@ -410,6 +411,8 @@ class Emulator:
         if token is not None:
             try:
                 offset = int(base64.urlsafe_b64decode(token.encode()).decode().removeprefix("offset:"))
+                if offset < 0:
+                    raise ValueError(offset)
             except ValueError:
                 raise ArmError(400, "InvalidRequestFormat", f"The $skiptoken '{token}' is invalid.") from None
         body: dict = {"value": items[offset : offset + size]}
@@ -484,7 +487,7 @@ class Emulator:
                 f"Operation on network interface {nic_id} is not allowed: another operation on it is in progress.",
                 retry,
             )
-        if_match = next((v for k, v in req.headers.items() if k.lower() == "if-match"), None)
+        if_match = req.header("If-Match")
         if if_match is not None and (existing is None or if_match not in ("*", existing.etag)):
             raise ArmError(
                 412,
@@ -504,10 +507,10 @@ class Emulator:
         if existing:
             existing.state = "Updating"
             self._commit(req.now)
-        ops = f"{req.base}/subscriptions/{sub}{NETWORK_PROVIDER}/locations/{nic.location}"
+        location = f"{req.base}/subscriptions/{sub}{NETWORK_PROVIDER}/locations/{nic.location}"
         headers = {
-            "Azure-AsyncOperation": f"{ops}/operations/{op.id}?api-version={NETWORK_API}",
-            "Location": f"{ops}/operationResults/{op.id}?api-version={NETWORK_API}",
+            "Azure-AsyncOperation": f"{location}/operations/{op.id}?api-version={NETWORK_API}",
+            "Location": f"{location}/operationResults/{op.id}?api-version={NETWORK_API}",
             **retry,
         }
         return Response(201 if op.created else 200, model.render_nic(nic, state="Updating"), headers)
@@ -545,7 +548,7 @@ class Emulator:
         if op.status == "InProgress":
             headers["Retry-After"] = str(self.config["retryAfter"])
         elif op.status == "Failed":
-            body["error"] = dict(op.error or {})
+            body["error"] = dict(op.error)
         return Response(200, body, headers)
 
     def get_operation_result(self, req: Request, _async_error: dict | None) -> Response:

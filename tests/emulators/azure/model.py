@@ -55,11 +55,6 @@ def name_of(arm_id: str) -> str:
     return arm_id.rstrip("/").rsplit("/", 1)[1]
 
 
-def group_of(arm_id: str) -> str:
-    """The resource group segment of a resource ID."""
-    return arm_id.split("/")[4]
-
-
 def group_id(sub: str, group: str) -> str:
     return f"/subscriptions/{sub}/resourceGroups/{group}"
 
@@ -143,9 +138,7 @@ class Subnet:
 class VNet:
     id: str
     location: str
-    prefixes: list[str]
     tags: dict[str, str]
-    etag: str = field(default_factory=new_etag)
 
 
 @dataclass
@@ -363,7 +356,8 @@ def free_address(subnet: Subnet, taken: set[str], nic_id: str) -> str:
     raise ArmError(
         400,
         "SubnetIsFull",
-        f"Subnet {subnet.id} has no free address for network interface {nic_id}.",
+        f"Subnet {name_of(subnet.id)} with address prefix {subnet.prefix} doesn't have enough capacity for IP "
+        f"addresses (network interface {nic_id}).",
     )
 
 
@@ -565,7 +559,6 @@ def seed(world: World, spec: dict) -> dict:
         vnet = VNet(
             id=resource_id(sub, rg, VNET, item["name"]),
             location=location,
-            prefixes=list(item.get("addressPrefixes", [])),
             tags=dict(item.get("tags", {})),
         )
         add(world.vnets, vnet, "virtual network")
