@@ -27,6 +27,7 @@ import ssl
 import sys
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -113,7 +114,7 @@ class Fault:
     async_error: dict | None = None
 
     def matches(self, req: Request) -> bool:
-        return (self.method in ("*", req.method)) and fnmatch.fnmatchcase(req.path.lower(), self.path.lower())
+        return self.method in ("*", req.method) and fnmatch.fnmatchcase(req.path.lower(), self.path.lower())
 
     def describe(self) -> dict:
         out = {"id": self.id, "method": self.method, "path": self.path, "times": self.times}
@@ -571,6 +572,8 @@ class Emulator:
                 return self._control(method, path.removeprefix("/_emulator/").strip("/"), raw)
             except ArmError as e:
                 return error_response(e)
+            except (ValueError, TypeError, AttributeError) as e:
+                return error_response(control_error(f"malformed request: {e!r}"))
 
     def _control(self, method: str, what: str, raw: bytes) -> Response:
         try:
@@ -715,22 +718,11 @@ class Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        split = urlsplit(self.path)
-        path = unquote(split.path)
-        emulator = self.server.emulator
-        if path.startswith("/_emulator/"):
-            resp = emulator.control(self.command, path, raw)
-        else:
-            req = Request(
-                method=self.command,
-                path=path,
-                raw_path=split.path,
-                query=dict(parse_qsl(split.query, keep_blank_values=True)),
-                headers=dict(self.headers.items()),
-                raw=raw,
-                base=f"{self.server.scheme}://{self.headers.get('Host', '%s:%d' % self.server.server_address[:2])}",
-            )
-            resp = emulator.arm(req)
+        try:
+            resp = self._dispatch(raw)
+        except Exception as e:  # an emulator bug: answered, not a dropped connection
+            traceback.print_exc()
+            resp = Response(500, {"error": {"code": "EmulatorBug", "message": repr(e)}})
         payload = b"" if resp.body is None else json.dumps(resp.body).encode()
         self.send_response(resp.status)
         if resp.body is not None:
@@ -740,6 +732,23 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+    def _dispatch(self, raw: bytes) -> Response:
+        split = urlsplit(self.path)
+        path = unquote(split.path)
+        if path.startswith("/_emulator/"):
+            return self.server.emulator.control(self.command, path, raw)
+        host = self.headers.get("Host") or "%s:%d" % self.server.server_address[:2]
+        req = Request(
+            method=self.command,
+            path=path,
+            raw_path=split.path,
+            query=dict(parse_qsl(split.query, keep_blank_values=True)),
+            headers=dict(self.headers.items()),
+            raw=raw,
+            base=f"{self.server.scheme}://{host}",
+        )
+        return self.server.emulator.arm(req)
 
     do_GET = do_PUT = do_POST = do_PATCH = do_DELETE = _serve
 

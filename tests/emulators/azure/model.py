@@ -518,7 +518,7 @@ def routing(world: World) -> dict:
 # ---------------------------------------------------------------- seeding ---
 
 
-def seed(world: World, spec: dict) -> dict:
+def seed(world: World, spec: object) -> dict:
     """Adds the resources `spec` describes (README.md, "Seeding") to `world`,
     checking NICs as a PUT would; returns the IDs made, by kind and name."""
     if not isinstance(spec, dict):
