@@ -731,8 +731,9 @@ class Emulator:
     def _commit(self, op):
         t = op["due"]
         try:
-            if op["forcedError"]:
-                raise OperationFailure(**op["forcedError"])
+            forced = op["forcedError"]
+            if forced:
+                raise OperationFailure(forced["code"], forced["message"], forced["httpStatus"])
             op["apply"](t)
         except OperationFailure as f:
             op["error"] = {"errors": [{"code": f.code, "message": f.message}]}
@@ -1549,7 +1550,7 @@ class Emulator:
         if opfail is not None:
             if not isinstance(opfail, dict) or not opfail.get("code"):
                 raise ControlError("operationError is {code, message, httpStatus}")
-            opfail = {"code": opfail["code"], "message": opfail.get("message", opfail["code"]), "http": int(opfail.get("httpStatus", 400))}
+            opfail = {"code": opfail["code"], "message": opfail.get("message", opfail["code"]), "httpStatus": int(opfail.get("httpStatus", 400))}
         reason = data.get("reason") or FAULT_REASONS.get(status, "backendError")
         fault = {
             "id": next(self._fault_ids),

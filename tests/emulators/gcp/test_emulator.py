@@ -433,7 +433,8 @@ class EmulatorTest(unittest.TestCase):
         start = time.time()
         self.assertEqual(self.api("GET", path + "/egress-2")[0], 200)
         self.assertGreaterEqual(time.time() - start, 0.3)
-        self.ctl("POST", "faults", {"api": "targetInstances.insert", "operationError": {"code": "QUOTA_EXCEEDED", "message": "Quota 'TARGET_INSTANCES' exceeded.", "httpStatus": 403}})
+        opfail = {"code": "QUOTA_EXCEEDED", "message": "Quota 'TARGET_INSTANCES' exceeded.", "httpStatus": 403}
+        self.assertEqual(self.ctl("POST", "faults", {"api": "targetInstances.insert", "operationError": opfail})["operationError"], opfail)
         op = self.ok("POST", P + f"zones/{ZONE_A}/targetInstances", body={"name": "ti-a", "instance": "gw-a"})
         done = self.ok("POST", self.op_path(op) + "/wait")
         self.assertEqual(done["error"], {"errors": [{"code": "QUOTA_EXCEEDED", "message": "Quota 'TARGET_INSTANCES' exceeded."}]})
