@@ -1052,6 +1052,8 @@ class Emulator:
     def _address_for(self, region, value):
         """The reserved address a forwarding rule's IPAddress names: an IP, a
         full or partial URL, or a bare name (the forms the reference lists)."""
+        if not isinstance(value, str):
+            raise invalid("resource.IPAddress", value, "Must be a string.")
         addresses = self.addresses.items()
         try:
             ip = str(ipaddress.ip_address(value))
