@@ -272,13 +272,25 @@ enum CloudCommand {
     /// associated, and the subnet's free private addresses: one discovery
     /// with the gateway's credentials, region, endpoint and TLS roots.
     Discover {
-        /// The pool's `spec.cloud.subnetID`.
+        /// The pool's provider: `aws`, `azure` or `gcp`.
+        #[arg(long, default_value = "aws", value_parser = parse_provider)]
+        provider: egret_controlplane::cloud::Provider,
+        /// The pool's subnet (`spec.cloud.aws.subnetId`,
+        /// `spec.cloud.azure.subnetId`, `spec.cloud.gcp.subnetwork`).
         #[arg(long)]
         subnet: String,
         /// A tag of the pool's `spec.cloud.tags` (KEY=VALUE; repeat).
         #[arg(long = "tag", value_parser = parse_tag, required = true)]
         tags: Vec<(String, String)>,
     },
+}
+
+fn parse_provider(s: &str) -> Result<egret_controlplane::cloud::Provider, String> {
+    use egret_controlplane::cloud::Provider;
+    [Provider::Aws, Provider::Azure, Provider::Gcp]
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| format!("{s:?} is not a provider (aws, azure, gcp)"))
 }
 
 fn parse_tag(s: &str) -> Result<(String, String), ArgError> {
@@ -288,7 +300,11 @@ fn parse_tag(s: &str) -> Result<(String, String), ArgError> {
     }
 }
 
-fn cloud_discover(subnet: String, tags: Vec<(String, String)>) -> ExitCode {
+fn cloud_discover(
+    provider: egret_controlplane::cloud::Provider,
+    subnet: String,
+    tags: Vec<(String, String)>,
+) -> ExitCode {
     use egret_controlplane::cloud::{inspect, providers, PoolSelector};
     // The SDK's warnings (no root certificates, a credential source that
     // failed) explain a failure below.
@@ -300,9 +316,9 @@ fn cloud_discover(subnet: String, tags: Vec<(String, String)>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let pool = PoolSelector { tags: tags.into_iter().collect(), subnet_id: subnet };
+    let pool = PoolSelector { provider, tags: tags.into_iter().collect(), subnet_id: subnet };
     let res = rt.block_on(async {
-        let cloud = providers()().await;
+        let cloud = providers()(provider).await;
         inspect::discover(cloud.as_ref(), &pool).await
     });
     match res {
@@ -850,7 +866,7 @@ fn main() -> ExitCode {
         }
         Command::Node(n) => node_main(n),
         Command::Drain { node, undo, kubeconfig } => drain(&node, undo, kubeconfig.as_deref()),
-        Command::Cloud(CloudCommand::Discover { subnet, tags }) => cloud_discover(subnet, tags),
+        Command::Cloud(CloudCommand::Discover { provider, subnet, tags }) => cloud_discover(provider, subnet, tags),
         Command::Sessions { client: c, egress_ip, pod, proto, limit } => {
             let filter = SessionFilter { egress_ip, pod, proto, limit: Some(limit) };
             client(&c, Request::Sessions { filter }, |v| {
@@ -1019,6 +1035,8 @@ mod tests {
         );
         let got = e("egret cloud discover --subnet s --tag =v");
         assert!(got.contains("--tag \"=v\": expected KEY=VALUE"), "{got}");
+        let got = e("egret cloud discover --provider oci --subnet s --tag k=v");
+        assert!(got.contains("\"oci\" is not a provider (aws, azure, gcp)"), "{got}");
         let got = e("egret node --cluster-cidr=10.0.0.0/8,,pods");
         assert!(got.contains("'--cluster-cidr <CLUSTER_CIDR>': \"pods\": "), "{got}");
 

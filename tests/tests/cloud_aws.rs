@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use egret_controlplane::cloud::aws::AwsCloud;
-use egret_controlplane::cloud::{Cloud, PoolSelector, PublicAddress, HELD_ELSEWHERE};
+use egret_controlplane::cloud::{Cloud, PoolSelector, Provider, PublicAddress, HELD_ELSEWHERE};
 use egret_tests::faultproxy::{param, Fault, FaultProxy};
 use egret_tests::moto::{self, Moto};
 
@@ -37,6 +37,7 @@ fn moto_or_skip(test: &str) -> Option<Moto> {
 
 fn selector(subnet_id: &str, tags: &[(&str, &str)]) -> PoolSelector {
     PoolSelector {
+        provider: Provider::Aws,
         tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
         subnet_id: subnet_id.to_owned(),
     }

@@ -75,6 +75,7 @@ mod tests {
     #[test]
     fn the_report_names_each_address_and_what_is_left() {
         let pool = PoolSelector {
+            provider: crate::cloud::Provider::Aws,
             tags: [("egret.dev/pool".to_owned(), "prod".to_owned())].into(),
             subnet_id: "subnet-1".into(),
         };

@@ -38,11 +38,50 @@ pub mod task;
 
 pub use pool_spec::{cloud_spec, PoolView};
 
+/// A cloud provider, as `EgressIPPool.spec.cloud` names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Provider {
+    /// `spec.cloud.aws`: Elastic IPs.
+    #[default]
+    Aws,
+    /// `spec.cloud.azure`: public IP addresses.
+    Azure,
+    /// `spec.cloud.gcp`: static external addresses.
+    Gcp,
+}
+
+impl Provider {
+    /// The name in `spec.cloud`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Aws => "aws",
+            Provider::Azure => "azure",
+            Provider::Gcp => "gcp",
+        }
+    }
+
+    /// Whether each public address stands for a private address of the
+    /// subnet (AWS, Azure: a 1:1 NAT in the provider's network), or is the
+    /// egress IP itself (GCP's protocol forwarding delivers the external
+    /// address unchanged to the holder, which translates to it).
+    pub fn pairs_privately(self) -> bool {
+        !matches!(self, Provider::Gcp)
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Which public addresses and which subnet a cloud pool uses (from
 /// `EgressIPPool.spec.cloud`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolSelector {
-    /// Public addresses carrying all of these tags (`key` -> `value`).
+    /// Whose addresses.
+    pub provider: Provider,
+    /// Public addresses carrying all of these tags (`key` -> `value`; GCP's labels).
     pub tags: BTreeMap<String, String>,
     /// The subnet the gateways' interfaces and the private addresses are in.
     pub subnet_id: String,
@@ -199,55 +238,56 @@ pub fn targets<P: PoolView>(pools: &[P]) -> BTreeMap<IpAddr, task::Target> {
             // A private address two records name (a race the pairing
             // resolves in its next pass): the first pool by name keeps it,
             // as the pairing does.
-            out.entry(private).or_insert(task::Target { subnet_id: s.subnet_id.clone(), public });
+            out.entry(private).or_insert(task::Target { provider: s.provider, subnet_id: s.subnet_id.clone(), public });
         }
     }
     out
 }
 
-/// The providers a gateway can use: AWS, made on first use (credentials,
-/// region and endpoint from the SDK's standard chain, so `AWS_REGION`,
-/// `AWS_ENDPOINT_URL_EC2` and the instance profile or IRSA all work).
-#[cfg(feature = "aws")]
+/// The providers a gateway can use, each made on first use with its
+/// standard credential chain (AWS: `AWS_REGION`, `AWS_ENDPOINT_URL_EC2`, the
+/// instance profile or IRSA). A provider this build does not include (a
+/// cargo feature off) refuses every call for good, naming the feature.
 pub fn providers() -> task::Factory {
-    Box::new(|| Box::pin(async { Arc::new(aws::AwsCloud::load(None, None).await) as Arc<dyn Cloud> }))
+    Box::new(|provider| {
+        Box::pin(async move {
+            match provider {
+                #[cfg(feature = "aws")]
+                Provider::Aws => Arc::new(aws::AwsCloud::load(None, None).await) as Arc<dyn Cloud>,
+                other => Arc::new(NotBuilt(other)) as Arc<dyn Cloud>,
+            }
+        })
+    })
 }
 
-/// A build without the `aws` feature (the fuzz targets): every call fails
-/// for good, naming the missing feature.
-#[cfg(not(feature = "aws"))]
-pub fn providers() -> task::Factory {
-    Box::new(|| Box::pin(async { Arc::new(NoProvider) as Arc<dyn Cloud> }))
-}
-
-#[cfg(not(feature = "aws"))]
+/// A provider this build does not include: every call fails for good,
+/// naming the missing cargo feature.
 #[derive(Debug)]
-struct NoProvider;
+struct NotBuilt(Provider);
 
-#[cfg(not(feature = "aws"))]
-impl NoProvider {
-    fn refuse<T: Send + 'static>(operation: &'static str) -> BoxFuture<'static, Result<T, CloudError>> {
+impl NotBuilt {
+    fn refuse<T: Send + 'static>(&self, operation: &'static str) -> BoxFuture<'static, Result<T, CloudError>> {
+        let name = self.0.name();
         Box::pin(async move {
             Err(CloudError {
                 operation,
                 code: "NotBuilt".into(),
-                message: "this egret was built without the `aws` feature".into(),
+                message: format!("this egret was built without the `{name}` feature"),
                 retryable: false,
             })
         })
     }
 }
 
-#[cfg(not(feature = "aws"))]
-impl Cloud for NoProvider {
+impl Cloud for NotBuilt {
     fn name(&self) -> &'static str {
-        "none"
+        self.0.name()
     }
     fn discover<'a>(&'a self, _: &'a PoolSelector) -> BoxFuture<'a, Result<Discovered, CloudError>> {
-        Self::refuse("discover")
+        self.refuse("discover")
     }
     fn interface<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
-        Self::refuse("interface")
+        self.refuse("interface")
     }
     fn assign<'a>(
         &'a self,
@@ -256,7 +296,7 @@ impl Cloud for NoProvider {
         _: Option<&'a PublicAddress>,
         _: &'a BTreeSet<String>,
     ) -> BoxFuture<'a, Result<(), CloudError>> {
-        Self::refuse("assign")
+        self.refuse("assign")
     }
     fn verify<'a>(
         &'a self,
@@ -264,9 +304,9 @@ impl Cloud for NoProvider {
         _: IpAddr,
         _: Option<&'a PublicAddress>,
     ) -> BoxFuture<'a, Result<bool, CloudError>> {
-        Self::refuse("verify")
+        self.refuse("verify")
     }
     fn release<'a>(&'a self, _: &'a str, _: IpAddr) -> BoxFuture<'a, Result<(), CloudError>> {
-        Self::refuse("release")
+        self.refuse("release")
     }
 }

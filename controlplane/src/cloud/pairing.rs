@@ -108,6 +108,25 @@ pub fn pair(
     out
 }
 
+/// The pairing of a provider whose public addresses are the egress IPs
+/// themselves (GCP's protocol forwarding, [`super::Provider::pairs_privately`]):
+/// each public IPv4 address stands for itself.
+pub fn identity(found: &Discovered) -> Pairing {
+    let mut addresses: Vec<CloudAddressStatus> = found
+        .public
+        .iter()
+        .filter(|p| p.public_ip.is_ipv4())
+        .map(|p| CloudAddressStatus {
+            public_ip: p.public_ip.to_string(),
+            allocation_id: p.allocation_id.clone(),
+            private_ip: p.public_ip.to_string(),
+        })
+        .collect();
+    addresses.sort_by_key(|a| a.public_ip.parse::<IpAddr>().ok());
+    addresses.dedup_by(|a, b| a.public_ip == b.public_ip);
+    Pairing { addresses, unpaired: Vec::new() }
+}
+
 /// The subnet's usable addresses, ascending, that no interface uses and no
 /// pairing took (IPv4: public addresses are IPv4 only).
 fn free_addresses<'a>(
@@ -234,5 +253,32 @@ mod tests {
             &BTreeSet::new(),
         );
         assert_eq!(p.addresses, vec![rec("192.0.2.1", "a", "198.18.1.5"), rec("192.0.2.2", "b", "198.18.1.4")]);
+    }
+
+    #[test]
+    fn an_identity_pairing_is_each_public_address_itself() {
+        let found = Discovered {
+            public: vec![
+                public("203.0.113.9", "projects/p/regions/r/addresses/b", Some("203.0.113.9")),
+                public("203.0.113.7", "projects/p/regions/r/addresses/a", None),
+                public("2001:db8::7", "projects/p/regions/r/addresses/v6", None),
+            ],
+            subnet_cidr: "198.18.1.0/24".parse().unwrap(),
+            used: BTreeSet::new(),
+        };
+        let p = identity(&found);
+        let pairs: Vec<(&str, &str, &str)> = p
+            .addresses
+            .iter()
+            .map(|a| (a.public_ip.as_str(), a.private_ip.as_str(), a.allocation_id.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("203.0.113.7", "203.0.113.7", "projects/p/regions/r/addresses/a"),
+                ("203.0.113.9", "203.0.113.9", "projects/p/regions/r/addresses/b")
+            ]
+        );
+        assert!(p.unpaired.is_empty());
     }
 }

@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Cloud, CloudError, Discovered, Interface, PoolSelector, PublicAddress};
+use super::{Cloud, CloudError, Discovered, Interface, PoolSelector, Provider, PublicAddress};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
@@ -41,15 +41,20 @@ pub const REFUSED_FOR: Duration = Duration::from_secs(60);
 /// A held cloud address: where it must go.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
+    /// Whose address it is.
+    pub provider: Provider,
     /// The pool's subnet (this gateway's interface there receives it).
     pub subnet_id: String,
     /// The public address associated with it.
     pub public: PublicAddress,
 }
 
-/// Makes the provider, once a cloud pool needs it (AWS's credential and
+/// Makes a provider, once a cloud pool needs it (AWS's credential and
 /// region chain may probe the instance metadata service: not before).
-pub type Factory = Box<dyn Fn() -> BoxFuture<'static, Arc<dyn Cloud>> + Send + Sync>;
+pub type Factory = Box<dyn Fn(Provider) -> BoxFuture<'static, Arc<dyn Cloud>> + Send + Sync>;
+
+/// The providers made so far.
+type Providers = BTreeMap<Provider, Arc<dyn Cloud>>;
 
 /// What one address's assignment is doing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +82,9 @@ struct State {
     next_try: BTreeMap<IpAddr, Instant>,
     /// Given up while assigned: (interface, attempts so far).
     releasing: BTreeMap<IpAddr, (String, u32)>,
+    /// Whose each address ever wanted is (its release needs it after it
+    /// left `want`).
+    provider_of: BTreeMap<IpAddr, Provider>,
     /// Interfaces whose source/destination check was reported on.
     check_reported: BTreeSet<String>,
     /// Addresses the provider refused for good, until then.
@@ -147,6 +155,9 @@ impl Clouds {
             if let Some(AddressState::Assigned { interface_id }) = st.addresses.remove(&ip) {
                 st.releasing.insert(ip, (interface_id, 0));
             }
+        }
+        for (ip, t) in &want {
+            st.provider_of.insert(*ip, t.provider);
         }
         st.node_provider_id = provider_id;
         st.pools = pools;
@@ -234,19 +245,24 @@ impl Clouds {
     }
 
     async fn run(self, factory: Factory, resync: Duration, changed: Arc<Notify>) {
-        let mut cloud: Option<Arc<dyn Cloud>> = None;
+        let mut clouds: Providers = BTreeMap::new();
         loop {
-            let needed = {
+            let needed: BTreeSet<Provider> = {
                 let st = self.state.lock();
-                !st.pools.is_empty() || !st.want.is_empty() || !st.releasing.is_empty()
+                st.pools
+                    .values()
+                    .map(|p| p.provider)
+                    .chain(st.want.values().map(|t| t.provider))
+                    .chain(st.releasing.keys().filter_map(|ip| st.provider_of.get(ip).copied()))
+                    .collect()
             };
-            if needed && cloud.is_none() {
-                cloud = Some(factory().await);
+            for p in &needed {
+                if !clouds.contains_key(p) {
+                    let cloud = factory(*p).await;
+                    clouds.insert(*p, cloud);
+                }
             }
-            let next = match &cloud {
-                Some(c) if needed => self.step(c.as_ref(), resync, &changed).await,
-                _ => None,
-            };
+            let next = if needed.is_empty() { None } else { self.step(&clouds, resync, &changed).await };
             let sleep = next.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
             tokio::select! {
                 _ = self.wake.notified() => {}
@@ -256,24 +272,28 @@ impl Clouds {
     }
 
     /// One round: whatever is due. Returns when the next thing is due.
-    async fn step(&self, cloud: &dyn Cloud, resync: Duration, changed: &Notify) -> Option<Instant> {
+    async fn step(&self, clouds: &Providers, resync: Duration, changed: &Notify) -> Option<Instant> {
         let now = Instant::now();
         let (provider_id, pools, want) = {
             let st = self.state.lock();
             (st.node_provider_id.clone(), st.pools.clone(), st.want.clone())
         };
         // This gateway's interface in each subnet that a pool or a held address uses.
-        let subnets: BTreeSet<String> =
-            pools.values().map(|p| p.subnet_id.clone()).chain(want.values().map(|t| t.subnet_id.clone())).collect();
-        let mut dirty = self.find_interfaces(cloud, provider_id.as_deref(), &subnets, now, resync).await;
+        let subnets: BTreeSet<(Provider, String)> = pools
+            .values()
+            .map(|p| (p.provider, p.subnet_id.clone()))
+            .chain(want.values().map(|t| (t.provider, t.subnet_id.clone())))
+            .collect();
+        let mut dirty = self.find_interfaces(clouds, provider_id.as_deref(), &subnets, now, resync).await;
         // Held addresses first (a take-over waits for them).
-        dirty |= self.assign_held(cloud, &want, now, resync).await;
-        dirty |= self.verify_assigned(cloud, &want, now, resync).await;
-        self.release_given_up(cloud, &want, now).await;
-        dirty |= self.discover_pools(cloud, &pools, now, resync).await;
+        dirty |= self.assign_held(clouds, &want, now, resync).await;
+        dirty |= self.verify_assigned(clouds, &want, now, resync).await;
+        self.release_given_up(clouds, &want, now).await;
+        dirty |= self.discover_pools(clouds, &pools, now, resync).await;
         if dirty {
             changed.notify_one();
         }
+        let subnets = subnets.into_iter().map(|(_, s)| s).collect();
         self.next_due(&subnets, &pools, &want, now)
     }
 
@@ -281,14 +301,15 @@ impl Clouds {
     /// (or [`BACKOFF_MAX`] after a failure). Returns whether any changed.
     async fn find_interfaces(
         &self,
-        cloud: &dyn Cloud,
+        clouds: &Providers,
         provider_id: Option<&str>,
-        subnets: &BTreeSet<String>,
+        subnets: &BTreeSet<(Provider, String)>,
         now: Instant,
         resync: Duration,
     ) -> bool {
         let mut dirty = false;
-        for subnet in subnets {
+        for (provider, subnet) in subnets {
+            let Some(cloud) = clouds.get(provider) else { continue };
             if self.state.lock().next_interface.get(subnet).is_some_and(|t| *t > now) {
                 continue;
             }
@@ -307,7 +328,8 @@ impl Clouds {
                     if st.check_reported.insert(i.interface_id.clone()) {
                         tracing::warn!(
                             interface = %i.interface_id, instance = %i.instance_id,
-                            "source/destination check is on: the VPC drops the pods' traffic this gateway receives; turn it off (docs/kubernetes.md, Running on AWS)"
+                            provider = %provider,
+                            "the provider's anti-spoofing check is on (AWS: source/destination check; Azure: IP forwarding off; GCP: canIpForward false): the network drops the pods' traffic this gateway receives; turn it off (docs/kubernetes.md)"
                         );
                     }
                 }
@@ -330,13 +352,14 @@ impl Clouds {
     /// Returns whether any became assigned or refused.
     async fn assign_held(
         &self,
-        cloud: &dyn Cloud,
+        clouds: &Providers,
         want: &BTreeMap<IpAddr, Target>,
         now: Instant,
         resync: Duration,
     ) -> bool {
         let mut dirty = false;
         for (ip, target) in want {
+            let Some(cloud) = clouds.get(&target.provider) else { continue };
             let (due, interface, attempts, gateways) = {
                 let st = self.state.lock();
                 let due = !matches!(st.addresses.get(ip), Some(AddressState::Assigned { .. }))
@@ -417,13 +440,14 @@ impl Clouds {
     /// nothing: it is no evidence of drift. Returns whether any changed.
     async fn verify_assigned(
         &self,
-        cloud: &dyn Cloud,
+        clouds: &Providers,
         want: &BTreeMap<IpAddr, Target>,
         now: Instant,
         resync: Duration,
     ) -> bool {
         let mut dirty = false;
         for (ip, target) in want {
+            let Some(cloud) = clouds.get(&target.provider) else { continue };
             let (interface_id, gateways) = {
                 let st = self.state.lock();
                 let Some(AddressState::Assigned { interface_id }) = st.addresses.get(ip) else { continue };
@@ -454,7 +478,7 @@ impl Clouds {
     }
 
     /// Releases the addresses given up (out of the tables already).
-    async fn release_given_up(&self, cloud: &dyn Cloud, want: &BTreeMap<IpAddr, Target>, now: Instant) {
+    async fn release_given_up(&self, clouds: &Providers, want: &BTreeMap<IpAddr, Target>, now: Instant) {
         {
             let mut st = self.state.lock();
             let gone: Vec<IpAddr> = st.addresses.keys().filter(|ip| !want.contains_key(ip)).copied().collect();
@@ -465,15 +489,16 @@ impl Clouds {
                 }
             }
         }
-        let releasing: Vec<(IpAddr, String, u32)> = {
+        let releasing: Vec<(IpAddr, String, u32, Option<Arc<dyn Cloud>>)> = {
             let st = self.state.lock();
             st.releasing
                 .iter()
                 .filter(|(ip, _)| !want.contains_key(ip) && st.next_try.get(ip).is_none_or(|t| *t <= now))
-                .map(|(ip, (i, n))| (*ip, i.clone(), *n))
+                .map(|(ip, (i, n))| (*ip, i.clone(), *n, st.provider_of.get(ip).and_then(|p| clouds.get(p)).cloned()))
                 .collect()
         };
-        for (ip, interface_id, n) in releasing {
+        for (ip, interface_id, n, cloud) in releasing {
+            let Some(cloud) = cloud else { continue };
             let r = cloud.release(&interface_id, ip).await;
             let mut st = self.state.lock();
             match r {
@@ -497,13 +522,14 @@ impl Clouds {
     /// after failures). Returns whether any answer changed.
     async fn discover_pools(
         &self,
-        cloud: &dyn Cloud,
+        clouds: &Providers,
         pools: &BTreeMap<String, PoolSelector>,
         now: Instant,
         resync: Duration,
     ) -> bool {
         let mut dirty = false;
         for (name, sel) in pools {
+            let Some(cloud) = clouds.get(&sel.provider) else { continue };
             if self.state.lock().next_discovery.get(name).is_some_and(|t| *t > now) {
                 continue;
             }
@@ -678,6 +704,7 @@ mod tests {
 
     fn target() -> Target {
         Target {
+            provider: Provider::Aws,
             subnet_id: "subnet-1".into(),
             public: PublicAddress {
                 public_ip: "192.0.2.7".parse().unwrap(),
@@ -706,7 +733,7 @@ mod tests {
     async fn an_address_is_translated_to_only_once_assigned_and_released_when_given_up() {
         let script = Arc::new(Mutex::new(Script { assign_failures: 2, ..Default::default() }));
         let s2 = script.clone();
-        let factory: Factory = Box::new(move || {
+        let factory: Factory = Box::new(move |_| {
             let s = s2.clone();
             Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
         });
@@ -715,7 +742,11 @@ mod tests {
         let ip: IpAddr = "198.18.1.40".parse().unwrap();
         let pools = BTreeMap::from([(
             "p".to_string(),
-            PoolSelector { tags: [("k".into(), "v".into())].into(), subnet_id: "subnet-1".into() },
+            PoolSelector {
+                provider: Provider::Aws,
+                tags: [("k".into(), "v".into())].into(),
+                subnet_id: "subnet-1".into(),
+            },
         )]);
         c.update(Some("aws:///z/i-1".into()), gateways(), pools.clone(), BTreeMap::from([(ip, target())]));
         // Two throttled attempts: not assigned, so not translated to.
@@ -738,7 +769,7 @@ mod tests {
     async fn stopping_for_good_releases_every_assigned_address() {
         let script = Arc::new(Mutex::new(Script::default()));
         let s2 = script.clone();
-        let factory: Factory = Box::new(move || {
+        let factory: Factory = Box::new(move |_| {
             let s = s2.clone();
             Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
         });
@@ -746,7 +777,11 @@ mod tests {
         let ips: Vec<IpAddr> = ["198.18.1.40", "198.18.1.41"].iter().map(|s| s.parse().unwrap()).collect();
         let pools = BTreeMap::from([(
             "p".to_string(),
-            PoolSelector { tags: [("k".into(), "v".into())].into(), subnet_id: "subnet-1".into() },
+            PoolSelector {
+                provider: Provider::Aws,
+                tags: [("k".into(), "v".into())].into(),
+                subnet_id: "subnet-1".into(),
+            },
         )]);
         c.update(Some("aws:///z/i-1".into()), gateways(), pools, ips.iter().map(|ip| (*ip, target())).collect());
         settle(&c, |c| c.assigned().len() == 2).await;
@@ -762,7 +797,7 @@ mod tests {
     async fn an_address_refused_for_good_is_withdrawn_and_a_lost_lease_forgets_the_assignment() {
         let script = Arc::new(Mutex::new(Script { assign_refused: true, ..Default::default() }));
         let s2 = script.clone();
-        let factory: Factory = Box::new(move || {
+        let factory: Factory = Box::new(move |_| {
             let s = s2.clone();
             Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
         });
@@ -789,7 +824,7 @@ mod tests {
     async fn a_drifted_assignment_is_made_again_and_counted() {
         let script = Arc::new(Mutex::new(Script::default()));
         let s2 = script.clone();
-        let factory: Factory = Box::new(move || {
+        let factory: Factory = Box::new(move |_| {
             let s = s2.clone();
             Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
         });
@@ -822,7 +857,7 @@ mod tests {
     async fn a_drifted_assignment_that_cannot_be_made_again_is_no_longer_served() {
         let script = Arc::new(Mutex::new(Script::default()));
         let s2 = script.clone();
-        let factory: Factory = Box::new(move || {
+        let factory: Factory = Box::new(move |_| {
             let s = s2.clone();
             Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
         });

@@ -282,6 +282,40 @@ pub struct PoolCloudSpec {
     /// address of the gateways' subnet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aws: Option<AwsPoolSpec>,
+    /// Azure: public IP addresses found by tag, each paired with a private
+    /// address of the gateways' subnet (a secondary IP configuration on the
+    /// holder's NIC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub azure: Option<AzurePoolSpec>,
+    /// GCP: static external addresses found by label, delivered to the
+    /// holder by protocol forwarding (the egress IP is the external address
+    /// itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gcp: Option<GcpPoolSpec>,
+}
+
+/// An Azure pool: the public IP addresses carrying all of `tags`, paired
+/// with private addresses of `subnetId` (restricted to the pool's
+/// `addresses` when set).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AzurePoolSpec {
+    /// Tags a public IP address must carry, all of them.
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// The ARM id of the gateways' subnet
+    /// (`/subscriptions/S/resourceGroups/RG/providers/Microsoft.Network/virtualNetworks/V/subnets/N`).
+    pub subnet_id: String,
+}
+
+/// A GCP pool: the regional static external addresses carrying all of
+/// `labels`, in the region of `subnetwork`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GcpPoolSpec {
+    /// Labels an address must carry, all of them.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The gateways' subnetwork (`projects/P/regions/R/subnetworks/S`).
+    pub subnetwork: String,
 }
 
 /// An AWS pool: the Elastic IPs carrying all of `tags`, paired with private

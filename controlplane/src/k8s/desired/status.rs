@@ -380,7 +380,11 @@ fn cloud_synced(
                 .map(|(_, _, ip)| *ip)
                 .chain(cloud_proposed.iter().filter(|(s, _)| *s == sel.subnet_id).map(|(_, ip)| *ip))
                 .collect();
-            let pairing = crate::cloud::pairing::pair(recorded, found, Some(&allowed), &others);
+            let pairing = if sel.provider.pairs_privately() {
+                crate::cloud::pairing::pair(recorded, found, Some(&allowed), &others)
+            } else {
+                crate::cloud::pairing::identity(found)
+            };
             cloud_proposed.extend(
                 pairing.addresses.iter().filter_map(|a| Some((sel.subnet_id.clone(), a.private_ip.parse().ok()?))),
             );

@@ -406,14 +406,59 @@ fn unusable_pools_say_why() {
             "spec.addresses[1]: \"x\" is not a CIDR, a first-last range or an address",
         ),
         (
-            EgressIPPoolSpec { cloud: Some(PoolCloudSpec { aws: None }), ..Default::default() },
+            EgressIPPoolSpec { cloud: Some(PoolCloudSpec::default()), ..Default::default() },
             reason::CLOUD_NOT_SUPPORTED,
-            "spec.cloud: names no provider; set spec.cloud.aws",
+            "spec.cloud: names no provider; set spec.cloud.aws, spec.cloud.azure or spec.cloud.gcp",
+        ),
+        (
+            EgressIPPoolSpec {
+                cloud: Some(PoolCloudSpec {
+                    gcp: gcp_pool(&[("pool", "prod")], "projects/p/regions/r/subnetworks/s").gcp,
+                    ..aws_pool(&[("egret.dev/pool", "prod")], "subnet-0a1b")
+                }),
+                ..Default::default()
+            },
+            reason::INVALID_SPEC,
+            "spec.cloud: names 2 providers (aws, gcp); a pool's addresses come from one",
+        ),
+        (
+            EgressIPPoolSpec { cloud: Some(azure_pool(&[("pool", "prod")], "subnet-0a1b")), ..Default::default() },
+            reason::INVALID_SPEC,
+            "spec.cloud.azure.subnetId: \"subnet-0a1b\" is not a subnet's resource ID (/subscriptions/S/resourceGroups/RG/providers/Microsoft.Network/virtualNetworks/V/subnets/N)",
+        ),
+        (
+            EgressIPPoolSpec { cloud: Some(azure_pool(&[], AZURE_SUBNET)), ..Default::default() },
+            reason::INVALID_SPEC,
+            "spec.cloud.azure.tags: empty; name the tags that mark this pool's public addresses (an empty set would take every address of the account)",
+        ),
+        (
+            EgressIPPoolSpec { cloud: Some(gcp_pool(&[("Pool", "prod")], "projects/p/regions/r/subnetworks/s")), ..Default::default() },
+            reason::INVALID_SPEC,
+            "spec.cloud.gcp.labels: \"Pool\": \"prod\" is not a GCP label (a key starts with a lowercase letter; keys and values are at most 63 lowercase letters, digits, '_' and '-')",
+        ),
+        (
+            EgressIPPoolSpec { cloud: Some(gcp_pool(&[("pool", "prod")], "regions/r/subnetworks/s")), ..Default::default() },
+            reason::INVALID_SPEC,
+            "spec.cloud.gcp.subnetwork: \"regions/r/subnetworks/s\" is not a subnetwork (projects/P/regions/R/subnetworks/S)",
+        ),
+        (
+            EgressIPPoolSpec {
+                addresses: vec!["203.0.113.0/28".into()],
+                cloud: Some(gcp_pool(&[("pool", "prod")], "projects/p/regions/r/subnetworks/s")),
+                ..Default::default()
+            },
+            reason::INVALID_SPEC,
+            "spec.addresses: [\"203.0.113.0/28\"] with spec.cloud.gcp: a GCP pool's egress IPs are its labelled external addresses themselves; remove spec.addresses",
+        ),
+        (
+            EgressIPPoolSpec { cloud: Some(azure_pool(&[("pool", "prod")], AZURE_SUBNET)), ..Default::default() },
+            reason::CLOUD_DISCOVERING,
+            "waiting for the first answer from the cloud provider",
         ),
         (
             EgressIPPoolSpec { cloud: Some(aws_pool(&[], "subnet-0a1b")), ..Default::default() },
             reason::INVALID_SPEC,
-            "spec.cloud.aws.tags: empty; name the tags that mark this pool's Elastic IPs (an empty set would take every Elastic IP of the account)",
+            "spec.cloud.aws.tags: empty; name the tags that mark this pool's public addresses (an empty set would take every address of the account)",
         ),
         (
             EgressIPPoolSpec { cloud: Some(aws_pool(&[("egret.dev/pool", "prod")], "vpc-0a1b")), ..Default::default() },
@@ -427,7 +472,7 @@ fn unusable_pools_say_why() {
                 ..Default::default()
             },
             reason::INVALID_ADDRESS,
-            "spec.addresses: IPv6 with spec.cloud.aws: Elastic IPs are IPv4; an IPv6 pool needs no cloud section",
+            "spec.addresses: IPv6 with spec.cloud.aws: the public addresses are IPv4; an IPv6 pool needs no cloud section",
         ),
         (
             EgressIPPoolSpec { cloud: Some(aws_pool(&[("egret.dev/pool", "prod")], "subnet-0a1b")), ..Default::default() },
@@ -456,7 +501,77 @@ fn aws_pool(tags: &[(&str, &str)], subnet: &str) -> PoolCloudSpec {
             tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             subnet_id: subnet.into(),
         }),
+        ..Default::default()
     }
+}
+
+const AZURE_SUBNET: &str =
+    "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/v/subnets/gw";
+
+fn azure_pool(tags: &[(&str, &str)], subnet: &str) -> PoolCloudSpec {
+    PoolCloudSpec {
+        azure: Some(crate::k8s::crd::AzurePoolSpec {
+            tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            subnet_id: subnet.into(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn gcp_pool(labels: &[(&str, &str)], subnetwork: &str) -> PoolCloudSpec {
+    PoolCloudSpec {
+        gcp: Some(crate::k8s::crd::GcpPoolSpec {
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            subnetwork: subnetwork.into(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// GCP's protocol forwarding delivers the external address itself: a GCP
+/// pool's egress IPs are its labelled addresses, each "paired" with itself,
+/// whatever the subnet holds.
+#[test]
+fn a_gcp_pool_serves_its_external_addresses_themselves() {
+    use crate::cloud::{Discovered, PublicAddress};
+    let mut obs = cluster();
+    obs.pools.push(PoolInfo {
+        name: "ext".into(),
+        generation: Some(1),
+        spec: EgressIPPoolSpec {
+            cloud: Some(gcp_pool(&[("pool", "prod")], "projects/p/regions/r/subnetworks/gw")),
+            ..Default::default()
+        },
+        status: None,
+    });
+    let mut pol = team_policy("pooled", 0, &[]);
+    pol.spec.pool = Some(PoolRef { name: "ext".into(), count: Some(1) });
+    obs.policies.push(pol);
+    let addr = |p: &str, name: &str| PublicAddress {
+        public_ip: ip(p),
+        allocation_id: format!("projects/p/regions/r/addresses/{name}"),
+        private_ip: None,
+        interface_id: None,
+    };
+    let found = Discovered {
+        public: vec![addr("198.51.100.9", "b"), addr("198.51.100.7", "a")],
+        subnet_cidr: "198.18.1.0/24".parse().unwrap(),
+        used: [ip("198.18.1.2")].into(),
+    };
+    obs.cloud.insert("ext".into(), Ok(found));
+    let d = desired(&obs, &local(), t(10));
+    let ps = &d.pool_status["ext"];
+    let pairs: Vec<(&str, &str)> =
+        ps.cloud_addresses.iter().map(|a| (a.public_ip.as_str(), a.private_ip.as_str())).collect();
+    assert_eq!(pairs, [("198.51.100.7", "198.51.100.7"), ("198.51.100.9", "198.51.100.9")]);
+    assert_eq!(cond(&ps.clone().into_status_for_test(), condition::CLOUD_SYNCED).reason, reason::VALID);
+    obs.pools[0].status = Some(ps.clone());
+    let d = desired(&obs, &local(), t(11));
+    obs.pools[0].status = Some(d.pool_status["ext"].clone());
+    let d = desired(&obs, &local(), t(12));
+    let e = &d.policy_status["pooled"].egress_ips[0];
+    assert_eq!((e.ip.as_str(), e.public_ip.as_deref()), ("198.51.100.7", Some("198.51.100.7")));
+    assert!(d.ips.contains_key(&ip("198.51.100.7")), "{:?}", d.ips.keys());
 }
 
 #[test]
