@@ -31,7 +31,10 @@
 //! the other gateway behind Egret's back (the holder's next refresh
 //! associates it again); a SIGKILL of the holder moves the Lease, the
 //! association and the traffic to the other gateway (time measured from
-//! the kill to the first new connection seen with the address); no packet
+//! the kill to the first new connection seen with the address); the
+//! Elastic IP in use retagged out of the pool (the policy moves to the
+//! pool's other address and Elastic IP, the first private address is
+//! released); no packet
 //! with the pod's own address upstream at any time; an uninstall (the
 //! gateways' DaemonSet deleted, then the last gateway stopped) releases the
 //! private address from its interface.
@@ -75,6 +78,8 @@ const NAME: &str = "k8s_cloud_elastic_ip_moves_with_its_lease";
 /// The private address the pool's first Elastic IP is paired with: the
 /// lowest of the pool's range (the gateways' own .21/.22 are outside it).
 const PRIVATE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 40);
+/// The private address the pool's second Elastic IP is paired with.
+const SECOND: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 41);
 const SUBNET_CIDR: &str = "203.0.113.0/24";
 const ZONE: &str = "us-east-1a";
 /// The gateways' `kubernetes.resyncPeriod`: how often they ask EC2 again.
@@ -175,12 +180,18 @@ async fn interface_addresses(ec2: &aws_sdk_ec2::Client, eni: &str) -> Vec<String
 /// when each move happened.
 struct VpcRouting {
     stop: Arc<AtomicBool>,
-    moves: Arc<Mutex<Vec<(Instant, Gw)>>>,
+    moves: Arc<Mutex<Vec<(Instant, Ipv4Addr, Gw)>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl VpcRouting {
-    fn start(lab: &K8sLab, endpoint: String, allocation: String, by_interface: BTreeMap<String, Gw>) -> VpcRouting {
+    /// Follows each Elastic IP of `follow` (allocation, the private address it stands for).
+    fn start(
+        lab: &K8sLab,
+        endpoint: String,
+        follow: Vec<(String, Ipv4Addr)>,
+        by_interface: BTreeMap<String, Gw>,
+    ) -> VpcRouting {
         let stop = Arc::new(AtomicBool::new(false));
         let moves = Arc::new(Mutex::new(Vec::new()));
         let node = NetNs::existing(lab.node().name()).expect("the node router's namespace");
@@ -189,17 +200,19 @@ impl VpcRouting {
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let ec2 = egret_tests::moto::client_for(&endpoint);
-            let mut current: Option<Gw> = None;
+            let mut current: BTreeMap<Ipv4Addr, Gw> = BTreeMap::new();
             while !s.load(Ordering::Relaxed) {
-                let now =
-                    rt.block_on(associated_interface(&ec2, &allocation)).and_then(|i| by_interface.get(&i).copied());
-                if let Some(g) = now.filter(|g| Some(*g) != current) {
-                    let mac = g.mac().iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
-                    let cmd = format!("neigh replace {PRIVATE} lladdr {mac} dev lan0 nud permanent");
-                    node.ip_batch(std::slice::from_ref(&cmd)).expect("pin the node router's neighbour");
-                    up.ip_batch(&[cmd]).expect("pin the upstream router's neighbour");
-                    m.lock().unwrap().push((Instant::now(), g));
-                    current = Some(g);
+                for (allocation, private) in &follow {
+                    let now =
+                        rt.block_on(associated_interface(&ec2, allocation)).and_then(|i| by_interface.get(&i).copied());
+                    if let Some(g) = now.filter(|g| current.get(private) != Some(g)) {
+                        let mac = g.mac().iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+                        let cmd = format!("neigh replace {private} lladdr {mac} dev lan0 nud permanent");
+                        node.ip_batch(std::slice::from_ref(&cmd)).expect("pin the node router's neighbour");
+                        up.ip_batch(&[cmd]).expect("pin the upstream router's neighbour");
+                        m.lock().unwrap().push((Instant::now(), *private, g));
+                        current.insert(*private, g);
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -207,8 +220,13 @@ impl VpcRouting {
         VpcRouting { stop, moves, thread: Some(thread) }
     }
 
+    /// The moves of [`PRIVATE`]'s Elastic IP.
     fn moves(&self) -> Vec<(Instant, Gw)> {
-        self.moves.lock().unwrap().clone()
+        self.moves_of(PRIVATE)
+    }
+
+    fn moves_of(&self, private: Ipv4Addr) -> Vec<(Instant, Gw)> {
+        self.moves.lock().unwrap().iter().filter(|(_, p, _)| *p == private).map(|(t, _, g)| (*t, *g)).collect()
     }
 }
 
@@ -257,7 +275,12 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
 
     let by_interface: BTreeMap<String, Gw> = vpc.interface.iter().map(|(g, i)| (i.clone(), *g)).collect();
     let first = vpc.tagged[0].clone();
-    let routing = VpcRouting::start(lab, moto.endpoint().to_string(), first.1.clone(), by_interface.clone());
+    let routing = VpcRouting::start(
+        lab,
+        moto.endpoint().to_string(),
+        vec![(first.1.clone(), PRIVATE), (vpc.tagged[1].1.clone(), SECOND)],
+        by_interface.clone(),
+    );
     let capture = Capture::start(lab.upstream(), "lan0").expect("capture the upstream link");
 
     // The channel between the gateways, as deployed by default: a SIGKILL
@@ -366,7 +389,11 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
         outage.as_millis()
     );
 
-    // 5. Never the pod's own address upstream.
+    // 5. The Elastic IP in use retagged out of the pool: the policy moves to
+    // the pool's other address, and the first private address is released.
+    retag_out_of_the_pool(&rt, &client, &ec2, lab, &routing, &vpc, &first.1, other);
+
+    // 6. Never the pod's own address upstream.
     let frames = capture.stop().expect("stop the capture");
     // A frame from the node router to a gateway that the bridge floods past
     // the upstream router is not a leak; one to the upstream router, or one
@@ -382,21 +409,17 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
         .collect();
     assert!(leaked.is_empty(), "the pod's own address reached the upstream link: {leaked:?}");
 
-    // 6. An uninstall (the DaemonSet deleted, then the last gateway
+    // 7. An uninstall (the DaemonSet deleted, then the last gateway
     // stopped) leaves the private address assigned to no gateway interface.
     let on_other = || rt.block_on(interface_addresses(&ec2, &vpc.interface[&other]));
-    assert!(on_other().contains(&PRIVATE.to_string()), "{} holds {PRIVATE}: {:?}", other.node_name(), on_other());
+    assert!(on_other().contains(&SECOND.to_string()), "{} holds {SECOND}: {:?}", other.node_name(), on_other());
     rt.block_on(delete_daemonset(&client, "egret-gateway"));
     let t = Instant::now();
     gws.get_mut(&other).unwrap().terminate().expect("SIGTERM the last gateway");
     let left = on_other();
-    assert!(
-        !left.contains(&PRIVATE.to_string()),
-        "uninstalled: {PRIVATE} released from {}: {left:?}",
-        other.node_name()
-    );
+    assert!(!left.contains(&SECOND.to_string()), "uninstalled: {SECOND} released from {}: {left:?}", other.node_name());
     println!(
-        "k8s-cloud: uninstall: {PRIVATE} released from {} in {} ms",
+        "k8s-cloud: uninstall: {SECOND} released from {} in {} ms",
         vpc.interface[&other],
         t.elapsed().as_millis()
     );
@@ -474,6 +497,69 @@ fn drain_with_api_errors(
     );
     drain(false);
     other
+}
+
+/// The Elastic IP the policy uses loses the pool's tag: the next discovery
+/// drops it from the pairing, the policy takes the pool's other address
+/// (whose Elastic IP the holder associates), and the first private address
+/// is released from the holder's interface. The lab's node router is then
+/// pointed at the new address (what the node agent does on a worker), and
+/// the pod leaves with it.
+#[allow(clippy::too_many_arguments)]
+fn retag_out_of_the_pool(
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    ec2: &aws_sdk_ec2::Client,
+    lab: &K8sLab,
+    routing: &VpcRouting,
+    vpc: &Vpc,
+    allocation: &str,
+    holder: Gw,
+) {
+    let http = SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT);
+    let t = Instant::now();
+    rt.block_on(egret_tests::moto::set_tags(ec2, allocation, &[("egret.dev/pool", "retired")]))
+        .expect("retag the Elastic IP");
+    let pools: Api<EgressIPPool> = Api::all(client.clone());
+    let policies: Api<egret_controlplane::k8s::crd::EgressPolicy> = Api::all(client.clone());
+    let deadline = t + RESYNC * 4;
+    let second_public = vpc.tagged[1].0.to_string();
+    loop {
+        let pool = rt.block_on(pools.get("eips")).expect("get the pool");
+        let paired: Vec<String> =
+            pool.status.iter().flat_map(|s| s.cloud_addresses.iter()).map(|a| a.public_ip.clone()).collect();
+        let policy = rt.block_on(policies.get("db")).expect("get the policy");
+        let ips: Vec<(String, Option<String>)> = policy
+            .status
+            .iter()
+            .flat_map(|s| s.egress_ips.iter())
+            .map(|e| (e.ip.clone(), e.public_ip.clone()))
+            .collect();
+        if paired == [second_public.clone()] && ips == [(SECOND.to_string(), Some(second_public.clone()))] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "after the retag: pool {paired:?}, policy {ips:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let moved = t.elapsed();
+    // The first private address leaves the holder's interface.
+    while rt.block_on(interface_addresses(ec2, &vpc.interface[&holder])).contains(&PRIVATE.to_string()) {
+        assert!(Instant::now() < deadline, "{PRIVATE} never released after the retag");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let released = t.elapsed();
+    lab.node()
+        .ip_batch(&[format!("route replace default via {SECOND} dev lan0 table 111")])
+        .expect("point the node router at the new address");
+    let (seen, _) = probe::wait_source(lab.pod(KPod::Db), http, SECOND.into(), Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("db never left with {SECOND} after the retag: {e}"));
+    let on = routing.moves_of(SECOND).last().map(|m| m.1);
+    assert_eq!(on, Some(holder), "the second Elastic IP is on {}'s interface", holder.node_name());
+    println!(
+        "k8s-cloud: retag: the policy on {SECOND} ({second_public}) after {} ms, {PRIVATE} released after {} ms; db leaves as {seen}",
+        moved.as_millis(),
+        released.as_millis()
+    );
 }
 
 /// Someone moves the Elastic IP to the other gateway's interface behind
