@@ -316,7 +316,7 @@ fn cloud_discover(
             return ExitCode::FAILURE;
         }
     };
-    let pool = PoolSelector { provider, tags: tags.into_iter().collect(), subnet_id: subnet };
+    let pool = PoolSelector { provider, tags: tags.into_iter().collect(), subnet_id: subnet, ipv6: false };
     let res = rt.block_on(async {
         let cloud = providers()(provider).await;
         inspect::discover(cloud.as_ref(), &pool).await

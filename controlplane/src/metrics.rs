@@ -366,9 +366,9 @@ fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
         "cloud_address_assigned",
         "1 while the cloud address the gateway holds a Lease for is on its interface (only then is it translated to).",
     )?;
-    for l in c.leases.iter().filter(|l| l.held_here || l.cloud.is_some()) {
-        let Some(public) = l.public_ip else { continue };
-        let (ip, public) = (l.ip.to_string(), public.to_string());
+    for l in c.leases.iter().filter(|l| l.cloud.is_some() || (l.held_here && l.public_ip.is_some())) {
+        // An IPv6 cloud address has no public address: an empty label.
+        let (ip, public) = (l.ip.to_string(), l.public_ip.map(|p| p.to_string()).unwrap_or_default());
         let assigned = l.cloud.as_deref().is_some_and(|s| s.starts_with("assigned"));
         f.sample(&[("egress_ip", &ip), ("public_ip", &public)], u64::from(assigned))?;
     }

@@ -435,6 +435,29 @@ pub async fn add_secondary(ec2: &aws_sdk_ec2::Client, eni_id: &str, ip: IpAddr) 
         .map(drop)
 }
 
+/// Associates the IPv6 block `cidr` with `subnet_id` (moto does not check
+/// it against the VPC's: tests use the documentation prefix, 2001:db8::/32).
+pub async fn add_subnet_ipv6(ec2: &aws_sdk_ec2::Client, subnet_id: &str, cidr: &str) -> Result<()> {
+    ec2.associate_subnet_cidr_block()
+        .subnet_id(subnet_id)
+        .ipv6_cidr_block(cidr)
+        .send()
+        .await
+        .map_err(seed_err("AssociateSubnetCidrBlock"))
+        .map(drop)
+}
+
+/// Adds `ip` as an IPv6 address of `eni_id`.
+pub async fn add_ipv6(ec2: &aws_sdk_ec2::Client, eni_id: &str, ip: IpAddr) -> Result<()> {
+    ec2.assign_ipv6_addresses()
+        .network_interface_id(eni_id)
+        .ipv6_addresses(ip.to_string())
+        .send()
+        .await
+        .map_err(seed_err("AssignIpv6Addresses"))
+        .map(drop)
+}
+
 /// Allocates an Elastic IP carrying `tags`.
 pub async fn allocate_eip(ec2: &aws_sdk_ec2::Client, tags: &[(&str, &str)]) -> Result<Eip> {
     let mut req = ec2.allocate_address().domain(aws_sdk_ec2::types::DomainType::Vpc);

@@ -40,6 +40,7 @@ fn selector(subnet_id: &str, tags: &[(&str, &str)]) -> PoolSelector {
         provider: Provider::Aws,
         tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
         subnet_id: subnet_id.to_owned(),
+        ipv6: false,
     }
 }
 
@@ -419,6 +420,63 @@ async fn verify_reads_drift_from_the_providers_view() {
     proxy.arm("DescribeNetworkInterfaces", Fault::throttled(), 1);
     let e = cloud.verify(&gw_a.eni_id, private, None).await.unwrap_err();
     assert!(e.retryable, "{e}");
+    moto.stop().unwrap();
+}
+
+/// An IPv6 pool has no Elastic IPs: its own addresses (of the subnet's IPv6
+/// range) move with their Leases. IPv6 has no reassignment flag, so a move
+/// unassigns the address from the other gateway's ENI first; an address on
+/// an ENI that is not a gateway's is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_address_moves_between_gateways_without_an_elastic_ip() {
+    let Some(moto) = moto_or_skip("an_ipv6_address_moves_between_gateways_without_an_elastic_ip") else { return };
+    let ec2 = moto.client();
+    let net = moto::create_network(&ec2).await.unwrap();
+    moto::add_subnet_ipv6(&ec2, &net.subnet_id, "2001:db8:1::/64").await.unwrap();
+    let gw_a = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let gw_b = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
+    let other = moto::run_instance(&ec2, &net, &net.subnet_id, true).await.unwrap();
+    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
+    let gateways = BTreeSet::from([gw_a.provider_id.clone(), gw_b.provider_id.clone()]);
+    let pool = PoolSelector { ipv6: true, tags: BTreeMap::new(), ..selector(&net.subnet_id, &[]) };
+    let addr = ip("2001:db8:1::100");
+
+    let found = cloud.discover(&pool).await.unwrap();
+    assert_eq!(found.subnet_cidr, "2001:db8:1::/64".parse().unwrap());
+    assert!(found.public.is_empty() && proxy.requests("DescribeAddresses").is_empty(), "no Elastic IPs are asked for");
+
+    cloud.assign(&gw_a.eni_id, addr, None, &gateways).await.unwrap();
+    assert!(cloud.verify(&gw_a.eni_id, addr, None).await.unwrap());
+    assert!(cloud.discover(&pool).await.unwrap().used.contains(&addr), "an assigned address is in use");
+
+    // The move: off A's ENI, onto B's.
+    cloud.assign(&gw_b.eni_id, addr, None, &gateways).await.unwrap();
+    let unassigned = proxy.requests("UnassignIpv6Addresses");
+    assert_eq!(unassigned.len(), 1, "{unassigned:?}");
+    assert_eq!(param(&unassigned[0], "NetworkInterfaceId"), Some(gw_a.eni_id.as_str()));
+    assert_eq!(param(&unassigned[0], "Ipv6Addresses.1"), Some("2001:db8:1::100"));
+    let assigned = proxy.requests("AssignIpv6Addresses");
+    assert_eq!(param(&assigned[1], "NetworkInterfaceId"), Some(gw_b.eni_id.as_str()));
+    assert!(!cloud.verify(&gw_a.eni_id, addr, None).await.unwrap());
+    assert!(cloud.verify(&gw_b.eni_id, addr, None).await.unwrap());
+    // Again (a take-over on a stale read): the call is made, nothing breaks.
+    cloud.assign(&gw_b.eni_id, addr, None, &gateways).await.unwrap();
+    assert_eq!(proxy.requests("AssignIpv6Addresses").len(), 3);
+    assert!(cloud.verify(&gw_b.eni_id, addr, None).await.unwrap());
+
+    // An address on an instance that is not a gateway: refused, nothing called.
+    let foreign = ip("2001:db8:1::200");
+    moto::add_ipv6(&ec2, &other.eni_id, foreign).await.unwrap();
+    let e = cloud.assign(&gw_a.eni_id, foreign, None, &gateways).await.unwrap_err();
+    assert_eq!((e.operation, e.code.as_str(), e.retryable), ("AssignIpv6Addresses", HELD_ELSEWHERE, false), "{e}");
+    assert_eq!(proxy.requests("AssignIpv6Addresses").len(), 3);
+
+    // Release, twice.
+    cloud.release(&gw_b.eni_id, addr).await.unwrap();
+    assert!(!cloud.verify(&gw_b.eni_id, addr, None).await.unwrap());
+    cloud.release(&gw_b.eni_id, addr).await.unwrap();
+    assert_eq!(proxy.requests("UnassignIpv6Addresses").len(), 2, "the second release looked and called nothing");
     moto.stop().unwrap();
 }
 

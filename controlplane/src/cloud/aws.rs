@@ -12,7 +12,13 @@
 //! | [`Cloud::interface`] | DescribeInstances (the instance named by the Node's `spec.providerID`), DescribeNetworkInterfaces (its ENI in the subnet) |
 //! | [`Cloud::assign`] | DescribeNetworkInterfaces (the interface, then its subnet's: who holds the address; an interface that is not a gateway's is a refusal), then always AssignPrivateIpAddresses (`AllowReassignment`) and AssociateAddress (`PrivateIpAddress`, `AllowReassociation`) |
 //! | [`Cloud::verify`] | DescribeNetworkInterfaces (the interface has it), DescribeAddresses (the Elastic IP's association names the interface and the private address) |
-//! | [`Cloud::release`] | DescribeNetworkInterfaces (is it still there?), UnassignPrivateIpAddresses |
+//! | [`Cloud::release`] | DescribeNetworkInterfaces (is it still there?), UnassignPrivateIpAddresses (IPv6: UnassignIpv6Addresses) |
+//!
+//! An IPv6 pool ([`PoolSelector::ipv6`]) has no Elastic IPs: discovery reads
+//! the subnet's IPv6 range and the IPv6 addresses its ENIs hold, and an
+//! assignment unassigns the address from the other gateways' ENIs that hold
+//! it (UnassignIpv6Addresses: IPv6 has no reassignment flag), then always
+//! calls AssignIpv6Addresses.
 //!
 //! Both mutating calls are asynchronous on AWS: they return before the VPC
 //! delivers to the new holder (API reference, AssignPrivateIpAddresses:
@@ -102,6 +108,9 @@ impl AwsCloud {
     }
 
     async fn discover_impl(&self, pool: &PoolSelector) -> Result<Discovered, CloudError> {
+        if pool.ipv6 {
+            return self.discover_ipv6(pool).await;
+        }
         if pool.tags.is_empty() {
             // No filter would select every Elastic IP in the account.
             return Err(invalid("DescribeAddresses", "a cloud pool needs at least one tag to select its Elastic IPs"));
@@ -148,6 +157,43 @@ impl AwsCloud {
             used.extend(eni_addresses(&eni)?);
         }
         Ok(Discovered { public, subnet_cidr, used })
+    }
+
+    /// An IPv6 pool: no Elastic IPs; the subnet's IPv6 range and the IPv6
+    /// addresses its ENIs use.
+    async fn discover_ipv6(&self, pool: &PoolSelector) -> Result<Discovered, CloudError> {
+        let subnets = self
+            .client
+            .describe_subnets()
+            .subnet_ids(&pool.subnet_id)
+            .send()
+            .await
+            .map_err(|e| classify("DescribeSubnets", e))?;
+        let cidr = subnets
+            .subnets()
+            .iter()
+            .flat_map(|s| s.ipv6_cidr_block_association_set())
+            // Not one on its way out (moto renders the state unparsably,
+            // so "not known to be gone" rather than "associated").
+            .filter(|a| {
+                let state = a.ipv6_cidr_block_state().and_then(|st| st.state()).map(|st| st.as_str());
+                !matches!(state, Some("disassociating" | "disassociated" | "failing" | "failed"))
+            })
+            .find_map(|a| a.ipv6_cidr_block())
+            .ok_or_else(|| {
+                invalid(
+                    "DescribeSubnets",
+                    &format!("subnet {} not found or has no IPv6 CIDR block associated", pool.subnet_id),
+                )
+            })?;
+        let subnet_cidr: IpNet = cidr.parse().map_err(|_| {
+            invalid("DescribeSubnets", &format!("subnet {}: unparsable IPv6 CIDR {cidr:?}", pool.subnet_id))
+        })?;
+        let mut used = BTreeSet::new();
+        for eni in self.subnet_interfaces(&pool.subnet_id).await? {
+            used.extend(eni_addresses(&eni)?.into_iter().filter(IpAddr::is_ipv6));
+        }
+        Ok(Discovered { public: Vec::new(), subnet_cidr, used })
     }
 
     /// Every ENI in `subnet_id` (DescribeNetworkInterfaces pages through
@@ -237,8 +283,10 @@ impl AwsCloud {
         public: Option<&PublicAddress>,
         gateways: &BTreeSet<String>,
     ) -> Result<(), CloudError> {
-        ipv4_only("AssignPrivateIpAddresses", private)?;
-        self.refuse_foreign_holder(interface_id, private, gateways).await?;
+        let other_gateways = self.other_holders(interface_id, private, gateways).await?;
+        if private.is_ipv6() {
+            return self.assign_ipv6(interface_id, private, &other_gateways).await;
+        }
         // Both calls are made whatever a Describe says is there now: EC2 is
         // eventually consistent, and a take-over that skipped a call on a
         // stale read would translate to an address the VPC delivers elsewhere.
@@ -264,15 +312,39 @@ impl AwsCloud {
         Ok(())
     }
 
-    /// Refuses (for good, [`HELD_ELSEWHERE`]) when `private` is on an
-    /// interface other than `interface_id` that is not attached to a gateway
-    /// instance: `AllowReassignment` would take it from whoever holds it.
-    async fn refuse_foreign_holder(
+    /// An IPv6 address has no reassignment flag: it is unassigned from the
+    /// other gateways' ENIs that hold it, then assigned to this one (always:
+    /// the reads may be stale).
+    async fn assign_ipv6(&self, interface_id: &str, private: IpAddr, others: &[String]) -> Result<(), CloudError> {
+        for other in others {
+            self.client
+                .unassign_ipv6_addresses()
+                .network_interface_id(other)
+                .ipv6_addresses(private.to_string())
+                .send()
+                .await
+                .map_err(|e| classify("UnassignIpv6Addresses", e))?;
+        }
+        self.client
+            .assign_ipv6_addresses()
+            .network_interface_id(interface_id)
+            .ipv6_addresses(private.to_string())
+            .send()
+            .await
+            .map_err(|e| classify("AssignIpv6Addresses", e))?;
+        Ok(())
+    }
+
+    /// The other gateways' ENIs that hold `private` now. Refuses (for good,
+    /// [`HELD_ELSEWHERE`]) when an ENI other than `interface_id` that is not
+    /// attached to a gateway instance holds it: `AllowReassignment` would
+    /// take it from whoever holds it.
+    async fn other_holders(
         &self,
         interface_id: &str,
         private: IpAddr,
         gateways: &BTreeSet<String>,
-    ) -> Result<(), CloudError> {
+    ) -> Result<Vec<String>, CloudError> {
         let gateway_instances: BTreeSet<&str> = gateways.iter().filter_map(|p| parse_provider_id(p).ok()).collect();
         let own = self.eni(interface_id).await?.ok_or_else(|| CloudError {
             operation: "DescribeNetworkInterfaces",
@@ -285,8 +357,8 @@ impl AwsCloud {
         // AWS, but moto matches it against primary addresses only, and the
         // subnet's interfaces are what discovery reads anyway.
         let subnet = own.subnet_id().unwrap_or_default();
-        let holders = self.subnet_interfaces(subnet).await?;
-        for eni in &holders {
+        let mut others = Vec::new();
+        for eni in &self.subnet_interfaces(subnet).await? {
             if !eni_addresses(eni)?.contains(&private) {
                 continue;
             }
@@ -297,13 +369,16 @@ impl AwsCloud {
             let instance = eni.attachment().and_then(|a| a.instance_id());
             let primary = eni.private_ip_address() == Some(private.to_string().as_str());
             let owner = match instance {
-                Some(i) if gateway_instances.contains(i) && !primary => continue,
+                Some(i) if gateway_instances.contains(i) && !primary => {
+                    others.push(id.to_owned());
+                    continue;
+                }
                 Some(i) if gateway_instances.contains(i) => format!("the primary address of gateway instance {i}"),
                 Some(i) => format!("instance {i}, which is not a gateway Node"),
                 None => "no instance".to_string(),
             };
             return Err(CloudError {
-                operation: "AssignPrivateIpAddresses",
+                operation: if private.is_ipv6() { "AssignIpv6Addresses" } else { "AssignPrivateIpAddresses" },
                 code: HELD_ELSEWHERE.into(),
                 message: format!(
                     "{private} is an address of interface {id} ({owner}); not taking it: free it or pair the public address with another private address"
@@ -311,7 +386,7 @@ impl AwsCloud {
                 retryable: false,
             });
         }
-        Ok(())
+        Ok(others)
     }
 
     async fn verify_impl(
@@ -338,26 +413,38 @@ impl AwsCloud {
     }
 
     async fn release_impl(&self, interface_id: &str, private: IpAddr) -> Result<(), CloudError> {
-        ipv4_only("UnassignPrivateIpAddresses", private)?;
         // Whether the address is still there decides, not an error code: the
         // API reference documents none for "not assigned" (moto answers
         // success), and a later holder may take it at any moment.
         if !self.holds(interface_id, private).await? {
             return Ok(());
         }
-        let out = self
-            .client
-            .unassign_private_ip_addresses()
-            .network_interface_id(interface_id)
-            .private_ip_addresses(private.to_string())
-            .send()
-            .await;
-        match out {
-            Ok(_) => Ok(()),
+        // (whether a transport failed, the error) of the one call.
+        let failed: Option<(bool, CloudError)> = if private.is_ipv6() {
+            let out = self
+                .client
+                .unassign_ipv6_addresses()
+                .network_interface_id(interface_id)
+                .ipv6_addresses(private.to_string())
+                .send()
+                .await;
+            out.err().map(|e| (is_transport(&e), classify("UnassignIpv6Addresses", e)))
+        } else {
+            let out = self
+                .client
+                .unassign_private_ip_addresses()
+                .network_interface_id(interface_id)
+                .private_ip_addresses(private.to_string())
+                .send()
+                .await;
+            out.err().map(|e| (is_transport(&e), classify("UnassignPrivateIpAddresses", e)))
+        };
+        match failed {
+            None => Ok(()),
             // Taken by another interface (or the interface deleted) between
             // the look and the call: released all the same.
-            Err(e) if !is_transport(&e) && !self.holds(interface_id, private).await? => Ok(()),
-            Err(e) => Err(classify("UnassignPrivateIpAddresses", e)),
+            Some((false, _)) if !self.holds(interface_id, private).await? => Ok(()),
+            Some((_, e)) => Err(e),
         }
     }
 
@@ -484,18 +571,6 @@ pub fn is_retryable(code: &str, status: Option<u16>) -> bool {
 /// (and no Elastic IP: they are global), which this provider does not call
 /// yet; refuse them by name instead of sending an IPv6 address to the IPv4
 /// calls.
-fn ipv4_only(operation: &'static str, private: IpAddr) -> Result<(), CloudError> {
-    if private.is_ipv4() {
-        return Ok(());
-    }
-    Err(CloudError {
-        operation,
-        code: "Unsupported".into(),
-        message: format!("{private}: IPv6 egress addresses are not supported by the AWS provider yet"),
-        retryable: false,
-    })
-}
-
 fn invalid(operation: &'static str, message: &str) -> CloudError {
     CloudError { operation, code: "NotFound".into(), message: message.to_owned(), retryable: false }
 }
@@ -526,6 +601,9 @@ fn eni_addresses(eni: &NetworkInterface) -> Result<BTreeSet<IpAddr>, CloudError>
         out.insert(parse_ip("DescribeNetworkInterfaces", p)?);
     }
     for p in eni.private_ip_addresses().iter().filter_map(|p| p.private_ip_address()) {
+        out.insert(parse_ip("DescribeNetworkInterfaces", p)?);
+    }
+    for p in eni.ipv6_addresses().iter().filter_map(|p| p.ipv6_address()) {
         out.insert(parse_ip("DescribeNetworkInterfaces", p)?);
     }
     Ok(out)
@@ -645,22 +723,6 @@ mod tests {
             SdkError::dispatch_failure(ConnectorError::user(std::io::Error::other("bad URL").into()));
         let e = classify("AssociateAddress", user);
         assert_eq!((e.code.as_str(), e.retryable), ("dispatch", false));
-    }
-
-    #[tokio::test]
-    async fn ipv6_addresses_are_refused_before_any_call() {
-        // No endpoint is ever contacted: the refusal comes first.
-        let conf =
-            aws_sdk_ec2::Config::builder().region(Region::new("us-east-1")).endpoint_url("http://127.0.0.1:9").build();
-        let cloud = AwsCloud::from_conf(conf);
-        let v6: IpAddr = "2001:db8::1".parse().unwrap();
-        for e in [
-            cloud.assign("eni-0abc", v6, None, &BTreeSet::new()).await.unwrap_err(),
-            cloud.release("eni-0abc", v6).await.unwrap_err(),
-        ] {
-            assert_eq!((e.code.as_str(), e.retryable), ("Unsupported", false), "{e}");
-            assert!(e.message.contains("2001:db8::1"), "{e}");
-        }
     }
 
     #[test]

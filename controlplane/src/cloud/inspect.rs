@@ -78,6 +78,7 @@ mod tests {
             provider: crate::cloud::Provider::Aws,
             tags: [("egret.dev/pool".to_owned(), "prod".to_owned())].into(),
             subnet_id: "subnet-1".into(),
+            ipv6: false,
         };
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let mut used: BTreeSet<IpAddr> =

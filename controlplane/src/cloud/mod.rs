@@ -81,8 +81,12 @@ impl fmt::Display for Provider {
 pub struct PoolSelector {
     /// Whose addresses.
     pub provider: Provider,
-    /// Public addresses carrying all of these tags (`key` -> `value`; GCP's labels).
+    /// Public addresses carrying all of these tags (`key` -> `value`; GCP's
+    /// labels). Empty for an IPv6 pool.
     pub tags: BTreeMap<String, String>,
+    /// An IPv6 pool: no public addresses; the pool's own addresses (of the
+    /// subnet's IPv6 range) move with their Leases (AWS: AssignIpv6Addresses).
+    pub ipv6: bool,
     /// The subnet the gateways' interfaces and the private addresses are in.
     pub subnet_id: String,
 }
@@ -218,13 +222,23 @@ pub fn selectors<P: PoolView>(pools: &[P]) -> BTreeMap<String, PoolSelector> {
         .collect()
 }
 
-/// Every recorded pairing of the valid cloud pools, by private address
-/// (the egress IP): where a gateway holding its Lease must put it.
+/// Every cloud address of the valid cloud pools, by the egress IP: where a
+/// gateway holding its Lease must put it. These are the recorded pairings
+/// (private address and the public one that stands for it), and the
+/// allocated addresses of IPv6 pools (which have no public address).
 pub fn targets<P: PoolView>(pools: &[P]) -> BTreeMap<IpAddr, task::Target> {
     let sel = selectors(pools);
     let mut out = BTreeMap::new();
     for p in pools {
         let Some(s) = sel.get(p.pool_name()) else { continue };
+        let target = |public| task::Target { provider: s.provider, subnet_id: s.subnet_id.clone(), public };
+        if s.ipv6 {
+            let allocated = p.pool_status().into_iter().flat_map(|st| st.allocations.iter()).flat_map(|a| a.ips.iter());
+            for ip in allocated.filter_map(|ip| ip.parse::<IpAddr>().ok()).filter(IpAddr::is_ipv6) {
+                out.entry(ip).or_insert(target(None));
+            }
+            continue;
+        }
         for a in p.pool_status().iter().flat_map(|st| st.cloud_addresses.iter()) {
             let (Ok(private), Ok(public)) = (a.private_ip.parse::<IpAddr>(), a.public_ip.parse::<IpAddr>()) else {
                 continue;
@@ -238,7 +252,7 @@ pub fn targets<P: PoolView>(pools: &[P]) -> BTreeMap<IpAddr, task::Target> {
             // A private address two records name (a race the pairing
             // resolves in its next pass): the first pool by name keeps it,
             // as the pairing does.
-            out.entry(private).or_insert(task::Target { provider: s.provider, subnet_id: s.subnet_id.clone(), public });
+            out.entry(private).or_insert(target(Some(public)));
         }
     }
     out

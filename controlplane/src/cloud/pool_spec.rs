@@ -32,6 +32,14 @@ pub fn cloud_spec(spec: &PoolCloudSpec, addresses: &[String]) -> Result<(PoolSel
         .filter(|(_, set)| *set)
         .map(|(n, _)| *n)
         .collect();
+    let allowed = AddressSet::parse("addresses", addresses)
+        .map_err(|e| Cause::new(reason::INVALID_ADDRESS, format!("spec.{e}")))?;
+    let (v4, v6) = allowed.families();
+    if let (Some(aws), true, false) = (&spec.aws, v6, v4) {
+        if named.len() == 1 {
+            return aws_ipv6_selector(aws).map(|sel| (sel, allowed));
+        }
+    }
     let sel = match (&spec.aws, &spec.azure, &spec.gcp) {
         _ if named.len() > 1 => {
             return Err(Cause::new(
@@ -54,8 +62,6 @@ pub fn cloud_spec(spec: &PoolCloudSpec, addresses: &[String]) -> Result<(PoolSel
         }
     };
     let field = sel.provider.name();
-    let allowed = AddressSet::parse("addresses", addresses)
-        .map_err(|e| Cause::new(reason::INVALID_ADDRESS, format!("spec.{e}")))?;
     if !sel.provider.pairs_privately() && !addresses.is_empty() {
         return Err(Cause::new(
             reason::INVALID_SPEC,
@@ -64,10 +70,14 @@ pub fn cloud_spec(spec: &PoolCloudSpec, addresses: &[String]) -> Result<(PoolSel
             ),
         ));
     }
-    if allowed.families().1 {
+    if v6 {
+        let why = match sel.provider {
+            Provider::Aws => "an AWS pool is either IPv4 (Elastic IPs) or IPv6 (the subnet's addresses): make two pools",
+            _ => "IPv6 cloud pools are built for AWS only; an IPv6 pool without a cloud section serves addresses the network routes to the gateways",
+        };
         return Err(Cause::new(
             reason::INVALID_ADDRESS,
-            format!("spec.addresses: IPv6 with spec.cloud.{field}: the public addresses are IPv4; an IPv6 pool needs no cloud section"),
+            format!("spec.addresses: IPv6 with spec.cloud.{field}: {why}"),
         ));
     }
     Ok((sel, allowed))
@@ -90,6 +100,10 @@ fn tags(field: &str, tags: &BTreeMap<String, String>) -> Result<(), Cause> {
 
 fn aws_selector(aws: &AwsPoolSpec) -> Result<PoolSelector, Cause> {
     tags("aws.tags", &aws.tags)?;
+    aws_subnet(aws)
+}
+
+fn aws_subnet(aws: &AwsPoolSpec) -> Result<PoolSelector, Cause> {
     let subnet = aws.subnet_id.as_str();
     if !subnet.starts_with("subnet-")
         || subnet.len() <= "subnet-".len()
@@ -100,7 +114,20 @@ fn aws_selector(aws: &AwsPoolSpec) -> Result<PoolSelector, Cause> {
             format!("spec.cloud.aws.subnetId: {subnet:?} is not a subnet ID (subnet-0123abcd)"),
         ));
     }
-    Ok(PoolSelector { provider: Provider::Aws, tags: aws.tags.clone(), subnet_id: aws.subnet_id.clone() })
+    Ok(PoolSelector { provider: Provider::Aws, tags: aws.tags.clone(), subnet_id: aws.subnet_id.clone(), ipv6: false })
+}
+
+/// An AWS IPv6 pool: the pool's own addresses (of the subnet's IPv6 range)
+/// are assigned to the holder's ENI; there are no Elastic IPs, so no tags.
+fn aws_ipv6_selector(aws: &AwsPoolSpec) -> Result<PoolSelector, Cause> {
+    if !aws.tags.is_empty() {
+        return Err(Cause::new(
+            reason::INVALID_SPEC,
+            "spec.cloud.aws.tags: set with IPv6 spec.addresses: an IPv6 pool has no Elastic IPs (its addresses are global); remove the tags",
+        ));
+    }
+    let sel = aws_subnet(aws)?;
+    Ok(PoolSelector { ipv6: true, ..sel })
 }
 
 fn azure_selector(azure: &AzurePoolSpec) -> Result<PoolSelector, Cause> {
@@ -133,7 +160,7 @@ fn azure_selector(azure: &AzurePoolSpec) -> Result<PoolSelector, Cause> {
             ),
         ));
     }
-    Ok(PoolSelector { provider: Provider::Azure, tags: azure.tags.clone(), subnet_id: id.to_string() })
+    Ok(PoolSelector { provider: Provider::Azure, tags: azure.tags.clone(), subnet_id: id.to_string(), ipv6: false })
 }
 
 fn gcp_selector(gcp: &GcpPoolSpec) -> Result<PoolSelector, Cause> {
@@ -169,5 +196,5 @@ fn gcp_selector(gcp: &GcpPoolSpec) -> Result<PoolSelector, Cause> {
             ),
         ));
     }
-    Ok(PoolSelector { provider: Provider::Gcp, tags: gcp.labels.clone(), subnet_id: path.to_string() })
+    Ok(PoolSelector { provider: Provider::Gcp, tags: gcp.labels.clone(), subnet_id: path.to_string(), ipv6: false })
 }

@@ -45,8 +45,9 @@ pub struct Target {
     pub provider: Provider,
     /// The pool's subnet (this gateway's interface there receives it).
     pub subnet_id: String,
-    /// The public address associated with it.
-    pub public: PublicAddress,
+    /// The public address associated with it (None: an IPv6 address,
+    /// global itself).
+    pub public: Option<PublicAddress>,
 }
 
 /// Makes a provider, once a cloud pool needs it (AWS's credential and
@@ -112,8 +113,8 @@ impl std::fmt::Debug for Clouds {
 /// What the report shows of the cloud task.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CloudReport {
-    /// Per held cloud address: its public address and state.
-    pub addresses: Vec<(IpAddr, IpAddr, AddressState)>,
+    /// Per held cloud address: its public address (if any) and state.
+    pub addresses: Vec<(IpAddr, Option<IpAddr>, AddressState)>,
     /// Per subnet: this gateway's interface, or why it is not known.
     pub interfaces: Vec<(String, Result<Interface, CloudError>)>,
     /// Assignments the provider's view showed drifted (moved by someone
@@ -236,7 +237,7 @@ impl Clouds {
                 .iter()
                 .map(|(ip, t)| {
                     let s = st.addresses.get(ip).cloned().unwrap_or(AddressState::Pending { attempts: 0, error: None });
-                    (*ip, t.public.public_ip, s)
+                    (*ip, t.public.as_ref().map(|p| p.public_ip), s)
                 })
                 .collect(),
             interfaces: st.interfaces.iter().map(|(subnet, r)| (subnet.clone(), r.clone())).collect(),
@@ -375,7 +376,7 @@ impl Clouds {
             }
             let r = match interface {
                 Some(Ok(i)) => {
-                    cloud.assign(&i.interface_id, *ip, Some(&target.public), &gateways).await.map(|()| i.interface_id)
+                    cloud.assign(&i.interface_id, *ip, target.public.as_ref(), &gateways).await.map(|()| i.interface_id)
                 }
                 Some(Err(e)) => Err(e),
                 None => continue,
@@ -406,7 +407,7 @@ impl Clouds {
         }
         match r {
             Ok(interface_id) => {
-                tracing::info!(ip = %ip, public = %target.public.public_ip, interface = %interface_id, "cloud address assigned");
+                tracing::info!(ip = %ip, public = ?target.public.as_ref().map(|p| p.public_ip), interface = %interface_id, "cloud address assigned");
                 st.releasing.remove(&ip);
                 st.next_try.remove(&ip);
                 st.next_verify.insert(ip, now + resync);
@@ -456,16 +457,18 @@ impl Clouds {
                 }
                 (interface_id.clone(), st.gateways.clone())
             };
-            match cloud.verify(&interface_id, *ip, Some(&target.public)).await {
+            match cloud.verify(&interface_id, *ip, target.public.as_ref()).await {
                 Ok(true) => {
                     self.state.lock().next_verify.insert(*ip, now + resync);
                 }
                 Ok(false) => {
-                    tracing::warn!(ip = %ip, public = %target.public.public_ip, interface = %interface_id,
+                    tracing::warn!(ip = %ip, public = ?target.public.as_ref().map(|p| p.public_ip), interface = %interface_id,
                         "cloud address drifted from this gateway's interface; assigning it again");
                     self.state.lock().drift_repairs += 1;
-                    let r =
-                        cloud.assign(&interface_id, *ip, Some(&target.public), &gateways).await.map(|()| interface_id);
+                    let r = cloud
+                        .assign(&interface_id, *ip, target.public.as_ref(), &gateways)
+                        .await
+                        .map(|()| interface_id);
                     dirty |= self.record_assignment(*ip, target, r, 0, now, resync);
                 }
                 Err(e) => {
@@ -706,12 +709,12 @@ mod tests {
         Target {
             provider: Provider::Aws,
             subnet_id: "subnet-1".into(),
-            public: PublicAddress {
+            public: Some(PublicAddress {
                 public_ip: "192.0.2.7".parse().unwrap(),
                 allocation_id: "eipalloc-1".into(),
                 private_ip: None,
                 interface_id: None,
-            },
+            }),
         }
     }
 
@@ -746,6 +749,7 @@ mod tests {
                 provider: Provider::Aws,
                 tags: [("k".into(), "v".into())].into(),
                 subnet_id: "subnet-1".into(),
+                ipv6: false,
             },
         )]);
         c.update(Some("aws:///z/i-1".into()), gateways(), pools.clone(), BTreeMap::from([(ip, target())]));
@@ -781,6 +785,7 @@ mod tests {
                 provider: Provider::Aws,
                 tags: [("k".into(), "v".into())].into(),
                 subnet_id: "subnet-1".into(),
+                ipv6: false,
             },
         )]);
         c.update(Some("aws:///z/i-1".into()), gateways(), pools, ips.iter().map(|ip| (*ip, target())).collect());

@@ -1017,7 +1017,7 @@ impl SyncLoop {
                 renew_failing: self.renewer.book.lock().failed(*ip),
                 standby: replica.map(|r| r.standby.clone()),
                 standby_in_sync: replica.map(|r| r.in_sync),
-                public_ip: targets.get(ip).map(|t| t.public.public_ip),
+                public_ip: targets.get(ip).and_then(|t| t.public.as_ref().map(|p| p.public_ip)),
                 cloud: cloud.addresses.iter().find(|(i, _, _)| i == ip).map(|(_, _, s)| match s {
                     crate::cloud::task::AddressState::Assigned { interface_id } => {
                         format!("assigned to {interface_id}")

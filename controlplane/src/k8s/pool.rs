@@ -152,13 +152,16 @@ impl AddressSet {
         None
     }
 
+    /// Each entry's first and last address, in order.
+    pub fn ranges(&self) -> impl Iterator<Item = (IpAddr, IpAddr)> + '_ {
+        self.spans.iter().map(|s| (from_int(s.v6, s.first), from_int(s.v6, s.last)))
+    }
+
     /// Whether `ip` is in the set.
     pub fn contains(&self, ip: IpAddr) -> bool {
         self.index_of(ip).is_some()
     }
 
-    /// Up to `count` addresses, lowest position first, that `taken` does not
-    /// hold. Visits at most `taken.len() + count` addresses per span.
     /// Whether the set has IPv4 and IPv6 addresses: (v4, v6).
     pub fn families(&self) -> (bool, bool) {
         (self.spans.iter().any(|s| !s.v6), self.spans.iter().any(|s| s.v6))

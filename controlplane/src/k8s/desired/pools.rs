@@ -105,6 +105,13 @@ fn cloud_pool(p: &PoolInfo, cloud: &PoolCloudSpec, found: Option<&Result<Discove
         ));
     }
     let (sel, _) = cloud_spec(cloud, &p.spec.addresses)?;
+    if sel.ipv6 {
+        // Its own addresses move with their Leases: usable at once (an
+        // address outside the subnet's IPv6 range is refused by the
+        // provider, and the pool's CloudSynced says so).
+        return Pool::parse(&p.spec.addresses, &[])
+            .map_err(|e| Cause::new(reason::INVALID_ADDRESS, format!("spec.{e}")));
+    }
     let recorded: Vec<String> = p
         .status
         .iter()

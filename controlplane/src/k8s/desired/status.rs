@@ -373,6 +373,30 @@ fn cloud_synced(
             reason::CLOUD_API_ERROR,
             format!("{e}; the recorded pairing ({} addresses) stays in use", recorded.len()),
         ),
+        (Ok((sel, allowed)), Some(Ok(found))) if sel.ipv6 => {
+            let outside: Vec<String> = allowed
+                .ranges()
+                .filter(|(first, last)| !found.subnet_cidr.contains(first) || !found.subnet_cidr.contains(last))
+                .map(|(first, last)| if first == last { first.to_string() } else { format!("{first}-{last}") })
+                .collect();
+            if outside.is_empty() {
+                synced(
+                    true,
+                    reason::VALID,
+                    format!("IPv6 addresses of {} ({}): each moves with its Lease", sel.subnet_id, found.subnet_cidr),
+                )
+            } else {
+                synced(
+                    false,
+                    reason::INVALID_ADDRESS,
+                    format!(
+                        "spec.addresses: {} outside the subnet's IPv6 range {}",
+                        outside.join(", "),
+                        found.subnet_cidr
+                    ),
+                )
+            }
+        }
         (Ok((sel, allowed)), Some(Ok(found))) => {
             let others: BTreeSet<IpAddr> = cloud_recorded
                 .iter()

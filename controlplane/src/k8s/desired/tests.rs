@@ -471,8 +471,26 @@ fn unusable_pools_say_why() {
                 cloud: Some(aws_pool(&[("egret.dev/pool", "prod")], "subnet-0a1b")),
                 ..Default::default()
             },
+            reason::INVALID_SPEC,
+            "spec.cloud.aws.tags: set with IPv6 spec.addresses: an IPv6 pool has no Elastic IPs (its addresses are global); remove the tags",
+        ),
+        (
+            EgressIPPoolSpec {
+                addresses: vec!["2001:db8::/64".into(), "203.0.113.40".into()],
+                cloud: Some(aws_pool(&[("egret.dev/pool", "prod")], "subnet-0a1b")),
+                ..Default::default()
+            },
             reason::INVALID_ADDRESS,
-            "spec.addresses: IPv6 with spec.cloud.aws: the public addresses are IPv4; an IPv6 pool needs no cloud section",
+            "spec.addresses: IPv6 with spec.cloud.aws: an AWS pool is either IPv4 (Elastic IPs) or IPv6 (the subnet's addresses): make two pools",
+        ),
+        (
+            EgressIPPoolSpec {
+                addresses: vec!["2001:db8::/64".into()],
+                cloud: Some(azure_pool(&[("pool", "prod")], AZURE_SUBNET)),
+                ..Default::default()
+            },
+            reason::INVALID_ADDRESS,
+            "spec.addresses: IPv6 with spec.cloud.azure: IPv6 cloud pools are built for AWS only; an IPv6 pool without a cloud section serves addresses the network routes to the gateways",
         ),
         (
             EgressIPPoolSpec { cloud: Some(aws_pool(&[("egret.dev/pool", "prod")], "subnet-0a1b")), ..Default::default() },
@@ -526,6 +544,62 @@ fn gcp_pool(labels: &[(&str, &str)], subnetwork: &str) -> PoolCloudSpec {
         }),
         ..Default::default()
     }
+}
+
+/// An AWS IPv6 pool: no Elastic IPs, its own addresses move with their
+/// Leases; usable at once; CloudSynced checks them against the subnet's
+/// IPv6 range; the allocated addresses are cloud targets with no public
+/// address.
+#[test]
+fn an_aws_ipv6_pool_serves_its_own_addresses_and_moves_them() {
+    use crate::cloud::Discovered;
+    let mut obs = cluster();
+    obs.pools.push(PoolInfo {
+        name: "v6".into(),
+        generation: Some(1),
+        spec: EgressIPPoolSpec {
+            addresses: vec!["2001:db8:1::100-2001:db8:1::10f".into()],
+            cloud: Some(aws_pool(&[], "subnet-0a1b")),
+            ..Default::default()
+        },
+        status: None,
+    });
+    let mut pol = team_policy("pooled", 0, &[]);
+    pol.spec.pool = Some(PoolRef { name: "v6".into(), count: Some(1) });
+    obs.policies.push(pol);
+    let d = desired(&obs, &local(), t(10));
+    let ps = d.pool_status["v6"].clone();
+    assert_eq!(ps.allocations[0].ips, vec!["2001:db8:1::100".to_string()]);
+    assert!(ps.cloud_addresses.is_empty());
+    assert_eq!(cond(&ps.clone().into_status_for_test(), condition::CLOUD_SYNCED).reason, reason::CLOUD_DISCOVERING);
+    obs.pools[0].status = Some(ps);
+    let targets = crate::cloud::targets(&obs.pools);
+    let t6 = &targets[&ip("2001:db8:1::100")];
+    assert_eq!(
+        (t6.provider, t6.subnet_id.as_str(), t6.public.is_none()),
+        (crate::cloud::Provider::Aws, "subnet-0a1b", true)
+    );
+    assert_eq!(targets.len(), 1, "only allocated addresses are moved");
+
+    // The subnet's IPv6 range holds the pool: synced; it does not: said so.
+    let found =
+        |cidr: &str| Discovered { public: vec![], subnet_cidr: cidr.parse().unwrap(), used: Default::default() };
+    obs.cloud.insert("v6".into(), Ok(found("2001:db8:1::/64")));
+    let c =
+        cond(&desired(&obs, &local(), t(11)).pool_status["v6"].clone().into_status_for_test(), condition::CLOUD_SYNCED)
+            .clone();
+    assert_eq!(c.reason, reason::VALID, "{}", c.message);
+    obs.cloud.insert("v6".into(), Ok(found("2001:db8:2::/64")));
+    let c =
+        cond(&desired(&obs, &local(), t(12)).pool_status["v6"].clone().into_status_for_test(), condition::CLOUD_SYNCED)
+            .clone();
+    assert_eq!(
+        (c.reason.as_str(), c.message.as_str()),
+        (
+            reason::INVALID_ADDRESS,
+            "spec.addresses: 2001:db8:1::100-2001:db8:1::10f outside the subnet's IPv6 range 2001:db8:2::/64"
+        )
+    );
 }
 
 /// GCP's protocol forwarding delivers the external address itself: a GCP
