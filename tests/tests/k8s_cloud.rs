@@ -239,6 +239,17 @@ impl Drop for VpcRouting {
     }
 }
 
+/// What the scenario's steps share.
+#[derive(Clone, Copy)]
+struct Cx<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    client: &'a kube::Client,
+    lab: &'a K8sLab,
+    ec2: &'a aws_sdk_ec2::Client,
+    vpc: &'a Vpc,
+    routing: &'a VpcRouting,
+}
+
 fn scenario(lab: &K8sLab, server: &ApiServer) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = rt.block_on(server.client()).expect("client");
@@ -357,8 +368,9 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     assert_eq!(row["cloud"], format!("assigned to {}", vpc.interface[&holder]), "egret status: {row}");
 
     // 3. A drain with EC2 throttling the take-over, then drift repaired.
-    let holder = drain_with_api_errors(&rt, &client, lab, &proxy, &routing, &ec2, &vpc, holder);
-    repair_drift(&rt, &ec2, lab, &routing, &mut gws, &vpc, &first.1, holder);
+    let cx = Cx { rt: &rt, client: &client, lab, ec2: &ec2, vpc: &vpc, routing: &routing };
+    let holder = drain_with_api_errors(&cx, &proxy, holder);
+    repair_drift(&cx, &mut gws, &first.1, holder);
 
     // 4. SIGKILL of the holder: the Lease, the association and the traffic move.
     let other = if holder == Gw::One { Gw::Two } else { Gw::One };
@@ -391,7 +403,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
 
     // 5. The Elastic IP in use retagged out of the pool: the policy moves to
     // the pool's other address, and the first private address is released.
-    retag_out_of_the_pool(&rt, &client, &ec2, lab, &routing, &vpc, &first.1, other);
+    retag_out_of_the_pool(&cx, &first.1, other);
 
     // 6. Never the pod's own address upstream.
     let frames = capture.stop().expect("stop the capture");
@@ -437,16 +449,8 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
 /// the drained gateway releases the private address from its interface
 /// (moto ignores `AllowReassignment`, so only that release removes it).
 /// Returns the new holder (the drain is lifted again).
-fn drain_with_api_errors(
-    rt: &tokio::runtime::Runtime,
-    client: &kube::Client,
-    lab: &K8sLab,
-    proxy: &FaultProxy,
-    routing: &VpcRouting,
-    ec2: &aws_sdk_ec2::Client,
-    vpc: &Vpc,
-    holder: Gw,
-) -> Gw {
+fn drain_with_api_errors(cx: &Cx<'_>, proxy: &FaultProxy, holder: Gw) -> Gw {
+    let Cx { rt, client, lab, ec2, vpc, routing } = *cx;
     let other = if holder == Gw::One { Gw::Two } else { Gw::One };
     let http = SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT);
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
@@ -505,17 +509,8 @@ fn drain_with_api_errors(
 /// is released from the holder's interface. The lab's node router is then
 /// pointed at the new address (what the node agent does on a worker), and
 /// the pod leaves with it.
-#[allow(clippy::too_many_arguments)]
-fn retag_out_of_the_pool(
-    rt: &tokio::runtime::Runtime,
-    client: &kube::Client,
-    ec2: &aws_sdk_ec2::Client,
-    lab: &K8sLab,
-    routing: &VpcRouting,
-    vpc: &Vpc,
-    allocation: &str,
-    holder: Gw,
-) {
+fn retag_out_of_the_pool(cx: &Cx<'_>, allocation: &str, holder: Gw) {
+    let Cx { rt, client, lab, ec2, vpc, routing } = *cx;
     let http = SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT);
     let t = Instant::now();
     rt.block_on(egret_tests::moto::set_tags(ec2, allocation, &[("egret.dev/pool", "retired")]))
@@ -565,17 +560,8 @@ fn retag_out_of_the_pool(
 /// Someone moves the Elastic IP to the other gateway's interface behind
 /// Egret's back: the holder's next refresh finds the drift and associates
 /// it again, and the pod leaves with the address again.
-#[allow(clippy::too_many_arguments)]
-fn repair_drift(
-    rt: &tokio::runtime::Runtime,
-    ec2: &aws_sdk_ec2::Client,
-    lab: &K8sLab,
-    routing: &VpcRouting,
-    gws: &mut BTreeMap<Gw, Gateway>,
-    vpc: &Vpc,
-    allocation: &str,
-    holder: Gw,
-) {
+fn repair_drift(cx: &Cx<'_>, gws: &mut BTreeMap<Gw, Gateway>, allocation: &str, holder: Gw) {
+    let Cx { rt, lab, ec2, vpc, routing, .. } = *cx;
     let other = if holder == Gw::One { Gw::Two } else { Gw::One };
     let http = SocketAddr::new(plan::SERVER.into(), plan::HTTP_PORT);
     let moves_before = routing.moves().len();

@@ -492,16 +492,16 @@ impl Clouds {
                 }
             }
         }
-        let releasing: Vec<(IpAddr, String, u32, Option<Arc<dyn Cloud>>)> = {
+        let releasing: Vec<(IpAddr, String, u32, Provider)> = {
             let st = self.state.lock();
             st.releasing
                 .iter()
                 .filter(|(ip, _)| !want.contains_key(ip) && st.next_try.get(ip).is_none_or(|t| *t <= now))
-                .map(|(ip, (i, n))| (*ip, i.clone(), *n, st.provider_of.get(ip).and_then(|p| clouds.get(p)).cloned()))
+                .filter_map(|(ip, (i, n))| Some((*ip, i.clone(), *n, *st.provider_of.get(ip)?)))
                 .collect()
         };
-        for (ip, interface_id, n, cloud) in releasing {
-            let Some(cloud) = cloud else { continue };
+        for (ip, interface_id, n, provider) in releasing {
+            let Some(cloud) = clouds.get(&provider) else { continue };
             let r = cloud.release(&interface_id, ip).await;
             let mut st = self.state.lock();
             match r {
