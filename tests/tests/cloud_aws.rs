@@ -44,6 +44,25 @@ fn selector(subnet_id: &str, tags: &[(&str, &str)]) -> PoolSelector {
     }
 }
 
+/// Two gateway instances in the seeded subnet, and the provider talking to
+/// moto through a fault proxy.
+struct Pair {
+    gw_a: moto::Instance,
+    gw_b: moto::Instance,
+    proxy: FaultProxy,
+    cloud: AwsCloud,
+    gateways: BTreeSet<String>,
+}
+
+async fn pair(moto: &Moto, ec2: &aws_sdk_ec2::Client, net: &moto::Network) -> Pair {
+    let gw_a = moto::run_instance(ec2, net, &net.subnet_id, false).await.unwrap();
+    let gw_b = moto::run_instance(ec2, net, &net.subnet_id, false).await.unwrap();
+    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
+    let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
+    let gateways = BTreeSet::from([gw_a.provider_id.clone(), gw_b.provider_id.clone()]);
+    Pair { gw_a, gw_b, proxy, cloud, gateways }
+}
+
 fn public_ips(d: &egret_controlplane::cloud::Discovered) -> BTreeSet<IpAddr> {
     d.public.iter().map(|p| p.public_ip).collect()
 }
@@ -283,13 +302,9 @@ async fn take_overs_make_both_calls_whatever_a_stale_describe_says() {
     let Some(moto) = moto_or_skip("take_overs_make_both_calls_whatever_a_stale_describe_says") else { return };
     let ec2 = moto.client();
     let net = moto::create_network(&ec2).await.unwrap();
-    let gw_a = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
-    let gw_b = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
     let eip = moto::allocate_eip(&ec2, &[(POOL_TAG, "prod")]).await.unwrap();
-    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
-    let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
+    let Pair { gw_a, gw_b, proxy, cloud, gateways } = pair(&moto, &ec2, &net).await;
     let through_proxy = moto::client_for(&proxy.url());
-    let gateways = BTreeSet::from([gw_a.provider_id.clone(), gw_b.provider_id.clone()]);
     let public = cloud.discover(&selector(&net.subnet_id, &[(POOL_TAG, "prod")])).await.unwrap().public;
     let public = &public[0];
     let private = ip("198.18.1.100");
@@ -383,12 +398,8 @@ async fn verify_reads_drift_from_the_providers_view() {
     let Some(moto) = moto_or_skip("verify_reads_drift_from_the_providers_view") else { return };
     let ec2 = moto.client();
     let net = moto::create_network(&ec2).await.unwrap();
-    let gw_a = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
-    let gw_b = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
     let eip = moto::allocate_eip(&ec2, &[(POOL_TAG, "prod")]).await.unwrap();
-    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
-    let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
-    let gateways = BTreeSet::from([gw_a.provider_id.clone(), gw_b.provider_id.clone()]);
+    let Pair { gw_a, gw_b, proxy, cloud, gateways } = pair(&moto, &ec2, &net).await;
     let public = cloud.discover(&selector(&net.subnet_id, &[(POOL_TAG, "prod")])).await.unwrap().public;
     let public = &public[0];
     let private = ip("198.18.1.100");
@@ -433,12 +444,8 @@ async fn an_ipv6_address_moves_between_gateways_without_an_elastic_ip() {
     let ec2 = moto.client();
     let net = moto::create_network(&ec2).await.unwrap();
     moto::add_subnet_ipv6(&ec2, &net.subnet_id, "2001:db8:1::/64").await.unwrap();
-    let gw_a = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
-    let gw_b = moto::run_instance(&ec2, &net, &net.subnet_id, false).await.unwrap();
     let other = moto::run_instance(&ec2, &net, &net.subnet_id, true).await.unwrap();
-    let proxy = FaultProxy::start(moto.addr()).await.unwrap();
-    let cloud = AwsCloud::from_conf(Moto::sdk_config(&proxy.url()));
-    let gateways = BTreeSet::from([gw_a.provider_id.clone(), gw_b.provider_id.clone()]);
+    let Pair { gw_a, gw_b, proxy, cloud, gateways } = pair(&moto, &ec2, &net).await;
     let pool = PoolSelector { ipv6: true, tags: BTreeMap::new(), ..selector(&net.subnet_id, &[]) };
     let addr = ip("2001:db8:1::100");
 

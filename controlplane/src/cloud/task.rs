@@ -718,6 +718,15 @@ mod tests {
         }
     }
 
+    /// A factory that makes the scripted provider, whatever is asked for.
+    fn scripted(script: &Arc<Mutex<Script>>) -> Factory {
+        let script = script.clone();
+        Box::new(move |_| {
+            let s = script.clone();
+            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
+        })
+    }
+
     fn gateways() -> BTreeSet<String> {
         ["aws:///z/i-1".to_string(), "aws:///z/i-2".to_string()].into()
     }
@@ -735,11 +744,7 @@ mod tests {
     #[tokio::test]
     async fn an_address_is_translated_to_only_once_assigned_and_released_when_given_up() {
         let script = Arc::new(Mutex::new(Script { assign_failures: 2, ..Default::default() }));
-        let s2 = script.clone();
-        let factory: Factory = Box::new(move |_| {
-            let s = s2.clone();
-            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
-        });
+        let factory = scripted(&script);
         let changed = Arc::new(Notify::new());
         let c = Clouds::start(factory, DEFAULT_RESYNC, changed.clone());
         let ip: IpAddr = "198.18.1.40".parse().unwrap();
@@ -772,11 +777,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn stopping_for_good_releases_every_assigned_address() {
         let script = Arc::new(Mutex::new(Script::default()));
-        let s2 = script.clone();
-        let factory: Factory = Box::new(move |_| {
-            let s = s2.clone();
-            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
-        });
+        let factory = scripted(&script);
         let c = Clouds::start(factory, DEFAULT_RESYNC, Arc::new(Notify::new()));
         let ips: Vec<IpAddr> = ["198.18.1.40", "198.18.1.41"].iter().map(|s| s.parse().unwrap()).collect();
         let pools = BTreeMap::from([(
@@ -801,11 +802,7 @@ mod tests {
     #[tokio::test]
     async fn an_address_refused_for_good_is_withdrawn_and_a_lost_lease_forgets_the_assignment() {
         let script = Arc::new(Mutex::new(Script { assign_refused: true, ..Default::default() }));
-        let s2 = script.clone();
-        let factory: Factory = Box::new(move |_| {
-            let s = s2.clone();
-            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
-        });
+        let factory = scripted(&script);
         let c = Clouds::start(factory, DEFAULT_RESYNC, Arc::new(Notify::new()));
         let ip: IpAddr = "198.18.1.40".parse().unwrap();
         let want = || BTreeMap::from([(ip, target())]);
@@ -828,11 +825,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_drifted_assignment_is_made_again_and_counted() {
         let script = Arc::new(Mutex::new(Script::default()));
-        let s2 = script.clone();
-        let factory: Factory = Box::new(move |_| {
-            let s = s2.clone();
-            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
-        });
+        let factory = scripted(&script);
         let resync = Duration::from_secs(30);
         let c = Clouds::start(factory, resync, Arc::new(Notify::new()));
         let ip: IpAddr = "198.18.1.40".parse().unwrap();
@@ -861,11 +854,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_drifted_assignment_that_cannot_be_made_again_is_no_longer_served() {
         let script = Arc::new(Mutex::new(Script::default()));
-        let s2 = script.clone();
-        let factory: Factory = Box::new(move |_| {
-            let s = s2.clone();
-            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
-        });
+        let factory = scripted(&script);
         let resync = Duration::from_secs(30);
         let c = Clouds::start(factory, resync, Arc::new(Notify::new()));
         let ip: IpAddr = "198.18.1.40".parse().unwrap();
