@@ -1031,7 +1031,8 @@ impl Arm {
                 let message = last.error.as_ref().and_then(|e| e.message.clone()).unwrap_or_default();
                 Err(CloudError {
                     operation: OP,
-                    retryable: is_retryable(500, &code),
+                    // A failed operation says why by its code alone.
+                    retryable: is_retryable_code(&code),
                     message: format!("the update of {nic_id} failed: {message}"),
                     code,
                 })
@@ -1357,7 +1358,12 @@ impl From<CloudError> for Failure {
 /// repeated: throttling (429), a precondition that failed because the
 /// resource changed (412), server errors (5xx), and [`RETRYABLE_CODES`].
 pub fn is_retryable(status: u16, code: &str) -> bool {
-    status == 429 || status == 412 || status >= 500 || RETRYABLE_CODES.iter().any(|c| c.eq_ignore_ascii_case(code))
+    status == 429 || status == 412 || status >= 500 || is_retryable_code(code)
+}
+
+/// Whether an ARM error code alone says a repeat may succeed ([`RETRYABLE_CODES`]).
+pub fn is_retryable_code(code: &str) -> bool {
+    RETRYABLE_CODES.iter().any(|c| c.eq_ignore_ascii_case(code))
 }
 
 fn config_error(message: String) -> CloudError {
