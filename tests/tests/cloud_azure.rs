@@ -512,8 +512,19 @@ async fn api_errors_are_classified() {
     emu.fault(&json!({"method": "PUT", "path": "*/networkInterfaces/gw-nic", "asyncError": {"code": "InvalidResourceReference", "message": "no"}})).unwrap();
     let e = cloud.assign(&gw.nic_id, ip("198.18.1.100"), Some(public), &gateways).await.unwrap_err();
     assert_eq!((e.code.as_str(), e.retryable), ("InvalidResourceReference", false), "{e}");
+    emu.fault(&json!({"method": "PUT", "path": "*/networkInterfaces/gw-nic", "asyncError": {"code": "InternalServerError", "message": "later"}})).unwrap();
+    let e = cloud.assign(&gw.nic_id, ip("198.18.1.100"), Some(public), &gateways).await.unwrap_err();
+    assert_eq!((e.code.as_str(), e.retryable), ("InternalServerError", true), "{e}");
     // The caller's retry completes it.
     cloud.assign(&gw.nic_id, ip("198.18.1.100"), Some(public), &gateways).await.unwrap();
+    // A release refused while the NIC still holds the address is an error,
+    // retryable for a 412 (the NIC changed since it was read).
+    emu.fault(
+        &json!({"method": "PUT", "path": "*/networkInterfaces/gw-nic", "status": 412, "code": "PreconditionFailed"}),
+    )
+    .unwrap();
+    let e = cloud.release(&gw.nic_id, ip("198.18.1.100")).await.unwrap_err();
+    assert_eq!((e.code.as_str(), e.retryable), ("PreconditionFailed", true), "{e}");
     assert!(same(&emu.private_route(ip("198.18.1.100")).unwrap().unwrap().0, &gw.nic_id));
 
     // An update whose operation outlasts the bound: a retryable timeout

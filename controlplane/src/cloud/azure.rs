@@ -1069,8 +1069,10 @@ impl Arm {
         let body = nic.edited(|list| list.retain(|c| ipconfig_address(c) != Some(private)));
         match self.put_nic(&nic.id, nic.etag.as_deref(), &body).await {
             Ok(()) => Ok(()),
-            // Gone meanwhile (the NIC deleted, or the address taken): released.
-            Err(e) if e.code != "timeout" && e.code != "connect" && !self.holds(nic_id, private).await? => Ok(()),
+            // ARM refused it because the NIC changed or went (deleted, or the
+            // address taken by another gateway): released if it no longer
+            // holds the address. After a transport failure nothing is known.
+            Err(e) if !TRANSPORT_CODES.contains(&e.code.as_str()) && !self.holds(nic_id, private).await? => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -1353,6 +1355,9 @@ impl From<CloudError> for Failure {
         Self { error, http_status: None }
     }
 }
+
+/// The codes [`classify`] gives failures that are not ARM's answers.
+const TRANSPORT_CODES: &[&str] = &["connect", "timeout", "io", "credential", "response", "client"];
 
 /// Whether an ARM answer (HTTP status and error code) may succeed when
 /// repeated: throttling (429), a precondition that failed because the
