@@ -29,6 +29,9 @@
 //! - [`moto`]: an EC2 API emulator (moto's server) on loopback, and helpers
 //!   that seed it; [`faultproxy`]: a proxy in front of it that fails chosen
 //!   EC2 actions (errors, stalls), for the AWS provider's tests.
+//! - [`azure_emulator`]: the ARM emulator (`tests/emulators/azure`) over
+//!   HTTPS on loopback, its control API and seeding, for the Azure
+//!   provider's tests.
 //! - [`prometheus`]: a real Prometheus scraping a lab, queried over its API,
 //!   and `promtool` for the alert rules' unit tests.
 //!
@@ -36,6 +39,7 @@
 //! `tests/lab.sh`; docs/lab.md describes both.
 
 pub mod apiserver;
+pub mod azure_emulator;
 pub mod capture;
 pub mod client;
 pub mod cluster_net;

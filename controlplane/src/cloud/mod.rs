@@ -22,6 +22,8 @@
 
 #[cfg(feature = "aws")]
 pub mod aws;
+#[cfg(feature = "azure")]
+pub mod azure;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -473,6 +473,15 @@ class Emulator:
             raise model.not_found(NIC, name, rg)
         return Response(200, model.render_nic(nic))
 
+    def list_nics(self, req: Request, _async_error: dict | None) -> Response:
+        """Network Interfaces - List (a resource group's NICs, whole, as Get shows them)."""
+        world = self._view(req.now, stale=True)
+        sub, rg = req.params["sub"], req.params["rg"]
+        world.require_group(sub, rg)
+        scope = (model.group_id(sub, rg) + "/").lower()
+        items = [model.render_nic(n) for k, n in sorted(world.nics.items()) if k.startswith(scope)]
+        return self._page(req, items)
+
     def put_nic(self, req: Request, async_error: dict | None) -> Response:
         """Network Interfaces - Create Or Update: checked now, committed when its
         operation completes (asyncDelay later)."""
@@ -646,6 +655,7 @@ ROUTES = [
     route("GET", SUB + NET + "/publicIPAddresses", NETWORK_API, PUBLIC_IP, Emulator.list_public_ips),
     route("GET", RG + NET + "/publicIPAddresses", NETWORK_API, PUBLIC_IP, Emulator.list_public_ips),
     route("GET", RG + NET + "/publicIPAddresses" + NAME, NETWORK_API, PUBLIC_IP, Emulator.get_public_ip),
+    route("GET", RG + NET + "/networkInterfaces", NETWORK_API, NIC, Emulator.list_nics),
     route("GET", RG + NET + "/networkInterfaces" + NAME, NETWORK_API, NIC, Emulator.get_nic),
     route("PUT", RG + NET + "/networkInterfaces" + NAME, NETWORK_API, NIC, Emulator.put_nic),
     route(

@@ -290,6 +290,20 @@ class EmulatorTest(unittest.TestCase):
             ["nic-a/ipConfigurations/egress-1", "nic-a/ipConfigurations/ipconfig1", "nic-b/ipConfigurations/ipconfig1"],
         )
 
+    def test_nic_list_of_a_resource_group_pages_whole_nics(self):
+        self.control("PUT", "config", {"pageSize": 1})
+        url, nics = f"{NET}/networkInterfaces?{NETWORK_API}", {}
+        while url:
+            reply = self.arm("GET", url)
+            self.assertEqual(reply.status, 200, reply.body)
+            self.assertLessEqual(len(reply.body["value"]), 1)
+            nics.update({n["name"]: n for n in reply.body["value"]})
+            url = reply.body.get("nextLink")
+        self.assertEqual(set(nics), {"nic-a", "nic-a2", "nic-b"})
+        self.assertEqual(nics["nic-a"], self.nic("nic-a"), "as Get shows it")
+        no_group = f"/subscriptions/{SUB}/resourceGroups/nope/providers/Microsoft.Network/networkInterfaces"
+        self.assertError(self.arm("GET", f"{no_group}?{NETWORK_API}"), 404, "ResourceGroupNotFound")
+
     # -------------------------------------------------------------- moves ---
 
     def test_a_move_is_two_nic_puts_and_one_put_is_refused(self):
