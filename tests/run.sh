@@ -159,6 +159,11 @@ if ((fixtures_ran < 30)); then
   exit 1
 fi
 
+step "the cloud API emulators' own tests (tests/emulators: the contract the providers' tests rely on)"
+for emulator in tests/emulators/*/test_emulator.py; do
+  python3 -B "$emulator"
+done
+
 step "instructions per established packet and per new flow, against benches/instructions.txt (tests/instructions.sh)"
 # Counted by callgrind on the release build: deterministic, so asserted here
 # (a rise of more than 10 % fails); no timing is. Also in --quick: it is a

@@ -65,8 +65,10 @@ fn cloud(emu: &AzureEmulator) -> AzureCloud {
 
 fn selector(subnet_id: &str, tags: &[(&str, &str)]) -> PoolSelector {
     PoolSelector {
+        provider: egret_controlplane::cloud::Provider::Azure,
         tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
         subnet_id: subnet_id.to_owned(),
+        ipv6: false,
     }
 }
 

@@ -262,7 +262,8 @@ pub fn targets<P: PoolView>(pools: &[P]) -> BTreeMap<IpAddr, task::Target> {
 
 /// The providers a gateway can use, each made on first use with its
 /// standard credential chain (AWS: `AWS_REGION`, `AWS_ENDPOINT_URL_EC2`, the
-/// instance profile or IRSA). A provider this build does not include (a
+/// instance profile or IRSA; Azure: workload identity, else managed
+/// identity, `EGRET_AZURE_ARM_ENDPOINT`). A provider this build does not include (a
 /// cargo feature off) refuses every call for good, naming the feature.
 pub fn providers() -> task::Factory {
     Box::new(|provider| {
@@ -270,6 +271,8 @@ pub fn providers() -> task::Factory {
             match provider {
                 #[cfg(feature = "aws")]
                 Provider::Aws => Arc::new(aws::AwsCloud::load(None, None).await) as Arc<dyn Cloud>,
+                #[cfg(feature = "azure")]
+                Provider::Azure => Arc::new(azure::AzureCloud::load()) as Arc<dyn Cloud>,
                 other => Arc::new(NotBuilt(other)) as Arc<dyn Cloud>,
             }
         })
