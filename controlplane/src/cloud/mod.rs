@@ -22,6 +22,8 @@
 
 #[cfg(feature = "aws")]
 pub mod aws;
+#[cfg(feature = "gcp")]
+pub mod gcp;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
