@@ -247,7 +247,12 @@ impl GcpCloud {
             } else {
                 (None, None)
             };
-            public.push(PublicAddress { public_ip: IpAddr::V4(ip), allocation_id: self_link, private_ip, interface_id });
+            public.push(PublicAddress {
+                public_ip: IpAddr::V4(ip),
+                allocation_id: self_link,
+                private_ip,
+                interface_id,
+            });
         }
         public.sort_by_key(|p| p.public_ip);
 
@@ -292,7 +297,10 @@ impl GcpCloud {
                 )
             })?;
         let primary = nic.network_ip.as_deref().ok_or_else(|| {
-            invalid("instances.get", &format!("instance {}: its interface in {} has no address", node.path(), subnet.path()))
+            invalid(
+                "instances.get",
+                &format!("instance {}: its interface in {} has no address", node.path(), subnet.path()),
+            )
         })?;
         let primary_ip = parse_ip("instances.get", primary)?;
         let nic_name = nic.name.clone().unwrap_or_else(|| "nic0".into());
@@ -358,7 +366,9 @@ impl GcpCloud {
             )
         };
         let check = |ti: model::TargetInstance| -> Result<String, CloudError> {
-            let link = ti.self_link.unwrap_or_else(|| scoped_link(&node.project, "zones", &node.zone, "targetInstances", name));
+            let link = ti
+                .self_link
+                .unwrap_or_else(|| scoped_link(&node.project, "zones", &node.zone, "targetInstances", name));
             let for_instance = ti.instance.as_deref().is_some_and(|i| path_of(i) == path_of(instance_link));
             let same_network = match (ti.network.as_deref(), network) {
                 (Some(a), Some(b)) => path_of(a) == path_of(b),
@@ -392,14 +402,8 @@ impl GcpCloud {
         if let Some(network) = network {
             body = body.set_network(network);
         }
-        let insert = self
-            .targets
-            .insert()
-            .set_project(&node.project)
-            .set_zone(&node.zone)
-            .set_body(body)
-            .poller()
-            .until_done();
+        let insert =
+            self.targets.insert().set_project(&node.project).set_zone(&node.zone).set_body(body).poller().until_done();
         match call.finish("targetInstances.insert", insert).await {
             Ok(()) => {}
             // Made meanwhile by another call of this gateway's: use it.
@@ -643,7 +647,7 @@ impl GcpCloud {
             .await?;
         // Gone, or pointed at a later holder: released already.
         let Some(current) = current else { return Ok(()) };
-        if !current.target.as_deref().is_some_and(|t| path_of(t) == path_of(target)) {
+        if current.target.as_deref().is_none_or(|t| path_of(t) != path_of(target)) {
             return Ok(());
         }
         let delete = self
@@ -817,7 +821,8 @@ fn out_of_time(operation: &'static str) -> CloudError {
 
 /// What a failed request means for the caller.
 fn classify(operation: &'static str, err: &google_cloud_gax::error::Error) -> CloudError {
-    let transport = |code: &str, retryable: bool| CloudError { operation, code: code.into(), message: err.to_string(), retryable };
+    let transport =
+        |code: &str, retryable: bool| CloudError { operation, code: code.into(), message: err.to_string(), retryable };
     if err.is_timeout() {
         return transport("timeout", true);
     }
@@ -902,12 +907,9 @@ fn operation_error(operation: &'static str, op: &Operation) -> Option<CloudError
     let code = first
         .and_then(|e| e.code.clone())
         .unwrap_or_else(|| http.map_or_else(|| "OperationFailed".into(), |h| format!("HTTP {h}")));
-    let message = first
-        .and_then(|e| e.message.clone())
-        .or_else(|| op.http_error_message.clone())
-        .unwrap_or_default();
-    let retryable = http.is_some_and(|s| s >= 500 || s == 429 || s == 412)
-        || RETRYABLE_OPERATION_CODES.contains(&code.as_str());
+    let message = first.and_then(|e| e.message.clone()).or_else(|| op.http_error_message.clone()).unwrap_or_default();
+    let retryable =
+        http.is_some_and(|s| s >= 500 || s == 429 || s == 412) || RETRYABLE_OPERATION_CODES.contains(&code.as_str());
     let name = op.name.as_deref().unwrap_or("?");
     Some(CloudError { operation, code, message: format!("operation {name}: {message}"), retryable })
 }
@@ -916,9 +918,7 @@ fn held_elsewhere(ip: Ipv4Addr, why: &str) -> CloudError {
     CloudError {
         operation: "forwardingRules.setTarget",
         code: HELD_ELSEWHERE.into(),
-        message: format!(
-            "{ip}: {why}; not taking it: free the address or make that instance a gateway Node"
-        ),
+        message: format!("{ip}: {why}; not taking it: free the address or make that instance a gateway Node"),
         retryable: false,
     }
 }
@@ -935,7 +935,9 @@ fn bad_target(target: &str) -> CloudError {
     CloudError {
         operation: "targetInstances",
         code: "InvalidTargetInstance".into(),
-        message: format!("{target:?} is not the link of a target instance in a zone (projects/P/zones/Z/targetInstances/N)"),
+        message: format!(
+            "{target:?} is not the link of a target instance in a zone (projects/P/zones/Z/targetInstances/N)"
+        ),
         retryable: false,
     }
 }
@@ -996,15 +998,9 @@ struct Scoped {
 impl Scoped {
     fn parse(link: &str, scope_kind: &str, collection: &str) -> Option<Self> {
         let mut parts = path_of(link).split('/');
-        let (Some("projects"), Some(project), Some(kind), Some(scope), Some(coll), Some(name), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
+        let (Some("projects"), Some(project), Some(kind), Some(scope), Some(coll), Some(name), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+        else {
             return None;
         };
         if kind != scope_kind || coll != collection || [project, scope, name].iter().any(|s| s.is_empty()) {
@@ -1143,7 +1139,8 @@ fn rule_ip(rule: &model::ForwardingRule) -> Option<Ipv4Addr> {
 /// characters keeps a prefix and ends with 8 hex digits of a SHA-256 of the
 /// whole, so that it stays unique and valid.
 pub fn target_instance_name(instance: &str, nic: &str) -> String {
-    let full = if nic == "nic0" { format!("{NAME_PREFIX}{instance}") } else { format!("{NAME_PREFIX}{instance}-{nic}") };
+    let full =
+        if nic == "nic0" { format!("{NAME_PREFIX}{instance}") } else { format!("{NAME_PREFIX}{instance}-{nic}") };
     if full.len() <= MAX_NAME {
         return full;
     }
@@ -1173,7 +1170,8 @@ pub fn label_filter(tags: &std::collections::BTreeMap<String, String>) -> Result
     let allowed = |c: char| c.is_lowercase() || c.is_ascii_digit() || c == '_' || c == '-';
     let mut parts = Vec::new();
     for (k, v) in tags {
-        if k.is_empty() || k.chars().count() > MAX_NAME || !k.starts_with(char::is_lowercase) || !k.chars().all(allowed) {
+        if k.is_empty() || k.chars().count() > MAX_NAME || !k.starts_with(char::is_lowercase) || !k.chars().all(allowed)
+        {
             return Err(bad(format!(
                 "label key {k:?}: GCP label keys are 1 to 63 lowercase letters, digits, '_' or '-', starting with a letter"
             )));
@@ -1253,8 +1251,10 @@ mod tests {
             want
         );
         assert_eq!(
-            Subnet::parse("https://compute.googleapis.com/compute/v1/projects/p/regions/us-central1/subnetworks/gateways")
-                .unwrap(),
+            Subnet::parse(
+                "https://compute.googleapis.com/compute/v1/projects/p/regions/us-central1/subnetworks/gateways"
+            )
+            .unwrap(),
             want
         );
         for bad in [
@@ -1293,14 +1293,18 @@ mod tests {
 
     #[test]
     fn label_filters_are_anded_and_quoted() {
-        let tags: BTreeMap<String, String> =
-            [("egret-pool", "prod"), ("team", ""), ("tier_1", "a-b")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let tags: BTreeMap<String, String> = [("egret-pool", "prod"), ("team", ""), ("tier_1", "a-b")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         assert_eq!(
             label_filter(&tags).unwrap(),
             r#"(labels.egret-pool = "prod") (labels.team = "") (labels.tier_1 = "a-b")"#
         );
         assert!(!label_filter(&BTreeMap::new()).unwrap_err().retryable);
-        for (k, v) in [("Pool", "x"), ("1pool", "x"), ("pool", "Prod"), ("po ol", "x"), ("pool", "a\"b"), ("pool", "a b")] {
+        for (k, v) in
+            [("Pool", "x"), ("1pool", "x"), ("pool", "Prod"), ("po ol", "x"), ("pool", "a\"b"), ("pool", "a b")]
+        {
             let tags = BTreeMap::from([(k.to_string(), v.to_string())]);
             let e = label_filter(&tags).unwrap_err();
             assert_eq!((e.code.as_str(), e.retryable), ("InvalidLabels", false), "{k}={v}");
@@ -1360,7 +1364,12 @@ mod tests {
         for (http, code, reason, message) in [
             (403, Code::PermissionDenied, Some("forbidden"), "Required 'compute.forwardingRules.setTarget' permission"),
             (403, Code::PermissionDenied, None, "Required 'compute.addresses.get' permission"),
-            (403, Code::Unknown, Some("quotaExceeded"), "Quota 'FORWARDING_RULES' exceeded. Limit: 15.0 in region us-central1."),
+            (
+                403,
+                Code::Unknown,
+                Some("quotaExceeded"),
+                "Quota 'FORWARDING_RULES' exceeded. Limit: 15.0 in region us-central1.",
+            ),
             (401, Code::Unauthenticated, None, "Request is missing required authentication credential"),
             (400, Code::InvalidArgument, Some("invalid"), "Invalid value for field 'resource.target'"),
             (404, Code::NotFound, Some("notFound"), "The resource 'projects/p' was not found"),
@@ -1384,8 +1393,9 @@ mod tests {
     }
 
     fn failed_operation(code: &str, http: i32) -> Operation {
-        let err = model::operation::Error::new()
-            .set_errors([model::operation::error::Errors::new().set_code(code).set_message(format!("{code} happened"))]);
+        let err = model::operation::Error::new().set_errors([model::operation::error::Errors::new()
+            .set_code(code)
+            .set_message(format!("{code} happened"))]);
         Operation::new()
             .set_name("operation-1")
             .set_status(model::operation::Status::Done)
@@ -1397,10 +1407,22 @@ mod tests {
     #[test]
     fn operations_that_end_with_an_error_are_classified() {
         assert!(operation_error("forwardingRules.setTarget", &Operation::new().set_name("ok")).is_none());
-        let e = operation_error("forwardingRules.insert", &failed_operation("IP_IN_USE_BY_ANOTHER_RESOURCE", 400)).unwrap();
-        assert_eq!((e.operation, e.code.as_str(), e.retryable), ("forwardingRules.insert", "IP_IN_USE_BY_ANOTHER_RESOURCE", false));
-        assert!(e.message.contains("operation-1") && e.message.contains("IP_IN_USE_BY_ANOTHER_RESOURCE happened"), "{e}");
-        for (code, http) in [("RATE_LIMIT_EXCEEDED", 403), ("CONDITION_NOT_MET", 412), ("INTERNAL_ERROR", 500), ("RESOURCE_NOT_FOUND", 404)] {
+        let e =
+            operation_error("forwardingRules.insert", &failed_operation("IP_IN_USE_BY_ANOTHER_RESOURCE", 400)).unwrap();
+        assert_eq!(
+            (e.operation, e.code.as_str(), e.retryable),
+            ("forwardingRules.insert", "IP_IN_USE_BY_ANOTHER_RESOURCE", false)
+        );
+        assert!(
+            e.message.contains("operation-1") && e.message.contains("IP_IN_USE_BY_ANOTHER_RESOURCE happened"),
+            "{e}"
+        );
+        for (code, http) in [
+            ("RATE_LIMIT_EXCEEDED", 403),
+            ("CONDITION_NOT_MET", 412),
+            ("INTERNAL_ERROR", 500),
+            ("RESOURCE_NOT_FOUND", 404),
+        ] {
             let e = operation_error("forwardingRules.setTarget", &failed_operation(code, http)).unwrap();
             assert!(e.retryable, "{code}");
         }
@@ -1428,7 +1450,10 @@ mod tests {
         let v4: IpAddr = "203.0.113.10".parse().unwrap();
         let e = cloud.assign("eni-0abc", v4, None, &BTreeSet::new()).await.unwrap_err();
         assert_eq!((e.code.as_str(), e.retryable), ("InvalidTargetInstance", false), "{e}");
-        let e = cloud.interface("aws:///us-east-1a/i-0abc", "projects/p/regions/us-central1/subnetworks/s").await.unwrap_err();
+        let e = cloud
+            .interface("aws:///us-east-1a/i-0abc", "projects/p/regions/us-central1/subnetworks/s")
+            .await
+            .unwrap_err();
         assert_eq!((e.code.as_str(), e.retryable), ("InvalidProviderID", false), "{e}");
         // A public address that is not the egress address (GCP pairs each
         // address with itself).
