@@ -29,6 +29,9 @@
 //! - [`moto`]: an EC2 API emulator (moto's server) on loopback, and helpers
 //!   that seed it; [`faultproxy`]: a proxy in front of it that fails chosen
 //!   EC2 actions (errors, stalls), for the AWS provider's tests.
+//! - [`gcp_emulator`]: the Compute Engine emulator (`tests/emulators/gcp/`)
+//!   on loopback and its control API (seeds, faults, request log, routing
+//!   truth), for the GCP provider's tests.
 //! - [`prometheus`]: a real Prometheus scraping a lab, queried over its API,
 //!   and `promtool` for the alert rules' unit tests.
 //!
@@ -44,6 +47,7 @@ pub mod error;
 pub mod faultproxy;
 pub mod frames;
 pub mod gateway;
+pub mod gcp_emulator;
 pub mod harness;
 pub mod k8slab;
 pub mod kubelet;
