@@ -30,21 +30,35 @@
 //! `get_operation`, the client's LRO poller) until it is `DONE`, because the
 //! change takes effect only then, starting after [`POLL_INITIAL`] and
 //! doubling up to [`POLL_MAX`] (the client's default starts at 1 s and grows
-//! to 60 s, which would make every move wait at least a second). The
-//! Compute calls, and why each:
+//! to 60 s, which would make every move wait at least a second). A poll
+//! that fails transiently (503, a refused connection) is polled again within
+//! the bound; any other failed poll ends the call. The Compute calls, and
+//! why each:
 //!
 //! | trait call | Compute calls |
 //! |---|---|
 //! | [`Cloud::discover`] | `addresses.list` (region of the subnetwork; `filter` on the labels, ANDed; pages), `forwardingRules.get` for each address used by its `egret-` rule (where it points), `subnetworks.get` (the range) |
 //! | [`Cloud::interface`] | `instances.get` (from the Node's `spec.providerID`: the interface in the subnetwork, `canIpForward`), `targetInstances.get` (and `targetInstances.insert`, polled to `DONE`, when it is missing), `forwardingRules.list` (`filter` on `target`: the addresses it receives) |
-//! | [`Cloud::assign`] | `addresses.get` (its `users`: anything but our rule is a refusal), `forwardingRules.get` (our rule; where it points), `targetInstances.get` (the instance behind a current target: not a gateway's is a refusal), then `forwardingRules.insert` when the rule is missing, else always `forwardingRules.setTarget`, polled to `DONE` |
+//! | [`Cloud::assign`] | `addresses.get` (`addresses.list` with a `filter` on the address when no discovered address is given; its `users`: anything but our rule is a refusal), `forwardingRules.get` (our rule; where it points), `targetInstances.get` (the instance behind a current target: not a gateway's is a refusal), then `forwardingRules.insert` when the rule is missing, else always `forwardingRules.setTarget`, polled to `DONE`; an insert answered 409 (the read was stale) is followed by a setTarget, a setTarget answered 404 by an insert |
 //! | [`Cloud::verify`] | `forwardingRules.get` (the rule targets this gateway's target instance) |
 //! | [`Cloud::release`] | `forwardingRules.get` (does it still target us?), `forwardingRules.delete` polled to `DONE` |
 //!
 //! `assign` always makes the mutating call: a read may be stale (another
 //! gateway's `setTarget` not visible yet), and a take-over that skipped the
 //! call on a stale read would translate to an address GCP delivers
-//! elsewhere. The IAM permissions these calls need are
+//! elsewhere.
+//!
+//! `release` reads the rule and deletes it when it still targets this
+//! gateway; Compute has no conditional delete, so a take-over whose
+//! `setTarget` completes between the two is deleted with it. The new
+//! holder's `verify` finds the rule gone at its next refresh and assigns
+//! again (an outage of up to one `kubernetes.resyncPeriod`). The old holder
+//! releases as soon as it gives the Lease up, usually before another gateway
+//! has taken the Lease and moved the rule: the window is rare, not
+//! impossible.
+//!
+//! The IAM permissions these calls need (by their names in Compute's
+//! permission reference; not yet checked against a real project) are
 //! `compute.addresses.get`/`list`/`use`, `compute.forwardingRules.get`/
 //! `list`/`create`/`delete`/`setTarget`, `compute.targetInstances.get`/
 //! `create`/`use`, `compute.instances.get`/`use`, `compute.subnetworks.get`
@@ -1072,8 +1086,9 @@ impl InstanceRef {
 }
 
 /// The instance in a Node's `spec.providerID`: `gce://<project>/<zone>/<name>`,
-/// what the GCP cloud provider writes (kubernetes/cloud-provider-gcp,
-/// `providers/gce/gce_instances.go`, `providerIDPrefix + project/zone/name`).
+/// what the GCP cloud provider writes (`gce://%s/%s/%s` with the project,
+/// zone and instance name: `gce_util.go` in kubernetes' legacy-cloud-providers
+/// `gce`, now kubernetes/cloud-provider-gcp `providers/gce`).
 pub fn parse_provider_id(provider_id: &str) -> Result<InstanceRef, CloudError> {
     let bad = |why: &str| CloudError {
         operation: "providerID",
