@@ -32,6 +32,9 @@
 //! - [`azure_emulator`]: the ARM emulator (`tests/emulators/azure`) over
 //!   HTTPS on loopback, its control API and seeding, for the Azure
 //!   provider's tests.
+//! - [`gcp_emulator`]: the Compute Engine emulator (`tests/emulators/gcp/`)
+//!   on loopback and its control API (seeds, faults, request log, routing
+//!   truth), for the GCP provider's tests.
 //! - [`prometheus`]: a real Prometheus scraping a lab, queried over its API,
 //!   and `promtool` for the alert rules' unit tests.
 //!
@@ -48,6 +51,7 @@ pub mod error;
 pub mod faultproxy;
 pub mod frames;
 pub mod gateway;
+pub mod gcp_emulator;
 pub mod harness;
 pub mod k8slab;
 pub mod kubelet;

@@ -24,6 +24,8 @@
 pub mod aws;
 #[cfg(feature = "azure")]
 pub mod azure;
+#[cfg(feature = "gcp")]
+pub mod gcp;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -263,7 +265,8 @@ pub fn targets<P: PoolView>(pools: &[P]) -> BTreeMap<IpAddr, task::Target> {
 /// The providers a gateway can use, each made on first use with its
 /// standard credential chain (AWS: `AWS_REGION`, `AWS_ENDPOINT_URL_EC2`, the
 /// instance profile or IRSA; Azure: workload identity, else managed
-/// identity, `EGRET_AZURE_ARM_ENDPOINT`). A provider this build does not include (a
+/// identity, `EGRET_AZURE_ARM_ENDPOINT`; GCP: application default
+/// credentials or the metadata server, `EGRET_GCP_COMPUTE_ENDPOINT`). A provider this build does not include (a
 /// cargo feature off) refuses every call for good, naming the feature.
 pub fn providers() -> task::Factory {
     Box::new(|provider| {
@@ -273,6 +276,10 @@ pub fn providers() -> task::Factory {
                 Provider::Aws => Arc::new(aws::AwsCloud::load(None, None).await) as Arc<dyn Cloud>,
                 #[cfg(feature = "azure")]
                 Provider::Azure => Arc::new(azure::AzureCloud::load()) as Arc<dyn Cloud>,
+                #[cfg(feature = "gcp")]
+                Provider::Gcp => Arc::new(gcp::LazyGcp::default()) as Arc<dyn Cloud>,
+                // Reached in a build without one of the features.
+                #[allow(unreachable_patterns)]
                 other => Arc::new(NotBuilt(other)) as Arc<dyn Cloud>,
             }
         })
