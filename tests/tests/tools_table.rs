@@ -9,7 +9,7 @@
 //!   run them (`exec(&["x", ...])`, `in_ns(ns, &["x", ...])`,
 //!   `run(&["x", ...])`);
 //! - shell (`tests/*.sh`, `tests/k8s/*.sh`, `tests/moto/*.sh`,
-//!   `tests/emulators/azure/*.sh`, `tests/guest-kernel/*.sh`,
+//!   `tests/emulators/azure/*.sh`, `tests/emulators/gcp/*.sh`, `tests/guest-kernel/*.sh`,
 //!   `tests/helm-render/*.sh`, `deploy/images/*/*.sh`, `vagrant/*.sh`): the
 //!   command word of every simple command, also inside `$(...)`, after
 //!   `exec`/`timeout`/`setsid`/`ip netns exec NS`, and `command -v x`.
@@ -600,6 +600,7 @@ fn scan() -> Vec<(String, usize, String)> {
         "tests/k8s",
         "tests/moto",
         "tests/emulators/azure",
+        "tests/emulators/gcp",
         "tests/guest-kernel",
         "tests/helm-render",
         "deploy/images/node",
@@ -646,6 +647,7 @@ fn every_command_the_tests_and_scripts_run_is_in_the_table() {
         ("tests/k8s/apiserver.sh", "openssl"),
         ("tests/k8s/apiserver.sh", "curl"),
         ("tests/emulators/azure/azure-emulator.sh", "python3"),
+        ("tests/emulators/gcp/gcp-emulator.sh", "curl"),
         ("tests/guest-kernel/run.sh", "qemu-system-x86_64"),
     ] {
         assert!(found.iter().any(|(f, _, c)| f == file && c == cmd), "the scan did not find `{cmd}` in {file}");
