@@ -10,6 +10,8 @@
 //! |---|---|
 //! | [`Cloud::discover`] | DescribeAddresses (`tag:K`=V filters ANDed, `domain`=`vpc`), DescribeSubnets (the CIDR), DescribeNetworkInterfaces (`subnet-id`: every private address in use) |
 //! | [`Cloud::interface`] | DescribeInstances (the instance named by the Node's `spec.providerID`), DescribeNetworkInterfaces (its ENI in the subnet) |
+//! | [`Cloud::primary_interface`] | DescribeInstances (the ENI at device index 0), DescribeNetworkInterfaces |
+//! | [`Cloud::add_address`] | DescribeNetworkInterfaces (its addresses now), AssignPrivateIpAddresses (`SecondaryPrivateIpAddressCount`=1: EC2 chooses) |
 //! | [`Cloud::assign`] | DescribeNetworkInterfaces (the interface, then its subnet's: who holds the address; an interface that is not a gateway's is a refusal), then always AssignPrivateIpAddresses (`AllowReassignment`) and AssociateAddress (`PrivateIpAddress`, `AllowReassociation`) |
 //! | [`Cloud::verify`] | DescribeNetworkInterfaces (the interface has it), DescribeAddresses (the Elastic IP's association names the interface and the private address) |
 //! | [`Cloud::release`] | DescribeNetworkInterfaces (is it still there?), UnassignPrivateIpAddresses (IPv6: UnassignIpv6Addresses) |
@@ -36,7 +38,7 @@ use aws_sdk_ec2::config::retry::RetryConfig;
 use aws_sdk_ec2::config::timeout::TimeoutConfig;
 use aws_sdk_ec2::config::{BehaviorVersion, Region, SharedHttpClient};
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_ec2::types::{Filter, NetworkInterface};
+use aws_sdk_ec2::types::{Filter, InstanceNetworkInterface, NetworkInterface};
 use futures::future::BoxFuture;
 use ipnet::IpNet;
 
@@ -229,6 +231,18 @@ impl AwsCloud {
     }
 
     async fn interface_impl(&self, provider_id: &str, subnet_id: &str) -> Result<Interface, CloudError> {
+        let in_subnet = |n: &InstanceNetworkInterface| n.subnet_id() == Some(subnet_id);
+        self.instance_interface(provider_id, in_subnet, &format!("in subnet {subnet_id}")).await
+    }
+
+    /// The interface of the instance `provider_id` names that `pick`
+    /// accepts, the lowest device index first (`which` words the refusal).
+    async fn instance_interface(
+        &self,
+        provider_id: &str,
+        pick: impl Fn(&InstanceNetworkInterface) -> bool,
+        which: &str,
+    ) -> Result<Interface, CloudError> {
         let instance_id = parse_provider_id(provider_id)?;
         let out = self
             .client
@@ -246,15 +260,12 @@ impl AwsCloud {
         let eni_id = instance
             .network_interfaces()
             .iter()
-            .filter(|n| n.subnet_id() == Some(subnet_id))
+            .filter(|n| pick(n))
             // The lowest device index first: the primary ENI when it is in the subnet.
             .min_by_key(|n| n.attachment().and_then(|a| a.device_index()).unwrap_or(i32::MAX))
             .and_then(|n| n.network_interface_id())
             .ok_or_else(|| {
-                invalid(
-                    "DescribeInstances",
-                    &format!("instance {instance_id} has no network interface in subnet {subnet_id}"),
-                )
+                invalid("DescribeInstances", &format!("instance {instance_id} has no network interface {which}"))
             })?;
         // The ENI itself: its own view of the addresses and the check.
         let eni = self.eni(eni_id).await?.ok_or_else(|| {
@@ -274,6 +285,46 @@ impl AwsCloud {
             // EC2 enables the check on every new ENI; absent means default.
             source_dest_check: eni.source_dest_check().unwrap_or(true),
         })
+    }
+
+    /// The instance's primary interface (device index 0), any subnet.
+    async fn primary_interface_impl(&self, provider_id: &str) -> Result<Interface, CloudError> {
+        let primary = |n: &InstanceNetworkInterface| n.attachment().and_then(|a| a.device_index()).unwrap_or(0) == 0;
+        self.instance_interface(provider_id, primary, "at device index 0").await
+    }
+
+    /// AssignPrivateIpAddresses with `SecondaryPrivateIpAddressCount=1`: EC2
+    /// chooses a free address of the interface's subnet. The answer's
+    /// `AssignedPrivateIpAddresses` is the new address on AWS; moto 5.2.5
+    /// answers with every address of the interface, so the new one is the
+    /// answer's address the interface did not have before the call.
+    async fn add_address_impl(&self, interface_id: &str) -> Result<IpAddr, CloudError> {
+        let before = match self.eni(interface_id).await? {
+            Some(eni) => eni_addresses(&eni)?,
+            None => return Err(invalid("DescribeNetworkInterfaces", &format!("interface {interface_id} not found"))),
+        };
+        let out = self
+            .client
+            .assign_private_ip_addresses()
+            .network_interface_id(interface_id)
+            .secondary_private_ip_address_count(1)
+            .send()
+            .await
+            .map_err(|e| classify("AssignPrivateIpAddresses", e))?;
+        let mut new = Vec::new();
+        for a in out.assigned_private_ip_addresses() {
+            let ip = parse_ip("AssignPrivateIpAddresses", a.private_ip_address().unwrap_or_default())?;
+            if !before.contains(&ip) {
+                new.push(ip);
+            }
+        }
+        match new[..] {
+            [ip] => Ok(ip),
+            _ => Err(invalid(
+                "AssignPrivateIpAddresses",
+                &format!("expected one new address on {interface_id}, the answer has {new:?}"),
+            )),
+        }
     }
 
     async fn assign_impl(
@@ -473,6 +524,14 @@ impl Cloud for AwsCloud {
         subnet_id: &'a str,
     ) -> BoxFuture<'a, Result<Interface, CloudError>> {
         Box::pin(self.interface_impl(provider_id, subnet_id))
+    }
+
+    fn primary_interface<'a>(&'a self, provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
+        Box::pin(self.primary_interface_impl(provider_id))
+    }
+
+    fn add_address<'a>(&'a self, interface_id: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
+        Box::pin(self.add_address_impl(interface_id))
     }
 
     fn assign<'a>(

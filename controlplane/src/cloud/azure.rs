@@ -250,6 +250,14 @@ impl Cloud for AzureCloud {
         })
     }
 
+    fn primary_interface<'a>(&'a self, _provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
+        Box::pin(async { Err(pernode_pending("primary_interface")) })
+    }
+
+    fn add_address<'a>(&'a self, _interface_id: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
+        Box::pin(async { Err(pernode_pending("add_address")) })
+    }
+
     fn assign<'a>(
         &'a self,
         interface_id: &'a str,
@@ -1690,5 +1698,15 @@ mod tests {
         }
         let e = AzureCloud::new(Arc::new(NoToken), "http://127.0.0.1:9", None, Bounds::default()).unwrap_err();
         assert_eq!((e.code.as_str(), e.retryable), ("InvalidConfiguration", false), "{e}");
+    }
+}
+
+/// PerNode cloud pools on this provider are being built (issue 33, ADR 0033).
+fn pernode_pending(operation: &'static str) -> CloudError {
+    CloudError {
+        operation,
+        code: "NotImplemented".into(),
+        message: "PerNode cloud pools are not built for this provider yet (ADR 0033)".into(),
+        retryable: false,
     }
 }

@@ -704,6 +704,14 @@ impl Cloud for GcpCloud {
         })
     }
 
+    fn primary_interface<'a>(&'a self, _provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
+        Box::pin(async { Err(pernode_pending("primary_interface")) })
+    }
+
+    fn add_address<'a>(&'a self, _interface_id: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
+        Box::pin(async { Err(pernode_pending("add_address")) })
+    }
+
     fn assign<'a>(
         &'a self,
         interface_id: &'a str,
@@ -969,6 +977,14 @@ impl Cloud for LazyGcp {
         subnet_id: &'a str,
     ) -> BoxFuture<'a, Result<Interface, CloudError>> {
         Box::pin(async move { self.get().await?.interface(provider_id, subnet_id).await })
+    }
+
+    fn primary_interface<'a>(&'a self, provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
+        Box::pin(async move { self.get().await?.primary_interface(provider_id).await })
+    }
+
+    fn add_address<'a>(&'a self, interface_id: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
+        Box::pin(async move { self.get().await?.add_address(interface_id).await })
     }
 
     fn assign<'a>(
@@ -1537,5 +1553,15 @@ mod tests {
         // And the first real call fails retryably: nothing listens.
         let e = cloud.verify(ti, v4, None).await.unwrap_err();
         assert_eq!((e.operation, e.code.as_str(), e.retryable), ("forwardingRules.get", "connect", true), "{e}");
+    }
+}
+
+/// PerNode cloud pools on this provider are being built (issue 33, ADR 0033).
+fn pernode_pending(operation: &'static str) -> CloudError {
+    CloudError {
+        operation,
+        code: "NotImplemented".into(),
+        message: "PerNode cloud pools are not built for this provider yet (ADR 0033)".into(),
+        retryable: false,
     }
 }

@@ -36,6 +36,7 @@ use futures::future::BoxFuture;
 use ipnet::IpNet;
 
 pub mod inspect;
+pub mod node_addresses;
 pub mod pairing;
 mod pool_spec;
 pub mod task;
@@ -137,6 +138,20 @@ pub struct Interface {
     pub source_dest_check: bool,
 }
 
+/// A worker Node's address in a `PerNode` cloud pool (ADR 0033): the
+/// private address on the Node's own interface that the public address is
+/// associated with. On a provider whose public address is the egress IP
+/// itself (GCP, [`Provider::pairs_privately`] false) `private_ip` is the
+/// public address and `interface_id` the handle traffic for it is
+/// forwarded to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NodeAddress {
+    /// The Node's interface (AWS: `eni-...`).
+    pub interface_id: String,
+    /// The address the Node's selected pods are translated to.
+    pub private_ip: IpAddr,
+}
+
 /// One failed call to the provider.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct CloudError {
@@ -180,14 +195,29 @@ pub trait Cloud: Send + Sync {
         subnet_id: &'a str,
     ) -> BoxFuture<'a, Result<Interface, CloudError>>;
 
+    /// The primary interface of the instance named by `provider_id`,
+    /// whatever its subnet: a worker Node's, for a `PerNode` cloud pool
+    /// (ADR 0033). Worker nodes may sit in any subnet (ADR 0031).
+    fn primary_interface<'a>(&'a self, provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>>;
+
+    /// Adds a secondary private address to `interface_id`, chosen by the
+    /// provider from the interface's subnet, and returns it: a worker
+    /// Node's address for a `PerNode` cloud pool (ADR 0033). The provider
+    /// chooses, never Egret, because the CNI may give the same subnet's
+    /// addresses to the same interfaces at the same time (AWS VPC CNI).
+    /// Only for providers that pair privately ([`Provider::pairs_privately`]).
+    fn add_address<'a>(&'a self, interface_id: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>>;
+
     /// Makes `private` a secondary address of `interface_id`, taking it from
     /// another gateway's interface, and associates `public` with it, taking
     /// it from any other association. Idempotent, and it always makes the
     /// provider's idempotent calls: a stale read (the provider's API is
     /// eventually consistent) must not make a take-over skip one.
     ///
-    /// `gateways` are the gateway Nodes' `spec.providerID`s: an address on
-    /// an interface of any other instance (or of none) is someone else's,
+    /// `gateways` are the `spec.providerID`s of the instances Egret manages:
+    /// the gateway Nodes, and the worker Nodes of `PerNode` cloud pools when
+    /// the call is for a worker. An address on an interface of any other
+    /// instance (or of none) is someone else's,
     /// and the call refuses it (code [`HELD_ELSEWHERE`], not retryable)
     /// instead of taking it.
     fn assign<'a>(
@@ -314,6 +344,12 @@ impl Cloud for NotBuilt {
     }
     fn interface<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
         self.refuse("interface")
+    }
+    fn primary_interface<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
+        self.refuse("primary_interface")
+    }
+    fn add_address<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
+        self.refuse("add_address")
     }
     fn assign<'a>(
         &'a self,

@@ -27,12 +27,13 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Cloud, CloudError, Discovered, Interface, PoolSelector, Provider, PublicAddress};
+use super::node_addresses::{NodeAddresses, NodeKey, NodeWants};
+use super::{Cloud, CloudError, Discovered, Interface, NodeAddress, PoolSelector, Provider, PublicAddress};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Releases are tidying: tried this many times, then left to the next holder.
-const RELEASE_ATTEMPTS: u32 = 5;
+pub(super) const RELEASE_ATTEMPTS: u32 = 5;
 /// How long a gateway stops competing for an address the provider refused
 /// it for good (no interface in the subnet, no `providerID`, not allowed,
 /// the interface full): another gateway serves it meanwhile.
@@ -100,6 +101,9 @@ struct State {
 #[derive(Clone)]
 pub struct Clouds {
     state: Arc<Mutex<State>>,
+    /// The worker Nodes' addresses (`PerNode` cloud pools), made by the
+    /// status writer's task.
+    nodes: Arc<NodeAddresses>,
     wake: Arc<Notify>,
 }
 
@@ -128,7 +132,7 @@ impl Clouds {
     /// and assignment is asked about again once per `resync` (retagged or
     /// new public addresses, and drift, are noticed within this time).
     pub fn start(factory: Factory, resync: Duration, changed: Arc<Notify>) -> Clouds {
-        let c = Clouds { state: Arc::default(), wake: Arc::new(Notify::new()) };
+        let c = Clouds { state: Arc::default(), nodes: Arc::default(), wake: Arc::new(Notify::new()) };
         let task = c.clone();
         tokio::spawn(async move { task.run(factory, resync, changed).await });
         c
@@ -167,6 +171,25 @@ impl Clouds {
         if changed {
             self.wake.notify_one();
         }
+    }
+
+    /// The status writer's pass over the worker Nodes' addresses of
+    /// `PerNode` cloud pools; `None` when this gateway does not write
+    /// status (it forgets them, releasing nothing).
+    pub fn update_nodes(&self, wants: Option<NodeWants>) {
+        if self.nodes.update(wants) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The worker Nodes' addresses associated now.
+    pub fn node_addresses(&self) -> BTreeMap<NodeKey, NodeAddress> {
+        self.nodes.assigned()
+    }
+
+    /// Why each worker Node's address is not associated yet.
+    pub fn node_failures(&self) -> BTreeMap<NodeKey, CloudError> {
+        self.nodes.failures()
     }
 
     /// Gives up every address (the gateway stops for good) and waits at most
@@ -241,7 +264,7 @@ impl Clouds {
                 })
                 .collect(),
             interfaces: st.interfaces.iter().map(|(subnet, r)| (subnet.clone(), r.clone())).collect(),
-            drift_repairs: st.drift_repairs,
+            drift_repairs: st.drift_repairs + self.nodes.drift_repairs(),
         }
     }
 
@@ -255,6 +278,7 @@ impl Clouds {
                     .map(|p| p.provider)
                     .chain(st.want.values().map(|t| t.provider))
                     .chain(st.releasing.keys().filter_map(|ip| st.provider_of.get(ip).copied()))
+                    .chain(self.nodes.providers())
                     .collect()
             };
             for p in &needed {
@@ -291,11 +315,13 @@ impl Clouds {
         dirty |= self.verify_assigned(clouds, &want, now, resync).await;
         self.release_given_up(clouds, &want, now).await;
         dirty |= self.discover_pools(clouds, &pools, now, resync).await;
-        if dirty {
+        let (nodes_dirty, nodes_next) = self.nodes.step(clouds, now, resync).await;
+        if dirty || nodes_dirty {
             changed.notify_one();
         }
         let subnets = subnets.into_iter().map(|(_, s)| s).collect();
-        self.next_due(&subnets, &pools, &want, now)
+        let next = self.next_due(&subnets, &pools, &want, now);
+        next.into_iter().chain(nodes_next).min()
     }
 
     /// This gateway's interface in each subnet, asked again once per resync
@@ -599,7 +625,7 @@ impl Clouds {
 }
 
 /// 200 ms, 400 ms, ... up to 10 s.
-fn backoff(attempt: u32) -> Duration {
+pub(super) fn backoff(attempt: u32) -> Duration {
     BACKOFF_MIN.saturating_mul(1 << attempt.saturating_sub(1).min(6)).min(BACKOFF_MAX)
 }
 
@@ -659,6 +685,13 @@ mod tests {
                     source_dest_check: false,
                 })
             })
+        }
+        fn primary_interface<'a>(&'a self, provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
+            self.interface(provider_id, "primary")
+        }
+        fn add_address<'a>(&'a self, i: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
+            self.0.lock().calls.push(format!("add_address {i}"));
+            Box::pin(async { Ok("198.18.1.77".parse().unwrap()) })
         }
         fn assign<'a>(
             &'a self,

@@ -58,7 +58,7 @@ use super::crd::{
     reason, EgressIPPool, EgressIPPoolStatus, EgressPolicy, EgressPolicyStatus, LEASE_IP_ANNOTATION, LEASE_LABEL,
     LEASE_LABEL_VALUE, LEASE_NEXT_HOP_ANNOTATION,
 };
-use super::desired::{desired, Desired, LocalConfig, Observed, Owner};
+use super::desired::{desired, Desired, LocalConfig, NodeCloudObserved, Observed, Owner};
 use super::lease::{lease_name, Action, Failure, LeaseManager, LeaseRecord, Taken};
 use super::lease::{HaFields, FAILSAFE_ANNOTATION, INCARNATION_ANNOTATION, STANDBY_ANNOTATION};
 use super::liveness::{LivenessAction, OwnOutcome, EPOCH_ANNOTATION, RECORD_DURATION_SECS};
@@ -324,6 +324,7 @@ impl Stores {
             leases: leases.iter().map(|(ip, r)| (*ip, observe::lease_info(r, &liveness))).collect(),
             held: BTreeSet::new(),
             cloud: BTreeMap::new(),
+            node_cloud: BTreeMap::new(),
         };
         (obs, leases, liveness)
     }
@@ -752,6 +753,10 @@ impl SyncLoop {
         self.held(&mut obs, now);
         obs.cloud = self.clouds.discovered();
         let wall = Timestamp::now();
+        let writer = self.is_status_writer(&obs, wall);
+        if writer {
+            obs.node_cloud = self.node_cloud();
+        }
         let mut d = desired(&obs, &self.local, wall);
         let me = self.opts.node_name.clone();
         self.withdraw_refused(&mut d);
@@ -834,7 +839,9 @@ impl SyncLoop {
         self.first_pass_at.get_or_insert(now);
         self.heartbeat.publish(self.report(&d, &leases, now));
 
-        if self.is_status_writer(&obs, wall) {
+        // The worker Nodes' cloud addresses are the status writer's to make.
+        self.clouds.update_nodes(writer.then(|| d.node_cloud.clone()));
+        if writer {
             self.write_status(&d);
             self.report_service_problems(&d);
         } else {
@@ -863,6 +870,15 @@ impl SyncLoop {
         self.clouds.update(provider_id, gateways, crate::cloud::selectors(&obs.pools), want);
         let assigned = self.clouds.assigned();
         obs.held.retain(|ip| !targets.contains_key(ip) || assigned.contains(ip));
+    }
+
+    /// The worker Nodes' cloud addresses as the cloud task has them:
+    /// associated, or its last failure.
+    fn node_cloud(&self) -> NodeCloudObserved {
+        let mut out: NodeCloudObserved =
+            self.clouds.node_failures().into_iter().map(|(k, e)| (k, Err(e))).collect();
+        out.extend(self.clouds.node_addresses().into_iter().map(|(k, a)| (k, Ok(a))));
+        out
     }
 
     /// Cloud addresses the provider refused this gateway for good (no

@@ -394,6 +394,15 @@ pub struct PoolAllocation {
     /// `PerNode` policies: the Node the address is for (one allocation per Node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// `PerNode` policies on a cloud pool, once the provider has associated
+    /// the public address (`ips`) with the Node: the private address on the
+    /// Node's interface it stands for, which the Node's pods are translated
+    /// to (GCP: the public address itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_ip: Option<String>,
+    /// With `privateIp`: the Node's interface that holds it (AWS: `eni-...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_id: Option<String>,
 }
 
 /// What the gateways report about an `EgressIPPool`.

@@ -133,7 +133,12 @@ pub fn namespace(n: &Namespace) -> (String, BTreeMap<String, String>) {
 
 /// A gateway Node.
 pub fn node(n: &Node) -> NodeInfo {
-    NodeInfo { name: n.name_any(), labels: n.labels().clone(), internal_ips: internal_ips(n) }
+    NodeInfo {
+        name: n.name_any(),
+        labels: n.labels().clone(),
+        internal_ips: internal_ips(n),
+        provider_id: n.spec.as_ref().and_then(|s| s.provider_id.clone()),
+    }
 }
 
 /// Any Node, from its metadata (no addresses).
@@ -142,6 +147,7 @@ pub fn node_meta(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta)
         name: m.name.clone().unwrap_or_default(),
         labels: m.labels.clone().unwrap_or_default(),
         internal_ips: vec![],
+        provider_id: None,
     }
 }
 
@@ -152,14 +158,16 @@ pub fn internal_ips(n: &Node) -> Vec<IpAddr> {
 }
 
 /// What the gateways keep of every Node (`controller::watch_nodes`): its
-/// name, labels and InternalIPs. A Node's images, conditions and the rest
-/// of its status run to kilobytes; a large cluster's would be held whole.
+/// name, labels, InternalIPs and `spec.providerID` (`PerNode` cloud pools).
+/// A Node's images, conditions and the rest of its status run to
+/// kilobytes; a large cluster's would be held whole.
 pub fn trim_node(n: &mut Node) {
     let m = &mut n.metadata;
     m.managed_fields = None;
     m.annotations = None;
     m.owner_references = None;
-    n.spec = None;
+    let provider_id = n.spec.take().and_then(|s| s.provider_id);
+    n.spec = provider_id.map(|p| k8s_openapi::api::core::v1::NodeSpec { provider_id: Some(p), ..Default::default() });
     if let Some(s) = n.status.as_mut() {
         let addresses = s.addresses.take().map(|a| a.into_iter().filter(|a| a.type_ == "InternalIP").collect());
         *s = k8s_openapi::api::core::v1::NodeStatus { addresses, ..Default::default() };

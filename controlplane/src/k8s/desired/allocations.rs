@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::claims::Claimed;
-use super::per_node::{allocate_for_nodes, PerNodeTargets};
+use super::per_node::{allocate_for_nodes, NodeCloud, PerNodeTargets};
 use super::pools::Pools;
 use super::sources::Source;
 use super::Owner;
@@ -28,14 +28,15 @@ pub(super) fn allocate(
     sources: &mut [Source],
     pools: &Pools<'_>,
     targets: &PerNodeTargets<'_>,
+    node_cloud: &NodeCloud,
     claimed: &mut Claimed,
 ) -> NewAllocations {
     let mut out = NewAllocations::default();
     for s in sources.iter_mut().filter(|s| s.invalid.is_none()) {
         let (Some((pool_name, count)), Owner::Policy(name)) = (s.pool.clone(), s.owner.clone()) else { continue };
-        let Some((_, Ok(pool))) = pools.get(pool_name.as_str()) else { continue };
+        let Some((info, Ok(pool))) = pools.get(pool_name.as_str()) else { continue };
         if s.per_node.is_some() {
-            allocate_for_nodes(s, (&pool_name, &name, pool), targets, claimed, &mut out);
+            allocate_for_nodes(s, (&pool_name, &name, info, pool), targets, node_cloud, claimed, &mut out);
             continue;
         }
         allocate_from_pool(s, (pool_name, name, pool), count, claimed, &mut out);
@@ -85,6 +86,7 @@ fn allocate_from_pool(
             policy: name,
             ips: ips.iter().map(|i| i.to_string()).collect(),
             node: None,
+            ..Default::default()
         });
     }
 }

@@ -141,6 +141,8 @@ pub struct NodeInfo {
     /// `status.addresses` of type InternalIP: the outer sources the
     /// gateways accept in the nodes' tunnel (docs/adr/0031).
     pub internal_ips: Vec<IpAddr>,
+    /// `spec.providerID` (a cloud's instance: `PerNode` cloud pools).
+    pub provider_id: Option<String>,
 }
 
 /// An egress IP's Lease as last observed.
@@ -183,7 +185,15 @@ pub struct Observed {
     /// Cloud pools: the provider's last answer, by pool name (the status
     /// writer pairs it; absent: not asked yet, or not this process's job).
     pub cloud: BTreeMap<String, Result<crate::cloud::Discovered, crate::cloud::CloudError>>,
+    /// `PerNode` cloud pools: the worker Nodes' addresses the status
+    /// writer's cloud task associated (Ok), or its last failure (Err), by
+    /// (Node, public address). Empty elsewhere: the record decides.
+    pub node_cloud: NodeCloudObserved,
 }
+
+/// [`Observed::node_cloud`].
+pub type NodeCloudObserved =
+    BTreeMap<crate::cloud::node_addresses::NodeKey, Result<crate::cloud::NodeAddress, crate::cloud::CloudError>>;
 
 /// This gateway's own settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -290,6 +300,9 @@ pub struct Desired {
     pub service_pods: BTreeMap<(String, String), usize>,
     /// `PerNode` policies (their table names) -> Node -> its recorded address.
     pub per_node: BTreeMap<String, BTreeMap<String, Vec<IpAddr>>>,
+    /// `PerNode` cloud pools: the worker Nodes' addresses the status
+    /// writer's cloud task must make, check and release.
+    pub node_cloud: crate::cloud::node_addresses::NodeWants,
 }
 
 impl Desired {
@@ -341,7 +354,8 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
     let claims::Claims { mut claimed, conflicts } = claims::claim(&mut sources, &pools, &recorded_nodes, &targets);
     service_problems.extend(conflicts);
     let allocations::NewAllocations { allocations, exhausted } =
-        allocations::allocate(&mut sources, &pools, &targets, &mut claimed);
+        allocations::allocate(&mut sources, &pools, &targets, &obs.node_cloud, &mut claimed);
+    let node_cloud = per_node::node_cloud_wants(obs, &sources, &pools);
     let selection::Selection { ips, per_node, policies, selected_pods } = selection::select(obs, local, &mut sources);
     let tables = selection::tables(obs, local, &ips, policies);
     let public_ips = status::public_ips(obs);
@@ -351,5 +365,14 @@ pub fn desired(obs: &Observed, local: &LocalConfig, now: Timestamp) -> Desired {
     let services = status::service_reports(&sources, &selected_pods, &ips);
     service_problems.extend(services.problems);
     service_problems.sort();
-    Desired { tables, ips, policy_status, pool_status, service_problems, service_pods: services.pods, per_node }
+    Desired {
+        tables,
+        ips,
+        policy_status,
+        pool_status,
+        service_problems,
+        service_pods: services.pods,
+        per_node,
+        node_cloud,
+    }
 }

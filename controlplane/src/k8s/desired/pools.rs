@@ -58,6 +58,11 @@ pub(super) fn recorded_allocations(pools: &[PoolInfo]) -> RecordedAllocations<'_
 /// naming a pool requests its recorded addresses (and takes the pool's
 /// gateway selector), or is told why the pool cannot serve it.
 pub(super) fn request_recorded(sources: &mut [Source], pools: &Pools<'_>, recorded: &RecordedAllocations<'_>) {
+    // Cloud pools: the first policy naming each (oldest first), and whether
+    // it is PerNode. A cloud pool serves one kind: a gateway policy's
+    // address is a private address of the gateways' subnet paired with a
+    // public one, a Node's is the public one associated on its own interface.
+    let mut cloud_users: BTreeMap<String, (String, bool)> = BTreeMap::new();
     for s in sources.iter_mut().filter(|s| s.invalid.is_none()) {
         let (Some((pool_name, count)), Owner::Policy(name)) = (s.pool.clone(), s.owner.clone()) else { continue };
         match pools.get(pool_name.as_str()) {
@@ -65,10 +70,21 @@ pub(super) fn request_recorded(sources: &mut [Source], pools: &Pools<'_>, record
             Some((_, Err(Cause { message: m, .. }))) => {
                 s.problem(reason::POOL_NOT_USABLE, format!("EgressIPPool {pool_name} cannot be used: {m}"))
             }
-            Some((info, Ok(_))) if s.per_node.is_some() && info.spec.cloud.is_some() => s.problem(
+            Some((info, Ok(_))) if info.spec.cloud.is_some() && other_kind(&mut cloud_users, &pool_name, &name, s.per_node.is_some()).is_some() => {
+                let (first, per_node) = &cloud_users[&pool_name];
+                let kind = |p: bool| if p { "PerNode" } else { "gateway" };
+                s.problem(
+                    reason::POOL_NOT_USABLE,
+                    format!(
+                        "EgressIPPool {pool_name} is a cloud pool serving {} policy {first}: a cloud pool serves either PerNode policies or gateway policies; use another pool",
+                        kind(*per_node)
+                    ),
+                )
+            }
+            Some((info, Ok(_))) if s.per_node.is_some() && cloud_ipv6(info) => s.problem(
                 reason::POOL_NOT_USABLE,
                 format!(
-                    "EgressIPPool {pool_name} is a cloud pool: a PerNode policy's addresses have no Lease, so no gateway would move them to its interface; use a pool of addresses"
+                    "EgressIPPool {pool_name} is an IPv6 cloud pool: its addresses move with gateways' Leases; a PerNode policy needs a pool of public addresses found by tag"
                 ),
             ),
             Some((_, Ok(_))) if s.per_node.is_some() => {}
@@ -91,6 +107,23 @@ pub(super) fn request_recorded(sources: &mut [Source], pools: &Pools<'_>, record
             }
         }
     }
+}
+
+/// Records `policy` as a user of cloud pool `pool` if it is the first;
+/// returns the first user when it is of the other kind.
+fn other_kind<'m>(
+    users: &'m mut BTreeMap<String, (String, bool)>,
+    pool: &str,
+    policy: &str,
+    per_node: bool,
+) -> Option<&'m (String, bool)> {
+    let first = users.entry(pool.to_string()).or_insert_with(|| (policy.to_string(), per_node));
+    (first.1 != per_node).then_some(&*first)
+}
+
+/// Whether a pool is an IPv6 cloud pool (a valid spec).
+fn cloud_ipv6(info: &PoolInfo) -> bool {
+    info.spec.cloud.as_ref().and_then(|c| cloud_spec(c, &info.spec.addresses).ok()).is_some_and(|(sel, _)| sel.ipv6)
 }
 
 /// A cloud pool: its addresses are the private halves of the pairing

@@ -64,6 +64,12 @@ pub(super) struct Source {
     /// `PerNode`: `Some(nodeSelector)`; its granted address per Node.
     pub(super) per_node: Option<Option<Selector>>,
     pub(super) node_grants: BTreeMap<String, Vec<IpAddr>>,
+    /// `PerNode`: the pool addresses recorded for each Node (a cloud pool's
+    /// public addresses; otherwise the same as `node_grants`).
+    pub(super) node_claims: BTreeMap<String, Vec<IpAddr>>,
+    /// `PerNode` on a cloud pool: where each recorded (Node, public
+    /// address) is associated, per the record.
+    pub(super) node_cloud: BTreeMap<crate::cloud::node_addresses::NodeKey, crate::cloud::NodeAddress>,
 }
 
 impl Source {
@@ -87,6 +93,8 @@ impl Source {
             except: Vec::new(),
             per_node: None,
             node_grants: BTreeMap::new(),
+            node_claims: BTreeMap::new(),
+            node_cloud: BTreeMap::new(),
         }
     }
 

@@ -96,12 +96,16 @@ pub(super) type PublicIps = BTreeMap<IpAddr, String>;
 
 /// Phase "cloud pools' private addresses -> their public addresses".
 pub(super) fn public_ips(obs: &Observed) -> PublicIps {
-    obs.pools
-        .iter()
-        .filter(|p| p.spec.cloud.is_some())
-        .flat_map(|p| p.status.iter().flat_map(|st| st.cloud_addresses.iter()))
-        .filter_map(|a| Some((a.private_ip.parse().ok()?, a.public_ip.clone())))
-        .collect()
+    let cloud_pools = || obs.pools.iter().filter(|p| p.spec.cloud.is_some()).flat_map(|p| p.status.iter());
+    let paired = cloud_pools()
+        .flat_map(|st| st.cloud_addresses.iter())
+        .filter_map(|a| Some((a.private_ip.parse().ok()?, a.public_ip.clone())));
+    // PerNode: a Node's private address stands for its allocation's public one.
+    let per_node = cloud_pools()
+        .flat_map(|st| st.allocations.iter())
+        .filter(|a| a.node.is_some())
+        .filter_map(|a| Some((a.private_ip.as_deref()?.parse().ok()?, a.ips.first()?.clone())));
+    paired.chain(per_node).collect()
 }
 
 /// Phase "status of every policy", by name.

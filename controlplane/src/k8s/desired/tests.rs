@@ -58,7 +58,7 @@ fn team_policy(name: &str, age: i64, ips: &[&str]) -> PolicyInfo {
 }
 
 fn gw(name: &str, l: &[(&str, &str)]) -> NodeInfo {
-    NodeInfo { name: name.into(), labels: labels(l), internal_ips: vec![] }
+    NodeInfo { name: name.into(), labels: labels(l), internal_ips: vec![], provider_id: None }
 }
 
 fn lease(holder: &str, acquired: i64, renewed: i64) -> LeaseInfo {
@@ -298,7 +298,7 @@ fn pool_allocation_is_proposed_then_used_once_recorded_and_released_with_the_pol
     let ps = &d.pool_status["pool-a"];
     assert_eq!(
         ps.allocations,
-        vec![PoolAllocation { policy: "pooled".into(), ips: vec!["198.51.100.10".into()], node: None }]
+        vec![PoolAllocation { policy: "pooled".into(), ips: vec!["198.51.100.10".into()], node: None, ..Default::default() }]
     );
     assert_eq!(ps.size, 2, "198.51.100.9-10: network and broadcast skipped");
     let c = cond(&d.policy_status["pooled"], condition::IP_ASSIGNED);
@@ -351,6 +351,7 @@ fn per_node_policies_get_one_address_per_node_and_family_recorded_in_the_pool() 
         policy: "per-node".into(),
         ips: ips.iter().map(|s| s.to_string()).collect(),
         node: Some(node.into()),
+        ..Default::default()
     };
     assert_eq!(
         d.pool_status["nodes"].allocations,
@@ -999,6 +1000,7 @@ fn the_tunnel_accepts_every_nodes_internal_ips() {
         name: name.into(),
         labels: labels(&[]),
         internal_ips: ips.iter().map(|s| ip(s)).collect(),
+        provider_id: None,
     };
     obs.nodes = vec![
         node("w1", &["192.0.2.31", "2001:db8:2::31"]),
@@ -1018,12 +1020,17 @@ fn the_tunnel_accepts_every_nodes_internal_ips() {
 
 /// What the gateways keep of a Node: name, labels, InternalIPs.
 #[test]
-fn nodes_are_trimmed_to_name_labels_and_internal_ips() {
-    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus, NodeSystemInfo};
+fn nodes_are_trimmed_to_name_labels_internal_ips_and_provider_id() {
+    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus, NodeSystemInfo};
     let mut n = Node::default();
     n.metadata.name = Some("w1".into());
     n.metadata.labels = Some([("zone".to_string(), "a".to_string())].into());
     n.metadata.annotations = Some([("big".to_string(), "x".repeat(4096))].into());
+    n.spec = Some(NodeSpec {
+        provider_id: Some("aws:///us-east-1a/i-0abc".into()),
+        pod_cidr: Some("10.244.1.0/24".into()),
+        ..Default::default()
+    });
     let addr = |t: &str, a: &str| NodeAddress { type_: t.into(), address: a.into() };
     n.status = Some(NodeStatus {
         addresses: Some(vec![
@@ -1038,6 +1045,8 @@ fn nodes_are_trimmed_to_name_labels_and_internal_ips() {
     let info = crate::k8s::observe::node(&n);
     assert_eq!((info.name.as_str(), info.internal_ips), ("w1", vec![ip("192.0.2.31")]));
     assert_eq!(info.labels, labels(&[("zone", "a")]));
+    assert_eq!(info.provider_id.as_deref(), Some("aws:///us-east-1a/i-0abc"));
+    assert_eq!(n.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()), None);
     assert_eq!(n.metadata.annotations, None);
     assert_eq!(n.status.and_then(|s| s.node_info), None);
 }
