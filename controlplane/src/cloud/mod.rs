@@ -39,6 +39,8 @@ pub mod inspect;
 pub mod node_addresses;
 pub mod pairing;
 mod pool_spec;
+#[cfg(test)]
+mod scripted;
 pub mod task;
 
 pub use pool_spec::{cloud_spec, PoolView};

@@ -370,3 +370,121 @@ impl NodeAddresses {
 fn only(target: &NodeTarget) -> BTreeSet<String> {
     BTreeSet::from([target.provider_id.clone()])
 }
+
+#[cfg(test)]
+mod tests {
+    //! The node-address task's logic, with a scripted provider (the
+    //! providers themselves: tests/tests/cloud_*.rs).
+    use std::sync::Arc;
+
+    use tokio::sync::Notify;
+
+    use super::super::scripted::{scripted, Script};
+    use super::super::task::Clouds;
+    use super::*;
+
+    const RESYNC: Duration = Duration::from_secs(30);
+
+    fn public(ip: &str) -> PublicAddress {
+        PublicAddress { public_ip: ip.parse().unwrap(), allocation_id: "eipalloc-1".into(), private_ip: None, interface_id: None }
+    }
+
+    fn want(node: &str, ip: &str, recorded: Option<NodeAddress>) -> (NodeKey, NodeTarget) {
+        let t = NodeTarget {
+            provider: Provider::Aws,
+            provider_id: format!("aws:///z/i-{node}"),
+            public: public(ip),
+            recorded,
+        };
+        ((node.to_string(), ip.parse().unwrap()), t)
+    }
+
+    async fn settle(c: &Clouds, what: impl Fn(&Clouds) -> bool) {
+        for _ in 0..400 {
+            if what(c) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the node-address task never got there: {:?}", c.node_addresses());
+    }
+
+    fn calls(script: &Arc<Mutex<Script>>, what: &str) -> Vec<String> {
+        script.lock().calls.iter().filter(|l| l.starts_with(what)).cloned().collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_gets_a_provider_chosen_address_associated_only_with_its_own_instance_then_released() {
+        let script = Arc::new(Mutex::new(Script { assign_failures: 1, ..Default::default() }));
+        let c = Clouds::start(scripted(&script), RESYNC, Arc::new(Notify::new()));
+        let (key, target) = want("w1", "192.0.2.200", None);
+        c.update_nodes(Some(NodeWants { want: [(key.clone(), target)].into(), ..Default::default() }));
+        settle(&c, |c| c.node_addresses().contains_key(&key)).await;
+        let at = c.node_addresses()[&key].clone();
+        assert_eq!(at, NodeAddress { interface_id: "eni-i-w1".into(), private_ip: "198.18.1.100".parse().unwrap() });
+        // One address added, though the first association was throttled:
+        // the retry reuses it; and only w1's own instance may lose it.
+        assert_eq!(calls(&script, "add_address"), vec!["add_address eni-i-w1 198.18.1.100"]);
+        assert_eq!(
+            calls(&script, "assign"),
+            vec![r#"assign eni-i-w1 198.18.1.100 {"aws:///z/i-w1"}"#; 2],
+        );
+
+        // Checked once per resync; drift is repaired and counted.
+        script.lock().drifts = 1;
+        tokio::time::sleep(RESYNC + Duration::from_secs(1)).await;
+        settle(&c, |_| calls(&script, "assign").len() == 3).await;
+        assert_eq!(c.report().drift_repairs, 1);
+
+        // The Node leaves: its address is released, and forgotten.
+        let recorded = [(key.clone(), (Provider::Aws, at))].into();
+        c.update_nodes(Some(NodeWants { want: BTreeMap::new(), recorded }));
+        settle(&c, |_| !calls(&script, "release").is_empty()).await;
+        assert_eq!(calls(&script, "release"), vec!["release eni-i-w1 198.18.1.100"]);
+        assert!(c.node_addresses().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_address_is_reused_and_one_someone_else_took_is_replaced() {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let c = Clouds::start(scripted(&script), RESYNC, Arc::new(Notify::new()));
+        let recorded = NodeAddress { interface_id: "eni-i-w1".into(), private_ip: "198.18.1.33".parse().unwrap() };
+        let (key, target) = want("w1", "192.0.2.200", Some(recorded.clone()));
+        c.update_nodes(Some(NodeWants { want: [(key.clone(), target.clone())].into(), ..Default::default() }));
+        settle(&c, |c| c.node_addresses().get(&key) == Some(&recorded)).await;
+        assert!(calls(&script, "add_address").is_empty(), "the record is the memory");
+
+        // Another writer later finds the recorded address on someone else's
+        // interface: refused, then a new one is added and associated.
+        let c2 = Clouds::start(scripted(&script), RESYNC, Arc::new(Notify::new()));
+        script.lock().held_elsewhere.insert(recorded.private_ip);
+        c2.update_nodes(Some(NodeWants { want: [(key.clone(), target)].into(), ..Default::default() }));
+        settle(&c2, |c| c.node_addresses().get(&key).is_some_and(|a| a.private_ip != recorded.private_ip)).await;
+        assert_eq!(calls(&script, "add_address"), vec!["add_address eni-i-w1 198.18.1.100"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gateway_that_stops_writing_status_forgets_without_releasing() {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let c = Clouds::start(scripted(&script), RESYNC, Arc::new(Notify::new()));
+        let (key, target) = want("w1", "192.0.2.200", None);
+        c.update_nodes(Some(NodeWants { want: [(key.clone(), target)].into(), ..Default::default() }));
+        settle(&c, |c| c.node_addresses().contains_key(&key)).await;
+        c.update_nodes(None);
+        tokio::time::sleep(RESYNC * 3).await;
+        assert!(c.node_addresses().is_empty());
+        assert!(calls(&script, "release").is_empty(), "the next writer takes over from the record");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_gcp_the_node_address_is_the_external_address_itself() {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let c = Clouds::start(scripted(&script), RESYNC, Arc::new(Notify::new()));
+        let (key, mut target) = want("w1", "192.0.2.200", None);
+        target.provider = Provider::Gcp;
+        c.update_nodes(Some(NodeWants { want: [(key.clone(), target)].into(), ..Default::default() }));
+        settle(&c, |c| c.node_addresses().contains_key(&key)).await;
+        assert_eq!(c.node_addresses()[&key].private_ip, key.1);
+        assert!(calls(&script, "add_address").is_empty());
+    }
+}

@@ -633,110 +633,11 @@ pub(super) fn backoff(attempt: u32) -> Duration {
 mod tests {
     //! The task's own logic, with a scripted provider (the provider itself
     //! is tested against moto: tests/tests/cloud_aws.rs, k8s_cloud.rs).
+    use super::super::scripted::{scripted, Script};
     use super::*;
-    use ipnet::IpNet;
 
     /// `kubernetes.resyncPeriod`'s default.
     const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
-
-    #[derive(Default)]
-    struct Script {
-        /// Assign calls fail while this is above 0 (counting down).
-        assign_failures: u32,
-        /// Assign calls fail for good (not retryable).
-        assign_refused: bool,
-        /// Verify calls answer "not there" while this is above 0.
-        drifts: u32,
-        calls: Vec<String>,
-    }
-
-    struct Scripted(Arc<Mutex<Script>>);
-
-    fn err(op: &'static str) -> CloudError {
-        CloudError { operation: op, code: "RequestLimitExceeded".into(), message: "slow down".into(), retryable: true }
-    }
-
-    impl Cloud for Scripted {
-        fn name(&self) -> &'static str {
-            "scripted"
-        }
-        fn discover<'a>(&'a self, pool: &'a PoolSelector) -> BoxFuture<'a, Result<Discovered, CloudError>> {
-            self.0.lock().calls.push(format!("discover {}", pool.subnet_id));
-            Box::pin(async {
-                Ok(Discovered {
-                    public: vec![],
-                    subnet_cidr: "198.18.1.0/24".parse::<IpNet>().unwrap(),
-                    used: BTreeSet::new(),
-                })
-            })
-        }
-        fn interface<'a>(
-            &'a self,
-            provider_id: &'a str,
-            subnet: &'a str,
-        ) -> BoxFuture<'a, Result<Interface, CloudError>> {
-            self.0.lock().calls.push(format!("interface {provider_id} {subnet}"));
-            Box::pin(async {
-                Ok(Interface {
-                    instance_id: "i-1".into(),
-                    interface_id: "eni-1".into(),
-                    primary_ip: "198.18.1.4".parse().unwrap(),
-                    secondary_ips: BTreeSet::new(),
-                    source_dest_check: false,
-                })
-            })
-        }
-        fn primary_interface<'a>(&'a self, provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
-            self.interface(provider_id, "primary")
-        }
-        fn add_address<'a>(&'a self, i: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
-            self.0.lock().calls.push(format!("add_address {i}"));
-            Box::pin(async { Ok("198.18.1.77".parse().unwrap()) })
-        }
-        fn assign<'a>(
-            &'a self,
-            i: &'a str,
-            p: IpAddr,
-            _: Option<&'a PublicAddress>,
-            gateways: &'a BTreeSet<String>,
-        ) -> BoxFuture<'a, Result<(), CloudError>> {
-            let mut s = self.0.lock();
-            s.calls.push(format!("assign {i} {p} {gateways:?}"));
-            let fail = s.assign_failures > 0;
-            s.assign_failures = s.assign_failures.saturating_sub(1);
-            let refused = s.assign_refused;
-            Box::pin(async move {
-                if refused {
-                    Err(CloudError {
-                        operation: "AssignPrivateIpAddresses",
-                        code: "UnauthorizedOperation".into(),
-                        message: "not allowed".into(),
-                        retryable: false,
-                    })
-                } else if fail {
-                    Err(err("AssignPrivateIpAddresses"))
-                } else {
-                    Ok(())
-                }
-            })
-        }
-        fn verify<'a>(
-            &'a self,
-            i: &'a str,
-            p: IpAddr,
-            _: Option<&'a PublicAddress>,
-        ) -> BoxFuture<'a, Result<bool, CloudError>> {
-            let mut s = self.0.lock();
-            s.calls.push(format!("verify {i} {p}"));
-            let there = s.drifts == 0;
-            s.drifts = s.drifts.saturating_sub(1);
-            Box::pin(async move { Ok(there) })
-        }
-        fn release<'a>(&'a self, i: &'a str, p: IpAddr) -> BoxFuture<'a, Result<(), CloudError>> {
-            self.0.lock().calls.push(format!("release {i} {p}"));
-            Box::pin(async { Ok(()) })
-        }
-    }
 
     fn target() -> Target {
         Target {
@@ -749,15 +650,6 @@ mod tests {
                 interface_id: None,
             }),
         }
-    }
-
-    /// A factory that makes the scripted provider, whatever is asked for.
-    fn scripted(script: &Arc<Mutex<Script>>) -> Factory {
-        let script = script.clone();
-        Box::new(move |_| {
-            let s = script.clone();
-            Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
-        })
     }
 
     fn gateways() -> BTreeSet<String> {

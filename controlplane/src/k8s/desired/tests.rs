@@ -1050,3 +1050,123 @@ fn nodes_are_trimmed_to_name_labels_internal_ips_and_provider_id() {
     assert_eq!(n.metadata.annotations, None);
     assert_eq!(n.status.and_then(|s| s.node_info), None);
 }
+
+/// A `PerNode` policy on a cloud pool (ADR 0033): each selected Node is
+/// allocated a public address; the status writer's task is asked to
+/// associate it once recorded; the record gains the private address only
+/// once associated, and only then does the Node translate to it.
+#[test]
+fn a_per_node_cloud_pool_gives_each_node_a_public_address_on_its_own_interface() {
+    use crate::cloud::{CloudError, NodeAddress, Provider};
+    let rec = |p: &str, a: &str, private: &str| CloudAddressStatus {
+        public_ip: p.into(),
+        allocation_id: a.into(),
+        private_ip: private.into(),
+    };
+    let mut obs = cluster();
+    let node = |name: &str, l: &[(&str, &str)], provider_id: &str| NodeInfo {
+        provider_id: Some(provider_id.into()),
+        ..gw(name, l)
+    };
+    obs.nodes = vec![
+        node("gw-1", &[], "aws:///z/i-gw1"),
+        node("w1", &[("egress", "static")], "aws:///z/i-w1"),
+        node("w2", &[("egress", "static")], "aws:///z/i-w2"),
+        node("w3", &[], "aws:///z/i-w3"),
+    ];
+    obs.pools.push(PoolInfo {
+        name: "eips".into(),
+        generation: Some(1),
+        spec: EgressIPPoolSpec {
+            cloud: Some(aws_pool(&[("egret.dev/pool", "nodes")], "subnet-0a1b")),
+            ..Default::default()
+        },
+        status: Some(EgressIPPoolStatus {
+            cloud_addresses: vec![
+                rec("192.0.2.200", "eipalloc-1", "203.0.113.41"),
+                rec("192.0.2.201", "eipalloc-2", "203.0.113.42"),
+            ],
+            ..Default::default()
+        }),
+    });
+    let mut p = team_policy("static-nodes", 0, &[]);
+    p.spec.mode = Some(super::super::crd::PolicyMode::PerNode);
+    p.spec.pool = Some(PoolRef { name: "eips".into(), count: None });
+    p.spec.node_selector = selector(json!({"matchLabels": {"egress": "static"}}));
+    obs.policies.push(p);
+
+    // Round 1: a public address proposed per selected Node; nothing to
+    // associate before it is recorded.
+    let d = desired(&obs, &local(), t(10));
+    let allocs = &d.pool_status["eips"].allocations;
+    let by_node: Vec<(&str, &str)> =
+        allocs.iter().map(|a| (a.node.as_deref().unwrap(), a.ips[0].as_str())).collect();
+    assert_eq!(by_node, vec![("w1", "192.0.2.200"), ("w2", "192.0.2.201")]);
+    assert!(allocs.iter().all(|a| a.private_ip.is_none()));
+    assert!(d.node_cloud.want.is_empty());
+
+    // Round 2: recorded; the writer's task is asked for both, with each
+    // Node's providerID and the Elastic IP's allocation; the policy waits.
+    obs.pools[0].status.as_mut().unwrap().allocations = allocs.clone();
+    let d = desired(&obs, &local(), t(11));
+    let key = ("w1".to_string(), ip("192.0.2.200"));
+    let want = &d.node_cloud.want[&key];
+    assert_eq!((want.provider, want.provider_id.as_str()), (Provider::Aws, "aws:///z/i-w1"));
+    assert_eq!(want.public.allocation_id, "eipalloc-1");
+    assert_eq!(want.recorded, None);
+    assert_eq!(d.node_cloud.want.len(), 2);
+    let c = cond(&d.policy_status["static-nodes"], condition::IP_ASSIGNED);
+    assert_eq!(c.reason, reason::ALLOCATION_PENDING, "{c:?}");
+    assert!(c.message.contains("waiting for the cloud provider to associate 192.0.2.200 with Node w1"), "{}", c.message);
+    assert!(d.per_node["egresspolicy/static-nodes"].is_empty(), "nothing to translate to yet");
+
+    // The task associated w1's (w2's failed): the status records w1's
+    // private address, and says why w2 waits.
+    let at = NodeAddress { interface_id: "eni-w1".into(), private_ip: ip("10.1.7.33") };
+    obs.node_cloud.insert(key.clone(), Ok(at.clone()));
+    let fail = CloudError {
+        operation: "AssociateAddress",
+        code: "RequestLimitExceeded".into(),
+        message: "slow down".into(),
+        retryable: true,
+    };
+    obs.node_cloud.insert(("w2".to_string(), ip("192.0.2.201")), Err(fail));
+    let d = desired(&obs, &local(), t(12));
+    let w1 = d.pool_status["eips"].allocations.iter().find(|a| a.node.as_deref() == Some("w1")).unwrap();
+    assert_eq!((w1.private_ip.as_deref(), w1.interface_id.as_deref()), (Some("10.1.7.33"), Some("eni-w1")));
+    let c = cond(&d.policy_status["static-nodes"], condition::IP_ASSIGNED);
+    assert_eq!(c.reason, reason::CLOUD_API_ERROR);
+    assert!(c.message.contains("192.0.2.201 with Node w2: AssociateAddress: RequestLimitExceeded"), "{}", c.message);
+
+    // Recorded: w1's agent translates its pods to the private address, and
+    // the policy's status names the public one.
+    obs.pools[0].status.as_mut().unwrap().allocations = d.pool_status["eips"].allocations.clone();
+    obs.node_cloud.clear();
+    let d = desired(&obs, &local(), t(13));
+    assert_eq!(d.per_node["egresspolicy/static-nodes"]["w1"], vec![ip("10.1.7.33")]);
+    assert_eq!(d.node_cloud.want[&key].recorded, Some(at.clone()));
+    let e = d.policy_status["static-nodes"].egress_ips.iter().find(|e| e.node.as_deref() == Some("w1")).unwrap();
+    assert_eq!((e.ip.as_str(), e.public_ip.as_deref()), ("10.1.7.33", Some("192.0.2.200")));
+    let agent = LocalConfig { node_name: "w1".into(), role: Role::Node, ..local() };
+    let da = desired(&obs, &agent, t(13));
+    let spec = da.tables.policies.iter().find(|p| p.name == "egresspolicy/static-nodes").expect("in w1's tables");
+    assert_eq!(spec.egress_ips, vec![ip("10.1.7.33")]);
+
+    // w1 leaves the selection: no longer wanted, so the task releases the
+    // recorded association; the allocation goes from the status.
+    obs.nodes[1].labels = labels(&[]);
+    let d = desired(&obs, &local(), t(14));
+    assert!(!d.node_cloud.want.contains_key(&key));
+    assert_eq!(d.node_cloud.recorded[&key], (Provider::Aws, at));
+    assert!(d.pool_status["eips"].allocations.iter().all(|a| a.node.as_deref() != Some("w1")));
+
+    // A gateway policy naming the same cloud pool is refused, naming the
+    // PerNode policy that uses it.
+    let mut g = team_policy("gateway-pooled", 5, &[]);
+    g.spec.pool = Some(PoolRef { name: "eips".into(), count: Some(1) });
+    obs.policies.push(g);
+    let d = desired(&obs, &local(), t(15));
+    let c = cond(&d.policy_status["gateway-pooled"], condition::IP_ASSIGNED);
+    assert_eq!(c.reason, reason::POOL_NOT_USABLE);
+    assert!(c.message.contains("serving PerNode policy static-nodes"), "{}", c.message);
+}
