@@ -1543,6 +1543,16 @@ impl HttpClient for HyperTransport {
     }
 }
 
+/// PerNode cloud pools on this provider are being built (issue 33, ADR 0033).
+fn pernode_pending(operation: &'static str) -> CloudError {
+    CloudError {
+        operation,
+        code: "NotImplemented".into(),
+        message: "PerNode cloud pools are not built for this provider yet (ADR 0033)".into(),
+        retryable: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -1701,12 +1711,3 @@ mod tests {
     }
 }
 
-/// PerNode cloud pools on this provider are being built (issue 33, ADR 0033).
-fn pernode_pending(operation: &'static str) -> CloudError {
-    CloudError {
-        operation,
-        code: "NotImplemented".into(),
-        message: "PerNode cloud pools are not built for this provider yet (ADR 0033)".into(),
-        retryable: false,
-    }
-}

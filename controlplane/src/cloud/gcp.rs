@@ -1290,6 +1290,16 @@ fn reserved(cidr: IpNet) -> BTreeSet<IpAddr> {
         .collect()
 }
 
+/// PerNode cloud pools on this provider are being built (issue 33, ADR 0033).
+fn pernode_pending(operation: &'static str) -> CloudError {
+    CloudError {
+        operation,
+        code: "NotImplemented".into(),
+        message: "PerNode cloud pools are not built for this provider yet (ADR 0033)".into(),
+        retryable: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -1556,12 +1566,3 @@ mod tests {
     }
 }
 
-/// PerNode cloud pools on this provider are being built (issue 33, ADR 0033).
-fn pernode_pending(operation: &'static str) -> CloudError {
-    CloudError {
-        operation,
-        code: "NotImplemented".into(),
-        message: "PerNode cloud pools are not built for this provider yet (ADR 0033)".into(),
-        retryable: false,
-    }
-}
