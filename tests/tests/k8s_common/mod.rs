@@ -1007,11 +1007,20 @@ pub fn start_node_lab_gateways(
     lab: &egret_tests::nodelab::NodeLab,
     kubeconfig: &std::path::Path,
 ) -> std::collections::BTreeMap<egret_tests::nodelab::NodeGw, egret_tests::gateway::Gateway> {
+    start_node_lab_gateways_with(lab, kubeconfig, |_| {})
+}
+
+/// [`start_node_lab_gateways`], each configuration changed by `tune` first.
+pub fn start_node_lab_gateways_with(
+    lab: &egret_tests::nodelab::NodeLab,
+    kubeconfig: &std::path::Path,
+    tune: impl Fn(&mut egret_tests::gateway::GatewayConfig),
+) -> std::collections::BTreeMap<egret_tests::nodelab::NodeGw, egret_tests::gateway::Gateway> {
     use egret_tests::gateway::{Gateway, GatewayConfig, KubernetesSection};
     use egret_tests::nodelab::{NodeGw, CLUSTER_POD_CIDR, CLUSTER_POD_CIDR6};
     let mut gws = std::collections::BTreeMap::new();
     for g in NodeGw::ALL {
-        let cfg = GatewayConfig::kubernetes(
+        let mut cfg = GatewayConfig::kubernetes(
             &[("lan0", "both")],
             KubernetesSection {
                 node_name: g.node_name().into(),
@@ -1023,10 +1032,11 @@ pub fn start_node_lab_gateways(
                 extra: String::new(),
             },
         );
+        tune(&mut cfg);
         gws.insert(g, Gateway::spawn_in(lab.gateway_ns(g), lab.dir(), g.node_name(), &cfg).expect("start egret"));
     }
     for gw in gws.values_mut() {
-        gw.wait_ready(Duration::from_secs(30)).expect("egret gateway ready");
+        gw.wait_ready(Duration::from_secs(60)).expect("egret gateway ready");
     }
     gws
 }
