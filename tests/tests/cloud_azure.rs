@@ -400,6 +400,142 @@ async fn an_address_held_by_a_nic_that_is_not_a_gateways_is_refused() {
     emu.stop().unwrap();
 }
 
+/// A `PerNode` cloud pool's worker Nodes (ADR 0033), in another subnet than
+/// the gateways: each Node's primary NIC gets a Dynamic IP configuration
+/// whose address Azure chooses in that subnet, the pool's public IP is
+/// associated with it, moves to another Node's, and is released with it. A
+/// private address another VM holds (another Node's included) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_nodes_address_is_a_dynamic_ip_configuration_of_its_own_subnet() {
+    let Some(emu) = emulator_or_skip("a_worker_nodes_address_is_a_dynamic_ip_configuration_of_its_own_subnet") else {
+        return;
+    };
+    let net = emu.network().unwrap();
+    emu.vm("gw", "gateways", None, true, &[]).unwrap();
+    let worker_a = emu.vm("worker-a", "other", None, false, &[]).unwrap();
+    let worker_b = emu.vm("worker-b", "other", None, false, &[]).unwrap();
+    let outsider = emu.vm("outsider", "other", None, false, &[("theirs", "198.18.2.50")]).unwrap();
+    // A worker whose primary NIC is in the workers' subnet and whose second
+    // is in the gateways': the primary is the Node's, whatever the subnets.
+    emu.seed(&json!({
+        "networkInterfaces": [
+            {"resourceGroup": RESOURCE_GROUP, "name": "two-0", "ipConfigurations": [{"name": "ipconfig1", "subnet": "vnet/other", "primary": true}]},
+            {"resourceGroup": RESOURCE_GROUP, "name": "two-1", "ipConfigurations": [{"name": "ipconfig1", "subnet": "vnet/gateways", "primary": true}]}],
+        "virtualMachines": [{"resourceGroup": RESOURCE_GROUP, "name": "two", "networkInterfaces": ["two-0", "two-1"]}],
+    }))
+    .unwrap();
+    let pip = emu.public_ip("node-egress", "203.0.113.30", &[(POOL_TAG, "nodes")]).unwrap();
+    let cloud = cloud(&emu);
+    let public = cloud.discover(&selector(&net.subnet_id, &[(POOL_TAG, "nodes")])).await.unwrap().public;
+    let public = &public[0];
+    let workers: ipnet::IpNet = egret_tests::azure_emulator::OTHER_SUBNET_CIDR.parse().unwrap();
+    let only = |vm: &egret_tests::azure_emulator::Vm| BTreeSet::from([vm.provider_id.clone()]);
+
+    // The Node's primary NIC, in the workers' subnet.
+    let a = cloud.primary_interface(&worker_a.provider_id).await.unwrap();
+    assert!(same(&a.interface_id, &worker_a.nic_id) && same(&a.instance_id, &worker_a.vm_id), "{a:?}");
+    assert_eq!((a.primary_ip, a.secondary_ips.len()), (worker_a.primary_ip, 0));
+    assert!(workers.contains(&a.primary_ip));
+    let two = format!("azure:///subscriptions/{SUBSCRIPTION}/resourceGroups/{RESOURCE_GROUP}/providers/Microsoft.Compute/virtualMachines/two");
+    let i = cloud.primary_interface(&two).await.unwrap();
+    assert!(i.interface_id.ends_with("/networkInterfaces/two-0") && workers.contains(&i.primary_ip), "{i:?}");
+    let e = cloud.primary_interface(&two.replace("/two", "/gone")).await.unwrap_err();
+    assert!(!e.retryable && e.message.contains("virtualMachines/gone"), "{e}");
+
+    // A new address, chosen by Azure in the Node's subnet, none in use before.
+    let used_before: BTreeSet<String> =
+        emu.routing().unwrap()["privateIPAddresses"].as_object().unwrap().keys().cloned().collect();
+    emu.clear_requests().unwrap();
+    let a_ip = cloud.add_address(&a.interface_id).await.unwrap();
+    assert!(workers.contains(&a_ip) && !used_before.contains(&a_ip.to_string()), "{a_ip} in {used_before:?}");
+    assert_eq!(
+        emu.private_route(a_ip).unwrap().map(|(nic, _)| nic.to_ascii_lowercase()),
+        Some(worker_a.nic_id.to_ascii_lowercase())
+    );
+    let puts = emu.calls("PUT", "").unwrap();
+    assert_eq!(puts.len(), 1, "{puts:?}");
+    let added = &put_ipconfigs(&puts[0])["egret-node-1"];
+    assert_eq!(added["privateIPAllocationMethod"], json!("Dynamic"));
+    assert!(added.get("privateIPAddress").is_none(), "Azure chooses: {added}");
+    assert!(same(added["subnet"]["id"].as_str().unwrap(), &net.other_subnet_id), "the primary's subnet: {added}");
+    assert!(header(&puts[0], "If-Match").is_some(), "{:?}", puts[0]["headers"]);
+    assert_eq!(cloud.primary_interface(&worker_a.provider_id).await.unwrap().secondary_ips, BTreeSet::from([a_ip]));
+
+    // The pool's public IP on it, with only the Node itself to take from.
+    cloud.assign(&a.interface_id, a_ip, Some(public), &only(&worker_a)).await.unwrap();
+    let (nic, to) = emu.public_route(pip.ip).unwrap().expect("associated");
+    assert!(same(&nic, &worker_a.nic_id) && to == a_ip.to_string(), "{nic} {to}");
+    let put = emu.calls("PUT", &format!("/networkInterfaces/{}", worker_a.nic_name)).unwrap().pop().unwrap();
+    let kept = &put_ipconfigs(&put)["egret-node-1"];
+    assert_eq!(
+        (kept["privateIPAddress"].as_str(), kept["privateIPAllocationMethod"].as_str()),
+        (Some(a_ip.to_string().as_str()), Some("Static"))
+    );
+    assert!(same(kept["publicIPAddress"]["id"].as_str().unwrap(), &pip.id));
+    assert!(cloud.verify(&a.interface_id, a_ip, Some(public)).await.unwrap());
+
+    // Another Node: its own address, then the public IP moves to it (A's NIC
+    // cleared first, waited for; A keeps its IP configuration).
+    let b = cloud.primary_interface(&worker_b.provider_id).await.unwrap();
+    let b_ip = cloud.add_address(&b.interface_id).await.unwrap();
+    assert!(workers.contains(&b_ip) && b_ip != a_ip, "{b_ip}");
+    emu.clear_requests().unwrap();
+    cloud.assign(&b.interface_id, b_ip, Some(public), &only(&worker_b)).await.unwrap();
+    let (nic, to) = emu.public_route(pip.ip).unwrap().expect("associated");
+    assert!(same(&nic, &worker_b.nic_id) && to == b_ip.to_string(), "{nic} {to}");
+    let order: Vec<String> = emu
+        .calls("PUT", "")
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().rsplit('/').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(order, [worker_a.nic_name.clone(), worker_b.nic_name.clone()]);
+    assert_eq!(
+        emu.private_route(a_ip).unwrap().map(|(_, public)| public),
+        Some(None),
+        "A keeps its address, not the IP"
+    );
+    assert!(!cloud.verify(&a.interface_id, a_ip, Some(public)).await.unwrap());
+    assert!(cloud.verify(&b.interface_id, b_ip, Some(public)).await.unwrap());
+
+    // A private address another VM holds is not a Node's to take: another
+    // Node's, or any other VM's. Refused before any update.
+    emu.clear_requests().unwrap();
+    for (held, by) in [(b_ip, &worker_b), (ip("198.18.2.50"), &outsider)] {
+        let e = cloud.assign(&a.interface_id, held, Some(public), &only(&worker_a)).await.unwrap_err();
+        assert_eq!((e.code.as_str(), e.retryable), (HELD_ELSEWHERE, false), "{e}");
+        assert!(e.message.contains(&by.nic_id) && e.message.contains(&by.vm_id), "{e}");
+    }
+    assert!(emu.calls("PUT", "").unwrap().is_empty(), "no update was made");
+    assert!(same(&emu.public_route(pip.ip).unwrap().unwrap().0, &worker_b.nic_id));
+
+    // A second address on the same NIC (the Node in a second pool): its own
+    // IP configuration and address.
+    let second = cloud.add_address(&a.interface_id).await.unwrap();
+    assert!(workers.contains(&second) && ![a_ip, b_ip].contains(&second), "{second}");
+    let put = emu.calls("PUT", &format!("/networkInterfaces/{}", worker_a.nic_name)).unwrap().pop().unwrap();
+    assert!(put_ipconfigs(&put).contains_key("egret-node-2"), "{put}");
+    cloud.release(&a.interface_id, second).await.unwrap();
+    assert_eq!(emu.private_route(second).unwrap(), None);
+    assert!(emu.private_route(a_ip).unwrap().is_some(), "the first stays");
+
+    // Release removes the IP configuration: the address and the association
+    // end with it.
+    cloud.release(&b.interface_id, b_ip).await.unwrap();
+    assert_eq!(emu.private_route(b_ip).unwrap(), None);
+    assert_eq!(emu.public_route(pip.ip).unwrap(), None);
+    assert!(!cloud.verify(&b.interface_id, b_ip, Some(public)).await.unwrap());
+    cloud.release(&a.interface_id, a_ip).await.unwrap();
+    assert_eq!(emu.private_route(a_ip).unwrap(), None);
+    let left = cloud.primary_interface(&worker_a.provider_id).await.unwrap();
+    assert!(left.secondary_ips.is_empty() && left.primary_ip == worker_a.primary_ip, "{left:?}");
+
+    // A NIC that does not exist gets no address; not worth retrying.
+    let e = cloud.add_address(&worker_a.nic_id.replace("worker-a-nic", "gone")).await.unwrap_err();
+    assert!(!e.retryable && e.message.contains("/gone"), "{e}");
+    emu.stop().unwrap();
+}
+
 /// A refresh's check: the NIC has the address with the public IP; drift
 /// (removed, or the public IP moved, by someone else) reads as `false`, a
 /// failed read as an error.

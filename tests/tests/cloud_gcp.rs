@@ -495,6 +495,120 @@ async fn an_address_used_by_something_else_is_refused() {
     emu.stop().unwrap();
 }
 
+/// A `PerNode` cloud pool's worker Nodes (ADR 0033), in another subnetwork
+/// than the gateways: each Node's address is the pool's external address
+/// itself, forwarded to the Node's own target instance (`egret-node-<name>`,
+/// on `nic0`); no private address is added. The address moves from one
+/// Node to another with one `setTarget`, and a release deletes the rule. An
+/// address someone else uses (an access config, a rule to a target instance
+/// that is neither a gateway's nor a Node's) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_nodes_address_is_forwarded_to_its_own_target_instance() {
+    let worker = |name: &str, zone: &str, ip: &str| json!({"name": name, "zone": zone, "networkInterfaces": [{"subnetwork": "workers", "networkIP": ip}]});
+    let mut seed = with(
+        lab(),
+        json!({
+            "subnetworks": [{"name": "workers", "region": REGION, "network": "lab", "ipCidrRange": "198.18.4.0/24"}],
+            "instances": [worker("worker-a", ZONE_A, "198.18.4.10"), worker("worker-b", ZONE_B, "198.18.4.11")],
+            "targetInstances": [{"name": "egret-outsider", "zone": ZONE_A, "instance": "outsider"}],
+            "forwardingRules": [our_rule("203.0.113.13", ZONE_A, "egret-outsider")],
+        }),
+    );
+    // plain holds 203.0.113.11 as its access config.
+    seed["instances"][2]["networkInterfaces"][0]["accessConfigs"] = json!([{"natIP": "203.0.113.11"}]);
+    let Some(emu) = emulator_or_skip("a_worker_nodes_address_is_forwarded_to_its_own_target_instance", seed).await
+    else {
+        return;
+    };
+    let cloud = cloud(emu.endpoint()).await;
+    let egress = public("egress-1", "203.0.113.10");
+    let addr = ip("203.0.113.10");
+
+    // The Node's nic0 and its own target instance, made once.
+    let a = cloud.primary_interface(&provider_id(ZONE_A, "worker-a")).await.unwrap();
+    assert_eq!(a.interface_id, target_link(ZONE_A, "egret-node-worker-a"));
+    assert_eq!(a.instance_id, format!("{LINK}projects/{PROJECT}/zones/{ZONE_A}/instances/worker-a"));
+    assert_eq!((a.primary_ip, a.secondary_ips.len()), (ip("198.18.4.10"), 0));
+    let inserts = emu.calls("targetInstances.insert").await.unwrap();
+    assert_eq!(inserts.len(), 1);
+    assert_eq!(inserts[0]["body"]["name"], "egret-node-worker-a");
+    assert_eq!(inserts[0]["body"]["instance"], a.instance_id.as_str());
+    assert!(inserts[0]["body"]["description"].as_str().unwrap().contains("PerNode"), "{}", inserts[0]["body"]);
+    assert_eq!(cloud.primary_interface(&provider_id(ZONE_A, "worker-a")).await.unwrap(), a);
+    assert_eq!(emu.calls("targetInstances.insert").await.unwrap().len(), 1, "made once");
+    // nic0, even where another interface is in the gateways' subnetwork.
+    let two = cloud.primary_interface(&provider_id(ZONE_B, "two-nics")).await.unwrap();
+    assert_eq!((two.interface_id, two.primary_ip), (target_link(ZONE_B, "egret-node-two-nics"), ip("198.18.2.10")));
+    let e = cloud.primary_interface(&provider_id(ZONE_A, "nope")).await.unwrap_err();
+    assert_eq!((e.operation, e.retryable), ("instances.get", false), "{e}");
+
+    // No private address to add: refused for good, without a call.
+    emu.clear_requests().await.unwrap();
+    let e = cloud.add_address(&a.interface_id).await.unwrap_err();
+    assert_eq!((e.code.as_str(), e.retryable), ("NotApplicable", false), "{e}");
+    assert!(emu.requests(0).await.unwrap().is_empty());
+
+    // The address forwarded to the Node, with only the Node to take from.
+    cloud.assign(&a.interface_id, addr, Some(&egress), &gateways(&[(ZONE_A, "worker-a")])).await.unwrap();
+    assert_eq!(emu.routed_to("203.0.113.10").await.unwrap().as_deref(), Some("worker-a"));
+    let inserts = emu.calls("forwardingRules.insert").await.unwrap();
+    assert_eq!(inserts.len(), 1);
+    assert_eq!(inserts[0]["body"]["target"], a.interface_id.as_str());
+    assert!(cloud.verify(&a.interface_id, addr, Some(&egress)).await.unwrap());
+    let a_now = cloud.primary_interface(&provider_id(ZONE_A, "worker-a")).await.unwrap();
+    assert_eq!(a_now.secondary_ips, BTreeSet::from([addr]));
+
+    // Another Node (another zone) takes it from the first: one setTarget.
+    let b = cloud.primary_interface(&provider_id(ZONE_B, "worker-b")).await.unwrap();
+    emu.clear_requests().await.unwrap();
+    cloud.assign(&b.interface_id, addr, Some(&egress), &gateways(&[(ZONE_B, "worker-b")])).await.unwrap();
+    assert_eq!(emu.routed_to("203.0.113.10").await.unwrap().as_deref(), Some("worker-b"));
+    let moves = emu.calls("forwardingRules.setTarget").await.unwrap();
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0]["body"]["target"], b.interface_id.as_str());
+    assert!(!cloud.verify(&a.interface_id, addr, Some(&egress)).await.unwrap());
+    assert!(cloud.verify(&b.interface_id, addr, Some(&egress)).await.unwrap());
+
+    // Someone else's: an access config, and a rule to a gateway-style target
+    // instance of an instance that is not a gateway. Refused before any
+    // mutating call, naming the user.
+    emu.clear_requests().await.unwrap();
+    let only_a = gateways(&[(ZONE_A, "worker-a")]);
+    for (name, address, names) in
+        [("egress-2", "203.0.113.11", "instances/plain"), ("staging", "203.0.113.13", "instances/outsider")]
+    {
+        let e = cloud.assign(&a.interface_id, ip(address), Some(&public(name, address)), &only_a).await.unwrap_err();
+        assert_eq!((e.code.as_str(), e.retryable), (HELD_ELSEWHERE, false), "{address}: {e}");
+        assert!(e.message.contains(names), "{address}: {e}");
+    }
+    assert!(emu.mutations().await.unwrap().is_empty(), "{:?}", emu.mutations().await.unwrap());
+    assert_eq!(emu.routed_to("203.0.113.13").await.unwrap().as_deref(), Some("outsider"));
+
+    // A's late release leaves B's rule alone; B's deletes it. The Node's
+    // target instance stays, for its next address.
+    cloud.release(&a.interface_id, addr).await.unwrap();
+    assert!(emu.calls("forwardingRules.delete").await.unwrap().is_empty());
+    cloud.release(&b.interface_id, addr).await.unwrap();
+    assert_eq!(emu.calls("forwardingRules.delete").await.unwrap().len(), 1);
+    assert_eq!(emu.routed_to("203.0.113.10").await.unwrap(), None);
+    assert!(!cloud.verify(&b.interface_id, addr, Some(&egress)).await.unwrap());
+    let state = emu.state().await.unwrap();
+    let names: BTreeSet<&str> =
+        state["targetInstances"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(names.contains("egret-node-worker-b"), "{names:?}");
+
+    // A gateway takes an address from a Node's target instance, as AWS and
+    // Azure take a public address from any association.
+    cloud.assign(&a.interface_id, addr, Some(&egress), &only_a).await.unwrap();
+    let gw = cloud.interface(&provider_id(ZONE_A, "gw-a"), &subnet()).await.unwrap();
+    cloud
+        .assign(&gw.interface_id, addr, Some(&egress), &gateways(&[(ZONE_A, "gw-a"), (ZONE_B, "gw-b")]))
+        .await
+        .unwrap();
+    assert_eq!(emu.routed_to("203.0.113.10").await.unwrap().as_deref(), Some("gw-a"));
+    emu.stop().unwrap();
+}
+
 /// A refresh's check: the rule exists and forwards to this gateway; drift
 /// (retargeted or deleted by hand) reads as `false`, a failed read as an
 /// error.

@@ -22,9 +22,22 @@
 //! |---|---|
 //! | [`Cloud::discover`] | Subnets - Get (the prefix and its IP configurations), Network Interfaces - List per resource group of those IP configurations (every private address in use), Public IP Addresses - List All in the subnet's subscription (tags filtered here), Network Interfaces - Get for an associated public IP whose NIC is outside the subnet |
 //! | [`Cloud::interface`] | Virtual Machines - Get (the VM named by the providerID), Network Interfaces - Get for its NICs, primary first, until one has an IP configuration in the subnet |
+//! | [`Cloud::primary_interface`] | Virtual Machines - Get, Network Interfaces - Get of its primary NIC (whatever its subnet: a worker Node's) |
+//! | [`Cloud::add_address`] | Network Interfaces - Get, then Network Interfaces - Create Or Update with one more IP configuration (`egret-node-<n>`, `privateIPAllocationMethod: Dynamic`, in the primary IP configuration's subnet: Azure chooses the address), waited for, then Network Interfaces - Get (the address Azure gave it) |
 //! | [`Cloud::assign`] | Network Interfaces - Get (ours), Subnets - Get (ours, to find the one holding the address), Network Interfaces - List per resource group (who holds the private address), Public IP Addresses - Get (who holds the public one); then Network Interfaces - Create Or Update on each other NIC that holds either (its IP configuration removed, or its association cleared), each waited for, then always on ours (the IP configuration added), waited for |
 //! | [`Cloud::verify`] | Network Interfaces - Get (ours has an IP configuration with the private address referencing the public IP) |
 //! | [`Cloud::release`] | Network Interfaces - Get, then Network Interfaces - Create Or Update without the IP configuration if it is still there, waited for |
+//!
+//! A worker Node's address (a `PerNode` cloud pool, ADR 0033) is made with
+//! the same calls: `primary_interface`, `add_address` (the provider, not
+//! Egret, picks a free address of the Node's own subnet), then `assign` with
+//! that address and only the Node's providerID as `gateways`. `assign` finds
+//! the IP configuration `add_address` made (it holds the address), keeps its
+//! name and address (now Static: the same address, which only this IP
+//! configuration holds), and takes the public IP from whichever
+//! NIC holds it (a Node that had it before); a private address held by any
+//! other VM's NIC is refused ([`HELD_ELSEWHERE`]). `release` removes the IP
+//! configuration, which frees the address and ends the association.
 //!
 //! Each Create Or Update sends `If-Match` with the etag the Get read, so a
 //! concurrent change fails it (412, retryable) instead of being overwritten,
@@ -38,7 +51,11 @@
 //! `/write`, `Microsoft.Network/publicIPAddresses/read` and `/join/action`,
 //! `Microsoft.Network/virtualNetworks/subnets/read` and `/join/action`,
 //! `Microsoft.Compute/virtualMachines/read`, and
-//! `Microsoft.Network/locations/operations/read`.
+//! `Microsoft.Network/locations/operations/read`. For worker Nodes' addresses
+//! the same permissions must also cover the workers' NICs, their resource
+//! groups (Network Interfaces - List of a worker subnet's holders) and the
+//! workers' subnets (`subnets/read`, and `subnets/join/action` for the new
+//! IP configuration).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
@@ -89,6 +106,11 @@ const COMPUTE_API: &str = "2024-07-01";
 /// The prefix of the IP configurations this provider adds: `egret-` and the
 /// address with dashes (`egret-198-18-1-40`).
 pub const IPCONFIG_PREFIX: &str = "egret-";
+
+/// The prefix of the IP configurations [`Cloud::add_address`] adds to a
+/// worker Node's NIC: `egret-node-` and the lowest number free on the NIC
+/// (the address is Azure's choice, unknown until the update completes).
+pub const NODE_IPCONFIG_PREFIX: &str = "egret-node-";
 
 /// ARM error codes that may succeed when the call is repeated, beside any
 /// 429, 412 or 5xx ([`is_retryable`]):
@@ -250,12 +272,18 @@ impl Cloud for AzureCloud {
         })
     }
 
-    fn primary_interface<'a>(&'a self, _provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
-        Box::pin(async { Err(pernode_pending("primary_interface")) })
+    fn primary_interface<'a>(&'a self, provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
+        Box::pin(async move {
+            let arm = self.arm()?;
+            bounded("primary_interface", arm.bounds.read, arm.primary_interface(provider_id)).await
+        })
     }
 
-    fn add_address<'a>(&'a self, _interface_id: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
-        Box::pin(async { Err(pernode_pending("add_address")) })
+    fn add_address<'a>(&'a self, interface_id: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
+        Box::pin(async move {
+            let arm = self.arm()?;
+            bounded("add_address", arm.bounds.update, arm.add_address(interface_id)).await
+        })
     }
 
     fn assign<'a>(
@@ -396,6 +424,18 @@ impl Nic {
 
     fn holding(&self, private: IpAddr) -> Option<&IpConfig> {
         self.ipconfigs.iter().find(|c| c.private_ip == Some(private))
+    }
+
+    /// The primary IP configuration (one alone is the primary).
+    fn primary(&self) -> Option<&IpConfig> {
+        self.ipconfigs.iter().find(|c| c.primary).or_else(|| self.ipconfigs.first())
+    }
+
+    /// `<prefix><n>` with the lowest `n` from 1 that no IP configuration of
+    /// this NIC is named (ARM compares the names without case).
+    fn free_name(&self, prefix: &str) -> String {
+        let taken = |name: &str| self.ipconfigs.iter().any(|c| c.name.eq_ignore_ascii_case(name));
+        (1..).map(|n| format!("{prefix}{n}")).find(|name| !taken(name)).unwrap_or_default()
     }
 
     fn in_subnet(&self, subnet_id: &str) -> bool {
@@ -750,6 +790,24 @@ impl Arm {
     // ------------------------------------------------------ interface ---
 
     async fn interface(&self, provider_id: &str, subnet_id: &str) -> Result<Interface, CloudError> {
+        let in_subnet = |_: usize, nic: &Nic| nic.in_subnet(subnet_id);
+        self.vm_interface(provider_id, in_subnet, &format!("in subnet {subnet_id}")).await
+    }
+
+    /// The VM's primary NIC, whatever its subnet (a worker Node's).
+    async fn primary_interface(&self, provider_id: &str) -> Result<Interface, CloudError> {
+        self.vm_interface(provider_id, |i, _| i == 0, "readable as its primary").await
+    }
+
+    /// The first NIC of the VM `provider_id` names that `pick` accepts (with
+    /// its place in the VM's list, the primary first), read one by one;
+    /// `which` words the refusal when none is.
+    async fn vm_interface(
+        &self,
+        provider_id: &str,
+        pick: impl Fn(usize, &Nic) -> bool,
+        which: &str,
+    ) -> Result<Interface, CloudError> {
         let vm_id = parse_provider_id(provider_id)?;
         let vm: Vm = self
             .get_opt("VirtualMachines_Get", &vm_id, COMPUTE_API)
@@ -759,32 +817,57 @@ impl Arm {
         // The primary NIC first (one alone is the primary).
         let single = refs.len() == 1;
         refs.sort_by_key(|r| !(single || r.properties.as_ref().and_then(|p| p.primary).unwrap_or(false)));
-        for r in refs {
+        for (i, r) in refs.into_iter().enumerate() {
             let Some(nic) = self.nic(&r.id).await? else { continue };
-            if !nic.in_subnet(subnet_id) {
-                continue;
+            if pick(i, &nic) {
+                return vm_nic(vm.id, nic);
             }
-            let primary = nic.ipconfigs.iter().find(|c| c.primary).or_else(|| nic.ipconfigs.first());
-            let Some(primary_ip) = primary.and_then(|c| c.private_ip) else {
-                return Err(not_found(
-                    "NetworkInterfaces_Get",
-                    format!("network interface {} has no primary address", nic.id),
-                ));
-            };
-            let secondary_ips =
-                nic.ipconfigs.iter().filter_map(|c| c.private_ip).filter(|ip| *ip != primary_ip).collect();
-            return Ok(Interface {
-                instance_id: vm.id,
-                interface_id: nic.id,
-                primary_ip,
-                secondary_ips,
-                source_dest_check: !nic.forwarding,
-            });
         }
-        Err(not_found(
-            "VirtualMachines_Get",
-            format!("virtual machine {} has no network interface in subnet {subnet_id}", vm.id),
-        ))
+        Err(not_found("VirtualMachines_Get", format!("virtual machine {} has no network interface {which}", vm.id)))
+    }
+
+    // ---------------------------------------------------- add_address ---
+
+    /// One more IP configuration on `nic_id`, in its primary IP
+    /// configuration's subnet, with `privateIPAllocationMethod: Dynamic`:
+    /// Azure gives it "the next available unassigned or unreserved IP
+    /// address in the subnet's address range" (Microsoft Learn, "Private IP
+    /// addresses", allocation methods), never one the CNI or another NIC
+    /// holds. The address is read back once the update completed. If the
+    /// call fails after the update was accepted, the IP configuration stays
+    /// on the NIC unrecorded: it is not adopted by a later call, since two
+    /// of the Node's addresses could then take the same one.
+    async fn add_address(&self, nic_id: &str) -> Result<IpAddr, CloudError> {
+        parse_nic_id(nic_id)?;
+        let nic = self
+            .nic(nic_id)
+            .await?
+            .ok_or_else(|| not_found("NetworkInterfaces_Get", format!("network interface {nic_id} not found")))?;
+        let subnet = nic.primary().and_then(|c| c.subnet_id.clone()).ok_or_else(|| {
+            not_found(
+                "NetworkInterfaces_Get",
+                format!("network interface {} has no primary IP configuration in a subnet", nic.id),
+            )
+        })?;
+        let name = nic.free_name(NODE_IPCONFIG_PREFIX);
+        let body = nic.edited(|list| {
+            list.push(serde_json::json!({"name": name, "properties": {
+                "privateIPAllocationMethod": "Dynamic",
+                "privateIPAddressVersion": "IPv4",
+                "primary": false,
+                "subnet": {"id": subnet},
+            }}));
+        });
+        self.put_nic(&nic.id, nic.etag.as_deref(), &body).await?;
+        let given = self.nic(&nic.id).await?.and_then(|n| {
+            n.ipconfigs.into_iter().find(|c| c.name.eq_ignore_ascii_case(&name)).and_then(|c| c.private_ip)
+        });
+        given.ok_or_else(|| {
+            invalid_response(
+                "NetworkInterfaces_Get",
+                format!("IP configuration {name} of {} shows no address after its update completed", nic.id),
+            )
+        })
     }
 
     // --------------------------------------------------------- assign ---
@@ -856,7 +939,7 @@ impl Arm {
                 Some(vm) if gateway_vms.contains(&vm.to_ascii_lowercase()) => {
                     format!("the primary address of gateway VM {vm}")
                 }
-                Some(vm) => format!("VM {vm}, which is not a gateway Node"),
+                Some(vm) => format!("VM {vm}, which is not a gateway Node (nor, for a Node's address, that Node)"),
                 None => "no VM".to_owned(),
             };
             return Err(held_elsewhere(private, &nic.id, &ipc.name, &owner));
@@ -1088,6 +1171,21 @@ impl Arm {
     async fn holds(&self, nic_id: &str, private: IpAddr) -> Result<bool, CloudError> {
         Ok(self.nic(nic_id).await?.is_some_and(|n| n.holding(private).is_some()))
     }
+}
+
+/// `nic` of the VM `vm_id` as the trait's [`Interface`].
+fn vm_nic(vm_id: String, nic: Nic) -> Result<Interface, CloudError> {
+    let Some(primary_ip) = nic.primary().and_then(|c| c.private_ip) else {
+        return Err(not_found("NetworkInterfaces_Get", format!("network interface {} has no primary address", nic.id)));
+    };
+    let secondary_ips = nic.ipconfigs.iter().filter_map(|c| c.private_ip).filter(|ip| *ip != primary_ip).collect();
+    Ok(Interface {
+        instance_id: vm_id,
+        interface_id: nic.id,
+        primary_ip,
+        secondary_ips,
+        source_dest_check: !nic.forwarding,
+    })
 }
 
 fn ipconfig_address(c: &Value) -> Option<IpAddr> {
@@ -1543,16 +1641,6 @@ impl HttpClient for HyperTransport {
     }
 }
 
-/// PerNode cloud pools on this provider are being built (issue 33, ADR 0033).
-fn pernode_pending(operation: &'static str) -> CloudError {
-    CloudError {
-        operation,
-        code: "NotImplemented".into(),
-        message: "PerNode cloud pools are not built for this provider yet (ADR 0033)".into(),
-        retryable: false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -1627,6 +1715,21 @@ mod tests {
         assert!(has_tags(&have, &want(&[("egret-pool", "prod"), ("team", "payments")])));
         assert!(!has_tags(&have, &want(&[("egret-pool", "Prod")])), "values exactly");
         assert!(!has_tags(&have, &want(&[("egret-pool", "prod"), ("cost", "x")])), "ANDed");
+    }
+
+    #[test]
+    fn node_ipconfig_names_take_the_lowest_free_number() {
+        let nic = Nic::parse(serde_json::json!({
+            "id": format!("/subscriptions/{SUB}/resourceGroups/egret/providers/Microsoft.Network/networkInterfaces/n"),
+            "properties": {"ipConfigurations": [
+                {"name": "EGRET-NODE-1", "properties": {"privateIPAddress": "198.18.2.5"}},
+                {"name": "ipconfig1", "properties": {"primary": true, "privateIPAddress": "198.18.2.4"}},
+                {"name": "egret-node-3", "properties": {}},
+            ]},
+        }))
+        .unwrap();
+        assert_eq!(nic.free_name(NODE_IPCONFIG_PREFIX), "egret-node-2", "names compare without case");
+        assert_eq!(nic.primary().map(|c| c.name.as_str()), Some("ipconfig1"));
     }
 
     fn http_error(status: u16, body: &str, retry_after: Option<&str>) -> azure_core::Error {
@@ -1710,4 +1813,3 @@ mod tests {
         assert_eq!((e.code.as_str(), e.retryable), ("InvalidConfiguration", false), "{e}");
     }
 }
-

@@ -40,6 +40,8 @@
 //! | [`Cloud::discover`] | `addresses.list` (region of the subnetwork; `filter` on the labels, ANDed; pages), `forwardingRules.get` for each address used by its `egret-` rule (where it points), `subnetworks.get` (the range) |
 //! | [`Cloud::interface`] | `instances.get` (from the Node's `spec.providerID`: the interface in the subnetwork, `canIpForward`), `targetInstances.get` (and `targetInstances.insert`, polled to `DONE`, when it is missing), `forwardingRules.list` (`filter` on `target`: the addresses it receives) |
 //! | [`Cloud::assign`] | `addresses.get` (`addresses.list` with a `filter` on the address when no discovered address is given; its `users`: anything but our rule is a refusal), `forwardingRules.get` (our rule; where it points), `targetInstances.get` (the instance behind a current target: not a gateway's is a refusal), then `forwardingRules.insert` when the rule is missing, else always `forwardingRules.setTarget`, polled to `DONE`; an insert answered 409 (the read was stale) is followed by a setTarget, a setTarget answered 404 by an insert |
+//! | [`Cloud::primary_interface`] | `instances.get` (the instance's `nic0`, whatever its subnetwork: a worker Node's), `targetInstances.get` of the Node's own target instance `egret-node-<instance>` (and `targetInstances.insert`, polled to `DONE`, when it is missing), `forwardingRules.list` (`filter` on `target`, in the instance's region) |
+//! | [`Cloud::add_address`] | none: refused for good, since a Node's address is the external address itself |
 //! | [`Cloud::verify`] | `forwardingRules.get` (the rule targets this gateway's target instance) |
 //! | [`Cloud::release`] | `forwardingRules.get` (does it still target us?), `forwardingRules.delete` polled to `DONE` |
 //!
@@ -56,6 +58,19 @@
 //! releases as soon as it gives the Lease up, usually before another gateway
 //! has taken the Lease and moved the rule: the window is rare, not
 //! impossible.
+//!
+//! A worker Node's address (a `PerNode` cloud pool, ADR 0033) is the pool's
+//! external address forwarded to the Node's own target instance
+//! (`egret-node-<instance>`, on `nic0`, made by `primary_interface`): there
+//! is no private address to add (`add_address` refuses), and `assign`,
+//! `verify` and `release` take that target instance as a gateway's. The
+//! Node's target instance has a name of its own, not the gateways'
+//! `egret-<instance>`, so that a rule targeting it is known for a Node's
+//! association: `assign` takes the address from it whoever calls (as a
+//! public address is taken from any association on AWS and Azure), while
+//! a rule targeting a gateway-style target instance of an instance that is
+//! not a gateway is still refused. The cost is one target instance per
+//! worker Node given an address, and one forwarding rule per Node address.
 //!
 //! The IAM permissions these calls need (by their names in Compute's
 //! permission reference; not yet checked against a real project) are
@@ -114,6 +129,10 @@ pub const ENDPOINT_ENV: &str = "EGRET_GCP_COMPUTE_ENDPOINT";
 
 /// Names of the forwarding rules and target instances this provider makes.
 pub const NAME_PREFIX: &str = "egret-";
+
+/// What the target instances this provider makes say they are for.
+const GATEWAY_TARGET: &str = "Egret egress gateway: receives the egress addresses forwarded to this instance";
+const NODE_TARGET: &str = "Egret PerNode address: receives the Node's egress addresses forwarded to this instance";
 
 /// The host Compute writes into every link, and the other one it accepts.
 const LINK_PREFIX: &str = "https://www.googleapis.com/compute/v1/";
@@ -293,13 +312,7 @@ impl GcpCloud {
     async fn interface_impl(&self, provider_id: &str, subnet_id: &str, call: &Call) -> Result<Interface, CloudError> {
         let node = parse_provider_id(provider_id)?;
         let subnet = Subnet::parse(subnet_id)?;
-        let instance = call
-            .run(
-                "instances.get",
-                self.instances.get().set_project(&node.project).set_zone(&node.zone).set_instance(&node.name).send(),
-            )
-            .await?;
-        let instance_link = instance.self_link.clone().unwrap_or_else(|| node.link());
+        let instance = self.instance(&node, call).await?;
         let nic = instance
             .network_interfaces
             .iter()
@@ -310,48 +323,61 @@ impl GcpCloud {
                     &format!("instance {} has no network interface in subnetwork {}", node.path(), subnet.path()),
                 )
             })?;
+        let receiver = Receiver {
+            name: target_instance_name(&node.name, nic.name.as_deref().unwrap_or("nic0")),
+            description: GATEWAY_TARGET,
+            project: &subnet.project,
+            region: &subnet.region,
+        };
+        self.receiving(&node, &instance, nic, receiver, call).await
+    }
+
+    /// A worker Node's instance: its `nic0` (whatever its subnetwork) and the
+    /// Node's own target instance ([`node_target_instance_name`]), with the
+    /// addresses its instance's region forwards to it.
+    async fn primary_interface_impl(&self, provider_id: &str, call: &Call) -> Result<Interface, CloudError> {
+        let node = parse_provider_id(provider_id)?;
+        let region = region_of(&node.zone).unwrap_or_default();
+        let instance = self.instance(&node, call).await?;
+        let nic = instance
+            .network_interfaces
+            .first()
+            .ok_or_else(|| invalid("instances.get", &format!("instance {} has no network interface", node.path())))?;
+        let receiver = Receiver {
+            name: node_target_instance_name(&node.name),
+            description: NODE_TARGET,
+            project: &node.project,
+            region,
+        };
+        self.receiving(&node, &instance, nic, receiver, call).await
+    }
+
+    async fn instance(&self, node: &InstanceRef, call: &Call) -> Result<model::Instance, CloudError> {
+        call.run(
+            "instances.get",
+            self.instances.get().set_project(&node.project).set_zone(&node.zone).set_instance(&node.name).send(),
+        )
+        .await
+    }
+
+    /// `nic` of `instance` as the trait's [`Interface`]: its target instance
+    /// (made when missing) and the addresses whose rules target it.
+    async fn receiving(
+        &self,
+        node: &InstanceRef,
+        instance: &model::Instance,
+        nic: &model::NetworkInterface,
+        receiver: Receiver<'_>,
+        call: &Call,
+    ) -> Result<Interface, CloudError> {
+        let instance_link = instance.self_link.clone().unwrap_or_else(|| node.link());
+        let nic_name = nic.name.as_deref().unwrap_or("nic0");
         let primary = nic.network_ip.as_deref().ok_or_else(|| {
-            invalid(
-                "instances.get",
-                &format!("instance {}: its interface in {} has no address", node.path(), subnet.path()),
-            )
+            invalid("instances.get", &format!("instance {}: its interface {nic_name} has no address", node.path()))
         })?;
         let primary_ip = parse_ip("instances.get", primary)?;
-        let nic_name = nic.name.clone().unwrap_or_else(|| "nic0".into());
-        let network = nic.network.clone();
-        let ti_name = target_instance_name(&node.name, &nic_name);
-        let target = self.ensure_target_instance(&node, &instance_link, &ti_name, network.as_deref(), call).await?;
-
-        // The addresses whose rules target it now.
-        let filter = format!("(target = {})", quote(&target));
-        let mut secondary_ips = BTreeSet::new();
-        let mut token = String::new();
-        loop {
-            let page = call
-                .run(
-                    "forwardingRules.list",
-                    self.rules
-                        .list()
-                        .set_project(&subnet.project)
-                        .set_region(&subnet.region)
-                        .set_filter(&filter)
-                        .set_page_token(&token)
-                        .send(),
-                )
-                .await?;
-            for r in &page.items {
-                let Some(ip) = rule_ip(r) else { continue };
-                if r.name.as_deref() == Some(rule_name(ip).as_str())
-                    && r.target.as_deref().is_some_and(|t| path_of(t) == path_of(&target))
-                {
-                    secondary_ips.insert(IpAddr::V4(ip));
-                }
-            }
-            match page.next_page_token {
-                Some(t) if !t.is_empty() => token = t,
-                _ => break,
-            }
-        }
+        let target = self.ensure_target_instance(node, &instance_link, &receiver, nic.network.as_deref(), call).await?;
+        let secondary_ips = self.forwarded_to(receiver.project, receiver.region, &target, call).await?;
         Ok(Interface {
             instance_id: instance_link,
             interface_id: target,
@@ -363,16 +389,57 @@ impl GcpCloud {
         })
     }
 
-    /// The target instance `name` for `instance` (created when missing, and
-    /// waited for): its selfLink.
+    /// The addresses whose rules (ours, by name) in `project`/`region`
+    /// target `target` now.
+    async fn forwarded_to(
+        &self,
+        project: &str,
+        region: &str,
+        target: &str,
+        call: &Call,
+    ) -> Result<BTreeSet<IpAddr>, CloudError> {
+        let filter = format!("(target = {})", quote(target));
+        let mut found = BTreeSet::new();
+        let mut token = String::new();
+        loop {
+            let page = call
+                .run(
+                    "forwardingRules.list",
+                    self.rules
+                        .list()
+                        .set_project(project)
+                        .set_region(region)
+                        .set_filter(&filter)
+                        .set_page_token(&token)
+                        .send(),
+                )
+                .await?;
+            for r in &page.items {
+                let Some(ip) = rule_ip(r) else { continue };
+                if r.name.as_deref() == Some(rule_name(ip).as_str())
+                    && r.target.as_deref().is_some_and(|t| path_of(t) == path_of(target))
+                {
+                    found.insert(IpAddr::V4(ip));
+                }
+            }
+            match page.next_page_token {
+                Some(t) if !t.is_empty() => token = t,
+                _ => return Ok(found),
+            }
+        }
+    }
+
+    /// The target instance `receiver` names for `instance` (created when
+    /// missing, and waited for): its selfLink.
     async fn ensure_target_instance(
         &self,
         node: &InstanceRef,
         instance_link: &str,
-        name: &str,
+        receiver: &Receiver<'_>,
         network: Option<&str>,
         call: &Call,
     ) -> Result<String, CloudError> {
+        let name = receiver.name.as_str();
         let get = || {
             call.find(
                 "targetInstances.get",
@@ -412,7 +479,7 @@ impl GcpCloud {
             .set_name(name)
             .set_instance(instance_link)
             .set_nat_policy(target_instance::NatPolicy::NoNat)
-            .set_description("Egret egress gateway: receives the egress addresses forwarded to this instance");
+            .set_description(receiver.description);
         if let Some(network) = network {
             body = body.set_network(network);
         }
@@ -583,8 +650,10 @@ impl GcpCloud {
     }
 
     /// Refuses (for good, [`HELD_ELSEWHERE`]) when our rule for `ip`
-    /// carries another address, or forwards to something that is not a
-    /// gateway's target instance.
+    /// carries another address, or forwards to something that is neither a
+    /// gateway's target instance nor a worker Node's ([`is_node_target`]:
+    /// the pool's address given to a Node, which any assignment may take, as
+    /// AWS's `AllowReassociation` takes an Elastic IP).
     async fn refuse_foreign_rule(
         &self,
         rule: &model::ForwardingRule,
@@ -620,13 +689,13 @@ impl GcpCloud {
         let instance = ti.instance.as_deref().map(path_of).unwrap_or_default();
         let gateway_instances: BTreeSet<String> =
             gateways.iter().filter_map(|p| parse_provider_id(p).ok()).map(|i| i.path()).collect();
-        if gateway_instances.contains(instance) {
+        if gateway_instances.contains(instance) || is_node_target(&other.name, instance) {
             return Ok(());
         }
         Err(held_elsewhere(
             ip,
             &format!(
-                "forwarding rule {name} forwards to {} (instance {}), which is not a gateway Node",
+                "forwarding rule {name} forwards to {} (instance {}), which is neither a gateway Node nor a worker Node's target instance",
                 path_of(current),
                 if instance.is_empty() { "none" } else { instance }
             ),
@@ -648,6 +717,19 @@ impl GcpCloud {
         }))
     }
 
+    /// Deletes the rule for `ip` if it still targets `target`.
+    ///
+    /// A worker Node's address is released the same way, for these reasons:
+    /// `release` knows no other holder to retarget the rule to; a rule left
+    /// targeting the Node would keep delivering the address to a Node that
+    /// no longer translates to it, and would keep the address `IN_USE` (the
+    /// rule is its user), so that the next Node's `assign` would have to
+    /// take it with a `setTarget` anyway. Deleted, the address is free
+    /// (`RESERVED`) and the next Node's `assign` inserts a rule of its own. A
+    /// rule that targets another Node by then (the address given to it
+    /// already) is left alone. The Node's target instance is kept: its other
+    /// addresses may target it, Compute has no conditional delete to remove
+    /// it only once unused, and the Node's next address reuses it.
     async fn release_impl(&self, target: &str, ip: IpAddr, call: &Call) -> Result<(), CloudError> {
         let ip = ipv4_only("forwardingRules.delete", ip)?;
         let ti = TargetRef::parse(target)?;
@@ -704,12 +786,15 @@ impl Cloud for GcpCloud {
         })
     }
 
-    fn primary_interface<'a>(&'a self, _provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
-        Box::pin(async { Err(pernode_pending("primary_interface")) })
+    fn primary_interface<'a>(&'a self, provider_id: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
+        Box::pin(async move {
+            let call = Call::new();
+            call.bound("primary_interface", self.primary_interface_impl(provider_id, &call)).await
+        })
     }
 
-    fn add_address<'a>(&'a self, _interface_id: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
-        Box::pin(async { Err(pernode_pending("add_address")) })
+    fn add_address<'a>(&'a self, interface_id: &'a str) -> BoxFuture<'a, Result<IpAddr, CloudError>> {
+        Box::pin(async move { Err(no_private_address(interface_id)) })
     }
 
     fn assign<'a>(
@@ -1026,6 +1111,22 @@ fn bad_target(target: &str) -> CloudError {
     }
 }
 
+/// [`Cloud::add_address`] on GCP: a worker Node's address is the pool's
+/// external address itself, forwarded to the Node's target instance
+/// (protocol forwarding; [`super::Provider::pairs_privately`] is false, so
+/// the caller never asks). Not retryable.
+fn no_private_address(target: &str) -> CloudError {
+    CloudError {
+        operation: "add_address",
+        code: "NotApplicable".into(),
+        message: format!(
+            "on GCP a Node's egress address is the pool's external address itself, forwarded to its target instance {} (protocol forwarding): there is no private address to add",
+            path_of(target)
+        ),
+        retryable: false,
+    }
+}
+
 fn parse_ip(operation: &'static str, s: &str) -> Result<IpAddr, CloudError> {
     s.parse().map_err(|_| CloudError {
         operation,
@@ -1136,6 +1237,15 @@ impl TargetRef {
     }
 }
 
+/// A target instance this provider makes for an instance's interface, and
+/// where the rules that may target it are.
+struct Receiver<'a> {
+    name: String,
+    description: &'static str,
+    project: &'a str,
+    region: &'a str,
+}
+
 /// An instance named by a Node's `spec.providerID`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceRef {
@@ -1226,6 +1336,27 @@ fn rule_ip(rule: &model::ForwardingRule) -> Option<Ipv4Addr> {
 pub fn target_instance_name(instance: &str, nic: &str) -> String {
     let full =
         if nic == "nic0" { format!("{NAME_PREFIX}{instance}") } else { format!("{NAME_PREFIX}{instance}-{nic}") };
+    fit_name(full)
+}
+
+/// A worker Node's target instance (ADR 0033): `egret-node-<instance>`, on
+/// the instance's `nic0`, shortened as [`target_instance_name`] does. A
+/// gateway named `node-<x>` would want the same name as a worker named
+/// `<x>` in its zone; the second to come is refused
+/// (`TargetInstanceConflict`, naming both) rather than sharing it.
+pub fn node_target_instance_name(instance: &str) -> String {
+    fit_name(format!("{NAME_PREFIX}node-{instance}"))
+}
+
+/// Whether the target instance `name`, forwarding to `instance` (a path),
+/// is a worker Node's ([`node_target_instance_name`] of that instance).
+fn is_node_target(name: &str, instance: &str) -> bool {
+    Scoped::parse(instance, "zones", "instances").is_some_and(|i| name == node_target_instance_name(&i.name))
+}
+
+/// `full` if it is a valid name's length, else a prefix of it and 8 hex
+/// digits of its SHA-256.
+fn fit_name(full: String) -> String {
     if full.len() <= MAX_NAME {
         return full;
     }
@@ -1288,16 +1419,6 @@ fn reserved(cidr: IpNet) -> BTreeSet<IpAddr> {
         .flatten()
         .map(|a| IpAddr::V4(Ipv4Addr::from(a)))
         .collect()
-}
-
-/// PerNode cloud pools on this provider are being built (issue 33, ADR 0033).
-fn pernode_pending(operation: &'static str) -> CloudError {
-    CloudError {
-        operation,
-        code: "NotImplemented".into(),
-        message: "PerNode cloud pools are not built for this provider yet (ADR 0033)".into(),
-        retryable: false,
-    }
 }
 
 #[cfg(test)]
@@ -1384,6 +1505,21 @@ mod tests {
         assert_eq!(region_of("us-central1-a"), Some("us-central1"));
         assert_eq!(region_of("europe-west4-b"), Some("europe-west4"));
         assert_eq!(region_of("uscentral1"), None);
+    }
+
+    #[test]
+    fn worker_nodes_have_target_instances_of_their_own() {
+        assert_eq!(node_target_instance_name("worker-1"), "egret-node-worker-1");
+        let long = node_target_instance_name(&"w".repeat(63));
+        assert!(long.len() == 63 && is_name(&long), "{long}");
+        let zone = "projects/p/zones/us-central1-a/instances";
+        assert!(is_node_target("egret-node-worker-1", &format!("{zone}/worker-1")));
+        assert!(is_node_target("egret-node-worker-1", &format!("{LINK_PREFIX}{zone}/worker-1")));
+        // A gateway's target instance; a gateway named node-worker-1's; another instance's.
+        assert!(!is_node_target("egret-worker-1", &format!("{zone}/worker-1")));
+        assert!(!is_node_target("egret-node-worker-1", &format!("{zone}/node-worker-1")));
+        assert!(!is_node_target("egret-node-worker-1", &format!("{zone}/worker-2")));
+        assert!(!is_node_target("egret-node-worker-1", "projects/p/regions/us-central1/instances/worker-1"));
     }
 
     #[test]
@@ -1560,9 +1696,12 @@ mod tests {
         };
         let e = cloud.assign(ti, v4, Some(&public), &BTreeSet::new()).await.unwrap_err();
         assert_eq!((e.code.as_str(), e.retryable), ("InvalidPairing", false), "{e}");
+        // A Node's address is the external address itself: nothing to add.
+        let e = cloud.add_address(ti).await.unwrap_err();
+        assert_eq!((e.operation, e.code.as_str(), e.retryable), ("add_address", "NotApplicable", false), "{e}");
+        assert!(e.message.contains("projects/p/zones/us-central1-a/targetInstances/egret-gw-a"), "{e}");
         // And the first real call fails retryably: nothing listens.
         let e = cloud.verify(ti, v4, None).await.unwrap_err();
         assert_eq!((e.operation, e.code.as_str(), e.retryable), ("forwardingRules.get", "connect", true), "{e}");
     }
 }
-

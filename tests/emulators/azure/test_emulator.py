@@ -452,6 +452,58 @@ class EmulatorTest(unittest.TestCase):
         got = sorted(a for a, r in private.items() if r["networkInterface"] == made["networkInterfaces"]["d"])
         self.assertEqual(got, ["198.18.3.4", "198.18.3.5", "198.18.3.6"])
 
+    def test_a_dynamic_ip_configuration_gets_a_free_address_of_its_subnet(self):
+        # What the provider's add_address sends for a worker Node: one more IP
+        # configuration, Dynamic, in the subnet of the NIC's primary one (here
+        # "other", where nic-a2 holds .4). Azure "assigns the next available
+        # unassigned or unreserved IP address in the subnet's address range"
+        # (Microsoft Learn, "Allocate or assign private IP addresses",
+        # https://learn.microsoft.com/training/modules/configure-virtual-networks/8-associate-private-ip-addresses):
+        # not one another NIC holds, nor one an update still running asks for.
+        other = f"{NET}/virtualNetworks/vnet/subnets/other"
+        worker = {"resourceGroup": "egret", "name": "worker-nic",
+                  "ipConfigurations": [{"name": "ipconfig1", "subnet": "vnet/other", "primary": True}]}
+        self.control("POST", "seed", {"networkInterfaces": [worker]})
+        self.assertEqual(self.routing()["privateIPAddresses"]["198.18.2.5"]["ipConfiguration"],
+                         ipconfig("worker-nic", "ipconfig1"))
+        self.control("PUT", "config", {"asyncDelay": 1.0})
+        running = self.nic("worker-nic")
+        running["properties"]["ipConfigurations"].append(
+            {"name": "static", "properties": {"privateIPAddress": "198.18.2.6", "subnet": {"id": other}}}
+        )
+        running_reply = self.put_nic(running)
+        self.assertEqual(running_reply.status, 200, running_reply.body)
+
+        node = self.nic("nic-a2")
+        node["properties"]["ipConfigurations"].append(
+            {"name": "egret-node-1", "properties": {"privateIPAllocationMethod": "Dynamic", "primary": False,
+                                                    "privateIPAddressVersion": "IPv4", "subnet": {"id": other}}}
+        )
+        self.assertEqual(self.wait(self.put_nic(node, headers={"If-Match": node["etag"]}))["status"], "Succeeded")
+        got = {c["name"]: c["properties"] for c in self.nic("nic-a2")["properties"]["ipConfigurations"]}
+        self.assertEqual(got["egret-node-1"]["privateIPAddress"], "198.18.2.7", "after .4, .5 and the running .6")
+        self.assertEqual(got["egret-node-1"]["privateIPAllocationMethod"], "Dynamic")
+        self.assertEqual(got["egret-node-1"]["subnet"]["id"], other)
+        self.assertEqual(self.wait(running_reply)["status"], "Succeeded")
+
+        # Put back as read: the address stays; made Static with it: it stays.
+        again = self.nic("nic-a2")
+        self.assertEqual(self.wait(self.put_nic(again))["status"], "Succeeded")
+        pinned = self.nic("nic-a2")
+        for c in pinned["properties"]["ipConfigurations"]:
+            if c["name"] == "egret-node-1":
+                c["properties"]["privateIPAllocationMethod"] = "Static"
+                c["properties"]["publicIPAddress"] = {"id": f"{NET}/publicIPAddresses/egress-2"}
+        self.assertEqual(self.wait(self.put_nic(pinned))["status"], "Succeeded")
+        got = {c["name"]: c["properties"] for c in self.nic("nic-a2")["properties"]["ipConfigurations"]}
+        self.assertEqual(
+            (got["egret-node-1"]["privateIPAddress"], got["egret-node-1"]["privateIPAllocationMethod"]),
+            ("198.18.2.7", "Static"),
+        )
+        route = self.routing()["privateIPAddresses"]["198.18.2.7"]
+        self.assertEqual((route["ipConfiguration"], route["publicIPAddress"]),
+                         (ipconfig("nic-a2", "egret-node-1"), "203.0.113.11"))
+
     # ------------------------------------------------ the front door rules ---
 
     def test_authentication_and_api_version_are_required(self):
