@@ -848,6 +848,66 @@ fn the_aws_values_set_the_region_and_the_irsa_role() {
     assert_eq!(annotations.get("eks.amazonaws.com/role-arn").map(scalar).as_deref(), Some(role));
 }
 
+/// `azure.workloadIdentityClientId` annotates the gateways' ServiceAccount
+/// and labels their Pods for AKS's workload identity webhook;
+/// `gcp.credentialsSecret` mounts a service account key and points
+/// GOOGLE_APPLICATION_CREDENTIALS at it. Neither is set by default.
+#[test]
+fn the_azure_and_gcp_values_set_their_credential_chains() {
+    let sa_annotations = |docs: &[Value]| -> Option<Value> {
+        let sa = docs.iter().find(|d| kind(d) == "ServiceAccount" && component(d) == Some("gateway")).unwrap();
+        sa.get("metadata").and_then(|m| m.get("annotations")).cloned()
+    };
+    let pod_labels = |docs: &[Value]| -> Value {
+        lookup(one(docs, "DaemonSet", "gateway"), "spec.template.metadata.labels").clone()
+    };
+    let env_value = |docs: &[Value], name: &str| -> Option<String> {
+        let c = container(one(docs, "DaemonSet", "gateway"));
+        let e = lookup(c, "env").as_array().unwrap().iter().find(|e| scalar(lookup(e, "name")) == name).cloned();
+        e.map(|e| scalar(lookup(&e, "value")))
+    };
+    let plain = render("egret", NAMESPACE, &[]);
+    assert!(sa_annotations(&plain).is_none());
+    assert!(pod_labels(&plain).get("azure.workload.identity/use").is_none());
+    assert_eq!(env_value(&plain, "GOOGLE_APPLICATION_CREDENTIALS"), None);
+
+    let client_id = "00000000-0000-4000-8000-0000000000c1";
+    let docs = render(
+        "egret",
+        NAMESPACE,
+        &["--set", &format!("azure.workloadIdentityClientId={client_id}"), "--set", "gcp.credentialsSecret=egret-gcp-key"],
+    );
+    let a = sa_annotations(&docs).expect("annotations");
+    assert_eq!(a.get("azure.workload.identity/client-id").map(scalar).as_deref(), Some(client_id));
+    assert_eq!(pod_labels(&docs).get("azure.workload.identity/use").map(scalar).as_deref(), Some("true"));
+    assert_eq!(env_value(&docs, "GOOGLE_APPLICATION_CREDENTIALS").as_deref(), Some("/etc/egret-gcp/key.json"));
+    let ds = one(&docs, "DaemonSet", "gateway");
+    let volume = lookup(ds, "spec.template.spec.volumes")
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| scalar(lookup(v, "name")) == "gcp-key")
+        .cloned()
+        .expect("the key's volume");
+    assert_eq!(scalar(lookup(&volume, "secret.secretName")), "egret-gcp-key");
+    let mounted = lookup(container(ds), "volumeMounts")
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| scalar(lookup(m, "name")) == "gcp-key" && scalar(lookup(m, "mountPath")) == "/etc/egret-gcp");
+    assert!(mounted, "the key is mounted where the variable points");
+    // Both together with AWS's role: one annotations map holds all.
+    let role = "arn:aws:iam::111122223333:role/egret-gateway";
+    let docs = render(
+        "egret",
+        NAMESPACE,
+        &["--set", &format!("aws.roleArn={role}"), "--set", &format!("azure.workloadIdentityClientId={client_id}")],
+    );
+    let a = sa_annotations(&docs).expect("annotations");
+    assert_eq!(a.get("eks.amazonaws.com/role-arn").map(scalar).as_deref(), Some(role));
+    assert_eq!(a.get("azure.workload.identity/client-id").map(scalar).as_deref(), Some(client_id));
+}
+
 /// `extraCA.configMap` mounts the private CA and points the SDK at it and
 /// at the image's bundle (the way container_image.rs tests from the image);
 /// without it nothing of the kind is set (the image's bundle alone).
