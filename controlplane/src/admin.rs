@@ -464,6 +464,22 @@ pub mod render {
                 .collect();
             out.push_str(&table(&["SUBNET", "INTERFACE", "STATE"], &rows));
         }
+        if !c.cloud_nodes.is_empty() {
+            out.push('\n');
+            let rows: Vec<Vec<String>> = c
+                .cloud_nodes
+                .iter()
+                .map(|n| {
+                    let state = match (&n.private_ip, &n.interface, &n.error) {
+                        (Some(p), Some(i), _) => format!("associated with {p} on {i}"),
+                        (_, _, Some(e)) => format!("not associated: {e}"),
+                        _ => "associating".into(),
+                    };
+                    vec![n.node.clone(), n.public_ip.to_string(), state]
+                })
+                .collect();
+            out.push_str(&table(&["NODE (PerNode)", "PUBLIC IP", "STATE"], &rows));
+        }
         if c.ha {
             out.push('\n');
             if let Some((primary, accepted)) = c.channel_keys.split_first() {

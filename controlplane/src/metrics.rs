@@ -380,6 +380,14 @@ fn cluster(o: &mut Families, c: &ClusterReport) -> fmt::Result {
         let Some(iface) = &i.interface else { continue };
         f.sample(&[("subnet", &i.subnet), ("interface", iface)], u64::from(i.source_dest_check))?;
     }
+    let mut f = o.gauge(
+        "cloud_node_address_associated",
+        "1 while a worker Node's public address (a PerNode cloud pool) is associated with its interface; written by the status writer.",
+    )?;
+    for n in &c.cloud_nodes {
+        let associated = n.private_ip.is_some() && n.error.is_none();
+        f.sample(&[("node", &n.node), ("public_ip", &n.public_ip.to_string())], u64::from(associated))?;
+    }
     let mut f = o.gauge("standby_in_sync", "1 while the standby of a held IP holds its latest session copy.")?;
     for l in c.leases.iter().filter(|l| l.held_here) {
         let (ip, sb) = (l.ip.to_string(), l.standby.clone().unwrap_or_default());
@@ -662,7 +670,7 @@ mod tests {
     use super::*;
     use crate::admin::tests::Fake;
     use crate::view::{
-        CloudInterfaceRow, ClusterCounters, LeaseRow, LivenessRow, PeerRow, SessionFilter, SessionRow, ShadowRow,
+        CloudInterfaceRow, CloudNodeRow, ClusterCounters, LeaseRow, LivenessRow, PeerRow, SessionFilter, SessionRow, ShadowRow,
     };
 
     /// [`Fake`] in Kubernetes mode.
@@ -715,6 +723,22 @@ mod tests {
                     source_dest_check: false,
                     error: None,
                 }],
+                cloud_nodes: vec![
+                    CloudNodeRow {
+                        node: "w1".into(),
+                        public_ip: "198.51.100.30".parse().unwrap(),
+                        private_ip: Some("10.0.7.33".parse().unwrap()),
+                        interface: Some("eni-0w1".into()),
+                        error: None,
+                    },
+                    CloudNodeRow {
+                        node: "w2".into(),
+                        public_ip: "198.51.100.31".parse().unwrap(),
+                        private_ip: None,
+                        interface: None,
+                        error: Some("1 attempt(s): AssociateAddress: RequestLimitExceeded: slow down".into()),
+                    },
+                ],
                 liveness: Some(LivenessRow {
                     lease: "egret-gw-gw-a".into(),
                     epoch: 4,
@@ -833,6 +857,8 @@ mod tests {
             "egret_lease_renew_failing{egress_ip=\"203.0.113.10\"} 0",
             "egret_cloud_address_assigned{egress_ip=\"10.0.1.20\",public_ip=\"198.51.100.20\"} 1",
             "egret_cloud_source_dest_check{subnet=\"subnet-1\",interface=\"eni-0a\"} 0",
+            "egret_cloud_node_address_associated{node=\"w1\",public_ip=\"198.51.100.30\"} 1",
+            "egret_cloud_node_address_associated{node=\"w2\",public_ip=\"198.51.100.31\"} 0",
             "egret_standby_in_sync{egress_ip=\"203.0.113.10\",standby=\"gw-b\"} 1",
             "egret_shadow_sessions{egress_ip=\"203.0.113.11\",holder=\"gw-b\"} 9",
             "egret_peer_up{peer=\"gw-b\"} 1",
@@ -879,6 +905,7 @@ mod tests {
             "lease_renew_failing",
             "cloud_address_assigned",
             "cloud_source_dest_check",
+            "cloud_node_address_associated",
             "standby_in_sync",
             "shadow_sessions",
             "peer_up",
@@ -961,7 +988,7 @@ mod tests {
         // Without a cluster: no cluster family, the same shape.
         let file_mode = families(&render(&Fake));
         assert!(!file_mode.contains_key("egret_lease_held") && file_mode.contains_key("egret_drops"));
-        assert_eq!(file_mode.len(), gauges.len() + counters.len() - 14 - 21);
+        assert_eq!(file_mode.len(), gauges.len() + counters.len() - 14 - 22);
     }
 
     #[test]

@@ -324,6 +324,10 @@ pub struct ClusterReport {
     /// Cloud pools: this gateway's interfaces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cloud_interfaces: Vec<CloudInterfaceRow>,
+    /// `PerNode` cloud pools: the worker Nodes' addresses this gateway
+    /// makes (only the status writer has any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cloud_nodes: Vec<CloudNodeRow>,
     /// This gateway's liveness Lease (None: each IP's Lease is renewed,
     /// `kubernetes.ownership: perIP`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -393,6 +397,22 @@ pub struct CloudInterfaceRow {
     /// Whether the provider's source/destination check is on (it must be off).
     pub source_dest_check: bool,
     /// Why the interface is not known.
+    pub error: Option<String>,
+}
+
+/// A worker Node's cloud address (a `PerNode` cloud pool).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloudNodeRow {
+    /// The Node.
+    pub node: String,
+    /// Its public address.
+    pub public_ip: IpAddr,
+    /// The private address the public one is associated with (the Node's
+    /// pods are translated to it), once associated.
+    pub private_ip: Option<IpAddr>,
+    /// The Node's interface holding it, once associated.
+    pub interface: Option<String>,
+    /// Why it is not associated yet (None with no `private_ip`: being made).
     pub error: Option<String>,
 }
 

@@ -18,6 +18,8 @@
 //! 1. each worker gets its own private address, chosen by EC2 on its own
 //!    ENI, recorded in the pool's status with the Elastic IP associated
 //!    with that ENI; its selected pod leaves with it (the server sees it);
+//!    the status writer's `egret status` and `/metrics`
+//!    (`egret_cloud_node_address_associated`) list both;
 //! 2. both gateways SIGKILLed (a control-plane outage): the pods keep
 //!    leaving with their addresses; restarted, the new status writer takes
 //!    over from the record (no address added again);
@@ -46,7 +48,7 @@ use aws_sdk_ec2::types::Tag;
 use egret_controlplane::k8s::crd::{EgressIPPool, EgressPolicy, PoolAllocation};
 use egret_tests::apiserver::ApiServer;
 use egret_tests::capture::{self, Capture};
-use egret_tests::gateway::Gateway;
+use egret_tests::gateway::{http_get_in, Gateway, METRICS};
 use egret_tests::moto::Moto;
 use egret_tests::netns::NetNs;
 use egret_tests::nodelab::{Backend, NodeGw, NodeLab, Worker, CONTROL};
@@ -286,6 +288,29 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         private.insert(w, p);
     }
     assert_ne!(private[&Worker::One], private[&Worker::Two]);
+    // `egret status` on the status writer (and only there) lists them.
+    let mut listing = Vec::new();
+    for (g, gw) in gws.iter_mut() {
+        let status = gw.admin().status().expect("egret status");
+        let rows = status["cluster"]["cloud_nodes"].as_array().cloned().unwrap_or_default();
+        if !rows.is_empty() {
+            listing.push((g.node_name(), rows));
+        }
+    }
+    assert_eq!(listing.len(), 1, "one status writer lists the workers' addresses: {listing:?}");
+    let writer = NodeGw::by_node_name(listing[0].0).unwrap();
+    let (_, metrics) = http_get_in(lab.gateway_ns(writer), METRICS.parse().unwrap(), "/metrics").expect("/metrics");
+    for w in Worker::ALL {
+        let row = listing[0].1.iter().find(|r| r["node"] == w.node_name()).expect("a row per worker");
+        assert_eq!(row["private_ip"], private[&w].to_string(), "{row}");
+        assert_eq!(row["interface"], vpc.interface[&w].as_str(), "{row}");
+        let sample = format!(
+            "egret_cloud_node_address_associated{{node=\"{}\",public_ip=\"{}\"}} 1",
+            w.node_name(),
+            row["public_ip"].as_str().unwrap()
+        );
+        assert!(metrics.lines().any(|l| l == sample), "{sample} in the writer's /metrics");
+    }
 
     // 2. A control-plane outage leaves the workers' egress alone; the
     // restarted gateways take over from the record.

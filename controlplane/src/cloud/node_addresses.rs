@@ -156,6 +156,23 @@ impl NodeAddresses {
         self.state.lock().failures.iter().map(|(k, (_, e))| (k.clone(), e.clone())).collect()
     }
 
+    /// Every wanted Node address: where it is associated, or why not yet
+    /// (None: being made).
+    pub fn report(&self) -> Vec<(NodeKey, Result<NodeAddress, Option<String>>)> {
+        let st = self.state.lock();
+        st.wants
+            .want
+            .keys()
+            .map(|k| {
+                let state = match st.done.get(k) {
+                    Some(at) => Ok(at.clone()),
+                    None => Err(st.failures.get(k).map(|(n, e)| format!("{n} attempt(s): {e}"))),
+                };
+                (k.clone(), state)
+            })
+            .collect()
+    }
+
     /// Drifted associations made again, since the start.
     pub fn drift_repairs(&self) -> u64 {
         self.state.lock().drift_repairs

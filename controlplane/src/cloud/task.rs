@@ -124,6 +124,9 @@ pub struct CloudReport {
     /// Assignments the provider's view showed drifted (moved by someone
     /// else, or lost), made again, since the start.
     pub drift_repairs: u64,
+    /// The status writer's worker Node addresses (`PerNode` cloud pools):
+    /// where each is associated, or why not yet (None: being made).
+    pub nodes: Vec<(NodeKey, Result<NodeAddress, Option<String>>)>,
 }
 
 impl Clouds {
@@ -265,6 +268,7 @@ impl Clouds {
                 .collect(),
             interfaces: st.interfaces.iter().map(|(subnet, r)| (subnet.clone(), r.clone())).collect(),
             drift_repairs: st.drift_repairs + self.nodes.drift_repairs(),
+            nodes: self.nodes.report(),
         }
     }
 

@@ -1077,6 +1077,22 @@ impl SyncLoop {
                     }
                 })
                 .collect(),
+            cloud_nodes: cloud
+                .nodes
+                .into_iter()
+                .map(|((node, public_ip), r)| match r {
+                    Ok(at) => crate::view::CloudNodeRow {
+                        node,
+                        public_ip,
+                        private_ip: Some(at.private_ip),
+                        interface: Some(at.interface_id),
+                        error: None,
+                    },
+                    Err(error) => {
+                        crate::view::CloudNodeRow { node, public_ip, private_ip: None, interface: None, error }
+                    }
+                })
+                .collect(),
             counters: {
                 let mut k = self.counters.clone();
                 let book = self.renewer.book.lock();
