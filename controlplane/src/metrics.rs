@@ -670,7 +670,8 @@ mod tests {
     use super::*;
     use crate::admin::tests::Fake;
     use crate::view::{
-        CloudInterfaceRow, CloudNodeRow, ClusterCounters, LeaseRow, LivenessRow, PeerRow, SessionFilter, SessionRow, ShadowRow,
+        CloudInterfaceRow, CloudNodeRow, ClusterCounters, LeaseRow, LivenessRow, PeerRow, SessionFilter, SessionRow,
+        ShadowRow,
     };
 
     /// [`Fake`] in Kubernetes mode.

@@ -273,9 +273,10 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         assert_eq!(on_eni, BTreeSet::from([p]), "EC2 has {p} on {}'s ENI, and nothing else added", w.node_name());
         let alloc = a.iter().find(|x| x.node.as_deref() == Some(w.node_name())).unwrap();
         assert_eq!(alloc.interface_id.as_deref(), Some(vpc.interface[&w].as_str()));
-        let eip = vpc.allocations.iter().find(|id| {
-            rt.block_on(associated_interface(&ec2, id)).as_deref() == Some(vpc.interface[&w].as_str())
-        });
+        let eip = vpc
+            .allocations
+            .iter()
+            .find(|id| rt.block_on(associated_interface(&ec2, id)).as_deref() == Some(vpc.interface[&w].as_str()));
         assert!(eip.is_some(), "an Elastic IP of the pool is associated with {}'s ENI", w.node_name());
         let name = format!("{}-uns", w.node_name());
         let (_, took) = probe::wait_source(lab.pod(&name), NodeLab::http(), p.into(), Duration::from_secs(30))
@@ -348,8 +349,9 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
         std::thread::sleep(Duration::from_millis(100));
     }
     println!("k8s-cloud-nodes: w2 deselected: its address released {} ms later", t.elapsed().as_millis());
-    let (_, _) = probe::wait_source(lab.pod("w2-uns"), NodeLab::http(), Worker::Two.lan_addr().into(), Duration::from_secs(30))
-        .unwrap_or_else(|e| panic!("w2-uns leaves as its node (the CNI's masquerade): {e}"));
+    let (_, _) =
+        probe::wait_source(lab.pod("w2-uns"), NodeLab::http(), Worker::Two.lan_addr().into(), Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("w2-uns leaves as its node (the CNI's masquerade): {e}"));
     assert_eq!(
         probe::once(lab.pod("w1-uns"), NodeLab::http()).unwrap().map(|s| s.ip()),
         Ok(IpAddr::V4(private[&Worker::One]))
@@ -365,7 +367,8 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
 
     // Never a pod's own address upstream.
     let frames = capture.stop().expect("stop the capture");
-    let pods: BTreeSet<IpAddr> = Worker::ALL.iter().flat_map(|w| [w.pod_addr(10), w.pod_addr(12)]).map(IpAddr::V4).collect();
+    let pods: BTreeSet<IpAddr> =
+        Worker::ALL.iter().flat_map(|w| [w.pod_addr(10), w.pod_addr(12)]).map(IpAddr::V4).collect();
     let leaked: Vec<String> = frames
         .iter()
         .filter_map(|f| capture::ip_info(&f.data))

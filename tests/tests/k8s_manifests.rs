@@ -875,7 +875,12 @@ fn the_azure_and_gcp_values_set_their_credential_chains() {
     let docs = render(
         "egret",
         NAMESPACE,
-        &["--set", &format!("azure.workloadIdentityClientId={client_id}"), "--set", "gcp.credentialsSecret=egret-gcp-key"],
+        &[
+            "--set",
+            &format!("azure.workloadIdentityClientId={client_id}"),
+            "--set",
+            "gcp.credentialsSecret=egret-gcp-key",
+        ],
     );
     let a = sa_annotations(&docs).expect("annotations");
     assert_eq!(a.get("azure.workload.identity/client-id").map(scalar).as_deref(), Some(client_id));

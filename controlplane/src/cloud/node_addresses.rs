@@ -226,7 +226,9 @@ impl NodeAddresses {
     ) -> bool {
         let r = self.private_address(cloud, key, target).await;
         let r = match r {
-            Ok(at) => cloud.assign(&at.interface_id, at.private_ip, Some(&target.public), &only(target)).await.map(|()| at),
+            Ok(at) => {
+                cloud.assign(&at.interface_id, at.private_ip, Some(&target.public), &only(target)).await.map(|()| at)
+            }
             Err(e) => Err(e),
         };
         self.record(key, target, r, now, resync)
@@ -291,7 +293,10 @@ impl NodeAddresses {
                 tracing::warn!(node = %key.0, public = %key.1, private = %at.private_ip,
                     "a Node's cloud address drifted; associating it again");
                 self.state.lock().drift_repairs += 1;
-                let r = cloud.assign(&at.interface_id, at.private_ip, Some(&target.public), &only(target)).await.map(|()| at);
+                let r = cloud
+                    .assign(&at.interface_id, at.private_ip, Some(&target.public), &only(target))
+                    .await
+                    .map(|()| at);
                 self.record(key, target, r, now, resync)
             }
             Err(e) => {
@@ -403,7 +408,12 @@ mod tests {
     const RESYNC: Duration = Duration::from_secs(30);
 
     fn public(ip: &str) -> PublicAddress {
-        PublicAddress { public_ip: ip.parse().unwrap(), allocation_id: "eipalloc-1".into(), private_ip: None, interface_id: None }
+        PublicAddress {
+            public_ip: ip.parse().unwrap(),
+            allocation_id: "eipalloc-1".into(),
+            private_ip: None,
+            interface_id: None,
+        }
     }
 
     fn want(node: &str, ip: &str, recorded: Option<NodeAddress>) -> (NodeKey, NodeTarget) {
@@ -442,10 +452,7 @@ mod tests {
         // One address added, though the first association was throttled:
         // the retry reuses it; and only w1's own instance may lose it.
         assert_eq!(calls(&script, "add_address"), vec!["add_address eni-i-w1 198.18.1.100"]);
-        assert_eq!(
-            calls(&script, "assign"),
-            vec![r#"assign eni-i-w1 198.18.1.100 {"aws:///z/i-w1"}"#; 2],
-        );
+        assert_eq!(calls(&script, "assign"), vec![r#"assign eni-i-w1 198.18.1.100 {"aws:///z/i-w1"}"#; 2],);
 
         // Checked once per resync; drift is repaired and counted.
         script.lock().drifts = 1;

@@ -51,11 +51,7 @@ impl Cloud for Scripted {
             })
         })
     }
-    fn interface<'a>(
-        &'a self,
-        provider_id: &'a str,
-        subnet: &'a str,
-    ) -> BoxFuture<'a, Result<Interface, CloudError>> {
+    fn interface<'a>(&'a self, provider_id: &'a str, subnet: &'a str) -> BoxFuture<'a, Result<Interface, CloudError>> {
         self.0.lock().calls.push(format!("interface {provider_id} {subnet}"));
         Box::pin(async {
             Ok(Interface {
@@ -148,4 +144,3 @@ pub fn scripted(script: &Arc<Mutex<Script>>) -> Factory {
         Box::pin(async move { Arc::new(Scripted(s)) as Arc<dyn Cloud> })
     })
 }
-

@@ -875,8 +875,7 @@ impl SyncLoop {
     /// The worker Nodes' cloud addresses as the cloud task has them:
     /// associated, or its last failure.
     fn node_cloud(&self) -> NodeCloudObserved {
-        let mut out: NodeCloudObserved =
-            self.clouds.node_failures().into_iter().map(|(k, e)| (k, Err(e))).collect();
+        let mut out: NodeCloudObserved = self.clouds.node_failures().into_iter().map(|(k, e)| (k, Err(e))).collect();
         out.extend(self.clouds.node_addresses().into_iter().map(|(k, a)| (k, Ok(a))));
         out
     }

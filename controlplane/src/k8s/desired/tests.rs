@@ -298,7 +298,12 @@ fn pool_allocation_is_proposed_then_used_once_recorded_and_released_with_the_pol
     let ps = &d.pool_status["pool-a"];
     assert_eq!(
         ps.allocations,
-        vec![PoolAllocation { policy: "pooled".into(), ips: vec!["198.51.100.10".into()], node: None, ..Default::default() }]
+        vec![PoolAllocation {
+            policy: "pooled".into(),
+            ips: vec!["198.51.100.10".into()],
+            node: None,
+            ..Default::default()
+        }]
     );
     assert_eq!(ps.size, 2, "198.51.100.9-10: network and broadcast skipped");
     let c = cond(&d.policy_status["pooled"], condition::IP_ASSIGNED);
@@ -1099,8 +1104,7 @@ fn a_per_node_cloud_pool_gives_each_node_a_public_address_on_its_own_interface()
     // associate before it is recorded.
     let d = desired(&obs, &local(), t(10));
     let allocs = &d.pool_status["eips"].allocations;
-    let by_node: Vec<(&str, &str)> =
-        allocs.iter().map(|a| (a.node.as_deref().unwrap(), a.ips[0].as_str())).collect();
+    let by_node: Vec<(&str, &str)> = allocs.iter().map(|a| (a.node.as_deref().unwrap(), a.ips[0].as_str())).collect();
     assert_eq!(by_node, vec![("w1", "192.0.2.200"), ("w2", "192.0.2.201")]);
     assert!(allocs.iter().all(|a| a.private_ip.is_none()));
     assert!(d.node_cloud.want.is_empty());
@@ -1117,7 +1121,11 @@ fn a_per_node_cloud_pool_gives_each_node_a_public_address_on_its_own_interface()
     assert_eq!(d.node_cloud.want.len(), 2);
     let c = cond(&d.policy_status["static-nodes"], condition::IP_ASSIGNED);
     assert_eq!(c.reason, reason::ALLOCATION_PENDING, "{c:?}");
-    assert!(c.message.contains("waiting for the cloud provider to associate 192.0.2.200 with Node w1"), "{}", c.message);
+    assert!(
+        c.message.contains("waiting for the cloud provider to associate 192.0.2.200 with Node w1"),
+        "{}",
+        c.message
+    );
     assert!(d.per_node["egresspolicy/static-nodes"].is_empty(), "nothing to translate to yet");
 
     // The task associated w1's (w2's failed): the status records w1's
