@@ -37,6 +37,7 @@ use crate::neigh_responder::{self, NeighOutcome};
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, WorkerStats};
 use crate::tables::{FilteringBehavior, Tables};
+use crate::translog::{LogRing, LogTo};
 use crate::tunnel::{self, Decap};
 use crate::wire::checksum;
 use crate::wire::ethernet::{self, EthernetAddress};
@@ -57,6 +58,8 @@ pub struct Pipeline {
     flow_rate: FlowRate,
     /// Whether frames try the established path first.
     path: Path,
+    /// The worker's translation log ring, when logging is on (translog.rs).
+    log: Option<Arc<LogRing>>,
     /// Frames the established path took (its tests check it is exercised).
     #[cfg(test)]
     pub(super) established_taken: u64,
@@ -95,6 +98,8 @@ pub(super) struct Ctx<'a> {
     pub(super) decapsulated: bool,
     /// Whether frames try the established path first.
     pub(super) path: Path,
+    /// The worker's translation log ring, when logging is on.
+    pub(super) log: Option<&'a LogRing>,
     /// Frames the established path took (tests).
     #[cfg(test)]
     pub(super) established_taken: &'a mut u64,
@@ -106,6 +111,11 @@ impl Pipeline {
     pub(super) fn new(shared: Arc<Shared>, stats: Arc<WorkerStats>, rng: PortRng, path: Path) -> Pipeline {
         // Keyed by the worker's seed without advancing its generator.
         let flow_rate = FlowRate::new(rng.clone().next_u64());
+        let log = shared.translog.get().map(|&records| {
+            let ring = Arc::new(LogRing::new(records));
+            shared.translog_rings.lock().push(ring.clone());
+            ring
+        });
         Pipeline {
             tables: Cache::new(shared.tables.clone()),
             fib: Cache::new(shared.fib.clone()),
@@ -119,6 +129,7 @@ impl Pipeline {
             hold_fragments: false,
             flow_rate,
             path,
+            log,
             #[cfg(test)]
             established_taken: 0,
         }
@@ -146,6 +157,7 @@ impl Pipeline {
             hold_fragments,
             flow_rate,
             path,
+            log,
             #[cfg(test)]
             established_taken,
         } = self;
@@ -173,6 +185,7 @@ impl Pipeline {
                 now,
                 decapsulated: false,
                 path: *path,
+                log: log.as_deref(),
                 #[cfg(test)]
                 established_taken,
             };
@@ -253,7 +266,22 @@ impl Pipeline {
     pub fn tick(&mut self, now: Timestamp, budget: u32) -> u32 {
         let tables = self.tables.load();
         let s = now.secs();
-        self.shared.nat4.sweep(budget, s, tables, &self.stats) + self.shared.nat6.sweep(budget, s, tables, &self.stats)
+        let log = self.log.as_deref().map(|ring| LogTo { ring, stats: &self.stats, now_ms: now.as_millis() });
+        self.shared.nat4.sweep(budget, s, tables, &self.stats, log)
+            + self.shared.nat6.sweep(budget, s, tables, &self.stats, log)
+    }
+
+    /// This worker's translation log ring, when logging is on.
+    pub fn translog_ring(&self) -> Option<&Arc<LogRing>> {
+        self.log.as_ref()
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// Where this frame's NAT operations log (`None`: logging is off).
+    #[inline]
+    fn log_to(&self) -> Option<LogTo<'a>> {
+        self.log.map(|ring| LogTo { ring, stats: self.stats, now_ms: self.now.as_millis() })
     }
 }
 
@@ -433,7 +461,8 @@ impl Ctx<'_> {
         };
 
         // Fast path: one lookup, whichever direction.
-        let hit = self.lookup(nat, &key).filter(|(_, v)| nat.check(v, tables, secs, self.stats));
+        let log = self.log_to();
+        let hit = self.lookup(nat, &key).filter(|(_, v)| nat.check(v, tables, secs, self.stats, log));
         let (view, dir) = match hit {
             Some((r, v)) => (v, if r.is_inbound() { Direction::Inbound } else { Direction::Outbound }),
             None => match self.slow_path(&p, key, tcp_flags, nat, secs, admitted) {
@@ -463,8 +492,10 @@ impl Ctx<'_> {
                 return Verdict::Drop(DropReason::InboundFiltered);
             }
             let Some(key2) = p.flow_key() else { return Verdict::Drop(DropReason::InboundNoMapping) };
-            let hit2 =
-                nat.sessions.lookup(&key2).filter(|(r, v)| r.is_inbound() && nat.check(v, tables, secs, self.stats));
+            let hit2 = nat
+                .sessions
+                .lookup(&key2)
+                .filter(|(r, v)| r.is_inbound() && nat.check(v, tables, secs, self.stats, log));
             let view2 = match hit2 {
                 Some((_, v)) => v,
                 None => match self.create_inbound(&key2, tcp_flags, nat, secs) {
@@ -625,8 +656,15 @@ impl Ctx<'_> {
                     tcp_flags,
                 };
                 let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
-                let mut ctx =
-                    CreateCtx { now: secs, rng: self.rng, stats: self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
+                let log = self.log_to();
+                let mut ctx = CreateCtx {
+                    now: secs,
+                    rng: self.rng,
+                    stats: self.stats,
+                    deltas: DeltaFnBox(&deltas),
+                    tcp_flags,
+                    log,
+                };
                 nat.create_outbound(&req, policy, tables, &mut ctx)
                     .map(|v| (v, Direction::Outbound))
                     .map_err(Verdict::Drop)
@@ -734,7 +772,9 @@ impl Ctx<'_> {
             return Err(if mapped { DropReason::InboundFiltered } else { DropReason::InboundNoMapping });
         }
         let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
-        let mut ctx = CreateCtx { now: secs, rng: self.rng, stats: self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
+        let log = self.log_to();
+        let mut ctx =
+            CreateCtx { now: secs, rng: self.rng, stats: self.stats, deltas: DeltaFnBox(&deltas), tcp_flags, log };
         nat.create_inbound(key, self.tables, &mut ctx)
     }
 
