@@ -487,7 +487,7 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     let mut cluster = start_kubernetes(&cfg, &loaded, &serving.shared).await?;
     log_running(&cfg, &serving.shared, started).await;
     let died = serve_signals(&path, &cfg, metrics_listen, &loaded, &serving.shared, &mut cluster.task).await?;
-    shut_down(&cfg, serving, cluster, &workers.stop, workers.offload_thread).await;
+    shut_down(&cfg, serving, cluster, &workers.stop, workers.offload_thread, workers.translog).await;
     match died {
         Some(why) => Err(DaemonError::ControlPlaneDied(why)),
         None => Ok(()),
@@ -556,6 +556,10 @@ fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Res
         );
     }
     let engine = Engine::new(&cfg.tables).map_err(start_err("engine"))?;
+    // Before any worker is made: each gets its ring (translog/).
+    if let Some(t) = &cfg.translation_logs {
+        engine.enable_translog(t.ring_records);
+    }
     let sessions = cfg.xdp.table_sessions();
     let load = LoadOptions {
         xsk_interfaces: interfaces.len() as u32,
@@ -608,6 +612,9 @@ struct Workers {
     handles: Vec<WorkerHandle>,
     /// The offload manager's thread, with the fast path.
     offload_thread: Option<std::thread::JoinHandle<()>>,
+    /// The translation log exporter's thread and its own stop flag (set
+    /// once the workers are gone, so their last records are sent).
+    translog: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
 /// Step 4: one worker per RX queue index, each owning AF_XDP sockets on
@@ -655,7 +662,25 @@ fn start_workers(cfg: &GatewayConfig, interfaces: &[Driven], loaded: &Loaded) ->
         }
         None => None,
     };
-    Ok(Workers { stop, factory, handles, offload_thread })
+    let translog = match &cfg.translation_logs {
+        Some(t) => {
+            let node = cfg
+                .kubernetes
+                .as_ref()
+                .and_then(|k| k.node_name.clone())
+                .or_else(|| std::env::var("NODE_NAME").ok())
+                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
+                .unwrap_or_default();
+            let exporter = crate::translog::Exporter::new(loaded.engine.clone(), t, &node)
+                .map_err(start_err("opening the translation logs' sockets"))?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let thread = crate::translog::spawn(exporter, loaded.clock, stop.clone())
+                .map_err(start_err("spawning the translation log exporter"))?;
+            Some((stop, thread))
+        }
+        None => None,
+    };
+    Ok(Workers { stop, factory, handles, offload_thread, translog })
 }
 
 /// Step 5's result: the gateway attached and serving.
@@ -892,6 +917,7 @@ async fn shut_down(
     cluster: Cluster,
     stop: &AtomicBool,
     offload_thread: Option<std::thread::JoinHandle<()>>,
+    translog: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 ) {
     let Serving { links, shared, view, stop_tx, netlink_task, admin_task, metrics_task, fail_closed_repair } = serving;
     let Cluster { stop_tx: k8s_stop_tx, task: k8s_task, watchdog_stop, watchdog } = cluster;
@@ -927,6 +953,11 @@ async fn shut_down(
         if let Some(t) = thread {
             let _ = t.join();
         }
+    }
+    // The workers' last records, then the exporter.
+    if let Some((stop, t)) = translog {
+        stop.store(true, Ordering::Release);
+        let _ = t.join();
     }
     let _ = std::fs::remove_file(&cfg.admin_socket);
     retire(ending);
