@@ -7,12 +7,12 @@
 //! a Template Set (set ID 2, §3.4.1) when templates are due, then Data
 //! Sets whose set ID is their template's ID (§3.3.2). Over UDP, templates
 //! are sent at the start, every `template_every` and after a send error
-//! (§10.3.6: over UDP they are resent periodically; a collector such as
+//! (§10.3: over UDP they are resent periodically; a collector such as
 //! nfcapd drops data whose template it has not seen, silently). The
 //! sequence number counts the data records sent before the message, per
 //! observation domain (§3.1), so a message lost on the way shows at the
-//! collector as a gap. A message never exceeds `mtu` bytes (§10.3.3: no
-//! IP fragmentation).
+//! collector as a gap. A message never exceeds `mtu` bytes (§10.3: no IP
+//! fragmentation).
 //!
 //! Templates (docs/adr/0034-translation-logs.md §4; IE/length):
 //!
