@@ -67,7 +67,7 @@ impl Case {
     fn unit(&self) -> &'static str {
         match self.setup {
             Setup::Established { .. } => "packet",
-            Setup::NewFlow(_) => "new flow",
+            Setup::NewFlow(..) => "new flow",
         }
     }
 }
@@ -76,8 +76,9 @@ impl Case {
 enum Setup {
     /// `sessions` live sessions; frames of random ones among them, outbound or replies.
     Established { sessions: u64, reply: bool },
-    /// A fresh engine; one frame per distinct new flow.
-    NewFlow(MappingBehavior),
+    /// A fresh engine; one frame per distinct new flow; translation logs
+    /// on when `true` (a ring holding every record: the workers' own cost).
+    NewFlow(MappingBehavior, bool),
 }
 
 const CASES: &[Case] = &[
@@ -109,13 +110,19 @@ const CASES: &[Case] = &[
         name: "new_flow_eim",
         iters: 5_000,
         what: "new UDP flow, endpoint-independent mapping (session and mapping made, port chosen)",
-        setup: Setup::NewFlow(MappingBehavior::EndpointIndependent),
+        setup: Setup::NewFlow(MappingBehavior::EndpointIndependent, false),
+    },
+    Case {
+        name: "new_flow_eim_translog",
+        iters: 5_000,
+        what: "new UDP flow, endpoint-independent mapping, translation logs on (its create record pushed)",
+        setup: Setup::NewFlow(MappingBehavior::EndpointIndependent, true),
     },
     Case {
         name: "new_flow_edm",
         iters: 5_000,
         what: "new UDP flow, endpoint-dependent mapping (session made, port chosen)",
-        setup: Setup::NewFlow(MappingBehavior::EndpointDependent),
+        setup: Setup::NewFlow(MappingBehavior::EndpointDependent, false),
     },
 ];
 
@@ -140,11 +147,14 @@ fn run_case(name: &str) -> Result<(), String> {
             let (frames, ingress) = if reply { (back, fixtures::OUTSIDE) } else { (out, fixtures::INSIDE) };
             icount_measured(&mut w, black_box(&frames), ingress, case.iters)
         }
-        Setup::NewFlow(mapping) => {
+        Setup::NewFlow(mapping, logged) => {
             // As the criterion benchmark `new_flow`: a fresh engine, one frame
             // per distinct new flow, built before the loop.
             let engine = Engine::new(&common::spec((case.iters as usize + 1024) * 2, mapping)).unwrap();
             engine.publish_fib(fixtures::topology());
+            if logged {
+                assert!(engine.enable_translog(case.iters as usize + 16));
+            }
             let mut w = engine.pipeline_seeded(PortRng::new(3));
             let sh = (4096, 1000, 1_000_000);
             let frames: Vec<Vec<u8>> = (0..case.iters)
