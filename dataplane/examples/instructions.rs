@@ -68,6 +68,7 @@ impl Case {
         match self.setup {
             Setup::Established { .. } => "packet",
             Setup::NewFlow(..) => "new flow",
+            Setup::Expiry(_) => "session ended",
         }
     }
 }
@@ -79,6 +80,9 @@ enum Setup {
     /// A fresh engine; one frame per distinct new flow; translation logs
     /// on when `true` (a ring holding every record: the workers' own cost).
     NewFlow(MappingBehavior, bool),
+    /// `iters` sessions made by new flows (not counted), then the sweep
+    /// that expires them all, counted; translation logs on when `true`.
+    Expiry(bool),
 }
 
 const CASES: &[Case] = &[
@@ -119,6 +123,18 @@ const CASES: &[Case] = &[
         setup: Setup::NewFlow(MappingBehavior::EndpointIndependent, true),
     },
     Case {
+        name: "expiry_eim",
+        iters: 5_000,
+        what: "a UDP session expired by the sweep, endpoint-independent mapping (slots visited, session and mapping removed)",
+        setup: Setup::Expiry(false),
+    },
+    Case {
+        name: "expiry_eim_translog",
+        iters: 5_000,
+        what: "a UDP session expired by the sweep, translation logs on (its delete record pushed)",
+        setup: Setup::Expiry(true),
+    },
+    Case {
         name: "new_flow_edm",
         iters: 5_000,
         what: "new UDP flow, endpoint-dependent mapping (session made, port chosen)",
@@ -134,6 +150,17 @@ const ESTABLISHED_FRAMES: usize = 4096;
 #[inline(never)]
 fn icount_measured(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64) -> u64 {
     common::run(w, frames, ingress, iters, 1)
+}
+
+/// The measured sweep: ticks at `now` until no session is left; returns
+/// the sessions it ended.
+#[inline(never)]
+fn icount_measured_sweep(w: &mut Pipeline, engine: &Engine, now: egret_dataplane::clock::Timestamp) -> u64 {
+    let before = engine.nat4().sessions.len() as u64;
+    while engine.nat4().sessions.len() > 0 {
+        w.tick(now, 1024);
+    }
+    before
 }
 
 /// Runs case `name` once: set-up, then the measured loop. Fails when a frame
@@ -164,6 +191,27 @@ fn run_case(name: &str) -> Result<(), String> {
                 })
                 .collect();
             icount_measured(&mut w, black_box(&frames), fixtures::INSIDE, case.iters)
+        }
+        Setup::Expiry(logged) => {
+            let mapping = MappingBehavior::EndpointIndependent;
+            let engine = Engine::new(&common::spec((case.iters as usize + 1024) * 2, mapping)).unwrap();
+            engine.publish_fib(fixtures::topology());
+            if logged {
+                assert!(engine.enable_translog(2 * case.iters as usize + 16));
+            }
+            let mut w = engine.pipeline_seeded(PortRng::new(3));
+            let frames: Vec<Vec<u8>> = (0..case.iters)
+                .map(|i| {
+                    let (pod, pp, remote, rp) = common::flow(i, 4096, 1000, 1_000_000);
+                    fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18])).frame()
+                })
+                .collect();
+            let made = common::run(&mut w, &frames, fixtures::INSIDE, case.iters, 1);
+            if made != case.iters {
+                return Err(format!("{name}: {made} of {} sessions made", case.iters));
+            }
+            // Idle far past the UDP timeout.
+            icount_measured_sweep(&mut w, &engine, egret_dataplane::clock::Timestamp::from_secs(100_000))
         }
     };
     if forwarded != case.iters {
