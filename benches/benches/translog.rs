@@ -122,7 +122,7 @@ fn round(flows: u64, mode: Mode) -> Round {
     assert_eq!(ok, flows, "every new flow is translated");
     // Idle past the UDP timeout: the sweep ends every session.
     let t = Instant::now();
-    while engine.nat4().sessions.len() > 0 {
+    while !engine.nat4().sessions.is_empty() {
         w.tick(Timestamp::from_secs(10_000), 65_536);
     }
     let expire = t.elapsed();

@@ -157,7 +157,7 @@ fn icount_measured(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u6
 #[inline(never)]
 fn icount_measured_sweep(w: &mut Pipeline, engine: &Engine, now: egret_dataplane::clock::Timestamp) -> u64 {
     let before = engine.nat4().sessions.len() as u64;
-    while engine.nat4().sessions.len() > 0 {
+    while !engine.nat4().sessions.is_empty() {
         w.tick(now, 1024);
     }
     before
