@@ -98,8 +98,10 @@ pub(super) struct Ctx<'a> {
     pub(super) decapsulated: bool,
     /// Whether frames try the established path first.
     pub(super) path: Path,
-    /// The worker's translation log ring, when logging is on.
-    pub(super) log: Option<&'a LogRing>,
+    /// The worker's translation log ring, when logging is on (borrowed
+    /// as the `Option` itself: one pointer copied per frame, looked into
+    /// only where a session is made or removed).
+    pub(super) log: &'a Option<Arc<LogRing>>,
     /// Frames the established path took (tests).
     #[cfg(test)]
     pub(super) established_taken: &'a mut u64,
@@ -185,7 +187,7 @@ impl Pipeline {
                 now,
                 decapsulated: false,
                 path: *path,
-                log: log.as_deref(),
+                log,
                 #[cfg(test)]
                 established_taken,
             };
@@ -281,7 +283,7 @@ impl<'a> Ctx<'a> {
     /// Where this frame's NAT operations log (`None`: logging is off).
     #[inline]
     fn log_to(&self) -> Option<LogTo<'a>> {
-        self.log.map(|ring| LogTo { ring, stats: self.stats, now_ms: self.now.as_millis() })
+        self.log.as_deref().map(|ring| LogTo { ring, stats: self.stats, now_ms: self.now.as_millis() })
     }
 }
 
