@@ -175,6 +175,8 @@ pub struct Shared {
     pub next_hops: Arc<crate::netlink::NextHopStatus>,
     /// Kubernetes mode: the sync loop's heartbeat and report (set once it starts).
     pub cluster: std::sync::OnceLock<Arc<crate::k8s::Heartbeat>>,
+    /// The translation log exporter's counters, when logging is on.
+    pub translog: Option<Arc<crate::translog::Stats>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -483,7 +485,16 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     let kernel = find_interfaces(&cfg).await?;
     let loaded = load_and_apply(&cfg, &kernel, started)?;
     let workers = start_workers(&cfg, &kernel.interfaces, &loaded)?;
-    let serving = attach_and_serve(&cfg, kernel, &loaded, &workers.factory, workers.handles, started).await?;
+    let serving = attach_and_serve(
+        &cfg,
+        kernel,
+        &loaded,
+        &workers.factory,
+        workers.handles,
+        workers.translog_stats.clone(),
+        started,
+    )
+    .await?;
     let mut cluster = start_kubernetes(&cfg, &loaded, &serving.shared).await?;
     log_running(&cfg, &serving.shared, started).await;
     let died = serve_signals(&path, &cfg, metrics_listen, &loaded, &serving.shared, &mut cluster.task).await?;
@@ -615,6 +626,8 @@ struct Workers {
     /// The translation log exporter's thread and its own stop flag (set
     /// once the workers are gone, so their last records are sent).
     translog: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    /// The exporter's counters (for `/metrics` and `egret counters`).
+    translog_stats: Option<Arc<crate::translog::Stats>>,
 }
 
 /// Step 4: one worker per RX queue index, each owning AF_XDP sockets on
@@ -673,14 +686,16 @@ fn start_workers(cfg: &GatewayConfig, interfaces: &[Driven], loaded: &Loaded) ->
                 .unwrap_or_default();
             let exporter = crate::translog::Exporter::new(loaded.engine.clone(), t, &node)
                 .map_err(start_err("opening the translation logs' sockets"))?;
+            let stats = exporter.stats().clone();
             let stop = Arc::new(AtomicBool::new(false));
             let thread = crate::translog::spawn(exporter, loaded.clock, stop.clone())
                 .map_err(start_err("spawning the translation log exporter"))?;
-            Some((stop, thread))
+            Some(((stop, thread), stats))
         }
         None => None,
     };
-    Ok(Workers { stop, factory, handles, offload_thread, translog })
+    let (translog, translog_stats) = translog.unzip();
+    Ok(Workers { stop, factory, handles, offload_thread, translog, translog_stats })
 }
 
 /// Step 5's result: the gateway attached and serving.
@@ -713,6 +728,7 @@ async fn attach_and_serve(
     loaded: &Loaded,
     factory: &WorkerFactory,
     mut workers: Vec<WorkerHandle>,
+    translog_stats: Option<Arc<crate::translog::Stats>>,
     started: Instant,
 ) -> Result<Serving, DaemonError> {
     let Kernel { mut interfaces, watcher: mut running_watcher } = kernel;
@@ -749,6 +765,7 @@ async fn attach_and_serve(
         started,
         next_hops: running_watcher.next_hop_status(),
         cluster: std::sync::OnceLock::new(),
+        translog: translog_stats,
     });
     let view: Arc<dyn crate::view::GatewayView> = Arc::new(view::LiveView(shared.clone()));
 

@@ -199,6 +199,22 @@ impl Stats {
         self.dropped[sink as usize][reason as usize].load(Ordering::Relaxed)
     }
 
+    /// The counters as `egret counters` and `/metrics` show them.
+    pub fn counters(&self) -> crate::view::TranslogCounters {
+        let kinds = [LogKind::SessionCreate, LogKind::SessionDelete];
+        crate::view::TranslogCounters {
+            enabled: true,
+            records: kinds.iter().map(|k| (k.name().to_string(), self.records(*k))).collect(),
+            sent: Sink::ALL.iter().map(|s| (s.name().to_string(), self.sent(*s))).collect(),
+            dropped: Sink::ALL
+                .iter()
+                .flat_map(|s| {
+                    DropReason::ALL.iter().map(|r| (s.name().to_string(), r.name().to_string(), self.dropped(*s, *r)))
+                })
+                .collect(),
+        }
+    }
+
     fn add_sent(&self, sink: Sink, n: u64) {
         self.sent[sink as usize].fetch_add(n, Ordering::Relaxed);
     }
