@@ -548,10 +548,11 @@ pub mod render {
             let sum = |v: &[(String, u64)]| v.iter().map(|(_, n)| n).sum::<u64>();
             let lost: u64 = t.dropped.iter().map(|(_, _, n)| n).sum();
             out.push_str(&format!(
-                "translation logs on: {} records taken, {} events sent, {} lost in the exporter\n",
+                "translation logs on: {} records taken, {} events sent, {} lost in the exporter, {} sends found the collector unreachable\n",
                 sum(&t.records),
                 sum(&t.sent),
-                lost
+                lost,
+                sum(&t.unreachable)
             ));
             let rows: Vec<Vec<String>> = t
                 .dropped

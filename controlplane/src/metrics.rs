@@ -302,6 +302,13 @@ impl Snapshot {
         for (s, r, n) in &tl.dropped {
             f.sample(&[("sink", s), ("reason", r)], *n)?;
         }
+        let mut f = o.counter(
+            "translog_unreachable",
+            "Translation log sends that reported the collector unreachable (an ICMP error an earlier datagram drew), by sink: datagrams were lost.",
+        )?;
+        for (s, n) in &tl.unreachable {
+            f.sample(&[("sink", s)], *n)?;
+        }
 
         let mut f = o.gauge("sessions", "Live sessions per address family.")?;
         f.sample(&[("family", "ipv4")], status.sessions.0)?;
@@ -936,6 +943,7 @@ mod tests {
             "translog_records",
             "translog_sent",
             "translog_dropped",
+            "translog_unreachable",
             "ports_exhausted",
             "xsk_rx_frames",
             "xsk_tx_frames",

@@ -191,6 +191,9 @@ pub struct TranslogCounters {
     /// Events lost in the exporter, by sink and reason (`queue_full`,
     /// `send_error`).
     pub dropped: Vec<(String, String, u64)>,
+    /// Sends that reported the collector unreachable (ICMP), by sink.
+    #[serde(default)]
+    pub unreachable: Vec<(String, u64)>,
 }
 
 /// The XDP fast path's counters (`egret counters`, `egret_fastpath_*`).

@@ -11,10 +11,15 @@
 //! after a drain found a ring more than a quarter full, orders the batch by
 //! time, and queues each event for each sink in a bounded queue
 //! (`queueEvents`; full: the event is dropped, counted `queue_full`). Each
-//! sink sends from its queue on a non-blocking socket: an error or a full
-//! socket buffer drops what the datagram held, counted `send_error` (and
-//! IPFIX sends its templates again with the next message). A collector that
-//! is gone costs a counter, never a wait.
+//! sink sends from its queue on a non-blocking socket. A failed send is
+//! tried once more at once (a connected UDP socket reports an earlier
+//! datagram's ICMP port unreachable at the next send, and a collector that
+//! has come back must not lose that one), IPFIX sending its templates
+//! first; a second failure, or a full socket buffer, drops what the
+//! datagram held, counted `send_error`. The ICMP errors themselves are
+//! counted per sink (`unreachable`): datagrams were lost, how many only
+//! the collector can tell (IPFIX sequence gaps). A collector that is gone
+//! costs counters and one extra send, never a wait.
 //!
 //! Not built yet (ADR 0034): the pod's identity (namespace, name, UID),
 //! the local journal and `egret who-had`, syslog over TCP, the refusal
@@ -181,6 +186,7 @@ pub struct Stats {
     records: [AtomicU64; 2],
     sent: [AtomicU64; 2],
     dropped: [[AtomicU64; 2]; 2],
+    unreachable: [AtomicU64; 2],
 }
 
 impl Stats {
@@ -199,6 +205,13 @@ impl Stats {
         self.dropped[sink as usize][reason as usize].load(Ordering::Relaxed)
     }
 
+    /// Sends that reported the collector unreachable (an ICMP error that an
+    /// earlier datagram drew): datagrams were lost on the way, how many the
+    /// exporter cannot tell (the collector's sequence gaps do, for IPFIX).
+    pub fn unreachable(&self, sink: Sink) -> u64 {
+        self.unreachable[sink as usize].load(Ordering::Relaxed)
+    }
+
     /// The counters as `egret counters` and `/metrics` show them.
     pub fn counters(&self) -> crate::view::TranslogCounters {
         let kinds = [LogKind::SessionCreate, LogKind::SessionDelete];
@@ -212,6 +225,7 @@ impl Stats {
                     DropReason::ALL.iter().map(|r| (s.name().to_string(), r.name().to_string(), self.dropped(*s, *r)))
                 })
                 .collect(),
+            unreachable: Sink::ALL.iter().map(|s| (s.name().to_string(), self.unreachable(*s))).collect(),
         }
     }
 
@@ -251,17 +265,22 @@ impl Queue {
         }
     }
 
-    /// Sends one datagram; `false` (and the loss counted) on any error.
-    fn send(&self, bytes: &[u8], events: u64, stats: &Stats) -> bool {
-        match self.socket.send(bytes) {
-            Ok(_) => {
-                stats.add_sent(self.sink, events);
-                true
-            }
-            Err(_) => {
-                stats.add_dropped(self.sink, DropReason::SendError, events);
-                false
-            }
+    /// Sends one datagram, never waiting; an ICMP error an earlier
+    /// datagram drew is counted as the collector unreachable.
+    fn try_send(&self, bytes: &[u8], stats: &Stats) -> io::Result<()> {
+        let r = self.socket.send(bytes).map(|_| ());
+        if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused) {
+            stats.unreachable[self.sink as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Counts `events` sent, or lost to a send error.
+    fn count(&self, sent: bool, events: u64, stats: &Stats) {
+        if sent {
+            stats.add_sent(self.sink, events);
+        } else {
+            stats.add_dropped(self.sink, DropReason::SendError, events);
         }
     }
 }
@@ -371,9 +390,22 @@ impl Exporter {
             self.messages.clear();
             enc.encode(now_ms, &batch, true, &mut self.messages);
             for m in &self.messages {
-                if !q.send(&m.bytes, u64::from(m.records), &self.stats) {
+                let mut sent = q.try_send(&m.bytes, &self.stats).is_ok();
+                if !sent {
+                    // A connected UDP socket reports an earlier datagram's
+                    // ICMP port unreachable at the next send, which is then
+                    // not sent: the collector may be back, without the
+                    // templates. Send them, then this message, once more.
                     enc.resend_templates();
+                    let mut templates = Vec::new();
+                    enc.encode(now_ms, &[], true, &mut templates);
+                    sent = templates.iter().all(|t| q.try_send(&t.bytes, &self.stats).is_ok())
+                        && q.try_send(&m.bytes, &self.stats).is_ok();
+                    if !sent {
+                        enc.resend_templates();
+                    }
                 }
+                q.count(sent, u64::from(m.records), &self.stats);
             }
             if q.events.is_empty() {
                 break;
@@ -385,7 +417,10 @@ impl Exporter {
         let Some((q, format)) = &mut self.syslog else { return };
         while let Some(e) = q.events.pop_front() {
             let line = format.line(&e);
-            q.send(line.as_bytes(), 1, &self.stats);
+            // Once more after an error: it may be an earlier datagram's.
+            let sent =
+                q.try_send(line.as_bytes(), &self.stats).is_ok() || q.try_send(line.as_bytes(), &self.stats).is_ok();
+            q.count(sent, 1, &self.stats);
         }
     }
 }
