@@ -3,7 +3,8 @@
 //! directory, and nfdump reading back what it stored.
 //!
 //! [`Nfcapd::start`] picks a free UDP port, starts `nfcapd -b 127.0.0.1 -p
-//! PORT -w DIR -t 60` in the foreground and waits until the port is bound.
+//! PORT -w DIR -t 60` in the foreground and waits until the port is bound;
+//! [`Nfcapd::start_in`] does the same inside a lab's namespace.
 //! [`Nfcapd::stop`] sends SIGTERM (nfcapd flushes and renames its file) and
 //! waits; [`Nfcapd::query`] runs `nfdump -q -N -R DIR -o fmt:...` with a
 //! filter. Dropping it kills a collector still running and removes the
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::netns::NetNs;
 use crate::tools;
 
 /// A running (or stopped) nfcapd and its directory.
@@ -29,11 +31,26 @@ impl Nfcapd {
     /// Starts a collector on a free port of 127.0.0.1, storing into a new
     /// temporary directory.
     pub fn start() -> std::io::Result<Nfcapd> {
+        let port = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
+        Self::start_on(None, port)
+    }
+
+    /// Starts a collector on 127.0.0.1:`port` inside `ns` (a lab's
+    /// gateway namespace: its loopback is the gateway's).
+    pub fn start_in(ns: &NetNs, port: u16) -> std::io::Result<Nfcapd> {
+        Self::start_on(Some(ns), port)
+    }
+
+    fn start_on(ns: Option<&NetNs>, port: u16) -> std::io::Result<Nfcapd> {
         let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let dir = std::env::temp_dir().join(format!("egret-nfcapd-{}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let addr = UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
-        let child = Command::new("nfcapd")
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut cmd = match ns {
+            Some(ns) => ns.command("nfcapd"),
+            None => Command::new("nfcapd"),
+        };
+        let child = cmd
             .args(["-b", "127.0.0.1", "-p", &addr.port().to_string(), "-w"])
             .arg(&dir)
             .args(["-t", "60"])
@@ -44,7 +61,11 @@ impl Nfcapd {
         let mut n = Nfcapd { child: Some(child), dir, addr };
         // Bound once the same port can no longer be bound here.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while UdpSocket::bind(addr).is_ok() {
+        let free = || match ns {
+            Some(ns) => ns.run_in(|| UdpSocket::bind(addr).is_ok()).unwrap_or(false),
+            None => UdpSocket::bind(addr).is_ok(),
+        };
+        while free() {
             if let Some(c) = n.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
                     return Err(std::io::Error::other(format!("nfcapd exited at start: {status}")));
