@@ -208,11 +208,7 @@ fn interleaved() {
         r_dr.first().copied().unwrap_or(0.0),
         r_dr.last().copied().unwrap_or(0.0),
     );
-    println!(
-        "median expiry sweep: off {:.0} ns per session ended, on {:.0} ns",
-        median(&mut e_off),
-        median(&mut e_on)
-    );
+    println!("median expiry sweep: off {:.0} ns per session ended, on {:.0} ns", median(&mut e_off), median(&mut e_on));
     println!(
         "record {} bytes; a ring of {RING} records holds {} KiB (crossbeam adds an 8-byte stamp per slot)",
         std::mem::size_of::<egret_dataplane::translog::LogRecord>(),

@@ -122,7 +122,11 @@ impl Nfcapd {
     /// per record, fields trimmed.
     pub fn query(&self, format: &str, filter: &str) -> std::io::Result<Vec<Vec<String>>> {
         let out = self.nfdump(&["-q", "-N", "-o", &format!("fmt:{format}"), filter])?;
-        Ok(out.lines().filter(|l| !l.trim().is_empty()).map(|l| l.split('|').map(|f| f.trim().to_string()).collect()).collect())
+        Ok(out
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.split('|').map(|f| f.trim().to_string()).collect())
+            .collect())
     }
 
     /// `nfdump -I -R DIR`: the summary (flows, sequence failures).

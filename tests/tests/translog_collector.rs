@@ -23,8 +23,7 @@ use egret_controlplane::translog::{Clocks, DropReason, Exporter, Sink};
 use egret_dataplane::clock::Timestamp;
 use egret_dataplane::engine::{ChecksumHint, Engine, Pipeline, RxMeta, Verdict};
 use egret_dataplane::fixtures::{
-    self, base_spec, build, echo, from_outside, from_pod, tcp, topology, udp, E1, INSIDE, OUTSIDE, POD_A, POD_B,
-    SERVER,
+    self, base_spec, build, echo, from_outside, from_pod, tcp, topology, udp, E1, INSIDE, OUTSIDE, POD_A, POD_B, SERVER,
 };
 use egret_dataplane::nat::port_alloc::PortRng;
 use egret_dataplane::nat::tcp_state::flags::{FIN, SYN};
@@ -165,9 +164,8 @@ fn nfdump_and_a_syslog_socket_read_back_exactly_the_scripted_sessions() {
 
     // IPFIX, through nfdump: every field of every record.
     let fmt = "%msec|%pr|%sa|%sp|%nsa|%nsp|%da|%dp|%te";
-    let rows = |filter: &str| -> BTreeSet<Vec<String>> {
-        collector.query(fmt, filter).expect("nfdump").into_iter().collect()
-    };
+    let rows =
+        |filter: &str| -> BTreeSet<Vec<String>> { collector.query(fmt, filter).expect("nfdump").into_iter().collect() };
     let row = |at: u64, s: &Scripted, (e, p): (Ipv4Addr, u16), end: Option<u64>| -> Vec<String> {
         let te = match end {
             Some(ms) => {
@@ -185,7 +183,17 @@ fn nfdump_and_a_syslog_socket_read_back_exactly_the_scripted_sessions() {
         } else {
             (s.pod_port.to_string(), s.remote_port.to_string())
         };
-        vec![at.to_string(), s.proto.to_string(), s.pod.to_string(), sp, e.to_string(), p.to_string(), SERVER.to_string(), dp, te]
+        vec![
+            at.to_string(),
+            s.proto.to_string(),
+            s.pod.to_string(),
+            sp,
+            e.to_string(),
+            p.to_string(),
+            SERVER.to_string(),
+            dp,
+            te,
+        ]
     };
     let want_creates: BTreeSet<Vec<String>> =
         sessions.iter().zip(&ports).map(|(s, p)| row(W0 + s.created_ms, s, *p, None)).collect();

@@ -162,7 +162,12 @@ fn translation_logs(name: &str, tier: Tier) {
                     l.contains(" gw-lab egret ")
                         && l.contains(&format!(" {msgid} [nsess "))
                         && l.contains(&format!("ISADDR=\"{}\" ISPORT=\"{}\"", pod.ip(), pod.port()))
-                        && l.contains(&format!("XSADDR=\"{}\" XSPORT=\"{}\" PROTO=\"{}\"", ext.ip(), ext.port(), f.proto))
+                        && l.contains(&format!(
+                            "XSADDR=\"{}\" XSPORT=\"{}\" PROTO=\"{}\"",
+                            ext.ip(),
+                            ext.port(),
+                            f.proto
+                        ))
                 })
                 .count()
         };
