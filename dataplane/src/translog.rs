@@ -18,6 +18,8 @@
 //! waits for the exporter. With logging off there is no ring, and the cost
 //! is the `Option` check.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crossbeam::queue::ArrayQueue;
 
 use crate::nat::key::{NatAddr, SessionTuple};
@@ -34,6 +36,12 @@ pub enum LogKind {
     SessionCreate = 1,
     /// A session ended (natEvent 5, NAT44 session delete).
     SessionDelete = 2,
+    /// A new flow found no free port on its egress IP (natEvent 12, NAT
+    /// ports exhausted).
+    PortsExhausted = 3,
+    /// A new flow was refused by a limit (natEvent 13, quota exceeded;
+    /// `detail` is RFC 8158's natQuotaExceededEvent, `value` the limit).
+    QuotaExceeded = 4,
 }
 
 impl LogKind {
@@ -42,6 +50,8 @@ impl LogKind {
         match b {
             1 => Some(LogKind::SessionCreate),
             2 => Some(LogKind::SessionDelete),
+            3 => Some(LogKind::PortsExhausted),
+            4 => Some(LogKind::QuotaExceeded),
             _ => None,
         }
     }
@@ -51,6 +61,8 @@ impl LogKind {
         match self {
             LogKind::SessionCreate => "session_create",
             LogKind::SessionDelete => "session_delete",
+            LogKind::PortsExhausted => "ports_exhausted",
+            LogKind::QuotaExceeded => "quota_exceeded",
         }
     }
 }
@@ -92,6 +104,14 @@ impl EndReason {
             EndReason::Invalidated => "invalidated",
         }
     }
+}
+
+/// RFC 8158's natQuotaExceededEvent values a refusal's `detail` takes.
+pub mod quota {
+    /// Maximum session entries (the session table is full).
+    pub const MAX_SESSION_ENTRIES: u8 = 1;
+    /// Maximum entries per user (the pod's session limit or port quota).
+    pub const MAX_ENTRIES_PER_USER: u8 = 3;
 }
 
 /// `LogRecord::flags` bits.
@@ -163,6 +183,25 @@ impl LogRecord {
         r
     }
 
+    /// A refusal of `pod`'s new flow at `time_ms`: ports exhausted on
+    /// `egress`, or a quota (`detail`, [`quota`]) whose limit is `limit`.
+    #[inline]
+    pub fn refusal<A: NatAddr>(kind: LogKind, pod: &A, egress: Option<&A>, time_ms: u64, detail: u8, limit: u32) -> LogRecord {
+        let mut r = LogRecord {
+            time_ms,
+            value: limit,
+            kind: kind as u8,
+            detail,
+            flags: if A::IS_V6 { log_flags::IPV6 } else { 0 },
+            ..LogRecord::default()
+        };
+        pod.write(&mut r.pod);
+        if let Some(e) = egress {
+            e.write(&mut r.egress);
+        }
+        r
+    }
+
     /// The kind, if the byte is one.
     pub fn kind(&self) -> Option<LogKind> {
         LogKind::from_u8(self.kind)
@@ -174,16 +213,42 @@ impl LogRecord {
     }
 }
 
+/// Refusals remembered per worker, to log each (reason, pod) at most once
+/// a second (ADR 0034 §2: a flood of refused packets must not crowd
+/// sessions out of the ring).
+const REFUSAL_SLOTS: usize = 256;
+
 /// A worker's ring of records: bounded, never blocking.
 #[derive(Debug)]
 pub struct LogRing {
     queue: ArrayQueue<LogRecord>,
+    /// Per slot: the last refusal logged there, (key hash << 32) | engine
+    /// second. Written only by the ring's worker.
+    refusals: Box<[AtomicU64]>,
 }
 
 impl LogRing {
     /// A ring of `capacity` records (at least 1).
     pub fn new(capacity: usize) -> LogRing {
-        LogRing { queue: ArrayQueue::new(capacity.max(1)) }
+        LogRing {
+            queue: ArrayQueue::new(capacity.max(1)),
+            refusals: (0..REFUSAL_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Whether a refusal of `key` (a hash of its reason and pod) may be
+    /// logged in engine second `second`: not if the same key was logged in
+    /// that second (or one sharing its slot and hash half was). Only the
+    /// ring's worker calls it.
+    #[inline]
+    pub fn admit_refusal(&self, key: u64, second: u32) -> bool {
+        let slot = &self.refusals[(key as usize) % REFUSAL_SLOTS];
+        let want = ((key >> 32) << 32) | u64::from(second);
+        if slot.load(Ordering::Relaxed) == want {
+            return false;
+        }
+        slot.store(want, Ordering::Relaxed);
+        true
     }
 
     /// Appends `r`, or drops it and counts `translog_ring_full` in `stats`
@@ -290,6 +355,18 @@ mod tests {
         assert!(r6.is_v6());
         assert_eq!(r6.flags, log_flags::IPV6 | log_flags::ADOPTED);
         assert_eq!(r6.pod, a.octets());
+    }
+
+    #[test]
+    fn refusals_are_admitted_once_a_second_per_key() {
+        let ring = LogRing::new(4);
+        let (a, b) = (0x1234_5678_0000_0001_u64, 0x9abc_def0_0000_0002_u64);
+        assert!(ring.admit_refusal(a, 10));
+        assert!(!ring.admit_refusal(a, 10));
+        assert!(ring.admit_refusal(b, 10), "another key, another slot");
+        assert!(ring.admit_refusal(a, 11), "the next second");
+        let r = LogRecord::refusal(LogKind::QuotaExceeded, &Ipv4Addr::new(10, 0, 0, 1), None, 5, quota::MAX_ENTRIES_PER_USER, 64);
+        assert_eq!((r.kind(), r.detail, r.value, &r.pod[..4], r.egress), (Some(LogKind::QuotaExceeded), 3, 64, &[10, 0, 0, 1][..], [0; 16]));
     }
 
     #[test]

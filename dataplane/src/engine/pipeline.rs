@@ -27,7 +27,7 @@ use crate::ingress::Ingress;
 use crate::nat::flow_rate::FlowRate;
 use crate::nat::fragments::{FragKey, FragTranslation};
 use crate::nat::icmp_error;
-use crate::nat::key::{proto, FlowKey, SessionTuple};
+use crate::nat::key::{proto, FlowKey, NatAddr, SessionTuple};
 use crate::nat::port_alloc::PortRng;
 use crate::nat::rewrite;
 use crate::nat::session::{offload, session_flags, SessionRef, SessionView};
@@ -36,8 +36,8 @@ use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, WorkerStats};
-use crate::tables::{FilteringBehavior, Tables};
-use crate::translog::{LogRing, LogTo};
+use crate::tables::{FilteringBehavior, Policy, PolicyFamily, Tables};
+use crate::translog::{quota, LogKind, LogRecord, LogRing, LogTo};
 use crate::tunnel::{self, Decap};
 use crate::wire::checksum;
 use crate::wire::ethernet::{self, EthernetAddress};
@@ -276,6 +276,38 @@ impl Pipeline {
     /// This worker's translation log ring, when logging is on.
     pub fn translog_ring(&self) -> Option<&Arc<LogRing>> {
         self.log.as_ref()
+    }
+}
+
+/// Logs a refused new flow of `pod` (ADR 0034 §2: ports exhausted is
+/// natEvent 12; the pod's session limit or port quota and a full table
+/// are 13), at most once a second per (reason, pod) on this worker.
+#[cold]
+fn log_refusal<A: NatAddr + PolicyFamily>(l: LogTo<'_>, reason: DropReason, pod: &A, policy: &Policy, tables: &Tables) {
+    let nat = &tables.nat;
+    let egress = policy.egress_for(*pod);
+    let ports = egress.and_then(|e| tables.egress(e.ip())).map(|e| e.ports);
+    let (kind, detail, limit) = match reason {
+        DropReason::PortsExhausted => (LogKind::PortsExhausted, 0, ports.map_or(0, |p| p.len())),
+        DropReason::SourcePortQuota => {
+            (LogKind::QuotaExceeded, quota::MAX_ENTRIES_PER_USER, ports.map_or(0, |p| nat.ports_per_source(p)))
+        }
+        DropReason::SourceSessionLimit => {
+            (LogKind::QuotaExceeded, quota::MAX_ENTRIES_PER_USER, nat.max_sessions_per_source)
+        }
+        DropReason::SessionTableFull => {
+            (LogKind::QuotaExceeded, quota::MAX_SESSION_ENTRIES, u32::try_from(nat.max_sessions).unwrap_or(u32::MAX))
+        }
+        _ => return,
+    };
+    let mut b = [0u8; 16];
+    pod.write(&mut b);
+    // FNV-1a over the reason and the pod.
+    let key = b.iter().fold(0xcbf2_9ce4_8422_2325_u64 ^ reason as u64, |h, x| {
+        (h ^ u64::from(*x)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    if l.ring.admit_refusal(key, (l.now_ms / 1000) as u32) {
+        l.push(LogRecord::refusal(kind, pod, egress.as_ref(), l.now_ms, detail, limit));
     }
 }
 
@@ -667,9 +699,11 @@ impl Ctx<'_> {
                     tcp_flags,
                     log,
                 };
-                nat.create_outbound(&req, policy, tables, &mut ctx)
-                    .map(|v| (v, Direction::Outbound))
-                    .map_err(Verdict::Drop)
+                let created = nat.create_outbound(&req, policy, tables, &mut ctx);
+                if let (Err(reason), Some(l)) = (&created, log) {
+                    log_refusal(l, *reason, &req.pod, policy, tables);
+                }
+                created.map(|v| (v, Direction::Outbound)).map_err(Verdict::Drop)
             }
             _ if tables.owns_egress(p.dst.ip()) => {
                 // What Egret does not serve: a Service VIP's is the kernel's
