@@ -4,7 +4,9 @@
 //!
 //! The NAT table pushes one [`LogRecord`] when a worker's insert succeeds
 //! (`NatTable::insert_marked`) and one when a removal succeeds
-//! (`NatTable::remove`, given an [`End`](crate::nat::table::End)). A session
+//! (`NatTable::remove`, given an [`End`](crate::nat::table::End)); the
+//! pipeline pushes one when a new flow is refused (ports exhausted, a
+//! quota), at most once a second per (reason, pod) on each worker. A session
 //! imported at a take-over logs nothing (`NatTable::import` passes no ring).
 //! The record holds no pointers and no strings: addresses, ports, the
 //! engine time in ms and, for an end, the last packet's engine second (the
@@ -186,7 +188,14 @@ impl LogRecord {
     /// A refusal of `pod`'s new flow at `time_ms`: ports exhausted on
     /// `egress`, or a quota (`detail`, [`quota`]) whose limit is `limit`.
     #[inline]
-    pub fn refusal<A: NatAddr>(kind: LogKind, pod: &A, egress: Option<&A>, time_ms: u64, detail: u8, limit: u32) -> LogRecord {
+    pub fn refusal<A: NatAddr>(
+        kind: LogKind,
+        pod: &A,
+        egress: Option<&A>,
+        time_ms: u64,
+        detail: u8,
+        limit: u32,
+    ) -> LogRecord {
         let mut r = LogRecord {
             time_ms,
             value: limit,
@@ -365,8 +374,18 @@ mod tests {
         assert!(!ring.admit_refusal(a, 10));
         assert!(ring.admit_refusal(b, 10), "another key, another slot");
         assert!(ring.admit_refusal(a, 11), "the next second");
-        let r = LogRecord::refusal(LogKind::QuotaExceeded, &Ipv4Addr::new(10, 0, 0, 1), None, 5, quota::MAX_ENTRIES_PER_USER, 64);
-        assert_eq!((r.kind(), r.detail, r.value, &r.pod[..4], r.egress), (Some(LogKind::QuotaExceeded), 3, 64, &[10, 0, 0, 1][..], [0; 16]));
+        let r = LogRecord::refusal(
+            LogKind::QuotaExceeded,
+            &Ipv4Addr::new(10, 0, 0, 1),
+            None,
+            5,
+            quota::MAX_ENTRIES_PER_USER,
+            64,
+        );
+        assert_eq!(
+            (r.kind(), r.detail, r.value, &r.pod[..4], r.egress),
+            (Some(LogKind::QuotaExceeded), 3, 64, &[10, 0, 0, 1][..], [0; 16])
+        );
     }
 
     #[test]

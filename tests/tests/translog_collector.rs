@@ -254,3 +254,71 @@ fn nfdump_and_a_syslog_socket_read_back_exactly_the_scripted_sessions() {
     }
     assert_eq!(got, want);
 }
+
+/// Refused new flows: no free port on E2 (natEvent 12, with the egress
+/// address) and pod A over its session limit (13, with the pod), each once
+/// however many packets were refused in that second. nfdump 1.7.1 keeps
+/// the event, its time and the addresses; it drops 466/471/473 (the quota's
+/// kind and limit), which syslog carries.
+#[test]
+fn refusals_reach_nfdump_and_syslog() {
+    let mut collector = Nfcapd::start().expect("nfcapd");
+    let syslog_rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    syslog_rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut spec = base_spec();
+    spec.nat.new_flows_per_second_per_source = 0;
+    spec.nat.max_sessions = 1024;
+    spec.nat.max_sessions_per_source = 3;
+    spec.nat.max_ports_per_source = Some(100);
+    for e in &mut spec.egress_ips {
+        if e.ip == IpAddr::V4(fixtures::E2) {
+            e.ports = Some(egret_dataplane::nat::port_alloc::PortRange { first: 50000, last: 50001 });
+        }
+    }
+    let engine = Engine::new(&spec).unwrap();
+    engine.publish_fib(topology());
+    assert!(engine.enable_translog(1024));
+    let mut w = engine.pipeline_seeded(PortRng::new(7));
+    let mut exporter =
+        Exporter::new(engine.clone(), &config(collector.addr(), syslog_rx.local_addr().unwrap()), "node-x").unwrap();
+
+    let process = |w: &mut Pipeline, pod: Ipv4Addr, port: u16, at_ms: u64| {
+        let p = from_pod(IpAddr::V4(pod), IpAddr::V4(SERVER), udp(port, 53, b"q"));
+        let f = p.frame();
+        let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+        buf[..f.len()].copy_from_slice(&f);
+        let meta = RxMeta { ifindex: INSIDE, checksum: ChecksumHint::Unknown };
+        matches!(w.process(&mut buf, f.len(), meta, Timestamp::from_millis(at_ms)), Verdict::Forward { .. })
+    };
+    let c_ok: Vec<bool> = (0..4).map(|i| process(&mut w, fixtures::POD_C, 41000 + i, 7_100 + u64::from(i))).collect();
+    assert_eq!(c_ok, [true, true, false, false], "two ports on E2");
+    let a_ok: Vec<bool> = (0..5).map(|i| process(&mut w, POD_A, 42000 + i, 8_200 + u64::from(i))).collect();
+    assert_eq!(a_ok, [true, true, true, false, false], "three sessions per pod");
+    exporter.pass(&clocks(9_000));
+    std::thread::sleep(Duration::from_millis(300));
+    collector.stop().expect("nfcapd stops on SIGTERM");
+
+    let q = |filter: &str, fmt: &str| collector.query(fmt, filter).expect("nfdump");
+    assert_eq!(q("nat event 12", "%msec|%nsa"), [vec![(W0 + 7_102).to_string(), fixtures::E2.to_string()]]);
+    assert_eq!(q("nat event 13", "%msec|%sa"), [vec![(W0 + 8_203).to_string(), POD_A.to_string()]]);
+    assert_eq!(q("nat event 4", "%msec").len(), 5);
+    assert_eq!(q("any", "%msec").len(), 7, "nothing else");
+
+    let mut lines = BTreeSet::new();
+    let mut buf = [0u8; 2048];
+    for _ in 0..7 {
+        let n = syslog_rx.recv(&mut buf).expect("a syslog datagram");
+        lines.insert(String::from_utf8(buf[..n].to_vec()).unwrap());
+    }
+    let pid = std::process::id();
+    assert!(lines.contains(&format!(
+        "<134>1 {} gw-test egret {pid} PEXH [pexh@32473 IATYP=\"IPv4\" ISADDR=\"{}\" XATYP=\"IPv4\" XSADDR=\"{}\" PORTS=\"2\"]",
+        stamp(W0 + 7_102),
+        fixtures::POD_C,
+        fixtures::E2
+    )), "{lines:#?}");
+    assert!(lines.contains(&format!(
+        "<134>1 {} gw-test egret {pid} QEXC [qexc@32473 IATYP=\"IPv4\" ISADDR=\"{POD_A}\" QUOTA=\"per-pod\" LIMIT=\"3\"]",
+        stamp(W0 + 8_203)
+    )), "{lines:#?}");
+}

@@ -23,13 +23,16 @@
 //! | 258, 259 | 4, 5 | 256 and 257 without 12, 226, 11, 228 (`logDestinations: false`) |
 //! | 260, 261 | 4, 5 | IPv6: 323 230 27/16 281/16 4 7 227 28/16 282/16 11 228 (+153 on 261) |
 //! | 266, 267 | 4, 5 | 260 and 261 without 28, 282, 11, 228 |
+//! | 262, 268 | 12 | 323 230 225/4 (IPv4) or 281/16 (IPv6): the egress address whose ports ran out |
+//! | 263, 269 | 13 | 323 230 466/4 (3) 473/4 8/4 (IPv4) or 27/16 (IPv6): the pod over its limit |
+//! | 264 | 13 | 323 230 466/4 (1) 471/4: the session table is full |
 //!
 //! The remote is not translated (Egret rewrites only the pod's side), so
 //! the post-NAT destination equals the destination.
 
 use std::net::IpAddr;
 
-use egret_dataplane::translog::LogKind;
+use egret_dataplane::translog::{quota, LogKind};
 
 use super::Event;
 
@@ -49,6 +52,10 @@ pub mod nat_event {
     pub const NAT44_SESSION_CREATE: u8 = 4;
     /// NAT44 session delete.
     pub const NAT44_SESSION_DELETE: u8 = 5;
+    /// NAT ports exhausted.
+    pub const NAT_PORTS_EXHAUSTED: u8 = 12;
+    /// Quota exceeded.
+    pub const QUOTA_EXCEEDED: u8 = 13;
 }
 
 /// Information Element identifiers (IANA's IPFIX registry).
@@ -85,6 +92,12 @@ pub mod ie {
     pub const POST_NAT_DESTINATION_IPV6: u16 = 282;
     /// observationTimeMilliseconds, dateTimeMilliseconds.
     pub const OBSERVATION_TIME_MS: u16 = 323;
+    /// natQuotaExceededEvent, unsigned32.
+    pub const NAT_QUOTA_EXCEEDED_EVENT: u16 = 466;
+    /// maxSessionEntries, unsigned32.
+    pub const MAX_SESSION_ENTRIES: u16 = 471;
+    /// maxEntriesPerUser, unsigned32.
+    pub const MAX_ENTRIES_PER_USER: u16 = 473;
 }
 
 /// The fields a template lists, in order: what each data record holds.
@@ -102,6 +115,9 @@ enum Field {
     RemotePort,
     PostNatRemotePort,
     FlowEnd,
+    QuotaEvent,
+    MaxEntriesPerUser,
+    MaxSessionEntries,
 }
 
 impl Field {
@@ -123,6 +139,9 @@ impl Field {
             Field::RemotePort => (ie::DESTINATION_PORT, 2),
             Field::PostNatRemotePort => (ie::POST_NAPT_DESTINATION_PORT, 2),
             Field::FlowEnd => (ie::FLOW_END_MS, 8),
+            Field::QuotaEvent => (ie::NAT_QUOTA_EXCEEDED_EVENT, 4),
+            Field::MaxEntriesPerUser => (ie::MAX_ENTRIES_PER_USER, 4),
+            Field::MaxSessionEntries => (ie::MAX_SESSION_ENTRIES, 4),
         }
     }
 }
@@ -150,31 +169,50 @@ const WITHOUT_DESTINATION: &[Field] = &[
     Field::EgressPort,
 ];
 
-/// One of the session templates.
+const PORTS_EXHAUSTED: &[Field] = &[Field::ObservationTime, Field::NatEvent, Field::EgressAddress];
+const QUOTA_PER_USER: &[Field] =
+    &[Field::ObservationTime, Field::NatEvent, Field::QuotaEvent, Field::MaxEntriesPerUser, Field::PodAddress];
+const QUOTA_SESSIONS: &[Field] = &[Field::ObservationTime, Field::NatEvent, Field::QuotaEvent, Field::MaxSessionEntries];
+
+/// One of the templates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Template {
     id: u16,
     v6: bool,
-    delete: bool,
-    destinations: bool,
+    base: &'static [Field],
+    /// With flowEndMilliseconds after `base` (a session's delete).
+    end: bool,
 }
 
 impl Template {
-    /// The template of an event of `kind` with these addresses.
-    fn of(kind: LogKind, v6: bool, destinations: bool) -> Template {
-        let delete = kind == LogKind::SessionDelete;
-        let id = match (v6, destinations) {
+    /// The template of an event of `kind` (`quota`: its quota kind) with
+    /// these addresses.
+    fn of(kind: LogKind, v6: bool, destinations: bool, quota: Option<u8>) -> Template {
+        let session = |id: u16, end: bool| Template {
+            id: id + u16::from(end),
+            v6,
+            base: if destinations { WITH_DESTINATION } else { WITHOUT_DESTINATION },
+            end,
+        };
+        let session_id = match (v6, destinations) {
             (false, true) => 256,
             (false, false) => 258,
             (true, true) => 260,
             (true, false) => 266,
-        } + u16::from(delete);
-        Template { id, v6, delete, destinations }
+        };
+        match kind {
+            LogKind::SessionCreate => session(session_id, false),
+            LogKind::SessionDelete => session(session_id, true),
+            LogKind::PortsExhausted => Template { id: if v6 { 268 } else { 262 }, v6, base: PORTS_EXHAUSTED, end: false },
+            LogKind::QuotaExceeded if quota == Some(quota::MAX_SESSION_ENTRIES) => {
+                Template { id: 264, v6: false, base: QUOTA_SESSIONS, end: false }
+            }
+            LogKind::QuotaExceeded => Template { id: if v6 { 269 } else { 263 }, v6, base: QUOTA_PER_USER, end: false },
+        }
     }
 
     fn fields(self) -> impl Iterator<Item = Field> {
-        let base = if self.destinations { WITH_DESTINATION } else { WITHOUT_DESTINATION };
-        base.iter().copied().chain(self.delete.then_some(Field::FlowEnd))
+        self.base.iter().copied().chain(self.end.then_some(Field::FlowEnd))
     }
 
     /// The template record's length (§3.4.1: ID, count, 4 bytes per field).
@@ -205,6 +243,8 @@ impl Template {
                 Field::NatEvent => out.push(match e.kind {
                     LogKind::SessionCreate => nat_event::NAT44_SESSION_CREATE,
                     LogKind::SessionDelete => nat_event::NAT44_SESSION_DELETE,
+                    LogKind::PortsExhausted => nat_event::NAT_PORTS_EXHAUSTED,
+                    LogKind::QuotaExceeded => nat_event::QUOTA_EXCEEDED,
                 }),
                 Field::PodAddress => write_ip(e.pod, out),
                 Field::EgressAddress => write_ip(e.egress, out),
@@ -214,6 +254,10 @@ impl Template {
                 Field::RemoteAddress | Field::PostNatRemoteAddress => write_ip(remote, out),
                 Field::RemotePort | Field::PostNatRemotePort => out.extend_from_slice(&remote_port.to_be_bytes()),
                 Field::FlowEnd => out.extend_from_slice(&e.last_ms.unwrap_or(e.at_ms).to_be_bytes()),
+                Field::QuotaEvent => out.extend_from_slice(&u32::from(e.quota.unwrap_or(0)).to_be_bytes()),
+                Field::MaxEntriesPerUser | Field::MaxSessionEntries => {
+                    out.extend_from_slice(&e.limit.unwrap_or(0).to_be_bytes())
+                }
             }
         }
     }
@@ -257,7 +301,7 @@ pub struct Encoder {
 }
 
 /// The smallest `mtu` an encoder accepts: a message with every template
-/// and one IPv6 delete record fits.
+/// (320 bytes) and one IPv6 delete record (94) fits.
 pub const MIN_MTU: usize = 512;
 
 impl Encoder {
@@ -281,13 +325,18 @@ impl Encoder {
     }
 
     /// The templates in use, in the order they are sent.
-    fn templates(&self) -> [Template; 4] {
+    fn templates(&self) -> [Template; 9] {
         let d = self.destinations;
         [
-            Template::of(LogKind::SessionCreate, false, d),
-            Template::of(LogKind::SessionDelete, false, d),
-            Template::of(LogKind::SessionCreate, true, d),
-            Template::of(LogKind::SessionDelete, true, d),
+            Template::of(LogKind::SessionCreate, false, d, None),
+            Template::of(LogKind::SessionDelete, false, d, None),
+            Template::of(LogKind::SessionCreate, true, d, None),
+            Template::of(LogKind::SessionDelete, true, d, None),
+            Template::of(LogKind::PortsExhausted, false, d, None),
+            Template::of(LogKind::QuotaExceeded, false, d, Some(quota::MAX_ENTRIES_PER_USER)),
+            Template::of(LogKind::QuotaExceeded, false, d, Some(quota::MAX_SESSION_ENTRIES)),
+            Template::of(LogKind::PortsExhausted, true, d, None),
+            Template::of(LogKind::QuotaExceeded, true, d, Some(quota::MAX_ENTRIES_PER_USER)),
         ]
     }
 
@@ -315,7 +364,7 @@ impl Encoder {
                 }
             }
             let Some(e) = events.get(i) else { break };
-            let t = Template::of(e.kind, e.pod.is_ipv6(), self.destinations);
+            let t = Template::of(e.kind, e.pod.is_ipv6(), self.destinations, e.quota);
             let open = set.filter(|(open, _)| *open == t);
             let need = t.data_len() + if open.is_some() { 0 } else { SET_HEADER_LEN };
             if msg.len() + need > self.mtu {
@@ -413,14 +462,17 @@ mod tests {
             last_ms: (kind == LogKind::SessionDelete).then_some(T - 2_263),
             reason: (kind == LogKind::SessionDelete).then_some(EndReason::Expired),
             flags: 0,
+            quota: None,
+            limit: None,
         }
     }
 
     /// RFC 7011 §3.4.1's Template Record layout (Template ID, Field Count,
     /// then IE/length pairs, enterprise bit clear) for 256, 257, 260, 261,
-    /// written out field by field from IANA's IE numbers.
+    /// 262, 263, 264, 268, 269, written out field by field from IANA's IE
+    /// numbers (466 = 0x1d2, 471 = 0x1d7, 473 = 0x1d9, 281 = 0x119).
     const TEMPLATES_WITH_DESTINATIONS: &str = "
-        0002 00cc
+        0002 0130
         0100 000b | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002
                   | 000c 0004 | 00e2 0004 | 000b 0002 | 00e4 0002
         0101 000c | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002
@@ -428,7 +480,12 @@ mod tests {
         0104 000b | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002
                   | 001c 0010 | 011a 0010 | 000b 0002 | 00e4 0002
         0105 000c | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002
-                  | 001c 0010 | 011a 0010 | 000b 0002 | 00e4 0002 | 0099 0008";
+                  | 001c 0010 | 011a 0010 | 000b 0002 | 00e4 0002 | 0099 0008
+        0106 0003 | 0143 0008 | 00e6 0001 | 00e1 0004
+        0107 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 0008 0004
+        0108 0004 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d7 0004
+        010c 0003 | 0143 0008 | 00e6 0001 | 0119 0010
+        010d 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 001b 0010";
 
     /// The first message: header (§3.1), the Template Set, one Data Set of
     /// template 256 holding the create of ADR 0034's example session.
@@ -439,8 +496,8 @@ mod tests {
         enc.encode(T, &[event(LogKind::SessionCreate)], true, &mut out);
         assert_eq!(out.len(), 1);
         let want = [
-            // version 10 | length 16 + 204 + 38 = 258 | export time 1796127459 s | sequence 0 | domain 7
-            hex("000a 0102 | 6b0ebae3 | 00000000 | 00000007"),
+            // version 10 | length 16 + 304 + 38 = 358 | export time 1796127459 s | sequence 0 | domain 7
+            hex("000a 0166 | 6b0ebae3 | 00000000 | 00000007"),
             hex(TEMPLATES_WITH_DESTINATIONS),
             // set 256, 4 + 34 bytes; 323: T | 230: 4 | 8: 10.244.1.7 | 225: 203.0.113.10 | 4: 6
             // | 7: 40001 | 227: 41522 | 12: 198.51.100.20 | 226: the same | 11: 443 | 228: 443
@@ -497,11 +554,16 @@ mod tests {
         enc.encode(T, &[event(LogKind::SessionCreate)], true, &mut out);
         let m = &out[0].bytes;
         let templates = hex("
-            0002 008c
+            0002 00f0
             0102 0007 | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002
             0103 0008 | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002 | 0099 0008
             010a 0007 | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002
-            010b 0008 | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002 | 0099 0008");
+            010b 0008 | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002 | 0099 0008
+            0106 0003 | 0143 0008 | 00e6 0001 | 00e1 0004
+            0107 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 0008 0004
+            0108 0004 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d7 0004
+            010c 0003 | 0143 0008 | 00e6 0001 | 0119 0010
+            010d 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 001b 0010");
         assert_eq!(&m[16..16 + templates.len()], templates.as_slice());
         let data = hex("0102 001a | 000001a2318a07bf | 04 | 0af40107 | cb00710a | 06 | 9c41 | a232");
         assert_eq!(&m[16 + templates.len()..], data.as_slice());
@@ -526,6 +588,47 @@ mod tests {
             | 06 | 9c41 | a232 | 20010db8005100000000000000000007 | 20010db8005100000000000000000007 | 01bb | 01bb",
         );
         assert_eq!(&out[0].bytes[16..], want.as_slice());
+    }
+
+    /// RFC 8158's refusal events: natEvent 12 with the egress address,
+    /// 13 with the quota kind (natQuotaExceededEvent) and the limit.
+    #[test]
+    fn refusals_use_their_templates() {
+        let mut enc = Encoder::new(7, 1400, 60_000, true);
+        let mut out = Vec::new();
+        enc.encode(T, &[event(LogKind::SessionCreate)], true, &mut out);
+        let refusal = |kind, quota: Option<u8>, limit| Event {
+            kind,
+            at_ms: T,
+            proto: 0,
+            pod: Ipv4Addr::new(10, 244, 1, 7).into(),
+            pod_port: 0,
+            egress: Ipv4Addr::new(203, 0, 113, 10).into(),
+            egress_port: 0,
+            remote: None,
+            last_ms: None,
+            reason: None,
+            flags: 0,
+            quota,
+            limit: Some(limit),
+        };
+        out.clear();
+        enc.encode(
+            T,
+            &[
+                refusal(LogKind::PortsExhausted, None, 28232),
+                refusal(LogKind::QuotaExceeded, Some(quota::MAX_ENTRIES_PER_USER), 64),
+                refusal(LogKind::QuotaExceeded, Some(quota::MAX_SESSION_ENTRIES), 1_000_000),
+            ],
+            true,
+            &mut out,
+        );
+        let want = hex("
+            0106 0011 | 000001a2318a07bf | 0c | cb00710a
+            0107 0019 | 000001a2318a07bf | 0d | 00000003 | 00000040 | 0af40107
+            0108 0015 | 000001a2318a07bf | 0d | 00000001 | 000f4240");
+        assert_eq!(&out[0].bytes[16..], want.as_slice());
+        assert_eq!(out[0].records, 3);
     }
 
     /// No message exceeds the MTU; a batch is split, every record once, and

@@ -22,9 +22,9 @@
 //! costs counters and one extra send, never a wait.
 //!
 //! Not built yet (ADR 0034): the pod's identity (namespace, name, UID),
-//! the local journal and `egret who-had`, syslog over TCP, the refusal
-//! events (ports exhausted, quotas), port blocks, and the HA rules beyond
-//! "an import logs nothing; the adopted session's end is flagged".
+//! the local journal and `egret who-had`, syslog over TCP, port blocks,
+//! and the HA rules beyond "an import logs nothing; the adopted session's
+//! end is flagged".
 
 pub mod ipfix;
 pub mod syslog;
@@ -68,6 +68,11 @@ pub struct Event {
     pub reason: Option<EndReason>,
     /// `egret_dataplane::translog::log_flags`.
     pub flags: u8,
+    /// A quota exceeded: which (RFC 8158's natQuotaExceededEvent,
+    /// `egret_dataplane::translog::quota`).
+    pub quota: Option<u8>,
+    /// A refusal: the limit hit (ports in the range, sessions).
+    pub limit: Option<u32>,
 }
 
 /// Engine time and wall time read together, to place engine times on the
@@ -130,6 +135,8 @@ impl Event {
             last_ms: delete.then(|| clocks.wall(u64::from(r.value) * 1000)),
             reason: if delete { EndReason::from_u8(r.detail) } else { None },
             flags: r.flags,
+            quota: (kind == LogKind::QuotaExceeded).then_some(r.detail),
+            limit: matches!(kind, LogKind::PortsExhausted | LogKind::QuotaExceeded).then_some(r.value),
         })
     }
 }
@@ -183,7 +190,7 @@ impl DropReason {
 /// their `translog_ring_full` event.
 #[derive(Debug, Default)]
 pub struct Stats {
-    records: [AtomicU64; 2],
+    records: [AtomicU64; 4],
     sent: [AtomicU64; 2],
     dropped: [[AtomicU64; 2]; 2],
     unreachable: [AtomicU64; 2],
@@ -214,7 +221,7 @@ impl Stats {
 
     /// The counters as `egret counters` and `/metrics` show them.
     pub fn counters(&self) -> crate::view::TranslogCounters {
-        let kinds = [LogKind::SessionCreate, LogKind::SessionDelete];
+        let kinds = [LogKind::SessionCreate, LogKind::SessionDelete, LogKind::PortsExhausted, LogKind::QuotaExceeded];
         crate::view::TranslogCounters {
             enabled: true,
             records: kinds.iter().map(|k| (k.name().to_string(), self.records(*k))).collect(),

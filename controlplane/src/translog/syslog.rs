@@ -11,7 +11,10 @@
 //! `[end@PEN last=... why=... adopted=...]` (RFC 5424 §6.3.2: an SD-ID
 //! that IANA did not register carries an enterprise number). The pod's
 //! identity element (`pod@PEN`, ADR 0034 §5) is not written yet: the
-//! exporter does not resolve identities.
+//! exporter does not resolve identities. Refusals have MSGIDs of Egret's
+//! own, `PEXH` (`[pexh@PEN IATYP ISADDR XATYP XSADDR PORTS]`: no free port
+//! on the egress address, PORTS the range's size) and `QEXC` (`[qexc@PEN
+//! IATYP ISADDR QUOTA LIMIT]`, QUOTA `per-pod` or `sessions`).
 //!
 //! ```text
 //! <134>1 2026-12-01T12:17:39.263Z gw-a egret 4242 SDEL [nsess SSUBIX="0" SVLAN="0" IATYP="IPv4" ISADDR="10.244.1.7" ISPORT="40001" XATYP="IPv4" XSADDR="203.0.113.10" XSPORT="41522" PROTO="6" XDADDR="198.51.100.20" XDPORT="443"][end@32473 last="2026-12-01T12:17:37.000Z" why="expired" adopted="0"]
@@ -20,7 +23,7 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use egret_dataplane::translog::{log_flags, LogKind};
+use egret_dataplane::translog::{log_flags, quota, LogKind};
 
 use super::Event;
 
@@ -50,9 +53,38 @@ impl Format {
         let msgid = match e.kind {
             LogKind::SessionCreate => "SADD",
             LogKind::SessionDelete => "SDEL",
+            LogKind::PortsExhausted => "PEXH",
+            LogKind::QuotaExceeded => "QEXC",
         };
         let hostname = if self.hostname.is_empty() { "-" } else { self.hostname.as_str() };
         let _ = write!(s, "<{PRI}>1 {} {hostname} {APP_NAME} {} {msgid} ", rfc3339_ms(e.at_ms), self.procid);
+        let limit = e.limit.unwrap_or(0);
+        match e.kind {
+            LogKind::PortsExhausted => {
+                let _ = write!(
+                    s,
+                    "[pexh@{} IATYP=\"{}\" ISADDR=\"{}\" XATYP=\"{}\" XSADDR=\"{}\" PORTS=\"{limit}\"]",
+                    self.pen,
+                    family(e.pod),
+                    e.pod,
+                    family(e.egress),
+                    e.egress
+                );
+                return s;
+            }
+            LogKind::QuotaExceeded => {
+                let quota = if e.quota == Some(quota::MAX_SESSION_ENTRIES) { "sessions" } else { "per-pod" };
+                let _ = write!(
+                    s,
+                    "[qexc@{} IATYP=\"{}\" ISADDR=\"{}\" QUOTA=\"{quota}\" LIMIT=\"{limit}\"]",
+                    self.pen,
+                    family(e.pod),
+                    e.pod
+                );
+                return s;
+            }
+            LogKind::SessionCreate | LogKind::SessionDelete => {}
+        }
         let _ = write!(
             s,
             "[nsess SSUBIX=\"0\" SVLAN=\"0\" IATYP=\"{}\" ISADDR=\"{}\" ISPORT=\"{}\" XATYP=\"{}\" XSADDR=\"{}\" XSPORT=\"{}\" PROTO=\"{}\"",
@@ -156,6 +188,8 @@ mod tests {
             last_ms: (kind == LogKind::SessionDelete).then_some(T - 2_263),
             reason: (kind == LogKind::SessionDelete).then_some(EndReason::Expired),
             flags: 0,
+            quota: None,
+            limit: None,
         }
     }
 
@@ -215,6 +249,24 @@ mod tests {
         assert_eq!(escape(r#"a"b\c]d"#), r#"a\"b\\c\]d"#);
         assert_eq!(escape("[x="), "[x=");
         assert!(matches!(escape("x"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn refusals_have_their_own_elements() {
+        let mut e = event(LogKind::PortsExhausted);
+        e.limit = Some(28232);
+        assert_eq!(
+            format(true).line(&e),
+            "<134>1 2026-12-01T12:17:39.263Z gw-a egret 4242 PEXH [pexh@32473 IATYP=\"IPv4\" ISADDR=\"10.244.1.7\" \
+             XATYP=\"IPv4\" XSADDR=\"203.0.113.10\" PORTS=\"28232\"]"
+        );
+        let mut q = event(LogKind::QuotaExceeded);
+        (q.quota, q.limit) = (Some(quota::MAX_ENTRIES_PER_USER), Some(64));
+        assert!(format(true).line(&q).ends_with(
+            "QEXC [qexc@32473 IATYP=\"IPv4\" ISADDR=\"10.244.1.7\" QUOTA=\"per-pod\" LIMIT=\"64\"]"
+        ));
+        q.quota = Some(quota::MAX_SESSION_ENTRIES);
+        assert!(format(true).line(&q).contains("QUOTA=\"sessions\""));
     }
 
     #[test]
