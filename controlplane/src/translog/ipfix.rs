@@ -172,7 +172,8 @@ const WITHOUT_DESTINATION: &[Field] = &[
 const PORTS_EXHAUSTED: &[Field] = &[Field::ObservationTime, Field::NatEvent, Field::EgressAddress];
 const QUOTA_PER_USER: &[Field] =
     &[Field::ObservationTime, Field::NatEvent, Field::QuotaEvent, Field::MaxEntriesPerUser, Field::PodAddress];
-const QUOTA_SESSIONS: &[Field] = &[Field::ObservationTime, Field::NatEvent, Field::QuotaEvent, Field::MaxSessionEntries];
+const QUOTA_SESSIONS: &[Field] =
+    &[Field::ObservationTime, Field::NatEvent, Field::QuotaEvent, Field::MaxSessionEntries];
 
 /// One of the templates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,7 +204,9 @@ impl Template {
         match kind {
             LogKind::SessionCreate => session(session_id, false),
             LogKind::SessionDelete => session(session_id, true),
-            LogKind::PortsExhausted => Template { id: if v6 { 268 } else { 262 }, v6, base: PORTS_EXHAUSTED, end: false },
+            LogKind::PortsExhausted => {
+                Template { id: if v6 { 268 } else { 262 }, v6, base: PORTS_EXHAUSTED, end: false }
+            }
             LogKind::QuotaExceeded if quota == Some(quota::MAX_SESSION_ENTRIES) => {
                 Template { id: 264, v6: false, base: QUOTA_SESSIONS, end: false }
             }

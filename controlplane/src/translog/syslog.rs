@@ -262,9 +262,9 @@ mod tests {
         );
         let mut q = event(LogKind::QuotaExceeded);
         (q.quota, q.limit) = (Some(quota::MAX_ENTRIES_PER_USER), Some(64));
-        assert!(format(true).line(&q).ends_with(
-            "QEXC [qexc@32473 IATYP=\"IPv4\" ISADDR=\"10.244.1.7\" QUOTA=\"per-pod\" LIMIT=\"64\"]"
-        ));
+        assert!(format(true)
+            .line(&q)
+            .ends_with("QEXC [qexc@32473 IATYP=\"IPv4\" ISADDR=\"10.244.1.7\" QUOTA=\"per-pod\" LIMIT=\"64\"]"));
         q.quota = Some(quota::MAX_SESSION_ENTRIES);
         assert!(format(true).line(&q).contains("QUOTA=\"sessions\""));
     }
