@@ -45,6 +45,11 @@ pub enum Mode {
     NewConns,
     /// New UDP flows per second through the kernel's conntrack + SNAT.
     KernelNewConns,
+    /// `new-conns` with translation logs on (issue 34, ADR 0034): every
+    /// session's creation and end exported as IPFIX and syslog to the
+    /// gateway namespace's loopback, where nothing listens (the exporter
+    /// encodes and sends everything; the ICMP errors are counted).
+    NewConnsTranslog,
     /// `fastpath` with every frame sent as a worker node in another subnet
     /// sends it: in Egret's VXLAN tunnel (issue 30, ADR 0031). The XDP
     /// program checks, strips and translates established flows itself.
@@ -65,6 +70,7 @@ impl Mode {
             Mode::Redirect => "redirect",
             Mode::NewConns => "new-conns",
             Mode::KernelNewConns => "kernel-new-conns",
+            Mode::NewConnsTranslog => "new-conns-translog",
             Mode::FastpathVxlan => "fastpath-vxlan",
             Mode::EgretVxlan => "egret-vxlan",
         }
@@ -92,7 +98,7 @@ impl Mode {
 
     /// Whether every frame is a new flow.
     pub fn new_flows(self) -> bool {
-        matches!(self, Mode::NewConns | Mode::KernelNewConns)
+        matches!(self, Mode::NewConns | Mode::KernelNewConns | Mode::NewConnsTranslog)
     }
 
     /// Whether the kernel forwards (conntrack and nftables SNAT).
@@ -109,7 +115,10 @@ impl Mode {
 
     /// Whether the mode runs the Egret daemon.
     pub fn uses_egret(self) -> bool {
-        matches!(self, Mode::Egret | Mode::Fastpath | Mode::NewConns | Mode::FastpathVxlan | Mode::EgretVxlan)
+        matches!(
+            self,
+            Mode::Egret | Mode::Fastpath | Mode::NewConns | Mode::NewConnsTranslog | Mode::FastpathVxlan | Mode::EgretVxlan
+        )
     }
 
     /// Whether forwarded frames must carry the egress IP.
@@ -444,10 +453,18 @@ impl<'t> Gateway<'t> {
                 let r = in_netns(&gw, || Redirect::attach(in_idx, out_idx, topology::GW_OUT_MAC, topology::SINK_MAC))?;
                 g.state = State::Redirect(r);
             }
-            Mode::Egret | Mode::Fastpath | Mode::NewConns | Mode::FastpathVxlan | Mode::EgretVxlan => {
+            Mode::Egret
+            | Mode::Fastpath
+            | Mode::NewConns
+            | Mode::NewConnsTranslog
+            | Mode::FastpathVxlan
+            | Mode::EgretVxlan => {
                 let binary = egret::locate(&opts.egret)?;
-                let egress_ips: Vec<Ipv4Addr> =
-                    if mode == Mode::NewConns { NEW_CONNS_EGRESS.to_vec() } else { vec![topology::EGRESS_IP] };
+                let egress_ips: Vec<Ipv4Addr> = if mode.new_flows() {
+                    NEW_CONNS_EGRESS.to_vec()
+                } else {
+                    vec![topology::EGRESS_IP]
+                };
                 let config = BenchConfig {
                     inside: GW_IN.into(),
                     outside: GW_OUT.into(),
@@ -470,6 +487,7 @@ impl<'t> Gateway<'t> {
                     destinations: topology::SINK_RANGE.into(),
                     metrics_port: opts.metrics_port,
                     admin_socket: opts.workdir.join("egret.sock"),
+                    translog: mode == Mode::NewConnsTranslog,
                 };
                 let path = opts.workdir.join(format!("egret-{}.yaml", mode.name()));
                 egret::write_config(&path, &config)?;

@@ -58,6 +58,8 @@ pub struct BenchConfig {
     pub admin_socket: PathBuf,
     /// `tunnel:` (issue 30), when the nodes' VXLAN tunnel is on.
     pub tunnel: Option<TunnelConfig>,
+    /// `translationLogs:` (issue 34) to the gateway namespace's loopback.
+    pub translog: bool,
 }
 
 /// The gateway's `tunnel:` section in file mode (docs/config.md, "The
@@ -101,6 +103,12 @@ impl BenchConfig {
         if let Some(t) = &self.tunnel {
             let nodes: Vec<String> = t.node_addresses.iter().map(ToString::to_string).collect();
             let _ = writeln!(y, "tunnel: {{port: {}, nodeAddresses: [{}]}}", t.port, nodes.join(", "));
+        }
+        if self.translog {
+            let _ = writeln!(
+                y,
+                "translationLogs: {{ipfix: {{collector: \"127.0.0.1:4739\"}}, syslog: {{collector: \"127.0.0.1:5514\"}}}}"
+            );
         }
         let _ = writeln!(y, "metrics: {{listen: \"127.0.0.1:{}\"}}", self.metrics_port);
         let _ = writeln!(y, "admin: {{socket: {}}}", self.admin_socket.display());
@@ -329,6 +337,7 @@ mod tests {
             metrics_port: 19469,
             admin_socket: PathBuf::from("/tmp/x/egret.sock"),
             tunnel: None,
+            translog: false,
         };
         assert_eq!(
             c.to_yaml(),
@@ -345,6 +354,10 @@ mod tests {
         );
         let sized = BenchConfig { fast_path: true, fast_path_sessions: Some(16384), ..c.clone() };
         assert!(sized.to_yaml().contains("\nxdp: {mode: native, fastPath: true, fastPathSessions: 16384}\n"));
+        let logged = BenchConfig { translog: true, ..c.clone() };
+        assert!(logged.to_yaml().contains(
+            "\ntranslationLogs: {ipfix: {collector: \"127.0.0.1:4739\"}, syslog: {collector: \"127.0.0.1:5514\"}}\nmetrics:"
+        ));
         let tunnelled = BenchConfig {
             ports: Some((6083, 65535)),
             tunnel: Some(TunnelConfig { port: 6082, node_addresses: vec![Ipv4Addr::new(192, 0, 2, 31)] }),

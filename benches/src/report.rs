@@ -164,6 +164,7 @@ pub fn ratios(summaries: &[Summary]) -> Vec<Ratio> {
             (Mode::Fastpath, Mode::KernelFlowtable),
             (Mode::Egret, Mode::KernelFlowtable),
             (Mode::KernelFlowtable, Mode::Kernel),
+            (Mode::NewConnsTranslog, Mode::NewConns),
         ] {
             if let (Some(x), Some(y)) = (find(a, f), find(b, f)) {
                 out.push(Ratio {

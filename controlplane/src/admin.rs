@@ -559,6 +559,26 @@ pub mod render {
         } else {
             out.push_str("fast path off (xdp.fastPath: false)\n\n");
         }
+        let t = &c.translog;
+        if t.enabled {
+            let sum = |v: &[(String, u64)]| v.iter().map(|(_, n)| n).sum::<u64>();
+            let lost: u64 = t.dropped.iter().map(|(_, _, n)| n).sum();
+            out.push_str(&format!(
+                "translation logs on: {} records taken, {} events sent, {} lost in the exporter, {} sends found the collector unreachable\n",
+                sum(&t.records),
+                sum(&t.sent),
+                lost,
+                sum(&t.unreachable)
+            ));
+            let rows: Vec<Vec<String>> = t
+                .dropped
+                .iter()
+                .filter(|(_, _, n)| *n > 0)
+                .map(|(s, r, n)| vec![s.clone(), r.clone(), n.to_string()])
+                .collect();
+            out.push_str(&table(&["SINK", "LOST", "EVENTS"], &rows));
+            out.push('\n');
+        }
         let rows: Vec<Vec<String>> = c
             .rings
             .iter()

@@ -224,6 +224,56 @@ pub struct WorkersConfig {
     pub batch: u32,
 }
 
+/// `translationLogs:` when on (docs/config.md; translog/,
+/// docs/adr/0034-translation-logs.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TranslationLogsConfig {
+    /// Records each worker's ring holds (`ringRecords`).
+    pub ring_records: usize,
+    /// Events each sink's queue holds (`queueEvents`).
+    pub queue_events: usize,
+    /// Whether records carry the remote's address and port (`logDestinations`).
+    pub log_destinations: bool,
+    /// The enterprise number of Egret's own syslog SD-IDs (`enterpriseNumber`).
+    pub enterprise_number: u32,
+    /// IPFIX, when configured.
+    pub ipfix: Option<IpfixConfig>,
+    /// Syslog, when configured.
+    pub syslog: Option<SyslogConfig>,
+}
+
+/// `translationLogs.ipfix:`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpfixConfig {
+    /// Where messages go (UDP).
+    pub collector: SocketAddr,
+    /// The observation domain; `None`: a hash of the node's name.
+    pub observation_domain: Option<u32>,
+    /// How often templates are sent again.
+    pub template_refresh: Duration,
+    /// The largest message, bytes.
+    pub mtu: usize,
+}
+
+/// `translationLogs.syslog:`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyslogConfig {
+    /// Where messages go (UDP).
+    pub collector: SocketAddr,
+    /// HOSTNAME; `None`: the node's name.
+    pub hostname: Option<String>,
+}
+
+/// Default `translationLogs.ringRecords` (ADR 0034 §2: 32 ms of slack at
+/// 1 M new flows per second per worker).
+pub const DEFAULT_RING_RECORDS: u64 = 65_536;
+/// Default `translationLogs.queueEvents`.
+pub const DEFAULT_QUEUE_EVENTS: u64 = 262_144;
+/// Largest `ringRecords` and `queueEvents`.
+pub const MAX_TRANSLOG_QUEUE: u64 = 1 << 24;
+/// RFC 5612's documentation enterprise number: the default until Egret has its own.
+pub const DEFAULT_ENTERPRISE_NUMBER: u32 = 32_473;
+
 /// `kubernetes:` (the Kubernetes control plane reads it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubernetesConfig {
@@ -299,6 +349,8 @@ pub struct GatewayConfig {
     pub metrics_listen: SocketAddr,
     /// Kubernetes mode, if configured.
     pub kubernetes: Option<KubernetesConfig>,
+    /// Translation logs, when on (`translationLogs:`).
+    pub translation_logs: Option<TranslationLogsConfig>,
     /// Things that are allowed but probably not meant.
     pub warnings: Vec<String>,
 }
@@ -331,6 +383,9 @@ impl GatewayConfig {
         }
         if self.kubernetes != new.kubernetes {
             v.push("kubernetes");
+        }
+        if self.translation_logs != new.translation_logs {
+            v.push("translationLogs");
         }
         v
     }
@@ -609,6 +664,7 @@ impl Checker<'_> {
             .filter_map(|e| e.ip.parse().ok())
             .collect();
         let tunnel = self.tunnel(raw.tunnel.as_ref(), k8s.is_some());
+        let translation_logs = raw.translation_logs.as_ref().and_then(|t| self.translation_logs(t));
         let tables = TablesSpec {
             policies,
             egress_ips,
@@ -633,6 +689,7 @@ impl Checker<'_> {
             admin_socket,
             metrics_listen,
             kubernetes: k8s.flatten(),
+            translation_logs,
             warnings: self.warnings,
         })
     }
@@ -668,6 +725,96 @@ impl Checker<'_> {
             _ => {}
         }
         enabled.then_some(TunnelSpec { port, nodes })
+    }
+
+    /// `translationLogs:`: on when given unless `enabled: false`; at least
+    /// one sink.
+    fn translation_logs(&mut self, t: &raw::TranslationLogs) -> Option<TranslationLogsConfig> {
+        let p = "translationLogs";
+        let count = |this: &mut Self, field: &str, v: Option<u64>, default: u64, min: u64| -> usize {
+            let n = v.unwrap_or(default);
+            if !(min..=MAX_TRANSLOG_QUEUE).contains(&n) {
+                this.invalid(format!("{p}.{field}"), n.to_string(), format!("must be {min}-{MAX_TRANSLOG_QUEUE}"));
+            }
+            n as usize
+        };
+        let ring_records = count(self, "ringRecords", t.ring_records, DEFAULT_RING_RECORDS, 1024);
+        let queue_events = count(self, "queueEvents", t.queue_events, DEFAULT_QUEUE_EVENTS, 1);
+        let enterprise_number = t.enterprise_number.unwrap_or(DEFAULT_ENTERPRISE_NUMBER);
+        if enterprise_number == 0 {
+            self.invalid(format!("{p}.enterpriseNumber"), "0", "must be an IANA Private Enterprise Number (1 or more)");
+        }
+        let ipfix = t.ipfix.as_ref().map(|i| {
+            let collector = self.collector(&format!("{p}.ipfix.collector"), i.collector.as_deref());
+            let template_refresh = match i.template_refresh.as_deref() {
+                None => Duration::from_secs(60),
+                Some(s) => {
+                    let d = self.duration(&format!("{p}.ipfix.templateRefresh"), s).unwrap_or(Duration::from_secs(60));
+                    if d > Duration::from_secs(3600) {
+                        self.invalid(format!("{p}.ipfix.templateRefresh"), s, "must be at most 60m");
+                    }
+                    d
+                }
+            };
+            let mtu = i.mtu.unwrap_or(1400);
+            let max_mtu = 65_507;
+            if !(crate::translog::ipfix::MIN_MTU as u64..=max_mtu).contains(&mtu) {
+                self.invalid(
+                    format!("{p}.ipfix.mtu"),
+                    mtu.to_string(),
+                    format!("must be {}-{max_mtu} (bytes of a UDP payload)", crate::translog::ipfix::MIN_MTU),
+                );
+            }
+            IpfixConfig { collector, observation_domain: i.observation_domain, template_refresh, mtu: mtu as usize }
+        });
+        let syslog = t.syslog.as_ref().map(|s| {
+            let collector = self.collector(&format!("{p}.syslog.collector"), s.collector.as_deref());
+            if let Some(h) = &s.hostname {
+                // RFC 5424 §6.2.4: 1-255 printable US-ASCII characters.
+                if h.is_empty() || h.len() > 255 || !h.bytes().all(|b| (33..=126).contains(&b)) {
+                    self.invalid(
+                        format!("{p}.syslog.hostname"),
+                        h.as_str(),
+                        "must be 1-255 printable US-ASCII characters, no space (RFC 5424 HOSTNAME)",
+                    );
+                }
+            }
+            SyslogConfig { collector, hostname: s.hostname.clone() }
+        });
+        if !t.enabled.unwrap_or(true) {
+            return None;
+        }
+        if ipfix.is_none() && syslog.is_none() {
+            self.rule(p, "neither ipfix: nor syslog: is set: give a collector (or enabled: false)");
+        }
+        Some(TranslationLogsConfig {
+            ring_records,
+            queue_events,
+            log_destinations: t.log_destinations.unwrap_or(true),
+            enterprise_number,
+            ipfix,
+            syslog,
+        })
+    }
+
+    /// A collector's `address:port`.
+    fn collector(&mut self, path: &str, value: Option<&str>) -> SocketAddr {
+        let unset = SocketAddr::from(([127, 0, 0, 1], 0));
+        match value.map(|v| (v, v.trim().parse::<SocketAddr>())) {
+            None => {
+                self.invalid(path, "", "missing: the collector's address:port (e.g. \"192.0.2.50:4739\")");
+                unset
+            }
+            Some((_, Ok(a))) if a.port() != 0 && !a.ip().is_unspecified() => a,
+            Some((v, Ok(_))) => {
+                self.invalid(path, v, "needs a port and an address that is not unspecified");
+                unset
+            }
+            Some((v, Err(_))) => {
+                self.invalid(path, v, "not an address:port (e.g. \"192.0.2.50:4739\", \"[2001:db8::50]:4739\")");
+                unset
+            }
+        }
     }
 
     fn interfaces(&mut self, list: &[raw::Interface]) -> Vec<InterfaceConfig> {

@@ -10,6 +10,8 @@
 //! - [`offload`]: the XDP fast path's userspace half: installing confirmed
 //!   sessions into the kernel, next hops, expiry stamps, fencing.
 //! - [`sink`]: the seam between configuration sources and the running gateway.
+//! - [`translog`]: translation logs: the workers' rings drained and sent as
+//!   IPFIX (RFC 8158) and syslog (RFC 5424, VPP's format) (ADR 0034).
 //! - [`failclosed`]: nftables rules so a stopped gateway never forwards pods' traffic untranslated.
 //! - [`nft_counters`]: drop counters that keep their values when Egret replaces its nftables tables.
 //! - [`k8s`]: Kubernetes mode (CRDs, desired tables, Lease ownership, sync).
@@ -33,6 +35,7 @@ pub mod nft_watch;
 pub mod node;
 pub mod offload;
 pub mod sink;
+pub mod translog;
 pub mod view;
 
 #[cfg(test)]

@@ -281,6 +281,35 @@ impl Snapshot {
         o.counter("fastpath_rerouted", "Session directions moved to another next hop after route changes.")?
             .sample(&[], fp.rerouted)?;
 
+        let tl = &counters.translog;
+        o.gauge("translog_enabled", "1 when translation logs are on (translationLogs:).")?
+            .sample(&[], u64::from(tl.enabled))?;
+        let mut f = o.counter(
+            "translog_records",
+            "Translation log records taken from the workers' rings, by kind (a full ring's losses are the event translog_ring_full).",
+        )?;
+        for (k, n) in &tl.records {
+            f.sample(&[("kind", k)], *n)?;
+        }
+        let mut f = o.counter("translog_sent", "Translation log events sent, by sink (ipfix, syslog).")?;
+        for (s, n) in &tl.sent {
+            f.sample(&[("sink", s)], *n)?;
+        }
+        let mut f = o.counter(
+            "translog_dropped",
+            "Translation log events lost in the exporter, by sink and reason (queue_full, send_error).",
+        )?;
+        for (s, r, n) in &tl.dropped {
+            f.sample(&[("sink", s), ("reason", r)], *n)?;
+        }
+        let mut f = o.counter(
+            "translog_unreachable",
+            "Translation log sends that reported the collector unreachable (an ICMP error an earlier datagram drew), by sink: datagrams were lost.",
+        )?;
+        for (s, n) in &tl.unreachable {
+            f.sample(&[("sink", s)], *n)?;
+        }
+
         let mut f = o.gauge("sessions", "Live sessions per address family.")?;
         f.sample(&[("family", "ipv4")], status.sessions.0)?;
         f.sample(&[("family", "ipv6")], status.sessions.1)?;
@@ -897,6 +926,7 @@ mod tests {
             "fastpath_sessions",
             "fastpath_capacity",
             "fastpath_next_hops",
+            "translog_enabled",
             "sessions",
             "sessions_capacity",
             "ports_in_use",
@@ -938,6 +968,10 @@ mod tests {
             "fastpath_removals",
             "fastpath_next_hop_updates",
             "fastpath_rerouted",
+            "translog_records",
+            "translog_sent",
+            "translog_dropped",
+            "translog_unreachable",
             "ports_exhausted",
             "xsk_rx_frames",
             "xsk_tx_frames",

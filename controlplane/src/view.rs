@@ -172,6 +172,28 @@ pub struct Counters {
     /// The XDP fast path (docs/fast-path.md).
     #[serde(default)]
     pub fast_path: FastPathCounters,
+    /// The translation log exporter (`translationLogs:`; the workers' own
+    /// loss is the event `translog_ring_full`).
+    #[serde(default)]
+    pub translog: TranslogCounters,
+}
+
+/// The translation log exporter's counters (`egret_translog_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranslogCounters {
+    /// Whether translation logs are on.
+    pub enabled: bool,
+    /// Records taken from the workers' rings, by kind
+    /// (`session_create`, `session_delete`).
+    pub records: Vec<(String, u64)>,
+    /// Events sent, by sink (`ipfix`, `syslog`).
+    pub sent: Vec<(String, u64)>,
+    /// Events lost in the exporter, by sink and reason (`queue_full`,
+    /// `send_error`).
+    pub dropped: Vec<(String, String, u64)>,
+    /// Sends that reported the collector unreachable (ICMP), by sink.
+    #[serde(default)]
+    pub unreachable: Vec<(String, u64)>,
 }
 
 /// The XDP fast path's counters (`egret counters`, `egret_fastpath_*`).

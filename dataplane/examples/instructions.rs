@@ -67,7 +67,8 @@ impl Case {
     fn unit(&self) -> &'static str {
         match self.setup {
             Setup::Established { .. } => "packet",
-            Setup::NewFlow(_) => "new flow",
+            Setup::NewFlow(..) => "new flow",
+            Setup::Expiry(_) => "session ended",
         }
     }
 }
@@ -76,8 +77,12 @@ impl Case {
 enum Setup {
     /// `sessions` live sessions; frames of random ones among them, outbound or replies.
     Established { sessions: u64, reply: bool },
-    /// A fresh engine; one frame per distinct new flow.
-    NewFlow(MappingBehavior),
+    /// A fresh engine; one frame per distinct new flow; translation logs
+    /// on when `true` (a ring holding every record: the workers' own cost).
+    NewFlow(MappingBehavior, bool),
+    /// `iters` sessions made by new flows (not counted), then the sweep
+    /// that expires them all, counted; translation logs on when `true`.
+    Expiry(bool),
 }
 
 const CASES: &[Case] = &[
@@ -109,13 +114,31 @@ const CASES: &[Case] = &[
         name: "new_flow_eim",
         iters: 5_000,
         what: "new UDP flow, endpoint-independent mapping (session and mapping made, port chosen)",
-        setup: Setup::NewFlow(MappingBehavior::EndpointIndependent),
+        setup: Setup::NewFlow(MappingBehavior::EndpointIndependent, false),
+    },
+    Case {
+        name: "new_flow_eim_translog",
+        iters: 5_000,
+        what: "new UDP flow, endpoint-independent mapping, translation logs on (its create record pushed)",
+        setup: Setup::NewFlow(MappingBehavior::EndpointIndependent, true),
+    },
+    Case {
+        name: "expiry_eim",
+        iters: 5_000,
+        what: "a UDP session expired by the sweep, endpoint-independent mapping (slots visited, session and mapping removed)",
+        setup: Setup::Expiry(false),
+    },
+    Case {
+        name: "expiry_eim_translog",
+        iters: 5_000,
+        what: "a UDP session expired by the sweep, translation logs on (its delete record pushed)",
+        setup: Setup::Expiry(true),
     },
     Case {
         name: "new_flow_edm",
         iters: 5_000,
         what: "new UDP flow, endpoint-dependent mapping (session made, port chosen)",
-        setup: Setup::NewFlow(MappingBehavior::EndpointDependent),
+        setup: Setup::NewFlow(MappingBehavior::EndpointDependent, false),
     },
 ];
 
@@ -129,6 +152,17 @@ fn icount_measured(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u6
     common::run(w, frames, ingress, iters, 1)
 }
 
+/// The measured sweep: ticks at `now` until no session is left; returns
+/// the sessions it ended.
+#[inline(never)]
+fn icount_measured_sweep(w: &mut Pipeline, engine: &Engine, now: egret_dataplane::clock::Timestamp) -> u64 {
+    let before = engine.nat4().sessions.len() as u64;
+    while !engine.nat4().sessions.is_empty() {
+        w.tick(now, 1024);
+    }
+    before
+}
+
 /// Runs case `name` once: set-up, then the measured loop. Fails when a frame
 /// is not forwarded (a dropped frame costs less: the count would be wrong).
 fn run_case(name: &str) -> Result<(), String> {
@@ -140,11 +174,14 @@ fn run_case(name: &str) -> Result<(), String> {
             let (frames, ingress) = if reply { (back, fixtures::OUTSIDE) } else { (out, fixtures::INSIDE) };
             icount_measured(&mut w, black_box(&frames), ingress, case.iters)
         }
-        Setup::NewFlow(mapping) => {
+        Setup::NewFlow(mapping, logged) => {
             // As the criterion benchmark `new_flow`: a fresh engine, one frame
             // per distinct new flow, built before the loop.
             let engine = Engine::new(&common::spec((case.iters as usize + 1024) * 2, mapping)).unwrap();
             engine.publish_fib(fixtures::topology());
+            if logged {
+                assert!(engine.enable_translog(case.iters as usize + 16));
+            }
             let mut w = engine.pipeline_seeded(PortRng::new(3));
             let sh = (4096, 1000, 1_000_000);
             let frames: Vec<Vec<u8>> = (0..case.iters)
@@ -154,6 +191,27 @@ fn run_case(name: &str) -> Result<(), String> {
                 })
                 .collect();
             icount_measured(&mut w, black_box(&frames), fixtures::INSIDE, case.iters)
+        }
+        Setup::Expiry(logged) => {
+            let mapping = MappingBehavior::EndpointIndependent;
+            let engine = Engine::new(&common::spec((case.iters as usize + 1024) * 2, mapping)).unwrap();
+            engine.publish_fib(fixtures::topology());
+            if logged {
+                assert!(engine.enable_translog(2 * case.iters as usize + 16));
+            }
+            let mut w = engine.pipeline_seeded(PortRng::new(3));
+            let frames: Vec<Vec<u8>> = (0..case.iters)
+                .map(|i| {
+                    let (pod, pp, remote, rp) = common::flow(i, 4096, 1000, 1_000_000);
+                    fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18])).frame()
+                })
+                .collect();
+            let made = common::run(&mut w, &frames, fixtures::INSIDE, case.iters, 1);
+            if made != case.iters {
+                return Err(format!("{name}: {made} of {} sessions made", case.iters));
+            }
+            // Idle far past the UDP timeout.
+            icount_measured_sweep(&mut w, &engine, egret_dataplane::clock::Timestamp::from_secs(100_000))
         }
     };
     if forwarded != case.iters {

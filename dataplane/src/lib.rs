@@ -21,6 +21,8 @@
 //! - [`kernel_tx`]: translated packets to pods behind an overlay's tunnel,
 //!   handed to the gateway's kernel (raw sockets).
 //! - [`stats`]: named drop reasons and per-worker counters.
+//! - [`translog`]: translation log records (a session's creation and end)
+//!   and the per-worker rings the control plane drains (ADR 0034).
 //! - [`xsk`]: AF_XDP sockets, rings and UMEM (the crate's unsafe code, with
 //!   [`netns`]'s `setns` and `if_nametoindex` calls).
 //! - [`netns`]: entering a named network namespace; with `fixtures`, the
@@ -54,6 +56,7 @@ pub mod policy;
 pub mod prefetch;
 pub mod stats;
 pub mod tables;
+pub mod translog;
 pub mod tunnel;
 pub mod wire;
 pub mod worker;

@@ -235,6 +235,10 @@ named_enum! {
         /// Egret does not drive (an overlay's tunnel device) was handed to
         /// the gateway's kernel, which encapsulates it (kernel_tx.rs).
         ToKernel => "to_kernel",
+        /// A translation log record (a session's creation or end) was
+        /// dropped: the worker's ring was full, the exporter behind
+        /// (translog.rs, docs/adr/0034-translation-logs.md).
+        TranslogRingFull => "translog_ring_full",
     }
 }
 

@@ -35,6 +35,8 @@
 //! - [`gcp_emulator`]: the Compute Engine emulator (`tests/emulators/gcp/`)
 //!   on loopback and its control API (seeds, faults, request log, routing
 //!   truth), for the GCP provider's tests.
+//! - [`nfcapd`]: a real IPFIX collector (nfdump's nfcapd) on loopback, and
+//!   nfdump reading back what it stored (translation logs, ADR 0034).
 //! - [`prometheus`]: a real Prometheus scraping a lab, queried over its API,
 //!   and `promtool` for the alert rules' unit tests.
 //!
@@ -60,6 +62,7 @@ pub mod lab;
 pub mod load;
 pub mod moto;
 pub mod netns;
+pub mod nfcapd;
 pub mod nodelab;
 pub mod plan;
 pub mod probe;

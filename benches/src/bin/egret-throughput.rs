@@ -169,7 +169,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
     let egret = args.egret.clone().unwrap_or_else(default_egret);
     // Egret and new-conns need the binary: say so before building anything.
     // The fast path is reported as not available instead.
-    if args.modes.iter().any(|m| matches!(m, Mode::Egret | Mode::NewConns | Mode::EgretVxlan)) {
+    if args.modes.iter().any(|m| m.uses_egret()) {
         egret_benches::egret::locate(&egret)?;
     }
     egret_benches::sys::install_stop_handler().map_err(|source| BenchError::Pin {

@@ -112,6 +112,13 @@ impl GatewayView for Fake {
                 next_hop_updates: 1,
                 rerouted: 0,
             },
+            translog: crate::view::TranslogCounters {
+                enabled: true,
+                records: vec![("session_create".into(), 5), ("session_delete".into(), 4)],
+                sent: vec![("ipfix".into(), 9), ("syslog".into(), 8)],
+                dropped: vec![("syslog".into(), "send_error".into(), 1)],
+                unreachable: vec![("ipfix".into(), 0), ("syslog".into(), 2)],
+            },
         }
     }
 

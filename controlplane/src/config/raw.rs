@@ -42,6 +42,53 @@ pub struct Config {
     /// `tunnel:`.
     #[serde(default)]
     pub tunnel: Option<Tunnel>,
+    /// `translationLogs:`.
+    #[serde(default)]
+    pub translation_logs: Option<TranslationLogs>,
+}
+
+/// `translationLogs:` (docs/config.md, docs/adr/0034-translation-logs.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TranslationLogs {
+    /// Default: true when the section is given.
+    pub enabled: Option<bool>,
+    /// Records per worker ring.
+    pub ring_records: Option<u64>,
+    /// Events per sink queue.
+    pub queue_events: Option<u64>,
+    /// Whether records carry the remote's address and port.
+    pub log_destinations: Option<bool>,
+    /// The enterprise number of Egret's own syslog SD-IDs.
+    pub enterprise_number: Option<u32>,
+    /// `ipfix:`.
+    pub ipfix: Option<TranslationLogsIpfix>,
+    /// `syslog:`.
+    pub syslog: Option<TranslationLogsSyslog>,
+}
+
+/// `translationLogs.ipfix:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TranslationLogsIpfix {
+    /// address:port.
+    pub collector: Option<String>,
+    /// The observation domain ID.
+    pub observation_domain: Option<u32>,
+    /// A duration.
+    pub template_refresh: Option<String>,
+    /// Largest message, bytes.
+    pub mtu: Option<u64>,
+}
+
+/// `translationLogs.syslog:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TranslationLogsSyslog {
+    /// address:port.
+    pub collector: Option<String>,
+    /// HOSTNAME.
+    pub hostname: Option<String>,
 }
 
 /// `tunnel:` (docs/config.md: nodes in other subnets, docs/adr/0031).

@@ -221,7 +221,7 @@ fn syntax_errors_carry_line_and_column() {
         ("interfaces: [\n  {name: eth0, role: both\n", "gw.yaml:2:3: unclosed bracket '{'"),
         (
             "interfaces: []\nbogus: 1\n",
-            "gw.yaml:2:1: unknown field `bogus`, expected one of interfaces, xdp, workers, egressIPs, neighborAddresses, policies, nat, admin, metrics, kubernetes, tunnel",
+            "gw.yaml:2:1: unknown field `bogus`, expected one of interfaces, xdp, workers, egressIPs, neighborAddresses, policies, nat, admin, metrics, kubernetes, tunnel, translationLogs",
         ),
         ("nat:\n  maxSessions: -3\n", "gw.yaml:2:16: invalid u64"),
         ("nat:\n  timeouts: {udp: 300, tcp: 1}\n", "gw.yaml:2:24: unknown field `tcp`, expected one of udp, tcpEstablished, tcpTransitory, icmp"),
@@ -526,4 +526,99 @@ policies:
             r#"gw.yaml: interfaces[1].podSourceMacs: "1 addresses": an outside interface never carries pods' traffic; list the node routers' MACs on the inside (or both) interface"#
         ]
     );
+}
+
+#[test]
+fn translation_logs_and_their_defaults() {
+    assert_eq!(load_str("gw.yaml", GOOD).unwrap().translation_logs, None, "off unless given");
+    let text = format!(
+        "{GOOD}translationLogs:\n  ipfix: {{collector: \"192.0.2.50:4739\"}}\n  syslog: {{collector: \"[2001:db8::50]:514\"}}\n"
+    );
+    let t = load_str("gw.yaml", &text).unwrap().translation_logs.unwrap();
+    assert_eq!(
+        t,
+        TranslationLogsConfig {
+            ring_records: 65_536,
+            queue_events: 262_144,
+            log_destinations: true,
+            enterprise_number: 32_473,
+            ipfix: Some(IpfixConfig {
+                collector: "192.0.2.50:4739".parse().unwrap(),
+                observation_domain: None,
+                template_refresh: Duration::from_secs(60),
+                mtu: 1400,
+            }),
+            syslog: Some(SyslogConfig { collector: "[2001:db8::50]:514".parse().unwrap(), hostname: None }),
+        }
+    );
+    let text = format!(
+        "{GOOD}translationLogs:\n  ringRecords: 4096\n  queueEvents: 10\n  logDestinations: false\n  \
+         ipfix: {{collector: \"192.0.2.50:4739\", observationDomain: 7, templateRefresh: 30s, mtu: 9000}}\n"
+    );
+    let t = load_str("gw.yaml", &text).unwrap().translation_logs.unwrap();
+    assert_eq!((t.ring_records, t.queue_events, t.log_destinations), (4096, 10, false));
+    let i = t.ipfix.unwrap();
+    assert_eq!((i.observation_domain, i.template_refresh, i.mtu), (Some(7), Duration::from_secs(30), 9000));
+    let off = format!("{GOOD}translationLogs:\n  enabled: false\n");
+    assert_eq!(load_str("gw.yaml", &off).unwrap().translation_logs, None);
+}
+
+#[test]
+fn translation_logs_bad_values_are_named() {
+    let cases: &[(&str, &[&str])] = &[
+        ("{}", &["gw.yaml: translationLogs: neither ipfix: nor syslog: is set: give a collector (or enabled: false)"]),
+        (
+            "{ipfix: {collector: \"192.0.2.50\"}}",
+            &[
+                r#"gw.yaml: translationLogs.ipfix.collector: "192.0.2.50": not an address:port (e.g. "192.0.2.50:4739", "[2001:db8::50]:4739")"#,
+            ],
+        ),
+        (
+            "{ipfix: {}}",
+            &[
+                r#"gw.yaml: translationLogs.ipfix.collector: "": missing: the collector's address:port (e.g. "192.0.2.50:4739")"#,
+            ],
+        ),
+        (
+            "{syslog: {collector: \"0.0.0.0:514\"}}",
+            &[
+                r#"gw.yaml: translationLogs.syslog.collector: "0.0.0.0:514": needs a port and an address that is not unspecified"#,
+            ],
+        ),
+        (
+            "{ringRecords: 10, syslog: {collector: \"192.0.2.50:514\"}}",
+            &[r#"gw.yaml: translationLogs.ringRecords: "10": must be 1024-16777216"#],
+        ),
+        (
+            "{queueEvents: 0, syslog: {collector: \"192.0.2.50:514\"}}",
+            &[r#"gw.yaml: translationLogs.queueEvents: "0": must be 1-16777216"#],
+        ),
+        (
+            "{ipfix: {collector: \"192.0.2.50:4739\", mtu: 100}}",
+            &[r#"gw.yaml: translationLogs.ipfix.mtu: "100": must be 512-65507 (bytes of a UDP payload)"#],
+        ),
+        (
+            "{ipfix: {collector: \"192.0.2.50:4739\", templateRefresh: 2h}}",
+            &[r#"gw.yaml: translationLogs.ipfix.templateRefresh: "2h": not a duration (e.g. "4s", "500ms")"#],
+        ),
+        (
+            "{ipfix: {collector: \"192.0.2.50:4739\", templateRefresh: 90m}}",
+            &[r#"gw.yaml: translationLogs.ipfix.templateRefresh: "90m": must be at most 60m"#],
+        ),
+        (
+            "{syslog: {collector: \"192.0.2.50:514\", hostname: \"gw a\"}}",
+            &[
+                r#"gw.yaml: translationLogs.syslog.hostname: "gw a": must be 1-255 printable US-ASCII characters, no space (RFC 5424 HOSTNAME)"#,
+            ],
+        ),
+        (
+            "{enterpriseNumber: 0, syslog: {collector: \"192.0.2.50:514\"}}",
+            &[
+                r#"gw.yaml: translationLogs.enterpriseNumber: "0": must be an IANA Private Enterprise Number (1 or more)"#,
+            ],
+        ),
+    ];
+    for (section, want) in cases {
+        assert_eq!(errors(&format!("{GOOD}translationLogs: {section}\n")), *want, "{section}");
+    }
 }

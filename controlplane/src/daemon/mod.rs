@@ -175,6 +175,8 @@ pub struct Shared {
     pub next_hops: Arc<crate::netlink::NextHopStatus>,
     /// Kubernetes mode: the sync loop's heartbeat and report (set once it starts).
     pub cluster: std::sync::OnceLock<Arc<crate::k8s::Heartbeat>>,
+    /// The translation log exporter's counters, when logging is on.
+    pub translog: Option<Arc<crate::translog::Stats>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -483,11 +485,20 @@ async fn run(path: PathBuf, cfg: GatewayConfig, metrics_listen: Option<SocketAdd
     let kernel = find_interfaces(&cfg).await?;
     let loaded = load_and_apply(&cfg, &kernel, started)?;
     let workers = start_workers(&cfg, &kernel.interfaces, &loaded)?;
-    let serving = attach_and_serve(&cfg, kernel, &loaded, &workers.factory, workers.handles, started).await?;
+    let serving = attach_and_serve(
+        &cfg,
+        kernel,
+        &loaded,
+        &workers.factory,
+        workers.handles,
+        workers.translog_stats.clone(),
+        started,
+    )
+    .await?;
     let mut cluster = start_kubernetes(&cfg, &loaded, &serving.shared).await?;
     log_running(&cfg, &serving.shared, started).await;
     let died = serve_signals(&path, &cfg, metrics_listen, &loaded, &serving.shared, &mut cluster.task).await?;
-    shut_down(&cfg, serving, cluster, &workers.stop, workers.offload_thread).await;
+    shut_down(&cfg, serving, cluster, &workers.stop, workers.offload_thread, workers.translog).await;
     match died {
         Some(why) => Err(DaemonError::ControlPlaneDied(why)),
         None => Ok(()),
@@ -556,6 +567,10 @@ fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Res
         );
     }
     let engine = Engine::new(&cfg.tables).map_err(start_err("engine"))?;
+    // Before any worker is made: each gets its ring (translog/).
+    if let Some(t) = &cfg.translation_logs {
+        engine.enable_translog(t.ring_records);
+    }
     let sessions = cfg.xdp.table_sessions();
     let load = LoadOptions {
         xsk_interfaces: interfaces.len() as u32,
@@ -608,6 +623,11 @@ struct Workers {
     handles: Vec<WorkerHandle>,
     /// The offload manager's thread, with the fast path.
     offload_thread: Option<std::thread::JoinHandle<()>>,
+    /// The translation log exporter's thread and its own stop flag (set
+    /// once the workers are gone, so their last records are sent).
+    translog: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    /// The exporter's counters (for `/metrics` and `egret counters`).
+    translog_stats: Option<Arc<crate::translog::Stats>>,
 }
 
 /// Step 4: one worker per RX queue index, each owning AF_XDP sockets on
@@ -655,7 +675,27 @@ fn start_workers(cfg: &GatewayConfig, interfaces: &[Driven], loaded: &Loaded) ->
         }
         None => None,
     };
-    Ok(Workers { stop, factory, handles, offload_thread })
+    let translog = match &cfg.translation_logs {
+        Some(t) => {
+            let node = cfg
+                .kubernetes
+                .as_ref()
+                .and_then(|k| k.node_name.clone())
+                .or_else(|| std::env::var("NODE_NAME").ok())
+                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
+                .unwrap_or_default();
+            let exporter = crate::translog::Exporter::new(loaded.engine.clone(), t, &node)
+                .map_err(start_err("opening the translation logs' sockets"))?;
+            let stats = exporter.stats().clone();
+            let stop = Arc::new(AtomicBool::new(false));
+            let thread = crate::translog::spawn(exporter, loaded.clock, stop.clone())
+                .map_err(start_err("spawning the translation log exporter"))?;
+            Some(((stop, thread), stats))
+        }
+        None => None,
+    };
+    let (translog, translog_stats) = translog.unzip();
+    Ok(Workers { stop, factory, handles, offload_thread, translog, translog_stats })
 }
 
 /// Step 5's result: the gateway attached and serving.
@@ -688,6 +728,7 @@ async fn attach_and_serve(
     loaded: &Loaded,
     factory: &WorkerFactory,
     mut workers: Vec<WorkerHandle>,
+    translog_stats: Option<Arc<crate::translog::Stats>>,
     started: Instant,
 ) -> Result<Serving, DaemonError> {
     let Kernel { mut interfaces, watcher: mut running_watcher } = kernel;
@@ -724,6 +765,7 @@ async fn attach_and_serve(
         started,
         next_hops: running_watcher.next_hop_status(),
         cluster: std::sync::OnceLock::new(),
+        translog: translog_stats,
     });
     let view: Arc<dyn crate::view::GatewayView> = Arc::new(view::LiveView(shared.clone()));
 
@@ -892,6 +934,7 @@ async fn shut_down(
     cluster: Cluster,
     stop: &AtomicBool,
     offload_thread: Option<std::thread::JoinHandle<()>>,
+    translog: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 ) {
     let Serving { links, shared, view, stop_tx, netlink_task, admin_task, metrics_task, fail_closed_repair } = serving;
     let Cluster { stop_tx: k8s_stop_tx, task: k8s_task, watchdog_stop, watchdog } = cluster;
@@ -927,6 +970,11 @@ async fn shut_down(
         if let Some(t) = thread {
             let _ = t.join();
         }
+    }
+    // The workers' last records, then the exporter.
+    if let Some((stop, t)) = translog {
+        stop.store(true, Ordering::Release);
+        let _ = t.join();
     }
     let _ = std::fs::remove_file(&cfg.admin_socket);
     retire(ending);

@@ -163,6 +163,7 @@ impl GatewayView for LiveView {
             rings,
             announcements,
             fast_path: s.fast_path.as_ref().map(|fp| fp.snapshot()).unwrap_or_default(),
+            translog: s.translog.as_ref().map(|t| t.counters()).unwrap_or_default(),
         }
     }
 

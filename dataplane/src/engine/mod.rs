@@ -69,6 +69,7 @@ use crate::nat::table::NatTable;
 use crate::ownership::Ownership;
 use crate::stats::{DropReason, StatsSnapshot, WorkerStats};
 use crate::tables::{NatSettings, PolicySlots, SpecError, Tables, TablesSpec};
+use crate::translog::LogRing;
 use crate::wire::ethernet;
 
 /// What the I/O layer knows about a frame's transport checksum.
@@ -240,6 +241,10 @@ struct Shared {
     ownership: Arc<Ownership>,
     /// When each next hop was last used (fib.rs).
     neighbor_use: Arc<NeighborUse>,
+    /// Translation logs (translog.rs): each worker's ring size, once enabled.
+    translog: std::sync::OnceLock<usize>,
+    /// The workers' rings, for the control plane's drain.
+    translog_rings: Mutex<Vec<Arc<LogRing>>>,
 }
 
 /// The state every worker shares. Cheap to clone.
@@ -286,6 +291,8 @@ impl Engine {
                 echo_window: std::sync::atomic::AtomicU64::new(0),
                 ownership: Ownership::new(),
                 neighbor_use: Arc::default(),
+                translog: std::sync::OnceLock::new(),
+                translog_rings: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -400,6 +407,20 @@ impl Engine {
         let stats = Arc::new(WorkerStats::default());
         self.shared.workers.lock().push(stats.clone());
         Pipeline::new(self.shared.clone(), stats, rng, path)
+    }
+
+    /// Turns translation logs on (translog.rs, ADR 0034): every worker made
+    /// from now on gets a ring of `ring_records` records and logs each
+    /// session's creation and end to it. Once, before the workers are
+    /// made: a later call keeps the first size and returns `false`.
+    pub fn enable_translog(&self, ring_records: usize) -> bool {
+        self.shared.translog.set(ring_records).is_ok()
+    }
+
+    /// The workers' translation log rings (empty while logging is off),
+    /// for the control plane's drain.
+    pub fn translog_rings(&self) -> Vec<Arc<LogRing>> {
+        self.shared.translog_rings.lock().clone()
     }
 
     /// Every worker's counters, summed.

@@ -27,7 +27,7 @@ use crate::ingress::Ingress;
 use crate::nat::flow_rate::FlowRate;
 use crate::nat::fragments::{FragKey, FragTranslation};
 use crate::nat::icmp_error;
-use crate::nat::key::{proto, FlowKey, SessionTuple};
+use crate::nat::key::{proto, FlowKey, NatAddr, SessionTuple};
 use crate::nat::port_alloc::PortRng;
 use crate::nat::rewrite;
 use crate::nat::session::{offload, session_flags, SessionRef, SessionView};
@@ -36,7 +36,8 @@ use crate::nat::tcp_state;
 use crate::neigh_responder::{self, NeighOutcome};
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, WorkerStats};
-use crate::tables::{FilteringBehavior, Tables};
+use crate::tables::{FilteringBehavior, Policy, PolicyFamily, Tables};
+use crate::translog::{quota, LogKind, LogRecord, LogRing, LogTo};
 use crate::tunnel::{self, Decap};
 use crate::wire::checksum;
 use crate::wire::ethernet::{self, EthernetAddress};
@@ -57,6 +58,8 @@ pub struct Pipeline {
     flow_rate: FlowRate,
     /// Whether frames try the established path first.
     path: Path,
+    /// The worker's translation log ring, when logging is on (translog.rs).
+    log: Option<Arc<LogRing>>,
     /// Frames the established path took (its tests check it is exercised).
     #[cfg(test)]
     pub(super) established_taken: u64,
@@ -95,6 +98,10 @@ pub(super) struct Ctx<'a> {
     pub(super) decapsulated: bool,
     /// Whether frames try the established path first.
     pub(super) path: Path,
+    /// The worker's translation log ring, when logging is on (borrowed
+    /// as the `Option` itself: one pointer copied per frame, looked into
+    /// only where a session is made or removed).
+    pub(super) log: &'a Option<Arc<LogRing>>,
     /// Frames the established path took (tests).
     #[cfg(test)]
     pub(super) established_taken: &'a mut u64,
@@ -106,6 +113,11 @@ impl Pipeline {
     pub(super) fn new(shared: Arc<Shared>, stats: Arc<WorkerStats>, rng: PortRng, path: Path) -> Pipeline {
         // Keyed by the worker's seed without advancing its generator.
         let flow_rate = FlowRate::new(rng.clone().next_u64());
+        let log = shared.translog.get().map(|&records| {
+            let ring = Arc::new(LogRing::new(records));
+            shared.translog_rings.lock().push(ring.clone());
+            ring
+        });
         Pipeline {
             tables: Cache::new(shared.tables.clone()),
             fib: Cache::new(shared.fib.clone()),
@@ -119,6 +131,7 @@ impl Pipeline {
             hold_fragments: false,
             flow_rate,
             path,
+            log,
             #[cfg(test)]
             established_taken: 0,
         }
@@ -146,6 +159,7 @@ impl Pipeline {
             hold_fragments,
             flow_rate,
             path,
+            log,
             #[cfg(test)]
             established_taken,
         } = self;
@@ -173,6 +187,7 @@ impl Pipeline {
                 now,
                 decapsulated: false,
                 path: *path,
+                log,
                 #[cfg(test)]
                 established_taken,
             };
@@ -253,7 +268,54 @@ impl Pipeline {
     pub fn tick(&mut self, now: Timestamp, budget: u32) -> u32 {
         let tables = self.tables.load();
         let s = now.secs();
-        self.shared.nat4.sweep(budget, s, tables, &self.stats) + self.shared.nat6.sweep(budget, s, tables, &self.stats)
+        let log = self.log.as_deref().map(|ring| LogTo { ring, stats: &self.stats, now_ms: now.as_millis() });
+        self.shared.nat4.sweep(budget, s, tables, &self.stats, log)
+            + self.shared.nat6.sweep(budget, s, tables, &self.stats, log)
+    }
+
+    /// This worker's translation log ring, when logging is on.
+    pub fn translog_ring(&self) -> Option<&Arc<LogRing>> {
+        self.log.as_ref()
+    }
+}
+
+/// Logs a refused new flow of `pod` (ADR 0034 §2: ports exhausted is
+/// natEvent 12; the pod's session limit or port quota and a full table
+/// are 13), at most once a second per (reason, pod) on this worker.
+#[cold]
+fn log_refusal<A: NatAddr + PolicyFamily>(l: LogTo<'_>, reason: DropReason, pod: &A, policy: &Policy, tables: &Tables) {
+    let nat = &tables.nat;
+    let egress = policy.egress_for(*pod);
+    let ports = egress.and_then(|e| tables.egress(e.ip())).map(|e| e.ports);
+    let (kind, detail, limit) = match reason {
+        DropReason::PortsExhausted => (LogKind::PortsExhausted, 0, ports.map_or(0, |p| p.len())),
+        DropReason::SourcePortQuota => {
+            (LogKind::QuotaExceeded, quota::MAX_ENTRIES_PER_USER, ports.map_or(0, |p| nat.ports_per_source(p)))
+        }
+        DropReason::SourceSessionLimit => {
+            (LogKind::QuotaExceeded, quota::MAX_ENTRIES_PER_USER, nat.max_sessions_per_source)
+        }
+        DropReason::SessionTableFull => {
+            (LogKind::QuotaExceeded, quota::MAX_SESSION_ENTRIES, u32::try_from(nat.max_sessions).unwrap_or(u32::MAX))
+        }
+        _ => return,
+    };
+    let mut b = [0u8; 16];
+    pod.write(&mut b);
+    // FNV-1a over the reason and the pod.
+    let key = b.iter().fold(0xcbf2_9ce4_8422_2325_u64 ^ reason as u64, |h, x| {
+        (h ^ u64::from(*x)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    if l.ring.admit_refusal(key, (l.now_ms / 1000) as u32) {
+        l.push(LogRecord::refusal(kind, pod, egress.as_ref(), l.now_ms, detail, limit));
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// Where this frame's NAT operations log (`None`: logging is off).
+    #[inline]
+    fn log_to(&self) -> Option<LogTo<'a>> {
+        self.log.as_deref().map(|ring| LogTo { ring, stats: self.stats, now_ms: self.now.as_millis() })
     }
 }
 
@@ -433,7 +495,8 @@ impl Ctx<'_> {
         };
 
         // Fast path: one lookup, whichever direction.
-        let hit = self.lookup(nat, &key).filter(|(_, v)| nat.check(v, tables, secs, self.stats));
+        let log = self.log_to();
+        let hit = self.lookup(nat, &key).filter(|(_, v)| nat.check(v, tables, secs, self.stats, log));
         let (view, dir) = match hit {
             Some((r, v)) => (v, if r.is_inbound() { Direction::Inbound } else { Direction::Outbound }),
             None => match self.slow_path(&p, key, tcp_flags, nat, secs, admitted) {
@@ -463,8 +526,10 @@ impl Ctx<'_> {
                 return Verdict::Drop(DropReason::InboundFiltered);
             }
             let Some(key2) = p.flow_key() else { return Verdict::Drop(DropReason::InboundNoMapping) };
-            let hit2 =
-                nat.sessions.lookup(&key2).filter(|(r, v)| r.is_inbound() && nat.check(v, tables, secs, self.stats));
+            let hit2 = nat
+                .sessions
+                .lookup(&key2)
+                .filter(|(r, v)| r.is_inbound() && nat.check(v, tables, secs, self.stats, log));
             let view2 = match hit2 {
                 Some((_, v)) => v,
                 None => match self.create_inbound(&key2, tcp_flags, nat, secs) {
@@ -625,11 +690,20 @@ impl Ctx<'_> {
                     tcp_flags,
                 };
                 let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
-                let mut ctx =
-                    CreateCtx { now: secs, rng: self.rng, stats: self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
-                nat.create_outbound(&req, policy, tables, &mut ctx)
-                    .map(|v| (v, Direction::Outbound))
-                    .map_err(Verdict::Drop)
+                let log = self.log_to();
+                let mut ctx = CreateCtx {
+                    now: secs,
+                    rng: self.rng,
+                    stats: self.stats,
+                    deltas: DeltaFnBox(&deltas),
+                    tcp_flags,
+                    log,
+                };
+                let created = nat.create_outbound(&req, policy, tables, &mut ctx);
+                if let (Err(reason), Some(l)) = (&created, log) {
+                    log_refusal(l, *reason, &req.pod, policy, tables);
+                }
+                created.map(|v| (v, Direction::Outbound)).map_err(Verdict::Drop)
             }
             _ if tables.owns_egress(p.dst.ip()) => {
                 // What Egret does not serve: a Service VIP's is the kernel's
@@ -734,7 +808,9 @@ impl Ctx<'_> {
             return Err(if mapped { DropReason::InboundFiltered } else { DropReason::InboundNoMapping });
         }
         let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
-        let mut ctx = CreateCtx { now: secs, rng: self.rng, stats: self.stats, deltas: DeltaFnBox(&deltas), tcp_flags };
+        let log = self.log_to();
+        let mut ctx =
+            CreateCtx { now: secs, rng: self.rng, stats: self.stats, deltas: DeltaFnBox(&deltas), tcp_flags, log };
         nat.create_inbound(key, self.tables, &mut ctx)
     }
 

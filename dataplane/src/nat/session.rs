@@ -131,6 +131,10 @@ pub mod session_flags {
     /// outbound packets hairpin (checked on the fast path by this flag
     /// instead of a lookup in the egress table for every packet).
     pub const HAIRPIN: u16 = 0x4;
+    /// Adopted from another gateway at a take-over (`NatTable::import`):
+    /// local, never sent in sync records; its end is logged with
+    /// `adopted` set (ADR 0034 §8).
+    pub const ADOPTED: u16 = 0x8;
 }
 
 /// A consistent copy of a live session, as read by a worker.

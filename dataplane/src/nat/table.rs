@@ -24,6 +24,11 @@
 //!   packet (or by the sweeper) and removed if its policy, its egress IP or
 //!   its port range no longer holds. Losing an egress IP therefore stops its
 //!   translation at the very next packet.
+//! - Translation logs (translog.rs, ADR 0034): a worker's successful
+//!   insert and removal each push one record to the worker's ring when it
+//!   passes one ([`CreateCtx::log`], [`End::log`]); an offloaded session's
+//!   end carries the fast path's last-seen stamp, read before its kernel
+//!   entries are deleted. [`NatTable::import`] logs nothing.
 //! - Session sync (nat/sync.rs): once enabled, creations and removals are
 //!   journaled for the control plane to send a standby, which installs
 //!   them with their exact ports when it takes the egress IP over
@@ -44,6 +49,7 @@ use super::tcp_state;
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, WorkerStats};
 use crate::tables::{FilteringBehavior, MappingBehavior, NatSettings, Policy, PolicyFamily, Tables};
+use crate::translog::{log_flags, EndReason, LogKind, LogRecord, LogTo};
 
 /// Sessions sampled to choose a victim when the table is full.
 const EVICTION_SAMPLE: u32 = 32;
@@ -118,6 +124,34 @@ pub trait PortMapHook<A>: Send + Sync {
 
 /// Sessions waiting to be offloaded, per family.
 pub(crate) const OFFLOAD_QUEUE: usize = 8192;
+
+/// Why a session is being removed, and where its end is logged.
+#[derive(Clone, Copy, Debug)]
+pub struct End<'a> {
+    /// Why.
+    pub reason: EndReason,
+    /// The fast path's last-seen stamp (engine seconds), when the caller
+    /// read it on the way here: folded into the logged last packet, never
+    /// read twice.
+    pub fast_path_seen: Option<u32>,
+    /// The worker's ring; `None`: logging is off.
+    pub log: Option<LogTo<'a>>,
+}
+
+impl End<'_> {
+    /// An end that logs nothing (tests, and callers outside the workers).
+    pub const fn unlogged(reason: EndReason) -> End<'static> {
+        End { reason, fast_path_seen: None, log: None }
+    }
+}
+
+/// What [`NatTable::offload_refresh`] found for a session that looks expired.
+enum Refresh {
+    /// The fast path saw a packet within the timeout: the session lives.
+    Alive,
+    /// Expired; the fast path's stamp if one was read.
+    Expired(Option<u32>),
+}
 
 /// One address family's NAT state.
 pub struct NatTable<A: NatAddr> {
@@ -195,13 +229,24 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
 
     /// Inserts a session, its port marked mapped first (so the mark is never
     /// behind a session another worker could already remove).
-    fn insert_marked(&self, tuple: &SessionTuple<A>, init: &SessionInit) -> Result<SessionView<A>, InsertError> {
+    /// With `log`, a successful insert pushes the session's create record.
+    fn insert_marked(
+        &self,
+        tuple: &SessionTuple<A>,
+        init: &SessionInit,
+        log: Option<LogTo<'_>>,
+    ) -> Result<SessionView<A>, InsertError> {
         self.port_used(tuple);
         let r = self.sessions.insert(tuple, init);
         match &r {
             Ok(v) => {
                 if let Some(j) = self.sync.get() {
                     j.push(JournalEntry::Live { index: v.index, seq: v.seq });
+                }
+                if let Some(l) = log {
+                    let flags =
+                        if init.flags & session_flags::INBOUND_CREATED != 0 { log_flags::INBOUND_CREATED } else { 0 };
+                    l.push(LogRecord::session(LogKind::SessionCreate, tuple, l.now_ms, flags));
                 }
             }
             Err(_) => self.port_unused(tuple),
@@ -333,18 +378,30 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         Some(fast_path.map_or(own, |(ack, window)| tcp_state::track_ack(own, ack, window)))
     }
 
-    /// For an installed session that looks expired, the fast path's more
-    /// recent stamp (refreshing the session's own) or `None` if it is expired.
-    fn offload_refresh(&self, view: &SessionView<A>, now: u32, nat: &NatSettings) -> Option<u32> {
+    /// For an installed session that looks expired, whether the fast
+    /// path's more recent stamp keeps it alive (refreshing the session's
+    /// own); else the stamp read, if any, for its end's record.
+    fn offload_refresh(&self, view: &SessionView<A>, now: u32, nat: &NatSettings) -> Refresh {
         if view.offload & offload::INSTALLED == 0 {
-            return None;
+            return Refresh::Expired(None);
         }
-        let seen = self.offload_hook.get()?.last_seen(view)?;
+        let Some(seen) = self.offload_hook.get().and_then(|h| h.last_seen(view)) else {
+            return Refresh::Expired(None);
+        };
         if seen > view.last_seen && now.saturating_sub(seen) <= Self::timeout(view, nat) {
             self.sessions.touch(view.index, view.seq, seen);
-            return Some(seen);
+            return Refresh::Alive;
         }
-        None
+        Refresh::Expired(Some(seen))
+    }
+
+    /// The fast path's stamp of an installed session, read only when its
+    /// end will be logged (one map lookup; none while logging is off).
+    fn fast_path_seen_for_log(&self, view: &SessionView<A>, log: Option<LogTo<'_>>) -> Option<u32> {
+        if log.is_none() || view.offload & offload::INSTALLED == 0 {
+            return None;
+        }
+        self.offload_hook.get().and_then(|h| h.last_seen(view))
     }
 
     /// The idle timeout of a session, in seconds.
@@ -389,18 +446,36 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     }
 
     /// Checks a session found by a lookup: expired or no longer valid
-    /// sessions are removed (and `false` returned).
+    /// sessions are removed (and `false` returned), their end logged to
+    /// `log`.
     #[inline]
-    pub fn check(&self, view: &SessionView<A>, tables: &Tables, now: u32, stats: &WorkerStats) -> bool {
-        if Self::is_expired(view, now, &tables.nat) && self.offload_refresh(view, now, &tables.nat).is_none() {
-            if self.remove(view) {
-                stats.event(Event::SessionExpired);
+    pub fn check(
+        &self,
+        view: &SessionView<A>,
+        tables: &Tables,
+        now: u32,
+        stats: &WorkerStats,
+        log: Option<LogTo<'_>>,
+    ) -> bool {
+        if Self::is_expired(view, now, &tables.nat) {
+            if let Refresh::Expired(fast_path_seen) = self.offload_refresh(view, now, &tables.nat) {
+                let reason = if view.tuple.proto == proto::TCP
+                    && matches!(tcp_state::phase(view.tcp), tcp_state::Phase::Closing | tcp_state::Phase::Closed)
+                {
+                    EndReason::TcpClosed
+                } else {
+                    EndReason::Expired
+                };
+                if self.remove(view, End { reason, fast_path_seen, log }) {
+                    stats.event(Event::SessionExpired);
+                }
+                return false;
             }
-            return false;
         }
         if view.generation != tables.generation_tag() {
             if !Self::still_valid(view, tables) {
-                if self.remove(view) {
+                let fast_path_seen = self.fast_path_seen_for_log(view, log);
+                if self.remove(view, End { reason: EndReason::Invalidated, fast_path_seen, log }) {
                     stats.event(Event::SessionInvalidated);
                 }
                 return false;
@@ -410,8 +485,11 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         true
     }
 
-    /// Removes a session and releases its mapping. Returns whether this call removed it.
-    pub fn remove(&self, view: &SessionView<A>) -> bool {
+    /// Removes a session and releases its mapping; with `end.log`, pushes
+    /// its delete record (the removal time, and its last packet: its own
+    /// stamp or the fast path's, the later). Returns whether this call
+    /// removed it.
+    pub fn remove(&self, view: &SessionView<A>, end: End<'_>) -> bool {
         let hook = self.offload_hook.get();
         let removed = self.sessions.remove_with(view.index, view.seq, |dying| {
             // The kernel's entries go first: no packet may be translated with
@@ -424,6 +502,22 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         let t = &v.tuple;
         if let Some(j) = self.sync.get() {
             j.push(JournalEntry::Removed(*t));
+        }
+        if let Some(l) = end.log {
+            let mut flags = 0;
+            if v.flags & session_flags::INBOUND_CREATED != 0 {
+                flags |= log_flags::INBOUND_CREATED;
+            }
+            if v.flags & session_flags::ADOPTED != 0 {
+                flags |= log_flags::ADOPTED;
+            }
+            if v.offload & offload::INSTALLED != 0 {
+                flags |= log_flags::OFFLOADED;
+            }
+            let mut r = LogRecord::session(LogKind::SessionDelete, t, l.now_ms, flags);
+            r.value = v.last_seen.max(end.fast_path_seen.unwrap_or(0));
+            r.detail = end.reason as u8;
+            l.push(r);
         }
         self.port_unused(t);
         if v.flags & session_flags::HAS_MAPPING != 0 {
@@ -471,7 +565,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// longest, transitory TCP first (an approximation of VPP's per-thread
     /// LRU without its per-session list links). Returns whether a session
     /// was removed.
-    pub fn evict_one(&self, now: u32, nat: &NatSettings, stats: &WorkerStats) -> bool {
+    pub fn evict_one(&self, now: u32, nat: &NatSettings, stats: &WorkerStats, log: Option<LogTo<'_>>) -> bool {
         let sources = self.per_source.len().max(1);
         let fair_share = (self.sessions.capacity() / sources) as u64;
         let mut victim: Option<(EvictionScore, SessionView<A>)> = None;
@@ -485,8 +579,13 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 victim = Some((score, *v));
             }
         });
+        let end = |v: &SessionView<A>| End {
+            reason: EndReason::Evicted,
+            fast_path_seen: self.fast_path_seen_for_log(v, log),
+            log,
+        };
         match victim {
-            Some((_, v)) if self.remove(&v) => {
+            Some((_, v)) if self.remove(&v, end(&v)) => {
                 stats.event(Event::SessionEvicted);
                 true
             }
@@ -508,7 +607,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if !self.admit_source(req.pod, nat.max_sessions_per_source) {
             return Err(DropReason::SourceSessionLimit);
         }
-        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, nat, ctx.stats) {
+        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, nat, ctx.stats, ctx.log) {
             self.unadmit_source(req.pod);
             return Err(DropReason::SessionTableFull);
         }
@@ -554,7 +653,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             tuple.egress_port = acquired.port();
             init.flags |= session_flags::HAS_MAPPING;
             init.deltas = (ctx.deltas)(&tuple);
-            let r = self.insert_marked(&tuple, &init);
+            let r = self.insert_marked(&tuple, &init, ctx.log);
             if r.is_err() {
                 self.mappings.release(egress, req.pod, req.pod_port, req.proto, tuple.egress_port);
             } else {
@@ -580,7 +679,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                     continue;
                 }
                 init.deltas = (ctx.deltas)(&tuple);
-                r = self.insert_marked(&tuple, &init);
+                r = self.insert_marked(&tuple, &init, ctx.log);
                 match r {
                     Err(InsertError::InboundTaken) => continue,
                     Ok(_) => {
@@ -647,7 +746,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if !self.admit_source(owner.pod, nat.max_sessions_per_source) {
             return Err(DropReason::SourceSessionLimit);
         }
-        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, nat, ctx.stats) {
+        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, nat, ctx.stats, ctx.log) {
             self.unadmit_source(owner.pod);
             return Err(DropReason::SessionTableFull);
         }
@@ -674,7 +773,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 | session_flags::INBOUND_CREATED
                 | if tables.owns_egress(key.src.ip()) { session_flags::HAIRPIN } else { 0 },
         };
-        match self.insert_marked(&tuple, &init) {
+        match self.insert_marked(&tuple, &init, ctx.log) {
             Ok(v) => {
                 ctx.stats.event(Event::SessionCreatedInbound);
                 Ok(v)
@@ -693,10 +792,11 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     }
 
     /// Visits `budget` slots: removes expired sessions and revalidates those
-    /// checked against an older configuration. Bounded work per call.
-    pub fn sweep(&self, budget: u32, now: u32, tables: &Tables, stats: &WorkerStats) -> u32 {
+    /// checked against an older configuration, their ends logged to `log`.
+    /// Bounded work per call.
+    pub fn sweep(&self, budget: u32, now: u32, tables: &Tables, stats: &WorkerStats, log: Option<LogTo<'_>>) -> u32 {
         self.sessions.sweep(budget, |v| {
-            let _ = self.check(v, tables, now, stats);
+            let _ = self.check(v, tables, now, stats, log);
         })
     }
 
@@ -776,7 +876,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     fn record(&self, v: &SessionView<A>, now: u32) -> Option<SessionRecord> {
         let track = self.tcp_track(v)?;
         let idle = now.saturating_sub(self.last_seen(v));
-        Some(SessionRecord::from_tuple(&v.tuple, v.tcp, track, v.flags, idle))
+        Some(SessionRecord::from_tuple(&v.tuple, v.tcp, track, v.flags & !session_flags::ADOPTED, idle))
     }
 
     /// Appends the record of every live session on `egress` to `out` (a full
@@ -806,7 +906,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// quota), keeps its TCP state, flags (hairpin recomputed) and idle
     /// time (last seen = `now` - idle, saturating), and carries the
     /// generation before `tables`' so its first packet (or the sweep)
-    /// revalidates it as after a reload. Imported sessions are journaled
+    /// revalidates it as after a reload. Imported sessions log nothing
+    /// (the holder logged their creation; their end is logged here, flagged
+    /// [`session_flags::ADOPTED`]) and are journaled
     /// like created ones.
     pub fn import<'r>(
         &self,
@@ -845,7 +947,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             return;
         }
         let endpoint_independent = self.mappings.endpoint_independent();
-        let mut flags = r.flags & session_flags::INBOUND_CREATED;
+        let mut flags = (r.flags & session_flags::INBOUND_CREATED) | session_flags::ADOPTED;
         if endpoint_independent {
             flags |= session_flags::HAS_MAPPING;
         }
@@ -905,7 +1007,8 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             }
             return;
         }
-        match self.insert_marked(&tuple, &init) {
+        // No log: the holder logged its creation; this gateway logs its end.
+        match self.insert_marked(&tuple, &init, None) {
             Ok(v) => {
                 if !endpoint_independent {
                     pool.count_in_use(1);
@@ -944,6 +1047,8 @@ pub struct CreateCtx<'a, A> {
     pub deltas: DeltaFnBox<'a, A>,
     /// TCP flags of the packet creating an inbound session.
     pub tcp_flags: u8,
+    /// The worker's translation log ring (`None`: logging is off).
+    pub log: Option<LogTo<'a>>,
 }
 
 /// The delta function of a [`CreateCtx`] (a wrapper so the context is `Debug`).
@@ -1004,7 +1109,14 @@ mod tests {
             Env { rng: PortRng::new(42), stats: WorkerStats::default() }
         }
         fn ctx(&mut self, now: u32) -> CreateCtx<'_, Ipv4Addr> {
-            CreateCtx { now, rng: &mut self.rng, stats: &self.stats, deltas: DeltaFnBox(&|_| 0), tcp_flags: 0 }
+            CreateCtx {
+                now,
+                rng: &mut self.rng,
+                stats: &self.stats,
+                deltas: DeltaFnBox(&|_| 0),
+                tcp_flags: 0,
+                log: None,
+            }
         }
     }
 
@@ -1024,8 +1136,8 @@ mod tests {
         assert_eq!(a.tuple.egress_port, 40000, "pod port preserved");
         assert_eq!((b.tuple.egress, b.tuple.egress_port), (E, 40000), "same mapping for another destination");
         assert_eq!(nat.mappings.len(), 1);
-        assert!(nat.remove(&a));
-        assert!(nat.remove(&b));
+        assert!(nat.remove(&a, End::unlogged(EndReason::Expired)));
+        assert!(nat.remove(&b, End::unlogged(EndReason::Expired)));
         assert_eq!(nat.mappings.len(), 0);
         assert_eq!(nat.mappings.existing_pool(E, proto::UDP).unwrap().in_use(), 0);
         assert_eq!(nat.source_sessions(POD), 0);
@@ -1069,7 +1181,7 @@ mod tests {
         assert!(!NatTable::is_expired(&c, 341, &t.nat));
         assert!(NatTable::is_expired(&c, 100 + 7441, &t.nat), "established 2 h 4 min");
         // check() removes an expired session and counts it.
-        assert!(!nat.check(&u, &t, 1000, &env.stats));
+        assert!(!nat.check(&u, &t, 1000, &env.stats, None));
         assert_eq!(env.stats.snapshot().event(Event::SessionExpired), 1);
         assert!(nat.sessions.lookup(&u.tuple.outbound_key()).is_none());
     }
@@ -1082,17 +1194,17 @@ mod tests {
         let s = nat.create_outbound(&req(1000, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
         // An unrelated change: still valid, generation updated.
         let t2 = tables(2, |sp| sp.neighbor_addresses.push("198.51.100.99".parse().unwrap()));
-        assert!(nat.check(&s, &t2, 1, &env.stats));
+        assert!(nat.check(&s, &t2, 1, &env.stats, None));
         assert_eq!(nat.sessions.view(s.index).unwrap().generation, 2);
         // The destination is now excepted: removed.
         let t3 = tables(3, |sp| sp.policies[0].except.push("203.0.113.0/24".parse().unwrap()));
         let s = nat.sessions.view(s.index).unwrap();
-        assert!(!nat.check(&s, &t3, 1, &env.stats));
+        assert!(!nat.check(&s, &t3, 1, &env.stats, None));
         assert_eq!(env.stats.snapshot().event(Event::SessionInvalidated), 1);
         // Losing the egress IP invalidates as well.
         let s = nat.create_outbound(&req(1001, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
         let t4 = tables(4, |sp| sp.egress_ips.clear());
-        assert!(!nat.check(&s, &t4, 1, &env.stats));
+        assert!(!nat.check(&s, &t4, 1, &env.stats, None));
         assert_eq!(
             nat.create_outbound(&req(1002, 53, proto::UDP), policy(&t4), &t4, &mut env.ctx(1)),
             Err(DropReason::EgressIpNotOwned)
@@ -1149,7 +1261,7 @@ mod tests {
             assert_eq!(nat.source_sessions(POD), 10, "the refused packet holds no session");
             // A session of the pod ends: its port goes back to its quota.
             let (_, first) = nat.sessions.lookup(&FlowKey::new(POD, REMOTE, 1000, 53, proto::UDP)).unwrap();
-            assert!(nat.remove(&first));
+            assert!(nat.remove(&first, End::unlogged(EndReason::Expired)));
             nat.create_outbound(&req(2000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
         }
         // The key overrides the quarter.
@@ -1224,9 +1336,9 @@ mod tests {
         r2.remote = Ipv4Addr::new(203, 0, 113, 77);
         let b = nat.create_outbound(&r2, policy(&t), &t, &mut env.ctx(0)).unwrap();
         assert_eq!(nat.port_users(E, proto::UDP, 40000), 2);
-        assert!(nat.remove(&a));
+        assert!(nat.remove(&a, End::unlogged(EndReason::Expired)));
         assert_eq!(map.0.lock().len(), 1, "still mapped while a session uses it");
-        assert!(nat.remove(&b));
+        assert!(nat.remove(&b, End::unlogged(EndReason::Expired)));
         assert_eq!(map.0.lock().last(), Some(&(E, proto::UDP, 40000, false)), "unmarked after the last");
         assert_eq!(nat.port_users(E, proto::UDP, 40000), 0);
         // ICMP identifiers are not filtered in XDP: not marked.
@@ -1249,8 +1361,8 @@ mod tests {
         assert_eq!((v.tuple.pod, v.tuple.pod_port, v.tuple.remote_port), (POD, 40000, 9999));
         assert_eq!(nat.mappings.existing_pool(E, proto::UDP).unwrap().owner(40000).unwrap().refs, 2);
         assert!(nat.sessions.lookup(&stranger).is_some());
-        assert!(nat.remove(&s));
-        assert!(nat.remove(&v));
+        assert!(nat.remove(&s, End::unlogged(EndReason::Expired)));
+        assert!(nat.remove(&v, End::unlogged(EndReason::Expired)));
         assert_eq!(nat.mappings.existing_pool(E, proto::UDP).unwrap().in_use(), 0);
     }
 
@@ -1262,10 +1374,10 @@ mod tests {
         for p in 0..100u16 {
             nat.create_outbound(&req(1000 + p, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
         }
-        assert_eq!(nat.sweep(10, 1000, &t, &env.stats), 10);
+        assert_eq!(nat.sweep(10, 1000, &t, &env.stats, None), 10);
         assert_eq!(nat.sessions.len(), 90);
         for _ in 0..9 {
-            nat.sweep(10, 1000, &t, &env.stats);
+            nat.sweep(10, 1000, &t, &env.stats, None);
         }
         assert_eq!(nat.sessions.len(), 0);
         assert_eq!(nat.mappings.len(), 0);

@@ -45,6 +45,7 @@ mod reload;
 mod restart;
 mod rst;
 mod traffic;
+mod translog;
 
 use egret_tests::gateway::GatewayConfig;
 use egret_tests::harness::{Harness, Tier};

@@ -1,0 +1,657 @@
+//! IPFIX messages (RFC 7011) carrying NAT events (RFC 8158): NAT44 session
+//! create and delete (natEvent 4 and 5), and the same for IPv6 sessions
+//! under the same codes (RFC 8158 has no NAT66 event).
+//!
+//! A message (RFC 7011 §3.1) is a 16-byte header (version 10, length,
+//! export time in seconds, sequence number, observation domain) and sets:
+//! a Template Set (set ID 2, §3.4.1) when templates are due, then Data
+//! Sets whose set ID is their template's ID (§3.3.2). Over UDP, templates
+//! are sent at the start, every `template_every` and after a send error
+//! (§10.3: over UDP they are resent periodically; a collector such as
+//! nfcapd drops data whose template it has not seen, silently). The
+//! sequence number counts the data records sent before the message, per
+//! observation domain (§3.1), so a message lost on the way shows at the
+//! collector as a gap. A message never exceeds `mtu` bytes (§10.3: no IP
+//! fragmentation).
+//!
+//! Templates (docs/adr/0034-translation-logs.md §4; IE/length):
+//!
+//! | id | natEvent | IEs |
+//! |---|---|---|
+//! | 256 | 4 | 323/8 230/1 8/4 225/4 4/1 7/2 227/2 12/4 226/4 11/2 228/2 |
+//! | 257 | 5 | 256's, then 153/8 (the last packet) |
+//! | 258, 259 | 4, 5 | 256 and 257 without 12, 226, 11, 228 (`logDestinations: false`) |
+//! | 260, 261 | 4, 5 | IPv6: 323 230 27/16 281/16 4 7 227 28/16 282/16 11 228 (+153 on 261) |
+//! | 266, 267 | 4, 5 | 260 and 261 without 28, 282, 11, 228 |
+//! | 262, 268 | 12 | 323 230 225/4 (IPv4) or 281/16 (IPv6): the egress address whose ports ran out |
+//! | 263, 269 | 13 | 323 230 466/4 (3) 473/4 8/4 (IPv4) or 27/16 (IPv6): the pod over its limit |
+//! | 264 | 13 | 323 230 466/4 (1) 471/4: the session table is full |
+//!
+//! The remote is not translated (Egret rewrites only the pod's side), so
+//! the post-NAT destination equals the destination.
+
+use std::net::IpAddr;
+
+use egret_dataplane::translog::{quota, LogKind};
+
+use super::Event;
+
+/// IPFIX's version number (RFC 7011 §3.1).
+pub const VERSION: u16 = 10;
+/// The message header's length.
+pub const MESSAGE_HEADER_LEN: usize = 16;
+/// A set header's length (§3.3.2).
+pub const SET_HEADER_LEN: usize = 4;
+/// The Template Set's ID (§3.3.2).
+pub const TEMPLATE_SET_ID: u16 = 2;
+
+/// natEvent values, RFC 8158 §4.3 ("Definition of NAT events", IANA's
+/// registry).
+pub mod nat_event {
+    /// NAT44 session create.
+    pub const NAT44_SESSION_CREATE: u8 = 4;
+    /// NAT44 session delete.
+    pub const NAT44_SESSION_DELETE: u8 = 5;
+    /// NAT ports exhausted.
+    pub const NAT_PORTS_EXHAUSTED: u8 = 12;
+    /// Quota exceeded.
+    pub const QUOTA_EXCEEDED: u8 = 13;
+}
+
+/// Information Element identifiers (IANA's IPFIX registry).
+pub mod ie {
+    /// protocolIdentifier, unsigned8.
+    pub const PROTOCOL: u16 = 4;
+    /// sourceTransportPort, unsigned16.
+    pub const SOURCE_PORT: u16 = 7;
+    /// sourceIPv4Address.
+    pub const SOURCE_IPV4: u16 = 8;
+    /// destinationTransportPort, unsigned16.
+    pub const DESTINATION_PORT: u16 = 11;
+    /// destinationIPv4Address.
+    pub const DESTINATION_IPV4: u16 = 12;
+    /// sourceIPv6Address.
+    pub const SOURCE_IPV6: u16 = 27;
+    /// destinationIPv6Address.
+    pub const DESTINATION_IPV6: u16 = 28;
+    /// flowEndMilliseconds, dateTimeMilliseconds.
+    pub const FLOW_END_MS: u16 = 153;
+    /// postNATSourceIPv4Address.
+    pub const POST_NAT_SOURCE_IPV4: u16 = 225;
+    /// postNATDestinationIPv4Address.
+    pub const POST_NAT_DESTINATION_IPV4: u16 = 226;
+    /// postNAPTSourceTransportPort.
+    pub const POST_NAPT_SOURCE_PORT: u16 = 227;
+    /// postNAPTDestinationTransportPort.
+    pub const POST_NAPT_DESTINATION_PORT: u16 = 228;
+    /// natEvent, unsigned8.
+    pub const NAT_EVENT: u16 = 230;
+    /// postNATSourceIPv6Address.
+    pub const POST_NAT_SOURCE_IPV6: u16 = 281;
+    /// postNATDestinationIPv6Address.
+    pub const POST_NAT_DESTINATION_IPV6: u16 = 282;
+    /// observationTimeMilliseconds, dateTimeMilliseconds.
+    pub const OBSERVATION_TIME_MS: u16 = 323;
+    /// natQuotaExceededEvent, unsigned32.
+    pub const NAT_QUOTA_EXCEEDED_EVENT: u16 = 466;
+    /// maxSessionEntries, unsigned32.
+    pub const MAX_SESSION_ENTRIES: u16 = 471;
+    /// maxEntriesPerUser, unsigned32.
+    pub const MAX_ENTRIES_PER_USER: u16 = 473;
+}
+
+/// The fields a template lists, in order: what each data record holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Field {
+    ObservationTime,
+    NatEvent,
+    PodAddress,
+    EgressAddress,
+    Protocol,
+    PodPort,
+    EgressPort,
+    RemoteAddress,
+    PostNatRemoteAddress,
+    RemotePort,
+    PostNatRemotePort,
+    FlowEnd,
+    QuotaEvent,
+    MaxEntriesPerUser,
+    MaxSessionEntries,
+}
+
+impl Field {
+    /// (IE, length) of the field in a template for `v6` addresses.
+    fn spec(self, v6: bool) -> (u16, u16) {
+        let addr = if v6 { 16 } else { 4 };
+        match self {
+            Field::ObservationTime => (ie::OBSERVATION_TIME_MS, 8),
+            Field::NatEvent => (ie::NAT_EVENT, 1),
+            Field::PodAddress => (if v6 { ie::SOURCE_IPV6 } else { ie::SOURCE_IPV4 }, addr),
+            Field::EgressAddress => (if v6 { ie::POST_NAT_SOURCE_IPV6 } else { ie::POST_NAT_SOURCE_IPV4 }, addr),
+            Field::Protocol => (ie::PROTOCOL, 1),
+            Field::PodPort => (ie::SOURCE_PORT, 2),
+            Field::EgressPort => (ie::POST_NAPT_SOURCE_PORT, 2),
+            Field::RemoteAddress => (if v6 { ie::DESTINATION_IPV6 } else { ie::DESTINATION_IPV4 }, addr),
+            Field::PostNatRemoteAddress => {
+                (if v6 { ie::POST_NAT_DESTINATION_IPV6 } else { ie::POST_NAT_DESTINATION_IPV4 }, addr)
+            }
+            Field::RemotePort => (ie::DESTINATION_PORT, 2),
+            Field::PostNatRemotePort => (ie::POST_NAPT_DESTINATION_PORT, 2),
+            Field::FlowEnd => (ie::FLOW_END_MS, 8),
+            Field::QuotaEvent => (ie::NAT_QUOTA_EXCEEDED_EVENT, 4),
+            Field::MaxEntriesPerUser => (ie::MAX_ENTRIES_PER_USER, 4),
+            Field::MaxSessionEntries => (ie::MAX_SESSION_ENTRIES, 4),
+        }
+    }
+}
+
+const WITH_DESTINATION: &[Field] = &[
+    Field::ObservationTime,
+    Field::NatEvent,
+    Field::PodAddress,
+    Field::EgressAddress,
+    Field::Protocol,
+    Field::PodPort,
+    Field::EgressPort,
+    Field::RemoteAddress,
+    Field::PostNatRemoteAddress,
+    Field::RemotePort,
+    Field::PostNatRemotePort,
+];
+const WITHOUT_DESTINATION: &[Field] = &[
+    Field::ObservationTime,
+    Field::NatEvent,
+    Field::PodAddress,
+    Field::EgressAddress,
+    Field::Protocol,
+    Field::PodPort,
+    Field::EgressPort,
+];
+
+const PORTS_EXHAUSTED: &[Field] = &[Field::ObservationTime, Field::NatEvent, Field::EgressAddress];
+const QUOTA_PER_USER: &[Field] =
+    &[Field::ObservationTime, Field::NatEvent, Field::QuotaEvent, Field::MaxEntriesPerUser, Field::PodAddress];
+const QUOTA_SESSIONS: &[Field] =
+    &[Field::ObservationTime, Field::NatEvent, Field::QuotaEvent, Field::MaxSessionEntries];
+
+/// One of the templates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Template {
+    id: u16,
+    v6: bool,
+    base: &'static [Field],
+    /// With flowEndMilliseconds after `base` (a session's delete).
+    end: bool,
+}
+
+impl Template {
+    /// The template of an event of `kind` (`quota`: its quota kind) with
+    /// these addresses.
+    fn of(kind: LogKind, v6: bool, destinations: bool, quota: Option<u8>) -> Template {
+        let session = |id: u16, end: bool| Template {
+            id: id + u16::from(end),
+            v6,
+            base: if destinations { WITH_DESTINATION } else { WITHOUT_DESTINATION },
+            end,
+        };
+        let session_id = match (v6, destinations) {
+            (false, true) => 256,
+            (false, false) => 258,
+            (true, true) => 260,
+            (true, false) => 266,
+        };
+        match kind {
+            LogKind::SessionCreate => session(session_id, false),
+            LogKind::SessionDelete => session(session_id, true),
+            LogKind::PortsExhausted => {
+                Template { id: if v6 { 268 } else { 262 }, v6, base: PORTS_EXHAUSTED, end: false }
+            }
+            LogKind::QuotaExceeded if quota == Some(quota::MAX_SESSION_ENTRIES) => {
+                Template { id: 264, v6: false, base: QUOTA_SESSIONS, end: false }
+            }
+            LogKind::QuotaExceeded => Template { id: if v6 { 269 } else { 263 }, v6, base: QUOTA_PER_USER, end: false },
+        }
+    }
+
+    fn fields(self) -> impl Iterator<Item = Field> {
+        self.base.iter().copied().chain(self.end.then_some(Field::FlowEnd))
+    }
+
+    /// The template record's length (§3.4.1: ID, count, 4 bytes per field).
+    fn record_len(self) -> usize {
+        4 + 4 * self.fields().count()
+    }
+
+    /// A data record's length.
+    fn data_len(self) -> usize {
+        self.fields().map(|f| usize::from(f.spec(self.v6).1)).sum()
+    }
+
+    fn write_template(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.id.to_be_bytes());
+        out.extend_from_slice(&(self.fields().count() as u16).to_be_bytes());
+        for f in self.fields() {
+            let (id, len) = f.spec(self.v6);
+            out.extend_from_slice(&id.to_be_bytes());
+            out.extend_from_slice(&len.to_be_bytes());
+        }
+    }
+
+    fn write_data(self, e: &Event, out: &mut Vec<u8>) {
+        let (remote, remote_port) = e.remote.unwrap_or((unspecified(self.v6), 0));
+        for f in self.fields() {
+            match f {
+                Field::ObservationTime => out.extend_from_slice(&e.at_ms.to_be_bytes()),
+                Field::NatEvent => out.push(match e.kind {
+                    LogKind::SessionCreate => nat_event::NAT44_SESSION_CREATE,
+                    LogKind::SessionDelete => nat_event::NAT44_SESSION_DELETE,
+                    LogKind::PortsExhausted => nat_event::NAT_PORTS_EXHAUSTED,
+                    LogKind::QuotaExceeded => nat_event::QUOTA_EXCEEDED,
+                }),
+                Field::PodAddress => write_ip(e.pod, out),
+                Field::EgressAddress => write_ip(e.egress, out),
+                Field::Protocol => out.push(e.proto),
+                Field::PodPort => out.extend_from_slice(&e.pod_port.to_be_bytes()),
+                Field::EgressPort => out.extend_from_slice(&e.egress_port.to_be_bytes()),
+                Field::RemoteAddress | Field::PostNatRemoteAddress => write_ip(remote, out),
+                Field::RemotePort | Field::PostNatRemotePort => out.extend_from_slice(&remote_port.to_be_bytes()),
+                Field::FlowEnd => out.extend_from_slice(&e.last_ms.unwrap_or(e.at_ms).to_be_bytes()),
+                Field::QuotaEvent => out.extend_from_slice(&u32::from(e.quota.unwrap_or(0)).to_be_bytes()),
+                Field::MaxEntriesPerUser | Field::MaxSessionEntries => {
+                    out.extend_from_slice(&e.limit.unwrap_or(0).to_be_bytes())
+                }
+            }
+        }
+    }
+}
+
+fn unspecified(v6: bool) -> IpAddr {
+    if v6 {
+        IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+    }
+}
+
+fn write_ip(ip: IpAddr, out: &mut Vec<u8>) {
+    match ip {
+        IpAddr::V4(a) => out.extend_from_slice(&a.octets()),
+        IpAddr::V6(a) => out.extend_from_slice(&a.octets()),
+    }
+}
+
+/// One encoded message and the data records it carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// The bytes to send in one datagram.
+    pub bytes: Vec<u8>,
+    /// Data records in it (what is lost if it is).
+    pub records: u32,
+}
+
+/// An exporter's encoding state for one observation domain.
+#[derive(Debug)]
+pub struct Encoder {
+    domain: u32,
+    mtu: usize,
+    template_every_ms: u64,
+    destinations: bool,
+    /// Data records encoded so far (RFC 7011 §3.1's sequence number).
+    sequence: u32,
+    /// When templates were last sent (wall ms); `None`: due now.
+    templates_sent_ms: Option<u64>,
+}
+
+/// The smallest `mtu` an encoder accepts: a message with every template
+/// (320 bytes) and one IPv6 delete record (94) fits.
+pub const MIN_MTU: usize = 512;
+
+impl Encoder {
+    /// An encoder for observation domain `domain`, messages of at most
+    /// `mtu` bytes (at least [`MIN_MTU`]), templates every
+    /// `template_every_ms`, the remote's address and port in the records
+    /// when `destinations`.
+    pub fn new(domain: u32, mtu: usize, template_every_ms: u64, destinations: bool) -> Encoder {
+        Encoder { domain, mtu: mtu.max(MIN_MTU), template_every_ms, destinations, sequence: 0, templates_sent_ms: None }
+    }
+
+    /// Data records encoded so far (the next message's sequence number).
+    pub fn sequence(&self) -> u32 {
+        self.sequence
+    }
+
+    /// Sends the templates again with the next message (after a send error:
+    /// the collector may have restarted).
+    pub fn resend_templates(&mut self) {
+        self.templates_sent_ms = None;
+    }
+
+    /// The templates in use, in the order they are sent.
+    fn templates(&self) -> [Template; 9] {
+        let d = self.destinations;
+        [
+            Template::of(LogKind::SessionCreate, false, d, None),
+            Template::of(LogKind::SessionDelete, false, d, None),
+            Template::of(LogKind::SessionCreate, true, d, None),
+            Template::of(LogKind::SessionDelete, true, d, None),
+            Template::of(LogKind::PortsExhausted, false, d, None),
+            Template::of(LogKind::QuotaExceeded, false, d, Some(quota::MAX_ENTRIES_PER_USER)),
+            Template::of(LogKind::QuotaExceeded, false, d, Some(quota::MAX_SESSION_ENTRIES)),
+            Template::of(LogKind::PortsExhausted, true, d, None),
+            Template::of(LogKind::QuotaExceeded, true, d, Some(quota::MAX_ENTRIES_PER_USER)),
+        ]
+    }
+
+    fn templates_due(&self, now_ms: u64) -> bool {
+        self.templates_sent_ms.is_none_or(|t| now_ms.saturating_sub(t) >= self.template_every_ms)
+    }
+
+    /// Encodes `events` (in order) into messages appended to `out`, the
+    /// templates first when due; `now_ms` (Unix ms) is the export time.
+    /// With no events, a message is made only when templates are due and
+    /// `templates_alone` is set (the periodic refresh of an idle exporter).
+    pub fn encode(&mut self, now_ms: u64, events: &[Event], templates_alone: bool, out: &mut Vec<Message>) {
+        let mut msg = Vec::with_capacity(self.mtu);
+        let mut records = 0u32;
+        let mut set: Option<(Template, usize)> = None;
+        let mut with_templates = self.templates_due(now_ms) && (templates_alone || !events.is_empty());
+        let mut i = 0;
+        loop {
+            if msg.is_empty() {
+                self.start_message(now_ms, &mut msg);
+                if with_templates {
+                    self.write_templates(&mut msg);
+                    self.templates_sent_ms = Some(now_ms);
+                    with_templates = false;
+                }
+            }
+            let Some(e) = events.get(i) else { break };
+            let t = Template::of(e.kind, e.pod.is_ipv6(), self.destinations, e.quota);
+            let open = set.filter(|(open, _)| *open == t);
+            let need = t.data_len() + if open.is_some() { 0 } else { SET_HEADER_LEN };
+            if msg.len() + need > self.mtu {
+                if records == 0 && msg.len() <= MESSAGE_HEADER_LEN {
+                    // Cannot happen above MIN_MTU; never loop forever.
+                    i += 1;
+                    continue;
+                }
+                self.finish(&mut msg, &mut set, &mut records, out);
+                continue;
+            }
+            if open.is_none() {
+                close_set(&mut msg, &mut set);
+                set = Some((t, msg.len()));
+                msg.extend_from_slice(&t.id.to_be_bytes());
+                msg.extend_from_slice(&[0, 0]);
+            }
+            t.write_data(e, &mut msg);
+            records += 1;
+            i += 1;
+        }
+        if records > 0 || msg.len() > MESSAGE_HEADER_LEN {
+            self.finish(&mut msg, &mut set, &mut records, out);
+        }
+    }
+
+    fn start_message(&self, now_ms: u64, msg: &mut Vec<u8>) {
+        msg.extend_from_slice(&VERSION.to_be_bytes());
+        msg.extend_from_slice(&[0, 0]); // length, set by `finish`
+        msg.extend_from_slice(&((now_ms / 1000) as u32).to_be_bytes());
+        msg.extend_from_slice(&self.sequence.to_be_bytes());
+        msg.extend_from_slice(&self.domain.to_be_bytes());
+    }
+
+    fn write_templates(&self, msg: &mut Vec<u8>) {
+        let len = SET_HEADER_LEN + self.templates().iter().map(|t| t.record_len()).sum::<usize>();
+        msg.extend_from_slice(&TEMPLATE_SET_ID.to_be_bytes());
+        msg.extend_from_slice(&(len as u16).to_be_bytes());
+        for t in self.templates() {
+            t.write_template(msg);
+        }
+    }
+
+    fn finish(
+        &mut self,
+        msg: &mut Vec<u8>,
+        set: &mut Option<(Template, usize)>,
+        records: &mut u32,
+        out: &mut Vec<Message>,
+    ) {
+        close_set(msg, set);
+        let len = msg.len() as u16;
+        msg[2..4].copy_from_slice(&len.to_be_bytes());
+        self.sequence = self.sequence.wrapping_add(*records);
+        out.push(Message { bytes: std::mem::take(msg), records: *records });
+        *records = 0;
+    }
+}
+
+/// Writes the open data set's length.
+fn close_set(msg: &mut [u8], set: &mut Option<(Template, usize)>) {
+    if let Some((_, start)) = set.take() {
+        let len = (msg.len() - start) as u16;
+        msg[start + 2..start + 4].copy_from_slice(&len.to_be_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use egret_dataplane::translog::EndReason;
+
+    use super::*;
+
+    /// 2026-12-01T12:17:39.263Z, Unix ms.
+    const T: u64 = 1_796_127_459_263;
+
+    /// Hex bytes, whitespace and `|` ignored (a field per group).
+    fn hex(s: &str) -> Vec<u8> {
+        let digits: String = s.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+        (0..digits.len()).step_by(2).map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap()).collect()
+    }
+
+    fn event(kind: LogKind) -> Event {
+        Event {
+            kind,
+            at_ms: T,
+            proto: 6,
+            pod: Ipv4Addr::new(10, 244, 1, 7).into(),
+            pod_port: 40001,
+            egress: Ipv4Addr::new(203, 0, 113, 10).into(),
+            egress_port: 41522,
+            remote: Some((Ipv4Addr::new(198, 51, 100, 20).into(), 443)),
+            last_ms: (kind == LogKind::SessionDelete).then_some(T - 2_263),
+            reason: (kind == LogKind::SessionDelete).then_some(EndReason::Expired),
+            flags: 0,
+            quota: None,
+            limit: None,
+        }
+    }
+
+    /// RFC 7011 §3.4.1's Template Record layout (Template ID, Field Count,
+    /// then IE/length pairs, enterprise bit clear) for 256, 257, 260, 261,
+    /// 262, 263, 264, 268, 269, written out field by field from IANA's IE
+    /// numbers (466 = 0x1d2, 471 = 0x1d7, 473 = 0x1d9, 281 = 0x119).
+    const TEMPLATES_WITH_DESTINATIONS: &str = "
+        0002 0130
+        0100 000b | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002
+                  | 000c 0004 | 00e2 0004 | 000b 0002 | 00e4 0002
+        0101 000c | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002
+                  | 000c 0004 | 00e2 0004 | 000b 0002 | 00e4 0002 | 0099 0008
+        0104 000b | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002
+                  | 001c 0010 | 011a 0010 | 000b 0002 | 00e4 0002
+        0105 000c | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002
+                  | 001c 0010 | 011a 0010 | 000b 0002 | 00e4 0002 | 0099 0008
+        0106 0003 | 0143 0008 | 00e6 0001 | 00e1 0004
+        0107 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 0008 0004
+        0108 0004 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d7 0004
+        010c 0003 | 0143 0008 | 00e6 0001 | 0119 0010
+        010d 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 001b 0010";
+
+    /// The first message: header (§3.1), the Template Set, one Data Set of
+    /// template 256 holding the create of ADR 0034's example session.
+    #[test]
+    fn the_first_message_carries_the_templates_and_the_record() {
+        let mut enc = Encoder::new(7, 1400, 60_000, true);
+        let mut out = Vec::new();
+        enc.encode(T, &[event(LogKind::SessionCreate)], true, &mut out);
+        assert_eq!(out.len(), 1);
+        let want = [
+            // version 10 | length 16 + 304 + 38 = 358 | export time 1796127459 s | sequence 0 | domain 7
+            hex("000a 0166 | 6b0ebae3 | 00000000 | 00000007"),
+            hex(TEMPLATES_WITH_DESTINATIONS),
+            // set 256, 4 + 34 bytes; 323: T | 230: 4 | 8: 10.244.1.7 | 225: 203.0.113.10 | 4: 6
+            // | 7: 40001 | 227: 41522 | 12: 198.51.100.20 | 226: the same | 11: 443 | 228: 443
+            hex("0100 0026 | 000001a2318a07bf | 04 | 0af40107 | cb00710a | 06 | 9c41 | a232 | c6336414 | c6336414 | 01bb | 01bb"),
+        ]
+        .concat();
+        assert_eq!(out[0].bytes, want);
+        assert_eq!(out[0].records, 1);
+        assert_eq!(enc.sequence(), 1);
+    }
+
+    /// Later messages: no templates until the refresh is due; the sequence
+    /// number counts data records before the message (RFC 7011 §3.1).
+    #[test]
+    fn templates_come_again_after_their_period_and_sequence_numbers_count_records() {
+        let mut enc = Encoder::new(7, 1400, 60_000, true);
+        let mut out = Vec::new();
+        let two = [event(LogKind::SessionCreate), event(LogKind::SessionCreate)];
+        enc.encode(T, &two, true, &mut out);
+        out.clear();
+        enc.encode(T + 1_000, &[event(LogKind::SessionDelete)], true, &mut out);
+        assert_eq!(out.len(), 1);
+        let want = [
+            // length 16 + 46 = 62 | export time 1796127460 | sequence 2 | domain 7
+            hex("000a 003e | 6b0ebae4 | 00000002 | 00000007"),
+            // set 257, 4 + 42: ... and 153: the last packet, T - 2263 ms
+            hex("0101 002e | 000001a2318a07bf | 05 | 0af40107 | cb00710a | 06 | 9c41 | a232 | c6336414 | c6336414 | 01bb | 01bb | 000001a23189fee8"),
+        ]
+        .concat();
+        assert_eq!(out[0].bytes, want);
+        assert_eq!(enc.sequence(), 3);
+        // Idle, before the period: nothing. After: templates alone.
+        out.clear();
+        enc.encode(T + 30_000, &[], true, &mut out);
+        assert!(out.is_empty());
+        enc.encode(T + 60_000, &[], true, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].records, 0);
+        assert_eq!(&out[0].bytes[16..], hex(TEMPLATES_WITH_DESTINATIONS).as_slice());
+        assert_eq!(&out[0].bytes[8..12], &3u32.to_be_bytes(), "templates do not count");
+        // After a send error: with the next message.
+        out.clear();
+        enc.resend_templates();
+        enc.encode(T + 61_000, &[event(LogKind::SessionCreate)], false, &mut out);
+        assert_eq!(out[0].bytes[16..18], [0, 2]);
+    }
+
+    /// `logDestinations: false`: templates 258/259 (and 266/267) have no
+    /// destination fields, and the records carry none.
+    #[test]
+    fn without_destinations_the_records_have_no_remote() {
+        let mut enc = Encoder::new(7, 1400, 60_000, false);
+        let mut out = Vec::new();
+        enc.encode(T, &[event(LogKind::SessionCreate)], true, &mut out);
+        let m = &out[0].bytes;
+        let templates = hex("
+            0002 00f0
+            0102 0007 | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002
+            0103 0008 | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002 | 0099 0008
+            010a 0007 | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002
+            010b 0008 | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002 | 0099 0008
+            0106 0003 | 0143 0008 | 00e6 0001 | 00e1 0004
+            0107 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 0008 0004
+            0108 0004 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d7 0004
+            010c 0003 | 0143 0008 | 00e6 0001 | 0119 0010
+            010d 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 001b 0010");
+        assert_eq!(&m[16..16 + templates.len()], templates.as_slice());
+        let data = hex("0102 001a | 000001a2318a07bf | 04 | 0af40107 | cb00710a | 06 | 9c41 | a232");
+        assert_eq!(&m[16 + templates.len()..], data.as_slice());
+        assert!(!m.windows(4).any(|w| w == [198, 51, 100, 20]));
+    }
+
+    /// IPv6 sessions use 260/261 with 16-byte addresses.
+    #[test]
+    fn ipv6_records_use_their_own_templates() {
+        let mut enc = Encoder::new(7, 1400, 60_000, true);
+        enc.resend_templates();
+        let mut e = event(LogKind::SessionCreate);
+        e.pod = "2001:db8:18::10".parse().unwrap();
+        e.egress = "2001:db8:113::10".parse().unwrap();
+        e.remote = Some(("2001:db8:51::7".parse().unwrap(), 443));
+        let mut out = Vec::new();
+        enc.encode(T, &[event(LogKind::SessionCreate)], true, &mut out);
+        out.clear();
+        enc.encode(T, &[e], true, &mut out);
+        let want = hex(
+            "0104 0056 | 000001a2318a07bf | 04 | 20010db8001800000000000000000010 | 20010db8011300000000000000000010
+            | 06 | 9c41 | a232 | 20010db8005100000000000000000007 | 20010db8005100000000000000000007 | 01bb | 01bb",
+        );
+        assert_eq!(&out[0].bytes[16..], want.as_slice());
+    }
+
+    /// RFC 8158's refusal events: natEvent 12 with the egress address,
+    /// 13 with the quota kind (natQuotaExceededEvent) and the limit.
+    #[test]
+    fn refusals_use_their_templates() {
+        let mut enc = Encoder::new(7, 1400, 60_000, true);
+        let mut out = Vec::new();
+        enc.encode(T, &[event(LogKind::SessionCreate)], true, &mut out);
+        let refusal = |kind, quota: Option<u8>, limit| Event {
+            kind,
+            at_ms: T,
+            proto: 0,
+            pod: Ipv4Addr::new(10, 244, 1, 7).into(),
+            pod_port: 0,
+            egress: Ipv4Addr::new(203, 0, 113, 10).into(),
+            egress_port: 0,
+            remote: None,
+            last_ms: None,
+            reason: None,
+            flags: 0,
+            quota,
+            limit: Some(limit),
+        };
+        out.clear();
+        enc.encode(
+            T,
+            &[
+                refusal(LogKind::PortsExhausted, None, 28232),
+                refusal(LogKind::QuotaExceeded, Some(quota::MAX_ENTRIES_PER_USER), 64),
+                refusal(LogKind::QuotaExceeded, Some(quota::MAX_SESSION_ENTRIES), 1_000_000),
+            ],
+            true,
+            &mut out,
+        );
+        let want = hex("
+            0106 0011 | 000001a2318a07bf | 0c | cb00710a
+            0107 0019 | 000001a2318a07bf | 0d | 00000003 | 00000040 | 0af40107
+            0108 0015 | 000001a2318a07bf | 0d | 00000001 | 000f4240");
+        assert_eq!(&out[0].bytes[16..], want.as_slice());
+        assert_eq!(out[0].records, 3);
+    }
+
+    /// No message exceeds the MTU; a batch is split, every record once, and
+    /// the sequence numbers follow on.
+    #[test]
+    fn messages_stay_within_the_mtu() {
+        let mut enc = Encoder::new(7, 600, 60_000, true);
+        let events: Vec<Event> =
+            (0..40).map(|i| event(if i % 3 == 0 { LogKind::SessionDelete } else { LogKind::SessionCreate })).collect();
+        let mut out = Vec::new();
+        enc.encode(T, &events, true, &mut out);
+        assert!(out.len() > 1);
+        let mut seq = 0u32;
+        for m in &out {
+            assert!(m.bytes.len() <= 600, "{}", m.bytes.len());
+            assert_eq!(usize::from(u16::from_be_bytes([m.bytes[2], m.bytes[3]])), m.bytes.len());
+            assert_eq!(u32::from_be_bytes([m.bytes[8], m.bytes[9], m.bytes[10], m.bytes[11]]), seq);
+            seq += m.records;
+        }
+        assert_eq!(seq, 40);
+        assert_eq!(enc.sequence(), 40);
+    }
+}

@@ -1,0 +1,214 @@
+//! The exporter: engine times on the wall clock, records to events, and a
+//! pass through the real engine's rings to loopback sockets; a collector
+//! that is gone costs counters, never a wait.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use egret_dataplane::clock::Timestamp;
+use egret_dataplane::engine::{ChecksumHint, Engine, Pipeline, RxMeta, Verdict};
+use egret_dataplane::fixtures::{self, base_spec, from_pod, topology, udp, INSIDE, POD_A, SERVER};
+use egret_dataplane::nat::port_alloc::PortRng;
+use egret_dataplane::translog::log_flags;
+
+use super::*;
+use crate::config::{IpfixConfig, SyslogConfig};
+
+#[test]
+fn engine_times_are_placed_on_the_wall_clock() {
+    let c = Clocks { wall_ms: 1_000_000, engine_ms: 50_000, scale: 1 };
+    assert_eq!(c.wall(50_000), 1_000_000);
+    assert_eq!(c.wall(49_000), 999_000);
+    assert_eq!(c.wall(50_250), 1_000_250, "a record pushed after the clocks were read");
+    // Engine time running 20 times faster (tests): 20 s of it is 1 s.
+    let fast = Clocks { scale: 20, ..c };
+    assert_eq!(fast.wall(30_000), 999_000);
+    assert_eq!(Clocks { wall_ms: 10, engine_ms: 1_000_000, scale: 1 }.wall(0), 0, "saturates");
+}
+
+#[test]
+fn a_record_becomes_an_event_with_the_destination_only_when_asked() {
+    let t = egret_dataplane::nat::key::SessionTuple {
+        pod: Ipv4Addr::new(10, 244, 1, 7),
+        remote: Ipv4Addr::new(198, 51, 100, 20),
+        egress: Ipv4Addr::new(203, 0, 113, 10),
+        pod_port: 40001,
+        remote_port: 443,
+        egress_port: 41522,
+        proto: 6,
+    };
+    let mut r = LogRecord::session(LogKind::SessionDelete, &t, 9_500, log_flags::ADOPTED);
+    r.value = 7;
+    r.detail = EndReason::Evicted as u8;
+    let c = Clocks { wall_ms: 1_796_127_459_263, engine_ms: 10_000, scale: 1 };
+    let e = Event::from_record(&r, &c, true).unwrap();
+    assert_eq!(e.at_ms, 1_796_127_458_763);
+    assert_eq!(e.last_ms, Some(1_796_127_456_263));
+    assert_eq!(e.reason, Some(EndReason::Evicted));
+    assert_eq!((e.pod, e.pod_port), (IpAddr::from(t.pod), 40001));
+    assert_eq!((e.egress, e.egress_port), (IpAddr::from(t.egress), 41522));
+    assert_eq!(e.remote, Some((IpAddr::from(t.remote), 443)));
+    assert_eq!(e.flags, log_flags::ADOPTED);
+    assert_eq!(Event::from_record(&r, &c, false).unwrap().remote, None);
+    assert!(Event::from_record(&LogRecord::default(), &c, true).is_none(), "kind 0 is no event");
+}
+
+fn engine_and_worker(ring: usize) -> (Engine, Pipeline) {
+    let mut spec = base_spec();
+    spec.nat.new_flows_per_second_per_source = 0;
+    let e = Engine::new(&spec).unwrap();
+    e.publish_fib(topology());
+    assert!(e.enable_translog(ring));
+    let w = e.pipeline_seeded(PortRng::new(1));
+    (e, w)
+}
+
+fn new_flows(w: &mut Pipeline, first_port: u16, n: u16, at_ms: u64) {
+    for i in 0..n {
+        let p = from_pod(IpAddr::V4(POD_A), IpAddr::V4(SERVER), udp(first_port + i, 53, b"q"));
+        let f = p.frame();
+        let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+        buf[..f.len()].copy_from_slice(&f);
+        let meta = RxMeta { ifindex: INSIDE, checksum: ChecksumHint::Unknown };
+        assert!(matches!(w.process(&mut buf, f.len(), meta, Timestamp::from_millis(at_ms)), Verdict::Forward { .. }));
+    }
+}
+
+fn config(
+    ipfix: Option<std::net::SocketAddr>,
+    syslog: Option<std::net::SocketAddr>,
+    queue: usize,
+) -> TranslationLogsConfig {
+    TranslationLogsConfig {
+        ring_records: 1024,
+        queue_events: queue,
+        log_destinations: true,
+        enterprise_number: 32473,
+        ipfix: ipfix.map(|collector| IpfixConfig {
+            collector,
+            observation_domain: Some(9),
+            template_refresh: Duration::from_secs(60),
+            mtu: 1400,
+        }),
+        syslog: syslog.map(|collector| SyslogConfig { collector, hostname: Some("gw-a".into()) }),
+    }
+}
+
+#[test]
+fn a_pass_sends_every_event_to_both_sinks() {
+    let ipfix_rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let syslog_rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for s in [&ipfix_rx, &syslog_rx] {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+    let (e, mut w) = engine_and_worker(1024);
+    let cfg = config(Some(ipfix_rx.local_addr().unwrap()), Some(syslog_rx.local_addr().unwrap()), 1024);
+    let mut x = Exporter::new(e.clone(), &cfg, "node-a").unwrap();
+    new_flows(&mut w, 40000, 3, 2_000);
+    let clocks = Clocks { wall_ms: 1_796_127_459_263, engine_ms: 2_500, scale: 1 };
+    assert!(!x.pass(&clocks));
+    assert_eq!(x.stats().records(LogKind::SessionCreate), 3);
+    assert_eq!(x.stats().sent(Sink::Ipfix), 3);
+    assert_eq!(x.stats().sent(Sink::Syslog), 3);
+
+    let mut buf = [0u8; 2048];
+    let n = ipfix_rx.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..2], &[0, 10], "IPFIX");
+    assert_eq!(usize::from(u16::from_be_bytes([buf[2], buf[3]])), n);
+    assert_eq!(&buf[12..16], &9u32.to_be_bytes(), "the configured domain");
+    let lines: Vec<String> = (0..3)
+        .map(|_| {
+            let n = syslog_rx.recv(&mut buf).unwrap();
+            String::from_utf8(buf[..n].to_vec()).unwrap()
+        })
+        .collect();
+    for (i, l) in lines.iter().enumerate() {
+        assert!(l.starts_with("<134>1 2026-12-01T12:17:38.763Z gw-a egret "), "{l}");
+        assert!(l.contains(&format!("ISPORT=\"{}\"", 40000 + i)), "{l}");
+    }
+}
+
+/// Nobody listens: the connected socket gets ICMP port unreachable and
+/// later sends fail at once. Everything is counted; nothing waits.
+#[test]
+fn a_collector_that_is_gone_costs_counters_not_time() {
+    let gone = {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap()
+    };
+    let (e, mut w) = engine_and_worker(1024);
+    let mut x = Exporter::new(e.clone(), &config(Some(gone), Some(gone), 1024), "node-a").unwrap();
+    let started = Instant::now();
+    for round in 0..20u16 {
+        new_flows(&mut w, 40000 + round * 5, 5, u64::from(round) * 10);
+        let clocks = Clocks { wall_ms: 1_796_127_459_263, engine_ms: 1_000, scale: 1 };
+        x.pass(&clocks);
+        if round == 0 {
+            std::thread::sleep(Duration::from_millis(20)); // the ICMP error arrives
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    let s = x.stats();
+    for sink in Sink::ALL {
+        assert_eq!(
+            s.sent(sink) + s.dropped(sink, DropReason::SendError) + s.dropped(sink, DropReason::QueueFull),
+            100,
+            "{}: every event sent or counted lost",
+            sink.name()
+        );
+        assert!(s.unreachable(sink) > 0, "{}: the ICMP errors are counted", sink.name());
+    }
+}
+
+#[test]
+fn a_full_queue_drops_and_counts() {
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (e, mut w) = engine_and_worker(1024);
+    let mut x = Exporter::new(e, &config(None, Some(rx.local_addr().unwrap()), 4), "node-a").unwrap();
+    new_flows(&mut w, 40000, 10, 0);
+    x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 0, scale: 1 });
+    assert_eq!(x.stats().dropped(Sink::Syslog, DropReason::QueueFull), 6);
+    assert_eq!(x.stats().sent(Sink::Syslog), 4);
+}
+
+#[test]
+fn the_default_observation_domain_differs_per_node() {
+    assert_eq!(observation_domain(""), 0x811c_9dc5);
+    assert_ne!(observation_domain("gw-a"), observation_domain("gw-b"));
+}
+
+/// A collector that was down and comes back: the send that reports the old
+/// ICMP error is tried again at once, templates first, so nfcapd-like
+/// collectors (which drop data before its template) get everything.
+#[test]
+fn a_collector_that_comes_back_gets_the_templates_and_the_records() {
+    let addr = {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap()
+    };
+    let (e, mut w) = engine_and_worker(1024);
+    let mut x = Exporter::new(e, &config(Some(addr), Some(addr), 1024), "node-a").unwrap();
+    let clocks = Clocks { wall_ms: 1_796_127_459_263, engine_ms: 0, scale: 1 };
+    x.pass(&clocks); // templates to nobody: an ICMP port unreachable comes back
+    std::thread::sleep(Duration::from_millis(50));
+    let rx = UdpSocket::bind(addr).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    new_flows(&mut w, 40000, 2, 0);
+    x.pass(&clocks);
+    let mut buf = [0u8; 2048];
+    let mut got = Vec::new();
+    rx.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    while let Ok(n) = rx.recv(&mut buf) {
+        got.push(buf[..n].to_vec());
+    }
+    let ipfix: Vec<&Vec<u8>> = got.iter().filter(|m| m.starts_with(&[0, 10])).collect();
+    assert!(ipfix.len() >= 2, "{got:?}");
+    assert_eq!(&ipfix[0][16..18], &[0, 2], "templates first");
+    assert!(ipfix.iter().skip(1).any(|m| m[16..18] == [1, 0]), "then the records (set 256)");
+    let syslog = got.iter().filter(|m| m.starts_with(b"<134>1 ")).count();
+    assert_eq!(syslog, 2);
+    assert_eq!(x.stats().sent(Sink::Ipfix), 2);
+    assert_eq!(x.stats().sent(Sink::Syslog), 2);
+    assert_eq!(x.stats().dropped(Sink::Ipfix, DropReason::SendError), 0);
+}
