@@ -49,7 +49,18 @@ DEFAULTS: dict[str, object] = {
     "writeBucket": 200,
     "writeRefill": 10.0,
     "tokens": [],  # accepted bearer tokens; empty accepts any
+    # ARM accepts only the tokens the emulated Entra ID token endpoint issued
+    # (and those in `tokens`); README.md, "Entra ID's token endpoint".
+    "requireIssuedTokens": False,
 }
+
+# The token endpoint's path (Microsoft identity platform, "client
+# credentials flow": POST /{tenant}/oauth2/v2.0/token).
+TOKEN_PATH = re.compile(r"/(?P<tenant>[^/]+)/oauth2/v2\.0/token")
+# What a federated credential's request carries (same page, "Third case:
+# Access token request with a federated credential").
+ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+TOKEN_TTL = 3599
 
 API_VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}(-preview)?$")
 
@@ -226,6 +237,8 @@ class Emulator:
         self.faults: list[Fault] = []
         self.next_fault = 1
         self.log: list[dict] = []
+        self.issued: set[str] = set()
+        self.token_log: list[dict] = []
 
     # ------------------------------------------------------------ time ---
 
@@ -363,7 +376,8 @@ class Emulator:
                 "Authentication failed. The 'Authorization' header is provided in an invalid format.",
                 {"WWW-Authenticate": challenge},
             )
-        if self.config["tokens"] and token not in self.config["tokens"]:
+        accepted = list(self.config["tokens"]) + (list(self.issued) if self.config["requireIssuedTokens"] else [])
+        if (self.config["tokens"] or self.config["requireIssuedTokens"]) and token not in accepted:
             raise ArmError(
                 401, "InvalidAuthenticationToken", "The access token is invalid.", {"WWW-Authenticate": challenge}
             )
@@ -571,6 +585,43 @@ class Emulator:
             raise ArmError(500, op.error["code"], op.error["message"])
         return Response(200, model.render_nic(self.world.nics[key(op.nic.id)]))
 
+    # ------------------------------------------------ Entra ID's token ---
+
+    def entra_token(self, req: Request, tenant: str) -> Response:
+        """Entra ID's token endpoint for the client credentials grant with a
+        federated credential (what azure_identity's WorkloadIdentityCredential
+        sends: README.md, "Entra ID's token endpoint"). Checks the form's
+        fields, issues an opaque token and records the request (the
+        assertion as sent, so a test can compare it with the token file)."""
+        form = dict(parse_qsl(req.raw.decode("utf-8", "replace"), keep_blank_values=True))
+        with self.lock:
+            now = time.monotonic()
+            entry = {
+                "seq": len(self.token_log) + 1,
+                "time": round(now - self.epoch, 6),
+                "tenant": tenant,
+                "clientId": form.get("client_id"),
+                "scope": form.get("scope"),
+                "grantType": form.get("grant_type"),
+                "assertionType": form.get("client_assertion_type"),
+                "assertion": form.get("client_assertion"),
+            }
+            self.token_log.append(entry)
+            missing = [f for f in ("client_id", "scope", "grant_type", "client_assertion", "client_assertion_type") if not form.get(f)]
+            if missing:
+                entry["status"] = 400
+                return Response(400, entra_error("invalid_request", 900144, f"The request body must contain the following parameter: '{missing[0]}'."))
+            if form["grant_type"] != "client_credentials" or form["client_assertion_type"] != ASSERTION_TYPE:
+                entry["status"] = 400
+                return Response(400, entra_error("unsupported_grant_type", 70003, "The app requested an unsupported grant type."))
+            if not form["scope"].endswith("/.default"):
+                entry["status"] = 400
+                return Response(400, entra_error("invalid_scope", 1002012, f"The provided value for scope {form['scope']} is not valid. Client credential flows must have a scope value with /.default suffixed to the resource identifier."))
+            token = "eyJ0eXAiOiJKV1QifQ.emulated." + uuid.uuid4().hex
+            self.issued.add(token)
+            entry["status"] = 200
+            return Response(200, {"token_type": "Bearer", "expires_in": TOKEN_TTL, "ext_expires_in": TOKEN_TTL, "access_token": token})
+
     # --------------------------------------------------------- control ---
 
     def control(self, method: str, path: str, raw: bytes) -> Response:
@@ -624,7 +675,25 @@ class Emulator:
                 return Response(200, [])
             case ("GET", "routing"):
                 return Response(200, model.routing(self.world))
+            case ("GET", "tokens"):
+                return Response(200, self.token_log)
+            case ("PUT", "tags"):
+                return Response(200, self._set_tags(body))
         raise ArmError(404, "NotFound", f"no control call {method} /_emulator/{what}")
+
+    def _set_tags(self, body: object) -> dict:
+        """Replaces a public IP's tags, as an operator's Tags - Update At
+        Scope would (the provider never calls it: a control call, not an
+        emulated one). Committed at once; stale reads see it `staleness` later."""
+        if not isinstance(body, dict) or not isinstance(body.get("tags"), dict) or not isinstance(body.get("id"), str):
+            raise control_error("tags takes {id, tags}")
+        pip = self.world.public_ips.get(key(body["id"]))
+        if pip is None:
+            raise control_error(f"no public IP address {body['id']}")
+        pip.tags = {str(k): str(v) for k, v in body["tags"].items()}
+        pip.etag = model.new_etag()
+        self._commit(time.monotonic())
+        return {"id": pip.id, "tags": pip.tags}
 
     def _configure(self, changes: object) -> None:
         if not isinstance(changes, dict):
@@ -636,6 +705,9 @@ class Emulator:
             if name == "tokens":
                 if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
                     raise control_error("'tokens' is a list of strings")
+            elif name == "requireIssuedTokens":
+                if not isinstance(value, bool):
+                    raise control_error("'requireIssuedTokens' is a boolean")
             elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise control_error(f"'{name}' is a number, at least 0")
             config[name] = value
@@ -644,6 +716,21 @@ class Emulator:
         self.config = config
         # New bucket sizes take effect with full buckets.
         self.buckets.clear()
+
+
+def entra_error(error: str, code: int, description: str) -> dict:
+    """Entra ID's error shape (the client credentials flow's "Error
+    response example"): `error`, `error_description` beginning with the
+    AADSTS code, `error_codes`. The codes and texts are the emulator's
+    choice from Entra's published error code list, not captured answers."""
+    return {
+        "error": error,
+        "error_description": f"AADSTS{code}: {description}",
+        "error_codes": [code],
+        "timestamp": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        "trace_id": str(uuid.uuid4()),
+        "correlation_id": str(uuid.uuid4()),
+    }
 
 
 def route(method: str, pattern: str, api: str, rtype: str | None, handler) -> Route:
@@ -748,6 +835,8 @@ class Handler(BaseHTTPRequestHandler):
         path = unquote(split.path)
         if path.startswith("/_emulator/"):
             return self.server.emulator.control(self.command, path, raw)
+        if self.command == "POST" and (m := TOKEN_PATH.fullmatch(path)):
+            return self.server.emulator.entra_token(Request(self.command, path, split.path, {}, dict(self.headers.items()), raw, ""), m["tenant"])
         host = self.headers.get("Host") or "%s:%d" % self.server.server_address[:2]
         req = Request(
             method=self.command,

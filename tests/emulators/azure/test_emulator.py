@@ -524,6 +524,42 @@ class EmulatorTest(unittest.TestCase):
         self.assertError(self.arm("GET", resources(api="2024-05-01"), token="good"), 400, "InvalidApiVersionParameter")
         self.assertError(self.arm("GET", resources(sub="nope"), token="good"), 404, "SubscriptionNotFound")
 
+    def test_entra_token_endpoint_issues_the_tokens_arm_accepts(self):
+        tenant = "72f988bf-86f1-41af-91ab-2d7cd011db47"
+        form = (
+            "client_assertion=the-service-account-token&client_assertion_type="
+            + quote(emulator.ASSERTION_TYPE, safe="")
+            + "&client_id=cid&grant_type=client_credentials&scope="
+            + quote(self.server.url + "/.default", safe="")
+        )
+        req = urllib.request.Request(
+            f"{self.server.url}/{tenant}/oauth2/v2.0/token",
+            data=form.encode(),
+            method="POST",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            answer = json.loads(r.read())
+        self.assertEqual((answer["token_type"], answer["expires_in"]), ("Bearer", 3599))
+        logged = self.control("GET", "tokens")[-1]
+        self.assertEqual((logged["tenant"], logged["clientId"], logged["assertion"]), (tenant, "cid", "the-service-account-token"))
+        bad = urllib.request.Request(f"{self.server.url}/{tenant}/oauth2/v2.0/token", data=b"client_id=cid", method="POST")
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(bad, timeout=10)
+        self.assertEqual(e.exception.code, 400)
+        self.assertEqual(json.loads(e.exception.read())["error_codes"], [900144])
+        path = f"{NET}/networkInterfaces/nic-a?{NETWORK_API}"
+        self.control("PUT", "config", {"requireIssuedTokens": True, "tokens": ["lab-admin"]})
+        self.assertError(self.arm("GET", path, token="anything"), 401, "InvalidAuthenticationToken")
+        self.assertEqual(self.arm("GET", path, token=answer["access_token"]).status, 200)
+        self.assertEqual(self.arm("GET", path, token="lab-admin").status, 200)
+
+    def test_tags_control_call_retags_a_public_ip(self):
+        pip = self.ids["publicIPAddresses"]["egress-1"]
+        self.control("PUT", "tags", {"id": pip, "tags": {"egret-pool": "retired"}})
+        got = self.arm("GET", f"{NET}/publicIPAddresses/egress-1?{NETWORK_API}")
+        self.assertEqual(got.body["tags"], {"egret-pool": "retired"})
+
     def test_throttling_answers_429_with_retry_after_per_principal(self):
         self.control("PUT", "config", {"readBucket": 3, "readRefill": 20, "writeBucket": 1, "writeRefill": 0.5})
         path = f"{NET}/networkInterfaces/nic-a?{NETWORK_API}"

@@ -91,7 +91,21 @@ DEFAULT_CONFIG = {
     "allowAnonymous": False,  # answer requests that carry no Authorization header
     "waitCap": 120.0,  # the longest an operations .../wait call blocks
     "quota": {"read": 0, "mutation": 0, "window": 60.0},  # requests per window; 0 = no limit
+    # Compute accepts only the tokens the emulated metadata server issued (and
+    # those in `tokens`); false accepts any Bearer token (README.md, "Authentication").
+    "requireIssuedTokens": False,
+    "tokens": [],  # more accepted tokens (a test's own calls) when requireIssuedTokens
 }
+
+# The emulated metadata server (README.md, "The metadata server"): the
+# default service account's email and the universe domain it answers.
+METADATA_EMAIL = "egret-gateways@egret-lab.iam.gserviceaccount.com"
+METADATA_UNIVERSE = "googleapis.com"
+METADATA_TOKEN_TTL = 3599
+
+
+class TEXT(str):
+    """A plain-text answer (the metadata server's values), sent as is."""
 
 
 class ApiError(Exception):
@@ -402,6 +416,7 @@ class Emulator:
         self._seq = itertools.count()
         self._log = deque(maxlen=LOG_LIMIT)
         self._log_seq = itertools.count()
+        self._issued = set()  # access tokens the metadata server issued
         self.reset()
 
     def reset(self, seed=None):
@@ -836,6 +851,8 @@ class Emulator:
         if path.startswith("/_emulator/"):
             return self._control(method, path, split.query, body)
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        if path.startswith("/computeMetadata/"):
+            return self._metadata(method, path, query, headers)
         entry = {
             "seq": next(self._log_seq),
             "time": time.time(),
@@ -902,12 +919,52 @@ class Emulator:
                 headers={"WWW-Authenticate": 'Bearer realm="https://accounts.google.com/"'},
             )
         scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = token.strip()
+        with self._cond:
+            refused = self.config["requireIssuedTokens"] and token not in self._issued and token not in self.config["tokens"]
+        if scheme.lower() != "bearer" or not token or refused:
             raise ApiError(
                 401, "authError",
                 "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid authentication credential.",
                 headers={"WWW-Authenticate": 'Bearer realm="https://accounts.google.com/", error="invalid_token"'},
             )
+
+    # ---- the metadata server -----------------------------------------------
+
+    def _metadata(self, method, path, query, headers):
+        """The few metadata-server paths google-cloud-auth's metadata
+        credentials read (README.md, "The metadata server"), logged with
+        `api` `metadata.<what>`. Plain text or JSON, as the server answers."""
+        what = {
+            "/computeMetadata/v1/instance/service-accounts/default/token": "token",
+            "/computeMetadata/v1/instance/service-accounts/default/email": "email",
+            "/computeMetadata/v1/universe/universe-domain": "universe",
+        }.get(path.rstrip("/"))
+        entry = {
+            "seq": next(self._log_seq), "time": time.time(), "method": method, "path": path, "query": query,
+            "body": None, "authorization": _auth_kind(headers), "api": f"metadata.{what or 'unknown'}",
+            "status": None,
+        }
+        with self._cond:
+            self._log.append(entry)
+        # "Requests ... must contain the header Metadata-Flavor: Google";
+        # without it the server refuses them (403).
+        if headers.get("Metadata-Flavor") != "Google":
+            entry["status"] = 403
+            return 403, TEXT("Missing required header: Metadata-Flavor"), {}
+        if method != "GET" or what is None:
+            entry["status"] = 404
+            return 404, TEXT("Not Found"), {}
+        entry["status"] = 200
+        if what == "email":
+            return 200, TEXT(METADATA_EMAIL), {}
+        if what == "universe":
+            return 200, TEXT(METADATA_UNIVERSE), {}
+        token = "ya29.emulated-" + secrets.token_urlsafe(16)
+        with self._cond:
+            self._issued.add(token)
+        entry["scopes"] = query.get("scopes")
+        return 200, {"access_token": token, "expires_in": METADATA_TOKEN_TTL, "token_type": "Bearer"}, {}
 
     def _charge(self, group):
         """Counts a request against its group's quota. As the rate-quota page
@@ -1490,7 +1547,23 @@ class Emulator:
             return [dict(e) for e in self._log if e["seq"] >= since]
         if (method, what) == ("GET", "routing"):
             return self.routing()
+        if (method, what) == ("POST", "labels"):
+            return self._set_labels(data)
         raise ControlError(f"no control call {method} /_emulator/{what}")
+
+    def _set_labels(self, data):
+        """Replaces a reserved address's labels, as an operator's
+        `addresses.setLabels` would (the provider never calls it, so it is a
+        control call, not an emulated one): committed at once, with a new
+        `labelFingerprint`; stale reads see it `staleness` later."""
+        if not isinstance(data, dict) or not isinstance(data.get("labels"), dict):
+            raise ControlError("labels takes {region, name, labels}")
+        found = (data.get("region"), data.get("name"))
+        if self.addresses.get(found) is None:
+            raise ControlError(f"no address {data.get('name')!r} in region {data.get('region')!r}")
+        updated = dict(self.addresses.get(found), labels=dict(data["labels"]), labelFingerprint=fingerprint())
+        self.addresses.put(found, time.time(), updated)
+        return _out(updated)
 
     def _state(self):
         ops = sorted(self._ops.values(), key=lambda o: o["resource"]["insertTime"])
@@ -1519,10 +1592,14 @@ class Emulator:
                 if not all(isinstance(x, (int, float)) and x >= 0 for x in merged.values()) or merged["window"] <= 0:
                     raise ControlError("quota values are non-negative numbers, window positive")
                 self.config["quota"] = merged
-            elif k == "allowAnonymous":
+            elif k in ("allowAnonymous", "requireIssuedTokens"):
                 if not isinstance(v, bool):
-                    raise ControlError("allowAnonymous is a boolean")
+                    raise ControlError(f"{k} is a boolean")
                 self.config[k] = v
+            elif k == "tokens":
+                if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                    raise ControlError("tokens is a list of strings")
+                self.config[k] = list(v)
             else:
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                     raise ControlError(f"{k} is a non-negative number")
@@ -1647,9 +1724,14 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         status, payload, extra = self.server.emulator.handle(self.command, self.path, self.headers, body)
-        data = json.dumps(payload).encode()
+        text = isinstance(payload, TEXT)
+        data = payload.encode() if text else json.dumps(payload).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        if text:
+            self.send_header("Content-Type", "application/text")
+            self.send_header("Metadata-Flavor", "Google")
+        else:
+            self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
         for k, v in extra.items():
             self.send_header(k, v)

@@ -56,6 +56,8 @@ CONFIG = {
     "allowAnonymous": False,
     "waitCap": 120.0,
     "quota": {"read": 0, "mutation": 0, "window": 60.0},
+    "requireIssuedTokens": False,
+    "tokens": [],
 }
 
 
@@ -387,6 +389,37 @@ class EmulatorTest(unittest.TestCase):
         self.ctl("POST", "config", {"allowAnonymous": True})
         self.assertEqual(self.api("GET", path, headers={"Authorization": None})[0], 200)
         self.assertEqual(self.api("GET", path, headers={"Authorization": "Bearer anything-at-all"})[0], 200)
+
+    def metadata(self, path, flavor="Google"):
+        req = urllib.request.Request(self.base + path, headers={"Metadata-Flavor": flavor} if flavor else {})
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def test_metadata_server_issues_the_tokens_compute_accepts(self):
+        token_path = "/computeMetadata/v1/instance/service-accounts/default/token"
+        self.assertEqual(self.metadata(token_path, flavor=None)[0], 403)
+        self.assertEqual(self.metadata("/computeMetadata/v1/instance/hostname")[0], 404)
+        self.assertEqual(self.metadata("/computeMetadata/v1/universe/universe-domain"), (200, "googleapis.com"))
+        status, text = self.metadata(token_path + "?scopes=https://www.googleapis.com/auth/cloud-platform")
+        self.assertEqual(status, 200, text)
+        answer = json.loads(text)
+        self.assertEqual((answer["token_type"], answer["expires_in"]), ("Bearer", 3599))
+        logged = [e for e in self.ctl("GET", "requests") if e["api"] == "metadata.token"]
+        self.assertEqual(logged[-1]["scopes"], "https://www.googleapis.com/auth/cloud-platform")
+        path = P + f"regions/{REGION}/addresses/egress-1"
+        self.ctl("POST", "config", {"requireIssuedTokens": True, "tokens": ["lab-admin"]})
+        self.assert_error(*self.api("GET", path), 401, "authError", "UNAUTHENTICATED")
+        self.assertEqual(self.api("GET", path, headers={"Authorization": "Bearer " + answer["access_token"]})[0], 200)
+        self.assertEqual(self.api("GET", path, headers={"Authorization": "Bearer lab-admin"})[0], 200)
+
+    def test_labels_control_call_relabels_an_address(self):
+        out = self.ctl("POST", "labels", {"region": REGION, "name": "egress-1", "labels": {"egret-pool": "retired"}})
+        self.assertEqual(out["labels"], {"egret-pool": "retired"})
+        listed = self.ok("GET", P + f"regions/{REGION}/addresses", [("filter", 'labels.egret-pool="lab"')])
+        self.assertEqual(self.names(listed), ["egress-2", "egress-3"])
 
     # ---- throttling, staleness, faults -----------------------------------------
 
