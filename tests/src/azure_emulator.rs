@@ -114,10 +114,27 @@ impl AzureEmulator {
     /// Starts a fresh emulator on a free port of 127.0.0.1, serving HTTPS
     /// with a certificate from a CA made for it ([`AzureEmulator::ca_pem`]).
     pub fn start() -> Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// [`AzureEmulator::start`] inside network namespace `ns`, listening on
+    /// `address` (an address of that namespace, which the certificate
+    /// names): the cloud lab runs it in its control namespace, where its
+    /// gateways reach it. The caller must be in that namespace to call it.
+    pub fn start_in(ns: &crate::netns::NetNs, address: IpAddr) -> Result<Self> {
+        Self::start_with(Some((ns.name().to_string(), address)))
+    }
+
+    fn start_with(netns: Option<(String, IpAddr)>) -> Result<Self> {
         let tls = tempdir::Dir::new("egret-azure-emu-tls")?;
-        TestCa::create(tls.path())?;
+        let address = netns.as_ref().map_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), |(_, a)| *a);
+        TestCa::create_for(tls.path(), &[address])?;
         let state = SERVER.fresh_state_dir();
-        let env = [("EGRET_AZURE_EMU_TLS_DIR", tls.path().display().to_string())];
+        let mut env = vec![("EGRET_AZURE_EMU_TLS_DIR", tls.path().display().to_string())];
+        if let Some((ns, address)) = netns {
+            env.push(("EGRET_AZURE_EMU_NETNS", ns));
+            env.push(("EGRET_AZURE_EMU_ADDRESS", address.to_string()));
+        }
         let out = match SERVER.run("start", &state, env.iter().map(|(k, v)| (*k, v))) {
             Ok(out) => out,
             Err(e) => {
@@ -231,6 +248,21 @@ impl AzureEmulator {
     /// Empties the request log.
     pub fn clear_requests(&self) -> Result<()> {
         self.control("DELETE", "requests", None).map(drop)
+    }
+
+    /// The Entra ID token requests the emulator answered (README.md,
+    /// "Entra ID's token endpoint").
+    pub fn token_requests(&self) -> Result<Vec<Value>> {
+        match self.control("GET", "tokens", None)? {
+            Value::Array(v) => Ok(v),
+            other => Err(EmulatorError::Api { endpoint: self.endpoint.clone(), what: format!("token log {other}") }),
+        }
+    }
+
+    /// Replaces the tags of the resource `id` (a public IP), as an operator would.
+    pub fn set_tags(&self, id: &str, tags: &[(&str, &str)]) -> Result<()> {
+        let tags: serde_json::Map<String, Value> = tags.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        self.control("PUT", "tags", Some(&json!({"id": id, "tags": tags}))).map(drop)
     }
 
     /// The routing truth (`{"publicIPAddresses": ..., "privateIPAddresses": ...}`).

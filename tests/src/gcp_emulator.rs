@@ -92,9 +92,24 @@ impl GcpEmulator {
     /// requests without credentials allowed: `--allow-anonymous`) and waits
     /// until it answers. It holds the default lab until [`GcpEmulator::reset`].
     pub fn start() -> Result<Self> {
+        Self::start_with(&[("EGRET_GCP_EMULATOR_ARGS", "--allow-anonymous --quiet".into())])
+    }
+
+    /// An emulator inside network namespace `ns`, listening on `address`
+    /// (an address of that namespace), that refuses requests without
+    /// credentials: the cloud lab runs it in its control namespace, where
+    /// its gateways reach it. The caller must be in that namespace to call it.
+    pub fn start_in(ns: &crate::netns::NetNs, address: std::net::IpAddr) -> Result<Self> {
+        Self::start_with(&[
+            ("EGRET_GCP_EMULATOR_ARGS", "--quiet".into()),
+            ("EGRET_GCP_EMULATOR_NETNS", ns.name().to_string()),
+            ("EGRET_GCP_EMULATOR_ADDRESS", address.to_string()),
+        ])
+    }
+
+    fn start_with(env: &[(&str, String)]) -> Result<Self> {
         let state = SERVER.fresh_state_dir();
-        let env = [("EGRET_GCP_EMULATOR_ARGS", "--allow-anonymous --quiet")];
-        let out = match SERVER.run("start", &state, env) {
+        let out = match SERVER.run("start", &state, env.iter().map(|(k, v)| (*k, v))) {
             Ok(out) => out,
             Err(e) => {
                 let _ = run_script("stop", &state);
@@ -132,6 +147,17 @@ impl GcpEmulator {
     /// One HTTP request to the emulator (`path` with its query), answered
     /// whatever its status.
     pub async fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Answer> {
+        self.request_as(method, path, body, None).await
+    }
+
+    /// [`GcpEmulator::request`] with `Authorization: Bearer <token>`.
+    pub async fn request_as(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        token: Option<&str>,
+    ) -> Result<Answer> {
         let api = |what: String| GcpEmulatorError::Api {
             endpoint: self.endpoint.clone(),
             method: method.to_owned(),
@@ -141,8 +167,9 @@ impl GcpEmulator {
         let exchange = async {
             let mut s = tokio::net::TcpStream::connect(self.addr).await?;
             let body = body.map(Value::to_string).unwrap_or_default();
+            let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
             let head = format!(
-                "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
                 self.addr,
                 body.len()
             );
@@ -256,6 +283,13 @@ impl GcpEmulator {
             let i = &e["instance"];
             i["name"].as_str().or_else(|| i.as_str()).map(str::to_owned)
         }))
+    }
+
+    /// Replaces the labels of the address `name` of `region`, as an
+    /// operator would (README.md, the control API's `labels`).
+    pub async fn set_labels(&self, region: &str, name: &str, labels: &Value) -> Result<()> {
+        let body = serde_json::json!({"region": region, "name": name, "labels": labels});
+        self.control("POST", "labels", Some(&body)).await.map(drop)
     }
 
     /// Stops the emulator and removes its state.

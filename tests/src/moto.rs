@@ -248,6 +248,12 @@ pub struct TestCa {
 impl TestCa {
     /// Makes the CA and the server certificate in `dir` (created).
     pub fn create(dir: &Path) -> std::io::Result<Self> {
+        Self::create_for(dir, &[IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)])
+    }
+
+    /// [`TestCa::create`] with a server certificate for `addresses` (a
+    /// server listening in a lab's namespace).
+    pub fn create_for(dir: &Path, addresses: &[IpAddr]) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let openssl = |args: &[&str]| -> std::io::Result<()> {
             let openssl = crate::tools::require("openssl").map_err(std::io::Error::other)?;
@@ -272,9 +278,10 @@ impl TestCa {
         req.extend(ec);
         req.extend(["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=moto"]);
         openssl(&req)?;
+        let names: Vec<String> = addresses.iter().map(|a| format!("IP:{a}")).collect();
         std::fs::write(
             dir.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+            format!("subjectAltName={}\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n", names.join(",")),
         )?;
         openssl(&[
             "x509",

@@ -320,6 +320,7 @@ class Emulator:
                 "headers": headers,
                 "body": req.logged_body(),
                 "status": resp.status,
+                "error": resp.body["error"].get("code") if isinstance(resp.body, dict) and isinstance(resp.body.get("error"), dict) else None,
             }
         )
         return resp
