@@ -47,6 +47,7 @@ pub mod apiserver;
 pub mod azure_emulator;
 pub mod capture;
 pub mod client;
+pub mod cloudlab;
 pub mod cluster_net;
 pub mod cni;
 pub mod error;

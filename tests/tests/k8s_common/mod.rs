@@ -766,10 +766,18 @@ pub async fn gateway_service_account_client(admin: &kube::Client, kubeconfig: &s
 
 /// A token of ServiceAccount `egret-system/<name>` (TokenRequest API).
 pub async fn service_account_token(client: &kube::Client, name: &str) -> String {
+    service_account_token_for(client, name, &[]).await
+}
+
+/// [`service_account_token`] for `audiences` (what a projected token volume
+/// asks for: AKS's workload identity projects one for
+/// `api://AzureADTokenExchange`).
+pub async fn service_account_token_for(client: &kube::Client, name: &str, audiences: &[&str]) -> String {
     use k8s_openapi::api::authentication::v1::TokenRequest;
     use k8s_openapi::api::core::v1::ServiceAccount;
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "egret-system");
-    let req = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": []}});
+    let req =
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": audiences}});
     let tr: TokenRequest =
         sas.create_subresource("token", name, &PostParams::default(), &req).await.expect("token request");
     tr.status.expect("token status").token.expect("token")
