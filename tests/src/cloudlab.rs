@@ -202,6 +202,17 @@ pub trait CloudLab: Send + Sync {
     /// Asserts what the take-over onto `node` asked the cloud for.
     fn check_takeover_requests(&self, node: &str, egress: Ipv4Addr);
 
+    /// A mark in the cloud's request log, for [`CloudLab::failover_moves`].
+    fn log_mark(&self) -> usize;
+
+    /// The calls that moved `egress` from `from` to `to` since `mark`, in
+    /// order, each checked against the provider's documented way: AWS
+    /// AssignPrivateIpAddresses and AssociateAddress onto `to`'s ENI; Azure
+    /// `from`'s NIC updated without the IP configuration, and only then
+    /// `to`'s with it (no reassociation); GCP one `setTarget` (or an insert)
+    /// to `to`'s target instance. A line for the lab's output.
+    fn failover_moves(&self, mark: usize, from: &str, to: &str, egress: Ipv4Addr) -> String;
+
     /// Moves `egress` to machine `to` behind Egret's back, as an operator
     /// would with the cloud's own API.
     fn move_behind_back(&self, egress: Ipv4Addr, to: &str);
@@ -492,6 +503,26 @@ impl CloudLab for AwsLab {
         assert_eq!(param(&assign, "AllowReassignment"), Some("true"), "{assign:?}");
     }
 
+    fn log_mark(&self) -> usize {
+        self.proxy.requests("AssociateAddress").len()
+    }
+
+    fn failover_moves(&self, mark: usize, _from: &str, to: &str, egress: Ipv4Addr) -> String {
+        let assoc = self.proxy.requests("AssociateAddress");
+        let moved: Vec<_> = assoc[mark.min(assoc.len())..]
+            .iter()
+            .filter(|r| param(r, "NetworkInterfaceId") == Some(self.eni(to)))
+            .collect();
+        let last = moved.last().expect("AssociateAddress onto the new holder's ENI");
+        assert_eq!(param(last, "PrivateIpAddress"), Some(egress.to_string().as_str()), "{last:?}");
+        assert_eq!(param(last, "AllowReassociation"), Some("true"), "{last:?}");
+        format!(
+            "AssignPrivateIpAddresses and AssociateAddress onto {} ({} AssociateAddress)",
+            self.eni(to),
+            moved.len()
+        )
+    }
+
     fn move_behind_back(&self, egress: Ipv4Addr, to: &str) {
         let i = GATEWAY_EGRESS.iter().position(|e| *e == egress).expect("a gateway egress IP");
         self.rt
@@ -775,6 +806,33 @@ impl CloudLab for AzureLab {
         assert!(ours["properties"]["publicIPAddress"]["id"].is_string(), "with its public IP: {ours}");
     }
 
+    fn log_mark(&self) -> usize {
+        self.emu.requests().expect("the request log").len()
+    }
+
+    fn failover_moves(&self, mark: usize, from: &str, to: &str, egress: Ipv4Addr) -> String {
+        // The accepted NIC updates since the mark, in order.
+        let log = self.emu.requests().expect("the request log");
+        let puts: Vec<(String, bool)> = log[mark.min(log.len())..]
+            .iter()
+            .filter(|r| r["method"] == "PUT" && (r["status"] == 200 || r["status"] == 201))
+            .map(|r| {
+                let nic = r["path"].as_str().unwrap_or_default().rsplit('/').next().unwrap_or_default().to_string();
+                let configs = r["body"]["properties"]["ipConfigurations"].as_array().cloned().unwrap_or_default();
+                let has = configs.iter().any(|c| c["properties"]["privateIPAddress"] == egress.to_string());
+                (nic, has)
+            })
+            .collect();
+        let (from_nic, to_nic) = (&self.machines[from].2, &self.machines[to].2);
+        let cleared = puts.iter().position(|(n, has)| n.eq_ignore_ascii_case(from_nic) && !has);
+        let set = puts.iter().position(|(n, has)| n.eq_ignore_ascii_case(to_nic) && *has);
+        match (cleared, set) {
+            (Some(c), Some(s)) => assert!(c < s, "{from_nic} cleared before {to_nic} set: {puts:?}"),
+            _ => panic!("a move is two NIC updates, the old NIC's first: {puts:?}"),
+        }
+        format!("{from_nic} updated without {egress}, then {to_nic} with it ({} accepted NIC updates)", puts.len())
+    }
+
     fn move_behind_back(&self, egress: Ipv4Addr, to: &str) {
         // Azure has no reassociation: the holder's NIC loses the IP
         // configuration first, then `to`'s NIC gets it.
@@ -1000,6 +1058,12 @@ impl CloudLab for GcpLab {
             .expect("a forwarding rule moved");
         let target = last["body"]["target"].as_str().unwrap_or_default();
         assert!(target.ends_with(&format!("/targetInstances/{}", self.target_instance(node))), "{last}");
+        let deleted = log.iter().any(|r| r["api"] == "forwardingRules.delete" && r["status"] == 200);
+        println!(
+            "cloudlab: gcp: the take-over's move: {} (the rule {} by a release before)",
+            last["api"].as_str().unwrap_or_default(),
+            if deleted { "was deleted" } else { "was not deleted" }
+        );
         if last["api"] == "forwardingRules.insert" {
             // The address by IP, or by its resource's URL.
             let named = last["body"]["IPAddress"].as_str().unwrap_or_default();
@@ -1008,6 +1072,24 @@ impl CloudLab for GcpLab {
         } else {
             assert!(last["path"].as_str().unwrap_or_default().contains(&format!("egret-{}", dashed(egress))), "{last}");
         }
+    }
+
+    fn log_mark(&self) -> usize {
+        let log = self.rt.block_on(self.emu.requests(0)).expect("the request log");
+        log.last().and_then(|r| r["seq"].as_u64()).map_or(0, |s| s as usize + 1)
+    }
+
+    fn failover_moves(&self, mark: usize, _from: &str, to: &str, egress: Ipv4Addr) -> String {
+        let log = self.rt.block_on(self.emu.requests(mark as u64)).expect("the request log");
+        let moves: Vec<&Value> = log
+            .iter()
+            .filter(|r| matches!(r["api"].as_str(), Some("forwardingRules.insert" | "forwardingRules.setTarget")))
+            .filter(|r| r["status"] == 200)
+            .collect();
+        assert_eq!(moves.len(), 1, "one call moves {egress}: {moves:?}");
+        let target = moves[0]["body"]["target"].as_str().unwrap_or_default();
+        assert!(target.ends_with(&format!("/targetInstances/{}", self.target_instance(to))), "{}", moves[0]);
+        format!("one {} to {}", moves[0]["api"].as_str().unwrap_or_default(), self.target_instance(to))
     }
 
     fn move_behind_back(&self, egress: Ipv4Addr, to: &str) {

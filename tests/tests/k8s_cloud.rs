@@ -291,6 +291,7 @@ fn scenario(provider: Provider, tag: &str, lab: &K8sLab, server: &ApiServer) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let moves_before = routing.moves().len();
+    let mark = cloud.log_mark();
     let kill = Instant::now();
     gws.get_mut(&holder).unwrap().kill().expect("SIGKILL the holder");
     let (seen, _) = probe::wait_source(lab.pod(KPod::Db), http, PRIVATE.into(), Duration::from_secs(60))
@@ -301,8 +302,9 @@ fn scenario(provider: Provider, tag: &str, lab: &K8sLab, server: &ApiServer) {
     assert_eq!(to, other, "the address moved to the surviving gateway");
     let new_holder = rt.block_on(lease_holder_name(&client, IpAddr::V4(PRIVATE)));
     assert_eq!(new_holder.as_deref(), Some(other.node_name()));
+    let calls = cloud.failover_moves(mark, holder.node_name(), other.node_name(), PRIVATE);
     println!(
-        "{tag}: failover: SIGKILL of {} -> delivered to {} after {} ms -> db leaves as {seen} after {} ms",
+        "{tag}: failover: SIGKILL of {} -> delivered to {} after {} ms -> db leaves as {seen} after {} ms; the cloud calls: {calls}",
         holder.node_name(),
         other.node_name(),
         moved_at.duration_since(kill).as_millis(),
@@ -474,9 +476,18 @@ fn repair_drift(cx: &Cx<'_>, gws: &mut BTreeMap<Gw, Gateway>, holder: Gw) {
     };
     let (seen, _) = probe::wait_source(lab.pod(KPod::Db), http, PRIVATE.into(), Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("db never left with {PRIVATE} after the drift: {e}"));
-    let status = gws.get_mut(&holder).unwrap().admin().status().expect("egret status");
-    let repairs = status["cluster"]["counters"]["cloud_drift_repairs"].as_u64().unwrap_or(0);
-    assert!(repairs >= 1, "the holder counts its drift repairs: {}", status["cluster"]["counters"]);
+    // `egret status` shows the sync loop's last report: the repair's count
+    // appears with the pass after it (the pod may leave again before).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = gws.get_mut(&holder).unwrap().admin().status().expect("egret status");
+        let repairs = status["cluster"]["counters"]["cloud_drift_repairs"].as_u64().unwrap_or(0);
+        if repairs >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the holder counts its drift repairs: {}", status["cluster"]["counters"]);
+        std::thread::sleep(Duration::from_millis(100));
+    }
     println!(
         "{tag}: drift: the address moved to {} behind Egret's back (by {} ms), back on {} after {} ms (refresh every {} s); db leaves as {seen}",
         other.node_name(),
