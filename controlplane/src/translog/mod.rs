@@ -252,16 +252,28 @@ struct Queue {
     events: VecDeque<Event>,
     capacity: usize,
     socket: UdpSocket,
+    collector: SocketAddr,
+    /// Whether `socket` is connected to `collector` (a connect fails while
+    /// there is no route to it; each send tries again).
+    connected: std::cell::Cell<bool>,
 }
 
 impl Queue {
+    /// A queue and its socket. No route to the collector yet is not an
+    /// error: the sends fail, counted, until there is one.
     fn open(sink: Sink, collector: SocketAddr, capacity: usize) -> io::Result<Queue> {
         let local: SocketAddr =
             if collector.is_ipv4() { (Ipv4Addr::UNSPECIFIED, 0).into() } else { (Ipv6Addr::UNSPECIFIED, 0).into() };
         let socket = UdpSocket::bind(local)?;
-        socket.connect(collector)?;
         socket.set_nonblocking(true)?;
-        Ok(Queue { sink, events: VecDeque::new(), capacity, socket })
+        let connected = match socket.connect(collector) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(sink = sink.name(), %collector, error = %e, "translation logs: the collector cannot be reached yet");
+                false
+            }
+        };
+        Ok(Queue { sink, events: VecDeque::new(), capacity, socket, collector, connected: connected.into() })
     }
 
     fn push(&mut self, e: &Event, stats: &Stats) {
@@ -275,6 +287,10 @@ impl Queue {
     /// Sends one datagram, never waiting; an ICMP error an earlier
     /// datagram drew is counted as the collector unreachable.
     fn try_send(&self, bytes: &[u8], stats: &Stats) -> io::Result<()> {
+        if !self.connected.get() {
+            self.socket.connect(self.collector)?;
+            self.connected.set(true);
+        }
         let r = self.socket.send(bytes).map(|_| ());
         if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused) {
             stats.unreachable[self.sink as usize].fetch_add(1, Ordering::Relaxed);

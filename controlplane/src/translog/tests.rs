@@ -161,6 +161,26 @@ fn a_collector_that_is_gone_costs_counters_not_time() {
     }
 }
 
+/// No route to the collector at start is not an error: the sends fail,
+/// counted, until there is one.
+#[test]
+fn a_collector_without_a_route_is_not_a_start_error() {
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let q = Queue::open(Sink::Syslog, rx.local_addr().unwrap(), 4).unwrap();
+    let stats = Stats::default();
+    // As if the connect at start had failed: the next send connects first.
+    q.connected.set(false);
+    assert!(q.try_send(b"x", &stats).is_ok());
+    assert!(q.connected.get());
+    let mut buf = [0u8; 8];
+    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    assert_eq!(rx.recv(&mut buf).unwrap(), 1);
+    // The documentation address range has no route in a namespace without
+    // one; where the host has a default route, it connects: both are fine.
+    let unrouted = Queue::open(Sink::Ipfix, "[2001:db8::1]:4739".parse().unwrap(), 4);
+    assert!(unrouted.is_ok(), "{unrouted:?}");
+}
+
 #[test]
 fn a_full_queue_drops_and_counts() {
     let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
