@@ -117,7 +117,12 @@ impl Mode {
     pub fn uses_egret(self) -> bool {
         matches!(
             self,
-            Mode::Egret | Mode::Fastpath | Mode::NewConns | Mode::NewConnsTranslog | Mode::FastpathVxlan | Mode::EgretVxlan
+            Mode::Egret
+                | Mode::Fastpath
+                | Mode::NewConns
+                | Mode::NewConnsTranslog
+                | Mode::FastpathVxlan
+                | Mode::EgretVxlan
         )
     }
 
@@ -462,11 +467,8 @@ impl<'t> Gateway<'t> {
             | Mode::FastpathVxlan
             | Mode::EgretVxlan => {
                 let binary = egret::locate(&opts.egret)?;
-                let egress_ips: Vec<Ipv4Addr> = if mode.new_flows() {
-                    NEW_CONNS_EGRESS.to_vec()
-                } else {
-                    vec![topology::EGRESS_IP]
-                };
+                let egress_ips: Vec<Ipv4Addr> =
+                    if mode.new_flows() { NEW_CONNS_EGRESS.to_vec() } else { vec![topology::EGRESS_IP] };
                 let config = BenchConfig {
                     inside: GW_IN.into(),
                     outside: GW_OUT.into(),
