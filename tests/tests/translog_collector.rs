@@ -101,7 +101,11 @@ fn config(ipfix: SocketAddr, syslog: SocketAddr) -> TranslationLogsConfig {
             template_refresh: Duration::from_secs(60),
             mtu: 1400,
         }),
-        syslog: Some(SyslogConfig { collector: syslog, hostname: Some("gw-test".into()), transport: SyslogTransport::Udp }),
+        syslog: Some(SyslogConfig {
+            collector: syslog,
+            hostname: Some("gw-test".into()),
+            transport: SyslogTransport::Udp,
+        }),
     }
 }
 
