@@ -256,8 +256,7 @@ fn read_frames(stream: &mut std::net::TcpStream, n: usize) -> Vec<String> {
         let got = stream.read(&mut buf).unwrap();
         assert!(got > 0, "closed after {} frames", out.len());
         data.extend_from_slice(&buf[..got]);
-        loop {
-            let Some(sp) = data.iter().position(|b| *b == b' ') else { break };
+        while let Some(sp) = data.iter().position(|b| *b == b' ') {
             let len: usize = std::str::from_utf8(&data[..sp]).unwrap().parse().unwrap();
             if data.len() < sp + 1 + len {
                 break;
