@@ -193,6 +193,8 @@ pub struct Options {
     /// The transport of the fixed-flow modes' frames (new-connection and
     /// encapsulated modes send UDP).
     pub proto: Proto,
+    /// The sinks `new-conns-translog` exports to.
+    pub translog_sinks: crate::egret::TranslogSinks,
 }
 
 /// Nice value of the generator thread.
@@ -489,7 +491,7 @@ impl<'t> Gateway<'t> {
                     destinations: topology::SINK_RANGE.into(),
                     metrics_port: opts.metrics_port,
                     admin_socket: opts.workdir.join("egret.sock"),
-                    translog: mode == Mode::NewConnsTranslog,
+                    translog: (mode == Mode::NewConnsTranslog).then_some(opts.translog_sinks),
                 };
                 let path = opts.workdir.join(format!("egret-{}.yaml", mode.name()));
                 egret::write_config(&path, &config)?;
@@ -1302,6 +1304,7 @@ ipv4     2 udp      17 29 src=198.18.1.0 dst=198.51.100.1 sport=1024 dport=9 [UN
             train: 16,
             tunnel_port: 6082,
             proto: Proto::Tcp,
+            translog_sinks: crate::egret::TranslogSinks::Both,
         };
         assert_eq!(proto_of(Mode::Kernel, &opts), Proto::Tcp);
         assert_eq!(proto_of(Mode::KernelFlowtable, &opts), Proto::Tcp);

@@ -59,7 +59,18 @@ pub struct BenchConfig {
     /// `tunnel:` (issue 30), when the nodes' VXLAN tunnel is on.
     pub tunnel: Option<TunnelConfig>,
     /// `translationLogs:` (issue 34) to the gateway namespace's loopback.
-    pub translog: bool,
+    pub translog: Option<TranslogSinks>,
+}
+
+/// Which collectors `new-conns-translog` exports to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TranslogSinks {
+    /// IPFIX only (about 40 records per datagram).
+    Ipfix,
+    /// Syslog only (a datagram per event).
+    Syslog,
+    /// Both.
+    Both,
 }
 
 /// The gateway's `tunnel:` section in file mode (docs/config.md, "The
@@ -104,11 +115,15 @@ impl BenchConfig {
             let nodes: Vec<String> = t.node_addresses.iter().map(ToString::to_string).collect();
             let _ = writeln!(y, "tunnel: {{port: {}, nodeAddresses: [{}]}}", t.port, nodes.join(", "));
         }
-        if self.translog {
-            let _ = writeln!(
-                y,
-                "translationLogs: {{ipfix: {{collector: \"127.0.0.1:4739\"}}, syslog: {{collector: \"127.0.0.1:5514\"}}}}"
-            );
+        if let Some(sinks) = self.translog {
+            let ipfix = "ipfix: {collector: \"127.0.0.1:4739\"}";
+            let syslog = "syslog: {collector: \"127.0.0.1:5514\"}";
+            let body = match sinks {
+                TranslogSinks::Ipfix => ipfix.to_string(),
+                TranslogSinks::Syslog => syslog.to_string(),
+                TranslogSinks::Both => format!("{ipfix}, {syslog}"),
+            };
+            let _ = writeln!(y, "translationLogs: {{{body}}}");
         }
         let _ = writeln!(y, "metrics: {{listen: \"127.0.0.1:{}\"}}", self.metrics_port);
         let _ = writeln!(y, "admin: {{socket: {}}}", self.admin_socket.display());
@@ -337,7 +352,7 @@ mod tests {
             metrics_port: 19469,
             admin_socket: PathBuf::from("/tmp/x/egret.sock"),
             tunnel: None,
-            translog: false,
+            translog: None,
         };
         assert_eq!(
             c.to_yaml(),
@@ -354,7 +369,7 @@ mod tests {
         );
         let sized = BenchConfig { fast_path: true, fast_path_sessions: Some(16384), ..c.clone() };
         assert!(sized.to_yaml().contains("\nxdp: {mode: native, fastPath: true, fastPathSessions: 16384}\n"));
-        let logged = BenchConfig { translog: true, ..c.clone() };
+        let logged = BenchConfig { translog: Some(TranslogSinks::Both), ..c.clone() };
         assert!(logged.to_yaml().contains(
             "\ntranslationLogs: {ipfix: {collector: \"127.0.0.1:4739\"}, syslog: {collector: \"127.0.0.1:5514\"}}\nmetrics:"
         ));

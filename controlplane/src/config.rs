@@ -258,10 +258,21 @@ pub struct IpfixConfig {
 /// `translationLogs.syslog:`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyslogConfig {
-    /// Where messages go (UDP).
+    /// Where messages go.
     pub collector: SocketAddr,
     /// HOSTNAME; `None`: the node's name.
     pub hostname: Option<String>,
+    /// UDP (RFC 5426) or TCP with octet counting (RFC 6587).
+    pub transport: SyslogTransport,
+}
+
+/// `translationLogs.syslog.transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyslogTransport {
+    /// A datagram per message (RFC 5426).
+    Udp,
+    /// A TCP stream, messages framed by their length (RFC 6587 §3.4.1).
+    Tcp,
 }
 
 /// Default `translationLogs.ringRecords` (ADR 0034 §2: 32 ms of slack at
@@ -779,7 +790,15 @@ impl Checker<'_> {
                     );
                 }
             }
-            SyslogConfig { collector, hostname: s.hostname.clone() }
+            let transport = match s.transport.as_deref().unwrap_or("udp") {
+                "udp" => SyslogTransport::Udp,
+                "tcp" => SyslogTransport::Tcp,
+                other => {
+                    self.invalid(format!("{p}.syslog.transport"), other, "must be udp or tcp");
+                    SyslogTransport::Udp
+                }
+            };
+            SyslogConfig { collector, hostname: s.hostname.clone(), transport }
         });
         if !t.enabled.unwrap_or(true) {
             return None;

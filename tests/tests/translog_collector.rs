@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use egret_controlplane::config::{IpfixConfig, SyslogConfig, TranslationLogsConfig};
+use egret_controlplane::config::{IpfixConfig, SyslogConfig, SyslogTransport, TranslationLogsConfig};
 use egret_controlplane::translog::{Clocks, DropReason, Exporter, Sink};
 use egret_dataplane::clock::Timestamp;
 use egret_dataplane::engine::{ChecksumHint, Engine, Pipeline, RxMeta, Verdict};
@@ -101,7 +101,11 @@ fn config(ipfix: SocketAddr, syslog: SocketAddr) -> TranslationLogsConfig {
             template_refresh: Duration::from_secs(60),
             mtu: 1400,
         }),
-        syslog: Some(SyslogConfig { collector: syslog, hostname: Some("gw-test".into()) }),
+        syslog: Some(SyslogConfig {
+            collector: syslog,
+            hostname: Some("gw-test".into()),
+            transport: SyslogTransport::Udp,
+        }),
     }
 }
 

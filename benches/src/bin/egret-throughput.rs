@@ -96,6 +96,10 @@ struct Args {
     /// (6083-65535 for 6082).
     #[arg(long, default_value_t = egret_benches::frame::TUNNEL_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     tunnel_port: u16,
+    /// The collectors `new-conns-translog` exports to (on the gateway
+    /// namespace's loopback, where nothing listens).
+    #[arg(long, value_enum, default_value_t = egret_benches::egret::TranslogSinks::Both)]
+    translog_sinks: egret_benches::egret::TranslogSinks,
     /// Write samples, summaries and ratios to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -199,6 +203,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
         train: train_of(args),
         tunnel_port: args.tunnel_port,
         proto: args.proto,
+        translog_sinks: args.translog_sinks,
     };
 
     if opts.priorities {

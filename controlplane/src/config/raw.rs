@@ -89,6 +89,8 @@ pub struct TranslationLogsSyslog {
     pub collector: Option<String>,
     /// HOSTNAME.
     pub hostname: Option<String>,
+    /// udp | tcp.
+    pub transport: Option<String>,
 }
 
 /// `tunnel:` (docs/config.md: nodes in other subnets, docs/adr/0031).

@@ -548,7 +548,11 @@ fn translation_logs_and_their_defaults() {
                 template_refresh: Duration::from_secs(60),
                 mtu: 1400,
             }),
-            syslog: Some(SyslogConfig { collector: "[2001:db8::50]:514".parse().unwrap(), hostname: None }),
+            syslog: Some(SyslogConfig {
+                collector: "[2001:db8::50]:514".parse().unwrap(),
+                hostname: None,
+                transport: SyslogTransport::Udp,
+            }),
         }
     );
     let text = format!(
@@ -610,6 +614,10 @@ fn translation_logs_bad_values_are_named() {
             &[
                 r#"gw.yaml: translationLogs.syslog.hostname: "gw a": must be 1-255 printable US-ASCII characters, no space (RFC 5424 HOSTNAME)"#,
             ],
+        ),
+        (
+            "{syslog: {collector: \"192.0.2.50:514\", transport: sctp}}",
+            &[r#"gw.yaml: translationLogs.syslog.transport: "sctp": must be udp or tcp"#],
         ),
         (
             "{enterpriseNumber: 0, syslog: {collector: \"192.0.2.50:514\"}}",

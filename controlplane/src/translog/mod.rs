@@ -21,13 +21,17 @@
 //! the collector can tell (IPFIX sequence gaps). A collector that is gone
 //! costs counters and one extra send, never a wait.
 //!
+//! Syslog over TCP (`transport: tcp`, RFC 6587 octet counting) is
+//! written by a thread of its own from a bounded queue (`tcp.rs`).
+//!
 //! Not built yet (ADR 0034): the pod's identity (namespace, name, UID),
-//! the local journal and `egret who-had`, syslog over TCP, port blocks,
+//! the local journal and `egret who-had`, port blocks,
 //! and the HA rules beyond "an import logs nothing; the adopted session's
 //! end is flagged".
 
 pub mod ipfix;
 pub mod syslog;
+pub mod tcp;
 
 use std::collections::VecDeque;
 use std::io;
@@ -40,7 +44,7 @@ use egret_dataplane::clock::EngineClock;
 use egret_dataplane::engine::Engine;
 use egret_dataplane::translog::{EndReason, LogKind, LogRecord};
 
-use crate::config::TranslationLogsConfig;
+use crate::config::{SyslogTransport, TranslationLogsConfig};
 
 /// One event as the sinks see it: wall-clock times, addresses as `IpAddr`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -236,11 +240,11 @@ impl Stats {
         }
     }
 
-    fn add_sent(&self, sink: Sink, n: u64) {
+    pub(crate) fn add_sent(&self, sink: Sink, n: u64) {
         self.sent[sink as usize].fetch_add(n, Ordering::Relaxed);
     }
 
-    fn add_dropped(&self, sink: Sink, reason: DropReason, n: u64) {
+    pub(crate) fn add_dropped(&self, sink: Sink, reason: DropReason, n: u64) {
         self.dropped[sink as usize][reason as usize].fetch_add(n, Ordering::Relaxed);
     }
 }
@@ -252,16 +256,28 @@ struct Queue {
     events: VecDeque<Event>,
     capacity: usize,
     socket: UdpSocket,
+    collector: SocketAddr,
+    /// Whether `socket` is connected to `collector` (a connect fails while
+    /// there is no route to it; each send tries again).
+    connected: std::cell::Cell<bool>,
 }
 
 impl Queue {
+    /// A queue and its socket. No route to the collector yet is not an
+    /// error: the sends fail, counted, until there is one.
     fn open(sink: Sink, collector: SocketAddr, capacity: usize) -> io::Result<Queue> {
         let local: SocketAddr =
             if collector.is_ipv4() { (Ipv4Addr::UNSPECIFIED, 0).into() } else { (Ipv6Addr::UNSPECIFIED, 0).into() };
         let socket = UdpSocket::bind(local)?;
-        socket.connect(collector)?;
         socket.set_nonblocking(true)?;
-        Ok(Queue { sink, events: VecDeque::new(), capacity, socket })
+        let connected = match socket.connect(collector) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(sink = sink.name(), %collector, error = %e, "translation logs: the collector cannot be reached yet");
+                false
+            }
+        };
+        Ok(Queue { sink, events: VecDeque::new(), capacity, socket, collector, connected: connected.into() })
     }
 
     fn push(&mut self, e: &Event, stats: &Stats) {
@@ -275,6 +291,10 @@ impl Queue {
     /// Sends one datagram, never waiting; an ICMP error an earlier
     /// datagram drew is counted as the collector unreachable.
     fn try_send(&self, bytes: &[u8], stats: &Stats) -> io::Result<()> {
+        if !self.connected.get() {
+            self.socket.connect(self.collector)?;
+            self.connected.set(true);
+        }
         let r = self.socket.send(bytes).map(|_| ());
         if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused) {
             stats.unreachable[self.sink as usize].fetch_add(1, Ordering::Relaxed);
@@ -292,6 +312,14 @@ impl Queue {
     }
 }
 
+/// Syslog's transport: datagrams sent by the exporter, or a TCP stream
+/// written by a thread of its own.
+#[derive(Debug)]
+enum SyslogSink {
+    Udp(Queue),
+    Tcp(tcp::TcpSender),
+}
+
 /// Events a sink takes from its queue per pass.
 const SEND_BATCH: usize = 4096;
 
@@ -301,7 +329,7 @@ pub struct Exporter {
     engine: Engine,
     destinations: bool,
     ipfix: Option<(Queue, ipfix::Encoder)>,
-    syslog: Option<(Queue, syslog::Format)>,
+    syslog: Option<(SyslogSink, syslog::Format)>,
     stats: Arc<Stats>,
     batch: Vec<LogRecord>,
     events: Vec<Event>,
@@ -313,6 +341,7 @@ impl Exporter {
     /// `hostname` (syslog's HOSTNAME unless configured, and IPFIX's
     /// observation domain unless configured). Opens the sinks' sockets.
     pub fn new(engine: Engine, cfg: &TranslationLogsConfig, hostname: &str) -> io::Result<Exporter> {
+        let stats: Arc<Stats> = Arc::default();
         let ipfix = match &cfg.ipfix {
             Some(c) => {
                 let domain = c.observation_domain.unwrap_or_else(|| observation_domain(hostname));
@@ -330,7 +359,13 @@ impl Exporter {
                     pen: cfg.enterprise_number,
                     destinations: cfg.log_destinations,
                 };
-                Some((Queue::open(Sink::Syslog, c.collector, cfg.queue_events)?, format))
+                let sink = match c.transport {
+                    SyslogTransport::Udp => SyslogSink::Udp(Queue::open(Sink::Syslog, c.collector, cfg.queue_events)?),
+                    SyslogTransport::Tcp => {
+                        SyslogSink::Tcp(tcp::TcpSender::start(c.collector, cfg.queue_events, stats.clone())?)
+                    }
+                };
+                Some((sink, format))
             }
             None => None,
         };
@@ -339,7 +374,7 @@ impl Exporter {
             destinations: cfg.log_destinations,
             ipfix,
             syslog,
-            stats: Arc::default(),
+            stats,
             batch: Vec::new(),
             events: Vec::new(),
             messages: Vec::new(),
@@ -380,8 +415,10 @@ impl Exporter {
             if let Some((q, _)) = &mut self.ipfix {
                 q.push(e, &self.stats);
             }
-            if let Some((q, _)) = &mut self.syslog {
-                q.push(e, &self.stats);
+            match &mut self.syslog {
+                Some((SyslogSink::Udp(q), _)) => q.push(e, &self.stats),
+                Some((SyslogSink::Tcp(t), format)) => t.push(&format.line(e), &self.stats),
+                None => {}
             }
         }
         self.send_ipfix(clocks.wall_ms);
@@ -421,7 +458,7 @@ impl Exporter {
     }
 
     fn send_syslog(&mut self) {
-        let Some((q, format)) = &mut self.syslog else { return };
+        let Some((SyslogSink::Udp(q), format)) = &mut self.syslog else { return };
         while let Some(e) = q.events.pop_front() {
             let line = format.line(&e);
             // Once more after an error: it may be an earlier datagram's.

@@ -91,7 +91,11 @@ fn config(
             template_refresh: Duration::from_secs(60),
             mtu: 1400,
         }),
-        syslog: syslog.map(|collector| SyslogConfig { collector, hostname: Some("gw-a".into()) }),
+        syslog: syslog.map(|collector| SyslogConfig {
+            collector,
+            hostname: Some("gw-a".into()),
+            transport: crate::config::SyslogTransport::Udp,
+        }),
     }
 }
 
@@ -161,6 +165,26 @@ fn a_collector_that_is_gone_costs_counters_not_time() {
     }
 }
 
+/// No route to the collector at start is not an error: the sends fail,
+/// counted, until there is one.
+#[test]
+fn a_collector_without_a_route_is_not_a_start_error() {
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let q = Queue::open(Sink::Syslog, rx.local_addr().unwrap(), 4).unwrap();
+    let stats = Stats::default();
+    // As if the connect at start had failed: the next send connects first.
+    q.connected.set(false);
+    assert!(q.try_send(b"x", &stats).is_ok());
+    assert!(q.connected.get());
+    let mut buf = [0u8; 8];
+    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    assert_eq!(rx.recv(&mut buf).unwrap(), 1);
+    // The documentation address range has no route in a namespace without
+    // one; where the host has a default route, it connects: both are fine.
+    let unrouted = Queue::open(Sink::Ipfix, "[2001:db8::1]:4739".parse().unwrap(), 4);
+    assert!(unrouted.is_ok(), "{unrouted:?}");
+}
+
 #[test]
 fn a_full_queue_drops_and_counts() {
     let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -211,4 +235,83 @@ fn a_collector_that_comes_back_gets_the_templates_and_the_records() {
     assert_eq!(x.stats().sent(Sink::Ipfix), 2);
     assert_eq!(x.stats().sent(Sink::Syslog), 2);
     assert_eq!(x.stats().dropped(Sink::Ipfix, DropReason::SendError), 0);
+}
+
+fn tcp_config(collector: std::net::SocketAddr, queue: usize) -> TranslationLogsConfig {
+    let mut c = config(None, Some(collector), queue);
+    if let Some(s) = c.syslog.as_mut() {
+        s.transport = crate::config::SyslogTransport::Tcp;
+    }
+    c
+}
+
+/// Reads octet-counted frames (RFC 6587 §3.4.1) until `n` arrived.
+fn read_frames(stream: &mut std::net::TcpStream, n: usize) -> Vec<String> {
+    use std::io::Read;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut data = Vec::new();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while out.len() < n {
+        let got = stream.read(&mut buf).unwrap();
+        assert!(got > 0, "closed after {} frames", out.len());
+        data.extend_from_slice(&buf[..got]);
+        while let Some(sp) = data.iter().position(|b| *b == b' ') {
+            let len: usize = std::str::from_utf8(&data[..sp]).unwrap().parse().unwrap();
+            if data.len() < sp + 1 + len {
+                break;
+            }
+            out.push(String::from_utf8(data[sp + 1..sp + 1 + len].to_vec()).unwrap());
+            data.drain(..sp + 1 + len);
+        }
+    }
+    out
+}
+
+#[test]
+fn syslog_over_tcp_frames_each_message_by_its_length() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (e, mut w) = engine_and_worker(1024);
+    let mut x = Exporter::new(e, &tcp_config(listener.local_addr().unwrap(), 1024), "node-a").unwrap();
+    new_flows(&mut w, 40000, 3, 0);
+    x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 0, scale: 1 });
+    let (mut s, _) = listener.accept().unwrap();
+    let frames = read_frames(&mut s, 3);
+    for (i, f) in frames.iter().enumerate() {
+        assert!(f.starts_with("<134>1 2026-12-01T12:17:39.263Z gw-a egret "), "{f}");
+        assert!(f.contains(&format!("ISPORT=\"{}\"", 40000 + i)), "{f}");
+    }
+    drop(x); // the writer stops
+}
+
+/// The collector is not there yet: messages wait (queue bounded), the
+/// writer retries, and they arrive once it listens; nothing waits on the
+/// exporter's side.
+#[test]
+fn syslog_over_tcp_waits_for_a_collector_without_holding_the_exporter() {
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (e, mut w) = engine_and_worker(1024);
+    let mut x = Exporter::new(e, &tcp_config(addr, 4), "node-a").unwrap();
+    new_flows(&mut w, 40000, 10, 0);
+    let t = std::time::Instant::now();
+    x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 0, scale: 1 });
+    assert!(t.elapsed() < Duration::from_millis(100), "{:?}", t.elapsed());
+    std::thread::sleep(Duration::from_millis(300));
+    let listener = std::net::TcpListener::bind(addr).unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    // At most the queue (4) and the one batch the writer held meanwhile.
+    let stats = x.stats().clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while stats.sent(Sink::Syslog) + stats.dropped(Sink::Syslog, DropReason::QueueFull) < 10 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", stats.counters());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent = stats.sent(Sink::Syslog) as usize;
+    assert!(sent >= 4, "{:?}", stats.counters());
+    assert_eq!(read_frames(&mut s, sent).len(), sent);
+    assert_eq!(sent as u64 + stats.dropped(Sink::Syslog, DropReason::QueueFull), 10);
+    drop(x);
 }
