@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, Throughput};
+use egret_benches::report::Spread;
 use egret_dataplane::engine::{Engine, Pipeline};
 use egret_dataplane::fixtures;
 use egret_dataplane::nat::port_alloc::PortRng;
@@ -165,16 +166,6 @@ fn journal(c: &mut Criterion) {
     g.finish();
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// The three modes in a rotating order (off, drained, queued; then
 /// drained, queued, off; ...) so that drift in the machine's load hits all
 /// alike.
@@ -225,20 +216,20 @@ fn interleaved() {
     }
     println!(
         "median flows/s: off {:.0}, drained {:.0}, queued {:.0}; median ratio drained/off {:.3} (min {:.3}, max {:.3}), queued/off {:.3} (min {:.3}, max {:.3})",
-        median(&mut offs),
-        median(&mut drs),
-        median(&mut qs),
-        median(&mut rd),
+        Spread::of(&offs).median,
+        Spread::of(&drs).median,
+        Spread::of(&qs).median,
+        Spread::of(&rd).median,
         rd.first().copied().unwrap_or(0.0),
         rd.last().copied().unwrap_or(0.0),
-        median(&mut rq),
+        Spread::of(&rq).median,
         rq.first().copied().unwrap_or(0.0),
         rq.last().copied().unwrap_or(0.0),
     );
     println!(
         "drainer (drain, read the slot, encode): median {:.0} ns of CPU per event while the round runs (wake-ups included), {:.0} ns draining a queued round at once",
-        median(&mut drainer),
-        median(&mut at_once)
+        Spread::of(&drainer).median,
+        Spread::of(&at_once).median
     );
     println!("encoded session record: IPv4 {SESSION_RECORD_V4_LEN} bytes, IPv6 {SESSION_RECORD_V6_LEN} bytes");
 }

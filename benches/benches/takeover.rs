@@ -21,6 +21,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
+use egret_benches::report::Spread;
 use egret_dataplane::engine::Engine;
 use egret_dataplane::fixtures;
 use egret_dataplane::nat::sync::SessionRecord;
@@ -59,11 +60,6 @@ fn import(records: &[SessionRecord], mapping: MappingBehavior, threads: Option<u
     let took = t.elapsed();
     assert_eq!(report.installed, n as u64, "{report:?}");
     took
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {
@@ -108,10 +104,10 @@ fn main() {
         println!(
             "median {name}: export {:.1} ms, import one thread {:.1} ms, split {:.1} ms, ratio split/one {:.3} \
              ({n} sessions, {rounds} rounds, {cores} cores)",
-            median(&mut exports[m]),
-            median(&mut single[m]),
-            median(&mut split[m]),
-            median(&mut ratios[m])
+            Spread::of(&exports[m]).median,
+            Spread::of(&single[m]).median,
+            Spread::of(&split[m]).median,
+            Spread::of(&ratios[m]).median
         );
     }
 }

@@ -25,6 +25,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, Throughput};
+use egret_benches::report::Spread;
 use egret_dataplane::clock::Timestamp;
 use egret_dataplane::engine::{Engine, Pipeline};
 use egret_dataplane::fixtures;
@@ -146,16 +147,6 @@ fn new_flow(c: &mut Criterion) {
     g.finish();
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// The three modes in a rotating order, so that drift in the machine's load
 /// hits all alike.
 fn interleaved() {
@@ -198,17 +189,21 @@ fn interleaved() {
     }
     println!(
         "median flows/s: off {:.0}, on {:.0}, on+drain {:.0}; median ratio on/off {:.3} (min {:.3}, max {:.3}), on+drain/off {:.3} (min {:.3}, max {:.3})",
-        median(&mut offs),
-        median(&mut ons),
-        median(&mut drs),
-        median(&mut r_on),
+        Spread::of(&offs).median,
+        Spread::of(&ons).median,
+        Spread::of(&drs).median,
+        Spread::of(&r_on).median,
         r_on.first().copied().unwrap_or(0.0),
         r_on.last().copied().unwrap_or(0.0),
-        median(&mut r_dr),
+        Spread::of(&r_dr).median,
         r_dr.first().copied().unwrap_or(0.0),
         r_dr.last().copied().unwrap_or(0.0),
     );
-    println!("median expiry sweep: off {:.0} ns per session ended, on {:.0} ns", median(&mut e_off), median(&mut e_on));
+    println!(
+        "median expiry sweep: off {:.0} ns per session ended, on {:.0} ns",
+        Spread::of(&e_off).median,
+        Spread::of(&e_on).median
+    );
     println!(
         "record {} bytes; a ring of {RING} records holds {} KiB (crossbeam adds an 8-byte stamp per slot)",
         std::mem::size_of::<egret_dataplane::translog::LogRecord>(),

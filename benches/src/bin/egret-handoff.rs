@@ -43,6 +43,7 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use clap::Parser;
+use egret_benches::report::Spread;
 use egret_benches::sys;
 use egret_benches::topology::in_netns;
 use egret_benches::xdp::Sink;
@@ -358,11 +359,6 @@ fn engine_run(overlay: bool, n: u64) -> Result<f64, Error> {
     Ok(t.elapsed().as_nanos() as f64 / n as f64)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 fn bench(args: &Args) -> Result<(), Error> {
     // The benchmark's namespaces, deleted on drop.
     let guard = NetnsGuard::unique("eghand", &["gw", "peer"]).create()?;
@@ -443,8 +439,8 @@ fn bench(args: &Args) -> Result<(), Error> {
         "\nmedians over {rounds} rounds ({n} packets per egress run, {frames} frames per engine run, core {cpu}):"
     );
     let mut med = std::collections::HashMap::new();
-    for (mode, mut samples) in results {
-        let m = median(&mut samples);
+    for (mode, samples) in results {
+        let m = Spread::of(&samples).median;
         med.insert(mode.name(), m);
         println!("  {:<15} {m:8.1} ns/packet", mode.name());
     }
