@@ -138,6 +138,18 @@ fn pool_tag(layout: &Layout) -> (&'static str, &'static str) {
     }
 }
 
+/// The pool's spec on AWS and Azure, whose pools select public addresses by
+/// `tags` in a subnet (`subnetId`); a gateway pool also lists the private
+/// range its egress IPs come from.
+fn tagged_pool_spec(layout: &Layout, cloud: &str, subnet_id: &str) -> Value {
+    let (k, v) = pool_tag(layout);
+    let cloud = json!({cloud: {"tags": {k: v}, "subnetId": subnet_id}});
+    match layout {
+        Layout::Gateways(_) => json!({"cloud": cloud, "addresses": [GATEWAY_POOL_RANGE]}),
+        Layout::Workers(_) => json!({"cloud": cloud}),
+    }
+}
+
 /// The audience of the service account token AKS's workload identity
 /// webhook projects (`azure.workload.identity/...`; Azure's documentation,
 /// "Service account token volume projection": `api://AzureADTokenExchange`).
@@ -419,12 +431,7 @@ impl CloudLab for AwsLab {
     }
 
     fn pool_spec(&self) -> Value {
-        let (k, v) = pool_tag(&self.layout);
-        let cloud = json!({"aws": {"tags": {k: v}, "subnetId": self.subnet}});
-        match self.layout {
-            Layout::Gateways(_) => json!({"cloud": cloud, "addresses": [GATEWAY_POOL_RANGE]}),
-            Layout::Workers(_) => json!({"cloud": cloud}),
-        }
+        tagged_pool_spec(&self.layout, "aws", &self.subnet)
     }
 
     fn gateway_env(&self, _dir: &Path, _token: &str) -> Vec<(String, String)> {
@@ -692,12 +699,7 @@ impl CloudLab for AzureLab {
     }
 
     fn pool_spec(&self) -> Value {
-        let (k, v) = pool_tag(&self.layout);
-        let cloud = json!({"azure": {"tags": {k: v}, "subnetId": self.subnet_id}});
-        match self.layout {
-            Layout::Gateways(_) => json!({"cloud": cloud, "addresses": [GATEWAY_POOL_RANGE]}),
-            Layout::Workers(_) => json!({"cloud": cloud}),
-        }
+        tagged_pool_spec(&self.layout, "azure", &self.subnet_id)
     }
 
     fn gateway_env(&self, dir: &Path, token: &str) -> Vec<(String, String)> {
