@@ -90,6 +90,15 @@ fn put_ipconfigs(request: &Value) -> BTreeMap<String, Value> {
         .collect()
 }
 
+/// The names of the NICs PUT since the requests were last cleared, in order.
+fn put_nic_names(emu: &AzureEmulator) -> Vec<String> {
+    emu.calls("PUT", "")
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().rsplit('/').next().unwrap().to_owned())
+        .collect()
+}
+
 fn same(a: &str, b: &str) -> bool {
     a.eq_ignore_ascii_case(b)
 }
@@ -349,12 +358,7 @@ async fn take_overs_update_whatever_a_stale_read_says() {
     tokio::time::sleep(Duration::from_secs_f64(lag + 0.5)).await;
     emu.clear_requests().unwrap();
     cloud.assign(&gw_a.nic_id, private, Some(public), &gateways).await.unwrap();
-    let order: Vec<String> = emu
-        .calls("PUT", "")
-        .unwrap()
-        .iter()
-        .map(|r| r["path"].as_str().unwrap().rsplit('/').next().unwrap().to_owned())
-        .collect();
+    let order = put_nic_names(&emu);
     assert_eq!(order, [gw_b.nic_name.clone(), gw_a.nic_name.clone()]);
     assert!(same(&emu.private_route(private).unwrap().unwrap().0, &gw_a.nic_id));
     emu.stop().unwrap();
@@ -483,12 +487,7 @@ async fn a_worker_nodes_address_is_a_dynamic_ip_configuration_of_its_own_subnet(
     cloud.assign(&b.interface_id, b_ip, Some(public), &only(&worker_b)).await.unwrap();
     let (nic, to) = emu.public_route(pip.ip).unwrap().expect("associated");
     assert!(same(&nic, &worker_b.nic_id) && to == b_ip.to_string(), "{nic} {to}");
-    let order: Vec<String> = emu
-        .calls("PUT", "")
-        .unwrap()
-        .iter()
-        .map(|r| r["path"].as_str().unwrap().rsplit('/').next().unwrap().to_owned())
-        .collect();
+    let order = put_nic_names(&emu);
     assert_eq!(order, [worker_a.nic_name.clone(), worker_b.nic_name.clone()]);
     assert_eq!(
         emu.private_route(a_ip).unwrap().map(|(_, public)| public),
