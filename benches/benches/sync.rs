@@ -214,17 +214,18 @@ fn interleaved() {
         rd.push(rate[1] / rate[0]);
         rq.push(rate[2] / rate[0]);
     }
+    let (rd, rq) = (Spread::of(&rd), Spread::of(&rq));
     println!(
         "median flows/s: off {:.0}, drained {:.0}, queued {:.0}; median ratio drained/off {:.3} (min {:.3}, max {:.3}), queued/off {:.3} (min {:.3}, max {:.3})",
         Spread::of(&offs).median,
         Spread::of(&drs).median,
         Spread::of(&qs).median,
-        Spread::of(&rd).median,
-        rd.first().copied().unwrap_or(0.0),
-        rd.last().copied().unwrap_or(0.0),
-        Spread::of(&rq).median,
-        rq.first().copied().unwrap_or(0.0),
-        rq.last().copied().unwrap_or(0.0),
+        rd.median,
+        rd.min,
+        rd.max,
+        rq.median,
+        rq.min,
+        rq.max,
     );
     println!(
         "drainer (drain, read the slot, encode): median {:.0} ns of CPU per event while the round runs (wake-ups included), {:.0} ns draining a queued round at once",

@@ -187,17 +187,18 @@ fn interleaved() {
         e_off.push(per(&got[0]));
         e_on.push(per(&got[1]));
     }
+    let (r_on, r_dr) = (Spread::of(&r_on), Spread::of(&r_dr));
     println!(
         "median flows/s: off {:.0}, on {:.0}, on+drain {:.0}; median ratio on/off {:.3} (min {:.3}, max {:.3}), on+drain/off {:.3} (min {:.3}, max {:.3})",
         Spread::of(&offs).median,
         Spread::of(&ons).median,
         Spread::of(&drs).median,
-        Spread::of(&r_on).median,
-        r_on.first().copied().unwrap_or(0.0),
-        r_on.last().copied().unwrap_or(0.0),
-        Spread::of(&r_dr).median,
-        r_dr.first().copied().unwrap_or(0.0),
-        r_dr.last().copied().unwrap_or(0.0),
+        r_on.median,
+        r_on.min,
+        r_on.max,
+        r_dr.median,
+        r_dr.min,
+        r_dr.max,
     );
     println!(
         "median expiry sweep: off {:.0} ns per session ended, on {:.0} ns",
