@@ -1,7 +1,8 @@
 //! Two gateway control planes against a real API server, with fake sinks
 //! whose timelines show when each gateway served which egress IP:
 //!
-//! 1. each egress IP has exactly one holder, spread by rendezvous hashing;
+//! 1. each egress IP has exactly one holder, its preferred one by rendezvous
+//!    hashing unless that one missed its turn (taken only in the other's);
 //! 2. a gateway cut off from the API server (a proxy severs its connections)
 //!    removes its IPs at its renew deadline, keeps the rest of its tables,
 //!    and the other gateway takes them only after that (the fencing margin);
@@ -70,6 +71,54 @@ async fn exactly_one_holder(what: &str, ips: &[IpAddr], gws: &[&Gateway]) -> Vec
     .await
 }
 
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock after 1970");
+    i64::try_from(since.as_millis()).expect("ms fit")
+}
+
+/// gw-2's preferred IPs that gw-1 holds (`gw1_holds`) were taken in gw-1's
+/// turn, never before: once gw-2's liveness Lease had been seen for the
+/// renew deadline R without gw-2 creating their records, or, gw-2 never
+/// seen, leaseDuration D after gw-1 started (lease.rs,
+/// `better_candidates_turn`). Which of the two happens is a matter of
+/// gw-2's speed on a busy machine (its start-up against R); the rule is
+/// not. Read from the Leases: gw-2's liveness Lease was acquired no later
+/// than gw-1 saw it, and gw-1 stamps the IP's record when it creates it.
+async fn took_only_in_turn(
+    client: &kube::Client,
+    gw2_preferred: &BTreeSet<IpAddr>,
+    gw1_holds: &BTreeSet<IpAddr>,
+    gw1_started_ms: i64,
+) {
+    use egret_controlplane::k8s::liveness::liveness_lease_name;
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "egret-system");
+    let gw2_live_ms = leases
+        .get(&liveness_lease_name("gw-2"))
+        .await
+        .ok()
+        .and_then(|l| l.spec?.acquire_time)
+        .map(|t| t.0.as_millisecond());
+    // The Lease's stamps have microseconds; the test's clock reads ms.
+    let slack = 5;
+    for ip in gw2_preferred.intersection(gw1_holds) {
+        let spec = lease_spec(client, *ip).await.expect("a Lease for every held IP");
+        let acquired = spec.acquire_time.expect("acquireTime").0.as_millisecond();
+        let seen_turn = gw2_live_ms.map(|l| l + ms(R) as i64);
+        let unseen_turn = gw1_started_ms + ms(D) as i64;
+        let turn = seen_turn.map_or(unseen_turn, |s| s.min(unseen_turn));
+        println!(
+            "{ip}: gw-2's own, taken by gw-1 {} ms after gw-1 started ({} ms after gw-2's liveness Lease): gw-2 was too slow for its turn",
+            acquired - gw1_started_ms,
+            gw2_live_ms.map_or("never".to_string(), |l| (acquired - l).to_string())
+        );
+        if acquired + slack < turn {
+            show_leases(client).await;
+            panic!("{ip}: gw-1 took gw-2's IP {} ms before its turn", turn - acquired);
+        }
+    }
+}
+
 async fn scenario(server: &ApiServer) {
     let client = server.client().await.expect("client");
     install_crds(&client).await;
@@ -92,15 +141,22 @@ async fn scenario(server: &ApiServer) {
     let upstream = upstream(server.kubeconfig_path()).await;
     let proxy = Proxy::start(upstream).await;
     let (via_proxy, _) = client_via(server.kubeconfig_path(), proxy.port).await;
+    // gw-1 first, alone until it holds its own share: the cut-off below
+    // then always has IPs to fence.
+    let gw1_started_ms = now_ms();
     let mut gw1 = Gateway::start(via_proxy, "gw-1", "egret-system");
+    let preferred_by = |gw: &str| -> BTreeSet<IpAddr> {
+        ips.iter().copied().filter(|ip| rank_gateways(*ip, &["gw-1", "gw-2"])[0] == gw).collect()
+    };
+    wait_for("gw-1 to hold its preferred IPs", WAIT, || {
+        let ok = gw1.sink.held().is_superset(&preferred_by("gw-1"));
+        async move { ok.then_some(()) }
+    })
+    .await;
     let mut gw2 = Gateway::start(server.client().await.expect("client"), "gw-2", "egret-system");
     let held = exactly_one_holder("one holder per IP", &ips, &[&gw1, &gw2]).await;
     println!("steady state: gw-1 holds {:?}, gw-2 holds {:?}", held[0], held[1]);
-    for ip in &ips {
-        let preferred = &rank_gateways(*ip, &["gw-1", "gw-2"])[0];
-        let holder = if held[0].contains(ip) { "gw-1" } else { "gw-2" };
-        assert_eq!(holder, preferred, "{ip} is held by its preferred gateway");
-    }
+    took_only_in_turn(&client, &preferred_by("gw-2"), &held[0], gw1_started_ms).await;
     // Stay a while: renewals must not move anything.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(vec![gw1.sink.held(), gw2.sink.held()], held, "stable under renewals");

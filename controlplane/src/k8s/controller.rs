@@ -793,24 +793,34 @@ impl SyncLoop {
         let watched: BTreeSet<IpAddr> = leases.keys().copied().collect();
         self.mgr.lock().forget_unused(&in_use, &watched);
         let standbys = self.ha.as_ref().map(crate::ha::Ha::standbys).unwrap_or_default();
-        let epoch = self.mgr.lock().liveness().map(|l| l.epoch());
-        let inputs: BTreeMap<IpAddr, RenewInput> = d
-            .ips
-            .iter()
-            .map(|(ip, a)| {
-                let ha = self.ha.as_ref().map(|ha| HaFields {
-                    failsafe_peers: a.candidates.iter().filter(|n| **n != me).cloned().collect(),
-                    incarnation: ha.incarnation(),
-                    standby: standbys.get(ip).cloned(),
-                });
-                (*ip, RenewInput { next_hop: a.next_hop, ha, epoch })
-            })
-            .collect();
+        // The epoch the records are written under and the plan that sends
+        // them come from one look at the manager: the renewer's task takes
+        // the liveness Lease on another thread, and a plan made just after
+        // it, with the epoch read just before it (0), created records under
+        // epoch 0, which every other gateway reads as void (its liveness
+        // Lease names epoch 1) and took at once (k8s_failover, 1 run in 7).
+        let (inputs, actions) = {
+            let mut mgr = self.mgr.lock();
+            let epoch = mgr.liveness().map(|l| l.epoch());
+            let inputs: BTreeMap<IpAddr, RenewInput> = d
+                .ips
+                .iter()
+                .map(|(ip, a)| {
+                    let ha = self.ha.as_ref().map(|ha| HaFields {
+                        failsafe_peers: a.candidates.iter().filter(|n| **n != me).cloned().collect(),
+                        incarnation: ha.incarnation(),
+                        standby: standbys.get(ip).cloned(),
+                    });
+                    (*ip, RenewInput { next_hop: a.next_hop, ha, epoch })
+                })
+                .collect();
+            let fields = inputs.iter().filter_map(|(ip, i)| Some((*ip, i.ha.clone()?))).collect();
+            mgr.set_record_fields(fields);
+            // Renewals are the renewer's (renewer.rs); everything else is sent here.
+            let actions = mgr.plan(now, &candidates, applied);
+            (inputs, actions)
+        };
         *self.renewer.inputs.lock() = inputs.clone();
-        let fields = inputs.iter().filter_map(|(ip, i)| Some((*ip, i.ha.clone()?))).collect();
-        self.mgr.lock().set_record_fields(fields);
-        // Renewals are the renewer's (renewer.rs); everything else is sent here.
-        let actions = self.mgr.lock().plan(now, &candidates, applied);
         for (ip, action) in actions {
             let api = self.leases.clone();
             let opts = self.opts.clone();

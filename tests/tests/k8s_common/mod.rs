@@ -238,6 +238,13 @@ pub fn with_api_server(
         Ok(false) => return,
         Err(e) => panic!("{e}"),
     }
+    // The gateways' logs, with RUST_LOG set (a failure's explanation).
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
     let server = ApiServer::start().expect("start kube-apiserver + etcd");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     scenario(&server, &rt);
@@ -390,20 +397,27 @@ where
     if let Some(v) = poll_until(timeout, f).await {
         return v;
     }
+    show_leases(client).await;
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// Prints every Lease as the API server has it: what a failure in an
+/// election needs explained.
+pub async fn show_leases(client: &kube::Client) {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::all(client.clone());
     for l in leases.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
         let spec = l.spec.unwrap_or_default();
         println!(
-            "lease {}: holder {:?}, transitions {:?}, renewed {:?}, version {:?}, annotations {:?}",
+            "lease {}: holder {:?}, transitions {:?}, acquired {:?}, renewed {:?}, version {:?}, annotations {:?}",
             l.metadata.name.unwrap_or_default(),
             spec.holder_identity,
             spec.lease_transitions,
+            spec.acquire_time.map(|t| t.0.to_string()),
             spec.renew_time.map(|t| t.0.to_string()),
             l.metadata.resource_version,
             l.metadata.annotations.unwrap_or_default()
         );
     }
-    panic!("timed out after {timeout:?} waiting for {what}");
 }
 
 /// Installs the generated CRDs from `deploy/crds/` and waits until they are Established.
