@@ -24,14 +24,22 @@
 //! Syslog over TCP (`transport: tcp`, RFC 6587 octet counting) is
 //! written by a thread of its own from a bounded queue (`tcp.rs`).
 //!
-//! Not built yet (ADR 0034): the pod's identity (namespace, name, UID),
-//! the local journal and `egret who-had`, port blocks,
-//! and the HA rules beyond "an import logs nothing; the adopted session's
-//! end is flagged".
+//! Each event carries the pod's identity as the control plane knew it when
+//! the record was drained (`identity.rs`, fed by the Kubernetes
+//! controller), and goes to the local journal (`journal.rs`) that
+//! `egret who-had` reads, written on this thread too.
+//!
+//! Not built yet (ADR 0034): the identity in IPFIX's enterprise IEs (§4),
+//! an identity history per address (§3: the identity is the one current
+//! at the drain), port blocks, and the HA rules beyond "an import logs
+//! nothing; the adopted session's end is flagged".
 
+pub mod identity;
 pub mod ipfix;
+pub mod journal;
 pub mod syslog;
 pub mod tcp;
+pub mod who_had;
 
 use std::collections::VecDeque;
 use std::io;
@@ -77,6 +85,8 @@ pub struct Event {
     pub quota: Option<u8>,
     /// A refusal: the limit hit (ports in the range, sessions).
     pub limit: Option<u32>,
+    /// The pod's identity when the record was drained, if known.
+    pub identity: Option<Arc<identity::PodIdentity>>,
 }
 
 /// Engine time and wall time read together, to place engine times on the
@@ -141,6 +151,7 @@ impl Event {
             flags: r.flags,
             quota: (kind == LogKind::QuotaExceeded).then_some(r.detail),
             limit: matches!(kind, LogKind::PortsExhausted | LogKind::QuotaExceeded).then_some(r.value),
+            identity: None,
         })
     }
 }
@@ -152,17 +163,20 @@ pub enum Sink {
     Ipfix = 0,
     /// Syslog to `translationLogs.syslog.collector`.
     Syslog = 1,
+    /// The local journal (`translationLogs.journal`).
+    Journal = 2,
 }
 
 impl Sink {
-    /// Both, in order.
-    pub const ALL: [Sink; 2] = [Sink::Ipfix, Sink::Syslog];
+    /// All, in order.
+    pub const ALL: [Sink; 3] = [Sink::Ipfix, Sink::Syslog, Sink::Journal];
 
     /// The metric label.
     pub const fn name(self) -> &'static str {
         match self {
             Sink::Ipfix => "ipfix",
             Sink::Syslog => "syslog",
+            Sink::Journal => "journal",
         }
     }
 }
@@ -175,17 +189,20 @@ pub enum DropReason {
     /// Sending failed or would have blocked (the collector is gone, or the
     /// socket's buffer full).
     SendError = 1,
+    /// Writing the journal failed (disk full, directory gone).
+    WriteError = 2,
 }
 
 impl DropReason {
-    /// Both, in order.
-    pub const ALL: [DropReason; 2] = [DropReason::QueueFull, DropReason::SendError];
+    /// All, in order.
+    pub const ALL: [DropReason; 3] = [DropReason::QueueFull, DropReason::SendError, DropReason::WriteError];
 
     /// The metric label.
     pub const fn name(self) -> &'static str {
         match self {
             DropReason::QueueFull => "queue_full",
             DropReason::SendError => "send_error",
+            DropReason::WriteError => "write_error",
         }
     }
 }
@@ -195,9 +212,9 @@ impl DropReason {
 #[derive(Debug, Default)]
 pub struct Stats {
     records: [AtomicU64; 4],
-    sent: [AtomicU64; 2],
-    dropped: [[AtomicU64; 2]; 2],
-    unreachable: [AtomicU64; 2],
+    sent: [AtomicU64; 3],
+    dropped: [[AtomicU64; 3]; 3],
+    unreachable: [AtomicU64; 3],
 }
 
 impl Stats {
@@ -236,7 +253,10 @@ impl Stats {
                     DropReason::ALL.iter().map(|r| (s.name().to_string(), r.name().to_string(), self.dropped(*s, *r)))
                 })
                 .collect(),
-            unreachable: Sink::ALL.iter().map(|s| (s.name().to_string(), self.unreachable(*s))).collect(),
+            unreachable: [Sink::Ipfix, Sink::Syslog]
+                .iter()
+                .map(|s| (s.name().to_string(), self.unreachable(*s)))
+                .collect(),
         }
     }
 
@@ -330,6 +350,8 @@ pub struct Exporter {
     destinations: bool,
     ipfix: Option<(Queue, ipfix::Encoder)>,
     syslog: Option<(SyslogSink, syslog::Format)>,
+    journal: Option<journal::Journal>,
+    identities: identity::PodIdentities,
     stats: Arc<Stats>,
     batch: Vec<LogRecord>,
     events: Vec<Event>,
@@ -339,8 +361,15 @@ pub struct Exporter {
 impl Exporter {
     /// An exporter of `engine`'s rings as `cfg` says, for the node
     /// `hostname` (syslog's HOSTNAME unless configured, and IPFIX's
-    /// observation domain unless configured). Opens the sinks' sockets.
-    pub fn new(engine: Engine, cfg: &TranslationLogsConfig, hostname: &str) -> io::Result<Exporter> {
+    /// observation domain unless configured), the pods' identities read
+    /// from `identities`. Opens the sinks' sockets (the journal's first
+    /// segment is opened by the first write).
+    pub fn new(
+        engine: Engine,
+        cfg: &TranslationLogsConfig,
+        hostname: &str,
+        identities: identity::PodIdentities,
+    ) -> io::Result<Exporter> {
         let stats: Arc<Stats> = Arc::default();
         let ipfix = match &cfg.ipfix {
             Some(c) => {
@@ -369,11 +398,15 @@ impl Exporter {
             }
             None => None,
         };
+        let journal =
+            cfg.journal.as_ref().map(|j| journal::Journal::new(&j.dir, journal::Limits::new(j.max_bytes, j.max_age)));
         Ok(Exporter {
             engine,
             destinations: cfg.log_destinations,
             ipfix,
             syslog,
+            journal,
+            identities,
             stats,
             batch: Vec::new(),
             events: Vec::new(),
@@ -405,11 +438,18 @@ impl Exporter {
         // Each ring is in time order; across workers they interleave.
         self.batch.sort_by_key(|r| r.time_ms);
         self.events.clear();
+        // Resolved now, once per batch: the identity the pod has at the
+        // drain, never rewritten later.
+        let identities = if self.batch.is_empty() { None } else { Some(self.identities.snapshot()) };
         for r in &self.batch {
-            if let Some(e) = Event::from_record(r, clocks, self.destinations) {
+            if let Some(mut e) = Event::from_record(r, clocks, self.destinations) {
                 self.stats.records[e.kind as usize - 1].fetch_add(1, Ordering::Relaxed);
+                e.identity = identities.as_ref().and_then(|m| m.get(&e.pod).cloned());
                 self.events.push(e);
             }
+        }
+        if let Some(j) = &mut self.journal {
+            j.append(&self.events, clocks.wall_ms, &self.stats);
         }
         for e in &self.events {
             if let Some((q, _)) = &mut self.ipfix {
