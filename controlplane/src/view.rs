@@ -65,7 +65,7 @@ fn served_by_default() -> bool {
 }
 
 /// `egret status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     /// The configuration file.
     pub config_file: String,

@@ -38,6 +38,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -186,12 +187,13 @@ impl Journal {
 
     /// Opens a new segment at `now_ms`, then applies retention.
     fn roll(&mut self, now_ms: u64) -> io::Result<()> {
-        fs::create_dir_all(&self.dir)?;
+        // Who talked to whom: the owner's only.
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
         let existing = segments(&self.dir)?;
         // Names must sort by time and never collide.
         let start_ms = existing.last().map_or(now_ms, |s| now_ms.max(s.start_ms + 1));
         let path = self.dir.join(format!("seg-{start_ms:016}{SUFFIX}"));
-        let mut file = OpenOptions::new().create_new(true).append(true).open(&path)?;
+        let mut file = OpenOptions::new().create_new(true).append(true).mode(0o600).open(&path)?;
         file.write_all(MAGIC)?;
         self.open = Some(Open { file, start_ms, bytes: MAGIC.len() as u64 });
         self.retain(now_ms)

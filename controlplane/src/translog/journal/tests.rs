@@ -94,6 +94,9 @@ fn segments_roll_at_their_size_and_age() {
     assert_eq!(stats.sent(Sink::Journal), 11);
     let all: usize = segs.iter().map(|s| records(&fs::read(&s.path).unwrap()).count()).sum();
     assert_eq!(all, 11, "every event in exactly one segment");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "the owner's only");
+    assert_eq!(fs::metadata(&segs[0].path).unwrap().permissions().mode() & 0o777, 0o600);
     fs::remove_dir_all(&dir).unwrap();
 }
 
