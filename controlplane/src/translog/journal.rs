@@ -196,7 +196,16 @@ impl Journal {
         let mut file = OpenOptions::new().create_new(true).append(true).mode(0o600).open(&path)?;
         file.write_all(MAGIC)?;
         self.open = Some(Open { file, start_ms, bytes: MAGIC.len() as u64 });
-        self.retain(now_ms)
+        // A segment that cannot be removed must not stop the writing (nor
+        // open a new segment per pass): it is logged, and tried again at
+        // the next roll.
+        if let Err(e) = self.retain(now_ms) {
+            if self.warned_ms.is_none_or(|w| now_ms >= w + 60_000) {
+                self.warned_ms = Some(now_ms);
+                tracing::warn!(dir = %self.dir.display(), error = %e, "translation logs: removing old journal segments failed");
+            }
+        }
+        Ok(())
     }
 
     /// Removes the oldest segments beyond `maxBytes`, and those whose
@@ -212,7 +221,11 @@ impl Journal {
             }
             let ended_ms = all.get(i + 1).map_or(now_ms, |n| n.start_ms);
             if total > self.limits.max_bytes || ended_ms < cutoff {
-                fs::remove_file(&s.path)?;
+                match fs::remove_file(&s.path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
                 total -= s.bytes;
             }
         }
