@@ -585,6 +585,12 @@ pub mod render {
                 lost,
                 sum(&t.unreachable)
             ));
+            if let Some(bytes) = t.journal_bytes {
+                let since = t.journal_oldest_ms.map_or("nothing written yet".to_string(), |ms| {
+                    format!("egret who-had answers from {}", crate::translog::syslog::rfc3339_ms(ms))
+                });
+                out.push_str(&format!("journal: {bytes} bytes; {since}\n"));
+            }
             let rows: Vec<Vec<String>> = t
                 .dropped
                 .iter()

@@ -309,6 +309,20 @@ impl Snapshot {
         for (s, n) in &tl.unreachable {
             f.sample(&[("sink", s)], *n)?;
         }
+        let mut f = o.gauge(
+            "translog_journal_bytes",
+            "The translation logs' local journal: its segments together, bytes (absent: no journal).",
+        )?;
+        if let Some(b) = tl.journal_bytes {
+            f.sample(&[], b)?;
+        }
+        let mut f = o.seconds(
+            "translog_journal_oldest_timestamp",
+            "The start of the journal's oldest segment, Unix seconds: egret who-had answers from then on.",
+        )?;
+        if let Some(ms) = tl.journal_oldest_ms {
+            f.sample(&[], ms / 1000)?;
+        }
 
         let mut f = o.gauge("sessions", "Live sessions per address family.")?;
         f.sample(&[("family", "ipv4")], status.sessions.0)?;
@@ -913,6 +927,9 @@ mod tests {
             "egret_liveness_valid_for_seconds 1.5",
             "egret_liveness_lost_total 1",
             "egret_liveness_expired_total 2",
+            "egret_translog_journal_bytes 4096",
+            "egret_translog_journal_oldest_timestamp_seconds 1796126400",
+            r#"egret_translog_sent_total{sink="ipfix"} 9"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
@@ -927,6 +944,8 @@ mod tests {
             "fastpath_capacity",
             "fastpath_next_hops",
             "translog_enabled",
+            "translog_journal_bytes",
+            "translog_journal_oldest_timestamp_seconds",
             "sessions",
             "sessions_capacity",
             "ports_in_use",

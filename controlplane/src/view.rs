@@ -194,6 +194,13 @@ pub struct TranslogCounters {
     /// Sends that reported the collector unreachable (ICMP), by sink.
     #[serde(default)]
     pub unreachable: Vec<(String, u64)>,
+    /// The journal's segments together, bytes (`None`: no journal).
+    #[serde(default)]
+    pub journal_bytes: Option<u64>,
+    /// The journal's oldest segment's start, Unix ms (`None`: no journal,
+    /// or nothing written yet).
+    #[serde(default)]
+    pub journal_oldest_ms: Option<u64>,
 }
 
 /// The XDP fast path's counters (`egret counters`, `egret_fastpath_*`).

@@ -118,6 +118,8 @@ impl GatewayView for Fake {
                 sent: vec![("ipfix".into(), 9), ("syslog".into(), 8)],
                 dropped: vec![("syslog".into(), "send_error".into(), 1)],
                 unreachable: vec![("ipfix".into(), 0), ("syslog".into(), 2)],
+                journal_bytes: Some(4096),
+                journal_oldest_ms: Some(1_796_126_400_000),
             },
         }
     }
@@ -363,6 +365,12 @@ fn status_names_the_ownership() {
     );
     let lapsed = with(Some(LivenessRow { valid_for_ms: None, ..row }));
     assert!(lapsed.contains("epoch 4, NOT VALID (nothing served or taken until it is renewed);"), "{lapsed}");
+}
+
+#[test]
+fn counters_show_what_the_journal_covers() {
+    let text = render::counters(&Fake.counters());
+    assert!(text.contains("journal: 4096 bytes; egret who-had answers from 2026-12-01T12:00:00.000Z\n"), "{text}");
 }
 
 #[test]

@@ -105,6 +105,10 @@ pub struct Journal {
     buf: Vec<u8>,
     /// When an error was last logged (one warning a minute at most).
     warned_ms: Option<u64>,
+    /// The closed segments' bytes, and the oldest segment's start (as of
+    /// the last retention).
+    closed_bytes: u64,
+    oldest_ms: u64,
 }
 
 /// A segment on disk.
@@ -144,7 +148,7 @@ pub fn segments(dir: &Path) -> io::Result<Vec<Segment>> {
 impl Journal {
     /// A journal in `dir`; nothing is opened until the first write.
     pub fn new(dir: impl Into<PathBuf>, limits: Limits) -> Journal {
-        Journal { dir: dir.into(), limits, open: None, buf: Vec::new(), warned_ms: None }
+        Journal { dir: dir.into(), limits, open: None, buf: Vec::new(), warned_ms: None, closed_bytes: 0, oldest_ms: 0 }
     }
 
     /// Appends `events` (in time order) at wall time `now_ms`. Never
@@ -158,7 +162,11 @@ impl Journal {
             encode(e, &mut self.buf);
         }
         match self.write(now_ms) {
-            Ok(()) => stats.add_sent(Sink::Journal, events.len() as u64),
+            Ok(()) => {
+                stats.add_sent(Sink::Journal, events.len() as u64);
+                let open = self.open.as_ref().map_or(0, |o| o.bytes);
+                stats.set_journal(self.closed_bytes + open, self.oldest_ms);
+            }
             Err(e) => {
                 stats.add_dropped(Sink::Journal, DropReason::WriteError, events.len() as u64);
                 self.open = None;
@@ -229,6 +237,9 @@ impl Journal {
                 total -= s.bytes;
             }
         }
+        let kept = segments(&self.dir)?;
+        self.closed_bytes = kept.iter().filter(|s| Some(s.start_ms) != current).map(|s| s.bytes).sum();
+        self.oldest_ms = kept.first().map_or(0, |s| s.start_ms);
         Ok(())
     }
 }

@@ -215,6 +215,9 @@ pub struct Stats {
     sent: [AtomicU64; 3],
     dropped: [[AtomicU64; 3]; 3],
     unreachable: [AtomicU64; 3],
+    journal: AtomicBool,
+    journal_bytes: AtomicU64,
+    journal_oldest_ms: AtomicU64,
 }
 
 impl Stats {
@@ -257,7 +260,23 @@ impl Stats {
                 .iter()
                 .map(|s| (s.name().to_string(), self.unreachable(*s)))
                 .collect(),
+            journal_bytes: self.journal.load(Ordering::Relaxed).then(|| self.journal_bytes.load(Ordering::Relaxed)),
+            journal_oldest_ms: self.journal_oldest_ms(),
         }
+    }
+
+    /// The journal's oldest segment's start, Unix ms (`None`: no journal,
+    /// or no segment yet).
+    pub fn journal_oldest_ms(&self) -> Option<u64> {
+        let ms = self.journal_oldest_ms.load(Ordering::Relaxed);
+        (self.journal.load(Ordering::Relaxed) && ms != 0).then_some(ms)
+    }
+
+    /// The journal's size and oldest segment, after a write.
+    pub(crate) fn set_journal(&self, bytes: u64, oldest_ms: u64) {
+        self.journal.store(true, Ordering::Relaxed);
+        self.journal_bytes.store(bytes, Ordering::Relaxed);
+        self.journal_oldest_ms.store(oldest_ms, Ordering::Relaxed);
     }
 
     pub(crate) fn add_sent(&self, sink: Sink, n: u64) {
@@ -400,6 +419,9 @@ impl Exporter {
         };
         let journal =
             cfg.journal.as_ref().map(|j| journal::Journal::new(&j.dir, journal::Limits::new(j.max_bytes, j.max_age)));
+        if journal.is_some() {
+            stats.set_journal(0, 0);
+        }
         Ok(Exporter {
             engine,
             destinations: cfg.log_destinations,

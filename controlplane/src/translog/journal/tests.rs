@@ -131,6 +131,10 @@ fn retention_removes_the_oldest_segments_by_size_and_by_age() {
     j.append(&[ev(LogKind::SessionCreate, T0 + 7_200_000, 7, 99)], T0 + 7_200_000, &stats);
     let segs = segments(&dir).unwrap();
     assert_eq!(segs.iter().map(|s| s.start_ms).collect::<Vec<_>>(), [T0 + 18, T0 + 7_200_000], "{segs:?}");
+    // The metrics see what is on disk.
+    let c = stats.counters();
+    assert_eq!(c.journal_bytes, Some(segs.iter().map(|s| s.bytes).sum::<u64>()));
+    assert_eq!(c.journal_oldest_ms, Some(T0 + 18));
     // The journal now starts where its oldest segment does.
     assert_eq!(who_had(&dir, &query(T0)).unwrap().starts_ms, Some(T0 + 18));
     fs::remove_dir_all(&dir).unwrap();
