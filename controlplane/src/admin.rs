@@ -726,7 +726,10 @@ pub mod render {
                     r.proto.clone(),
                     ep(r.pod, r.pod_port),
                     r.remote.map_or("-".to_string(), |s| s.to_string()),
-                    rfc3339(r.created_ms),
+                    r.created_ms.map_or_else(
+                        || if r.adopted { "adopted (peer's journal)".into() } else { "not in the journal".into() },
+                        rfc3339,
+                    ),
                     r.last_ms.map_or("-".to_string(), rfc3339),
                     match (r.deleted_ms, r.live) {
                         (Some(d), _) => format!("{} ({})", rfc3339(d), r.reason.as_deref().unwrap_or("unknown")),

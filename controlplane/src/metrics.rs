@@ -291,13 +291,13 @@ impl Snapshot {
         for (k, n) in &tl.records {
             f.sample(&[("kind", k)], *n)?;
         }
-        let mut f = o.counter("translog_sent", "Translation log events sent, by sink (ipfix, syslog).")?;
+        let mut f = o.counter("translog_sent", "Translation log events sent, by sink (ipfix, syslog, journal).")?;
         for (s, n) in &tl.sent {
             f.sample(&[("sink", s)], *n)?;
         }
         let mut f = o.counter(
             "translog_dropped",
-            "Translation log events lost in the exporter, by sink and reason (queue_full, send_error).",
+            "Translation log events lost in the exporter, by sink and reason (queue_full, send_error, write_error).",
         )?;
         for (s, r, n) in &tl.dropped {
             f.sample(&[("sink", s), ("reason", r)], *n)?;

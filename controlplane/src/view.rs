@@ -186,7 +186,7 @@ pub struct TranslogCounters {
     /// Records taken from the workers' rings, by kind
     /// (`session_create`, `session_delete`).
     pub records: Vec<(String, u64)>,
-    /// Events sent, by sink (`ipfix`, `syslog`).
+    /// Events sent, by sink (`ipfix`, `syslog`, `journal`).
     pub sent: Vec<(String, u64)>,
     /// Events lost in the exporter, by sink and reason (`queue_full`,
     /// `send_error`).
@@ -645,8 +645,9 @@ pub struct WhoHadRow {
     pub remote: Option<std::net::SocketAddr>,
     /// The pod's identity when the session was created, if known.
     pub pod_identity: Option<crate::translog::identity::PodIdentity>,
-    /// Created, Unix ms.
-    pub created_ms: u64,
+    /// Created, Unix ms; `None`: not in this gateway's journal (adopted
+    /// from a peer: ask its journal or the collector).
+    pub created_ms: Option<u64>,
     /// Its last packet, Unix ms (whole seconds): the delete's, or the live
     /// session's.
     pub last_ms: Option<u64>,

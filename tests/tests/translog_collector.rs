@@ -359,7 +359,7 @@ fn nfdump_and_a_syslog_socket_read_back_exactly_the_scripted_sessions() {
         assert_eq!((r.egress, r.egress_port), (IpAddr::V4(p.0), p.1));
         assert_eq!(r.remote, Some(SocketAddr::new(IpAddr::V4(SERVER), s.remote_port)));
         assert_eq!(r.pod_identity.as_ref(), Some(&identity(s.pod)));
-        assert_eq!(r.created_ms, W0 + s.created_ms);
+        assert_eq!(r.created_ms, Some(W0 + s.created_ms));
         match s.ends {
             Some(last) => {
                 assert_eq!((r.deleted_ms, r.last_ms, r.live), (Some(W0 + SWEEP_MS), Some(W0 + last * 1000), false));

@@ -405,7 +405,7 @@ fn who_had_on_the_wire_and_for_people() {
             name: "api-7d9f8-abcde".into(),
             uid: "0b6c3a8e".into(),
         }),
-        created_ms: 1_796_133_780_000,
+        created_ms: Some(1_796_133_780_000),
         last_ms: Some(1_796_133_790_000),
         deleted_ms: deleted,
         reason: deleted.map(|_| "expired".into()),
@@ -424,6 +424,13 @@ fn who_had_on_the_wire_and_for_people() {
          POD                       UID       PROTO  POD ADDRESS       REMOTE             CREATED                   LAST PACKET               DELETED\n\
          payments/api-7d9f8-abcde  0b6c3a8e  tcp    10.244.1.7:40001  198.51.100.20:443  2026-12-01T14:03:00.000Z  2026-12-01T14:03:10.000Z  2026-12-01T14:05:10.000Z (expired)\n\
          payments/api-7d9f8-abcde  0b6c3a8e  tcp    10.244.1.8:40001  198.51.100.20:443  2026-12-01T14:03:00.000Z  2026-12-01T14:03:10.000Z  live\n"
+    );
+    let mut adopted = row("10.244.1.9", Some(1_796_133_910_000), false);
+    (adopted.created_ms, adopted.adopted) = (None, true);
+    let text = render::who_had(&query, &WhoHadAnswer { sessions: vec![adopted], ..a.clone() });
+    assert!(
+        text.contains("10.244.1.9:40001  198.51.100.20:443  adopted (peer's journal)  2026-12-01T14:03:10.000Z"),
+        "{text}"
     );
     let none = WhoHadAnswer { sessions: vec![], ..a.clone() };
     assert_eq!(

@@ -387,14 +387,23 @@ impl Query {
     }
 }
 
-/// One session that held the address and port at T, from the journal.
+/// One session that held the address and port at T, from the journal: at
+/// least one of its create and its delete.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Held {
-    /// Its create.
-    pub create: Event,
+    /// Its create; `None`: not in this journal (the session was adopted
+    /// from a peer, whose journal has it, or its segment was removed).
+    pub create: Option<Event>,
     /// Its delete, after T; `None`: none in the journal (still live, or
     /// its delete was lost).
     pub delete: Option<Event>,
+}
+
+impl Held {
+    /// The create, else the delete (they share the session's key).
+    pub fn event(&self) -> Option<&Event> {
+        self.create.as_ref().or(self.delete.as_ref())
+    }
 }
 
 /// The journal's answer.
@@ -433,16 +442,23 @@ pub fn who_had(dir: &Path, q: &Query) -> io::Result<Found> {
 }
 
 /// One key's events: the latest create at or before `at_ms`, and the first
-/// delete after it; `None` when no create came before or the delete did
-/// too.
+/// delete after it; `None` when the delete came at or before `at_ms` too.
+///
+/// Without a create at or before `at_ms`: when the key's first event in
+/// the journal is a delete after `at_ms`, the session held the port at
+/// `at_ms` with its create elsewhere (adopted from a peer, or in a removed
+/// segment), and is answered without it. Any other key was free.
 fn pair(mut events: Vec<Event>, at_ms: u64) -> Option<Held> {
     events.sort_by_key(|e| e.at_ms);
-    let i = events.iter().rposition(|e| e.kind == LogKind::SessionCreate && e.at_ms <= at_ms)?;
+    let Some(i) = events.iter().rposition(|e| e.kind == LogKind::SessionCreate && e.at_ms <= at_ms) else {
+        let first = events.first().filter(|e| e.kind == LogKind::SessionDelete && e.at_ms > at_ms)?;
+        return Some(Held { create: None, delete: Some(first.clone()) });
+    };
     let delete = events[i + 1..].iter().find(|e| e.kind == LogKind::SessionDelete).cloned();
     if delete.as_ref().is_some_and(|d| d.at_ms <= at_ms) {
         return None;
     }
-    Some(Held { create: events.swap_remove(i), delete })
+    Some(Held { create: Some(events.swap_remove(i)), delete })
 }
 
 /// Whether `flags` marks a session adopted from a peer.

@@ -59,28 +59,32 @@ pub fn answer(dir: &Path, q: &WhoHadQuery, live: &dyn Fn(&Event) -> Option<u64>)
     };
     let found = journal::who_had(dir, &query)
         .map_err(|e| format!("reading the translation log journal in {}: {e}", dir.display()))?;
-    let sessions: Vec<WhoHadRow> = found.held.into_iter().map(|h| row(h, live)).collect();
+    let sessions: Vec<WhoHadRow> = found.held.into_iter().filter_map(|h| row(h, live)).collect();
     let before_journal = sessions.is_empty() && found.starts_ms.is_none_or(|s| q.at_ms < s);
     Ok(WhoHadAnswer { at_ms: q.at_ms, journal_starts_ms: found.starts_ms, before_journal, sessions })
 }
 
-fn row(h: Held, live: &dyn Fn(&Event) -> Option<u64>) -> WhoHadRow {
-    let Held { create: c, delete } = h;
+fn row(h: Held, live: &dyn Fn(&Event) -> Option<u64>) -> Option<WhoHadRow> {
+    let c = h.event()?.clone();
+    let Held { create, delete } = h;
     let live_last = if delete.is_none() { live(&c) } else { None };
     let adopted = delete.as_ref().is_some_and(|d| journal::adopted(d.flags));
-    WhoHadRow {
+    // The identity at the create; without one here, the delete's (the
+    // address's holder when the delete was drained).
+    let identity = create.as_ref().and_then(|c| c.identity.clone()).or_else(|| c.identity.clone());
+    Some(WhoHadRow {
         proto: proto_name(c.proto).into(),
         pod: c.pod,
         pod_port: c.pod_port,
         egress: c.egress,
         egress_port: c.egress_port,
         remote: c.remote.map(|(a, p)| SocketAddr::new(a, p)),
-        pod_identity: c.identity.as_deref().cloned(),
-        created_ms: c.at_ms,
+        pod_identity: identity.as_deref().cloned(),
+        created_ms: create.as_ref().map(|c| c.at_ms),
         last_ms: delete.as_ref().and_then(|d| d.last_ms).or(live_last),
         deleted_ms: delete.as_ref().map(|d| d.at_ms),
         reason: delete.as_ref().and_then(|d| d.reason).map(|r| r.name().to_string()),
         live: live_last.is_some(),
         adopted: adopted || c.flags & log_flags::ADOPTED != 0,
-    }
+    })
 }

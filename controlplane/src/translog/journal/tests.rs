@@ -189,8 +189,11 @@ fn who_had_pairs_the_latest_create_with_the_next_delete() {
     // Inside pod 7's session, and pod 9's.
     let f = who_had(&dir, &query(T0 + 30_000)).unwrap();
     assert_eq!(f.starts_ms, Some(T0 + 10_000));
-    let got: Vec<(IpAddr, u16, Option<u64>)> =
-        f.held.iter().map(|h| (h.create.pod, h.create.pod_port, h.delete.as_ref().map(|d| d.at_ms))).collect();
+    let got: Vec<(IpAddr, u16, Option<u64>)> = f
+        .held
+        .iter()
+        .map(|h| (h.event().unwrap().pod, h.event().unwrap().pod_port, h.delete.as_ref().map(|d| d.at_ms)))
+        .collect();
     assert_eq!(
         got,
         [
@@ -198,13 +201,13 @@ fn who_had_pairs_the_latest_create_with_the_next_delete() {
             (Ipv4Addr::new(10, 244, 1, 9).into(), 5353, Some(T0 + 40_000)),
         ]
     );
-    assert_eq!(f.held[0].create.identity.as_ref().unwrap().name, "pod-7");
+    assert_eq!(f.held[0].create.as_ref().unwrap().identity.as_ref().unwrap().name, "pod-7");
     assert_eq!(f.held[0].delete.as_ref().unwrap().last_ms, Some(T0 + 99_000));
     // The protocol and the remote narrow it.
     let tcp = who_had(&dir, &Query { proto: Some(6), ..query(T0 + 30_000) }).unwrap();
     assert_eq!(tcp.held.len(), 1);
     let dns = Query { remote: Some((Ipv4Addr::new(192, 0, 2, 1).into(), 53)), ..query(T0 + 30_000) };
-    assert_eq!(who_had(&dir, &dns).unwrap().held[0].create.pod_port, 5353);
+    assert_eq!(who_had(&dir, &dns).unwrap().held[0].create.as_ref().unwrap().pod_port, 5353);
     // Exactly at the create: held; exactly at the delete: no longer.
     assert_eq!(who_had(&dir, &query(T0 + 10_000)).unwrap().held.len(), 1);
     assert_eq!(who_had(&dir, &query(T0 + 40_000)).unwrap().held.len(), 1, "pod 9's ended at T");
@@ -219,7 +222,10 @@ fn who_had_after_a_delete_before_t_and_for_a_live_session() {
     // Pod 8: created, no delete yet (the engine may still hold it).
     let f = who_had(&dir, &query(T0 + 300_000)).unwrap();
     assert_eq!(f.held.len(), 1);
-    assert_eq!((f.held[0].create.pod, f.held[0].delete.clone()), (Ipv4Addr::new(10, 244, 1, 8).into(), None));
+    assert_eq!(
+        (f.held[0].create.as_ref().unwrap().pod, f.held[0].delete.clone()),
+        (Ipv4Addr::new(10, 244, 1, 8).into(), None)
+    );
     // Before the journal's first record: nothing held it as far as the
     // journal knows, and it says where it starts.
     let early = who_had(&dir, &query(T0)).unwrap();
@@ -239,4 +245,58 @@ fn a_key_never_seen_and_an_empty_journal() {
     fs::remove_dir_all(&dir).unwrap();
     let none = who_had(&dir, &query(T0)).unwrap();
     assert_eq!(none, Found { starts_ms: None, held: Vec::new() });
+}
+
+/// The exporter's cost of the journal per event: encoding and one
+/// `write` per drain of 1,000 events, to a temporary directory. A
+/// measurement, not a check: run with
+/// `cargo test --release -p egret-controlplane --lib journal_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement"]
+fn journal_cost_per_event() {
+    let dir = tmp("cost");
+    let stats = Stats::default();
+    let mut j = Journal::new(&dir, Limits::new(1 << 30, Duration::from_secs(86_400)));
+    let batch: Vec<Event> = (0..1000u16).map(|i| ev(LogKind::SessionCreate, T0, 7, i)).collect();
+    let rounds = 1000u64;
+    let started = std::time::Instant::now();
+    for r in 0..rounds {
+        j.append(&batch, T0 + r * 10, &stats);
+    }
+    let elapsed = started.elapsed();
+    let events = rounds * batch.len() as u64;
+    let bytes: u64 = segments(&dir).unwrap().iter().map(|s| s.bytes).sum();
+    eprintln!(
+        "journal: {events} events in {elapsed:?}: {:.0} ns per event, {:.1} bytes per event",
+        elapsed.as_nanos() as f64 / events as f64,
+        bytes as f64 / events as f64
+    );
+    let q = std::time::Instant::now();
+    // A port nobody had: the whole scan, nothing kept.
+    let f = who_had(&dir, &Query { egress_port: 1, ..query(T0) }).unwrap();
+    eprintln!("who-had over {bytes} bytes: {:?} ({} held)", q.elapsed(), f.held.len());
+    assert_eq!(stats.sent(Sink::Journal), events);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A session adopted from a peer: this journal has its delete only. Held
+/// at T before that delete (its create is in the peer's journal), unless
+/// the key had an earlier event here (then it is not known to have been).
+#[test]
+fn an_adopted_session_is_answered_from_its_delete() {
+    let dir = tmp("adopted");
+    let stats = Stats::default();
+    let mut j = Journal::new(&dir, Limits::new(1 << 30, Duration::from_secs(86_400)));
+    j.append(&[ev(LogKind::SessionCreate, T0, 8, 1)], T0, &stats);
+    let mut end = ev(LogKind::SessionDelete, T0 + 50_000, 7, 40001);
+    end.flags = log_flags::ADOPTED;
+    j.append(&[end.clone()], T0 + 50_000, &stats);
+    let f = who_had(&dir, &query(T0 + 20_000)).unwrap();
+    let adopted: Vec<&Held> = f.held.iter().filter(|h| h.create.is_none()).collect();
+    assert_eq!(adopted.len(), 1, "{f:?}");
+    assert_eq!(adopted[0].delete.as_ref(), Some(&end));
+    assert_eq!(adopted[0].event().unwrap().pod_port, 40001);
+    // After the delete: free.
+    assert!(who_had(&dir, &query(T0 + 60_000)).unwrap().held.iter().all(|h| h.create.is_some()));
+    fs::remove_dir_all(&dir).unwrap();
 }
