@@ -914,6 +914,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn who_had_takes_an_address_port_and_a_time() {
+        let cli = Cli::try_parse_from([
+            "egret",
+            "who-had",
+            "203.0.113.10:41522",
+            "--at",
+            "2026-12-01T14:03:07Z",
+            "--proto",
+            "tcp",
+            "--remote",
+            "198.51.100.20:443",
+            "--json",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        match cli.command {
+            Command::WhoHad { client, target, at, proto, remote } => {
+                assert!(client.json);
+                assert_eq!(
+                    (target.as_str(), at.as_str(), proto.as_deref(), remote.as_deref()),
+                    ("203.0.113.10:41522", "2026-12-01T14:03:07Z", Some("tcp"), Some("198.51.100.20:443"))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["egret", "who-had", "203.0.113.10:41522"]).is_err(), "--at is required");
+    }
+
+    #[test]
     fn the_gateway_takes_a_metrics_listen_address() {
         let cli = Cli::try_parse_from([
             "egret",

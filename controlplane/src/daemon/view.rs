@@ -245,15 +245,7 @@ impl GatewayView for LiveView {
         // no end for.
         let filter = SessionFilter { egress_ip: Some(q.egress), limit: Some(usize::MAX), ..SessionFilter::default() };
         let rows = self.sessions(&filter);
-        let live = |e: &crate::translog::Event| {
-            rows.iter()
-                .find(|r| {
-                    r.proto == proto_name(e.proto)
-                        && (r.pod, r.pod_port, r.egress_port) == (e.pod, e.pod_port, e.egress_port)
-                        && e.remote.is_none_or(|rem| rem == (r.remote, r.remote_port))
-                })
-                .map(|r| clocks.wall_ms.saturating_sub(r.idle_secs * 1000 / clocks.scale.max(1)))
-        };
+        let live = |e: &crate::translog::Event| crate::translog::who_had::live_in(&rows, &clocks, e);
         crate::translog::who_had::answer(dir, q, &live)
     }
 }

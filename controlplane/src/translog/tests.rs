@@ -401,3 +401,48 @@ fn who_had_questions_name_a_bad_value() {
         assert!(e.starts_with(want), "{e}");
     }
 }
+
+/// A session without a delete in the journal is looked up in the session
+/// table: same protocol, pod, egress and remote; its last packet from its
+/// idle time.
+#[test]
+fn a_live_session_is_found_by_its_whole_key() {
+    let row = |remote_port: u16, idle_secs: u64| crate::view::SessionRow {
+        proto: "udp".into(),
+        pod: IpAddr::V4(POD_A),
+        pod_port: 40000,
+        egress: "203.0.113.10".parse().unwrap(),
+        egress_port: 41522,
+        remote: IpAddr::V4(SERVER),
+        remote_port,
+        idle_secs,
+        state: String::new(),
+        offloaded: false,
+    };
+    let rows = [row(123, 9), row(53, 4)];
+    let e = Event {
+        kind: LogKind::SessionCreate,
+        at_ms: 0,
+        proto: 17,
+        pod: IpAddr::V4(POD_A),
+        pod_port: 40000,
+        egress: "203.0.113.10".parse().unwrap(),
+        egress_port: 41522,
+        remote: Some((IpAddr::V4(SERVER), 53)),
+        last_ms: None,
+        reason: None,
+        flags: 0,
+        quota: None,
+        limit: None,
+        identity: None,
+    };
+    let clocks = Clocks { wall_ms: 1_796_127_460_000, engine_ms: 60_000, scale: 1 };
+    assert_eq!(who_had::live_in(&rows, &clocks, &e), Some(1_796_127_456_000), "the remote picks the row");
+    let fast = Clocks { scale: 4, ..clocks };
+    assert_eq!(who_had::live_in(&rows, &fast, &e), Some(1_796_127_459_000), "idle engine seconds, scaled");
+    let no_remote = Event { remote: None, ..e.clone() };
+    assert_eq!(who_had::live_in(&rows, &clocks, &no_remote), Some(1_796_127_451_000), "the first on the key");
+    assert_eq!(who_had::live_in(&rows, &clocks, &Event { proto: 6, ..e.clone() }), None);
+    assert_eq!(who_had::live_in(&rows, &clocks, &Event { pod_port: 40001, ..e.clone() }), None);
+    assert_eq!(who_had::live_in(&rows, &clocks, &Event { egress_port: 41523, ..e }), None);
+}

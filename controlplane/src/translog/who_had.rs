@@ -8,8 +8,8 @@ use std::path::Path;
 use egret_dataplane::translog::log_flags;
 
 use super::journal::{self, Held, Query};
-use super::Event;
-use crate::view::{proto_name, WhoHadAnswer, WhoHadQuery, WhoHadRow};
+use super::{Clocks, Event};
+use crate::view::{proto_name, SessionRow, WhoHadAnswer, WhoHadQuery, WhoHadRow};
 
 /// The protocol number of `--proto NAME` for an egress address of this
 /// family.
@@ -43,6 +43,18 @@ pub fn query(target: &str, at: &str, proto: Option<&str>, remote: Option<&str>) 
     }
     let remote = remote.map(|r| addr_port("--remote", r)).transpose()?;
     Ok(WhoHadQuery { egress: egress.ip(), port: egress.port(), at_ms, proto: proto.map(str::to_string), remote })
+}
+
+/// The last packet (Unix ms) of the live session `e` is, among `rows`
+/// (`egret sessions`' rows on its egress address, read at `clocks`).
+pub fn live_in(rows: &[SessionRow], clocks: &Clocks, e: &Event) -> Option<u64> {
+    rows.iter()
+        .find(|r| {
+            r.proto == proto_name(e.proto)
+                && (r.pod, r.pod_port, r.egress, r.egress_port) == (e.pod, e.pod_port, e.egress, e.egress_port)
+                && e.remote.is_none_or(|rem| rem == (r.remote, r.remote_port))
+        })
+        .map(|r| clocks.wall_ms.saturating_sub(r.idle_secs * 1000 / clocks.scale.max(1)))
 }
 
 /// Answers `q` from the journal in `dir`. `live` says, for a session the
