@@ -309,6 +309,11 @@ impl Snapshot {
         for (s, n) in &tl.unreachable {
             f.sample(&[("sink", s)], *n)?;
         }
+        o.counter(
+            "translog_identity_unresolved",
+            "Translation log events whose pod address no pod held at the drain (Kubernetes mode; no identity in the record).",
+        )?
+        .sample(&[], tl.identity_unresolved)?;
         let mut f = o.gauge(
             "translog_journal_bytes",
             "The translation logs' local journal: its segments together, bytes (absent: no journal).",
@@ -928,6 +933,7 @@ mod tests {
             "egret_liveness_lost_total 1",
             "egret_liveness_expired_total 2",
             "egret_translog_journal_bytes 4096",
+            "egret_translog_identity_unresolved_total 3",
             "egret_translog_journal_oldest_timestamp_seconds 1796126400",
             r#"egret_translog_sent_total{sink="ipfix"} 9"#,
         ] {
@@ -991,6 +997,7 @@ mod tests {
             "translog_sent",
             "translog_dropped",
             "translog_unreachable",
+            "translog_identity_unresolved",
             "ports_exhausted",
             "xsk_rx_frames",
             "xsk_tx_frames",

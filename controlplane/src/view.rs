@@ -201,6 +201,9 @@ pub struct TranslogCounters {
     /// or nothing written yet).
     #[serde(default)]
     pub journal_oldest_ms: Option<u64>,
+    /// Events whose pod had no known identity (Kubernetes mode only).
+    #[serde(default)]
+    pub identity_unresolved: u64,
 }
 
 /// The XDP fast path's counters (`egret counters`, `egret_fastpath_*`).

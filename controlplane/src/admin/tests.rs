@@ -120,6 +120,7 @@ impl GatewayView for Fake {
                 unreachable: vec![("ipfix".into(), 0), ("syslog".into(), 2)],
                 journal_bytes: Some(4096),
                 journal_oldest_ms: Some(1_796_126_400_000),
+                identity_unresolved: 3,
             },
         }
     }

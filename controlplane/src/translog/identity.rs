@@ -35,7 +35,7 @@ pub type IdentityMap = HashMap<IpAddr, Arc<PodIdentity>>;
 /// pass) and the exporter (reader, once per event). Cheap to clone: one
 /// `Arc`. Compares by pointer (it is a slot, not a value).
 #[derive(Clone, Debug, Default)]
-pub struct PodIdentities(Arc<RwLock<Arc<IdentityMap>>>);
+pub struct PodIdentities(Arc<RwLock<Option<Arc<IdentityMap>>>>);
 
 impl PartialEq for PodIdentities {
     fn eq(&self, other: &Self) -> bool {
@@ -49,19 +49,20 @@ impl PodIdentities {
     /// Replaces the map (unchanged contents keep the old one, so readers
     /// holding it see no difference).
     pub fn set(&self, map: IdentityMap) {
-        if **self.0.read() != map {
-            *self.0.write() = Arc::new(map);
+        if self.0.read().as_deref() != Some(&map) {
+            *self.0.write() = Some(Arc::new(map));
         }
     }
 
-    /// The current map, for a batch of look-ups without the lock.
-    pub fn snapshot(&self) -> Arc<IdentityMap> {
+    /// The current map, for a batch of look-ups without the lock; `None`
+    /// until one is published (file mode: never).
+    pub fn snapshot(&self) -> Option<Arc<IdentityMap>> {
         self.0.read().clone()
     }
 
     /// The pod holding `ip` now, if known.
     pub fn get(&self, ip: IpAddr) -> Option<Arc<PodIdentity>> {
-        self.0.read().get(&ip).cloned()
+        self.0.read().as_ref()?.get(&ip).cloned()
     }
 }
 
@@ -78,8 +79,9 @@ mod tests {
         let ids = PodIdentities::default();
         let ip: IpAddr = "10.244.1.7".parse().unwrap();
         assert_eq!(ids.get(ip), None);
+        assert!(ids.snapshot().is_none(), "nothing published: no identities at all");
         ids.set(HashMap::from([(ip, id("a"))]));
-        let before = ids.snapshot();
+        let before = ids.snapshot().unwrap();
         // The address goes to another pod.
         ids.set(HashMap::from([(ip, id("b"))]));
         assert_eq!(before.get(&ip).unwrap().name, "a");

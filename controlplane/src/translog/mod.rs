@@ -215,6 +215,7 @@ pub struct Stats {
     sent: [AtomicU64; 3],
     dropped: [[AtomicU64; 3]; 3],
     unreachable: [AtomicU64; 3],
+    unresolved: AtomicU64,
     journal: AtomicBool,
     journal_bytes: AtomicU64,
     journal_oldest_ms: AtomicU64,
@@ -262,7 +263,14 @@ impl Stats {
                 .collect(),
             journal_bytes: self.journal.load(Ordering::Relaxed).then(|| self.journal_bytes.load(Ordering::Relaxed)),
             journal_oldest_ms: self.journal_oldest_ms(),
+            identity_unresolved: self.unresolved(),
         }
+    }
+
+    /// Events whose pod no identity was published for (Kubernetes mode:
+    /// an address no pod in the cluster held at the drain).
+    pub fn unresolved(&self) -> u64 {
+        self.unresolved.load(Ordering::Relaxed)
     }
 
     /// The journal's oldest segment's start, Unix ms (`None`: no journal,
@@ -462,11 +470,16 @@ impl Exporter {
         self.events.clear();
         // Resolved now, once per batch: the identity the pod has at the
         // drain, never rewritten later.
-        let identities = if self.batch.is_empty() { None } else { Some(self.identities.snapshot()) };
+        let identities = if self.batch.is_empty() { None } else { self.identities.snapshot() };
         for r in &self.batch {
             if let Some(mut e) = Event::from_record(r, clocks, self.destinations) {
                 self.stats.records[e.kind as usize - 1].fetch_add(1, Ordering::Relaxed);
-                e.identity = identities.as_ref().and_then(|m| m.get(&e.pod).cloned());
+                if let Some(m) = &identities {
+                    e.identity = m.get(&e.pod).cloned();
+                    if e.identity.is_none() {
+                        self.stats.unresolved.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 self.events.push(e);
             }
         }

@@ -342,8 +342,10 @@ fn the_journal_keeps_the_identity_at_the_drain() {
     x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 2_500, scale: 1 });
     ids.set([(IpAddr::V4(POD_A), who("api-b"))].into());
     new_flows(&mut w, 41000, 2, 3_000);
+    // (A pass with nobody for the pod counts it unresolved: below.)
     x.pass(&Clocks { wall_ms: 1_796_127_460_263, engine_ms: 3_500, scale: 1 });
     assert_eq!(x.stats().sent(Sink::Journal), 5);
+    assert_eq!(x.stats().unresolved(), 0);
 
     let events: Vec<Event> = journal::segments(&dir)
         .unwrap()
@@ -445,4 +447,23 @@ fn a_live_session_is_found_by_its_whole_key() {
     assert_eq!(who_had::live_in(&rows, &clocks, &Event { proto: 6, ..e.clone() }), None);
     assert_eq!(who_had::live_in(&rows, &clocks, &Event { pod_port: 40001, ..e.clone() }), None);
     assert_eq!(who_had::live_in(&rows, &clocks, &Event { egress_port: 41523, ..e }), None);
+}
+
+/// Identities published, but none for the pod: counted unresolved. None
+/// published (file mode): nothing counted.
+#[test]
+fn events_without_an_identity_are_counted_only_when_identities_exist() {
+    use crate::translog::identity::PodIdentities;
+    let (e, mut w) = engine_and_worker(1024);
+    let cfg = config(None, None, 1024);
+    let ids = PodIdentities::default();
+    let mut x = Exporter::new(e, &cfg, "node-a", ids.clone()).unwrap();
+    new_flows(&mut w, 40000, 2, 2_000);
+    x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 2_500, scale: 1 });
+    assert_eq!(x.stats().unresolved(), 0, "file mode");
+    ids.set(Default::default());
+    new_flows(&mut w, 41000, 3, 3_000);
+    x.pass(&Clocks { wall_ms: 1_796_127_460_263, engine_ms: 3_500, scale: 1 });
+    assert_eq!(x.stats().unresolved(), 3);
+    assert_eq!(x.stats().counters().identity_unresolved, 3);
 }
