@@ -123,7 +123,8 @@ impl BenchConfig {
                 TranslogSinks::Syslog => syslog.to_string(),
                 TranslogSinks::Both => format!("{ipfix}, {syslog}"),
             };
-            let _ = writeln!(y, "translationLogs: {{{body}}}");
+            // The journal (on by default) is not one of the sinks measured.
+            let _ = writeln!(y, "translationLogs: {{{body}, journal: {{enabled: false}}}}");
         }
         let _ = writeln!(y, "metrics: {{listen: \"127.0.0.1:{}\"}}", self.metrics_port);
         let _ = writeln!(y, "admin: {{socket: {}}}", self.admin_socket.display());
@@ -371,7 +372,7 @@ mod tests {
         assert!(sized.to_yaml().contains("\nxdp: {mode: native, fastPath: true, fastPathSessions: 16384}\n"));
         let logged = BenchConfig { translog: Some(TranslogSinks::Both), ..c.clone() };
         assert!(logged.to_yaml().contains(
-            "\ntranslationLogs: {ipfix: {collector: \"127.0.0.1:4739\"}, syslog: {collector: \"127.0.0.1:5514\"}}\nmetrics:"
+            "\ntranslationLogs: {ipfix: {collector: \"127.0.0.1:4739\"}, syslog: {collector: \"127.0.0.1:5514\"}, journal: {enabled: false}}\nmetrics:"
         ));
         let tunnelled = BenchConfig {
             ports: Some((6083, 65535)),

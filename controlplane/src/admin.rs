@@ -29,7 +29,9 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
-use crate::view::{Counters, GatewayView, PolicyRow, PortRow, SessionFilter, SessionRow, Status};
+use crate::view::{
+    Counters, GatewayView, PolicyRow, PortRow, SessionFilter, SessionRow, Status, WhoHadAnswer, WhoHadQuery,
+};
 
 /// A request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +50,12 @@ pub enum Request {
         /// Which.
         #[serde(default)]
         filter: SessionFilter,
+    },
+    /// Who had an egress address and port at a time (the journal).
+    #[serde(rename = "who-had")]
+    WhoHad {
+        /// The question.
+        query: WhoHadQuery,
     },
 }
 
@@ -76,6 +84,10 @@ pub fn answer(view: &dyn GatewayView, line: &str) -> Response {
         Request::Policies => serde_json::to_value(view.policies()),
         Request::Ports => serde_json::to_value(view.ports()),
         Request::Sessions { filter } => serde_json::to_value(view.sessions(&filter)),
+        Request::WhoHad { query } => match view.who_had(&query) {
+            Ok(a) => serde_json::to_value(a),
+            Err(e) => return Response::Error(e),
+        },
     };
     match value {
         Ok(v) => Response::Ok(v),
@@ -239,7 +251,10 @@ pub async fn serve(listener: AdminListener, view: Arc<dyn GatewayView>) {
                     tracing::warn!(reason = %refusal, peer_pid = ?pid, "admin socket: connection refused");
                     Response::Error(format!("refused: {refusal}"))
                 }
-                (Ok(()), Ok(Ok(n))) if n > 0 => answer(view.as_ref(), &line),
+                // Off the runtime's threads: who-had reads the journal.
+                (Ok(()), Ok(Ok(n))) if n > 0 => tokio::task::spawn_blocking(move || answer(view.as_ref(), &line))
+                    .await
+                    .unwrap_or_else(|e| Response::Error(format!("answering failed: {e}"))),
                 (Ok(()), _) => Response::Error("no request line".into()),
             };
             let mut out = serde_json::to_vec(&resp).unwrap_or_default();
@@ -570,6 +585,12 @@ pub mod render {
                 lost,
                 sum(&t.unreachable)
             ));
+            if let Some(bytes) = t.journal_bytes {
+                let since = t.journal_oldest_ms.map_or("nothing written yet".to_string(), |ms| {
+                    format!("egret who-had answers from {}", crate::translog::syslog::rfc3339_ms(ms))
+                });
+                out.push_str(&format!("journal: {bytes} bytes; {since}\n"));
+            }
             let rows: Vec<Vec<String>> = t
                 .dropped
                 .iter()
@@ -674,6 +695,55 @@ pub mod render {
             })
             .collect();
         table(&["PROTO", "POD", "EGRESS", "REMOTE", "IDLE", "STATE", "PATH"], &rows)
+    }
+
+    /// `egret who-had`: a table of the sessions that held the address and
+    /// port, or why there is none.
+    pub fn who_had(q: &WhoHadQuery, a: &WhoHadAnswer) -> String {
+        let rfc3339 = crate::translog::syslog::rfc3339_ms;
+        let ep = |a: std::net::IpAddr, p: u16| std::net::SocketAddr::new(a, p).to_string();
+        let asked =
+            format!("{}{}", ep(q.egress, q.port), q.proto.as_deref().map(|p| format!("/{p}")).unwrap_or_default());
+        if a.sessions.is_empty() {
+            return match (a.before_journal, a.journal_starts_ms) {
+                (true, Some(s)) => format!(
+                    "{asked} at {}: the journal starts at {}: ask the collector\n",
+                    rfc3339(a.at_ms),
+                    rfc3339(s)
+                ),
+                (true, None) => format!("{asked} at {}: the journal is empty: ask the collector\n", rfc3339(a.at_ms)),
+                (false, _) => format!("{asked} at {}: no session held it\n", rfc3339(a.at_ms)),
+            };
+        }
+        let rows: Vec<Vec<String>> = a
+            .sessions
+            .iter()
+            .map(|r| {
+                let pod = r.pod_identity.as_ref().map_or("-".to_string(), |i| format!("{}/{}", i.namespace, i.name));
+                vec![
+                    pod,
+                    r.pod_identity.as_ref().map_or("-".to_string(), |i| i.uid.clone()),
+                    r.proto.clone(),
+                    ep(r.pod, r.pod_port),
+                    r.remote.map_or("-".to_string(), |s| s.to_string()),
+                    r.created_ms.map_or_else(
+                        || if r.adopted { "adopted (peer's journal)".into() } else { "not in the journal".into() },
+                        rfc3339,
+                    ),
+                    r.last_ms.map_or("-".to_string(), rfc3339),
+                    match (r.deleted_ms, r.live) {
+                        (Some(d), _) => format!("{} ({})", rfc3339(d), r.reason.as_deref().unwrap_or("unknown")),
+                        (None, true) => "live".into(),
+                        (None, false) => "not recorded".into(),
+                    },
+                ]
+            })
+            .collect();
+        format!(
+            "{asked} at {}:\n{}",
+            rfc3339(a.at_ms),
+            table(&["POD", "UID", "PROTO", "POD ADDRESS", "REMOTE", "CREATED", "LAST PACKET", "DELETED"], &rows)
+        )
     }
 }
 

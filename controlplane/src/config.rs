@@ -240,7 +240,32 @@ pub struct TranslationLogsConfig {
     pub ipfix: Option<IpfixConfig>,
     /// Syslog, when configured.
     pub syslog: Option<SyslogConfig>,
+    /// The local journal `egret who-had` reads; on unless
+    /// `journal.enabled: false`.
+    pub journal: Option<JournalConfig>,
 }
+
+/// `translationLogs.journal:` (translog/journal.rs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalConfig {
+    /// Where the segments are written (`dir`).
+    pub dir: PathBuf,
+    /// All segments together, bytes (`maxBytes`).
+    pub max_bytes: u64,
+    /// The oldest record kept (`maxAge`).
+    pub max_age: Duration,
+}
+
+/// Default `translationLogs.journal.dir`.
+pub const DEFAULT_JOURNAL_DIR: &str = "/var/lib/egret/translog";
+/// Default `translationLogs.journal.maxBytes`: 1 GiB.
+pub const DEFAULT_JOURNAL_MAX_BYTES: u64 = 1 << 30;
+/// Default `translationLogs.journal.maxAge`: 24 h.
+pub const DEFAULT_JOURNAL_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+/// Smallest `maxBytes`: 1 MiB.
+pub const MIN_JOURNAL_BYTES: u64 = 1 << 20;
+/// Largest `maxAge`: 366 days.
+pub const MAX_JOURNAL_AGE: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// `translationLogs.ipfix:`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -800,11 +825,12 @@ impl Checker<'_> {
             };
             SyslogConfig { collector, hostname: s.hostname.clone(), transport }
         });
+        let journal = self.journal(t.journal.as_ref());
         if !t.enabled.unwrap_or(true) {
             return None;
         }
-        if ipfix.is_none() && syslog.is_none() {
-            self.rule(p, "neither ipfix: nor syslog: is set: give a collector (or enabled: false)");
+        if ipfix.is_none() && syslog.is_none() && journal.is_none() {
+            self.rule(p, "neither ipfix:, syslog: nor the journal is on: give a collector (or enabled: false)");
         }
         Some(TranslationLogsConfig {
             ring_records,
@@ -813,7 +839,46 @@ impl Checker<'_> {
             enterprise_number,
             ipfix,
             syslog,
+            journal,
         })
+    }
+
+    /// `translationLogs.journal:`: on unless `enabled: false`.
+    fn journal(&mut self, j: Option<&raw::TranslationLogsJournal>) -> Option<JournalConfig> {
+        let p = "translationLogs.journal";
+        let default = raw::TranslationLogsJournal::default();
+        let j = j.unwrap_or(&default);
+        let dir = PathBuf::from(j.dir.as_deref().unwrap_or(DEFAULT_JOURNAL_DIR));
+        if !dir.is_absolute() {
+            self.invalid(format!("{p}.dir"), dir.display().to_string(), "must be an absolute path");
+        }
+        let max_bytes = j.max_bytes.unwrap_or(DEFAULT_JOURNAL_MAX_BYTES);
+        if max_bytes < MIN_JOURNAL_BYTES {
+            self.invalid(
+                format!("{p}.maxBytes"),
+                max_bytes.to_string(),
+                format!("must be at least {MIN_JOURNAL_BYTES} (1 MiB)"),
+            );
+        }
+        let max_age = match j.max_age.as_deref() {
+            None => DEFAULT_JOURNAL_MAX_AGE,
+            Some(s) => {
+                // Hours and days too: retention is counted in them.
+                let t = s.trim();
+                let long = |suffix: char, secs: u64| {
+                    t.strip_suffix(suffix)?.parse::<u64>().ok().map(|n| Duration::from_secs(n.saturating_mul(secs)))
+                };
+                let d = match long('h', 3600).or_else(|| long('d', 86_400)) {
+                    Some(d) => d,
+                    None => self.duration(&format!("{p}.maxAge"), s).unwrap_or(DEFAULT_JOURNAL_MAX_AGE),
+                };
+                if d < Duration::from_secs(60) || d > MAX_JOURNAL_AGE {
+                    self.invalid(format!("{p}.maxAge"), s, "must be 1m-366d");
+                }
+                d
+            }
+        };
+        j.enabled.unwrap_or(true).then_some(JournalConfig { dir, max_bytes, max_age })
     }
 
     /// A collector's `address:port`.

@@ -6,6 +6,7 @@
 //! egret check-config FILE [the gateway's flags]   validate without touching the system
 //! egret status|counters|policies|ports [--json] [--socket PATH]
 //! egret sessions [--egress-ip IP] [--pod IP] [--proto tcp|udp|icmp] [--limit N]
+//! egret who-had ADDR:PORT --at TIME [--proto tcp|udp|icmp] [--remote ADDR:PORT]
 //! egret node --cluster-cidr CIDR... [--strict]   run the worker-node agent (root)
 //! egret node status [--json] | egret node cleanup
 //! ```
@@ -20,7 +21,7 @@ use clap::{Parser, Subcommand};
 use egret_controlplane::admin::{self, render, Request};
 use egret_controlplane::config;
 use egret_controlplane::node;
-use egret_controlplane::view::{Counters, PolicyRow, PortRow, SessionFilter, SessionRow, Status};
+use egret_controlplane::view::{Counters, PolicyRow, PortRow, SessionFilter, SessionRow, Status, WhoHadAnswer};
 use egret_dataplane::nat::port_alloc::PortRange;
 
 #[derive(Parser, Debug)]
@@ -95,6 +96,24 @@ enum Command {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+    },
+    /// Which pod held an egress address and port at a time (the
+    /// translation logs' journal, docs/operations.md).
+    #[command(name = "who-had")]
+    WhoHad {
+        #[command(flatten)]
+        client: Client,
+        /// The egress address and port, e.g. 203.0.113.10:41522.
+        target: String,
+        /// When, RFC 3339 (e.g. 2026-12-01T14:03:07Z).
+        #[arg(long)]
+        at: String,
+        /// Only this protocol.
+        #[arg(long)]
+        proto: Option<String>,
+        /// Only sessions towards this remote address:port.
+        #[arg(long)]
+        remote: Option<String>,
     },
     /// The worker-node agent: routes selected pods' traffic to the gateway
     /// holding their egress IP (`egret node status`, `egret node cleanup`).
@@ -873,12 +892,54 @@ fn main() -> ExitCode {
                 serde_json::from_value::<Vec<SessionRow>>(v).map(|s| render::sessions(&s))
             })
         }
+        Command::WhoHad { client: c, target, at, proto, remote } => {
+            let query =
+                match egret_controlplane::translog::who_had::query(&target, &at, proto.as_deref(), remote.as_deref()) {
+                    Ok(q) => q,
+                    Err(e) => {
+                        eprintln!("egret who-had: {e}");
+                        return ExitCode::from(2);
+                    }
+                };
+            let q = query.clone();
+            client(&c, Request::WhoHad { query }, move |v| {
+                serde_json::from_value::<WhoHadAnswer>(v).map(|a| render::who_had(&q, &a))
+            })
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn who_had_takes_an_address_port_and_a_time() {
+        let cli = Cli::try_parse_from([
+            "egret",
+            "who-had",
+            "203.0.113.10:41522",
+            "--at",
+            "2026-12-01T14:03:07Z",
+            "--proto",
+            "tcp",
+            "--remote",
+            "198.51.100.20:443",
+            "--json",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        match cli.command {
+            Command::WhoHad { client, target, at, proto, remote } => {
+                assert!(client.json);
+                assert_eq!(
+                    (target.as_str(), at.as_str(), proto.as_deref(), remote.as_deref()),
+                    ("203.0.113.10:41522", "2026-12-01T14:03:07Z", Some("tcp"), Some("198.51.100.20:443"))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["egret", "who-had", "203.0.113.10:41522"]).is_err(), "--at is required");
+    }
 
     #[test]
     fn the_gateway_takes_a_metrics_listen_address() {

@@ -291,13 +291,13 @@ impl Snapshot {
         for (k, n) in &tl.records {
             f.sample(&[("kind", k)], *n)?;
         }
-        let mut f = o.counter("translog_sent", "Translation log events sent, by sink (ipfix, syslog).")?;
+        let mut f = o.counter("translog_sent", "Translation log events sent, by sink (ipfix, syslog, journal).")?;
         for (s, n) in &tl.sent {
             f.sample(&[("sink", s)], *n)?;
         }
         let mut f = o.counter(
             "translog_dropped",
-            "Translation log events lost in the exporter, by sink and reason (queue_full, send_error).",
+            "Translation log events lost in the exporter, by sink and reason (queue_full, send_error, write_error).",
         )?;
         for (s, r, n) in &tl.dropped {
             f.sample(&[("sink", s), ("reason", r)], *n)?;
@@ -308,6 +308,25 @@ impl Snapshot {
         )?;
         for (s, n) in &tl.unreachable {
             f.sample(&[("sink", s)], *n)?;
+        }
+        o.counter(
+            "translog_identity_unresolved",
+            "Translation log events whose pod address no pod held at the drain (Kubernetes mode; no identity in the record).",
+        )?
+        .sample(&[], tl.identity_unresolved)?;
+        let mut f = o.gauge(
+            "translog_journal_bytes",
+            "The translation logs' local journal: its segments together, bytes (absent: no journal).",
+        )?;
+        if let Some(b) = tl.journal_bytes {
+            f.sample(&[], b)?;
+        }
+        let mut f = o.seconds(
+            "translog_journal_oldest_timestamp",
+            "The start of the journal's oldest segment, Unix seconds: egret who-had answers from then on.",
+        )?;
+        if let Some(ms) = tl.journal_oldest_ms {
+            f.sample(&[], ms / 1000)?;
         }
 
         let mut f = o.gauge("sessions", "Live sessions per address family.")?;
@@ -913,6 +932,10 @@ mod tests {
             "egret_liveness_valid_for_seconds 1.5",
             "egret_liveness_lost_total 1",
             "egret_liveness_expired_total 2",
+            "egret_translog_journal_bytes 4096",
+            "egret_translog_identity_unresolved_total 3",
+            "egret_translog_journal_oldest_timestamp_seconds 1796126400",
+            r#"egret_translog_sent_total{sink="ipfix"} 9"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
@@ -927,6 +950,8 @@ mod tests {
             "fastpath_capacity",
             "fastpath_next_hops",
             "translog_enabled",
+            "translog_journal_bytes",
+            "translog_journal_oldest_timestamp_seconds",
             "sessions",
             "sessions_capacity",
             "ports_in_use",
@@ -972,6 +997,7 @@ mod tests {
             "translog_sent",
             "translog_dropped",
             "translog_unreachable",
+            "translog_identity_unresolved",
             "ports_exhausted",
             "xsk_rx_frames",
             "xsk_tx_frames",

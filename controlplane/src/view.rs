@@ -65,7 +65,7 @@ fn served_by_default() -> bool {
 }
 
 /// `egret status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     /// The configuration file.
     pub config_file: String,
@@ -186,7 +186,7 @@ pub struct TranslogCounters {
     /// Records taken from the workers' rings, by kind
     /// (`session_create`, `session_delete`).
     pub records: Vec<(String, u64)>,
-    /// Events sent, by sink (`ipfix`, `syslog`).
+    /// Events sent, by sink (`ipfix`, `syslog`, `journal`).
     pub sent: Vec<(String, u64)>,
     /// Events lost in the exporter, by sink and reason (`queue_full`,
     /// `send_error`).
@@ -194,6 +194,16 @@ pub struct TranslogCounters {
     /// Sends that reported the collector unreachable (ICMP), by sink.
     #[serde(default)]
     pub unreachable: Vec<(String, u64)>,
+    /// The journal's segments together, bytes (`None`: no journal).
+    #[serde(default)]
+    pub journal_bytes: Option<u64>,
+    /// The journal's oldest segment's start, Unix ms (`None`: no journal,
+    /// or nothing written yet).
+    #[serde(default)]
+    pub journal_oldest_ms: Option<u64>,
+    /// Events whose pod had no known identity (Kubernetes mode only).
+    #[serde(default)]
+    pub identity_unresolved: u64,
 }
 
 /// The XDP fast path's counters (`egret counters`, `egret_fastpath_*`).
@@ -583,6 +593,75 @@ pub trait GatewayView: Send + Sync + 'static {
     fn ports(&self) -> Vec<PortRow>;
     /// `egret sessions`.
     fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow>;
+    /// `egret who-had`: from the translation logs' journal, and the live
+    /// sessions for those the journal has no end for.
+    fn who_had(&self, _q: &WhoHadQuery) -> Result<WhoHadAnswer, String> {
+        Err("this gateway keeps no translation log journal (translationLogs.journal): ask the collector".into())
+    }
+}
+
+/// `egret who-had ADDR:PORT --at T`'s question.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhoHadQuery {
+    /// The egress address.
+    pub egress: IpAddr,
+    /// The egress port (ICMP: the identifier).
+    pub port: u16,
+    /// When, Unix ms.
+    pub at_ms: u64,
+    /// Only this protocol (tcp, udp, icmp).
+    #[serde(default)]
+    pub proto: Option<String>,
+    /// Only sessions towards this remote.
+    #[serde(default)]
+    pub remote: Option<std::net::SocketAddr>,
+}
+
+/// `egret who-had`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhoHadAnswer {
+    /// The question's time, Unix ms.
+    pub at_ms: u64,
+    /// The journal's oldest segment's start, Unix ms (`None`: empty).
+    pub journal_starts_ms: Option<u64>,
+    /// The time asked about is before the journal starts (or the journal
+    /// is empty) and nothing was found: ask the collector.
+    pub before_journal: bool,
+    /// The sessions that held the address and port at that time.
+    pub sessions: Vec<WhoHadRow>,
+}
+
+/// One session that held the address and port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhoHadRow {
+    /// tcp | udp | icmp.
+    pub proto: String,
+    /// The pod's address.
+    pub pod: IpAddr,
+    /// The pod's port (ICMP: identifier).
+    pub pod_port: u16,
+    /// The egress address.
+    pub egress: IpAddr,
+    /// The egress port.
+    pub egress_port: u16,
+    /// The remote, unless `logDestinations: false`.
+    pub remote: Option<std::net::SocketAddr>,
+    /// The pod's identity when the session was created, if known.
+    pub pod_identity: Option<crate::translog::identity::PodIdentity>,
+    /// Created, Unix ms; `None`: not in this gateway's journal (adopted
+    /// from a peer: ask its journal or the collector).
+    pub created_ms: Option<u64>,
+    /// Its last packet, Unix ms (whole seconds): the delete's, or the live
+    /// session's.
+    pub last_ms: Option<u64>,
+    /// Removed, Unix ms; `None`: no delete in the journal.
+    pub deleted_ms: Option<u64>,
+    /// Why it ended (expired, tcp-closed, evicted, invalidated).
+    pub reason: Option<String>,
+    /// Still in the session table now.
+    pub live: bool,
+    /// Adopted from a peer gateway (its delete is this gateway's).
+    pub adopted: bool,
 }
 
 /// The name of an IP protocol number in listings.

@@ -5,7 +5,10 @@
 //! nfcapd (IPFIX) and to a UDP socket (syslog); nfdump must read back
 //! exactly the expected records (every create and delete, addresses,
 //! ports, times to the millisecond) and the socket exactly the expected
-//! RFC 5424 lines.
+//! RFC 5424 lines, each naming its pod (`pod@PEN`). The exporter's local
+//! journal then answers `egret who-had` through a real admin socket for
+//! every scripted session: the right pod, address and port, create and
+//! delete times, and "no session held it" after the delete.
 //!
 //! Engine time is placed on a fixed wall clock (2026-12-01T12:00:00Z at
 //! engine 0), so every expected time is exact. Everything binds to
@@ -16,10 +19,17 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use egret_controlplane::config::{IpfixConfig, SyslogConfig, SyslogTransport, TranslationLogsConfig};
+use egret_controlplane::admin::{self, Request};
+use egret_controlplane::config::{IpfixConfig, JournalConfig, SyslogConfig, SyslogTransport, TranslationLogsConfig};
+use egret_controlplane::translog::identity::{PodIdentities, PodIdentity};
 use egret_controlplane::translog::{Clocks, DropReason, Exporter, Sink};
+use egret_controlplane::view::{
+    Counters, GatewayView, PolicyRow, PortRow, SessionFilter, SessionRow, Status, WhoHadAnswer, WhoHadQuery,
+};
 use egret_dataplane::clock::Timestamp;
 use egret_dataplane::engine::{ChecksumHint, Engine, Pipeline, RxMeta, Verdict};
 use egret_dataplane::fixtures::{
@@ -106,7 +116,67 @@ fn config(ipfix: SocketAddr, syslog: SocketAddr) -> TranslationLogsConfig {
             hostname: Some("gw-test".into()),
             transport: SyslogTransport::Udp,
         }),
+        journal: None,
     }
+}
+
+/// The pods' identities as the controller would publish them.
+fn identity(pod: Ipv4Addr) -> PodIdentity {
+    let name = if pod == POD_A { "pod-a" } else { "pod-b" };
+    PodIdentity { namespace: "team".into(), name: name.into(), uid: format!("uid-{name}") }
+}
+
+/// A gateway as the admin socket sees it, with only `who-had`: the real
+/// journal, and the engine's table for sessions the journal has no end for.
+struct JournalView {
+    dir: PathBuf,
+    engine: Engine,
+    now: Clocks,
+}
+
+impl GatewayView for JournalView {
+    fn status(&self) -> Status {
+        Status::default()
+    }
+    fn counters(&self) -> Counters {
+        Counters::default()
+    }
+    fn policies(&self) -> Vec<PolicyRow> {
+        Vec::new()
+    }
+    fn ports(&self) -> Vec<PortRow> {
+        Vec::new()
+    }
+    fn sessions(&self, _: &SessionFilter) -> Vec<SessionRow> {
+        Vec::new()
+    }
+    fn who_had(&self, q: &WhoHadQuery) -> Result<WhoHadAnswer, String> {
+        let nat = self.engine.nat4();
+        let live = |e: &egret_controlplane::translog::Event| {
+            nat.sessions
+                .iter()
+                .find(|v| {
+                    IpAddr::V4(v.tuple.pod) == e.pod
+                        && v.tuple.pod_port == e.pod_port
+                        && v.tuple.egress_port == e.egress_port
+                        && v.tuple.proto == e.proto
+                })
+                .map(|v| self.now.wall(u64::from(nat.last_seen(&v)) * 1000))
+        };
+        egret_controlplane::translog::who_had::answer(&self.dir, q, &live)
+    }
+}
+
+/// Serves `view` on a real admin socket at `path` (mode 0600, peer
+/// credentials checked) from a thread of its own.
+fn serve_admin(path: &std::path::Path, view: JournalView) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let listener = {
+        let _in = rt.enter();
+        admin::bind(path).unwrap()
+    };
+    let view: Arc<dyn GatewayView> = Arc::new(view);
+    std::thread::spawn(move || rt.block_on(admin::serve(listener, view)));
 }
 
 /// `YYYY-MM-DDThh:mm:ss.mmmZ` of a wall time in this test's range (one day
@@ -132,8 +202,13 @@ fn nfdump_and_a_syslog_socket_read_back_exactly_the_scripted_sessions() {
     engine.publish_fib(topology());
     assert!(engine.enable_translog(1024));
     let mut w = engine.pipeline_seeded(PortRng::new(7));
-    let mut exporter =
-        Exporter::new(engine.clone(), &config(collector.addr(), syslog_rx.local_addr().unwrap()), "node-x").unwrap();
+    let journal = std::env::temp_dir().join(format!("egret-translog-collector-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&journal);
+    let mut cfg = config(collector.addr(), syslog_rx.local_addr().unwrap());
+    cfg.journal = Some(JournalConfig { dir: journal.clone(), max_bytes: 1 << 20, max_age: Duration::from_secs(3600) });
+    let ids = PodIdentities::default();
+    ids.set([POD_A, POD_B].into_iter().map(|p| (IpAddr::V4(p), Arc::new(identity(p)))).collect());
+    let mut exporter = Exporter::new(engine.clone(), &cfg, "node-x", ids).unwrap();
 
     let sessions = script(&mut w);
     // The egress port each session got, from the engine itself.
@@ -234,14 +309,19 @@ fn nfdump_and_a_syslog_socket_read_back_exactly_the_scripted_sessions() {
     assert!(syslog_rx.recv(&mut buf).is_err(), "no tenth line");
     let pid = std::process::id();
     let line = |at: u64, msgid: &str, s: &Scripted, (e, p): (Ipv4Addr, u16)| {
+        let id = identity(s.pod);
         format!(
             "<134>1 {} gw-test egret {pid} {msgid} [nsess SSUBIX=\"0\" SVLAN=\"0\" IATYP=\"IPv4\" ISADDR=\"{}\" \
-             ISPORT=\"{}\" XATYP=\"IPv4\" XSADDR=\"{e}\" XSPORT=\"{p}\" PROTO=\"{}\" XDADDR=\"{SERVER}\" XDPORT=\"{}\"]",
+             ISPORT=\"{}\" XATYP=\"IPv4\" XSADDR=\"{e}\" XSPORT=\"{p}\" PROTO=\"{}\" XDADDR=\"{SERVER}\" XDPORT=\"{}\"]\
+             [pod@32473 ns=\"{}\" name=\"{}\" uid=\"{}\"]",
             stamp(at),
             s.pod,
             s.pod_port,
             s.proto,
-            s.remote_port
+            s.remote_port,
+            id.namespace,
+            id.name,
+            id.uid
         )
     };
     let mut want = BTreeSet::new();
@@ -257,6 +337,47 @@ fn nfdump_and_a_syslog_socket_read_back_exactly_the_scripted_sessions() {
         }
     }
     assert_eq!(got, want);
+
+    // Who had each session's egress address and port, half way through its
+    // life, asked through a real admin socket?
+    let socket = journal.join("admin.sock");
+    serve_admin(&socket, JournalView { dir: journal.clone(), engine: engine.clone(), now: clocks(SWEEP_MS + 100) });
+    let ask = |(e, p): (Ipv4Addr, u16), at_ms: u64, proto: &str| -> WhoHadAnswer {
+        let query = WhoHadQuery { egress: IpAddr::V4(e), port: p, at_ms, proto: Some(proto.into()), remote: None };
+        serde_json::from_value(admin::call(&socket, &Request::WhoHad { query }).expect("who-had")).unwrap()
+    };
+    for (s, p) in sessions.iter().zip(&ports) {
+        let proto = match s.proto {
+            6 => "tcp",
+            17 => "udp",
+            _ => "icmp",
+        };
+        let a = ask(*p, W0 + (s.created_ms + SWEEP_MS) / 2, proto);
+        assert_eq!(a.sessions.len(), 1, "{s:?}: {a:?}");
+        let r = &a.sessions[0];
+        assert_eq!((r.pod, r.pod_port), (IpAddr::V4(s.pod), s.pod_port), "{s:?}");
+        assert_eq!((r.egress, r.egress_port), (IpAddr::V4(p.0), p.1));
+        assert_eq!(r.remote, Some(SocketAddr::new(IpAddr::V4(SERVER), s.remote_port)));
+        assert_eq!(r.pod_identity.as_ref(), Some(&identity(s.pod)));
+        assert_eq!(r.created_ms, Some(W0 + s.created_ms));
+        match s.ends {
+            Some(last) => {
+                assert_eq!((r.deleted_ms, r.last_ms, r.live), (Some(W0 + SWEEP_MS), Some(W0 + last * 1000), false));
+                // After its delete nobody held it.
+                let after = ask(*p, W0 + SWEEP_MS + 50, proto);
+                assert!(after.sessions.is_empty() && !after.before_journal, "{s:?}: {after:?}");
+            }
+            None => {
+                // The journal has no end: the live session, last packet at 200 s.
+                assert_eq!((r.deleted_ms, r.last_ms, r.live), (None, Some(W0 + 200_000), true));
+            }
+        }
+    }
+    // Before the journal's first segment: ask the collector.
+    let early = ask(ports[0], W0 + 500, "udp");
+    assert!(early.sessions.is_empty() && early.before_journal, "{early:?}");
+    assert_eq!(early.journal_starts_ms, Some(W0 + 10_000));
+    std::fs::remove_dir_all(&journal).unwrap();
 }
 
 /// Refused new flows: no free port on E2 (natEvent 12, with the egress
@@ -283,8 +404,13 @@ fn refusals_reach_nfdump_and_syslog() {
     engine.publish_fib(topology());
     assert!(engine.enable_translog(1024));
     let mut w = engine.pipeline_seeded(PortRng::new(7));
-    let mut exporter =
-        Exporter::new(engine.clone(), &config(collector.addr(), syslog_rx.local_addr().unwrap()), "node-x").unwrap();
+    let mut exporter = Exporter::new(
+        engine.clone(),
+        &config(collector.addr(), syslog_rx.local_addr().unwrap()),
+        "node-x",
+        PodIdentities::default(),
+    )
+    .unwrap();
 
     let process = |w: &mut Pipeline, pod: Ipv4Addr, port: u16, at_ms: u64| {
         let p = from_pod(IpAddr::V4(pod), IpAddr::V4(SERVER), udp(port, 53, b"q"));

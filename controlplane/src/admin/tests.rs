@@ -118,6 +118,9 @@ impl GatewayView for Fake {
                 sent: vec![("ipfix".into(), 9), ("syslog".into(), 8)],
                 dropped: vec![("syslog".into(), "send_error".into(), 1)],
                 unreachable: vec![("ipfix".into(), 0), ("syslog".into(), 2)],
+                journal_bytes: Some(4096),
+                journal_oldest_ms: Some(1_796_126_400_000),
+                identity_unresolved: 3,
             },
         }
     }
@@ -184,7 +187,7 @@ fn answers_filter_and_refuse() {
     assert_eq!(
         answer(&Fake, r#"{"command":"reboot"}"#),
         Response::Error(
-            "bad request: unknown variant `reboot`, expected one of `status`, `counters`, `policies`, `ports`, `sessions` at line 1 column 19"
+            "bad request: unknown variant `reboot`, expected one of `status`, `counters`, `policies`, `ports`, `sessions`, `who-had` at line 1 column 19"
                 .into()
         )
     );
@@ -363,4 +366,83 @@ fn status_names_the_ownership() {
     );
     let lapsed = with(Some(LivenessRow { valid_for_ms: None, ..row }));
     assert!(lapsed.contains("epoch 4, NOT VALID (nothing served or taken until it is renewed);"), "{lapsed}");
+}
+
+#[test]
+fn counters_show_what_the_journal_covers() {
+    let text = render::counters(&Fake.counters());
+    assert!(text.contains("journal: 4096 bytes; egret who-had answers from 2026-12-01T12:00:00.000Z\n"), "{text}");
+}
+
+#[test]
+fn who_had_on_the_wire_and_for_people() {
+    let query = WhoHadQuery {
+        egress: ip("203.0.113.10"),
+        port: 41522,
+        at_ms: 1_796_133_787_000,
+        proto: Some("tcp".into()),
+        remote: None,
+    };
+    let r = Request::WhoHad { query: query.clone() };
+    let wire = serde_json::to_string(&r).unwrap();
+    assert_eq!(
+        wire,
+        r#"{"command":"who-had","query":{"egress":"203.0.113.10","port":41522,"at_ms":1796133787000,"proto":"tcp","remote":null}}"#
+    );
+    assert_eq!(serde_json::from_str::<Request>(&wire).unwrap(), r);
+    // A gateway without a journal says so, as an error.
+    let Response::Error(e) = answer(&Fake, &wire) else { panic!("answered") };
+    assert!(e.contains("no translation log journal"), "{e}");
+
+    let row = |pod: &str, deleted: Option<u64>, live: bool| crate::view::WhoHadRow {
+        proto: "tcp".into(),
+        pod: ip(pod),
+        pod_port: 40001,
+        egress: ip("203.0.113.10"),
+        egress_port: 41522,
+        remote: Some("198.51.100.20:443".parse().unwrap()),
+        pod_identity: Some(crate::translog::identity::PodIdentity {
+            namespace: "payments".into(),
+            name: "api-7d9f8-abcde".into(),
+            uid: "0b6c3a8e".into(),
+        }),
+        created_ms: Some(1_796_133_780_000),
+        last_ms: Some(1_796_133_790_000),
+        deleted_ms: deleted,
+        reason: deleted.map(|_| "expired".into()),
+        live,
+        adopted: false,
+    };
+    let a = WhoHadAnswer {
+        at_ms: query.at_ms,
+        journal_starts_ms: Some(1_796_100_000_000),
+        before_journal: false,
+        sessions: vec![row("10.244.1.7", Some(1_796_133_910_000), false), row("10.244.1.8", None, true)],
+    };
+    assert_eq!(
+        render::who_had(&query, &a),
+        "203.0.113.10:41522/tcp at 2026-12-01T14:03:07.000Z:\n\
+         POD                       UID       PROTO  POD ADDRESS       REMOTE             CREATED                   LAST PACKET               DELETED\n\
+         payments/api-7d9f8-abcde  0b6c3a8e  tcp    10.244.1.7:40001  198.51.100.20:443  2026-12-01T14:03:00.000Z  2026-12-01T14:03:10.000Z  2026-12-01T14:05:10.000Z (expired)\n\
+         payments/api-7d9f8-abcde  0b6c3a8e  tcp    10.244.1.8:40001  198.51.100.20:443  2026-12-01T14:03:00.000Z  2026-12-01T14:03:10.000Z  live\n"
+    );
+    let mut adopted = row("10.244.1.9", Some(1_796_133_910_000), false);
+    (adopted.created_ms, adopted.adopted) = (None, true);
+    let text = render::who_had(&query, &WhoHadAnswer { sessions: vec![adopted], ..a.clone() });
+    assert!(
+        text.contains("10.244.1.9:40001  198.51.100.20:443  adopted (peer's journal)  2026-12-01T14:03:10.000Z"),
+        "{text}"
+    );
+    let none = WhoHadAnswer { sessions: vec![], ..a.clone() };
+    assert_eq!(
+        render::who_had(&query, &none),
+        "203.0.113.10:41522/tcp at 2026-12-01T14:03:07.000Z: no session held it\n"
+    );
+    let early = WhoHadAnswer { before_journal: true, ..none.clone() };
+    assert_eq!(
+        render::who_had(&query, &early),
+        "203.0.113.10:41522/tcp at 2026-12-01T14:03:07.000Z: the journal starts at 2026-12-01T04:40:00.000Z: ask the collector\n"
+    );
+    let empty = WhoHadAnswer { journal_starts_ms: None, ..early };
+    assert!(render::who_had(&query, &empty).ends_with("the journal is empty: ask the collector\n"));
 }

@@ -65,6 +65,22 @@ pub struct TranslationLogs {
     pub ipfix: Option<TranslationLogsIpfix>,
     /// `syslog:`.
     pub syslog: Option<TranslationLogsSyslog>,
+    /// `journal:`.
+    pub journal: Option<TranslationLogsJournal>,
+}
+
+/// `translationLogs.journal:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TranslationLogsJournal {
+    /// Default: true.
+    pub enabled: Option<bool>,
+    /// A directory.
+    pub dir: Option<String>,
+    /// Bytes.
+    pub max_bytes: Option<u64>,
+    /// A duration.
+    pub max_age: Option<String>,
 }
 
 /// `translationLogs.ipfix:`.

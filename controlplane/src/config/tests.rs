@@ -553,8 +553,22 @@ fn translation_logs_and_their_defaults() {
                 hostname: None,
                 transport: SyslogTransport::Udp,
             }),
+            journal: Some(JournalConfig {
+                dir: "/var/lib/egret/translog".into(),
+                max_bytes: 1 << 30,
+                max_age: Duration::from_secs(86_400),
+            }),
         }
     );
+    let text = format!("{GOOD}translationLogs:\n  journal: {{dir: /srv/tl, maxBytes: 2097152, maxAge: 2h}}\n");
+    let j = load_str("gw.yaml", &text).unwrap().translation_logs.unwrap().journal.unwrap();
+    assert_eq!(j, JournalConfig { dir: "/srv/tl".into(), max_bytes: 2 << 20, max_age: Duration::from_secs(7200) });
+    let only_journal = format!("{GOOD}translationLogs: {{}}\n");
+    let t = load_str("gw.yaml", &only_journal).unwrap().translation_logs.unwrap();
+    assert!(t.ipfix.is_none() && t.syslog.is_none() && t.journal.is_some(), "the journal alone is a sink");
+    let days = format!("{GOOD}translationLogs: {{journal: {{maxAge: 7d}}}}\n");
+    let j = load_str("gw.yaml", &days).unwrap().translation_logs.unwrap().journal.unwrap();
+    assert_eq!(j.max_age, Duration::from_secs(7 * 86_400));
     let text = format!(
         "{GOOD}translationLogs:\n  ringRecords: 4096\n  queueEvents: 10\n  logDestinations: false\n  \
          ipfix: {{collector: \"192.0.2.50:4739\", observationDomain: 7, templateRefresh: 30s, mtu: 9000}}\n"
@@ -570,7 +584,24 @@ fn translation_logs_and_their_defaults() {
 #[test]
 fn translation_logs_bad_values_are_named() {
     let cases: &[(&str, &[&str])] = &[
-        ("{}", &["gw.yaml: translationLogs: neither ipfix: nor syslog: is set: give a collector (or enabled: false)"]),
+        (
+            "{journal: {enabled: false}}",
+            &["gw.yaml: translationLogs: neither ipfix:, syslog: nor the journal is on: give a collector (or enabled: false)"],
+        ),
+        (
+            "{journal: {dir: var/tl}}",
+            &[r#"gw.yaml: translationLogs.journal.dir: "var/tl": must be an absolute path"#],
+        ),
+        (
+            "{journal: {maxBytes: 1000}}",
+            &[r#"gw.yaml: translationLogs.journal.maxBytes: "1000": must be at least 1048576 (1 MiB)"#],
+        ),
+        ("{journal: {maxAge: 30s}}", &[r#"gw.yaml: translationLogs.journal.maxAge: "30s": must be 1m-366d"#]),
+        ("{journal: {maxAge: 400d}}", &[r#"gw.yaml: translationLogs.journal.maxAge: "400d": must be 1m-366d"#]),
+        (
+            "{journal: {maxAge: soon}}",
+            &[r#"gw.yaml: translationLogs.journal.maxAge: "soon": not a duration (e.g. "4s", "500ms")"#],
+        ),
         (
             "{ipfix: {collector: \"192.0.2.50\"}}",
             &[

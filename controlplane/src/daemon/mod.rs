@@ -177,6 +177,9 @@ pub struct Shared {
     pub cluster: std::sync::OnceLock<Arc<crate::k8s::Heartbeat>>,
     /// The translation log exporter's counters, when logging is on.
     pub translog: Option<Arc<crate::translog::Stats>>,
+    /// The translation logs' journal directory, when the journal is on
+    /// (`egret who-had` reads it).
+    pub journal_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -552,6 +555,9 @@ struct Loaded {
     sink: Arc<GatewaySink>,
     /// The fast path's next-hop table size, as loaded (the offload manager's).
     fast_path_next_hops: u32,
+    /// The pods' identities by address: the Kubernetes controller writes
+    /// them, the translation log exporter reads them.
+    pod_identities: crate::translog::identity::PodIdentities,
 }
 
 /// Step 3: creates the engine and loads the XDP program (the interfaces'
@@ -610,7 +616,16 @@ fn load_and_apply(cfg: &GatewayConfig, kernel: &Kernel, started: Instant) -> Res
     // excludes them already (later changes re-apply, step 5's netlink task).
     sink.set_node_addresses(kernel.watcher.state().local_addresses());
     sink.apply(&cfg.tables).map_err(start_err("applying the configuration"))?;
-    Ok(Loaded { clock, engine, program, fast_path, announce, sink, fast_path_next_hops: load.fast_path_next_hops })
+    Ok(Loaded {
+        clock,
+        engine,
+        program,
+        fast_path,
+        announce,
+        sink,
+        fast_path_next_hops: load.fast_path_next_hops,
+        pod_identities: Default::default(),
+    })
 }
 
 /// Step 4's result: the workers and the offload manager, running.
@@ -684,8 +699,9 @@ fn start_workers(cfg: &GatewayConfig, interfaces: &[Driven], loaded: &Loaded) ->
                 .or_else(|| std::env::var("NODE_NAME").ok())
                 .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
                 .unwrap_or_default();
-            let exporter = crate::translog::Exporter::new(loaded.engine.clone(), t, &node)
-                .map_err(start_err("opening the translation logs' sockets"))?;
+            let exporter =
+                crate::translog::Exporter::new(loaded.engine.clone(), t, &node, loaded.pod_identities.clone())
+                    .map_err(start_err("opening the translation logs' sockets"))?;
             let stats = exporter.stats().clone();
             let stop = Arc::new(AtomicBool::new(false));
             let thread = crate::translog::spawn(exporter, loaded.clock, stop.clone())
@@ -766,6 +782,7 @@ async fn attach_and_serve(
         next_hops: running_watcher.next_hop_status(),
         cluster: std::sync::OnceLock::new(),
         translog: translog_stats,
+        journal_dir: cfg.translation_logs.as_ref().and_then(|t| t.journal.as_ref()).map(|j| j.dir.clone()),
     });
     let view: Arc<dyn crate::view::GatewayView> = Arc::new(view::LiveView(shared.clone()));
 
@@ -837,7 +854,9 @@ async fn start_kubernetes(cfg: &GatewayConfig, loaded: &Loaded, shared: &Shared)
     let (k8s_stop_tx, k8s_stop_rx) = tokio::sync::watch::channel(false);
     let k8s_task = match &cfg.kubernetes {
         None => None,
-        Some(k) => Some(spawn_kubernetes(k, cfg, loaded.sink.clone(), k8s_stop_rx).await?),
+        Some(k) => {
+            Some(spawn_kubernetes(k, cfg, loaded.sink.clone(), loaded.pod_identities.clone(), k8s_stop_rx).await?)
+        }
     };
     if let Some((_, heartbeat)) = &k8s_task {
         let _ = shared.cluster.set(heartbeat.clone());
@@ -1067,6 +1086,7 @@ async fn spawn_kubernetes(
     k: &config::KubernetesConfig,
     cfg: &GatewayConfig,
     sink: Arc<GatewaySink>,
+    pod_identities: crate::translog::identity::PodIdentities,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(tokio::task::JoinHandle<Option<crate::k8s::uninstall::Ending>>, Arc<crate::k8s::Heartbeat>), DaemonError> {
     use crate::k8s::{self, lease::LeaseTiming, K8sOptions};
@@ -1081,6 +1101,7 @@ async fn spawn_kubernetes(
     opts.gateway_selector = k.gateway_selector.clone();
     opts.resync_period = k.resync_period;
     opts.liveness = k.liveness;
+    opts.pod_identities = pod_identities;
     opts.nat = cfg.tables.nat;
     opts.tunnel_port = cfg.tables.tunnel.as_ref().map(|t| t.port);
     opts.guard = egret_dataplane::tables::SourceGuard {

@@ -14,7 +14,7 @@ use egret_dataplane::tables::PolicyFamily;
 use super::Shared;
 use crate::view::{
     mac_string, proto_name, Counters, GatewayView, InterfaceStatus, OwnedIp, PolicyRow, PortRow, RingStats,
-    SessionFilter, SessionRow, Status, WorkerStatus,
+    SessionFilter, SessionRow, Status, WhoHadAnswer, WhoHadQuery, WorkerStatus,
 };
 
 /// The live gateway.
@@ -232,5 +232,20 @@ impl GatewayView for LiveView {
         sessions_of::<Ipv4Addr>(self.0.engine.nat4(), now, filter, &mut out, limit);
         sessions_of::<Ipv6Addr>(self.0.engine.nat6(), now, filter, &mut out, limit);
         out
+    }
+
+    fn who_had(&self, q: &WhoHadQuery) -> Result<WhoHadAnswer, String> {
+        let Some(dir) = &self.0.journal_dir else {
+            return Err(
+                "this gateway keeps no translation log journal (translationLogs.journal): ask the collector".into()
+            );
+        };
+        let clocks = crate::translog::Clocks::now(&self.0.clock);
+        // The sessions on that egress address, for those the journal has
+        // no end for.
+        let filter = SessionFilter { egress_ip: Some(q.egress), limit: Some(usize::MAX), ..SessionFilter::default() };
+        let rows = self.sessions(&filter);
+        let live = |e: &crate::translog::Event| crate::translog::who_had::live_in(&rows, &clocks, e);
+        crate::translog::who_had::answer(dir, q, &live)
     }
 }

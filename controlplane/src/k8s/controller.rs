@@ -738,6 +738,7 @@ impl SyncLoop {
         let handing_over = !self.drain_step(now) && self.drain_since.is_some();
         let me = self.opts.node_name.clone();
         let (mut obs, leases, liveness) = self.stores.observed(handing_over.then_some(me.as_str()));
+        self.opts.pod_identities.set(observe::pod_identities(self.stores.pods.state().iter().map(|p| &**p)));
         for (ip, rec) in &leases {
             self.mgr.lock().observe(*ip, Some(rec.clone()), now);
         }

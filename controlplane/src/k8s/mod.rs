@@ -83,6 +83,9 @@ pub struct K8sOptions {
     /// `kubernetes.ownership: liveness`, the default); false (`perIP`):
     /// every held IP's Lease is renewed every retryPeriod (ADR 0004).
     pub liveness: bool,
+    /// Where each pass publishes the pods' identities by address, for the
+    /// translation logs' exporter (translog/identity.rs).
+    pub pod_identities: crate::translog::identity::PodIdentities,
 }
 
 impl K8sOptions {
@@ -100,6 +103,7 @@ impl K8sOptions {
             tunnel_port: Some(egret_dataplane::wire::vxlan::DEFAULT_PORT),
             lease_owner: uninstall::OwnerSlot::default(),
             liveness: true,
+            pod_identities: Default::default(),
         }
     }
 

@@ -88,6 +88,30 @@ pub fn pods<'a>(list: impl IntoIterator<Item = &'a Pod>) -> Vec<PodInfo> {
         .collect()
 }
 
+/// The identity of the pod each address belongs to, by the same rule as
+/// [`pods`] (an address reused by a new pod is the new pod's), for the
+/// translation logs (translog/identity.rs).
+pub fn pod_identities<'a>(list: impl IntoIterator<Item = &'a Pod> + Clone) -> crate::translog::identity::IdentityMap {
+    let uids: HashMap<(String, String), String> = list
+        .clone()
+        .into_iter()
+        .map(|p| ((p.namespace().unwrap_or_default(), p.name_any()), p.metadata.uid.clone().unwrap_or_default()))
+        .collect();
+    let mut out = HashMap::new();
+    for info in pods(list) {
+        let uid = uids.get(&(info.namespace.clone(), info.name.clone())).cloned().unwrap_or_default();
+        let id = std::sync::Arc::new(crate::translog::identity::PodIdentity {
+            namespace: info.namespace,
+            name: info.name,
+            uid,
+        });
+        for ip in info.ips {
+            out.insert(ip, id.clone());
+        }
+    }
+    out
+}
+
 /// A Service annotated `egret.dev/egress: "true"` (others: None).
 pub fn service(s: &Service) -> Option<ServiceInfo> {
     if s.annotations().get(SERVICE_EGRESS_ANNOTATION).map(String::as_str) != Some("true") {
@@ -313,6 +337,22 @@ mod tests {
             status["podIP"] = first["ip"].clone();
         }
         serde_json::from_value(json!({"metadata": meta, "status": status})).unwrap()
+    }
+
+    /// Identities follow the same rule: a reused address names the new
+    /// pod, with its own UID.
+    #[test]
+    fn pod_identities_name_the_pod_holding_each_address() {
+        let mut old = pod_json("old", "2026-11-24T10:00:00Z", true, "Running", &["198.18.0.5", "fd00::5"]);
+        old.metadata.uid = Some("uid-old".into());
+        let mut new = pod_json("new", "2026-11-24T11:00:00Z", false, "Pending", &["198.18.0.5"]);
+        new.metadata.uid = Some("uid-new".into());
+        let ids = pod_identities([&old, &new]);
+        let at = |ip: &str| ids.get(&ip.parse::<IpAddr>().unwrap()).map(|i| (i.name.as_str(), i.uid.as_str()));
+        assert_eq!(at("198.18.0.5"), Some(("new", "uid-new")));
+        assert_eq!(at("fd00::5"), Some(("old", "uid-old")));
+        assert_eq!(ids[&"fd00::5".parse::<IpAddr>().unwrap()].namespace, "team");
+        assert_eq!(at("198.18.0.6"), None);
     }
 
     /// A pod being deleted stays selected until it is gone, reaches a

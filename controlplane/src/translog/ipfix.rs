@@ -467,6 +467,7 @@ mod tests {
             flags: 0,
             quota: None,
             limit: None,
+            identity: None,
         }
     }
 
@@ -614,6 +615,7 @@ mod tests {
             flags: 0,
             quota,
             limit: Some(limit),
+            identity: None,
         };
         out.clear();
         enc.encode(

@@ -24,14 +24,22 @@
 //! Syslog over TCP (`transport: tcp`, RFC 6587 octet counting) is
 //! written by a thread of its own from a bounded queue (`tcp.rs`).
 //!
-//! Not built yet (ADR 0034): the pod's identity (namespace, name, UID),
-//! the local journal and `egret who-had`, port blocks,
-//! and the HA rules beyond "an import logs nothing; the adopted session's
-//! end is flagged".
+//! Each event carries the pod's identity as the control plane knew it when
+//! the record was drained (`identity.rs`, fed by the Kubernetes
+//! controller), and goes to the local journal (`journal.rs`) that
+//! `egret who-had` reads, written on this thread too.
+//!
+//! Not built yet (ADR 0034): the identity in IPFIX's enterprise IEs (§4),
+//! an identity history per address (§3: the identity is the one current
+//! at the drain), port blocks, and the HA rules beyond "an import logs
+//! nothing; the adopted session's end is flagged".
 
+pub mod identity;
 pub mod ipfix;
+pub mod journal;
 pub mod syslog;
 pub mod tcp;
+pub mod who_had;
 
 use std::collections::VecDeque;
 use std::io;
@@ -77,6 +85,8 @@ pub struct Event {
     pub quota: Option<u8>,
     /// A refusal: the limit hit (ports in the range, sessions).
     pub limit: Option<u32>,
+    /// The pod's identity when the record was drained, if known.
+    pub identity: Option<Arc<identity::PodIdentity>>,
 }
 
 /// Engine time and wall time read together, to place engine times on the
@@ -141,6 +151,7 @@ impl Event {
             flags: r.flags,
             quota: (kind == LogKind::QuotaExceeded).then_some(r.detail),
             limit: matches!(kind, LogKind::PortsExhausted | LogKind::QuotaExceeded).then_some(r.value),
+            identity: None,
         })
     }
 }
@@ -152,17 +163,20 @@ pub enum Sink {
     Ipfix = 0,
     /// Syslog to `translationLogs.syslog.collector`.
     Syslog = 1,
+    /// The local journal (`translationLogs.journal`).
+    Journal = 2,
 }
 
 impl Sink {
-    /// Both, in order.
-    pub const ALL: [Sink; 2] = [Sink::Ipfix, Sink::Syslog];
+    /// All, in order.
+    pub const ALL: [Sink; 3] = [Sink::Ipfix, Sink::Syslog, Sink::Journal];
 
     /// The metric label.
     pub const fn name(self) -> &'static str {
         match self {
             Sink::Ipfix => "ipfix",
             Sink::Syslog => "syslog",
+            Sink::Journal => "journal",
         }
     }
 }
@@ -175,17 +189,20 @@ pub enum DropReason {
     /// Sending failed or would have blocked (the collector is gone, or the
     /// socket's buffer full).
     SendError = 1,
+    /// Writing the journal failed (disk full, directory gone).
+    WriteError = 2,
 }
 
 impl DropReason {
-    /// Both, in order.
-    pub const ALL: [DropReason; 2] = [DropReason::QueueFull, DropReason::SendError];
+    /// All, in order.
+    pub const ALL: [DropReason; 3] = [DropReason::QueueFull, DropReason::SendError, DropReason::WriteError];
 
     /// The metric label.
     pub const fn name(self) -> &'static str {
         match self {
             DropReason::QueueFull => "queue_full",
             DropReason::SendError => "send_error",
+            DropReason::WriteError => "write_error",
         }
     }
 }
@@ -195,9 +212,13 @@ impl DropReason {
 #[derive(Debug, Default)]
 pub struct Stats {
     records: [AtomicU64; 4],
-    sent: [AtomicU64; 2],
-    dropped: [[AtomicU64; 2]; 2],
-    unreachable: [AtomicU64; 2],
+    sent: [AtomicU64; 3],
+    dropped: [[AtomicU64; 3]; 3],
+    unreachable: [AtomicU64; 3],
+    unresolved: AtomicU64,
+    journal: AtomicBool,
+    journal_bytes: AtomicU64,
+    journal_oldest_ms: AtomicU64,
 }
 
 impl Stats {
@@ -236,8 +257,34 @@ impl Stats {
                     DropReason::ALL.iter().map(|r| (s.name().to_string(), r.name().to_string(), self.dropped(*s, *r)))
                 })
                 .collect(),
-            unreachable: Sink::ALL.iter().map(|s| (s.name().to_string(), self.unreachable(*s))).collect(),
+            unreachable: [Sink::Ipfix, Sink::Syslog]
+                .iter()
+                .map(|s| (s.name().to_string(), self.unreachable(*s)))
+                .collect(),
+            journal_bytes: self.journal.load(Ordering::Relaxed).then(|| self.journal_bytes.load(Ordering::Relaxed)),
+            journal_oldest_ms: self.journal_oldest_ms(),
+            identity_unresolved: self.unresolved(),
         }
+    }
+
+    /// Events whose pod no identity was published for (Kubernetes mode:
+    /// an address no pod in the cluster held at the drain).
+    pub fn unresolved(&self) -> u64 {
+        self.unresolved.load(Ordering::Relaxed)
+    }
+
+    /// The journal's oldest segment's start, Unix ms (`None`: no journal,
+    /// or no segment yet).
+    pub fn journal_oldest_ms(&self) -> Option<u64> {
+        let ms = self.journal_oldest_ms.load(Ordering::Relaxed);
+        (self.journal.load(Ordering::Relaxed) && ms != 0).then_some(ms)
+    }
+
+    /// The journal's size and oldest segment, after a write.
+    pub(crate) fn set_journal(&self, bytes: u64, oldest_ms: u64) {
+        self.journal.store(true, Ordering::Relaxed);
+        self.journal_bytes.store(bytes, Ordering::Relaxed);
+        self.journal_oldest_ms.store(oldest_ms, Ordering::Relaxed);
     }
 
     pub(crate) fn add_sent(&self, sink: Sink, n: u64) {
@@ -330,6 +377,8 @@ pub struct Exporter {
     destinations: bool,
     ipfix: Option<(Queue, ipfix::Encoder)>,
     syslog: Option<(SyslogSink, syslog::Format)>,
+    journal: Option<journal::Journal>,
+    identities: identity::PodIdentities,
     stats: Arc<Stats>,
     batch: Vec<LogRecord>,
     events: Vec<Event>,
@@ -339,8 +388,15 @@ pub struct Exporter {
 impl Exporter {
     /// An exporter of `engine`'s rings as `cfg` says, for the node
     /// `hostname` (syslog's HOSTNAME unless configured, and IPFIX's
-    /// observation domain unless configured). Opens the sinks' sockets.
-    pub fn new(engine: Engine, cfg: &TranslationLogsConfig, hostname: &str) -> io::Result<Exporter> {
+    /// observation domain unless configured), the pods' identities read
+    /// from `identities`. Opens the sinks' sockets (the journal's first
+    /// segment is opened by the first write).
+    pub fn new(
+        engine: Engine,
+        cfg: &TranslationLogsConfig,
+        hostname: &str,
+        identities: identity::PodIdentities,
+    ) -> io::Result<Exporter> {
         let stats: Arc<Stats> = Arc::default();
         let ipfix = match &cfg.ipfix {
             Some(c) => {
@@ -369,11 +425,18 @@ impl Exporter {
             }
             None => None,
         };
+        let journal =
+            cfg.journal.as_ref().map(|j| journal::Journal::new(&j.dir, journal::Limits::new(j.max_bytes, j.max_age)));
+        if journal.is_some() {
+            stats.set_journal(0, 0);
+        }
         Ok(Exporter {
             engine,
             destinations: cfg.log_destinations,
             ipfix,
             syslog,
+            journal,
+            identities,
             stats,
             batch: Vec::new(),
             events: Vec::new(),
@@ -405,11 +468,23 @@ impl Exporter {
         // Each ring is in time order; across workers they interleave.
         self.batch.sort_by_key(|r| r.time_ms);
         self.events.clear();
+        // Resolved now, once per batch: the identity the pod has at the
+        // drain, never rewritten later.
+        let identities = if self.batch.is_empty() { None } else { self.identities.snapshot() };
         for r in &self.batch {
-            if let Some(e) = Event::from_record(r, clocks, self.destinations) {
+            if let Some(mut e) = Event::from_record(r, clocks, self.destinations) {
                 self.stats.records[e.kind as usize - 1].fetch_add(1, Ordering::Relaxed);
+                if let Some(m) = &identities {
+                    e.identity = m.get(&e.pod).cloned();
+                    if e.identity.is_none() {
+                        self.stats.unresolved.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 self.events.push(e);
             }
+        }
+        if let Some(j) = &mut self.journal {
+            j.append(&self.events, clocks.wall_ms, &self.stats);
         }
         for e in &self.events {
             if let Some((q, _)) = &mut self.ipfix {

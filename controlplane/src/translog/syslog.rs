@@ -9,9 +9,11 @@
 //! `XSPORT`, `PROTO`, then `XDADDR`, `XDPORT` (left out with
 //! `logDestinations: false`). An end adds Egret's own element
 //! `[end@PEN last=... why=... adopted=...]` (RFC 5424 §6.3.2: an SD-ID
-//! that IANA did not register carries an enterprise number). The pod's
-//! identity element (`pod@PEN`, ADR 0034 §5) is not written yet: the
-//! exporter does not resolve identities. Refusals have MSGIDs of Egret's
+//! that IANA did not register carries an enterprise number). When the
+//! exporter knows the pod, creates and ends carry its identity as
+//! `[pod@PEN ns=... name=... uid=...]` (ADR 0034 §5), between `nsess`
+//! and `end`; unknown (file mode, an address no pod holds), the element
+//! is left out rather than written empty. Refusals have MSGIDs of Egret's
 //! own, `PEXH` (`[pexh@PEN IATYP ISADDR XATYP XSADDR PORTS]`: no free port
 //! on the egress address, PORTS the range's size) and `QEXC` (`[qexc@PEN
 //! IATYP ISADDR QUOTA LIMIT]`, QUOTA `per-pod` or `sessions`).
@@ -100,6 +102,16 @@ impl Format {
             let _ = write!(s, " XDADDR=\"{addr}\" XDPORT=\"{port}\"");
         }
         s.push(']');
+        if let Some(id) = &e.identity {
+            let _ = write!(
+                s,
+                "[pod@{} ns=\"{}\" name=\"{}\" uid=\"{}\"]",
+                self.pen,
+                escape(&id.namespace),
+                escape(&id.name),
+                escape(&id.uid)
+            );
+        }
         if e.kind == LogKind::SessionDelete {
             let last = rfc3339_ms(e.last_ms.unwrap_or(e.at_ms));
             let why = e.reason.map_or("unknown", |r| r.name());
@@ -190,6 +202,7 @@ mod tests {
             flags: 0,
             quota: None,
             limit: None,
+            identity: None,
         }
     }
 
@@ -239,6 +252,32 @@ mod tests {
         d.flags = log_flags::ADOPTED;
         d.reason = Some(EndReason::TcpClosed);
         assert!(format(true).line(&d).ends_with("why=\"tcp-closed\" adopted=\"1\"]"));
+    }
+
+    /// ADR 0034 §5's line: the pod's element between `nsess` and `end`,
+    /// escaped; left out when the pod is not known.
+    #[test]
+    fn the_pods_identity_is_its_own_element() {
+        let mut d = event(LogKind::SessionDelete);
+        d.identity = Some(std::sync::Arc::new(crate::translog::identity::PodIdentity {
+            namespace: "payments".into(),
+            name: "api-7d9f8-abcde".into(),
+            uid: "0b6c3a8e-1f2d-4c5b-9a8e-7f6d5c4b3a21".into(),
+        }));
+        assert_eq!(
+            format(true).line(&d),
+            "<134>1 2026-12-01T12:17:39.263Z gw-a egret 4242 SDEL [nsess SSUBIX=\"0\" SVLAN=\"0\" IATYP=\"IPv4\" \
+             ISADDR=\"10.244.1.7\" ISPORT=\"40001\" XATYP=\"IPv4\" XSADDR=\"203.0.113.10\" XSPORT=\"41522\" PROTO=\"6\" \
+             XDADDR=\"198.51.100.20\" XDPORT=\"443\"][pod@32473 ns=\"payments\" name=\"api-7d9f8-abcde\" \
+             uid=\"0b6c3a8e-1f2d-4c5b-9a8e-7f6d5c4b3a21\"][end@32473 last=\"2026-12-01T12:17:37.000Z\" why=\"expired\" \
+             adopted=\"0\"]"
+        );
+        let mut c = event(LogKind::SessionCreate);
+        c.identity = d.identity.clone();
+        assert!(format(true).line(&c).ends_with(
+            "[pod@32473 ns=\"payments\" name=\"api-7d9f8-abcde\" uid=\"0b6c3a8e-1f2d-4c5b-9a8e-7f6d5c4b3a21\"]"
+        ));
+        assert!(!format(true).line(&event(LogKind::SessionCreate)).contains("pod@"), "unknown: no element");
     }
 
     /// RFC 5424 §6.3.3: `"`, `\` and `]` inside a PARAM-VALUE are escaped;

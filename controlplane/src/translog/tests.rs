@@ -96,6 +96,7 @@ fn config(
             hostname: Some("gw-a".into()),
             transport: crate::config::SyslogTransport::Udp,
         }),
+        journal: None,
     }
 }
 
@@ -108,7 +109,7 @@ fn a_pass_sends_every_event_to_both_sinks() {
     }
     let (e, mut w) = engine_and_worker(1024);
     let cfg = config(Some(ipfix_rx.local_addr().unwrap()), Some(syslog_rx.local_addr().unwrap()), 1024);
-    let mut x = Exporter::new(e.clone(), &cfg, "node-a").unwrap();
+    let mut x = Exporter::new(e.clone(), &cfg, "node-a", Default::default()).unwrap();
     new_flows(&mut w, 40000, 3, 2_000);
     let clocks = Clocks { wall_ms: 1_796_127_459_263, engine_ms: 2_500, scale: 1 };
     assert!(!x.pass(&clocks));
@@ -142,7 +143,7 @@ fn a_collector_that_is_gone_costs_counters_not_time() {
         s.local_addr().unwrap()
     };
     let (e, mut w) = engine_and_worker(1024);
-    let mut x = Exporter::new(e.clone(), &config(Some(gone), Some(gone), 1024), "node-a").unwrap();
+    let mut x = Exporter::new(e.clone(), &config(Some(gone), Some(gone), 1024), "node-a", Default::default()).unwrap();
     let started = Instant::now();
     for round in 0..20u16 {
         new_flows(&mut w, 40000 + round * 5, 5, u64::from(round) * 10);
@@ -154,7 +155,7 @@ fn a_collector_that_is_gone_costs_counters_not_time() {
     }
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     let s = x.stats();
-    for sink in Sink::ALL {
+    for sink in [Sink::Ipfix, Sink::Syslog] {
         assert_eq!(
             s.sent(sink) + s.dropped(sink, DropReason::SendError) + s.dropped(sink, DropReason::QueueFull),
             100,
@@ -189,7 +190,8 @@ fn a_collector_without_a_route_is_not_a_start_error() {
 fn a_full_queue_drops_and_counts() {
     let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
     let (e, mut w) = engine_and_worker(1024);
-    let mut x = Exporter::new(e, &config(None, Some(rx.local_addr().unwrap()), 4), "node-a").unwrap();
+    let mut x =
+        Exporter::new(e, &config(None, Some(rx.local_addr().unwrap()), 4), "node-a", Default::default()).unwrap();
     new_flows(&mut w, 40000, 10, 0);
     x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 0, scale: 1 });
     assert_eq!(x.stats().dropped(Sink::Syslog, DropReason::QueueFull), 6);
@@ -212,7 +214,7 @@ fn a_collector_that_comes_back_gets_the_templates_and_the_records() {
         s.local_addr().unwrap()
     };
     let (e, mut w) = engine_and_worker(1024);
-    let mut x = Exporter::new(e, &config(Some(addr), Some(addr), 1024), "node-a").unwrap();
+    let mut x = Exporter::new(e, &config(Some(addr), Some(addr), 1024), "node-a", Default::default()).unwrap();
     let clocks = Clocks { wall_ms: 1_796_127_459_263, engine_ms: 0, scale: 1 };
     x.pass(&clocks); // templates to nobody: an ICMP port unreachable comes back
     std::thread::sleep(Duration::from_millis(50));
@@ -272,7 +274,8 @@ fn read_frames(stream: &mut std::net::TcpStream, n: usize) -> Vec<String> {
 fn syslog_over_tcp_frames_each_message_by_its_length() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let (e, mut w) = engine_and_worker(1024);
-    let mut x = Exporter::new(e, &tcp_config(listener.local_addr().unwrap(), 1024), "node-a").unwrap();
+    let mut x =
+        Exporter::new(e, &tcp_config(listener.local_addr().unwrap(), 1024), "node-a", Default::default()).unwrap();
     new_flows(&mut w, 40000, 3, 0);
     x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 0, scale: 1 });
     let (mut s, _) = listener.accept().unwrap();
@@ -294,7 +297,7 @@ fn syslog_over_tcp_waits_for_a_collector_without_holding_the_exporter() {
         l.local_addr().unwrap()
     };
     let (e, mut w) = engine_and_worker(1024);
-    let mut x = Exporter::new(e, &tcp_config(addr, 4), "node-a").unwrap();
+    let mut x = Exporter::new(e, &tcp_config(addr, 4), "node-a", Default::default()).unwrap();
     new_flows(&mut w, 40000, 10, 0);
     let t = std::time::Instant::now();
     x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 0, scale: 1 });
@@ -314,4 +317,153 @@ fn syslog_over_tcp_waits_for_a_collector_without_holding_the_exporter() {
     assert_eq!(read_frames(&mut s, sent).len(), sent);
     assert_eq!(sent as u64 + stats.dropped(Sink::Syslog, DropReason::QueueFull), 10);
     drop(x);
+}
+
+/// The journal gets every event with the identity its pod had at the
+/// drain: the address given to another pod later names the new pod only
+/// in later records; who-had answers from it.
+#[test]
+fn the_journal_keeps_the_identity_at_the_drain() {
+    use crate::translog::identity::{PodIdentities, PodIdentity};
+    use std::sync::Arc;
+    let dir = std::env::temp_dir().join(format!("egret-exporter-journal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (e, mut w) = engine_and_worker(1024);
+    let mut cfg = config(None, None, 1024);
+    cfg.journal =
+        Some(crate::config::JournalConfig { dir: dir.clone(), max_bytes: 1 << 20, max_age: Duration::from_secs(3600) });
+    let ids = PodIdentities::default();
+    let who = |name: &str| {
+        Arc::new(PodIdentity { namespace: "payments".into(), name: name.into(), uid: format!("uid-{name}") })
+    };
+    ids.set([(IpAddr::V4(POD_A), who("api-a"))].into());
+    let mut x = Exporter::new(e, &cfg, "node-a", ids.clone()).unwrap();
+    new_flows(&mut w, 40000, 3, 2_000);
+    x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 2_500, scale: 1 });
+    ids.set([(IpAddr::V4(POD_A), who("api-b"))].into());
+    new_flows(&mut w, 41000, 2, 3_000);
+    // (A pass with nobody for the pod counts it unresolved: below.)
+    x.pass(&Clocks { wall_ms: 1_796_127_460_263, engine_ms: 3_500, scale: 1 });
+    assert_eq!(x.stats().sent(Sink::Journal), 5);
+    assert_eq!(x.stats().unresolved(), 0);
+
+    let events: Vec<Event> = journal::segments(&dir)
+        .unwrap()
+        .iter()
+        .flat_map(|s| journal::records(&std::fs::read(&s.path).unwrap()).collect::<Vec<_>>())
+        .collect();
+    let names: Vec<(u16, &str)> =
+        events.iter().map(|e| (e.pod_port, e.identity.as_ref().unwrap().name.as_str())).collect();
+    assert_eq!(names, [(40000, "api-a"), (40001, "api-a"), (40002, "api-a"), (41000, "api-b"), (41001, "api-b")]);
+
+    // Who had the first flow's egress port a moment after it was made?
+    let first = &events[0];
+    let q = crate::view::WhoHadQuery {
+        egress: first.egress,
+        port: first.egress_port,
+        at_ms: first.at_ms + 100,
+        proto: Some("udp".into()),
+        remote: None,
+    };
+    let a = who_had::answer(&dir, &q, &|_| Some(1_796_127_460_000)).unwrap();
+    assert_eq!(a.sessions.len(), 1, "{a:?}");
+    let r = &a.sessions[0];
+    assert_eq!((r.pod, r.pod_port), (IpAddr::V4(POD_A), 40000));
+    assert_eq!(r.pod_identity.as_ref().unwrap().uid, "uid-api-a");
+    assert_eq!((r.live, r.last_ms, r.deleted_ms), (true, Some(1_796_127_460_000), None));
+    assert_eq!(r.remote, Some(std::net::SocketAddr::new(IpAddr::V4(SERVER), 53)));
+    assert!(!a.before_journal);
+    // Before the journal: ask the collector.
+    let early =
+        who_had::answer(&dir, &crate::view::WhoHadQuery { at_ms: first.at_ms - 60_000, ..q.clone() }, &|_| None)
+            .unwrap();
+    assert!(early.sessions.is_empty() && early.before_journal);
+    assert!(who_had::answer(&dir, &crate::view::WhoHadQuery { proto: Some("sctp".into()), ..q }, &|_| None)
+        .unwrap_err()
+        .contains("\"sctp\""));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn who_had_questions_name_a_bad_value() {
+    let q =
+        who_had::query("203.0.113.10:41522", "2026-12-01T14:03:07Z", Some("tcp"), Some("198.51.100.20:443")).unwrap();
+    assert_eq!((q.egress, q.port, q.at_ms), ("203.0.113.10".parse().unwrap(), 41522, 1_796_133_787_000));
+    assert_eq!(q.remote, Some("198.51.100.20:443".parse().unwrap()));
+    let v6 = who_had::query("[2001:db8::10]:80", "2026-12-01T15:03:07.5+01:00", None, None).unwrap();
+    assert_eq!(v6.at_ms, 1_796_133_787_500);
+    let cases = [
+        (("203.0.113.10", "2026-12-01T14:03:07Z", None, None), "ADDR:PORT: \"203.0.113.10\": not an address:port"),
+        (("203.0.113.10:1", "yesterday", None, None), "--at: \"yesterday\": not an RFC 3339 time"),
+        (("203.0.113.10:1", "2026-12-01T14:03:07Z", Some("gre"), None), "--proto: \"gre\": must be tcp, udp or icmp"),
+        (("203.0.113.10:1", "2026-12-01T14:03:07Z", None, Some("x:y")), "--remote: \"x:y\": not an address:port"),
+    ];
+    for ((t, at, p, r), want) in cases {
+        let e = who_had::query(t, at, p, r).unwrap_err();
+        assert!(e.starts_with(want), "{e}");
+    }
+}
+
+/// A session without a delete in the journal is looked up in the session
+/// table: same protocol, pod, egress and remote; its last packet from its
+/// idle time.
+#[test]
+fn a_live_session_is_found_by_its_whole_key() {
+    let row = |remote_port: u16, idle_secs: u64| crate::view::SessionRow {
+        proto: "udp".into(),
+        pod: IpAddr::V4(POD_A),
+        pod_port: 40000,
+        egress: "203.0.113.10".parse().unwrap(),
+        egress_port: 41522,
+        remote: IpAddr::V4(SERVER),
+        remote_port,
+        idle_secs,
+        state: String::new(),
+        offloaded: false,
+    };
+    let rows = [row(123, 9), row(53, 4)];
+    let e = Event {
+        kind: LogKind::SessionCreate,
+        at_ms: 0,
+        proto: 17,
+        pod: IpAddr::V4(POD_A),
+        pod_port: 40000,
+        egress: "203.0.113.10".parse().unwrap(),
+        egress_port: 41522,
+        remote: Some((IpAddr::V4(SERVER), 53)),
+        last_ms: None,
+        reason: None,
+        flags: 0,
+        quota: None,
+        limit: None,
+        identity: None,
+    };
+    let clocks = Clocks { wall_ms: 1_796_127_460_000, engine_ms: 60_000, scale: 1 };
+    assert_eq!(who_had::live_in(&rows, &clocks, &e), Some(1_796_127_456_000), "the remote picks the row");
+    let fast = Clocks { scale: 4, ..clocks };
+    assert_eq!(who_had::live_in(&rows, &fast, &e), Some(1_796_127_459_000), "idle engine seconds, scaled");
+    let no_remote = Event { remote: None, ..e.clone() };
+    assert_eq!(who_had::live_in(&rows, &clocks, &no_remote), Some(1_796_127_451_000), "the first on the key");
+    assert_eq!(who_had::live_in(&rows, &clocks, &Event { proto: 6, ..e.clone() }), None);
+    assert_eq!(who_had::live_in(&rows, &clocks, &Event { pod_port: 40001, ..e.clone() }), None);
+    assert_eq!(who_had::live_in(&rows, &clocks, &Event { egress_port: 41523, ..e }), None);
+}
+
+/// Identities published, but none for the pod: counted unresolved. None
+/// published (file mode): nothing counted.
+#[test]
+fn events_without_an_identity_are_counted_only_when_identities_exist() {
+    use crate::translog::identity::PodIdentities;
+    let (e, mut w) = engine_and_worker(1024);
+    let cfg = config(None, None, 1024);
+    let ids = PodIdentities::default();
+    let mut x = Exporter::new(e, &cfg, "node-a", ids.clone()).unwrap();
+    new_flows(&mut w, 40000, 2, 2_000);
+    x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 2_500, scale: 1 });
+    assert_eq!(x.stats().unresolved(), 0, "file mode");
+    ids.set(Default::default());
+    new_flows(&mut w, 41000, 3, 3_000);
+    x.pass(&Clocks { wall_ms: 1_796_127_460_263, engine_ms: 3_500, scale: 1 });
+    assert_eq!(x.stats().unresolved(), 3);
+    assert_eq!(x.stats().counters().identity_unresolved, 3);
 }
