@@ -45,9 +45,15 @@ struct Flow {
 }
 
 fn translation_logs(name: &str, tier: Tier) {
+    // The journal in a directory of the test's own (the default is the
+    // host's /var/lib/egret/translog).
+    let journal = std::env::temp_dir().join(format!("egret-e2e-journal-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&journal);
     let extra = format!(
         "translationLogs:\n  ipfix: {{collector: \"127.0.0.1:{IPFIX_PORT}\", templateRefresh: 5s}}\n  \
-         syslog: {{collector: \"127.0.0.1:{SYSLOG_PORT}\", hostname: gw-lab}}\n"
+         syslog: {{collector: \"127.0.0.1:{SYSLOG_PORT}\", hostname: gw-lab}}\n  \
+         journal: {{dir: \"{}\"}}\n",
+        journal.display()
     );
     let Some(mut h) = crate::start_in(name, tier, LabOptions::for_test(), |cfg| {
         cfg.extra += &extra;
@@ -176,11 +182,50 @@ fn translation_logs(name: &str, tier: Tier) {
     for sink in ["ipfix", "syslog"] {
         assert!(after.get_path(&format!("translog.sent.{sink}")) >= 6, "{sink}: {after:?}");
     }
+    // The daemon's own journal, through its admin socket: `egret who-had`
+    // names each flow's pod address and port while the session lived, and
+    // nobody after its delete.
+    for f in &flows {
+        let (pod, ext) = (f.first.local, f.first.seen);
+        let key = format!("proto {} and src ip {} and src port {}", f.proto, pod.ip(), pod.port());
+        let (created, removed): (u64, u64) =
+            (records[&key].0[0][0].parse().unwrap(), records[&key].1[0][0].parse().unwrap());
+        let proto = if f.proto == 6 { "tcp" } else { "udp" };
+        let during = who_had(&h, ext, proto, (created + removed) / 2);
+        let rows = during["sessions"].as_array().unwrap_or_else(|| panic!("{key}: {during}"));
+        assert_eq!(rows.len(), 1, "{key}: one session held {ext}: {during}");
+        let row = &rows[0];
+        assert_eq!(row["pod"].as_str(), Some(pod.ip().to_string().as_str()), "{key}: {row}");
+        assert_eq!(row["pod_port"].as_u64(), Some(u64::from(pod.port())), "{key}: {row}");
+        assert_eq!(row["remote"].as_str(), Some(f.to.to_string().as_str()), "{key}: {row}");
+        assert_eq!(
+            (row["created_ms"].as_u64(), row["deleted_ms"].as_u64()),
+            (Some(created), Some(removed)),
+            "{key}: {row}"
+        );
+        assert_eq!(row["live"].as_bool(), Some(false), "{key}: {row}");
+        let after = who_had(&h, ext, proto, removed + 1);
+        assert_eq!(after["sessions"].as_array().map(Vec::len), Some(0), "{key}: nobody after the delete: {after}");
+    }
+    let early = who_had(&h, flows[0].first.seen, "udp", t0 - 3_600_000);
+    assert_eq!(early["before_journal"].as_bool(), Some(true), "an hour before: ask the collector: {early}");
     eprintln!("{name}: {} syslog lines; nfdump records {records:#?}", lines.len());
     h.finish(&[]).unwrap();
+    std::fs::remove_dir_all(&journal).unwrap();
 }
 
 /// `2026-12-01 12:00:02.000` (UTC) as Unix ms.
+/// `egret who-had ADDR:PORT --at T --proto P --json` against the daemon.
+fn who_had(h: &egret_tests::harness::Harness, at: SocketAddr, proto: &str, at_ms: u64) -> serde_json::Value {
+    let secs = i64::try_from(at_ms / 1000).unwrap();
+    let at_time = k8s_openapi::jiff::Timestamp::new(secs, i32::try_from(at_ms % 1000).unwrap() * 1_000_000).unwrap();
+    let out =
+        h.gw.admin()
+            .cli(&["who-had", &at.to_string(), "--at", &at_time.to_string(), "--proto", proto, "--json"])
+            .unwrap_or_else(|e| panic!("egret who-had {at} at {at_time}: {e}"));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("who-had's JSON: {e}: {out}"))
+}
+
 fn parse_utc_ms(s: &str) -> Option<u64> {
     let (date, time) = s.split_once(' ')?;
     let d: Vec<i64> = date.split('-').map(|x| x.parse().ok()).collect::<Option<_>>()?;
