@@ -719,6 +719,7 @@ fn check_config(file: &std::path::Path, metrics_listen: Option<SocketAddr>, clus
                     ));
                 }
             }
+            s.push_str(&translation_logs_summary(c.translation_logs.as_ref()));
             if let Some(k) = &c.kubernetes {
                 s.push_str("kubernetes mode: policies and egress IPs come from the cluster\n");
                 let cidrs: Vec<String> = k.cluster_pod_cidrs.iter().map(ToString::to_string).collect();
@@ -768,6 +769,34 @@ fn check_config(file: &std::path::Path, metrics_listen: Option<SocketAddr>, clus
             ExitCode::SUCCESS
         }
     }
+}
+
+/// `egret check-config`'s line on the translation logs: where each sink
+/// sends, and where the journal `egret who-had` reads is kept.
+fn translation_logs_summary(t: Option<&config::TranslationLogsConfig>) -> String {
+    let Some(t) = t else { return "translation logs off\n".to_string() };
+    let mut sinks = Vec::new();
+    if let Some(i) = &t.ipfix {
+        sinks.push(format!("IPFIX to {}", i.collector));
+    }
+    if let Some(y) = &t.syslog {
+        let transport = match y.transport {
+            config::SyslogTransport::Udp => "udp",
+            config::SyslogTransport::Tcp => "tcp",
+        };
+        sinks.push(format!("syslog over {transport} to {}", y.collector));
+    }
+    match &t.journal {
+        Some(j) => {
+            sinks.push(format!("journal in {} (at most {} MiB, {:?})", j.dir.display(), j.max_bytes >> 20, j.max_age))
+        }
+        None => sinks.push("no journal (egret who-had cannot answer)".to_string()),
+    }
+    format!(
+        "translation logs: {}; destinations {}\n",
+        sinks.join(", "),
+        if t.log_destinations { "logged" } else { "not logged" }
+    )
 }
 
 /// Why `egret drain` could not set or remove the annotation.

@@ -848,6 +848,56 @@ fn the_aws_values_set_the_region_and_the_irsa_role() {
     assert_eq!(annotations.get("eks.amazonaws.com/role-arn").map(scalar).as_deref(), Some(role));
 }
 
+/// `config.translationLogs` keeps a journal unless it says otherwise
+/// (`egret who-had` reads it): the container's root filesystem is
+/// read-only, so the chart mounts the journal's directory from the Node,
+/// where `journal.dir` says, and nothing when the logs or the journal are
+/// off. The rendered file is one `egret check-config` accepts.
+#[test]
+fn the_translation_logs_journal_is_on_the_node() {
+    let journal = |docs: &[Value]| -> Option<(String, String)> {
+        let ds = one(docs, "DaemonSet", "gateway");
+        let volume = lookup(ds, "spec.template.spec.volumes")
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| scalar(lookup(v, "name")) == "translog-journal")
+            .cloned()?;
+        let mount = lookup(container(ds), "volumeMounts")
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| scalar(lookup(m, "name")) == "translog-journal")
+            .cloned()
+            .expect("the journal's volume is mounted");
+        assert_eq!(scalar(lookup(&volume, "hostPath.type")), "DirectoryOrCreate");
+        Some((scalar(lookup(&volume, "hostPath.path")), scalar(lookup(&mount, "mountPath"))))
+    };
+    assert_eq!(journal(&render("egret", NAMESPACE, &[])), None, "no translation logs, no journal");
+    let ipfix = "config.translationLogs.ipfix.collector=192.0.2.50:4739";
+    let default = render("egret", NAMESPACE, &["--set", ipfix]);
+    let at = |p: &str| Some((p.to_string(), p.to_string()));
+    assert_eq!(journal(&default), at("/var/lib/egret/translog"));
+    let elsewhere = render(
+        "egret",
+        NAMESPACE,
+        &["--set", ipfix, "--set", "config.translationLogs.journal.dir=/var/log/egret/journal"],
+    );
+    assert_eq!(journal(&elsewhere), at("/var/log/egret/journal"));
+    for off in ["config.translationLogs.journal.enabled=false", "config.translationLogs.enabled=false"] {
+        assert_eq!(journal(&render("egret", NAMESPACE, &["--set", ipfix, "--set", off])), None, "{off}");
+    }
+    // The gateway's file as the chart writes it: the real parser takes it.
+    let egret = egret_tests::gateway::egret_binary().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = TempDir::new("translog-journal");
+    let file = tmp.0.join("gateway.yaml");
+    std::fs::write(&file, scalar(&lookup(one(&elsewhere, "ConfigMap", "gateway"), "data")["gateway.yaml"])).unwrap();
+    let out = Command::new(&egret).arg("check-config").arg(&file).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "egret check-config: {text}");
+    assert!(text.contains("/var/log/egret/journal"), "check-config names the journal's directory: {text}");
+}
+
 /// `azure.workloadIdentityClientId` annotates the gateways' ServiceAccount
 /// and labels their Pods for AKS's workload identity webhook;
 /// `gcp.credentialsSecret` mounts a service account key and points

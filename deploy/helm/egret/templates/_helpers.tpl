@@ -152,3 +152,18 @@ a different kubernetes.leaseNamespace in the values is refused.
 {{- end }}
 {{- concat .Values.cluster.podCIDRs (default (list) .Values.cluster.serviceCIDRs) | join "," -}}
 {{- end }}
+
+{{/* The translation logs' journal directory when config.translationLogs
+keeps one (on unless translationLogs or its journal says enabled: false;
+docs/operations.md, "Translation logs"), else nothing. The root filesystem
+is read-only: the gateway writes it on a hostPath of the Node's, which also
+keeps it across restarts of the pod. */}}
+{{- define "egret.journalDir" -}}
+{{- $tl := .Values.config.translationLogs -}}
+{{- if kindIs "map" $tl -}}
+{{- $journal := default (dict) $tl.journal -}}
+{{- if and (ne (toString (dig "enabled" true $tl)) "false") (ne (toString (dig "enabled" true $journal)) "false") -}}
+{{- dig "dir" "/var/lib/egret/translog" $journal -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
