@@ -47,8 +47,8 @@ pub enum Mode {
     KernelNewConns,
     /// `new-conns` with translation logs on (issue 34, ADR 0034): every
     /// session's creation and end exported as IPFIX and syslog to the
-    /// gateway namespace's loopback, where nothing listens (the exporter
-    /// encodes and sends everything; the ICMP errors are counted).
+    /// gateway namespace's loopback, to sockets bound there and never read
+    /// (a collector that keeps up; a full buffer drops silently).
     NewConnsTranslog,
     /// `fastpath` with every frame sent as a worker node in another subnet
     /// sends it: in Egret's VXLAN tunnel (issue 30, ADR 0031). The XDP
@@ -159,6 +159,8 @@ pub enum BenchError {
     NoKthread { name: String },
     #[error("reading Egret's metrics failed: {reason}")]
     Metrics { reason: String },
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
     #[error("interrupted")]
     Interrupted,
     /// The mode cannot run here (e.g. a kernel without flowtables).
@@ -299,6 +301,11 @@ pub struct Gateway<'t> {
     pub notes: Vec<String>,
     /// Where Egret's metrics are (namespace, port), for Egret modes.
     pub metrics: Option<(String, u16)>,
+    /// `new-conns-translog`'s collectors: sockets bound on the gateway
+    /// namespace's loopback at the IPFIX and syslog ports, never read (a
+    /// collector that keeps up costs the gateway nothing more; a full
+    /// buffer drops silently, as a remote one's would, with no ICMP error).
+    collectors: Vec<std::net::UdpSocket>,
 }
 
 impl std::fmt::Debug for Gateway<'_> {
@@ -383,8 +390,28 @@ impl<'t> Gateway<'t> {
         })?;
         // The guard exists before the first change, so a failure half-way
         // still undoes what was done.
-        let mut g =
-            Gateway { topo, mode, state: State::Nothing, watched: Vec::new(), notes: Vec::new(), metrics: None };
+        let mut g = Gateway {
+            topo,
+            mode,
+            state: State::Nothing,
+            watched: Vec::new(),
+            notes: Vec::new(),
+            metrics: None,
+            collectors: Vec::new(),
+        };
+        if mode == Mode::NewConnsTranslog {
+            g.collectors = in_netns(&gw, || -> Result<Vec<std::net::UdpSocket>, BenchError> {
+                [egret::IPFIX_COLLECTOR, egret::SYSLOG_COLLECTOR]
+                    .into_iter()
+                    .map(|a| {
+                        std::net::UdpSocket::bind(a).map_err(|source| BenchError::Io {
+                            what: format!("binding a translation log collector at {a}"),
+                            source,
+                        })
+                    })
+                    .collect()
+            })?;
+        }
         // A stopped Egret leaves its fail-closed nftables table behind on
         // purpose (docs/operations.md): it would drop the kernel mode's
         // forwarded traffic. Every mode starts without it.

@@ -62,6 +62,11 @@ pub struct BenchConfig {
     pub translog: Option<TranslogSinks>,
 }
 
+/// Where `new-conns-translog` sends IPFIX: the gateway namespace's loopback.
+pub const IPFIX_COLLECTOR: &str = "127.0.0.1:4739";
+/// Where `new-conns-translog` sends syslog.
+pub const SYSLOG_COLLECTOR: &str = "127.0.0.1:5514";
+
 /// Which collectors `new-conns-translog` exports to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TranslogSinks {
@@ -116,11 +121,11 @@ impl BenchConfig {
             let _ = writeln!(y, "tunnel: {{port: {}, nodeAddresses: [{}]}}", t.port, nodes.join(", "));
         }
         if let Some(sinks) = self.translog {
-            let ipfix = "ipfix: {collector: \"127.0.0.1:4739\"}";
-            let syslog = "syslog: {collector: \"127.0.0.1:5514\"}";
+            let ipfix = format!("ipfix: {{collector: \"{IPFIX_COLLECTOR}\"}}");
+            let syslog = format!("syslog: {{collector: \"{SYSLOG_COLLECTOR}\"}}");
             let body = match sinks {
-                TranslogSinks::Ipfix => ipfix.to_string(),
-                TranslogSinks::Syslog => syslog.to_string(),
+                TranslogSinks::Ipfix => ipfix,
+                TranslogSinks::Syslog => syslog,
                 TranslogSinks::Both => format!("{ipfix}, {syslog}"),
             };
             // The journal (on by default) is not one of the sinks measured.

@@ -97,7 +97,7 @@ struct Args {
     #[arg(long, default_value_t = egret_benches::frame::TUNNEL_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     tunnel_port: u16,
     /// The collectors `new-conns-translog` exports to (on the gateway
-    /// namespace's loopback, where nothing listens).
+    /// namespace's loopback, to sockets bound there and never read).
     #[arg(long, value_enum, default_value_t = egret_benches::egret::TranslogSinks::Both)]
     translog_sinks: egret_benches::egret::TranslogSinks,
     /// Write samples, summaries and ratios to this file as JSON.
