@@ -216,16 +216,12 @@ fn interleaved() {
     }
     let (rd, rq) = (Spread::of(&rd), Spread::of(&rq));
     println!(
-        "median flows/s: off {:.0}, drained {:.0}, queued {:.0}; median ratio drained/off {:.3} (min {:.3}, max {:.3}), queued/off {:.3} (min {:.3}, max {:.3})",
+        "median flows/s: off {:.0}, drained {:.0}, queued {:.0}; median ratio drained/off {}, queued/off {}",
         Spread::of(&offs).median,
         Spread::of(&drs).median,
         Spread::of(&qs).median,
-        rd.median,
-        rd.min,
-        rd.max,
-        rq.median,
-        rq.min,
-        rq.max,
+        rd.three_places(),
+        rq.three_places(),
     );
     println!(
         "drainer (drain, read the slot, encode): median {:.0} ns of CPU per event while the round runs (wake-ups included), {:.0} ns draining a queued round at once",

@@ -189,16 +189,12 @@ fn interleaved() {
     }
     let (r_on, r_dr) = (Spread::of(&r_on), Spread::of(&r_dr));
     println!(
-        "median flows/s: off {:.0}, on {:.0}, on+drain {:.0}; median ratio on/off {:.3} (min {:.3}, max {:.3}), on+drain/off {:.3} (min {:.3}, max {:.3})",
+        "median flows/s: off {:.0}, on {:.0}, on+drain {:.0}; median ratio on/off {}, on+drain/off {}",
         Spread::of(&offs).median,
         Spread::of(&ons).median,
         Spread::of(&drs).median,
-        r_on.median,
-        r_on.min,
-        r_on.max,
-        r_dr.median,
-        r_dr.min,
-        r_dr.max,
+        r_on.three_places(),
+        r_dr.three_places(),
     );
     println!(
         "median expiry sweep: off {:.0} ns per session ended, on {:.0} ns",

@@ -28,6 +28,11 @@ impl Spread {
         Self { median, min: v[0], max: v[n - 1] }
     }
 
+    /// `median (min-max)` to three decimals, as the tables print it.
+    pub fn three_places(&self) -> String {
+        format!("{:.3} ({:.3}-{:.3})", self.median, self.min, self.max)
+    }
+
     /// `(max - min) / median`, the spread relative to the median.
     pub fn relative(&self) -> f64 {
         (self.max - self.min) / self.median
@@ -214,10 +219,6 @@ fn flows_label(f: u64) -> String {
     }
 }
 
-fn spread3(s: &Spread) -> String {
-    format!("{:.3} ({:.3}-{:.3})", s.median, s.min, s.max)
-}
-
 /// The human-readable table.
 pub fn table(summaries: &[Summary], ratios: &[Ratio], unavailable: &[(Mode, String)]) -> String {
     let mut t = String::new();
@@ -233,11 +234,11 @@ pub fn table(summaries: &[Summary], ratios: &[Ratio], unavailable: &[(Mode, Stri
             "{:<17} {:>9} {:>21} {:>21} {:>6.1}% {:>9.3} {:>21} {:>8.0}",
             s.mode.name(),
             flows_label(s.flows),
-            spread3(&s.offered_mpps),
-            spread3(&s.forwarded_mpps),
+            s.offered_mpps.three_places(),
+            s.forwarded_mpps.three_places(),
             s.loss.median * 100.0,
             s.gateway_cores.median,
-            spread3(&s.per_core_mpps),
+            s.per_core_mpps.three_places(),
             s.ns_per_packet.median
         );
         let ctx: Vec<String> = s
