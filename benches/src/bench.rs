@@ -301,11 +301,8 @@ pub struct Gateway<'t> {
     pub notes: Vec<String>,
     /// Where Egret's metrics are (namespace, port), for Egret modes.
     pub metrics: Option<(String, u16)>,
-    /// `new-conns-translog`'s collectors: sockets bound on the gateway
-    /// namespace's loopback at the IPFIX and syslog ports, never read (a
-    /// collector that keeps up costs the gateway nothing more; a full
-    /// buffer drops silently, as a remote one's would, with no ICMP error).
-    collectors: Vec<std::net::UdpSocket>,
+    /// `new-conns-translog`'s collectors (`collector.rs`).
+    collectors: crate::collector::Collectors,
 }
 
 impl std::fmt::Debug for Gateway<'_> {
@@ -397,20 +394,14 @@ impl<'t> Gateway<'t> {
             watched: Vec::new(),
             notes: Vec::new(),
             metrics: None,
-            collectors: Vec::new(),
+            collectors: Default::default(),
         };
         if mode == Mode::NewConnsTranslog {
-            g.collectors = in_netns(&gw, || -> Result<Vec<std::net::UdpSocket>, BenchError> {
-                [egret::IPFIX_COLLECTOR, egret::SYSLOG_COLLECTOR]
-                    .into_iter()
-                    .map(|a| {
-                        std::net::UdpSocket::bind(a).map_err(|source| BenchError::Io {
-                            what: format!("binding a translation log collector at {a}"),
-                            source,
-                        })
-                    })
-                    .collect()
-            })?;
+            let tcp = opts.translog_sinks == egret::TranslogSinks::SyslogTcp;
+            let udp: &[&str] =
+                if tcp { &[egret::IPFIX_COLLECTOR] } else { &[egret::IPFIX_COLLECTOR, egret::SYSLOG_COLLECTOR] };
+            g.collectors =
+                in_netns(&gw, || crate::collector::Collectors::bind(udp, tcp.then_some(egret::SYSLOG_COLLECTOR)))?;
         }
         // A stopped Egret leaves its fail-closed nftables table behind on
         // purpose (docs/operations.md): it would drop the kernel mode's
@@ -770,6 +761,12 @@ impl Sample {
         let metric = |name: &str| self.egret_metrics.get(name).copied().unwrap_or(0.0);
         if metric("egret_ports_exhausted_total") > 0.0 {
             p.push(format!("Egret ran out of NAT ports {:.0} times", metric("egret_ports_exhausted_total")));
+        }
+        if metric("egret_translog_dropped_total") > 0.0 {
+            p.push(format!(
+                "Egret dropped {:.0} translation log records (egret_translog_dropped_total): the figure is of an exporter that did not keep up",
+                metric("egret_translog_dropped_total")
+            ));
         }
         if metric("egret_drops_total") > 0.001 * s.frames as f64 {
             p.push(format!("Egret dropped {:.0} frames (egret_drops_total)", metric("egret_drops_total")));

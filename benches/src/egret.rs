@@ -74,7 +74,10 @@ pub enum TranslogSinks {
     Ipfix,
     /// Syslog only (a datagram per event).
     Syslog,
-    /// Both.
+    /// Syslog only, over TCP (`transport: tcp`, RFC 6587 octet counting,
+    /// written in batches by a thread of the exporter's own).
+    SyslogTcp,
+    /// IPFIX and syslog over UDP.
     Both,
 }
 
@@ -126,6 +129,7 @@ impl BenchConfig {
             let body = match sinks {
                 TranslogSinks::Ipfix => ipfix,
                 TranslogSinks::Syslog => syslog,
+                TranslogSinks::SyslogTcp => format!("syslog: {{collector: \"{SYSLOG_COLLECTOR}\", transport: tcp}}"),
                 TranslogSinks::Both => format!("{ipfix}, {syslog}"),
             };
             // The journal (on by default) is not one of the sinks measured.
@@ -378,6 +382,10 @@ mod tests {
         let logged = BenchConfig { translog: Some(TranslogSinks::Both), ..c.clone() };
         assert!(logged.to_yaml().contains(
             "\ntranslationLogs: {ipfix: {collector: \"127.0.0.1:4739\"}, syslog: {collector: \"127.0.0.1:5514\"}, journal: {enabled: false}}\nmetrics:"
+        ));
+        let over_tcp = BenchConfig { translog: Some(TranslogSinks::SyslogTcp), ..c.clone() };
+        assert!(over_tcp.to_yaml().contains(
+            "\ntranslationLogs: {syslog: {collector: \"127.0.0.1:5514\", transport: tcp}, journal: {enabled: false}}\nmetrics:"
         ));
         let tunnelled = BenchConfig {
             ports: Some((6083, 65535)),

@@ -19,6 +19,7 @@
 #![deny(unsafe_code)]
 
 pub mod bench;
+pub mod collector;
 pub mod cpu;
 pub mod egret;
 pub mod frame;

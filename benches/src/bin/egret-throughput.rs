@@ -96,8 +96,9 @@ struct Args {
     /// (6083-65535 for 6082).
     #[arg(long, default_value_t = egret_benches::frame::TUNNEL_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     tunnel_port: u16,
-    /// The collectors `new-conns-translog` exports to (on the gateway
-    /// namespace's loopback, to sockets bound there and never read).
+    /// The collectors `new-conns-translog` exports to, on the gateway
+    /// namespace's loopback: UDP sockets bound there and never read, or a
+    /// TCP listener whose connections a thread of the benchmark reads.
     #[arg(long, value_enum, default_value_t = egret_benches::egret::TranslogSinks::Both)]
     translog_sinks: egret_benches::egret::TranslogSinks,
     /// Write samples, summaries and ratios to this file as JSON.
