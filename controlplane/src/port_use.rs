@@ -105,6 +105,8 @@ pub struct PortUse {
     pub entries: u64,
     /// How long the walk took, microseconds.
     pub walk_micros: u64,
+    /// Warnings (levels reached) since start, this one's included.
+    pub warnings: u64,
 }
 
 /// The `n` largest of what is offered, by count, ties to the smaller key:
@@ -407,8 +409,9 @@ impl Monitor {
 
     /// A new snapshot: it becomes the latest; its crossings are logged,
     /// counted, queued (bounded) and returned.
-    pub fn update(&self, u: PortUse, now: Instant) -> Vec<Crossing> {
+    pub fn update(&self, mut u: PortUse, now: Instant) -> Vec<Crossing> {
         let crossings = self.alarms.lock().observe(&u, now);
+        u.warnings = self.reported.fetch_add(crossings.len() as u64, Ordering::Relaxed) + crossings.len() as u64;
         *self.latest.lock() = Arc::new(u);
         if crossings.is_empty() {
             return crossings;
@@ -416,7 +419,6 @@ impl Monitor {
         for c in &crossings {
             tracing::warn!(subject = ?c.subject, level = c.level, in_use = c.in_use, limit = c.limit, "ports near exhaustion");
         }
-        self.reported.fetch_add(crossings.len() as u64, Ordering::Relaxed);
         let queued = {
             let mut pending = self.pending.lock();
             match pending.as_mut() {
@@ -459,6 +461,18 @@ impl Monitor {
         self.dropped.load(Ordering::Relaxed)
     }
 }
+
+/// A shared [`Monitor`] in options compared by identity.
+#[derive(Debug, Clone)]
+pub struct MonitorRef(pub Arc<Monitor>);
+
+impl PartialEq for MonitorRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for MonitorRef {}
 
 #[cfg(test)]
 mod tests;

@@ -762,6 +762,7 @@ impl SyncLoop {
         let me = self.opts.node_name.clone();
         self.withdraw_refused(&mut d);
         self.report_refusals();
+        self.report_port_use();
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
         let fenced = self.mgr.lock().fence(now, &competing);
         self.counters.fenced += fenced.len() as u64;
@@ -1316,6 +1317,43 @@ impl SyncLoop {
         });
     }
 
+    /// A Warning Event for each port-use level newly reached on this
+    /// gateway (crate::port_use: once per crossing, re-armed below the
+    /// hysteresis), on the owner of the egress IP (its policy or Service)
+    /// and, for a pod near its quota, on the pod. The Events are sent by
+    /// tasks: the pass does not wait for them.
+    fn report_port_use(&mut self) {
+        let Some(monitor) = self.opts.port_use.clone() else { return };
+        for c in monitor.0.take_crossings() {
+            let note = c.message(&self.opts.node_name);
+            let owner = self.last.ips.get(&c.subject.egress_ip()).map(|a| a.owner.clone());
+            if let Some(reference) = owner.and_then(|o| self.owner_ref(&o)) {
+                self.publish(reference, "Warning", c.reason(), "AllocatePort", note.clone());
+            }
+            if let crate::port_use::Subject::Pod { pod, .. } = &c.subject {
+                if let Some(reference) = self.pod_ref(*pod) {
+                    self.publish(reference, "Warning", c.reason(), "AllocatePort", note);
+                }
+            }
+        }
+    }
+
+    /// The pod holding `ip`, from the watch.
+    fn pod_ref(&self, ip: IpAddr) -> Option<ObjectReference> {
+        let text = ip.to_string();
+        self.stores
+            .pods
+            .state()
+            .iter()
+            .find(|p| {
+                p.status.as_ref().is_some_and(|s| {
+                    s.pod_ip.as_deref() == Some(text.as_str())
+                        || s.pod_ips.as_deref().unwrap_or_default().iter().any(|i| i.ip == text)
+                })
+            })
+            .map(|p| p.object_ref(&()))
+    }
+
     fn publish(&mut self, reference: ObjectReference, type_: &'static str, reason: &str, action: &str, note: String) {
         let client = self.client.clone();
         let ev = event(&reference, &self.opts.node_name, type_, reason, action, note, Timestamp::now());
@@ -1445,6 +1483,9 @@ pub async fn run_supervised(
 ) -> Result<Option<super::uninstall::Ending>, K8sError> {
     opts.validate()?;
     let notify = Arc::new(Notify::new());
+    if let Some(m) = &opts.port_use {
+        m.0.deliver_to(notify.clone());
+    }
     let mut watchers = JoinSet::new();
     let watch_restart = Arc::new(Notify::new());
     let stores = Stores::start(&client, &opts, &notify, &watch_restart, &mut watchers);
