@@ -155,16 +155,20 @@ pub fn pool_use<A: NatAddr>(
     endpoint_dependent: bool,
     top: usize,
 ) -> (PoolUse, u64) {
+    // Copied out first: the walk holds each shard of the counters while it
+    // visits it, and a worker admitting a pod of that shard waits; a copy
+    // is a few ns per entry, the sums and the ranking below are not.
+    let mut copy: Vec<(A, A, u16, u32)> = Vec::new();
+    pool.for_each_source(|pod, remote, remote_port, n| copy.push((pod, remote, remote_port, n)));
+    let entries = copy.len() as u64;
     let mut per_destination: HashMap<(A, u16), u64> = HashMap::new();
     let mut pods = TopN::new(top);
-    let mut entries = 0u64;
-    pool.for_each_source(|pod, remote, remote_port, n| {
-        entries += 1;
+    for (pod, remote, remote_port, n) in copy {
         if endpoint_dependent {
             *per_destination.entry((remote, remote_port)).or_default() += u64::from(n);
         }
         pods.offer(u64::from(n), (pod, remote, remote_port));
-    });
+    }
     let mut destinations = TopN::new(top);
     for (k, n) in per_destination {
         destinations.offer(n, k);

@@ -1,6 +1,6 @@
 use std::net::Ipv4Addr;
 
-use egret_dataplane::nat::port_alloc::{PortRange, PortRng};
+use egret_dataplane::nat::port_alloc::{PortPool, PortRange, PortRng};
 use egret_dataplane::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use egret_dataplane::nat::tcp_state;
 use egret_dataplane::policy::PolicyId;
@@ -270,4 +270,79 @@ fn endpoint_dependent_exhaustion_towards_one_destination_is_seen_coming() {
         }
     }
     assert_eq!(levels, vec![(8, 80, reason::POD_PORT_QUOTA_NEAR), (10, 95, reason::POD_PORT_QUOTA_NEAR)]);
+}
+
+/// The walk's cost on 1 M sessions, each its own (pod, destination) entry
+/// (the worst case: a walk costs per entry), and how long a worker's
+/// admission waits meanwhile. Figures in docs/benchmarks.md ("Port use").
+#[test]
+#[ignore = "timing: cargo test -p egret-controlplane --lib walk_cost -- --ignored --nocapture"]
+fn walk_cost_on_a_million_sessions() {
+    use std::sync::atomic::AtomicBool;
+    let pool: Arc<PortPool<Ipv4Addr>> = Arc::new(PortPool::new(PortRange::default(), false));
+    let t = Instant::now();
+    for pod in 0..1000u32 {
+        for d in 0..1000u32 {
+            assert!(pool.admit_source_towards(Ipv4Addr::from(0x0af4_0000 | pod), Ipv4Addr::from(0xcb00_0000 | d), 443));
+        }
+    }
+    println!("filled 1 M entries in {:?}", t.elapsed());
+    // The part under the shards' locks: the copy.
+    let mut copies = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut v = Vec::new();
+        pool.for_each_source(|a, b, c, d| v.push((a, b, c, d)));
+        copies.push(t.elapsed());
+        assert_eq!(v.len(), 1_000_000);
+    }
+    copies.sort();
+    println!("copy of 1 M entries (all shards): min {:?} median {:?} max {:?}", copies[0], copies[2], copies[4]);
+    // A worker's admission and release of one session, timed, while the
+    // walks run (and before, for comparison).
+    let admit = |pool: &PortPool<Ipv4Addr>, stop: &AtomicBool| {
+        let mut times = Vec::new();
+        let mut i = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            let (pod, remote) = (Ipv4Addr::from(0x0af5_0000 | (i % 4096)), Ipv4Addr::from(0xc633_6400 | (i % 251)));
+            let t = Instant::now();
+            pool.admit_source_towards(pod, remote, 80);
+            pool.release_source_towards(pod, remote, 80);
+            times.push(t.elapsed().as_nanos() as u64);
+            i = i.wrapping_add(1);
+        }
+        times.sort_unstable();
+        let q = |p: f64| times[((times.len() - 1) as f64 * p) as usize];
+        (times.len(), q(0.5), q(0.99), q(0.9999), times[times.len() - 1])
+    };
+    let stop = AtomicBool::new(false);
+    let idle = std::thread::scope(|s| {
+        let h = s.spawn(|| admit(&pool, &stop));
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap()
+    });
+    println!(
+        "admit+release, no walk: n {} p50 {} ns p99 {} ns p99.99 {} ns max {} ns",
+        idle.0, idle.1, idle.2, idle.3, idle.4
+    );
+    stop.store(false, Ordering::Relaxed);
+    let mut walks = Vec::new();
+    let busy = std::thread::scope(|s| {
+        let h = s.spawn(|| admit(&pool, &stop));
+        for _ in 0..5 {
+            let t = Instant::now();
+            let (u, entries) = pool_use(Ipv4Addr::new(198, 51, 100, 1), TCP, &pool, true, DEFAULT_TOP);
+            walks.push(t.elapsed());
+            assert!(entries >= 1_000_000 && u.destinations.len() == DEFAULT_TOP && u.pods.len() == DEFAULT_TOP);
+        }
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap()
+    });
+    walks.sort();
+    println!("walk of 1 M entries, top {DEFAULT_TOP}: min {:?} median {:?} max {:?}", walks[0], walks[2], walks[4]);
+    println!(
+        "admit+release during walks: n {} p50 {} ns p99 {} ns p99.99 {} ns max {} ns",
+        busy.0, busy.1, busy.2, busy.3, busy.4
+    );
 }
