@@ -292,6 +292,32 @@ impl Crossing {
     }
 }
 
+/// The Warning Events of `crossings` (`gateway`: this gateway's name), as
+/// (object, reason, note): each on the egress IP's owner (`owner_of`: its
+/// policy or Service) and, for a pod's quota, on the pod too (`pod_of`).
+/// An object not known (an IP whose owner is gone, a pod not in the watch)
+/// gets none: the crossing was logged already.
+pub fn events<R>(
+    crossings: &[Crossing],
+    gateway: &str,
+    owner_of: impl Fn(IpAddr) -> Option<R>,
+    pod_of: impl Fn(IpAddr) -> Option<R>,
+) -> Vec<(R, &'static str, String)> {
+    let mut out = Vec::new();
+    for c in crossings {
+        let note = c.message(gateway);
+        if let Some(owner) = owner_of(c.subject.egress_ip()) {
+            out.push((owner, c.reason(), note.clone()));
+        }
+        if let Subject::Pod { pod, .. } = &c.subject {
+            if let Some(p) = pod_of(*pod) {
+                out.push((p, c.reason(), note));
+            }
+        }
+    }
+    out
+}
+
 /// The levels a subject's use has reached, after a new reading: `crossed`
 /// levels were reached before; returns the levels reached now and the level
 /// to report, if one was newly reached (only the highest, once). A level

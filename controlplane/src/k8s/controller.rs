@@ -1324,17 +1324,18 @@ impl SyncLoop {
     /// tasks: the pass does not wait for them.
     fn report_port_use(&mut self) {
         let Some(monitor) = self.opts.port_use.clone() else { return };
-        for c in monitor.0.take_crossings() {
-            let note = c.message(&self.opts.node_name);
-            let owner = self.last.ips.get(&c.subject.egress_ip()).map(|a| a.owner.clone());
-            if let Some(reference) = owner.and_then(|o| self.owner_ref(&o)) {
-                self.publish(reference, "Warning", c.reason(), "AllocatePort", note.clone());
-            }
-            if let crate::port_use::Subject::Pod { pod, .. } = &c.subject {
-                if let Some(reference) = self.pod_ref(*pod) {
-                    self.publish(reference, "Warning", c.reason(), "AllocatePort", note);
-                }
-            }
+        let crossings = monitor.0.take_crossings();
+        if crossings.is_empty() {
+            return;
+        }
+        let events = crate::port_use::events(
+            &crossings,
+            &self.opts.node_name,
+            |ip| self.last.ips.get(&ip).and_then(|a| self.owner_ref(&a.owner)),
+            |ip| self.pod_ref(ip),
+        );
+        for (reference, reason, note) in events {
+            self.publish(reference, "Warning", reason, "AllocatePort", note);
         }
     }
 

@@ -56,6 +56,39 @@ fn levels_are_reported_once_and_rearmed_below_the_hysteresis() {
     assert_eq!(step(l, 0, 22_586, 28_232).1, Some(80));
 }
 
+#[test]
+fn events_go_to_the_owner_and_for_a_pod_to_the_pod() {
+    let e: IpAddr = E.into();
+    let unknown: IpAddr = "198.51.100.99".parse().unwrap();
+    let pod: IpAddr = "192.0.2.10".parse().unwrap();
+    let stranger: IpAddr = "192.0.2.11".parse().unwrap();
+    let remote: SocketAddr = "203.0.113.5:443".parse().unwrap();
+    let c = |subject: Subject| Crossing { subject, level: 95, in_use: 96, limit: 100 };
+    let crossings = [
+        c(Subject::Destination { egress_ip: e, proto: "tcp".into(), remote }),
+        c(Subject::Pod { egress_ip: e, proto: "tcp".into(), pod, remote: Some(remote) }),
+        c(Subject::Pod { egress_ip: e, proto: "tcp".into(), pod: stranger, remote: None }),
+        c(Subject::EgressIp { egress_ip: unknown, proto: "udp".into() }),
+    ];
+    let owner_of = |ip: IpAddr| (ip == e).then(|| "EgressPolicy/team-a".to_string());
+    let pod_of = |ip: IpAddr| (ip == pod).then(|| "Pod/default/client".to_string());
+    let got: Vec<(String, &str)> =
+        events(&crossings, "gw-a", owner_of, pod_of).into_iter().map(|(r, reason, _)| (r, reason)).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("EgressPolicy/team-a".into(), reason::PORTS_NEAR_EXHAUSTION),
+            ("EgressPolicy/team-a".into(), reason::POD_PORT_QUOTA_NEAR),
+            ("Pod/default/client".into(), reason::POD_PORT_QUOTA_NEAR),
+            ("EgressPolicy/team-a".into(), reason::POD_PORT_QUOTA_NEAR),
+        ],
+        "an unknown pod gets none, an IP without owner none"
+    );
+    let notes = events(&crossings[1..2], "gw-a", owner_of, pod_of);
+    assert_eq!(notes[0].2, notes[1].2);
+    assert!(notes[0].2.contains("pod 192.0.2.10 holds 96 of its quota of 100 tcp ports on egress IP 198.51.100.1 towards 203.0.113.5:443 (>= 95%) on gateway gw-a"), "{}", notes[0].2);
+}
+
 fn ed_pool(egress: IpAddr, dests: &[(SocketAddr, u64)], pods: Vec<PodUse>) -> PoolUse {
     PoolUse {
         egress_ip: egress,
