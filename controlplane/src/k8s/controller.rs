@@ -762,7 +762,7 @@ impl SyncLoop {
         let me = self.opts.node_name.clone();
         self.withdraw_refused(&mut d);
         self.report_refusals();
-        self.report_port_use();
+        self.report_port_use(&d);
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
         let fenced = self.mgr.lock().fence(now, &competing);
         self.counters.fenced += fenced.len() as u64;
@@ -1322,7 +1322,7 @@ impl SyncLoop {
     /// hysteresis), on the owner of the egress IP (its policy or Service)
     /// and, for a pod near its quota, on the pod. The Events are sent by
     /// tasks: the pass does not wait for them.
-    fn report_port_use(&mut self) {
+    fn report_port_use(&mut self, d: &Desired) {
         let Some(monitor) = self.opts.port_use.clone() else { return };
         let crossings = monitor.0.take_crossings();
         if crossings.is_empty() {
@@ -1331,7 +1331,7 @@ impl SyncLoop {
         let events = crate::port_use::events(
             &crossings,
             &self.opts.node_name,
-            |ip| self.last.ips.get(&ip).and_then(|a| self.owner_ref(&a.owner)),
+            |ip| d.ips.get(&ip).and_then(|a| self.owner_ref(&a.owner)),
             |ip| self.pod_ref(ip),
         );
         for (reference, reason, note) in events {
