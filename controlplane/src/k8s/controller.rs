@@ -1339,7 +1339,8 @@ impl SyncLoop {
         }
     }
 
-    /// The pod holding `ip`, from the watch.
+    /// The running pod holding `ip`, from the watch (a finished pod may
+    /// still show an address a new one holds).
     fn pod_ref(&self, ip: IpAddr) -> Option<ObjectReference> {
         let text = ip.to_string();
         self.stores
@@ -1348,8 +1349,9 @@ impl SyncLoop {
             .iter()
             .find(|p| {
                 p.status.as_ref().is_some_and(|s| {
-                    s.pod_ip.as_deref() == Some(text.as_str())
-                        || s.pod_ips.as_deref().unwrap_or_default().iter().any(|i| i.ip == text)
+                    !matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
+                        && (s.pod_ip.as_deref() == Some(text.as_str())
+                            || s.pod_ips.as_deref().unwrap_or_default().iter().any(|i| i.ip == text))
                 })
             })
             .map(|p| p.object_ref(&()))
