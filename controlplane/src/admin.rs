@@ -45,6 +45,9 @@ pub enum Request {
     Policies,
     /// Port usage.
     Ports,
+    /// Port use per destination and pod (the last count's top N).
+    #[serde(rename = "port-use")]
+    PortUse,
     /// Sessions.
     Sessions {
         /// Which.
@@ -83,6 +86,7 @@ pub fn answer(view: &dyn GatewayView, line: &str) -> Response {
         Request::Counters => serde_json::to_value(view.counters()),
         Request::Policies => serde_json::to_value(view.policies()),
         Request::Ports => serde_json::to_value(view.ports()),
+        Request::PortUse => serde_json::to_value(&*view.port_use()),
         Request::Sessions { filter } => serde_json::to_value(view.sessions(&filter)),
         Request::WhoHad { query } => match view.who_had(&query) {
             Ok(a) => serde_json::to_value(a),
@@ -672,6 +676,47 @@ pub mod render {
             })
             .collect();
         table(&["EGRESS IP", "PROTO", "IN USE", "CAPACITY", "USED", "EXHAUSTED"], &rows)
+    }
+
+    /// `egret port-use`: the last count's top destinations and pods per
+    /// egress IP and protocol, against their limits.
+    pub fn port_use(u: &crate::port_use::PortUse) -> String {
+        let pct =
+            |n: u64, of: u64| if of == 0 { "-".to_string() } else { format!("{:.1}%", n as f64 * 100.0 / of as f64) };
+        let mut rows: Vec<Vec<String>> = Vec::new();
+        for p in &u.pools {
+            let mut row = |what: &str, who: String, n: u64, limit: Option<u64>| {
+                rows.push(vec![
+                    p.egress_ip.to_string(),
+                    p.proto.clone(),
+                    what.into(),
+                    who,
+                    n.to_string(),
+                    limit.map_or("-".into(), |l| l.to_string()),
+                    limit.map_or("-".into(), |l| pct(n, l)),
+                ]);
+            };
+            if !p.endpoint_dependent {
+                row("egress IP", "-".into(), p.in_use, Some(p.capacity));
+            }
+            for d in &p.destinations {
+                row("destination", d.remote.to_string(), d.in_use, Some(p.capacity));
+            }
+            for pod in &p.pods {
+                let who = match pod.remote {
+                    Some(r) => format!("{} -> {r}", pod.pod),
+                    None => pod.pod.to_string(),
+                };
+                row("pod", who, pod.in_use, p.pod_quota);
+            }
+        }
+        let head = format!(
+            "counted in {:.1} ms over {} entries; {} warnings since start\n",
+            u.walk_micros as f64 / 1000.0,
+            u.entries,
+            u.warnings
+        );
+        head + &table(&["EGRESS IP", "PROTO", "WHAT", "WHO", "IN USE", "LIMIT", "USED"], &rows)
     }
 
     /// `egret sessions`.

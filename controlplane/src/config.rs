@@ -383,6 +383,11 @@ pub struct GatewayConfig {
     pub admin_socket: PathBuf,
     /// Where Prometheus metrics are served.
     pub metrics_listen: SocketAddr,
+    /// `metrics.portUseTop`: destinations and pods shown per egress IP and
+    /// protocol (crate::port_use).
+    pub port_use_top: usize,
+    /// `metrics.portUseRefresh`: how often port use is counted.
+    pub port_use_refresh: Duration,
     /// Kubernetes mode, if configured.
     pub kubernetes: Option<KubernetesConfig>,
     /// Translation logs, when on (`translationLogs:`).
@@ -416,6 +421,9 @@ impl GatewayConfig {
         }
         if self.metrics_listen != new.metrics_listen {
             v.push("metrics.listen");
+        }
+        if (self.port_use_top, self.port_use_refresh) != (new.port_use_top, new.port_use_refresh) {
+            v.push("metrics.portUse");
         }
         if self.kubernetes != new.kubernetes {
             v.push("kubernetes");
@@ -689,6 +697,30 @@ impl Checker<'_> {
             }
         };
 
+        let port_use_top = match raw.metrics.port_use_top {
+            None => crate::port_use::DEFAULT_TOP,
+            Some(n) if (1..=crate::port_use::MAX_TOP as u64).contains(&n) => n as usize,
+            Some(n) => {
+                self.invalid("metrics.portUseTop", n.to_string(), format!("must be 1 to {}", crate::port_use::MAX_TOP));
+                crate::port_use::DEFAULT_TOP
+            }
+        };
+        let port_use_refresh = match raw.metrics.port_use_refresh.as_deref() {
+            None => crate::port_use::DEFAULT_REFRESH,
+            Some(s) => match self.duration("metrics.portUseRefresh", s) {
+                Some(d) if d >= Duration::from_secs(1) => d,
+                Some(_) => {
+                    self.invalid(
+                        "metrics.portUseRefresh",
+                        s,
+                        "must be at least 1s (each refresh walks every pod's port counters)",
+                    );
+                    crate::port_use::DEFAULT_REFRESH
+                }
+                None => crate::port_use::DEFAULT_REFRESH,
+            },
+        };
+
         // `kernelService: true`: the kernel serves the address's other ports
         // (a VIP the host holds too, SSH); the others drop them.
         let service_addresses = raw
@@ -724,6 +756,8 @@ impl Checker<'_> {
             tables,
             admin_socket,
             metrics_listen,
+            port_use_top,
+            port_use_refresh,
             kubernetes: k8s.flatten(),
             translation_logs,
             warnings: self.warnings,

@@ -34,6 +34,7 @@ pub mod nft_counters;
 pub mod nft_watch;
 pub mod node;
 pub mod offload;
+pub mod port_use;
 pub mod sink;
 pub mod translog;
 pub mod view;

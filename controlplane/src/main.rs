@@ -80,6 +80,9 @@ enum Command {
     Policies(Client),
     /// Port usage per egress IP and protocol.
     Ports(Client),
+    /// Ports in use per destination and pod: the top N of the last count,
+    /// against the range or the pod's quota (docs/operations.md, "Port use").
+    PortUse(Client),
     /// Live sessions.
     Sessions {
         #[command(flatten)]
@@ -912,6 +915,9 @@ fn main() -> ExitCode {
         Command::Ports(c) => {
             client(&c, Request::Ports, |v| serde_json::from_value::<Vec<PortRow>>(v).map(|s| render::ports(&s)))
         }
+        Command::PortUse(c) => client(&c, Request::PortUse, |v| {
+            serde_json::from_value::<egret_controlplane::port_use::PortUse>(v).map(|u| render::port_use(&u))
+        }),
         Command::Node(n) => node_main(n),
         Command::Drain { node, undo, kubeconfig } => drain(&node, undo, kubeconfig.as_deref()),
         Command::Cloud(CloudCommand::Discover { provider, subnet, tags }) => cloud_discover(provider, subnet, tags),

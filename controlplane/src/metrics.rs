@@ -27,6 +27,7 @@ use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::port_use::PortUse;
 use crate::view::{ClusterReport, Counters, GatewayView, PolicyRow, PortRow, RingStats, Status};
 
 /// The content type of `/metrics`: prometheus-client's text encoder writes
@@ -156,6 +157,7 @@ struct Snapshot {
     counters: Counters,
     policies: Vec<PolicyRow>,
     ports: Vec<PortRow>,
+    port_use: Arc<PortUse>,
     admin_refused: u64,
 }
 
@@ -177,6 +179,7 @@ pub fn render(view: &dyn GatewayView) -> String {
         counters: view.counters(),
         policies: view.policies(),
         ports: view.ports(),
+        port_use: view.port_use(),
         admin_refused: crate::admin::refused_connections(),
     })
 }
@@ -362,6 +365,8 @@ impl Snapshot {
             }
         }
 
+        port_use(o, &self.port_use)?;
+
         type RingField = fn(&RingStats) -> u64;
         let rings: [(&str, &str, RingField); 10] = [
             ("xsk_rx_frames", "Frames received from the RX ring.", |r| r.rx),
@@ -388,6 +393,52 @@ impl Snapshot {
         }
         Ok(())
     }
+}
+
+/// Port use per destination and pod (crate::port_use, ADR 0035): the last
+/// walk's top N, so the label sets are bounded and replaced every walk.
+fn port_use(o: &mut Families, u: &PortUse) -> fmt::Result {
+    let mut f = o.gauge(
+        "ports_in_use_by_destination",
+        "Endpoint-dependent mapping: ports in use towards a remote address:port, per egress IP and protocol, for the destinations using most (metrics.portUseTop); each has the whole egret_ports_capacity.",
+    )?;
+    for p in &u.pools {
+        let ip = p.egress_ip.to_string();
+        for d in &p.destinations {
+            f.sample(&[("egress_ip", &ip), ("proto", &p.proto), ("remote", &d.remote.to_string())], d.in_use)?;
+        }
+    }
+    let mut f = o.gauge(
+        "ports_in_use_by_pod",
+        "Ports a pod holds per egress IP and protocol (towards remote in endpoint-dependent mapping, empty otherwise), for the pods holding most (metrics.portUseTop); their limit is egret_ports_pod_quota.",
+    )?;
+    for p in &u.pools {
+        let ip = p.egress_ip.to_string();
+        for pod in &p.pods {
+            let remote = pod.remote.map(|r| r.to_string()).unwrap_or_default();
+            f.sample(
+                &[("egress_ip", &ip), ("proto", &p.proto), ("pod", &pod.pod.to_string()), ("remote", &remote)],
+                pod.in_use,
+            )?;
+        }
+    }
+    let mut f = o.gauge(
+        "ports_pod_quota",
+        "Ports one pod may hold per egress IP and protocol (per remote in endpoint-dependent mapping): nat.maxPortsPerSource or a quarter of the range.",
+    )?;
+    for p in &u.pools {
+        if let Some(q) = p.pod_quota {
+            f.sample(&[("egress_ip", &p.egress_ip.to_string()), ("proto", &p.proto)], q)?;
+        }
+    }
+    o.seconds("port_use_walk", "How long the last count of port use per destination and pod took.")?
+        .sample(&[], u.walk_micros as f64 / 1e6)?;
+    o.counter(
+        "port_use_warnings",
+        "Port-use warning levels reached (80 %, 95 % of a range towards a destination or of a pod's quota), each also a log line and in Kubernetes a Warning Event.",
+    )?
+    .sample(&[], u.warnings)?;
+    Ok(())
 }
 
 /// Kubernetes mode: Leases, peers, standbys (issue 16 §6).
@@ -821,6 +872,25 @@ mod tests {
         fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
             Fake.sessions(filter)
         }
+        fn port_use(&self) -> Arc<PortUse> {
+            use crate::port_use::{DestinationUse, PodUse, PoolUse};
+            let remote = "198.51.100.7:443".parse().unwrap();
+            Arc::new(PortUse {
+                pools: vec![PoolUse {
+                    egress_ip: "203.0.113.10".parse().unwrap(),
+                    proto: "tcp".into(),
+                    endpoint_dependent: true,
+                    in_use: 30000,
+                    capacity: 28232,
+                    pod_quota: Some(7058),
+                    destinations: vec![DestinationUse { remote, in_use: 25000 }],
+                    pods: vec![PodUse { pod: "10.244.1.5".parse().unwrap(), remote: Some(remote), in_use: 7000 }],
+                }],
+                entries: 12,
+                walk_micros: 1500,
+                warnings: 2,
+            })
+        }
     }
 
     /// Checks the exposition's shape and returns its families (name ->
@@ -897,6 +967,11 @@ mod tests {
             "egret_ports_in_use{egress_ip=\"203.0.113.10\",proto=\"udp\"} 4",
             "egret_ports_capacity{egress_ip=\"203.0.113.10\",proto=\"udp\"} 28232",
             "egret_ports_exhausted_total{egress_ip=\"203.0.113.10\",proto=\"udp\"} 3",
+            r#"egret_ports_in_use_by_destination{egress_ip="203.0.113.10",proto="tcp",remote="198.51.100.7:443"} 25000"#,
+            r#"egret_ports_in_use_by_pod{egress_ip="203.0.113.10",proto="tcp",pod="10.244.1.5",remote="198.51.100.7:443"} 7000"#,
+            r#"egret_ports_pod_quota{egress_ip="203.0.113.10",proto="tcp"} 7058"#,
+            "egret_port_use_walk_seconds 0.0015",
+            "egret_port_use_warnings_total 2",
             "egret_xsk_rx_frames_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 21",
             "egret_xsk_kernel_rx_ring_full_total{worker=\"0\",interface=\"eth1\",queue=\"0\"} 5",
             // Kubernetes mode.
@@ -956,6 +1031,10 @@ mod tests {
             "sessions_capacity",
             "ports_in_use",
             "ports_capacity",
+            "ports_in_use_by_destination",
+            "ports_in_use_by_pod",
+            "ports_pod_quota",
+            "port_use_walk_seconds",
             "lease_held",
             "lease_valid_for_seconds",
             "lease_renew_failing",
@@ -999,6 +1078,7 @@ mod tests {
             "translog_unreachable",
             "translog_identity_unresolved",
             "ports_exhausted",
+            "port_use_warnings",
             "xsk_rx_frames",
             "xsk_tx_frames",
             "xsk_tx_ring_full",

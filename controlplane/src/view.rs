@@ -593,6 +593,11 @@ pub trait GatewayView: Send + Sync + 'static {
     fn ports(&self) -> Vec<PortRow>;
     /// `egret sessions`.
     fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow>;
+    /// `egret port-use`: the last count of port use per destination and
+    /// pod (crate::port_use).
+    fn port_use(&self) -> std::sync::Arc<crate::port_use::PortUse> {
+        std::sync::Arc::default()
+    }
     /// `egret who-had`: from the translation logs' journal, and the live
     /// sessions for those the journal has no end for.
     fn who_had(&self, _q: &WhoHadQuery) -> Result<WhoHadAnswer, String> {

@@ -2,7 +2,8 @@
 //! `deploy/crds/`, namespaces, Pods with patched IPs, an annotated
 //! LoadBalancer Service with a patched ingress IP, explicit, pooled and
 //! invalid EgressPolicies. Checks the exact TablesSpec the gateway applies,
-//! the announcements, the Leases, the status it writes and its Events.
+//! the announcements, the Leases, the status it writes and its Events
+//! (port use near exhaustion's too, from a monitor the test feeds).
 //!
 //! Skipped (with a message) when not root or the API server is not built;
 //! `EGRET_REQUIRE_APISERVER=1` makes that a failure.
@@ -12,9 +13,11 @@
 mod k8s_common;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use egret_controlplane::k8s::crd::{EgressIPPool, EgressPolicy};
 use egret_controlplane::k8s::liveness::{liveness_lease_name, EPOCH_ANNOTATION, RECORD_DURATION_SECS};
+use egret_controlplane::port_use::{DestinationUse, Monitor, MonitorRef, PodUse, PoolUse, PortUse};
 use egret_dataplane::tables::{EgressIpSpec, PolicySpec};
 use egret_tests::apiserver::ApiServer;
 use k8s_common::*;
@@ -92,7 +95,11 @@ async fn scenario(server: &ApiServer) {
 
     // The gateway runs as the deployed ServiceAccount: the RBAC must suffice.
     let sa_client = gateway_service_account_client(&client, server.kubeconfig_path()).await;
-    let gw = Gateway::start(sa_client, "gw-1", "egret-system");
+    let monitor = Arc::new(Monitor::new(10));
+    let mut opts = options("gw-1");
+    opts.lease_namespace = "egret-system".into();
+    opts.port_use = Some(MonitorRef(monitor.clone()));
+    let gw = Gateway::start_with(sa_client, opts);
     let want_ips = [ip("198.51.100.10"), ip("198.51.100.20"), ip("198.51.100.40"), ip("203.0.113.10")];
     // The companion next hop and the Service VIP whose port is in the NAT
     // range (announced only) have Leases of their own, taken in the same
@@ -239,6 +246,57 @@ async fn scenario(server: &ApiServer) {
     })
     .await;
     println!("events: {got:?}");
+
+    // Port use near exhaustion (ADR 0035): the data plane's count, as the
+    // daemon's walk hands it over, towards one destination and for web-1's
+    // quota: a Warning Event on the egress IP's policy for each, and on
+    // the pod for its quota; sent by the sync loop, which the monitor wakes.
+    let remote = "203.0.113.99:443".parse().unwrap();
+    let u = PortUse {
+        pools: vec![PoolUse {
+            egress_ip: ip("198.51.100.10"),
+            proto: "tcp".into(),
+            endpoint_dependent: true,
+            in_use: 90,
+            capacity: 100,
+            pod_quota: Some(25),
+            destinations: vec![DestinationUse { remote, in_use: 90 }],
+            pods: vec![PodUse { pod: ip("198.18.0.11"), remote: Some(remote), in_use: 24 }],
+        }],
+        ..PortUse::default()
+    };
+    assert_eq!(monitor.update(u, std::time::Instant::now()).len(), 2);
+    let got = wait_for("port-use events", WAIT, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let warnings: Vec<(String, String, String)> = list
+                .items
+                .iter()
+                .filter(|e| e.type_.as_deref() == Some("Warning"))
+                .map(|e| {
+                    (
+                        e.regarding.as_ref().and_then(|r| r.name.clone()).unwrap_or_default(),
+                        e.reason.clone().unwrap_or_default(),
+                        e.note.clone().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let has = |name: &str, reason: &str| warnings.iter().any(|w| w.0 == name && w.1 == reason);
+            let ok = has("team-a-web", "PortsNearExhaustion")
+                && has("team-a-web", "PodPortQuotaNearExhaustion")
+                && has("web-1", "PodPortQuotaNearExhaustion");
+            ok.then_some(warnings)
+        }
+    })
+    .await;
+    let note = &got.iter().find(|w| w.1 == "PortsNearExhaustion").unwrap().2;
+    assert!(
+        note.contains(
+            "egress IP 198.51.100.10 uses 90 of its 100 tcp ports towards 203.0.113.99:443 (>= 80%) on gateway gw-1"
+        ),
+        "{note}"
+    );
 
     // What `kubectl get` shows (for docs/kubernetes.md), if the harness built kubectl.
     if let Some(kubectl) = kubectl() {

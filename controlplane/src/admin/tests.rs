@@ -187,7 +187,7 @@ fn answers_filter_and_refuse() {
     assert_eq!(
         answer(&Fake, r#"{"command":"reboot"}"#),
         Response::Error(
-            "bad request: unknown variant `reboot`, expected one of `status`, `counters`, `policies`, `ports`, `sessions`, `who-had` at line 1 column 19"
+            "bad request: unknown variant `reboot`, expected one of `status`, `counters`, `policies`, `ports`, `port-use`, `sessions`, `who-had` at line 1 column 19"
                 .into()
         )
     );
@@ -218,6 +218,49 @@ fn tables_for_people() {
     assert!(s.contains("generation  7\n") && s.contains("restart     needed for: workers\n"), "{s}");
     assert!(s.contains("eth1       3        both  02:00:00:00:00:01  native  1\n"), "{s}");
     assert!(s.contains("203.0.113.10  egress  32768-60999  yes              yes\n"), "{s}");
+    let u = crate::port_use::PortUse {
+        pools: vec![
+            crate::port_use::PoolUse {
+                egress_ip: ip("203.0.113.10"),
+                proto: "tcp".into(),
+                endpoint_dependent: true,
+                in_use: 30000,
+                capacity: 28232,
+                pod_quota: Some(7058),
+                destinations: vec![crate::port_use::DestinationUse {
+                    remote: "198.51.100.7:443".parse().unwrap(),
+                    in_use: 25000,
+                }],
+                pods: vec![crate::port_use::PodUse {
+                    pod: ip("198.18.0.7"),
+                    remote: Some("198.51.100.7:443".parse().unwrap()),
+                    in_use: 7000,
+                }],
+            },
+            crate::port_use::PoolUse {
+                egress_ip: ip("203.0.113.10"),
+                proto: "udp".into(),
+                endpoint_dependent: false,
+                in_use: 4,
+                capacity: 28232,
+                pod_quota: None,
+                destinations: vec![],
+                pods: vec![crate::port_use::PodUse { pod: ip("198.18.0.7"), remote: None, in_use: 4 }],
+            },
+        ],
+        entries: 3,
+        walk_micros: 1500,
+        warnings: 2,
+    };
+    assert_eq!(
+        render::port_use(&u),
+        "counted in 1.5 ms over 3 entries; 2 warnings since start\n\
+         EGRESS IP     PROTO  WHAT         WHO                             IN USE  LIMIT  USED\n\
+         203.0.113.10  tcp    destination  198.51.100.7:443                25000   28232  88.6%\n\
+         203.0.113.10  tcp    pod          198.18.0.7 -> 198.51.100.7:443  7000    7058   99.2%\n\
+         203.0.113.10  udp    egress IP    -                               4       28232  0.0%\n\
+         203.0.113.10  udp    pod          198.18.0.7                      4       -      -\n"
+    );
     let p = render::policies(&Fake.policies());
     assert!(p.contains("team-a  198.18.0.0/24  0.0.0.0/0     -       203.0.113.10  10/1000         9/900\n"), "{p}");
 }

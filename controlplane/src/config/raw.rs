@@ -305,6 +305,10 @@ pub struct Admin {
 pub struct Metrics {
     /// address:port.
     pub listen: Option<String>,
+    /// Destinations and pods shown per egress IP and protocol.
+    pub port_use_top: Option<u64>,
+    /// How often port use is counted (a duration).
+    pub port_use_refresh: Option<String>,
 }
 
 /// `kubernetes:`.

@@ -68,6 +68,7 @@ fn the_good_file_and_its_defaults() {
     assert_eq!(c.tables.nat, NatSettings::default());
     assert_eq!(c.admin_socket, PathBuf::from("/run/egret/test.sock"));
     assert_eq!(c.metrics_listen, "127.0.0.1:19469".parse().unwrap());
+    assert_eq!((c.port_use_top, c.port_use_refresh), (10, Duration::from_secs(10)));
     assert_eq!(c.kubernetes, None);
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
 }
@@ -160,6 +161,14 @@ fn bad_files_name_file_field_and_value() {
             "listen: 127.0.0.1:19469",
             &[r#"gw.yaml: metrics.listen: "localhost": not an address:port (e.g. "127.0.0.1:9469")"#],
         ),
+        ("bad top", "listen: 127.0.0.1:19469", &[r#"gw.yaml: metrics.portUseTop: "0": must be 1 to 100"#]),
+        (
+            "bad refresh",
+            "listen: 127.0.0.1:19469",
+            &[
+                r#"gw.yaml: metrics.portUseRefresh: "500ms": must be at least 1s (each refresh walks every pod's port counters)"#,
+            ],
+        ),
     ];
     let replacements = [
         "198.18.0.0/33, 2001:db8:1::/64",
@@ -169,6 +178,8 @@ fn bad_files_name_file_field_and_value() {
         "ip: 203.0.113.300",
         "role: middle",
         "listen: localhost",
+        "listen: 127.0.0.1:19469\n  portUseTop: 0",
+        "listen: 127.0.0.1:19469\n  portUseRefresh: 500ms",
     ];
     for ((name, from, want), to) in cases.iter().zip(replacements) {
         let text = GOOD.replacen(from, to, 1);

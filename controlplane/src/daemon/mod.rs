@@ -41,6 +41,7 @@
 mod fail_closed_repair;
 mod multicast;
 mod port_map;
+mod port_use;
 pub mod sink;
 mod view;
 
@@ -180,6 +181,8 @@ pub struct Shared {
     /// The translation logs' journal directory, when the journal is on
     /// (`egret who-had` reads it).
     pub journal_dir: Option<PathBuf>,
+    /// Port use per destination and pod, and its warnings (crate::port_use).
+    pub port_use: Arc<crate::port_use::Monitor>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -733,6 +736,8 @@ struct Serving {
     metrics_task: tokio::task::JoinHandle<()>,
     /// The fail-closed table's repair task (fail_closed_repair.rs).
     fail_closed_repair: Option<tokio::task::JoinHandle<()>>,
+    /// The port-use walks (port_use.rs).
+    port_use_task: tokio::task::JoinHandle<()>,
 }
 
 /// Step 5: attaches the program to every interface and serves the RX queues
@@ -783,6 +788,7 @@ async fn attach_and_serve(
         cluster: std::sync::OnceLock::new(),
         translog: translog_stats,
         journal_dir: cfg.translation_logs.as_ref().and_then(|t| t.journal.as_ref()).map(|j| j.dir.clone()),
+        port_use: Arc::new(crate::port_use::Monitor::new(cfg.port_use_top)),
     });
     let view: Arc<dyn crate::view::GatewayView> = Arc::new(view::LiveView(shared.clone()));
 
@@ -824,8 +830,20 @@ async fn attach_and_serve(
         Arc::new(move || alive_shared.not_alive(alive_limit).map_or(Ok(()), Err)),
     ));
 
+    let port_use_task = port_use::spawn(engine.clone(), shared.port_use.clone(), cfg.port_use_refresh);
+
     sink.announce(&announced(&cfg.tables));
-    Ok(Serving { links, shared, view, stop_tx, netlink_task, admin_task, metrics_task, fail_closed_repair })
+    Ok(Serving {
+        links,
+        shared,
+        view,
+        stop_tx,
+        netlink_task,
+        admin_task,
+        metrics_task,
+        fail_closed_repair,
+        port_use_task,
+    })
 }
 
 /// The Kubernetes control plane's task and its heartbeat.
@@ -854,9 +872,17 @@ async fn start_kubernetes(cfg: &GatewayConfig, loaded: &Loaded, shared: &Shared)
     let (k8s_stop_tx, k8s_stop_rx) = tokio::sync::watch::channel(false);
     let k8s_task = match &cfg.kubernetes {
         None => None,
-        Some(k) => {
-            Some(spawn_kubernetes(k, cfg, loaded.sink.clone(), loaded.pod_identities.clone(), k8s_stop_rx).await?)
-        }
+        Some(k) => Some(
+            spawn_kubernetes(
+                k,
+                cfg,
+                loaded.sink.clone(),
+                loaded.pod_identities.clone(),
+                shared.port_use.clone(),
+                k8s_stop_rx,
+            )
+            .await?,
+        ),
     };
     if let Some((_, heartbeat)) = &k8s_task {
         let _ = shared.cluster.set(heartbeat.clone());
@@ -955,7 +981,17 @@ async fn shut_down(
     offload_thread: Option<std::thread::JoinHandle<()>>,
     translog: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 ) {
-    let Serving { links, shared, view, stop_tx, netlink_task, admin_task, metrics_task, fail_closed_repair } = serving;
+    let Serving {
+        links,
+        shared,
+        view,
+        stop_tx,
+        netlink_task,
+        admin_task,
+        metrics_task,
+        fail_closed_repair,
+        port_use_task,
+    } = serving;
     let Cluster { stop_tx: k8s_stop_tx, task: k8s_task, watchdog_stop, watchdog } = cluster;
     tracing::info!("stopping");
     let mut ending = None;
@@ -972,6 +1008,7 @@ async fn shut_down(
     stop.store(true, Ordering::Release);
     admin_task.abort();
     metrics_task.abort();
+    port_use_task.abort();
     if let Some(t) = fail_closed_repair {
         t.abort();
     }
@@ -1087,6 +1124,7 @@ async fn spawn_kubernetes(
     cfg: &GatewayConfig,
     sink: Arc<GatewaySink>,
     pod_identities: crate::translog::identity::PodIdentities,
+    port_use: Arc<crate::port_use::Monitor>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(tokio::task::JoinHandle<Option<crate::k8s::uninstall::Ending>>, Arc<crate::k8s::Heartbeat>), DaemonError> {
     use crate::k8s::{self, lease::LeaseTiming, K8sOptions};
@@ -1102,6 +1140,7 @@ async fn spawn_kubernetes(
     opts.resync_period = k.resync_period;
     opts.liveness = k.liveness;
     opts.pod_identities = pod_identities;
+    opts.port_use = Some(crate::port_use::MonitorRef(port_use));
     opts.nat = cfg.tables.nat;
     opts.tunnel_port = cfg.tables.tunnel.as_ref().map(|t| t.port);
     opts.guard = egret_dataplane::tables::SourceGuard {

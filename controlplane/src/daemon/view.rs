@@ -225,6 +225,10 @@ impl GatewayView for LiveView {
         rows
     }
 
+    fn port_use(&self) -> Arc<crate::port_use::PortUse> {
+        self.0.port_use.latest()
+    }
+
     fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
         let now = self.0.clock.now().secs();
         let limit = filter.limit.unwrap_or(1000);

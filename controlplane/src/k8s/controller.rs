@@ -762,6 +762,7 @@ impl SyncLoop {
         let me = self.opts.node_name.clone();
         self.withdraw_refused(&mut d);
         self.report_refusals();
+        self.report_port_use(&d);
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
         let fenced = self.mgr.lock().fence(now, &competing);
         self.counters.fenced += fenced.len() as u64;
@@ -1316,6 +1317,46 @@ impl SyncLoop {
         });
     }
 
+    /// A Warning Event for each port-use level newly reached on this
+    /// gateway (crate::port_use: once per crossing, re-armed below the
+    /// hysteresis), on the owner of the egress IP (its policy or Service)
+    /// and, for a pod near its quota, on the pod. The Events are sent by
+    /// tasks: the pass does not wait for them.
+    fn report_port_use(&mut self, d: &Desired) {
+        let Some(monitor) = self.opts.port_use.clone() else { return };
+        let crossings = monitor.0.take_crossings();
+        if crossings.is_empty() {
+            return;
+        }
+        let events = crate::port_use::events(
+            &crossings,
+            &self.opts.node_name,
+            |ip| d.ips.get(&ip).and_then(|a| self.owner_ref(&a.owner)),
+            |ip| self.pod_ref(ip),
+        );
+        for (reference, reason, note) in events {
+            self.publish(reference, "Warning", reason, "AllocatePort", note);
+        }
+    }
+
+    /// The running pod holding `ip`, from the watch (a finished pod may
+    /// still show an address a new one holds).
+    fn pod_ref(&self, ip: IpAddr) -> Option<ObjectReference> {
+        let text = ip.to_string();
+        self.stores
+            .pods
+            .state()
+            .iter()
+            .find(|p| {
+                p.status.as_ref().is_some_and(|s| {
+                    !matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
+                        && (s.pod_ip.as_deref() == Some(text.as_str())
+                            || s.pod_ips.as_deref().unwrap_or_default().iter().any(|i| i.ip == text))
+                })
+            })
+            .map(|p| p.object_ref(&()))
+    }
+
     fn publish(&mut self, reference: ObjectReference, type_: &'static str, reason: &str, action: &str, note: String) {
         let client = self.client.clone();
         let ev = event(&reference, &self.opts.node_name, type_, reason, action, note, Timestamp::now());
@@ -1445,6 +1486,9 @@ pub async fn run_supervised(
 ) -> Result<Option<super::uninstall::Ending>, K8sError> {
     opts.validate()?;
     let notify = Arc::new(Notify::new());
+    if let Some(m) = &opts.port_use {
+        m.0.deliver_to(notify.clone());
+    }
     let mut watchers = JoinSet::new();
     let watch_restart = Arc::new(Notify::new());
     let stores = Stores::start(&client, &opts, &notify, &watch_restart, &mut watchers);

@@ -86,6 +86,9 @@ pub struct K8sOptions {
     /// Where each pass publishes the pods' identities by address, for the
     /// translation logs' exporter (translog/identity.rs).
     pub pod_identities: crate::translog::identity::PodIdentities,
+    /// Port use near exhaustion, reported as Warning Events (crate::port_use;
+    /// None: no data plane, no warnings).
+    pub port_use: Option<crate::port_use::MonitorRef>,
 }
 
 impl K8sOptions {
@@ -104,6 +107,7 @@ impl K8sOptions {
             lease_owner: uninstall::OwnerSlot::default(),
             liveness: true,
             pod_identities: Default::default(),
+            port_use: None,
         }
     }
 

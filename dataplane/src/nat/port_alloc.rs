@@ -219,6 +219,18 @@ impl<A: NatAddr> PortPool<A> {
         }
     }
 
+    /// Visits what each pod holds in this pool: (pod, remote, remote port,
+    /// count), remote zero and port 0 for endpoint-independent mappings.
+    /// For the control plane's port-use report, off the workers' path: the
+    /// walk read-locks one shard of the counters at a time, so a worker
+    /// admitting a pod of that shard waits for that shard's walk.
+    pub fn for_each_source(&self, mut f: impl FnMut(A, A, u16, u32)) {
+        for e in self.per_source.iter() {
+            let (pod, remote, remote_port) = *e.key();
+            f(pod, remote, remote_port, *e.value());
+        }
+    }
+
     /// How many times a pod was refused for being at its quota.
     pub fn over_quota(&self) -> u64 {
         self.over_quota.load(Ordering::Relaxed)
