@@ -383,6 +383,8 @@ pub struct Exporter {
     batch: Vec<LogRecord>,
     events: Vec<Event>,
     messages: Vec<ipfix::Message>,
+    /// The syslog line being formatted (UDP: a datagram's payload).
+    line: String,
 }
 
 impl Exporter {
@@ -441,6 +443,7 @@ impl Exporter {
             batch: Vec::new(),
             events: Vec::new(),
             messages: Vec::new(),
+            line: String::with_capacity(512),
         })
     }
 
@@ -492,7 +495,7 @@ impl Exporter {
             }
             match &mut self.syslog {
                 Some((SyslogSink::Udp(q), _)) => q.push(e, &self.stats),
-                Some((SyslogSink::Tcp(t), format)) => t.push(&format.line(e), &self.stats),
+                Some((SyslogSink::Tcp(t), format)) => t.push(format, e, &self.stats),
                 None => {}
             }
         }
@@ -533,9 +536,15 @@ impl Exporter {
     }
 
     fn send_syslog(&mut self) {
-        let Some((SyslogSink::Udp(q), format)) = &mut self.syslog else { return };
+        let (q, format) = match &mut self.syslog {
+            Some((SyslogSink::Udp(q), format)) => (q, format),
+            Some((SyslogSink::Tcp(t), _)) => return t.flush(&self.stats),
+            None => return,
+        };
+        let line = &mut self.line;
         while let Some(e) = q.events.pop_front() {
-            let line = format.line(&e);
+            line.clear();
+            format.write_line(&e, line);
             // Once more after an error: it may be an earlier datagram's.
             let sent =
                 q.try_send(line.as_bytes(), &self.stats).is_ok() || q.try_send(line.as_bytes(), &self.stats).is_ok();

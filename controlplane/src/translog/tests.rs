@@ -247,6 +247,26 @@ fn tcp_config(collector: std::net::SocketAddr, queue: usize) -> TranslationLogsC
     c
 }
 
+/// The exporter's connection, or a failure (not a hang) when it does not
+/// come.
+fn accept_within(listener: &std::net::TcpListener, limit: Duration) -> std::net::TcpStream {
+    listener.set_nonblocking(true).unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).unwrap();
+                return s;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(std::time::Instant::now() < deadline, "the exporter did not connect within {limit:?}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
 /// Reads octet-counted frames (RFC 6587 §3.4.1) until `n` arrived.
 fn read_frames(stream: &mut std::net::TcpStream, n: usize) -> Vec<String> {
     use std::io::Read;
@@ -278,7 +298,7 @@ fn syslog_over_tcp_frames_each_message_by_its_length() {
         Exporter::new(e, &tcp_config(listener.local_addr().unwrap(), 1024), "node-a", Default::default()).unwrap();
     new_flows(&mut w, 40000, 3, 0);
     x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 0, scale: 1 });
-    let (mut s, _) = listener.accept().unwrap();
+    let mut s = accept_within(&listener, Duration::from_secs(10));
     let frames = read_frames(&mut s, 3);
     for (i, f) in frames.iter().enumerate() {
         assert!(f.starts_with("<134>1 2026-12-01T12:17:39.263Z gw-a egret "), "{f}");
@@ -304,7 +324,7 @@ fn syslog_over_tcp_waits_for_a_collector_without_holding_the_exporter() {
     assert!(t.elapsed() < Duration::from_millis(100), "{:?}", t.elapsed());
     std::thread::sleep(Duration::from_millis(300));
     let listener = std::net::TcpListener::bind(addr).unwrap();
-    let (mut s, _) = listener.accept().unwrap();
+    let mut s = accept_within(&listener, Duration::from_secs(10));
     // At most the queue (4) and the one batch the writer held meanwhile.
     let stats = x.stats().clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -123,6 +123,16 @@ pub struct Owner<A> {
     pub refs: u32,
 }
 
+/// Shards of a pool's per-pod counters. The port-use walk read-locks one
+/// shard at a time while it copies it (`for_each_source`), and a worker
+/// admitting a pod of that shard waits meanwhile: more shards, shorter
+/// waits. DashMap's default (four per core, 8 on a 2-core machine) made a
+/// worker wait up to 12-23 ms for a copy of 1 M entries in a debug build;
+/// with 64 a shard holds an eighth as many (docs/benchmarks.md, "Port
+/// use", has both), for 8 KB per pool (a shard is a 128-byte cache-padded
+/// lock and table).
+const SOURCE_SHARDS: usize = 64;
+
 /// The ports of one (egress IP, protocol).
 ///
 /// An owner cell is free when its reference count is 0 (no `Option`: a cell
@@ -151,7 +161,7 @@ impl<A: NatAddr> PortPool<A> {
             owners: (0..n).map(|_| Mutex::new(Owner { pod: A::from_bits_zero(), pod_port: 0, refs: 0 })).collect(),
             in_use: AtomicU32::new(0),
             exhausted: AtomicU64::new(0),
-            per_source: DashMap::with_hasher(ahash::RandomState::new()),
+            per_source: DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SOURCE_SHARDS),
             source_quota: AtomicU32::new(u32::MAX),
             over_quota: AtomicU64::new(0),
         }
