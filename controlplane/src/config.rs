@@ -1156,7 +1156,7 @@ impl Checker<'_> {
                     None => continue,
                 },
             };
-            out.push(EgressIpSpec { ip, ports, answer_neighbor: e.answer_neighbor.unwrap_or(true) });
+            out.push(EgressIpSpec { ip, ports, answer_neighbor: e.answer_neighbor.unwrap_or(true), port_blocks: None });
         }
         out
     }

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::lpm::{LpmAddr, Prefix};
 use crate::nat::key::NatAddr;
 use crate::nat::port_alloc::PortRange;
+use crate::nat::port_blocks::PortBlocks;
 use crate::policy::{Classifier, Decision, PolicyId, PolicyRules};
 use crate::stats::POLICY_COUNTER_SLOTS;
 use crate::tunnel::Tunnel;
@@ -203,6 +204,10 @@ pub struct EgressIpSpec {
     /// mechanism, such as the kernel or a load balancer, announces it).
     #[serde(default = "yes")]
     pub answer_neighbor: bool,
+    /// Port blocks (ADR 0034 §6): each pod's sessions on this egress IP
+    /// take ports from blocks of its own. `None`: one port at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_blocks: Option<PortBlocks>,
 }
 
 fn yes() -> bool {
@@ -321,6 +326,18 @@ pub enum SpecError {
         first: u16,
         /// Last port of the range.
         last: u16,
+    },
+    /// A block mode that does not fit the egress IP's range.
+    #[error("egressIPs[{index}].portBlocks.{field}: {value} is invalid: need {need}")]
+    InvalidPortBlocks {
+        /// The egress IP's index.
+        index: usize,
+        /// The field (`size`, `maxPerPod`).
+        field: &'static str,
+        /// The value.
+        value: u32,
+        /// What it must be.
+        need: String,
     },
     /// The same egress IP twice.
     #[error("egressIPs[{index}].ip: {ip} is listed twice")]
@@ -452,6 +469,8 @@ pub struct EgressEntry {
     /// Also a Service VIP: what Egret does not serve is the kernel's
     /// (`TablesSpec::service_addresses`).
     pub kernel_service: bool,
+    /// Port blocks, when in block mode (nat/port_blocks.rs).
+    pub blocks: Option<PortBlocks>,
 }
 
 /// Stable per-policy counter slots: a policy name keeps its slot for the life
@@ -625,8 +644,17 @@ impl Tables {
             let ports = e.ports.unwrap_or(spec.nat.ports);
             validate_range(format!("egressIPs[{index}].ports"), ports)?;
             let kernel_service = spec.service_addresses.contains(&e.ip);
-            if egress.insert(e.ip, EgressEntry { ports, answer_neighbor: e.answer_neighbor, kernel_service }).is_some()
-            {
+            if let Some(b) = e.port_blocks {
+                b.validate(ports).map_err(|x| SpecError::InvalidPortBlocks {
+                    index,
+                    field: x.field,
+                    value: x.value,
+                    need: x.need,
+                })?;
+            }
+            let entry =
+                EgressEntry { ports, answer_neighbor: e.answer_neighbor, kernel_service, blocks: e.port_blocks };
+            if egress.insert(e.ip, entry).is_some() {
                 return Err(SpecError::DuplicateEgressIp { index, ip: e.ip });
             }
             if e.answer_neighbor {
@@ -822,7 +850,12 @@ mod tests {
     fn spec(policies: Vec<PolicySpec>) -> TablesSpec {
         TablesSpec {
             policies,
-            egress_ips: vec![EgressIpSpec { ip: "198.51.100.1".parse().unwrap(), ports: None, answer_neighbor: true }],
+            egress_ips: vec![EgressIpSpec {
+                ip: "198.51.100.1".parse().unwrap(),
+                ports: None,
+                answer_neighbor: true,
+                port_blocks: None,
+            }],
             ..Default::default()
         }
     }
@@ -836,7 +869,12 @@ mod tests {
             policy("v4", "192.0.2.0/24", "0.0.0.0/0", &["198.51.100.1"]),
             policy("v6", "2001:db8::/64", "::/0", &["2001:db8:ff::1"]),
         ]);
-        s.egress_ips.push(EgressIpSpec { ip: "2001:db8:ff::1".parse().unwrap(), ports: None, answer_neighbor: true });
+        s.egress_ips.push(EgressIpSpec {
+            ip: "2001:db8:ff::1".parse().unwrap(),
+            ports: None,
+            answer_neighbor: true,
+            port_blocks: None,
+        });
         let pod: Ipv4Addr = "192.0.2.10".parse().unwrap();
         let pod6: Ipv6Addr = "2001:db8::10".parse().unwrap();
         let node: Ipv4Addr = "203.0.113.21".parse().unwrap();

@@ -347,6 +347,7 @@ pub fn decode(b: &[u8]) -> Option<(Event, usize)> {
         flags: b[7],
         quota: (b[31] != 0).then_some(b[31]),
         limit: (bits & 16 != 0).then(|| u32::from_le_bytes([b[32], b[33], b[34], b[35]])),
+        block: None,
         identity,
     };
     Some((e, FIXED + ident_len))

@@ -16,7 +16,11 @@
 //! is left out rather than written empty. Refusals have MSGIDs of Egret's
 //! own, `PEXH` (`[pexh@PEN IATYP ISADDR XATYP XSADDR PORTS]`: no free port
 //! on the egress address, PORTS the range's size) and `QEXC` (`[qexc@PEN
-//! IATYP ISADDR QUOTA LIMIT]`, QUOTA `per-pod` or `sessions`).
+//! IATYP ISADDR QUOTA LIMIT]`, QUOTA `per-pod` or `sessions`). Port
+//! blocks (ADR 0034 §6) are `PBADD` and `PBDEL` with `[pblk@PEN IATYP
+//! ISADDR XATYP XSADDR PSTART PEND]` (VPP's parameter names for the
+//! addresses, the block's first and last port), then the pod's identity
+//! as for sessions.
 //!
 //! ```text
 //! <134>1 2026-12-01T12:17:39.263Z gw-a egret 4242 SDEL [nsess SSUBIX="0" SVLAN="0" IATYP="IPv4" ISADDR="10.244.1.7" ISPORT="40001" XATYP="IPv4" XSADDR="203.0.113.10" XSPORT="41522" PROTO="6" XDADDR="198.51.100.20" XDPORT="443"][end@32473 last="2026-12-01T12:17:37.000Z" why="expired" adopted="0"]
@@ -57,6 +61,8 @@ impl Format {
             LogKind::SessionDelete => "SDEL",
             LogKind::PortsExhausted => "PEXH",
             LogKind::QuotaExceeded => "QEXC",
+            LogKind::BlockAllocate => "PBADD",
+            LogKind::BlockFree => "PBDEL",
         };
         let hostname = if self.hostname.is_empty() { "-" } else { self.hostname.as_str() };
         let _ = write!(s, "<{PRI}>1 {} {hostname} {APP_NAME} {} {msgid} ", rfc3339_ms(e.at_ms), self.procid);
@@ -85,6 +91,21 @@ impl Format {
                 );
                 return s;
             }
+            LogKind::BlockAllocate | LogKind::BlockFree => {
+                let _ = write!(
+                    s,
+                    "[pblk@{} IATYP=\"{}\" ISADDR=\"{}\" XATYP=\"{}\" XSADDR=\"{}\" PSTART=\"{}\" PEND=\"{}\"]",
+                    self.pen,
+                    family(e.pod),
+                    e.pod,
+                    family(e.egress),
+                    e.egress,
+                    e.egress_port,
+                    e.block.map_or(e.egress_port, |b| b.0)
+                );
+                self.identity(e, &mut s);
+                return s;
+            }
             LogKind::SessionCreate | LogKind::SessionDelete => {}
         }
         let _ = write!(
@@ -102,16 +123,7 @@ impl Format {
             let _ = write!(s, " XDADDR=\"{addr}\" XDPORT=\"{port}\"");
         }
         s.push(']');
-        if let Some(id) = &e.identity {
-            let _ = write!(
-                s,
-                "[pod@{} ns=\"{}\" name=\"{}\" uid=\"{}\"]",
-                self.pen,
-                escape(&id.namespace),
-                escape(&id.name),
-                escape(&id.uid)
-            );
-        }
+        self.identity(e, &mut s);
         if e.kind == LogKind::SessionDelete {
             let last = rfc3339_ms(e.last_ms.unwrap_or(e.at_ms));
             let why = e.reason.map_or("unknown", |r| r.name());
@@ -125,6 +137,20 @@ impl Format {
             );
         }
         s
+    }
+
+    /// The pod's `[pod@PEN ...]` element, when known.
+    fn identity(&self, e: &Event, s: &mut String) {
+        if let Some(id) = &e.identity {
+            let _ = write!(
+                s,
+                "[pod@{} ns=\"{}\" name=\"{}\" uid=\"{}\"]",
+                self.pen,
+                escape(&id.namespace),
+                escape(&id.name),
+                escape(&id.uid)
+            );
+        }
     }
 }
 
@@ -202,6 +228,7 @@ mod tests {
             flags: 0,
             quota: None,
             limit: None,
+            block: None,
             identity: None,
         }
     }
@@ -306,6 +333,27 @@ mod tests {
             .ends_with("QEXC [qexc@32473 IATYP=\"IPv4\" ISADDR=\"10.244.1.7\" QUOTA=\"per-pod\" LIMIT=\"64\"]"));
         q.quota = Some(quota::MAX_SESSION_ENTRIES);
         assert!(format(true).line(&q).contains("QUOTA=\"sessions\""));
+    }
+
+    #[test]
+    fn port_blocks_have_their_element() {
+        let mut e = event(LogKind::BlockAllocate);
+        (e.proto, e.pod_port, e.remote, e.egress_port, e.block) = (0, 0, None, 40960, Some((41087, 128)));
+        assert_eq!(
+            format(true).line(&e),
+            "<134>1 2026-12-01T12:17:39.263Z gw-a egret 4242 PBADD [pblk@32473 IATYP=\"IPv4\" ISADDR=\"10.244.1.7\" \
+             XATYP=\"IPv4\" XSADDR=\"203.0.113.10\" PSTART=\"40960\" PEND=\"41087\"]"
+        );
+        e.kind = LogKind::BlockFree;
+        e.identity = Some(std::sync::Arc::new(crate::translog::identity::PodIdentity {
+            namespace: "payments".into(),
+            name: "api".into(),
+            uid: "u1".into(),
+        }));
+        assert!(format(false).line(&e).ends_with(
+            "PBDEL [pblk@32473 IATYP=\"IPv4\" ISADDR=\"10.244.1.7\" XATYP=\"IPv4\" XSADDR=\"203.0.113.10\" \
+             PSTART=\"40960\" PEND=\"41087\"][pod@32473 ns=\"payments\" name=\"api\" uid=\"u1\"]"
+        ));
     }
 
     #[test]

@@ -436,6 +436,7 @@ fn a_live_session_is_found_by_its_whole_key() {
         flags: 0,
         quota: None,
         limit: None,
+        block: None,
         identity: None,
     };
     let clocks = Clocks { wall_ms: 1_796_127_460_000, engine_ms: 60_000, scale: 1 };

@@ -112,7 +112,7 @@ pub(super) fn tables(
     for ip in &obs.held {
         let Some(a) = ips.get(ip) else { continue };
         if a.egress {
-            egress_ips.push(EgressIpSpec { ip: *ip, ports: None, answer_neighbor: true });
+            egress_ips.push(EgressIpSpec { ip: *ip, ports: None, answer_neighbor: true, port_blocks: None });
             // A Service's VIP: its Service ports stay the kernel's.
             if matches!(a.owner, Owner::Service { .. }) {
                 service_addresses.push(*ip);

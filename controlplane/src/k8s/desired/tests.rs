@@ -119,7 +119,10 @@ fn a_policy_selects_pods_and_this_gateway_serves_only_the_ips_it_holds() {
             egress_ips: vec![ip("198.51.100.10"), ip("198.51.100.11")],
         }]
     );
-    assert_eq!(d.tables.egress_ips, vec![EgressIpSpec { ip: ip("198.51.100.10"), ports: None, answer_neighbor: true }]);
+    assert_eq!(
+        d.tables.egress_ips,
+        vec![EgressIpSpec { ip: ip("198.51.100.10"), ports: None, answer_neighbor: true, port_blocks: None }]
+    );
     assert_eq!(d.tables.neighbor_addresses, Vec::<IpAddr>::new());
     assert_eq!(d.tables.nat, NatSettings::default());
 
@@ -807,7 +810,10 @@ fn a_load_balancer_vip_becomes_its_pods_egress_ip() {
     );
     // The VIP keeps the default NAT range: ports 443 and 80 are outside it,
     // so ingress to them passes to the kernel (kube-proxy / the CNI).
-    assert_eq!(d.tables.egress_ips, vec![EgressIpSpec { ip: ip("198.51.100.20"), ports: None, answer_neighbor: true }]);
+    assert_eq!(
+        d.tables.egress_ips,
+        vec![EgressIpSpec { ip: ip("198.51.100.20"), ports: None, answer_neighbor: true, port_blocks: None }]
+    );
     // Marked as a Service VIP: the XDP program passes its other ports
     // (OWNED_KERNEL_SERVICE) instead of dropping them.
     assert_eq!(d.tables.service_addresses, vec![ip("198.51.100.20")]);

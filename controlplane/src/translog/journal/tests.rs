@@ -38,6 +38,7 @@ fn ev(kind: LogKind, at_ms: u64, pod: u8, pod_port: u16) -> Event {
         flags: 0,
         quota: None,
         limit: None,
+        block: None,
         identity: Some(ident(&format!("pod-{pod}"))),
     }
 }
