@@ -54,6 +54,16 @@ pub enum LogKind {
 }
 
 impl LogKind {
+    /// Every kind, in the order of their bytes (1, 2, ...).
+    pub const ALL: [LogKind; 6] = [
+        LogKind::SessionCreate,
+        LogKind::SessionDelete,
+        LogKind::PortsExhausted,
+        LogKind::QuotaExceeded,
+        LogKind::BlockAllocate,
+        LogKind::BlockFree,
+    ];
+
     /// The kind of a record's `kind` byte.
     pub fn from_u8(b: u8) -> Option<LogKind> {
         match b {
@@ -356,6 +366,15 @@ mod tests {
 
     use super::*;
     use crate::nat::key::proto;
+
+    #[test]
+    fn every_kind_is_listed_in_byte_order() {
+        for (i, k) in LogKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i + 1, "{k:?}: counters index by kind - 1");
+            assert_eq!(LogKind::from_u8(*k as u8), Some(*k));
+        }
+        assert_eq!(LogKind::from_u8(LogKind::ALL.len() as u8 + 1), None);
+    }
 
     #[test]
     fn the_record_is_72_bytes_with_the_adr_offsets() {

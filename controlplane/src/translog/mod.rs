@@ -216,7 +216,7 @@ impl DropReason {
 /// their `translog_ring_full` event.
 #[derive(Debug, Default)]
 pub struct Stats {
-    records: [AtomicU64; 4],
+    records: [AtomicU64; LogKind::ALL.len()],
     sent: [AtomicU64; 3],
     dropped: [[AtomicU64; 3]; 3],
     unreachable: [AtomicU64; 3],
@@ -251,7 +251,7 @@ impl Stats {
 
     /// The counters as `egret counters` and `/metrics` show them.
     pub fn counters(&self) -> crate::view::TranslogCounters {
-        let kinds = [LogKind::SessionCreate, LogKind::SessionDelete, LogKind::PortsExhausted, LogKind::QuotaExceeded];
+        let kinds = LogKind::ALL;
         crate::view::TranslogCounters {
             enabled: true,
             records: kinds.iter().map(|k| (k.name().to_string(), self.records(*k))).collect(),
