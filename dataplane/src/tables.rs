@@ -126,6 +126,10 @@ pub struct NatSettings {
     pub tcp_loose_pickup: bool,
     /// Whether inbound UDP refreshes a mapping (RFC 4787 REQ-6 makes it optional).
     pub udp_inbound_refresh: bool,
+    /// Port blocks for every egress IP that has none of its own
+    /// ([`EgressIpSpec::port_blocks`]); `None`: one port at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_blocks: Option<PortBlocks>,
 }
 
 impl Default for NatSettings {
@@ -145,6 +149,7 @@ impl Default for NatSettings {
             hairpinning: true,
             tcp_loose_pickup: true,
             udp_inbound_refresh: false,
+            port_blocks: None,
         }
     }
 }
@@ -328,12 +333,10 @@ pub enum SpecError {
         last: u16,
     },
     /// A block mode that does not fit the egress IP's range.
-    #[error("egressIPs[{index}].portBlocks.{field}: {value} is invalid: need {need}")]
+    #[error("{field}: {value} is invalid: need {need}")]
     InvalidPortBlocks {
-        /// The egress IP's index.
-        index: usize,
-        /// The field (`size`, `maxPerPod`).
-        field: &'static str,
+        /// The field (`egressIPs[0].portBlocks.size`, ...).
+        field: String,
         /// The value.
         value: u32,
         /// What it must be.
@@ -644,16 +647,22 @@ impl Tables {
             let ports = e.ports.unwrap_or(spec.nat.ports);
             validate_range(format!("egressIPs[{index}].ports"), ports)?;
             let kernel_service = spec.service_addresses.contains(&e.ip);
-            if let Some(b) = e.port_blocks {
+            let blocks = e.port_blocks.or(spec.nat.port_blocks);
+            if let Some(b) = blocks {
                 b.validate(ports).map_err(|x| SpecError::InvalidPortBlocks {
-                    index,
-                    field: x.field,
+                    field: if e.port_blocks.is_some() {
+                        format!("egressIPs[{index}].portBlocks.{}", x.field)
+                    } else {
+                        format!(
+                            "nat.portBlocks.{} (for egressIPs[{index}], ports {}-{})",
+                            x.field, ports.first, ports.last
+                        )
+                    },
                     value: x.value,
                     need: x.need,
                 })?;
             }
-            let entry =
-                EgressEntry { ports, answer_neighbor: e.answer_neighbor, kernel_service, blocks: e.port_blocks };
+            let entry = EgressEntry { ports, answer_neighbor: e.answer_neighbor, kernel_service, blocks };
             if egress.insert(e.ip, entry).is_some() {
                 return Err(SpecError::DuplicateEgressIp { index, ip: e.ip });
             }
@@ -917,6 +926,25 @@ mod tests {
         assert_eq!(
             Tables::compile(&s, 1, &PolicySlots::default()).unwrap_err().to_string(),
             "nat.timeouts.udp: 30 s is below the minimum of 120 s (RFC 4787 REQ-5)"
+        );
+        // Port blocks: the egress IP's own, else `nat.portBlocks`, checked
+        // against the IP's range.
+        let mut s = spec(vec![]);
+        let blocks = PortBlocks { size: 64, max_per_pod: 2, log_sessions: false };
+        s.nat.port_blocks = Some(blocks);
+        let t = Tables::compile(&s, 1, &PolicySlots::default()).unwrap();
+        assert_eq!(t.egress("198.51.100.1".parse().unwrap()).unwrap().blocks, Some(blocks));
+        s.egress_ips[0].port_blocks = Some(PortBlocks { size: 12, ..blocks });
+        assert_eq!(
+            Tables::compile(&s, 1, &PolicySlots::default()).unwrap_err().to_string(),
+            "egressIPs[0].portBlocks.size: 12 is invalid: need a power of two, at least 8"
+        );
+        s.egress_ips[0].port_blocks = None;
+        s.egress_ips[0].ports = Some(PortRange { first: 1000, last: 1050 });
+        assert_eq!(
+            Tables::compile(&s, 1, &PolicySlots::default()).unwrap_err().to_string(),
+            "nat.portBlocks.size (for egressIPs[0], ports 1000-1050): 64 is invalid: need no larger than the port \
+             range 1000-1050, with one block aligned to its size inside it"
         );
         let mut s = spec(vec![]);
         s.egress_ips[0].ports = Some(PortRange { first: 2000, last: 1000 });
