@@ -1735,4 +1735,73 @@ mod tests {
         nat.export(E, 11, &mut out);
         assert!(out.iter().all(|r| r.flags & session_flags::LOCAL == 0), "{out:?}");
     }
+
+    /// Log volume and port use of one workload, per session and in block
+    /// mode (docs/benchmarks.md, "Port blocks"). A count, not a timing:
+    /// `cargo test -q -p egret-dataplane --lib port_blocks_volume -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement"]
+    fn port_blocks_volume() {
+        // IPFIX data record bytes (ipfix.rs, IPv4 with destinations):
+        // create 34, delete 42, block 25; the journal: 88 + identity.
+        let ipfix = |k: Option<LogKind>| match k {
+            Some(LogKind::SessionCreate) => 34,
+            Some(LogKind::SessionDelete) => 42,
+            _ => 25,
+        };
+        // (name, pods, seconds between a pod's new flows, session life in s, simulated s)
+        let workloads = [("short flows", 100u32, 1u32, 120u32, 600u32), ("few long flows", 100, 30, 600, 1800)];
+        println!("| workload | mode | flows | records | IPFIX data bytes | ports used (end) | ports reserved (end) | peak reserved |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for (name, pods, every, life, secs) in workloads {
+            for blocks in [None, blocks(32, 32, false), blocks(128, 32, false)] {
+                let t = tables(1, |s| {
+                    s.egress_ips[0].port_blocks = blocks;
+                    s.nat.max_sessions = 1 << 17;
+                    s.nat.max_ports_per_source = Some(65_536);
+                });
+                let nat = NatTable::new(&t.nat);
+                let mut env = Env::new();
+                let ring = crate::translog::LogRing::new(1 << 20);
+                let mut live: std::collections::VecDeque<(u32, SessionView<Ipv4Addr>)> = Default::default();
+                let (mut flows, mut records, mut bytes, mut peak) = (0u64, 0u64, 0u64, 0u64);
+                let mut next_port = [10_000u16; 256];
+                for now in 0..secs {
+                    while live.front().is_some_and(|(end, _)| *end <= now) {
+                        let (_, v) = live.pop_front().unwrap();
+                        let log = Some(LogTo { ring: &ring, stats: &env.stats, now_ms: u64::from(now) * 1000 });
+                        assert!(nat.remove(&v, End { reason: EndReason::Expired, fast_path_seen: None, log }));
+                    }
+                    for p in 0..pods {
+                        // Pods start their flows spread over the period.
+                        if (now + p) % every != 0 {
+                            continue;
+                        }
+                        let mut r = req(next_port[p as usize], 443, proto::TCP);
+                        next_port[p as usize] = next_port[p as usize].wrapping_add(1).max(10_000);
+                        r.pod = Ipv4Addr::new(192, 0, 2, 1 + p as u8);
+                        let v = nat.create_outbound(&r, policy(&t), &t, &mut logged_ctx(&mut env, &ring, now)).unwrap();
+                        flows += 1;
+                        live.push_back((now + life, v));
+                    }
+                    for r in drain(&ring) {
+                        records += 1;
+                        bytes += ipfix(r.kind());
+                    }
+                    let reserved = match nat.existing_block_pool(E) {
+                        Some(b) => u64::from(b.taken()) * u64::from(b.config().size),
+                        None => nat.mappings.existing_pool(E, proto::TCP).map_or(0, |p| u64::from(p.in_use())),
+                    };
+                    peak = peak.max(reserved);
+                }
+                let used = nat.mappings.existing_pool(E, proto::TCP).map_or(0, |p| p.in_use());
+                let reserved = match nat.existing_block_pool(E) {
+                    Some(b) => u64::from(b.taken()) * u64::from(b.config().size),
+                    None => u64::from(used),
+                };
+                let mode = blocks.map_or("per session".to_string(), |b| format!("blocks of {}", b.size));
+                println!("| {name}: {pods} pods, a flow every {every} s each, {life} s per session, {secs} s | {mode} | {flows} | {records} | {bytes} | {used} | {reserved} | {peak} |");
+            }
+        }
+    }
 }
