@@ -432,6 +432,7 @@ impl<A: NatAddr> SessionTable<A> {
     /// is once marked dying (its offload bits can no longer change: a
     /// concurrent [`set_offload`](Self::set_offload) fails from then on), before
     /// its keys are removed and its slot freed.
+    #[inline(always)]
     pub fn remove_with(
         &self,
         index: u32,

@@ -519,6 +519,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// its delete record (the removal time, and its last packet: its own
     /// stamp or the fast path's, the later). Returns whether this call
     /// removed it.
+    #[inline]
     pub fn remove(&self, view: &SessionView<A>, end: End<'_>) -> bool {
         let hook = self.offload_hook.get();
         let removed = self.sessions.remove_with(view.index, view.seq, |dying| {
@@ -533,7 +534,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if let Some(j) = self.sync.get() {
             j.push(JournalEntry::Removed(*t));
         }
-        if let Some(l) = end.log.filter(|_| v.flags & session_flags::UNLOGGED == 0) {
+        // A pod in block mode: its blocks are the log, not its sessions.
+        let log = if v.flags & session_flags::UNLOGGED == 0 { end.log } else { None };
+        if let Some(l) = log {
             let mut flags = 0;
             if v.flags & session_flags::INBOUND_CREATED != 0 {
                 flags |= log_flags::INBOUND_CREATED;
@@ -549,17 +552,15 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             r.detail = end.reason as u8;
             l.push(r);
         }
+        if v.flags & session_flags::IN_BLOCK != 0 {
+            self.leave_block(t, end.log);
+        }
         self.port_unused(t);
         if v.flags & session_flags::HAS_MAPPING != 0 {
             self.mappings.release(t.egress, t.pod, t.pod_port, t.proto, t.egress_port);
         } else if let Some(pool) = self.mappings.existing_pool(t.egress, t.proto) {
             pool.count_in_use(-1);
             pool.release_source_towards(t.pod, t.remote, t.remote_port);
-        }
-        if v.flags & session_flags::IN_BLOCK != 0 {
-            if let Some(b) = self.existing_block_pool(t.egress) {
-                b.leave(t.pod, t.egress_port, end.log);
-            }
         }
         if let dashmap::Entry::Occupied(mut o) = self.per_source.entry(t.pod) {
             *o.get_mut() = o.get().saturating_sub(1);
@@ -568,6 +569,18 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             }
         }
         true
+    }
+
+    /// A session in a port block ended: one session fewer in its block
+    /// (the last frees it and logs the release, after the session's own
+    /// delete when that is logged). Out of line: the removal of a session
+    /// in no block pays only the flag's test.
+    #[cold]
+    #[inline(never)]
+    fn leave_block(&self, t: &SessionTuple<A>, log: Option<LogTo<'_>>) {
+        if let Some(b) = self.existing_block_pool(t.egress) {
+            b.leave(t.pod, t.egress_port, log);
+        }
     }
 
     fn admit_source(&self, pod: A, limit: u32) -> bool {
