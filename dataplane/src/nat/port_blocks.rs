@@ -40,6 +40,10 @@ pub const MIN_BLOCK_SIZE: u16 = 8;
 /// is a fixed array: no allocation per flow). Larger needs take larger blocks.
 pub const MAX_BLOCKS_PER_POD: u16 = 32;
 
+/// Ports of its blocks a pod's allocation tries in order, after its
+/// random probes missed, before it takes another block.
+const SCAN_BUDGET: u32 = 256;
+
 /// An egress IP's block mode, as configured (`portBlocks:`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -323,8 +327,8 @@ impl<A: NatAddr> BlockPool<A> {
     }
 
     /// Finds a port for a new session of `pod`: `attempts` random ports of
-    /// its blocks, then a new block's ports (at most `attempts` of them,
-    /// from a random offset). `try_port` claims a port (try-insert) and
+    /// its blocks, then up to 256 of their ports in order, then a new
+    /// block's ports (at most `attempts` of them, from a random offset). `try_port` claims a port (try-insert) and
     /// says what it made. On success the session is counted in its block
     /// (the caller gives it back with [`BlockPool::leave`] if the session
     /// is not made after all). A new block is logged when taken, and
@@ -352,6 +356,27 @@ impl<A: NatAddr> BlockPool<A> {
                     return Ok(t);
                 }
                 self.leave(pod, port, log);
+            }
+            // Random probes miss the last free ports of a nearly full
+            // block: look for them in order (bounded) before taking
+            // another block.
+            let mut budget = SCAN_BUDGET;
+            'scan: for b in held.as_slice() {
+                let first = self.bounds(*b).0;
+                for j in 0..self.cfg.size {
+                    if budget == 0 {
+                        break 'scan;
+                    }
+                    budget -= 1;
+                    let port = first + j;
+                    if !self.join(pod, port) {
+                        continue 'scan;
+                    }
+                    if let Some(t) = try_port(port) {
+                        return Ok(t);
+                    }
+                    self.leave(pod, port, log);
+                }
             }
             if u16::from(held.n) >= self.cfg.max_per_pod {
                 self.pod_limit.fetch_add(1, Ordering::Relaxed);
@@ -522,6 +547,19 @@ mod tests {
         // The freed block can go to another pod.
         assert!(p.claim_exact(POD2, a).is_ok());
         assert_eq!(p.holder(a), Some((POD2, 1)));
+    }
+
+    #[test]
+    fn the_last_free_port_of_a_block_is_found_before_another_block_is_taken() {
+        let p = BlockPool::new(E, cfg(128, 4), PortRange { first: 1024, last: 4095 });
+        let mut rng = PortRng::new(2);
+        let first = p.allocate(POD, 64, &mut rng, None, Some).unwrap();
+        let start = p.blocks_of(POD)[0];
+        // Every port of the block taken but one: random probes rarely hit it.
+        let last_free = start + 77;
+        let port = p.allocate(POD, 4, &mut rng, None, |x| (x == last_free && x != first).then_some(x)).unwrap();
+        assert_eq!(port, last_free);
+        assert_eq!(p.blocks_of(POD), vec![start], "no second block");
     }
 
     #[test]
