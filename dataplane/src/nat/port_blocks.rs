@@ -437,15 +437,6 @@ impl<A: NatAddr> BlockPool<A> {
             }
         }
     }
-
-    /// Forgets every block (the egress IP left this gateway).
-    pub fn clear(&self) {
-        self.held.clear();
-        for c in self.cells.iter() {
-            c.lock().taken = false;
-        }
-        self.taken.store(0, Ordering::Relaxed);
-    }
 }
 
 #[cfg(test)]
