@@ -749,6 +749,23 @@ pub mod render {
         let ep = |a: std::net::IpAddr, p: u16| std::net::SocketAddr::new(a, p).to_string();
         let asked =
             format!("{}{}", ep(q.egress, q.port), q.proto.as_deref().map(|p| format!("/{p}")).unwrap_or_default());
+        if a.sessions.is_empty() && !a.blocks.is_empty() {
+            // "the block P..Q on IP was held by pod X from T1 to T2"
+            let mut out = format!("{asked} at {}: no session record; held by a port block:\n", rfc3339(a.at_ms));
+            for b in &a.blocks {
+                let pod = b.pod_identity.as_ref().map_or_else(
+                    || b.pod.to_string(),
+                    |i| format!("{}/{} ({}, uid {})", i.namespace, i.name, b.pod, i.uid),
+                );
+                let from = b.allocated_ms.map_or("before the journal".to_string(), rfc3339);
+                let to = b.freed_ms.map_or("now, or a release not recorded".to_string(), rfc3339);
+                out.push_str(&format!(
+                    "the block {}..{} on {} was held by pod {pod} from {from} to {to}\n",
+                    b.first_port, b.last_port, b.egress
+                ));
+            }
+            return out;
+        }
         if a.sessions.is_empty() {
             return match (a.before_journal, a.journal_starts_ms) {
                 (true, Some(s)) => format!(

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use egret_bpf::XdpMode;
 use egret_dataplane::nat::port_alloc::PortRange;
+use egret_dataplane::nat::port_blocks::PortBlocks;
 use egret_dataplane::tables::{
     EgressIpSpec, FilteringBehavior, FragmentSettings, MappingBehavior, NatSettings, PolicySlots, PolicySpec, Tables,
     TablesSpec, Timeouts, TunnelSpec,
@@ -255,6 +256,11 @@ pub struct JournalConfig {
     /// The oldest record kept (`maxAge`).
     pub max_age: Duration,
 }
+
+/// Default `portBlocks.size` (ADR 0034 §6's example).
+pub const DEFAULT_BLOCK_SIZE: u16 = 128;
+/// Default `portBlocks.maxPerPod`.
+pub const DEFAULT_BLOCKS_PER_POD: u16 = 8;
 
 /// Default `translationLogs.journal.dir`.
 pub const DEFAULT_JOURNAL_DIR: &str = "/var/lib/egret/translog";
@@ -668,7 +674,7 @@ impl Checker<'_> {
             self.rule("policies", "missing (required without kubernetes:)");
         }
 
-        let egress_ips = self.egress_ips(raw.egress_ips.as_deref().unwrap_or_default());
+        let egress_ips = self.egress_ips(raw.egress_ips.as_deref().unwrap_or_default(), nat.ports);
         let neighbor_addresses: Vec<IpAddr> = raw
             .neighbor_addresses
             .as_deref()
@@ -1172,10 +1178,31 @@ impl Checker<'_> {
             hairpinning: n.hairpinning.unwrap_or(d.hairpinning),
             tcp_loose_pickup: n.tcp_loose_pickup.unwrap_or(d.tcp_loose_pickup),
             udp_inbound_refresh: n.udp_inbound_refresh.unwrap_or(d.udp_inbound_refresh),
+            port_blocks: n.port_blocks.as_ref().and_then(|b| self.port_blocks("nat.portBlocks", b, ports)),
         }
     }
 
-    fn egress_ips(&mut self, list: &[raw::EgressIp]) -> Vec<EgressIpSpec> {
+    /// `portBlocks:` at `path`, checked against the port range it
+    /// divides (ADR 0034 §6): `size` a power of two from 8, with a block
+    /// aligned to its size inside the range; `maxPerPod` 1-32. Defaults:
+    /// 128 and 8.
+    fn port_blocks(&mut self, path: &str, b: &raw::RawPortBlocks, range: PortRange) -> Option<PortBlocks> {
+        let before = self.errors.len();
+        let size = b.size.unwrap_or(u32::from(DEFAULT_BLOCK_SIZE));
+        let max_per_pod = b.max_per_pod.unwrap_or(u32::from(DEFAULT_BLOCKS_PER_POD));
+        let (Ok(size16), Ok(max16)) = (u16::try_from(size), u16::try_from(max_per_pod)) else {
+            let (field, value) = if u16::try_from(size).is_err() { ("size", size) } else { ("maxPerPod", max_per_pod) };
+            self.invalid(format!("{path}.{field}"), value.to_string(), "too large");
+            return None;
+        };
+        let blocks = PortBlocks { size: size16, max_per_pod: max16, log_sessions: b.log_sessions.unwrap_or(false) };
+        if let Err(e) = blocks.validate(range) {
+            self.invalid(format!("{path}.{}", e.field), e.value.to_string(), format!("must be {}", e.need));
+        }
+        (self.errors.len() == before).then_some(blocks)
+    }
+
+    fn egress_ips(&mut self, list: &[raw::EgressIp], default_ports: PortRange) -> Vec<EgressIpSpec> {
         let mut out = Vec::new();
         for (i, e) in list.iter().enumerate() {
             let Some(ip) = self.ip(format!("egressIPs[{i}].ip"), &e.ip) else { continue };
@@ -1190,7 +1217,10 @@ impl Checker<'_> {
                     None => continue,
                 },
             };
-            out.push(EgressIpSpec { ip, ports, answer_neighbor: e.answer_neighbor.unwrap_or(true) });
+            let range = ports.unwrap_or(default_ports);
+            let port_blocks =
+                e.port_blocks.as_ref().and_then(|b| self.port_blocks(&format!("egressIPs[{i}].portBlocks"), b, range));
+            out.push(EgressIpSpec { ip, ports, answer_neighbor: e.answer_neighbor.unwrap_or(true), port_blocks });
         }
         out
     }

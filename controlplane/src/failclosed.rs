@@ -505,7 +505,12 @@ mod tests {
                     egress_ips: vec!["203.0.113.11".parse().unwrap()],
                 },
             ],
-            egress_ips: vec![EgressIpSpec { ip: "203.0.113.10".parse().unwrap(), ports: None, answer_neighbor: true }],
+            egress_ips: vec![EgressIpSpec {
+                ip: "203.0.113.10".parse().unwrap(),
+                ports: None,
+                answer_neighbor: true,
+                port_blocks: None,
+            }],
             ..Default::default()
         };
         Tables::compile(&spec, 1, &PolicySlots::default()).unwrap()

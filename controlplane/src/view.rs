@@ -634,6 +634,30 @@ pub struct WhoHadAnswer {
     pub before_journal: bool,
     /// The sessions that held the address and port at that time.
     pub sessions: Vec<WhoHadRow>,
+    /// When no session record matched: the port blocks that held it
+    /// (pods in block mode log blocks, not sessions; ADR 0034 §6).
+    #[serde(default)]
+    pub blocks: Vec<WhoHadBlockRow>,
+}
+
+/// One port block that held the address and port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhoHadBlockRow {
+    /// The pod's address.
+    pub pod: IpAddr,
+    /// The egress address.
+    pub egress: IpAddr,
+    /// The block's first port.
+    pub first_port: u16,
+    /// The block's last port.
+    pub last_port: u16,
+    /// The pod's identity when the block was taken, if known.
+    pub pod_identity: Option<crate::translog::identity::PodIdentity>,
+    /// Taken, Unix ms; `None`: not in this gateway's journal.
+    pub allocated_ms: Option<u64>,
+    /// Freed, Unix ms; `None`: no release in the journal (still held, or
+    /// its release was lost).
+    pub freed_ms: Option<u64>,
 }
 
 /// One session that held the address and port.

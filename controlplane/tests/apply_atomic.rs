@@ -55,7 +55,7 @@ fn spec(pods: &[&str], held: &[&str]) -> TablesSpec {
         ],
         egress_ips: held
             .iter()
-            .map(|ip| EgressIpSpec { ip: ip.parse().unwrap(), ports: None, answer_neighbor: true })
+            .map(|ip| EgressIpSpec { ip: ip.parse().unwrap(), ports: None, answer_neighbor: true, port_blocks: None })
             .collect(),
         ..TablesSpec::default()
     }

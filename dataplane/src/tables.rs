@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::lpm::{LpmAddr, Prefix};
 use crate::nat::key::NatAddr;
 use crate::nat::port_alloc::PortRange;
+use crate::nat::port_blocks::PortBlocks;
 use crate::policy::{Classifier, Decision, PolicyId, PolicyRules};
 use crate::stats::POLICY_COUNTER_SLOTS;
 use crate::tunnel::Tunnel;
@@ -125,6 +126,10 @@ pub struct NatSettings {
     pub tcp_loose_pickup: bool,
     /// Whether inbound UDP refreshes a mapping (RFC 4787 REQ-6 makes it optional).
     pub udp_inbound_refresh: bool,
+    /// Port blocks for every egress IP that has none of its own
+    /// ([`EgressIpSpec::port_blocks`]); `None`: one port at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_blocks: Option<PortBlocks>,
 }
 
 impl Default for NatSettings {
@@ -144,6 +149,7 @@ impl Default for NatSettings {
             hairpinning: true,
             tcp_loose_pickup: true,
             udp_inbound_refresh: false,
+            port_blocks: None,
         }
     }
 }
@@ -203,6 +209,10 @@ pub struct EgressIpSpec {
     /// mechanism, such as the kernel or a load balancer, announces it).
     #[serde(default = "yes")]
     pub answer_neighbor: bool,
+    /// Port blocks (ADR 0034 §6): each pod's sessions on this egress IP
+    /// take ports from blocks of its own. `None`: one port at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_blocks: Option<PortBlocks>,
 }
 
 fn yes() -> bool {
@@ -321,6 +331,16 @@ pub enum SpecError {
         first: u16,
         /// Last port of the range.
         last: u16,
+    },
+    /// A block mode that does not fit the egress IP's range.
+    #[error("{field}: {value} is invalid: need {need}")]
+    InvalidPortBlocks {
+        /// The field (`egressIPs[0].portBlocks.size`, ...).
+        field: String,
+        /// The value.
+        value: u32,
+        /// What it must be.
+        need: String,
     },
     /// The same egress IP twice.
     #[error("egressIPs[{index}].ip: {ip} is listed twice")]
@@ -452,6 +472,8 @@ pub struct EgressEntry {
     /// Also a Service VIP: what Egret does not serve is the kernel's
     /// (`TablesSpec::service_addresses`).
     pub kernel_service: bool,
+    /// Port blocks, when in block mode (nat/port_blocks.rs).
+    pub blocks: Option<PortBlocks>,
 }
 
 /// Stable per-policy counter slots: a policy name keeps its slot for the life
@@ -625,8 +647,23 @@ impl Tables {
             let ports = e.ports.unwrap_or(spec.nat.ports);
             validate_range(format!("egressIPs[{index}].ports"), ports)?;
             let kernel_service = spec.service_addresses.contains(&e.ip);
-            if egress.insert(e.ip, EgressEntry { ports, answer_neighbor: e.answer_neighbor, kernel_service }).is_some()
-            {
+            let blocks = e.port_blocks.or(spec.nat.port_blocks);
+            if let Some(b) = blocks {
+                b.validate(ports).map_err(|x| SpecError::InvalidPortBlocks {
+                    field: if e.port_blocks.is_some() {
+                        format!("egressIPs[{index}].portBlocks.{}", x.field)
+                    } else {
+                        format!(
+                            "nat.portBlocks.{} (for egressIPs[{index}], ports {}-{})",
+                            x.field, ports.first, ports.last
+                        )
+                    },
+                    value: x.value,
+                    need: x.need,
+                })?;
+            }
+            let entry = EgressEntry { ports, answer_neighbor: e.answer_neighbor, kernel_service, blocks };
+            if egress.insert(e.ip, entry).is_some() {
                 return Err(SpecError::DuplicateEgressIp { index, ip: e.ip });
             }
             if e.answer_neighbor {
@@ -822,7 +859,12 @@ mod tests {
     fn spec(policies: Vec<PolicySpec>) -> TablesSpec {
         TablesSpec {
             policies,
-            egress_ips: vec![EgressIpSpec { ip: "198.51.100.1".parse().unwrap(), ports: None, answer_neighbor: true }],
+            egress_ips: vec![EgressIpSpec {
+                ip: "198.51.100.1".parse().unwrap(),
+                ports: None,
+                answer_neighbor: true,
+                port_blocks: None,
+            }],
             ..Default::default()
         }
     }
@@ -836,7 +878,12 @@ mod tests {
             policy("v4", "192.0.2.0/24", "0.0.0.0/0", &["198.51.100.1"]),
             policy("v6", "2001:db8::/64", "::/0", &["2001:db8:ff::1"]),
         ]);
-        s.egress_ips.push(EgressIpSpec { ip: "2001:db8:ff::1".parse().unwrap(), ports: None, answer_neighbor: true });
+        s.egress_ips.push(EgressIpSpec {
+            ip: "2001:db8:ff::1".parse().unwrap(),
+            ports: None,
+            answer_neighbor: true,
+            port_blocks: None,
+        });
         let pod: Ipv4Addr = "192.0.2.10".parse().unwrap();
         let pod6: Ipv6Addr = "2001:db8::10".parse().unwrap();
         let node: Ipv4Addr = "203.0.113.21".parse().unwrap();
@@ -879,6 +926,25 @@ mod tests {
         assert_eq!(
             Tables::compile(&s, 1, &PolicySlots::default()).unwrap_err().to_string(),
             "nat.timeouts.udp: 30 s is below the minimum of 120 s (RFC 4787 REQ-5)"
+        );
+        // Port blocks: the egress IP's own, else `nat.portBlocks`, checked
+        // against the IP's range.
+        let mut s = spec(vec![]);
+        let blocks = PortBlocks { size: 64, max_per_pod: 2, log_sessions: false };
+        s.nat.port_blocks = Some(blocks);
+        let t = Tables::compile(&s, 1, &PolicySlots::default()).unwrap();
+        assert_eq!(t.egress("198.51.100.1".parse().unwrap()).unwrap().blocks, Some(blocks));
+        s.egress_ips[0].port_blocks = Some(PortBlocks { size: 12, ..blocks });
+        assert_eq!(
+            Tables::compile(&s, 1, &PolicySlots::default()).unwrap_err().to_string(),
+            "egressIPs[0].portBlocks.size: 12 is invalid: need a power of two, at least 8"
+        );
+        s.egress_ips[0].port_blocks = None;
+        s.egress_ips[0].ports = Some(PortRange { first: 1000, last: 1050 });
+        assert_eq!(
+            Tables::compile(&s, 1, &PolicySlots::default()).unwrap_err().to_string(),
+            "nat.portBlocks.size (for egressIPs[0], ports 1000-1050): 64 is invalid: need no larger than the port \
+             range 1000-1050, with one block aligned to its size inside it"
         );
         let mut s = spec(vec![]);
         s.egress_ips[0].ports = Some(PortRange { first: 2000, last: 1000 });

@@ -44,9 +44,26 @@ pub enum LogKind {
     /// A new flow was refused by a limit (natEvent 13, quota exceeded;
     /// `detail` is RFC 8158's natQuotaExceededEvent, `value` the limit).
     QuotaExceeded = 4,
+    /// A pod took a block of ports on an egress IP (natEvent 16, port
+    /// block allocation; the block's first port in `egress_port`, its last
+    /// in `remote_port`, its size in `aux`; ADR 0034 §6).
+    BlockAllocate = 5,
+    /// A pod's block was freed, its last session gone (natEvent 17, port
+    /// block de-allocation; the same fields).
+    BlockFree = 6,
 }
 
 impl LogKind {
+    /// Every kind, in the order of their bytes (1, 2, ...).
+    pub const ALL: [LogKind; 6] = [
+        LogKind::SessionCreate,
+        LogKind::SessionDelete,
+        LogKind::PortsExhausted,
+        LogKind::QuotaExceeded,
+        LogKind::BlockAllocate,
+        LogKind::BlockFree,
+    ];
+
     /// The kind of a record's `kind` byte.
     pub fn from_u8(b: u8) -> Option<LogKind> {
         match b {
@@ -54,6 +71,8 @@ impl LogKind {
             2 => Some(LogKind::SessionDelete),
             3 => Some(LogKind::PortsExhausted),
             4 => Some(LogKind::QuotaExceeded),
+            5 => Some(LogKind::BlockAllocate),
+            6 => Some(LogKind::BlockFree),
             _ => None,
         }
     }
@@ -65,6 +84,8 @@ impl LogKind {
             LogKind::SessionDelete => "session_delete",
             LogKind::PortsExhausted => "ports_exhausted",
             LogKind::QuotaExceeded => "quota_exceeded",
+            LogKind::BlockAllocate => "block_allocate",
+            LogKind::BlockFree => "block_free",
         }
     }
 }
@@ -158,7 +179,7 @@ pub struct LogRecord {
     pub egress_port: u16,
     /// The remote's port.
     pub remote_port: u16,
-    /// Reserved (port blocks, ADR 0034 §6).
+    /// A block record: the block's size (ADR 0034 §6); else 0.
     pub aux: u16,
 }
 
@@ -208,6 +229,32 @@ impl LogRecord {
         if let Some(e) = egress {
             e.write(&mut r.egress);
         }
+        r
+    }
+
+    /// A block of `pod` on `egress` at `time_ms`: ports `start..=end`
+    /// (`kind` [`LogKind::BlockAllocate`] or [`LogKind::BlockFree`]).
+    #[inline]
+    pub fn block<A: NatAddr>(
+        kind: LogKind,
+        pod: &A,
+        egress: &A,
+        start: u16,
+        end: u16,
+        size: u16,
+        time_ms: u64,
+    ) -> LogRecord {
+        let mut r = LogRecord {
+            time_ms,
+            kind: kind as u8,
+            flags: if A::IS_V6 { log_flags::IPV6 } else { 0 },
+            egress_port: start,
+            remote_port: end,
+            aux: size,
+            ..LogRecord::default()
+        };
+        pod.write(&mut r.pod);
+        egress.write(&mut r.egress);
         r
     }
 
@@ -319,6 +366,15 @@ mod tests {
 
     use super::*;
     use crate::nat::key::proto;
+
+    #[test]
+    fn every_kind_is_listed_in_byte_order() {
+        for (i, k) in LogKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i + 1, "{k:?}: counters index by kind - 1");
+            assert_eq!(LogKind::from_u8(*k as u8), Some(*k));
+        }
+        assert_eq!(LogKind::from_u8(LogKind::ALL.len() as u8 + 1), None);
+    }
 
     #[test]
     fn the_record_is_72_bytes_with_the_adr_offsets() {

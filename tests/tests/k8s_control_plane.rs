@@ -143,7 +143,10 @@ async fn scenario(server: &ApiServer) {
             },
         ]
     );
-    assert!(spec.egress_ips.iter().all(|e| *e == EgressIpSpec { ip: e.ip, ports: None, answer_neighbor: true }));
+    assert!(spec
+        .egress_ips
+        .iter()
+        .all(|e| *e == EgressIpSpec { ip: e.ip, ports: None, answer_neighbor: true, port_blocks: None }));
     // The control plane applies only once its watches are synced: its very
     // first apply already selects the pods of every policy with explicit IPs
     // and of the Service (the daemon keeps the kernel's fail-closed table

@@ -31,7 +31,10 @@ pub fn spec(max_sessions: usize, mapping: MappingBehavior) -> TablesSpec {
             except: vec![],
             egress_ips: egress.clone(),
         }],
-        egress_ips: egress.into_iter().map(|ip| EgressIpSpec { ip, ports: None, answer_neighbor: true }).collect(),
+        egress_ips: egress
+            .into_iter()
+            .map(|ip| EgressIpSpec { ip, ports: None, answer_neighbor: true, port_blocks: None })
+            .collect(),
         ..Default::default()
     };
     s.nat.max_sessions = max_sessions;

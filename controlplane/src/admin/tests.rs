@@ -461,6 +461,7 @@ fn who_had_on_the_wire_and_for_people() {
         journal_starts_ms: Some(1_796_100_000_000),
         before_journal: false,
         sessions: vec![row("10.244.1.7", Some(1_796_133_910_000), false), row("10.244.1.8", None, true)],
+        blocks: vec![],
     };
     assert_eq!(
         render::who_had(&query, &a),
@@ -488,4 +489,29 @@ fn who_had_on_the_wire_and_for_people() {
     );
     let empty = WhoHadAnswer { journal_starts_ms: None, ..early };
     assert!(render::who_had(&query, &empty).ends_with("the journal is empty: ask the collector\n"));
+    // A pod in block mode: no session record, its block answers.
+    let block = crate::view::WhoHadBlockRow {
+        pod: ip("10.244.1.7"),
+        egress: ip("203.0.113.10"),
+        first_port: 41472,
+        last_port: 41599,
+        pod_identity: row("10.244.1.7", None, false).pod_identity,
+        allocated_ms: Some(1_796_133_780_000),
+        freed_ms: Some(1_796_133_910_000),
+    };
+    let blocks =
+        WhoHadAnswer { blocks: vec![block.clone(), crate::view::WhoHadBlockRow { freed_ms: None, ..block }], ..none };
+    assert_eq!(
+        render::who_had(&query, &blocks),
+        "203.0.113.10:41522/tcp at 2026-12-01T14:03:07.000Z: no session record; held by a port block:\n\
+         the block 41472..41599 on 203.0.113.10 was held by pod payments/api-7d9f8-abcde (10.244.1.7, uid 0b6c3a8e) \
+         from 2026-12-01T14:03:00.000Z to 2026-12-01T14:05:10.000Z\n\
+         the block 41472..41599 on 203.0.113.10 was held by pod payments/api-7d9f8-abcde (10.244.1.7, uid 0b6c3a8e) \
+         from 2026-12-01T14:03:00.000Z to now, or a release not recorded\n"
+    );
+    let json = serde_json::to_string(&blocks).unwrap();
+    assert_eq!(serde_json::from_str::<WhoHadAnswer>(&json).unwrap(), blocks);
+    // An answer from a gateway before blocks has no `blocks`: read as none.
+    let old = json.replace(&format!(",\"blocks\":{}", serde_json::to_string(&blocks.blocks).unwrap()), "");
+    assert!(serde_json::from_str::<WhoHadAnswer>(&old).unwrap().blocks.is_empty());
 }

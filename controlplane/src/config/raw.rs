@@ -214,6 +214,20 @@ pub struct EgressIp {
     pub answer_neighbor: Option<bool>,
     /// The kernel also serves the address (ports outside the NAT range).
     pub kernel_service: Option<bool>,
+    /// Port blocks on this address (ADR 0034 §6).
+    pub port_blocks: Option<RawPortBlocks>,
+}
+
+/// `portBlocks:` (`nat.portBlocks`, `egressIPs[i].portBlocks`).
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawPortBlocks {
+    /// Ports per block.
+    pub size: Option<u32>,
+    /// Blocks per pod.
+    pub max_per_pod: Option<u32>,
+    /// Log sessions too.
+    pub log_sessions: Option<bool>,
 }
 
 /// `policies[i]`.
@@ -265,6 +279,8 @@ pub struct Nat {
     pub tcp_loose_pickup: Option<bool>,
     /// Inbound UDP refreshes.
     pub udp_inbound_refresh: Option<bool>,
+    /// Port blocks for every egress IP without its own.
+    pub port_blocks: Option<RawPortBlocks>,
 }
 
 /// `nat.timeouts`.

@@ -227,6 +227,48 @@ fn a_port_quota_out_of_range_names_field_and_value() {
 }
 
 #[test]
+fn port_blocks_per_egress_ip_and_as_the_default() {
+    let text = GOOD.replace(
+        "    ports: 32768-60999\n",
+        "    ports: 32768-60999\n    portBlocks: {size: 256, maxPerPod: 4, logSessions: true}\n",
+    );
+    let c = load_str("gw.yaml", &format!("{text}nat:\n  portBlocks: {{}}\n")).unwrap();
+    assert_eq!(c.tables.egress_ips[0].port_blocks, Some(PortBlocks { size: 256, max_per_pod: 4, log_sessions: true }));
+    assert_eq!(c.tables.egress_ips[1].port_blocks, None, "the default applies in the dataplane");
+    assert_eq!(c.tables.nat.port_blocks, Some(PortBlocks { size: 128, max_per_pod: 8, log_sessions: false }));
+    assert_eq!(load_str("gw.yaml", GOOD).unwrap().tables.nat.port_blocks, None, "off unless given");
+}
+
+#[test]
+fn bad_port_blocks_name_field_and_value() {
+    let cases: &[(&str, &str)] = &[
+        ("size: 100", "nat.portBlocks.size: \"100\": must be a power of two, at least 8"),
+        ("size: 4", "nat.portBlocks.size: \"4\": must be a power of two, at least 8"),
+        ("size: 65536", "nat.portBlocks.size: \"65536\": too large"),
+        (
+            "size: 32768",
+            "nat.portBlocks.size: \"32768\": must be no larger than the port range 32768-60999, with one block \
+             aligned to its size inside it",
+        ),
+        ("maxPerPod: 0", "nat.portBlocks.maxPerPod: \"0\": must be 1-32"),
+        ("maxPerPod: 33", "nat.portBlocks.maxPerPod: \"33\": must be 1-32"),
+    ];
+    for (yaml, want) in cases {
+        let text = format!("{GOOD}nat:\n  portBlocks: {{{yaml}}}\n");
+        assert_eq!(errors(&text), vec![format!("gw.yaml: {want}")], "{yaml}");
+    }
+    let text = GOOD.replace("    ports: 32768-60999\n", "    ports: 40000-40100\n    portBlocks: {size: 128}\n");
+    assert_eq!(
+        errors(&text),
+        vec!["gw.yaml: egressIPs[0].portBlocks.size: \"128\": must be no larger than the port range 40000-40100, \
+              with one block aligned to its size inside it"
+            .to_string()]
+    );
+    let text = format!("{GOOD}nat:\n  portBlocks: {{size: 8, perPod: 2}}\n");
+    assert!(errors(&text)[0].contains("perPod"), "{:?}", errors(&text));
+}
+
+#[test]
 fn syntax_errors_carry_line_and_column() {
     let cases: &[(&str, &str)] = &[
         ("interfaces: [\n  {name: eth0, role: both\n", "gw.yaml:2:3: unclosed bracket '{'"),

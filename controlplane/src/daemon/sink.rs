@@ -721,7 +721,12 @@ mod tests {
     #[test]
     fn the_nodes_addresses_less_egrets_own_become_exceptions() {
         let spec = TablesSpec {
-            egress_ips: vec![EgressIpSpec { ip: ip("203.0.113.40"), ports: None, answer_neighbor: true }],
+            egress_ips: vec![EgressIpSpec {
+                ip: ip("203.0.113.40"),
+                ports: None,
+                answer_neighbor: true,
+                port_blocks: None,
+            }],
             neighbor_addresses: vec![ip("203.0.113.41")],
             service_addresses: vec![ip("203.0.113.42")],
             ..Default::default()

@@ -146,6 +146,26 @@ pub struct EgressIPSpec {
     pub next_hop: Option<String>,
 }
 
+/// Port blocks (ADR 0034 §6): each selected pod's sessions on an egress
+/// IP take ports from blocks of its own, and the translation logs record
+/// each block once instead of each session.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortBlocksSpec {
+    /// Ports per block: a power of two, at least 8, with one block aligned
+    /// to its size inside the NAT port range (default 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 8, max = 32768))]
+    pub size: Option<u32>,
+    /// Blocks one pod may hold on one egress IP (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32))]
+    pub max_per_pod: Option<u32>,
+    /// Log each session too, not only the blocks (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_sessions: Option<bool>,
+}
+
 /// Egress IPs allocated from a pool.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -213,6 +233,10 @@ pub struct EgressPolicySpec {
     /// that is not a gateway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<LabelSelector>,
+    /// Port blocks on this policy's egress IPs (ADR 0034 §6). Absent: the
+    /// pool's `portBlocks`, else the gateway's `nat.portBlocks`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_blocks: Option<PortBlocksSpec>,
 }
 
 /// How a policy's pods leave.
@@ -381,6 +405,10 @@ pub struct EgressIPPoolSpec {
     /// Public addresses from a cloud provider instead of `addresses`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud: Option<PoolCloudSpec>,
+    /// Port blocks on the addresses policies get from this pool (ADR 0034
+    /// §6), unless a policy sets its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_blocks: Option<PortBlocksSpec>,
 }
 
 /// Addresses allocated to one policy.

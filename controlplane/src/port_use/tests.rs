@@ -194,7 +194,7 @@ fn tables(ports: PortRange, quota: u32) -> Tables {
             except: vec![],
             egress_ips: vec![E.into()],
         }],
-        egress_ips: vec![EgressIpSpec { ip: E.into(), ports: Some(ports), answer_neighbor: true }],
+        egress_ips: vec![EgressIpSpec { ip: E.into(), ports: Some(ports), answer_neighbor: true, port_blocks: None }],
         ..Default::default()
     };
     let mut spec = spec;

@@ -26,6 +26,13 @@
 //! | 262, 268 | 12 | 323 230 225/4 (IPv4) or 281/16 (IPv6): the egress address whose ports ran out |
 //! | 263, 269 | 13 | 323 230 466/4 (3) 473/4 8/4 (IPv4) or 27/16 (IPv6): the pod over its limit |
 //! | 264 | 13 | 323 230 466/4 (1) 471/4: the session table is full |
+//! | 265, 270 | 16, 17 | 323 230 8/4 225/4 (IPv4) or 27/16 281/16 (IPv6) 361/2 362/2 363/2 364/2: a pod's port block |
+//!
+//! A port block's record (ADR 0034 §6) carries portRangeStart and
+//! portRangeEnd (its first and last port), portRangeStepSize 1 (a block
+//! is contiguous) and portRangeNumPorts (its size). Debian bookworm's
+//! nfdump 1.7.1 drops 361-364 in IPFIX (it maps them from 1.7.4): the
+//! tests read these records with their own decoder.
 //!
 //! The remote is not translated (Egret rewrites only the pod's side), so
 //! the post-NAT destination equals the destination.
@@ -56,6 +63,10 @@ pub mod nat_event {
     pub const NAT_PORTS_EXHAUSTED: u8 = 12;
     /// Quota exceeded.
     pub const QUOTA_EXCEEDED: u8 = 13;
+    /// Port block allocation.
+    pub const PORT_BLOCK_ALLOCATION: u8 = 16;
+    /// Port block de-allocation.
+    pub const PORT_BLOCK_DEALLOCATION: u8 = 17;
 }
 
 /// Information Element identifiers (IANA's IPFIX registry).
@@ -92,6 +103,14 @@ pub mod ie {
     pub const POST_NAT_DESTINATION_IPV6: u16 = 282;
     /// observationTimeMilliseconds, dateTimeMilliseconds.
     pub const OBSERVATION_TIME_MS: u16 = 323;
+    /// portRangeStart, unsigned16.
+    pub const PORT_RANGE_START: u16 = 361;
+    /// portRangeEnd, unsigned16.
+    pub const PORT_RANGE_END: u16 = 362;
+    /// portRangeStepSize, unsigned16.
+    pub const PORT_RANGE_STEP_SIZE: u16 = 363;
+    /// portRangeNumPorts, unsigned16.
+    pub const PORT_RANGE_NUM_PORTS: u16 = 364;
     /// natQuotaExceededEvent, unsigned32.
     pub const NAT_QUOTA_EXCEEDED_EVENT: u16 = 466;
     /// maxSessionEntries, unsigned32.
@@ -118,6 +137,10 @@ enum Field {
     QuotaEvent,
     MaxEntriesPerUser,
     MaxSessionEntries,
+    PortRangeStart,
+    PortRangeEnd,
+    PortRangeStepSize,
+    PortRangeNumPorts,
 }
 
 impl Field {
@@ -142,6 +165,10 @@ impl Field {
             Field::QuotaEvent => (ie::NAT_QUOTA_EXCEEDED_EVENT, 4),
             Field::MaxEntriesPerUser => (ie::MAX_ENTRIES_PER_USER, 4),
             Field::MaxSessionEntries => (ie::MAX_SESSION_ENTRIES, 4),
+            Field::PortRangeStart => (ie::PORT_RANGE_START, 2),
+            Field::PortRangeEnd => (ie::PORT_RANGE_END, 2),
+            Field::PortRangeStepSize => (ie::PORT_RANGE_STEP_SIZE, 2),
+            Field::PortRangeNumPorts => (ie::PORT_RANGE_NUM_PORTS, 2),
         }
     }
 }
@@ -174,6 +201,16 @@ const QUOTA_PER_USER: &[Field] =
     &[Field::ObservationTime, Field::NatEvent, Field::QuotaEvent, Field::MaxEntriesPerUser, Field::PodAddress];
 const QUOTA_SESSIONS: &[Field] =
     &[Field::ObservationTime, Field::NatEvent, Field::QuotaEvent, Field::MaxSessionEntries];
+const PORT_BLOCK: &[Field] = &[
+    Field::ObservationTime,
+    Field::NatEvent,
+    Field::PodAddress,
+    Field::EgressAddress,
+    Field::PortRangeStart,
+    Field::PortRangeEnd,
+    Field::PortRangeStepSize,
+    Field::PortRangeNumPorts,
+];
 
 /// One of the templates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,6 +248,9 @@ impl Template {
                 Template { id: 264, v6: false, base: QUOTA_SESSIONS, end: false }
             }
             LogKind::QuotaExceeded => Template { id: if v6 { 269 } else { 263 }, v6, base: QUOTA_PER_USER, end: false },
+            LogKind::BlockAllocate | LogKind::BlockFree => {
+                Template { id: if v6 { 270 } else { 265 }, v6, base: PORT_BLOCK, end: false }
+            }
         }
     }
 
@@ -248,6 +288,8 @@ impl Template {
                     LogKind::SessionDelete => nat_event::NAT44_SESSION_DELETE,
                     LogKind::PortsExhausted => nat_event::NAT_PORTS_EXHAUSTED,
                     LogKind::QuotaExceeded => nat_event::QUOTA_EXCEEDED,
+                    LogKind::BlockAllocate => nat_event::PORT_BLOCK_ALLOCATION,
+                    LogKind::BlockFree => nat_event::PORT_BLOCK_DEALLOCATION,
                 }),
                 Field::PodAddress => write_ip(e.pod, out),
                 Field::EgressAddress => write_ip(e.egress, out),
@@ -261,6 +303,10 @@ impl Template {
                 Field::MaxEntriesPerUser | Field::MaxSessionEntries => {
                     out.extend_from_slice(&e.limit.unwrap_or(0).to_be_bytes())
                 }
+                Field::PortRangeStart => out.extend_from_slice(&e.egress_port.to_be_bytes()),
+                Field::PortRangeEnd => out.extend_from_slice(&e.block.map_or(0, |b| b.0).to_be_bytes()),
+                Field::PortRangeStepSize => out.extend_from_slice(&1u16.to_be_bytes()),
+                Field::PortRangeNumPorts => out.extend_from_slice(&e.block.map_or(0, |b| b.1).to_be_bytes()),
             }
         }
     }
@@ -304,7 +350,7 @@ pub struct Encoder {
 }
 
 /// The smallest `mtu` an encoder accepts: a message with every template
-/// (320 bytes) and one IPv6 delete record (94) fits.
+/// (392 bytes) and one IPv6 delete record (94) fits.
 pub const MIN_MTU: usize = 512;
 
 impl Encoder {
@@ -328,7 +374,7 @@ impl Encoder {
     }
 
     /// The templates in use, in the order they are sent.
-    fn templates(&self) -> [Template; 9] {
+    fn templates(&self) -> [Template; 11] {
         let d = self.destinations;
         [
             Template::of(LogKind::SessionCreate, false, d, None),
@@ -340,6 +386,8 @@ impl Encoder {
             Template::of(LogKind::QuotaExceeded, false, d, Some(quota::MAX_SESSION_ENTRIES)),
             Template::of(LogKind::PortsExhausted, true, d, None),
             Template::of(LogKind::QuotaExceeded, true, d, Some(quota::MAX_ENTRIES_PER_USER)),
+            Template::of(LogKind::BlockAllocate, false, d, None),
+            Template::of(LogKind::BlockAllocate, true, d, None),
         ]
     }
 
@@ -467,16 +515,18 @@ mod tests {
             flags: 0,
             quota: None,
             limit: None,
+            block: None,
             identity: None,
         }
     }
 
     /// RFC 7011 §3.4.1's Template Record layout (Template ID, Field Count,
     /// then IE/length pairs, enterprise bit clear) for 256, 257, 260, 261,
-    /// 262, 263, 264, 268, 269, written out field by field from IANA's IE
-    /// numbers (466 = 0x1d2, 471 = 0x1d7, 473 = 0x1d9, 281 = 0x119).
+    /// 262, 263, 264, 268, 269, 265, 270, written out field by field from
+    /// IANA's IE numbers (466 = 0x1d2, 471 = 0x1d7, 473 = 0x1d9, 281 =
+    /// 0x119, 361-364 = 0x169-0x16c).
     const TEMPLATES_WITH_DESTINATIONS: &str = "
-        0002 0130
+        0002 0178
         0100 000b | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002
                   | 000c 0004 | 00e2 0004 | 000b 0002 | 00e4 0002
         0101 000c | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002
@@ -489,7 +539,9 @@ mod tests {
         0107 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 0008 0004
         0108 0004 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d7 0004
         010c 0003 | 0143 0008 | 00e6 0001 | 0119 0010
-        010d 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 001b 0010";
+        010d 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 001b 0010
+        0109 0008 | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0169 0002 | 016a 0002 | 016b 0002 | 016c 0002
+        010e 0008 | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0169 0002 | 016a 0002 | 016b 0002 | 016c 0002";
 
     /// The first message: header (§3.1), the Template Set, one Data Set of
     /// template 256 holding the create of ADR 0034's example session.
@@ -500,8 +552,8 @@ mod tests {
         enc.encode(T, &[event(LogKind::SessionCreate)], true, &mut out);
         assert_eq!(out.len(), 1);
         let want = [
-            // version 10 | length 16 + 304 + 38 = 358 | export time 1796127459 s | sequence 0 | domain 7
-            hex("000a 0166 | 6b0ebae3 | 00000000 | 00000007"),
+            // version 10 | length 16 + 376 + 38 = 430 | export time 1796127459 s | sequence 0 | domain 7
+            hex("000a 01ae | 6b0ebae3 | 00000000 | 00000007"),
             hex(TEMPLATES_WITH_DESTINATIONS),
             // set 256, 4 + 34 bytes; 323: T | 230: 4 | 8: 10.244.1.7 | 225: 203.0.113.10 | 4: 6
             // | 7: 40001 | 227: 41522 | 12: 198.51.100.20 | 226: the same | 11: 443 | 228: 443
@@ -558,7 +610,7 @@ mod tests {
         enc.encode(T, &[event(LogKind::SessionCreate)], true, &mut out);
         let m = &out[0].bytes;
         let templates = hex("
-            0002 00f0
+            0002 0138
             0102 0007 | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002
             0103 0008 | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0004 0001 | 0007 0002 | 00e3 0002 | 0099 0008
             010a 0007 | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0004 0001 | 0007 0002 | 00e3 0002
@@ -567,7 +619,9 @@ mod tests {
             0107 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 0008 0004
             0108 0004 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d7 0004
             010c 0003 | 0143 0008 | 00e6 0001 | 0119 0010
-            010d 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 001b 0010");
+            010d 0005 | 0143 0008 | 00e6 0001 | 01d2 0004 | 01d9 0004 | 001b 0010
+            0109 0008 | 0143 0008 | 00e6 0001 | 0008 0004 | 00e1 0004 | 0169 0002 | 016a 0002 | 016b 0002 | 016c 0002
+            010e 0008 | 0143 0008 | 00e6 0001 | 001b 0010 | 0119 0010 | 0169 0002 | 016a 0002 | 016b 0002 | 016c 0002");
         assert_eq!(&m[16..16 + templates.len()], templates.as_slice());
         let data = hex("0102 001a | 000001a2318a07bf | 04 | 0af40107 | cb00710a | 06 | 9c41 | a232");
         assert_eq!(&m[16 + templates.len()..], data.as_slice());
@@ -615,6 +669,7 @@ mod tests {
             flags: 0,
             quota,
             limit: Some(limit),
+            block: None,
             identity: None,
         };
         out.clear();
@@ -655,5 +710,115 @@ mod tests {
         }
         assert_eq!(seq, 40);
         assert_eq!(enc.sequence(), 40);
+    }
+
+    /// A data record's (IE, bytes) pairs.
+    type Fields = Vec<(u16, Vec<u8>)>;
+
+    /// A minimal IPFIX reader (RFC 7011 §3): templates from Template Sets,
+    /// then each data record as (IE, bytes) pairs in template order. What
+    /// the tests read port blocks with (nfdump 1.7.1 drops 361-364).
+    fn decode(messages: &[Message]) -> Vec<(u16, Fields)> {
+        let be16 = |b: &[u8], o: usize| u16::from_be_bytes([b[o], b[o + 1]]);
+        let mut templates: std::collections::HashMap<u16, Vec<(u16, u16)>> = Default::default();
+        let mut records = Vec::new();
+        for m in messages {
+            let b = &m.bytes;
+            assert_eq!((be16(b, 0), usize::from(be16(b, 2))), (VERSION, b.len()));
+            let mut at = MESSAGE_HEADER_LEN;
+            while at < b.len() {
+                let (id, len) = (be16(b, at), usize::from(be16(b, at + 2)));
+                let set = &b[at + SET_HEADER_LEN..at + len];
+                let mut o = 0;
+                if id == TEMPLATE_SET_ID {
+                    while o < set.len() {
+                        let (tid, n) = (be16(set, o), usize::from(be16(set, o + 2)));
+                        let fields = (0..n).map(|k| (be16(set, o + 4 + 4 * k), be16(set, o + 6 + 4 * k))).collect();
+                        templates.insert(tid, fields);
+                        o += 4 + 4 * n;
+                    }
+                } else {
+                    let fields = &templates[&id];
+                    let rec_len: usize = fields.iter().map(|f| usize::from(f.1)).sum();
+                    while o + rec_len <= set.len() {
+                        let mut r = Vec::new();
+                        for (ie, l) in fields {
+                            r.push((*ie, set[o..o + usize::from(*l)].to_vec()));
+                            o += usize::from(*l);
+                        }
+                        records.push((id, r));
+                    }
+                }
+                at += len;
+            }
+        }
+        records
+    }
+
+    fn block(kind: LogKind, pod: IpAddr, egress: IpAddr, start: u16, size: u16) -> Event {
+        Event {
+            kind,
+            at_ms: T,
+            proto: 0,
+            pod,
+            pod_port: 0,
+            egress,
+            egress_port: start,
+            remote: None,
+            last_ms: None,
+            reason: None,
+            flags: 0,
+            quota: None,
+            limit: None,
+            block: Some((start + size - 1, size)),
+            identity: None,
+        }
+    }
+
+    /// RFC 8158's port block events 16 and 17 (ADR 0034 §6): templates 265
+    /// and 270, read back through the decoder above, and 265's bytes.
+    #[test]
+    fn port_blocks_carry_their_range() {
+        let mut enc = Encoder::new(7, 1400, 60_000, true);
+        let pod4: IpAddr = Ipv4Addr::new(10, 244, 1, 7).into();
+        let egress4: IpAddr = Ipv4Addr::new(203, 0, 113, 10).into();
+        let pod6: IpAddr = "2001:db8:18::10".parse().unwrap();
+        let egress6: IpAddr = "2001:db8:113::10".parse().unwrap();
+        let events = [
+            block(LogKind::BlockAllocate, pod4, egress4, 40960, 128),
+            event(LogKind::SessionCreate),
+            block(LogKind::BlockFree, pod4, egress4, 40960, 128),
+            block(LogKind::BlockAllocate, pod6, egress6, 1024, 8),
+        ];
+        let mut out = Vec::new();
+        enc.encode(T, &events, true, &mut out);
+        let recs = decode(&out);
+        assert_eq!(recs.len(), 4);
+        let get = |r: &[(u16, Vec<u8>)], ie: u16| r.iter().find(|f| f.0 == ie).map(|f| f.1.clone()).unwrap();
+        let (id, r) = &recs[0];
+        assert_eq!(*id, 265);
+        assert_eq!(get(r, ie::NAT_EVENT), [16]);
+        assert_eq!(get(r, ie::SOURCE_IPV4), [10, 244, 1, 7]);
+        assert_eq!(get(r, ie::POST_NAT_SOURCE_IPV4), [203, 0, 113, 10]);
+        assert_eq!(get(r, ie::PORT_RANGE_START), 40960u16.to_be_bytes());
+        assert_eq!(get(r, ie::PORT_RANGE_END), 41087u16.to_be_bytes());
+        assert_eq!(get(r, ie::PORT_RANGE_STEP_SIZE), 1u16.to_be_bytes());
+        assert_eq!(get(r, ie::PORT_RANGE_NUM_PORTS), 128u16.to_be_bytes());
+        assert_eq!(get(r, ie::OBSERVATION_TIME_MS), T.to_be_bytes());
+        assert_eq!(recs[1].0, 256);
+        assert_eq!((recs[2].0, get(&recs[2].1, ie::NAT_EVENT)), (265, vec![17]));
+        let (id, r) = &recs[3];
+        assert_eq!((*id, get(r, ie::NAT_EVENT)), (270, vec![16]));
+        assert_eq!(get(r, ie::SOURCE_IPV6), "2001:db8:18::10".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(
+            get(r, ie::POST_NAT_SOURCE_IPV6),
+            "2001:db8:113::10".parse::<std::net::Ipv6Addr>().unwrap().octets()
+        );
+        assert_eq!((get(r, ie::PORT_RANGE_START), get(r, ie::PORT_RANGE_END)), (vec![4, 0], vec![4, 7]));
+        // 265's data set, byte by byte: 323 | 230 | 8 | 225 | 361 | 362 | 363 | 364.
+        out.clear();
+        enc.encode(T, &events[2..3], true, &mut out);
+        let want = hex("0109 001d | 000001a2318a07bf | 11 | 0af40107 | cb00710a | a000 | a07f | 0001 | 0080");
+        assert_eq!(&out[0].bytes[16..], want.as_slice());
     }
 }

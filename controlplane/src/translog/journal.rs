@@ -264,10 +264,10 @@ fn put_addr(out: &mut Vec<u8>, a: IpAddr) {
 /// | 8 | time, Unix ms, u64 |
 /// | 16 | last packet, Unix ms, u64 (`u64::MAX`: none) |
 /// | 24 | pod port, egress port, remote port, u16 each |
-/// | 30 | families and presence: 1 pod v6, 2 egress v6, 4 remote v6, 8 remote given, 16 limit given |
+/// | 30 | families and presence: 1 pod v6, 2 egress v6, 4 remote v6, 8 remote given, 16 limit given, 32 block given |
 /// | 31 | quota (0: none) |
 /// | 32 | limit, u32 |
-/// | 36 | reserved, 0 |
+/// | 36 | a port block's last port and size, u16 each (its first is the egress port); else 0 |
 /// | 40, 56, 72 | pod, egress, remote: 16 bytes each, IPv4 in the first 4 |
 /// | 88 | identity: `namespace\0name\0uid` |
 pub fn encode(e: &Event, out: &mut Vec<u8>) {
@@ -287,10 +287,13 @@ pub fn encode(e: &Event, out: &mut Vec<u8>) {
         | u8::from(e.egress.is_ipv6()) << 1
         | u8::from(remote.is_ipv6()) << 2
         | u8::from(e.remote.is_some()) << 3
-        | u8::from(e.limit.is_some()) << 4;
+        | u8::from(e.limit.is_some()) << 4
+        | u8::from(e.block.is_some()) << 5;
     out.extend_from_slice(&[bits, e.quota.unwrap_or(0)]);
     out.extend_from_slice(&e.limit.unwrap_or(0).to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
+    let (block_end, block_size) = e.block.unwrap_or((0, 0));
+    out.extend_from_slice(&block_end.to_le_bytes());
+    out.extend_from_slice(&block_size.to_le_bytes());
     put_addr(out, e.pod);
     put_addr(out, e.egress);
     put_addr(out, remote);
@@ -347,6 +350,7 @@ pub fn decode(b: &[u8]) -> Option<(Event, usize)> {
         flags: b[7],
         quota: (b[31] != 0).then_some(b[31]),
         limit: (bits & 16 != 0).then(|| u32::from_le_bytes([b[32], b[33], b[34], b[35]])),
+        block: (bits & 32 != 0).then(|| (u16_at(36), u16_at(38))),
         identity,
     };
     Some((e, FIXED + ident_len))
@@ -385,6 +389,14 @@ impl Query {
             && self.proto.is_none_or(|p| p == e.proto)
             && self.remote.is_none_or(|r| e.remote == Some(r))
     }
+
+    /// A port block's record whose block holds the asked port (every
+    /// protocol, every remote: a block is the pod's in all of them).
+    fn matches_block(&self, e: &Event) -> bool {
+        matches!(e.kind, LogKind::BlockAllocate | LogKind::BlockFree)
+            && e.egress == self.egress
+            && e.block.is_some_and(|(end, _)| (e.egress_port..=end).contains(&self.egress_port))
+    }
 }
 
 /// One session that held the address and port at T, from the journal: at
@@ -406,6 +418,25 @@ impl Held {
     }
 }
 
+/// One port block that held the address and port at T (ADR 0034 §6):
+/// at least one of its allocation and its release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldBlock {
+    /// Its allocation; `None`: not in this journal (adopted from a peer,
+    /// or its segment was removed).
+    pub allocate: Option<Event>,
+    /// Its release, after T; `None`: none in the journal (still held, or
+    /// its release was lost).
+    pub free: Option<Event>,
+}
+
+impl HeldBlock {
+    /// The allocation, else the release.
+    pub fn event(&self) -> Option<&Event> {
+        self.allocate.as_ref().or(self.free.as_ref())
+    }
+}
+
 /// The journal's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Found {
@@ -413,6 +444,9 @@ pub struct Found {
     pub starts_ms: Option<u64>,
     /// The sessions that held it at T.
     pub held: Vec<Held>,
+    /// The port blocks that held it at T (pods in block mode log no
+    /// sessions).
+    pub blocks: Vec<HeldBlock>,
 }
 
 /// The session key records pair on (ADR 0034 §8).
@@ -426,6 +460,7 @@ fn key(e: &Event) -> Key {
 pub fn who_had(dir: &Path, q: &Query) -> io::Result<Found> {
     let segs = segments(dir)?;
     let mut per_key: BTreeMap<Key, Vec<Event>> = BTreeMap::new();
+    let mut per_block: BTreeMap<(IpAddr, IpAddr, u16), Vec<Event>> = BTreeMap::new();
     for s in &segs {
         let bytes = match fs::read(&s.path) {
             Ok(b) => b,
@@ -433,12 +468,23 @@ pub fn who_had(dir: &Path, q: &Query) -> io::Result<Found> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        for e in records(&bytes).filter(|e| q.matches(e)) {
-            per_key.entry(key(&e)).or_default().push(e);
+        for e in records(&bytes) {
+            if q.matches(&e) {
+                per_key.entry(key(&e)).or_default().push(e);
+            } else if q.matches_block(&e) {
+                per_block.entry((e.pod, e.egress, e.egress_port)).or_default().push(e);
+            }
         }
     }
     let held = per_key.into_values().filter_map(|events| pair(events, q.at_ms)).collect();
-    Ok(Found { starts_ms: segs.first().map(|s| s.start_ms), held })
+    let blocks = per_block
+        .into_values()
+        .filter_map(|events| {
+            let h = pair_as(events, q.at_ms, LogKind::BlockAllocate, LogKind::BlockFree)?;
+            Some(HeldBlock { allocate: h.create, free: h.delete })
+        })
+        .collect();
+    Ok(Found { starts_ms: segs.first().map(|s| s.start_ms), held, blocks })
 }
 
 /// One key's events: the latest create at or before `at_ms`, and the first
@@ -448,13 +494,19 @@ pub fn who_had(dir: &Path, q: &Query) -> io::Result<Found> {
 /// the journal is a delete after `at_ms`, the session held the port at
 /// `at_ms` with its create elsewhere (adopted from a peer, or in a removed
 /// segment), and is answered without it. Any other key was free.
-fn pair(mut events: Vec<Event>, at_ms: u64) -> Option<Held> {
+fn pair(events: Vec<Event>, at_ms: u64) -> Option<Held> {
+    pair_as(events, at_ms, LogKind::SessionCreate, LogKind::SessionDelete)
+}
+
+/// [`pair`] for events whose beginning is `begin` and end `end` (a
+/// session's create and delete, a block's allocation and release).
+fn pair_as(mut events: Vec<Event>, at_ms: u64, begin: LogKind, end: LogKind) -> Option<Held> {
     events.sort_by_key(|e| e.at_ms);
-    let Some(i) = events.iter().rposition(|e| e.kind == LogKind::SessionCreate && e.at_ms <= at_ms) else {
-        let first = events.first().filter(|e| e.kind == LogKind::SessionDelete && e.at_ms > at_ms)?;
+    let Some(i) = events.iter().rposition(|e| e.kind == begin && e.at_ms <= at_ms) else {
+        let first = events.first().filter(|e| e.kind == end && e.at_ms > at_ms)?;
         return Some(Held { create: None, delete: Some(first.clone()) });
     };
-    let delete = events[i + 1..].iter().find(|e| e.kind == LogKind::SessionDelete).cloned();
+    let delete = events[i + 1..].iter().find(|e| e.kind == end).cloned();
     if delete.as_ref().is_some_and(|d| d.at_ms <= at_ms) {
         return None;
     }

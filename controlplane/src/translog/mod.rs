@@ -85,6 +85,9 @@ pub struct Event {
     pub quota: Option<u8>,
     /// A refusal: the limit hit (ports in the range, sessions).
     pub limit: Option<u32>,
+    /// A port block's record: its last port and its size (its first is
+    /// `egress_port`; ADR 0034 §6).
+    pub block: Option<(u16, u16)>,
     /// The pod's identity when the record was drained, if known.
     pub identity: Option<Arc<identity::PodIdentity>>,
 }
@@ -137,6 +140,7 @@ impl Event {
         let kind = r.kind()?;
         let v6 = r.is_v6();
         let delete = kind == LogKind::SessionDelete;
+        let block = matches!(kind, LogKind::BlockAllocate | LogKind::BlockFree);
         Some(Event {
             kind,
             at_ms: clocks.wall(r.time_ms),
@@ -145,12 +149,13 @@ impl Event {
             pod_port: r.pod_port,
             egress: addr(&r.egress, v6),
             egress_port: r.egress_port,
-            remote: destinations.then(|| (addr(&r.remote, v6), r.remote_port)),
+            remote: (destinations && !block).then(|| (addr(&r.remote, v6), r.remote_port)),
             last_ms: delete.then(|| clocks.wall(u64::from(r.value) * 1000)),
             reason: if delete { EndReason::from_u8(r.detail) } else { None },
             flags: r.flags,
             quota: (kind == LogKind::QuotaExceeded).then_some(r.detail),
             limit: matches!(kind, LogKind::PortsExhausted | LogKind::QuotaExceeded).then_some(r.value),
+            block: block.then_some((r.remote_port, r.aux)),
             identity: None,
         })
     }
@@ -211,7 +216,7 @@ impl DropReason {
 /// their `translog_ring_full` event.
 #[derive(Debug, Default)]
 pub struct Stats {
-    records: [AtomicU64; 4],
+    records: [AtomicU64; LogKind::ALL.len()],
     sent: [AtomicU64; 3],
     dropped: [[AtomicU64; 3]; 3],
     unreachable: [AtomicU64; 3],
@@ -246,7 +251,7 @@ impl Stats {
 
     /// The counters as `egret counters` and `/metrics` show them.
     pub fn counters(&self) -> crate::view::TranslogCounters {
-        let kinds = [LogKind::SessionCreate, LogKind::SessionDelete, LogKind::PortsExhausted, LogKind::QuotaExceeded];
+        let kinds = LogKind::ALL;
         crate::view::TranslogCounters {
             enabled: true,
             records: kinds.iter().map(|k| (k.name().to_string(), self.records(*k))).collect(),

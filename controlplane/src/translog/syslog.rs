@@ -16,7 +16,11 @@
 //! is left out rather than written empty. Refusals have MSGIDs of Egret's
 //! own, `PEXH` (`[pexh@PEN IATYP ISADDR XATYP XSADDR PORTS]`: no free port
 //! on the egress address, PORTS the range's size) and `QEXC` (`[qexc@PEN
-//! IATYP ISADDR QUOTA LIMIT]`, QUOTA `per-pod` or `sessions`).
+//! IATYP ISADDR QUOTA LIMIT]`, QUOTA `per-pod` or `sessions`). Port
+//! blocks (ADR 0034 §6) are `PBADD` and `PBDEL` with `[pblk@PEN IATYP
+//! ISADDR XATYP XSADDR PSTART PEND]` (VPP's parameter names for the
+//! addresses, the block's first and last port), then the pod's identity
+//! as for sessions.
 //!
 //! ```text
 //! <134>1 2026-12-01T12:17:39.263Z gw-a egret 4242 SDEL [nsess SSUBIX="0" SVLAN="0" IATYP="IPv4" ISADDR="10.244.1.7" ISPORT="40001" XATYP="IPv4" XSADDR="203.0.113.10" XSPORT="41522" PROTO="6" XDADDR="198.51.100.20" XDPORT="443"][end@32473 last="2026-12-01T12:17:37.000Z" why="expired" adopted="0"]
@@ -67,6 +71,8 @@ impl Format {
             LogKind::SessionDelete => "SDEL",
             LogKind::PortsExhausted => "PEXH",
             LogKind::QuotaExceeded => "QEXC",
+            LogKind::BlockAllocate => "PBADD",
+            LogKind::BlockFree => "PBDEL",
         };
         let hostname = if self.hostname.is_empty() { "-" } else { self.hostname.as_str() };
         s.push('<');
@@ -101,6 +107,16 @@ impl Format {
                 s.push(']');
                 return;
             }
+            LogKind::BlockAllocate | LogKind::BlockFree => {
+                self.open_element(s, "pblk");
+                param_addr(s, "IATYP", "ISADDR", e.pod);
+                param_addr(s, "XATYP", "XSADDR", e.egress);
+                param_u64(s, "PSTART", u64::from(e.egress_port));
+                param_u64(s, "PEND", u64::from(e.block.map_or(e.egress_port, |b| b.0)));
+                s.push(']');
+                self.identity(e, s);
+                return;
+            }
             LogKind::SessionCreate | LogKind::SessionDelete => {}
         }
         s.push_str("[nsess");
@@ -116,13 +132,7 @@ impl Format {
             param_u64(s, "XDPORT", u64::from(port));
         }
         s.push(']');
-        if let Some(id) = &e.identity {
-            self.open_element(s, "pod");
-            param_str(s, "ns", &escape(&id.namespace));
-            param_str(s, "name", &escape(&id.name));
-            param_str(s, "uid", &escape(&id.uid));
-            s.push(']');
-        }
+        self.identity(e, s);
         if e.kind == LogKind::SessionDelete {
             self.open_element(s, "end");
             s.push_str(" last=\"");
@@ -130,6 +140,17 @@ impl Format {
             s.push('"');
             param_str(s, "why", &escape(e.reason.map_or("unknown", |r| r.name())));
             param_u64(s, "adopted", u64::from(e.flags & log_flags::ADOPTED != 0));
+            s.push(']');
+        }
+    }
+
+    /// The pod's `[pod@PEN ...]` element, when known.
+    fn identity(&self, e: &Event, s: &mut String) {
+        if let Some(id) = &e.identity {
+            self.open_element(s, "pod");
+            param_str(s, "ns", &escape(&id.namespace));
+            param_str(s, "name", &escape(&id.name));
+            param_str(s, "uid", &escape(&id.uid));
             s.push(']');
         }
     }
@@ -319,6 +340,7 @@ mod tests {
             flags: 0,
             quota: None,
             limit: None,
+            block: None,
             identity: None,
         }
     }
@@ -457,6 +479,27 @@ mod tests {
     }
 
     #[test]
+    fn port_blocks_have_their_element() {
+        let mut e = event(LogKind::BlockAllocate);
+        (e.proto, e.pod_port, e.remote, e.egress_port, e.block) = (0, 0, None, 40960, Some((41087, 128)));
+        assert_eq!(
+            format(true).line(&e),
+            "<134>1 2026-12-01T12:17:39.263Z gw-a egret 4242 PBADD [pblk@32473 IATYP=\"IPv4\" ISADDR=\"10.244.1.7\" \
+             XATYP=\"IPv4\" XSADDR=\"203.0.113.10\" PSTART=\"40960\" PEND=\"41087\"]"
+        );
+        e.kind = LogKind::BlockFree;
+        e.identity = Some(std::sync::Arc::new(crate::translog::identity::PodIdentity {
+            namespace: "payments".into(),
+            name: "api".into(),
+            uid: "u1".into(),
+        }));
+        assert!(format(false).line(&e).ends_with(
+            "PBDEL [pblk@32473 IATYP=\"IPv4\" ISADDR=\"10.244.1.7\" XATYP=\"IPv4\" XSADDR=\"203.0.113.10\" \
+             PSTART=\"40960\" PEND=\"41087\"][pod@32473 ns=\"payments\" name=\"api\" uid=\"u1\"]"
+        ));
+    }
+
+    #[test]
     fn an_empty_hostname_is_the_nil_value() {
         let f = Format { hostname: String::new(), ..format(true) };
         assert!(f
@@ -479,6 +522,8 @@ mod reference {
             LogKind::SessionDelete => "SDEL",
             LogKind::PortsExhausted => "PEXH",
             LogKind::QuotaExceeded => "QEXC",
+            LogKind::BlockAllocate => "PBADD",
+            LogKind::BlockFree => "PBDEL",
         };
         let hostname = if f.hostname.is_empty() { "-" } else { f.hostname.as_str() };
         let _ = write!(s, "<{PRI}>1 {} {hostname} {APP_NAME} {} {msgid} ", rfc3339_ms(e.at_ms), f.procid);
@@ -507,6 +552,21 @@ mod reference {
                 );
                 return s;
             }
+            LogKind::BlockAllocate | LogKind::BlockFree => {
+                let _ = write!(
+                    s,
+                    "[pblk@{} IATYP=\"{}\" ISADDR=\"{}\" XATYP=\"{}\" XSADDR=\"{}\" PSTART=\"{}\" PEND=\"{}\"]",
+                    f.pen,
+                    family(e.pod),
+                    e.pod,
+                    family(e.egress),
+                    e.egress,
+                    e.egress_port,
+                    e.block.map_or(e.egress_port, |b| b.0)
+                );
+                identity(f, e, &mut s);
+                return s;
+            }
             LogKind::SessionCreate | LogKind::SessionDelete => {}
         }
         let _ = write!(
@@ -524,6 +584,18 @@ mod reference {
             let _ = write!(s, " XDADDR=\"{addr}\" XDPORT=\"{port}\"");
         }
         s.push(']');
+        identity(f, e, &mut s);
+        if e.kind == LogKind::SessionDelete {
+            let last = rfc3339_ms(e.last_ms.unwrap_or(e.at_ms));
+            let why = e.reason.map_or("unknown", |r| r.name());
+            let adopted = u8::from(e.flags & log_flags::ADOPTED != 0);
+            let _ =
+                write!(s, "[end@{} last=\"{}\" why=\"{}\" adopted=\"{adopted}\"]", f.pen, escape(&last), escape(why));
+        }
+        s
+    }
+
+    fn identity(f: &Format, e: &Event, s: &mut String) {
         if let Some(id) = &e.identity {
             let _ = write!(
                 s,
@@ -534,14 +606,6 @@ mod reference {
                 escape(&id.uid)
             );
         }
-        if e.kind == LogKind::SessionDelete {
-            let last = rfc3339_ms(e.last_ms.unwrap_or(e.at_ms));
-            let why = e.reason.map_or("unknown", |r| r.name());
-            let adopted = u8::from(e.flags & log_flags::ADOPTED != 0);
-            let _ =
-                write!(s, "[end@{} last=\"{}\" why=\"{}\" adopted=\"{adopted}\"]", f.pen, escape(&last), escape(why));
-        }
-        s
     }
 }
 
@@ -574,9 +638,11 @@ fn sample_events(n: u32, seed: u32) -> Vec<Event> {
     (0..n)
         .map(|i| {
             let r = next();
-            let kind = match r % 16 {
+            let kind = match r % 20 {
                 14 => LogKind::PortsExhausted,
                 15 => LogKind::QuotaExceeded,
+                16 | 17 => LogKind::BlockAllocate,
+                18 | 19 => LogKind::BlockFree,
                 n if n % 2 == 0 => LogKind::SessionCreate,
                 _ => LogKind::SessionDelete,
             };
@@ -606,6 +672,9 @@ fn sample_events(n: u32, seed: u32) -> Vec<Event> {
                     quota::MAX_ENTRIES_PER_USER
                 }),
                 limit: (r % 3 == 0).then_some(next() % 100_000),
+                block: matches!(kind, LogKind::BlockAllocate | LogKind::BlockFree)
+                    .then(|| (next() as u16, 1 << (r % 8)))
+                    .filter(|_| r % 11 != 0),
                 identity: ids[(next() % 3) as usize].clone(),
             }
         })

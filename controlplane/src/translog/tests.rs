@@ -404,6 +404,62 @@ fn the_journal_keeps_the_identity_at_the_drain() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A pod in block mode (ADR 0034 §6): its flows make one block record
+/// in the journal and none per session, and who-had answers any port of
+/// the block from it.
+#[test]
+fn block_mode_journals_the_block_and_who_had_answers_from_it() {
+    use crate::translog::identity::{PodIdentities, PodIdentity};
+    use egret_dataplane::nat::port_blocks::PortBlocks;
+    use std::sync::Arc;
+    let dir = std::env::temp_dir().join(format!("egret-translog-blocks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut spec = base_spec();
+    spec.nat.new_flows_per_second_per_source = 0;
+    for e in &mut spec.egress_ips {
+        e.port_blocks = Some(PortBlocks { size: 64, max_per_pod: 2, log_sessions: false });
+    }
+    let e = Engine::new(&spec).unwrap();
+    e.publish_fib(topology());
+    assert!(e.enable_translog(1024));
+    let mut w = e.pipeline_seeded(PortRng::new(1));
+    let mut cfg = config(None, None, 1024);
+    cfg.journal =
+        Some(crate::config::JournalConfig { dir: dir.clone(), max_bytes: 1 << 20, max_age: Duration::from_secs(3600) });
+    let ids = PodIdentities::default();
+    let api = Arc::new(PodIdentity { namespace: "payments".into(), name: "api".into(), uid: "uid-api".into() });
+    ids.set([(IpAddr::V4(POD_A), api)].into());
+    let mut x = Exporter::new(e, &cfg, "node-a", ids).unwrap();
+    new_flows(&mut w, 40000, 10, 2_000);
+    x.pass(&Clocks { wall_ms: 1_796_127_459_263, engine_ms: 2_500, scale: 1 });
+    let events: Vec<Event> = journal::segments(&dir)
+        .unwrap()
+        .iter()
+        .flat_map(|s| journal::records(&std::fs::read(&s.path).unwrap()).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(events.len(), 1, "one block, no session records: {events:?}");
+    let b = &events[0];
+    assert_eq!((b.kind, b.pod, b.remote), (LogKind::BlockAllocate, IpAddr::V4(POD_A), None));
+    assert_eq!(b.egress_port % 64, 0);
+    assert_eq!(b.block, Some((b.egress_port + 63, 64)));
+    assert_eq!(x.stats().sent(Sink::Journal), 1);
+    let q = crate::view::WhoHadQuery {
+        egress: b.egress,
+        port: b.egress_port + 17,
+        at_ms: b.at_ms + 100,
+        proto: Some("udp".into()),
+        remote: None,
+    };
+    let a = who_had::answer(&dir, &q, &|_| None).unwrap();
+    assert!(a.sessions.is_empty() && !a.before_journal, "{a:?}");
+    assert_eq!(a.blocks.len(), 1);
+    let r = &a.blocks[0];
+    assert_eq!((r.pod, r.first_port, r.last_port), (IpAddr::V4(POD_A), b.egress_port, b.egress_port + 63));
+    assert_eq!((r.allocated_ms, r.freed_ms), (Some(b.at_ms), None));
+    assert_eq!(r.pod_identity.as_ref().unwrap().name, "api");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn who_had_questions_name_a_bad_value() {
     let q =
@@ -456,6 +512,7 @@ fn a_live_session_is_found_by_its_whole_key() {
         flags: 0,
         quota: None,
         limit: None,
+        block: None,
         identity: None,
     };
     let clocks = Clocks { wall_ms: 1_796_127_460_000, engine_ms: 60_000, scale: 1 };

@@ -7,9 +7,9 @@ use std::path::Path;
 
 use egret_dataplane::translog::log_flags;
 
-use super::journal::{self, Held, Query};
+use super::journal::{self, Held, HeldBlock, Query};
 use super::{Clocks, Event};
-use crate::view::{proto_name, SessionRow, WhoHadAnswer, WhoHadQuery, WhoHadRow};
+use crate::view::{proto_name, SessionRow, WhoHadAnswer, WhoHadBlockRow, WhoHadQuery, WhoHadRow};
 
 /// The protocol number of `--proto NAME` for an egress address of this
 /// family.
@@ -72,8 +72,26 @@ pub fn answer(dir: &Path, q: &WhoHadQuery, live: &dyn Fn(&Event) -> Option<u64>)
     let found = journal::who_had(dir, &query)
         .map_err(|e| format!("reading the translation log journal in {}: {e}", dir.display()))?;
     let sessions: Vec<WhoHadRow> = found.held.into_iter().filter_map(|h| row(h, live)).collect();
-    let before_journal = sessions.is_empty() && found.starts_ms.is_none_or(|s| q.at_ms < s);
-    Ok(WhoHadAnswer { at_ms: q.at_ms, journal_starts_ms: found.starts_ms, before_journal, sessions })
+    // A block answers only when no session record does (a pod in block
+    // mode with `logSessions` has both; its sessions are the finer answer).
+    let blocks: Vec<WhoHadBlockRow> =
+        if sessions.is_empty() { found.blocks.into_iter().filter_map(block_row).collect() } else { Vec::new() };
+    let before_journal = sessions.is_empty() && blocks.is_empty() && found.starts_ms.is_none_or(|s| q.at_ms < s);
+    Ok(WhoHadAnswer { at_ms: q.at_ms, journal_starts_ms: found.starts_ms, before_journal, sessions, blocks })
+}
+
+fn block_row(h: HeldBlock) -> Option<WhoHadBlockRow> {
+    let e = h.event()?;
+    let identity = h.allocate.as_ref().and_then(|a| a.identity.clone()).or_else(|| e.identity.clone());
+    Some(WhoHadBlockRow {
+        pod: e.pod,
+        egress: e.egress,
+        first_port: e.egress_port,
+        last_port: e.block.map_or(e.egress_port, |b| b.0),
+        pod_identity: identity.as_deref().cloned(),
+        allocated_ms: h.allocate.as_ref().map(|a| a.at_ms),
+        freed_ms: h.free.as_ref().map(|f| f.at_ms),
+    })
 }
 
 fn row(h: Held, live: &dyn Fn(&Event) -> Option<u64>) -> Option<WhoHadRow> {

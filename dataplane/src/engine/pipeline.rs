@@ -286,11 +286,17 @@ impl Pipeline {
 fn log_refusal<A: NatAddr + PolicyFamily>(l: LogTo<'_>, reason: DropReason, pod: &A, policy: &Policy, tables: &Tables) {
     let nat = &tables.nat;
     let egress = policy.egress_for(*pod);
-    let ports = egress.and_then(|e| tables.egress(e.ip())).map(|e| e.ports);
+    let entry = egress.and_then(|e| tables.egress(e.ip()));
+    let ports = entry.map(|e| e.ports);
     let (kind, detail, limit) = match reason {
         DropReason::PortsExhausted => (LogKind::PortsExhausted, 0, ports.map_or(0, |p| p.len())),
         DropReason::SourcePortQuota => {
-            (LogKind::QuotaExceeded, quota::MAX_ENTRIES_PER_USER, ports.map_or(0, |p| nat.ports_per_source(p)))
+            // In block mode the pod's blocks bound it too (nat/port_blocks.rs).
+            let quota = entry.map_or(0, |e| {
+                let q = nat.ports_per_source(e.ports);
+                e.blocks.map_or(q, |b| q.min(u32::from(b.size) * u32::from(b.max_per_pod)))
+            });
+            (LogKind::QuotaExceeded, quota::MAX_ENTRIES_PER_USER, quota)
         }
         DropReason::SourceSessionLimit => {
             (LogKind::QuotaExceeded, quota::MAX_ENTRIES_PER_USER, nat.max_sessions_per_source)

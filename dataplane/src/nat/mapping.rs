@@ -160,6 +160,32 @@ impl<A: NatAddr> Mappings<A> {
         attempts: u32,
         rng: &mut PortRng,
     ) -> Result<Acquired, AcquireError> {
+        self.try_acquire_by(pool, req, || {
+            for (i, port) in candidates(req.pod_port, pool.range(), attempts, rng).enumerate() {
+                if pool.try_claim(port, req.pod, req.pod_port) {
+                    return Ok(if i == 0 && port == req.pod_port {
+                        Acquired::Preserved(port)
+                    } else {
+                        Acquired::Random(port)
+                    });
+                }
+            }
+            pool.count_exhausted();
+            Err(AcquireError::Exhausted)
+        })
+    }
+
+    /// [`Mappings::try_acquire`] with the new port found by `claim`, which
+    /// claims it in `pool` (try-insert) for (pod, pod port) or says why it
+    /// could not: port blocks (nat/port_blocks.rs) choose their candidates
+    /// this way. `claim` runs only when the pod port has no mapping yet
+    /// and the pod is under its quota.
+    pub fn try_acquire_by(
+        &self,
+        pool: &PortPool<A>,
+        req: MappingRequest<A>,
+        claim: impl FnOnce() -> Result<Acquired, AcquireError>,
+    ) -> Result<Acquired, AcquireError> {
         let MappingRequest { egress, pod, pod_port, proto } = req;
         let key = InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto };
         // The entry holds the index shard's lock: two workers cannot create two
@@ -184,18 +210,19 @@ impl<A: NatAddr> Mappings<A> {
             }
             return Err(AcquireError::SourceQuota);
         }
-        for (i, port) in candidates(pod_port, pool.range(), attempts, rng).enumerate() {
-            if pool.try_claim(port, pod, pod_port) {
-                entry.insert(port);
-                return Ok(if i == 0 && port == pod_port { Acquired::Preserved(port) } else { Acquired::Random(port) });
+        match claim() {
+            Ok(a) => {
+                entry.insert(a.port());
+                Ok(a)
+            }
+            Err(e) => {
+                if let dashmap::Entry::Occupied(o) = entry {
+                    o.remove();
+                }
+                pool.release_source(pod);
+                Err(e)
             }
         }
-        if let dashmap::Entry::Occupied(o) = entry {
-            o.remove();
-        }
-        pool.release_source(pod);
-        pool.count_exhausted();
-        Err(AcquireError::Exhausted)
     }
 
     /// Claims exactly `port` for the endpoint-independent mapping of

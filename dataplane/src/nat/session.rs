@@ -135,6 +135,14 @@ pub mod session_flags {
     /// local, never sent in sync records; its end is logged with
     /// `adopted` set (ADR 0034 §8).
     pub const ADOPTED: u16 = 0x8;
+    /// Its port lies in its pod's port block (nat/port_blocks.rs) and is
+    /// counted there: its end leaves the block. Local, never sent.
+    pub const IN_BLOCK: u16 = 0x10;
+    /// Its creation was not logged per session (a pod in block mode, whose
+    /// blocks are the log): its end is not either. Local, never sent.
+    pub const UNLOGGED: u16 = 0x20;
+    /// The flags that stay on this gateway (masked out of sync records).
+    pub const LOCAL: u16 = ADOPTED | IN_BLOCK | UNLOGGED;
 }
 
 /// A consistent copy of a live session, as read by a worker.
@@ -424,6 +432,7 @@ impl<A: NatAddr> SessionTable<A> {
     /// is once marked dying (its offload bits can no longer change: a
     /// concurrent [`set_offload`](Self::set_offload) fails from then on), before
     /// its keys are removed and its slot freed.
+    #[inline(always)]
     pub fn remove_with(
         &self,
         index: u32,

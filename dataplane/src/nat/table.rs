@@ -42,7 +42,8 @@ use dashmap::DashMap;
 use super::fragments::FragmentCache;
 use super::key::{proto, FlowKey, NatAddr, SessionTuple};
 use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mappings};
-use super::port_alloc::{candidates, PortRng};
+use super::port_alloc::{candidates, PortRange, PortRng};
+use super::port_blocks::{BlockClaimError, BlockPool, BlockRefusal, PortBlocks};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
 use super::sync::{ImportReport, JournalEntry, SessionKeyRecord, SessionRecord, SyncEvent, SyncJournal};
 use super::tcp_state;
@@ -169,6 +170,8 @@ pub struct NatTable<A: NatAddr> {
     port_users: DashMap<(A, u8, u16), u32, ahash::RandomState>,
     /// The session sync journal, once enabled (nat/sync.rs).
     sync: OnceLock<SyncJournal<A>>,
+    /// Port blocks of the egress IPs in block mode (nat/port_blocks.rs).
+    blocks: DashMap<A, Arc<BlockPool<A>>, ahash::RandomState>,
 }
 
 impl<A: NatAddr> std::fmt::Debug for NatTable<A> {
@@ -195,7 +198,33 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             port_map_hook: OnceLock::new(),
             port_users: DashMap::with_hasher(ahash::RandomState::new()),
             sync: OnceLock::new(),
+            blocks: DashMap::with_hasher(ahash::RandomState::new()),
         }
+    }
+
+    /// The port blocks of `egress` in block mode `cfg` over `range`, made
+    /// on first use and replaced when either changes (the old blocks'
+    /// sessions then leave nothing: their holder no longer matches).
+    pub fn block_pool(&self, egress: A, cfg: PortBlocks, range: PortRange) -> Arc<BlockPool<A>> {
+        if let Some(b) = self.blocks.get(&egress) {
+            if b.config() == cfg && b.range() == range {
+                return b.clone();
+            }
+        }
+        match self.blocks.entry(egress) {
+            dashmap::Entry::Occupied(mut o) => {
+                if o.get().config() != cfg || o.get().range() != range {
+                    o.insert(Arc::new(BlockPool::new(egress, cfg, range)));
+                }
+                o.get().clone()
+            }
+            dashmap::Entry::Vacant(v) => v.insert(Arc::new(BlockPool::new(egress, cfg, range))).clone(),
+        }
+    }
+
+    /// The port blocks of `egress`, if it has been in block mode.
+    pub fn existing_block_pool(&self, egress: A) -> Option<Arc<BlockPool<A>>> {
+        self.blocks.get(&egress).map(|b| b.clone())
     }
 
     /// Connects the XDP program's mapped-port filter (once, before traffic).
@@ -216,6 +245,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// mappings and port filter.
     pub fn forget_egress(&self, egress: A) {
         self.mappings.forget_egress(egress);
+        self.blocks.remove(&egress);
         if let Some(h) = self.port_map_hook.get() {
             self.port_users.retain(|k, _| k.0 != egress);
             h.forget(egress);
@@ -489,6 +519,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// its delete record (the removal time, and its last packet: its own
     /// stamp or the fast path's, the later). Returns whether this call
     /// removed it.
+    #[inline]
     pub fn remove(&self, view: &SessionView<A>, end: End<'_>) -> bool {
         let hook = self.offload_hook.get();
         let removed = self.sessions.remove_with(view.index, view.seq, |dying| {
@@ -503,7 +534,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if let Some(j) = self.sync.get() {
             j.push(JournalEntry::Removed(*t));
         }
-        if let Some(l) = end.log {
+        // A pod in block mode: its blocks are the log, not its sessions.
+        let log = if v.flags & session_flags::UNLOGGED == 0 { end.log } else { None };
+        if let Some(l) = log {
             let mut flags = 0;
             if v.flags & session_flags::INBOUND_CREATED != 0 {
                 flags |= log_flags::INBOUND_CREATED;
@@ -519,6 +552,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             r.detail = end.reason as u8;
             l.push(r);
         }
+        if v.flags & session_flags::IN_BLOCK != 0 {
+            self.leave_block(t, end.log);
+        }
         self.port_unused(t);
         if v.flags & session_flags::HAS_MAPPING != 0 {
             self.mappings.release(t.egress, t.pod, t.pod_port, t.proto, t.egress_port);
@@ -533,6 +569,18 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             }
         }
         true
+    }
+
+    /// A session in a port block ended: one session fewer in its block
+    /// (the last frees it and logs the release, after the session's own
+    /// delete when that is logged). Out of line: the removal of a session
+    /// in no block pays only the flag's test.
+    #[cold]
+    #[inline(never)]
+    fn leave_block(&self, t: &SessionTuple<A>, log: Option<LogTo<'_>>) {
+        if let Some(b) = self.existing_block_pool(t.egress) {
+            b.leave(t.pod, t.egress_port, log);
+        }
     }
 
     fn admit_source(&self, pod: A, limit: u32) -> bool {
@@ -633,6 +681,11 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         };
         let pool = self.mappings.pool(egress, req.proto, entry.ports);
         pool.set_source_quota(nat.ports_per_source(entry.ports));
+        if let Some(cfg) = entry.blocks {
+            let blocks = self.block_pool(egress, cfg, entry.ports);
+            let result = self.create_in_block(&blocks, &pool, &mut tuple, &mut init, nat, ctx)?;
+            return self.created_outbound(result, &tuple, ctx);
+        }
         let result = if self.mappings.endpoint_independent() {
             let acquired = self.mappings.try_acquire(
                 &pool,
@@ -702,13 +755,25 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             }
             r
         };
+        self.created_outbound(result, &tuple, ctx)
+    }
+
+    /// The outcome of an outbound creation's insert: the session, the
+    /// session another worker made first, or why none was made (the
+    /// pod's session count given back).
+    fn created_outbound(
+        &self,
+        result: Result<SessionView<A>, InsertError>,
+        tuple: &SessionTuple<A>,
+        ctx: &mut CreateCtx<'_, A>,
+    ) -> Result<SessionView<A>, DropReason> {
         match result {
             Ok(v) => {
                 ctx.stats.event(Event::SessionCreatedOutbound);
                 Ok(v)
             }
             Err(e) => {
-                self.unadmit_source(req.pod);
+                self.unadmit_source(tuple.pod);
                 match e {
                     InsertError::OutboundExists(_) => {
                         self.sessions.lookup(&tuple.outbound_key()).map(|(_, v)| v).ok_or(DropReason::SessionTableFull)
@@ -716,6 +781,114 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                     InsertError::Full => Err(DropReason::SessionTableFull),
                     InsertError::InboundTaken => Err(DropReason::PortsExhausted),
                 }
+            }
+        }
+    }
+
+    /// Creates an outbound session on an egress IP in block mode
+    /// (nat/port_blocks.rs): its port comes from the pod's blocks, or a
+    /// new block; port preservation is off. Its session records are
+    /// logged only when the block mode asks for them. A refusal gives
+    /// back what it took (the pod's session count included) and says why.
+    fn create_in_block(
+        &self,
+        blocks: &BlockPool<A>,
+        pool: &super::port_alloc::PortPool<A>,
+        tuple: &mut SessionTuple<A>,
+        init: &mut SessionInit,
+        nat: &NatSettings,
+        ctx: &mut CreateCtx<'_, A>,
+    ) -> Result<Result<SessionView<A>, InsertError>, DropReason> {
+        let (pod, pod_port) = (tuple.pod, tuple.pod_port);
+        init.flags |= session_flags::IN_BLOCK;
+        let mut session_log = ctx.log;
+        if !blocks.config().log_sessions {
+            init.flags |= session_flags::UNLOGGED;
+            session_log = None;
+        }
+        let refused = |e: BlockRefusal| match e {
+            BlockRefusal::PodLimit => DropReason::SourcePortQuota,
+            BlockRefusal::Exhausted => DropReason::PortsExhausted,
+        };
+        if self.mappings.endpoint_independent() {
+            let req = MappingRequest { egress: tuple.egress, pod, pod_port, proto: tuple.proto };
+            let acquired = self.mappings.try_acquire_by(pool, req, || {
+                blocks
+                    .allocate(pod, nat.port_alloc_attempts, ctx.rng, ctx.log, |port| {
+                        pool.try_claim(port, pod, pod_port).then_some(Acquired::Random(port))
+                    })
+                    .map_err(|e| match e {
+                        BlockRefusal::PodLimit => AcquireError::SourceQuota,
+                        BlockRefusal::Exhausted => {
+                            pool.count_exhausted();
+                            AcquireError::Exhausted
+                        }
+                    })
+            });
+            let acquired = match acquired {
+                Ok(a) => a,
+                Err(e) => {
+                    self.unadmit_source(pod);
+                    return Err(match e {
+                        AcquireError::SourceQuota => DropReason::SourcePortQuota,
+                        AcquireError::Exhausted => DropReason::PortsExhausted,
+                    });
+                }
+            };
+            tuple.egress_port = acquired.port();
+            if matches!(acquired, Acquired::Existing(_)) && !blocks.join(pod, tuple.egress_port) {
+                // A mapping from before the block mode: logged as it was made.
+                init.flags &= !(session_flags::IN_BLOCK | session_flags::UNLOGGED);
+                session_log = ctx.log;
+            }
+            init.flags |= session_flags::HAS_MAPPING;
+            init.deltas = (ctx.deltas)(tuple);
+            let r = self.insert_marked(tuple, init, session_log);
+            if r.is_err() {
+                self.mappings.release(tuple.egress, pod, pod_port, tuple.proto, tuple.egress_port);
+                if init.flags & session_flags::IN_BLOCK != 0 {
+                    blocks.leave(pod, tuple.egress_port, ctx.log);
+                }
+            } else if !matches!(acquired, Acquired::Existing(_)) {
+                ctx.stats.event(Event::PortRandomized);
+            }
+            return Ok(r);
+        }
+        // Endpoint-dependent: a port of the pod's blocks serves every
+        // remote (address, port) it is not yet used towards.
+        if !pool.admit_source_towards(pod, tuple.remote, tuple.remote_port) {
+            self.unadmit_source(pod);
+            return Err(DropReason::SourcePortQuota);
+        }
+        let made = blocks.allocate(pod, nat.port_alloc_attempts, ctx.rng, ctx.log, |port| {
+            tuple.egress_port = port;
+            if self.sessions.inbound_taken(&tuple.inbound_key()) {
+                return None;
+            }
+            init.deltas = (ctx.deltas)(tuple);
+            match self.insert_marked(tuple, init, session_log) {
+                Err(InsertError::InboundTaken) => None,
+                r => Some(r),
+            }
+        });
+        match made {
+            Ok(Ok(v)) => {
+                pool.count_in_use(1);
+                ctx.stats.event(Event::PortRandomized);
+                Ok(Ok(v))
+            }
+            Ok(Err(e)) => {
+                blocks.leave(pod, tuple.egress_port, ctx.log);
+                pool.release_source_towards(pod, tuple.remote, tuple.remote_port);
+                Ok(Err(e))
+            }
+            Err(e) => {
+                if e == BlockRefusal::Exhausted {
+                    pool.count_exhausted();
+                }
+                pool.release_source_towards(pod, tuple.remote, tuple.remote_port);
+                self.unadmit_source(pod);
+                Err(refused(e))
             }
         }
     }
@@ -763,7 +936,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             egress_port: key.dport(),
             proto: key.proto,
         };
-        let init = SessionInit {
+        let mut init = SessionInit {
             deltas: (ctx.deltas)(&tuple),
             now: ctx.now,
             tcp: if key.proto == proto::TCP { tcp_state::initial(Direction::Inbound, ctx.tcp_flags) } else { 0 },
@@ -773,13 +946,27 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 | session_flags::INBOUND_CREATED
                 | if tables.owns_egress(key.src.ip()) { session_flags::HAIRPIN } else { 0 },
         };
-        match self.insert_marked(&tuple, &init, ctx.log) {
+        // In block mode the mapping's port is in the pod's block: the
+        // session counts there too.
+        let blocks = tables.egress(key.dst.ip()).and_then(|e| e.blocks).and_then(|_| self.existing_block_pool(key.dst));
+        let mut session_log = ctx.log;
+        if let Some(b) = blocks.as_ref().filter(|b| b.join(tuple.pod, tuple.egress_port)) {
+            init.flags |= session_flags::IN_BLOCK;
+            if !b.config().log_sessions {
+                init.flags |= session_flags::UNLOGGED;
+                session_log = None;
+            }
+        }
+        match self.insert_marked(&tuple, &init, session_log) {
             Ok(v) => {
                 ctx.stats.event(Event::SessionCreatedInbound);
                 Ok(v)
             }
             Err(e) => {
                 self.mappings.release(tuple.egress, tuple.pod, tuple.pod_port, tuple.proto, tuple.egress_port);
+                if let Some(b) = blocks.filter(|_| init.flags & session_flags::IN_BLOCK != 0) {
+                    b.leave(tuple.pod, tuple.egress_port, ctx.log);
+                }
                 self.unadmit_source(owner.pod);
                 match e {
                     InsertError::InboundTaken => {
@@ -876,7 +1063,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     fn record(&self, v: &SessionView<A>, now: u32) -> Option<SessionRecord> {
         let track = self.tcp_track(v)?;
         let idle = now.saturating_sub(self.last_seen(v));
-        Some(SessionRecord::from_tuple(&v.tuple, v.tcp, track, v.flags & !session_flags::ADOPTED, idle))
+        Some(SessionRecord::from_tuple(&v.tuple, v.tcp, track, v.flags & !session_flags::LOCAL, idle))
     }
 
     /// Appends the record of every live session on `egress` to `out` (a full
@@ -1007,6 +1194,28 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             }
             return;
         }
+        // In block mode the port's block becomes (or is) the pod's.
+        let mut init = init;
+        let blocks = entry.blocks.map(|cfg| self.block_pool(tuple.egress, cfg, entry.ports));
+        if let Some(b) = &blocks {
+            if let Err(e) = b.claim_exact(tuple.pod, tuple.egress_port) {
+                if endpoint_independent {
+                    self.mappings.release(tuple.egress, tuple.pod, tuple.pod_port, tuple.proto, tuple.egress_port);
+                } else {
+                    pool.release_source_towards(tuple.pod, tuple.remote, tuple.remote_port);
+                }
+                self.unadmit_source(tuple.pod);
+                match e {
+                    BlockClaimError::PodLimit => rep.over_source_limit += 1,
+                    BlockClaimError::Taken | BlockClaimError::Outside => rep.conflicts += 1,
+                }
+                return;
+            }
+            init.flags |= session_flags::IN_BLOCK;
+            if !b.config().log_sessions {
+                init.flags |= session_flags::UNLOGGED;
+            }
+        }
         // No log: the holder logged its creation; this gateway logs its end.
         match self.insert_marked(&tuple, &init, None) {
             Ok(v) => {
@@ -1023,6 +1232,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                     self.mappings.release(tuple.egress, tuple.pod, tuple.pod_port, tuple.proto, tuple.egress_port);
                 } else {
                     pool.release_source_towards(tuple.pod, tuple.remote, tuple.remote_port);
+                }
+                if let Some(b) = &blocks {
+                    b.leave(tuple.pod, tuple.egress_port, None);
                 }
                 self.unadmit_source(tuple.pod);
                 match e {
@@ -1088,7 +1300,7 @@ mod tests {
                 except: vec![],
                 egress_ips: vec![E.into()],
             }],
-            egress_ips: vec![EgressIpSpec { ip: E.into(), ports: None, answer_neighbor: true }],
+            egress_ips: vec![EgressIpSpec { ip: E.into(), ports: None, answer_neighbor: true, port_blocks: None }],
             ..Default::default()
         };
         f(&mut spec);
@@ -1381,5 +1593,228 @@ mod tests {
         }
         assert_eq!(nat.sessions.len(), 0);
         assert_eq!(nat.mappings.len(), 0);
+    }
+
+    fn blocks(size: u16, max_per_pod: u16, log_sessions: bool) -> Option<PortBlocks> {
+        Some(PortBlocks { size, max_per_pod, log_sessions })
+    }
+
+    fn logged_ctx<'a>(env: &'a mut Env, ring: &'a crate::translog::LogRing, now: u32) -> CreateCtx<'a, Ipv4Addr> {
+        let stats = &env.stats;
+        CreateCtx {
+            now,
+            rng: &mut env.rng,
+            stats,
+            deltas: DeltaFnBox(&|_| 0),
+            tcp_flags: 0,
+            log: Some(LogTo { ring, stats, now_ms: u64::from(now) * 1000 }),
+        }
+    }
+
+    fn drain(ring: &crate::translog::LogRing) -> Vec<LogRecord> {
+        std::iter::from_fn(|| ring.pop()).collect()
+    }
+
+    #[test]
+    fn a_pods_sessions_share_its_block_and_are_logged_per_block() {
+        for mapping in [MappingBehavior::EndpointIndependent, MappingBehavior::EndpointDependent] {
+            let t = tables(1, |s| {
+                s.nat.mapping = mapping;
+                s.egress_ips[0].port_blocks = blocks(16, 2, false);
+            });
+            let nat = NatTable::new(&t.nat);
+            let mut env = Env::new();
+            let ring = crate::translog::LogRing::new(64);
+            let mut made = Vec::new();
+            for (i, p) in [40000u16, 40001, 40002].into_iter().enumerate() {
+                let proto = if i == 2 { proto::TCP } else { proto::UDP };
+                made.push(
+                    nat.create_outbound(&req(p, 53, proto), policy(&t), &t, &mut logged_ctx(&mut env, &ring, 1))
+                        .unwrap(),
+                );
+            }
+            let b = nat.existing_block_pool(E).unwrap();
+            let start = b.blocks_of(POD)[0];
+            assert_eq!(b.blocks_of(POD).len(), 1, "{mapping:?}");
+            assert!(made.iter().all(|v| (start..start + 16).contains(&v.tuple.egress_port)), "{mapping:?}");
+            assert_eq!(b.holder(start), Some((POD, 3)), "TCP and UDP count in one block");
+            assert_eq!(env.stats.snapshot().event(Event::PortPreserved), 0, "no port preservation in block mode");
+            let records = drain(&ring);
+            assert_eq!(records.len(), 1, "one block record, no session records: {records:?}");
+            assert_eq!(
+                (records[0].kind(), records[0].egress_port, records[0].remote_port),
+                (Some(LogKind::BlockAllocate), start, start + 15)
+            );
+            // Another pod: a block of its own.
+            let mut other = req(40000, 53, proto::UDP);
+            other.pod = Ipv4Addr::new(192, 0, 2, 11);
+            let o = nat.create_outbound(&other, policy(&t), &t, &mut logged_ctx(&mut env, &ring, 2)).unwrap();
+            assert!(!(start..start + 16).contains(&o.tuple.egress_port));
+            assert_eq!(drain(&ring).len(), 1);
+            // The block is freed with its last session, whatever ended it.
+            let log = |now_ms| Some(LogTo { ring: &ring, stats: &env.stats, now_ms });
+            assert!(nat.remove(&made[0], End { reason: EndReason::Expired, fast_path_seen: None, log: log(5000) }));
+            assert!(nat.remove(&made[1], End { reason: EndReason::Evicted, fast_path_seen: None, log: log(6000) }));
+            assert!(drain(&ring).is_empty(), "no session end records, the block lives");
+            assert!(nat.remove(&made[2], End { reason: EndReason::Expired, fast_path_seen: None, log: log(7000) }));
+            let records = drain(&ring);
+            assert_eq!(records.len(), 1);
+            assert_eq!(
+                (records[0].kind(), records[0].egress_port, records[0].time_ms),
+                (Some(LogKind::BlockFree), start, 7000)
+            );
+            assert_eq!((b.taken(), b.blocks_of(POD).len()), (1, 0));
+            assert_eq!(nat.mappings.len(), usize::from(mapping == MappingBehavior::EndpointIndependent));
+        }
+    }
+
+    #[test]
+    fn block_mode_logs_sessions_too_when_asked() {
+        let t = tables(1, |s| s.egress_ips[0].port_blocks = blocks(8, 1, true));
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        let ring = crate::translog::LogRing::new(64);
+        let v =
+            nat.create_outbound(&req(1, 53, proto::UDP), policy(&t), &t, &mut logged_ctx(&mut env, &ring, 1)).unwrap();
+        let kinds: Vec<_> = drain(&ring).iter().map(|r| r.kind()).collect();
+        assert_eq!(kinds, vec![Some(LogKind::BlockAllocate), Some(LogKind::SessionCreate)]);
+        let log = Some(LogTo { ring: &ring, stats: &env.stats, now_ms: 9 });
+        assert!(nat.remove(&v, End { reason: EndReason::Expired, fast_path_seen: None, log }));
+        let kinds: Vec<_> = drain(&ring).iter().map(|r| r.kind()).collect();
+        assert_eq!(kinds, vec![Some(LogKind::SessionDelete), Some(LogKind::BlockFree)]);
+    }
+
+    #[test]
+    fn a_pod_at_max_per_pod_is_refused_as_over_quota() {
+        let t = tables(1, |s| s.egress_ips[0].port_blocks = blocks(8, 2, false));
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        for p in 0..16 {
+            nat.create_outbound(&req(1000 + p, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        }
+        assert_eq!(
+            nat.create_outbound(&req(2000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)),
+            Err(DropReason::SourcePortQuota)
+        );
+        assert_eq!(nat.source_sessions(POD), 16, "the refused flow holds nothing");
+        // TCP has its own ports in the same blocks.
+        nat.create_outbound(&req(2000, 80, proto::TCP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        // Endpoint-dependent: one block's port serves many remotes.
+        let t = tables(1, |s| {
+            s.nat.mapping = MappingBehavior::EndpointDependent;
+            s.egress_ips[0].port_blocks = blocks(8, 1, false);
+        });
+        let nat = NatTable::new(&t.nat);
+        for p in 0..64 {
+            let mut r = req(1000 + p, 53, proto::UDP);
+            r.remote = Ipv4Addr::new(203, 0, 113, 100 + (p % 8) as u8);
+            nat.create_outbound(&r, policy(&t), &t, &mut env.ctx(0)).unwrap();
+        }
+        assert_eq!(nat.existing_block_pool(E).unwrap().taken(), 1, "64 sessions towards 8 remotes in 8 ports");
+    }
+
+    #[test]
+    fn an_imported_session_marks_its_block_as_its_pods() {
+        let t = tables(1, |s| s.egress_ips[0].port_blocks = blocks(8, 1, false));
+        let nat = NatTable::new(&t.nat);
+        let tuple = |pod, pod_port, egress_port| SessionTuple {
+            pod,
+            remote: REMOTE,
+            egress: E,
+            pod_port,
+            remote_port: 53,
+            egress_port,
+            proto: proto::UDP,
+        };
+        let other = Ipv4Addr::new(192, 0, 2, 11);
+        let records = [
+            SessionRecord::from_tuple(&tuple(POD, 1, 40003), 0, 0, session_flags::HAS_MAPPING, 0),
+            SessionRecord::from_tuple(&tuple(POD, 2, 40006), 0, 0, session_flags::HAS_MAPPING, 0),
+            SessionRecord::from_tuple(&tuple(other, 1, 40005), 0, 0, session_flags::HAS_MAPPING, 0),
+        ];
+        let rep = nat.import(&records, &t, 10, &|_| 0);
+        assert_eq!((rep.installed, rep.conflicts), (2, 1), "the third port lies in POD's block");
+        let b = nat.existing_block_pool(E).unwrap();
+        assert_eq!((b.blocks_of(POD), b.holder(40000)), (vec![40000], Some((POD, 2))));
+        // The pod's next session lands in the imported block; imports log nothing.
+        let mut env = Env::new();
+        let ring = crate::translog::LogRing::new(8);
+        let v =
+            nat.create_outbound(&req(3, 53, proto::UDP), policy(&t), &t, &mut logged_ctx(&mut env, &ring, 11)).unwrap();
+        assert!((40000..40008).contains(&v.tuple.egress_port));
+        assert!(drain(&ring).is_empty());
+        // The sync records of block sessions carry no local flags.
+        let mut out = Vec::new();
+        nat.export(E, 11, &mut out);
+        assert!(out.iter().all(|r| r.flags & session_flags::LOCAL == 0), "{out:?}");
+    }
+
+    /// Log volume and port use of one workload, per session and in block
+    /// mode (docs/benchmarks.md, "Port blocks"). A count, not a timing:
+    /// `cargo test -q -p egret-dataplane --lib port_blocks_volume -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement"]
+    fn port_blocks_volume() {
+        // IPFIX data record bytes (ipfix.rs, IPv4 with destinations):
+        // create 34, delete 42, block 25; the journal: 88 + identity.
+        let ipfix = |k: Option<LogKind>| match k {
+            Some(LogKind::SessionCreate) => 34,
+            Some(LogKind::SessionDelete) => 42,
+            _ => 25,
+        };
+        // (name, pods, seconds between a pod's new flows, session life in s, simulated s)
+        let workloads = [("short flows", 100u32, 1u32, 120u32, 600u32), ("few long flows", 100, 30, 600, 1800)];
+        println!("| workload | mode | flows | records | IPFIX data bytes | ports used (end) | ports reserved (end) | peak reserved |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for (name, pods, every, life, secs) in workloads {
+            for blocks in [None, blocks(32, 32, false), blocks(128, 32, false)] {
+                let t = tables(1, |s| {
+                    s.egress_ips[0].port_blocks = blocks;
+                    s.nat.max_sessions = 1 << 17;
+                    s.nat.max_ports_per_source = Some(65_536);
+                });
+                let nat = NatTable::new(&t.nat);
+                let mut env = Env::new();
+                let ring = crate::translog::LogRing::new(1 << 20);
+                let mut live: std::collections::VecDeque<(u32, SessionView<Ipv4Addr>)> = Default::default();
+                let (mut flows, mut records, mut bytes, mut peak) = (0u64, 0u64, 0u64, 0u64);
+                let mut next_port = [10_000u16; 256];
+                for now in 0..secs {
+                    while live.front().is_some_and(|(end, _)| *end <= now) {
+                        let (_, v) = live.pop_front().unwrap();
+                        let log = Some(LogTo { ring: &ring, stats: &env.stats, now_ms: u64::from(now) * 1000 });
+                        assert!(nat.remove(&v, End { reason: EndReason::Expired, fast_path_seen: None, log }));
+                    }
+                    for p in 0..pods {
+                        // Pods start their flows spread over the period.
+                        if (now + p) % every != 0 {
+                            continue;
+                        }
+                        let mut r = req(next_port[p as usize], 443, proto::TCP);
+                        next_port[p as usize] = next_port[p as usize].wrapping_add(1).max(10_000);
+                        r.pod = Ipv4Addr::new(192, 0, 2, 1 + p as u8);
+                        let v = nat.create_outbound(&r, policy(&t), &t, &mut logged_ctx(&mut env, &ring, now)).unwrap();
+                        flows += 1;
+                        live.push_back((now + life, v));
+                    }
+                    for r in drain(&ring) {
+                        records += 1;
+                        bytes += ipfix(r.kind());
+                    }
+                    let reserved = match nat.existing_block_pool(E) {
+                        Some(b) => u64::from(b.taken()) * u64::from(b.config().size),
+                        None => nat.mappings.existing_pool(E, proto::TCP).map_or(0, |p| u64::from(p.in_use())),
+                    };
+                    peak = peak.max(reserved);
+                }
+                let used = nat.mappings.existing_pool(E, proto::TCP).map_or(0, |p| p.in_use());
+                let reserved = match nat.existing_block_pool(E) {
+                    Some(b) => u64::from(b.taken()) * u64::from(b.config().size),
+                    None => u64::from(used),
+                };
+                let mode = blocks.map_or("per session".to_string(), |b| format!("blocks of {}", b.size));
+                println!("| {name}: {pods} pods, a flow every {every} s each, {life} s per session, {secs} s | {mode} | {flows} | {records} | {bytes} | {used} | {reserved} | {peak} |");
+            }
+        }
     }
 }

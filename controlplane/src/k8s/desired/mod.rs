@@ -268,6 +268,9 @@ pub struct IpAssignment {
     pub egress: bool,
     /// Eligible gateways, most preferred first (rendezvous hashing).
     pub candidates: Vec<String>,
+    /// Port blocks on it (its policy's or pool's `portBlocks`); `None`:
+    /// the gateway's `nat.portBlocks`.
+    pub port_blocks: Option<egret_dataplane::nat::port_blocks::PortBlocks>,
 }
 
 /// A problem of an annotated Service (reported as a Warning Event).

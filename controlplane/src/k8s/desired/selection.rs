@@ -75,6 +75,7 @@ pub(super) fn select(obs: &Observed, local: &LocalConfig, sources: &mut [Source]
                     next_hop: *nh,
                     egress: s.egress,
                     candidates: rank_gateways(*ip, &eligible),
+                    port_blocks: s.port_blocks,
                 },
             );
         }
@@ -112,7 +113,7 @@ pub(super) fn tables(
     for ip in &obs.held {
         let Some(a) = ips.get(ip) else { continue };
         if a.egress {
-            egress_ips.push(EgressIpSpec { ip: *ip, ports: None, answer_neighbor: true });
+            egress_ips.push(EgressIpSpec { ip: *ip, ports: None, answer_neighbor: true, port_blocks: a.port_blocks });
             // A Service's VIP: its Service ports stay the kernel's.
             if matches!(a.owner, Owner::Service { .. }) {
                 service_addresses.push(*ip);

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use egret_dataplane::nat::port_alloc::PortRange;
+use egret_dataplane::nat::port_blocks::PortBlocks;
 use egret_dataplane::tables::NatSettings;
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -24,7 +26,7 @@ pub(super) struct SourceList {
 
 /// Phase "sources, oldest first": parses every policy and annotated Service.
 pub(super) fn sources(obs: &Observed, nat: &NatSettings) -> SourceList {
-    let mut sources: Vec<Source> = obs.policies.iter().map(policy_source).collect();
+    let mut sources: Vec<Source> = obs.policies.iter().map(|p| policy_source(p, obs, nat)).collect();
     let mut service_problems = Vec::new();
     for svc in &obs.services {
         let (s, problem) = service_source(svc, nat);
@@ -70,6 +72,8 @@ pub(super) struct Source {
     /// `PerNode` on a cloud pool: where each recorded (Node, public
     /// address) is associated, per the record.
     pub(super) node_cloud: BTreeMap<crate::cloud::node_addresses::NodeKey, crate::cloud::NodeAddress>,
+    /// Port blocks on its egress IPs: the policy's, else its pool's.
+    pub(super) port_blocks: Option<PortBlocks>,
 }
 
 impl Source {
@@ -95,6 +99,7 @@ impl Source {
             node_grants: BTreeMap::new(),
             node_claims: BTreeMap::new(),
             node_cloud: BTreeMap::new(),
+            port_blocks: None,
         }
     }
 
@@ -105,11 +110,33 @@ impl Source {
     }
 }
 
-fn policy_source(p: &PolicyInfo) -> Source {
+/// `portBlocks` of a policy (`field` `spec.portBlocks`) or of its pool,
+/// checked against the NAT port range its egress IPs use.
+fn port_blocks(field: &str, b: &crd::PortBlocksSpec, range: PortRange) -> Result<PortBlocks, Cause> {
+    let inv = |f: &str, v: u32, m: &str| Cause::new(reason::INVALID_SPEC, format!("{field}.{f}: {v}: must be {m}"));
+    let size = b.size.unwrap_or(u32::from(crate::config::DEFAULT_BLOCK_SIZE));
+    let max_per_pod = b.max_per_pod.unwrap_or(u32::from(crate::config::DEFAULT_BLOCKS_PER_POD));
+    let size16 = u16::try_from(size).map_err(|_| inv("size", size, "at most 32768"))?;
+    let max16 = u16::try_from(max_per_pod).map_err(|_| inv("maxPerPod", max_per_pod, "at most 32"))?;
+    let blocks = PortBlocks { size: size16, max_per_pod: max16, log_sessions: b.log_sessions.unwrap_or(false) };
+    blocks.validate(range).map_err(|e| inv(e.field, e.value, &e.need))?;
+    Ok(blocks)
+}
+
+fn policy_source(p: &PolicyInfo, obs: &Observed, nat: &NatSettings) -> Source {
     let mut s = Source::new(Owner::Policy(p.name.clone()), p.created);
     let parsed = (|| -> Result<(), Cause> {
         let inv = |m: String| Cause::new(reason::INVALID_SPEC, m);
         let bad = |e: SpecFieldError| Cause::new(reason::INVALID_SPEC, e.to_string());
+        s.port_blocks = match (&p.spec.port_blocks, &p.spec.pool) {
+            (Some(b), _) => Some(port_blocks("spec.portBlocks", b, nat.ports)?),
+            (None, Some(pool)) => match obs.pools.iter().find(|x| x.name == pool.name).and_then(|x| x.spec.port_blocks)
+            {
+                Some(b) => Some(port_blocks(&format!("EgressIPPool {}: spec.portBlocks", pool.name), &b, nat.ports)?),
+                None => None,
+            },
+            (None, None) => None,
+        };
         s.pod_selector = parse_selector("spec.podSelector", &p.spec.pod_selector).map_err(bad)?;
         s.namespace_selector = parse_selector("spec.namespaceSelector", &p.spec.namespace_selector).map_err(bad)?;
         s.gateway_selector = parse_selector("spec.gatewaySelector", &p.spec.gateway_selector).map_err(bad)?;

@@ -119,7 +119,10 @@ fn a_policy_selects_pods_and_this_gateway_serves_only_the_ips_it_holds() {
             egress_ips: vec![ip("198.51.100.10"), ip("198.51.100.11")],
         }]
     );
-    assert_eq!(d.tables.egress_ips, vec![EgressIpSpec { ip: ip("198.51.100.10"), ports: None, answer_neighbor: true }]);
+    assert_eq!(
+        d.tables.egress_ips,
+        vec![EgressIpSpec { ip: ip("198.51.100.10"), ports: None, answer_neighbor: true, port_blocks: None }]
+    );
     assert_eq!(d.tables.neighbor_addresses, Vec::<IpAddr>::new());
     assert_eq!(d.tables.nat, NatSettings::default());
 
@@ -328,6 +331,55 @@ fn pool_allocation_is_proposed_then_used_once_recorded_and_released_with_the_pol
     let d = desired(&obs, &local(), t(12));
     assert_eq!(d.pool_status["pool-a"].allocations, vec![]);
     assert!(!d.ips.contains_key(&ip("198.51.100.10")));
+}
+
+#[test]
+fn port_blocks_come_from_the_policy_else_its_pool_and_bad_ones_are_named() {
+    use egret_dataplane::nat::port_blocks::PortBlocks;
+    let blocks = |size: u32| Some(crate::k8s::crd::PortBlocksSpec { size: Some(size), ..Default::default() });
+    let mut obs = cluster();
+    obs.pools.push(PoolInfo {
+        name: "pool-a".into(),
+        spec: EgressIPPoolSpec {
+            addresses: vec!["198.51.100.8/30".into()],
+            port_blocks: blocks(64),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let mut pooled = team_policy("pooled", 0, &[]);
+    pooled.spec.pool = Some(PoolRef { name: "pool-a".into(), count: Some(1) });
+    obs.policies.push(pooled);
+    let mut own = team_policy("own", 5, &["198.51.100.20"]);
+    own.spec.port_blocks = blocks(256);
+    obs.policies.push(own);
+    obs.policies.push(team_policy("plain", 6, &["198.51.100.21"]));
+    let d = desired(&obs, &local(), t(10));
+    obs.pools[0].status = Some(d.pool_status["pool-a"].clone());
+    let from_pool = ip(&d.pool_status["pool-a"].allocations[0].ips[0]);
+    for a in [from_pool, ip("198.51.100.20"), ip("198.51.100.21")] {
+        obs.leases.insert(a, lease("gw-1", 5, 100));
+    }
+    obs.held = [from_pool, ip("198.51.100.20"), ip("198.51.100.21")].into();
+    let d = desired(&obs, &local(), t(11));
+    let got: Vec<(IpAddr, Option<u16>)> =
+        d.tables.egress_ips.iter().map(|e| (e.ip, e.port_blocks.map(|b| b.size))).collect();
+    assert_eq!(got, [(from_pool, Some(64)), (ip("198.51.100.20"), Some(256)), (ip("198.51.100.21"), None)]);
+    assert_eq!(
+        d.tables.egress_ips[1].port_blocks,
+        Some(PortBlocks { size: 256, max_per_pod: 8, log_sessions: false }),
+        "defaults as in the file"
+    );
+    // A size that is no power of two: the policy is invalid, and says why.
+    obs.policies[1].spec.port_blocks = blocks(100);
+    let d = desired(&obs, &local(), t(12));
+    let c = cond(&d.policy_status["own"], condition::READY);
+    assert!(c.message.contains("spec.portBlocks.size: 100: must be a power of two, at least 8"), "{}", c.message);
+    assert!(d.tables.policies.iter().all(|p| p.name != "egresspolicy/own"));
+    obs.pools[0].spec.port_blocks = blocks(4);
+    let d = desired(&obs, &local(), t(12));
+    let c = cond(&d.policy_status["pooled"], condition::READY);
+    assert!(c.message.contains("EgressIPPool pool-a: spec.portBlocks.size: 4"), "{}", c.message);
 }
 
 #[test]
@@ -807,7 +859,10 @@ fn a_load_balancer_vip_becomes_its_pods_egress_ip() {
     );
     // The VIP keeps the default NAT range: ports 443 and 80 are outside it,
     // so ingress to them passes to the kernel (kube-proxy / the CNI).
-    assert_eq!(d.tables.egress_ips, vec![EgressIpSpec { ip: ip("198.51.100.20"), ports: None, answer_neighbor: true }]);
+    assert_eq!(
+        d.tables.egress_ips,
+        vec![EgressIpSpec { ip: ip("198.51.100.20"), ports: None, answer_neighbor: true, port_blocks: None }]
+    );
     // Marked as a Service VIP: the XDP program passes its other ports
     // (OWNED_KERNEL_SERVICE) instead of dropping them.
     assert_eq!(d.tables.service_addresses, vec![ip("198.51.100.20")]);

@@ -38,6 +38,7 @@ fn ev(kind: LogKind, at_ms: u64, pod: u8, pod_port: u16) -> Event {
         flags: 0,
         quota: None,
         limit: None,
+        block: None,
         identity: Some(ident(&format!("pod-{pod}"))),
     }
 }
@@ -244,7 +245,60 @@ fn a_key_never_seen_and_an_empty_journal() {
     assert!(who_had(&dir, &Query { proto: Some(1), ..query(T0 + 30_000) }).unwrap().held.is_empty());
     fs::remove_dir_all(&dir).unwrap();
     let none = who_had(&dir, &query(T0)).unwrap();
-    assert_eq!(none, Found { starts_ms: None, held: Vec::new() });
+    assert_eq!(none, Found { starts_ms: None, held: Vec::new(), blocks: Vec::new() });
+}
+
+/// A port block of pod `pod`: ports `start..start + 127` on 203.0.113.10.
+fn block(kind: LogKind, at_ms: u64, pod: u8, start: u16) -> Event {
+    Event {
+        kind,
+        proto: 0,
+        pod_port: 0,
+        egress_port: start,
+        remote: None,
+        last_ms: None,
+        reason: None,
+        block: Some((start + 127, 128)),
+        ..ev(kind, at_ms, pod, 0)
+    }
+}
+
+#[test]
+fn block_records_round_trip_and_answer_who_had_for_every_port_inside() {
+    let alloc = block(LogKind::BlockAllocate, T0 + 10_000, 7, 41472);
+    let mut bytes = MAGIC.to_vec();
+    encode(&alloc, &mut bytes);
+    assert_eq!(records(&bytes).collect::<Vec<_>>(), std::slice::from_ref(&alloc));
+
+    // Pod 7 held 41472-41599 from T0+10 s to T0+60 s; pod 8 from T0+100 s, still.
+    let dir = tmp("blocks");
+    let stats = Stats::default();
+    let mut j = Journal::new(&dir, Limits::new(1 << 30, Duration::from_secs(86_400)));
+    j.append(&[alloc], T0 + 10_000, &stats);
+    j.append(&[block(LogKind::BlockFree, T0 + 60_000, 7, 41472)], T0 + 60_000, &stats);
+    j.append(&[block(LogKind::BlockAllocate, T0 + 100_000, 8, 41472)], T0 + 100_000, &stats);
+    let held = |at, port| {
+        who_had(&dir, &Query { egress_port: port, ..query(at) })
+            .unwrap()
+            .blocks
+            .iter()
+            .map(|b| (b.event().unwrap().pod, b.allocate.as_ref().map(|a| a.at_ms), b.free.as_ref().map(|f| f.at_ms)))
+            .collect::<Vec<_>>()
+    };
+    let pod = |n| IpAddr::from(Ipv4Addr::new(10, 244, 1, n));
+    // 41522 is inside the block, as are its first and last ports.
+    for port in [41472, 41522, 41599] {
+        assert_eq!(held(T0 + 30_000, port), [(pod(7), Some(T0 + 10_000), Some(T0 + 60_000))], "{port}");
+    }
+    assert!(held(T0 + 30_000, 41600).is_empty(), "outside the block");
+    assert!(held(T0 + 30_000, 41471).is_empty(), "outside the block");
+    assert!(held(T0 + 80_000, 41522).is_empty(), "between the two holders");
+    assert_eq!(held(T0 + 200_000, 41522), [(pod(8), Some(T0 + 100_000), None)]);
+    // A block matches every protocol: a session query's filter is not the block's.
+    let q = Query { proto: Some(17), ..query(T0 + 30_000) };
+    assert_eq!(who_had(&dir, &q).unwrap().blocks.len(), 1);
+    assert!(who_had(&dir, &query(T0 + 30_000)).unwrap().held.is_empty(), "no session records");
+    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The exporter's cost of the journal per event: encoding and one
