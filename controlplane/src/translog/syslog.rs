@@ -66,14 +66,7 @@ impl Format {
     /// new-flow rate the lines are most of what syslog costs
     /// (docs/benchmarks.md, "Translation logs").
     pub fn write_line(&self, e: &Event, s: &mut String) {
-        let msgid = match e.kind {
-            LogKind::SessionCreate => "SADD",
-            LogKind::SessionDelete => "SDEL",
-            LogKind::PortsExhausted => "PEXH",
-            LogKind::QuotaExceeded => "QEXC",
-            LogKind::BlockAllocate => "PBADD",
-            LogKind::BlockFree => "PBDEL",
-        };
+        let msgid = msgid(e.kind);
         let hostname = if self.hostname.is_empty() { "-" } else { self.hostname.as_str() };
         s.push('<');
         push_u64(s, u64::from(PRI));
@@ -195,6 +188,19 @@ fn param_addr(s: &mut String, typ: &str, name: &str, ip: IpAddr) {
     param_ip(s, name, ip);
 }
 
+/// A kind's MSGID (RFC 5424 §6.2.7): VPP's for sessions, Egret's own
+/// for the rest.
+fn msgid(kind: LogKind) -> &'static str {
+    match kind {
+        LogKind::SessionCreate => "SADD",
+        LogKind::SessionDelete => "SDEL",
+        LogKind::PortsExhausted => "PEXH",
+        LogKind::QuotaExceeded => "QEXC",
+        LogKind::BlockAllocate => "PBADD",
+        LogKind::BlockFree => "PBDEL",
+    }
+}
+
 fn family(ip: IpAddr) -> &'static str {
     if ip.is_ipv4() {
         "IPv4"
@@ -203,19 +209,23 @@ fn family(ip: IpAddr) -> &'static str {
     }
 }
 
-/// Appends `n` in decimal.
-fn push_u64(s: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
+/// `n`'s decimal digits, written into the end of `buf`.
+pub(super) fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
     loop {
         i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
+        buf[i] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    for &d in &digits[i..] {
+    &buf[i..]
+}
+
+/// Appends `n` in decimal.
+fn push_u64(s: &mut String, n: u64) {
+    for &d in decimal(n, &mut [0; 20]) {
         s.push(char::from(d));
     }
 }
@@ -517,14 +527,7 @@ mod reference {
 
     pub fn line(f: &Format, e: &Event) -> String {
         let mut s = String::with_capacity(320);
-        let msgid = match e.kind {
-            LogKind::SessionCreate => "SADD",
-            LogKind::SessionDelete => "SDEL",
-            LogKind::PortsExhausted => "PEXH",
-            LogKind::QuotaExceeded => "QEXC",
-            LogKind::BlockAllocate => "PBADD",
-            LogKind::BlockFree => "PBDEL",
-        };
+        let msgid = msgid(e.kind);
         let hostname = if f.hostname.is_empty() { "-" } else { f.hostname.as_str() };
         let _ = write!(s, "<{PRI}>1 {} {hostname} {APP_NAME} {} {msgid} ", rfc3339_ms(e.at_ms), f.procid);
         let limit = e.limit.unwrap_or(0);

@@ -46,17 +46,7 @@ pub struct Batch {
 impl Batch {
     /// Appends `line` framed: its octet count, a space, the line.
     pub fn push(&mut self, line: &str) {
-        let mut digits = [0u8; 20];
-        let (mut i, mut n) = (digits.len(), line.len());
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.bytes.extend_from_slice(&digits[i..]);
+        self.bytes.extend_from_slice(super::syslog::decimal(line.len() as u64, &mut [0; 20]));
         self.bytes.push(b' ');
         self.bytes.extend_from_slice(line.as_bytes());
         self.messages += 1;
