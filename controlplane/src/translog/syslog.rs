@@ -529,7 +529,7 @@ mod reference {
         let mut s = String::with_capacity(320);
         let msgid = msgid(e.kind);
         let hostname = if f.hostname.is_empty() { "-" } else { f.hostname.as_str() };
-        let _ = write!(s, "<{PRI}>1 {} {hostname} {APP_NAME} {} {msgid} ", rfc3339_ms(e.at_ms), f.procid);
+        let _ = write!(s, "<{PRI}>1 {} {hostname} {APP_NAME} {} {msgid} ", timestamp(e.at_ms), f.procid);
         let limit = e.limit.unwrap_or(0);
         match e.kind {
             LogKind::PortsExhausted => {
@@ -589,13 +589,21 @@ mod reference {
         s.push(']');
         identity(f, e, &mut s);
         if e.kind == LogKind::SessionDelete {
-            let last = rfc3339_ms(e.last_ms.unwrap_or(e.at_ms));
+            let last = timestamp(e.last_ms.unwrap_or(e.at_ms));
             let why = e.reason.map_or("unknown", |r| r.name());
             let adopted = u8::from(e.flags & log_flags::ADOPTED != 0);
             let _ =
                 write!(s, "[end@{} last=\"{}\" why=\"{}\" adopted=\"{adopted}\"]", f.pen, escape(&last), escape(why));
         }
         s
+    }
+
+    /// 5824aa8's timestamp, through `format!`.
+    fn timestamp(unix_ms: u64) -> String {
+        let secs = unix_ms / 1000;
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        let (y, m, d) = civil_from_days(days as i64);
+        format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem % 3600 / 60, rem % 60, unix_ms % 1000)
     }
 
     fn identity(f: &Format, e: &Event, s: &mut String) {
@@ -639,7 +647,7 @@ fn sample_events(n: u32, seed: u32) -> Vec<Event> {
         x
     };
     (0..n)
-        .map(|i| {
+        .map(|_| {
             let r = next();
             let kind = match r % 20 {
                 14 => LogKind::PortsExhausted,
@@ -659,7 +667,8 @@ fn sample_events(n: u32, seed: u32) -> Vec<Event> {
             };
             Event {
                 kind,
-                at_ms: 1_796_127_459_263 + u64::from(i) * 7 + u64::from(next() % 1000),
+                // Any second from 1970 to 2106, any millisecond.
+                at_ms: u64::from(next()) * 1000 + u64::from(next() % 1000),
                 proto: [6, 17, 1][(r % 3) as usize],
                 pod: addr(next()),
                 pod_port: next() as u16,
