@@ -47,8 +47,8 @@ pub enum Mode {
     KernelNewConns,
     /// `new-conns` with translation logs on (issue 34, ADR 0034): every
     /// session's creation and end exported as IPFIX and syslog to the
-    /// gateway namespace's loopback, to sockets bound there and never read
-    /// (a collector that keeps up; a full buffer drops silently).
+    /// gateway namespace's loopback (`collector.rs`: UDP sockets bound
+    /// there and never read, or a TCP listener whose connections are read).
     NewConnsTranslog,
     /// `fastpath` with every frame sent as a worker node in another subnet
     /// sends it: in Egret's VXLAN tunnel (issue 30, ADR 0031). The XDP
