@@ -30,7 +30,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
 use crate::view::{
-    Counters, GatewayView, PolicyRow, PortRow, SessionFilter, SessionRow, Status, WhoHadAnswer, WhoHadQuery,
+    BlockRow, Counters, GatewayView, PolicyRow, PortRow, SessionFilter, SessionRow, Status, WhoHadAnswer, WhoHadQuery,
 };
 
 /// A request.
@@ -48,6 +48,9 @@ pub enum Request {
     /// Port use per destination and pod (the last count's top N).
     #[serde(rename = "port-use")]
     PortUse,
+    /// Port blocks per egress IP in block mode.
+    #[serde(rename = "port-blocks")]
+    PortBlocks,
     /// Sessions.
     Sessions {
         /// Which.
@@ -87,6 +90,7 @@ pub fn answer(view: &dyn GatewayView, line: &str) -> Response {
         Request::Policies => serde_json::to_value(view.policies()),
         Request::Ports => serde_json::to_value(view.ports()),
         Request::PortUse => serde_json::to_value(&*view.port_use()),
+        Request::PortBlocks => serde_json::to_value(view.port_blocks()),
         Request::Sessions { filter } => serde_json::to_value(view.sessions(&filter)),
         Request::WhoHad { query } => match view.who_had(&query) {
             Ok(a) => serde_json::to_value(a),
@@ -676,6 +680,41 @@ pub mod render {
             })
             .collect();
         table(&["EGRESS IP", "PROTO", "IN USE", "CAPACITY", "USED", "EXHAUSTED"], &rows)
+    }
+
+    /// `egret port-blocks`.
+    pub fn port_blocks(b: &[BlockRow]) -> String {
+        let rows: Vec<Vec<String>> = b
+            .iter()
+            .map(|r| {
+                let pct = if r.capacity == 0 { 0.0 } else { r.in_use as f64 * 100.0 / r.capacity as f64 };
+                vec![
+                    r.egress_ip.to_string(),
+                    if r.configured { format!("{}", r.block_size) } else { format!("{} (leaving)", r.block_size) },
+                    r.max_per_pod.to_string(),
+                    r.in_use.to_string(),
+                    r.capacity.to_string(),
+                    format!("{pct:.1}%"),
+                    r.pods.to_string(),
+                    r.exhausted.to_string(),
+                    r.pod_limit.to_string(),
+                ]
+            })
+            .collect();
+        table(
+            &[
+                "EGRESS IP",
+                "BLOCK SIZE",
+                "MAX PER POD",
+                "BLOCKS HELD",
+                "BLOCKS",
+                "USED",
+                "PODS",
+                "EXHAUSTED",
+                "POD LIMIT",
+            ],
+            &rows,
+        )
     }
 
     /// `egret port-use`: the last count's top destinations and pods per

@@ -83,6 +83,9 @@ enum Command {
     /// Ports in use per destination and pod: the top N of the last count,
     /// against the range or the pod's quota (docs/operations.md, "Port use").
     PortUse(Client),
+    /// Port blocks per egress IP in block mode: blocks held, pods, refusals
+    /// (docs/operations.md, "Port blocks").
+    PortBlocks(Client),
     /// Live sessions.
     Sessions {
         #[command(flatten)]
@@ -917,6 +920,9 @@ fn main() -> ExitCode {
         }
         Command::PortUse(c) => client(&c, Request::PortUse, |v| {
             serde_json::from_value::<egret_controlplane::port_use::PortUse>(v).map(|u| render::port_use(&u))
+        }),
+        Command::PortBlocks(c) => client(&c, Request::PortBlocks, |v| {
+            serde_json::from_value::<Vec<egret_controlplane::view::BlockRow>>(v).map(|b| render::port_blocks(&b))
         }),
         Command::Node(n) => node_main(n),
         Command::Drain { node, undo, kubeconfig } => drain(&node, undo, kubeconfig.as_deref()),

@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::port_use::PortUse;
-use crate::view::{ClusterReport, Counters, GatewayView, PolicyRow, PortRow, RingStats, Status};
+use crate::view::{BlockRow, ClusterReport, Counters, GatewayView, PolicyRow, PortRow, RingStats, Status};
 
 /// The content type of `/metrics`: prometheus-client's text encoder writes
 /// OpenMetrics 1.0 (Prometheus asks for it first in its `Accept` header).
@@ -157,6 +157,7 @@ struct Snapshot {
     counters: Counters,
     policies: Vec<PolicyRow>,
     ports: Vec<PortRow>,
+    port_blocks: Vec<BlockRow>,
     port_use: Arc<PortUse>,
     admin_refused: u64,
 }
@@ -179,6 +180,7 @@ pub fn render(view: &dyn GatewayView) -> String {
         counters: view.counters(),
         policies: view.policies(),
         ports: view.ports(),
+        port_blocks: view.port_blocks(),
         port_use: view.port_use(),
         admin_refused: crate::admin::refused_connections(),
     })
@@ -365,6 +367,7 @@ impl Snapshot {
             }
         }
 
+        port_blocks(o, &self.port_blocks)?;
         port_use(o, &self.port_use)?;
 
         type RingField = fn(&RingStats) -> u64;
@@ -393,6 +396,39 @@ impl Snapshot {
         }
         Ok(())
     }
+}
+
+/// Port blocks per egress IP (ADR 0034 §6): one series each, labelled by
+/// the block size so a change of configuration starts new series.
+fn port_blocks(o: &mut Families, rows: &[BlockRow]) -> fmt::Result {
+    type BlockField = fn(&BlockRow) -> u64;
+    let families: [(&str, MetricType, &str, BlockField); 5] = [
+        ("port_blocks_in_use", MetricType::Gauge, "Port blocks held by pods, per egress IP in block mode.", |b| {
+            b.in_use
+        }),
+        ("port_blocks_capacity", MetricType::Gauge, "Port blocks in the egress IP's range.", |b| b.capacity),
+        ("port_blocks_pods", MetricType::Gauge, "Pods holding at least one port block, per egress IP.", |b| b.pods),
+        (
+            "port_blocks_exhausted",
+            MetricType::Counter,
+            "Allocations that found no free port block, per egress IP (natEvent 12).",
+            |b| b.exhausted,
+        ),
+        (
+            "port_blocks_pod_limit",
+            MetricType::Counter,
+            "Allocations refused because the pod held portBlocks.maxPerPod blocks, all full (natEvent 13).",
+            |b| b.pod_limit,
+        ),
+    ];
+    for (name, kind, help, get) in families {
+        let mut f = o.family(name, help, None, kind)?;
+        for b in rows {
+            let (ip, size) = (b.egress_ip.to_string(), b.block_size.to_string());
+            f.sample(&[("egress_ip", &ip), ("block_size", &size)], get(b))?;
+        }
+    }
+    Ok(())
 }
 
 /// Port use per destination and pod (crate::port_use, ADR 0035): the last
@@ -872,6 +908,19 @@ mod tests {
         fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow> {
             Fake.sessions(filter)
         }
+        fn port_blocks(&self) -> Vec<BlockRow> {
+            vec![BlockRow {
+                egress_ip: "203.0.113.11".parse().unwrap(),
+                configured: true,
+                block_size: 128,
+                max_per_pod: 4,
+                capacity: 220,
+                in_use: 17,
+                pods: 9,
+                exhausted: 2,
+                pod_limit: 5,
+            }]
+        }
         fn port_use(&self) -> Arc<PortUse> {
             use crate::port_use::{DestinationUse, PodUse, PoolUse};
             let remote = "198.51.100.7:443".parse().unwrap();
@@ -1011,6 +1060,11 @@ mod tests {
             "egret_translog_identity_unresolved_total 3",
             "egret_translog_journal_oldest_timestamp_seconds 1796126400",
             r#"egret_translog_sent_total{sink="ipfix"} 9"#,
+            r#"egret_port_blocks_in_use{egress_ip="203.0.113.11",block_size="128"} 17"#,
+            r#"egret_port_blocks_capacity{egress_ip="203.0.113.11",block_size="128"} 220"#,
+            r#"egret_port_blocks_pods{egress_ip="203.0.113.11",block_size="128"} 9"#,
+            r#"egret_port_blocks_exhausted_total{egress_ip="203.0.113.11",block_size="128"} 2"#,
+            r#"egret_port_blocks_pod_limit_total{egress_ip="203.0.113.11",block_size="128"} 5"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
@@ -1034,6 +1088,9 @@ mod tests {
             "ports_in_use_by_destination",
             "ports_in_use_by_pod",
             "ports_pod_quota",
+            "port_blocks_in_use",
+            "port_blocks_capacity",
+            "port_blocks_pods",
             "port_use_walk_seconds",
             "lease_held",
             "lease_valid_for_seconds",
@@ -1078,6 +1135,8 @@ mod tests {
             "translog_unreachable",
             "translog_identity_unresolved",
             "ports_exhausted",
+            "port_blocks_exhausted",
+            "port_blocks_pod_limit",
             "port_use_warnings",
             "xsk_rx_frames",
             "xsk_tx_frames",

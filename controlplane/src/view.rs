@@ -277,6 +277,31 @@ pub struct PortRow {
     pub exhausted: u64,
 }
 
+/// `egret port-blocks`: one egress IP's port blocks (ADR 0034 §6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRow {
+    /// The egress IP.
+    pub egress_ip: IpAddr,
+    /// Whether the published tables have it in block mode now; `false`:
+    /// it left block mode (or changed its blocks) and these blocks are
+    /// still held by sessions that began before.
+    pub configured: bool,
+    /// Ports per block.
+    pub block_size: u16,
+    /// Blocks one pod may hold.
+    pub max_per_pod: u16,
+    /// Blocks in the egress IP's range.
+    pub capacity: u64,
+    /// Blocks held now.
+    pub in_use: u64,
+    /// Pods holding at least one block.
+    pub pods: u64,
+    /// Allocations that found no free block.
+    pub exhausted: u64,
+    /// Allocations refused because the pod held `max_per_pod` blocks, all full.
+    pub pod_limit: u64,
+}
+
 /// `egret sessions`: one session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionRow {
@@ -593,6 +618,10 @@ pub trait GatewayView: Send + Sync + 'static {
     fn ports(&self) -> Vec<PortRow>;
     /// `egret sessions`.
     fn sessions(&self, filter: &SessionFilter) -> Vec<SessionRow>;
+    /// `egret port-blocks`: the egress IPs with port blocks.
+    fn port_blocks(&self) -> Vec<BlockRow> {
+        Vec::new()
+    }
     /// `egret port-use`: the last count of port use per destination and
     /// pod (crate::port_use).
     fn port_use(&self) -> std::sync::Arc<crate::port_use::PortUse> {

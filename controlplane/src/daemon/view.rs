@@ -9,16 +9,36 @@ use egret_dataplane::nat::key::NatAddr;
 use egret_dataplane::nat::table::NatTable;
 use egret_dataplane::nat::tcp_state;
 use egret_dataplane::stats::{DropReason, Event};
-use egret_dataplane::tables::PolicyFamily;
+use egret_dataplane::tables::{PolicyFamily, Tables};
 
 use super::Shared;
 use crate::view::{
-    mac_string, proto_name, Counters, GatewayView, InterfaceStatus, OwnedIp, PolicyRow, PortRow, RingStats,
+    mac_string, proto_name, BlockRow, Counters, GatewayView, InterfaceStatus, OwnedIp, PolicyRow, PortRow, RingStats,
     SessionFilter, SessionRow, Status, WhoHadAnswer, WhoHadQuery, WorkerStatus,
 };
 
 /// The live gateway.
 pub(super) struct LiveView(pub Arc<Shared>);
+
+/// One row per egress IP of `nat` with port blocks (nat/port_blocks.rs).
+fn block_rows<A: NatAddr + PolicyFamily>(nat: &NatTable<A>, tables: &Tables, out: &mut Vec<BlockRow>) {
+    for pool in nat.block_pools() {
+        let egress_ip = pool.egress().ip();
+        let cfg = pool.config();
+        let configured = tables.egress(egress_ip).and_then(|e| e.blocks).is_some_and(|b| b == cfg);
+        out.push(BlockRow {
+            egress_ip,
+            configured,
+            block_size: cfg.size,
+            max_per_pod: cfg.max_per_pod,
+            capacity: pool.len() as u64,
+            in_use: u64::from(pool.taken()),
+            pods: pool.pods() as u64,
+            exhausted: pool.exhausted(),
+            pod_limit: pool.pod_limit_hits(),
+        });
+    }
+}
 
 fn sessions_of<A: NatAddr + PolicyFamily + Into<IpAddr>>(
     nat: &NatTable<A>,
@@ -222,6 +242,15 @@ impl GatewayView for LiveView {
             push(IpAddr::V6(ip), proto, pool.in_use(), pool.exhausted());
         }
         rows.sort_by(|a, b| (a.egress_ip, &a.proto).cmp(&(b.egress_ip, &b.proto)));
+        rows
+    }
+
+    fn port_blocks(&self) -> Vec<BlockRow> {
+        let tables = self.0.engine.tables();
+        let mut rows = Vec::new();
+        block_rows(self.0.engine.nat4(), &tables, &mut rows);
+        block_rows(self.0.engine.nat6(), &tables, &mut rows);
+        rows.sort_by_key(|r| r.egress_ip);
         rows
     }
 

@@ -189,6 +189,11 @@ impl<A: NatAddr> BlockPool<A> {
         }
     }
 
+    /// The egress IP whose blocks these are.
+    pub fn egress(&self) -> A {
+        self.egress
+    }
+
     /// The configuration it was made with.
     pub fn config(&self) -> PortBlocks {
         self.cfg
@@ -212,6 +217,11 @@ impl<A: NatAddr> BlockPool<A> {
     /// Blocks held now.
     pub fn taken(&self) -> u32 {
         self.taken.load(Ordering::Relaxed)
+    }
+
+    /// Pods holding at least one block now.
+    pub fn pods(&self) -> usize {
+        self.held.len()
     }
 
     /// How many times no block was free.

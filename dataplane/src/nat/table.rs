@@ -227,6 +227,12 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         self.blocks.get(&egress).map(|b| b.clone())
     }
 
+    /// Every egress IP's port blocks, including those of an IP no longer
+    /// in block mode whose blocks are still held (metrics, `egret port-blocks`).
+    pub fn block_pools(&self) -> Vec<Arc<BlockPool<A>>> {
+        self.blocks.iter().map(|b| b.value().clone()).collect()
+    }
+
     /// Connects the XDP program's mapped-port filter (once, before traffic).
     pub fn set_port_map_hook(&self, hook: Arc<dyn PortMapHook<A>>) -> bool {
         self.port_map_hook.set(hook).is_ok()

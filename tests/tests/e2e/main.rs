@@ -41,6 +41,7 @@ mod malformed;
 mod neighbors;
 mod overlay;
 mod pmtu;
+mod port_blocks;
 mod reload;
 mod restart;
 mod rst;
