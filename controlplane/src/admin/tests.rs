@@ -187,7 +187,7 @@ fn answers_filter_and_refuse() {
     assert_eq!(
         answer(&Fake, r#"{"command":"reboot"}"#),
         Response::Error(
-            "bad request: unknown variant `reboot`, expected one of `status`, `counters`, `policies`, `ports`, `port-use`, `sessions`, `who-had` at line 1 column 19"
+            "bad request: unknown variant `reboot`, expected one of `status`, `counters`, `policies`, `ports`, `port-use`, `port-blocks`, `sessions`, `who-had` at line 1 column 19"
                 .into()
         )
     );
