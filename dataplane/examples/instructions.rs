@@ -47,6 +47,7 @@ use std::process::{Command, ExitCode};
 use egret_dataplane::engine::{Engine, Pipeline};
 use egret_dataplane::fixtures;
 use egret_dataplane::nat::port_alloc::PortRng;
+use egret_dataplane::nat::port_blocks::PortBlocks;
 use egret_dataplane::tables::MappingBehavior;
 
 /// A rise above this fraction of the recorded figure fails; a drop below it
@@ -67,7 +68,7 @@ impl Case {
     fn unit(&self) -> &'static str {
         match self.setup {
             Setup::Established { .. } => "packet",
-            Setup::NewFlow(..) => "new flow",
+            Setup::NewFlow(..) | Setup::NewFlowInBlocks(_) => "new flow",
             Setup::Expiry(_) => "session ended",
         }
     }
@@ -80,6 +81,10 @@ enum Setup {
     /// A fresh engine; one frame per distinct new flow; translation logs
     /// on when `true` (a ring holding every record: the workers' own cost).
     NewFlow(MappingBehavior, bool),
+    /// As `NewFlow` (EIM, no logs), the egress IPs in block mode with these
+    /// blocks, and [`BLOCK_PODS`] pods: most flows take a port in their
+    /// pod's block, one in about 78 takes a block (nat/port_blocks.rs).
+    NewFlowInBlocks(PortBlocks),
     /// `iters` sessions made by new flows (not counted), then the sweep
     /// that expires them all, counted; translation logs on when `true`.
     Expiry(bool),
@@ -135,6 +140,12 @@ const CASES: &[Case] = &[
         setup: Setup::Expiry(true),
     },
     Case {
+        name: "new_flow_eim_blocks",
+        iters: 5_000,
+        what: "new UDP flow, endpoint-independent mapping, port blocks of 128 (64 pods: a port in the pod's block)",
+        setup: Setup::NewFlowInBlocks(PortBlocks { size: 128, max_per_pod: 4, log_sessions: false }),
+    },
+    Case {
         name: "new_flow_edm",
         iters: 5_000,
         what: "new UDP flow, endpoint-dependent mapping (session made, port chosen)",
@@ -144,6 +155,10 @@ const CASES: &[Case] = &[
 
 /// Frames cycled through by the established cases (random flows among the sessions).
 const ESTABLISHED_FRAMES: usize = 4096;
+
+/// Pods of the block-mode new-flow case: 5,000 flows are about 78 a pod,
+/// within one block of 128.
+const BLOCK_PODS: u64 = 64;
 
 /// The measured loop: callgrind counts this function and what it calls
 /// (`--toggle-collect=*icount_measured*`), nothing else.
@@ -174,23 +189,9 @@ fn run_case(name: &str) -> Result<(), String> {
             let (frames, ingress) = if reply { (back, fixtures::OUTSIDE) } else { (out, fixtures::INSIDE) };
             icount_measured(&mut w, black_box(&frames), ingress, case.iters)
         }
-        Setup::NewFlow(mapping, logged) => {
-            // As the criterion benchmark `new_flow`: a fresh engine, one frame
-            // per distinct new flow, built before the loop.
-            let engine = Engine::new(&common::spec((case.iters as usize + 1024) * 2, mapping)).unwrap();
-            engine.publish_fib(fixtures::topology());
-            if logged {
-                assert!(engine.enable_translog(case.iters as usize + 16));
-            }
-            let mut w = engine.pipeline_seeded(PortRng::new(3));
-            let sh = (4096, 1000, 1_000_000);
-            let frames: Vec<Vec<u8>> = (0..case.iters)
-                .map(|i| {
-                    let (pod, pp, remote, rp) = common::flow(i, sh.0, sh.1, sh.2);
-                    fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18])).frame()
-                })
-                .collect();
-            icount_measured(&mut w, black_box(&frames), fixtures::INSIDE, case.iters)
+        Setup::NewFlow(mapping, logged) => new_flows(case, mapping, logged, None, 4096),
+        Setup::NewFlowInBlocks(blocks) => {
+            new_flows(case, MappingBehavior::EndpointIndependent, false, Some(blocks), BLOCK_PODS)
         }
         Setup::Expiry(logged) => {
             let mapping = MappingBehavior::EndpointIndependent;
@@ -218,6 +219,33 @@ fn run_case(name: &str) -> Result<(), String> {
         return Err(format!("{name}: {forwarded} of {} frames forwarded (all must be)", case.iters));
     }
     Ok(())
+}
+
+/// A new-flow case, as the criterion benchmark `new_flow`: a fresh engine,
+/// one frame per distinct new flow of `pods` pods, built before the loop;
+/// returns the frames forwarded.
+fn new_flows(case: &Case, mapping: MappingBehavior, logged: bool, blocks: Option<PortBlocks>, pods: u64) -> u64 {
+    let mut spec = common::spec((case.iters as usize + 1024) * 2, mapping);
+    spec.nat.port_blocks = blocks;
+    let engine = Engine::new(&spec).unwrap();
+    engine.publish_fib(fixtures::topology());
+    if logged {
+        assert!(engine.enable_translog(case.iters as usize + 16));
+    }
+    let mut w = engine.pipeline_seeded(PortRng::new(3));
+    let frames: Vec<Vec<u8>> = (0..case.iters)
+        .map(|i| {
+            let (pod, pp, remote, rp) = common::flow(i, pods, 1000, 1_000_000);
+            fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18])).frame()
+        })
+        .collect();
+    let forwarded = icount_measured(&mut w, black_box(&frames), fixtures::INSIDE, case.iters);
+    if blocks.is_some() {
+        // The case measures block mode only if the flows took blocks.
+        let held: u32 = engine.nat4().block_pools().iter().map(|b| b.taken()).sum();
+        assert!(held as u64 >= pods, "{}: {held} blocks held by {pods} pods", case.name);
+    }
+    forwarded
 }
 
 /// One recorded figure.
