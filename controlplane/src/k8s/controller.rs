@@ -766,6 +766,9 @@ impl SyncLoop {
         self.report_refusals();
         self.report_port_use(&d);
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
+        // Before the fence: a drained or fenced IP stops being held here,
+        // and its replication as it leaves decides its hand-over.
+        self.observe_hand_overs();
         let fenced = self.mgr.lock().fence(now, &competing);
         self.counters.fenced += fenced.len() as u64;
         // The data plane stops serving fenced IPs now, whether or not the
