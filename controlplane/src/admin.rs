@@ -828,11 +828,19 @@ pub mod render {
                     ep(r.pod, r.pod_port),
                     r.remote.map_or("-".to_string(), |s| s.to_string()),
                     r.created_ms.map_or_else(
-                        || if r.adopted { "adopted (peer's journal)".into() } else { "not in the journal".into() },
+                        || match (r.adopted, r.reason.as_deref()) {
+                            (true, _) => "adopted (peer's journal)".into(),
+                            (false, Some("not-adopted")) => "peer's journal (not adopted)".into(),
+                            _ => "not in the journal".into(),
+                        },
                         rfc3339,
                     ),
                     r.last_ms.map_or("-".to_string(), rfc3339),
                     match (r.deleted_ms, r.live) {
+                        // ADR 0034 §8: the next holder's journal has its end.
+                        (Some(d), _) if r.reason.as_deref() == Some("handed-over") => {
+                            format!("{} (handed-over: its end is the next holder's)", rfc3339(d))
+                        }
                         (Some(d), _) => format!("{} ({})", rfc3339(d), r.reason.as_deref().unwrap_or("unknown")),
                         (None, true) => "live".into(),
                         (None, false) => "not recorded".into(),

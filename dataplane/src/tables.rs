@@ -256,6 +256,13 @@ pub struct TablesSpec {
     /// tunnel (docs/adr/0031-workers-in-any-subnet.md). None: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tunnel: Option<TunnelSpec>,
+    /// Egress IPs this gateway no longer holds and handed over with a
+    /// current session copy (Kubernetes with `kubernetes.ha`; set by the
+    /// controller, `k8s/handed_over.rs`): revalidation records the
+    /// removals of their sessions as `handed-over`, the local journal's
+    /// only (docs/adr/0034-translation-logs.md §8).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub handed_over: Vec<IpAddr>,
 }
 
 /// [`TablesSpec::tunnel`].
@@ -821,6 +828,13 @@ impl Tables {
     #[inline]
     pub fn generation_tag(&self) -> u16 {
         self.generation as u16
+    }
+
+    /// Whether this gateway handed `ip` over with a current session copy
+    /// ([`TablesSpec::handed_over`]). Asked only when a session is found
+    /// invalid or expired, never per packet.
+    pub fn handed_over(&self, ip: IpAddr) -> bool {
+        self.spec.handed_over.contains(&ip)
     }
 }
 

@@ -104,6 +104,16 @@ pub enum EndReason {
     /// Its policy, egress IP or port range no longer holds (a reload, or
     /// the egress IP moved away).
     Invalidated = 4,
+    /// Removed by revalidation at an old holder that handed the session's
+    /// egress IP over with a current copy (ADR 0034 §8): the next holder
+    /// imported the session and logs its end. Written to the local journal
+    /// only, never exported (VPP's `is_ha`).
+    HandedOver = 5,
+    /// A session the previous holder sent at a take-over that the import
+    /// refused (invalid here, expired, a conflict, the table full, the pod
+    /// over its limit): logged by the importing gateway, since the holder
+    /// exported its create.
+    NotAdopted = 6,
 }
 
 impl EndReason {
@@ -114,6 +124,8 @@ impl EndReason {
             2 => Some(EndReason::TcpClosed),
             3 => Some(EndReason::Evicted),
             4 => Some(EndReason::Invalidated),
+            5 => Some(EndReason::HandedOver),
+            6 => Some(EndReason::NotAdopted),
             _ => None,
         }
     }
@@ -125,6 +137,8 @@ impl EndReason {
             EndReason::TcpClosed => "tcp-closed",
             EndReason::Evicted => "evicted",
             EndReason::Invalidated => "invalidated",
+            EndReason::HandedOver => "handed-over",
+            EndReason::NotAdopted => "not-adopted",
         }
     }
 }
@@ -374,6 +388,18 @@ mod tests {
             assert_eq!(LogKind::from_u8(*k as u8), Some(*k));
         }
         assert_eq!(LogKind::from_u8(LogKind::ALL.len() as u8 + 1), None);
+    }
+
+    #[test]
+    fn every_end_reason_reads_back_from_its_byte() {
+        let names: Vec<&str> = (0..=7u8)
+            .filter_map(EndReason::from_u8)
+            .map(|r| {
+                assert_eq!(EndReason::from_u8(r as u8), Some(r));
+                r.name()
+            })
+            .collect();
+        assert_eq!(names, ["expired", "tcp-closed", "evicted", "invalidated", "handed-over", "not-adopted"]);
     }
 
     #[test]

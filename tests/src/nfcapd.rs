@@ -32,26 +32,31 @@ impl Nfcapd {
     /// temporary directory.
     pub fn start() -> std::io::Result<Nfcapd> {
         let port = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
-        Self::start_on(None, port)
+        Self::start_on(None, SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
     /// Starts a collector on 127.0.0.1:`port` inside `ns` (a lab's
     /// gateway namespace: its loopback is the gateway's).
     pub fn start_in(ns: &NetNs, port: u16) -> std::io::Result<Nfcapd> {
-        Self::start_on(Some(ns), port)
+        Self::start_on(Some(ns), SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
-    fn start_on(ns: Option<&NetNs>, port: u16) -> std::io::Result<Nfcapd> {
+    /// Starts a collector on `addr` inside `ns` (a lab's namespace: an
+    /// address several gateways reach, e.g. the control namespace's).
+    pub fn start_in_at(ns: &NetNs, addr: SocketAddr) -> std::io::Result<Nfcapd> {
+        Self::start_on(Some(ns), addr)
+    }
+
+    fn start_on(ns: Option<&NetNs>, addr: SocketAddr) -> std::io::Result<Nfcapd> {
         let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let dir = std::env::temp_dir().join(format!("egret-nfcapd-{}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut cmd = match ns {
             Some(ns) => ns.command("nfcapd"),
             None => Command::new("nfcapd"),
         };
         let child = cmd
-            .args(["-b", "127.0.0.1", "-p", &addr.port().to_string(), "-w"])
+            .args(["-b", &addr.ip().to_string(), "-p", &addr.port().to_string(), "-w"])
             .arg(&dir)
             .args(["-t", "60"])
             .stdout(Stdio::null())

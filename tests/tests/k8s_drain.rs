@@ -156,6 +156,23 @@ async fn scenario(server: &ApiServer, liveness: bool) {
         NAMES[next],
         took.as_millis()
     );
+    // ADR 0034 §8: an IP is listed as handed over (its removals then
+    // `handed-over`, journal only) only when its standby held a current
+    // copy as it left the tables. These gateways have no data plane (no
+    // session store): no copy is ever sent, none is current, so the drained
+    // gateway's tables must not list it (k8s_ha_translog has the case with
+    // a copy); the taker's list nothing either.
+    let applied = |g: &Gateway| {
+        g.sink.log.lock().unwrap().iter().rev().find_map(|(_, e)| match e {
+            SinkEvent::Apply(spec) => Some(spec.clone()),
+            _ => None,
+        })
+    };
+    let old = applied(&gws[first]).expect("the drained gateway applied tables");
+    assert!(!old.egress_ips.iter().any(|e| e.ip == ip));
+    assert!(old.handed_over.is_empty(), "{mode}: handed over without a copy: {:?}", old.handed_over);
+    let new = applied(&gws[next]).expect("the taker applied tables");
+    assert!(new.handed_over.is_empty(), "{mode}: the taker handed nothing over: {:?}", new.handed_over);
     let now = Instant::now();
     let sinks: Vec<(&str, &FakeSink, Instant)> = gws.iter().zip(NAMES).map(|(g, n)| (n, &*g.sink, now)).collect();
     assert_never_shared(ip, &sinks);

@@ -529,7 +529,12 @@ impl crate::ha::SessionStore for EngineSessions {
         records: &[egret_dataplane::nat::sync::SessionRecord],
     ) -> egret_dataplane::nat::sync::ImportReport {
         let tables = self.engine.tables();
-        self.engine.import_sessions(records, &tables, self.clock.now().secs())
+        let now = self.clock.now();
+        let report = self.engine.import_sessions(records, &tables, now.secs());
+        // The holder exported these sessions' creates: their ends are
+        // logged here (ADR 0034 §8, `not-adopted`).
+        self.engine.log_not_adopted(&report, &tables, now.as_millis());
+        report
     }
 }
 

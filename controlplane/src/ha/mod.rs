@@ -573,7 +573,10 @@ impl Activator {
             let missed = (records.len() as u64).saturating_sub(report.installed + report.already_present);
             self.counters.sessions_not_imported.fetch_add(missed, Ordering::Relaxed);
             tracing::info!(
-                ip = %ip, from = %holder, sessions = records.len(), report = ?report,
+                ip = %ip, from = %holder, sessions = records.len(),
+                installed = report.installed, already_present = report.already_present,
+                conflicts = report.conflicts, invalid = report.invalid, expired = report.expired,
+                table_full = report.table_full, over_source_limit = report.over_source_limit,
                 micros = t0.elapsed().as_micros() as u64,
                 "take-over: sessions of the previous holder installed"
             );

@@ -659,6 +659,8 @@ struct SyncLoop {
     writes: JoinSet<()>,
     last_applied: Option<TablesSpec>,
     last_apply_error: Option<String>,
+    /// The IPs handed over with a current copy (published with the tables).
+    hand_overs: super::handed_over::HandOvers,
     last: Desired,
     /// Status writes, one slot per object (status_writer.rs).
     policy_writes: StatusWriter,
@@ -764,6 +766,9 @@ impl SyncLoop {
         self.report_refusals();
         self.report_port_use(&d);
         let competing: BTreeSet<IpAddr> = d.competing(&me).map(|(ip, _)| ip).collect();
+        // Before the fence: a drained or fenced IP stops being held here,
+        // and its replication as it leaves decides its hand-over.
+        self.observe_hand_overs();
         let fenced = self.mgr.lock().fence(now, &competing);
         self.counters.fenced += fenced.len() as u64;
         // The data plane stops serving fenced IPs now, whether or not the
@@ -933,6 +938,11 @@ impl SyncLoop {
     /// may take seconds, 1.2 M sessions 0.8-1.9 s): the runtime's thread
     /// stays free for the renewer, the channel and Lease requests.
     async fn apply(&mut self, spec: &TablesSpec) -> bool {
+        self.observe_hand_overs();
+        let mut spec = spec.clone();
+        let before_ips = self.last_applied.as_ref().map(|s| s.egress_ips.iter().map(|e| e.ip).collect());
+        self.hand_overs.mark(&before_ips.unwrap_or_default(), &mut spec);
+        let spec = &spec;
         if self.last_applied.as_ref() == Some(spec) {
             return true;
         }
@@ -978,6 +988,14 @@ impl SyncLoop {
                 false
             }
         }
+    }
+
+    /// Notes whether each IP held now has a current copy at its standby
+    /// (`handed_over.rs`).
+    fn observe_hand_overs(&mut self) {
+        let Some(ha) = &self.ha else { return };
+        let held = self.mgr.lock().held(Instant::now());
+        self.hand_overs.observe(&held, |ip| ha.in_sync(ip));
     }
 
     /// What the channel task needs after this pass: the peers and their
@@ -1429,6 +1447,8 @@ impl SyncLoop {
             let missing = ha.flush(&held, wait).await;
             tracing::info!(ips = ?held, not_in_sync = ?missing, ms = t0.elapsed().as_millis() as u64, "hand-over: standbys synchronised");
         }
+        // The copies just flushed: IPs leaving in sync are handed over.
+        self.observe_hand_overs();
         // No renewal may re-hold what is fenced below.
         drop(self.renew_task.take());
         let now = Instant::now();
@@ -1565,6 +1585,7 @@ pub async fn run_supervised(
         results: tx,
         writes: JoinSet::new(),
         last_applied: None,
+        hand_overs: Default::default(),
         last_apply_error: None,
         last: Desired::default(),
         policy_writes,

@@ -21,6 +21,7 @@
 pub mod controller;
 pub mod crd;
 pub mod desired;
+pub mod handed_over;
 pub mod lease;
 pub mod liveness;
 pub mod liveness_requests;

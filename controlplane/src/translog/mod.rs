@@ -161,6 +161,16 @@ impl Event {
     }
 }
 
+impl Event {
+    /// Whether only the local journal keeps this event, the collectors
+    /// never see it: a session's removal at an old holder that handed its
+    /// egress IP over with a current copy (`handed-over`); the next holder
+    /// logs the session's end (ADR 0034 §8).
+    pub fn journal_only(&self) -> bool {
+        self.reason == Some(EndReason::HandedOver)
+    }
+}
+
 /// The sinks, for counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sink {
@@ -494,7 +504,9 @@ impl Exporter {
         if let Some(j) = &mut self.journal {
             j.append(&self.events, clocks.wall_ms, &self.stats);
         }
-        for e in &self.events {
+        // A hand-over's removals are the journal's only: the next holder
+        // exports the sessions' ends (ADR 0034 §8, VPP's `is_ha`).
+        for e in self.events.iter().filter(|e| !e.journal_only()) {
             if let Some((q, _)) = &mut self.ipfix {
                 q.push(e, &self.stats);
             }
@@ -585,5 +597,7 @@ pub fn spawn(
     })
 }
 
+#[cfg(test)]
+mod ha_tests;
 #[cfg(test)]
 mod tests;

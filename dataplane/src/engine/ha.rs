@@ -4,12 +4,16 @@
 //! for a full resync; the standby imports them before it announces the IP.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use super::Engine;
-use crate::nat::key::SessionTuple;
+use crate::nat::key::{NatAddr, SessionTuple};
 use crate::nat::rewrite;
-use crate::nat::sync::{ImportReport, SessionRecord, SyncEvent};
+use crate::nat::session::session_flags;
+use crate::nat::sync::{ImportReport, SessionRecord, SyncEvent, REFUSED_LISTED_MAX};
+use crate::stats::WorkerStats;
 use crate::tables::Tables;
+use crate::translog::{log_flags, EndReason, LogKind, LogRecord, LogRing};
 
 /// Records below which a take-over's import stays on one thread (spawning
 /// costs more than it saves).
@@ -113,6 +117,44 @@ impl Engine {
         })
     }
 
+    /// Logs the end of each session `report`'s import refused (reason
+    /// `not-adopted`, ADR 0034 §8: the previous holder exported its
+    /// create, and no one else will log its end), at `now_ms` (engine ms),
+    /// its last packet the record's idle time before. Nothing while
+    /// translation logs are off, nor for egress IPs whose port blocks are
+    /// the log (`logSessions: false`). The records go to a ring of the
+    /// imports' own, drained with the workers'. Returns how many were
+    /// pushed (a full ring drops and counts, as a worker's does).
+    pub fn log_not_adopted(&self, report: &ImportReport, tables: &Tables, now_ms: u64) -> usize {
+        let Some(&records) = self.shared.translog.get() else { return 0 };
+        if report.refused.is_empty() {
+            return 0;
+        }
+        let (ring, stats) = self.shared.import_log.get_or_init(|| {
+            // Room for a few IPs' worth of refusals between two drains.
+            let ring = Arc::new(LogRing::new(records.max(4 * REFUSED_LISTED_MAX)));
+            let stats = Arc::new(WorkerStats::default());
+            self.shared.workers.lock().push(stats.clone());
+            self.shared.translog_rings.lock().push(ring.clone());
+            (ring, stats)
+        });
+        let now_s = (now_ms / 1000) as u32;
+        let mut pushed = 0;
+        for x in &report.refused {
+            let r = &x.record;
+            let unlogged = tables.egress(r.egress).and_then(|e| e.blocks).is_some_and(|b| !b.log_sessions);
+            let record = match r.egress {
+                IpAddr::V4(_) => r.tuple::<Ipv4Addr>().map(|t| not_adopted(&t, r, now_ms, now_s)),
+                IpAddr::V6(_) => r.tuple::<Ipv6Addr>().map(|t| not_adopted(&t, r, now_ms, now_s)),
+            };
+            if let (Some(record), false) = (record, unlogged) {
+                ring.push(record, stats);
+                pushed += 1;
+            }
+        }
+        pushed
+    }
+
     fn import_chunk(&self, records: &[SessionRecord], tables: &Tables, now: u32) -> ImportReport {
         let d4 = |t: &SessionTuple<Ipv4Addr>| rewrite::outbound_deltas(t);
         let d6 = |t: &SessionTuple<Ipv6Addr>| rewrite::outbound_deltas(t);
@@ -120,4 +162,13 @@ impl Engine {
         report.add(&self.shared.nat6.import(records.iter().filter(|r| r.egress.is_ipv6()), tables, now, &d6));
         report
     }
+}
+
+/// The delete record of a refused import's session.
+fn not_adopted<A: NatAddr>(t: &SessionTuple<A>, r: &SessionRecord, now_ms: u64, now_s: u32) -> LogRecord {
+    let flags = if r.flags & session_flags::INBOUND_CREATED != 0 { log_flags::INBOUND_CREATED } else { 0 };
+    let mut rec = LogRecord::session(LogKind::SessionDelete, t, now_ms, flags);
+    rec.value = now_s.saturating_sub(r.idle_secs);
+    rec.detail = EndReason::NotAdopted as u8;
+    rec
 }

@@ -245,6 +245,9 @@ struct Shared {
     translog: std::sync::OnceLock<usize>,
     /// The workers' rings, for the control plane's drain.
     translog_rings: Mutex<Vec<Arc<LogRing>>>,
+    /// The ring of the imports' refusals (`not-adopted`, engine/ha.rs) and
+    /// its counters, made at the first refusal logged.
+    import_log: std::sync::OnceLock<(Arc<LogRing>, Arc<WorkerStats>)>,
 }
 
 /// The state every worker shares. Cheap to clone.
@@ -293,6 +296,7 @@ impl Engine {
                 neighbor_use: Arc::default(),
                 translog: std::sync::OnceLock::new(),
                 translog_rings: Mutex::new(Vec::new()),
+                import_log: std::sync::OnceLock::new(),
             }),
         })
     }

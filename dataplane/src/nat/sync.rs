@@ -500,8 +500,40 @@ impl<A> SyncJournal<A> {
     }
 }
 
+/// Why [`NatTable::import`](super::table::NatTable::import) refused a
+/// record (the count it joins in [`ImportReport`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportRefusal {
+    /// [`ImportReport::invalid`].
+    Invalid,
+    /// [`ImportReport::expired`].
+    Expired,
+    /// [`ImportReport::conflicts`].
+    Conflict,
+    /// [`ImportReport::table_full`].
+    TableFull,
+    /// [`ImportReport::over_source_limit`].
+    OverSourceLimit,
+}
+
+/// A record the import refused, kept so the importing gateway can log
+/// the session's end (`not-adopted`, ADR 0034 §8): the previous holder
+/// exported its create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedImport {
+    /// The record as received.
+    pub record: SessionRecord,
+    /// Why it was refused.
+    pub why: ImportRefusal,
+}
+
+/// Refused records an [`ImportReport`] lists at most; more are counted in
+/// [`ImportReport::refused_unlisted`] (a flood of bad records must not
+/// grow memory without bound). About 0.4 MB.
+pub const REFUSED_LISTED_MAX: usize = 4096;
+
 /// What [`NatTable::import`](super::table::NatTable::import) did with a batch of records.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImportReport {
     /// Installed as live sessions with their egress ports.
     pub installed: u64,
@@ -519,11 +551,37 @@ pub struct ImportReport {
     pub table_full: u64,
     /// The pod was at its session limit or its port quota.
     pub over_source_limit: u64,
+    /// The refused records (every count above but `installed` and
+    /// `already_present`), the first [`REFUSED_LISTED_MAX`].
+    pub refused: Vec<RefusedImport>,
+    /// Refused records past [`REFUSED_LISTED_MAX`]: counted, not listed.
+    pub refused_unlisted: u64,
 }
 
 impl ImportReport {
-    /// Adds `other`'s counts to this one.
+    /// Counts `record` as refused for `why`, and lists it while the list
+    /// has room.
+    pub fn refuse(&mut self, record: &SessionRecord, why: ImportRefusal) {
+        *match why {
+            ImportRefusal::Invalid => &mut self.invalid,
+            ImportRefusal::Expired => &mut self.expired,
+            ImportRefusal::Conflict => &mut self.conflicts,
+            ImportRefusal::TableFull => &mut self.table_full,
+            ImportRefusal::OverSourceLimit => &mut self.over_source_limit,
+        } += 1;
+        if self.refused.len() < REFUSED_LISTED_MAX {
+            self.refused.push(RefusedImport { record: *record, why });
+        } else {
+            self.refused_unlisted += 1;
+        }
+    }
+
+    /// Adds `other`'s counts and refused records to this one (the list
+    /// kept within [`REFUSED_LISTED_MAX`]).
     pub fn add(&mut self, other: &ImportReport) {
+        let room = REFUSED_LISTED_MAX.saturating_sub(self.refused.len());
+        self.refused.extend(other.refused.iter().take(room).cloned());
+        self.refused_unlisted += other.refused_unlisted + other.refused.len().saturating_sub(room) as u64;
         self.installed += other.installed;
         self.already_present += other.already_present;
         self.conflicts += other.conflicts;
@@ -531,6 +589,11 @@ impl ImportReport {
         self.expired += other.expired;
         self.table_full += other.table_full;
         self.over_source_limit += other.over_source_limit;
+    }
+
+    /// The counts alone, the list left out (for comparisons and logs).
+    pub fn counts(&self) -> ImportReport {
+        ImportReport { refused: Vec::new(), ..self.clone() }
     }
 
     /// Records the batch held that were not installed nor already present.
@@ -542,6 +605,36 @@ impl ImportReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flood of refusals: the list stops at its bound, the rest counted;
+    /// merging reports keeps the bound.
+    #[test]
+    fn refused_records_are_listed_up_to_the_bound_and_counted_past_it() {
+        let r = v4();
+        let mut a = ImportReport::default();
+        for _ in 0..REFUSED_LISTED_MAX + 5 {
+            a.refuse(&r, ImportRefusal::Expired);
+        }
+        assert_eq!(
+            (a.expired, a.refused.len(), a.refused_unlisted),
+            (REFUSED_LISTED_MAX as u64 + 5, REFUSED_LISTED_MAX, 5)
+        );
+        let mut b = ImportReport::default();
+        b.refuse(&r, ImportRefusal::Conflict);
+        b.refuse(&r, ImportRefusal::Invalid);
+        b.refuse(&r, ImportRefusal::TableFull);
+        b.refuse(&r, ImportRefusal::OverSourceLimit);
+        assert_eq!(b.rejected(), 4);
+        assert_eq!(
+            b.refused.iter().map(|x| x.why).collect::<Vec<_>>(),
+            [ImportRefusal::Conflict, ImportRefusal::Invalid, ImportRefusal::TableFull, ImportRefusal::OverSourceLimit]
+        );
+        let mut sum = b.clone();
+        sum.add(&a);
+        assert_eq!((sum.refused.len(), sum.refused_unlisted), (REFUSED_LISTED_MAX, 9));
+        assert_eq!(sum.rejected(), REFUSED_LISTED_MAX as u64 + 9);
+        assert_eq!(&sum.refused[..4], &b.refused[..]);
+    }
 
     fn v4() -> SessionRecord {
         SessionRecord {

@@ -45,7 +45,7 @@ use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mapping
 use super::port_alloc::{candidates, PortRange, PortRng};
 use super::port_blocks::{BlockClaimError, BlockPool, BlockRefusal, PortBlocks};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
-use super::sync::{ImportReport, JournalEntry, SessionKeyRecord, SessionRecord, SyncEvent, SyncJournal};
+use super::sync::{ImportRefusal, ImportReport, JournalEntry, SessionKeyRecord, SessionRecord, SyncEvent, SyncJournal};
 use super::tcp_state;
 use crate::policy::Decision;
 use crate::stats::{Direction, DropReason, Event, WorkerStats};
@@ -502,6 +502,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 } else {
                     EndReason::Expired
                 };
+                let reason = Self::unless_handed_over(view, tables, reason);
                 if self.remove(view, End { reason, fast_path_seen, log }) {
                     stats.event(Event::SessionExpired);
                 }
@@ -511,7 +512,8 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if view.generation != tables.generation_tag() {
             if !Self::still_valid(view, tables) {
                 let fast_path_seen = self.fast_path_seen_for_log(view, log);
-                if self.remove(view, End { reason: EndReason::Invalidated, fast_path_seen, log }) {
+                let reason = Self::unless_handed_over(view, tables, EndReason::Invalidated);
+                if self.remove(view, End { reason, fast_path_seen, log }) {
                     stats.event(Event::SessionInvalidated);
                 }
                 return false;
@@ -519,6 +521,29 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             self.sessions.set_generation(view.index, tables.generation_tag());
         }
         true
+    }
+
+    /// `reason`, or `handed-over` when the session's egress IP is no
+    /// longer held here and was handed over with a current copy (ADR 0034
+    /// §8: the next holder imported the session and logs its end; this
+    /// removal goes to the local journal only). Asked only at a removal.
+    #[inline]
+    fn unless_handed_over(view: &SessionView<A>, tables: &Tables, reason: EndReason) -> EndReason {
+        if tables.spec.handed_over.is_empty() {
+            return reason;
+        }
+        Self::handed_over_reason(view, tables, reason)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn handed_over_reason(view: &SessionView<A>, tables: &Tables, reason: EndReason) -> EndReason {
+        let ip = view.tuple.egress.ip();
+        if !tables.owns_egress(ip) && tables.handed_over(ip) {
+            EndReason::HandedOver
+        } else {
+            reason
+        }
     }
 
     /// Removes a session and releases its mapping; with `end.log`, pushes
@@ -1120,23 +1145,23 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     fn import_one(&self, r: &SessionRecord, tables: &Tables, now: u32, deltas: DeltaFn<'_, A>, rep: &mut ImportReport) {
         let nat = &tables.nat;
         let Some(tuple) = r.tuple::<A>() else {
-            rep.invalid += 1;
+            rep.refuse(r, ImportRefusal::Invalid);
             return;
         };
         let (Some(policy), Some(entry)) = (Self::valid_policy(&tuple, tables), tables.egress(tuple.egress.ip())) else {
-            rep.invalid += 1;
+            rep.refuse(r, ImportRefusal::Invalid);
             return;
         };
         if let Some((_, v)) = self.sessions.lookup(&tuple.outbound_key()) {
             if v.tuple == tuple {
                 rep.already_present += 1;
             } else {
-                rep.conflicts += 1;
+                rep.refuse(r, ImportRefusal::Conflict);
             }
             return;
         }
         if self.sessions.inbound_taken(&tuple.inbound_key()) {
-            rep.conflicts += 1;
+            rep.refuse(r, ImportRefusal::Conflict);
             return;
         }
         let endpoint_independent = self.mappings.endpoint_independent();
@@ -1169,16 +1194,16 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             flags,
         };
         if Self::is_expired(&probe, now, nat) {
-            rep.expired += 1;
+            rep.refuse(r, ImportRefusal::Expired);
             return;
         }
         if !self.admit_source(tuple.pod, nat.max_sessions_per_source) {
-            rep.over_source_limit += 1;
+            rep.refuse(r, ImportRefusal::OverSourceLimit);
             return;
         }
         if self.sessions.len() >= self.sessions.capacity() {
             self.unadmit_source(tuple.pod);
-            rep.table_full += 1;
+            rep.refuse(r, ImportRefusal::TableFull);
             return;
         }
         let pool = self.mappings.pool(tuple.egress, tuple.proto, entry.ports);
@@ -1195,8 +1220,8 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if let Err(e) = claimed {
             self.unadmit_source(tuple.pod);
             match e {
-                ClaimError::SourceQuota => rep.over_source_limit += 1,
-                ClaimError::Taken => rep.conflicts += 1,
+                ClaimError::SourceQuota => rep.refuse(r, ImportRefusal::OverSourceLimit),
+                ClaimError::Taken => rep.refuse(r, ImportRefusal::Conflict),
             }
             return;
         }
@@ -1212,8 +1237,8 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 }
                 self.unadmit_source(tuple.pod);
                 match e {
-                    BlockClaimError::PodLimit => rep.over_source_limit += 1,
-                    BlockClaimError::Taken | BlockClaimError::Outside => rep.conflicts += 1,
+                    BlockClaimError::PodLimit => rep.refuse(r, ImportRefusal::OverSourceLimit),
+                    BlockClaimError::Taken | BlockClaimError::Outside => rep.refuse(r, ImportRefusal::Conflict),
                 }
                 return;
             }
@@ -1244,8 +1269,10 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 }
                 self.unadmit_source(tuple.pod);
                 match e {
-                    InsertError::Full => rep.table_full += 1,
-                    InsertError::InboundTaken | InsertError::OutboundExists(_) => rep.conflicts += 1,
+                    InsertError::Full => rep.refuse(r, ImportRefusal::TableFull),
+                    InsertError::InboundTaken | InsertError::OutboundExists(_) => {
+                        rep.refuse(r, ImportRefusal::Conflict)
+                    }
                 }
             }
         }

@@ -134,6 +134,8 @@ pub(super) fn tables(
         // The daemon's sink adds the node's addresses (from the kernel).
         local_addresses: Vec::new(),
         tunnel: local.tunnel_port.map(|port| tunnel(obs, port)),
+        // The controller's, from what it hands over (k8s/handed_over.rs).
+        handed_over: Vec::new(),
     }
 }
 
