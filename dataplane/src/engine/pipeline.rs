@@ -369,7 +369,7 @@ impl Ctx<'_> {
 
     fn frame(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
         if self.path == Path::EstablishedFirst {
-            if let Some(v) = self.established_v4(buf, len, meta, now) {
+            if let Some(v) = self.established_v4(buf, len, meta) {
                 #[cfg(test)]
                 {
                     *self.established_taken += 1;
@@ -377,6 +377,16 @@ impl Ctx<'_> {
                 return v;
             }
         }
+        self.dissected(buf, len, meta, now)
+    }
+
+    /// The full pipeline for a frame the established path did not take.
+    /// Never inlined into [`frame`](Self::frame): its stack frame and
+    /// register pressure would be the established path's too (the values
+    /// that path keeps live were spilled around it; docs/benchmarks.md,
+    /// "The established path's instructions").
+    #[inline(never)]
+    fn dissected(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
         let parsed = match dissect::dissect(&buf[..len]) {
             Ok(p) => p,
             Err(r) => return Verdict::Drop(r),

@@ -199,7 +199,7 @@ impl<A: NatAddr> Slot<A> {
         self.seq.store(gen_base | LIVE, Ordering::Release);
     }
 
-    #[inline]
+    #[inline(always)]
     fn read(&self, index: u32) -> Option<SessionView<A>> {
         let s1 = self.seq.load(Ordering::Acquire);
         if s1 & STATUS_MASK != LIVE {
