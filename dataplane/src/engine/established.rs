@@ -34,12 +34,7 @@ impl Ctx<'_> {
     /// so the bytes and counters are identical; the fixture and property
     /// tests run through both.
     #[inline]
-    pub(super) fn established_v4(
-        &mut self,
-        buf: &mut [u8],
-        len: usize,
-        meta: RxMeta,
-    ) -> Option<Verdict> {
+    pub(super) fn established_v4(&mut self, buf: &mut [u8], len: usize, meta: RxMeta) -> Option<Verdict> {
         const L3: usize = ethernet::HEADER_LEN;
         const L4: usize = L3 + crate::wire::ipv4::MIN_HEADER_LEN;
         // Ethernet, IPv4 and the 8 transport bytes every TCP/UDP header has.
