@@ -583,8 +583,11 @@ impl Ctx<'_> {
         if let Some(hit) = cache.get(key).and_then(|r| nat.sessions.lookup_at(key, r)) {
             return Some(hit);
         }
-        let hit = nat.sessions.lookup(key)?;
-        cache.put(key, hit.0);
+        // Only the ref comes back from the map (a view returned through
+        // memory would have every hit's view written there too).
+        let r = nat.sessions.lookup_ref(key)?;
+        let hit = nat.sessions.lookup_at(key, r)?;
+        cache.put(key, r);
         Some(hit)
     }
 
