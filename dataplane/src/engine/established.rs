@@ -7,7 +7,6 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use super::pipeline::Ctx;
 use super::{ChecksumHint, RxMeta, Verdict};
-use crate::clock::Timestamp;
 use crate::fib::NextHop;
 use crate::nat::key::{proto, FlowKey};
 use crate::nat::rewrite;
@@ -35,13 +34,7 @@ impl Ctx<'_> {
     /// so the bytes and counters are identical; the fixture and property
     /// tests run through both.
     #[inline]
-    pub(super) fn established_v4(
-        &mut self,
-        buf: &mut [u8],
-        len: usize,
-        meta: RxMeta,
-        now: Timestamp,
-    ) -> Option<Verdict> {
+    pub(super) fn established_v4(&mut self, buf: &mut [u8], len: usize, meta: RxMeta) -> Option<Verdict> {
         const L3: usize = ethernet::HEADER_LEN;
         const L4: usize = L3 + crate::wire::ipv4::MIN_HEADER_LEN;
         // Ethernet, IPv4 and the 8 transport bytes every TCP/UDP header has.
@@ -57,13 +50,13 @@ impl Ctx<'_> {
         }
         let proto = h[23];
         let l4_len = end - L4;
-        let (tcp_flags, seg, csum_at) = match proto {
+        let (tcp_flags, csum_at) = match proto {
             proto::UDP => {
                 let ulen = usize::from(u16::from_be_bytes([h[L4 + 4], h[L4 + 5]]));
                 if ulen < 8 || ulen > l4_len {
                     return None;
                 }
-                (0, None, L4 + crate::wire::udp::CHECKSUM_OFFSET)
+                (0, L4 + crate::wire::udp::CHECKSUM_OFFSET)
             }
             proto::TCP => {
                 let t = frame.get(L4..L4 + 20)?;
@@ -71,7 +64,7 @@ impl Ctx<'_> {
                 if hl < 20 || hl > l4_len {
                     return None;
                 }
-                (t[13], tcp_state::segment(t), L4 + crate::wire::tcp::CHECKSUM_OFFSET)
+                (t[13], L4 + crate::wire::tcp::CHECKSUM_OFFSET)
             }
             _ => return None,
         };
@@ -106,7 +99,7 @@ impl Ctx<'_> {
 
         let tables = self.tables;
         let nat = &self.shared.nat4;
-        let secs = now.secs();
+        let secs = self.secs;
         let key = FlowKey::new(src, dst, sport, dport, proto);
         let (r, view) = self.lookup(nat, &key)?;
         // What `NatTable::check` would act on, and hairpinning.
@@ -142,6 +135,10 @@ impl Ctx<'_> {
             return None;
         }
 
+        // The TCP header's fields for state tracking, read only for TCP
+        // (a UDP packet carries no `Segment` through the checks above).
+        let seg = if proto == proto::TCP { tcp_state::segment(buf.get(L4..L4 + 20)?) } else { None };
+
         // Commit: from here on, exactly the full pipeline's steps.
         self.account(nat, &view, dir, tcp_flags, seg.as_ref(), secs, len);
         let (l3d, l4d) = rewrite::deltas_for(view.deltas, dir);
@@ -172,6 +169,7 @@ impl Ctx<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Timestamp;
     use crate::engine::{Engine, Path};
     use crate::fixtures;
     use crate::nat::port_alloc::PortRng;

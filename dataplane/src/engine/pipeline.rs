@@ -369,7 +369,7 @@ impl Ctx<'_> {
 
     fn frame(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
         if self.path == Path::EstablishedFirst {
-            if let Some(v) = self.established_v4(buf, len, meta, now) {
+            if let Some(v) = self.established_v4(buf, len, meta) {
                 #[cfg(test)]
                 {
                     *self.established_taken += 1;
@@ -377,6 +377,16 @@ impl Ctx<'_> {
                 return v;
             }
         }
+        self.dissected(buf, len, meta, now)
+    }
+
+    /// The full pipeline for a frame the established path did not take.
+    /// Never inlined into [`frame`](Self::frame): its stack frame and
+    /// register pressure would be the established path's too (the values
+    /// that path keeps live were spilled around it; docs/benchmarks.md,
+    /// "The established path's instructions").
+    #[inline(never)]
+    fn dissected(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
         let parsed = match dissect::dissect(&buf[..len]) {
             Ok(p) => p,
             Err(r) => return Verdict::Drop(r),
@@ -573,8 +583,11 @@ impl Ctx<'_> {
         if let Some(hit) = cache.get(key).and_then(|r| nat.sessions.lookup_at(key, r)) {
             return Some(hit);
         }
-        let hit = nat.sessions.lookup(key)?;
-        cache.put(key, hit.0);
+        // Only the ref comes back from the map (a view returned through
+        // memory would have every hit's view written there too).
+        let r = nat.sessions.lookup_ref(key)?;
+        let hit = nat.sessions.lookup_at(key, r)?;
+        cache.put(key, r);
         Some(hit)
     }
 

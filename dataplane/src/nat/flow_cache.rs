@@ -92,7 +92,7 @@ impl<A: NatAddr> FlowCache<A> {
         self.entries.is_empty()
     }
 
-    #[inline]
+    #[inline(always)]
     fn slot(&self, key: &FlowKey<A>) -> usize {
         let mut h = IndexHasher::default();
         A::hash_key(key, &mut h);
@@ -102,7 +102,7 @@ impl<A: NatAddr> FlowCache<A> {
 
     /// The ref last stored for a key of `key`'s hash: a candidate, to be
     /// checked against its slot (`SessionTable::lookup_at`).
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, key: &FlowKey<A>) -> Option<SessionRef> {
         self.entries.get(self.slot(key)).copied().filter(|r| r.index() != EMPTY)
     }

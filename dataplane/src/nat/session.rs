@@ -199,7 +199,7 @@ impl<A: NatAddr> Slot<A> {
         self.seq.store(gen_base | LIVE, Ordering::Release);
     }
 
-    #[inline]
+    #[inline(always)]
     fn read(&self, index: u32) -> Option<SessionView<A>> {
         let s1 = self.seq.load(Ordering::Acquire);
         if s1 & STATUS_MASK != LIVE {
@@ -344,8 +344,15 @@ impl<A: NatAddr> SessionTable<A> {
     /// `key` in the direction the ref says; anything else is a miss.
     #[inline]
     pub fn lookup(&self, key: &FlowKey<A>) -> Option<(SessionRef, SessionView<A>)> {
-        let r = *self.flows.get(key)?;
-        self.lookup_at(key, r)
+        self.lookup_at(key, self.lookup_ref(key)?)
+    }
+
+    /// The map's ref for `key`, unchecked: a candidate for
+    /// [`lookup_at`](Self::lookup_at), as a worker's flow cache gives. Not
+    /// inlined: only a flow cache's miss asks the map.
+    #[inline(never)]
+    pub fn lookup_ref(&self, key: &FlowKey<A>) -> Option<SessionRef> {
+        self.flows.get(key).map(|r| *r)
     }
 
     /// Reads the session `r` points at, if it is live and `key` is its key
