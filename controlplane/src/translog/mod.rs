@@ -29,10 +29,12 @@
 //! controller), and goes to the local journal (`journal.rs`) that
 //! `egret who-had` reads, written on this thread too.
 //!
-//! Not built yet (ADR 0034): the identity in IPFIX's enterprise IEs (§4),
-//! an identity history per address (§3: the identity is the one current
-//! at the drain), port blocks, and the HA rules beyond "an import logs
-//! nothing; the adopted session's end is flagged".
+//! IPFIX carries the identity in three enterprise elements of Egret's
+//! (`ipfix.rs`, ADR 0034 §4), syslog in its `pod@PEN` element.
+//!
+//! Not built yet (ADR 0034): an identity history per address (§3: the
+//! identity is the one current at the drain), and the HA rules beyond "an
+//! import logs nothing; the adopted session's end is flagged".
 
 pub mod identity;
 pub mod ipfix;
@@ -408,8 +410,8 @@ impl Exporter {
         let ipfix = match &cfg.ipfix {
             Some(c) => {
                 let domain = c.observation_domain.unwrap_or_else(|| observation_domain(hostname));
-                let enc =
-                    ipfix::Encoder::new(domain, c.mtu, c.template_refresh.as_millis() as u64, cfg.log_destinations);
+                let every_ms = c.template_refresh.as_millis() as u64;
+                let enc = ipfix::Encoder::new(domain, c.mtu, every_ms, cfg.log_destinations, cfg.enterprise_number);
                 Some((Queue::open(Sink::Ipfix, c.collector, cfg.queue_events)?, enc))
             }
             None => None,
