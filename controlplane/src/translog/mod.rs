@@ -383,7 +383,7 @@ pub struct Exporter {
     engine: Engine,
     destinations: bool,
     ipfix: Option<(Queue, ipfix::Encoder)>,
-    syslog: Option<(SyslogSink, syslog::Format)>,
+    syslog: Option<(SyslogSink, syslog::Lines)>,
     journal: Option<journal::Journal>,
     identities: identity::PodIdentities,
     stats: Arc<Stats>,
@@ -391,7 +391,7 @@ pub struct Exporter {
     events: Vec<Event>,
     messages: Vec<ipfix::Message>,
     /// The syslog line being formatted (UDP: a datagram's payload).
-    line: String,
+    line: Vec<u8>,
 }
 
 impl Exporter {
@@ -430,7 +430,7 @@ impl Exporter {
                         SyslogSink::Tcp(tcp::TcpSender::start(c.collector, cfg.queue_events, stats.clone())?)
                     }
                 };
-                Some((sink, format))
+                Some((sink, syslog::Lines::new(format)))
             }
             None => None,
         };
@@ -450,7 +450,7 @@ impl Exporter {
             batch: Vec::new(),
             events: Vec::new(),
             messages: Vec::new(),
-            line: String::with_capacity(512),
+            line: Vec::with_capacity(512),
         })
     }
 
@@ -502,7 +502,7 @@ impl Exporter {
             }
             match &mut self.syslog {
                 Some((SyslogSink::Udp(q), _)) => q.push(e, &self.stats),
-                Some((SyslogSink::Tcp(t), format)) => t.push(format, e, &self.stats),
+                Some((SyslogSink::Tcp(t), lines)) => t.push(lines, e, &self.stats),
                 None => {}
             }
         }
@@ -543,18 +543,17 @@ impl Exporter {
     }
 
     fn send_syslog(&mut self) {
-        let (q, format) = match &mut self.syslog {
-            Some((SyslogSink::Udp(q), format)) => (q, format),
+        let (q, lines) = match &mut self.syslog {
+            Some((SyslogSink::Udp(q), lines)) => (q, lines),
             Some((SyslogSink::Tcp(t), _)) => return t.flush(&self.stats),
             None => return,
         };
         let line = &mut self.line;
         while let Some(e) = q.events.pop_front() {
             line.clear();
-            format.write_line(&e, line);
+            lines.write_line(&e, line);
             // Once more after an error: it may be an earlier datagram's.
-            let sent =
-                q.try_send(line.as_bytes(), &self.stats).is_ok() || q.try_send(line.as_bytes(), &self.stats).is_ok();
+            let sent = q.try_send(line, &self.stats).is_ok() || q.try_send(line, &self.stats).is_ok();
             q.count(sent, 1, &self.stats);
         }
     }
