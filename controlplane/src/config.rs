@@ -235,7 +235,7 @@ pub struct TranslationLogsConfig {
     pub queue_events: usize,
     /// Whether records carry the remote's address and port (`logDestinations`).
     pub log_destinations: bool,
-    /// The enterprise number of Egret's own syslog SD-IDs (`enterpriseNumber`).
+    /// The enterprise number of Egret's own syslog SD-IDs and IPFIX elements (`enterpriseNumber`).
     pub enterprise_number: u32,
     /// IPFIX, when configured.
     pub ipfix: Option<IpfixConfig>,
@@ -816,10 +816,20 @@ impl Checker<'_> {
         };
         let ring_records = count(self, "ringRecords", t.ring_records, DEFAULT_RING_RECORDS, 1024);
         let queue_events = count(self, "queueEvents", t.queue_events, DEFAULT_QUEUE_EVENTS, 1);
-        let enterprise_number = t.enterprise_number.unwrap_or(DEFAULT_ENTERPRISE_NUMBER);
-        if enterprise_number == 0 {
-            self.invalid(format!("{p}.enterpriseNumber"), "0", "must be an IANA Private Enterprise Number (1 or more)");
-        }
+        let enterprise_number = match &t.enterprise_number {
+            None => DEFAULT_ENTERPRISE_NUMBER,
+            Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|&n| n > 0) {
+                Some(n) => n,
+                None => {
+                    self.invalid(
+                        format!("{p}.enterpriseNumber"),
+                        v.0.clone(),
+                        "must be an IANA Private Enterprise Number (1-4294967295)",
+                    );
+                    DEFAULT_ENTERPRISE_NUMBER
+                }
+            },
+        };
         let ipfix = t.ipfix.as_ref().map(|i| {
             let collector = self.collector(&format!("{p}.ipfix.collector"), i.collector.as_deref());
             let template_refresh = match i.template_refresh.as_deref() {

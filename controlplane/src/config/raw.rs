@@ -59,8 +59,9 @@ pub struct TranslationLogs {
     pub queue_events: Option<u64>,
     /// Whether records carry the remote's address and port.
     pub log_destinations: Option<bool>,
-    /// The enterprise number of Egret's own syslog SD-IDs.
-    pub enterprise_number: Option<u32>,
+    /// The enterprise number of Egret's own syslog SD-IDs and IPFIX
+    /// elements, as written (checked by the validation, which names it).
+    pub enterprise_number: Option<Scalar>,
     /// `ipfix:`.
     pub ipfix: Option<TranslationLogsIpfix>,
     /// `syslog:`.
@@ -404,5 +405,51 @@ impl<'de> Deserialize<'de> for FastPathSessions {
             }
         }
         d.deserialize_any(Counts)
+    }
+}
+
+/// A scalar as written, for a field whose validation names the value
+/// whatever it is (a number too large, negative, or not a number at all).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scalar(pub String);
+
+impl Scalar {
+    /// The value as a `u64`, if it is one.
+    pub fn as_u64(&self) -> Option<u64> {
+        self.0.parse().ok()
+    }
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl<'de> serde::de::Visitor<'de> for Text {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Scalar, E> {
+                Ok(Scalar(n.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Scalar, E> {
+                Ok(Scalar(n.to_string()))
+            }
+            fn visit_u128<E: serde::de::Error>(self, n: u128) -> Result<Scalar, E> {
+                Ok(Scalar(n.to_string()))
+            }
+            fn visit_i128<E: serde::de::Error>(self, n: i128) -> Result<Scalar, E> {
+                Ok(Scalar(n.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Scalar, E> {
+                Ok(Scalar(n.to_string()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<Scalar, E> {
+                Ok(Scalar(b.to_string()))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+        }
+        d.deserialize_any(Text)
     }
 }

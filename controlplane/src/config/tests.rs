@@ -683,7 +683,7 @@ fn translation_logs_bad_values_are_named() {
         ),
         (
             "{ipfix: {collector: \"192.0.2.50:4739\", mtu: 100}}",
-            &[r#"gw.yaml: translationLogs.ipfix.mtu: "100": must be 512-65507 (bytes of a UDP payload)"#],
+            &[r#"gw.yaml: translationLogs.ipfix.mtu: "100": must be 640-65507 (bytes of a UDP payload)"#],
         ),
         (
             "{ipfix: {collector: \"192.0.2.50:4739\", templateRefresh: 2h}}",
@@ -706,8 +706,20 @@ fn translation_logs_bad_values_are_named() {
         (
             "{enterpriseNumber: 0, syslog: {collector: \"192.0.2.50:514\"}}",
             &[
-                r#"gw.yaml: translationLogs.enterpriseNumber: "0": must be an IANA Private Enterprise Number (1 or more)"#,
+                r#"gw.yaml: translationLogs.enterpriseNumber: "0": must be an IANA Private Enterprise Number (1-4294967295)"#,
             ],
+        ),
+        (
+            "{enterpriseNumber: 4294967296, ipfix: {collector: \"192.0.2.50:4739\"}}",
+            &[r#"gw.yaml: translationLogs.enterpriseNumber: "4294967296": must be an IANA Private Enterprise Number (1-4294967295)"#],
+        ),
+        (
+            "{enterpriseNumber: -5, ipfix: {collector: \"192.0.2.50:4739\"}}",
+            &[r#"gw.yaml: translationLogs.enterpriseNumber: "-5": must be an IANA Private Enterprise Number (1-4294967295)"#],
+        ),
+        (
+            "{enterpriseNumber: acme, ipfix: {collector: \"192.0.2.50:4739\"}}",
+            &[r#"gw.yaml: translationLogs.enterpriseNumber: "acme": must be an IANA Private Enterprise Number (1-4294967295)"#],
         ),
     ];
     for (section, want) in cases {

@@ -29,10 +29,12 @@
 //! controller), and goes to the local journal (`journal.rs`) that
 //! `egret who-had` reads, written on this thread too.
 //!
-//! Not built yet (ADR 0034): the identity in IPFIX's enterprise IEs (§4),
-//! an identity history per address (§3: the identity is the one current
-//! at the drain), port blocks, and the HA rules beyond "an import logs
-//! nothing; the adopted session's end is flagged".
+//! IPFIX carries the identity in three enterprise elements of Egret's
+//! (`ipfix.rs`, ADR 0034 §4), syslog in its `pod@PEN` element.
+//!
+//! Not built yet (ADR 0034): an identity history per address (§3: the
+//! identity is the one current at the drain), and the HA rules beyond "an
+//! import logs nothing; the adopted session's end is flagged".
 
 pub mod identity;
 pub mod ipfix;
@@ -391,7 +393,7 @@ pub struct Exporter {
     engine: Engine,
     destinations: bool,
     ipfix: Option<(Queue, ipfix::Encoder)>,
-    syslog: Option<(SyslogSink, syslog::Format)>,
+    syslog: Option<(SyslogSink, syslog::Lines)>,
     journal: Option<journal::Journal>,
     identities: identity::PodIdentities,
     stats: Arc<Stats>,
@@ -399,7 +401,7 @@ pub struct Exporter {
     events: Vec<Event>,
     messages: Vec<ipfix::Message>,
     /// The syslog line being formatted (UDP: a datagram's payload).
-    line: String,
+    line: Vec<u8>,
 }
 
 impl Exporter {
@@ -418,8 +420,8 @@ impl Exporter {
         let ipfix = match &cfg.ipfix {
             Some(c) => {
                 let domain = c.observation_domain.unwrap_or_else(|| observation_domain(hostname));
-                let enc =
-                    ipfix::Encoder::new(domain, c.mtu, c.template_refresh.as_millis() as u64, cfg.log_destinations);
+                let every_ms = c.template_refresh.as_millis() as u64;
+                let enc = ipfix::Encoder::new(domain, c.mtu, every_ms, cfg.log_destinations, cfg.enterprise_number);
                 Some((Queue::open(Sink::Ipfix, c.collector, cfg.queue_events)?, enc))
             }
             None => None,
@@ -438,7 +440,7 @@ impl Exporter {
                         SyslogSink::Tcp(tcp::TcpSender::start(c.collector, cfg.queue_events, stats.clone())?)
                     }
                 };
-                Some((sink, format))
+                Some((sink, syslog::Lines::new(format)))
             }
             None => None,
         };
@@ -458,7 +460,7 @@ impl Exporter {
             batch: Vec::new(),
             events: Vec::new(),
             messages: Vec::new(),
-            line: String::with_capacity(512),
+            line: Vec::with_capacity(512),
         })
     }
 
@@ -512,7 +514,7 @@ impl Exporter {
             }
             match &mut self.syslog {
                 Some((SyslogSink::Udp(q), _)) => q.push(e, &self.stats),
-                Some((SyslogSink::Tcp(t), format)) => t.push(format, e, &self.stats),
+                Some((SyslogSink::Tcp(t), lines)) => t.push(lines, e, &self.stats),
                 None => {}
             }
         }
@@ -553,18 +555,17 @@ impl Exporter {
     }
 
     fn send_syslog(&mut self) {
-        let (q, format) = match &mut self.syslog {
-            Some((SyslogSink::Udp(q), format)) => (q, format),
+        let (q, lines) = match &mut self.syslog {
+            Some((SyslogSink::Udp(q), lines)) => (q, lines),
             Some((SyslogSink::Tcp(t), _)) => return t.flush(&self.stats),
             None => return,
         };
         let line = &mut self.line;
         while let Some(e) = q.events.pop_front() {
             line.clear();
-            format.write_line(&e, line);
+            lines.write_line(&e, line);
             // Once more after an error: it may be an earlier datagram's.
-            let sent =
-                q.try_send(line.as_bytes(), &self.stats).is_ok() || q.try_send(line.as_bytes(), &self.stats).is_ok();
+            let sent = q.try_send(line, &self.stats).is_ok() || q.try_send(line, &self.stats).is_ok();
             q.count(sent, 1, &self.stats);
         }
     }

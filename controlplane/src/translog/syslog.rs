@@ -26,12 +26,18 @@
 //! <134>1 2026-12-01T12:17:39.263Z gw-a egret 4242 SDEL [nsess SSUBIX="0" SVLAN="0" IATYP="IPv4" ISADDR="10.244.1.7" ISPORT="40001" XATYP="IPv4" XSADDR="203.0.113.10" XSPORT="41522" PROTO="6" XDADDR="198.51.100.20" XDPORT="443"][end@32473 last="2026-12-01T12:17:37.000Z" why="expired" adopted="0"]
 //! ```
 
-use std::fmt::Write as _;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use egret_dataplane::translog::{log_flags, quota, LogKind};
 
+use super::identity::PodIdentity;
 use super::Event;
+
+#[cfg(test)]
+mod reference;
 
 /// PRI: facility local0 (16) * 8 + severity informational (6) (RFC 5424 §6.2.1).
 pub const PRI: u8 = 134;
@@ -53,139 +59,233 @@ pub struct Format {
 
 impl Format {
     /// The message for `e`, without a trailing newline (RFC 5426: one per
-    /// datagram).
+    /// datagram). One line at a time, without the caches [`Lines`] keeps:
+    /// for tests and one-off lines.
     pub fn line(&self, e: &Event) -> String {
-        let mut s = String::with_capacity(384);
-        self.write_line(e, &mut s);
-        s
+        Lines::new(self.clone()).line(e)
+    }
+}
+
+/// Identities cached at most; the cache starts again when full (pods
+/// come and go; the controller's map gives each identity one `Arc` until
+/// the pod changes).
+const POD_ELEMENTS_MAX: usize = 4096;
+
+/// An exporter's line writer: a [`Format`] with what every line shares
+/// written once, and caches. At a gateway's full new-flow rate the lines
+/// are most of what syslog costs (docs/benchmarks.md, "Translation
+/// logs"), so nothing here goes through `fmt`:
+///
+/// - `" HOSTNAME egret PROCID "` and `@PEN` are written once, at the start;
+/// - a timestamp's `YYYY-MM-DDTHH:MM:SS.` is formatted once per second
+///   (events come in time order), then only the milliseconds;
+/// - each identity's `[pod@PEN ...]` element is escaped and written once
+///   per identity (its `Arc`, kept alive by the cache so that its address
+///   cannot be reused), not once per event;
+/// - digits and dotted quads are written through tables.
+#[derive(Debug)]
+pub struct Lines {
+    format: Format,
+    /// `" HOSTNAME egret PROCID "`.
+    middle: Vec<u8>,
+    /// `@PEN`.
+    at_pen: Vec<u8>,
+    /// The event's time and an end's last packet, each by the second.
+    at: SecondText,
+    last: SecondText,
+    /// `[pod@PEN ns="..." name="..." uid="..."]`, escaped, by identity.
+    pods: HashMap<usize, (Arc<PodIdentity>, Vec<u8>), BuildHasherDefault<AddressHasher>>,
+}
+
+impl Lines {
+    /// A writer of `format`'s lines.
+    pub fn new(format: Format) -> Lines {
+        let hostname = if format.hostname.is_empty() { "-" } else { format.hostname.as_str() };
+        let mut middle = Vec::with_capacity(hostname.len() + APP_NAME.len() + 14);
+        middle.push(b' ');
+        middle.extend_from_slice(hostname.as_bytes());
+        middle.push(b' ');
+        middle.extend_from_slice(APP_NAME.as_bytes());
+        middle.push(b' ');
+        push_u64(&mut middle, u64::from(format.procid));
+        middle.push(b' ');
+        let mut at_pen = vec![b'@'];
+        push_u64(&mut at_pen, u64::from(format.pen));
+        Lines {
+            format,
+            middle,
+            at_pen,
+            at: SecondText::default(),
+            last: SecondText::default(),
+            pods: HashMap::default(),
+        }
     }
 
-    /// Appends the message for `e` to `s`. The exporter formats every
-    /// event through this into buffers it reuses: the digits and addresses
-    /// are written by hand, not through `fmt`, since at a gateway's full
-    /// new-flow rate the lines are most of what syslog costs
-    /// (docs/benchmarks.md, "Translation logs").
-    pub fn write_line(&self, e: &Event, s: &mut String) {
-        let msgid = msgid(e.kind);
-        let hostname = if self.hostname.is_empty() { "-" } else { self.hostname.as_str() };
-        s.push('<');
-        push_u64(s, u64::from(PRI));
-        s.push_str(">1 ");
-        push_rfc3339_ms(s, e.at_ms);
-        s.push(' ');
-        s.push_str(hostname);
-        s.push(' ');
-        s.push_str(APP_NAME);
-        s.push(' ');
-        push_u64(s, u64::from(self.procid));
-        s.push(' ');
-        s.push_str(msgid);
-        s.push(' ');
+    /// The message for `e`, as a `String`.
+    pub fn line(&mut self, e: &Event) -> String {
+        let mut s = Vec::with_capacity(384);
+        self.write_line(e, &mut s);
+        String::from_utf8(s).expect("lines are UTF-8: ASCII and the identity's own strings")
+    }
+
+    /// Appends the message for `e` to `s` (a buffer the exporter reuses).
+    pub fn write_line(&mut self, e: &Event, s: &mut Vec<u8>) {
+        s.extend_from_slice(b"<134>1 ");
+        self.at.write(s, e.at_ms);
+        s.extend_from_slice(&self.middle);
+        s.extend_from_slice(msgid(e.kind).as_bytes());
+        s.push(b' ');
         let limit = u64::from(e.limit.unwrap_or(0));
         match e.kind {
             LogKind::PortsExhausted => {
-                self.open_element(s, "pexh");
-                param_addr(s, "IATYP", "ISADDR", e.pod);
-                param_addr(s, "XATYP", "XSADDR", e.egress);
-                param_u64(s, "PORTS", limit);
-                s.push(']');
-                return;
+                self.open_element(s, b"[pexh");
+                param_addr(s, b" IATYP=\"", b" ISADDR=\"", e.pod);
+                param_addr(s, b" XATYP=\"", b" XSADDR=\"", e.egress);
+                param_u64(s, b" PORTS=\"", limit);
+                s.push(b']');
             }
             LogKind::QuotaExceeded => {
-                let quota = if e.quota == Some(quota::MAX_SESSION_ENTRIES) { "sessions" } else { "per-pod" };
-                self.open_element(s, "qexc");
-                param_addr(s, "IATYP", "ISADDR", e.pod);
-                param_str(s, "QUOTA", quota);
-                param_u64(s, "LIMIT", limit);
-                s.push(']');
-                return;
+                let quota: &[u8] = if e.quota == Some(quota::MAX_SESSION_ENTRIES) { b"sessions" } else { b"per-pod" };
+                self.open_element(s, b"[qexc");
+                param_addr(s, b" IATYP=\"", b" ISADDR=\"", e.pod);
+                param_bytes(s, b" QUOTA=\"", quota);
+                param_u64(s, b" LIMIT=\"", limit);
+                s.push(b']');
             }
             LogKind::BlockAllocate | LogKind::BlockFree => {
-                self.open_element(s, "pblk");
-                param_addr(s, "IATYP", "ISADDR", e.pod);
-                param_addr(s, "XATYP", "XSADDR", e.egress);
-                param_u64(s, "PSTART", u64::from(e.egress_port));
-                param_u64(s, "PEND", u64::from(e.block.map_or(e.egress_port, |b| b.0)));
-                s.push(']');
+                self.open_element(s, b"[pblk");
+                param_addr(s, b" IATYP=\"", b" ISADDR=\"", e.pod);
+                param_addr(s, b" XATYP=\"", b" XSADDR=\"", e.egress);
+                param_u64(s, b" PSTART=\"", u64::from(e.egress_port));
+                param_u64(s, b" PEND=\"", u64::from(e.block.map_or(e.egress_port, |b| b.0)));
+                s.push(b']');
                 self.identity(e, s);
-                return;
             }
-            LogKind::SessionCreate | LogKind::SessionDelete => {}
+            LogKind::SessionCreate | LogKind::SessionDelete => self.session(e, s),
         }
-        s.push_str("[nsess");
-        param_str(s, "SSUBIX", "0");
-        param_str(s, "SVLAN", "0");
-        param_addr(s, "IATYP", "ISADDR", e.pod);
-        param_u64(s, "ISPORT", u64::from(e.pod_port));
-        param_addr(s, "XATYP", "XSADDR", e.egress);
-        param_u64(s, "XSPORT", u64::from(e.egress_port));
-        param_u64(s, "PROTO", u64::from(e.proto));
-        if let (true, Some((addr, port))) = (self.destinations, e.remote) {
-            param_ip(s, "XDADDR", addr);
-            param_u64(s, "XDPORT", u64::from(port));
+    }
+
+    /// VPP's `nsess`, the pod's element and, for an end, `end@PEN`.
+    fn session(&mut self, e: &Event, s: &mut Vec<u8>) {
+        s.extend_from_slice(b"[nsess SSUBIX=\"0\" SVLAN=\"0\"");
+        param_addr(s, b" IATYP=\"", b" ISADDR=\"", e.pod);
+        param_u64(s, b" ISPORT=\"", u64::from(e.pod_port));
+        param_addr(s, b" XATYP=\"", b" XSADDR=\"", e.egress);
+        param_u64(s, b" XSPORT=\"", u64::from(e.egress_port));
+        param_u64(s, b" PROTO=\"", u64::from(e.proto));
+        if let (true, Some((addr, port))) = (self.format.destinations, e.remote) {
+            s.extend_from_slice(b" XDADDR=\"");
+            push_ip(s, addr);
+            s.push(b'"');
+            param_u64(s, b" XDPORT=\"", u64::from(port));
         }
-        s.push(']');
+        s.push(b']');
         self.identity(e, s);
         if e.kind == LogKind::SessionDelete {
-            self.open_element(s, "end");
-            s.push_str(" last=\"");
-            push_rfc3339_ms(s, e.last_ms.unwrap_or(e.at_ms));
-            s.push('"');
-            param_str(s, "why", &escape(e.reason.map_or("unknown", |r| r.name())));
-            param_u64(s, "adopted", u64::from(e.flags & log_flags::ADOPTED != 0));
-            s.push(']');
+            self.open_element(s, b"[end");
+            s.extend_from_slice(b" last=\"");
+            self.last.write(s, e.last_ms.unwrap_or(e.at_ms));
+            s.push(b'"');
+            // Reason names need no escape (tested for every reason).
+            param_bytes(s, b" why=\"", e.reason.map_or("unknown", |r| r.name()).as_bytes());
+            param_bytes(s, b" adopted=\"", if e.flags & log_flags::ADOPTED != 0 { b"1" } else { b"0" });
+            s.push(b']');
         }
     }
 
-    /// The pod's `[pod@PEN ...]` element, when known.
-    fn identity(&self, e: &Event, s: &mut String) {
-        if let Some(id) = &e.identity {
-            self.open_element(s, "pod");
-            param_str(s, "ns", &escape(&id.namespace));
-            param_str(s, "name", &escape(&id.name));
-            param_str(s, "uid", &escape(&id.uid));
-            s.push(']');
+    /// The pod's `[pod@PEN ...]` element, when known, from the cache.
+    fn identity(&mut self, e: &Event, s: &mut Vec<u8>) {
+        let Some(id) = &e.identity else { return };
+        let key = Arc::as_ptr(id) as usize;
+        if let Some((_, element)) = self.pods.get(&key) {
+            s.extend_from_slice(element);
+            return;
+        }
+        if self.pods.len() >= POD_ELEMENTS_MAX {
+            self.pods.clear();
+        }
+        let mut element = Vec::with_capacity(id.namespace.len() + id.name.len() + id.uid.len() + 40);
+        self.open_element(&mut element, b"[pod");
+        param_bytes(&mut element, b" ns=\"", escape(&id.namespace).as_bytes());
+        param_bytes(&mut element, b" name=\"", escape(&id.name).as_bytes());
+        param_bytes(&mut element, b" uid=\"", escape(&id.uid).as_bytes());
+        element.push(b']');
+        s.extend_from_slice(&element);
+        self.pods.insert(key, (id.clone(), element));
+    }
+
+    /// `[NAME@PEN`: an element of Egret's own (RFC 5424 §6.3.2); `open`
+    /// holds `[NAME`.
+    fn open_element(&self, s: &mut Vec<u8>, open: &[u8]) {
+        s.extend_from_slice(open);
+        s.extend_from_slice(&self.at_pen);
+    }
+}
+
+/// Hashes an address (the identity cache's key): one multiply.
+#[derive(Debug, Default)]
+pub struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
     }
 
-    /// `[NAME@PEN`: an element of Egret's own (RFC 5424 §6.3.2).
-    fn open_element(&self, s: &mut String, name: &str) {
-        s.push('[');
-        s.push_str(name);
-        s.push('@');
-        push_u64(s, u64::from(self.pen));
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 
-/// ` NAME="VALUE"` (the value already escaped).
-fn param_str(s: &mut String, name: &str, value: &str) {
-    s.push(' ');
-    s.push_str(name);
-    s.push_str("=\"");
-    s.push_str(value);
-    s.push('"');
+/// A timestamp's text up to the second, for the last second written.
+#[derive(Debug, Default)]
+struct SecondText {
+    second: Option<u64>,
+    /// `YYYY-MM-DDTHH:MM:SS.`
+    text: Vec<u8>,
 }
 
-fn param_u64(s: &mut String, name: &str, value: u64) {
-    s.push(' ');
-    s.push_str(name);
-    s.push_str("=\"");
+impl SecondText {
+    /// Appends `unix_ms` as RFC 3339 UTC with milliseconds.
+    fn write(&mut self, s: &mut Vec<u8>, unix_ms: u64) {
+        let second = unix_ms / 1000;
+        if self.second != Some(second) {
+            self.text.clear();
+            push_date_time(&mut self.text, second);
+            self.text.push(b'.');
+            self.second = Some(second);
+        }
+        s.extend_from_slice(&self.text);
+        let ms = unix_ms % 1000;
+        s.extend_from_slice(&[b'0' + (ms / 100) as u8, b'0' + (ms / 10 % 10) as u8, b'0' + (ms % 10) as u8, b'Z']);
+    }
+}
+
+/// ` NAME="VALUE"`: `open` holds ` NAME="`, `value` is escaped already.
+fn param_bytes(s: &mut Vec<u8>, open: &[u8], value: &[u8]) {
+    s.extend_from_slice(open);
+    s.extend_from_slice(value);
+    s.push(b'"');
+}
+
+fn param_u64(s: &mut Vec<u8>, open: &[u8], value: u64) {
+    s.extend_from_slice(open);
     push_u64(s, value);
-    s.push('"');
+    s.push(b'"');
 }
 
-fn param_ip(s: &mut String, name: &str, ip: IpAddr) {
-    s.push(' ');
-    s.push_str(name);
-    s.push_str("=\"");
+/// ` TYPE="IPv4" NAME="addr"`, VPP's pair; `typ` and `name` hold
+/// ` TYPE="` and ` NAME="`.
+fn param_addr(s: &mut Vec<u8>, typ: &[u8], name: &[u8], ip: IpAddr) {
+    param_bytes(s, typ, family(ip).as_bytes());
+    s.extend_from_slice(name);
     push_ip(s, ip);
-    s.push('"');
-}
-
-/// ` TYPE="IPv4" NAME="addr"`, VPP's pair.
-fn param_addr(s: &mut String, typ: &str, name: &str, ip: IpAddr) {
-    param_str(s, typ, family(ip));
-    param_ip(s, name, ip);
+    s.push(b'"');
 }
 
 /// A kind's MSGID (RFC 5424 §6.2.7): VPP's for sessions, Egret's own
@@ -224,42 +324,58 @@ pub(super) fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 }
 
 /// Appends `n` in decimal.
-fn push_u64(s: &mut String, n: u64) {
-    for &d in decimal(n, &mut [0; 20]) {
-        s.push(char::from(d));
-    }
+fn push_u64(s: &mut Vec<u8>, n: u64) {
+    s.extend_from_slice(decimal(n, &mut [0; 20]));
 }
 
 /// Appends `n` in decimal, zero-padded to `width` digits (wider if it
 /// needs more).
-fn push_padded(s: &mut String, n: u64, width: usize) {
-    let mut w = 1;
-    let mut m = n / 10;
-    while m > 0 {
-        w += 1;
-        m /= 10;
+fn push_padded(s: &mut Vec<u8>, n: u64, width: usize) {
+    let mut buf = [0; 20];
+    let digits = decimal(n, &mut buf);
+    for _ in digits.len()..width {
+        s.push(b'0');
     }
-    for _ in w..width {
-        s.push('0');
-    }
-    push_u64(s, n);
+    s.extend_from_slice(digits);
 }
 
-/// Appends an address as `Display` writes it: dotted quad by hand, IPv6
-/// (RFC 5952's compressed form) through `fmt`.
-fn push_ip(s: &mut String, ip: IpAddr) {
+/// Each byte's decimal digits (up to 3) and their count: a dotted quad is
+/// four look-ups.
+static OCTETS: [([u8; 3], u8); 256] = octet_table();
+
+const fn octet_table() -> [([u8; 3], u8); 256] {
+    let mut t = [([0u8; 3], 0u8); 256];
+    let mut i = 0;
+    while i < 256 {
+        let (h, d, u) = ((i / 100) as u8, (i / 10 % 10) as u8, (i % 10) as u8);
+        t[i] = if i >= 100 {
+            ([b'0' + h, b'0' + d, b'0' + u], 3)
+        } else if i >= 10 {
+            ([b'0' + d, b'0' + u, 0], 2)
+        } else {
+            ([b'0' + u, 0, 0], 1)
+        };
+        i += 1;
+    }
+    t
+}
+
+/// Appends an address as `Display` writes it: dotted quad through
+/// [`OCTETS`], IPv6 (RFC 5952's compressed form) through `fmt`.
+fn push_ip(s: &mut Vec<u8>, ip: IpAddr) {
     match ip {
         IpAddr::V4(a) => {
             let [a, b, c, d] = a.octets();
-            push_u64(s, u64::from(a));
-            s.push('.');
-            push_u64(s, u64::from(b));
-            s.push('.');
-            push_u64(s, u64::from(c));
-            s.push('.');
-            push_u64(s, u64::from(d));
+            for (i, o) in [a, b, c, d].into_iter().enumerate() {
+                if i > 0 {
+                    s.push(b'.');
+                }
+                let (digits, n) = &OCTETS[usize::from(o)];
+                s.extend_from_slice(&digits[..usize::from(*n)]);
+            }
         }
         IpAddr::V6(a) => {
+            use std::io::Write as _;
             let _ = write!(s, "{a}");
         }
     }
@@ -284,29 +400,26 @@ pub fn escape(v: &str) -> std::borrow::Cow<'_, str> {
 /// Unix ms as RFC 3339 UTC with milliseconds (RFC 5424 §6.2.3's
 /// TIMESTAMP): `2026-12-01T12:17:39.263Z`.
 pub fn rfc3339_ms(unix_ms: u64) -> String {
-    let mut s = String::with_capacity(24);
-    push_rfc3339_ms(&mut s, unix_ms);
-    s
+    let mut s = Vec::with_capacity(24);
+    SecondText::default().write(&mut s, unix_ms);
+    String::from_utf8(s).expect("ASCII")
 }
 
-fn push_rfc3339_ms(s: &mut String, unix_ms: u64) {
-    let secs = unix_ms / 1000;
+/// `YYYY-MM-DDTHH:MM:SS` of a Unix second.
+fn push_date_time(s: &mut Vec<u8>, secs: u64) {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
     push_padded(s, y.max(0) as u64, 4);
-    s.push('-');
+    s.push(b'-');
     push_padded(s, u64::from(m), 2);
-    s.push('-');
+    s.push(b'-');
     push_padded(s, u64::from(d), 2);
-    s.push('T');
+    s.push(b'T');
     push_padded(s, rem / 3600, 2);
-    s.push(':');
+    s.push(b':');
     push_padded(s, rem % 3600 / 60, 2);
-    s.push(':');
+    s.push(b':');
     push_padded(s, rem % 60, 2);
-    s.push('.');
-    push_padded(s, unix_ms % 1000, 3);
-    s.push('Z');
 }
 
 /// The proleptic Gregorian date of a day count since 1970-01-01 (Howard
@@ -461,13 +574,13 @@ mod tests {
     #[test]
     fn numbers_and_addresses_are_written_as_display_writes_them() {
         for n in [0u64, 7, 9, 10, 99, 100, 443, 65_535, 4_294_967_295, u64::MAX] {
-            let mut s = String::new();
+            let mut s = Vec::new();
             push_u64(&mut s, n);
-            assert_eq!(s, n.to_string());
+            assert_eq!(s, n.to_string().as_bytes());
             for width in [2, 3, 4] {
-                let mut p = String::new();
+                let mut p = Vec::new();
                 push_padded(&mut p, n, width);
-                assert_eq!(p, format!("{n:0width$}"));
+                assert_eq!(p, format!("{n:0width$}").as_bytes());
             }
         }
         let mut x: u32 = 0x9e37_79b9;
@@ -476,15 +589,15 @@ mod tests {
             x ^= x >> 17;
             x ^= x << 5;
             let ip = IpAddr::from(std::net::Ipv4Addr::from(x));
-            let mut s = String::new();
+            let mut s = Vec::new();
             push_ip(&mut s, ip);
-            assert_eq!(s, ip.to_string());
+            assert_eq!(s, ip.to_string().as_bytes());
         }
         for ip in ["0.0.0.0", "255.255.255.255", "10.0.0.1", "2001:db8::1", "::ffff:192.0.2.1", "::"] {
             let ip: IpAddr = ip.parse().unwrap();
-            let mut s = String::new();
+            let mut s = Vec::new();
             push_ip(&mut s, ip);
-            assert_eq!(s, ip.to_string());
+            assert_eq!(s, ip.to_string().as_bytes());
         }
     }
 
@@ -515,254 +628,5 @@ mod tests {
         assert!(f
             .line(&event(LogKind::SessionCreate))
             .starts_with("<134>1 2026-12-01T12:17:39.263Z - egret 4242 SADD "));
-    }
-}
-
-/// The formatter through `fmt` that `Format::write_line` replaced
-/// (5824aa8), kept as the reference its lines must equal and as the
-/// baseline of the cost measurement.
-#[cfg(test)]
-mod reference {
-    use super::*;
-
-    pub fn line(f: &Format, e: &Event) -> String {
-        let mut s = String::with_capacity(320);
-        let msgid = msgid(e.kind);
-        let hostname = if f.hostname.is_empty() { "-" } else { f.hostname.as_str() };
-        let _ = write!(s, "<{PRI}>1 {} {hostname} {APP_NAME} {} {msgid} ", timestamp(e.at_ms), f.procid);
-        let limit = e.limit.unwrap_or(0);
-        match e.kind {
-            LogKind::PortsExhausted => {
-                let _ = write!(
-                    s,
-                    "[pexh@{} IATYP=\"{}\" ISADDR=\"{}\" XATYP=\"{}\" XSADDR=\"{}\" PORTS=\"{limit}\"]",
-                    f.pen,
-                    family(e.pod),
-                    e.pod,
-                    family(e.egress),
-                    e.egress
-                );
-                return s;
-            }
-            LogKind::QuotaExceeded => {
-                let quota = if e.quota == Some(quota::MAX_SESSION_ENTRIES) { "sessions" } else { "per-pod" };
-                let _ = write!(
-                    s,
-                    "[qexc@{} IATYP=\"{}\" ISADDR=\"{}\" QUOTA=\"{quota}\" LIMIT=\"{limit}\"]",
-                    f.pen,
-                    family(e.pod),
-                    e.pod
-                );
-                return s;
-            }
-            LogKind::BlockAllocate | LogKind::BlockFree => {
-                let _ = write!(
-                    s,
-                    "[pblk@{} IATYP=\"{}\" ISADDR=\"{}\" XATYP=\"{}\" XSADDR=\"{}\" PSTART=\"{}\" PEND=\"{}\"]",
-                    f.pen,
-                    family(e.pod),
-                    e.pod,
-                    family(e.egress),
-                    e.egress,
-                    e.egress_port,
-                    e.block.map_or(e.egress_port, |b| b.0)
-                );
-                identity(f, e, &mut s);
-                return s;
-            }
-            LogKind::SessionCreate | LogKind::SessionDelete => {}
-        }
-        let _ = write!(
-            s,
-            "[nsess SSUBIX=\"0\" SVLAN=\"0\" IATYP=\"{}\" ISADDR=\"{}\" ISPORT=\"{}\" XATYP=\"{}\" XSADDR=\"{}\" XSPORT=\"{}\" PROTO=\"{}\"",
-            family(e.pod),
-            e.pod,
-            e.pod_port,
-            family(e.egress),
-            e.egress,
-            e.egress_port,
-            e.proto
-        );
-        if let (true, Some((addr, port))) = (f.destinations, e.remote) {
-            let _ = write!(s, " XDADDR=\"{addr}\" XDPORT=\"{port}\"");
-        }
-        s.push(']');
-        identity(f, e, &mut s);
-        if e.kind == LogKind::SessionDelete {
-            let last = timestamp(e.last_ms.unwrap_or(e.at_ms));
-            let why = e.reason.map_or("unknown", |r| r.name());
-            let adopted = u8::from(e.flags & log_flags::ADOPTED != 0);
-            let _ =
-                write!(s, "[end@{} last=\"{}\" why=\"{}\" adopted=\"{adopted}\"]", f.pen, escape(&last), escape(why));
-        }
-        s
-    }
-
-    /// 5824aa8's timestamp, through `format!`.
-    fn timestamp(unix_ms: u64) -> String {
-        let secs = unix_ms / 1000;
-        let (days, rem) = (secs / 86_400, secs % 86_400);
-        let (y, m, d) = civil_from_days(days as i64);
-        format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem % 3600 / 60, rem % 60, unix_ms % 1000)
-    }
-
-    fn identity(f: &Format, e: &Event, s: &mut String) {
-        if let Some(id) = &e.identity {
-            let _ = write!(
-                s,
-                "[pod@{} ns=\"{}\" name=\"{}\" uid=\"{}\"]",
-                f.pen,
-                escape(&id.namespace),
-                escape(&id.name),
-                escape(&id.uid)
-            );
-        }
-    }
-}
-
-/// Events of every kind, family and shape, from a seed: the reference's
-/// comparison and the cost measurement share them.
-#[cfg(test)]
-fn sample_events(n: u32, seed: u32) -> Vec<Event> {
-    use egret_dataplane::translog::EndReason;
-    use std::net::{Ipv4Addr, Ipv6Addr};
-    let ids = [
-        None,
-        Some(std::sync::Arc::new(crate::translog::identity::PodIdentity {
-            namespace: "payments".into(),
-            name: "api-7d9f8-abcde".into(),
-            uid: "0b6c3a8e-1f2d-4c5b-9a8e-7f6d5c4b3a21".into(),
-        })),
-        Some(std::sync::Arc::new(crate::translog::identity::PodIdentity {
-            namespace: "odd\"ns]".into(),
-            name: "back\\slash".into(),
-            uid: String::new(),
-        })),
-    ];
-    let mut x = seed | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        x
-    };
-    (0..n)
-        .map(|_| {
-            let r = next();
-            let kind = match r % 20 {
-                14 => LogKind::PortsExhausted,
-                15 => LogKind::QuotaExceeded,
-                16 | 17 => LogKind::BlockAllocate,
-                18 | 19 => LogKind::BlockFree,
-                n if n % 2 == 0 => LogKind::SessionCreate,
-                _ => LogKind::SessionDelete,
-            };
-            let v6 = r % 7 == 0;
-            let addr = |v: u32| -> IpAddr {
-                if v6 {
-                    Ipv6Addr::from(u128::from(v) | 0x2001_0db8 << 96).into()
-                } else {
-                    Ipv4Addr::from(v).into()
-                }
-            };
-            Event {
-                kind,
-                // Any second from 1970 to 2106, any millisecond.
-                at_ms: u64::from(next()) * 1000 + u64::from(next() % 1000),
-                proto: [6, 17, 1][(r % 3) as usize],
-                pod: addr(next()),
-                pod_port: next() as u16,
-                egress: addr(next()),
-                egress_port: next() as u16,
-                remote: (r % 5 != 0).then(|| (addr(next()), next() as u16)),
-                last_ms: (kind == LogKind::SessionDelete && r % 3 != 0).then_some(1_796_127_000_000),
-                reason: (kind == LogKind::SessionDelete && r % 4 != 0).then_some(EndReason::Expired),
-                flags: if r % 9 == 0 { log_flags::ADOPTED } else { 0 },
-                quota: (kind == LogKind::QuotaExceeded).then_some(if r % 2 == 0 {
-                    quota::MAX_SESSION_ENTRIES
-                } else {
-                    quota::MAX_ENTRIES_PER_USER
-                }),
-                limit: (r % 3 == 0).then_some(next() % 100_000),
-                block: matches!(kind, LogKind::BlockAllocate | LogKind::BlockFree)
-                    .then(|| (next() as u16, 1 << (r % 8)))
-                    .filter(|_| r % 11 != 0),
-                identity: ids[(next() % 3) as usize].clone(),
-            }
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod equal_to_reference {
-    use super::*;
-
-    #[test]
-    fn hand_written_lines_equal_the_fmt_reference() {
-        for destinations in [true, false] {
-            for hostname in ["gw-a", ""] {
-                let f = Format { hostname: hostname.into(), procid: 4242, pen: 32473, destinations };
-                for e in sample_events(20_000, 0x1234_5678) {
-                    assert_eq!(f.line(&e), reference::line(&f, &e), "{e:?}");
-                }
-            }
-        }
-    }
-}
-
-/// What a line costs the exporter's thread, framed for TCP, against the
-/// `fmt` reference (docs/benchmarks.md, "Translation logs"): `cargo test
-/// --release -p egret-controlplane --lib syslog_cost -- --ignored
-/// --nocapture`. A measurement, not a test: it asserts nothing about speed.
-#[cfg(test)]
-mod cost {
-    use std::time::Instant;
-
-    use super::*;
-
-    #[test]
-    #[ignore = "a measurement: run it with --release --ignored --nocapture"]
-    fn syslog_cost() {
-        let f = Format { hostname: "gw-a".into(), procid: 4242, pen: 32473, destinations: true };
-        let mut events = sample_events(1_000_000, 0x9e37_79b9);
-        let id = Some(std::sync::Arc::new(crate::translog::identity::PodIdentity {
-            namespace: "payments".into(),
-            name: "api-7d9f8-abcde".into(),
-            uid: "0b6c3a8e-1f2d-4c5b-9a8e-7f6d5c4b3a21".into(),
-        }));
-        // Sessions with their pod's identity: the usual line.
-        for e in &mut events {
-            if e.kind != LogKind::SessionDelete {
-                e.kind = LogKind::SessionCreate;
-            }
-            e.identity = id.clone();
-        }
-        let mut line = String::new();
-        for round in 0..3 {
-            let t = Instant::now();
-            let mut bytes = 0usize;
-            for chunk in events.chunks(1024) {
-                let mut batch = super::super::tcp::Batch::default();
-                for e in chunk {
-                    line.clear();
-                    f.write_line(e, &mut line);
-                    batch.push(&line);
-                }
-                bytes += batch.bytes().len();
-            }
-            let by_hand = t.elapsed().as_nanos() as f64 / events.len() as f64;
-            let t = Instant::now();
-            let mut reference_bytes = 0usize;
-            for e in &events {
-                let l = reference::line(&f, e);
-                reference_bytes += format!("{} {l}", l.len()).len();
-            }
-            let reference = t.elapsed().as_nanos() as f64 / events.len() as f64;
-            assert_eq!(bytes, reference_bytes);
-            println!(
-                "round {round}: {by_hand:.0} ns per framed line by hand, {reference:.0} through fmt (5824aa8's), {:.0} bytes per line",
-                bytes as f64 / events.len() as f64
-            );
-        }
     }
 }

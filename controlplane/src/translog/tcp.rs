@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::syslog::Format;
+use super::syslog::Lines;
 use super::{DropReason, Event, Sink, Stats};
 
 /// Messages per batch handed to the writer, and per write at most.
@@ -45,10 +45,10 @@ pub struct Batch {
 
 impl Batch {
     /// Appends `line` framed: its octet count, a space, the line.
-    pub fn push(&mut self, line: &str) {
+    pub fn push(&mut self, line: &[u8]) {
         self.bytes.extend_from_slice(super::syslog::decimal(line.len() as u64, &mut [0; 20]));
         self.bytes.push(b' ');
-        self.bytes.extend_from_slice(line.as_bytes());
+        self.bytes.extend_from_slice(line);
         self.messages += 1;
     }
 
@@ -67,7 +67,7 @@ pub struct TcpSender {
     capacity: u64,
     /// The batch being filled, and the line being formatted.
     filling: Batch,
-    line: String,
+    line: Vec<u8>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -87,7 +87,7 @@ impl TcpSender {
             queued,
             capacity: capacity.max(1) as u64,
             filling: Batch::default(),
-            line: String::with_capacity(512),
+            line: Vec::with_capacity(512),
             stop,
             thread: Some(thread),
         })
@@ -96,7 +96,7 @@ impl TcpSender {
     /// Formats `e` into the batch being filled; hands the batch over when
     /// it is full. A message the queue has no room for, counting the batch
     /// being filled, is counted lost (`queue_full`) without being formatted.
-    pub fn push(&mut self, format: &Format, e: &Event, stats: &Stats) {
+    pub fn push(&mut self, lines: &mut Lines, e: &Event, stats: &Stats) {
         if self.queued.load(Ordering::Acquire) + self.filling.messages >= self.capacity {
             // The writer may have made room since the last hand-over.
             self.flush(stats);
@@ -106,7 +106,7 @@ impl TcpSender {
             }
         }
         self.line.clear();
-        format.write_line(e, &mut self.line);
+        lines.write_line(e, &mut self.line);
         self.filling.push(&self.line);
         if self.filling.messages >= BATCH {
             self.flush(stats);
@@ -219,8 +219,8 @@ mod tests {
     #[test]
     fn frames_carry_their_length() {
         let mut b = Batch::default();
-        b.push("<134>1 - - - - - -");
-        b.push("");
+        b.push(b"<134>1 - - - - - -");
+        b.push(b"");
         assert_eq!(b.bytes(), b"18 <134>1 - - - - - -0 ");
         assert_eq!(b.messages, 2);
     }
