@@ -17,3 +17,19 @@ pub fn read<T>(r: &T) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = r;
 }
+
+/// Asks for the cache line holding the byte at `p`, any address (a table's
+/// bucket computed ahead of the lock that will write it; a stale or
+/// dangling address costs a wasted fetch, never a fault).
+#[inline(always)]
+pub fn addr(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    // SAFETY: PREFETCHT0 is a hint: it accesses no memory architecturally
+    // and cannot fault, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}

@@ -136,6 +136,17 @@ impl<A: NatAddr> Mappings<A> {
         self.by_inside.retain(|k, _| k.egress != egress);
     }
 
+    /// Asks for the line of the mapping of (pod, pod port, protocol) on
+    /// `req.egress` (nat/map_prefetch.rs).
+    #[inline]
+    pub fn prefetch(&self, req: MappingRequest<A>) {
+        let MappingRequest { egress, pod, pod_port, proto } = req;
+        super::map_prefetch::bucket(
+            &self.by_inside,
+            &InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto },
+        );
+    }
+
     /// Acquires the endpoint-independent mapping of (pod, pod_port, proto) on
     /// `egress`: the existing one, or a new one claimed by try-insert.
     /// `None` means no port: the pod is at its quota or the bounded attempts

@@ -3,6 +3,7 @@
 //!
 //! - [`key`]: flow keys and session tuples, generic over IPv4/IPv6.
 //! - [`session`]: the shared session table (both directions, one map).
+//! - [`map_prefetch`]: asking ahead for the lines a new flow's map inserts touch.
 //! - [`flow_cache`]: a worker's exact-match cache of session refs in front of it.
 //! - [`flow_rate`]: a worker's per-source limit on new sessions a second.
 //! - [`mapping`], [`port_alloc`]: endpoint-independent mappings, try-insert port allocation.
@@ -17,6 +18,7 @@ pub mod flow_rate;
 pub mod fragments;
 pub mod icmp_error;
 pub mod key;
+pub mod map_prefetch;
 pub mod mapping;
 pub mod port_alloc;
 pub mod port_blocks;

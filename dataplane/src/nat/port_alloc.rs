@@ -258,6 +258,22 @@ impl<A: NatAddr> PortPool<A> {
         self.owners.get(usize::from(port - self.range.first))
     }
 
+    /// Asks for the line of `port`'s owner cell (nat/map_prefetch.rs).
+    #[inline]
+    pub fn prefetch_claim(&self, port: u16) {
+        if let Some(cell) = self.cell(port) {
+            crate::prefetch::read(cell);
+        }
+    }
+
+    /// Asks for the line of the pod's count: its mappings (remote zero,
+    /// port 0), or in endpoint-dependent mode its sessions towards
+    /// (remote, remote_port) (nat/map_prefetch.rs).
+    #[inline]
+    pub fn prefetch_source(&self, pod: A, remote: A, remote_port: u16) {
+        super::map_prefetch::bucket(&self.per_source, &(pod, remote, remote_port));
+    }
+
     /// Claims `port` for (pod, pod_port) if it is free. Try-insert.
     pub fn try_claim(&self, port: u16, pod: A, pod_port: u16) -> bool {
         let Some(cell) = self.cell(port) else { return false };

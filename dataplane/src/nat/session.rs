@@ -379,6 +379,13 @@ impl<A: NatAddr> SessionTable<A> {
         self.slab.get(index)?.read(index)
     }
 
+    /// Asks for the lines an insert or lookup of `key` will probe first
+    /// (nat/map_prefetch.rs): a new flow's keys, before its locks.
+    #[inline]
+    pub fn prefetch_key(&self, key: &FlowKey<A>) {
+        super::map_prefetch::bucket(&self.flows, key);
+    }
+
     /// Whether the inbound key is taken.
     pub fn inbound_taken(&self, key: &FlowKey<A>) -> bool {
         self.flows.contains_key(key)

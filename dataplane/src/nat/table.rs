@@ -41,8 +41,9 @@ use dashmap::DashMap;
 
 use super::fragments::FragmentCache;
 use super::key::{proto, FlowKey, NatAddr, SessionTuple};
+use super::map_prefetch;
 use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mappings};
-use super::port_alloc::{candidates, PortRange, PortRng};
+use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
 use super::port_blocks::{BlockClaimError, BlockPool, BlockRefusal, PortBlocks};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
 use super::sync::{ImportRefusal, ImportReport, JournalEntry, SessionKeyRecord, SessionRecord, SyncEvent, SyncJournal};
@@ -683,6 +684,10 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         let nat = &tables.nat;
         let egress = policy.egress_for(req.pod).ok_or(DropReason::NoEgressIpForFamily)?;
         let entry = tables.egress(egress.ip()).ok_or(DropReason::EgressIpNotOwned)?;
+        let pool = self.mappings.pool(egress, req.proto, entry.ports);
+        if entry.blocks.is_none() {
+            self.prefetch_creation(req, egress, &pool, ctx.rng);
+        }
         if !self.admit_source(req.pod, nat.max_sessions_per_source) {
             return Err(DropReason::SourceSessionLimit);
         }
@@ -710,7 +715,6 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             egress_port: 0,
             proto: req.proto,
         };
-        let pool = self.mappings.pool(egress, req.proto, entry.ports);
         pool.set_source_quota(nat.ports_per_source(entry.ports));
         if let Some(cfg) = entry.blocks {
             let blocks = self.block_pool(egress, cfg, entry.ports);
@@ -787,6 +791,46 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             r
         };
         self.created_outbound(result, &tuple, ctx)
+    }
+
+    /// Asks for the lines creating the session of `req` on `egress` will
+    /// write, all at once before the first lock (nat/map_prefetch.rs, ADR
+    /// 0036): the pod's session count, the session map's buckets of the
+    /// outbound key and of the inbound keys of the first two candidate
+    /// ports (the pod's own, the first random one, drawn from a copy of
+    /// the worker's generator so the allocation draws the same), the
+    /// pod's count in the pool (its mappings, or in endpoint-dependent
+    /// mode its sessions towards the remote), and in endpoint-independent
+    /// mode the mapping and the candidates' owner cells.
+    fn prefetch_creation(&self, req: &OutboundRequest<A>, egress: A, pool: &PortPool<A>, rng: &PortRng) {
+        map_prefetch::bucket(&self.per_source, &req.pod);
+        let mut tuple = SessionTuple {
+            pod: req.pod,
+            remote: req.remote,
+            egress,
+            pod_port: req.pod_port,
+            remote_port: req.remote_port,
+            egress_port: 0,
+            proto: req.proto,
+        };
+        self.sessions.prefetch_key(&tuple.outbound_key());
+        let range = pool.range();
+        let preserved = range.contains(req.pod_port).then_some(req.pod_port);
+        let random = rng.clone().port_in(range);
+        let eim = self.mappings.endpoint_independent();
+        if eim {
+            self.mappings.prefetch(MappingRequest { egress, pod: req.pod, pod_port: req.pod_port, proto: req.proto });
+            pool.prefetch_source(req.pod, A::from_bits_zero(), 0);
+        } else {
+            pool.prefetch_source(req.pod, req.remote, req.remote_port);
+        }
+        for port in preserved.into_iter().chain(std::iter::once(random)) {
+            tuple.egress_port = port;
+            self.sessions.prefetch_key(&tuple.inbound_key());
+            if eim {
+                pool.prefetch_claim(port);
+            }
+        }
     }
 
     /// The outcome of an outbound creation's insert: the session, the
