@@ -125,7 +125,8 @@ impl Lines {
     pub fn line(&mut self, e: &Event) -> String {
         let mut s = Vec::with_capacity(384);
         self.write_line(e, &mut s);
-        String::from_utf8(s).expect("lines are UTF-8: ASCII and the identity's own strings")
+        // UTF-8 always (ASCII, and the identity's own strings): lossy never replaces.
+        String::from_utf8_lossy(&s).into_owned()
     }
 
     /// Appends the message for `e` to `s` (a buffer the exporter reuses).
@@ -402,7 +403,7 @@ pub fn escape(v: &str) -> std::borrow::Cow<'_, str> {
 pub fn rfc3339_ms(unix_ms: u64) -> String {
     let mut s = Vec::with_capacity(24);
     SecondText::default().write(&mut s, unix_ms);
-    String::from_utf8(s).expect("ASCII")
+    String::from_utf8_lossy(&s).into_owned() // ASCII digits and separators
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` of a Unix second.
