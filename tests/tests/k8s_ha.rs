@@ -75,9 +75,6 @@ use egret_tests::netns::NetNs;
 use egret_tests::plan;
 use egret_tests::probe;
 use k8s_common::*;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, PostParams};
-use serde_json::json;
 
 const NAME: &str = "k8s_ha_three_gateways_under_load";
 /// The policy's egress IP.
@@ -264,7 +261,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = rt.block_on(server.client()).expect("client");
     lab.route_pod_via(KPod::Db, EIP, 111).expect("route db via the policy's IP");
-    let token = rt.block_on(setup_cluster(&client));
+    let token = rt.block_on(ha_lab_cluster(&client, EIP));
     let kubeconfig = lab.dir().join("gateway.kubeconfig");
     write_token_kubeconfig(server.kubeconfig_path(), "egret-gateway", &token, &kubeconfig);
     let api_port = api_port(server);
@@ -836,28 +833,6 @@ fn wait_holder(ctx: &Ctx, timeout: Duration) -> Gw {
         assert!(Instant::now() < deadline, "{EIP} has no holder after {} ms", ms(timeout));
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-/// CRDs, RBAC, three gateway Nodes, the Pods, the EgressPolicy for `db`.
-/// Returns a token of the gateways' ServiceAccount.
-async fn setup_cluster(client: &kube::Client) -> String {
-    install_egret(client).await;
-    namespace(client, "team-a", json!({"team": "a"})).await;
-    for g in Gw::ALL {
-        // The channel's address: the gateway's management address (there is
-        // no kubelet to fill in the Node's InternalIP).
-        let nodes: Api<Node> = Api::all(client.clone());
-        let n: Node = serde_json::from_value(json!({"metadata": {
-            "name": g.node_name(), "labels": {"egret.dev/gateway": "true"},
-            "annotations": {"egret.dev/ha-address": g.mgmt_addr().to_string()}}}))
-        .unwrap();
-        nodes.create(&PostParams::default(), &n).await.expect("create node");
-    }
-    for p in KPod::ALL {
-        pod(client, "team-a", &format!("{}-1", p.name()), json!({"app": p.name()}), &p.addr().to_string()).await;
-    }
-    db_policy(client, EIP).await;
-    service_account_token(client, "egret-gateway").await
 }
 
 /// Keeps the gateways' logs when the test fails, or always with

@@ -41,7 +41,7 @@ use egret_tests::plan;
 use egret_tests::probe;
 use k8s_common::*;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 const NAME: &str = "k8s_ha_translog_join";
@@ -103,26 +103,6 @@ impl Flow {
     fn close(&mut self) {
         self.conn = None;
     }
-}
-
-fn setup(client: &kube::Client, rt: &tokio::runtime::Runtime) -> String {
-    rt.block_on(async {
-        install_egret(client).await;
-        namespace(client, "team-a", json!({"team": "a"})).await;
-        for g in Gw::ALL {
-            let nodes: Api<Node> = Api::all(client.clone());
-            let n: Node = serde_json::from_value(json!({"metadata": {
-                "name": g.node_name(), "labels": {"egret.dev/gateway": "true"},
-                "annotations": {"egret.dev/ha-address": g.mgmt_addr().to_string()}}}))
-            .unwrap();
-            nodes.create(&PostParams::default(), &n).await.expect("create node");
-        }
-        for p in KPod::ALL {
-            pod(client, "team-a", &format!("{}-1", p.name()), json!({"app": p.name()}), &p.addr().to_string()).await;
-        }
-        db_policy(client, EIP).await;
-        service_account_token(client, "egret-gateway").await
-    })
 }
 
 fn holder(rt: &tokio::runtime::Runtime, client: &kube::Client, not: Option<Gw>, timeout: Duration) -> Gw {
@@ -211,7 +191,7 @@ fn scenario(lab: &K8sLab, server: &ApiServer) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = rt.block_on(server.client()).expect("client");
     lab.route_pod_via(KPod::Db, EIP, 111).expect("route db via the policy's IP");
-    let token = setup(&client, &rt);
+    let token = rt.block_on(ha_lab_cluster(&client, EIP));
     let kubeconfig = lab.dir().join("gateway.kubeconfig");
     write_token_kubeconfig(server.kubeconfig_path(), "egret-gateway", &token, &kubeconfig);
     let key = lab.dir().join("ha-key");

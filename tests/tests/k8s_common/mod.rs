@@ -949,6 +949,30 @@ pub fn ha_section(
 
 /// Egret's CRDs, and the deployed namespace and RBAC (`deploy/manifests`
 /// 00 and 10), as an operator installs them.
+/// The HA labs' cluster (k8s_ha, k8s_ha_translog): CRDs and RBAC, the
+/// three gateway Nodes with their channel addresses (there is no kubelet
+/// to fill in a Node's InternalIP), the lab's Pods in `team-a`, and the
+/// EgressPolicy for `db` on `eip`. Returns a token of the gateways'
+/// ServiceAccount.
+pub async fn ha_lab_cluster(client: &kube::Client, eip: std::net::Ipv4Addr) -> String {
+    use egret_tests::k8slab::{Gw, KPod};
+    install_egret(client).await;
+    namespace(client, "team-a", json!({"team": "a"})).await;
+    for g in Gw::ALL {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let n: Node = serde_json::from_value(json!({"metadata": {
+            "name": g.node_name(), "labels": {"egret.dev/gateway": "true"},
+            "annotations": {"egret.dev/ha-address": g.mgmt_addr().to_string()}}}))
+        .unwrap();
+        nodes.create(&PostParams::default(), &n).await.expect("create node");
+    }
+    for p in KPod::ALL {
+        pod(client, "team-a", &format!("{}-1", p.name()), json!({"app": p.name()}), &p.addr().to_string()).await;
+    }
+    db_policy(client, eip).await;
+    service_account_token(client, "egret-gateway").await
+}
+
 pub async fn install_egret(client: &kube::Client) {
     install_egret_manifests(client, &["00-namespace.yaml", "10-rbac.yaml"]).await;
 }
