@@ -663,18 +663,26 @@ pub mod render {
         table(&["POLICY", "SOURCES", "DESTINATIONS", "EXCEPT", "EGRESS IPS", "OUT PKTS/BYTES", "IN PKTS/BYTES"], &rows)
     }
 
+    /// `n` of `of` as a percentage with one decimal; `-` when `of` is 0.
+    fn percent(n: u64, of: u64) -> String {
+        if of == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1}%", n as f64 * 100.0 / of as f64)
+        }
+    }
+
     /// `egret ports`.
     pub fn ports(p: &[PortRow]) -> String {
         let rows: Vec<Vec<String>> = p
             .iter()
             .map(|r| {
-                let pct = if r.capacity == 0 { 0.0 } else { r.in_use as f64 * 100.0 / r.capacity as f64 };
                 vec![
                     r.egress_ip.to_string(),
                     r.proto.clone(),
                     r.in_use.to_string(),
                     r.capacity.to_string(),
-                    format!("{pct:.1}%"),
+                    percent(r.in_use, r.capacity),
                     r.exhausted.to_string(),
                 ]
             })
@@ -687,14 +695,13 @@ pub mod render {
         let rows: Vec<Vec<String>> = b
             .iter()
             .map(|r| {
-                let pct = if r.capacity == 0 { 0.0 } else { r.in_use as f64 * 100.0 / r.capacity as f64 };
                 vec![
                     r.egress_ip.to_string(),
                     if r.configured { format!("{}", r.block_size) } else { format!("{} (leaving)", r.block_size) },
                     r.max_per_pod.to_string(),
                     r.in_use.to_string(),
                     r.capacity.to_string(),
-                    format!("{pct:.1}%"),
+                    percent(r.in_use, r.capacity),
                     r.pods.to_string(),
                     r.exhausted.to_string(),
                     r.pod_limit.to_string(),
@@ -720,8 +727,6 @@ pub mod render {
     /// `egret port-use`: the last count's top destinations and pods per
     /// egress IP and protocol, against their limits.
     pub fn port_use(u: &crate::port_use::PortUse) -> String {
-        let pct =
-            |n: u64, of: u64| if of == 0 { "-".to_string() } else { format!("{:.1}%", n as f64 * 100.0 / of as f64) };
         let mut rows: Vec<Vec<String>> = Vec::new();
         for p in &u.pools {
             let mut row = |what: &str, who: String, n: u64, limit: Option<u64>| {
@@ -732,7 +737,7 @@ pub mod render {
                     who,
                     n.to_string(),
                     limit.map_or("-".into(), |l| l.to_string()),
-                    limit.map_or("-".into(), |l| pct(n, l)),
+                    limit.map_or("-".into(), |l| percent(n, l)),
                 ]);
             };
             if !p.endpoint_dependent {

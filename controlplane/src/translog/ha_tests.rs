@@ -9,36 +9,21 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use egret_dataplane::clock::Timestamp;
-use egret_dataplane::engine::{ChecksumHint, Engine, Pipeline, RxMeta, Verdict};
-use egret_dataplane::fixtures::{self, base_spec, from_pod, topology, udp, E1, INSIDE, POD_A, SERVER};
-use egret_dataplane::nat::port_alloc::PortRng;
+use egret_dataplane::engine::{Engine, Pipeline};
+use egret_dataplane::fixtures::E1;
 use egret_dataplane::tables::TablesSpec;
 
+use super::tests::spec;
 use super::*;
-use crate::config::{IpfixConfig, JournalConfig, SyslogConfig};
+use crate::config::JournalConfig;
 
-fn spec() -> TablesSpec {
-    let mut spec = base_spec();
-    spec.nat.new_flows_per_second_per_source = 0;
-    spec
+/// `n` new flows from POD_A's ports 40000.. at `at_ms`.
+fn new_flows(w: &mut Pipeline, n: u16, at_ms: u64) {
+    super::tests::new_flows(w, 40000, n, at_ms);
 }
 
 fn engine(spec: &TablesSpec) -> (Engine, Pipeline) {
-    let e = Engine::new(spec).unwrap();
-    e.publish_fib(topology());
-    assert!(e.enable_translog(1024));
-    let w = e.pipeline_seeded(PortRng::new(1));
-    (e, w)
-}
-
-fn new_flows(w: &mut Pipeline, n: u16, at_ms: u64) {
-    for i in 0..n {
-        let f = from_pod(IpAddr::V4(POD_A), IpAddr::V4(SERVER), udp(40000 + i, 53, b"q")).frame();
-        let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
-        buf[..f.len()].copy_from_slice(&f);
-        let meta = RxMeta { ifindex: INSIDE, checksum: ChecksumHint::Unknown };
-        assert!(matches!(w.process(&mut buf, f.len(), meta, Timestamp::from_millis(at_ms)), Verdict::Forward { .. }));
-    }
+    super::tests::engine_over(spec, 1024)
 }
 
 struct Sinks {
@@ -64,26 +49,16 @@ impl Sinks {
 
     fn config(&self) -> TranslationLogsConfig {
         TranslationLogsConfig {
-            ring_records: 1024,
-            queue_events: 1024,
-            log_destinations: true,
-            enterprise_number: 32473,
-            ipfix: Some(IpfixConfig {
-                collector: self.ipfix.local_addr().unwrap(),
-                observation_domain: Some(9),
-                template_refresh: Duration::from_secs(60),
-                mtu: 1400,
-            }),
-            syslog: Some(SyslogConfig {
-                collector: self.syslog.local_addr().unwrap(),
-                hostname: Some("gw-a".into()),
-                transport: crate::config::SyslogTransport::Udp,
-            }),
             journal: Some(JournalConfig {
                 dir: self.journal.clone(),
                 max_bytes: 1 << 20,
                 max_age: Duration::from_secs(3600),
             }),
+            ..super::tests::config(
+                Some(self.ipfix.local_addr().unwrap()),
+                Some(self.syslog.local_addr().unwrap()),
+                1024,
+            )
         }
     }
 
@@ -137,13 +112,7 @@ fn handed_over_ends_stay_in_the_journal_and_who_had_names_them() {
     assert_eq!(reasons, [None, None, Some(EndReason::HandedOver), Some(EndReason::HandedOver)]);
 
     let first = &events[0];
-    let q = crate::view::WhoHadQuery {
-        egress: first.egress,
-        port: first.egress_port,
-        at_ms: first.at_ms + 100,
-        proto: Some("udp".into()),
-        remote: None,
-    };
+    let q = super::tests::udp_query(first.egress, first.egress_port, first.at_ms + 100);
     let a = who_had::answer(&sinks.journal, &q, &|_| None).unwrap();
     assert_eq!(a.sessions.len(), 1, "{a:?}");
     let r = &a.sessions[0];
@@ -185,13 +154,7 @@ fn not_adopted_ends_reach_every_sink_from_the_taker() {
     let d = &events[0];
     assert_eq!((d.kind, d.reason), (LogKind::SessionDelete, Some(EndReason::NotAdopted)));
     assert_eq!((d.egress, d.egress_port, d.pod_port), (refused.egress, refused.egress_port, refused.pod_port));
-    let q = crate::view::WhoHadQuery {
-        egress: d.egress,
-        port: d.egress_port,
-        at_ms: d.at_ms - 100,
-        proto: Some("udp".into()),
-        remote: None,
-    };
+    let q = super::tests::udp_query(d.egress, d.egress_port, d.at_ms - 100);
     let a = who_had::answer(&sinks.journal, &q, &|_| None).unwrap();
     assert_eq!(a.sessions.len(), 1, "{a:?}");
     let r = &a.sessions[0];

@@ -54,17 +54,28 @@ fn a_record_becomes_an_event_with_the_destination_only_when_asked() {
     assert!(Event::from_record(&LogRecord::default(), &c, true).is_none(), "kind 0 is no event");
 }
 
-fn engine_and_worker(ring: usize) -> (Engine, Pipeline) {
+/// The fixture table's spec without the new-flow rate limit.
+pub(super) fn spec() -> egret_dataplane::tables::TablesSpec {
     let mut spec = base_spec();
     spec.nat.new_flows_per_second_per_source = 0;
-    let e = Engine::new(&spec).unwrap();
+    spec
+}
+
+/// An engine over `spec` with translation logs on (rings of `ring`), and a seeded worker.
+pub(super) fn engine_over(spec: &egret_dataplane::tables::TablesSpec, ring: usize) -> (Engine, Pipeline) {
+    let e = Engine::new(spec).unwrap();
     e.publish_fib(topology());
     assert!(e.enable_translog(ring));
     let w = e.pipeline_seeded(PortRng::new(1));
     (e, w)
 }
 
-fn new_flows(w: &mut Pipeline, first_port: u16, n: u16, at_ms: u64) {
+fn engine_and_worker(ring: usize) -> (Engine, Pipeline) {
+    engine_over(&spec(), ring)
+}
+
+/// `n` new UDP flows of POD_A from ports `first_port..` to SERVER:53, each forwarded.
+pub(super) fn new_flows(w: &mut Pipeline, first_port: u16, n: u16, at_ms: u64) {
     for i in 0..n {
         let p = from_pod(IpAddr::V4(POD_A), IpAddr::V4(SERVER), udp(first_port + i, 53, b"q"));
         let f = p.frame();
@@ -75,7 +86,13 @@ fn new_flows(w: &mut Pipeline, first_port: u16, n: u16, at_ms: u64) {
     }
 }
 
-fn config(
+/// Who had UDP port `port` of `egress` at `at_ms`, any remote.
+pub(super) fn udp_query(egress: IpAddr, port: u16, at_ms: u64) -> crate::view::WhoHadQuery {
+    crate::view::WhoHadQuery { egress, port, at_ms, proto: Some("udp".into()), remote: None }
+}
+
+/// The exporter's configuration: IPFIX and syslog over UDP where given, no journal.
+pub(super) fn config(
     ipfix: Option<std::net::SocketAddr>,
     syslog: Option<std::net::SocketAddr>,
     queue: usize,
@@ -378,13 +395,7 @@ fn the_journal_keeps_the_identity_at_the_drain() {
 
     // Who had the first flow's egress port a moment after it was made?
     let first = &events[0];
-    let q = crate::view::WhoHadQuery {
-        egress: first.egress,
-        port: first.egress_port,
-        at_ms: first.at_ms + 100,
-        proto: Some("udp".into()),
-        remote: None,
-    };
+    let q = udp_query(first.egress, first.egress_port, first.at_ms + 100);
     let a = who_had::answer(&dir, &q, &|_| Some(1_796_127_460_000)).unwrap();
     assert_eq!(a.sessions.len(), 1, "{a:?}");
     let r = &a.sessions[0];
@@ -443,13 +454,7 @@ fn block_mode_journals_the_block_and_who_had_answers_from_it() {
     assert_eq!(b.egress_port % 64, 0);
     assert_eq!(b.block, Some((b.egress_port + 63, 64)));
     assert_eq!(x.stats().sent(Sink::Journal), 1);
-    let q = crate::view::WhoHadQuery {
-        egress: b.egress,
-        port: b.egress_port + 17,
-        at_ms: b.at_ms + 100,
-        proto: Some("udp".into()),
-        remote: None,
-    };
+    let q = udp_query(b.egress, b.egress_port + 17, b.at_ms + 100);
     let a = who_had::answer(&dir, &q, &|_| None).unwrap();
     assert!(a.sessions.is_empty() && !a.before_journal, "{a:?}");
     assert_eq!(a.blocks.len(), 1);

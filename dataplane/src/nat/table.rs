@@ -78,6 +78,22 @@ pub struct OutboundRequest<A> {
     pub tcp_flags: u8,
 }
 
+impl<A: NatAddr> OutboundRequest<A> {
+    /// The session this request would make through `egress`, its egress
+    /// port not chosen yet (0).
+    fn tuple(&self, egress: A) -> SessionTuple<A> {
+        SessionTuple {
+            pod: self.pod,
+            remote: self.remote,
+            egress,
+            pod_port: self.pod_port,
+            remote_port: self.remote_port,
+            egress_port: 0,
+            proto: self.proto,
+        }
+    }
+}
+
 /// Computes a session's checksum deltas (the engine's rewrite module knows how).
 pub type DeltaFn<'a, A> = &'a dyn Fn(&SessionTuple<A>) -> u32;
 
@@ -706,15 +722,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if tables.owns_egress(req.remote.ip()) {
             init.flags |= session_flags::HAIRPIN;
         }
-        let mut tuple = SessionTuple {
-            pod: req.pod,
-            remote: req.remote,
-            egress,
-            pod_port: req.pod_port,
-            remote_port: req.remote_port,
-            egress_port: 0,
-            proto: req.proto,
-        };
+        let mut tuple = req.tuple(egress);
         pool.set_source_quota(nat.ports_per_source(entry.ports));
         if let Some(cfg) = entry.blocks {
             let blocks = self.block_pool(egress, cfg, entry.ports);
@@ -804,15 +812,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// mode the mapping and the candidates' owner cells.
     fn prefetch_creation(&self, req: &OutboundRequest<A>, egress: A, pool: &PortPool<A>, rng: &PortRng) {
         map_prefetch::bucket(&self.per_source, &req.pod);
-        let mut tuple = SessionTuple {
-            pod: req.pod,
-            remote: req.remote,
-            egress,
-            pod_port: req.pod_port,
-            remote_port: req.remote_port,
-            egress_port: 0,
-            proto: req.proto,
-        };
+        let mut tuple = req.tuple(egress);
         self.sessions.prefetch_key(&tuple.outbound_key());
         let range = pool.range();
         let preserved = range.contains(req.pod_port).then_some(req.pod_port);
