@@ -660,8 +660,10 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// of the table (capacity / sources with sessions); else the one idle
     /// longest, transitory TCP first (an approximation of VPP's per-thread
     /// LRU without its per-session list links). Returns whether a session
-    /// was removed.
-    pub fn evict_one(&self, now: u32, nat: &NatSettings, stats: &WorkerStats, log: Option<LogTo<'_>>) -> bool {
+    /// was removed. A victim on an egress IP handed over in sync is logged
+    /// `handed-over`, as a revalidation would (ADR 0034 §8).
+    pub fn evict_one(&self, now: u32, tables: &Tables, stats: &WorkerStats, log: Option<LogTo<'_>>) -> bool {
+        let nat = &tables.nat;
         let sources = self.per_source.len().max(1);
         let fair_share = (self.sessions.capacity() / sources) as u64;
         let mut victim: Option<(EvictionScore, SessionView<A>)> = None;
@@ -676,7 +678,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             }
         });
         let end = |v: &SessionView<A>| End {
-            reason: EndReason::Evicted,
+            reason: Self::unless_handed_over(v, tables, EndReason::Evicted),
             fast_path_seen: self.fast_path_seen_for_log(v, log),
             log,
         };
@@ -707,7 +709,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if !self.admit_source(req.pod, nat.max_sessions_per_source) {
             return Err(DropReason::SourceSessionLimit);
         }
-        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, nat, ctx.stats, ctx.log) {
+        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, tables, ctx.stats, ctx.log) {
             self.unadmit_source(req.pod);
             return Err(DropReason::SessionTableFull);
         }
@@ -994,7 +996,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if !self.admit_source(owner.pod, nat.max_sessions_per_source) {
             return Err(DropReason::SourceSessionLimit);
         }
-        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, nat, ctx.stats, ctx.log) {
+        if self.sessions.len() >= self.sessions.capacity() && !self.evict_one(ctx.now, tables, ctx.stats, ctx.log) {
             self.unadmit_source(owner.pod);
             return Err(DropReason::SessionTableFull);
         }
