@@ -197,6 +197,10 @@ pub struct Options {
     pub proto: Proto,
     /// The sinks `new-conns-translog` exports to.
     pub translog_sinks: crate::egret::TranslogSinks,
+    /// `new-conns-translog` with port blocks of this size, one record per
+    /// block (`nat.portBlocks`, `logSessions: false`); `new-conns` keeps
+    /// per-session ports, so the ratio includes the blocks' own cost.
+    pub translog_port_blocks: Option<u16>,
 }
 
 /// Nice value of the generator thread.
@@ -510,6 +514,7 @@ impl<'t> Gateway<'t> {
                     metrics_port: opts.metrics_port,
                     admin_socket: opts.workdir.join("egret.sock"),
                     translog: (mode == Mode::NewConnsTranslog).then_some(opts.translog_sinks),
+                    port_blocks: opts.translog_port_blocks.filter(|_| mode == Mode::NewConnsTranslog),
                 };
                 let path = opts.workdir.join(format!("egret-{}.yaml", mode.name()));
                 egret::write_config(&path, &config)?;
@@ -761,6 +766,12 @@ impl Sample {
         let metric = |name: &str| self.egret_metrics.get(name).copied().unwrap_or(0.0);
         if metric("egret_ports_exhausted_total") > 0.0 {
             p.push(format!("Egret ran out of NAT ports {:.0} times", metric("egret_ports_exhausted_total")));
+        }
+        let out_of_blocks = metric("egret_port_blocks_exhausted_total") + metric("egret_port_blocks_pod_limit_total");
+        if out_of_blocks > 0.0 {
+            p.push(format!(
+                "Egret refused {out_of_blocks:.0} new flows for want of a port block (egret_port_blocks_exhausted_total, _pod_limit_total): take smaller blocks"
+            ));
         }
         if metric("egret_translog_dropped_total") > 0.0 {
             p.push(format!(
@@ -1329,6 +1340,7 @@ ipv4     2 udp      17 29 src=198.18.1.0 dst=198.51.100.1 sport=1024 dport=9 [UN
             tunnel_port: 6082,
             proto: Proto::Tcp,
             translog_sinks: crate::egret::TranslogSinks::Both,
+            translog_port_blocks: None,
         };
         assert_eq!(proto_of(Mode::Kernel, &opts), Proto::Tcp);
         assert_eq!(proto_of(Mode::KernelFlowtable, &opts), Proto::Tcp);

@@ -60,7 +60,15 @@ pub struct BenchConfig {
     pub tunnel: Option<TunnelConfig>,
     /// `translationLogs:` (issue 34) to the gateway namespace's loopback.
     pub translog: Option<TranslogSinks>,
+    /// `nat.portBlocks.size` (ADR 0034 §6), when each pod takes blocks of
+    /// ports and the logs hold one record per block (`logSessions: false`).
+    pub port_blocks: Option<u16>,
 }
+
+/// `nat.portBlocks.maxPerPod` with [`BenchConfig::port_blocks`]: the most
+/// the daemon accepts, so that a pod's new flows in a window are refused
+/// only when the egress IP's blocks run out.
+pub const PORT_BLOCKS_PER_POD: u16 = 32;
 
 /// Where `new-conns-translog` sends IPFIX: the gateway namespace's loopback.
 pub const IPFIX_COLLECTOR: &str = "127.0.0.1:4739";
@@ -116,8 +124,15 @@ impl BenchConfig {
         let _ = writeln!(y, "    sources: [{}]", self.sources);
         let _ = writeln!(y, "    destinations: [{}]", self.destinations);
         let _ = writeln!(y, "    egressIPs: [{}]", ips.join(", "));
+        let mut nat = Vec::new();
         if let Some((lo, hi)) = self.ports {
-            let _ = writeln!(y, "nat: {{ports: {lo}-{hi}}}");
+            nat.push(format!("ports: {lo}-{hi}"));
+        }
+        if let Some(size) = self.port_blocks {
+            nat.push(format!("portBlocks: {{size: {size}, maxPerPod: {PORT_BLOCKS_PER_POD}, logSessions: false}}"));
+        }
+        if !nat.is_empty() {
+            let _ = writeln!(y, "nat: {{{}}}", nat.join(", "));
         }
         if let Some(t) = &self.tunnel {
             let nodes: Vec<String> = t.node_addresses.iter().map(ToString::to_string).collect();
@@ -363,6 +378,7 @@ mod tests {
             admin_socket: PathBuf::from("/tmp/x/egret.sock"),
             tunnel: None,
             translog: None,
+            port_blocks: None,
         };
         assert_eq!(
             c.to_yaml(),
@@ -387,6 +403,10 @@ mod tests {
         assert!(over_tcp.to_yaml().contains(
             "\ntranslationLogs: {syslog: {collector: \"127.0.0.1:5514\", transport: tcp}, journal: {enabled: false}}\nmetrics:"
         ));
+        let blocks = BenchConfig { translog: Some(TranslogSinks::Syslog), port_blocks: Some(16), ..c.clone() };
+        assert!(blocks
+            .to_yaml()
+            .contains("\nnat: {ports: 1024-65535, portBlocks: {size: 16, maxPerPod: 32, logSessions: false}}\n"));
         let tunnelled = BenchConfig {
             ports: Some((6083, 65535)),
             tunnel: Some(TunnelConfig { port: 6082, node_addresses: vec![Ipv4Addr::new(192, 0, 2, 31)] }),

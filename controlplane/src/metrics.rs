@@ -296,6 +296,13 @@ impl Snapshot {
         for (k, n) in &tl.records {
             f.sample(&[("kind", k)], *n)?;
         }
+        let mut f = o.counter(
+            "translog_session_ends",
+            "Session deletes among translog_records, by why the session ended (expired, tcp-closed, evicted, invalidated; handed-over: journal only, the next holder logs the end; not-adopted: a take-over's import refused a session the previous holder had logged).",
+        )?;
+        for (r, n) in &tl.session_ends {
+            f.sample(&[("reason", r)], *n)?;
+        }
         let mut f = o.counter("translog_sent", "Translation log events sent, by sink (ipfix, syslog, journal).")?;
         for (s, n) in &tl.sent {
             f.sample(&[("sink", s)], *n)?;
@@ -1060,6 +1067,7 @@ mod tests {
             "egret_translog_identity_unresolved_total 3",
             "egret_translog_journal_oldest_timestamp_seconds 1796126400",
             r#"egret_translog_sent_total{sink="ipfix"} 9"#,
+            r#"egret_translog_session_ends_total{reason="not-adopted"} 1"#,
             r#"egret_port_blocks_in_use{egress_ip="203.0.113.11",block_size="128"} 17"#,
             r#"egret_port_blocks_capacity{egress_ip="203.0.113.11",block_size="128"} 220"#,
             r#"egret_port_blocks_pods{egress_ip="203.0.113.11",block_size="128"} 9"#,
@@ -1130,6 +1138,7 @@ mod tests {
             "fastpath_next_hop_updates",
             "fastpath_rerouted",
             "translog_records",
+            "translog_session_ends",
             "translog_sent",
             "translog_dropped",
             "translog_unreachable",

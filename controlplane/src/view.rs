@@ -186,6 +186,11 @@ pub struct TranslogCounters {
     /// Records taken from the workers' rings, by kind
     /// (`session_create`, `session_delete`).
     pub records: Vec<(String, u64)>,
+    /// Session deletes among `records`, by why the session ended
+    /// (`expired`, `tcp-closed`, `evicted`, `invalidated`, `handed-over`,
+    /// `not-adopted`).
+    #[serde(default)]
+    pub session_ends: Vec<(String, u64)>,
     /// Events sent, by sink (`ipfix`, `syslog`, `journal`).
     pub sent: Vec<(String, u64)>,
     /// Events lost in the exporter, by sink and reason (`queue_full`,

@@ -117,6 +117,16 @@ pub enum EndReason {
 }
 
 impl EndReason {
+    /// All, in `detail` order.
+    pub const ALL: [EndReason; 6] = [
+        EndReason::Expired,
+        EndReason::TcpClosed,
+        EndReason::Evicted,
+        EndReason::Invalidated,
+        EndReason::HandedOver,
+        EndReason::NotAdopted,
+    ];
+
     /// The reason of a record's `detail` byte.
     pub fn from_u8(b: u8) -> Option<EndReason> {
         match b {

@@ -101,9 +101,29 @@ struct Args {
     /// TCP listener whose connections a thread of the benchmark reads.
     #[arg(long, value_enum, default_value_t = egret_benches::egret::TranslogSinks::Both)]
     translog_sinks: egret_benches::egret::TranslogSinks,
+    /// `new-conns-translog` with port blocks of this many ports per block
+    /// (`nat.portBlocks`, a power of two from 8; `logSessions: false`, so
+    /// the logs hold one record per block, RFC 7422's way). `new-conns`
+    /// keeps per-session ports: the ratio includes the blocks' own cost.
+    /// With the 16 egress IPs and 16,384 pod addresses of the new-flow
+    /// modes, 16 leaves every pod room for a window's flows.
+    #[arg(long, value_parser = port_block_size)]
+    translog_port_blocks: Option<u16>,
     /// Write samples, summaries and ratios to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// `--translog-port-blocks`: the sizes `nat.portBlocks.size` accepts that
+/// the new-flow modes' 16 egress IPs can give each of 16,384 pods (the
+/// daemon's own check names the rest).
+fn port_block_size(s: &str) -> Result<u16, String> {
+    let n: u16 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if n.is_power_of_two() && (8..=1024).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n}: a power of two from 8 to 1024"))
+    }
 }
 
 /// Removes the run's scratch directory.
@@ -205,6 +225,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
         tunnel_port: args.tunnel_port,
         proto: args.proto,
         translog_sinks: args.translog_sinks,
+        translog_port_blocks: args.translog_port_blocks,
     };
 
     if opts.priorities {

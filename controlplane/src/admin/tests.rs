@@ -115,6 +115,7 @@ impl GatewayView for Fake {
             translog: crate::view::TranslogCounters {
                 enabled: true,
                 records: vec![("session_create".into(), 5), ("session_delete".into(), 4)],
+                session_ends: vec![("expired".into(), 3), ("not-adopted".into(), 1)],
                 sent: vec![("ipfix".into(), 9), ("syslog".into(), 8)],
                 dropped: vec![("syslog".into(), "send_error".into(), 1)],
                 unreachable: vec![("ipfix".into(), 0), ("syslog".into(), 2)],

@@ -101,6 +101,8 @@ fn handed_over_ends_stay_in_the_journal_and_who_had_names_them() {
     x.pass(&Clocks { wall_ms: WALL + 2_000, engine_ms: 4_500, scale: 1 });
 
     assert_eq!(x.stats().records(LogKind::SessionDelete), 2);
+    assert_eq!(x.stats().ends(EndReason::HandedOver), 2);
+    assert_eq!(x.stats().ends(EndReason::NotAdopted), 0);
     assert_eq!(x.stats().sent(Sink::Journal), 4, "two creates, two ends");
     assert_eq!(x.stats().sent(Sink::Ipfix), 2, "the creates only");
     assert_eq!(x.stats().sent(Sink::Syslog), 2, "the creates only");
@@ -136,6 +138,9 @@ fn not_adopted_ends_reach_every_sink_from_the_taker() {
     assert_eq!(b.log_not_adopted(&report, &b.tables(), 10_000), 1);
     x.pass(&Clocks { wall_ms: WALL, engine_ms: 10_500, scale: 1 });
 
+    let ends = x.stats().counters().session_ends;
+    assert!(ends.contains(&("not-adopted".to_string(), 1)), "{ends:?}");
+    assert_eq!(ends.iter().map(|(_, n)| n).sum::<u64>(), 1, "{ends:?}");
     assert_eq!(x.stats().sent(Sink::Ipfix), 1);
     assert_eq!(x.stats().sent(Sink::Syslog), 1);
     assert_eq!(x.stats().sent(Sink::Journal), 1);

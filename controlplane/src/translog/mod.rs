@@ -229,6 +229,7 @@ impl DropReason {
 #[derive(Debug, Default)]
 pub struct Stats {
     records: [AtomicU64; LogKind::ALL.len()],
+    ends: [AtomicU64; EndReason::ALL.len()],
     sent: [AtomicU64; 3],
     dropped: [[AtomicU64; 3]; 3],
     unreachable: [AtomicU64; 3],
@@ -242,6 +243,11 @@ impl Stats {
     /// Records taken from the rings, by kind.
     pub fn records(&self, kind: LogKind) -> u64 {
         self.records[kind as usize - 1].load(Ordering::Relaxed)
+    }
+
+    /// Session deletes taken from the rings, by why the session ended.
+    pub fn ends(&self, reason: EndReason) -> u64 {
+        self.ends[reason as usize - 1].load(Ordering::Relaxed)
     }
 
     /// Events a sink sent.
@@ -267,6 +273,7 @@ impl Stats {
         crate::view::TranslogCounters {
             enabled: true,
             records: kinds.iter().map(|k| (k.name().to_string(), self.records(*k))).collect(),
+            session_ends: EndReason::ALL.iter().map(|r| (r.name().to_string(), self.ends(*r))).collect(),
             sent: Sink::ALL.iter().map(|s| (s.name().to_string(), self.sent(*s))).collect(),
             dropped: Sink::ALL
                 .iter()
@@ -494,6 +501,9 @@ impl Exporter {
         for r in &self.batch {
             if let Some(mut e) = Event::from_record(r, clocks, self.destinations) {
                 self.stats.records[e.kind as usize - 1].fetch_add(1, Ordering::Relaxed);
+                if let Some(reason) = e.reason {
+                    self.stats.ends[reason as usize - 1].fetch_add(1, Ordering::Relaxed);
+                }
                 if let Some(m) = &identities {
                     e.identity = m.get(&e.pod).cloned();
                     if e.identity.is_none() {
