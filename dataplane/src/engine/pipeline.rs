@@ -708,6 +708,7 @@ impl Ctx<'_> {
                     proto: p.proto,
                     tcp_flags,
                 };
+                let egress = A::egress_memo(self.flows).egress_for(tables, policy, req.pod);
                 let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
                 let log = self.log_to();
                 let mut ctx = CreateCtx {
@@ -718,7 +719,10 @@ impl Ctx<'_> {
                     tcp_flags,
                     log,
                 };
-                let created = nat.create_outbound(&req, policy, tables, &mut ctx);
+                let created = match egress {
+                    Some(egress) => nat.create_outbound_on(&req, policy, egress, tables, &mut ctx),
+                    None => Err(DropReason::NoEgressIpForFamily),
+                };
                 if let (Err(reason), Some(l)) = (&created, log) {
                     log_refusal(l, *reason, &req.pod, policy, tables);
                 }
