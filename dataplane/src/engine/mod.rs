@@ -68,7 +68,7 @@ use crate::nat::port_alloc::PortRng;
 use crate::nat::table::NatTable;
 use crate::ownership::Ownership;
 use crate::stats::{DropReason, StatsSnapshot, WorkerStats};
-use crate::tables::{NatSettings, PolicySlots, SpecError, Tables, TablesSpec};
+use crate::tables::{EgressMemo, NatSettings, PolicySlots, SpecError, Tables, TablesSpec};
 use crate::translog::LogRing;
 use crate::wire::ethernet;
 
@@ -452,6 +452,7 @@ impl Engine {
 trait Family: IcmpFamily {
     fn nat(shared: &Shared) -> &NatTable<Self>;
     fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self>;
+    fn egress_memo(flows: &mut FlowCaches) -> &mut EgressMemo<Self>;
 }
 
 impl Family for Ipv4Addr {
@@ -463,6 +464,10 @@ impl Family for Ipv4Addr {
     fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self> {
         &mut flows.v4
     }
+    #[inline]
+    fn egress_memo(flows: &mut FlowCaches) -> &mut EgressMemo<Self> {
+        &mut flows.egress_v4
+    }
 }
 
 impl Family for Ipv6Addr {
@@ -473,6 +478,10 @@ impl Family for Ipv6Addr {
     #[inline]
     fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self> {
         &mut flows.v6
+    }
+    #[inline]
+    fn egress_memo(flows: &mut FlowCaches) -> &mut EgressMemo<Self> {
+        &mut flows.egress_v6
     }
 }
 
@@ -486,11 +495,19 @@ const FLOW_CACHE_V6_BITS: u32 = 15;
 struct FlowCaches {
     v4: FlowCache<Ipv4Addr>,
     v6: FlowCache<Ipv6Addr>,
+    /// The worker's memo of paired pooling, one per family (tables.rs).
+    egress_v4: EgressMemo<Ipv4Addr>,
+    egress_v6: EgressMemo<Ipv6Addr>,
 }
 
 impl FlowCaches {
     fn new() -> Self {
-        FlowCaches { v4: FlowCache::new(FLOW_CACHE_V4_BITS), v6: FlowCache::new(FLOW_CACHE_V6_BITS) }
+        FlowCaches {
+            v4: FlowCache::new(FLOW_CACHE_V4_BITS),
+            v6: FlowCache::new(FLOW_CACHE_V6_BITS),
+            egress_v4: EgressMemo::default(),
+            egress_v6: EgressMemo::default(),
+        }
     }
 }
 

@@ -708,6 +708,7 @@ impl Ctx<'_> {
                     proto: p.proto,
                     tcp_flags,
                 };
+                let egress = A::egress_memo(self.flows).egress_for(tables, policy, req.pod);
                 let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
                 let log = self.log_to();
                 let mut ctx = CreateCtx {
@@ -718,7 +719,10 @@ impl Ctx<'_> {
                     tcp_flags,
                     log,
                 };
-                let created = nat.create_outbound(&req, policy, tables, &mut ctx);
+                let created = match egress {
+                    Some(egress) => nat.create_outbound_on(&req, policy, egress, tables, &mut ctx),
+                    None => Err(DropReason::NoEgressIpForFamily),
+                };
                 if let (Err(reason), Some(l)) = (&created, log) {
                     log_refusal(l, *reason, &req.pod, policy, tables);
                 }
@@ -1487,5 +1491,71 @@ mod tests {
         let (v, _) = send(&mut w, &inbound(fixtures::STRANGER, 1003, unmapped), fixtures::OUTSIDE, 0);
         assert_eq!(v, Verdict::Drop(DropReason::InboundNoMapping));
         assert_eq!(engine.stats().dropped(DropReason::NewFlowRateLimited), 1);
+    }
+
+    /// A worker's new flows take the egress IP paired pooling gives, also
+    /// when the worker remembers it (a policy of more than four egress IPs:
+    /// `EgressMemo`), and after a publish that changes the policy's list
+    /// the remembered answers are not used: each pod's next flow leaves
+    /// from its egress IP under the new list.
+    #[test]
+    fn new_flows_leave_from_the_paired_egress_ip_across_a_publish() {
+        use crate::tables::{paired_egress, EgressIpSpec, PolicySpec, TablesSpec};
+        let ips: Vec<Ipv4Addr> = (0..12).map(|i| Ipv4Addr::new(203, 0, 113, 10 + i)).collect();
+        let spec = |list: &[Ipv4Addr]| {
+            let mut s = TablesSpec {
+                policies: vec![PolicySpec {
+                    name: "many".into(),
+                    sources: vec!["198.18.0.0/15".parse().unwrap()],
+                    destinations: vec!["0.0.0.0/0".parse().unwrap()],
+                    except: vec![],
+                    egress_ips: list.iter().map(|ip| IpAddr::V4(*ip)).collect(),
+                }],
+                egress_ips: ips
+                    .iter()
+                    .map(|ip| EgressIpSpec {
+                        ip: IpAddr::V4(*ip),
+                        ports: None,
+                        answer_neighbor: true,
+                        port_blocks: None,
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            s.nat.new_flows_per_second_per_source = 0;
+            s
+        };
+        let engine = Engine::new(&spec(&ips[..8])).unwrap();
+        engine.publish_fib(fixtures::topology());
+        let mut w = engine.pipeline_seeded(PortRng::new(7));
+        let mut port = 20_000u16;
+        let mut send = |w: &mut super::super::Pipeline, pod: Ipv4Addr| -> Ipv4Addr {
+            port += 1;
+            let remote = Ipv4Addr::new(198, 51, 100, 1);
+            let frame = fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(port, 53, &[0u8; 8])).frame();
+            let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+            buf[..frame.len()].copy_from_slice(&frame);
+            let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
+            let v = w.process(&mut buf, frame.len(), meta, Timestamp::from_secs(1));
+            assert!(matches!(v, Verdict::Forward { .. }), "{pod}: {v:?}");
+            Ipv4Addr::new(buf[26], buf[27], buf[28], buf[29])
+        };
+        let pods: Vec<Ipv4Addr> = (1..=200u32).map(|i| Ipv4Addr::from(0xC612_0000 + i)).collect();
+        let mut moved = 0;
+        for (list, round) in [(&ips[..8], 0), (&ips[4..], 1), (&ips[..8], 2)] {
+            if round > 0 {
+                engine.publish(&spec(list)).unwrap();
+            }
+            for _ in 0..2 {
+                for pod in &pods {
+                    let want = paired_egress(*pod, list).unwrap();
+                    assert_eq!(send(&mut w, *pod), want, "{pod}, list {round}");
+                    if round == 1 && paired_egress(*pod, &ips[..8]) != Some(want) {
+                        moved += 1;
+                    }
+                }
+            }
+        }
+        assert!(moved > 50, "the publish moved only {moved} pods' flows: the check is not live");
     }
 }

@@ -699,8 +699,21 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         tables: &Tables,
         ctx: &mut CreateCtx<'_, A>,
     ) -> Result<SessionView<A>, DropReason> {
-        let nat = &tables.nat;
         let egress = policy.egress_for(req.pod).ok_or(DropReason::NoEgressIpForFamily)?;
+        self.create_outbound_on(req, policy, egress, tables, ctx)
+    }
+
+    /// [`Self::create_outbound`] on `egress`, the pod's egress IP under
+    /// `policy` already chosen (a worker's [`crate::tables::EgressMemo`]).
+    pub fn create_outbound_on(
+        &self,
+        req: &OutboundRequest<A>,
+        policy: &Policy,
+        egress: A,
+        tables: &Tables,
+        ctx: &mut CreateCtx<'_, A>,
+    ) -> Result<SessionView<A>, DropReason> {
+        let nat = &tables.nat;
         let entry = tables.egress(egress.ip()).ok_or(DropReason::EgressIpNotOwned)?;
         let pool = self.mappings.pool(egress, req.proto, entry.ports);
         if entry.blocks.is_none() {
