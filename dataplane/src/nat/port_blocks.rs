@@ -2,8 +2,14 @@
 //!
 //! On an egress IP in block mode a pod's first session takes a free
 //! aligned block of `size` ports; its later sessions try ports inside its
-//! blocks first (random probes, try-insert as before), then take another
-//! block, up to `maxPerPod` blocks. A block is freed when the last session
+//! blocks first, then take another block, up to `maxPerPod` blocks.
+//! Inside a block, ports go out in turn from a random offset (a cursor in
+//! the block's cell, try-insert as before): a block still filling gives a
+//! never-used port at the first try, and once it has wrapped, the port of
+//! its oldest session, the likeliest to have ended. The randomness RFC
+//! 6056 asks of a port is then the block's and its offset's: a block of
+//! 128 ports leaves an off-path attacker 7 bits fewer to guess, as any
+//! block allocation does (RFC 7422 §5). A block is freed when the last session
 //! using it ends. One translation-log record per block allocation and one
 //! per release replace one per session (RFC 8158 natEvent 16 and 17).
 //!
@@ -40,8 +46,8 @@ pub const MIN_BLOCK_SIZE: u16 = 8;
 /// is a fixed array: no allocation per flow). Larger needs take larger blocks.
 pub const MAX_BLOCKS_PER_POD: u16 = 32;
 
-/// Ports of its blocks a pod's allocation tries in order, after its
-/// random probes missed, before it takes another block.
+/// Ports of its blocks a pod's allocation tries, each block's cursor
+/// first, before it takes another block.
 const SCAN_BUDGET: u32 = 256;
 
 /// An egress IP's block mode, as configured (`portBlocks:`).
@@ -137,6 +143,11 @@ struct Cell<A> {
     /// allocation in progress.
     sessions: u32,
     taken: bool,
+    /// The offset in the block of the next port to offer its pod: ports
+    /// go out in turn from a random offset, so a pod's next session finds
+    /// a port never used, or, once the block has wrapped, the one its
+    /// oldest session had (the likeliest to have ended).
+    next: u16,
 }
 
 /// The blocks one pod holds: block numbers, a fixed array.
@@ -180,7 +191,7 @@ impl<A: NatAddr> BlockPool<A> {
             shift: u32::from(cfg.size.max(1)).trailing_zeros(),
             first,
             cells: (0..count)
-                .map(|_| Mutex::new(Cell { pod: A::from_bits_zero(), sessions: 0, taken: false }))
+                .map(|_| Mutex::new(Cell { pod: A::from_bits_zero(), sessions: 0, taken: false, next: 0 }))
                 .collect(),
             held: DashMap::with_hasher(ahash::RandomState::new()),
             taken: AtomicU32::new(0),
@@ -309,15 +320,29 @@ impl<A: NatAddr> BlockPool<A> {
         }
     }
 
+    /// Counts one more session of `pod` in its block `b` and gives it the
+    /// block's next port (its cursor moves on), if `pod` holds `b`.
+    fn join_next(&self, pod: A, b: u16) -> Option<u16> {
+        let mut c = self.cells.get((u32::from(b).checked_sub(self.first))? as usize)?.lock();
+        if !(c.taken && c.pod == pod) {
+            return None;
+        }
+        c.sessions = c.sessions.saturating_add(1);
+        let off = c.next;
+        c.next = (off + 1) & (self.cfg.size - 1);
+        Some(self.bounds(b).0 + off)
+    }
+
     /// Takes the free block of cell `i` for `pod`, counting one session
-    /// (the allocation in progress), unless the pod is at its limit.
-    fn take(&self, pod: A, i: usize, log: Option<LogTo<'_>>) -> Result<Option<u16>, BlockRefusal> {
+    /// (the allocation in progress), its cursor at `next`, unless the pod
+    /// is at its limit.
+    fn take(&self, pod: A, i: usize, next: u16, log: Option<LogTo<'_>>) -> Result<Option<u16>, BlockRefusal> {
         {
             let mut c = self.cells[i].lock();
             if c.taken {
                 return Ok(None);
             }
-            *c = Cell { pod, sessions: 1, taken: true };
+            *c = Cell { pod, sessions: 1, taken: true, next };
         }
         let b = (self.first + i as u32) as u16;
         let mut h = self.held.entry(pod).or_insert(Held::EMPTY);
@@ -336,13 +361,14 @@ impl<A: NatAddr> BlockPool<A> {
         Ok(Some(b))
     }
 
-    /// Finds a port for a new session of `pod`: `attempts` random ports of
-    /// its blocks, then up to 256 of their ports in order, then a new
-    /// block's ports (at most `attempts` of them, from a random offset). `try_port` claims a port (try-insert) and
-    /// says what it made. On success the session is counted in its block
-    /// (the caller gives it back with [`BlockPool::leave`] if the session
-    /// is not made after all). A new block is logged when taken, and
-    /// freed (and logged) again if none of its ports could be claimed.
+    /// Finds a port for a new session of `pod`: each of its blocks' next
+    /// port (newest block first), then up to 256 ports of its blocks in
+    /// turn, then a new block's ports (at most `attempts` of them, from a
+    /// random offset). `try_port` claims a port (try-insert) and says what
+    /// it made. On success the session is counted in its block (the
+    /// caller gives it back with [`BlockPool::leave`] if the session is
+    /// not made after all). A new block is logged when taken, and freed
+    /// (and logged) again if none of its ports could be claimed.
     pub fn allocate<T>(
         &self,
         pod: A,
@@ -353,54 +379,70 @@ impl<A: NatAddr> BlockPool<A> {
     ) -> Result<T, BlockRefusal> {
         let held = self.held.get(&pod).map_or(Held::EMPTY, |h| *h);
         if held.n != 0 {
-            let size = u64::from(self.cfg.size);
-            let n = u64::from(held.n);
-            for _ in 0..attempts {
-                let r = rng.next_u64();
-                let b = held.blocks[((r >> 32) % n) as usize];
-                let port = self.bounds(b).0 + ((r & 0xffff_ffff) % size) as u16;
-                if !self.join(pod, port) {
-                    continue;
-                }
-                if let Some(t) = try_port(port) {
-                    return Ok(t);
-                }
-                self.leave(pod, port, log);
-            }
-            // Random probes miss the last free ports of a nearly full
-            // block: look for them in order (bounded) before taking
-            // another block.
-            let mut budget = SCAN_BUDGET;
-            'scan: for b in held.as_slice() {
-                let first = self.bounds(*b).0;
-                for j in 0..self.cfg.size {
-                    if budget == 0 {
-                        break 'scan;
-                    }
-                    budget -= 1;
-                    let port = first + j;
-                    if !self.join(pod, port) {
-                        continue 'scan;
-                    }
-                    if let Some(t) = try_port(port) {
-                        return Ok(t);
-                    }
-                    self.leave(pod, port, log);
-                }
+            if let Some(t) = self.in_held(pod, &held, log, &mut try_port) {
+                return Ok(t);
             }
             if u16::from(held.n) >= self.cfg.max_per_pod {
                 self.pod_limit.fetch_add(1, Ordering::Relaxed);
                 return Err(BlockRefusal::PodLimit);
             }
         }
+        self.in_new_block(pod, attempts, rng, log, try_port)
+    }
+
+    /// A port in the blocks `pod` holds: one try at each block's cursor,
+    /// newest block first (a block still filling answers at once), then
+    /// the blocks' ports in turn, at most [`SCAN_BUDGET`] of them, before
+    /// the caller takes another block.
+    fn in_held<T>(
+        &self,
+        pod: A,
+        held: &Held,
+        log: Option<LogTo<'_>>,
+        try_port: &mut impl FnMut(u16) -> Option<T>,
+    ) -> Option<T> {
+        let mut tries = held
+            .as_slice()
+            .iter()
+            .rev()
+            .map(|b| (*b, 1))
+            .chain(held.as_slice().iter().rev().map(|b| (*b, u32::from(self.cfg.size))));
+        let mut budget = SCAN_BUDGET;
+        tries.find_map(|(b, n)| {
+            for _ in 0..n.min(budget) {
+                budget -= 1;
+                // Not the pod's any more (freed meanwhile): its next block.
+                let port = self.join_next(pod, b)?;
+                if let Some(t) = try_port(port) {
+                    return Some(t);
+                }
+                self.leave(pod, port, log);
+            }
+            None
+        })
+    }
+
+    /// A port in a free block, taken for `pod` from a random one on:
+    /// `attempts` of its ports from a random offset.
+    fn in_new_block<T>(
+        &self,
+        pod: A,
+        attempts: u32,
+        rng: &mut PortRng,
+        log: Option<LogTo<'_>>,
+        mut try_port: impl FnMut(u16) -> Option<T>,
+    ) -> Result<T, BlockRefusal> {
         let n = self.cells.len();
         let start = (((rng.next_u64() >> 32) * n as u64) >> 32) as usize;
+        let size = self.cfg.size;
+        let off = (rng.next_u64() >> 32) as u16 & (size - 1);
         for k in 0..n {
             let i = (start + k) % n;
             if self.cells[i].lock().taken {
                 continue;
             }
-            let b = match self.take(pod, i, log) {
+            // The cursor past the first try, which usually succeeds.
+            let b = match self.take(pod, i, (off + 1) & (size - 1), log) {
                 Ok(Some(b)) => b,
                 Ok(None) => continue,
                 Err(e) => {
@@ -409,10 +451,8 @@ impl<A: NatAddr> BlockPool<A> {
                 }
             };
             let first = self.bounds(b).0;
-            let size = u32::from(self.cfg.size);
-            let off = (rng.next_u64() >> 32) as u32 % size;
-            for j in 0..attempts.min(size) {
-                let port = first + ((off + j) % size) as u16;
+            for j in 0..attempts.min(u32::from(size)) as u16 {
+                let port = first + ((off + j) & (size - 1));
                 if let Some(t) = try_port(port) {
                     return Ok(t);
                 }
@@ -434,7 +474,7 @@ impl<A: NatAddr> BlockPool<A> {
             if self.join(pod, port) {
                 return Ok(());
             }
-            match self.take(pod, (u32::from(b) - self.first) as usize, None) {
+            match self.take(pod, (u32::from(b) - self.first) as usize, 0, None) {
                 // Taken for the pod, its one session counted.
                 Ok(Some(_)) => return Ok(()),
                 Ok(None) => {
@@ -551,12 +591,42 @@ mod tests {
     }
 
     #[test]
+    fn a_block_gives_its_ports_in_turn_and_its_oldest_port_again_first() {
+        let p = BlockPool::new(E, cfg(16, 1), PortRange { first: 1024, last: 2047 });
+        let mut rng = PortRng::new(4);
+        let used = std::cell::RefCell::new(std::collections::HashSet::new());
+        let tries = std::cell::Cell::new(0u32);
+        let claim = |port: u16| {
+            tries.set(tries.get() + 1);
+            used.borrow_mut().insert(port).then_some(port)
+        };
+        let ports: Vec<u16> = (0..16).map(|_| p.allocate(POD, 8, &mut rng, None, claim).unwrap()).collect();
+        assert_eq!(tries.get(), 16, "one try per session while the block fills");
+        let start = p.blocks_of(POD)[0];
+        for w in ports.windows(2) {
+            assert_eq!(w[1], start + ((w[0] - start + 1) % 16), "in turn: {ports:?}");
+        }
+        // The oldest session ends: its port is the next one tried.
+        let oldest = ports[0];
+        used.borrow_mut().remove(&oldest);
+        assert!(!p.leave(POD, oldest, None));
+        tries.set(0);
+        assert_eq!(p.allocate(POD, 8, &mut rng, None, claim), Ok(oldest));
+        assert_eq!(tries.get(), 1);
+        // Full, one block at most: every port tried once more, then refused.
+        tries.set(0);
+        assert_eq!(p.allocate(POD, 8, &mut rng, None, claim), Err(BlockRefusal::PodLimit));
+        assert_eq!(tries.get(), 17, "the cursor, then the block's 16 ports");
+        assert_eq!(p.holder(start), Some((POD, 16)), "the refused tries counted nothing");
+    }
+
+    #[test]
     fn the_last_free_port_of_a_block_is_found_before_another_block_is_taken() {
         let p = BlockPool::new(E, cfg(128, 4), PortRange { first: 1024, last: 4095 });
         let mut rng = PortRng::new(2);
         let first = p.allocate(POD, 64, &mut rng, None, Some).unwrap();
         let start = p.blocks_of(POD)[0];
-        // Every port of the block taken but one: random probes rarely hit it.
+        // Every port of the block taken but one: the scan finds it.
         let last_free = start + 77;
         let port = p.allocate(POD, 4, &mut rng, None, |x| (x == last_free && x != first).then_some(x)).unwrap();
         assert_eq!(port, last_free);
