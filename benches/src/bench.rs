@@ -201,6 +201,9 @@ pub struct Options {
     /// block (`nat.portBlocks`, `logSessions: false`); `new-conns` keeps
     /// per-session ports, so the ratio includes the blocks' own cost.
     pub translog_port_blocks: Option<u16>,
+    /// `new-conns-translog`'s `translationLogs.ringRecords` (None: the
+    /// daemon's default).
+    pub translog_ring_records: Option<u32>,
 }
 
 /// Nice value of the generator thread.
@@ -515,6 +518,7 @@ impl<'t> Gateway<'t> {
                     admin_socket: opts.workdir.join("egret.sock"),
                     translog: (mode == Mode::NewConnsTranslog).then_some(opts.translog_sinks),
                     port_blocks: opts.translog_port_blocks.filter(|_| mode == Mode::NewConnsTranslog),
+                    ring_records: opts.translog_ring_records,
                 };
                 let path = opts.workdir.join(format!("egret-{}.yaml", mode.name()));
                 egret::write_config(&path, &config)?;
@@ -1341,6 +1345,7 @@ ipv4     2 udp      17 29 src=198.18.1.0 dst=198.51.100.1 sport=1024 dport=9 [UN
             proto: Proto::Tcp,
             translog_sinks: crate::egret::TranslogSinks::Both,
             translog_port_blocks: None,
+            translog_ring_records: None,
         };
         assert_eq!(proto_of(Mode::Kernel, &opts), Proto::Tcp);
         assert_eq!(proto_of(Mode::KernelFlowtable, &opts), Proto::Tcp);

@@ -63,6 +63,8 @@ pub struct BenchConfig {
     /// `nat.portBlocks.size` (ADR 0034 §6), when each pod takes blocks of
     /// ports and the logs hold one record per block (`logSessions: false`).
     pub port_blocks: Option<u16>,
+    /// `translationLogs.ringRecords`, when not the daemon's default.
+    pub ring_records: Option<u32>,
 }
 
 /// `nat.portBlocks.maxPerPod` with [`BenchConfig::port_blocks`]: the most
@@ -148,7 +150,8 @@ impl BenchConfig {
                 TranslogSinks::Both => format!("{ipfix}, {syslog}"),
             };
             // The journal (on by default) is not one of the sinks measured.
-            let _ = writeln!(y, "translationLogs: {{{body}, journal: {{enabled: false}}}}");
+            let ring = self.ring_records.map(|n| format!(", ringRecords: {n}")).unwrap_or_default();
+            let _ = writeln!(y, "translationLogs: {{{body}, journal: {{enabled: false}}{ring}}}");
         }
         let _ = writeln!(y, "metrics: {{listen: \"127.0.0.1:{}\"}}", self.metrics_port);
         let _ = writeln!(y, "admin: {{socket: {}}}", self.admin_socket.display());
@@ -379,6 +382,7 @@ mod tests {
             tunnel: None,
             translog: None,
             port_blocks: None,
+            ring_records: None,
         };
         assert_eq!(
             c.to_yaml(),
@@ -407,6 +411,10 @@ mod tests {
         assert!(blocks
             .to_yaml()
             .contains("\nnat: {ports: 1024-65535, portBlocks: {size: 16, maxPerPod: 32, logSessions: false}}\n"));
+        let small_ring = BenchConfig { translog: Some(TranslogSinks::Ipfix), ring_records: Some(4096), ..c.clone() };
+        assert!(small_ring.to_yaml().contains(
+            "\ntranslationLogs: {ipfix: {collector: \"127.0.0.1:4739\"}, journal: {enabled: false}, ringRecords: 4096}\n"
+        ));
         let tunnelled = BenchConfig {
             ports: Some((6083, 65535)),
             tunnel: Some(TunnelConfig { port: 6082, node_addresses: vec![Ipv4Addr::new(192, 0, 2, 31)] }),

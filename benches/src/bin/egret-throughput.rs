@@ -109,6 +109,10 @@ struct Args {
     /// modes, 16 leaves every pod room for a window's flows.
     #[arg(long, value_parser = port_block_size)]
     translog_port_blocks: Option<u16>,
+    /// `new-conns-translog`'s `translationLogs.ringRecords`: each worker's
+    /// ring of records (default: the daemon's, 65,536; 1,024 to 16 M).
+    #[arg(long)]
+    translog_ring_records: Option<u32>,
     /// Write samples, summaries and ratios to this file as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -226,6 +230,7 @@ fn run(args: &Args) -> Result<(), BenchError> {
         proto: args.proto,
         translog_sinks: args.translog_sinks,
         translog_port_blocks: args.translog_port_blocks,
+        translog_ring_records: args.translog_ring_records,
     };
 
     if opts.priorities {
