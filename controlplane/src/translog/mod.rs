@@ -311,6 +311,19 @@ impl Stats {
         self.journal_oldest_ms.store(oldest_ms, Ordering::Relaxed);
     }
 
+    /// A pass's records by kind, session ends by reason, and events
+    /// without an identity.
+    fn add_counts(&self, kinds: &[u64; LogKind::ALL.len()], ends: &[u64; EndReason::ALL.len()], unresolved: u64) {
+        for (c, n) in self.records.iter().zip(kinds).chain(self.ends.iter().zip(ends)) {
+            if *n != 0 {
+                c.fetch_add(*n, Ordering::Relaxed);
+            }
+        }
+        if unresolved != 0 {
+            self.unresolved.fetch_add(unresolved, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn add_sent(&self, sink: Sink, n: u64) {
         self.sent[sink as usize].fetch_add(n, Ordering::Relaxed);
     }
@@ -498,21 +511,24 @@ impl Exporter {
         // Resolved now, once per batch: the identity the pod has at the
         // drain, never rewritten later.
         let identities = if self.batch.is_empty() { None } else { self.identities.snapshot() };
+        // Counted here, added to the shared counters once per pass.
+        let mut kinds = [0u64; LogKind::ALL.len()];
+        let mut ends = [0u64; EndReason::ALL.len()];
+        let mut unresolved = 0;
         for r in &self.batch {
             if let Some(mut e) = Event::from_record(r, clocks, self.destinations) {
-                self.stats.records[e.kind as usize - 1].fetch_add(1, Ordering::Relaxed);
+                kinds[e.kind as usize - 1] += 1;
                 if let Some(reason) = e.reason {
-                    self.stats.ends[reason as usize - 1].fetch_add(1, Ordering::Relaxed);
+                    ends[reason as usize - 1] += 1;
                 }
                 if let Some(m) = &identities {
                     e.identity = m.get(&e.pod).cloned();
-                    if e.identity.is_none() {
-                        self.stats.unresolved.fetch_add(1, Ordering::Relaxed);
-                    }
+                    unresolved += u64::from(e.identity.is_none());
                 }
                 self.events.push(e);
             }
         }
+        self.stats.add_counts(&kinds, &ends, unresolved);
         if let Some(j) = &mut self.journal {
             j.append(&self.events, clocks.wall_ms, &self.stats);
         }
@@ -537,9 +553,9 @@ impl Exporter {
         let Some((q, enc)) = &mut self.ipfix else { return };
         loop {
             let n = q.events.len().min(SEND_BATCH);
-            let batch: Vec<Event> = q.events.drain(..n).collect();
             self.messages.clear();
-            enc.encode(now_ms, &batch, true, &mut self.messages);
+            enc.encode(now_ms, &q.events.make_contiguous()[..n], true, &mut self.messages);
+            q.events.drain(..n);
             for m in &self.messages {
                 let mut sent = q.try_send(&m.bytes, &self.stats).is_ok();
                 if !sent {
