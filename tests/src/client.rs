@@ -100,6 +100,30 @@ fn interrupted(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::Interrupted
 }
 
+/// `s.recv(buf)`, received again when EINTR cut it short (see
+/// [`interrupted`]): the socket's read timeout then starts over, so a wait
+/// is at most a few timeouts long.
+pub fn udp_recv(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<usize> {
+    for _ in 0..3 {
+        match s.recv(buf) {
+            Err(e) if interrupted(&e) => continue,
+            r => return r,
+        }
+    }
+    s.recv(buf)
+}
+
+/// `s.recv_from(buf)`, as [`udp_recv`].
+pub fn udp_recv_from(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+    for _ in 0..3 {
+        match s.recv_from(buf) {
+            Err(e) if interrupted(&e) => continue,
+            r => return r,
+        }
+    }
+    s.recv_from(buf)
+}
+
 /// Waits `window` on `s` and fails if a datagram arrives in it (the
 /// unsolicited-inbound checks). A receive cut short by EINTR waits on for
 /// the rest of the window.

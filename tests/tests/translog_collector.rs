@@ -302,7 +302,7 @@ fn nfdump_and_a_syslog_socket_read_back_exactly_the_scripted_sessions() {
     let mut got = BTreeSet::new();
     let mut buf = [0u8; 2048];
     for _ in 0..9 {
-        let n = syslog_rx.recv(&mut buf).expect("a syslog datagram");
+        let n = egret_tests::client::udp_recv(&syslog_rx, &mut buf).expect("a syslog datagram");
         got.insert(String::from_utf8(buf[..n].to_vec()).unwrap());
     }
     syslog_rx.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
@@ -437,7 +437,7 @@ fn refusals_reach_nfdump_and_syslog() {
     let mut lines = BTreeSet::new();
     let mut buf = [0u8; 2048];
     for _ in 0..7 {
-        let n = syslog_rx.recv(&mut buf).expect("a syslog datagram");
+        let n = egret_tests::client::udp_recv(&syslog_rx, &mut buf).expect("a syslog datagram");
         lines.insert(String::from_utf8(buf[..n].to_vec()).unwrap());
     }
     let pid = std::process::id();

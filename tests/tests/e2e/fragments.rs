@@ -99,8 +99,7 @@ fn reordered_both_ways(h: &Harness, pod: Pod, port: u16) {
     client::send_ip_packets(h.lab.server_ns(), egress, &last_first(&back)).unwrap();
     let mut buf = vec![0u8; 65536];
     loop {
-        let n = s
-            .recv(&mut buf)
+        let n = client::udp_recv(&s, &mut buf)
             .unwrap_or_else(|e| panic!("{}: the reordered datagram never reached the pod: {e}", pod.name()));
         if buf[..n] == payload[..] {
             break;

@@ -56,7 +56,7 @@ fn to_the_gateway_node(name: &str, tier: Tier) {
         let s = client::udp_socket(pod, at).unwrap();
         s.send(b"to the node").unwrap();
         let mut buf = [0u8; 64];
-        let (n, from) = udp.recv_from(&mut buf).unwrap();
+        let (n, from) = client::udp_recv_from(&udp, &mut buf).unwrap();
         assert_eq!(&buf[..n], b"to the node");
         assert_eq!(from.ip(), Pod::A.addr(), "UDP to {addr} arrives untranslated");
     }

@@ -156,7 +156,7 @@ fn translation_logs(name: &str, tier: Tier) {
     // Syslog: the same six events.
     let mut lines = Vec::new();
     let mut buf = [0u8; 2048];
-    while let Ok(n) = syslog.recv(&mut buf) {
+    while let Ok(n) = client::udp_recv(&syslog, &mut buf) {
         lines.push(String::from_utf8_lossy(&buf[..n]).into_owned());
     }
     for f in &flows {
