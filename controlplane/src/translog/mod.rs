@@ -116,7 +116,8 @@ impl Clocks {
         Clocks { wall_ms, engine_ms, scale: clock.scale() }
     }
 
-    /// The wall time (Unix ms) of engine ms `t`.
+    /// The wall time (Unix ms) of engine ms `t`: within about a millisecond
+    /// either way, for both clocks are read in whole milliseconds.
     pub fn wall(&self, t: u64) -> u64 {
         let scale = self.scale.max(1);
         if t <= self.engine_ms {
