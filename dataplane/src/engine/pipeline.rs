@@ -630,7 +630,9 @@ impl Ctx<'_> {
             (Direction::Inbound, proto::UDP) => self.tables.nat.udp_inbound_refresh,
             (Direction::Inbound, _) => true,
         };
-        if refresh {
+        // Within the second the view already shows, a touch would find
+        // nothing to write: the slot is not looked up again.
+        if refresh && view.last_seen != secs {
             nat.sessions.touch(view.index, view.seq, secs);
         }
         let mut tcp = view.tcp;
