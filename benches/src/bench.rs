@@ -568,11 +568,16 @@ impl<'t> Gateway<'t> {
                         source,
                     })?;
                 }
-                self.watched.push(Watched { role: format!("napi {dev}"), pid: tid, tid });
+                self.watched.push(Watched { role: format!("napi {dev}"), pid: tid, tid, may_end: false });
             }
         }
         let ksoftirqd = kthread_pid(&format!("ksoftirqd/{}", opts.gw_cpu))?;
-        self.watched.push(Watched { role: format!("ksoftirqd/{}", opts.gw_cpu), pid: ksoftirqd, tid: ksoftirqd });
+        self.watched.push(Watched {
+            role: format!("ksoftirqd/{}", opts.gw_cpu),
+            pid: ksoftirqd,
+            tid: ksoftirqd,
+            may_end: false,
+        });
         if let State::Egret(d) = &self.state {
             let pid = d.pid();
             let threads = cpu::threads_of(pid)?;
@@ -600,7 +605,7 @@ impl<'t> Gateway<'t> {
                     }
                 }
                 let role = if is_worker { comm.clone() } else { format!("egret {comm}") };
-                self.watched.push(Watched { role, pid, tid });
+                self.watched.push(Watched { role, pid, tid, may_end: !is_worker });
             }
         }
         Ok(())

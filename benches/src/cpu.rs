@@ -181,6 +181,10 @@ pub struct Watched {
     pub role: String,
     pub pid: u32,
     pub tid: u32,
+    /// Whether it may end during a window without spoiling it: one of the
+    /// daemon's helper threads (tokio's blocking pool ends a thread after
+    /// 10 s idle), never a worker or a NAPI thread.
+    pub may_end: bool,
 }
 
 /// One thread's counters at one instant.
@@ -226,16 +230,24 @@ pub fn threads_of(pid: u32) -> Result<Vec<(u32, String)>, CpuError> {
 /// Counters of every watched thread and of every core at one instant.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    pub threads: Vec<(Watched, ThreadSample)>,
+    /// Each watched thread's counters, `None` for one that may end and has.
+    pub threads: Vec<(Watched, Option<ThreadSample>)>,
     pub cores: Vec<CoreTimes>,
 }
 
 impl Snapshot {
     /// Sample `watched` and the cores now. A watched thread that has gone is
-    /// an error: its time would be lost from the window.
+    /// an error (its time would be lost from the window) unless it
+    /// [`may_end`](Watched::may_end).
     pub fn take(watched: &[Watched]) -> Result<Self, CpuError> {
-        let threads =
-            watched.iter().map(|w| sample_thread(w.pid, w.tid).map(|s| (w.clone(), s))).collect::<Result<_, _>>()?;
+        let threads = watched
+            .iter()
+            .map(|w| match sample_thread(w.pid, w.tid) {
+                Ok(s) => Ok((w.clone(), Some(s))),
+                Err(_) if w.may_end => Ok((w.clone(), None)),
+                Err(e) => Err(e),
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self { threads, cores: sample_cores()? })
     }
 }
@@ -258,6 +270,10 @@ pub struct ThreadUse {
     pub last_cpu: u32,
     pub policy: u32,
     pub rt_priority: u32,
+    /// It ended during the window (a helper thread that [`Watched::may_end`]):
+    /// its time between the first sample and its end is not counted. A
+    /// blocking-pool thread ends after 10 s idle, so that time is about 0.
+    pub ended: bool,
 }
 
 /// All gateway-side CPU use over a window.
@@ -314,6 +330,23 @@ pub fn window(
         if wa != wb {
             return Err(WindowError::Mismatch);
         }
+        let (Some(sa), Some(sb)) = (sa, sb) else {
+            // Gone by the end (or already at the start): nothing measurable.
+            threads.push(ThreadUse {
+                role: wa.role.clone(),
+                tid: wa.tid,
+                comm: sa.as_ref().map(|s| s.stat.comm.clone()).unwrap_or_default(),
+                cpu_s: 0.0,
+                wait_s: 0.0,
+                user_s: 0.0,
+                system_s: 0.0,
+                last_cpu: sa.as_ref().map_or(0, |s| s.stat.processor),
+                policy: 0,
+                rt_priority: 0,
+                ended: true,
+            });
+            continue;
+        };
         if sa.stat.comm != sb.stat.comm {
             return Err(WindowError::ThreadChanged {
                 role: wa.role.clone(),
@@ -333,6 +366,7 @@ pub fn window(
             last_cpu: sb.stat.processor,
             policy: sb.stat.policy,
             rt_priority: sb.stat.rt_priority,
+            ended: false,
         });
     }
     let core = |s: &Snapshot, c: usize| s.cores.get(c).copied().ok_or(WindowError::NoSuchCore { core: c });
@@ -432,19 +466,22 @@ mod tests {
 
     #[test]
     fn window_sums_watched_threads_and_reads_the_cores() {
-        let napi = Watched { role: "napi gwin".into(), pid: 5727, tid: 5727 };
-        let worker = Watched { role: "egret-worker-0".into(), pid: 4200, tid: 4242 };
+        let napi = Watched { role: "napi gwin".into(), pid: 5727, tid: 5727, may_end: false };
+        let worker = Watched { role: "egret-worker-0".into(), pid: 4200, tid: 4242, may_end: false };
         let later_napi = NAPI_STAT.replace(" 0 1234 0 0 ", " 0 1434 0 0 ");
         let later_worker = WORKER_STAT.replace(" 310 52 ", " 560 102 ");
         let a = Snapshot {
             threads: vec![
-                (napi.clone(), sample(NAPI_STAT, 1_000_000_000)),
-                (worker.clone(), sample(WORKER_STAT, 5_000_000_000)),
+                (napi.clone(), Some(sample(NAPI_STAT, 1_000_000_000))),
+                (worker.clone(), Some(sample(WORKER_STAT, 5_000_000_000))),
             ],
             cores: parse_proc_stat(PROC_STAT).expect("fixture"),
         };
         let b = Snapshot {
-            threads: vec![(napi, sample(&later_napi, 3_000_000_000)), (worker, sample(&later_worker, 8_000_000_000))],
+            threads: vec![
+                (napi, Some(sample(&later_napi, 3_000_000_000))),
+                (worker, Some(sample(&later_worker, 8_000_000_000))),
+            ],
             cores: parse_proc_stat(
                 &PROC_STAT
                     .replace("cpu1 148664 0 18542 78750 201 3 402", "cpu1 148964 0 18842 78850 201 3 452")
@@ -468,13 +505,30 @@ mod tests {
 
     #[test]
     fn window_refuses_a_thread_that_changed() {
-        let napi = Watched { role: "napi gwin".into(), pid: 5727, tid: 5727 };
+        let napi = Watched { role: "napi gwin".into(), pid: 5727, tid: 5727, may_end: false };
         let cores = parse_proc_stat(PROC_STAT).expect("fixture");
-        let a = Snapshot { threads: vec![(napi.clone(), sample(NAPI_STAT, 1))], cores: cores.clone() };
+        let a = Snapshot { threads: vec![(napi.clone(), Some(sample(NAPI_STAT, 1)))], cores: cores.clone() };
         let other = NAPI_STAT.replace("napi/gwin-289", "kworker/1:2");
-        let b = Snapshot { threads: vec![(napi, sample(&other, 2))], cores };
+        let b = Snapshot { threads: vec![(napi, Some(sample(&other, 2)))], cores };
         assert!(matches!(window(&a, &b, 100, 1, 0), Err(WindowError::ThreadChanged { tid: 5727, .. })));
         assert!(matches!(window(&a, &a, 100, 7, 0), Err(WindowError::NoSuchCore { core: 7 })));
+    }
+
+    #[test]
+    fn a_helper_thread_may_end_during_the_window_a_worker_may_not() {
+        // No thread has tid u32::MAX: it has "ended".
+        let pid = std::process::id();
+        let gone = |may_end| Watched { role: "egret tokio-runtime-w".into(), pid, tid: u32::MAX, may_end };
+        assert!(Snapshot::take(&[gone(false)]).is_err(), "a worker that ends spoils the window");
+        let a = Snapshot::take(&[gone(true)]).expect("a helper that ended is no error");
+        assert!(a.threads[0].1.is_none());
+        // Present at the start, gone at the end: counted as nothing, marked.
+        let helper = Watched { role: "egret helper".into(), pid: 4200, tid: 4242, may_end: true };
+        let cores = parse_proc_stat(PROC_STAT).expect("fixture");
+        let a = Snapshot { threads: vec![(helper.clone(), Some(sample(WORKER_STAT, 5)))], cores: cores.clone() };
+        let b = Snapshot { threads: vec![(helper, None)], cores };
+        let w = window(&a, &b, 100, 1, 0).expect("window");
+        assert!(w.threads[0].ended && w.threads[0].cpu_s == 0.0 && w.gateway_cpu_s == 0.0);
     }
 
     #[test]
