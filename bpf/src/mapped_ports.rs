@@ -14,10 +14,9 @@
 use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Mutex, RwLock};
 
 use ahash::AHashMap;
-use arc_swap::ArcSwap;
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
 use crate::error::BpfError;
@@ -34,14 +33,12 @@ pub struct MappedPorts {
     slots_map: MapHandle,
     bits: MappedArray,
     /// (address, protocol) -> slot, as in `nat_port_slots`. Read by the
-    /// workers for every session made and ended, written only when an
-    /// egress IP is tracked or forgotten: a snapshot swapped whole, so a
-    /// read takes no lock and writes no shared line (a `RwLock` took an
-    /// atomic on one line for every read, and the std map's SipHash; 7 %
-    /// of a worker's own time on new flows, docs/benchmarks.md).
-    slots: ArcSwap<AHashMap<(IpAddr, u8), u32>>,
-    /// Slots not in use; also serialises slot assignment and every change
-    /// of `slots`.
+    /// workers for every session made and ended. A `RwLock` whose read is
+    /// one uncontended atomic: an `ArcSwap` snapshot was tried and cost
+    /// more per read (docs/benchmarks.md, "Where the AF_XDP path's time
+    /// goes"); ahash, not SipHash.
+    slots: RwLock<AHashMap<(IpAddr, u8), u32>>,
+    /// Slots not in use; also serialises slot assignment.
     free: Mutex<Vec<u32>>,
 }
 
@@ -56,7 +53,7 @@ impl MappedPorts {
         Ok(MappedPorts {
             slots_map,
             bits,
-            slots: ArcSwap::from_pointee(AHashMap::new()),
+            slots: RwLock::new(AHashMap::new()),
             free: Mutex::new((0..NAT_PORT_SLOTS).rev().collect()),
         })
     }
@@ -67,14 +64,7 @@ impl MappedPorts {
     }
 
     fn slot(&self, addr: IpAddr, proto: u8) -> Option<u32> {
-        self.slots.load().get(&(addr, proto)).copied()
-    }
-
-    /// `slots` changed by `f`, swapped in whole (the caller holds `free`).
-    fn change_slots(&self, f: impl FnOnce(&mut AHashMap<(IpAddr, u8), u32>)) {
-        let mut next = AHashMap::clone(&self.slots.load());
-        f(&mut next);
-        self.slots.store(Arc::new(next));
+        self.slots.read().unwrap_or_else(|p| p.into_inner()).get(&(addr, proto)).copied()
     }
 
     /// Starts filtering (`addr`, `proto`): from now on the program drops its
@@ -108,9 +98,7 @@ impl MappedPorts {
                 source: e,
             });
         }
-        self.change_slots(|m| {
-            m.insert((addr, proto), slot);
-        });
+        self.slots.write().unwrap_or_else(|p| p.into_inner()).insert((addr, proto), slot);
         Ok(())
     }
 
@@ -158,19 +146,19 @@ impl MappedPorts {
     /// its slots are freed.
     pub fn forget(&self, addr: IpAddr) {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let gone: Vec<_> = self.slots.load().iter().filter(|((a, _), _)| *a == addr).map(|(k, s)| (*k, *s)).collect();
-        for ((a, proto), slot) in gone {
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let gone: Vec<_> = slots.keys().filter(|(a, _)| *a == addr).copied().collect();
+        for (a, proto) in gone {
             let key = NatPortKey::new(a, proto).to_bytes();
             // A failed delete keeps the slot reserved: its entry may still
             // point at it, so it must not be reused.
             if self.slots_map.delete(&key).is_ok() {
-                self.change_slots(|m| {
-                    m.remove(&(a, proto));
-                });
-                // Reused last: a worker that read the slot just before may
-                // still clear a bit in it (an unmapped port there then
-                // reaches the workers, which is harmless).
-                free.insert(0, slot);
+                if let Some(slot) = slots.remove(&(a, proto)) {
+                    // Reused last: a worker that read the slot just before
+                    // may still clear a bit in it (an unmapped port there
+                    // then reaches the workers, which is harmless).
+                    free.insert(0, slot);
+                }
             }
         }
     }
