@@ -33,10 +33,10 @@ pub struct MappedPorts {
     slots_map: MapHandle,
     bits: MappedArray,
     /// (address, protocol) -> slot, as in `nat_port_slots`. Read by the
-    /// workers for every session made and ended. A `RwLock` whose read is
-    /// one uncontended atomic: an `ArcSwap` snapshot was tried and cost
-    /// more per read (docs/benchmarks.md, "Where the AF_XDP path's time
-    /// goes"); ahash, not SipHash.
+    /// workers for every session made and ended: a `RwLock` whose read is
+    /// one uncontended atomic (an `ArcSwap` snapshot was tried and showed
+    /// no gain: docs/benchmarks.md, "Where the AF_XDP path's time goes"),
+    /// hashed with ahash, not SipHash.
     slots: RwLock<AHashMap<(IpAddr, u8), u32>>,
     /// Slots not in use; also serialises slot assignment.
     free: Mutex<Vec<u32>>,
