@@ -100,28 +100,27 @@ fn interrupted(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::Interrupted
 }
 
-/// `s.recv(buf)`, received again when EINTR cut it short (see
-/// [`interrupted`]): the socket's read timeout then starts over, so a wait
-/// is at most a few timeouts long.
-pub fn udp_recv(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<usize> {
+/// `recv()`, called again when EINTR cut it short (see [`interrupted`]):
+/// the socket's read timeout then starts over, so a wait is at most a few
+/// timeouts long.
+fn retried<T>(mut recv: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
     for _ in 0..3 {
-        match s.recv(buf) {
+        match recv() {
             Err(e) if interrupted(&e) => continue,
             r => return r,
         }
     }
-    s.recv(buf)
+    recv()
+}
+
+/// `s.recv(buf)`, received again when EINTR cut it short ([`retried`]).
+pub fn udp_recv(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<usize> {
+    retried(|| s.recv(buf))
 }
 
 /// `s.recv_from(buf)`, as [`udp_recv`].
 pub fn udp_recv_from(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
-    for _ in 0..3 {
-        match s.recv_from(buf) {
-            Err(e) if interrupted(&e) => continue,
-            r => return r,
-        }
-    }
-    s.recv_from(buf)
+    retried(|| s.recv_from(buf))
 }
 
 /// Waits `window` on `s` and fails if a datagram arrives in it (the
