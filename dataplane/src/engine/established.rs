@@ -18,6 +18,14 @@ use crate::wire::checksum;
 use crate::wire::ethernet;
 
 impl Ctx<'_> {
+    /// The established path found no session for the frame's flow: the
+    /// full pipeline is told not to ask the map again ([`Ctx::missed`]).
+    #[cold]
+    fn no_session(&mut self) -> Option<Verdict> {
+        self.missed = true;
+        None
+    }
+
     /// The common case in one straight pass: an untagged IPv4 frame without
     /// options, not fragmented, TCP or UDP with a complete checksum, of an
     /// established session that needs no attention (not expired, checked
@@ -101,7 +109,7 @@ impl Ctx<'_> {
         let nat = &self.shared.nat4;
         let secs = self.secs;
         let key = FlowKey::new(src, dst, sport, dport, proto);
-        let (r, view) = self.lookup(nat, &key)?;
+        let Some((r, view)) = self.lookup(nat, &key) else { return self.no_session() };
         // What `NatTable::check` would act on, and hairpinning.
         if NatTable::is_expired(&view, secs, &tables.nat)
             || view.generation != tables.generation_tag()
