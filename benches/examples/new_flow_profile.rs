@@ -2,7 +2,13 @@
 //! population as the criterion `new_flow` bench (`perf record` or
 //! `valgrind --tool=callgrind` this, not the criterion run).
 //!
-//! `new_flow_profile N [eim|edm] [journal]`.
+//! `new_flow_profile N [eim|edm] [journal|warm]`.
+//!
+//! `warm`: the steady state of a gateway whose sessions come and go. N other
+//! flows are made and expired by the sweep first, so the session map, the
+//! slab, the mappings and the port pools are at their size when the N
+//! measured flows come (none of them grows or is made on a flow's way); a
+//! fresh engine (the default) pays that growth inside the measured flows.
 #![allow(clippy::print_stdout, clippy::expect_used)]
 
 #[path = "../benches/common/mod.rs"]
@@ -25,21 +31,41 @@ fn main() {
     if std::env::args().nth(3).as_deref() == Some("journal") {
         assert!(engine.enable_sync_journal(1 << 20), "journal enabled");
     }
+    let warm = std::env::args().nth(3).as_deref() == Some("warm");
     let mut w = engine.pipeline_seeded(PortRng::new(3));
-    let frames: Vec<Vec<u8>> = (0..n)
-        .map(|i| {
-            let (pod, pp, remote, rp) = common::flow(i, 4096, 1000, 1_000_000);
-            fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18])).frame()
-        })
-        .collect();
+    let frames = |from: u64| -> Vec<Vec<u8>> {
+        (from..from + n)
+            .map(|i| {
+                let (pod, pp, remote, rp) = common::flow(i, 4096, 1000, 1_000_000);
+                fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18])).frame()
+            })
+            .collect()
+    };
+    let mut now = 1;
+    if warm {
+        assert_eq!(common::run(&mut w, &frames(n), fixtures::INSIDE, n, now), n, "warm-up flows forwarded");
+        now += 100_000;
+        while !engine.nat4().sessions.is_empty() {
+            w.tick(egret_dataplane::clock::Timestamp::from_secs(now), 4096);
+        }
+    }
+    let frames = frames(0);
     let (t, cpu) = (Instant::now(), on_cpu_ns());
-    let ok = common::run(&mut w, &frames, fixtures::INSIDE, n, 1);
+    let ok = measured_flows(&mut w, &frames, now);
     let (e, cpu) = (t.elapsed(), on_cpu_ns() - cpu);
+    let state = if warm { ", warm tables" } else { "" };
     println!(
-        "{n} new flows ({mapping:?}): {:.0} ns/flow on this thread's CPU, {:.0} ns/flow wall ({ok} forwarded)",
+        "{n} new flows ({mapping:?}{state}): {:.0} ns/flow on this thread's CPU, {:.0} ns/flow wall ({ok} forwarded)",
         cpu as f64 / n as f64,
         e.as_nanos() as f64 / n as f64
     );
+}
+
+/// The measured flows, on their own for callgrind
+/// (`--toggle-collect=*measured_flows*` counts these, not the warm-up's).
+#[inline(never)]
+fn measured_flows(w: &mut egret_dataplane::engine::Pipeline, frames: &[Vec<u8>], now: u64) -> u64 {
+    common::run(w, frames, fixtures::INSIDE, frames.len() as u64, now)
 }
 
 /// This thread's time on a CPU so far (`/proc/thread-self/schedstat`).
