@@ -64,6 +64,7 @@ use crate::icmp_gen::RateLimit;
 use crate::ingress::Ingress;
 use crate::nat::flow_cache::FlowCache;
 use crate::nat::icmp_error::IcmpFamily;
+use crate::nat::pool_memo::PoolMemo;
 use crate::nat::port_alloc::PortRng;
 use crate::nat::table::NatTable;
 use crate::ownership::Ownership;
@@ -452,7 +453,9 @@ impl Engine {
 trait Family: IcmpFamily {
     fn nat(shared: &Shared) -> &NatTable<Self>;
     fn flow_cache(flows: &mut FlowCaches) -> &mut FlowCache<Self>;
-    fn egress_memo(flows: &mut FlowCaches) -> &mut EgressMemo<Self>;
+    /// The worker's memos a new flow of this family uses: the pods' egress
+    /// IPs (tables.rs) and the port pools (nat/pool_memo.rs).
+    fn creation_memos(flows: &mut FlowCaches) -> (&mut EgressMemo<Self>, &mut PoolMemo<Self>);
 }
 
 impl Family for Ipv4Addr {
@@ -465,8 +468,8 @@ impl Family for Ipv4Addr {
         &mut flows.v4
     }
     #[inline]
-    fn egress_memo(flows: &mut FlowCaches) -> &mut EgressMemo<Self> {
-        &mut flows.egress_v4
+    fn creation_memos(flows: &mut FlowCaches) -> (&mut EgressMemo<Self>, &mut PoolMemo<Self>) {
+        (&mut flows.egress_v4, &mut flows.pools_v4)
     }
 }
 
@@ -480,8 +483,8 @@ impl Family for Ipv6Addr {
         &mut flows.v6
     }
     #[inline]
-    fn egress_memo(flows: &mut FlowCaches) -> &mut EgressMemo<Self> {
-        &mut flows.egress_v6
+    fn creation_memos(flows: &mut FlowCaches) -> (&mut EgressMemo<Self>, &mut PoolMemo<Self>) {
+        (&mut flows.egress_v6, &mut flows.pools_v6)
     }
 }
 
@@ -498,6 +501,9 @@ struct FlowCaches {
     /// The worker's memo of paired pooling, one per family (tables.rs).
     egress_v4: EgressMemo<Ipv4Addr>,
     egress_v6: EgressMemo<Ipv6Addr>,
+    /// The port pools its new flows allocate from, one per family (nat/pool_memo.rs).
+    pools_v4: PoolMemo<Ipv4Addr>,
+    pools_v6: PoolMemo<Ipv6Addr>,
 }
 
 impl FlowCaches {
@@ -507,6 +513,8 @@ impl FlowCaches {
             v6: FlowCache::new(FLOW_CACHE_V6_BITS),
             egress_v4: EgressMemo::default(),
             egress_v6: EgressMemo::default(),
+            pools_v4: PoolMemo::default(),
+            pools_v6: PoolMemo::default(),
         }
     }
 }

@@ -720,9 +720,10 @@ impl Ctx<'_> {
                     proto: p.proto,
                     tcp_flags,
                 };
-                let egress = A::egress_memo(self.flows).egress_for(tables, policy, req.pod);
-                let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
                 let log = self.log_to();
+                let (egress_memo, pools) = A::creation_memos(self.flows);
+                let egress = egress_memo.egress_for(tables, policy, req.pod);
+                let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
                 let mut ctx = CreateCtx {
                     now: secs,
                     rng: self.rng,
@@ -730,6 +731,7 @@ impl Ctx<'_> {
                     deltas: DeltaFnBox(&deltas),
                     tcp_flags,
                     log,
+                    pools: Some(pools),
                 };
                 let created = match egress {
                     Some(egress) => nat.create_outbound_on(&req, policy, egress, tables, &mut ctx),
@@ -844,8 +846,15 @@ impl Ctx<'_> {
         }
         let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
         let log = self.log_to();
-        let mut ctx =
-            CreateCtx { now: secs, rng: self.rng, stats: self.stats, deltas: DeltaFnBox(&deltas), tcp_flags, log };
+        let mut ctx = CreateCtx {
+            now: secs,
+            rng: self.rng,
+            stats: self.stats,
+            deltas: DeltaFnBox(&deltas),
+            tcp_flags,
+            log,
+            pools: None,
+        };
         nat.create_inbound(key, self.tables, &mut ctx)
     }
 

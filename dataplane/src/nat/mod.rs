@@ -7,6 +7,7 @@
 //! - [`flow_cache`]: a worker's exact-match cache of session refs in front of it.
 //! - [`flow_rate`]: a worker's per-source limit on new sessions a second.
 //! - [`mapping`], [`port_alloc`]: endpoint-independent mappings, try-insert port allocation.
+//! - [`pool_memo`]: a worker's memo of the port pools its new flows allocate from.
 //! - [`port_blocks`]: blocks of ports per pod and egress IP, logged per block (ADR 0034 §6).
 //! - [`tcp_state`]: the TCP tracker that picks timeouts (diagram inside).
 //! - [`fragments`]: virtual reassembly of fragmented datagrams.
@@ -20,6 +21,7 @@ pub mod icmp_error;
 pub mod key;
 pub mod map_prefetch;
 pub mod mapping;
+pub mod pool_memo;
 pub mod port_alloc;
 pub mod port_blocks;
 pub mod rewrite;

@@ -43,6 +43,7 @@ use super::fragments::FragmentCache;
 use super::key::{proto, FlowKey, NatAddr, SessionTuple};
 use super::map_prefetch;
 use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mappings};
+use super::pool_memo::PoolMemo;
 use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
 use super::port_blocks::{BlockClaimError, BlockPool, BlockRefusal, PortBlocks};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
@@ -715,9 +716,15 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     ) -> Result<SessionView<A>, DropReason> {
         let nat = &tables.nat;
         let entry = tables.egress(egress.ip()).ok_or(DropReason::EgressIpNotOwned)?;
-        let pool = self.mappings.pool(egress, req.proto, entry.ports);
+        let mut asked = None;
+        let pool = match ctx.pools.take() {
+            Some(memo) => {
+                memo.get(tables.generation, egress, req.proto, || self.mappings.pool(egress, req.proto, entry.ports))
+            }
+            None => asked.insert(self.mappings.pool(egress, req.proto, entry.ports)),
+        };
         if entry.blocks.is_none() {
-            self.prefetch_creation(req, egress, &pool, ctx.rng);
+            self.prefetch_creation(req, egress, pool, ctx.rng);
         }
         if !self.admit_source(req.pod, nat.max_sessions_per_source) {
             return Err(DropReason::SourceSessionLimit);
@@ -741,12 +748,12 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         pool.set_source_quota(nat.ports_per_source(entry.ports));
         if let Some(cfg) = entry.blocks {
             let blocks = self.block_pool(egress, cfg, entry.ports);
-            let result = self.create_in_block(&blocks, &pool, &mut tuple, &mut init, nat, ctx)?;
+            let result = self.create_in_block(&blocks, pool, &mut tuple, &mut init, nat, ctx)?;
             return self.created_outbound(result, &tuple, ctx);
         }
         let result = if self.mappings.endpoint_independent() {
             let acquired = self.mappings.try_acquire(
-                &pool,
+                pool,
                 MappingRequest { egress, pod: req.pod, pod_port: req.pod_port, proto: req.proto },
                 nat.port_alloc_attempts,
                 ctx.rng,
@@ -1340,7 +1347,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
 
 /// What session creation needs from the worker.
 #[derive(Debug)]
-pub struct CreateCtx<'a, A> {
+pub struct CreateCtx<'a, A: NatAddr> {
     /// Now, in engine seconds.
     pub now: u32,
     /// The worker's port RNG.
@@ -1353,6 +1360,8 @@ pub struct CreateCtx<'a, A> {
     pub tcp_flags: u8,
     /// The worker's translation log ring (`None`: logging is off).
     pub log: Option<LogTo<'a>>,
+    /// The worker's memo of port pools (`None`: the shared map is asked).
+    pub pools: Option<&'a mut PoolMemo<A>>,
 }
 
 /// The delta function of a [`CreateCtx`] (a wrapper so the context is `Debug`).
@@ -1420,6 +1429,7 @@ mod tests {
                 deltas: DeltaFnBox(&|_| 0),
                 tcp_flags: 0,
                 log: None,
+                pools: None,
             }
         }
     }
@@ -1700,6 +1710,7 @@ mod tests {
             deltas: DeltaFnBox(&|_| 0),
             tcp_flags: 0,
             log: Some(LogTo { ring, stats, now_ms: u64::from(now) * 1000 }),
+            pools: None,
         }
     }
 
