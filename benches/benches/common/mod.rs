@@ -83,15 +83,7 @@ pub fn populated(n: u64, mapping: MappingBehavior) -> (Engine, Pipeline, (u64, u
     for i in 0..n {
         let (pod, pod_port, remote, remote_port) = flow(i, sh.0, sh.1, sh.2);
         let req = OutboundRequest { pod, pod_port, remote, remote_port, proto: proto::UDP, tcp_flags: 0 };
-        let mut ctx = CreateCtx {
-            now: 0,
-            rng: &mut rng,
-            stats: &stats,
-            deltas: DeltaFnBox(&deltas),
-            tcp_flags: 0,
-            log: None,
-            pools: None,
-        };
+        let mut ctx = CreateCtx::new(0, &mut rng, &stats, DeltaFnBox(&deltas));
         engine.nat4().create_outbound(&req, policy, &tables, &mut ctx).expect("session");
     }
     assert_eq!(engine.nat4().sessions.len() as u64, n);

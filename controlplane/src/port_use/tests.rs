@@ -218,15 +218,7 @@ fn endpoint_dependent_exhaustion_towards_one_destination_is_seen_coming() {
     let mut open = |pod: Ipv4Addr, pod_port: u16, remote: Ipv4Addr| {
         let r =
             OutboundRequest { pod, pod_port, remote, remote_port: 443, proto: TCP, tcp_flags: tcp_state::flags::SYN };
-        let mut ctx = CreateCtx {
-            now: 0,
-            rng: &mut rng,
-            stats: &stats,
-            deltas: DeltaFnBox(&|_| 0),
-            tcp_flags: 0,
-            log: None,
-            pools: None,
-        };
+        let mut ctx = CreateCtx::new(0, &mut rng, &stats, DeltaFnBox(&|_| 0));
         nat.create_outbound(&r, policy, &t, &mut ctx).map(|_| ())
     };
     // Another destination, a little.
@@ -296,15 +288,7 @@ fn endpoint_dependent_exhaustion_towards_one_destination_is_seen_coming() {
             proto: TCP,
             tcp_flags: tcp_state::flags::SYN,
         };
-        let mut ctx = CreateCtx {
-            now: 0,
-            rng: &mut rng,
-            stats: &stats,
-            deltas: DeltaFnBox(&|_| 0),
-            tcp_flags: 0,
-            log: None,
-            pools: None,
-        };
+        let mut ctx = CreateCtx::new(0, &mut rng, &stats, DeltaFnBox(&|_| 0));
         nat.create_outbound(&r, policy, &t, &mut ctx).unwrap();
         let mut u = PortUse::default();
         for (ip, proto, pool) in nat.mappings.pools() {

@@ -725,13 +725,10 @@ impl Ctx<'_> {
                 let egress = egress_memo.egress_for(tables, policy, req.pod);
                 let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
                 let mut ctx = CreateCtx {
-                    now: secs,
-                    rng: self.rng,
-                    stats: self.stats,
-                    deltas: DeltaFnBox(&deltas),
                     tcp_flags,
                     log,
                     pools: Some(pools),
+                    ..CreateCtx::new(secs, self.rng, self.stats, DeltaFnBox(&deltas))
                 };
                 let created = match egress {
                     Some(egress) => nat.create_outbound_on(&req, policy, egress, tables, &mut ctx),
@@ -846,15 +843,7 @@ impl Ctx<'_> {
         }
         let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
         let log = self.log_to();
-        let mut ctx = CreateCtx {
-            now: secs,
-            rng: self.rng,
-            stats: self.stats,
-            deltas: DeltaFnBox(&deltas),
-            tcp_flags,
-            log,
-            pools: None,
-        };
+        let mut ctx = CreateCtx { tcp_flags, log, ..CreateCtx::new(secs, self.rng, self.stats, DeltaFnBox(&deltas)) };
         nat.create_inbound(key, self.tables, &mut ctx)
     }
 

@@ -1364,6 +1364,14 @@ pub struct CreateCtx<'a, A: NatAddr> {
     pub pools: Option<&'a mut PoolMemo<A>>,
 }
 
+impl<'a, A: NatAddr> CreateCtx<'a, A> {
+    /// A context at `now` with no TCP flags, no translation log and no
+    /// pool memo (the shared map is asked); set those fields as needed.
+    pub fn new(now: u32, rng: &'a mut PortRng, stats: &'a WorkerStats, deltas: DeltaFnBox<'a, A>) -> Self {
+        CreateCtx { now, rng, stats, deltas, tcp_flags: 0, log: None, pools: None }
+    }
+}
+
 /// The delta function of a [`CreateCtx`] (a wrapper so the context is `Debug`).
 pub struct DeltaFnBox<'a, A>(pub DeltaFn<'a, A>);
 
@@ -1422,15 +1430,7 @@ mod tests {
             Env { rng: PortRng::new(42), stats: WorkerStats::default() }
         }
         fn ctx(&mut self, now: u32) -> CreateCtx<'_, Ipv4Addr> {
-            CreateCtx {
-                now,
-                rng: &mut self.rng,
-                stats: &self.stats,
-                deltas: DeltaFnBox(&|_| 0),
-                tcp_flags: 0,
-                log: None,
-                pools: None,
-            }
+            CreateCtx::new(now, &mut self.rng, &self.stats, DeltaFnBox(&|_| 0))
         }
     }
 
@@ -1704,13 +1704,8 @@ mod tests {
     fn logged_ctx<'a>(env: &'a mut Env, ring: &'a crate::translog::LogRing, now: u32) -> CreateCtx<'a, Ipv4Addr> {
         let stats = &env.stats;
         CreateCtx {
-            now,
-            rng: &mut env.rng,
-            stats,
-            deltas: DeltaFnBox(&|_| 0),
-            tcp_flags: 0,
             log: Some(LogTo { ring, stats, now_ms: u64::from(now) * 1000 }),
-            pools: None,
+            ..CreateCtx::new(now, &mut env.rng, stats, DeltaFnBox(&|_| 0))
         }
     }
 
