@@ -23,8 +23,23 @@ installed_version() {
   "$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("moto"))' 2>/dev/null
 }
 
-if [ -f "$venv/.egret-complete" ] && [ "$(installed_version || true)" = "$want" ] && [ -x "$EGRET_MOTO_SERVER_BIN" ]; then
+present() {
+  [ -f "$venv/.egret-complete" ] && [ "$(installed_version || true)" = "$want" ] && [ -x "$EGRET_MOTO_SERVER_BIN" ]
+}
+
+if present; then
   log "moto $want present in $venv"
+  exit 0
+fi
+
+# One installer at a time: the README's two commands run side by side both
+# come here on a fresh machine, and each would remove the other's half-built
+# environment. The second waits, then finds the first's complete.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
+if present; then
+  log "moto $want present in $venv (installed while this one waited)"
   exit 0
 fi
 
