@@ -2,13 +2,17 @@
 //! population as the criterion `new_flow` bench (`perf record` or
 //! `valgrind --tool=callgrind` this, not the criterion run).
 //!
-//! `new_flow_profile N [eim|edm] [journal|warm]`.
+//! `new_flow_profile N [eim|edm] [journal] [warm] [staged]`.
 //!
 //! `warm`: the steady state of a gateway whose sessions come and go. N other
 //! flows are made and expired by the sweep first, so the session map, the
 //! slab, the mappings and the port pools are at their size when the N
 //! measured flows come (none of them grows or is made on a flow's way); a
 //! fresh engine (the default) pays that growth inside the measured flows.
+//!
+//! `staged`: the measured flows come in batches of 32, staged first as a
+//! worker stages a ring's batch once its table outgrows the caches
+//! (`common::run_staged`; engine/batch.rs); unstaged, frame by frame.
 #![allow(clippy::print_stdout, clippy::expect_used)]
 
 #[path = "../benches/common/mod.rs"]
@@ -27,11 +31,12 @@ fn main() {
     };
     let engine = egret_dataplane::engine::Engine::new(&common::spec((n as usize + 1024) * 2, mapping)).expect("spec");
     engine.publish_fib(fixtures::topology());
+    let opt = |name: &str| std::env::args().skip(3).any(|a| a == name);
     // `journal`: the HA sync journal on, as on a gateway with a standby.
-    if std::env::args().nth(3).as_deref() == Some("journal") {
+    if opt("journal") {
         assert!(engine.enable_sync_journal(1 << 20), "journal enabled");
     }
-    let warm = std::env::args().nth(3).as_deref() == Some("warm");
+    let (warm, staged) = (opt("warm"), opt("staged"));
     let mut w = engine.pipeline_seeded(PortRng::new(3));
     let frames = |from: u64| -> Vec<Vec<u8>> {
         (from..from + n)
@@ -51,9 +56,9 @@ fn main() {
     }
     let frames = frames(0);
     let (t, cpu) = (Instant::now(), on_cpu_ns());
-    let ok = measured_flows(&mut w, &frames, now);
+    let ok = measured_flows(&mut w, &frames, now, staged);
     let (e, cpu) = (t.elapsed(), on_cpu_ns() - cpu);
-    let state = if warm { ", warm tables" } else { "" };
+    let state = format!("{}{}", if warm { ", warm tables" } else { "" }, if staged { ", staged 32" } else { "" });
     println!(
         "{n} new flows ({mapping:?}{state}): {:.0} ns/flow on this thread's CPU, {:.0} ns/flow wall ({ok} forwarded)",
         cpu as f64 / n as f64,
@@ -64,9 +69,18 @@ fn main() {
 /// The measured flows, on their own for callgrind
 /// (`--toggle-collect=*measured_flows*` counts these, not the warm-up's).
 #[inline(never)]
-fn measured_flows(w: &mut egret_dataplane::engine::Pipeline, frames: &[Vec<u8>], now: u64) -> u64 {
-    common::run(w, frames, fixtures::INSIDE, frames.len() as u64, now)
+fn measured_flows(w: &mut egret_dataplane::engine::Pipeline, frames: &[Vec<u8>], now: u64, staged: bool) -> u64 {
+    let n = frames.len() as u64;
+    if staged {
+        common::run_staged(w, frames, fixtures::INSIDE, n, now, STAGED_BATCH)
+    } else {
+        common::run(w, frames, fixtures::INSIDE, n, now)
+    }
 }
+
+/// The batch `staged` uses: the size the established path's runs settled on
+/// (docs/benchmarks.md, "Batches staged").
+const STAGED_BATCH: usize = 32;
 
 /// This thread's time on a CPU so far (`/proc/thread-self/schedstat`).
 fn on_cpu_ns() -> u64 {
