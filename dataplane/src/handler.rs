@@ -216,6 +216,9 @@ impl FrameHandler for EngineHandler {
         for s in self.staged.iter().take(n) {
             self.pipeline.prefetch_session(*s);
         }
+        for s in self.staged.iter().take(n) {
+            self.pipeline.prefetch_lookup(*s);
+        }
     }
 
     fn release(&mut self, key: HoldKey, buf: &mut [u8], len: usize, now: Instant) -> Option<Action> {

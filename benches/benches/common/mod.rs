@@ -136,7 +136,7 @@ pub fn run(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: 
 }
 
 /// As [`run`], in batches of `batch` frames staged first (the engine's
-/// `prefetch_flow` then `prefetch_session` for every frame of the batch,
+/// `prefetch_flow`, `prefetch_session` then `prefetch_lookup` for every frame of the batch,
 /// then `process` for each): what a worker does with a ring's batch.
 #[inline]
 pub fn run_staged(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64, batch: usize) -> u64 {
@@ -165,6 +165,9 @@ pub fn run_staged(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64
         }
         for s in staged.iter().take(n) {
             w.prefetch_session(*s);
+        }
+        for s in staged.iter().take(n) {
+            w.prefetch_lookup(*s);
         }
         for (buf, len) in bufs.iter_mut().zip(&lens).take(n) {
             if let Verdict::Forward { .. } = w.process(buf, *len, meta, t) {

@@ -5,10 +5,17 @@
 //! 1. [`Pipeline::prefetch_flow`] for every frame: read the IPv4 5-tuple,
 //!    prefetch the worker's flow-cache entry for it.
 //! 2. [`Pipeline::prefetch_session`] for every frame: read that entry and
-//!    prefetch the session slot it names.
-//! 3. [`Pipeline::process`] for every frame, as without staging.
+//!    prefetch the session slot it names; an empty entry (a flow this
+//!    worker has not seen) has the session map's lines for the key
+//!    prefetched instead, where `process` will ask.
+//! 3. [`Pipeline::prefetch_lookup`] for every frame whose entry named a
+//!    slot: read the slot (its line asked for in stage 2) and, when it
+//!    holds another flow (an entry shared with another flow, or a new flow
+//!    whose entry still names an ended session), prefetch the session
+//!    map's lines for the key.
+//! 4. [`Pipeline::process`] for every frame, as without staging.
 //!
-//! Stages 1 and 2 change nothing and decide nothing: a frame they cannot
+//! Stages 1 to 3 change nothing and decide nothing: a frame they cannot
 //! read, or an entry that is stale, only goes unprefetched, and `process`
 //! judges it in full. With few sessions everything is in cache and the
 //! stages are pure overhead: [`Pipeline::staging_pays`] says when to use them.
@@ -19,9 +26,22 @@ use super::Pipeline;
 use crate::nat::key::{proto, FlowKey};
 use crate::wire::ethernet;
 
-/// What stage 1 found for a frame: the flow-cache entry to read in stage 2.
+/// What stage 1 found for a frame: the flow-cache entry to read in stage 2
+/// and the key the later stages look for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Staged(Option<usize>);
+pub struct Staged(Option<(usize, FlowKey<Ipv4Addr>)>);
+
+/// What a stage asked the memory for (its tests check that each frame's
+/// lines are the ones `process` will read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// Nothing: no key, or nothing more to ask.
+    Nothing,
+    /// The session slot the flow-cache entry names.
+    Slot,
+    /// The session map's lines for the key.
+    MapLines,
+}
 
 /// Below this many IPv4 sessions the session slots fit in the caches and
 /// staging costs more than it saves (docs/benchmarks.md, "Batches staged").
@@ -40,15 +60,40 @@ impl Pipeline {
     /// `process` unstaged.
     #[inline]
     pub fn prefetch_flow(&self, frame: &[u8]) -> Staged {
-        Staged(flow_key_v4(frame).map(|key| self.flows.v4.prefetch(&key)))
+        Staged(flow_key_v4(frame).map(|key| (self.flows.v4.prefetch(&key), key)))
     }
 
     /// Stage 2: prefetches the session slot the entry found in stage 1
-    /// names, if any.
+    /// names; for an empty entry, the session map's lines of the key.
     #[inline]
-    pub fn prefetch_session(&self, staged: Staged) {
-        if let Some(r) = staged.0.and_then(|i| self.flows.v4.get_at(i)) {
-            self.shared.nat4.sessions.prefetch(r);
+    pub fn prefetch_session(&self, staged: Staged) -> Asked {
+        let Some((i, key)) = staged.0 else { return Asked::Nothing };
+        let sessions = &self.shared.nat4.sessions;
+        match self.flows.v4.get_at(i) {
+            Some(r) => {
+                sessions.prefetch(r);
+                Asked::Slot
+            }
+            None => {
+                sessions.prefetch_key(&key);
+                Asked::MapLines
+            }
+        }
+    }
+
+    /// Stage 3: for an entry that named a slot, whether the slot holds the
+    /// frame's flow; when it does not, the session map's lines of the key
+    /// are prefetched, as `process` will ask the map.
+    #[inline]
+    pub fn prefetch_lookup(&self, staged: Staged) -> Asked {
+        let Some((i, key)) = staged.0 else { return Asked::Nothing };
+        let sessions = &self.shared.nat4.sessions;
+        match self.flows.v4.get_at(i) {
+            Some(r) if sessions.lookup_at(&key, r).is_none() => {
+                sessions.prefetch_key(&key);
+                Asked::MapLines
+            }
+            _ => Asked::Nothing,
         }
     }
 }
@@ -79,7 +124,7 @@ fn flow_key_v4(frame: &[u8]) -> Option<FlowKey<Ipv4Addr>> {
 mod tests {
     use super::*;
     use crate::clock::Timestamp;
-    use crate::engine::{ChecksumHint, Engine, RxMeta};
+    use crate::engine::{ChecksumHint, Engine, RxMeta, Verdict};
     use crate::fixtures;
 
     #[test]
@@ -95,6 +140,42 @@ mod tests {
         assert_eq!(flow_key_v4(&f[..30]), None);
         let v6 = fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), fixtures::udp(1, 2, b"")).frame();
         assert_eq!(flow_key_v4(&v6), None);
+    }
+
+    #[test]
+    fn each_stage_asks_for_the_lines_process_reads() {
+        let engine = Engine::new(&fixtures::base_spec()).unwrap();
+        engine.publish_fib(fixtures::topology());
+        let mut w = engine.pipeline();
+        let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
+        let flow =
+            |port| fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), fixtures::udp(port, 53, b"q"));
+        let f = flow(40000).frame();
+        let stages = |w: &Pipeline, f: &[u8]| {
+            let s = w.prefetch_flow(f);
+            (w.prefetch_session(s), w.prefetch_lookup(s))
+        };
+        // A flow this worker has not seen: its entry is empty, the map is asked.
+        assert_eq!(stages(&w, &f), (Asked::MapLines, Asked::Nothing));
+        // Made, then its next packet found in the map: the entry names it.
+        for _ in 0..2 {
+            let mut f = flow(40000).frame();
+            let len = f.len();
+            assert!(matches!(w.process(&mut f, len, meta, Timestamp::from_secs(1)), Verdict::Forward { .. }));
+        }
+        // Established: the entry names its slot, which holds it.
+        assert_eq!(stages(&w, &f), (Asked::Slot, Asked::Nothing));
+        // Its session ended: the entry still names the slot, which no longer
+        // holds the flow, so the map is asked as well.
+        let mut later = 1;
+        while !engine.nat4().sessions.is_empty() {
+            later += 100_000;
+            w.tick(Timestamp::from_secs(later), 4096);
+        }
+        assert_eq!(stages(&w, &f), (Asked::Slot, Asked::MapLines));
+        // Not an IPv4 TCP/UDP frame: nothing staged.
+        let v6 = fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), fixtures::udp(1, 2, b"")).frame();
+        assert_eq!(stages(&w, &v6), (Asked::Nothing, Asked::Nothing));
     }
 
     #[test]
@@ -121,7 +202,12 @@ mod tests {
                 if staged {
                     let s: Vec<Staged> = frames.iter().map(|f| w.prefetch_flow(f)).collect();
                     assert_eq!(s.iter().filter(|s| s.0.is_some()).count(), 16);
-                    s.iter().for_each(|s| w.prefetch_session(*s));
+                    for s in &s {
+                        assert_ne!(w.prefetch_session(*s), Asked::Nothing);
+                    }
+                    for s in &s {
+                        w.prefetch_lookup(*s);
+                    }
                 }
                 for f in &mut frames {
                     let len = f.len();

@@ -48,7 +48,7 @@ mod ha;
 mod next_hop_cache;
 mod pipeline;
 
-pub use batch::{Staged, STAGING_MIN_SESSIONS};
+pub use batch::{Asked, Staged, STAGING_MIN_SESSIONS};
 pub use ha::{IMPORT_PARALLEL_MIN, IMPORT_THREADS_MAX};
 pub use pipeline::Pipeline;
 
