@@ -44,6 +44,7 @@ pub mod fib;
 #[allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 pub mod fixtures;
 pub mod handler;
+pub mod huge_pages;
 pub mod icmp_gen;
 pub mod ingress;
 pub mod kernel_tx;

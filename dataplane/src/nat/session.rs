@@ -27,6 +27,7 @@ use dashmap::DashMap;
 use parking_lot::Mutex;
 
 use super::key::{FlowKey, NatAddr, SessionTuple};
+use crate::huge_pages::HugeSlice;
 
 /// Where a map key points: a slot index and whether the key is the session's
 /// inbound key. Stored as four bytes of alignment 1 to keep map entries small.
@@ -61,10 +62,6 @@ const FREE: u32 = 0;
 const WRITING: u32 = 1;
 const LIVE: u32 = 2;
 const DYING: u32 = 3;
-
-/// Slots per lazily allocated chunk.
-const CHUNK_SHIFT: u32 = 14;
-const CHUNK: usize = 1 << CHUNK_SHIFT;
 
 /// One session's body. Every field is atomic: see the module doc.
 #[derive(Debug)]
@@ -232,9 +229,11 @@ impl<A: NatAddr> Slot<A> {
     }
 }
 
-type Chunk<A> = OnceLock<Box<[Slot<A>]>>;
+type Chunk<A> = OnceLock<HugeSlice<Slot<A>>>;
 
-/// A slab of session slots, allocated in chunks as the table grows.
+/// A slab of session slots, allocated in chunks as the table grows, each on
+/// huge pages where the kernel gives them: a packet's slot is read at
+/// random, and with 4 KiB pages that read is a TLB miss as well.
 #[derive(Debug)]
 pub struct Slab<A: NatAddr> {
     chunks: Box<[Chunk<A>]>,
@@ -244,8 +243,15 @@ pub struct Slab<A: NatAddr> {
 }
 
 impl<A: NatAddr> Slab<A> {
+    /// Slots per lazily made chunk: as many as one 2 MiB huge page holds
+    /// (43,690 IPv4, 23,831 IPv6), so that a chunk is one page when the
+    /// kernel gives huge pages, and growing by one costs one page's fault.
+    /// Not a power of two: a slot's chunk is a division by this constant,
+    /// which the compiler makes a multiplication.
+    const PER_CHUNK: u32 = HugeSlice::<Slot<A>>::PER_PAGE as u32;
+
     fn new(capacity: u32) -> Self {
-        let chunks = (capacity as usize).div_ceil(CHUNK);
+        let chunks = capacity.div_ceil(Self::PER_CHUNK) as usize;
         Slab {
             chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
             capacity,
@@ -256,7 +262,8 @@ impl<A: NatAddr> Slab<A> {
 
     #[inline]
     fn get(&self, index: u32) -> Option<&Slot<A>> {
-        self.chunks.get((index >> CHUNK_SHIFT) as usize)?.get()?.get(index as usize & (CHUNK - 1))
+        let (chunk, at) = (index / Self::PER_CHUNK, index % Self::PER_CHUNK);
+        self.chunks.get(chunk as usize)?.get()?.get(at as usize)
     }
 
     fn alloc(&self) -> Option<(u32, &Slot<A>)> {
@@ -267,8 +274,8 @@ impl<A: NatAddr> Slab<A> {
                     .next_unused
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < self.capacity).then_some(n + 1))
                     .ok()?;
-                let chunk = self.chunks.get((i >> CHUNK_SHIFT) as usize)?;
-                chunk.get_or_init(|| (0..CHUNK).map(|_| Slot::default()).collect());
+                let chunk = self.chunks.get((i / Self::PER_CHUNK) as usize)?;
+                chunk.get_or_init(|| HugeSlice::page(|_| Slot::default()));
                 i
             }
         };
@@ -277,6 +284,14 @@ impl<A: NatAddr> Slab<A> {
 
     fn release(&self, index: u32) {
         self.free.lock().push(index);
+    }
+
+    /// Makes the chunks that slots `0..n` live in (those not made yet).
+    fn make_chunks(&self, n: u32) {
+        let n = n.min(self.capacity);
+        for chunk in self.chunks.iter().take(n.div_ceil(Self::PER_CHUNK) as usize) {
+            chunk.get_or_init(|| HugeSlice::page(|_| Slot::default()));
+        }
     }
 
     /// One past the highest slot index ever used.
@@ -333,6 +348,16 @@ impl<A: NatAddr> SessionTable<A> {
     /// Whether no session lives.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Makes the slab's chunks for the first `n` sessions now (at most the
+    /// capacity), instead of on the way of the flows that first need them:
+    /// a chunk is one huge page's fault and 43,690 slots written
+    /// (docs/benchmarks.md, "Session slots on huge pages"). The
+    /// instruction guard's new-flow cases use it, so that a chunk's one-off
+    /// cost is not charged to the few thousand flows they measure.
+    pub fn make_chunks(&self, n: usize) {
+        self.slab.make_chunks(u32::try_from(n).unwrap_or(u32::MAX));
     }
 
     /// The configured maximum.
@@ -625,6 +650,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::huge_pages::HUGE_PAGE;
     use crate::nat::key::proto;
 
     fn tuple(i: u32) -> SessionTuple<Ipv4Addr> {
@@ -648,6 +674,41 @@ mod tests {
         assert_eq!(std::mem::size_of::<(FlowKey<Ipv4Addr>, SessionRef)>(), 17);
         assert_eq!(std::mem::size_of::<Slot<Ipv4Addr>>(), 48);
         assert_eq!(std::mem::size_of::<Slot<std::net::Ipv6Addr>>(), 88);
+    }
+
+    #[test]
+    fn a_chunk_is_one_huge_page_and_slots_cross_chunks() {
+        assert_eq!((Slab::<Ipv4Addr>::PER_CHUNK, Slab::<std::net::Ipv6Addr>::PER_CHUNK), (43_690, 23_831));
+        // Three chunks' worth, the last partly: every slot its own, in order
+        // within a chunk, each chunk on a huge-page boundary.
+        let per = Slab::<Ipv4Addr>::PER_CHUNK;
+        let slab = Slab::<Ipv4Addr>::new(2 * per + 10);
+        let mut seen = std::collections::HashSet::new();
+        for want in 0..2 * per + 10 {
+            let (i, slot) = slab.alloc().expect("a slot below capacity");
+            assert_eq!(i, want);
+            assert!(std::ptr::eq(slot, slab.get(i).unwrap()));
+            let at = std::ptr::from_ref(slot) as usize;
+            assert!(seen.insert(at), "slot {i} shares memory");
+            if i % per == 0 {
+                assert_eq!(at % HUGE_PAGE, 0, "chunk {} starts a huge page", i / per);
+            } else {
+                assert_eq!(
+                    at - std::ptr::from_ref(slab.get(i - 1).unwrap()) as usize,
+                    48,
+                    "slot {i} follows {}",
+                    i - 1
+                );
+            }
+        }
+        assert!(slab.alloc().is_none(), "capacity reached");
+        assert!(slab.get(3 * per).is_none(), "no fourth chunk was made");
+        // Made ahead: the chunks of the first n slots, no more.
+        let ahead = Slab::<Ipv4Addr>::new(5 * per);
+        ahead.make_chunks(per + 1);
+        assert!(ahead.get(2 * per - 1).is_some() && ahead.get(2 * per).is_none(), "two chunks for per + 1 slots");
+        ahead.make_chunks(u32::MAX);
+        assert!(ahead.get(5 * per - 1).is_some(), "up to the capacity");
     }
 
     #[test]
