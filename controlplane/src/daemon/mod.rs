@@ -39,6 +39,7 @@
 //! detached), the admin socket file is removed, exit 0 (`shut_down`).
 
 mod fail_closed_repair;
+mod grow_ahead;
 mod multicast;
 mod port_map;
 mod port_use;
@@ -738,6 +739,8 @@ struct Serving {
     fail_closed_repair: Option<tokio::task::JoinHandle<()>>,
     /// The port-use walks (port_use.rs).
     port_use_task: tokio::task::JoinHandle<()>,
+    /// The session slabs' chunks made ahead of the workers (grow_ahead.rs).
+    grow_ahead_task: tokio::task::JoinHandle<()>,
 }
 
 /// Step 5: attaches the program to every interface and serves the RX queues
@@ -831,6 +834,7 @@ async fn attach_and_serve(
     ));
 
     let port_use_task = port_use::spawn(engine.clone(), shared.port_use.clone(), cfg.port_use_refresh);
+    let grow_ahead_task = grow_ahead::spawn(engine.clone(), grow_ahead::EVERY);
 
     sink.announce(&announced(&cfg.tables));
     Ok(Serving {
@@ -843,6 +847,7 @@ async fn attach_and_serve(
         metrics_task,
         fail_closed_repair,
         port_use_task,
+        grow_ahead_task,
     })
 }
 
@@ -991,6 +996,7 @@ async fn shut_down(
         metrics_task,
         fail_closed_repair,
         port_use_task,
+        grow_ahead_task,
     } = serving;
     let Cluster { stop_tx: k8s_stop_tx, task: k8s_task, watchdog_stop, watchdog } = cluster;
     tracing::info!("stopping");
@@ -1009,6 +1015,7 @@ async fn shut_down(
     admin_task.abort();
     metrics_task.abort();
     port_use_task.abort();
+    grow_ahead_task.abort();
     if let Some(t) = fail_closed_repair {
         t.abort();
     }

@@ -286,6 +286,29 @@ impl<A: NatAddr> Slab<A> {
         self.free.lock().push(index);
     }
 
+    /// Makes the next chunk when the slots never used in the chunks made
+    /// so far are fewer than half a chunk (or none are left); returns
+    /// whether it made one. Never the first: a family no flow uses (IPv6
+    /// on most gateways) keeps no page.
+    fn grow_ahead(&self) -> bool {
+        let next = self.next_unused.load(Ordering::Relaxed).min(self.capacity);
+        if next == 0 {
+            return false;
+        }
+        // The chunk the next new slot falls in, and, from half of it on,
+        // the one after.
+        let ahead = next + Self::PER_CHUNK / 2;
+        let Some(chunk) = self.chunks.get((ahead.min(self.capacity.saturating_sub(1)) / Self::PER_CHUNK) as usize)
+        else {
+            return false;
+        };
+        if chunk.get().is_some() {
+            return false;
+        }
+        chunk.get_or_init(|| HugeSlice::page(|_| Slot::default()));
+        true
+    }
+
     /// Makes the chunks that slots `0..n` live in (those not made yet).
     fn make_chunks(&self, n: u32) {
         let n = n.min(self.capacity);
@@ -358,6 +381,23 @@ impl<A: NatAddr> SessionTable<A> {
     /// cost is not charged to the few thousand flows they measure.
     pub fn make_chunks(&self, n: usize) {
         self.slab.make_chunks(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+
+    /// Makes the slab's next chunk when fewer than half a chunk of
+    /// never-used slots remain (once the table has had a session), so that a growing table's chunks are made
+    /// here rather than by the worker whose flow needs a chunk's first slot
+    /// (0.3-8 ms on this machine: docs/benchmarks.md, "Session slots on
+    /// huge pages"). Called off the workers, every 100 ms by the daemon
+    /// (`controlplane/src/daemon/grow_ahead.rs`); returns whether it made
+    /// one. A table that grows faster than half a chunk between calls
+    /// still has its workers make some.
+    pub fn grow_ahead(&self) -> bool {
+        self.slab.grow_ahead()
+    }
+
+    /// Chunks of slots made so far (each one huge page).
+    pub fn chunks_made(&self) -> usize {
+        self.slab.chunks.iter().filter(|c| c.get().is_some()).count()
     }
 
     /// The configured maximum.
@@ -709,6 +749,37 @@ mod tests {
         assert!(ahead.get(2 * per - 1).is_some() && ahead.get(2 * per).is_none(), "two chunks for per + 1 slots");
         ahead.make_chunks(u32::MAX);
         assert!(ahead.get(5 * per - 1).is_some(), "up to the capacity");
+    }
+
+    #[test]
+    fn growing_ahead_makes_the_next_chunk_from_half_of_the_last() {
+        let per = Slab::<Ipv4Addr>::PER_CHUNK;
+        let t = SessionTable::<Ipv4Addr>::new((2 * per + per / 4) as usize);
+        let made = |t: &SessionTable<Ipv4Addr>| t.chunks_made();
+        // Nothing used: nothing made (a family without flows keeps no page).
+        assert!(!t.grow_ahead());
+        assert_eq!(made(&t), 0);
+        // Slots taken as workers take them (the first makes the first
+        // chunk): below half of it, nothing more; from half on, the next
+        // chunk, once.
+        let take = |n: u32| {
+            for _ in 0..n {
+                t.slab.alloc().expect("a slot");
+            }
+        };
+        take(1);
+        assert_eq!(made(&t), 1);
+        take(per / 2 - 2);
+        assert!(!t.grow_ahead());
+        take(1);
+        assert!(t.grow_ahead() && !t.grow_ahead());
+        assert_eq!(made(&t), 2);
+        // The last chunk, partly within the capacity, and nothing beyond.
+        take(per);
+        assert!(t.grow_ahead());
+        take(per / 4 + per / 2);
+        assert!(!t.grow_ahead() && t.slab.alloc().is_none(), "full");
+        assert_eq!(made(&t), 3);
     }
 
     #[test]
