@@ -274,8 +274,7 @@ impl<A: NatAddr> Slab<A> {
                     .next_unused
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < self.capacity).then_some(n + 1))
                     .ok()?;
-                let chunk = self.chunks.get((i / Self::PER_CHUNK) as usize)?;
-                chunk.get_or_init(|| HugeSlice::page(|_| Slot::default()));
+                Self::make(self.chunks.get((i / Self::PER_CHUNK) as usize)?);
                 i
             }
         };
@@ -305,7 +304,7 @@ impl<A: NatAddr> Slab<A> {
         if chunk.get().is_some() {
             return false;
         }
-        chunk.get_or_init(|| HugeSlice::page(|_| Slot::default()));
+        Self::make(chunk);
         true
     }
 
@@ -313,8 +312,13 @@ impl<A: NatAddr> Slab<A> {
     fn make_chunks(&self, n: u32) {
         let n = n.min(self.capacity);
         for chunk in self.chunks.iter().take(n.div_ceil(Self::PER_CHUNK) as usize) {
-            chunk.get_or_init(|| HugeSlice::page(|_| Slot::default()));
+            Self::make(chunk);
         }
+    }
+
+    /// Makes `chunk` (one huge page of empty slots) unless it is made.
+    fn make(chunk: &Chunk<A>) {
+        chunk.get_or_init(|| HugeSlice::page(|_| Slot::default()));
     }
 
     /// One past the highest slot index ever used.
