@@ -2,13 +2,20 @@
 //! population as the criterion `new_flow` bench (`perf record` or
 //! `valgrind --tool=callgrind` this, not the criterion run).
 //!
-//! `new_flow_profile N [eim|edm] [journal] [warm] [staged]`.
+//! `new_flow_profile N [eim|edm] [journal] [warm] [second] [staged]`.
 //!
 //! `warm`: the steady state of a gateway whose sessions come and go. N other
 //! flows are made and expired by the sweep first, so the session map, the
 //! slab, the mappings and the port pools are at their size when the N
 //! measured flows come (none of them grows or is made on a flow's way); a
 //! fresh engine (the default) pays that growth inside the measured flows.
+//! The warm-up flows send two packets each, so the worker's flow cache is
+//! full of their (expired) refs, as a busy gateway's is of its flows'.
+//!
+//! `second`: each measured flow sends a second packet, [`SECOND_AFTER`]
+//! frames after its first (a TCP handshake's ACK, a UDP flow's next
+//! datagram, while the worker serves other flows meanwhile); the time is
+//! per flow, both packets.
 //!
 //! `staged`: the measured flows come in batches of 32, staged first as a
 //! worker stages a ring's batch once its table outgrows the caches
@@ -48,17 +55,27 @@ fn main() {
     };
     let mut now = 1;
     if warm {
-        assert_eq!(common::run(&mut w, &frames(n), fixtures::INSIDE, n, now), n, "warm-up flows forwarded");
+        // Each warm-up flow sends twice, so that the worker's flow cache
+        // holds their refs as a busy gateway's holds its established
+        // flows' (a new flow's probe then meets an earlier flow's entry).
+        let warm_up = frames(n);
+        assert_eq!(common::run(&mut w, &warm_up, fixtures::INSIDE, 2 * n, now), 2 * n, "warm-up flows forwarded");
         now += 100_000;
         while !engine.nat4().sessions.is_empty() {
             w.tick(egret_dataplane::clock::Timestamp::from_secs(now), 4096);
         }
     }
-    let frames = frames(0);
+    let second = opt("second");
+    let frames = if second { with_second_packets(frames(0)) } else { frames(0) };
     let (t, cpu) = (Instant::now(), on_cpu_ns());
     let ok = measured_flows(&mut w, &frames, now, staged);
     let (e, cpu) = (t.elapsed(), on_cpu_ns() - cpu);
-    let state = format!("{}{}", if warm { ", warm tables" } else { "" }, if staged { ", staged 32" } else { "" });
+    let state = format!(
+        "{}{}{}",
+        if warm { ", warm tables" } else { "" },
+        if second { ", a second packet each" } else { "" },
+        if staged { ", staged 32" } else { "" }
+    );
     println!(
         "{n} new flows ({mapping:?}{state}): {:.0} ns/flow on this thread's CPU, {:.0} ns/flow wall ({ok} forwarded)",
         cpu as f64 / n as f64,
@@ -76,6 +93,23 @@ fn measured_flows(w: &mut egret_dataplane::engine::Pipeline, frames: &[Vec<u8>],
     } else {
         common::run(w, frames, fixtures::INSIDE, n, now)
     }
+}
+
+/// How many frames after a flow's first packet `second` sends its second.
+const SECOND_AFTER: usize = 64;
+
+/// Each flow's frame twice: the second copy [`SECOND_AFTER`] frames after
+/// the first (the last flows' second packets at the end).
+fn with_second_packets(firsts: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    let mut out = Vec::with_capacity(firsts.len() * 2);
+    for (i, f) in firsts.iter().enumerate() {
+        out.push(f.clone());
+        if i >= SECOND_AFTER {
+            out.push(firsts[i - SECOND_AFTER].clone());
+        }
+    }
+    out.extend(firsts[firsts.len().saturating_sub(SECOND_AFTER)..].iter().cloned());
+    out
 }
 
 /// The batch `staged` uses: the size the established path's runs settled on

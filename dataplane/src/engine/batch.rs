@@ -23,13 +23,14 @@
 use std::net::Ipv4Addr;
 
 use super::Pipeline;
+use crate::nat::flow_cache::Probe;
 use crate::nat::key::{proto, FlowKey};
 use crate::wire::ethernet;
 
 /// What stage 1 found for a frame: the flow-cache entry to read in stage 2
 /// and the key the later stages look for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Staged(Option<(usize, FlowKey<Ipv4Addr>)>);
+pub struct Staged(Option<(Probe, FlowKey<Ipv4Addr>)>);
 
 /// What a stage asked the memory for (its tests check that each frame's
 /// lines are the ones `process` will read).

@@ -507,10 +507,10 @@ struct FlowCaches {
 }
 
 impl FlowCaches {
-    fn new() -> Self {
+    fn new(shared: &Shared) -> Self {
         FlowCaches {
-            v4: FlowCache::new(FLOW_CACHE_V4_BITS),
-            v6: FlowCache::new(FLOW_CACHE_V6_BITS),
+            v4: FlowCache::new(FLOW_CACHE_V4_BITS, shared.nat4.sessions.capacity()),
+            v6: FlowCache::new(FLOW_CACHE_V6_BITS, shared.nat6.sessions.capacity()),
             egress_v4: EgressMemo::default(),
             egress_v6: EgressMemo::default(),
             pools_v4: PoolMemo::default(),

@@ -125,6 +125,7 @@ impl Pipeline {
             shared.translog_rings.lock().push(ring.clone());
             ring
         });
+        let flows = FlowCaches::new(&shared);
         Pipeline {
             tables: Cache::new(shared.tables.clone()),
             fib: Cache::new(shared.fib.clone()),
@@ -133,7 +134,7 @@ impl Pipeline {
             stats,
             rng,
             next_hops: NextHopCache::new(),
-            flows: FlowCaches::new(),
+            flows,
             hold_unresolved: false,
             hold_fragments: false,
             flow_rate,
@@ -526,7 +527,10 @@ impl Ctx<'_> {
         let (view, dir) = match hit {
             Some((r, v)) => (v, if r.is_inbound() { Direction::Inbound } else { Direction::Outbound }),
             None => match self.slow_path(&p, key, tcp_flags, nat, secs, admitted) {
-                Ok(x) => x,
+                Ok((v, dir)) => {
+                    self.remember_created(&key, &v, dir);
+                    (v, dir)
+                }
                 Err(v) => return v,
             },
         };
@@ -599,6 +603,16 @@ impl Ctx<'_> {
         let hit = nat.sessions.lookup_at(key, r)?;
         cache.put(key, r);
         Some(hit)
+    }
+
+    /// Puts a session just made for the frame's `key` (or found made by
+    /// another worker) into the worker's flow cache, so that the flow's
+    /// next packet here (a TCP handshake's ACK, a UDP flow's second
+    /// datagram) finds its slot without asking the shared map. Its entry
+    /// was read by the miss a moment ago: the write costs no fetch.
+    #[inline(never)]
+    fn remember_created<A: Family>(&mut self, key: &FlowKey<A>, view: &SessionView<A>, dir: Direction) {
+        A::flow_cache(self.flows).put(key, SessionRef::new(view.index, dir == Direction::Inbound));
     }
 
     /// Refreshes the session and tracks TCP state; counts the packet.
@@ -1436,6 +1450,44 @@ mod tests {
         let (v, _) = send(&mut w, &flow(fixtures::POD_A, 40004), fixtures::INSIDE, 1100);
         assert_eq!(v, Verdict::Drop(DropReason::NewFlowRateLimited));
         assert_eq!(engine.stats().dropped(DropReason::NewFlowRateLimited), 3);
+    }
+
+    /// A session made for a frame goes into the worker's flow cache under
+    /// the frame's key, outbound and inbound alike: the flow's next packet
+    /// on this worker finds its slot without the shared map. Before, the
+    /// cache learnt a flow only from its second packet's map lookup.
+    #[test]
+    fn a_new_session_is_remembered_by_the_worker_that_made_it() {
+        use crate::nat::key::proto;
+        let mut spec = fixtures::base_spec();
+        spec.nat.filtering = FilteringBehavior::EndpointIndependent;
+        let engine = Engine::new(&spec).expect("fixture config");
+        engine.publish_fib(fixtures::topology());
+        let mut w = engine.pipeline_seeded(PortRng::new(7));
+        let out = FlowKey::new(fixtures::POD_A, fixtures::SERVER, 40000, 53, proto::UDP);
+        assert_eq!(w.flows.v4.get(&out), None, "nothing cached before the flow");
+        let frame =
+            fixtures::from_pod(IpAddr::V4(out.src), IpAddr::V4(out.dst), fixtures::udp(40000, 53, b"q")).frame();
+        let (v, _) = send(&mut w, &frame, fixtures::INSIDE, 1000);
+        assert!(matches!(v, Verdict::Forward { ifindex: fixtures::OUTSIDE, .. }), "{v:?}");
+        let (r, view) = engine.nat4().sessions.lookup(&out).expect("the session was made");
+        assert_eq!(w.flows.v4.get(&out), Some(r), "the outbound key is cached as the map has it");
+
+        // An unsolicited packet from another remote to the mapping's
+        // port: endpoint-independent filtering makes an inbound session.
+        let other = Ipv4Addr::new(198, 18, 7, 7);
+        let inbound = FlowKey::new(other, view.tuple.egress, 5353, view.tuple.egress_port, proto::UDP);
+        let frame = fixtures::from_outside(
+            IpAddr::V4(other),
+            IpAddr::V4(view.tuple.egress),
+            fixtures::udp(5353, view.tuple.egress_port, b"a"),
+        )
+        .frame();
+        let (v, _) = send(&mut w, &frame, fixtures::OUTSIDE, 1000);
+        assert!(matches!(v, Verdict::Forward { ifindex: fixtures::INSIDE, .. }), "{v:?}");
+        let (r, _) = engine.nat4().sessions.lookup(&inbound).expect("the inbound session was made");
+        assert!(r.is_inbound());
+        assert_eq!(w.flows.v4.get(&inbound), Some(r), "the inbound key is cached as the map has it");
     }
 
     /// `nat.newFlowsPerSecondPerSource: 0` turns the limit off: many new

@@ -15,6 +15,14 @@
 //! random access touches, so it is kept dense (2^17 entries = 512 KiB, about
 //! a quarter of a core's L2 here) rather than exact.
 //!
+//! The bits of an entry the table's slot indices do not need hold a tag:
+//! more bits of the key's hash. A key whose tag differs from its entry's is
+//! a miss without the slot being read. On a busy gateway every entry holds
+//! some earlier flow's ref, so without the tag each new flow read one
+//! random slot (a line from memory at a million sessions) only to find
+//! another flow there. With the default 2^20 sessions the tag is 10 bits
+//! (one new flow in 1,024 still reads a slot), at 10 M sessions 7 bits.
+//!
 //! [`SessionTable::lookup_at`]: super::session::SessionTable::lookup_at
 
 use std::hash::Hasher;
@@ -62,22 +70,42 @@ impl Hasher for IndexHasher {
 /// A direct-mapped cache of `hash(FlowKey) -> SessionRef` for one worker.
 #[derive(Debug)]
 pub struct FlowCache<A> {
-    entries: Box<[SessionRef]>,
+    /// A [`SessionRef`]'s bits (bit 31 inbound, the slot index in the low
+    /// bits) with the key's tag in the bits between.
+    entries: Box<[u32]>,
     shift: u32,
+    /// The bits of an entry that hold the tag.
+    tag_mask: u32,
+    /// The bits of an entry that are the ref.
+    ref_mask: u32,
     _family: std::marker::PhantomData<A>,
 }
 
-/// An entry that points at no slot (beyond any table's capacity): a miss.
-const EMPTY: u32 = (1 << 31) - 1;
+/// Where a key's entry is and the tag it must hold: what a batch's first
+/// stage computes once ([`FlowCache::prefetch`]) for the later stages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Probe {
+    at: usize,
+    tag: u32,
+}
+
+const INBOUND: u32 = 1 << 31;
 
 impl<A: NatAddr> FlowCache<A> {
-    /// A cache of `2^bits` entries (`bits` in 1..=24), all empty.
-    pub fn new(bits: u32) -> Self {
+    /// A cache of `2^bits` entries (`bits` in 1..=24), all empty, in front
+    /// of a session table of `capacity` slots (which fixes how many bits
+    /// of an entry are the index, and so how many are left for the tag).
+    pub fn new(bits: u32, capacity: usize) -> Self {
         let bits = bits.clamp(1, 24);
-        let empty = SessionRef::new(EMPTY, false);
+        // Enough bits that the all-ones index, an empty entry's, is no
+        // slot's (its check against the table finds nothing).
+        let index_bits = (usize::BITS - capacity.leading_zeros()).clamp(1, 31);
+        let index_mask = (1u32 << index_bits) - 1;
         FlowCache {
-            entries: vec![empty; 1 << bits].into_boxed_slice(),
+            entries: vec![index_mask; 1 << bits].into_boxed_slice(),
             shift: 64 - bits,
+            tag_mask: !INBOUND & !index_mask,
+            ref_mask: INBOUND | index_mask,
             _family: std::marker::PhantomData,
         }
     }
@@ -92,45 +120,63 @@ impl<A: NatAddr> FlowCache<A> {
         self.entries.is_empty()
     }
 
-    #[inline(always)]
-    fn slot(&self, key: &FlowKey<A>) -> usize {
-        let mut h = IndexHasher::default();
-        A::hash_key(key, &mut h);
-        // The high bits of a multiplicative hash are the well-mixed ones.
-        (h.finish() >> self.shift) as usize
+    /// Bits of an entry that hold the tag.
+    pub fn tag_bits(&self) -> u32 {
+        self.tag_mask.count_ones()
     }
 
-    /// The ref last stored for a key of `key`'s hash: a candidate, to be
-    /// checked against its slot (`SessionTable::lookup_at`).
+    #[inline(always)]
+    fn probe(&self, key: &FlowKey<A>) -> Probe {
+        let mut h = IndexHasher::default();
+        A::hash_key(key, &mut h);
+        let h = h.finish();
+        // The high bits of a multiplicative hash are the well-mixed ones:
+        // the entry from the top; the tag from the low word, which the
+        // fold mixed with the product's high half, and which no entry
+        // position reaches (at most 24 bits from the top).
+        Probe { at: (h >> self.shift) as usize, tag: (h as u32) & self.tag_mask }
+    }
+
+    /// The entry's ref if its tag is the probe's. An empty entry (tag
+    /// zero, index all ones) reads as a ref to no slot, which the check
+    /// against the table turns away like any stranger's.
+    #[inline(always)]
+    fn read(&self, p: Probe) -> Option<SessionRef> {
+        let e = *self.entries.get(p.at)?;
+        ((e ^ p.tag) & self.tag_mask == 0).then_some(SessionRef::from_bits(e & self.ref_mask))
+    }
+
+    /// The ref last stored for a key of `key`'s entry and tag: a
+    /// candidate, to be checked against its slot (`SessionTable::lookup_at`).
     #[inline(always)]
     pub fn get(&self, key: &FlowKey<A>) -> Option<SessionRef> {
-        self.entries.get(self.slot(key)).copied().filter(|r| r.index() != EMPTY)
+        self.read(self.probe(key))
     }
 
     /// The entry `key` reads, for a batch's first stage: its line is
     /// prefetched, and [`get_at`](Self::get_at) reads it later.
     #[inline]
-    pub fn prefetch(&self, key: &FlowKey<A>) -> usize {
-        let i = self.slot(key);
-        if let Some(e) = self.entries.get(i) {
+    pub fn prefetch(&self, key: &FlowKey<A>) -> Probe {
+        let p = self.probe(key);
+        if let Some(e) = self.entries.get(p.at) {
             crate::prefetch::read(e);
         }
-        i
+        p
     }
 
-    /// The candidate at entry `i` (from [`prefetch`](Self::prefetch)).
+    /// The candidate of a probe (from [`prefetch`](Self::prefetch)).
     #[inline]
-    pub fn get_at(&self, i: usize) -> Option<SessionRef> {
-        self.entries.get(i).copied().filter(|r| r.index() != EMPTY)
+    pub fn get_at(&self, p: Probe) -> Option<SessionRef> {
+        self.read(p)
     }
 
     /// Remembers the ref the map gave for `key` (replacing whatever shared
     /// its entry).
     #[inline]
     pub fn put(&mut self, key: &FlowKey<A>, r: SessionRef) {
-        let i = self.slot(key);
-        if let Some(e) = self.entries.get_mut(i) {
-            *e = r;
+        let p = self.probe(key);
+        if let Some(e) = self.entries.get_mut(p.at) {
+            *e = (r.bits() & self.ref_mask) | p.tag;
         }
     }
 }
@@ -144,45 +190,68 @@ mod tests {
 
     #[test]
     fn remembers_and_replaces() {
-        let mut c = FlowCache::<Ipv4Addr>::new(4);
+        let mut c = FlowCache::<Ipv4Addr>::new(4, 1 << 20);
         assert_eq!(c.len(), 16);
+        assert_eq!(c.tag_bits(), 10, "2^20 slots need 21 bits (all ones is empty)");
         let k = FlowKey::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 51, 100, 1), 1024, 9, proto::UDP);
         assert_eq!(c.get(&k), None);
         c.put(&k, SessionRef::new(7, true));
         assert_eq!(c.get(&k), Some(SessionRef::new(7, true)));
         c.put(&k, SessionRef::new(9, false));
         assert_eq!(c.get(&k), Some(SessionRef::new(9, false)));
-        // A key of another entry reads nothing; one sharing the entry reads
-        // its ref (a candidate the slot check turns away).
-        let others: Vec<_> = (0..64u16)
-            .map(|p| {
-                FlowKey::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 51, 100, 1), 2000 + p, 9, proto::UDP)
-            })
-            .collect();
-        let shared = others.iter().filter(|o| c.slot(o) == c.slot(&k)).count();
-        let hits = others.iter().filter(|o| c.get(o).is_some()).count();
-        assert_eq!(hits, shared);
-        assert!(hits < 64);
+        // The highest slot index is remembered too.
+        c.put(&k, SessionRef::new((1 << 20) - 1, true));
+        assert_eq!(c.get(&k), Some(SessionRef::new((1 << 20) - 1, true)));
+        // An empty entry that a key's tag matches (tag zero) names no slot.
+        let empty = FlowCache::<Ipv4Addr>::new(4, 1 << 20);
+        let zero =
+            (0..u16::MAX).map(|p| FlowKey::new(k.src, k.dst, p, 9, proto::UDP)).find(|k| empty.probe(k).tag == 0);
+        let r = empty.get(&zero.expect("one key in 1,024 has tag zero")).expect("a candidate");
+        assert_eq!(r, SessionRef::new((1 << 21) - 1, false), "beyond any slot of 2^20");
+    }
+
+    /// A key that shares another's entry but not its tag reads nothing,
+    /// so its slot is never read; without tag bits (a table of 2^31 - 1
+    /// slots) it reads the other key's ref, a candidate the slot check
+    /// turns away.
+    #[test]
+    fn a_key_of_another_tag_misses_before_its_slot_is_read() {
+        let key = |p: u16| FlowKey::new(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 51, 100, 1), p, 9, proto::UDP);
+        for (capacity, tag_bits) in [(1usize << 20, 10), ((1 << 31) - 1, 0)] {
+            let mut c = FlowCache::<Ipv4Addr>::new(4, capacity);
+            assert_eq!(c.tag_bits(), tag_bits);
+            c.put(&key(1024), SessionRef::new(7, false));
+            let at = c.probe(&key(1024)).at;
+            let sharing: Vec<u16> = (2000..6000).filter(|&p| c.probe(&key(p)).at == at).collect();
+            assert!(sharing.len() > 100, "keys sharing the entry: {}", sharing.len());
+            let read = sharing.iter().filter(|&&p| c.get(&key(p)).is_some()).count();
+            if tag_bits == 0 {
+                assert_eq!(read, sharing.len(), "no tag: every key of the entry reads the ref");
+            } else {
+                // 1 in 1,024 may share the tag too.
+                assert!(read <= sharing.len() / 100, "{read} of {} keys of the entry read the ref", sharing.len());
+            }
+        }
     }
 
     #[test]
     fn keys_spread_over_the_entries() {
         // 4096 keys into 1024 entries: a fair hash leaves ~2% (e^-4) empty.
-        let c6 = FlowCache::<Ipv6Addr>::new(10);
+        let c6 = FlowCache::<Ipv6Addr>::new(10, 1 << 20);
         let mut seen = vec![false; c6.len()];
         for port in 0..4096u16 {
             let k = FlowKey::new(Ipv6Addr::LOCALHOST, Ipv6Addr::UNSPECIFIED, port, 443, proto::TCP);
-            seen[c6.slot(&k)] = true;
+            seen[c6.probe(&k).at] = true;
         }
         let used = seen.iter().filter(|s| **s).count();
         assert!(used > 980, "IPv6: {used} of 1024 entries used");
         // The benchmark's shape: 200 addresses x ports.
-        let c4 = FlowCache::<Ipv4Addr>::new(10);
+        let c4 = FlowCache::<Ipv4Addr>::new(10, 1 << 20);
         let mut seen = vec![false; c4.len()];
         for i in 0..4096u32 {
             let src = Ipv4Addr::from(0xC612_0100 + i % 200);
             let k = FlowKey::new(src, Ipv4Addr::new(198, 51, 100, 1), 1024 + (i / 200) as u16, 9, proto::UDP);
-            seen[c4.slot(&k)] = true;
+            seen[c4.probe(&k).at] = true;
         }
         let used = seen.iter().filter(|s| **s).count();
         assert!(used > 980, "IPv4: {used} of 1024 entries used");

@@ -44,6 +44,18 @@ impl SessionRef {
         SessionRef(v.to_le_bytes())
     }
 
+    /// The ref as a word (the flow cache keeps it so).
+    #[inline]
+    pub fn bits(self) -> u32 {
+        u32::from_le_bytes(self.0)
+    }
+
+    /// A ref from [`bits`](Self::bits).
+    #[inline]
+    pub fn from_bits(bits: u32) -> Self {
+        SessionRef(bits.to_le_bytes())
+    }
+
     /// The slot index.
     #[inline]
     pub fn index(self) -> u32 {
