@@ -18,12 +18,25 @@ source "$(dirname "${BASH_SOURCE[0]}")/sched.sh"
 # A pid from a pid file, only if that process is alive and is ours: its command line
 # names a path inside the state directory (guards against pid reuse; "$state/" so that
 # /tmp/x-1 does not claim the processes of /tmp/x-10).
+#
+# A process in the middle of an exec (setsid, then nice, then the component:
+# `spawn` execs three times) shows an empty command line until the new
+# program's arguments are in place (between the kernel's exec_mmap and
+# create_elf_tables). On a loaded machine that moment is long enough to be
+# read: "exited before it answered" with an empty log (cloud_gcp in .ci/run,
+# 2026-12-02). An empty command line of a live process is read again.
 live_pid() {
-  local file=$state/$1.pid pid
+  local file=$state/$1.pid pid cmd
   [ -f "$file" ] || return 1
   pid=$(cat "$file")
-  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$state/" || return 1
+  [ -n "$pid" ] || return 1
+  for _ in $(seq 100); do
+    [ -r "/proc/$pid/cmdline" ] || return 1
+    cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+    if [ -n "$cmd" ] || gone "$pid"; then break; fi
+    sleep 0.01
+  done
+  grep -qF -- "$state/" <<<"$cmd" || return 1
   printf '%s\n' "$pid"
 }
 
