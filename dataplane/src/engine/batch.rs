@@ -6,7 +6,7 @@
 //!    prefetch the worker's flow-cache entry for it.
 //! 2. [`Pipeline::prefetch_session`] for every frame: read that entry and
 //!    prefetch the session slot it names; an empty entry (a flow this
-//!    worker has not seen) has the session map's lines for the key
+//!    worker has not seen) has the session index's lines for the key
 //!    prefetched instead, where `process` will ask.
 //! 3. [`Pipeline::prefetch_lookup`] for every frame whose entry named a
 //!    slot: read the slot (its line asked for in stage 2) and, when it
@@ -40,7 +40,7 @@ pub enum Asked {
     Nothing,
     /// The session slot the flow-cache entry names.
     Slot,
-    /// The session map's lines for the key.
+    /// The session index's lines for the key.
     MapLines,
 }
 
@@ -65,7 +65,7 @@ impl Pipeline {
     }
 
     /// Stage 2: prefetches the session slot the entry found in stage 1
-    /// names; for an empty entry, the session map's lines of the key.
+    /// names; for an empty entry, the session index's lines of the key.
     #[inline]
     pub fn prefetch_session(&self, staged: Staged) -> Asked {
         let Some((i, key)) = staged.0 else { return Asked::Nothing };
@@ -83,8 +83,8 @@ impl Pipeline {
     }
 
     /// Stage 3: for an entry that named a slot, whether the slot holds the
-    /// frame's flow; when it does not, the session map's lines of the key
-    /// are prefetched, as `process` will ask the map.
+    /// frame's flow; when it does not, the session index's lines of the key
+    /// are prefetched, as `process` will ask the index.
     #[inline]
     pub fn prefetch_lookup(&self, staged: Staged) -> Asked {
         let Some((i, key)) = staged.0 else { return Asked::Nothing };
@@ -156,9 +156,9 @@ mod tests {
             let s = w.prefetch_flow(f);
             (w.prefetch_session(s), w.prefetch_lookup(s))
         };
-        // A flow this worker has not seen: its entry is empty, the map is asked.
+        // A flow this worker has not seen: its entry is empty, the index is asked.
         assert_eq!(stages(&w, &f), (Asked::MapLines, Asked::Nothing));
-        // Made, then its next packet found in the map: the entry names it.
+        // Made, then its next packet found in the index: the entry names it.
         for _ in 0..2 {
             let mut f = flow(40000).frame();
             let len = f.len();
@@ -167,7 +167,7 @@ mod tests {
         // Established: the entry names its slot, which holds it.
         assert_eq!(stages(&w, &f), (Asked::Slot, Asked::Nothing));
         // Its session ended: the entry still names the slot, which no longer
-        // holds the flow, so the map is asked as well.
+        // holds the flow, so the index is asked as well.
         let mut later = 1;
         while !engine.nat4().sessions.is_empty() {
             later += 100_000;

@@ -97,7 +97,7 @@ pub(super) struct Ctx<'a> {
     /// and it is translated or dropped, never passed.
     pub(super) decapsulated: bool,
     /// The established path looked this frame's flow up and the session
-    /// map had no session for it: the full pipeline does not ask the map
+    /// index had no session for it: the full pipeline does not ask the map
     /// again for the same key (a new flow's second miss, about 130
     /// instructions). Set only by [`Ctx::established_v4`], whose key is the
     /// one [`Ctx::ip`] builds for the frames it looks up (IPv4 TCP or UDP,
@@ -583,9 +583,9 @@ impl Ctx<'_> {
         self.forward(buf, len, &p, to_pod)
     }
 
-    /// The session map's answer for `key`, through the worker's flow cache:
+    /// The session index's answer for `key`, through the worker's flow cache:
     /// a remembered ref is re-checked against its slot (a freed or reused
-    /// slot is a miss, see nat/flow_cache.rs), else the map is asked and its
+    /// slot is a miss, see nat/flow_cache.rs), else the index is asked and its
     /// answer remembered.
     #[inline(always)]
     pub(super) fn lookup<A: Family>(
@@ -597,7 +597,7 @@ impl Ctx<'_> {
         if let Some(hit) = cache.get(key).and_then(|r| nat.sessions.lookup_at(key, r)) {
             return Some(hit);
         }
-        // Only the ref comes back from the map (a view returned through
+        // Only the ref comes back from the index (a view returned through
         // memory would have every hit's view written there too).
         let r = nat.sessions.lookup_ref(key)?;
         let hit = nat.sessions.lookup_at(key, r)?;

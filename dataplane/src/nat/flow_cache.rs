@@ -1,15 +1,15 @@
-//! A worker's exact-match flow cache in front of the shared session map.
+//! A worker's exact-match flow cache in front of the shared session index.
 //!
 //! Like Open vSwitch's EMC (the per-thread exact match cache in front of its
 //! classifier): an array owned by one worker, in pairs of entries chosen by
 //! a hash of a packet's [`FlowKey`], each holding a [`SessionRef`] the
-//! shared map gave for a key of that pair. A hit skips the map (its hashing, its
-//! shard lock and its probe) and goes straight to the slot, where
-//! [`SessionTable::lookup_at`] makes the same check the map lookup makes: the
+//! shared index gave for a key of that pair. A hit skips the index (its hashing, its
+//! probe of its bucket) and goes straight to the slot, where
+//! [`SessionTable::lookup_at`] makes the same check the index lookup makes: the
 //! slot must be live and derive this very key in the ref's direction. So an
 //! entry never needs invalidating, and it need not hold the key: another key
 //! of the same hash, a session removed, or its slot reused by another session
-//! all turn the entry into a miss, and the caller falls back to the map.
+//! all turn the entry into a miss, and the caller falls back to the index.
 //!
 //! Four bytes an entry: the cache's memory is what each packet's first
 //! random access touches, so it is kept dense (2^17 entries = 512 KiB, about
@@ -188,7 +188,7 @@ impl<A: NatAddr> FlowCache<A> {
         self.read(p)
     }
 
-    /// Remembers the ref the map gave for `key` as the pair's first
+    /// Remembers the ref the index gave for `key` as the pair's first
     /// entry; the first moves to second unless it was the key's own (the
     /// older of the pair's two is forgotten).
     #[inline]

@@ -2,7 +2,8 @@
 //! port allocation, TCP state, expiry, fragments and ICMP errors.
 //!
 //! - [`key`]: flow keys and session tuples, generic over IPv4/IPv6.
-//! - [`session`]: the shared session table (both directions, one map).
+//! - [`session`]: the shared session table (both directions, one index).
+//! - [`session_index`]: its index, which slot each flow key leads to.
 //! - [`map_prefetch`]: asking ahead for the lines a new flow's map inserts touch.
 //! - [`flow_cache`]: a worker's exact-match cache of session refs in front of it.
 //! - [`flow_rate`]: a worker's per-source limit on new sessions a second.
@@ -26,6 +27,7 @@ pub mod port_alloc;
 pub mod port_blocks;
 pub mod rewrite;
 pub mod session;
+pub mod session_index;
 pub mod sync;
 pub mod table;
 pub mod tcp_state;

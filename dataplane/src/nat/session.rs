@@ -1,36 +1,39 @@
-//! The session table: both directions of every session in one concurrent map.
+//! The session table: both directions of every session in one concurrent index.
 //!
-//! Like VPP's NAT44-ED flow hash, one `dashmap` (ahash) holds the outbound key
-//! *and* the inbound key of every session, each pointing at the session's
-//! slot; a [`SessionRef`] says which direction the key belongs to, so a packet
-//! needs one lookup whichever side it comes from. A reply may arrive on another
-//! queue than its request, so the map is shared by all workers.
+//! Like VPP's NAT44-ED flow hash, one index (nat/session_index.rs) holds the
+//! outbound key *and* the inbound key of every session, each leading to the
+//! session's slot; a [`SessionRef`] says which direction the key belongs to,
+//! so a packet needs one lookup whichever side it comes from. A reply may
+//! arrive on another queue than its request, so the index is shared by all
+//! workers.
 //!
 //! Session bodies live in a [`Slab`] of slots made only of atomics, read
 //! without a lock. A slot's `seq` word carries a generation and a status
 //! (free, writing, live, dying): a reader loads `seq`, reads the fields, and
 //! re-checks `seq` (a seqlock), then checks that the key it looked up is the
 //! key the slot derives; a slot freed and reused under its feet is thereby a
-//! miss, never a wrong translation. Fields that change while a session lives
-//! (last seen, TCP state) are single atomics.
+//! miss, never a wrong translation. The index holds no keys for the same
+//! reason: the slot check tells a key's entry from another's of the same
+//! tag. Fields that change while a session lives (last seen, TCP state) are
+//! single atomics.
 //!
-//! Memory per session (IPv4): two map entries of 17 bytes (13-byte key,
-//! 4-byte ref) plus one control byte each, and a 48-byte slot (40 bytes
-//! before the pod's acknowledgment and window were tracked for the RST
-//! window check, nat/tcp_state.rs). See
+//! Memory per session (IPv4): a 48-byte slot (40 bytes before the pod's
+//! acknowledgment and window were tracked for the RST window check,
+//! nat/tcp_state.rs), and the index's 25.6 bytes per session of capacity
+//! (two 8-byte entries at 80 % of 7 in a 64-byte bucket, ADR 0040). See
 //! docs/benchmarks.md for the measured figure.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use dashmap::DashMap;
 use parking_lot::Mutex;
 
 use super::key::{FlowKey, NatAddr, SessionTuple};
+use super::session_index::{Refused, SessionIndex};
 use crate::huge_pages::HugeSlice;
 
-/// Where a map key points: a slot index and whether the key is the session's
-/// inbound key. Stored as four bytes of alignment 1 to keep map entries small.
+/// Where an index key points: a slot index and whether the key is the
+/// session's inbound key. Four bytes of alignment 1.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct SessionRef([u8; 4]);
 
@@ -353,7 +356,7 @@ pub enum InsertError {
 /// The concurrent session table of one address family.
 #[derive(Debug)]
 pub struct SessionTable<A: NatAddr> {
-    flows: DashMap<FlowKey<A>, SessionRef, ahash::RandomState>,
+    index: SessionIndex,
     slab: Slab<A>,
     live: AtomicUsize,
     capacity: usize,
@@ -361,16 +364,12 @@ pub struct SessionTable<A: NatAddr> {
     removals: AtomicU64,
 }
 
-/// Shards of the flow map: enough that two workers and the sweeper rarely
-/// meet on one lock, and a shard's resize stays short.
-const SHARDS: usize = 64;
-
 impl<A: NatAddr> SessionTable<A> {
     /// A table that holds at most `capacity` sessions.
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.clamp(1, (INBOUND_BIT - 1) as usize);
         SessionTable {
-            flows: DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SHARDS),
+            index: SessionIndex::new(capacity),
             slab: Slab::new(capacity as u32),
             live: AtomicUsize::new(0),
             capacity,
@@ -394,8 +393,12 @@ impl<A: NatAddr> SessionTable<A> {
     /// a chunk is one huge page's fault and 43,690 slots written
     /// (docs/benchmarks.md, "Session slots on huge pages"). The
     /// instruction guard's new-flow cases use it, so that a chunk's one-off
-    /// cost is not charged to the few thousand flows they measure.
+    /// cost is not charged to the few thousand flows they measure. The
+    /// index's pages are made too (for any `n` but zero).
     pub fn make_chunks(&self, n: usize) {
+        if n > 0 {
+            self.index.make_pages();
+        }
         self.slab.make_chunks(u32::try_from(n).unwrap_or(u32::MAX));
     }
 
@@ -407,7 +410,15 @@ impl<A: NatAddr> SessionTable<A> {
     /// (`controlplane/src/daemon/grow_ahead.rs`); returns whether it made
     /// one. A table that grows faster than half a chunk between calls
     /// still has its workers make some.
+    ///
+    /// The index's pages are made here too, all at once, once the table
+    /// holds as many keys as the index has pages: keys land in pages at
+    /// random, so from then on nearly every page is needed within the
+    /// next few flows (until then the flows make the few they need).
     pub fn grow_ahead(&self) -> bool {
+        if self.len().saturating_mul(2) >= self.index.pages() {
+            self.index.make_pages();
+        }
         self.slab.grow_ahead()
     }
 
@@ -428,17 +439,19 @@ impl<A: NatAddr> SessionTable<A> {
         self.lookup_at(key, self.lookup_ref(key)?)
     }
 
-    /// The map's ref for `key`, unchecked: a candidate for
-    /// [`lookup_at`](Self::lookup_at), as a worker's flow cache gives. Not
-    /// inlined: only a flow cache's miss asks the map.
+    /// The index's ref for `key`, checked against its slot as
+    /// [`lookup_at`](Self::lookup_at) checks (which the caller reads again
+    /// for the view: a view returned through memory would have every hit's
+    /// written there too). Not inlined: only a flow cache's miss asks the
+    /// index.
     #[inline(never)]
     pub fn lookup_ref(&self, key: &FlowKey<A>) -> Option<SessionRef> {
-        self.flows.get(key).map(|r| *r)
+        self.index.find(self.index.place(key), |r| self.lookup_at(key, r).is_some())
     }
 
     /// Reads the session `r` points at, if it is live and `key` is its key
     /// in the direction `r` says: the check [`lookup`](Self::lookup) makes
-    /// after the map, for a ref remembered from an earlier lookup (a
+    /// after the index, for a ref remembered from an earlier lookup (a
     /// worker's flow cache). A slot freed or reused since is a miss.
     #[inline(always)]
     pub fn lookup_at(&self, key: &FlowKey<A>, r: SessionRef) -> Option<(SessionRef, SessionView<A>)> {
@@ -460,21 +473,23 @@ impl<A: NatAddr> SessionTable<A> {
         self.slab.get(index)?.read(index)
     }
 
-    /// Asks for the lines an insert or lookup of `key` will probe first
-    /// (nat/map_prefetch.rs): a new flow's keys, before its locks.
+    /// Asks for the line an insert or lookup of `key` will probe first
+    /// (its bucket in the index): a new flow's keys, before its locks.
     #[inline]
     pub fn prefetch_key(&self, key: &FlowKey<A>) {
-        super::map_prefetch::bucket(&self.flows, key);
+        self.index.prefetch(self.index.place(key));
     }
 
-    /// Whether the inbound key is taken.
+    /// Whether the inbound key is taken (by a live session).
     pub fn inbound_taken(&self, key: &FlowKey<A>) -> bool {
-        self.flows.contains_key(key)
+        self.lookup_ref(key).is_some()
     }
 
-    /// Inserts a session. The inbound key is claimed first (the port
-    /// allocation's try-insert), then the slot is written and the outbound key
-    /// published.
+    /// Inserts a session. The slot is written first (the index's entries
+    /// are checked against their slots, so a key's entry can only be told
+    /// from another of its tag once its slot holds it), then the inbound
+    /// key is claimed (the port allocation's try-insert) and the outbound
+    /// key published.
     pub fn insert(&self, tuple: &SessionTuple<A>, init: &SessionInit) -> Result<SessionView<A>, InsertError> {
         if self.live.fetch_add(1, Ordering::AcqRel) >= self.capacity {
             self.live.fetch_sub(1, Ordering::AcqRel);
@@ -488,31 +503,37 @@ impl<A: NatAddr> SessionTable<A> {
             this.slab.release(index);
             this.live.fetch_sub(1, Ordering::AcqRel);
         };
-        let inbound = tuple.inbound_key();
-        match self.flows.entry(inbound) {
-            dashmap::Entry::Occupied(_) => {
-                undo(self);
-                return Err(InsertError::InboundTaken);
-            }
-            dashmap::Entry::Vacant(v) => {
-                v.insert(SessionRef::new(index, true));
-            }
-        }
         let gen_base = slot.seq.load(Ordering::Relaxed) & !STATUS_MASK;
         slot.write(gen_base, tuple, init);
-        let outbound = tuple.outbound_key();
-        match self.flows.entry(outbound) {
-            dashmap::Entry::Occupied(o) => {
-                let existing = *o.get();
-                drop(o);
-                self.flows.remove(&inbound);
-                slot.seq.store((gen_base + 4) | FREE, Ordering::Release);
-                undo(self);
-                Err(InsertError::OutboundExists(existing))
+        let abandon = |this: &Self| {
+            slot.seq.store((gen_base + 4) | FREE, Ordering::Release);
+            undo(this);
+        };
+        let inbound = tuple.inbound_key();
+        let in_place = self.index.place(&inbound);
+        let in_ref = SessionRef::new(index, true);
+        match self.index.insert(in_place, in_ref, |r| self.lookup_at(&inbound, r).is_some()) {
+            Ok(()) => {}
+            Err(Refused::Exists(_)) => {
+                abandon(self);
+                return Err(InsertError::InboundTaken);
             }
-            dashmap::Entry::Vacant(v) => {
-                v.insert(SessionRef::new(index, false));
-                slot.read(index).ok_or(InsertError::Full)
+            Err(Refused::Full) => {
+                abandon(self);
+                return Err(InsertError::Full);
+            }
+        }
+        let outbound = tuple.outbound_key();
+        let out_place = self.index.place(&outbound);
+        match self.index.insert(out_place, SessionRef::new(index, false), |r| self.lookup_at(&outbound, r).is_some()) {
+            Ok(()) => slot.read(index).ok_or(InsertError::Full),
+            Err(refused) => {
+                self.index.remove(in_place, in_ref);
+                abandon(self);
+                Err(match refused {
+                    Refused::Exists(existing) => InsertError::OutboundExists(existing),
+                    Refused::Full => InsertError::Full,
+                })
             }
         }
     }
@@ -546,8 +567,8 @@ impl<A: NatAddr> SessionTable<A> {
         before_free(&view);
         let out = view.tuple.outbound_key();
         let inb = view.tuple.inbound_key();
-        self.flows.remove_if(&out, |_, r| r.index() == index && !r.is_inbound());
-        self.flows.remove_if(&inb, |_, r| r.index() == index && r.is_inbound());
+        self.index.remove(self.index.place(&out), SessionRef::new(index, false));
+        self.index.remove(self.index.place(&inb), SessionRef::new(index, true));
         slot.seq.store(((seq & !STATUS_MASK) + 4) | FREE, Ordering::Release);
         self.slab.release(index);
         self.live.fetch_sub(1, Ordering::AcqRel);
@@ -689,9 +710,14 @@ impl<A: NatAddr> SessionTable<A> {
         (0..self.slab.high_water()).filter_map(move |i| self.view(i))
     }
 
-    /// Number of keys in the flow map (two per session).
+    /// Number of keys in the index (two per session).
     pub fn key_count(&self) -> usize {
-        self.flows.len()
+        self.index.len()
+    }
+
+    /// The index's pages made so far (2 MiB each).
+    pub fn index_pages(&self) -> usize {
+        self.index.pages_made()
     }
 
     /// Sessions removed since creation.
@@ -911,6 +937,73 @@ mod tests {
             });
         }
         assert_eq!(all.len(), 10, "cursor wraps around the slab");
+    }
+
+    #[test]
+    fn the_index_is_made_whole_once_it_holds_a_key_per_page() {
+        let t = SessionTable::<Ipv4Addr>::new(1 << 20);
+        assert_eq!(t.index.pages(), 12);
+        assert!(!t.grow_ahead());
+        assert_eq!(t.index_pages(), 0, "no session: no page");
+        for i in 0..5 {
+            t.insert(&tuple(i), &SessionInit::default()).unwrap();
+        }
+        let few = t.index_pages();
+        assert!((1..=10).contains(&few), "{few} pages for 10 keys");
+        t.grow_ahead();
+        assert_eq!(t.index_pages(), few, "10 keys, 12 pages: the flows make what they need");
+        t.insert(&tuple(5), &SessionInit::default()).unwrap();
+        t.grow_ahead();
+        assert_eq!(t.index_pages(), 12, "12 keys: every page made");
+    }
+
+    #[test]
+    fn workers_making_one_flow_at_once_make_one_session() {
+        // Eight threads each make a session for the same 500 outbound keys,
+        // each on its own external port (as workers whose first packets of
+        // one flow meet do): one session per key wins, the others are told
+        // which, and leave neither a slot nor an inbound key behind.
+        let t = Arc::new(SessionTable::new(10_000));
+        let threads: Vec<_> = (0..8u32)
+            .map(|w| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    (0..500u32)
+                        .map(|i| {
+                            let mut tu = tuple(i);
+                            tu.egress_port = (1024 + w * 500 + i) as u16;
+                            match t.insert(&tu, &SessionInit::default()) {
+                                Ok(v) => (i, v.index),
+                                Err(InsertError::OutboundExists(r)) => (i, r.index()),
+                                Err(e) => panic!("{e:?}"),
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let seen: Vec<_> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+        for other in &seen[1..] {
+            assert_eq!(other, &seen[0], "every worker names the one session");
+        }
+        assert_eq!((t.len(), t.key_count()), (500, 1000));
+    }
+
+    #[test]
+    fn a_dying_sessions_keys_do_not_hold_their_flow() {
+        // Once a session is marked dying its keys no longer answer, even
+        // before they are removed: a new session for the flow may be made.
+        let t = SessionTable::new(16);
+        let v = t.insert(&tuple(1), &SessionInit::default()).unwrap();
+        let again = std::cell::Cell::new(None);
+        t.remove_with(v.index, v.seq, |_| {
+            assert!(t.lookup(&tuple(1).outbound_key()).is_none());
+            again.set(Some(t.insert(&tuple(1), &SessionInit::default()).expect("made again")));
+        })
+        .unwrap();
+        let again = again.get().unwrap();
+        assert_eq!(t.lookup(&tuple(1).inbound_key()).unwrap().1.index, again.index);
+        assert_eq!((t.len(), t.key_count()), (1, 2));
     }
 
     #[test]

@@ -475,7 +475,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     }
 
     /// Whether the session's idle time has passed its timeout at `now` seconds.
-    #[inline]
+    #[inline(always)]
     pub fn is_expired(view: &SessionView<A>, now: u32, nat: &NatSettings) -> bool {
         now.saturating_sub(view.last_seen) > Self::timeout(view, nat)
     }
@@ -825,7 +825,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
 
     /// Asks for the lines creating the session of `req` on `egress` will
     /// write, all at once before the first lock (nat/map_prefetch.rs, ADR
-    /// 0036): the pod's session count, the session map's buckets of the
+    /// 0036): the pod's session count, the session index's buckets of the
     /// outbound key and of the inbound keys of the first two candidate
     /// ports (the pod's own, the first random one, drawn from a copy of
     /// the worker's generator so the allocation draws the same), the
