@@ -244,6 +244,24 @@ impl<A: NatAddr> Slot<A> {
     }
 }
 
+impl<A: NatAddr> Slot<A> {
+    /// The tuple of a session that still holds its keys: live, or dying
+    /// (marked for removal, its keys not yet removed). Read as
+    /// [`read`](Self::read) reads: `None` for a slot written meanwhile.
+    fn tuple_holding_keys(&self) -> Option<SessionTuple<A>> {
+        let s1 = self.seq.load(Ordering::Acquire);
+        if s1 & STATUS_MASK != LIVE && s1 & STATUS_MASK != DYING {
+            return None;
+        }
+        let mut w = A::Words::default();
+        for (dst, src) in w.as_mut().iter_mut().zip(self.words.as_ref()) {
+            *dst = src.load(Ordering::Relaxed);
+        }
+        fence(Ordering::Acquire);
+        (self.seq.load(Ordering::Relaxed) == s1).then(|| A::unpack(&w).0)
+    }
+}
+
 type Chunk<A> = OnceLock<HugeSlice<Slot<A>>>;
 
 /// A slab of session slots, allocated in chunks as the table grows, each on
@@ -460,6 +478,17 @@ impl<A: NatAddr> SessionTable<A> {
         (expected == *key).then_some((r, view))
     }
 
+    /// Whether `r` is `key`'s entry: its slot's session, live or dying
+    /// (until [`remove_with`](Self::remove_with) has removed its keys),
+    /// derives `key` in `r`'s direction. What an insert asks of the keys
+    /// it meets, so that a key is held from its insert to its removal, as
+    /// a port claim needs: a dying session's translation may still be
+    /// installed in the fast path until its removal takes it out.
+    fn holds(&self, key: &FlowKey<A>, r: SessionRef) -> bool {
+        let Some(tuple) = self.slab.get(r.index()).and_then(Slot::tuple_holding_keys) else { return false };
+        *key == if r.is_inbound() { tuple.inbound_key() } else { tuple.outbound_key() }
+    }
+
     /// Prefetches the slot `r` points at (a batch's second stage).
     #[inline]
     pub fn prefetch(&self, r: SessionRef) {
@@ -480,9 +509,9 @@ impl<A: NatAddr> SessionTable<A> {
         self.index.prefetch(self.index.place(key));
     }
 
-    /// Whether the inbound key is taken (by a live session).
+    /// Whether the inbound key is taken (by a session live or dying).
     pub fn inbound_taken(&self, key: &FlowKey<A>) -> bool {
-        self.lookup_ref(key).is_some()
+        self.index.find(self.index.place(key), |r| self.holds(key, r)).is_some()
     }
 
     /// Inserts a session. The slot is written first (the index's entries
@@ -512,7 +541,7 @@ impl<A: NatAddr> SessionTable<A> {
         let inbound = tuple.inbound_key();
         let in_place = self.index.place(&inbound);
         let in_ref = SessionRef::new(index, true);
-        match self.index.insert(in_place, in_ref, |r| self.lookup_at(&inbound, r).is_some()) {
+        match self.index.insert(in_place, in_ref, |r| self.holds(&inbound, r)) {
             Ok(()) => {}
             Err(Refused::Exists(_)) => {
                 abandon(self);
@@ -525,7 +554,7 @@ impl<A: NatAddr> SessionTable<A> {
         }
         let outbound = tuple.outbound_key();
         let out_place = self.index.place(&outbound);
-        match self.index.insert(out_place, SessionRef::new(index, false), |r| self.lookup_at(&outbound, r).is_some()) {
+        match self.index.insert(out_place, SessionRef::new(index, false), |r| self.holds(&outbound, r)) {
             Ok(()) => slot.read(index).ok_or(InsertError::Full),
             Err(refused) => {
                 self.index.remove(in_place, in_ref);
@@ -990,18 +1019,24 @@ mod tests {
     }
 
     #[test]
-    fn a_dying_sessions_keys_do_not_hold_their_flow() {
-        // Once a session is marked dying its keys no longer answer, even
-        // before they are removed: a new session for the flow may be made.
+    fn a_dying_sessions_keys_hold_until_removed() {
+        // Marked dying, a session answers no lookup, but its keys stay
+        // taken until its removal takes them out (its fast-path entry may
+        // still be installed until then): neither its port nor its flow
+        // can be taken again in between.
         let t = SessionTable::new(16);
         let v = t.insert(&tuple(1), &SessionInit::default()).unwrap();
-        let again = std::cell::Cell::new(None);
         t.remove_with(v.index, v.seq, |_| {
-            assert!(t.lookup(&tuple(1).outbound_key()).is_none());
-            again.set(Some(t.insert(&tuple(1), &SessionInit::default()).expect("made again")));
+            assert!(t.lookup(&tuple(1).outbound_key()).is_none(), "no lookup finds it");
+            assert!(t.inbound_taken(&tuple(1).inbound_key()), "its port is still taken");
+            assert_eq!(t.insert(&tuple(1), &SessionInit::default()).map(|_| ()), Err(InsertError::InboundTaken));
+            let mut other_port = tuple(1);
+            other_port.egress_port += 1000;
+            assert!(matches!(t.insert(&other_port, &SessionInit::default()), Err(InsertError::OutboundExists(_))));
         })
         .unwrap();
-        let again = again.get().unwrap();
+        assert!(!t.inbound_taken(&tuple(1).inbound_key()));
+        let again = t.insert(&tuple(1), &SessionInit::default()).expect("made again once removed");
         assert_eq!(t.lookup(&tuple(1).inbound_key()).unwrap().1.index, again.index);
         assert_eq!((t.len(), t.key_count()), (1, 2));
     }
