@@ -197,20 +197,58 @@ impl SessionIndex {
     /// Adds `r` at `place` unless a ref there that `matches` accepts is
     /// the key's already: then that ref. Inserts of one key are serialised
     /// by its stripe's lock; `matches` is asked under it.
-    pub fn insert(&self, place: Place, r: SessionRef, matches: impl FnMut(SessionRef) -> bool) -> Result<(), Refused> {
+    ///
+    /// One walk down the key's buckets, as [`Self::find`] walks them, both
+    /// looks for the key and notes the first empty entry it passes, which
+    /// is where the key goes (the first empty entry from its home, as the
+    /// overflow counts assume). Only when another stripe's insert claimed
+    /// that entry in between, or every bucket walked was full, does a
+    /// second walk look further.
+    pub fn insert(
+        &self,
+        place: Place,
+        r: SessionRef,
+        mut matches: impl FnMut(SessionRef) -> bool,
+    ) -> Result<(), Refused> {
         let _stripe = self.stripes[place.home % STRIPES].lock();
-        if let Some(existing) = self.find(place, matches) {
-            return Err(Refused::Exists(existing));
-        }
         let entry = place.tag | u64::from(r.bits());
+        let mut free = None;
         let mut i = place.home;
+        for walked in 0..self.buckets {
+            let Some(b) = self.bucket(i) else { break };
+            for e in &b.entries {
+                let v = e.load(Ordering::Acquire);
+                if v == 0 {
+                    free = free.or(Some((e, walked)));
+                } else if v & !0xffff_ffff == place.tag && matches(SessionRef::from_bits(v as u32)) {
+                    return Err(Refused::Exists(SessionRef::from_bits(v as u32)));
+                }
+            }
+            if b.overflow.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            i = self.next(i);
+        }
+        if let Some((e, walked)) = free {
+            if e.compare_exchange(0, entry, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                self.count_overflow(place.home, walked, true);
+                return Ok(());
+            }
+        }
+        self.claim_first_free(place.home, entry)
+    }
+
+    /// Puts `entry` in the first empty entry from bucket `home` on, making
+    /// pages as it goes (the caller holds `home`'s stripe).
+    fn claim_first_free(&self, home: usize, entry: u64) -> Result<(), Refused> {
+        let mut i = home;
         for walked in 0..self.buckets {
             let b = self.bucket_made(i).ok_or(Refused::Full)?;
             for e in &b.entries {
                 if e.load(Ordering::Relaxed) == 0
                     && e.compare_exchange(0, entry, Ordering::AcqRel, Ordering::Relaxed).is_ok()
                 {
-                    self.count_overflow(place.home, walked, true);
+                    self.count_overflow(home, walked, true);
                     return Ok(());
                 }
             }
@@ -332,6 +370,33 @@ mod tests {
         }
         assert_eq!(counts(&ix), vec![0; 6]);
         assert_eq!(ix.find(place(39), |_| true), None);
+    }
+
+    #[test]
+    fn a_hole_is_refilled_and_keys_past_it_still_refuse_their_twin() {
+        // Ten keys homed in bucket 5: seven fill it, three lie in bucket 6.
+        // With one of the seven removed, the insert's walk passes an empty
+        // entry before it reaches the three, and must still find each of
+        // them; a new key takes the hole, the first empty entry from home.
+        let ix = SessionIndex::new(10);
+        let place = |i: u32| Place { home: 5, tag: (u64::from(i) + 1) << 32 };
+        for i in 0..10 {
+            assert_eq!(ix.insert(place(i), SessionRef::new(i, true), |_| false), Ok(()));
+        }
+        assert!(ix.remove(place(2), SessionRef::new(2, true)));
+        for i in 7..10 {
+            assert_eq!(
+                ix.insert(place(i), SessionRef::new(100 + i, true), |r| r.index() == i),
+                Err(Refused::Exists(SessionRef::new(i, true))),
+                "key {i} past the hole"
+            );
+        }
+        assert_eq!(ix.insert(place(20), SessionRef::new(20, true), |_| false), Ok(()));
+        assert_eq!(
+            ix.bucket(5).unwrap().entries[2].load(Ordering::Relaxed),
+            place(20).tag | u64::from(SessionRef::new(20, true).bits())
+        );
+        assert_eq!(ix.bucket(5).unwrap().overflow.load(Ordering::Relaxed), 3);
     }
 
     #[test]
