@@ -20,17 +20,35 @@
 //! judges it in full. With few sessions everything is in cache and the
 //! stages are pure overhead: [`Pipeline::staging_pays`] says when to use them.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::Pipeline;
-use crate::nat::flow_cache::Probe;
-use crate::nat::key::{proto, FlowKey};
-use crate::wire::ethernet;
+use crate::nat::flow_cache::{FlowCache, Probe};
+use crate::nat::key::{proto, FlowKey, NatAddr};
+use crate::nat::session::SessionTable;
+use crate::wire::{ethernet, ipv6};
 
 /// What stage 1 found for a frame: the flow-cache entry to read in stage 2
 /// and the key the later stages look for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Staged(Option<(Probe, FlowKey<Ipv4Addr>)>);
+pub struct Staged(Flow);
+
+/// A staged frame's flow, by family.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Flow {
+    /// Not staged: `process` judges the frame in full.
+    #[default]
+    None,
+    V4(Probe, FlowKey<Ipv4Addr>),
+    V6(Probe, FlowKey<Ipv6Addr>),
+}
+
+impl Staged {
+    /// Whether stage 1 found a flow to stage.
+    pub fn is_flow(&self) -> bool {
+        self.0 != Flow::None
+    }
+}
 
 /// What a stage asked the memory for (its tests check that each frame's
 /// lines are the ones `process` will read).
@@ -44,8 +62,9 @@ pub enum Asked {
     MapLines,
 }
 
-/// Below this many IPv4 sessions the session slots fit in the caches and
-/// staging costs more than it saves (docs/benchmarks.md, "Batches staged").
+/// Below this many sessions (both families) the session slots fit in the
+/// caches and staging costs more than it saves (docs/benchmarks.md,
+/// "Batches staged").
 pub const STAGING_MIN_SESSIONS: usize = 16 * 1024;
 
 impl Pipeline {
@@ -53,32 +72,30 @@ impl Pipeline {
     /// their slots miss the caches).
     #[inline]
     pub fn staging_pays(&self) -> bool {
-        self.shared.nat4.sessions.len() >= STAGING_MIN_SESSIONS
+        self.shared.nat4.sessions.len() + self.shared.nat6.sessions.len() >= STAGING_MIN_SESSIONS
     }
 
     /// Stage 1: prefetches the flow-cache entry of an untagged IPv4 TCP or
-    /// UDP frame (no options, not a fragment); anything else is left to
+    /// UDP frame (no options, not a fragment), or of an untagged IPv6 one
+    /// (TCP or UDP right after the fixed header); anything else is left to
     /// `process` unstaged.
     #[inline]
     pub fn prefetch_flow(&self, frame: &[u8]) -> Staged {
-        Staged(flow_key_v4(frame).map(|key| (self.flows.v4.prefetch(&key), key)))
+        Staged(match frame.get(12..14) {
+            Some([0x08, 0x00]) => flow_key_v4(frame).map_or(Flow::None, |k| Flow::V4(self.flows.v4.prefetch(&k), k)),
+            Some([0x86, 0xdd]) => flow_key_v6(frame).map_or(Flow::None, |k| Flow::V6(self.flows.v6.prefetch(&k), k)),
+            _ => Flow::None,
+        })
     }
 
     /// Stage 2: prefetches the session slot the entry found in stage 1
     /// names; for an empty entry, the session index's lines of the key.
     #[inline]
     pub fn prefetch_session(&self, staged: Staged) -> Asked {
-        let Some((i, key)) = staged.0 else { return Asked::Nothing };
-        let sessions = &self.shared.nat4.sessions;
-        match self.flows.v4.get_at(i) {
-            Some(r) => {
-                sessions.prefetch(r);
-                Asked::Slot
-            }
-            None => {
-                sessions.prefetch_key(&key);
-                Asked::MapLines
-            }
+        match staged.0 {
+            Flow::V4(p, key) => prefetch_session(&self.flows.v4, &self.shared.nat4.sessions, p, &key),
+            Flow::V6(p, key) => prefetch_session(&self.flows.v6, &self.shared.nat6.sessions, p, &key),
+            Flow::None => Asked::Nothing,
         }
     }
 
@@ -87,15 +104,38 @@ impl Pipeline {
     /// are prefetched, as `process` will ask the index.
     #[inline]
     pub fn prefetch_lookup(&self, staged: Staged) -> Asked {
-        let Some((i, key)) = staged.0 else { return Asked::Nothing };
-        let sessions = &self.shared.nat4.sessions;
-        match self.flows.v4.get_at(i) {
-            Some(r) if sessions.lookup_at(&key, r).is_none() => {
-                sessions.prefetch_key(&key);
-                Asked::MapLines
-            }
-            _ => Asked::Nothing,
+        match staged.0 {
+            Flow::V4(p, key) => prefetch_lookup(&self.flows.v4, &self.shared.nat4.sessions, p, &key),
+            Flow::V6(p, key) => prefetch_lookup(&self.flows.v6, &self.shared.nat6.sessions, p, &key),
+            Flow::None => Asked::Nothing,
         }
+    }
+}
+
+/// Stage 2 in one family.
+#[inline(always)]
+fn prefetch_session<A: NatAddr>(cache: &FlowCache<A>, sessions: &SessionTable<A>, p: Probe, key: &FlowKey<A>) -> Asked {
+    match cache.get_at(p) {
+        Some(r) => {
+            sessions.prefetch(r);
+            Asked::Slot
+        }
+        None => {
+            sessions.prefetch_key(key);
+            Asked::MapLines
+        }
+    }
+}
+
+/// Stage 3 in one family.
+#[inline(always)]
+fn prefetch_lookup<A: NatAddr>(cache: &FlowCache<A>, sessions: &SessionTable<A>, p: Probe, key: &FlowKey<A>) -> Asked {
+    match cache.get_at(p) {
+        Some(r) if sessions.lookup_at(key, r).is_none() => {
+            sessions.prefetch_key(key);
+            Asked::MapLines
+        }
+        _ => Asked::Nothing,
     }
 }
 
@@ -121,6 +161,28 @@ fn flow_key_v4(frame: &[u8]) -> Option<FlowKey<Ipv4Addr>> {
     Some(FlowKey::new(src, dst, sport, dport, p))
 }
 
+/// The 5-tuple of an untagged IPv6 frame whose fixed header is followed
+/// directly by TCP or UDP (no extension header, so no fragment), read with
+/// one length check. Only a hint, as for IPv4.
+#[inline]
+fn flow_key_v6(frame: &[u8]) -> Option<FlowKey<Ipv6Addr>> {
+    const L3: usize = ethernet::HEADER_LEN;
+    const L4: usize = L3 + ipv6::HEADER_LEN;
+    let h: &[u8; L4 + 4] = frame.get(..L4 + 4)?.try_into().ok()?;
+    if h[12] != 0x86 || h[13] != 0xdd || h[L3] >> 4 != 6 {
+        return None;
+    }
+    let p = h[L3 + 6];
+    if p != proto::UDP && p != proto::TCP {
+        return None;
+    }
+    let addr =
+        |at: usize| -> Option<Ipv6Addr> { Some(Ipv6Addr::from(<[u8; 16]>::try_from(h.get(at..at + 16)?).ok()?)) };
+    let sport = u16::from_be_bytes([h[L4], h[L4 + 1]]);
+    let dport = u16::from_be_bytes([h[L4 + 2], h[L4 + 3]]);
+    Some(FlowKey::new(addr(L3 + 8)?, addr(L3 + 24)?, sport, dport, p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,23 +196,33 @@ mod tests {
         let f = fixtures::from_pod(pod.into(), fixtures::SERVER.into(), fixtures::udp(40000, 53, b"q")).frame();
         let key = flow_key_v4(&f).expect("an IPv4 UDP frame");
         assert_eq!(key, FlowKey::new(pod, fixtures::SERVER, 40000, 53, proto::UDP));
-        // Not staged: ARP, IPv6, a fragment, a truncated frame.
+        // Not staged: a fragment, a truncated frame, the other family.
         let mut frag = f.clone();
         frag[ethernet::HEADER_LEN + 6] = 0x20;
         assert_eq!(flow_key_v4(&frag), None);
         assert_eq!(flow_key_v4(&f[..30]), None);
-        let v6 = fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), fixtures::udp(1, 2, b"")).frame();
-        assert_eq!(flow_key_v4(&v6), None);
+        assert_eq!(flow_key_v6(&f), None);
+        let v6 = |t| fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), t).frame();
+        let f6 = v6(fixtures::tcp(40000, 443, 1, None, 0x02, b""));
+        let key6 = flow_key_v6(&f6).expect("an IPv6 TCP frame");
+        assert_eq!(key6, FlowKey::new(fixtures::POD6, fixtures::SERVER6, 40000, 443, proto::TCP));
+        assert_eq!(flow_key_v4(&f6), None);
+        // Not staged: an extension header first (a fragment header here),
+        // ICMPv6, a truncated frame.
+        let mut ext = f6.clone();
+        ext[ethernet::HEADER_LEN + 6] = 44;
+        assert_eq!(flow_key_v6(&ext), None);
+        assert_eq!(flow_key_v6(&v6(fixtures::echo(true, 1, 1))), None);
+        assert_eq!(flow_key_v6(&f6[..ethernet::HEADER_LEN + ipv6::HEADER_LEN + 3]), None);
     }
 
-    #[test]
-    fn each_stage_asks_for_the_lines_process_reads() {
+    /// The lines each stage asks for, through a flow's life: `flow(port)`
+    /// builds its frames, `sessions` counts the family's sessions.
+    fn stages_follow_a_flow(flow: impl Fn(u16) -> fixtures::build::Packet, sessions: impl Fn(&Engine) -> usize) {
         let engine = Engine::new(&fixtures::base_spec()).unwrap();
         engine.publish_fib(fixtures::topology());
         let mut w = engine.pipeline();
         let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
-        let flow =
-            |port| fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), fixtures::udp(port, 53, b"q"));
         let f = flow(40000).frame();
         let stages = |w: &Pipeline, f: &[u8]| {
             let s = w.prefetch_flow(f);
@@ -164,19 +236,36 @@ mod tests {
             let len = f.len();
             assert!(matches!(w.process(&mut f, len, meta, Timestamp::from_secs(1)), Verdict::Forward { .. }));
         }
+        assert_eq!(sessions(&engine), 1);
         // Established: the entry names its slot, which holds it.
         assert_eq!(stages(&w, &f), (Asked::Slot, Asked::Nothing));
         // Its session ended: the entry still names the slot, which no longer
         // holds the flow, so the index is asked as well.
         let mut later = 1;
-        while !engine.nat4().sessions.is_empty() {
+        while sessions(&engine) > 0 {
             later += 100_000;
             w.tick(Timestamp::from_secs(later), 4096);
         }
         assert_eq!(stages(&w, &f), (Asked::Slot, Asked::MapLines));
-        // Not an IPv4 TCP/UDP frame: nothing staged.
-        let v6 = fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), fixtures::udp(1, 2, b"")).frame();
-        assert_eq!(stages(&w, &v6), (Asked::Nothing, Asked::Nothing));
+        // Not a TCP/UDP frame: nothing staged.
+        let ping = fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), fixtures::echo(true, 1, 1));
+        assert_eq!(stages(&w, &ping.frame()), (Asked::Nothing, Asked::Nothing));
+    }
+
+    #[test]
+    fn each_stage_asks_for_the_lines_process_reads() {
+        stages_follow_a_flow(
+            |port| fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), fixtures::udp(port, 53, b"q")),
+            |e| e.nat4().sessions.len(),
+        );
+    }
+
+    #[test]
+    fn an_ipv6_flow_is_staged_as_an_ipv4_one() {
+        stages_follow_a_flow(
+            |port| fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), fixtures::udp(port, 53, b"q")),
+            |e| e.nat6().sessions.len(),
+        );
     }
 
     #[test]
@@ -190,19 +279,20 @@ mod tests {
             let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
             let mut out = Vec::new();
             for round in 0..3u64 {
+                // Both families, interleaved.
                 let mut frames: Vec<Vec<u8>> = (0..16u16)
                     .map(|p| {
-                        fixtures::from_pod(
-                            fixtures::POD_A.into(),
-                            fixtures::SERVER.into(),
-                            fixtures::udp(40000 + p, 53, b"q"),
-                        )
-                        .frame()
+                        let (pod, server) = if p % 2 == 0 {
+                            (fixtures::POD_A.into(), fixtures::SERVER.into())
+                        } else {
+                            (fixtures::POD6.into(), fixtures::SERVER6.into())
+                        };
+                        fixtures::from_pod(pod, server, fixtures::udp(40000 + p, 53, b"q")).frame()
                     })
                     .collect();
                 if staged {
                     let s: Vec<Staged> = frames.iter().map(|f| w.prefetch_flow(f)).collect();
-                    assert_eq!(s.iter().filter(|s| s.0.is_some()).count(), 16);
+                    assert_eq!(s.iter().filter(|s| s.is_flow()).count(), 16);
                     for s in &s {
                         assert_ne!(w.prefetch_session(*s), Asked::Nothing);
                     }
