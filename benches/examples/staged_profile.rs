@@ -4,11 +4,14 @@
 //! thread's own CPU time, so a busy machine's other work is not counted
 //! (its effect on the caches still is).
 //!
-//! `staged_profile SESSIONS ROUNDS ITERS` (defaults 1000000 5 4000000).
+//! `staged_profile SESSIONS ROUNDS ITERS [v6]` (defaults 1000000 5 4000000;
+//! `v6`: the same population in IPv6, common::Family).
 #![allow(clippy::print_stdout, clippy::expect_used)]
 
 #[path = "../benches/common/mod.rs"]
 mod common;
+
+use std::net::Ipv6Addr;
 
 use egret_dataplane::fixtures;
 use egret_dataplane::tables::MappingBehavior;
@@ -16,8 +19,16 @@ use egret_dataplane::tables::MappingBehavior;
 fn main() {
     let arg = |i: usize, d: u64| std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (n, rounds, iters) = (arg(1, 1_000_000), arg(2, 5), arg(3, 4_000_000));
-    let (engine, mut w, sh) = common::populated(n, MappingBehavior::EndpointIndependent);
-    let (out, back) = common::frames(&engine, n, sh, 1 << 16, 9);
+    let v6 = std::env::args().nth(4).as_deref() == Some("v6");
+    let (_engine, mut w, _, (out, back)) = if v6 {
+        let (engine, w, sh) = common::populated_in::<Ipv6Addr>(n, MappingBehavior::EndpointIndependent);
+        let frames = common::frames_in::<Ipv6Addr>(&engine, n, sh, 1 << 16, 9);
+        (engine, w, sh, frames)
+    } else {
+        let (engine, w, sh) = common::populated(n, MappingBehavior::EndpointIndependent);
+        let frames = common::frames(&engine, n, sh, 1 << 16, 9);
+        (engine, w, sh, frames)
+    };
     let batches = [0usize, 8, 16, 32, 64];
     let mut ns = vec![vec![Vec::new(); batches.len()]; 2];
     for _ in 0..rounds {
@@ -35,7 +46,8 @@ fn main() {
         }
     }
     println!(
-        "{n} sessions, {rounds} rounds of {iters} packets; ns of this thread's CPU time per packet, median (min-max)"
+        "{n} {}sessions, {rounds} rounds of {iters} packets; ns of this thread's CPU time per packet, median (min-max)",
+        if v6 { "IPv6 " } else { "" }
     );
     for (d, name) in ["outbound", "reply"].iter().enumerate() {
         for (b, &batch) in batches.iter().enumerate() {

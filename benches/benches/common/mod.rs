@@ -1,17 +1,19 @@
 //! Shared set-up for the engine benchmarks: an engine holding N live IPv4
-//! sessions, and frames of existing flows in both directions.
+//! (or, through the `_in` forms, IPv6) sessions, and frames of existing
+//! flows in both directions.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use egret_dataplane::clock::Timestamp;
 use egret_dataplane::engine::{ChecksumHint, Engine, Pipeline, RxMeta, Verdict};
 use egret_dataplane::fixtures::{self, build::Packet};
-use egret_dataplane::nat::key::{proto, SessionTuple};
+use egret_dataplane::nat::key::{proto, FlowKey, SessionTuple};
 use egret_dataplane::nat::port_alloc::PortRng;
 use egret_dataplane::nat::rewrite;
-use egret_dataplane::nat::table::{CreateCtx, DeltaFnBox, OutboundRequest};
+use egret_dataplane::nat::rewrite::IpFamily;
+use egret_dataplane::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use egret_dataplane::policy::PolicyId;
 use egret_dataplane::stats::WorkerStats;
 use egret_dataplane::tables::{EgressIpSpec, MappingBehavior, PolicySpec, TablesSpec};
@@ -19,15 +21,64 @@ use egret_dataplane::tables::{EgressIpSpec, MappingBehavior, PolicySpec, TablesS
 /// Egress IPs in the benchmark configuration.
 pub const EGRESS_IPS: u8 = 64;
 
+/// A family the benchmarks populate. IPv6 has the IPv4 population's
+/// flows, each host number moved into an IPv6 prefix: pods in
+/// 2001:db8:18::/48, remotes in 2001:db8:51::/48, egress IPs
+/// 2001:db8:113::10-4f.
+pub trait Family: IpFamily + Into<IpAddr> {
+    /// The pods' prefix and the whole family's.
+    const NETS: [&'static str; 2];
+    /// The family's address for IPv4 population address `v4`.
+    fn of(v4: Ipv4Addr) -> Self;
+    /// Egress IP `i` (0 to [`EGRESS_IPS`] - 1).
+    fn egress(i: u8) -> IpAddr;
+    /// The engine's table of the family.
+    fn nat(engine: &Engine) -> &NatTable<Self>;
+}
+
+impl Family for Ipv4Addr {
+    const NETS: [&'static str; 2] = ["198.18.0.0/15", "0.0.0.0/0"];
+    fn of(v4: Ipv4Addr) -> Self {
+        v4
+    }
+    fn egress(i: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(203, 0, 113, 10 + i))
+    }
+    fn nat(engine: &Engine) -> &NatTable<Self> {
+        engine.nat4()
+    }
+}
+
+impl Family for Ipv6Addr {
+    const NETS: [&'static str; 2] = ["2001:db8:18::/48", "::/0"];
+    fn of(v4: Ipv4Addr) -> Self {
+        // 198.18.x.y (pods) -> 2001:db8:18::x:y, 198.51.x.y (remotes) -> 2001:db8:51::x:y.
+        let [a, b, c, d] = v4.octets();
+        let net = if [a, b] == [198, 18] { 0x18 } else { 0x51 };
+        Ipv6Addr::new(0x2001, 0xdb8, net, 0, 0, 0, u16::from(c), u16::from(d))
+    }
+    fn egress(i: u8) -> IpAddr {
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x113, 0, 0, 0, 0, 0x10 + u16::from(i)))
+    }
+    fn nat(engine: &Engine) -> &NatTable<Self> {
+        engine.nat6()
+    }
+}
+
 /// The benchmark configuration: pods 198.18.0.0/15 to anywhere, over 64
 /// egress IPs 203.0.113.10-73 (paired pooling spreads the pods).
 pub fn spec(max_sessions: usize, mapping: MappingBehavior) -> TablesSpec {
-    let egress: Vec<IpAddr> = (0..EGRESS_IPS).map(|i| IpAddr::V4(Ipv4Addr::new(203, 0, 113, 10 + i))).collect();
+    spec_in::<Ipv4Addr>(max_sessions, mapping)
+}
+
+/// [`spec`] in family `A`.
+pub fn spec_in<A: Family>(max_sessions: usize, mapping: MappingBehavior) -> TablesSpec {
+    let egress: Vec<IpAddr> = (0..EGRESS_IPS).map(A::egress).collect();
     let mut s = TablesSpec {
         policies: vec![PolicySpec {
             name: "bench".into(),
-            sources: vec!["198.18.0.0/15".parse().unwrap()],
-            destinations: vec!["0.0.0.0/0".parse().unwrap()],
+            sources: vec![A::NETS[0].parse().unwrap()],
+            destinations: vec![A::NETS[1].parse().unwrap()],
             except: vec![],
             egress_ips: egress.clone(),
         }],
@@ -71,37 +122,55 @@ pub fn shape(n: u64) -> (u64, u64, u64) {
 /// An engine with `n` live IPv4 UDP sessions (created through the NAT API,
 /// as the slow path would), its worker, and the shape used.
 pub fn populated(n: u64, mapping: MappingBehavior) -> (Engine, Pipeline, (u64, u64, u64)) {
-    let engine = Engine::new(&spec((n as usize + n as usize / 8).max(1024), mapping)).unwrap();
+    populated_in::<Ipv4Addr>(n, mapping)
+}
+
+/// [`populated`] in family `A`.
+pub fn populated_in<A: Family>(n: u64, mapping: MappingBehavior) -> (Engine, Pipeline, (u64, u64, u64)) {
+    let engine = Engine::new(&spec_in::<A>((n as usize + n as usize / 8).max(1024), mapping)).unwrap();
     engine.publish_fib(fixtures::topology());
     let worker = engine.pipeline_seeded(PortRng::new(42));
     let tables = engine.tables();
     let policy = tables.policy(PolicyId(0)).unwrap();
     let stats = WorkerStats::default();
     let mut rng = PortRng::new(1);
-    let deltas = |t: &SessionTuple<Ipv4Addr>| rewrite::outbound_deltas(t);
+    let deltas = |t: &SessionTuple<A>| rewrite::outbound_deltas(t);
     let sh = shape(n);
     for i in 0..n {
         let (pod, pod_port, remote, remote_port) = flow(i, sh.0, sh.1, sh.2);
+        let (pod, remote) = (A::of(pod), A::of(remote));
         let req = OutboundRequest { pod, pod_port, remote, remote_port, proto: proto::UDP, tcp_flags: 0 };
         let mut ctx = CreateCtx::new(0, &mut rng, &stats, DeltaFnBox(&deltas));
-        engine.nat4().create_outbound(&req, policy, &tables, &mut ctx).expect("session");
+        A::nat(&engine).create_outbound(&req, policy, &tables, &mut ctx).expect("session");
     }
-    assert_eq!(engine.nat4().sessions.len() as u64, n);
+    assert_eq!(A::nat(&engine).sessions.len() as u64, n);
     (engine, worker, sh)
 }
 
 /// 64-byte frames (plus Ethernet header) of existing flows: outbound from the
 /// pod, and the remote's reply to the egress IP and port.
 pub fn frames(engine: &Engine, n: u64, sh: (u64, u64, u64), count: usize, seed: u64) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    frames_in::<Ipv4Addr>(engine, n, sh, count, seed)
+}
+
+/// [`frames`] in family `A` (IPv6 frames are 20 bytes longer).
+pub fn frames_in<A: Family>(
+    engine: &Engine,
+    n: u64,
+    sh: (u64, u64, u64),
+    count: usize,
+    seed: u64,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     let mut rng = PortRng::new(seed);
     let mut out = Vec::with_capacity(count);
     let mut back = Vec::with_capacity(count);
     for _ in 0..count {
         let i = rng.next_u64() % n;
         let (pod, pp, remote, rp) = flow(i, sh.0, sh.1, sh.2);
+        let (pod, remote) = (A::of(pod), A::of(remote));
         let o: Packet = fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18]));
-        let key = egret_dataplane::nat::key::FlowKey::new(pod, remote, pp, rp, proto::UDP);
-        let (_, v) = engine.nat4().sessions.lookup(&key).expect("session exists");
+        let key = FlowKey::new(pod, remote, pp, rp, proto::UDP);
+        let (_, v) = A::nat(engine).sessions.lookup(&key).expect("session exists");
         let b = fixtures::from_outside(
             remote.into(),
             v.tuple.egress.into(),

@@ -2,17 +2,19 @@
 //! a batch is processed, the lines each will wait for are requested, so the
 //! waits overlap instead of being paid one frame after another.
 //!
-//! 1. [`Pipeline::prefetch_flow`] for every frame: read the IPv4 5-tuple,
-//!    prefetch the worker's flow-cache entry for it.
+//! 1. [`Pipeline::prefetch_flow`] for every frame: read the 5-tuple of an
+//!    IPv4 or IPv6 TCP or UDP frame, prefetch the worker's flow-cache entry
+//!    for it.
 //! 2. [`Pipeline::prefetch_session`] for every frame: read that entry and
 //!    prefetch the session slot it names; an empty entry (a flow this
 //!    worker has not seen) has the session index's lines for the key
 //!    prefetched instead, where `process` will ask.
-//! 3. [`Pipeline::prefetch_lookup`] for every frame whose entry named a
-//!    slot: read the slot (its line asked for in stage 2) and, when it
+//! 3. [`Pipeline::prefetch_lookup`] for every IPv4 frame whose entry named
+//!    a slot: read the slot (its line asked for in stage 2) and, when it
 //!    holds another flow (an entry shared with another flow, or a new flow
 //!    whose entry still names an ended session), prefetch the session
-//!    map's lines for the key.
+//!    map's lines for the key. (An IPv6 frame keeps no key to compare:
+//!    the `Flow` type says why.)
 //! 4. [`Pipeline::process`] for every frame, as without staging.
 //!
 //! Stages 1 to 3 change nothing and decide nothing: a frame they cannot
@@ -26,6 +28,7 @@ use super::Pipeline;
 use crate::nat::flow_cache::{FlowCache, Probe};
 use crate::nat::key::{proto, FlowKey, NatAddr};
 use crate::nat::session::SessionTable;
+use crate::nat::session_index::Place;
 use crate::wire::{ethernet, ipv6};
 
 /// What stage 1 found for a frame: the flow-cache entry to read in stage 2
@@ -33,14 +36,20 @@ use crate::wire::{ethernet, ipv6};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Staged(Flow);
 
-/// A staged frame's flow, by family.
+/// A staged frame's flow, by family. An IPv6 flow keeps its key's place
+/// in the session index rather than the key (16 bytes, not 37), so that a
+/// staged frame stays as small as an IPv4 one: a larger `Staged` cost the
+/// IPv4 batches 1.2x (docs/benchmarks.md, "IPv6 staged"). Without the key,
+/// stage 3 cannot tell a stale entry's slot from the flow's own, so for
+/// IPv6 it asks nothing: the rare stale entry pays its index miss in
+/// `process`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Flow {
     /// Not staged: `process` judges the frame in full.
     #[default]
     None,
     V4(Probe, FlowKey<Ipv4Addr>),
-    V6(Probe, FlowKey<Ipv6Addr>),
+    V6(Probe, Place),
 }
 
 impl Staged {
@@ -83,7 +92,8 @@ impl Pipeline {
     pub fn prefetch_flow(&self, frame: &[u8]) -> Staged {
         Staged(match frame.get(12..14) {
             Some([0x08, 0x00]) => flow_key_v4(frame).map_or(Flow::None, |k| Flow::V4(self.flows.v4.prefetch(&k), k)),
-            Some([0x86, 0xdd]) => flow_key_v6(frame).map_or(Flow::None, |k| Flow::V6(self.flows.v6.prefetch(&k), k)),
+            Some([0x86, 0xdd]) => flow_key_v6(frame)
+                .map_or(Flow::None, |k| Flow::V6(self.flows.v6.prefetch(&k), self.shared.nat6.sessions.place(&k))),
             _ => Flow::None,
         })
     }
@@ -93,8 +103,14 @@ impl Pipeline {
     #[inline]
     pub fn prefetch_session(&self, staged: Staged) -> Asked {
         match staged.0 {
-            Flow::V4(p, key) => prefetch_session(&self.flows.v4, &self.shared.nat4.sessions, p, &key),
-            Flow::V6(p, key) => prefetch_session(&self.flows.v6, &self.shared.nat6.sessions, p, &key),
+            Flow::V4(p, key) => {
+                let sessions = &self.shared.nat4.sessions;
+                prefetch_session(&self.flows.v4, sessions, p, || sessions.prefetch_key(&key))
+            }
+            Flow::V6(p, place) => {
+                let sessions = &self.shared.nat6.sessions;
+                prefetch_session(&self.flows.v6, sessions, p, || sessions.prefetch_place(place))
+            }
             Flow::None => Asked::Nothing,
         }
     }
@@ -104,38 +120,36 @@ impl Pipeline {
     /// are prefetched, as `process` will ask the index.
     #[inline]
     pub fn prefetch_lookup(&self, staged: Staged) -> Asked {
-        match staged.0 {
-            Flow::V4(p, key) => prefetch_lookup(&self.flows.v4, &self.shared.nat4.sessions, p, &key),
-            Flow::V6(p, key) => prefetch_lookup(&self.flows.v6, &self.shared.nat6.sessions, p, &key),
-            Flow::None => Asked::Nothing,
+        let Flow::V4(p, key) = staged.0 else { return Asked::Nothing };
+        let sessions = &self.shared.nat4.sessions;
+        match self.flows.v4.get_at(p) {
+            Some(r) if sessions.lookup_at(&key, r).is_none() => {
+                sessions.prefetch_key(&key);
+                Asked::MapLines
+            }
+            _ => Asked::Nothing,
         }
     }
 }
 
-/// Stage 2 in one family.
+/// Stage 2 in one family: the slot the entry names, or (`index_lines`)
+/// the index's lines of the key.
 #[inline(always)]
-fn prefetch_session<A: NatAddr>(cache: &FlowCache<A>, sessions: &SessionTable<A>, p: Probe, key: &FlowKey<A>) -> Asked {
+fn prefetch_session<A: NatAddr>(
+    cache: &FlowCache<A>,
+    sessions: &SessionTable<A>,
+    p: Probe,
+    index_lines: impl FnOnce(),
+) -> Asked {
     match cache.get_at(p) {
         Some(r) => {
             sessions.prefetch(r);
             Asked::Slot
         }
         None => {
-            sessions.prefetch_key(key);
+            index_lines();
             Asked::MapLines
         }
-    }
-}
-
-/// Stage 3 in one family.
-#[inline(always)]
-fn prefetch_lookup<A: NatAddr>(cache: &FlowCache<A>, sessions: &SessionTable<A>, p: Probe, key: &FlowKey<A>) -> Asked {
-    match cache.get_at(p) {
-        Some(r) if sessions.lookup_at(key, r).is_none() => {
-            sessions.prefetch_key(key);
-            Asked::MapLines
-        }
-        _ => Asked::Nothing,
     }
 }
 
@@ -207,6 +221,12 @@ mod tests {
         let key6 = flow_key_v6(&f6).expect("an IPv6 TCP frame");
         assert_eq!(key6, FlowKey::new(fixtures::POD6, fixtures::SERVER6, 40000, 443, proto::TCP));
         assert_eq!(flow_key_v4(&f6), None);
+        // What stage 1 keeps of it: its flow-cache entry and its place in
+        // the IPv6 session index (where stage 2 asks when the entry is empty).
+        let engine = Engine::new(&fixtures::base_spec()).unwrap();
+        let w = engine.pipeline();
+        let place = engine.nat6().sessions.place(&key6);
+        assert_eq!(w.prefetch_flow(&f6), Staged(Flow::V6(w.flows.v6.prefetch(&key6), place)));
         // Not staged: an extension header first (a fragment header here),
         // ICMPv6, a truncated frame.
         let mut ext = f6.clone();
@@ -217,8 +237,14 @@ mod tests {
     }
 
     /// The lines each stage asks for, through a flow's life: `flow(port)`
-    /// builds its frames, `sessions` counts the family's sessions.
-    fn stages_follow_a_flow(flow: impl Fn(u16) -> fixtures::build::Packet, sessions: impl Fn(&Engine) -> usize) {
+    /// builds its frames, `sessions` counts the family's sessions, `stale`
+    /// is what stage 3 asks for once the flow's entry names an ended
+    /// session.
+    fn stages_follow_a_flow(
+        flow: impl Fn(u16) -> fixtures::build::Packet,
+        sessions: impl Fn(&Engine) -> usize,
+        stale: Asked,
+    ) {
         let engine = Engine::new(&fixtures::base_spec()).unwrap();
         engine.publish_fib(fixtures::topology());
         let mut w = engine.pipeline();
@@ -240,13 +266,13 @@ mod tests {
         // Established: the entry names its slot, which holds it.
         assert_eq!(stages(&w, &f), (Asked::Slot, Asked::Nothing));
         // Its session ended: the entry still names the slot, which no longer
-        // holds the flow, so the index is asked as well.
+        // holds the flow, so (IPv4) the index is asked as well.
         let mut later = 1;
         while sessions(&engine) > 0 {
             later += 100_000;
             w.tick(Timestamp::from_secs(later), 4096);
         }
-        assert_eq!(stages(&w, &f), (Asked::Slot, Asked::MapLines));
+        assert_eq!(stages(&w, &f), (Asked::Slot, stale));
         // Not a TCP/UDP frame: nothing staged.
         let ping = fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), fixtures::echo(true, 1, 1));
         assert_eq!(stages(&w, &ping.frame()), (Asked::Nothing, Asked::Nothing));
@@ -257,6 +283,7 @@ mod tests {
         stages_follow_a_flow(
             |port| fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), fixtures::udp(port, 53, b"q")),
             |e| e.nat4().sessions.len(),
+            Asked::MapLines,
         );
     }
 
@@ -265,6 +292,7 @@ mod tests {
         stages_follow_a_flow(
             |port| fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), fixtures::udp(port, 53, b"q")),
             |e| e.nat6().sessions.len(),
+            Asked::Nothing,
         );
     }
 

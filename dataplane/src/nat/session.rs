@@ -29,7 +29,7 @@ use std::sync::OnceLock;
 use parking_lot::Mutex;
 
 use super::key::{FlowKey, NatAddr, SessionTuple};
-use super::session_index::{Refused, SessionIndex};
+use super::session_index::{Place, Refused, SessionIndex};
 use crate::huge_pages::HugeSlice;
 
 /// Where an index key points: a slot index and whether the key is the
@@ -507,6 +507,20 @@ impl<A: NatAddr> SessionTable<A> {
     #[inline]
     pub fn prefetch_key(&self, key: &FlowKey<A>) {
         self.index.prefetch(self.index.place(key));
+    }
+
+    /// Where the index keeps `key` ([`Self::prefetch_place`] asks for it
+    /// later without the key: a staged IPv6 frame keeps this, not its
+    /// 37-byte key).
+    #[inline]
+    pub fn place(&self, key: &FlowKey<A>) -> Place {
+        self.index.place(key)
+    }
+
+    /// As [`Self::prefetch_key`], for a key's [`Self::place`].
+    #[inline]
+    pub fn prefetch_place(&self, place: Place) {
+        self.index.prefetch(place);
     }
 
     /// Whether the inbound key is taken (by a session live or dying).
