@@ -99,9 +99,10 @@ pub(super) struct Ctx<'a> {
     /// The established path looked this frame's flow up and the session
     /// index had no session for it: the full pipeline does not ask the map
     /// again for the same key (a new flow's second miss, about 130
-    /// instructions). Set only by [`Ctx::established_v4`], whose key is the
-    /// one [`Ctx::ip`] builds for the frames it looks up (IPv4 TCP or UDP,
-    /// neither fragmented nor with options).
+    /// instructions). Set only by [`Ctx::established_v4`] and
+    /// [`Ctx::established_v6`], whose key is the one [`Ctx::ip`] builds for
+    /// the frames they look up (TCP or UDP, neither fragmented nor with
+    /// IPv4 options or IPv6 extension headers).
     pub(super) missed: bool,
     /// Whether frames try the established path first.
     pub(super) path: Path,
@@ -378,7 +379,13 @@ impl Ctx<'_> {
 
     fn frame(&mut self, buf: &mut [u8], len: usize, meta: RxMeta, now: Timestamp) -> Verdict {
         if self.path == Path::EstablishedFirst {
-            if let Some(v) = self.established_v4(buf, len, meta) {
+            // IPv6's path is out of line and asked second: an IPv4 frame
+            // the straight-line path takes pays nothing for it.
+            let taken = match self.established_v4(buf, len, meta) {
+                None if buf.get(12..14) == Some(&[0x86, 0xdd]) => self.established_v6(buf, len, meta),
+                taken => taken,
+            };
+            if let Some(v) = taken {
                 #[cfg(test)]
                 {
                     *self.established_taken += 1;
