@@ -349,4 +349,49 @@ mod tests {
         assert!(taken >= 25, "the established path took only {taken} fixture frames");
         assert!(taken_v6 >= 3, "the established path took only {taken_v6} IPv6 fixture frames");
     }
+
+    /// Frames of an established IPv6 flow that the straight-line path must
+    /// leave to the full pipeline: a hop limit of 1 (an ICMPv6 error is
+    /// owed), a zero UDP checksum (RFC 8200: dropped as malformed), a
+    /// payload length the frame does not hold, an extension header first.
+    /// Both paths give the same verdicts, bytes and counters, and the
+    /// straight-line path takes only the flow's plain frames.
+    #[test]
+    fn ipv6_frames_it_must_not_take_go_the_full_pipelines_way() {
+        const L3: usize = ethernet::HEADER_LEN;
+        const L4: usize = L3 + ipv6::HEADER_LEN;
+        let flow = || {
+            fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), fixtures::udp(40000, 53, b"q")).frame()
+        };
+        let edit = |at: usize, byte: u8| {
+            let mut f = flow();
+            f[at] = byte;
+            f
+        };
+        let mut zero_csum = flow();
+        zero_csum[L4 + 6..L4 + 8].copy_from_slice(&[0, 0]);
+        let frames = [flow(), flow(), edit(L3 + 7, 1), zero_csum, edit(L3 + 4, 0xff), edit(L3 + 6, 60), flow()];
+        let run = |path| {
+            let engine = Engine::new(&fixtures::base_spec()).expect("fixture config");
+            engine.publish_fib(fixtures::topology());
+            let mut w = engine.pipeline_on(PortRng::new(7), path);
+            let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
+            let out: Vec<_> = frames
+                .iter()
+                .map(|f| {
+                    let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+                    buf[..f.len()].copy_from_slice(f);
+                    let v = w.process(&mut buf, f.len(), meta, Timestamp::from_secs(1));
+                    (v, buf)
+                })
+                .collect();
+            (out, engine.stats(), w.established_taken)
+        };
+        let (straight, full) = (run(Path::EstablishedFirst), run(Path::FullOnly));
+        assert!(straight.0 == full.0, "verdicts or bytes differ: {:?} vs {:?}", straight.0, full.0);
+        assert!(straight.1 == full.1, "counters differ");
+        // The flow's second and last plain frames; the first made the session.
+        assert_eq!(straight.2, 2);
+        assert!(matches!(full.0[3].0, Verdict::Drop(_)), "a zero UDP checksum over IPv6 is dropped");
+    }
 }
