@@ -191,8 +191,8 @@ impl Ctx<'_> {
     /// lines on purpose: drawn into one generic helper it cost the IPv4
     /// path 16 to 25 more instructions a packet (the session's view
     /// passed through it; docs/benchmarks.md, "IPv6's straight-line
-    /// path"). `established_path_changes_nothing_but_speed` holds both
-    /// copies to the full pipeline's bytes and counters.
+    /// path"). The tests below hold both copies to the full pipeline's
+    /// bytes and counters (ADR 0041 lists what they do not cover).
     #[inline(never)]
     pub(super) fn established_v6(&mut self, buf: &mut [u8], len: usize, meta: RxMeta) -> Option<Verdict> {
         const L3: usize = ethernet::HEADER_LEN;
@@ -393,5 +393,67 @@ mod tests {
         // The flow's second and last plain frames; the first made the session.
         assert_eq!(straight.2, 2);
         assert!(matches!(full.0[3].0, Verdict::Drop(_)), "a zero UDP checksum over IPv6 is dropped");
+    }
+
+    /// An IPv6 TCP connection and a UDP flow both ways, a datagram larger
+    /// than the link's MTU, and the flows again after their sessions
+    /// expired, through both paths: the same verdicts, bytes and counters
+    /// after every frame, and the straight-line path takes the plain
+    /// frames of both directions and both protocols (the fixtures' IPv6
+    /// frames are UDP, and their one TCP frame is a SYN).
+    #[test]
+    fn ipv6_tcp_and_udp_both_ways_match_the_full_pipeline() {
+        use crate::wire::tcp::{ACK, SYN};
+        let (pod, server) = (fixtures::POD6, fixtures::SERVER6);
+        let out = |t| (fixtures::INSIDE, fixtures::from_pod(pod.into(), server.into(), t).frame());
+        let back = |t| (fixtures::OUTSIDE, fixtures::from_outside(server.into(), fixtures::E6.into(), t).frame());
+        let run = |path| {
+            let engine = Engine::new(&fixtures::base_spec()).expect("fixture config");
+            engine.publish_fib(fixtures::topology());
+            let mut w = engine.pipeline_on(PortRng::new(7), path);
+            let mut outs = Vec::new();
+            let (mut taken_out, mut taken_back) = (0, 0);
+            let mut send = |w: &mut crate::engine::Pipeline, (ingress, f): (u32, Vec<u8>), at: u64| {
+                let mut buf = vec![0u8; fixtures::FRAME_BUFFER];
+                buf[..f.len()].copy_from_slice(&f);
+                let before = w.established_taken;
+                let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
+                let v = w.process(&mut buf, f.len(), meta, Timestamp::from_secs(at));
+                let took = w.established_taken - before;
+                if ingress == fixtures::INSIDE {
+                    taken_out += took;
+                } else {
+                    taken_back += took;
+                }
+                outs.push((v, buf, engine.stats()));
+            };
+            let egress_port = |key| engine.nat6().sessions.lookup(&key).map_or(0, |(_, v)| v.tuple.egress_port);
+            for at in [1, 100_000] {
+                // A connection: SYN, SYN-ACK, then data each way.
+                send(&mut w, out(fixtures::tcp(40000, 443, 1, None, SYN, b"")), at);
+                let p = egress_port(FlowKey::new(pod, server, 40000, 443, proto::TCP));
+                send(&mut w, back(fixtures::tcp(443, p, 9, Some(2), SYN | ACK, b"")), at);
+                for _ in 0..2 {
+                    send(&mut w, out(fixtures::tcp(40000, 443, 2, Some(10), ACK, b"data")), at);
+                    send(&mut w, back(fixtures::tcp(443, p, 10, Some(6), ACK, b"data")), at);
+                }
+                // A UDP flow each way, then one datagram over the MTU.
+                send(&mut w, out(fixtures::udp(40001, 53, b"q")), at);
+                let p = egress_port(FlowKey::new(pod, server, 40001, 53, proto::UDP));
+                send(&mut w, back(fixtures::udp(53, p, b"a")), at);
+                send(&mut w, out(fixtures::udp(40001, 53, b"q")), at);
+                send(&mut w, out(fixtures::udp(40001, 53, &[0u8; 1500])), at);
+            }
+            (outs, taken_out, taken_back)
+        };
+        let (straight, full) = (run(Path::EstablishedFirst), run(Path::FullOnly));
+        assert_eq!(straight.0.len(), full.0.len());
+        for (i, (a, b)) in straight.0.iter().zip(&full.0).enumerate() {
+            assert!(a == b, "frame {i}: {:?} vs {:?}", a.0, b.0);
+        }
+        // Each round: two TCP data frames and one UDP datagram out, two TCP
+        // data frames and the UDP reply back (the second round's sessions
+        // are new ones: the first round's expired at 100,000 s).
+        assert_eq!((straight.1, straight.2), (6, 6));
     }
 }

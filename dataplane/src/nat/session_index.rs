@@ -202,8 +202,8 @@ impl SessionIndex {
     /// looks for the key and notes the first empty entry it passes, which
     /// is where the key goes (the first empty entry from its home, as the
     /// overflow counts assume). Only when another stripe's insert claimed
-    /// that entry in between, or every bucket walked was full, does a
-    /// second walk look further.
+    /// that entry in between, every bucket walked was full, or the walk
+    /// reached a page not made yet, does a second walk look further.
     pub fn insert(
         &self,
         place: Place,
