@@ -80,7 +80,6 @@ fn next_hop_mac_change(name: &str, tier: Tier) {
         })
         .unwrap();
     }
-    let mark = h.capture.as_ref().unwrap().snapshot().len();
     let mid = h.counters().unwrap();
     for i in 0..5 {
         assert_eq!(tcp.line(&format!("after-{i}")).unwrap().seen, t0, "TCP keeps its translation");
@@ -93,13 +92,29 @@ fn next_hop_mac_change(name: &str, tier: Tier) {
         assert!(hits >= 20, "after the change the flows stayed in XDP: {hits} hits; {:?}", end.delta(&mid));
         assert_eq!(installed(&end), installed(&before), "no re-installation was needed");
     }
-    // Every IPv4 frame the gateway sent upstream since went to the new MAC.
-    let frames: Vec<Frame> = h.capture.as_ref().unwrap().snapshot().split_off(mark);
-    let sent: Vec<&Frame> = frames
-        .iter()
-        .filter(|f| f.data.len() > 14 && f.data[6..12] == plan::GW_OUT && f.data[12..14] == [8, 0])
-        .collect();
-    assert!(sent.len() >= 10, "frames sent upstream after the change: {}", sent.len());
+    // Every IPv4 frame the gateway sent upstream with the exchanges after
+    // the change went to the new MAC. The frames are told by their payload,
+    // not by their place in the capture: on a busy machine the capture's
+    // thread lags the wire (CI saw none of them yet when it looked at once,
+    // while the pcap written moments later held them all), so it is waited
+    // for, up to 5 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let sent = loop {
+        let sent: Vec<Frame> = h
+            .capture
+            .as_ref()
+            .unwrap()
+            .snapshot()
+            .into_iter()
+            .filter(|f| f.data.len() > 14 && f.data[6..12] == plan::GW_OUT && f.data[12..14] == [8, 0])
+            .filter(|f| f.data.windows(6).any(|w| w == b"after-"))
+            .collect();
+        if sent.len() >= 10 || Instant::now() >= deadline {
+            break sent;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(sent.len() >= 10, "frames sent upstream with the exchanges after the change: {}", sent.len());
     for f in &sent {
         assert_eq!(f.data[0..6], new_mac, "a frame to the old MAC after the change");
     }
