@@ -24,7 +24,8 @@
 //!   GCP: the instance the forwarding rule's target instance names) and pins
 //!   the egress IP's neighbour entry, on the node router and the upstream
 //!   router, to that gateway's MAC. So only the gateway the cloud API gave
-//!   the address to receives its traffic; ARP answers play no part.
+//!   the address to receives its traffic; ARP answers play no part once an
+//!   address is pinned, and the steps wait for the pin before they use one.
 //!
 //! Checked: discovery and pairing (the tagged addresses only, recorded in
 //! the pool's status; on GCP the pairing is the identity: the egress IP is
@@ -440,13 +441,26 @@ fn retag_out_of_the_pool(cx: &Cx<'_>, holder: Gw) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let released = t.elapsed();
+    // The cloud delivers the second address to the holder: the routing
+    // thread sees it on its next look at the cloud, and pins it. That is
+    // waited for before the node router uses the address. Read at once
+    // after the pod's traffic, it raced: an address not pinned yet is
+    // resolved by ARP, which the holder's dataplane answers once it owns
+    // the address, so on a busy machine the pod left with it while the
+    // thread's calls to the cloud were still under way (CI, stop 58).
+    let on = loop {
+        let on = routing.moves_of(SECOND).last().map(|m| m.1);
+        if on.is_some() || Instant::now() >= deadline {
+            break on;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(on, Some(holder), "the second address is delivered to {}", holder.node_name());
     lab.node()
         .ip_batch(&[format!("route replace default via {SECOND} dev lan0 table 111")])
         .expect("point the node router at the new address");
     let (seen, _) = probe::wait_source(lab.pod(KPod::Db), http, SECOND.into(), Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("db never left with {SECOND} after the retag: {e}"));
-    let on = routing.moves_of(SECOND).last().map(|m| m.1);
-    assert_eq!(on, Some(holder), "the second address is delivered to {}", holder.node_name());
     println!(
         "{tag}: retag: the policy on {SECOND} ({second_public}) after {} ms, {PRIVATE} released after {} ms; db leaves as {seen}",
         moved.as_millis(),
