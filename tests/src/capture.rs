@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -17,7 +17,9 @@ use crate::sys::PacketSocket;
 /// A captured frame.
 #[derive(Clone, Debug)]
 pub struct Frame {
-    /// When it arrived, from the start of the capture.
+    /// When it arrived, from the start of the capture
+    /// ([`Capture::started`]): the kernel's receive time, so a capture
+    /// thread that lags the wire does not move it.
     pub at: Duration,
     /// The frame from its Ethernet header on.
     pub data: Vec<u8>,
@@ -27,8 +29,15 @@ pub struct Frame {
 #[derive(Debug)]
 pub struct Capture {
     what: String,
+    started: Instant,
     stop: Arc<AtomicBool>,
     frames: Arc<Mutex<Vec<Frame>>>,
+    /// How many times the thread found the socket's queue empty: each time,
+    /// every frame the kernel had queued before is in `frames`.
+    drained: Arc<AtomicU64>,
+    /// While the first is set, the thread reads nothing, and says so in the
+    /// second ([`Capture::hold_reading`]).
+    held: Arc<(AtomicBool, AtomicBool)>,
     thread: Option<JoinHandle<Result<Result<()>>>>,
 }
 
@@ -40,36 +49,63 @@ impl Capture {
         let what = format!("{}:{dev}", ns.name());
         let stop = Arc::new(AtomicBool::new(false));
         let frames = Arc::new(Mutex::new(Vec::new()));
+        let drained = Arc::new(AtomicU64::new(0));
+        let held = Arc::new((AtomicBool::new(false), AtomicBool::new(false)));
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (stop2, frames2, what2) = (stop.clone(), frames.clone(), what.clone());
+        let (stop2, frames2, drained2, held2, what2) =
+            (stop.clone(), frames.clone(), drained.clone(), held.clone(), what.clone());
         let thread = ns.spawn_in("capture", move || -> Result<()> {
-            let sock = match PacketSocket::bind(ifindex).and_then(|s| s.set_recv_buffer(64 << 20).map(|_| s)) {
+            // The zero of every frame's `at`, taken before the socket
+            // exists so no frame is stamped before it.
+            let (started, started_wall) = (Instant::now(), SystemTime::now());
+            let sock = match PacketSocket::bind(ifindex)
+                .and_then(|s| s.set_recv_buffer(64 << 20).map(|_| s))
+                .and_then(|s| s.enable_timestamps().map(|_| s))
+            {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = ready_tx.send(Err(LabError::io(format!("capture on {what2}"), e)));
                     return Ok(());
                 }
             };
-            let _ = ready_tx.send(Ok(()));
-            let start = Instant::now();
+            let _ = ready_tx.send(Ok(started));
             let mut buf = vec![0u8; 65536];
+            let keep = |n: usize, buf: &[u8]| {
+                let at = match sock.last_stamp() {
+                    Ok(t) => t.duration_since(started_wall).unwrap_or_default(),
+                    Err(_) => started.elapsed(),
+                };
+                if let Ok(mut v) = frames2.lock() {
+                    v.push(Frame { at, data: buf[..n].to_vec() });
+                }
+            };
             loop {
-                match sock.recv(&mut buf, Duration::from_millis(50)) {
-                    Ok(Some(n)) => {
-                        let f = Frame { at: start.elapsed(), data: buf[..n].to_vec() };
-                        if let Ok(mut v) = frames2.lock() {
-                            v.push(f);
+                let holding = held2.0.load(Ordering::Acquire) && !stop2.load(Ordering::Relaxed);
+                held2.1.store(holding, Ordering::Release);
+                if holding {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                match sock.recv(&mut buf, Duration::ZERO) {
+                    Ok(Some(n)) => keep(n, &buf),
+                    Ok(None) => {
+                        drained2.fetch_add(1, Ordering::AcqRel);
+                        // Stop only once the socket is drained.
+                        if stop2.load(Ordering::Relaxed) {
+                            return Ok(());
+                        }
+                        match sock.recv(&mut buf, Duration::from_millis(50)) {
+                            Ok(Some(n)) => keep(n, &buf),
+                            Ok(None) => {}
+                            Err(e) => return Err(LabError::io(format!("capture on {what2}"), e)),
                         }
                     }
-                    // Stop only once the socket is drained.
-                    Ok(None) if stop2.load(Ordering::Relaxed) => return Ok(()),
-                    Ok(None) => {}
                     Err(e) => return Err(LabError::io(format!("capture on {what2}"), e)),
                 }
             }
         })?;
-        match ready_rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(Ok(())) => {}
+        let started = match ready_rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Ok(started)) => started,
             Ok(Err(e)) => return Err(e),
             Err(_) => {
                 return Err(LabError::Timeout {
@@ -77,14 +113,58 @@ impl Capture {
                     after: Duration::from_secs(5),
                 })
             }
-        }
+        };
         let thread = Some(thread);
-        Ok(Self { what, stop, frames, thread })
+        Ok(Self { what, started, stop, frames, drained, held, thread })
     }
 
-    /// The frames captured so far.
+    /// Stops (`true`) or resumes (`false`) the thread's reading, leaving
+    /// the frames in the kernel's queue: a lagging capture on demand, for
+    /// the capture's own tests. A hold returns once the thread has stopped
+    /// (it may be in the middle of a read for up to 50 ms).
+    pub fn hold_reading(&self, held: bool) -> Result<()> {
+        self.held.0.store(held, Ordering::Release);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while held && !self.held.1.load(Ordering::Acquire) {
+            if Instant::now() >= deadline {
+                return Err(LabError::Timeout {
+                    what: format!("capture on {} to hold its reading", self.what),
+                    after: Duration::from_secs(5),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// The instant every frame's [`Frame::at`] counts from.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The frames captured so far. A frame already on the wire may not be
+    /// among them yet: see [`Capture::caught_up`].
     pub fn snapshot(&self) -> Vec<Frame> {
         self.frames.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// The frames captured so far, once the capture's thread has read every
+    /// frame the kernel had queued for it when this was called: on a busy
+    /// machine the thread lags the wire (CI once saw none of the frames a
+    /// test had just exchanged, while the pcap written moments later held
+    /// them all). Errs if it has not caught up within `within`.
+    pub fn caught_up(&self, within: Duration) -> Result<Vec<Frame>> {
+        // Two more empty queues than now: the second one's look began after
+        // this call, whatever the thread was doing at it.
+        let goal = self.drained.load(Ordering::Acquire) + 2;
+        let deadline = Instant::now() + within;
+        while self.drained.load(Ordering::Acquire) < goal {
+            if Instant::now() >= deadline {
+                return Err(LabError::Timeout { what: format!("capture on {} to catch up", self.what), after: within });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(self.snapshot())
     }
 
     /// Stops the capture and returns every frame.

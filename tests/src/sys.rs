@@ -1,5 +1,6 @@
 //! The lab's raw system calls: raw Ethernet sockets (AF_PACKET) bound to
-//! one interface, a forced socket receive buffer, the open-files limit, and a
+//! one interface and the kernel's receive time of their frames, a forced
+//! socket receive buffer, the open-files limit, and a
 //! pass-everything XDP program for the routers' ports facing the gateway.
 //! (Entering a network namespace is `egret_dataplane::netns`'s.)
 //!
@@ -9,7 +10,13 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// `SIOCGSTAMPNS` (include/uapi/linux/sockios.h; on 64-bit targets the same
+/// number as `SIOCGSTAMPNS_OLD`, whose timespec has a 64-bit `time_t`): the
+/// receive time of the last frame read from a socket.
+#[cfg(target_pointer_width = "64")]
+const SIOCGSTAMPNS: libc::Ioctl = 0x8907;
 
 /// Raises the soft limit on open files to `want` (at most the hard limit);
 /// returns the soft limit now in force.
@@ -110,6 +117,37 @@ impl PacketSocket {
     /// Sets the receive buffer (see [`force_recv_buffer`]).
     pub fn set_recv_buffer(&self, bytes: usize) -> io::Result<()> {
         force_recv_buffer(&self.fd, bytes)
+    }
+
+    /// Has the kernel stamp each frame with its receive time, for
+    /// [`PacketSocket::last_stamp`]: the first `SIOCGSTAMPNS` turns the
+    /// stamps on (socket(7); it fails here, nothing having been read yet).
+    /// Not `SO_TIMESTAMPNS`: with it set the ioctl no longer answers, the
+    /// stamp going to a control message instead.
+    pub fn enable_timestamps(&self) -> io::Result<()> {
+        match self.last_stamp() {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(e) => Err(e),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// When the kernel received the frame [`PacketSocket::recv`] returned
+    /// last (`SIOCGSTAMPNS`): the wire's time, not the reader's, which a
+    /// busy machine can delay by seconds.
+    pub fn last_stamp(&self) -> io::Result<SystemTime> {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: SIOCGSTAMPNS writes one struct timespec to the pointer,
+        // which is valid and writable for it.
+        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), SIOCGSTAMPNS, &mut ts as *mut libc::timespec) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let (secs, nanos) = (u64::try_from(ts.tv_sec), u32::try_from(ts.tv_nsec));
+        match (secs, nanos) {
+            (Ok(s), Ok(n)) => Ok(UNIX_EPOCH + Duration::new(s, n)),
+            _ => Err(io::Error::new(io::ErrorKind::InvalidData, "a negative receive timestamp")),
+        }
     }
 
     /// Sends one frame; returns the bytes sent.

@@ -869,7 +869,11 @@ fn local_policy(lab: &NodeLab, ctx: &mut Ctx, srv: &NetNs, caps: &[(NodeGw, Capt
         rules.contains(&needle),
         format!("kube-proxy on {} drops the VIP's traffic: {needle} ({waited:?})", holder.node_name()),
     );
-    let arp_of = |g: NodeGw| caps.iter().find(|(c, _)| *c == g).map_or((0, 0), |(_, c)| arp_for_vip(&c.snapshot(), g));
+    let arp_of = |g: NodeGw| {
+        caps.iter().find(|(c, _)| *c == g).map_or((0, 0), |(_, c)| {
+            arp_for_vip(&c.caught_up(Duration::from_secs(10)).expect("the capture catches up"), g)
+        })
+    };
     let drops_before = mark_drop_packets(&ctx.proxies[holder.node_name()]);
     let (asked_before, answered_before) = arp_of(holder);
     let vip_tcp = SocketAddr::new(VIP.into(), TCP_PORT);

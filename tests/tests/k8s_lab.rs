@@ -201,7 +201,7 @@ fn bring_up(lab: &K8sLab, server: &ApiServer) -> Ctx {
 
     // Capture the upstream link from before the gateways start.
     let capture = Capture::start(lab.upstream(), "lan0").expect("capture the upstream link");
-    let cap_t0 = Instant::now();
+    let cap_t0 = capture.started();
 
     let mut gws = Gateways { gws: Vec::new() };
     for g in Gw::PAIR {
@@ -465,7 +465,7 @@ fn failover_and_api_outage(lab: &K8sLab, server: &ApiServer) {
         "the fenced holder drops the pods' packets (ownership_expired or egress_ip_not_owned: {not_served})"
     );
     // The translated flow stops on the wire too.
-    let frames = capture.snapshot();
+    let frames = capture.caught_up(Duration::from_secs(10)).expect("the capture catches up");
     let vip_after = frames
         .iter()
         .filter(|f| cap_t0 + f.at > fence_at + Duration::from_millis(250))

@@ -469,7 +469,7 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     let (gw_kc, node_kc) = rt.block_on(egret_kubeconfigs(&client, server.kubeconfig_path(), lab.dir()));
     let gws = start_node_lab_gateways(lab, &gw_kc);
     let agent = start_synced_agent(lab, w, &node_kc, &[]);
-    let agent_started = capture.snapshot().len();
+    let agent_started = capture.caught_up(Duration::from_secs(10)).expect("the capture catches up").len();
     let took = probe::wait_source(lab.pod("w1-sel"), NodeLab::http(), EIP.into(), Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("w1-sel: {e}"))
         .1;
@@ -500,7 +500,7 @@ fn scenario(lab: &NodeLab, server: &ApiServer) {
     let differ = changed(&before, &after);
 
     // The hostPort's replies left w1 for the upstream router, not a gateway.
-    let frames = capture.snapshot();
+    let frames = capture.caught_up(Duration::from_secs(10)).expect("the capture catches up");
     let node_mac = mac_of(node, "lan0");
     let senders = replies_by_sender(&frames[agent_started..], &[w.lan_addr().into(), w.lan_addr6().into()], HOST_PORT);
     let via_gateway = senders.iter().filter(|m| NodeGw::ALL.iter().any(|g| g.mac() == **m)).count();

@@ -1,7 +1,8 @@
 //! The lab itself, without Egret: every pod reaches the server through the
 //! gateway's kernel, untranslated (so any translation seen in the other
 //! tests is Egret's doing), in both cablings. Also checks that nothing
-//! answers ARP for the egress IPs while Egret is not running.
+//! answers ARP for the egress IPs while Egret is not running, and that the
+//! capture the tests read frames from keeps up with the wire.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use egret_tests::client;
 use egret_tests::frames::{parse_arp, RawLink};
 use egret_tests::gateway::GatewayConfig;
 use egret_tests::lab::{Arm, Lab, LabOptions};
+use egret_tests::netns::NetNs;
 use egret_tests::plan::{self, Pod};
 
 fn kernel_path(arm: Arm) {
@@ -118,4 +120,51 @@ fn reference_kernel_snat_pmtu() {
     let r = client::http(lab.pod(Pod::C), Pod::C.http_endpoint(), "/upload", 2 << 20).unwrap();
     assert_eq!(r.seen.ip(), std::net::IpAddr::from(plan::E2));
     assert_eq!(r.rest, format!("POST /upload received={}", 2 << 20));
+}
+
+/// The capture the tests read frames from, held behind the wire on purpose:
+/// [`Capture::caught_up`] waits until every frame already on the wire is
+/// read (not returning while the thread is held), and each frame's `at` is
+/// when the kernel received it, not when the lagging thread read it.
+#[test]
+fn a_lagging_capture_catches_up_and_keeps_the_wires_times() {
+    if !egret_tests::lab_available("a_lagging_capture_catches_up_and_keeps_the_wires_times") {
+        return;
+    }
+    let ns = NetNs::create(&format!("{}{}xcap", egret_tests::lab::TEST_PREFIX, std::process::id())).unwrap();
+    ns.ip_batch(&[
+        "link add cap0 type veth peer name cap1".into(),
+        "link set cap0 up".into(),
+        "link set cap1 up".into(),
+    ])
+    .unwrap();
+    let cap = Capture::start(&ns, "cap1").unwrap();
+    let tx = RawLink::open(&ns, "cap0").unwrap();
+    // An EtherType nobody answers, told apart by its first payload byte.
+    let frame = |n: u8| {
+        let mut f = vec![0x02, 0, 0, 0, 0, 0x01, 0x02, 0, 0, 0, 0, 0x02, 0x88, 0xb5];
+        f.extend([n; 46]);
+        f
+    };
+    let of = |frames: &[capture::Frame], n: u8| frames.iter().find(|f| f.data == frame(n)).map(|f| f.at);
+
+    cap.hold_reading(true).unwrap();
+    let sent_first = cap.started().elapsed();
+    tx.send(&frame(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    tx.send(&frame(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(cap.caught_up(Duration::from_millis(200)).is_err(), "a held capture does not claim to have caught up");
+    assert_eq!(of(&cap.snapshot(), 1), None, "the held thread read nothing");
+    let released = cap.started().elapsed();
+    cap.hold_reading(false).unwrap();
+    let frames = cap.caught_up(Duration::from_secs(5)).unwrap();
+    let (first, second) = (of(&frames, 1).expect("the first frame"), of(&frames, 2).expect("the second frame"));
+    println!("sent at {sent_first:?}, released at {released:?}: stamped {first:?} and {second:?}");
+    // Stamps taken at the read would be both at the release, 600 ms after
+    // the first send. The bounds leave room for a busy machine's delays in
+    // the kernel's own receive path.
+    assert!(first >= sent_first, "the first frame is stamped after it was sent");
+    assert!(second >= first + Duration::from_millis(100), "the frames' spacing on the wire: {:?}", second - first);
+    assert!(second + Duration::from_millis(200) < released, "stamped when sent, not when read");
 }

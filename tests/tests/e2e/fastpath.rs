@@ -94,26 +94,20 @@ fn next_hop_mac_change(name: &str, tier: Tier) {
     }
     // Every IPv4 frame the gateway sent upstream with the exchanges after
     // the change went to the new MAC. The frames are told by their payload,
-    // not by their place in the capture: on a busy machine the capture's
-    // thread lags the wire (CI saw none of them yet when it looked at once,
-    // while the pcap written moments later held them all), so it is waited
-    // for, up to 5 s.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let sent = loop {
-        let sent: Vec<Frame> = h
-            .capture
-            .as_ref()
-            .unwrap()
-            .snapshot()
-            .into_iter()
-            .filter(|f| f.data.len() > 14 && f.data[6..12] == plan::GW_OUT && f.data[12..14] == [8, 0])
-            .filter(|f| f.data.windows(6).any(|w| w == b"after-"))
-            .collect();
-        if sent.len() >= 10 || Instant::now() >= deadline {
-            break sent;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    // not by their place in the capture, and the capture is let catch up
+    // with the wire first: on a busy machine its thread lags (CI saw none of
+    // them yet when it looked at once, while the pcap written moments later
+    // held them all).
+    let sent: Vec<Frame> = h
+        .capture
+        .as_ref()
+        .unwrap()
+        .caught_up(Duration::from_secs(10))
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.data.len() > 14 && f.data[6..12] == plan::GW_OUT && f.data[12..14] == [8, 0])
+        .filter(|f| f.data.windows(6).any(|w| w == b"after-"))
+        .collect();
     assert!(sent.len() >= 10, "frames sent upstream with the exchanges after the change: {}", sent.len());
     for f in &sent {
         assert_eq!(f.data[0..6], new_mac, "a frame to the old MAC after the change");
@@ -262,7 +256,7 @@ fn reload_stops_flows(name: &str, tier: Tier, removal: Removal) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let done = h.counters().unwrap();
-    let mark = h.capture.as_ref().unwrap().snapshot().len();
+    let mark = h.capture.as_ref().unwrap().caught_up(Duration::from_secs(10)).unwrap().len();
     if tier == Tier::FastPath {
         let fenced = done.get_path("fast_path.removals.fenced") - before.get_path("fast_path.removals.fenced");
         assert_eq!(fenced, 2, "both sessions were taken out of the kernel by the reload");
@@ -275,7 +269,7 @@ fn reload_stops_flows(name: &str, tier: Tier, removal: Removal) {
     std::thread::sleep(Duration::from_millis(300));
     let end = h.counters().unwrap();
     assert_eq!(end.fast_path_hits(), done.fast_path_hits(), "nothing translated in XDP after the reload completed");
-    let frames: Vec<Frame> = h.capture.as_ref().unwrap().snapshot().split_off(mark);
+    let frames: Vec<Frame> = h.capture.as_ref().unwrap().caught_up(Duration::from_secs(10)).unwrap().split_off(mark);
     let as_e2 = frames.iter().filter(|f| ipv4_src(&f.data) == Some(e2)).count();
     assert_eq!(as_e2, 0, "{as_e2} frames left as E2 after the reload completed");
     match (removal, after_udp) {

@@ -95,7 +95,7 @@ fn malformed_counted(name: &str, tier: Tier) {
 
     // The fixture's good frame, injected the same way, leaves translated
     // byte for byte as the fixture table expects.
-    let sent_at = h.capture.as_ref().unwrap().snapshot().len();
+    let sent_at = h.capture.as_ref().unwrap().caught_up(Duration::from_secs(10)).unwrap().len();
     node.send(&good_in).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     loop {

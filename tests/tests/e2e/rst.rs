@@ -82,7 +82,8 @@ fn a_forged_rst_closes_an_offloaded_session_only_inside_the_pods_window() {
     std::thread::sleep(Duration::from_millis(500)); // the pod's delayed ACK
     let hits = h.counters().unwrap().fast_path_hits() - bulk.fast_path_hits();
     assert!(hits > 1000, "the bulk data went through XDP: {hits} hits");
-    let rcv_nxt = last_ack(&cap.snapshot(), ext, server).expect("the pod's segments at the server");
+    let rcv_nxt = last_ack(&cap.caught_up(Duration::from_secs(10)).unwrap(), ext, server)
+        .expect("the pod's segments at the server");
 
     let up = RawLink::open(h.lab.upstream(), "gw").unwrap();
     let forged = |seq: u32| {
@@ -111,7 +112,8 @@ fn a_forged_rst_closes_an_offloaded_session_only_inside_the_pods_window() {
     assert_eq!(s["offloaded"].as_bool(), Some(true), "{s}");
     assert_eq!(conn.line("still here").unwrap().seen, ext, "the connection lives on");
     std::thread::sleep(Duration::from_millis(500));
-    let rcv_nxt = last_ack(&cap.snapshot(), ext, server).expect("the pod's segments at the server");
+    let rcv_nxt = last_ack(&cap.caught_up(Duration::from_secs(10)).unwrap(), ext, server)
+        .expect("the pod's segments at the server");
 
     // The pod's next expected sequence number: the session closes (and the
     // pod's socket is reset: RFC 5961 3.2, an exact match).
