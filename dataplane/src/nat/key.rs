@@ -218,17 +218,20 @@ impl NatAddr for Ipv6Addr {
         h.write_u64(b);
     }
 
+    // An address is kept as its octets read as two native-endian words:
+    // no byte swap either way (a `u128` of the address would cost two
+    // swaps per address, and an established packet unpacks three).
     fn pack(t: &SessionTuple<Self>, meta: u32) -> [u64; 8] {
-        let p = u128::from(t.pod);
-        let r = u128::from(t.remote);
-        let e = u128::from(t.egress);
+        let [p0, p1] = split_ne(t.pod);
+        let [r0, r1] = split_ne(t.remote);
+        let [e0, e1] = split_ne(t.egress);
         [
-            (p >> 64) as u64,
-            p as u64,
-            (r >> 64) as u64,
-            r as u64,
-            (e >> 64) as u64,
-            e as u64,
+            p0,
+            p1,
+            r0,
+            r1,
+            e0,
+            e1,
             (u64::from(t.pod_port) << 40)
                 | (u64::from(t.remote_port) << 24)
                 | (u64::from(t.egress_port) << 8)
@@ -238,7 +241,12 @@ impl NatAddr for Ipv6Addr {
     }
 
     fn unpack(w: &[u64; 8]) -> (SessionTuple<Self>, u32) {
-        let join = |hi: u64, lo: u64| Ipv6Addr::from((u128::from(hi) << 64) | u128::from(lo));
+        let join = |a: u64, b: u64| {
+            let mut o = [0u8; 16];
+            o[..8].copy_from_slice(&a.to_ne_bytes());
+            o[8..].copy_from_slice(&b.to_ne_bytes());
+            Ipv6Addr::from(o)
+        };
         let t = SessionTuple {
             pod: join(w[0], w[1]),
             remote: join(w[2], w[3]),
@@ -257,6 +265,17 @@ impl NatAddr for Ipv6Addr {
             IpAddr::V4(_) => None,
         }
     }
+}
+
+/// An IPv6 address's octets as two native-endian words (the session slot's
+/// form, [`NatAddr::pack`]).
+#[inline]
+fn split_ne(a: Ipv6Addr) -> [u64; 2] {
+    let o = a.octets();
+    let mut w = [[0u8; 8]; 2];
+    w[0].copy_from_slice(&o[..8]);
+    w[1].copy_from_slice(&o[8..]);
+    [u64::from_ne_bytes(w[0]), u64::from_ne_bytes(w[1])]
 }
 
 #[cfg(test)]
