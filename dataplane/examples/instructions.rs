@@ -41,6 +41,7 @@ mod common;
 
 use std::fmt::Write as _;
 use std::hint::black_box;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
@@ -77,7 +78,7 @@ impl Case {
 /// What a case's process builds before the measured loop.
 enum Setup {
     /// `sessions` live sessions; frames of random ones among them, outbound or replies.
-    Established { sessions: u64, reply: bool },
+    Established { sessions: u64, reply: bool, v6: bool },
     /// A fresh engine; one frame per distinct new flow; translation logs
     /// on when `true` (a ring holding every record: the workers' own cost).
     NewFlow(MappingBehavior, bool),
@@ -95,25 +96,37 @@ const CASES: &[Case] = &[
         name: "established_outbound_1k",
         iters: 20_000,
         what: "established UDP packet, pod to remote, 1,000 sessions (EIM)",
-        setup: Setup::Established { sessions: 1000, reply: false },
+        setup: Setup::Established { sessions: 1000, reply: false, v6: false },
     },
     Case {
         name: "established_reply_1k",
         iters: 20_000,
         what: "established UDP reply, remote to pod, 1,000 sessions (EIM)",
-        setup: Setup::Established { sessions: 1000, reply: true },
+        setup: Setup::Established { sessions: 1000, reply: true, v6: false },
+    },
+    Case {
+        name: "established_v6_outbound_1k",
+        iters: 20_000,
+        what: "established IPv6 UDP packet, pod to remote, 1,000 sessions (EIM)",
+        setup: Setup::Established { sessions: 1000, reply: false, v6: true },
+    },
+    Case {
+        name: "established_v6_reply_1k",
+        iters: 20_000,
+        what: "established IPv6 UDP reply, remote to pod, 1,000 sessions (EIM)",
+        setup: Setup::Established { sessions: 1000, reply: true, v6: true },
     },
     Case {
         name: "established_outbound_100k",
         iters: 20_000,
         what: "established UDP packet, pod to remote, 100,000 sessions (EIM)",
-        setup: Setup::Established { sessions: 100_000, reply: false },
+        setup: Setup::Established { sessions: 100_000, reply: false, v6: false },
     },
     Case {
         name: "established_reply_100k",
         iters: 20_000,
         what: "established UDP reply, remote to pod, 100,000 sessions (EIM)",
-        setup: Setup::Established { sessions: 100_000, reply: true },
+        setup: Setup::Established { sessions: 100_000, reply: true, v6: false },
     },
     Case {
         name: "new_flow_eim",
@@ -183,12 +196,8 @@ fn icount_measured_sweep(w: &mut Pipeline, engine: &Engine, now: egret_dataplane
 fn run_case(name: &str) -> Result<(), String> {
     let case = CASES.iter().find(|c| c.name == name).ok_or_else(|| format!("no case {name}"))?;
     let forwarded = match case.setup {
-        Setup::Established { sessions: n, reply } => {
-            let (engine, mut w, sh) = common::populated(n, MappingBehavior::EndpointIndependent);
-            let (out, back) = common::frames(&engine, n, sh, ESTABLISHED_FRAMES, 9);
-            let (frames, ingress) = if reply { (back, fixtures::OUTSIDE) } else { (out, fixtures::INSIDE) };
-            icount_measured(&mut w, black_box(&frames), ingress, case.iters)
-        }
+        Setup::Established { sessions: n, reply, v6: false } => established::<Ipv4Addr>(case, n, reply),
+        Setup::Established { sessions: n, reply, v6: true } => established::<Ipv6Addr>(case, n, reply),
         Setup::NewFlow(mapping, logged) => new_flows(case, mapping, logged, None, 4096),
         Setup::NewFlowInBlocks(blocks) => {
             new_flows(case, MappingBehavior::EndpointIndependent, false, Some(blocks), BLOCK_PODS)
@@ -219,6 +228,15 @@ fn run_case(name: &str) -> Result<(), String> {
         return Err(format!("{name}: {forwarded} of {} frames forwarded (all must be)", case.iters));
     }
     Ok(())
+}
+
+/// An established case of family `A`: `n` sessions, then the measured
+/// loop over their outbound (or reply) frames.
+fn established<A: common::Family>(case: &Case, n: u64, reply: bool) -> u64 {
+    let (engine, mut w, sh) = common::populated_in::<A>(n, MappingBehavior::EndpointIndependent);
+    let (out, back) = common::frames_in::<A>(&engine, n, sh, ESTABLISHED_FRAMES, 9);
+    let (frames, ingress) = if reply { (back, fixtures::OUTSIDE) } else { (out, fixtures::INSIDE) };
+    icount_measured(&mut w, black_box(&frames), ingress, case.iters)
 }
 
 /// A new-flow case, as the criterion benchmark `new_flow`: a fresh engine,
