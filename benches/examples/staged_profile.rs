@@ -4,14 +4,16 @@
 //! thread's own CPU time, so a busy machine's other work is not counted
 //! (its effect on the caches still is).
 //!
-//! `staged_profile SESSIONS ROUNDS ITERS [v6]` (defaults 1000000 5 4000000;
-//! `v6`: the same population in IPv6, common::Family).
+//! `staged_profile SESSIONS ROUNDS ITERS [v6] [tunnel]` (defaults 1000000
+//! 5 4000000; `v6`: the same population in IPv6, common::Family;
+//! `tunnel`: the outbound frames come through the VXLAN tunnel from a
+//! worker node in another subnet, the replies as always).
 #![allow(clippy::print_stdout, clippy::expect_used)]
 
 #[path = "../benches/common/mod.rs"]
 mod common;
 
-use std::net::Ipv6Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use egret_dataplane::fixtures;
 use egret_dataplane::tables::MappingBehavior;
@@ -19,16 +21,26 @@ use egret_dataplane::tables::MappingBehavior;
 fn main() {
     let arg = |i: usize, d: u64| std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (n, rounds, iters) = (arg(1, 1_000_000), arg(2, 5), arg(3, 4_000_000));
-    let v6 = std::env::args().nth(4).as_deref() == Some("v6");
-    let (_engine, mut w, _, (out, back)) = if v6 {
-        let (engine, w, sh) = common::populated_in::<Ipv6Addr>(n, MappingBehavior::EndpointIndependent);
+    let flag = |name: &str| std::env::args().skip(4).any(|a| a == name);
+    let (v6, tunnel) = (flag("v6"), flag("tunnel"));
+    let edit = |spec: &mut _| {
+        if tunnel {
+            common::with_tunnel(spec);
+        }
+    };
+    let eim = MappingBehavior::EndpointIndependent;
+    let (_engine, mut w, _, (mut out, back)) = if v6 {
+        let (engine, w, sh) = common::populated_with::<Ipv6Addr>(n, eim, edit);
         let frames = common::frames_in::<Ipv6Addr>(&engine, n, sh, 1 << 16, 9);
         (engine, w, sh, frames)
     } else {
-        let (engine, w, sh) = common::populated(n, MappingBehavior::EndpointIndependent);
+        let (engine, w, sh) = common::populated_with::<Ipv4Addr>(n, eim, edit);
         let frames = common::frames(&engine, n, sh, 1 << 16, 9);
         (engine, w, sh, frames)
     };
+    if tunnel {
+        out = common::through_tunnel(&out);
+    }
     let batches = [0usize, 8, 16, 32, 64];
     let mut ns = vec![vec![Vec::new(); batches.len()]; 2];
     for _ in 0..rounds {
@@ -46,8 +58,9 @@ fn main() {
         }
     }
     println!(
-        "{n} {}sessions, {rounds} rounds of {iters} packets; ns of this thread's CPU time per packet, median (min-max)",
-        if v6 { "IPv6 " } else { "" }
+        "{n} {}sessions{}, {rounds} rounds of {iters} packets; ns of this thread's CPU time per packet, median (min-max)",
+        if v6 { "IPv6 " } else { "" },
+        if tunnel { ", outbound through the tunnel" } else { "" }
     );
     for (d, name) in ["outbound", "reply"].iter().enumerate() {
         for (b, &batch) in batches.iter().enumerate() {

@@ -16,7 +16,7 @@ use egret_dataplane::nat::rewrite::IpFamily;
 use egret_dataplane::nat::table::{CreateCtx, DeltaFnBox, NatTable, OutboundRequest};
 use egret_dataplane::policy::PolicyId;
 use egret_dataplane::stats::WorkerStats;
-use egret_dataplane::tables::{EgressIpSpec, MappingBehavior, PolicySpec, TablesSpec};
+use egret_dataplane::tables::{EgressIpSpec, MappingBehavior, PolicySpec, TablesSpec, TunnelSpec};
 
 /// Egress IPs in the benchmark configuration.
 pub const EGRESS_IPS: u8 = 64;
@@ -127,7 +127,19 @@ pub fn populated(n: u64, mapping: MappingBehavior) -> (Engine, Pipeline, (u64, u
 
 /// [`populated`] in family `A`.
 pub fn populated_in<A: Family>(n: u64, mapping: MappingBehavior) -> (Engine, Pipeline, (u64, u64, u64)) {
-    let engine = Engine::new(&spec_in::<A>((n as usize + n as usize / 8).max(1024), mapping)).unwrap();
+    populated_with::<A>(n, mapping, |_| {})
+}
+
+/// [`populated_in`] with the configuration changed by `edit` first (for
+/// example [`with_tunnel`]).
+pub fn populated_with<A: Family>(
+    n: u64,
+    mapping: MappingBehavior,
+    edit: impl FnOnce(&mut TablesSpec),
+) -> (Engine, Pipeline, (u64, u64, u64)) {
+    let mut spec = spec_in::<A>((n as usize + n as usize / 8).max(1024), mapping);
+    edit(&mut spec);
+    let engine = Engine::new(&spec).unwrap();
     engine.publish_fib(fixtures::topology());
     let worker = engine.pipeline_seeded(PortRng::new(42));
     let tables = engine.tables();
@@ -180,6 +192,22 @@ pub fn frames_in<A: Family>(
         back.push(b.frame());
     }
     (out, back)
+}
+
+/// The VXLAN tunnel from the fixtures' worker node in another subnet
+/// (`fixtures::TUNNEL_NODE`, `TUNNEL_NODE6`) to the egress IPs.
+pub fn with_tunnel(spec: &mut TablesSpec) {
+    spec.tunnel = Some(TunnelSpec {
+        port: egret_dataplane::wire::vxlan::DEFAULT_PORT,
+        nodes: vec![IpAddr::V4(fixtures::TUNNEL_NODE), IpAddr::V6(fixtures::TUNNEL_NODE6)],
+    });
+}
+
+/// `frames` (a pod's, as its node hands them over) as that node sends them
+/// through the tunnel instead, to egress IP 0 of their family (the
+/// fixtures' E1 and E6; [`with_tunnel`]).
+pub fn through_tunnel(frames: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    frames.iter().enumerate().map(|(i, f)| fixtures::tunnelled(f, i as u16).expect("an IP frame")).collect()
 }
 
 /// Processes `frames` cyclically `iters` times; returns how many were forwarded.

@@ -3,8 +3,8 @@
 //! waits overlap instead of being paid one frame after another.
 //!
 //! 1. [`Pipeline::prefetch_flow`] for every frame: read the 5-tuple of an
-//!    IPv4 or IPv6 TCP or UDP frame, prefetch the worker's flow-cache entry
-//!    for it.
+//!    IPv4 or IPv6 TCP or UDP frame (of a tunnel frame's inner frame),
+//!    prefetch the worker's flow-cache entry for it.
 //! 2. [`Pipeline::prefetch_session`] for every frame: read that entry and
 //!    prefetch the session slot it names; an empty entry (a flow this
 //!    worker has not seen) has the session index's lines for the key
@@ -87,9 +87,14 @@ impl Pipeline {
     /// Stage 1: prefetches the flow-cache entry of an untagged IPv4 TCP or
     /// UDP frame (no options, not a fragment), or of an untagged IPv6 one
     /// (TCP or UDP right after the fixed header); anything else is left to
-    /// `process` unstaged.
+    /// `process` unstaged. A frame from the tunnel ([`crate::tunnel`]) is
+    /// staged by its inner frame, the one `process` looks up.
     #[inline]
-    pub fn prefetch_flow(&self, frame: &[u8]) -> Staged {
+    pub fn prefetch_flow(&mut self, frame: &[u8]) -> Staged {
+        let frame = match self.tables.load().tunnel() {
+            Some(t) => tunnel_inner(frame, t.port).unwrap_or(frame),
+            None => frame,
+        };
         Staged(match frame.get(12..14) {
             Some([0x08, 0x00]) => flow_key_v4(frame).map_or(Flow::None, |k| Flow::V4(self.flows.v4.prefetch(&k), k)),
             Some([0x86, 0xdd]) => flow_key_v6(frame)
@@ -151,6 +156,26 @@ fn prefetch_session<A: NatAddr>(
             Asked::MapLines
         }
     }
+}
+
+/// The inner frame of `frame` if it is UDP to the tunnel's `port` with a
+/// VXLAN header: an outer IPv4 header without options, or an outer IPv6
+/// header followed directly by UDP. Only a hint, as the keys are:
+/// [`crate::tunnel::decapsulate`] judges the frame in `process`.
+#[inline]
+fn tunnel_inner(frame: &[u8], port: u16) -> Option<&[u8]> {
+    const V4: usize = ethernet::HEADER_LEN + crate::wire::ipv4::MIN_HEADER_LEN;
+    const V6: usize = ethernet::HEADER_LEN + ipv6::HEADER_LEN;
+    let l4 = match frame.get(..V6)? {
+        h if h[12..14] == [0x08, 0x00] && h[14] == 0x45 && h[23] == proto::UDP => V4,
+        h if h[12..14] == [0x86, 0xdd] && h[20] == proto::UDP => V6,
+        _ => return None,
+    };
+    let dport = frame.get(l4 + 2..l4 + 4)?;
+    if u16::from_be_bytes([dport[0], dport[1]]) != port {
+        return None;
+    }
+    frame.get(l4 + crate::wire::udp::HEADER_LEN + crate::wire::vxlan::HEADER_LEN..)
 }
 
 /// The 5-tuple of an untagged IPv4 TCP/UDP frame with a 20-byte header
@@ -224,7 +249,7 @@ mod tests {
         // What stage 1 keeps of it: its flow-cache entry and its place in
         // the IPv6 session index (where stage 2 asks when the entry is empty).
         let engine = Engine::new(&fixtures::base_spec()).unwrap();
-        let w = engine.pipeline();
+        let mut w = engine.pipeline();
         let place = engine.nat6().sessions.place(&key6);
         assert_eq!(w.prefetch_flow(&f6), Staged(Flow::V6(w.flows.v6.prefetch(&key6), place)));
         // Not staged: an extension header first (a fragment header here),
@@ -240,31 +265,27 @@ mod tests {
     /// builds its frames, `sessions` counts the family's sessions, `stale`
     /// is what stage 3 asks for once the flow's entry names an ended
     /// session.
-    fn stages_follow_a_flow(
-        flow: impl Fn(u16) -> fixtures::build::Packet,
-        sessions: impl Fn(&Engine) -> usize,
-        stale: Asked,
-    ) {
+    fn stages_follow_a_flow(flow: impl Fn(u16) -> Vec<u8>, sessions: impl Fn(&Engine) -> usize, stale: Asked) {
         let engine = Engine::new(&fixtures::base_spec()).unwrap();
         engine.publish_fib(fixtures::topology());
         let mut w = engine.pipeline();
         let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
-        let f = flow(40000).frame();
-        let stages = |w: &Pipeline, f: &[u8]| {
+        let f = flow(40000);
+        let stages = |w: &mut Pipeline, f: &[u8]| {
             let s = w.prefetch_flow(f);
             (w.prefetch_session(s), w.prefetch_lookup(s))
         };
         // A flow this worker has not seen: its entry is empty, the index is asked.
-        assert_eq!(stages(&w, &f), (Asked::MapLines, Asked::Nothing));
+        assert_eq!(stages(&mut w, &f), (Asked::MapLines, Asked::Nothing));
         // Made, then its next packet found in the index: the entry names it.
         for _ in 0..2 {
-            let mut f = flow(40000).frame();
+            let mut f = flow(40000);
             let len = f.len();
             assert!(matches!(w.process(&mut f, len, meta, Timestamp::from_secs(1)), Verdict::Forward { .. }));
         }
         assert_eq!(sessions(&engine), 1);
         // Established: the entry names its slot, which holds it.
-        assert_eq!(stages(&w, &f), (Asked::Slot, Asked::Nothing));
+        assert_eq!(stages(&mut w, &f), (Asked::Slot, Asked::Nothing));
         // Its session ended: the entry still names the slot, which no longer
         // holds the flow, so (IPv4) the index is asked as well.
         let mut later = 1;
@@ -272,28 +293,62 @@ mod tests {
             later += 100_000;
             w.tick(Timestamp::from_secs(later), 4096);
         }
-        assert_eq!(stages(&w, &f), (Asked::Slot, stale));
+        assert_eq!(stages(&mut w, &f), (Asked::Slot, stale));
         // Not a TCP/UDP frame: nothing staged.
         let ping = fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), fixtures::echo(true, 1, 1));
-        assert_eq!(stages(&w, &ping.frame()), (Asked::Nothing, Asked::Nothing));
+        assert_eq!(stages(&mut w, &ping.frame()), (Asked::Nothing, Asked::Nothing));
+    }
+
+    fn udp4(port: u16) -> Vec<u8> {
+        fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), fixtures::udp(port, 53, b"q")).frame()
+    }
+
+    fn udp6(port: u16) -> Vec<u8> {
+        fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), fixtures::udp(port, 53, b"q")).frame()
     }
 
     #[test]
     fn each_stage_asks_for_the_lines_process_reads() {
-        stages_follow_a_flow(
-            |port| fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), fixtures::udp(port, 53, b"q")),
-            |e| e.nat4().sessions.len(),
-            Asked::MapLines,
-        );
+        stages_follow_a_flow(udp4, |e| e.nat4().sessions.len(), Asked::MapLines);
     }
 
     #[test]
     fn an_ipv6_flow_is_staged_as_an_ipv4_one() {
-        stages_follow_a_flow(
-            |port| fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), fixtures::udp(port, 53, b"q")),
-            |e| e.nat6().sessions.len(),
-            Asked::Nothing,
+        stages_follow_a_flow(udp6, |e| e.nat6().sessions.len(), Asked::Nothing);
+    }
+
+    /// A frame from the tunnel is staged by the flow of its inner frame,
+    /// the one `process` looks up, in both families.
+    #[test]
+    fn a_tunnelled_flow_is_staged_by_its_inner_frame() {
+        let tunnelled = |f: Vec<u8>| fixtures::tunnelled(&f, 1).expect("an IP frame");
+        stages_follow_a_flow(|port| tunnelled(udp4(port)), |e| e.nat4().sessions.len(), Asked::MapLines);
+        stages_follow_a_flow(|port| tunnelled(udp6(port)), |e| e.nat6().sessions.len(), Asked::Nothing);
+        let engine = Engine::new(&fixtures::base_spec()).unwrap();
+        let mut w = engine.pipeline();
+        for f in [udp4(40000), udp6(40000)] {
+            let inner = w.prefetch_flow(&f);
+            assert!(inner.is_flow());
+            assert_eq!(w.prefetch_flow(&tunnelled(f.clone())), inner);
+        }
+        // UDP to another port, or without a tunnel configured: the outer
+        // frame's own flow.
+        let f = tunnelled(udp4(40000));
+        let mut other = f.clone();
+        let dport = ethernet::HEADER_LEN + crate::wire::ipv4::MIN_HEADER_LEN + 2;
+        other[dport..dport + 2].copy_from_slice(&4790u16.to_be_bytes());
+        assert_eq!(
+            w.prefetch_flow(&other),
+            Staged(Flow::V4(w.flows.v4.prefetch(&outer_key(&other)), outer_key(&other)))
         );
+        let spec = crate::tables::TablesSpec { tunnel: None, ..fixtures::base_spec() };
+        let engine = Engine::new(&spec).unwrap();
+        let mut w = engine.pipeline();
+        assert_eq!(w.prefetch_flow(&f), Staged(Flow::V4(w.flows.v4.prefetch(&outer_key(&f)), outer_key(&f))));
+    }
+
+    fn outer_key(f: &[u8]) -> FlowKey<Ipv4Addr> {
+        flow_key_v4(f).expect("an IPv4 UDP frame")
     }
 
     #[test]
@@ -307,7 +362,7 @@ mod tests {
             let meta = RxMeta { ifindex: fixtures::INSIDE, checksum: ChecksumHint::Unknown };
             let mut out = Vec::new();
             for round in 0..3u64 {
-                // Both families, interleaved.
+                // Both families, interleaved, some through the tunnel.
                 let mut frames: Vec<Vec<u8>> = (0..16u16)
                     .map(|p| {
                         let (pod, server) = if p % 2 == 0 {
@@ -315,7 +370,13 @@ mod tests {
                         } else {
                             (fixtures::POD6.into(), fixtures::SERVER6.into())
                         };
-                        fixtures::from_pod(pod, server, fixtures::udp(40000 + p, 53, b"q")).frame()
+                        let f = fixtures::from_pod(pod, server, fixtures::udp(40000 + p, 53, b"q")).frame();
+                        // Every fourth pair through the tunnel.
+                        if p % 8 >= 6 {
+                            fixtures::tunnelled(&f, p).expect("an IP frame")
+                        } else {
+                            f
+                        }
                     })
                     .collect();
                 if staged {

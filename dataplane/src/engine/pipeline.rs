@@ -45,7 +45,7 @@ use crate::wire::ethernet::{self, EthernetAddress};
 /// One worker's handle on the engine.
 pub struct Pipeline {
     pub(super) shared: Arc<Shared>,
-    tables: Cache<Arc<ArcSwap<Tables>>, Arc<Tables>>,
+    pub(super) tables: Cache<Arc<ArcSwap<Tables>>, Arc<Tables>>,
     fib: Cache<Arc<ArcSwap<Fib>>, Arc<Fib>>,
     ingress: Cache<Arc<ArcSwap<Ingress>>, Arc<Ingress>>,
     stats: Arc<WorkerStats>,
