@@ -73,6 +73,46 @@ struct Outer {
     end: usize,
 }
 
+/// What a frame's raw bytes say about it being UDP to a port, before any
+/// parse ([`glance`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Glance {
+    /// An untagged IPv4 (no options) or IPv6 (UDP right after the fixed
+    /// header) datagram to the port; its UDP header starts here.
+    ToPort(usize),
+    /// An untagged IPv4 or IPv6 frame that is not: never the tunnel's.
+    Not,
+    /// Not an untagged IP frame (a VLAN tag, ARP, ...): [`outer`] judges.
+    Unknown,
+}
+
+/// Whether an untagged IP frame is UDP to `port`, read on the raw bytes
+/// at fixed offsets. Every frame of a gateway with a tunnel configured
+/// asks (replies included), so the frames that are not the tunnel's skip
+/// [`outer`]'s parse; `Not` only where `outer` and the port test would
+/// refuse the frame too (`glance_agrees_with_the_parse`). The batch's
+/// staging asks it for the inner frame of a tunnel frame.
+#[inline]
+pub(crate) fn glance(frame: &[u8], port: u16) -> Glance {
+    const V4: usize = ethernet::HEADER_LEN + ipv4::MIN_HEADER_LEN;
+    const V6: usize = ethernet::HEADER_LEN + ipv6::HEADER_LEN;
+    let l4 = match frame.get(12..14) {
+        Some([0x08, 0x00]) => match frame.get(14..24) {
+            Some(h) if h[0] == 0x45 && h[9] == IpProtocol::UDP => V4,
+            _ => return Glance::Not,
+        },
+        Some([0x86, 0xdd]) => match frame.get(20) {
+            Some(&IpProtocol::UDP) => V6,
+            _ => return Glance::Not,
+        },
+        _ => return Glance::Unknown,
+    };
+    match frame.get(l4 + 2..l4 + 4) {
+        Some(p) if u16::from_be_bytes([p[0], p[1]]) == port => Glance::ToPort(l4),
+        _ => Glance::Not,
+    }
+}
+
 /// Reads the outer Ethernet, IP (IPv4 without options, IPv6 with UDP as its
 /// next header: what the XDP rule matches) and finds the UDP header. `None`
 /// when the frame cannot be the tunnel's.
@@ -120,6 +160,9 @@ fn outer(frame: &[u8]) -> Option<Outer> {
 #[inline]
 pub fn decapsulate(tables: &Tables, ingress: &Ingress, frame: &[u8], ifindex: u32) -> Decap {
     let Some(tunnel) = tables.tunnel() else { return Decap::NotTunnel };
+    if glance(frame, tunnel.port) == Glance::Not {
+        return Decap::NotTunnel;
+    }
     let Some(o) = outer(frame) else { return Decap::NotTunnel };
     let Some(port) = frame.get(o.l4 + 2..o.l4 + 4) else { return Decap::NotTunnel };
     if u16::from_be_bytes([port[0], port[1]]) != tunnel.port || !tables.owns_egress(o.dst) {
@@ -223,4 +266,66 @@ fn ipv6_header(src: Ipv6Addr, dst: Ipv6Addr, payload: usize) -> [u8; 40] {
     h[8..24].copy_from_slice(&src.octets());
     h[24..40].copy_from_slice(&dst.octets());
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{self, build::Packet};
+    use crate::wire::vxlan::DEFAULT_PORT;
+
+    /// What `decapsulate` decided before the glance: the UDP header of a
+    /// datagram to `port` as `outer` parses it.
+    fn parsed(frame: &[u8], port: u16) -> Option<usize> {
+        let o = outer(frame)?;
+        let p = frame.get(o.l4 + 2..o.l4 + 4)?;
+        (u16::from_be_bytes([p[0], p[1]]) == port).then_some(o.l4)
+    }
+
+    /// The glance turns a frame away only where the parse would, and finds
+    /// the tunnel's frames where the parse does, for frames of every kind
+    /// and every truncation of them.
+    #[test]
+    fn glance_agrees_with_the_parse() {
+        let (v4, v6) = (IpAddr::V4(fixtures::POD_A), IpAddr::V6(fixtures::POD6));
+        let (s4, s6) = (IpAddr::V4(fixtures::SERVER), IpAddr::V6(fixtures::SERVER6));
+        let udp4 = fixtures::from_pod(v4, s4, fixtures::udp(40000, DEFAULT_PORT, b"q"));
+        let tagged = Packet { vlan: Some(7), ..udp4.clone() };
+        let options = Packet { options: vec![1, 1, 1, 0], ..udp4.clone() };
+        let mut frames = vec![
+            udp4.frame(),
+            tagged.frame(),
+            options.frame(),
+            fixtures::from_pod(v6, s6, fixtures::udp(40000, DEFAULT_PORT, b"q")).frame(),
+            fixtures::from_pod(v4, s4, fixtures::tcp(40000, DEFAULT_PORT, 1, None, 0x02, b"")).frame(),
+            fixtures::from_pod(v6, s6, fixtures::echo(true, 1, 1)).frame(),
+        ];
+        let plain = frames.clone();
+        let tunnelled: Vec<Vec<u8>> = plain.iter().filter_map(|f| fixtures::tunnelled(f, 1)).collect();
+        // Every tunnel frame (outer headers untagged, both families) is
+        // found, at the parse's UDP header.
+        for f in &tunnelled {
+            assert_eq!(glance(f, DEFAULT_PORT), Glance::ToPort(parsed(f, DEFAULT_PORT).expect("the tunnel's")));
+        }
+        // An IPv4 later fragment, and an IPv6 fragment header, to the port.
+        let outer_v6 = |f: &&Vec<u8>| f[12..14] == [0x86, 0xdd];
+        let mut later = tunnelled[0].clone();
+        later[20] = 0x01;
+        let mut fragment6 = tunnelled.iter().find(outer_v6).expect("an IPv6 tunnel frame").clone();
+        fragment6[20] = IpProtocol::IPV6_FRAGMENT;
+        frames.extend(tunnelled);
+        frames.extend([later, fragment6]);
+        for f in &frames {
+            for len in 0..=f.len() {
+                let f = &f[..len];
+                for port in [DEFAULT_PORT, 4789] {
+                    match glance(f, port) {
+                        Glance::Not => assert_eq!(parsed(f, port), None, "{f:02x?}"),
+                        Glance::ToPort(l4) => assert!(parsed(f, port).is_none_or(|p| p == l4), "{f:02x?}"),
+                        Glance::Unknown => assert!(!matches!(f.get(12..14), Some([0x08, 0x00] | [0x86, 0xdd]))),
+                    }
+                }
+            }
+        }
+    }
 }

@@ -29,6 +29,7 @@ use crate::nat::flow_cache::{FlowCache, Probe};
 use crate::nat::key::{proto, FlowKey, NatAddr};
 use crate::nat::session::SessionTable;
 use crate::nat::session_index::Place;
+use crate::tunnel;
 use crate::wire::{ethernet, ipv6};
 
 /// What stage 1 found for a frame: the flow-cache entry to read in stage 2
@@ -87,7 +88,7 @@ impl Pipeline {
     /// Stage 1: prefetches the flow-cache entry of an untagged IPv4 TCP or
     /// UDP frame (no options, not a fragment), or of an untagged IPv6 one
     /// (TCP or UDP right after the fixed header); anything else is left to
-    /// `process` unstaged. A frame from the tunnel ([`crate::tunnel`]) is
+    /// `process` unstaged. A frame from the tunnel ([`tunnel`]) is
     /// staged by its inner frame, the one `process` looks up.
     #[inline]
     pub fn prefetch_flow(&mut self, frame: &[u8]) -> Staged {
@@ -159,23 +160,14 @@ fn prefetch_session<A: NatAddr>(
 }
 
 /// The inner frame of `frame` if it is UDP to the tunnel's `port` with a
-/// VXLAN header: an outer IPv4 header without options, or an outer IPv6
-/// header followed directly by UDP. Only a hint, as the keys are:
-/// [`crate::tunnel::decapsulate`] judges the frame in `process`.
+/// VXLAN header ([`tunnel::glance`]). Only a hint, as the keys are:
+/// [`tunnel::decapsulate`] judges the frame in `process`.
 #[inline]
 fn tunnel_inner(frame: &[u8], port: u16) -> Option<&[u8]> {
-    const V4: usize = ethernet::HEADER_LEN + crate::wire::ipv4::MIN_HEADER_LEN;
-    const V6: usize = ethernet::HEADER_LEN + ipv6::HEADER_LEN;
-    let l4 = match frame.get(..V6)? {
-        h if h[12..14] == [0x08, 0x00] && h[14] == 0x45 && h[23] == proto::UDP => V4,
-        h if h[12..14] == [0x86, 0xdd] && h[20] == proto::UDP => V6,
-        _ => return None,
-    };
-    let dport = frame.get(l4 + 2..l4 + 4)?;
-    if u16::from_be_bytes([dport[0], dport[1]]) != port {
-        return None;
+    match tunnel::glance(frame, port) {
+        tunnel::Glance::ToPort(l4) => frame.get(l4 + crate::wire::udp::HEADER_LEN + crate::wire::vxlan::HEADER_LEN..),
+        _ => None,
     }
-    frame.get(l4 + crate::wire::udp::HEADER_LEN + crate::wire::vxlan::HEADER_LEN..)
 }
 
 /// The 5-tuple of an untagged IPv4 TCP/UDP frame with a 20-byte header
