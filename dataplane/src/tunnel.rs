@@ -307,6 +307,24 @@ mod tests {
         for f in &tunnelled {
             assert_eq!(glance(f, DEFAULT_PORT), Glance::ToPort(parsed(f, DEFAULT_PORT).expect("the tunnel's")));
         }
+        // The port is the one asked about: the same frames sent to another
+        // tunnel port are found for that port only.
+        let mut other_port = Vec::new();
+        for f in &tunnelled {
+            let mut g = f.clone();
+            let l4 = parsed(f, DEFAULT_PORT).expect("the tunnel's");
+            g[l4 + 2..l4 + 4].copy_from_slice(&4789u16.to_be_bytes());
+            assert_eq!(glance(&g, 4789), Glance::ToPort(l4));
+            assert_eq!(glance(&g, DEFAULT_PORT), Glance::Not);
+            other_port.push(g);
+        }
+        // An outer first fragment (MF set, offset 0) is found: `decapsulate`
+        // drops it under its own reason, so the glance must not turn it away.
+        let mut first = tunnelled[0].clone();
+        first[20] = 0x20;
+        assert_eq!(glance(&first, DEFAULT_PORT), Glance::ToPort(parsed(&first, DEFAULT_PORT).expect("parsed")));
+        frames.extend(other_port);
+        frames.push(first);
         // An IPv4 later fragment, and an IPv6 fragment header, to the port.
         let outer_v6 = |f: &&Vec<u8>| f[12..14] == [0x86, 0xdd];
         let mut later = tunnelled[0].clone();
