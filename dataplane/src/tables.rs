@@ -400,18 +400,25 @@ pub fn paired_egress<A: NatAddr>(pod: A, ips: &[A]) -> Option<A> {
     // the state on with each egress IP's (FNV-1a is a running state), the
     // same scores as `hrw_score(pod ++ egress)` for half the work. A new
     // flow pays this for every IP of its policy (paired_egress_matches_the_score).
+    let (first, rest) = ips.split_first()?;
     let mut octets = [0u8; 16];
     pod.write(&mut octets);
     let prefix = fnv1a(FNV_OFFSET, &octets[..A::LEN]);
-    let mut best: Option<(u64, A)> = None;
-    for &ip in ips {
-        ip.write(&mut octets);
-        let score = splitmix64(fnv1a(prefix, &octets[..A::LEN]));
-        if best.is_none_or(|b| (score, ip) >= b) {
-            best = Some((score, ip));
+    let score = |ip: &A, octets: &mut [u8; 16]| {
+        ip.write(octets);
+        splitmix64(fnv1a(prefix, &octets[..A::LEN]))
+    };
+    let (mut best, mut best_score) = (first, score(first, &mut octets));
+    for ip in rest {
+        let s = score(ip, &mut octets);
+        // A higher score is rare after the first few IPs (about ln n times
+        // over n), and an equal one rarer still: the addresses are compared
+        // only then, not on every IP.
+        if s >= best_score && (s > best_score || ip > best) {
+            (best, best_score) = (ip, s);
         }
     }
-    best.map(|(_, ip)| ip)
+    Some(*best)
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;

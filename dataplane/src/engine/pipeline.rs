@@ -617,7 +617,7 @@ impl Ctx<'_> {
     /// next packet here (a TCP handshake's ACK, a UDP flow's second
     /// datagram) finds its slot without asking the shared map. Its entry
     /// was read by the miss a moment ago: the write costs no fetch.
-    #[inline(never)]
+    #[inline]
     fn remember_created<A: Family>(&mut self, key: &FlowKey<A>, view: &SessionView<A>, dir: Direction) {
         A::flow_cache(self.flows).put(key, SessionRef::new(view.index, dir == Direction::Inbound));
     }
