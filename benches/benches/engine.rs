@@ -3,7 +3,8 @@
 //! (frame by frame, and in staged batches of 32),
 //! new-flow creation, port allocation at 90 % occupancy, expiry work per tick
 //! with 1M sessions, two threads sharing the table, and a fragmented datagram
-//! in order and last fragment first (held, then set free).
+//! in order and last fragment first (held, then set free), and a pod's
+//! egress IP scored among a policy's IPs (paired pooling, a pod's first flow).
 //!
 //! `cargo bench -p egret-benches --bench engine` (all), or with a filter, e.g.
 //! `cargo bench -p egret-benches --bench engine -- established`. Set
@@ -26,7 +27,7 @@ use egret_dataplane::fixtures;
 use egret_dataplane::nat::key::proto;
 use egret_dataplane::nat::mapping::{MappingRequest, Mappings};
 use egret_dataplane::nat::port_alloc::{PortRange, PortRng};
-use egret_dataplane::tables::MappingBehavior;
+use egret_dataplane::tables::{paired_egress, MappingBehavior};
 
 fn sizes() -> Vec<u64> {
     std::env::var("EGRET_BENCH_SIZES")
@@ -267,5 +268,24 @@ fn fragments(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, established, new_flow, port_allocation, expiry, two_threads, fragments);
+/// Paired pooling's score (`tables::paired_egress`): what a pod's first new
+/// flow under a policy pays before the worker's memo knows its egress IP
+/// (after each snapshot change, too), at 4 and at [`common::EGRESS_IPS`] IPs.
+fn egress_score(c: &mut Criterion) {
+    let mut g = c.benchmark_group("egress_score");
+    g.throughput(Throughput::Elements(1));
+    for n in [4, common::EGRESS_IPS] {
+        let ips: Vec<Ipv4Addr> = (0..n).map(|i| Ipv4Addr::new(203, 0, 113, 10 + i)).collect();
+        g.bench_function(BenchmarkId::from_parameter(n), |b| {
+            let mut pod = 0xC612_0000u32;
+            b.iter(|| {
+                pod = pod.wrapping_add(1);
+                black_box(paired_egress(Ipv4Addr::from(black_box(pod)), &ips))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, established, new_flow, port_allocation, expiry, two_threads, fragments, egress_score);
 criterion_main!(benches);

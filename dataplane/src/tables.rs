@@ -400,22 +400,29 @@ pub fn paired_egress<A: NatAddr>(pod: A, ips: &[A]) -> Option<A> {
     // the state on with each egress IP's (FNV-1a is a running state), the
     // same scores as `hrw_score(pod ++ egress)` for half the work. A new
     // flow pays this for every IP of its policy (paired_egress_matches_the_score).
-    let (first, rest) = ips.split_first()?;
     let mut octets = [0u8; 16];
     pod.write(&mut octets);
     let prefix = fnv1a(FNV_OFFSET, &octets[..A::LEN]);
-    let score = |ip: &A, octets: &mut [u8; 16]| {
-        ip.write(octets);
+    highest_scored(ips, |ip| {
+        ip.write(&mut octets);
         splitmix64(fnv1a(prefix, &octets[..A::LEN]))
-    };
-    let (mut best, mut best_score) = (first, score(first, &mut octets));
-    for ip in rest {
-        let s = score(ip, &mut octets);
-        // A higher score is rare after the first few IPs (about ln n times
-        // over n), and an equal one rarer still: the addresses are compared
-        // only then, not on every IP.
-        if s >= best_score && (s > best_score || ip > best) {
-            (best, best_score) = (ip, s);
+    })
+}
+
+/// The item of the highest `score`, ties to the higher item (paired
+/// pooling's rule, which the node agent follows by calling
+/// [`paired_egress`] too).
+#[inline(always)]
+fn highest_scored<T: Ord + Copy>(items: &[T], mut score: impl FnMut(&T) -> u64) -> Option<T> {
+    let (first, rest) = items.split_first()?;
+    let (mut best, mut best_score) = (first, score(first));
+    for item in rest {
+        let s = score(item);
+        // A higher score is rare after the first few items (about ln n
+        // times over n), an equal one rarer still: the items themselves
+        // are compared only then, not on every one.
+        if s >= best_score && (s > best_score || item > best) {
+            (best, best_score) = (item, s);
         }
     }
     Some(*best)
@@ -1088,6 +1095,18 @@ mod tests {
             let pod6 = Ipv6Addr::from(0x2001_0db8_0000_0000_0000_0000_0000_0000u128 + u128::from(i) * 104_729);
             assert_eq!(paired_egress(pod6, &v6), naive(pod6, &v6), "{pod6}");
         }
+    }
+
+    #[test]
+    fn a_tie_goes_to_the_higher_address() {
+        // Scores of 64 bits never tie in practice, so the rule is checked
+        // with a score that ties on purpose.
+        let ips = [Ipv4Addr::new(203, 0, 113, 12), Ipv4Addr::new(203, 0, 113, 14), Ipv4Addr::new(203, 0, 113, 13)];
+        assert_eq!(highest_scored(&ips, |_| 7), Some(ips[1]));
+        assert_eq!(highest_scored(&ips, |ip| u64::from(ip.octets()[3] == 12)), Some(ips[0]));
+        let score = |ip: &Ipv4Addr| u64::from(ip.octets()[3] != 14);
+        assert_eq!(highest_scored(&ips, score), Some(ips[2]), "the higher of the two tied on the top score");
+        assert_eq!(highest_scored::<Ipv4Addr>(&[], |_| 0), None);
     }
 
     #[test]
