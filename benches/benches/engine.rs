@@ -268,9 +268,10 @@ fn fragments(c: &mut Criterion) {
     g.finish();
 }
 
-/// Paired pooling's score (`tables::paired_egress`): what a pod's first new
-/// flow under a policy pays before the worker's memo knows its egress IP
-/// (after each snapshot change, too), at 4 and at [`common::EGRESS_IPS`] IPs.
+/// Paired pooling's score (`tables::paired_egress`): at 4 IPs what every
+/// new flow pays (no memo at 4 or fewer), at [`common::EGRESS_IPS`] what a
+/// pod's first new flow under a policy pays before the worker's memo knows
+/// its egress IP (and again after each snapshot change).
 fn egress_score(c: &mut Criterion) {
     let mut g = c.benchmark_group("egress_score");
     g.throughput(Throughput::Elements(1));

@@ -21,8 +21,9 @@ pub(super) struct NextHopCache {
 
 impl NextHopCache {
     pub(super) fn new() -> Self {
-        // An empty entry's tag, u64::MAX, is no generation's (below 2^63).
-        NextHopCache { entries: vec![(0, u64::MAX, 0, [0; 6], [0; 6], 0); NEXT_HOP_CACHE].into_boxed_slice() }
+        // An empty entry: an odd tag (IPv4) with an address no IPv4
+        // address has (they are below 2^32), so no lookup ever takes it.
+        NextHopCache { entries: vec![(u128::MAX, u64::MAX, 0, [0; 6], [0; 6], 0); NEXT_HOP_CACHE].into_boxed_slice() }
     }
 
     /// The address as 128 bits, and its family (1: IPv4).
@@ -79,37 +80,67 @@ mod tests {
     use super::*;
     use crate::fib::{Interface, Route};
 
+    /// The hop `cache` gives `dst`: (interface, next hop MAC).
+    fn hop(cache: &mut NextHopCache, fib: &Fib, dst: IpAddr) -> (u32, Mac) {
+        match cache.lookup(fib, &NeighborUse::default(), dst, 1) {
+            NextHop::Resolved { oif, dst_mac, .. } => (oif, dst_mac),
+            other => panic!("{dst}: {other:?}"),
+        }
+    }
+
     #[test]
-    fn addresses_that_differ_in_their_top_bits_keep_their_own_hops() {
-        // Three on-link IPv6 prefixes whose addresses differ only in the
-        // top two bits, each on its own interface, and an IPv4 one.
+    fn an_address_keeps_its_own_hop_across_families_top_bits_and_generations() {
+        // On-link prefixes, each on its own interface: three IPv6 ones whose
+        // addresses differ only in their top two bits (a ULA pod range,
+        // fd00::/8, among them), ::/2 (whose ::1 is the number of the IPv4
+        // 0.0.0.1) and IPv4's default.
         let mut fib = Fib::new();
-        let nets: [(&str, u32); 4] = [("4000::", 2), ("8000::", 3), ("c000::", 4), ("0.0.0.0", 5)];
-        for (i, (net, ifindex)) in nets.iter().enumerate() {
+        let nets: [(&str, u8, u32); 5] =
+            [("7d00::", 8, 2), ("bd00::", 8, 3), ("fd00::", 8, 4), ("::", 2, 6), ("0.0.0.0", 0, 5)];
+        for (i, (net, len, ifindex)) in nets.iter().enumerate() {
             let mac = [2, 0, 0, 0, 0, *ifindex as u8];
             fib.add_interface(Interface { ifindex: *ifindex, name: format!("if{i}"), mac, mtu: 1500 });
-            let len = if net.contains(':') { 2 } else { 0 };
-            fib.add_route(net.parse().unwrap(), len, Route { oif: *ifindex, gateway: None });
+            fib.add_route(net.parse().unwrap(), *len, Route { oif: *ifindex, gateway: None });
         }
-        let dsts: [(IpAddr, u32); 4] = [
-            ("4000::1".parse().unwrap(), 2),
-            ("8000::1".parse().unwrap(), 3),
-            ("c000::1".parse().unwrap(), 4),
+        let dsts: [(IpAddr, u32); 5] = [
+            ("7d00::5".parse().unwrap(), 2),
+            ("bd00::5".parse().unwrap(), 3),
+            ("fd00::5".parse().unwrap(), 4),
+            ("::1".parse().unwrap(), 6),
             ("0.0.0.1".parse().unwrap(), 5),
         ];
         for (dst, ifindex) in dsts {
             fib.add_neighbor(ifindex, dst, [2, 0, 0, 0, 1, ifindex as u8]);
         }
-        let (mut cache, uses) = (NextHopCache::new(), NeighborUse::default());
+        fib.set_generation(1);
+        let mut cache = NextHopCache::new();
         for round in 0..2 {
             for (dst, ifindex) in dsts {
-                match cache.lookup(&fib, &uses, dst, 1) {
-                    NextHop::Resolved { oif, dst_mac, .. } => {
-                        assert_eq!((oif, dst_mac[5]), (ifindex, ifindex as u8), "{dst}, round {round}")
-                    }
-                    other => panic!("{dst}, round {round}: {other:?}"),
-                }
+                assert_eq!(
+                    hop(&mut cache, &fib, dst),
+                    (ifindex, [2, 0, 0, 0, 1, ifindex as u8]),
+                    "{dst}, round {round}"
+                );
             }
+        }
+        // A new snapshot moves 0.0.0.1's neighbour: the cached hop is not
+        // the answer any more.
+        let mut next = fib.clone();
+        next.add_neighbor(5, dsts[4].0, [2, 0, 0, 0, 2, 5]);
+        next.set_generation(2);
+        assert_eq!(hop(&mut cache, &next, dsts[4].0), (5, [2, 0, 0, 0, 2, 5]), "the new snapshot's MAC");
+    }
+
+    #[test]
+    fn an_empty_cache_answers_nothing_from_its_empty_entries() {
+        // The empty entries' tag is the tag of an IPv4 lookup at generation
+        // 2^63 - 1; their address is no IPv4 address's.
+        let mut fib = Fib::new();
+        fib.set_generation((1 << 63) - 1);
+        let mut cache = NextHopCache::new();
+        for dst in ["0.0.0.0", "255.255.255.255", "::"] {
+            let dst: IpAddr = dst.parse().unwrap();
+            assert!(!matches!(cache.lookup(&fib, &NeighborUse::default(), dst, 1), NextHop::Resolved { .. }), "{dst}");
         }
     }
 }
