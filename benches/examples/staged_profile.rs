@@ -1,6 +1,7 @@
 //! Batches staged or not, interleaved in one process: established outbound
-//! and reply frames over N sessions, ns per packet for each batch size
-//! (issue 32; docs/benchmarks.md "Batches staged"). Times are the
+//! and reply frames over N sessions, ns per packet frame by frame (every
+//! frame a batch of its own), in unstaged batches of 64, and staged in
+//! batches of each size (issue 32; docs/benchmarks.md "Batches staged"). Times are the
 //! thread's own CPU time, so a busy machine's other work is not counted
 //! (its effect on the caches still is).
 //!
@@ -41,16 +42,17 @@ fn main() {
     if tunnel {
         out = common::through_tunnel(&out);
     }
-    let batches = [0usize, 8, 16, 32, 64];
+    // usize::MAX: frame by frame; 0: unstaged batches of common::BATCH.
+    let batches = [usize::MAX, 0usize, 8, 16, 32, 64];
     let mut ns = vec![vec![Vec::new(); batches.len()]; 2];
     for _ in 0..rounds {
         for (d, (frames, ingress)) in [(&out, fixtures::INSIDE), (&back, fixtures::OUTSIDE)].into_iter().enumerate() {
             for (b, &batch) in batches.iter().enumerate() {
                 let t = on_cpu_ns();
-                let ok = if batch == 0 {
-                    common::run(&mut w, frames, ingress, iters, 1)
-                } else {
-                    common::run_staged(&mut w, frames, ingress, iters, 1, batch)
+                let ok = match batch {
+                    usize::MAX => common::run_frame_by_frame(&mut w, frames, ingress, iters, 1),
+                    0 => common::run(&mut w, frames, ingress, iters, 1),
+                    _ => common::run_staged(&mut w, frames, ingress, iters, 1, batch),
                 };
                 assert_eq!(ok, iters, "every frame forwarded");
                 ns[d][b].push((on_cpu_ns() - t) as f64 / iters as f64);
@@ -66,8 +68,12 @@ fn main() {
         for (b, &batch) in batches.iter().enumerate() {
             let mut v = ns[d][b].clone();
             v.sort_by(f64::total_cmp);
-            let label = if batch == 0 { "unstaged".to_string() } else { format!("staged {batch}") };
-            println!("{name:9} {label:10} {:6.1} ({:.1}-{:.1})", v[v.len() / 2], v[0], v[v.len() - 1]);
+            let label = match batch {
+                usize::MAX => "one by one".to_string(),
+                0 => "unstaged".to_string(),
+                _ => format!("staged {batch}"),
+            };
+            println!("{name:9} {label:11} {:6.1} ({:.1}-{:.1})", v[v.len() / 2], v[0], v[v.len() - 1]);
         }
     }
 }

@@ -4,6 +4,11 @@
 //! verdict and back to the loop as an [`Action`]; this table is the whole
 //! translation.
 //!
+//! A batch of frames ([`EngineHandler::handle_batch`]) goes through one
+//! engine [`Batch`]: the snapshots are loaded once for it, and, when the
+//! session table is large enough that staging pays, up to [`STAGE_MAX`]
+//! frames at a time are staged first (engine/batch.rs).
+//!
 //! | engine verdict | worker action |
 //! |---|---|
 //! | `Forward { ifindex }` | transmit on the port bound to `ifindex` (no such port: drop, counted `no_port`) |
@@ -25,17 +30,22 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::clock::{EngineClock, Timestamp};
-use crate::engine::{Engine, Pipeline, Release, RxMeta, Staged, Verdict};
+use crate::engine::{Batch, Engine, Pipeline, Release, RxMeta, Staged, Verdict};
 use crate::kernel_tx::KernelTx;
 use crate::neigh_responder::{gratuitous_arp, unsolicited_na};
+use crate::stats::WorkerStats;
 use crate::stats::{DropReason, Event};
 use crate::wire::ethernet::EthernetAddress;
-use crate::worker::{Action, Datagram, FrameHandler, HoldEvent, HoldKey, Injector, PortId, RxInfo, STAGE_MAX};
+use crate::worker::{Action, Datagram, FrameHandler, Frames, HoldEvent, HoldKey, Injector, PortId, RxInfo};
 
 /// How often the expiry sweep runs.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(50);
 /// The sweep visits the whole session table about this often.
 pub const SWEEP_PERIOD: Duration = Duration::from_secs(5);
+/// Frames staged together at most: a batch is staged and handled in
+/// pieces of this many (the prefetched lines of more would be evicted
+/// before their frames are handled).
+pub const STAGE_MAX: usize = 64;
 
 /// Counters the handler owns (single writer: its worker).
 #[derive(Debug, Default)]
@@ -66,21 +76,27 @@ pub type AnnounceQueue = Arc<Mutex<Vec<Announcement>>>;
 pub struct EngineHandler {
     pipeline: Pipeline,
     engine: Engine,
-    /// ifindex of each port, in `PortId` order.
-    ports: Vec<u32>,
+    out: Out,
     clock: EngineClock,
     last_sweep: Instant,
     sweep_budget: u32,
-    stats: Arc<HandlerStats>,
     announce: Option<AnnounceQueue>,
-    kernel: KernelTx,
-    /// A batch's first look (`FrameHandler::stage`).
+    /// A batch's first look ([`EngineHandler::stage`]).
     staged: [Staged; STAGE_MAX],
+}
+
+/// Where verdicts become actions: the worker's ports, the raw sockets to
+/// the kernel, the handler's counters.
+struct Out {
+    /// ifindex of each port, in `PortId` order.
+    ports: Vec<u32>,
+    stats: Arc<HandlerStats>,
+    kernel: KernelTx,
 }
 
 impl std::fmt::Debug for EngineHandler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineHandler").field("ports", &self.ports).finish_non_exhaustive()
+        f.debug_struct("EngineHandler").field("ports", &self.out.ports).finish_non_exhaustive()
     }
 }
 
@@ -110,13 +126,11 @@ impl EngineHandler {
         Self {
             pipeline,
             engine: engine.clone(),
-            ports,
+            out: Out { ports, stats, kernel },
             clock,
             last_sweep: clock.epoch(),
             sweep_budget: budget,
-            stats,
             announce,
-            kernel,
             staged: [Staged::default(); STAGE_MAX],
         }
     }
@@ -125,13 +139,58 @@ impl EngineHandler {
         self.clock.at(now)
     }
 
+    /// Stages the next `n` frames of `frames` (engine/batch.rs): their
+    /// flow-cache entries, then their session slots, then the index lines
+    /// of those whose slot holds another flow.
+    fn stage(&mut self, frames: &mut Frames<'_>, n: usize) {
+        let Self { pipeline, staged, .. } = self;
+        for (i, s) in staged.iter_mut().enumerate().take(n) {
+            *s = frames.peek(i).map_or_else(Staged::default, |f| pipeline.prefetch_flow(f));
+        }
+        for s in staged.iter().take(n) {
+            pipeline.prefetch_session(*s);
+        }
+        for s in staged.iter().take(n) {
+            pipeline.prefetch_lookup(*s);
+        }
+    }
+
+    /// A held later fragment, processed again as received: it waits while
+    /// its first fragment's translation is unknown; otherwise it goes where
+    /// the engine says (usually translated by the fragment cache).
+    fn release_fragment(&mut self, d: Datagram, buf: &mut [u8], len: usize, ts: Timestamp) -> Option<Action> {
+        let Some(port) = self.out.port_of(d.ifindex) else {
+            bump(&self.out.stats.no_port);
+            return Some(Action::Drop);
+        };
+        let verdict = self.pipeline.process(buf, len, RxMeta { ifindex: d.ifindex, checksum: Default::default() }, ts);
+        if let Verdict::HoldFragment { .. } = verdict {
+            return None;
+        }
+        if let Verdict::Forward { .. } | Verdict::ToKernel { .. } | Verdict::Hold { .. } = verdict {
+            self.pipeline.stats().event(Event::FragmentHeldSent);
+        }
+        Some(self.out.act(verdict, buf, len, port, d.ifindex, self.pipeline.stats()))
+    }
+}
+
+impl Out {
     fn port_of(&self, ifindex: u32) -> Option<PortId> {
         self.ports.iter().position(|i| *i == ifindex).map(|p| PortId(p as u16))
     }
 
     /// What the worker does with a frame the engine gave `verdict` (the
-    /// module's table); `port` and `ifindex`: where it was received.
-    fn act(&mut self, verdict: Verdict, buf: &mut [u8], len: usize, port: PortId, ifindex: u32) -> Action {
+    /// module's table); `port` and `ifindex`: where it was received;
+    /// `counters`: the worker's engine counters.
+    fn act(
+        &self,
+        verdict: Verdict,
+        buf: &[u8],
+        len: usize,
+        port: PortId,
+        ifindex: u32,
+        counters: &WorkerStats,
+    ) -> Action {
         match verdict {
             Verdict::Forward { ifindex, len } => match self.port_of(ifindex) {
                 Some(port) => Action::Transmit { port, len },
@@ -148,12 +207,11 @@ impl EngineHandler {
             Verdict::Drop(_) => Action::Drop,
             Verdict::ToKernel { l3, end } => {
                 let sent = buf.get(l3..end).map(|packet| self.kernel.send(packet));
-                let stats = self.pipeline.stats();
                 if let Some(Ok(())) = sent {
-                    stats.event(Event::ToKernel);
+                    counters.event(Event::ToKernel);
                     Action::Consumed
                 } else {
-                    stats.dropped(DropReason::KernelSendFailed);
+                    counters.dropped(DropReason::KernelSendFailed);
                     Action::Drop
                 }
             }
@@ -170,24 +228,6 @@ impl EngineHandler {
             }
         }
     }
-
-    /// A held later fragment, processed again as received: it waits while
-    /// its first fragment's translation is unknown; otherwise it goes where
-    /// the engine says (usually translated by the fragment cache).
-    fn release_fragment(&mut self, d: Datagram, buf: &mut [u8], len: usize, ts: Timestamp) -> Option<Action> {
-        let Some(port) = self.port_of(d.ifindex) else {
-            bump(&self.stats.no_port);
-            return Some(Action::Drop);
-        };
-        let verdict = self.pipeline.process(buf, len, RxMeta { ifindex: d.ifindex, checksum: Default::default() }, ts);
-        if let Verdict::HoldFragment { .. } = verdict {
-            return None;
-        }
-        if let Verdict::Forward { .. } | Verdict::ToKernel { .. } | Verdict::Hold { .. } = verdict {
-            self.pipeline.stats().event(Event::FragmentHeldSent);
-        }
-        Some(self.act(verdict, buf, len, port, d.ifindex))
-    }
 }
 
 fn bump(c: &AtomicU64) {
@@ -196,28 +236,31 @@ fn bump(c: &AtomicU64) {
 
 impl FrameHandler for EngineHandler {
     fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action {
-        let ifindex = self.ports.get(rx.port.index()).copied().unwrap_or(0);
+        let ifindex = self.out.ports.get(rx.port.index()).copied().unwrap_or(0);
         let ts = self.now(now);
         let verdict = self.pipeline.process(buf, len, RxMeta { ifindex, checksum: Default::default() }, ts);
-        self.act(verdict, buf, len, rx.port, ifindex)
+        self.out.act(verdict, buf, len, rx.port, ifindex, self.pipeline.stats())
     }
 
-    fn stages(&self) -> bool {
-        self.pipeline.staging_pays()
-    }
-
-    fn stage(&mut self, i: usize, frame: &[u8]) {
-        if let Some(s) = self.staged.get_mut(i) {
-            *s = self.pipeline.prefetch_flow(frame);
-        }
-    }
-
-    fn stage_done(&mut self, n: usize) {
-        for s in self.staged.iter().take(n) {
-            self.pipeline.prefetch_session(*s);
-        }
-        for s in self.staged.iter().take(n) {
-            self.pipeline.prefetch_lookup(*s);
+    /// The batch through one engine [`Batch`], staged first in pieces of
+    /// [`STAGE_MAX`] frames when staging pays.
+    fn handle_batch(&mut self, frames: &mut Frames<'_>) {
+        let rx = frames.rx();
+        let ifindex = self.out.ports.get(rx.port.index()).copied().unwrap_or(0);
+        let meta = RxMeta { ifindex, checksum: Default::default() };
+        let ts = self.now(frames.now());
+        let stages = self.pipeline.staging_pays();
+        while !frames.is_empty() {
+            let n = if stages { frames.len().min(STAGE_MAX) } else { frames.len() };
+            if stages {
+                self.stage(frames, n);
+            }
+            let mut batch: Batch<'_> = self.pipeline.batch(ts);
+            let out = &self.out;
+            frames.handle(n, |buf, len| {
+                let verdict = batch.process(buf, len, meta);
+                out.act(verdict, buf, len, rx.port, ifindex, batch.stats())
+            });
         }
     }
 
@@ -229,10 +272,10 @@ impl FrameHandler for EngineHandler {
         };
         match self.pipeline.release_held(buf, len, ifindex, next_hop, ts) {
             Release::Wait => None,
-            Release::Forward { ifindex, len } => match self.port_of(ifindex) {
+            Release::Forward { ifindex, len } => match self.out.port_of(ifindex) {
                 Some(port) => Some(Action::Transmit { port, len }),
                 None => {
-                    bump(&self.stats.no_port);
+                    bump(&self.out.stats.no_port);
                     Some(Action::Drop)
                 }
             },
@@ -273,14 +316,14 @@ impl FrameHandler for EngineHandler {
         };
         let fib = self.engine.fib();
         for a in due {
-            let (Some(port), Some(iface)) = (self.port_of(a.ifindex), fib.interface(a.ifindex)) else { continue };
+            let (Some(port), Some(iface)) = (self.out.port_of(a.ifindex), fib.interface(a.ifindex)) else { continue };
             let mac = EthernetAddress(iface.mac);
             let sent = tx.send(port, |buf| match a.ip {
                 IpAddr::V4(ip) => gratuitous_arp(buf, mac, ip, None).unwrap_or(0),
                 IpAddr::V6(ip) => unsolicited_na(buf, mac, ip, None).unwrap_or(0),
             });
             if sent {
-                bump(&self.stats.announced);
+                bump(&self.out.stats.announced);
             }
         }
     }

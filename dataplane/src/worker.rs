@@ -8,11 +8,13 @@
 //!  reclaim completions (every port) -> frames back to the pool
 //!  for each port: room = min free TX slots over all ports
 //!       room == 0 -> hold RX (backpressure: frames wait in the RX ring)
-//!       else take up to min(batch, room) frames, handler.handle() each,
+//!       else take up to min(batch, room) frames, lend them to
+//!            handler.handle_batch() (worker/frames.rs), which says for each:
 //!            Transmit -> stage on the chosen port's TX ring (same UMEM: no copy)
 //!            Drop     -> frame back to the pool
 //!            Consumed -> frame back to the pool (its packet went to the kernel)
-//!            Hold     -> the frame waits in the hold queue of its next hop
+//!            Hold     -> once the batch is handled, the frame waits in the
+//!                        hold queue of its next hop (or its datagram)
 //!  held frames: past the timeout -> pool (counted); then, oldest first per
 //!       next hop and within TX room, handler.release() each: sent, dropped,
 //!       or left waiting (that next hop's later frames wait behind it)
@@ -64,7 +66,10 @@ use std::time::{Duration, Instant};
 
 use crate::xsk::{sched, sys, Frame, TxRefused, XskPorts};
 
+mod frames;
+
 pub use crate::xsk::PortId;
+pub use frames::Frames;
 
 /// Where a frame came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,26 +161,21 @@ pub trait FrameHandler {
     }
     /// Counts what happened to a frame held for `key`.
     fn held(&mut self, _key: HoldKey, _event: HoldEvent) {}
-    /// Whether to stage the next batch ([`stage`](Self::stage)): a handler
-    /// that prefetches says so only when it pays. The default never stages.
-    fn stages(&self) -> bool {
-        false
+    /// A batch of received frames, in order: each is to be handled
+    /// ([`Frames::handle`]) as by [`handle`](Self::handle). A handler that
+    /// can do a batch's set-up once (the engine's [`crate::engine::Batch`])
+    /// or look at frames ahead ([`Frames::peek`], to stage them) does it
+    /// here. Frames left unhandled go to [`handle`](Self::handle) one by
+    /// one, as the default sends them all.
+    fn handle_batch(&mut self, frames: &mut Frames<'_>) {
+        let (rx, now) = (frames.rx(), frames.now());
+        frames.handle(usize::MAX, |buf, len| self.handle(buf, len, rx, now));
     }
-    /// A batch's first look, before any of its frames is handled (VPP-style
-    /// staging: the handler asks for the cache lines frame `i` will need,
-    /// so the waits of up to [`STAGE_MAX`] frames overlap). `frame` is the
-    /// received frame; nothing may be changed or decided here.
-    fn stage(&mut self, _i: usize, _frame: &[u8]) {}
-    /// The first look is over for frames `0..n`; they are handled next.
-    fn stage_done(&mut self, _n: usize) {}
     /// Frames to send that were not received (gratuitous ARP, unsolicited
     /// neighbour advertisements). Called once per iteration before TX is
     /// flushed; the default sends nothing.
     fn inject(&mut self, _tx: &mut Injector<'_>) {}
 }
-
-/// Frames staged together at most ([`FrameHandler::stage`]).
-pub const STAGE_MAX: usize = 64;
 
 /// Lets a [`FrameHandler`] send new frames on the worker's ports.
 #[derive(Debug)]
@@ -557,6 +557,8 @@ pub struct Worker<H> {
     stop: Arc<AtomicBool>,
     stats: Arc<LoopStats>,
     batch: Vec<Frame>,
+    /// A batch's frames to hold, queued once the handler returns (frames.rs).
+    to_hold: Vec<(HoldKey, Frame, usize)>,
     pollfds: Vec<libc::pollfd>,
     queues: Vec<u32>,
     last_kernel_stats: Option<Instant>,
@@ -592,6 +594,7 @@ impl<H: FrameHandler> Worker<H> {
             stop,
             stats: Arc::default(),
             batch: Vec::with_capacity(config.batch_size),
+            to_hold: Vec::with_capacity(config.batch_size),
             pollfds,
             queues,
             last_kernel_stats: None,
@@ -735,42 +738,14 @@ impl<H: FrameHandler> Worker<H> {
 
     fn handle_batch(&mut self, port: PortId, now: Instant) {
         let rx = RxInfo { port, queue: self.queues.get(port.index()).copied().unwrap_or(0) };
-        let (mut tx, mut dropped) = (0u64, 0u64);
         bump(&self.stats.rx_frames, self.batch.len() as u64);
-        let stages = self.handler.stages();
-        let Self { batch, ports, handler, held, fragments, stats, .. } = self;
-        let mut frames = batch.drain(..);
-        let mut staged = 0usize;
-        while let Some(frame) = frames.next() {
-            if stages && staged == 0 {
-                // The next frames' first look, before any is handled
-                // (FrameHandler::stage): this one and up to STAGE_MAX - 1 after it.
-                let ahead = frames.as_slice();
-                let n = (ahead.len() + 1).min(STAGE_MAX);
-                for (i, f) in std::iter::once(&frame).chain(ahead).take(n).enumerate() {
-                    let len = f.len();
-                    handler.stage(i, ports.frame_mut(f).get(..len).unwrap_or_default());
-                }
-                handler.stage_done(n);
-                staged = n;
-            }
-            staged = staged.saturating_sub(1);
-            let len = frame.len();
-            let action = handler.handle(ports.frame_mut(&frame), len, rx, now);
-            match action {
-                Action::Drop => {
-                    ports.recycle(frame);
-                    dropped += 1;
-                }
-                Action::Consumed => ports.recycle(frame),
-                Action::Hold { key, len } => hold(held, fragments, ports, handler, key, frame, len, now),
-                Action::Transmit { port: out, len } => {
-                    tx += u64::from(transmit(ports, stats, out, frame, len));
-                }
-            }
+        let Self { batch, ports, handler, held, fragments, stats, to_hold, .. } = self;
+        let mut frames = Frames { ports, frames: batch.drain(..), rx, now, stats, to_hold, tx: 0, dropped: 0 };
+        handler.handle_batch(&mut frames);
+        frames.finish(handler);
+        for (key, frame, len) in to_hold.drain(..) {
+            hold(held, fragments, ports, handler, key, frame, len, now);
         }
-        bump(&self.stats.tx_frames, tx);
-        bump(&self.stats.dropped, dropped);
     }
 
     /// Held frames: those past the timeout go back to the pool, then each

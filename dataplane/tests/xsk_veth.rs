@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use egret_dataplane::netns::{self, NetnsGuard};
 use egret_dataplane::worker::{
-    Action, FrameHandler, LoopStats, LoopStatsSnapshot, RxInfo, Worker, WorkerConfig, STAGE_MAX,
+    Action, FrameHandler, Frames, LoopStats, LoopStatsSnapshot, RxInfo, Worker, WorkerConfig,
 };
 use egret_dataplane::xsk::test_prog::{XdpMode, XskRedirectProg};
 use egret_dataplane::xsk::{
@@ -215,48 +215,51 @@ impl FrameHandler for Bounce {
     }
 }
 
-/// Bounce, staging every batch first: checks that each frame is handled
-/// only after it was staged, byte for byte, in order, and that no stage is
-/// longer than STAGE_MAX.
+/// Bounce, a batch at a time: looks at (peeks) up to `PIECE` frames ahead,
+/// then handles them, checking each is the frame peeked, byte for byte,
+/// in order; every third batch it leaves its last piece unhandled, for
+/// the worker to hand to `handle` one frame at a time.
 #[derive(Default)]
-struct StagedBounce {
-    staged: std::collections::VecDeque<Vec<u8>>,
-    stage_len: usize,
-    longest_stage: usize,
-    handled: u64,
-    unstaged: u64,
+struct PeekingBounce {
+    batches: u64,
+    peeked: std::collections::VecDeque<Vec<u8>>,
+    in_batch: u64,
+    one_by_one: u64,
+    longest_batch: usize,
     mismatched: u64,
-    out_of_order: u64,
 }
 
-impl FrameHandler for StagedBounce {
-    fn stages(&self) -> bool {
-        true
-    }
+impl PeekingBounce {
+    const PIECE: usize = 48;
+}
 
-    fn stage(&mut self, i: usize, frame: &[u8]) {
-        if i != self.stage_len || !self.staged.is_empty() && i == 0 {
-            self.out_of_order += 1;
+impl FrameHandler for PeekingBounce {
+    fn handle_batch(&mut self, frames: &mut Frames<'_>) {
+        self.batches += 1;
+        self.longest_batch = self.longest_batch.max(frames.len());
+        let (rx, now) = (frames.rx(), frames.now());
+        while !frames.is_empty() {
+            let n = frames.len().min(Self::PIECE);
+            if self.batches.is_multiple_of(3) && n == frames.len() {
+                return;
+            }
+            for i in 0..n {
+                let f = frames.peek(i).expect("a frame within the batch").to_vec();
+                self.peeked.push_back(f);
+            }
+            assert!(frames.peek(frames.len()).is_none(), "nothing past the batch");
+            frames.handle(n, |buf, len| {
+                if self.peeked.pop_front().as_deref() != Some(&buf[..len]) {
+                    self.mismatched += 1;
+                }
+                self.in_batch += 1;
+                Bounce.handle(buf, len, rx, now)
+            });
         }
-        self.stage_len = i + 1;
-        self.staged.push_back(frame.to_vec());
-    }
-
-    fn stage_done(&mut self, n: usize) {
-        if n != self.stage_len {
-            self.out_of_order += 1;
-        }
-        self.longest_stage = self.longest_stage.max(n);
-        self.stage_len = 0;
     }
 
     fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action {
-        self.handled += 1;
-        match self.staged.pop_front() {
-            None => self.unstaged += 1,
-            Some(f) if f != buf[..len] => self.mismatched += 1,
-            Some(_) => {}
-        }
+        self.one_by_one += 1;
         Bounce.handle(buf, len, rx, now)
     }
 }
@@ -510,18 +513,18 @@ fn bounce_returns_the_exact_frames() {
 }
 
 #[test]
-fn staging_shows_every_frame_before_it_is_handled() {
+fn a_batch_is_lent_in_order_and_what_the_handler_leaves_is_handled_one_by_one() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (gw, peer) = one_arm("g", 1);
-    // Batches longer than a stage: staged in STAGE_MAX pieces.
-    let config = WorkerConfig { batch_size: STAGE_MAX + 36, ..WorkerConfig::default() };
+    // Batches longer than the handler's piece.
+    let config = WorkerConfig { batch_size: PeekingBounce::PIECE + 52, ..WorkerConfig::default() };
     let gateway = Gateway::start(
         &gw,
         &[("xg0", 0)],
         &["xg0"],
         copy_mode(SocketConfig::default()),
         config,
-        StagedBounce::default(),
+        PeekingBounce::default(),
     );
     const N: u32 = 3000;
     let frames = send_and_capture(&peer, N, 200);
@@ -529,10 +532,12 @@ fn staging_shows_every_frame_before_it_is_handled() {
     let (stats, _, h, _) = gateway.finish();
     let (_, back) = by_direction(&frames, &peer.mac("xp0"));
     assert_eq!(back.len(), N as usize, "every frame bounced (worker {stats:?})");
-    assert_eq!(h.handled, u64::from(N));
-    assert_eq!((h.unstaged, h.mismatched, h.out_of_order), (0, 0, 0), "staged before handled, same bytes, in order");
-    assert!(h.staged.is_empty(), "{} frames staged and never handled", h.staged.len());
-    assert!((1..=STAGE_MAX).contains(&h.longest_stage), "longest stage {}", h.longest_stage);
+    assert_eq!(h.in_batch + h.one_by_one, u64::from(N));
+    assert!(h.one_by_one > 0, "no batch of three left frames to the worker ({} batches)", h.batches);
+    assert_eq!(h.mismatched, 0, "peeked and handled frames differ");
+    assert!(h.peeked.is_empty(), "{} frames peeked and never handled", h.peeked.len());
+    assert!(h.longest_batch <= PeekingBounce::PIECE + 52, "a batch longer than batch_size: {}", h.longest_batch);
+    assert_eq!((stats.rx_frames, stats.dropped), (u64::from(N), 0));
 }
 
 #[test]

@@ -210,9 +210,43 @@ pub fn through_tunnel(frames: &[Vec<u8>]) -> Vec<Vec<u8>> {
     frames.iter().enumerate().map(|(i, f)| fixtures::tunnelled(f, i as u16).expect("an IP frame")).collect()
 }
 
-/// Processes `frames` cyclically `iters` times; returns how many were forwarded.
+/// Frames a worker takes from a ring at once (its default `batch_size`):
+/// [`run`] opens one engine batch ([`Pipeline::batch`]) for each.
+pub const BATCH: u64 = 64;
+
+/// Processes `frames` cyclically `iters` times, [`BATCH`] frames to a
+/// batch as a worker does; returns how many were forwarded.
 #[inline]
 pub fn run(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64) -> u64 {
+    let mut buf = vec![0u8; 2048];
+    let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
+    let t = Timestamp::from_secs(now);
+    let mut ok = 0;
+    let mut idx = 0;
+    let mut done = 0;
+    while done < iters {
+        let n = BATCH.min(iters - done);
+        let mut batch = w.batch(t);
+        for _ in 0..n {
+            let f = &frames[idx];
+            idx += 1;
+            if idx == frames.len() {
+                idx = 0;
+            }
+            buf[..f.len()].copy_from_slice(f);
+            if let Verdict::Forward { .. } = batch.process(&mut buf, f.len(), meta) {
+                ok += 1;
+            }
+        }
+        done += n;
+    }
+    ok
+}
+
+/// As [`run`], every frame a batch of its own ([`Pipeline::process`]):
+/// what the batch saves is the difference (benches/engine.rs).
+#[inline]
+pub fn run_frame_by_frame(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64) -> u64 {
     let mut buf = vec![0u8; 2048];
     let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
     let t = Timestamp::from_secs(now);
@@ -234,7 +268,7 @@ pub fn run(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: 
 
 /// As [`run`], in batches of `batch` frames staged first (the engine's
 /// `prefetch_flow`, `prefetch_session` then `prefetch_lookup` for every frame of the batch,
-/// then `process` for each): what a worker does with a ring's batch.
+/// then the batch's `process` for each): what a worker does with a ring's batch.
 #[inline]
 pub fn run_staged(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64, batch: usize) -> u64 {
     use egret_dataplane::engine::Staged;
@@ -266,8 +300,9 @@ pub fn run_staged(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64
         for s in staged.iter().take(n) {
             w.prefetch_lookup(*s);
         }
+        let mut b = w.batch(t);
         for (buf, len) in bufs.iter_mut().zip(&lens).take(n) {
-            if let Verdict::Forward { .. } = w.process(buf, *len, meta, t) {
+            if let Verdict::Forward { .. } = b.process(buf, *len, meta) {
                 ok += 1;
             }
         }

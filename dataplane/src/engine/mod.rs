@@ -50,7 +50,7 @@ mod pipeline;
 
 pub use batch::{Asked, Staged, STAGING_MIN_SESSIONS};
 pub use ha::{IMPORT_PARALLEL_MIN, IMPORT_THREADS_MAX};
-pub use pipeline::Pipeline;
+pub use pipeline::{Batch, Pipeline};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
