@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use egret_dataplane::netns::{self, NetnsGuard};
 use egret_dataplane::worker::{
-    Action, FrameHandler, Frames, LoopStats, LoopStatsSnapshot, RxInfo, Worker, WorkerConfig,
+    Action, FrameHandler, Frames, HoldEvent, HoldKey, LoopStats, LoopStatsSnapshot, RxInfo, Worker, WorkerConfig,
 };
 use egret_dataplane::xsk::test_prog::{XdpMode, XskRedirectProg};
 use egret_dataplane::xsk::{
@@ -261,6 +261,51 @@ impl FrameHandler for PeekingBounce {
     fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action {
         self.one_by_one += 1;
         Bounce.handle(buf, len, rx, now)
+    }
+}
+
+/// Bounce, holding every fourth frame (by its sequence number) under one
+/// of eight next hops, each offered back at once by the worker
+/// (`release`): checks that every held frame is queued (`held`), comes
+/// back once, and in its next hop's order.
+#[derive(Default)]
+struct HoldingBounce {
+    held: u64,
+    queued: u64,
+    overflowed: u64,
+    released: std::collections::BTreeMap<u8, Vec<u32>>,
+}
+
+impl HoldingBounce {
+    fn next_hop(seq: u32) -> HoldKey {
+        HoldKey::NextHop(0, std::net::IpAddr::from([192, 0, 2, 100 + (seq / 4 % 8) as u8]))
+    }
+}
+
+impl FrameHandler for HoldingBounce {
+    fn handle(&mut self, buf: &mut [u8], len: usize, rx: RxInfo, now: Instant) -> Action {
+        match test_seq(&buf[..len]) {
+            Some(seq) if seq % 4 == 0 => {
+                self.held += 1;
+                Action::Hold { key: Self::next_hop(seq), len }
+            }
+            _ => Bounce.handle(buf, len, rx, now),
+        }
+    }
+
+    fn release(&mut self, key: HoldKey, buf: &mut [u8], len: usize, now: Instant) -> Option<Action> {
+        let (HoldKey::NextHop(_, std::net::IpAddr::V4(hop)), Some(seq)) = (key, test_seq(&buf[..len])) else {
+            return Some(Action::Drop);
+        };
+        self.released.entry(hop.octets()[3]).or_default().push(seq);
+        Some(Bounce.handle(buf, len, RxInfo { port: PortId(0), queue: 0 }, now))
+    }
+
+    fn held(&mut self, _key: HoldKey, event: HoldEvent) {
+        match event {
+            HoldEvent::Queued => self.queued += 1,
+            HoldEvent::Overflow | HoldEvent::Expired => self.overflowed += 1,
+        }
     }
 }
 
@@ -537,6 +582,34 @@ fn a_batch_is_lent_in_order_and_what_the_handler_leaves_is_handled_one_by_one() 
     assert_eq!(h.mismatched, 0, "peeked and handled frames differ");
     assert!(h.peeked.is_empty(), "{} frames peeked and never handled", h.peeked.len());
     assert!(h.longest_batch <= PeekingBounce::PIECE + 52, "a batch longer than batch_size: {}", h.longest_batch);
+    assert_eq!((stats.rx_frames, stats.dropped), (u64::from(N), 0));
+}
+
+#[test]
+fn held_frames_are_queued_after_their_batch_and_released_in_order() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (gw, peer) = one_arm("h", 1);
+    let gateway = Gateway::start(
+        &gw,
+        &[("xg0", 0)],
+        &["xg0"],
+        copy_mode(SocketConfig::default()),
+        WorkerConfig::default(),
+        HoldingBounce::default(),
+    );
+    const N: u32 = 3000;
+    let frames = send_and_capture(&peer, N, 200);
+    gateway.wait_until("all completions", |_, c| c[0].tx_completed >= u64::from(N));
+    let (stats, _, h, _) = gateway.finish();
+    let (_, back) = by_direction(&frames, &peer.mac("xp0"));
+    assert_eq!(back.len(), N as usize, "every frame bounced, the held ones too (worker {stats:?})");
+    assert_eq!(h.held, u64::from(N / 4));
+    assert_eq!((h.queued, h.overflowed), (h.held, 0), "each held frame queued once, none displaced");
+    let released: usize = h.released.values().map(Vec::len).sum();
+    assert_eq!(released as u64, h.held, "each held frame released once");
+    for (hop, seqs) in &h.released {
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "next hop .{hop} released out of order: {seqs:?}");
+    }
     assert_eq!((stats.rx_frames, stats.dropped), (u64::from(N), 0));
 }
 

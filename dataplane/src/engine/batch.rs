@@ -15,7 +15,8 @@
 //!    whose entry still names an ended session), prefetch the session
 //!    map's lines for the key. (An IPv6 frame keeps no key to compare:
 //!    the `Flow` type says why.)
-//! 4. [`Pipeline::process`] for every frame, as without staging.
+//! 4. [`Batch::process`](super::Batch::process) for every frame, in one
+//!    [`Pipeline::batch`], as without staging.
 //!
 //! Stages 1 to 3 change nothing and decide nothing: a frame they cannot
 //! read, or an entry that is stale, only goes unprefetched, and `process`

@@ -360,7 +360,8 @@ impl Engine {
 
     /// Sets where pods' traffic may arrive from (anti-spoofing, ingress.rs);
     /// the daemon writes it from the configured interfaces, as it writes the
-    /// XDP program's `if_roles`. Workers see it at their next frame.
+    /// XDP program's `if_roles`. Workers see it at their next batch
+    /// ([`Pipeline::batch`]).
     pub fn set_ingress(&self, ingress: Ingress) {
         self.shared.ingress.store(Arc::new(ingress));
     }

@@ -71,8 +71,10 @@ impl std::fmt::Debug for Pipeline {
     }
 }
 
-/// Everything one frame's processing borrows: the snapshots are read
-/// through the worker's caches, so the fast path clones no `Arc`.
+/// Everything a batch's processing borrows ([`Pipeline::batch`]): the
+/// snapshots are read through the worker's caches, so the fast path
+/// clones no `Arc`. What one frame sets here for itself ([`Ctx::missed`],
+/// [`Ctx::decapsulated`]) is reset before the next ([`Batch::process`]).
 pub(super) struct Ctx<'a> {
     pub(super) shared: &'a Shared,
     pub(super) tables: &'a Tables,
@@ -138,6 +140,7 @@ impl Batch<'_> {
         let ctx = &mut self.ctx;
         // What one frame learns is not the next one's.
         ctx.missed = false;
+        ctx.decapsulated = false;
         let (shared, stats, now) = (ctx.shared, ctx.stats, ctx.now);
         // The data plane's own fence (ownership.rs): one load and compare
         // while every owned address is valid; otherwise nothing is received
@@ -1677,7 +1680,7 @@ mod tests {
 
     /// A batch gives each frame what a batch of its own gives it: the same
     /// verdicts and bytes, for new flows, established ones, pings, IPv6,
-    /// and TCP control segments of established flows right after a new
+    /// frames through the tunnel beside plain ones, and TCP control segments of established flows right after a new
     /// flow in the same batch (the established path looked the new flow up
     /// and missed: the control segment, which that path declines, must
     /// still be looked up by the full pipeline).
@@ -1685,6 +1688,7 @@ mod tests {
     fn a_batch_gives_each_frame_what_a_batch_of_its_own_gives_it() {
         let v4 = |t| fixtures::from_pod(fixtures::POD_A.into(), fixtures::SERVER.into(), t).frame();
         let v6 = |t| fixtures::from_pod(fixtures::POD6.into(), fixtures::SERVER6.into(), t).frame();
+        let tunnelled = |f: Vec<u8>| fixtures::tunnelled(&f, 1).expect("an IP frame");
         let rounds: Vec<Vec<Vec<u8>>> = vec![
             vec![v4(fixtures::tcp(40000, 443, 1, None, 0x02, b"")), v4(fixtures::udp(40001, 53, b"q"))],
             vec![
@@ -1694,6 +1698,12 @@ mod tests {
                 v4(fixtures::echo(true, 7, 1)),
                 v6(fixtures::udp(40003, 53, b"q")),
                 v6(fixtures::udp(40003, 53, b"q")),
+                // Through the tunnel, twice, then plainly: each frame is
+                // decapsulated, or not, on its own.
+                tunnelled(v4(fixtures::udp(40005, 53, b"q"))),
+                tunnelled(v6(fixtures::udp(40006, 53, b"q"))),
+                v4(fixtures::udp(40007, 53, b"q")),
+                tunnelled(v4(fixtures::udp(40005, 53, b"q"))),
             ],
             vec![v4(fixtures::udp(40004, 53, b"q")), v4(fixtures::tcp(40000, 443, 3, Some(9), 0x14, b""))],
         ];
