@@ -1,6 +1,7 @@
 //! Criterion benchmarks of the engine (issue "dataplane core"):
 //! established-flow translation both ways with 1k, 1M and 10M live sessions
-//! (frame by frame, and in staged batches of 32),
+//! (in unstaged batches of 64 as the workers run them below 16,384
+//! sessions, and in staged batches of 32),
 //! new-flow creation, port allocation at 90 % occupancy, expiry work per tick
 //! with 1M sessions, two threads sharing the table, and a fragmented datagram
 //! in order and last fragment first (held, then set free), and a pod's

@@ -19,7 +19,8 @@
 //!
 //! `staged`: the measured flows come in batches of 32, staged first as a
 //! worker stages a ring's batch once its table outgrows the caches
-//! (`common::run_staged`; engine/batch.rs); unstaged, frame by frame.
+//! (`common::run_staged`; engine/batch.rs); unstaged, in batches of 64
+//! (`common::run`).
 #![allow(clippy::print_stdout, clippy::expect_used)]
 
 #[path = "../benches/common/mod.rs"]
