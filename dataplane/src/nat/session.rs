@@ -9,8 +9,10 @@
 //!
 //! Session bodies live in a [`Slab`] of slots made only of atomics, read
 //! without a lock. A slot's `seq` word carries a generation and a status
-//! (free, writing, live, dying): a reader loads `seq`, reads the fields, and
-//! re-checks `seq` (a seqlock), then checks that the key it looked up is the
+//! (free, writing, live, and held: being inserted or being removed, its
+//! keys taken but not yet or no longer live): a reader loads `seq`, reads
+//! the fields, and re-checks `seq` (a seqlock), then checks that the key it
+//! looked up is the
 //! key the slot derives; a slot freed and reused under its feet is thereby a
 //! miss, never a wrong translation. The index holds no keys for the same
 //! reason: the slot check tells a key's entry from another's of the same
@@ -76,7 +78,16 @@ const STATUS_MASK: u32 = 0b11;
 const FREE: u32 = 0;
 const WRITING: u32 = 1;
 const LIVE: u32 = 2;
+/// The slot's keys are (or may be) in the index, and no lookup, sweep or
+/// removal may take the session: it is being removed, or being inserted
+/// ([`INSERTING`]). [`SessionTable::holds`] still answers for it, so its
+/// keys stay taken.
 const DYING: u32 = 3;
+/// A session whose keys are being put into the index: written, readable
+/// by [`SessionTable::holds`] (an insert of one of its keys meets it), but
+/// not live until both keys are in, so that nothing removes it halfway
+/// (the same status as [`DYING`]: held, not live).
+const INSERTING: u32 = DYING;
 
 /// One session's body. Every field is atomic: see the module doc.
 #[derive(Debug)]
@@ -196,6 +207,8 @@ impl<A: NatAddr> Default for Slot<A> {
 }
 
 impl<A: NatAddr> Slot<A> {
+    /// Writes the session under the seqlock and leaves the slot
+    /// [`INSERTING`]: the insert makes it [`LIVE`] once its keys are in.
     fn write(&self, gen_base: u32, tuple: &SessionTuple<A>, init: &SessionInit) {
         self.seq.store(gen_base | WRITING, Ordering::Relaxed);
         fence(Ordering::Release);
@@ -208,7 +221,7 @@ impl<A: NatAddr> Slot<A> {
         self.last_seen.store(init.now, Ordering::Relaxed);
         self.state.store(u32::from(init.tcp) | (u32::from(init.generation) << 16), Ordering::Relaxed);
         self.tcp_track.store(0, Ordering::Relaxed);
-        self.seq.store(gen_base | LIVE, Ordering::Release);
+        self.seq.store(gen_base | INSERTING, Ordering::Release);
     }
 
     #[inline(always)]
@@ -245,8 +258,9 @@ impl<A: NatAddr> Slot<A> {
 }
 
 impl<A: NatAddr> Slot<A> {
-    /// The tuple of a session that still holds its keys: live, or dying
-    /// (marked for removal, its keys not yet removed). Read as
+    /// The tuple of a session that holds its keys: live, being inserted
+    /// ([`INSERTING`]), or dying (marked for removal, its keys not yet
+    /// removed). Read as
     /// [`read`](Self::read) reads: `None` for a slot written meanwhile.
     fn tuple_holding_keys(&self) -> Option<SessionTuple<A>> {
         let s1 = self.seq.load(Ordering::Acquire);
@@ -528,11 +542,14 @@ impl<A: NatAddr> SessionTable<A> {
         self.index.find(self.index.place(key), |r| self.holds(key, r)).is_some()
     }
 
-    /// Inserts a session. The slot is written first (the index's entries
-    /// are checked against their slots, so a key's entry can only be told
-    /// from another of its tag once its slot holds it), then the inbound
-    /// key is claimed (the port allocation's try-insert) and the outbound
-    /// key published.
+    /// Inserts a session. The slot is written first, [`INSERTING`] (the
+    /// index's entries are checked against their slots, so a key's entry
+    /// can only be told from another of its tag once its slot holds it),
+    /// then the inbound key is claimed (the port allocation's try-insert)
+    /// and the outbound key published; only then is the slot [`LIVE`]. No
+    /// lookup, sweep or removal takes a session before that, so none can
+    /// remove it halfway: its keys, its slot and the live count are given
+    /// back once, by whoever took them.
     pub fn insert(&self, tuple: &SessionTuple<A>, init: &SessionInit) -> Result<SessionView<A>, InsertError> {
         if self.live.fetch_add(1, Ordering::AcqRel) >= self.capacity {
             self.live.fetch_sub(1, Ordering::AcqRel);
@@ -569,7 +586,24 @@ impl<A: NatAddr> SessionTable<A> {
         let outbound = tuple.outbound_key();
         let out_place = self.index.place(&outbound);
         match self.index.insert(out_place, SessionRef::new(index, false), |r| self.holds(&outbound, r)) {
-            Ok(()) => slot.read(index).ok_or(InsertError::Full),
+            Ok(()) => {
+                let seq = gen_base | LIVE;
+                slot.seq.store(seq, Ordering::Release);
+                // The view of what was written, not read back: a removal
+                // may take the session as soon as it is live.
+                Ok(SessionView {
+                    index,
+                    seq,
+                    tuple: *tuple,
+                    deltas: init.deltas,
+                    last_seen: init.now,
+                    tcp: init.tcp,
+                    offload: 0,
+                    generation: init.generation,
+                    policy_slot: init.policy_slot,
+                    flags: init.flags,
+                })
+            }
             Err(refused) => {
                 self.index.remove(in_place, in_ref);
                 abandon(self);
@@ -720,9 +754,10 @@ impl<A: NatAddr> SessionTable<A> {
         self.view(index).filter(|v| v.seq == seq)
     }
 
-    /// Records that a session was revalidated against configuration `generation`.
-    pub fn set_generation(&self, index: u32, generation: u16) {
-        if let Some(slot) = self.slab.get(index) {
+    /// Records that the incarnation `seq` of slot `index` was revalidated
+    /// against configuration `generation` (a slot reused since is left alone).
+    pub fn set_generation(&self, index: u32, seq: u32, generation: u16) {
+        if let Some(slot) = self.slab.get(index).filter(|slot| slot.seq.load(Ordering::Acquire) == seq) {
             let _ = slot.state.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
                 Some((s & 0xffff) | (u32::from(generation) << 16))
             });
@@ -931,7 +966,7 @@ mod tests {
         let t = SessionTable::new(8);
         let v = t.insert(&tuple(1), &SessionInit { tcp: 1, generation: 7, ..Default::default() }).unwrap();
         assert_eq!(t.update_tcp(v.index, v.seq, |s| s | 2), Some(3));
-        t.set_generation(v.index, 9);
+        t.set_generation(v.index, v.seq, 9);
         assert_eq!(t.set_offload(v.index, v.seq, offload::REQUESTED, 0), Some(0));
         assert_eq!(t.set_offload(v.index, v.seq ^ 4, offload::INSTALLED, 0), None, "another incarnation");
         assert_eq!(t.set_offload(v.index, v.seq, offload::INSTALLED, offload::REQUESTED), Some(offload::REQUESTED));
@@ -1053,6 +1088,71 @@ mod tests {
         let again = t.insert(&tuple(1), &SessionInit::default()).expect("made again once removed");
         assert_eq!(t.lookup(&tuple(1).inbound_key()).unwrap().1.index, again.index);
         assert_eq!((t.len(), t.key_count()), (1, 2));
+    }
+
+    /// A session is not removed while it is being inserted: one thread
+    /// makes sessions while another removes every live session the sweep
+    /// shows, as the expiry sweep and a full table's eviction do. When a
+    /// slot showed its session live before both keys were in the index, a
+    /// removal in between left keys behind, released the slot a second
+    /// time when the insert then failed, and wrapped the live count (found
+    /// by a review, 2026-12-04). Once both threads stop, removing what is
+    /// left must leave no session and no key, and the table must take its
+    /// capacity again.
+    #[test]
+    fn a_session_is_not_removed_while_it_is_inserted() {
+        let t = Arc::new(SessionTable::<Ipv4Addr>::new(4096));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let removed = Arc::new(AtomicU64::new(0));
+        let remover = {
+            let (t, stop, removed) = (t.clone(), stop.clone(), removed.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    t.sweep(4096, |v| {
+                        if t.remove(v.index, v.seq).is_some() {
+                            removed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                }
+            })
+        };
+        let (mut made, mut refused) = (0u64, 0u64);
+        // At least 200,000 inserts, and on until the remover (on a busy
+        // machine, scheduled late) has removed 20,000 sessions beside them.
+        for i in 0..50_000_000u32 {
+            if i >= 200_000 && removed.load(Ordering::Relaxed) >= 20_000 {
+                break;
+            }
+            let mut tu = tuple(i % 512);
+            // Now and then a second session for one flow on another port
+            // (two workers meeting): its outbound insert is refused.
+            if i % 7 == 0 {
+                tu.egress_port = tu.egress_port.wrapping_add(1000);
+            }
+            match t.insert(&tu, &SessionInit::default()) {
+                Ok(_) => made += 1,
+                Err(InsertError::InboundTaken | InsertError::OutboundExists(_)) => refused += 1,
+                Err(InsertError::Full) => panic!("full at {i}: {} live, {} keys", t.len(), t.key_count()),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        remover.join().unwrap();
+        let removed = removed.load(Ordering::Relaxed);
+        assert!(removed >= 20_000, "made {made}, removed {removed}, refused {refused}: the race hardly ran");
+        t.sweep(4096, |v| {
+            t.remove(v.index, v.seq);
+        });
+        assert_eq!((t.len(), t.key_count()), (0, 0), "made {made}, removed {removed}, refused {refused}");
+        let all: Vec<_> = (0..4096u32)
+            .map(|i| {
+                let mut tu = tuple(i % 512);
+                tu.pod_port = i as u16;
+                tu.egress_port = i as u16;
+                t.insert(&tu, &SessionInit::default()).expect("every slot free once").index
+            })
+            .collect();
+        let distinct: std::collections::BTreeSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), 4096, "a slot given out twice");
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl SessionIndex {
     /// overflow counts assume). Only when another stripe's insert claimed
     /// that entry in between, every bucket walked was full, or the walk
     /// reached a page not made yet, does a second walk look further.
+    #[inline]
     pub fn insert(
         &self,
         place: Place,

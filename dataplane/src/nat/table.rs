@@ -536,7 +536,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 }
                 return false;
             }
-            self.sessions.set_generation(view.index, tables.generation_tag());
+            self.sessions.set_generation(view.index, view.seq, tables.generation_tag());
         }
         true
     }
@@ -873,13 +873,29 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 self.unadmit_source(tuple.pod);
                 match e {
                     InsertError::OutboundExists(_) => {
-                        self.sessions.lookup(&tuple.outbound_key()).map(|(_, v)| v).ok_or(DropReason::SessionTableFull)
+                        self.made_first(&tuple.outbound_key()).ok_or(DropReason::SessionTableFull)
                     }
                     InsertError::Full => Err(DropReason::SessionTableFull),
                     InsertError::InboundTaken => Err(DropReason::PortsExhausted),
                 }
             }
         }
+    }
+
+    /// The session another worker made first for an outbound `key`. Its
+    /// key being in the index, it is live or about to be: its maker's next
+    /// store makes it so (nat/session.rs, `INSERTING`), which a few tries
+    /// wait for. A maker stopped right between (preempted), or a session
+    /// already removed again, gives `None`.
+    #[cold]
+    fn made_first(&self, key: &FlowKey<A>) -> Option<SessionView<A>> {
+        for _ in 0..64 {
+            if let Some((_, v)) = self.sessions.lookup(key) {
+                return Some(v);
+            }
+            std::hint::spin_loop();
+        }
+        None
     }
 
     /// Creates an outbound session on an egress IP in block mode
