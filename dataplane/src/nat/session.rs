@@ -566,7 +566,7 @@ impl<A: NatAddr> SessionTable<A> {
         let gen_base = slot.seq.load(Ordering::Relaxed) & !STATUS_MASK;
         slot.write(gen_base, tuple, init);
         let abandon = |this: &Self| {
-            slot.seq.store((gen_base + 4) | FREE, Ordering::Release);
+            slot.seq.store(gen_base.wrapping_add(4) | FREE, Ordering::Release);
             undo(this);
         };
         let inbound = tuple.inbound_key();
@@ -646,7 +646,7 @@ impl<A: NatAddr> SessionTable<A> {
         let inb = view.tuple.inbound_key();
         self.index.remove(self.index.place(&out), SessionRef::new(index, false));
         self.index.remove(self.index.place(&inb), SessionRef::new(index, true));
-        slot.seq.store(((seq & !STATUS_MASK) + 4) | FREE, Ordering::Release);
+        slot.seq.store((seq & !STATUS_MASK).wrapping_add(4) | FREE, Ordering::Release);
         self.slab.release(index);
         self.live.fetch_sub(1, Ordering::AcqRel);
         self.removals.fetch_add(1, Ordering::Relaxed);
@@ -755,7 +755,11 @@ impl<A: NatAddr> SessionTable<A> {
     }
 
     /// Records that the incarnation `seq` of slot `index` was revalidated
-    /// against configuration `generation` (a slot reused since is left alone).
+    /// against configuration `generation`. A slot reused since is left
+    /// alone, but for one window: removed and reused between the check and
+    /// the update, its new tenant takes the stamp (and skips one
+    /// revalidation), as [`update_tcp`](Self::update_tcp) documents for
+    /// its bits.
     pub fn set_generation(&self, index: u32, seq: u32, generation: u16) {
         if let Some(slot) = self.slab.get(index).filter(|slot| slot.seq.load(Ordering::Acquire) == seq) {
             let _ = slot.state.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {

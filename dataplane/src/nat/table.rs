@@ -873,7 +873,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 self.unadmit_source(tuple.pod);
                 match e {
                     InsertError::OutboundExists(_) => {
-                        self.made_first(&tuple.outbound_key()).ok_or(DropReason::SessionTableFull)
+                        self.made_first(&tuple.outbound_key()).ok_or(DropReason::SessionRace)
                     }
                     InsertError::Full => Err(DropReason::SessionTableFull),
                     InsertError::InboundTaken => Err(DropReason::PortsExhausted),
@@ -882,11 +882,12 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         }
     }
 
-    /// The session another worker made first for an outbound `key`. Its
-    /// key being in the index, it is live or about to be: its maker's next
-    /// store makes it so (nat/session.rs, `INSERTING`), which a few tries
-    /// wait for. A maker stopped right between (preempted), or a session
-    /// already removed again, gives `None`.
+    /// The session another worker made first for `key` (its outbound key,
+    /// or the inbound key of an inbound session). Its key being in the
+    /// index, it is live or about to be: its maker's next steps make it so
+    /// (nat/session.rs, `INSERTING`), which a few tries wait for. A maker
+    /// stopped right between (preempted), or a session already removed
+    /// again, gives `None`.
     #[cold]
     fn made_first(&self, key: &FlowKey<A>) -> Option<SessionView<A>> {
         for _ in 0..64 {
@@ -1082,9 +1083,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 }
                 self.unadmit_source(owner.pod);
                 match e {
-                    InsertError::InboundTaken => {
-                        self.sessions.lookup(key).map(|(_, v)| v).ok_or(DropReason::InboundFiltered)
-                    }
+                    InsertError::InboundTaken => self.made_first(key).ok_or(DropReason::InboundFiltered),
                     _ => Err(DropReason::SessionTableFull),
                 }
             }
