@@ -555,6 +555,34 @@ async fn load_from_environment_child() {
     assert!(e.retryable, "{e:?}");
 }
 
+/// `cloud.add_address(eni)`, asked again while moto hands out an address
+/// another interface of the subnet holds (`others`): moto 5.2.5's
+/// AssignPrivateIpAddresses by count picks a random address of the subnet
+/// and checks it only against the interface's own addresses
+/// (moto/ec2/models/elastic_network_interfaces.py,
+/// `assign_private_ip_addresses`), so about one run in a hundred was given
+/// a worker's primary address, which `assign` then rightly refused. EC2
+/// never hands out an address in use. The duplicate is released first.
+async fn add_address_ec2_would_give(
+    cloud: &AwsCloud,
+    ec2: &aws_sdk_ec2::Client,
+    eni: &str,
+    others: &[&str],
+) -> std::net::IpAddr {
+    for _ in 0..20 {
+        let address = cloud.add_address(eni).await.unwrap();
+        let mut held = false;
+        for other in others {
+            held |= moto::eni_addresses(ec2, other).await.unwrap().contains(&address);
+        }
+        if !held {
+            return address;
+        }
+        cloud.release(eni, address).await.unwrap();
+    }
+    panic!("moto gave {eni} an address another interface holds 20 times");
+}
+
 /// A `PerNode` cloud pool's calls (ADR 0033) for a worker instance in
 /// another subnet than the gateways: its primary ENI found, a secondary
 /// address EC2 chooses added to it, the Elastic IP associated with that
@@ -580,7 +608,7 @@ async fn a_worker_node_gets_an_address_ec2_chooses_on_its_own_interface() {
     // A new address EC2 chooses, in the worker's subnet, on its ENI, and
     // asked for by count (never by address: the CNI may take addresses of
     // the same subnet meanwhile).
-    let private = cloud.add_address(&i.interface_id).await.unwrap();
+    let private = add_address_ec2_would_give(&cloud, &ec2, &i.interface_id, &[&w2.eni_id, &gw.eni_id]).await;
     let other_subnet: ipnet::IpNet = moto::OTHER_SUBNET_CIDR.parse().unwrap();
     assert!(other_subnet.contains(&private) && private != w1.primary_ip, "{private}");
     assert!(moto::eni_addresses(&ec2, &w1.eni_id).await.unwrap().contains(&private));
@@ -601,7 +629,7 @@ async fn a_worker_node_gets_an_address_ec2_chooses_on_its_own_interface() {
     // A second worker is given the Elastic IP: it moves (it is the pool's);
     // w1's private address stays w1's until released, and w2 may not take it.
     let i2 = cloud.primary_interface(&w2.provider_id).await.unwrap();
-    let private2 = cloud.add_address(&i2.interface_id).await.unwrap();
+    let private2 = add_address_ec2_would_give(&cloud, &ec2, &i2.interface_id, &[&w1.eni_id, &gw.eni_id]).await;
     assert_ne!(private2, private);
     let own2 = BTreeSet::from([w2.provider_id.clone()]);
     cloud.assign(&w2.eni_id, private2, Some(&public), &own2).await.unwrap();
