@@ -193,6 +193,26 @@ pub struct SessionView<A> {
     pub flags: u16,
 }
 
+impl<A: Copy> SessionView<A> {
+    /// The view of a session as `init` makes it, in slot `index` as
+    /// incarnation `seq`, before any packet has touched it.
+    #[inline(always)]
+    pub fn made(index: u32, seq: u32, tuple: SessionTuple<A>, init: &SessionInit) -> Self {
+        SessionView {
+            index,
+            seq,
+            tuple,
+            deltas: init.deltas,
+            last_seen: init.now,
+            tcp: init.tcp,
+            offload: 0,
+            generation: init.generation,
+            policy_slot: init.policy_slot,
+            flags: init.flags,
+        }
+    }
+}
+
 impl<A: NatAddr> Default for Slot<A> {
     fn default() -> Self {
         Slot {
@@ -591,18 +611,7 @@ impl<A: NatAddr> SessionTable<A> {
                 slot.seq.store(seq, Ordering::Release);
                 // The view of what was written, not read back: a removal
                 // may take the session as soon as it is live.
-                Ok(SessionView {
-                    index,
-                    seq,
-                    tuple: *tuple,
-                    deltas: init.deltas,
-                    last_seen: init.now,
-                    tcp: init.tcp,
-                    offload: 0,
-                    generation: init.generation,
-                    policy_slot: init.policy_slot,
-                    flags: init.flags,
-                })
+                Ok(SessionView::made(index, seq, *tuple, init))
             }
             Err(refused) => {
                 self.index.remove(in_place, in_ref);

@@ -1262,18 +1262,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             policy_slot: policy.counter_slot,
             flags,
         };
-        let probe = SessionView {
-            index: 0,
-            seq: 0,
-            tuple,
-            deltas: init.deltas,
-            last_seen: init.now,
-            tcp: init.tcp,
-            offload: 0,
-            generation: init.generation,
-            policy_slot: init.policy_slot,
-            flags,
-        };
+        let probe = SessionView::made(0, 0, tuple, &init);
         if Self::is_expired(&probe, now, nat) {
             rep.refuse(r, ImportRefusal::Expired);
             return;
