@@ -399,9 +399,11 @@ impl<A: NatAddr> Slab<A> {
 pub enum InsertError {
     /// The table holds its configured maximum of sessions.
     Full,
-    /// The inbound key is already taken (by another session on that external port).
+    /// The inbound key is already taken (by another flow's session on that external port).
     InboundTaken,
-    /// The outbound key already has a session (created concurrently by another worker).
+    /// The flow already has a session (created concurrently by another
+    /// worker): its outbound key is taken, or its inbound key is, by a
+    /// session of the same tuple.
     OutboundExists(SessionRef),
 }
 
@@ -594,9 +596,19 @@ impl<A: NatAddr> SessionTable<A> {
         let in_ref = SessionRef::new(index, true);
         match self.index.insert(in_place, in_ref, |r| self.holds(&inbound, r)) {
             Ok(()) => {}
-            Err(Refused::Exists(_)) => {
+            Err(Refused::Exists(taker)) => {
                 abandon(self);
-                return Err(InsertError::InboundTaken);
+                // The taker may be this very session, made by another worker
+                // first (an endpoint-independent mapping gives both workers
+                // the same port, so the inbound key, claimed first, meets it
+                // before the outbound key does): answered as a duplicate
+                // outbound key is, not as a port taken.
+                let same = SessionRef::new(taker.index(), false);
+                return Err(if self.holds(&tuple.outbound_key(), same) {
+                    InsertError::OutboundExists(same)
+                } else {
+                    InsertError::InboundTaken
+                });
             }
             Err(Refused::Full) => {
                 abandon(self);
@@ -1091,7 +1103,10 @@ mod tests {
         t.remove_with(v.index, v.seq, |_| {
             assert!(t.lookup(&tuple(1).outbound_key()).is_none(), "no lookup finds it");
             assert!(t.inbound_taken(&tuple(1).inbound_key()), "its port is still taken");
-            assert_eq!(t.insert(&tuple(1), &SessionInit::default()).map(|_| ()), Err(InsertError::InboundTaken));
+            match t.insert(&tuple(1), &SessionInit::default()) {
+                Err(InsertError::OutboundExists(r)) => assert_eq!(r.index(), v.index, "the same flow's session"),
+                other => panic!("{other:?}"),
+            }
             let mut other_port = tuple(1);
             other_port.egress_port += 1000;
             assert!(matches!(t.insert(&other_port, &SessionInit::default()), Err(InsertError::OutboundExists(_))));

@@ -1083,8 +1083,10 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 }
                 self.unadmit_source(owner.pod);
                 match e {
-                    InsertError::InboundTaken => self.made_first(key).ok_or(DropReason::InboundFiltered),
-                    _ => Err(DropReason::SessionTableFull),
+                    InsertError::InboundTaken | InsertError::OutboundExists(_) => {
+                        self.made_first(key).ok_or(DropReason::InboundFiltered)
+                    }
+                    InsertError::Full => Err(DropReason::SessionTableFull),
                 }
             }
         }
@@ -1682,6 +1684,61 @@ mod tests {
         assert!(nat.remove(&s, End::unlogged(EndReason::Expired)));
         assert!(nat.remove(&v, End::unlogged(EndReason::Expired)));
         assert_eq!(nat.mappings.existing_pool(E, proto::UDP).unwrap().in_use(), 0);
+    }
+
+    /// A worker whose flow another worker made between its lookup and its
+    /// insert (the flow cache missed on both) is answered that worker's
+    /// session, and gives back all it took for its own: the pod's session
+    /// count, the mapping's reference, the port, the pool's per-pod count.
+    #[test]
+    fn a_creation_another_worker_made_first_answers_its_session_and_gives_back_what_it_took() {
+        for mapping in [MappingBehavior::EndpointIndependent, MappingBehavior::EndpointDependent] {
+            let t = tables(1, |s| s.nat.mapping = mapping);
+            let nat = NatTable::new(&t.nat);
+            let mut env = Env::new();
+            let first = nat.create_outbound(&req(40000, 3478, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+            let again = nat.create_outbound(&req(40000, 3478, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+            assert_eq!((again.index, again.seq), (first.index, first.seq), "{mapping:?}: the first session");
+            assert_eq!(nat.sessions.len(), 1, "{mapping:?}");
+            assert_eq!(nat.source_sessions(POD), 1, "{mapping:?}: the loser's count given back");
+            let pool = nat.mappings.existing_pool(E, proto::UDP).unwrap();
+            assert_eq!(pool.in_use(), 1, "{mapping:?}: the loser's port given back");
+            match mapping {
+                MappingBehavior::EndpointIndependent => {
+                    assert_eq!(nat.mappings.len(), 1);
+                    assert_eq!(
+                        pool.owner(first.tuple.egress_port).unwrap().refs,
+                        1,
+                        "the loser's reference given back"
+                    );
+                    assert_eq!(pool.source_ports(POD), 1);
+                }
+                MappingBehavior::EndpointDependent => {
+                    let mut counts = Vec::new();
+                    pool.for_each_source(|pod, remote, port, n| counts.push((pod, remote, port, n)));
+                    assert_eq!(counts, vec![(POD, REMOTE, 3478, 1)], "the loser's count towards it given back");
+                }
+            }
+            assert_eq!(env.stats.snapshot().event(Event::SessionCreatedOutbound), 1, "{mapping:?}: one made");
+            assert!(nat.remove(&first, End::unlogged(EndReason::Expired)));
+            assert_eq!((nat.source_sessions(POD), pool.in_use()), (0, 0), "{mapping:?}");
+        }
+        // An inbound creation (endpoint-independent filtering) the same way.
+        let t = tables(1, |s| s.nat.filtering = FilteringBehavior::EndpointIndependent);
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        let s = nat.create_outbound(&req(40000, 3478, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        let stranger = FlowKey::new(Ipv4Addr::new(203, 0, 113, 99), E, 9999, s.tuple.egress_port, proto::UDP);
+        let first = nat.create_inbound(&stranger, &t, &mut env.ctx(1)).unwrap();
+        let again = nat.create_inbound(&stranger, &t, &mut env.ctx(1)).unwrap();
+        assert_eq!((again.index, again.seq), (first.index, first.seq), "inbound: the first session");
+        assert_eq!((nat.sessions.len(), nat.source_sessions(POD)), (2, 2), "inbound: the loser's count given back");
+        assert_eq!(env.stats.snapshot().event(Event::SessionCreatedInbound), 1, "inbound: one made");
+        let pool = nat.mappings.existing_pool(E, proto::UDP).unwrap();
+        assert_eq!(pool.owner(40000).unwrap().refs, 2, "inbound: the loser's reference given back");
+        assert!(nat.remove(&s, End::unlogged(EndReason::Expired)));
+        assert!(nat.remove(&first, End::unlogged(EndReason::Expired)));
+        assert_eq!((nat.source_sessions(POD), pool.in_use(), nat.mappings.len()), (0, 0, 0));
     }
 
     #[test]
