@@ -71,7 +71,7 @@ impl Case {
     fn unit(&self) -> &'static str {
         match self.setup {
             Setup::Established { .. } => "packet",
-            Setup::NewFlow(..) | Setup::NewFlowInBlocks(_) => "new flow",
+            Setup::NewFlow(..) | Setup::NewFlowV6 | Setup::NewFlowInBlocks(_) => "new flow",
             Setup::Expiry(_) => "session ended",
         }
     }
@@ -84,6 +84,9 @@ enum Setup {
     /// A fresh engine; one frame per distinct new flow; translation logs
     /// on when `true` (a ring holding every record: the workers' own cost).
     NewFlow(MappingBehavior, bool),
+    /// As `NewFlow` (EIM, no logs) in IPv6: the IPv4 case's flows in the
+    /// benchmarks' IPv6 prefixes (`common::Family`).
+    NewFlowV6,
     /// As `NewFlow` (EIM, no logs), the egress IPs in block mode with these
     /// blocks, and [`BLOCK_PODS`] pods: most flows take a port in their
     /// pod's block, one in about 78 takes a block (nat/port_blocks.rs).
@@ -161,6 +164,12 @@ const CASES: &[Case] = &[
         setup: Setup::NewFlowInBlocks(PortBlocks { size: 128, max_per_pod: 4, log_sessions: false }),
     },
     Case {
+        name: "new_flow_v6_eim",
+        iters: 5_000,
+        what: "new IPv6 UDP flow, endpoint-independent mapping (session and mapping made, port chosen)",
+        setup: Setup::NewFlowV6,
+    },
+    Case {
         name: "new_flow_edm",
         iters: 5_000,
         what: "new UDP flow, endpoint-dependent mapping (session made, port chosen)",
@@ -200,9 +209,10 @@ fn run_case(name: &str) -> Result<(), String> {
     let forwarded = match case.setup {
         Setup::Established { sessions: n, reply, v6: false } => established::<Ipv4Addr>(case, n, reply),
         Setup::Established { sessions: n, reply, v6: true } => established::<Ipv6Addr>(case, n, reply),
-        Setup::NewFlow(mapping, logged) => new_flows(case, mapping, logged, None, 4096),
+        Setup::NewFlow(mapping, logged) => new_flows::<Ipv4Addr>(case, mapping, logged, None, 4096),
+        Setup::NewFlowV6 => new_flows::<Ipv6Addr>(case, MappingBehavior::EndpointIndependent, false, None, 4096),
         Setup::NewFlowInBlocks(blocks) => {
-            new_flows(case, MappingBehavior::EndpointIndependent, false, Some(blocks), BLOCK_PODS)
+            new_flows::<Ipv4Addr>(case, MappingBehavior::EndpointIndependent, false, Some(blocks), BLOCK_PODS)
         }
         Setup::Expiry(logged) => {
             let mapping = MappingBehavior::EndpointIndependent;
@@ -241,33 +251,40 @@ fn established<A: common::Family>(case: &Case, n: u64, reply: bool) -> u64 {
     icount_measured(&mut w, black_box(&frames), ingress, case.iters)
 }
 
-/// A new-flow case, as the criterion benchmark `new_flow`: a fresh engine,
-/// one frame per distinct new flow of `pods` pods, built before the loop;
-/// returns the frames forwarded.
-fn new_flows(case: &Case, mapping: MappingBehavior, logged: bool, blocks: Option<PortBlocks>, pods: u64) -> u64 {
-    let mut spec = common::spec((case.iters as usize + 1024) * 2, mapping);
+/// A new-flow case of family `A`, as the criterion benchmark `new_flow`: a
+/// fresh engine, one frame per distinct new flow of `pods` pods, built
+/// before the loop; returns the frames forwarded.
+fn new_flows<A: common::Family>(
+    case: &Case,
+    mapping: MappingBehavior,
+    logged: bool,
+    blocks: Option<PortBlocks>,
+    pods: u64,
+) -> u64 {
+    let mut spec = common::spec_in::<A>((case.iters as usize + 1024) * 2, mapping);
     spec.nat.port_blocks = blocks;
     let engine = Engine::new(&spec).unwrap();
     engine.publish_fib(fixtures::topology());
     if logged {
         assert!(engine.enable_translog(case.iters as usize + 16));
     }
-    warm_pools(&engine, &spec);
+    warm_pools::<A>(&engine, &spec);
     // The session slab's chunks too: one is a 2 MiB page written once
     // (`rep stos`, which callgrind counts per iteration: 2.1 million for
     // 43,690 slots), more than 400 instructions a flow if charged to these.
-    engine.nat4().sessions.make_chunks(case.iters as usize);
+    A::nat(&engine).sessions.make_chunks(case.iters as usize);
     let mut w = engine.pipeline_seeded(PortRng::new(3));
     let frames: Vec<Vec<u8>> = (0..case.iters)
         .map(|i| {
             let (pod, pp, remote, rp) = common::flow(i, pods, 1000, 1_000_000);
+            let (pod, remote) = (A::of(pod), A::of(remote));
             fixtures::from_pod(pod.into(), remote.into(), fixtures::udp(pp, rp, &[0u8; 18])).frame()
         })
         .collect();
     let forwarded = icount_measured(&mut w, black_box(&frames), fixtures::INSIDE, case.iters);
     if blocks.is_some() {
         // The case measures block mode only if the flows took blocks.
-        let held: u32 = engine.nat4().block_pools().iter().map(|b| b.taken()).sum();
+        let held: u32 = A::nat(&engine).block_pools().iter().map(|b| b.taken()).sum();
         assert!(held as u64 >= pods, "{}: {held} blocks held by {pods} pods", case.name);
     }
     forwarded
@@ -278,11 +295,11 @@ fn new_flows(case: &Case, mapping: MappingBehavior, logged: bool, blocks: Option
 /// and its reverse table of 64,512 owner cells costs about 140,000
 /// instructions to build: 64 of them in 5,000 flows were 23 % of the count,
 /// which hid a rise of the work every flow does (10 % of it read as 7 %).
-fn warm_pools(engine: &Engine, spec: &egret_dataplane::tables::TablesSpec) {
+fn warm_pools<A: common::Family>(engine: &Engine, spec: &egret_dataplane::tables::TablesSpec) {
     let tables = engine.tables();
     for e in &spec.egress_ips {
-        let (std::net::IpAddr::V4(ip), Some(entry)) = (e.ip, tables.egress(e.ip)) else { continue };
-        engine.nat4().mappings.pool(ip, egret_dataplane::nat::key::proto::UDP, entry.ports);
+        let (Some(ip), Some(entry)) = (A::from_ip(e.ip), tables.egress(e.ip)) else { continue };
+        A::nat(engine).mappings.pool(ip, egret_dataplane::nat::key::proto::UDP, entry.ports);
     }
 }
 
