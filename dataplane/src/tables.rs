@@ -494,9 +494,8 @@ const NO_POLICY: u32 = u32::MAX;
 struct MemoEntry<A> {
     /// The policy's index ([`NO_POLICY`]: none).
     policy: u32,
-    /// The egress IP's place in the policy's list of its family.
-    egress: u16,
     pod: A,
+    egress: A,
 }
 
 impl<A: NatAddr + PolicyFamily> Default for EgressMemo<A> {
@@ -508,7 +507,7 @@ impl<A: NatAddr + PolicyFamily> Default for EgressMemo<A> {
 impl<A: NatAddr + PolicyFamily> EgressMemo<A> {
     /// Policies with more egress IPs than this use the memo.
     pub const MIN_IPS: usize = 4;
-    /// Sets: 2^12 of two entries (96 KiB for IPv4, 192 KiB for IPv6, made
+    /// Sets: 2^12 of two entries (96 KiB for IPv4, 288 KiB for IPv6, made
     /// on first use): 4,096 pods in turn miss 2 % of the time.
     const SET_BITS: u32 = 12;
 
@@ -526,26 +525,22 @@ impl<A: NatAddr + PolicyFamily> EgressMemo<A> {
         let set = &mut self.sets[Self::set(pod)];
         let holds = |e: &MemoEntry<A>| e.policy == policy.id.0 && e.pod == pod;
         if holds(&set[0]) {
-            return ips.get(usize::from(set[0].egress)).copied();
+            return Some(set[0].egress);
         }
         if holds(&set[1]) {
             set.swap(0, 1);
-            return ips.get(usize::from(set[0].egress)).copied();
+            return Some(set[0].egress);
         }
         let egress = paired_egress(pod, ips)?;
-        // The entry keeps the IP's place in the list (a list of 2^16 IPs
-        // or more, which no gateway holds, is scored every time).
-        if let Some(at) = ips.iter().position(|ip| *ip == egress).and_then(|at| u16::try_from(at).ok()) {
-            set[1] = set[0];
-            set[0] = MemoEntry { policy: policy.id.0, egress: at, pod };
-        }
+        set[1] = set[0];
+        set[0] = MemoEntry { policy: policy.id.0, pod, egress };
         Some(egress)
     }
 
     #[cold]
     fn reset(&mut self, generation: u64) {
         self.generation = generation;
-        let empty = MemoEntry { policy: NO_POLICY, egress: 0, pod: A::from_bits_zero() };
+        let empty = MemoEntry { policy: NO_POLICY, pod: A::from_bits_zero(), egress: A::from_bits_zero() };
         self.sets.clear();
         self.sets.resize(1 << Self::SET_BITS, [empty; 2]);
     }
