@@ -1197,6 +1197,8 @@ mod tests {
     /// 100 % of the time.
     #[test]
     fn egress_memo_holds_the_pod_layouts_of_real_clusters() {
+        /// A layout's name, and pod `p`'s address in it.
+        type Layout<A> = (&'static str, fn(u32) -> A);
         let ips: Vec<String> = (0..8).map(|i| format!("203.0.113.{}", 10 + i)).collect();
         let ips6: Vec<String> = (0..8).map(|i| format!("2001:db8::{:x}", 0x10 + i)).collect();
         let (ips, ips6): (Vec<&str>, Vec<&str>) =
@@ -1205,7 +1207,7 @@ mod tests {
         let t = Tables::compile(&v, 1, &PolicySlots::default()).unwrap();
         let (p4, p6) = (&t.policies[0], &t.policies[1]);
         // 1,000 pods: 31 nodes of 32, as a gateway sees a mid-sized cluster.
-        let v4_layouts: [(&str, fn(u32) -> Ipv4Addr); 2] = [
+        let v4_layouts: [Layout<Ipv4Addr>; 2] = [
             ("a /24 per node", |p| Ipv4Addr::new(10, 244, (p / 32) as u8, (2 + p % 32) as u8)),
             ("consecutive", |p| Ipv4Addr::from(0xC612_0001 + p)),
         ];
@@ -1215,7 +1217,7 @@ mod tests {
             let held = (0..1000).filter(|p| m.remembers(p4, pod(*p))).count();
             assert!(held >= 950, "{name}: {held} of 1,000 pods remembered");
         }
-        let v6_layouts: [(&str, fn(u32) -> Ipv6Addr); 4] = [
+        let v6_layouts: [Layout<Ipv6Addr>; 4] = [
             ("a /64 per node", |p| Ipv6Addr::new(0xfd00, 0x10, 0x244, (p / 32) as u16, 0, 0, 0, (2 + p % 32) as u16)),
             ("an /80 per node", |p| Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, (p / 32) as u16, 0, 0, (2 + p % 32) as u16)),
             ("Calico blocks of 64", |p| {
