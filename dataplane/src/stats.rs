@@ -157,11 +157,12 @@ named_enum! {
         /// (beyond its burst) on this worker: its new flow is dropped, its
         /// existing sessions are untouched (nat/flow_rate.rs).
         NewFlowRateLimited => "new_flow_rate_limited",
-        /// A new flow's packet that met another worker making the same
-        /// session, which was still not live after a short wait (its maker
-        /// stopped between two steps) or was removed again at once
+        /// A new flow's packet (outbound, or inbound under
+        /// endpoint-independent filtering) that met its flow's session
+        /// being made by another worker and still not live after a short
+        /// wait (its maker stopped between two steps), or being removed
         /// (nat/table.rs `made_first`): dropped; the flow's next packet
-        /// finds the session.
+        /// finds the session, or makes it again.
         SessionRace => "session_race",
         /// A translated packet to a pod behind a link Egret does not drive
         /// (an overlay's tunnel) that the gateway's kernel refused

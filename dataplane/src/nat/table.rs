@@ -1083,8 +1083,11 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 }
                 self.unadmit_source(owner.pod);
                 match e {
+                    // The key was in the index: a wait that runs out is a
+                    // race (its maker preempted, or the session dying), as
+                    // for an outbound creation, not a filtered endpoint.
                     InsertError::InboundTaken | InsertError::OutboundExists(_) => {
-                        self.made_first(key).ok_or(DropReason::InboundFiltered)
+                        self.made_first(key).ok_or(DropReason::SessionRace)
                     }
                     InsertError::Full => Err(DropReason::SessionTableFull),
                 }
@@ -1739,6 +1742,32 @@ mod tests {
         assert!(nat.remove(&s, End::unlogged(EndReason::Expired)));
         assert!(nat.remove(&first, End::unlogged(EndReason::Expired)));
         assert_eq!((nat.source_sessions(POD), pool.in_use(), nat.mappings.len()), (0, 0, 0));
+    }
+
+    /// A creation that meets its flow's session dying (another worker is
+    /// removing it) is a race, in either direction, and gives back what
+    /// it took (found by a review).
+    #[test]
+    fn a_creation_meeting_its_flows_dying_session_is_a_race() {
+        let t = tables(1, |s| s.nat.filtering = FilteringBehavior::EndpointIndependent);
+        let nat = NatTable::new(&t.nat);
+        let mut env = Env::new();
+        let s = nat.create_outbound(&req(40000, 3478, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+        let stranger = FlowKey::new(Ipv4Addr::new(203, 0, 113, 99), E, 9999, s.tuple.egress_port, proto::UDP);
+        let first = nat.create_inbound(&stranger, &t, &mut env.ctx(1)).unwrap();
+        let mut out = None;
+        nat.sessions.remove_with(s.index, s.seq, |_| {
+            out = Some(nat.create_outbound(&req(40000, 3478, proto::UDP), policy(&t), &t, &mut env.ctx(2)));
+        });
+        assert_eq!(out.unwrap().map(|_| ()), Err(DropReason::SessionRace), "outbound");
+        let mut got = None;
+        nat.sessions.remove_with(first.index, first.seq, |_| {
+            got = Some(nat.create_inbound(&stranger, &t, &mut env.ctx(2)));
+        });
+        assert_eq!(got.unwrap().map(|_| ()), Err(DropReason::SessionRace), "inbound");
+        let pool = nat.mappings.existing_pool(E, proto::UDP).unwrap();
+        assert_eq!(pool.owner(40000).unwrap().refs, 2, "what the refused creations took is given back");
+        assert_eq!(nat.source_sessions(POD), 2);
     }
 
     #[test]
