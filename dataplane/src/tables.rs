@@ -545,8 +545,9 @@ impl<A: NatAddr + PolicyFamily> EgressMemo<A> {
         self.sets.resize(1 << Self::SET_BITS, [empty; 2]);
     }
 
-    /// The pod's set: each half of its address multiplied by an odd
-    /// constant (Fibonacci hashing), the top bits of their sum's mix.
+    /// The pod's set: each 64-bit half of its address multiplied by an
+    /// odd constant (Fibonacci hashing), the top bits of the two products
+    /// XORed.
     #[inline]
     fn set(pod: A) -> usize {
         let k = pod.sort_key();
