@@ -71,7 +71,7 @@ impl Case {
     fn unit(&self) -> &'static str {
         match self.setup {
             Setup::Established { .. } => "packet",
-            Setup::NewFlow(..) | Setup::NewFlowV6 | Setup::NewFlowInBlocks(_) => "new flow",
+            Setup::NewFlow { .. } | Setup::NewFlowInBlocks(_) => "new flow",
             Setup::Expiry(_) => "session ended",
         }
     }
@@ -82,11 +82,10 @@ enum Setup {
     /// `sessions` live sessions; frames of random ones among them, outbound or replies.
     Established { sessions: u64, reply: bool, v6: bool },
     /// A fresh engine; one frame per distinct new flow; translation logs
-    /// on when `true` (a ring holding every record: the workers' own cost).
-    NewFlow(MappingBehavior, bool),
-    /// As `NewFlow` (EIM, no logs) in IPv6: the IPv4 case's flows in the
-    /// benchmarks' IPv6 prefixes (`common::Family`).
-    NewFlowV6,
+    /// on when `logged` (a ring holding every record: the workers' own
+    /// cost); IPv6 when `v6` (the IPv4 flows in the benchmarks' IPv6
+    /// prefixes, `common::Family`).
+    NewFlow { mapping: MappingBehavior, logged: bool, v6: bool },
     /// As `NewFlow` (EIM, no logs), the egress IPs in block mode with these
     /// blocks, and [`BLOCK_PODS`] pods: most flows take a port in their
     /// pod's block, one in about 78 takes a block (nat/port_blocks.rs).
@@ -137,13 +136,13 @@ const CASES: &[Case] = &[
         name: "new_flow_eim",
         iters: 5_000,
         what: "new UDP flow, endpoint-independent mapping (session and mapping made, port chosen)",
-        setup: Setup::NewFlow(MappingBehavior::EndpointIndependent, false),
+        setup: Setup::NewFlow { mapping: MappingBehavior::EndpointIndependent, logged: false, v6: false },
     },
     Case {
         name: "new_flow_eim_translog",
         iters: 5_000,
         what: "new UDP flow, endpoint-independent mapping, translation logs on (its create record pushed)",
-        setup: Setup::NewFlow(MappingBehavior::EndpointIndependent, true),
+        setup: Setup::NewFlow { mapping: MappingBehavior::EndpointIndependent, logged: true, v6: false },
     },
     Case {
         name: "expiry_eim",
@@ -167,13 +166,13 @@ const CASES: &[Case] = &[
         name: "new_flow_v6_eim",
         iters: 5_000,
         what: "new IPv6 UDP flow, endpoint-independent mapping (session and mapping made, port chosen)",
-        setup: Setup::NewFlowV6,
+        setup: Setup::NewFlow { mapping: MappingBehavior::EndpointIndependent, logged: false, v6: true },
     },
     Case {
         name: "new_flow_edm",
         iters: 5_000,
         what: "new UDP flow, endpoint-dependent mapping (session made, port chosen)",
-        setup: Setup::NewFlow(MappingBehavior::EndpointDependent, false),
+        setup: Setup::NewFlow { mapping: MappingBehavior::EndpointDependent, logged: false, v6: false },
     },
 ];
 
@@ -209,8 +208,8 @@ fn run_case(name: &str) -> Result<(), String> {
     let forwarded = match case.setup {
         Setup::Established { sessions: n, reply, v6: false } => established::<Ipv4Addr>(case, n, reply),
         Setup::Established { sessions: n, reply, v6: true } => established::<Ipv6Addr>(case, n, reply),
-        Setup::NewFlow(mapping, logged) => new_flows::<Ipv4Addr>(case, mapping, logged, None, 4096),
-        Setup::NewFlowV6 => new_flows::<Ipv6Addr>(case, MappingBehavior::EndpointIndependent, false, None, 4096),
+        Setup::NewFlow { mapping, logged, v6: false } => new_flows::<Ipv4Addr>(case, mapping, logged, None, 4096),
+        Setup::NewFlow { mapping, logged, v6: true } => new_flows::<Ipv6Addr>(case, mapping, logged, None, 4096),
         Setup::NewFlowInBlocks(blocks) => {
             new_flows::<Ipv4Addr>(case, MappingBehavior::EndpointIndependent, false, Some(blocks), BLOCK_PODS)
         }

@@ -1689,6 +1689,27 @@ mod tests {
         assert_eq!(nat.mappings.existing_pool(E, proto::UDP).unwrap().in_use(), 0);
     }
 
+    /// A table under endpoint-independent filtering, and its environment.
+    fn eif_table() -> (Tables, NatTable<Ipv4Addr>, Env) {
+        let t = tables(1, |s| s.nat.filtering = FilteringBehavior::EndpointIndependent);
+        let nat = NatTable::new(&t.nat);
+        (t, nat, Env::new())
+    }
+
+    /// The pod's session to REMOTE from port 40000, then a stranger's
+    /// inbound session on its mapping: (the outbound, the stranger's key,
+    /// the inbound).
+    fn outbound_then_inbound(
+        t: &Tables,
+        nat: &NatTable<Ipv4Addr>,
+        env: &mut Env,
+    ) -> (SessionView<Ipv4Addr>, FlowKey<Ipv4Addr>, SessionView<Ipv4Addr>) {
+        let s = nat.create_outbound(&req(40000, 3478, proto::UDP), policy(t), t, &mut env.ctx(0)).unwrap();
+        let stranger = FlowKey::new(Ipv4Addr::new(203, 0, 113, 99), E, 9999, s.tuple.egress_port, proto::UDP);
+        let first = nat.create_inbound(&stranger, t, &mut env.ctx(1)).unwrap();
+        (s, stranger, first)
+    }
+
     /// A worker whose flow another worker made between its lookup and its
     /// insert (the flow cache missed on both) is answered that worker's
     /// session, and gives back all it took for its own: the pod's session
@@ -1727,12 +1748,8 @@ mod tests {
             assert_eq!((nat.source_sessions(POD), pool.in_use()), (0, 0), "{mapping:?}");
         }
         // An inbound creation (endpoint-independent filtering) the same way.
-        let t = tables(1, |s| s.nat.filtering = FilteringBehavior::EndpointIndependent);
-        let nat = NatTable::new(&t.nat);
-        let mut env = Env::new();
-        let s = nat.create_outbound(&req(40000, 3478, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
-        let stranger = FlowKey::new(Ipv4Addr::new(203, 0, 113, 99), E, 9999, s.tuple.egress_port, proto::UDP);
-        let first = nat.create_inbound(&stranger, &t, &mut env.ctx(1)).unwrap();
+        let (t, nat, mut env) = eif_table();
+        let (s, stranger, first) = outbound_then_inbound(&t, &nat, &mut env);
         let again = nat.create_inbound(&stranger, &t, &mut env.ctx(1)).unwrap();
         assert_eq!((again.index, again.seq), (first.index, first.seq), "inbound: the first session");
         assert_eq!((nat.sessions.len(), nat.source_sessions(POD)), (2, 2), "inbound: the loser's count given back");
@@ -1749,12 +1766,8 @@ mod tests {
     /// it took (found by a review).
     #[test]
     fn a_creation_meeting_its_flows_dying_session_is_a_race() {
-        let t = tables(1, |s| s.nat.filtering = FilteringBehavior::EndpointIndependent);
-        let nat = NatTable::new(&t.nat);
-        let mut env = Env::new();
-        let s = nat.create_outbound(&req(40000, 3478, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
-        let stranger = FlowKey::new(Ipv4Addr::new(203, 0, 113, 99), E, 9999, s.tuple.egress_port, proto::UDP);
-        let first = nat.create_inbound(&stranger, &t, &mut env.ctx(1)).unwrap();
+        let (t, nat, mut env) = eif_table();
+        let (s, stranger, first) = outbound_then_inbound(&t, &nat, &mut env);
         let mut out = None;
         nat.sessions.remove_with(s.index, s.seq, |_| {
             out = Some(nat.create_outbound(&req(40000, 3478, proto::UDP), policy(&t), &t, &mut env.ctx(2)));
