@@ -823,6 +823,9 @@ impl SyncLoop {
                 .collect();
             let fields = inputs.iter().filter_map(|(ip, i)| Some((*ip, i.ha.clone()?))).collect();
             mgr.set_record_fields(fields);
+            mgr.set_record_owner(
+                self.opts.lease_owner.for_namespace(&self.opts.lease_namespace).as_ref().map(super::lease::Owner::from),
+            );
             // Renewals are the renewer's (renewer.rs); everything else is sent here.
             let actions = mgr.plan(now, &candidates, applied);
             (inputs, actions)

@@ -447,6 +447,9 @@ pub struct LeaseManager {
     /// What a held IP's record should say of the peer channel. See
     /// [`LeaseManager::set_record_fields`].
     record_fields: BTreeMap<IpAddr, HaFields>,
+    /// The owner reference every record should carry (the gateway's
+    /// DaemonSet, once read). See [`LeaseManager::set_record_owner`].
+    record_owner: Option<Owner>,
 }
 
 /// Whether `r` carries `f`: the failsafe peers, the incarnation and the
@@ -455,6 +458,15 @@ fn record_says(r: &LeaseRecord, f: &HaFields) -> bool {
     r.failsafe.as_ref().is_some_and(|p| p.iter().eq(f.failsafe_peers.iter().collect::<BTreeSet<_>>()))
         && r.incarnation == Some(f.incarnation)
         && r.standby == f.standby
+}
+
+/// Whether `r` lacks the owner reference `owner` it should carry.
+fn lacks_owner(owner: Option<&Owner>, r: &LeaseRecord) -> bool {
+    owner.is_some_and(|o| {
+        !r.owners
+            .iter()
+            .any(|x| x.api_version == o.api_version && x.kind == o.kind && x.name == o.name && x.uid == o.uid)
+    })
 }
 
 /// With liveness Leases, when a free IP's turn passes to the candidates
@@ -514,6 +526,7 @@ impl LeaseManager {
             liveness: None,
             competing: None,
             record_fields: BTreeMap::new(),
+            record_owner: None,
         }
     }
 
@@ -525,6 +538,17 @@ impl LeaseManager {
     /// deferral), and a standby that dropped its copy must not be named.
     pub fn set_record_fields(&mut self, fields: BTreeMap<IpAddr, HaFields>) {
         self.record_fields = fields;
+    }
+
+    /// The owner reference every record should carry (the gateway's
+    /// DaemonSet; None while it is not known or being deleted). Every write
+    /// adds it, but with liveness Leases a held record is not written
+    /// again: one created before the DaemonSet was read would never get it
+    /// (`k8s_node` found one), and an uninstall would leave it behind. Such
+    /// a record is rewritten once, like one whose peer-channel fields
+    /// differ.
+    pub fn set_record_owner(&mut self, owner: Option<Owner>) {
+        self.record_owner = owner;
     }
 
     /// From now on held IPs are not renewed one by one: this gateway
@@ -1132,7 +1156,8 @@ impl LeaseManager {
                     (Some((epoch, Some(_))), Some(r), Some(rv))
                         if mine_on_server
                             && (r.epoch != Some(epoch)
-                                || self.record_fields.get(ip).is_some_and(|f| !record_says(r, f))) =>
+                                || self.record_fields.get(ip).is_some_and(|f| !record_says(r, f))
+                                || lacks_owner(self.record_owner.as_ref(), r)) =>
                     {
                         Some(Action::Acquire {
                             resource_version: rv,
@@ -1593,6 +1618,42 @@ mod tests {
         assert_eq!(taken, None, "a rewrite is no take-over");
         assert!(a.held(t1).contains(&x));
         assert_eq!(a.plan(t1 + P, &c, true), vec![]);
+    }
+
+    /// With liveness Leases a held record written before the gateway read
+    /// its DaemonSet is rewritten once to carry the DaemonSet as owner
+    /// (an uninstall deletes the records through it), and not again while
+    /// it does; a DaemonSet not known asks for nothing.
+    #[test]
+    fn with_liveness_a_held_record_without_its_owner_is_rewritten_once() {
+        let t0 = Instant::now();
+        let x = ip("198.51.100.10");
+        let c = cands("198.51.100.10", &["gw-a", "gw-b"]);
+        let (mut a, _, mut mine) = holding_by_liveness("gw-a", x, &c, t0);
+        a.observe(x, Some(mine.clone()), t0);
+        let t1 = t0 + P;
+        assert_eq!(a.plan(t1, &c, true), vec![], "no owner known yet");
+        let ds = Owner {
+            api_version: "apps/v1".into(),
+            kind: "DaemonSet".into(),
+            name: "egret-gateway".into(),
+            uid: "u-1".into(),
+            ..Default::default()
+        };
+        a.set_record_owner(Some(ds.clone()));
+        let actions = a.plan(t1, &c, true);
+        let [(_, rewrite @ Action::Acquire { keep_acquire_time: true, previous: None, .. })] = actions.as_slice()
+        else {
+            panic!("{actions:?}")
+        };
+        mine.owners = vec![ds.clone()];
+        mine.resource_version = "11".into();
+        assert_eq!(a.on_result(x, rewrite, t1, Ok(Some(mine.clone())), t1), None, "a rewrite is no take-over");
+        assert!(a.held(t1).contains(&x));
+        assert_eq!(a.plan(t1 + P, &c, true), vec![], "it carries its owner");
+        // The DaemonSet deleted and made again: a new uid.
+        a.set_record_owner(Some(Owner { uid: "u-2".into(), ..ds }));
+        assert!(matches!(a.plan(t1 + P + P, &c, true).as_slice(), [(_, Action::Acquire { .. })]));
     }
 
     /// A cold start with liveness Leases: the second-ranked gateway's turn
