@@ -327,6 +327,8 @@ impl Pipeline {
     /// revalidation after a reload). Bounded, so it can run between batches.
     pub fn tick(&mut self, now: Timestamp, budget: u32) -> u32 {
         let tables = self.tables.load();
+        self.flows.pools_v4.let_go(tables.generation);
+        self.flows.pools_v6.let_go(tables.generation);
         let s = now.secs();
         let log = self.log.as_deref().map(|ring| LogTo { ring, stats: &self.stats, now_ms: now.as_millis() });
         self.shared.nat4.sweep(budget, s, tables, &self.stats, log)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::key::NatAddr;
+use super::key::{proto, NatAddr};
 use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
 
 /// Key of the forward index.
@@ -96,26 +96,21 @@ impl<A: NatAddr> Mappings<A> {
         self.with_owners
     }
 
-    /// The pool of (egress, proto), created with `range` on first use. A pool
-    /// whose range differs from `range` is replaced (its sessions are
-    /// invalidated by the configuration change that moved the range).
+    /// The pool of (egress, proto), created with `range` on first use. A
+    /// pool whose range differs is kept, its range moved: the sessions made
+    /// before keep their ports until they end (those outside the new range
+    /// are removed as no longer valid) and release them into it (ADR 0042).
     pub fn pool(&self, egress: A, proto: u8, range: PortRange) -> Arc<PortPool<A>> {
-        if let Some(p) = self.pools.get(&(egress, proto)) {
-            if p.range() == range {
-                return p.clone();
-            }
-        }
-        let p = Arc::new(PortPool::new(range, self.with_owners));
-        match self.pools.entry((egress, proto)) {
-            dashmap::Entry::Occupied(mut o) => {
-                if o.get().range() == range {
-                    return o.get().clone();
-                }
-                o.insert(p.clone());
-            }
-            dashmap::Entry::Vacant(v) => {
-                v.insert(p.clone());
-            }
+        let p = match self.pools.get(&(egress, proto)) {
+            Some(p) => p.clone(),
+            None => self
+                .pools
+                .entry((egress, proto))
+                .or_insert_with(|| Arc::new(PortPool::new(range, self.with_owners)))
+                .clone(),
+        };
+        if p.range() != range {
+            p.set_range(range);
         }
         p
     }
@@ -130,10 +125,21 @@ impl<A: NatAddr> Mappings<A> {
         self.pools.iter().map(|e| (e.key().0, e.key().1, e.value().clone())).collect()
     }
 
-    /// Removes the pools of an egress IP this gateway no longer owns.
-    pub fn forget_egress(&self, egress: A) {
-        self.pools.retain(|k, _| k.0 != egress);
-        self.by_inside.retain(|k, _| k.egress != egress);
+    /// Drops the pools of an egress IP this gateway no longer holds that
+    /// nothing holds any more, and their mappings. A pool still held by a
+    /// session (its sweep has not reached it yet) stays, so the session
+    /// releases into it, and the IP, back before then, finds its ports
+    /// still claimed. Returns whether every pool of `egress` is gone.
+    pub fn forget_egress(&self, egress: A) -> bool {
+        let mut left = false;
+        for p in POOL_PROTOCOLS {
+            self.pools.remove_if(&(egress, p), |_, pool| unused(pool));
+            left |= self.pools.contains_key(&(egress, p));
+        }
+        if !left {
+            self.by_inside.retain(|k, _| k.egress != egress);
+        }
+        !left
     }
 
     /// Asks for the line of the mapping of (pod, pod port, protocol) on
@@ -158,21 +164,23 @@ impl<A: NatAddr> Mappings<A> {
         attempts: u32,
         rng: &mut PortRng,
     ) -> Option<Acquired> {
-        self.try_acquire(pool, req, attempts, rng).ok()
+        self.try_acquire(pool, req, pool.range(), attempts, rng).ok()
     }
 
-    /// [`Mappings::acquire`], saying why no port was given. Reusing an
-    /// existing mapping costs no quota; a new one counts against the pod's
-    /// quota in `pool` until it is freed.
+    /// [`Mappings::acquire`] with a new port drawn from `range` (the egress
+    /// IP's, in the caller's configuration), saying why no port was given.
+    /// Reusing an existing mapping costs no quota; a new one counts against
+    /// the pod's quota in `pool` until it is freed.
     pub fn try_acquire(
         &self,
         pool: &PortPool<A>,
         req: MappingRequest<A>,
+        range: PortRange,
         attempts: u32,
         rng: &mut PortRng,
     ) -> Result<Acquired, AcquireError> {
         self.try_acquire_by(pool, req, || {
-            for (i, port) in candidates(req.pod_port, pool.range(), attempts, rng).enumerate() {
+            for (i, port) in candidates(req.pod_port, range, attempts, rng).enumerate() {
                 if pool.try_claim(port, req.pod, req.pod_port) {
                     return Ok(if i == 0 && port == req.pod_port {
                         Acquired::Preserved(port)
@@ -315,6 +323,25 @@ impl<A: NatAddr> Mappings<A> {
     }
 }
 
+/// The protocols with port pools: TCP and UDP ports, ICMP and ICMPv6
+/// query identifiers.
+const POOL_PROTOCOLS: [u8; 4] = [proto::TCP, proto::UDP, proto::ICMP, proto::ICMPV6];
+
+/// Whether nothing holds `pool`: no port or pod counted in it, and no
+/// reference but the map's (a worker on an older snapshot may be about to
+/// claim in a pool it already holds; its claim then keeps the pool).
+/// Asked under the map's shard lock, which every new reference is taken
+/// under.
+fn unused<A: NatAddr>(pool: &Arc<PortPool<A>>) -> bool {
+    if Arc::strong_count(pool) != 1 {
+        return false;
+    }
+    // The last other reference was dropped (a release decrement) after
+    // its claims were counted: see them.
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+    pool.is_idle()
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -383,7 +410,7 @@ mod tests {
         pool.set_source_quota(3);
         let mut rng = PortRng::new(5);
         let ask = |pod, pod_port, rng: &mut PortRng| {
-            m.try_acquire(&pool, MappingRequest { egress: E, pod, pod_port, proto: UDP }, 64, rng)
+            m.try_acquire(&pool, MappingRequest { egress: E, pod, pod_port, proto: UDP }, pool.range(), 64, rng)
         };
         for p in 1..=3 {
             assert!(ask(POD, p, &mut rng).is_ok());
@@ -396,19 +423,46 @@ mod tests {
     }
 
     #[test]
-    fn changing_the_range_replaces_the_pool() {
+    fn changing_the_range_keeps_the_pool_and_its_claims() {
         let m = Mappings::new(true);
         let p1 = m.pool(E, UDP, PortRange { first: 1000, last: 1999 });
-        let p2 = m.pool(E, UDP, PortRange { first: 2000, last: 2999 });
-        assert!(!Arc::ptr_eq(&p1, &p2));
-        assert!(Arc::ptr_eq(&p2, &m.pool(E, UDP, PortRange { first: 2000, last: 2999 })));
         let mut rng = PortRng::new(1);
-        let a =
-            m.acquire(&p1, MappingRequest { egress: E, pod: POD, pod_port: 1500, proto: UDP }, 4, &mut rng).unwrap();
-        assert_eq!(a, Acquired::Preserved(1500));
-        // The old mapping is stale against the new pool: a fresh one is made.
-        let b =
-            m.acquire(&p2, MappingRequest { egress: E, pod: POD, pod_port: 1500, proto: UDP }, 4, &mut rng).unwrap();
-        assert!(matches!(b, Acquired::Random(p) if (2000..=2999).contains(&p)));
+        let req = MappingRequest { egress: E, pod: POD, pod_port: 1500, proto: UDP };
+        assert_eq!(m.acquire(&p1, req, 4, &mut rng), Some(Acquired::Preserved(1500)));
+        let p2 = m.pool(E, UDP, PortRange { first: 1000, last: 2999 });
+        assert!(Arc::ptr_eq(&p1, &p2), "one pool for the IP's life");
+        assert_eq!(p2.range(), PortRange { first: 1000, last: 2999 });
+        // The pod port's next flow joins its mapping; another pod never gets the port.
+        assert_eq!(m.acquire(&p2, req, 4, &mut rng), Some(Acquired::Existing(1500)));
+        assert!(!p2.try_claim(1500, POD2, 1500));
+        // A narrowed range draws from the new one; the old port is still held.
+        let p3 = m.pool(E, UDP, PortRange { first: 2000, last: 2999 });
+        let other = MappingRequest { egress: E, pod: POD2, pod_port: 1500, proto: UDP };
+        assert!(matches!(m.acquire(&p3, other, 4, &mut rng), Some(Acquired::Random(p)) if (2000..=2999).contains(&p)));
+        m.release(E, POD, 1500, UDP, 1500);
+        assert_eq!(p3.owner(1500).map(|o| o.refs), Some(1));
+        m.release(E, POD, 1500, UDP, 1500);
+        assert_eq!(p3.owner(1500), None);
+    }
+
+    #[test]
+    fn a_forgotten_egress_ip_keeps_a_pool_something_holds() {
+        let m = Mappings::new(true);
+        let pool = m.pool(E, UDP, PortRange::default());
+        let mut rng = PortRng::new(2);
+        let req = MappingRequest { egress: E, pod: POD, pod_port: 40000, proto: UDP };
+        assert!(m.acquire(&pool, req, 4, &mut rng).is_some());
+        assert!(!m.forget_egress(E), "a reference besides the map's");
+        drop(pool);
+        assert!(!m.forget_egress(E), "a mapping lives");
+        // Back before its session ended: the same pool, the mapping joined.
+        let pool = m.pool(E, UDP, PortRange::default());
+        assert_eq!(m.acquire(&pool, req, 4, &mut rng), Some(Acquired::Existing(40000)));
+        m.release(E, POD, 40000, UDP, 40000);
+        m.release(E, POD, 40000, UDP, 40000);
+        drop(pool);
+        assert!(m.forget_egress(E), "nothing holds it");
+        assert!(m.existing_pool(E, UDP).is_none());
+        assert_eq!(m.len(), 0);
     }
 }

@@ -6,11 +6,13 @@
 //! atomic writes to a line that every worker making flows on that egress IP
 //! writes too. The memo keeps the worker's own reference per (egress IP,
 //! protocol) in a direct-mapped array, for one snapshot of the tables: it is
-//! emptied when the tables' generation changes, the only time a pool is
-//! replaced (its egress IP's port range changed) or forgotten (the egress IP
-//! given up), both in `Engine::publish` (engine/mod.rs). Within a
-//! generation the memo's pool is the one the shared map holds, so a flow
-//! allocates from the same pool either way.
+//! emptied when the tables' generation changes, the only time a pool can be
+//! forgotten (its egress IP given up, `Engine::publish`, engine/mod.rs), and
+//! by the worker's periodic tick once the generation moved on, so a memo
+//! does not keep a forgotten IP's pool alive (ADR 0042: a pool goes only
+//! when no reference but the map's is left). A pool is never replaced (a
+//! new range moves the same pool's), so the memo's pool is the one the
+//! shared map holds, and a flow allocates from the same pool either way.
 
 use std::sync::Arc;
 
@@ -59,6 +61,16 @@ impl<A: NatAddr> PoolMemo<A> {
         &entry.get_or_insert_with(|| (egress, proto, make())).2
     }
 
+    /// Drops every reference when the tables moved past the memo's
+    /// generation (the worker's tick; nothing to do otherwise).
+    #[inline]
+    pub fn let_go(&mut self, generation: u64) {
+        if self.generation != generation && !self.entries.is_empty() {
+            self.generation = generation;
+            self.entries.clear();
+        }
+    }
+
     #[cold]
     fn reset(&mut self, generation: u64) {
         self.generation = generation;
@@ -105,9 +117,22 @@ mod tests {
         });
         assert!(Arc::ptr_eq(got, &a), "the memo's pool within a generation");
         assert_eq!(asked, 1);
-        // A new snapshot may have replaced or forgotten the pool.
+        // A new snapshot may have forgotten the pool.
         let got = memo.get(2, ip, proto::UDP, || b.clone());
         assert!(Arc::ptr_eq(got, &b), "asked again under a new generation");
+    }
+
+    /// The tick lets go of a past generation's pools: a forgotten egress
+    /// IP's pool goes only once no reference but the map's is left.
+    #[test]
+    fn the_tick_lets_go_of_a_past_generations_pools() {
+        let mut memo = PoolMemo::default();
+        let a = pool();
+        memo.get(1, Ipv4Addr::new(203, 0, 113, 10), proto::UDP, || a.clone());
+        memo.let_go(1);
+        assert_eq!(Arc::strong_count(&a), 2, "its generation is current: kept");
+        memo.let_go(2);
+        assert_eq!(Arc::strong_count(&a), 1);
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! which is what it can exhaust for the others.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
@@ -133,15 +134,35 @@ pub struct Owner<A> {
 /// lock and table).
 const SOURCE_SHARDS: usize = 64;
 
-/// The ports of one (egress IP, protocol).
+/// Ports per chunk of owner cells: a chunk is made when a port in it is
+/// first claimed.
+const CHUNK_BITS: u32 = 10;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// The owner cells of one chunk of ports.
+type Chunk<A> = Box<[Mutex<Owner<A>>]>;
+
+/// The ports of one (egress IP, protocol), for as long as a session holds
+/// one of them.
+///
+/// The pool outlives a change of the egress IP's range (the range is only
+/// where new ports are drawn, and what the port-use report divides by):
+/// the sessions made before the change release into the pool they took
+/// from, and a port they hold is never given to another pod. A new pool
+/// in its place (as before) lost their claims: a port could be used
+/// twice, and a mapping freed while in use (ADR 0042).
 ///
 /// An owner cell is free when its reference count is 0 (no `Option`: a cell
-/// is 16 bytes for IPv4, so the reverse table of a whole default range costs
-/// 452 KB per egress IP and protocol).
+/// is 16 bytes for IPv4). The cells cover every port, in chunks of 1,024
+/// made on first use, so a range can move without moving them: the
+/// reverse table of the default range costs 28 chunks, 448 KiB per egress
+/// IP and protocol.
 #[derive(Debug)]
 pub struct PortPool<A: NatAddr> {
-    range: PortRange,
-    owners: Box<[Mutex<Owner<A>>]>,
+    /// The range's first port (high 16 bits) and last (low 16 bits).
+    range: AtomicU32,
+    /// `65536 / CHUNK` chunks in endpoint-independent mode, none otherwise.
+    chunks: Box<[OnceLock<Chunk<A>>]>,
     in_use: AtomicU32,
     exhausted: AtomicU64,
     /// Ports each pod holds in this pool, keyed (pod, zero, 0) for
@@ -151,20 +172,51 @@ pub struct PortPool<A: NatAddr> {
     over_quota: AtomicU64,
 }
 
+fn packed(r: PortRange) -> u32 {
+    u32::from(r.first) << 16 | u32::from(r.last)
+}
+
 impl<A: NatAddr> PortPool<A> {
     /// A pool over `range`; `with_owners` allocates the reverse table
     /// (endpoint-independent mode).
     pub fn new(range: PortRange, with_owners: bool) -> Self {
-        let n = if with_owners { range.len() as usize } else { 0 };
-        PortPool {
-            range,
-            owners: (0..n).map(|_| Mutex::new(Owner { pod: A::from_bits_zero(), pod_port: 0, refs: 0 })).collect(),
+        let n = if with_owners { (1 << 16) / CHUNK } else { 0 };
+        let pool = PortPool {
+            range: AtomicU32::new(packed(range)),
+            chunks: (0..n).map(|_| OnceLock::new()).collect(),
             in_use: AtomicU32::new(0),
             exhausted: AtomicU64::new(0),
             per_source: DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SOURCE_SHARDS),
             source_quota: AtomicU32::new(u32::MAX),
             over_quota: AtomicU64::new(0),
+        };
+        pool.make_cells(range);
+        pool
+    }
+
+    /// Moves the range new ports are drawn from (the egress IP's `ports`
+    /// changed). What is claimed stays claimed.
+    pub fn set_range(&self, range: PortRange) {
+        self.make_cells(range);
+        self.range.store(packed(range), Ordering::Relaxed);
+    }
+
+    /// Makes the owner cells of `range` now, as the pool is made or its
+    /// range moved, rather than at the first claims of a chunk (a new
+    /// flow would pay for 1,024 cells).
+    fn make_cells(&self, range: PortRange) {
+        if self.chunks.is_empty() || range.is_empty() {
+            return;
         }
+        for c in usize::from(range.first) >> CHUNK_BITS..=usize::from(range.last) >> CHUNK_BITS {
+            let _ = self.cell_made((c << CHUNK_BITS) as u16);
+        }
+    }
+
+    /// Whether nothing is held: no port (or session) in use and no pod
+    /// counted.
+    pub fn is_idle(&self) -> bool {
+        self.in_use() == 0 && self.per_source.is_empty()
     }
 
     /// Sets how many ports one pod may hold in this pool (the NAT sets it
@@ -246,16 +298,27 @@ impl<A: NatAddr> PortPool<A> {
         self.over_quota.load(Ordering::Relaxed)
     }
 
-    /// The pool's range.
+    /// The range new ports are drawn from (the egress IP's range, as last
+    /// set).
     pub fn range(&self) -> PortRange {
-        self.range
+        let r = self.range.load(Ordering::Relaxed);
+        PortRange { first: (r >> 16) as u16, last: r as u16 }
     }
 
+    /// `port`'s owner cell, if its chunk was made.
+    #[inline]
     fn cell(&self, port: u16) -> Option<&Mutex<Owner<A>>> {
-        if !self.range.contains(port) {
-            return None;
-        }
-        self.owners.get(usize::from(port - self.range.first))
+        let chunk = self.chunks.get(usize::from(port) >> CHUNK_BITS)?.get()?;
+        chunk.get(usize::from(port) & (CHUNK - 1))
+    }
+
+    /// `port`'s owner cell, its chunk made if need be (None in
+    /// endpoint-dependent mode).
+    fn cell_made(&self, port: u16) -> Option<&Mutex<Owner<A>>> {
+        let chunk = self.chunks.get(usize::from(port) >> CHUNK_BITS)?.get_or_init(|| {
+            (0..CHUNK).map(|_| Mutex::new(Owner { pod: A::from_bits_zero(), pod_port: 0, refs: 0 })).collect()
+        });
+        chunk.get(usize::from(port) & (CHUNK - 1))
     }
 
     /// Asks for the line of `port`'s owner cell (nat/map_prefetch.rs).
@@ -274,9 +337,12 @@ impl<A: NatAddr> PortPool<A> {
         super::map_prefetch::bucket(&self.per_source, &(pod, remote, remote_port));
     }
 
-    /// Claims `port` for (pod, pod_port) if it is free. Try-insert.
+    /// Claims `port` for (pod, pod_port) if it is free. Try-insert. The
+    /// caller draws `port` from the range its configuration gives (a
+    /// worker on the snapshot before a change of range still uses the old
+    /// one, and its session is then removed as no longer valid).
     pub fn try_claim(&self, port: u16, pod: A, pod_port: u16) -> bool {
-        let Some(cell) = self.cell(port) else { return false };
+        let Some(cell) = self.cell_made(port) else { return false };
         let mut o = cell.lock();
         if o.refs != 0 {
             return false;
@@ -396,7 +462,6 @@ mod tests {
         let b = Ipv4Addr::new(192, 0, 2, 2);
         assert!(pool.try_claim(100, a, 5000));
         assert!(!pool.try_claim(100, b, 5000), "taken");
-        assert!(!pool.try_claim(99, b, 5000), "outside the range");
         assert!(pool.add_ref(100, a, 5000));
         assert!(!pool.add_ref(100, b, 5000), "not the owner");
         assert_eq!(pool.in_use(), 1);

@@ -29,7 +29,7 @@
 //! instant name a block it is losing; [`BlockPool::join`] is the check
 //! that counts.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use super::key::NatAddr;
 use super::port_alloc::{PortRange, PortRng};
+use super::session::session_flags;
 use crate::translog::{LogKind, LogRecord, LogTo};
 
 /// The smallest block: a pod with fewer ports would need a record per few
@@ -165,12 +166,19 @@ impl Held {
     }
 }
 
-/// The blocks of one egress IP in block mode.
+/// The blocks of one egress IP in block mode, for as long as a session
+/// holds one of them. A change of `logSessions` or `maxPerPod` applies to
+/// it in place; a change of its geometry (the block size or the IP's
+/// range) makes a new pool of the next [`BlockPool::epoch`], and this one
+/// lives on, retired, until its last block is freed (ADR 0042).
 #[derive(Debug)]
 pub struct BlockPool<A: NatAddr> {
     egress: A,
-    cfg: PortBlocks,
+    size: u16,
+    max_per_pod: AtomicU16,
+    log_sessions: AtomicBool,
     range: PortRange,
+    epoch: u16,
     shift: u32,
     first: u32,
     cells: Box<[Mutex<Cell<A>>]>,
@@ -180,14 +188,30 @@ pub struct BlockPool<A: NatAddr> {
     pod_limit: AtomicU64,
 }
 
+/// How many pools of one egress IP a session tells apart: its pool's
+/// [`BlockPool::epoch`] travels in its flags ([`session_flags::BLOCK_EPOCH`]).
+pub const EPOCHS: u16 = 16;
+
 impl<A: NatAddr> BlockPool<A> {
     /// The blocks of `egress` over `range` (`cfg` validated against it).
     pub fn new(egress: A, cfg: PortBlocks, range: PortRange) -> Self {
+        Self::of_epoch(egress, cfg, range, 0)
+    }
+
+    /// The pool replacing this one for a new geometry: the next epoch.
+    pub fn next(&self, cfg: PortBlocks, range: PortRange) -> Self {
+        Self::of_epoch(self.egress, cfg, range, (self.epoch + 1) % EPOCHS)
+    }
+
+    fn of_epoch(egress: A, cfg: PortBlocks, range: PortRange, epoch: u16) -> Self {
         let (first, count) = cfg.blocks_in(range);
         BlockPool {
             egress,
-            cfg,
+            size: cfg.size,
+            max_per_pod: AtomicU16::new(cfg.max_per_pod),
+            log_sessions: AtomicBool::new(cfg.log_sessions),
             range,
+            epoch,
             shift: u32::from(cfg.size.max(1)).trailing_zeros(),
             first,
             cells: (0..count)
@@ -200,14 +224,52 @@ impl<A: NatAddr> BlockPool<A> {
         }
     }
 
+    /// Whether `cfg` over `range` lays the blocks out as this pool does
+    /// (the same size and range): then it applies in place
+    /// ([`BlockPool::set_config`]).
+    pub fn same_geometry(&self, cfg: PortBlocks, range: PortRange) -> bool {
+        cfg.size == self.size && range == self.range
+    }
+
+    /// Applies `cfg`'s `maxPerPod` and `logSessions` (its geometry is
+    /// this pool's). A lower `maxPerPod` takes no block away: it refuses
+    /// new ones.
+    pub fn set_config(&self, cfg: PortBlocks) {
+        self.max_per_pod.store(cfg.max_per_pod, Ordering::Relaxed);
+        self.log_sessions.store(cfg.log_sessions, Ordering::Relaxed);
+    }
+
+    /// Which pool of its egress IP this is (modulo [`EPOCHS`]).
+    pub fn epoch(&self) -> u16 {
+        self.epoch
+    }
+
+    /// The session flags naming this pool ([`session_flags::BLOCK_EPOCH`]).
+    pub fn epoch_flags(&self) -> u16 {
+        self.epoch << session_flags::BLOCK_EPOCH.trailing_zeros()
+    }
+
+    /// Whether a session with `flags` took its port here.
+    pub fn holds_session(&self, flags: u16) -> bool {
+        flags & session_flags::BLOCK_EPOCH == self.epoch_flags()
+    }
+
+    fn max_per_pod(&self) -> u16 {
+        self.max_per_pod.load(Ordering::Relaxed)
+    }
+
     /// The egress IP whose blocks these are.
     pub fn egress(&self) -> A {
         self.egress
     }
 
-    /// The configuration it was made with.
+    /// The configuration it applies.
     pub fn config(&self) -> PortBlocks {
-        self.cfg
+        PortBlocks {
+            size: self.size,
+            max_per_pod: self.max_per_pod(),
+            log_sessions: self.log_sessions.load(Ordering::Relaxed),
+        }
     }
 
     /// The range it was made over.
@@ -248,7 +310,7 @@ impl<A: NatAddr> BlockPool<A> {
     /// First and last port of block number `b`.
     pub fn bounds(&self, b: u16) -> (u16, u16) {
         let start = u32::from(b) << self.shift;
-        (start as u16, (start + u32::from(self.cfg.size) - 1) as u16)
+        (start as u16, (start + u32::from(self.size) - 1) as u16)
     }
 
     /// The block number of `port` and its cell, when `port` is in a block.
@@ -316,7 +378,7 @@ impl<A: NatAddr> BlockPool<A> {
     fn log(&self, kind: LogKind, pod: A, b: u16, log: Option<LogTo<'_>>) {
         if let Some(l) = log {
             let (start, end) = self.bounds(b);
-            l.push(LogRecord::block(kind, &pod, &self.egress, start, end, self.cfg.size, l.now_ms));
+            l.push(LogRecord::block(kind, &pod, &self.egress, start, end, self.size, l.now_ms));
         }
     }
 
@@ -329,7 +391,7 @@ impl<A: NatAddr> BlockPool<A> {
         }
         c.sessions = c.sessions.saturating_add(1);
         let off = c.next;
-        c.next = (off + 1) & (self.cfg.size - 1);
+        c.next = (off + 1) & (self.size - 1);
         Some(self.bounds(b).0 + off)
     }
 
@@ -346,7 +408,7 @@ impl<A: NatAddr> BlockPool<A> {
         }
         let b = (self.first + i as u32) as u16;
         let mut h = self.held.entry(pod).or_insert(Held::EMPTY);
-        if u16::from(h.n) >= self.cfg.max_per_pod {
+        if u16::from(h.n) >= self.max_per_pod() {
             drop(h);
             // Another worker took the pod's last block meanwhile: give this one back.
             self.cells[i].lock().taken = false;
@@ -382,7 +444,7 @@ impl<A: NatAddr> BlockPool<A> {
             if let Some(t) = self.in_held(pod, &held, log, &mut try_port) {
                 return Ok(t);
             }
-            if u16::from(held.n) >= self.cfg.max_per_pod {
+            if u16::from(held.n) >= self.max_per_pod() {
                 self.pod_limit.fetch_add(1, Ordering::Relaxed);
                 return Err(BlockRefusal::PodLimit);
             }
@@ -406,7 +468,7 @@ impl<A: NatAddr> BlockPool<A> {
             .iter()
             .rev()
             .map(|b| (*b, 1))
-            .chain(held.as_slice().iter().rev().map(|b| (*b, u32::from(self.cfg.size))));
+            .chain(held.as_slice().iter().rev().map(|b| (*b, u32::from(self.size))));
         let mut budget = SCAN_BUDGET;
         tries.find_map(|(b, n)| {
             for _ in 0..n.min(budget) {
@@ -434,7 +496,7 @@ impl<A: NatAddr> BlockPool<A> {
     ) -> Result<T, BlockRefusal> {
         let n = self.cells.len();
         let start = (((rng.next_u64() >> 32) * n as u64) >> 32) as usize;
-        let size = self.cfg.size;
+        let size = self.size;
         let off = (rng.next_u64() >> 32) as u16 & (size - 1);
         for k in 0..n {
             let i = (start + k) % n;

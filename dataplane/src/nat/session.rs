@@ -164,8 +164,12 @@ pub mod session_flags {
     /// Its creation was not logged per session (a pod in block mode, whose
     /// blocks are the log): its end is not either. Local, never sent.
     pub const UNLOGGED: u16 = 0x20;
+    /// With [`IN_BLOCK`]: which of its egress IP's block pools the block is
+    /// in (`BlockPool::epoch`; a change of block size or range makes a new
+    /// pool while the old one's sessions live). Local, never sent.
+    pub const BLOCK_EPOCH: u16 = 0x0F00;
     /// The flags that stay on this gateway (masked out of sync records).
-    pub const LOCAL: u16 = ADOPTED | IN_BLOCK | UNLOGGED;
+    pub const LOCAL: u16 = ADOPTED | IN_BLOCK | UNLOGGED | BLOCK_EPOCH;
 }
 
 /// A consistent copy of a live session, as read by a worker.

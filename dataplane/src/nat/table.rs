@@ -34,10 +34,12 @@
 //!   them with their exact ports when it takes the egress IP over
 //!   ([`NatTable::import`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crossbeam::queue::ArrayQueue;
 use dashmap::DashMap;
+use parking_lot::Mutex;
 
 use super::fragments::FragmentCache;
 use super::key::{proto, FlowKey, NatAddr, SessionTuple};
@@ -190,6 +192,26 @@ pub struct NatTable<A: NatAddr> {
     sync: OnceLock<SyncJournal<A>>,
     /// Port blocks of the egress IPs in block mode (nat/port_blocks.rs).
     blocks: DashMap<A, Arc<BlockPool<A>>, ahash::RandomState>,
+    /// Block pools replaced by a change of geometry whose blocks are still
+    /// held (rare; [`NatTable::block_pool`]).
+    retired_blocks: Mutex<Vec<Arc<BlockPool<A>>>>,
+    /// Egress IPs no longer held whose pools or blocks a session still
+    /// held when they left ([`NatTable::forget_egress`]), and whether
+    /// there are any (the sweep's test).
+    unheld_pools: Mutex<Vec<A>>,
+    pools_left: AtomicBool,
+}
+
+/// Whether nothing holds `b`: no block taken, and no reference but its
+/// holder's (the map's or the retired list's; a worker on an older
+/// snapshot may be about to take a block in it). Asked under the map's
+/// shard lock or the retired list's lock.
+fn blocks_unused<A: NatAddr>(b: &Arc<BlockPool<A>>) -> bool {
+    if Arc::strong_count(b) != 1 {
+        return false;
+    }
+    std::sync::atomic::fence(Ordering::Acquire);
+    b.taken() == 0
 }
 
 impl<A: NatAddr> std::fmt::Debug for NatTable<A> {
@@ -217,26 +239,49 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             port_users: DashMap::with_hasher(ahash::RandomState::new()),
             sync: OnceLock::new(),
             blocks: DashMap::with_hasher(ahash::RandomState::new()),
+            retired_blocks: Mutex::new(Vec::new()),
+            unheld_pools: Mutex::new(Vec::new()),
+            pools_left: AtomicBool::new(false),
         }
     }
 
     /// The port blocks of `egress` in block mode `cfg` over `range`, made
-    /// on first use and replaced when either changes (the old blocks'
-    /// sessions then leave nothing: their holder no longer matches).
+    /// on first use. A change of `logSessions` or `maxPerPod` applies in
+    /// place; a change of block size or range makes the next pool, and the
+    /// old one, while a block of it is held, is retired: its sessions
+    /// leave into it ([`session_flags::BLOCK_EPOCH`]) and its blocks' release
+    /// is logged as they are freed (ADR 0042).
     pub fn block_pool(&self, egress: A, cfg: PortBlocks, range: PortRange) -> Arc<BlockPool<A>> {
         if let Some(b) = self.blocks.get(&egress) {
-            if b.config() == cfg && b.range() == range {
+            if b.same_geometry(cfg, range) {
+                if b.config() != cfg {
+                    b.set_config(cfg);
+                }
                 return b.clone();
             }
         }
         match self.blocks.entry(egress) {
             dashmap::Entry::Occupied(mut o) => {
-                if o.get().config() != cfg || o.get().range() != range {
-                    o.insert(Arc::new(BlockPool::new(egress, cfg, range)));
+                if !o.get().same_geometry(cfg, range) {
+                    let next = Arc::new(o.get().next(cfg, range));
+                    let old = o.insert(next);
+                    self.retire_blocks(old);
+                } else if o.get().config() != cfg {
+                    o.get().set_config(cfg);
                 }
                 o.get().clone()
             }
             dashmap::Entry::Vacant(v) => v.insert(Arc::new(BlockPool::new(egress, cfg, range))).clone(),
+        }
+    }
+
+    /// Keeps `old`, no longer its egress IP's pool, while a block of it is
+    /// held (or a worker still holds it).
+    fn retire_blocks(&self, old: Arc<BlockPool<A>>) {
+        if !blocks_unused(&old) {
+            let mut retired = self.retired_blocks.lock();
+            retired.retain(|b| !blocks_unused(b));
+            retired.push(old);
         }
     }
 
@@ -246,9 +291,12 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     }
 
     /// Every egress IP's port blocks, including those of an IP no longer
-    /// in block mode whose blocks are still held (metrics, `egret port-blocks`).
+    /// in block mode and the pools retired by a change of block size or
+    /// range whose blocks are still held (metrics, `egret port-blocks`).
     pub fn block_pools(&self) -> Vec<Arc<BlockPool<A>>> {
-        self.blocks.iter().map(|b| b.value().clone()).collect()
+        let mut all: Vec<_> = self.blocks.iter().map(|b| b.value().clone()).collect();
+        all.extend(self.retired_blocks.lock().iter().cloned());
+        all
     }
 
     /// Connects the XDP program's mapped-port filter (once, before traffic).
@@ -265,15 +313,45 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         }
     }
 
-    /// Forgets an egress IP this gateway no longer holds: its pools,
-    /// mappings and port filter.
+    /// Forgets an egress IP this gateway no longer holds: its port
+    /// filter, and its pools, mappings and blocks once nothing holds them.
+    /// Those its sessions still hold (the sweep has not reached them)
+    /// stay, so each session gives back what it took, and the IP, back
+    /// before then, finds its ports still taken; the sweep forgets them
+    /// once they are free ([`NatTable::sweep`], ADR 0042).
     pub fn forget_egress(&self, egress: A) {
-        self.mappings.forget_egress(egress);
-        self.blocks.remove(&egress);
+        if !self.forget_pools(egress) {
+            let mut left = self.unheld_pools.lock();
+            if !left.contains(&egress) {
+                left.push(egress);
+            }
+            self.pools_left.store(true, Ordering::Relaxed);
+        }
         if let Some(h) = self.port_map_hook.get() {
             self.port_users.retain(|k, _| k.0 != egress);
             h.forget(egress);
         }
+    }
+
+    /// Drops what nothing holds of `egress`'s pools and blocks; whether
+    /// all of them are gone.
+    fn forget_pools(&self, egress: A) -> bool {
+        let pools_gone = self.mappings.forget_egress(egress);
+        let blocks_gone =
+            self.blocks.remove_if(&egress, |_, b| blocks_unused(b)).is_some() || !self.blocks.contains_key(&egress);
+        pools_gone && blocks_gone
+    }
+
+    /// The sweep's part: forgets the pools of egress IPs no longer held
+    /// whose last session has ended. Cheap when there are none; one worker
+    /// at a time.
+    fn forget_unheld_pools(&self, tables: &Tables) {
+        if !self.pools_left.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(mut left) = self.unheld_pools.try_lock() else { return };
+        left.retain(|e| tables.egress(e.ip()).is_none() && !self.forget_pools(*e));
+        self.pools_left.store(!left.is_empty(), Ordering::Relaxed);
     }
 
     /// Sessions using (egress, proto, port) while a port map is connected.
@@ -602,7 +680,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             l.push(r);
         }
         if v.flags & session_flags::IN_BLOCK != 0 {
-            self.leave_block(t, end.log);
+            self.leave_block(t, v.flags, end.log);
         }
         self.port_unused(t);
         if v.flags & session_flags::HAS_MAPPING != 0 {
@@ -620,15 +698,25 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         true
     }
 
-    /// A session in a port block ended: one session fewer in its block
-    /// (the last frees it and logs the release, after the session's own
-    /// delete when that is logged). Out of line: the removal of a session
-    /// in no block pays only the flag's test.
+    /// A session in a port block ended: one session fewer in its block,
+    /// in the pool it was made in (`flags`' epoch: the egress IP's current
+    /// pool, or one retired by a change of geometry). The last frees the
+    /// block and logs the release, after the session's own delete when
+    /// that is logged. Out of line: the removal of a session in no block
+    /// pays only the flag's test.
     #[cold]
     #[inline(never)]
-    fn leave_block(&self, t: &SessionTuple<A>, log: Option<LogTo<'_>>) {
-        if let Some(b) = self.existing_block_pool(t.egress) {
+    fn leave_block(&self, t: &SessionTuple<A>, flags: u16, log: Option<LogTo<'_>>) {
+        if let Some(b) = self.existing_block_pool(t.egress).filter(|b| b.holds_session(flags)) {
             b.leave(t.pod, t.egress_port, log);
+            return;
+        }
+        let mut retired = self.retired_blocks.lock();
+        if let Some(i) = retired.iter().position(|b| b.egress() == t.egress && b.holds_session(flags)) {
+            retired[i].leave(t.pod, t.egress_port, log);
+            if blocks_unused(&retired[i]) {
+                retired.swap_remove(i);
+            }
         }
     }
 
@@ -724,7 +812,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             None => asked.insert(self.mappings.pool(egress, req.proto, entry.ports)),
         };
         if entry.blocks.is_none() {
-            self.prefetch_creation(req, egress, pool, ctx.rng);
+            self.prefetch_creation(req, egress, pool, entry.ports, ctx.rng);
         }
         if !self.admit_source(req.pod, nat.max_sessions_per_source) {
             return Err(DropReason::SourceSessionLimit);
@@ -755,6 +843,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             let acquired = self.mappings.try_acquire(
                 pool,
                 MappingRequest { egress, pod: req.pod, pod_port: req.pod_port, proto: req.proto },
+                entry.ports,
                 nat.port_alloc_attempts,
                 ctx.rng,
             );
@@ -832,11 +921,17 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// pod's count in the pool (its mappings, or in endpoint-dependent
     /// mode its sessions towards the remote), and in endpoint-independent
     /// mode the mapping and the candidates' owner cells.
-    fn prefetch_creation(&self, req: &OutboundRequest<A>, egress: A, pool: &PortPool<A>, rng: &PortRng) {
+    fn prefetch_creation(
+        &self,
+        req: &OutboundRequest<A>,
+        egress: A,
+        pool: &PortPool<A>,
+        range: PortRange,
+        rng: &PortRng,
+    ) {
         map_prefetch::bucket(&self.per_source, &req.pod);
         let mut tuple = req.tuple(egress);
         self.sessions.prefetch_key(&tuple.outbound_key());
-        let range = pool.range();
         let preserved = range.contains(req.pod_port).then_some(req.pod_port);
         let random = rng.clone().port_in(range);
         let eim = self.mappings.endpoint_independent();
@@ -914,7 +1009,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         ctx: &mut CreateCtx<'_, A>,
     ) -> Result<Result<SessionView<A>, InsertError>, DropReason> {
         let (pod, pod_port) = (tuple.pod, tuple.pod_port);
-        init.flags |= session_flags::IN_BLOCK;
+        init.flags |= session_flags::IN_BLOCK | blocks.epoch_flags();
         let mut session_log = ctx.log;
         if !blocks.config().log_sessions {
             init.flags |= session_flags::UNLOGGED;
@@ -952,7 +1047,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             tuple.egress_port = acquired.port();
             if matches!(acquired, Acquired::Existing(_)) && !blocks.join(pod, tuple.egress_port) {
                 // A mapping from before the block mode: logged as it was made.
-                init.flags &= !(session_flags::IN_BLOCK | session_flags::UNLOGGED);
+                init.flags &= !(session_flags::IN_BLOCK | session_flags::UNLOGGED | session_flags::BLOCK_EPOCH);
                 session_log = ctx.log;
             }
             init.flags |= session_flags::HAS_MAPPING;
@@ -1065,7 +1160,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         let blocks = tables.egress(key.dst.ip()).and_then(|e| e.blocks).and_then(|_| self.existing_block_pool(key.dst));
         let mut session_log = ctx.log;
         if let Some(b) = blocks.as_ref().filter(|b| b.join(tuple.pod, tuple.egress_port)) {
-            init.flags |= session_flags::IN_BLOCK;
+            init.flags |= session_flags::IN_BLOCK | b.epoch_flags();
             if !b.config().log_sessions {
                 init.flags |= session_flags::UNLOGGED;
                 session_log = None;
@@ -1099,9 +1194,11 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// checked against an older configuration, their ends logged to `log`.
     /// Bounded work per call.
     pub fn sweep(&self, budget: u32, now: u32, tables: &Tables, stats: &WorkerStats, log: Option<LogTo<'_>>) -> u32 {
-        self.sessions.sweep(budget, |v| {
+        let visited = self.sessions.sweep(budget, |v| {
             let _ = self.check(v, tables, now, stats, log);
-        })
+        });
+        self.forget_unheld_pools(tables);
+        visited
     }
 
     /// Starts recording session changes for a standby gateway in a journal
@@ -1317,7 +1414,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 }
                 return;
             }
-            init.flags |= session_flags::IN_BLOCK;
+            init.flags |= session_flags::IN_BLOCK | b.epoch_flags();
             if !b.config().log_sessions {
                 init.flags |= session_flags::UNLOGGED;
             }
@@ -1798,6 +1895,174 @@ mod tests {
         }
         assert_eq!(nat.sessions.len(), 0);
         assert_eq!(nat.mappings.len(), 0);
+    }
+
+    /// A session made before its egress IP's range was widened keeps its
+    /// port in the one pool: the pod's next flow joins the mapping, and the
+    /// old session's end leaves it to the new one (a new pool had lost the
+    /// claim: the old session's end freed the new flow's port for another
+    /// pod; found by a review).
+    #[test]
+    fn a_session_from_before_a_wider_range_releases_into_its_own_pool() {
+        let t1 = tables(1, |s| s.egress_ips[0].ports = Some(PortRange { first: 40000, last: 40999 }));
+        let nat = NatTable::new(&t1.nat);
+        let mut env = Env::new();
+        let old = nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
+        let t2 = tables(2, |s| s.egress_ips[0].ports = Some(PortRange { first: 40000, last: 41999 }));
+        assert!(nat.check(&old, &t2, 1, &env.stats, None), "still valid");
+        let old = nat.sessions.view(old.index).unwrap();
+        let mut r2 = req(40000, 53, proto::UDP);
+        r2.remote = Ipv4Addr::new(203, 0, 113, 77);
+        let new = nat.create_outbound(&r2, policy(&t2), &t2, &mut env.ctx(1)).unwrap();
+        assert_eq!(new.tuple.egress_port, 40000);
+        let pool = nat.mappings.existing_pool(E, proto::UDP).unwrap();
+        assert_eq!((pool.owner(40000).map(|o| o.refs), pool.in_use()), (Some(2), 1), "one mapping, two sessions");
+        assert!(nat.remove(&old, End::unlogged(EndReason::Expired)));
+        assert_eq!(pool.owner(40000).map(|o| o.refs), Some(1), "the new flow still holds the port");
+        assert_eq!(pool.source_ports(POD), 1);
+        assert!(nat.remove(&new, End::unlogged(EndReason::Expired)));
+        assert_eq!((pool.owner(40000), pool.in_use(), nat.mappings.len()), (None, 0, 0));
+    }
+
+    /// An egress IP that leaves and comes back before the sweep reaches
+    /// its sessions finds its pool as they left it.
+    #[test]
+    fn an_egress_ip_back_before_its_sessions_ended_finds_their_ports_taken() {
+        let t1 = tables(1, |_| {});
+        let nat = NatTable::new(&t1.nat);
+        let mut env = Env::new();
+        let old = nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
+        nat.forget_egress(E);
+        let t3 = tables(3, |_| {});
+        let mut r2 = req(40000, 53, proto::UDP);
+        r2.remote = Ipv4Addr::new(203, 0, 113, 77);
+        let new = nat.create_outbound(&r2, policy(&t3), &t3, &mut env.ctx(1)).unwrap();
+        assert_eq!(new.tuple.egress_port, 40000);
+        assert!(nat.check(&old, &t3, 2, &env.stats, None), "valid again");
+        let old = nat.sessions.view(old.index).unwrap();
+        assert!(nat.remove(&old, End::unlogged(EndReason::Expired)));
+        let pool = nat.mappings.existing_pool(E, proto::UDP).unwrap();
+        assert_eq!(pool.owner(40000).map(|o| o.refs), Some(1));
+        assert!(nat.remove(&new, End::unlogged(EndReason::Expired)));
+        assert_eq!(pool.owner(40000), None);
+    }
+
+    /// An egress IP that leaves: its pools stay while its sessions hold
+    /// them, and the sweep that ends the last one forgets them.
+    #[test]
+    fn the_sweep_forgets_a_gone_egress_ips_pools_once_its_sessions_ended() {
+        for mapping in [MappingBehavior::EndpointIndependent, MappingBehavior::EndpointDependent] {
+            let t1 = tables(1, |s| {
+                s.nat.mapping = mapping;
+                s.egress_ips[0].port_blocks = blocks(16, 2, false);
+            });
+            let nat = NatTable::new(&t1.nat);
+            let mut env = Env::new();
+            nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
+            nat.forget_egress(E);
+            assert!(nat.mappings.existing_pool(E, proto::UDP).is_some(), "{mapping:?}: a session holds it");
+            assert!(nat.existing_block_pool(E).is_some(), "{mapping:?}");
+            let gone = tables(2, |s| {
+                s.nat.mapping = mapping;
+                s.policies.clear();
+                s.egress_ips.clear();
+            });
+            nat.sweep(1024, 1, &gone, &env.stats, None);
+            assert_eq!(nat.sessions.len(), 0, "{mapping:?}: invalidated");
+            assert!(nat.mappings.existing_pool(E, proto::UDP).is_none(), "{mapping:?}: forgotten");
+            assert!(nat.existing_block_pool(E).is_none(), "{mapping:?}");
+            assert_eq!(nat.mappings.len(), 0, "{mapping:?}");
+        }
+    }
+
+    /// Endpoint-dependent mode: sessions of a range moved away are removed
+    /// by the sweep and leave the pool's count as the live ones make it
+    /// (a new pool had counted the old ones' ends: `in_use` 0 with one
+    /// session live; found by a review).
+    #[test]
+    fn endpoint_dependent_counts_hold_across_a_moved_range() {
+        let edm = |gen, first| {
+            tables(gen, |s| {
+                s.nat.mapping = MappingBehavior::EndpointDependent;
+                s.egress_ips[0].ports = Some(PortRange { first, last: first + 999 });
+            })
+        };
+        let t1 = edm(1, 40000);
+        let nat = NatTable::new(&t1.nat);
+        let mut env = Env::new();
+        nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
+        let t2 = edm(2, 50000);
+        let new = nat.create_outbound(&req(40001, 53, proto::UDP), policy(&t2), &t2, &mut env.ctx(1)).unwrap();
+        assert!((50000..=50999).contains(&new.tuple.egress_port));
+        nat.sweep(1024, 1, &t2, &env.stats, None);
+        let pool = nat.mappings.existing_pool(E, proto::UDP).unwrap();
+        assert_eq!((nat.sessions.len(), pool.in_use()), (1, 1), "the old session gone, the new one counted");
+        let mut counts = Vec::new();
+        pool.for_each_source(|pod, remote, port, n| counts.push((pod, remote, port, n)));
+        assert_eq!(counts, vec![(POD, REMOTE, 53, 1)]);
+    }
+
+    /// A change of `logSessions` or `maxPerPod` applies to the blocks in
+    /// place: a session made before leaves the pod's block counted right
+    /// (a new pool had been made: the old session's end freed the block
+    /// the new session used, and logged its release; found by a review).
+    #[test]
+    fn a_block_modes_log_setting_changes_in_place() {
+        let t1 = tables(1, |s| s.egress_ips[0].port_blocks = blocks(16, 2, false));
+        let nat = NatTable::new(&t1.nat);
+        let mut env = Env::new();
+        let ring = crate::translog::LogRing::new(64);
+        let old = nat
+            .create_outbound(&req(1, 53, proto::UDP), policy(&t1), &t1, &mut logged_ctx(&mut env, &ring, 1))
+            .unwrap();
+        let t2 = tables(2, |s| s.egress_ips[0].port_blocks = blocks(16, 3, true));
+        let new = nat
+            .create_outbound(&req(2, 53, proto::UDP), policy(&t2), &t2, &mut logged_ctx(&mut env, &ring, 2))
+            .unwrap();
+        let b = nat.existing_block_pool(E).unwrap();
+        assert_eq!(b.config(), blocks(16, 3, true).unwrap());
+        let start = b.blocks_of(POD)[0];
+        assert!((start..start + 16).contains(&new.tuple.egress_port), "the same block");
+        assert_eq!(b.holder(start), Some((POD, 2)));
+        drain(&ring);
+        let log = Some(LogTo { ring: &ring, stats: &env.stats, now_ms: 3000 });
+        assert!(nat.remove(&old, End { reason: EndReason::Expired, fast_path_seen: None, log }));
+        assert_eq!(b.holder(start), Some((POD, 1)), "the new session still counted");
+        assert!(drain(&ring).iter().all(|r| r.kind() != Some(LogKind::BlockFree)), "no release while in use");
+    }
+
+    /// A change of block size makes the next pool; the old one, retired,
+    /// keeps its blocks until their sessions end, and logs their release
+    /// then. Each session leaves the pool it was made in.
+    #[test]
+    fn a_new_block_size_retires_the_old_blocks_until_their_sessions_end() {
+        let t1 = tables(1, |s| s.egress_ips[0].port_blocks = blocks(16, 2, false));
+        let nat = NatTable::new(&t1.nat);
+        let mut env = Env::new();
+        let ring = crate::translog::LogRing::new(64);
+        let old = nat
+            .create_outbound(&req(1, 53, proto::UDP), policy(&t1), &t1, &mut logged_ctx(&mut env, &ring, 1))
+            .unwrap();
+        let first = nat.existing_block_pool(E).unwrap();
+        let t2 = tables(2, |s| s.egress_ips[0].port_blocks = blocks(32, 2, false));
+        assert!(nat.check(&old, &t2, 1, &env.stats, None), "its port is still in the range: valid");
+        let new = nat
+            .create_outbound(&req(2, 53, proto::UDP), policy(&t2), &t2, &mut logged_ctx(&mut env, &ring, 2))
+            .unwrap();
+        let second = nat.existing_block_pool(E).unwrap();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert_ne!(first.epoch(), second.epoch());
+        assert_eq!(nat.block_pools().len(), 2, "the retired pool is reported while held");
+        let new_block = second.blocks_of(POD)[0];
+        assert!((new_block..new_block + 32).contains(&new.tuple.egress_port));
+        drop(first);
+        drain(&ring);
+        let log = Some(LogTo { ring: &ring, stats: &env.stats, now_ms: 3000 });
+        assert!(nat.remove(&old, End { reason: EndReason::Expired, fast_path_seen: None, log }));
+        let freed: Vec<_> = drain(&ring).iter().map(|r| (r.kind(), r.remote_port - r.egress_port + 1)).collect();
+        assert_eq!(freed, vec![(Some(LogKind::BlockFree), 16)], "the old block's release, of 16 ports");
+        assert_eq!(second.holder(new_block), Some((POD, 1)), "the new block untouched");
+        assert_eq!(nat.block_pools().len(), 1, "the retired pool gone with its last block");
     }
 
     fn blocks(size: u16, max_per_pod: u16, log_sessions: bool) -> Option<PortBlocks> {
