@@ -119,7 +119,7 @@ fn port_allocation(c: &mut Criterion) {
     let egress = Ipv4Addr::new(203, 0, 113, 10);
     let range = PortRange::default();
     let m = Mappings::new(true);
-    let pool = m.pool(egress, proto::UDP, range);
+    let pool = m.pool(egress, proto::UDP, range, 1);
     let mut rng = PortRng::new(5);
     // Fill 90 % of the range with mappings of pods whose ports are all taken
     // already (so every allocation below is random, not preserved).

@@ -298,7 +298,7 @@ fn warm_pools<A: common::Family>(engine: &Engine, spec: &egret_dataplane::tables
     let tables = engine.tables();
     for e in &spec.egress_ips {
         let (Some(ip), Some(entry)) = (A::from_ip(e.ip), tables.egress(e.ip)) else { continue };
-        A::nat(engine).mappings.pool(ip, egret_dataplane::nat::key::proto::UDP, entry.ports);
+        A::nat(engine).mappings.pool(ip, egret_dataplane::nat::key::proto::UDP, entry.ports, tables.generation);
     }
 }
 

@@ -96,21 +96,27 @@ impl<A: NatAddr> Mappings<A> {
         self.with_owners
     }
 
-    /// The pool of (egress, proto), created with `range` on first use. A
-    /// pool whose range differs is kept, its range moved: the sessions made
-    /// before keep their ports until they end (those outside the new range
-    /// are removed as no longer valid) and release them into it (ADR 0042).
-    pub fn pool(&self, egress: A, proto: u8, range: PortRange) -> Arc<PortPool<A>> {
+    /// The pool of (egress, proto), created with `range` on first use,
+    /// for the tables of `generation`. A pool whose range differs is kept,
+    /// its range moved (unless set for a later generation): the sessions
+    /// made before keep their ports until they end (those outside the new
+    /// range are removed as no longer valid) and release them into it
+    /// (ADR 0042).
+    pub fn pool(&self, egress: A, proto: u8, range: PortRange, generation: u64) -> Arc<PortPool<A>> {
         let p = match self.pools.get(&(egress, proto)) {
             Some(p) => p.clone(),
             None => self
                 .pools
                 .entry((egress, proto))
-                .or_insert_with(|| Arc::new(PortPool::new(range, self.with_owners)))
+                .or_insert_with(|| {
+                    let p = PortPool::new(range, self.with_owners);
+                    p.set_range(range, generation);
+                    Arc::new(p)
+                })
                 .clone(),
         };
         if p.range() != range {
-            p.set_range(range);
+            p.set_range(range, generation);
         }
         p
     }
@@ -126,18 +132,17 @@ impl<A: NatAddr> Mappings<A> {
     }
 
     /// Drops the pools of an egress IP this gateway no longer holds that
-    /// nothing holds any more, and their mappings. A pool still held by a
-    /// session (its sweep has not reached it yet) stays, so the session
-    /// releases into it, and the IP, back before then, finds its ports
-    /// still claimed. Returns whether every pool of `egress` is gone.
+    /// nothing holds any more. A pool still held by a session (its sweep
+    /// has not reached it yet) stays, so the session releases into it, and
+    /// the IP, back before then, finds its ports still claimed. Returns
+    /// whether every pool of `egress` is gone. (An idle pool has no
+    /// mapping left: each mapping's index entry went with its last
+    /// session, so there is none to drop here.)
     pub fn forget_egress(&self, egress: A) -> bool {
         let mut left = false;
         for p in POOL_PROTOCOLS {
             self.pools.remove_if(&(egress, p), |_, pool| unused(pool));
             left |= self.pools.contains_key(&(egress, p));
-        }
-        if !left {
-            self.by_inside.retain(|k, _| k.egress != egress);
         }
         !left
     }
@@ -216,7 +221,7 @@ impl<A: NatAddr> Mappings<A> {
                 if pool.add_ref(port, pod, pod_port) {
                     return Ok(Acquired::Existing(port));
                 }
-                // Stale (the pool was replaced): allocate afresh.
+                // Stale (its pool was dropped meanwhile): allocate afresh.
                 let mut o = o;
                 o.insert(0);
                 dashmap::Entry::Occupied(o)
@@ -263,7 +268,7 @@ impl<A: NatAddr> Mappings<A> {
                     // The pod port's live mapping is on another port.
                     return Err(ClaimError::Taken);
                 }
-                // Stale (the pool was replaced): claim afresh.
+                // Stale (its pool was dropped meanwhile): claim afresh.
                 o.insert(0);
                 dashmap::Entry::Occupied(o)
             }
@@ -356,7 +361,7 @@ mod tests {
     #[test]
     fn same_pod_port_gets_same_mapping_until_released() {
         let m = Mappings::new(true);
-        let pool = m.pool(E, UDP, PortRange::default());
+        let pool = m.pool(E, UDP, PortRange::default(), 1);
         let mut rng = PortRng::new(3);
         let a =
             m.acquire(&pool, MappingRequest { egress: E, pod: POD, pod_port: 40000, proto: UDP }, 8, &mut rng).unwrap();
@@ -370,7 +375,7 @@ mod tests {
             .unwrap();
         assert!(matches!(c, Acquired::Random(p) if p != 40000));
         // TCP is a separate pool.
-        let tpool = m.pool(E, TCP, PortRange::default());
+        let tpool = m.pool(E, TCP, PortRange::default(), 1);
         assert_eq!(
             m.acquire(&tpool, MappingRequest { egress: E, pod: POD2, pod_port: 40000, proto: TCP }, 8, &mut rng),
             Some(Acquired::Preserved(40000))
@@ -386,7 +391,7 @@ mod tests {
     fn exhaustion_is_counted_and_never_falls_back() {
         let m = Mappings::new(true);
         let range = PortRange { first: 50000, last: 50001 };
-        let pool = m.pool(E, UDP, range);
+        let pool = m.pool(E, UDP, range, 1);
         let mut rng = PortRng::new(9);
         assert!(m
             .acquire(&pool, MappingRequest { egress: E, pod: POD, pod_port: 1, proto: UDP }, 64, &mut rng)
@@ -406,7 +411,7 @@ mod tests {
     #[test]
     fn a_pod_at_its_quota_is_refused_while_another_gets_a_port() {
         let m = Mappings::new(true);
-        let pool = m.pool(E, UDP, PortRange { first: 50000, last: 50009 });
+        let pool = m.pool(E, UDP, PortRange { first: 50000, last: 50009 }, 1);
         pool.set_source_quota(3);
         let mut rng = PortRng::new(5);
         let ask = |pod, pod_port, rng: &mut PortRng| {
@@ -425,18 +430,20 @@ mod tests {
     #[test]
     fn changing_the_range_keeps_the_pool_and_its_claims() {
         let m = Mappings::new(true);
-        let p1 = m.pool(E, UDP, PortRange { first: 1000, last: 1999 });
+        let p1 = m.pool(E, UDP, PortRange { first: 1000, last: 1999 }, 1);
         let mut rng = PortRng::new(1);
         let req = MappingRequest { egress: E, pod: POD, pod_port: 1500, proto: UDP };
         assert_eq!(m.acquire(&p1, req, 4, &mut rng), Some(Acquired::Preserved(1500)));
-        let p2 = m.pool(E, UDP, PortRange { first: 1000, last: 2999 });
+        let p2 = m.pool(E, UDP, PortRange { first: 1000, last: 2999 }, 2);
         assert!(Arc::ptr_eq(&p1, &p2), "one pool for the IP's life");
         assert_eq!(p2.range(), PortRange { first: 1000, last: 2999 });
+        m.pool(E, UDP, PortRange { first: 1000, last: 1999 }, 1);
+        assert_eq!(p2.range(), PortRange { first: 1000, last: 2999 }, "a worker on the older tables moves nothing");
         // The pod port's next flow joins its mapping; another pod never gets the port.
         assert_eq!(m.acquire(&p2, req, 4, &mut rng), Some(Acquired::Existing(1500)));
         assert!(!p2.try_claim(1500, POD2, 1500));
         // A narrowed range draws from the new one; the old port is still held.
-        let p3 = m.pool(E, UDP, PortRange { first: 2000, last: 2999 });
+        let p3 = m.pool(E, UDP, PortRange { first: 2000, last: 2999 }, 3);
         let other = MappingRequest { egress: E, pod: POD2, pod_port: 1500, proto: UDP };
         assert!(matches!(m.acquire(&p3, other, 4, &mut rng), Some(Acquired::Random(p)) if (2000..=2999).contains(&p)));
         m.release(E, POD, 1500, UDP, 1500);
@@ -448,7 +455,7 @@ mod tests {
     #[test]
     fn a_forgotten_egress_ip_keeps_a_pool_something_holds() {
         let m = Mappings::new(true);
-        let pool = m.pool(E, UDP, PortRange::default());
+        let pool = m.pool(E, UDP, PortRange::default(), 1);
         let mut rng = PortRng::new(2);
         let req = MappingRequest { egress: E, pod: POD, pod_port: 40000, proto: UDP };
         assert!(m.acquire(&pool, req, 4, &mut rng).is_some());
@@ -456,13 +463,13 @@ mod tests {
         drop(pool);
         assert!(!m.forget_egress(E), "a mapping lives");
         // Back before its session ended: the same pool, the mapping joined.
-        let pool = m.pool(E, UDP, PortRange::default());
+        let pool = m.pool(E, UDP, PortRange::default(), 1);
         assert_eq!(m.acquire(&pool, req, 4, &mut rng), Some(Acquired::Existing(40000)));
         m.release(E, POD, 40000, UDP, 40000);
         m.release(E, POD, 40000, UDP, 40000);
         drop(pool);
+        assert_eq!(m.len(), 0, "the mapping's entry went with its last session");
         assert!(m.forget_egress(E), "nothing holds it");
         assert!(m.existing_pool(E, UDP).is_none());
-        assert_eq!(m.len(), 0);
     }
 }

@@ -161,6 +161,10 @@ type Chunk<A> = Box<[Mutex<Owner<A>>]>;
 pub struct PortPool<A: NatAddr> {
     /// The range's first port (high 16 bits) and last (low 16 bits).
     range: AtomicU32,
+    /// The tables' generation the range was set for, and the lock its
+    /// (rare) changes take: a worker still on an older snapshot never
+    /// moves it back.
+    range_generation: Mutex<u64>,
     /// `65536 / CHUNK` chunks in endpoint-independent mode, none otherwise.
     chunks: Box<[OnceLock<Chunk<A>>]>,
     in_use: AtomicU32,
@@ -183,6 +187,7 @@ impl<A: NatAddr> PortPool<A> {
         let n = if with_owners { (1 << 16) / CHUNK } else { 0 };
         let pool = PortPool {
             range: AtomicU32::new(packed(range)),
+            range_generation: Mutex::new(0),
             chunks: (0..n).map(|_| OnceLock::new()).collect(),
             in_use: AtomicU32::new(0),
             exhausted: AtomicU64::new(0),
@@ -194,9 +199,15 @@ impl<A: NatAddr> PortPool<A> {
         pool
     }
 
-    /// Moves the range new ports are drawn from (the egress IP's `ports`
-    /// changed). What is claimed stays claimed.
-    pub fn set_range(&self, range: PortRange) {
+    /// Moves the range new ports are drawn from to `range`, the egress
+    /// IP's `ports` in the tables of `generation`, unless the range was set
+    /// for a later generation. What is claimed stays claimed.
+    pub fn set_range(&self, range: PortRange, generation: u64) {
+        let mut set_for = self.range_generation.lock();
+        if generation < *set_for {
+            return;
+        }
+        *set_for = generation;
         self.make_cells(range);
         self.range.store(packed(range), Ordering::Relaxed);
     }

@@ -179,6 +179,8 @@ pub struct BlockPool<A: NatAddr> {
     log_sessions: AtomicBool,
     range: PortRange,
     epoch: u16,
+    /// The tables' generation its configuration is of.
+    generation: AtomicU64,
     shift: u32,
     first: u32,
     cells: Box<[Mutex<Cell<A>>]>,
@@ -195,15 +197,12 @@ pub const EPOCHS: u16 = 16;
 impl<A: NatAddr> BlockPool<A> {
     /// The blocks of `egress` over `range` (`cfg` validated against it).
     pub fn new(egress: A, cfg: PortBlocks, range: PortRange) -> Self {
-        Self::of_epoch(egress, cfg, range, 0)
+        Self::made(egress, cfg, range, 0, 0)
     }
 
-    /// The pool replacing this one for a new geometry: the next epoch.
-    pub fn next(&self, cfg: PortBlocks, range: PortRange) -> Self {
-        Self::of_epoch(self.egress, cfg, range, (self.epoch + 1) % EPOCHS)
-    }
-
-    fn of_epoch(egress: A, cfg: PortBlocks, range: PortRange, epoch: u16) -> Self {
+    /// [`BlockPool::new`] of `epoch` (below [`EPOCHS`]), for the tables
+    /// of `generation`.
+    pub fn made(egress: A, cfg: PortBlocks, range: PortRange, epoch: u16, generation: u64) -> Self {
         let (first, count) = cfg.blocks_in(range);
         BlockPool {
             egress,
@@ -211,7 +210,8 @@ impl<A: NatAddr> BlockPool<A> {
             max_per_pod: AtomicU16::new(cfg.max_per_pod),
             log_sessions: AtomicBool::new(cfg.log_sessions),
             range,
-            epoch,
+            epoch: epoch % EPOCHS,
+            generation: AtomicU64::new(generation),
             shift: u32::from(cfg.size.max(1)).trailing_zeros(),
             first,
             cells: (0..count)
@@ -232,11 +232,17 @@ impl<A: NatAddr> BlockPool<A> {
     }
 
     /// Applies `cfg`'s `maxPerPod` and `logSessions` (its geometry is
-    /// this pool's). A lower `maxPerPod` takes no block away: it refuses
-    /// new ones.
-    pub fn set_config(&self, cfg: PortBlocks) {
+    /// this pool's), of the tables of `generation`. A lower `maxPerPod`
+    /// takes no block away: it refuses new ones.
+    pub fn set_config(&self, cfg: PortBlocks, generation: u64) {
         self.max_per_pod.store(cfg.max_per_pod, Ordering::Relaxed);
         self.log_sessions.store(cfg.log_sessions, Ordering::Relaxed);
+        self.generation.store(generation, Ordering::Relaxed);
+    }
+
+    /// The tables' generation its configuration is of.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     /// Which pool of its egress IP this is (modulo [`EPOCHS`]).

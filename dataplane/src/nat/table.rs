@@ -47,7 +47,7 @@ use super::map_prefetch;
 use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mappings};
 use super::pool_memo::PoolMemo;
 use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
-use super::port_blocks::{BlockClaimError, BlockPool, BlockRefusal, PortBlocks};
+use super::port_blocks::{self, BlockClaimError, BlockPool, BlockRefusal, PortBlocks};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
 use super::sync::{ImportRefusal, ImportReport, JournalEntry, SessionKeyRecord, SessionRecord, SyncEvent, SyncJournal};
 use super::tcp_state;
@@ -195,12 +195,21 @@ pub struct NatTable<A: NatAddr> {
     /// Block pools replaced by a change of geometry whose blocks are still
     /// held (rare; [`NatTable::block_pool`]).
     retired_blocks: Mutex<Vec<Arc<BlockPool<A>>>>,
-    /// Egress IPs no longer held whose pools or blocks a session still
-    /// held when they left ([`NatTable::forget_egress`]), and whether
-    /// there are any (the sweep's test).
-    unheld_pools: Mutex<Vec<A>>,
+    /// The epoch of the last block pool made for each egress IP in block
+    /// mode, while it has one ([`NatTable::block_pool`]).
+    block_epochs: DashMap<A, u16, ahash::RandomState>,
+    /// Egress IPs no longer held whose pools the sweep is to forget
+    /// ([`NatTable::forget_egress`]), each with the second from which it
+    /// found them all gone; and whether there is anything for the sweep
+    /// to do (those, or retired block pools).
+    unheld_pools: Mutex<Vec<(A, Option<u32>)>>,
     pools_left: AtomicBool,
 }
+
+/// How long an egress IP no longer held stays on the sweep's list after
+/// its pools were all found gone: a worker still on the tables from before
+/// it left may make one again, which the list's next sweeps then forget.
+pub const FORGET_SETTLE_SECS: u32 = 2;
 
 /// Whether nothing holds `b`: no block taken, and no reference but its
 /// holder's (the map's or the retired list's; a worker on an older
@@ -240,48 +249,73 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             sync: OnceLock::new(),
             blocks: DashMap::with_hasher(ahash::RandomState::new()),
             retired_blocks: Mutex::new(Vec::new()),
+            block_epochs: DashMap::with_hasher(ahash::RandomState::new()),
             unheld_pools: Mutex::new(Vec::new()),
             pools_left: AtomicBool::new(false),
         }
     }
 
-    /// The port blocks of `egress` in block mode `cfg` over `range`, made
-    /// on first use. A change of `logSessions` or `maxPerPod` applies in
-    /// place; a change of block size or range makes the next pool, and the
-    /// old one, while a block of it is held, is retired: its sessions
-    /// leave into it ([`session_flags::BLOCK_EPOCH`]) and its blocks' release
-    /// is logged as they are freed (ADR 0042).
-    pub fn block_pool(&self, egress: A, cfg: PortBlocks, range: PortRange) -> Arc<BlockPool<A>> {
+    /// The port blocks of `egress` in block mode `cfg` over `range`, of
+    /// the tables of `generation`, made on first use. A change of
+    /// `logSessions` or `maxPerPod` applies in place; a change of block
+    /// size or range makes a pool of another epoch, and the old one, while
+    /// a block of it is held, is retired: its sessions leave into it
+    /// ([`session_flags::BLOCK_EPOCH`]) and its blocks' release is logged
+    /// as they are freed (ADR 0042). A caller on tables older than the
+    /// pool's configuration gets the pool as it is.
+    pub fn block_pool(&self, egress: A, cfg: PortBlocks, range: PortRange, generation: u64) -> Arc<BlockPool<A>> {
         if let Some(b) = self.blocks.get(&egress) {
-            if b.same_geometry(cfg, range) {
-                if b.config() != cfg {
-                    b.set_config(cfg);
-                }
+            if (b.same_geometry(cfg, range) && b.config() == cfg) || generation < b.generation() {
                 return b.clone();
             }
         }
         match self.blocks.entry(egress) {
             dashmap::Entry::Occupied(mut o) => {
-                if !o.get().same_geometry(cfg, range) {
-                    let next = Arc::new(o.get().next(cfg, range));
-                    let old = o.insert(next);
+                let b = o.get();
+                if generation < b.generation() || (b.same_geometry(cfg, range) && b.config() == cfg) {
+                } else if b.same_geometry(cfg, range) {
+                    b.set_config(cfg, generation);
+                } else {
+                    let epoch = self.next_block_epoch(egress, Some(b.epoch()));
+                    let old = o.insert(Arc::new(BlockPool::made(egress, cfg, range, epoch, generation)));
                     self.retire_blocks(old);
-                } else if o.get().config() != cfg {
-                    o.get().set_config(cfg);
                 }
                 o.get().clone()
             }
-            dashmap::Entry::Vacant(v) => v.insert(Arc::new(BlockPool::new(egress, cfg, range))).clone(),
+            dashmap::Entry::Vacant(v) => {
+                let epoch = self.next_block_epoch(egress, None);
+                v.insert(Arc::new(BlockPool::made(egress, cfg, range, epoch, generation))).clone()
+            }
         }
     }
 
+    /// The epoch of the next block pool of `egress`: the one after the
+    /// last made for it, passing over those of its pools still alive (the
+    /// `current` one and the retired), so a session's epoch names one
+    /// pool. Called under `egress`'s entry in the block map.
+    fn next_block_epoch(&self, egress: A, current: Option<u16>) -> u16 {
+        let mut used = [false; port_blocks::EPOCHS as usize];
+        if let Some(e) = current {
+            used[usize::from(e)] = true;
+        }
+        for b in self.retired_blocks.lock().iter().filter(|b| b.egress() == egress) {
+            used[usize::from(b.epoch())] = true;
+        }
+        let mut last = self.block_epochs.entry(egress).or_insert(port_blocks::EPOCHS - 1);
+        let next = (1..=port_blocks::EPOCHS)
+            .map(|k| (*last + k) % port_blocks::EPOCHS)
+            .find(|e| !used[usize::from(*e)])
+            .unwrap_or((*last + 1) % port_blocks::EPOCHS);
+        *last = next;
+        next
+    }
+
     /// Keeps `old`, no longer its egress IP's pool, while a block of it is
-    /// held (or a worker still holds it).
+    /// held (or a worker still holds it); the sweep drops it after.
     fn retire_blocks(&self, old: Arc<BlockPool<A>>) {
         if !blocks_unused(&old) {
-            let mut retired = self.retired_blocks.lock();
-            retired.retain(|b| !blocks_unused(b));
-            retired.push(old);
+            self.retired_blocks.lock().push(old);
+            self.pools_left.store(true, Ordering::Relaxed);
         }
     }
 
@@ -305,8 +339,12 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     }
 
     /// Starts filtering the TCP and UDP NAT ports of an egress IP this
-    /// gateway now holds (the engine calls it on every publish).
+    /// gateway now holds (the engine calls it on every publish), and takes
+    /// it off the sweep's list of IPs to forget.
     pub fn track_egress(&self, egress: A) {
+        if self.pools_left.load(Ordering::Relaxed) {
+            self.unheld_pools.lock().retain(|(e, _)| *e != egress);
+        }
         if let Some(h) = self.port_map_hook.get() {
             h.track(egress, proto::TCP);
             h.track(egress, proto::UDP);
@@ -317,16 +355,20 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// filter, and its pools, mappings and blocks once nothing holds them.
     /// Those its sessions still hold (the sweep has not reached them)
     /// stay, so each session gives back what it took, and the IP, back
-    /// before then, finds its ports still taken; the sweep forgets them
-    /// once they are free ([`NatTable::sweep`], ADR 0042).
+    /// before then, finds its ports still taken. The IP stays on the
+    /// sweep's list until its pools are gone and stay gone for
+    /// [`FORGET_SETTLE_SECS`] (a worker on the tables from before may make
+    /// one again meanwhile), or until it is held again
+    /// ([`NatTable::track_egress`]); ADR 0042.
     pub fn forget_egress(&self, egress: A) {
-        if !self.forget_pools(egress) {
+        self.forget_pools(egress);
+        {
             let mut left = self.unheld_pools.lock();
-            if !left.contains(&egress) {
-                left.push(egress);
+            if !left.iter().any(|(e, _)| *e == egress) {
+                left.push((egress, None));
             }
-            self.pools_left.store(true, Ordering::Relaxed);
         }
+        self.pools_left.store(true, Ordering::Relaxed);
         if let Some(h) = self.port_map_hook.get() {
             self.port_users.retain(|k, _| k.0 != egress);
             h.forget(egress);
@@ -334,24 +376,41 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     }
 
     /// Drops what nothing holds of `egress`'s pools and blocks; whether
-    /// all of them are gone.
+    /// all of them are gone (the retired block pools too).
     fn forget_pools(&self, egress: A) -> bool {
         let pools_gone = self.mappings.forget_egress(egress);
+        self.blocks.remove_if(&egress, |_, b| blocks_unused(b));
         let blocks_gone =
-            self.blocks.remove_if(&egress, |_, b| blocks_unused(b)).is_some() || !self.blocks.contains_key(&egress);
+            !self.blocks.contains_key(&egress) && !self.retired_blocks.lock().iter().any(|b| b.egress() == egress);
+        if blocks_gone {
+            self.block_epochs.remove(&egress);
+        }
         pools_gone && blocks_gone
     }
 
-    /// The sweep's part: forgets the pools of egress IPs no longer held
-    /// whose last session has ended. Cheap when there are none; one worker
-    /// at a time.
-    fn forget_unheld_pools(&self, tables: &Tables) {
+    /// The sweep's part, at `now` (seconds): drops the retired block pools
+    /// whose last block was freed, and forgets the pools of egress IPs no
+    /// longer held once their last session has ended. A flag's test when
+    /// there is nothing to do; one worker at a time.
+    fn forget_unheld_pools(&self, now: u32) {
         if !self.pools_left.load(Ordering::Relaxed) {
             return;
         }
         let Some(mut left) = self.unheld_pools.try_lock() else { return };
-        left.retain(|e| tables.egress(e.ip()).is_none() && !self.forget_pools(*e));
-        self.pools_left.store(!left.is_empty(), Ordering::Relaxed);
+        let retired = {
+            let mut r = self.retired_blocks.lock();
+            r.retain(|b| !blocks_unused(b));
+            !r.is_empty()
+        };
+        left.retain_mut(|(egress, gone_since)| {
+            if !self.forget_pools(*egress) {
+                *gone_since = None;
+                return true;
+            }
+            let since = *gone_since.get_or_insert(now);
+            now.saturating_sub(since) < FORGET_SETTLE_SECS
+        });
+        self.pools_left.store(retired || !left.is_empty(), Ordering::Relaxed);
     }
 
     /// Sessions using (egress, proto, port) while a port map is connected.
@@ -806,10 +865,10 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         let entry = tables.egress(egress.ip()).ok_or(DropReason::EgressIpNotOwned)?;
         let mut asked = None;
         let pool = match ctx.pools.take() {
-            Some(memo) => {
-                memo.get(tables.generation, egress, req.proto, || self.mappings.pool(egress, req.proto, entry.ports))
-            }
-            None => asked.insert(self.mappings.pool(egress, req.proto, entry.ports)),
+            Some(memo) => memo.get(tables.generation, egress, req.proto, || {
+                self.mappings.pool(egress, req.proto, entry.ports, tables.generation)
+            }),
+            None => asked.insert(self.mappings.pool(egress, req.proto, entry.ports, tables.generation)),
         };
         if entry.blocks.is_none() {
             self.prefetch_creation(req, egress, pool, entry.ports, ctx.rng);
@@ -835,7 +894,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         let mut tuple = req.tuple(egress);
         pool.set_source_quota(nat.ports_per_source(entry.ports));
         if let Some(cfg) = entry.blocks {
-            let blocks = self.block_pool(egress, cfg, entry.ports);
+            let blocks = self.block_pool(egress, cfg, entry.ports, tables.generation);
             let result = self.create_in_block(&blocks, pool, &mut tuple, &mut init, nat, ctx)?;
             return self.created_outbound(result, &tuple, ctx);
         }
@@ -1197,7 +1256,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         let visited = self.sessions.sweep(budget, |v| {
             let _ = self.check(v, tables, now, stats, log);
         });
-        self.forget_unheld_pools(tables);
+        self.forget_unheld_pools(now);
         visited
     }
 
@@ -1378,7 +1437,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             rep.refuse(r, ImportRefusal::TableFull);
             return;
         }
-        let pool = self.mappings.pool(tuple.egress, tuple.proto, entry.ports);
+        let pool = self.mappings.pool(tuple.egress, tuple.proto, entry.ports, tables.generation);
         pool.set_source_quota(nat.ports_per_source(entry.ports));
         let claimed = if endpoint_independent {
             let req =
@@ -1399,7 +1458,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         }
         // In block mode the port's block becomes (or is) the pod's.
         let mut init = init;
-        let blocks = entry.blocks.map(|cfg| self.block_pool(tuple.egress, cfg, entry.ports));
+        let blocks = entry.blocks.map(|cfg| self.block_pool(tuple.egress, cfg, entry.ports, tables.generation));
         if let Some(b) = &blocks {
             if let Err(e) = b.claim_exact(tuple.pod, tuple.egress_port) {
                 if endpoint_independent {
@@ -2063,6 +2122,93 @@ mod tests {
         assert_eq!(freed, vec![(Some(LogKind::BlockFree), 16)], "the old block's release, of 16 ports");
         assert_eq!(second.holder(new_block), Some((POD, 1)), "the new block untouched");
         assert_eq!(nat.block_pools().len(), 1, "the retired pool gone with its last block");
+    }
+
+    /// A block pool made again after its IP left, while a pool retired by
+    /// a change of block size still holds a block, takes an epoch of its
+    /// own: the retired pool's session leaves that one, not the new pool
+    /// (found by a review: the new pool started at epoch 0 again, the
+    /// retired one's epoch).
+    #[test]
+    fn a_block_pool_made_again_never_takes_a_live_pools_epoch() {
+        let one_range = |gen, size| {
+            tables(gen, |s| {
+                s.egress_ips[0].ports = Some(PortRange { first: 40000, last: 40015 });
+                s.egress_ips[0].port_blocks = blocks(size, 2, false);
+            })
+        };
+        let t1 = one_range(1, 16);
+        let nat = NatTable::new(&t1.nat);
+        let mut env = Env::new();
+        let ring = crate::translog::LogRing::new(64);
+        let s1 = nat.create_outbound(&req(1, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
+        let t2 = one_range(2, 8);
+        let s = nat.create_outbound(&req(3, 53, proto::UDP), policy(&t2), &t2, &mut env.ctx(0)).unwrap();
+        assert!(nat.remove(&s, End::unlogged(EndReason::Expired)));
+        nat.forget_egress(E);
+        assert!(nat.existing_block_pool(E).is_none(), "the idle current pool dropped; the retired one held");
+        let t3 = one_range(3, 16);
+        let _s2 = nat.create_outbound(&req(2, 53, proto::UDP), policy(&t3), &t3, &mut env.ctx(1)).unwrap();
+        let cur = nat.existing_block_pool(E).unwrap();
+        assert_eq!(cur.holder(40000), Some((POD, 1)));
+        let log = Some(LogTo { ring: &ring, stats: &env.stats, now_ms: 3000 });
+        assert!(nat.remove(&s1, End { reason: EndReason::Expired, fast_path_seen: None, log }));
+        assert_eq!(cur.holder(40000), Some((POD, 1)), "the new session's block untouched");
+        let freed: Vec<_> = drain(&ring).iter().map(|r| r.kind()).collect();
+        assert_eq!(freed, vec![Some(LogKind::BlockFree)], "the retired pool's block freed");
+        assert_eq!(nat.block_pools().len(), 1);
+    }
+
+    /// A worker still on the tables from before a change asks for the
+    /// pools with the old configuration: it moves neither the block
+    /// layout nor the port range back (found by a review: each such call
+    /// made a new block pool, retiring the current one).
+    #[test]
+    fn a_worker_on_older_tables_moves_no_pool_back() {
+        let t1 = tables(1, |s| s.egress_ips[0].port_blocks = blocks(16, 2, false));
+        let t2 = tables(2, |s| {
+            s.egress_ips[0].port_blocks = blocks(32, 3, true);
+            s.egress_ips[0].ports = Some(PortRange { first: 40000, last: 49999 });
+        });
+        let nat = NatTable::new(&t1.nat);
+        let mut env = Env::new();
+        nat.create_outbound(&req(1, 53, proto::UDP), policy(&t2), &t2, &mut env.ctx(0)).unwrap();
+        let current = nat.existing_block_pool(E).unwrap();
+        let stale = nat.create_outbound(&req(2, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
+        let after = nat.existing_block_pool(E).unwrap();
+        assert!(Arc::ptr_eq(&current, &after), "no new pool");
+        assert_eq!(after.config(), blocks(32, 3, true).unwrap());
+        assert_eq!(nat.block_pools().len(), 1, "nothing retired");
+        assert!(after.holds_session(nat.sessions.view(stale.index).unwrap().flags));
+        let pool = nat.mappings.existing_pool(E, proto::UDP).unwrap();
+        assert_eq!(pool.range(), PortRange { first: 40000, last: 49999 });
+    }
+
+    /// The sweep forgets a gone IP's pools whatever tables the worker
+    /// sweeping is on (found by a review: a sweep on the tables from
+    /// before the IP left took it off the list for good), and a pool a
+    /// worker on those tables makes again soon after is forgotten too.
+    #[test]
+    fn the_sweep_forgets_a_gone_ips_pools_whatever_tables_it_sweeps_with() {
+        let t1 = tables(1, |_| {});
+        let nat = NatTable::new(&t1.nat);
+        let mut env = Env::new();
+        nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t1), &t1, &mut env.ctx(0)).unwrap();
+        nat.forget_egress(E);
+        nat.sweep(16, 1, &t1, &env.stats, None);
+        let gone = tables(2, |s| {
+            s.policies.clear();
+            s.egress_ips.clear();
+        });
+        nat.sweep(1024, 2, &gone, &env.stats, None);
+        assert_eq!(nat.sessions.len(), 0);
+        assert!(nat.mappings.existing_pool(E, proto::UDP).is_none(), "forgotten");
+        // A worker still on t1 makes the pool again; the next sweeps forget it.
+        nat.mappings.pool(E, proto::UDP, PortRange::default(), 1);
+        nat.sweep(16, 3, &gone, &env.stats, None);
+        assert!(nat.mappings.existing_pool(E, proto::UDP).is_none(), "made again, forgotten again");
+        nat.sweep(16, 2 + FORGET_SETTLE_SECS, &gone, &env.stats, None);
+        assert!(!nat.pools_left.load(Ordering::Relaxed), "off the list once settled");
     }
 
     fn blocks(size: u16, max_per_pod: u16, log_sessions: bool) -> Option<PortBlocks> {
