@@ -10,8 +10,10 @@
 //! request per connection (`connection: close`); the server holds at most
 //! [`MAX_CONNECTIONS`] connections, each for at most [`CONNECTION_LIMIT`].
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -428,11 +430,22 @@ fn port_blocks(o: &mut Families, rows: &[BlockRow]) -> fmt::Result {
             |b| b.pod_limit,
         ),
     ];
-    for (name, kind, help, get) in families {
-        let mut f = o.family(name, help, None, kind)?;
-        for b in rows {
-            let (ip, size) = (b.egress_ip.to_string(), b.block_size.to_string());
-            f.sample(&[("egress_ip", &ip), ("block_size", &size)], get(b))?;
+    // An IP's pool retired by a change of its range (ADR 0042) has the
+    // current pool's labels when the block size stayed: one series of both,
+    // their blocks, pods and refusals added, the larger capacity (the
+    // current range's, as a rule; a pod holding blocks in both counts twice).
+    let mut series: BTreeMap<(IpAddr, u16), [u64; 5]> = BTreeMap::new();
+    for b in rows {
+        let sum = series.entry((b.egress_ip, b.block_size)).or_default();
+        for (v, (name, _, _, get)) in sum.iter_mut().zip(&families) {
+            *v = if *name == "port_blocks_capacity" { (*v).max(get(b)) } else { *v + get(b) };
+        }
+    }
+    for (i, (name, kind, help, _)) in families.iter().enumerate() {
+        let mut f = o.family(name, help, None, *kind)?;
+        for ((ip, size), values) in &series {
+            let (ip, size) = (ip.to_string(), size.to_string());
+            f.sample(&[("egress_ip", &ip), ("block_size", &size)], values[i])?;
         }
     }
     Ok(())
@@ -916,17 +929,28 @@ mod tests {
             Fake.sessions(filter)
         }
         fn port_blocks(&self) -> Vec<BlockRow> {
-            vec![BlockRow {
+            let current = BlockRow {
                 egress_ip: "203.0.113.11".parse().unwrap(),
                 configured: true,
                 block_size: 128,
                 max_per_pod: 4,
-                capacity: 220,
-                in_use: 17,
-                pods: 9,
+                capacity: 200,
+                in_use: 14,
+                pods: 7,
                 exhausted: 2,
                 pod_limit: 5,
-            }]
+            };
+            // The pool a change of range retired (ADR 0042): the same labels.
+            let retired = BlockRow {
+                configured: false,
+                capacity: 220,
+                in_use: 3,
+                pods: 2,
+                exhausted: 0,
+                pod_limit: 0,
+                ..current
+            };
+            vec![current, retired]
         }
         fn port_use(&self) -> Arc<PortUse> {
             use crate::port_use::{DestinationUse, PodUse, PoolUse};
