@@ -314,7 +314,8 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// held (or a worker still holds it); the sweep drops it after.
     fn retire_blocks(&self, old: Arc<BlockPool<A>>) {
         if !blocks_unused(&old) {
-            self.retired_blocks.lock().push(old);
+            let mut retired = self.retired_blocks.lock();
+            retired.push(old);
             self.pools_left.store(true, Ordering::Relaxed);
         }
     }
@@ -397,11 +398,6 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             return;
         }
         let Some(mut left) = self.unheld_pools.try_lock() else { return };
-        let retired = {
-            let mut r = self.retired_blocks.lock();
-            r.retain(|b| !blocks_unused(b));
-            !r.is_empty()
-        };
         left.retain_mut(|(egress, gone_since)| {
             if !self.forget_pools(*egress) {
                 *gone_since = None;
@@ -410,7 +406,11 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             let since = *gone_since.get_or_insert(now);
             now.saturating_sub(since) < FORGET_SETTLE_SECS
         });
-        self.pools_left.store(retired || !left.is_empty(), Ordering::Relaxed);
+        // Under the retired list's lock: a pool retired meanwhile sets the
+        // flag after this (found by a review).
+        let mut retired = self.retired_blocks.lock();
+        retired.retain(|b| !blocks_unused(b));
+        self.pools_left.store(!retired.is_empty() || !left.is_empty(), Ordering::Relaxed);
     }
 
     /// Sessions using (egress, proto, port) while a port map is connected.
