@@ -25,7 +25,10 @@ fn block_rows<A: NatAddr + PolicyFamily>(nat: &NatTable<A>, tables: &Tables, out
     for pool in nat.block_pools() {
         let egress_ip = pool.egress().ip();
         let cfg = pool.config();
-        let configured = tables.egress(egress_ip).and_then(|e| e.blocks).is_some_and(|b| b == cfg);
+        // A pool retired by a change of range has the same configuration
+        // as the current one, but not its range (ADR 0042).
+        let configured =
+            tables.egress(egress_ip).is_some_and(|e| e.blocks == Some(cfg) && pool.same_geometry(cfg, e.ports));
         out.push(BlockRow {
             egress_ip,
             configured,
@@ -280,5 +283,45 @@ impl GatewayView for LiveView {
         let rows = self.sessions(&filter);
         let live = |e: &crate::translog::Event| crate::translog::who_had::live_in(&rows, &clocks, e);
         crate::translog::who_had::answer(dir, q, &live)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egret_dataplane::nat::port_alloc::{PortRange, PortRng};
+    use egret_dataplane::nat::port_blocks::PortBlocks;
+    use egret_dataplane::tables::{EgressIpSpec, PolicySlots, TablesSpec};
+
+    use super::*;
+
+    /// After a change of range in block mode, the blocks of the old range
+    /// still held are a row of their own, leaving, beside the current
+    /// pool's (the same size and `maxPerPod`: only the range tells them
+    /// apart; ADR 0042).
+    #[test]
+    fn blocks_of_a_changed_range_are_a_leaving_row() {
+        let e = Ipv4Addr::new(198, 51, 100, 1);
+        let cfg = PortBlocks { size: 16, max_per_pod: 2, log_sessions: false };
+        let (old_range, range) = (PortRange { first: 40000, last: 40999 }, PortRange { first: 40000, last: 41999 });
+        let spec = TablesSpec {
+            egress_ips: vec![EgressIpSpec {
+                ip: e.into(),
+                ports: Some(range),
+                answer_neighbor: true,
+                port_blocks: Some(cfg),
+            }],
+            ..Default::default()
+        };
+        let tables = Tables::compile(&spec, 2, &PolicySlots::default()).unwrap();
+        let nat = NatTable::<Ipv4Addr>::new(&tables.nat);
+        let old = nat.block_pool(e, cfg, old_range, 1);
+        old.allocate(Ipv4Addr::new(192, 0, 2, 10), 4, &mut PortRng::new(1), None, Some).unwrap();
+        drop(old);
+        nat.block_pool(e, cfg, range, 2);
+        let mut rows = Vec::new();
+        block_rows(&nat, &tables, &mut rows);
+        rows.sort_by_key(|r| r.configured);
+        let seen: Vec<_> = rows.iter().map(|r| (r.configured, r.capacity, r.in_use)).collect();
+        assert_eq!(seen, vec![(false, 62, 1), (true, 125, 0)]);
     }
 }
