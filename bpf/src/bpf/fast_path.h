@@ -11,9 +11,9 @@
  * userspace engine would translate it (nat/rewrite.rs, engine.rs forward()):
  *
  *   1. addresses and ports from the entry;
- *   2. IPv4 header checksum: the entry's l3 delta, then the TTL decrement's
- *      constant delta, in that order (RFC 1624 eqn. 3, ~(~HC + m), the same
- *      ones' complement representation as wire::checksum::Delta::apply);
+ *   2. IPv4 header checksum: the entry's l3 delta and the TTL decrement's
+ *      constant delta in one fold (RFC 1624 eqn. 3, ~(~HC + m + m'), the
+ *      field the two updates in turn give: wire::checksum::Delta::apply_then);
  *   3. transport checksum: the entry's l4 delta; a UDP/IPv4 checksum of 0
  *      stays 0 and a computed 0 is sent as 0xFFFF (RFC 768);
  *   4. TTL / hop limit minus one; MACs from the entry's next hop;
@@ -67,7 +67,7 @@
  * The IPv4 header checksum delta of TTL - 1 (TTL is the high byte of the
  * (TTL, protocol) word): fold(~(ttl << 8 | p) + ((ttl - 1) << 8 | p)) =
  * 0xFFFF - 0x0100 for every TTL >= 1, the value the engine's
- * Delta::between_u16 computes.
+ * Delta::between_u16 computes (its constant: wire::checksum::TTL_DECREMENT).
  */
 #define EGRET_TTL_DECREMENT_DELTA 0xFEFF
 
@@ -228,6 +228,17 @@ static __always_inline __u16 csum_fold(__u32 s)
 static __always_inline __u16 csum_apply(__u16 csum, __u16 delta)
 {
 	return (__u16)~csum_fold((__u32)(__u16)~csum + delta);
+}
+
+/*
+ * csum_apply(csum_apply(csum, delta), then) in one fold, bit for bit the same
+ * when `then` is not 0 (both sums are then non-zero and congruent modulo
+ * 0xFFFF, and a non-zero sum has one folded form): the engine's
+ * wire::checksum::Delta::apply_then.
+ */
+static __always_inline __u16 csum_apply_then(__u16 csum, __u16 delta, __u16 then)
+{
+	return (__u16)~csum_fold((__u32)(__u16)~csum + delta + then);
 }
 
 /* Sum of the 16-bit words of an address (host order values). */
@@ -540,9 +551,8 @@ static __always_inline int fast_path_v4(struct xdp_md *ctx, const struct fp_conf
 
 	__builtin_memcpy(&ip->saddr, e->new_src, 4);
 	__builtin_memcpy(&ip->daddr, e->new_dst, 4);
-	ip->check = bpf_htons(csum_apply(bpf_ntohs(ip->check), e->l3_delta));
+	ip->check = bpf_htons(csum_apply_then(bpf_ntohs(ip->check), e->l3_delta, EGRET_TTL_DECREMENT_DELTA));
 	ip->ttl -= 1;
-	ip->check = bpf_htons(csum_apply(bpf_ntohs(ip->check), EGRET_TTL_DECREMENT_DELTA));
 	return fp_finish(ctx, eth, data_end, ports, csum_at, ip->protocol, e, slot, seq, tcp_rec, ifindex, now);
 }
 

@@ -160,13 +160,11 @@ impl Ctx<'_> {
         frame.get_mut(port_at..port_at + 2)?.copy_from_slice(&port.to_be_bytes());
         let new_csum = if proto == proto::UDP { checksum::apply_udp(csum, l4d) } else { l4d.apply(csum) };
         frame.get_mut(csum_at..csum_at + 2)?.copy_from_slice(&new_csum.to_be_bytes());
-        // The IP header: the address delta, then the TTL (RFC 1624 eqn. 3,
-        // one update each, as `translate` and `forward` apply them).
+        // The IP header: the address delta, then the TTL's (RFC 1624 eqn.
+        // 3), in one fold: the field `translate` and `forward` leave with
+        // one update each (`Delta::apply_then`).
         let ip: &mut [u8; 20] = frame.get_mut(L3..L4)?.try_into().ok()?;
-        let hc = l3d.apply(u16::from_be_bytes([ip[10], ip[11]]));
-        let old_word = u16::from_be_bytes([ttl, proto]);
-        let new_word = u16::from_be_bytes([ttl - 1, proto]);
-        let hc = checksum::Delta::between_u16(old_word, new_word).apply(hc);
+        let hc = l3d.apply_then(checksum::TTL_DECREMENT, u16::from_be_bytes([ip[10], ip[11]]));
         ip[8] = ttl - 1;
         ip[10..12].copy_from_slice(&hc.to_be_bytes());
         frame.get_mut(0..6)?.copy_from_slice(&dst_mac);

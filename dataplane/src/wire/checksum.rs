@@ -268,7 +268,26 @@ impl Delta {
     pub fn apply(self, csum: u16) -> u16 {
         !fold(u32::from(!csum) + u32::from(self.0))
     }
+
+    /// `then.apply(self.apply(csum))` in one fold: `~(~HC + self + then)`.
+    /// The same field, bit for bit, whenever `then` is not [`Delta::NONE`]:
+    /// both sums are then non-zero and congruent modulo 0xFFFF, and a
+    /// non-zero sum has one folded form (1..=0xFFFF). Not the same as
+    /// `self.add(then).apply(csum)`, whose normalized zero would turn a
+    /// field of 0xFFFF into 0xFFFF where the two steps give 0.
+    #[inline]
+    pub fn apply_then(self, then: Delta, csum: u16) -> u16 {
+        debug_assert!(!then.is_none());
+        !fold(u32::from(!csum) + u32::from(self.0) + u32::from(then.0))
+    }
 }
+
+/// The IPv4 header checksum's change when the TTL drops by one: TTL is the
+/// high byte of the (TTL, protocol) word, so `~(ttl << 8 | p) + ((ttl - 1)
+/// << 8 | p)` folds to 0xFFFF - 0x0100 for every TTL of at least 1 and
+/// every protocol ([`Delta::between_u16`] of the two words). The XDP fast
+/// path applies the same constant (bpf/src/bpf/fast_path.h).
+pub const TTL_DECREMENT: Delta = Delta(0xFEFF);
 
 #[cfg(test)]
 mod tests {
@@ -406,7 +425,35 @@ mod tests {
         assert!(!is_partial(0xa519, pseudo_g));
     }
 
+    #[test]
+    fn ttl_decrement_is_the_words_delta_for_every_ttl_and_protocol() {
+        for ttl in 1..=255u8 {
+            for proto in 0..=255u8 {
+                let old = u16::from_be_bytes([ttl, proto]);
+                let new = u16::from_be_bytes([ttl - 1, proto]);
+                assert_eq!(Delta::between_u16(old, new), TTL_DECREMENT, "ttl {ttl} protocol {proto}");
+            }
+        }
+    }
+
+    #[test]
+    fn apply_then_is_two_applies_for_every_field_and_delta_at_the_edges() {
+        let edges = [0u16, 1, 0x00FF, 0x0100, 0x7FFF, 0x8000, 0xFEFF, 0xFF00, 0xFFFE, 0xFFFF];
+        for csum in 0..=u16::MAX {
+            for d in edges {
+                let d = Delta::from_value(d);
+                assert_eq!(d.apply_then(TTL_DECREMENT, csum), TTL_DECREMENT.apply(d.apply(csum)), "{csum:#x} {d:?}");
+            }
+        }
+    }
+
     proptest! {
+        #[test]
+        fn apply_then_is_two_applies(csum in any::<u16>(), d in any::<u16>(), then in 1..u16::MAX) {
+            let (d, then) = (Delta::from_value(d), Delta::from_value(then));
+            prop_assert_eq!(d.apply_then(then, csum), then.apply(d.apply(csum)));
+        }
+
         #[test]
         fn sum_matches_reference(data in proptest::collection::vec(any::<u8>(), 0..300),
                                  initial in any::<u32>()) {
