@@ -69,11 +69,14 @@ impl IpFamily for Ipv4Addr {
     fn decrement_hop_limit(ip: &mut [u8]) {
         let mut p = ipv4::Packet::new_unchecked(ip);
         let ttl = p.ttl();
-        // TTL is the high byte of the 16-bit word it shares with the protocol.
-        let old = u16::from_be_bytes([ttl, p.protocol()]);
-        let new = u16::from_be_bytes([ttl.saturating_sub(1), p.protocol()]);
-        p.set_ttl(ttl.saturating_sub(1));
-        let c = Delta::between_u16(old, new).apply(p.checksum());
+        // A TTL of 0 stays 0 and the checksum unchanged; any other drops by
+        // one, which changes the checksum by the same constant whatever the
+        // TTL and protocol (checksum::TTL_DECREMENT).
+        if ttl == 0 {
+            return;
+        }
+        p.set_ttl(ttl - 1);
+        let c = checksum::TTL_DECREMENT.apply(p.checksum());
         p.set_checksum(c);
     }
     #[inline]
