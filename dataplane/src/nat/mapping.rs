@@ -11,7 +11,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use super::key::{proto, NatAddr};
-use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
+use super::port_alloc::{candidates, candidates_ahead, PortAhead, PortPool, PortRange, PortRng};
 
 /// Key of the forward index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -169,13 +169,17 @@ impl<A: NatAddr> Mappings<A> {
         attempts: u32,
         rng: &mut PortRng,
     ) -> Option<Acquired> {
-        self.try_acquire(pool, req, pool.range(), attempts, rng).ok()
+        self.try_acquire(pool, req, pool.range(), attempts, rng, None).ok()
     }
 
     /// [`Mappings::acquire`] with a new port drawn from `range` (the egress
     /// IP's, in the caller's configuration), saying why no port was given.
     /// Reusing an existing mapping costs no quota; a new one counts against
     /// the pod's quota in `pool` until it is freed.
+    ///
+    /// With `ahead` (the worker's port drawn ahead in this pool, kept in its
+    /// pool memo), the first random candidate is that port, and a new one
+    /// is drawn and its owner cell asked for once it is used ([`PortAhead`]).
     pub fn try_acquire(
         &self,
         pool: &PortPool<A>,
@@ -183,20 +187,19 @@ impl<A: NatAddr> Mappings<A> {
         range: PortRange,
         attempts: u32,
         rng: &mut PortRng,
+        ahead: Option<&mut PortAhead>,
     ) -> Result<Acquired, AcquireError> {
-        self.try_acquire_by(pool, req, || {
-            for (i, port) in candidates(req.pod_port, range, attempts, rng).enumerate() {
-                if pool.try_claim(port, req.pod, req.pod_port) {
-                    return Ok(if i == 0 && port == req.pod_port {
-                        Acquired::Preserved(port)
-                    } else {
-                        Acquired::Random(port)
-                    });
-                }
+        match ahead {
+            None => self
+                .try_acquire_by(pool, req, || claim_first(pool, req, candidates(req.pod_port, range, attempts, rng))),
+            Some(ahead) => {
+                let got = self.try_acquire_by(pool, req, || {
+                    claim_first(pool, req, candidates_ahead(req.pod_port, range, attempts, ahead, rng))
+                });
+                ahead.refill(pool, range, rng);
+                got
             }
-            pool.count_exhausted();
-            Err(AcquireError::Exhausted)
-        })
+        }
     }
 
     /// [`Mappings::try_acquire`] with the new port found by `claim`, which
@@ -347,6 +350,22 @@ fn unused<A: NatAddr>(pool: &Arc<PortPool<A>>) -> bool {
     pool.is_idle()
 }
 
+/// Claims the first free port of `candidates` for (pod, pod port): the pod's
+/// own port if it comes first and is free (preserved), else a random one.
+fn claim_first<A: NatAddr>(
+    pool: &PortPool<A>,
+    req: MappingRequest<A>,
+    candidates: impl Iterator<Item = u16>,
+) -> Result<Acquired, AcquireError> {
+    for (i, port) in candidates.enumerate() {
+        if pool.try_claim(port, req.pod, req.pod_port) {
+            return Ok(if i == 0 && port == req.pod_port { Acquired::Preserved(port) } else { Acquired::Random(port) });
+        }
+    }
+    pool.count_exhausted();
+    Err(AcquireError::Exhausted)
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -408,6 +427,35 @@ mod tests {
         assert_eq!(m.len(), 2, "the failed attempt leaves no index entry");
     }
 
+    /// A worker's port drawn ahead (its pool memo's) is the first random
+    /// candidate: a pod whose own port is taken gets it, and the next one
+    /// is drawn; a port drawn ahead that another mapping took meanwhile is
+    /// passed over like any taken candidate.
+    #[test]
+    fn a_new_mapping_takes_the_port_drawn_ahead() {
+        let m = Mappings::new(true);
+        let range = PortRange { first: 50000, last: 50999 };
+        let pool = m.pool(E, UDP, range, 1);
+        let mut rng = PortRng::new(11);
+        let mut ahead = PortAhead::default();
+        let ask = |pod, pod_port, rng: &mut PortRng, ahead: &mut PortAhead| {
+            m.try_acquire(&pool, MappingRequest { egress: E, pod, pod_port, proto: UDP }, range, 8, rng, Some(ahead))
+        };
+        assert_eq!(ask(POD, 50001, &mut rng, &mut ahead), Ok(Acquired::Preserved(50001)));
+        let drawn = ahead.port().expect("drawn after the first allocation");
+        assert_eq!(ask(POD2, 50001, &mut rng, &mut ahead), Ok(Acquired::Random(drawn)), "its own port is taken");
+        let next = ahead.port().expect("drawn again once used");
+        assert_eq!(pool.owner(drawn).map(|o| o.pod), Some(POD2));
+        // Another worker takes the next port drawn ahead first.
+        assert!(pool.try_claim(next, POD, 7));
+        let got = ask(POD2, 50001 + 1, &mut rng, &mut ahead).expect("a port");
+        assert!(matches!(got, Acquired::Preserved(50002)), "{got:?}");
+        let got = ask(POD2, 50001, &mut rng, &mut ahead).expect("a port");
+        assert_eq!(got, Acquired::Existing(drawn), "the pod port's mapping is reused");
+        let got = ask(POD, 7, &mut rng, &mut ahead).expect("a port");
+        assert!(matches!(got, Acquired::Random(p) if p != next && range.contains(p)), "passed over: {got:?}");
+    }
+
     #[test]
     fn a_pod_at_its_quota_is_refused_while_another_gets_a_port() {
         let m = Mappings::new(true);
@@ -415,7 +463,7 @@ mod tests {
         pool.set_source_quota(3);
         let mut rng = PortRng::new(5);
         let ask = |pod, pod_port, rng: &mut PortRng| {
-            m.try_acquire(&pool, MappingRequest { egress: E, pod, pod_port, proto: UDP }, pool.range(), 64, rng)
+            m.try_acquire(&pool, MappingRequest { egress: E, pod, pod_port, proto: UDP }, pool.range(), 64, rng, None)
         };
         for p in 1..=3 {
             assert!(ask(POD, p, &mut rng).is_ok());

@@ -13,11 +13,15 @@
 //! when no reference but the map's is left). A pool is never replaced (a
 //! new range moves the same pool's), so the memo's pool is the one the
 //! shared map holds, and a flow allocates from the same pool either way.
+//!
+//! Each entry also keeps the worker's next random port in its pool, drawn
+//! one allocation ahead so that its owner cell is in cache by the claim
+//! ([`PortAhead`], ADR 0043).
 
 use std::sync::Arc;
 
 use super::key::NatAddr;
-use super::port_alloc::PortPool;
+use super::port_alloc::{PortAhead, PortPool};
 
 /// The pools a worker used lately, by (egress IP, protocol).
 #[derive(Debug)]
@@ -28,7 +32,7 @@ pub struct PoolMemo<A: NatAddr> {
     entries: Vec<Option<Entry<A>>>,
 }
 
-type Entry<A> = (A, u8, Arc<PortPool<A>>);
+type Entry<A> = (A, u8, Arc<PortPool<A>>, PortAhead);
 
 impl<A: NatAddr> Default for PoolMemo<A> {
     fn default() -> Self {
@@ -42,7 +46,8 @@ impl<A: NatAddr> PoolMemo<A> {
     const BITS: u32 = 8;
 
     /// The pool of (`egress`, `proto`) under the tables of `generation`:
-    /// the memo's, or `make`'s (the shared map's), which it then keeps.
+    /// the memo's, or `make`'s (the shared map's), which it then keeps;
+    /// with the worker's port drawn ahead in it (none yet in a new entry).
     #[inline]
     pub fn get(
         &mut self,
@@ -50,15 +55,16 @@ impl<A: NatAddr> PoolMemo<A> {
         egress: A,
         proto: u8,
         make: impl FnOnce() -> Arc<PortPool<A>>,
-    ) -> &Arc<PortPool<A>> {
+    ) -> (&Arc<PortPool<A>>, &mut PortAhead) {
         if self.generation != generation || self.entries.is_empty() {
             self.reset(generation);
         }
         let entry = &mut self.entries[Self::slot(egress, proto)];
-        if !matches!(entry, Some((ip, p, _)) if *ip == egress && *p == proto) {
+        if !matches!(entry, Some((ip, p, _, _)) if *ip == egress && *p == proto) {
             *entry = None;
         }
-        &entry.get_or_insert_with(|| (egress, proto, make())).2
+        let (_, _, pool, ahead) = entry.get_or_insert_with(|| (egress, proto, make(), PortAhead::default()));
+        (pool, ahead)
     }
 
     /// Drops every reference when the tables moved past the memo's
@@ -106,19 +112,19 @@ mod tests {
         let ip = Ipv4Addr::new(203, 0, 113, 10);
         let (a, b) = (pool(), pool());
         let mut asked = 0;
-        let got = memo.get(1, ip, proto::UDP, || {
+        let (got, _) = memo.get(1, ip, proto::UDP, || {
             asked += 1;
             a.clone()
         });
         assert!(Arc::ptr_eq(got, &a));
-        let got = memo.get(1, ip, proto::UDP, || {
+        let (got, _) = memo.get(1, ip, proto::UDP, || {
             asked += 1;
             b.clone()
         });
         assert!(Arc::ptr_eq(got, &a), "the memo's pool within a generation");
         assert_eq!(asked, 1);
         // A new snapshot may have forgotten the pool.
-        let got = memo.get(2, ip, proto::UDP, || b.clone());
+        let (got, _) = memo.get(2, ip, proto::UDP, || b.clone());
         assert!(Arc::ptr_eq(got, &b), "asked again under a new generation");
     }
 
@@ -143,7 +149,7 @@ mod tests {
         for round in 0..2 {
             for (i, want) in pools.iter().enumerate() {
                 let (ip, p) = key(i);
-                let got = memo.get(7, ip, p, || want.clone());
+                let (got, _) = memo.get(7, ip, p, || want.clone());
                 assert!(Arc::ptr_eq(got, want), "round {round}: ({ip}, {p}) got another key's pool");
             }
         }

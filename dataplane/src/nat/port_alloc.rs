@@ -113,6 +113,59 @@ pub fn candidates(pod_port: u16, range: PortRange, attempts: u32, rng: &mut Port
     first.into_iter().chain((0..randoms).map(move |_| rng.port_in(range)))
 }
 
+/// A worker's next random port in one pool, drawn one allocation ahead so
+/// that its owner cell is asked for long before the claim (ADR 0043): a new
+/// flow's random candidate was a cell nobody had touched lately (the cells
+/// are 16 bytes a port, 448 KiB per egress IP and protocol), and its miss
+/// was waited for under the cell's lock, the largest wait of a new flow.
+/// The port is as random as one drawn at the claim: the same generator,
+/// one allocation earlier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortAhead(Option<u16>);
+
+impl PortAhead {
+    /// The port drawn ahead, if any (its owner cell was asked for then).
+    #[inline]
+    pub fn port(&self) -> Option<u16> {
+        self.0
+    }
+
+    /// The port drawn ahead if it is in `range` (a moved range drops it),
+    /// or a fresh draw; either way the next allocation draws anew.
+    #[inline]
+    fn take_or_draw(&mut self, range: PortRange, rng: &mut PortRng) -> u16 {
+        match self.0.take() {
+            Some(p) if range.contains(p) => p,
+            _ => rng.port_in(range),
+        }
+    }
+
+    /// Draws the next port once the last was used, and asks for its owner
+    /// cell's line in `pool` (nat/map_prefetch.rs).
+    #[inline]
+    pub fn refill<A: NatAddr>(&mut self, pool: &PortPool<A>, range: PortRange, rng: &mut PortRng) {
+        if self.0.is_none() && !range.is_empty() {
+            let p = rng.port_in(range);
+            self.0 = Some(p);
+            pool.prefetch_claim(p);
+        }
+    }
+}
+
+/// [`candidates`] whose first random port is the one `ahead` holds (when
+/// in range); the ones after it are drawn as they are needed.
+pub fn candidates_ahead<'a>(
+    pod_port: u16,
+    range: PortRange,
+    attempts: u32,
+    ahead: &'a mut PortAhead,
+    rng: &'a mut PortRng,
+) -> impl Iterator<Item = u16> + 'a {
+    let first = range.contains(pod_port).then_some(pod_port);
+    let randoms = attempts.saturating_sub(u32::from(first.is_some()));
+    first.into_iter().chain((0..randoms).map(move |_| ahead.take_or_draw(range, rng)))
+}
+
 /// Who holds an external port in endpoint-independent mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Owner<A> {
@@ -459,6 +512,36 @@ mod tests {
         let c: Vec<u16> = candidates(80, r, 4, &mut rng).collect();
         assert_eq!(c.len(), 4);
         assert!(c.iter().all(|p| r.contains(*p)), "port 80 is outside the range and never used");
+    }
+
+    /// The port drawn ahead is the first random candidate and is used
+    /// once; the pod's own port comes before it and leaves it; a range
+    /// that moved away from it drops it; a refill draws only when it was
+    /// used, from the same generator.
+    #[test]
+    fn a_port_drawn_ahead_is_the_first_random_candidate_once() {
+        let r = PortRange { first: 40000, last: 40999 };
+        let mut rng = PortRng::new(9);
+        let mut ahead = PortAhead(Some(40500));
+        let c: Vec<u16> = candidates_ahead(40001, r, 3, &mut ahead, &mut rng).take(1).collect();
+        assert_eq!(c, [40001], "the pod's port first");
+        assert_eq!(ahead.port(), Some(40500), "not reached: kept");
+        let mut twin = rng.clone();
+        let c: Vec<u16> = candidates_ahead(40001, r, 4, &mut ahead, &mut rng).collect();
+        assert_eq!(c[..2], [40001, 40500]);
+        assert_eq!(c[2..], [twin.port_in(r), twin.port_in(r)], "then fresh draws");
+        assert_eq!(ahead.port(), None, "used");
+        let pool = PortPool::<Ipv4Addr>::new(r, true);
+        let mut twin = rng.clone();
+        ahead.refill(&pool, r, &mut rng);
+        assert_eq!(ahead.port(), Some(twin.port_in(r)), "drawn from the worker's generator");
+        let drawn = ahead.port();
+        ahead.refill(&pool, r, &mut rng);
+        assert_eq!(ahead.port(), drawn, "a refill keeps an unused port");
+        let moved = PortRange { first: 50000, last: 50009 };
+        let c: Vec<u16> = candidates_ahead(80, moved, 1, &mut ahead, &mut rng).collect();
+        assert!(moved.contains(c[0]), "a port outside the moved range is never used: {c:?}");
+        assert_eq!(ahead.port(), None);
     }
 
     #[test]

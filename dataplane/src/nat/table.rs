@@ -46,7 +46,7 @@ use super::key::{proto, FlowKey, NatAddr, SessionTuple};
 use super::map_prefetch;
 use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mappings};
 use super::pool_memo::PoolMemo;
-use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
+use super::port_alloc::{candidates, PortAhead, PortPool, PortRange, PortRng};
 use super::port_blocks::{self, BlockClaimError, BlockPool, BlockRefusal, PortBlocks};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
 use super::sync::{ImportRefusal, ImportReport, JournalEntry, SessionKeyRecord, SessionRecord, SyncEvent, SyncJournal};
@@ -864,14 +864,18 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         let nat = &tables.nat;
         let entry = tables.egress(egress.ip()).ok_or(DropReason::EgressIpNotOwned)?;
         let mut asked = None;
-        let pool = match ctx.pools.take() {
-            Some(memo) => memo.get(tables.generation, egress, req.proto, || {
-                self.mappings.pool(egress, req.proto, entry.ports, tables.generation)
-            }),
-            None => asked.insert(self.mappings.pool(egress, req.proto, entry.ports, tables.generation)),
+        let (pool, ahead): (&PortPool<A>, _) = match ctx.pools.take() {
+            Some(memo) => {
+                let (pool, ahead) = memo.get(tables.generation, egress, req.proto, || {
+                    self.mappings.pool(egress, req.proto, entry.ports, tables.generation)
+                });
+                (pool, Some(ahead))
+            }
+            None => (asked.insert(self.mappings.pool(egress, req.proto, entry.ports, tables.generation)), None),
         };
         if entry.blocks.is_none() {
-            self.prefetch_creation(req, egress, pool, entry.ports, ctx.rng);
+            let drawn = ahead.as_deref().and_then(PortAhead::port);
+            self.prefetch_creation(req, egress, pool, entry.ports, drawn, ctx.rng);
         }
         if !self.admit_source(req.pod, nat.max_sessions_per_source) {
             return Err(DropReason::SourceSessionLimit);
@@ -905,6 +909,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                 entry.ports,
                 nat.port_alloc_attempts,
                 ctx.rng,
+                ahead,
             );
             let acquired = match acquired {
                 Ok(a) => a,
@@ -975,8 +980,10 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// write, all at once before the first lock (nat/map_prefetch.rs, ADR
     /// 0036): the pod's session count, the session index's buckets of the
     /// outbound key and of the inbound keys of the first two candidate
-    /// ports (the pod's own, the first random one, drawn from a copy of
-    /// the worker's generator so the allocation draws the same), the
+    /// ports (the pod's own, the first random one: the worker's port drawn
+    /// ahead in the pool, `drawn`, whose owner cell was asked for when it
+    /// was drawn, or else drawn from a copy of the worker's generator so
+    /// the allocation draws the same), the
     /// pod's count in the pool (its mappings, or in endpoint-dependent
     /// mode its sessions towards the remote), and in endpoint-independent
     /// mode the mapping and the candidates' owner cells.
@@ -986,13 +993,14 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         egress: A,
         pool: &PortPool<A>,
         range: PortRange,
+        drawn: Option<u16>,
         rng: &PortRng,
     ) {
         map_prefetch::bucket(&self.per_source, &req.pod);
         let mut tuple = req.tuple(egress);
         self.sessions.prefetch_key(&tuple.outbound_key());
         let preserved = range.contains(req.pod_port).then_some(req.pod_port);
-        let random = rng.clone().port_in(range);
+        let random = drawn.filter(|p| range.contains(*p)).unwrap_or_else(|| rng.clone().port_in(range));
         let eim = self.mappings.endpoint_independent();
         if eim {
             self.mappings.prefetch(MappingRequest { egress, pod: req.pod, pod_port: req.pod_port, proto: req.proto });
