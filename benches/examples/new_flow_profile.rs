@@ -68,6 +68,21 @@ fn main() {
     }
     let second = opt("second");
     let frames = if second { with_second_packets(frames(0)) } else { frames(0) };
+    // The measured frames in one buffer, in order, as a worker's ring
+    // hands them over: built one by one, each was a heap block of its
+    // own wherever the warm-up's frees had left room, and reading them
+    // cost 3 % to 8 % of the run depending on the build (perf, 2026-12-04;
+    // docs/benchmarks.md, "A random port drawn ahead").
+    let packed = frames.concat();
+    let mut rest = packed.as_slice();
+    let frames: Vec<&[u8]> = frames
+        .iter()
+        .map(|f| {
+            let (one, after) = rest.split_at(f.len());
+            rest = after;
+            one
+        })
+        .collect();
     let (t, cpu) = (Instant::now(), on_cpu_ns());
     let ok = measured_flows(&mut w, &frames, now, staged);
     let (e, cpu) = (t.elapsed(), on_cpu_ns() - cpu);
@@ -87,7 +102,7 @@ fn main() {
 /// The measured flows, on their own for callgrind
 /// (`--toggle-collect=*measured_flows*` counts these, not the warm-up's).
 #[inline(never)]
-fn measured_flows(w: &mut egret_dataplane::engine::Pipeline, frames: &[Vec<u8>], now: u64, staged: bool) -> u64 {
+fn measured_flows(w: &mut egret_dataplane::engine::Pipeline, frames: &[&[u8]], now: u64, staged: bool) -> u64 {
     let n = frames.len() as u64;
     if staged {
         common::run_staged(w, frames, fixtures::INSIDE, n, now, STAGED_BATCH)

@@ -217,7 +217,7 @@ pub const BATCH: u64 = 64;
 /// Processes `frames` cyclically `iters` times, [`BATCH`] frames to a
 /// batch as a worker does; returns how many were forwarded.
 #[inline]
-pub fn run(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64) -> u64 {
+pub fn run<F: AsRef<[u8]>>(w: &mut Pipeline, frames: &[F], ingress: u32, iters: u64, now: u64) -> u64 {
     let mut buf = vec![0u8; 2048];
     let meta = RxMeta { ifindex: ingress, checksum: ChecksumHint::Unknown };
     let t = Timestamp::from_secs(now);
@@ -228,7 +228,7 @@ pub fn run(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: 
         let n = BATCH.min(iters - done);
         let mut batch = w.batch(t);
         for _ in 0..n {
-            let f = &frames[idx];
+            let f = frames[idx].as_ref();
             idx += 1;
             if idx == frames.len() {
                 idx = 0;
@@ -270,7 +270,14 @@ pub fn run_frame_by_frame(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, it
 /// `prefetch_flow`, `prefetch_session` then `prefetch_lookup` for every frame of the batch,
 /// then the batch's `process` for each): what a worker does with a ring's batch.
 #[inline]
-pub fn run_staged(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64, now: u64, batch: usize) -> u64 {
+pub fn run_staged<F: AsRef<[u8]>>(
+    w: &mut Pipeline,
+    frames: &[F],
+    ingress: u32,
+    iters: u64,
+    now: u64,
+    batch: usize,
+) -> u64 {
     use egret_dataplane::engine::Staged;
     let mut bufs = vec![vec![0u8; 2048]; batch];
     let mut lens = vec![0usize; batch];
@@ -283,7 +290,7 @@ pub fn run_staged(w: &mut Pipeline, frames: &[Vec<u8>], ingress: u32, iters: u64
     while done < iters {
         let n = batch.min((iters - done) as usize);
         for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()).take(n) {
-            let f = &frames[idx];
+            let f = frames[idx].as_ref();
             idx += 1;
             if idx == frames.len() {
                 idx = 0;
