@@ -561,7 +561,10 @@ class EmulatorTest(unittest.TestCase):
         self.assertEqual(got.body["tags"], {"egret-pool": "retired"})
 
     def test_throttling_answers_429_with_retry_after_per_principal(self):
-        self.control("PUT", "config", {"readBucket": 3, "readRefill": 20, "writeBucket": 1, "writeRefill": 0.5})
+        # One token a second: the three reads below must come within a second
+        # (at 20 a second, a read 50 ms late on a busy machine found a token
+        # refilled and the test failed in CI's run beside the lab).
+        self.control("PUT", "config", {"readBucket": 3, "readRefill": 1, "writeBucket": 1, "writeRefill": 0.5})
         path = f"{NET}/networkInterfaces/nic-a?{NETWORK_API}"
         remaining = [self.arm("GET", path).headers["x-ms-ratelimit-remaining-subscription-reads"] for _ in range(3)]
         self.assertEqual(remaining, ["2", "1", "0"])
@@ -570,10 +573,14 @@ class EmulatorTest(unittest.TestCase):
         self.assertEqual(throttled.headers["Retry-After"], "1")
         self.assertEqual(throttled.headers["x-ms-ratelimit-remaining-subscription-reads"], "0")
         self.assertEqual(self.arm("GET", path, token="another-principal").status, 200)
-        time.sleep(0.1)  # two tokens at 20 per second
+        time.sleep(1.05)  # a token at 1 per second
         self.assertEqual(self.arm("GET", path).status, 200)
 
-        nic = self.nic("nic-b")
+        # The writer reads the NIC itself: the default principal's reads
+        # are spent again.
+        got = self.arm("GET", f"{NET}/networkInterfaces/nic-b?{NETWORK_API}", token="writer")
+        self.assertEqual(got.status, 200, got.body)
+        nic = got.body
         first = self.put_nic(nic, token="writer")
         self.assertEqual(first.headers["x-ms-ratelimit-remaining-subscription-writes"], "0")
         second = self.put_nic(nic, token="writer")
