@@ -1,25 +1,33 @@
 #!/usr/bin/env python3
 """Where a loaded XDP program's time goes, by source line.
 
-    tests/bpf_jit_lines.py PROG_NAME [TOP] < OFFSETS
+    tests/bpf_jit_lines.py PROG_NAME [TOP] < ADDRESSES
 
-PROG_NAME is a loaded BPF program's name (the first one whose name starts
-with it). OFFSETS, on stdin, are lines "COUNT OFFSET" (a sample count and a
-hexadecimal offset into the program's JIT image, as `perf script -F
-sym,symoff` gives them: `bpf_prog_<tag>_<name>+0x<offset>`). Prints each
-offset (the TOP largest, default all) with its share of all the counts and
-the BPF instruction and source line it was JIT-compiled from. In a profile sampled by time, a load that waits
-for memory shows as the instruction after it, usually in the same line.
+PROG_NAME is a loaded BPF program's name. ADDRESSES, on stdin, are the
+instruction addresses of time samples (hexadecimal, one a line, as `perf
+script -F ip` gives them). Prints each address's offset in the program (the
+TOP most sampled, default all) with its share of the samples and the BPF
+instruction and source line it was JIT-compiled from. In a profile sampled
+by time, a load that waits for memory shows as the instruction after it,
+usually in the same line.
+
+The offsets are computed here, against the loaded program's own start:
+perf can name a BPF program by a stale symbol (an earlier run's tag and
+start, at the same addresses), which shifts the offsets it prints. Of the
+programs with that name, the one whose image holds the most samples is
+read.
 
 The kernel hands over everything needed through the bpf(2) syscall
-(BPF_OBJ_GET_INFO_BY_FD: the JIT image, each function's address, the line
-info and the JIT address of each line; BTF for the lines' text), so this
-needs no bpftool built with libbfd and no /proc/kcore. Used by
-tests/fast-path-profile.sh (docs/benchmarks.md, "Where the fast path's time
-goes"). Needs root (CAP_SYS_ADMIN) to open programs by id.
+(BPF_OBJ_GET_INFO_BY_FD: each function's address, the line info and the JIT
+address of each line; BTF for the lines' text), so this needs no bpftool
+built with libbfd and no /proc/kcore. Used by tests/fast-path-profile.sh
+(docs/benchmarks.md, "Where the fast path's time goes"). Needs root
+(CAP_SYS_ADMIN) to open programs by id.
 """
 
 import ctypes
+import errno
+import os
 import struct
 import sys
 
@@ -30,8 +38,6 @@ BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_BTF_GET_FD_BY_ID = 19
 
 # struct bpf_prog_info field offsets (include/uapi/linux/bpf.h).
-PI_JITED_PROG_LEN = 16
-PI_JITED_PROG_INSNS = 24
 PI_NAME = 64
 PI_NR_JITED_KSYMS = 104
 PI_NR_JITED_FUNC_LENS = 108
@@ -64,23 +70,31 @@ def obj_info(fd, size, request=b""):
     return out.raw
 
 
-def find_program(name):
-    """The fd of the first loaded program whose name starts with `name`."""
+def programs_named(name):
+    """The fds of the loaded programs named `name` (the kernel keeps 15
+    characters of it)."""
+    found = []
     pid = 0
     while True:
         try:
             _, raw = bpf(BPF_PROG_GET_NEXT_ID, struct.pack("<I", pid))
-        except OSError:
-            return None
+        except OSError as e:
+            if e.errno == errno.ENOENT:  # past the last program
+                return found
+            raise
         pid = struct.unpack_from("<I", raw, 4)[0]
         try:
             fd, _ = bpf(BPF_PROG_GET_FD_BY_ID, struct.pack("<I", pid))
-        except OSError:
-            continue
+        except OSError as e:
+            if e.errno == errno.ENOENT:  # unloaded meanwhile
+                continue
+            raise
         info = obj_info(fd, PROG_INFO_SIZE)
         pname = info[PI_NAME : PI_NAME + 16].split(b"\0")[0].decode()
-        if pname.startswith(name[:15]):
-            return fd
+        if pname and name.startswith(pname):
+            found.append(fd)
+        else:
+            os.close(fd)
 
 
 def btf_strings(btf_id):
@@ -89,7 +103,10 @@ def btf_strings(btf_id):
     size = 1 << 24
     blob = ctypes.create_string_buffer(size)
     # struct bpf_btf_info: btf (u64 pointer), btf_size (u32), id (u32).
-    info = obj_info(fd, 16, struct.pack("<QI", ctypes.addressof(blob), size))
+    try:
+        info = obj_info(fd, 16, struct.pack("<QI", ctypes.addressof(blob), size))
+    finally:
+        os.close(fd)
     used = struct.unpack_from("<I", info, 8)[0]
     raw = blob.raw[:used]
     hdr_len, _, _, str_off, str_len = struct.unpack_from("<IIIII", raw, 4)
@@ -103,26 +120,45 @@ def cstr(strings, off):
 
 def main():
     if len(sys.argv) not in (2, 3):
-        sys.exit("usage: tests/bpf_jit_lines.py PROG_NAME [TOP] < OFFSETS")
+        sys.exit("usage: tests/bpf_jit_lines.py PROG_NAME [TOP] < ADDRESSES")
     top = int(sys.argv[2]) if len(sys.argv) == 3 else None
-    fd = find_program(sys.argv[1])
-    if fd is None:
-        sys.exit(f"bpf_jit_lines: no loaded program named {sys.argv[1]}")
+    ips = [int(row.split()[0], 16) for row in sys.stdin if row.strip()]
+    best = None  # (samples inside, start, table)
+    for fd in programs_named(sys.argv[1]):
+        try:
+            start, length, table = read_program(fd)
+        finally:
+            os.close(fd)
+        inside = sum(1 for ip in ips if start <= ip < start + length)
+        if best is None or inside > best[0]:
+            best = (inside, start, table)
+    if best is None or best[0] == 0:
+        sys.exit(f"bpf_jit_lines: no loaded program {sys.argv[1]} holds the samples")
+    _, start, table = best
+    counts = {}
+    for ip in ips:
+        counts[ip - start] = counts.get(ip - start, 0) + 1
+    total = len(ips)
+    for off, count in sorted(counts.items(), key=lambda c: -c[1])[:top]:
+        line = max((t for t in table if t[0] <= off), default=None)
+        where = f"insn {line[1]}, {line[2].rsplit('/', 1)[-1]}:{line[3]}: {line[4]}" if line else "?"
+        print(f"{100 * count / total:5.1f}%  +{off:#06x}  {where}")
+
+
+def read_program(fd):
+    """The main function's start and length, and its lines: (JIT offset,
+    BPF instruction, file, line, text), by offset."""
     info = obj_info(fd, PROG_INFO_SIZE)
-    jlen = struct.unpack_from("<I", info, PI_JITED_PROG_LEN)[0]
     nksyms, nlens = struct.unpack_from("<II", info, PI_NR_JITED_KSYMS)
     btf_id = struct.unpack_from("<I", info, PI_BTF_ID)[0]
     nlines = struct.unpack_from("<I", info, PI_NR_LINE_INFO)[0]
     njlines, line_rec, jline_rec = struct.unpack_from("<III", info, PI_NR_JITED_LINE_INFO)
 
-    image = ctypes.create_string_buffer(jlen)
     ksyms = (ctypes.c_uint64 * nksyms)()
     lens = (ctypes.c_uint32 * nlens)()
     lines = ctypes.create_string_buffer(nlines * line_rec)
     jlines = ctypes.create_string_buffer(njlines * jline_rec)
     req = bytearray(PROG_INFO_SIZE)
-    struct.pack_into("<I", req, PI_JITED_PROG_LEN, jlen)
-    struct.pack_into("<Q", req, PI_JITED_PROG_INSNS, ctypes.addressof(image))
     struct.pack_into("<II", req, PI_NR_JITED_KSYMS, nksyms, nlens)
     struct.pack_into("<Q", req, PI_JITED_KSYMS, ctypes.addressof(ksyms))
     struct.pack_into("<Q", req, PI_JITED_FUNC_LENS, ctypes.addressof(lens))
@@ -142,17 +178,7 @@ def main():
         if 0 <= at < main_len:
             table.append((at, insn, cstr(strings, file_off), line_col >> 10, cstr(strings, line_off).strip()))
     table.sort()
-
-    samples = []
-    for row in sys.stdin:
-        parts = row.split()
-        if len(parts) == 2:
-            samples.append((int(parts[0]), int(parts[1], 16)))
-    total = sum(c for c, _ in samples) or 1
-    for count, off in sorted(samples, reverse=True)[:top]:
-        line = max((t for t in table if t[0] <= off), default=None)
-        where = f"insn {line[1]}, {line[2].rsplit('/', 1)[-1]}:{line[3]}: {line[4]}" if line else "?"
-        print(f"{100 * count / total:5.1f}%  +{off:#06x}  {where}")
+    return base, main_len, table
 
 
 if __name__ == "__main__":

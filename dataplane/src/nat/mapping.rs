@@ -11,7 +11,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use super::key::{proto, NatAddr};
-use super::port_alloc::{candidates, candidates_ahead, PortAhead, PortPool, PortRange, PortRng};
+use super::port_alloc::{candidates_ahead, PortAhead, PortPool, PortRange, PortRng};
 
 /// Key of the forward index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -187,19 +187,15 @@ impl<A: NatAddr> Mappings<A> {
         range: PortRange,
         attempts: u32,
         rng: &mut PortRng,
-        ahead: Option<&mut PortAhead>,
+        mut ahead: Option<&mut PortAhead>,
     ) -> Result<Acquired, AcquireError> {
-        match ahead {
-            None => self
-                .try_acquire_by(pool, req, || claim_first(pool, req, candidates(req.pod_port, range, attempts, rng))),
-            Some(ahead) => {
-                let got = self.try_acquire_by(pool, req, || {
-                    claim_first(pool, req, candidates_ahead(req.pod_port, range, attempts, ahead, rng))
-                });
-                ahead.refill(pool, range, rng);
-                got
-            }
+        let got = self.try_acquire_by(pool, req, || {
+            claim_first(pool, req, candidates_ahead(req.pod_port, range, attempts, ahead.as_deref_mut(), rng))
+        });
+        if let Some(ahead) = ahead {
+            ahead.refill(pool, range, rng);
         }
+        got
     }
 
     /// [`Mappings::try_acquire`] with the new port found by `claim`, which
@@ -454,6 +450,7 @@ mod tests {
         assert_eq!(got, Acquired::Existing(drawn), "the pod port's mapping is reused");
         let got = ask(POD, 7, &mut rng, &mut ahead).expect("a port");
         assert!(matches!(got, Acquired::Random(p) if p != next && range.contains(p)), "passed over: {got:?}");
+        assert!(ahead.port().is_some_and(|p| p != next), "drawn again after the taken one was tried");
     }
 
     #[test]

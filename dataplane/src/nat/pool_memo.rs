@@ -141,6 +141,31 @@ mod tests {
         assert_eq!(Arc::strong_count(&a), 1);
     }
 
+    /// The port drawn ahead lives in its pool's entry: a new generation,
+    /// or another pool taking the slot, forgets it with the entry.
+    #[test]
+    fn a_drawn_port_goes_with_its_entry() {
+        let mut memo = PoolMemo::default();
+        let ip = Ipv4Addr::new(203, 0, 113, 10);
+        let a = pool();
+        let mut rng = crate::nat::port_alloc::PortRng::new(3);
+        let (got, ahead) = memo.get(1, ip, proto::UDP, || a.clone());
+        assert_eq!(ahead.port(), None, "a new entry has drawn nothing yet");
+        let got = got.clone();
+        ahead.refill(&got, got.range(), &mut rng);
+        let drawn = ahead.port();
+        assert!(drawn.is_some());
+        assert_eq!(memo.get(1, ip, proto::UDP, || a.clone()).1.port(), drawn, "kept in its entry");
+        assert_eq!(memo.get(2, ip, proto::UDP, || a.clone()).1.port(), None, "a new generation forgets it");
+        memo.get(2, ip, proto::UDP, || a.clone()).1.refill(&got, got.range(), &mut rng);
+        let other = (0..1u32 << 16)
+            .map(|i| Ipv4Addr::from(0xC633_0000 + i))
+            .find(|o| PoolMemo::<Ipv4Addr>::slot(*o, proto::UDP) == PoolMemo::<Ipv4Addr>::slot(ip, proto::UDP))
+            .expect("an address sharing the slot");
+        memo.get(2, other, proto::UDP, pool);
+        assert_eq!(memo.get(2, ip, proto::UDP, || a.clone()).1.port(), None, "another pool took the slot");
+    }
+
     #[test]
     fn protocols_and_addresses_have_their_own_pools() {
         let mut memo = PoolMemo::default();

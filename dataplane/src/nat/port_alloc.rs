@@ -108,9 +108,7 @@ impl PortRng {
 /// The candidate ports for a new mapping: the pod's port if in range, then
 /// random ports, `attempts` in all.
 pub fn candidates(pod_port: u16, range: PortRange, attempts: u32, rng: &mut PortRng) -> impl Iterator<Item = u16> + '_ {
-    let first = range.contains(pod_port).then_some(pod_port);
-    let randoms = attempts.saturating_sub(u32::from(first.is_some()));
-    first.into_iter().chain((0..randoms).map(move |_| rng.port_in(range)))
+    candidates_ahead(pod_port, range, attempts, None, rng)
 }
 
 /// A worker's next random port in one pool, drawn one allocation ahead so
@@ -134,10 +132,23 @@ impl PortAhead {
     /// or a fresh draw; either way the next allocation draws anew.
     #[inline]
     fn take_or_draw(&mut self, range: PortRange, rng: &mut PortRng) -> u16 {
-        match self.0.take() {
-            Some(p) if range.contains(p) => p,
-            _ => rng.port_in(range),
-        }
+        let drawn = self.usable(range);
+        self.0 = None;
+        drawn.unwrap_or_else(|| rng.port_in(range))
+    }
+
+    /// The first random candidate [`PortAhead::take_or_draw`] will give,
+    /// without taking it (the generator's next draw is read from a copy):
+    /// the port whose lines the creation's prefetch asks for.
+    #[inline]
+    pub fn peek(&self, range: PortRange, rng: &PortRng) -> u16 {
+        self.usable(range).unwrap_or_else(|| rng.clone().port_in(range))
+    }
+
+    /// The port drawn ahead, if `range` holds it.
+    #[inline]
+    fn usable(&self, range: PortRange) -> Option<u16> {
+        self.0.filter(|p| range.contains(*p))
     }
 
     /// Draws the next port once the last was used, and asks for its owner
@@ -153,17 +164,20 @@ impl PortAhead {
 }
 
 /// [`candidates`] whose first random port is the one `ahead` holds (when
-/// in range); the ones after it are drawn as they are needed.
+/// given and in range); the ones after it are drawn as they are needed.
 pub fn candidates_ahead<'a>(
     pod_port: u16,
     range: PortRange,
     attempts: u32,
-    ahead: &'a mut PortAhead,
+    mut ahead: Option<&'a mut PortAhead>,
     rng: &'a mut PortRng,
 ) -> impl Iterator<Item = u16> + 'a {
     let first = range.contains(pod_port).then_some(pod_port);
     let randoms = attempts.saturating_sub(u32::from(first.is_some()));
-    first.into_iter().chain((0..randoms).map(move |_| ahead.take_or_draw(range, rng)))
+    first.into_iter().chain((0..randoms).map(move |_| match ahead.as_deref_mut() {
+        Some(a) => a.take_or_draw(range, rng),
+        None => rng.port_in(range),
+    }))
 }
 
 /// Who holds an external port in endpoint-independent mode.
@@ -523,11 +537,11 @@ mod tests {
         let r = PortRange { first: 40000, last: 40999 };
         let mut rng = PortRng::new(9);
         let mut ahead = PortAhead(Some(40500));
-        let c: Vec<u16> = candidates_ahead(40001, r, 3, &mut ahead, &mut rng).take(1).collect();
+        let c: Vec<u16> = candidates_ahead(40001, r, 3, Some(&mut ahead), &mut rng).take(1).collect();
         assert_eq!(c, [40001], "the pod's port first");
         assert_eq!(ahead.port(), Some(40500), "not reached: kept");
         let mut twin = rng.clone();
-        let c: Vec<u16> = candidates_ahead(40001, r, 4, &mut ahead, &mut rng).collect();
+        let c: Vec<u16> = candidates_ahead(40001, r, 4, Some(&mut ahead), &mut rng).collect();
         assert_eq!(c[..2], [40001, 40500]);
         assert_eq!(c[2..], [twin.port_in(r), twin.port_in(r)], "then fresh draws");
         assert_eq!(ahead.port(), None, "used");
@@ -538,8 +552,14 @@ mod tests {
         let drawn = ahead.port();
         ahead.refill(&pool, r, &mut rng);
         assert_eq!(ahead.port(), drawn, "a refill keeps an unused port");
+        // The creation's prefetch asks for the port the claim will try.
+        let mut twin = rng.clone();
+        assert_eq!(ahead.peek(r, &rng), ahead.clone().take_or_draw(r, &mut twin));
+        let mut empty = PortAhead::default();
+        let peeked = empty.peek(r, &rng);
+        assert_eq!(peeked, empty.take_or_draw(r, &mut rng.clone()), "nothing drawn: the generator's next");
         let moved = PortRange { first: 50000, last: 50009 };
-        let c: Vec<u16> = candidates_ahead(80, moved, 1, &mut ahead, &mut rng).collect();
+        let c: Vec<u16> = candidates_ahead(80, moved, 1, Some(&mut ahead), &mut rng).collect();
         assert!(moved.contains(c[0]), "a port outside the moved range is never used: {c:?}");
         assert_eq!(ahead.port(), None);
     }

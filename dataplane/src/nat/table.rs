@@ -46,7 +46,7 @@ use super::key::{proto, FlowKey, NatAddr, SessionTuple};
 use super::map_prefetch;
 use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mappings};
 use super::pool_memo::PoolMemo;
-use super::port_alloc::{candidates, PortAhead, PortPool, PortRange, PortRng};
+use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
 use super::port_blocks::{self, BlockClaimError, BlockPool, BlockRefusal, PortBlocks};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
 use super::sync::{ImportRefusal, ImportReport, JournalEntry, SessionKeyRecord, SessionRecord, SyncEvent, SyncJournal};
@@ -874,8 +874,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             None => (asked.insert(self.mappings.pool(egress, req.proto, entry.ports, tables.generation)), None),
         };
         if entry.blocks.is_none() {
-            let drawn = ahead.as_deref().and_then(PortAhead::port);
-            self.prefetch_creation(req, egress, pool, entry.ports, drawn, ctx.rng);
+            let random =
+                ahead.as_deref().map_or_else(|| ctx.rng.clone().port_in(entry.ports), |a| a.peek(entry.ports, ctx.rng));
+            self.prefetch_creation(req, egress, pool, entry.ports, random);
         }
         if !self.admit_source(req.pod, nat.max_sessions_per_source) {
             return Err(DropReason::SourceSessionLimit);
@@ -980,10 +981,10 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// write, all at once before the first lock (nat/map_prefetch.rs, ADR
     /// 0036): the pod's session count, the session index's buckets of the
     /// outbound key and of the inbound keys of the first two candidate
-    /// ports (the pod's own, the first random one: the worker's port drawn
-    /// ahead in the pool, `drawn`, whose owner cell was asked for when it
-    /// was drawn, or else drawn from a copy of the worker's generator so
-    /// the allocation draws the same), the
+    /// ports (the pod's own, and `random`, the first random one the
+    /// allocation will try: the worker's port drawn ahead in the pool,
+    /// whose owner cell was asked for when it was drawn, or the worker's
+    /// generator's next draw, read from a copy), the
     /// pod's count in the pool (its mappings, or in endpoint-dependent
     /// mode its sessions towards the remote), and in endpoint-independent
     /// mode the mapping and the candidates' owner cells.
@@ -993,14 +994,12 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         egress: A,
         pool: &PortPool<A>,
         range: PortRange,
-        drawn: Option<u16>,
-        rng: &PortRng,
+        random: u16,
     ) {
         map_prefetch::bucket(&self.per_source, &req.pod);
         let mut tuple = req.tuple(egress);
         self.sessions.prefetch_key(&tuple.outbound_key());
         let preserved = range.contains(req.pod_port).then_some(req.pod_port);
-        let random = drawn.filter(|p| range.contains(*p)).unwrap_or_else(|| rng.clone().port_in(range));
         let eim = self.mappings.endpoint_independent();
         if eim {
             self.mappings.prefetch(MappingRequest { egress, pod: req.pod, pod_port: req.pod_port, proto: req.proto });
