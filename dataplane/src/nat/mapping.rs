@@ -11,6 +11,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use super::key::{proto, NatAddr};
+use super::map_prefetch::ShardHints;
 use super::port_alloc::{candidates_ahead, PortAhead, PortPool, PortRange, PortRng};
 
 /// Key of the forward index.
@@ -78,15 +79,19 @@ pub enum ClaimError {
 pub struct Mappings<A: NatAddr> {
     pools: DashMap<(A, u8), Arc<PortPool<A>>, ahash::RandomState>,
     by_inside: DashMap<InsideKey<A>, u16, ahash::RandomState>,
+    /// Where `by_inside`'s shards' tables were last seen ([`Self::prefetch`]).
+    by_inside_hints: ShardHints,
     with_owners: bool,
 }
 
 impl<A: NatAddr> Mappings<A> {
     /// `endpoint_independent` allocates owner cells (the reverse table).
     pub fn new(endpoint_independent: bool) -> Self {
+        let by_inside = DashMap::with_hasher(ahash::RandomState::new());
         Mappings {
             pools: DashMap::with_hasher(ahash::RandomState::new()),
-            by_inside: DashMap::with_hasher(ahash::RandomState::new()),
+            by_inside_hints: ShardHints::new(&by_inside),
+            by_inside,
             with_owners: endpoint_independent,
         }
     }
@@ -152,10 +157,8 @@ impl<A: NatAddr> Mappings<A> {
     #[inline]
     pub fn prefetch(&self, req: MappingRequest<A>) {
         let MappingRequest { egress, pod, pod_port, proto } = req;
-        super::map_prefetch::bucket(
-            &self.by_inside,
-            &InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto },
-        );
+        self.by_inside_hints
+            .bucket(&self.by_inside, &InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto });
     }
 
     /// Acquires the endpoint-independent mapping of (pod, pod_port, proto) on

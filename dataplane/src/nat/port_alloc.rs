@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::key::NatAddr;
+use super::map_prefetch::ShardHints;
 
 /// An inclusive range of external ports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -239,6 +240,8 @@ pub struct PortPool<A: NatAddr> {
     /// Ports each pod holds in this pool, keyed (pod, zero, 0) for
     /// mappings and (pod, remote, remote port) in endpoint-dependent mode.
     per_source: DashMap<(A, A, u16), u32, ahash::RandomState>,
+    /// Where `per_source`'s shards' tables were last seen ([`Self::prefetch_source`]).
+    per_source_hints: ShardHints,
     source_quota: AtomicU32,
     over_quota: AtomicU64,
 }
@@ -252,13 +255,15 @@ impl<A: NatAddr> PortPool<A> {
     /// (endpoint-independent mode).
     pub fn new(range: PortRange, with_owners: bool) -> Self {
         let n = if with_owners { (1 << 16) / CHUNK } else { 0 };
+        let per_source = DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SOURCE_SHARDS);
         let pool = PortPool {
             range: AtomicU32::new(packed(range)),
             range_generation: Mutex::new(0),
             chunks: (0..n).map(|_| OnceLock::new()).collect(),
             in_use: AtomicU32::new(0),
             exhausted: AtomicU64::new(0),
-            per_source: DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SOURCE_SHARDS),
+            per_source_hints: ShardHints::new(&per_source),
+            per_source,
             source_quota: AtomicU32::new(u32::MAX),
             over_quota: AtomicU64::new(0),
         };
@@ -412,7 +417,7 @@ impl<A: NatAddr> PortPool<A> {
     /// (remote, remote_port) (nat/map_prefetch.rs).
     #[inline]
     pub fn prefetch_source(&self, pod: A, remote: A, remote_port: u16) {
-        super::map_prefetch::bucket(&self.per_source, &(pod, remote, remote_port));
+        self.per_source_hints.bucket(&self.per_source, &(pod, remote, remote_port));
     }
 
     /// Claims `port` for (pod, pod_port) if it is free. Try-insert. The

@@ -43,7 +43,7 @@ use parking_lot::Mutex;
 
 use super::fragments::FragmentCache;
 use super::key::{proto, FlowKey, NatAddr, SessionTuple};
-use super::map_prefetch;
+use super::map_prefetch::ShardHints;
 use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mappings};
 use super::pool_memo::PoolMemo;
 use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
@@ -183,6 +183,8 @@ pub struct NatTable<A: NatAddr> {
     /// Fragment translations.
     pub fragments: FragmentCache<A>,
     per_source: DashMap<A, u32, ahash::RandomState>,
+    /// Where `per_source`'s shards' tables were last seen (nat/map_prefetch.rs).
+    per_source_hints: ShardHints,
     offload_hook: OnceLock<Arc<dyn OffloadHook<A>>>,
     offload_queue: ArrayQueue<(u32, u32)>,
     port_map_hook: OnceLock<Arc<dyn PortMapHook<A>>>,
@@ -237,11 +239,13 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// A NAT instance sized by `settings` (capacity, mapping mode and fragment
     /// cache are fixed for its life).
     pub fn new(settings: &NatSettings) -> Self {
+        let per_source = DashMap::with_hasher(ahash::RandomState::new());
         NatTable {
             sessions: SessionTable::new(settings.max_sessions),
             mappings: Mappings::new(settings.mapping == MappingBehavior::EndpointIndependent),
             fragments: FragmentCache::new(settings.fragments.cache_entries, settings.fragments.timeout),
-            per_source: DashMap::with_hasher(ahash::RandomState::new()),
+            per_source_hints: ShardHints::new(&per_source),
+            per_source,
             offload_hook: OnceLock::new(),
             offload_queue: ArrayQueue::new(OFFLOAD_QUEUE),
             port_map_hook: OnceLock::new(),
@@ -996,7 +1000,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         range: PortRange,
         random: u16,
     ) {
-        map_prefetch::bucket(&self.per_source, &req.pod);
+        self.per_source_hints.bucket(&self.per_source, &req.pod);
         let mut tuple = req.tuple(egress);
         self.sessions.prefetch_key(&tuple.outbound_key());
         let preserved = range.contains(req.pod_port).then_some(req.pod_port);
