@@ -27,6 +27,8 @@ use std::sync::OnceLock;
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
+
+use crate::spin_lock::SpinMutex;
 use serde::{Deserialize, Serialize};
 
 use super::key::NatAddr;
@@ -208,7 +210,7 @@ const CHUNK_BITS: u32 = 10;
 const CHUNK: usize = 1 << CHUNK_BITS;
 
 /// The owner cells of one chunk of ports.
-type Chunk<A> = Box<[Mutex<Owner<A>>]>;
+type Chunk<A> = Box<[SpinMutex<Owner<A>>]>;
 
 /// The ports of one (egress IP, protocol), for as long as a session holds
 /// one of them.
@@ -390,16 +392,16 @@ impl<A: NatAddr> PortPool<A> {
 
     /// `port`'s owner cell, if its chunk was made.
     #[inline]
-    fn cell(&self, port: u16) -> Option<&Mutex<Owner<A>>> {
+    fn cell(&self, port: u16) -> Option<&SpinMutex<Owner<A>>> {
         let chunk = self.chunks.get(usize::from(port) >> CHUNK_BITS)?.get()?;
         chunk.get(usize::from(port) & (CHUNK - 1))
     }
 
     /// `port`'s owner cell, its chunk made if need be (None in
     /// endpoint-dependent mode).
-    fn cell_made(&self, port: u16) -> Option<&Mutex<Owner<A>>> {
+    fn cell_made(&self, port: u16) -> Option<&SpinMutex<Owner<A>>> {
         let chunk = self.chunks.get(usize::from(port) >> CHUNK_BITS)?.get_or_init(|| {
-            (0..CHUNK).map(|_| Mutex::new(Owner { pod: A::from_bits_zero(), pod_port: 0, refs: 0 })).collect()
+            (0..CHUNK).map(|_| SpinMutex::new(Owner { pod: A::from_bits_zero(), pod_port: 0, refs: 0 })).collect()
         });
         chunk.get(usize::from(port) & (CHUNK - 1))
     }
@@ -571,7 +573,7 @@ mod tests {
 
     #[test]
     fn owner_cells_are_small() {
-        assert_eq!(std::mem::size_of::<Mutex<Owner<Ipv4Addr>>>(), 16);
+        assert_eq!(std::mem::size_of::<SpinMutex<Owner<Ipv4Addr>>>(), 16);
     }
 
     #[test]

@@ -28,11 +28,10 @@
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use parking_lot::Mutex;
-
 use super::key::{FlowKey, NatAddr, SessionTuple};
 use super::session_index::{Place, Refused, SessionIndex};
 use crate::huge_pages::HugeSlice;
+use crate::spin_lock::SpinMutex;
 
 /// Where an index key points: a slot index and whether the key is the
 /// session's inbound key. Four bytes of alignment 1.
@@ -310,7 +309,7 @@ pub struct Slab<A: NatAddr> {
     chunks: Box<[Chunk<A>]>,
     capacity: u32,
     next_unused: AtomicU32,
-    free: Mutex<Vec<u32>>,
+    free: SpinMutex<Vec<u32>>,
 }
 
 impl<A: NatAddr> Slab<A> {
@@ -327,7 +326,7 @@ impl<A: NatAddr> Slab<A> {
             chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
             capacity,
             next_unused: AtomicU32::new(0),
-            free: Mutex::new(Vec::new()),
+            free: SpinMutex::new(Vec::new()),
         }
     }
 

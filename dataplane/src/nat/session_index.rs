@@ -36,11 +36,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use parking_lot::Mutex;
-
 use super::key::{FlowKey, NatAddr};
 use super::session::SessionRef;
 use crate::huge_pages::HugeSlice;
+use crate::spin_lock::SpinMutex;
 
 /// Entries per bucket: seven, and the bucket's overflow count, fill a line.
 const PER_BUCKET: usize = 7;
@@ -86,7 +85,7 @@ pub struct Place {
 pub struct SessionIndex {
     pages: Box<[Page]>,
     buckets: usize,
-    stripes: Box<[Mutex<()>]>,
+    stripes: Box<[SpinMutex<()>]>,
     hasher: ahash::RandomState,
 }
 
@@ -99,7 +98,7 @@ impl SessionIndex {
         SessionIndex {
             pages: (0..pages).map(|_| OnceLock::new()).collect(),
             buckets: pages * PER_PAGE,
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: (0..STRIPES).map(|_| SpinMutex::new(())).collect(),
             hasher: ahash::RandomState::new(),
         }
     }
