@@ -28,7 +28,7 @@
 //! - [`netns`]: entering a named network namespace; with `fixtures`, the
 //!   guard that creates namespaces for tests and benchmarks.
 //! - [`prefetch`]: the cache-line hint a batch uses (VPP-style staging).
-//! - [`spin_lock`]: the mutex of the new-flow path's short sections (ADR 0045).
+//! - [`spin_lock`]: the mutex of the new-flow path's short sections (ADRs 0045, 0046).
 //! - [`worker`]: the worker loop that moves frames between AF_XDP and a
 //!   [`worker::FrameHandler`].
 //! - [`handler`]: the daemon's frame handler, [`handler::EngineHandler`]: the

@@ -1,5 +1,6 @@
 //! A mutex for the new-flow path's short sections: the session index's
-//! stripes, the session slab's free list and the port pools' owner cells.
+//! stripes, the session slab's free list, the port pools' owner cells and
+//! the shards of the new-flow maps (nat/shard_map.rs).
 //!
 //! Each of those sections is a handful of instructions that never blocks,
 //! and a new flow takes four of them (an expired session as many). With

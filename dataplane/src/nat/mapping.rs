@@ -11,8 +11,8 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use super::key::{proto, NatAddr};
-use super::map_prefetch::ShardHints;
 use super::port_alloc::{candidates_ahead, PortAhead, PortPool, PortRange, PortRng};
+use super::shard_map::ShardMap;
 
 /// Key of the forward index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,20 +78,16 @@ pub enum ClaimError {
 #[derive(Debug)]
 pub struct Mappings<A: NatAddr> {
     pools: DashMap<(A, u8), Arc<PortPool<A>>, ahash::RandomState>,
-    by_inside: DashMap<InsideKey<A>, u16, ahash::RandomState>,
-    /// Where `by_inside`'s shards' tables were last seen ([`Self::prefetch`]).
-    by_inside_hints: ShardHints,
+    by_inside: ShardMap<InsideKey<A>, u16>,
     with_owners: bool,
 }
 
 impl<A: NatAddr> Mappings<A> {
     /// `endpoint_independent` allocates owner cells (the reverse table).
     pub fn new(endpoint_independent: bool) -> Self {
-        let by_inside = DashMap::with_hasher(ahash::RandomState::new());
         Mappings {
             pools: DashMap::with_hasher(ahash::RandomState::new()),
-            by_inside_hints: ShardHints::new(&by_inside),
-            by_inside,
+            by_inside: ShardMap::with_default_shards(),
             with_owners: endpoint_independent,
         }
     }
@@ -153,12 +149,11 @@ impl<A: NatAddr> Mappings<A> {
     }
 
     /// Asks for the line of the mapping of (pod, pod port, protocol) on
-    /// `req.egress` (nat/map_prefetch.rs).
+    /// `req.egress` (nat/shard_map.rs).
     #[inline]
     pub fn prefetch(&self, req: MappingRequest<A>) {
         let MappingRequest { egress, pod, pod_port, proto } = req;
-        self.by_inside_hints
-            .bucket(&self.by_inside, &InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto });
+        self.by_inside.prefetch(&InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto });
     }
 
     /// Acquires the endpoint-independent mapping of (pod, pod_port, proto) on
@@ -214,41 +209,30 @@ impl<A: NatAddr> Mappings<A> {
     ) -> Result<Acquired, AcquireError> {
         let MappingRequest { egress, pod, pod_port, proto } = req;
         let key = InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto };
-        // The entry holds the index shard's lock: two workers cannot create two
+        // The shard stays locked throughout: two workers cannot create two
         // mappings for one pod port.
-        let entry = self.by_inside.entry(key);
-        let entry = match entry {
-            dashmap::Entry::Occupied(o) => {
-                let port = *o.get();
+        self.by_inside.update(&key, |l| {
+            if let Some(&port) = l.get(&key) {
                 if pool.add_ref(port, pod, pod_port) {
                     return Ok(Acquired::Existing(port));
                 }
                 // Stale (its pool was dropped meanwhile): allocate afresh.
-                let mut o = o;
-                o.insert(0);
-                dashmap::Entry::Occupied(o)
+                l.remove(&key);
             }
-            v => v,
-        };
-        if !pool.admit_source(pod) {
-            if let dashmap::Entry::Occupied(o) = entry {
-                o.remove();
+            if !pool.admit_source(pod) {
+                return Err(AcquireError::SourceQuota);
             }
-            return Err(AcquireError::SourceQuota);
-        }
-        match claim() {
-            Ok(a) => {
-                entry.insert(a.port());
-                Ok(a)
-            }
-            Err(e) => {
-                if let dashmap::Entry::Occupied(o) = entry {
-                    o.remove();
+            match claim() {
+                Ok(a) => {
+                    l.insert(key, a.port());
+                    Ok(a)
                 }
-                pool.release_source(pod);
-                Err(e)
+                Err(e) => {
+                    pool.release_source(pod);
+                    Err(e)
+                }
             }
-        }
+        })
     }
 
     /// Claims exactly `port` for the endpoint-independent mapping of
@@ -259,10 +243,9 @@ impl<A: NatAddr> Mappings<A> {
     pub fn claim_exact(&self, pool: &PortPool<A>, req: MappingRequest<A>, port: u16) -> Result<Acquired, ClaimError> {
         let MappingRequest { egress, pod, pod_port, proto } = req;
         let key = InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto };
-        // The entry holds the index shard's lock, as in `try_acquire`.
-        let entry = match self.by_inside.entry(key) {
-            dashmap::Entry::Occupied(mut o) => {
-                let existing = *o.get();
+        // The shard stays locked throughout, as in `try_acquire`.
+        self.by_inside.update(&key, |l| {
+            if let Some(&existing) = l.get(&key) {
                 if existing == port && pool.add_ref(port, pod, pod_port) {
                     return Ok(Acquired::Existing(port));
                 }
@@ -271,26 +254,18 @@ impl<A: NatAddr> Mappings<A> {
                     return Err(ClaimError::Taken);
                 }
                 // Stale (its pool was dropped meanwhile): claim afresh.
-                o.insert(0);
-                dashmap::Entry::Occupied(o)
+                l.remove(&key);
             }
-            v => v,
-        };
-        if !pool.admit_source(pod) {
-            if let dashmap::Entry::Occupied(o) = entry {
-                o.remove();
+            if !pool.admit_source(pod) {
+                return Err(ClaimError::SourceQuota);
             }
-            return Err(ClaimError::SourceQuota);
-        }
-        if pool.try_claim(port, pod, pod_port) {
-            entry.insert(port);
-            return Ok(Acquired::Random(port));
-        }
-        if let dashmap::Entry::Occupied(o) = entry {
-            o.remove();
-        }
-        pool.release_source(pod);
-        Err(ClaimError::Taken)
+            if pool.try_claim(port, pod, pod_port) {
+                l.insert(key, port);
+                return Ok(Acquired::Random(port));
+            }
+            pool.release_source(pod);
+            Err(ClaimError::Taken)
+        })
     }
 
     /// Adds a session to an existing mapping (an inbound-created session).
@@ -301,22 +276,21 @@ impl<A: NatAddr> Mappings<A> {
     /// Releases one session's use of its mapping.
     pub fn release(&self, egress: A, pod: A, pod_port: u16, proto: u8, port: u16) {
         let key = InsideKey { pod, egress, pod_port: pod_port.to_be_bytes(), proto };
-        if let dashmap::Entry::Occupied(o) = self.by_inside.entry(key) {
-            if *o.get() != port {
+        self.by_inside.update(&key, |l| {
+            if l.get(&key) != Some(&port) {
                 return;
             }
-            match self.pools.get(&(egress, proto)).map(|p| p.clone()) {
+            let gone = match self.pools.get(&(egress, proto)).map(|p| p.clone()) {
                 Some(pool) => {
                     let freed = pool.release(port, pod, pod_port);
-                    if freed || pool.owner(port).is_none_or(|w| w.pod != pod || w.pod_port != pod_port) {
-                        o.remove();
-                    }
+                    freed || pool.owner(port).is_none_or(|w| w.pod != pod || w.pod_port != pod_port)
                 }
-                None => {
-                    o.remove();
-                }
+                None => true,
+            };
+            if gone {
+                l.remove(&key);
             }
-        }
+        });
     }
 
     /// Number of live endpoint-independent mappings.

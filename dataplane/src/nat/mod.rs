@@ -4,7 +4,7 @@
 //! - [`key`]: flow keys and session tuples, generic over IPv4/IPv6.
 //! - [`session`]: the shared session table (both directions, one index).
 //! - [`session_index`]: its index, which slot each flow key leads to.
-//! - [`map_prefetch`]: asking ahead for the lines a new flow's map inserts touch.
+//! - [`shard_map`]: the new-flow path's small shared maps, spin-locked shards (ADR 0046).
 //! - [`flow_cache`]: a worker's exact-match cache of session refs in front of it.
 //! - [`flow_rate`]: a worker's per-source limit on new sessions a second.
 //! - [`mapping`], [`port_alloc`]: endpoint-independent mappings, try-insert port allocation.
@@ -20,7 +20,6 @@ pub mod flow_rate;
 pub mod fragments;
 pub mod icmp_error;
 pub mod key;
-pub mod map_prefetch;
 pub mod mapping;
 pub mod pool_memo;
 pub mod port_alloc;
@@ -28,6 +27,7 @@ pub mod port_blocks;
 pub mod rewrite;
 pub mod session;
 pub mod session_index;
+pub mod shard_map;
 pub mod sync;
 pub mod table;
 pub mod tcp_state;

@@ -25,14 +25,13 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use dashmap::DashMap;
 use parking_lot::Mutex;
 
 use crate::spin_lock::SpinMutex;
 use serde::{Deserialize, Serialize};
 
 use super::key::NatAddr;
-use super::map_prefetch::ShardHints;
+use super::shard_map::ShardMap;
 
 /// An inclusive range of external ports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -155,7 +154,7 @@ impl PortAhead {
     }
 
     /// Draws the next port once the last was used, and asks for its owner
-    /// cell's line in `pool` (nat/map_prefetch.rs).
+    /// cell's line in `pool`.
     #[inline]
     pub fn refill<A: NatAddr>(&mut self, pool: &PortPool<A>, range: PortRange, rng: &mut PortRng) {
         if self.0.is_none() && !range.is_empty() {
@@ -194,14 +193,14 @@ pub struct Owner<A> {
     pub refs: u32,
 }
 
-/// Shards of a pool's per-pod counters. The port-use walk read-locks one
+/// Shards of a pool's per-pod counters. The port-use walk locks one
 /// shard at a time while it copies it (`for_each_source`), and a worker
 /// admitting a pod of that shard waits meanwhile: more shards, shorter
 /// waits. DashMap's default (four per core, 8 on a 2-core machine) made a
 /// worker wait up to 12-23 ms for a copy of 1 M entries in a debug build;
 /// with 64 a shard holds an eighth as many (docs/benchmarks.md, "Port
 /// use", has both), for 8 KB per pool (a shard is a 128-byte cache-padded
-/// lock and table).
+/// lock and table; nat/shard_map.rs).
 const SOURCE_SHARDS: usize = 64;
 
 /// Ports per chunk of owner cells: a chunk is made when a port in it is
@@ -241,9 +240,7 @@ pub struct PortPool<A: NatAddr> {
     exhausted: AtomicU64,
     /// Ports each pod holds in this pool, keyed (pod, zero, 0) for
     /// mappings and (pod, remote, remote port) in endpoint-dependent mode.
-    per_source: DashMap<(A, A, u16), u32, ahash::RandomState>,
-    /// Where `per_source`'s shards' tables were last seen ([`Self::prefetch_source`]).
-    per_source_hints: ShardHints,
+    per_source: ShardMap<(A, A, u16), u32>,
     source_quota: AtomicU32,
     over_quota: AtomicU64,
 }
@@ -257,15 +254,13 @@ impl<A: NatAddr> PortPool<A> {
     /// (endpoint-independent mode).
     pub fn new(range: PortRange, with_owners: bool) -> Self {
         let n = if with_owners { (1 << 16) / CHUNK } else { 0 };
-        let per_source = DashMap::with_hasher_and_shard_amount(ahash::RandomState::new(), SOURCE_SHARDS);
         let pool = PortPool {
             range: AtomicU32::new(packed(range)),
             range_generation: Mutex::new(0),
             chunks: (0..n).map(|_| OnceLock::new()).collect(),
             in_use: AtomicU32::new(0),
             exhausted: AtomicU64::new(0),
-            per_source_hints: ShardHints::new(&per_source),
-            per_source,
+            per_source: ShardMap::new(SOURCE_SHARDS),
             source_quota: AtomicU32::new(u32::MAX),
             over_quota: AtomicU64::new(0),
         };
@@ -331,7 +326,7 @@ impl<A: NatAddr> PortPool<A> {
 
     /// Mappings `pod` holds in this pool.
     pub fn source_ports(&self, pod: A) -> u32 {
-        self.per_source.get(&(pod, A::from_bits_zero(), 0)).map_or(0, |v| *v)
+        self.per_source.count((pod, A::from_bits_zero(), 0))
     }
 
     /// Endpoint-dependent mode: counts one more session of `pod` towards
@@ -346,36 +341,24 @@ impl<A: NatAddr> PortPool<A> {
     }
 
     fn admit(&self, key: (A, A, u16)) -> bool {
-        let quota = self.source_quota();
-        let mut held = self.per_source.entry(key).or_insert(0);
-        if *held >= quota {
-            drop(held);
-            self.over_quota.fetch_add(1, Ordering::Relaxed);
-            return false;
+        if self.per_source.count_up(key, self.source_quota()) {
+            return true;
         }
-        *held += 1;
-        true
+        self.over_quota.fetch_add(1, Ordering::Relaxed);
+        false
     }
 
     fn release_key(&self, key: (A, A, u16)) {
-        if let dashmap::Entry::Occupied(mut o) = self.per_source.entry(key) {
-            *o.get_mut() = o.get().saturating_sub(1);
-            if *o.get() == 0 {
-                o.remove();
-            }
-        }
+        self.per_source.count_down(key);
     }
 
     /// Visits what each pod holds in this pool: (pod, remote, remote port,
     /// count), remote zero and port 0 for endpoint-independent mappings.
     /// For the control plane's port-use report, off the workers' path: the
-    /// walk read-locks one shard of the counters at a time, so a worker
+    /// walk locks one shard of the counters at a time, so a worker
     /// admitting a pod of that shard waits for that shard's walk.
     pub fn for_each_source(&self, mut f: impl FnMut(A, A, u16, u32)) {
-        for e in self.per_source.iter() {
-            let (pod, remote, remote_port) = *e.key();
-            f(pod, remote, remote_port, *e.value());
-        }
+        self.per_source.for_each(|&(pod, remote, remote_port), &n| f(pod, remote, remote_port, n));
     }
 
     /// How many times a pod was refused for being at its quota.
@@ -406,7 +389,7 @@ impl<A: NatAddr> PortPool<A> {
         chunk.get(usize::from(port) & (CHUNK - 1))
     }
 
-    /// Asks for the line of `port`'s owner cell (nat/map_prefetch.rs).
+    /// Asks for the line of `port`'s owner cell.
     #[inline]
     pub fn prefetch_claim(&self, port: u16) {
         if let Some(cell) = self.cell(port) {
@@ -416,10 +399,10 @@ impl<A: NatAddr> PortPool<A> {
 
     /// Asks for the line of the pod's count: its mappings (remote zero,
     /// port 0), or in endpoint-dependent mode its sessions towards
-    /// (remote, remote_port) (nat/map_prefetch.rs).
+    /// (remote, remote_port) (nat/shard_map.rs).
     #[inline]
     pub fn prefetch_source(&self, pod: A, remote: A, remote_port: u16) {
-        self.per_source_hints.bucket(&self.per_source, &(pod, remote, remote_port));
+        self.per_source.prefetch(&(pod, remote, remote_port));
     }
 
     /// Claims `port` for (pod, pod_port) if it is free. Try-insert. The

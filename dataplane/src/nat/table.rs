@@ -43,12 +43,12 @@ use parking_lot::Mutex;
 
 use super::fragments::FragmentCache;
 use super::key::{proto, FlowKey, NatAddr, SessionTuple};
-use super::map_prefetch::ShardHints;
 use super::mapping::{AcquireError, Acquired, ClaimError, MappingRequest, Mappings};
 use super::pool_memo::PoolMemo;
 use super::port_alloc::{candidates, PortPool, PortRange, PortRng};
 use super::port_blocks::{self, BlockClaimError, BlockPool, BlockRefusal, PortBlocks};
 use super::session::{offload, session_flags, InsertError, SessionInit, SessionTable, SessionView};
+use super::shard_map::ShardMap;
 use super::sync::{ImportRefusal, ImportReport, JournalEntry, SessionKeyRecord, SessionRecord, SyncEvent, SyncJournal};
 use super::tcp_state;
 use crate::policy::Decision;
@@ -182,9 +182,8 @@ pub struct NatTable<A: NatAddr> {
     pub mappings: Mappings<A>,
     /// Fragment translations.
     pub fragments: FragmentCache<A>,
-    per_source: DashMap<A, u32, ahash::RandomState>,
-    /// Where `per_source`'s shards' tables were last seen (nat/map_prefetch.rs).
-    per_source_hints: ShardHints,
+    /// Sessions per pod (nat/shard_map.rs).
+    per_source: ShardMap<A, u32>,
     offload_hook: OnceLock<Arc<dyn OffloadHook<A>>>,
     offload_queue: ArrayQueue<(u32, u32)>,
     port_map_hook: OnceLock<Arc<dyn PortMapHook<A>>>,
@@ -239,13 +238,11 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// A NAT instance sized by `settings` (capacity, mapping mode and fragment
     /// cache are fixed for its life).
     pub fn new(settings: &NatSettings) -> Self {
-        let per_source = DashMap::with_hasher(ahash::RandomState::new());
         NatTable {
             sessions: SessionTable::new(settings.max_sessions),
             mappings: Mappings::new(settings.mapping == MappingBehavior::EndpointIndependent),
             fragments: FragmentCache::new(settings.fragments.cache_entries, settings.fragments.timeout),
-            per_source_hints: ShardHints::new(&per_source),
-            per_source,
+            per_source: ShardMap::with_default_shards(),
             offload_hook: OnceLock::new(),
             offload_queue: ArrayQueue::new(OFFLOAD_QUEUE),
             port_map_hook: OnceLock::new(),
@@ -752,12 +749,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             pool.count_in_use(-1);
             pool.release_source_towards(t.pod, t.remote, t.remote_port);
         }
-        if let dashmap::Entry::Occupied(mut o) = self.per_source.entry(t.pod) {
-            *o.get_mut() = o.get().saturating_sub(1);
-            if *o.get() == 0 {
-                o.remove();
-            }
-        }
+        self.unadmit_source(t.pod);
         true
     }
 
@@ -784,26 +776,16 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     }
 
     fn admit_source(&self, pod: A, limit: u32) -> bool {
-        let mut e = self.per_source.entry(pod).or_insert(0);
-        if *e >= limit {
-            return false;
-        }
-        *e += 1;
-        true
+        self.per_source.count_up(pod, limit)
     }
 
     fn unadmit_source(&self, pod: A) {
-        if let dashmap::Entry::Occupied(mut o) = self.per_source.entry(pod) {
-            *o.get_mut() = o.get().saturating_sub(1);
-            if *o.get() == 0 {
-                o.remove();
-            }
-        }
+        self.per_source.count_down(pod);
     }
 
     /// Sessions `pod` holds.
     pub fn source_sessions(&self, pod: A) -> u32 {
-        self.per_source.get(&pod).map_or(0, |v| *v)
+        self.per_source.count(pod)
     }
 
     /// Makes room when the table is full, taking from the offender first:
@@ -982,7 +964,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     }
 
     /// Asks for the lines creating the session of `req` on `egress` will
-    /// write, all at once before the first lock (nat/map_prefetch.rs, ADR
+    /// write, all at once before the first lock (nat/shard_map.rs, ADR
     /// 0036): the pod's session count, the session index's buckets of the
     /// outbound key and of the inbound keys of the first two candidate
     /// ports (the pod's own, and `random`, the first random one the
@@ -1000,7 +982,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         range: PortRange,
         random: u16,
     ) {
-        self.per_source_hints.bucket(&self.per_source, &req.pod);
+        self.per_source.prefetch(&req.pod);
         let mut tuple = req.tuple(egress);
         self.sessions.prefetch_key(&tuple.outbound_key());
         let preserved = range.contains(req.pod_port).then_some(req.pod_port);
