@@ -3,7 +3,7 @@
 //! the shards of the new-flow maps (nat/shard_map.rs).
 //!
 //! Each of those sections is a handful of instructions that never blocks,
-//! and a new flow takes four of them (an expired session as many). With
+//! and a new flow takes seven of them (an expired session about as many). With
 //! `parking_lot::Mutex`, taking and giving back each costs two locked
 //! instructions: its unlock is a `lock cmpxchg` too, as it must see whether
 //! a thread parked meanwhile. A locked instruction on x86 waits for every

@@ -26,12 +26,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
-
-use crate::spin_lock::SpinMutex;
 use serde::{Deserialize, Serialize};
 
 use super::key::NatAddr;
 use super::shard_map::ShardMap;
+use crate::spin_lock::SpinMutex;
 
 /// An inclusive range of external ports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

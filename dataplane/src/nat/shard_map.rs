@@ -39,8 +39,8 @@ use crate::spin_lock::SpinMutex;
 pub struct ShardMap<K, V> {
     shards: Box<[CachePadded<Shard<K, V>>]>,
     hasher: ahash::RandomState,
-    /// The shard of a hash: bits 56-57 down (below hashbrown's 7-bit tag),
-    /// shifted right by this.
+    /// The shard of a hash is its log2(shards) bits from bit 56 down, just
+    /// below hashbrown's 7-bit tag: `(hash << 7) >> shift`.
     shift: u32,
 }
 
