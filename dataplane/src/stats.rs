@@ -202,6 +202,11 @@ named_enum! {
         SessionInvalidated => "session_invalidated",
         /// A frame arrived with a partial (pseudo-header only) checksum and was completed.
         PartialChecksumCompleted => "partial_checksum_completed",
+        /// A frame's full checksum happened to equal its pseudo-header sum,
+        /// the mark of a partial one (about 1 frame in 65536): found complete
+        /// over the segment and translated as such. The fast path punts these
+        /// as `punt_partial_checksum`.
+        ChecksumLookedPartial => "checksum_looked_partial",
         /// A hairpinned packet (pod to another pod's mapping) was translated twice.
         Hairpinned => "hairpinned",
         /// A frame from a node's tunnel was decapsulated by a worker

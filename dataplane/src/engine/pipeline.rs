@@ -566,7 +566,14 @@ impl Ctx<'_> {
                 _ => Verdict::Pass,
             };
         };
-        let partial = is_partial(&p, meta);
+        let partial = match checksum_state(buf, &p, meta) {
+            ChecksumState::Partial => true,
+            ChecksumState::LookedPartial => {
+                self.stats.event(Event::ChecksumLookedPartial);
+                false
+            }
+            ChecksumState::Complete => false,
+        };
         let tcp_flags = match p.l4info {
             L4::Ports { tcp_flags, .. } if p.proto == proto::TCP => tcp_flags,
             _ => 0,
@@ -1085,20 +1092,45 @@ impl Ctx<'_> {
     }
 }
 
-/// Whether the transport checksum holds only a pseudo-header sum.
+/// What a frame's transport checksum holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChecksumState {
+    /// A full checksum: translated with an incremental update.
+    Complete,
+    /// Only the pseudo-header sum (a local or veth sender's offload): the
+    /// translation completes it over the segment.
+    Partial,
+    /// A full checksum that happens to equal its pseudo-header sum (about 1
+    /// frame in 65536, `wire::checksum::is_partial`), told apart by summing
+    /// the segment: complete, and counted `checksum_looked_partial`. The
+    /// fast path punts such frames as `punt_partial_checksum`; this is how
+    /// the counters show a punt was not a partial checksum.
+    LookedPartial,
+}
+
+/// Whether the transport checksum is complete or holds only a pseudo-header
+/// sum. A field that looks partial is checked against the segment, a pass
+/// over it that only such frames pay.
 #[inline]
-fn is_partial<A: Family>(p: &IpPacket<A>, meta: RxMeta) -> bool {
+fn checksum_state<A: Family>(buf: &[u8], p: &IpPacket<A>, meta: RxMeta) -> ChecksumState {
     if p.frag != Frag::None || (p.proto != proto::TCP && p.proto != proto::UDP) {
-        return false;
+        return ChecksumState::Complete;
     }
     match meta.checksum {
-        ChecksumHint::Complete => false,
-        ChecksumHint::Partial => true,
+        ChecksumHint::Complete => ChecksumState::Complete,
+        ChecksumHint::Partial => ChecksumState::Partial,
         ChecksumHint::Unknown => match p.l4info {
             L4::Ports { csum, .. } => {
-                csum != 0 && checksum::is_partial(csum, A::pseudo_sum(&p.src, &p.dst, p.proto, p.l4_len()))
+                let pseudo = A::pseudo_sum(&p.src, &p.dst, p.proto, p.l4_len());
+                if csum == 0 || !checksum::is_partial(csum, pseudo) {
+                    ChecksumState::Complete
+                } else if buf.get(p.l4..p.end).is_some_and(|l4| checksum::fold(checksum::sum(l4, pseudo)) == 0xffff) {
+                    ChecksumState::LookedPartial
+                } else {
+                    ChecksumState::Partial
+                }
             }
-            _ => false,
+            _ => ChecksumState::Complete,
         },
     }
 }
@@ -1426,6 +1458,52 @@ mod tests {
             .filter(|_| matches!(send(&mut w, &probe.frame(), fixtures::INSIDE, 10).0, Verdict::Forward { .. }))
             .count();
         assert_eq!(later, 10);
+    }
+
+    /// A full UDP checksum that equals its pseudo-header sum (the mark of a
+    /// partial one) is found complete over the segment and counted
+    /// `checksum_looked_partial`; a partial one is completed and counted
+    /// `partial_checksum_completed`. Both leave with a correct checksum.
+    #[test]
+    fn a_full_checksum_that_looks_partial_is_told_apart() {
+        use crate::fixtures::build::{Csum, Transport};
+        use std::net::IpAddr;
+        let (engine, mut w) = router(1500);
+        let datagram = |payload: Vec<u8>, csum| {
+            fixtures::from_pod(
+                IpAddr::V4(fixtures::POD_A),
+                IpAddr::V4(fixtures::SERVER),
+                Transport::Udp { sport: 40000, dport: 53, payload, csum },
+            )
+        };
+        const CSUM_AT: usize = ethernet::HEADER_LEN + 20 + 6;
+        let pseudo = checksum::fold(checksum::pseudo_header_v4(fixtures::POD_A, fixtures::SERVER, proto::UDP, 8 + 6));
+        // The first two payload bytes chosen so that the full checksum is the pseudo-header sum.
+        let lookalike = (0..=u16::MAX)
+            .map(|x| datagram([x.to_be_bytes().as_slice(), b"look"].concat(), Csum::Full).frame())
+            .find(|f| u16::from_be_bytes([f[CSUM_AT], f[CSUM_AT + 1]]) == pseudo)
+            .expect("some payload word gives it");
+        let partial = datagram(b"partial".to_vec(), Csum::Partial).frame();
+        for (frame, looked, completed) in [(&lookalike, 1, 0), (&partial, 1, 1)] {
+            let (v, out) = send(&mut w, frame, fixtures::INSIDE, 0);
+            assert!(matches!(v, Verdict::Forward { .. }), "{v:?}");
+            let h = etherparse::SlicedPacket::from_ethernet(&out).expect("a frame");
+            let (Some(etherparse::NetSlice::Ipv4(ip)), Some(etherparse::TransportSlice::Udp(udp))) =
+                (h.net, h.transport)
+            else {
+                panic!("not UDP over IPv4: {out:02x?}");
+            };
+            let src = ip.header().source_addr();
+            assert_eq!(src, fixtures::E1);
+            let sum = checksum::sum(
+                udp.slice(),
+                checksum::pseudo_header_v4(src, fixtures::SERVER, proto::UDP, udp.slice().len() as u32),
+            );
+            assert_eq!(checksum::fold(sum), 0xffff, "the checksum leaves correct");
+            let s = engine.stats();
+            assert_eq!(s.event(Event::ChecksumLookedPartial), looked);
+            assert_eq!(s.event(Event::PartialChecksumCompleted), completed);
+        }
     }
 
     /// An IPv6 datagram with a Destination Options header after its Fragment

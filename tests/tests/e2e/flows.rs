@@ -120,13 +120,15 @@ fn ten_thousand_flows(name: &str, tier: Tier) {
     if tier == Tier::FastPath {
         // A full checksum equals the pseudo-header-only value of a partial
         // one for about 1 frame in 65536 (wire::checksum::is_partial); the
-        // fast path punts those to the workers, which recompute in full.
-        // Over 20,000 frames a few such coincidences are expected.
+        // fast path punts those to the workers, which find them complete
+        // (`checksum_looked_partial`). The lab sends no partial checksums.
         let punted = end.get_path("fast_path.packets.punt_partial_checksum")
             - mid.get_path("fast_path.packets.punt_partial_checksum");
+        let looked = end.get("checksum_looked_partial") - mid.get("checksum_looked_partial");
         assert!(
-            hits + punted >= 2 * FLOWS as u64 && punted <= 4,
-            "second round: {hits} fast-path hits and {punted} partial-checksum punts for {FLOWS} round trips; {:?}",
+            hits + punted >= 2 * FLOWS as u64 && punted <= looked,
+            "second round: {hits} fast-path hits and {punted} partial-checksum punts ({looked} found complete) \
+             for {FLOWS} round trips; {:?}",
             end.delta(&mid)
         );
     } else {
