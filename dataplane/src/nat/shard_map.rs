@@ -25,7 +25,7 @@
 //! the pool's locks (its count, an owner cell) inside it, always in that
 //! order, as the `DashMap` entry did before.
 
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam::utils::CachePadded;
@@ -34,6 +34,18 @@ use hashbrown::HashMap;
 
 use crate::prefetch;
 use crate::spin_lock::SpinMutex;
+
+/// The key's hash exactly as hashbrown computes it when it grows a table
+/// (build a hasher, hash, finish). ahash's own `hash_one` takes a shortcut
+/// for integer and string keys on a nightly compiler (its `specialize`
+/// cfg), which would leave entries under a hash the table does not use.
+#[inline]
+#[allow(clippy::manual_hash_one)] // deliberately not ahash's specialised `hash_one`: see above
+fn hash_of<K: Hash + ?Sized>(hasher: &ahash::RandomState, key: &K) -> u64 {
+    let mut h = hasher.build_hasher();
+    key.hash(&mut h);
+    h.finish()
+}
 
 /// A concurrent map of `K` to `V` in a few spin-locked shards.
 pub struct ShardMap<K, V> {
@@ -146,7 +158,7 @@ impl<K: Hash + Eq, V> ShardMap<K, V> {
     /// Runs `f` on `key`'s shard, locked: the one way to read and write.
     #[inline]
     pub fn update<R>(&self, key: &K, f: impl FnOnce(&mut Locked<'_, K, V>) -> R) -> R {
-        let hash = self.hasher.hash_one(key);
+        let hash = hash_of(&self.hasher, key);
         let shard = self.shard(hash);
         let mut table = shard.table.lock();
         let r = f(&mut Locked { table: &mut table, hash });
@@ -167,7 +179,7 @@ impl<K: Hash + Eq, V> ShardMap<K, V> {
     /// without the lock (the module's doc describes the layout).
     #[inline]
     pub fn prefetch(&self, key: &K) {
-        let hash = self.hasher.hash_one(key);
+        let hash = hash_of(&self.hasher, key);
         let shard = self.shard(hash);
         let end = shard.end.load(Ordering::Relaxed);
         if end == 0 {
@@ -350,7 +362,7 @@ mod tests {
         // spare, a key sits within a group of its first probe.
         let mut near = 0;
         for k in 0..10_000u64 {
-            let hash = m.hasher.hash_one(k);
+            let hash = hash_of(&m.hasher, &k);
             let s = m.shard(hash);
             let t = s.table.lock();
             let found = t.raw_table().find(hash, |(kk, _)| *kk == k).map(|b| b.as_ptr().addr());
