@@ -798,7 +798,10 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// `handed-over`, as a revalidation would (ADR 0034 §8).
     pub fn evict_one(&self, now: u32, tables: &Tables, stats: &WorkerStats, log: Option<LogTo<'_>>) -> bool {
         let nat = &tables.nat;
-        let sources = self.per_source.len().max(1);
+        // Without a lock: the table is full, so every new flow comes here
+        // until one is evicted, and locking each shard for an exact count
+        // would have every worker wait on every other.
+        let sources = self.per_source.len_estimate().max(1);
         let fair_share = (self.sessions.capacity() / sources) as u64;
         let mut victim: Option<(EvictionScore, SessionView<A>)> = None;
         self.sessions.sweep(EVICTION_SAMPLE, |v| {
