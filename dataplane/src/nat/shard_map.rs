@@ -58,7 +58,9 @@ pub struct ShardMap<K, V> {
 
 struct Shard<K, V> {
     table: SpinMutex<HashMap<K, V, ahash::RandomState>>,
-    /// The address of the table's data end, 0 while it has none.
+    /// The address of the table's data end: 0 until the shard's first
+    /// write; after it, a table without buckets reports hashbrown's shared
+    /// empty group, which a prefetch may ask for harmlessly.
     end: AtomicUsize,
     /// The table's buckets minus one.
     mask: AtomicUsize,
@@ -87,15 +89,25 @@ impl<K, V> std::fmt::Debug for Locked<'_, K, V> {
 }
 
 impl<K: Hash + Eq, V> Locked<'_, K, V> {
+    /// Debug builds check that `key` is the one the shard was opened
+    /// for ([`ShardMap::update`]'s): under another key's hash an entry
+    /// would be written where no lookup of its own finds it.
+    #[inline]
+    fn check(&self, key: &K) {
+        debug_assert_eq!(hash_of(self.table.hasher(), key), self.hash, "a key other than the shard's");
+    }
+
     /// The key's value.
     #[inline]
     pub fn get(&self, key: &K) -> Option<&V> {
+        self.check(key);
         self.table.raw_entry().from_key_hashed_nocheck(self.hash, key).map(|(_, v)| v)
     }
 
     /// The key's value, to change.
     #[inline]
     pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.check(key);
         match self.table.raw_entry_mut().from_key_hashed_nocheck(self.hash, key) {
             RawEntryMut::Occupied(o) => Some(o.into_mut()),
             RawEntryMut::Vacant(_) => None,
@@ -105,6 +117,7 @@ impl<K: Hash + Eq, V> Locked<'_, K, V> {
     /// Sets the key's value.
     #[inline]
     pub fn insert(&mut self, key: K, value: V) {
+        self.check(&key);
         match self.table.raw_entry_mut().from_key_hashed_nocheck(self.hash, &key) {
             RawEntryMut::Occupied(mut o) => {
                 o.insert(value);
@@ -118,6 +131,7 @@ impl<K: Hash + Eq, V> Locked<'_, K, V> {
     /// Removes the key, returning its value.
     #[inline]
     pub fn remove(&mut self, key: &K) -> Option<V> {
+        self.check(key);
         match self.table.raw_entry_mut().from_key_hashed_nocheck(self.hash, key) {
             RawEntryMut::Occupied(o) => Some(o.remove()),
             RawEntryMut::Vacant(_) => None,
@@ -346,6 +360,14 @@ mod tests {
         assert!(m.is_empty(), "the key leaves at 0");
         m.count_down(1);
         assert!(m.is_empty(), "a count never held stays absent");
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "a key other than the shard's")]
+    fn a_key_other_than_the_shards_is_refused_in_debug_builds() {
+        let m: ShardMap<u64, u32> = ShardMap::new(2);
+        m.update(&1, |l| l.insert(2, 0));
     }
 
     #[test]
