@@ -689,6 +689,14 @@ impl Ctx<'_> {
     /// `rst_acceptable`) is counted as `tcp_rst_out_of_window` and leaves
     /// the session as it was: no refresh, no state change, no offload
     /// change (the caller still translates and forwards it).
+    ///
+    /// The calls that want the view itself (`tcp_track`, `sync_changed`,
+    /// `request_offload`, not inlined here) are each handed a copy made where
+    /// they are called (`&{ *view }`), never `view`: a reference to the
+    /// caller's view would have it written to memory whole for every
+    /// packet, in case one of those rare calls comes (29 instructions an
+    /// established packet, docs/benchmarks.md, "The session's view kept in
+    /// registers").
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(super) fn account<A: Family>(
@@ -705,7 +713,7 @@ impl Ctx<'_> {
             use tcp_state::flags::{ACK, RST, SYN};
             if dir == Direction::Inbound
                 && seg.flags & RST != 0
-                && nat.tcp_track(view).is_some_and(|t| !tcp_state::rst_acceptable(t, seg.seq))
+                && nat.tcp_track(&{ *view }).is_some_and(|t| !tcp_state::rst_acceptable(t, seg.seq))
             {
                 self.stats.event(Event::TcpRstOutOfWindow);
                 self.stats.traffic(view.policy_slot, dir, len);
@@ -734,7 +742,7 @@ impl Ctx<'_> {
             // A standby must learn that the connection is established (or
             // closing): session sync journals the phase change.
             if tcp_state::phase(tcp) != tcp_state::phase(view.tcp) {
-                nat.sync_changed(view);
+                nat.sync_changed(&{ *view });
             }
         }
         self.stats.traffic(view.policy_slot, dir, len);
@@ -755,7 +763,7 @@ impl Ctx<'_> {
                 _ => dir == Direction::Inbound || view.offload & offload::CONFIRMED != 0,
             };
             if confirmed {
-                nat.request_offload(view);
+                nat.request_offload(&{ *view });
                 self.stats.event(Event::OffloadRequested);
             }
         }
