@@ -8,7 +8,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::pipeline::Ctx;
 use super::{ChecksumHint, RxMeta, Verdict};
-use crate::fib::NextHop;
 use crate::nat::key::{proto, FlowKey};
 use crate::nat::rewrite;
 use crate::nat::session::session_flags;
@@ -133,11 +132,7 @@ impl Ctx<'_> {
             Direction::Inbound => t.pod,
         };
         let uses = &self.shared.neighbor_use;
-        let NextHop::Resolved { oif, src_mac, dst_mac } =
-            self.next_hops.lookup(self.fib, uses, IpAddr::V4(new_dst), secs)
-        else {
-            return None;
-        };
+        let (oif, macs) = self.next_hops.resolved(self.fib, uses, IpAddr::V4(new_dst), secs)?;
         // Larger than the egress link's MTU: the full pipeline answers it.
         let ip_len = (end - L3) as u32;
         if ip_len > self.fib.min_mtu() && self.fib.mtu(oif).is_none_or(|m| ip_len > m) {
@@ -167,8 +162,7 @@ impl Ctx<'_> {
         let hc = l3d.apply_then(checksum::TTL_DECREMENT, u16::from_be_bytes([ip[10], ip[11]]));
         ip[8] = ttl - 1;
         ip[10..12].copy_from_slice(&hc.to_be_bytes());
-        frame.get_mut(0..6)?.copy_from_slice(&dst_mac);
-        frame.get_mut(6..12)?.copy_from_slice(&src_mac);
+        frame.get_mut(0..12)?.copy_from_slice(&macs);
         Some(Verdict::Forward { ifindex: oif, len })
     }
 }
@@ -270,11 +264,7 @@ impl Ctx<'_> {
             Direction::Inbound => t.pod,
         };
         let uses = &self.shared.neighbor_use;
-        let NextHop::Resolved { oif, src_mac, dst_mac } =
-            self.next_hops.lookup(self.fib, uses, IpAddr::V6(new_dst), secs)
-        else {
-            return None;
-        };
+        let (oif, macs) = self.next_hops.resolved(self.fib, uses, IpAddr::V6(new_dst), secs)?;
         let ip_len = (end - L3) as u32;
         if ip_len > self.fib.min_mtu() && self.fib.mtu(oif).is_none_or(|m| ip_len > m) {
             return None;
@@ -294,8 +284,7 @@ impl Ctx<'_> {
         let new_csum = if proto == proto::UDP { checksum::apply_udp(csum, l4d) } else { l4d.apply(csum) };
         frame.get_mut(csum_at..csum_at + 2)?.copy_from_slice(&new_csum.to_be_bytes());
         *frame.get_mut(L3 + 7)? = hop_limit - 1;
-        frame.get_mut(0..6)?.copy_from_slice(&dst_mac);
-        frame.get_mut(6..12)?.copy_from_slice(&src_mac);
+        frame.get_mut(0..12)?.copy_from_slice(&macs);
         Some(Verdict::Forward { ifindex: oif, len })
     }
 }

@@ -11,9 +11,10 @@ const NEXT_HOP_CACHE: usize = 1024;
 /// one forwarding snapshot (its generation): the route and neighbour lookups
 /// cost more than the whole NAT fast path, and a flow's destination does not
 /// change between packets.
-/// (address, [`NextHopCache::tag`], output interface, source MAC, next hop
-/// MAC, the next hop's [`NeighborUse`] slot).
-type CachedHop = (u128, u64, u32, Mac, Mac, u32);
+/// (address, [`NextHopCache::tag`], output interface, the frame's new
+/// first 12 bytes: the next hop's MAC then the interface's, the next hop's
+/// [`NeighborUse`] slot).
+type CachedHop = (u128, u64, u32, [u8; 12], u32);
 
 pub(super) struct NextHopCache {
     entries: Box<[CachedHop]>,
@@ -23,7 +24,7 @@ impl NextHopCache {
     pub(super) fn new() -> Self {
         // An empty entry: an odd tag (IPv4) with an address no IPv4
         // address has (they are below 2^32), so no lookup ever takes it.
-        NextHopCache { entries: vec![(u128::MAX, u64::MAX, 0, [0; 6], [0; 6], 0); NEXT_HOP_CACHE].into_boxed_slice() }
+        NextHopCache { entries: vec![(u128::MAX, u64::MAX, 0, [0; 12], 0); NEXT_HOP_CACHE].into_boxed_slice() }
     }
 
     /// The address as 128 bits, and its family (1: IPv4).
@@ -59,20 +60,84 @@ impl NextHopCache {
         let (i, tag) = (Self::slot(key), Self::tag(fib, family));
         if let Some(e) = self.entries.get(i) {
             if e.0 == key && e.1 == tag {
-                uses.touch(e.5, secs);
-                return NextHop::Resolved { oif: e.2, src_mac: e.3, dst_mac: e.4 };
+                uses.touch(e.4, secs);
+                let (dst_mac, src_mac) = split(&e.3);
+                return NextHop::Resolved { oif: e.2, src_mac, dst_mac };
             }
         }
+        self.miss(fib, uses, dst, i, (key, tag), secs)
+    }
+
+    /// As [`Self::lookup`] for a resolved hop only (`None` for any other):
+    /// its interface and the frame's new first 12 bytes (the next hop's
+    /// MAC, then the interface's) as the entry keeps them, written by the
+    /// established path in one copy. Two MACs handed over apart went
+    /// through the stack twice: 14 instructions an established packet
+    /// (docs/benchmarks.md, "The frame's new MACs in one copy").
+    #[inline(always)]
+    pub(super) fn resolved(
+        &mut self,
+        fib: &Fib,
+        uses: &NeighborUse,
+        dst: IpAddr,
+        secs: u32,
+    ) -> Option<(u32, [u8; 12])> {
+        let (key, family) = Self::key(dst);
+        let (i, tag) = (Self::slot(key), Self::tag(fib, family));
+        if let Some(e) = self.entries.get(i) {
+            if e.0 == key && e.1 == tag {
+                uses.touch(e.4, secs);
+                return Some((e.2, e.3));
+            }
+        }
+        match self.miss(fib, uses, dst, i, (key, tag), secs) {
+            NextHop::Resolved { oif, src_mac, dst_mac } => Some((oif, join(dst_mac, src_mac))),
+            _ => None,
+        }
+    }
+
+    /// A miss: the FIB's answer for `dst`, put in entry `i` when resolved
+    /// (out of line: a worker's hops are nearly all in its cache).
+    #[cold]
+    #[inline(never)]
+    fn miss(
+        &mut self,
+        fib: &Fib,
+        uses: &NeighborUse,
+        dst: IpAddr,
+        i: usize,
+        (key, tag): (u128, u64),
+        secs: u32,
+    ) -> NextHop {
         let (hop, via) = fib.next_hop_via(dst);
         if let (NextHop::Resolved { oif, src_mac, dst_mac }, Some((_, addr))) = (hop, via) {
             let used = NeighborUse::slot(oif, addr);
             uses.touch(used, secs);
             if let Some(e) = self.entries.get_mut(i) {
-                *e = (key, tag, oif, src_mac, dst_mac, used);
+                *e = (key, tag, oif, join(dst_mac, src_mac), used);
             }
         }
         hop
     }
+}
+
+/// Two MACs as an Ethernet header's first 12 bytes: `a` (the destination)
+/// then `b` (the source).
+fn join(a: Mac, b: Mac) -> [u8; 12] {
+    let mut o = [0; 12];
+    o[..6].copy_from_slice(&a);
+    o[6..].copy_from_slice(&b);
+    o
+}
+
+/// [`join`] undone: (destination, source).
+#[inline(always)]
+fn split(m: &[u8; 12]) -> (Mac, Mac) {
+    let mut a = [0; 6];
+    let mut b = [0; 6];
+    a.copy_from_slice(&m[..6]);
+    b.copy_from_slice(&m[6..]);
+    (a, b)
 }
 
 #[cfg(test)]
@@ -129,6 +194,37 @@ mod tests {
         next.add_neighbor(5, dsts[4].0, [2, 0, 0, 0, 2, 5]);
         next.set_generation(2);
         assert_eq!(hop(&mut cache, &next, dsts[4].0), (5, [2, 0, 0, 0, 2, 5]), "the new snapshot's MAC");
+    }
+
+    #[test]
+    fn resolved_gives_the_frames_new_macs_as_lookup_does_and_nothing_for_an_unresolved_hop() {
+        let mut fib = Fib::new();
+        let own = [2, 0, 0, 0, 0, 7];
+        fib.add_interface(Interface { ifindex: 7, name: "if7".into(), mac: own, mtu: 1500 });
+        fib.add_route("0.0.0.0".parse().unwrap(), 0, Route { oif: 7, gateway: None });
+        let (known, unknown): (IpAddr, IpAddr) = ("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap());
+        let theirs = [2, 0, 0, 0, 1, 7];
+        fib.add_neighbor(7, known, theirs);
+        fib.set_generation(1);
+        let uses = NeighborUse::default();
+        // From an empty cache (the miss fills it), then from the entry.
+        for (round, mut cache) in [NextHopCache::new(), NextHopCache::new()].into_iter().enumerate() {
+            if round == 1 {
+                let _ = cache.lookup(&fib, &uses, known, 1);
+            }
+            let mut head = [0u8; 12];
+            head[..6].copy_from_slice(&theirs);
+            head[6..].copy_from_slice(&own);
+            assert_eq!(cache.resolved(&fib, &uses, known, 1), Some((7, head)), "round {round}");
+            assert_eq!(cache.resolved(&fib, &uses, known, 1), Some((7, head)), "round {round}, from the entry");
+            assert_eq!(
+                cache.lookup(&fib, &uses, known, 1),
+                NextHop::Resolved { oif: 7, src_mac: own, dst_mac: theirs },
+                "round {round}: lookup reads the entry resolved filled"
+            );
+            assert_eq!(cache.resolved(&fib, &uses, unknown, 1), None, "no neighbour: not resolved");
+            assert!(matches!(cache.lookup(&fib, &uses, unknown, 1), NextHop::Unresolved { oif: 7, .. }));
+        }
     }
 
     #[test]
