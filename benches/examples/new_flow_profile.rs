@@ -2,7 +2,7 @@
 //! population as the criterion `new_flow` bench (`perf record` or
 //! `valgrind --tool=callgrind` this, not the criterion run).
 //!
-//! `new_flow_profile N [eim|edm] [journal] [warm] [second] [staged]`.
+//! `new_flow_profile N [eim|edm] [journal] [warm] [second] [staged] [workers=K]`.
 //!
 //! `warm`: the steady state of a gateway whose sessions come and go. N other
 //! flows are made and expired by the sweep first, so the session map, the
@@ -21,6 +21,14 @@
 //! worker stages a ring's batch once its table outgrows the caches
 //! (`common::run_staged`; engine/batch.rs); unstaged, in batches of 64
 //! (`common::run`).
+//!
+//! `workers=K`: K workers (pipelines of one engine, each on a thread of its
+//! own) make the N flows together, each a contiguous K-th of them, started
+//! at once; as on a gateway whose NIC spreads a pod's flows over every
+//! worker, they share the session table, the mappings and the pools. Each
+//! worker's CPU time per flow, set against one worker's, is what the shared
+//! lines and locks cost when two cores write them (run it as
+//! `taskset -c 0,1`); the warm-up is split the same way.
 #![allow(clippy::print_stdout, clippy::expect_used)]
 
 #[path = "../benches/common/mod.rs"]
@@ -45,7 +53,12 @@ fn main() {
         assert!(engine.enable_sync_journal(1 << 20), "journal enabled");
     }
     let (warm, staged) = (opt("warm"), opt("staged"));
-    let mut w = engine.pipeline_seeded(PortRng::new(3));
+    let workers: usize = std::env::args()
+        .skip(3)
+        .find_map(|a| a.strip_prefix("workers=").map(|k| k.parse().expect("workers=K, K a number")))
+        .unwrap_or(1)
+        .max(1);
+    let mut ws: Vec<_> = (0..workers).map(|k| engine.pipeline_seeded(PortRng::new(3 + k as u64))).collect();
     let frames = |from: u64| -> Vec<Vec<u8>> {
         (from..from + n)
             .map(|i| {
@@ -60,10 +73,13 @@ fn main() {
         // holds their refs as a busy gateway's holds its established
         // flows' (a new flow's probe then meets an earlier flow's entry).
         let warm_up = frames(n);
-        assert_eq!(common::run(&mut w, &warm_up, fixtures::INSIDE, 2 * n, now), 2 * n, "warm-up flows forwarded");
+        for (w, share) in ws.iter_mut().zip(warm_up.chunks(warm_up.len().div_ceil(workers))) {
+            let sent = 2 * share.len() as u64;
+            assert_eq!(common::run(w, share, fixtures::INSIDE, sent, now), sent, "warm-up flows forwarded");
+        }
         now += 100_000;
         while !engine.nat4().sessions.is_empty() {
-            w.tick(egret_dataplane::clock::Timestamp::from_secs(now), 4096);
+            ws[0].tick(egret_dataplane::clock::Timestamp::from_secs(now), 4096);
         }
     }
     let second = opt("second");
@@ -83,19 +99,47 @@ fn main() {
             one
         })
         .collect();
-    let (t, cpu) = (Instant::now(), on_cpu_ns());
-    let ok = measured_flows(&mut w, &frames, now, staged);
-    let (e, cpu) = (t.elapsed(), on_cpu_ns() - cpu);
     let state = format!(
         "{}{}{}",
         if warm { ", warm tables" } else { "" },
         if second { ", a second packet each" } else { "" },
         if staged { ", staged 32" } else { "" }
     );
+    if workers == 1 {
+        let (t, cpu) = (Instant::now(), on_cpu_ns());
+        let ok = measured_flows(&mut ws[0], &frames, now, staged);
+        let (e, cpu) = (t.elapsed(), on_cpu_ns() - cpu);
+        println!(
+            "{n} new flows ({mapping:?}{state}): {:.0} ns/flow on this thread's CPU, {:.0} ns/flow wall ({ok} forwarded)",
+            cpu as f64 / n as f64,
+            e.as_nanos() as f64 / n as f64
+        );
+        return;
+    }
+    let start = std::sync::Barrier::new(workers);
+    let runs: Vec<(f64, u64, std::time::Duration)> = std::thread::scope(|s| {
+        let threads: Vec<_> = ws
+            .iter_mut()
+            .zip(frames.chunks(frames.len().div_ceil(workers)))
+            .map(|(w, share)| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    let (t, cpu) = (Instant::now(), on_cpu_ns());
+                    let ok = measured_flows(w, share, now, staged);
+                    ((on_cpu_ns() - cpu) as f64 / share.len() as f64, ok, t.elapsed())
+                })
+            })
+            .collect();
+        threads.into_iter().map(|h| h.join().expect("a worker")).collect()
+    });
+    let per_flow: Vec<String> = runs.iter().map(|(ns, _, _)| format!("{ns:.0}")).collect();
+    let ok: u64 = runs.iter().map(|(_, ok, _)| ok).sum();
+    let wall = runs.iter().map(|(_, _, e)| *e).max().unwrap_or_default();
     println!(
-        "{n} new flows ({mapping:?}{state}): {:.0} ns/flow on this thread's CPU, {:.0} ns/flow wall ({ok} forwarded)",
-        cpu as f64 / n as f64,
-        e.as_nanos() as f64 / n as f64
+        "{n} new flows ({mapping:?}{state}), {workers} workers: {} ns/flow on each worker's CPU, {:.0} ns/flow wall for all ({ok} forwarded)",
+        per_flow.join(" / "),
+        wall.as_nanos() as f64 / n as f64
     );
 }
 
