@@ -28,6 +28,8 @@
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use crossbeam::utils::CachePadded;
+
 use super::key::{FlowKey, NatAddr, SessionTuple};
 use super::session_index::{Place, Refused, SessionIndex};
 use crate::huge_pages::HugeSlice;
@@ -308,8 +310,12 @@ type Chunk<A> = OnceLock<HugeSlice<Slot<A>>>;
 pub struct Slab<A: NatAddr> {
     chunks: Box<[Chunk<A>]>,
     capacity: u32,
-    next_unused: AtomicU32,
-    free: SpinMutex<Vec<u32>>,
+    /// Written by every insert while the slab grows, and `free` by every
+    /// insert and removal, by whichever worker makes or ends the session:
+    /// each on lines of its own (ADR 0047), so that those writes do not
+    /// take away the line of `chunks`, which every lookup reads.
+    next_unused: CachePadded<AtomicU32>,
+    free: CachePadded<SpinMutex<Vec<u32>>>,
 }
 
 impl<A: NatAddr> Slab<A> {
@@ -325,8 +331,8 @@ impl<A: NatAddr> Slab<A> {
         Slab {
             chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
             capacity,
-            next_unused: AtomicU32::new(0),
-            free: SpinMutex::new(Vec::new()),
+            next_unused: CachePadded::new(AtomicU32::new(0)),
+            free: CachePadded::new(SpinMutex::new(Vec::new())),
         }
     }
 
@@ -415,10 +421,14 @@ pub enum InsertError {
 pub struct SessionTable<A: NatAddr> {
     index: SessionIndex,
     slab: Slab<A>,
-    live: AtomicUsize,
+    /// The counters every insert, removal or sweep writes, from any worker,
+    /// each on lines of its own (ADR 0047): beside the index's hasher and
+    /// pages, which every lookup reads, each write cost the other workers'
+    /// next lookup that line.
+    live: CachePadded<AtomicUsize>,
     capacity: usize,
-    sweep_cursor: AtomicU32,
-    removals: AtomicU64,
+    sweep_cursor: CachePadded<AtomicU32>,
+    removals: CachePadded<AtomicU64>,
 }
 
 impl<A: NatAddr> SessionTable<A> {
@@ -428,10 +438,10 @@ impl<A: NatAddr> SessionTable<A> {
         SessionTable {
             index: SessionIndex::new(capacity),
             slab: Slab::new(capacity as u32),
-            live: AtomicUsize::new(0),
+            live: CachePadded::new(AtomicUsize::new(0)),
             capacity,
-            sweep_cursor: AtomicU32::new(0),
-            removals: AtomicU64::new(0),
+            sweep_cursor: CachePadded::new(AtomicU32::new(0)),
+            removals: CachePadded::new(AtomicU64::new(0)),
         }
     }
 
@@ -840,6 +850,39 @@ mod tests {
     use super::*;
     use crate::huge_pages::HUGE_PAGE;
     use crate::nat::key::proto;
+
+    /// The 128-byte blocks (a line and the one the adjacent-line
+    /// prefetcher pairs with it) that `[start, start + len)` touches.
+    fn blocks(start: usize, len: usize) -> std::ops::RangeInclusive<usize> {
+        start / 128..=(start + len.max(1) - 1) / 128
+    }
+
+    fn block_range<T>(field: &T) -> std::ops::RangeInclusive<usize> {
+        blocks(std::ptr::from_ref(field) as usize, std::mem::size_of::<T>())
+    }
+
+    #[test]
+    fn the_counters_any_worker_writes_share_no_line_with_what_lookups_read() {
+        let t = SessionTable::<Ipv4Addr>::new(1000);
+        // What every lookup reads: the index (pages, bucket count, hasher),
+        // the slab's chunk table and its capacity.
+        let read = [block_range(&t.index), block_range(&t.slab.chunks), block_range(&t.slab.capacity)];
+        let written = [
+            ("live", block_range(&*t.live)),
+            ("sweep_cursor", block_range(&*t.sweep_cursor)),
+            ("removals", block_range(&*t.removals)),
+            ("slab.next_unused", block_range(&*t.slab.next_unused)),
+            ("slab.free", block_range(&*t.slab.free)),
+        ];
+        for (name, w) in &written {
+            for r in &read {
+                assert!(
+                    w.end() < r.start() || r.end() < w.start(),
+                    "{name} (blocks {w:?}) shares a 128-byte block with a field lookups read (blocks {r:?})"
+                );
+            }
+        }
+    }
 
     fn tuple(i: u32) -> SessionTuple<Ipv4Addr> {
         SessionTuple {
