@@ -1064,7 +1064,10 @@ fn run_fixture_table(fast_path: bool) {
 /// receiving interface's role, the AF_XDP socket. So a fixture keeps no
 /// state when it has neither a role nor `no_socket` and none of its frames
 /// may be a fragment, which is assumed of every frame etherparse cannot
-/// read whole.
+/// read whole. (An IPv6 atomic fragment, a Fragment header at offset 0
+/// without M, is not fragmented to etherparse and leaves a decision in the
+/// shared program; only a later fragment reads one, and every later
+/// fragment has a program of its own.)
 fn keeps_no_state(f: &Fixture) -> bool {
     f.socket && f.role.is_none() && f.steps.iter().all(|(frame, _, _)| !may_be_a_fragment(frame))
 }
