@@ -6,8 +6,8 @@
 #   tests/guest-kernel/egret-tests.sh      # as root, after the workspace's tests were built
 #
 # The binaries are the debug test binaries cargo built here; each runs in its
-# package's directory, one test at a time. Skipped on a machine that runs
-# 6.1 itself, whose own test step already covered it.
+# package's directory, two tests at a time (see `threads` below). Skipped on
+# a machine that runs 6.1 itself, whose own test step already covered it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
