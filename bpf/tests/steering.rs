@@ -29,8 +29,9 @@ use egret_bpf::{
     IF_CHECK_SRC_MAC, OWNED_KERNEL_SERVICE, OWNED_NAT, OWNED_NEIGH, ROLE_BOTH, ROLE_INSIDE, ROLE_OUTSIDE,
 };
 use etherparse::{
-    ArpHardwareId, ArpOperation, ArpPacket, EtherType, IpFragOffset, IpHeaders, IpNumber, Ipv4Header, Ipv6Extensions,
-    Ipv6FragmentHeader, Ipv6Header, Ipv6RawExtHeader, NetSlice, PacketBuilder, SlicedPacket, VlanId,
+    ArpHardwareId, ArpOperation, ArpPacket, EtherType, IpFragOffset, IpHeaders, IpNumber, Ipv4Header,
+    Ipv6ExtensionSlice, Ipv6Extensions, Ipv6FragmentHeader, Ipv6Header, Ipv6RawExtHeader, NetSlice, PacketBuilder,
+    SlicedPacket, VlanId,
 };
 
 const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -1046,6 +1047,15 @@ fn run_fixture_table(fast_path: bool) {
         }
     }
     eprintln!("{} fixtures, {loads} program loads", fixtures.len());
+    // The premise of sharing: the shared program was left no fragment
+    // decision for a later frame to find.
+    if let Some(w) = &shared {
+        assert_eq!(
+            (w.prog.fragment_decisions(), w.prog.fragment_decisions_inbound()),
+            (0, 0),
+            "a fixture on the shared program stored a fragment decision"
+        );
+    }
     // Every reason is exercised by at least one fixture; the fast path's
     // own verdicts by tests/fast_path.rs, the orphan-fragment budget by
     // orphan_fragments_to_an_egress_address_reach_the_workers_within_a_budget,
@@ -1063,11 +1073,9 @@ fn run_fixture_table(fast_path: bool) {
 /// orphan-fragment tokens. Its other state is the test's own setup: the
 /// receiving interface's role, the AF_XDP socket. So a fixture keeps no
 /// state when it has neither a role nor `no_socket` and none of its frames
-/// may be a fragment, which is assumed of every frame etherparse cannot
-/// read whole. (An IPv6 atomic fragment, a Fragment header at offset 0
-/// without M, is not fragmented to etherparse and leaves a decision in the
-/// shared program; only a later fragment reads one, and every later
-/// fragment has a program of its own.)
+/// may be a fragment: an IPv4 datagram with MF or an offset, an IPv6 one
+/// with a Fragment header (an atomic fragment too: the program stores its
+/// decision), and every frame etherparse cannot read whole.
 fn keeps_no_state(f: &Fixture) -> bool {
     f.socket && f.role.is_none() && f.steps.iter().all(|(frame, _, _)| !may_be_a_fragment(frame))
 }
@@ -1076,7 +1084,9 @@ fn may_be_a_fragment(frame: &[u8]) -> bool {
     match SlicedPacket::from_ethernet(frame) {
         Ok(p) => match p.net {
             Some(NetSlice::Ipv4(ip)) => ip.is_payload_fragmented(),
-            Some(NetSlice::Ipv6(ip)) => ip.is_payload_fragmented(),
+            Some(NetSlice::Ipv6(ip)) => {
+                ip.extensions().clone().into_iter().any(|e| matches!(e, Ipv6ExtensionSlice::Fragment(_)))
+            }
             _ => false,
         },
         Err(_) => true,
@@ -1092,6 +1102,7 @@ fn fragments_and_unreadable_frames_get_a_program_of_their_own() {
     assert!(may_be_a_fragment(&frag4(POD4, REMOTE4, 7, 0, true, 53)), "a first fragment");
     assert!(may_be_a_fragment(&frag4(POD4, REMOTE4, 7, 3, false, 53)), "a last fragment");
     assert!(may_be_a_fragment(&frag6(pod6(), remote6(), 7, 0, true, 53)));
+    assert!(may_be_a_fragment(&frag6(pod6(), remote6(), 7, 0, false, 53)), "an atomic fragment");
     assert!(may_be_a_fragment(&truncated(plain.clone(), 20)), "unreadable");
     assert!(keeps_no_state(&one("plain", plain.clone(), Redirect, R::RedirectSteeredSource)));
     assert!(!keeps_no_state(&no_socket(one("plain", plain.clone(), Redirect, R::RedirectSteeredSource))));

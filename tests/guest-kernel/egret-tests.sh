@@ -21,7 +21,7 @@ fi
 # BPF_PROG_TEST_RUN, XDP attach through bpf_link, AF_XDP sockets, veth's
 # XDP, netlink. Left out, with the reason:
 # - steering `fixture_table` and `fixture_table_through_an_empty_fast_path`
-#   (`--skip fixture_table` matches both): each loads the program 48 times
+#   (`--skip fixture_table` matches both): each loads the program 49 times
 #   (once per fixture the program keeps state for, once for the rest), at
 #   5 s each under emulation (4 min); every rule it covers is also met by
 #   the other steering tests and by fast_path's fixture table;
