@@ -25,7 +25,7 @@
 //! (two 8-byte entries at 80 % of 7 in a 64-byte bucket, ADR 0040). See
 //! docs/benchmarks.md for the measured figure.
 
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use crossbeam::utils::CachePadded;
@@ -315,7 +315,16 @@ pub struct Slab<A: NatAddr> {
     /// each on lines of its own (ADR 0047), so that those writes do not
     /// take away the line of `chunks`, which every lookup reads.
     next_unused: CachePadded<AtomicU32>,
-    free: CachePadded<SpinMutex<Vec<u32>>>,
+    free: CachePadded<FreeSlots>,
+}
+
+/// The slots given back, and how many they are, on one line: the count is
+/// written only while the list's lock holds that line, and read without
+/// the lock by [`Slab::in_use`].
+#[derive(Debug, Default)]
+struct FreeSlots {
+    list: SpinMutex<Vec<u32>>,
+    len: AtomicU32,
 }
 
 impl<A: NatAddr> Slab<A> {
@@ -332,7 +341,7 @@ impl<A: NatAddr> Slab<A> {
             chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
             capacity,
             next_unused: CachePadded::new(AtomicU32::new(0)),
-            free: CachePadded::new(SpinMutex::new(Vec::new())),
+            free: CachePadded::new(FreeSlots::default()),
         }
     }
 
@@ -343,7 +352,15 @@ impl<A: NatAddr> Slab<A> {
     }
 
     fn alloc(&self) -> Option<(u32, &Slot<A>)> {
-        let index = match self.free.lock().pop() {
+        let reused = {
+            let mut list = self.free.list.lock();
+            let i = list.pop();
+            if i.is_some() {
+                self.free.len.store(list.len() as u32, Ordering::Relaxed);
+            }
+            i
+        };
+        let index = match reused {
             Some(i) => i,
             None => {
                 let i = self
@@ -358,7 +375,17 @@ impl<A: NatAddr> Slab<A> {
     }
 
     fn release(&self, index: u32) {
-        self.free.lock().push(index);
+        let mut list = self.free.list.lock();
+        list.push(index);
+        self.free.len.store(list.len() as u32, Ordering::Relaxed);
+    }
+
+    /// Slots taken and not given back: those ever used less those free.
+    /// Exact when no insert or removal is under way, and never above the
+    /// capacity.
+    fn in_use(&self) -> u32 {
+        let free = self.free.len.load(Ordering::Relaxed);
+        self.next_unused.load(Ordering::Relaxed).min(self.capacity).saturating_sub(free)
     }
 
     /// Makes the next chunk when the slots never used in the chunks made
@@ -421,14 +448,12 @@ pub enum InsertError {
 pub struct SessionTable<A: NatAddr> {
     index: SessionIndex,
     slab: Slab<A>,
-    /// The counters every insert, removal or sweep writes, from any worker,
-    /// each on lines of its own (ADR 0047): beside the index's hasher and
-    /// pages, which every lookup reads, each write cost the other workers'
-    /// next lookup that line.
-    live: CachePadded<AtomicUsize>,
     capacity: usize,
+    /// Written by every sweep, from any worker, on lines of its own (ADR
+    /// 0047): beside the index's hasher and pages, which every lookup
+    /// reads, each write cost the other workers' next lookup that line.
+    /// The table keeps no count of its own: the slab's is the live count.
     sweep_cursor: CachePadded<AtomicU32>,
-    removals: CachePadded<AtomicU64>,
 }
 
 impl<A: NatAddr> SessionTable<A> {
@@ -438,16 +463,16 @@ impl<A: NatAddr> SessionTable<A> {
         SessionTable {
             index: SessionIndex::new(capacity),
             slab: Slab::new(capacity as u32),
-            live: CachePadded::new(AtomicUsize::new(0)),
             capacity,
             sweep_cursor: CachePadded::new(AtomicU32::new(0)),
-            removals: CachePadded::new(AtomicU64::new(0)),
         }
     }
 
-    /// Live sessions.
+    /// Live sessions: the slab's slots in use, which counts a session
+    /// from its slot's allocation to its slot's release (so one being
+    /// inserted or removed too).
     pub fn len(&self) -> usize {
-        self.live.load(Ordering::Relaxed)
+        self.slab.in_use() as usize
     }
 
     /// Whether no session lives.
@@ -583,21 +608,15 @@ impl<A: NatAddr> SessionTable<A> {
     /// then the inbound key is claimed (the port allocation's try-insert)
     /// and the outbound key published; only then is the slot [`LIVE`]. No
     /// lookup, sweep or removal takes a session before that, so none can
-    /// remove it halfway: its keys, its slot and the live count are given
+    /// remove it halfway: its keys and its slot are given
     /// back once, by whoever took them.
     pub fn insert(&self, tuple: &SessionTuple<A>, init: &SessionInit) -> Result<SessionView<A>, InsertError> {
-        if self.live.fetch_add(1, Ordering::AcqRel) >= self.capacity {
-            self.live.fetch_sub(1, Ordering::AcqRel);
-            return Err(InsertError::Full);
-        }
+        // The slab holds as many slots as the table sessions: its
+        // allocation is the capacity check.
         let Some((index, slot)) = self.slab.alloc() else {
-            self.live.fetch_sub(1, Ordering::AcqRel);
             return Err(InsertError::Full);
         };
-        let undo = |this: &Self| {
-            this.slab.release(index);
-            this.live.fetch_sub(1, Ordering::AcqRel);
-        };
+        let undo = |this: &Self| this.slab.release(index);
         let gen_base = slot.seq.load(Ordering::Relaxed) & !STATUS_MASK;
         slot.write(gen_base, tuple, init);
         let abandon = |this: &Self| {
@@ -682,8 +701,6 @@ impl<A: NatAddr> SessionTable<A> {
         self.index.remove(self.index.place(&inb), SessionRef::new(index, true));
         slot.seq.store((seq & !STATUS_MASK).wrapping_add(4) | FREE, Ordering::Release);
         self.slab.release(index);
-        self.live.fetch_sub(1, Ordering::AcqRel);
-        self.removals.fetch_add(1, Ordering::Relaxed);
         Some(view)
     }
 
@@ -835,11 +852,6 @@ impl<A: NatAddr> SessionTable<A> {
     pub fn index_pages(&self) -> usize {
         self.index.pages_made()
     }
-
-    /// Sessions removed since creation.
-    pub fn removals(&self) -> u64 {
-        self.removals.load(Ordering::Relaxed)
-    }
 }
 
 #[cfg(test)]
@@ -868,9 +880,7 @@ mod tests {
         // the slab's chunk table and its capacity.
         let read = [block_range(&t.index), block_range(&t.slab.chunks), block_range(&t.slab.capacity)];
         let written = [
-            ("live", block_range(&*t.live)),
             ("sweep_cursor", block_range(&*t.sweep_cursor)),
-            ("removals", block_range(&*t.removals)),
             ("slab.next_unused", block_range(&*t.slab.next_unused)),
             ("slab.free", block_range(&*t.slab.free)),
         ];
