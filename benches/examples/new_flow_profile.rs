@@ -2,7 +2,14 @@
 //! population as the criterion `new_flow` bench (`perf record` or
 //! `valgrind --tool=callgrind` this, not the criterion run).
 //!
-//! `new_flow_profile N [eim|edm] [journal] [warm] [second] [staged] [workers=K]`.
+//! `new_flow_profile N [eim|edm] [journal] [port-map] [warm] [second] [staged] [workers=K]`.
+//!
+//! `port-map`: the mapped-port filter connected, as on every gateway whose
+//! XDP program loaded (`controlplane/src/daemon/port_map.rs`): each session
+//! counts its port's users in the NAT, and a port's first user sets its
+//! bit. The bits here are [`BitsOnly`], an in-memory bitmap written with
+//! the same atomic as `egret_bpf::MappedPorts`, not the program's map (no
+//! BPF map is loaded), and without its (address, protocol) slot lookup.
 //!
 //! `warm`: the steady state of a gateway whose sessions come and go. N other
 //! flows are made and expired by the sweep first, so the session map, the
@@ -33,10 +40,14 @@
 
 #[path = "../benches/common/mod.rs"]
 mod common;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use egret_dataplane::fixtures;
 use egret_dataplane::nat::port_alloc::PortRng;
+use egret_dataplane::nat::table::PortMapHook;
 use egret_dataplane::tables::MappingBehavior;
 
 fn main() {
@@ -51,6 +62,11 @@ fn main() {
     // `journal`: the HA sync journal on, as on a gateway with a standby.
     if opt("journal") {
         assert!(engine.enable_sync_journal(1 << 20), "journal enabled");
+    }
+    if opt("port-map") {
+        let bits: Arc<dyn PortMapHook<Ipv4Addr>> =
+            Arc::new(BitsOnly((0..PORT_WORDS).map(|_| AtomicU64::new(0)).collect()));
+        assert!(engine.nat4().set_port_map_hook(bits), "port map connected");
     }
     let (warm, staged) = (opt("warm"), opt("staged"));
     let workers: usize = std::env::args()
@@ -153,6 +169,30 @@ fn measured_flows(w: &mut egret_dataplane::engine::Pipeline, frames: &[&[u8]], n
     } else {
         common::run(w, frames, fixtures::INSIDE, n, now)
     }
+}
+
+/// Words of [`BitsOnly`]'s bitmap: a bit per port, every (egress IP,
+/// protocol) on the same 65,536 bits (the bench's 16 egress IPs share them:
+/// a stand-in for the write, not a filter).
+const PORT_WORDS: usize = 1 << 10;
+
+/// `port-map`'s hook: the bit write `egret_bpf::MappedPorts::set` makes
+/// (an atomic or / and on the port's word), into memory of its own.
+struct BitsOnly(Box<[AtomicU64]>);
+
+impl PortMapHook<Ipv4Addr> for BitsOnly {
+    fn track(&self, _egress: Ipv4Addr, _proto: u8) {}
+
+    fn set(&self, _egress: Ipv4Addr, _proto: u8, port: u16, mapped: bool) {
+        let (word, bit) = (&self.0[usize::from(port >> 6)], 1u64 << (port & 63));
+        if mapped {
+            word.fetch_or(bit, Ordering::Release);
+        } else {
+            word.fetch_and(!bit, Ordering::Release);
+        }
+    }
+
+    fn forget(&self, _egress: Ipv4Addr) {}
 }
 
 /// How many frames after a flow's first packet `second` sends its second.
