@@ -6,13 +6,14 @@
 //! egress IP) to the external port; the [`PortPool`]'s owner cells are the
 //! reverse index and hold the reference count.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use dashmap::DashMap;
 
 use super::key::{proto, NatAddr};
-use super::port_alloc::{candidates_ahead, PortAhead, PortPool, PortRange, PortRng};
+use super::port_alloc::{candidates_ahead, PortAhead, PortMarks, PortPool, PortRange, PortRng};
 use super::shard_map::ShardMap;
+use super::table::PortMapHook;
 
 /// Key of the forward index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,11 +76,24 @@ pub enum ClaimError {
 }
 
 /// Port pools and endpoint-independent mappings of one address family.
-#[derive(Debug)]
 pub struct Mappings<A: NatAddr> {
     pools: DashMap<(A, u8), Arc<PortPool<A>>, ahash::RandomState>,
     by_inside: ShardMap<InsideKey<A>, u16>,
     with_owners: bool,
+    /// The mapped-port filter every pool marks its ports through, once
+    /// connected ([`PortMarks`]).
+    marks: OnceLock<Arc<dyn PortMapHook<A>>>,
+}
+
+impl<A: NatAddr> std::fmt::Debug for Mappings<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mappings")
+            .field("pools", &self.pools)
+            .field("by_inside", &self.by_inside)
+            .field("with_owners", &self.with_owners)
+            .field("marks", &self.marks.get().is_some())
+            .finish()
+    }
 }
 
 impl<A: NatAddr> Mappings<A> {
@@ -89,6 +103,40 @@ impl<A: NatAddr> Mappings<A> {
             pools: DashMap::with_hasher(ahash::RandomState::new()),
             by_inside: ShardMap::with_default_shards(),
             with_owners: endpoint_independent,
+            marks: OnceLock::new(),
+        }
+    }
+
+    /// Connects the mapped-port filter (once): every pool, those made
+    /// from now on and those in use, marks its held ports through `hook`
+    /// (endpoint-independent mode; [`PortMarks`]). Whether it was
+    /// connected now.
+    pub fn connect_marks(&self, hook: Arc<dyn PortMapHook<A>>) -> bool {
+        if self.marks.set(hook).is_err() {
+            return false;
+        }
+        for ((egress, proto), pool) in self.pools.iter().map(|e| (*e.key(), e.value().clone())) {
+            if let Some(marks) = self.marks_for(egress, proto) {
+                pool.connect_marks(marks);
+            }
+        }
+        true
+    }
+
+    /// Where the pool of (egress, proto) marks its ports: TCP's and UDP's,
+    /// once the filter is connected (XDP filters no other protocol's).
+    fn marks_for(&self, egress: A, proto: u8) -> Option<PortMarks<A>> {
+        let hook = self.marks.get().filter(|_| proto == proto::TCP || proto == proto::UDP)?;
+        Some(PortMarks { hook: hook.clone(), egress, proto })
+    }
+
+    /// Sets the bits of the ports `egress`'s pools hold again (the filter
+    /// forgot the IP and tracks it anew while sessions still hold ports).
+    pub fn remark(&self, egress: A) {
+        for p in POOL_PROTOCOLS {
+            if let Some(pool) = self.existing_pool(egress, p) {
+                pool.remark();
+            }
         }
     }
 
@@ -112,6 +160,9 @@ impl<A: NatAddr> Mappings<A> {
                 .or_insert_with(|| {
                     let p = PortPool::new(range, self.with_owners);
                     p.set_range(range, generation);
+                    if let Some(marks) = self.marks_for(egress, proto) {
+                        p.set_marks(marks);
+                    }
                     Arc::new(p)
                 })
                 .clone(),

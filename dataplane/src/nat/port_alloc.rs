@@ -23,13 +23,14 @@
 //! which is what it can exhaust for the others.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::key::NatAddr;
 use super::shard_map::ShardMap;
+use super::table::PortMapHook;
 use crate::spin_lock::SpinMutex;
 
 /// An inclusive range of external ports.
@@ -242,6 +243,43 @@ pub struct PortPool<A: NatAddr> {
     per_source: ShardMap<(A, A, u16), u32>,
     source_quota: AtomicU32,
     over_quota: AtomicU64,
+    /// The mapped-port filter, once connected (endpoint-independent mode):
+    /// a port's bit follows its owner cell, set when the cell is claimed
+    /// and cleared when its last session releases it, under the cell's
+    /// lock ([`PortMarks`]).
+    marks: OnceLock<PortMarks<A>>,
+}
+
+/// Where a pool marks its ports mapped: the XDP program's bitmap of the
+/// pool's (egress IP, protocol), through the NAT's port map hook.
+///
+/// In endpoint-independent mode every session holds its port's mapping, so
+/// the owner cell's count is the port's count of sessions: the bit is set
+/// at the cell's claim, before the session's insert, and cleared at its
+/// last release, after the session's removal, both under the cell's lock,
+/// so a release and a claim of one port cannot swap their writes. (The
+/// NAT counts each port's sessions in a map of its own only in
+/// endpoint-dependent mode, where a port has no owner cell.)
+pub struct PortMarks<A> {
+    /// The NAT's port map hook.
+    pub hook: Arc<dyn PortMapHook<A>>,
+    /// The pool's egress IP.
+    pub egress: A,
+    /// The pool's protocol.
+    pub proto: u8,
+}
+
+impl<A: Copy> PortMarks<A> {
+    #[inline]
+    fn set(&self, port: u16, mapped: bool) {
+        self.hook.set(self.egress, self.proto, port, mapped);
+    }
+}
+
+impl<A: std::fmt::Debug> std::fmt::Debug for PortMarks<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PortMarks").field("egress", &self.egress).field("proto", &self.proto).finish_non_exhaustive()
+    }
 }
 
 fn packed(r: PortRange) -> u32 {
@@ -262,6 +300,7 @@ impl<A: NatAddr> PortPool<A> {
             per_source: ShardMap::new(SOURCE_SHARDS),
             source_quota: AtomicU32::new(u32::MAX),
             over_quota: AtomicU64::new(0),
+            marks: OnceLock::new(),
         };
         pool.make_cells(range);
         pool
@@ -289,6 +328,41 @@ impl<A: NatAddr> PortPool<A> {
         }
         for c in usize::from(range.first) >> CHUNK_BITS..=usize::from(range.last) >> CHUNK_BITS {
             let _ = self.cell_made((c << CHUNK_BITS) as u16);
+        }
+    }
+
+    /// Marks this pool's ports through `marks` from now on (once; a pool
+    /// without owner cells keeps none), and marks every port held now
+    /// ([`Self::remark`]). Whether the pool took them.
+    pub fn connect_marks(&self, marks: PortMarks<A>) -> bool {
+        let connected = self.set_marks(marks);
+        if connected {
+            self.remark();
+        }
+        connected
+    }
+
+    /// [`Self::connect_marks`] for a pool that holds nothing yet (one
+    /// just made): no walk over its cells.
+    pub fn set_marks(&self, marks: PortMarks<A>) -> bool {
+        !self.chunks.is_empty() && self.marks.set(marks).is_ok()
+    }
+
+    /// Sets the bit of every port an owner cell holds, each under its
+    /// cell's lock: after the filter forgot the egress IP and tracks it
+    /// again while sessions still hold ports (their bits were dropped with
+    /// it), or when the filter is connected to a pool in use. Off the
+    /// workers' path: a walk over the made chunks' cells.
+    pub fn remark(&self) {
+        let Some(marks) = self.marks.get() else { return };
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            let Some(cells) = chunk.get() else { continue };
+            for (i, cell) in cells.iter().enumerate() {
+                let o = cell.lock();
+                if o.refs != 0 {
+                    marks.set(((c << CHUNK_BITS) | i) as u16, true);
+                }
+            }
         }
     }
 
@@ -415,6 +489,10 @@ impl<A: NatAddr> PortPool<A> {
             return false;
         }
         *o = Owner { pod, pod_port, refs: 1 };
+        if let Some(m) = self.marks.get() {
+            m.set(port, true);
+        }
+        drop(o);
         self.in_use.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -439,6 +517,9 @@ impl<A: NatAddr> PortPool<A> {
         if o.refs != 0 && o.pod == pod && o.pod_port == pod_port {
             o.refs -= 1;
             if o.refs == 0 {
+                if let Some(m) = self.marks.get() {
+                    m.set(port, false);
+                }
                 drop(o);
                 self.in_use.fetch_sub(1, Ordering::Relaxed);
                 self.release_source(pod);
@@ -593,5 +674,60 @@ mod tests {
         assert!(pool.admit_source(b) && pool.try_claim(150, b, 7));
         assert!(pool.release(150, b, 7));
         assert_eq!(pool.source_ports(b), 0);
+    }
+
+    /// The bits a [`PortMarks`] hook leaves, one per port.
+    struct Bits([AtomicU64; 1024]);
+
+    impl PortMapHook<Ipv4Addr> for Bits {
+        fn track(&self, _: Ipv4Addr, _: u8) {}
+        fn set(&self, _: Ipv4Addr, _: u8, port: u16, mapped: bool) {
+            let (w, b) = (&self.0[usize::from(port >> 6)], 1u64 << (port & 63));
+            if mapped {
+                w.fetch_or(b, Ordering::Relaxed);
+            } else {
+                w.fetch_and(!b, Ordering::Relaxed);
+            }
+        }
+        fn forget(&self, _: Ipv4Addr) {}
+    }
+
+    /// Four threads claim and release eight ports as fast as they can,
+    /// each keeping its last claim: every port's bit ends as its owner
+    /// cell says (set while held), because a claim's set and a last
+    /// release's clear are made under the cell's lock. (Made outside it, a
+    /// release's clear could land after the next claim's set.)
+    #[test]
+    fn a_ports_mark_follows_its_owner_cell_under_racing_claims() {
+        let pool = Arc::new(PortPool::<Ipv4Addr>::new(PortRange { first: 40000, last: 40007 }, true));
+        let bits = Arc::new(Bits(std::array::from_fn(|_| AtomicU64::new(0))));
+        let hook: Arc<dyn PortMapHook<Ipv4Addr>> = bits.clone();
+        assert!(pool.connect_marks(PortMarks { hook, egress: Ipv4Addr::new(198, 51, 100, 1), proto: 17 }));
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let pool = &pool;
+                s.spawn(move || {
+                    let pod = Ipv4Addr::new(192, 0, 2, t + 1);
+                    let mut rng = PortRng::new(u64::from(t) + 1);
+                    let mut held = None;
+                    for _ in 0..20_000 {
+                        if let Some(p) = held.take() {
+                            pool.release(p, pod, 1000);
+                        }
+                        let p = rng.port_in(pool.range());
+                        if pool.try_claim(p, pod, 1000) {
+                            held = Some(p);
+                        }
+                    }
+                });
+            }
+        });
+        let mut held = 0;
+        for port in 40000..=40007u16 {
+            let set = bits.0[usize::from(port >> 6)].load(Ordering::Relaxed) & (1 << (port & 63)) != 0;
+            assert_eq!(set, pool.owner(port).is_some(), "port {port}");
+            held += u32::from(set);
+        }
+        assert_eq!(held, pool.in_use());
     }
 }

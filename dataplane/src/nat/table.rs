@@ -187,8 +187,11 @@ pub struct NatTable<A: NatAddr> {
     offload_hook: OnceLock<Arc<dyn OffloadHook<A>>>,
     offload_queue: ArrayQueue<(u32, u32)>,
     port_map_hook: OnceLock<Arc<dyn PortMapHook<A>>>,
-    /// Sessions per (egress IP, protocol, port), while a port map is connected.
-    port_users: DashMap<(A, u8, u16), u32, ahash::RandomState>,
+    /// Sessions per (egress IP, protocol, port) in endpoint-dependent mode,
+    /// while a port map is connected (in endpoint-independent mode the
+    /// owner cells count them: `PortMarks`). A `ShardMap`: one spin-locked
+    /// shard per update, its line asked for with a new flow's others.
+    port_users: ShardMap<(A, u8, u16), u32>,
     /// The session sync journal, once enabled (nat/sync.rs).
     sync: OnceLock<SyncJournal<A>>,
     /// Port blocks of the egress IPs in block mode (nat/port_blocks.rs).
@@ -246,7 +249,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             offload_hook: OnceLock::new(),
             offload_queue: ArrayQueue::new(OFFLOAD_QUEUE),
             port_map_hook: OnceLock::new(),
-            port_users: DashMap::with_hasher(ahash::RandomState::new()),
+            port_users: ShardMap::with_default_shards(),
             sync: OnceLock::new(),
             blocks: DashMap::with_hasher(ahash::RandomState::new()),
             retired_blocks: Mutex::new(Vec::new()),
@@ -337,19 +340,40 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
 
     /// Connects the XDP program's mapped-port filter (once, before traffic).
     pub fn set_port_map_hook(&self, hook: Arc<dyn PortMapHook<A>>) -> bool {
-        self.port_map_hook.set(hook).is_ok()
+        if self.port_map_hook.set(hook.clone()).is_err() {
+            return false;
+        }
+        // Endpoint-independent: the pools' owner cells mark their ports
+        // (nat/port_alloc.rs, `PortMarks`); endpoint-dependent: the
+        // sessions' own count per port here (`port_used`).
+        if self.mappings.endpoint_independent() {
+            self.mappings.connect_marks(hook);
+        }
+        true
     }
 
     /// Starts filtering the TCP and UDP NAT ports of an egress IP this
     /// gateway now holds (the engine calls it on every publish), and takes
     /// it off the sweep's list of IPs to forget.
     pub fn track_egress(&self, egress: A) {
+        let mut regained = false;
         if self.pools_left.load(Ordering::Relaxed) {
-            self.unheld_pools.lock().retain(|(e, _)| *e != egress);
+            self.unheld_pools.lock().retain(|(e, _)| {
+                regained |= *e == egress;
+                *e != egress
+            });
         }
         if let Some(h) = self.port_map_hook.get() {
             h.track(egress, proto::TCP);
             h.track(egress, proto::UDP);
+            if regained {
+                // The filter dropped the IP's bits when it was forgotten;
+                // its sessions still hold ports (endpoint-independent:
+                // their cells mark them again; endpoint-dependent: the
+                // counts went with the bits, and the next session of a
+                // port marks it).
+                self.mappings.remark(egress);
+            }
         }
     }
 
@@ -416,7 +440,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
 
     /// Sessions using (egress, proto, port) while a port map is connected.
     pub fn port_users(&self, egress: A, proto: u8, port: u16) -> u32 {
-        self.port_users.get(&(egress, proto, port)).map_or(0, |v| *v)
+        self.port_users.count((egress, proto, port))
     }
 
     /// Inserts a session, its port marked mapped first (so the mark is never
@@ -428,7 +452,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         init: &SessionInit,
         log: Option<LogTo<'_>>,
     ) -> Result<SessionView<A>, InsertError> {
-        self.port_used(tuple);
+        self.port_used(tuple, init.flags);
         let r = self.sessions.insert(tuple, init);
         match &r {
             Ok(v) => {
@@ -441,35 +465,53 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
                     l.push(LogRecord::session(LogKind::SessionCreate, tuple, l.now_ms, flags));
                 }
             }
-            Err(_) => self.port_unused(tuple),
+            Err(_) => self.port_unused(tuple, init.flags),
         }
         r
     }
 
     /// A session now uses its external port: the first marks it mapped.
-    fn port_used(&self, t: &SessionTuple<A>) {
+    /// A session on a mapping (endpoint-independent mode) is counted by
+    /// its mapping's owner cell, which marked the port when it was
+    /// claimed (`PortMarks`, nat/port_alloc.rs): only endpoint-dependent
+    /// sessions are counted here.
+    #[inline]
+    fn port_used(&self, t: &SessionTuple<A>, flags: u16) {
+        if flags & session_flags::HAS_MAPPING != 0 {
+            return;
+        }
         let Some(h) = self.port_map_hook.get() else { return };
         if t.proto != proto::TCP && t.proto != proto::UDP {
             return;
         }
-        // The entry's shard lock serialises this port's set and clear.
-        let mut n = self.port_users.entry((t.egress, t.proto, t.egress_port)).or_insert(0);
-        if *n == 0 {
-            h.set(t.egress, t.proto, t.egress_port, true);
-        }
-        *n += 1;
+        // The key's shard lock serialises this port's set and clear.
+        let key = (t.egress, t.proto, t.egress_port);
+        self.port_users.update(&key, |l| match l.get_mut(&key) {
+            Some(n) => *n = n.saturating_add(1),
+            None => {
+                h.set(t.egress, t.proto, t.egress_port, true);
+                l.insert(key, 1);
+            }
+        });
     }
 
-    /// A session no longer uses its external port: the last marks it unmapped.
-    fn port_unused(&self, t: &SessionTuple<A>) {
-        let Some(h) = self.port_map_hook.get() else { return };
-        if let dashmap::Entry::Occupied(mut o) = self.port_users.entry((t.egress, t.proto, t.egress_port)) {
-            *o.get_mut() = o.get().saturating_sub(1);
-            if *o.get() == 0 {
-                h.set(t.egress, t.proto, t.egress_port, false);
-                o.remove();
-            }
+    /// A session no longer uses its external port: the last marks it
+    /// unmapped (a session on a mapping: its mapping's release does).
+    #[inline]
+    fn port_unused(&self, t: &SessionTuple<A>, flags: u16) {
+        if flags & session_flags::HAS_MAPPING != 0 {
+            return;
         }
+        let Some(h) = self.port_map_hook.get() else { return };
+        let key = (t.egress, t.proto, t.egress_port);
+        self.port_users.update(&key, |l| {
+            let Some(n) = l.get_mut(&key) else { return };
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                h.set(t.egress, t.proto, t.egress_port, false);
+                l.remove(&key);
+            }
+        });
     }
 
     /// Connects the XDP fast path (once). Until then nothing is offloaded.
@@ -742,7 +784,7 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         if v.flags & session_flags::IN_BLOCK != 0 {
             self.leave_block(t, v.flags, end.log);
         }
-        self.port_unused(t);
+        self.port_unused(t, v.flags);
         if v.flags & session_flags::HAS_MAPPING != 0 {
             self.mappings.release(t.egress, t.pod, t.pod_port, t.proto, t.egress_port);
         } else if let Some(pool) = self.mappings.existing_pool(t.egress, t.proto) {
@@ -975,8 +1017,10 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
     /// whose owner cell was asked for when it was drawn, or the worker's
     /// generator's next draw, read from a copy), the
     /// pod's count in the pool (its mappings, or in endpoint-dependent
-    /// mode its sessions towards the remote), and in endpoint-independent
-    /// mode the mapping and the candidates' owner cells.
+    /// mode its sessions towards the remote), in endpoint-independent
+    /// mode the mapping and the candidates' owner cells, and in
+    /// endpoint-dependent mode with the mapped-port filter connected the
+    /// candidates' session counts.
     fn prefetch_creation(
         &self,
         req: &OutboundRequest<A>,
@@ -996,11 +1040,15 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         } else {
             pool.prefetch_source(req.pod, req.remote, req.remote_port);
         }
+        let port_users = !eim && self.port_map_hook.get().is_some();
         for port in preserved.into_iter().chain(std::iter::once(random)) {
             tuple.egress_port = port;
             self.sessions.prefetch_key(&tuple.inbound_key());
             if eim {
                 pool.prefetch_claim(port);
+            }
+            if port_users {
+                self.port_users.prefetch(&(egress, req.proto, port));
             }
         }
     }
@@ -1785,40 +1833,102 @@ mod tests {
         assert_eq!(nat.source_sessions(POD), 7);
     }
 
-    /// A port map that records its calls.
+    /// A port map that records its calls, and the bits they leave, as
+    /// the program's bitmap would hold them (`forget` drops an IP's bits).
     #[derive(Default)]
     struct FakePortMap(parking_lot::Mutex<Vec<(Ipv4Addr, u8, u16, bool)>>);
+
+    impl FakePortMap {
+        /// Whether (egress, proto, port)'s bit is set after the calls so far.
+        fn marked(&self, egress: Ipv4Addr, proto: u8, port: u16) -> bool {
+            let calls = self.0.lock();
+            let since = calls.iter().rposition(|c| c.0 == egress && c.2 == 0 && c.1 == 0).map_or(0, |i| i + 1);
+            calls[since..].iter().rev().find(|c| (c.0, c.1, c.2) == (egress, proto, port)).is_some_and(|c| c.3)
+        }
+
+        /// The calls for (egress, proto), forgets left out.
+        fn calls(&self, egress: Ipv4Addr, proto: u8) -> Vec<(u16, bool)> {
+            self.0.lock().iter().filter(|c| c.0 == egress && c.1 == proto).map(|c| (c.2, c.3)).collect()
+        }
+    }
 
     impl PortMapHook<Ipv4Addr> for FakePortMap {
         fn track(&self, _: Ipv4Addr, _: u8) {}
         fn set(&self, egress: Ipv4Addr, proto: u8, port: u16, mapped: bool) {
             self.0.lock().push((egress, proto, port, mapped));
         }
-        fn forget(&self, _: Ipv4Addr) {}
+        /// Recorded as (egress, 0, 0, false): every bit of `egress` gone.
+        fn forget(&self, egress: Ipv4Addr) {
+            self.0.lock().push((egress, 0, 0, false));
+        }
     }
 
+    /// Two sessions on one external port in either mode: on one
+    /// endpoint-independent mapping (its owner cell marks the port), or
+    /// towards two remotes in endpoint-dependent mode (the NAT's count
+    /// per port does). The bit is set once, by the first, and cleared
+    /// once, after the last.
     #[test]
     fn a_port_is_marked_mapped_from_its_first_session_until_its_last_is_gone() {
+        for mapping in [MappingBehavior::EndpointIndependent, MappingBehavior::EndpointDependent] {
+            let t = tables(1, |s| s.nat.mapping = mapping);
+            let nat = NatTable::new(&t.nat);
+            let map = Arc::new(FakePortMap::default());
+            assert!(nat.set_port_map_hook(map.clone()));
+            let mut env = Env::new();
+            let a = nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+            assert_eq!(a.tuple.egress_port, 40000, "{mapping:?}: the pod's port preserved");
+            assert_eq!(map.calls(E, proto::UDP), vec![(40000, true)], "{mapping:?}: marked when the session is made");
+            let mut r2 = req(40000, 53, proto::UDP);
+            r2.remote = Ipv4Addr::new(203, 0, 113, 77);
+            let b = nat.create_outbound(&r2, policy(&t), &t, &mut env.ctx(0)).unwrap();
+            assert_eq!(b.tuple.egress_port, 40000, "{mapping:?}: the second session on the same port");
+            let users = match mapping {
+                MappingBehavior::EndpointIndependent => {
+                    assert_eq!(nat.port_users(E, proto::UDP, 40000), 0, "the owner cell counts, not the map");
+                    nat.mappings.existing_pool(E, proto::UDP).and_then(|p| p.owner(40000)).map_or(0, |o| o.refs)
+                }
+                MappingBehavior::EndpointDependent => nat.port_users(E, proto::UDP, 40000),
+            };
+            assert_eq!(users, 2, "{mapping:?}");
+            assert!(nat.remove(&a, End::unlogged(EndReason::Expired)));
+            assert_eq!(map.calls(E, proto::UDP).len(), 1, "{mapping:?}: still mapped while a session uses it");
+            assert!(nat.remove(&b, End::unlogged(EndReason::Expired)));
+            assert_eq!(
+                map.calls(E, proto::UDP),
+                vec![(40000, true), (40000, false)],
+                "{mapping:?}: unmarked after the last"
+            );
+            assert_eq!(nat.port_users(E, proto::UDP, 40000), 0);
+            // ICMP identifiers are not filtered in XDP: not marked.
+            nat.create_outbound(&req(7, 0, proto::ICMP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+            assert_eq!(map.calls(E, proto::ICMP), vec![], "{mapping:?}");
+        }
+    }
+
+    /// Endpoint-independent: a port a mapping holds is marked when the
+    /// filter is connected after it was claimed, and again when the filter
+    /// forgot the egress IP and the IP is held again before its sessions
+    /// ended; a session that failed to insert leaves no mark.
+    #[test]
+    fn held_ports_are_marked_when_the_filter_connects_and_when_an_ip_comes_back() {
         let t = tables(1, |_| {});
         let nat = NatTable::new(&t.nat);
-        let map = Arc::new(FakePortMap::default());
-        assert!(nat.set_port_map_hook(map.clone()));
         let mut env = Env::new();
         let a = nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
-        assert_eq!(*map.0.lock(), vec![(E, proto::UDP, 40000, true)], "marked when the session is made");
-        // A second destination on the same endpoint-independent mapping.
-        let mut r2 = req(40000, 53, proto::UDP);
-        r2.remote = Ipv4Addr::new(203, 0, 113, 77);
-        let b = nat.create_outbound(&r2, policy(&t), &t, &mut env.ctx(0)).unwrap();
-        assert_eq!(nat.port_users(E, proto::UDP, 40000), 2);
+        let map = Arc::new(FakePortMap::default());
+        assert!(nat.set_port_map_hook(map.clone()));
+        assert!(map.marked(E, proto::UDP, 40000), "marked when connected");
+        nat.forget_egress(E);
+        assert!(!map.marked(E, proto::UDP, 40000), "the filter forgot the IP");
+        nat.track_egress(E);
+        assert!(map.marked(E, proto::UDP, 40000), "marked again when the IP is held again");
+        // Held again with nothing forgotten in between: no walk, no call.
+        let n = map.0.lock().len();
+        nat.track_egress(E);
+        assert_eq!(map.0.lock().len(), n);
         assert!(nat.remove(&a, End::unlogged(EndReason::Expired)));
-        assert_eq!(map.0.lock().len(), 1, "still mapped while a session uses it");
-        assert!(nat.remove(&b, End::unlogged(EndReason::Expired)));
-        assert_eq!(map.0.lock().last(), Some(&(E, proto::UDP, 40000, false)), "unmarked after the last");
-        assert_eq!(nat.port_users(E, proto::UDP, 40000), 0);
-        // ICMP identifiers are not filtered in XDP: not marked.
-        nat.create_outbound(&req(7, 0, proto::ICMP), policy(&t), &t, &mut env.ctx(0)).unwrap();
-        assert_eq!(map.0.lock().len(), 2);
+        assert!(!map.marked(E, proto::UDP, 40000), "unmarked after the last session");
     }
 
     #[test]
