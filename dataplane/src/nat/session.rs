@@ -382,10 +382,10 @@ impl<A: NatAddr> Slab<A> {
 
     /// Slots taken and not given back: those ever used less those free.
     /// Exact when no insert or removal is under way, and never above the
-    /// capacity.
+    /// capacity (`alloc` never moves `next_unused` past it).
     fn in_use(&self) -> u32 {
         let free = self.free.len.load(Ordering::Relaxed);
-        self.next_unused.load(Ordering::Relaxed).min(self.capacity).saturating_sub(free)
+        self.next_unused.load(Ordering::Relaxed).saturating_sub(free)
     }
 
     /// Makes the next chunk when the slots never used in the chunks made
