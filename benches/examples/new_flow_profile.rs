@@ -5,11 +5,14 @@
 //! `new_flow_profile N [eim|edm] [journal] [port-map] [warm] [second] [staged] [workers=K]`.
 //!
 //! `port-map`: the mapped-port filter connected, as on every gateway whose
-//! XDP program loaded (`controlplane/src/daemon/port_map.rs`): each session
-//! counts its port's users in the NAT, and a port's first user sets its
-//! bit. The bits here are [`BitsOnly`], an in-memory bitmap written with
-//! the same atomic as `egret_bpf::MappedPorts`, not the program's map (no
-//! BPF map is loaded), and without its (address, protocol) slot lookup.
+//! XDP program loaded (`controlplane/src/daemon/port_map.rs`): a port's
+//! bit is set when its first session is made and cleared after its last
+//! (ADR 0048: by the port's owner cell in endpoint-independent mode, by the
+//! NAT's count per port in endpoint-dependent mode). The bits here are
+//! [`BitsOnly`], an in-memory bitmap written with the same atomic as
+//! `egret_bpf::MappedPorts`, not the program's map (no BPF map is loaded),
+//! without its (address, protocol) slot lookup, and one bitmap for every
+//! egress IP.
 //!
 //! `warm`: the steady state of a gateway whose sessions come and go. N other
 //! flows are made and expired by the sweep first, so the session map, the

@@ -679,6 +679,12 @@ mod tests {
     /// The bits a [`PortMarks`] hook leaves, one per port.
     struct Bits([AtomicU64; 1024]);
 
+    impl Bits {
+        fn is_set(&self, port: u16) -> bool {
+            self.0[usize::from(port >> 6)].load(Ordering::Relaxed) & (1 << (port & 63)) != 0
+        }
+    }
+
     impl PortMapHook<Ipv4Addr> for Bits {
         fn track(&self, _: Ipv4Addr, _: u8) {}
         fn set(&self, _: Ipv4Addr, _: u8, port: u16, mapped: bool) {
@@ -692,11 +698,12 @@ mod tests {
         fn forget(&self, _: Ipv4Addr) {}
     }
 
-    /// Four threads claim and release eight ports as fast as they can,
-    /// each keeping its last claim: every port's bit ends as its owner
-    /// cell says (set while held), because a claim's set and a last
-    /// release's clear are made under the cell's lock. (Made outside it, a
-    /// release's clear could land after the next claim's set.)
+    /// Four threads claim and release eight ports as fast as they can: a
+    /// port a thread holds has its bit set each time before it is
+    /// released, and every port's bit ends as its owner cell says, because
+    /// a claim's set and a last release's clear are made under the cell's
+    /// lock. (Made outside it, a release's clear could land after the next
+    /// claim's set.)
     #[test]
     fn a_ports_mark_follows_its_owner_cell_under_racing_claims() {
         let pool = Arc::new(PortPool::<Ipv4Addr>::new(PortRange { first: 40000, last: 40007 }, true));
@@ -705,13 +712,14 @@ mod tests {
         assert!(pool.connect_marks(PortMarks { hook, egress: Ipv4Addr::new(198, 51, 100, 1), proto: 17 }));
         std::thread::scope(|s| {
             for t in 0..4u8 {
-                let pool = &pool;
+                let (pool, bits) = (&pool, &bits);
                 s.spawn(move || {
                     let pod = Ipv4Addr::new(192, 0, 2, t + 1);
                     let mut rng = PortRng::new(u64::from(t) + 1);
                     let mut held = None;
                     for _ in 0..20_000 {
                         if let Some(p) = held.take() {
+                            assert!(bits.is_set(p), "port {p} held without its bit");
                             pool.release(p, pod, 1000);
                         }
                         let p = rng.port_in(pool.range());
@@ -724,7 +732,7 @@ mod tests {
         });
         let mut held = 0;
         for port in 40000..=40007u16 {
-            let set = bits.0[usize::from(port >> 6)].load(Ordering::Relaxed) & (1 << (port & 63)) != 0;
+            let set = bits.is_set(port);
             assert_eq!(set, pool.owner(port).is_some(), "port {port}");
             held += u32::from(set);
         }

@@ -235,15 +235,6 @@ impl<K: Hash + Eq, V> ShardMap<K, V> {
             }
         }
     }
-
-    /// Keeps the entries `keep` accepts, one shard locked at a time.
-    pub fn retain(&self, mut keep: impl FnMut(&K, &mut V) -> bool) {
-        for s in self.shards.iter() {
-            let mut table = s.table.lock();
-            table.retain(|k, v| keep(k, v));
-            s.remember(&table);
-        }
-    }
 }
 
 /// Counts per key (the pods' sessions, the pods' ports in a pool): a key

@@ -126,12 +126,14 @@ pub trait OffloadHook<A>: Send + Sync {
 /// The XDP program's mapped-port filter as the NAT sees it (rule 4a in
 /// steer.bpf.c; the daemon implements it over `egret_bpf::MappedPorts`).
 ///
-/// The NAT counts the sessions using each (egress IP, protocol, port) and
-/// marks the port mapped when the first one is inserted, before the packet
-/// that created it is sent (so no reply can come back to a port still
-/// marked unmapped), and unmapped once the last one is removed. An
-/// endpoint-independent mapping lives exactly as long as its sessions, so
-/// its port stays reachable from any remote while it lives.
+/// The NAT marks a port mapped before its first session is inserted,
+/// before the packet that created it is sent (so no reply can come back to
+/// a port still marked unmapped), and unmapped once its last session is
+/// removed. In endpoint-independent mode the port's owner cell counts its
+/// sessions (the mapping lives exactly as long as they do, so its port
+/// stays reachable from any remote while it lives) and marks it
+/// (`PortMarks`, ADR 0048); in endpoint-dependent mode the NAT counts each
+/// port's sessions itself.
 pub trait PortMapHook<A>: Send + Sync {
     /// Starts filtering (`egress`, `proto`): its NAT ports no session uses
     /// are dropped by the program from now on.
@@ -367,12 +369,17 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
             h.track(egress, proto::TCP);
             h.track(egress, proto::UDP);
             if regained {
-                // The filter dropped the IP's bits when it was forgotten;
-                // its sessions still hold ports (endpoint-independent:
-                // their cells mark them again; endpoint-dependent: the
-                // counts went with the bits, and the next session of a
-                // port marks it).
+                // The filter dropped the IP's bits when it was forgotten,
+                // and its sessions may still hold ports: their owner cells
+                // (endpoint-independent) or their counts per port
+                // (endpoint-dependent) mark them again, each under the
+                // lock its port's set and clear take.
                 self.mappings.remark(egress);
+                self.port_users.for_each(|&(e, proto, port), &n| {
+                    if e == egress && n > 0 {
+                        h.set(e, proto, port, true);
+                    }
+                });
             }
         }
     }
@@ -396,7 +403,9 @@ impl<A: NatAddr + PolicyFamily> NatTable<A> {
         }
         self.pools_left.store(true, Ordering::Relaxed);
         if let Some(h) = self.port_map_hook.get() {
-            self.port_users.retain(|k, _| k.0 != egress);
+            // The counts per port stay (endpoint-dependent mode): they
+            // drain as the IP's sessions end, and mark their ports again if
+            // the IP is held again first (`track_egress`).
             h.forget(egress);
         }
     }
@@ -1906,10 +1915,11 @@ mod tests {
         }
     }
 
-    /// Endpoint-independent: a port a mapping holds is marked when the
-    /// filter is connected after it was claimed, and again when the filter
-    /// forgot the egress IP and the IP is held again before its sessions
-    /// ended; a session that failed to insert leaves no mark.
+    /// A port a session holds is marked when the filter is connected after
+    /// it was claimed (endpoint-independent), and again, in either mode,
+    /// when the filter forgot the egress IP and the IP is held again before
+    /// the session ended; a second session on the port then does not clear
+    /// the bit when the first ends.
     #[test]
     fn held_ports_are_marked_when_the_filter_connects_and_when_an_ip_comes_back() {
         let t = tables(1, |_| {});
@@ -1919,16 +1929,33 @@ mod tests {
         let map = Arc::new(FakePortMap::default());
         assert!(nat.set_port_map_hook(map.clone()));
         assert!(map.marked(E, proto::UDP, 40000), "marked when connected");
-        nat.forget_egress(E);
-        assert!(!map.marked(E, proto::UDP, 40000), "the filter forgot the IP");
-        nat.track_egress(E);
-        assert!(map.marked(E, proto::UDP, 40000), "marked again when the IP is held again");
         // Held again with nothing forgotten in between: no walk, no call.
         let n = map.0.lock().len();
         nat.track_egress(E);
         assert_eq!(map.0.lock().len(), n);
         assert!(nat.remove(&a, End::unlogged(EndReason::Expired)));
         assert!(!map.marked(E, proto::UDP, 40000), "unmarked after the last session");
+
+        for mapping in [MappingBehavior::EndpointIndependent, MappingBehavior::EndpointDependent] {
+            let t = tables(1, |s| s.nat.mapping = mapping);
+            let nat = NatTable::new(&t.nat);
+            let map = Arc::new(FakePortMap::default());
+            assert!(nat.set_port_map_hook(map.clone()));
+            let mut env = Env::new();
+            let a = nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
+            nat.forget_egress(E);
+            assert!(!map.marked(E, proto::UDP, 40000), "{mapping:?}: the filter forgot the IP");
+            nat.track_egress(E);
+            assert!(map.marked(E, proto::UDP, 40000), "{mapping:?}: marked again when the IP is held again");
+            let mut r2 = req(40000, 53, proto::UDP);
+            r2.remote = Ipv4Addr::new(203, 0, 113, 77);
+            let b = nat.create_outbound(&r2, policy(&t), &t, &mut env.ctx(0)).unwrap();
+            assert_eq!(b.tuple.egress_port, 40000, "{mapping:?}");
+            assert!(nat.remove(&a, End::unlogged(EndReason::Expired)));
+            assert!(map.marked(E, proto::UDP, 40000), "{mapping:?}: still marked while the second session lives");
+            assert!(nat.remove(&b, End::unlogged(EndReason::Expired)));
+            assert!(!map.marked(E, proto::UDP, 40000), "{mapping:?}: unmarked after the last");
+        }
     }
 
     #[test]
