@@ -1872,6 +1872,15 @@ mod tests {
         }
     }
 
+    /// A NAT in `mapping` mode with a [`FakePortMap`] connected.
+    fn filtered_nat(mapping: MappingBehavior) -> (Tables, NatTable<Ipv4Addr>, Arc<FakePortMap>, Env) {
+        let t = tables(1, |s| s.nat.mapping = mapping);
+        let nat = NatTable::new(&t.nat);
+        let map = Arc::new(FakePortMap::default());
+        assert!(nat.set_port_map_hook(map.clone()));
+        (t, nat, map, Env::new())
+    }
+
     /// Two sessions on one external port in either mode: on one
     /// endpoint-independent mapping (its owner cell marks the port), or
     /// towards two remotes in endpoint-dependent mode (the NAT's count
@@ -1880,11 +1889,7 @@ mod tests {
     #[test]
     fn a_port_is_marked_mapped_from_its_first_session_until_its_last_is_gone() {
         for mapping in [MappingBehavior::EndpointIndependent, MappingBehavior::EndpointDependent] {
-            let t = tables(1, |s| s.nat.mapping = mapping);
-            let nat = NatTable::new(&t.nat);
-            let map = Arc::new(FakePortMap::default());
-            assert!(nat.set_port_map_hook(map.clone()));
-            let mut env = Env::new();
+            let (t, nat, map, mut env) = filtered_nat(mapping);
             let a = nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
             assert_eq!(a.tuple.egress_port, 40000, "{mapping:?}: the pod's port preserved");
             assert_eq!(map.calls(E, proto::UDP), vec![(40000, true)], "{mapping:?}: marked when the session is made");
@@ -1937,11 +1942,7 @@ mod tests {
         assert!(!map.marked(E, proto::UDP, 40000), "unmarked after the last session");
 
         for mapping in [MappingBehavior::EndpointIndependent, MappingBehavior::EndpointDependent] {
-            let t = tables(1, |s| s.nat.mapping = mapping);
-            let nat = NatTable::new(&t.nat);
-            let map = Arc::new(FakePortMap::default());
-            assert!(nat.set_port_map_hook(map.clone()));
-            let mut env = Env::new();
+            let (t, nat, map, mut env) = filtered_nat(mapping);
             let a = nat.create_outbound(&req(40000, 53, proto::UDP), policy(&t), &t, &mut env.ctx(0)).unwrap();
             nat.forget_egress(E);
             assert!(!map.marked(E, proto::UDP, 40000), "{mapping:?}: the filter forgot the IP");
