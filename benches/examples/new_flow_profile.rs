@@ -11,8 +11,11 @@
 //! NAT's count per port in endpoint-dependent mode). The bits here are
 //! [`BitsOnly`], an in-memory bitmap written with the same atomic as
 //! `egret_bpf::MappedPorts`, not the program's map (no BPF map is loaded),
-//! without its (address, protocol) slot lookup, and one bitmap for every
-//! egress IP.
+//! and one bitmap for every egress IP. Endpoint-independent pools keep
+//! their place and write through it, as on a gateway (a generation check,
+//! then the bit: ADR 0048, amended); endpoint-dependent mode's count per port goes
+//! through `set`, which here skips `MappedPorts`'s (address, protocol)
+//! slot lookup.
 //!
 //! `warm`: the steady state of a gateway whose sessions come and go. N other
 //! flows are made and expired by the sweep first, so the session map, the
@@ -44,13 +47,14 @@
 #[path = "../benches/common/mod.rs"]
 mod common;
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use egret_dataplane::fixtures;
 use egret_dataplane::nat::port_alloc::PortRng;
-use egret_dataplane::nat::table::PortMapHook;
+use egret_dataplane::nat::table::{PortBitsAt, PortMapHook};
 use egret_dataplane::tables::MappingBehavior;
 
 fn main() {
@@ -67,8 +71,10 @@ fn main() {
         assert!(engine.enable_sync_journal(1 << 20), "journal enabled");
     }
     if opt("port-map") {
-        let bits: Arc<dyn PortMapHook<Ipv4Addr>> =
-            Arc::new(BitsOnly((0..PORT_WORDS).map(|_| AtomicU64::new(0)).collect()));
+        let bits: Arc<dyn PortMapHook<Ipv4Addr>> = Arc::new(BitsOnly {
+            words: (0..PORT_WORDS).map(|_| AtomicU64::new(0)).collect(),
+            generation: AtomicU32::new(0),
+        });
         assert!(engine.nat4().set_port_map_hook(bits), "port map connected");
     }
     let (warm, staged) = (opt("warm"), opt("staged"));
@@ -179,23 +185,45 @@ fn measured_flows(w: &mut egret_dataplane::engine::Pipeline, frames: &[&[u8]], n
 /// a stand-in for the write, not a filter).
 const PORT_WORDS: usize = 1 << 10;
 
-/// `port-map`'s hook: the bit write `egret_bpf::MappedPorts::set` makes
-/// (an atomic or / and on the port's word), into memory of its own.
-struct BitsOnly(Box<[AtomicU64]>);
+/// `port-map`'s hook: what `egret_bpf::MappedPorts` does for a pool that
+/// keeps its place (`PortMapHook::locate`): the place's generation checked,
+/// then an atomic or / and on the port's word, into memory of its own.
+struct BitsOnly {
+    words: Box<[AtomicU64]>,
+    generation: AtomicU32,
+}
 
-impl PortMapHook<Ipv4Addr> for BitsOnly {
-    fn track(&self, _egress: Ipv4Addr, _proto: u8) {}
-
-    fn set(&self, _egress: Ipv4Addr, _proto: u8, port: u16, mapped: bool) {
-        let (word, bit) = (&self.0[usize::from(port >> 6)], 1u64 << (port & 63));
+impl BitsOnly {
+    fn write(&self, port: u16, mapped: bool) {
+        let (word, bit) = (&self.words[usize::from(port >> 6)], 1u64 << (port & 63));
         if mapped {
             word.fetch_or(bit, Ordering::Release);
         } else {
             word.fetch_and(!bit, Ordering::Release);
         }
     }
+}
+
+impl PortMapHook<Ipv4Addr> for BitsOnly {
+    fn track(&self, _egress: Ipv4Addr, _proto: u8) {}
+
+    fn set(&self, _egress: Ipv4Addr, _proto: u8, port: u16, mapped: bool) {
+        self.write(port, mapped);
+    }
 
     fn forget(&self, _egress: Ipv4Addr) {}
+
+    fn locate(&self, _egress: Ipv4Addr, _proto: u8) -> Option<PortBitsAt> {
+        NonZeroU64::new(u64::from(self.generation.load(Ordering::Acquire)) + 1).map(PortBitsAt)
+    }
+
+    fn set_at(&self, at: PortBitsAt, port: u16, mapped: bool) -> bool {
+        if at.0.get() != u64::from(self.generation.load(Ordering::Acquire)) + 1 {
+            return false;
+        }
+        self.write(port, mapped);
+        true
+    }
 }
 
 /// How many frames after a flow's first packet `second` sends its second.

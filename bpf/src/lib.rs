@@ -46,7 +46,7 @@ pub use loader::{
     Action, DstRule, LoadOptions, PolicyEntryCounts, ProgramVariant, SrcPrefix, SteeringProgram, TestRunOutput,
     XdpLink, XdpMode, FP_COARSE_CLOCK_SLACK_NS,
 };
-pub use mapped_ports::MappedPorts;
+pub use mapped_ports::{MappedPorts, SlotTicket};
 pub use maps::{
     IfRole, OwnedAddr, VerdictReason, XdpAction, IF_CHECK_SRC_MAC, OWNED_KERNEL_SERVICE, OWNED_NAT, OWNED_NEIGH,
     ROLE_BOTH, ROLE_INSIDE, ROLE_OUTSIDE, VALID_FOREVER, XSK_QUEUES_PER_SLOT,

@@ -10,10 +10,15 @@
 //! session. A slot is zeroed before its `nat_port_slots` entry is inserted
 //! and the entry is deleted before the slot is reused, so the program never
 //! reads another address's bits.
+//!
+//! A writer that keeps a pair's place ([`MappedPorts::locate`], a
+//! [`SlotTicket`]) writes without the lookup: each slot has a generation,
+//! raised when the slot is freed, and a write through a ticket of an older
+//! generation is refused ([`MappedPorts::set_at`]).
 
 use std::net::IpAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use ahash::AHashMap;
@@ -40,6 +45,20 @@ pub struct MappedPorts {
     slots: RwLock<AHashMap<(IpAddr, u8), u32>>,
     /// Slots not in use; also serialises slot assignment.
     free: Mutex<Vec<u32>>,
+    /// Each slot's generation, raised as the slot is freed: a
+    /// [`SlotTicket`] of an older one is stale.
+    generations: Box<[AtomicU32]>,
+}
+
+/// Where a tracked (address, protocol)'s bits were when
+/// [`MappedPorts::locate`] was asked: its slot, and the slot's generation
+/// then. Good until the pair is forgotten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotTicket {
+    /// The slot in `nat_port_bits`.
+    pub slot: u32,
+    /// The slot's generation when the ticket was given.
+    pub generation: u32,
 }
 
 impl MappedPorts {
@@ -55,6 +74,7 @@ impl MappedPorts {
             bits,
             slots: RwLock::new(AHashMap::new()),
             free: Mutex::new((0..NAT_PORT_SLOTS).rev().collect()),
+            generations: (0..NAT_PORT_SLOTS).map(|_| AtomicU32::new(0)).collect(),
         })
     }
 
@@ -119,6 +139,37 @@ impl MappedPorts {
             }
             None => return,
         };
+        self.write(slot, port, mapped);
+    }
+
+    /// Where (`addr`, `proto`)'s bits are now, for [`Self::set_at`]; `None`
+    /// if the pair is not tracked.
+    pub fn locate(&self, addr: IpAddr, proto: u8) -> Option<SlotTicket> {
+        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        let slot = *slots.get(&(addr, proto))?;
+        // Under the read lock: `forget` raises the generation under the
+        // write lock, so the pair still owns the slot at this generation.
+        Some(SlotTicket { slot, generation: self.generations[slot as usize].load(Ordering::Acquire) })
+    }
+
+    /// [`Self::set`] through a ticket, without the lookup. False, and
+    /// nothing written, when the pair was forgotten since the ticket was
+    /// given (its slot may now be another pair's): the caller then goes
+    /// through [`Self::set`]. A forget between the check and the write
+    /// leaves the write in a freed slot, as a lookup just before a forget
+    /// does (freed slots are reused last).
+    pub fn set_at(&self, at: SlotTicket, port: u16, mapped: bool) -> bool {
+        match self.generations.get(at.slot as usize) {
+            Some(g) if g.load(Ordering::Acquire) == at.generation => {
+                self.write(at.slot, port, mapped);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    #[inline]
+    fn write(&self, slot: u32, port: u16, mapped: bool) {
         let word = &self.words(slot)[usize::from(port >> 6)];
         let bit = 1u64 << (port & 63);
         // Release: a worker's session insert happens before the bit is seen set.
@@ -154,6 +205,8 @@ impl MappedPorts {
             // point at it, so it must not be reused.
             if self.slots_map.delete(&key).is_ok() {
                 if let Some(slot) = slots.remove(&(a, proto)) {
+                    // Every ticket for the slot is stale from here.
+                    self.generations[slot as usize].fetch_add(1, Ordering::Release);
                     // Reused last: a worker that read the slot just before
                     // may still clear a bit in it (an unmapped port there
                     // then reaches the workers, which is harmless).

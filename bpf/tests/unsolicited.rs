@@ -172,3 +172,36 @@ fn external_first_fragments_do_not_evict_a_steered_datagrams_decision() {
         R::RedirectFragmentToEgress,
     );
 }
+
+/// A writer's kept place ([`egret_bpf::SlotTicket`]) marks the pair's
+/// ports without the lookup, and once the pair is forgotten it writes
+/// nothing, even after every other slot is taken and the pair's old slot
+/// is another address's.
+#[test]
+fn a_kept_slot_marks_its_pair_until_the_pair_is_forgotten() {
+    let w = world(LoadOptions::default());
+    let ports = w.prog.mapped_ports();
+    let egress = IpAddr::from(EGRESS);
+    ports.track(egress, UDP).unwrap();
+    let at = ports.locate(egress, UDP).expect("tracked");
+    assert!(ports.set_at(at, 24_321, true));
+    assert_eq!(ports.is_mapped(egress, UDP, 24_321), Some(true));
+    check(&w.prog, "marked through the ticket", &udp(REMOTE, EGRESS, 24_321), XdpAction::Redirect, R::RedirectNatPort);
+    assert!(ports.set_at(at, 24_321, false));
+    check(&w.prog, "cleared through it", &udp(REMOTE, EGRESS, 24_321), XdpAction::Drop, R::DropUnmappedNatPort);
+
+    ports.forget(egress);
+    assert!(!ports.set_at(at, 24_321, true), "a forgotten pair's ticket is stale");
+    // Take every slot: freed slots are reused last, so the last pair
+    // tracked gets the forgotten pair's.
+    let others: Vec<IpAddr> =
+        (0..egret_bpf::maps::NAT_PORT_SLOTS).map(|i| IpAddr::from([198, 18, (i >> 8) as u8, i as u8])).collect();
+    for a in &others {
+        ports.track(*a, UDP).unwrap();
+    }
+    let reuser = others.iter().copied().find(|a| ports.locate(*a, UDP).is_some_and(|t| t.slot == at.slot));
+    let reuser = reuser.expect("the forgotten slot is taken again");
+    assert!(!ports.set_at(at, 24_321, true), "stale on a slot another address now has");
+    assert_eq!(ports.is_mapped(reuser, UDP, 24_321), Some(false), "the new owner's bits untouched");
+    assert_ne!(ports.locate(reuser, UDP), Some(at), "a new generation");
+}

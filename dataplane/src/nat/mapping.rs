@@ -127,7 +127,7 @@ impl<A: NatAddr> Mappings<A> {
     /// once the filter is connected (XDP filters no other protocol's).
     fn marks_for(&self, egress: A, proto: u8) -> Option<PortMarks<A>> {
         let hook = self.marks.get().filter(|_| proto == proto::TCP || proto == proto::UDP)?;
-        Some(PortMarks { hook: hook.clone(), egress, proto })
+        Some(PortMarks::new(hook.clone(), egress, proto))
     }
 
     /// Sets the bits of the ports `egress`'s pools hold again (the filter

@@ -22,6 +22,7 @@
 //! quota counts the pod's sessions towards each remote (address, port),
 //! which is what it can exhaust for the others.
 
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -30,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use super::key::NatAddr;
 use super::shard_map::ShardMap;
-use super::table::PortMapHook;
+use super::table::{PortBitsAt, PortMapHook};
 use crate::spin_lock::SpinMutex;
 
 /// An inclusive range of external ports.
@@ -260,19 +261,42 @@ pub struct PortPool<A: NatAddr> {
 /// so a release and a claim of one port cannot swap their writes. (The
 /// NAT counts each port's sessions in a map of its own only in
 /// endpoint-dependent mode, where a port has no owner cell.)
+///
+/// The pool keeps where the hook keeps its pair's bits
+/// ([`PortMapHook::locate`]), so a mark is one check and one write, not a
+/// lookup of the pair; a place gone stale (the filter forgot the IP) is
+/// found again through [`PortMapHook::set`].
 pub struct PortMarks<A> {
-    /// The NAT's port map hook.
-    pub hook: Arc<dyn PortMapHook<A>>,
-    /// The pool's egress IP.
-    pub egress: A,
-    /// The pool's protocol.
-    pub proto: u8,
+    hook: Arc<dyn PortMapHook<A>>,
+    egress: A,
+    proto: u8,
+    /// The pair's [`PortBitsAt`], 0 until located.
+    at: AtomicU64,
 }
 
 impl<A: Copy> PortMarks<A> {
+    /// Marks (`egress`, `proto`)'s ports through `hook`.
+    pub fn new(hook: Arc<dyn PortMapHook<A>>, egress: A, proto: u8) -> Self {
+        PortMarks { hook, egress, proto, at: AtomicU64::new(0) }
+    }
+
     #[inline]
     fn set(&self, port: u16, mapped: bool) {
+        if let Some(at) = NonZeroU64::new(self.at.load(Ordering::Relaxed)) {
+            if self.hook.set_at(PortBitsAt(at), port, mapped) {
+                return;
+            }
+        }
+        self.relocated_set(port, mapped);
+    }
+
+    /// The first mark, or one after the filter forgot the pair: through
+    /// the lookup, then the place kept for the next.
+    #[cold]
+    fn relocated_set(&self, port: u16, mapped: bool) {
         self.hook.set(self.egress, self.proto, port, mapped);
+        let at = self.hook.locate(self.egress, self.proto);
+        self.at.store(at.map_or(0, |at| at.0.get()), Ordering::Relaxed);
     }
 }
 
@@ -709,7 +733,7 @@ mod tests {
         let pool = Arc::new(PortPool::<Ipv4Addr>::new(PortRange { first: 40000, last: 40007 }, true));
         let bits = Arc::new(Bits(std::array::from_fn(|_| AtomicU64::new(0))));
         let hook: Arc<dyn PortMapHook<Ipv4Addr>> = bits.clone();
-        assert!(pool.connect_marks(PortMarks { hook, egress: Ipv4Addr::new(198, 51, 100, 1), proto: 17 }));
+        assert!(pool.connect_marks(PortMarks::new(hook, Ipv4Addr::new(198, 51, 100, 1), 17)));
         std::thread::scope(|s| {
             for t in 0..4u8 {
                 let (pool, bits) = (&pool, &bits);
@@ -737,5 +761,66 @@ mod tests {
             held += u32::from(set);
         }
         assert_eq!(held, pool.in_use());
+    }
+
+    /// A hook with a place to keep ([`PortMapHook::locate`]): its
+    /// generation rises at each forget, as `egret_bpf::MappedPorts`'s
+    /// slot's does; `lookups` counts the marks made through the lookup.
+    struct Placed {
+        bits: Bits,
+        generation: AtomicU32,
+        lookups: AtomicU32,
+    }
+
+    impl PortMapHook<Ipv4Addr> for Placed {
+        fn track(&self, _: Ipv4Addr, _: u8) {}
+        fn set(&self, egress: Ipv4Addr, proto: u8, port: u16, mapped: bool) {
+            self.lookups.fetch_add(1, Ordering::Relaxed);
+            self.bits.set(egress, proto, port, mapped);
+        }
+        fn forget(&self, _: Ipv4Addr) {
+            self.generation.fetch_add(1, Ordering::Relaxed);
+        }
+        fn locate(&self, _: Ipv4Addr, _: u8) -> Option<PortBitsAt> {
+            NonZeroU64::new(u64::from(self.generation.load(Ordering::Relaxed)) + 1).map(PortBitsAt)
+        }
+        fn set_at(&self, at: PortBitsAt, port: u16, mapped: bool) -> bool {
+            if at.0.get() != u64::from(self.generation.load(Ordering::Relaxed)) + 1 {
+                return false;
+            }
+            self.bits.set(Ipv4Addr::UNSPECIFIED, 0, port, mapped);
+            true
+        }
+    }
+
+    /// A pool looks its pair up once and marks through the kept place
+    /// after; once the hook forgot the pair, the next mark looks it up
+    /// again (and is made), and the marks after it use the new place.
+    #[test]
+    fn a_pool_marks_through_its_kept_place_until_it_goes_stale() {
+        let pool = PortPool::<Ipv4Addr>::new(PortRange { first: 40000, last: 40007 }, true);
+        let placed = Arc::new(Placed {
+            bits: Bits(std::array::from_fn(|_| AtomicU64::new(0))),
+            generation: AtomicU32::new(0),
+            lookups: AtomicU32::new(0),
+        });
+        let hook: Arc<dyn PortMapHook<Ipv4Addr>> = placed.clone();
+        assert!(pool.connect_marks(PortMarks::new(hook, Ipv4Addr::new(198, 51, 100, 1), 17)));
+        let pod = Ipv4Addr::new(192, 0, 2, 1);
+        for port in 40000..40003 {
+            assert!(pool.try_claim(port, pod, port));
+        }
+        assert_eq!(placed.lookups.load(Ordering::Relaxed), 1, "the first mark only");
+        assert!((40000..40003).all(|p| placed.bits.is_set(p)));
+
+        placed.forget(Ipv4Addr::new(198, 51, 100, 1));
+        assert!(pool.release(40000, pod, 40000));
+        assert_eq!(placed.lookups.load(Ordering::Relaxed), 2, "a stale place is looked up again");
+        assert!(!placed.bits.is_set(40000), "and the mark is made");
+        assert!(pool.try_claim(40003, pod, 40003) && pool.release(40001, pod, 40001));
+        assert_eq!(placed.lookups.load(Ordering::Relaxed), 2, "the new place kept");
+        for port in 40000..=40007u16 {
+            assert_eq!(placed.bits.is_set(port), pool.owner(port).is_some(), "port {port}");
+        }
     }
 }

@@ -1,5 +1,7 @@
 //! The new-flow path's small shared maps: the pods' session counts, the
-//! pods' counts in each port pool, and the endpoint-independent mappings.
+//! pods' counts in each port pool, the endpoint-independent mappings, and
+//! in endpoint-dependent mode each port's sessions for the mapped-port
+//! filter (ADR 0048).
 //!
 //! Each map is a few shards, a `hashbrown` table behind a
 //! [`SpinMutex`] each (ADR 0046). A new flow writes to each of these maps

@@ -143,7 +143,25 @@ pub trait PortMapHook<A>: Send + Sync {
     fn set(&self, egress: A, proto: u8, port: u16, mapped: bool);
     /// Stops filtering `egress` (this gateway no longer holds it).
     fn forget(&self, egress: A);
+    /// Where (`egress`, `proto`)'s bits are now, for a caller that marks
+    /// many of its ports to keep ([`Self::set_at`]); `None` (the default)
+    /// when the hook has no such place, or the pair is not tracked.
+    fn locate(&self, _egress: A, _proto: u8) -> Option<PortBitsAt> {
+        None
+    }
+    /// [`Self::set`] at a place [`Self::locate`] gave, without looking the
+    /// pair up. False, and nothing marked, when the place is no longer the
+    /// pair's (the filter forgot it since): the caller then calls
+    /// [`Self::set`] and locates the pair again.
+    fn set_at(&self, _at: PortBitsAt, _port: u16, _mapped: bool) -> bool {
+        false
+    }
 }
+
+/// A place a [`PortMapHook`] gave for one (egress IP, protocol)'s bits:
+/// opaque to the NAT, which keeps it per port pool (`PortMarks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortBitsAt(pub std::num::NonZeroU64);
 
 /// Sessions waiting to be offloaded, per family.
 pub(crate) const OFFLOAD_QUEUE: usize = 8192;
