@@ -270,7 +270,10 @@ pub struct PortMarks<A> {
     hook: Arc<dyn PortMapHook<A>>,
     egress: A,
     proto: u8,
-    /// The pair's [`PortBitsAt`], 0 until located.
+    /// The pair's [`PortBitsAt`], 0 until located (or when the hook has
+    /// none: every mark then looks the pair up twice, `set` and `locate`,
+    /// as for a pair the filter could not track because every slot was
+    /// taken).
     at: AtomicU64,
 }
 
@@ -282,7 +285,10 @@ impl<A: Copy> PortMarks<A> {
 
     #[inline]
     fn set(&self, port: u16, mapped: bool) {
-        if let Some(at) = NonZeroU64::new(self.at.load(Ordering::Relaxed)) {
+        // Acquire, with `relocated_set`'s Release: what the worker that
+        // located the place saw of it (the slot's zeroing as the filter
+        // tracked the pair) is seen before this worker writes through it.
+        if let Some(at) = NonZeroU64::new(self.at.load(Ordering::Acquire)) {
             if self.hook.set_at(PortBitsAt(at), port, mapped) {
                 return;
             }
@@ -296,7 +302,7 @@ impl<A: Copy> PortMarks<A> {
     fn relocated_set(&self, port: u16, mapped: bool) {
         self.hook.set(self.egress, self.proto, port, mapped);
         let at = self.hook.locate(self.egress, self.proto);
-        self.at.store(at.map_or(0, |at| at.0.get()), Ordering::Relaxed);
+        self.at.store(at.map_or(0, |at| at.0.get()), Ordering::Release);
     }
 }
 

@@ -1627,6 +1627,7 @@ impl<'a, A> std::ops::Deref for DeltaFnBox<'a, A> {
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
+    use std::num::NonZeroU64;
 
     use super::*;
     use crate::policy::PolicyId;
@@ -1862,31 +1863,58 @@ mod tests {
 
     /// A port map that records its calls, and the bits they leave, as
     /// the program's bitmap would hold them (`forget` drops an IP's bits).
+    /// It hands out places as `egret_bpf::MappedPorts` does: a place
+    /// stays good until its IP is forgotten, so the pools' marks go
+    /// through `set_at` and a regained IP's through `set` first.
     #[derive(Default)]
-    struct FakePortMap(parking_lot::Mutex<Vec<(Ipv4Addr, u8, u16, bool)>>);
+    struct FakePortMap {
+        calls: parking_lot::Mutex<Vec<(Ipv4Addr, u8, u16, bool)>>,
+        /// Each place given: (egress, proto, the egress's forgets then).
+        places: parking_lot::Mutex<Vec<(Ipv4Addr, u8, usize)>>,
+    }
 
     impl FakePortMap {
         /// Whether (egress, proto, port)'s bit is set after the calls so far.
         fn marked(&self, egress: Ipv4Addr, proto: u8, port: u16) -> bool {
-            let calls = self.0.lock();
+            let calls = self.calls.lock();
             let since = calls.iter().rposition(|c| c.0 == egress && c.2 == 0 && c.1 == 0).map_or(0, |i| i + 1);
             calls[since..].iter().rev().find(|c| (c.0, c.1, c.2) == (egress, proto, port)).is_some_and(|c| c.3)
         }
 
         /// The calls for (egress, proto), forgets left out.
         fn calls(&self, egress: Ipv4Addr, proto: u8) -> Vec<(u16, bool)> {
-            self.0.lock().iter().filter(|c| c.0 == egress && c.1 == proto).map(|c| (c.2, c.3)).collect()
+            self.calls.lock().iter().filter(|c| c.0 == egress && c.1 == proto).map(|c| (c.2, c.3)).collect()
+        }
+
+        fn forgets(&self, egress: Ipv4Addr) -> usize {
+            self.calls.lock().iter().filter(|c| c.0 == egress && (c.1, c.2) == (0, 0)).count()
         }
     }
 
     impl PortMapHook<Ipv4Addr> for FakePortMap {
         fn track(&self, _: Ipv4Addr, _: u8) {}
         fn set(&self, egress: Ipv4Addr, proto: u8, port: u16, mapped: bool) {
-            self.0.lock().push((egress, proto, port, mapped));
+            self.calls.lock().push((egress, proto, port, mapped));
         }
         /// Recorded as (egress, 0, 0, false): every bit of `egress` gone.
         fn forget(&self, egress: Ipv4Addr) {
-            self.0.lock().push((egress, 0, 0, false));
+            self.calls.lock().push((egress, 0, 0, false));
+        }
+        fn locate(&self, egress: Ipv4Addr, proto: u8) -> Option<PortBitsAt> {
+            let forgets = self.forgets(egress);
+            let mut places = self.places.lock();
+            places.push((egress, proto, forgets));
+            NonZeroU64::new(places.len() as u64).map(PortBitsAt)
+        }
+        fn set_at(&self, at: PortBitsAt, port: u16, mapped: bool) -> bool {
+            let place = self.places.lock().get(at.0.get() as usize - 1).copied();
+            match place {
+                Some((egress, proto, forgets)) if forgets == self.forgets(egress) => {
+                    self.set(egress, proto, port, mapped);
+                    true
+                }
+                _ => false,
+            }
         }
     }
 
@@ -1953,9 +1981,9 @@ mod tests {
         assert!(nat.set_port_map_hook(map.clone()));
         assert!(map.marked(E, proto::UDP, 40000), "marked when connected");
         // Held again with nothing forgotten in between: no walk, no call.
-        let n = map.0.lock().len();
+        let n = map.calls.lock().len();
         nat.track_egress(E);
-        assert_eq!(map.0.lock().len(), n);
+        assert_eq!(map.calls.lock().len(), n);
         assert!(nat.remove(&a, End::unlogged(EndReason::Expired)));
         assert!(!map.marked(E, proto::UDP, 40000), "unmarked after the last session");
 
@@ -1974,6 +2002,11 @@ mod tests {
             assert!(map.marked(E, proto::UDP, 40000), "{mapping:?}: still marked while the second session lives");
             assert!(nat.remove(&b, End::unlogged(EndReason::Expired)));
             assert!(!map.marked(E, proto::UDP, 40000), "{mapping:?}: unmarked after the last");
+            if mapping == MappingBehavior::EndpointIndependent {
+                // The pool's place, located at its first mark, went stale
+                // with the forget and was located again by the regain's.
+                assert_eq!(map.places.lock().len(), 2, "the pool located its bits twice");
+            }
         }
     }
 
