@@ -124,7 +124,9 @@ impl MappedPorts {
 
     /// Sets (`mapped`) or clears `port`'s bit for (`addr`, `proto`), tracking
     /// the pair first if it is not yet. The caller serialises the set and
-    /// clear of one port (the NAT does, under its per-port count).
+    /// clear of one port (the NAT does: under the port's owner cell lock in
+    /// endpoint-independent mode, its per-port count's in endpoint-dependent
+    /// mode; ADR 0048).
     pub fn set(&self, addr: IpAddr, proto: u8, port: u16, mapped: bool) {
         let slot = match self.slot(addr, proto) {
             Some(s) => s,
